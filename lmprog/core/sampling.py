@@ -1,0 +1,119 @@
+"""Sampling parameters: the one dataclass every layer passes around.
+
+The DSL's per-call and per-run defaults are merged into it in one place
+(`SamplingParams.merged`); backends and the runtime only ever see the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+_UNSET: Any = None  # a field left as None in an override inherits the base value
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to generate one continuation.
+
+    `top_k=-1`, `top_p=1.0` and `min_p=0.0` disable those filters; `temperature=0` is greedy.
+    `stop` strings are removed from the returned text; `stop_token_ids` end generation too.
+    """
+
+    max_tokens: int = 128
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    ignore_eos: bool = False
+    seed: int | None = None
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+
+    def __post_init__(self) -> None:
+        # Normalise the two list-like fields so callers may pass a str/list.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if isinstance(self.stop_token_ids, int):
+            object.__setattr__(self, "stop_token_ids", (self.stop_token_ids,))
+        elif not isinstance(self.stop_token_ids, tuple):
+            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        self.validate()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def validate(self) -> None:
+        """Raise TypeError/ValueError naming the first invalid field."""
+        _check_int("max_tokens", self.max_tokens, lo=0)
+        _check_int("min_tokens", self.min_tokens, lo=0)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens={self.min_tokens} is larger than max_tokens={self.max_tokens}; "
+                "lower min_tokens or raise max_tokens"
+            )
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise TypeError(f"stop must be non-empty strings, got {s!r}")
+        for t in self.stop_token_ids:
+            _check_int("stop_token_ids", t, lo=0)
+        _check_float("temperature", self.temperature, lo=0.0)
+        _check_float("top_p", self.top_p, lo=0.0, hi=1.0)
+        if self.top_p == 0.0:
+            raise ValueError("top_p must be in (0, 1]; use temperature=0 for greedy decoding")
+        _check_int("top_k", self.top_k, lo=-1)
+        if self.top_k == 0:
+            raise ValueError("top_k must be -1 (disabled) or >= 1, got 0")
+        _check_float("min_p", self.min_p, lo=0.0, hi=1.0)
+        _check_float("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
+        _check_float("presence_penalty", self.presence_penalty, lo=-2.0, hi=2.0)
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if self.seed is not None:
+            _check_int("seed", self.seed, lo=0)
+        if not isinstance(self.return_logprob, bool):
+            raise TypeError(f"return_logprob must be a bool, got {self.return_logprob!r}")
+        _check_int("top_logprobs_num", self.top_logprobs_num, lo=0, hi=20)
+
+    def merged(self, overrides: dict[str, Any]) -> SamplingParams:
+        """A copy with every non-None value of `overrides` applied (unknown keys raise)."""
+        unknown = set(overrides) - SAMPLING_FIELDS
+        if unknown:
+            raise TypeError(
+                f"unknown sampling parameter(s) {sorted(unknown)}; "
+                f"valid ones are {sorted(SAMPLING_FIELDS)}"
+            )
+        changes = {k: v for k, v in overrides.items() if v is not _UNSET}
+        return dataclasses.replace(self, **changes) if changes else self
+
+
+SAMPLING_FIELDS: frozenset[str] = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+
+
+def _check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if lo is not None and value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {value}")
+
+
+def _check_float(name: str, value: Any, lo: float | None = None, hi: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if value != value:  # NaN
+        raise ValueError(f"{name} must not be NaN")
+    if lo is not None and value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {value}")
