@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up (see setup.sh) and run the whole CPU test suite: unit tests, end-to-end tests on the
+# bundled model, and the Triton kernel tests through Triton's CPU interpreter.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec "${LMPROG_VENV:-.venv}/bin/python" -m pytest -q -p no:cacheprovider "$@"
