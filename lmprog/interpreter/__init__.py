@@ -1,0 +1,11 @@
+"""The lmprog interpreter: runs programs' IR nodes against a backend.
+
+Each state has a worker thread draining its queue of nodes; the program's own thread runs
+ahead and blocks only where it reads a value. Forks and batch items run concurrently.
+"""
+
+from lmprog.interpreter.defaults import resolve_backend, set_backend_factory, set_default_backend
+from lmprog.interpreter.function import Function
+from lmprog.interpreter.state import ProgramState
+
+__all__ = ["Function", "ProgramState", "resolve_backend", "set_backend_factory", "set_default_backend"]

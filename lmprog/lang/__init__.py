@@ -1,0 +1,40 @@
+"""The lmprog frontend language: primitives, IR, tracing. No threads, no I/O.
+
+Programs are plain Python functions whose first parameter is the state `s`; appending to
+it (`s += ...`) builds IR nodes (`lmprog.lang.ir`). The interpreter executes those nodes;
+the tracer records them into a `Graph`.
+"""
+
+from lmprog.lang.choices import (
+    ChoiceDecision,
+    ChoicesMethod,
+    greedy_token_selection,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
+from lmprog.lang.fork import ForkGroup
+from lmprog.lang.graph import Graph
+from lmprog.lang.primitives import (
+    assistant,
+    assistant_begin,
+    assistant_end,
+    gen,
+    image,
+    select,
+    system,
+    system_begin,
+    system_end,
+    user,
+    user_begin,
+    user_end,
+)
+from lmprog.lang.program import Program, ProgramCall
+from lmprog.lang.state import FrontendState
+from lmprog.lang.tracer import Arg, TracerState
+
+__all__ = [
+    "Arg", "ChoiceDecision", "ChoicesMethod", "ForkGroup", "FrontendState", "Graph", "Program",
+    "ProgramCall", "TracerState", "assistant", "assistant_begin", "assistant_end", "gen",
+    "greedy_token_selection", "image", "select", "system", "system_begin", "system_end",
+    "token_length_normalized", "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
+]

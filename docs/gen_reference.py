@@ -1,0 +1,85 @@
+"""Generate docs/reference.md from the public API's docstrings.
+
+    python docs/gen_reference.py          # rewrite docs/reference.md
+    python docs/gen_reference.py --check  # exit 1 if docs/reference.md is stale (tests run this)
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+
+OUT = Path(__file__).with_name("reference.md")
+
+SECTIONS: list[tuple[str, list[str]]] = [
+    ("Programs", ["function", "set_default_backend", "Arg"]),
+    ("Primitives", ["gen", "select", "image"]),
+    ("Choice methods", ["token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized"]),
+    ("Roles", ["system", "user", "assistant", "system_begin", "system_end", "user_begin", "user_end",
+               "assistant_begin", "assistant_end"]),
+    ("Constraints", ["Constraint"]),
+    ("Sampling", ["SamplingParams"]),
+    ("Errors", ["ConstraintError", "ContextLengthError", "BackendError"]),
+]
+CLASS_MEMBERS = {
+    "function": ["run", "run_batch", "run_async", "trace", "bind"],
+    "Constraint": ["from_regex", "from_json_schema", "from_choices", "from_dtype", "matches", "parse"],
+}
+STATE_MEMBERS = ["__getitem__", "__iadd__", "text", "messages", "get_meta_info", "sync", "error",
+                 "text_iter", "text_async_iter", "fork", "var_scope", "system", "user", "assistant"]
+
+
+def _doc(obj: object) -> str:
+    return inspect.cleandoc(inspect.getdoc(obj) or "(undocumented)")
+
+
+def _signature(name: str, obj: object) -> str:
+    try:
+        return f"{name}{inspect.signature(obj)}"
+    except (TypeError, ValueError):
+        return name
+
+
+def _entry(name: str, obj: object, level: str = "###") -> list[str]:
+    target = type(obj) if not (inspect.isclass(obj) or callable(obj)) else obj
+    return [f"{level} `{_signature(name, target)}`", "", _doc(target), ""]
+
+
+def render() -> str:
+    import lmprog as lp
+    from lmprog.interpreter import ProgramState
+    from lmprog.interpreter.function import Function
+    from lmprog.lang.fork import ForkGroup
+
+    lines = ["# lmprog language reference", "",
+             "Generated from the docstrings by `python docs/gen_reference.py`; do not edit by hand.", ""]
+    for title, names in SECTIONS:
+        lines += [f"## {title}", ""]
+        for name in names:
+            obj = getattr(lp, name)
+            lines += _entry(f"lp.{name}", obj)
+            for member in CLASS_MEMBERS.get(name, []):
+                owner = Function if name == "function" else obj
+                lines += _entry(f"{member}", getattr(owner, member), "####")
+    lines += ["## Program state", "", _doc(ProgramState), ""]
+    for member in STATE_MEMBERS:
+        lines += _entry(f"s.{member}", getattr(ProgramState, member), "###")
+    lines += ["## Fork groups", "", _doc(ForkGroup), ""]
+    lines += _entry("group.join", ForkGroup.join, "###")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main() -> int:
+    text = render()
+    if "--check" in sys.argv:
+        if not OUT.exists() or OUT.read_text() != text:
+            print(f"{OUT} is stale: run python docs/gen_reference.py", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""lmprog: embedded language-model programming.
+
+    import lmprog as lp
+
+    @lp.function
+    def qa(s, question):
+        s += lp.user(question)
+        s += lp.assistant(lp.gen("answer", max_tokens=64))
+
+    state = qa.run(question="Capital of France?", temperature=0)
+    print(state["answer"])
+
+`import lmprog` stays light: backends (`lp.LlamaCpp`, `lp.Runtime`) and `lp.Constraint`
+are imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmprog.core.errors import BackendError, ConstraintError, ContextLengthError, LmprogError
+from lmprog.core.sampling import SamplingParams
+from lmprog.interpreter import ProgramState, set_backend_factory, set_default_backend
+from lmprog.interpreter.function import function
+from lmprog.lang import (
+    Arg,
+    assistant,
+    assistant_begin,
+    assistant_end,
+    gen,
+    greedy_token_selection,
+    image,
+    select,
+    system,
+    system_begin,
+    system_end,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+    user,
+    user_begin,
+    user_end,
+)
+
+__version__ = "0.1.0"
+
+# Names given lazily: module -> names it provides.
+_LAZY = {"lmprog.backends": ("LlamaCpp", "Runtime", "OpenAI"), "lmprog.fsm": ("Constraint",)}
+
+
+def _default_backend() -> Any:
+    from lmprog.backends import default_backend
+
+    return default_backend()
+
+
+set_backend_factory(_default_backend)
+
+
+def __getattr__(name: str) -> Any:
+    for module_name, names in _LAZY.items():
+        if name in names:
+            import importlib
+
+            try:
+                value = getattr(importlib.import_module(module_name), name)
+            except ImportError as e:  # re-raised as AttributeError so hasattr() keeps working
+                raise AttributeError(str(e)) from None
+            except AttributeError:
+                raise AttributeError(f"lmprog.{name} is not available in this release") from None
+            globals()[name] = value
+            return value
+    raise AttributeError(f"module 'lmprog' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {n for names in _LAZY.values() for n in names})
+
+
+# The lazy names (Constraint, LlamaCpp, Runtime) are left out so that `import *` stays light.
+__all__ = [
+    "Arg", "BackendError", "ConstraintError", "ContextLengthError",
+    "LmprogError", "ProgramState", "SamplingParams", "assistant", "assistant_begin",
+    "assistant_end", "function", "gen", "greedy_token_selection", "image", "select",
+    "set_default_backend", "system", "system_begin", "system_end", "token_length_normalized",
+    "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
+]

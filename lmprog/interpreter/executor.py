@@ -1,0 +1,238 @@
+"""Executing IR nodes for one state (on its worker thread).
+
+The executor owns the state's position in the chat structure (open message, var scopes,
+how many messages so far) and writes results into the `StateRecord`. It reaches the model
+only through the `Backend` protocol: `generate` for gens, `score` for selects,
+`cache_prefix` at forks.
+
+Text offsets used for messages and var scopes are offsets into the state's full text:
+
+    text: ...<|im_start|>user\\nWhat is 2+2?<|im_end|>\\n
+                             ^ open_message start   ^ content ends where the suffix begins
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lmprog.core.chat import ChatTemplate
+from lmprog.core.errors import BackendError, ConstraintError
+from lmprog.core.protocol import Backend, GenerateRequest, GenerateResult, ScoreRequest, ScoreResult
+from lmprog.core.sampling import SamplingParams
+from lmprog.interpreter.record import StateRecord
+from lmprog.lang.ir import (
+    Fork, Gen, Image, Join, Node, RoleBegin, RoleEnd, Select, Text, VarScopeBegin, VarScopeEnd,
+)
+
+
+# Gives the chat template when a role first needs it (see `TemplateCache`).
+TemplateSource = Callable[[], ChatTemplate]
+
+
+class TemplateCache:
+    """A backend's chat template, fetched once on first use and shared by a run's states.
+
+    Lazy because a backend for a model without a chat template may raise when asked, and
+    a program without roles must still run there.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._template: ChatTemplate | None = None
+
+    def __call__(self) -> ChatTemplate:
+        if self._template is None:
+            self._template = self._backend.chat_template  # idempotent: a race only fetches twice
+        return self._template
+
+
+@dataclass(frozen=True)
+class ForkSnapshot:
+    """A state at a fork: what each copy starts from."""
+
+    text: str
+    variables: dict[str, Any]
+    meta: dict[str, Any]
+    messages: list[dict[str, str]]
+    message_count: int
+    open_message: tuple[str, int] | None
+
+
+class NodeExecutor:
+    """Runs nodes against one record. Not thread-safe: only the state's worker calls it."""
+
+    def __init__(self, record: StateRecord, backend: Backend | None, template: TemplateSource, stream: bool) -> None:
+        self._record = record
+        self._backend = backend
+        self._template = template  # fetched at the first role: plain-text programs need none
+        self._stream = stream
+        self._message_count = 0  # role messages begun so far (the first one renders differently)
+        self._open_message: tuple[str, int] | None = None  # (role, offset of its content)
+        self._scopes: list[tuple[str, int]] = []  # (variable, offset where capture began)
+        self._captures: tuple[str, ...] = ()
+        self._handlers: dict[type, Callable[[Any, Any], None]] = {
+            Text: self._text, Gen: self._gen, Select: self._select, RoleBegin: self._role_begin,
+            RoleEnd: self._role_end, VarScopeBegin: self._scope_begin, VarScopeEnd: self._scope_end,
+            Fork: self._fork, Join: self._join, Image: self._image,
+        }
+
+    def execute(self, node: Node, payload: Any) -> None:
+        handler = self._handlers.get(type(node))
+        if handler is None:
+            raise TypeError(f"the interpreter cannot execute {node.describe()}")
+        handler(node, payload)
+
+    # ---- text and structure ------------------------------------------------------
+
+    def _text(self, node: Text, _: None) -> None:
+        self._record.append(node.text, self._captures)
+
+    def _role_begin(self, node: RoleBegin, _: None) -> None:
+        assert self._open_message is None, "the front half rejects nested roles"
+        prefix = self._template().role_prefix(node.role, first=self._message_count == 0)
+        self._message_count += 1
+        if prefix:
+            self._record.append(prefix, self._captures)
+        self._open_message = (node.role, self._record.length)
+
+    def _role_end(self, node: RoleEnd, _: None) -> None:
+        assert self._open_message is not None and self._open_message[0] == node.role
+        role, start = self._open_message
+        self._record.add_message(role, self._record.text[start:])
+        self._open_message = None
+        suffix = self._template().role_suffix(role)
+        if suffix:
+            self._record.append(suffix, self._captures)
+
+    def _scope_begin(self, node: VarScopeBegin, _: None) -> None:
+        self._scopes.append((node.name, self._record.length))
+        self._captures = tuple(name for name, _ in self._scopes)
+
+    def _scope_end(self, node: VarScopeEnd, _: None) -> None:
+        name, start = self._scopes.pop()
+        assert name == node.name
+        self._captures = tuple(n for n, _ in self._scopes)
+        self._record.set_var(name, self._record.text[start:], {})
+
+    def _image(self, node: Image, _: None) -> None:
+        raise BackendError(
+            f"{type(self._backend).__name__} has no vision support, so lp.image() cannot run; "
+            "no backend in this release accepts images"
+        )
+
+    # ---- model calls -------------------------------------------------------------
+
+    def _gen(self, node: Gen, params: SamplingParams) -> None:
+        assert self._backend is not None and isinstance(params, SamplingParams)
+        captures = self._captures + ((node.name,) if node.name is not None else ())
+        request = GenerateRequest(self._record.text, params, node.constraint)
+        streamed: list[str] = []
+        if self._stream:
+            def on_piece(piece: str) -> None:
+                streamed.append(piece)
+                self._record.append(piece, captures)
+            result = self._backend.generate(request, stream=on_piece)
+        else:
+            result = self._backend.generate(request)
+        if not isinstance(result, GenerateResult):
+            raise BackendError(f"{type(self._backend).__name__}.generate returned {type(result).__name__}, not a GenerateResult")
+        done = "".join(streamed)
+        if not result.text.startswith(done):
+            raise BackendError(f"streamed pieces {done!r} are not a prefix of the result {result.text!r}")
+        if len(result.text) > len(done):
+            self._record.append(result.text[len(done):], captures)
+        if node.name is not None:
+            self._record.set_var(node.name, _parse(node, result), result.meta_info())
+
+    def _select(self, node: Select, _: None) -> None:
+        assert self._backend is not None
+        request = ScoreRequest(self._record.text, node.choices, unconditional=node.method.needs_unconditional)
+        result = self._backend.score(request)
+        if not isinstance(result, ScoreResult) or len(result.choices) != len(node.choices):
+            raise BackendError(
+                f"{type(self._backend).__name__}.score must return a ScoreResult with one score per choice"
+            )
+        decision = node.method.choose(result)
+        choice = node.choices[decision.index]
+        self._record.append(choice, self._captures + ((node.name,) if node.name is not None else ()))
+        if node.name is not None:
+            self._record.set_var(node.name, choice, {
+                "choices": list(node.choices),
+                "choices_method": node.method.name,
+                "normalized_scores": list(decision.scores),
+                "token_logprobs": [list(c.token_logprobs) for c in result.choices],
+                "prompt_tokens": result.prompt_tokens,
+                "cached_tokens": result.cached_tokens,
+            })
+
+    # ---- fork / join -------------------------------------------------------------
+
+    def _fork(self, node: Fork, point: Any) -> None:
+        text = self._record.text
+        if text and self._backend is not None:
+            self._backend.cache_prefix(text)
+        point.resolve(self.snapshot())
+
+    def snapshot(self) -> ForkSnapshot:
+        record = self._record
+        with record.cond:
+            return ForkSnapshot(
+                record._text_locked(), dict(record.variables), dict(record.meta), list(record.messages),
+                self._message_count, self._open_message,
+            )
+
+    def restore(self, snap: ForkSnapshot) -> None:
+        """Become a copy of the forked parent (called once, before any step)."""
+        self._record.restore(snap.text, snap.variables, snap.meta, snap.messages)
+        self._message_count = snap.message_count
+        self._open_message = snap.open_message
+
+    def _join(self, node: Join, children: list[StateRecord]) -> None:
+        for child in children:
+            child.wait_finished()
+        for child in children:
+            if child.error is not None:
+                raise child.error
+        if node.mode == "gather":
+            names: dict[str, None] = {}
+            for child in children:
+                names.update(child.new_names)
+            for name in names:
+                self._record.set_var(
+                    name, [c.variables.get(name) for c in children], [c.meta.get(name) for c in children]
+                )
+            return
+        for child in children:
+            segment = child.text[child.origin_text_len :]
+            if segment:
+                self._record.append(segment, self._captures)
+            for message in child.messages[child.origin_messages_len :]:
+                self._record.add_message(message["role"], message["content"])
+
+
+def _parse(node: Gen, result: GenerateResult) -> Any:
+    """The variable's value: the text, or what the constraint parses it into."""
+    if node.constraint is None:
+        return result.text
+    try:
+        return node.constraint.parse(result.text)
+    except (TypeError, ValueError) as e:
+        hint = (
+            " It stopped at max_tokens before the constraint was complete; raise max_tokens."
+            if result.finish_reason == "length" else ""
+        )
+        raise ConstraintError(
+            f"gen({node.name!r}, {node.constraint_spec}): the output {result.text!r} does not parse: "
+            f"{result.message or e}.{hint}"
+        ) from e
+
+
+def render_nodes(nodes: tuple[Node, ...], template: TemplateSource) -> str:
+    """The text that constant nodes (text, roles, scopes) render to, exactly as run."""
+    record = StateRecord()
+    executor = NodeExecutor(record, None, template, stream=False)
+    for node in nodes:
+        executor.execute(node, None)
+    return record.text

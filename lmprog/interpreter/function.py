@@ -1,0 +1,111 @@
+"""`lp.function`: a program you can run, stream, batch and await."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, overload
+
+from lmprog.core.protocol import Backend
+from lmprog.interpreter import run as _run
+from lmprog.interpreter.defaults import resolve_backend
+from lmprog.interpreter.state import ProgramState
+from lmprog.lang.program import Program, ProgramCall
+
+
+class Function(Program):
+    """A program made with `@lp.function`.
+
+    `f.run(...)` runs it once, `f.run_batch([...])` many times concurrently,
+    `await f.run_async(...)` from asyncio, `f.trace(...)` records its IR graph without a
+    model, `f.bind(...)` fixes some arguments, and `f(s, ...)` appends it to another
+    program's state.
+    """
+
+    def run(self, *args: Any, backend: Backend | None = None, stream: bool = False, **kwargs: Any) -> ProgramState:
+        """Run the program once and return its state.
+
+        Positional and keyword arguments go to the program; keyword arguments that are
+        sampling fields (`temperature=0`, `max_tokens=64`, ...) and not program parameters
+        become defaults for every gen. Without `stream`, returns when the program is done
+        and re-raises its exception. With `stream=True`, returns at once (the program runs
+        in a background thread): read it with `state.text_iter(...)`.
+        """
+        if not isinstance(stream, bool):
+            raise TypeError(f"stream must be a bool, got {stream!r}")
+        call = self.prepare_call(args, kwargs)
+        return _run.start_program(self, call, resolve_backend(backend), stream=stream, background=stream)
+
+    def run_batch(
+        self,
+        batch_kwargs: Sequence[Mapping[str, Any]],
+        *,
+        progress_bar: bool = False,
+        num_threads: int | str = "auto",
+        backend: Backend | None = None,
+        **sampling_defaults: Any,
+    ) -> list[ProgramState]:
+        """Run the program once per dict of keyword arguments; states in input order.
+
+        Items run concurrently on `num_threads` threads ("auto": enough to keep a batching
+        backend busy). An item whose program fails does not stop the others: its state
+        carries the error (`state.error()`, and `state["x"]` raises it). With more than one
+        item, the text every item starts with (found by tracing) is cached once first.
+        `sampling_defaults` apply to every item (an item's own sampling keys win).
+        """
+        calls = self._batch_calls(batch_kwargs, sampling_defaults)
+        if not isinstance(progress_bar, bool):
+            raise TypeError(f"progress_bar must be a bool, got {progress_bar!r}")
+        threads = _num_threads(num_threads, len(calls))
+        if not calls:
+            return []
+        return _run.run_batch(self, calls, resolve_backend(backend), num_threads=threads, progress_bar=progress_bar)
+
+    async def run_async(self, *args: Any, backend: Backend | None = None, **kwargs: Any) -> ProgramState:
+        """`run` for asyncio: awaits the program without blocking the event loop.
+
+        Arguments are validated when awaited; the program's exception is re-raised here.
+        """
+        call = self.prepare_call(args, kwargs)
+        state = _run.start_program(self, call, resolve_backend(backend), stream=False, background=True)
+        await state._wait_finished_async()
+        state.sync()
+        return state
+
+    def _batch_calls(self, batch_kwargs: object, sampling: dict[str, Any]) -> list[ProgramCall]:
+        if isinstance(batch_kwargs, (str, bytes, Mapping)) or not isinstance(batch_kwargs, Sequence):
+            raise TypeError(f"run_batch() takes a list of dicts of arguments, got {type(batch_kwargs).__name__}")
+        calls = []
+        for i, item in enumerate(batch_kwargs):
+            if not isinstance(item, Mapping):
+                raise TypeError(f"run_batch() item {i} must be a dict of arguments, got {type(item).__name__}")
+            try:
+                calls.append(self.prepare_call((), {**sampling, **item}))
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"run_batch() item {i}: {e}") from None
+        return calls
+
+
+def _num_threads(num_threads: object, n: int) -> int:
+    if num_threads == "auto":
+        return _run.auto_threads(n)
+    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
+        raise ValueError(f"num_threads must be 'auto' or a positive int, got {num_threads!r}")
+    return num_threads
+
+
+@overload
+def function(func: Callable[..., Any], *, num_api_spec_tokens: int | None = None) -> Function: ...
+@overload
+def function(func: None = None, *, num_api_spec_tokens: int | None = None) -> Callable[[Callable[..., Any]], Function]: ...
+
+
+def function(func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int | None = None) -> Any:
+    """Make `func(s, ...)` an lmprog program: `@lp.function` or `@lp.function(num_api_spec_tokens=N)`.
+
+    The first parameter receives the state; a function that cannot take it positionally
+    raises TypeError here. `num_api_spec_tokens` is kept on the program for endpoint
+    backends that speculate over API calls.
+    """
+    if func is None:
+        return lambda f: Function(f, num_api_spec_tokens=num_api_spec_tokens)
+    return Function(func, num_api_spec_tokens=num_api_spec_tokens)

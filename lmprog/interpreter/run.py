@@ -1,0 +1,130 @@
+"""Running programs: one (`run_program`), many (`run_batch`), and the batch prefix.
+
+A program body runs in some thread (the caller's, a background thread for streaming, a
+pool thread in a batch); its state's worker executes what it appends. A batch first
+traces the program to find the text every item starts with and asks the backend to
+cache it once, then fans the items out over a thread pool.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any
+
+from lmprog.core.protocol import Backend
+from lmprog.interpreter.executor import TemplateCache, TemplateSource, render_nodes
+from lmprog.interpreter.state import ProgramState, RunContext
+from lmprog.lang.program import Program, ProgramCall
+from lmprog.lang.tracer import Arg, trace_program
+
+_FINISHED = "the program has finished; its state is read-only"
+
+
+def run_body(state: ProgramState, program: Program, call: ProgramCall) -> Exception | None:
+    """Run the program body on `state` in this thread; return its exception, if any.
+
+    The state is closed afterwards either way, so its worker drains and finishes.
+    """
+    state._body_thread = threading.get_ident()
+    try:
+        program.func(state, *call.args, **call.kwargs)
+    except Exception as e:
+        state._record.fail(e)
+        return e
+    finally:
+        state._close(_FINISHED)
+    return None
+
+
+def start_program(program: Program, call: ProgramCall, backend: Backend, *, stream: bool, background: bool) -> ProgramState:
+    """A new state running `program`: here (and synced) or on a background thread."""
+    state = ProgramState(RunContext(backend, TemplateCache(backend), call.defaults, stream))
+    if background:
+        threading.Thread(target=run_body, args=(state, program, call), daemon=True,
+                         name=f"lmprog-body-{program.name}").start()
+        return state
+    error = run_body(state, program, call)
+    if error is not None:
+        raise error
+    state.sync()
+    return state
+
+
+def run_batch(
+    program: Program,
+    calls: list[ProgramCall],
+    backend: Backend,
+    *,
+    num_threads: int,
+    progress_bar: bool,
+) -> list[ProgramState]:
+    """Run every call; states in input order, each carrying its own error (none raised)."""
+    template = TemplateCache(backend)
+    if len(calls) > 1:
+        prefix = batch_prefix(program, calls, template)
+        if prefix:
+            backend.cache_prefix(prefix)
+    states: list[ProgramState | None] = [None] * len(calls)
+
+    def run_one(i: int) -> None:
+        state = ProgramState(RunContext(backend, template, calls[i].defaults))
+        states[i] = state
+        run_body(state, program, calls[i])
+        state._record.wait_idle()
+
+    bar = _progress(len(calls)) if progress_bar else None
+    with ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix=f"lmprog-batch-{program.name}") as pool:
+        futures = [pool.submit(run_one, i) for i in range(len(calls))]
+        for future in as_completed(futures):
+            future.result()  # run_one catches program errors; anything else is a bug: raise
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    assert all(s is not None for s in states)
+    return states  # type: ignore[return-value]
+
+
+def auto_threads(n: int) -> int:
+    """Threads for a batch of `n`: enough to keep a batching backend busy."""
+    return max(1, min(n, max(64, 8 * (os.cpu_count() or 1))))
+
+
+def batch_prefix(program: Program, calls: Sequence[ProgramCall], template: TemplateSource) -> str:
+    """The text every call of the batch starts with, from a trace of the program.
+
+    Arguments equal in every call keep their value; the others are `lp.Arg` placeholders.
+    Returns "" when the program cannot be traced (its errors will show when it runs).
+    """
+    if any(call.args for call in calls):
+        return ""
+    kwargs: dict[str, Any] = {}
+    for key in dict.fromkeys(k for call in calls for k in call.kwargs):
+        values = [call.kwargs.get(key, Arg) for call in calls]
+        kwargs[key] = values[0] if all(_same(values[0], v) for v in values[1:]) else Arg
+    try:
+        graph = trace_program(program.func, program.name, (), kwargs, calls[0].defaults)
+        return render_nodes(graph.constant_prefix(), template)
+    except Exception:
+        return ""
+
+
+def _same(a: object, b: object) -> bool:
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def _progress(total: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="programs", unit="prog")
+

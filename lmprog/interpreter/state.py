@@ -1,0 +1,206 @@
+"""`ProgramState`: the state of a running program (`s` inside it, what `run()` returns).
+
+Appends are validated by the front half (`lmprog.lang.state.FrontendState`) and handed to
+this state's worker; reads wait on its record. Readers never hang: a failed program
+raises its error from `s["x"]`, `sync()` and the text iterators.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from lmprog.core.protocol import Backend
+from lmprog.core.sampling import SamplingParams
+from lmprog.interpreter.executor import NodeExecutor, TemplateSource
+from lmprog.interpreter.record import StateRecord
+from lmprog.interpreter.worker import ForkPoint, Worker
+from lmprog.lang.ir import ArgRef, Fork, Gen, Join, Node, Select, VarScopeEnd
+from lmprog.lang.state import FrontendState, Inherited, Step
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every state of one run shares."""
+
+    backend: Backend
+    template: TemplateSource
+    defaults: SamplingParams
+    stream: bool = False
+
+
+class ProgramState(FrontendState):
+    """The state of one program run.
+
+    Inside the program, `s += ...` appends and `s["x"]` reads. After `run()`:
+
+        state["answer"]             the variable's value (waits until it is ready)
+        state.text()                the whole text, chat markup included
+        state.messages()            [{"role": "user", "content": ...}, ...]
+        state.get_meta_info("answer")
+                                    prompt/completion/cached token counts, finish reason,
+                                    logprobs (gen) or per-choice scores (select)
+        state.sync()                wait for every pending append; raise the program's error
+        state.error()               the program's error or None
+        state.text_iter("answer")   the text (or one variable) in pieces as generated
+    """
+
+    def __init__(
+        self,
+        context: RunContext,
+        *,
+        origin: ForkPoint | None = None,
+        inherited: Inherited | None = None,
+        body_thread: int | None = None,
+    ) -> None:
+        super().__init__(context.defaults, inherited)
+        self._context = context
+        self._record = StateRecord()
+        self._body_thread = body_thread  # the thread running the program body, once known
+        executor = NodeExecutor(self._record, context.backend, context.template, context.stream)
+        self._worker = Worker(self._record, executor, origin)
+
+    # ---- front-half hooks --------------------------------------------------------
+
+    def _submit(self, steps: tuple[Step, ...]) -> None:
+        self._worker.submit(steps, [name for node, _ in steps if (name := _defines(node)) is not None])
+
+    def _spawn(self, fork: Fork, inherited: Inherited) -> list[Any]:
+        point = ForkPoint()
+        children = [
+            ProgramState(self._context, origin=point, inherited=inherited, body_thread=self._body_thread)
+            for _ in range(fork.n)
+        ]
+        self._worker.submit(((fork, point),), [])
+        return children
+
+    def _submit_join(self, join: Join, children: list[Any]) -> None:
+        names = {n: None for c in children for n in c._new_names} if join.mode == "gather" else {}
+        self._worker.submit(((join, [c._record for c in children]),), list(names))
+
+    def _on_close(self) -> None:
+        self._worker.end()
+
+    def _accept_arg(self, node: ArgRef) -> None:
+        raise TypeError(f"argument {node.name!r} is an lp.Arg placeholder, which only trace() accepts; pass a value")
+
+    # ---- readers -----------------------------------------------------------------
+
+    def __getitem__(self, name: str) -> Any:
+        """The value of variable `name`, waiting until it is ready.
+
+        Raises the program's error if it failed first, and KeyError (listing the variables
+        there are) when no such variable can appear.
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"variable names are str, got {type(name).__name__}")
+        undeclared = name not in self._declared
+        # The program's own thread cannot wait for a variable it has not asked for yet.
+        fail_fast = undeclared and (self._closed is not None or threading.get_ident() == self._body_thread)
+        return self._record.wait_var(name, fail_fast)
+
+    def text(self) -> str:
+        """The text so far, after every pending append has run (or the program failed)."""
+        self._record.wait_idle()
+        return self._record.text
+
+    def messages(self) -> list[dict[str, str]]:
+        """The completed role messages so far, as [{"role": ..., "content": ...}, ...]."""
+        self._record.wait_idle()
+        with self._record.cond:
+            return [dict(m) for m in self._record.messages]
+
+    def get_meta_info(self, name: str) -> Any:
+        """Meta info of variable `name` (waits like `s[name]`).
+
+        gen: prompt_tokens, completion_tokens, cached_tokens, finish_reason, matched_stop,
+        and output_token_logprobs when asked; select: choices, choices_method,
+        normalized_scores, token_logprobs, prompt_tokens, cached_tokens; a gathered fork
+        variable: a list with one entry per copy; a var_scope: {}.
+        """
+        self[name]
+        with self._record.cond:
+            return self._record.meta.get(name, {})
+
+    def sync(self) -> None:
+        """Wait until every append so far has run; raise the program's error if it failed."""
+        error = self._record.wait_idle()
+        if error is not None:
+            raise error
+
+    def error(self) -> BaseException | None:
+        """The program's error (after the appends so far have run), or None."""
+        return self._record.wait_idle()
+
+    def text_iter(self, var: str | None = None) -> Iterator[str]:
+        """The text in pieces as it is produced (with `var`: only that variable's pieces).
+
+        The pieces concatenate to `text()` (or to the variable's text). The iterator ends
+        when the program (or the variable) is complete, and raises the program's error if
+        it failed first. With `run(stream=True)` gens arrive token by token.
+        """
+        _check_var(var)
+        return self._record.iter_pieces(var)
+
+    async def text_async_iter(self, var: str | None = None) -> AsyncIterator[str]:
+        """`text_iter` for asyncio: awaits new pieces without blocking the event loop."""
+        _check_var(var)
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+
+        def notify() -> None:
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the loop closed while the program ran on
+                pass
+
+        record = self._record
+        record.add_listener(notify)
+        try:
+            i = 0
+            while True:
+                wake.clear()
+                chunk, i, done, error = record.take_pieces(var, i)
+                for piece in chunk:
+                    yield piece
+                if error is not None:
+                    raise error
+                if done:
+                    return
+                if not chunk:
+                    await wake.wait()
+        finally:
+            record.remove_listener(notify)
+
+    async def _wait_finished_async(self) -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def on_finish() -> None:
+            try:
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+            except RuntimeError:
+                pass
+
+        self._record.when_finished(on_finish)
+        await done
+
+    def __repr__(self) -> str:
+        record = self._record
+        status = "failed" if record.error else "finished" if record.finished else "running"
+        return f"<ProgramState {status}, {record.length} chars, variables {sorted(record.variables)}>"
+
+
+def _defines(node: Node) -> str | None:
+    """The variable a step sets, if any."""
+    if isinstance(node, (Gen, Select, VarScopeEnd)):
+        return node.name
+    return None
+
+
+def _check_var(var: object) -> None:
+    if var is not None and not isinstance(var, str):
+        raise TypeError(f"var must be a variable name (str) or None, got {type(var).__name__}")

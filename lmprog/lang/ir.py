@@ -1,0 +1,273 @@
+"""The IR: frozen node types shared by the tracer and the interpreter.
+
+A program is a sequence of nodes. `s += x` turns `x` into nodes (`flatten`); the tracer
+records them into a `Graph`, the interpreter executes them. There is no second
+representation: what `trace()` prints is what runs.
+
+    Expr (appendable with `s += ...`, composable with `+`)
+      Text, ArgRef, Gen, Select, RoleBegin, RoleEnd, Image, Concat
+    Node (structural; created by state methods only)
+      VarScopeBegin, VarScopeEnd, Fork, Join
+
+`Concat` only exists while an expression is built (`lp.gen("a") + "\\n"`); `flatten`
+turns it into its leaves, so graphs and the interpreter never see it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from lmprog.core.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from lmprog.lang.choices import ChoicesMethod
+    from lmprog.lang.graph import Graph
+
+Role = Literal["system", "user", "assistant"]
+ROLES: tuple[str, ...] = ("system", "user", "assistant")
+JoinMode = Literal["gather", "concat_and_append"]
+
+
+class TraceStop(BaseException):
+    """Raised inside a traced program at the first operation the tracer cannot follow.
+
+    A BaseException so that a program's own `except Exception:` does not swallow it.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """Base of every IR node."""
+
+    def describe(self) -> str:
+        """A one-line human-readable form (used when a graph is printed)."""
+        return type(self).__name__
+
+
+@dataclass(frozen=True, slots=True)
+class Expr(Node):
+    """A node a program may append (`s += expr`) or concatenate (`expr + "text"`)."""
+
+    def __add__(self, other: object) -> Concat:
+        return Concat(flatten(self) + flatten(other))
+
+    def __radd__(self, other: object) -> Concat:
+        return Concat(flatten(other) + flatten(self))
+
+
+@dataclass(frozen=True, slots=True)
+class Text(Expr):
+    """Constant text, appended as is."""
+
+    text: str
+
+    def describe(self) -> str:
+        return f"Text({_short(repr(self.text))})"
+
+
+@dataclass(frozen=True, slots=True)
+class ArgRef(Expr):
+    """An argument whose value is unknown while tracing (`lp.Arg`).
+
+    Appending or concatenating it is recorded; anything that needs its value (str(), an
+    f-string, `if arg:`, iteration, attribute access) stops the trace.
+    """
+
+    name: str
+
+    def describe(self) -> str:
+        return f"Arg({self.name})"
+
+    def _stop(self, what: str) -> TraceStop:
+        return TraceStop(f"{what} of argument {self.name!r} needs its value")
+
+    def __str__(self) -> str:
+        raise self._stop("str()")
+
+    def __format__(self, spec: str) -> str:
+        raise self._stop("formatting (f-string)")
+
+    def __bool__(self) -> bool:
+        raise self._stop("truth test")
+
+    def __len__(self) -> int:
+        raise self._stop("len()")
+
+    def __iter__(self) -> Any:
+        raise self._stop("iteration")
+
+    def __getitem__(self, key: object) -> Any:
+        raise self._stop("indexing")
+
+    def __contains__(self, item: object) -> bool:
+        raise self._stop("`in` test")
+
+    def __int__(self) -> int:
+        raise self._stop("int()")
+
+    def __float__(self) -> float:
+        raise self._stop("float()")
+
+    def __index__(self) -> int:
+        raise self._stop("use as an index")
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        raise self._stop(f"attribute access .{attr}")
+
+
+@dataclass(frozen=True, slots=True)
+class Gen(Expr):
+    """Generate text into variable `name` (None: append it without naming it).
+
+    `overrides` holds only the sampling fields the call set explicitly, as sorted
+    (field, value) pairs; `sampling_params` merges them over the run's defaults.
+    `constraint` is an `lmprog.fsm.Constraint` or None; `constraint_spec` says how it was
+    asked for ("regex", "json_schema", "dtype=int") for printing.
+    """
+
+    name: str | None
+    overrides: tuple[tuple[str, Any], ...] = ()
+    constraint: Any = None
+    constraint_spec: str | None = None
+
+    def sampling_params(self, defaults: SamplingParams) -> SamplingParams:
+        """The one place where a gen's own arguments meet the run's defaults."""
+        return defaults.merged(dict(self.overrides)) if self.overrides else defaults
+
+    def describe(self) -> str:
+        parts = [repr(self.name)] + [f"{k}={v!r}" for k, v in self.overrides]
+        if self.constraint_spec:
+            parts.append(self.constraint_spec)
+        return f"Gen({', '.join(parts)})"
+
+
+@dataclass(frozen=True, slots=True)
+class Select(Expr):
+    """Append the choice the backend scores best (by `method`) and name it `name`."""
+
+    name: str | None
+    choices: tuple[str, ...]
+    method: ChoicesMethod
+
+    def describe(self) -> str:
+        return f"Select({self.name!r}, {list(self.choices)!r}, {self.method.name})"
+
+
+@dataclass(frozen=True, slots=True)
+class RoleBegin(Expr):
+    """Open a chat message of `role` (renders the chat template's role prefix)."""
+
+    role: str
+
+    def describe(self) -> str:
+        return f"RoleBegin({self.role})"
+
+
+@dataclass(frozen=True, slots=True)
+class RoleEnd(Expr):
+    """Close the open chat message of `role` (renders the role suffix)."""
+
+    role: str
+
+    def describe(self) -> str:
+        return f"RoleEnd({self.role})"
+
+
+@dataclass(frozen=True, slots=True)
+class Image(Expr):
+    """An image for a multimodal model: a file path or the encoded bytes."""
+
+    source: str | bytes
+
+    def describe(self) -> str:
+        if isinstance(self.source, bytes):
+            return f"Image(<{len(self.source)} bytes>)"
+        return f"Image({self.source!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Concat(Expr):
+    """A sequence of expressions built with `+`; never nested (see `flatten`)."""
+
+    parts: tuple[Expr, ...]
+
+    def describe(self) -> str:
+        return " + ".join(p.describe() for p in self.parts)
+
+
+@dataclass(frozen=True, slots=True)
+class VarScopeBegin(Node):
+    """Start capturing appended text into variable `name` (`with s.var_scope(name):`)."""
+
+    name: str
+
+    def describe(self) -> str:
+        return f"VarScopeBegin({self.name!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class VarScopeEnd(Node):
+    """Stop capturing; the variable holds the text appended since the matching begin."""
+
+    name: str
+
+    def describe(self) -> str:
+        return f"VarScopeEnd({self.name!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Fork(Node):
+    """Copy the state `n` times (`s.fork(n)`); the copies continue independently.
+
+    In a traced graph `branches` holds each copy's own sub-graph; when executed it is empty.
+    """
+
+    n: int
+    fork_id: int
+    branches: tuple[Graph, ...] = ()
+
+    def describe(self) -> str:
+        return f"Fork(n={self.n}, id={self.fork_id})"
+
+
+@dataclass(frozen=True, slots=True)
+class Join(Node):
+    """Join the copies of fork `fork_id` back into the state (`group.join(mode)`)."""
+
+    fork_id: int
+    mode: JoinMode = "gather"
+
+    def describe(self) -> str:
+        return f"Join(id={self.fork_id}, mode={self.mode})"
+
+
+def flatten(value: object) -> tuple[Expr, ...]:
+    """The leaf nodes `s += value` appends, in order.
+
+    Accepts a str, an int or float (appended as `str(value)`), or an expression; raises
+    TypeError for anything else (None included), saying what is accepted.
+    """
+    if isinstance(value, str):
+        return (Text(value),) if value else ()
+    if isinstance(value, Concat):
+        return value.parts
+    if isinstance(value, Expr):
+        return (value,)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (Text(str(value)),)
+    raise TypeError(
+        f"cannot append {type(value).__name__} {_short(repr(value))}: a program appends str, "
+        "int, float, or an lmprog expression (lp.gen, lp.select, lp.user(...), lp.image, or "
+        "their `+` concatenation)" + (" — got None; did a function forget to return?" if value is None else "")
+    )
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

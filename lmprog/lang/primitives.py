@@ -1,0 +1,242 @@
+"""The primitives a program appends: `gen`, `select`, roles, `image`.
+
+Each validates its arguments when called (so a bad argument raises at the line that wrote
+it) and returns an IR expression; nothing runs until the expression is appended to a state.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from lmprog.core.errors import ConstraintError
+from lmprog.core.sampling import SamplingParams
+from lmprog.lang.choices import ChoicesMethod, token_length_normalized
+from lmprog.lang.ir import ArgRef, Concat, Expr, Gen, Image, RoleBegin, RoleEnd, Select, TraceStop, flatten
+
+_DTYPES = (int, float, bool, str)
+
+
+def gen(
+    name: str | None = None,
+    *,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    stop_token_ids: int | Sequence[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    seed: int | None = None,
+    regex: str | None = None,
+    json_schema: Any = None,
+    choices: Sequence[str] | None = None,
+    dtype: type | None = None,
+    return_logprob: bool | None = None,
+    top_logprobs_num: int | None = None,
+) -> Expr:
+    """Generate a continuation and store it in variable `name`.
+
+    Sampling arguments left as None inherit the defaults given to `run(...)` /
+    `run_batch(...)`, then `lp.SamplingParams`' defaults (max_tokens=128, temperature=1.0,
+    ...). `stop` strings are removed from the result; generation also ends at any of
+    `stop_token_ids`. With `return_logprob=True` (and `top_logprobs_num=k`), the variable's
+    meta info holds per-token logprobs.
+
+    At most one constraint:
+      - `regex="..."`: the output matches the regular expression exactly;
+      - `json_schema=`: a dict, a JSON string or a pydantic model class; the output is JSON
+        valid under it;
+      - `dtype=int | float | bool | str`: the output is a literal of that type and the
+        variable holds the parsed Python value (`s["n"]` is an int for `dtype=int`);
+      - `choices=[...]`: behaves exactly like `lp.select(name, choices)`.
+
+    Raises TypeError/ValueError for a bad argument (e.g. `max_tokens < min_tokens`) and
+    `lp.ConstraintError` for an invalid regex or schema, here at the call.
+    """
+    _check_name(name, "gen")
+    sampling = {
+        "max_tokens": max_tokens, "min_tokens": min_tokens, "stop": stop,
+        "stop_token_ids": stop_token_ids, "temperature": temperature, "top_p": top_p,
+        "top_k": top_k, "min_p": min_p, "frequency_penalty": frequency_penalty,
+        "presence_penalty": presence_penalty, "ignore_eos": ignore_eos, "seed": seed,
+        "return_logprob": return_logprob, "top_logprobs_num": top_logprobs_num,
+    }
+    overrides = _checked_overrides({k: v for k, v in sampling.items() if v is not None})
+    constraints = {"regex": regex, "json_schema": json_schema, "choices": choices, "dtype": dtype}
+    given = [k for k, v in constraints.items() if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"gen() takes at most one of regex/json_schema/choices/dtype, got {given}")
+    if choices is not None:
+        return select(name, choices)
+    constraint, spec = _build_constraint(regex, json_schema, dtype)
+    return Gen(name, overrides, constraint, spec)
+
+
+def select(
+    name: str | None = None,
+    choices: Sequence[str] | None = None,
+    *,
+    choices_method: ChoicesMethod = token_length_normalized,
+) -> Select:
+    """Append the most likely of `choices` and store it in variable `name`.
+
+    The backend scores each choice as a continuation of the text so far (with token
+    healing); `choices_method` picks the winner: `lp.token_length_normalized` (default),
+    `lp.greedy_token_selection` or `lp.unconditional_likelihood_normalized`. The variable's
+    meta info holds every choice's score under "normalized_scores".
+
+    Raises TypeError unless `choices` is a list of str, ValueError for an empty list, an
+    empty string or a duplicate choice.
+    """
+    _check_name(name, "select")
+    if choices is None:
+        raise TypeError("select() needs choices=[...], a non-empty list of strings")
+    _reject_placeholder(choices, "choices")
+    if isinstance(choices, (str, bytes)) or not isinstance(choices, Sequence):
+        raise TypeError(f"choices must be a list of strings, got {type(choices).__name__} {choices!r}")
+    for c in choices:
+        _reject_placeholder(c, "a choice")
+        if not isinstance(c, str):
+            raise TypeError(f"every choice must be a str, got {type(c).__name__} {c!r}")
+    if not choices:
+        raise ValueError("select() needs at least one choice, got an empty list")
+    if "" in choices:
+        raise ValueError("choices must be non-empty strings, got ''")
+    duplicates = sorted({c for c in choices if choices.count(c) > 1})
+    if duplicates:
+        raise ValueError(f"choices must be distinct; repeated: {duplicates}")
+    if not isinstance(choices_method, ChoicesMethod):
+        raise TypeError(
+            "choices_method must be lp.token_length_normalized, lp.greedy_token_selection or "
+            f"lp.unconditional_likelihood_normalized, got {choices_method!r}"
+        )
+    return Select(name, tuple(choices), choices_method)
+
+
+def image(source: str | os.PathLike[str] | bytes) -> Image:
+    """An image for a multimodal model: a path to an image file, or its encoded bytes.
+
+    Backends without vision support (every backend in this release) raise
+    `lp.BackendError` when the program reaches it.
+    """
+    _reject_placeholder(source, "image()")
+    if isinstance(source, (bytes, bytearray)):
+        if not source:
+            raise ValueError("image() got empty bytes")
+        return Image(bytes(source))
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"image() takes a file path or bytes, got {type(source).__name__}")
+    path = os.fspath(source)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"image() file not found: {path!r}")
+    return Image(path)
+
+
+def _role(role: str, expr: object) -> Expr:
+    if expr is None:
+        return Concat((RoleBegin(role), RoleEnd(role)))
+    return Concat((RoleBegin(role), *flatten(expr), RoleEnd(role)))
+
+
+def system(expr: object = None) -> Expr:
+    """A whole system message: `s += lp.system("Be terse.")` (content may hold gens)."""
+    return _role("system", expr)
+
+
+def user(expr: object = None) -> Expr:
+    """A whole user message: `s += lp.user(question)`."""
+    return _role("user", expr)
+
+
+def assistant(expr: object = None) -> Expr:
+    """A whole assistant message: `s += lp.assistant(lp.gen("answer"))`."""
+    return _role("assistant", expr)
+
+
+def system_begin() -> RoleBegin:
+    """Open a system message; close it with `lp.system_end()`."""
+    return RoleBegin("system")
+
+
+def system_end() -> RoleEnd:
+    """Close the open system message."""
+    return RoleEnd("system")
+
+
+def user_begin() -> RoleBegin:
+    """Open a user message; close it with `lp.user_end()`."""
+    return RoleBegin("user")
+
+
+def user_end() -> RoleEnd:
+    """Close the open user message."""
+    return RoleEnd("user")
+
+
+def assistant_begin() -> RoleBegin:
+    """Open an assistant message; close it with `lp.assistant_end()`."""
+    return RoleBegin("assistant")
+
+
+def assistant_end() -> RoleEnd:
+    """Close the open assistant message."""
+    return RoleEnd("assistant")
+
+
+def _check_name(name: object, where: str) -> None:
+    _reject_placeholder(name, f"the name of {where}()")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise TypeError(f"{where}() name must be a non-empty str or None, got {name!r}")
+
+
+def _checked_overrides(overrides: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """Validate a gen's own sampling arguments; return them normalised and sorted.
+
+    Cross-field checks (min_tokens <= max_tokens) apply only when the call set both: the
+    other may come from run()'s defaults, and the append re-checks the merged result.
+    """
+    for key, value in overrides.items():
+        _reject_placeholder(value, f"gen({key}=...)")
+    base = SamplingParams()
+    if "max_tokens" not in overrides and isinstance(overrides.get("min_tokens"), int):
+        base = SamplingParams(max_tokens=max(base.max_tokens, overrides["min_tokens"]))
+    checked = base.merged(overrides)
+    return tuple(sorted((k, getattr(checked, k)) for k in overrides))
+
+
+def _build_constraint(regex: Any, json_schema: Any, dtype: Any) -> tuple[Any, str | None]:
+    if regex is None and json_schema is None and dtype is None:
+        return None, None
+    _reject_placeholder(regex, "gen(regex=...)")
+    _reject_placeholder(json_schema, "gen(json_schema=...)")
+    if regex is not None:
+        if not isinstance(regex, str):
+            raise TypeError(f"regex must be a str, got {type(regex).__name__}")
+        return _constraint_class().from_regex(regex), f"regex={regex!r}"
+    if json_schema is not None:
+        return _constraint_class().from_json_schema(json_schema), "json_schema"
+    if dtype not in _DTYPES:
+        raise TypeError(f"dtype must be one of int, float, bool, str; got {dtype!r}")
+    return _constraint_class().from_dtype(dtype), f"dtype={dtype.__name__}"
+
+
+def _constraint_class() -> Any:
+    # Imported here so that `import lmprog.lang` stays light.
+    try:
+        from lmprog.fsm import Constraint
+    except ImportError as e:
+        raise ConstraintError(
+            f"constrained generation (regex/json_schema/dtype) needs lmprog.fsm.Constraint, which is not available: {e}"
+        ) from e
+    return Constraint
+
+
+def _reject_placeholder(value: object, where: str) -> None:
+    if isinstance(value, ArgRef):
+        raise TraceStop(f"argument {value.name!r} is used as {where}, which needs its value")

@@ -1,0 +1,145 @@
+"""A language-model program: a Python function whose first parameter is the state.
+
+`Program` checks the function's shape at decoration, binds arguments (`bind`), splits a
+call's keyword arguments into program arguments and sampling defaults, and traces. Running
+belongs to the interpreter, which subclasses it (`lmprog.interpreter.function.Function`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from lmprog.core.sampling import SAMPLING_FIELDS, SamplingParams
+from lmprog.lang.graph import Graph
+from lmprog.lang.tracer import Arg, trace_program
+
+P = TypeVar("P", bound="Program")
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+@dataclass(frozen=True)
+class ProgramCall:
+    """One validated call: the program's arguments and the run's sampling defaults."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    defaults: SamplingParams
+
+
+class Program:
+    """A function `f(s, ...)` made into an lmprog program.
+
+    Calling it directly, `f(s, ...)`, appends to an existing state `s`: programs compose.
+    """
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        *,
+        num_api_spec_tokens: int | None = None,
+        bound: dict[str, Any] | None = None,
+    ) -> None:
+        self._signature = _program_signature(func)
+        if num_api_spec_tokens is not None and (
+            isinstance(num_api_spec_tokens, bool) or not isinstance(num_api_spec_tokens, int) or num_api_spec_tokens < 1
+        ):
+            raise ValueError(f"num_api_spec_tokens must be a positive int or None, got {num_api_spec_tokens!r}")
+        self.func = func
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self._bound: dict[str, Any] = dict(bound or {})
+        params = self._signature.parameters.values()
+        self._names = tuple(p.name for p in params if p.kind not in _VARIADIC)
+        self._takes_any_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        functools.update_wrapper(self, func, updated=())  # name and docstring, not attributes
+
+    @property
+    def name(self) -> str:
+        return getattr(self.func, "__name__", type(self.func).__name__)
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        """The program's parameter names after the state."""
+        return self._names
+
+    def bind(self: P, **kwargs: Any) -> P:
+        """A copy of this program with some arguments fixed (a call may still override them)."""
+        unknown = [k for k in kwargs if k not in self._names and not self._takes_any_keyword]
+        if unknown:
+            raise TypeError(f"{self.name}.bind() got unknown argument(s) {unknown}; its parameters are {list(self._names)}")
+        return type(self)(self.func, num_api_spec_tokens=self.num_api_spec_tokens, bound={**self._bound, **kwargs})
+
+    def prepare_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ProgramCall:
+        """Validate a call; keyword arguments that are sampling fields become defaults.
+
+        A keyword that names a program parameter is an argument; otherwise a sampling
+        field (`temperature=0`, `max_tokens=...`) is a default for every gen of the run;
+        anything else raises TypeError listing the program's parameters.
+        """
+        call: dict[str, Any] = {}
+        sampling: dict[str, Any] = {}
+        for key, value in {**self._bound, **kwargs}.items():
+            if key in self._names:
+                call[key] = value
+            elif key in SAMPLING_FIELDS:
+                sampling[key] = value
+            elif self._takes_any_keyword:
+                call[key] = value
+            else:
+                raise TypeError(
+                    f"{self.name}() got an unexpected keyword argument {key!r}; its parameters are "
+                    f"{list(self._names)}, and sampling defaults may be any of {sorted(SAMPLING_FIELDS)}"
+                )
+        try:
+            self._signature.bind(*args, **call)
+        except TypeError as e:
+            raise TypeError(f"{self.name}(): {e}; its parameters are {list(self._names)}") from None
+        return ProgramCall(tuple(args), call, SamplingParams().merged(sampling))
+
+    def trace(self, **kwargs: Any) -> Graph:
+        """The program's IR graph, recorded without running any model.
+
+        Pass `lp.Arg` for arguments whose value is unknown; parameters left out are `lp.Arg`
+        too, unless they have a default. Sampling keywords apply as in `run`. Tracing stops
+        at the first operation that needs a run-time value (the graph's `stopped` says which).
+        """
+        for p in self._signature.parameters.values():
+            if p.kind not in _VARIADIC and p.name not in kwargs and p.name not in self._bound:
+                if p.default is inspect.Parameter.empty:
+                    kwargs[p.name] = Arg
+        call = self.prepare_call((), kwargs)
+        return trace_program(self.func, self.name, call.args, call.kwargs, call.defaults)
+
+    def __call__(self, s: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.func(s, *args, **{**self._bound, **kwargs})
+
+    def __repr__(self) -> str:
+        return f"<lmprog program {self.name}({', '.join(self._names)})>"
+
+
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+def _program_signature(func: Callable[..., Any]) -> inspect.Signature:
+    """The signature after the state; raises TypeError unless `func(s, ...)` is a program."""
+    if not callable(func):
+        raise TypeError(f"lp.function decorates a function, got {type(func).__name__}")
+    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+        raise TypeError(
+            f"{func.__name__} is async; a program is a plain function (use .run_async() to await it)"
+        )
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"cannot read the signature of {func!r}: {e}") from None
+    params = list(sig.parameters.values())
+    if not params or params[0].kind not in _POSITIONAL:
+        name = getattr(func, "__name__", repr(func))
+        raise TypeError(
+            f"a program takes the state first, like `def {name}(s, ...)`; {name}{sig} does not"
+        )
+    return sig.replace(parameters=params[1:])

@@ -1,0 +1,78 @@
+"""The dependency direction of STYLE.md, checked by walking every import in lmprog/.
+
+    lang        -> core (+ fsm for Constraint objects)
+    interpreter -> lang, core
+    runtime     -> core, fsm
+    fsm         -> core
+    core        -> nothing else from lmprog
+
+Imports inside functions count too (a lazy import is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "lmprog"
+
+# package -> lmprog subpackages it must not import
+FORBIDDEN = {
+    "core": {"lang", "interpreter", "backends", "runtime", "fsm"},
+    "lang": {"interpreter", "backends", "runtime"},
+    "interpreter": {"backends", "runtime"},
+    "runtime": {"lang", "interpreter", "backends"},
+    "fsm": {"lang", "interpreter", "backends", "runtime"},
+}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Absolute names of the modules a file imports (relative imports resolved)."""
+    package = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if path.name != "__init__.py":
+        package = package.rpartition(".")[0]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def violations(subpackage: str) -> list[str]:
+    found = []
+    for path in sorted((ROOT / subpackage).rglob("*.py")):
+        for name in imported_modules(path):
+            parts = name.split(".")
+            if parts[0] == "lmprog" and len(parts) > 1 and parts[1] in FORBIDDEN[subpackage]:
+                found.append(f"{path.relative_to(ROOT.parent)} imports {name}")
+    return found
+
+
+@pytest.mark.parametrize("subpackage", sorted(FORBIDDEN))
+def test_dependency_direction(subpackage):
+    if not (ROOT / subpackage).is_dir():
+        pytest.skip(f"lmprog/{subpackage} does not exist yet")
+    assert violations(subpackage) == []
+
+
+def test_the_checker_sees_relative_and_lazy_imports(tmp_path, monkeypatch):
+    fake = tmp_path / "lmprog"
+    (fake / "lang").mkdir(parents=True)
+    (fake / "lang" / "bad.py").write_text(
+        "def f():\n    from ..interpreter import state\n    import lmprog.runtime.engine\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", fake)
+    found = violations("lang")
+    assert any("lmprog.interpreter" in v for v in found) and any("lmprog.runtime.engine" in v for v in found)
