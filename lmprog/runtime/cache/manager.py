@@ -1,0 +1,269 @@
+"""CacheManager: the one owner of KV slots — allocator, prefix cache and req_to_token table.
+
+Every slot in 1..num_slots is, at all times, exactly one of
+    free in the allocator | held by a prefix-cache node | owned by one running request
+(request rows: [0, cache_len) are the cache's, locked; [cache_len, num_allocated) are the
+request's own; see lmprog.runtime.request). `check_integrity(running)` verifies exactly that.
+The manager mutates `Req` fields row, last_node, cache_len, num_computed, num_allocated and
+row_dirty; nothing else touches them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from ..config import CacheConfig
+from ..request import Req
+from .allocator import TokenSlotAllocator
+from .base import PrefixCache, require
+from .disabled import NoPrefixCache
+from .radix import RadixCache
+from .req_table import ReqToTokenTable
+
+
+def make_prefix_cache(config: CacheConfig) -> PrefixCache:
+    if not config.radix_cache:
+        return NoPrefixCache(config.page_size)
+    return RadixCache(config.page_size, config.eviction)
+
+
+class CacheManager:
+    """Owns the KV slots of the pool. Single-threaded: call from the engine loop only."""
+
+    def __init__(self, num_slots: int, max_running_reqs: int, max_context_len: int,
+                 config: CacheConfig) -> None:
+        self.config = config
+        self.page_size = config.page_size
+        self.allocator = TokenSlotAllocator(num_slots, config.page_size)
+        self.prefix_cache = make_prefix_cache(config)
+        self.req_table = ReqToTokenTable(max_running_reqs, max_context_len, config.page_size)
+        self._caching = config.radix_cache
+
+    # -- sizes -----------------------------------------------------------------------------
+    @property
+    def req_to_token(self) -> np.ndarray:
+        """The int32 [max_running_reqs, width] table (a live view; see ReqToTokenTable)."""
+        return self.req_table.table
+
+    @property
+    def capacity(self) -> int:
+        """Usable slots of the pool (whole pages)."""
+        return self.allocator.num_slots
+
+    @property
+    def available_tokens(self) -> int:
+        """Slots obtainable now: free ones plus evictable cached ones."""
+        return self.allocator.num_free + self.prefix_cache.evictable_size
+
+    def round_up(self, num_tokens: int) -> int:
+        p = self.page_size
+        return -(-num_tokens // p) * p
+
+    def tokens_to_extend(self, req: Req, end: int) -> int:
+        """Slots req must be given so that positions [0, end) have one (whole pages)."""
+        return max(0, self.round_up(end) - req.num_allocated)
+
+    def cached_prefix_len(self, req: Req) -> int:
+        """How many tokens admitting req now would reuse. Reads only."""
+        return self.prefix_cache.cached_prefix_len(req.token_ids[: _match_limit(req)])
+
+    # -- request lifecycle -----------------------------------------------------------------
+    def admit(self, req: Req) -> bool:
+        """Give req a row and lock its cached prefix: at most seq_len - 1 tokens (at least
+        one is left to compute) and none from prompt_logprob_start on (their logits are
+        wanted). False, changing nothing, when no row is free."""
+        assert req.row is None and req.last_node is None
+        row = self.req_table.alloc()
+        if row is None:
+            return False
+        match = self.prefix_cache.match_prefix(req.token_ids[: _match_limit(req)])
+        self.prefix_cache.lock(match.last_node)
+        self.req_table.table[row, : match.length] = match.slots
+        req.row, req.last_node = row, match.last_node
+        req.cache_len = req.num_computed = req.num_allocated = match.length
+        req.row_dirty = True
+        return True
+
+    def extend(self, reqs: Sequence[Req], counts: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Give each reqs[i] slots for positions [num_computed, num_computed + counts[i])
+        (evicting cached entries if needed) and write them into its row.
+
+        Returns (out_slots, positions), concatenated in order: the slot and position of every
+        token to be fed. The caller must have checked `tokens_to_extend` against
+        `available_tokens`; running out here is a bug (AssertionError).
+        """
+        if self.page_size == 1:  # between steps num_allocated == num_computed
+            need: list[int] = []
+            total = sum(counts)
+        else:
+            need = [self.tokens_to_extend(r, r.num_computed + n) for r, n in zip(reqs, counts)]
+            total = sum(need)
+        self._make_room(total)
+        fresh = self.allocator.alloc(total)
+        assert fresh is not None, f"extend needs {total} slots; check available_tokens first"
+        if self.page_size == 1:
+            return self._extend_tokens(reqs, counts, fresh)
+        return self._extend_pages(reqs, counts, need, fresh)
+
+    def cache_progress(self, req: Req) -> None:
+        """Insert req's computed tokens into the prefix cache now (after a prefill chunk), so
+        other requests can reuse them; its row then points at the cached slots. No-op when
+        caching is off or nothing new is computed."""
+        aligned = req.num_computed - req.num_computed % self.page_size
+        if not self._caching or aligned <= req.cache_len:
+            return
+        present = self._insert(req, aligned)
+        match = self.prefix_cache.match_prefix(req.token_ids[:aligned])
+        assert match.length == aligned, "an inserted prefix must match in full"
+        self.prefix_cache.lock(match.last_node)
+        self.prefix_cache.unlock(req.last_node)
+        if present > req.cache_len:  # our duplicates were freed: point at the cached copies
+            self.req_table.table[req.row, req.cache_len:present] = match.slots[req.cache_len:present]
+            req.row_dirty = True
+        req.last_node, req.cache_len = match.last_node, aligned
+
+    def trim(self, req: Req, keep: int) -> None:
+        """Forget the KV of positions >= keep (rejected drafts, rewritten tokens): set
+        num_computed = keep and free the own pages past it. Cutting into the cached prefix
+        re-matches the kept tokens (the row is rewritten, row_dirty set)."""
+        assert 0 <= keep <= req.num_allocated, f"trim to {keep} past the allocated {req}"
+        if keep < req.cache_len:
+            self._free_own(req, req.cache_len)
+            match = self.prefix_cache.match_prefix(req.token_ids[:keep])
+            self.prefix_cache.lock(match.last_node)
+            self.prefix_cache.unlock(req.last_node)
+            self.req_table.table[req.row, : req.cache_len] = 0
+            self.req_table.table[req.row, : match.length] = match.slots
+            req.last_node, req.cache_len, req.num_allocated = match.last_node, match.length, match.length
+            req.num_computed, req.row_dirty = match.length, True
+            return
+        self._free_own(req, max(req.cache_len, self.round_up(keep)))
+        req.num_computed = keep
+
+    def release(self, req: Req, cache: bool = True) -> None:
+        """Take back everything req holds: its computed tokens go into the prefix cache (when
+        `cache` and caching is on), the rest of its slots are freed, its lock and row are
+        released. Afterwards req holds nothing (row None, lengths 0)."""
+        if req.row is None:
+            return
+        aligned = req.num_computed - req.num_computed % self.page_size
+        if cache and self._caching and aligned > req.cache_len:
+            self._insert(req, aligned)
+            req.cache_len = aligned  # [.., aligned) now belongs to the cache
+        self._free_own(req, req.cache_len)
+        self.prefix_cache.unlock(req.last_node)
+        self.req_table.free(req.row, req.cache_len)
+        req.row, req.last_node, req.row_dirty = None, None, False
+        req.cache_len = req.num_computed = req.num_allocated = 0
+
+    def reset(self) -> None:
+        """Empty the prefix cache (no request may be running)."""
+        require(self.req_table.num_free == self.req_table.num_rows,
+                "reset() while requests hold rows; release them first")
+        self.allocator.free(self.prefix_cache.reset())
+
+    # -- integrity -------------------------------------------------------------------------
+    def check_integrity(self, running: Iterable[Req]) -> None:
+        """Raise IntegrityError unless allocator, prefix cache, table and the running requests
+        agree: every slot free, cached or owned exactly once, rows and locks consistent."""
+        reqs = list(running)
+        self.allocator.check_integrity()
+        self.req_table.check_integrity()
+        self.prefix_cache.check_integrity([r.last_node for r in reqs])
+        parts = [self.allocator.free_slots(), self.prefix_cache.all_slots()]
+        for req in reqs:
+            parts.append(self._check_req(req))
+        rows = sorted(r.row for r in reqs)
+        require(rows == self.req_table.rows_in_use().tolist(),
+                f"rows in use {self.req_table.rows_in_use().tolist()} but requests hold {rows}")
+        self._check_partition(np.concatenate(parts))
+
+    def _check_req(self, req: Req) -> np.ndarray:
+        p = self.page_size
+        require(req.row is not None, f"{req}: running without a row")
+        require(0 <= req.cache_len <= req.num_computed <= req.num_allocated <= self.req_table.width,
+                f"{req}: need cache_len <= num_computed <= num_allocated <= table width")
+        require(req.num_computed <= req.seq_len, f"{req}: more tokens computed than known")
+        require(req.cache_len % p == 0 and req.num_allocated % p == 0,
+                f"{req}: cache_len / num_allocated not whole pages of {p}")
+        row = self.req_table.table[req.row]
+        require(np.array_equal(row[: req.cache_len], self.prefix_cache.path_slots(req.last_node)),
+                f"{req}: row prefix differs from the slots of its locked cache path")
+        require(not row[req.num_allocated:].any(), f"{req}: row has slots past num_allocated")
+        return row[req.cache_len: req.num_allocated]
+
+    def _check_partition(self, slots: np.ndarray) -> None:
+        n = self.allocator.num_slots
+        require(not len(slots) or (int(slots.min()) >= 1 and int(slots.max()) <= n),
+                f"a slot outside 1..{n} is in use (0 is the dummy)")
+        counts = np.bincount(slots, minlength=n + 1)[1:]
+        lost, double = np.flatnonzero(counts == 0) + 1, np.flatnonzero(counts > 1) + 1
+        require(not len(double), f"slots {double[:8].tolist()} are held twice (free, cached "
+                                 "or owned by a request)")
+        require(not len(lost), f"slots {lost[:8].tolist()} leaked: neither free, cached nor "
+                               "owned by a running request")
+
+    # -- internals -------------------------------------------------------------------------
+    def _make_room(self, num_tokens: int) -> None:
+        short = num_tokens - self.allocator.num_free
+        if short > 0:
+            self.allocator.free(self.prefix_cache.evict(short))
+
+    def _insert(self, req: Req, aligned: int) -> int:
+        """Insert tokens [0, aligned) with req's slots; free req's duplicates of cached
+        tokens. Returns how many were cached already (>= cache_len: the locked path)."""
+        row = self.req_table.table[req.row]
+        present = self.prefix_cache.insert(req.token_ids[:aligned], row[:aligned])
+        assert present >= req.cache_len, "the locked prefix must still be cached"
+        self.allocator.free(row[req.cache_len:present])
+        return present
+
+    def _free_own(self, req: Req, start: int) -> None:
+        """Free req's own slots from position start (a page boundary) to num_allocated."""
+        if start < req.num_allocated:
+            row = self.req_table.table[req.row]
+            self.allocator.free(row[start: req.num_allocated])
+            row[start: req.num_allocated] = 0
+            req.num_allocated = start
+
+    def _extend_tokens(self, reqs: Sequence[Req], counts: Sequence[int],
+                       fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # page_size 1: the fresh slots are exactly the out slots, in order
+        rows, positions = _rows_positions(reqs, counts, len(fresh))
+        self.req_table.table[rows, positions] = fresh
+        for req, count in zip(reqs, counts):
+            req.num_allocated = req.num_computed + count
+        return fresh, positions
+
+    def _extend_pages(self, reqs: Sequence[Req], counts: Sequence[int], need: list[int],
+                      fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # whole new pages go after num_allocated; the out slots may start in a partly used one
+        table, used = self.req_table.table, 0
+        for req, n in zip(reqs, need):
+            if n:
+                table[req.row, req.num_allocated: req.num_allocated + n] = fresh[used: used + n]
+                used += n
+                req.num_allocated += n
+        rows, positions = _rows_positions(reqs, counts, sum(counts))
+        return table[rows, positions], positions
+
+
+def _rows_positions(reqs: Sequence[Req], counts: Sequence[int],
+                    total: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per fed token: its request's row and its position (num_computed + i)."""
+    starts = np.fromiter([r.num_computed for r in reqs], dtype=np.int64, count=len(reqs))
+    rows = np.fromiter([r.row for r in reqs], dtype=np.int64, count=len(reqs))
+    if total == len(reqs):  # all decodes: one token each
+        return rows, starts
+    n = np.asarray(counts, dtype=np.int64)
+    positions = np.repeat(starts - (np.cumsum(n) - n), n) + np.arange(total)
+    return np.repeat(rows, n), positions
+
+
+def _match_limit(req: Req) -> int:
+    limit = req.seq_len - 1
+    if req.prompt_logprob_start is not None:
+        limit = min(limit, req.prompt_logprob_start)
+    return limit

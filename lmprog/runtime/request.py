@@ -1,0 +1,123 @@
+"""Req: one generation request as the scheduler tracks it. Imports nothing heavy.
+
+A request's tokens and how far their KV is computed, as row positions of the
+request-to-token table (P = page size; every boundary but the token ones is a multiple of P):
+
+    token_ids:  | prompt ...................... | outputs ...... |
+                0                           prompt_len        seq_len
+    KV:         | in the radix tree | own slots, computed | own, allocated |
+                0              cache_len            num_computed     num_allocated
+
+    [0, cache_len)              slots owned by radix-tree nodes, locked via `last_node`
+    [cache_len, num_allocated)  slots owned by this request (page granular)
+    [num_computed, seq_len)     tokens still to feed; the last one is always among them
+                                (num_computed <= seq_len - 1 between steps), because its
+                                logits give the next token
+
+A decode step feeds the one pending token; a prefill (chunk) feeds several; a verify step
+feeds the pending token plus `draft_ids`. Everything here is plain data: the scheduler
+mutates it, the engine reads it and keeps its own per-request state in `engine_data`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from lmprog.core.protocol import FinishReason
+from lmprog.core.sampling import SamplingParams
+
+
+class ReqStatus(enum.Enum):
+    WAITING = "waiting"  # queued, holds no KV and no row
+    RUNNING = "running"  # holds a row, a lock on its cached prefix and its own slots
+    RETRACTED = "retracted"  # was running, gave back its KV when the pool ran out; queued
+    FINISHED = "finished"  # done (see finish_reason); holds nothing
+
+
+class Req:
+    """One request. Construct it, then hand it to `Scheduler.submit`.
+
+    rid: any hashable id, unique among unfinished requests.
+    prompt_ids: at least one token id.
+    prompt_logprob_start: when not None, logits are wanted for every fed position from
+        this one on (prompt logprobs; `select` scoring); the prefix-cache match stops there
+        so those positions are always fed. After a retraction they may be fed (and their
+        logits reported) again: keep the last value per position.
+    engine_data: opaque; the engine keeps constraint guides, detokenizer state etc. here.
+    """
+
+    __slots__ = ("rid", "token_ids", "prompt_len", "params", "status", "arrival", "cache_len",
+                 "num_computed", "num_allocated", "extend_len", "row", "last_node",
+                 "finish_reason", "cached_tokens", "max_seq_len", "stop_len", "draft_ids", "row_dirty",
+                 "prompt_logprob_start", "engine_data", "num_retractions")
+
+    def __init__(self, rid: Hashable, prompt_ids: Sequence[int], params: SamplingParams,
+                 *, prompt_logprob_start: int | None = None, engine_data: Any = None) -> None:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt_ids, (str, bytes)) or len(prompt_ids) == 0:
+            raise ValueError("prompt_ids must be a non-empty sequence of token ids")
+        self.rid = rid
+        self.token_ids: list[int] = [int(t) for t in prompt_ids]
+        self.prompt_len = len(self.token_ids)
+        self.params = params
+        self.status = ReqStatus.WAITING
+        self.arrival = -1  # submission order, set by the scheduler; retraction keeps it
+        self.cache_len = 0
+        self.num_computed = 0
+        self.num_allocated = 0
+        self.extend_len = 0  # tokens fed in the step in flight (0 when not scheduled)
+        self.row: int | None = None
+        self.last_node: Any = None  # radix node locked for [0, cache_len); None when idle
+        self.finish_reason: FinishReason | None = None
+        self.cached_tokens = 0  # prefix hit at the first admission (GenerateResult)
+        self.max_seq_len = 0  # set at submission: min(context length, KV pool)
+        self.stop_len = self.prompt_len + params.max_tokens  # seq_len that ends it ("length");
+        # submission caps it at max_seq_len
+        self.draft_ids: list[int] = []  # speculative tokens to verify in the next step
+        self.row_dirty = False  # row [0, num_computed) changed since last scheduled
+        self.prompt_logprob_start = prompt_logprob_start
+        self.engine_data = engine_data
+        self.num_retractions = 0
+
+    # -- derived lengths -------------------------------------------------------------------
+    @property
+    def seq_len(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_len(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.token_ids[: self.prompt_len]
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len:]
+
+    @property
+    def pending_len(self) -> int:
+        """Known tokens whose KV is not computed yet (1 for a plain decode)."""
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def remaining_tokens(self) -> int:
+        """Tokens it may still generate under max_tokens and its length cap."""
+        return max(0, self.stop_len - len(self.token_ids))
+
+    @property
+    def length_exhausted(self) -> bool:
+        return len(self.token_ids) >= self.stop_len
+
+    @property
+    def finished(self) -> bool:
+        return self.status is ReqStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (f"Req(rid={self.rid!r}, {self.status.value}, prompt={self.prompt_len}, "
+                f"out={self.output_len}, cached={self.cache_len}, computed={self.num_computed}, "
+                f"allocated={self.num_allocated}, row={self.row})")

@@ -1,0 +1,53 @@
+"""Decode policy: every running request whose only pending token is its last sampled one
+feeds that token (and, when speculating, its draft tokens to verify)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..request import Req
+from .budget import StepBudget
+from .plan import StepPlan
+
+
+class DecodePolicy:
+    def split(self, running: Iterable[Req]) -> tuple[list[Req], list[Req]]:
+        """(decoders: exactly one pending token, extenders: several pending, oldest first)."""
+        decoders, extenders = [], []
+        for req in running:
+            if len(req.token_ids) - req.num_computed == 1:
+                decoders.append(req)
+            else:
+                extenders.append(req)
+        if len(extenders) > 1:
+            extenders.sort(key=lambda r: r.arrival)
+        return decoders, extenders
+
+    def slots_needed(self, decoders: list[Req], page_size: int) -> int:
+        """KV slots the decoders' single tokens need (drafts not counted)."""
+        if page_size == 1:
+            return len(decoders)
+        return sum(page_size for r in decoders if r.num_computed == r.num_allocated)
+
+    def plan(self, decoders: list[Req], plan: StepPlan, budget: StepBudget,
+             page_size: int) -> None:
+        """Plan one token per decoder, then verify tokens from what budget and memory leave.
+        Memory for the single tokens must already be ensured (the scheduler retracts first)
+        and is reserved before any draft is considered."""
+        budget.take(len(decoders))
+        plan.reserve(self.slots_needed(decoders, page_size))
+        plain = []
+        for req in decoders:
+            if req.draft_ids and budget.tokens:
+                self._plan_verify(req, plan, budget, page_size)
+            else:
+                plain.append(req)
+        plan.add_decodes(plain)
+
+    def _plan_verify(self, req: Req, plan: StepPlan, budget: StepBudget, page_size: int) -> None:
+        own = page_size if req.num_computed == req.num_allocated else 0  # reserved for it
+        cap = min(len(req.draft_ids), budget.tokens, req.remaining_tokens - 1)
+        k = max(0, plan.max_chunk(req, 1 + max(0, cap), extra_room=own) - 1)
+        budget.take(k)
+        slots = plan.cache.tokens_to_extend(req, req.num_computed + 1 + k)
+        plan.add(req, 1 + k, tuple(req.draft_ids[:k]), slots - own)

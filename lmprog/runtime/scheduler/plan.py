@@ -1,0 +1,45 @@
+"""StepPlan: the work chosen for one step so far, and the KV slots it will need."""
+
+from __future__ import annotations
+
+from ..cache.manager import CacheManager
+from ..request import Req
+
+
+class StepPlan:
+    """Requests to run this step with their token counts. Slots are only counted here;
+    `CacheManager.extend` hands them out once the plan is complete, so a plan can be
+    abandoned at any point without touching the pool."""
+
+    def __init__(self, cache: CacheManager) -> None:
+        self.cache = cache
+        self.items: list[tuple[Req, int, tuple[int, ...]]] = []  # (req, num_new, draft_ids)
+        self.slots = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, req: Req, num_new: int, draft_ids: tuple[int, ...] = (), slots: int = -1) -> None:
+        """Plan num_new fed tokens for req; `slots` may pass the precomputed slot need."""
+        assert num_new >= 1
+        self.items.append((req, num_new, draft_ids))
+        self.slots += slots if slots >= 0 else self.cache.tokens_to_extend(
+            req, req.num_computed + num_new)
+
+    def memory_left(self) -> int:
+        """Slots still obtainable after this plan (free + evictable - planned)."""
+        return self.cache.available_tokens - self.slots
+
+    def add_decodes(self, reqs: list[Req]) -> None:
+        """Plan one fed token for each of reqs, whose slots were reserved already."""
+        self.items.extend([(req, 1, ()) for req in reqs])
+
+    def reserve(self, slots: int) -> None:
+        """Count slots as taken before the items that use them are added (with slots=0)."""
+        self.slots += slots
+
+    def max_chunk(self, req: Req, want: int, extra_room: int = 0) -> int:
+        """The most tokens (<= want) req can be fed within memory_left() + extra_room."""
+        left = self.memory_left() + extra_room
+        pages_room = left - left % self.cache.page_size
+        return max(0, min(want, req.num_allocated - req.num_computed + pages_room))

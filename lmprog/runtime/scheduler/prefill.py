@@ -1,0 +1,134 @@
+"""Prefill policy: chunks of pending prompts, and which waiting requests to admit.
+
+Two kinds of prefill work fill what the decodes leave of the step's token budget:
+1. running requests with several pending tokens (a prompt being chunked, tokens appended
+   by jump-forward, a resumed request), oldest first, each as much as budget and memory
+   allow;
+2. waiting requests, admitted in cache-aware order: longest cached prefix first (LPM)
+   while the queue is short, arrival order (FCFS) when it is long. A waiting request that
+   shares a long not-yet-cached prefix with a request being prefilled waits a step, so
+   that prefix is computed once and then reused from the cache.
+Admission keeps room for the running requests' future tokens (see NewTokenRatio); when
+nothing else runs, the first request is admitted whenever its first chunk fits at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from ..cache.manager import CacheManager
+from ..cache.radix import RadixCache
+from ..config import SchedulerConfig
+from ..request import Req
+from .budget import NewTokenRatio, StepBudget
+from .plan import StepPlan
+from .requests import RequestTable
+
+
+class PrefillPolicy:
+    def __init__(self, config: SchedulerConfig, cache: CacheManager, requests: RequestTable,
+                 ratio: NewTokenRatio) -> None:
+        self.config = config
+        self.cache = cache
+        self.requests = requests
+        self.ratio = ratio
+        self.admitted_prompt_tokens = 0  # first admissions only (retractions not recounted)
+        self.admitted_cached_tokens = 0
+
+    def continue_running(self, extenders: Iterable[Req], plan: StepPlan,
+                         budget: StepBudget) -> None:
+        """Plan the next chunk of every running request with several pending tokens."""
+        for req in extenders:
+            if budget.tokens <= 0:
+                return
+            n = plan.max_chunk(req, min(req.pending_len, budget.tokens))
+            if n > 0:
+                plan.add(req, n)
+                budget.take(n)
+
+    def admit_waiting(self, plan: StepPlan, budget: StepBudget) -> None:
+        """Admit waiting requests (status -> running) while budget, rows and memory last."""
+        waiting = self.requests.waiting
+        if not waiting or budget.tokens <= 0 or budget.new_reqs <= 0:
+            return
+        ordered, lpm = self.order(waiting)
+        inflight = self._inflight(plan) if lpm and self.config.stagger_min_tokens else None
+        reserve = self._running_reserve(plan)
+        for req, cached in ordered:
+            if budget.tokens <= 0 or budget.new_reqs <= 0:
+                return
+            if inflight is not None and inflight.should_wait(req, cached):
+                continue
+            future = self._try_admit(req, plan, budget, reserve)
+            if future is None:
+                return  # no row or no memory: later requests wait their turn too
+            reserve += future
+            if inflight is not None:
+                inflight.add(req)
+
+    def order(self, waiting: list[Req]) -> tuple[list[tuple[Req, int]], bool]:
+        """Waiting requests in admission order with their cached prefix lengths (-1 when
+        not computed), and whether LPM was used."""
+        if self.config.policy == "fcfs" or len(waiting) > self.config.lpm_max_queue:
+            return [(r, -1) for r in waiting], False
+        scored = [(r, self.cache.cached_prefix_len(r)) for r in waiting]
+        scored.sort(key=lambda rc: (-rc[1], rc[0].arrival))
+        return scored, True
+
+    def _try_admit(self, req: Req, plan: StepPlan, budget: StepBudget,
+                   reserve: int) -> int | None:
+        """Admit req with its first chunk; return the slots to keep for its future, or None
+        (nothing changed) when it does not fit."""
+        alone = not self.requests.running and not plan.items
+        if not self.cache.admit(req):
+            return None
+        n = plan.max_chunk(req, min(req.pending_len, budget.tokens))
+        need = self.cache.tokens_to_extend(req, req.num_computed + n)
+        future = (req.pending_len - n) + self.ratio.reserve(req.remaining_tokens,
+                                                            self.config.reserve_clip_tokens)
+        if n <= 0 or (not alone and need + future + reserve > plan.memory_left()):
+            self.cache.release(req, cache=False)
+            return None
+        self.requests.start(req)
+        if req.num_retractions == 0:
+            req.cached_tokens = req.cache_len
+            self.admitted_prompt_tokens += req.prompt_len
+            self.admitted_cached_tokens += req.cache_len
+        plan.add(req, n, (), need)
+        budget.take(n, new_req=True)
+        return future
+
+    def _running_reserve(self, plan: StepPlan) -> int:
+        """Slots the running requests may still need after this step's planned work."""
+        planned = {id(r): n for r, n, _ in plan.items}
+        clip, total = self.config.reserve_clip_tokens, 0
+        for req in self.requests.running_reqs():
+            pending = req.pending_len - planned.get(id(req), 0)
+            total += max(0, pending) + self.ratio.reserve(req.remaining_tokens, clip)
+        return total
+
+    def _inflight(self, plan: StepPlan) -> _InflightPrefixes:
+        inflight = _InflightPrefixes(self.config.stagger_min_tokens)
+        for req in self.requests.running_reqs():
+            if req.pending_len > 1:
+                inflight.add(req)
+        return inflight
+
+
+class _InflightPrefixes:
+    """Token sequences being prefilled now; a candidate sharing >= min_tokens beyond its
+    cached prefix with one of them should wait until that part is cached."""
+
+    def __init__(self, min_tokens: int) -> None:
+        self.min_tokens = min_tokens
+        self._tree = RadixCache(page_size=1)
+
+    def add(self, req: Req) -> None:
+        ids = req.token_ids
+        self._tree.insert(ids, np.zeros(len(ids), dtype=np.int32))
+
+    def should_wait(self, req: Req, cached: int) -> bool:
+        shared = self._tree.cached_prefix_len(req.token_ids[: req.seq_len - 1])
+        return shared - cached >= self.min_tokens

@@ -1,0 +1,72 @@
+"""RequestTable: which requests wait, which run, and lookup by rid. Owns no KV.
+
+    submit ──> waiting ──admit──> running ──finish──> (gone)
+                  ^                  │
+                  └──── retract ─────┘        abort/finish also works from waiting
+
+`waiting` stays in arrival order (retracted requests go back to their original place),
+which is the first-come-first-served order; `running` is in admission order.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Hashable, Iterator
+
+from ..request import Req, ReqStatus
+
+
+class RequestTable:
+    def __init__(self) -> None:
+        self.waiting: list[Req] = []
+        self.running: dict[Hashable, Req] = {}
+        self._by_rid: dict[Hashable, Req] = {}
+        self._next_arrival = 0
+
+    def __len__(self) -> int:
+        return len(self._by_rid)
+
+    def __contains__(self, rid: Hashable) -> bool:
+        return rid in self._by_rid
+
+    def get(self, rid: Hashable) -> Req | None:
+        return self._by_rid.get(rid)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def running_reqs(self) -> Iterator[Req]:
+        return iter(self.running.values())
+
+    def add(self, req: Req) -> None:
+        """Queue a new request (status WAITING, arrival stamped)."""
+        assert req.rid not in self._by_rid
+        req.arrival = self._next_arrival
+        self._next_arrival += 1
+        req.status = ReqStatus.WAITING
+        self._by_rid[req.rid] = req
+        self.waiting.append(req)
+
+    def start(self, req: Req) -> None:
+        """waiting -> running."""
+        self.waiting.remove(req)
+        req.status = ReqStatus.RUNNING
+        self.running[req.rid] = req
+
+    def requeue(self, req: Req) -> None:
+        """running -> waiting (status RETRACTED), at its arrival position."""
+        del self.running[req.rid]
+        req.status = ReqStatus.RETRACTED
+        keys = [r.arrival for r in self.waiting]
+        self.waiting.insert(bisect.bisect(keys, req.arrival), req)
+
+    def remove(self, req: Req) -> None:
+        """Forget req, waiting or running."""
+        del self._by_rid[req.rid]
+        if self.running.pop(req.rid, None) is None:
+            self.waiting.remove(req)

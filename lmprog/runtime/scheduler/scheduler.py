@@ -1,0 +1,338 @@
+"""Scheduler: continuous batching with a per-step token budget (hybrid prefill/decode).
+
+Composed of managers that each own one resource — CacheManager (KV slots, prefix cache,
+req_to_token rows), RequestTable (waiting/running), the per-step StepBudget — and of
+separate policies: DecodePolicy, PrefillPolicy, RetractPolicy. One step:
+
+    1. decodes: every running request with one pending token feeds it (+ verify drafts);
+       if their slots are not obtainable (free + evictable), retract the newest running
+       requests until they are
+    2. prefill chunks of running requests with several pending tokens, oldest first
+    3. admissions from the waiting queue (LPM / FCFS), chunked to fill the budget;
+       skipped in a step that had to retract
+    4. slots are allocated (evicting cached prefixes as needed) and written to req_to_token
+
+The engine drives it from one thread:
+
+    batch = scheduler.schedule()              # may be empty (nothing to do)
+    ... run the model on batch, sample for entries with e.sample ...
+    finished = scheduler.process_results(batch, next_tokens, finish_reasons)
+
+Between those two calls the engine may call abort/finish (process_results then skips the
+request); it must not call schedule, retract or replace_tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+from lmprog.core.errors import ContextLengthError
+from lmprog.core.protocol import FinishReason
+
+from ..cache.allocator import SLOT_DTYPE
+from ..cache.base import require
+from ..cache.manager import CacheManager
+from ..config import CacheConfig, SchedulerConfig
+from ..request import Req, ReqStatus
+from .batch import ScheduledBatch, ScheduledEntry
+from .budget import NewTokenRatio, StepBudget
+from .decode import DecodePolicy
+from .plan import StepPlan
+from .prefill import PrefillPolicy
+from .requests import RequestTable
+from .retract import RetractPolicy
+from .stats import SchedulerStats
+
+_NO_SLOTS = np.empty(0, dtype=SLOT_DTYPE)
+_NO_POSITIONS = np.empty(0, dtype=np.int64)
+
+
+class Scheduler:
+    """See the module docstring. num_slots: usable KV slots (slot 0, the dummy, excluded);
+    max_context_len: the model's context length."""
+
+    def __init__(self, num_slots: int, max_context_len: int,
+                 config: SchedulerConfig | None = None,
+                 cache_config: CacheConfig | None = None) -> None:
+        self.config = config or SchedulerConfig()
+        self.cache_config = cache_config or CacheConfig()
+        self.max_context_len = max_context_len
+        self.cache = CacheManager(num_slots, self.config.max_running_reqs, max_context_len,
+                                  self.cache_config)
+        self.requests = RequestTable()
+        self.ratio = NewTokenRatio(self.config.init_new_token_ratio,
+                                   self.config.min_new_token_ratio,
+                                   self.config.new_token_ratio_decay)
+        self.decode_policy = DecodePolicy()
+        self.prefill_policy = PrefillPolicy(self.config, self.cache, self.requests, self.ratio)
+        self.retract_policy = RetractPolicy()
+        self.num_retractions = 0
+
+    # -- queries (always safe) -------------------------------------------------------------
+    @property
+    def req_to_token(self) -> np.ndarray:
+        """int32 [max_running_reqs, width >= max_context_len]; see ReqToTokenTable."""
+        return self.cache.req_to_token
+
+    @property
+    def has_work(self) -> bool:
+        return len(self.requests) > 0
+
+    @property
+    def num_running(self) -> int:
+        return self.requests.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.requests.num_waiting
+
+    def get(self, rid: Hashable) -> Req | None:
+        """The unfinished request with this rid, or None."""
+        return self.requests.get(rid)
+
+    def stats(self) -> SchedulerStats:
+        cache = self.cache
+        return SchedulerStats(
+            self.num_running, self.num_waiting, self.num_retractions,
+            self.prefill_policy.admitted_prompt_tokens, self.prefill_policy.admitted_cached_tokens,
+            cache.capacity - cache.allocator.num_free, cache.prefix_cache.evictable_size,
+            cache.capacity)
+
+    # -- submission ------------------------------------------------------------------------
+    def submit(self, req: Req) -> Req:
+        """Queue a new request (status WAITING). Raises ContextLengthError if its prompt plus
+        one generated token exceeds the context length or the whole KV pool, ValueError if
+        the rid is in use or req was submitted before. Mutates nothing on error."""
+        if req.status is not ReqStatus.WAITING or req.arrival != -1:
+            raise ValueError(f"request {req.rid!r} was submitted before; make a new Req")
+        if req.rid in self.requests:
+            raise ValueError(f"request id {req.rid!r} is already in use by an unfinished request")
+        need = req.prompt_len + 1
+        if need > self.max_context_len:
+            raise ContextLengthError(
+                f"prompt of {req.prompt_len} tokens plus 1 generated token exceeds the "
+                f"model's context length of {self.max_context_len} tokens; shorten the prompt")
+        if self.cache.round_up(need) > self.cache.capacity:
+            raise ContextLengthError(
+                f"prompt of {req.prompt_len} tokens plus 1 generated token does not fit the "
+                f"KV pool of {self.cache.capacity} tokens; shorten the prompt or raise the KV "
+                "memory budget (max_total_tokens)")
+        pls = req.prompt_logprob_start
+        if pls is not None and not 0 <= pls < req.prompt_len:
+            raise ValueError(f"prompt_logprob_start must be in [0, {req.prompt_len}), got {pls}")
+        req.max_seq_len = min(self.max_context_len, self.cache.capacity)
+        req.stop_len = min(req.stop_len, req.max_seq_len)
+        self.requests.add(req)
+        return req
+
+    # -- one step --------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        """Choose and allocate the next step's work (see module docstring).
+
+        Mutates: retracted requests (KV released, re-queued), admitted requests (status
+        RUNNING, row, locked prefix), every scheduled request's num_allocated, its row of
+        req_to_token and extend_len. Never fails for lack of memory: it retracts instead.
+        """
+        self.ratio.step()
+        running = self.requests.running
+        budget = StepBudget(self.config.max_num_batched_tokens,
+                            self.config.max_running_reqs - len(running))
+        plan = StepPlan(self.cache)
+        retracted: list[Req] = []
+        decoders, extenders = self.decode_policy.split(running.values())
+        page = self.cache.page_size
+        while self.decode_policy.slots_needed(decoders, page) > self.cache.available_tokens:
+            self._retract_newest(retracted)
+            decoders, extenders = self.decode_policy.split(running.values())
+        self.decode_policy.plan(decoders, plan, budget, page)
+        self.prefill_policy.continue_running(extenders, plan, budget)
+        while not plan and len(running) > 1:  # every running prefill is stuck for memory
+            self._retract_newest(retracted)
+            _, extenders = self.decode_policy.split(running.values())
+            self.prefill_policy.continue_running(extenders, plan, budget)
+        assert plan or not running, "a lone running request must always fit the pool"
+        if not retracted:
+            self.prefill_policy.admit_waiting(plan, budget)
+        return self._build(plan, retracted)
+
+    def process_results(self, batch: ScheduledBatch, next_tokens: Sequence[Sequence[int]],
+                        finish_reasons: Sequence[FinishReason | None] | None = None) -> list[Req]:
+        """Record a step's outcome; return the requests that finished.
+
+        next_tokens[i]: the tokens to append for entry i — empty unless entry.sample; for a
+        verify entry the accepted drafts followed by one bonus token; tokens forced by
+        jump-forward may follow the sampled one. Tokens past the request's max_tokens are
+        dropped. finish_reasons[i]: the engine's verdict (stop token/string, error, ...)
+        after appending next_tokens[i], or None. Requests reaching max_tokens or their
+        length cap finish with "length". Entries whose request is no longer running
+        (aborted mid-step) are skipped. Finished requests' KV goes to the prefix cache;
+        finished prefill chunks are inserted into it too, for reuse by others.
+        """
+        entries = batch.entries
+        if len(next_tokens) != len(entries) or (finish_reasons is not None
+                                                and len(finish_reasons) != len(entries)):
+            raise ValueError(f"need one next_tokens (and finish reason) entry per batch entry "
+                             f"({len(entries)}), got {len(next_tokens)}")
+        finished = []
+        running = ReqStatus.RUNNING
+        for i, entry in enumerate(entries):
+            req, tokens = entry.req, next_tokens[i]
+            req.extend_len = 0
+            if req.status is not running or req.row != entry.row:
+                continue
+            reason = None if finish_reasons is None else finish_reasons[i]
+            if entry.num_new == 1 and entry.sample and len(tokens) == 1:  # plain decode
+                req.token_ids.append(int(tokens[0]))
+                req.num_computed += 1
+                if req.draft_ids:
+                    req.draft_ids = []
+                sampled = True
+            else:
+                sampled = self._advance(req, entry, tokens, reason is not None)
+            if reason is None and len(req.token_ids) >= req.stop_len and (
+                    sampled or req.num_computed == len(req.token_ids)):
+                reason = "length"
+            if reason is not None:
+                self.finish(req, reason)
+                finished.append(req)
+            elif entry.num_new > 1 and not entry.draft_ids:
+                self.cache.cache_progress(req)
+        return finished
+
+    # -- request control -------------------------------------------------------------------
+    def finish(self, req: Req, reason: FinishReason, cache: bool = True) -> bool:
+        """End req (waiting or running): release its KV — computed tokens go to the prefix
+        cache when `cache` — and mark it FINISHED. Returns False (a no-op) if it already
+        finished. Safe mid-step."""
+        if req.status is ReqStatus.FINISHED:
+            return False
+        if self.requests.get(req.rid) is not req:
+            raise ValueError(f"request {req.rid!r} was not submitted to this scheduler")
+        self.cache.release(req, cache=cache)
+        self.requests.remove(req)
+        req.status, req.finish_reason = ReqStatus.FINISHED, reason
+        req.draft_ids, req.extend_len = [], 0
+        return True
+
+    def abort(self, rid: Hashable) -> Req | None:
+        """Finish the unfinished request rid with reason "abort"; None if there is none.
+        Safe mid-step and at any time."""
+        req = self.requests.get(rid)
+        if req is not None:
+            self.finish(req, "abort")
+        return req
+
+    def retract(self, req: Req) -> None:
+        """Take a running request's KV back (computed tokens go to the prefix cache) and
+        re-queue it at its arrival position; its tokens are kept and it resumes later by
+        prefilling what is no longer cached. Not mid-step."""
+        if req.status is not ReqStatus.RUNNING:
+            raise ValueError(f"only running requests can be retracted, {req.rid!r} is "
+                             f"{req.status.value}")
+        self.cache.release(req, cache=True)
+        self.requests.requeue(req)
+        req.draft_ids = []
+        req.num_retractions += 1
+        self.num_retractions += 1
+        self.ratio.on_retract()
+
+    def replace_tokens(self, req: Req, num_keep: int, new_tokens: Sequence[int]) -> None:
+        """Keep req's first num_keep tokens (>= prompt_len) and append new_tokens, e.g. after
+        re-tokenizing a jump-forward. KV of dropped tokens is forgotten (recomputed as
+        needed). Not mid-step."""
+        if req.status is ReqStatus.FINISHED:
+            raise ValueError(f"request {req.rid!r} has finished")
+        if not req.prompt_len <= num_keep <= req.seq_len:
+            raise ValueError(f"num_keep must be in [{req.prompt_len}, {req.seq_len}], got {num_keep}")
+        if num_keep + len(new_tokens) > req.max_seq_len:
+            raise ValueError(f"{num_keep + len(new_tokens)} tokens exceed the request's length "
+                             f"cap of {req.max_seq_len}")
+        del req.token_ids[num_keep:]
+        req.token_ids.extend(int(t) for t in new_tokens)
+        if req.status is ReqStatus.RUNNING:
+            keep = min(req.num_computed, num_keep, req.seq_len - 1)
+            if keep < req.num_computed:
+                self.cache.trim(req, keep)
+
+    def flush_cache(self) -> bool:
+        """Empty the prefix cache; only when nothing runs (returns False otherwise)."""
+        if self.requests.num_running:
+            return False
+        self.cache.reset()
+        return True
+
+    def check_integrity(self) -> None:
+        """Raise IntegrityError unless requests, rows, locks and every KV slot are
+        consistent (see CacheManager.check_integrity). O(pool size); not mid-step."""
+        running = list(self.requests.running_reqs())
+        for req in running:
+            require(req.status is ReqStatus.RUNNING, f"{req} is in the running set")
+            require(req.num_computed < req.seq_len, f"{req}: no pending token")
+        for req in self.requests.waiting:
+            require(req.status in (ReqStatus.WAITING, ReqStatus.RETRACTED),
+                    f"{req} is in the waiting queue")
+            require(req.row is None and req.last_node is None and not req.num_allocated,
+                    f"{req} waits but holds KV")
+        require(len(running) <= self.config.max_running_reqs, "too many running requests")
+        self.cache.check_integrity(running)
+
+    # -- internals -------------------------------------------------------------------------
+    def _retract_newest(self, retracted: list[Req]) -> None:
+        victim = self.retract_policy.pick(self.requests.running_reqs())
+        assert victim is not None
+        self.retract(victim)
+        retracted.append(victim)
+
+    def _advance(self, req: Req, entry: ScheduledEntry, tokens: Sequence[int],
+                 has_reason: bool) -> bool:
+        """Append tokens and move num_computed past the KV this step wrote (minus rejected
+        drafts). Returns whether tokens were appended."""
+        end = entry.end
+        if not entry.sample or len(tokens) == 0:
+            if len(tokens):
+                raise ValueError(f"request {req.rid!r} does not sample this step but got tokens")
+            if entry.sample and not has_reason:
+                raise ValueError(f"request {req.rid!r} samples this step: pass its next token "
+                                 "or a finish reason")
+            req.num_computed = end - len(entry.draft_ids)
+            return False
+        tokens = [int(t) for t in tokens[: req.remaining_tokens]]
+        req.token_ids.extend(tokens)
+        valid = end - len(entry.draft_ids)
+        for draft, token in zip(entry.draft_ids, tokens):
+            if draft != token:
+                break
+            valid += 1
+        computed = min(valid, len(req.token_ids) - 1)
+        if self.cache.round_up(computed) < req.num_allocated:
+            self.cache.trim(req, computed)
+        else:
+            req.num_computed = computed
+        req.draft_ids = []
+        return True
+
+    def _build(self, plan: StepPlan, retracted: list[Req]) -> ScheduledBatch:
+        items = plan.items
+        if not items:
+            return ScheduledBatch((), _NO_SLOTS, _NO_POSITIONS, tuple(retracted))
+        out_slots, positions = self.cache.extend([item[0] for item in items],
+                                                 [item[1] for item in items])
+        entries, offset = [], 0
+        for req, n, drafts in items:
+            start = req.num_computed
+            end = start + n
+            real_end = end - len(drafts)
+            seq_len = len(req.token_ids)
+            sample = real_end == seq_len and seq_len < req.stop_len
+            logits_from = real_end - 1 if sample else None
+            if req.prompt_logprob_start is not None and req.prompt_logprob_start < end:
+                first = max(start, req.prompt_logprob_start)
+                logits_from = first if logits_from is None else min(logits_from, first)
+            entries.append(ScheduledEntry(req, req.row, start, n, offset, logits_from, sample,
+                                          req.row_dirty, drafts))
+            req.row_dirty = False
+            req.extend_len = n
+            offset += n
+        return ScheduledBatch(tuple(entries), out_slots, positions, tuple(retracted))
