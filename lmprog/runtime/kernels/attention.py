@@ -1,0 +1,314 @@
+"""Hybrid attention over the paged KV pool: prefill chunks, decodes and verify tokens of one
+batch in one family of Triton kernels sharing one tiling (see `attention_plan`).
+
+Memory layout (shared with the KV pool):
+
+    k_buffer, v_buffer  [num_slots + 1, num_kv_heads, head_dim]   slot 0 is a dummy
+    req_to_token        int32 [max_reqs, max_context]   row r = KV slots of request r's tokens
+    q, out              [T, num_q_heads, head_dim]      the batch's new tokens, request order
+
+The new tokens' K/V are already in the pool. Each tile program walks its KV range in blocks
+of BLOCK_N keys gathered through req_to_token, with an online softmax:
+
+    keys  0 ............ full_end ........ kv_hi
+          |  no mask: visible to |  causal / custom mask,
+          |  every row of tile   |  bounds checked
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import FLOAT_DTYPES, check_last_dim_contiguous, check_runnable, check_tensor
+from .attention_plan import AttentionPlan, Launch, plan_attention
+
+_LOG2E = 1.4426950408889634
+_NEG_BIG = tl.constexpr(-1.0e30)  # running max start: finite, so fully masked blocks give no NaN
+
+
+def hybrid_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    plan: AttentionPlan,
+    *,
+    sm_scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of every new token of the planned batch (decode, prefill chunk and verify
+    rows alike) over the paged pool; writes and returns `out` ([T, num_q_heads, head_dim],
+    q's dtype). Call `plan_attention` once per batch and this once per layer."""
+    out = _check_inputs(q, k_buffer, v_buffer, plan, out)
+    scale = (plan.head_dim**-0.5 if sm_scale is None else float(sm_scale)) * _LOG2E
+    if plan.extend is not None:
+        _launch(q, k_buffer, v_buffer, out, plan, plan.extend, scale, split=False)
+    if plan.split is not None:
+        split = plan.split.num_splits > 1
+        _launch(q, k_buffer, v_buffer, out, plan, plan.split, scale, split=split)
+        if split:
+            _merge(out, plan)
+    return out
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    extend_start_loc: torch.Tensor,
+    *,
+    sm_scale: float | None = None,
+    custom_mask: torch.Tensor | None = None,
+    mask_indptr: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Prefill/extend attention: every request through the extend launch (new tokens over the
+    cached prefix, causal among themselves or by `custom_mask`, see `plan_attention`)."""
+    plan = _plan_for(q, k_buffer, req_to_token, req_pool_indices, seq_lens, extend_lens,
+                     extend_start_loc, custom_mask=custom_mask, mask_indptr=mask_indptr,
+                     split_max_tokens=0)  # fmt: skip
+    return hybrid_attention(q, k_buffer, v_buffer, plan, sm_scale=sm_scale, out=out)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    sm_scale: float | None = None,
+    num_kv_splits: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode attention, one new token a request (q: [B, num_q_heads, head_dim]), split-KV in
+    two stages: partial outputs and log-sum-exps per KV chunk, then a merge."""
+    check_tensor("q", q, ndim=3)
+    b = q.shape[0]
+    check_tensor("seq_lens", seq_lens, ndim=1)
+    if seq_lens.numel() != b:
+        raise ValueError(f"q has {b} rows but seq_lens has {seq_lens.numel()}: one token each")
+    ones = torch.ones(b, dtype=torch.int32, device=q.device)
+    starts = torch.arange(b, dtype=torch.int32, device=q.device)
+    plan = _plan_for(q, k_buffer, req_to_token, req_pool_indices, seq_lens, ones, starts,
+                     extend_lens_cpu=[1] * b, split_max_tokens=1,
+                     num_kv_splits=num_kv_splits)  # fmt: skip
+    return hybrid_attention(q, k_buffer, v_buffer, plan, sm_scale=sm_scale, out=out)
+
+
+def _plan_for(q, k_buffer, req_to_token, *batch, **kwargs) -> AttentionPlan:
+    check_tensor("q", q, ndim=3)
+    check_tensor("k_buffer", k_buffer, ndim=3)
+    return plan_attention(req_to_token, *batch, num_q_heads=q.shape[1],
+                          num_kv_heads=k_buffer.shape[1], head_dim=q.shape[2],
+                          **kwargs)  # fmt: skip
+
+
+def _check_inputs(q, k_buffer, v_buffer, plan: AttentionPlan, out) -> torch.Tensor:
+    hq, hk, d = plan.num_q_heads, plan.num_kv_heads, plan.head_dim
+    device = plan.req_to_token.device
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES, device=device)
+    check_runnable("q", q)
+    if q.shape[0] < plan.num_tokens or tuple(q.shape[1:]) != (hq, d):
+        raise ValueError(
+            f"q must be [>= {plan.num_tokens}, {hq}, {d}] for this plan, got {tuple(q.shape)}"
+        )
+    for name, t in (("k_buffer", k_buffer), ("v_buffer", v_buffer)):
+        check_tensor(name, t, ndim=3, dtypes=(q.dtype,), device=device)
+        if tuple(t.shape[1:]) != (hk, d):
+            raise ValueError(f"{name} must be [num_slots + 1, {hk}, {d}], got {tuple(t.shape)}")
+        check_last_dim_contiguous(name, t)
+    check_last_dim_contiguous("q", q)
+    if out is None:
+        return torch.empty_like(q)
+    check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=device)
+    if out.shape != q.shape:
+        raise ValueError(f"out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
+    check_last_dim_contiguous("out", out)
+    return out
+
+
+def _launch(q, k, v, out, plan: AttentionPlan, launch: Launch, scale: float, split: bool):
+    cfg = launch.config
+    has_mask = plan.custom_mask is not None
+    mask = plan.custom_mask if has_mask else plan.seq_lens  # any pointer when unused
+    mask_indptr = plan.mask_indptr if has_mask else plan.seq_lens
+    part_o = plan.partial_o if split else out
+    part_lse = plan.partial_lse if split else out
+    grid = (launch.num_tiles, plan.num_kv_heads, launch.num_splits)
+    _attn_tile_kernel[grid](
+        q, k, v, out, part_o, part_lse,
+        plan.req_to_token, plan.req_pool_indices, plan.seq_lens, plan.extend_lens,
+        plan.extend_start_loc, launch.tile_req, launch.tile_m, launch.tile_out,
+        mask, mask_indptr, scale, launch.num_splits,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), plan.req_to_token.stride(0),
+        NUM_Q_HEADS=plan.num_q_heads, GROUP=plan.group, HEAD_DIM=plan.head_dim,
+        BLOCK_D=triton.next_power_of_2(plan.head_dim), BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, SPLIT=split, HAS_MASK=has_mask,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def _merge(out: torch.Tensor, plan: AttentionPlan) -> None:
+    n = plan.split_rows.shape[1]
+    s = plan.split.num_splits
+    _merge_splits_kernel[(n, plan.num_q_heads)](
+        plan.partial_o, plan.partial_lse, out, plan.split_rows, plan.extend_start_loc, n, s,
+        out.stride(0), out.stride(1),
+        NUM_Q_HEADS=plan.num_q_heads, HEAD_DIM=plan.head_dim,
+        BLOCK_D=triton.next_power_of_2(plan.head_dim), BLOCK_S=triton.next_power_of_2(s),
+        num_warps=4 if plan.head_dim >= 128 else 2,
+    )  # fmt: skip
+
+
+@triton.jit
+def _softmax_step(acc, m_i, l_i, qk, v):
+    """One online-softmax update with a [M, N] block of scaled (log2) scores."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _attn_tile_kernel(
+    Q, K, V, O, PartO, PartLse,
+    ReqToToken, ReqPoolIdx, SeqLens, ExtendLens, ExtendStart, TileReq, TileM, TileOut,
+    Mask, MaskIndptr, sm_scale_log2, num_splits,
+    stride_qt, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ot, stride_oh,
+    stride_r2t,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, HAS_MASK: tl.constexpr,
+):  # fmt: skip
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split_id = tl.program_id(2)
+    b = tl.load(TileReq + tile)
+    m0 = tl.load(TileM + tile)
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
+    ext_len = tl.load(ExtendLens + b).to(tl.int32)
+    q_start = tl.load(ExtendStart + b).to(tl.int64)
+    req = tl.load(ReqPoolIdx + b).to(tl.int64)
+    prefix = seq_len - ext_len
+
+    TOKENS: tl.constexpr = BLOCK_M // GROUP
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_tok = m0 + offs_m // GROUP  # token within the request's new tokens
+    row_head = kvh * GROUP + offs_m % GROUP
+    row_ok = (offs_m < TOKENS * GROUP) & (row_tok < ext_len)
+    row_pos = prefix + row_tok  # absolute position = the last key it may see (causal)
+    d_ok = offs_d < HEAD_DIM
+
+    q_ptrs = Q + (q_start + row_tok)[:, None] * stride_qt + row_head[:, None] * stride_qh
+    q = tl.load(q_ptrs + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    # KV range of the tile: causal end, or the whole sequence under a custom mask.
+    n_tok = tl.minimum(ext_len - m0, TOKENS)
+    kv_end = prefix + m0 + n_tok
+    full_hi = prefix + m0 + 1  # keys below it are visible to every row of the tile
+    mask_off = tl.zeros([], dtype=tl.int64)
+    use_mask = kv_end < 0  # False, typed as a runtime scalar
+    if HAS_MASK:
+        mask_off = tl.load(MaskIndptr + b).to(tl.int64)
+        use_mask = mask_off >= 0
+        kv_end = tl.where(use_mask, seq_len, kv_end)
+    kv_lo = 0
+    kv_hi = kv_end
+    if SPLIT:
+        per_split = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
+        kv_lo = split_id * per_split
+        kv_hi = tl.minimum(kv_lo + per_split, kv_end)
+    full_hi = tl.where(use_mask, kv_lo, tl.minimum(full_hi, kv_hi))
+    full_end = kv_lo + tl.maximum(full_hi - kv_lo, 0) // BLOCK_N * BLOCK_N
+
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + _NEG_BIG
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    r2t = ReqToToken + req * stride_r2t
+    k_base = K + kvh * stride_kh
+    v_base = V + kvh * stride_vh
+
+    for start in range(kv_lo, full_end, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        slots = tl.load(r2t + offs_n).to(tl.int64)
+        k = tl.load(k_base + slots[None, :] * stride_kb + offs_d[:, None],
+                    mask=d_ok[:, None], other=0.0)  # fmt: skip
+        qk = tl.dot(q, k) * sm_scale_log2
+        v = tl.load(v_base + slots[:, None] * stride_vb + offs_d[None, :],
+                    mask=d_ok[None, :], other=0.0)  # fmt: skip
+        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, qk, v)
+
+    for start in range(full_end, kv_hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < kv_hi
+        slots = tl.load(r2t + offs_n, mask=n_ok, other=0).to(tl.int64)
+        k = tl.load(k_base + slots[None, :] * stride_kb + offs_d[:, None],
+                    mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # fmt: skip
+        qk = tl.dot(q, k) * sm_scale_log2
+        visible = offs_n[None, :] <= row_pos[:, None]
+        if HAS_MASK:
+            # (a vector, not the scalar use_mask: the interpreter rejects broadcast scalars)
+            row_use = row_ok & ((tl.zeros([BLOCK_M], dtype=tl.int64) + mask_off) >= 0)
+            custom = tl.load(
+                Mask + mask_off + row_tok[:, None].to(tl.int64) * seq_len + offs_n[None, :],
+                mask=row_use[:, None] & n_ok[None, :], other=0,
+            )
+            visible = tl.where(use_mask, custom != 0, visible)
+        qk = tl.where(visible & n_ok[None, :], qk, float("-inf"))
+        v = tl.load(v_base + slots[:, None] * stride_vb + offs_d[None, :],
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, qk, v)
+
+    empty = l_i == 0.0  # nothing visible (a masked-out row, or an empty split)
+    acc = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if SPLIT:
+        row = tl.load(TileOut + tile).to(tl.int64) + (row_tok - m0)
+        po = PartO + ((row * NUM_Q_HEADS + row_head) * num_splits + split_id)[:, None] * HEAD_DIM
+        tl.store(po + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+        lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
+        tl.store(PartLse + (row * NUM_Q_HEADS + row_head) * num_splits + split_id, lse,
+                 mask=row_ok)  # fmt: skip
+    else:
+        o_ptrs = O + (q_start + row_tok)[:, None] * stride_ot + row_head[:, None] * stride_oh
+        tl.store(o_ptrs + offs_d[None, :], acc.to(O.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])  # fmt: skip
+
+
+@triton.jit
+def _merge_splits_kernel(
+    PartO, PartLse, O, SplitRows, ExtendStart, n_rows, num_splits, stride_ot, stride_oh,
+    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    """out[token, head] = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M) over the KV splits."""
+    i = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < num_splits
+    d_ok = offs_d < HEAD_DIM
+    base = (i * NUM_Q_HEADS + h) * num_splits
+    lse = tl.load(PartLse + base + offs_s, mask=s_ok, other=float("-inf"))
+    top = tl.max(lse, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    w = tl.math.exp2(lse - top)
+    o = tl.load(PartO + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+    total = tl.sum(w, 0)
+    merged = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
+    b = tl.load(SplitRows + i)
+    m = tl.load(SplitRows + n_rows + i)
+    token = tl.load(ExtendStart + b).to(tl.int64) + m
+    o_ptrs = O + token * stride_ot + h * stride_oh + offs_d
+    tl.store(o_ptrs, merged.to(O.dtype.element_ty), mask=d_ok)
