@@ -1,0 +1,49 @@
+"""AttentionBackend: how a layer's queries attend over the paged KV pool.
+
+The model calls, per forward step:
+    plan = backend.plan(batch)                       # once, before layer 0
+    out  = backend.forward(q, k, v, layer, kv, plan) # per layer
+`forward` runs after the model wrote this step's k/v into kv at batch.out_cache_loc, so the
+pool already holds every key the step needs; k/v are passed too for backends that prefer to
+read the new tokens from registers rather than the pool. Nothing else is mutated.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from ...forward_batch import ForwardBatch
+    from ...kv_pool import KVPool
+
+
+class AttentionBackend(ABC):
+    """Built once per model as `Backend(num_heads, num_kv_heads, head_dim, device)`."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int,
+                 device: torch.device) -> None:
+        assert num_heads % num_kv_heads == 0
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.device = device
+        self.scale = head_dim ** -0.5
+
+    @abstractmethod
+    def plan(self, batch: ForwardBatch) -> Any:
+        """Per-step metadata shared by all layers (index tensors, masks, split sizes).
+
+        Called once per forward; must not change `batch`, the pool, or the backend's own state
+        in a way a later plan() depends on.
+        """
+
+    @abstractmethod
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+                kv: KVPool, plan: Any) -> torch.Tensor:
+        """q [T, num_heads, head_dim], k/v [T, num_kv_heads, head_dim] (already in the pool)
+        -> attention output [T, num_heads, head_dim] in q's dtype, scaled by head_dim**-0.5,
+        each new token attending per the ForwardBatch rule (causal over its request's slots,
+        or custom_mask)."""

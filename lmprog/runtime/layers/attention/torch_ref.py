@@ -1,0 +1,146 @@
+"""Plain-PyTorch attention over the paged KV pool: the reference, and the CPU path.
+
+Decode requests (one new token, no custom mask) run as one batched SDPA over K/V gathered
+into a padded [B, L_max] block; every other request (prefill chunk over a cached prefix,
+verify) runs alone with an offset-causal or custom mask. GQA without repeating K/V: the G
+query heads that share a KV head are folded into SDPA's query-length axis,
+
+    q [B, n, Hkv*G, D] -> [B, Hkv, G*n, D]      k, v [B, Hkv, L, D]
+    mask [B, n, L]     -> [B, 1, G*n, L]        (the same rows for each of the G heads)
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from .base import AttentionBackend
+
+if TYPE_CHECKING:
+    from ...forward_batch import ForwardBatch
+    from ...kv_pool import KVPool
+
+
+@dataclass(frozen=True)
+class _DecodeGroup:
+    rows: torch.Tensor | None  # token rows of the group in q; None = all rows, in order
+    slots: torch.Tensor  # [B * L_max] pool slots, padding -> slot 0
+    mask: torch.Tensor | None  # bool [B, 1, 1, L_max]; None when no padding
+    max_len: int
+    first_slot: int | None = None  # B == 1 with slots first..first+L-1: read a view, no gather
+
+
+@dataclass(frozen=True)
+class _Extend:
+    start: int  # first token row
+    num_new: int
+    slots: torch.Tensor  # [L] the request's slots, prefix first
+    mask: torch.Tensor  # bool [G * n, L], already repeated over the G folded heads
+
+
+@dataclass(frozen=True)
+class TorchPlan:
+    decode: _DecodeGroup | None
+    extends: tuple[_Extend, ...]
+
+
+class TorchAttentionBackend(AttentionBackend):
+    """Reference backend: SDPA per step on gathered K/V; any device, any dtype."""
+
+    def plan(self, batch: ForwardBatch) -> TorchPlan:
+        lens, ext = batch.host_lens()
+        single = [i for i, n in enumerate(ext) if n == 1] if batch.custom_mask is None else []
+        decode = self._decode_group(batch, single, lens) if single else None
+        starts, mask_offsets = _offsets(ext), _offsets([n * s for n, s in zip(ext, lens)])
+        is_single = set(single)
+        extends = tuple(self._extend(batch, i, starts[i], ext[i], lens[i], mask_offsets[i])
+                        for i in range(len(ext)) if i not in is_single)
+        return TorchPlan(decode, extends)
+
+    def _decode_group(self, batch: ForwardBatch, members: list[int],
+                      lens: list[int]) -> _DecodeGroup:
+        group_lens = [lens[i] for i in members]
+        max_len = max(group_lens)
+        dev = batch.req_to_token.device
+        everyone = len(members) == batch.batch_size
+        idx = batch.req_pool_indices if everyone else batch.req_pool_indices[members]
+        slots = batch.req_to_token[idx, :max_len]
+        mask = None
+        if min(group_lens) != max_len:
+            seq = batch.seq_lens if everyone else batch.seq_lens[members]
+            valid = torch.arange(max_len, device=dev)[None, :] < seq[:, None]
+            slots = torch.where(valid, slots, 0)
+            mask = valid[:, None, None, :]
+        rows = None if everyone else batch.extend_start_loc[members]
+        return _DecodeGroup(rows, slots.reshape(-1), mask, max_len, _contiguous_from(slots))
+
+    def _extend(self, batch: ForwardBatch, i: int, start: int, n: int, seq_len: int,
+                mask_offset: int) -> _Extend:
+        dev = batch.req_to_token.device
+        row = batch.req_pool_indices[i:i + 1]  # a tensor: no device sync
+        slots = batch.req_to_token.index_select(0, row)[0, :seq_len]
+        if batch.custom_mask is None:  # new token i sits at position prefix + i
+            keys = torch.arange(seq_len, device=dev)
+            mask = keys[None, :] <= torch.arange(seq_len - n, seq_len, device=dev)[:, None]
+        else:
+            mask = batch.custom_mask[mask_offset:mask_offset + n * seq_len].view(n, seq_len)
+        group = self.num_heads // self.num_kv_heads
+        mask = mask[None].expand(group, n, seq_len).reshape(group * n, seq_len)
+        return _Extend(start, n, slots, mask)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+                kv: KVPool, plan: TorchPlan) -> torch.Tensor:
+        k_cache, v_cache = kv.k[layer], kv.v[layer]
+        d = plan.decode
+        if d is not None and d.rows is None:  # decode-only step: no scatter
+            return self._decode(q, k_cache, v_cache, d)
+        out = torch.empty_like(q)
+        if d is not None:
+            out[d.rows] = self._decode(q[d.rows], k_cache, v_cache, d)
+        for e in plan.extends:
+            out[e.start:e.start + e.num_new] = self._extend_attend(
+                q[e.start:e.start + e.num_new], k_cache, v_cache, e)
+        return out
+
+    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                d: _DecodeGroup) -> torch.Tensor:
+        b, hkv, dim = q.shape[0], self.num_kv_heads, self.head_dim
+        if d.first_slot is not None:
+            k = k_cache[d.first_slot:d.first_slot + d.max_len]
+            v = v_cache[d.first_slot:d.first_slot + d.max_len]
+        else:
+            k, v = k_cache.index_select(0, d.slots), v_cache.index_select(0, d.slots)
+        k = k.view(b, d.max_len, hkv, dim).transpose(1, 2)
+        v = v.view(b, d.max_len, hkv, dim).transpose(1, 2)
+        qg = q.view(b, hkv, -1, dim)  # n = 1: the G heads of a KV head are the "queries"
+        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=d.mask, scale=self.scale)
+        return o.reshape(b, self.num_heads, dim)
+
+    def _extend_attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       e: _Extend) -> torch.Tensor:
+        n, hkv, dim = e.num_new, self.num_kv_heads, self.head_dim
+        group = self.num_heads // hkv
+        k = k_cache.index_select(0, e.slots).transpose(0, 1)  # [Hkv, L, D]
+        v = v_cache.index_select(0, e.slots).transpose(0, 1)
+        qg = q.view(n, hkv, group, dim).permute(1, 2, 0, 3).reshape(hkv, group * n, dim)
+        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=e.mask, scale=self.scale)
+        return o.view(hkv, group, n, dim).permute(2, 0, 1, 3).reshape(n, self.num_heads, dim)
+
+
+def _contiguous_from(slots: torch.Tensor) -> int | None:
+    """The first slot when a lone CPU request's slots run consecutively (the usual batch-1
+    decode: the allocator hands out consecutive slots), else None. Never syncs a GPU."""
+    if slots.shape[0] != 1 or slots.device.type != "cpu":
+        return None
+    first = int(slots[0, 0])
+    run = torch.arange(first, first + slots.shape[1], dtype=slots.dtype)
+    return first if torch.equal(slots[0], run) else None
+
+
+def _offsets(sizes: list[int]) -> list[int]:
+    """Exclusive prefix sums: where each request's block starts."""
+    return [0, *itertools.accumulate(sizes)][:-1]

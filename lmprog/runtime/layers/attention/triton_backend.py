@@ -1,0 +1,34 @@
+"""The Triton hybrid-attention kernels (lmprog.runtime.kernels) as an AttentionBackend.
+
+One plan per step (host-side tiling, no device sync when the batch carries host lengths),
+then one kernel family per layer: prefill chunks, decodes and verify rows in the same launch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ...kernels.attention import hybrid_attention
+from ...kernels.attention_plan import AttentionPlan, plan_attention
+from .base import AttentionBackend
+
+if TYPE_CHECKING:
+    from ...forward_batch import ForwardBatch
+    from ...kv_pool import KVPool
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """CUDA (or CPU under TRITON_INTERPRET=1); the pool layout is the kernels' own."""
+
+    def plan(self, batch: ForwardBatch) -> AttentionPlan:
+        return plan_attention(
+            batch.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens,
+            batch.extend_start_loc, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim, seq_lens_cpu=batch.seq_lens_cpu,
+            extend_lens_cpu=batch.extend_lens_cpu, custom_mask=batch.custom_mask)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+                kv: KVPool, plan: AttentionPlan) -> torch.Tensor:
+        return hybrid_attention(q, kv.k[layer], kv.v[layer], plan, sm_scale=self.scale)

@@ -1,0 +1,207 @@
+"""ModelConfig: the shape of a Llama-family decoder, read from HF config.json or GGUF metadata.
+
+One frozen dataclass covers Llama 2/3/3.1/3.2, SmolLM2, Mistral, Qwen2/2.5 (qkv bias) and
+Qwen3 (per-head q/k RMSNorm); the differences are flags, not subclasses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+RopeType = Literal["default", "linear", "llama3", "freq_factors"]
+
+# HF model_type / GGUF general.architecture -> our architecture name (registry key)
+_ARCH_ALIASES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How rotary frequencies are rescaled for long context.
+
+    linear:       inv_freq / factor
+    llama3:       Llama 3.1's wavelength-dependent blend (factor, low/high_freq_factor,
+                  original_max_position)
+    freq_factors: inv_freq / factors[i], as llama.cpp stores it (GGUF `rope_freqs.weight`)
+    """
+
+    rope_type: RopeType
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+    factors: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ("linear", "llama3", "freq_factors"):
+            raise ValueError(f"unsupported RoPE scaling {self.rope_type!r}; "
+                             "supported: linear, llama3 (and freq_factors from GGUF)")
+        if self.rope_type == "freq_factors" and not self.factors:
+            raise ValueError("freq_factors RoPE scaling needs the per-frequency factors")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of one Llama-family model. `head_dim` may differ from hidden/heads (Qwen3)."""
+
+    architecture: str  # registry key: "llama" | "qwen2" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position: int  # longest context the model supports
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # bias on q/k/v projections (Qwen2)
+    qk_norm: bool = False  # RMSNorm over each q/k head before RoPE (Qwen3)
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim", "max_position"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                             f"({self.num_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+# ---------------------------------------------------------------- Hugging Face config.json
+
+
+def config_from_hf(hf: dict[str, Any] | str | os.PathLike[str]) -> ModelConfig:
+    """Build a ModelConfig from a config.json dict, file, or the folder holding it."""
+    if not isinstance(hf, dict):
+        path = Path(hf)
+        hf = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    model_type = hf.get("model_type", "")
+    if model_type not in _ARCH_ALIASES:
+        raise ValueError(f"unsupported model_type {model_type!r}; "
+                         f"supported: {sorted(_ARCH_ALIASES)}")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; only silu")
+    if hf.get("mlp_bias"):
+        raise ValueError("mlp_bias=True is not supported")
+    heads = hf["num_attention_heads"]
+    rope = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or rope
+    max_pos = hf.get("max_position_embeddings", 4096)
+    window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
+    if window:  # within the window, sliding-window attention is plain causal attention
+        max_pos = min(max_pos, window)
+    eos = hf.get("eos_token_id")
+    return ModelConfig(
+        architecture=_ARCH_ALIASES[model_type],
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        max_position=max_pos,
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        rope_theta=float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        rope_scaling=_hf_rope_scaling(scaling),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        attention_bias=bool(hf.get("attention_bias", model_type == "qwen2")),
+        qk_norm=model_type == "qwen3",
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+    )
+
+
+def _hf_rope_scaling(scaling: dict[str, Any]) -> RopeScaling | None:
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind == "linear":
+        return RopeScaling("linear", factor=float(scaling["factor"]))
+    if kind == "llama3":
+        return RopeScaling(
+            "llama3",
+            factor=float(scaling["factor"]),
+            low_freq_factor=float(scaling["low_freq_factor"]),
+            high_freq_factor=float(scaling["high_freq_factor"]),
+            original_max_position=int(scaling["original_max_position_embeddings"]),
+        )
+    raise ValueError(f"unsupported RoPE scaling {kind!r}; supported: default, linear, llama3")
+
+
+# ---------------------------------------------------------------- GGUF metadata
+
+
+def config_from_gguf(reader: Any) -> ModelConfig:
+    """Build a ModelConfig from a `gguf.GGUFReader` (metadata plus `rope_freqs` if present)."""
+    meta = {key: _field_value(f) for key, f in reader.fields.items()}
+    arch = meta["general.architecture"]
+    if arch not in _ARCH_ALIASES:
+        raise ValueError(f"unsupported GGUF architecture {arch!r}; "
+                         f"supported: {sorted(_ARCH_ALIASES)}")
+    tensors = {t.name: t for t in reader.tensors}
+
+    def get(key: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{key}", default)
+
+    heads = get("attention.head_count")
+    hidden = get("embedding_length")
+    vocab = get("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    return ModelConfig(
+        architecture=_ARCH_ALIASES[arch],
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=get("feed_forward_length"),
+        num_layers=get("block_count"),
+        num_heads=heads,
+        num_kv_heads=get("attention.head_count_kv") or heads,
+        head_dim=get("attention.key_length") or hidden // heads,
+        max_position=get("context_length", 4096),
+        rms_norm_eps=get("attention.layer_norm_rms_epsilon", 1e-5),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rope_scaling=_gguf_rope_scaling(get, tensors),
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=() if eos is None else (int(eos),),
+    )
+
+
+def _gguf_rope_scaling(get: Any, tensors: dict[str, Any]) -> RopeScaling | None:
+    if "rope_freqs.weight" in tensors:  # llama.cpp bakes Llama-3 scaling into this tensor
+        factors = tensors["rope_freqs.weight"].data
+        return RopeScaling("freq_factors", factors=tuple(float(x) for x in factors))
+    kind = get("rope.scaling.type", "none")
+    if kind in ("none", None):
+        return None
+    if kind == "linear":
+        return RopeScaling("linear", factor=float(get("rope.scaling.factor")))
+    raise ValueError(f"unsupported GGUF RoPE scaling {kind!r}")
+
+
+def _field_value(f: Any) -> Any:
+    try:
+        return f.contents()
+    except Exception:  # noqa: BLE001 - exotic field types are metadata we never read
+        return None
+

@@ -1,0 +1,179 @@
+"""The Llama family as plain modules: Llama 2/3/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3.
+
+Parameter names follow Hugging Face, except that q/k/v and gate/up are fused into one matmul
+each (`qkv_proj`, `gate_up_proj`); `load_weights` takes HF names and fills the shards.
+
+    model(batch, kv) -> logits [len(batch.logits_indices), vocab] in fp32
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..forward_batch import ForwardBatch
+from ..kv_pool import KVPool
+from ..layers.activation import SiluAndMul
+from ..layers.attention import AttentionBackend
+from ..layers.norm import RMSNorm
+from ..layers.rotary import RotaryEmbedding
+from .config import ModelConfig
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What every layer of one forward shares."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    kv: KVPool
+    out_cache_loc: torch.Tensor
+    attention: AttentionBackend
+    plan: Any
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, config.q_size + 2 * config.kv_size,
+                                  bias=config.attention_bias)
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+
+    def forward(self, x: torch.Tensor, step: _Step) -> torch.Tensor:
+        hq, hkv = self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(x.shape[0], hq + 2 * hkv, self.head_dim)
+        if self.q_norm is not None:
+            q = RotaryEmbedding.apply(self.q_norm(qkv[:, :hq]), step.cos, step.sin)
+            k = RotaryEmbedding.apply(self.k_norm(qkv[:, hq:hq + hkv]), step.cos, step.sin)
+        else:  # q and k are adjacent heads: rotate both at once
+            qk = RotaryEmbedding.apply(qkv[:, :hq + hkv], step.cos, step.sin)
+            q, k = qk[:, :hq], qk[:, hq:]
+        v = qkv[:, hq + hkv:]
+        step.kv.write(self.layer, step.out_cache_loc, k, v)
+        o = step.attention.forward(q, k, v, self.layer, step.kv, step.plan)
+        return self.o_proj(o.reshape(x.shape[0], hq * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, layer)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, h: torch.Tensor, step: _Step) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), step)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+# HF shard name -> (our fused parameter, which shard)
+_FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+class LlamaForCausalLM(nn.Module):
+    """A decoder over the paged KV pool. With tied embeddings there is no lm_head module (a
+    from-outside transform such as layers.cpu_packing may add one)."""
+
+    def __init__(self, config: ModelConfig, attention: AttentionBackend) -> None:
+        super().__init__()
+        self.config = config
+        self.attention = attention
+        self.model = LlamaModel(config)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.lm_head = (None if config.tie_word_embeddings
+                        else nn.Linear(config.hidden_size, config.vocab_size, bias=False))
+
+    def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
+        """Write the step's K/V into `kv`, return fp32 logits for batch.logits_indices."""
+        h = self.model.embed_tokens(batch.input_ids)
+        cos, sin = self.rotary.cos_sin(batch.positions, h.dtype)
+        step = _Step(cos, sin, kv, batch.out_cache_loc, self.attention, self.attention.plan(batch))
+        for layer in self.model.layers:
+            h = layer(h, step)
+        h = self.model.norm(h.index_select(0, batch.logits_indices))
+        if self.lm_head is None:
+            return F.linear(h, self.model.embed_tokens.weight).float()
+        return self.lm_head(h).float()
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors in (cast to the parameter dtype); raise if any is missing."""
+        params = dict(self.named_parameters())
+        missing = {(name, s) for name in params for s in range(_num_shards(name))}
+        for name, tensor in weights:
+            if "rotary_emb" in name or (name == "lm_head.weight" and self.lm_head is None):
+                continue
+            target, shard = self._target(name)
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in a "
+                                 f"{self.config.architecture} model of this config")
+            dst = self._shard_view(params[target], target, shard)
+            if dst.shape != tensor.shape:
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)}, model "
+                                 f"expects {tuple(dst.shape)}; does the config match the weights?")
+            with torch.no_grad():
+                dst.copy_(tensor)
+            missing.discard((target, shard))
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:4]}")
+
+    @staticmethod
+    def _target(name: str) -> tuple[str, int]:
+        parts = name.split(".")
+        for i, part in enumerate(parts):
+            if part in _FUSED:
+                fused, shard = _FUSED[part]
+                return ".".join(parts[:i] + [fused] + parts[i + 1:]), shard
+        return name, 0
+
+    def _shard_view(self, param: torch.Tensor, name: str, shard: int) -> torch.Tensor:
+        c = self.config
+        if ".qkv_proj." in name:
+            bounds = [0, c.q_size, c.q_size + c.kv_size, c.q_size + 2 * c.kv_size]
+        elif ".gate_up_proj." in name:
+            bounds = [0, c.intermediate_size, 2 * c.intermediate_size]
+        else:
+            return param.data
+        return param.data[bounds[shard]:bounds[shard + 1]]
+
+
+def _num_shards(name: str) -> int:
+    return 3 if ".qkv_proj." in name else 2 if ".gate_up_proj." in name else 1

@@ -1,0 +1,148 @@
+"""Weights from a GGUF file: dequantized with the `gguf` package, renamed to HF names.
+
+llama.cpp's converter permutes the rows of attn_q/attn_k of *llama*-arch models so that RoPE
+rotates adjacent pairs (GPT-J style); we undo it to get back HF's rotate-half layout, exactly
+as transformers' GGUF loader does. Qwen2/Qwen3 GGUFs are stored unpermuted.
+
+Parsing a GGUF's metadata with `gguf.GGUFReader` takes seconds (it walks the whole
+vocabulary), so the parsed index (config + where each tensor's bytes are) is cached as JSON
+under `cache_dir()/gguf`, keyed by path, size and mtime; later loads map the file directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+
+from lmprog.core.models import cache_dir
+
+from ..config import ModelConfig, RopeScaling, config_from_gguf
+
+_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight"}
+_BLOCK = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_SKIP = {"rope_freqs.weight"}  # read into ModelConfig.rope_scaling instead
+_INDEX_VERSION = 1
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """Where one tensor's raw bytes sit in the file, and how to read them."""
+
+    name: str
+    qtype: int  # GGMLQuantizationType
+    shape: tuple[int, ...]  # numpy order of the dequantized tensor ([out, in] for weights)
+    raw_shape: tuple[int, ...]  # numpy shape of the stored data
+    raw_dtype: str  # numpy dtype of the stored data (uint8 for quantized blocks)
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class GGUFIndex:
+    path: Path
+    config: ModelConfig
+    tensors: tuple[GGUFTensor, ...]
+
+
+def read_gguf(path: str | os.PathLike[str]) -> GGUFIndex:
+    """The file's config and tensor table, from the on-disk cache when it is current."""
+    path = Path(path).resolve()
+    cached = _cache_path(path)
+    try:
+        return _index_from_json(path, json.loads(cached.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no cache entry yet, or a stale/corrupt one: parse the file
+    reader = GGUFReader(path)
+    index = GGUFIndex(path, config_from_gguf(reader), tuple(
+        GGUFTensor(t.name, int(t.tensor_type), tuple(int(d) for d in t.shape[::-1]),
+                   tuple(t.data.shape), t.data.dtype.str, int(t.data_offset), int(t.n_bytes))
+        for t in reader.tensors))
+    _save(cached, index)
+    return index
+
+
+def gguf_weights(index: GGUFIndex) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, fp32 tensor) for every weight of the file."""
+    config = index.config
+    unpermute = config.architecture == "llama"
+    with open(index.path, "rb") as f:
+        mapped = np.memmap(f, dtype=np.uint8, mode="r")
+        for t in index.tensors:
+            if t.name in _SKIP:
+                continue
+            raw = mapped[t.offset:t.offset + t.nbytes].view(np.dtype(t.raw_dtype))
+            raw = raw.reshape(t.raw_shape)
+            array = dequantize(raw, GGMLQuantizationType(t.qtype)).reshape(t.shape)
+            if unpermute and ".attn_q." in t.name:
+                array = _unpermute(array, config.num_heads)
+            elif unpermute and ".attn_k." in t.name:
+                array = _unpermute(array, config.num_kv_heads)
+            # F32 tensors are views of the read-only map: copy those (torch wants writable)
+            yield hf_name(t.name), torch.from_numpy(np.require(array, np.float32, ["C", "W"]))
+
+
+def hf_name(gguf_name: str) -> str:
+    """"blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"."""
+    if gguf_name in _TOP:
+        return _TOP[gguf_name]
+    blk, layer, kind, suffix = gguf_name.split(".")
+    if blk != "blk" or kind not in _BLOCK:
+        raise ValueError(f"unexpected GGUF tensor {gguf_name!r} for a Llama-family model")
+    return f"model.layers.{layer}.{_BLOCK[kind]}.{suffix}"
+
+
+def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    # llama.cpp stored each head's rows as (half, pair) -> interleaved; swap back.
+    half = w.shape[0] // heads // 2
+    return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# ---------------------------------------------------------------- the index cache
+
+
+def _cache_path(path: Path) -> Path:
+    stat = path.stat()
+    key = f"{_INDEX_VERSION}|{path}|{stat.st_size}|{stat.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_dir() / "gguf" / f"{path.stem}-{digest}.json"
+
+
+def _save(cached: Path, index: GGUFIndex) -> None:
+    data = {"config": dataclasses.asdict(index.config),
+            "tensors": [dataclasses.asdict(t) for t in index.tensors]}
+    tmp = cached.with_name(f"{cached.name}.tmp{os.getpid()}")
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data))
+        tmp.replace(cached)
+    except OSError:  # a read-only cache dir only costs the next load its parse
+        tmp.unlink(missing_ok=True)
+
+
+def _index_from_json(path: Path, data: dict) -> GGUFIndex:
+    cfg = dict(data["config"])
+    if cfg["rope_scaling"] is not None:
+        rope = dict(cfg["rope_scaling"], factors=tuple(cfg["rope_scaling"]["factors"]))
+        cfg["rope_scaling"] = RopeScaling(**rope)
+    cfg["eos_token_ids"] = tuple(cfg["eos_token_ids"])
+    tensors = tuple(
+        GGUFTensor(**{**t, "shape": tuple(t["shape"]), "raw_shape": tuple(t["raw_shape"])})
+        for t in data["tensors"])
+    return GGUFIndex(path, ModelConfig(**cfg), tensors)

@@ -1,0 +1,25 @@
+"""Architecture name (ModelConfig.architecture) -> model class, imported lazily."""
+
+from __future__ import annotations
+
+import importlib
+
+from torch import nn
+
+_ARCHITECTURES: dict[str, str] = {
+    "llama": "lmprog.runtime.models.llama:LlamaForCausalLM",  # also Mistral, SmolLM2
+    "qwen2": "lmprog.runtime.models.llama:LlamaForCausalLM",  # qkv bias via the config
+    "qwen3": "lmprog.runtime.models.llama:LlamaForCausalLM",  # q/k norm via the config
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_ARCHITECTURES)
+
+
+def model_class(architecture: str) -> type[nn.Module]:
+    if architecture not in _ARCHITECTURES:
+        raise ValueError(f"unsupported architecture {architecture!r}; supported: "
+                         f"{supported_architectures()}")
+    module, name = _ARCHITECTURES[architecture].split(":")
+    return getattr(importlib.import_module(module), name)
