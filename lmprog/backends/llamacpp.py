@@ -1,0 +1,341 @@
+"""The llama.cpp backend: CPU inference through llama-cpp-python, sampling in lmprog.
+
+llama.cpp only evaluates tokens and hands back logits; everything else is lmprog's own and
+shared with the in-process runtime: the HF tokenizer (so token ids agree with constraint
+indexes), the batched sampler (every SamplingParams field), the detokenizer and stop
+strings, constrained decoding with jump-forward. Prefix reuse: each context keeps the
+common prefix of what it last held, and a bytes-bounded LRU of saved states serves
+few-shot headers, forks and multi-turn histories that another request displaced.
+
+    LlamaCpp(model=None, n_ctx=4096, n_threads=1, ...)   # default: bundled SmolLM2-135M GGUF
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from typing import Any
+
+import numpy as np
+import torch
+
+from lmprog.backends.context_pool import ContextPool
+from lmprog.backends.decoding import SequenceDecoder
+from lmprog.backends.llamacpp_native import NativeContext, NativeModel
+from lmprog.backends.state_cache import StateCache, common_prefix_len
+from lmprog.core.chat import ChatTemplate, template_from_tokenizer
+from lmprog.core.errors import BackendError, ConstraintError, ContextLengthError
+from lmprog.core.models import load_tokenizer, resolve_model
+from lmprog.core.protocol import (
+    Backend,
+    ChoiceScore,
+    GenerateRequest,
+    GenerateResult,
+    ScoreRequest,
+    ScoreResult,
+    StreamCallback,
+)
+
+_TOKENIZER_SAMPLES = ("Hello, world!", " The capital of France is Paris.\n", "<|im_start|>user\n2+2=?<|im_end|>\n")
+
+
+class LlamaCpp(Backend):
+    """A GGUF model on llama.cpp. Thread-safe; requests share `n_contexts` contexts.
+
+    Args:
+        model: a bundled model name, a .gguf path, or None for the default model.
+        n_ctx: tokens per context (prompt + output).
+        n_threads: CPU threads per context.
+        n_batch: tokens per llama.cpp decode call while evaluating a prompt.
+        n_contexts: contexts (each with its own KV cache) that run requests in parallel.
+        chat_template: a named template or jinja2 source overriding the model's own.
+        state_cache_bytes: memory bound of saved prefix states (0 disables saving).
+        min_save_tokens: save a context's state before it discards at least this many tokens.
+        jump_forward: append text a constraint forces in one step (off with logprobs).
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int = 1,
+        n_batch: int = 512,
+        n_contexts: int = 1,
+        chat_template: str | None = None,
+        state_cache_bytes: int = 256 * 2**20,
+        min_save_tokens: int = 64,
+        jump_forward: bool = True,
+    ):
+        for name, value, lo in (("n_ctx", n_ctx, 16), ("n_threads", n_threads, 1), ("n_batch", n_batch, 1),
+                                ("n_contexts", n_contexts, 1), ("state_cache_bytes", state_cache_bytes, 0),
+                                ("min_save_tokens", min_save_tokens, 1)):
+            _check_int(name, value, lo)
+        if not isinstance(jump_forward, bool):
+            raise TypeError(f"jump_forward must be a bool, got {jump_forward!r}")
+        self._source = resolve_model(model)
+        if self._source.kind != "gguf":
+            raise BackendError(f"LlamaCpp needs a GGUF model; {self._source.path} is a Hugging Face folder (use Runtime)")
+        self._tokenizer = load_tokenizer(self._source)
+        self._chat_template = template_from_tokenizer(self._tokenizer, chat_template)
+        self._model = NativeModel(self._source.path)
+        contexts: list[NativeContext] = []
+        try:
+            for _ in range(n_contexts):
+                contexts.append(NativeContext(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads))
+        except BaseException:
+            _release(contexts, self._model)
+            raise
+        self._pool = ContextPool(contexts, StateCache(state_cache_bytes), min_save_tokens=min_save_tokens)
+        # Frees the native memory when the backend is garbage-collected. Not at exit: a
+        # daemon thread may still hold a context then, and the OS reclaims it anyway.
+        self._finalizer = weakref.finalize(self, self._pool.close, self._model)
+        self._finalizer.atexit = False
+        self.n_ctx = contexts[0].n_ctx
+        self.n_vocab = self._model.n_vocab
+        eos = getattr(self._tokenizer, "eos_token_id", None)
+        self._eos_ids = tuple(sorted(set(self._model.eog_token_ids) | ({eos} if eos is not None else set())))
+        bos = self._model.bos_token_id
+        self._start_id = bos if bos >= 0 else self._eos_ids[0]
+        self._jump_forward = jump_forward
+        self._token_text_cache: dict[int, str] = {}
+        self._stats = _Counters()
+        self._closed = False
+        self._check_tokenizer()
+
+    # ---- Backend protocol ----------------------------------------------------------------------
+    @property
+    def chat_template(self) -> ChatTemplate:
+        return self._chat_template
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self._source.name
+
+    def generate(self, request: GenerateRequest, stream: StreamCallback | None = None) -> GenerateResult:
+        self._check_open()
+        if not isinstance(request, GenerateRequest):
+            raise TypeError(f"generate takes a GenerateRequest, got {type(request).__name__}")
+        if stream is not None and not callable(stream):
+            raise TypeError("stream must be a callable taking each text piece")
+        params = request.params
+        for t in params.stop_token_ids:
+            if t >= self.n_vocab:
+                raise ValueError(f"stop_token_ids: {t} is outside the vocabulary (size {self.n_vocab})")
+        prompt = self._prompt_ids(request.prompt)
+        self._check_fits(len(prompt), "prompt")
+        index = _constraint_index(request.constraint, self._tokenizer)
+        with self._pool.lease(prompt) as ctx:
+            first = self._pool.advance(ctx, prompt, logits_from=len(prompt) - 1)
+            guide = index.result().new_guide() if index is not None else None
+            dec = SequenceDecoder(
+                params, tokenizer=self._tokenizer, vocab_size=self.n_vocab, eos_token_ids=self._eos_ids,
+                prompt_ids=prompt, guide=guide, jump_forward=self._jump_forward, stream=stream,
+                token_text=self._token_text,
+            )
+            self._decode(ctx, dec, prompt, first.logits[-1])
+        self._stats.add(requests=1, prompt_tokens=len(prompt), cached_tokens=first.reused,
+                        prefix_hits=int(first.reused > 0), generated_tokens=len(dec.output_ids))
+        return dec.result(prompt_tokens=len(prompt), cached_tokens=first.reused)
+
+    def _decode(self, ctx: NativeContext, dec: SequenceDecoder, prompt: list[int], logits: np.ndarray) -> None:
+        while not dec.done:
+            dec.step(logits)
+            if dec.done:
+                return
+            target = prompt + dec.output_ids
+            if len(target) > self.n_ctx:
+                dec.finish_length(f"the context of {self.n_ctx} tokens is full")
+                return
+            logits = self._pool.advance(ctx, target, logits_from=len(target) - 1).logits[-1]
+
+    def score(self, request: ScoreRequest) -> ScoreResult:
+        """Logprobs of each choice's tokens after the prompt, with token healing.
+
+        `prompt + choice` is tokenized as one text and scored from the first token that
+        differs from the prompt's own tokenization. Unconditional scores condition on the
+        start token alone (BOS, else EOS): they score `choice` tokenized by itself.
+        """
+        self._check_open()
+        if not isinstance(request, ScoreRequest):
+            raise TypeError(f"score takes a ScoreRequest, got {type(request).__name__}")
+        if not request.choices:
+            raise ValueError("score needs at least one choice")
+        for c in request.choices:
+            if not isinstance(c, str):
+                raise TypeError(f"choices must be strings, got {type(c).__name__} {c!r}")
+        prompt = self._tokenize(request.prompt)
+        spans = [self._healed_span(prompt, request.prompt + c) for c in request.choices]
+        uncond = [self._healed_span([], c) for c in request.choices] if request.unconditional else None
+        for tokens, _ in spans + (uncond or []):
+            self._check_fits(len(tokens), "prompt + choice")
+        with self._pool.lease(prompt) as ctx:
+            # Evaluate the prompt once (up to the first scored position of any choice); each
+            # choice then costs only its own tokens on top of it.
+            shared = min(start for _, start in spans) - 1
+            reused = self._pool.advance(ctx, prompt[:shared], logits_from=None).reused if shared > 0 else 0
+            cond = [self._span_logprobs(ctx, tokens, start) for tokens, start in spans]
+            free = [self._span_logprobs(ctx, tokens, start) for tokens, start in uncond] if uncond else None
+        self._stats.add(score_requests=1, prompt_tokens=len(prompt), cached_tokens=reused, prefix_hits=int(reused > 0))
+        choices = tuple(
+            ChoiceScore(token_logprobs=lp, token_ids=tuple(tokens[start:]),
+                        unconditional_token_logprobs=free[i] if free is not None else None)
+            for i, ((tokens, start), lp) in enumerate(zip(spans, cond))
+        )
+        return ScoreResult(choices=choices, prompt_tokens=len(prompt), cached_tokens=reused)
+
+    def _healed_span(self, prompt: list[int], text: str) -> tuple[list[int], int]:
+        """(tokens of the whole text, index of the first token to score)."""
+        tokens = self._tokenize(text)
+        start = common_prefix_len(prompt, tokens)
+        if start == 0:  # nothing to condition on: score after the start token
+            if not tokens or tokens[0] != self._start_id:
+                tokens = [self._start_id, *tokens]
+            start = 1
+        return tokens, start
+
+    def _span_logprobs(self, ctx: NativeContext, tokens: list[int], start: int) -> tuple[float, ...]:
+        if start >= len(tokens):
+            return ()
+        rows = self._pool.advance(ctx, tokens[:-1], logits_from=start - 1).logits
+        logprobs = torch.log_softmax(torch.from_numpy(rows), dim=-1)
+        targets = torch.tensor(tokens[start:], dtype=torch.int64)
+        return tuple(logprobs.gather(1, targets[:, None])[:, 0].tolist())
+
+    def cache_prefix(self, prompt: str) -> None:
+        """Evaluate `prompt` and save its state so later requests sharing it start there."""
+        self._check_open()
+        if not isinstance(prompt, str):
+            raise TypeError(f"cache_prefix takes a str, got {type(prompt).__name__}")
+        tokens = self._tokenize(prompt)
+        if not tokens:
+            return
+        self._check_fits(len(tokens), "prefix")
+        with self._pool.lease(tokens) as ctx:
+            self._pool.advance(ctx, tokens, logits_from=None)
+            self._pool.save(ctx)
+        self._stats.add(cache_prefix_calls=1)
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = self._stats.snapshot()
+        out.update(self._pool.stats())
+        out["state_cache"] = self._pool.cache.stats()
+        out["n_ctx"] = self.n_ctx
+        return out
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def shutdown(self) -> None:
+        """Free the contexts and the model (waits for requests in flight). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer()
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def _tokenize(self, text: str) -> list[int]:
+        ids = list(self._tokenizer.encode(text, add_special_tokens=False))
+        bos = self._model.bos_token_id
+        if self._model.add_bos and bos >= 0 and (not ids or ids[0] != bos):
+            ids.insert(0, bos)
+        return ids
+
+    def _prompt_ids(self, prompt: str | tuple[int, ...]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self._tokenize(prompt)
+        elif isinstance(prompt, (tuple, list)):
+            ids = list(prompt)
+            for t in ids:
+                if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < self.n_vocab:
+                    raise ValueError(f"prompt token ids must be ints in [0, {self.n_vocab}), got {t!r}")
+            ids = [int(t) for t in ids]
+        else:
+            raise TypeError(f"prompt must be a str or a tuple of token ids, got {type(prompt).__name__}")
+        return ids or [self._start_id]  # an empty prompt continues from the start token
+
+    def _check_fits(self, n_tokens: int, what: str) -> None:
+        if n_tokens >= self.n_ctx:
+            raise ContextLengthError(
+                f"the {what} has {n_tokens} tokens but the context holds {self.n_ctx} "
+                f"(at least one more is needed to generate): shorten it or create LlamaCpp(n_ctx=...) larger"
+            )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendError("this LlamaCpp backend was shut down; create a new one")
+
+    def _token_text(self, token_id: int) -> str:
+        text = self._token_text_cache.get(token_id)
+        if text is None:
+            text = self._token_text_cache[token_id] = self._tokenizer.decode([token_id])
+        return text
+
+    def _check_tokenizer(self) -> None:
+        for sample in _TOKENIZER_SAMPLES:
+            ours = list(self._tokenizer.encode(sample, add_special_tokens=False))
+            theirs = self._model.tokenize(sample)
+            if ours != theirs:
+                warnings.warn(
+                    f"the Hugging Face tokenizer of {self._source.name} disagrees with llama.cpp on "
+                    f"{sample!r} ({ours} vs {theirs}); outputs may differ from llama.cpp's own",
+                    stacklevel=3,
+                )
+                return
+
+    def __repr__(self) -> str:
+        return f"LlamaCpp(model={self._source.name!r}, n_ctx={self.n_ctx})"
+
+
+def _release(contexts: list[NativeContext], model: NativeModel) -> None:
+    for ctx in contexts:
+        ctx.close()
+    model.close()
+
+
+def _constraint_index(constraint: Any, tokenizer: Any) -> Any:
+    """A future of the constraint's token index (built off-thread during the prefill), or None."""
+    if constraint is None:
+        return None
+    try:
+        from lmprog.fsm.index import TokenIndex
+    except ImportError as exc:
+        raise ConstraintError(f"constrained decoding needs lmprog.fsm, which is not available: {exc}") from exc
+    future = TokenIndex.prefetch(constraint, tokenizer)
+    if future.done():
+        future.result()  # raise a ConstraintError now, before any token is spent
+    return future
+
+
+class _Counters:
+    """Request-level counters; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(
+            ("requests", "score_requests", "cache_prefix_calls", "prompt_tokens", "cached_tokens",
+             "prefix_hits", "generated_tokens"), 0)
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for k, v in deltas.items():
+                self._values[k] += v
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            out = dict(self._values)
+        out["prefix_misses"] = out["requests"] + out["score_requests"] - out["prefix_hits"]
+        return out
+
+
+def _check_int(name: str, value: Any, lo: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")

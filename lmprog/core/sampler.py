@@ -1,0 +1,274 @@
+"""The batched token sampler shared by every backend (llama.cpp: B=1; the runtime: B=many).
+
+One call turns next-token logits [B, V] into one token per row, honouring each row's own
+`SamplingParams`. The order of operations, per row:
+
+    raw logits ──┬─> log_softmax ─────────────────────────────> output logprobs (raw model)
+                 └─> − penalties ─> min_tokens ban ─> constraint mask
+                         ─┬─> argmax                           (greedy rows)
+                          └─> / temperature ─> top-k ─> top-p ─> min-p ─> draw   (others)
+
+Logprobs are those of the *raw* model distribution (log_softmax of the logits before
+penalties, masks, temperature and filters), as SGLang and vLLM return by default: they are
+a property of the model, comparable across sampling settings and defined at temperature 0.
+
+Drawing is inverse-CDF sampling with one uniform number per row, taken from that row's own
+`torch.Generator` when it has a seed, so a seeded row yields the same tokens alone or
+inside any batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from lmprog.core.sampling import SamplingParams
+
+_NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class SamplingTensors:
+    """The per-row parameters of one batch as tensors; build once per batch composition.
+
+    `ban_rows`/`ban_tokens` list (row, token) pairs that are masked while that row has fewer
+    than `min_tokens` output tokens (its EOS ids unless `ignore_eos`, and its stop_token_ids).
+    The `any_*` flags let `sample` skip work no row asks for.
+    """
+
+    temperature: torch.Tensor  # [B] float32; 1.0 on greedy rows (never divided by 0)
+    greedy: torch.Tensor  # [B] bool
+    top_k: torch.Tensor  # [B] int64; 0 where disabled
+    top_p: torch.Tensor  # [B] float32
+    min_p: torch.Tensor  # [B] float32
+    frequency_penalty: torch.Tensor  # [B] float32
+    presence_penalty: torch.Tensor  # [B] float32
+    min_tokens: torch.Tensor  # [B] int64
+    ban_rows: torch.Tensor  # [N] int64
+    ban_tokens: torch.Tensor  # [N] int64
+    all_greedy: bool
+    any_top_k: bool
+    any_top_p: bool
+    any_min_p: bool
+    any_penalty: bool
+    any_min_tokens: bool
+    return_logprob: bool
+    max_top_logprobs: int
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.greedy.shape[0])
+
+    @classmethod
+    def from_params(
+        cls,
+        params: Sequence[SamplingParams],
+        *,
+        eos_token_ids: Sequence[int] = (),
+        device: torch.device | str = "cpu",
+    ) -> SamplingTensors:
+        """Tensors for `params` (one per row); `eos_token_ids` end generation unless ignore_eos."""
+        if not params:
+            raise ValueError("from_params needs at least one SamplingParams")
+        for p in params:
+            if not isinstance(p, SamplingParams):
+                raise TypeError(f"expected SamplingParams, got {type(p).__name__}")
+
+        def col(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        greedy = [p.greedy for p in params]
+        ban = [(i, t) for i, p in enumerate(params) if p.min_tokens > 0 for t in _stop_ids(p, eos_token_ids)]
+        return cls(
+            temperature=col([1.0 if g else p.temperature for g, p in zip(greedy, params)], torch.float32),
+            greedy=col(greedy, torch.bool),
+            top_k=col([max(p.top_k, 0) for p in params], torch.int64),
+            top_p=col([p.top_p for p in params], torch.float32),
+            min_p=col([p.min_p for p in params], torch.float32),
+            frequency_penalty=col([p.frequency_penalty for p in params], torch.float32),
+            presence_penalty=col([p.presence_penalty for p in params], torch.float32),
+            min_tokens=col([p.min_tokens for p in params], torch.int64),
+            ban_rows=col([r for r, _ in ban], torch.int64),
+            ban_tokens=col([t for _, t in ban], torch.int64),
+            all_greedy=all(greedy),
+            any_top_k=any(p.top_k > 0 and not g for g, p in zip(greedy, params)),
+            any_top_p=any(p.top_p < 1.0 and not g for g, p in zip(greedy, params)),
+            any_min_p=any(p.min_p > 0.0 and not g for g, p in zip(greedy, params)),
+            any_penalty=any(p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params),
+            any_min_tokens=bool(ban),
+            return_logprob=any(p.return_logprob or p.top_logprobs_num > 0 for p in params),
+            max_top_logprobs=max(p.top_logprobs_num for p in params),
+        )
+
+
+def _stop_ids(p: SamplingParams, eos_token_ids: Sequence[int]) -> list[int]:
+    ids = list(p.stop_token_ids) if p.ignore_eos else [*eos_token_ids, *p.stop_token_ids]
+    return sorted(set(ids))
+
+
+@dataclass(frozen=True)
+class SampleOutput:
+    """One sampled token per row, with raw-model logprobs when any row asked for them."""
+
+    token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor | None = None  # [B] float32: logprob of the chosen token
+    top_token_ids: torch.Tensor | None = None  # [B, K] int64, K = max top_logprobs_num
+    top_logprobs: torch.Tensor | None = None  # [B, K] float32
+
+
+def sample(
+    logits: torch.Tensor,
+    tensors: SamplingTensors,
+    *,
+    generators: Sequence[torch.Generator | None] | None = None,
+    output_counts: torch.Tensor | None = None,
+    num_output_tokens: torch.Tensor | Sequence[int] | None = None,
+    allowed: torch.Tensor | None = None,
+) -> SampleOutput:
+    """Sample one token per row of `logits` [B, V]; never modifies its inputs.
+
+    generators: per-row RNG (None entries, or None, use torch's default generator).
+    output_counts: [B, V] counts of each token already generated (for the penalties).
+    num_output_tokens: [B] tokens generated so far (for min_tokens; default 0).
+    allowed: [B, V] bool mask from constraints; False tokens are never chosen.
+    """
+    _check_inputs(logits, tensors, generators, output_counts, num_output_tokens, allowed)
+    logits = logits.float()
+    raw_logprobs = torch.log_softmax(logits, dim=-1) if tensors.return_logprob else None
+    x = _processed_logits(logits, tensors, output_counts, num_output_tokens, allowed)
+    greedy_ids = x.argmax(dim=-1)
+    if tensors.all_greedy:
+        ids = greedy_ids
+    else:
+        ids = torch.where(tensors.greedy, greedy_ids, _draw(_filtered_probs(x, tensors), generators))
+    return _with_logprobs(ids, raw_logprobs, tensors.max_top_logprobs)
+
+
+def _check_inputs(logits, tensors, generators, output_counts, num_output_tokens, allowed) -> None:
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise ValueError(f"logits must be a [B, V] tensor, got {getattr(logits, 'shape', type(logits))}")
+    b, v = logits.shape
+    if tensors.batch_size != b:
+        raise ValueError(f"logits has {b} rows but the SamplingTensors describe {tensors.batch_size}")
+    if generators is not None and len(generators) != b:
+        raise ValueError(f"got {len(generators)} generators for {b} rows")
+    for name, t in (("output_counts", output_counts), ("allowed", allowed)):
+        if t is not None and tuple(t.shape) != (b, v):
+            raise ValueError(f"{name} must have shape {(b, v)}, got {tuple(t.shape)}")
+    if allowed is not None and allowed.dtype != torch.bool:
+        raise ValueError(f"allowed must be a bool tensor, got {allowed.dtype}")
+    if num_output_tokens is not None and len(num_output_tokens) != b:
+        raise ValueError(f"num_output_tokens has {len(num_output_tokens)} entries for {b} rows")
+
+
+def _processed_logits(logits, tensors, output_counts, num_output_tokens, allowed) -> torch.Tensor:
+    """Logits after penalties, the min_tokens ban and the constraint mask (a new tensor)."""
+    x = logits.clone()
+    if tensors.any_penalty and output_counts is not None:
+        counts = output_counts.to(x.dtype)
+        x -= tensors.frequency_penalty[:, None] * counts
+        x -= tensors.presence_penalty[:, None] * (counts > 0).to(x.dtype)
+    if tensors.any_min_tokens:
+        n_out = _as_long(num_output_tokens, tensors.batch_size, x.device)
+        active = n_out[tensors.ban_rows] < tensors.min_tokens[tensors.ban_rows]
+        x[tensors.ban_rows[active], tensors.ban_tokens[active]] = _NEG_INF
+    if allowed is not None:
+        x.masked_fill_(~allowed, _NEG_INF)
+    # Only masks can empty a row; checking costs a device sync, so only check then.
+    if (allowed is not None or tensors.any_min_tokens) and not bool(torch.isfinite(x.max(dim=-1).values).all()):
+        raise ValueError("a row has no token left to sample (every token is masked or -inf)")
+    return x
+
+
+def _as_long(values, batch_size: int, device) -> torch.Tensor:
+    if values is None:
+        return torch.zeros(batch_size, dtype=torch.int64, device=device)
+    if isinstance(values, torch.Tensor):
+        return values.to(device=device, dtype=torch.int64)
+    return torch.tensor(list(values), dtype=torch.int64, device=device)
+
+
+def _filtered_probs(x: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p; filtered-out tokens get probability 0."""
+    probs = torch.softmax(x / tensors.temperature[:, None], dim=-1)
+    if tensors.any_top_k or tensors.any_top_p:
+        probs = probs * _top_k_top_p_keep(probs, tensors)
+    if tensors.any_min_p:
+        threshold = tensors.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    return probs
+
+
+_TOP_CANDIDATES = 256  # top-k/top-p cut-offs almost always fall inside this many tokens
+
+
+def _top_k_top_p_keep(probs: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
+    """Bool [B, V]: the tokens top-k and top-p keep.
+
+    A full sort of V=49k floats costs milliseconds on a CPU, so the cut-off is looked for
+    among the top `_TOP_CANDIDATES` first, and the window grows 8x while some row's cut-off
+    lies beyond it (a flat distribution with top_p near 1).
+    """
+    vocab = probs.shape[-1]
+    enabled_k = tensors.top_k > 0
+    k_max = int(tensors.top_k.max()) if tensors.any_top_k else 0
+    n = min(vocab, max(_TOP_CANDIDATES, k_max))
+    keep_sorted, idx, determined = _keep_among_top(probs, tensors, n)
+    while n < vocab and not bool(determined.all()):
+        n = min(vocab, n * 8)
+        keep_sorted, idx, determined = _keep_among_top(probs, tensors, n)
+    filtered = enabled_k | (tensors.top_p < 1.0)
+    keep = torch.zeros_like(probs, dtype=torch.bool).scatter_(1, idx, keep_sorted)
+    return keep | ~filtered[:, None]
+
+
+def _keep_among_top(probs: torch.Tensor, tensors: SamplingTensors, n: int):
+    vals, idx = probs.topk(n, dim=-1)  # sorted descending
+    positions = torch.arange(n, device=probs.device)[None, :]
+    k = torch.where(tensors.top_k > 0, tensors.top_k, n)
+    keep = positions < k[:, None]
+    vals = vals * keep
+    # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass
+    # strictly before it already does. The first token always survives.
+    mass_before = vals.cumsum(dim=-1) - vals
+    keep &= ~((mass_before >= tensors.top_p[:, None]) & (tensors.top_p < 1.0)[:, None])
+    # The cut-off lies inside the window when top-k cut there (n >= every k), when top-p is
+    # off, or when the window already holds top_p of the mass.
+    determined = (tensors.top_k > 0) | (tensors.top_p >= 1.0) | (vals.sum(dim=-1) >= tensors.top_p)
+    return keep, idx, determined
+
+
+def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None] | None) -> torch.Tensor:
+    """Inverse-CDF sampling: one uniform per row, so seeded rows are batch-independent."""
+    b = probs.shape[0]
+    if generators is None or all(g is None for g in generators):
+        u = torch.rand(b, device=probs.device)
+    else:
+        u = torch.cat([torch.rand(1, generator=g, device=probs.device) for g in generators])
+    cdf = probs.cumsum(dim=-1)
+    # 1 - u lies in (0, 1], so the target is > 0 and <= the total mass: a token of zero
+    # probability (a flat step of the cdf) can never be the first index reaching it.
+    target = (1.0 - u)[:, None] * cdf[:, -1:]
+    ids = torch.searchsorted(cdf, target, right=False)[:, 0]
+    return ids.clamp_(max=probs.shape[-1] - 1)
+
+
+def _with_logprobs(ids: torch.Tensor, raw_logprobs: torch.Tensor | None, k: int) -> SampleOutput:
+    if raw_logprobs is None:
+        return SampleOutput(token_ids=ids)
+    chosen = raw_logprobs.gather(1, ids[:, None])[:, 0]
+    if k <= 0:
+        return SampleOutput(token_ids=ids, logprobs=chosen)
+    top = raw_logprobs.topk(min(k, raw_logprobs.shape[-1]), dim=-1)
+    return SampleOutput(token_ids=ids, logprobs=chosen, top_token_ids=top.indices, top_logprobs=top.values)
+
+
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
+    """A generator seeded with `seed`, or None (torch's default RNG) when seed is None."""
+    if seed is None:
+        return None
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g

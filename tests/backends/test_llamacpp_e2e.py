@@ -1,0 +1,257 @@
+"""The llama.cpp backend end to end on the default model (SmolLM2-135M-Instruct)."""
+
+from __future__ import annotations
+
+import re
+import threading
+import types
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from lmprog.backends import LlamaCpp, default_backend  # noqa: E402
+from lmprog.core.errors import BackendError, ContextLengthError  # noqa: E402
+from lmprog.core.protocol import GenerateRequest, ScoreRequest  # noqa: E402
+from lmprog.core.sampling import SamplingParams as SP  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+QUESTION = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def be():
+    backend = LlamaCpp(n_ctx=2048, min_save_tokens=16)
+    yield backend
+    backend.shutdown()
+
+
+def chat(be, question: str) -> str:
+    t = be.chat_template
+    return t.role_prefix("user", first=True) + question + t.role_suffix("user") + t.role_prefix("assistant")
+
+
+def gen(be, prompt, stream=None, constraint=None, **params) -> object:
+    params.setdefault("temperature", 0.0)
+    return be.generate(GenerateRequest(prompt, SP(**params), constraint), stream=stream)
+
+
+@pytest.fixture(scope="module")
+def greedy(be):
+    """A greedy continuation used as ground truth by several tests."""
+    return gen(be, QUESTION, max_tokens=16)
+
+
+def test_hf_tokenizer_agrees_with_llama_cpp(be):
+    samples = ["naïve café 日本語 🎉", "def f(x):\n    return x**2\n", "  spaces\t\ttabs\n\n", "1234567+89=?",
+               chat(be, "Hi!"), "<|endoftext|>text<|im_end|>"]
+    for s in samples:
+        assert be.tokenizer.encode(s, add_special_tokens=False) == be._model.tokenize(s), s
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Greedy text from plain llama-cpp-python (same kernels: flash attention on)."""
+    import llama_cpp
+
+    from lmprog.core.models import resolve_model
+
+    llm = llama_cpp.Llama(str(resolve_model().path), n_ctx=512, n_threads=1, flash_attn=True, verbose=False)
+
+    def run(prompt: str, max_tokens: int) -> str:
+        llm.reset()
+        return llm(prompt, max_tokens=max_tokens, temperature=0.0)["choices"][0]["text"]
+
+    yield run
+    llm.close()
+
+
+def test_greedy_matches_llama_cpp_own_decoding(greedy, reference):
+    assert greedy.text == reference(QUESTION, 16)
+
+
+def test_greedy_is_deterministic_and_reuses_the_prompt(be, greedy):
+    again = gen(be, QUESTION, max_tokens=16)
+    assert again.text == greedy.text and again.token_ids == greedy.token_ids
+    assert again.cached_tokens == again.prompt_tokens - 1  # only the last prompt token re-evaluated
+
+
+def test_stop_string_cuts_the_text(be, greedy):
+    words = greedy.text.split()
+    assert len(words) >= 3, greedy.text
+    stop = " " + words[2]
+    r = gen(be, QUESTION, max_tokens=16, stop=[stop, "unlikely-stop-string"])
+    assert r.finish_reason == "stop" and r.matched_stop == stop
+    assert r.text == greedy.text[: greedy.text.index(stop)]
+
+
+def test_stop_token_id_ends_generation(be, greedy):
+    stop_id = greedy.token_ids[3]
+    first = greedy.token_ids.index(stop_id)
+    r = gen(be, QUESTION, max_tokens=16, stop_token_ids=[stop_id])
+    assert r.finish_reason == "stop" and r.matched_stop == stop_id
+    assert r.token_ids == greedy.token_ids[: first + 1] and r.completion_tokens == first + 1
+    assert r.text == be.tokenizer.decode(list(greedy.token_ids[:first]))
+
+
+def test_eos_and_min_tokens(be):
+    prompt = chat(be, "Say only the word yes.")
+    short = gen(be, prompt, max_tokens=40)
+    assert short.finish_reason == "stop" and short.matched_stop in be._eos_ids
+    n = short.completion_tokens
+    longer = gen(be, prompt, max_tokens=40, min_tokens=n + 4)
+    assert longer.completion_tokens >= n + 4
+    assert longer.token_ids[: n - 1] == short.token_ids[: n - 1]  # same until EOS was banned
+    ignored = gen(be, prompt, max_tokens=n + 3, ignore_eos=True)
+    assert ignored.completion_tokens == n + 3 and ignored.finish_reason == "length"
+
+
+def test_max_tokens_and_finish_reasons(be):
+    r = gen(be, QUESTION, max_tokens=3)
+    assert (r.finish_reason, r.completion_tokens, len(r.token_ids)) == ("length", 3, 3)
+    z = gen(be, QUESTION, max_tokens=0)
+    assert (z.text, z.token_ids, z.finish_reason) == ("", (), "length")
+
+
+def test_logprobs_agree_with_scoring(be, greedy):
+    r = gen(be, QUESTION, max_tokens=6, return_logprob=True, top_logprobs_num=3)
+    assert len(r.logprobs) == r.completion_tokens == 6
+    for lp in r.logprobs:
+        assert lp.logprob <= 0 and len(lp.top) == 3
+        assert lp.top[0].token_id == lp.token_id  # greedy picks the most likely token
+        assert lp.top[0].logprob >= lp.top[1].logprob >= lp.top[2].logprob
+    # The same tokens scored through `score` (prompt logprobs) give the same numbers.
+    text = be.tokenizer.decode(list(r.token_ids))
+    scored = be.score(ScoreRequest(QUESTION, (text,))).choices[0]
+    assert scored.token_ids == r.token_ids
+    for a, b in zip(scored.token_logprobs, r.logprobs):
+        assert abs(a - b.logprob) < 1e-3
+
+
+def test_seed_reproduces_sampling(be):
+    kw = dict(max_tokens=8, temperature=1.0, top_p=0.95)
+    a = gen(be, QUESTION, seed=123, **kw)
+    b = gen(be, QUESTION, seed=123, **kw)
+    others = {gen(be, QUESTION, seed=s, **kw).text for s in (1, 2)}
+    assert a.token_ids == b.token_ids
+    assert len(others | {a.text}) > 1
+
+
+def test_select_scoring(be):
+    res = be.score(ScoreRequest(QUESTION, (" Paris", " London", " Berlin"), unconditional=True))
+    totals = [sum(c.token_logprobs) for c in res.choices]
+    assert totals[0] > max(totals[1:])
+    assert all(c.unconditional_token_logprobs and all(x <= 0 for x in c.unconditional_token_logprobs) for c in res.choices)
+    # Token healing: a trailing space in the prompt merges into the choice's first token.
+    healed = be.score(ScoreRequest(QUESTION + " ", ("Paris", "London")))
+    assert healed.choices[0].token_ids == res.choices[0].token_ids
+    assert abs(sum(healed.choices[0].token_logprobs) - totals[0]) < 1e-3
+
+
+def test_shared_prefix_is_reused_across_requests(be, reference):
+    header = "".join(f"Q: What is {i} plus {i}?\nA: {2 * i}\n" for i in range(6))
+    be.cache_prefix(header)
+    n_header = len(be.tokenizer.encode(header, add_special_tokens=False))
+    first = gen(be, header + "Q: What is 20 plus 20?\nA:", max_tokens=4)
+    assert first.cached_tokens >= n_header - 1
+    gen(be, "An unrelated story: " + "once upon a time " * 10, max_tokens=2)  # displaces the header
+    restores = be.stats()["restores"]
+    second = gen(be, header + "Q: What is 7 plus 7?\nA:", max_tokens=4)
+    assert second.cached_tokens >= n_header - 1
+    assert be.stats()["restores"] == restores + 1  # came back from the saved-state cache
+    assert second.text == reference(header + "Q: What is 7 plus 7?\nA:", 4)  # restored KV is exact
+
+
+def test_multi_turn_history_hits_the_cache(be):
+    turn1 = chat(be, "Name a color.")
+    a1 = gen(be, turn1, max_tokens=8)
+    gen(be, chat(be, "Something else entirely, with a different long question " * 3), max_tokens=2)
+    turn2 = turn1 + a1.text + be.chat_template.role_suffix("assistant") + be.chat_template.role_prefix("user") + "Another?"
+    a2 = gen(be, turn2, max_tokens=4)
+    assert a2.cached_tokens >= len(be.tokenizer.encode(turn1, add_special_tokens=False))
+
+
+def test_streaming_pieces_concatenate_to_the_text(be):
+    pieces: list[str] = []
+    r = gen(be, chat(be, "Write a short sentence about the sea, with an emoji."), stream=pieces.append,
+            max_tokens=24, stop=["\n\n"])
+    assert "".join(pieces) == r.text and len(pieces) > 1
+
+
+def test_context_length_error_and_recovery(be, greedy):
+    with pytest.raises(ContextLengthError, match=r"\d+ tokens but the context holds 2048"):
+        gen(be, "word " * 3000, max_tokens=1)
+
+    def boom(piece):
+        raise RuntimeError("reader failed")
+
+    with pytest.raises(RuntimeError, match="reader failed"):
+        gen(be, QUESTION, max_tokens=8, stream=boom)
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        gen(be, QUESTION, stop_token_ids=[10**6])
+    with pytest.raises(ValueError, match="token ids"):
+        gen(be, (1, -5), max_tokens=1)
+    with pytest.raises(TypeError):
+        be.generate(QUESTION)
+    assert gen(be, QUESTION, max_tokens=16).text == greedy.text
+
+
+def test_context_fills_during_generation():
+    small = LlamaCpp(n_ctx=64, state_cache_bytes=0)
+    try:
+        n = small.n_ctx  # llama.cpp may round the requested size up
+        prompt = tuple(small.tokenizer.encode("one two three four " * n, add_special_tokens=False))[: n - 5]
+        r = small.generate(GenerateRequest(prompt, SP(max_tokens=20, temperature=0, ignore_eos=True)))
+        # 5 free positions hold 5 more tokens; the logits at the last one give a 6th.
+        assert r.finish_reason == "length" and r.completion_tokens == 6 and "context" in r.message
+    finally:
+        small.shutdown()
+    with pytest.raises(BackendError, match="shut down"):
+        small.generate(GenerateRequest("x"))
+
+
+def test_concurrent_requests_match_serial_ones(be):
+    prompts = [f"{QUESTION[:-3]} number {i} is" for i in range(4)]
+    serial = [gen(be, p, max_tokens=6).text for p in prompts]
+    results: dict[int, str] = {}
+
+    def run(i):
+        results[i] = gen(be, prompts[i], max_tokens=6).text
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i] for i in range(4)] == serial
+
+
+def test_constrained_generation(be):
+    fsm = pytest.importorskip("lmprog.fsm.index")
+    del fsm
+    number = types.SimpleNamespace(pattern=r"[0-9]{1,4}")
+    r = gen(be, chat(be, "What is 12 plus 30?"), constraint=number, max_tokens=8)
+    assert re.fullmatch(r"[0-9]{1,4}", r.text) and r.finish_reason == "stop"
+    person = types.SimpleNamespace(pattern=r'\{"name": "[A-Za-z]{1,12}", "age": [0-9]{1,2}\}')
+    for jump in (True, False):
+        be._jump_forward = jump
+        try:
+            full = gen(be, chat(be, "Give a person as JSON."), constraint=person, max_tokens=40)
+            cut = gen(be, chat(be, "Give a person as JSON."), constraint=person, max_tokens=5)
+        finally:
+            be._jump_forward = True
+        assert re.fullmatch(person.pattern, full.text), full.text
+        assert cut.finish_reason == "length" and "max_tokens" in cut.message
+
+
+def test_default_backend_is_memoized_llamacpp():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("on a CUDA machine the default backend may be the runtime")
+    b = default_backend()
+    try:
+        assert isinstance(b, LlamaCpp) and default_backend() is b
+    finally:
+        b.shutdown()
