@@ -1,0 +1,240 @@
+"""The token-level index of a constraint over a model's vocabulary (immutable, shared).
+
+    TokenIndex.get(constraint_or_pattern, tokenizer)      -> TokenIndex   (blocks if not cached)
+    TokenIndex.prefetch(constraint_or_pattern, tokenizer) -> Future[TokenIndex] (never blocks)
+    index.new_guide()                                     -> Guide (cheap per-sequence cursor)
+
+The index is outlines-core's `Index` (the regex's byte-level DFA crossed with the vocabulary:
+for each DFA state reachable at a token boundary, the allowed token ids and their successor
+states; EOS only in accepting states). States are outlines-core's integer state ids.
+
+Caching (see index_cache.py), keyed by (sha256 of the pattern, vocabulary fingerprint,
+outlines-core version): a memory LRU bounded by entries and bytes, disk files under
+`cache_dir()/fsm/`, and shared in-flight builds. `get` builds inline; `prefetch` builds on a
+small thread pool (outlines-core releases the GIL while building) and returns a Future the
+runtime can poll with `done()`.
+
+Per-state derived data (allowed ids as numpy, forced strings for jump-forward, mask rows) is
+computed lazily on first use and cached on the index through `state_cache(name)`; these
+caches are bounded and safe to fill from several threads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Hashable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lmprog.core.errors import ConstraintError
+from lmprog.fsm import index_cache
+from lmprog.fsm.vocab import TokenVocab
+
+if TYPE_CHECKING:
+    from lmprog.fsm.guide import Guide
+
+STATE_CACHE_SIZE = 4096  # per index and per cache name; beyond this the oldest entries go
+ALLOWED_CACHE_SIZE = 512  # allowed-id arrays: up to 192 kB each on a 49k vocabulary
+
+
+class TokenIndex:
+    """Allowed tokens and transitions of one pattern over one vocabulary. Immutable.
+
+    Contract: `allowed_ids(s)` is sorted and contains EOS iff `is_accepting(s)`;
+    `next_state(s, t)` is None iff t is not in `allowed_ids(s)`. Arrays returned are
+    read-only and shared: never write into them.
+    """
+
+    def __init__(self, pattern: str, vocab: TokenVocab, index: Any) -> None:
+        self.pattern = pattern
+        self.vocab = vocab
+        self._index = index
+        self.initial_state: int = index.get_initial_state()
+        self._finals = frozenset(index.get_final_states())
+        self._caches: dict[Hashable, _BoundedCache] = {}
+        self._lock = threading.Lock()
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def get(cls, constraint: Any, tokenizer: Any, *, disk_cache: bool = True) -> TokenIndex:
+        """The index of a Constraint (or regex string) for a tokenizer; builds it if needed.
+
+        Raises ConstraintError if the pattern cannot be compiled or no token sequence of this
+        vocabulary can spell a match.
+        """
+        return _lookup(constraint, tokenizer, disk_cache, inline=True).result()
+
+    @classmethod
+    def prefetch(cls, constraint: Any, tokenizer: Any, *, disk_cache: bool = True) -> Future[TokenIndex]:
+        """Start building off the calling thread; returns a Future (already done if cached).
+
+        Poll with `future.done()`; `future.result()` returns the index or raises the
+        ConstraintError. `get` of the same constraint meanwhile waits for this build.
+        """
+        return _lookup(constraint, tokenizer, disk_cache, inline=False)
+
+    @classmethod
+    def cached(cls, constraint: Any, tokenizer: Any) -> TokenIndex | None:
+        """The index if it is already in memory, else None (never builds, never blocks)."""
+        return _CACHE.peek(_key(_pattern_of(constraint), TokenVocab.from_tokenizer(tokenizer)))
+
+    def new_guide(self) -> Guide:
+        from lmprog.fsm.guide import Guide
+
+        return Guide(self)
+
+    # ---- per-state queries ----------------------------------------------------------------
+    @property
+    def eos_token_id(self) -> int:
+        return self.vocab.eos_token_id
+
+    @property
+    def vocab_size(self) -> int:
+        return self.vocab.size
+
+    def is_accepting(self, state: int) -> bool:
+        return state in self._finals
+
+    def next_state(self, state: int, token_id: int) -> int | None:
+        return self._index.get_next_state(state, token_id)
+
+    def allowed_ids(self, state: int) -> np.ndarray:
+        """int32 sorted token ids allowed in `state` (read-only, cached)."""
+        cache = self.state_cache("allowed", ALLOWED_CACHE_SIZE)
+        ids = cache.get(state)
+        if ids is None:
+            ids = np.array(self._index.get_allowed_tokens(state), dtype=np.int32)
+            ids.sort()
+            ids.flags.writeable = False
+            cache.put(state, ids)
+        return ids
+
+    def is_finished(self, state: int) -> bool:
+        """Accepting, and EOS is the only token left."""
+        if state not in self._finals:
+            return False
+        ids = self.allowed_ids(state)
+        return len(ids) == 1 and ids[0] == self.vocab.eos_token_id
+
+    def state_cache(self, name: Hashable, capacity: int = STATE_CACHE_SIZE) -> _BoundedCache:
+        """A per-index cache of derived per-state data, by name (for guide/jump/mask)."""
+        cache = self._caches.get(name)
+        if cache is None:
+            with self._lock:
+                cache = self._caches.setdefault(name, _BoundedCache(capacity))
+        return cache
+
+    def __repr__(self) -> str:
+        shown = self.pattern if len(self.pattern) <= 60 else self.pattern[:57] + "..."
+        return f"TokenIndex({shown!r}, vocab={self.vocab.size})"
+
+
+class _BoundedCache:
+    """A dict with a size cap (first-in first-out eviction); lock-free reads."""
+
+    def __init__(self, capacity: int) -> None:
+        self._data: dict[Any, Any] = {}
+        self._capacity = capacity
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        return self._data.get(key)
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            if len(self._data) >= self._capacity:
+                del self._data[next(iter(self._data))]
+            self._data[key] = value
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def _pattern_of(constraint: Any) -> str:
+    pattern = constraint if isinstance(constraint, str) else getattr(constraint, "pattern", None)
+    if not isinstance(pattern, str):
+        raise TypeError(f"expected a Constraint or a regex string, got {type(constraint).__name__}")
+    return pattern
+
+
+_CACHE = index_cache.IndexCache()
+
+
+def clear_memory_cache() -> None:
+    """Forget the in-memory indexes (tests and benchmarks; the disk cache stays)."""
+    _CACHE.clear()
+
+
+def _lookup(constraint: Any, tokenizer: Any, disk: bool, inline: bool) -> Future[TokenIndex]:
+    pattern, vocab = _pattern_of(constraint), TokenVocab.from_tokenizer(tokenizer)
+    key = _key(pattern, vocab)
+
+    def build() -> tuple[TokenIndex, int]:
+        index, nbytes = _load_or_build(key, pattern, vocab, index_cache.disk_enabled(disk))
+        return TokenIndex(pattern, vocab, index), nbytes
+
+    return _CACHE.lookup(key, build, inline)
+
+
+def _key(pattern: str, vocab: TokenVocab) -> str:
+    h = hashlib.sha256(pattern.encode("utf-8", "surrogatepass"))
+    h.update(f"|{vocab.fingerprint}|{_outlines_version()}|{_FORMAT}".encode())
+    return h.hexdigest()[:32]
+
+
+_FORMAT = "end-anchored-1"  # bump when _compile changes what an index means
+_OUTLINES_VERSION: list[str] = []
+
+
+def _outlines_version() -> str:
+    if not _OUTLINES_VERSION:
+        from importlib.metadata import version
+
+        _OUTLINES_VERSION.append(version("outlines-core"))
+    return _OUTLINES_VERSION[0]
+
+
+def _load_or_build(key: str, pattern: str, vocab: TokenVocab, disk: bool) -> tuple[Any, int]:
+    """(outlines-core Index, its serialized size, which sizes the memory cache)."""
+    from outlines_core import Index
+
+    data = index_cache.read(key) if disk else None
+    if data is not None:
+        try:
+            return Index.from_binary(data), len(data)
+        except Exception:  # corrupt or foreign file: rebuild and overwrite it below
+            pass
+    index = _compile(pattern, vocab)
+    _, (data,) = index.__reduce__()
+    if disk:
+        index_cache.write(key, data)
+    return index, len(data)
+
+
+def _compile(pattern: str, vocab: TokenVocab) -> Any:
+    """outlines-core Index of the pattern anchored at the end of text.
+
+    Why `\\z`: outlines-core 0.2.x walks an unanchored regex-automata DFA whose match states
+    are delayed by one byte, and drops every token that *crosses* a point where the text is a
+    complete match but does not end at one: for `[0-9]+(\\.[0-9]+)?` the token "." after "1"
+    was forbidden, for `(ab)+` the token "a" after "ab". With the end anchor, match states
+    only appear at end-of-input, so no transition is dropped (tests/fsm/test_index.py).
+    """
+    from outlines_core import Index
+
+    try:
+        return Index(f"(?:{pattern})\\z", vocab.outlines_vocabulary)
+    except ValueError as exc:
+        message = str(exc)
+        if "incompatible with the regex" in message:
+            raise ConstraintError(
+                f"no sequence of this tokenizer's tokens can spell a match of {_short(pattern)}: {message}"
+            ) from None
+        raise ConstraintError(f"cannot compile the regex {_short(pattern)}: {message}") from None
+
+
+def _short(pattern: str) -> str:
+    return repr(pattern if len(pattern) <= 80 else pattern[:77] + "...")

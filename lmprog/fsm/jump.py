@@ -1,0 +1,232 @@
+"""Compressed FSM and jump-forward: append the text a constraint forces in one step.
+
+Compressed FSM. From an index state s that is not accepting, if every allowed token starts
+with the same byte c, every valid continuation starts with c: c is forced. Following forced
+bytes state by state and merging the chain gives one string edge per state:
+
+    s0 --'{"name":"'--> s9        (forced_edge(index, s0) = ForcedEdge(b'{"name":"', s9))
+
+The chain is derived from the token index itself (not from a second, character-level FSM),
+so it uses exactly the regex semantics and states that the masks use, needs no second
+compilation, and maps to the guide's state without any bookkeeping. Edges are memoized per
+state on the index. Exactness: the index allows a token iff its bytes keep the byte-DFA
+alive, so "all allowed tokens start with c" means every token sequence the model could
+produce from s starts with c; appending c removes no valid output.
+
+Jump-forward with retokenization at the boundary. The model's last tokens and the forced
+text are re-encoded together, so the result is what the tokenizer gives for the whole text
+(`"` + `,` becomes `",`):
+
+    output_ids: ... a b [c d]          lookback window [c d] (at most `lookback` tokens)
+    text      : bytes(c d) + forced    re-encoded -> [c e f g]
+    result    : drop_last_n_tokens=1 (d), new_token_ids=(e, f, g)  (common prefix c kept)
+
+The last new token is held back when the model could extend it with a longer allowed token
+(` "` vs ` "John`): the model then picks that token itself, as it would without jumping.
+
+Invariant (what engines rely on): on return, the guide has advanced through exactly
+`output_ids[:len(output_ids) - drop_last_n_tokens] + new_token_ids`, whose bytes are the old
+output's bytes plus a prefix of the forced text. Engines roll back the KV of the dropped
+tokens and feed the new ones in the next forward pass. A no-op result changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lmprog.fsm.guide import Guide
+from lmprog.fsm.index import TokenIndex
+
+MAX_FORCED_BYTES = 4096  # longer forced chains are cut into several edges
+
+
+@dataclass(frozen=True)
+class ForcedEdge:
+    """A compressed-FSM edge: the bytes every continuation from a state starts with."""
+
+    text: bytes
+    end_state: int
+
+
+@dataclass(frozen=True)
+class JumpResult:
+    """Roll back `drop_last_n_tokens` output tokens, then append `new_token_ids`."""
+
+    drop_last_n_tokens: int = 0
+    new_token_ids: tuple[int, ...] = ()
+
+    @property
+    def is_noop(self) -> bool:
+        return not self.new_token_ids and not self.drop_last_n_tokens
+
+    def apply(self, output_ids: Sequence[int]) -> list[int]:
+        """The output ids after the jump (a new list)."""
+        kept = len(output_ids) - self.drop_last_n_tokens
+        return [*output_ids[:kept], *self.new_token_ids]
+
+
+NOOP = JumpResult()
+
+
+def forced_edge(index: TokenIndex, state: int) -> ForcedEdge:
+    """The maximal forced string from `state` and the state after it (memoized)."""
+    memo = index.state_cache("forced")
+    edge = memo.get(state)
+    if edge is not None:
+        return edge
+    chain: list[tuple[int, bytes]] = []
+    cur, length, seen = state, 0, {state}
+    while (tail := memo.get(cur)) is None:
+        if length >= MAX_FORCED_BYTES:  # cut here; `cur` keeps its own edge for later
+            tail = ForcedEdge(b"", cur)
+            break
+        step = _forced_step(index, cur)
+        if step is None:
+            tail = ForcedEdge(b"", cur)
+            memo.put(cur, tail)
+            break
+        assert step[1] not in seen, "a forced cycle never reaches an accepting state"
+        chain.append((cur, step[0]))
+        cur, length = step[1], length + len(step[0])
+        seen.add(cur)
+    for st, text in reversed(chain):
+        tail = ForcedEdge(text + tail.text, tail.end_state)
+        memo.put(st, tail)
+    return tail
+
+
+def forced_text(guide: Guide) -> str:
+    """The text the constraint forces next from the guide's position ('' if none).
+
+    Cut at the last complete UTF-8 character; the full bytes are `forced_edge(...).text`.
+    """
+    if guide.eos_consumed:
+        return ""
+    return _utf8_prefix(forced_edge(guide.index, guide.state).text).decode()
+
+
+def jump_forward(
+    guide: Guide,
+    output_ids: Sequence[int],
+    tokenizer: Any,
+    *,
+    enabled: bool = True,
+    lookback: int = 2,
+    max_new_tokens: int | None = None,
+) -> JumpResult:
+    """Append the forced text after `output_ids`, retokenizing the boundary; mutates `guide`.
+
+    `output_ids` are the tokens generated under this constraint so far (the guide advanced
+    through exactly these). `tokenizer` must have `encode(text, add_special_tokens=False)`.
+    `max_new_tokens` bounds len(new) - drop (the engine's remaining max_tokens budget).
+    Returns NOOP when nothing is forced, when disabled, or when the tokenizer cannot
+    reproduce the text byte for byte (e.g. SentencePiece's leading space).
+    """
+    if len(output_ids) != guide.num_tokens:
+        raise ValueError(f"output_ids has {len(output_ids)} tokens but the guide advanced through {guide.num_tokens}")
+    if not enabled or guide.eos_consumed:
+        return NOOP
+    forced = forced_edge(guide.index, guide.state).text
+    if not forced:
+        return NOOP
+    plan = _retokenize(guide, list(output_ids), forced, tokenizer, lookback)
+    if plan is None:
+        return NOOP
+    drop, new = plan
+    if max_new_tokens is not None:
+        new = new[: max(0, max_new_tokens + drop)]
+    return _commit(guide, list(output_ids), drop, new)
+
+
+# ---- internals -----------------------------------------------------------------------------
+
+def _forced_step(index: TokenIndex, state: int) -> tuple[bytes, int] | None:
+    """(forced bytes, next state) for one step, or None if the next byte is a choice."""
+    if index.is_accepting(state):
+        return None
+    ids = index.allowed_ids(state)
+    vocab = index.vocab
+    first = vocab.first_byte[ids]
+    if len(ids) == 0 or first[0] < 0 or (first != first[0]).any():
+        return None
+    byte_token = vocab.single_byte_token[int(first[0])]
+    if byte_token >= 0:
+        nxt = index.next_state(state, byte_token)
+        if nxt is not None:
+            return bytes([int(first[0])]), nxt
+    # No one-byte token: step by the shortest allowed token if every other one extends it.
+    shortest = min(ids.tolist(), key=lambda i: len(vocab.token_bytes[i]))  # type: ignore[arg-type]
+    prefix = vocab.token_bytes[shortest]
+    assert prefix is not None
+    if all(vocab.token_bytes[i].startswith(prefix) for i in ids.tolist()):  # type: ignore[union-attr]
+        nxt = index.next_state(state, shortest)
+        assert nxt is not None, "an allowed token has a successor"
+        return prefix, nxt
+    return None
+
+
+def _retokenize(
+    guide: Guide, output_ids: list[int], forced: bytes, tokenizer: Any, lookback: int
+) -> tuple[int, list[int]] | None:
+    """(tokens to drop, tokens to append), before hold-back; None if not reproducible."""
+    vocab = guide.index.vocab
+    k = min(lookback, len(output_ids))
+    while 0 < k < len(output_ids) and _starts_mid_char(vocab.token_bytes[output_ids[-k]]):
+        k += 1  # the window must start on a character boundary to be decodable on its own
+    old = output_ids[len(output_ids) - k :]
+    head = vocab.decode(old)
+    text = _utf8_prefix(head + forced)
+    if len(text) <= len(head):
+        return None
+    try:
+        new = list(tokenizer.encode(text.decode(), add_special_tokens=False))
+        if vocab.decode(new) != text:
+            return None
+    except (UnicodeDecodeError, ValueError):
+        return None
+    keep = 0
+    while keep < min(len(old), len(new)) and old[keep] == new[keep]:
+        keep += 1
+    return k - keep, new[keep:]
+
+
+def _commit(guide: Guide, output_ids: list[int], drop: int, new: list[int]) -> JumpResult:
+    """Check the new tokens walk from the state before the dropped ones, hold back the last
+    one if the model could extend it, and apply to the guide only if the jump adds text."""
+    trial = guide.copy()
+    trial.rollback(drop)
+    try:
+        trial.advance_all(new[:-1])
+        if new and _extendable(trial, new[-1]):
+            new = new[:-1]
+        else:
+            trial.advance_all(new[-1:])
+    except ValueError:  # e.g. the tokenizer produced a special token: jump nothing
+        return NOOP
+    vocab = guide.index.vocab
+    if len(vocab.decode(new)) <= len(vocab.decode(output_ids[len(output_ids) - drop :])):
+        return NOOP
+    guide.rollback(drop)
+    guide.advance_all(new)
+    return JumpResult(drop, tuple(new))
+
+
+def _extendable(guide: Guide, token_id: int) -> bool:
+    """Could the model pick, instead of `token_id`, an allowed token that extends it?"""
+    index, state = guide.index, guide.state
+    return any(index.next_state(state, int(t)) is not None for t in index.vocab.extensions(token_id))
+
+
+def _starts_mid_char(b: bytes | None) -> bool:
+    return bool(b) and 0x80 <= b[0] < 0xC0  # type: ignore[index]
+
+
+def _utf8_prefix(b: bytes) -> bytes:
+    """The longest prefix of b that is valid UTF-8 (cuts a character split at the end)."""
+    try:
+        b.decode()
+        return b
+    except UnicodeDecodeError as exc:
+        return b[: exc.start]

@@ -1,0 +1,116 @@
+"""Tiny tokenizers and helpers shared by the token-level fsm tests (index/guide/mask/jump)."""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+
+from lmprog.fsm.guide import Guide
+from lmprog.fsm.index import TokenIndex
+
+# Byte-level BPE merges (GPT-2 style: "Ġ" is the space byte). Each merged token is one id.
+TOY_MERGES = [
+    ('"', ","), ("Ġ", '"'), ('"', ":"), ("{", '"'), ("a", "b"), ("ab", "c"), ("Ġ\"", "a"),
+    ("t", "r"), ("tr", "u"), ("tru", "e"), ('",', '"'), ("n", "a"), ("na", "m"), ("nam", "e"),
+]
+
+
+def byte_level_tokenizer(merges=TOY_MERGES):
+    """A real Hugging Face fast tokenizer: 256 byte tokens, the merges above, then <eos>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    vocab["<eos>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(merges)))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+def steps_to_accept(index: TokenIndex) -> dict[int, int]:
+    """Fewest tokens from each state to an accepting one (BFS on reversed transitions)."""
+    reverse: dict[int, set[int]] = {}
+    for src, edges in index._index.get_transitions().items():
+        for dst in edges.values():
+            reverse.setdefault(dst, set()).add(src)
+    dist = {s: 0 for s in index._finals}
+    queue = deque(dist)
+    while queue:
+        s = queue.popleft()
+        for src in reverse.get(s, ()):
+            if src not in dist:
+                dist[src] = dist[s] + 1
+                queue.append(src)
+    return dist
+
+
+def random_walk(guide: Guide, rng: random.Random, dist: dict[int, int], greed: float = 0.4, limit: int = 400):
+    """Sample allowed tokens (uniformly, or toward acceptance with prob. `greed`) until EOS."""
+    out: list[int] = []
+    eos = guide.index.eos_token_id
+    while len(out) < limit and not guide.is_finished():
+        ids = guide.allowed_token_ids().tolist()
+        if eos in ids and rng.random() < greed:
+            break
+        ids = [t for t in ids if t != eos]
+        if rng.random() < greed:
+            ids = [min(ids, key=lambda t: dist.get(guide.index.next_state(guide.state, t), 1 << 30))]
+        token = rng.choice(ids)
+        guide.advance(token)
+        out.append(token)
+    return out
+
+
+def follow_text(guide: Guide, target: bytes, out: list[int]) -> int | None:
+    """A 'model' that writes `target`: the longest allowed token that continues it (EOS at the
+    end). Returns None when no allowed token continues the target."""
+    vocab = guide.index.vocab
+    pos = len(vocab.decode(out))
+    assert target.startswith(vocab.decode(out))
+    if pos == len(target):
+        return vocab.eos_token_id if guide.can_stop() else None
+    by_bytes = _bytes_to_ids(vocab)
+    for end in range(min(len(target), pos + 48), pos, -1):
+        for t in by_bytes.get(target[pos:end], ()):
+            if guide.is_allowed(t):
+                return t
+    return None
+
+
+_BY_BYTES: dict[int, dict[bytes, list[int]]] = {}
+
+
+def _bytes_to_ids(vocab) -> dict[bytes, list[int]]:
+    table = _BY_BYTES.get(id(vocab))
+    if table is None:
+        table = _BY_BYTES[id(vocab)] = {}
+        for i, b in enumerate(vocab.token_bytes):
+            if b:
+                table.setdefault(b, []).append(i)
+    return table
+
+
+def decode_with_jumps(guide: Guide, tokenizer, target: bytes, jump: bool, limit: int = 400):
+    """Write `target` under the guide; returns (output ids, decode steps, jump results)."""
+    from lmprog.fsm.jump import jump_forward
+
+    out: list[int] = []
+    steps, jumps = 0, []
+    while len(out) < limit:
+        result = jump_forward(guide, out, tokenizer, enabled=jump)
+        if not result.is_noop:
+            jumps.append((list(out), result))
+            out = result.apply(out)
+        if guide.is_finished():
+            break
+        token = follow_text(guide, target, out)
+        assert token is not None, (target, guide.index.vocab.decode(out))
+        steps += 1
+        guide.advance(token)
+        if token == guide.index.eos_token_id:
+            break
+        out.append(token)
+    return out, steps, jumps

@@ -1,0 +1,192 @@
+"""TokenVocab and TokenIndex: byte mapping, exact allowed sets, caching, errors."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import pytest
+from fsm_toys import byte_level_tokenizer
+
+from lmprog.core.errors import ConstraintError
+from lmprog.fsm import index as index_mod
+from lmprog.fsm.index import TokenIndex, clear_memory_cache
+from lmprog.fsm.index_cache import disk_path
+from lmprog.fsm.vocab import TokenVocab
+
+# ids:       0     1     2      3
+ABC = TokenVocab((b"a", b"b", b"ab", None), eos_token_id=3)
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return byte_level_tokenizer()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LMPROG_CACHE_DIR", str(tmp_path))
+    clear_memory_cache()
+    yield
+    clear_memory_cache()
+
+
+def test_byte_level_vocab_maps_encoded_tokens_to_bytes(toy):
+    vocab = TokenVocab.from_tokenizer(toy)
+    ids = toy.encode('{"x", "a', add_special_tokens=False)
+    assert vocab.decode(ids) == b'{"x", "a'
+    space_quote = toy.convert_tokens_to_ids('Ġ"')
+    assert vocab.token_bytes[space_quote] == b' "'
+    assert vocab.token_bytes[toy.eos_token_id] is None
+    assert vocab.eos_token_id == toy.eos_token_id
+    assert TokenVocab.from_tokenizer(toy) is vocab  # cached per tokenizer object
+
+
+def test_sentencepiece_vocab_maps_metaspace_and_byte_fallback():
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<0x0A>": 3, "\u2581a": 4, "b": 5, "\u2581": 6, "a": 7}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[("\u2581", "a")], byte_fallback=True, unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", bos_token="<s>", unk_token="<unk>")
+    vocab_bytes = TokenVocab.from_tokenizer(hf)
+    assert vocab_bytes.token_bytes == (None, None, None, b"\n", b" a", b"b", b" ", b"a")
+    assert vocab_bytes.decode(hf.encode("a b\n", add_special_tokens=False)) == b" a b\n"  # SentencePiece's space
+
+
+def test_fingerprint_identifies_the_byte_mapping():
+    same = TokenVocab((b"a", b"b", b"ab", None), eos_token_id=3)
+    other = TokenVocab((b"a", b"b", b"ba", None), eos_token_id=3)
+    assert ABC.fingerprint == same.fingerprint != other.fingerprint
+
+
+def test_vocab_rejects_eos_outside_or_as_text():
+    with pytest.raises(ValueError, match="outside"):
+        TokenVocab((b"a",), eos_token_id=4)
+    with pytest.raises(ValueError, match="EOS"):
+        TokenVocab((b"a", b"b"), eos_token_id=1)
+
+
+def test_allowed_ids_and_transitions_are_exact():
+    index = TokenIndex.get("(ab)+", ABC)
+    s0 = index.initial_state
+    assert index.allowed_ids(s0).tolist() == [0, 2]
+    after_a = index.next_state(s0, 0)
+    assert index.allowed_ids(after_a).tolist() == [1]
+    after_ab = index.next_state(s0, 2)
+    assert index.next_state(after_a, 1) == after_ab
+    assert index.allowed_ids(after_ab).tolist() == [0, 2, 3]  # EOS only where accepting
+    assert index.is_accepting(after_ab) and not index.is_accepting(after_a)
+    assert index.next_state(s0, 1) is None and index.next_state(s0, 3) is None
+    assert not index.is_finished(after_ab)
+    assert index.is_finished(index.next_state(s0, 2)) is False
+
+
+def test_tokens_crossing_a_complete_match_are_allowed():
+    # outlines-core alone forbids "." after "1" here (its delayed match states); see _compile.
+    vocab = TokenVocab((b"1", b".", b"5", None), eos_token_id=3)
+    index = TokenIndex.get(r"[0-9]+(\.[0-9]+)?", vocab)
+    after_1 = index.next_state(index.initial_state, 0)
+    assert index.allowed_ids(after_1).tolist() == [0, 1, 2, 3]
+    after_dot = index.next_state(after_1, 1)
+    assert index.allowed_ids(after_dot).tolist() == [0, 2] and not index.is_accepting(after_dot)
+
+
+def test_finished_state_allows_only_eos():
+    index = TokenIndex.get("ab", ABC)
+    end = index.next_state(index.initial_state, 2)
+    assert index.is_finished(end) and index.allowed_ids(end).tolist() == [3]
+
+
+def test_get_accepts_constraint_like_objects_and_validates(toy):
+    @dataclass(frozen=True)
+    class FakeConstraint:  # the compiler's Constraint exposes .pattern and .cache_key
+        pattern: str
+        cache_key: str = "k"
+
+    assert TokenIndex.get(FakeConstraint("(ab)+"), ABC) is TokenIndex.get("(ab)+", ABC)
+    with pytest.raises(TypeError, match="Constraint or a regex"):
+        TokenIndex.get(42, ABC)
+    with pytest.raises(TypeError, match="Hugging Face tokenizer"):
+        TokenIndex.get("a", object())
+
+
+@pytest.mark.parametrize("bad", ["(ab", "a(?=b)", r"(a)\1"])
+def test_invalid_regex_raises_constraint_error(bad):
+    with pytest.raises(ConstraintError, match="cannot compile"):
+        TokenIndex.get(bad, ABC)
+
+
+def test_pattern_the_vocabulary_cannot_spell_raises_constraint_error():
+    with pytest.raises(ConstraintError, match="no sequence of this tokenizer"):
+        TokenIndex.get("c", ABC)
+
+
+def test_memory_then_disk_cache(toy, tmp_path):
+    first = TokenIndex.get(r"[a-c]{2,4}x", toy)
+    assert TokenIndex.get(r"[a-c]{2,4}x", toy) is first
+    files = list((tmp_path / "fsm").glob("*.idx"))
+    assert len(files) == 1
+    clear_memory_cache()
+    assert TokenIndex.cached(r"[a-c]{2,4}x", toy) is None
+    again = TokenIndex.get(r"[a-c]{2,4}x", toy)  # from disk: same automaton
+    assert again is not first
+    assert again._index.get_transitions() == first._index.get_transitions()
+
+
+def test_corrupt_disk_entry_is_rebuilt(toy):
+    index = TokenIndex.get("ab+", toy)
+    path = disk_path(index_mod._key("ab+", index.vocab))
+    path.write_bytes(b"garbage")
+    clear_memory_cache()
+    rebuilt = TokenIndex.get("ab+", toy)
+    assert rebuilt._index.get_transitions() == index._index.get_transitions()
+    assert path.read_bytes() != b"garbage"
+
+
+def test_disk_cache_can_be_disabled(toy, tmp_path, monkeypatch):
+    monkeypatch.setenv("LMPROG_FSM_DISK_CACHE", "0")
+    TokenIndex.get("abc", toy)
+    assert not (tmp_path / "fsm").exists()
+
+
+def test_memory_cache_is_bounded_by_bytes(toy, monkeypatch):
+    monkeypatch.setenv("LMPROG_FSM_MEMORY_MB", "0.000001")  # ~1 byte: keeps only the newest
+    first = TokenIndex.get("a+", toy)
+    TokenIndex.get("b+", toy)
+    assert TokenIndex.cached("a+", toy) is None and TokenIndex.cached("b+", toy) is not None
+    assert TokenIndex.get("a+", toy) is not first  # reloaded (from disk)
+
+
+def test_disk_cache_is_trimmed_oldest_first(toy, tmp_path, monkeypatch):
+    monkeypatch.setenv("LMPROG_FSM_DISK_MB", "0.000001")
+    TokenIndex.get("x+", toy)
+    TokenIndex.get("y+", toy)
+    files = list((tmp_path / "fsm").glob("*.idx"))
+    assert [f.name for f in files] == [disk_path(index_mod._key("y+", TokenVocab.from_tokenizer(toy))).name]
+
+
+def test_prefetch_builds_off_thread_and_shares_the_build(toy):
+    future = TokenIndex.prefetch(r"\{(a|b){1,8}\}", toy)
+    index = future.result(timeout=30)
+    assert future.done() and TokenIndex.get(r"\{(a|b){1,8}\}", toy) is index
+    failed = TokenIndex.prefetch("(unclosed", toy)
+    with pytest.raises(ConstraintError):
+        failed.result(timeout=30)
+
+
+def test_concurrent_gets_return_one_index(toy):
+    results: list[TokenIndex] = []
+
+    def worker() -> None:
+        results.append(TokenIndex.get(r"[a-z]{1,5}(,[a-z]{1,5}){0,6}", toy))
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 6 and all(r is results[0] for r in results)
