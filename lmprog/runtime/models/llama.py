@@ -114,11 +114,16 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (None if config.tie_word_embeddings
                         else nn.Linear(config.hidden_size, config.vocab_size, bias=False))
 
-    def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
-        """Write the step's K/V into `kv`, return fp32 logits for batch.logits_indices."""
+    def forward(self, batch: ForwardBatch, kv: KVPool, plan: Any = None) -> torch.Tensor:
+        """Write the step's K/V into `kv`, return fp32 logits for batch.logits_indices.
+
+        `plan`: this batch's attention plan when the caller built it (a CUDA graph plans once
+        on its static buffers); default `self.attention.plan(batch)`."""
         h = self.model.embed_tokens(batch.input_ids)
         cos, sin = self.rotary.cos_sin(batch.positions, h.dtype)
-        step = _Step(cos, sin, kv, batch.out_cache_loc, self.attention, self.attention.plan(batch))
+        if plan is None:
+            plan = self.attention.plan(batch)
+        step = _Step(cos, sin, kv, batch.out_cache_loc, self.attention, plan)
         for layer in self.model.layers:
             h = layer(h, step)
         h = self.model.norm(h.index_select(0, batch.logits_indices))

@@ -1,0 +1,413 @@
+"""The in-process runtime as a backend: lmprog's own engine (paged KV, radix cache, hybrid
+batching) behind the `Backend` protocol, plus an offline batch API.
+
+    rt = Runtime()                                  # bundled SmolLM2-135M GGUF; CUDA if present
+    rt.generate(GenerateRequest(...), stream=cb)    # the Backend protocol (the DSL uses this)
+    rt.generate(["Hi", [1, 2, 3]], {"max_tokens": 8, "temperature": 0})   # offline batch
+    rt.stats(); rt.flush_cache(); rt.shutdown()     # or: with Runtime() as rt: ...
+
+Every call is thread-safe; concurrent calls are batched together by the engine thread.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from lmprog.core.chat import ChatTemplate, template_from_tokenizer
+from lmprog.core.errors import BackendError, ConstraintError
+from lmprog.core.models import ModelSource, load_tokenizer, resolve_model
+from lmprog.core.protocol import (
+    Backend, ChoiceScore, GenerateRequest, GenerateResult, ScoreRequest, ScoreResult,
+    StreamCallback,
+)
+from lmprog.core.sampling import SamplingParams
+
+# Special tokens that end a turn in common chat formats (llama.cpp treats them as end of
+# generation too, so the two backends stop at the same place).
+_END_OF_TURN = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
+                "<end_of_turn>", "<|end_of_text|>", "</s>")
+_PREFILL_ONLY = SamplingParams(max_tokens=0)
+
+
+class Runtime(Backend):
+    """lmprog's engine on this machine.
+
+    Args:
+        model: bundled model name, .gguf path or Hugging Face folder (None: the default model);
+            with load_format="dummy" also an architecture preset such as "llama-3.1-8b".
+        device: "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N".
+        dtype: "auto" (bf16 on a GPU, fp32 on a CPU), "float32", "bfloat16", "float16".
+        max_total_tokens: KV pool size in tokens (default: from the memory budget).
+        radix_cache: share the KV of common prefixes between requests.
+        eviction: "lru" or "lfu" eviction of cached prefixes.
+        load_format: "auto" (from the files) or "dummy" (random weights, for benchmarks).
+        chat_template: a named template or jinja2 source overriding the model's own.
+        tokenizer: a HF tokenizer (needed for text prompts with an architecture preset).
+        context_length: longest sequence (default: the model's).
+        max_running_requests, max_num_batched_tokens, schedule_policy ("lpm"/"fcfs"),
+            page_size: scheduler and cache knobs (see lmprog.runtime.config).
+        jump_forward: append constraint-forced text in one step (default on).
+        quantization: None, or "int4": 4-bit weight-only matmuls on the CPU for layers whose
+            weights are exact 4-bit groups (a Q4_1 GGUF), ~2x faster decode; computes in
+            bf16 (see lmprog.runtime.int4).
+        attention: "auto", "torch" or "triton".
+        cuda_graphs: replay CUDA graphs for decode steps (GPU with Triton attention only).
+        num_threads: torch CPU threads (process-wide; default: leave torch's setting).
+        seed: seed of the random weights of load_format="dummy".
+        check_integrity: verify the cache bookkeeping after every step (slow; for tests).
+    """
+
+    def __init__(self, model: str | None = None, device: str = "auto", dtype: str = "auto",
+                 max_total_tokens: int | None = None, radix_cache: bool = True,
+                 eviction: str = "lru", load_format: str = "auto", *,
+                 chat_template: str | None = None, tokenizer: Any = None,
+                 context_length: int | None = None, max_running_requests: int = 64,
+                 max_num_batched_tokens: int = 2048, schedule_policy: str = "lpm",
+                 page_size: int = 1, jump_forward: bool = True, quantization: str | None = None,
+                 attention: str = "auto", cuda_graphs: bool = True,
+                 num_threads: int | None = None, seed: int = 0,
+                 check_integrity: bool = False) -> None:
+        from lmprog.runtime.config import CacheConfig, SchedulerConfig
+        from lmprog.runtime.engine import EngineConfig
+        from lmprog.runtime.launch import launch_engine
+
+        if not isinstance(jump_forward, bool):
+            raise TypeError(f"jump_forward must be a bool, got {jump_forward!r}")
+        if quantization not in (None, "int4"):
+            raise ValueError(f"quantization must be None or 'int4', got {quantization!r}")
+        cache_config = CacheConfig(page_size=page_size, radix_cache=radix_cache, eviction=eviction)
+        scheduler_config = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
+                                           max_running_reqs=max_running_requests,
+                                           policy=schedule_policy)
+        self._source = _source_of(model, load_format)
+        net = self._load(model, device, dtype, load_format, attention, quantization, num_threads, seed)
+        self.quantization = quantization
+        self.model_config = net.config
+        self.device, self.dtype = next(net.parameters()).device, next(net.parameters()).dtype
+        self._setup_tokens(net.config, tokenizer, chat_template)
+        self._engine = launch_engine(
+            net, self._tokenizer, eos_token_ids=self._eos_ids, max_total_tokens=max_total_tokens,
+            context_length=context_length, cache_config=cache_config,
+            scheduler_config=scheduler_config,
+            engine_config=EngineConfig(jump_forward=jump_forward, check_integrity=check_integrity),
+            cuda_graphs=cuda_graphs)
+        self._radix = radix_cache
+        weakref.finalize(self, self._engine.shutdown)
+
+    def _load(self, model: Any, device: str, dtype: str, load_format: str, attention: str,
+              quantization: str | None, num_threads: int | None, seed: int) -> Any:
+        import torch
+
+        from lmprog.runtime.launch import choose_attention, choose_device
+        from lmprog.runtime.models import load_model
+
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        dev = choose_device(device)
+        net = load_model(self._source or model, device=dev, dtype=dtype, load_format=load_format,
+                         attention=choose_attention(attention, dev), seed=seed)
+        if quantization == "int4":
+            from lmprog.runtime.int4 import quantize_int4_
+
+            quantize_int4_(net)
+        return net
+
+    def _setup_tokens(self, config: Any, tokenizer: Any, chat_template: str | None) -> None:
+        """Tokenizer, chat template source, end-of-sequence ids, BOS and start token."""
+        if tokenizer is None and self._source is not None:
+            tokenizer = load_tokenizer(self._source)
+        self._tokenizer = tokenizer
+        self._template_override = chat_template
+        self._template: ChatTemplate | None = None
+        self._vocab = config.vocab_size
+        self._eos_ids = _eos_ids(config, tokenizer)
+        bos = config.bos_token_id
+        if bos is None and tokenizer is not None:
+            bos = getattr(tokenizer, "bos_token_id", None)
+        self._bos = bos
+        self._add_bos = bool(getattr(tokenizer, "add_bos_token", False)) and bos is not None
+        self._start_id = bos if bos is not None else self._eos_ids[0]
+
+    # ---- Backend protocol -----------------------------------------------------------------
+    @property
+    def chat_template(self) -> ChatTemplate:
+        if self._template is None:  # built on first use: a preset without tokenizer has none
+            self._template = template_from_tokenizer(self._need_tokenizer(), self._template_override)
+        return self._template
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._need_tokenizer()
+
+    @property
+    def engine(self) -> Any:
+        """The lmprog.runtime.engine.Engine (submit/abort/check_integrity/flush_cache)."""
+        return self._engine
+
+    @property
+    def model_name(self) -> str:
+        return self._source.name if self._source is not None else "dummy"
+
+    def generate(self, request: Any, sampling_params: Any = None, *,
+                 stream: StreamCallback | None = None,
+                 logprob_start_len: int | None = None) -> Any:
+        """Two forms.
+
+        generate(GenerateRequest, stream=None) -> GenerateResult: the Backend protocol.
+        generate(prompts, sampling_params=None, *, logprob_start_len=None): offline. A prompt
+            is a str or a list of token ids; `prompts` one prompt or a list of them;
+            `sampling_params` a SamplingParams or dict, or a list with one per prompt.
+            Returns an EngineResult (a GenerateResult with `prompt_logprobs` when
+            logprob_start_len is given), or a list of them for a list of prompts.
+        """
+        if isinstance(request, GenerateRequest):
+            if stream is None and callable(sampling_params):
+                stream = sampling_params
+            elif sampling_params is not None:
+                raise TypeError("generate(GenerateRequest) takes its parameters from the request")
+            return self._generate_one(request, stream)
+        if stream is not None:
+            raise TypeError("stream= goes with generate(GenerateRequest); offline generate "
+                            "returns whole results")
+        return self._generate_offline(request, sampling_params, logprob_start_len)
+
+    def score(self, request: ScoreRequest) -> ScoreResult:
+        """Logprobs of each choice after the prompt (token healing as in ScoreRequest): the
+        shared prompt is prefilled once into the radix cache, then every choice (and its
+        unconditional twin) is scored in one batched prefill from prompt logprobs."""
+        if not isinstance(request, ScoreRequest):
+            raise TypeError(f"score takes a ScoreRequest, got {type(request).__name__}")
+        if not request.choices:
+            raise ValueError("score needs at least one choice")
+        for c in request.choices:
+            if not isinstance(c, str):
+                raise TypeError(f"choices must be strings, got {type(c).__name__} {c!r}")
+        prompt = self._encode(request.prompt)
+        spans = [self._healed_span(prompt, request.prompt + c) for c in request.choices]
+        uncond = [self._healed_span([], c) for c in request.choices] if request.unconditional else []
+        shared = min(start for _, start in spans) - 1
+        cached = 0
+        if self._radix and shared > 0:
+            cached = self._run(spans[0][0][:shared], _PREFILL_ONLY).cached_tokens
+        scored = self._score_spans(spans + uncond)
+        free = scored[len(spans):] if uncond else None
+        choices = tuple(
+            ChoiceScore(token_logprobs=scored[i], token_ids=tuple(tokens[start:]),
+                        unconditional_token_logprobs=free[i] if free is not None else None)
+            for i, (tokens, start) in enumerate(spans))
+        return ScoreResult(choices=choices, prompt_tokens=len(prompt), cached_tokens=cached)
+
+    def cache_prefix(self, prompt: str) -> None:
+        """Prefill `prompt` with zero output tokens; its KV stays in the radix cache."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"cache_prefix takes a str, got {type(prompt).__name__}")
+        ids = self._encode(prompt)
+        if ids and self._radix:
+            self._run(ids, _PREFILL_ONLY)
+
+    def stats(self) -> dict[str, Any]:
+        """Engine metrics: cache_hit_rate, gen_tokens_per_s, num_running/num_waiting,
+        kv_usage, requests_finished by reason, ... (see lmprog.runtime.metrics)."""
+        out = self._engine.stats()
+        out.update(model=self.model_name, device=str(self.device), dtype=str(self.dtype),
+                   quantization=self.quantization)
+        return out
+
+    def flush_cache(self) -> bool:
+        """Empty the radix cache (e.g. between benchmark phases); False while requests run."""
+        return self._engine.flush_cache()
+
+    def shutdown(self) -> None:
+        self._engine.shutdown()
+
+    # ---- internals ------------------------------------------------------------------------
+    def _generate_one(self, request: GenerateRequest, stream: StreamCallback | None) -> GenerateResult:
+        if stream is not None and not callable(stream):
+            raise TypeError("stream must be a callable taking each text piece")
+        ids = self._prompt_ids(request.prompt)
+        self._check_params(request.params)
+        guide = self._guide(request.constraint)
+        return self._run(ids, request.params, guide=guide, stream=stream)
+
+    def _generate_offline(self, prompts: Any, sampling_params: Any,
+                          logprob_start_len: int | None) -> Any:
+        single = isinstance(prompts, str) or (
+            isinstance(prompts, (list, tuple)) and prompts and not isinstance(prompts[0], (str, list, tuple)))
+        batch = [prompts] if single else list(prompts)
+        if not batch:
+            raise ValueError("generate needs at least one prompt")
+        params = _params_list(sampling_params, len(batch))
+        from lmprog.runtime.engine_io import EngineRequest
+
+        requests = []
+        for prompt, p in zip(batch, params):
+            ids = self._prompt_ids(prompt)
+            self._check_params(p)
+            start = None
+            if logprob_start_len is not None:
+                start = min(max(0, logprob_start_len), len(ids) - 1)
+            requests.append(EngineRequest(tuple(ids), p, prompt_logprob_start=start))
+        results = self._wait_all(self._submit_all(requests))
+        return results[0] if single else results
+
+    def _submit_all(self, requests: list[Any]) -> list[Any]:
+        """Submit every request, or none: if one is rejected the others are aborted."""
+        handles: list[Any] = []
+        try:
+            for r in requests:
+                handles.append(None if r is None else self._engine.submit(r, stream=False))
+        except BaseException:
+            _abort_unfinished(handles)
+            raise
+        return handles
+
+    @staticmethod
+    def _wait_all(handles: list[Any]) -> list[Any]:
+        """Every result (None for a None handle); the first error is raised once all ended."""
+        results, error = [], None
+        try:
+            for h in handles:
+                try:
+                    results.append(None if h is None else h.result())
+                except Exception as exc:  # noqa: BLE001 - raised below, after the others
+                    error = error or exc
+                    results.append(None)
+        finally:
+            _abort_unfinished(handles)  # interrupted while waiting
+        if error is not None:
+            raise error
+        return results
+
+    def _run(self, ids: Sequence[int], params: SamplingParams, *, guide: Any = None,
+             stream: StreamCallback | None = None, prompt_logprob_start: int | None = None) -> Any:
+        from lmprog.runtime.engine_io import EngineRequest
+
+        handle = self._engine.submit(EngineRequest(tuple(ids), params, guide, prompt_logprob_start),
+                                     stream=stream is not None)
+        try:
+            if stream is not None:
+                for piece in handle.pieces():
+                    stream(piece)
+            return handle.result()
+        finally:
+            if not handle.done:  # the stream callback raised, or the caller was interrupted
+                handle.abort()
+
+    def _score_spans(self, spans: list[tuple[list[int], int]]) -> list[tuple[float, ...]]:
+        """Logprobs of tokens[start:] for every (tokens, start), all submitted at once."""
+        from lmprog.runtime.engine_io import EngineRequest
+
+        requests = [EngineRequest(tuple(t), _PREFILL_ONLY, None, s - 1) if s < len(t) else None
+                    for t, s in spans]
+        results = self._wait_all(self._submit_all(requests))
+        return [tuple(lp.logprob for lp in r.prompt_logprobs) if r is not None else ()
+                for r in results]
+
+    def _healed_span(self, prompt: list[int], text: str) -> tuple[list[int], int]:
+        """(tokens of the whole text, index of the first token to score)."""
+        tokens = self._encode(text)
+        start = 0
+        while start < min(len(prompt), len(tokens)) and prompt[start] == tokens[start]:
+            start += 1
+        if start == 0:  # nothing to condition on: score after the start token
+            tokens, start = [self._start_id, *tokens], 1
+        return tokens, start
+
+    def _encode(self, text: str) -> list[int]:
+        ids = list(self._need_tokenizer().encode(text, add_special_tokens=False))
+        if self._add_bos and (not ids or ids[0] != self._bos):
+            ids.insert(0, self._bos)
+        return ids
+
+    def _prompt_ids(self, prompt: Any) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self._encode(prompt)
+        elif isinstance(prompt, (tuple, list)):
+            ids = list(prompt)
+            for t in ids:
+                if isinstance(t, bool) or not hasattr(t, "__index__") or not 0 <= t < self._vocab:
+                    raise ValueError(f"prompt token ids must be ints in [0, {self._vocab}), got {t!r}")
+            ids = [int(t) for t in ids]
+        else:
+            raise TypeError(f"a prompt is a str or a list of token ids, got {type(prompt).__name__}")
+        return ids or [self._start_id]  # an empty prompt continues from the start token
+
+    def _check_params(self, params: Any) -> None:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling parameters must be a SamplingParams, got {type(params).__name__}")
+        if params.stop and self._tokenizer is None:
+            raise BackendError("stop strings need a tokenizer; pass tokenizer=... or use stop_token_ids")
+        for t in params.stop_token_ids:
+            if t >= self._vocab:
+                raise ValueError(f"stop_token_ids: {t} is outside the vocabulary (size {self._vocab})")
+
+    def _guide(self, constraint: Any) -> Any:
+        if constraint is None:
+            return None
+        try:
+            from lmprog.fsm.index import TokenIndex
+        except ImportError as exc:
+            raise ConstraintError(f"constrained decoding needs lmprog.fsm: {exc}") from exc
+        return TokenIndex.get(constraint, self._need_tokenizer()).new_guide()
+
+    def _need_tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            raise BackendError("this Runtime has no tokenizer (a dummy architecture preset); "
+                               "pass tokenizer=... or use token-id prompts")
+        return self._tokenizer
+
+    def __repr__(self) -> str:
+        return (f"Runtime(model={self.model_name!r}, device={str(self.device)!r}, "
+                f"radix_cache={self._radix})")
+
+
+def _source_of(model: Any, load_format: str) -> ModelSource | None:
+    """The model's files, or None for an architecture preset with random weights."""
+    if isinstance(model, ModelSource):
+        return model
+    if load_format == "dummy" and isinstance(model, str):
+        from lmprog.runtime.models import PRESETS
+
+        if model.lower() in PRESETS:
+            return None
+    return resolve_model(model)
+
+
+def _eos_ids(config: Any, tokenizer: Any) -> tuple[int, ...]:
+    ids = set(config.eos_token_ids)
+    if tokenizer is not None:
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            ids.add(tokenizer.eos_token_id)
+        vocab = tokenizer.get_vocab()
+        special = set(getattr(tokenizer, "all_special_ids", ()))
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        special |= {i for i, t in added.items() if getattr(t, "special", False)}
+        ids |= {vocab[t] for t in _END_OF_TURN if t in vocab and vocab[t] in special}
+    if not ids:
+        raise BackendError("the model declares no end-of-sequence token; pass a tokenizer")
+    return tuple(sorted(ids))
+
+
+def _abort_unfinished(handles: list[Any]) -> None:
+    for h in handles:
+        if h is not None and not h.done:
+            h.abort()
+
+
+def _params_list(sampling_params: Any, n: int) -> list[SamplingParams]:
+    def one(p: Any) -> SamplingParams:
+        if p is None:
+            return SamplingParams()
+        if isinstance(p, SamplingParams):
+            return p
+        if isinstance(p, dict):
+            return SamplingParams().merged(p)
+        raise TypeError(f"sampling_params must be a SamplingParams or dict, got {type(p).__name__}")
+
+    if isinstance(sampling_params, (list, tuple)):
+        if len(sampling_params) != n:
+            raise ValueError(f"got {len(sampling_params)} sampling_params for {n} prompts")
+        return [one(p) for p in sampling_params]
+    return [one(sampling_params)] * n

@@ -1,0 +1,106 @@
+"""BatchSampler: one token for each request of a step, from their next-token logits.
+
+Wraps the shared sampler (`lmprog.core.sampler`) with what the engine keeps per request in
+its DecodeState: SamplingParams, seeded generator, penalty counts, output length (for
+min_tokens) and constraint guide (mask). Per-row tensors are rebuilt only when the set of
+sampled requests changes (a steady decode batch reuses them).
+
+Fault isolation: when the batched call raises (e.g. a constraint leaves a row nothing to
+sample), every row is retried alone, so only the faulty rows fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from lmprog.core.sampler import SampleOutput, SamplingTensors, sample
+
+from .decode_state import DecodeState
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One row's outcome: a token with its raw logprob and top alternatives, or an error."""
+
+    token: int = -1
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()
+    error: BaseException | None = None
+
+
+class BatchSampler:
+    def __init__(self, eos_token_ids: Sequence[int]) -> None:
+        self._eos = tuple(eos_token_ids)
+        self._key: tuple[int, ...] = ()
+        self._held: list[DecodeState] = []  # keeps the keyed states alive: ids stay unique
+        self._tensors: SamplingTensors | None = None
+
+    def sample(self, logits: torch.Tensor, states: Sequence[DecodeState]) -> list[Draw]:
+        """logits [B, V] (may be modified in place), states[b] the request of row b."""
+        assert logits.shape[0] == len(states) > 0
+        try:
+            out = self._sample(logits, states, self._tensors_for(states, logits.device))
+        except Exception:  # noqa: BLE001 - isolate the faulty rows below
+            return [self._sample_alone(logits[b:b + 1], st) for b, st in enumerate(states)]
+        return _draws(out, len(states))
+
+    def _sample_alone(self, logits: torch.Tensor, state: DecodeState) -> Draw:
+        try:
+            tensors = SamplingTensors.from_params([state.params], eos_token_ids=self._eos,
+                                                  device=logits.device)
+            return _draws(self._sample(logits, [state], tensors), 1)[0]
+        except Exception as exc:  # noqa: BLE001 - becomes this request's error
+            return Draw(error=exc)
+
+    def _tensors_for(self, states: Sequence[DecodeState], device: torch.device) -> SamplingTensors:
+        key = tuple(id(s) for s in states)
+        if key != self._key or self._tensors is None:
+            self._tensors = SamplingTensors.from_params([s.params for s in states],
+                                                        eos_token_ids=self._eos, device=device)
+            self._key, self._held = key, list(states)
+        return self._tensors
+
+    def _sample(self, logits: torch.Tensor, states: Sequence[DecodeState],
+                tensors: SamplingTensors) -> SampleOutput:
+        counts = n_out = allowed = None
+        if tensors.any_penalty:
+            counts = torch.stack([s.counts if s.counts is not None
+                                  else torch.zeros(logits.shape[1], dtype=torch.int32,
+                                                   device=logits.device)
+                                  for s in states])
+        if tensors.any_min_tokens:
+            n_out = [len(s.output_ids) for s in states]
+        guides = [s.guide for s in states]
+        if any(g is not None for g in guides):
+            allowed = _constrain(logits, guides, tensors.return_logprob)
+        generators = [s.generator for s in states]
+        if all(g is None for g in generators):
+            generators = None
+        return sample(logits, tensors, generators=generators, output_counts=counts,
+                      num_output_tokens=n_out, allowed=allowed)
+
+
+def _constrain(logits: torch.Tensor, guides: list, keep_raw: bool) -> torch.Tensor | None:
+    """Mask the guided rows. Logprobs are of the raw model distribution, so when they are
+    wanted the mask goes to the sampler; otherwise it is added to the logits in place
+    (an add per row is much cheaper than a bool mask on a CPU)."""
+    from lmprog.fsm.mask import apply_mask_, batch_allowed_mask
+
+    if keep_raw:
+        return batch_allowed_mask(guides, logits.shape[1], logits.device)
+    apply_mask_(logits, guides)
+    return None
+
+
+def _draws(out: SampleOutput, n: int) -> list[Draw]:
+    ids = out.token_ids.tolist()
+    if out.logprobs is None:
+        return [Draw(token=t) for t in ids]
+    lps = out.logprobs.tolist()
+    if out.top_token_ids is None:
+        return [Draw(t, lp) for t, lp in zip(ids, lps)]
+    top_ids, top_lps = out.top_token_ids.tolist(), out.top_logprobs.tolist()
+    return [Draw(ids[b], lps[b], tuple(zip(top_ids[b], top_lps[b]))) for b in range(n)]

@@ -1,0 +1,231 @@
+"""Decode CUDA graphs: the model's forward for decode-only batches, captured once per bucketed
+batch size on static buffers and replayed with padding (so a step costs one graph launch, not
+hundreds of kernel launches from Python).
+
+    graphs = CudaGraphRunner(model, kv, req_to_token)     # captures every bucket, once
+    logits = graphs.maybe_run(batch, kv)                  # None: not a graph batch, run eagerly
+
+Static inputs, one set sized for the largest bucket; the graph of bucket `bs` reads [:bs]:
+
+    ints[0] input_ids  ints[1] positions  ints[2] out_cache_loc       int64 [5, max_bs]
+    ints[3] req_pool_indices  ints[4] seq_lens
+    extend_lens = 1, extend_start_loc = logits_indices = arange        (never change)
+    req_to_token: the caller's own device table (the same tensor every step; never copied)
+
+A batch of n decodes replays the smallest bucket bs >= n. Rows [0, n) get the batch; rows
+[n, bs) are padding: token 0 at position 0, its K/V written to the pool's dummy slot 0, one
+key visible (seq_len 1, through row 0 of the table, which holds valid slot numbers). Padding
+reads only valid slots and writes only the dummy slot, so it changes nothing real:
+
+    ints[:, :n] <- the batch        ints[:, n:bs] <- PAD (0, 0, 0, 0, 1)
+
+Each bucket's attention plan is built once on those buffers with a fixed number of KV splits
+(tuned for `split_context` keys); its tile tables depend only on bs, and the kernels read
+seq_lens from the device at replay, so the plan stays valid for any lengths.
+
+Without CUDA (tests under Triton's interpreter) nothing is captured: `maybe_run` runs the same
+static, padded forward eagerly, so the padding logic is checked everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .forward_batch import ForwardBatch
+from .kv_pool import KVPool
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384,
+                       448, 512)  # capped at the runner's max_batch_size
+SPLIT_CONTEXT = 4096  # the KV length each bucket's split count is tuned for
+_PAD = (0, 0, 0, 0, 1)  # input_id, position, out_cache_loc (dummy slot), table row, seq_len
+
+
+def supports_cuda_graphs(model: nn.Module) -> bool:
+    """True when `model` plans its attention with the Triton backend (the only one whose
+    plan can live on static buffers; the torch backend reads lengths on the host)."""
+    try:
+        from .layers.attention.triton_backend import TritonAttentionBackend
+    except ImportError:  # no triton
+        return False
+    return isinstance(getattr(model, "attention", None), TritonAttentionBackend)
+
+
+class DecodeBuffers:
+    """The static inputs every decode graph reads (see the module docstring)."""
+
+    def __init__(self, max_batch_size: int, req_to_token: torch.Tensor) -> None:
+        assert max_batch_size >= 1 and req_to_token.dtype == torch.int32
+        dev = req_to_token.device
+        self.req_to_token = req_to_token
+        self.ints = torch.zeros(5, max_batch_size, dtype=torch.int64, device=dev)
+        pad = torch.tensor(_PAD, dtype=torch.int64, device=dev)
+        self.pad = pad[:, None].expand(5, max_batch_size).contiguous()
+        self.ints.copy_(self.pad)
+        self.ones = torch.ones(max_batch_size, dtype=torch.int64, device=dev)
+        self.arange = torch.arange(max_batch_size, dtype=torch.int64, device=dev)
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.ints.shape[1]
+
+    def view(self, bs: int) -> ForwardBatch:
+        """The bucket-`bs` batch: views of the static buffers (valid for every replay)."""
+        assert 1 <= bs <= self.max_batch_size
+        ids, pos, loc, rows, lens = self.ints[:, :bs]
+        return ForwardBatch(
+            input_ids=ids, positions=pos, out_cache_loc=loc, req_pool_indices=rows,
+            seq_lens=lens, extend_lens=self.ones[:bs], extend_start_loc=self.arange[:bs],
+            req_to_token=self.req_to_token, logits_indices=self.arange[:bs],
+            extend_lens_cpu=(1,) * bs)
+
+    def load(self, batch: ForwardBatch, bs: int) -> None:
+        """Copy a decode batch of n <= bs requests into rows [0, n), padding into [n, bs).
+        Three small device ops, no host sync."""
+        n = batch.batch_size
+        assert n <= bs <= self.max_batch_size
+        src = torch.stack([batch.input_ids, batch.positions, batch.out_cache_loc,
+                           batch.req_pool_indices, batch.seq_lens])
+        self.ints[:, :n].copy_(src)
+        if n < bs:  # a previous, larger batch may have left real slots here: reset them
+            self.ints[:, n:bs].copy_(self.pad[:, n:bs])
+
+
+@dataclass(frozen=True)
+class _Bucket:
+    """One captured batch size: its graph (None without CUDA), the static batch and plan it
+    was captured on, and the graph's output logits [bs, vocab]."""
+
+    batch_size: int
+    batch: ForwardBatch
+    plan: Any
+    graph: Any  # torch.cuda.CUDAGraph | None
+    logits: torch.Tensor | None
+
+
+class CudaGraphRunner:
+    """Captures `model`'s decode forward over `kv` and `req_to_token` (the runner's device
+    table, the same tensor every step) for each batch size in `batch_sizes`.
+
+    Contract: `maybe_run(batch, kv)` returns fp32 logits [batch_size, vocab] exactly as
+    `model(batch, kv)` would (and writes the same K/V into the pool), or None when the batch
+    is not a graph batch (prefill chunks, verify rows, a custom mask, logits for a subset of
+    rows, more requests than the largest bucket, another pool or table); the caller then runs
+    the model eagerly. The returned tensor is the graph's output buffer: valid until the next
+    `maybe_run` (consume or copy it first; modifying it in place is fine).
+    Single-threaded, like the model runner; construct and call under the same inference mode.
+    """
+
+    def __init__(self, model: nn.Module, kv: KVPool, req_to_token: torch.Tensor, *,
+                 batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+                 max_batch_size: int | None = None, split_context: int = SPLIT_CONTEXT,
+                 capture: bool | None = None) -> None:
+        if not supports_cuda_graphs(model):
+            raise ValueError("CUDA graphs need the model's attention on the Triton backend; "
+                             "load it with attention='triton'")
+        sizes = _bucket_sizes(batch_sizes, max_batch_size)
+        if not isinstance(req_to_token, torch.Tensor) or req_to_token.dtype != torch.int32 \
+                or req_to_token.dim() != 2:
+            raise ValueError("req_to_token must be the runner's int32 [rows, context] table")
+        device = req_to_token.device
+        if kv.k[0].device != device:  # (tensors' devices: "cuda" and "cuda:0" compare unequal)
+            raise ValueError(f"the KV pool is on {kv.k[0].device} but req_to_token on {device}")
+        self.model = model
+        self.kv = kv
+        self.capture = device.type == "cuda" if capture is None else capture
+        if self.capture and device.type != "cuda":
+            raise ValueError("capture=True needs CUDA tensors")
+        self.split_context = split_context
+        self.buffers = DecodeBuffers(sizes[-1], req_to_token)
+        self._pool = torch.cuda.graph_pool_handle() if self.capture else None
+        captured = [self._capture(bs) for bs in reversed(sizes)]  # largest first: pool reuse
+        self.buckets: tuple[_Bucket, ...] = tuple(reversed(captured))
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(b.batch_size for b in self.buckets)
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.buckets[-1].batch_size
+
+    def can_run(self, batch: ForwardBatch, kv: KVPool) -> bool:
+        """Whether `batch` is a decode batch these graphs serve (no device access)."""
+        table = self.buffers.req_to_token
+        return (kv is self.kv and batch.is_decode_only
+                and 1 <= batch.batch_size <= self.max_batch_size
+                and batch.logits_indices.shape[0] == batch.batch_size  # then == arange(B)
+                and batch.req_to_token.data_ptr() == table.data_ptr()
+                and batch.req_to_token.shape == table.shape
+                and batch.req_to_token.stride() == table.stride())
+
+    def maybe_run(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor | None:
+        """Logits of a decode batch through its bucket's graph, or None (see the class)."""
+        if not self.can_run(batch, kv):
+            return None
+        bucket = self._bucket_for(batch.batch_size)
+        self.buffers.load(batch, bucket.batch_size)
+        if bucket.graph is None:
+            logits = self.model(bucket.batch, self.kv, plan=bucket.plan)
+        else:
+            bucket.graph.replay()
+            logits = bucket.logits
+        return logits[:batch.batch_size]
+
+    def _bucket_for(self, n: int) -> _Bucket:
+        for bucket in self.buckets:
+            if bucket.batch_size >= n:
+                return bucket
+        raise AssertionError(f"no bucket for {n} requests; can_run() should have said so")
+
+    def _plan(self, batch: ForwardBatch) -> Any:
+        from .kernels.attention_plan import choose_num_splits, plan_attention
+
+        att = self.model.attention
+        bs = batch.batch_size
+        splits = choose_num_splits(bs * att.num_kv_heads, self.split_context,
+                                   _num_sms(batch.seq_lens.device))
+        return plan_attention(
+            batch.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens,
+            batch.extend_start_loc, num_q_heads=att.num_heads, num_kv_heads=att.num_kv_heads,
+            head_dim=att.head_dim, seq_lens_cpu=(1,) * bs, extend_lens_cpu=(1,) * bs,
+            split_max_tokens=1, num_kv_splits=splits)
+
+    def _capture(self, bs: int) -> _Bucket:
+        batch = self.buffers.view(bs)
+        plan = self._plan(batch)
+        if not self.capture:
+            return _Bucket(bs, batch, plan, None, None)
+        # Warm up on a side stream (Triton compiles, rotary caches its table on the device),
+        # then capture; the buffers hold padding, so these runs write only the dummy slot.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.model(batch, self.kv, plan=plan)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            logits = self.model(batch, self.kv, plan=plan)
+        return _Bucket(bs, batch, plan, graph, logits)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # any small number: the split counts then cross chunk boundaries in tests
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _bucket_sizes(batch_sizes: Sequence[int], max_batch_size: int | None) -> list[int]:
+    sizes = sorted({int(b) for b in batch_sizes})
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"batch_sizes must be positive ints, got {tuple(batch_sizes)}")
+    if max_batch_size is not None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        sizes = [b for b in sizes if b < max_batch_size] + [max_batch_size]
+    return sizes

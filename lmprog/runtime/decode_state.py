@@ -1,0 +1,213 @@
+"""DecodeState: the output side of one request in the engine (engine thread only).
+
+The engine samples one token for many requests at once; each token then goes through its
+request's `accept`, which applies the same finish rules as the llama.cpp backend:
+
+    stop token id / EOS (unless ignore_eos)  -> "stop" (the token is in output_ids, not in text)
+    a stop string                            -> "stop" (the text ends before it)
+    the constraint is finished               -> "stop"
+    max_tokens                               -> "length" (with a message inside a constraint)
+
+and may jump forward through text the constraint forces. The jump has already been applied
+here (output_ids, guide, text); the engine mirrors it into the scheduler with
+`replace_tokens(req, seq_len - jump.drop_last_n_tokens, jump.new_token_ids)`.
+
+Text pieces go to `emit` as soon as they are final (stop-string prefixes held back).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from lmprog.core.detok import TextStream
+from lmprog.core.errors import BackendError
+from lmprog.core.protocol import FinishReason, TokenLogprob, TopLogprob
+from lmprog.core.sampler import make_generator
+from lmprog.core.sampling import SamplingParams
+
+from .engine_io import EngineResult
+
+TokenText = Callable[[int], str]
+
+
+class _NoText:
+    """The text stream of an engine without a tokenizer (token ids only; no stop strings)."""
+
+    text = ""
+    matched_stop = None
+
+    def arm(self) -> None:
+        pass
+
+    def push(self, token_id: int) -> str:
+        return ""
+
+    def splice(self, drop: int, new_ids: Sequence[int]) -> str:
+        return ""
+
+    def finish(self) -> str:
+        return ""
+
+
+class DecodeState:
+    """Per-request mutable state: output ids, text stream, guide, RNG, penalty counts,
+    logprobs. Not thread-safe; the engine thread owns it."""
+
+    def __init__(self, params: SamplingParams, *, tokenizer: Any, prompt_ids: Sequence[int],
+                 eos_token_ids: Sequence[int], vocab_size: int, emit: Callable[[str], None],
+                 token_text: TokenText, guide: Any = None, jump_forward: bool = True,
+                 prompt_logprob_start: int | None = None,
+                 device: torch.device | str = "cpu") -> None:
+        self.params = params
+        self.output_ids: list[int] = []
+        self.done = False
+        self.finish_reason: FinishReason = "length"
+        self.matched_stop: str | int | None = None
+        self.message: str | None = None
+        self.error: BaseException | None = None
+        self.guide = guide
+        self.generator = make_generator(params.seed, device)  # on the logits' device
+        penalised = params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
+        self.counts = torch.zeros(vocab_size, dtype=torch.int32, device=device) if penalised else None
+        self.stop_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else frozenset(eos_token_ids))
+        wants_logprobs = params.return_logprob or params.top_logprobs_num > 0
+        self.logprobs: list[TokenLogprob] | None = [] if wants_logprobs else None
+        # Jump-forward appends tokens the model did not sample, which have no logprob.
+        self.jump = jump_forward and guide is not None and not wants_logprobs
+        self.prompt_logprob_start = prompt_logprob_start
+        self.prompt_logprobs: dict[int, TokenLogprob] = {}  # keyed by position of the token
+        self._text: Any = (TextStream(tokenizer, params.stop, prompt_ids, armed=params.min_tokens == 0)
+                           if tokenizer is not None else _NoText())
+        self._tokenizer = tokenizer
+        self._emit = emit
+        self._token_text = token_text
+
+    @property
+    def text(self) -> str:
+        return self._text.text
+
+    # -- one sampled token -----------------------------------------------------------------
+    def accept(self, token: int, room: int, logprob: float | None = None,
+               top: Sequence[tuple[int, float]] = ()) -> Any:
+        """Take the sampled token; return a non-noop JumpResult to mirror, else None.
+
+        room: how many more tokens the request's length cap allows after this one (bounds
+        a jump). Raises BackendError if the token breaks the constraint (a bug upstream).
+        """
+        assert not self.done, "accept after the request finished"
+        self._record_logprob(token, logprob, top)
+        self._push_id(token)
+        if len(self.output_ids) >= self.params.min_tokens:
+            self._text.arm()
+        if token in self.stop_ids:
+            self._advance_guide(token, allow_fail=True)
+            self.finish("stop", matched=token)
+            return None
+        self._advance_guide(token)
+        self._emit_piece(self._text.push(token))
+        if self._settled():
+            return None
+        jump = self._jump_forward(room) if self.jump else None
+        if not self.done and len(self.output_ids) >= self.params.max_tokens:
+            self.finish("length", message=self._length_message())
+        return jump
+
+    def _push_id(self, token: int) -> None:
+        self.output_ids.append(token)
+        if self.counts is not None:
+            self.counts[token] += 1
+
+    def _settled(self) -> bool:
+        """Finish on a matched stop string or a finished constraint; True if finished."""
+        if self._text.matched_stop is not None:
+            self.finish("stop", matched=self._text.matched_stop)
+        elif self.guide is not None and self.guide.is_finished():
+            self.finish("stop")
+        return self.done
+
+    def _advance_guide(self, token: int, allow_fail: bool = False) -> None:
+        if self.guide is None:
+            return
+        try:
+            self.guide.advance(token)
+        except ValueError as exc:
+            if not allow_fail:
+                raise BackendError(f"sampled a token the constraint forbids: {exc}") from exc
+
+    def _jump_forward(self, room: int) -> Any:
+        from lmprog.fsm.jump import jump_forward
+
+        budget = min(self.params.max_tokens - len(self.output_ids), room)
+        jump = jump_forward(self.guide, self.output_ids, self._tokenizer, max_new_tokens=budget)
+        if jump.is_noop:
+            return None
+        kept = len(self.output_ids) - jump.drop_last_n_tokens
+        if self.counts is not None:
+            for t in self.output_ids[kept:]:
+                self.counts[t] -= 1
+            for t in jump.new_token_ids:
+                self.counts[t] += 1
+        self.output_ids[kept:] = jump.new_token_ids
+        self._emit_piece(self._text.splice(jump.drop_last_n_tokens, jump.new_token_ids))
+        self._settled()
+        return jump
+
+    def _length_message(self) -> str | None:
+        return self.guide.length_message() if self.guide is not None else None
+
+    # -- logprobs --------------------------------------------------------------------------
+    def _record_logprob(self, token: int, logprob: float | None,
+                        top: Sequence[tuple[int, float]]) -> None:
+        if self.logprobs is None:
+            return
+        assert logprob is not None, "the sampler returns logprobs for rows that want them"
+        n = self.params.top_logprobs_num
+        alts = tuple(TopLogprob(t, self._token_text(t), lp) for t, lp in top[:n])
+        self.logprobs.append(TokenLogprob(token, self._token_text(token), logprob, alts))
+
+    def record_prompt_logprob(self, position: int, token: int, logprob: float,
+                              top: Sequence[tuple[int, float]] = ()) -> None:
+        """The logprob of prompt token `position` (recomputing one overwrites it)."""
+        alts = tuple(TopLogprob(t, self._token_text(t), lp) for t, lp in top)
+        self.prompt_logprobs[position] = TokenLogprob(token, self._token_text(token), logprob, alts)
+
+    # -- the end ---------------------------------------------------------------------------
+    def finish(self, reason: FinishReason, *, matched: str | int | None = None,
+               message: str | None = None) -> None:
+        """End the request (idempotent): flush held-back text."""
+        if self.done:
+            return
+        self.done = True
+        self.finish_reason, self.matched_stop, self.message = reason, matched, message
+        self._emit_piece(self._text.finish())
+
+    def fail(self, error: BaseException) -> None:
+        """End the request with an error (its caller gets `error` raised)."""
+        if self.error is None:
+            self.error = error
+        self.done = True
+        self.finish_reason = "error"
+
+    def _emit_piece(self, piece: str) -> None:
+        if piece:
+            self._emit(piece)
+
+    def result(self, *, prompt_tokens: int, cached_tokens: int) -> EngineResult:
+        assert self.done, "result before the request finished"
+        prompt_lps = None
+        if self.prompt_logprob_start is not None:  # all of them, unless aborted part way
+            lps = self.prompt_logprobs
+            prompt_lps = tuple(itertools.takewhile(lambda lp: lp is not None, (
+                lps.get(p) for p in range(self.prompt_logprob_start + 1, prompt_tokens))))
+        return EngineResult(
+            text=self._text.text, token_ids=tuple(self.output_ids),
+            finish_reason=self.finish_reason, prompt_tokens=prompt_tokens,
+            completion_tokens=len(self.output_ids), cached_tokens=cached_tokens,
+            matched_stop=self.matched_stop,
+            logprobs=tuple(self.logprobs) if self.logprobs is not None else None,
+            message=self.message, prompt_logprobs=prompt_lps)

@@ -1,0 +1,337 @@
+"""Engine: the background loop that serves every request of a runtime (continuous batching).
+
+Callers on any thread `submit` EngineRequests and get RequestHandles; commands travel to the
+engine thread through one queue. The engine thread alone touches the scheduler, the model
+runner and the per-request DecodeStates:
+
+    loop:
+        apply queued commands (submit / abort / call)   <- blocks here when there is no work
+        batch  = scheduler.schedule()                   # decodes + prefill chunks, one budget
+        logits = runner.forward(batch)                  # one forward pass for all of them
+        prompt logprobs for entries that want them
+        draws  = sampler.sample(last-position logits)   # one token per sampling entry
+        state.accept(token) per request                 # text, stops, constraint, jump-forward
+        finished = scheduler.process_results(batch, tokens, finish reasons)
+        mirror jump-forwards (scheduler.replace_tokens); hand results to the handles
+
+Fault isolation: an exception while processing one request (its sampler row, its guide,
+its prompt logprobs) fails that request only ("error"; its caller's result() raises it);
+a failed forward pass fails the requests of that batch. The scheduler's bookkeeping is
+never left half-updated, and `check_integrity()` verifies it between steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lmprog.core.errors import BackendError, ContextLengthError
+
+from .batch_sampler import BatchSampler
+from .decode_state import DecodeState
+from .engine_io import EngineRequest, RequestHandle
+from .metrics import EngineMetrics
+from .model_runner import ModelRunner
+from .request import Req, ReqStatus
+from .scheduler import ScheduledBatch, Scheduler
+from .step_outputs import StepOutputs
+
+log = logging.getLogger(__name__)
+
+_SUBMIT, _ABORT, _CALL, _STOP = range(4)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """jump_forward: append constraint-forced text in one prefill (off: one token per step).
+    check_integrity: verify the scheduler's bookkeeping after every step (slow; tests)."""
+
+    jump_forward: bool = True
+    check_integrity: bool = False
+
+
+class Engine:
+    """Owns the engine thread. Thread-safe: submit/abort/call/stats/shutdown from anywhere."""
+
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer: Any, *,
+                 eos_token_ids: Sequence[int], config: EngineConfig | None = None) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self.config = config or EngineConfig()
+        self.eos_token_ids = tuple(eos_token_ids)
+        self._tokenizer = tokenizer
+        self._outputs = StepOutputs(BatchSampler(self.eos_token_ids))
+        self._token_texts: dict[int, str] = {}
+        self._handles: dict[Hashable, RequestHandle] = {}
+        # Outcomes are handed over after the step's stats are published, so a caller that
+        # sees its result also sees it counted in stats().
+        self._outbox: list[tuple[RequestHandle, Any]] = []
+        self._commands: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
+        self._rids = itertools.count()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self.metrics = EngineMetrics()
+        self._snapshot: dict[str, Any] = {}
+        self._publish()
+        self._thread = threading.Thread(target=self._run, name="lmprog-engine", daemon=True)
+        self._thread.start()
+
+    # ---- any thread ------------------------------------------------------------------------
+    def submit(self, request: EngineRequest, stream: bool = True) -> RequestHandle:
+        """Queue a request. Raises ContextLengthError if its prompt cannot fit, BackendError
+        once shut down; nothing is queued then. With stream=False the handle gets no text
+        pieces, only the result (the caller's thread is not woken per token)."""
+        if not isinstance(request, EngineRequest):
+            raise TypeError(f"submit takes an EngineRequest, got {type(request).__name__}")
+        self._check_fits(len(request.prompt_ids))
+        handle = RequestHandle(next(self._rids), self.abort, stream)
+        with self._close_lock:
+            self._check_open()
+            self._commands.put((_SUBMIT, (handle, request)))
+        return handle
+
+    def abort(self, rid: Hashable) -> None:
+        """Finish request rid with "abort" (its result keeps the text so far). Safe anytime."""
+        if not self._closed:
+            self._commands.put((_ABORT, rid))
+
+    def call(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Run fn() on the engine thread between steps; return its result or raise its error."""
+        future: Future[Any] = Future()
+        with self._close_lock:
+            self._check_open()
+            self._commands.put((_CALL, (fn, future)))
+        return future.result(timeout)
+
+    def check_integrity(self) -> None:
+        """Raise IntegrityError unless the scheduler's bookkeeping is consistent."""
+        self.call(self.scheduler.check_integrity)
+
+    def flush_cache(self) -> bool:
+        """Empty the prefix cache; False (nothing done) while requests run."""
+        return self.call(self.scheduler.flush_cache)
+
+    def stats(self) -> dict[str, Any]:
+        """The latest snapshot (updated after every step and command)."""
+        return dict(self._snapshot)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def shutdown(self, timeout: float | None = 30.0) -> None:
+        """Stop the thread; unfinished requests fail with BackendError. Idempotent."""
+        with self._close_lock:
+            if not self._closed:
+                self._closed = True
+                self._commands.put((_STOP, None))
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _check_open(self) -> None:
+        if self._closed or not self._thread.is_alive():
+            raise BackendError("the runtime engine is shut down; create a new Runtime")
+
+    def _check_fits(self, prompt_len: int) -> None:
+        # The scheduler's submission rule, checked here so the caller's thread raises.
+        ctx, cache = self.scheduler.max_context_len, self.scheduler.cache
+        if prompt_len + 1 > ctx:
+            raise ContextLengthError(
+                f"prompt of {prompt_len} tokens plus 1 generated token exceeds the context "
+                f"length of {ctx} tokens; shorten the prompt")
+        if cache.round_up(prompt_len + 1) > cache.capacity:
+            raise ContextLengthError(
+                f"prompt of {prompt_len} tokens plus 1 generated token does not fit the KV "
+                f"pool of {cache.capacity} tokens; shorten it or raise max_total_tokens")
+
+    # ---- the engine thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        error: BaseException = BackendError("the runtime was shut down before the request finished")
+        try:
+            with torch.inference_mode():  # logits, masks, penalty counts: all engine-local
+                self._loop()
+        except BaseException as exc:  # noqa: BLE001 - an engine bug: fail everyone, loudly
+            log.exception("the lmprog engine thread failed")
+            error = BackendError(f"the runtime engine failed: {exc!r}")
+            error.__cause__ = exc
+        finally:
+            with self._close_lock:  # no submit can slip in after the drain below
+                self._closed = True
+            self._fail_everything(error)
+
+    def _loop(self) -> None:
+        while self._apply_commands(block=not self.scheduler.has_work):
+            if self.scheduler.has_work:
+                self._step()
+                if self.config.check_integrity:
+                    self.scheduler.check_integrity()
+            self._publish()
+            self._deliver()
+
+    def _apply_commands(self, block: bool) -> bool:
+        """Apply queued commands (waiting for one if `block`); False on STOP."""
+        try:
+            kind, arg = self._commands.get() if block else self._commands.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            if kind == _STOP:
+                return False
+            if kind == _SUBMIT:
+                self._admit(*arg)
+            elif kind == _ABORT:
+                self._abort(arg)
+            else:
+                self._run_call(*arg)
+            try:
+                kind, arg = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _admit(self, handle: RequestHandle, request: EngineRequest) -> None:
+        try:
+            state = DecodeState(
+                request.params, tokenizer=self._tokenizer, prompt_ids=request.prompt_ids,
+                eos_token_ids=self.eos_token_ids, vocab_size=self.runner.vocab_size,
+                emit=handle.put_piece, token_text=self._token_text, guide=request.guide,
+                jump_forward=self.config.jump_forward,
+                prompt_logprob_start=request.prompt_logprob_start, device=self.runner.device)
+            req = Req(handle.rid, request.prompt_ids, request.params,
+                      prompt_logprob_start=request.prompt_logprob_start, engine_data=state)
+            self.scheduler.submit(req)
+        except Exception as exc:  # noqa: BLE001 - bad request: its caller gets the error
+            handle.put_error(exc)
+            return
+        self._handles[req.rid] = handle
+
+    def _abort(self, rid: Hashable) -> None:
+        req = self.scheduler.abort(rid)
+        if req is not None:
+            self._complete(req)
+
+    @staticmethod
+    def _run_call(fn: Callable[[], Any], future: Future[Any]) -> None:
+        try:
+            future.set_result(fn())
+        except Exception as exc:  # noqa: BLE001 - raised in the caller's thread
+            future.set_exception(exc)
+
+    def _step(self) -> None:
+        start = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if batch.is_empty:  # nothing runnable now (cannot last: a lone request always fits)
+            time.sleep(0.001)
+            return
+        try:
+            logits = self.runner.forward(batch)
+        except Exception as exc:  # noqa: BLE001 - fail this batch's requests, keep serving
+            log.exception("a forward pass failed")
+            self._fail_batch(batch, exc)
+            return
+        out = self._outputs.process(batch, logits)
+        finished = self.scheduler.process_results(batch, out.tokens, out.reasons)
+        for req, jump in out.jumps:
+            self._mirror_jump(req, jump)
+        for req in finished:
+            self._complete(req)
+        self.metrics.on_step(time.perf_counter() - start, batch.num_tokens, batch.num_decodes,
+                             out.num_sampled)
+
+    def _mirror_jump(self, req: Req, jump: Any) -> None:
+        if req.status is not ReqStatus.RUNNING:
+            return
+        try:
+            self.scheduler.replace_tokens(req, req.seq_len - jump.drop_last_n_tokens,
+                                          jump.new_token_ids)
+        except Exception as exc:  # noqa: BLE001 - one request's fault
+            req.engine_data.fail(exc)
+            self.scheduler.finish(req, "error")
+            self._complete(req)
+            return
+        self.metrics.jump_forward_tokens += len(jump.new_token_ids)
+        assert req.output_ids == req.engine_data.output_ids, "jump mirrored inexactly"
+
+    def _complete(self, req: Req) -> None:
+        """Hand a finished request's outcome to its handle (delivered after the step)."""
+        handle = self._handles.pop(req.rid)
+        state: DecodeState = req.engine_data
+        try:
+            if not state.done:
+                state.finish(req.finish_reason or "abort", message=self._length_message(req))
+            outcome: Any = state.error or state.result(prompt_tokens=req.prompt_len,
+                                                       cached_tokens=req.cached_tokens)
+        except Exception as exc:  # noqa: BLE001 - this request's fault, not the engine's
+            outcome = exc
+        self.metrics.on_finish(state.finish_reason if state.error is None else "error")
+        self._outbox.append((handle, outcome))
+
+    @staticmethod
+    def _length_message(req: Req) -> str | None:
+        """Why a request the scheduler ended with "length" stopped short of max_tokens."""
+        if req.finish_reason == "length" and req.output_len < req.params.max_tokens:
+            return f"the context of {req.max_seq_len} tokens is full"
+        return None
+
+    def _deliver(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        for handle, outcome in outbox:
+            if isinstance(outcome, BaseException):
+                handle.put_error(outcome)
+            else:
+                handle.put_result(outcome)
+
+    def _fail_batch(self, batch: ScheduledBatch, exc: Exception) -> None:
+        error = BackendError(f"the model step failed: {exc!r}")
+        error.__cause__ = exc
+        for e in batch.entries:
+            if e.req.status is not ReqStatus.FINISHED:
+                e.req.engine_data.fail(error)
+                self.scheduler.finish(e.req, "error", cache=False)
+                self._complete(e.req)
+
+    def _fail_everything(self, error: BaseException) -> None:
+        """At shutdown (or after an engine bug): every pending request raises `error`."""
+        self._deliver()
+        for rid, handle in list(self._handles.items()):
+            req = self.scheduler.get(rid)
+            try:
+                if req is not None:
+                    self.scheduler.finish(req, "abort")
+            except Exception:  # noqa: BLE001 - bookkeeping may be what broke
+                pass
+            handle.put_error(error)
+        self._handles.clear()
+        while True:
+            try:
+                kind, arg = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if kind == _SUBMIT:
+                arg[0].put_error(error)
+            elif kind == _CALL:
+                arg[1].set_exception(error)
+        self._publish()
+
+    def _publish(self) -> None:
+        self._snapshot = self.metrics.snapshot(self.scheduler.stats(), {
+            "radix_cache": self.scheduler.cache_config.radix_cache,
+            "eviction": self.scheduler.cache_config.eviction,
+            "jump_forward": self.config.jump_forward,
+        })
+
+    def _token_text(self, token_id: int) -> str:
+        text = self._token_texts.get(token_id)
+        if text is None and self._tokenizer is None:
+            return ""
+        if text is None:
+            text = self._token_texts[token_id] = self._tokenizer.decode([token_id])
+        return text

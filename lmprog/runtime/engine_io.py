@@ -1,0 +1,123 @@
+"""What goes into the engine and what comes back: EngineRequest, EngineResult, RequestHandle.
+
+    handle = engine.submit(EngineRequest(prompt_ids, params))   # any thread
+    for piece in handle.pieces(): ...                           # text as it becomes final
+    result = handle.result()                                    # EngineResult, or raises
+
+The engine thread only ever *puts* events into a handle (text pieces, then one result or one
+error); the caller's thread takes them out. User code (stream callbacks) therefore never runs
+on the engine thread: a callback that raises fails its own request only, in its own thread.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from lmprog.core.protocol import GenerateResult, TokenLogprob
+from lmprog.core.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One generation: token ids in, tokens out.
+
+    guide: a fresh `lmprog.fsm.guide.Guide` (its index already built) when the output is
+        constrained; the engine owns it from submission on.
+    prompt_logprob_start: when set, the logprobs of prompt tokens prompt_ids[s + 1:] are
+        returned (`EngineResult.prompt_logprobs`), each computed from the logits at the
+        position before it; positions >= s are recomputed even when cached.
+    """
+
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams = SamplingParams()
+    guide: Any = None
+    prompt_logprob_start: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(self.params).__name__}")
+        if not self.prompt_ids:
+            raise ValueError("prompt_ids must hold at least one token id")
+        s = self.prompt_logprob_start
+        if s is not None and not 0 <= s < len(self.prompt_ids):
+            raise ValueError(f"prompt_logprob_start must be in [0, {len(self.prompt_ids)}), got {s}")
+
+
+@dataclass(frozen=True)
+class EngineResult(GenerateResult):
+    """A GenerateResult plus the prompt logprobs asked for with `prompt_logprob_start`
+    (one entry per prompt token after it, in order)."""
+
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+
+    def meta_info(self) -> dict[str, Any]:
+        meta = super().meta_info()
+        if self.prompt_logprobs is not None:
+            meta["input_token_logprobs"] = list(self.prompt_logprobs)
+        return meta
+
+
+_PIECE, _DONE, _ERROR = 0, 1, 2
+
+
+class RequestHandle:
+    """The caller's end of one submitted request. `pieces()`/`result()` are for one consumer
+    thread; `abort()` is safe from any thread, at any time."""
+
+    def __init__(self, rid: Hashable, abort: Callable[[Hashable], None], stream: bool = True) -> None:
+        self.rid = rid
+        self.stream = stream  # False: pieces are dropped at once (no wake-up per token)
+        self._abort = abort
+        self._events: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
+        self._outcome: tuple[int, Any] | None = None
+
+    # -- engine side -----------------------------------------------------------------------
+    def put_piece(self, text: str) -> None:
+        if self.stream:
+            self._events.put((_PIECE, text))
+
+    def put_result(self, result: EngineResult) -> None:
+        self._events.put((_DONE, result))
+
+    def put_error(self, error: BaseException) -> None:
+        self._events.put((_ERROR, error))
+
+    # -- caller side -----------------------------------------------------------------------
+    def pieces(self) -> Iterator[str]:
+        """Yield text pieces until the request ends (then `result()` returns at once)."""
+        while self._outcome is None:
+            kind, value = self._events.get()
+            if kind == _PIECE:
+                yield value
+            else:
+                self._outcome = (kind, value)
+
+    def result(self, timeout: float | None = None) -> EngineResult:
+        """Block until the request ends; return its result or raise its error. Pieces not
+        consumed are dropped (they are all in `result().text`). TimeoutError on timeout."""
+        while self._outcome is None:
+            try:
+                kind, value = self._events.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"request {self.rid!r} did not finish in {timeout} s") from None
+            if kind != _PIECE:
+                self._outcome = (kind, value)
+        kind, value = self._outcome
+        if kind == _ERROR:
+            raise value
+        return value
+
+    @property
+    def done(self) -> bool:
+        """True once the outcome was taken (by pieces() or result())."""
+        return self._outcome is not None
+
+    def abort(self) -> None:
+        """Ask the engine to stop this request (finish_reason "abort"); no-op once finished."""
+        self._abort(self.rid)
+
+    def __repr__(self) -> str:
+        return f"RequestHandle(rid={self.rid!r}, done={self.done})"

@@ -1,0 +1,84 @@
+"""Assembling an engine: device, model, KV pool size, scheduler, runner, engine thread.
+
+    engine = launch_engine(model_net, tokenizer, eos_token_ids=..., max_total_tokens=None)
+
+KV pool size (when max_total_tokens is not given): on a GPU, `gpu_memory_fraction` of the
+memory free after the weights are loaded; on a CPU, `CPU_KV_BUDGET_BYTES` (the pool is
+zero-filled, so it is real memory: raise it with max_total_tokens for long workloads).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import CacheConfig, SchedulerConfig
+from .engine import Engine, EngineConfig
+from .kv_pool import KVPool
+from .model_runner import ModelRunner
+from .scheduler import Scheduler
+
+CPU_KV_BUDGET_BYTES = 1 << 30
+
+
+def choose_device(device: str | torch.device) -> torch.device:
+    """"auto" is CUDA when available, else the CPU; anything else must exist."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"unknown device {device!r}; use 'auto', 'cpu' or 'cuda[:N]'") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for but CUDA is not available; use 'cpu'")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {device!r}; use 'auto', 'cpu' or 'cuda[:N]'")
+    return dev
+
+
+def choose_attention(attention: str, device: torch.device) -> str:
+    """"auto": the Triton kernels on a GPU when triton is installed, else plain PyTorch."""
+    if attention != "auto":
+        return attention
+    if device.type == "cuda":
+        from .kernels import triton_available
+
+        if triton_available():
+            return "triton"
+    return "torch"
+
+
+def kv_slots(model: nn.Module, max_total_tokens: int | None, gpu_memory_fraction: float) -> int:
+    """How many token slots the KV pool gets."""
+    if max_total_tokens is not None:
+        if isinstance(max_total_tokens, bool) or not isinstance(max_total_tokens, int) \
+                or max_total_tokens < 2:
+            raise ValueError(f"max_total_tokens must be an int >= 2, got {max_total_tokens!r}")
+        return max_total_tokens
+    param = next(model.parameters())
+    if param.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(param.device)
+        budget = int(free * gpu_memory_fraction)
+    else:
+        budget = CPU_KV_BUDGET_BYTES
+    return KVPool.size_for_budget(budget, model.config, param.dtype)
+
+
+def launch_engine(model: nn.Module, tokenizer: Any, *, eos_token_ids: tuple[int, ...],
+                  max_total_tokens: int | None = None, context_length: int | None = None,
+                  cache_config: CacheConfig | None = None,
+                  scheduler_config: SchedulerConfig | None = None,
+                  engine_config: EngineConfig | None = None,
+                  gpu_memory_fraction: float = 0.85, cuda_graphs: bool = True) -> Engine:
+    """Start an engine thread serving `model` (already on its device, in eval mode).
+    cuda_graphs: replay captured graphs for decode steps (CUDA + Triton attention only)."""
+    context = model.config.max_position if context_length is None else context_length
+    if isinstance(context, bool) or not isinstance(context, int) or context < 2:
+        raise ValueError(f"context_length must be an int >= 2, got {context!r}")
+    num_slots = kv_slots(model, max_total_tokens, gpu_memory_fraction)
+    scheduler = Scheduler(num_slots, context, scheduler_config, cache_config)
+    runner = ModelRunner(model, scheduler.cache.capacity, scheduler.req_to_token,
+                         cuda_graphs=cuda_graphs)
+    return Engine(runner, scheduler, tokenizer, eos_token_ids=eos_token_ids, config=engine_config)

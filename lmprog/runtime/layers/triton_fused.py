@@ -1,0 +1,67 @@
+"""Fused Triton RMSNorm and SiLU-and-mul, swapped into a loaded model from outside.
+
+The plain layers run RMSNorm as four kernels (upcast, norm, downcast, weight multiply) and
+SiLU-and-mul as two, with fp32 intermediates between them. In a batch-1 decode step every
+kernel costs a launch gap even inside a CUDA graph (~224 of them per Llama-3-8B step), and at
+prefill sizes the intermediates cost HBM traffic; the fused kernels (lmprog.runtime.kernels)
+do each in one pass. Rounding follows the plain layers (statistics in fp32, the normalized
+value rounded to the model dtype before the weight multiply).
+
+    model = load_model(..., device="cuda", attention="triton")
+    fuse_elementwise(model)        # after loading; load_weights still works (same Parameters)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .activation import SiluAndMul
+from .norm import RMSNorm
+
+
+class TritonRMSNorm(nn.Module):
+    """RMSNorm through the fused kernel; shares the replaced module's weight Parameter."""
+
+    def __init__(self, norm: RMSNorm) -> None:
+        super().__init__()
+        self.weight = norm.weight
+        self.eps = norm.eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from ..kernels.rmsnorm import rms_norm
+
+        return rms_norm(x if x.is_contiguous() else x.contiguous(), self.weight, self.eps)
+
+
+class TritonSiluAndMul(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from ..kernels.activation import silu_and_mul
+
+        return silu_and_mul(x)
+
+
+def can_fuse_elementwise(model: nn.Module) -> bool:
+    """True when triton is importable and the model runs on CUDA (or the CPU interpreter)."""
+    from ..kernels import triton_available
+    from ..kernels._checks import interpreting
+
+    device = next(model.parameters()).device
+    return triton_available() and (device.type == "cuda" or interpreting())
+
+
+def fuse_elementwise(model: nn.Module) -> int:
+    """Swap every RMSNorm and SiluAndMul of `model` for its fused kernel; returns how many."""
+    if not can_fuse_elementwise(model):
+        raise ValueError("the fused kernels need triton and a CUDA model (or TRITON_INTERPRET=1)")
+    swapped = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, RMSNorm):
+                setattr(module, name, TritonRMSNorm(child))
+            elif isinstance(child, SiluAndMul):
+                setattr(module, name, TritonSiluAndMul())
+            else:
+                continue
+            swapped += 1
+    return swapped

@@ -1,0 +1,111 @@
+"""ModelRunner: a ScheduledBatch in, next-token logits out. The one place that builds the
+device tensors of a step.
+
+It owns the model, the KV pool and the device copy of the scheduler's request-to-token
+table. On a CPU the "device copy" is the host table itself (`torch.from_numpy` shares its
+memory), so nothing is ever synced. On a GPU the table is mirrored: per step, the fed
+tokens' slots are scattered in (one index_put), and whole row prefixes are copied only for
+entries flagged `sync_row` (admission, a prefix rewritten by the cache).
+
+On a GPU whose model uses the Triton attention backend, decode-only steps replay CUDA graphs
+(lmprog.runtime.cuda_graph: one graph per bucketed batch size, captured at start-up); every
+other step runs the model eagerly.
+
+All per-step integer arrays travel in one host buffer (one host-to-device copy):
+
+    | input_ids (T) | positions (T) | out_cache_loc (T) | rows (B) | seq_lens (B) |
+    | extend_lens (B) | extend_start_loc (B) | logits_indices (R) |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .forward_batch import ForwardBatch
+from .kv_pool import KVPool
+from .scheduler.batch import ScheduledBatch
+
+
+class ModelRunner:
+    """Runs `model` (a Llama-family module over the paged pool) on scheduled batches.
+
+    num_slots: usable KV slots; req_to_token: the scheduler's live host table (int32).
+    Single-threaded: only the engine thread calls `forward`.
+    """
+
+    def __init__(self, model: nn.Module, num_slots: int, req_to_token: np.ndarray, *,
+                 cuda_graphs: bool = True) -> None:
+        param = next(model.parameters())
+        self.model = model
+        self.config = model.config
+        self.device, self.dtype = param.device, param.dtype
+        self.kv = KVPool.for_model(self.config, num_slots, self.dtype, self.device)
+        self._host_table = req_to_token
+        if self.device.type == "cpu":
+            self.req_to_token = torch.from_numpy(req_to_token)  # shared, never stale
+        else:
+            self.req_to_token = torch.zeros(req_to_token.shape, dtype=torch.int32,
+                                            device=self.device)
+        self.graphs = self._capture_graphs(req_to_token.shape[0]) if cuda_graphs else None
+
+    def _capture_graphs(self, max_batch_size: int) -> Any:
+        """Decode CUDA graphs for batches up to max_batch_size, or None where unsupported."""
+        if self.device.type != "cuda":
+            return None
+        from .cuda_graph import CudaGraphRunner, supports_cuda_graphs
+
+        if not supports_cuda_graphs(self.model):
+            return None
+        with torch.inference_mode():  # the engine thread replays under inference mode too
+            return CudaGraphRunner(self.model, self.kv, self.req_to_token,
+                                   max_batch_size=max_batch_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def forward(self, batch: ScheduledBatch) -> torch.Tensor:
+        """fp32 logits [len(batch.logits_indices()), vocab] for the batch's wanted positions;
+        writes the fed tokens' K/V into the pool."""
+        assert not batch.is_empty, "nothing to run"
+        with torch.inference_mode():
+            fb = self.build(batch)
+            if self.graphs is not None:
+                logits = self.graphs.maybe_run(fb, self.kv)  # None: not a decode-only step
+                if logits is not None:
+                    return logits
+            return self.model(fb, self.kv)
+
+    def build(self, batch: ScheduledBatch) -> ForwardBatch:
+        entries = batch.entries
+        ext = np.fromiter((e.num_new for e in entries), np.int64, len(entries))
+        lens = np.fromiter((e.end for e in entries), np.int64, len(entries))
+        rows = np.fromiter((e.row for e in entries), np.int64, len(entries))
+        starts = np.cumsum(ext) - ext
+        logit_rows = batch.logits_indices()
+        host = np.concatenate([batch.input_ids(), batch.positions, batch.out_slots.astype(np.int64),
+                               rows, lens, ext, starts, logit_rows])
+        t, b = batch.num_tokens, len(entries)
+        dev = torch.from_numpy(host).to(self.device, non_blocking=False)
+        parts = dev.split([t, t, t, b, b, b, b, len(logit_rows)])
+        if self.device.type != "cpu":
+            self._sync_table(batch, parts[3], parts[5], parts[1], parts[2])
+        return ForwardBatch(
+            input_ids=parts[0], positions=parts[1], out_cache_loc=parts[2], req_pool_indices=parts[3],
+            seq_lens=parts[4], extend_lens=parts[5], extend_start_loc=parts[6],
+            req_to_token=self.req_to_token, logits_indices=parts[7],
+            seq_lens_cpu=tuple(lens.tolist()), extend_lens_cpu=tuple(ext.tolist()))
+
+    def _sync_table(self, batch: ScheduledBatch, rows: torch.Tensor, ext: torch.Tensor,
+                    positions: torch.Tensor, out_slots: torch.Tensor) -> None:
+        """Bring the device table up to date for this batch's rows (see module docstring)."""
+        for e in batch.entries:
+            if e.sync_row:
+                src = torch.from_numpy(self._host_table[e.row, :e.end].copy())
+                self.req_to_token[e.row, :e.end] = src.to(self.device)
+        token_rows = torch.repeat_interleave(rows, ext, output_size=batch.num_tokens)
+        self.req_to_token[token_rows, positions] = out_slots.to(torch.int32)
