@@ -77,6 +77,11 @@ def launch_engine(model: nn.Module, tokenizer: Any, *, eos_token_ids: tuple[int,
     context = model.config.max_position if context_length is None else context_length
     if isinstance(context, bool) or not isinstance(context, int) or context < 2:
         raise ValueError(f"context_length must be an int >= 2, got {context!r}")
+    if next(model.parameters()).device.type == "cuda":
+        from .layers.triton_fused import can_fuse_elementwise, fuse_elementwise
+
+        if can_fuse_elementwise(model):  # fused RMSNorm / SiLU-and-mul: ~10% at batch 1
+            fuse_elementwise(model)  # before the runner captures its CUDA graphs
     num_slots = kv_slots(model, max_total_tokens, gpu_memory_fraction)
     scheduler = Scheduler(num_slots, context, scheduler_config, cache_config)
     runner = ModelRunner(model, scheduler.cache.capacity, scheduler.req_to_token,
