@@ -1,0 +1,111 @@
+"""``Constraint``: a compiled output constraint, as an immutable value.
+
+Every constructor validates and compiles at once, so a bad regex or schema raises
+``ConstraintError`` before any token is spent. ``pattern`` is a regex matched against the whole
+output, written in the syntax subset that Python ``re``, interegular and outlines-core (Rust
+``regex``) all read the same way (see ``lmprog.fsm.regex``); the token index consumes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from lmprog.core.errors import ConstraintError
+from lmprog.fsm import json_schema
+from lmprog.fsm.dtypes import resolve_dtype
+from lmprog.fsm.regex import alt, compile_user_regex, lit
+
+KINDS = ("regex", "json_schema", "choices", "dtype")
+
+
+@lru_cache(maxsize=256)
+def _compiled(pattern: str) -> re.Pattern:
+    return re.compile(pattern)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a generation must match. Build with the ``from_*`` constructors.
+
+    ``kind``: "regex" | "json_schema" | "choices" | "dtype"; ``source``: what it was built from
+    (the regex, the schema as canonical JSON text, the tuple of choices, the dtype name);
+    ``options``: compile options that shaped ``pattern`` (e.g. whitespace).
+    """
+
+    kind: str
+    pattern: str
+    source: object
+    options: tuple = field(default=())
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown constraint kind {self.kind!r}; expected one of {KINDS}")
+        if not isinstance(self.pattern, str):
+            raise TypeError("pattern must be a str")
+
+    # ------------------------------------------------------------------ constructors
+
+    @classmethod
+    def from_regex(cls, pattern: str) -> Constraint:
+        """A Python-style regex matched against the whole output (leading ``^``/trailing ``$``
+        are allowed and redundant; ``\\d \\w \\s`` are ASCII classes)."""
+        return cls("regex", compile_user_regex(pattern), pattern)
+
+    @classmethod
+    def from_json_schema(cls, schema, *, whitespace: str | None = None,
+                         max_recursion_depth: int = json_schema.DEFAULT_RECURSION_DEPTH,
+                         any_depth: int = json_schema.DEFAULT_ANY_DEPTH) -> Constraint:
+        """A JSON schema (dict, JSON string or pydantic model class); see ``lmprog.fsm.json_schema``
+        for the exact language. ``whitespace``: regex allowed between JSON tokens (default
+        ``[ ]?``); ``max_recursion_depth``: times a recursive ``$ref`` is unrolled;
+        ``any_depth``: container nesting of values under an unconstrained schema."""
+        document = json_schema.load_schema(schema)
+        pattern = json_schema.build_regex(document, whitespace=whitespace,
+                                          max_recursion_depth=max_recursion_depth,
+                                          any_depth=any_depth)
+        source = json.dumps(document, sort_keys=True, ensure_ascii=False, default=repr)
+        options = (("whitespace", whitespace), ("max_recursion_depth", max_recursion_depth),
+                   ("any_depth", any_depth))
+        return cls("json_schema", pattern, source, options)
+
+    @classmethod
+    def from_choices(cls, choices) -> Constraint:
+        """Exactly one of the given strings."""
+        if isinstance(choices, str) or not all(isinstance(c, str) for c in choices):
+            raise ConstraintError("choices must be a list of strings")
+        choices = tuple(choices)
+        if not choices:
+            raise ConstraintError("choices must not be empty")
+        return cls("choices", alt(*(lit(c) for c in choices)).text, choices)  # type: ignore[union-attr]
+
+    @classmethod
+    def from_dtype(cls, dtype) -> Constraint:
+        """``int``, ``float``, ``bool`` or ``str`` (the types or their names)."""
+        d = resolve_dtype(dtype)
+        return cls("dtype", d.pattern, d.name)
+
+    # ------------------------------------------------------------------ use
+
+    @property
+    def cache_key(self) -> str:
+        """A stable key of the pattern (the token index depends on nothing else)."""
+        return hashlib.sha256(self.pattern.encode("utf-8")).hexdigest()
+
+    def matches(self, text: str) -> bool:
+        """Whether the whole ``text`` satisfies the constraint (no model involved)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        return _compiled(self.pattern).fullmatch(text) is not None
+
+    def parse(self, text: str):
+        """The value of a matching output: int/float/bool/str for dtypes, else the text itself.
+        Raises ConstraintError if ``text`` does not match."""
+        if not self.matches(text):
+            raise ConstraintError(f"output {text[:80]!r} does not match the {self.kind} constraint")
+        if self.kind == "dtype":
+            return resolve_dtype(self.source).parse(text)
+        return text

@@ -1,0 +1,192 @@
+"""Schema documents to nodes: keywords, in-place applicators, references and unevaluated*.
+
+A schema object is the intersection of its type terms (``facets``), its ``enum``/``const``, its
+``allOf``/``$ref``/``dependent*`` parts, the union of its ``anyOf``, the exactly-one of its
+``oneOf``, the complement of its ``not`` and ``(if & then) | (!if & else)``. Then
+``unevaluatedProperties``/``unevaluatedItems`` apply to what no part evaluated.
+
+References are expanded in place. A reference that is already being expanded (recursion) may be
+expanded again at most ``max_recursion_depth`` times; past that its node is empty, so the
+recursive structure must end there (a tree schema accepts trees of bounded depth).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import replace
+
+from lmprog.core.errors import ConstraintError
+from lmprog.fsm.json_schema import facets, keywords
+from lmprog.fsm.json_schema.algebra import conj, conj_all, normalize_arr, normalize_obj
+from lmprog.fsm.json_schema.complement import neg, one_of
+from lmprog.fsm.json_schema.refs import Registry
+from lmprog.fsm.json_schema.terms import (
+    FULL_TERMS, NEVER, TOP, ArrT, KeyRule, Node, ObjT, expand, make_node, union,
+)
+
+
+class Builder:
+    def __init__(self, root, max_recursion_depth: int):
+        self.registry = Registry(root)
+        self.max_depth = max_recursion_depth
+        self.active: dict[int, int] = {}  # id(target schema) -> expansions in progress
+        self.memo: dict = {}
+
+    def build(self, schema, base: str = "", path: str = "#") -> Node:
+        if schema is True:
+            return TOP
+        if schema is False:
+            return NEVER
+        if not isinstance(schema, dict):
+            raise ConstraintError(f"invalid schema: expected an object or a boolean at {path}")
+        base = self.registry.base_of(schema, base)
+        self._check_keywords(schema, path)
+        sub = lambda s, suffix: self.build(s, base, path + suffix)  # noqa: E731
+        node = facets.typed_terms(schema, path, sub)
+        values, applied = self._values(schema, path), self._applicators(schema, base, path, sub)
+        with self.at(path):
+            node = conj(conj(node, values), applied)
+            return self._unevaluated(schema, node, path, sub)
+
+    def _check_keywords(self, schema: dict, path: str) -> None:
+        for key in schema:
+            if key in keywords.REFUSED:
+                raise ConstraintError(f"unsupported keyword {key!r} at {path}: {keywords.REFUSED[key]}")
+            if key not in keywords.KNOWN:
+                raise ConstraintError(f"unsupported keyword {key!r} at {path}")
+
+    @contextmanager
+    def at(self, path: str):
+        """Name the schema location in errors raised by set operations."""
+        try:
+            yield
+        except ConstraintError as e:
+            if " at #" in str(e):
+                raise
+            raise ConstraintError(f"{e} at {path}") from None
+
+    def _values(self, schema: dict, path: str) -> Node:
+        node = TOP
+        if "const" in schema:
+            node = facets.value_node(schema["const"])
+        if "enum" in schema:
+            if not isinstance(schema["enum"], list):
+                raise ConstraintError(f"invalid schema: enum must be a list at {path}/enum")
+            node = conj(node, union(*(facets.value_node(v) for v in schema["enum"])))
+        return node
+
+    def _applicators(self, schema: dict, base: str, path: str, sub) -> Node:
+        parts = []
+        for key in ("allOf", "anyOf", "oneOf"):
+            if key in schema:
+                branches = self._list(schema, key, path, sub)
+                with self.at(f"{path}/{key}"):
+                    parts.append({"allOf": conj_all, "anyOf": lambda b: union(*b), "oneOf": one_of}[key](branches))
+        if "not" in schema:
+            inner = sub(schema["not"], "/not")
+            with self.at(f"{path}/not"):
+                parts.append(neg(inner))
+        if "if" in schema and ("then" in schema or "else" in schema):
+            parts.append(self._conditional(schema, path, sub))
+        elif "if" in schema and ("unevaluatedProperties" in schema or "unevaluatedItems" in schema):
+            parts.append(self._annotating_if(sub(schema["if"], "/if")))
+        if "$ref" in schema:
+            parts.append(self._ref(schema["$ref"], base, f"{path}/$ref"))
+        parts += self._dependencies(schema, path, sub)
+        return conj_all(parts)
+
+    def _list(self, schema: dict, key: str, path: str, sub) -> list[Node]:
+        value = schema[key]
+        if not isinstance(value, list) or not value:
+            raise ConstraintError(f"invalid schema: {key} must be a non-empty list at {path}/{key}")
+        return [sub(s, f"/{key}/{i}") for i, s in enumerate(value)]
+
+    def _conditional(self, schema: dict, path: str, sub) -> Node:
+        cond = sub(schema["if"], "/if")
+        then = sub(schema["then"], "/then") if "then" in schema else TOP
+        other = sub(schema["else"], "/else") if "else" in schema else TOP
+        with self.at(f"{path}/if"):
+            return union(conj(cond, then), conj(neg(cond), other))
+
+    @staticmethod
+    def _annotating_if(cond: Node) -> Node:
+        """``if`` alone asserts nothing, but when it holds its annotations count for unevaluated*:
+        ``cond | !cond`` keeps them on the ``cond`` side (or nothing, if ``cond`` has no exact
+        complement; unevaluated* then sees fewer evaluated keys, which only narrows)."""
+        try:
+            return union(cond, neg(cond))
+        except ConstraintError:
+            return TOP
+
+    def _ref(self, ref, base: str, path: str) -> Node:
+        if not isinstance(ref, str):
+            raise ConstraintError(f"invalid schema: $ref must be a string at {path}")
+        with self.at(path):
+            target, target_base = self.registry.resolve(ref, base)
+        key = id(target)
+        if self.active.get(key, 0) > self.max_depth:
+            return NEVER  # recursion bound reached: this branch must end before here
+        memo_key = (key, target_base, tuple(sorted(self.active.items())))
+        if memo_key not in self.memo:
+            self.active[key] = self.active.get(key, 0) + 1
+            try:
+                self.memo[memo_key] = self.build(target, target_base, path)
+            finally:
+                self.active[key] -= 1
+        return self.memo[memo_key]
+
+    def _dependencies(self, schema: dict, path: str, sub) -> list[Node]:
+        required = dict(schema.get("dependentRequired", {}))
+        schemas = dict(schema.get("dependentSchemas", {}))
+        for key, value in schema.get("dependencies", {}).items():  # draft 7 spelling
+            (required if isinstance(value, list) else schemas)[key] = value
+        others = [t for t in FULL_TERMS if not isinstance(t, ObjT)]
+        out = []
+        for key, names in required.items():
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise ConstraintError(f"invalid schema: dependentRequired/{key} must list strings at {path}")
+            keys = (key,) + tuple(n for n in dict.fromkeys(names) if n != key)
+            present = ObjT(props=tuple((k, TOP) for k in keys), required=keys)
+            out.append(make_node(others + [_absent(key), present]))
+        for key, dep in schemas.items():
+            present = make_node((ObjT(props=((key, TOP),), required=(key,)),))
+            with self.at(f"{path}/dependentSchemas"):
+                out.append(union(make_node(others + [_absent(key)]), conj(present, sub(dep, f"/dependentSchemas/{key}"))))
+        return out
+
+    def _unevaluated(self, schema: dict, node: Node, path: str, sub) -> Node:
+        if "unevaluatedProperties" in schema:
+            extra = sub(schema["unevaluatedProperties"], "/unevaluatedProperties")
+            node = make_node(tuple(_uneval_props(t, extra) if isinstance(t, ObjT) else t for t in expand(node)))
+        if "unevaluatedItems" in schema:
+            extra = sub(schema["unevaluatedItems"], "/unevaluatedItems")
+            node = make_node(tuple(_uneval_items(t, extra) if isinstance(t, ArrT) else t for t in expand(node)))
+        return node
+
+
+def _absent(key: str) -> ObjT:
+    return ObjT(props=((key, NEVER),))
+
+
+def _uneval_props(t: ObjT, extra: Node) -> ObjT | None:
+    """Keys that no part of the schema evaluated must also satisfy ``extra``."""
+    if t.eval_all:
+        return t
+    from lmprog.fsm.json_schema.values import pattern_matcher
+
+    def evaluated(k: str) -> bool:
+        return k in t.eval_names or any(pattern_matcher(p).fullmatch(k) for p in t.eval_patterns)
+
+    props = tuple((k, v if evaluated(k) else conj(v, extra)) for k, v in t.props)
+    rule = KeyRule(tuple((p, TOP) for p in sorted(t.eval_patterns)), extra)
+    return normalize_obj(replace(t, props=props, rules=t.rules + (rule,), eval_all=True))
+
+
+def _uneval_items(t: ArrT, extra: Node) -> ArrT | None:
+    """Items past the evaluated prefix must also satisfy ``extra``."""
+    if t.eval_all:
+        return t
+    n = max(t.eval_prefix, len(t.prefix))
+    prefix = tuple(t.prefix[i] if i < len(t.prefix) else t.rest for i in range(n))
+    prefix = tuple(p if i < t.eval_prefix else conj(p, extra) for i, p in enumerate(prefix))
+    return normalize_arr(replace(t, prefix=prefix, rest=conj(t.rest, extra), eval_all=True))

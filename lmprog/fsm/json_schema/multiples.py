@@ -1,0 +1,119 @@
+"""Integers divisible by a step, as exact regexes.
+
+* A bounded range of at most 2,000 multiples: the multiples, listed.
+* A step 2**a * 5**b: divisibility is decided by the last k digits, so each block of a digit
+  range (``digits``) ends in one of the allowed k-digit endings.
+* Other steps, split as d * c (d = 2**a * 5**b, c coprime to 10, c <= 30), over x >= 0, x <= 0
+  or all x: a number is a prefix and a k-digit ending; the ending fixes the prefix's residue
+  mod c, and the prefixes of each residue come from a c-state automaton (``automata``).
+
+Anything else raises ConstraintError.
+"""
+
+from __future__ import annotations
+
+from lmprog.core.errors import ConstraintError
+from lmprog.fsm.json_schema.digits import Block, any_digit, digit_class, digit_set, natural_blocks, render_block
+from lmprog.fsm.regex import EPS, R, alt, cat, lit, rep
+
+_ENUMERATE_LIMIT = 2000
+_MAX_AUTOMATON = 30  # states of a divisibility automaton (the part of a divisor coprime to 10)
+
+
+def multiples(lo: int | None, hi: int | None, step: int, divisor) -> R | None:
+    """Integers lo..hi (None = unbounded) divisible by ``step`` (``divisor``: for messages)."""
+    if lo is not None and hi is not None and (hi - lo) // step <= _ENUMERATE_LIMIT:
+        first = -(-lo // step) * step
+        return alt(*(lit(str(v)) for v in range(first, hi + 1, step)))
+    d, c = _split_step(step)
+    k = _suffix_digits(d)
+    if 10**k // d > 200 or (c > 1 and (c > _MAX_AUTOMATON or not _sign_bounds_only(lo, hi))):
+        raise ConstraintError(f"multipleOf {divisor} over a large integer range has no "
+                              "exact regex (supported: a bounded range of at most 2,000 multiples; "
+                              "divisors 2**a * 5**b; others whose part coprime to 10 is at most 30, over x >= 0, "
+                              "x <= 0 or all x)")
+    if c > 1:
+        naturals = _coprime_multiples(c, d, k)
+        neg = cat(lit("-"), naturals) if lo is None else None
+        return alt(neg, naturals if hi is None else None)
+    endings = alt(*(lit(str(v).zfill(k)) for v in range(0, 10**k, step)))
+    parts = []
+    if hi is None or hi >= 0:
+        parts.append(_natural_multiples(max(lo or 0, 0), hi, step, k, endings))
+    if lo is None or lo < 0:
+        neg_lo = 1 if hi is None or hi >= 0 else -hi
+        parts.append(cat(lit("-"), _natural_multiples(neg_lo, None if lo is None else -lo, step, k, endings)))
+    return alt(*parts)
+
+
+def _split_step(step: int) -> tuple[int, int]:
+    """step = d * c with d = 2**a * 5**b and c coprime to 10."""
+    c = step
+    while c % 2 == 0:
+        c //= 2
+    while c % 5 == 0:
+        c //= 5
+    return step // c, c
+
+
+def _sign_bounds_only(lo: int | None, hi: int | None) -> bool:
+    """Bounds that only pick signs: all integers, x >= 0 (or >= -0), x <= 0."""
+    return (lo is None and hi is None) or (lo is None and hi == 0) or (hi is None and lo == 0)
+
+
+def _coprime_multiples(c: int, d: int, k: int) -> R | None:
+    """Naturals divisible by c * d (c coprime to 10, d | 10**k): a number with more than k digits
+    is a prefix P followed by a k-digit ending e (e divisible by d), and P's residue mod c is
+    fixed by e; the prefixes of each residue come from a c-state automaton over digits."""
+    from lmprog.fsm.json_schema.automata import to_regex
+
+    m, shift = c * d, pow(10, k, c)
+    small = [lit(str(v)) for v in range(0, 10**k if k else 1, m)]
+    inverse = pow(shift, -1, c)
+    by_residue: dict[int, list[R]] = {}
+    for e in range(0, 10**k, d):
+        by_residue.setdefault((-e * inverse) % c, []).append(lit(str(e).zfill(k)) if k else EPS)
+    edges: dict = {}
+    for state in ["init"] + list(range(c)):
+        for digit in range(1 if state == "init" else 0, 10):
+            target = (digit if state == "init" else 10 * state + digit) % c
+            edges.setdefault((state, target), []).append(digit)
+    labelled = {pair: digit_set(ds) for pair, ds in edges.items()}
+    try:
+        prefixes = {r: to_regex(labelled, "init", [r]) for r in by_residue}
+    except OverflowError:
+        raise ConstraintError(f"multipleOf {m}: the divisibility regex is too large") from None
+    return alt(*small, *(cat(prefixes[r], alt(*ends)) for r, ends in by_residue.items()))
+
+
+def _suffix_digits(step: int) -> int | None:
+    """k such that divisibility by ``step`` is decided by the last k digits, if any."""
+    n, twos, fives = step, 0, 0
+    while n % 2 == 0:
+        n, twos = n // 2, twos + 1
+    while n % 5 == 0:
+        n, fives = n // 5, fives + 1
+    return max(twos, fives) if n == 1 else None
+
+
+def _natural_multiples(lo: int, hi: int | None, step: int, k: int, endings: R) -> R | None:
+    parts = []
+    for blk in natural_blocks(lo, hi):
+        if isinstance(blk, Block) and blk.j >= k:
+            parts.append(cat(render_block(blk._replace(j=blk.j - k)), endings))
+        elif isinstance(blk, Block):
+            parts += [lit(str(v)) for v in _block_values(blk) if v % step == 0]
+        else:  # every number with more than d digits
+            d = blk[1]
+            for width in range(d + 1, k + 1):
+                parts += [lit(str(v)) for v in range(10 ** (width - 1), 10**width) if v % step == 0]
+            free = max(d + 1, k + 1) - 1 - k  # digits between the leading one and the ending
+            parts.append(cat(digit_class(1, 9), rep(any_digit(), free, None), endings))
+    return alt(*parts)
+
+
+def _block_values(blk: Block) -> range:
+    base = int("".join(map(str, blk.prefix)) or "0")
+    start = (base * 10 + blk.x) * 10**blk.j
+    stop = (base * 10 + blk.y + 1) * 10**blk.j
+    return range(start, stop)

@@ -1,0 +1,232 @@
+"""Numbers: exact regexes for integer and decimal ranges, excluded values and ``multipleOf``.
+
+Written forms. An unconstrained ``number`` takes the full JSON grammar (fraction and exponent);
+an unconstrained ``integer`` is ``-?(0|[1-9][0-9]*)``. As soon as a number carries a bound,
+``multipleOf``, an excluded value or "non-integer", it is written without an exponent (so every
+accepted text is compared digit by digit) and integers are written without a fraction: ``1.0`` and
+``1e2`` are valid JSON Schema integers that lmprog does not generate. Values from ``enum``/``const``
+are written as plain decimals (``-0.5``; integral ones also with a zero fraction: ``2``, ``2.0``).
+
+Decimal ranges split at the integer part: for x in [2.5, 7.25] the text is ``2.(5..)`` or
+``[3-6](.digits)?`` or ``7(.0..25)``; the fraction digits come from a small automaton over the
+digits of the bounds (``_Fraction``). ``multipleOf`` is exact for integers (a divisor 2**a * 5**b over
+any range; any divisor over a range of at most 2,000 multiples, or over x >= 0 / x <= 0 / all x,
+through a divisibility automaton) and for ``10**-k`` over numbers; anything else raises
+ConstraintError.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from fractions import Fraction
+
+from lmprog.core.errors import ConstraintError
+from lmprog.fsm.json_schema.algebra import integer_bounds
+from lmprog.fsm.json_schema.digits import any_digit, digit_set, natural_range
+from lmprog.fsm.json_schema.multiples import multiples
+from lmprog.fsm.json_schema.terms import NumT
+from lmprog.fsm.regex import EPS, R, alt, cat, lit, opt, raw, rep
+
+NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+INTEGER = r"-?(?:0|[1-9][0-9]*)"
+
+
+def number_text(v: Decimal) -> str:
+    """The plain decimal text of a value (no exponent, no trailing zeros)."""
+    if v == v.to_integral_value():
+        return str(int(v))
+    return format(v.normalize(), "f")
+
+
+def value_regex(v: Decimal) -> R:
+    """One value (enum/const): its plain decimal text; an integral value may also carry a zero
+    fraction (``2``, ``2.0``), as ``json.dumps`` writes integral floats."""
+    text = lit(number_text(v))
+    return cat(text, opt(raw(r"\.0+"))) if v == v.to_integral_value() else text  # type: ignore[return-value]
+
+
+def number_regex(t: NumT) -> R | None:
+    if t.values is not None:
+        return alt(*(value_regex(v) for v in sorted(t.values)))
+    if t == NumT():
+        return raw(NUMBER)
+    if t == NumT(integer=True):
+        return raw(INTEGER)
+    plan = _multiple_plan(t)
+    if plan is None:
+        return None
+    integer, int_step, frac_digits = plan
+    parts = []
+    for lo, lo_excl, hi, hi_excl in _intervals(t):
+        iv = NumT(integer=integer, lo=lo, lo_excl=lo_excl, hi=hi, hi_excl=hi_excl)
+        if integer:
+            parts.append(_integers(iv, int_step, t))
+        else:
+            parts.append(_decimals(iv, nonzero_fraction=integer is False, frac_digits=frac_digits))
+    return alt(*parts)
+
+
+def _multiple_plan(t: NumT) -> tuple[bool | None, int | None, int | None] | None:
+    """(integer mode, integer step, max fraction digits) implied by multipleOf; None = empty."""
+    m = t.multiple_of
+    if m is None:
+        return t.integer, None, None
+    f = Fraction(m)
+    if f.denominator == 1 or t.integer:
+        if t.integer is False and f.denominator == 1:
+            return None
+        k = _decimal_places(f)
+        if k is None:
+            raise ConstraintError(f"multipleOf {m} is not a decimal number")
+        c = f.numerator * 10**k // f.denominator  # m = c / 10**k
+        return True, c // math.gcd(c, 10**k), None
+    if f.numerator == 1 and _decimal_places(f) is not None and 10 ** _decimal_places(f) == f.denominator:
+        return t.integer, None, _decimal_places(f)
+    raise ConstraintError(f"multipleOf {m} over non-integer numbers has no exact regex "
+                          "(supported: integers, and 10**-k)")
+
+
+def _decimal_places(f: Fraction) -> int | None:
+    """k with denominator dividing 10**k, or None when the denominator has other factors."""
+    d, twos, fives = f.denominator, 0, 0
+    while d % 2 == 0:
+        d, twos = d // 2, twos + 1
+    while d % 5 == 0:
+        d, fives = d // 5, fives + 1
+    return max(twos, fives) if d == 1 else None
+
+
+def _intervals(t: NumT):
+    """The bounds of ``t`` cut at each excluded value: [(lo, lo_excl, hi, hi_excl)]."""
+    out, lo, lo_excl = [], t.lo, t.lo_excl
+    for v in sorted(t.excluded):
+        out.append((lo, lo_excl, v, True))
+        lo, lo_excl = v, True
+    out.append((lo, lo_excl, t.hi, t.hi_excl))
+    return [iv for iv in out if iv[0] is None or iv[2] is None or iv[0] < iv[2]
+            or (iv[0] == iv[2] and not iv[1] and not iv[3])]
+
+
+# ----------------------------------------------------------------------------- integers
+
+
+def _integers(iv: NumT, step: int | None, whole: NumT) -> R | None:
+    lo, hi = integer_bounds(iv)
+    if lo is not None and hi is not None and lo > hi:
+        return None
+    if step is not None and step > 1:
+        return multiples(lo, hi, step, whole.multiple_of)
+    parts = []
+    if hi is None or hi >= 0:
+        parts.append(natural_range(max(lo, 0) if lo is not None else 0, hi))
+    if lo is None or lo < 0:
+        neg_lo = 1 if hi is None or hi >= 0 else -hi
+        parts.append(cat(lit("-"), natural_range(neg_lo, None if lo is None else -lo)))
+    return alt(*parts)
+
+
+# ----------------------------------------------------------------------------- decimals
+
+
+def _decimals(iv: NumT, nonzero_fraction: bool, frac_digits: int | None) -> R | None:
+    """Numbers in the interval written as ``-?I(.F)?``; ``nonzero_fraction``: non-integers."""
+    lo, hi = iv.lo, iv.hi
+    parts = []
+    if hi is None or hi > 0 or (hi == 0 and not iv.hi_excl):
+        a, a_excl = (Decimal(0), False) if lo is None or lo < 0 else (lo, iv.lo_excl)
+        parts.append(_magnitudes(a, a_excl, hi, iv.hi_excl, nonzero_fraction, frac_digits))
+    if lo is None or lo < 0:
+        a, a_excl = (-hi, iv.hi_excl) if hi is not None and hi < 0 else (Decimal(0), True)
+        b, b_excl = (None, False) if lo is None else (-lo, iv.lo_excl)
+        parts.append(cat(lit("-"), _magnitudes(a, a_excl, b, b_excl, nonzero_fraction, frac_digits)))
+    return alt(*parts)
+
+
+def _split(d: Decimal) -> tuple[int, str]:
+    """Integer part and fraction digits (no trailing zeros) of a non-negative decimal."""
+    whole = int(d)
+    frac = format((d - whole).normalize(), "f")
+    return whole, "" if frac in ("0", "0.0") or "." not in frac else frac.split(".")[1].rstrip("0")
+
+
+def _magnitudes(a: Decimal, a_excl: bool, b: Decimal | None, b_excl: bool, nonzero: bool,
+                frac_digits: int | None) -> R | None:
+    """Non-negative decimals in the interval (a ≥ 0), as ``I(.F)?``."""
+    ia, fa = _split(a)
+    frac = lambda lo, lo_x, hi, hi_x: _fraction(lo, lo_x, hi, hi_x, nonzero, frac_digits)  # noqa: E731
+    if b is not None:
+        ib, fb = _split(b)
+        if ia == ib:
+            return cat(lit(str(ia)), frac(fa, a_excl, fb, b_excl))
+    parts = [cat(lit(str(ia)), frac(fa, a_excl, None, False))]
+    mid_hi = None if b is None else ib - 1
+    if mid_hi is None or ia + 1 <= mid_hi:
+        parts.append(cat(natural_range(ia + 1, mid_hi), frac(None, False, None, False)))
+    if b is not None:
+        parts.append(cat(lit(str(ib)), frac(None, False, fb, b_excl)))
+    return alt(*parts)
+
+
+def _fraction(lo: str | None, lo_excl: bool, hi: str | None, hi_excl: bool, nonzero: bool,
+              max_digits: int | None) -> R | None:
+    """The text after the integer part, ``''`` or ``.DIGITS``, for fractions 0.F with
+    lo <(=) 0.F <(=) hi (digit strings; None = no bound)."""
+    auto = _Fraction(lo, lo_excl, hi, hi_excl, nonzero, max_digits)
+    start = (lo is not None, hi is not None, False)
+    dotted = cat(lit("."), auto.nonempty(0, start))
+    return alt(EPS if auto.accepts(0, start) else None, dotted)
+
+
+class _Fraction:
+    """Digit-by-digit automaton over fraction digits; state = (tight to lo, tight to hi, seen a
+    nonzero digit). Past the last bound digit the states loop, and are written in closed form."""
+
+    def __init__(self, lo, lo_excl, hi, hi_excl, nonzero, max_digits):
+        self.lo, self.hi = lo or "", hi or ""
+        self.lo_excl, self.hi_excl, self.nonzero, self.max_digits = lo_excl, hi_excl, nonzero, max_digits
+        self.depth = max(len(self.lo), len(self.hi), max_digits or 0)
+        self.memo: dict = {}
+
+    def accepts(self, i: int, state) -> bool:
+        tl, th, nz = state
+        if self.nonzero and not nz:
+            return False
+        if tl and (i < len(self.lo) or self.lo_excl):
+            return False
+        return not (th and i >= len(self.hi) and self.hi_excl)
+
+    def step(self, i: int, state, d: int):
+        tl, th, nz = state
+        lo_d = int(self.lo[i]) if tl and i < len(self.lo) else 0
+        hi_d = int(self.hi[i]) if th and i < len(self.hi) else 0
+        if (tl and d < lo_d) or (th and d > hi_d):
+            return None
+        if self.max_digits is not None and i >= self.max_digits and d:
+            return None
+        return (tl and d == lo_d, th and d == hi_d, nz or d != 0)
+
+    def nonempty(self, i: int, state) -> R | None:
+        groups: dict[str, tuple[list[int], R]] = {}
+        for d in range(10):
+            nxt = self.step(i, state, d)
+            if nxt is None:
+                continue
+            cont = self.rest(i + 1, nxt)
+            if cont is None:
+                continue
+            groups.setdefault(cont.text, ([], cont))[0].append(d)
+        return alt(*(cat(digit_set(ds), cont) for ds, cont in groups.values()))
+
+    def rest(self, i: int, state) -> R | None:
+        key = (i, state)
+        if key not in self.memo:
+            self.memo[key] = self._tail(i, state) if i >= self.depth else alt(
+                EPS if self.accepts(i, state) else None, self.nonempty(i, state))
+        return self.memo[key]
+
+    def _tail(self, i: int, state) -> R | None:
+        ok = self.accepts(i, state)
+        if state[1] or self.max_digits is not None:  # only zeros may follow
+            return rep(lit("0"), 0, None) if ok else None
+        return rep(any_digit(), 0, None) if ok else raw("0*[1-9][0-9]*")

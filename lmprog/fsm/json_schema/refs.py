@@ -1,0 +1,86 @@
+"""``$ref`` resolution within one schema document: ``$id`` base URIs, ``$anchor`` names and
+JSON pointers. Remote references (another document) are not fetched: they raise ConstraintError.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import unquote, urldefrag, urljoin
+
+from lmprog.core.errors import ConstraintError
+
+# keywords whose value is a schema, a list of schemas, or a map of schemas
+SCHEMA_KEYWORDS = {"not", "if", "then", "else", "additionalProperties", "unevaluatedProperties",
+                   "unevaluatedItems", "contains", "propertyNames", "additionalItems", "items",
+                   "contentSchema"}
+SCHEMA_LISTS = {"allOf", "anyOf", "oneOf", "prefixItems", "items"}
+SCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+
+
+def _join(base: str, ref: str) -> str:
+    if ref.startswith("#") or not base:
+        return base + ref if ref.startswith("#") else ref
+    if base.startswith("urn:") and not ref.startswith("urn:"):
+        return base if not ref else ref
+    return urljoin(base, ref)
+
+
+class Registry:
+    """Every schema resource (``$id``) and anchor of one document, with each schema's base URI."""
+
+    def __init__(self, root):
+        self.resources: dict[str, object] = {}
+        self.anchors: dict[tuple[str, str], object] = {}
+        self.bases: dict[int, str] = {}
+        self._walk(root, "")
+
+    def _walk(self, schema, base: str) -> None:
+        if not isinstance(schema, dict):
+            return
+        if isinstance(schema.get("$id"), str) and schema["$id"].startswith("#"):
+            self.anchors.setdefault((base, schema["$id"][1:]), schema)  # draft 4-7 anchor
+        elif isinstance(schema.get("$id"), str):
+            base = urldefrag(_join(base, schema["$id"]))[0]
+            self.resources.setdefault(base, schema)
+        if not self.resources:
+            self.resources[base] = schema
+        self.bases[id(schema)] = base
+        for key in ("$anchor", "$dynamicAnchor"):
+            if isinstance(schema.get(key), str):
+                self.anchors.setdefault((base, schema[key]), schema)
+        for key, value in schema.items():
+            if key in SCHEMA_KEYWORDS and isinstance(value, dict):
+                self._walk(value, base)
+            elif key in SCHEMA_LISTS and isinstance(value, list):
+                for sub in value:
+                    self._walk(sub, base)
+            elif key in SCHEMA_MAPS and isinstance(value, dict):
+                for sub in value.values():
+                    self._walk(sub, base)
+
+    def base_of(self, schema, default: str) -> str:
+        return self.bases.get(id(schema), default)
+
+    def resolve(self, ref: str, base: str):
+        """(target schema, its base URI) of ``$ref`` written where the base URI is ``base``."""
+        uri, fragment = urldefrag(_join(base, ref))
+        doc = self.resources.get(uri)
+        if doc is None:
+            raise ConstraintError(f"$ref {ref!r} points outside this schema ({uri!r}); remote "
+                                  "references are not fetched")
+        if not fragment:
+            return doc, uri
+        if not fragment.startswith("/"):
+            target = self.anchors.get((uri, fragment))
+            if target is None:
+                raise ConstraintError(f"$ref {ref!r}: no anchor {fragment!r}")
+            return target, self.base_of(target, uri)
+        target = doc
+        for token in fragment.split("/")[1:]:
+            token = unquote(token).replace("~1", "/").replace("~0", "~")
+            if isinstance(target, list) and token.isdigit() and int(token) < len(target):
+                target = target[int(token)]
+            elif isinstance(target, dict) and token in target:
+                target = target[token]
+            else:
+                raise ConstraintError(f"$ref {ref!r}: pointer does not resolve")
+        return target, self.base_of(target, uri)

@@ -1,0 +1,219 @@
+"""The intermediate form of a schema: a union of single-type terms.
+
+A schema compiles to a ``Node``: the set of JSON values it accepts, written as a union (DNF) of
+*terms*. Each term holds one JSON type and a conjunction of that type's facets (bounds, lengths,
+properties, ...). ``allOf`` becomes a cross product of meets, ``anyOf`` a union, ``not`` a
+complement by De Morgan over facets; emission then turns each term into a regex. The form is
+immutable and hashable, so equal sub-schemas compile once.
+
+Annotations that only ``unevaluatedProperties``/``unevaluatedItems`` read (``eval_*`` fields)
+travel with the terms but do not change the set of values a term accepts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from decimal import Decimal
+
+
+def _cache_hash(cls):
+    """Frozen dataclasses hash their whole subtree on every call; cache it per object."""
+    generated = cls.__hash__
+
+    def __hash__(self):
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = generated(self)
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    cls.__hash__ = __hash__
+    return cls
+
+
+@_cache_hash
+@dataclass(frozen=True)
+class Node:
+    """A set of JSON values: the union of ``terms``; ``top`` = every value."""
+
+    terms: tuple = ()
+    top: bool = False
+
+    @property
+    def never(self) -> bool:
+        return not self.top and not self.terms
+
+
+TOP = Node(top=True)
+NEVER = Node()
+
+
+@_cache_hash
+@dataclass(frozen=True)
+class NullT:
+    pass
+
+
+@_cache_hash
+@dataclass(frozen=True)
+class BoolT:
+    values: frozenset = frozenset({True, False})
+
+
+@_cache_hash
+@dataclass(frozen=True)
+class NumT:
+    """A number; ``integer`` True = integers only, False = non-integers only."""
+
+    integer: bool | None = None
+    lo: Decimal | None = None
+    lo_excl: bool = False
+    hi: Decimal | None = None
+    hi_excl: bool = False
+    multiple_of: Decimal | None = None
+    values: frozenset | None = None  # finite set of allowed values (enum/const)
+    excluded: frozenset = frozenset()
+
+
+@_cache_hash
+@dataclass(frozen=True)
+class StrT:
+    """A string; lengths count code points; ``patterns`` are ECMA sources (search semantics)."""
+
+    min_len: int = 0
+    max_len: int | None = None
+    patterns: tuple = ()
+    formats: tuple = ()
+    values: frozenset | None = None
+    excluded: frozenset = frozenset()
+
+
+@_cache_hash
+@dataclass(frozen=True)
+class Contains:
+    """Between ``lo`` and ``hi`` items of the array are in ``node``."""
+
+    node: Node
+    lo: int = 1
+    hi: int | None = None
+
+
+@_cache_hash
+@dataclass(frozen=True)
+class ArrT:
+    prefix: tuple = ()  # Nodes for the first items
+    rest: Node = TOP  # every later item
+    min_items: int = 0
+    max_items: int | None = None
+    contains: tuple = ()  # Contains, all of which hold
+    unique: bool = False
+    eval_prefix: int = 0
+    eval_all: bool = False
+
+
+@_cache_hash
+@dataclass(frozen=True)
+class KeyRule:
+    """What one schema says about keys its ``properties`` do not name: a key matching some
+    ``patterns`` takes all their schemas, any other key takes ``additional``."""
+
+    patterns: tuple = ()  # (ECMA source, Node)
+    additional: Node = TOP
+
+
+@_cache_hash
+@dataclass(frozen=True)
+class ObjT:
+    """An object. Every required key is in ``props``; a named key's node already includes what
+    the ``rules`` say about it, so rules only govern keys that ``props`` does not name."""
+
+    props: tuple = ()  # (key, Node) in canonical (declaration) order
+    required: tuple = ()
+    rules: tuple = ()  # KeyRule, all of which hold
+    names: Node = TOP  # propertyNames
+    min_props: int = 0
+    max_props: int | None = None
+    any_order: bool = False  # emit every key order (small const objects)
+    eval_names: frozenset = frozenset()
+    eval_patterns: frozenset = frozenset()
+    eval_all: bool = False
+
+    def prop(self, key: str) -> Node | None:
+        for k, v in self.props:
+            if k == key:
+                return v
+        return None
+
+
+TERM_TYPES = (NullT, BoolT, NumT, StrT, ArrT, ObjT)
+FULL_TERMS = tuple(t() for t in TERM_TYPES)
+TYPE_NAMES = {"null": NullT, "boolean": BoolT, "number": NumT, "integer": NumT,
+              "string": StrT, "array": ArrT, "object": ObjT}
+_ANNOTATIONS = {"eval_prefix", "eval_all", "eval_names", "eval_patterns"}
+
+
+def strip_annotations(term):
+    names = {f.name for f in fields(term)} & _ANNOTATIONS
+    return replace(term, **{n: getattr(FULL_TERMS[TERM_TYPES.index(type(term))], n) for n in names})
+
+
+def has_annotations(term) -> bool:
+    return strip_annotations(term) != term
+
+
+def is_full(term) -> bool:
+    """Whether the term accepts every value of its type (annotations aside)."""
+    return strip_annotations(term) == FULL_TERMS[TERM_TYPES.index(type(term))]
+
+
+def full_node(*types) -> Node:
+    return make_node(tuple(t() for t in types))
+
+
+def make_node(terms, limit: int = 512) -> Node:
+    """A normalized union: duplicates dropped, value-only terms merged, terms subsumed by an
+    unannotated full term of their type dropped, and all-full unions turned into ``TOP``."""
+    out: list = []
+    for t in terms:
+        if t is not None and t not in out:
+            out.append(t)
+    out = _merge_value_terms(out)
+    # an unannotated full term subsumes the other terms of its type, unless they carry
+    # annotations that unevaluated* keywords may still read
+    full = {type(t) for t in out if is_full(t) and not has_annotations(t)}
+    out = [t for t in out if type(t) not in full or is_full(t) or has_annotations(t)]
+    if len(full) == len(TERM_TYPES) and len(out) == len(TERM_TYPES):
+        return TOP
+    if len(out) > limit:
+        from lmprog.core.errors import ConstraintError
+
+        raise ConstraintError(f"schema too complex: its normal form has over {limit} branches")
+    return Node(tuple(out))
+
+
+def _merge_value_terms(terms: list) -> list:
+    """``enum``-style terms of one type (only ``values`` set) merge into one term."""
+    merged: dict[type, object] = {}
+    out = []
+    for t in terms:
+        kind = type(t)
+        if kind in (BoolT, NumT, StrT) and t == kind(values=t.values) and t.values is not None:
+            if kind in merged:
+                prev = merged[kind]
+                new = kind(values=prev.values | t.values)
+                out[out.index(prev)] = new
+                merged[kind] = new
+                continue
+            merged[kind] = t
+        out.append(t)
+    return out
+
+
+def union(*nodes: Node) -> Node:
+    """Values in any node (annotated terms survive next to ``TOP`` for unevaluated*)."""
+    return make_node(tuple(t for n in nodes for t in expand(n)))
+
+
+def expand(node: Node) -> tuple:
+    """The terms of a node, with ``TOP`` spelled out as one full term per type."""
+    return FULL_TERMS if node.top else node.terms

@@ -1,0 +1,68 @@
+"""Checks of single decoded values against term facets (used to filter finite sets: enum/const
+values, property names) and JSON Schema equality of values."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from fractions import Fraction
+from functools import lru_cache
+
+from lmprog.core.errors import ConstraintError
+from lmprog.fsm.json_schema.formats import format_pattern
+from lmprog.fsm.json_schema.terms import NumT, StrT
+from lmprog.fsm.regex import parse_regex, value_matcher
+
+
+@lru_cache(maxsize=4096)
+def pattern_matcher(source: str) -> re.Pattern:
+    """``fullmatch`` of the returned pattern = JSON Schema ``pattern`` (search) semantics."""
+    return value_matcher(parse_regex(source, "ecma"))
+
+
+@lru_cache(maxsize=64)
+def format_matcher(name: str) -> re.Pattern:
+    pattern = format_pattern(name)
+    if pattern is None:
+        raise ConstraintError(f"unsupported format {name!r}")
+    return pattern_matcher(pattern)
+
+
+def str_ok(t: StrT, s: str) -> bool:
+    """Whether string ``s`` satisfies every facet of ``t``."""
+    return (
+        t.min_len <= len(s)
+        and (t.max_len is None or len(s) <= t.max_len)
+        and all(pattern_matcher(p).fullmatch(s) for p in t.patterns)
+        and all(format_matcher(f).fullmatch(s) for f in t.formats)
+        and (t.values is None or s in t.values)
+        and s not in t.excluded
+    )
+
+
+def is_multiple(d: Decimal, m: Decimal) -> bool:
+    return (Fraction(d) / Fraction(m)).denominator == 1
+
+
+def num_ok(t: NumT, d: Decimal) -> bool:
+    """Whether number ``d`` satisfies every facet of ``t``."""
+    integral = d == d.to_integral_value()
+    return (
+        (t.integer is None or t.integer == integral)
+        and (t.lo is None or d > t.lo or (d == t.lo and not t.lo_excl))
+        and (t.hi is None or d < t.hi or (d == t.hi and not t.hi_excl))
+        and (t.multiple_of is None or is_multiple(d, t.multiple_of))
+        and (t.values is None or d in t.values)
+        and d not in t.excluded
+    )
+
+
+def to_decimal(x) -> Decimal:
+    """A JSON number as an exact Decimal (floats through their shortest repr)."""
+    if isinstance(x, Decimal):
+        return x
+    if isinstance(x, float):
+        if x != x or x in (float("inf"), float("-inf")):
+            raise ConstraintError(f"non-finite number {x!r} in schema")
+        return Decimal(repr(x))
+    return Decimal(x)

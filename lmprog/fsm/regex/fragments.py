@@ -1,0 +1,116 @@
+"""Emitted regex text, built with a few combinators that add groups only where needed.
+
+``None`` stands for the empty language throughout: ``cat`` with it is ``None``, ``alt`` drops
+it, ``rep(None, 0, n)`` is the empty string. Emitted text uses only the syntax subset described
+in ``lmprog.fsm.regex``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from lmprog.fsm.regex.charset import SCALARS, SURROGATES, CharSet
+
+class R(NamedTuple):
+    """An emitted regex fragment. ``None`` stands for the empty language throughout."""
+
+    text: str
+    atomic: bool  # takes a quantifier without a group
+    has_alt: bool  # a top-level '|' (needs a group inside a concatenation)
+
+
+EPS = R("", True, False)
+_META = set(".^$*+?()[]{}|\\")
+_CLASS_META = set("\\]^[-&~")
+
+
+def _escape_char(c: str, meta: set[str]) -> str:
+    cp = ord(c)
+    if cp < 0x20 or 0x7F <= cp <= 0x9F:
+        return f"\\x{cp:02x}"
+    return "\\" + c if c in meta else c
+
+
+def lit(text: str) -> R:
+    """The literal string ``text``."""
+    if not text:
+        return EPS
+    body = "".join(_escape_char(c, _META) for c in text)
+    return R(body, len(text) == 1, False)
+
+
+def raw(text: str, atomic: bool = False) -> R:
+    """A fragment written by hand in the emitted syntax (no top-level '|' unless grouped)."""
+    return R(text, atomic, False)
+
+
+def _grouped(r: R) -> str:
+    return f"(?:{r.text})"
+
+
+def cat(*parts: R | None) -> R | None:
+    """Concatenation; the empty language if any part is."""
+    if any(p is None for p in parts):
+        return None
+    parts = tuple(p for p in parts if p.text)  # type: ignore[union-attr]
+    if not parts:
+        return EPS
+    if len(parts) == 1:
+        return parts[0]
+    return R("".join(_grouped(p) if p.has_alt else p.text for p in parts), False, False)
+
+
+def alt(*options: R | None) -> R | None:
+    """Alternation; ``None`` options are dropped (an empty union is the empty language)."""
+    seen: dict[str, R] = {}
+    for o in options:
+        if o is not None and o.text not in seen:
+            seen[o.text] = o
+    has_eps = "" in seen
+    rest = [o for t, o in seen.items() if t]
+    if not rest:
+        return EPS if has_eps else None
+    body = rest[0] if len(rest) == 1 else R("|".join(o.text for o in rest), False, True)
+    return rep(body, 0, 1) if has_eps else body
+
+
+def rep(r: R | None, lo: int, hi: int | None) -> R | None:
+    """``r`` repeated lo..hi times (hi None = unbounded)."""
+    assert lo >= 0 and (hi is None or hi >= lo), (lo, hi)
+    if hi == 0 or (r is not None and not r.text):
+        return EPS
+    if r is None:
+        return EPS if lo == 0 else None
+    if lo == hi == 1:
+        return r
+    q = {(0, None): "*", (1, None): "+", (0, 1): "?"}.get((lo, hi))
+    if q is None:
+        q = f"{{{lo}}}" if lo == hi else f"{{{lo},}}" if hi is None else f"{{{lo},{hi}}}"
+    base = r.text if r.atomic else _grouped(r)
+    return R(base + q, False, False)
+
+
+def opt(r: R | None) -> R:
+    return rep(r, 0, 1)  # type: ignore[return-value]
+
+
+def charset_regex(s: CharSet) -> R | None:
+    """One character of ``s`` as a class, choosing the form that keeps classes small."""
+    s = s & SCALARS
+    if s.is_empty():
+        return None
+    if s == SCALARS:
+        return R("[\\s\\S]", True, False)
+    if len(s.ranges) == 1 and s.ranges[0][0] == s.ranges[0][1]:
+        return R(_escape_char(chr(s.ranges[0][0]), _META), True, False)
+    negated = s.size() > 4096
+    body = (s.complement() - CharSet((SURROGATES,))) if negated else s
+    parts = []
+    for lo, hi in body.ranges:
+        a = _escape_char(chr(lo), _CLASS_META)
+        if lo == hi:
+            parts.append(a)
+        else:
+            sep = "" if hi == lo + 1 else "-"
+            parts.append(a + sep + _escape_char(chr(hi), _CLASS_META))
+    return R(("[^" if negated else "[") + "".join(parts) + "]", True, False)

@@ -1,0 +1,304 @@
+"""A strict parser for Python-style and ECMA-262 regexes, to ``ParsedRegex`` or an error that
+names the unsupported construct and its position."""
+
+from __future__ import annotations
+
+import re
+
+from lmprog.core.errors import ConstraintError
+from lmprog.fsm.regex.charset import CATEGORY_NAMES, ANY_CHAR, MAX_CP, CharSet, cs, unicode_category
+from lmprog.fsm.regex.syntax import EMPTY, Alternation, Branch, Chars, Concat, Node, ParsedRegex, Repeat
+
+_DIGIT = cs("0-9")
+_WORD = cs("a-zA-Z0-9_")
+_PY_SPACE = CharSet.of(" \t\n\r\f\v")
+_ECMA_SPACE = CharSet.of(" \t\n\r\f\v\u00a0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff") | cs(
+    "\u2000-\u200a"
+)
+_CLASS_ESCAPES = {"d": _DIGIT, "w": _WORD}
+_BRACES = re.compile(r"\{(\d*)(,(\d*))?\}")
+_SIMPLE = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v"}
+
+
+def parse_regex(pattern: str, dialect: str = "python") -> ParsedRegex:
+    """Parse ``pattern`` or raise ``ConstraintError`` naming the construct and position."""
+    if not isinstance(pattern, str):
+        raise ConstraintError(f"a regex must be a str, got {type(pattern).__name__}")
+    assert dialect in ("python", "ecma"), dialect
+    return ParsedRegex(pattern, dialect, _Parser(pattern, dialect).parse())
+
+
+class _Parser:
+    def __init__(self, src: str, dialect: str):
+        self.src, self.i, self.ecma = src, 0, dialect == "ecma"
+        space = _ECMA_SPACE if self.ecma else _PY_SPACE
+        self.classes = dict(_CLASS_ESCAPES, s=space)
+        dot_excluded = "\n\r\u2028\u2029" if self.ecma else "\n"
+        self.dot = ANY_CHAR - CharSet.of(dot_excluded)
+
+    def fail(self, what: str, at: int | None = None) -> ConstraintError:
+        pos = self.i if at is None else at
+        return ConstraintError(f"regex {self.src!r}: {what} at position {pos}")
+
+    def peek(self, k: int = 0) -> str:
+        j = self.i + k
+        return self.src[j] if j < len(self.src) else ""
+
+    def parse(self) -> tuple[Branch, ...]:
+        branches = [self.branch()]
+        while self.peek() == "|":
+            self.i += 1
+            branches.append(self.branch())
+        if self.i < len(self.src):
+            raise self.fail("unbalanced ')'")
+        return tuple(branches)
+
+    def branch(self) -> Branch:
+        start = self.anchor("^", "A")
+        parts = []
+        while self.i < len(self.src) and self.peek() not in "|)":
+            if self.at_end_anchor():
+                return Branch(Concat(tuple(parts)), start, True)
+            parts.append(self.quantified())
+        return Branch(Concat(tuple(parts)), start, False)
+
+    def anchor(self, char: str, escape: str) -> bool:
+        if self.peek() == char:
+            self.i += 1
+            return True
+        if not self.ecma and self.peek() == "\\" and self.peek(1) == escape:
+            self.i += 2
+            return True
+        return False
+
+    def at_end_anchor(self) -> bool:
+        width = 1 if self.peek() == "$" else 0
+        if not self.ecma and self.peek() == "\\" and self.peek(1) in "Zz":
+            width = 2
+        if not width:
+            return False
+        if self.peek(width) not in ("", "|"):
+            raise self.fail("anchor in the middle of the pattern (only a leading '^' and a trailing '$' are supported)")
+        self.i += width
+        return True
+
+    def alternation(self) -> Node:
+        options = [self.concat()]
+        while self.peek() == "|":
+            self.i += 1
+            options.append(self.concat())
+        return options[0] if len(options) == 1 else Alternation(tuple(options))
+
+    def concat(self) -> Node:
+        parts = []
+        while self.i < len(self.src) and self.peek() not in "|)":
+            parts.append(self.quantified())
+        return parts[0] if len(parts) == 1 else Concat(tuple(parts))
+
+    def quantified(self) -> Node:
+        if self.quantifier(consume=False):
+            raise self.fail("quantifier with nothing to repeat")
+        node = self.atom()
+        bounds = self.quantifier()
+        if bounds is None:
+            return node
+        if self.quantifier(consume=False):
+            what = "possessive quantifier" if self.peek() == "+" else "repeated quantifier"
+            raise self.fail(what)
+        return Repeat(node, *bounds)
+
+    def quantifier(self, consume: bool = True) -> tuple[int, int | None] | None:
+        c = self.peek()
+        if c and c in "*+?":
+            end, bounds = self.i + 1, {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
+        elif c == "{" and (m := _BRACES.match(self.src, self.i)):
+            lo_s, comma, hi_s = m.group(1), m.group(2), m.group(3)
+            if not lo_s and (not comma or not hi_s or self.ecma):
+                return None  # '{', '{}' and '{,}' are literals
+            lo = int(lo_s or 0)
+            hi = lo if not comma else (int(hi_s) if hi_s else None)
+            if hi is not None and hi < lo:
+                raise self.fail(f"quantifier {m.group(0)} with min > max")
+            end, bounds = m.end(), (lo, hi)
+        else:
+            return None
+        if consume:
+            self.i = end + (self.src[end:end + 1] == "?")  # lazy: same language when matching whole strings
+        return bounds
+
+    def atom(self) -> Node:
+        c, start = self.peek(), self.i
+        self.i += 1
+        if c == "(" and self.src.startswith("?#", self.i):
+            end = self.src.find(")", self.i)
+            if end < 0:
+                raise self.fail("unterminated comment group", start)
+            self.i = end + 1
+            return EMPTY
+        if c == "(":
+            return self.group(start)
+        if c == "[":
+            return Chars(self.char_class())
+        if c == ".":
+            return Chars(self.dot)
+        if c == "\\":
+            return Chars(self.escape(in_class=False))
+        if c in "^$":
+            raise self.fail(f"anchor {c!r} in the middle of the pattern", start)
+        return Chars(CharSet.of(c))
+
+    def group(self, start: int) -> Node:
+        if self.peek() == "?":
+            self.i += 1
+            self.group_extension(start)
+        node = self.alternation()
+        if self.peek() != ")":
+            raise self.fail("missing ')' for the group opened", start)
+        self.i += 1
+        return node
+
+    def group_extension(self, start: int) -> None:
+        rest = self.src[self.i:]
+        if rest.startswith(":"):
+            self.i += 1
+            return
+        named = re.match(r"(P?<)([A-Za-z_][A-Za-z0-9_]*)>", rest)
+        if named and not (self.ecma and named.group(1) == "P<"):
+            self.i += named.end()
+            return
+        for prefix, what in (
+            ("=", "lookahead"), ("!", "negative lookahead"), ("<=", "lookbehind"),
+            ("<!", "negative lookbehind"), ("P=", "backreference"), ("(", "conditional group"),
+            (">", "atomic group"),
+        ):
+            if rest.startswith(prefix):
+                raise self.fail(f"{what} '(?{prefix}'", start)
+        raise self.fail("inline flags or an unknown group extension '(?'", start)
+
+    def char_class(self) -> CharSet:
+        start = self.i - 1
+        negated = self.peek() == "^"
+        self.i += negated
+        members = CharSet()
+        first = True
+        while True:
+            c = self.peek()
+            if not c:
+                raise self.fail("unterminated character class", start)
+            if c == "]" and not (first and not self.ecma):
+                self.i += 1
+                break
+            members = members | self.class_item()
+            first = False
+        return ANY_CHAR - members if negated else members
+
+    def class_item(self) -> CharSet:
+        start = self.i
+        low = self.class_atom()
+        if self.peek() != "-" or self.peek(1) in ("]", ""):
+            return low
+        self.i += 1
+        high = self.class_atom()
+        if low.size() != 1 or high.size() != 1:
+            raise self.fail("character class escape used as a range endpoint", start)
+        a, b = low.ranges[0][0], high.ranges[0][0]
+        if a > b:
+            raise self.fail("character range out of order", start)
+        return CharSet(((a, b),))
+
+    def class_atom(self) -> CharSet:
+        c = self.peek()
+        self.i += 1
+        if c == "\\":
+            return self.escape(in_class=True)
+        if c == "[" and not self.ecma and self.peek() == ":":
+            raise self.fail("POSIX character class '[:'", self.i - 1)
+        return CharSet.of(c)
+
+    def escape(self, in_class: bool) -> CharSet:
+        start = self.i - 1
+        c = self.peek()
+        if not c:
+            raise self.fail("trailing backslash", start)
+        self.i += 1
+        if c.lower() in self.classes:
+            base = self.classes[c.lower()]
+            return ANY_CHAR - base if c.isupper() else base
+        if c in _SIMPLE:
+            return CharSet.of(_SIMPLE[c])
+        if c == "b" and in_class:
+            return CharSet.of("\b")
+        if c == "a" and not self.ecma:
+            return CharSet.of("\a")
+        if c == "x":
+            return self.hex_escape(2, start)
+        if c == "u":
+            return self.unicode_escape(start)
+        if c == "U" and not self.ecma:
+            return self.hex_escape(8, start)
+        if c == "c" and self.ecma and self.peek().isascii() and self.peek().isalpha():
+            self.i += 1
+            return CharSet.of(chr(ord(self.src[self.i - 1]) % 32))
+        if c == "0" or (c.isdigit() and in_class and not self.ecma):
+            return self.octal_escape(c, start)
+        if c.isdigit() or c == "k":
+            raise self.fail(f"backreference '\\{c}'", start)
+        if c in "bB":
+            raise self.fail(f"word boundary '\\{c}'", start)
+        if c in "AZzG":
+            raise self.fail(f"anchor '\\{c}' in the middle of the pattern", start)
+        if c in "pP":
+            return self.property_class(c, start)
+        if c.isascii() and c.isalnum():
+            raise self.fail(f"unknown escape '\\{c}'", start)
+        return CharSet.of(c)
+
+    def property_class(self, c: str, start: int) -> CharSet:
+        m = re.match(r"\{([A-Za-z_]+)\}", self.src[self.i:])
+        name = m.group(1) if m else ""
+        name = CATEGORY_NAMES.get(name, name)
+        if not m or not (len(name) in (1, 2) and name[0] in CATEGORY_NAMES.values()):
+            raise self.fail(f"Unicode property class '\\{c}' (only general categories such as "
+                            "\\p{L} or \\p{Letter} are supported)", start)
+        self.i += m.end()
+        members = unicode_category(name)
+        if members.is_empty():
+            raise self.fail(f"unknown Unicode general category {name!r}", start)
+        return ANY_CHAR - members if c == "P" else members
+
+    def hex_escape(self, width: int, start: int) -> CharSet:
+        digits = self.src[self.i:self.i + width]
+        if len(digits) != width or not all(d in "0123456789abcdefABCDEF" for d in digits):
+            raise self.fail(f"malformed escape (expected {width} hex digits)", start)
+        self.i += width
+        cp = int(digits, 16)
+        if cp > MAX_CP:
+            raise self.fail("code point out of range", start)
+        return CharSet(((cp, cp),))
+
+    def unicode_escape(self, start: int) -> CharSet:
+        if self.ecma and self.peek() == "{":
+            m = re.match(r"\{([0-9a-fA-F]{1,6})\}", self.src[self.i:])
+            if not m or int(m.group(1), 16) > MAX_CP:
+                raise self.fail("malformed '\\u{...}' escape", start)
+            self.i += m.end()
+            cp = int(m.group(1), 16)
+            return CharSet(((cp, cp),))
+        high = self.hex_escape(4, start).ranges[0][0]
+        low_m = re.match(r"\\u([dD][c-fC-F][0-9a-fA-F]{2})", self.src[self.i:])
+        if 0xD800 <= high <= 0xDBFF and low_m:
+            self.i += low_m.end()
+            cp = 0x10000 + ((high - 0xD800) << 10) + (int(low_m.group(1), 16) - 0xDC00)
+            return CharSet(((cp, cp),))
+        if 0xD800 <= high <= 0xDFFF:
+            raise self.fail("lone surrogate escape", start)
+        return CharSet(((high, high),))
+
+    def octal_escape(self, first: str, start: int) -> CharSet:
+        if self.ecma:
+            if self.peek().isdigit():
+                raise self.fail("octal escape", start)
+            return CharSet.of("\0")
+        m = re.match(r"[0-7]{0,2}", self.src[self.i:])
+        self.i += m.end()  # type: ignore[union-attr]
+        return CharSet.of(chr(int(first + m.group(0), 8)))  # type: ignore[union-attr]

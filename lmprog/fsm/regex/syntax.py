@@ -1,0 +1,89 @@
+"""The regex AST (characters, concatenation, alternation, repetition) and its emission."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from lmprog.fsm.regex.charset import CharSet
+from lmprog.fsm.regex.fragments import R, alt, cat, charset_regex, rep
+
+@dataclass(frozen=True)
+class Chars:
+    chars: CharSet
+
+
+@dataclass(frozen=True)
+class Concat:
+    parts: tuple
+
+
+@dataclass(frozen=True)
+class Alternation:
+    options: tuple
+
+
+@dataclass(frozen=True)
+class Repeat:
+    node: object
+    lo: int
+    hi: int | None
+
+
+Node = Chars | Concat | Alternation | Repeat
+EMPTY = Concat(())
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One top-level alternative and whether it was anchored with ``^`` / ``$``."""
+
+    node: Node
+    start: bool
+    end: bool
+
+
+@dataclass(frozen=True)
+class ParsedRegex:
+    source: str
+    dialect: str
+    branches: tuple[Branch, ...]
+
+    def whole(self) -> Node:
+        """The pattern with its anchors dropped (full-match semantics)."""
+        return Alternation(tuple(b.node for b in self.branches))
+
+    def length_range(self) -> tuple[int, int | None]:
+        ranges = [node_lengths(b.node) for b in self.branches]
+        lo = min(r[0] for r in ranges)
+        his = [r[1] for r in ranges]
+        return lo, None if None in his else max(his)  # type: ignore[type-var]
+
+
+def node_lengths(node: Node) -> tuple[int, int | None]:
+    """Minimum and maximum number of characters a node matches (None = unbounded)."""
+    if isinstance(node, Chars):
+        return 1, 1
+    if isinstance(node, Repeat):
+        lo, hi = node_lengths(node.node)
+        top = None if hi is None or node.hi is None else hi * node.hi
+        return lo * node.lo, top
+    subs = [node_lengths(p) for p in (node.parts if isinstance(node, Concat) else node.options)]
+    if isinstance(node, Concat):
+        his = [h for _, h in subs]
+        return sum(lo for lo, _ in subs), None if None in his else sum(his)  # type: ignore[arg-type]
+    if not subs:
+        return 0, 0
+    his = [h for _, h in subs]
+    return min(lo for lo, _ in subs), None if None in his else max(his)  # type: ignore[type-var]
+
+
+def emit(node: Node, chars: Callable[[CharSet], R | None] = charset_regex) -> R | None:
+    """The regex of an AST; ``chars`` maps one character set to the fragment matching it."""
+    if isinstance(node, Chars):
+        return chars(node.chars)
+    if isinstance(node, Concat):
+        return cat(*(emit(p, chars) for p in node.parts))
+    if isinstance(node, Alternation):
+        return alt(*(emit(o, chars) for o in node.options))
+    return rep(emit(node.node, chars), node.lo, node.hi)
