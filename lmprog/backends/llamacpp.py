@@ -2,8 +2,9 @@
 
 llama.cpp only evaluates tokens and hands back logits; everything else is lmprog's own and
 shared with the in-process runtime: the HF tokenizer (so token ids agree with constraint
-indexes), the batched sampler (every SamplingParams field), the detokenizer and stop
-strings, constrained decoding with jump-forward. Prefix reuse: each context keeps the
+indexes), the batched sampler (every SamplingParams field) and the per-request decode state
+(`lmprog.runtime.decode_state`: finish rules, stop strings, constrained decoding with
+jump-forward, logprobs, the result). Prefix reuse: each context keeps the
 common prefix of what it last held, and a bytes-bounded LRU of saved states serves
 few-shot headers, forks and multi-turn histories that another request displaced.
 
@@ -20,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from lmprog.backends.checks import check_score_request, check_stop_token_ids, check_stream
 from lmprog.backends.context_pool import ContextPool
-from lmprog.backends.decoding import SequenceDecoder
 from lmprog.backends.llamacpp_native import NativeContext, NativeModel
 from lmprog.backends.state_cache import StateCache, common_prefix_len
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
@@ -36,6 +37,8 @@ from lmprog.core.protocol import (
     ScoreResult,
     StreamCallback,
 )
+from lmprog.runtime.batch_sampler import BatchSampler
+from lmprog.runtime.decode_state import DecodeState
 
 _TOKENIZER_SAMPLES = ("Hello, world!", " The capital of France is Paris.\n", "<|im_start|>user\n2+2=?<|im_end|>\n")
 
@@ -121,36 +124,40 @@ class LlamaCpp(Backend):
         self._check_open()
         if not isinstance(request, GenerateRequest):
             raise TypeError(f"generate takes a GenerateRequest, got {type(request).__name__}")
-        if stream is not None and not callable(stream):
-            raise TypeError("stream must be a callable taking each text piece")
+        check_stream(stream)
         params = request.params
-        for t in params.stop_token_ids:
-            if t >= self.n_vocab:
-                raise ValueError(f"stop_token_ids: {t} is outside the vocabulary (size {self.n_vocab})")
+        check_stop_token_ids(params, self.n_vocab)
         prompt = self._prompt_ids(request.prompt)
         self._check_fits(len(prompt), "prompt")
         index = _constraint_index(request.constraint, self._tokenizer)
         with self._pool.lease(prompt) as ctx:
             first = self._pool.advance(ctx, prompt, logits_from=len(prompt) - 1)
             guide = index.result().new_guide() if index is not None else None
-            dec = SequenceDecoder(
-                params, tokenizer=self._tokenizer, vocab_size=self.n_vocab, eos_token_ids=self._eos_ids,
-                prompt_ids=prompt, guide=guide, jump_forward=self._jump_forward, stream=stream,
-                token_text=self._token_text,
+            state = DecodeState(
+                params, tokenizer=self._tokenizer, prompt_ids=prompt, eos_token_ids=self._eos_ids,
+                vocab_size=self.n_vocab, token_text=self._token_text, emit=stream, guide=guide,
+                jump_forward=self._jump_forward,
             )
-            self._decode(ctx, dec, prompt, first.logits[-1])
+            self._decode(ctx, state, prompt, first.logits[-1])
         self._stats.add(requests=1, prompt_tokens=len(prompt), cached_tokens=first.reused,
-                        prefix_hits=int(first.reused > 0), generated_tokens=len(dec.output_ids))
-        return dec.result(prompt_tokens=len(prompt), cached_tokens=first.reused)
+                        prefix_hits=int(first.reused > 0), generated_tokens=len(state.output_ids))
+        return state.result(prompt_tokens=len(prompt), cached_tokens=first.reused)
 
-    def _decode(self, ctx: NativeContext, dec: SequenceDecoder, prompt: list[int], logits: np.ndarray) -> None:
-        while not dec.done:
-            dec.step(logits)
-            if dec.done:
+    def _decode(self, ctx: NativeContext, state: DecodeState, prompt: list[int], logits: np.ndarray) -> None:
+        """Sample, accept, evaluate the new tokens; `state` re-reads jump-forwards from output_ids."""
+        if state.params.max_tokens == 0:
+            state.finish("length")
+        sampler = BatchSampler(self._eos_ids)
+        while not state.done:
+            draw = sampler.sample(torch.from_numpy(logits)[None], [state])[0]  # masks logits in place
+            if draw.error is not None:
+                raise draw.error
+            state.accept(draw.token, logprob=draw.logprob, top=draw.top)
+            if state.done:
                 return
-            target = prompt + dec.output_ids
+            target = prompt + state.output_ids
             if len(target) > self.n_ctx:
-                dec.finish_length(f"the context of {self.n_ctx} tokens is full")
+                state.finish("length", message=f"the context of {self.n_ctx} tokens is full")
                 return
             logits = self._pool.advance(ctx, target, logits_from=len(target) - 1).logits[-1]
 
@@ -162,13 +169,7 @@ class LlamaCpp(Backend):
         start token alone (BOS, else EOS): they score `choice` tokenized by itself.
         """
         self._check_open()
-        if not isinstance(request, ScoreRequest):
-            raise TypeError(f"score takes a ScoreRequest, got {type(request).__name__}")
-        if not request.choices:
-            raise ValueError("score needs at least one choice")
-        for c in request.choices:
-            if not isinstance(c, str):
-                raise TypeError(f"choices must be strings, got {type(c).__name__} {c!r}")
+        check_score_request(request)
         prompt = self._tokenize(request.prompt)
         spans = [self._healed_span(prompt, request.prompt + c) for c in request.choices]
         uncond = [self._healed_span([], c) for c in request.choices] if request.unconditional else None

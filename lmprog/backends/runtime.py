@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from lmprog.backends.checks import check_score_request, check_stop_token_ids, check_stream
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError, ConstraintError
 from lmprog.core.models import ModelSource, load_tokenizer, resolve_model
@@ -177,13 +178,7 @@ class Runtime(Backend):
         """Logprobs of each choice after the prompt (token healing as in ScoreRequest): the
         shared prompt is prefilled once into the radix cache, then every choice (and its
         unconditional twin) is scored in one batched prefill from prompt logprobs."""
-        if not isinstance(request, ScoreRequest):
-            raise TypeError(f"score takes a ScoreRequest, got {type(request).__name__}")
-        if not request.choices:
-            raise ValueError("score needs at least one choice")
-        for c in request.choices:
-            if not isinstance(c, str):
-                raise TypeError(f"choices must be strings, got {type(c).__name__} {c!r}")
+        check_score_request(request)
         prompt = self._encode(request.prompt)
         spans = [self._healed_span(prompt, request.prompt + c) for c in request.choices]
         uncond = [self._healed_span([], c) for c in request.choices] if request.unconditional else []
@@ -224,8 +219,7 @@ class Runtime(Backend):
 
     # ---- internals ------------------------------------------------------------------------
     def _generate_one(self, request: GenerateRequest, stream: StreamCallback | None) -> GenerateResult:
-        if stream is not None and not callable(stream):
-            raise TypeError("stream must be a callable taking each text piece")
+        check_stream(stream)
         ids = self._prompt_ids(request.prompt)
         self._check_params(request.params)
         guide = self._guide(request.constraint)
@@ -339,9 +333,7 @@ class Runtime(Backend):
             raise TypeError(f"sampling parameters must be a SamplingParams, got {type(params).__name__}")
         if params.stop and self._tokenizer is None:
             raise BackendError("stop strings need a tokenizer; pass tokenizer=... or use stop_token_ids")
-        for t in params.stop_token_ids:
-            if t >= self._vocab:
-                raise ValueError(f"stop_token_ids: {t} is outside the vocabulary (size {self._vocab})")
+        check_stop_token_ids(params, self._vocab)
 
     def _guide(self, constraint: Any) -> Any:
         if constraint is None:

@@ -1,9 +1,10 @@
 """BatchSampler: one token for each request of a step, from their next-token logits.
 
-Wraps the shared sampler (`lmprog.core.sampler`) with what the engine keeps per request in
+Wraps the shared sampler (`lmprog.core.sampler`) with what a backend keeps per request in
 its DecodeState: SamplingParams, seeded generator, penalty counts, output length (for
 min_tokens) and constraint guide (mask). Per-row tensors are rebuilt only when the set of
-sampled requests changes (a steady decode batch reuses them).
+sampled requests changes (a steady decode batch reuses them). The engine samples a whole
+batch per step; the llama.cpp backend one request (B=1) per step, with its own sampler.
 
 Fault isolation: when the batched call raises (e.g. a constraint leaves a row nothing to
 sample), every row is retried alone, so only the faulty rows fail.

@@ -1,7 +1,8 @@
-"""DecodeState: the output side of one request in the engine (engine thread only).
+"""DecodeState: the output side of one request, shared by every backend (one thread drives it).
 
-The engine samples one token for many requests at once; each token then goes through its
-request's `accept`, which applies the same finish rules as the llama.cpp backend:
+A backend samples a token for the request (the runtime engine for many requests at once,
+the llama.cpp backend for one; both through `BatchSampler`) and hands it to `accept`, which
+applies the finish rules:
 
     stop token id / EOS (unless ignore_eos)  -> "stop" (the token is in output_ids, not in text)
     a stop string                            -> "stop" (the text ends before it)
@@ -9,10 +10,13 @@ request's `accept`, which applies the same finish rules as the llama.cpp backend
     max_tokens                               -> "length" (with a message inside a constraint)
 
 and may jump forward through text the constraint forces. The jump has already been applied
-here (output_ids, guide, text); the engine mirrors it into the scheduler with
-`replace_tokens(req, seq_len - jump.drop_last_n_tokens, jump.new_token_ids)`.
+here (output_ids, guide, text, penalty counts); a backend that keeps its own copy of the
+sequence mirrors it (the engine: `replace_tokens(req, seq_len - jump.drop_last_n_tokens,
+jump.new_token_ids)`; llama.cpp re-reads `output_ids`). Anything else that ends a request
+(context full, abort) goes through `finish`.
 
 Text pieces go to `emit` as soon as they are final (stop-string prefixes held back).
+This module stays light (torch, core and fsm only): the llama.cpp backend imports it.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import torch
 
 from lmprog.core.detok import TextStream
 from lmprog.core.errors import BackendError
-from lmprog.core.protocol import FinishReason, TokenLogprob, TopLogprob
+from lmprog.core.protocol import FinishReason, GenerateResult, TokenLogprob, TopLogprob
 from lmprog.core.sampler import make_generator
 from lmprog.core.sampling import SamplingParams
 
@@ -55,12 +59,17 @@ class _NoText:
 
 class DecodeState:
     """Per-request mutable state: output ids, text stream, guide, RNG, penalty counts,
-    logprobs. Not thread-safe; the engine thread owns it."""
+    logprobs. Not thread-safe; the backend's decoding thread owns it.
+
+    What `BatchSampler` reads: params, output_ids (min_tokens), counts (penalties), guide
+    (mask), generator (seed). A request with max_tokens == 0 never reaches `accept`: its
+    backend ends it with `finish("length")`.
+    """
 
     def __init__(self, params: SamplingParams, *, tokenizer: Any, prompt_ids: Sequence[int],
-                 eos_token_ids: Sequence[int], vocab_size: int, emit: Callable[[str], None],
-                 token_text: TokenText, guide: Any = None, jump_forward: bool = True,
-                 prompt_logprob_start: int | None = None,
+                 eos_token_ids: Sequence[int], vocab_size: int, token_text: TokenText,
+                 emit: Callable[[str], None] | None = None, guide: Any = None,
+                 jump_forward: bool = True, prompt_logprob_start: int | None = None,
                  device: torch.device | str = "cpu") -> None:
         self.params = params
         self.output_ids: list[int] = []
@@ -92,12 +101,14 @@ class DecodeState:
         return self._text.text
 
     # -- one sampled token -----------------------------------------------------------------
-    def accept(self, token: int, room: int, logprob: float | None = None,
+    def accept(self, token: int, room: int | None = None, logprob: float | None = None,
                top: Sequence[tuple[int, float]] = ()) -> Any:
         """Take the sampled token; return a non-noop JumpResult to mirror, else None.
 
-        room: how many more tokens the request's length cap allows after this one (bounds
-        a jump). Raises BackendError if the token breaks the constraint (a bug upstream).
+        room: how many more tokens the sequence has room for after this one (bounds a
+        jump; None: only max_tokens does). logprob/top: the token's raw logprob and the
+        (token, logprob) alternatives, when the params ask for logprobs. Raises
+        BackendError if the token breaks the constraint (a bug upstream).
         """
         assert not self.done, "accept after the request finished"
         self._record_logprob(token, logprob, top)
@@ -139,10 +150,12 @@ class DecodeState:
             if not allow_fail:
                 raise BackendError(f"sampled a token the constraint forbids: {exc}") from exc
 
-    def _jump_forward(self, room: int) -> Any:
+    def _jump_forward(self, room: int | None) -> Any:
         from lmprog.fsm.jump import jump_forward
 
-        budget = min(self.params.max_tokens - len(self.output_ids), room)
+        budget = self.params.max_tokens - len(self.output_ids)
+        if room is not None:
+            budget = min(budget, room)
         jump = jump_forward(self.guide, self.output_ids, self._tokenizer, max_new_tokens=budget)
         if jump.is_noop:
             return None
@@ -194,20 +207,29 @@ class DecodeState:
         self.finish_reason = "error"
 
     def _emit_piece(self, piece: str) -> None:
-        if piece:
+        if piece and self._emit is not None:
             self._emit(piece)
 
-    def result(self, *, prompt_tokens: int, cached_tokens: int) -> EngineResult:
-        assert self.done, "result before the request finished"
+    def result(self, *, prompt_tokens: int, cached_tokens: int) -> GenerateResult:
+        """The finished request's GenerateResult."""
+        return GenerateResult(**self._result_fields(prompt_tokens, cached_tokens))
+
+    def engine_result(self, *, prompt_tokens: int, cached_tokens: int) -> EngineResult:
+        """`result()` plus the prompt logprobs asked for with `prompt_logprob_start`."""
         prompt_lps = None
         if self.prompt_logprob_start is not None:  # all of them, unless aborted part way
             lps = self.prompt_logprobs
             prompt_lps = tuple(itertools.takewhile(lambda lp: lp is not None, (
                 lps.get(p) for p in range(self.prompt_logprob_start + 1, prompt_tokens))))
-        return EngineResult(
+        return EngineResult(**self._result_fields(prompt_tokens, cached_tokens),
+                            prompt_logprobs=prompt_lps)
+
+    def _result_fields(self, prompt_tokens: int, cached_tokens: int) -> dict[str, Any]:
+        assert self.done, "result before the request finished"
+        return dict(
             text=self._text.text, token_ids=tuple(self.output_ids),
             finish_reason=self.finish_reason, prompt_tokens=prompt_tokens,
             completion_tokens=len(self.output_ids), cached_tokens=cached_tokens,
             matched_stop=self.matched_stop,
             logprobs=tuple(self.logprobs) if self.logprobs is not None else None,
-            message=self.message, prompt_logprobs=prompt_lps)
+            message=self.message)

@@ -267,8 +267,8 @@ class Engine:
         try:
             if not state.done:
                 state.finish(req.finish_reason or "abort", message=self._length_message(req))
-            outcome: Any = state.error or state.result(prompt_tokens=req.prompt_len,
-                                                       cached_tokens=req.cached_tokens)
+            outcome: Any = state.error or state.engine_result(prompt_tokens=req.prompt_len,
+                                                              cached_tokens=req.cached_tokens)
         except Exception as exc:  # noqa: BLE001 - this request's fault, not the engine's
             outcome = exc
         self.metrics.on_finish(state.finish_reason if state.error is None else "error")

@@ -1,0 +1,36 @@
+"""Argument checks every backend applies at its public entry points (same rules, same messages).
+
+A backend calls these before it spends any work on a request, so a bad request raises
+from the call that received it and leaves the backend usable (the `Backend` contract).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmprog.core.protocol import ScoreRequest
+from lmprog.core.sampling import SamplingParams
+
+
+def check_score_request(request: Any) -> None:
+    """TypeError/ValueError unless `request` is a ScoreRequest with at least one str choice."""
+    if not isinstance(request, ScoreRequest):
+        raise TypeError(f"score takes a ScoreRequest, got {type(request).__name__}")
+    if not request.choices:
+        raise ValueError("score needs at least one choice")
+    for c in request.choices:
+        if not isinstance(c, str):
+            raise TypeError(f"choices must be strings, got {type(c).__name__} {c!r}")
+
+
+def check_stream(stream: Any) -> None:
+    """TypeError unless `stream` is None or a callable (it receives each text piece)."""
+    if stream is not None and not callable(stream):
+        raise TypeError("stream must be a callable taking each text piece")
+
+
+def check_stop_token_ids(params: SamplingParams, vocab_size: int) -> None:
+    """ValueError if a stop token id lies outside the model's vocabulary."""
+    for t in params.stop_token_ids:
+        if t >= vocab_size:
+            raise ValueError(f"stop_token_ids: {t} is outside the vocabulary (size {vocab_size})")
