@@ -14,7 +14,6 @@ default system prompt (SmolLM2's does) or a BOS marker still does so.
 
 from __future__ import annotations
 
-from functools import cached_property
 from typing import Any
 
 import jinja2
@@ -22,6 +21,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 ROLES = ("system", "user", "assistant")
 _SENTINEL = "\x00LMPROG_CONTENT\x00"
+# Conversations a later message is appended to when deriving its format, tried in order.
+_CONTEXTS = (("user",), ("user", "assistant"), ("system",), ("assistant",), ("system", "user"),
+             ("system", "user", "assistant"))
 
 # Templates a user can name when a model ships none (or to override it).
 NAMED_TEMPLATES: dict[str, str] = {
@@ -60,6 +62,7 @@ class ChatTemplate:
             raise ValueError(f"invalid chat template (line {e.lineno}): {e.message}") from e
         self.source = source
         self._vars = {"bos_token": bos_token, "eos_token": eos_token}
+        self._cache: dict[tuple[str, bool], tuple[str, str]] = {}
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
         return self._template.render(
@@ -68,29 +71,30 @@ class ChatTemplate:
 
     def role_prefix(self, role: str, first: bool = False) -> str:
         """Text that opens a `role` message (`first`: it starts the conversation)."""
-        return self._pieces[(role, first)][0]
+        return self._pieces(role, first)[0]
 
     def role_suffix(self, role: str) -> str:
         """Text that closes a `role` message."""
-        return self._pieces[(role, False)][1]
+        return self._pieces(role, False)[1]
 
-    @cached_property
-    def _pieces(self) -> dict[tuple[str, bool], tuple[str, str]]:
-        pieces = {}
-        for role in ROLES:
-            pieces[(role, True)] = self._split(self.render([{"role": role, "content": _SENTINEL}]))
-            pieces[(role, False)] = self._later_message(role)
-        return pieces
+    def _pieces(self, role: str, first: bool) -> tuple[str, str]:
+        key = (role, first)
+        if key not in self._cache:
+            if first:
+                self._cache[key] = self._split(self.render([{"role": role, "content": _SENTINEL}]))
+            else:
+                self._cache[key] = self._later_message(role)
+        return self._cache[key]
 
     def _later_message(self, role: str) -> tuple[str, str]:
-        # Try fillers until the template accepts the pair (some insist on alternation).
-        fillers = [r for r in ("user", "assistant", "system") if r != role] + [role]
+        # Try earlier conversations until the template accepts one more `role` message
+        # (some templates insist on user/assistant alternation).
         last_error: Exception | None = None
-        for filler_role in fillers:
-            filler = [{"role": filler_role, "content": "F"}]
+        for context_roles in _CONTEXTS:
+            context = [{"role": r, "content": "F"} for r in context_roles]
             try:
-                before = self.render(filler)
-                after = self.render(filler + [{"role": role, "content": _SENTINEL}])
+                before = self.render(context)
+                after = self.render(context + [{"role": role, "content": _SENTINEL}])
             except jinja2.exceptions.TemplateError as e:
                 last_error = e
                 continue
