@@ -19,7 +19,6 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-ROLES = ("system", "user", "assistant")
 _SENTINEL = "\x00LMPROG_CONTENT\x00"
 # Conversations a later message is appended to when deriving its format, tried in order.
 _CONTEXTS = (("user",), ("user", "assistant"), ("system",), ("assistant",), ("system", "user"),

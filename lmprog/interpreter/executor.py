@@ -124,9 +124,13 @@ class NodeExecutor:
 
     # ---- model calls -------------------------------------------------------------
 
+    def _captures_with(self, name: str | None) -> tuple[str, ...]:
+        """The open scopes' variables, plus `name` (the gen/select's own) if given."""
+        return self._captures + ((name,) if name is not None else ())
+
     def _gen(self, node: Gen, params: SamplingParams) -> None:
         assert self._backend is not None and isinstance(params, SamplingParams)
-        captures = self._captures + ((node.name,) if node.name is not None else ())
+        captures = self._captures_with(node.name)
         request = GenerateRequest(self._record.text, params, node.constraint)
         streamed: list[str] = []
         if self._stream:
@@ -156,7 +160,7 @@ class NodeExecutor:
             )
         decision = node.method.choose(result)
         choice = node.choices[decision.index]
-        self._record.append(choice, self._captures + ((node.name,) if node.name is not None else ()))
+        self._record.append(choice, self._captures_with(node.name))
         if node.name is not None:
             self._record.set_var(node.name, choice, {
                 "choices": list(node.choices),

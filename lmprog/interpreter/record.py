@@ -15,7 +15,7 @@ step, and `finish()` runs when the worker exits.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 Captures = tuple[str, ...]  # the variables a piece of text belongs to
@@ -85,7 +85,7 @@ class StateRecord:
                 self.error = error
                 self._notify()
 
-    def count_submitted(self, defines: list[str]) -> None:
+    def count_submitted(self, defines: Sequence[str]) -> None:
         """Called by the front half before it enqueues a step that sets `defines`: readers
         of those variables now wait for the new value (a loop re-generating `s["x"]`)."""
         with self.cond:

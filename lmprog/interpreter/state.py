@@ -18,7 +18,7 @@ from lmprog.core.sampling import SamplingParams
 from lmprog.interpreter.executor import NodeExecutor, TemplateSource
 from lmprog.interpreter.record import StateRecord
 from lmprog.interpreter.worker import ForkPoint, Worker
-from lmprog.lang.ir import ArgRef, Fork, Gen, Join, Node, Select, VarScopeEnd
+from lmprog.lang.ir import ArgRef, Fork, Join
 from lmprog.lang.state import FrontendState, Inherited, Step
 
 
@@ -65,8 +65,8 @@ class ProgramState(FrontendState):
 
     # ---- front-half hooks --------------------------------------------------------
 
-    def _submit(self, steps: tuple[Step, ...]) -> None:
-        self._worker.submit(steps, [name for node, _ in steps if (name := _defines(node)) is not None])
+    def _submit(self, steps: tuple[Step, ...], defines: tuple[str, ...]) -> None:
+        self._worker.submit(steps, defines)
 
     def _spawn(self, fork: Fork, inherited: Inherited) -> list[Any]:
         point = ForkPoint()
@@ -74,12 +74,11 @@ class ProgramState(FrontendState):
             ProgramState(self._context, origin=point, inherited=inherited, body_thread=self._body_thread)
             for _ in range(fork.n)
         ]
-        self._worker.submit(((fork, point),), [])
+        self._worker.submit(((fork, point),), ())
         return children
 
-    def _submit_join(self, join: Join, children: list[Any]) -> None:
-        names = {n: None for c in children for n in c._new_names} if join.mode == "gather" else {}
-        self._worker.submit(((join, [c._record for c in children]),), list(names))
+    def _submit_join(self, join: Join, children: list[Any], defines: tuple[str, ...]) -> None:
+        self._worker.submit(((join, [c._record for c in children]),), defines)
 
     def _on_close(self) -> None:
         self._worker.end()
@@ -192,13 +191,6 @@ class ProgramState(FrontendState):
         record = self._record
         status = "failed" if record.error else "finished" if record.finished else "running"
         return f"<ProgramState {status}, {record.length} chars, variables {sorted(record.variables)}>"
-
-
-def _defines(node: Node) -> str | None:
-    """The variable a step sets, if any."""
-    if isinstance(node, (Gen, Select, VarScopeEnd)):
-        return node.name
-    return None
 
 
 def _check_var(var: object) -> None:

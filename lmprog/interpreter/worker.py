@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from lmprog.interpreter.executor import ForkSnapshot, NodeExecutor
@@ -61,7 +62,7 @@ class Worker:
         self._thread = threading.Thread(target=self._run, name=f"lmprog-state-{next(_ids)}", daemon=True)
         self._thread.start()
 
-    def submit(self, steps: tuple[Step, ...], defines: list[str]) -> None:
+    def submit(self, steps: tuple[Step, ...], defines: Sequence[str]) -> None:
         """Enqueue steps that will set the variables `defines`."""
         self._record.count_submitted(defines)
         self._queue.put(steps)

@@ -82,7 +82,7 @@ class FrontendState(abc.ABC):
                 names.append(node.name)
         self._open_role = role
         if steps:
-            self._submit(tuple(steps))
+            self._submit(tuple(steps), tuple(names))
         self._declare(names)  # after submitting: a reader then waits for the new value
 
     def _resolve(self, node: Gen) -> SamplingParams:
@@ -129,11 +129,11 @@ class FrontendState(abc.ABC):
     def _scope_block(self, name: str) -> Iterator[None]:
         self._check_open()
         self._scopes.append(name)
-        self._submit(((VarScopeBegin(name), None),))
+        self._submit(((VarScopeBegin(name), None),), ())
         yield
         assert self._scopes[-1] == name, "var scopes close in reverse order"
         self._scopes.pop()
-        self._submit(((VarScopeEnd(name), None),))
+        self._submit(((VarScopeEnd(name), None),), (name,))
         self._declare([name])  # readable only once the scope has closed
 
     # ---- fork / join -------------------------------------------------------------
@@ -165,9 +165,9 @@ class FrontendState(abc.ABC):
             child._close("this fork copy was joined into its parent; append to the parent instead")
             names.update(child._new_names)
         self._open_groups.remove(group)
-        self._submit_join(Join(group.fork.fork_id, mode), children)  # type: ignore[arg-type]
-        if mode == "gather":
-            self._declare(names)
+        gathered = tuple(names) if mode == "gather" else ()
+        self._submit_join(Join(group.fork.fork_id, mode), children, gathered)  # type: ignore[arg-type]
+        self._declare(gathered)
 
     # ---- lifecycle ---------------------------------------------------------------
 
@@ -193,16 +193,16 @@ class FrontendState(abc.ABC):
     # ---- subclass hooks ----------------------------------------------------------
 
     @abc.abstractmethod
-    def _submit(self, steps: tuple[Step, ...]) -> None:
-        """Take validated steps, in program order."""
+    def _submit(self, steps: tuple[Step, ...], defines: tuple[str, ...]) -> None:
+        """Take validated steps, in program order; `defines` names the variables they set."""
 
     @abc.abstractmethod
     def _spawn(self, fork: Fork, inherited: Inherited) -> list[Any]:
         """Make the `fork.n` copies (same class as self) and submit the fork step."""
 
     @abc.abstractmethod
-    def _submit_join(self, join: Join, children: list[Any]) -> None:
-        """Submit the join step; `children` are already closed."""
+    def _submit_join(self, join: Join, children: list[Any], defines: tuple[str, ...]) -> None:
+        """Submit the join step; `children` are already closed; `defines` is what it gathers."""
 
     @abc.abstractmethod
     def _on_close(self) -> None:

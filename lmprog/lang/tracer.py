@@ -45,7 +45,7 @@ class TracerState(FrontendState):
         super().__init__(defaults, inherited)
         self._items: list[Node | _PendingFork] = []
 
-    def _submit(self, steps: tuple[Step, ...]) -> None:
+    def _submit(self, steps: tuple[Step, ...], defines: tuple[str, ...]) -> None:
         self._items.extend(node for node, _ in steps)
 
     def _spawn(self, fork: Fork, inherited: Inherited) -> list[Any]:
@@ -53,7 +53,7 @@ class TracerState(FrontendState):
         self._items.append(_PendingFork(fork, children))
         return children
 
-    def _submit_join(self, join: Join, children: list[Any]) -> None:
+    def _submit_join(self, join: Join, children: list[Any], defines: tuple[str, ...]) -> None:
         self._items.append(join)
 
     def _on_close(self) -> None:
