@@ -1,6 +1,6 @@
 """Where compiled token indexes live: a memory LRU, disk files, and builds in flight.
 
-    lookup(key, build, disk, inline) -> Future[(index, nbytes)]
+    IndexCache().lookup(key, build, inline) -> Future[index]   (build() -> (index, nbytes))
 
 - Memory: an LRU bounded by entries (`MEMORY_CACHE_SIZE`) and by bytes (`LMPROG_FSM_MEMORY_MB`,
   default 2048). An outlines-core index stores every (state, token) edge: a JSON object with a

@@ -131,13 +131,14 @@ def jump_forward(
     forced = forced_edge(guide.index, guide.state).text
     if not forced:
         return NOOP
-    plan = _retokenize(guide, list(output_ids), forced, tokenizer, lookback)
+    output_ids = list(output_ids)
+    plan = _retokenize(guide, output_ids, forced, tokenizer, lookback)
     if plan is None:
         return NOOP
     drop, new = plan
     if max_new_tokens is not None:
         new = new[: max(0, max_new_tokens + drop)]
-    return _commit(guide, list(output_ids), drop, new)
+    return _commit(guide, output_ids, drop, new)
 
 
 # ---- internals -----------------------------------------------------------------------------

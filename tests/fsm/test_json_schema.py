@@ -200,3 +200,23 @@ def test_annotations_are_ignored():
               "title": "T", "description": "d", "examples": [1], "default": 2, "$comment": "c",
               "deprecated": False, "readOnly": True, "type": "integer"}
     assert Constraint.from_json_schema(schema).pattern == Constraint.from_json_schema({"type": "integer"}).pattern
+
+
+def test_pattern_does_not_depend_on_the_hash_seed():
+    """The index cache (memory and disk) is keyed by the pattern: it must be the same in every
+    process. Excluded-key sets are frozensets, whose order varies with PYTHONHASHSEED."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from lmprog.fsm import Constraint; print(Constraint.from_json_schema({'type': 'object', "
+        "'properties': {'alpha': {}, 'beta': {}, 'gamma': {}, 'delta': {}}, "
+        "'additionalProperties': {'type': 'integer'}}).cache_key)"
+    )
+    keys = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
+        for seed in (1, 2, 3)
+    }
+    assert len(keys) == 1, keys

@@ -19,7 +19,7 @@ from lmprog.fsm.json_schema.algebra import conj
 from lmprog.fsm.json_schema.complement import neg
 from lmprog.fsm.json_schema.sequences import Slot, separated
 from lmprog.fsm.json_schema.terms import ArrT
-from lmprog.fsm.regex import EPS, R, alt, cat, lit, opt, rep
+from lmprog.fsm.regex import R, alt, cat, opt, rep
 
 if TYPE_CHECKING:
     from lmprog.fsm.json_schema.emit import Emitter
@@ -29,15 +29,10 @@ def array_regex(t: ArrT, em: Emitter) -> R | None:
     if t.unique:
         return _unique_arrays(t, em)
     if t.contains:
-        return _wrap(*_contains_items(t, em), em)
+        return em.container("[", *_contains_items(t, em), "]")
     prefix = [em.node(n) for n in t.prefix]
     rest = em.node(t.rest)
-    return _wrap(*_items(prefix, rest, t.min_items, t.max_items, em.sep), em)
-
-
-def _wrap(body: R | None, empty_ok: bool, em: Emitter) -> R | None:
-    inner = alt(EPS if empty_ok else None, cat(body, em.ws))
-    return cat(lit("["), em.ws, inner, lit("]"))
+    return em.container("[", *_items(prefix, rest, t.min_items, t.max_items, em.sep), "]")
 
 
 def _items(prefix: list, rest: R | None, lo: int, hi: int | None, sep: R) -> tuple[R | None, bool]:

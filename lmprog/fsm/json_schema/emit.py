@@ -17,6 +17,7 @@ from lmprog.fsm.json_schema.objects import object_regex
 from lmprog.fsm.json_schema.sequences import Slot, separated
 from lmprog.fsm.json_schema.strings import UNIT_TOKEN, json_text, string_regex
 from lmprog.fsm.json_schema.terms import ArrT, BoolT, Node, NullT, NumT, ObjT, StrT
+from lmprog.fsm.json_schema.values import to_decimal
 from lmprog.fsm.regex import EPS, R, alt, cat, lit, raw, rep
 
 _FINITE_LIMIT = 256
@@ -58,32 +59,34 @@ class Emitter:
             options = [lit("null"), lit("true"), lit("false"), raw(NUMBER), string_regex(StrT())]
             if depth > 0:
                 inner = self.any_value(depth - 1)
-                options.append(self._container("[", inner, "]"))
                 member = cat(lit('"'), rep(UNIT_TOKEN, 0, None), lit('"'), self.ws, lit(":"), self.ws, inner)
-                options.append(self._container("{", member, "}"))
+                for open_, item, close in (("[", inner, "]"), ("{", member, "}")):
+                    body, _ = separated([Slot(item, 0, None)], self.sep)
+                    options.append(self.container(open_, body, True, close))
             self._any[depth] = alt(*options)  # type: ignore[assignment]
         return self._any[depth]
 
-    def _container(self, open_: str, item: R, close: str) -> R:
-        body, _ = separated([Slot(item, 0, None)], self.sep)
-        return cat(lit(open_), self.ws, alt(EPS, cat(body, self.ws)), lit(close))  # type: ignore[return-value]
+    def container(self, open_: str, body: R | None, empty_ok: bool, close: str) -> R | None:
+        """``open_ body close`` with whitespace inside the brackets (``body`` None: only the
+        empty container, if ``empty_ok``)."""
+        return cat(lit(open_), self.ws, alt(EPS if empty_ok else None, cat(body, self.ws)), lit(close))
 
     def value(self, v) -> R | None:
         """The text of one JSON value (objects in every key order when they have few keys)."""
         if v is None or isinstance(v, bool):
             return lit(json.dumps(v))
         if isinstance(v, (int, float, Decimal)):
-            return value_regex(Decimal(repr(v)) if isinstance(v, float) else Decimal(v))
+            return value_regex(to_decimal(v))
         if isinstance(v, str):
             return lit(json_text(v))
         if isinstance(v, list):
             body, empty = separated([Slot(self.value(x), 1, 1) for x in v], self.sep)
-            return cat(lit("["), self.ws, alt(EPS if empty else None, cat(body, self.ws)), lit("]"))
+            return self.container("[", body, empty, "]")
         items = [cat(lit(json_text(k)), self.ws, lit(":"), self.ws, self.value(x))
                  for k, x in v.items()]
         orders = permutations(items) if len(items) <= 4 else [items]
         body = alt(*(separated([Slot(m, 1, 1) for m in order], self.sep)[0] for order in orders))
-        return cat(lit("{"), self.ws, alt(EPS if not items else None, cat(body, self.ws)), lit("}"))
+        return self.container("{", body, not items, "}")
 
     def finite_values_of_term(self, t) -> list | None:
         """Every value of a term, when there are at most a few hundred; else None."""
@@ -120,7 +123,7 @@ def value_key(v):
     if v is None or isinstance(v, bool):
         return ("c", v)
     if isinstance(v, (int, float, Decimal)):
-        return ("n", Decimal(repr(v)) if isinstance(v, float) else Decimal(v))
+        return ("n", to_decimal(v))
     if isinstance(v, str):
         return ("s", v)
     if isinstance(v, list):

@@ -32,7 +32,7 @@ from lmprog.fsm.json_schema.terms import Node, ObjT, StrT
 from lmprog.fsm.json_schema.values import pattern_matcher, str_ok
 from lmprog.fsm.json_schema.automata import to_regex
 from lmprog.fsm.json_schema.strings import canonical_token
-from lmprog.fsm.regex import ANY_CHAR, EPS, CharSet, R, alt, cat, lit
+from lmprog.fsm.regex import ANY_CHAR, CharSet, R, alt, cat, lit
 
 if TYPE_CHECKING:
     from lmprog.fsm.json_schema.emit import Emitter
@@ -51,18 +51,14 @@ def object_regex(t: ObjT, em: Emitter) -> R | None:
         n_required += required
     regions = _regions(t, em)
     if t.any_order and not regions and len(named) <= 4 and all(s.lo for s in named):
-        return _wrap(alt(*(separated(list(p), em.sep)[0] for p in permutations(named))), not named, em)
+        body = alt(*(separated(list(p), em.sep)[0] for p in permutations(named)))
+        return em.container("{", body, not named, "}")
     slots = named + _region_slots(regions, t, n_required, len(named) - n_required)
-    return _wrap(*separated(slots, em.sep), em)
+    return em.container("{", *separated(slots, em.sep), "}")
 
 
 def _member(key: R | None, value: R | None, em: Emitter) -> R | None:
     return cat(key, em.ws, lit(":"), em.ws, value)
-
-
-def _wrap(body: R | None, empty_ok: bool, em: Emitter) -> R | None:
-    inner = alt(EPS if empty_ok else None, cat(body, em.ws))
-    return cat(lit("{"), em.ws, inner, lit("}"))
 
 
 def _region_slots(regions: list, t: ObjT, n_required: int, n_optional: int) -> list[Slot]:

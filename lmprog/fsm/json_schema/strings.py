@@ -227,7 +227,7 @@ def _capped(node, hi: int):
 def _not_in(excluded: frozenset, lo: int, hi: int | None) -> R | None:
     """Tokens of strings of lo..hi characters that are not in ``excluded``."""
     trie: dict = {}
-    for word in excluded:
+    for word in sorted(excluded):  # sorted: the pattern (and its index cache key) must not depend on the hash seed
         node = trie
         for c in word:
             node = node.setdefault(c, {})
