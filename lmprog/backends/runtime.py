@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmprog.backends.checks import check_score_request, check_stop_token_ids, check_stream
+from lmprog.backends.state_cache import common_prefix_len
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError, ConstraintError
 from lmprog.core.models import ModelSource, load_tokenizer, resolve_model
@@ -302,9 +303,7 @@ class Runtime(Backend):
     def _healed_span(self, prompt: list[int], text: str) -> tuple[list[int], int]:
         """(tokens of the whole text, index of the first token to score)."""
         tokens = self._encode(text)
-        start = 0
-        while start < min(len(prompt), len(tokens)) and prompt[start] == tokens[start]:
-            start += 1
+        start = common_prefix_len(prompt, tokens)
         if start == 0:  # nothing to condition on: score after the start token
             tokens, start = [self._start_id, *tokens], 1
         return tokens, start

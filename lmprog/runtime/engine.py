@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from lmprog.core.errors import BackendError, ContextLengthError
+from lmprog.core.errors import BackendError
 
 from .batch_sampler import BatchSampler
 from .decode_state import DecodeState
@@ -92,7 +92,7 @@ class Engine:
         pieces, only the result (the caller's thread is not woken per token)."""
         if not isinstance(request, EngineRequest):
             raise TypeError(f"submit takes an EngineRequest, got {type(request).__name__}")
-        self._check_fits(len(request.prompt_ids))
+        self.scheduler.check_fits(len(request.prompt_ids))  # raise in the caller's thread
         handle = RequestHandle(next(self._rids), self.abort, stream)
         with self._close_lock:
             self._check_open()
@@ -140,18 +140,6 @@ class Engine:
     def _check_open(self) -> None:
         if self._closed or not self._thread.is_alive():
             raise BackendError("the runtime engine is shut down; create a new Runtime")
-
-    def _check_fits(self, prompt_len: int) -> None:
-        # The scheduler's submission rule, checked here so the caller's thread raises.
-        ctx, cache = self.scheduler.max_context_len, self.scheduler.cache
-        if prompt_len + 1 > ctx:
-            raise ContextLengthError(
-                f"prompt of {prompt_len} tokens plus 1 generated token exceeds the context "
-                f"length of {ctx} tokens; shorten the prompt")
-        if cache.round_up(prompt_len + 1) > cache.capacity:
-            raise ContextLengthError(
-                f"prompt of {prompt_len} tokens plus 1 generated token does not fit the KV "
-                f"pool of {cache.capacity} tokens; shorten it or raise max_total_tokens")
 
     # ---- the engine thread -----------------------------------------------------------------
     def _run(self) -> None:

@@ -82,9 +82,7 @@ class ModelRunner:
 
     def build(self, batch: ScheduledBatch) -> ForwardBatch:
         entries = batch.entries
-        ext = np.fromiter((e.num_new for e in entries), np.int64, len(entries))
-        lens = np.fromiter((e.end for e in entries), np.int64, len(entries))
-        rows = np.fromiter((e.row for e in entries), np.int64, len(entries))
+        ext, lens, rows = batch.extend_lens(), batch.seq_lens(), batch.rows()
         starts = np.cumsum(ext) - ext
         logit_rows = batch.logits_indices()
         host = np.concatenate([batch.input_ids(), batch.positions, batch.out_slots.astype(np.int64),

@@ -40,10 +40,6 @@ class ScheduledEntry(NamedTuple):
         return self.start + self.num_new
 
     @property
-    def need_logits(self) -> bool:
-        return self.logits_from is not None
-
-    @property
     def num_draft(self) -> int:
         return len(self.draft_ids)
 

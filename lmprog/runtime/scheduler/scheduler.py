@@ -109,16 +109,7 @@ class Scheduler:
             raise ValueError(f"request {req.rid!r} was submitted before; make a new Req")
         if req.rid in self.requests:
             raise ValueError(f"request id {req.rid!r} is already in use by an unfinished request")
-        need = req.prompt_len + 1
-        if need > self.max_context_len:
-            raise ContextLengthError(
-                f"prompt of {req.prompt_len} tokens plus 1 generated token exceeds the "
-                f"model's context length of {self.max_context_len} tokens; shorten the prompt")
-        if self.cache.round_up(need) > self.cache.capacity:
-            raise ContextLengthError(
-                f"prompt of {req.prompt_len} tokens plus 1 generated token does not fit the "
-                f"KV pool of {self.cache.capacity} tokens; shorten the prompt or raise the KV "
-                "memory budget (max_total_tokens)")
+        self.check_fits(req.prompt_len)
         pls = req.prompt_logprob_start
         if pls is not None and not 0 <= pls < req.prompt_len:
             raise ValueError(f"prompt_logprob_start must be in [0, {req.prompt_len}), got {pls}")
@@ -126,6 +117,20 @@ class Scheduler:
         req.stop_len = min(req.stop_len, req.max_seq_len)
         self.requests.add(req)
         return req
+
+    def check_fits(self, prompt_len: int) -> None:
+        """ContextLengthError unless a prompt of prompt_len tokens plus one generated token
+        fits the context length and the whole KV pool. Reads only constants: any thread."""
+        need = prompt_len + 1
+        if need > self.max_context_len:
+            raise ContextLengthError(
+                f"prompt of {prompt_len} tokens plus 1 generated token exceeds the "
+                f"model's context length of {self.max_context_len} tokens; shorten the prompt")
+        if self.cache.round_up(need) > self.cache.capacity:
+            raise ContextLengthError(
+                f"prompt of {prompt_len} tokens plus 1 generated token does not fit the "
+                f"KV pool of {self.cache.capacity} tokens; shorten the prompt or raise the KV "
+                "memory budget (max_total_tokens)")
 
     # -- one step --------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
