@@ -50,6 +50,8 @@ class Runtime(Backend):
         context_length: longest sequence (default: the model's).
         max_running_requests, max_num_batched_tokens, schedule_policy ("lpm"/"fcfs"),
             page_size: scheduler and cache knobs (see lmprog.runtime.config).
+        hybrid_batching: mix decodes and prefill chunks in one step (default); False runs
+            prefill-first (decodes wait while prompts are pending), for comparison.
         jump_forward: append constraint-forced text in one step (default on).
         quantization: None, or "int4": 4-bit weight-only matmuls on the CPU for layers whose
             weights are exact 4-bit groups (a Q4_1 GGUF), ~2x faster decode; computes in
@@ -67,6 +69,7 @@ class Runtime(Backend):
                  chat_template: str | None = None, tokenizer: Any = None,
                  context_length: int | None = None, max_running_requests: int = 64,
                  max_num_batched_tokens: int = 2048, schedule_policy: str = "lpm",
+                 hybrid_batching: bool = True,
                  page_size: int = 1, jump_forward: bool = True, quantization: str | None = None,
                  attention: str = "auto", cuda_graphs: bool = True,
                  num_threads: int | None = None, seed: int = 0,
@@ -82,7 +85,7 @@ class Runtime(Backend):
         cache_config = CacheConfig(page_size=page_size, radix_cache=radix_cache, eviction=eviction)
         scheduler_config = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
                                            max_running_reqs=max_running_requests,
-                                           policy=schedule_policy)
+                                           policy=schedule_policy, hybrid=hybrid_batching)
         self._source = _source_of(model, load_format)
         net = self._load(model, device, dtype, load_format, attention, quantization, num_threads, seed)
         self.quantization = quantization

@@ -57,6 +57,9 @@ class SchedulerConfig:
         `ratio * remaining max_tokens` (capped at `reserve_clip_tokens` per request) of the
         running requests' future decodes; the ratio starts at init, decays by `decay` per
         step down to min, and jumps back to init when a request had to be retracted.
+    hybrid: mix decodes and prefill chunks in one step (XY-Serve's hybrid batch). False is
+        prefill-first scheduling, the baseline of servers without mixed batches: a step with
+        any prefill work to do runs only prefill chunks, and the running decodes wait.
     """
 
     max_num_batched_tokens: int = 2048
@@ -68,8 +71,11 @@ class SchedulerConfig:
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.001
     reserve_clip_tokens: int = 4096
+    hybrid: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.hybrid, bool):
+            raise TypeError(f"hybrid must be a bool, got {self.hybrid!r}")
         _check_int("max_running_reqs", self.max_running_reqs, lo=1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, lo=1)
         if self.max_num_batched_tokens < self.max_running_reqs:

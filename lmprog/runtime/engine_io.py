@@ -12,6 +12,7 @@ on the engine thread: a callback that raises fails its own request only, in its 
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -65,7 +66,12 @@ _PIECE, _DONE, _ERROR = 0, 1, 2
 
 class RequestHandle:
     """The caller's end of one submitted request. `pieces()`/`result()` are for one consumer
-    thread; `abort()` is safe from any thread, at any time."""
+    thread; `abort()` is safe from any thread, at any time.
+
+    Timestamps (time.perf_counter(), set by the engine thread): `submitted_at`; `first_text_at`
+    when the first text piece was final (None until then, and for an output without text);
+    `finished_at` when the outcome was put. Benchmarks and servers read TTFT and time per
+    output token from them without waking a thread per token."""
 
     def __init__(self, rid: Hashable, abort: Callable[[Hashable], None], stream: bool = True) -> None:
         self.rid = rid
@@ -73,16 +79,23 @@ class RequestHandle:
         self._abort = abort
         self._events: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
         self._outcome: tuple[int, Any] | None = None
+        self.submitted_at = time.perf_counter()
+        self.first_text_at: float | None = None
+        self.finished_at: float | None = None
 
     # -- engine side -----------------------------------------------------------------------
     def put_piece(self, text: str) -> None:
+        if self.first_text_at is None:
+            self.first_text_at = time.perf_counter()
         if self.stream:
             self._events.put((_PIECE, text))
 
     def put_result(self, result: EngineResult) -> None:
+        self.finished_at = time.perf_counter()
         self._events.put((_DONE, result))
 
     def put_error(self, error: BaseException) -> None:
+        self.finished_at = time.perf_counter()
         self._events.put((_ERROR, error))
 
     # -- caller side -----------------------------------------------------------------------

@@ -16,7 +16,14 @@ from lmprog.runtime.kernels.rmsnorm import (  # noqa: E402
     rms_norm,
     rms_norm_ref,
 )
-from lmprog.runtime.kernels.rope import apply_rope, apply_rope_ref, cos_sin_cache  # noqa: E402
+from lmprog.runtime.kernels.rope import (  # noqa: E402
+    apply_rope,
+    apply_rope_ref,
+    cos_sin_cache,
+    rope_and_store,
+    rope_and_store_ref,
+)
+from lmprog.runtime.layers.rotary import RotaryEmbedding  # noqa: E402
 
 HIDDEN = [1, 300, 4096, 5120] if ON_GPU else [1, 300, 2048]
 ROWS = 257 if ON_GPU else 5
@@ -83,6 +90,48 @@ def test_rope_in_place(dtype, is_neox, head_dim, rot_dim):
     _close(q, q_ref, dtype)
     _close(k, k_ref, dtype)
     assert torch.equal(qkv[:, 10 * head_dim :], v_before)  # v untouched
+
+
+def _rope_store_inputs(tokens, hq, hk, head_dim, dtype, slots=64):
+    qkv = torch.randn(tokens, hq + 2 * hk, head_dim, dtype=dtype, device=DEVICE)
+    positions = torch.randint(0, 8192, (tokens,), device=DEVICE)
+    cos, sin = RotaryEmbedding(head_dim, 500000.0).cos_sin(positions, dtype)
+    caches = [torch.zeros(slots, hk, head_dim, dtype=dtype, device=DEVICE) for _ in range(2)]
+    loc = torch.randperm(slots - 1, device=DEVICE)[:tokens] + 1
+    return qkv, cos, sin, caches, loc
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hk,head_dim", [(8, 2, 64), (6, 6, 32), (32, 8, 128)])
+def test_rope_and_store_matches_reference_and_model_path(dtype, hq, hk, head_dim):
+    tokens = 200 if ON_GPU else 5
+    qkv, cos, sin, (kc, vc), loc = _rope_store_inputs(tokens, hq, hk, head_dim, dtype, 256)
+    ref_qkv, ref_kc, ref_vc = qkv.clone(), kc.clone(), vc.clone()
+    rope_and_store_ref(ref_qkv, hq, cos, sin, ref_kc, ref_vc, loc)
+    # the model's plain path: RotaryEmbedding.apply, then the pool write
+    model_qk = RotaryEmbedding.apply(qkv[:, :hq + hk].clone(), cos, sin)
+    rope_and_store(qkv, hq, cos, sin, kc, vc, loc.int())
+    _close(qkv, ref_qkv, dtype)
+    _close(qkv[:, :hq + hk], model_qk, dtype)
+    assert torch.equal(kc[loc], qkv[:, hq:hq + hk]) and torch.equal(vc[loc], qkv[:, hq + hk:])
+    untouched = torch.ones(kc.shape[0], dtype=torch.bool, device=DEVICE)
+    untouched[loc] = False
+    assert not kc[untouched].any() and not vc[untouched].any()
+
+
+def test_rope_and_store_errors():
+    dtype = DTYPES[0]
+    qkv, cos, sin, (kc, vc), loc = _rope_store_inputs(3, 4, 2, 32, dtype)
+    with pytest.raises(ValueError, match="num_q_heads"):
+        rope_and_store(qkv, 3, cos, sin, kc, vc, loc)
+    with pytest.raises(ValueError, match="cos must be"):
+        rope_and_store(qkv, 4, cos[:2], sin, kc, vc, loc)
+    with pytest.raises(ValueError, match="k_cache must be"):
+        rope_and_store(qkv, 4, cos, sin, kc[:, :1], vc, loc)
+    with pytest.raises(ValueError, match="out_loc must be"):
+        rope_and_store(qkv, 4, cos, sin, kc, vc, loc[:2])
+    with pytest.raises(TypeError, match="k_cache must have dtype"):
+        rope_and_store(qkv, 4, cos, sin, kc.double(), vc, loc)
 
 
 def test_rope_position_zero_is_identity_and_errors():

@@ -85,6 +85,26 @@ def test_budget_serves_all_decodes_and_fills_the_rest_with_a_prefill_chunk():
     assert [r.output_ids for r in decoding] == [expected_output([i + 1, i + 2], 50) for i in range(3)]
 
 
+def test_prefill_first_mode_pauses_decodes_while_prompts_are_pending():
+    s = make(budget=16, hybrid=False)
+    decoding = [s.submit(req(i, [i + 1, i + 2], max_tokens=50)) for i in range(3)]
+    step(s)
+    long = s.submit(req("long", list(range(500, 540)), max_tokens=2))
+    kinds = []
+    while long.output_len == 0:
+        batch, _ = step(s)
+        assert [e.req for e in batch.entries] == [long]
+        kinds.append(batch.entries[0].num_new)
+    assert kinds == [16, 16, 8]  # the whole budget goes to the prompt; decodes waited
+    assert all(r.output_len == 1 for r in decoding)
+    batch, _ = step(s)  # nothing left to prefill: everyone decodes together
+    assert sorted(e.num_new for e in batch.entries) == [1, 1, 1, 1]
+    run(s)
+    assert [r.output_ids for r in decoding] == [expected_output([i + 1, i + 2], 50) for i in range(3)]
+    with pytest.raises(TypeError, match="hybrid must be a bool"):
+        SchedulerConfig(hybrid=1)
+
+
 def test_lpm_prefers_cached_prefixes_and_falls_back_to_fcfs_on_a_long_queue():
     shared = list(range(300, 340))
     for lpm_max_queue, first in ((8, "b"), (1, "a")):

@@ -132,3 +132,127 @@ def _rope_kernel(
         offs2 = 2 * i + 1
     _rotate_heads(Q + t * stride_qt, n_q_heads, stride_qh, cos, sin, offs1, offs2, ok, BLOCK_H)
     _rotate_heads(K + t * stride_kt, n_k_heads, stride_kh, cos, sin, offs1, offs2, ok, BLOCK_H)
+
+
+def rope_and_store(
+    qkv: torch.Tensor,
+    num_q_heads: int,
+    cos: torch.Tensor,
+    signed_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out_loc: torch.Tensor,
+) -> None:
+    """One pass per token over a fused q/k/v projection, replacing rotary + two pool writes:
+
+        qkv [T, Hq + 2 Hk, D]: q heads, then k heads, then v heads (the qkv_proj output)
+        q, k  <- rotated in place (neox layout, from the step's per-token rows below)
+        k_cache[out_loc[t]], v_cache[out_loc[t]] <- the rotated k and the v of token t
+
+    cos / signed_sin: [T, D] or [T, 1, D] rows as `layers.rotary.RotaryEmbedding.cos_sin`
+    makes them (sin's first half negated): x' = x * cos + roll(x, D/2) * signed_sin.
+    k_cache / v_cache: one layer of the pool, [slots, Hk, D] in qkv's dtype.
+    """
+    cos2, sin2 = _check_store(qkv, num_q_heads, cos, signed_sin, k_cache, v_cache, out_loc)
+    t, heads, d = qkv.shape
+    if t == 0:
+        return
+    _rope_store_kernel[(t,)](
+        qkv, cos2, sin2, out_loc, k_cache, v_cache, num_q_heads, (heads - num_q_heads) // 2,
+        qkv.stride(0), qkv.stride(1), cos2.stride(0), sin2.stride(0),
+        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_H=4, num_warps=4,
+    )  # fmt: skip
+
+
+def rope_and_store_ref(
+    qkv: torch.Tensor,
+    num_q_heads: int,
+    cos: torch.Tensor,
+    signed_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out_loc: torch.Tensor,
+) -> None:
+    """In-place reference of `rope_and_store` (fp32 math, one rounding)."""
+    hk = (qkv.shape[1] - num_q_heads) // 2
+    qk = qkv[:, : num_q_heads + hk].float()
+    c = cos.reshape(qkv.shape[0], 1, -1).float()
+    s = signed_sin.reshape(qkv.shape[0], 1, -1).float()
+    rotated = (qk * c + qk.roll(qk.shape[-1] // 2, dims=-1) * s).to(qkv.dtype)
+    qkv[:, : num_q_heads + hk] = rotated
+    k_cache[out_loc.long()] = qkv[:, num_q_heads : num_q_heads + hk]
+    v_cache[out_loc.long()] = qkv[:, num_q_heads + hk :]
+
+
+def _check_store(qkv, num_q_heads, cos, sin, k_cache, v_cache, out_loc):
+    check_tensor("qkv", qkv, ndim=3, dtypes=FLOAT_DTYPES)
+    check_runnable("qkv", qkv)
+    t, heads, d = qkv.shape
+    hk = (heads - num_q_heads) // 2
+    if not isinstance(num_q_heads, int) or num_q_heads < 1 or hk < 1 \
+            or num_q_heads + 2 * hk != heads or num_q_heads % hk:
+        raise ValueError(f"qkv's {heads} heads must be num_q_heads ({num_q_heads}) + 2 * k heads "
+                         "with the q heads a multiple of the k heads")
+    if qkv.stride(2) != 1 or d % 2:
+        raise ValueError(f"qkv must be contiguous in an even head_dim, got stride "
+                         f"{qkv.stride()} and head_dim {d}")
+    rows = []
+    for name, x in (("cos", cos), ("signed_sin", sin)):
+        check_tensor(name, x, dtypes=FLOAT_DTYPES, device=qkv.device)
+        if x.numel() != t * d or x.shape[0] != t or x.shape[-1] != d:
+            raise ValueError(f"{name} must be [{t}, {d}] or [{t}, 1, {d}], got {tuple(x.shape)}")
+        x2 = x.reshape(t, d)
+        if x2.stride(1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension")
+        rows.append(x2)
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, cache, ndim=3, dtypes=(qkv.dtype,), device=qkv.device)
+        if tuple(cache.shape[1:]) != (hk, d) or cache.stride(2) != 1:
+            raise ValueError(f"{name} must be [slots, {hk}, {d}] contiguous in head_dim, "
+                             f"got {tuple(cache.shape)}")
+    check_tensor("out_loc", out_loc, ndim=1, dtypes=INDEX_DTYPES, device=qkv.device)
+    if out_loc.shape[0] != t:
+        raise ValueError(f"out_loc must be [{t}], got {tuple(out_loc.shape)}")
+    return rows
+
+
+@triton.jit
+def _rope_rows(X, n_heads, stride_h, cos, sin, d, rolled, ok,
+               BLOCK_H: tl.constexpr, Cache, stride_ch, STORE: tl.constexpr):  # fmt: skip
+    """Rotate n_heads rows of X in place; also store them at Cache when STORE."""
+    for h0 in range(0, n_heads, BLOCK_H):
+        heads = h0 + tl.arange(0, BLOCK_H)
+        m = (heads < n_heads)[:, None] & ok[None, :]
+        x = tl.load(X + heads[:, None] * stride_h + d[None, :], mask=m, other=0.0).to(tl.float32)
+        xr = tl.load(X + heads[:, None] * stride_h + rolled[None, :], mask=m,
+                     other=0.0).to(tl.float32)
+        y = (x * cos + xr * sin).to(X.dtype.element_ty)
+        tl.debug_barrier()  # every lane has read its rolled partner before anyone writes
+        tl.store(X + heads[:, None] * stride_h + d[None, :], y, mask=m)
+        if STORE:
+            tl.store(Cache + heads[:, None] * stride_ch + d[None, :], y, mask=m)
+
+
+@triton.jit
+def _rope_store_kernel(
+    QKV, Cos, Sin, Loc, KC, VC, n_q, n_k, stride_t, stride_h, stride_cos, stride_sin,
+    stride_ks, stride_kh, stride_vs, stride_vh,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(Loc + t).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    ok = d < D
+    rolled = (d + D // 2) % D
+    cos = tl.load(Cos + t * stride_cos + d, mask=ok, other=0.0).to(tl.float32)[None, :]
+    sin = tl.load(Sin + t * stride_sin + d, mask=ok, other=0.0).to(tl.float32)[None, :]
+    row = QKV + t * stride_t
+    _rope_rows(row, n_q, stride_h, cos, sin, d, rolled, ok, BLOCK_H, KC, 0, False)
+    _rope_rows(row + n_q * stride_h, n_k, stride_h, cos, sin, d, rolled, ok, BLOCK_H,
+               KC + slot * stride_ks, stride_kh, True)
+    for h0 in range(0, n_k, BLOCK_H):  # v: a plain copy into the pool
+        heads = h0 + tl.arange(0, BLOCK_H)
+        m = (heads < n_k)[:, None] & ok[None, :]
+        v = tl.load(row + (n_q + n_k + heads[:, None]) * stride_h + d[None, :], mask=m, other=0.0)
+        tl.store(VC + slot * stride_vs + heads[:, None] * stride_vh + d[None, :], v, mask=m)

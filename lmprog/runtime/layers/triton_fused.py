@@ -1,7 +1,7 @@
 """Fused Triton RMSNorm and SiLU-and-mul, swapped into a loaded model from outside.
 
-The plain layers run RMSNorm as four kernels (upcast, norm, downcast, weight multiply) and
-SiLU-and-mul as two, with fp32 intermediates between them. In a batch-1 decode step every
+The plain layers run RMSNorm as four kernels (upcast, norm, downcast, weight multiply), the
+residual add before it as one more, and SiLU-and-mul as two, with fp32 intermediates between them. In a batch-1 decode step every
 kernel costs a launch gap even inside a CUDA graph (~224 of them per Llama-3-8B step), and at
 prefill sizes the intermediates cost HBM traffic; the fused kernels (lmprog.runtime.kernels)
 do each in one pass. Rounding follows the plain layers (statistics in fp32, the normalized
@@ -12,6 +12,8 @@ value rounded to the model dtype before the weight multiply).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,10 +30,15 @@ class TritonRMSNorm(nn.Module):
         self.weight = norm.weight
         self.eps = norm.eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from ..kernels.rmsnorm import rms_norm
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
+        """As RMSNorm.forward; with a residual, the add happens in the kernel (residual is
+        updated in place and returned)."""
+        from ..kernels.rmsnorm import add_rms_norm, rms_norm
 
-        return rms_norm(x if x.is_contiguous() else x.contiguous(), self.weight, self.eps)
+        x = x if x.is_contiguous() else x.contiguous()
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        return add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class TritonSiluAndMul(nn.Module):

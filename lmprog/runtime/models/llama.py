@@ -52,14 +52,11 @@ class LlamaAttention(nn.Module):
     def forward(self, x: torch.Tensor, step: _Step) -> torch.Tensor:
         hq, hkv = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(x.shape[0], hq + 2 * hkv, self.head_dim)
-        if self.q_norm is not None:
-            q = RotaryEmbedding.apply(self.q_norm(qkv[:, :hq]), step.cos, step.sin)
-            k = RotaryEmbedding.apply(self.k_norm(qkv[:, hq:hq + hkv]), step.cos, step.sin)
-        else:  # q and k are adjacent heads: rotate both at once
-            qk = RotaryEmbedding.apply(qkv[:, :hq + hkv], step.cos, step.sin)
-            q, k = qk[:, :hq], qk[:, hq:]
-        v = qkv[:, hq + hkv:]
-        step.kv.write(self.layer, step.out_cache_loc, k, v)
+        if self.q_norm is not None:  # Qwen3: per-head norms before the rotation
+            qkv = torch.cat([self.q_norm(qkv[:, :hq]), self.k_norm(qkv[:, hq:hq + hkv]),
+                             qkv[:, hq + hkv:]], dim=1)
+        q, k, v = step.attention.rotate_and_store(qkv, step.cos, step.sin, self.layer, step.kv,
+                                                  step.out_cache_loc)
         o = step.attention.forward(q, k, v, self.layer, step.kv, step.plan)
         return self.o_proj(o.reshape(x.shape[0], hq * self.head_dim))
 
@@ -83,9 +80,17 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, h: torch.Tensor, step: _Step) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), step)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None,
+                step: _Step) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, residual) -> (h', residual'): the residual stream is residual + h; each add is
+        done by the norm that follows it (see RMSNorm). residual None: h is the embedding."""
+        if residual is None:
+            x, residual = self.input_layernorm(h), h
+        else:
+            x, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(x, step)
+        x, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -124,9 +129,11 @@ class LlamaForCausalLM(nn.Module):
         if plan is None:
             plan = self.attention.plan(batch)
         step = _Step(cos, sin, kv, batch.out_cache_loc, self.attention, plan)
+        residual = None
         for layer in self.model.layers:
-            h = layer(h, step)
-        h = self.model.norm(h.index_select(0, batch.logits_indices))
+            h, residual = layer(h, residual, step)
+        rows = batch.logits_indices
+        h, _ = self.model.norm(h.index_select(0, rows), residual.index_select(0, rows))
         if self.lm_head is None:
             return F.linear(h, self.model.embed_tokens.weight).float()
         return self.lm_head(h).float()

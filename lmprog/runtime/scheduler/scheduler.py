@@ -10,6 +10,7 @@ separate policies: DecodePolicy, PrefillPolicy, RetractPolicy. One step:
     2. prefill chunks of running requests with several pending tokens, oldest first
     3. admissions from the waiting queue (LPM / FCFS), chunked to fill the budget;
        skipped in a step that had to retract
+    (with config.hybrid False, prefill-first: a step with prefill work (2, 3) runs only that)
     4. slots are allocated (evicting cached prefixes as needed) and written to req_to_token
 
 The engine drives it from one thread:
@@ -147,6 +148,8 @@ class Scheduler:
         plan = StepPlan(self.cache)
         retracted: list[Req] = []
         decoders, extenders = self.decode_policy.split(running.values())
+        if not self.config.hybrid and self._plan_prefill_only(extenders, plan, budget):
+            return self._build(plan, retracted)
         page = self.cache.page_size
         while self.decode_policy.slots_needed(decoders, page) > self.cache.available_tokens:
             self._retract_newest(retracted)
@@ -161,6 +164,14 @@ class Scheduler:
         if not retracted:
             self.prefill_policy.admit_waiting(plan, budget)
         return self._build(plan, retracted)
+
+    def _plan_prefill_only(self, extenders: list[Req], plan: StepPlan,
+                           budget: StepBudget) -> bool:
+        """Prefill-first (config.hybrid False): plan pending chunks and admissions without
+        decodes; True when that found work (else the step decodes)."""
+        self.prefill_policy.continue_running(extenders, plan, budget)
+        self.prefill_policy.admit_waiting(plan, budget)
+        return bool(plan)
 
     def process_results(self, batch: ScheduledBatch, next_tokens: Sequence[Sequence[int]],
                         finish_reasons: Sequence[FinishReason | None] | None = None) -> list[Req]:

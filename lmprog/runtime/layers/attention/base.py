@@ -1,11 +1,13 @@
 """AttentionBackend: how a layer's queries attend over the paged KV pool.
 
 The model calls, per forward step:
-    plan = backend.plan(batch)                       # once, before layer 0
-    out  = backend.forward(q, k, v, layer, kv, plan) # per layer
-`forward` runs after the model wrote this step's k/v into kv at batch.out_cache_loc, so the
-pool already holds every key the step needs; k/v are passed too for backends that prefer to
-read the new tokens from registers rather than the pool. Nothing else is mutated.
+    plan = backend.plan(batch)                                   # once, before layer 0
+    q, k, v = backend.rotate_and_store(qkv, cos, sin, layer, kv, loc)   # per layer
+    out  = backend.forward(q, k, v, layer, kv, plan)             # per layer
+`rotate_and_store` applies the rotary embedding to q and k and writes this step's k/v into
+the pool at batch.out_cache_loc (plain PyTorch here; the Triton backend does it in one
+kernel), so `forward` finds every key the step needs in the pool; k/v are passed too for
+backends that prefer to read the new tokens from registers. Nothing else is mutated.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from ..rotary import RotaryEmbedding
 
 if TYPE_CHECKING:
     from ...forward_batch import ForwardBatch
@@ -39,6 +43,18 @@ class AttentionBackend(ABC):
         Called once per forward; must not change `batch`, the pool, or the backend's own state
         in a way a later plan() depends on.
         """
+
+    def rotate_and_store(self, qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+                         layer: int, kv: KVPool,
+                         out_cache_loc: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """qkv [T, num_heads + 2 * num_kv_heads, head_dim] (q, k, v heads of the fused
+        projection); cos/signed_sin from RotaryEmbedding.cos_sin. Returns (q, k, v) with q and
+        k rotated, after writing k and v into `kv` at out_cache_loc [T]."""
+        hq, hkv = self.num_heads, self.num_kv_heads
+        qk = RotaryEmbedding.apply(qkv[:, :hq + hkv], cos, signed_sin)
+        q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv:]
+        kv.write(layer, out_cache_loc, k, v)
+        return q, k, v
 
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,

@@ -12,6 +12,7 @@ import torch
 
 from ...kernels.attention import hybrid_attention
 from ...kernels.attention_plan import AttentionPlan, plan_attention
+from ...kernels.rope import rope_and_store
 from .base import AttentionBackend
 
 if TYPE_CHECKING:
@@ -28,6 +29,15 @@ class TritonAttentionBackend(AttentionBackend):
             batch.extend_start_loc, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim, seq_lens_cpu=batch.seq_lens_cpu,
             extend_lens_cpu=batch.extend_lens_cpu, custom_mask=batch.custom_mask)
+
+    def rotate_and_store(self, qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+                         layer: int, kv: KVPool,
+                         out_cache_loc: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One kernel: q and k rotated in place in qkv, k and v written to the pool."""
+        rope_and_store(qkv, self.num_heads, cos, signed_sin, kv.k[layer], kv.v[layer],
+                       out_cache_loc)
+        hq, hkv = self.num_heads, self.num_kv_heads
+        return qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
                 kv: KVPool, plan: AttentionPlan) -> torch.Tensor:
