@@ -22,6 +22,7 @@ This module stays light (torch, core and fsm only): the llama.cpp backend import
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,6 +79,7 @@ class DecodeState:
         self.matched_stop: str | int | None = None
         self.message: str | None = None
         self.error: BaseException | None = None
+        self.first_token_at: float | None = None  # time.perf_counter() of the first output
         self.guide = guide
         self.generator = make_generator(params.seed, device)  # on the logits' device
         penalised = params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
@@ -129,6 +131,8 @@ class DecodeState:
         return jump
 
     def _push_id(self, token: int) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
         self.output_ids.append(token)
         if self.counts is not None:
             self.counts[token] += 1

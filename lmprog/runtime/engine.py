@@ -252,6 +252,7 @@ class Engine:
         """Hand a finished request's outcome to its handle (delivered after the step)."""
         handle = self._handles.pop(req.rid)
         state: DecodeState = req.engine_data
+        handle.first_token_at = state.first_token_at
         try:
             if not state.done:
                 state.finish(req.finish_reason or "abort", message=self._length_message(req))

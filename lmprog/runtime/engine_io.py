@@ -68,10 +68,10 @@ class RequestHandle:
     """The caller's end of one submitted request. `pieces()`/`result()` are for one consumer
     thread; `abort()` is safe from any thread, at any time.
 
-    Timestamps (time.perf_counter(), set by the engine thread): `submitted_at`; `first_text_at`
-    when the first text piece was final (None until then, and for an output without text);
-    `finished_at` when the outcome was put. Benchmarks and servers read TTFT and time per
-    output token from them without waking a thread per token."""
+    Timestamps (time.perf_counter()): `submitted_at`; once the request ended, `first_token_at`
+    (its first output token was sampled; None without output) and `finished_at` (the outcome
+    was put). Benchmarks read TTFT and time per output token from them without waking a
+    thread per token."""
 
     def __init__(self, rid: Hashable, abort: Callable[[Hashable], None], stream: bool = True) -> None:
         self.rid = rid
@@ -80,13 +80,11 @@ class RequestHandle:
         self._events: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
         self._outcome: tuple[int, Any] | None = None
         self.submitted_at = time.perf_counter()
-        self.first_text_at: float | None = None
+        self.first_token_at: float | None = None  # set by the engine at completion
         self.finished_at: float | None = None
 
     # -- engine side -----------------------------------------------------------------------
     def put_piece(self, text: str) -> None:
-        if self.first_text_at is None:
-            self.first_text_at = time.perf_counter()
         if self.stream:
             self._events.put((_PIECE, text))
 

@@ -101,6 +101,19 @@ def test_radix_cache_off_gives_the_same_outputs(model, tok, eng, reference):
     assert eng.stats()["cache_hit_rate"] > 0.2  # the shared head was reused
 
 
+def test_prefill_first_mode_gives_the_same_outputs_and_timestamps(model, tok, reference):
+    first = engine_for(model, tok, hybrid=False, budget=16, max_reqs=16)
+    try:
+        handles = [first.submit(EngineRequest(tuple(p), greedy())) for p in PROMPTS]
+        results = [h.result(timeout=120) for h in handles]
+        first.check_integrity()
+    finally:
+        first.shutdown()
+    assert [r.token_ids for r in results] == reference
+    for h in handles:
+        assert h.submitted_at < h.first_token_at <= h.finished_at
+
+
 def test_tiny_pool_retracts_and_chunks_yet_outputs_match(model, tok, reference):
     # admission that reserves almost nothing for future tokens: the pool must run out
     small = engine_for(model, tok, slots=120, budget=16, max_reqs=16, init_new_token_ratio=0.02,
