@@ -383,9 +383,14 @@ def offline(rt, args, prompts, out_lens, graphs) -> dict:
     rt.flush_cache()
     before = rt.stats()
     g0 = graphs.replays if graphs else 0
+    steps = StepLog(rt.engine.metrics)
     t0 = time.perf_counter()
-    results = _with_progress(rt, lambda: rt.generate(prompts, params), before)
+    try:
+        results = _with_progress(rt, lambda: rt.generate(prompts, params), before)
+    finally:
+        steps.detach()
     wall = time.perf_counter() - t0
+    steps.report()
     after = rt.stats()
     got = [r.completion_tokens for r in results]
     assert got == out_lens, "every request must generate exactly its output length"
@@ -403,6 +408,43 @@ def offline(rt, args, prompts, out_lens, graphs) -> dict:
         f"{res.get('eager_steps', 0)} eager), engine busy {res['busy']:.1f} s, "
         f"cached prompt tokens {res['cached']}")
     return res
+
+
+class StepLog:
+    """Every engine step's (duration, fed tokens, decodes) while attached, by wrapping the
+    engine's metrics hook (called on the engine thread; an append per step)."""
+
+    def __init__(self, metrics) -> None:
+        self.metrics = metrics
+        self.rows: list[tuple[float, int, int]] = []
+        self._orig = metrics.on_step
+
+        def on_step(duration, fed, decodes, generated):
+            self.rows.append((duration, fed, decodes))
+            self._orig(duration, fed, decodes, generated)
+
+        metrics.on_step = on_step
+
+    def detach(self) -> None:
+        self.metrics.on_step = self._orig
+
+    def report(self) -> None:
+        """Where the engine's time went: decode-only steps, steps with prompt tokens."""
+        if not self.rows:
+            return
+        kinds = {"decode-only": [], "with prefill": []}
+        for d, fed, dec in self.rows:
+            kinds["decode-only" if fed == dec else "with prefill"].append((d, fed, dec))
+        for name, rows in kinds.items():
+            if rows:
+                t = sum(r[0] for r in rows)
+                toks = sum(r[1] for r in rows)
+                log(f"   {name:12s}: {len(rows)} steps, {t:.1f} s, {t / len(rows) * 1e3:.1f} ms "
+                    f"mean, {toks:,} fed tokens, {toks / t:,.0f} fed tok/s")
+        first = " ".join(f"{d * 1e3:.0f}ms/{fed}t/{dec}d" for d, fed, dec in self.rows[:12])
+        log(f"   first steps (time/fed/decodes): {first}")
+        slow = sorted(self.rows, reverse=True)[:8]
+        log("   slowest: " + " ".join(f"{d * 1e3:.0f}ms/{fed}t/{dec}d" for d, fed, dec in slow))
 
 
 def _with_progress(rt, fn, before: dict, every_s: float = 15.0):

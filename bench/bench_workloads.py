@@ -9,6 +9,18 @@ and prints wall time, programs/s, generated tokens/s, the cache hit rate, and th
 cache-on to cache-off throughput (target on the few-shot workload: >= 3x).
 
     python bench/bench_workloads.py [--workloads fewshot,tot,chat,json] [--n 32]
+
+On a GPU (issue 5): `--gpu-shape llama-3.1-8b --tokenizer DIR` runs the two runtime backends
+on CUDA with random bf16 weights of that architecture, its vocabulary resized to the
+tokenizer's (DIR: a saved Hugging Face tokenizer folder, e.g. the bundled model's, written by
+`--save-tokenizer DIR` on a machine that has the model). Outputs are then random text under
+the same prompts, prefixes, forks and constraints, so the cache on/off ratios measure the
+runtime's prefix sharing at that model size; stop strings rarely fire, so gens run to their
+max_tokens.
+
+    python bench/bench_workloads.py --save-tokenizer .tok
+    python3 bench/bench_workloads.py --gpu-shape llama-3.1-8b --tokenizer .tok \
+        --backends runtime-cache-on,runtime-cache-off --n 64
 """
 
 from __future__ import annotations
@@ -122,13 +134,24 @@ def main() -> None:
     parser.add_argument("--workloads", default="fewshot,tot,chat,json")
     parser.add_argument("--n", type=int, default=32)
     parser.add_argument("--backends", default="runtime-cache-on,runtime-cache-off,llamacpp")
+    parser.add_argument("--gpu-shape", help="random-weight architecture preset on CUDA")
+    parser.add_argument("--tokenizer", help="tokenizer folder for --gpu-shape")
+    parser.add_argument("--device", default="cuda", help="device for --gpu-shape")
+    parser.add_argument("--save-tokenizer", help="write the bundled model's tokenizer here, exit")
     args = parser.parse_args()
+    if args.save_tokenizer:
+        from lmprog.core.models import load_tokenizer, resolve_model
+
+        load_tokenizer(resolve_model()).save_pretrained(args.save_tokenizer)
+        return
     torch.set_num_threads(2)
     chosen = args.workloads.split(",")
     loads = {k: v for k, v in workloads(args.n).items() if k in chosen}
+    runtime = _gpu_runtime(args) if args.gpu_shape else \
+        (lambda radix: lp.Runtime(device="cpu", radix_cache=radix))
     makers = {
-        "runtime-cache-on": lambda: lp.Runtime(device="cpu", radix_cache=True),
-        "runtime-cache-off": lambda: lp.Runtime(device="cpu", radix_cache=False),
+        "runtime-cache-on": lambda: runtime(True),
+        "runtime-cache-off": lambda: runtime(False),
         "llamacpp": lambda: lp.LlamaCpp(n_threads=1),
     }
     results: dict[tuple[str, str], dict] = {}
@@ -150,6 +173,27 @@ def main() -> None:
         off = results.get(("runtime-cache-off", wname))
         ratio = f"{r['programs/s'] / off['programs/s']:.2f}x" if off else "-"
         print(f"| {wname} | {bname} | {r['seconds']:.2f} | {r['programs/s']:.2f} | {r['hit_rate']} | {ratio} |")
+
+
+def _gpu_runtime(args):
+    """A maker of CUDA runtimes with random weights of args.gpu_shape in the tokenizer's
+    vocabulary (see the module docstring)."""
+    import dataclasses
+
+    from transformers import AutoTokenizer
+
+    from lmprog.runtime.models import PRESETS
+
+    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    name = f"{args.gpu_shape}-vocab{len(tok)}"
+    PRESETS[name] = dataclasses.replace(  # this process only
+        PRESETS[args.gpu_shape], vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+        eos_token_ids=(tok.eos_token_id,))
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
+    print(f"runtime backends: {name}, random weights on {where}")
+    return lambda radix: lp.Runtime(model=name, load_format="dummy", device=args.device,
+                                    tokenizer=tok, radix_cache=radix, max_total_tokens=200_000,
+                                    max_running_requests=128, max_num_batched_tokens=8192)
 
 
 def _hit_rate(before: dict, after: dict) -> str:

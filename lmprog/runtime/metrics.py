@@ -28,6 +28,8 @@ class EngineMetrics:
         self.busy_s = 0.0
         self.finished: dict[str, int] = {"stop": 0, "length": 0, "abort": 0, "error": 0}
         self._recent: deque[tuple[float, float, int]] = deque()  # (end, duration, generated)
+        self._recent_busy = 0.0  # sums over _recent, kept as steps enter and leave it
+        self._recent_generated = 0
 
     def on_step(self, duration: float, fed: int, decodes: int, generated: int) -> None:
         self.steps += 1
@@ -37,15 +39,19 @@ class EngineMetrics:
         self.busy_s += duration
         now = time.monotonic()
         self._recent.append((now, duration, generated))
+        self._recent_busy += duration
+        self._recent_generated += generated
         while self._recent and self._recent[0][0] < now - self.window_s:
-            self._recent.popleft()
+            _, old_duration, old_generated = self._recent.popleft()
+            self._recent_busy -= old_duration
+            self._recent_generated -= old_generated
 
     def on_finish(self, reason: str) -> None:
         self.finished[reason] = self.finished.get(reason, 0) + 1
 
     def snapshot(self, sched: SchedulerStats, extra: dict[str, Any]) -> dict[str, Any]:
-        busy = sum(d for _, d, _ in self._recent)
-        recent = sum(g for _, _, g in self._recent)
+        busy = self._recent_busy if self._recent else 0.0  # (no float residue when empty)
+        recent = self._recent_generated
         return {
             **extra,
             "num_running": sched.num_running,

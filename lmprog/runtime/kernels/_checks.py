@@ -59,5 +59,22 @@ def check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
 
 
+def dynamic_args(*names: str) -> dict[str, tuple[str, ...]]:
+    """`triton.jit` options that stop Triton from specializing on these arguments' values
+    (an int equal to 1 or divisible by 16) and alignments (a pointer divisible by 16).
+
+    For arguments that change from step to step (lengths, split counts, per-step index
+    tables that are views at arbitrary offsets): otherwise each new combination compiles
+    another variant of the kernel (1-3 s each on an H200, in the middle of serving)."""
+    import inspect
+
+    import triton
+
+    options: dict[str, tuple[str, ...]] = {"do_not_specialize": names}
+    if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
+        options["do_not_specialize_on_alignment"] = names
+    return options
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()

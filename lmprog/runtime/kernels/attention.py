@@ -21,7 +21,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import FLOAT_DTYPES, check_last_dim_contiguous, check_runnable, check_tensor
+from ._checks import (
+    FLOAT_DTYPES,
+    check_last_dim_contiguous,
+    check_runnable,
+    check_tensor,
+    dynamic_args,
+)
 from .attention_plan import AttentionPlan, Launch, plan_attention
 
 _LOG2E = 1.4426950408889634
@@ -163,7 +169,7 @@ def _merge(out: torch.Tensor, plan: AttentionPlan) -> None:
         plan.partial_o, plan.partial_lse, out, plan.split_rows, plan.extend_start_loc, n, s,
         out.stride(0), out.stride(1),
         NUM_Q_HEADS=plan.num_q_heads, HEAD_DIM=plan.head_dim,
-        BLOCK_D=triton.next_power_of_2(plan.head_dim), BLOCK_S=triton.next_power_of_2(s),
+        BLOCK_D=triton.next_power_of_2(plan.head_dim), BLOCK_S=max(16, triton.next_power_of_2(s)),
         num_warps=4 if plan.head_dim >= 128 else 2,
     )  # fmt: skip
 
@@ -179,7 +185,13 @@ def _softmax_step(acc, m_i, l_i, qk, v):
     return acc, m_new, l_i
 
 
-@triton.jit
+# Per-step values: index tables are views at any offset of one packed upload, split counts
+# and row counts change with the batch. Specializing on them recompiled mid-run.
+_STEP_ARGS = ("ReqPoolIdx", "SeqLens", "ExtendLens", "ExtendStart", "TileReq", "TileM",
+              "TileOut", "Mask", "MaskIndptr", "num_splits")
+
+
+@triton.jit(**dynamic_args(*_STEP_ARGS))
 def _attn_tile_kernel(
     Q, K, V, O, PartO, PartLse,
     ReqToToken, ReqPoolIdx, SeqLens, ExtendLens, ExtendStart, TileReq, TileM, TileOut,
@@ -285,7 +297,7 @@ def _attn_tile_kernel(
                  mask=row_ok[:, None] & d_ok[None, :])  # fmt: skip
 
 
-@triton.jit
+@triton.jit(**dynamic_args("SplitRows", "ExtendStart", "n_rows", "num_splits"))
 def _merge_splits_kernel(
     PartO, PartLse, O, SplitRows, ExtendStart, n_rows, num_splits, stride_ot, stride_oh,
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,

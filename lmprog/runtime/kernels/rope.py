@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_runnable, check_tensor
+from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_runnable, check_tensor, dynamic_args
 
 
 def cos_sin_cache(
@@ -234,7 +234,7 @@ def _rope_rows(X, n_heads, stride_h, cos, sin, d, rolled, ok,
             tl.store(Cache + heads[:, None] * stride_ch + d[None, :], y, mask=m)
 
 
-@triton.jit
+@triton.jit(**dynamic_args("Loc"))  # a view at a per-step offset of the step's upload
 def _rope_store_kernel(
     QKV, Cos, Sin, Loc, KC, VC, n_q, n_k, stride_t, stride_h, stride_cos, stride_sin,
     stride_ks, stride_kh, stride_vs, stride_vh,
