@@ -332,10 +332,12 @@ def profile_replay(graphs, state, replays: int = 5) -> None:
 # ---------------------------------------------------------------- lmprog: the engine
 
 
-def install_graphs(rt, max_batch: int, fuse: bool):
-    """Fuse the elementwise layers, then (re)capture the engine runner's decode graphs on the
-    engine thread (the runner replays `runner.graphs` for decode-only steps)."""
+def install_graphs(rt, max_batch: int, fuse: bool, piecewise_tokens: int = 0):
+    """Fuse the elementwise layers, then (re)capture the engine runner's decode graphs (and
+    piecewise graphs for other steps of up to `piecewise_tokens` tokens) on the engine thread
+    (the runner replays `runner.graphs` / `runner.piecewise`, as launch_engine sets them up)."""
     from lmprog.runtime.cuda_graph import CudaGraphRunner
+    from lmprog.runtime.piecewise_graph import PiecewiseGraphRunner
     from lmprog.runtime.layers.triton_fused import TritonRMSNorm, fuse_elementwise
 
     runner = rt.engine.runner
@@ -348,6 +350,12 @@ def install_graphs(rt, max_batch: int, fuse: bool):
                                         max_batch_size=max_batch)
         log(f"   captured decode graphs for batch sizes {runner.graphs.batch_sizes} in "
             f"{time.perf_counter() - t0:.1f} s")
+        if piecewise_tokens:
+            t0 = time.perf_counter()
+            runner.piecewise = PiecewiseGraphRunner(runner.model, runner.kv, runner.req_to_token,
+                                                    max_tokens=piecewise_tokens)
+            log(f"   captured piecewise graphs for token counts {runner.piecewise.token_buckets} "
+                f"in {time.perf_counter() - t0:.1f} s")
         return runner.graphs
 
     return rt.engine.call(setup)
@@ -383,6 +391,8 @@ def offline(rt, args, prompts, out_lens, graphs) -> dict:
     rt.flush_cache()
     before = rt.stats()
     g0 = graphs.replays if graphs else 0
+    piecewise = rt.engine.runner.piecewise
+    p0 = piecewise.replays if piecewise else 0
     steps = StepLog(rt.engine.metrics)
     t0 = time.perf_counter()
     try:
@@ -401,10 +411,12 @@ def offline(rt, args, prompts, out_lens, graphs) -> dict:
            "busy": after["busy_seconds"] - before["busy_seconds"],
            "cached": after["cached_tokens"] - before["cached_tokens"]}
     res["graph_steps"] = (graphs.replays - g0) if graphs else 0
-    res["eager_steps"] = res["steps"] - res["graph_steps"]
+    res["piecewise_steps"] = (piecewise.replays - p0) if piecewise else 0
+    res["eager_steps"] = res["steps"] - res["graph_steps"] - res["piecewise_steps"]
     log(f"   {len(prompts)} requests, {total_in:,} input + {total_out:,} output tokens in "
         f"{wall:.1f} s: {res['total_tok_s']:,.0f} total tok/s, {res['out_tok_s']:,.0f} output "
-        f"tok/s; {res['steps']} steps ({res.get('graph_steps', 0)} graph, "
+        f"tok/s; {res['steps']} steps ({res['graph_steps']} decode graph, "
+        f"{res['piecewise_steps']} piecewise graph, "
         f"{res.get('eager_steps', 0)} eager), engine busy {res['busy']:.1f} s, "
         f"cached prompt tokens {res['cached']}")
     return res
@@ -531,7 +543,7 @@ def lmprog_benches(args, prompts, out_lens, hf: dict) -> None:
     eng_eager = section("engine batch-1 decode, eager",
                         engine_decode, rt, args, args.decode_prompt, args.eager_steps * 2)
     graphs = section("install CUDA graphs in the engine", install_graphs, rt, args.max_running,
-                     True)
+                     True, 0 if args.no_piecewise else args.chunk)
     eng_graph = section("engine batch-1 decode, CUDA graphs",
                         engine_decode, rt, args, args.decode_prompt, args.decode_steps)
     if eng_eager:
@@ -601,6 +613,8 @@ def parse_args():
                    help="kernel-time breakdown of the batch-1 graph step (torch profiler)")
     p.add_argument("--driver", action="store_true",
                    help="also measure the offline workload through a minimal scheduler+model loop")
+    p.add_argument("--no-piecewise", action="store_true",
+                   help="run non-decode steps eagerly (no piecewise CUDA graphs)")
     p.add_argument("--decode-prompt", type=int, default=128)
     p.add_argument("--decode-steps", type=int, default=256)
     p.add_argument("--eager-steps", type=int, default=16)

@@ -8,8 +8,10 @@ tokens' slots are scattered in (one index_put), and whole row prefixes are copie
 entries flagged `sync_row` (admission, a prefix rewritten by the cache).
 
 On a GPU whose model uses the Triton attention backend, decode-only steps replay CUDA graphs
-(lmprog.runtime.cuda_graph: one graph per bucketed batch size, captured at start-up); every
-other step runs the model eagerly.
+(lmprog.runtime.cuda_graph: one graph per bucketed batch size, captured at start-up), and
+every other step (prefill chunks, mixed batches, verify rows) of up to `piecewise_tokens`
+tokens replays piecewise graphs of everything but attention (lmprog.runtime.piecewise_graph);
+the rest runs eagerly.
 
 All per-step integer arrays travel in one host buffer (one host-to-device copy):
 
@@ -38,7 +40,7 @@ class ModelRunner:
     """
 
     def __init__(self, model: nn.Module, num_slots: int, req_to_token: np.ndarray, *,
-                 cuda_graphs: bool = True) -> None:
+                 cuda_graphs: bool = True, piecewise_tokens: int = 0) -> None:
         param = next(model.parameters())
         self.model = model
         self.config = model.config
@@ -51,6 +53,8 @@ class ModelRunner:
             self.req_to_token = torch.zeros(req_to_token.shape, dtype=torch.int32,
                                             device=self.device)
         self.graphs = self._capture_graphs(req_to_token.shape[0]) if cuda_graphs else None
+        self.piecewise = (self._capture_piecewise(piecewise_tokens)
+                          if cuda_graphs and piecewise_tokens > 0 else None)
 
     def _capture_graphs(self, max_batch_size: int) -> Any:
         """Decode CUDA graphs for batches up to max_batch_size, or None where unsupported."""
@@ -64,6 +68,19 @@ class ModelRunner:
             return CudaGraphRunner(self.model, self.kv, self.req_to_token,
                                    max_batch_size=max_batch_size)
 
+    def _capture_piecewise(self, max_tokens: int) -> Any:
+        """Piecewise graphs for steps of up to max_tokens tokens, or None where unsupported."""
+        if self.device.type != "cuda":
+            return None
+        from .cuda_graph import supports_cuda_graphs
+        from .piecewise_graph import PiecewiseGraphRunner
+
+        if not supports_cuda_graphs(self.model):
+            return None
+        with torch.inference_mode():
+            return PiecewiseGraphRunner(self.model, self.kv, self.req_to_token,
+                                        max_tokens=max_tokens)
+
     @property
     def vocab_size(self) -> int:
         return self.config.vocab_size
@@ -74,9 +91,9 @@ class ModelRunner:
         assert not batch.is_empty, "nothing to run"
         with torch.inference_mode():
             fb = self.build(batch)
-            if self.graphs is not None:
-                logits = self.graphs.maybe_run(fb, self.kv)  # None: not a decode-only step
-                if logits is not None:
+            for graphs in (self.graphs, self.piecewise):
+                logits = None if graphs is None else graphs.maybe_run(fb, self.kv)
+                if logits is not None:  # None: not a step those graphs serve
                     return logits
             return self.model(fb, self.kv)
 

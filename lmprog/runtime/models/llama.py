@@ -49,16 +49,23 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
-    def forward(self, x: torch.Tensor, step: _Step) -> torch.Tensor:
+    def project(self, x: torch.Tensor, step: _Step) -> tuple[torch.Tensor, ...]:
+        """(q, k, v) of x, q and k rotated, k and v written to the pool."""
         hq, hkv = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(x.shape[0], hq + 2 * hkv, self.head_dim)
         if self.q_norm is not None:  # Qwen3: per-head norms before the rotation
             qkv = torch.cat([self.q_norm(qkv[:, :hq]), self.k_norm(qkv[:, hq:hq + hkv]),
                              qkv[:, hq + hkv:]], dim=1)
-        q, k, v = step.attention.rotate_and_store(qkv, step.cos, step.sin, self.layer, step.kv,
-                                                  step.out_cache_loc)
-        o = step.attention.forward(q, k, v, self.layer, step.kv, step.plan)
-        return self.o_proj(o.reshape(x.shape[0], hq * self.head_dim))
+        return step.attention.rotate_and_store(qkv, step.cos, step.sin, self.layer, step.kv,
+                                               step.out_cache_loc)
+
+    def output(self, o: torch.Tensor) -> torch.Tensor:
+        """The output projection of the attention result o [T, heads, head_dim]."""
+        return self.o_proj(o.reshape(o.shape[0], self.num_heads * self.head_dim))
+
+    def forward(self, x: torch.Tensor, step: _Step) -> torch.Tensor:
+        q, k, v = self.project(x, step)
+        return self.output(step.attention.forward(q, k, v, self.layer, step.kv, step.plan))
 
 
 class LlamaMLP(nn.Module):
@@ -84,12 +91,24 @@ class LlamaDecoderLayer(nn.Module):
                 step: _Step) -> tuple[torch.Tensor, torch.Tensor]:
         """(h, residual) -> (h', residual'): the residual stream is residual + h; each add is
         done by the norm that follows it (see RMSNorm). residual None: h is the embedding."""
+        (q, k, v), residual = self.attention_input(h, residual, step)
+        o = step.attention.forward(q, k, v, self.self_attn.layer, step.kv, step.plan)
+        return self.attention_output(o, residual)
+
+    # The halves around the attention kernel (piecewise CUDA graphs capture everything else).
+    def attention_input(self, h: torch.Tensor, residual: torch.Tensor | None,
+                        step: _Step) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """((q, k, v), residual): the input norm and the attention's projections."""
         if residual is None:
             x, residual = self.input_layernorm(h), h
         else:
             x, residual = self.input_layernorm(h, residual)
-        h = self.self_attn(x, step)
-        x, residual = self.post_attention_layernorm(h, residual)
+        return self.self_attn.project(x, step), residual
+
+    def attention_output(self, o: torch.Tensor,
+                         residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h', residual'): the output projection, the post-attention norm and the MLP."""
+        x, residual = self.post_attention_layernorm(self.self_attn.output(o), residual)
         return self.mlp(x), residual
 
 
@@ -124,15 +143,22 @@ class LlamaForCausalLM(nn.Module):
 
         `plan`: this batch's attention plan when the caller built it (a CUDA graph plans once
         on its static buffers); default `self.attention.plan(batch)`."""
-        h = self.model.embed_tokens(batch.input_ids)
-        cos, sin = self.rotary.cos_sin(batch.positions, h.dtype)
         if plan is None:
             plan = self.attention.plan(batch)
-        step = _Step(cos, sin, kv, batch.out_cache_loc, self.attention, plan)
+        h, step = self.embed(batch, kv, plan)
         residual = None
         for layer in self.model.layers:
             h, residual = layer(h, residual, step)
-        rows = batch.logits_indices
+        return self.logits(h, residual, batch.logits_indices)
+
+    def embed(self, batch: ForwardBatch, kv: KVPool, plan: Any) -> tuple[torch.Tensor, _Step]:
+        """The token embeddings and what every layer of this step shares."""
+        h = self.model.embed_tokens(batch.input_ids)
+        cos, sin = self.rotary.cos_sin(batch.positions, h.dtype)
+        return h, _Step(cos, sin, kv, batch.out_cache_loc, self.attention, plan)
+
+    def logits(self, h: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of the last layer's output at token rows `rows`."""
         h, _ = self.model.norm(h.index_select(0, rows), residual.index_select(0, rows))
         if self.lm_head is None:
             return F.linear(h, self.model.embed_tokens.weight).float()

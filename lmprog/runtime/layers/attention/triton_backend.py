@@ -40,5 +40,6 @@ class TritonAttentionBackend(AttentionBackend):
         return qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
-                kv: KVPool, plan: AttentionPlan) -> torch.Tensor:
-        return hybrid_attention(q, kv.k[layer], kv.v[layer], plan, sm_scale=self.scale)
+                kv: KVPool, plan: AttentionPlan, out: torch.Tensor | None = None) -> torch.Tensor:
+        """As the base class; `out` (q's shape) receives the result when given."""
+        return hybrid_attention(q, kv.k[layer], kv.v[layer], plan, sm_scale=self.scale, out=out)

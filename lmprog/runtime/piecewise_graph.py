@@ -1,0 +1,197 @@
+"""Piecewise CUDA graphs: every step that is not a pure decode (prefill chunks, mixed
+prefill + decode batches, verify rows) replayed from graphs of everything but attention.
+
+A hybrid step's attention depends on the batch's shape (which request owns which tokens, its
+cached prefix, a tree mask), so it cannot be frozen in a graph; everything else in a Llama
+layer is row-wise in the step's T tokens and only depends on T. So for each bucketed token
+count T_b the model is captured as L + 1 segments around the L attention calls:
+
+    seg 0      embed, rotary cos/sin, layer 0: input norm, qkv, rotary + K/V write  -> q_0
+    attn 0     eager: hybrid attention of q_0 over the pool, planned on the real batch
+    seg i      layer i-1: o_proj, add+norm, MLP; layer i: add+norm, qkv, rotary + K/V -> q_i
+    ...
+    seg L      layer L-1: o_proj, add+norm, MLP                                -> h, residual
+    logits     eager: final norm and output projection of the wanted rows
+
+A step of T <= T_b tokens copies its ids, positions and slots into static buffers, pads rows
+[T, T_b) (token 0 at position 0, K/V written to the pool's dummy slot 0), and replays: L + 1
+graph launches and L attention launches instead of ~10 L kernel launches from Python. Padded
+rows are never read by real ones (every captured op is row-wise; attention reads only the
+real rows' q). Segments share one memory pool and run in capture order; what crosses a
+segment boundary is the residual and cos/sin (captured outputs) and two static buffers:
+q (each segment copies its q_i there for the attention) and the attention output. So the
+pool holds about one layer's activations per bucket.
+
+Without CUDA (tests under Triton's interpreter) nothing is captured: the same padded,
+segmented forward runs eagerly, so the padding and segment logic are checked everywhere.
+
+    graphs = PiecewiseGraphRunner(model, kv, req_to_token, max_tokens=8192)
+    logits = graphs.maybe_run(batch, kv)      # None: not served (decode-only, too many tokens)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .cuda_graph import supports_cuda_graphs
+from .forward_batch import ForwardBatch
+from .kv_pool import KVPool
+
+DEFAULT_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
+                         6144, 8192, 12288, 16384)  # capped at the runner's max_tokens
+
+
+@dataclass
+class _Bucket:
+    """One captured token count: its segments' graphs (None without CUDA) and the tensors
+    that cross segment boundaries (the captured outputs replays write into)."""
+
+    tokens: int
+    batch: ForwardBatch
+    graphs: list[Any]
+    q: torch.Tensor  # static: q_i, the input of attention i, copied in by segment i
+    out: torch.Tensor  # static: the attention output every segment after the first reads
+    h: torch.Tensor | None = None  # the last segment's outputs
+    residual: torch.Tensor | None = None
+
+
+class PiecewiseGraphRunner:
+    """Captures `model` (a Llama-family module on the Triton attention backend) in segments
+    for every token bucket up to `max_tokens`, over `kv` and the runner's `req_to_token`.
+
+    Contract: `maybe_run(batch, kv)` returns the fp32 logits of `model(batch, kv)` (up to
+    rounding) and writes the same K/V into the pool, or None when the batch is not served
+    (decode-only batches, which the decode graphs take; more tokens than the largest bucket;
+    another pool). Single-threaded; construct and call under the same inference mode.
+    """
+
+    def __init__(self, model: nn.Module, kv: KVPool, req_to_token: torch.Tensor, *,
+                 max_tokens: int, buckets: Sequence[int] = DEFAULT_TOKEN_BUCKETS,
+                 capture: bool | None = None) -> None:
+        if not supports_cuda_graphs(model):
+            raise ValueError("piecewise CUDA graphs need the model's attention on the Triton "
+                             "backend; load it with attention='triton'")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        sizes = sorted({b for b in buckets if b < max_tokens} | {max_tokens})
+        device = req_to_token.device
+        self.model = model
+        self.kv = kv
+        self.capture = device.type == "cuda" if capture is None else capture
+        if self.capture and device.type != "cuda":
+            raise ValueError("capture=True needs CUDA tensors")
+        cfg = model.config
+        self.ints = torch.zeros(3, sizes[-1], dtype=torch.int64, device=device)  # ids, pos, loc
+        shape = (sizes[-1], cfg.num_heads, cfg.head_dim)
+        self.q = torch.zeros(shape, dtype=model.dtype, device=device)
+        self.out = torch.zeros(shape, dtype=model.dtype, device=device)
+        self._req_to_token = req_to_token
+        self.replays = 0
+        self._pool = torch.cuda.graph_pool_handle() if self.capture else None
+        captured = [self._capture(t) for t in reversed(sizes)]  # largest first: pool reuse
+        self.buckets: tuple[_Bucket, ...] = tuple(reversed(captured))
+
+    @property
+    def token_buckets(self) -> tuple[int, ...]:
+        return tuple(b.tokens for b in self.buckets)
+
+    def can_run(self, batch: ForwardBatch, kv: KVPool) -> bool:
+        return (kv is self.kv and not batch.is_decode_only
+                and batch.input_ids.shape[0] <= self.buckets[-1].tokens
+                and batch.req_to_token.data_ptr() == self._req_to_token.data_ptr())
+
+    def maybe_run(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor | None:
+        """Logits of `batch` through its bucket's segments, or None (see the class)."""
+        if not self.can_run(batch, kv):
+            return None
+        t = batch.input_ids.shape[0]
+        bucket = next(b for b in self.buckets if b.tokens >= t)
+        self.ints[:, :t].copy_(torch.stack([batch.input_ids, batch.positions,
+                                            batch.out_cache_loc]))
+        if t < bucket.tokens:  # a larger step may have left real slots here: back to padding
+            self.ints[:, t:bucket.tokens].zero_()
+        plan = self.model.attention.plan(batch)
+        self.replays += 1
+        if bucket.graphs:
+            self._replay(bucket, plan)
+            h, residual = bucket.h, bucket.residual
+        else:
+            h, residual = self._segments(bucket, plan)
+        return self.model.logits(h, residual, batch.logits_indices)
+
+    def _replay(self, bucket: _Bucket, plan: Any) -> None:
+        attention, layers = self.model.attention, self.model.model.layers
+        bucket.graphs[0].replay()
+        for i, graph in enumerate(bucket.graphs[1:]):
+            attention.forward(bucket.q, None, None, layers[i].self_attn.layer, self.kv, plan,
+                              out=bucket.out)
+            graph.replay()
+
+    def _segments(self, bucket: _Bucket, plan: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The uncaptured equivalent of a replay (CPU tests): same buffers, same order."""
+        layers = self.model.model.layers
+        residual, step = self._segment0(bucket)
+        for i in range(len(layers)):
+            self.model.attention.forward(bucket.q, None, None, layers[i].self_attn.layer,
+                                         self.kv, plan, out=bucket.out)
+            h, residual = self._segment(bucket, i + 1, residual, step)
+        return h, residual
+
+    # ---- the segments (what each graph records) ------------------------------------------
+    def _segment0(self, bucket: _Bucket) -> tuple[torch.Tensor, Any]:
+        h, step = self.model.embed(bucket.batch, self.kv, None)
+        (q, _, _), residual = self.model.model.layers[0].attention_input(h, None, step)
+        bucket.q.copy_(q)
+        return residual, step
+
+    def _segment(self, bucket: _Bucket, i: int, residual: torch.Tensor,
+                 step: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Segment i >= 1: the rest of layer i-1, then the attention input of layer i."""
+        layers = self.model.model.layers
+        h, residual = layers[i - 1].attention_output(bucket.out, residual)
+        if i < len(layers):
+            (q, _, _), residual = layers[i].attention_input(h, residual, step)
+            bucket.q.copy_(q)
+        return h, residual
+
+    # ---- capture ---------------------------------------------------------------------------
+    def _capture(self, tokens: int) -> _Bucket:
+        ids, pos, loc = self.ints[:, :tokens]
+        one = self.ints[0, :1]  # any [1] int64 tensor: embed() reads only ids/positions/slots
+        batch = ForwardBatch(input_ids=ids, positions=pos, out_cache_loc=loc,
+                             req_pool_indices=one, seq_lens=one, extend_lens=one,
+                             extend_start_loc=one, req_to_token=self._req_to_token,
+                             logits_indices=one)
+        bucket = _Bucket(tokens, batch, [], self.q[:tokens], self.out[:tokens])
+        if not self.capture:
+            return bucket
+        # Warm up on a side stream (Triton compiles, cuBLAS picks kernels), then capture each
+        # segment in order into the shared pool. The buffers hold padding: only slot 0 is
+        # written.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._run_segments_eagerly(bucket)
+        torch.cuda.current_stream().wait_stream(stream)
+        layers = self.model.model.layers
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            residual, step = self._segment0(bucket)
+        bucket.graphs.append(graph)
+        for i in range(1, len(layers) + 1):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                h, residual = self._segment(bucket, i, residual, step)
+            bucket.graphs.append(graph)
+        bucket.h, bucket.residual = h, residual
+        return bucket
+
+    def _run_segments_eagerly(self, bucket: _Bucket) -> None:
+        residual, step = self._segment0(bucket)
+        for i in range(1, len(self.model.model.layers) + 1):
+            _, residual = self._segment(bucket, i, residual, step)
