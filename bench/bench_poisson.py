@@ -48,12 +48,11 @@ def build(args, hybrid: bool):
                       max_num_batched_tokens=args.chunk, hybrid_batching=hybrid)
 
 
-def submit_poisson(rt, prompts, out_lens, arrivals):
-    """Submit request i at arrivals[i] seconds from now; return the handles (in order)."""
+def submit_poisson(rt, prompts, out_lens, arrivals, handles: list) -> None:
+    """Submit request i at arrivals[i] seconds from now, appending its handle to `handles`."""
     from lmprog.core.sampling import SamplingParams
     from lmprog.runtime.engine_io import EngineRequest
 
-    handles = []
     t0 = time.perf_counter()
     for prompt, m, at in zip(prompts, out_lens, arrivals):
         delay = t0 + at - time.perf_counter()
@@ -61,7 +60,6 @@ def submit_poisson(rt, prompts, out_lens, arrivals):
             time.sleep(delay)
         params = SamplingParams(max_tokens=m, ignore_eos=True, temperature=0.0)
         handles.append(rt.engine.submit(EngineRequest(tuple(prompt), params), stream=False))
-    return handles
 
 
 def run_mode(args, hybrid: bool, prompts, out_lens, arrivals) -> dict:
@@ -87,7 +85,7 @@ def run_mode(args, hybrid: bool, prompts, out_lens, arrivals) -> dict:
 
     watcher = threading.Thread(target=progress, daemon=True)
     watcher.start()
-    handles.extend(submit_poisson(rt, prompts, out_lens, arrivals))
+    submit_poisson(rt, prompts, out_lens, arrivals, handles)
     results = [h.result() for h in handles]
     done.set()
     after = rt.stats()

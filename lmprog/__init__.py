@@ -10,7 +10,7 @@
     state = qa.run(question="Capital of France?", temperature=0)
     print(state["answer"])
 
-`import lmprog` stays light: backends (`lp.LlamaCpp`, `lp.Runtime`) and `lp.Constraint`
+`import lmprog` stays light: backends (`lp.LlamaCpp`, `lp.Runtime`, `lp.OpenAI`) and `lp.Constraint`
 are imported on first use.
 """
 
@@ -76,7 +76,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | {n for names in _LAZY.values() for n in names})
 
 
-# The lazy names (Constraint, LlamaCpp, Runtime) are left out so that `import *` stays light.
+# The lazy names (Constraint, LlamaCpp, Runtime, OpenAI) are left out so that `import *` stays light.
 __all__ = [
     "Arg", "BackendError", "ConstraintError", "ContextLengthError",
     "LmprogError", "ProgramState", "SamplingParams", "assistant", "assistant_begin",

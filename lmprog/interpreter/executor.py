@@ -21,6 +21,7 @@ from lmprog.core.chat import ChatTemplate
 from lmprog.core.errors import BackendError, ConstraintError
 from lmprog.core.protocol import Backend, GenerateRequest, GenerateResult, ScoreRequest, ScoreResult
 from lmprog.core.sampling import SamplingParams
+from lmprog.interpreter.api_spec import ApiSpeculator
 from lmprog.interpreter.record import StateRecord
 from lmprog.lang.ir import (
     Fork, Gen, Image, Join, Node, RoleBegin, RoleEnd, Select, Text, VarScopeBegin, VarScopeEnd,
@@ -63,11 +64,16 @@ class ForkSnapshot:
 class NodeExecutor:
     """Runs nodes against one record. Not thread-safe: only the state's worker calls it."""
 
-    def __init__(self, record: StateRecord, backend: Backend | None, template: TemplateSource, stream: bool) -> None:
+    def __init__(self, record: StateRecord, backend: Backend | None, template: TemplateSource, stream: bool,
+                 num_api_spec_tokens: int | None = None) -> None:
         self._record = record
         self._backend = backend
         self._template = template  # fetched at the first role: plain-text programs need none
         self._stream = stream
+        # API speculative execution, on endpoint backends only (see api_spec.py).
+        self._spec: ApiSpeculator | None = None
+        if num_api_spec_tokens and backend is not None and backend.api_speculation is not None:
+            self._spec = ApiSpeculator(backend, num_api_spec_tokens)
         self._message_count = 0  # role messages begun so far (the first one renders differently)
         self._open_message: tuple[str, int] | None = None  # (role, offset of its content)
         self._scopes: list[tuple[str, int]] = []  # (variable, offset where capture began)
@@ -87,14 +93,20 @@ class NodeExecutor:
     # ---- text and structure ------------------------------------------------------
 
     def _text(self, node: Text, _: None) -> None:
-        self._record.append(node.text, self._captures)
+        self._append_constant(node.text)
+
+    def _append_constant(self, text: str) -> None:
+        """Append text the program wrote (not generated); a speculation's surplus must match it."""
+        if self._spec is not None:
+            self._spec.on_text(text)
+        self._record.append(text, self._captures)
 
     def _role_begin(self, node: RoleBegin, _: None) -> None:
         assert self._open_message is None, "the front half rejects nested roles"
         prefix = self._template().role_prefix(node.role, first=self._message_count == 0)
         self._message_count += 1
         if prefix:
-            self._record.append(prefix, self._captures)
+            self._append_constant(prefix)
         self._open_message = (node.role, self._record.length)
 
     def _role_end(self, node: RoleEnd, _: None) -> None:
@@ -104,7 +116,7 @@ class NodeExecutor:
         self._open_message = None
         suffix = self._template().role_suffix(role)
         if suffix:
-            self._record.append(suffix, self._captures)
+            self._append_constant(suffix)
 
     def _scope_begin(self, node: VarScopeBegin, _: None) -> None:
         self._scopes.append((node.name, self._record.length))
@@ -131,7 +143,22 @@ class NodeExecutor:
     def _gen(self, node: Gen, params: SamplingParams) -> None:
         assert self._backend is not None and isinstance(params, SamplingParams)
         captures = self._captures_with(node.name)
-        request = GenerateRequest(self._record.text, params, node.constraint)
+        result = None
+        if self._spec is not None:
+            start = self._open_message[1] if self._open_message is not None else None
+            result = self._spec.gen(self._record.text, start, params, node.constraint)
+        if result is None:
+            result, done = self._generate(GenerateRequest(self._record.text, params, node.constraint), captures)
+        else:
+            done = ""
+        if len(result.text) > len(done):
+            self._record.append(result.text[len(done):], captures)
+        if node.name is not None:
+            self._record.set_var(node.name, _parse(node, result), result.meta_info())
+
+    def _generate(self, request: GenerateRequest, captures: tuple[str, ...]) -> tuple[GenerateResult, str]:
+        """Call the backend; returns the result and the text already appended by streaming."""
+        assert self._backend is not None
         streamed: list[str] = []
         if self._stream:
             def on_piece(piece: str) -> None:
@@ -145,13 +172,12 @@ class NodeExecutor:
         done = "".join(streamed)
         if not result.text.startswith(done):
             raise BackendError(f"streamed pieces {done!r} are not a prefix of the result {result.text!r}")
-        if len(result.text) > len(done):
-            self._record.append(result.text[len(done):], captures)
-        if node.name is not None:
-            self._record.set_var(node.name, _parse(node, result), result.meta_info())
+        return result, done
 
     def _select(self, node: Select, _: None) -> None:
         assert self._backend is not None
+        if self._spec is not None:
+            self._spec.drop()  # a choice is scored, never generated: nothing to match it with
         request = ScoreRequest(self._record.text, node.choices, unconditional=node.method.needs_unconditional)
         result = self._backend.score(request)
         if not isinstance(result, ScoreResult) or len(result.choices) != len(node.choices):
@@ -194,6 +220,8 @@ class NodeExecutor:
         self._open_message = snap.open_message
 
     def _join(self, node: Join, children: list[StateRecord]) -> None:
+        if self._spec is not None:
+            self._spec.drop()
         for child in children:
             child.wait_finished()
         for child in children:

@@ -103,8 +103,13 @@ def function(func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int
     """Make `func(s, ...)` an lmprog program: `@lp.function` or `@lp.function(num_api_spec_tokens=N)`.
 
     The first parameter receives the state; a function that cannot take it positionally
-    raises TypeError here. `num_api_spec_tokens` is kept on the program for endpoint
-    backends that speculate over API calls.
+    raises TypeError here.
+
+    `num_api_spec_tokens=N` turns on API speculative execution on endpoint backends
+    (`lp.OpenAI`): a gen asks for N tokens more than its max_tokens, ignoring its stop;
+    the program's following text must match that surplus, and following gens are cut
+    from it up to their own stops, so one API call can fill several gens. A mismatch falls
+    back to a real call. Other backends ignore it (their prefix cache makes calls cheap).
     """
     if func is None:
         return lambda f: Function(f, num_api_spec_tokens=num_api_spec_tokens)

@@ -41,7 +41,8 @@ def run_body(state: ProgramState, program: Program, call: ProgramCall) -> Except
 
 def start_program(program: Program, call: ProgramCall, backend: Backend, *, stream: bool, background: bool) -> ProgramState:
     """A new state running `program`: here (and synced) or on a background thread."""
-    state = ProgramState(RunContext(backend, TemplateCache(backend), call.defaults, stream))
+    context = RunContext(backend, TemplateCache(backend), call.defaults, stream, program.num_api_spec_tokens)
+    state = ProgramState(context)
     if background:
         threading.Thread(target=run_body, args=(state, program, call), daemon=True,
                          name=f"lmprog-body-{program.name}").start()
@@ -70,7 +71,8 @@ def run_batch(
     states: list[ProgramState | None] = [None] * len(calls)
 
     def run_one(i: int) -> None:
-        state = ProgramState(RunContext(backend, template, calls[i].defaults))
+        state = ProgramState(RunContext(backend, template, calls[i].defaults,
+                                        num_api_spec_tokens=program.num_api_spec_tokens))
         states[i] = state
         run_body(state, program, calls[i])
         state._record.wait_idle()

@@ -30,6 +30,7 @@ class RunContext:
     template: TemplateSource
     defaults: SamplingParams
     stream: bool = False
+    num_api_spec_tokens: int | None = None  # the program's API speculation (endpoint backends)
 
 
 class ProgramState(FrontendState):
@@ -60,7 +61,8 @@ class ProgramState(FrontendState):
         self._context = context
         self._record = StateRecord()
         self._body_thread = body_thread  # the thread running the program body, once known
-        executor = NodeExecutor(self._record, context.backend, context.template, context.stream)
+        executor = NodeExecutor(self._record, context.backend, context.template, context.stream,
+                                context.num_api_spec_tokens)
         self._worker = Worker(self._record, executor, origin)
 
     # ---- front-half hooks --------------------------------------------------------

@@ -1,0 +1,98 @@
+"""The FastAPI application: routes, the gate (API key, body limit, metrics), error handlers.
+
+    app = build_app(backend, model_name="smollm2", api_key=None, limits=ServerLimits())
+
+Handlers parse bodies themselves (any content type; malformed JSON is a 400 like any other
+bad input) and never block the event loop: generation, tokenization and constraint
+compilation run on the context's worker threads.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from lmprog.core.protocol import Backend
+
+from .chat_completions import create_chat_completion
+from .chat_schemas import ChatCompletionRequest
+from .completions import create_completion
+from .context import ServeContext
+from .errors import APIError, install_handlers, validation_error
+from .gate import Gate
+from .limits import ServerLimits
+from .metrics import ServerMetrics
+from .schemas import CompletionRequest
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def build_app(backend: Backend, *, model_name: str, api_key: str | None = None,
+              limits: ServerLimits | None = None) -> FastAPI:
+    """The app serving `backend` under `model_name`. The caller owns the backend; the app's
+    worker threads stop with `app.state.ctx.executor.shutdown()` (Server.stop does it)."""
+    limits = limits or ServerLimits()
+    ctx = ServeContext(backend=backend, model_name=model_name, limits=limits,
+                       executor=ThreadPoolExecutor(limits.max_concurrency, thread_name_prefix="lmprog-serve"),
+                       metrics=ServerMetrics(), template=backend.chat_template, created=int(time.time()))
+    app = FastAPI(title="lmprog", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.ctx = ctx
+    install_handlers(app)
+    _routes(app, ctx)
+    app.add_middleware(Gate, api_key=api_key, max_body_bytes=limits.max_body_bytes, metrics=ctx.metrics)
+    return app
+
+
+async def parse_body(request: Request, model: type[M]) -> M:
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON ({exc})", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc.errors()) from None
+
+
+def _routes(app: FastAPI, ctx: ServeContext) -> None:
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await create_completion(ctx, await parse_body(request, CompletionRequest), request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await create_chat_completion(ctx, await parse_body(request, ChatCompletionRequest), request)
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [_model_card(ctx)]})
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str) -> JSONResponse:
+        ctx.check_model(name)
+        return JSONResponse(_model_card(ctx))
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        engine = getattr(ctx.backend, "engine", None)
+        if engine is not None and not engine.alive:
+            raise APIError(503, "the engine has stopped", code="engine_down")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(ctx.metrics.render(ctx.backend.stats()),
+                                 media_type="text/plain; version=0.0.4")
+
+
+def _model_card(ctx: ServeContext) -> dict[str, Any]:
+    return {"id": ctx.model_name, "object": "model", "created": ctx.created, "owned_by": "lmprog"}

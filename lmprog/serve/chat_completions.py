@@ -1,0 +1,142 @@
+"""/v1/chat/completions: messages rendered with the model's chat template, n choices,
+streaming, response_format, tools (constrained calls; see tools.py) and logprobs.
+
+With tools active a streamed choice is sent whole when it ends (its text is either a call
+or an answer, known only then); without tools, text streams piece by piece. Streamed
+logprobs arrive in each choice's last chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from lmprog.core.protocol import GenerateRequest, GenerateResult
+
+from .bridge import Generations
+from .chat_schemas import ChatCompletionRequest
+from .context import ServeContext
+from .errors import APIError, from_exception
+from .formats import output_constraint
+from .logprobs import chat_logprobs, visible_logprobs
+from .params import choice_params, choices_of, sampling_params
+from .prompts import render_chat
+from .runs import ReplyBase, finish_reason, usage, watched
+from .streaming import DONE, EventStream, sse
+from .tools import ToolPlan, plan_tools
+
+
+async def create_chat_completion(ctx: ServeContext, body: ChatCompletionRequest, request: Request) -> Response:
+    ctx.check_model(body.model)
+    n = choices_of(body, ctx.limits)
+    params = sampling_params(body, ctx.limits, max_tokens=_max_tokens(body), logprobs=_top(body))
+    if body.tools or body.response_format or body.regex:  # compiling schemas may take a while
+        plan, prompt = await ctx.blocking(_prepare, ctx, body)
+    else:
+        plan, prompt = _prepare(ctx, body)
+    requests = [GenerateRequest(prompt, p, plan.constraint) for p in choice_params(params, n)]
+    group = Generations(ctx.backend, requests, ctx.executor, stream=bool(body.stream))
+    reply = _Reply(ctx, body, plan)
+    try:
+        if body.stream:
+            await watched(request, group, group.wait_started())
+            return EventStream(reply.stream(group), group.cancel)
+        results = await watched(request, group, group.results())
+    except Exception as exc:
+        group.cancel()
+        raise from_exception(exc, param="messages") from None
+    return JSONResponse(reply.response_body(results))
+
+
+def _max_tokens(body: ChatCompletionRequest) -> int | None:
+    if body.max_completion_tokens is not None:
+        return body.max_completion_tokens
+    return body.max_tokens
+
+
+def _top(body: ChatCompletionRequest) -> int | None:
+    if not body.logprobs:
+        if body.top_logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return None
+    return body.top_logprobs or 0
+
+
+def _prepare(ctx: ServeContext, body: ChatCompletionRequest) -> tuple[ToolPlan, str]:
+    text = output_constraint(body.response_format, body.regex)
+    plan = plan_tools(body.tools, body.tool_choice, text)
+    return plan, render_chat(ctx.template, body.messages, plan.prompt)
+
+
+class _Reply(ReplyBase):
+    """Builds the response bodies of one request."""
+
+    def __init__(self, ctx: ServeContext, body: ChatCompletionRequest, plan: ToolPlan) -> None:
+        super().__init__(ctx, "chatcmpl")
+        self.body, self.plan = body, plan
+
+    def _message(self, result: GenerateResult) -> tuple[dict[str, Any], str]:
+        """(message, finish_reason) of a finished choice."""
+        call = self.plan.parse(result.text)
+        if call is not None:
+            return {"role": "assistant", "content": None, "refusal": None, "tool_calls": [call]}, "tool_calls"
+        return {"role": "assistant", "content": result.text, "refusal": None}, finish_reason(result)
+
+    def _logprobs(self, result: GenerateResult) -> Any:
+        return chat_logprobs(visible_logprobs(result)) if self.body.logprobs else None
+
+    def _usage(self, results: list[GenerateResult]) -> dict[str, Any]:
+        u = usage(results[0].prompt_tokens, results, results[0].cached_tokens)
+        self.ctx.metrics.on_usage(u["prompt_tokens"], u["completion_tokens"])
+        return u
+
+    def response_body(self, results: list[GenerateResult]) -> dict[str, Any]:
+        choices = []
+        for i, r in enumerate(results):
+            message, reason = self._message(r)
+            choices.append({"index": i, "message": message, "logprobs": self._logprobs(r),
+                            "finish_reason": reason})
+        return {"id": self.id, "object": "chat.completion", "created": self.created,
+                "model": self.ctx.model_name, "choices": choices, "usage": self._usage(results)}
+
+    def _chunk(self, choices: list[dict[str, Any]]) -> bytes:
+        return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                    "model": self.ctx.model_name, "choices": choices})
+
+    def _last_delta(self, result: GenerateResult) -> tuple[dict[str, Any], str]:
+        """The delta closing a choice: everything, when tools held the text back."""
+        if self.plan.calls is None:
+            return {}, finish_reason(result)
+        message, reason = self._message(result)
+        if reason == "tool_calls":
+            return {"tool_calls": [{"index": 0, **message["tool_calls"][0]}]}, reason
+        return {"content": result.text}, reason
+
+    async def stream(self, group: Generations) -> AsyncIterator[bytes]:
+        results: dict[int, GenerateResult] = {}
+        yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None, "finish_reason": None} for i in range(group.size)])
+        try:
+            async for index, event in group.events():
+                self.first_token()
+                if isinstance(event, str):
+                    if self.plan.calls is None:
+                        yield self._chunk([{"index": index, "delta": {"content": event},
+                                            "logprobs": None, "finish_reason": None}])
+                    continue
+                results[index] = event
+                delta, reason = self._last_delta(event)
+                yield self._chunk([{"index": index, "delta": delta, "logprobs": self._logprobs(event),
+                                    "finish_reason": reason}])
+        except Exception as exc:  # a choice failed after the stream began
+            yield sse(from_exception(exc).body())
+            yield DONE
+            return
+        u = self._usage([results[i] for i in range(group.size)])
+        if self.body.stream_options and self.body.stream_options.include_usage:
+            yield sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                       "model": self.ctx.model_name, "choices": [], "usage": u})
+        yield DONE

@@ -1,0 +1,79 @@
+"""The ASGI layer in front of the routes: API key, body size limit, request metrics.
+
+    401  /v1/* and /metrics without `Authorization: Bearer KEY` (when a key is set)
+    413  a body over the limit (Content-Length checked first, then counted as it arrives)
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import APIError
+from .metrics import ServerMetrics
+
+OPEN_PATHS = frozenset({"/health"})
+KNOWN_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"})
+
+
+class Gate:
+    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int,
+                 metrics: ServerMetrics) -> None:
+        self.app = app
+        self._key = f"Bearer {api_key}".encode() if api_key else None
+        self._max = max_body_bytes
+        self._metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"] if scope["path"] in KNOWN_PATHS else "other"
+        started, status = time.perf_counter(), [0]
+
+        async def counted_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        self._metrics.in_flight += 1
+        try:
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                await refusal.response()(scope, receive, counted_send)
+            else:
+                await self.app(scope, self._limited(receive), counted_send)
+        finally:
+            self._metrics.in_flight -= 1
+            self._metrics.on_response(path, status[0], time.perf_counter() - started)
+
+    def _refusal(self, scope: Scope) -> APIError | None:
+        headers = dict(scope["headers"])
+        if self._key is not None and scope["path"] not in OPEN_PATHS:
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._key):
+                return APIError(401, "missing or invalid API key: send 'Authorization: Bearer KEY'",
+                                code="invalid_api_key")
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self._max):
+            return _too_large(self._max)
+        return None
+
+    def _limited(self, receive: Receive) -> Receive:
+        seen = [0]
+
+        async def limited() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                seen[0] += len(message.get("body", b""))
+                if seen[0] > self._max:
+                    raise _too_large(self._max)
+            return message
+
+        return limited
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"the request body is larger than this server's limit of {limit} bytes",
+                    code="request_too_large")

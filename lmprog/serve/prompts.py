@@ -1,0 +1,66 @@
+"""Chat messages -> the prompt text, through the model's own chat template.
+
+Messages are normalised for the template first: text content parts are joined,
+"developer" becomes "system", an assistant's earlier tool calls are written back in the
+layout the model is asked to produce (tools.py), and the tools' description joins the
+(first) system message. Only text goes in: image, audio and file parts are refused, so
+no request makes the server fetch or read anything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import jinja2
+
+from lmprog.core.chat import ChatTemplate
+
+from .chat_schemas import ChatMessage, ToolCall
+from .errors import APIError
+
+
+def render_chat(template: ChatTemplate, messages: Sequence[ChatMessage], tools_prompt: str | None) -> str:
+    plain = [_plain(m, i) for i, m in enumerate(messages)]
+    if tools_prompt:
+        if plain[0]["role"] == "system":
+            plain[0] = {"role": "system", "content": f"{plain[0]['content']}\n\n{tools_prompt}"}
+        else:
+            plain.insert(0, {"role": "system", "content": tools_prompt})
+    try:
+        return template.render(plain, add_generation_prompt=True)
+    except jinja2.TemplateError as exc:
+        raise APIError(400, f"the model's chat template rejects these messages: {exc}",
+                       param="messages") from None
+
+
+def _plain(message: ChatMessage, index: int) -> dict[str, str]:
+    role = "system" if message.role == "developer" else message.role
+    text = _text(message.content, index)
+    if message.tool_calls:
+        calls = "\n".join(_call_text(c, index) for c in message.tool_calls)
+        text = f"{text}\n{calls}" if text else calls
+    return {"role": role, "content": text}
+
+
+def _text(content: str | list[dict[str, Any]] | None, index: int) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        if kind != "text" or not isinstance(part.get("text"), str) or set(part) != {"type", "text"}:
+            raise APIError(400, f"only text content parts are supported, got {kind!r}",
+                           param=f"messages[{index}].content[{j}]", code="unsupported_content")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def _call_text(call: ToolCall, index: int) -> str:
+    try:
+        arguments = json.loads(call.function.arguments)
+    except json.JSONDecodeError:
+        raise APIError(400, f"tool call arguments must be JSON text, got {call.function.arguments[:60]!r}",
+                       param=f"messages[{index}].tool_calls") from None
+    return json.dumps({"name": call.function.name, "arguments": arguments}, ensure_ascii=False)

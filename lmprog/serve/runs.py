@@ -1,0 +1,67 @@
+"""Waiting on a request's choices while watching its client: if the client disconnects,
+the choices are cancelled (and the backend frees them) instead of running to the end."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from fastapi import Request
+
+from lmprog.core.protocol import GenerateResult
+
+from .bridge import Generations
+from .context import ServeContext
+from .errors import ClientGone
+
+T = TypeVar("T")
+POLL_S = 0.25
+
+
+async def watched(request: Request, group: Generations, awaitable: Awaitable[T]) -> T:
+    """Await `awaitable`, cancelling `group` if the client goes away first (ClientGone)."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientGone
+    finally:
+        if not task.done():
+            task.cancel()
+            group.cancel()
+
+
+class ReplyBase:
+    """What every response of one request shares: its id, creation time, and the clock of
+    its time to first token (recorded in the server's metrics once)."""
+
+    def __init__(self, ctx: ServeContext, id_prefix: str) -> None:
+        self.ctx = ctx
+        self.id = f"{id_prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.started = time.perf_counter()
+        self._timed = False
+
+    def first_token(self) -> None:
+        if not self._timed:
+            self._timed = True
+            self.ctx.metrics.on_first_token(time.perf_counter() - self.started)
+
+
+def finish_reason(result: GenerateResult) -> str:
+    """OpenAI's finish reasons: a stop string, stop token or EOS -> "stop"; max_tokens or a
+    full context -> "length"."""
+    return "length" if result.finish_reason == "length" else "stop"
+
+
+def usage(prompt_tokens: int, results: list[GenerateResult], cached: int) -> dict[str, Any]:
+    completion = sum(r.completion_tokens for r in results)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}

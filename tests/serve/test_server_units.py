@@ -1,0 +1,160 @@
+"""Pieces of the server without HTTP or a model: tool-call constraints, response formats,
+logprob layouts, echo offsets, request -> SamplingParams, Prometheus text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lmprog.core.protocol import GenerateResult, TokenLogprob, TopLogprob
+from lmprog.serve.chat_schemas import ChatCompletionRequest, NamedToolChoice, Tool
+from lmprog.serve.echo import token_offsets
+from lmprog.serve.errors import APIError
+from lmprog.serve.formats import output_constraint
+from lmprog.serve.limits import ServerLimits
+from lmprog.serve.logprobs import chat_logprobs, completion_logprobs, visible_logprobs
+from lmprog.serve.metrics import ServerMetrics
+from lmprog.serve.params import choice_params, sampling_params
+from lmprog.serve.schemas import ResponseFormat
+from lmprog.serve.tools import plan_tools
+
+CITY = Tool.model_validate({"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+    "additionalProperties": False}}})
+NOARGS = Tool.model_validate({"type": "function", "function": {"name": "ping"}})
+
+
+def call(name, args) -> str:
+    return '{"name": ' + json.dumps(name) + ', "arguments": ' + json.dumps(args) + "}"
+
+
+def test_required_calls_match_their_tools_schema():
+    plan = plan_tools([CITY, NOARGS], "required", None)
+    assert plan.constraint.matches(call("weather", {"city": "Oslo"}))
+    assert plan.constraint.matches(call("ping", {}))
+    assert not plan.constraint.matches(call("weather", {"town": "Oslo"}))  # not in the schema
+    assert not plan.constraint.matches(call("ping", {"x": 1}))
+    assert not plan.constraint.matches(call("other", {}))
+    assert not plan.constraint.matches("It is sunny.")
+    tool_call = plan.parse(call("weather", {"city": "Oslo"}))
+    assert tool_call["function"] == {"name": "weather", "arguments": '{"city": "Oslo"}'}
+    assert "weather" in plan.prompt and '"city"' in plan.prompt
+
+
+def test_named_choice_allows_only_that_tool():
+    plan = plan_tools([CITY, NOARGS], NamedToolChoice.model_validate(
+        {"type": "function", "function": {"name": "ping"}}), None)
+    assert plan.constraint.matches(call("ping", {}))
+    assert not plan.constraint.matches(call("weather", {"city": "Oslo"}))
+
+
+def test_auto_allows_a_call_or_an_answer():
+    plan = plan_tools([CITY], "auto", None)
+    assert plan.constraint.matches(call("weather", {"city": "Rome"}))
+    assert plan.constraint.matches("Sunny, 20 degrees.\nAnything else?")
+    assert not plan.constraint.matches('{"answer": 1}') and not plan.constraint.matches("")
+    assert plan.parse("Sunny.") is None
+    json_answers = plan_tools([CITY], "auto", output_constraint(ResponseFormat(type="json_object"), None))
+    assert json_answers.constraint.matches('{"answer": 1}')
+    assert json_answers.parse('{"answer": 1}') is None
+    assert json_answers.parse(call("weather", {"city": "Rome"}))["function"]["name"] == "weather"
+
+
+def test_none_and_no_tools():
+    plan = plan_tools([CITY], "none", None)
+    assert plan.calls is None and plan.prompt is None
+    assert plan.constraint.matches("Plain words.") and not plan.constraint.matches(call("weather", {"city": "x"}))
+    assert plan_tools(None, None, None) == plan_tools([], None, None)
+    assert plan_tools(None, None, None).constraint is None
+    with pytest.raises(APIError, match="tool_choice needs tools"):
+        plan_tools(None, "auto", None)
+    with pytest.raises(APIError, match="two tools"):
+        plan_tools([CITY, CITY], "auto", None)
+
+
+def test_json_object_is_bounded_one_level_deep():
+    c = output_constraint(ResponseFormat(type="json_object"), None)
+    assert c.matches('{"a": [1, 2], "b": {"c": "d"}}')
+    assert not c.matches('{"a": [{"b": 1}]}') and not c.matches("[1]")
+    assert output_constraint(ResponseFormat(type="text"), None) is None
+    assert output_constraint(None, r"\d+").matches("123")
+    with pytest.raises(APIError, match="either"):
+        output_constraint(ResponseFormat(type="json_object"), r"\d+")
+
+
+def tok(i, text, lp, top=()):
+    return TokenLogprob(i, text, lp, tuple(TopLogprob(j, t, v) for j, t, v in top))
+
+
+def test_logprob_layouts():
+    toks = (tok(5, "Hi", -0.5, [(5, "Hi", -0.5), (6, "Yo", -1.0)]), tok(7, "!", float("-inf")))
+    chat = chat_logprobs(toks)["content"]
+    assert [c["token"] for c in chat] == ["Hi", "!"] and chat[1]["logprob"] == -9999.0  # JSON has no -inf
+    assert chat[0]["top_logprobs"][1] == {"token": "Yo", "logprob": -1.0, "bytes": [89, 111]}
+    comp = completion_logprobs(["A", "Hi", "!"], (None, *toks), [0, 1, 3], top=2)
+    assert comp["token_logprobs"] == [None, -0.5, -9999.0] and comp["top_logprobs"][0] is None
+    assert comp["top_logprobs"][1] == {"Hi": -0.5, "Yo": -1.0} and comp["text_offset"] == [0, 1, 3]
+    assert completion_logprobs(["A"], [None], [0], top=0)["top_logprobs"] is None
+
+
+def test_a_stop_token_is_not_in_the_visible_logprobs():
+    toks = (tok(5, "Hi", -0.5), tok(2, "<|im_end|>", -0.1))
+    ended = GenerateResult("Hi", (5, 2), "stop", 3, 2, matched_stop=2, logprobs=toks)
+    assert visible_logprobs(ended) == toks[:1]
+    by_string = GenerateResult("Hi", (5, 2), "stop", 3, 2, matched_stop="\n", logprobs=toks)
+    assert visible_logprobs(by_string) == toks
+
+
+class ByteTokenizer:
+    """One token per UTF-8 byte: decoding a lone byte of 'é' gives a replacement character."""
+
+    def decode(self, ids):
+        return bytes(ids).decode(errors="replace")
+
+
+def test_token_offsets_with_split_characters():
+    ids = list("aé b".encode())
+    text, pieces, offsets = token_offsets(ByteTokenizer(), ids)
+    assert text == "aé b" and len(pieces) == len(ids) == 5
+    assert offsets == [0, 1, 1, 2, 3]  # both bytes of é start inside it
+    text, pieces, offsets = token_offsets(ByteTokenizer(), list(b"abc"))
+    assert (text, pieces, offsets) == ("abc", ["a", "b", "c"], [0, 1, 2])
+
+
+def chat_body(**fields):
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                                 **fields})
+
+
+def test_sampling_params_from_a_request():
+    limits = ServerLimits(max_tokens=100)
+    p = sampling_params(chat_body(temperature=0.5, top_p=0.9, stop="END", seed=7, top_k=40, min_p=0.1,
+                                  presence_penalty=0.5, stop_token_ids=[3]), limits, max_tokens=None, logprobs=2)
+    assert (p.temperature, p.top_p, p.stop, p.seed, p.top_k, p.min_p) == (0.5, 0.9, ("END",), 7, 40, 0.1)
+    assert (p.max_tokens, p.return_logprob, p.top_logprobs_num, p.stop_token_ids) == (100, True, 2, (3,))
+    defaults = sampling_params(chat_body(), limits, max_tokens=10, logprobs=None)
+    assert (defaults.temperature, defaults.return_logprob, defaults.seed) == (1.0, False, None)
+    assert [q.seed for q in choice_params(p, 3)] == [7, 8, 9]
+    assert choice_params(defaults, 2) == [defaults, defaults]
+    with pytest.raises(APIError) as info:
+        sampling_params(chat_body(), limits, max_tokens=101, logprobs=None)
+    assert info.value.param == "max_tokens" and info.value.status == 400
+
+
+def test_prometheus_text():
+    m = ServerMetrics()
+    m.on_response("/v1/completions", 200, 0.5)
+    m.on_usage(10, 4)
+    text = m.render({"num_running": 2, "num_waiting": 1, "cache_hit_rate": 0.25,
+                     "requests_finished": {"stop": 3}, "model": "x"})
+    lines = text.splitlines()
+    assert 'lmprog_http_requests_total{path="/v1/completions",status="200"} 1' in lines
+    assert "lmprog_requests_running 2" in lines and "lmprog_requests_queued 1" in lines
+    assert "lmprog_prefix_cache_hit_rate 0.25" in lines and "lmprog_completion_tokens_total 4" in lines
+    assert 'lmprog_engine_requests_finished_total{reason="stop"} 3' in lines
+    for line in lines:  # every sample belongs to a declared family
+        if not line.startswith("#"):
+            name = line.split("{")[0].split(" ")[0]
+            family = name.removesuffix("_sum").removesuffix("_count")
+            assert f"# TYPE {family} " in text or f"# TYPE {name} " in text, line
