@@ -8,7 +8,8 @@ Modules (each imports triton at import time; check `triton_available()` first):
 - `attention_plan` the per-batch host-side plan (`plan_attention`), torch only, no triton
 - `attention_ref`  the PyTorch reference of the same attention, no triton
 - `rmsnorm`        `rms_norm` (+ fused residual add)
-- `rope`           `apply_rope` in place on q and k, `cos_sin_cache`
+- `rope`           `apply_rope` in place on q and k, `cos_sin_cache`; `rope_and_store`
+                   (rotary on a fused qkv + the K/V pool write, one pass)
 - `activation`     `silu_and_mul`
 - `logits`         `process_logits` (penalties, bias, packed constraint bitmask,
                    temperature; in place), `pack_bitmask`
