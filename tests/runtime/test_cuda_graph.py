@@ -7,13 +7,11 @@ triton is imported); graph capture and replay need a CUDA GPU.
 """
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from graph_scripts import run_captured, run_uncaptured
 
 from lmprog.runtime.cuda_graph import DecodeBuffers
 from lmprog.runtime.forward_batch import ForwardBatch
@@ -116,16 +114,7 @@ def test_decode_buffers_copy_the_batch_and_reset_padding():
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_padded_static_forward_matches_eager():
     """The graphs' inputs without capture: same logits and K/V as the eager forward."""
-    if torch.cuda.is_available():
-        namespace = {}
-        exec(_script(2e-2), namespace)  # noqa: S102 - the same checks, in this process
-        namespace["run"]("cuda", False, "float32")
-        return
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-c", _script(1e-4) + "\nrun('cpu', False, 'float32')\n"],
-                            env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "ok cpu" in result.stdout
+    run_uncaptured(_script)
 
 
 @pytest.mark.gpu
@@ -134,7 +123,4 @@ def test_padded_static_forward_matches_eager():
                            "tested on the CPU by test_padded_static_forward_matches_eager)")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_graph_replay_matches_eager(dtype):
-    namespace = {}
-    # fp32 tl.dot runs in TF32 on a GPU; bf16 rounds differently with padded GEMM shapes
-    exec(_script(2e-2 if dtype == "float32" else 4e-2), namespace)  # noqa: S102
-    namespace["run"]("cuda", True, dtype)
+    run_captured(_script, dtype)

@@ -7,13 +7,11 @@ TRITON_INTERPRET must be set before triton is imported); capture and replay need
 """
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from graph_scripts import run_captured, run_uncaptured
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -90,16 +88,7 @@ def _script(tol: float) -> str:
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_segmented_padded_forward_matches_eager():
     """The graphs' segments and buffers without capture: same logits and K/V as eager."""
-    if torch.cuda.is_available():
-        namespace = {}
-        exec(_script(2e-2), namespace)  # noqa: S102 - the same checks, in this process
-        namespace["run"]("cuda", False, "float32")
-        return
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-c", _script(1e-4) + "\nrun('cpu', False, 'float32')\n"],
-                            env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "ok cpu" in result.stdout
+    run_uncaptured(_script)
 
 
 @pytest.mark.gpu
@@ -108,6 +97,4 @@ def test_segmented_padded_forward_matches_eager():
                            "on the CPU by test_segmented_padded_forward_matches_eager)")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_piecewise_replay_matches_eager(dtype):
-    namespace = {}
-    exec(_script(2e-2 if dtype == "float32" else 4e-2), namespace)  # noqa: S102
-    namespace["run"]("cuda", True, dtype)
+    run_captured(_script, dtype)
