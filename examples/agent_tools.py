@@ -2,7 +2,7 @@
 
 Run:  bash scripts/setup.sh && .venv/bin/python examples/agent_tools.py
       .venv/bin/python examples/agent_tools.py --langchain    # the same loop in LangChain
-                                                           # (pip install langchain-openai)
+                                    # (.venv/bin/pip install -e ".[agents]" adds langchain-openai)
 The model asks for tools, the program runs them and sends the results back, until the model
 answers. The server constrains each call's arguments to the tool's JSON schema, so even the
 135M default model always produces calls that parse and validate. The loop makes the first
