@@ -61,6 +61,10 @@ class Runtime(Backend):
         num_threads: torch CPU threads (process-wide; default: leave torch's setting).
         seed: seed of the random weights of load_format="dummy".
         check_integrity: verify the cache bookkeeping after every step (slow; for tests).
+        speculative: speculative decoding, verified inside the hybrid batch: None (off), a
+            `lmprog.runtime.speculative.SpeculativeConfig`, a dict of its fields, or a method
+            name ("ngram": prompt lookup; "draft": a draft model, with draft_model=...).
+            Greedy outputs are unchanged; sampled outputs keep the model's distribution.
     """
 
     def __init__(self, model: str | None = None, device: str = "auto", dtype: str = "auto",
@@ -73,11 +77,13 @@ class Runtime(Backend):
                  page_size: int = 1, jump_forward: bool = True, quantization: str | None = None,
                  attention: str = "auto", cuda_graphs: bool = True,
                  num_threads: int | None = None, seed: int = 0,
-                 check_integrity: bool = False) -> None:
+                 check_integrity: bool = False, speculative: Any = None) -> None:
         from lmprog.runtime.config import CacheConfig, SchedulerConfig
         from lmprog.runtime.engine import EngineConfig
         from lmprog.runtime.launch import launch_engine
+        from lmprog.runtime.speculative.config import SpeculativeConfig
 
+        spec_config = SpeculativeConfig.coerce(speculative)  # before any weight is loaded
         if not isinstance(jump_forward, bool):
             raise TypeError(f"jump_forward must be a bool, got {jump_forward!r}")
         if quantization not in (None, "int4"):
@@ -97,7 +103,7 @@ class Runtime(Backend):
             context_length=context_length, cache_config=cache_config,
             scheduler_config=scheduler_config,
             engine_config=EngineConfig(jump_forward=jump_forward, check_integrity=check_integrity),
-            cuda_graphs=cuda_graphs)
+            cuda_graphs=cuda_graphs, speculative=spec_config)
         self._radix = radix_cache
         weakref.finalize(self, self._engine.shutdown)
 

@@ -255,6 +255,34 @@ def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None] | No
     return ids.clamp_(max=probs.shape[-1] - 1)
 
 
+def probabilities(
+    logits: torch.Tensor,
+    tensors: SamplingTensors,
+    *,
+    output_counts: torch.Tensor | None = None,
+    num_output_tokens: torch.Tensor | Sequence[int] | None = None,
+    allowed: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """[B, V] float32: the distribution `sample` draws each row from with the same inputs
+    (penalties, min_tokens ban, mask, temperature, top-k/p, min-p), normalised; one-hot at
+    the argmax on greedy rows. Speculative decoding's rejection rule needs it explicitly."""
+    _check_inputs(logits, tensors, None, output_counts, num_output_tokens, allowed)
+    x = _processed_logits(logits.float(), tensors, output_counts, num_output_tokens, allowed)
+    probs = _filtered_probs(x, tensors)
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    if bool(tensors.greedy.any()):
+        one_hot = torch.zeros_like(probs).scatter_(1, x.argmax(dim=-1, keepdim=True), 1.0)
+        probs = torch.where(tensors.greedy[:, None], one_hot, probs)
+    return probs
+
+
+def draw(probs: torch.Tensor,
+         generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
+    """One token per row of `probs` [B, V] (non-negative, not necessarily normalised) by
+    inverse-CDF sampling with one uniform per row, from that row's generator as in `sample`."""
+    return _draw(probs, generators)
+
+
 def _with_logprobs(ids: torch.Tensor, raw_logprobs: torch.Tensor | None, k: int) -> SampleOutput:
     if raw_logprobs is None:
         return SampleOutput(token_ids=ids)

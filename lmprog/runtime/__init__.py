@@ -18,6 +18,7 @@ _LAZY = {
     "EngineRequest": "engine_io", "EngineResult": "engine_io", "RequestHandle": "engine_io",
     "launch_engine": "launch", "ModelRunner": "model_runner",
     "CacheConfig": "config", "SchedulerConfig": "config",
+    "SpeculativeConfig": "speculative.config",
 }
 
 __all__ = sorted(_LAZY)

@@ -6,6 +6,9 @@ min_tokens) and constraint guide (mask). Per-row tensors are rebuilt only when t
 sampled requests changes (a steady decode batch reuses them). The engine samples a whole
 batch per step; the llama.cpp backend one request (B=1) per step, with its own sampler.
 
+Speculative verification with explicit draft distributions goes through `judge` (the
+rejection rule on the same processed distribution `sample` draws from).
+
 Fault isolation: when the batched call raises (e.g. a constraint leaves a row nothing to
 sample), every row is retried alone, so only the faulty rows fail.
 """
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lmprog.core.sampler import SampleOutput, SamplingTensors, sample
+from lmprog.core.sampler import SampleOutput, SamplingTensors, probabilities, sample
 
 from .decode_state import DecodeState
 
@@ -48,6 +51,41 @@ class BatchSampler:
             return [self._sample_alone(logits[b:b + 1], st) for b, st in enumerate(states)]
         return _draws(out, len(states))
 
+    def judge(self, logits: torch.Tensor, states: Sequence[DecodeState], drafts: Sequence[int],
+              draft_probs: torch.Tensor) -> list[tuple[Draw, bool]]:
+        """The rejection rule per row: draft drafts[b], drawn from draft_probs[b] [V], against
+        the distribution `sample` would draw row b from. Returns (draw, accepted) per row."""
+        assert logits.shape[0] == len(states) == len(drafts) == draft_probs.shape[0] > 0
+        try:
+            return self._judge(logits, states, drafts, draft_probs,
+                               self._tensors_for(states, logits.device))
+        except Exception:  # noqa: BLE001 - isolate the faulty rows below
+            return [self._judge_alone(logits[b:b + 1], st, drafts[b:b + 1], draft_probs[b:b + 1])
+                    for b, st in enumerate(states)]
+
+    def _judge(self, logits: torch.Tensor, states: Sequence[DecodeState], drafts: Sequence[int],
+               draft_probs: torch.Tensor, tensors: SamplingTensors) -> list[tuple[Draw, bool]]:
+        from .speculative.rejection import rejection_sample
+
+        raw = torch.log_softmax(logits.float(), dim=-1) if tensors.return_logprob else None
+        counts, n_out, allowed = self._inputs(logits, states, tensors)
+        p = probabilities(logits, tensors, output_counts=counts, num_output_tokens=n_out,
+                          allowed=allowed)
+        d = torch.tensor(list(drafts), dtype=torch.int64, device=logits.device)
+        tokens, accepted = rejection_sample(p, draft_probs.to(p.device), d,
+                                            [s.generator for s in states])
+        draws = _draws(_with_logprobs(tokens, raw, tensors.max_top_logprobs), len(states))
+        return list(zip(draws, accepted.tolist()))
+
+    def _judge_alone(self, logits: torch.Tensor, state: DecodeState, drafts: Sequence[int],
+                     draft_probs: torch.Tensor) -> tuple[Draw, bool]:
+        try:
+            tensors = SamplingTensors.from_params([state.params], eos_token_ids=self._eos,
+                                                  device=logits.device)
+            return self._judge(logits, [state], drafts, draft_probs, tensors)[0]
+        except Exception as exc:  # noqa: BLE001 - becomes this request's error
+            return Draw(error=exc), False
+
     def _sample_alone(self, logits: torch.Tensor, state: DecodeState) -> Draw:
         try:
             tensors = SamplingTensors.from_params([state.params], eos_token_ids=self._eos,
@@ -66,6 +104,17 @@ class BatchSampler:
 
     def _sample(self, logits: torch.Tensor, states: Sequence[DecodeState],
                 tensors: SamplingTensors) -> SampleOutput:
+        counts, n_out, allowed = self._inputs(logits, states, tensors)
+        generators = [s.generator for s in states]
+        if all(g is None for g in generators):
+            generators = None
+        return sample(logits, tensors, generators=generators, output_counts=counts,
+                      num_output_tokens=n_out, allowed=allowed)
+
+    @staticmethod
+    def _inputs(logits: torch.Tensor, states: Sequence[DecodeState], tensors: SamplingTensors):
+        """(penalty counts, output lengths, constraint mask) of the rows, as the sampler
+        takes them; guided rows are masked in place when no logprobs are wanted."""
         counts = n_out = allowed = None
         if tensors.any_penalty:
             counts = torch.stack([s.counts if s.counts is not None
@@ -77,11 +126,7 @@ class BatchSampler:
         guides = [s.guide for s in states]
         if any(g is not None for g in guides):
             allowed = _constrain(logits, guides, tensors.return_logprob)
-        generators = [s.generator for s in states]
-        if all(g is None for g in generators):
-            generators = None
-        return sample(logits, tensors, generators=generators, output_counts=counts,
-                      num_output_tokens=n_out, allowed=allowed)
+        return counts, n_out, allowed
 
 
 def _constrain(logits: torch.Tensor, guides: list, keep_raw: bool) -> torch.Tensor | None:
@@ -94,6 +139,17 @@ def _constrain(logits: torch.Tensor, guides: list, keep_raw: bool) -> torch.Tens
         return batch_allowed_mask(guides, logits.shape[1], logits.device)
     apply_mask_(logits, guides)
     return None
+
+
+def _with_logprobs(ids: torch.Tensor, raw: torch.Tensor | None, k: int) -> SampleOutput:
+    """ids with their raw logprobs and top-k alternatives (None raw: ids only)."""
+    if raw is None:
+        return SampleOutput(token_ids=ids)
+    chosen = raw.gather(1, ids[:, None])[:, 0]
+    if k <= 0:
+        return SampleOutput(token_ids=ids, logprobs=chosen)
+    top = raw.topk(min(k, raw.shape[-1]), dim=-1)
+    return SampleOutput(ids, chosen, top.indices, top.values)
 
 
 def _draws(out: SampleOutput, n: int) -> list[Draw]:

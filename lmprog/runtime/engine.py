@@ -6,10 +6,12 @@ runner and the per-request DecodeStates:
 
     loop:
         apply queued commands (submit / abort / call)   <- blocks here when there is no work
-        batch  = scheduler.schedule()                   # decodes + prefill chunks, one budget
+        speculator.propose(decoding requests)           # draft_ids (speculative decoding)
+        batch  = scheduler.schedule()                   # decodes + verifies + prefill chunks
         logits = runner.forward(batch)                  # one forward pass for all of them
         prompt logprobs for entries that want them
-        draws  = sampler.sample(last-position logits)   # one token per sampling entry
+        draws  = sampler.sample(last-position logits)   # one token per sampling entry, and
+                                                        # per accepted draft (step_outputs)
         state.accept(token) per request                 # text, stops, constraint, jump-forward
         finished = scheduler.process_results(batch, tokens, finish reasons)
         mirror jump-forwards (scheduler.replace_tokens); hand results to the handles
@@ -43,6 +45,7 @@ from .metrics import EngineMetrics
 from .model_runner import ModelRunner
 from .request import Req, ReqStatus
 from .scheduler import ScheduledBatch, Scheduler
+from .speculative.speculator import Speculator
 from .step_outputs import StepOutputs
 
 log = logging.getLogger(__name__)
@@ -63,9 +66,12 @@ class Engine:
     """Owns the engine thread. Thread-safe: submit/abort/call/stats/shutdown from anywhere."""
 
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer: Any, *,
-                 eos_token_ids: Sequence[int], config: EngineConfig | None = None) -> None:
+                 eos_token_ids: Sequence[int], config: EngineConfig | None = None,
+                 speculator: Speculator | None = None) -> None:
+        """speculator: verify draft tokens in the batch (None: no speculative decoding)."""
         self.runner = runner
         self.scheduler = scheduler
+        self.speculator = speculator
         self.config = config or EngineConfig()
         self.eos_token_ids = tuple(eos_token_ids)
         self._tokenizer = tokenizer
@@ -119,6 +125,20 @@ class Engine:
     def flush_cache(self) -> bool:
         """Empty the prefix cache; False (nothing done) while requests run."""
         return self.call(self.scheduler.flush_cache)
+
+    def set_speculation(self, enabled: bool) -> None:
+        """Switch speculative decoding on or off from the next step (e.g. to compare both
+        in one run). ValueError when the engine was built without a speculator."""
+        if self.speculator is None:
+            raise ValueError("this engine was built without speculative decoding; pass "
+                             "speculative=... when creating it")
+        if not isinstance(enabled, bool):
+            raise TypeError(f"enabled must be a bool, got {enabled!r}")
+
+        def switch() -> None:
+            self.speculator.enabled = enabled
+
+        self.call(switch)
 
     def stats(self) -> dict[str, Any]:
         """The latest snapshot (updated after every step and command)."""
@@ -215,7 +235,13 @@ class Engine:
 
     def _step(self) -> None:
         start = time.perf_counter()
+        spec = self.speculator
+        if spec is not None:
+            spec.propose(self.scheduler.decoding())
         batch = self.scheduler.schedule()
+        if spec is not None:
+            for req in batch.retracted:
+                spec.release(req.rid, finished=False)
         if batch.is_empty:  # nothing runnable now (cannot last: a lone request always fits)
             time.sleep(0.001)
             return
@@ -225,7 +251,9 @@ class Engine:
             log.exception("a forward pass failed")
             self._fail_batch(batch, exc)
             return
-        out = self._outputs.process(batch, logits)
+        out = self._outputs.process(batch, logits, spec.draft_probs if spec is not None else None)
+        if spec is not None:
+            spec.on_step(batch, out)
         finished = self.scheduler.process_results(batch, out.tokens, out.reasons)
         for req, jump in out.jumps:
             self._mirror_jump(req, jump)
@@ -252,6 +280,8 @@ class Engine:
         """Hand a finished request's outcome to its handle (delivered after the step)."""
         handle = self._handles.pop(req.rid)
         state: DecodeState = req.engine_data
+        if self.speculator is not None:
+            self.speculator.release(req.rid)
         handle.first_token_at = state.first_token_at
         try:
             if not state.done:
@@ -315,6 +345,7 @@ class Engine:
             "radix_cache": self.scheduler.cache_config.radix_cache,
             "eviction": self.scheduler.cache_config.eviction,
             "jump_forward": self.config.jump_forward,
+            **(self.speculator.stats() if self.speculator is not None else {"speculative": None}),
         })
 
     def _token_text(self, token_id: int) -> str:

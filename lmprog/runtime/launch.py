@@ -19,6 +19,8 @@ from .engine import Engine, EngineConfig
 from .kv_pool import KVPool
 from .model_runner import ModelRunner
 from .scheduler import Scheduler
+from .speculative import Proposer, SpeculativeConfig, build_proposer
+from .speculative.speculator import Speculator
 
 CPU_KV_BUDGET_BYTES = 1 << 30
 
@@ -71,9 +73,14 @@ def launch_engine(model: nn.Module, tokenizer: Any, *, eos_token_ids: tuple[int,
                   cache_config: CacheConfig | None = None,
                   scheduler_config: SchedulerConfig | None = None,
                   engine_config: EngineConfig | None = None,
-                  gpu_memory_fraction: float = 0.85, cuda_graphs: bool = True) -> Engine:
+                  gpu_memory_fraction: float = 0.85, cuda_graphs: bool = True,
+                  speculative: SpeculativeConfig | None = None,
+                  proposer: Proposer | None = None) -> Engine:
     """Start an engine thread serving `model` (already on its device, in eval mode).
-    cuda_graphs: replay captured graphs for decode steps (CUDA + Triton attention only)."""
+    cuda_graphs: replay captured graphs (CUDA + Triton attention only): whole-model graphs
+    for decode steps, piecewise graphs around attention for every other step.
+    speculative: speculative decoding (None: off); its proposer is built here (a draft
+    model before the KV pool is sized) unless `proposer` is given."""
     context = model.config.max_position if context_length is None else context_length
     if isinstance(context, bool) or not isinstance(context, int) or context < 2:
         raise ValueError(f"context_length must be an int >= 2, got {context!r}")
@@ -82,8 +89,28 @@ def launch_engine(model: nn.Module, tokenizer: Any, *, eos_token_ids: tuple[int,
 
         if can_fuse_elementwise(model):  # fused RMSNorm / SiLU-and-mul: ~10% at batch 1
             fuse_elementwise(model)  # before the runner captures its CUDA graphs
+    speculator = make_speculator(model, speculative, proposer)
     num_slots = kv_slots(model, max_total_tokens, gpu_memory_fraction)
     scheduler = Scheduler(num_slots, context, scheduler_config, cache_config)
     runner = ModelRunner(model, scheduler.cache.capacity, scheduler.req_to_token,
-                         cuda_graphs=cuda_graphs)
-    return Engine(runner, scheduler, tokenizer, eos_token_ids=eos_token_ids, config=engine_config)
+                         cuda_graphs=cuda_graphs,
+                         piecewise_tokens=scheduler.config.max_num_batched_tokens)
+    return Engine(runner, scheduler, tokenizer, eos_token_ids=eos_token_ids, config=engine_config,
+                  speculator=speculator)
+
+
+def make_speculator(model: nn.Module, config: SpeculativeConfig | None,
+                    proposer: Proposer | None = None) -> Speculator | None:
+    """The engine's Speculator for `model`, or None when config and proposer are None."""
+    if config is None and proposer is None:
+        return None
+    config = config if config is not None else SpeculativeConfig()
+    if not isinstance(config, SpeculativeConfig):
+        raise TypeError(f"speculative must be a SpeculativeConfig, got {type(config).__name__}")
+    param = next(model.parameters())
+    vocab = model.config.vocab_size
+    name = None if proposer is None else type(proposer).__name__
+    if proposer is None:
+        proposer = build_proposer(config, vocab_size=vocab, device=param.device,
+                                  dtype=param.dtype)
+    return Speculator(proposer, config, vocab_size=vocab, device=param.device, name=name)

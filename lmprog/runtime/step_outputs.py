@@ -5,82 +5,194 @@ The logits rows come in entry order, `end - logits_from` rows per entry that wan
     logits:  | entry a: prompt-logprob rows ... last row | entry b: last row | ...
                                                  ^ sampled from when entry.sample
 
-Per entry: prompt logprobs are recorded first (positions p -> prompt token p + 1), then
-every sampling entry's last row goes to the batch sampler, and each drawn token through its
-request's DecodeState.accept. Anything that raises there fails that request alone.
+Per entry: prompt logprobs are recorded first (positions p -> prompt token p + 1), then the
+sampling entries' tokens are drawn and handed, one by one, to their request's
+DecodeState.accept. Anything that raises there fails that request alone.
+
+A verify entry (k draft tokens fed after its pending token) has k + 1 sampling rows; row j
+holds the target's next-token logits after draft j - 1 (row 0: after the pending token):
+
+    fed:     pending  d0   d1  ...  d_{k-1}
+    rows:    r0       r1   r2  ...  r_k          r_j -> token t_j
+    t_j is drawn from row j with the request's state after t_0..t_{j-1} (penalties,
+    min_tokens, guide, RNG all advance exactly as in plain decoding); the chain goes on
+    while t_j == d_j, so the accepted tokens are d_0..d_{m-1} and then t_m (a correction,
+    or the bonus token when m == k).
+
+Drafts without a draft distribution (n-gram) are accepted iff the target's own draw equals
+them: exact for greedy, and for sampling the rejection rule with a point-mass draft, which
+consumes the RNG exactly as plain decoding does, so a seeded request's tokens are the same
+with speculation on and off. Drafts with a distribution (a sampling draft model) use the
+rejection rule (`BatchSampler.judge`). A chain also stops where the request finishes (stop
+token or string, EOS, max_tokens, a finished constraint) or jumps forward. All requests'
+position-j draws share one batched sampler call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .batch_sampler import BatchSampler
+from .batch_sampler import BatchSampler, Draw
 from .decode_state import DecodeState
 from .request import Req
 from .scheduler import ScheduledBatch, ScheduledEntry
+
+DraftProbs = Callable[[Req], Any]  # a verify entry's request -> [k, V] draft probs or None
 
 
 @dataclass(frozen=True)
 class StepResult:
     """tokens[i] / reasons[i]: what entry i appends and its finish reason (None: goes on);
-    jumps: (request, JumpResult) to mirror with replace_tokens after process_results."""
+    jumps: (request, JumpResult) to mirror with replace_tokens after process_results;
+    accepted[i] / rejected[i]: entry i's draft tokens accepted, and whether its chain ended
+    at a rejected draft (False: all accepted, or it finished or jumped first)."""
 
     tokens: list[tuple[int, ...]]
     reasons: list[str | None]
     jumps: list[tuple[Req, Any]]
+    accepted: list[int] = field(default_factory=list)
+    rejected: list[bool] = field(default_factory=list)
 
     @property
     def num_sampled(self) -> int:
-        return sum(1 for t in self.tokens if t)
+        """Tokens drawn from the model this step (accepted drafts included)."""
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def num_accepted(self) -> int:
+        return sum(self.accepted)
+
+
+@dataclass(eq=False)
+class _Chain:
+    """One sampling entry being verified (a plain decode is a chain without drafts)."""
+
+    index: int  # entry index
+    row: int  # logits row of position 0
+    drafts: tuple[int, ...]
+    probs: Any  # [len(drafts), V] draft distributions, or None (deterministic drafts)
+    tokens: list[int] = field(default_factory=list)
+
+    def judged(self, j: int, state: DecodeState) -> bool:
+        """Position j uses the rejection rule (explicit q, a sampled request)."""
+        return self.probs is not None and j < len(self.drafts) and not state.params.greedy
 
 
 class StepOutputs:
     def __init__(self, sampler: BatchSampler) -> None:
         self.sampler = sampler
 
-    def process(self, batch: ScheduledBatch, logits: torch.Tensor) -> StepResult:
+    def process(self, batch: ScheduledBatch, logits: torch.Tensor,
+                draft_probs: DraftProbs | None = None) -> StepResult:
         entries = batch.entries
-        result = StepResult([()] * len(entries), [None] * len(entries), [])
-        sampled: list[tuple[int, int]] = []  # (entry index, logits row)
+        n = len(entries)
+        result = StepResult([()] * n, [None] * n, [], [0] * n, [False] * n)
+        chains: list[_Chain] = []
         row = 0
         for i, e in enumerate(entries):
             if e.logits_from is None:
                 continue
-            n = e.end - e.logits_from
+            rows = e.end - e.logits_from
             state: DecodeState = e.req.engine_data
             if state.prompt_logprob_start is not None:
-                guarded(state, record_prompt_logprobs, e, logits[row:row + n])
+                guarded(state, record_prompt_logprobs, e, logits[row:row + rows])
             if state.done:  # failed just now
                 result.reasons[i] = "error"
             elif e.sample:
-                sampled.append((i, row + n - 1))
-            row += n
-        if sampled:
-            self._sample(entries, logits, sampled, result)
+                probs = draft_probs(e.req) if e.draft_ids and draft_probs is not None else None
+                chains.append(_Chain(i, row + rows - 1 - e.num_draft, e.draft_ids, probs))
+            row += rows
+        if chains:
+            self._verify(entries, logits, chains, result)
         return result
 
-    def _sample(self, entries: Sequence[ScheduledEntry], logits: torch.Tensor,
-                sampled: list[tuple[int, int]], result: StepResult) -> None:
-        rows = [r for _, r in sampled]
-        sub = logits if rows == list(range(logits.shape[0])) else logits[rows]
-        states = [entries[i].req.engine_data for i, _ in sampled]
-        for (i, _), state, draw in zip(sampled, states, self.sampler.sample(sub, states)):
-            req = entries[i].req
-            if draw.error is not None:
-                state.fail(draw.error)
-            else:
-                room = req.max_seq_len - req.seq_len - 1  # after this token
-                jump = guarded(state, state.accept, draw.token, room, draw.logprob, draw.top)
-                if state.error is None:
-                    result.tokens[i] = (draw.token,)
-                    if jump is not None and not state.done:
-                        result.jumps.append((req, jump))
-            if state.done:
-                result.reasons[i] = state.finish_reason
+    def _verify(self, entries: Sequence[ScheduledEntry], logits: torch.Tensor,
+                chains: list[_Chain], result: StepResult) -> None:
+        argmax = [c for c in chains if c.drafts and _argmax_suffices(entries[c.index].req)]
+        if argmax:
+            self._verify_by_argmax(entries, logits, argmax, result)
+        active, j = [c for c in chains if c not in argmax] if argmax else chains, 0
+        while active:
+            states = [entries[c.index].req.engine_data for c in active]
+            judged = [c.judged(j, st) for c, st in zip(active, states)]
+            outcomes = self._draw(logits, active, states, judged, j)
+            active = [c for c, draw in zip(active, outcomes)
+                      if self._take(entries[c.index], c, j, draw, result)]
+            j += 1
+        for c in chains:
+            i = c.index
+            result.tokens[i] = tuple(c.tokens)
+            accepted = 0
+            while accepted < min(len(c.drafts), len(c.tokens)) and \
+                    c.tokens[accepted] == c.drafts[accepted]:
+                accepted += 1
+            result.accepted[i] = accepted
+            result.rejected[i] = accepted < len(c.tokens) and accepted < len(c.drafts)
+
+    def _verify_by_argmax(self, entries: Sequence[ScheduledEntry], logits: torch.Tensor,
+                          chains: list[_Chain], result: StepResult) -> None:
+        """Greedy chains whose choice at every position is the plain argmax (see
+        _argmax_suffices): all their rows in one argmax and one device read."""
+        rows = [c.row + j for c in chains for j in range(len(c.drafts) + 1)]
+        ids = logits[rows].argmax(dim=-1).tolist()
+        at = 0
+        for c in chains:
+            for j in range(len(c.drafts) + 1):
+                if not self._take(entries[c.index], c, j, Draw(ids[at + j]), result):
+                    break
+            at += len(c.drafts) + 1
+
+    def _draw(self, logits: torch.Tensor, active: list[_Chain], states: list[DecodeState],
+              judged: list[bool], j: int) -> list[Draw]:
+        """Position j's token for every active chain: one sampler call for the plain rows,
+        one rejection-rule call for the judged ones."""
+        out: list[Draw] = [Draw()] * len(active)
+        plain = [b for b, x in enumerate(judged) if not x]
+        if plain:
+            rows = [active[b].row + j for b in plain]
+            sub = logits if rows == list(range(logits.shape[0])) else logits[rows]
+            for b, draw in zip(plain, self.sampler.sample(sub, [states[b] for b in plain])):
+                out[b] = draw
+        rule = [b for b, x in enumerate(judged) if x]
+        if rule:
+            sub = logits[[active[b].row + j for b in rule]]
+            q = torch.stack([active[b].probs[j] for b in rule])
+            verdicts = self.sampler.judge(sub, [states[b] for b in rule],
+                                          [active[b].drafts[j] for b in rule], q)
+            for b, (draw, _) in zip(rule, verdicts):
+                out[b] = draw
+        return out
+
+    @staticmethod
+    def _take(e: ScheduledEntry, c: _Chain, j: int, draw: Draw, result: StepResult) -> bool:
+        """Hand token j to the request's state; True when the chain goes on to j + 1."""
+        req, state = e.req, e.req.engine_data
+        jump = None
+        if draw.error is not None:
+            state.fail(draw.error)
+        else:
+            room = req.max_seq_len - req.seq_len - 1 - j  # after this token
+            jump = guarded(state, state.accept, draw.token, room, draw.logprob, draw.top)
+            if state.error is None:
+                c.tokens.append(draw.token)
+                if jump is not None and not state.done:
+                    result.jumps.append((req, jump))
+        if state.done:
+            result.reasons[c.index] = state.finish_reason
+            return False
+        return jump is None and j < len(c.drafts) and draw.token == c.drafts[j]
+
+
+def _argmax_suffices(req: Req) -> bool:
+    """Greedy, and nothing in its sampling depends on the tokens accepted before: no
+    penalties, no constraint, min_tokens already met, no logprobs to report."""
+    state: DecodeState = req.engine_data
+    return (state.params.greedy and state.counts is None and state.guide is None
+            and state.logprobs is None and len(state.output_ids) >= state.params.min_tokens)
 
 
 def guarded(state: DecodeState, fn: Callable[..., Any], *args: Any) -> Any:

@@ -93,6 +93,16 @@ class Scheduler:
         """The unfinished request with this rid, or None."""
         return self.requests.get(rid)
 
+    def decoding(self) -> list[Req]:
+        """Running requests whose next step feeds only their last token: the ones that may
+        carry `draft_ids` (verify tokens) into the next schedule(). Empty in prefill-first
+        mode (config.hybrid False) while prompts are pending: that step likely prefills only."""
+        running = list(self.requests.running_reqs())
+        if not self.config.hybrid and (self.requests.waiting
+                                       or any(r.pending_len > 1 for r in running)):
+            return []
+        return [r for r in running if r.pending_len == 1]
+
     def stats(self) -> SchedulerStats:
         cache = self.cache
         return SchedulerStats(

@@ -1,0 +1,154 @@
+"""How many draft tokens each speculating request gets this step. Plain arithmetic, no torch.
+
+The rule (SpeculativeConfig.adaptive=True):
+
+1. Per request, an acceptance rate a: the chance that a draft token is accepted given that
+   the one before it was, estimated from decayed counts of accepted drafts and of chains
+   cut by a rejection (the maximum-likelihood estimate for geometric chains; counts decay
+   by 0.85 per verify), starting from a prior of 0.6 worth one draft.
+2. Its draft length k maximises the expected tokens per unit of step cost,
+
+        E(k) / (1 + c k),    E(k) = 1 + a + a^2 + ... + a^k
+
+   (k drafts yield E(k) tokens; c = draft_cost, one verified token's cost relative to a
+   decode step), capped by num_tokens and by what the request may still generate. Low
+   acceptance gives short chains or none (k = 0 once a < c, roughly).
+3. Back-off in time: asking costs (an n-gram search, a draft model's forward) and a request
+   at k = 0 would never learn that it got better. So a request whose proposal came back
+   empty, or whose rate gives k = 0, waits 1, 2, 4, ... up to 16 of its decode steps before
+   it is asked again, and a request at k = 0 is then asked for one draft (a probe). The
+   wait doubles while that goes on; an accepted draft resets it.
+4. Batch back-off: the decoding requests feed 1 token each plus their drafts, and drafts
+   are only added while that total stays within max_step_tokens, the point past which a
+   step is compute-bound (each verified token then costs as much as a decoded one, so a
+   rejected draft is pure loss). When the lengths of steps 2-3 do not fit, the room is given
+   to the drafts most likely to be accepted (request r's j-th draft: a_r^j). At
+   num_decoding >= max_step_tokens nobody speculates.
+
+adaptive=False: every request asks for num_tokens drafts each step (the scheduler's token
+budget and KV memory still cut them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+PRIOR_RATE = 0.6
+PRIOR_WEIGHT = 1.0
+DECAY = 0.85
+MAX_WAIT = 16
+
+
+class AcceptanceRate:
+    """One request's acceptance statistics and back-off (module docstring, steps 1 and 3)."""
+
+    __slots__ = ("accepted", "cut", "wait", "penalty")
+
+    def __init__(self) -> None:
+        self.accepted = 0.0  # draft tokens accepted (decayed)
+        self.cut = 0.0  # chains that ended in a rejected draft (decayed)
+        self.wait = 0  # decode steps to go before the proposer is asked again
+        self.penalty = 0  # the current wait length; 0 when not backing off
+
+    @property
+    def rate(self) -> float:
+        prior_acc = PRIOR_RATE * PRIOR_WEIGHT
+        return (self.accepted + prior_acc) / (self.accepted + self.cut + PRIOR_WEIGHT)
+
+    def update(self, accepted: int, rejected: bool) -> None:
+        """A verify of this request: `accepted` drafts taken, then a rejection or not."""
+        self.accepted = DECAY * self.accepted + accepted
+        self.cut = DECAY * self.cut + (1.0 if rejected else 0.0)
+        if accepted:
+            self.penalty = 0
+
+    def ready(self) -> bool:
+        """Whether the proposer may be asked this step (counts a wait down)."""
+        if self.wait > 0:
+            self.wait -= 1
+            return False
+        return True
+
+    def length(self, best: int) -> int:
+        """The drafts to ask for when ready, given the rate's best length: that, or at
+        k = 0 nothing at first and then a one-draft probe after each (doubling) wait."""
+        if best > 0:
+            return best
+        probe = self.penalty > 0
+        self._back_off()
+        return 1 if probe else 0
+
+    def proposed(self, empty: bool) -> None:
+        """The proposer answered; an empty proposal starts (or doubles) a wait."""
+        if empty:
+            self._back_off()
+
+    def _back_off(self) -> None:
+        self.penalty = min(MAX_WAIT, max(1, 2 * self.penalty))
+        self.wait = self.penalty
+
+
+def expected_tokens(rate: float, k: int) -> float:
+    """Tokens a verify with k drafts yields on average: 1 + a + ... + a^k."""
+    return sum(rate ** j for j in range(k + 1))
+
+
+def best_length(rate: float, max_tokens: int, cost: float) -> int:
+    """argmax over k in [0, max_tokens] of E(k) / (1 + cost * k); the shortest on ties."""
+    best_k, best = 0, 1.0
+    term, total = 1.0, 1.0
+    for k in range(1, max_tokens + 1):
+        term *= rate
+        total += term
+        value = total / (1.0 + cost * k)
+        if value > best + 1e-12:
+            best_k, best = k, value
+    return best_k
+
+
+class DraftLengths:
+    """Chooses the per-request draft lengths of a step (module docstring, steps 2-4)."""
+
+    def __init__(self, num_tokens: int, draft_cost: float, max_step_tokens: int,
+                 adaptive: bool = True) -> None:
+        assert num_tokens >= 1 and max_step_tokens >= 1 and 0 <= draft_cost <= 1
+        self.num_tokens, self.cost = num_tokens, draft_cost
+        self.max_step_tokens, self.adaptive = max_step_tokens, adaptive
+
+    def spare(self, num_decoding: int) -> int:
+        """Draft tokens the step has room for (adaptive only; else unbounded here)."""
+        if not self.adaptive:
+            return self.num_tokens * num_decoding
+        return max(0, self.max_step_tokens - num_decoding)
+
+    def choose(self, stats: Sequence[AcceptanceRate], caps: Sequence[int],
+               num_decoding: int) -> list[int]:
+        """Draft lengths for requests with statistics `stats` that may still take `caps`
+        drafts; num_decoding: every decoding request of the step, speculating or not.
+        Mutates the back-off state of `stats` (asked or not this step)."""
+        assert len(stats) == len(caps)
+        if not self.adaptive:
+            return [max(0, min(self.num_tokens, c)) for c in caps]
+        spare = self.spare(num_decoding)
+        if spare <= 0:
+            return [0] * len(caps)
+        ks = [0] * len(caps)
+        for i, (st, cap) in enumerate(zip(stats, caps)):
+            if st.ready():
+                ks[i] = max(0, min(st.length(best_length(st.rate, self.num_tokens, self.cost)),
+                                   cap))
+        if sum(ks) <= spare:
+            return ks
+        return _most_likely([st.rate for st in stats], ks, spare)
+
+
+def _most_likely(rates: Sequence[float], ks: Sequence[int], room: int) -> list[int]:
+    """Shrink ks to `room` drafts in total, keeping those most likely accepted (a_r^j); ties
+    go to earlier chain positions, then earlier requests. Each request keeps a prefix of its
+    chain (a_r^j does not grow with j)."""
+    ranked = sorted(((rates[r] ** j, -j, -r) for r, k in enumerate(ks) for j in range(1, k + 1)),
+                    reverse=True)
+    out = [0] * len(ks)
+    for _, _, neg_r in ranked[:room]:
+        out[-neg_r] += 1
+    return out

@@ -1,0 +1,110 @@
+"""SpeculativeConfig: how an engine speculates (frozen, validated; no torch).
+
+    lp.Runtime(speculative=SpeculativeConfig(method="ngram", num_tokens=8))
+    lp.Runtime(speculative={"method": "draft", "draft_model": "llama-3.2-1b",
+                            "draft_load_format": "dummy"})
+
+Device-dependent defaults (None fields) are resolved by `resolved_for(device_type)`, which
+returns the numbers to use; the config itself is never written back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+SpeculativeMethod = Literal["ngram", "draft"]
+METHODS: tuple[str, ...] = ("ngram", "draft")
+LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
+
+# Device-dependent defaults, from measurements (docs/benchmarks.md, speculative decoding).
+# draft_cost: one more verified token, as a fraction of a batch-1 decode step (CPU fp32:
+# 2 -> 9 fed tokens cost ~1.2x -> 2.5x a step; a GPU reads the weights once for all).
+# max_step_tokens: fed tokens of decoding requests beyond which a step is compute-bound.
+_DEFAULTS = {"cpu": {"draft_cost": 0.15, "max_step_tokens": 32},
+             "cuda": {"draft_cost": 0.02, "max_step_tokens": 128}}
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """method: "ngram" (prompt lookup: drafts copy what followed the latest earlier
+        occurrence of the sequence's last n tokens; no model) or "draft" (a smaller model of
+        the same tokenizer, `draft_model`).
+    num_tokens: the most draft tokens verified per request per step.
+    ngram_min, ngram_max: n-gram sizes tried, longest first.
+    draft_model: "draft" only: a bundled model name, .gguf path, HF folder, or (with
+        draft_load_format="dummy") an architecture preset such as "llama-3.2-1b".
+    draft_load_format: "auto" (from the files) or "dummy" (random weights).
+    adaptive: choose each request's draft length from its acceptance rate and back off at
+        large batches (see lmprog.runtime.speculative.adaptive); False: always num_tokens.
+    draft_cost: the cost of verifying one more token as a fraction of a decode step, used by
+        the adaptive rule (None: 0.15 on a CPU, 0.02 on a GPU).
+    max_step_tokens: decoding requests' fed tokens (1 each + drafts) per step above which
+        drafts are not added: the step is compute-bound there and a verified token costs
+        as much as a decoded one (None: 32 on a CPU, 128 on a GPU).
+    """
+
+    method: SpeculativeMethod = "ngram"
+    num_tokens: int = 8
+    ngram_min: int = 2
+    ngram_max: int = 4
+    draft_model: str | None = None
+    draft_load_format: str = "auto"
+    adaptive: bool = True
+    draft_cost: float | None = None
+    max_step_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"speculative method must be one of {METHODS}, got {self.method!r}")
+        _check_int("num_tokens", self.num_tokens, 1)
+        _check_int("ngram_min", self.ngram_min, 1)
+        _check_int("ngram_max", self.ngram_max, 1)
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min ({self.ngram_min}) must be <= ngram_max "
+                             f"({self.ngram_max})")
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError('method="draft" needs draft_model (a model name, path or preset)')
+        if self.draft_model is not None and not isinstance(self.draft_model, str):
+            raise TypeError(f"draft_model must be a str, got {type(self.draft_model).__name__}")
+        if self.draft_load_format not in LOAD_FORMATS:
+            raise ValueError(f"draft_load_format must be one of {LOAD_FORMATS}, "
+                             f"got {self.draft_load_format!r}")
+        if not isinstance(self.adaptive, bool):
+            raise TypeError(f"adaptive must be a bool, got {self.adaptive!r}")
+        if self.draft_cost is not None and (isinstance(self.draft_cost, bool) or not isinstance(
+                self.draft_cost, (int, float)) or not 0 <= self.draft_cost <= 1):
+            raise ValueError(f"draft_cost must be a number in [0, 1] or None, "
+                             f"got {self.draft_cost!r}")
+        if self.max_step_tokens is not None:
+            _check_int("max_step_tokens", self.max_step_tokens, 1)
+
+    @classmethod
+    def coerce(cls, value: Any) -> SpeculativeConfig | None:
+        """None, a SpeculativeConfig, a dict of its fields, or a method name."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls(method=value)
+        if isinstance(value, dict):
+            known = {f.name for f in fields(cls)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise ValueError(f"unknown speculative option(s) {unknown}; known: {sorted(known)}")
+            return cls(**value)
+        raise TypeError("speculative must be None, a SpeculativeConfig, a dict of its fields or "
+                        f"a method name, got {type(value).__name__}")
+
+    def resolved_for(self, device_type: str) -> tuple[float, int]:
+        """(draft_cost, max_step_tokens) with the device's defaults filled in."""
+        defaults = _DEFAULTS["cuda" if device_type == "cuda" else "cpu"]
+        cost = defaults["draft_cost"] if self.draft_cost is None else float(self.draft_cost)
+        step = defaults["max_step_tokens"] if self.max_step_tokens is None else self.max_step_tokens
+        return cost, step
+
+
+def _check_int(name: str, value: object, lo: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")

@@ -1,0 +1,323 @@
+"""DraftModelProposer: a smaller model of the target's tokenizer drafts k tokens per step.
+
+It runs the runtime's own model classes over its OWN paged KV pool: a KVPool, a table
+[max_requests, context_length] and torch-free slot bookkeeping (draft_cache.py). Each
+propose() serves all requests at once:
+
+  1. per request, the prefix of what the draft computed that agrees with the given token_ids
+     is kept (rollback after rejected drafts: the slots beyond it are freed), and slots are
+     reserved for the new tokens and for the k-1 drafts that are fed back;
+  2. one batched extend feeds every request's new tokens -> draft 1 (with CUDA graphs, a
+     short extend runs as one-token steps instead: see `split_extend_limit`);
+  3. k-1 batched decode steps feed draft i -> draft i+1 (CUDA graphs on a GPU).
+
+    one request (n = len(token_ids), c = kept prefix, k drafts), by position:
+        | kept 0..c-1 | extend c..n-1 | fed drafts d1..d_{k-1}: n..n+k-2 |    dk is not fed
+
+(draft_job.py holds what one call computes: the packed integers and the draft choice.)
+Requests are ordered by k, longest first, so decode step s runs on a prefix of the batch.
+Greedy requests (params None or greedy) take the argmax and return probs=None; sampled ones
+draw from the draft logits after the request's temperature, top-k, top-p and min-p (the core
+sampler's `probabilities`; no penalties) and return those rows as `probs`.
+Every integer the steps need is packed on the host and sent in one copy; the drafts come back
+in one read at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from lmprog.core.sampler import make_generator
+from lmprog.core.sampling import SamplingParams
+
+from ..forward_batch import ForwardBatch
+from ..kv_pool import KVPool
+from .draft_cache import DraftKVCache
+from .draft_job import DraftJob, DraftSampler, catch_up_members, pack_steps
+from .proposer import Proposal, ProposalInput, Proposer
+
+KV_BUDGET_BYTES = {"cpu": 256 << 20, "cuda": 4 << 30}  # default draft pool size per device type
+SPLIT_EXTEND_LIMIT = 4
+_EMPTY = Proposal(())
+
+
+class DraftModelProposer(Proposer):
+    """Drafts with `model`, a Llama-family module of the runtime (on its device, eval mode;
+    it may be the target's own module: only the KV pool must be separate).
+
+    vocab_size: the target's vocabulary size; the draft's must be the same (same tokenizer).
+    max_total_tokens: draft KV slots (default: KV_BUDGET_BYTES for the device type).
+    max_requests: requests holding draft state at once (rows of the draft table).
+    context_length: longest sequence drafted for (default and cap: the draft's max_position);
+        longer requests get empty proposals.
+    cuda_graphs: replay CUDA graphs for decode steps (a GPU model on Triton attention).
+
+    Contract: propose() never fails for lack of memory: idle requests (not in the call) are
+    evicted least recently used first, then requests that still do not fit get an empty
+    proposal. release(rid) frees all of rid's slots (unknown rids are ignored). Called only
+    from one thread (the engine's).
+    """
+
+    def __init__(self, model: nn.Module, *, vocab_size: int, max_total_tokens: int | None = None,
+                 max_requests: int = 64, context_length: int | None = None,
+                 cuda_graphs: bool = True) -> None:
+        config = model.config
+        check_vocab(config.vocab_size, vocab_size)
+        _check_int("max_requests", max_requests, 1)
+        param = next(model.parameters())
+        self.model, self.config = model, config
+        self.device, self.dtype = param.device, param.dtype
+        self.vocab_size = vocab_size
+        self.context_length = min(config.max_position, context_length or config.max_position)
+        _check_int("context_length", self.context_length, 2)
+        if max_total_tokens is None:
+            budget = KV_BUDGET_BYTES.get(self.device.type, KV_BUDGET_BYTES["cpu"])
+            max_total_tokens = KVPool.size_for_budget(budget, config, self.dtype)
+        _check_int("max_total_tokens", max_total_tokens, 1)
+        self.kv = KVPool.for_model(config, max_total_tokens, self.dtype, self.device)
+        self.cache = DraftKVCache(max_total_tokens, max_requests)
+        self.req_to_token = torch.zeros((max_requests, self.context_length), dtype=torch.int32,
+                                        device=self.device)
+        self._ones = torch.ones(max_requests, dtype=torch.int64, device=self.device)
+        self._arange = torch.arange(max_requests, dtype=torch.int64, device=self.device)
+        self.graphs = self._capture_graphs(max_requests) if cuda_graphs else None
+        # An extend of at most this many tokens per request runs as that many one-token
+        # steps: replayed graphs cost less than one eager forward (after a fully accepted
+        # chain the extend is 2 tokens: the last draft and the bonus token).
+        self.split_extend_limit = SPLIT_EXTEND_LIMIT if self.graphs is not None else 0
+        self.num_proposed = 0  # draft tokens handed out
+        self.num_skipped = 0  # requests that got an empty proposal for lack of memory
+
+    # ---- construction --------------------------------------------------------------------
+    @classmethod
+    def load(cls, model: Any, *, vocab_size: int, device: str | torch.device = "auto",
+             dtype: str | torch.dtype = "auto", load_format: str = "auto",
+             attention: str = "auto", seed: int = 0, **kwargs: Any) -> DraftModelProposer:
+        """Load the draft as the target is loaded: a GGUF file, an HF folder or a bundled
+        model name; with load_format="dummy" also an architecture preset or a ModelConfig
+        (random weights drawn with `seed`). kwargs go to the constructor."""
+        from ..launch import choose_attention, choose_device
+        from ..models import load_config, load_model
+
+        check_vocab(load_config(model).vocab_size, vocab_size)  # before loading any weight
+        dev = choose_device(device)
+        net = load_model(model, device=dev, dtype=dtype, load_format=load_format,
+                         attention=choose_attention(attention, dev), seed=seed)
+        if dev.type == "cuda":
+            from ..layers.triton_fused import can_fuse_elementwise, fuse_elementwise
+
+            if can_fuse_elementwise(net):  # as launch_engine does for the target
+                fuse_elementwise(net)
+        return cls(net, vocab_size=vocab_size, **kwargs)
+
+    @classmethod
+    def from_preset(cls, name: str, *, vocab_size: int | None = None,
+                    device: str | torch.device = "auto", dtype: str | torch.dtype = "auto",
+                    seed: int = 0, **kwargs: Any) -> DraftModelProposer:
+        """A random-weight draft of a named architecture, e.g. "llama-3.2-1b" (128,256 tokens)
+        for a "llama-3.1-8b" target; vocab_size defaults to the preset's own."""
+        from ..models import preset
+
+        vocab = preset(name).vocab_size if vocab_size is None else vocab_size
+        return cls.load(name, vocab_size=vocab, device=device, dtype=dtype, load_format="dummy",
+                        seed=seed, **kwargs)
+
+    def _capture_graphs(self, max_batch_size: int) -> Any:
+        if self.device.type != "cuda":
+            return None
+        from ..cuda_graph import CudaGraphRunner, supports_cuda_graphs
+
+        if not supports_cuda_graphs(self.model):
+            return None
+        with torch.inference_mode():
+            return CudaGraphRunner(self.model, self.kv, self.req_to_token,
+                                   max_batch_size=max_batch_size)
+
+    # ---- Proposer ------------------------------------------------------------------------
+    def propose(self, inputs: Sequence[ProposalInput]) -> list[Proposal]:
+        protect = {inp.rid for inp in inputs}
+        if len(protect) != len(inputs):
+            raise ValueError("propose() takes each request at most once")
+        jobs: list[DraftJob | None] = []
+        try:
+            for inp in inputs:
+                jobs.append(self._prepare(inp, protect))
+            live = sorted((j for j in jobs if j is not None), key=lambda j: -j.k)
+            if live:
+                with torch.inference_mode():
+                    self._run(live)
+        except BaseException:
+            for job in jobs:  # give back what was reserved; the kept prefixes stay valid
+                if job is not None:
+                    self.cache.truncate(job.seq, job.keep)
+                    if not job.seq.tokens:
+                        self.cache.release(job.seq.rid)
+            raise
+        out = [_EMPTY if j is None else j.proposal() for j in jobs]
+        self.num_proposed += sum(len(p.token_ids) for p in out)
+        return out
+
+    def release(self, rid: Hashable) -> None:
+        self.cache.release(rid)
+
+    def stats(self) -> dict[str, int]:
+        return {"draft_requests": len(self.cache), "draft_free_slots": self.cache.num_free_slots,
+                "draft_tokens_proposed": self.num_proposed, "draft_skipped": self.num_skipped,
+                "draft_evicted": self.cache.num_evicted}
+
+    def check_integrity(self) -> None:
+        """The slot bookkeeping, and the device table agreeing with it (reads the device)."""
+        self.cache.check_integrity()
+        for seq in self.cache.seqs():
+            n = len(seq.tokens)
+            assert self.req_to_token[seq.row, :n].tolist() == seq.slots[:n], \
+                f"draft table row of {seq.rid!r} disagrees with its slots"
+
+    # ---- one call ------------------------------------------------------------------------
+    def _prepare(self, inp: ProposalInput, protect: Collection[Hashable]) -> DraftJob | None:
+        """Roll the request's draft state back to what still agrees, reserve its slots."""
+        tokens = _checked_tokens(inp)
+        n = len(tokens)
+        k = min(inp.max_tokens, self.context_length - n + 1)
+        if k < 1:  # too long for the draft's table from now on
+            self.cache.release(inp.rid)
+            return None
+        seq = self.cache.get(inp.rid)
+        keep = min(common_prefix_len(seq.tokens, tokens), n - 1) if seq is not None else 0
+        new = tokens[keep:]  # the last token is always refed: its logits give draft 1
+        if min(new) < 0 or max(new) >= self.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size})")
+        seq = seq or self.cache.open(inp.rid, protect)
+        if seq is None:
+            self.num_skipped += 1
+            return None
+        self.cache.truncate(seq, keep)
+        if self.cache.reserve(seq, n - keep + k - 1, protect) is None:
+            if not seq.tokens:
+                self.cache.release(inp.rid)
+            self.num_skipped += 1
+            return None
+        params = inp.params
+        if params is not None and params.seed is not None and seq.generator is None:
+            seq.generator = make_generator(_draft_seed(params.seed), self.device)
+        return DraftJob(seq, tokens, keep, k, params)
+
+    def _run(self, jobs: list[DraftJob]) -> None:
+        active = [sum(j.k > s for j in jobs) for s in range(jobs[0].k)]  # jobs sorted by k
+        longest = max(len(j.tokens) - j.keep for j in jobs)
+        catch_up = longest if 1 < longest <= self.split_extend_limit else 0
+        ints = pack_steps(jobs, active, catch_up).send(self.device)
+        self.req_to_token[ints["t_rows"], ints["t_cols"]] = ints["t_vals"].to(torch.int32)
+        sampler = DraftSampler(jobs, self.device)
+        if catch_up:
+            logits = self._catch_up(jobs, catch_up, ints)
+        else:
+            logits = self._forward(self._extend_batch(jobs, ints))
+        ids = sampler.choose(logits)
+        chosen = [ids]
+        for s in range(1, len(active)):
+            a = active[s]
+            ids = sampler.choose(self._forward(self._decode_batch(ids[:a], jobs[:a], s, ints)))
+            chosen.append(ids)
+        flat = torch.cat(chosen).tolist()
+        starts = np.cumsum([0, *active]).tolist()
+        for i, job in enumerate(jobs):
+            job.drafts = [flat[starts[s] + i] for s in range(job.k)]
+            job.seq.tokens.extend(job.tokens[job.keep:])
+            job.seq.tokens.extend(job.drafts[:-1])  # fed back, so their K/V is in the pool
+            assert len(job.seq.tokens) == len(job.seq.slots)
+
+    def _extend_batch(self, jobs: list[DraftJob], ints: dict[str, torch.Tensor]) -> ForwardBatch:
+        return ForwardBatch(
+            input_ids=ints["ids"], positions=ints["pos"], out_cache_loc=ints["loc"],
+            req_pool_indices=ints["rows"], seq_lens=ints["lens"], extend_lens=ints["ext"],
+            extend_start_loc=ints["start"], req_to_token=self.req_to_token,
+            logits_indices=ints["last"], seq_lens_cpu=tuple(len(j.tokens) for j in jobs),
+            extend_lens_cpu=tuple(len(j.tokens) - j.keep for j in jobs))
+
+    def _catch_up(self, jobs: list[DraftJob], steps: int,
+                  ints: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The extend as `steps` one-token decode batches (CUDA graphs), right-aligned: the
+        last one holds every job in order, and its logits are the extend's."""
+        for i in range(steps):
+            members = catch_up_members(jobs, steps, i)
+            lens = [len(jobs[r].tokens) - steps + i + 1 for r in members]
+            logits = self._forward(self._one_token_batch(
+                ints[f"cids{i}"], ints[f"cpos{i}"], ints[f"cloc{i}"], ints[f"crows{i}"],
+                ints[f"clens{i}"], lens))
+        return logits
+
+    def _decode_batch(self, ids: torch.Tensor, jobs: list[DraftJob], s: int,
+                      ints: dict[str, torch.Tensor]) -> ForwardBatch:
+        return self._one_token_batch(ids, ints[f"pos{s}"], ints[f"loc{s}"],
+                                     ints["rows"][:len(jobs)], ints[f"lens{s}"],
+                                     [len(j.tokens) + s for j in jobs])
+
+    def _one_token_batch(self, ids: torch.Tensor, pos: torch.Tensor, loc: torch.Tensor,
+                         rows: torch.Tensor, lens: torch.Tensor,
+                         host_lens: list[int]) -> ForwardBatch:
+        a = len(host_lens)
+        return ForwardBatch(
+            input_ids=ids, positions=pos, out_cache_loc=loc, req_pool_indices=rows,
+            seq_lens=lens, extend_lens=self._ones[:a], extend_start_loc=self._arange[:a],
+            req_to_token=self.req_to_token, logits_indices=self._arange[:a],
+            seq_lens_cpu=tuple(host_lens), extend_lens_cpu=(1,) * a)
+
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
+        if self.graphs is not None:
+            logits = self.graphs.maybe_run(batch, self.kv)  # None: not a decode-only batch
+            if logits is not None:
+                return logits
+        return self.model(batch, self.kv)
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two lists (slice compares run in C)."""
+    m = min(len(a), len(b))
+    if a[:m] == b[:m]:
+        return m
+    lo, hi = 0, m  # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def check_vocab(draft_vocab: int, target_vocab: int) -> None:
+    if draft_vocab != target_vocab:
+        raise ValueError(f"the draft model's vocabulary has {draft_vocab} tokens but the "
+                         f"target's {target_vocab}: a draft must use the target's tokenizer "
+                         "(pick a draft of the same model family)")
+
+
+def _checked_tokens(inp: ProposalInput) -> list[int]:
+    if not isinstance(inp, ProposalInput):
+        raise TypeError(f"propose() takes ProposalInput objects, got {type(inp).__name__}")
+    if isinstance(inp.max_tokens, bool) or not isinstance(inp.max_tokens, int) \
+            or inp.max_tokens < 1:
+        raise ValueError(f"max_tokens must be an int >= 1, got {inp.max_tokens!r}")
+    if inp.params is not None and not isinstance(inp.params, SamplingParams):
+        raise TypeError(f"params must be a SamplingParams or None, got {type(inp.params).__name__}")
+    tokens = list(inp.token_ids)
+    if not tokens:
+        raise ValueError("token_ids must not be empty")
+    return tokens
+
+
+def _draft_seed(seed: int) -> int:
+    """A seed for the draft's own RNG: derived from the request's, but not equal to it, so
+    the draft's draws are not the target's acceptance draws."""
+    return (seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % (1 << 63)
+
+
+def _check_int(name: str, value: object, lo: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")

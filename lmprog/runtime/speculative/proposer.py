@@ -1,0 +1,57 @@
+"""Proposer: the interface every speculative-token source implements.
+
+The engine asks, once per step, for drafts for the decoding requests that may speculate;
+the drafts are then verified in the same forward pass as everyone else's prefills and
+decodes (scheduler verify entries). A proposer sees each request's whole token sequence
+(prompt + accepted outputs) every time, so one that keeps per-request state (a draft
+model's KV) finds its rollback point by comparing that sequence with what it saw before.
+
+    propose([ProposalInput(rid, tokens, k), ...])  ->  [Proposal, ...]   (same order)
+    release(rid)                                    the request ended or was retracted
+
+Linear chains only for now; a tree proposer (Medusa/EAGLE heads) would add a
+`parents` array to Proposal and tree masks in the verify entries.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lmprog.core.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class ProposalInput:
+    """rid: the request; token_ids: prompt + accepted outputs, the last one not yet fed to
+    the target model; max_tokens: most draft tokens wanted (>= 1); params: the request's
+    sampling parameters (None = greedy), for proposers that sample their drafts."""
+
+    rid: Hashable
+    token_ids: Sequence[int]
+    max_tokens: int
+    params: SamplingParams | None = None
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """token_ids: the draft chain (may be empty: nothing worth verifying).
+    probs: None when the chain was chosen deterministically (acceptance then uses the target
+    probability of each draft token); else a [len(token_ids), vocab] float tensor, row i the
+    draft distribution token i was sampled from (rejection sampling needs it)."""
+
+    token_ids: tuple[int, ...]
+    probs: Any = None
+
+
+class Proposer(abc.ABC):
+    """A source of draft tokens. Called only from the engine thread."""
+
+    @abc.abstractmethod
+    def propose(self, inputs: Sequence[ProposalInput]) -> list[Proposal]:
+        """One Proposal per input, in order; each chain at most `max_tokens` long."""
+
+    def release(self, rid: Hashable) -> None:
+        """Forget per-request state (default: none kept)."""

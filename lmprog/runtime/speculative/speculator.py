@@ -1,0 +1,180 @@
+"""Speculator: the engine's side of speculative decoding (engine thread only).
+
+Per step, around the scheduler and the model runner:
+
+    speculator.propose(scheduler.decoding())   # req.draft_ids for those that speculate
+    batch = scheduler.schedule()               # verify entries: pending token + drafts
+    ... forward; StepOutputs verifies the chains, asking draft_probs(req) ...
+    speculator.on_step(batch, result)          # acceptance statistics
+    speculator.release(rid)                    # a request ended or was retracted
+
+What it decides: which decoding requests speculate and how far (adaptive.DraftLengths), and
+what of each proposal is worth verifying: at most the chosen length, ids inside the
+vocabulary, and, under a constraint, only the prefix the request's FSM guide allows (a
+draft the guide forbids could never be accepted). Draft distributions are restricted to
+what that cut kept (see `_cut`), so the rejection rule stays exact. A proposer that raises
+is logged and that step decodes without drafts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from ..request import Req
+from .adaptive import AcceptanceRate, DraftLengths
+from .config import SpeculativeConfig
+from .proposer import Proposal, ProposalInput, Proposer
+
+log = logging.getLogger(__name__)
+
+
+class Speculator:
+    """Drives `proposer` for an engine whose model has `vocab_size` tokens on `device`."""
+
+    def __init__(self, proposer: Proposer, config: SpeculativeConfig, *, vocab_size: int,
+                 device: torch.device | str = "cpu", name: str | None = None) -> None:
+        """name: what stats() reports as "speculative" (default: config.method)."""
+        if not isinstance(proposer, Proposer):
+            raise TypeError(f"proposer must be a Proposer, got {type(proposer).__name__}")
+        self.proposer, self.config = proposer, config
+        self.name = name or config.method
+        self.device = torch.device(device)
+        self.vocab_size = vocab_size
+        cost, step_tokens = config.resolved_for(self.device.type)
+        self.lengths = DraftLengths(config.num_tokens, cost, step_tokens, config.adaptive)
+        self.enabled = True
+        self._rates: dict[Hashable, AcceptanceRate] = {}
+        self._probs: dict[Hashable, torch.Tensor] = {}
+        self.proposed = 0  # draft tokens handed to the scheduler
+        self.verified = 0  # draft tokens fed to the model
+        self.accepted = 0  # draft tokens accepted
+        self.verify_entries = 0  # verify entries run
+        self.rejections = 0  # chains cut by a rejected draft
+        self.errors = 0  # propose() calls that raised (those steps ran without drafts)
+        self.guide_cuts = 0  # proposals cut short because the constraint forbade a draft
+
+    # -- before schedule() -----------------------------------------------------------------
+    def propose(self, decoding: Sequence[Req]) -> None:
+        """Set draft_ids of the decoding requests (every running request whose next step
+        feeds just its last token) that speculate this step; clear the others'."""
+        self._probs.clear()
+        for req in decoding:
+            req.draft_ids = []
+        if not self.enabled or not decoding or self.lengths.spare(len(decoding)) <= 0:
+            return
+        candidates = [r for r in decoding if r.remaining_tokens >= 2 and not r.engine_data.done]
+        ks = self.lengths.choose([self._rate(r) for r in candidates],
+                                 [r.remaining_tokens - 1 for r in candidates], len(decoding))
+        asked = [(r, k) for r, k in zip(candidates, ks) if k > 0]
+        if not asked:
+            return
+        try:
+            proposals = self.proposer.propose(
+                [ProposalInput(r.rid, r.token_ids, k, r.params) for r, k in asked])
+            if len(proposals) != len(asked):
+                raise RuntimeError(f"{type(self.proposer).__name__}.propose returned "
+                                   f"{len(proposals)} proposals for {len(asked)} inputs")
+        except Exception:  # noqa: BLE001 - drafts are optional: this step decodes plainly
+            log.exception("the speculative proposer failed; decoding without drafts")
+            self.errors += 1
+            return
+        for (req, k), proposal in zip(asked, proposals):
+            drafts, probs = self._cut(req, proposal, k)
+            self._rates[req.rid].proposed(empty=not drafts)
+            req.draft_ids = drafts
+            self.proposed += len(drafts)
+            if probs is not None and drafts:
+                self._probs[req.rid] = probs
+
+    def _cut(self, req: Req, proposal: Proposal, k: int) -> tuple[list[int], Any]:
+        """The verifiable prefix of a proposal: <= k ids inside the vocabulary that the
+        request's guide allows; draft distributions restricted and renormalised to what each
+        position's cut admits (a draft drawn from q but kept only when allowed was in effect
+        drawn from q restricted to the allowed set: the rejection rule needs that q)."""
+        drafts: list[int] = []
+        guide = req.engine_data.guide
+        cursor = guide.copy() if guide is not None else None
+        masks: list[Any] = []
+        for t in proposal.token_ids[:k]:
+            t = int(t)
+            if not 0 <= t < self.vocab_size:
+                break
+            if cursor is not None:
+                if not cursor.is_allowed(t):
+                    self.guide_cuts += 1
+                    break
+                masks.append(cursor.allowed_token_ids())
+                cursor.advance(t)
+            drafts.append(t)
+        if proposal.probs is None or not drafts:
+            return drafts, None
+        return drafts, self._restricted(proposal.probs, len(drafts), masks)
+
+    def _restricted(self, probs: Any, n: int, masks: list[Any]) -> torch.Tensor:
+        q = torch.as_tensor(probs[:n], dtype=torch.float32).to(self.device)
+        assert q.dim() == 2 and q.shape[0] == n, "draft probs must be [len(token_ids), vocab]"
+        if q.shape[1] > self.vocab_size:
+            q = q[:, : self.vocab_size]
+        elif q.shape[1] < self.vocab_size:
+            q = torch.nn.functional.pad(q, (0, self.vocab_size - q.shape[1]))
+        if masks:
+            keep = torch.zeros_like(q, dtype=torch.bool)
+            for j, allowed in enumerate(masks):
+                keep[j, torch.as_tensor(allowed, dtype=torch.int64, device=q.device)] = True
+            q = q * keep
+        return q / q.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+
+    # -- during and after the step ---------------------------------------------------------
+    def draft_probs(self, req: Req) -> torch.Tensor | None:
+        """The draft distributions of req's drafts this step (None: deterministic drafts)."""
+        return self._probs.get(req.rid)
+
+    def on_step(self, batch: Any, result: Any) -> None:
+        """Record the acceptance of the step's verify entries (StepResult from StepOutputs)."""
+        for i, e in enumerate(batch.entries):
+            if not e.sample or not e.draft_ids:
+                continue
+            rate = self._rates.get(e.req.rid)
+            accepted, rejected = result.accepted[i], result.rejected[i]
+            self.verify_entries += 1
+            self.verified += e.num_draft
+            self.accepted += accepted
+            self.rejections += rejected
+            if rate is not None:
+                rate.update(accepted, rejected)
+        self._probs.clear()
+
+    def release(self, rid: Hashable, finished: bool = True) -> None:
+        """Forget the proposer's state of rid (and, when it finished, its statistics)."""
+        self._probs.pop(rid, None)
+        if finished:
+            self._rates.pop(rid, None)
+        self.proposer.release(rid)
+
+    def _rate(self, req: Req) -> AcceptanceRate:
+        rate = self._rates.get(req.rid)
+        if rate is None:
+            rate = self._rates[req.rid] = AcceptanceRate()
+        return rate
+
+    def stats(self) -> dict[str, Any]:
+        verified = self.verified
+        out = {
+            "speculative": self.name if self.enabled else None,
+            "spec_draft_tokens": self.proposed,
+            "spec_verified_tokens": verified,
+            "spec_accepted_tokens": self.accepted,
+            "spec_acceptance_rate": self.accepted / verified if verified else 0.0,
+            "spec_verify_steps": self.verify_entries,
+            "spec_guide_cuts": self.guide_cuts,
+            "spec_tokens_per_verify": ((self.accepted + self.verify_entries) / self.verify_entries
+                                       if self.verify_entries else 0.0),
+        }
+        extra = getattr(self.proposer, "stats", None)
+        if callable(extra):
+            out.update(extra())
+        return out

@@ -1,0 +1,200 @@
+"""Speculative decoding, the pieces: the n-gram proposer, the adaptive draft lengths, the
+config, and the rejection rule (statistically, against the target distribution)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lmprog.core.sampler import SamplingTensors, probabilities, sample
+from lmprog.core.sampling import SamplingParams as SP
+from lmprog.runtime.speculative import ProposalInput, SpeculativeConfig, build_proposer
+from lmprog.runtime.speculative.adaptive import (
+    AcceptanceRate, DraftLengths, best_length, expected_tokens,
+)
+from lmprog.runtime.speculative.ngram import NgramProposer, lookup
+from lmprog.runtime.speculative.rejection import rejection_sample
+
+torch.set_num_threads(1)
+
+
+# ---- n-gram proposer ------------------------------------------------------------------------
+def test_lookup_copies_what_followed_the_latest_longest_match():
+    seq = np.array([5, 1, 2, 9, 9, 1, 2, 3, 4, 7, 0, 1, 2, 3])
+    # suffix "1 2 3" occurs at 5 (then 4 7 0): the 3-gram beats the 2-gram "2 3"
+    assert lookup(seq, 1, 3, 3).tolist() == [4, 7, 0]
+    # with n <= 2, "2 3" occurs only at 6 -> "4 7 ..."; latest "1 2" would be at 5 too
+    assert lookup(seq, 1, 2, 2).tolist() == [4, 7]
+    latest = np.array([1, 2, 8, 1, 2, 9, 1, 2])  # "1 2" at 0 and 3: the latest (3) wins,
+    assert lookup(latest, 2, 2, 4).tolist() == [9, 1, 2, 9]  # its copy wraps around
+
+
+def test_lookup_finds_nothing_without_an_earlier_occurrence():
+    assert lookup(np.array([1, 2, 3, 4]), 1, 3, 5).tolist() == []
+    assert lookup(np.array([7]), 1, 3, 5).tolist() == []
+    # a repetition continues periodically (cut at max_tokens)
+    assert lookup(np.array([3, 3, 3, 3, 3]), 1, 2, 4).tolist() == [3, 3, 3, 3]
+    assert lookup(np.array([4, 5, 4, 5, 4]), 1, 3, 5).tolist() == [5, 4, 5, 4, 5]
+
+
+def test_ngram_proposer_respects_max_tokens_and_order():
+    prop = NgramProposer(2, 3)
+    out = prop.propose([ProposalInput("a", [1, 2, 3, 4, 5, 1, 2], 2),
+                        ProposalInput("b", [9, 8], 4),
+                        ProposalInput("c", [4, 5, 6, 4, 5], 1)])
+    assert [p.token_ids for p in out] == [(3, 4), (), (6,)]
+    assert all(p.probs is None for p in out)
+    with pytest.raises(ValueError):
+        NgramProposer(3, 2)
+
+
+def test_build_proposer_and_config_validation():
+    cfg = SpeculativeConfig(method="ngram", ngram_min=2, ngram_max=5)
+    prop = build_proposer(cfg, vocab_size=100)
+    assert isinstance(prop, NgramProposer) and (prop.ngram_min, prop.ngram_max) == (2, 5)
+    assert SpeculativeConfig.coerce("ngram") == SpeculativeConfig()
+    assert SpeculativeConfig.coerce({"num_tokens": 3}).num_tokens == 3
+    assert SpeculativeConfig().resolved_for("cpu") == (0.15, 32)
+    assert SpeculativeConfig(draft_cost=0.5, max_step_tokens=7).resolved_for("cuda") == (0.5, 7)
+    for bad, err in [({"method": "medusa"}, ValueError), ({"num_tokens": 0}, ValueError),
+                     ({"ngram_min": 3, "ngram_max": 2}, ValueError),
+                     ({"method": "draft"}, ValueError), ({"adaptive": 1}, TypeError),
+                     ({"draft_cost": 2.0}, ValueError), ({"nope": 1}, ValueError)]:
+        with pytest.raises(err):
+            SpeculativeConfig.coerce(bad)
+    with pytest.raises(TypeError):
+        SpeculativeConfig.coerce(3)
+
+
+# ---- adaptive draft lengths -----------------------------------------------------------------
+def test_best_length_grows_with_the_acceptance_rate_and_shrinks_with_cost():
+    lengths = [best_length(a, 8, 0.15) for a in (0.05, 0.3, 0.6, 0.8, 0.95, 1.0)]
+    assert lengths == sorted(lengths) and lengths[0] == 0 and lengths[-1] == 8
+    assert best_length(0.8, 8, 0.0) == 8 and best_length(0.8, 8, 1.0) <= 1
+    k = best_length(0.7, 16, 0.15)  # the argmax, checked by brute force
+    value = [expected_tokens(0.7, j) / (1 + 0.15 * j) for j in range(17)]
+    assert k == int(np.argmax(value))
+
+
+def test_acceptance_rate_follows_the_evidence():
+    r = AcceptanceRate()
+    for _ in range(10):
+        r.update(accepted=4, rejected=False)
+    assert r.rate > 0.95 and best_length(r.rate, 8, 0.15) == 8
+    for _ in range(40):
+        r.update(accepted=0, rejected=True)
+    assert r.rate < 0.1 and best_length(r.rate, 8, 0.15) == 0
+
+
+def test_a_request_at_zero_length_probes_ever_more_rarely():
+    r = AcceptanceRate()
+    for _ in range(40):
+        r.update(accepted=0, rejected=True)
+    asked = []
+    for step in range(80):
+        if r.ready() and r.length(best_length(r.rate, 8, 0.15)):
+            asked.append(step)
+            r.update(accepted=0, rejected=True)  # the probe fails too
+    gaps = [b - a for a, b in zip(asked, asked[1:])]
+    assert asked[0] == 2 and gaps[:4] == [3, 5, 9, 17] and set(gaps[3:]) == {17}
+    r.wait = 0
+    assert r.length(0) == 1  # a probe ...
+    r.update(accepted=2, rejected=True)  # ... that succeeds ends the back-off
+    assert r.penalty == 0
+
+
+def stats_with(rate: float) -> AcceptanceRate:
+    """Statistics whose estimate is `rate` (long history, no back-off)."""
+    r = AcceptanceRate()
+    r.accepted, r.cut = rate * 1000, (1 - rate) * 1000
+    return r
+
+
+def test_draft_lengths_back_off_with_the_batch():
+    dl = DraftLengths(num_tokens=8, draft_cost=0.15, max_step_tokens=32)
+
+    def choose(rates, caps, num_decoding):
+        return dl.choose([stats_with(a) for a in rates], caps, num_decoding)
+
+    assert choose([0.99], [100], 1) == [8]
+    assert choose([0.99], [3], 1) == [3]  # capped by what the request may still generate
+    assert choose([0.99] * 32, [100] * 32, 32) == [0] * 32  # compute-bound: nobody
+    many = choose([0.99] * 8, [100] * 8, 16)  # 16 decoders, room for 16 drafts
+    assert sum(many) == 16 and max(many) - min(many) <= 1
+    assert choose([0.95, 0.4], [100, 100], 28) == [4, 0]  # 4 drafts of room: the likely win
+    assert choose([0.05], [100], 1) == [0]  # not worth a draft (it will probe later)
+    fixed = DraftLengths(num_tokens=5, draft_cost=0.15, max_step_tokens=4, adaptive=False)
+    assert fixed.choose([stats_with(0.0), stats_with(0.5)], [100, 2], 64) == [5, 2]
+
+
+# ---- the rejection rule ---------------------------------------------------------------------
+def tv(counts: torch.Tensor, p: torch.Tensor) -> float:
+    return 0.5 * float((counts / counts.sum() - p).abs().sum())
+
+
+P = torch.tensor([0.05, 0.30, 0.00, 0.25, 0.15, 0.25])
+Q = torch.tensor([0.40, 0.05, 0.30, 0.05, 0.20, 0.00])
+N = 200_000
+
+
+def _histogram(tokens: torch.Tensor) -> torch.Tensor:
+    return torch.bincount(tokens, minlength=len(P)).float()
+
+
+def test_rejection_sampling_keeps_the_target_distribution():
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    drafts = torch.multinomial(Q, N, replacement=True, generator=g)
+    tokens, accepted = rejection_sample(P.expand(N, -1), Q.expand(N, -1), drafts)
+    assert torch.equal(tokens[accepted], drafts[accepted])
+    assert tv(_histogram(tokens), P) < 0.006
+    # acceptance rate = sum min(p, q) = 1 - TV(p, q)
+    expected_rate = float(torch.minimum(P, Q).sum())
+    assert abs(float(accepted.float().mean()) - expected_rate) < 0.006
+    # the test has power: resampling from p instead of (p - q)+ is biased by far more
+    wrong = torch.where(accepted, drafts, torch.multinomial(P, N, replacement=True, generator=g))
+    assert tv(_histogram(wrong), P) > 0.03
+
+
+def test_rejection_sampling_is_reproducible_with_generators():
+    drafts = torch.tensor([0, 2, 4, 0])
+    p, q = P.expand(4, -1), Q.expand(4, -1)
+    runs = [rejection_sample(p, q, drafts, [torch.Generator().manual_seed(s) for s in range(4)])
+            for _ in range(2)]
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    assert not runs[0][1][1]  # draft 2 has p = 0: always rejected
+    assert runs[0][0][1] != 2
+
+
+def test_probabilities_is_what_sample_draws_from():
+    torch.manual_seed(1)
+    logits = torch.randn(3, 6) * 2
+    params = [SP(temperature=0.7, top_k=4), SP(temperature=1.3, top_p=0.8), SP(temperature=0.0)]
+    t = SamplingTensors.from_params(params)
+    probs = probabilities(logits, t)
+    assert torch.allclose(probs.sum(-1), torch.ones(3))
+    assert probs[2].max() == 1.0 and probs[2].argmax() == logits[2].argmax()
+    assert (probs[0] > 0).sum() == 4
+    n = 20_000  # each sampled row repeated n times in one batch
+    many = SamplingTensors.from_params([params[0]] * n + [params[1]] * n)
+    draws = sample(logits[:2].repeat_interleave(n, dim=0), many).token_ids.view(2, n)
+    for row in range(2):
+        assert tv(torch.bincount(draws[row], minlength=6).float(), probs[row]) < 0.02
+
+
+def test_empty_proposals_back_off_exponentially():
+    r = AcceptanceRate()
+    asked = []
+    for step in range(60):
+        if r.ready():
+            asked.append(step)
+            r.proposed(empty=True)
+    gaps = [b - a for a, b in zip(asked, asked[1:])]
+    assert gaps[:5] == [2, 3, 5, 9, 17] and set(gaps[4:]) == {17}  # waits 1, 2, 4, 8, 16
+    r.wait = 0
+    r.proposed(empty=False)
+    assert r.penalty == 16 and r.ready()  # a non-empty proposal alone changes nothing
+    r.update(accepted=1, rejected=True)
+    r.proposed(empty=True)
+    assert r.wait == 1  # an accepted draft reset the doubling
