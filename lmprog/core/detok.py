@@ -10,7 +10,7 @@ emit is exactly the request's final text.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 # Prompt tokens decoded with the first output tokens, so a tokenizer that drops a leading
 # space when decoding a sequence's first token (SentencePiece) still yields " word".
@@ -29,8 +29,7 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer: Any, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True):
         context = list(prompt_ids[-_CONTEXT_TOKENS:])
-        self._tokenizer = tokenizer
-        self._skip_special = skip_special_tokens
+        self._decode_ids = text_decoder(tokenizer, skip_special_tokens)
         self._ids: list[int] = context
         self._prefix_offset = 0  # window start
         self._read_offset = len(context)  # tokens before this are already emitted
@@ -85,11 +84,32 @@ class IncrementalDetokenizer:
         return piece[skipped:]
 
     def _decode(self, ids: list[int]) -> str:
-        if not ids:
-            return ""
-        return self._tokenizer.decode(
-            ids, skip_special_tokens=self._skip_special, clean_up_tokenization_spaces=False
-        )
+        return self._decode_ids(ids) if ids else ""
+
+
+# transformers' fast tokenizers whose decode(ids, skip_special_tokens, clean_up_tokenization_spaces=
+# False) is exactly their Rust tokenizer's decode(ids, skip_special_tokens) (v5 and v4 names).
+_STOCK_DECODE = ("PreTrainedTokenizerBase.decode",)
+_STOCK_FAST_DECODE = ("TokenizersBackend._decode", "PreTrainedTokenizerFast._decode")
+
+
+def text_decoder(tokenizer: Any, skip_special_tokens: bool = True) -> Callable[[list[int]], str]:
+    """ids -> tokenizer.decode(ids, skip_special_tokens=..., clean_up_tokenization_spaces=False).
+
+    For a transformers fast tokenizer with the stock decoding methods (no subclass override)
+    that is its Rust tokenizer's decode: called directly, it gives the same text ~5x faster
+    (0.6 instead of 3 us; the detokenizer decodes twice per generated token). Any other
+    tokenizer is called through its own `decode`.
+    """
+    cls, backend = type(tokenizer), getattr(tokenizer, "_tokenizer", None)
+    stock = (getattr(getattr(cls, "decode", None), "__qualname__", None) in _STOCK_DECODE
+             and getattr(getattr(cls, "_decode", None), "__qualname__", None) in _STOCK_FAST_DECODE
+             and cls.__module__.startswith("transformers.") and hasattr(backend, "decode"))
+    if stock:
+        backend_decode = backend.decode
+        return lambda ids: backend_decode(ids, skip_special_tokens=skip_special_tokens)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
+                                        clean_up_tokenization_spaces=False)
 
 
 class StopMatcher:

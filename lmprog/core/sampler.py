@@ -138,12 +138,21 @@ def sample(
     logits = logits.float()
     raw_logprobs = torch.log_softmax(logits, dim=-1) if tensors.return_logprob else None
     x = _processed_logits(logits, tensors, output_counts, num_output_tokens, allowed)
-    greedy_ids = x.argmax(dim=-1)
+    greedy_ids = argmax_rows(x)
     if tensors.all_greedy:
         ids = greedy_ids
     else:
         ids = torch.where(tensors.greedy, greedy_ids, _draw(_filtered_probs(x, tensors), generators))
     return _with_logprobs(ids, raw_logprobs, tensors.max_top_logprobs)
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(dim=-1) for [B, V] x. On a CPU, float32 rows go through numpy, whose
+    vectorized argmax is ~10x faster than torch's (2 ms instead of 22 ms for 256 x 49k) and
+    agrees with it: the first maximum, a NaN counting as the maximum."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and not x.requires_grad:
+        return torch.from_numpy(x.numpy().argmax(axis=-1))
+    return x.argmax(dim=-1)
 
 
 def _check_inputs(logits, tensors, generators, output_counts, num_output_tokens, allowed) -> None:
@@ -164,7 +173,11 @@ def _check_inputs(logits, tensors, generators, output_counts, num_output_tokens,
 
 
 def _processed_logits(logits, tensors, output_counts, num_output_tokens, allowed) -> torch.Tensor:
-    """Logits after penalties, the min_tokens ban and the constraint mask (a new tensor)."""
+    """Logits after penalties, the min_tokens ban and the constraint mask: a new tensor, or
+    `logits` itself when none applies (callers never modify the result in place)."""
+    if not (tensors.any_penalty and output_counts is not None) and not tensors.any_min_tokens \
+            and allowed is None:
+        return logits  # a [B, V] copy costs milliseconds on a CPU at large B
     x = logits.clone()
     if tensors.any_penalty and output_counts is not None:
         counts = output_counts.to(x.dtype)
@@ -271,7 +284,7 @@ def probabilities(
     probs = _filtered_probs(x, tensors)
     probs = probs / probs.sum(dim=-1, keepdim=True)
     if bool(tensors.greedy.any()):
-        one_hot = torch.zeros_like(probs).scatter_(1, x.argmax(dim=-1, keepdim=True), 1.0)
+        one_hot = torch.zeros_like(probs).scatter_(1, argmax_rows(x)[:, None], 1.0)
         probs = torch.where(tensors.greedy[:, None], one_hot, probs)
     return probs
 

@@ -92,7 +92,8 @@ class DecodeState:
         self.jump = jump_forward and guide is not None and not wants_logprobs
         self.prompt_logprob_start = prompt_logprob_start
         self.prompt_logprobs: dict[int, TokenLogprob] = {}  # keyed by position of the token
-        self._text: Any = (TextStream(tokenizer, params.stop, prompt_ids, armed=params.min_tokens == 0)
+        self._armed = params.min_tokens == 0  # stop strings are looked for (min_tokens met)
+        self._text: Any = (TextStream(tokenizer, params.stop, prompt_ids, armed=self._armed)
                            if tokenizer is not None else _NoText())
         self._tokenizer = tokenizer
         self._emit = emit
@@ -113,29 +114,32 @@ class DecodeState:
         BackendError if the token breaks the constraint (a bug upstream).
         """
         assert not self.done, "accept after the request finished"
-        self._record_logprob(token, logprob, top)
-        self._push_id(token)
-        if len(self.output_ids) >= self.params.min_tokens:
+        # Runs for every request every step: calls that would do nothing are skipped.
+        if self.logprobs is not None:
+            self._record_logprob(token, logprob, top)
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        self.output_ids.append(token)
+        if self.counts is not None:
+            self.counts[token] += 1
+        if not self._armed and len(self.output_ids) >= self.params.min_tokens:
             self._text.arm()
+            self._armed = True
         if token in self.stop_ids:
             self._advance_guide(token, allow_fail=True)
             self.finish("stop", matched=token)
             return None
-        self._advance_guide(token)
-        self._emit_piece(self._text.push(token))
+        if self.guide is not None:
+            self._advance_guide(token)
+        piece = self._text.push(token)
+        if piece:
+            self._emit_piece(piece)
         if self._settled():
             return None
         jump = self._jump_forward(room) if self.jump else None
         if not self.done and len(self.output_ids) >= self.params.max_tokens:
             self.finish("length", message=self._length_message())
         return jump
-
-    def _push_id(self, token: int) -> None:
-        if self.first_token_at is None:
-            self.first_token_at = time.perf_counter()
-        self.output_ids.append(token)
-        if self.counts is not None:
-            self.counts[token] += 1
 
     def _settled(self) -> bool:
         """Finish on a matched stop string or a finished constraint; True if finished."""

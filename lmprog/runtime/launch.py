@@ -89,7 +89,10 @@ def launch_engine(model: nn.Module, tokenizer: Any, *, eos_token_ids: tuple[int,
 
         if can_fuse_elementwise(model):  # fused RMSNorm / SiLU-and-mul: ~10% at batch 1
             fuse_elementwise(model)  # before the runner captures its CUDA graphs
-    speculator = make_speculator(model, speculative, proposer)
+    scheduler_config = scheduler_config or SchedulerConfig()
+    speculator = make_speculator(model, speculative, proposer,
+                                 max_requests=scheduler_config.max_running_reqs,
+                                 context_length=context)
     num_slots = kv_slots(model, max_total_tokens, gpu_memory_fraction)
     scheduler = Scheduler(num_slots, context, scheduler_config, cache_config)
     runner = ModelRunner(model, scheduler.cache.capacity, scheduler.req_to_token,
@@ -100,8 +103,11 @@ def launch_engine(model: nn.Module, tokenizer: Any, *, eos_token_ids: tuple[int,
 
 
 def make_speculator(model: nn.Module, config: SpeculativeConfig | None,
-                    proposer: Proposer | None = None) -> Speculator | None:
-    """The engine's Speculator for `model`, or None when config and proposer are None."""
+                    proposer: Proposer | None = None, *, max_requests: int | None = None,
+                    context_length: int | None = None) -> Speculator | None:
+    """The engine's Speculator for `model`, or None when config and proposer are None.
+    max_requests, context_length: the engine's max_running_reqs and context length (a
+    built draft model keeps state for that many requests of up to that length)."""
     if config is None and proposer is None:
         return None
     config = config if config is not None else SpeculativeConfig()
@@ -112,5 +118,6 @@ def make_speculator(model: nn.Module, config: SpeculativeConfig | None,
     name = None if proposer is None else type(proposer).__name__
     if proposer is None:
         proposer = build_proposer(config, vocab_size=vocab, device=param.device,
-                                  dtype=param.dtype)
+                                  dtype=param.dtype, max_requests=max_requests,
+                                  context_length=context_length)
     return Speculator(proposer, config, vocab_size=vocab, device=param.device, name=name)

@@ -9,11 +9,12 @@ Per entry: prompt logprobs are recorded first (positions p -> prompt token p + 1
 sampling entries' tokens are drawn and handed, one by one, to their request's
 DecodeState.accept. Anything that raises there fails that request alone.
 
-A verify entry (k draft tokens fed after its pending token) has k + 1 sampling rows; row j
-holds the target's next-token logits after draft j - 1 (row 0: after the pending token):
+A verify entry (k draft tokens fed after its pending token, or after the tokens a
+jump-forward forced: those need no verification) has k + 1 sampling rows; row j holds the
+target's next-token logits after draft j - 1 (row 0: after the last pending token):
 
-    fed:     pending  d0   d1  ...  d_{k-1}
-    rows:    r0       r1   r2  ...  r_k          r_j -> token t_j
+    fed:     [forced ...] pending  d0   d1  ...  d_{k-1}
+    rows:                 r0       r1   r2  ...  r_k          r_j -> token t_j
     t_j is drawn from row j with the request's state after t_0..t_{j-1} (penalties,
     min_tokens, guide, RNG all advance exactly as in plain decoding); the chain goes on
     while t_j == d_j, so the accepted tokens are d_0..d_{m-1} and then t_m (a correction,
@@ -60,7 +61,7 @@ class StepResult:
     @property
     def num_sampled(self) -> int:
         """Tokens drawn from the model this step (accepted drafts included)."""
-        return sum(len(t) for t in self.tokens)
+        return sum(map(len, self.tokens))
 
     @property
     def num_accepted(self) -> int:
@@ -91,24 +92,41 @@ class StepOutputs:
         entries = batch.entries
         n = len(entries)
         result = StepResult([()] * n, [None] * n, [], [0] * n, [False] * n)
-        chains: list[_Chain] = []
-        row = 0
+        sampling: list[tuple[int, int]] = []  # (entry index, logits row of its position 0)
+        states: list[DecodeState] = []  # of the sampling entries
+        verify, row = False, 0
         for i, e in enumerate(entries):
             if e.logits_from is None:
                 continue
-            rows = e.end - e.logits_from
+            rows = e.start + e.num_new - e.logits_from
             state: DecodeState = e.req.engine_data
             if state.prompt_logprob_start is not None:
                 guarded(state, record_prompt_logprobs, e, logits[row:row + rows])
             if state.done:  # failed just now
                 result.reasons[i] = "error"
             elif e.sample:
-                probs = draft_probs(e.req) if e.draft_ids and draft_probs is not None else None
-                chains.append(_Chain(i, row + rows - 1 - e.num_draft, e.draft_ids, probs))
+                k = len(e.draft_ids)
+                sampling.append((i, row + rows - 1 - k))
+                states.append(state)
+                verify = verify or k > 0
             row += rows
-        if chains:
-            self._verify(entries, logits, chains, result)
+        if verify:
+            self._verify(entries, logits, [_chain(entries[i], i, r, draft_probs)
+                                           for i, r in sampling], result)
+        elif sampling:
+            self._decode(entries, logits, sampling, states, result)
         return result
+
+    def _decode(self, entries: Sequence[ScheduledEntry], logits: torch.Tensor,
+                sampling: list[tuple[int, int]], states: list[DecodeState],
+                result: StepResult) -> None:
+        """A step without drafts: one token per sampling entry from one sampler call, as
+        _verify would draw and take them (every chain of length one), minus its bookkeeping."""
+        rows = [r for _, r in sampling]
+        sub = logits if rows == list(range(logits.shape[0])) else logits[rows]
+        for (i, _), draw in zip(sampling, self.sampler.sample(sub, states)):
+            if _hand(entries[i].req, i, 0, draw, result)[0]:
+                result.tokens[i] = (draw.token,)
 
     def _verify(self, entries: Sequence[ScheduledEntry], logits: torch.Tensor,
                 chains: list[_Chain], result: StepResult) -> None:
@@ -170,21 +188,39 @@ class StepOutputs:
     @staticmethod
     def _take(e: ScheduledEntry, c: _Chain, j: int, draw: Draw, result: StepResult) -> bool:
         """Hand token j to the request's state; True when the chain goes on to j + 1."""
-        req, state = e.req, e.req.engine_data
-        jump = None
-        if draw.error is not None:
-            state.fail(draw.error)
-        else:
-            room = req.max_seq_len - req.seq_len - 1 - j  # after this token
-            jump = guarded(state, state.accept, draw.token, room, draw.logprob, draw.top)
-            if state.error is None:
-                c.tokens.append(draw.token)
-                if jump is not None and not state.done:
-                    result.jumps.append((req, jump))
-        if state.done:
-            result.reasons[c.index] = state.finish_reason
+        taken, jump = _hand(e.req, c.index, j, draw, result)
+        if taken:
+            c.tokens.append(draw.token)
+        if e.req.engine_data.done:
             return False
         return jump is None and j < len(c.drafts) and draw.token == c.drafts[j]
+
+
+def _chain(e: ScheduledEntry, index: int, row: int, draft_probs: DraftProbs | None) -> _Chain:
+    probs = draft_probs(e.req) if e.draft_ids and draft_probs is not None else None
+    return _Chain(index, row, e.draft_ids, probs)
+
+
+def _hand(req: Req, index: int, j: int, draw: Draw, result: StepResult) -> tuple[bool, Any]:
+    """Hand draw, token j of entry `index`, to req's state: a draw error fails the request;
+    a jump-forward to mirror goes to result.jumps; a finished request's reason to
+    result.reasons[index]. Returns (whether the token joined the request's output, the
+    JumpResult accept returned or None)."""
+    state: DecodeState = req.engine_data
+    jump = None
+    if draw.error is not None:
+        state.fail(draw.error)
+    else:
+        room = req.max_seq_len - len(req.token_ids) - 1 - j  # after this token
+        try:  # as guarded(), inline: this runs for every sampled token
+            jump = state.accept(draw.token, room, draw.logprob, draw.top)
+        except Exception as exc:  # noqa: BLE001 - one request's fault
+            state.fail(exc)
+        if jump is not None and not state.done:
+            result.jumps.append((req, jump))
+    if state.done:
+        result.reasons[index] = state.finish_reason
+    return state.error is None, jump
 
 
 def _argmax_suffices(req: Req) -> bool:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmprog.core.detok import IncrementalDetokenizer, StopMatcher, TextStream
+from lmprog.core.detok import IncrementalDetokenizer, StopMatcher, TextStream, text_decoder
 
 SPECIAL = 0
 
@@ -146,3 +149,47 @@ def test_text_stream_ignores_stops_until_armed():
     ts.push(TOK.ids(b"lo")[0])
     ts.finish()
     assert ts.text == "Hello!" and ts.matched_stop == "lo"
+
+
+def test_text_decoder_calls_a_plain_tokenizers_decode():
+    assert text_decoder(TOK)(TOK.ids(b"Hel", b"lo")) == "Hello"
+    assert text_decoder(TOK, skip_special_tokens=False)([SPECIAL]) == "<|eos|>"
+
+
+@pytest.fixture(scope="module")
+def real_tok():
+    from lmprog.core.models import load_tokenizer, resolve_model
+
+    return load_tokenizer(resolve_model())
+
+
+def test_text_decoder_of_a_fast_tokenizer_equals_its_decode(real_tok):
+    """The Rust decode called directly gives tokenizer.decode's text (special tokens,
+    partial UTF-8 and leading spaces included), and the Python decode is not called."""
+    rng = random.Random(0)
+    windows = [[rng.randrange(len(real_tok)) if rng.random() < 0.9 else rng.randrange(20)
+                for _ in range(rng.randint(1, 6))] for _ in range(2000)]
+    expected = {skip: [real_tok.decode(w, skip_special_tokens=skip,
+                                       clean_up_tokenization_spaces=False) for w in windows]
+                for skip in (True, False)}
+    real_tok.decode = None  # an instance attribute: the stock class method stays in place
+    try:
+        for skip in (True, False):
+            assert [text_decoder(real_tok, skip)(w) for w in windows] == expected[skip]
+    finally:
+        del real_tok.decode
+
+
+def test_text_decoder_respects_an_overridden_decode(real_tok):
+    cls = type(real_tok)
+
+    class Shouting(cls):
+        def _decode(self, *args, **kwargs):
+            return super()._decode(*args, **kwargs).upper()
+
+    ids = real_tok.encode("hello world", add_special_tokens=False)
+    real_tok.__class__ = Shouting
+    try:
+        assert text_decoder(real_tok)(ids) == "HELLO WORLD"
+    finally:
+        real_tok.__class__ = cls

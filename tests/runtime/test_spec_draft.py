@@ -3,15 +3,22 @@ are the target's own greedy continuation; rollback, memory bounds and sampled dr
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from lmprog.core.sampling import SamplingParams as SP
+from lmprog.runtime.config import SchedulerConfig
+from lmprog.runtime.engine_io import EngineRequest
 from lmprog.runtime.forward_batch import ForwardBatch
 from lmprog.runtime.kv_pool import KVPool
-from lmprog.runtime.models import ModelConfig, build_model
+from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.models import ModelConfig
+from lmprog.runtime.speculative import SpeculativeConfig, build_proposer
 from lmprog.runtime.speculative.draft import DraftModelProposer, common_prefix_len
 from lmprog.runtime.speculative.proposer import ProposalInput as PI
+from spec_testing import random_llama
 
 torch.set_num_threads(1)
 TINY = ModelConfig("llama", vocab_size=211, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -22,12 +29,7 @@ PROMPTS = [[5, 17, 3, 99, 42, 7], [1, 2, 3], [200, 10, 10, 10, 4, 8, 15, 16, 23,
 @pytest.fixture(scope="module")
 def model():
     """Random weights (std 0.3) so the continuation depends on the whole context."""
-    net = build_model(TINY, dtype="float32")
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in net.named_parameters():
-            p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, 0.3, generator=g)
-    return net
+    return random_llama(TINY, 0.3)
 
 
 def next_logits(model, tokens):
@@ -164,6 +166,37 @@ def test_too_few_rows_and_too_long_requests_get_empty_proposals(model, reference
     # k is capped so that the fed drafts fit the table: 10 tokens + 2 drafts end at 12
     assert prop.propose([PI("y", PROMPTS[2], 4)])[0].token_ids == tuple(reference[2][:3])
     prop.check_integrity()
+
+
+def test_the_engines_limits_reach_the_draft_model(model, tmp_path):
+    """build_proposer / launch_engine size the draft for the engine's max_running_reqs and
+    context length (DraftModelProposer alone: 64 rows, the draft's max_position)."""
+    (tmp_path / "config.json").write_text(json.dumps({  # a tiny draft "checkpoint"
+        "model_type": "llama", "vocab_size": TINY.vocab_size, "hidden_size": 16,
+        "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "max_position_embeddings": 80}))
+    cfg = SpeculativeConfig(method="draft", draft_model=str(tmp_path), draft_load_format="dummy",
+                            num_tokens=2, adaptive=False)
+    prop = build_proposer(cfg, vocab_size=TINY.vocab_size, max_requests=100, context_length=60)
+    assert (prop.cache.num_rows, prop.context_length) == (100, 60)
+    assert tuple(prop.req_to_token.shape) == (100, 60)
+    prop = build_proposer(cfg, vocab_size=TINY.vocab_size, context_length=500)
+    assert (prop.cache.num_rows, prop.context_length) == (64, 80)  # capped by the draft
+    eng = launch_engine(model, None, eos_token_ids=(0,), max_total_tokens=2048, context_length=72,
+                        scheduler_config=SchedulerConfig(max_running_reqs=80,
+                                                         max_num_batched_tokens=512),
+                        speculative=cfg)
+    try:
+        prop = eng.speculator.proposer
+        assert (prop.cache.num_rows, prop.context_length) == (80, 72)
+        params = SP(max_tokens=4, temperature=0.0, ignore_eos=True)
+        handles = [eng.submit(EngineRequest((1 + i % 50, 2, 3, 4 + i % 7), params), stream=False)
+                   for i in range(70)]
+        assert all(h.result(timeout=120).completion_tokens == 4 for h in handles)
+        stats = eng.stats()  # up to 70 requests decoding together, every one drafted for
+        assert stats["spec_verified_tokens"] >= 70 * 2 and prop.num_skipped == 0, stats
+    finally:
+        eng.shutdown()
 
 
 def test_sampled_drafts_return_their_distribution(model):

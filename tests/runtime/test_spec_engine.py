@@ -16,8 +16,9 @@ from lmprog.runtime.config import CacheConfig, SchedulerConfig
 from lmprog.runtime.engine import EngineConfig
 from lmprog.runtime.engine_io import EngineRequest
 from lmprog.runtime.launch import launch_engine
-from lmprog.runtime.models import ModelConfig, build_model
-from lmprog.runtime.speculative import Proposal, Proposer, SpeculativeConfig
+from lmprog.runtime.models import ModelConfig
+from lmprog.runtime.speculative import Proposer, SpeculativeConfig
+from spec_testing import Oracle, random_llama
 
 torch.set_num_threads(1)
 EOS = (0, 2)
@@ -33,19 +34,17 @@ def tok():
     return load_tokenizer(resolve_model())
 
 
-def random_model(std):
-    net = build_model(TINY, dtype="float32")
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in net.named_parameters():
-            p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, std, generator=g)
-    return net
-
-
 @pytest.fixture(scope="module")
 def model():
     """Random weights (std 0.3): outputs depend on the whole context (see test_engine.py)."""
-    return random_model(0.3)
+    return random_llama(TINY, 0.3)
+
+
+@pytest.fixture(scope="module")
+def loopy():
+    """Small weights (std 0.1): outputs repeat a token for a while, then move on (prompt
+    lookup finds something to copy, and is wrong at every change)."""
+    return random_llama(TINY, 0.1)
 
 
 def greedy(n=12, **kw):
@@ -55,35 +54,9 @@ def greedy(n=12, **kw):
 def run_all(engine, prompts, params):
     handles = [engine.submit(EngineRequest(tuple(p), params)) for p in prompts]
     return [h.result(timeout=120) for h in handles]
+
+
 FIXED = SpeculativeConfig(num_tokens=4, adaptive=False)
-
-
-class Oracle(Proposer):
-    """Drafts the known continuation of a sequence (from spec-off runs), one token of it
-    wrong in every third call; nothing for unknown sequences."""
-
-    def __init__(self) -> None:
-        self.known: list[list[int]] = []
-        self.calls = 0
-        self.released: set = set()
-
-    def learn(self, prompts, results) -> None:
-        self.known += [list(p) + list(r.token_ids) for p, r in zip(prompts, results)]
-
-    def propose(self, inputs):
-        out = []
-        for inp in inputs:
-            self.calls += 1
-            seq = list(inp.token_ids)
-            full = next((k for k in self.known if k[: len(seq)] == seq and len(k) > len(seq)), None)
-            chain = full[len(seq): len(seq) + inp.max_tokens] if full else []
-            if chain and self.calls % 3 == 0:
-                chain[-1] = (chain[-1] + 1) % TINY.vocab_size
-            out.append(Proposal(tuple(chain)))
-        return out
-
-    def release(self, rid):
-        self.released.add(rid)
 
 
 class Broken(Proposer):
@@ -109,7 +82,7 @@ def plain(model, tok):
 
 @pytest.fixture(scope="module")
 def oracle_engine(model, tok):
-    oracle = Oracle()
+    oracle = Oracle(TINY.vocab_size)
     e = spec_engine(model, tok, oracle)
     yield e, oracle
     e.shutdown()
@@ -190,7 +163,9 @@ def test_constrained_generation_stays_valid(plain, oracle_engine, tok):
         return [h.result(timeout=120) for h in hs]
 
     ref = run(plain)
-    # the oracle's continuations include one corrupted token (mostly one the FSM forbids)
+    # the oracle drafts unconstrained continuations first (which the FSM cuts: mostly
+    # tokens it forbids), then the constrained ones (one token in three corrupted)
+    oracle.learn(prompts, run_all(plain, prompts, greedy(8)))
     oracle.learn(prompts, ref)
     before = eng.stats()
     out = run(eng)
@@ -199,12 +174,61 @@ def test_constrained_generation_stays_valid(plain, oracle_engine, tok):
     after = eng.stats()
     assert after["spec_accepted_tokens"] > before["spec_accepted_tokens"]
     assert after["spec_guide_cuts"] > before["spec_guide_cuts"]  # cut before verification
+    assert after["spec_jump_verifies"] > before["spec_jump_verifies"]  # ". Score: " forced
     check_clean(eng)
+
+
+# Long forced spans (the keys) between short free ones that the loopy model fills with one
+# digit repeated: n-gram drafts after a key copy the previous value.
+FIELDS = r'\{"alpha": "[0-9]{5}", "beta": "[0-9]{5}", "gamma": "[0-9]{5}", ' \
+         r'"delta": "[0-9]{5}", "epsilon": "[0-9]{5}", "zeta": "[0-9]{5}"\}'
+
+
+def test_jump_forward_tokens_are_verified_with_drafts(tok, loopy, monkeypatch):
+    """A jump-forward's forced tokens and the drafts after them go in one verify entry:
+    the same greedy outputs in fewer forward passes than with speculation off, and than
+    with speculation on but no drafts after forced tokens (the forced tokens then prefill
+    in a step of their own, as before)."""
+    index = TokenIndex.get(FIELDS, tok)
+    eng = launch_engine(loopy, tok, eos_token_ids=EOS, max_total_tokens=4096,
+                        engine_config=EngineConfig(check_integrity=True),
+                        speculative=SpeculativeConfig(method="ngram", num_tokens=6))
+
+    def run():
+        """Outputs of PROMPTS[:4] one at a time, and the stats' growth meanwhile."""
+        eng.flush_cache()
+        before = eng.stats()
+        out = [eng.submit(EngineRequest(tuple(p), greedy(120), guide=index.new_guide()))
+               .result(timeout=120) for p in PROMPTS[:4]]
+        after = eng.stats()
+        return [r.token_ids for r in out], {k: after[k] - before[k] for k in (
+            "steps", "spec_jump_verifies", "spec_accepted_tokens", "jump_forward_tokens")}
+
+    try:
+        eng.set_speculation(False)
+        off, off_stats = run()
+        eng.set_speculation(True)
+        on, on_stats = run()
+        decoding = eng.scheduler.decoding  # drafts only for requests with one pending token
+        monkeypatch.setattr(eng.scheduler, "decoding",
+                            lambda: [r for r in decoding() if r.pending_len == 1])
+        no_tail, no_tail_stats = run()
+        monkeypatch.undo()
+        assert on == off == no_tail
+        texts = [tok.decode(ids) for ids in on]
+        assert all(re.fullmatch(FIELDS, t) for t in texts), texts
+        assert off_stats["jump_forward_tokens"] >= 4 * 5 * 5  # five keys forced per request
+        assert on_stats["spec_jump_verifies"] >= 4 and no_tail_stats["spec_jump_verifies"] == 0
+        assert on_stats["steps"] < no_tail_stats["steps"] < off_stats["steps"], \
+            (on_stats, no_tail_stats, off_stats)
+        check_clean(eng)
+    finally:
+        eng.shutdown()
 
 
 def test_retraction_with_speculation(model, tok, plain):
     ref = run_all(plain, PROMPTS, greedy(40))
-    oracle = Oracle()
+    oracle = Oracle(TINY.vocab_size)
     oracle.learn(PROMPTS, ref)
     small = spec_engine(model, tok, oracle, slots=120, budget=24, max_reqs=16,
                         init_new_token_ratio=0.02, min_new_token_ratio=0.02)
@@ -230,10 +254,7 @@ def test_abort_while_speculating(oracle_engine, plain):
     check_clean(eng)
 
 
-def test_ngram_proposer_and_switching(tok, plain):
-    # small weights: outputs repeat a token for a while, then move on (prompt lookup finds
-    # something to copy, and is wrong at every change)
-    loopy = random_model(0.1)
+def test_ngram_proposer_and_switching(tok, plain, loopy):
     prompts = PROMPTS[:8]
     eng = launch_engine(loopy, tok, eos_token_ids=EOS, max_total_tokens=4096,
                         cache_config=CacheConfig(radix_cache=False),
@@ -269,7 +290,7 @@ def test_a_failing_proposer_only_costs_the_drafts(model, tok, plain):
 
 def test_prefill_first_mode_with_speculation(model, tok, plain):
     ref = run_all(plain, PROMPTS[:8], greedy(16))
-    oracle = Oracle()
+    oracle = Oracle(TINY.vocab_size)
     oracle.learn(PROMPTS[:8], ref)
     eng = spec_engine(model, tok, oracle, hybrid=False)
     try:

@@ -14,9 +14,10 @@ from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.engine import EngineConfig
 from lmprog.runtime.engine_io import EngineRequest
 from lmprog.runtime.launch import launch_engine
-from lmprog.runtime.models import ModelConfig, build_model
+from lmprog.runtime.models import ModelConfig
 from lmprog.runtime.speculative import Proposal, Proposer, SpeculativeConfig
 from lmprog.runtime.speculative import rejection
+from spec_testing import Oracle, random_llama
 
 torch.set_num_threads(1)
 V = 6
@@ -49,12 +50,7 @@ class SampledDrafts(Proposer):
 
 @pytest.fixture(scope="module")
 def model():
-    net = build_model(CFG, dtype="float32")
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, p in net.named_parameters():
-            p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, 0.7, generator=g)
-    return net
+    return random_llama(CFG, 0.7, seed=3)
 
 
 def engine(model, speculative: bool):
@@ -159,25 +155,6 @@ def test_a_wrong_acceptance_rule_is_detected(model, exact, monkeypatch):
     assert min(pvalues) < 1e-6, pvalues
 
 
-class _Oracle(Proposer):
-    """Drafts the known plain continuation, one token of it wrong in every third call."""
-
-    def __init__(self, known: list[list[int]], vocab: int) -> None:
-        self.known, self.vocab, self.calls = known, vocab, 0
-
-    def propose(self, inputs):
-        out = []
-        for inp in inputs:
-            self.calls += 1
-            seq = list(inp.token_ids)
-            full = next((k for k in self.known if k[: len(seq)] == seq), seq)
-            chain = full[len(seq): len(seq) + inp.max_tokens]
-            if chain and self.calls % 3 == 0:
-                chain[-1] = (chain[-1] + 1) % self.vocab
-            out.append(Proposal(tuple(chain)))
-        return out
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (Triton attention)")
 def test_greedy_verify_on_the_gpu_matches_plain_decoding():
     """Verify entries through the Triton hybrid-attention kernels (decode steps replayed from
@@ -185,11 +162,7 @@ def test_greedy_verify_on_the_gpu_matches_plain_decoding():
     cfg = ModelConfig("llama", vocab_size=256, hidden_size=128, intermediate_size=256,
                       num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, max_position=256,
                       tie_word_embeddings=False, bos_token_id=1, eos_token_ids=(0,))
-    net = build_model(cfg, device="cuda", dtype="float32", attention="triton")
-    g = torch.Generator(device="cuda").manual_seed(0)
-    with torch.no_grad():
-        for name, p in net.named_parameters():
-            p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, 0.3, generator=g)
+    net = random_llama(cfg, 0.3, device="cuda", attention="triton")
     prompts = [tuple(range(5 + i, 25 + 3 * i)) for i in range(12)]
     params = SP(max_tokens=40, temperature=0.0, ignore_eos=True)
 
@@ -204,7 +177,7 @@ def test_greedy_verify_on_the_gpu_matches_plain_decoding():
             e.shutdown()
 
     plain, _ = run()
-    oracle = _Oracle([list(p) + list(o) for p, o in zip(prompts, plain)], cfg.vocab_size)
+    oracle = Oracle(cfg.vocab_size, [list(p) + list(o) for p, o in zip(prompts, plain)])
     spec, stats = run(speculative=SpeculativeConfig(num_tokens=5, adaptive=False),
                       proposer=oracle)
     assert spec == plain

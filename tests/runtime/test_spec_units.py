@@ -3,18 +3,24 @@ config, and the rejection rule (statistically, against the target distribution).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 
 from lmprog.core.sampler import SamplingTensors, probabilities, sample
 from lmprog.core.sampling import SamplingParams as SP
+from lmprog.runtime.decode_state import DecodeState
+from lmprog.runtime.request import Req
+from lmprog.runtime.scheduler.batch import ScheduledEntry
 from lmprog.runtime.speculative import ProposalInput, SpeculativeConfig, build_proposer
 from lmprog.runtime.speculative.adaptive import (
     AcceptanceRate, DraftLengths, best_length, expected_tokens,
 )
 from lmprog.runtime.speculative.ngram import NgramProposer, lookup
 from lmprog.runtime.speculative.rejection import rejection_sample
+from lmprog.runtime.speculative.speculator import Speculator
 
 torch.set_num_threads(1)
 
@@ -198,3 +204,62 @@ def test_empty_proposals_back_off_exponentially():
     r.update(accepted=1, rejected=True)
     r.proposed(empty=True)
     assert r.wait == 1  # an accepted draft reset the doubling
+
+
+
+# ---- the speculator: drafts after jump-forward tokens ---------------------------------------
+LOOP = [5, 6, 7] * 6
+
+
+def running_req(rid, tokens, pending, max_tokens=60):
+    """A running request's bookkeeping: `tokens` known, the last `pending` not yet fed
+    (pending > 1: the sampled token and the ones a jump-forward forced after it)."""
+    params = SP(max_tokens=max_tokens, temperature=0.0)
+    state = DecodeState(params, tokenizer=None, prompt_ids=tokens[:2], eos_token_ids=(0,),
+                        vocab_size=100, token_text=str)
+    req = Req(rid, tokens[:2], params, engine_data=state)
+    req.token_ids[:] = tokens
+    req.num_computed = len(tokens) - pending
+    return req
+
+
+def report_verify(spec, req, accepted, rejected):
+    """Tell spec that req's pending tokens and drafts were verified with this outcome."""
+    k = len(req.draft_ids)
+    e = ScheduledEntry(req, 0, req.num_computed, req.pending_len + k, 0,
+                       len(req.token_ids) - 1, True, False, tuple(req.draft_ids))
+    spec.on_step(SimpleNamespace(entries=[e]), SimpleNamespace(accepted=[accepted],
+                                                               rejected=[rejected]))
+
+
+def test_drafts_after_forced_tokens_continue_them_within_the_step_limit():
+    spec = Speculator(NgramProposer(1, 3), SpeculativeConfig(num_tokens=8, max_step_tokens=6),
+                      vocab_size=100)
+    a = running_req("a", LOOP, 1)
+    b = running_req("b", LOOP + [1, 2, 5, 6], 3)  # forced "2 5 6" after the sampled 1
+    spec.propose([a, b])
+    # what followed the forced tokens' end "5 6" before (without them: no match for "7 1")
+    assert b.draft_ids and b.draft_ids == [7, 1, 2, 5, 6][: len(b.draft_ids)]
+    assert len(a.draft_ids) + len(b.draft_ids) == 6 - (1 + 3)  # forced tokens are fed too
+    b.num_computed = b.seq_len - 1  # the same requests decoding: more room for drafts
+    spec.propose([a, b])
+    assert len(a.draft_ids) + len(b.draft_ids) == 4 == 2 * best_length(0.6, 8, 0.15)
+    assert spec.stats()["spec_jump_verifies"] == 0
+    b.num_computed = b.seq_len - 3
+    spec.propose([b])
+    report_verify(spec, b, 0, True)
+    assert spec.stats()["spec_jump_verifies"] == 1
+
+
+def test_rejections_after_forced_tokens_do_not_stop_drafting_inside_a_span():
+    spec = Speculator(NgramProposer(1, 3), SpeculativeConfig(num_tokens=4), vocab_size=100)
+    req = running_req("r", LOOP + [1, 2, 5, 6], 3)
+    for _ in range(12):  # guesses right after forced text keep failing
+        spec.propose([req])
+        if req.draft_ids:
+            report_verify(spec, req, 0, True)
+    spec.propose([req])
+    assert req.draft_ids == []  # backing off there
+    req.num_computed = req.seq_len - 1  # inside a span: its own statistics, still the prior
+    spec.propose([req])
+    assert len(req.draft_ids) == best_length(0.6, 4, 0.15) > 0

@@ -8,17 +8,29 @@ batch's token arrays (`out_slots`, `positions`, `input_ids()`), entries in order
     goes to out_slots[offset:offset+num_new], which equal req_to_token[row, start:end].
 
 Decode: num_new == 1. Prefill chunk: num_new >= 1 and `sample` only on the last chunk.
-Verify: the last `len(draft_ids)` fed tokens are speculative drafts.
+Verify: the last k = len(draft_ids) fed tokens are speculative drafts, after the request's
+m >= 1 real pending tokens: its last sampled token (m == 1), or after a jump-forward the
+tail the jump rewrote and forced (m > 1; never a prompt chunk). num_new = m + k; the real
+tokens are known, so only the logits from the last real one on are sampled from (k + 1
+rows; logits_from = end - k - 1 unless prompt logprobs want more); forced tokens need no
+verification, the FSM chose them:
+
+    fed:    | f_0 ... f_{m-1} | d_0 ... d_{k-1} |     f: pending real tokens, d: drafts
+    rows:               r_0     r_1 ...   r_k         r_j: next token after f_{m-1} d_0..d_{j-1}
+    start          real_end = end - k           end
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from functools import cached_property
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..request import Req
+
+_NEVER = np.iinfo(np.int64).max
 
 
 class ScheduledEntry(NamedTuple):
@@ -33,7 +45,7 @@ class ScheduledEntry(NamedTuple):
     logits_from: int | None  # logits wanted for fed positions >= this (None: no logits)
     sample: bool  # sample next token(s) from the logits of the last real fed position
     sync_row: bool  # row [0, start) changed since last scheduled: copy req_to_token[row, :end]
-    draft_ids: tuple[int, ...] = ()  # verify: the speculative tokens fed after the real one
+    draft_ids: tuple[int, ...] = ()  # verify: the speculative tokens fed after the real ones
 
     @property
     def end(self) -> int:
@@ -70,25 +82,43 @@ class ScheduledBatch:
 
     @property
     def num_decodes(self) -> int:
-        return sum(1 for e in self.entries if e.num_new == 1)
+        return self._columns["num_new"].count(1)
+
+    # The per-entry arrays below come from the entries' fields as columns, transposed once
+    # per batch (one pass in C rather than a Python loop per array: they are rebuilt for
+    # every running request every step).
+    @cached_property
+    def _columns(self) -> dict[str, tuple[Any, ...]]:
+        columns = zip(*self.entries) if self.entries else [()] * len(ScheduledEntry._fields)
+        return dict(zip(ScheduledEntry._fields, columns))
+
+    def _ints(self, field: str) -> np.ndarray:
+        return np.array(self._columns[field], dtype=np.int64)
 
     def input_ids(self) -> np.ndarray:
+        if self.num_tokens == len(self.entries):  # decodes only: each feeds one pending token
+            cols = self._columns
+            return np.array([req.token_ids[start] for req, start in zip(cols["req"], cols["start"])],
+                            dtype=np.int64)
         ids: list[int] = []
         for e in self.entries:
             ids.extend(e.input_ids())
         return np.asarray(ids, dtype=np.int64)
 
     def rows(self) -> np.ndarray:
-        return np.fromiter((e.row for e in self.entries), np.int64, len(self.entries))
+        return self._ints("row")
 
     def seq_lens(self) -> np.ndarray:
-        return np.fromiter((e.end for e in self.entries), np.int64, len(self.entries))
+        return self._ints("start") + self.extend_lens()
 
     def extend_lens(self) -> np.ndarray:
-        return np.fromiter((e.num_new for e in self.entries), np.int64, len(self.entries))
+        return self._ints("num_new")
 
     def logits_indices(self) -> np.ndarray:
-        """Token indices (into the batch's token arrays) whose logits are wanted, in order."""
-        parts = [np.arange(e.offset + e.logits_from - e.start, e.offset + e.num_new)
-                 for e in self.entries if e.logits_from is not None]
-        return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
+        """Token indices (into the batch's token arrays) whose logits are wanted, in order:
+        those at fed positions >= their entry's logits_from."""
+        logits_from = self._columns["logits_from"]
+        if None in logits_from:  # no logits: from a position never fed
+            logits_from = [_NEVER if lf is None else lf for lf in logits_from]
+        per_token = np.repeat(np.array(logits_from, dtype=np.int64), self.extend_lens())
+        return np.flatnonzero(self.positions >= per_token)

@@ -46,8 +46,7 @@ class DecodePolicy:
 
     def _plan_verify(self, req: Req, plan: StepPlan, budget: StepBudget, page_size: int) -> None:
         own = page_size if req.num_computed == req.num_allocated else 0  # reserved for it
-        cap = min(len(req.draft_ids), budget.tokens, req.remaining_tokens - 1)
-        k = max(0, plan.max_chunk(req, 1 + max(0, cap), extra_room=own) - 1)
-        budget.take(k)
-        slots = plan.cache.tokens_to_extend(req, req.num_computed + 1 + k)
-        plan.add(req, 1 + k, tuple(req.draft_ids[:k]), slots - own)
+        drafts = plan.fitting_drafts(req, 1, budget.tokens, extra_room=own)
+        budget.take(len(drafts))
+        slots = plan.cache.tokens_to_extend(req, req.num_computed + 1 + len(drafts))
+        plan.add(req, 1 + len(drafts), drafts, slots - own)

@@ -43,3 +43,15 @@ class StepPlan:
         left = self.memory_left() + extra_room
         pages_room = left - left % self.cache.page_size
         return max(0, min(want, req.num_allocated - req.num_computed + pages_room))
+
+    def fitting_drafts(self, req: Req, num_real: int, budget_tokens: int,
+                       extra_room: int = 0) -> tuple[int, ...]:
+        """The prefix of req.draft_ids that can follow its num_real pending tokens in one
+        verify entry: at most budget_tokens of them, at most remaining_tokens - 1 (a verify
+        yields one token more than the drafts it accepts), and within memory (the pending
+        tokens' own slots counted first; extra_room as in max_chunk)."""
+        cap = min(len(req.draft_ids), budget_tokens, req.remaining_tokens - 1)
+        if cap <= 0:
+            return ()
+        k = self.max_chunk(req, num_real + cap, extra_room) - num_real
+        return tuple(req.draft_ids[:k]) if k > 0 else ()

@@ -3,7 +3,7 @@
 Two kinds of prefill work fill what the decodes leave of the step's token budget:
 1. running requests with several pending tokens (a prompt being chunked, tokens appended
    by jump-forward, a resumed request), oldest first, each as much as budget and memory
-   allow;
+   allow (a jump-forward's tail fed whole may carry draft tokens to verify after it);
 2. waiting requests, admitted in cache-aware order: longest cached prefix first (LPM)
    while the queue is short, arrival order (FCFS) when it is long. A waiting request that
    shares a long not-yet-cached prefix with a request being prefilled waits a step, so
@@ -39,14 +39,24 @@ class PrefillPolicy:
 
     def continue_running(self, extenders: Iterable[Req], plan: StepPlan,
                          budget: StepBudget) -> None:
-        """Plan the next chunk of every running request with several pending tokens."""
+        """Plan the next chunk of every running request with several pending tokens. One
+        whose whole pending tail fits and that carries draft_ids (a jump-forward's forced
+        tokens, see Scheduler.decoding) feeds what fits of its drafts after the tail: a
+        verify entry (batch.py); drafts of a tail fed in several chunks are not verified."""
         for req in extenders:
             if budget.tokens <= 0:
                 return
             n = plan.max_chunk(req, min(req.pending_len, budget.tokens))
-            if n > 0:
-                plan.add(req, n)
-                budget.take(n)
+            if n <= 0:
+                continue
+            drafts: tuple[int, ...] = ()
+            if req.draft_ids:  # a jump-forward tail: they follow it only when it is fed whole
+                if n == req.pending_len:
+                    drafts = plan.fitting_drafts(req, n, budget.tokens - n)
+                else:
+                    req.draft_ids = []
+            plan.add(req, n + len(drafts), drafts)
+            budget.take(n + len(drafts))
 
     def admit_waiting(self, plan: StepPlan, budget: StepBudget) -> None:
         """Admit waiting requests (status -> running) while budget, rows and memory last."""

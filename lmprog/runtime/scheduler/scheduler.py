@@ -7,7 +7,8 @@ separate policies: DecodePolicy, PrefillPolicy, RetractPolicy. One step:
     1. decodes: every running request with one pending token feeds it (+ verify drafts);
        if their slots are not obtainable (free + evictable), retract the newest running
        requests until they are
-    2. prefill chunks of running requests with several pending tokens, oldest first
+    2. prefill chunks of running requests with several pending tokens, oldest first (a
+       jump-forward's tail fed whole: + verify drafts)
     3. admissions from the waiting queue (LPM / FCFS), chunked to fill the budget;
        skipped in a step that had to retract
     (with config.hybrid False, prefill-first: a step with prefill work (2, 3) runs only that)
@@ -94,14 +95,19 @@ class Scheduler:
         return self.requests.get(rid)
 
     def decoding(self) -> list[Req]:
-        """Running requests whose next step feeds only their last token: the ones that may
-        carry `draft_ids` (verify tokens) into the next schedule(). Empty in prefill-first
-        mode (config.hybrid False) while prompts are pending: that step likely prefills only."""
-        running = list(self.requests.running_reqs())
+        """Running requests that may carry `draft_ids` (verify tokens) into the next
+        schedule(): those whose pending tokens were all generated — the last sampled one,
+        and after a jump-forward the tokens it forced (a tail of fewer tokens than the step
+        budget; it is fed before the drafts, in the same verify entry: see batch.py). Never
+        a prompt chunk. Empty in prefill-first mode (config.hybrid False) while anything has
+        several pending tokens: that step likely prefills only."""
+        running = self.requests.running.values()
         if not self.config.hybrid and (self.requests.waiting
                                        or any(r.pending_len > 1 for r in running)):
             return []
-        return [r for r in running if r.pending_len == 1]
+        budget = self.config.max_num_batched_tokens
+        return [r for r in running if r.num_computed == len(r.token_ids) - 1 or (
+            r.num_computed >= r.prompt_len and len(r.token_ids) - r.num_computed < budget)]
 
     def stats(self) -> SchedulerStats:
         cache = self.cache
@@ -203,12 +209,12 @@ class Scheduler:
                              f"({len(entries)}), got {len(next_tokens)}")
         finished = []
         running = ReqStatus.RUNNING
-        for i, entry in enumerate(entries):
-            req, tokens = entry.req, next_tokens[i]
+        reasons = finish_reasons if finish_reasons is not None else [None] * len(entries)
+        for entry, tokens, reason in zip(entries, next_tokens, reasons):
+            req = entry.req
             req.extend_len = 0
             if req.status is not running or req.row != entry.row:
                 continue
-            reason = None if finish_reasons is None else finish_reasons[i]
             if entry.num_new == 1 and entry.sample and len(tokens) == 1:  # plain decode
                 req.token_ids.append(int(tokens[0]))
                 req.num_computed += 1
@@ -343,9 +349,10 @@ class Scheduler:
         items = plan.items
         if not items:
             return ScheduledBatch((), _NO_SLOTS, _NO_POSITIONS, tuple(retracted))
-        out_slots, positions = self.cache.extend([item[0] for item in items],
-                                                 [item[1] for item in items])
+        reqs, counts, _ = zip(*items)
+        out_slots, positions = self.cache.extend(reqs, counts)
         entries, offset = [], 0
+        new_entry = ScheduledEntry._make  # no argument parsing: ~25% off this per-request loop
         for req, n, drafts in items:
             start = req.num_computed
             end = start + n
@@ -356,8 +363,8 @@ class Scheduler:
             if req.prompt_logprob_start is not None and req.prompt_logprob_start < end:
                 first = max(start, req.prompt_logprob_start)
                 logits_from = first if logits_from is None else min(logits_from, first)
-            entries.append(ScheduledEntry(req, req.row, start, n, offset, logits_from, sample,
-                                          req.row_dirty, drafts))
+            entries.append(new_entry((req, req.row, start, n, offset, logits_from, sample,
+                                      req.row_dirty, drafts)))
             req.row_dirty = False
             req.extend_len = n
             offset += n

@@ -5,7 +5,8 @@ The rule (SpeculativeConfig.adaptive=True):
 1. Per request, an acceptance rate a: the chance that a draft token is accepted given that
    the one before it was, estimated from decayed counts of accepted drafts and of chains
    cut by a rejection (the maximum-likelihood estimate for geometric chains; counts decay
-   by 0.85 per verify), starting from a prior of 0.6 worth one draft.
+   by 0.85 per verify), starting from a prior of 0.6 worth one draft. (The Speculator keeps
+   two per request: drafts right after a jump-forward's forced tokens have their own.)
 2. Its draft length k maximises the expected tokens per unit of step cost,
 
         E(k) / (1 + c k),    E(k) = 1 + a + a^2 + ... + a^k
@@ -18,12 +19,13 @@ The rule (SpeculativeConfig.adaptive=True):
    empty, or whose rate gives k = 0, waits 1, 2, 4, ... up to 16 of its decode steps before
    it is asked again, and a request at k = 0 is then asked for one draft (a probe). The
    wait doubles while that goes on; an accepted draft resets it.
-4. Batch back-off: the decoding requests feed 1 token each plus their drafts, and drafts
-   are only added while that total stays within max_step_tokens, the point past which a
-   step is compute-bound (each verified token then costs as much as a decoded one, so a
-   rejected draft is pure loss). When the lengths of steps 2-3 do not fit, the room is given
-   to the drafts most likely to be accepted (request r's j-th draft: a_r^j). At
-   num_decoding >= max_step_tokens nobody speculates.
+4. Batch back-off: the decoding requests feed 1 token each (after a jump-forward, the
+   forced tokens too) plus their drafts, and drafts are only added while that total stays
+   within max_step_tokens, the point past which a step is compute-bound (each verified
+   token then costs as much as a decoded one, so a rejected draft is pure loss). When the
+   lengths of steps 2-3 do not fit, the room is given to the drafts most likely to be
+   accepted (request r's j-th draft: a_r^j). At num_fed >= max_step_tokens nobody
+   speculates.
 
 adaptive=False: every request asks for num_tokens drafts each step (the scheduler's token
 budget and KV memory still cut them).
@@ -115,21 +117,23 @@ class DraftLengths:
         self.num_tokens, self.cost = num_tokens, draft_cost
         self.max_step_tokens, self.adaptive = max_step_tokens, adaptive
 
-    def spare(self, num_decoding: int) -> int:
-        """Draft tokens the step has room for (adaptive only; else unbounded here)."""
+    def spare(self, num_fed: int) -> int:
+        """Draft tokens the step has room for (adaptive only; else unbounded here), when
+        the decoding requests feed num_fed tokens before drafts."""
         if not self.adaptive:
-            return self.num_tokens * num_decoding
-        return max(0, self.max_step_tokens - num_decoding)
+            return self.num_tokens * num_fed
+        return max(0, self.max_step_tokens - num_fed)
 
     def choose(self, stats: Sequence[AcceptanceRate], caps: Sequence[int],
-               num_decoding: int) -> list[int]:
+               num_fed: int) -> list[int]:
         """Draft lengths for requests with statistics `stats` that may still take `caps`
-        drafts; num_decoding: every decoding request of the step, speculating or not.
-        Mutates the back-off state of `stats` (asked or not this step)."""
+        drafts; num_fed: the tokens every decoding request of the step feeds before its
+        drafts (1 each, plus jump-forward tokens), speculating or not. Mutates the back-off
+        state of `stats` (asked or not this step)."""
         assert len(stats) == len(caps)
         if not self.adaptive:
             return [max(0, min(self.num_tokens, c)) for c in caps]
-        spare = self.spare(num_decoding)
+        spare = self.spare(num_fed)
         if spare <= 0:
             return [0] * len(caps)
         ks = [0] * len(caps)

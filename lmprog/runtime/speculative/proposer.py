@@ -25,9 +25,10 @@ from lmprog.core.sampling import SamplingParams
 
 @dataclass(frozen=True)
 class ProposalInput:
-    """rid: the request; token_ids: prompt + accepted outputs, the last one not yet fed to
-    the target model; max_tokens: most draft tokens wanted (>= 1); params: the request's
-    sampling parameters (None = greedy), for proposers that sample their drafts."""
+    """rid: the request; token_ids: prompt + outputs so far, the last one not yet fed to
+    the target model (after a jump-forward, the forced tokens at the end neither: drafts
+    continue after them); max_tokens: most draft tokens wanted (>= 1); params: the
+    request's sampling parameters (None = greedy), for proposers that sample their drafts."""
 
     rid: Hashable
     token_ids: Sequence[int]

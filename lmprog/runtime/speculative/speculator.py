@@ -3,7 +3,7 @@
 Per step, around the scheduler and the model runner:
 
     speculator.propose(scheduler.decoding())   # req.draft_ids for those that speculate
-    batch = scheduler.schedule()               # verify entries: pending token + drafts
+    batch = scheduler.schedule()               # verify entries: pending token(s) + drafts
     ... forward; StepOutputs verifies the chains, asking draft_probs(req) ...
     speculator.on_step(batch, result)          # acceptance statistics
     speculator.release(rid)                    # a request ended or was retracted
@@ -14,6 +14,15 @@ vocabulary, and, under a constraint, only the prefix the request's FSM guide all
 draft the guide forbids could never be accepted). Draft distributions are restricted to
 what that cut kept (see `_cut`), so the rejection rule stays exact. A proposer that raises
 is logged and that step decodes without drafts.
+
+Jump-forward strings are verified for free: after a jump the request's pending tokens are
+the forced ones (already in token_ids, the guide already past them), so its proposal
+continues after them, is cut by the guide's state there, and the scheduler feeds forced
+tokens and drafts in one verify entry (scheduler/batch.py); the forced tokens count like
+decode tokens toward the step's max_step_tokens. Such drafts start a free span right after
+forced text (a JSON value after its key), a guess unlike continuing a span being copied, so
+their acceptance statistics and back-off are kept apart from the request's other drafts: a
+wrong guess after a key does not stop speculation inside the value.
 """
 
 from __future__ import annotations
@@ -47,7 +56,9 @@ class Speculator:
         cost, step_tokens = config.resolved_for(self.device.type)
         self.lengths = DraftLengths(config.num_tokens, cost, step_tokens, config.adaptive)
         self.enabled = True
-        self._rates: dict[Hashable, AcceptanceRate] = {}
+        # keyed (rid, after a jump-forward): drafts that start a free span right after
+        # forced text fare differently from drafts inside a span (see the module docstring)
+        self._rates: dict[tuple[Hashable, bool], AcceptanceRate] = {}
         self._probs: dict[Hashable, torch.Tensor] = {}
         self.proposed = 0  # draft tokens handed to the scheduler
         self.verified = 0  # draft tokens fed to the model
@@ -56,19 +67,23 @@ class Speculator:
         self.rejections = 0  # chains cut by a rejected draft
         self.errors = 0  # propose() calls that raised (those steps ran without drafts)
         self.guide_cuts = 0  # proposals cut short because the constraint forbade a draft
+        self.jump_verifies = 0  # verify entries whose drafts followed jump-forward tokens
 
     # -- before schedule() -----------------------------------------------------------------
     def propose(self, decoding: Sequence[Req]) -> None:
-        """Set draft_ids of the decoding requests (every running request whose next step
-        feeds just its last token) that speculate this step; clear the others'."""
+        """Set draft_ids of the decoding requests (Scheduler.decoding: every running request
+        whose pending tokens were generated: its last token, after a jump-forward also the
+        forced ones) that speculate this step; clear the others'."""
         self._probs.clear()
+        fed = 0  # tokens the decoding requests feed before any draft
         for req in decoding:
             req.draft_ids = []
-        if not self.enabled or not decoding or self.lengths.spare(len(decoding)) <= 0:
+            fed += req.pending_len
+        if not self.enabled or not decoding or self.lengths.spare(fed) <= 0:
             return
         candidates = [r for r in decoding if r.remaining_tokens >= 2 and not r.engine_data.done]
         ks = self.lengths.choose([self._rate(r) for r in candidates],
-                                 [r.remaining_tokens - 1 for r in candidates], len(decoding))
+                                 [r.remaining_tokens - 1 for r in candidates], fed)
         asked = [(r, k) for r, k in zip(candidates, ks) if k > 0]
         if not asked:
             return
@@ -84,7 +99,7 @@ class Speculator:
             return
         for (req, k), proposal in zip(asked, proposals):
             drafts, probs = self._cut(req, proposal, k)
-            self._rates[req.rid].proposed(empty=not drafts)
+            self._rate(req).proposed(empty=not drafts)
             req.draft_ids = drafts
             self.proposed += len(drafts)
             if probs is not None and drafts:
@@ -138,9 +153,11 @@ class Speculator:
         for i, e in enumerate(batch.entries):
             if not e.sample or not e.draft_ids:
                 continue
-            rate = self._rates.get(e.req.rid)
+            after_jump = e.num_new > e.num_draft + 1
+            rate = self._rates.get((e.req.rid, after_jump))
             accepted, rejected = result.accepted[i], result.rejected[i]
             self.verify_entries += 1
+            self.jump_verifies += after_jump
             self.verified += e.num_draft
             self.accepted += accepted
             self.rejections += rejected
@@ -152,13 +169,15 @@ class Speculator:
         """Forget the proposer's state of rid (and, when it finished, its statistics)."""
         self._probs.pop(rid, None)
         if finished:
-            self._rates.pop(rid, None)
+            self._rates.pop((rid, False), None)
+            self._rates.pop((rid, True), None)
         self.proposer.release(rid)
 
     def _rate(self, req: Req) -> AcceptanceRate:
-        rate = self._rates.get(req.rid)
+        key = (req.rid, req.pending_len > 1)
+        rate = self._rates.get(key)
         if rate is None:
-            rate = self._rates[req.rid] = AcceptanceRate()
+            rate = self._rates[key] = AcceptanceRate()
         return rate
 
     def stats(self) -> dict[str, Any]:
@@ -171,6 +190,7 @@ class Speculator:
             "spec_acceptance_rate": self.accepted / verified if verified else 0.0,
             "spec_verify_steps": self.verify_entries,
             "spec_guide_cuts": self.guide_cuts,
+            "spec_jump_verifies": self.jump_verifies,
             "spec_tokens_per_verify": ((self.accepted + self.verify_entries) / self.verify_entries
                                        if self.verify_entries else 0.0),
         }

@@ -1,0 +1,50 @@
+"""Shared by the speculative-decoding tests (test_spec_*.py): random-weight tiny models and
+an oracle proposer that drafts a known continuation with deliberate mistakes."""
+
+from __future__ import annotations
+
+import torch
+
+from lmprog.runtime.models import ModelConfig, build_model
+from lmprog.runtime.speculative import Proposal, Proposer
+
+
+def random_llama(config: ModelConfig, std: float, seed: int = 0, device: str = "cpu",
+                 attention: str = "torch") -> torch.nn.Module:
+    """`config` with N(0, std) weights and unit norm weights, fp32. std 0.3: the output
+    depends on the whole context; std 0.1: it repeats a token for a while, then moves on."""
+    net = build_model(config, device=device, dtype="float32", attention=attention)
+    g = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, std, generator=g)
+    return net
+
+
+class Oracle(Proposer):
+    """Drafts the known continuation of a sequence (learnt from spec-off runs), its last
+    token wrong in every third call; nothing for a sequence it does not know."""
+
+    def __init__(self, vocab_size: int, known: list[list[int]] | None = None) -> None:
+        self.vocab_size = vocab_size
+        self.known: list[list[int]] = list(known or [])
+        self.calls = 0
+        self.released: set = set()
+
+    def learn(self, prompts, results) -> None:
+        self.known += [list(p) + list(r.token_ids) for p, r in zip(prompts, results)]
+
+    def propose(self, inputs):
+        out = []
+        for inp in inputs:
+            self.calls += 1
+            seq = list(inp.token_ids)
+            full = next((k for k in self.known if k[: len(seq)] == seq and len(k) > len(seq)), None)
+            chain = full[len(seq): len(seq) + inp.max_tokens] if full else []
+            if chain and self.calls % 3 == 0:
+                chain[-1] = (chain[-1] + 1) % self.vocab_size
+            out.append(Proposal(tuple(chain)))
+        return out
+
+    def release(self, rid):
+        self.released.add(rid)
