@@ -51,6 +51,17 @@ SPLIT_CONTEXT = 4096  # the KV length each bucket's split count is tuned for
 _PAD = (0, 0, 0, 0, 1)  # input_id, position, out_cache_loc (dummy slot), table row, seq_len
 
 
+def capture_decode_graphs(model: nn.Module, kv: KVPool, req_to_token: torch.Tensor, *,
+                          max_batch_size: int) -> CudaGraphRunner | None:
+    """Decode graphs for batches up to max_batch_size, or None where graphs are not used
+    (not on CUDA, or attention not on the Triton backend). Captured under inference mode,
+    as the engine replays them."""
+    if req_to_token.device.type != "cuda" or not supports_cuda_graphs(model):
+        return None
+    with torch.inference_mode():
+        return CudaGraphRunner(model, kv, req_to_token, max_batch_size=max_batch_size)
+
+
 def supports_cuda_graphs(model: nn.Module) -> bool:
     """True when `model` plans its attention with the Triton backend (the only one whose
     plan can live on static buffers; the torch backend reads lengths on the host)."""

@@ -21,14 +21,14 @@ All per-step integer arrays travel in one host buffer (one host-to-device copy):
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 from torch import nn
 
+from .cuda_graph import capture_decode_graphs
 from .forward_batch import ForwardBatch
 from .kv_pool import KVPool
+from .piecewise_graph import capture_piecewise_graphs
 from .scheduler.batch import ScheduledBatch
 
 
@@ -52,34 +52,13 @@ class ModelRunner:
         else:
             self.req_to_token = torch.zeros(req_to_token.shape, dtype=torch.int32,
                                             device=self.device)
-        self.graphs = self._capture_graphs(req_to_token.shape[0]) if cuda_graphs else None
-        self.piecewise = (self._capture_piecewise(piecewise_tokens)
-                          if cuda_graphs and piecewise_tokens > 0 else None)
-
-    def _capture_graphs(self, max_batch_size: int) -> Any:
-        """Decode CUDA graphs for batches up to max_batch_size, or None where unsupported."""
-        if self.device.type != "cuda":
-            return None
-        from .cuda_graph import CudaGraphRunner, supports_cuda_graphs
-
-        if not supports_cuda_graphs(self.model):
-            return None
-        with torch.inference_mode():  # the engine thread replays under inference mode too
-            return CudaGraphRunner(self.model, self.kv, self.req_to_token,
-                                   max_batch_size=max_batch_size)
-
-    def _capture_piecewise(self, max_tokens: int) -> Any:
-        """Piecewise graphs for steps of up to max_tokens tokens, or None where unsupported."""
-        if self.device.type != "cuda":
-            return None
-        from .cuda_graph import supports_cuda_graphs
-        from .piecewise_graph import PiecewiseGraphRunner
-
-        if not supports_cuda_graphs(self.model):
-            return None
-        with torch.inference_mode():
-            return PiecewiseGraphRunner(self.model, self.kv, self.req_to_token,
-                                        max_tokens=max_tokens)
+        self.graphs = self.piecewise = None
+        if cuda_graphs:
+            self.graphs = capture_decode_graphs(model, self.kv, self.req_to_token,
+                                                max_batch_size=req_to_token.shape[0])
+        if cuda_graphs and piecewise_tokens > 0:
+            self.piecewise = capture_piecewise_graphs(model, self.kv, self.req_to_token,
+                                                      max_tokens=piecewise_tokens)
 
     @property
     def vocab_size(self) -> int:

@@ -46,6 +46,16 @@ DEFAULT_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 
                          6144, 8192, 12288, 16384)  # capped at the runner's max_tokens
 
 
+def capture_piecewise_graphs(model: nn.Module, kv: KVPool, req_to_token: torch.Tensor, *,
+                             max_tokens: int) -> PiecewiseGraphRunner | None:
+    """Piecewise graphs for steps of up to max_tokens tokens, or None where graphs are not
+    used (not on CUDA, or attention not on the Triton backend)."""
+    if req_to_token.device.type != "cuda" or not supports_cuda_graphs(model):
+        return None
+    with torch.inference_mode():
+        return PiecewiseGraphRunner(model, kv, req_to_token, max_tokens=max_tokens)
+
+
 @dataclass
 class _Bucket:
     """One captured token count: its segments' graphs (None without CUDA) and the tensors

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from lmprog.core.protocol import GenerateRequest, GenerateResult
 
@@ -24,8 +24,8 @@ from .formats import output_constraint
 from .logprobs import chat_logprobs, visible_logprobs
 from .params import choice_params, choices_of, sampling_params
 from .prompts import render_chat
-from .runs import ReplyBase, finish_reason, usage, watched
-from .streaming import DONE, EventStream, sse
+from .runs import ReplyBase, finish_reason, respond, usage
+from .streaming import DONE, sse
 from .tools import ToolPlan, plan_tools
 
 
@@ -40,15 +40,7 @@ async def create_chat_completion(ctx: ServeContext, body: ChatCompletionRequest,
     requests = [GenerateRequest(prompt, p, plan.constraint) for p in choice_params(params, n)]
     group = Generations(ctx.backend, requests, ctx.executor, stream=bool(body.stream))
     reply = _Reply(ctx, body, plan)
-    try:
-        if body.stream:
-            await watched(request, group, group.wait_started())
-            return EventStream(reply.stream(group), group.cancel)
-        results = await watched(request, group, group.results())
-    except Exception as exc:
-        group.cancel()
-        raise from_exception(exc, param="messages") from None
-    return JSONResponse(reply.response_body(results))
+    return await respond(request, group, reply, stream=bool(body.stream), param="messages")
 
 
 def _max_tokens(body: ChatCompletionRequest) -> int | None:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from lmprog.core.protocol import GenerateRequest, GenerateResult
 
@@ -19,9 +19,9 @@ from .errors import APIError, from_exception
 from .formats import output_constraint
 from .logprobs import completion_logprobs, generated_logprobs, visible_logprobs
 from .params import choice_params, choices_of, sampling_params
-from .runs import ReplyBase, finish_reason, usage, watched
+from .runs import ReplyBase, finish_reason, respond, usage
 from .schemas import CompletionRequest
-from .streaming import DONE, EventStream, sse
+from .streaming import DONE, sse
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 
@@ -45,15 +45,7 @@ async def create_completion(ctx: ServeContext, body: CompletionRequest, request:
     group = Generations(ctx.backend, [GenerateRequest(p, cp, constraint) for p in prompts
                                       for cp in per_choice], ctx.executor, stream=bool(body.stream))
     reply = _Reply(ctx, body, n, [e[1] for e in echoes] if echoes else None)
-    try:
-        if body.stream:
-            await watched(request, group, group.wait_started())
-            return EventStream(reply.stream(group), group.cancel)
-        results = await watched(request, group, group.results())
-    except Exception as exc:
-        group.cancel()
-        raise from_exception(exc, param="prompt") from None
-    return JSONResponse(reply.response_body(results))
+    return await respond(request, group, reply, stream=bool(body.stream), param="prompt")
 
 
 def _prompts(prompt: Any) -> list[str | tuple[int, ...]]:

@@ -10,12 +10,14 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from fastapi import Request
+from fastapi.responses import JSONResponse, Response
 
 from lmprog.core.protocol import GenerateResult
 
 from .bridge import Generations
 from .context import ServeContext
-from .errors import ClientGone
+from .errors import ClientGone, from_exception
+from .streaming import EventStream
 
 T = TypeVar("T")
 POLL_S = 0.25
@@ -35,6 +37,22 @@ async def watched(request: Request, group: Generations, awaitable: Awaitable[T])
         if not task.done():
             task.cancel()
             group.cancel()
+
+
+async def respond(request: Request, group: Generations, reply: Any, *, stream: bool,
+                  param: str) -> Response:
+    """The HTTP response for a request's running choices: an SSE stream of `reply.stream(group)`
+    (once every choice started without an error) or the JSON `reply.response_body(results)`.
+    Any failure cancels the choices and becomes an OpenAI error blamed on `param`."""
+    try:
+        if stream:
+            await watched(request, group, group.wait_started())
+            return EventStream(reply.stream(group), group.cancel)
+        results = await watched(request, group, group.results())
+    except Exception as exc:
+        group.cancel()
+        raise from_exception(exc, param=param) from None
+    return JSONResponse(reply.response_body(results))
 
 
 class ReplyBase:

@@ -35,6 +35,7 @@ from torch import nn
 from lmprog.core.sampler import make_generator
 from lmprog.core.sampling import SamplingParams
 
+from ..cuda_graph import capture_decode_graphs
 from ..forward_batch import ForwardBatch
 from ..kv_pool import KVPool
 from .draft_cache import DraftKVCache
@@ -85,7 +86,9 @@ class DraftModelProposer(Proposer):
                                         device=self.device)
         self._ones = torch.ones(max_requests, dtype=torch.int64, device=self.device)
         self._arange = torch.arange(max_requests, dtype=torch.int64, device=self.device)
-        self.graphs = self._capture_graphs(max_requests) if cuda_graphs else None
+        self.graphs = (capture_decode_graphs(model, self.kv, self.req_to_token,
+                                             max_batch_size=max_requests)
+                       if cuda_graphs else None)
         # An extend of at most this many tokens per request runs as that many one-token
         # steps: replayed graphs cost less than one eager forward (after a fully accepted
         # chain the extend is 2 tokens: the last draft and the bonus token).
@@ -126,17 +129,6 @@ class DraftModelProposer(Proposer):
         vocab = preset(name).vocab_size if vocab_size is None else vocab_size
         return cls.load(name, vocab_size=vocab, device=device, dtype=dtype, load_format="dummy",
                         seed=seed, **kwargs)
-
-    def _capture_graphs(self, max_batch_size: int) -> Any:
-        if self.device.type != "cuda":
-            return None
-        from ..cuda_graph import CudaGraphRunner, supports_cuda_graphs
-
-        if not supports_cuda_graphs(self.model):
-            return None
-        with torch.inference_mode():
-            return CudaGraphRunner(self.model, self.kv, self.req_to_token,
-                                   max_batch_size=max_batch_size)
 
     # ---- Proposer ------------------------------------------------------------------------
     def propose(self, inputs: Sequence[ProposalInput]) -> list[Proposal]:
