@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from lmprog.core.sampler import argmax_rows
+
 from .batch_sampler import BatchSampler, Draw
 from .decode_state import DecodeState
 from .request import Req
@@ -156,7 +158,7 @@ class StepOutputs:
         """Greedy chains whose choice at every position is the plain argmax (see
         _argmax_suffices): all their rows in one argmax and one device read."""
         rows = [c.row + j for c in chains for j in range(len(c.drafts) + 1)]
-        ids = logits[rows].argmax(dim=-1).tolist()
+        ids = argmax_rows(logits[rows]).tolist()
         at = 0
         for c in chains:
             for j in range(len(c.drafts) + 1):
