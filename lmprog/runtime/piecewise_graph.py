@@ -31,6 +31,7 @@ segmented forward runs eagerly, so the padding and segment logic are checked eve
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,8 @@ from .cuda_graph import supports_cuda_graphs
 from .forward_batch import ForwardBatch
 from .kv_pool import KVPool
 
+log = logging.getLogger(__name__)
+
 DEFAULT_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
                          6144, 8192, 12288, 16384)  # capped at the runner's max_tokens
 
@@ -49,11 +52,19 @@ DEFAULT_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 
 def capture_piecewise_graphs(model: nn.Module, kv: KVPool, req_to_token: torch.Tensor, *,
                              max_tokens: int) -> PiecewiseGraphRunner | None:
     """Piecewise graphs for steps of up to max_tokens tokens, or None where graphs are not
-    used (not on CUDA, or attention not on the Triton backend)."""
+    used (not on CUDA, or attention not on the Triton backend) or their activations do not
+    fit next to the KV pool (logged; those steps then run eagerly)."""
     if req_to_token.device.type != "cuda" or not supports_cuda_graphs(model):
         return None
-    with torch.inference_mode():
-        return PiecewiseGraphRunner(model, kv, req_to_token, max_tokens=max_tokens)
+    try:
+        with torch.inference_mode():
+            return PiecewiseGraphRunner(model, kv, req_to_token, max_tokens=max_tokens)
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        log.warning("piecewise CUDA graphs for %d-token steps do not fit in GPU memory; "
+                    "non-decode steps run eagerly (lower max_num_batched_tokens or the KV "
+                    "memory fraction to get them)", max_tokens)
+        return None
 
 
 @dataclass
