@@ -113,6 +113,7 @@ class Speculator:
         drafts: list[int] = []
         guide = req.engine_data.guide
         cursor = guide.copy() if guide is not None else None
+        wants_masks = proposal.probs is not None  # only a draft distribution is restricted
         masks: list[Any] = []
         for t in proposal.token_ids[:k]:
             t = int(t)
@@ -122,7 +123,8 @@ class Speculator:
                 if not cursor.is_allowed(t):
                     self.guide_cuts += 1
                     break
-                masks.append(cursor.allowed_token_ids())
+                if wants_masks:
+                    masks.append(cursor.allowed_token_ids())
                 cursor.advance(t)
             drafts.append(t)
         if proposal.probs is None or not drafts:
