@@ -124,8 +124,7 @@ class StepOutputs:
                 result: StepResult) -> None:
         """A step without drafts: one token per sampling entry from one sampler call, as
         _verify would draw and take them (every chain of length one), minus its bookkeeping."""
-        rows = [r for _, r in sampling]
-        sub = logits if rows == list(range(logits.shape[0])) else logits[rows]
+        sub = _rows(logits, [r for _, r in sampling])
         for (i, _), draw in zip(sampling, self.sampler.sample(sub, states)):
             if _hand(entries[i].req, i, 0, draw, result)[0]:
                 result.tokens[i] = (draw.token,)
@@ -173,8 +172,7 @@ class StepOutputs:
         out: list[Draw] = [Draw()] * len(active)
         plain = [b for b, x in enumerate(judged) if not x]
         if plain:
-            rows = [active[b].row + j for b in plain]
-            sub = logits if rows == list(range(logits.shape[0])) else logits[rows]
+            sub = _rows(logits, [active[b].row + j for b in plain])
             for b, draw in zip(plain, self.sampler.sample(sub, [states[b] for b in plain])):
                 out[b] = draw
         rule = [b for b, x in enumerate(judged) if x]
@@ -223,6 +221,11 @@ def _hand(req: Req, index: int, j: int, draw: Draw, result: StepResult) -> tuple
     if state.done:
         result.reasons[index] = state.finish_reason
     return state.error is None, jump
+
+
+def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """logits[rows], without a copy when rows are all of them in order (the usual step)."""
+    return logits if rows == list(range(logits.shape[0])) else logits[rows]
 
 
 def _argmax_suffices(req: Req) -> bool:
