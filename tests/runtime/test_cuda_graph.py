@@ -22,27 +22,12 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 # several batch sizes over random subsets, with shrinking batches inside one bucket (stale
 # padding rows) and a batch larger than the biggest bucket (eager fallback).
 SCRIPT = textwrap.dedent("""
-    import torch
     from lmprog.runtime.cuda_graph import CudaGraphRunner
-    from lmprog.runtime.forward_batch import ForwardBatch
-    from lmprog.runtime.kv_pool import KVPool
-    from lmprog.runtime.models import ModelConfig, load_model
 
     def run(device, capture, dtype):
-        torch.set_num_threads(1)
-        cfg = ModelConfig("llama", vocab_size=50, hidden_size=32, intermediate_size=32,
-                          num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, max_position=128)
-        model = load_model(cfg, load_format="dummy", seed=3, device=device, dtype=dtype,
-                           attention="triton")
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(10)  # sharp attention, so a wrong key or mask shows
-        g = torch.Generator().manual_seed(0)
-        rows, width, num_slots = 8, 64, 600
+        model, g, table, kvs = setup(device, dtype, num_layers=2, rows=8, num_slots=600)
+        rows = table.shape[0]
         lens = torch.randint(3, 41, (rows,), generator=g).tolist()
-        slots = (torch.randperm(num_slots, generator=g)[:rows * width] + 1).int()
-        table = slots.view(rows, width).to(device)
-        kvs = [KVPool.for_model(cfg, num_slots, model.dtype, device) for _ in range(2)]
 
         def batch(sel, ext):
             loc = torch.cat([table[r, lens[r] - n:lens[r]].cpu() for r, n in zip(sel, ext)])

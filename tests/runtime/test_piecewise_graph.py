@@ -19,26 +19,11 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 # (chunks + decodes + a 3-token verify row) of shrinking and growing token counts inside and
 # across buckets, and one step larger than the biggest bucket (eager fallback).
 SCRIPT = textwrap.dedent("""
-    import torch
-    from lmprog.runtime.forward_batch import ForwardBatch
-    from lmprog.runtime.kv_pool import KVPool
-    from lmprog.runtime.models import ModelConfig, load_model
     from lmprog.runtime.piecewise_graph import PiecewiseGraphRunner
 
     def run(device, capture, dtype):
-        torch.set_num_threads(1)
-        cfg = ModelConfig("llama", vocab_size=50, hidden_size=32, intermediate_size=32,
-                          num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16, max_position=128)
-        model = load_model(cfg, load_format="dummy", seed=3, device=device, dtype=dtype,
-                           attention="triton")
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(10)  # sharp attention, so a wrong key or a wrong row shows
-        g = torch.Generator().manual_seed(0)
-        rows, width, num_slots = 6, 64, 500
-        slots = (torch.randperm(num_slots, generator=g)[:rows * width] + 1).int()
-        table = slots.view(rows, width).to(device)
-        kvs = [KVPool.for_model(cfg, num_slots, model.dtype, device) for _ in range(2)]
+        model, g, table, kvs = setup(device, dtype, num_layers=3, rows=6, num_slots=500)
+        rows = table.shape[0]
         done = [0] * rows  # tokens whose K/V are in the pool
 
         def batch(sel, ext, logits_rows):
