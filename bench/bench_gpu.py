@@ -408,6 +408,7 @@ def offline(rt, args, prompts, out_lens, graphs) -> dict:
     res = {"wall": wall, "total_tok_s": (total_in + total_out) / wall,
            "out_tok_s": total_out / wall, "in": total_in, "out": total_out,
            "steps": after["steps"] - before["steps"],
+           "overlapped": after["overlapped_steps"] - before["overlapped_steps"],
            "busy": after["busy_seconds"] - before["busy_seconds"],
            "cached": after["cached_tokens"] - before["cached_tokens"]}
     res["graph_steps"] = (graphs.replays - g0) if graphs else 0
@@ -417,7 +418,8 @@ def offline(rt, args, prompts, out_lens, graphs) -> dict:
         f"{wall:.1f} s: {res['total_tok_s']:,.0f} total tok/s, {res['out_tok_s']:,.0f} output "
         f"tok/s; {res['steps']} steps ({res['graph_steps']} decode graph, "
         f"{res['piecewise_steps']} piecewise graph, "
-        f"{res.get('eager_steps', 0)} eager), engine busy {res['busy']:.1f} s, "
+        f"{res.get('eager_steps', 0)} eager; {res['overlapped']} overlapped), engine busy "
+        f"{res['busy']:.1f} s, "
         f"cached prompt tokens {res['cached']}")
     return res
 
@@ -544,12 +546,17 @@ def lmprog_benches(args, prompts, out_lens, hf: dict) -> None:
                         engine_decode, rt, args, args.decode_prompt, args.eager_steps * 2)
     graphs = section("install CUDA graphs in the engine", install_graphs, rt, args.max_running,
                      True, 0 if args.no_piecewise else args.chunk)
+    rt.engine.set_overlap(False)
+    eng_sync = section("engine batch-1 decode, CUDA graphs, no overlap scheduling",
+                       engine_decode, rt, args, args.decode_prompt, args.decode_steps)
+    rt.engine.set_overlap(True)
     eng_graph = section("engine batch-1 decode, CUDA graphs",
                         engine_decode, rt, args, args.decode_prompt, args.decode_steps)
     if eng_eager:
         log(f"   engine eager: {eng_eager:.1f} tok/s")
     if eng_graph:
-        log(f"   engine graphs: {eng_graph:.1f} tok/s")
+        log(f"   engine graphs: {eng_graph:.1f} tok/s (without overlap scheduling: "
+            f"{eng_sync or 0:.1f})")
     hf_dec = hf.get("decode_tok_s")
     if dec:
         ROWS.append(("batch-1 decode, model loop, graph+fused", f"{dec['fused']:.1f} tok/s",
@@ -560,11 +567,20 @@ def lmprog_benches(args, prompts, out_lens, hf: dict) -> None:
         ROWS.append(("batch-1 decode, model loop, eager", f"{dec['eager']:.1f} tok/s", "",
                      f"{dec['eager'] / dec['limit']:.0%}"))
     limit = dec["limit"] if dec else None
-    for name, v in (("engine, graphs", eng_graph), ("engine, eager", eng_eager)):
+    for name, v in (("engine, graphs", eng_graph), ("engine, graphs, no overlap", eng_sync),
+                    ("engine, eager", eng_eager)):
         if v:
             frac = f"{v / limit:.0%}" if limit else ""
             ratio = f"{v / hf_dec:.1f}x HF" if hf_dec else ""
             ROWS.append((f"batch-1 decode, {name}", f"{v:.1f} tok/s", ratio, frac))
+    if args.requests and args.compare_overlap:
+        rt.engine.set_overlap(False)
+        sync_res = section("offline throughput, no overlap scheduling", offline, rt, args,
+                           prompts, out_lens, graphs)
+        rt.engine.set_overlap(True)
+        if sync_res:
+            ROWS.append((f"offline {len(prompts)} req, no overlap",
+                         f"{sync_res['total_tok_s']:,.0f}", "", ""))
     if args.requests:
         res = section("offline throughput", offline, rt, args, prompts, out_lens, graphs)
         if res is None or args.driver:
@@ -613,6 +629,8 @@ def parse_args():
                    help="kernel-time breakdown of the batch-1 graph step (torch profiler)")
     p.add_argument("--driver", action="store_true",
                    help="also measure the offline workload through a minimal scheduler+model loop")
+    p.add_argument("--compare-overlap", action="store_true",
+                   help="also run the offline workload without overlap scheduling")
     p.add_argument("--no-piecewise", action="store_true",
                    help="run non-decode steps eagerly (no piecewise CUDA graphs)")
     p.add_argument("--decode-prompt", type=int, default=128)

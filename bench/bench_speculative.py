@@ -7,7 +7,9 @@ measured in the same run on the same engine (`Engine.set_speculation` switches i
     python bench/bench_speculative.py --device cuda --preset llama-3.1-8b --dummy \\
         --method draft --draft-model llama-3.2-1b --draft-dummy
     python bench/bench_speculative.py --device cuda --preset llama-3.1-8b --dummy \\
-        --method draft --draft-model self        # the target drafts for itself (upper bound)
+        --method draft --draft-model self --draft-cost 0   # the target drafts for itself
+        # (upper bound; --draft-cost 0, else the measured proposing cost, a whole step per
+        # draft, rightly stops it)
 
 Workload. With a tokenizer (the default model): copy-heavy chat requests whose answers copy
 the input — repeat / rewrite / fix / extract over a few paragraphs (summarization and

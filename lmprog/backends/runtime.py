@@ -53,6 +53,8 @@ class Runtime(Backend):
         hybrid_batching: mix decodes and prefill chunks in one step (default); False runs
             prefill-first (decodes wait while prompts are pending), for comparison.
         jump_forward: append constraint-forced text in one step (default on).
+        overlap: overlap scheduling, the next step prepared and launched while the device
+            runs the current one (None: on a GPU; see lmprog.runtime.engine).
         quantization: None, or "int4": 4-bit weight-only matmuls on the CPU for layers whose
             weights are exact 4-bit groups (a Q4_1 GGUF), ~2x faster decode; computes in
             bf16 (see lmprog.runtime.int4).
@@ -73,7 +75,7 @@ class Runtime(Backend):
                  chat_template: str | None = None, tokenizer: Any = None,
                  context_length: int | None = None, max_running_requests: int = 64,
                  max_num_batched_tokens: int = 2048, schedule_policy: str = "lpm",
-                 hybrid_batching: bool = True,
+                 hybrid_batching: bool = True, overlap: bool | None = None,
                  page_size: int = 1, jump_forward: bool = True, quantization: str | None = None,
                  attention: str = "auto", cuda_graphs: bool = True,
                  num_threads: int | None = None, seed: int = 0,
@@ -86,6 +88,8 @@ class Runtime(Backend):
         spec_config = SpeculativeConfig.coerce(speculative)  # before any weight is loaded
         if not isinstance(jump_forward, bool):
             raise TypeError(f"jump_forward must be a bool, got {jump_forward!r}")
+        if overlap is not None and not isinstance(overlap, bool):
+            raise TypeError(f"overlap must be a bool or None, got {overlap!r}")
         if quantization not in (None, "int4"):
             raise ValueError(f"quantization must be None or 'int4', got {quantization!r}")
         cache_config = CacheConfig(page_size=page_size, radix_cache=radix_cache, eviction=eviction)
@@ -102,7 +106,8 @@ class Runtime(Backend):
             net, self._tokenizer, eos_token_ids=self._eos_ids, max_total_tokens=max_total_tokens,
             context_length=context_length, cache_config=cache_config,
             scheduler_config=scheduler_config,
-            engine_config=EngineConfig(jump_forward=jump_forward, check_integrity=check_integrity),
+            engine_config=EngineConfig(jump_forward=jump_forward, check_integrity=check_integrity,
+                                       overlap=overlap),
             cuda_graphs=cuda_graphs, speculative=spec_config)
         self._radix = radix_cache
         weakref.finalize(self, self._engine.shutdown)

@@ -9,6 +9,12 @@ batch per step; the llama.cpp backend one request (B=1) per step, with its own s
 Speculative verification with explicit draft distributions goes through `judge` (the
 rejection rule on the same processed distribution `sample` draws from).
 
+Overlap scheduling draws a step's tokens with `sample_async`: the draw is queued on the
+device and its host copy started; `PendingDraws.draws()` waits for it one step later, while
+the device runs the next step (whose inputs take the tokens from `PendingDraws.token_ids`
+on the device). Only for rows whose sampling needs nothing the host learns from the
+previous token (DecodeState.history_free).
+
 Fault isolation: when the batched call raises (e.g. a constraint leaves a row nothing to
 sample), every row is retried alone, so only the faulty rows fail.
 """
@@ -16,7 +22,7 @@ sample), every row is retried alone, so only the faulty rows fail.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -50,6 +56,16 @@ class BatchSampler:
         except Exception:  # noqa: BLE001 - isolate the faulty rows below
             return [self._sample_alone(logits[b:b + 1], st) for b, st in enumerate(states)]
         return _draws(out, len(states))
+
+    def sample_async(self, logits: torch.Tensor, states: Sequence[DecodeState]) -> PendingDraws:
+        """As `sample`, without waiting for the device: the tokens stay on it (for the next
+        step's inputs) and reach the host by a copy that `PendingDraws.draws()` waits for."""
+        assert logits.shape[0] == len(states) > 0
+        try:
+            out = self._sample(logits, states, self._tensors_for(states, logits.device))
+        except Exception:  # noqa: BLE001 - isolate the faulty rows, synchronously
+            return PendingDraws.ready(self.sample(logits, states), logits.device)
+        return PendingDraws.start(out, len(states))
 
     def judge(self, logits: torch.Tensor, states: Sequence[DecodeState], drafts: Sequence[int],
               draft_probs: torch.Tensor) -> list[tuple[Draw, bool]]:
@@ -152,6 +168,42 @@ def _with_logprobs(ids: torch.Tensor, raw: torch.Tensor | None, k: int) -> Sampl
         return SampleOutput(token_ids=ids, logprobs=chosen)
     top = raw.topk(min(k, raw.shape[-1]), dim=-1)
     return SampleOutput(ids, chosen, top.indices, top.values)
+
+
+class PendingDraws:
+    """Draws on their way to the host. `token_ids`: the tokens on the device [B] (int64);
+    `draws()`: the Draws, waiting for the copy (the first call; later ones return them)."""
+
+    def __init__(self, token_ids: torch.Tensor, n: int, host: SampleOutput | None = None,
+                 done: Any = None, draws: list[Draw] | None = None) -> None:
+        self.token_ids = token_ids
+        self._n, self._host, self._done, self._draws = n, host, done, draws
+
+    @classmethod
+    def start(cls, out: SampleOutput, n: int) -> PendingDraws:
+        """Start copying `out` to the host (pinned memory, asynchronous on a GPU)."""
+        if out.token_ids.device.type == "cpu":
+            return cls(out.token_ids, n, out)
+        host = SampleOutput(*(None if t is None else t.to("cpu", non_blocking=True)
+                              for t in (out.token_ids, out.logprobs, out.top_token_ids,
+                                        out.top_logprobs)))
+        done = torch.cuda.Event()
+        done.record()
+        return cls(out.token_ids, n, host, done)
+
+    @classmethod
+    def ready(cls, draws: list[Draw], device: torch.device) -> PendingDraws:
+        """Draws already on the host (a failed row's token is -1, never fed: it finishes)."""
+        ids = torch.tensor([max(d.token, 0) for d in draws], dtype=torch.int64, device=device)
+        return cls(ids, len(draws), draws=draws)
+
+    def draws(self) -> list[Draw]:
+        if self._draws is None:
+            if self._done is not None:
+                self._done.synchronize()
+            self._draws = _draws(self._host, self._n)
+            self._host = self._done = None
+        return self._draws
 
 
 def _draws(out: SampleOutput, n: int) -> list[Draw]:

@@ -103,6 +103,15 @@ class DecodeState:
     def text(self) -> str:
         return self._text.text
 
+    @property
+    def history_free(self) -> bool:
+        """Its next token can be drawn before the host knows the previous one (overlap
+        scheduling): nothing its sampling reads changes with that token — no constraint
+        guide, no penalty counts, min_tokens already met — and no prompt logprobs to record."""
+        return (self.guide is None and self.counts is None and not self.done
+                and self.prompt_logprob_start is None
+                and len(self.output_ids) >= self.params.min_tokens)
+
     # -- one sampled token -----------------------------------------------------------------
     def accept(self, token: int, room: int | None = None, logprob: float | None = None,
                top: Sequence[tuple[int, float]] = ()) -> Any:

@@ -16,6 +16,21 @@ runner and the per-request DecodeStates:
         finished = scheduler.process_results(batch, tokens, finish reasons)
         mirror jump-forwards (scheduler.replace_tokens); hand results to the handles
 
+Overlap scheduling (EngineConfig.overlap; on a GPU by default): the host prepares and
+launches step N+1 before it reads step N's tokens, so the device never waits for Python:
+
+    batch N+1 = scheduler.schedule()           # feeds step N's tokens as placeholders
+    runner.forward(batch N+1, N's tokens on the device); draws queued on the device
+    settle step N: wait for its tokens (the device is busy with N+1), state.accept,
+        scheduler.resolve_tokens, finish requests    <- the host work the GPU overlaps
+    scheduler.process_results(batch N+1, placeholders, unresolved=True)
+
+A step is deferred so only when every request sampling in it is history-free (no
+constraint, penalties, prompt logprobs or drafts: DecodeState.history_free); any other
+step is processed at once, after the one in flight settles. With speculation on, every
+step settles before drafts are proposed. Cost: a request that stops in step N was fed once
+more in step N+1 (that work is dropped).
+
 Fault isolation: an exception while processing one request (its sampler row, its guide,
 its prompt logprobs) fails that request only ("error"; its caller's result() raises it);
 a failed forward pass fails the requests of that batch. The scheduler's bookkeeping is
@@ -31,7 +46,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -46,7 +61,7 @@ from .model_runner import ModelRunner
 from .request import Req, ReqStatus
 from .scheduler import ScheduledBatch, Scheduler
 from .speculative.speculator import Speculator
-from .step_outputs import StepOutputs
+from .step_outputs import DeferredStep, StepOutputs
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +71,12 @@ _SUBMIT, _ABORT, _CALL, _STOP = range(4)
 @dataclass(frozen=True)
 class EngineConfig:
     """jump_forward: append constraint-forced text in one prefill (off: one token per step).
-    check_integrity: verify the scheduler's bookkeeping after every step (slow; tests)."""
+    check_integrity: verify the scheduler's bookkeeping after every step (slow; tests).
+    overlap: overlap scheduling (module docstring); None: on when the model is on a GPU."""
 
     jump_forward: bool = True
     check_integrity: bool = False
+    overlap: bool | None = None
 
 
 class Engine:
@@ -76,6 +93,9 @@ class Engine:
         self.eos_token_ids = tuple(eos_token_ids)
         self._tokenizer = tokenizer
         self._outputs = StepOutputs(BatchSampler(self.eos_token_ids))
+        overlap = self.config.overlap
+        self._overlap = runner.device.type == "cuda" if overlap is None else overlap
+        self._inflight: DeferredStep | None = None  # launched, its tokens not read yet
         self._token_texts: dict[int, str] = {}
         self._handles: dict[Hashable, RequestHandle] = {}
         # Outcomes are handed over after the step's stats are published, so a caller that
@@ -140,6 +160,17 @@ class Engine:
 
         self.call(switch)
 
+    def set_overlap(self, enabled: bool) -> None:
+        """Switch overlap scheduling on or off from the next step (EngineConfig.overlap), e.g.
+        to compare both in one run."""
+        if not isinstance(enabled, bool):
+            raise TypeError(f"enabled must be a bool, got {enabled!r}")
+
+        def switch() -> None:
+            self._overlap = enabled
+
+        self.call(switch)
+
     def stats(self) -> dict[str, Any]:
         """The latest snapshot (updated after every step and command)."""
         return dict(self._snapshot)
@@ -177,13 +208,17 @@ class Engine:
             self._fail_everything(error)
 
     def _loop(self) -> None:
-        while self._apply_commands(block=not self.scheduler.has_work):
-            if self.scheduler.has_work:
+        while self._apply_commands(block=not self._busy):
+            if self._busy:
                 self._step()
                 if self.config.check_integrity:
                     self.scheduler.check_integrity()
             self._publish()
             self._deliver()
+
+    @property
+    def _busy(self) -> bool:
+        return self.scheduler.has_work or self._inflight is not None
 
     def _apply_commands(self, block: bool) -> bool:
         """Apply queued commands (waiting for one if `block`); False on STOP."""
@@ -226,8 +261,8 @@ class Engine:
         if req is not None:
             self._complete(req)
 
-    @staticmethod
-    def _run_call(fn: Callable[[], Any], future: Future[Any]) -> None:
+    def _run_call(self, fn: Callable[[], Any], future: Future[Any]) -> None:
+        self._settle()  # fn sees every launched step's outcome
         try:
             future.set_result(fn())
         except Exception as exc:  # noqa: BLE001 - raised in the caller's thread
@@ -236,20 +271,32 @@ class Engine:
     def _step(self) -> None:
         start = time.perf_counter()
         spec = self.speculator
-        if spec is not None:
+        if spec is not None and spec.enabled:
+            start += self._settle()  # drafts continue the real tokens
             spec.propose(self.scheduler.decoding())
         batch = self.scheduler.schedule()
         if spec is not None:
             for req in batch.retracted:
                 spec.release(req.rid, finished=False)
-        if batch.is_empty:  # nothing runnable now (cannot last: a lone request always fits)
-            time.sleep(0.001)
+        if batch.is_empty:  # nothing runnable now: the step in flight ends requests, or
+            if self._inflight is None:  # memory frees up (a lone request always fits)
+                time.sleep(0.001)
+            self._settle()
             return
+        inflight = self._inflight
         try:
-            logits = self.runner.forward(batch)
+            logits = self.runner.forward(batch, None if inflight is None else inflight.token_ids)
         except Exception as exc:  # noqa: BLE001 - fail this batch's requests, keep serving
             log.exception("a forward pass failed")
+            self._settle()
             self._fail_batch(batch, exc)
+            return
+        deferred = self._outputs.defer(batch, logits) if self._overlap else None
+        launched = time.perf_counter()
+        settled = self._settle()  # the previous step's tokens, while the device runs this one
+        if deferred is not None:
+            self.scheduler.process_results(batch, deferred.placeholders(), unresolved=True)
+            self._inflight = replace(deferred, seconds=launched - start)
             return
         out = self._outputs.process(batch, logits, spec.draft_probs if spec is not None else None)
         if spec is not None:
@@ -259,8 +306,25 @@ class Engine:
             self._mirror_jump(req, jump)
         for req in finished:
             self._complete(req)
-        self.metrics.on_step(time.perf_counter() - start, batch.num_tokens, batch.num_decodes,
+        self.metrics.on_step(time.perf_counter() - start - settled, batch.num_tokens,
+                             batch.num_decodes, out.num_sampled)
+
+    def _settle(self) -> float:
+        """Finish the step in flight, if any: its tokens to the requests (module docstring).
+        Returns the seconds it took (counted as that step's)."""
+        step, self._inflight = self._inflight, None
+        if step is None:
+            return 0.0
+        start = time.perf_counter()
+        out = self._outputs.settle(step)
+        for req in self.scheduler.resolve_tokens(step.batch, out.tokens, out.reasons):
+            self._complete(req)
+        batch = step.batch
+        took = time.perf_counter() - start
+        self.metrics.overlapped_steps += 1
+        self.metrics.on_step(step.seconds + took, batch.num_tokens, batch.num_decodes,
                              out.num_sampled)
+        return took
 
     def _mirror_jump(self, req: Req, jump: Any) -> None:
         if req.status is not ReqStatus.RUNNING:
@@ -319,6 +383,7 @@ class Engine:
 
     def _fail_everything(self, error: BaseException) -> None:
         """At shutdown (or after an engine bug): every pending request raises `error`."""
+        self._inflight = None
         self._deliver()
         for rid, handle in list(self._handles.items()):
             req = self.scheduler.get(rid)

@@ -25,6 +25,7 @@ class EngineMetrics:
         self.decode_tokens = 0  # tokens fed as single-token decodes
         self.generated_tokens = 0  # tokens sampled
         self.jump_forward_tokens = 0  # tokens appended by jump-forward
+        self.overlapped_steps = 0  # steps whose tokens were read while the next one ran
         self.busy_s = 0.0
         self.finished: dict[str, int] = {"stop": 0, "length": 0, "abort": 0, "error": 0}
         self._recent: deque[tuple[float, float, int]] = deque()  # (end, duration, generated)
@@ -69,6 +70,7 @@ class EngineMetrics:
             "decode_tokens": self.decode_tokens,
             "generated_tokens": self.generated_tokens,
             "jump_forward_tokens": self.jump_forward_tokens,
+            "overlapped_steps": self.overlapped_steps,
             "requests_finished": dict(self.finished),
             "busy_seconds": self.busy_s,
             "uptime_seconds": time.monotonic() - self.started,

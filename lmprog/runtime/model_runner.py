@@ -13,6 +13,11 @@ every other step (prefill chunks, mixed batches, verify rows) of up to `piecewis
 tokens replays piecewise graphs of everything but attention (lmprog.runtime.piecewise_graph);
 the rest runs eagerly.
 
+Overlap scheduling: a fed token may be a placeholder (-1 - b, see request.py) for row b
+of the previous step's sampled tokens, still on the device; `forward(batch, future=...)`
+takes them from there. Nothing here waits for the device: the step's inputs travel
+through pinned memory, asynchronously.
+
 All per-step integer arrays travel in one host buffer (one host-to-device copy):
 
     | input_ids (T) | positions (T) | out_cache_loc (T) | rows (B) | seq_lens (B) |
@@ -64,32 +69,37 @@ class ModelRunner:
     def vocab_size(self) -> int:
         return self.config.vocab_size
 
-    def forward(self, batch: ScheduledBatch) -> torch.Tensor:
+    def forward(self, batch: ScheduledBatch, future: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits [len(batch.logits_indices()), vocab] for the batch's wanted positions;
-        writes the fed tokens' K/V into the pool."""
+        writes the fed tokens' K/V into the pool. future: the previous step's sampled tokens
+        on the device, for the batch's placeholders."""
         assert not batch.is_empty, "nothing to run"
         with torch.inference_mode():
-            fb = self.build(batch)
+            fb = self.build(batch, future)
             for graphs in (self.graphs, self.piecewise):
                 logits = None if graphs is None else graphs.maybe_run(fb, self.kv)
                 if logits is not None:  # None: not a step those graphs serve
                     return logits
             return self.model(fb, self.kv)
 
-    def build(self, batch: ScheduledBatch) -> ForwardBatch:
+    def build(self, batch: ScheduledBatch, future: torch.Tensor | None = None) -> ForwardBatch:
         entries = batch.entries
         ext, lens, rows = batch.extend_lens(), batch.seq_lens(), batch.rows()
         starts = np.cumsum(ext) - ext
         logit_rows = batch.logits_indices()
-        host = np.concatenate([batch.input_ids(), batch.positions, batch.out_slots.astype(np.int64),
+        input_ids = batch.input_ids()
+        host = np.concatenate([input_ids, batch.positions, batch.out_slots.astype(np.int64),
                                rows, lens, ext, starts, logit_rows])
         t, b = batch.num_tokens, len(entries)
-        dev = torch.from_numpy(host).to(self.device, non_blocking=False)
-        parts = dev.split([t, t, t, b, b, b, b, len(logit_rows)])
+        parts = _to_device(host, self.device).split([t, t, t, b, b, b, b, len(logit_rows)])
+        ids = parts[0]
+        if input_ids.min() < 0:  # placeholders: the previous step's tokens, on the device
+            assert future is not None, "placeholder tokens without the step that samples them"
+            ids = torch.where(ids < 0, future[(-1 - ids).clamp_(min=0)], ids)
         if self.device.type != "cpu":
             self._sync_table(batch, parts[3], parts[5], parts[1], parts[2])
         return ForwardBatch(
-            input_ids=parts[0], positions=parts[1], out_cache_loc=parts[2], req_pool_indices=parts[3],
+            input_ids=ids, positions=parts[1], out_cache_loc=parts[2], req_pool_indices=parts[3],
             seq_lens=parts[4], extend_lens=parts[5], extend_start_loc=parts[6],
             req_to_token=self.req_to_token, logits_indices=parts[7],
             seq_lens_cpu=tuple(lens.tolist()), extend_lens_cpu=tuple(ext.tolist()))
@@ -99,7 +109,15 @@ class ModelRunner:
         """Bring the device table up to date for this batch's rows (see module docstring)."""
         for e in batch.entries:
             if e.sync_row:
-                src = torch.from_numpy(self._host_table[e.row, :e.end].copy())
-                self.req_to_token[e.row, :e.end] = src.to(self.device)
+                self.req_to_token[e.row, :e.end] = _to_device(self._host_table[e.row, :e.end],
+                                                              self.device)
         token_rows = torch.repeat_interleave(rows, ext, output_size=batch.num_tokens)
         self.req_to_token[token_rows, positions] = out_slots.to(torch.int32)
+
+
+def _to_device(host: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A copy of `host` on `device`, queued without waiting (pinned staging memory, which
+    the caching host allocator keeps until the copy is done)."""
+    if device.type == "cpu":
+        return torch.from_numpy(host)
+    return torch.from_numpy(host).pin_memory().to(device, non_blocking=True)

@@ -15,7 +15,13 @@ request-to-token table (P = page size; every boundary but the token ones is a mu
                                 logits give the next token
 
 A decode step feeds the one pending token; a prefill (chunk) feeds several; a verify step
-feeds the pending token plus `draft_ids`. Everything here is plain data: the scheduler
+feeds the pending token plus `draft_ids`.
+
+Overlap scheduling: a token sampled on the device but not yet known to the host is a
+placeholder, a negative id (-1 - its row in the step's device tensor of sampled tokens).
+Only a request's last token can be one, it is always pending (never inside the KV the
+prefix cache sees), and the engine resolves it before the step after next is scheduled
+(`Scheduler.resolve_tokens`). Everything here is plain data: the scheduler
 mutates it, the engine reads it and keeps its own per-request state in `engine_data`.
 """
 
@@ -112,6 +118,12 @@ class Req:
     @property
     def length_exhausted(self) -> bool:
         return len(self.token_ids) >= self.stop_len
+
+    @property
+    def awaits_last_token(self) -> bool:
+        """Its last token is an unresolved placeholder after which it may generate nothing:
+        there is nothing to feed until the engine resolves it (and then it finishes)."""
+        return self.token_ids[-1] < 0 and len(self.token_ids) >= self.stop_len
 
     @property
     def finished(self) -> bool:

@@ -27,6 +27,11 @@ with speculation on and off. Drafts with a distribution (a sampling draft model)
 rejection rule (`BatchSampler.judge`). A chain also stops where the request finishes (stop
 token or string, EOS, max_tokens, a finished constraint) or jumps forward. All requests'
 position-j draws share one batched sampler call.
+
+Overlap scheduling splits a step without drafts in two: `defer` queues the draws on the
+device right after the forward pass (when every sampling request is history-free), and
+`settle`, one step later, hands the tokens to the DecodeStates. Entries of requests that
+finished in between (a stop seen while this step was in flight) are skipped.
 """
 
 from __future__ import annotations
@@ -39,9 +44,9 @@ import torch
 
 from lmprog.core.sampler import argmax_rows
 
-from .batch_sampler import BatchSampler, Draw
+from .batch_sampler import BatchSampler, Draw, PendingDraws
 from .decode_state import DecodeState
-from .request import Req
+from .request import Req, ReqStatus
 from .scheduler import ScheduledBatch, ScheduledEntry
 
 DraftProbs = Callable[[Req], Any]  # a verify entry's request -> [k, V] draft probs or None
@@ -68,6 +73,30 @@ class StepResult:
     @property
     def num_accepted(self) -> int:
         return sum(self.accepted)
+
+
+@dataclass(frozen=True)
+class DeferredStep:
+    """A launched step whose tokens are still on the device. `sampling`: the indices of its
+    sampling entries, in logits-row order; `draws`: their draws; `seconds`: the host time
+    the step took to launch (for the metrics)."""
+
+    batch: ScheduledBatch
+    sampling: tuple[int, ...]
+    draws: PendingDraws | None
+    seconds: float = 0.0
+
+    @property
+    def token_ids(self) -> torch.Tensor | None:
+        """The sampled tokens on the device, row b for placeholder -1 - b."""
+        return None if self.draws is None else self.draws.token_ids
+
+    def placeholders(self) -> list[tuple[int, ...]]:
+        """Per entry, what process_results(unresolved=True) appends."""
+        tokens: list[tuple[int, ...]] = [()] * len(self.batch.entries)
+        for b, i in enumerate(self.sampling):
+            tokens[i] = (-1 - b,)
+        return tokens
 
 
 @dataclass(eq=False)
@@ -101,6 +130,9 @@ class StepOutputs:
             if e.logits_from is None:
                 continue
             rows = e.start + e.num_new - e.logits_from
+            if e.req.status is ReqStatus.FINISHED:  # while this step was in flight
+                row += rows
+                continue
             state: DecodeState = e.req.engine_data
             if state.prompt_logprob_start is not None:
                 guarded(state, record_prompt_logprobs, e, logits[row:row + rows])
@@ -119,6 +151,37 @@ class StepOutputs:
             self._decode(entries, logits, sampling, states, result)
         return result
 
+    def defer(self, batch: ScheduledBatch, logits: torch.Tensor) -> DeferredStep | None:
+        """Queue this step's draws without waiting for them, when every entry with logits
+        is a plain sampling entry of a history-free request (else None: `process` it)."""
+        sampling, states = [], []
+        for i, e in enumerate(batch.entries):
+            if e.logits_from is None:
+                continue
+            state: DecodeState = e.req.engine_data
+            if not e.sample or e.draft_ids or not state.history_free:
+                return None
+            sampling.append(i)
+            states.append(state)
+        assert logits.shape[0] == len(sampling), "one logits row per sampling entry"
+        draws = self.sampler.sample_async(logits, states) if sampling else None
+        return DeferredStep(batch, tuple(sampling), draws)
+
+    def settle(self, step: DeferredStep) -> StepResult:
+        """The deferred step's outcome (waits for its tokens): as `process` would give."""
+        entries = step.batch.entries
+        n = len(entries)
+        result = StepResult([()] * n, [None] * n, [], [0] * n, [False] * n)
+        if step.draws is None:
+            return result
+        for i, draw in zip(step.sampling, step.draws.draws()):
+            e = entries[i]
+            if e.req.status is ReqStatus.FINISHED:
+                continue
+            if _hand(e.req, i, 0, draw, result, e.end)[0]:
+                result.tokens[i] = (draw.token,)
+        return result
+
     def _decode(self, entries: Sequence[ScheduledEntry], logits: torch.Tensor,
                 sampling: list[tuple[int, int]], states: list[DecodeState],
                 result: StepResult) -> None:
@@ -126,7 +189,8 @@ class StepOutputs:
         _verify would draw and take them (every chain of length one), minus its bookkeeping."""
         sub = _rows(logits, [r for _, r in sampling])
         for (i, _), draw in zip(sampling, self.sampler.sample(sub, states)):
-            if _hand(entries[i].req, i, 0, draw, result)[0]:
+            req = entries[i].req
+            if _hand(req, i, 0, draw, result, len(req.token_ids))[0]:
                 result.tokens[i] = (draw.token,)
 
     def _verify(self, entries: Sequence[ScheduledEntry], logits: torch.Tensor,
@@ -188,7 +252,7 @@ class StepOutputs:
     @staticmethod
     def _take(e: ScheduledEntry, c: _Chain, j: int, draw: Draw, result: StepResult) -> bool:
         """Hand token j to the request's state; True when the chain goes on to j + 1."""
-        taken, jump = _hand(e.req, c.index, j, draw, result)
+        taken, jump = _hand(e.req, c.index, j, draw, result, len(e.req.token_ids))
         if taken:
             c.tokens.append(draw.token)
         if e.req.engine_data.done:
@@ -201,8 +265,10 @@ def _chain(e: ScheduledEntry, index: int, row: int, draft_probs: DraftProbs | No
     return _Chain(index, row, e.draft_ids, probs)
 
 
-def _hand(req: Req, index: int, j: int, draw: Draw, result: StepResult) -> tuple[bool, Any]:
-    """Hand draw, token j of entry `index`, to req's state: a draw error fails the request;
+def _hand(req: Req, index: int, j: int, draw: Draw, result: StepResult,
+          length: int) -> tuple[bool, Any]:
+    """Hand draw, token j of entry `index`, to req's state (`length`: the request's tokens
+    before token 0 of this step's): a draw error fails the request;
     a jump-forward to mirror goes to result.jumps; a finished request's reason to
     result.reasons[index]. Returns (whether the token joined the request's output, the
     JumpResult accept returned or None)."""
@@ -211,7 +277,7 @@ def _hand(req: Req, index: int, j: int, draw: Draw, result: StepResult) -> tuple
     if draw.error is not None:
         state.fail(draw.error)
     else:
-        room = req.max_seq_len - len(req.token_ids) - 1 - j  # after this token
+        room = req.max_seq_len - length - 1 - j  # after this token
         try:  # as guarded(), inline: this runs for every sampled token
             jump = state.accept(draw.token, room, draw.logprob, draw.top)
         except Exception as exc:  # noqa: BLE001 - one request's fault

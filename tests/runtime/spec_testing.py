@@ -1,12 +1,22 @@
-"""Shared by the speculative-decoding tests (test_spec_*.py): random-weight tiny models and
-an oracle proposer that drafts a known continuation with deliberate mistakes."""
+"""Shared by the speculative-decoding tests (test_spec_*.py): random-weight tiny models, an
+oracle proposer that drafts a known continuation with deliberate mistakes, and a skip mark
+for tests that need the bundled default model."""
 
 from __future__ import annotations
 
+import importlib.util
+
+import pytest
 import torch
 
+from lmprog.core.models import BUNDLED_MODELS, DEFAULT_MODEL
 from lmprog.runtime.models import ModelConfig, build_model
 from lmprog.runtime.speculative import Proposal, Proposer
+
+_PACKAGE, _, _INSTALL = BUNDLED_MODELS[DEFAULT_MODEL]
+requires_default_model = pytest.mark.skipif(
+    importlib.util.find_spec(_PACKAGE) is None,
+    reason=f"the default model's package {_PACKAGE!r} is not installed ({_INSTALL})")
 
 
 def random_llama(config: ModelConfig, std: float, seed: int = 0, device: str = "cpu",

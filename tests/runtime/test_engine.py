@@ -12,47 +12,15 @@ import pytest
 import torch
 
 from lmprog.core.errors import BackendError, ContextLengthError
-from lmprog.core.models import load_tokenizer, resolve_model
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.fsm.guide import Guide
 from lmprog.fsm.index import TokenIndex
-from lmprog.runtime.config import CacheConfig, SchedulerConfig
 from lmprog.runtime.engine import EngineConfig
 from lmprog.runtime.engine_io import EngineRequest
-from lmprog.runtime.launch import launch_engine
-from lmprog.runtime.models import ModelConfig, build_model
+
+from engine_testing import TINY, PROMPTS, engine_for, greedy, model, run_all, tok  # noqa: F401
 
 torch.set_num_threads(1)
-EOS = (0, 2)
-TINY = ModelConfig("llama", vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2,
-                   num_heads=4, num_kv_heads=2, head_dim=16, max_position=256,
-                   tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,))
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer(resolve_model())
-
-
-@pytest.fixture(scope="module")
-def model():
-    """Random weights large enough (std 0.3) that the output depends on the whole context
-    rather than settling into repeating one token."""
-    net = build_model(TINY, dtype="float32")
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in net.named_parameters():
-            p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, 0.3, generator=g)
-    return net
-
-
-def engine_for(model, tok, *, radix=True, slots=4096, budget=512, max_reqs=32, jump=True, **sched):
-    return launch_engine(
-        model, tok, eos_token_ids=EOS, max_total_tokens=slots,
-        cache_config=CacheConfig(radix_cache=radix),
-        scheduler_config=SchedulerConfig(max_num_batched_tokens=budget, max_running_reqs=max_reqs,
-                                         **sched),
-        engine_config=EngineConfig(jump_forward=jump, check_integrity=True))
 
 
 @pytest.fixture(scope="module")
@@ -60,21 +28,6 @@ def eng(model, tok):
     e = engine_for(model, tok)
     yield e
     e.shutdown()
-
-
-SHARED = list(range(1000, 1024))  # a shared 24-token head, so the radix cache has work
-PROMPTS = [SHARED[: 8 + i % 16] + [3000 + 7 * i + j for j in range(1 + i % 5)] for i in range(16)]
-
-
-def greedy(n=12, **kw):
-    return SP(max_tokens=n, temperature=0.0, ignore_eos=True, **kw)
-
-
-def run_all(engine, prompts, params, together=True):
-    if together:
-        handles = [engine.submit(EngineRequest(tuple(p), params)) for p in prompts]
-        return [h.result(timeout=120) for h in handles]
-    return [engine.submit(EngineRequest(tuple(p), params)).result(timeout=120) for p in prompts]
 
 
 @pytest.fixture(scope="module")

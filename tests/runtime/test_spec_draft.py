@@ -18,7 +18,7 @@ from lmprog.runtime.models import ModelConfig
 from lmprog.runtime.speculative import SpeculativeConfig, build_proposer
 from lmprog.runtime.speculative.draft import DraftModelProposer, common_prefix_len
 from lmprog.runtime.speculative.proposer import ProposalInput as PI
-from spec_testing import random_llama
+from spec_testing import random_llama, requires_default_model
 
 torch.set_num_threads(1)
 TINY = ModelConfig("llama", vocab_size=211, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -275,6 +275,7 @@ def test_on_cuda_with_graphs_the_drafts_are_the_eager_targets_continuation():
 
 
 @pytest.mark.e2e
+@requires_default_model
 def test_runtime_with_the_default_model_as_its_own_draft():
     """lp.Runtime(speculative={"method": "draft", ...}) end to end (build_proposer loads the
     draft): with draft == target, greedy outputs equal plain decoding and ~every draft is
@@ -282,8 +283,11 @@ def test_runtime_with_the_default_model_as_its_own_draft():
     import lmprog as lp
     from lmprog.core.models import resolve_model
 
+    # draft_cost 0.0: a draft as large as the target costs a whole step per draft, so the
+    # measured cost (draft_cost=None) would rightly stop speculation; this tests the path
     rt = lp.Runtime(device="cpu", max_total_tokens=2048, speculative={
-        "method": "draft", "draft_model": resolve_model().name, "num_tokens": 4})
+        "method": "draft", "draft_model": resolve_model().name, "num_tokens": 4,
+        "draft_cost": 0.0})
     prompts = ["The capital of France is", "def fibonacci(n):"]
     greedy = SP(max_tokens=20, temperature=0.0, ignore_eos=True)
     try:

@@ -14,7 +14,9 @@ from lmprog.core.protocol import GenerateRequest
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.fsm.constraint import Constraint
 
-pytestmark = pytest.mark.e2e
+from spec_testing import requires_default_model
+
+pytestmark = [pytest.mark.e2e, requires_default_model]
 
 TEXT = ("Maria Lopez, a chemist from Valencia, joined the Northern Lights Institute in March 2019. "
         "Her colleague Tom Becker, an engineer from Hamburg, arrived two years later.")

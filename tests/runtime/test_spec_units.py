@@ -14,9 +14,11 @@ from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.decode_state import DecodeState
 from lmprog.runtime.request import Req
 from lmprog.runtime.scheduler.batch import ScheduledEntry
-from lmprog.runtime.speculative import ProposalInput, SpeculativeConfig, build_proposer
+from lmprog.runtime.speculative import (
+    Proposal, ProposalInput, Proposer, SpeculativeConfig, build_proposer,
+)
 from lmprog.runtime.speculative.adaptive import (
-    AcceptanceRate, DraftLengths, best_length, expected_tokens,
+    AcceptanceRate, DraftLengths, ProposeCost, best_length, expected_tokens,
 )
 from lmprog.runtime.speculative.ngram import NgramProposer, lookup
 from lmprog.runtime.speculative.rejection import rejection_sample
@@ -252,7 +254,9 @@ def test_drafts_after_forced_tokens_continue_them_within_the_step_limit():
 
 
 def test_rejections_after_forced_tokens_do_not_stop_drafting_inside_a_span():
-    spec = Speculator(NgramProposer(1, 3), SpeculativeConfig(num_tokens=4), vocab_size=100)
+    # an explicit draft_cost: no timing here (a "step" of this test takes no forward)
+    spec = Speculator(NgramProposer(1, 3), SpeculativeConfig(num_tokens=4, draft_cost=0.15),
+                      vocab_size=100)
     req = running_req("r", LOOP + [1, 2, 5, 6], 3)
     for _ in range(12):  # guesses right after forced text keep failing
         spec.propose([req])
@@ -263,3 +267,79 @@ def test_rejections_after_forced_tokens_do_not_stop_drafting_inside_a_span():
     req.num_computed = req.seq_len - 1  # inside a span: its own statistics, still the prior
     spec.propose([req])
     assert len(req.draft_ids) == best_length(0.6, 4, 0.15) > 0
+
+
+# ---- the speculator: the measured cost of proposing -----------------------------------------
+def test_propose_cost_is_a_weighted_mean_of_per_draft_samples():
+    cost = ProposeCost()
+    cost.observe(propose_s=0.8, step_s=1.8, longest=2)  # 0.4 s a draft, 1 s without
+    assert cost.value == pytest.approx(0.4)
+    cost.observe(propose_s=0.1, step_s=1.1, longest=1)  # the first steps: their mean
+    assert cost.value == pytest.approx(0.25)
+    cost.observe(propose_s=5.0, step_s=6.0, longest=1)  # capped: a draft worth a step
+    assert cost.value == pytest.approx((0.4 + 0.1 + 1.0) / 3)
+    cost.observe(propose_s=0.5, step_s=0.5, longest=1)  # no time left for the step: ignored
+    assert cost.samples == 3
+    for _ in range(60):  # later steps: an exponentially weighted mean
+        cost.observe(propose_s=0.002, step_s=1.002, longest=4)
+    assert cost.value == pytest.approx(0.0005, abs=1e-4)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class WrongDrafts(Proposer):
+    """Drafts nobody accepts, taking `per_draft` seconds per position of the longest chain
+    (a draft model's sequential forwards) on `clock`."""
+
+    def __init__(self, clock: Clock, per_draft: float) -> None:
+        self.clock, self.per_draft, self.calls = clock, per_draft, 0
+
+    def propose(self, inputs):
+        self.calls += 1
+        self.clock.now += self.per_draft * max(i.max_tokens for i in inputs)
+        return [Proposal((1,) * i.max_tokens) for i in inputs]
+
+
+def run_wrong_drafts(per_draft: float, draft_cost: float | None, steps: int = 100):
+    """A GPU engine's speculator (verify cost 0.02) asking WrongDrafts for one request, each
+    step's forward taking 1 s: (the speculator, the steps that drafted, their draft counts)."""
+    clock = Clock()
+    spec = Speculator(WrongDrafts(clock, per_draft),
+                      SpeculativeConfig(num_tokens=4, draft_cost=draft_cost),
+                      vocab_size=100, device="cuda", clock=clock)
+    req = running_req("r", LOOP, 1, max_tokens=10_000)
+    asked, ks = [], []
+    for step in range(steps):
+        spec.propose([req])
+        if req.draft_ids:
+            asked.append(step)
+            ks.append(len(req.draft_ids))
+        clock.now += 1.0  # the target's forward
+        report_verify(spec, req, 0, True)
+    return spec, asked, ks
+
+
+def test_a_costly_proposer_that_is_never_right_is_left_alone():
+    """0% acceptance: the rate settles at ~0.08, above the GPU's verify cost 0.02, but a
+    draft model costing 0.4 step per draft makes k = 0: it backs off and probes."""
+    spec, asked, ks = run_wrong_drafts(per_draft=0.4, draft_cost=None)
+    assert spec.stats()["spec_draft_cost"] == pytest.approx(0.02 + 0.4)
+    assert ks[0] == 4 and set(ks[1:]) == {1}  # nothing measured before the first step
+    gaps = [b - a for a, b in zip(asked[1:], asked[2:])]
+    assert gaps == sorted(gaps) and gaps[-3:] == [17] * 3 and len(asked) <= 10
+
+
+@pytest.mark.parametrize("per_draft, draft_cost", [(0.4, 0.02), (0.0, None)])
+def test_a_free_or_explicitly_priced_proposer_keeps_drafting(per_draft, draft_cost):
+    """An explicit draft_cost is the whole cost (the 0.4 s is not measured); a proposer that
+    costs nothing is measured at 0: either way one draft a step is worth it at a ~0.08."""
+    spec, asked, ks = run_wrong_drafts(per_draft, draft_cost)
+    assert spec.stats()["spec_draft_cost"] == pytest.approx(0.02)
+    assert (spec.propose_cost is None) == (draft_cost is not None)
+    assert asked == list(range(100)) and ks[-1] == 1

@@ -219,6 +219,8 @@ class RadixCache(PrefixCache):
         p = self.page_size
         require(len(node.key) > 0 and len(node.key) % p == 0,
                 f"radix: {node} key length {len(node.key)} is not a positive multiple of {p}")
+        require(min(node.key) >= 0, f"radix: {node} caches a placeholder token (overlap "
+                "scheduling: a token not resolved yet)")
         require(len(node.key) == len(node.slots), f"radix: {node} has "
                 f"{len(node.key)} tokens but {len(node.slots)} slots")
         parent = node.parent

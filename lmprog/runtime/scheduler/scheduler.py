@@ -22,6 +22,14 @@ The engine drives it from one thread:
 
 Between those two calls the engine may call abort/finish (process_results then skips the
 request); it must not call schedule, retract or replace_tokens.
+
+Overlap scheduling (the host prepares step N+1 while the device runs step N) defers the
+tokens: process_results(batch, placeholders, unresolved=True) right after step N is
+launched records one placeholder per sampling entry (see request.py) and finishes nothing;
+step N+1 is scheduled, feeding them; after N+1 is launched the host reads N's tokens and
+calls resolve_tokens(batch_N, tokens, finish_reasons), which writes them in place and
+finishes requests. A request finished there was also fed in step N+1: that work is
+dropped (its KV slots are freed, nothing of it reaches the prefix cache).
 """
 
 from __future__ import annotations
@@ -172,11 +180,11 @@ class Scheduler:
             decoders, extenders = self.decode_policy.split(running.values())
         self.decode_policy.plan(decoders, plan, budget, page)
         self.prefill_policy.continue_running(extenders, plan, budget)
-        while not plan and len(running) > 1:  # every running prefill is stuck for memory
+        while not plan and extenders and len(running) > 1:  # every prefill is stuck for memory
             self._retract_newest(retracted)
             _, extenders = self.decode_policy.split(running.values())
             self.prefill_policy.continue_running(extenders, plan, budget)
-        assert plan or not running, "a lone running request must always fit the pool"
+        assert plan or not extenders, "a lone running request must always fit the pool"
         if not retracted:
             self.prefill_policy.admit_waiting(plan, budget)
         return self._build(plan, retracted)
@@ -190,7 +198,8 @@ class Scheduler:
         return bool(plan)
 
     def process_results(self, batch: ScheduledBatch, next_tokens: Sequence[Sequence[int]],
-                        finish_reasons: Sequence[FinishReason | None] | None = None) -> list[Req]:
+                        finish_reasons: Sequence[FinishReason | None] | None = None, *,
+                        unresolved: bool = False) -> list[Req]:
         """Record a step's outcome; return the requests that finished.
 
         next_tokens[i]: the tokens to append for entry i — empty unless entry.sample; for a
@@ -201,6 +210,11 @@ class Scheduler:
         length cap finish with "length". Entries whose request is no longer running
         (aborted mid-step) are skipped. Finished requests' KV goes to the prefix cache;
         finished prefill chunks are inserted into it too, for reuse by others.
+
+        unresolved: next_tokens are placeholders, one per sampling entry, of tokens still
+        on the device (overlap scheduling; no drafts, no finish reasons): nothing finishes
+        now; resolve_tokens does that once they are known. A request whose placeholder
+        reaches its length cap is not scheduled until then (Req.awaits_last_token).
         """
         entries = batch.entries
         if len(next_tokens) != len(entries) or (finish_reasons is not None
@@ -210,6 +224,8 @@ class Scheduler:
         finished = []
         running = ReqStatus.RUNNING
         reasons = finish_reasons if finish_reasons is not None else [None] * len(entries)
+        assert not unresolved or (finish_reasons is None and not any(
+            e.draft_ids for e in entries)), "placeholders stand for plain sampled tokens only"
         for entry, tokens, reason in zip(entries, next_tokens, reasons):
             req = entry.req
             req.extend_len = 0
@@ -223,6 +239,10 @@ class Scheduler:
                 sampled = True
             else:
                 sampled = self._advance(req, entry, tokens, reason is not None)
+            if unresolved:
+                if entry.num_new > 1:
+                    self.cache.cache_progress(req)
+                continue
             if reason is None and len(req.token_ids) >= req.stop_len and (
                     sampled or req.num_computed == len(req.token_ids)):
                 reason = "length"
@@ -231,6 +251,35 @@ class Scheduler:
                 finished.append(req)
             elif entry.num_new > 1 and not entry.draft_ids:
                 self.cache.cache_progress(req)
+        return finished
+
+    def resolve_tokens(self, batch: ScheduledBatch, tokens: Sequence[Sequence[int]],
+                       finish_reasons: Sequence[FinishReason | None]) -> list[Req]:
+        """Write the real tokens of a step recorded with process_results(unresolved=True)
+        over its placeholders and finish requests; return those that finished.
+
+        tokens[i]: the one token of sampling entry i, or () when its draw failed (its finish
+        reason says so); finish_reasons[i]: the engine's verdict after it. Requests reaching
+        their length cap finish with "length". Finished requests are skipped; a retracted
+        one gets its token too (it resumes with it). Safe while the next step is in flight
+        (see the module docstring)."""
+        if len(tokens) != len(batch.entries) or len(finish_reasons) != len(batch.entries):
+            raise ValueError(f"need one token tuple and finish reason per batch entry "
+                             f"({len(batch.entries)}), got {len(tokens)} and "
+                             f"{len(finish_reasons)}")
+        finished = []
+        for entry, toks, reason in zip(batch.entries, tokens, finish_reasons):
+            req = entry.req
+            if not entry.sample or req.status is ReqStatus.FINISHED:
+                continue
+            assert req.token_ids[entry.end] < 0, f"{req}: no placeholder at {entry.end}"
+            if toks:
+                req.token_ids[entry.end] = int(toks[0])
+            if reason is None and entry.end + 1 >= req.stop_len:
+                reason = "length"
+            if reason is not None:
+                self.finish(req, reason)
+                finished.append(req)
         return finished
 
     # -- request control -------------------------------------------------------------------

@@ -11,9 +11,12 @@ The rule (SpeculativeConfig.adaptive=True):
 
         E(k) / (1 + c k),    E(k) = 1 + a + a^2 + ... + a^k
 
-   (k drafts yield E(k) tokens; c = draft_cost, one verified token's cost relative to a
-   decode step), capped by num_tokens and by what the request may still generate. Low
-   acceptance gives short chains or none (k = 0 once a < c, roughly).
+   (k drafts yield E(k) tokens; c: one draft's cost relative to a step without drafts),
+   capped by num_tokens and by what the request may still generate. Low acceptance gives
+   short chains or none (k = 0 once a < c, roughly). c = verifying one more token (the
+   device's default draft_cost) + proposing one more draft, measured (ProposeCost: a draft
+   model's forwards cost a fraction of the target's step, an n-gram lookup next to
+   nothing); an explicit SpeculativeConfig.draft_cost is the whole c, nothing measured.
 3. Back-off in time: asking costs (an n-gram search, a draft model's forward) and a request
    at k = 0 would never learn that it got better. So a request whose proposal came back
    empty, or whose rate gives k = 0, waits 1, 2, 4, ... up to 16 of its decode steps before
@@ -39,6 +42,8 @@ PRIOR_RATE = 0.6
 PRIOR_WEIGHT = 1.0
 DECAY = 0.85
 MAX_WAIT = 16
+PROPOSE_WEIGHT = 0.2  # the newest step's weight in the proposing-cost estimate
+MAX_PROPOSE_COST = 1.0  # a draft costing a whole step is never worth it (k = 0 for a < 1)
 
 
 class AcceptanceRate:
@@ -108,8 +113,35 @@ def best_length(rate: float, max_tokens: int, cost: float) -> int:
     return best_k
 
 
+class ProposeCost:
+    """The measured cost of proposing one draft position relative to a step without
+    proposing (module docstring, step 2): a draft model runs one forward per position of
+    the longest chain asked, for the whole batch, so a step that took step_s seconds,
+    propose_s of them proposing chains of at most `longest` drafts, gives the sample
+    propose_s / (longest * (step_s - propose_s)). The estimate is their mean over the first
+    steps, then an exponentially weighted mean (weight PROPOSE_WEIGHT)."""
+
+    __slots__ = ("value", "samples")
+
+    def __init__(self) -> None:
+        self.value = 0.0  # the estimate (0 until a step was observed)
+        self.samples = 0
+
+    def observe(self, propose_s: float, step_s: float, longest: int) -> None:
+        """One step that asked the proposer (durations in seconds)."""
+        assert longest >= 1 and propose_s >= 0, (propose_s, longest)
+        rest = step_s - propose_s
+        if rest <= 0:  # a clock that did not advance: nothing learnt
+            return
+        sample = min(MAX_PROPOSE_COST, propose_s / (longest * rest))
+        self.samples += 1
+        self.value += max(PROPOSE_WEIGHT, 1.0 / self.samples) * (sample - self.value)
+
+
 class DraftLengths:
-    """Chooses the per-request draft lengths of a step (module docstring, steps 2-4)."""
+    """Chooses the per-request draft lengths of a step (module docstring, steps 2-4).
+    `cost` (c of step 2) may be updated between steps (the Speculator adds the measured
+    proposing cost to draft_cost)."""
 
     def __init__(self, num_tokens: int, draft_cost: float, max_step_tokens: int,
                  adaptive: bool = True) -> None:

@@ -19,7 +19,8 @@ LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
 
 # Device-dependent defaults, from measurements (docs/benchmarks.md, speculative decoding).
 # draft_cost: one more verified token, as a fraction of a batch-1 decode step (CPU fp32:
-# 2 -> 9 fed tokens cost ~1.2x -> 2.5x a step; a GPU reads the weights once for all).
+# 2 -> 9 fed tokens cost ~1.2x -> 2.5x a step; a GPU reads the weights once for all); the
+# Speculator adds the measured cost of proposing it.
 # max_step_tokens: fed tokens of decoding requests beyond which a step is compute-bound.
 _DEFAULTS = {"cpu": {"draft_cost": 0.15, "max_step_tokens": 32},
              "cuda": {"draft_cost": 0.02, "max_step_tokens": 128}}
@@ -37,8 +38,10 @@ class SpeculativeConfig:
     draft_load_format: "auto" (from the files) or "dummy" (random weights).
     adaptive: choose each request's draft length from its acceptance rate and back off at
         large batches (see lmprog.runtime.speculative.adaptive); False: always num_tokens.
-    draft_cost: the cost of verifying one more token as a fraction of a decode step, used by
-        the adaptive rule (None: 0.15 on a CPU, 0.02 on a GPU).
+    draft_cost: one draft's cost as a fraction of a decode step, used by the adaptive rule.
+        None: verifying it (0.15 on a CPU, 0.02 on a GPU) + proposing it, measured while
+        decoding (a draft model's forwards; ~0 for n-gram). A number: the whole cost,
+        nothing measured (0.0: draft as if drafts were free).
     max_step_tokens: decoding requests' fed tokens (1 each + drafts) per step above which
         drafts are not added: the step is compute-bound there and a verified token costs
         as much as a decoded one (None: 32 on a CPU, 128 on a GPU).
@@ -96,7 +99,8 @@ class SpeculativeConfig:
                         f"a method name, got {type(value).__name__}")
 
     def resolved_for(self, device_type: str) -> tuple[float, int]:
-        """(draft_cost, max_step_tokens) with the device's defaults filled in."""
+        """(draft_cost, max_step_tokens) with the device's defaults filled in (a default
+        draft_cost is the verify cost alone: see draft_cost)."""
         defaults = _DEFAULTS["cuda" if device_type == "cuda" else "cpu"]
         cost = defaults["draft_cost"] if self.draft_cost is None else float(self.draft_cost)
         step = defaults["max_step_tokens"] if self.max_step_tokens is None else self.max_step_tokens

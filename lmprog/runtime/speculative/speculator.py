@@ -15,6 +15,11 @@ draft the guide forbids could never be accepted). Draft distributions are restri
 what that cut kept (see `_cut`), so the rejection rule stays exact. A proposer that raises
 is logged and that step decodes without drafts.
 
+What proposing costs is measured (unless SpeculativeConfig.draft_cost is given): the time
+from the proposer's call to the end of propose() against the step's time from propose() to
+on_step() (the forward and verification included), fed to adaptive.ProposeCost; the draft
+lengths then weigh verify cost + that.
+
 Jump-forward strings are verified for free: after a jump the request's pending tokens are
 the forced ones (already in token_ids, the guide already past them), so its proposal
 continues after them, is cut by the guide's state there, and the scheduler feeds forced
@@ -28,13 +33,14 @@ wrong guess after a key does not stop speculation inside the value.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Sequence
+import time
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
 
 from ..request import Req
-from .adaptive import AcceptanceRate, DraftLengths
+from .adaptive import AcceptanceRate, DraftLengths, ProposeCost
 from .config import SpeculativeConfig
 from .proposer import Proposal, ProposalInput, Proposer
 
@@ -45,16 +51,24 @@ class Speculator:
     """Drives `proposer` for an engine whose model has `vocab_size` tokens on `device`."""
 
     def __init__(self, proposer: Proposer, config: SpeculativeConfig, *, vocab_size: int,
-                 device: torch.device | str = "cpu", name: str | None = None) -> None:
-        """name: what stats() reports as "speculative" (default: config.method)."""
+                 device: torch.device | str = "cpu", name: str | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        """name: what stats() reports as "speculative" (default: config.method); clock:
+        seconds, for measuring the proposing cost (tests pass their own)."""
         if not isinstance(proposer, Proposer):
             raise TypeError(f"proposer must be a Proposer, got {type(proposer).__name__}")
         self.proposer, self.config = proposer, config
         self.name = name or config.method
         self.device = torch.device(device)
         self.vocab_size = vocab_size
-        cost, step_tokens = config.resolved_for(self.device.type)
-        self.lengths = DraftLengths(config.num_tokens, cost, step_tokens, config.adaptive)
+        self.verify_cost, step_tokens = config.resolved_for(self.device.type)
+        self.lengths = DraftLengths(config.num_tokens, self.verify_cost, step_tokens,
+                                    config.adaptive)
+        # draft_cost=None: verify cost + measured proposing cost; a number: that alone
+        measure = config.adaptive and config.draft_cost is None
+        self.propose_cost = ProposeCost() if measure else None
+        self._clock = clock
+        self._timing: tuple[float, float, int] | None = None  # see _measure
         self.enabled = True
         # keyed (rid, after a jump-forward): drafts that start a free span right after
         # forced text fare differently from drafts inside a span (see the module docstring)
@@ -75,6 +89,8 @@ class Speculator:
         whose pending tokens were generated: its last token, after a jump-forward also the
         forced ones) that speculate this step; clear the others'."""
         self._probs.clear()
+        self._timing = None
+        step_start = self._clock()
         fed = 0  # tokens the decoding requests feed before any draft
         for req in decoding:
             req.draft_ids = []
@@ -87,6 +103,7 @@ class Speculator:
         asked = [(r, k) for r, k in zip(candidates, ks) if k > 0]
         if not asked:
             return
+        propose_start = self._clock()
         try:
             proposals = self.proposer.propose(
                 [ProposalInput(r.rid, r.token_ids, k, r.params) for r, k in asked])
@@ -104,6 +121,7 @@ class Speculator:
             self.proposed += len(drafts)
             if probs is not None and drafts:
                 self._probs[req.rid] = probs
+        self._timing = (step_start, self._clock() - propose_start, max(k for _, k in asked))
 
     def _cut(self, req: Req, proposal: Proposal, k: int) -> tuple[list[int], Any]:
         """The verifiable prefix of a proposal: <= k ids inside the vocabulary that the
@@ -166,6 +184,18 @@ class Speculator:
             if rate is not None:
                 rate.update(accepted, rejected)
         self._probs.clear()
+        self._measure()
+
+    def _measure(self) -> None:
+        """Fold the step's proposing time into the draft lengths' cost. _timing: (when
+        propose() began, seconds from the proposer's call to propose()'s end, the longest
+        chain asked), set when this step's propose() asked the proposer."""
+        timing, self._timing = self._timing, None
+        if timing is None or self.propose_cost is None:
+            return
+        step_start, propose_s, longest = timing
+        self.propose_cost.observe(propose_s, self._clock() - step_start, longest)
+        self.lengths.cost = self.verify_cost + self.propose_cost.value
 
     def release(self, rid: Hashable, finished: bool = True) -> None:
         """Forget the proposer's state of rid (and, when it finished, its statistics)."""
@@ -192,6 +222,7 @@ class Speculator:
             "spec_acceptance_rate": self.accepted / verified if verified else 0.0,
             "spec_verify_steps": self.verify_entries,
             "spec_guide_cuts": self.guide_cuts,
+            "spec_draft_cost": self.lengths.cost,
             "spec_jump_verifies": self.jump_verifies,
             "spec_tokens_per_verify": ((self.accepted + self.verify_entries) / self.verify_entries
                                        if self.verify_entries else 0.0),

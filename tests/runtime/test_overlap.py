@@ -1,0 +1,209 @@
+"""Overlap scheduling (EngineConfig.overlap): step N+1 is scheduled and launched before step
+N's tokens are read. Forced on here, on the CPU, where it gains nothing but must change
+nothing: outputs equal those of the plain loop for every kind of request, placeholders
+never reach the prefix cache (check_integrity runs after every step and rejects a cached
+negative id), and aborts, retractions and failures behave as without it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lmprog.core.sampling import SamplingParams as SP
+from lmprog.fsm.index import TokenIndex
+from lmprog.runtime.config import CacheConfig, SchedulerConfig
+from lmprog.runtime.engine import EngineConfig
+from lmprog.runtime.engine_io import EngineRequest
+from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.models import ModelConfig, load_model
+from lmprog.runtime.request import Req
+from lmprog.runtime.scheduler import Scheduler
+
+from engine_testing import PROMPTS, engine_for, greedy, model, run_all, tok  # noqa: F401
+
+
+def outcome(r):
+    """What must not change; logprobs compared apart (float sums vary with the batch)."""
+    ids = None if r.logprobs is None else [lp.token_id for lp in r.logprobs]
+    return r.token_ids, r.finish_reason, r.text, r.matched_stop, ids
+
+
+def logprobs(r):
+    return [] if r.logprobs is None else [lp.logprob for lp in r.logprobs]
+
+
+def mixed_params(reference_ids, tok):  # noqa: F811
+    """Per prompt: greedy to max_tokens, stop tokens and strings, seeded sampling with
+    top-k/top-p, logprobs, min_tokens, a penalty (history-bound: those steps settle at once)."""
+    out = []
+    for i, ids in enumerate(reference_ids):
+        kind = i % 6
+        if kind == 0 and i:
+            out.append(greedy(stop=(tok.decode(list(ids[2:4])),)))
+        elif kind == 0:
+            out.append(greedy(5))
+        elif kind == 1:
+            out.append(greedy(stop_token_ids=(ids[4],)))
+        elif kind == 2:
+            out.append(SP(max_tokens=9, temperature=0.9, top_k=40, top_p=0.9, seed=i,
+                          ignore_eos=True))
+        elif kind == 3:
+            out.append(greedy(7, return_logprob=True, top_logprobs_num=2))
+        elif kind == 4:
+            out.append(greedy(stop_token_ids=(ids[1],), min_tokens=3))
+        else:
+            out.append(greedy(8, presence_penalty=1.5))
+    return out
+
+
+@pytest.fixture(scope="module")
+def engines(model, tok):  # noqa: F811
+    plain, over = engine_for(model, tok), engine_for(model, tok, overlap=True)
+    yield plain, over
+    plain.shutdown()
+    over.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference_ids(engines):
+    return [r.token_ids for r in run_all(engines[0], PROMPTS, greedy())]
+
+
+def test_every_kind_of_request_gives_the_same_outputs(engines, reference_ids, tok):  # noqa: F811
+    plain, over = engines
+    params = mixed_params(reference_ids, tok)
+    expected = [plain.submit(EngineRequest(tuple(p), sp)).result(timeout=120)
+                for p, sp in zip(PROMPTS, params)]
+    before = over.stats()["overlapped_steps"]
+    handles = [over.submit(EngineRequest(tuple(p), sp)) for p, sp in zip(PROMPTS, params)]
+    results = [h.result(timeout=120) for h in handles]
+    got = [outcome(r) for r in results]
+    assert got == [outcome(r) for r in expected]
+    for r, e in zip(results, expected):
+        assert logprobs(r) == pytest.approx(logprobs(e), abs=1e-3)
+    assert [g[1] for g in got].count("stop") >= 4  # the stop paths were exercised
+    stats = over.stats()
+    assert stats["overlapped_steps"] > before
+    assert stats["steps"] > stats["overlapped_steps"]  # penalised steps settled at once
+    over.check_integrity()
+
+
+def test_batched_greedy_matches_and_every_step_overlaps(engines, reference_ids):
+    _, over = engines
+    over.flush_cache()
+    before = over.stats()
+    assert [r.token_ids for r in run_all(over, PROMPTS, greedy())] == reference_ids
+    after = over.stats()
+    assert after["overlapped_steps"] - before["overlapped_steps"] == after["steps"] - before["steps"]
+    # again, from the KV those requests left in the prefix cache: it must be right
+    assert [r.token_ids for r in run_all(over, PROMPTS, greedy())] == reference_ids
+    assert over.stats()["cached_tokens"] - after["cached_tokens"] > 16 * 8
+
+
+def test_a_constraint_beside_plain_requests(engines, reference_ids, tok):  # noqa: F811
+    plain, over = engines
+    index = TokenIndex.get(r"[0-9]{2,6}", tok)
+
+    def submit(eng):
+        c = eng.submit(EngineRequest(tuple(PROMPTS[5]), SP(max_tokens=10, temperature=0.0),
+                                     guide=index.new_guide()))
+        others = [eng.submit(EngineRequest(tuple(p), greedy())) for p in PROMPTS[:6]]
+        return c.result(timeout=120), [o.result(timeout=120).token_ids for o in others]
+
+    (c_plain, o_plain), (c_over, o_over) = submit(plain), submit(over)
+    assert o_plain == o_over == reference_ids[:6]
+    assert c_over.token_ids == c_plain.token_ids and c_over.text.isdigit()
+
+
+def test_retractions_under_overlap(model, tok, reference_ids):  # noqa: F811
+    small = engine_for(model, tok, slots=120, budget=16, max_reqs=16, overlap=True,
+                       init_new_token_ratio=0.02, min_new_token_ratio=0.02)
+    try:
+        results = run_all(small, PROMPTS, greedy())
+        stats = small.stats()
+        small.check_integrity()
+    finally:
+        small.shutdown()
+    assert [r.token_ids for r in results] == reference_ids
+    assert stats["num_retractions"] > 0 and stats["overlapped_steps"] > 0
+
+
+def test_abort_while_a_step_is_in_flight(engines, reference_ids):
+    _, over = engines
+    h = over.submit(EngineRequest(tuple(PROMPTS[1]), SP(max_tokens=200, temperature=0.0,
+                                                        ignore_eos=True)))
+    others = [over.submit(EngineRequest(tuple(p), greedy())) for p in PROMPTS[4:8]]
+    next(iter(h.pieces()))
+    h.abort()
+    r = h.result(timeout=60)
+    assert r.finish_reason == "abort" and 0 < r.completion_tokens < 200
+    assert [o.result(timeout=60).token_ids for o in others] == reference_ids[4:8]
+    over.check_integrity()
+    assert over.stats()["num_running"] == 0
+
+
+# ---- the scheduler's side: placeholders, resolution, a request awaiting its last token ----
+
+def test_placeholders_are_resolved_in_place_and_never_cached():
+    sched = Scheduler(64, 64, SchedulerConfig(max_num_batched_tokens=32, max_running_reqs=4),
+                      CacheConfig())
+    a = sched.submit(Req("a", [5, 6, 7], SP(max_tokens=2, temperature=0.0)))
+    b = sched.submit(Req("b", [5, 6, 8, 9], SP(max_tokens=5, temperature=0.0)))
+    step1 = sched.schedule()  # both prompts; each samples its first token
+    sched.process_results(step1, [(-1,), (-2,)], unresolved=True)
+    assert a.token_ids[-1] == -1 and b.token_ids[-1] == -2 and a.num_computed == 3
+    step2 = sched.schedule()  # decodes feeding the placeholders, before they are known
+    assert [e.req.rid for e in step2.entries] == ["a", "b"]
+    assert step2.input_ids().tolist() == [-1, -2]
+    assert sched.resolve_tokens(step1, [(11,), (21,)], [None, None]) == []
+    assert a.token_ids == [5, 6, 7, 11] and b.token_ids == [5, 6, 8, 9, 21]
+    sched.process_results(step2, [(-1,), (-2,)], unresolved=True)
+    # a reached max_tokens with a placeholder: it awaits that token, nothing is fed for it
+    assert a.awaits_last_token and not b.awaits_last_token
+    step3 = sched.schedule()
+    assert [e.req.rid for e in step3.entries] == ["b"]
+    sched.check_integrity()
+    finished = sched.resolve_tokens(step2, [(12,), (22,)], [None, "stop"])
+    assert finished == [a, b] and a.finish_reason == "length" and b.finish_reason == "stop"
+    assert a.output_ids == [11, 12] and b.output_ids == [21, 22]
+    sched.process_results(step3, [(-1,)], unresolved=True)  # b's extra step: dropped
+    sched.check_integrity()
+    cached = sched.cache.prefix_cache.all_slots()
+    assert len(cached) == 7  # a: 3 prompt + 11 computed; b: 4 prompt (its prefix 5, 6 shared)
+    assert sched.cache.prefix_cache.match_prefix([5, 6, 7, 11, 12]).length == 4
+    assert sched.cache.prefix_cache.match_prefix([5, 6, 8, 9, 21]).length == 5
+    assert not sched.has_work and int(np.min(sched.req_to_token)) >= 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the "
+                    "device tool: tests/runtime/test_overlap.py)")
+def test_on_the_gpu_with_graphs_outputs_are_bitwise_those_without_overlap():
+    """The real thing: asynchronous draws, pinned copies, decode and piecewise CUDA graphs
+    fed placeholders. Fixed-length greedy and seeded requests, with rows and memory to
+    spare (a request at its length cap holds them one step longer under overlap), give the
+    same batches with and without overlap, so the tokens must be identical."""
+    cfg = ModelConfig("llama", vocab_size=512, hidden_size=128, intermediate_size=256,
+                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, max_position=512)
+    model = load_model(cfg, load_format="dummy", seed=5, device="cuda", dtype="float32",
+                       attention="triton")
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 512, (int(n),), generator=g).tolist()
+               for n in torch.randint(4, 200, (24,), generator=g)]
+    params = [SP(max_tokens=8 + 5 * i, temperature=0.0, ignore_eos=True) if i % 3 else
+              SP(max_tokens=30, temperature=0.8, top_k=20, seed=i, ignore_eos=True)
+              for i in range(len(prompts))]
+    outs, stats = [], []
+    for overlap in (False, True):
+        eng = launch_engine(model, None, eos_token_ids=(0,), max_total_tokens=32768,
+                            scheduler_config=SchedulerConfig(max_num_batched_tokens=256,
+                                                             max_running_reqs=32),
+                            engine_config=EngineConfig(check_integrity=True, overlap=overlap))
+        try:
+            handles = [eng.submit(EngineRequest(tuple(p), sp)) for p, sp in zip(prompts, params)]
+            outs.append([h.result(timeout=300).token_ids for h in handles])
+            stats.append(eng.stats())
+        finally:
+            eng.shutdown()
+    assert outs[0] == outs[1]
+    assert stats[0]["overlapped_steps"] == 0 and stats[1]["overlapped_steps"] == stats[1]["steps"]
