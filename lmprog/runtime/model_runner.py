@@ -58,6 +58,9 @@ class ModelRunner:
             self.req_to_token = torch.zeros(req_to_token.shape, dtype=torch.int32,
                                             device=self.device)
         self.graphs = self.piecewise = None
+        attention = getattr(model, "attention", None)
+        if attention is not None:
+            attention.warm_up(self.kv, self.req_to_token)
         if cuda_graphs:
             self.graphs = capture_decode_graphs(model, self.kv, self.req_to_token,
                                                 max_batch_size=req_to_token.shape[0])

@@ -28,7 +28,7 @@ from ._checks import (
     check_tensor,
     dynamic_args,
 )
-from .attention_plan import AttentionPlan, Launch, plan_attention
+from .attention_plan import MAX_SPLITS, AttentionPlan, Launch, plan_attention
 
 _LOG2E = 1.4426950408889634
 _NEG_BIG = tl.constexpr(-1.0e30)  # running max start: finite, so fully masked blocks give no NaN
@@ -56,6 +56,37 @@ def hybrid_attention(
         if split:
             _merge(out, plan)
     return out
+
+
+def warm_up(k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor, *,
+            num_q_heads: int) -> int:
+    """Run once every variant the split launch can pick — each BLOCK_M its rows may need,
+    with and without KV splits, and the merge at each BLOCK_S — so that none is compiled
+    (1-3 s on an H200) in the middle of serving, the first time a busy step has enough
+    decodes to need no split, or a long verify row. (Prefill steps and the decode graphs'
+    capture meet the other variants at start-up.) Reads slot 0 of the pool through row 0
+    of req_to_token; writes nothing but scratch. Returns the number of launches."""
+    num_kv_heads, head_dim = k_buffer.shape[1], k_buffer.shape[2]
+    dev = k_buffer.device
+    group = num_q_heads // num_kv_heads
+    max_rows = max(1, 64 // group)  # plan_attention's default split_max_tokens
+    q = torch.zeros(max_rows, num_q_heads, head_dim, dtype=k_buffer.dtype, device=dev)
+    row = torch.zeros(1, dtype=torch.int64, device=dev)  # the dtypes a step's plan has
+    seen: set[tuple[int, bool, int]] = set()
+    for e in range(1, max_rows + 1):
+        for s in (1, 2, 32, MAX_SPLITS):
+            plan = plan_attention(
+                req_to_token, row, torch.tensor([e + 8], device=dev),
+                torch.tensor([e], device=dev), torch.zeros(1, dtype=torch.int64, device=dev),
+                num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                seq_lens_cpu=[e + 8], extend_lens_cpu=[e], num_kv_splits=s)
+            key = (plan.split.config.block_m, s, 0)  # the launches' compile-time constants
+            if s > 1:
+                key = (key[0], 2, max(16, triton.next_power_of_2(s)))
+            if key not in seen:
+                seen.add(key)
+                hybrid_attention(q[:e], k_buffer, v_buffer, plan)
+    return len(seen)
 
 
 def extend_attention(

@@ -44,6 +44,10 @@ class AttentionBackend(ABC):
         in a way a later plan() depends on.
         """
 
+    def warm_up(self, kv: KVPool, req_to_token: torch.Tensor) -> None:
+        """Compile, before serving, what a step could otherwise first need mid-run (default:
+        nothing). May read the pool; changes nothing a step depends on."""
+
     def rotate_and_store(self, qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
                          layer: int, kv: KVPool,
                          out_cache_loc: torch.Tensor) -> tuple[torch.Tensor, ...]:

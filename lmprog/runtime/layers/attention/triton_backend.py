@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...kernels.attention import hybrid_attention
+from ...kernels.attention import hybrid_attention, warm_up
 from ...kernels.attention_plan import AttentionPlan, plan_attention
 from ...kernels.rope import rope_and_store
 from .base import AttentionBackend
@@ -29,6 +29,12 @@ class TritonAttentionBackend(AttentionBackend):
             batch.extend_start_loc, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim, seq_lens_cpu=batch.seq_lens_cpu,
             extend_lens_cpu=batch.extend_lens_cpu, custom_mask=batch.custom_mask)
+
+    def warm_up(self, kv: KVPool, req_to_token: torch.Tensor) -> None:
+        """The split launch's variants (kernels.attention.warm_up); on a GPU only (under the
+        interpreter nothing is compiled)."""
+        if req_to_token.device.type == "cuda":
+            warm_up(kv.k[0], kv.v[0], req_to_token, num_q_heads=self.num_heads)
 
     def rotate_and_store(self, qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
                          layer: int, kv: KVPool,
