@@ -295,8 +295,9 @@ class Engine:
         launched = time.perf_counter()
         settled = self._settle()  # the previous step's tokens, while the device runs this one
         if deferred is not None:
-            self.scheduler.process_results(batch, deferred.placeholders(), unresolved=True)
-            self._inflight = replace(deferred, seconds=launched - start)
+            capped = self.scheduler.process_results(batch, deferred.placeholders(),
+                                                    unresolved=True)
+            self._inflight = replace(deferred, capped=tuple(capped), seconds=launched - start)
             return
         out = self._outputs.process(batch, logits, spec.draft_probs if spec is not None else None)
         if spec is not None:
@@ -318,6 +319,8 @@ class Engine:
         start = time.perf_counter()
         out = self._outputs.settle(step)
         for req in self.scheduler.resolve_tokens(step.batch, out.tokens, out.reasons):
+            self._complete(req)
+        for req in step.capped:
             self._complete(req)
         batch = step.batch
         took = time.perf_counter() - start

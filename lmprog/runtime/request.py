@@ -120,12 +120,6 @@ class Req:
         return len(self.token_ids) >= self.stop_len
 
     @property
-    def awaits_last_token(self) -> bool:
-        """Its last token is an unresolved placeholder after which it may generate nothing:
-        there is nothing to feed until the engine resolves it (and then it finishes)."""
-        return self.token_ids[-1] < 0 and len(self.token_ids) >= self.stop_len
-
-    @property
     def finished(self) -> bool:
         return self.status is ReqStatus.FINISHED
 

@@ -31,7 +31,7 @@ position-j draws share one batched sampler call.
 Overlap scheduling splits a step without drafts in two: `defer` queues the draws on the
 device right after the forward pass (when every sampling request is history-free), and
 `settle`, one step later, hands the tokens to the DecodeStates. Entries of requests that
-finished in between (a stop seen while this step was in flight) are skipped.
+ended in between (a stop seen while this step was in flight, an abort) are skipped.
 """
 
 from __future__ import annotations
@@ -78,12 +78,14 @@ class StepResult:
 @dataclass(frozen=True)
 class DeferredStep:
     """A launched step whose tokens are still on the device. `sampling`: the indices of its
-    sampling entries, in logits-row order; `draws`: their draws; `seconds`: the host time
-    the step took to launch (for the metrics)."""
+    sampling entries, in logits-row order; `draws`: their draws; `capped`: requests the
+    scheduler ended at their length cap with this step's token (it still goes to them);
+    `seconds`: the host time the step took to launch (for the metrics)."""
 
     batch: ScheduledBatch
     sampling: tuple[int, ...]
     draws: PendingDraws | None
+    capped: tuple[Req, ...] = ()
     seconds: float = 0.0
 
     @property
@@ -176,7 +178,7 @@ class StepOutputs:
             return result
         for i, draw in zip(step.sampling, step.draws.draws()):
             e = entries[i]
-            if e.req.status is ReqStatus.FINISHED:
+            if e.req.engine_data.done:  # (a request at its length cap has not: see capped)
                 continue
             if _hand(e.req, i, 0, draw, result, e.end)[0]:
                 result.tokens[i] = (draw.token,)

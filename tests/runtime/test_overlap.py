@@ -143,7 +143,7 @@ def test_abort_while_a_step_is_in_flight(engines, reference_ids):
     assert over.stats()["num_running"] == 0
 
 
-# ---- the scheduler's side: placeholders, resolution, a request awaiting its last token ----
+# ---- the scheduler's side: placeholders, resolution, a request at its length cap --------
 
 def test_placeholders_are_resolved_in_place_and_never_cached():
     sched = Scheduler(64, 64, SchedulerConfig(max_num_batched_tokens=32, max_running_reqs=4),
@@ -151,28 +151,28 @@ def test_placeholders_are_resolved_in_place_and_never_cached():
     a = sched.submit(Req("a", [5, 6, 7], SP(max_tokens=2, temperature=0.0)))
     b = sched.submit(Req("b", [5, 6, 8, 9], SP(max_tokens=5, temperature=0.0)))
     step1 = sched.schedule()  # both prompts; each samples its first token
-    sched.process_results(step1, [(-1,), (-2,)], unresolved=True)
+    assert sched.process_results(step1, [(-1,), (-2,)], unresolved=True) == []
     assert a.token_ids[-1] == -1 and b.token_ids[-1] == -2 and a.num_computed == 3
     step2 = sched.schedule()  # decodes feeding the placeholders, before they are known
     assert [e.req.rid for e in step2.entries] == ["a", "b"]
     assert step2.input_ids().tolist() == [-1, -2]
     assert sched.resolve_tokens(step1, [(11,), (21,)], [None, None]) == []
     assert a.token_ids == [5, 6, 7, 11] and b.token_ids == [5, 6, 8, 9, 21]
-    sched.process_results(step2, [(-1,), (-2,)], unresolved=True)
-    # a reached max_tokens with a placeholder: it awaits that token, nothing is fed for it
-    assert a.awaits_last_token and not b.awaits_last_token
+    # a's next token is its last (max_tokens): it ends now, its row and KV freed at once,
+    # the KV of its real tokens cached, its placeholder not
+    assert sched.process_results(step2, [(-1,), (-2,)], unresolved=True) == [a]
+    assert a.finished and a.finish_reason == "length" and a.token_ids[-1] == -1
+    assert sched.cache.prefix_cache.match_prefix([5, 6, 7, 11]).length == 4
     step3 = sched.schedule()
     assert [e.req.rid for e in step3.entries] == ["b"]
     sched.check_integrity()
-    finished = sched.resolve_tokens(step2, [(12,), (22,)], [None, "stop"])
-    assert finished == [a, b] and a.finish_reason == "length" and b.finish_reason == "stop"
-    assert a.output_ids == [11, 12] and b.output_ids == [21, 22]
+    # a finished already: skipped; b stops (its stop token, say) and ends
+    assert sched.resolve_tokens(step2, [(12,), (22,)], [None, "stop"]) == [b]
+    assert a.token_ids[-1] == -1 and b.output_ids == [21, 22] and b.finish_reason == "stop"
     sched.process_results(step3, [(-1,)], unresolved=True)  # b's extra step: dropped
     sched.check_integrity()
-    cached = sched.cache.prefix_cache.all_slots()
-    assert len(cached) == 7  # a: 3 prompt + 11 computed; b: 4 prompt (its prefix 5, 6 shared)
-    assert sched.cache.prefix_cache.match_prefix([5, 6, 7, 11, 12]).length == 4
-    assert sched.cache.prefix_cache.match_prefix([5, 6, 8, 9, 21]).length == 5
+    assert sched.cache.prefix_cache.match_prefix([5, 6, 8, 9, 21, 22]).length == 5
+    assert len(sched.cache.prefix_cache.all_slots()) == 7  # 5 6 | 7 11 | 8 9 21
     assert not sched.has_work and int(np.min(sched.req_to_token)) >= 0
 
 
@@ -180,9 +180,9 @@ def test_placeholders_are_resolved_in_place_and_never_cached():
                     "device tool: tests/runtime/test_overlap.py)")
 def test_on_the_gpu_with_graphs_outputs_are_bitwise_those_without_overlap():
     """The real thing: asynchronous draws, pinned copies, decode and piecewise CUDA graphs
-    fed placeholders. Fixed-length greedy and seeded requests, with rows and memory to
-    spare (a request at its length cap holds them one step longer under overlap), give the
-    same batches with and without overlap, so the tokens must be identical."""
+    fed placeholders. Fixed-length greedy and seeded requests give the same batches with
+    and without overlap (a request at its length cap leaves at once in both), so the
+    tokens must be identical, with fewer rows than requests (admissions as slots free up)."""
     cfg = ModelConfig("llama", vocab_size=512, hidden_size=128, intermediate_size=256,
                       num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, max_position=512)
     model = load_model(cfg, load_format="dummy", seed=5, device="cuda", dtype="float32",
@@ -195,9 +195,9 @@ def test_on_the_gpu_with_graphs_outputs_are_bitwise_those_without_overlap():
               for i in range(len(prompts))]
     outs, stats = [], []
     for overlap in (False, True):
-        eng = launch_engine(model, None, eos_token_ids=(0,), max_total_tokens=32768,
+        eng = launch_engine(model, None, eos_token_ids=(0,), max_total_tokens=8192,
                             scheduler_config=SchedulerConfig(max_num_batched_tokens=256,
-                                                             max_running_reqs=32),
+                                                             max_running_reqs=12),
                             engine_config=EngineConfig(check_integrity=True, overlap=overlap))
         try:
             handles = [eng.submit(EngineRequest(tuple(p), sp)) for p, sp in zip(prompts, params)]

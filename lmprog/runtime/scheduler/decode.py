@@ -12,13 +12,10 @@ from .plan import StepPlan
 
 class DecodePolicy:
     def split(self, running: Iterable[Req]) -> tuple[list[Req], list[Req]]:
-        """(decoders: exactly one pending token, extenders: several pending, oldest first).
-        A request that awaits its last token (Req.awaits_last_token) is in neither."""
+        """(decoders: exactly one pending token, extenders: several pending, oldest first)."""
         decoders, extenders = [], []
         for req in running:
             if len(req.token_ids) - req.num_computed == 1:
-                if req.token_ids[-1] < 0 and req.awaits_last_token:
-                    continue
                 decoders.append(req)
             else:
                 extenders.append(req)

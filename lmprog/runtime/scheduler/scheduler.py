@@ -25,11 +25,13 @@ request); it must not call schedule, retract or replace_tokens.
 
 Overlap scheduling (the host prepares step N+1 while the device runs step N) defers the
 tokens: process_results(batch, placeholders, unresolved=True) right after step N is
-launched records one placeholder per sampling entry (see request.py) and finishes nothing;
-step N+1 is scheduled, feeding them; after N+1 is launched the host reads N's tokens and
-calls resolve_tokens(batch_N, tokens, finish_reasons), which writes them in place and
-finishes requests. A request finished there was also fed in step N+1: that work is
-dropped (its KV slots are freed, nothing of it reaches the prefix cache).
+launched records one placeholder per sampling entry (see request.py); step N+1 is
+scheduled, feeding them; after N+1 is launched the host reads N's tokens and calls
+resolve_tokens(batch_N, tokens, finish_reasons), which writes them in place and finishes
+requests. A request finished there was also fed in step N+1: that work is dropped (its
+KV slots are freed, nothing of it reaches the prefix cache). A request whose placeholder
+is its last token (its length cap) finishes at once, before step N+1 is scheduled: its
+row and KV are not held a step longer; the engine gives it its token when N settles.
 """
 
 from __future__ import annotations
@@ -180,11 +182,11 @@ class Scheduler:
             decoders, extenders = self.decode_policy.split(running.values())
         self.decode_policy.plan(decoders, plan, budget, page)
         self.prefill_policy.continue_running(extenders, plan, budget)
-        while not plan and extenders and len(running) > 1:  # every prefill is stuck for memory
+        while not plan and len(running) > 1:  # every running prefill is stuck for memory
             self._retract_newest(retracted)
             _, extenders = self.decode_policy.split(running.values())
             self.prefill_policy.continue_running(extenders, plan, budget)
-        assert plan or not extenders, "a lone running request must always fit the pool"
+        assert plan or not running, "a lone running request must always fit the pool"
         if not retracted:
             self.prefill_policy.admit_waiting(plan, budget)
         return self._build(plan, retracted)
@@ -212,9 +214,9 @@ class Scheduler:
         finished prefill chunks are inserted into it too, for reuse by others.
 
         unresolved: next_tokens are placeholders, one per sampling entry, of tokens still
-        on the device (overlap scheduling; no drafts, no finish reasons): nothing finishes
-        now; resolve_tokens does that once they are known. A request whose placeholder
-        reaches its length cap is not scheduled until then (Req.awaits_last_token).
+        on the device (overlap scheduling; no drafts, no finish reasons): only requests
+        that reached their length cap finish now (the placeholder stays out of the prefix
+        cache; resolve_tokens skips them); the others once their tokens are known.
         """
         entries = batch.entries
         if len(next_tokens) != len(entries) or (finish_reasons is not None
@@ -239,7 +241,7 @@ class Scheduler:
                 sampled = True
             else:
                 sampled = self._advance(req, entry, tokens, reason is not None)
-            if unresolved:
+            if unresolved and not (sampled and len(req.token_ids) >= req.stop_len):
                 if entry.num_new > 1:
                     self.cache.cache_progress(req)
                 continue
