@@ -28,8 +28,9 @@ launches step N+1 before it reads step N's tokens, so the device never waits for
 A step is deferred so only when every request sampling in it is history-free (no
 constraint, penalties, prompt logprobs or drafts: DecodeState.history_free); any other
 step is processed at once, after the one in flight settles. With speculation on, every
-step settles before drafts are proposed. Cost: a request that stops in step N was fed once
-more in step N+1 (that work is dropped).
+step that asks for drafts settles the one in flight first (a step where speculation backed
+off keeps it in flight). Cost: a request that stops in step N was fed once more in step
+N+1 (that work is dropped).
 
 Fault isolation: an exception while processing one request (its sampler row, its guide,
 its prompt logprobs) fails that request only ("error"; its caller's result() raises it);
@@ -272,8 +273,13 @@ class Engine:
         start = time.perf_counter()
         spec = self.speculator
         if spec is not None and spec.enabled:
-            start += self._settle()  # drafts continue the real tokens
-            spec.propose(self.scheduler.decoding())
+            settled = [0.0]
+
+            def settle() -> None:  # drafts continue the real tokens
+                settled[0] += self._settle()
+
+            spec.propose(self.scheduler.decoding(), settle)
+            start += settled[0]
         batch = self.scheduler.schedule()
         if spec is not None:
             for req in batch.retracted:

@@ -154,7 +154,8 @@ def test_rejects_bad_inputs():
 @pytest.mark.skipif(not ON_GPU, reason="compiles kernels: needs a CUDA GPU")
 def test_warm_up_compiles_every_variant_a_decode_or_verify_row_can_pick():
     """After warm_up, split launches of any width (1..16 rows of a GQA-4 request) and any
-    number of KV splits run without compiling another kernel variant (a 1-3 s stall)."""
+    number of KV splits, and extend launches, run without compiling another kernel variant
+    (a 1-3 s stall)."""
     from lmprog.runtime.kernels.attention import _attn_tile_kernel, _merge_splits_kernel, warm_up
 
     def compiled():
@@ -169,10 +170,10 @@ def test_warm_up_compiles_every_variant_a_decode_or_verify_row_can_pick():
     table = table.to(torch.int32)
     assert warm_up(k, v, table, num_q_heads=hq) >= 4
     before = compiled()
-    for e in (1, 2, 3, 5, 8, 13, 16):
+    for e in (1, 2, 3, 5, 8, 13, 16, 17, 40):
         qkv = torch.randn(e, hq + 2 * hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
         for s in (1, 2, 3, 9, 16, 17, 40, 64):
-            seq = 200 * e + s
+            seq = 60 * e + 100 + s
             plan = plan_attention(
                 table, torch.tensor([2], device="cuda"), torch.tensor([seq], device="cuda"),
                 torch.tensor([e], device="cuda"), torch.zeros(1, dtype=torch.int64, device="cuda"),
@@ -185,9 +186,10 @@ def test_warm_up_compiles_every_variant_a_decode_or_verify_row_can_pick():
 
 def test_warm_up_runs_each_launch_variant_once():
     """GQA group 4: rows of 1-4, 5-8 and 9-16 tokens take BLOCK_M 16, 32 and 64; each runs
-    without splits, and with splits merged at BLOCK_S 16, 32 and 64."""
+    without splits, and with splits merged at BLOCK_S 16, 32 and 64; 17 rows: the extend
+    launch."""
     from lmprog.runtime.kernels.attention import warm_up
 
     k = torch.randn(65, 2, 32, device=DEVICE)
     table = torch.arange(1, 65, dtype=torch.int32, device=DEVICE).view(1, 64)
-    assert warm_up(k, k.clone(), table, num_q_heads=8) == 12
+    assert warm_up(k, k.clone(), table, num_q_heads=8) == 13

@@ -49,6 +49,7 @@ class Oracle(Proposer):
         for inp in inputs:
             self.calls += 1
             seq = list(inp.token_ids)
+            assert min(seq) >= 0, "a proposer was shown a placeholder (overlap scheduling)"
             full = next((k for k in self.known if k[: len(seq)] == seq and len(k) > len(seq)), None)
             chain = full[len(seq): len(seq) + inp.max_tokens] if full else []
             if chain and self.calls % 3 == 0:

@@ -60,28 +60,31 @@ def hybrid_attention(
 
 def warm_up(k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor, *,
             num_q_heads: int) -> int:
-    """Run once every variant the split launch can pick — each BLOCK_M its rows may need,
-    with and without KV splits, and the merge at each BLOCK_S — so that none is compiled
-    (1-3 s on an H200) in the middle of serving, the first time a busy step has enough
-    decodes to need no split, or a long verify row. (Prefill steps and the decode graphs'
-    capture meet the other variants at start-up.) Reads slot 0 of the pool through row 0
-    of req_to_token; writes nothing but scratch. Returns the number of launches."""
+    """Run once every variant a step can pick — the extend launch, and the split launch at
+    each BLOCK_M its rows may need, with and without KV splits, with the merge at each
+    BLOCK_S — so that none is compiled (1-3 s on an H200) in the middle of serving: the
+    first time a busy step has enough decodes to need no split, a long verify row, a draft
+    model's first prefill. Reads the pool through row 0 of req_to_token; writes nothing but
+    scratch. Returns the number of launches."""
     num_kv_heads, head_dim = k_buffer.shape[1], k_buffer.shape[2]
     dev = k_buffer.device
     group = num_q_heads // num_kv_heads
     max_rows = max(1, 64 // group)  # plan_attention's default split_max_tokens
-    q = torch.zeros(max_rows, num_q_heads, head_dim, dtype=k_buffer.dtype, device=dev)
+    q = torch.zeros(max_rows + 1, num_q_heads, head_dim, dtype=k_buffer.dtype, device=dev)
     row = torch.zeros(1, dtype=torch.int64, device=dev)  # the dtypes a step's plan has
-    seen: set[tuple[int, bool, int]] = set()
-    for e in range(1, max_rows + 1):
+    seen: set[tuple[int, int, int]] = set()
+    for e in range(1, max_rows + 2):  # max_rows + 1: the extend launch
         for s in (1, 2, 32, MAX_SPLITS):
             plan = plan_attention(
                 req_to_token, row, torch.tensor([e + 8], device=dev),
                 torch.tensor([e], device=dev), torch.zeros(1, dtype=torch.int64, device=dev),
                 num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                 seq_lens_cpu=[e + 8], extend_lens_cpu=[e], num_kv_splits=s)
-            key = (plan.split.config.block_m, s, 0)  # the launches' compile-time constants
-            if s > 1:
+            if plan.split is None:  # the extend launch (splits do not apply)
+                key = (plan.extend.config.block_m, 0, 0)
+            else:  # the launches' compile-time constants
+                key = (plan.split.config.block_m, s, 0)
+            if s > 1 and plan.split is not None:
                 key = (key[0], 2, max(16, triton.next_power_of_2(s)))
             if key not in seen:
                 seen.add(key)

@@ -86,6 +86,9 @@ class DraftModelProposer(Proposer):
                                         device=self.device)
         self._ones = torch.ones(max_requests, dtype=torch.int64, device=self.device)
         self._arange = torch.arange(max_requests, dtype=torch.int64, device=self.device)
+        attention = getattr(model, "attention", None)
+        if attention is not None:  # its kernels compiled now, not at the first proposal
+            attention.warm_up(self.kv, self.req_to_token)
         self.graphs = (capture_decode_graphs(model, self.kv, self.req_to_token,
                                              max_batch_size=max_requests)
                        if cuda_graphs else None)

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from ..request import Req
+from ..request import Req, ReqStatus
 from .adaptive import AcceptanceRate, DraftLengths, ProposeCost
 from .config import SpeculativeConfig
 from .proposer import Proposal, ProposalInput, Proposer
@@ -84,10 +84,15 @@ class Speculator:
         self.jump_verifies = 0  # verify entries whose drafts followed jump-forward tokens
 
     # -- before schedule() -----------------------------------------------------------------
-    def propose(self, decoding: Sequence[Req]) -> None:
+    def propose(self, decoding: Sequence[Req],
+                settle: Callable[[], None] | None = None) -> None:
         """Set draft_ids of the decoding requests (Scheduler.decoding: every running request
         whose pending tokens were generated: its last token, after a jump-forward also the
-        forced ones) that speculate this step; clear the others'."""
+        forced ones) that speculate this step; clear the others'.
+
+        settle: called before any token is read, once some request is to draft (overlap
+        scheduling: a step in flight has tokens the host does not know yet; a step where
+        nobody drafts leaves it in flight). Requests it ends are not asked."""
         self._probs.clear()
         self._timing = None
         step_start = self._clock()
@@ -101,6 +106,12 @@ class Speculator:
         ks = self.lengths.choose([self._rate(r) for r in candidates],
                                  [r.remaining_tokens - 1 for r in candidates], fed)
         asked = [(r, k) for r, k in zip(candidates, ks) if k > 0]
+        if asked and settle is not None:
+            settle()
+            step_start = self._clock()  # the settled step's host work is not this step's
+            asked = [(r, min(k, r.remaining_tokens - 1)) for r, k in asked
+                     if r.status is ReqStatus.RUNNING and not r.engine_data.done]
+            asked = [(r, k) for r, k in asked if k > 0]
         if not asked:
             return
         propose_start = self._clock()
