@@ -343,3 +343,23 @@ def test_a_free_or_explicitly_priced_proposer_keeps_drafting(per_draft, draft_co
     assert spec.stats()["spec_draft_cost"] == pytest.approx(0.02)
     assert (spec.propose_cost is None) == (draft_cost is not None)
     assert asked == list(range(100)) and ks[-1] == 1
+
+
+def test_probes_are_rationed_in_a_large_batch():
+    """64 requests a draft never fits: at most 64 / PROBE_SHARE of them probe in a step,
+    the others wait on as if they had, so the batch probes far less than 64 lone requests."""
+    from lmprog.runtime.speculative.adaptive import PROBE_SHARE
+
+    def probes(batch: int, steps: int = 100) -> list[int]:
+        lengths = DraftLengths(num_tokens=4, draft_cost=0.5, max_step_tokens=10_000)
+        stats = [AcceptanceRate() for _ in range(batch)]
+        for st in stats:
+            st.update(0, True)
+            st.update(0, True)  # rate ~0.2: k = 0 at this cost
+        return [sum(k > 0 for k in lengths.choose(stats, [8] * batch, batch))
+                for _ in range(steps)]
+
+    alone = sum(probes(1))
+    batch = probes(64)
+    assert max(batch) <= 64 // PROBE_SHARE and 5 <= alone <= 10
+    assert sum(batch) <= 64 * alone / 3

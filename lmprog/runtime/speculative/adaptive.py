@@ -21,7 +21,10 @@ The rule (SpeculativeConfig.adaptive=True):
    at k = 0 would never learn that it got better. So a request whose proposal came back
    empty, or whose rate gives k = 0, waits 1, 2, 4, ... up to 16 of its decode steps before
    it is asked again, and a request at k = 0 is then asked for one draft (a probe). The
-   wait doubles while that goes on; an accepted draft resets it.
+   wait doubles while that goes on; an accepted draft resets it. Probes are rationed: at
+   most one in PROBE_SHARE of a step's candidates probes (a large batch of requests a
+   draft never fits would otherwise probe in step, each probe a draft-model forward over
+   the tokens since its last one); the others wait on as if they had probed.
 4. Batch back-off: the decoding requests feed 1 token each (after a jump-forward, the
    forced tokens too) plus their drafts, and drafts are only added while that total stays
    within max_step_tokens, the point past which a step is compute-bound (each verified
@@ -42,6 +45,7 @@ PRIOR_RATE = 0.6
 PRIOR_WEIGHT = 1.0
 DECAY = 0.85
 MAX_WAIT = 16
+PROBE_SHARE = 8  # at most one probe per this many candidates in a step (at least one)
 PROPOSE_WEIGHT = 0.2  # the newest step's weight in the proposing-cost estimate
 MAX_PROPOSE_COST = 1.0  # a draft costing a whole step is never worth it (k = 0 for a < 1)
 
@@ -76,12 +80,13 @@ class AcceptanceRate:
             return False
         return True
 
-    def length(self, best: int) -> int:
+    def length(self, best: int, may_probe: bool = True) -> int:
         """The drafts to ask for when ready, given the rate's best length: that, or at
-        k = 0 nothing at first and then a one-draft probe after each (doubling) wait."""
+        k = 0 nothing at first and then a one-draft probe after each (doubling) wait
+        (when `may_probe`; otherwise the wait doubles as if it had probed)."""
         if best > 0:
             return best
-        probe = self.penalty > 0
+        probe = self.penalty > 0 and may_probe
         self._back_off()
         return 1 if probe else 0
 
@@ -169,10 +174,12 @@ class DraftLengths:
         if spare <= 0:
             return [0] * len(caps)
         ks = [0] * len(caps)
+        probes = max(1, len(caps) // PROBE_SHARE)
         for i, (st, cap) in enumerate(zip(stats, caps)):
             if st.ready():
-                ks[i] = max(0, min(st.length(best_length(st.rate, self.num_tokens, self.cost)),
-                                   cap))
+                best = best_length(st.rate, self.num_tokens, self.cost)
+                ks[i] = max(0, min(st.length(best, may_probe=probes > 0), cap))
+                probes -= best == 0 and ks[i] > 0
         if sum(ks) <= spare:
             return ks
         return _most_likely([st.rate for st in stats], ks, spare)
