@@ -22,15 +22,14 @@ The engine here is built with cuda_graphs=False so its first decode runs eagerly
 `install_graphs` fuses the elementwise layers and sets `runner.graphs` (what the model runner
 does itself at start-up by default, without the fusion).
 
-Measured on the H200 (torch 2.11, triton 3.6, transformers 5.17), `python3 bench/bench_gpu.py`
-(max_running 256, chunk 8192, KV 600k tokens), 2026-11-30:
-    batch-1 decode, model loop: eager 68 tok/s, graph 179, graph + fused 196 tok/s (69% of
-        the 285 tok/s weight-read limit); engine (lp.Runtime): eager 62, graphs 185 tok/s;
-        transformers generate 15.3 tok/s
-    offline 2,000 requests: 19,105 total tok/s (84.0 s; 37% of the 51.7k tok/s roofline,
-        291 TFLOP/s achieved); transformers, 64 requests padded: 863 tok/s
-    kernel time of the (unfused) batch-1 graph step, --profile: 5.35 ms = matmuls 3.96 ms
-        (129 kernels, ~89% of HBM bandwidth), attention 0.25 ms, 627 other kernels 1.14 ms
+Measured on the H200 (torch 2.11, triton 3.6, transformers 5.17), `python3 bench/bench_gpu.py
+--hf-requests 8` (max_running 512, chunk 8192, KV 600k tokens), 2026-11-30, third session:
+    batch-1 decode, model loop: graph + fused 210.7 tok/s (74% of the 285 tok/s weight-read
+        limit); engine (lp.Runtime, overlap scheduling): 209.4 tok/s, 188.1 without overlap;
+        transformers generate 11.0 tok/s
+    offline 2,000 requests: 25,586 total tok/s (62.7 s; 50% of the 51.7k tok/s roofline,
+        390 TFLOP/s achieved); transformers, 8 requests padded: 149 tok/s
+    (docs/benchmarks.md has the runs before, the run-to-run spread and the profiles)
 """
 
 from __future__ import annotations
@@ -636,7 +635,7 @@ def parse_args():
     p.add_argument("--decode-prompt", type=int, default=128)
     p.add_argument("--decode-steps", type=int, default=256)
     p.add_argument("--eager-steps", type=int, default=16)
-    p.add_argument("--max-running", type=int, default=256)
+    p.add_argument("--max-running", type=int, default=512)
     p.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens")
     p.add_argument("--kv-tokens", type=int, default=600_000)
     p.add_argument("--context", type=int, default=2048)

@@ -67,10 +67,11 @@ def test_prefill_first_mode_gives_the_same_outputs_and_timestamps(model, tok, re
         assert h.submitted_at < h.first_token_at <= h.finished_at
 
 
-def test_tiny_pool_retracts_and_chunks_yet_outputs_match(model, tok, reference):
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap-scheduling"])
+def test_tiny_pool_retracts_and_chunks_yet_outputs_match(model, tok, reference, overlap):
     # admission that reserves almost nothing for future tokens: the pool must run out
     small = engine_for(model, tok, slots=120, budget=16, max_reqs=16, init_new_token_ratio=0.02,
-                       min_new_token_ratio=0.02)
+                       min_new_token_ratio=0.02, overlap=overlap)
     try:
         results = run_all(small, PROMPTS, greedy())
         stats = small.stats()
@@ -79,6 +80,7 @@ def test_tiny_pool_retracts_and_chunks_yet_outputs_match(model, tok, reference):
         small.shutdown()
     assert [r.token_ids for r in results] == reference
     assert stats["num_retractions"] > 0, "the pool was meant to run out"
+    assert (stats["overlapped_steps"] > 0) == overlap
 
 
 def test_prefill_only_request_caches_its_prompt(eng):
