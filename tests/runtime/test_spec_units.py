@@ -363,3 +363,24 @@ def test_probes_are_rationed_in_a_large_batch():
     batch = probes(64)
     assert max(batch) <= 64 // PROBE_SHARE and 5 <= alone <= 10
     assert sum(batch) <= 64 * alone / 3
+
+
+def test_newcomers_take_the_pooled_rate_and_explore_in_rations_until_it_has_evidence():
+    from lmprog.runtime.speculative.adaptive import PROBE_SHARE
+
+    lengths = DraftLengths(num_tokens=4, draft_cost=0.3, max_step_tokens=10_000)
+    pool = AcceptanceRate()
+    stats = [AcceptanceRate(pool) for _ in range(64)]
+    ks = lengths.choose(stats, [8] * 64, 64)
+    assert sum(k > 0 for k in ks) == 64 // PROBE_SHARE  # nothing known yet: 8 explore
+    for st, k in zip(stats, ks):
+        if k:
+            st.update(0, True)
+            pool.update(0, True)  # every draft wrong
+    assert pool.rate < 0.15 and stats[-1].rate == pool.rate  # the rest expect as much
+    assert lengths.choose(stats, [8] * 64, 64) == [0] * 64  # nobody else pays to learn it
+    good = AcceptanceRate()
+    for _ in range(3):
+        good.update(4, False)
+    fresh = [AcceptanceRate(good) for _ in range(64)]
+    assert all(k == 4 for k in lengths.choose(fresh, [8] * 64, 64))  # a good source: all ask

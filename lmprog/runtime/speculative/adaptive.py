@@ -5,8 +5,11 @@ The rule (SpeculativeConfig.adaptive=True):
 1. Per request, an acceptance rate a: the chance that a draft token is accepted given that
    the one before it was, estimated from decayed counts of accepted drafts and of chains
    cut by a rejection (the maximum-likelihood estimate for geometric chains; counts decay
-   by 0.85 per verify), starting from a prior of 0.6 worth one draft. (The Speculator keeps
-   two per request: drafts right after a jump-forward's forced tokens have their own.)
+   by 0.85 per verify), with a prior of 0.6 worth one draft. A request with no verify of
+   its own yet takes the pooled rate of every request's recent verifies (same rule), so a
+   newcomer expects what the draft source has lately been worth. (The Speculator keeps two
+   per request, and two pools: drafts right after a jump-forward's forced tokens have
+   their own.)
 2. Its draft length k maximises the expected tokens per unit of step cost,
 
         E(k) / (1 + c k),    E(k) = 1 + a + a^2 + ... + a^k
@@ -24,7 +27,10 @@ The rule (SpeculativeConfig.adaptive=True):
    wait doubles while that goes on; an accepted draft resets it. Probes are rationed: at
    most one in PROBE_SHARE of a step's candidates probes (a large batch of requests a
    draft never fits would otherwise probe in step, each probe a draft-model forward over
-   the tokens since its last one); the others wait on as if they had probed.
+   the tokens since its last one); the others wait on as if they had probed. While the
+   pool has seen no verify yet, newcomers in a batch of more than PROBE_SHARE are rationed
+   the same way (the others wait a step): 64 requests do not all pay a draft model's
+   prompt prefill to learn what 8 of them show.
 4. Batch back-off: the decoding requests feed 1 token each (after a jump-forward, the
    forced tokens too) plus their drafts, and drafts are only added while that total stays
    within max_step_tokens, the point past which a step is compute-bound (each verified
@@ -53,18 +59,27 @@ MAX_PROPOSE_COST = 1.0  # a draft costing a whole step is never worth it (k = 0 
 class AcceptanceRate:
     """One request's acceptance statistics and back-off (module docstring, steps 1 and 3)."""
 
-    __slots__ = ("accepted", "cut", "wait", "penalty")
+    __slots__ = ("accepted", "cut", "wait", "penalty", "pool")
 
-    def __init__(self) -> None:
+    def __init__(self, pool: AcceptanceRate | None = None) -> None:
+        """pool: the pooled statistics whose rate is taken while this one has no verify."""
         self.accepted = 0.0  # draft tokens accepted (decayed)
         self.cut = 0.0  # chains that ended in a rejected draft (decayed)
         self.wait = 0  # decode steps to go before the proposer is asked again
         self.penalty = 0  # the current wait length; 0 when not backing off
+        self.pool = pool
 
     @property
     def rate(self) -> float:
+        if self.pool is not None and self.fresh:
+            return self.pool.rate
         prior_acc = PRIOR_RATE * PRIOR_WEIGHT
         return (self.accepted + prior_acc) / (self.accepted + self.cut + PRIOR_WEIGHT)
+
+    @property
+    def fresh(self) -> bool:
+        """No verify seen yet."""
+        return self.accepted == 0.0 and self.cut == 0.0
 
     def update(self, accepted: int, rejected: bool) -> None:
         """A verify of this request: `accepted` drafts taken, then a rejection or not."""
@@ -175,11 +190,16 @@ class DraftLengths:
             return [0] * len(caps)
         ks = [0] * len(caps)
         probes = max(1, len(caps) // PROBE_SHARE)
+        newcomers = probes if len(caps) > PROBE_SHARE else len(caps)
         for i, (st, cap) in enumerate(zip(stats, caps)):
+            unproven = st.fresh and st.pool is not None and st.pool.fresh
+            if unproven and newcomers <= 0:
+                continue  # asked in a later step, once the pool has seen some verifies
             if st.ready():
                 best = best_length(st.rate, self.num_tokens, self.cost)
                 ks[i] = max(0, min(st.length(best, may_probe=probes > 0), cap))
                 probes -= best == 0 and ks[i] > 0
+                newcomers -= unproven and ks[i] > 0
         if sum(ks) <= spare:
             return ks
         return _most_likely([st.rate for st in stats], ks, spare)

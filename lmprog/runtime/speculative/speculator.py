@@ -73,6 +73,8 @@ class Speculator:
         # keyed (rid, after a jump-forward): drafts that start a free span right after
         # forced text fare differently from drafts inside a span (see the module docstring)
         self._rates: dict[tuple[Hashable, bool], AcceptanceRate] = {}
+        # every request's verifies, pooled: the prior of a request's own rate
+        self._pools = {False: AcceptanceRate(), True: AcceptanceRate()}
         self._probs: dict[Hashable, torch.Tensor] = {}
         self.proposed = 0  # draft tokens handed to the scheduler
         self.verified = 0  # draft tokens fed to the model
@@ -194,6 +196,7 @@ class Speculator:
             self.rejections += rejected
             if rate is not None:
                 rate.update(accepted, rejected)
+            self._pools[after_jump].update(accepted, rejected)
         self._probs.clear()
         self._measure()
 
@@ -220,7 +223,7 @@ class Speculator:
         key = (req.rid, req.pending_len > 1)
         rate = self._rates.get(key)
         if rate is None:
-            rate = self._rates[key] = AcceptanceRate()
+            rate = self._rates[key] = AcceptanceRate(self._pools[key[1]])
         return rate
 
     def stats(self) -> dict[str, Any]:
