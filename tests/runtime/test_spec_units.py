@@ -384,3 +384,25 @@ def test_newcomers_take_the_pooled_rate_and_explore_in_rations_until_it_has_evid
         good.update(4, False)
     fresh = [AcceptanceRate(good) for _ in range(64)]
     assert all(k == 4 for k in lengths.choose(fresh, [8] * 64, 64))  # a good source: all ask
+
+
+@pytest.mark.parametrize("measured", [0.0, 0.4])
+def test_requests_without_verifies_probe_rarely_where_proposing_is_costly(measured):
+    """A pool that says drafts fail: where proposing costs about what verifying does
+    (n-gram) newcomers keep asking; where it costs a draft model's forward they probe once
+    in FRESH_PROBE_EVERY steps, all of them together (the pool is re-tested, not each)."""
+    from lmprog.runtime.speculative.adaptive import FRESH_PROBE_EVERY
+
+    lengths = DraftLengths(num_tokens=4, draft_cost=0.02, max_step_tokens=10_000)
+    lengths.cost = 0.02 + measured
+    pool = AcceptanceRate()
+    for _ in range(20):
+        pool.update(0, True)
+    stats = [AcceptanceRate(pool) for _ in range(4)]
+    asked = [sum(k > 0 for k in lengths.choose(stats, [8] * 4, 4)) for _ in range(200)]
+    if measured == 0.0:
+        assert sum(asked) > 100
+    else:
+        steps = [i for i, n in enumerate(asked) if n]
+        assert set(asked) == {0, 1} and len(steps) == 200 // FRESH_PROBE_EVERY
+        assert min(b - a for a, b in zip(steps, steps[1:])) >= FRESH_PROBE_EVERY

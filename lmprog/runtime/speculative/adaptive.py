@@ -30,7 +30,11 @@ The rule (SpeculativeConfig.adaptive=True):
    the tokens since its last one); the others wait on as if they had probed. While the
    pool has seen no verify yet, newcomers in a batch of more than PROBE_SHARE are rationed
    the same way (the others wait a step): 64 requests do not all pay a draft model's
-   prompt prefill to learn what 8 of them show.
+   prompt prefill to learn what 8 of them show. And where proposing costs more than
+   verifying (a draft model), a request with no verify of its own probes only once in
+   FRESH_PROBE_EVERY steps engine-wide (its probe pays its whole prompt in the draft); it
+   follows the pool instead, asked once the pooled rate makes drafting pay, and those rare
+   probes keep the pool from staying bad for good.
 4. Batch back-off: the decoding requests feed 1 token each (after a jump-forward, the
    forced tokens too) plus their drafts, and drafts are only added while that total stays
    within max_step_tokens, the point past which a step is compute-bound (each verified
@@ -52,6 +56,7 @@ PRIOR_WEIGHT = 1.0
 DECAY = 0.85
 MAX_WAIT = 16
 PROBE_SHARE = 8  # at most one probe per this many candidates in a step (at least one)
+FRESH_PROBE_EVERY = 64  # steps between probes of requests without verifies, where costly
 PROPOSE_WEIGHT = 0.2  # the newest step's weight in the proposing-cost estimate
 MAX_PROPOSE_COST = 1.0  # a draft costing a whole step is never worth it (k = 0 for a < 1)
 
@@ -167,6 +172,8 @@ class DraftLengths:
                  adaptive: bool = True) -> None:
         assert num_tokens >= 1 and max_step_tokens >= 1 and 0 <= draft_cost <= 1
         self.num_tokens, self.cost = num_tokens, draft_cost
+        self.verify_cost = draft_cost  # cost's part that verifying is (constant)
+        self._fresh_wait = 0  # steps until a request without verifies may probe (costly)
         self.max_step_tokens, self.adaptive = max_step_tokens, adaptive
 
     def spare(self, num_fed: int) -> int:
@@ -191,13 +198,18 @@ class DraftLengths:
         ks = [0] * len(caps)
         probes = max(1, len(caps) // PROBE_SHARE)
         newcomers = probes if len(caps) > PROBE_SHARE else len(caps)
+        cheap = self.cost <= 2 * self.verify_cost  # proposing costs at most what verifying does
+        self._fresh_wait = max(0, self._fresh_wait - 1)
         for i, (st, cap) in enumerate(zip(stats, caps)):
             unproven = st.fresh and st.pool is not None and st.pool.fresh
             if unproven and newcomers <= 0:
                 continue  # asked in a later step, once the pool has seen some verifies
             if st.ready():
                 best = best_length(st.rate, self.num_tokens, self.cost)
-                ks[i] = max(0, min(st.length(best, may_probe=probes > 0), cap))
+                may_probe = probes > 0 and (cheap or not st.fresh or self._fresh_wait == 0)
+                ks[i] = max(0, min(st.length(best, may_probe), cap))
+                if best == 0 and ks[i] > 0 and st.fresh and not cheap:
+                    self._fresh_wait = FRESH_PROBE_EVERY
                 probes -= best == 0 and ks[i] > 0
                 newcomers -= unproven and ks[i] > 0
         if sum(ks) <= spare:
