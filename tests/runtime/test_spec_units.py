@@ -346,12 +346,14 @@ def test_a_free_or_explicitly_priced_proposer_keeps_drafting(per_draft, draft_co
 
 
 def test_probes_are_rationed_in_a_large_batch():
-    """64 requests a draft never fits: at most 64 / PROBE_SHARE of them probe in a step,
-    the others wait on as if they had, so the batch probes far less than 64 lone requests."""
+    """64 requests a costly draft never fits: at most 64 / PROBE_SHARE of them probe in a
+    step, the others wait on as if they had, so the batch probes far less than 64 lone
+    requests."""
     from lmprog.runtime.speculative.adaptive import PROBE_SHARE
 
     def probes(batch: int, steps: int = 100) -> list[int]:
-        lengths = DraftLengths(num_tokens=4, draft_cost=0.5, max_step_tokens=10_000)
+        lengths = DraftLengths(num_tokens=4, draft_cost=0.1, max_step_tokens=10_000)
+        lengths.cost = 0.5  # proposing measured at 0.4: costly, probes rationed
         stats = [AcceptanceRate() for _ in range(batch)]
         for st in stats:
             st.update(0, True)
@@ -366,9 +368,12 @@ def test_probes_are_rationed_in_a_large_batch():
 
 
 def test_newcomers_take_the_pooled_rate_and_explore_in_rations_until_it_has_evidence():
+    """Where proposing is costly (a draft model) newcomers go by every request's recent
+    verifies, and a large batch sends only some of them to find out first."""
     from lmprog.runtime.speculative.adaptive import PROBE_SHARE
 
-    lengths = DraftLengths(num_tokens=4, draft_cost=0.3, max_step_tokens=10_000)
+    lengths = DraftLengths(num_tokens=4, draft_cost=0.02, max_step_tokens=10_000)
+    lengths.cost = 0.3  # a draft model's forwards, measured: proposing is costly
     pool = AcceptanceRate()
     stats = [AcceptanceRate(pool) for _ in range(64)]
     ks = lengths.choose(stats, [8] * 64, 64)
@@ -377,13 +382,17 @@ def test_newcomers_take_the_pooled_rate_and_explore_in_rations_until_it_has_evid
         if k:
             st.update(0, True)
             pool.update(0, True)  # every draft wrong
-    assert pool.rate < 0.15 and stats[-1].rate == pool.rate  # the rest expect as much
+    assert pool.rate < 0.15 and stats[-1].pooled_rate == pool.rate  # the rest expect as much
     assert lengths.choose(stats, [8] * 64, 64) == [0] * 64  # nobody else pays to learn it
     good = AcceptanceRate()
     for _ in range(3):
         good.update(4, False)
     fresh = [AcceptanceRate(good) for _ in range(64)]
     assert all(k == 4 for k in lengths.choose(fresh, [8] * 64, 64))  # a good source: all ask
+    unknown = DraftLengths(num_tokens=4, draft_cost=0.02, max_step_tokens=10_000)
+    unknown.cost_known = False  # a measured proposer before its first step: as costly
+    newcomers = [AcceptanceRate(AcceptanceRate()) for _ in range(64)]
+    assert sum(k > 0 for k in unknown.choose(newcomers, [8] * 64, 64)) == 64 // PROBE_SHARE
 
 
 @pytest.mark.parametrize("measured", [0.0, 0.4])

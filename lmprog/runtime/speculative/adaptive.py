@@ -5,11 +5,11 @@ The rule (SpeculativeConfig.adaptive=True):
 1. Per request, an acceptance rate a: the chance that a draft token is accepted given that
    the one before it was, estimated from decayed counts of accepted drafts and of chains
    cut by a rejection (the maximum-likelihood estimate for geometric chains; counts decay
-   by 0.85 per verify), with a prior of 0.6 worth one draft. A request with no verify of
-   its own yet takes the pooled rate of every request's recent verifies (same rule), so a
-   newcomer expects what the draft source has lately been worth. (The Speculator keeps two
-   per request, and two pools: drafts right after a jump-forward's forced tokens have
-   their own.)
+   by 0.85 per verify), with a prior of 0.6 worth one draft. Where proposing is costly
+   (step 3), a request with no verify of its own yet takes the pooled rate of every
+   request's recent verifies instead (same rule): a newcomer expects what the draft source
+   has lately been worth. (The Speculator keeps two per request, and two pools: drafts
+   right after a jump-forward's forced tokens have their own.)
 2. Its draft length k maximises the expected tokens per unit of step cost,
 
         E(k) / (1 + c k),    E(k) = 1 + a + a^2 + ... + a^k
@@ -24,17 +24,16 @@ The rule (SpeculativeConfig.adaptive=True):
    at k = 0 would never learn that it got better. So a request whose proposal came back
    empty, or whose rate gives k = 0, waits 1, 2, 4, ... up to 16 of its decode steps before
    it is asked again, and a request at k = 0 is then asked for one draft (a probe). The
-   wait doubles while that goes on; an accepted draft resets it. Probes are rationed: at
-   most one in PROBE_SHARE of a step's candidates probes (a large batch of requests a
-   draft never fits would otherwise probe in step, each probe a draft-model forward over
-   the tokens since its last one); the others wait on as if they had probed. While the
-   pool has seen no verify yet, newcomers in a batch of more than PROBE_SHARE are rationed
-   the same way (the others wait a step): 64 requests do not all pay a draft model's
-   prompt prefill to learn what 8 of them show. And where proposing costs more than
-   verifying (a draft model), a request with no verify of its own probes only once in
-   FRESH_PROBE_EVERY steps engine-wide (its probe pays its whole prompt in the draft); it
-   follows the pool instead, asked once the pooled rate makes drafting pay, and those rare
-   probes keep the pool from staying bad for good.
+   wait doubles while that goes on; an accepted draft resets it.
+   Costly proposing — measured at more than verifying costs (a draft model, not an n-gram
+   lookup), or not measured yet — is rationed further, since a large batch of requests a
+   draft never fits would otherwise pay a draft-model forward per request per probe, and a
+   request's first ask pays its whole prompt in the draft: at most one in PROBE_SHARE of a
+   step's candidates probes (the others wait on as if they had); while the pool has seen
+   no verify, newcomers in a batch of more than PROBE_SHARE ask in rations too (the others
+   wait a step: 64 requests do not all pay to learn what 8 of them show); a request with
+   no verify of its own goes by the pooled rate, and probes only once in
+   FRESH_PROBE_EVERY steps engine-wide (which keeps the pool from staying bad for good).
 4. Batch back-off: the decoding requests feed 1 token each (after a jump-forward, the
    forced tokens too) plus their drafts, and drafts are only added while that total stays
    within max_step_tokens, the point past which a step is compute-bound (each verified
@@ -67,7 +66,7 @@ class AcceptanceRate:
     __slots__ = ("accepted", "cut", "wait", "penalty", "pool")
 
     def __init__(self, pool: AcceptanceRate | None = None) -> None:
-        """pool: the pooled statistics whose rate is taken while this one has no verify."""
+        """pool: the pooled statistics of every request (see pooled_rate)."""
         self.accepted = 0.0  # draft tokens accepted (decayed)
         self.cut = 0.0  # chains that ended in a rejected draft (decayed)
         self.wait = 0  # decode steps to go before the proposer is asked again
@@ -76,10 +75,13 @@ class AcceptanceRate:
 
     @property
     def rate(self) -> float:
-        if self.pool is not None and self.fresh:
-            return self.pool.rate
         prior_acc = PRIOR_RATE * PRIOR_WEIGHT
         return (self.accepted + prior_acc) / (self.accepted + self.cut + PRIOR_WEIGHT)
+
+    @property
+    def pooled_rate(self) -> float:
+        """The pool's rate while this one has no verify, else its own."""
+        return self.pool.rate if self.pool is not None and self.fresh else self.rate
 
     @property
     def fresh(self) -> bool:
@@ -166,13 +168,14 @@ class ProposeCost:
 class DraftLengths:
     """Chooses the per-request draft lengths of a step (module docstring, steps 2-4).
     `cost` (c of step 2) may be updated between steps (the Speculator adds the measured
-    proposing cost to draft_cost)."""
+    proposing cost to draft_cost, and sets `cost_known` once it has measured some)."""
 
     def __init__(self, num_tokens: int, draft_cost: float, max_step_tokens: int,
                  adaptive: bool = True) -> None:
         assert num_tokens >= 1 and max_step_tokens >= 1 and 0 <= draft_cost <= 1
         self.num_tokens, self.cost = num_tokens, draft_cost
         self.verify_cost = draft_cost  # cost's part that verifying is (constant)
+        self.cost_known = True  # False while a measured proposing cost has no sample yet
         self._fresh_wait = 0  # steps until a request without verifies may probe (costly)
         self.max_step_tokens, self.adaptive = max_step_tokens, adaptive
 
@@ -196,16 +199,20 @@ class DraftLengths:
         if spare <= 0:
             return [0] * len(caps)
         ks = [0] * len(caps)
-        probes = max(1, len(caps) // PROBE_SHARE)
-        newcomers = probes if len(caps) > PROBE_SHARE else len(caps)
-        cheap = self.cost <= 2 * self.verify_cost  # proposing costs at most what verifying does
+        # proposing known to cost at most what verifying does (an n-gram lookup): every
+        # request learns for itself; else (a draft model, or not measured yet) see step 3
+        cheap = self.cost_known and self.cost <= 2 * self.verify_cost
+        rationed = max(1, len(caps) // PROBE_SHARE)
+        probes = len(caps) if cheap else rationed
+        newcomers = len(caps) if cheap or len(caps) <= PROBE_SHARE else rationed
         self._fresh_wait = max(0, self._fresh_wait - 1)
         for i, (st, cap) in enumerate(zip(stats, caps)):
             unproven = st.fresh and st.pool is not None and st.pool.fresh
             if unproven and newcomers <= 0:
                 continue  # asked in a later step, once the pool has seen some verifies
             if st.ready():
-                best = best_length(st.rate, self.num_tokens, self.cost)
+                rate = st.rate if cheap else st.pooled_rate
+                best = best_length(rate, self.num_tokens, self.cost)
                 may_probe = probes > 0 and (cheap or not st.fresh or self._fresh_wait == 0)
                 ks[i] = max(0, min(st.length(best, may_probe), cap))
                 if best == 0 and ks[i] > 0 and st.fresh and not cheap:

@@ -67,6 +67,7 @@ class Speculator:
         # draft_cost=None: verify cost + measured proposing cost; a number: that alone
         measure = config.adaptive and config.draft_cost is None
         self.propose_cost = ProposeCost() if measure else None
+        self.lengths.cost_known = not measure
         self._clock = clock
         self._timing: tuple[float, float, int] | None = None  # see _measure
         self.enabled = True
@@ -210,6 +211,7 @@ class Speculator:
         step_start, propose_s, longest = timing
         self.propose_cost.observe(propose_s, self._clock() - step_start, longest)
         self.lengths.cost = self.verify_cost + self.propose_cost.value
+        self.lengths.cost_known = self.propose_cost.samples > 0
 
     def release(self, rid: Hashable, finished: bool = True) -> None:
         """Forget the proposer's state of rid (and, when it finished, its statistics)."""
