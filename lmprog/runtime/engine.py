@@ -272,7 +272,7 @@ class Engine:
     def _step(self) -> None:
         start = time.perf_counter()
         spec = self.speculator
-        if spec is not None and spec.enabled:
+        if spec is not None:
             settled = [0.0]
 
             def settle() -> None:  # drafts continue the real tokens
