@@ -50,6 +50,7 @@ class SamplingTensors:
     ban_tokens: torch.Tensor  # [N] int64
     all_greedy: bool
     any_top_k: bool
+    max_top_k: int  # the largest top_k of a sampled row (host copy: no device read)
     any_top_p: bool
     any_min_p: bool
     any_penalty: bool
@@ -94,6 +95,7 @@ class SamplingTensors:
             ban_tokens=col([t for _, t in ban], torch.int64),
             all_greedy=all(greedy),
             any_top_k=any(p.top_k > 0 and not g for g, p in zip(greedy, params)),
+            max_top_k=max(max(p.top_k, 0) for p in params),
             any_top_p=any(p.top_p < 1.0 and not g for g, p in zip(greedy, params)),
             any_min_p=any(p.min_p > 0.0 and not g for g, p in zip(greedy, params)),
             any_penalty=any(p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params),
@@ -217,17 +219,23 @@ def _filtered_probs(x: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
 _TOP_CANDIDATES = 256  # top-k/top-p cut-offs almost always fall inside this many tokens
 
 
-def _top_k_top_p_keep(probs: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
+def _top_k_top_p_keep(probs: torch.Tensor, tensors: SamplingTensors,
+                      full_sort: bool | None = None) -> torch.Tensor:
     """Bool [B, V]: the tokens top-k and top-p keep.
 
-    A full sort of V=49k floats costs milliseconds on a CPU, so the cut-off is looked for
-    among the top `_TOP_CANDIDATES` first, and the window grows 8x while some row's cut-off
-    lies beyond it (a flat distribution with top_p near 1).
+    A full sort of V=49k floats costs milliseconds on a CPU, so there the cut-off is looked
+    for among the top `_TOP_CANDIDATES` first, and the window grows 8x while some row's
+    cut-off lies beyond it (a flat distribution with top_p near 1). On a GPU the full sort
+    is cheap and asking whether the window sufficed would wait for the device (overlap
+    scheduling queues the draws without waiting), so it sorts everything
+    (`full_sort`: None = by device).
     """
     vocab = probs.shape[-1]
     enabled_k = tensors.top_k > 0
-    k_max = int(tensors.top_k.max()) if tensors.any_top_k else 0
-    n = min(vocab, max(_TOP_CANDIDATES, k_max))
+    if full_sort is None:
+        full_sort = probs.device.type != "cpu"
+    k_max = tensors.max_top_k if tensors.any_top_k else 0
+    n = vocab if full_sort else min(vocab, max(_TOP_CANDIDATES, k_max))
     keep_sorted, idx, determined = _keep_among_top(probs, tensors, n)
     while n < vocab and not bool(determined.all()):
         n = min(vocab, n * 8)

@@ -174,6 +174,7 @@ def test_window_growth_matches_full_sort():
         ref = _reference_probs(torch.log(probs[row]).numpy(), p) > 0
         assert keep[row].numpy().tolist() == ref.tolist()
     assert 4000 < int(keep[0].sum()) < 5000 and int(keep[1].sum()) <= 300
+    assert torch.equal(_top_k_top_p_keep(probs, st, full_sort=True), keep)  # the GPU's way
 
 
 def test_inputs_are_validated_and_not_modified():
