@@ -71,6 +71,27 @@ def test_greedy_batch_16_and_cache_off_match_batch_1(rt, prompts, batch1):
         off.shutdown()
 
 
+def test_overlap_scheduling_on_the_default_model(rt, prompts, batch1):
+    """lp.Runtime(overlap=True) (a GPU's default) on the CPU: same greedy outputs, every
+    step overlapped; a wrong value is refused before anything loads."""
+    from lmprog.runtime.engine import EngineConfig
+    from lmprog.runtime.engine_io import EngineRequest
+
+    over = launch_engine(rt.engine.runner.model, rt.tokenizer, eos_token_ids=rt.engine.eos_token_ids,
+                         max_total_tokens=2048,
+                         engine_config=EngineConfig(overlap=True, check_integrity=True))
+    try:
+        handles = [over.submit(EngineRequest(tuple(rt._prompt_ids(p)), SP(max_tokens=8, temperature=0.0)))
+                   for p in prompts]
+        assert [h.result(timeout=120).token_ids for h in handles] == [r.token_ids for r in batch1]
+        stats = over.stats()
+        assert stats["overlapped_steps"] == stats["steps"] > 0
+    finally:
+        over.shutdown()
+    with pytest.raises(TypeError, match="overlap must be a bool"):
+        Runtime(device="cpu", overlap="yes")
+
+
 def test_greedy_mostly_matches_llama_cpp(prompts, batch1):
     pytest.importorskip("llama_cpp")
     from lmprog.backends.llamacpp import LlamaCpp
