@@ -8,7 +8,6 @@ logprobs arrive in each choice's last chunk.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
@@ -19,13 +18,13 @@ from lmprog.core.protocol import GenerateRequest, GenerateResult
 from .bridge import Generations
 from .chat_schemas import ChatCompletionRequest
 from .context import ServeContext
-from .errors import APIError, from_exception
+from .errors import APIError
 from .formats import output_constraint
 from .logprobs import chat_logprobs, visible_logprobs
 from .params import choice_params, choices_of, sampling_params
 from .prompts import render_chat
 from .runs import ReplyBase, finish_reason, respond, usage
-from .streaming import DONE, sse
+from .streaming import sse
 from .tools import ToolPlan, plan_tools
 
 
@@ -107,28 +106,22 @@ class _Reply(ReplyBase):
             return {"tool_calls": [{"index": 0, **message["tool_calls"][0]}]}, reason
         return {"content": result.text}, reason
 
-    async def stream(self, group: Generations) -> AsyncIterator[bytes]:
-        results: dict[int, GenerateResult] = {}
-        yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None, "finish_reason": None} for i in range(group.size)])
-        try:
-            async for index, event in group.events():
-                self.first_token()
-                if isinstance(event, str):
-                    if self.plan.calls is None:
-                        yield self._chunk([{"index": index, "delta": {"content": event},
-                                            "logprobs": None, "finish_reason": None}])
-                    continue
-                results[index] = event
-                delta, reason = self._last_delta(event)
-                yield self._chunk([{"index": index, "delta": delta, "logprobs": self._logprobs(event),
-                                    "finish_reason": reason}])
-        except Exception as exc:  # a choice failed after the stream began
-            yield sse(from_exception(exc).body())
-            yield DONE
-            return
-        u = self._usage([results[i] for i in range(group.size)])
-        if self.body.stream_options and self.body.stream_options.include_usage:
-            yield sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                       "model": self.ctx.model_name, "choices": [], "usage": u})
-        yield DONE
+    # -- the SSE stream (ReplyBase.stream) ---------------------------------------------------
+    def _opening(self, size: int) -> list[bytes]:
+        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None} for i in range(size)])]
+
+    def _piece(self, index: int, text: str) -> bytes | None:
+        if self.plan.calls is not None:  # tool calls: the text is held back until the end
+            return None
+        return self._chunk([{"index": index, "delta": {"content": text}, "logprobs": None,
+                             "finish_reason": None}])
+
+    def _closing(self, index: int, result: GenerateResult) -> bytes:
+        delta, reason = self._last_delta(result)
+        return self._chunk([{"index": index, "delta": delta, "logprobs": self._logprobs(result),
+                             "finish_reason": reason}])
+
+    def _usage_chunk(self, u: dict[str, Any]) -> bytes:
+        return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                    "model": self.ctx.model_name, "choices": [], "usage": u})

@@ -4,7 +4,6 @@ streamed; `echo` returns the prompt too, with its token logprobs when `logprobs`
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
@@ -21,7 +20,7 @@ from .logprobs import completion_logprobs, generated_logprobs, visible_logprobs
 from .params import choice_params, choices_of, sampling_params
 from .runs import ReplyBase, finish_reason, respond, usage
 from .schemas import CompletionRequest
-from .streaming import DONE, sse
+from .streaming import sse
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 
@@ -128,7 +127,21 @@ class _Reply(ReplyBase):
         out["usage"] = self._usage(results)
         return out
 
-    def _last_chunk(self, index: int, result: GenerateResult) -> bytes:
+    # -- the SSE stream (ReplyBase.stream) ---------------------------------------------------
+    def _opening(self, size: int) -> list[bytes]:
+        """The echoed prompts first (with their logprobs), when echo is on."""
+        return [sse(self._envelope([{"index": i, "text": self._echo(i).text,
+                                     "logprobs": self._logprobs(i, None), "finish_reason": None}]))
+                for i in range(size if self.echoes else 0)]
+
+    def _piece(self, index: int, text: str) -> bytes:
+        return sse(self._envelope([{"index": index, "text": text, "logprobs": None,
+                                    "finish_reason": None}]))
+
+    def _usage_chunk(self, u: dict[str, Any]) -> bytes:
+        return sse({**self._envelope([]), "usage": u})
+
+    def _closing(self, index: int, result: GenerateResult) -> bytes:
         """A streamed choice's end: its finish reason and the logprobs of its tokens."""
         lps = None
         if self.body.logprobs is not None:
@@ -137,26 +150,3 @@ class _Reply(ReplyBase):
                                      self.body.logprobs)
         return sse(self._envelope([{"index": index, "text": "", "logprobs": lps,
                                     "finish_reason": finish_reason(result)}]))
-
-    async def stream(self, group: Generations) -> AsyncIterator[bytes]:
-        results: dict[int, GenerateResult] = {}
-        for i in range(group.size if self.echoes else 0):
-            yield sse(self._envelope([{"index": i, "text": self._echo(i).text,
-                                       "logprobs": self._logprobs(i, None), "finish_reason": None}]))
-        try:
-            async for index, event in group.events():
-                self.first_token()
-                if isinstance(event, str):
-                    yield sse(self._envelope([{"index": index, "text": event, "logprobs": None,
-                                               "finish_reason": None}]))
-                else:
-                    results[index] = event
-                    yield self._last_chunk(index, event)
-        except Exception as exc:  # a choice failed after the stream began
-            yield sse(from_exception(exc).body())
-            yield DONE
-            return
-        u = self._usage([results[i] for i in range(group.size)])
-        if self.body.stream_options and self.body.stream_options.include_usage:
-            yield sse({**self._envelope([]), "usage": u})
-        yield DONE

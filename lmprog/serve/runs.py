@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -17,7 +17,7 @@ from lmprog.core.protocol import GenerateResult
 from .bridge import Generations
 from .context import ServeContext
 from .errors import ClientGone, from_exception
-from .streaming import EventStream
+from .streaming import DONE, EventStream, sse
 
 T = TypeVar("T")
 POLL_S = 0.25
@@ -56,8 +56,10 @@ async def respond(request: Request, group: Generations, reply: Any, *, stream: b
 
 
 class ReplyBase:
-    """What every response of one request shares: its id, creation time, and the clock of
-    its time to first token (recorded in the server's metrics once)."""
+    """What every response of one request shares: its id, creation time, the clock of its
+    time to first token (recorded in the server's metrics once), and the shape of its SSE
+    stream (`stream`). Subclasses set `body` (the request, with `stream_options`) and build
+    the chunks: `_opening`, `_piece`, `_closing`, `_usage_chunk`, and `_usage`."""
 
     def __init__(self, ctx: ServeContext, id_prefix: str) -> None:
         self.ctx = ctx
@@ -70,6 +72,32 @@ class ReplyBase:
         if not self._timed:
             self._timed = True
             self.ctx.metrics.on_first_token(time.perf_counter() - self.started)
+
+    async def stream(self, group: Generations) -> AsyncIterator[bytes]:
+        """The SSE stream: opening chunks, a chunk per text piece and per finished choice,
+        an error event if a choice fails once the stream began, the usage chunk when
+        stream_options.include_usage asks for it, then [DONE]."""
+        results: dict[int, GenerateResult] = {}
+        for chunk in self._opening(group.size):
+            yield chunk
+        try:
+            async for index, event in group.events():
+                self.first_token()
+                if isinstance(event, str):
+                    chunk = self._piece(index, event)
+                    if chunk is not None:
+                        yield chunk
+                else:
+                    results[index] = event
+                    yield self._closing(index, event)
+        except Exception as exc:  # a choice failed after the stream began
+            yield sse(from_exception(exc).body())
+            yield DONE
+            return
+        u = self._usage([results[i] for i in range(group.size)])
+        if self.body.stream_options and self.body.stream_options.include_usage:
+            yield self._usage_chunk(u)
+        yield DONE
 
 
 def finish_reason(result: GenerateResult) -> str:
