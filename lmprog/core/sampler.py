@@ -145,7 +145,7 @@ def sample(
         ids = greedy_ids
     else:
         ids = torch.where(tensors.greedy, greedy_ids, _draw(_filtered_probs(x, tensors), generators))
-    return _with_logprobs(ids, raw_logprobs, tensors.max_top_logprobs)
+    return with_logprobs(ids, raw_logprobs, tensors.max_top_logprobs)
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
@@ -304,7 +304,9 @@ def draw(probs: torch.Tensor,
     return _draw(probs, generators)
 
 
-def _with_logprobs(ids: torch.Tensor, raw_logprobs: torch.Tensor | None, k: int) -> SampleOutput:
+def with_logprobs(ids: torch.Tensor, raw_logprobs: torch.Tensor | None, k: int) -> SampleOutput:
+    """ids [B] with their raw logprobs and top-k alternatives from raw_logprobs [B, V]
+    (None: ids only; k <= 0: no alternatives)."""
     if raw_logprobs is None:
         return SampleOutput(token_ids=ids)
     chosen = raw_logprobs.gather(1, ids[:, None])[:, 0]

@@ -26,7 +26,13 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lmprog.core.sampler import SampleOutput, SamplingTensors, probabilities, sample
+from lmprog.core.sampler import (
+    SampleOutput,
+    SamplingTensors,
+    probabilities,
+    sample,
+    with_logprobs,
+)
 
 from .decode_state import DecodeState
 
@@ -90,7 +96,7 @@ class BatchSampler:
         d = torch.tensor(list(drafts), dtype=torch.int64, device=logits.device)
         tokens, accepted = rejection_sample(p, draft_probs.to(p.device), d,
                                             [s.generator for s in states])
-        draws = _draws(_with_logprobs(tokens, raw, tensors.max_top_logprobs), len(states))
+        draws = _draws(with_logprobs(tokens, raw, tensors.max_top_logprobs), len(states))
         return list(zip(draws, accepted.tolist()))
 
     def _judge_alone(self, logits: torch.Tensor, state: DecodeState, drafts: Sequence[int],
@@ -157,17 +163,6 @@ def _constrain(logits: torch.Tensor, guides: list, keep_raw: bool) -> torch.Tens
         return batch_allowed_mask(guides, logits.shape[1], logits.device)
     apply_mask_(logits, guides)
     return None
-
-
-def _with_logprobs(ids: torch.Tensor, raw: torch.Tensor | None, k: int) -> SampleOutput:
-    """ids with their raw logprobs and top-k alternatives (None raw: ids only)."""
-    if raw is None:
-        return SampleOutput(token_ids=ids)
-    chosen = raw.gather(1, ids[:, None])[:, 0]
-    if k <= 0:
-        return SampleOutput(token_ids=ids, logprobs=chosen)
-    top = raw.topk(min(k, raw.shape[-1]), dim=-1)
-    return SampleOutput(ids, chosen, top.indices, top.values)
 
 
 class PendingDraws:
