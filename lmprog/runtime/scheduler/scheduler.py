@@ -261,10 +261,10 @@ class Scheduler:
         over its placeholders and finish requests; return those that finished.
 
         tokens[i]: the one token of sampling entry i, or () when its draw failed (its finish
-        reason says so); finish_reasons[i]: the engine's verdict after it. Requests reaching
-        their length cap finish with "length". Finished requests are skipped; a retracted
-        one gets its token too (it resumes with it). Safe while the next step is in flight
-        (see the module docstring)."""
+        reason says so); finish_reasons[i]: the engine's verdict after it. Finished
+        requests are skipped (those at their length cap finished when the placeholder was
+        recorded); a retracted one gets its token too (it resumes with it). Safe while the
+        next step is in flight (see the module docstring)."""
         if len(tokens) != len(batch.entries) or len(finish_reasons) != len(batch.entries):
             raise ValueError(f"need one token tuple and finish reason per batch entry "
                              f"({len(batch.entries)}), got {len(tokens)} and "
@@ -275,10 +275,9 @@ class Scheduler:
             if not entry.sample or req.status is ReqStatus.FINISHED:
                 continue
             assert req.token_ids[entry.end] < 0, f"{req}: no placeholder at {entry.end}"
+            assert entry.end + 1 < req.stop_len, f"{req}: at its length cap, yet unfinished"
             if toks:
                 req.token_ids[entry.end] = int(toks[0])
-            if reason is None and entry.end + 1 >= req.stop_len:
-                reason = "length"
             if reason is not None:
                 self.finish(req, reason)
                 finished.append(req)
