@@ -215,10 +215,11 @@ class DraftLengths:
                 best = best_length(rate, self.num_tokens, self.cost)
                 may_probe = probes > 0 and (cheap or not st.fresh or self._fresh_wait == 0)
                 ks[i] = max(0, min(st.length(best, may_probe), cap))
-                if best == 0 and ks[i] > 0 and st.fresh and not cheap:
-                    self._fresh_wait = FRESH_PROBE_EVERY
-                probes -= best == 0 and ks[i] > 0
+                probed = best == 0 and ks[i] > 0
+                probes -= probed
                 newcomers -= unproven and ks[i] > 0
+                if probed and st.fresh and not cheap:
+                    self._fresh_wait = FRESH_PROBE_EVERY
         if sum(ks) <= spare:
             return ks
         return _most_likely([st.rate for st in stats], ks, spare)
