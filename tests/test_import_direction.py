@@ -1,9 +1,11 @@
 """The dependency direction of STYLE.md, checked by walking every import in lmprog/.
 
     serve       -> backends, fsm, core (the HTTP layer over any Backend)
+    backends    -> decoding, fsm, core; runtime only from backends/runtime.py (lazily)
     lang        -> core (+ fsm for Constraint objects)
     interpreter -> lang, core
-    runtime     -> core, fsm
+    runtime     -> decoding, core, fsm
+    decoding    -> core, fsm (shared by the runtime and the llama.cpp backend)
     fsm         -> core
     core        -> nothing else from lmprog
 
@@ -22,14 +24,18 @@ ROOT = Path(__file__).resolve().parents[1] / "lmprog"
 
 # package -> lmprog subpackages it must not import
 FORBIDDEN = {
-    "core": {"lang", "interpreter", "backends", "runtime", "fsm", "serve"},
-    "lang": {"interpreter", "backends", "runtime", "serve"},
-    "interpreter": {"backends", "runtime", "serve"},
+    "core": {"lang", "interpreter", "backends", "runtime", "decoding", "fsm", "serve"},
+    "lang": {"interpreter", "backends", "runtime", "decoding", "serve"},
+    "interpreter": {"backends", "runtime", "decoding", "serve"},
     "runtime": {"lang", "interpreter", "backends", "serve"},
-    "fsm": {"lang", "interpreter", "backends", "runtime", "serve"},
+    "decoding": {"lang", "interpreter", "backends", "runtime", "serve"},
+    "fsm": {"lang", "interpreter", "backends", "runtime", "decoding", "serve"},
     "backends": {"serve"},
-    "serve": {"lang", "interpreter", "runtime"},
+    "serve": {"lang", "interpreter", "runtime", "decoding"},
 }
+# Inside backends only the runtime backend reaches the runtime: the llama.cpp backend shares
+# the decoding package with it, not the runtime itself.
+RUNTIME_IMPORTERS = {"lmprog/backends/runtime.py"}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -56,10 +62,14 @@ def imported_modules(path: Path) -> set[str]:
 def violations(subpackage: str) -> list[str]:
     found = []
     for path in sorted((ROOT / subpackage).rglob("*.py")):
+        where = path.relative_to(ROOT.parent).as_posix()
+        forbidden = FORBIDDEN[subpackage]
+        if subpackage == "backends" and where not in RUNTIME_IMPORTERS:
+            forbidden = forbidden | {"runtime"}
         for name in imported_modules(path):
             parts = name.split(".")
-            if parts[0] == "lmprog" and len(parts) > 1 and parts[1] in FORBIDDEN[subpackage]:
-                found.append(f"{path.relative_to(ROOT.parent)} imports {name}")
+            if parts[0] == "lmprog" and len(parts) > 1 and parts[1] in forbidden:
+                found.append(f"{where} imports {name}")
     return found
 
 
@@ -79,3 +89,15 @@ def test_the_checker_sees_relative_and_lazy_imports(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", fake)
     found = violations("lang")
     assert any("lmprog.interpreter" in v for v in found) and any("lmprog.runtime.engine" in v for v in found)
+
+
+def test_only_the_runtime_backend_imports_the_runtime(tmp_path, monkeypatch):
+    fake = tmp_path / "lmprog"
+    (fake / "backends").mkdir(parents=True)
+    (fake / "backends" / "llamacpp.py").write_text("from lmprog.runtime.batch_sampler import BatchSampler\n")
+    (fake / "backends" / "runtime.py").write_text("def f():\n    from lmprog.runtime.engine import Engine\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", fake)
+    assert violations("backends") == [
+        "lmprog/backends/llamacpp.py imports lmprog.runtime.batch_sampler",
+        "lmprog/backends/llamacpp.py imports lmprog.runtime.batch_sampler.BatchSampler",
+    ]

@@ -3,7 +3,7 @@
 llama.cpp only evaluates tokens and hands back logits; everything else is lmprog's own and
 shared with the in-process runtime: the HF tokenizer (so token ids agree with constraint
 indexes), the batched sampler (every SamplingParams field) and the per-request decode state
-(`lmprog.runtime.decode_state`: finish rules, stop strings, constrained decoding with
+(`lmprog.decoding`: finish rules, stop strings, constrained decoding with
 jump-forward, logprobs, the result). Prefix reuse: each context keeps the
 common prefix of what it last held, and a bytes-bounded LRU of saved states serves
 few-shot headers, forks and multi-turn histories that another request displaced.
@@ -37,8 +37,8 @@ from lmprog.core.protocol import (
     ScoreResult,
     StreamCallback,
 )
-from lmprog.runtime.batch_sampler import BatchSampler
-from lmprog.runtime.decode_state import DecodeState
+from lmprog.decoding.batch_sampler import BatchSampler
+from lmprog.decoding.state import DecodeState
 
 _TOKENIZER_SAMPLES = ("Hello, world!", " The capital of France is Paris.\n", "<|im_start|>user\n2+2=?<|im_end|>\n")
 

@@ -130,7 +130,7 @@ class Surplus:
 
 def _first_stop(text: str, pos: int, stops: tuple[str, ...]) -> tuple[int, int, str] | None:
     """(end, start, stop) of the stop occurrence after `pos` that completes first (then
-    starts first): the one a token-by-token check would see first (as `core.detok` does)."""
+    starts first): the one a token-by-token check would see first (as `decoding.detok` does)."""
     best: tuple[int, int, str] | None = None
     for stop in stops:
         at = text.find(stop, pos)

@@ -53,9 +53,9 @@ from typing import Any
 import torch
 
 from lmprog.core.errors import BackendError
+from lmprog.decoding.batch_sampler import BatchSampler
+from lmprog.decoding.state import DecodeState
 
-from .batch_sampler import BatchSampler
-from .decode_state import DecodeState
 from .engine_io import EngineRequest, RequestHandle
 from .metrics import EngineMetrics
 from .model_runner import ModelRunner

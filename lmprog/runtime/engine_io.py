@@ -1,4 +1,5 @@
-"""What goes into the engine and what comes back: EngineRequest, EngineResult, RequestHandle.
+"""What goes into the engine and what comes back: EngineRequest, RequestHandle (whose
+result is an EngineResult, defined with DecodeState in lmprog.decoding).
 
     handle = engine.submit(EngineRequest(prompt_ids, params))   # any thread
     for piece in handle.pieces(): ...                           # text as it becomes final
@@ -17,8 +18,8 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from lmprog.core.protocol import GenerateResult, TokenLogprob
 from lmprog.core.sampling import SamplingParams
+from lmprog.decoding.result import EngineResult
 
 
 @dataclass(frozen=True)
@@ -45,20 +46,6 @@ class EngineRequest:
         s = self.prompt_logprob_start
         if s is not None and not 0 <= s < len(self.prompt_ids):
             raise ValueError(f"prompt_logprob_start must be in [0, {len(self.prompt_ids)}), got {s}")
-
-
-@dataclass(frozen=True)
-class EngineResult(GenerateResult):
-    """A GenerateResult plus the prompt logprobs asked for with `prompt_logprob_start`
-    (one entry per prompt token after it, in order)."""
-
-    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
-
-    def meta_info(self) -> dict[str, Any]:
-        meta = super().meta_info()
-        if self.prompt_logprobs is not None:
-            meta["input_token_logprobs"] = list(self.prompt_logprobs)
-        return meta
 
 
 _PIECE, _DONE, _ERROR = 0, 1, 2

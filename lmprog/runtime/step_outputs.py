@@ -42,10 +42,10 @@ from typing import Any
 
 import torch
 
-from lmprog.core.sampler import argmax_rows
+from lmprog.decoding.batch_sampler import BatchSampler, Draw, PendingDraws
+from lmprog.decoding.sampler import argmax_rows
+from lmprog.decoding.state import DecodeState
 
-from .batch_sampler import BatchSampler, Draw, PendingDraws
-from .decode_state import DecodeState
 from .request import Req, ReqStatus
 from .scheduler import ScheduledBatch, ScheduledEntry
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from lmprog.core.sampling import SamplingParams as SP
+from lmprog.decoding import rejection
 from lmprog.runtime.engine import EngineConfig
 from lmprog.runtime.engine_io import EngineRequest
 from lmprog.runtime.launch import launch_engine
 from lmprog.runtime.models import ModelConfig
 from lmprog.runtime.speculative import Proposal, Proposer, SpeculativeConfig
-from lmprog.runtime.speculative import rejection
 from spec_testing import Oracle, random_llama
 
 torch.set_num_threads(1)

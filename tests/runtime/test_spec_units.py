@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from lmprog.core.sampler import SamplingTensors, probabilities, sample
 from lmprog.core.sampling import SamplingParams as SP
-from lmprog.runtime.decode_state import DecodeState
+from lmprog.decoding.rejection import rejection_sample
+from lmprog.decoding.sampler import SamplingTensors, probabilities, sample
+from lmprog.decoding.state import DecodeState
 from lmprog.runtime.request import Req
 from lmprog.runtime.scheduler.batch import ScheduledEntry
 from lmprog.runtime.speculative import (
@@ -21,7 +22,6 @@ from lmprog.runtime.speculative.adaptive import (
     AcceptanceRate, DraftLengths, ProposeCost, best_length, expected_tokens,
 )
 from lmprog.runtime.speculative.ngram import NgramProposer, lookup
-from lmprog.runtime.speculative.rejection import rejection_sample
 from lmprog.runtime.speculative.speculator import Speculator
 
 torch.set_num_threads(1)

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from lmprog.core.sampling import SamplingParams as SP
+from lmprog.decoding.batch_sampler import BatchSampler
+from lmprog.decoding.state import DecodeState
 from lmprog.fsm.jump import JumpResult
-from lmprog.runtime.batch_sampler import BatchSampler
 from lmprog.runtime.config import CacheConfig, SchedulerConfig
-from lmprog.runtime.decode_state import DecodeState
 from lmprog.runtime.request import Req, ReqStatus
 from lmprog.runtime.scheduler import Scheduler
 from lmprog.runtime.step_outputs import StepOutputs

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from lmprog.core.sampling import SamplingParams as SP
-from lmprog.runtime.batch_sampler import BatchSampler
+from lmprog.decoding.batch_sampler import BatchSampler
+from lmprog.decoding.state import DecodeState
 from lmprog.runtime.config import SchedulerConfig
-from lmprog.runtime.decode_state import DecodeState
 from lmprog.runtime.request import Req
 from lmprog.runtime.scheduler import Scheduler
 from lmprog.runtime.scheduler.batch import ScheduledBatch, ScheduledEntry

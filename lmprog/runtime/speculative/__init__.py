@@ -5,8 +5,9 @@
     Speculator(proposer, config, vocab_size=..., device=...)          # speculator.py (engine)
 
 Modules: proposer.py (the Proposer interface), ngram.py (prompt lookup), draft.py (a draft
-model), adaptive.py (draft lengths), rejection.py (the acceptance rule), speculator.py.
-Verification itself is lmprog.runtime.step_outputs; the scheduler plans verify entries.
+model), adaptive.py (draft lengths), speculator.py. Verification itself is
+lmprog.runtime.step_outputs, with the acceptance rule of lmprog.decoding.rejection; the
+scheduler plans verify entries.
 
 What speculation guarantees, against plain decoding of the same request:
 - greedy: the same tokens (one caveat: the verify pass computes the logits with an extend

@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from lmprog.core.sampler import make_generator
 from lmprog.core.sampling import SamplingParams
+from lmprog.decoding.sampler import make_generator
 
 from ..cuda_graph import capture_decode_graphs
 from ..forward_batch import ForwardBatch

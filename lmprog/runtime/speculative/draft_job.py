@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmprog.core.sampler import SamplingTensors, draw, probabilities
 from lmprog.core.sampling import SamplingParams
+from lmprog.decoding.sampler import SamplingTensors, draw, probabilities
 
 from .draft_cache import DraftSeq
 from .proposer import Proposal

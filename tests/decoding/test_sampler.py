@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmprog.core.sampler import SamplingTensors, _top_k_top_p_keep, make_generator, sample
+from lmprog.decoding.sampler import SamplingTensors, _top_k_top_p_keep, make_generator, sample
 from lmprog.core.sampling import SamplingParams as SP
 
 torch.set_num_threads(1)

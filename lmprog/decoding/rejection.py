@@ -1,7 +1,7 @@
 """The speculative-sampling acceptance rule (Leviathan et al. 2023; Chen et al. 2023).
 
 A draft token d was drawn from the draft distribution q; p is the target's distribution at
-the same position (after every sampling transform: see `lmprog.core.sampler.probabilities`).
+the same position (after every sampling transform: see `lmprog.decoding.sampler.probabilities`).
 
     accept d           with probability min(1, p(d) / q(d))
     else draw x        from (p - q)+ / sum (p - q)+              (the "residual")
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from lmprog.core.sampler import draw
+from .sampler import draw
 
 
 def rejection_sample(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,

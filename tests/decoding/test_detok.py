@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmprog.core.detok import IncrementalDetokenizer, StopMatcher, TextStream, text_decoder
+from lmprog.decoding.detok import IncrementalDetokenizer, StopMatcher, TextStream, text_decoder
 
 SPECIAL = 0
 

@@ -16,7 +16,6 @@ jump.new_token_ids)`; llama.cpp re-reads `output_ids`). Anything else that ends 
 (context full, abort) goes through `finish`.
 
 Text pieces go to `emit` as soon as they are final (stop-string prefixes held back).
-This module stays light (torch, core and fsm only): the llama.cpp backend imports it.
 """
 
 from __future__ import annotations
@@ -28,13 +27,13 @@ from typing import Any
 
 import torch
 
-from lmprog.core.detok import TextStream
 from lmprog.core.errors import BackendError
 from lmprog.core.protocol import FinishReason, GenerateResult, TokenLogprob, TopLogprob
-from lmprog.core.sampler import make_generator
 from lmprog.core.sampling import SamplingParams
 
-from .engine_io import EngineResult
+from .detok import TextStream
+from .result import EngineResult
+from .sampler import make_generator
 
 TokenText = Callable[[int], str]
 

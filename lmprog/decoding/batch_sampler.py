@@ -1,6 +1,6 @@
 """BatchSampler: one token for each request of a step, from their next-token logits.
 
-Wraps the shared sampler (`lmprog.core.sampler`) with what a backend keeps per request in
+Wraps the shared sampler (`sampler.py`) with what a backend keeps per request in
 its DecodeState: SamplingParams, seeded generator, penalty counts, output length (for
 min_tokens) and constraint guide (mask). Per-row tensors are rebuilt only when the set of
 sampled requests changes (a steady decode batch reuses them). The engine samples a whole
@@ -26,15 +26,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lmprog.core.sampler import (
+from .sampler import (
     SampleOutput,
     SamplingTensors,
     probabilities,
     sample,
     with_logprobs,
 )
-
-from .decode_state import DecodeState
+from .state import DecodeState
 
 
 class Draw(NamedTuple):
@@ -87,7 +86,7 @@ class BatchSampler:
 
     def _judge(self, logits: torch.Tensor, states: Sequence[DecodeState], drafts: Sequence[int],
                draft_probs: torch.Tensor, tensors: SamplingTensors) -> list[tuple[Draw, bool]]:
-        from .speculative.rejection import rejection_sample
+        from .rejection import rejection_sample
 
         raw = torch.log_softmax(logits.float(), dim=-1) if tensors.return_logprob else None
         counts, n_out, allowed = self._inputs(logits, states, tensors)
