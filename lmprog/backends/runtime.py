@@ -80,6 +80,9 @@ class Runtime(Backend):
                  attention: str = "auto", cuda_graphs: bool = True,
                  num_threads: int | None = None, seed: int = 0,
                  check_integrity: bool = False, speculative: Any = None) -> None:
+        import torch
+
+        from lmprog.runtime.assemble import assemble_model
         from lmprog.runtime.config import CacheConfig, SchedulerConfig
         from lmprog.runtime.engine import EngineConfig
         from lmprog.runtime.launch import launch_engine
@@ -90,14 +93,16 @@ class Runtime(Backend):
             raise TypeError(f"jump_forward must be a bool, got {jump_forward!r}")
         if overlap is not None and not isinstance(overlap, bool):
             raise TypeError(f"overlap must be a bool or None, got {overlap!r}")
-        if quantization not in (None, "int4"):
-            raise ValueError(f"quantization must be None or 'int4', got {quantization!r}")
         cache_config = CacheConfig(page_size=page_size, radix_cache=radix_cache, eviction=eviction)
         scheduler_config = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
                                            max_running_reqs=max_running_requests,
                                            policy=schedule_policy, hybrid=hybrid_batching)
         self._source = _source_of(model, load_format)
-        net = self._load(model, device, dtype, load_format, attention, quantization, num_threads, seed)
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        net = assemble_model(self._source or model, device=device, dtype=dtype,
+                             load_format=load_format, attention=attention,
+                             quantization=quantization, seed=seed)
         self.quantization = quantization
         self.model_config = net.config
         self.device, self.dtype = next(net.parameters()).device, next(net.parameters()).dtype
@@ -111,24 +116,6 @@ class Runtime(Backend):
             cuda_graphs=cuda_graphs, speculative=spec_config)
         self._radix = radix_cache
         weakref.finalize(self, self._engine.shutdown)
-
-    def _load(self, model: Any, device: str, dtype: str, load_format: str, attention: str,
-              quantization: str | None, num_threads: int | None, seed: int) -> Any:
-        import torch
-
-        from lmprog.runtime.launch import choose_attention, choose_device
-        from lmprog.runtime.models import load_model
-
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
-        dev = choose_device(device)
-        net = load_model(self._source or model, device=dev, dtype=dtype, load_format=load_format,
-                         attention=choose_attention(attention, dev), seed=seed)
-        if quantization == "int4":
-            from lmprog.runtime.int4 import quantize_int4_
-
-            quantize_int4_(net)
-        return net
 
     def _setup_tokens(self, config: Any, tokenizer: Any, chat_template: str | None) -> None:
         """Tokenizer, chat template source, end-of-sequence ids, BOS and start token."""

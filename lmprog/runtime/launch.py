@@ -1,6 +1,8 @@
-"""Assembling an engine: device, model, KV pool size, scheduler, runner, engine thread.
+"""Assembling an engine around a model: KV pool size, scheduler, runner, speculator, engine
+thread (the model itself is built by lmprog.runtime.assemble).
 
-    engine = launch_engine(model_net, tokenizer, eos_token_ids=..., max_total_tokens=None)
+    net = assemble_model(path_or_name, device="auto")
+    engine = launch_engine(net, tokenizer, eos_token_ids=..., max_total_tokens=None)
 
 KV pool size (when max_total_tokens is not given): on a GPU, `gpu_memory_fraction` of the
 memory free after the weights are loaded; on a CPU, `CPU_KV_BUDGET_BYTES` (the pool is
@@ -23,33 +25,6 @@ from .speculative import Proposer, SpeculativeConfig, build_proposer
 from .speculative.speculator import Speculator
 
 CPU_KV_BUDGET_BYTES = 1 << 30
-
-
-def choose_device(device: str | torch.device) -> torch.device:
-    """"auto" is CUDA when available, else the CPU; anything else must exist."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"unknown device {device!r}; use 'auto', 'cpu' or 'cuda[:N]'") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} was asked for but CUDA is not available; use 'cpu'")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"unsupported device {device!r}; use 'auto', 'cpu' or 'cuda[:N]'")
-    return dev
-
-
-def choose_attention(attention: str, device: torch.device) -> str:
-    """"auto": the Triton kernels on a GPU when triton is installed, else plain PyTorch."""
-    if attention != "auto":
-        return attention
-    if device.type == "cuda":
-        from .kernels import triton_available
-
-        if triton_available():
-            return "triton"
-    return "torch"
 
 
 def kv_slots(model: nn.Module, max_total_tokens: int | None, gpu_memory_fraction: float) -> int:
@@ -76,7 +51,8 @@ def launch_engine(model: nn.Module, tokenizer: Any, *, eos_token_ids: tuple[int,
                   gpu_memory_fraction: float = 0.85, cuda_graphs: bool = True,
                   speculative: SpeculativeConfig | None = None,
                   proposer: Proposer | None = None) -> Engine:
-    """Start an engine thread serving `model` (already on its device, in eval mode).
+    """Start an engine thread serving `model` (on its device, in eval mode, as
+    lmprog.runtime.assemble.assemble_model returns it; the engine applies no transform).
     cuda_graphs: replay captured graphs (CUDA + Triton attention only): whole-model graphs
     for decode steps, piecewise graphs around attention for every other step.
     speculative: speculative decoding (None: off); its proposer is built here (a draft
@@ -84,11 +60,6 @@ def launch_engine(model: nn.Module, tokenizer: Any, *, eos_token_ids: tuple[int,
     context = model.config.max_position if context_length is None else context_length
     if isinstance(context, bool) or not isinstance(context, int) or context < 2:
         raise ValueError(f"context_length must be an int >= 2, got {context!r}")
-    if next(model.parameters()).device.type == "cuda":
-        from .layers.triton_fused import can_fuse_elementwise, fuse_elementwise
-
-        if can_fuse_elementwise(model):  # fused RMSNorm / SiLU-and-mul: ~10% at batch 1
-            fuse_elementwise(model)  # before the runner captures its CUDA graphs
     scheduler_config = scheduler_config or SchedulerConfig()
     speculator = make_speculator(model, speculative, proposer,
                                  max_requests=scheduler_config.max_running_reqs,

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from lmprog.core.sampling import SamplingParams
-from lmprog.decoding.sampler import make_generator
+from lmprog.core.sampler import make_generator
 
 from ..cuda_graph import capture_decode_graphs
 from ..forward_batch import ForwardBatch
@@ -104,21 +104,15 @@ class DraftModelProposer(Proposer):
     def load(cls, model: Any, *, vocab_size: int, device: str | torch.device = "auto",
              dtype: str | torch.dtype = "auto", load_format: str = "auto",
              attention: str = "auto", seed: int = 0, **kwargs: Any) -> DraftModelProposer:
-        """Load the draft as the target is loaded: a GGUF file, an HF folder or a bundled
-        model name; with load_format="dummy" also an architecture preset or a ModelConfig
-        (random weights drawn with `seed`). kwargs go to the constructor."""
-        from ..launch import choose_attention, choose_device
-        from ..models import load_config, load_model
+        """Load the draft as the target is loaded (assemble_model): a GGUF file, an HF
+        folder or a bundled model name; with load_format="dummy" also an architecture preset
+        or a ModelConfig (random weights drawn with `seed`). kwargs go to the constructor."""
+        from ..assemble import assemble_model
+        from ..models import load_config
 
         check_vocab(load_config(model).vocab_size, vocab_size)  # before loading any weight
-        dev = choose_device(device)
-        net = load_model(model, device=dev, dtype=dtype, load_format=load_format,
-                         attention=choose_attention(attention, dev), seed=seed)
-        if dev.type == "cuda":
-            from ..layers.triton_fused import can_fuse_elementwise, fuse_elementwise
-
-            if can_fuse_elementwise(net):  # as launch_engine does for the target
-                fuse_elementwise(net)
+        net = assemble_model(model, device=device, dtype=dtype, load_format=load_format,
+                             attention=attention, seed=seed)
         return cls(net, vocab_size=vocab_size, **kwargs)
 
     @classmethod

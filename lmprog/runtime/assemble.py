@@ -1,0 +1,72 @@
+"""Assembling a model for serving: the one path from a model reference to a ready module.
+
+    net = assemble_model("smollm2-135m", device="auto", quantization=None)
+
+The target of `lp.Runtime` and a speculative draft model are both built here: the device is
+chosen, the weights loaded (or drawn at random), then the transforms applied from outside
+the plain module: 4-bit weights on the CPU (`quantization="int4"`), the fused Triton
+RMSNorm / SiLU-and-mul on CUDA (before any CUDA graph is captured from the module).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+QUANTIZATIONS = (None, "int4")
+
+
+def choose_device(device: str | torch.device) -> torch.device:
+    """"auto" is CUDA when available, else the CPU; anything else must exist."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"unknown device {device!r}; use 'auto', 'cpu' or 'cuda[:N]'") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for but CUDA is not available; use 'cpu'")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {device!r}; use 'auto', 'cpu' or 'cuda[:N]'")
+    return dev
+
+
+def choose_attention(attention: str, device: torch.device) -> str:
+    """"auto": the Triton kernels on a GPU when triton is installed, else plain PyTorch."""
+    if attention != "auto":
+        return attention
+    if device.type == "cuda":
+        from .kernels import triton_available
+
+        if triton_available():
+            return "triton"
+    return "torch"
+
+
+def assemble_model(model: Any, *, device: str | torch.device = "auto",
+                   dtype: str | torch.dtype = "auto", load_format: str = "auto",
+                   attention: str = "auto", quantization: str | None = None,
+                   seed: int = 0) -> nn.Module:
+    """The module for `model` (a GGUF file, an HF folder, a bundled model name or a
+    ModelSource; with load_format="dummy" also an architecture preset or a ModelConfig, its
+    random weights drawn with `seed`), on its device in eval mode, ready for an engine or a
+    draft proposer. quantization: None or "int4" (see lmprog.runtime.int4)."""
+    from .models import load_model
+
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be None or 'int4', got {quantization!r}")
+    dev = choose_device(device)
+    net = load_model(model, device=dev, dtype=dtype, load_format=load_format,
+                     attention=choose_attention(attention, dev), seed=seed)
+    if quantization == "int4":
+        from .int4 import quantize_int4_
+
+        quantize_int4_(net)
+    if dev.type == "cuda":
+        from .layers.triton_fused import can_fuse_elementwise, fuse_elementwise
+
+        if can_fuse_elementwise(net):
+            fuse_elementwise(net)
+    return net
