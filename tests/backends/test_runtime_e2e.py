@@ -92,6 +92,42 @@ def test_overlap_scheduling_on_the_default_model(rt, prompts, batch1):
         Runtime(device="cpu", overlap="yes")
 
 
+def test_select_and_fork_programs_under_overlap_scheduling(rt):
+    """select and fork send prefill-only requests (the shared prefix) and scoring requests:
+    under overlap scheduling (a GPU's default) they once never finished, and the engine
+    died asserting "a lone running request must always fit the pool"."""
+    import lmprog as lp
+
+    @lp.function
+    def capital(s):
+        s += lp.user("What is the capital of France?")
+        s += lp.assistant("The capital of France is " + lp.select("city", ["London", "Paris", "Berlin"]))
+
+    @lp.function
+    def forks(s, mode):
+        s += "Colors:"
+        f = s.fork(3)
+        f += lambda i: f" {i}." + lp.gen("c", max_tokens=4, temperature=0)
+        f.join(mode=mode)
+        s += "\nDone."
+
+    def texts():
+        city = capital.run(backend=rt)
+        gathered = forks.run("gather_variable", backend=rt)
+        joined = forks.run("concat_and_append", backend=rt)
+        return city.text(), city["city"], gathered.text(), gathered["c"], joined.text()
+
+    expected = texts()
+    rt.engine.set_overlap(True)
+    try:
+        assert texts() == expected
+        assert texts() == expected  # again, from the prefix cache
+    finally:
+        rt.engine.set_overlap(False)
+    rt.engine.check_integrity()
+    assert rt.stats()["internal_errors"] == 0 and rt.stats()["num_running"] == 0
+
+
 def test_greedy_mostly_matches_llama_cpp(prompts, batch1):
     pytest.importorskip("llama_cpp")
     from lmprog.backends.llamacpp import LlamaCpp

@@ -164,6 +164,53 @@ def test_placeholders_are_resolved_in_place_and_never_cached():
     assert not sched.has_work and int(np.min(sched.req_to_token)) >= 0
 
 
+def test_prefill_only_requests_finish_when_their_last_chunk_is_recorded():
+    """A request that samples nothing (max_tokens=0: a fork's or select's shared prefix, a
+    scoring request) waits for no placeholder: it ends with its last chunk, also when it
+    runs alone (it used to stay running with nothing to compute)."""
+    sched = Scheduler(64, 64, SchedulerConfig(max_num_batched_tokens=8, max_running_reqs=4),
+                      CacheConfig())
+    head = list(range(100, 120))
+    p = sched.submit(Req("prefix", head, SP(max_tokens=0)))
+    for chunk in (8, 8):
+        step = sched.schedule()
+        assert [e.num_new for e in step.entries] == [chunk] and not step.entries[0].sample
+        assert sched.process_results(step, [()], unresolved=True) == []
+    step = sched.schedule()
+    assert sched.process_results(step, [()], unresolved=True) == [p]
+    assert p.finish_reason == "length" and not sched.has_work
+    assert sched.cache.prefix_cache.match_prefix(head).length == len(head)
+    sched.check_integrity()
+
+
+def test_shared_prefixes_and_scoring_under_overlap(engines):
+    """What select and fork send: a prefill-only request for the shared prefix, then
+    scoring requests (prompt logprobs) or several children at once; alone and together."""
+    plain, over = engines
+    head = tuple(range(2000, 2030))
+    children = [head + (3000 + i, 3001 + i) for i in range(3)]
+
+    def program(eng):
+        first = eng.submit(EngineRequest(head, SP(max_tokens=0))).result(timeout=60)
+        scored = [eng.submit(EngineRequest(c, SP(max_tokens=0), prompt_logprob_start=len(head)))
+                  for c in children]
+        forks = [eng.submit(EngineRequest(c, greedy(4))) for c in children]
+        both = [eng.submit(EngineRequest(head[:20], SP(max_tokens=0))),
+                eng.submit(EngineRequest(head + (9,), greedy(3)))]
+        return (first.finish_reason, first.cached_tokens,
+                [[lp.token_id for lp in h.result(timeout=60).prompt_logprobs] for h in scored],
+                [(h.result(timeout=60).token_ids, h.result().cached_tokens) for h in forks],
+                [h.result(timeout=60).token_ids for h in both])
+
+    plain.flush_cache()
+    over.flush_cache()
+    expected = program(plain)
+    assert program(over) == expected
+    assert expected[:2] == ("length", 0) and all(c == len(head) for _, c in expected[3])
+    over.check_integrity()
+    assert over.stats()["num_running"] == 0
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the "
                     "device tool: tests/runtime/test_overlap.py)")
 def test_on_the_gpu_with_graphs_outputs_are_bitwise_those_without_overlap():

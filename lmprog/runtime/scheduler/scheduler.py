@@ -216,7 +216,8 @@ class Scheduler:
         unresolved: next_tokens are placeholders, one per sampling entry, of tokens still
         on the device (overlap scheduling; no drafts, no finish reasons): only requests
         that reached their length cap finish now (the placeholder stays out of the prefix
-        cache; resolve_tokens skips them); the others once their tokens are known.
+        cache; resolve_tokens skips them), and so do prefill-only requests whose last chunk
+        ran (they wait for no token); the others once their tokens are known.
         """
         entries = batch.entries
         if len(next_tokens) != len(entries) or (finish_reasons is not None
@@ -241,12 +242,15 @@ class Scheduler:
                 sampled = True
             else:
                 sampled = self._advance(req, entry, tokens, reason is not None)
-            if unresolved and not (sampled and len(req.token_ids) >= req.stop_len):
+            # at its cap: the last token was sampled now, or (a prefill-only request, e.g.
+            # max_tokens=0) every token is computed; neither waits for a placeholder
+            capped = len(req.token_ids) >= req.stop_len and (
+                sampled or req.num_computed == len(req.token_ids))
+            if unresolved and not capped:
                 if entry.num_new > 1:
                     self.cache.cache_progress(req)
                 continue
-            if reason is None and len(req.token_ids) >= req.stop_len and (
-                    sampled or req.num_computed == len(req.token_ids)):
+            if reason is None and capped:
                 reason = "length"
             if reason is not None:
                 self.finish(req, reason)
@@ -344,6 +348,24 @@ class Scheduler:
             return False
         self.cache.reset()
         return True
+
+    def reset(self) -> list[Req]:
+        """Start over after an internal error, when the bookkeeping cannot be trusted: every
+        KV slot is free again and the prefix cache empty. Requests that never started
+        (WAITING) keep their place in the queue; every other unfinished request (running,
+        or retracted with tokens that may include placeholders of a lost step) is dropped
+        and returned, FINISHED with reason "error" and holding nothing. Not mid-step."""
+        self.cache.clear()
+        dropped = []
+        for req in self.requests.clear():
+            if req.status is ReqStatus.WAITING:
+                self.requests.add(req)
+                continue
+            req.row, req.last_node, req.row_dirty = None, None, False
+            req.cache_len = req.num_computed = req.num_allocated = req.extend_len = 0
+            req.status, req.finish_reason, req.draft_ids = ReqStatus.FINISHED, "error", []
+            dropped.append(req)
+        return dropped
 
     def check_integrity(self) -> None:
         """Raise IntegrityError unless requests, rows, locks and every KV slot are
