@@ -38,6 +38,9 @@ class _Step:
 
 
 class LlamaAttention(nn.Module):
+    """The attention's projections; the decoder layer calls the attention backend between
+    `project` and `output` (the seam where piecewise CUDA graphs split a step)."""
+
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
@@ -62,10 +65,6 @@ class LlamaAttention(nn.Module):
     def output(self, o: torch.Tensor) -> torch.Tensor:
         """The output projection of the attention result o [T, heads, head_dim]."""
         return self.o_proj(o.reshape(o.shape[0], self.num_heads * self.head_dim))
-
-    def forward(self, x: torch.Tensor, step: _Step) -> torch.Tensor:
-        q, k, v = self.project(x, step)
-        return self.output(step.attention.forward(q, k, v, self.layer, step.kv, step.plan))
 
 
 class LlamaMLP(nn.Module):
