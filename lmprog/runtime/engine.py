@@ -34,8 +34,10 @@ N+1 (that work is dropped).
 
 Fault isolation: an exception while processing one request (its sampler row, its guide,
 its prompt logprobs) fails that request only ("error"; its caller's result() raises it);
-a failed forward pass fails the requests of that batch. The scheduler's bookkeeping is
-never left half-updated, and `check_integrity()` verifies it between steps.
+a failed forward pass fails the requests of that batch. Any other exception in the loop
+is an internal error: every request that started fails with a BackendError naming it, all
+KV is freed and the prefix cache emptied, and the engine serves on (`internal_errors` in
+stats()). `check_integrity()` verifies the scheduler's bookkeeping between steps.
 """
 
 from __future__ import annotations
@@ -209,13 +211,36 @@ class Engine:
             self._fail_everything(error)
 
     def _loop(self) -> None:
-        while self._apply_commands(block=not self._busy):
-            if self._busy:
-                self._step()
-                if self.config.check_integrity:
-                    self.scheduler.check_integrity()
+        while True:
+            try:
+                if not self._apply_commands(block=not self._busy):
+                    return
+                if self._busy:
+                    self._step()
+                    if self.config.check_integrity:
+                        self.scheduler.check_integrity()
+            except Exception as exc:  # noqa: BLE001 - an internal error: reset, serve on
+                self._recover(exc)
             self._publish()
             self._deliver()
+
+    def _recover(self, exc: Exception) -> None:
+        """After an internal error (an engine or scheduler bug, a broken invariant): fail
+        every request that started with a BackendError naming it, free all KV and empty the
+        prefix cache (the bookkeeping cannot be trusted), rebuild the sampler's cached
+        tensors, and go on serving; requests that never started keep their place."""
+        log.exception("internal error in the engine loop: failing the requests in flight, "
+                      "resetting the scheduler and the KV cache")
+        self.metrics.internal_errors += 1
+        error = BackendError(f"the runtime engine hit an internal error ({exc!r}); the "
+                             "requests in flight failed and the engine was reset")
+        error.__cause__ = exc
+        self._inflight = None
+        self._outputs = StepOutputs(BatchSampler(self.eos_token_ids))
+        for req in self.scheduler.reset():
+            req.engine_data.fail(error)
+            if req.rid in self._handles:
+                self._complete(req)
 
     @property
     def _busy(self) -> bool:
@@ -263,8 +288,8 @@ class Engine:
             self._complete(req)
 
     def _run_call(self, fn: Callable[[], Any], future: Future[Any]) -> None:
-        self._settle()  # fn sees every launched step's outcome
         try:
+            self._settle()  # fn sees every launched step's outcome
             future.set_result(fn())
         except Exception as exc:  # noqa: BLE001 - raised in the caller's thread
             future.set_exception(exc)

@@ -26,6 +26,7 @@ class EngineMetrics:
         self.generated_tokens = 0  # tokens sampled
         self.jump_forward_tokens = 0  # tokens appended by jump-forward
         self.overlapped_steps = 0  # steps whose tokens were read while the next one ran
+        self.internal_errors = 0  # engine resets after an internal error (Engine._recover)
         self.busy_s = 0.0
         self.finished: dict[str, int] = {"stop": 0, "length": 0, "abort": 0, "error": 0}
         self._recent: deque[tuple[float, float, int]] = deque()  # (end, duration, generated)
@@ -71,6 +72,7 @@ class EngineMetrics:
             "generated_tokens": self.generated_tokens,
             "jump_forward_tokens": self.jump_forward_tokens,
             "overlapped_steps": self.overlapped_steps,
+            "internal_errors": self.internal_errors,
             "requests_finished": dict(self.finished),
             "busy_seconds": self.busy_s,
             "uptime_seconds": time.monotonic() - self.started,

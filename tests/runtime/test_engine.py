@@ -178,6 +178,52 @@ def test_faults_fail_only_their_request(eng, tok, reference):
         == reference[8]
 
 
+def held_engine(engine):
+    """Hold the engine thread between steps until the returned event is set, so that
+    everything submitted meanwhile is admitted at once, in one step."""
+    release, held = threading.Event(), threading.Event()
+
+    def hold():
+        held.set()
+        release.wait(60)
+
+    threading.Thread(target=engine.call, args=(hold,), daemon=True).start()
+    assert held.wait(60)
+    return release
+
+
+def test_an_internal_error_fails_the_started_requests_and_the_engine_serves_on(model, tok,
+                                                                               reference):
+    eng = engine_for(model, tok, max_reqs=2)
+    try:
+        calls = [0]
+        process = eng.scheduler.process_results
+
+        def planted(*args, **kwargs):  # an engine bug in the third step
+            calls[0] += 1
+            if calls[0] == 3:
+                raise RuntimeError("planted bookkeeping bug")
+            return process(*args, **kwargs)
+
+        eng.scheduler.process_results = planted
+        release = held_engine(eng)
+        handles = [eng.submit(EngineRequest(tuple(p), greedy())) for p in PROMPTS[:4]]
+        release.set()
+        for h in handles[:2]:  # running when it struck: failed, with the cause named
+            with pytest.raises(BackendError, match="internal error.*planted bookkeeping bug"):
+                h.result(timeout=60)
+        # the two that had not started (two rows only) run on the reset engine
+        assert [h.result(timeout=60).token_ids for h in handles[2:]] == reference[2:4]
+        stats = eng.stats()
+        assert stats["internal_errors"] == 1 and stats["requests_finished"]["error"] == 2
+        eng.check_integrity()
+        assert eng.submit(EngineRequest(tuple(PROMPTS[0]), greedy())).result(timeout=60) \
+            .token_ids == reference[0]
+        assert eng.alive and eng.stats()["kv_used"] == eng.stats()["kv_evictable"]
+    finally:
+        eng.shutdown()
+
+
 def test_bad_input_raises_at_submission(eng):
     with pytest.raises(ContextLengthError, match="context length"):
         eng.submit(EngineRequest(tuple(range(5, 5 + TINY.max_position)), greedy()))

@@ -36,6 +36,7 @@ class CacheManager:
                  config: CacheConfig) -> None:
         self.config = config
         self.page_size = config.page_size
+        self._num_slots = num_slots
         self.allocator = TokenSlotAllocator(num_slots, config.page_size)
         self.prefix_cache = make_prefix_cache(config)
         self.req_table = ReqToTokenTable(max_running_reqs, max_context_len, config.page_size)
@@ -163,6 +164,14 @@ class CacheManager:
         require(self.req_table.num_free == self.req_table.num_rows,
                 "reset() while requests hold rows; release them first")
         self.allocator.free(self.prefix_cache.reset())
+
+    def clear(self) -> None:
+        """Start over: every slot free, the prefix cache empty, every row free. For when the
+        bookkeeping cannot be trusted (an internal error); the requests that held KV must be
+        forgotten with it. The req_to_token array is kept (the model runner shares it)."""
+        self.allocator = TokenSlotAllocator(self._num_slots, self.page_size)
+        self.prefix_cache = make_prefix_cache(self.config)
+        self.req_table.clear()
 
     # -- integrity -------------------------------------------------------------------------
     def check_integrity(self, running: Iterable[Req]) -> None:

@@ -54,6 +54,12 @@ class ReqToTokenTable:
         self._in_use[row] = False
         self._free_rows.append(row)
 
+    def clear(self) -> None:
+        """Every row free and zeroed; the table array itself is kept (a CPU runner wraps it)."""
+        self.table[:] = 0
+        self._free_rows = list(range(self.num_rows - 1, -1, -1))
+        self._in_use[:] = False
+
     def rows_in_use(self) -> np.ndarray:
         return np.flatnonzero(self._in_use)
 

@@ -65,6 +65,12 @@ class RequestTable:
         keys = [r.arrival for r in self.waiting]
         self.waiting.insert(bisect.bisect(keys, req.arrival), req)
 
+    def clear(self) -> list[Req]:
+        """Forget every request; returns them, waiting ones first, each in its order."""
+        reqs = self.waiting + list(self.running.values())
+        self.waiting, self.running, self._by_rid = [], {}, {}
+        return reqs
+
     def remove(self, req: Req) -> None:
         """Forget req, waiting or running."""
         del self._by_rid[req.rid]
