@@ -1,7 +1,8 @@
 """End-to-end fixtures: one backend per kind, shared by every e2e test module.
 
 Every DSL test runs on each backend: the llama.cpp backend and lmprog's own runtime (its CPU
-reference path), both on the bundled SmolLM2-135M-Instruct.
+reference path, or CUDA on a GPU machine: scripts/gpu/), both on the bundled
+SmolLM2-135M-Instruct.
 """
 
 import pytest
@@ -14,8 +15,11 @@ def _make(kind: str):
     import lmprog as lp
 
     if kind == "llamacpp":
+        pytest.importorskip("llama_cpp", reason="the llama.cpp backend is not installed")
         return lp.LlamaCpp()
-    return lp.Runtime(device="cpu")
+    # on a GPU machine: CUDA with its defaults (overlap scheduling, decode and piecewise
+    # CUDA graphs); elsewhere the CPU reference path
+    return lp.Runtime(device="cuda" if torch.cuda.is_available() else "cpu")
 
 
 @pytest.fixture(scope="session", params=BACKENDS)
