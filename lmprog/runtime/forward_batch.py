@@ -66,10 +66,6 @@ class ForwardBatch:
         """One new token per request (so no causal structure among the new tokens)."""
         return self.num_tokens == self.batch_size and self.custom_mask is None
 
-    @property
-    def prefix_lens(self) -> torch.Tensor:
-        return self.seq_lens - self.extend_lens
-
     def host_lens(self) -> tuple[list[int], list[int]]:
         """(seq_lens, extend_lens) as Python ints; reads the device only without the cpu copies."""
         seq = list(self.seq_lens_cpu) if self.seq_lens_cpu is not None else self.seq_lens.tolist()

@@ -116,10 +116,6 @@ class Req:
         return max(0, self.stop_len - len(self.token_ids))
 
     @property
-    def length_exhausted(self) -> bool:
-        return len(self.token_ids) >= self.stop_len
-
-    @property
     def finished(self) -> bool:
         return self.status is ReqStatus.FINISHED
 

@@ -115,18 +115,6 @@ class DraftModelProposer(Proposer):
                              attention=attention, seed=seed)
         return cls(net, vocab_size=vocab_size, **kwargs)
 
-    @classmethod
-    def from_preset(cls, name: str, *, vocab_size: int | None = None,
-                    device: str | torch.device = "auto", dtype: str | torch.dtype = "auto",
-                    seed: int = 0, **kwargs: Any) -> DraftModelProposer:
-        """A random-weight draft of a named architecture, e.g. "llama-3.2-1b" (128,256 tokens)
-        for a "llama-3.1-8b" target; vocab_size defaults to the preset's own."""
-        from ..models import preset
-
-        vocab = preset(name).vocab_size if vocab_size is None else vocab_size
-        return cls.load(name, vocab_size=vocab, device=device, dtype=dtype, load_format="dummy",
-                        seed=seed, **kwargs)
-
     # ---- Proposer ------------------------------------------------------------------------
     def propose(self, inputs: Sequence[ProposalInput]) -> list[Proposal]:
         protect = {inp.rid for inp in inputs}
