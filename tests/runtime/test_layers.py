@@ -1,3 +1,4 @@
+import logging
 import math
 
 import pytest
@@ -200,9 +201,12 @@ def test_backend_registry_resolves_lazily_and_rejects_unknown_names(monkeypatch)
 # ------------------------------------------------------------------ oneDNN-packed bf16 linears
 
 
-@pytest.mark.parametrize("tie,bias", [(True, True), (False, False)])
-def test_packed_bf16_linears_give_the_unpacked_logits(tie, bias):
-    from lmprog.runtime.layers.cpu_packing import can_pack_linears, pack_linears
+NO_AVX512_BF16 = ("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert "
+                  "or avx512bw, avx512vl and avx512dq")
+
+
+def _bf16_model_and_forward(tie, bias):
+    """A small bf16 model (weights x8: logits of a few units) and a forward over a fixed batch."""
     from lmprog.runtime.models import ModelConfig, load_model
 
     cfg = ModelConfig("qwen2", vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2,
@@ -212,20 +216,83 @@ def test_packed_bf16_linears_give_the_unpacked_logits(tie, bias):
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(8)
-    if not can_pack_linears(model):
-        pytest.skip("this PyTorch has no oneDNN packed linear")
     batch, _, _ = _scenario([(0, 6), (3, 1)])
     batch = ForwardBatch.build(input_ids=[1, 5, 9, 2, 7, 3, 11], out_cache_loc=batch.out_cache_loc,
                                req_pool_indices=batch.req_pool_indices, seq_lens=[6, 4],
                                extend_lens=[6, 1], req_to_token=batch.req_to_token,
                                logits_indices=range(7))
     num_slots = int(batch.req_to_token.max())
-    with torch.inference_mode():
-        plain = model(batch, KVPool.for_model(cfg, num_slots, torch.bfloat16, "cpu"))
-        pack_linears(model)
-        assert model.lm_head is not None
-        packed = model(batch, KVPool.for_model(cfg, num_slots, torch.bfloat16, "cpu"))
+
+    def forward():
+        with torch.inference_mode():
+            return model(batch, KVPool.for_model(cfg, num_slots, torch.bfloat16, "cpu"))
+
+    return cfg, model, forward
+
+
+def _pack_and_log(model, caplog):
+    from lmprog.runtime.layers.cpu_packing import pack_linears
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lmprog.runtime.layers.cpu_packing"):
+        assert pack_linears(model) is model
+    return caplog.text
+
+
+@pytest.mark.parametrize("tie,bias", [(True, True), (False, False)])
+def test_packed_bf16_linears_give_the_unpacked_logits(tie, bias, caplog):
+    """Where this CPU runs oneDNN's bf16 kernel every linear is packed (logits within bf16
+    rounding of the plain ones); where it cannot, the plain linears stay (the same logits).
+    The log says which path was taken."""
+    from lmprog.runtime.layers.cpu_packing import PackedLinear, can_pack_linears, pack_linears
+    from lmprog.runtime.models import load_model
+
+    cfg, model, forward = _bf16_model_and_forward(tie, bias)
+    packable = can_pack_linears(model)
+    plain = forward()
+    text = _pack_and_log(model, caplog)
+    packed = forward()
     assert packed.dtype == torch.float32 and plain.std() > 0.1
-    torch.testing.assert_close(packed, plain, atol=0.05 * plain.abs().max().item(), rtol=0)
+    if packable:
+        assert "oneDNN packed path" in text, text
+        assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+        assert isinstance(model.lm_head, PackedLinear)
+        torch.testing.assert_close(packed, plain, atol=0.05 * plain.abs().max().item(), rtol=0)
+    else:  # e.g. a CPU without avx512bw/vl/dq or avx_ne_convert
+        assert "plain PyTorch path" in text, text
+        assert not any(isinstance(m, PackedLinear) for m in model.modules())
+        assert torch.equal(packed, plain)
     with pytest.raises(ValueError, match="bfloat16"):
         pack_linears(load_model(cfg, load_format="dummy", dtype="float32"))
+
+
+@pytest.mark.parametrize("failing_op", ["_reorder_linear_weight", "_linear_pointwise"])
+def test_packing_falls_back_on_a_cpu_without_the_bf16_instructions(failing_op, monkeypatch, caplog):
+    """Simulated: the oneDNN ops exist but raise as they do on a CPU without avx512bw/vl/dq
+    and avx_ne_convert. The probe notices once, nothing is packed, the logits are the plain
+    ones and the log says why."""
+    from lmprog.runtime.layers import cpu_packing
+
+    calls = []
+
+    def unsupported(*args, **kwargs):
+        calls.append(args)
+        raise RuntimeError(NO_AVX512_BF16)
+
+    if failing_op == "_linear_pointwise":  # packing works, the product raises
+        monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", lambda w, *a: w.clone())
+    monkeypatch.setattr(torch.ops.mkldnn, failing_op, unsupported)
+    cpu_packing.packed_bf16_unsupported.cache_clear()
+    try:
+        _, model, forward = _bf16_model_and_forward(True, True)
+        plain = forward()
+        assert not cpu_packing.can_pack_linears(model)
+        text = _pack_and_log(model, caplog)
+        assert "plain PyTorch path" in text and "avx512bw" in text, text
+        assert not any(isinstance(m, cpu_packing.PackedLinear) for m in model.modules())
+        assert model.lm_head is None  # tied embeddings, as loaded
+        assert torch.equal(forward(), plain)
+        assert "plain PyTorch path" in _pack_and_log(model, caplog)
+        assert len(calls) == 1  # the kernel was tried once
+    finally:
+        cpu_packing.packed_bf16_unsupported.cache_clear()  # the real op is probed again later

@@ -6,23 +6,57 @@ bytes, but PyTorch's plain bf16 GEMV is no faster than fp32's; oneDNN's packed b
 48 ms/step, plain bf16 50, packed bf16 37. Packing fp32 weights does not help.
 
     model = load_model(dtype="bfloat16")
-    if can_pack_linears(model):
-        pack_linears(model)       # after loading: load_weights no longer applies
+    pack_linears(model)           # after loading: load_weights no longer applies
+
+oneDNN's bf16 kernel needs avx512bw/vl/dq or avx_ne_convert: a PyTorch that has the ops
+still raises on a CPU without them. So the kernel is tried once on a tiny weight
+(`packed_bf16_unsupported`); where it cannot run, `pack_linears` leaves the model's plain
+bf16 linears in place. Either way it logs (info) which path it took.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 from torch import nn
 
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def packed_bf16_unsupported() -> str | None:
+    """None if this CPU runs oneDNN's packed bf16 linear, else why not (tried once, cached)."""
+    ops = torch.ops.mkldnn
+    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise")):
+        return "this PyTorch has no oneDNN packed linear ops"
+    weight = torch.eye(16, dtype=torch.bfloat16, device="cpu")
+    x = torch.arange(32, dtype=torch.bfloat16, device="cpu").reshape(2, 16)
+    try:
+        packed = ops._reorder_linear_weight(weight, None)
+        y = ops._linear_pointwise(x, packed, None, "none", [], "")
+    except RuntimeError as exc:  # the ops exist, the CPU lacks the instructions they need
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if not torch.equal(y, x):
+        return "oneDNN's packed bf16 linear gave wrong results on a test weight"
+    return None
+
+
+def _cpu_capability() -> str:
+    get = getattr(torch.backends.cpu, "get_cpu_capability", None)
+    return get() if get is not None else "unknown"
+
+
+def _is_bf16_on_cpu(model: nn.Module) -> bool:
+    weight = next(model.parameters())
+    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+
 
 def can_pack_linears(model: nn.Module) -> bool:
-    """True for a bf16 model on a CPU whose PyTorch has oneDNN's packed linear ops."""
-    weight = next(model.parameters())
-    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
-            and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    """True for a bf16 model on a CPU that runs oneDNN's packed bf16 linear."""
+    return _is_bf16_on_cpu(model) and packed_bf16_unsupported() is None
 
 
 class PackedLinear(nn.Module):
@@ -40,14 +74,28 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module) -> nn.Module:
-    """Swap every nn.Linear of `model` (and a tied output projection) for a PackedLinear."""
-    if not can_pack_linears(model):
-        raise ValueError("packing needs a bfloat16 model on the CPU and a PyTorch built with "
-                         "oneDNN; load the model with dtype='bfloat16', device='cpu'")
+    """Swap every nn.Linear of `model` (and a tied output projection) for a PackedLinear.
+
+    On a CPU that cannot run the packed kernel the model is returned unchanged (plain bf16
+    linears, the same logits); the log says which path was taken.
+    """
+    if not _is_bf16_on_cpu(model):
+        raise ValueError("packing needs a bfloat16 model on the CPU; load the model with "
+                         "dtype='bfloat16', device='cpu'")
+    why_not = packed_bf16_unsupported()
+    if why_not is not None:
+        log.info("bf16 linears: plain PyTorch path, not packed (oneDNN's packed bf16 kernel "
+                 "cannot run here: %s; CPU capability %s)", why_not, _cpu_capability())
+        return model
+    n = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, name, PackedLinear(child.weight, child.bias))
+                n += 1
     if getattr(model, "lm_head", False) is None:  # tied embeddings: pack a copy for the output
         model.lm_head = PackedLinear(model.model.embed_tokens.weight)
+        n += 1
+    log.info("bf16 linears: oneDNN packed path (%d linears packed; CPU capability %s)",
+             n, _cpu_capability())
     return model
