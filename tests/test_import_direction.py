@@ -1,4 +1,4 @@
-"""The dependency direction of STYLE.md, checked by walking every import in lmprog/.
+"""The dependency direction of docs/architecture.md, checked by walking every import in lmprog/.
 
     serve       -> backends, fsm, core (the HTTP layer over any Backend)
     backends    -> decoding, fsm, core; runtime only from backends/runtime.py (lazily)
@@ -76,7 +76,7 @@ def violations(subpackage: str) -> list[str]:
 @pytest.mark.parametrize("subpackage", sorted(FORBIDDEN))
 def test_dependency_direction(subpackage):
     if not (ROOT / subpackage).is_dir():
-        pytest.skip(f"lmprog/{subpackage} does not exist yet")
+        pytest.skip(f"there is no lmprog/{subpackage} package")
     assert violations(subpackage) == []
 
 

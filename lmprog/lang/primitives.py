@@ -122,7 +122,7 @@ def select(
 def image(source: str | os.PathLike[str] | bytes) -> Image:
     """An image for a multimodal model: a path to an image file, or its encoded bytes.
 
-    Backends without vision support (every backend in this release) raise
+    A backend without vision support (none of lmprog's backends has it) raises
     `lp.BackendError` when the program reaches it.
     """
     _reject_placeholder(source, "image()")

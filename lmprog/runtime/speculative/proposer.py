@@ -9,8 +9,8 @@ model's KV) finds its rollback point by comparing that sequence with what it saw
     propose([ProposalInput(rid, tokens, k), ...])  ->  [Proposal, ...]   (same order)
     release(rid)                                    the request ended or was retracted
 
-Linear chains only for now; a tree proposer (Medusa/EAGLE heads) would add a
-`parents` array to Proposal and tree masks in the verify entries.
+Proposals are linear chains; a tree proposer (Medusa/EAGLE heads) would need a `parents`
+array in Proposal and tree masks in the verify entries.
 """
 
 from __future__ import annotations
