@@ -111,8 +111,8 @@ class ContextPool:
         if match is None:
             return False
         usable = min(match.common, limit)
-        # A restore copies the whole state (~20 kB/token here, ~10 ms per 600 tokens) while
-        # evaluating costs milliseconds per token: worth it unless the gain is tiny.
+        # A restore copies the whole state (docs/benchmarks.md) while evaluating costs
+        # milliseconds per token: worth it unless the gain is tiny.
         if usable - keep < max(4, len(match.state.tokens) // 256):
             return False
         self._save_before_dropping(ctx, 0)

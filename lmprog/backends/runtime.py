@@ -56,7 +56,7 @@ class Runtime(Backend):
         overlap: overlap scheduling, the next step prepared and launched while the device
             runs the current one (None: on a GPU; see lmprog.runtime.engine).
         quantization: None, or "int4": 4-bit weight-only matmuls on the CPU for layers whose
-            weights are exact 4-bit groups (a Q4_1 GGUF), ~2x faster decode; computes in
+            weights are exact 4-bit groups (a Q4_1 GGUF): decode reads fewer bytes; computes in
             bf16 (see lmprog.runtime.int4).
         attention: "auto", "torch" or "triton".
         cuda_graphs: replay CUDA graphs for decode steps (GPU with Triton attention only).

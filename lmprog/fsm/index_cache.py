@@ -4,10 +4,10 @@
 
 - Memory: an LRU bounded by entries (`MEMORY_CACHE_SIZE`) and by bytes (`LMPROG_FSM_MEMORY_MB`,
   default 2048). An outlines-core index stores every (state, token) edge: a JSON object with a
-  few bounded strings reaches tens of MB (a 6-field maxLength-24 object: 2.8 s to build, 38 MB
-  serialized, ~50 MB resident), so counting entries alone is not a bound.
+  few bounded strings reaches tens of MB (docs/benchmarks.md), so counting entries alone is
+  not a bound.
 - Disk: `cache_dir()/fsm/<key>.idx`, outlines-core's own serialization, written atomically;
-  loading is 10-20x faster than building (5.6 MB: 24 ms vs 481 ms). Files are kept under
+  loading is much faster than building (docs/benchmarks.md). Files are kept under
   `LMPROG_FSM_DISK_MB` (default 4096), least recently used deleted first.
   `LMPROG_FSM_DISK_CACHE=0` turns the disk cache off.
 - In flight: a second request for a key being built waits on the same Future.

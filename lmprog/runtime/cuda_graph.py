@@ -27,11 +27,8 @@ Without CUDA (tests under Triton's interpreter) nothing is captured: `maybe_run`
 static, padded forward eagerly, so the padding logic is checked everywhere.
 
 Used by ModelRunner.forward (`logits = self.graphs.maybe_run(fb, self.kv)`, eager when None).
-Measured on the H200, Llama-3.1-8B bf16 batch-1 decode (bench/bench_gpu.py): eager 14.7 ms a
-step, graph 5.6 ms, graph with layers/triton_fused.py 5.1 ms, and 4.84 ms (206 tok/s) once
-rotary + K/V write and add + norm were fused (the weight-read limit is 3.5 ms); a replay's
-logits equal the eager forward's on the same inputs and plan bit for bit. Capturing 15
-buckets (1..256) takes 1-6 s.
+A replay's logits equal the eager forward's on the same inputs and plan bit for bit (what
+the graphs gain, and what capturing costs: docs/benchmarks.md).
 """
 
 from __future__ import annotations

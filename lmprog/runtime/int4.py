@@ -13,7 +13,7 @@ then reads 4.5 bits per weight instead of 32:
     y = x @ ((q - 8) * scale + zero)^T      scale = d, zero = m + 8 d   (bf16, per group)
 
 Decode reads every weight once per token and is memory-bound on a CPU, so this is where the
-time goes down (~2x per token on the default model). Numerics: the kernel works in bf16
+time goes down (docs/benchmarks.md). Numerics: the kernel works in bf16
 (activations, scales and zeros rounded to bf16; measured |logprob| differences from the fp32
 path of <= 0.08 on the default model, against ~0.2 between the fp32 path and llama.cpp).
 Prefill (many tokens per step) is slower than fp32 matmuls; it is used at every batch size

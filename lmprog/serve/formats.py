@@ -3,9 +3,10 @@
 
 json_object mode: an object whose values may hold containers one level deep
 (`{"type": "object"}` under lmprog's default `any_depth=1`, e.g. {"a": [1, 2], "b": {"c": 3}},
-not {"a": [{"b": 1}]}). Its token index takes ~0.7 s to build on the first use (then cached in
-memory and on disk); any_depth=2 would take ~4 s and grows quickly beyond, so the bound stays
-at 1. A schema with nested open objects can still ask for more (see docs/serving.md).
+not {"a": [{"b": 1}]}). Its token index is built on the first use (then cached in memory and
+on disk); any_depth=2 takes several times longer to build, and deeper bounds grow quickly
+(docs/benchmarks.md), so the bound stays at 1. A schema with nested open objects can still
+ask for more (see docs/serving.md).
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def dynamic_args(*names: str) -> dict[str, tuple[str, ...]]:
 
     For arguments that change from step to step (lengths, split counts, per-step index
     tables that are views at arbitrary offsets): otherwise each new combination compiles
-    another variant of the kernel (1-3 s each on an H200, in the middle of serving)."""
+    another variant of the kernel (seconds each, in the middle of serving)."""
     import inspect
 
     import triton

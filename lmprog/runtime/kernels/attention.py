@@ -62,7 +62,7 @@ def warm_up(k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.
             num_q_heads: int) -> int:
     """Run once every variant a step can pick — the extend launch, and the split launch at
     each BLOCK_M its rows may need, with and without KV splits, with the merge at each
-    BLOCK_S — so that none is compiled (1-3 s on an H200) in the middle of serving: the
+    BLOCK_S — so that none is compiled (seconds each) in the middle of serving: the
     first time a busy step has enough decodes to need no split, a long verify row, a draft
     model's first prefill. Reads the pool through row 0 of req_to_token; writes nothing but
     scratch. Returns the number of launches."""

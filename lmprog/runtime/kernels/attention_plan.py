@@ -35,9 +35,8 @@ from ._checks import INDEX_DTYPES, check_shape, check_tensor, interpreting, next
 
 MIN_SPLIT_TOKENS = 256  # a split-KV chunk shorter than this costs more to merge than it saves
 MAX_SPLITS = 64
-# Aim the split launch at this many programs per multiprocessor. Measured on an H200 (d=128,
-# 8 kv heads, bench_kernels.py): batch 64 x 4096 best at 2 splits, 256 x 2048 at 1, 8 x 4096
-# at 4-16, 1 x 32768 at 16 or more.
+# Aim the split launch at this many programs per multiprocessor (tuned on an H200 with
+# bench/bench_kernels.py; the best split counts per shape: docs/benchmarks.md).
 SPLIT_PROGRAMS_PER_SM = 6
 
 
@@ -111,8 +110,7 @@ def default_configs(device: torch.device, head_dim: int) -> tuple[TileConfig, Ti
     CPU tests cross many tile boundaries."""
     if device.type != "cuda" or interpreting():
         return TileConfig(32, 16, 4, 1), TileConfig(16, 16, 4, 1)
-    # Measured on an H200 (bench/bench_kernels.py --sweep, d=128, bf16): prefill 128x64 with
-    # 4 warps, 3 stages beat 8 warps by 15-25%; decode 128-key steps beat 64 by 4-8%.
+    # Tuned on an H200 (bench/bench_kernels.py --sweep, d=128, bf16; docs/benchmarks.md).
     return TileConfig(128, 64, 4, 3), TileConfig(16, 128, 4, 2)
 
 

@@ -2,8 +2,7 @@
 
 Batch-1 decode on a CPU is bound by reading the weights. In bf16 the weights are half the
 bytes, but PyTorch's plain bf16 GEMV is no faster than fp32's; oneDNN's packed bf16 kernel
-(AVX512-BF16 / AMX) is. Measured on SmolLM2-135M (1 thread, Xeon with avx512_bf16): fp32
-48 ms/step, plain bf16 50, packed bf16 37. Packing fp32 weights does not help.
+(AVX512-BF16 / AMX) is (docs/benchmarks.md). Packing fp32 weights does not help.
 
     model = load_model(dtype="bfloat16")
     pack_linears(model)           # after loading: load_weights no longer applies

@@ -18,9 +18,9 @@ METHODS: tuple[str, ...] = ("ngram", "draft")
 LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
 
 # Device-dependent defaults, from measurements (docs/benchmarks.md, speculative decoding).
-# draft_cost: one more verified token, as a fraction of a batch-1 decode step (CPU fp32:
-# 2 -> 9 fed tokens cost ~1.2x -> 2.5x a step; a GPU reads the weights once for all); the
-# Speculator adds the measured cost of proposing it.
+# draft_cost: one more verified token, as a fraction of a batch-1 decode step (on a CPU
+# each fed token adds compute; a GPU reads the weights once for all); the Speculator adds
+# the measured cost of proposing it.
 # max_step_tokens: fed tokens of decoding requests beyond which a step is compute-bound.
 _DEFAULTS = {"cpu": {"draft_cost": 0.15, "max_step_tokens": 32},
              "cuda": {"draft_cost": 0.02, "max_step_tokens": 128}}
