@@ -7,7 +7,12 @@
 - score: one "token" per character of each choice, logprobs from `scorer(prompt, choice)
   -> list[float]` (default: a deterministic hash-based value per character);
 - records every request (`requests`, `prefixes`) and can sleep `latency` seconds per call
-  and `token_latency` per streamed token (sleeping releases the GIL, like a real backend).
+  and `token_latency` per streamed token (sleeping releases the GIL, like a real backend);
+- synchronizes instead of timing, for tests of concurrency and streaming: with
+  `rendezvous=n` calls wait at a barrier until n of them are in flight at once; with
+  `gate=Gate()` every call is held before it finishes (a streaming generate sends all its
+  pieces but the last) until the test opens the gate. Both fail the call with a
+  BackendError after `SYNC_TIMEOUT` seconds instead of hanging the test.
 """
 
 from __future__ import annotations
@@ -26,6 +31,37 @@ from lmprog.core.protocol import (
 )
 
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta")
+SYNC_TIMEOUT = 10.0  # seconds a call waits at a rendezvous or a gate before it fails
+
+
+class Gate:
+    """Holds the fake backend's calls until the test opens it, so a test can check what
+    happens while a call is in flight without measuring time. A call still held after
+    `timeout` seconds fails with a BackendError (the code under test waited for the held
+    call: it would deadlock), so the test fails instead of hanging."""
+
+    def __init__(self, timeout: float = SYNC_TIMEOUT) -> None:
+        self.timeout = timeout
+        self._open = threading.Event()
+        self._lock = threading.Lock()
+        self.held = 0  # calls waiting at the gate now
+
+    def open(self) -> None:
+        self._open.set()
+
+    @property
+    def is_open(self) -> bool:
+        return self._open.is_set()
+
+    def pass_through(self) -> None:
+        with self._lock:
+            self.held += 1
+        try:
+            if not self._open.wait(self.timeout):
+                raise BackendError(f"fake backend: held at a gate not opened within {self.timeout:g} s")
+        finally:
+            with self._lock:
+                self.held -= 1
 
 
 class FakeTokenizer:
@@ -52,12 +88,17 @@ class FakeBackend(Backend):
         scorer: Callable[[str, str], list[float]] | None = None,
         template: str = "chatml",
         fail_on: str | None = None,
+        rendezvous: int = 0,
+        gate: Gate | None = None,
     ) -> None:
         self.latency = latency
         self.token_latency = token_latency
         self.responder = responder
         self.scorer = scorer
         self.fail_on = fail_on  # generate/score raise BackendError when the prompt contains it
+        # calls wait until `rendezvous` of them are in flight at once (each group of that many)
+        self._barrier = threading.Barrier(rendezvous, timeout=SYNC_TIMEOUT) if rendezvous else None
+        self.gate = gate
         self._template = ChatTemplate(template)
         self._lock = threading.Lock()
         self._counter = itertools.count()
@@ -71,15 +112,20 @@ class FakeBackend(Backend):
     def generate(self, request: GenerateRequest, stream: StreamCallback | None = None) -> GenerateResult:
         self._begin(request)
         try:
+            self._meet()
             if self.latency:
                 time.sleep(self.latency)
             text = self.responder(request) if self.responder else self._toy(request)
             text, finish, matched = _apply_stop(text, request.params.stop)
-            if stream is not None:
-                for piece in _pieces(text):
-                    if self.token_latency:
-                        time.sleep(self.token_latency)
-                    stream(piece)
+            pieces = _pieces(text) if stream is not None else []
+            for i, piece in enumerate(pieces):
+                if i == len(pieces) - 1:
+                    self._hold()  # the last piece waits at the gate
+                if self.token_latency:
+                    time.sleep(self.token_latency)
+                stream(piece)
+            if not pieces:
+                self._hold()
             completion = len(text.split()) if not self.responder else max(1, len(text))
             return GenerateResult(
                 text=text, token_ids=tuple(FakeTokenizer().encode(text)), finish_reason=finish,
@@ -92,8 +138,10 @@ class FakeBackend(Backend):
     def score(self, request: ScoreRequest) -> ScoreResult:
         self._begin(request)
         try:
+            self._meet()
             if self.latency:
                 time.sleep(self.latency)
+            self._hold()
             choices = []
             for choice in request.choices:
                 logprobs = self.scorer(request.prompt, choice) if self.scorer else self._toy_score(request.prompt, choice)
@@ -143,6 +191,22 @@ class FakeBackend(Backend):
     def _end(self) -> None:
         with self._lock:
             self.active -= 1
+
+    def _meet(self) -> None:
+        """With `rendezvous`: wait until that many calls are here at once."""
+        if self._barrier is None:
+            return
+        try:
+            self._barrier.wait()
+        except threading.BrokenBarrierError:
+            raise BackendError(
+                f"fake backend: {self._barrier.parties} calls were never in flight at once "
+                f"(waited {SYNC_TIMEOUT:g} s; the most at once: {self.max_active})"
+            ) from None
+
+    def _hold(self) -> None:
+        if self.gate is not None:
+            self.gate.pass_through()
 
     def generations(self) -> list[GenerateRequest]:
         with self._lock:

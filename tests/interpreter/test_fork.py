@@ -1,5 +1,3 @@
-import time
-
 import pytest
 
 import lmprog as lp
@@ -89,7 +87,7 @@ def test_fork_caches_the_parent_prefix_first():
 
 
 def test_copies_run_concurrently():
-    backend = FakeBackend(latency=0.3)
+    backend = FakeBackend(rendezvous=4)  # each gen fails unless all four are in flight at once
 
     @lp.function
     def prog(s):
@@ -97,12 +95,9 @@ def test_copies_run_concurrently():
         forks += lp.gen("x", max_tokens=2)
         forks.join()
 
-    t0 = time.perf_counter()
-    state = prog.run(backend=backend)
-    elapsed = time.perf_counter() - t0
+    state = within(30, lambda: prog.run(backend=backend))
     assert len(state["x"]) == 4
-    assert backend.max_active == 4  # all four requests were in flight at once
-    assert elapsed < 0.9, f"4 forks of 0.3 s took {elapsed:.2f} s: not concurrent"
+    assert backend.max_active == 4
 
 
 def test_nested_forks_gather_lists_of_lists():

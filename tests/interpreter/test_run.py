@@ -1,9 +1,9 @@
-import time
+import threading
 
 import pytest
 
 import lmprog as lp
-from fakes import FakeBackend
+from fakes import FakeBackend, Gate
 from lmprog.core.protocol import GenerateRequest, ScoreRequest
 from lmprog.lang import ir
 
@@ -198,20 +198,20 @@ def test_dtype_gens_parse_through_lmprog_fsm():
 
 
 def test_user_code_runs_ahead_of_generation():
-    backend = FakeBackend(latency=0.3)
+    gate = Gate()  # the gen cannot finish before the gate opens
+    backend = FakeBackend(gate=gate, responder=lambda r: " answer")
     marks = {}
 
     @lp.function
     def ahead(s):
-        t0 = time.perf_counter()
         s += lp.gen("a", max_tokens=2)
-        s += "appended while generating"
-        marks["append"] = time.perf_counter() - t0
-        s["a"]
-        marks["read"] = time.perf_counter() - t0
+        s += "appended while generating"  # an append that waited for the gen would deadlock
+        threading.Timer(0.05, gate.open).start()  # opens while the read below waits
+        marks["a"] = s["a"]
+        marks["read after the gate opened"] = gate.is_open
 
     ahead.run(backend=backend)
-    assert marks["append"] < 0.1 <= 0.25 < marks["read"]
+    assert marks == {"a": " answer", "read after the gate opened": True}
 
 
 def test_programs_without_roles_need_no_chat_template():

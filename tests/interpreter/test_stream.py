@@ -1,10 +1,9 @@
 import asyncio
-import time
 
 import pytest
 
 import lmprog as lp
-from fakes import FakeBackend, within
+from fakes import FakeBackend, Gate, within
 
 
 @lp.function
@@ -16,11 +15,26 @@ def story(s, topic):
         s += lp.gen("second", max_tokens=4)
 
 
+def numbered_words(request):
+    return "".join(f" w{i}" for i in range(request.params.max_tokens))
+
+
 def test_stream_returns_at_once_and_pieces_concatenate():
-    state = story.run("cats", backend=FakeBackend(latency=0.2, token_latency=0.01), stream=True)
-    t0 = time.perf_counter()
-    pieces = within(5, lambda: list(state.text_iter()))
-    assert time.perf_counter() - t0 > 0.2  # pieces arrived while generating
+    # Each gen's last piece is held until the reader has the first gen's first piece: the
+    # test passes only if run() returns and pieces reach the reader while a gen is in flight.
+    gate = Gate()
+    state = story.run("cats", backend=FakeBackend(gate=gate, responder=numbered_words), stream=True)
+
+    def read():
+        pieces = []
+        for piece in state.text_iter():
+            pieces.append(piece)
+            if piece == " w0":
+                gate.open()
+        return pieces
+
+    pieces = within(30, read)
+    assert state.error() is None
     assert "".join(pieces) == state.text()
     assert len(pieces) > 10  # token-sized pieces, not one blob
 
@@ -35,16 +49,17 @@ def test_variable_pieces_arrive_in_order_and_concatenate_to_the_value():
 
 
 def test_a_variables_iterator_ends_when_the_variable_is_complete():
-    def slow_second(request):
+    gate = Gate()  # the second gen is held until the first one's iterator has ended
+
+    def held_second(request):
         if request.params.max_tokens == 4:
-            time.sleep(0.5)
+            gate.pass_through()
         return " done"
 
-    state = story.run("x", backend=FakeBackend(responder=slow_second), stream=True)
-    t0 = time.perf_counter()
-    assert "".join(within(5, lambda: list(state.text_iter("first")))) == " done"
-    assert time.perf_counter() - t0 < 0.4
-    state.sync()
+    state = story.run("x", backend=FakeBackend(responder=held_second), stream=True)
+    assert "".join(within(30, lambda: list(state.text_iter("first")))) == " done"
+    gate.open()
+    within(30, state.sync)  # raises the gate's BackendError if the iterator waited for it
 
 
 def test_text_iter_of_a_finished_state_replays_everything():
@@ -55,25 +70,25 @@ def test_text_iter_of_a_finished_state_replays_everything():
 
 
 def test_async_iteration_does_not_block_the_event_loop():
+    gate = Gate()  # every gen is held until a task on the event loop opens the gate
+
     async def main():
-        state = story.run("owls", backend=FakeBackend(latency=0.1, token_latency=0.01), stream=True)
-        ticks = 0
+        state = story.run("owls", backend=FakeBackend(gate=gate), stream=True)
 
-        async def ticker():
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
+        async def opener():  # runs only if the iteration below leaves the loop free
+            while not gate.held:
+                await asyncio.sleep(0.001)
+            gate.open()
 
-        task = asyncio.create_task(ticker())
+        task = asyncio.create_task(opener())
         pieces = [p async for p in state.text_async_iter()]
         answer = [p async for p in state.text_async_iter("second")]
-        task.cancel()
-        return state, pieces, answer, ticks
+        await task
+        return state, pieces, answer
 
-    state, pieces, answer, ticks = asyncio.run(asyncio.wait_for(main(), 5))
+    state, pieces, answer = asyncio.run(asyncio.wait_for(main(), 30))
+    assert state.error() is None
     assert "".join(pieces) == state.text() and "".join(answer) == state["second"]
-    assert ticks >= 10
 
 
 def test_async_iteration_raises_the_programs_error():
@@ -86,17 +101,14 @@ def test_async_iteration_raises_the_programs_error():
 
 
 def test_run_async_runs_programs_concurrently_without_blocking():
-    backend = FakeBackend(latency=0.2)
+    backend = FakeBackend(rendezvous=4)  # each gen fails unless four are in flight at once
 
     async def main():
-        t0 = time.perf_counter()
-        states = await asyncio.gather(*(story.run_async(f"t{i}", backend=backend) for i in range(4)))
-        return states, time.perf_counter() - t0
+        return await asyncio.gather(*(story.run_async(f"t{i}", backend=backend) for i in range(4)))
 
-    states, elapsed = asyncio.run(asyncio.wait_for(main(), 5))
+    states = asyncio.run(asyncio.wait_for(main(), 30))
     assert all(s["second"] for s in states)
     assert backend.max_active == 4
-    assert elapsed < 1.0, f"4 programs of 2 x 0.2 s took {elapsed:.2f} s"
 
 
 def test_run_async_re_raises_and_validates():
