@@ -22,7 +22,13 @@ TINY = ModelConfig("llama", vocab_size=49152, hidden_size=64, intermediate_size=
 
 @pytest.fixture(scope="module")
 def tok():
-    return load_tokenizer(resolve_model())
+    """The default model's tokenizer; its tests skip where the bundled model is not installed
+    (a GPU machine without it, say)."""
+    try:
+        source = resolve_model()
+    except ValueError as e:  # the model's package or its file is missing
+        pytest.skip(f"the default model is not installed: {e}")
+    return load_tokenizer(source)
 
 
 @pytest.fixture(scope="module")
