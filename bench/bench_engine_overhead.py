@@ -59,7 +59,7 @@ def build_engine(args, max_running: int):
         net, tok, eos_token_ids=cfg.eos_token_ids, max_total_tokens=max_running * 256,
         context_length=256, cache_config=CacheConfig(radix_cache=True),
         scheduler_config=SchedulerConfig(max_num_batched_tokens=max(512, 16 * max_running),
-                                         max_running_reqs=max_running))
+                                         max_running_requests=max_running))
     return engine, cfg.vocab_size
 
 

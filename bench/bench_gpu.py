@@ -488,7 +488,7 @@ def driver_offline(model, args, prompts, out_lens) -> dict:
     from lmprog.runtime.scheduler import Scheduler
 
     sched = Scheduler(args.kv_tokens, args.context, SchedulerConfig(
-        max_num_batched_tokens=args.chunk, max_running_reqs=args.max_running))
+        max_num_batched_tokens=args.chunk, max_running_requests=args.max_running))
     runner = ModelRunner(model, sched.cache.capacity, sched.req_to_token)
     graphs = CudaGraphRunner(model, runner.kv, runner.req_to_token, max_batch_size=args.max_running)
     reqs = [Req(i, p, SamplingParams(max_tokens=m, ignore_eos=True, temperature=0.0))

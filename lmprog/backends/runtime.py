@@ -67,6 +67,10 @@ class Runtime(Backend):
             `lmprog.runtime.speculative.SpeculativeConfig`, a dict of its fields, or a method
             name ("ngram": prompt lookup; "draft": a draft model, with draft_model=...).
             Greedy outputs are unchanged; sampled outputs keep the model's distribution.
+
+    Each engine knob keeps its name down to the config that owns and validates it:
+    SchedulerConfig and CacheConfig (lmprog.runtime.config), EngineConfig
+    (lmprog.runtime.engine), SpeculativeConfig.
     """
 
     def __init__(self, model: str | None = None, device: str = "auto", dtype: str = "auto",
@@ -88,15 +92,15 @@ class Runtime(Backend):
         from lmprog.runtime.launch import launch_engine
         from lmprog.runtime.speculative.config import SpeculativeConfig
 
-        spec_config = SpeculativeConfig.coerce(speculative)  # before any weight is loaded
-        if not isinstance(jump_forward, bool):
-            raise TypeError(f"jump_forward must be a bool, got {jump_forward!r}")
-        if overlap is not None and not isinstance(overlap, bool):
-            raise TypeError(f"overlap must be a bool or None, got {overlap!r}")
+        # Every knob is validated by the config that owns it, before any weight is loaded.
+        spec_config = SpeculativeConfig.coerce(speculative)
         cache_config = CacheConfig(page_size=page_size, radix_cache=radix_cache, eviction=eviction)
         scheduler_config = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
-                                           max_running_reqs=max_running_requests,
-                                           policy=schedule_policy, hybrid=hybrid_batching)
+                                           max_running_requests=max_running_requests,
+                                           schedule_policy=schedule_policy,
+                                           hybrid_batching=hybrid_batching)
+        engine_config = EngineConfig(jump_forward=jump_forward, check_integrity=check_integrity,
+                                     overlap=overlap)
         self._source = _source_of(model, load_format)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
@@ -110,9 +114,7 @@ class Runtime(Backend):
         self._engine = launch_engine(
             net, self._tokenizer, eos_token_ids=self._eos_ids, max_total_tokens=max_total_tokens,
             context_length=context_length, cache_config=cache_config,
-            scheduler_config=scheduler_config,
-            engine_config=EngineConfig(jump_forward=jump_forward, check_integrity=check_integrity,
-                                       overlap=overlap),
+            scheduler_config=scheduler_config, engine_config=engine_config,
             cuda_graphs=cuda_graphs, speculative=spec_config)
         self._radix = radix_cache
         weakref.finalize(self, self._engine.shutdown)

@@ -1,8 +1,9 @@
 """Frozen configuration of the runtime's bookkeeping: the KV cache and the scheduler.
 
-One dataclass per subsystem, each holding only its own knobs. Values computed at start-up
-(the number of KV slots from the memory budget, the model's context length) are passed to
-constructors next to these configs, never written back into them.
+One dataclass per subsystem, each holding and validating only its own knobs, under the
+names `lp.Runtime` takes them by (SGLang's, where SGLang has the knob). Values computed at
+start-up (the number of KV slots from the memory budget, the model's context length) are
+passed to constructors next to these configs, never written back into them.
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ class SchedulerConfig:
     """How each step's batch is chosen.
 
     max_num_batched_tokens: the per-step token budget shared by decodes (1 token each),
-        verify tokens and prefill chunks. Must be >= max_running_reqs so that every running
-        request can decode in every step.
-    max_running_reqs: requests holding a row of the request-to-token table at once.
-    policy: "lpm" orders waiting requests by longest cached prefix (falling back to arrival
-        order when more than `lpm_max_queue` wait); "fcfs" always uses arrival order.
+        verify tokens and prefill chunks. Must be >= max_running_requests so that every
+        running request can decode in every step.
+    max_running_requests: requests holding a row of the request-to-token table at once.
+    schedule_policy: "lpm" orders waiting requests by longest cached prefix (falling back
+        to arrival order when more than `lpm_max_queue` wait); "fcfs" always uses arrival
+        order.
     stagger_min_tokens: a waiting request that shares at least this many not-yet-cached
         prompt tokens with a request being prefilled waits a step, so the shared part is
         computed once and then reused from the cache. 0 disables staggering.
@@ -57,34 +59,36 @@ class SchedulerConfig:
         `ratio * remaining max_tokens` (capped at `reserve_clip_tokens` per request) of the
         running requests' future decodes; the ratio starts at init, decays by `decay` per
         step down to min, and jumps back to init when a request had to be retracted.
-    hybrid: mix decodes and prefill chunks in one step (XY-Serve's hybrid batch). False is
-        prefill-first scheduling, the baseline of servers without mixed batches: a step with
-        any prefill work to do runs only prefill chunks, and the running decodes wait.
+    hybrid_batching: mix decodes and prefill chunks in one step (XY-Serve's hybrid batch).
+        False is prefill-first scheduling, the baseline of servers without mixed batches: a
+        step with any prefill work to do runs only prefill chunks, and the running decodes
+        wait.
     """
 
     max_num_batched_tokens: int = 2048
-    max_running_reqs: int = 64
-    policy: SchedulePolicyName = "lpm"
+    max_running_requests: int = 64
+    schedule_policy: SchedulePolicyName = "lpm"
     lpm_max_queue: int = 128
     stagger_min_tokens: int = 32
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.001
     reserve_clip_tokens: int = 4096
-    hybrid: bool = True
+    hybrid_batching: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.hybrid, bool):
-            raise TypeError(f"hybrid must be a bool, got {self.hybrid!r}")
-        _check_int("max_running_reqs", self.max_running_reqs, lo=1)
+        if not isinstance(self.hybrid_batching, bool):
+            raise TypeError(f"hybrid_batching must be a bool, got {self.hybrid_batching!r}")
+        _check_int("max_running_requests", self.max_running_requests, lo=1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, lo=1)
-        if self.max_num_batched_tokens < self.max_running_reqs:
+        if self.max_num_batched_tokens < self.max_running_requests:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                f"max_running_reqs ({self.max_running_reqs}) so every running request can "
-                "decode each step; raise the token budget or lower max_running_reqs")
-        if self.policy not in SCHEDULE_POLICIES:
-            raise ValueError(f"policy must be one of {SCHEDULE_POLICIES}, got {self.policy!r}")
+                f"max_running_requests ({self.max_running_requests}) so every running request "
+                "can decode each step; raise the token budget or lower max_running_requests")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, "
+                             f"got {self.schedule_policy!r}")
         _check_int("lpm_max_queue", self.lpm_max_queue, lo=0)
         _check_int("stagger_min_tokens", self.stagger_min_tokens, lo=0)
         _check_int("reserve_clip_tokens", self.reserve_clip_tokens, lo=0)

@@ -81,6 +81,13 @@ class EngineConfig:
     check_integrity: bool = False
     overlap: bool | None = None
 
+    def __post_init__(self) -> None:
+        for name in ("jump_forward", "check_integrity"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.overlap is not None and not isinstance(self.overlap, bool):
+            raise TypeError(f"overlap must be a bool or None, got {self.overlap!r}")
+
 
 class Engine:
     """Owns the engine thread. Thread-safe: submit/abort/call/stats/shutdown from anywhere."""

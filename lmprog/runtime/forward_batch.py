@@ -36,7 +36,7 @@ class ForwardBatch:
     seq_lens: torch.Tensor  # int64 [B], prefix + new tokens
     extend_lens: torch.Tensor  # int64 [B], new tokens (>= 1)
     extend_start_loc: torch.Tensor  # int64 [B], exclusive prefix sums of extend_lens
-    req_to_token: torch.Tensor  # int32 [max_running_reqs, max_context_len]
+    req_to_token: torch.Tensor  # int32 [max_running_requests, max_context_len]
     logits_indices: torch.Tensor  # int64 [R], rows of the T tokens that get logits
     custom_mask: torch.Tensor | None = None  # bool, flat; None = causal
     # The same lengths as host ints, when the caller has them: lets backends plan without a

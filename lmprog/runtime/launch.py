@@ -62,7 +62,7 @@ def launch_engine(model: nn.Module, tokenizer: Any, *, eos_token_ids: tuple[int,
         raise ValueError(f"context_length must be an int >= 2, got {context!r}")
     scheduler_config = scheduler_config or SchedulerConfig()
     speculator = make_speculator(model, speculative, proposer,
-                                 max_requests=scheduler_config.max_running_reqs,
+                                 max_requests=scheduler_config.max_running_requests,
                                  context_length=context)
     num_slots = kv_slots(model, max_total_tokens, gpu_memory_fraction)
     scheduler = Scheduler(num_slots, context, scheduler_config, cache_config)
@@ -77,7 +77,7 @@ def make_speculator(model: nn.Module, config: SpeculativeConfig | None,
                     proposer: Proposer | None = None, *, max_requests: int | None = None,
                     context_length: int | None = None) -> Speculator | None:
     """The engine's Speculator for `model`, or None when config and proposer are None.
-    max_requests, context_length: the engine's max_running_reqs and context length (a
+    max_requests, context_length: the engine's max_running_requests and context length (a
     built draft model keeps state for that many requests of up to that length)."""
     if config is None and proposer is None:
         return None

@@ -306,3 +306,20 @@ def test_int4_quantized_matmuls_are_close_to_fp32(rt, prompts, batch1):
     stable = sum(a == b for a, b in zip(alone, together))
     print(f"\nint4 vs fp32: {same}/6 greedy 8-token outputs identical; batch 1 vs 6: {stable}/6")
     assert same >= 3 and stable >= 4
+
+
+def test_engine_knobs_keep_their_names_down_to_the_configs(rt):
+    """Runtime's scheduler and engine arguments reach the configs that own them under the same
+    names, and each config checks its own (before any weight is loaded)."""
+    sched = rt.engine.scheduler.config
+    assert (sched.max_running_requests, sched.max_num_batched_tokens, sched.schedule_policy,
+            sched.hybrid_batching) == (64, 2048, "lpm", True)
+    assert rt.engine.config.check_integrity is True
+    for bad, error in [({"max_running_requests": 0}, ValueError),
+                       ({"max_running_requests": 4096}, ValueError),  # > the token budget
+                       ({"schedule_policy": "sjf"}, ValueError),
+                       ({"hybrid_batching": "no"}, TypeError),
+                       ({"jump_forward": None}, TypeError),
+                       ({"check_integrity": 1}, TypeError)]:
+        with pytest.raises(error, match=next(iter(bad))):
+            Runtime(device="cpu", model="definitely/not/a/model", **bad)

@@ -48,8 +48,8 @@ def engine_for(model, tok, *, radix=True, slots=4096, budget=512, max_reqs=32, j
     return launch_engine(
         model, tok, eos_token_ids=EOS, max_total_tokens=slots,
         cache_config=CacheConfig(radix_cache=radix),
-        scheduler_config=SchedulerConfig(max_num_batched_tokens=budget, max_running_reqs=max_reqs,
-                                         **sched),
+        scheduler_config=SchedulerConfig(max_num_batched_tokens=budget,
+                                         max_running_requests=max_reqs, **sched),
         engine_config=EngineConfig(jump_forward=jump, check_integrity=True, overlap=overlap))
 
 

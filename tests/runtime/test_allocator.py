@@ -64,7 +64,7 @@ def test_integrity_catches_double_free():
 
 
 def test_req_table_rows_and_zeroing():
-    t = ReqToTokenTable(max_running_reqs=2, max_context_len=10, page_size=4)
+    t = ReqToTokenTable(max_running_requests=2, max_context_len=10, page_size=4)
     assert t.width == 12  # rounded up to whole pages
     r0, r1 = t.alloc(), t.alloc()
     assert {r0, r1} == {0, 1} and t.alloc() is None

@@ -55,7 +55,7 @@ def test_radix_cache_off_gives_the_same_outputs(model, tok, eng, reference):
 
 
 def test_prefill_first_mode_gives_the_same_outputs_and_timestamps(model, tok, reference):
-    first = engine_for(model, tok, hybrid=False, budget=16, max_reqs=16)
+    first = engine_for(model, tok, hybrid_batching=False, budget=16, max_reqs=16)
     try:
         handles = [first.submit(EngineRequest(tuple(p), greedy())) for p in PROMPTS]
         results = [h.result(timeout=120) for h in handles]
@@ -331,3 +331,12 @@ def test_context_fills_during_generation(eng):
     prompt = tuple(range(5000, 5000 + TINY.max_position - 5))
     r = eng.submit(EngineRequest(prompt, greedy(20))).result(timeout=60)
     assert r.finish_reason == "length" and r.completion_tokens == 5 and "context" in r.message
+
+
+def test_engine_config_checks_its_knobs():
+    for bad in ({"jump_forward": 1}, {"check_integrity": "yes"}):
+        with pytest.raises(TypeError, match=f"{next(iter(bad))} must be a bool"):
+            EngineConfig(**bad)
+    with pytest.raises(TypeError, match="overlap must be a bool or None"):
+        EngineConfig(overlap=0)
+    assert EngineConfig(overlap=None).overlap is None

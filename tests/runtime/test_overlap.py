@@ -134,7 +134,7 @@ def test_abort_while_a_step_is_in_flight(engines, reference_ids):
 # ---- the scheduler's side: placeholders, resolution, a request at its length cap --------
 
 def test_placeholders_are_resolved_in_place_and_never_cached():
-    sched = Scheduler(64, 64, SchedulerConfig(max_num_batched_tokens=32, max_running_reqs=4),
+    sched = Scheduler(64, 64, SchedulerConfig(max_num_batched_tokens=32, max_running_requests=4),
                       CacheConfig())
     a = sched.submit(Req("a", [5, 6, 7], SP(max_tokens=2, temperature=0.0)))
     b = sched.submit(Req("b", [5, 6, 8, 9], SP(max_tokens=5, temperature=0.0)))
@@ -168,7 +168,7 @@ def test_prefill_only_requests_finish_when_their_last_chunk_is_recorded():
     """A request that samples nothing (max_tokens=0: a fork's or select's shared prefix, a
     scoring request) waits for no placeholder: it ends with its last chunk, also when it
     runs alone (it used to stay running with nothing to compute)."""
-    sched = Scheduler(64, 64, SchedulerConfig(max_num_batched_tokens=8, max_running_reqs=4),
+    sched = Scheduler(64, 64, SchedulerConfig(max_num_batched_tokens=8, max_running_requests=4),
                       CacheConfig())
     head = list(range(100, 120))
     p = sched.submit(Req("prefix", head, SP(max_tokens=0)))
@@ -232,7 +232,7 @@ def test_on_the_gpu_with_graphs_outputs_are_bitwise_those_without_overlap():
     for overlap in (False, True):
         eng = launch_engine(model, None, eos_token_ids=(0,), max_total_tokens=8192,
                             scheduler_config=SchedulerConfig(max_num_batched_tokens=256,
-                                                             max_running_reqs=12),
+                                                             max_running_requests=12),
                             engine_config=EngineConfig(check_integrity=True, overlap=overlap))
         try:
             handles = [eng.submit(EngineRequest(tuple(p), sp)) for p, sp in zip(prompts, params)]

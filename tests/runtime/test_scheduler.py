@@ -13,7 +13,8 @@ from lmprog.runtime.scheduler import Scheduler
 
 def make(num_slots=256, ctx=128, budget=16, max_reqs=8, page=1, radix=True, **kw):
     return Scheduler(num_slots, ctx,
-                     SchedulerConfig(max_num_batched_tokens=budget, max_running_reqs=max_reqs, **kw),
+                     SchedulerConfig(max_num_batched_tokens=budget, max_running_requests=max_reqs,
+                                     **kw),
                      CacheConfig(page_size=page, radix_cache=radix))
 
 
@@ -86,7 +87,7 @@ def test_budget_serves_all_decodes_and_fills_the_rest_with_a_prefill_chunk():
 
 
 def test_prefill_first_mode_pauses_decodes_while_prompts_are_pending():
-    s = make(budget=16, hybrid=False)
+    s = make(budget=16, hybrid_batching=False)
     decoding = [s.submit(req(i, [i + 1, i + 2], max_tokens=50)) for i in range(3)]
     step(s)
     long = s.submit(req("long", list(range(500, 540)), max_tokens=2))
@@ -101,8 +102,8 @@ def test_prefill_first_mode_pauses_decodes_while_prompts_are_pending():
     assert sorted(e.num_new for e in batch.entries) == [1, 1, 1, 1]
     run(s)
     assert [r.output_ids for r in decoding] == [expected_output([i + 1, i + 2], 50) for i in range(3)]
-    with pytest.raises(TypeError, match="hybrid must be a bool"):
-        SchedulerConfig(hybrid=1)
+    with pytest.raises(TypeError, match="hybrid_batching must be a bool"):
+        SchedulerConfig(hybrid_batching=1)
 
 
 def test_lpm_prefers_cached_prefixes_and_falls_back_to_fcfs_on_a_long_queue():
@@ -123,7 +124,7 @@ def test_lpm_prefers_cached_prefixes_and_falls_back_to_fcfs_on_a_long_queue():
 
 
 def test_fcfs_policy_ignores_the_cache():
-    s = make(max_reqs=1, budget=64, policy="fcfs")
+    s = make(max_reqs=1, budget=64, schedule_policy="fcfs")
     s.submit(req("warm", list(range(40)), max_tokens=1))
     run(s)
     s.submit(req("a", [7, 8, 9], max_tokens=1))

@@ -169,7 +169,7 @@ def test_too_few_rows_and_too_long_requests_get_empty_proposals(model, reference
 
 
 def test_the_engines_limits_reach_the_draft_model(model, tmp_path):
-    """build_proposer / launch_engine size the draft for the engine's max_running_reqs and
+    """build_proposer / launch_engine size the draft for the engine's max_running_requests and
     context length (DraftModelProposer alone: 64 rows, the draft's max_position)."""
     (tmp_path / "config.json").write_text(json.dumps({  # a tiny draft "checkpoint"
         "model_type": "llama", "vocab_size": TINY.vocab_size, "hidden_size": 16,
@@ -183,7 +183,7 @@ def test_the_engines_limits_reach_the_draft_model(model, tmp_path):
     prop = build_proposer(cfg, vocab_size=TINY.vocab_size, context_length=500)
     assert (prop.cache.num_rows, prop.context_length) == (64, 80)  # capped by the draft
     eng = launch_engine(model, None, eos_token_ids=(0,), max_total_tokens=2048, context_length=72,
-                        scheduler_config=SchedulerConfig(max_running_reqs=80,
+                        scheduler_config=SchedulerConfig(max_running_requests=80,
                                                          max_num_batched_tokens=512),
                         speculative=cfg)
     try:

@@ -73,7 +73,7 @@ class Harness:
 
     def __init__(self, drafts=None, slots=512, budget=64, max_reqs=8, page_size=1, **sched):
         self.s = Scheduler(slots, 256, SchedulerConfig(max_num_batched_tokens=budget,
-                                                       max_running_reqs=max_reqs, **sched),
+                                                       max_running_requests=max_reqs, **sched),
                            CacheConfig(page_size=page_size))
         self.out = StepOutputs(BatchSampler(EOS))
         self.drafts = drafts

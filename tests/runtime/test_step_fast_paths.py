@@ -74,7 +74,8 @@ class _Faulty(DecodeState):
 
 
 def _engine_parts():
-    sched = Scheduler(4096, 256, SchedulerConfig(max_num_batched_tokens=512, max_running_reqs=16))
+    sched = Scheduler(4096, 256, SchedulerConfig(max_num_batched_tokens=512,
+                                                 max_running_requests=16))
     params = [SP(max_tokens=9, temperature=0.0, ignore_eos=True),
               SP(max_tokens=7, temperature=0.8, seed=3),
               SP(max_tokens=9, temperature=1.0, top_k=5),  # torch's default RNG

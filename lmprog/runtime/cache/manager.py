@@ -32,20 +32,20 @@ def make_prefix_cache(config: CacheConfig) -> PrefixCache:
 class CacheManager:
     """Owns the KV slots of the pool. Single-threaded: call from the engine loop only."""
 
-    def __init__(self, num_slots: int, max_running_reqs: int, max_context_len: int,
+    def __init__(self, num_slots: int, max_running_requests: int, max_context_len: int,
                  config: CacheConfig) -> None:
         self.config = config
         self.page_size = config.page_size
         self._num_slots = num_slots
         self.allocator = TokenSlotAllocator(num_slots, config.page_size)
         self.prefix_cache = make_prefix_cache(config)
-        self.req_table = ReqToTokenTable(max_running_reqs, max_context_len, config.page_size)
+        self.req_table = ReqToTokenTable(max_running_requests, max_context_len, config.page_size)
         self._caching = config.radix_cache
 
     # -- sizes -----------------------------------------------------------------------------
     @property
     def req_to_token(self) -> np.ndarray:
-        """The int32 [max_running_reqs, width] table (a live view; see ReqToTokenTable)."""
+        """The int32 [max_running_requests, width] table (a live view; see ReqToTokenTable)."""
         return self.req_table.table
 
     @property

@@ -1,7 +1,7 @@
 """ReqToTokenTable: the request-to-token table and its free rows.
 
     table[row, j] = KV slot of token j of the request holding `row`   (int32)
-    rows: 0 .. max_running_reqs - 1; width: max_context_len rounded up to whole pages
+    rows: 0 .. max_running_requests - 1; width: max_context_len rounded up to whole pages
     entries past a request's allocated length are 0 (the pool's dummy slot)
 
 The table is a numpy array on the host. A CPU engine can wrap it without a copy
@@ -18,14 +18,14 @@ from .base import require
 
 
 class ReqToTokenTable:
-    def __init__(self, max_running_reqs: int, max_context_len: int, page_size: int = 1) -> None:
-        if max_running_reqs < 1 or max_context_len < 1:
-            raise ValueError(f"need max_running_reqs >= 1 and max_context_len >= 1, got "
-                             f"{max_running_reqs} and {max_context_len}")
+    def __init__(self, max_running_requests: int, max_context_len: int, page_size: int = 1) -> None:
+        if max_running_requests < 1 or max_context_len < 1:
+            raise ValueError(f"need max_running_requests >= 1 and max_context_len >= 1, got "
+                             f"{max_running_requests} and {max_context_len}")
         width = -(-max_context_len // page_size) * page_size
-        self.table = np.zeros((max_running_reqs, width), dtype=SLOT_DTYPE)
-        self._free_rows = list(range(max_running_reqs - 1, -1, -1))  # row 0 handed out first
-        self._in_use = np.zeros(max_running_reqs, dtype=bool)
+        self.table = np.zeros((max_running_requests, width), dtype=SLOT_DTYPE)
+        self._free_rows = list(range(max_running_requests - 1, -1, -1))  # row 0 handed out first
+        self._in_use = np.zeros(max_running_requests, dtype=bool)
 
     @property
     def num_rows(self) -> int:

@@ -81,7 +81,7 @@ class PrefillPolicy:
     def order(self, waiting: list[Req]) -> tuple[list[tuple[Req, int]], bool]:
         """Waiting requests in admission order with their cached prefix lengths (-1 when
         not computed), and whether LPM was used."""
-        if self.config.policy == "fcfs" or len(waiting) > self.config.lpm_max_queue:
+        if self.config.schedule_policy == "fcfs" or len(waiting) > self.config.lpm_max_queue:
             return [(r, -1) for r in waiting], False
         scored = [(r, self.cache.cached_prefix_len(r)) for r in waiting]
         scored.sort(key=lambda rc: (-rc[1], rc[0].arrival))

@@ -11,7 +11,8 @@ separate policies: DecodePolicy, PrefillPolicy, RetractPolicy. One step:
        jump-forward's tail fed whole: + verify drafts)
     3. admissions from the waiting queue (LPM / FCFS), chunked to fill the budget;
        skipped in a step that had to retract
-    (with config.hybrid False, prefill-first: a step with prefill work (2, 3) runs only that)
+    (with config.hybrid_batching False, prefill-first: a step with prefill work (2, 3) runs
+    only that)
     4. slots are allocated (evicting cached prefixes as needed) and written to req_to_token
 
 The engine drives it from one thread:
@@ -71,7 +72,7 @@ class Scheduler:
         self.config = config or SchedulerConfig()
         self.cache_config = cache_config or CacheConfig()
         self.max_context_len = max_context_len
-        self.cache = CacheManager(num_slots, self.config.max_running_reqs, max_context_len,
+        self.cache = CacheManager(num_slots, self.config.max_running_requests, max_context_len,
                                   self.cache_config)
         self.requests = RequestTable()
         self.ratio = NewTokenRatio(self.config.init_new_token_ratio,
@@ -85,7 +86,7 @@ class Scheduler:
     # -- queries (always safe) -------------------------------------------------------------
     @property
     def req_to_token(self) -> np.ndarray:
-        """int32 [max_running_reqs, width >= max_context_len]; see ReqToTokenTable."""
+        """int32 [max_running_requests, width >= max_context_len]; see ReqToTokenTable."""
         return self.cache.req_to_token
 
     @property
@@ -109,11 +110,11 @@ class Scheduler:
         schedule(): those whose pending tokens were all generated — the last sampled one,
         and after a jump-forward the tokens it forced (a tail of fewer tokens than the step
         budget; it is fed before the drafts, in the same verify entry: see batch.py). Never
-        a prompt chunk. Empty in prefill-first mode (config.hybrid False) while anything has
-        several pending tokens: that step likely prefills only."""
+        a prompt chunk. Empty in prefill-first mode (config.hybrid_batching False) while
+        anything has several pending tokens: that step likely prefills only."""
         running = self.requests.running.values()
-        if not self.config.hybrid and (self.requests.waiting
-                                       or any(r.pending_len > 1 for r in running)):
+        if not self.config.hybrid_batching and (self.requests.waiting
+                                                or any(r.pending_len > 1 for r in running)):
             return []
         budget = self.config.max_num_batched_tokens
         return [r for r in running if r.num_computed == len(r.token_ids) - 1 or (
@@ -170,11 +171,11 @@ class Scheduler:
         self.ratio.step()
         running = self.requests.running
         budget = StepBudget(self.config.max_num_batched_tokens,
-                            self.config.max_running_reqs - len(running))
+                            self.config.max_running_requests - len(running))
         plan = StepPlan(self.cache)
         retracted: list[Req] = []
         decoders, extenders = self.decode_policy.split(running.values())
-        if not self.config.hybrid and self._plan_prefill_only(extenders, plan, budget):
+        if not self.config.hybrid_batching and self._plan_prefill_only(extenders, plan, budget):
             return self._build(plan, retracted)
         page = self.cache.page_size
         while self.decode_policy.slots_needed(decoders, page) > self.cache.available_tokens:
@@ -193,8 +194,8 @@ class Scheduler:
 
     def _plan_prefill_only(self, extenders: list[Req], plan: StepPlan,
                            budget: StepBudget) -> bool:
-        """Prefill-first (config.hybrid False): plan pending chunks and admissions without
-        decodes; True when that found work (else the step decodes)."""
+        """Prefill-first (config.hybrid_batching False): plan pending chunks and admissions
+        without decodes; True when that found work (else the step decodes)."""
         self.prefill_policy.continue_running(extenders, plan, budget)
         self.prefill_policy.admit_waiting(plan, budget)
         return bool(plan)
@@ -379,7 +380,7 @@ class Scheduler:
                     f"{req} is in the waiting queue")
             require(req.row is None and req.last_node is None and not req.num_allocated,
                     f"{req} waits but holds KV")
-        require(len(running) <= self.config.max_running_reqs, "too many running requests")
+        require(len(running) <= self.config.max_running_requests, "too many running requests")
         self.cache.check_integrity(running)
 
     # -- internals -------------------------------------------------------------------------

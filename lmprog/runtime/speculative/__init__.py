@@ -38,7 +38,7 @@ def build_proposer(config: SpeculativeConfig, *, vocab_size: int,
                    context_length: int | None = None) -> Proposer:
     """The proposer `config.method` names, for a target model with `vocab_size` tokens on
     `device` (dtype/attention: how a draft model is loaded, as the target was).
-    max_requests, context_length: the engine's max_running_reqs and context length, so a
+    max_requests, context_length: the engine's max_running_requests and context length, so a
     draft model keeps state for every running request and drafts for sequences of any
     length the engine serves (None: DraftModelProposer's defaults)."""
     if not isinstance(config, SpeculativeConfig):
