@@ -24,7 +24,7 @@ def _kernel_skip_reason() -> str | None:
              m.rsplit(".", 1)[1] in ("attention", "rmsnorm", "rope", "activation", "logits",
                                      "sampling")]  # fmt: skip
     if early:
-        return f"{early} were imported before TRITON_INTERPRET=1 was set (run tests/kernels alone)"
+        return f"{early} were imported before tests/conftest.py set TRITON_INTERPRET=1"
     return None
 
 

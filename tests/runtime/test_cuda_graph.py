@@ -2,74 +2,63 @@
 logits and K/V for any batch size up to the bucket, padding included.
 
 The static-buffer bookkeeping is tested on the CPU directly. The padded static forward runs
-on the CPU under Triton's interpreter (in a subprocess: TRITON_INTERPRET must be set before
-triton is imported); graph capture and replay need a CUDA GPU.
+on the CPU under Triton's interpreter (tests/conftest.py sets it up); graph capture and
+replay need a CUDA GPU.
 """
-
-import importlib.util
-import textwrap
 
 import pytest
 import torch
-from graph_scripts import run_captured, run_uncaptured
+from triton_testing import (  # noqa: F401 - one_thread is a fixture
+    one_thread, requires_triton, run_captured, run_uncaptured, setup,
+)
 
-from lmprog.runtime.cuda_graph import DecodeBuffers
+from lmprog.runtime.cuda_graph import CudaGraphRunner, DecodeBuffers
 from lmprog.runtime.forward_batch import ForwardBatch
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
 
-# Tiny Llama, 8 requests with prompts of 3..40 tokens in a 64-wide table; decode steps of
-# several batch sizes over random subsets, with shrinking batches inside one bucket (stale
-# padding rows) and a batch larger than the biggest bucket (eager fallback).
-SCRIPT = textwrap.dedent("""
-    from lmprog.runtime.cuda_graph import CudaGraphRunner
+def check_against_eager(device, capture, dtype, tol):
+    """Tiny Llama, 8 requests with prompts of 3..40 tokens in a 64-wide table; decode steps of
+    several batch sizes over random subsets, with shrinking batches inside one bucket (stale
+    padding rows) and a batch larger than the biggest bucket (eager fallback)."""
+    model, g, table, kvs = setup(device, dtype, num_layers=2, rows=8, num_slots=600)
+    rows = table.shape[0]
+    lens = torch.randint(3, 41, (rows,), generator=g).tolist()
 
-    def run(device, capture, dtype):
-        model, g, table, kvs = setup(device, dtype, num_layers=2, rows=8, num_slots=600)
-        rows = table.shape[0]
-        lens = torch.randint(3, 41, (rows,), generator=g).tolist()
+    def batch(sel, ext):
+        loc = torch.cat([table[r, lens[r] - n:lens[r]].cpu() for r, n in zip(sel, ext)])
+        return ForwardBatch.build(
+            input_ids=torch.randint(0, 50, (len(loc),), generator=g), out_cache_loc=loc,
+            req_pool_indices=sel, seq_lens=[lens[r] for r in sel], extend_lens=ext,
+            req_to_token=table, device=device)
 
-        def batch(sel, ext):
-            loc = torch.cat([table[r, lens[r] - n:lens[r]].cpu() for r, n in zip(sel, ext)])
-            return ForwardBatch.build(
-                input_ids=torch.randint(0, 50, (len(loc),), generator=g), out_cache_loc=loc,
-                req_pool_indices=sel, seq_lens=[lens[r] for r in sel], extend_lens=ext,
-                req_to_token=table, device=device)
-
-        with torch.inference_mode():
-            prefill = batch(list(range(rows)), list(lens))
-            for kv in kvs:
-                model(prefill, kv)
-            graphs = CudaGraphRunner(model, kvs[0], table, batch_sizes=(1, 2, 4, 8),
-                                     max_batch_size=6, capture=capture)
-            assert graphs.batch_sizes == (1, 2, 4, 6)
-            assert graphs.maybe_run(prefill, kvs[0]) is None  # not a decode batch
-            ran = []
-            for n in (3, 6, 5, 1, 2, 4, 7, 6, 3):
-                sel = torch.randperm(rows, generator=g)[:n].tolist()
-                for r in sel:
-                    lens[r] += 1
-                step = batch(sel, [1] * n)
-                assert graphs.maybe_run(step, kvs[1]) is None  # another pool
-                got = graphs.maybe_run(step, kvs[0])
-                want = model(step, kvs[1])
-                ran.append(got is not None)
-                if got is None:
-                    got = model(step, kvs[0])
-                assert got.shape == want.shape == (n, 50), (got.shape, want.shape)
-                diff = (got - want).abs().max().item()
-                assert diff <= TOL * want.abs().max().item(), (n, diff)
-            assert ran == [n <= 6 for n in (3, 6, 5, 1, 2, 4, 7, 6, 3)]
-            # K/V of every real slot equal; padding wrote only the dummy slot 0
-            real_a, real_b = kvs[0]._buffer[:, :, 1:].float(), kvs[1]._buffer[:, :, 1:].float()
-            kv_diff = (real_a - real_b).abs().max().item()
-            assert kv_diff <= TOL * real_b.abs().max().item(), kv_diff
-        print("ok", device, capture, dtype)
-""")
-
-
-def _script(tol: float) -> str:
-    return SCRIPT.replace("TOL", repr(tol))
+    with torch.inference_mode():
+        prefill = batch(list(range(rows)), list(lens))
+        for kv in kvs:
+            model(prefill, kv)
+        graphs = CudaGraphRunner(model, kvs[0], table, batch_sizes=(1, 2, 4, 8),
+                                 max_batch_size=6, capture=capture)
+        assert graphs.batch_sizes == (1, 2, 4, 6)
+        assert graphs.maybe_run(prefill, kvs[0]) is None  # not a decode batch
+        ran = []
+        for n in (3, 6, 5, 1, 2, 4, 7, 6, 3):
+            sel = torch.randperm(rows, generator=g)[:n].tolist()
+            for r in sel:
+                lens[r] += 1
+            step = batch(sel, [1] * n)
+            assert graphs.maybe_run(step, kvs[1]) is None  # another pool
+            got = graphs.maybe_run(step, kvs[0])
+            want = model(step, kvs[1])
+            ran.append(got is not None)
+            if got is None:
+                got = model(step, kvs[0])
+            assert got.shape == want.shape == (n, 50), (got.shape, want.shape)
+            diff = (got - want).abs().max().item()
+            assert diff <= tol * want.abs().max().item(), (n, diff)
+        assert ran == [n <= 6 for n in (3, 6, 5, 1, 2, 4, 7, 6, 3)]
+        # K/V of every real slot equal; padding wrote only the dummy slot 0
+        real_a, real_b = kvs[0]._buffer[:, :, 1:].float(), kvs[1]._buffer[:, :, 1:].float()
+        kv_diff = (real_a - real_b).abs().max().item()
+        assert kv_diff <= tol * real_b.abs().max().item(), kv_diff
 
 
 def _batch(n: int, table: torch.Tensor, base: int) -> ForwardBatch:
@@ -96,10 +85,10 @@ def test_decode_buffers_copy_the_batch_and_reset_padding():
     assert view.input_ids.data_ptr() == buffers.ints.data_ptr()  # a view: replays see new data
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-def test_padded_static_forward_matches_eager():
+@requires_triton
+def test_padded_static_forward_matches_eager(one_thread):  # noqa: F811
     """The graphs' inputs without capture: same logits and K/V as the eager forward."""
-    run_uncaptured(_script)
+    run_uncaptured(check_against_eager)
 
 
 @pytest.mark.gpu
@@ -107,5 +96,5 @@ def test_padded_static_forward_matches_eager():
                     reason="CUDA graph capture needs a CUDA GPU (the padded static path is "
                            "tested on the CPU by test_padded_static_forward_matches_eager)")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_graph_replay_matches_eager(dtype):
-    run_captured(_script, dtype)
+def test_graph_replay_matches_eager(dtype, one_thread):  # noqa: F811
+    run_captured(check_against_eager, dtype)

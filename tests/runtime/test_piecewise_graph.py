@@ -2,78 +2,70 @@
 prefill + decode steps and verify rows replayed through token-bucketed segments give the
 eager forward's logits and K/V, padding included.
 
-The segmented, padded forward runs on the CPU under Triton's interpreter (in a subprocess:
-TRITON_INTERPRET must be set before triton is imported); capture and replay need CUDA.
+The segmented, padded forward runs on the CPU under Triton's interpreter (tests/conftest.py
+sets it up); capture and replay need CUDA.
 """
-
-import importlib.util
-import textwrap
 
 import pytest
 import torch
-from graph_scripts import run_captured, run_uncaptured
+from triton_testing import (  # noqa: F401 - one_thread is a fixture
+    one_thread, requires_triton, run_captured, run_uncaptured, setup,
+)
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-
-# Tiny Llama, 6 requests in a 64-wide table: a prefill of several chunks, then mixed steps
-# (chunks + decodes + a 3-token verify row) of shrinking and growing token counts inside and
-# across buckets, and one step larger than the biggest bucket (eager fallback).
-SCRIPT = textwrap.dedent("""
-    from lmprog.runtime.piecewise_graph import PiecewiseGraphRunner
-
-    def run(device, capture, dtype):
-        model, g, table, kvs = setup(device, dtype, num_layers=3, rows=6, num_slots=500)
-        rows = table.shape[0]
-        done = [0] * rows  # tokens whose K/V are in the pool
-
-        def batch(sel, ext, logits_rows):
-            loc = torch.cat([table[r, done[r]:done[r] + n].cpu() for r, n in zip(sel, ext)])
-            return ForwardBatch.build(
-                input_ids=torch.randint(0, 50, (len(loc),), generator=g), out_cache_loc=loc,
-                req_pool_indices=sel, seq_lens=[done[r] + n for r, n in zip(sel, ext)],
-                extend_lens=ext, req_to_token=table, device=device,
-                logits_indices=logits_rows)
-
-        with torch.inference_mode():
-            graphs = PiecewiseGraphRunner(model, kvs[0], table, max_tokens=40,
-                                          buckets=(8, 16, 32), capture=capture)
-            assert graphs.token_buckets == (8, 16, 32, 40)
-            served = []
-            steps = [([0, 1, 2], [12, 7, 9]), ([0, 1, 2, 3], [1, 1, 5, 20]),
-                     ([3, 4, 5, 0], [3, 8, 1, 3]), ([0, 1, 2, 3, 4, 5], [1, 1, 1, 1, 30, 11]),
-                     ([0, 4, 5], [2, 1, 1]), ([1, 2], [20, 9])]
-            for sel, ext in steps:
-                total = sum(ext)
-                want_rows = [i for i in range(total) if i % 3 == 0] + [total - 1]
-                step = batch(sel, ext, want_rows)
-                got = graphs.maybe_run(step, kvs[0])
-                want = model(step, kvs[1])
-                served.append(got is not None)
-                if got is None:
-                    got = model(step, kvs[0])
-                assert got.shape == want.shape == (len(want_rows), 50), (got.shape, want.shape)
-                diff = (got - want).abs().max().item()
-                assert diff <= TOL * want.abs().max().item(), (ext, diff)
-                for r, n in zip(sel, ext):
-                    done[r] += n
-            assert served == [True, True, True, False, True, True]
-            real_a, real_b = kvs[0]._buffer[:, :, 1:].float(), kvs[1]._buffer[:, :, 1:].float()
-            kv_diff = (real_a - real_b).abs().max().item()
-            assert kv_diff <= TOL * real_b.abs().max().item(), kv_diff
-            decode = batch([0, 1], [1, 1], [0, 1])
-            assert graphs.maybe_run(decode, kvs[0]) is None  # the decode graphs' business
-        print("ok", device, capture, dtype)
-""")
+from lmprog.runtime.forward_batch import ForwardBatch
+from lmprog.runtime.piecewise_graph import PiecewiseGraphRunner
 
 
-def _script(tol: float) -> str:
-    return SCRIPT.replace("TOL", repr(tol))
+def check_against_eager(device, capture, dtype, tol):
+    """Tiny Llama, 6 requests in a 64-wide table: a prefill of several chunks, then mixed
+    steps (chunks + decodes + a 3-token verify row) of shrinking and growing token counts
+    inside and across buckets, and one step larger than the biggest bucket (eager fallback)."""
+    model, g, table, kvs = setup(device, dtype, num_layers=3, rows=6, num_slots=500)
+    rows = table.shape[0]
+    done = [0] * rows  # tokens whose K/V are in the pool
+
+    def batch(sel, ext, logits_rows):
+        loc = torch.cat([table[r, done[r]:done[r] + n].cpu() for r, n in zip(sel, ext)])
+        return ForwardBatch.build(
+            input_ids=torch.randint(0, 50, (len(loc),), generator=g), out_cache_loc=loc,
+            req_pool_indices=sel, seq_lens=[done[r] + n for r, n in zip(sel, ext)],
+            extend_lens=ext, req_to_token=table, device=device,
+            logits_indices=logits_rows)
+
+    with torch.inference_mode():
+        graphs = PiecewiseGraphRunner(model, kvs[0], table, max_tokens=40,
+                                      buckets=(8, 16, 32), capture=capture)
+        assert graphs.token_buckets == (8, 16, 32, 40)
+        served = []
+        steps = [([0, 1, 2], [12, 7, 9]), ([0, 1, 2, 3], [1, 1, 5, 20]),
+                 ([3, 4, 5, 0], [3, 8, 1, 3]), ([0, 1, 2, 3, 4, 5], [1, 1, 1, 1, 30, 11]),
+                 ([0, 4, 5], [2, 1, 1]), ([1, 2], [20, 9])]
+        for sel, ext in steps:
+            total = sum(ext)
+            want_rows = [i for i in range(total) if i % 3 == 0] + [total - 1]
+            step = batch(sel, ext, want_rows)
+            got = graphs.maybe_run(step, kvs[0])
+            want = model(step, kvs[1])
+            served.append(got is not None)
+            if got is None:
+                got = model(step, kvs[0])
+            assert got.shape == want.shape == (len(want_rows), 50), (got.shape, want.shape)
+            diff = (got - want).abs().max().item()
+            assert diff <= tol * want.abs().max().item(), (ext, diff)
+            for r, n in zip(sel, ext):
+                done[r] += n
+        assert served == [True, True, True, False, True, True]
+        real_a, real_b = kvs[0]._buffer[:, :, 1:].float(), kvs[1]._buffer[:, :, 1:].float()
+        kv_diff = (real_a - real_b).abs().max().item()
+        assert kv_diff <= tol * real_b.abs().max().item(), kv_diff
+        decode = batch([0, 1], [1, 1], [0, 1])
+        assert graphs.maybe_run(decode, kvs[0]) is None  # the decode graphs' business
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-def test_segmented_padded_forward_matches_eager():
+@requires_triton
+def test_segmented_padded_forward_matches_eager(one_thread):  # noqa: F811
     """The graphs' segments and buffers without capture: same logits and K/V as eager."""
-    run_uncaptured(_script)
+    run_uncaptured(check_against_eager)
 
 
 @pytest.mark.gpu
@@ -81,5 +73,5 @@ def test_segmented_padded_forward_matches_eager():
                     reason="CUDA graph capture needs a CUDA GPU (the segmented path is tested "
                            "on the CPU by test_segmented_padded_forward_matches_eager)")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_piecewise_replay_matches_eager(dtype):
-    run_captured(_script, dtype)
+def test_piecewise_replay_matches_eager(dtype, one_thread):  # noqa: F811
+    run_captured(check_against_eager, dtype)
