@@ -11,7 +11,6 @@ same deterministic "model" gives, whatever the configuration.
 """
 
 import random
-import time
 
 import numpy as np
 import pytest
@@ -126,7 +125,7 @@ def simulate(name, seed):
     rng = random.Random(seed)
     ctx = 64
     s = Scheduler(cfg["num_slots"], ctx,
-                  SchedulerConfig(max_num_batched_tokens=24, max_running_reqs=6,
+                  SchedulerConfig(max_num_batched_tokens=24, max_running_requests=6,
                                   stagger_min_tokens=6, lpm_max_queue=5,
                                   init_new_token_ratio=0.3, min_new_token_ratio=0.05,
                                   new_token_ratio_decay=0.01),
@@ -175,9 +174,10 @@ def simulate(name, seed):
         assert engine.min_free < 8 and s.num_retractions > 0
 
 
-def test_per_step_overhead_for_64_running_requests():
-    """Scheduler bookkeeping per decode step (schedule + process_results), 64 running."""
-    s = Scheduler(200_000, 4096, SchedulerConfig(max_num_batched_tokens=4096, max_running_reqs=64))
+def test_64_running_requests_decode_together_step_after_step():
+    """The steady decode state that bench/bench_scheduler.py times (its time per step is a
+    benchmark, not a test): 64 running requests, every one in every batch."""
+    s = Scheduler(200_000, 4096, SchedulerConfig(max_num_batched_tokens=4096, max_running_requests=64))
     for i in range(64):
         s.submit(Req(i, list(range(i * 1000, i * 1000 + 256)),
                      SamplingParams(max_tokens=100_000, ignore_eos=True)))
@@ -185,13 +185,8 @@ def test_per_step_overhead_for_64_running_requests():
         b = s.schedule()
         s.process_results(b, [[1] if e.sample else [] for e in b.entries])
     tokens = [[7]] * 64
-    steps = 300
-    t0 = time.perf_counter()
-    for _ in range(steps):
+    for _ in range(300):
         b = s.schedule()
+        assert len(b.entries) == 64 and b.num_decodes == 64
         s.process_results(b, tokens)
-    per_step = (time.perf_counter() - t0) / steps
-    assert len(b.entries) == 64 and b.num_decodes == 64
     s.check_integrity()
-    print(f"scheduler overhead: {per_step * 1e6:.0f} us/step with 64 running requests")
-    assert per_step < 5e-3  # ~0.1-0.2 ms expected; a generous bound for a loaded machine
