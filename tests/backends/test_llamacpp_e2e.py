@@ -14,10 +14,15 @@ from lmprog.backends import LlamaCpp, default_backend  # noqa: E402
 from lmprog.core.errors import BackendError, ContextLengthError  # noqa: E402
 from lmprog.core.protocol import GenerateRequest, ScoreRequest  # noqa: E402
 from lmprog.core.sampling import SamplingParams as SP  # noqa: E402
+from greedy_agreement import assert_greedy_agrees, top2_logprobs  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
 QUESTION = "The capital of France is"
+# Greedy outputs computed with other batch shapes (a prompt in one batch or in parts after a
+# reused prefix) may differ where the top two logprobs are this close: on this Q4_1 model
+# such changes move a top-2 gap by up to ~0.2 (measured).
+NEAR_TIE = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +44,15 @@ def gen(be, prompt, stream=None, constraint=None, **params) -> object:
 
 @pytest.fixture(scope="module")
 def greedy(be):
-    """A greedy continuation used as ground truth by several tests."""
-    return gen(be, QUESTION, max_tokens=16)
+    """A greedy continuation used as ground truth by several tests (with its top-2 logprobs)."""
+    return gen(be, QUESTION, max_tokens=16, return_logprob=True, top_logprobs_num=2)
+
+
+def agrees(result, ref) -> int:
+    """Assert `result`'s tokens equal `ref`'s (a result with top-2 logprobs) up to ref's first
+    near tie; return how many were compared."""
+    return assert_greedy_agrees(result.token_ids, ref.token_ids, top2_logprobs(ref.logprobs),
+                                NEAR_TIE)
 
 
 def test_hf_tokenizer_agrees_with_llama_cpp(be):
@@ -73,8 +85,12 @@ def test_greedy_matches_llama_cpp_own_decoding(greedy, reference):
 
 def test_greedy_is_deterministic_and_reuses_the_prompt(be, greedy):
     again = gen(be, QUESTION, max_tokens=16)
-    assert again.text == greedy.text and again.token_ids == greedy.token_ids
     assert again.cached_tokens == again.prompt_tokens - 1  # only the last prompt token re-evaluated
+    # that token evaluated alone, not with the prompt: the same up to the first near tie (the
+    # 15th token is one: 0.005 apart)
+    assert agrees(again, greedy) >= 4
+    twice = gen(be, QUESTION, max_tokens=16)  # reused the same way again: the same computation
+    assert twice.text == again.text and twice.token_ids == again.token_ids
 
 
 def test_stop_string_cuts_the_text(be, greedy):
@@ -149,18 +165,37 @@ def test_select_scoring(be):
     assert abs(sum(healed.choices[0].token_logprobs) - totals[0]) < 1e-3
 
 
-def test_shared_prefix_is_reused_across_requests(be, reference):
+def test_shared_prefix_is_reused_across_requests(be):
+    """A saved prefix state (cache_prefix, or saved on switching to another prompt) comes back
+    exactly: restored, a context continues bit for bit as the one it was saved from. Against
+    a fresh evaluation of the whole prompt in one batch, which rounds differently, the output
+    agrees up to the first near tie (the question is chosen to have none)."""
     header = "".join(f"Q: What is {i} plus {i}?\nA: {2 * i}\n" for i in range(6))
     be.cache_prefix(header)
     n_header = len(be.tokenizer.encode(header, add_special_tokens=False))
-    first = gen(be, header + "Q: What is 20 plus 20?\nA:", max_tokens=4)
+    prompt = header + "Q: What is 20 plus 20?\nA:"
+    first = gen(be, prompt, max_tokens=4, return_logprob=True, top_logprobs_num=2)
     assert first.cached_tokens >= n_header - 1
     gen(be, "An unrelated story: " + "once upon a time " * 10, max_tokens=2)  # displaces the header
     restores = be.stats()["restores"]
-    second = gen(be, header + "Q: What is 7 plus 7?\nA:", max_tokens=4)
+    question = header + "Q: What is 6 plus 7?\nA:"  # the answer needs the header; clear margins
+    second = gen(be, question, max_tokens=4)
     assert second.cached_tokens >= n_header - 1
     assert be.stats()["restores"] == restores + 1  # came back from the saved-state cache
-    assert second.text == reference(header + "Q: What is 7 plus 7?\nA:", 4)  # restored KV is exact
+    # Exact by construction: `first`'s context was saved holding its prompt and first three
+    # tokens. Restored less the last of them, which is evaluated again alone as `first` did,
+    # it gives `first`'s last draw: the same logprobs, bit for bit.
+    held = tuple(be.tokenizer.encode(prompt, add_special_tokens=False)) + first.token_ids[:3]
+    again = gen(be, held, max_tokens=1, return_logprob=True, top_logprobs_num=2)
+    assert be.stats()["restores"] == restores + 2 and again.cached_tokens == len(held) - 1
+    assert again.logprobs == first.logprobs[3:]
+    fresh = LlamaCpp(n_ctx=2048, state_cache_bytes=0)
+    try:
+        ref = gen(fresh, question, max_tokens=4, return_logprob=True, top_logprobs_num=2)
+    finally:
+        fresh.shutdown()
+    assert ref.cached_tokens == 0
+    assert agrees(second, ref) == len(ref.token_ids) == 4, ref.logprobs  # no near tie: all compared
 
 
 def test_multi_turn_history_hits_the_cache(be):
@@ -194,7 +229,7 @@ def test_context_length_error_and_recovery(be, greedy):
         gen(be, (1, -5), max_tokens=1)
     with pytest.raises(TypeError):
         be.generate(QUESTION)
-    assert gen(be, QUESTION, max_tokens=16).text == greedy.text
+    assert agrees(gen(be, QUESTION, max_tokens=16), greedy) >= 4
 
 
 def test_context_fills_during_generation():
