@@ -66,7 +66,7 @@ def __getattr__(name: str) -> Any:
             except ImportError as e:  # re-raised as AttributeError so hasattr() keeps working
                 raise AttributeError(str(e)) from None
             except AttributeError:
-                raise AttributeError(f"lmprog.{name} is not available in this release") from None
+                raise AttributeError(f"lmprog.{name} is not available: its module {module_name} does not define it") from None
             globals()[name] = value
             return value
     raise AttributeError(f"module 'lmprog' has no attribute {name!r}")

@@ -131,7 +131,7 @@ class NodeExecutor:
     def _image(self, node: Image, _: None) -> None:
         raise BackendError(
             f"{type(self._backend).__name__} has no vision support, so lp.image() cannot run; "
-            "no backend in this release accepts images"
+            "none of lmprog's backends accepts images"
         )
 
     # ---- model calls -------------------------------------------------------------
