@@ -18,6 +18,7 @@ from lmprog.runtime.engine_io import EngineRequest
 from lmprog.runtime.launch import launch_engine
 from lmprog.runtime.models import ModelConfig
 from lmprog.runtime.speculative import Proposer, SpeculativeConfig
+from greedy_agreement import assert_greedy_agrees, top2_logprobs
 from spec_testing import Oracle, random_llama
 
 torch.set_num_threads(1)
@@ -27,6 +28,9 @@ TINY = ModelConfig("llama", vocab_size=49152, hidden_size=64, intermediate_size=
                    tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,))
 SHARED = list(range(1000, 1024))
 PROMPTS = [SHARED[: 8 + i % 16] + [3000 + 7 * i + j for j in range(1 + i % 5)] for i in range(16)]
+# fp32: paths with other batch shapes (chunked re-prefill, verify vs decode, batch 16 vs 1)
+# differ by up to ~2e-5 in a logprob (measured); top-2 gaps below this may flip between them
+NEAR_TIE = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +72,7 @@ def spec_engine(model, tok, proposer, config=FIXED, slots=4096, budget=512, max_
                 overlap=False, **sched):
     return launch_engine(
         model, tok, eos_token_ids=EOS, max_total_tokens=slots,
-        scheduler_config=SchedulerConfig(max_num_batched_tokens=budget, max_running_reqs=max_reqs,
+        scheduler_config=SchedulerConfig(max_num_batched_tokens=budget, max_running_requests=max_reqs,
                                          **sched),
         engine_config=EngineConfig(check_integrity=True, overlap=overlap), speculative=config,
         proposer=proposer)
@@ -248,14 +252,18 @@ def test_jump_forward_tokens_are_verified_with_drafts(tok, loopy, monkeypatch):
 
 
 def test_retraction_with_speculation(model, tok, plain):
-    ref = run_all(plain, PROMPTS, greedy(40))
+    """Retracted requests prefill their prompt and output again, in chunks: other batch shapes
+    than the reference's decoding, so the outputs agree up to the reference's first near tie."""
+    ref = run_all(plain, PROMPTS, greedy(40, return_logprob=True, top_logprobs_num=2))
     oracle = Oracle(TINY.vocab_size)
     oracle.learn(PROMPTS, ref)
     small = spec_engine(model, tok, oracle, slots=120, budget=24, max_reqs=16,
                         init_new_token_ratio=0.02, min_new_token_ratio=0.02)
     try:
         out = run_all(small, PROMPTS, greedy(40))
-        assert [r.token_ids for r in out] == [r.token_ids for r in ref]
+        compared = [assert_greedy_agrees(o.token_ids, r.token_ids, top2_logprobs(r.logprobs),
+                                         NEAR_TIE) for o, r in zip(out, ref)]
+        assert sum(compared) >= 0.75 * 40 * len(PROMPTS), compared  # near ties are rare
         stats = small.stats()
         assert stats["num_retractions"] > 0 and stats["spec_accepted_tokens"] > 0, stats
         check_clean(small)
@@ -313,7 +321,7 @@ def test_prefill_first_mode_with_speculation(model, tok, plain):
     ref = run_all(plain, PROMPTS[:8], greedy(16))
     oracle = Oracle(TINY.vocab_size)
     oracle.learn(PROMPTS[:8], ref)
-    eng = spec_engine(model, tok, oracle, hybrid=False)
+    eng = spec_engine(model, tok, oracle, hybrid_batching=False)
     try:
         out = run_all(eng, PROMPTS[:8], greedy(16))
         assert [r.token_ids for r in out] == [r.token_ids for r in ref]
