@@ -8,9 +8,10 @@ Measured, on ten JSON schemas from small to large:
 - compile time, cold and cached (lmprog: memory LRU and disk cache; xgrammar: its compiler
   cache; outlines-core and llguidance have no cache of their own);
 - per-token mask time p50/p99 while walking the tokens of a valid instance of each schema:
-  "mask" = compute the allowed set (lmprog: bool row; others: 32-bit bitmask), "apply" = leave
-  [1, 49k] float32 logits masked in place (lmprog: cached per-state bias add; others: bitmask
-  fill + xgrammar's CPU apply kernel). Three passes; the first visit of a state is in p99;
+  "mask" = compute the allowed set as a 32-bit bitmask (lmprog: its cached per-state rows),
+  "apply" = leave [1, 49k] float32 logits masked in place (bitmask fill + apply: lmprog's
+  `apply_bitmask_`, xgrammar's CPU apply kernel for the others). Three passes; the first visit
+  of a state is in p99;
 - whether each engine accepts the canonical tokens of each valid instance;
 - conformance on the JSON-Schema-Test-Suite through `bench/conformance.py` (if present);
 - jump-forward: decode steps (forward passes) per output on a fixed-key schema, with and
@@ -51,7 +52,7 @@ torch.set_num_threads(1)
 from lmprog.core.models import load_tokenizer, resolve_model  # noqa: E402
 from lmprog.fsm.index import TokenIndex, clear_memory_cache  # noqa: E402
 from lmprog.fsm.jump import jump_forward  # noqa: E402
-from lmprog.fsm.mask import apply_mask_  # noqa: E402
+from lmprog.fsm.mask import allowed_bitmask, apply_bitmask_  # noqa: E402
 from lmprog.fsm.vocab import TokenVocab  # noqa: E402
 
 S = {"type": "string"}
@@ -187,7 +188,6 @@ class LmprogEngine:
         self.tok, self.Constraint = tok, Constraint
         self.vocab = TokenVocab.from_tokenizer(tok)
         self.vocab.outlines_vocabulary  # built once per tokenizer, like the others' setup
-        self.row = torch.zeros(self.vocab.size, dtype=torch.bool)
         self.constraints: dict[str, Any] = {}
         self.regex_ms: dict[str, float] = {}
 
@@ -214,7 +214,7 @@ class LmprogEngine:
         return self.compile(schema)
 
     def matcher(self, compiled: Any) -> Any:
-        return _LmprogCursor(compiled.new_guide(), self.row)
+        return _LmprogCursor(compiled.new_guide(), self.vocab.size)
 
     def text_matcher(self, schema: Any) -> Callable[[str], bool]:
         """Conformance at the regex level (Constraint.matches); the token index is exact for the
@@ -223,14 +223,14 @@ class LmprogEngine:
 
 
 class _LmprogCursor:
-    def __init__(self, guide: Any, row: torch.Tensor) -> None:
-        self.guide, self.row = guide, row
+    def __init__(self, guide: Any, width: int) -> None:
+        self.guide, self.width = guide, width
 
     def mask(self) -> None:
-        self.guide.fill_mask(self.row)
+        allowed_bitmask([self.guide], self.width)
 
     def apply(self, logits: torch.Tensor) -> None:
-        apply_mask_(logits, [self.guide])
+        apply_bitmask_(logits, allowed_bitmask([self.guide], self.width))
 
     def accept(self, token: int) -> bool:
         if not self.guide.is_allowed(token):

@@ -2,7 +2,7 @@
 
 Wraps the shared sampler (`sampler.py`) with what a backend keeps per request in
 its DecodeState: SamplingParams, seeded generator, penalty counts, output length (for
-min_tokens) and constraint guide (mask). Per-row tensors are rebuilt only when the set of
+min_tokens) and constraint guide (bitmask). Per-row tensors are rebuilt only when the set of
 sampled requests changes (a steady decode batch reuses them). The engine samples a whole
 batch per step; the llama.cpp backend one request (B=1) per step, with its own sampler.
 
@@ -15,8 +15,9 @@ the device runs the next step (whose inputs take the tokens from `PendingDraws.t
 on the device). Only for rows whose sampling needs nothing the host learns from the
 previous token (DecodeState.history_free).
 
-Fault isolation: when the batched call raises (e.g. a constraint leaves a row nothing to
-sample), every row is retried alone, so only the faulty rows fail.
+Fault isolation: a row that its masks leave nothing to sample comes back from the sampler
+as NO_TOKEN and fails alone (found when the tokens are read, not by a device read of its
+own); when the batched call raises, every row is retried alone, so only the faulty rows fail.
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ from typing import Any, NamedTuple
 
 import torch
 
+from lmprog.fsm.mask import allowed_bitmask
+
+from .rng import to_device
 from .sampler import (
+    NO_TOKEN,
     SampleOutput,
     SamplingTensors,
     probabilities,
@@ -89,12 +94,14 @@ class BatchSampler:
         from .rejection import rejection_sample
 
         raw = torch.log_softmax(logits.float(), dim=-1) if tensors.return_logprob else None
-        counts, n_out, allowed = self._inputs(logits, states, tensors)
+        counts, n_out, bitmask = self._inputs(logits, states, tensors)
         p = probabilities(logits, tensors, output_counts=counts, num_output_tokens=n_out,
-                          allowed=allowed)
-        d = torch.tensor(list(drafts), dtype=torch.int64, device=logits.device)
+                          bitmask=bitmask)
+        d = to_device(torch.tensor(list(drafts), dtype=torch.int64), logits.device)
         tokens, accepted = rejection_sample(p, draft_probs.to(p.device), d,
                                             [s.generator for s in states])
+        if bitmask is not None or tensors.any_min_tokens:  # rows of zeros: nothing to sample
+            tokens = tokens.masked_fill(p.sum(dim=-1) == 0, NO_TOKEN)
         draws = _draws(with_logprobs(tokens, raw, tensors.max_top_logprobs), len(states))
         return list(zip(draws, accepted.tolist()))
 
@@ -125,20 +132,20 @@ class BatchSampler:
 
     def _sample(self, logits: torch.Tensor, states: Sequence[DecodeState],
                 tensors: SamplingTensors) -> SampleOutput:
-        counts, n_out, allowed = self._inputs(logits, states, tensors)
+        counts, n_out, bitmask = self._inputs(logits, states, tensors)
         generators = None  # all-greedy rows draw nothing
         if not tensors.all_greedy:
             generators = [s.generator for s in states]
             if all(g is None for g in generators):
                 generators = None
         return sample(logits, tensors, generators=generators, output_counts=counts,
-                      num_output_tokens=n_out, allowed=allowed)
+                      num_output_tokens=n_out, bitmask=bitmask, mask_in_place=True)
 
     @staticmethod
     def _inputs(logits: torch.Tensor, states: Sequence[DecodeState], tensors: SamplingTensors):
-        """(penalty counts, output lengths, constraint mask) of the rows, as the sampler
-        takes them; guided rows are masked in place when no logprobs are wanted."""
-        counts = n_out = allowed = None
+        """(penalty counts, output lengths, constraint bitmask) of the rows, as the sampler
+        takes them."""
+        counts = n_out = bitmask = None
         if tensors.any_penalty:
             counts = torch.stack([s.counts if s.counts is not None
                                   else torch.zeros(logits.shape[1], dtype=torch.int32,
@@ -148,20 +155,8 @@ class BatchSampler:
             n_out = [len(s.output_ids) for s in states]
         guides = [s.guide for s in states]
         if any(g is not None for g in guides):
-            allowed = _constrain(logits, guides, tensors.return_logprob)
-        return counts, n_out, allowed
-
-
-def _constrain(logits: torch.Tensor, guides: list, keep_raw: bool) -> torch.Tensor | None:
-    """Mask the guided rows. Logprobs are of the raw model distribution, so when they are
-    wanted the mask goes to the sampler; otherwise it is added to the logits in place
-    (an add per row is much cheaper than a bool mask on a CPU)."""
-    from lmprog.fsm.mask import apply_mask_, batch_allowed_mask
-
-    if keep_raw:
-        return batch_allowed_mask(guides, logits.shape[1], logits.device)
-    apply_mask_(logits, guides)
-    return None
+            bitmask = allowed_bitmask(guides, logits.shape[1], logits.device)
+        return counts, n_out, bitmask
 
 
 class PendingDraws:
@@ -175,15 +170,17 @@ class PendingDraws:
 
     @classmethod
     def start(cls, out: SampleOutput, n: int) -> PendingDraws:
-        """Start copying `out` to the host (pinned memory, asynchronous on a GPU)."""
+        """Start copying `out` to the host (pinned memory, asynchronous on a GPU). A NO_TOKEN
+        row is fed token 0 (never read: its request fails when the draws are read)."""
+        fed = out.token_ids.clamp(min=0)
         if out.token_ids.device.type == "cpu":
-            return cls(out.token_ids, n, out)
+            return cls(fed, n, out)
         host = SampleOutput(*(None if t is None else t.to("cpu", non_blocking=True)
                               for t in (out.token_ids, out.logprobs, out.top_token_ids,
                                         out.top_logprobs)))
         done = torch.cuda.Event()
         done.record()
-        return cls(out.token_ids, n, host, done)
+        return cls(fed, n, host, done)
 
     @classmethod
     def ready(cls, draws: list[Draw], device: torch.device) -> PendingDraws:
@@ -203,9 +200,16 @@ class PendingDraws:
 def _draws(out: SampleOutput, n: int) -> list[Draw]:
     ids = out.token_ids.tolist()
     if out.logprobs is None:
-        return [Draw(t) for t in ids]
-    lps = out.logprobs.tolist()
-    if out.top_token_ids is None:
-        return [Draw(t, lp) for t, lp in zip(ids, lps)]
-    top_ids, top_lps = out.top_token_ids.tolist(), out.top_logprobs.tolist()
-    return [Draw(ids[b], lps[b], tuple(zip(top_ids[b], top_lps[b]))) for b in range(n)]
+        draws = [Draw(t) for t in ids]
+    elif out.top_token_ids is None:
+        draws = [Draw(t, lp) for t, lp in zip(ids, out.logprobs.tolist())]
+    else:
+        lps, top_ids, top_lps = (x.tolist() for x in (out.logprobs, out.top_token_ids, out.top_logprobs))
+        draws = [Draw(ids[b], lps[b], tuple(zip(top_ids[b], top_lps[b]))) for b in range(n)]
+    if NO_TOKEN in ids:
+        draws = [_nothing_left() if t == NO_TOKEN else d for t, d in zip(ids, draws)]
+    return draws
+
+
+def _nothing_left() -> Draw:
+    return Draw(error=ValueError("a row has no token left to sample (every token is masked or -inf)"))

@@ -21,22 +21,24 @@ from collections.abc import Sequence
 
 import torch
 
+from .rng import SeededGenerator, uniforms
 from .sampler import draw
 
 
 def rejection_sample(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
-                     generators: Sequence[torch.Generator | None] | None = None,
+                     generators: Sequence[SeededGenerator | None] | None = None,
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply the rule to each row.
 
     p, q: [B, V] probabilities (rows summing to 1); drafts: [B] int64, drafts[b] drawn from
-    q[b] (so q[b, drafts[b]] > 0). generators: per-row RNG (None: torch's default); each row
-    consumes two uniforms, the acceptance test's then the residual draw's.
+    q[b] (so q[b, drafts[b]] > 0). generators: per-row seeded generators (None: torch's
+    default RNG); each row consumes two uniforms, the acceptance test's then the residual
+    draw's.
     Returns (tokens [B] int64, accepted [B] bool): tokens[b] == drafts[b] where accepted.
     """
     assert p.shape == q.shape and p.dim() == 2 and drafts.shape == (p.shape[0],)
     p, q = p.float(), q.float()
-    u = _uniforms(generators, p.shape[0], p.device)
+    u = uniforms(generators, p.shape[0], p.device)
     d = drafts[:, None]
     accepted = u * q.gather(1, d)[:, 0] < p.gather(1, d)[:, 0]  # u < p(d) / q(d)
     residual = (p - q).clamp_(min=0.0)
@@ -44,10 +46,3 @@ def rejection_sample(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
     residual = torch.where(empty, p, residual)
     resampled = draw(residual, generators)
     return torch.where(accepted, drafts, resampled), accepted
-
-
-def _uniforms(generators: Sequence[torch.Generator | None] | None, n: int,
-              device: torch.device) -> torch.Tensor:
-    if generators is None or all(g is None for g in generators):
-        return torch.rand(n, device=device)
-    return torch.cat([torch.rand(1, generator=g, device=device) for g in generators])

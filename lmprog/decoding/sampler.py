@@ -4,7 +4,7 @@ One call turns next-token logits [B, V] into one token per row, honouring each r
 `SamplingParams`. The order of operations, per row:
 
     raw logits ──┬─> log_softmax ─────────────────────────────> output logprobs (raw model)
-                 └─> − penalties ─> min_tokens ban ─> constraint mask
+                 └─> − penalties ─> min_tokens ban ─> constraint bitmask (lmprog.fsm.mask)
                          ─┬─> argmax                           (greedy rows)
                           └─> / temperature ─> top-k ─> top-p ─> min-p ─> draw   (others)
 
@@ -13,8 +13,12 @@ penalties, masks, temperature and filters), as SGLang and vLLM return by default
 a property of the model, comparable across sampling settings and defined at temperature 0.
 
 Drawing is inverse-CDF sampling with one uniform number per row, taken from that row's own
-`torch.Generator` when it has a seed, so a seeded row yields the same tokens alone or
-inside any batch.
+counter-based generator when it has a seed (`rng.py`: all seeded rows in one vectorized
+hash), so a seeded row yields the same tokens alone or inside any batch, on any device.
+
+Nothing here waits for the device: host values reach it by non-blocking copies, and a row
+that masks leave without a token (every token -inf) gets token id -1 instead of an error
+that would need a device read to detect; `BatchSampler` turns it into that row's error.
 """
 
 from __future__ import annotations
@@ -25,8 +29,12 @@ from typing import Sequence
 import torch
 
 from lmprog.core.sampling import SamplingParams
+from lmprog.fsm.mask import apply_bitmask_, check_bitmask
+
+from .rng import SeededGenerator, to_device, uniforms
 
 _NEG_INF = float("-inf")
+NO_TOKEN = -1  # the token id of a row with no token left to sample
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class SamplingTensors:
     ban_rows: torch.Tensor  # [N] int64
     ban_tokens: torch.Tensor  # [N] int64
     all_greedy: bool
+    any_greedy: bool
     any_top_k: bool
     max_top_k: int  # the largest top_k of a sampled row (host copy: no device read)
     any_top_p: bool
@@ -78,7 +87,7 @@ class SamplingTensors:
                 raise TypeError(f"expected SamplingParams, got {type(p).__name__}")
 
         def col(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=device)
+            return to_device(torch.tensor(values, dtype=dtype), device)
 
         greedy = [p.greedy for p in params]
         ban = [(i, t) for i, p in enumerate(params) if p.min_tokens > 0 for t in _stop_ids(p, eos_token_ids)]
@@ -94,6 +103,7 @@ class SamplingTensors:
             ban_rows=col([r for r, _ in ban], torch.int64),
             ban_tokens=col([t for _, t in ban], torch.int64),
             all_greedy=all(greedy),
+            any_greedy=any(greedy),
             any_top_k=any(p.top_k > 0 and not g for g, p in zip(greedy, params)),
             max_top_k=max(max(p.top_k, 0) for p in params),
             any_top_p=any(p.top_p < 1.0 and not g for g, p in zip(greedy, params)),
@@ -124,27 +134,35 @@ def sample(
     logits: torch.Tensor,
     tensors: SamplingTensors,
     *,
-    generators: Sequence[torch.Generator | None] | None = None,
+    generators: Sequence[SeededGenerator | None] | None = None,
     output_counts: torch.Tensor | None = None,
     num_output_tokens: torch.Tensor | Sequence[int] | None = None,
-    allowed: torch.Tensor | None = None,
+    bitmask: torch.Tensor | None = None,
+    mask_in_place: bool = False,
 ) -> SampleOutput:
-    """Sample one token per row of `logits` [B, V]; never modifies its inputs.
+    """Sample one token per row of `logits` [B, V]; token NO_TOKEN (-1) where masks leave a
+    row nothing. Never modifies its inputs, except as `mask_in_place` allows.
 
-    generators: per-row RNG (None entries, or None, use torch's default generator).
+    generators: per-row seeded generators (None entries, or None: torch's default RNG).
     output_counts: [B, V] counts of each token already generated (for the penalties).
     num_output_tokens: [B] tokens generated so far (for min_tokens; default 0).
-    allowed: [B, V] bool mask from constraints; False tokens are never chosen.
+    bitmask: int32 [B, ceil(V / 32)] constraint mask (`lmprog.fsm.mask`): tokens whose bit
+        is 0 are never chosen.
+    mask_in_place: the bitmask may be applied to `logits` itself when nothing else changes
+        them (applying it twice changes nothing; saves a [B, V] copy on a CPU).
     """
-    _check_inputs(logits, tensors, generators, output_counts, num_output_tokens, allowed)
+    _check_inputs(logits, tensors, generators, output_counts, num_output_tokens, bitmask)
     logits = logits.float()
     raw_logprobs = torch.log_softmax(logits, dim=-1) if tensors.return_logprob else None
-    x = _processed_logits(logits, tensors, output_counts, num_output_tokens, allowed)
+    x, empty = _processed_logits(logits, tensors, output_counts, num_output_tokens, bitmask,
+                                 mask_in_place)
     greedy_ids = argmax_rows(x)
     if tensors.all_greedy:
         ids = greedy_ids
     else:
         ids = torch.where(tensors.greedy, greedy_ids, _draw(_filtered_probs(x, tensors), generators))
+    if empty is not None:
+        ids = ids.masked_fill(empty, NO_TOKEN)
     return with_logprobs(ids, raw_logprobs, tensors.max_top_logprobs)
 
 
@@ -157,7 +175,7 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=-1)
 
 
-def _check_inputs(logits, tensors, generators, output_counts, num_output_tokens, allowed) -> None:
+def _check_inputs(logits, tensors, generators, output_counts, num_output_tokens, bitmask) -> None:
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         raise ValueError(f"logits must be a [B, V] tensor, got {getattr(logits, 'shape', type(logits))}")
     b, v = logits.shape
@@ -165,36 +183,48 @@ def _check_inputs(logits, tensors, generators, output_counts, num_output_tokens,
         raise ValueError(f"logits has {b} rows but the SamplingTensors describe {tensors.batch_size}")
     if generators is not None and len(generators) != b:
         raise ValueError(f"got {len(generators)} generators for {b} rows")
-    for name, t in (("output_counts", output_counts), ("allowed", allowed)):
-        if t is not None and tuple(t.shape) != (b, v):
-            raise ValueError(f"{name} must have shape {(b, v)}, got {tuple(t.shape)}")
-    if allowed is not None and allowed.dtype != torch.bool:
-        raise ValueError(f"allowed must be a bool tensor, got {allowed.dtype}")
+    if output_counts is not None and tuple(output_counts.shape) != (b, v):
+        raise ValueError(f"output_counts must have shape {(b, v)}, got {tuple(output_counts.shape)}")
+    if bitmask is not None:
+        check_bitmask(logits, bitmask)
     if num_output_tokens is not None and len(num_output_tokens) != b:
         raise ValueError(f"num_output_tokens has {len(num_output_tokens)} entries for {b} rows")
 
 
-def _processed_logits(logits, tensors, output_counts, num_output_tokens, allowed) -> torch.Tensor:
-    """Logits after penalties, the min_tokens ban and the constraint mask: a new tensor, or
-    `logits` itself when none applies (callers never modify the result in place)."""
-    if not (tensors.any_penalty and output_counts is not None) and not tensors.any_min_tokens \
-            and allowed is None:
-        return logits  # a [B, V] copy costs milliseconds on a CPU at large B
-    x = logits.clone()
-    if tensors.any_penalty and output_counts is not None:
+def _processed_logits(logits, tensors, output_counts, num_output_tokens, bitmask,
+                      mask_in_place=False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logits after penalties, the min_tokens ban and the constraint mask, bool [B] rows
+    left without a finite logit or None when nothing masked). The logits are a new tensor,
+    `logits` itself when none applies, or `logits` masked in place when only the mask
+    applies and `mask_in_place` allows it (callers never modify the result further)."""
+    penalised = tensors.any_penalty and output_counts is not None
+    if not penalised and not tensors.any_min_tokens:
+        if bitmask is None:
+            return logits, None
+        x = logits if mask_in_place else logits.clone()
+        return apply_bitmask_(x, bitmask), _empty_rows(x)
+    x = logits.clone()  # a [B, V] copy costs milliseconds on a CPU at large B
+    if penalised:
         counts = output_counts.to(x.dtype)
         x -= tensors.frequency_penalty[:, None] * counts
         x -= tensors.presence_penalty[:, None] * (counts > 0).to(x.dtype)
     if tensors.any_min_tokens:
         n_out = _as_long(num_output_tokens, tensors.batch_size, x.device)
-        active = n_out[tensors.ban_rows] < tensors.min_tokens[tensors.ban_rows]
-        x[tensors.ban_rows[active], tensors.ban_tokens[active]] = _NEG_INF
-    if allowed is not None:
-        x.masked_fill_(~allowed, _NEG_INF)
-    # Only masks can empty a row; checking costs a device sync, so only check then.
-    if (allowed is not None or tensors.any_min_tokens) and not bool(torch.isfinite(x.max(dim=-1).values).all()):
-        raise ValueError("a row has no token left to sample (every token is masked or -inf)")
-    return x
+        rows, tokens = tensors.ban_rows, tensors.ban_tokens
+        active = n_out[rows] < tensors.min_tokens[rows]
+        # every (row, token) pair written, the inactive ones with their own value: a
+        # boolean index would wait for the device to count the active ones
+        x.index_put_((rows, tokens), x[rows, tokens].masked_fill(active, _NEG_INF))
+    if bitmask is None and not tensors.any_min_tokens:
+        return x, None  # penalties alone leave every row its tokens
+    if bitmask is not None:
+        apply_bitmask_(x, bitmask)
+    return x, _empty_rows(x)
+
+
+def _empty_rows(x: torch.Tensor) -> torch.Tensor:
+    """bool [B]: rows without a finite logit (masks can leave a row nothing to sample)."""
+    return ~torch.isfinite(x.amax(dim=-1))
 
 
 def _as_long(values, batch_size: int, device) -> torch.Tensor:
@@ -202,7 +232,7 @@ def _as_long(values, batch_size: int, device) -> torch.Tensor:
         return torch.zeros(batch_size, dtype=torch.int64, device=device)
     if isinstance(values, torch.Tensor):
         return values.to(device=device, dtype=torch.int64)
-    return torch.tensor(list(values), dtype=torch.int64, device=device)
+    return to_device(torch.tensor(list(values), dtype=torch.int64), device)
 
 
 def _filtered_probs(x: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
@@ -261,13 +291,9 @@ def _keep_among_top(probs: torch.Tensor, tensors: SamplingTensors, n: int):
     return keep, idx, determined
 
 
-def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None] | None) -> torch.Tensor:
+def _draw(probs: torch.Tensor, generators: Sequence[SeededGenerator | None] | None) -> torch.Tensor:
     """Inverse-CDF sampling: one uniform per row, so seeded rows are batch-independent."""
-    b = probs.shape[0]
-    if generators is None or all(g is None for g in generators):
-        u = torch.rand(b, device=probs.device)
-    else:
-        u = torch.cat([torch.rand(1, generator=g, device=probs.device) for g in generators])
+    u = uniforms(generators, probs.shape[0], probs.device)
     cdf = probs.cumsum(dim=-1)
     # 1 - u lies in (0, 1], so the target is > 0 and <= the total mass: a token of zero
     # probability (a flat step of the cdf) can never be the first index reaching it.
@@ -282,23 +308,26 @@ def probabilities(
     *,
     output_counts: torch.Tensor | None = None,
     num_output_tokens: torch.Tensor | Sequence[int] | None = None,
-    allowed: torch.Tensor | None = None,
+    bitmask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[B, V] float32: the distribution `sample` draws each row from with the same inputs
     (penalties, min_tokens ban, mask, temperature, top-k/p, min-p), normalised; one-hot at
-    the argmax on greedy rows. Speculative decoding's rejection rule needs it explicitly."""
-    _check_inputs(logits, tensors, None, output_counts, num_output_tokens, allowed)
-    x = _processed_logits(logits.float(), tensors, output_counts, num_output_tokens, allowed)
+    the argmax on greedy rows; all zeros on a row the masks leave nothing. Speculative
+    decoding's rejection rule needs it explicitly."""
+    _check_inputs(logits, tensors, None, output_counts, num_output_tokens, bitmask)
+    x, empty = _processed_logits(logits.float(), tensors, output_counts, num_output_tokens, bitmask)
     probs = _filtered_probs(x, tensors)
     probs = probs / probs.sum(dim=-1, keepdim=True)
-    if bool(tensors.greedy.any()):
+    if tensors.any_greedy:
         one_hot = torch.zeros_like(probs).scatter_(1, argmax_rows(x)[:, None], 1.0)
         probs = torch.where(tensors.greedy[:, None], one_hot, probs)
+    if empty is not None:
+        probs = probs.masked_fill(empty[:, None], 0.0)
     return probs
 
 
 def draw(probs: torch.Tensor,
-         generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
+         generators: Sequence[SeededGenerator | None] | None = None) -> torch.Tensor:
     """One token per row of `probs` [B, V] (non-negative, not necessarily normalised) by
     inverse-CDF sampling with one uniform per row, from that row's generator as in `sample`."""
     return _draw(probs, generators)
@@ -306,20 +335,11 @@ def draw(probs: torch.Tensor,
 
 def with_logprobs(ids: torch.Tensor, raw_logprobs: torch.Tensor | None, k: int) -> SampleOutput:
     """ids [B] with their raw logprobs and top-k alternatives from raw_logprobs [B, V]
-    (None: ids only; k <= 0: no alternatives)."""
+    (None: ids only; k <= 0: no alternatives). A NO_TOKEN row gets token 0's, unread."""
     if raw_logprobs is None:
         return SampleOutput(token_ids=ids)
-    chosen = raw_logprobs.gather(1, ids[:, None])[:, 0]
+    chosen = raw_logprobs.gather(1, ids.clamp(min=0)[:, None])[:, 0]
     if k <= 0:
         return SampleOutput(token_ids=ids, logprobs=chosen)
     top = raw_logprobs.topk(min(k, raw_logprobs.shape[-1]), dim=-1)
     return SampleOutput(token_ids=ids, logprobs=chosen, top_token_ids=top.indices, top_logprobs=top.values)
-
-
-def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
-    """A generator seeded with `seed`, or None (torch's default RNG) when seed is None."""
-    if seed is None:
-        return None
-    g = torch.Generator(device=device)
-    g.manual_seed(seed)
-    return g

@@ -33,7 +33,7 @@ from lmprog.core.sampling import SamplingParams
 
 from .detok import TextStream
 from .result import EngineResult
-from .sampler import make_generator
+from .rng import make_generator
 
 TokenText = Callable[[int], str]
 
@@ -80,7 +80,7 @@ class DecodeState:
         self.error: BaseException | None = None
         self.first_token_at: float | None = None  # time.perf_counter() of the first output
         self.guide = guide
-        self.generator = make_generator(params.seed, device)  # on the logits' device
+        self.generator = make_generator(params.seed)
         penalised = params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
         self.counts = torch.zeros(vocab_size, dtype=torch.int32, device=device) if penalised else None
         self.stop_ids = frozenset(params.stop_token_ids) | (

@@ -10,7 +10,7 @@ How an engine decodes under a constraint (runtime: batched; llama.cpp: one seque
         out = r.apply(out)          # engine: drop r.drop_last_n_tokens KV slots, feed new ids
         if guide.is_finished(): finish "stop"                  # only EOS could follow
         if len(out) >= max_tokens: finish "length", message guide.length_message()
-        apply_mask_(logits, [guide])  # lmprog.fsm.mask; apply_guide_(logits_1d, guide) for llama.cpp
+        apply_bitmask_(logits, allowed_bitmask([guide], width))   # lmprog.fsm.mask
         token = sample(logits)
         guide.advance(token)        # ValueError if not allowed (a sampler bug)
         if token == index.eos_token_id: finish "stop"
@@ -24,7 +24,7 @@ The guide keeps the list of states it went through (one int per token), so it ca
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -113,15 +113,6 @@ class Guide:
 
     def copy(self) -> Guide:
         return Guide(self.index, self._states, self._ended)
-
-    def fill_mask(self, row: Any) -> None:
-        """Write the allowed set into a 1-D bool row (torch tensor or numpy), True = allowed.
-
-        The row may be wider than the vocabulary (padded logits); the extra ids are False.
-        """
-        from lmprog.fsm.mask import fill_mask_row
-
-        fill_mask_row(row, self)
 
     def length_message(self) -> str:
         """What an engine says when max_tokens stops it inside this constraint."""

@@ -1,26 +1,30 @@
-"""Per-step token masks for constrained sequences (torch; numpy for llama.cpp logits).
+"""Token masks of constrained sequences in one encoding, the int32 bitmask of outlines-core
+and xgrammar: row b is ceil(width / 32) words, token t allowed iff bit t % 32 of word t // 32
+is set (little-endian bit order).
 
-    apply_mask_(logits, guides)        in place: logits[b, t] = -inf where guides[b] forbids t
-    apply_guide_(logits_1d, guide)     the same for one sequence; torch or numpy (llama.cpp)
-    batch_allowed_mask(guides, width)  -> bool[B, width], True = allowed
-    fill_mask_row(row, guide)          writes one bool row (torch or numpy)
+    allowed_bitmask(guides, width, device) -> int32 [B, ceil(width / 32)]   (FSM -> sampler)
+    apply_bitmask_(logits, bitmask)         in place: logits[b, t] = -inf where the bit is 0
+    unpack_bitmask(bitmask, width)          -> bool [B, width] (draft distributions, tests)
 
-`guides[b]` may be None: that row is unconstrained. EOS is allowed only where the guide can
+    bitmask row:   word 0                         word 1
+                   bit 0 .. bit 31                bit 0 .. bit 31
+                   token 0 .. token 31            token 32 .. token 63   ...
+
+`guides[b]` may be None: that row allows everything. EOS is allowed only where the guide can
 stop; a guide that already consumed EOS allows only EOS again (a finished row in a batch stays
 finite). Logits may be wider than the vocabulary (padded embeddings): the padding ids are
 always forbidden for constrained rows.
 
-Why an additive bias: on CPU, `logits.add_(bias)` over 49k floats takes ~6 us while
-`masked_fill_` with a bool mask takes ~240 us (measured, torch 2.x, one thread). So each
-state gets, on first use, a cached bias row (0 where allowed, -inf elsewhere) per
-(device, dtype, width); later steps in that state cost one add.
+Each guide state gets, on first use, a cached bitmask row per (device, width) - 6 kB for a
+49k vocabulary, shared by every state with the same allowed set - so a step costs a stack of
+cached rows. Applying adds 0 or -inf through a table from each mask byte to its 8 logits (a
+CPU has no cheap per-bit select): on a CPU ~30 us per 49k-token row through numpy.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -31,68 +35,85 @@ from lmprog.fsm.index import TokenIndex
 _ENDED = -1  # state key of a guide that consumed EOS (allows EOS only)
 
 
-def apply_mask_(logits: torch.Tensor, guides: Sequence[Guide | None]) -> torch.Tensor:
-    """Add -inf to every forbidden logit in place; `logits` is [B, V] floating, len(guides) == B."""
-    _check_logits(logits, 2)
-    batch, width = logits.shape
-    if len(guides) != batch:
-        raise ValueError(f"{len(guides)} guides for a batch of {batch} logits rows; pass one per row (None = free)")
-    device, dtype = logits.device, logits.dtype
-    if batch == 1:  # the common single-sequence step: one add, broadcast over the row
-        if guides[0] is not None:
-            logits.add_(_bias(guides[0], width, device, dtype))
-        return logits
-    rows = [(b, _bias(g, width, device, dtype)) for b, g in enumerate(guides) if g is not None]
-    if not rows:
-        return logits
-    if device.type == "cpu":  # per row: no [B, V] temporary
-        for b, bias in rows:
-            logits[b].add_(bias)
-    elif len(rows) == batch:  # accelerators: two kernels whatever B is
-        logits.add_(torch.stack([bias for _, bias in rows]))
-    else:
-        which = torch.tensor([b for b, _ in rows], device=device)
-        logits.index_add_(0, which, torch.stack([bias for _, bias in rows]))
-    return logits
+def num_words(width: int) -> int:
+    """Bitmask words of a row of `width` tokens."""
+    return (width + 31) // 32
 
 
-def apply_guide_(logits: Any, guide: Guide) -> Any:
-    """One sequence's 1-D logits (torch tensor or numpy array), masked in place and returned."""
-    if isinstance(logits, np.ndarray):
-        if logits.ndim != 1 or logits.dtype.kind != "f":
-            raise ValueError(f"expected 1-D floating logits, got shape {logits.shape} dtype {logits.dtype}")
-        np.add(logits, _numpy_bias(guide, logits.shape[0], logits.dtype), out=logits)
-        return logits
-    _check_logits(logits, 1)
-    return logits.add_(_bias(guide, logits.shape[0], logits.device, logits.dtype))
-
-
-def batch_allowed_mask(
-    guides: Sequence[Guide | None], width: int, device: torch.device | str = "cpu"
-) -> torch.Tensor:
-    """bool[len(guides), width], True where allowed (None rows: all True). A new tensor."""
+def allowed_bitmask(guides: Sequence[Guide | None], width: int,
+                    device: torch.device | str = "cpu") -> torch.Tensor:
+    """int32 [len(guides), ceil(width / 32)]: the tokens each guide allows next (None rows:
+    every bit set). A new tensor on `device`, stacked from cached rows (never waits for the device)."""
+    if not guides:
+        raise ValueError("allowed_bitmask needs at least one guide (None = unconstrained)")
     device = torch.device(device)
-    full = torch.ones(width, dtype=torch.bool, device=device)
-    return torch.stack([full if g is None else _bool_row(g, width, device) for g in guides])
+    full = None
+    if any(g is None for g in guides):
+        full = torch.full((num_words(width),), -1, dtype=torch.int32, device=device)
+    return torch.stack([full if g is None else _row(g, width, device) for g in guides])
 
 
-def fill_mask_row(row: Any, guide: Guide) -> None:
-    """Write `guide`'s allowed set into a 1-D bool row (torch or numpy) in place."""
-    if isinstance(row, np.ndarray):
-        if row.ndim != 1 or row.dtype != np.bool_:
-            raise ValueError(f"expected a 1-D bool numpy row, got shape {row.shape} dtype {row.dtype}")
-        row[:] = _bool_row(guide, row.shape[0], None).numpy()
-        return
-    if not isinstance(row, torch.Tensor) or row.dim() != 1 or row.dtype != torch.bool:
-        raise ValueError("expected a 1-D torch.bool tensor (or numpy bool array) as the mask row")
-    row.copy_(_bool_row(guide, row.shape[0], row.device))
+def apply_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Add -inf to every logit whose bit is 0, in place; returns `logits` [B, V] (floating,
+    V <= 32 * words). bitmask: int32 [B, words] on the logits' device."""
+    check_bitmask(logits, bitmask)
+    batch, width = logits.shape
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        _apply_numpy(logits.numpy(), bitmask.numpy(), width)
+        return logits
+    lut = _lut(logits.device, logits.dtype)
+    index = bitmask.contiguous().view(torch.uint8).reshape(-1).to(torch.int32)
+    return logits.add_(lut.index_select(0, index).view(batch, -1)[:, :width])
+
+
+def unpack_bitmask(bitmask: torch.Tensor, width: int) -> torch.Tensor:
+    """bool [B, width] from an int32 bitmask [B, words]; the inverse of `allowed_bitmask`."""
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    bits = (bitmask[:, :, None] >> shifts) & 1
+    return bits.flatten(1)[:, :width].bool()
+
+
+def check_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """ValueError/TypeError unless `bitmask` is an int32 [B, ceil(V / 32)] mask of logits [B, V]."""
+    if not isinstance(logits, torch.Tensor) or not isinstance(bitmask, torch.Tensor):
+        raise TypeError("expected torch tensors of logits and of the bitmask")
+    if logits.dim() != 2 or not logits.dtype.is_floating_point:
+        raise ValueError(f"expected 2-D floating logits, got shape {tuple(logits.shape)} dtype {logits.dtype}")
+    want = (logits.shape[0], num_words(logits.shape[1]))
+    if bitmask.dtype != torch.int32 or tuple(bitmask.shape) != want:
+        raise ValueError(f"the bitmask must be int32 of shape {want} (one bit per logit), got "
+                         f"{bitmask.dtype} {tuple(bitmask.shape)}")
+    if bitmask.device != logits.device:
+        raise ValueError(f"the bitmask is on {bitmask.device}, the logits on {logits.device}")
+
+
+# ---- applying -----------------------------------------------------------------------------
+# _BYTE_BIAS[byte] = the 8 additive biases of the 8 tokens a mask byte covers (bit i -> token
+# 8 * byte_index + i): 0 where the bit is set, -inf elsewhere.
+_BYTE_BIAS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, 0.0, -np.inf).astype(np.float32)
+_BYTE_BIAS.flags.writeable = False
+_LUTS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _apply_numpy(x: np.ndarray, words: np.ndarray, width: int) -> None:
+    # A row at a time (no [B, V] temporary); in a batch, rows with every bit set (no
+    # constraint) change nothing and are skipped.
+    rows = range(1) if len(words) == 1 else np.flatnonzero((words != -1).any(axis=1))
+    for b in rows:
+        x[b] += np.take(_BYTE_BIAS, words[b].view(np.uint8), axis=0).reshape(-1)[:width]
+
+
+def _lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    lut = _LUTS.get((device, dtype))
+    if lut is None:
+        lut = _LUTS.setdefault((device, dtype), torch.tensor(_BYTE_BIAS, dtype=dtype, device=device))
+    return lut
 
 
 # ---- cached per-state rows ---------------------------------------------------------------
 # Rows are cached per state, and shared between states with the same allowed set (all the
 # "inside a JSON string" states of a schema share one row), so memory grows with the number
-# of distinct sets, not states. A bias row of 49k float32 is 196 kB: at most ROW_CACHE_SIZE
-# distinct sets and ROW_CACHE_SIZE states per (index, kind) are kept.
+# of distinct sets, not states: at most ROW_CACHE_SIZE of each per (index, device, width).
 
 ROW_CACHE_SIZE = 512
 
@@ -107,9 +128,9 @@ def _allowed_np(index: TokenIndex, key: int) -> np.ndarray:
     return index.allowed_ids(key)
 
 
-def _cached_row(guide: Guide, kind: tuple, build: Any) -> Any:
-    """The row of `kind` for the guide's state: by state, then by allowed set, else build(ids)."""
-    index, key = guide.index, _state_key(guide)
+def _row(guide: Guide, width: int, device: torch.device) -> torch.Tensor:
+    """The guide state's bitmask row: cached by state, then by allowed set, else built."""
+    index, key, kind = guide.index, _state_key(guide), ("bitmask", device, width)
     by_state = index.state_cache(kind, ROW_CACHE_SIZE)
     row = by_state.get(key)
     if row is None:
@@ -118,42 +139,15 @@ def _cached_row(guide: Guide, kind: tuple, build: Any) -> Any:
         by_set = index.state_cache((*kind, "set"), ROW_CACHE_SIZE)
         row = by_set.get(digest)
         if row is None:
-            row = build(ids)
+            row = _build_row(ids, width, device)
             by_set.put(digest, row)
         by_state.put(key, row)
     return row
 
 
-def _numpy_bias(guide: Guide, width: int, dtype: Any) -> np.ndarray:
-    def build(ids: np.ndarray) -> np.ndarray:
-        bias = np.full(width, -np.inf, dtype=dtype)
-        bias[ids[ids < width]] = 0
-        bias.flags.writeable = False
-        return bias
-
-    return _cached_row(guide, ("npbias", dtype, width), build)
-
-
-def _bias(guide: Guide, width: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    def build(ids: np.ndarray) -> torch.Tensor:
-        bias = np.full(width, -np.inf, dtype=np.float32)
-        bias[ids[ids < width]] = 0
-        return torch.from_numpy(bias).to(device=device, dtype=dtype)
-
-    return _cached_row(guide, ("bias", device, dtype, width), build)
-
-
-def _bool_row(guide: Guide, width: int, device: torch.device | None) -> torch.Tensor:
-    def build(ids: np.ndarray) -> torch.Tensor:
-        row = np.zeros(width, dtype=bool)
-        row[ids[ids < width]] = True
-        return torch.from_numpy(row) if device is None else torch.from_numpy(row).to(device)
-
-    return _cached_row(guide, ("bool", device, width), build)
-
-
-def _check_logits(logits: Any, ndim: int) -> None:
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"expected a torch.Tensor of logits, got {type(logits).__name__}")
-    if logits.dim() != ndim or not logits.dtype.is_floating_point:
-        raise ValueError(f"expected {ndim}-D floating logits, got shape {tuple(logits.shape)} dtype {logits.dtype}")
+def _build_row(ids: np.ndarray, width: int, device: torch.device) -> torch.Tensor:
+    bits = np.zeros(num_words(width) * 32, dtype=bool)
+    bits[ids[ids < width]] = True
+    words = np.packbits(bits, bitorder="little").view(np.int32)
+    # Pageable memory is staged at once: a non-blocking copy needs no wait for the device.
+    return torch.from_numpy(words).to(device, non_blocking=True)

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from lmprog.decoding.sampler import SamplingTensors, _top_k_top_p_keep, make_generator, sample
 from lmprog.core.sampling import SamplingParams as SP
+from lmprog.decoding.rng import make_generator
+from lmprog.decoding.sampler import NO_TOKEN, SamplingTensors, _top_k_top_p_keep, probabilities, sample
 
 torch.set_num_threads(1)
 EOS = 4
@@ -17,6 +18,15 @@ EOS = 4
 
 def _tensors(params, eos=(EOS,)):
     return SamplingTensors.from_params(params, eos_token_ids=eos)
+
+
+def _bitmask(allowed):
+    """bool [B, V] -> the int32 bitmask [B, ceil(V / 32)] of lmprog.fsm.mask."""
+    allowed = np.asarray(allowed, dtype=bool)
+    words = -(-allowed.shape[1] // 32)
+    bits = np.zeros((allowed.shape[0], words * 32), dtype=bool)
+    bits[:, : allowed.shape[1]] = allowed
+    return torch.from_numpy(np.packbits(bits, axis=1, bitorder="little").view(np.int32).copy())
 
 
 def _reference_probs(logits, p: SP, counts=None):
@@ -121,18 +131,40 @@ def test_min_tokens_is_per_row():
     assert sample(logits, st, num_output_tokens=[0, 0]).token_ids.tolist() == [1, 4]
 
 
-def test_allowed_mask_is_respected():
+def test_bitmask_is_respected():
     logits = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0]])
-    allowed = torch.tensor([[False, False, True, True, False]])
-    assert sample(logits, _tensors([SP(temperature=0)]), allowed=allowed).token_ids.item() == 2
+    mask = _bitmask([[False, False, True, True, False]])
+    assert sample(logits, _tensors([SP(temperature=0)]), bitmask=mask).token_ids.item() == 2
     rows = logits.repeat(500, 1)
-    out = sample(rows, _tensors([SP(temperature=2.0)] * 500), allowed=allowed.repeat(500, 1))
+    out = sample(rows, _tensors([SP(temperature=2.0)] * 500), bitmask=mask.repeat(500, 1))
     assert set(out.token_ids.tolist()) == {2, 3}
 
 
-def test_fully_masked_row_raises():
-    with pytest.raises(ValueError, match="no token left"):
-        sample(torch.zeros(1, 5), _tensors([SP()]), allowed=torch.zeros(1, 5, dtype=torch.bool))
+def test_bitmask_in_place_only_when_allowed():
+    logits = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0]])
+    mask = _bitmask([[False, True, True, True, True]])
+    before = logits.clone()
+    sample(logits, _tensors([SP(temperature=0)]), bitmask=mask)
+    assert torch.equal(logits, before)
+    assert sample(logits, _tensors([SP(temperature=0)]), bitmask=mask, mask_in_place=True).token_ids.item() == 1
+    assert logits[0, 0] == float("-inf") and torch.equal(logits[0, 1:], before[0, 1:])
+    # penalties change the logits: they go to a copy, mask and all
+    counts = torch.zeros(1, 5, dtype=torch.int32)
+    fresh = before.clone()
+    sample(fresh, _tensors([SP(temperature=0, presence_penalty=1.0)]), output_counts=counts,
+           bitmask=mask, mask_in_place=True)
+    assert torch.equal(fresh, before)
+
+
+def test_fully_masked_row_gets_no_token():
+    # min_tokens bans EOS, the mask allows only EOS: row 0 has nothing left; row 1 is fine
+    logits = torch.zeros(2, 5)
+    mask = _bitmask([[False, False, False, False, True], [True] * 5])
+    tensors = _tensors([SP(min_tokens=3), SP(temperature=0, return_logprob=True)])
+    out = sample(logits, tensors, bitmask=mask, num_output_tokens=[0, 0])
+    assert out.token_ids[0] == NO_TOKEN and 0 <= out.token_ids[1] < 5
+    p = probabilities(logits, tensors, bitmask=mask, num_output_tokens=[0, 0])
+    assert torch.equal(p[0], torch.zeros(5)) and math.isclose(p[1].sum().item(), 1.0, rel_tol=1e-6)
 
 
 def test_seed_reproduces_and_is_batch_independent():
@@ -186,6 +218,98 @@ def test_inputs_are_validated_and_not_modified():
     with pytest.raises(ValueError, match="rows"):
         sample(torch.zeros(2, 5), _tensors([SP()]))
     with pytest.raises(ValueError, match="shape"):
-        sample(logits, _tensors([SP()]), allowed=torch.ones(1, 4, dtype=torch.bool))
+        sample(logits, _tensors([SP()]), bitmask=torch.ones(1, 2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="int32"):
+        sample(logits, _tensors([SP()]), bitmask=torch.ones(1, 1, dtype=torch.int64))
     with pytest.raises(TypeError):
         SamplingTensors.from_params([{"temperature": 0}])
+
+
+def test_mixed_batch_follows_each_rows_own_distribution():
+    """Chi-square per row kind in one batch of interleaved kinds (own temperature, filter and
+    mask, distinct seeds): taking another row's temperature, filter or mask fails it."""
+    logits = [2.0, 1.5, 1.0, 0.5, 0.2, 0.0, -0.5, -1.0]
+    v = len(logits)
+    kinds = [(SP(temperature=0.5), [True] * 6 + [False] * 2),
+             (SP(temperature=1.5, top_k=5), [False] * 2 + [True] * 6),
+             (SP(temperature=1.0, min_p=0.2), [True] * v)]
+    n = 3000  # rows per kind
+    rows = [kinds[i % 3] for i in range(3 * n)]
+    gens = [make_generator(1000 + i) for i in range(3 * n)]
+    out = sample(torch.tensor([logits] * (3 * n)), _tensors([p for p, _ in rows]),
+                 generators=gens, bitmask=_bitmask([m for _, m in rows])).token_ids.numpy()
+    for k, (p, allowed) in enumerate(kinds):
+        masked = np.where(allowed, logits, -np.inf)
+        expected = _reference_probs(masked, p) * n
+        counts = np.bincount(out[k::3], minlength=v)
+        assert np.all(counts[expected == 0] == 0), (k, counts)
+        seen = expected > 0
+        chi2 = (((counts - expected)[seen]) ** 2 / expected[seen]).sum()
+        assert chi2 < 40, (k, chi2, counts, expected.round())  # 7 dof: p ~ 1e-6
+
+
+def test_seeded_rows_draw_the_same_in_any_batch_order():
+    logits = torch.randn(4, 64, generator=torch.Generator().manual_seed(5))
+    params = [SP(temperature=1.0, seed=1), SP(temperature=0.7, top_p=0.9, seed=2),
+              SP(temperature=1.3, seed=3), SP(temperature=1.0, top_k=10, seed=4)]
+
+    def run(order, steps=20):
+        gens = {i: make_generator(params[i].seed) for i in order}
+        st = _tensors([params[i] for i in order])
+        draws = {i: [] for i in order}
+        for _ in range(steps):
+            ids = sample(logits[list(order)], st, generators=[gens[i] for i in order]).token_ids
+            for i, t in zip(order, ids.tolist()):
+                draws[i].append(t)
+        return draws
+
+    together = run((0, 1, 2, 3))
+    assert together == run((3, 1, 0, 2))
+    assert together[2] == run((2,))[2]
+
+
+def test_the_device_path_never_reads_the_device():
+    """On the meta device every data-dependent host read (item, tolist, bool, nonzero, a
+    boolean index) raises: the GPU path of the sampler has none."""
+    dev = "meta"
+    params = [SP(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, min_tokens=2, frequency_penalty=0.5,
+                 seed=3, return_logprob=True, top_logprobs_num=2), SP(temperature=0), SP(temperature=1.2)]
+    st = SamplingTensors.from_params(params, eos_token_ids=(EOS,), device=dev)
+    logits = torch.empty(3, 100, device=dev)
+    kwargs = dict(output_counts=torch.empty(3, 100, dtype=torch.int32, device=dev),
+                  num_output_tokens=[0, 1, 5], bitmask=torch.empty(3, 4, dtype=torch.int32, device=dev))
+    out = sample(logits, st, generators=[make_generator(1), None, make_generator(2)],
+                 mask_in_place=True, **kwargs)
+    assert out.token_ids.device.type == "meta" and out.top_token_ids.shape == (3, 2)
+    assert probabilities(logits, st, **kwargs).shape == (3, 100)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_step_never_waits_for_the_gpu():
+    """Under sync debug mode "error" a CUDA call that waits for the device raises: building
+    the tensors, masking, seeded and unseeded draws and queueing the draws wait for nothing."""
+    from lmprog.decoding.batch_sampler import BatchSampler
+    from lmprog.decoding.state import DecodeState
+
+    dev, v = "cuda", 300
+    params = [SP(temperature=0.7, top_k=5, top_p=0.9, seed=3), SP(temperature=0),
+              SP(temperature=1.2, min_p=0.1), SP(temperature=1.0, seed=4)]
+    states = [DecodeState(p, tokenizer=None, prompt_ids=[1], eos_token_ids=[EOS], vocab_size=v,
+                          token_text=str, device=dev) for p in params]
+    logits = torch.randn(len(params), v, device=dev)
+    mask = torch.full((len(params), (v + 31) // 32), -1, dtype=torch.int32, device=dev)
+    mask[0, 0] = 0x0F0F0F0F
+    BatchSampler([EOS]).sample(logits.clone(), states)  # first calls: tables, kernels
+    sample(logits, SamplingTensors.from_params(params, device=dev), bitmask=mask)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        st = SamplingTensors.from_params(params, eos_token_ids=(EOS,), device=dev)
+        gens = [make_generator(1), None, None, make_generator(2)]
+        out = sample(logits, st, generators=gens, bitmask=mask, num_output_tokens=[0, 1, 2, 3])
+        probabilities(logits, st, bitmask=mask)
+        pending = BatchSampler([EOS]).sample_async(logits.clone(), states)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert out.token_ids.shape == (4,) and len(pending.draws()) == 4

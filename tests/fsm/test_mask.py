@@ -1,14 +1,13 @@
-"""Masks: batched bias application, bool masks, numpy (llama.cpp) path, against a reference."""
+"""Masks: the one int32 bitmask encoding, built from guides and applied, against a reference."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from fsm_toys import byte_level_tokenizer
 
 from lmprog.fsm.index import TokenIndex
-from lmprog.fsm.mask import apply_guide_, apply_mask_, batch_allowed_mask, fill_mask_row
+from lmprog.fsm.mask import allowed_bitmask, apply_bitmask_, num_words, unpack_bitmask
 
 torch.set_num_threads(1)
 
@@ -39,84 +38,99 @@ def reference_allowed(guide, width):
     return row
 
 
-@pytest.mark.parametrize("width_extra", [0, 7])  # logits padded beyond the vocabulary
+def reference_bitmask(allowed):
+    """bool [B, V] -> int32 words, bit t % 32 of word t // 32, written out by hand."""
+    b, v = allowed.shape
+    words = [[0] * num_words(v) for _ in range(b)]
+    for r, t in allowed.nonzero().tolist():
+        words[r][t // 32] |= 1 << (t % 32)
+    return torch.tensor([[w - (1 << 32) if w >= 1 << 31 else w for w in row] for row in words],
+                        dtype=torch.int32)
+
+
+@pytest.mark.parametrize("width_extra", [0, 7, 40])  # logits padded beyond the vocabulary
+def test_bitmask_matches_reference(toy, guides, width_extra):
+    width = len(toy) + width_extra
+    allowed = torch.stack([reference_allowed(g, width) for g in guides])
+    mask = allowed_bitmask(guides, width)
+    assert mask.dtype == torch.int32 and mask.shape == (len(guides), num_words(width))
+    padding = torch.zeros(len(guides), num_words(width) * 32, dtype=torch.bool)
+    padding[:, :width] = allowed
+    padding[1, width:] = True  # an unconstrained row has every bit set
+    assert torch.equal(mask, reference_bitmask(padding))
+    assert torch.equal(unpack_bitmask(mask, width), allowed)
+
+
+@pytest.mark.parametrize("width_extra", [0, 7])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_apply_mask_matches_reference(toy, guides, width_extra, dtype):
+def test_apply_matches_reference(toy, guides, width_extra, dtype):
     width = len(toy) + width_extra
     logits = torch.randn(len(guides), width).to(dtype)
     expected = logits.clone()
     for b, g in enumerate(guides):
         expected[b][~reference_allowed(g, width)] = float("-inf")
-    assert apply_mask_(logits, guides) is logits
+    assert apply_bitmask_(logits, allowed_bitmask(guides, width)) is logits
+    assert torch.equal(logits, expected)
+
+
+def test_apply_on_a_strided_row_view(toy, guides):
+    width = len(toy)
+    logits = torch.randn(6, width)
+    expected = logits.clone()
+    expected[2][~reference_allowed(guides[0], width)] = float("-inf")
+    apply_bitmask_(logits[2:3], allowed_bitmask(guides[:1], width))
     assert torch.equal(logits, expected)
 
 
 def test_eos_only_where_accepting(toy, guides):
     eos = toy.eos_token_id
-    digits, _, word_mid, done = guides
-    mask = batch_allowed_mask(guides, len(toy))
+    mask = unpack_bitmask(allowed_bitmask(guides, len(toy)), len(toy))
     assert not mask[0, eos] and not mask[2, eos] and mask[3, eos]
     assert mask[1].all()
     assert mask[2].sum() == 1 and mask[2, toy.convert_tokens_to_ids("e")]
-    assert torch.equal(mask, torch.stack([reference_allowed(g, len(toy)) for g in guides]))
 
 
 def test_finished_guide_keeps_eos_only(toy):
     guide = TokenIndex.get(r"[0-9]", toy).new_guide()
     guide.advance_all([*toy.encode("7", add_special_tokens=False), toy.eos_token_id])
     logits = torch.zeros(1, len(toy))
-    apply_mask_(logits, [guide])
+    apply_bitmask_(logits, allowed_bitmask([guide], len(toy)))
     assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [toy.eos_token_id]
-
-
-def test_numpy_and_torch_1d_paths(toy, guides):
-    guide = guides[2]
-    width = len(toy) + 3
-    ref = reference_allowed(guide, width).numpy()
-    arr = np.random.default_rng(0).standard_normal(width).astype(np.float32)
-    expected = np.where(ref, arr, -np.inf)
-    assert apply_guide_(arr, guide) is arr
-    np.testing.assert_array_equal(arr, expected)
-    t = torch.from_numpy(np.random.default_rng(1).standard_normal(width).astype(np.float32))
-    exp_t = torch.where(torch.from_numpy(ref), t, torch.tensor(float("-inf")))
-    apply_guide_(t, guide)
-    assert torch.equal(t, exp_t)
-
-
-def test_fill_mask_row_torch_and_numpy(toy, guides):
-    guide = guides[0]
-    row = torch.ones(len(toy) + 5, dtype=torch.bool)
-    guide.fill_mask(row)
-    assert torch.equal(row, reference_allowed(guide, len(toy) + 5))
-    arr = np.ones(len(toy), dtype=bool)
-    fill_mask_row(arr, guide)
-    np.testing.assert_array_equal(arr, reference_allowed(guide, len(toy)).numpy())
 
 
 def test_rows_are_shared_between_states_with_equal_sets(toy):
     index = TokenIndex.get(r"[0-9]{3}x", toy)
     guide = index.new_guide()
-    first = batch_allowed_mask([guide], len(toy))
+    first = allowed_bitmask([guide], len(toy))
     g2 = guide.copy()
     g2.advance_all(toy.encode("1", add_special_tokens=False))
     assert g2.state != guide.state
-    assert torch.equal(first, batch_allowed_mask([g2], len(toy)))
-    assert len(index.state_cache(("bool", torch.device("cpu"), len(toy), "set"))) == 1
+    assert torch.equal(first, allowed_bitmask([g2], len(toy)))
+    assert len(index.state_cache(("bitmask", torch.device("cpu"), len(toy), "set"))) == 1
 
 
 def test_validation_errors(toy, guides):
-    with pytest.raises(ValueError, match="guides for a batch"):
-        apply_mask_(torch.zeros(2, len(toy)), guides)
+    mask = allowed_bitmask(guides, len(toy))
+    with pytest.raises(ValueError, match="shape"):
+        apply_bitmask_(torch.zeros(2, len(toy)), mask)
+    with pytest.raises(ValueError, match="shape"):
+        apply_bitmask_(torch.zeros(len(guides), len(toy) + 32), mask)
+    with pytest.raises(ValueError, match="int32"):
+        apply_bitmask_(torch.zeros(len(guides), len(toy)), mask.long())
     with pytest.raises(ValueError, match="2-D floating"):
-        apply_mask_(torch.zeros(len(toy)), guides[:1])
-    with pytest.raises(ValueError, match="2-D floating"):
-        apply_mask_(torch.zeros(1, len(toy), dtype=torch.long), guides[:1])
-    with pytest.raises(TypeError, match="torch.Tensor"):
-        apply_mask_([[0.0]], guides[:1])
-    with pytest.raises(ValueError, match="1-D floating"):
-        apply_guide_(np.zeros((1, 3), dtype=np.float32), guides[0])
-    with pytest.raises(ValueError, match="bool"):
-        fill_mask_row(torch.zeros(len(toy)), guides[0])
+        apply_bitmask_(torch.zeros(len(guides), len(toy), dtype=torch.long), mask)
+    with pytest.raises(TypeError, match="torch tensors"):
+        apply_bitmask_([[0.0]], mask)
+    with pytest.raises(ValueError, match="at least one"):
+        allowed_bitmask([], len(toy))
+
+
+def test_the_device_path_never_reads_the_device(toy, guides):
+    """Built and applied on the meta device, where a host read of tensor data raises."""
+    width = len(toy) + 64
+    logits = torch.empty(len(guides), width, device="meta")
+    mask = allowed_bitmask(guides, width, "meta")
+    assert mask.device.type == "meta" and apply_bitmask_(logits, mask) is logits
 
 
 @pytest.mark.gpu
@@ -129,8 +143,8 @@ def test_cuda_masks_match_reference(toy, guides, rows):
     expected = logits.clone()
     for b, g in enumerate(batch):
         expected[b][~reference_allowed(g, width).cuda()] = float("-inf")
-    apply_mask_(logits, batch)
-    assert torch.equal(logits, expected)
-    mask = batch_allowed_mask(batch, width, "cuda")
+    mask = allowed_bitmask(batch, width, "cuda")
     assert mask.device.type == "cuda"
-    assert torch.equal(mask.cpu(), torch.stack([reference_allowed(g, width) for g in batch]))
+    assert torch.equal(mask.cpu(), allowed_bitmask(batch, width))
+    apply_bitmask_(logits, mask)
+    assert torch.equal(logits, expected)

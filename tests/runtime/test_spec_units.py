@@ -11,6 +11,7 @@ import torch
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.decoding.rejection import rejection_sample
+from lmprog.decoding.rng import make_generator
 from lmprog.decoding.sampler import SamplingTensors, probabilities, sample
 from lmprog.decoding.state import DecodeState
 from lmprog.runtime.request import Req
@@ -168,7 +169,7 @@ def test_rejection_sampling_keeps_the_target_distribution():
 def test_rejection_sampling_is_reproducible_with_generators():
     drafts = torch.tensor([0, 2, 4, 0])
     p, q = P.expand(4, -1), Q.expand(4, -1)
-    runs = [rejection_sample(p, q, drafts, [torch.Generator().manual_seed(s) for s in range(4)])
+    runs = [rejection_sample(p, q, drafts, [make_generator(s) for s in range(4)])
             for _ in range(2)]
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
     assert not runs[0][1][1]  # draft 2 has p = 0: always rejected

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from lmprog.core.sampling import SamplingParams
-from lmprog.decoding.sampler import make_generator
+from lmprog.decoding.rng import make_generator
 
 from ..cuda_graph import capture_decode_graphs
 from ..forward_batch import ForwardBatch

@@ -35,7 +35,7 @@ class DraftSeq:
     row: int
     tokens: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
-    generator: object = None  # the request's draft RNG (a torch.Generator), or None
+    generator: object = None  # the request's draft RNG (a decoding.rng.SeededGenerator), or None
 
 
 class DraftKVCache:

@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from lmprog.fsm.mask import allowed_bitmask, unpack_bitmask
+
 from ..request import Req, ReqStatus
 from .adaptive import AcceptanceRate, DraftLengths, ProposeCost
 from .config import SpeculativeConfig
@@ -146,7 +148,7 @@ class Speculator:
         guide = req.engine_data.guide
         cursor = guide.copy() if guide is not None else None
         wants_masks = proposal.probs is not None  # only a draft distribution is restricted
-        masks: list[Any] = []
+        guides: list[Any] = []  # the guide before each draft (its mask restricts q)
         for t in proposal.token_ids[:k]:
             t = int(t)
             if not 0 <= t < self.vocab_size:
@@ -156,25 +158,22 @@ class Speculator:
                     self.guide_cuts += 1
                     break
                 if wants_masks:
-                    masks.append(cursor.allowed_token_ids())
+                    guides.append(cursor.copy())
                 cursor.advance(t)
             drafts.append(t)
         if proposal.probs is None or not drafts:
             return drafts, None
-        return drafts, self._restricted(proposal.probs, len(drafts), masks)
+        return drafts, self._restricted(proposal.probs, len(drafts), guides)
 
-    def _restricted(self, probs: Any, n: int, masks: list[Any]) -> torch.Tensor:
+    def _restricted(self, probs: Any, n: int, guides: list[Any]) -> torch.Tensor:
         q = torch.as_tensor(probs[:n], dtype=torch.float32).to(self.device)
         assert q.dim() == 2 and q.shape[0] == n, "draft probs must be [len(token_ids), vocab]"
         if q.shape[1] > self.vocab_size:
             q = q[:, : self.vocab_size]
         elif q.shape[1] < self.vocab_size:
             q = torch.nn.functional.pad(q, (0, self.vocab_size - q.shape[1]))
-        if masks:
-            keep = torch.zeros_like(q, dtype=torch.bool)
-            for j, allowed in enumerate(masks):
-                keep[j, torch.as_tensor(allowed, dtype=torch.int64, device=q.device)] = True
-            q = q * keep
+        if guides:
+            q = q * unpack_bitmask(allowed_bitmask(guides, self.vocab_size, q.device), self.vocab_size)
         return q / q.sum(dim=-1, keepdim=True).clamp_min(1e-30)
 
     # -- during and after the step ---------------------------------------------------------
