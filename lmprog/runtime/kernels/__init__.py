@@ -11,10 +11,8 @@ Modules (each imports triton at import time; check `triton_available()` first):
 - `rope`           `apply_rope` in place on q and k, `cos_sin_cache`; `rope_and_store`
                    (rotary on a fused qkv + the K/V pool write, one pass)
 - `activation`     `silu_and_mul`
-- `logits`         `process_logits` (penalties, bias, packed constraint bitmask,
-                   temperature; in place), `pack_bitmask`
-- `sampling`       `top_k_top_p_min_p` (torch ops), `sample_tokens` (seeded Gumbel-max);
-                   no host syncs
+
+Sampling has no kernel of its own: lmprog.decoding.sampler's torch ops serve every device.
 
 The Triton kernels run on CUDA tensors, and on CPU tensors under Triton's interpreter
 (`TRITON_INTERPRET=1` set before triton is imported), which is how CI checks them.
