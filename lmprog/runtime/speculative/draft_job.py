@@ -43,7 +43,7 @@ class DraftJob:
 
 class DraftSampler:
     """Picks one draft per row of a step: the argmax, or for sampled requests a draw from
-    the draft's distribution (core sampler `probabilities`), whose row is appended to the
+    the draft's distribution (the decoding sampler's `probabilities`), whose row is appended to the
     job's probs. A step
     serves a prefix of the (k-sorted) jobs, so its sampled rows are a prefix of all sampled
     rows: their sampling tensors are built once per prefix length, not once per step."""
