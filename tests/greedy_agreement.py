@@ -8,7 +8,8 @@ tied, the other path may pick the second one and then continue differently. What
 any machine: the outputs agree up to the first position where the reference's top two
 logprobs are within `eps`, with eps far above the numerical noise between the two paths and
 far below what a real bug changes. Each test also checks that most positions were compared,
-so that the comparison cannot become vacuous.
+so that the comparison cannot become vacuous. The backends report raw logprobs (before
+constraint masks and penalties): this describes plain greedy decoding only.
 
     ref = run(plain, greedy(40, return_logprob=True, top_logprobs_num=2))
     n = assert_greedy_agrees(out.token_ids, ref.token_ids, top2_logprobs(ref.logprobs), 1e-3)
