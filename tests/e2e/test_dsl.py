@@ -144,7 +144,9 @@ def test_streaming_pieces_concatenate(backend):
         return "".join([p async for p in st.text_async_iter("story")]), st
 
     text, st = asyncio.run(collect())
-    assert text == st["story"] == state["story"]  # deterministic at temperature 0
+    # deterministic at temperature 0: the same as `whole`, which found the prompt cached as it
+    # did (the first run computed it otherwise, and may differ at a near tie)
+    assert text == st["story"] == whole["story"]
 
 
 def test_run_async_and_messages(backend):
