@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gpu import smoke_config  # noqa: E402
+from bench_gpu import smoke_config
 
 
 def build_engine(args, max_running: int):
@@ -56,10 +56,16 @@ def build_engine(args, max_running: int):
         for name, p in net.named_parameters():
             p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, 0.3, generator=g)
     engine = launch_engine(
-        net, tok, eos_token_ids=cfg.eos_token_ids, max_total_tokens=max_running * 256,
-        context_length=256, cache_config=CacheConfig(radix_cache=True),
-        scheduler_config=SchedulerConfig(max_num_batched_tokens=max(512, 16 * max_running),
-                                         max_running_requests=max_running))
+        net,
+        tok,
+        eos_token_ids=cfg.eos_token_ids,
+        max_total_tokens=max_running * 256,
+        context_length=256,
+        cache_config=CacheConfig(radix_cache=True),
+        scheduler_config=SchedulerConfig(
+            max_num_batched_tokens=max(512, 16 * max_running), max_running_requests=max_running
+        ),
+    )
     return engine, cfg.vocab_size
 
 
@@ -86,8 +92,9 @@ class StepClock:
         def timed_model(fb, kv):
             start = time.perf_counter()
             logits = model(fb, kv)
-            self.records.append((start, time.perf_counter() - start, fb.batch_size,
-                                 fb.is_decode_only))
+            self.records.append(
+                (start, time.perf_counter() - start, fb.batch_size, fb.is_decode_only)
+            )
             return logits
 
         engine.runner.model = timed_model  # the CPU path calls it directly (no graphs)
@@ -120,9 +127,12 @@ class StepClock:
     def phase_medians(self, batch: int) -> dict[str, float]:
         """Median time per counted cycle of each phase (its calls that start in the cycle)."""
         cycles = self.decode_cycles(batch)
-        return {name: statistics.median(sum(d for s, d in calls if s0 <= s < s0 + c)
-                                        for s0, c, _ in cycles)
-                for name, calls in self.calls.items()}
+        return {
+            name: statistics.median(
+                sum(d for s, d in calls if s0 <= s < s0 + c) for s0, c, _ in cycles
+            )
+            for name, calls in self.calls.items()
+        }
 
 
 def stub_model(vocab: int):
@@ -168,8 +178,9 @@ def measure(args, batch: int) -> dict:
     try:
         for _ in range(args.repeats):
             prompts = torch.randint(3, vocab, (batch, 8), generator=gen).tolist()
-            handles = [engine.submit(EngineRequest(tuple(p), params), stream=args.stream)
-                       for p in prompts]
+            handles = [
+                engine.submit(EngineRequest(tuple(p), params), stream=args.stream) for p in prompts
+            ]
             for h in handles:
                 h.result(timeout=600)
     finally:
@@ -194,11 +205,17 @@ def parse_args():
     p.add_argument("--batches", default="1,64,256", help="comma-separated batch sizes")
     p.add_argument("--steps", type=int, default=40, help="decode steps per request")
     p.add_argument("--repeats", type=int, default=2, help="rounds of N requests per batch size")
-    p.add_argument("--tokenizer", action="store_true",
-                   help="detokenize with the default model's tokenizer (49k vocabulary)")
+    p.add_argument(
+        "--tokenizer",
+        action="store_true",
+        help="detokenize with the default model's tokenizer (49k vocabulary)",
+    )
     p.add_argument("--stream", action="store_true", help="stream text pieces to the handles")
-    p.add_argument("--stub", action="store_true",
-                   help="replace the model by a table lookup (the engine's work alone)")
+    p.add_argument(
+        "--stub",
+        action="store_true",
+        help="replace the model by a table lookup (the engine's work alone)",
+    )
     p.add_argument("--phases", action="store_true", help="time the engine's parts per step")
     p.add_argument("--profile", action="store_true", help="cProfile the engine steps")
     p.add_argument("--profile-lines", type=int, default=30)
@@ -209,14 +226,21 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
     model = "a stub model (table lookup)" if args.stub else "tiny Llama on the CPU"
-    print(f"{model}, greedy ignore_eos, {args.steps} decode steps per request, "
-          f"tokenizer: {'SmolLM2' if args.tokenizer else 'none'}, stream: {args.stream}")
-    print(f"{'batch':>6s} {'steps':>6s} {'ms/step':>9s} {'model':>9s} {'engine Python':>14s} "
-          f"{'us/request':>11s}")
+    print(
+        f"{model}, greedy ignore_eos, {args.steps} decode steps per request, "
+        f"tokenizer: {'SmolLM2' if args.tokenizer else 'none'}, stream: {args.stream}"
+    )
+    print(
+        f"{'batch':>6s} {'steps':>6s} {'ms/step':>9s} {'model':>9s} {'engine Python':>14s} "
+        f"{'us/request':>11s}"
+    )
     for b in (int(x) for x in args.batches.split(",")):
         r = measure(args, b)
-        print(f"{r['batch']:6d} {r['steps']:6d} {r['total'] * 1e3:9.2f} {r['model'] * 1e3:9.2f} "
-              f"{r['python'] * 1e3:14.2f} {r['python'] * 1e6 / b:11.1f}", flush=True)
+        print(
+            f"{r['batch']:6d} {r['steps']:6d} {r['total'] * 1e3:9.2f} {r['model'] * 1e3:9.2f} "
+            f"{r['python'] * 1e3:14.2f} {r['python'] * 1e6 / b:11.1f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

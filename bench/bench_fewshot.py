@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 SHOTS = [
     (
@@ -70,22 +70,38 @@ SHOTS = [
 ]
 
 QUESTIONS = [
-    "What is the capital city of Japan?", "How many legs does a spider have?",
-    "Which planet is known as the Red Planet?", "Who wrote the play Romeo and Juliet?",
-    "What is the boiling point of water at sea level in degrees Celsius?", "What is the largest ocean on Earth?",
-    "Which gas do humans need to breathe to survive?", "What is the chemical symbol for gold?",
-    "How many continents are there on Earth?", "Which animal is known as the king of the jungle?",
-    "What is the tallest mountain in the world?", "In which country are the pyramids of Giza?",
-    "What is the freezing point of water in degrees Celsius?", "Who painted the Mona Lisa?",
-    "What is the largest planet in the solar system?", "Which language is spoken in Brazil?",
-    "How many days are there in a leap year?", "What do bees make?",
-    "What is the main ingredient of guacamole?", "Which instrument has black and white keys?",
-    "What is the square root of sixty-four?", "Which bird is a symbol of peace?",
-    "What is the capital city of Italy?", "Which organ pumps blood through the body?",
-    "What is the hardest natural substance?", "How many hours are there in a day?",
-    "Which country is famous for the maple leaf flag?", "What is the longest river in Africa?",
-    "Who was the first person to walk on the Moon?", "What is the currency of the United Kingdom?",
-    "Which season comes after winter?", "What color do you get by mixing blue and yellow?",
+    "What is the capital city of Japan?",
+    "How many legs does a spider have?",
+    "Which planet is known as the Red Planet?",
+    "Who wrote the play Romeo and Juliet?",
+    "What is the boiling point of water at sea level in degrees Celsius?",
+    "What is the largest ocean on Earth?",
+    "Which gas do humans need to breathe to survive?",
+    "What is the chemical symbol for gold?",
+    "How many continents are there on Earth?",
+    "Which animal is known as the king of the jungle?",
+    "What is the tallest mountain in the world?",
+    "In which country are the pyramids of Giza?",
+    "What is the freezing point of water in degrees Celsius?",
+    "Who painted the Mona Lisa?",
+    "What is the largest planet in the solar system?",
+    "Which language is spoken in Brazil?",
+    "How many days are there in a leap year?",
+    "What do bees make?",
+    "What is the main ingredient of guacamole?",
+    "Which instrument has black and white keys?",
+    "What is the square root of sixty-four?",
+    "Which bird is a symbol of peace?",
+    "What is the capital city of Italy?",
+    "Which organ pumps blood through the body?",
+    "What is the hardest natural substance?",
+    "How many hours are there in a day?",
+    "Which country is famous for the maple leaf flag?",
+    "What is the longest river in Africa?",
+    "Who was the first person to walk on the Moon?",
+    "What is the currency of the United Kingdom?",
+    "Which season comes after winter?",
+    "What color do you get by mixing blue and yellow?",
 ]
 
 MAX_TOKENS = 16
@@ -93,9 +109,11 @@ MAX_TOKENS = 16
 
 def header() -> str:
     shots = "".join(f"Context: {c}\nQuestion: {q}\nAnswer: {a}\n\n" for c, q, a in SHOTS)
-    intro = ("Read each context and answer the question that follows it in a few words. "
-             "Answers are short, factual and end with a full stop; when the context does not "
-             "contain the answer, use general knowledge instead.\n\n")
+    intro = (
+        "Read each context and answer the question that follows it in a few words. "
+        "Answers are short, factual and end with a full stop; when the context does not "
+        "contain the answer, use general knowledge instead.\n\n"
+    )
     return intro + shots
 
 
@@ -133,7 +151,9 @@ def run_dsl(backend, questions: list[str]) -> list[str]:
         s += f"Question: {question}\nAnswer:"
         s += lp.gen("answer", max_tokens=MAX_TOKENS)
 
-    states = fewshot.run_batch([{"question": q} for q in questions], backend=backend, temperature=0.0)
+    states = fewshot.run_batch(
+        [{"question": q} for q in questions], backend=backend, temperature=0.0
+    )
     return [st["answer"] for st in states]
 
 
@@ -144,7 +164,9 @@ def timed(fn: Callable[[], list[str]]) -> tuple[list[str], float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--via", choices=("backend", "dsl"), default="backend")
     ap.add_argument("--questions", type=int, default=len(QUESTIONS))
     ap.add_argument("--n-ctx", type=int, default=2048)
@@ -159,8 +181,11 @@ def main() -> None:
     questions = (QUESTIONS * (1 + args.questions // len(QUESTIONS)))[: args.questions]
     backend = LlamaCpp(n_ctx=args.n_ctx, n_threads=1)
     header_tokens = len(backend.tokenizer.encode(header(), add_special_tokens=False))
-    print(f"header: {header_tokens} tokens, {len(SHOTS)} shots; {len(questions)} questions x {MAX_TOKENS} new tokens;"
-          f" n_threads=1; load average {os.getloadavg()[0]:.1f}", flush=True)
+    print(
+        f"header: {header_tokens} tokens, {len(SHOTS)} shots; {len(questions)} questions x {MAX_TOKENS} new tokens;"
+        f" n_threads=1; load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
 
     lmprog_run = run_dsl if args.via == "dsl" else run_backend
     ours, t_ours = timed(lambda: lmprog_run(backend, questions))
@@ -173,8 +198,10 @@ def main() -> None:
     print(f"lmprog LlamaCpp ({args.via:7s}): {t_ours:7.2f} s  {n / t_ours:6.3f} questions/s")
     print(f"speed-up: {t_plain / t_ours:.2f}x   (target >= 3x)")
     same = sum(a == b for a, b in zip(ours, theirs))
-    print(f"identical answers: {same}/{n}; cached prompt tokens {stats['cached_tokens']} of {stats['prompt_tokens']};"
-          f" evaluated {stats['evaluated_tokens']}; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"identical answers: {same}/{n}; cached prompt tokens {stats['cached_tokens']} of {stats['prompt_tokens']};"
+        f" evaluated {stats['evaluated_tokens']}; load average {os.getloadavg()[0]:.1f}"
+    )
     for q, a in list(zip(questions, ours))[:3]:
         print(f"  {q} ->{a.splitlines()[0] if a.strip() else a!r}")
     sys.exit(0)

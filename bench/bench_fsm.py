@@ -35,8 +35,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 if os.environ.get("LMPROG_BENCH_CACHE_DIR"):
@@ -45,7 +46,7 @@ else:  # a fresh cache, removed at exit (index files of large schemas take hundr
     os.environ["LMPROG_CACHE_DIR"] = tempfile.mkdtemp(prefix="lmprog-bench-")
     atexit.register(shutil.rmtree, os.environ["LMPROG_CACHE_DIR"], ignore_errors=True)
 
-import torch  # noqa: E402
+import torch
 
 torch.set_num_threads(1)
 
@@ -66,8 +67,12 @@ def obj(props: dict, required: list | None = None) -> dict:
     """additionalProperties false, as structured-output APIs require (OpenAI strict mode), so all
     engines compile the same language (outlines-core ignores the keyword, xgrammar's strict mode
     assumes false; lmprog and llguidance follow the schema)."""
-    return {"type": "object", "properties": props, "required": list(props) if required is None else required,
-            "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": props,
+        "required": list(props) if required is None else required,
+        "additionalProperties": False,
+    }
 
 
 # (name, schema, a valid instance), small to large. Strings are unbounded unless the field
@@ -76,81 +81,267 @@ SCHEMAS: list[tuple[str, dict, Any]] = [
     ("integer", INT, 42),
     ("enum", {"enum": ["red", "green", "blue"]}, "green"),
     ("point", obj({"x": NUM, "y": NUM}), {"x": 1.5, "y": -2}),
-    ("tags", {"type": "array", "items": {"type": "string", "maxLength": 10}, "minItems": 1, "maxItems": 5},
-     ["ai", "json", "fsm"]),
-    ("person", obj({"name": S, "age": INT, "email": {"type": "string", "format": "email"}, "admin": BOOL}),
-     {"name": "Ada Lovelace", "age": 36, "email": "ada@example.org", "admin": True}),
-    ("event", obj({"title": S, "date": {"type": "string", "format": "date"},
-                   "location": obj({"city": S, "country": S})}),
-     {"title": "Launch", "date": "2024-05-01", "location": {"city": "Paris", "country": "France"}}),
-    ("product", obj({"id": {"type": "string", "format": "uuid"}, "name": S, "price": NUM, "in_stock": BOOL,
-                     "tags": {"type": "array", "items": {"enum": ["new", "sale", "eco"]}, "maxItems": 3},
-                     "size": obj({"w": NUM, "h": NUM, "d": NUM})}),
-     {"id": "123e4567-e89b-12d3-a456-426614174000", "name": "Lamp", "price": 19.99, "in_stock": True,
-      "tags": ["new", "eco"], "size": {"w": 10, "h": 30.5, "d": 10}}),
-    ("order", obj({"order_id": INT, "customer": obj({"name": S, "email": {"type": "string", "format": "email"}}),
-                   "items": {"type": "array", "maxItems": 4, "items": obj({"sku": SHORT, "qty": INT, "price": NUM})},
-                   "status": {"enum": ["new", "paid", "shipped"]}, "note": S},
-                  required=["order_id", "customer", "items", "status"]),
-     {"order_id": 7, "customer": {"name": "Bob", "email": "bob@x.io"},
-      "items": [{"sku": "A1", "qty": 2, "price": 3.5}, {"sku": "B2", "qty": 1, "price": 10}], "status": "paid"}),
-    ("config", obj({f"opt{i}": [S, INT, BOOL, {"type": ["string", "null"]}][i % 4] for i in range(12)},
-                   required=[f"opt{i}" for i in range(0, 12, 2)]),
-     {"opt0": "a", "opt1": 1, "opt2": True, "opt3": None, "opt4": "b", "opt6": False, "opt8": "c", "opt10": False}),
-    ("catalog", obj({
-        "store": S, "open": BOOL, "rating": NUM,
-        "address": obj({"street": S, "city": S, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}),
-        "products": {"type": "array", "maxItems": 3, "items": obj({
-            "name": S, "price": NUM, "qty": INT, "kind": {"enum": ["book", "food", "toy"]},
-            "dims": obj({"w": NUM, "h": NUM})})},
-        "owner": obj({"first": S, "last": S, "phone": {"type": "string", "pattern": "^[0-9]{3}-[0-9]{4}$"}}),
-        "hours": {"type": "array", "maxItems": 7, "items": {"type": "string", "maxLength": 12}},
-        "updated": {"type": "string", "format": "date"},
-    }),
-     {"store": "Corner", "open": True, "rating": 4.5,
-      "address": {"street": "1 Main St", "city": "Springfield", "zip": "12345"},
-      "products": [{"name": "Atlas", "price": 12.0, "qty": 3, "kind": "book", "dims": {"w": 20, "h": 30}}],
-      "owner": {"first": "Ann", "last": "Lee", "phone": "555-1234"}, "hours": ["9-17", "9-17"],
-      "updated": "2024-01-31"}),
+    (
+        "tags",
+        {
+            "type": "array",
+            "items": {"type": "string", "maxLength": 10},
+            "minItems": 1,
+            "maxItems": 5,
+        },
+        ["ai", "json", "fsm"],
+    ),
+    (
+        "person",
+        obj({"name": S, "age": INT, "email": {"type": "string", "format": "email"}, "admin": BOOL}),
+        {"name": "Ada Lovelace", "age": 36, "email": "ada@example.org", "admin": True},
+    ),
+    (
+        "event",
+        obj(
+            {
+                "title": S,
+                "date": {"type": "string", "format": "date"},
+                "location": obj({"city": S, "country": S}),
+            }
+        ),
+        {
+            "title": "Launch",
+            "date": "2024-05-01",
+            "location": {"city": "Paris", "country": "France"},
+        },
+    ),
+    (
+        "product",
+        obj(
+            {
+                "id": {"type": "string", "format": "uuid"},
+                "name": S,
+                "price": NUM,
+                "in_stock": BOOL,
+                "tags": {"type": "array", "items": {"enum": ["new", "sale", "eco"]}, "maxItems": 3},
+                "size": obj({"w": NUM, "h": NUM, "d": NUM}),
+            }
+        ),
+        {
+            "id": "123e4567-e89b-12d3-a456-426614174000",
+            "name": "Lamp",
+            "price": 19.99,
+            "in_stock": True,
+            "tags": ["new", "eco"],
+            "size": {"w": 10, "h": 30.5, "d": 10},
+        },
+    ),
+    (
+        "order",
+        obj(
+            {
+                "order_id": INT,
+                "customer": obj({"name": S, "email": {"type": "string", "format": "email"}}),
+                "items": {
+                    "type": "array",
+                    "maxItems": 4,
+                    "items": obj({"sku": SHORT, "qty": INT, "price": NUM}),
+                },
+                "status": {"enum": ["new", "paid", "shipped"]},
+                "note": S,
+            },
+            required=["order_id", "customer", "items", "status"],
+        ),
+        {
+            "order_id": 7,
+            "customer": {"name": "Bob", "email": "bob@x.io"},
+            "items": [{"sku": "A1", "qty": 2, "price": 3.5}, {"sku": "B2", "qty": 1, "price": 10}],
+            "status": "paid",
+        },
+    ),
+    (
+        "config",
+        obj(
+            {f"opt{i}": [S, INT, BOOL, {"type": ["string", "null"]}][i % 4] for i in range(12)},
+            required=[f"opt{i}" for i in range(0, 12, 2)],
+        ),
+        {
+            "opt0": "a",
+            "opt1": 1,
+            "opt2": True,
+            "opt3": None,
+            "opt4": "b",
+            "opt6": False,
+            "opt8": "c",
+            "opt10": False,
+        },
+    ),
+    (
+        "catalog",
+        obj(
+            {
+                "store": S,
+                "open": BOOL,
+                "rating": NUM,
+                "address": obj(
+                    {"street": S, "city": S, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}
+                ),
+                "products": {
+                    "type": "array",
+                    "maxItems": 3,
+                    "items": obj(
+                        {
+                            "name": S,
+                            "price": NUM,
+                            "qty": INT,
+                            "kind": {"enum": ["book", "food", "toy"]},
+                            "dims": obj({"w": NUM, "h": NUM}),
+                        }
+                    ),
+                },
+                "owner": obj(
+                    {
+                        "first": S,
+                        "last": S,
+                        "phone": {"type": "string", "pattern": "^[0-9]{3}-[0-9]{4}$"},
+                    }
+                ),
+                "hours": {
+                    "type": "array",
+                    "maxItems": 7,
+                    "items": {"type": "string", "maxLength": 12},
+                },
+                "updated": {"type": "string", "format": "date"},
+            }
+        ),
+        {
+            "store": "Corner",
+            "open": True,
+            "rating": 4.5,
+            "address": {"street": "1 Main St", "city": "Springfield", "zip": "12345"},
+            "products": [
+                {
+                    "name": "Atlas",
+                    "price": 12.0,
+                    "qty": 3,
+                    "kind": "book",
+                    "dims": {"w": 20, "h": 30},
+                }
+            ],
+            "owner": {"first": "Ann", "last": "Lee", "phone": "555-1234"},
+            "hours": ["9-17", "9-17"],
+            "updated": "2024-01-31",
+        },
+    ),
 ]
 
 # Jump-forward: every key fixed and required, so keys and punctuation are forced; enum values
 # are forced once their first token decides them. "character" is SGLang's jump-forward example
 # (LMSYS blog, 2024-02) as a JSON schema; "person" has only free values.
-CHARACTER = obj({
-    "name": S,
-    "house": {"enum": ["Gryffindor", "Slytherin", "Ravenclaw", "Hufflepuff"]},
-    "blood status": {"enum": ["Pure-blood", "Half-blood", "Muggle-born"]},
-    "occupation": {"enum": ["student", "teacher", "auror", "ministry of magic", "death eater", "order of the phoenix"]},
-    "wand": obj({"wood": S, "core": S, "length": NUM}),
-    "alive": {"enum": ["Alive", "Deceased"]},
-    "patronus": S,
-    "bogart": S,
-})
+CHARACTER = obj(
+    {
+        "name": S,
+        "house": {"enum": ["Gryffindor", "Slytherin", "Ravenclaw", "Hufflepuff"]},
+        "blood status": {"enum": ["Pure-blood", "Half-blood", "Muggle-born"]},
+        "occupation": {
+            "enum": [
+                "student",
+                "teacher",
+                "auror",
+                "ministry of magic",
+                "death eater",
+                "order of the phoenix",
+            ]
+        },
+        "wand": obj({"wood": S, "core": S, "length": NUM}),
+        "alive": {"enum": ["Alive", "Deceased"]},
+        "patronus": S,
+        "bogart": S,
+    }
+)
 CHARACTER_DOCS = [
-    {"name": "Harry Potter", "house": "Gryffindor", "blood status": "Half-blood", "occupation": "student",
-     "wand": {"wood": "Holly", "core": "Phoenix feather", "length": 11}, "alive": "Alive", "patronus": "Stag",
-     "bogart": "Dementor"},
-    {"name": "Hermione Granger", "house": "Gryffindor", "blood status": "Muggle-born", "occupation": "student",
-     "wand": {"wood": "Vine", "core": "Dragon heartstring", "length": 10.75}, "alive": "Alive",
-     "patronus": "Otter", "bogart": "Failure"},
-    {"name": "Severus Snape", "house": "Slytherin", "blood status": "Half-blood", "occupation": "teacher",
-     "wand": {"wood": "Unknown", "core": "Unknown", "length": 0}, "alive": "Deceased", "patronus": "Doe",
-     "bogart": "Unknown"},
-    {"name": "Luna Lovegood", "house": "Ravenclaw", "blood status": "Pure-blood", "occupation": "student",
-     "wand": {"wood": "Unknown", "core": "Unknown", "length": 9}, "alive": "Alive", "patronus": "Hare",
-     "bogart": "Her mother"},
-    {"name": "Cedric Diggory", "house": "Hufflepuff", "blood status": "Pure-blood", "occupation": "student",
-     "wand": {"wood": "Ash", "core": "Unicorn hair", "length": 12.25}, "alive": "Deceased", "patronus": "Dog",
-     "bogart": "Voldemort"},
+    {
+        "name": "Harry Potter",
+        "house": "Gryffindor",
+        "blood status": "Half-blood",
+        "occupation": "student",
+        "wand": {"wood": "Holly", "core": "Phoenix feather", "length": 11},
+        "alive": "Alive",
+        "patronus": "Stag",
+        "bogart": "Dementor",
+    },
+    {
+        "name": "Hermione Granger",
+        "house": "Gryffindor",
+        "blood status": "Muggle-born",
+        "occupation": "student",
+        "wand": {"wood": "Vine", "core": "Dragon heartstring", "length": 10.75},
+        "alive": "Alive",
+        "patronus": "Otter",
+        "bogart": "Failure",
+    },
+    {
+        "name": "Severus Snape",
+        "house": "Slytherin",
+        "blood status": "Half-blood",
+        "occupation": "teacher",
+        "wand": {"wood": "Unknown", "core": "Unknown", "length": 0},
+        "alive": "Deceased",
+        "patronus": "Doe",
+        "bogart": "Unknown",
+    },
+    {
+        "name": "Luna Lovegood",
+        "house": "Ravenclaw",
+        "blood status": "Pure-blood",
+        "occupation": "student",
+        "wand": {"wood": "Unknown", "core": "Unknown", "length": 9},
+        "alive": "Alive",
+        "patronus": "Hare",
+        "bogart": "Her mother",
+    },
+    {
+        "name": "Cedric Diggory",
+        "house": "Hufflepuff",
+        "blood status": "Pure-blood",
+        "occupation": "student",
+        "wand": {"wood": "Ash", "core": "Unicorn hair", "length": 12.25},
+        "alive": "Deceased",
+        "patronus": "Dog",
+        "bogart": "Voldemort",
+    },
 ]
 PERSON = obj({"name": S, "age": INT, "email": S, "city": S, "admin": BOOL, "score": NUM})
 PERSON_DOCS = [
-    {"name": "Ada Lovelace", "age": 36, "email": "ada@example.org", "city": "London", "admin": True, "score": 9.5},
+    {
+        "name": "Ada Lovelace",
+        "age": 36,
+        "email": "ada@example.org",
+        "city": "London",
+        "admin": True,
+        "score": 9.5,
+    },
     {"name": "Bob", "age": 7, "email": "b@x.io", "city": "Paris", "admin": False, "score": 0},
-    {"name": "Chen Wei", "age": 52, "email": "chen@wei.cn", "city": "Beijing", "admin": False, "score": 71.25},
-    {"name": "Dana", "age": 29, "email": "dana@mail.com", "city": "Lagos", "admin": True, "score": -3},
-    {"name": "Eve O'Neil", "age": 41, "email": "eve@o.ie", "city": "Dublin", "admin": True, "score": 100},
+    {
+        "name": "Chen Wei",
+        "age": 52,
+        "email": "chen@wei.cn",
+        "city": "Beijing",
+        "admin": False,
+        "score": 71.25,
+    },
+    {
+        "name": "Dana",
+        "age": 29,
+        "email": "dana@mail.com",
+        "city": "Lagos",
+        "admin": True,
+        "score": -3,
+    },
+    {
+        "name": "Eve O'Neil",
+        "age": 41,
+        "email": "eve@o.ie",
+        "city": "Dublin",
+        "admin": True,
+        "score": 100,
+    },
 ]
 JUMP_CASES = [("character", CHARACTER, CHARACTER_DOCS), ("person", PERSON, PERSON_DOCS)]
 
@@ -187,7 +378,7 @@ class LmprogEngine:
 
         self.tok, self.Constraint = tok, Constraint
         self.vocab = TokenVocab.from_tokenizer(tok)
-        self.vocab.outlines_vocabulary  # built once per tokenizer, like the others' setup
+        self.vocab.outlines_vocabulary  # noqa: B018 - built once per tokenizer, like the others' setup
         self.constraints: dict[str, Any] = {}
         self.regex_ms: dict[str, float] = {}
 
@@ -242,7 +433,9 @@ class _LmprogCursor:
 class _BitmaskCursor:
     """Shared by the bitmask engines: fill a [1, ceil(V/32)] int32 bitmask, apply on CPU."""
 
-    def __init__(self, fill: Callable[[torch.Tensor], Any], accept: Callable[[int], bool], words: int) -> None:
+    def __init__(
+        self, fill: Callable[[torch.Tensor], Any], accept: Callable[[int], bool], words: int
+    ) -> None:
         import xgrammar as xgr
 
         self._fill, self._accept, self._apply = fill, accept, xgr.apply_token_bitmask_inplace
@@ -310,7 +503,9 @@ class XGrammarEngine:
         import xgrammar as xgr
 
         self.xgr = xgr
-        self.info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok), stop_token_ids=[tok.eos_token_id])
+        self.info = xgr.TokenizerInfo.from_huggingface(
+            tok, vocab_size=len(tok), stop_token_ids=[tok.eos_token_id]
+        )
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=1)
 
     def compile(self, schema: dict) -> Any:
@@ -322,7 +517,9 @@ class XGrammarEngine:
 
     def matcher(self, compiled: Any) -> Any:
         m = self.xgr.GrammarMatcher(compiled)
-        return _BitmaskCursor(m.fill_next_token_bitmask, m.accept_token, (self.info.vocab_size + 31) // 32)
+        return _BitmaskCursor(
+            m.fill_next_token_bitmask, m.accept_token, (self.info.vocab_size + 31) // 32
+        )
 
     def text_matcher(self, schema: Any) -> Callable[[str], bool]:
         compiled = self.compile(schema)
@@ -359,15 +556,21 @@ class LLGuidanceEngine:
         import llguidance.torch as lt
 
         m = self.llg.LLMatcher(self.lltok, compiled)
-        return _BitmaskCursor(lambda bm: lt.fill_next_token_bitmask(m, bm, 0), m.consume_token,
-                              (self.lltok.vocab_size + 31) // 32)
+        return _BitmaskCursor(
+            lambda bm: lt.fill_next_token_bitmask(m, bm, 0),
+            m.consume_token,
+            (self.lltok.vocab_size + 31) // 32,
+        )
 
     def text_matcher(self, schema: Any) -> Callable[[str], bool]:
         grammar = self.compile(schema)
 
         def match(text: str) -> bool:
             m = self.llg.LLMatcher(self.lltok, grammar)
-            return bool(m.consume_tokens(self.tok.encode(text, add_special_tokens=False))) and m.is_accepting()
+            return (
+                bool(m.consume_tokens(self.tok.encode(text, add_special_tokens=False)))
+                and m.is_accepting()
+            )
 
         return match
 
@@ -450,13 +653,17 @@ def _conformance_subprocess(name: str) -> dict:
 
     cmd = [sys.executable, __file__, "--conformance-of", name]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=CONFORMANCE_SECONDS, preexec_fn=limit)
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=CONFORMANCE_SECONDS, preexec_fn=limit
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"did not finish in {CONFORMANCE_SECONDS} s"}
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["?"])[-1]
-        return {"error": f"exit {done.returncode} (memory cap {CONFORMANCE_MEMORY_GB} GB): {tail[:100]}"}
+        return {
+            "error": f"exit {done.returncode} (memory cap {CONFORMANCE_MEMORY_GB} GB): {tail[:100]}"
+        }
     return json.loads(lines[-1])
 
 
@@ -501,12 +708,24 @@ def jump_case(index: TokenIndex, tok: Any, docs: list[dict]) -> dict:
             runs[jump] = (vocab.decode(out), steps, len(out))
             jump_times += times
         assert runs[False][0] == runs[True][0] == target, (runs, target)
-        rows.append({"doc": target.decode(), "steps_plain": runs[False][1], "steps_jump": runs[True][1],
-                     "tokens_plain": runs[False][2], "tokens_jump": runs[True][2]})
+        rows.append(
+            {
+                "doc": target.decode(),
+                "steps_plain": runs[False][1],
+                "steps_jump": runs[True][1],
+                "tokens_plain": runs[False][2],
+                "tokens_jump": runs[True][2],
+            }
+        )
     plain = sum(r["steps_plain"] for r in rows)
     jumped = sum(r["steps_jump"] for r in rows)
-    return {"rows": rows, "steps_plain": plain, "steps_jump": jumped, "reduction": 1 - jumped / plain,
-            "jump_call_us": percentiles(jump_times)}
+    return {
+        "rows": rows,
+        "steps_plain": plain,
+        "steps_jump": jumped,
+        "reduction": 1 - jumped / plain,
+        "jump_call_us": percentiles(jump_times),
+    }
 
 
 def simulate_decode(index: TokenIndex, tok: Any, target: bytes, by_bytes: dict, jump: bool):
@@ -527,8 +746,12 @@ def simulate_decode(index: TokenIndex, tok: Any, target: bytes, by_bytes: dict, 
             assert guide.can_stop()
             steps += 1  # the step that samples EOS
             break
-        token = next(t for end in range(min(len(target), pos + 48), pos, -1)
-                     for t in by_bytes.get(target[pos:end], ()) if guide.is_allowed(t))
+        token = next(
+            t
+            for end in range(min(len(target), pos + 48), pos, -1)
+            for t in by_bytes.get(target[pos:end], ())
+            if guide.is_allowed(t)
+        )
         guide.advance(token)
         out.append(token)
         steps += 1
@@ -540,8 +763,10 @@ def simulate_decode(index: TokenIndex, tok: Any, target: bytes, by_bytes: dict, 
 
 def report(results: list[dict], conformance: dict, jump: dict, missing: dict) -> None:
     names = [r["engine"] for r in results]
-    print("\n## Compile time per schema (ms): cold / cached. lmprog: cold includes schema->regex (in parentheses)"
-          " and the disk write; cached = in-memory index for a held Constraint; [load from disk]")
+    print(
+        "\n## Compile time per schema (ms): cold / cached. lmprog: cold includes schema->regex (in parentheses)"
+        " and the disk write; cached = in-memory index for a held Constraint; [load from disk]"
+    )
     print(f"| schema | {' | '.join(names)} |")
     print("|---|" + "---|" * len(names))
     for name, _, _ in SCHEMAS:
@@ -551,7 +776,9 @@ def report(results: list[dict], conformance: dict, jump: dict, missing: dict) ->
             if "error" in row:
                 cells.append("error")
                 continue
-            cell = f"{row['cold_ms']:.1f} / " + (f"{row['cached_ms']:.3f}" if "cached_ms" in row else "—")
+            cell = f"{row['cold_ms']:.1f} / " + (
+                f"{row['cached_ms']:.3f}" if "cached_ms" in row else "—"
+            )
             if "regex_ms" in row:
                 cell += f" (regex {row['regex_ms']:.1f})"
             if "disk_ms" in row:
@@ -561,8 +788,10 @@ def report(results: list[dict], conformance: dict, jump: dict, missing: dict) ->
             cells.append(cell)
         print(f"| {name} | {' | '.join(cells)} |")
     print("\n## Summary")
-    print("| engine | setup ms | compile p50 cold ms | compile max cold ms | cached p50 ms | mask p50/p99 us "
-          "| mask+apply p50/p99 us | valid instances accepted | conformance |")
+    print(
+        "| engine | setup ms | compile p50 cold ms | compile max cold ms | cached p50 ms | mask p50/p99 us "
+        "| mask+apply p50/p99 us | valid instances accepted | conformance |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         ok = [row for row in r["schemas"].values() if "error" not in row]
@@ -572,30 +801,40 @@ def report(results: list[dict], conformance: dict, jump: dict, missing: dict) ->
         conf = conformance.get(r["engine"], conformance.get("error", "—"))
         cached_cell = f"{statistics.median(cached):.3f}" if cached else "—"
         cold_cells = f"{statistics.median(cold):.1f} | {max(cold):.1f}" if cold else "— | —"
-        print(f"| {r['engine']} | {r['setup_ms']:.0f} | {cold_cells} | {cached_cell} | "
-              f"{r['mask_us'].get('p50', 0):.1f} / {r['mask_us'].get('p99', 0):.1f} | "
-              f"{r['apply_us'].get('p50', 0):.1f} / {r['apply_us'].get('p99', 0):.1f} | "
-              f"{accepted}/{len(SCHEMAS)} (compiled {len(ok)}) | {format_conformance(conf)} |")
+        print(
+            f"| {r['engine']} | {r['setup_ms']:.0f} | {cold_cells} | {cached_cell} | "
+            f"{r['mask_us'].get('p50', 0):.1f} / {r['mask_us'].get('p99', 0):.1f} | "
+            f"{r['apply_us'].get('p50', 0):.1f} / {r['apply_us'].get('p99', 0):.1f} | "
+            f"{accepted}/{len(SCHEMAS)} (compiled {len(ok)}) | {format_conformance(conf)} |"
+        )
     for name, why in missing.items():
         print(f"| {name} | not available: {why} |")
-    print("\n## Jump-forward on fixed-key schemas (decode steps = forward passes that sample a token)")
+    print(
+        "\n## Jump-forward on fixed-key schemas (decode steps = forward passes that sample a token)"
+    )
     print("| schema | document | steps without | steps with | tokens without | tokens with |")
     print("|---|---|---|---|---|---|")
     for name, case in jump.items():
         for row in case["rows"]:
             doc = row["doc"] if len(row["doc"]) <= 70 else row["doc"][:67] + "..."
-            print(f"| {name} | `{doc}` | {row['steps_plain']} | {row['steps_jump']} | {row['tokens_plain']} | "
-                  f"{row['tokens_jump']} |")
+            print(
+                f"| {name} | `{doc}` | {row['steps_plain']} | {row['steps_jump']} | {row['tokens_plain']} | "
+                f"{row['tokens_jump']} |"
+            )
         print(f"| {name} | **total** | {case['steps_plain']} | {case['steps_jump']} | | |")
     for name, case in jump.items():
-        print(f"\n{name}: {case['reduction']:.1%} fewer decode steps with jump-forward (same text in both runs); "
-              f"jump_forward() call p50/p99 {case['jump_call_us']['p50']:.1f} / {case['jump_call_us']['p99']:.1f} us")
+        print(
+            f"\n{name}: {case['reduction']:.1%} fewer decode steps with jump-forward (same text in both runs); "
+            f"jump_forward() call p50/p99 {case['jump_call_us']['p50']:.1f} / {case['jump_call_us']['p99']:.1f} us"
+        )
 
 
 def format_conformance(conf: Any) -> str:
     if isinstance(conf, dict) and "pass_rate" in conf:
-        return (f"{conf['pass_rate']:.1%} pass, {conf['invalid_accepted']} invalid accepted, "
-                f"{conf['refused_cases']} refused")
+        return (
+            f"{conf['pass_rate']:.1%} pass, {conf['invalid_accepted']} invalid accepted, "
+            f"{conf['refused_cases']} refused"
+        )
     if isinstance(conf, dict) and "error" in conf:
         return f"error: {conf['error'][:60]}"
     return str(conf)[:80]
@@ -612,7 +851,9 @@ def main() -> None:
     if args.conformance_of:
         print(json.dumps(conformance_of(args.conformance_of, tok), default=str))
         return
-    print(f"tokenizer: {resolve_model().name}, {len(tok)} tokens; torch threads 1; cache {os.environ['LMPROG_CACHE_DIR']}")
+    print(
+        f"tokenizer: {resolve_model().name}, {len(tok)} tokens; torch threads 1; cache {os.environ['LMPROG_CACHE_DIR']}"
+    )
     results, engines, missing = [], [], {}
     for cls in ENGINES:
         engine = cls()
@@ -626,8 +867,13 @@ def main() -> None:
     jump = measure_jump_forward(tok)
     report(results, conformance, jump, missing)
     if args.json:
-        args.json.write_text(json.dumps({"engines": results, "conformance": conformance, "jump": jump,
-                                         "missing": missing}, indent=1, default=str))
+        args.json.write_text(
+            json.dumps(
+                {"engines": results, "conformance": conformance, "jump": jump, "missing": missing},
+                indent=1,
+                default=str,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def section(name: str, fn, *args):
     t0 = time.perf_counter()
     try:
         return fn(*args)
-    except Exception:  # noqa: BLE001 - a benchmark script reports and goes on
+    except Exception:  # a benchmark script reports and goes on
         traceback.print_exc()
         ROWS.append((name, "FAILED", "", "see traceback"))
         return None
@@ -84,9 +84,19 @@ def sync() -> None:
 def smoke_config():
     from lmprog.runtime.models import ModelConfig
 
-    return ModelConfig("llama", vocab_size=256, hidden_size=64, intermediate_size=128,
-                       num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                       max_position=4096, bos_token_id=1, eos_token_ids=(2,))
+    return ModelConfig(
+        "llama",
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position=4096,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+    )
 
 
 def linear_params(cfg) -> int:
@@ -123,8 +133,13 @@ def workload_floor(cfg, in_lens, out_lens, itemsize: int, max_batch: int) -> dic
     decode_steps = int(np.ceil(sum(m - 1 for m in out_lens) / max_batch))
     bytes_ += decode_steps * p * itemsize
     t_flops, t_bytes = flops / (BF16_TFLOPS * 1e12), bytes_ / (HBM_TBS * 1e12)
-    return {"flops": flops, "bytes": bytes_, "t_flops": t_flops, "t_bytes": t_bytes,
-            "floor": max(t_flops, t_bytes)}
+    return {
+        "flops": flops,
+        "bytes": bytes_,
+        "t_flops": t_flops,
+        "t_bytes": t_bytes,
+        "floor": max(t_flops, t_bytes),
+    }
 
 
 def make_workload(n: int, vocab: int, in_range, out_range, seed: int = 0):
@@ -144,16 +159,29 @@ def hf_model(cfg, device, dtype):
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     s = cfg.rope_scaling
     if s is not None:
-        rope = {"rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
-                "high_freq_factor": s.high_freq_factor, "rope_theta": cfg.rope_theta,
-                "original_max_position_embeddings": s.original_max_position}
+        rope = {
+            "rope_type": "llama3",
+            "factor": s.factor,
+            "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor,
+            "rope_theta": cfg.rope_theta,
+            "original_max_position_embeddings": s.original_max_position,
+        }
     hf_cfg = LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-        max_position_embeddings=cfg.max_position, rms_norm_eps=cfg.rms_norm_eps,
-        rope_parameters=rope, tie_word_embeddings=cfg.tie_word_embeddings,
-        bos_token_id=cfg.bos_token_id, eos_token_id=list(cfg.eos_token_ids), pad_token_id=0)
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position,
+        rms_norm_eps=cfg.rms_norm_eps,
+        rope_parameters=rope,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        bos_token_id=cfg.bos_token_id,
+        eos_token_id=list(cfg.eos_token_ids),
+        pad_token_id=0,
+    )
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -169,8 +197,14 @@ def hf_generate(model, ids, mask, new_tokens: int) -> float:
     sync()
     t0 = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
     sync()
     assert out.shape[1] == ids.shape[1] + new_tokens, out.shape
     return time.perf_counter() - t0
@@ -184,8 +218,10 @@ def hf_baselines(cfg, args, prompts, out_lens) -> dict:
     hf_generate(model, ids, torch.ones_like(ids), 4)  # warm-up
     t = hf_generate(model, ids, torch.ones_like(ids), args.hf_decode_tokens)
     res["decode_tok_s"] = args.hf_decode_tokens / t
-    log(f"   transformers batch-1 decode: {args.hf_decode_tokens} tokens in {t:.2f} s = "
-        f"{res['decode_tok_s']:.1f} tok/s")
+    log(
+        f"   transformers batch-1 decode: {args.hf_decode_tokens} tokens in {t:.2f} s = "
+        f"{res['decode_tok_s']:.1f} tok/s"
+    )
     n = min(args.hf_requests, len(prompts))
     if n == 0:
         return res
@@ -194,13 +230,15 @@ def hf_baselines(cfg, args, prompts, out_lens) -> dict:
     ids = torch.zeros(n, width, dtype=torch.int64)
     mask = torch.zeros(n, width, dtype=torch.int64)
     for i, p in enumerate(sub):  # left padding
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
     t = hf_generate(model, ids.to(dev), mask.to(dev), max(outs))
     useful = sum(len(p) for p in sub) + sum(outs)
     res["offline_tok_s"] = useful / t
-    log(f"   transformers offline, {n} requests in one padded batch ({width} + {max(outs)} "
-        f"tokens wide): {t:.2f} s, {useful} tokens of the requests = {useful / t:,.0f} tok/s")
+    log(
+        f"   transformers offline, {n} requests in one padded batch ({width} + {max(outs)} "
+        f"tokens wide): {t:.2f} s, {useful} tokens of the requests = {useful / t:,.0f} tok/s"
+    )
     del model
     gc.collect()
     if torch.cuda.is_available():
@@ -230,19 +268,31 @@ class Decode1:
         from lmprog.runtime.forward_batch import ForwardBatch
 
         n = self.prompt_len
-        fb = ForwardBatch.build(input_ids=self.prompt, out_cache_loc=range(1, n + 1),
-                                req_pool_indices=[0], seq_lens=[n], extend_lens=[n],
-                                req_to_token=self.table)
+        fb = ForwardBatch.build(
+            input_ids=self.prompt,
+            out_cache_loc=range(1, n + 1),
+            req_pool_indices=[0],
+            seq_lens=[n],
+            extend_lens=[n],
+            req_to_token=self.table,
+        )
         self.tok = self.model(fb, self.kv).argmax(-1)
         self.pos = torch.full((1,), n, dtype=torch.int64, device=self.table.device)
 
     def batch(self):
         from lmprog.runtime.forward_batch import ForwardBatch
 
-        return ForwardBatch(input_ids=self.tok, positions=self.pos, out_cache_loc=self.pos + 1,
-                            req_pool_indices=self.zero, seq_lens=self.pos + 1,
-                            extend_lens=self.one, extend_start_loc=self.zero,
-                            req_to_token=self.table, logits_indices=self.zero)
+        return ForwardBatch(
+            input_ids=self.tok,
+            positions=self.pos,
+            out_cache_loc=self.pos + 1,
+            req_pool_indices=self.zero,
+            seq_lens=self.pos + 1,
+            extend_lens=self.one,
+            extend_start_loc=self.zero,
+            req_to_token=self.table,
+            logits_indices=self.zero,
+        )
 
     def run(self, forward, steps: int) -> float:
         """Milliseconds per step of `steps` greedy steps after a reset and 3 warm-up steps."""
@@ -286,17 +336,27 @@ def model_decode(model, args) -> dict:
     rel_fused = ((got_fused - want).abs().max() / want.abs().max()).item()
     ms_fused = state.run(lambda b: graphs_fused.maybe_run(b, state.kv), args.decode_steps)
     ctx = args.decode_prompt + args.decode_steps // 2
-    floor_ms = (linear_params(cfg) * itemsize + ctx * kv_bytes_per_token(cfg, itemsize)) \
-        / (HBM_TBS * 1e9)
-    log(f"   graph replay vs eager on its own static inputs and plan: max abs diff {exact:.2e}; "
+    floor_ms = (linear_params(cfg) * itemsize + ctx * kv_bytes_per_token(cfg, itemsize)) / (
+        HBM_TBS * 1e9
+    )
+    log(
+        f"   graph replay vs eager on its own static inputs and plan: max abs diff {exact:.2e}; "
         f"graph vs plain eager logits: max rel diff {rel:.2e} (bf16, other split count); "
-        f"fused ({fused} modules) vs plain eager {rel_fused:.2e}")
+        f"fused ({fused} modules) vs plain eager {rel_fused:.2e}"
+    )
     for name, ms in (("eager", ms_eager), ("graph", ms_graph), ("graph+fused", ms_fused)):
-        log(f"   model-level {name:12s} {ms:7.2f} ms/step = {1e3 / ms:6.1f} tok/s "
-            f"({floor_ms / ms:.0%} of the weight-read limit {1e3 / floor_ms:.0f} tok/s)")
-    return {"eager": 1e3 / ms_eager, "graph": 1e3 / ms_graph, "fused": 1e3 / ms_fused,
-            "profile": lambda: profile_replay(graphs_fused, state),
-            "limit": 1e3 / floor_ms, "rel_diff": max(rel, rel_fused)}
+        log(
+            f"   model-level {name:12s} {ms:7.2f} ms/step = {1e3 / ms:6.1f} tok/s "
+            f"({floor_ms / ms:.0%} of the weight-read limit {1e3 / floor_ms:.0f} tok/s)"
+        )
+    return {
+        "eager": 1e3 / ms_eager,
+        "graph": 1e3 / ms_graph,
+        "fused": 1e3 / ms_fused,
+        "profile": lambda: profile_replay(graphs_fused, state),
+        "limit": 1e3 / floor_ms,
+        "rel_diff": max(rel, rel_fused),
+    }
 
 
 def profile_replay(graphs, state, replays: int = 5) -> None:
@@ -315,17 +375,26 @@ def profile_replay(graphs, state, replays: int = 5) -> None:
     groups: dict[str, list[float]] = {}
     for e in events:
         name = e.key.lower()
-        kind = ("matmul" if any(k in name for k in ("gemm", "gemv", "nvjet", "cutlass", "sm90"))
-                else "attention" if "attn" in name or "merge" in name else "other")
+        kind = (
+            "matmul"
+            if any(k in name for k in ("gemm", "gemv", "nvjet", "cutlass", "sm90"))
+            else "attention"
+            if "attn" in name or "merge" in name
+            else "other"
+        )
         g = groups.setdefault(kind, [0.0, 0])
         g[0] += e.device_time_total / replays
         g[1] += e.count / replays
     total = sum(g[0] for g in groups.values())
-    log(f"   kernel time per step {total / 1e3:.2f} ms: " + ", ".join(
-        f"{k} {v[0] / 1e3:.2f} ms in {v[1]:.0f} kernels" for k, v in groups.items()))
+    log(
+        f"   kernel time per step {total / 1e3:.2f} ms: "
+        + ", ".join(f"{k} {v[0] / 1e3:.2f} ms in {v[1]:.0f} kernels" for k, v in groups.items())
+    )
     for e in events[:10]:
-        log(f"     {e.device_time_total / replays / 1e3:7.3f} ms {e.count / replays:5.0f}x  "
-            f"{e.key[:90]}")
+        log(
+            f"     {e.device_time_total / replays / 1e3:7.3f} ms {e.count / replays:5.0f}x  "
+            f"{e.key[:90]}"
+        )
 
 
 # ---------------------------------------------------------------- lmprog: the engine
@@ -336,8 +405,8 @@ def install_graphs(rt, max_batch: int, fuse: bool, piecewise_tokens: int = 0):
     piecewise graphs for other steps of up to `piecewise_tokens` tokens) on the engine thread
     (the runner replays `runner.graphs` / `runner.piecewise`, as launch_engine sets them up)."""
     from lmprog.runtime.cuda_graph import CudaGraphRunner
-    from lmprog.runtime.piecewise_graph import PiecewiseGraphRunner
     from lmprog.runtime.layers.triton_fused import TritonRMSNorm, fuse_elementwise
+    from lmprog.runtime.piecewise_graph import PiecewiseGraphRunner
 
     runner = rt.engine.runner
 
@@ -345,16 +414,22 @@ def install_graphs(rt, max_batch: int, fuse: bool, piecewise_tokens: int = 0):
         if fuse and not any(isinstance(m, TritonRMSNorm) for m in runner.model.modules()):
             fuse_elementwise(runner.model)
         t0 = time.perf_counter()
-        runner.graphs = CudaGraphRunner(runner.model, runner.kv, runner.req_to_token,
-                                        max_batch_size=max_batch)
-        log(f"   captured decode graphs for batch sizes {runner.graphs.batch_sizes} in "
-            f"{time.perf_counter() - t0:.1f} s")
+        runner.graphs = CudaGraphRunner(
+            runner.model, runner.kv, runner.req_to_token, max_batch_size=max_batch
+        )
+        log(
+            f"   captured decode graphs for batch sizes {runner.graphs.batch_sizes} in "
+            f"{time.perf_counter() - t0:.1f} s"
+        )
         if piecewise_tokens:
             t0 = time.perf_counter()
-            runner.piecewise = PiecewiseGraphRunner(runner.model, runner.kv, runner.req_to_token,
-                                                    max_tokens=piecewise_tokens)
-            log(f"   captured piecewise graphs for token counts {runner.piecewise.token_buckets} "
-                f"in {time.perf_counter() - t0:.1f} s")
+            runner.piecewise = PiecewiseGraphRunner(
+                runner.model, runner.kv, runner.req_to_token, max_tokens=piecewise_tokens
+            )
+            log(
+                f"   captured piecewise graphs for token counts {runner.piecewise.token_buckets} "
+                f"in {time.perf_counter() - t0:.1f} s"
+            )
         return runner.graphs
 
     return rt.engine.call(setup)
@@ -364,11 +439,18 @@ def make_runtime(args):
     import lmprog as lp
 
     # cuda_graphs=False: the first engine decode runs eagerly; install_graphs adds them later
-    return lp.Runtime(model=args.model, load_format="dummy", device=args.device,
-                      dtype=args.dtype, attention="triton", cuda_graphs=False,
-                      max_total_tokens=args.kv_tokens,
-                      context_length=args.context, max_running_requests=args.max_running,
-                      max_num_batched_tokens=args.chunk)
+    return lp.Runtime(
+        model=args.model,
+        load_format="dummy",
+        device=args.device,
+        dtype=args.dtype,
+        attention="triton",
+        cuda_graphs=False,
+        max_total_tokens=args.kv_tokens,
+        context_length=args.context,
+        max_running_requests=args.max_running,
+        max_num_batched_tokens=args.chunk,
+    )
 
 
 def engine_decode(rt, args, prompt_len: int, tokens: int) -> float:
@@ -384,8 +466,9 @@ def engine_decode(rt, args, prompt_len: int, tokens: int) -> float:
 
 def offline(rt, args, prompts, out_lens, graphs) -> dict:
     params = [{"max_tokens": m, "ignore_eos": True, "temperature": 0.0} for m in out_lens]
-    warm_p, warm_o = make_workload(min(32, len(prompts)), rt.model_config.vocab_size,
-                                   args.in_range, args.out_range, seed=1)
+    warm_p, warm_o = make_workload(
+        min(32, len(prompts)), rt.model_config.vocab_size, args.in_range, args.out_range, seed=1
+    )
     rt.generate(warm_p, [{"max_tokens": m, "ignore_eos": True, "temperature": 0.0} for m in warm_o])
     rt.flush_cache()
     before = rt.stats()
@@ -404,22 +487,29 @@ def offline(rt, args, prompts, out_lens, graphs) -> dict:
     got = [r.completion_tokens for r in results]
     assert got == out_lens, "every request must generate exactly its output length"
     total_in, total_out = sum(len(p) for p in prompts), sum(out_lens)
-    res = {"wall": wall, "total_tok_s": (total_in + total_out) / wall,
-           "out_tok_s": total_out / wall, "in": total_in, "out": total_out,
-           "steps": after["steps"] - before["steps"],
-           "overlapped": after["overlapped_steps"] - before["overlapped_steps"],
-           "busy": after["busy_seconds"] - before["busy_seconds"],
-           "cached": after["cached_tokens"] - before["cached_tokens"]}
+    res = {
+        "wall": wall,
+        "total_tok_s": (total_in + total_out) / wall,
+        "out_tok_s": total_out / wall,
+        "in": total_in,
+        "out": total_out,
+        "steps": after["steps"] - before["steps"],
+        "overlapped": after["overlapped_steps"] - before["overlapped_steps"],
+        "busy": after["busy_seconds"] - before["busy_seconds"],
+        "cached": after["cached_tokens"] - before["cached_tokens"],
+    }
     res["graph_steps"] = (graphs.replays - g0) if graphs else 0
     res["piecewise_steps"] = (piecewise.replays - p0) if piecewise else 0
     res["eager_steps"] = res["steps"] - res["graph_steps"] - res["piecewise_steps"]
-    log(f"   {len(prompts)} requests, {total_in:,} input + {total_out:,} output tokens in "
+    log(
+        f"   {len(prompts)} requests, {total_in:,} input + {total_out:,} output tokens in "
         f"{wall:.1f} s: {res['total_tok_s']:,.0f} total tok/s, {res['out_tok_s']:,.0f} output "
         f"tok/s; {res['steps']} steps ({res['graph_steps']} decode graph, "
         f"{res['piecewise_steps']} piecewise graph, "
         f"{res.get('eager_steps', 0)} eager; {res['overlapped']} overlapped), engine busy "
         f"{res['busy']:.1f} s, "
-        f"cached prompt tokens {res['cached']}")
+        f"cached prompt tokens {res['cached']}"
+    )
     return res
 
 
@@ -452,8 +542,10 @@ class StepLog:
             if rows:
                 t = sum(r[0] for r in rows)
                 toks = sum(r[1] for r in rows)
-                log(f"   {name:12s}: {len(rows)} steps, {t:.1f} s, {t / len(rows) * 1e3:.1f} ms "
-                    f"mean, {toks:,} fed tokens, {toks / t:,.0f} fed tok/s")
+                log(
+                    f"   {name:12s}: {len(rows)} steps, {t:.1f} s, {t / len(rows) * 1e3:.1f} ms "
+                    f"mean, {toks:,} fed tokens, {toks / t:,.0f} fed tok/s"
+                )
         first = " ".join(f"{d * 1e3:.0f}ms/{fed}t/{dec}d" for d, fed, dec in self.rows[:12])
         log(f"   first steps (time/fed/decodes): {first}")
         slow = sorted(self.rows, reverse=True)[:8]
@@ -470,10 +562,12 @@ def _with_progress(rt, fn, before: dict, every_s: float = 15.0):
         future = pool.submit(fn)
         while not wait([future], timeout=every_s).done:
             st = rt.stats()
-            log(f"   ... {time.perf_counter() - t0:5.0f} s: {st['steps'] - before['steps']} steps, "
+            log(
+                f"   ... {time.perf_counter() - t0:5.0f} s: {st['steps'] - before['steps']} steps, "
                 f"{st['generated_tokens'] - before['generated_tokens']:,} generated, "
                 f"{st['prefill_tokens'] - before['prefill_tokens']:,} prefilled, "
-                f"running {st['num_running']}, waiting {st['num_waiting']}")
+                f"running {st['num_running']}, waiting {st['num_waiting']}"
+            )
         return future.result()
 
 
@@ -487,12 +581,17 @@ def driver_offline(model, args, prompts, out_lens) -> dict:
     from lmprog.runtime.request import Req
     from lmprog.runtime.scheduler import Scheduler
 
-    sched = Scheduler(args.kv_tokens, args.context, SchedulerConfig(
-        max_num_batched_tokens=args.chunk, max_running_requests=args.max_running))
+    sched = Scheduler(
+        args.kv_tokens,
+        args.context,
+        SchedulerConfig(max_num_batched_tokens=args.chunk, max_running_requests=args.max_running),
+    )
     runner = ModelRunner(model, sched.cache.capacity, sched.req_to_token)
     graphs = CudaGraphRunner(model, runner.kv, runner.req_to_token, max_batch_size=args.max_running)
-    reqs = [Req(i, p, SamplingParams(max_tokens=m, ignore_eos=True, temperature=0.0))
-            for i, (p, m) in enumerate(zip(prompts, out_lens))]
+    reqs = [
+        Req(i, p, SamplingParams(max_tokens=m, ignore_eos=True, temperature=0.0))
+        for i, (p, m) in enumerate(zip(prompts, out_lens))
+    ]
     sync()
     t0 = time.perf_counter()
     for r in reqs:
@@ -515,10 +614,16 @@ def driver_offline(model, args, prompts, out_lens) -> dict:
     got = [len(r.token_ids) - r.prompt_len for r in reqs]
     assert got == out_lens, "every request must generate exactly its output length"
     total_in, total_out = sum(len(p) for p in prompts), sum(out_lens)
-    log(f"   minimal driver: {len(prompts)} requests in {wall:.1f} s = "
-        f"{(total_in + total_out) / wall:,.0f} total tok/s; {steps} steps ({graph_steps} graph)")
-    return {"wall": wall, "total_tok_s": (total_in + total_out) / wall, "in": total_in,
-            "out": total_out}
+    log(
+        f"   minimal driver: {len(prompts)} requests in {wall:.1f} s = "
+        f"{(total_in + total_out) / wall:,.0f} total tok/s; {steps} steps ({graph_steps} graph)"
+    )
+    return {
+        "wall": wall,
+        "total_tok_s": (total_in + total_out) / wall,
+        "in": total_in,
+        "out": total_out,
+    }
 
 
 def _entry_tokens(batch, tokens: list[int]) -> list[tuple[int, ...]]:
@@ -539,47 +644,107 @@ def lmprog_benches(args, prompts, out_lens, hf: dict) -> None:
     model = rt.engine.runner.model
     cfg = model.config
     itemsize = torch.empty((), dtype=model.dtype).element_size()
-    dec = section("model-level batch-1 decode", lambda: rt.engine.call(
-        lambda: model_decode(model, args)))
-    eng_eager = section("engine batch-1 decode, eager",
-                        engine_decode, rt, args, args.decode_prompt, args.eager_steps * 2)
-    graphs = section("install CUDA graphs in the engine", install_graphs, rt, args.max_running,
-                     True, 0 if args.no_piecewise else args.chunk)
+    dec = section(
+        "model-level batch-1 decode", lambda: rt.engine.call(lambda: model_decode(model, args))
+    )
+    eng_eager = section(
+        "engine batch-1 decode, eager",
+        engine_decode,
+        rt,
+        args,
+        args.decode_prompt,
+        args.eager_steps * 2,
+    )
+    graphs = section(
+        "install CUDA graphs in the engine",
+        install_graphs,
+        rt,
+        args.max_running,
+        True,
+        0 if args.no_piecewise else args.chunk,
+    )
     rt.engine.set_overlap(False)
-    eng_sync = section("engine batch-1 decode, CUDA graphs, no overlap scheduling",
-                       engine_decode, rt, args, args.decode_prompt, args.decode_steps)
+    eng_sync = section(
+        "engine batch-1 decode, CUDA graphs, no overlap scheduling",
+        engine_decode,
+        rt,
+        args,
+        args.decode_prompt,
+        args.decode_steps,
+    )
     rt.engine.set_overlap(True)
-    eng_graph = section("engine batch-1 decode, CUDA graphs",
-                        engine_decode, rt, args, args.decode_prompt, args.decode_steps)
+    eng_graph = section(
+        "engine batch-1 decode, CUDA graphs",
+        engine_decode,
+        rt,
+        args,
+        args.decode_prompt,
+        args.decode_steps,
+    )
     if eng_eager:
         log(f"   engine eager: {eng_eager:.1f} tok/s")
     if eng_graph:
-        log(f"   engine graphs: {eng_graph:.1f} tok/s (without overlap scheduling: "
-            f"{eng_sync or 0:.1f})")
+        log(
+            f"   engine graphs: {eng_graph:.1f} tok/s (without overlap scheduling: "
+            f"{eng_sync or 0:.1f})"
+        )
     hf_dec = hf.get("decode_tok_s")
     if dec:
-        ROWS.append(("batch-1 decode, model loop, graph+fused", f"{dec['fused']:.1f} tok/s",
-                     f"HF {hf_dec:.1f}" if hf_dec else "HF n/a",
-                     f"{dec['fused'] / dec['limit']:.0%} of {dec['limit']:.0f} (weights)"))
-        ROWS.append(("batch-1 decode, model loop, graph", f"{dec['graph']:.1f} tok/s", "",
-                     f"{dec['graph'] / dec['limit']:.0%}"))
-        ROWS.append(("batch-1 decode, model loop, eager", f"{dec['eager']:.1f} tok/s", "",
-                     f"{dec['eager'] / dec['limit']:.0%}"))
+        ROWS.append(
+            (
+                "batch-1 decode, model loop, graph+fused",
+                f"{dec['fused']:.1f} tok/s",
+                f"HF {hf_dec:.1f}" if hf_dec else "HF n/a",
+                f"{dec['fused'] / dec['limit']:.0%} of {dec['limit']:.0f} (weights)",
+            )
+        )
+        ROWS.append(
+            (
+                "batch-1 decode, model loop, graph",
+                f"{dec['graph']:.1f} tok/s",
+                "",
+                f"{dec['graph'] / dec['limit']:.0%}",
+            )
+        )
+        ROWS.append(
+            (
+                "batch-1 decode, model loop, eager",
+                f"{dec['eager']:.1f} tok/s",
+                "",
+                f"{dec['eager'] / dec['limit']:.0%}",
+            )
+        )
     limit = dec["limit"] if dec else None
-    for name, v in (("engine, graphs", eng_graph), ("engine, graphs, no overlap", eng_sync),
-                    ("engine, eager", eng_eager)):
+    for name, v in (
+        ("engine, graphs", eng_graph),
+        ("engine, graphs, no overlap", eng_sync),
+        ("engine, eager", eng_eager),
+    ):
         if v:
             frac = f"{v / limit:.0%}" if limit else ""
             ratio = f"{v / hf_dec:.1f}x HF" if hf_dec else ""
             ROWS.append((f"batch-1 decode, {name}", f"{v:.1f} tok/s", ratio, frac))
     if args.requests and args.compare_overlap:
         rt.engine.set_overlap(False)
-        sync_res = section("offline throughput, no overlap scheduling", offline, rt, args,
-                           prompts, out_lens, graphs)
+        sync_res = section(
+            "offline throughput, no overlap scheduling",
+            offline,
+            rt,
+            args,
+            prompts,
+            out_lens,
+            graphs,
+        )
         rt.engine.set_overlap(True)
         if sync_res:
-            ROWS.append((f"offline {len(prompts)} req, no overlap",
-                         f"{sync_res['total_tok_s']:,.0f}", "", ""))
+            ROWS.append(
+                (
+                    f"offline {len(prompts)} req, no overlap",
+                    f"{sync_res['total_tok_s']:,.0f}",
+                    "",
+                    "",
+                )
+            )
     if args.requests:
         res = section("offline throughput", offline, rt, args, prompts, out_lens, graphs)
         if res is None or args.driver:
@@ -589,26 +754,41 @@ def lmprog_benches(args, prompts, out_lens, hf: dict) -> None:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             rt = None
-            name = "offline throughput, minimal driver (engine failed)" if res is None else \
-                "offline throughput, minimal driver"
+            name = (
+                "offline throughput, minimal driver (engine failed)"
+                if res is None
+                else "offline throughput, minimal driver"
+            )
             res_d = section(name, driver_offline, model, args, prompts, out_lens)
             res = res if res is not None else res_d
         if res:
-            floor = workload_floor(cfg, [len(p) for p in prompts], out_lens, itemsize,
-                                   args.max_running)
-            log(f"   workload floor: {floor['flops'] / 1e15:.1f} PFLOP -> {floor['t_flops']:.1f} s "
+            floor = workload_floor(
+                cfg, [len(p) for p in prompts], out_lens, itemsize, args.max_running
+            )
+            log(
+                f"   workload floor: {floor['flops'] / 1e15:.1f} PFLOP -> {floor['t_flops']:.1f} s "
                 f"at {BF16_TFLOPS:.0f} TFLOP/s; {floor['bytes'] / 1e12:.1f} TB -> "
                 f"{floor['t_bytes']:.1f} s at {HBM_TBS} TB/s; achieved "
-                f"{floor['flops'] / res['wall'] / 1e12:.0f} TFLOP/s")
+                f"{floor['flops'] / res['wall'] / 1e12:.0f} TFLOP/s"
+            )
             hf_off = hf.get("offline_tok_s")
-            ROWS.append((f"offline {len(prompts)} req, total tok/s",
-                         f"{res['total_tok_s']:,.0f}",
-                         f"HF {hf_off:,.0f} ({res['total_tok_s'] / hf_off:.0f}x)" if hf_off else "HF n/a",
-                         f"{floor['floor'] / res['wall']:.0%} of roofline "
-                         f"({(res['in'] + res['out']) / floor['floor']:,.0f} tok/s)"))
+            ROWS.append(
+                (
+                    f"offline {len(prompts)} req, total tok/s",
+                    f"{res['total_tok_s']:,.0f}",
+                    f"HF {hf_off:,.0f} ({res['total_tok_s'] / hf_off:.0f}x)"
+                    if hf_off
+                    else "HF n/a",
+                    f"{floor['floor'] / res['wall']:.0%} of roofline "
+                    f"({(res['in'] + res['out']) / floor['floor']:,.0f} tok/s)",
+                )
+            )
     if args.profile and dec and rt is not None:  # last: the profiler (CUPTI) can leave
-        section("kernel time of one batch-1 graph step (fused)",  # per-call overhead behind
-                rt.engine.call, dec["profile"])
+        section(
+            "kernel time of one batch-1 graph step (fused)",  # per-call overhead behind
+            rt.engine.call,
+            dec["profile"],
+        )
     if rt is not None:
         rt.shutdown()
 
@@ -624,14 +804,26 @@ def parse_args():
     p.add_argument("--hf-requests", type=int, default=64)
     p.add_argument("--hf-decode-tokens", type=int, default=32)
     p.add_argument("--no-hf", action="store_true")
-    p.add_argument("--profile", action="store_true",
-                   help="kernel-time breakdown of the batch-1 graph step (torch profiler)")
-    p.add_argument("--driver", action="store_true",
-                   help="also measure the offline workload through a minimal scheduler+model loop")
-    p.add_argument("--compare-overlap", action="store_true",
-                   help="also run the offline workload without overlap scheduling")
-    p.add_argument("--no-piecewise", action="store_true",
-                   help="run non-decode steps eagerly (no piecewise CUDA graphs)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="kernel-time breakdown of the batch-1 graph step (torch profiler)",
+    )
+    p.add_argument(
+        "--driver",
+        action="store_true",
+        help="also measure the offline workload through a minimal scheduler+model loop",
+    )
+    p.add_argument(
+        "--compare-overlap",
+        action="store_true",
+        help="also run the offline workload without overlap scheduling",
+    )
+    p.add_argument(
+        "--no-piecewise",
+        action="store_true",
+        help="run non-decode steps eagerly (no piecewise CUDA graphs)",
+    )
     p.add_argument("--decode-prompt", type=int, default=128)
     p.add_argument("--decode-steps", type=int, default=256)
     p.add_argument("--eager-steps", type=int, default=16)
@@ -646,8 +838,12 @@ def parse_args():
         from lmprog.runtime.models import PRESETS
 
         PRESETS["smoke-tiny"] = smoke_config()  # a toy architecture, for this process only
-        args.model, args.device, args.dtype, args.torch_dtype = "smoke-tiny", "cpu", "float32", \
-            torch.float32
+        args.model, args.device, args.dtype, args.torch_dtype = (
+            "smoke-tiny",
+            "cpu",
+            "float32",
+            torch.float32,
+        )
         args.requests, args.hf_requests, args.hf_decode_tokens = min(args.requests, 12), 4, 4
         args.decode_prompt, args.decode_steps, args.eager_steps = 8, 6, 3
         args.max_running, args.chunk, args.kv_tokens, args.context = 8, 64, 4096, 256
@@ -663,8 +859,7 @@ def main() -> None:
     from lmprog.runtime.models import PRESETS
 
     cfg = PRESETS[args.model]
-    prompts, out_lens = make_workload(args.requests, cfg.vocab_size, args.in_range,
-                                      args.out_range)
+    prompts, out_lens = make_workload(args.requests, cfg.vocab_size, args.in_range, args.out_range)
     hf = {}
     if not args.no_hf:
         hf = section("transformers baselines", hf_baselines, cfg, args, prompts, out_lens) or {}

@@ -20,8 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import lmprog as lp  # noqa: E402
-from fakes import FakeBackend  # noqa: E402
+from fakes import FakeBackend
+
+import lmprog as lp
 
 APPENDS, GENS = 50, 10
 
@@ -58,12 +59,16 @@ def batch_rate(backend: FakeBackend, programs: int, threads: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--programs", type=int, default=1000)
-    parser.add_argument("--latency", type=float, default=0.0, help="seconds per gen in the fake backend")
+    parser.add_argument(
+        "--latency", type=float, default=0.0, help="seconds per gen in the fake backend"
+    )
     parser.add_argument("--repeats", type=int, default=50)
     args = parser.parse_args()
     backend = FakeBackend(latency=args.latency)
     median_ms, best_ms = per_primitive(backend, args.repeats)
-    print(f"program of {APPENDS} appends + {GENS} gens, fake backend latency {args.latency * 1e3:g} ms/gen")
+    print(
+        f"program of {APPENDS} appends + {GENS} gens, fake backend latency {args.latency * 1e3:g} ms/gen"
+    )
     print(f"run(): {median_ms:.4f} ms per primitive (median of {args.repeats}; best {best_ms:.4f})")
     print(f"\nrun_batch of {args.programs} programs")
     print(f"{'num_threads':>11} | {'programs/s':>10} | {'primitives/s':>12}")

@@ -32,10 +32,16 @@ SCHEMA = {  # fixed keys: most of the output is forced by the schema
     "required": ["name", "age", "occupation", "city", "married"],
     "additionalProperties": False,
 }
-PEOPLE = [("Ada", 36, "mathematician", "London"), ("Alan", 41, "logician", "Manchester"),
-          ("Grace", 85, "admiral", "Arlington"), ("Linus", 28, "programmer", "Helsinki"),
-          ("Marie", 66, "chemist", "Paris"), ("Ken", 50, "engineer", "Berkeley"),
-          ("Hedy", 45, "inventor", "Vienna"), ("Edsger", 72, "professor", "Austin")]
+PEOPLE = [
+    ("Ada", 36, "mathematician", "London"),
+    ("Alan", 41, "logician", "Manchester"),
+    ("Grace", 85, "admiral", "Arlington"),
+    ("Linus", 28, "programmer", "Helsinki"),
+    ("Marie", 66, "chemist", "Paris"),
+    ("Ken", 50, "engineer", "Berkeley"),
+    ("Hedy", 45, "inventor", "Vienna"),
+    ("Edsger", 72, "professor", "Austin"),
+]
 
 
 def prompts(backend, n: int) -> list[str]:
@@ -43,8 +49,12 @@ def prompts(backend, n: int) -> list[str]:
     out = []
     for name, age, job, city in (PEOPLE * 4)[:n]:
         text = f"{name} is a {age}-year-old {job} from {city}, and is married."
-        out.append(t.role_prefix("user", first=True) + f"Extract the person as JSON.\n{text}"
-                   + t.role_suffix("user") + t.role_prefix("assistant"))
+        out.append(
+            t.role_prefix("user", first=True)
+            + f"Extract the person as JSON.\n{text}"
+            + t.role_suffix("user")
+            + t.role_prefix("assistant")
+        )
     return out
 
 
@@ -66,15 +76,23 @@ def run(backend, texts: list[str], constraint) -> tuple[list[str], float, int, i
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--whitespace", default=None, help="JSON whitespace regex (default: lmprog's)")
+    parser.add_argument(
+        "--whitespace", default=None, help="JSON whitespace regex (default: lmprog's)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     constraint = lp.Constraint.from_json_schema(SCHEMA, whitespace=args.whitespace)
-    print(f"schema: 5 fixed keys; whitespace={args.whitespace!r}; {args.n} prompts, temperature 0\n")
-    print("| backend | jump-forward | forward passes / output | tokens / output | wall s | identical |")
+    print(
+        f"schema: 5 fixed keys; whitespace={args.whitespace!r}; {args.n} prompts, temperature 0\n"
+    )
+    print(
+        "| backend | jump-forward | forward passes / output | tokens / output | wall s | identical |"
+    )
     print("| --- | --- | --- | --- | --- | --- |")
-    makers = {"runtime": lambda jf: lp.Runtime(device="cpu", jump_forward=jf),
-              "llamacpp": lambda jf: lp.LlamaCpp(jump_forward=jf)}
+    makers = {
+        "runtime": lambda jf: lp.Runtime(device="cpu", jump_forward=jf),
+        "llamacpp": lambda jf: lp.LlamaCpp(jump_forward=jf),
+    }
     for name, make in makers.items():
         rows = {}
         for jf in (False, True):
@@ -87,10 +105,14 @@ def main() -> None:
         for jf in (False, True):
             outs, secs, steps, toks = rows[jf]
             passes = f"{steps / len(outs):.1f}" if steps else "n/a"
-            print(f"| {name} | {'on' if jf else 'off'} | {passes} | {toks / len(outs):.1f} | {secs:.2f} | {same} |")
+            print(
+                f"| {name} | {'on' if jf else 'off'} | {passes} | {toks / len(outs):.1f} | {secs:.2f} | {same} |"
+            )
         off, on = rows[False], rows[True]
         if off[2] and on[2]:
-            print(f"| {name} | saving | {1 - on[2] / off[2]:.1%} fewer passes | | {off[1] / on[1]:.2f}x faster | |")
+            print(
+                f"| {name} | saving | {1 - on[2] / off[2]:.1%} fewer passes | | {off[1] / on[1]:.2f}x faster | |"
+            )
         else:
             print(f"| {name} | saving | | | {off[1] / on[1]:.2f}x faster | |")
 

@@ -156,8 +156,12 @@ def bench_hybrid(args) -> None:
         out = torch.empty_like(q)
         times[name] = bench_graph(lambda: hybrid_attention(q, k, v, plan, out=out))
     ours, base = times.values()
-    report("hybrid batch, planned vs extend-only", f"{ours * 1e3:.0f}us", f"{base * 1e3:.0f}us",
-           f"{base / ours:.2f}x")
+    report(
+        "hybrid batch, planned vs extend-only",
+        f"{ours * 1e3:.0f}us",
+        f"{base * 1e3:.0f}us",
+        f"{base / ours:.2f}x",
+    )
 
 
 def _guarded(sweeping: bool, name: str, fn, *args) -> None:
@@ -165,7 +169,7 @@ def _guarded(sweeping: bool, name: str, fn, *args) -> None:
     reported and skipped, a default one fails the run."""
     try:
         fn(*args)
-    except Exception as e:  # noqa: BLE001 - reported, and re-raised for the defaults
+    except Exception as e:  # reported, and re-raised for the defaults
         if not sweeping:
             raise
         report(name, f"failed: {type(e).__name__}", "", "")
@@ -191,8 +195,12 @@ def _decode_case(layout, q, k, v, r2t, batch, splits, cfg, nbytes, base_ms, copy
     auto = "auto " if splits is None else ""
     name = f"{layout} {auto}splits={plan.split.num_splits} n={c.block_n} w={c.num_warps} s={c.num_stages}"
     base = f"sdpa {base_ms * 1e3:.0f}us" if splits is None and base_ms else ""
-    report(name, f"{ms * 1e3:.0f}us {tbs:.2f}TB/s (eager {eager_ms * 1e3:.0f}us)", base,
-           f"{tbs / HBM_COPY_TBS:.1%} of {HBM_COPY_TBS} ({tbs / copy_tbs:.0%} meas)")
+    report(
+        name,
+        f"{ms * 1e3:.0f}us {tbs:.2f}TB/s (eager {eager_ms * 1e3:.0f}us)",
+        base,
+        f"{tbs / HBM_COPY_TBS:.1%} of {HBM_COPY_TBS} ({tbs / copy_tbs:.0%} meas)",
+    )
 
 
 def _sdpa_decode(b, ctx, hq, hk, d, dt):
@@ -262,8 +270,12 @@ def _prefill_case(b, s, q, k, v, batch, cfg, ref, flops, base_ms):
     ms = bench(lambda: hybrid_attention(q, k, v, plan, out=out))
     c = plan.extend.config
     name = f"{b}x{s} m={c.block_m} n={c.block_n} w={c.num_warps} s={c.num_stages}"
-    report(name, f"{flops / ms / 1e9:.0f} TFLOP/s", f"sdpa {flops / base_ms / 1e9:.0f}",
-           f"{base_ms / ms:.2f}x")
+    report(
+        name,
+        f"{flops / ms / 1e9:.0f} TFLOP/s",
+        f"sdpa {flops / base_ms / 1e9:.0f}",
+        f"{base_ms / ms:.2f}x",
+    )
 
 
 def _backends(*wanted):
@@ -322,7 +334,7 @@ def bench_elementwise(args, copy_tbs: float) -> None:
     g = torch.randn(t, 2 * inter, device=DEV, dtype=dt)
     _pair("silu_and_mul", 3 * t * inter * 2, lambda: silu_and_mul(g), lambda: silu_and_mul_ref(g),
           copy_tbs)  # fmt: skip
-    del g
+    g = None  # free it before the next buffers
     q = torch.randn(t, 32, 128, device=DEV, dtype=dt)
     k = torch.randn(t, 8, 128, device=DEV, dtype=dt)
     inv = 1.0 / (500000.0 ** (torch.arange(0, 128, 2, device=DEV) / 128))
@@ -336,8 +348,12 @@ def bench_elementwise(args, copy_tbs: float) -> None:
 def _pair(name, nbytes, ours, ref, copy_tbs) -> None:
     ms, base_ms = bench(ours), bench(ref)
     tbs = nbytes / ms / 1e9
-    report(name, f"{ms * 1e3:.0f}us {tbs:.2f}TB/s", f"torch {nbytes / base_ms / 1e9:.2f}TB/s",
-           f"{base_ms / ms:.2f}x, {tbs / copy_tbs:.0%} of copy")
+    report(
+        name,
+        f"{ms * 1e3:.0f}us {tbs:.2f}TB/s",
+        f"torch {nbytes / base_ms / 1e9:.2f}TB/s",
+        f"{base_ms / ms:.2f}x, {tbs / copy_tbs:.0%} of copy",
+    )
 
 
 def bench_sampling(args) -> None:
@@ -351,7 +367,7 @@ def bench_sampling(args) -> None:
     print(f"\n== sampling step, batch {b}, vocab {vocab}")
     logits = torch.randn(b, vocab, device=DEV)
     words = (vocab + 31) // 32
-    mask = torch.randint(-2**31, 2**31 - 1, (b, words), dtype=torch.int32, device=DEV)
+    mask = torch.randint(-(2**31), 2**31 - 1, (b, words), dtype=torch.int32, device=DEV)
     tensors = SamplingTensors.from_params([SamplingParams(temperature=0.7)] * b, device=DEV)
     generators = [make_generator(i) for i in range(b)]
     temps = torch.full((b,), 0.7, device=DEV)
@@ -365,8 +381,12 @@ def bench_sampling(args) -> None:
         return torch.multinomial(x.softmax(-1), 1)
 
     ms, base_ms = bench(ours), bench(base)
-    report("mask + temperature + seeded sample", f"{ms * 1e3:.0f}us", f"torch {base_ms * 1e3:.0f}us",
-           f"{base_ms / ms:.2f}x")
+    report(
+        "mask + temperature + seeded sample",
+        f"{ms * 1e3:.0f}us",
+        f"torch {base_ms * 1e3:.0f}us",
+        f"{base_ms / ms:.2f}x",
+    )
 
 
 def main() -> None:
@@ -374,12 +394,19 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--tokens", type=int, default=16384, help="tokens for elementwise kernels")
-    p.add_argument("--prefill", type=lambda s: [tuple(map(int, x.split("x"))) for x in s.split(",")],
-                   default=[(1, 4096), (4, 2048), (4, 4096)], help="e.g. 1x4096,4x2048")
+    p.add_argument(
+        "--prefill",
+        type=lambda s: [tuple(map(int, x.split("x"))) for x in s.split(",")],
+        default=[(1, 4096), (4, 2048), (4, 4096)],
+        help="e.g. 1x4096,4x2048",
+    )
     p.add_argument("--sweep", action="store_true", help="also time other tile configs")
     p.add_argument("--only", default="copy,decode,regimes,hybrid,prefill,elementwise,sampling")
-    p.add_argument("--smoke", action="store_true",
-                   help="run the script's code paths on the CPU interpreter at tiny sizes")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="run the script's code paths on the CPU interpreter at tiny sizes",
+    )
     args = p.parse_args()
     if args.smoke:
         global DEV, DTYPE

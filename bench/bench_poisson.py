@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gpu import make_workload, smoke_config  # noqa: E402
+from bench_gpu import make_workload, smoke_config
 
 
 def log(*args) -> None:
@@ -41,11 +41,18 @@ def log(*args) -> None:
 def build(args, hybrid: bool):
     import lmprog as lp
 
-    return lp.Runtime(model=args.model, load_format="dummy", device=args.device,
-                      dtype=args.dtype, attention=args.attention,
-                      max_total_tokens=args.kv_tokens, context_length=args.context,
-                      max_running_requests=args.max_running,
-                      max_num_batched_tokens=args.chunk, hybrid_batching=hybrid)
+    return lp.Runtime(
+        model=args.model,
+        load_format="dummy",
+        device=args.device,
+        dtype=args.dtype,
+        attention=args.attention,
+        max_total_tokens=args.kv_tokens,
+        context_length=args.context,
+        max_running_requests=args.max_running,
+        max_num_batched_tokens=args.chunk,
+        hybrid_batching=hybrid,
+    )
 
 
 def submit_poisson(rt, prompts, out_lens, arrivals, handles: list) -> None:
@@ -67,10 +74,12 @@ def run_mode(args, hybrid: bool, prompts, out_lens, arrivals) -> dict:
     log(f"\n== {name}")
     t0 = time.perf_counter()
     rt = build(args, hybrid)
-    warm_p, warm_o = make_workload(16, rt.model_config.vocab_size, args.in_range,
-                                   args.out_range, seed=1)
-    rt.generate(warm_p, [{"max_tokens": m, "ignore_eos": True, "temperature": 0.0}
-                         for m in warm_o])  # compiles kernels, captures nothing new
+    warm_p, warm_o = make_workload(
+        16, rt.model_config.vocab_size, args.in_range, args.out_range, seed=1
+    )
+    rt.generate(
+        warm_p, [{"max_tokens": m, "ignore_eos": True, "temperature": 0.0} for m in warm_o]
+    )  # compiles kernels, captures nothing new
     rt.flush_cache()
     log(f"   built and warmed up in {time.perf_counter() - t0:.1f} s")
     before = rt.stats()
@@ -80,8 +89,10 @@ def run_mode(args, hybrid: bool, prompts, out_lens, arrivals) -> dict:
     def progress():
         while not done.wait(15.0):
             st = rt.stats()
-            log(f"   ... {len(handles)} submitted, running {st['num_running']}, "
-                f"waiting {st['num_waiting']}")
+            log(
+                f"   ... {len(handles)} submitted, running {st['num_running']}, "
+                f"waiting {st['num_waiting']}"
+            )
 
     watcher = threading.Thread(target=progress, daemon=True)
     watcher.start()
@@ -93,14 +104,16 @@ def run_mode(args, hybrid: bool, prompts, out_lens, arrivals) -> dict:
     res = summarize(handles, prompts, out_lens)
     res["steps"] = after["steps"] - before["steps"]
     rt.shutdown()
-    del rt
+    rt = None  # its KV pool goes before the next mode builds one
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    log(f"   TPOT p50 {res['tpot_p50'] * 1e3:.1f} ms, p99 {res['tpot_p99'] * 1e3:.1f} ms; "
+    log(
+        f"   TPOT p50 {res['tpot_p50'] * 1e3:.1f} ms, p99 {res['tpot_p99'] * 1e3:.1f} ms; "
         f"TTFT p50 {res['ttft_p50'] * 1e3:.0f} ms, p99 {res['ttft_p99'] * 1e3:.0f} ms; "
         f"{res['out_tok_s']:,.0f} output tok/s, {res['total_tok_s']:,.0f} total tok/s over "
-        f"{res['span']:.1f} s, {res['steps']} steps")
+        f"{res['span']:.1f} s, {res['steps']} steps"
+    )
     return res
 
 
@@ -113,9 +126,15 @@ def summarize(handles, prompts, out_lens) -> dict:
             tpot.append((h.finished_at - first) / (m - 1))
     span = max(h.finished_at for h in handles) - min(h.submitted_at for h in handles)
     total_in, total_out = sum(len(p) for p in prompts), sum(out_lens)
-    return {"ttft_p50": float(np.percentile(ttft, 50)), "ttft_p99": float(np.percentile(ttft, 99)),
-            "tpot_p50": float(np.percentile(tpot, 50)), "tpot_p99": float(np.percentile(tpot, 99)),
-            "span": span, "out_tok_s": total_out / span, "total_tok_s": (total_in + total_out) / span}
+    return {
+        "ttft_p50": float(np.percentile(ttft, 50)),
+        "ttft_p99": float(np.percentile(ttft, 99)),
+        "tpot_p50": float(np.percentile(tpot, 50)),
+        "tpot_p99": float(np.percentile(tpot, 99)),
+        "span": span,
+        "out_tok_s": total_out / span,
+        "total_tok_s": (total_in + total_out) / span,
+    }
 
 
 def main() -> None:
@@ -128,16 +147,23 @@ def main() -> None:
     prompts, out_lens = make_workload(args.requests, cfg.vocab_size, args.in_range, args.out_range)
     rng = np.random.default_rng(0)
     arrivals = np.cumsum(rng.exponential(1.0 / args.rate, args.requests)).tolist()
-    log(f"{args.requests} requests at {args.rate}/s (last arrival {arrivals[-1]:.1f} s), "
+    log(
+        f"{args.requests} requests at {args.rate}/s (last arrival {arrivals[-1]:.1f} s), "
         f"{sum(map(len, prompts)):,} input + {sum(out_lens):,} output tokens; token budget "
-        f"{args.chunk}/step, up to {args.max_running} running")
+        f"{args.chunk}/step, up to {args.max_running} running"
+    )
     hybrid = run_mode(args, True, prompts, out_lens, arrivals)
     first = run_mode(args, False, prompts, out_lens, arrivals)
     log("\n== summary (hybrid vs prefill-first; ratio < 1 is better for latencies)")
     log(f"  {'metric':26s} {'hybrid':>12s} {'prefill-first':>14s}  ratio")
-    for key, unit, scale in (("tpot_p50", "ms", 1e3), ("tpot_p99", "ms", 1e3),
-                             ("ttft_p50", "ms", 1e3), ("ttft_p99", "ms", 1e3),
-                             ("out_tok_s", "tok/s", 1), ("total_tok_s", "tok/s", 1)):
+    for key, unit, scale in (
+        ("tpot_p50", "ms", 1e3),
+        ("tpot_p99", "ms", 1e3),
+        ("ttft_p50", "ms", 1e3),
+        ("ttft_p99", "ms", 1e3),
+        ("out_tok_s", "tok/s", 1),
+        ("total_tok_s", "tok/s", 1),
+    ):
         a, b = hybrid[key] * scale, first[key] * scale
         log(f"  {key + ' (' + unit + ')':26s} {a:12,.1f} {b:14,.1f}  {a / b:.2f}x")
 
@@ -159,7 +185,12 @@ def parse_args():
         from lmprog.runtime.models import PRESETS
 
         PRESETS["smoke-tiny"] = smoke_config()  # a toy architecture, for this process only
-        args.model, args.device, args.dtype, args.attention = "smoke-tiny", "cpu", "float32", "torch"
+        args.model, args.device, args.dtype, args.attention = (
+            "smoke-tiny",
+            "cpu",
+            "float32",
+            "torch",
+        )
         args.requests, args.rate = min(args.requests, 24), 40.0
         args.max_running, args.chunk, args.kv_tokens, args.context = 8, 64, 4096, 256
         args.in_range, args.out_range = (4, 48), (2, 16)

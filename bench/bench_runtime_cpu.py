@@ -23,8 +23,10 @@ import time
 
 import torch
 
-PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes "
-          "Gutenberg combined movable metal type, oil-based ink and a wooden press. Explain")
+PROMPT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes "
+    "Gutenberg combined movable metal type, oil-based ink and a wooden press. Explain"
+)
 
 
 def hf_twin(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
@@ -33,13 +35,21 @@ def hf_twin(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
 
     c = model.config
     assert c.architecture == "llama" and c.rope_scaling is None
-    cfg = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size,
-                      intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers,
-                      num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-                      head_dim=c.head_dim, max_position_embeddings=c.max_position,
-                      rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
-                      tie_word_embeddings=c.tie_word_embeddings, bos_token_id=c.bos_token_id,
-                      eos_token_id=list(c.eos_token_ids))
+    cfg = LlamaConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        max_position_embeddings=c.max_position,
+        rms_norm_eps=c.rms_norm_eps,
+        rope_theta=c.rope_theta,
+        tie_word_embeddings=c.tie_word_embeddings,
+        bos_token_id=c.bos_token_id,
+        eos_token_id=list(c.eos_token_ids),
+    )
     hf = LlamaForCausalLM(cfg).to(torch.float32).eval()
     state = {}
     for name, tensor in model.state_dict().items():
@@ -86,6 +96,7 @@ def runtime_generator(rt, ids: list[int]):
     def run(tokens: int) -> None:
         rt.flush_cache()
         rt.generate([ids], SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
+
     return run
 
 
@@ -95,8 +106,15 @@ def hf_generator(hf, ids: list[int]):
 
     def run(tokens: int) -> None:
         with torch.inference_mode():
-            hf.generate(x, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
-                        do_sample=False, pad_token_id=0)
+            hf.generate(
+                x,
+                attention_mask=mask,
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+
     return run
 
 
@@ -133,8 +151,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--batch-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                    help="both sides run in this dtype (the weights are the GGUF's, dequantized)")
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="both sides run in this dtype (the weights are the GGUF's, dequantized)",
+    )
     ap.add_argument("--no-int4", action="store_true", help="skip the quantization='int4' runtime")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
@@ -144,13 +166,16 @@ def main() -> None:
 
     t0 = time.perf_counter()
     rt = Runtime(device="cpu", dtype=args.dtype, max_total_tokens=16384, num_threads=args.threads)
-    print(f"Runtime ready in {time.perf_counter() - t0:.1f} s (torch threads: {args.threads}, "
-          f"{args.dtype})")
+    print(
+        f"Runtime ready in {time.perf_counter() - t0:.1f} s (torch threads: {args.threads}, "
+        f"{args.dtype})"
+    )
     hf = hf_twin(rt.engine.runner.model, rt.dtype)
     runtimes = {"lmprog Runtime": rt}
     if not args.no_int4 and args.dtype == "float32":
-        runtimes["lmprog Runtime int4"] = Runtime(device="cpu", max_total_tokens=16384,
-                                                  quantization="int4")
+        runtimes["lmprog Runtime int4"] = Runtime(
+            device="cpu", max_total_tokens=16384, quantization="int4"
+        )
     ids = rt.tokenizer.encode(PROMPT, add_special_tokens=False)
     engines = {name: runtime_generator(r, ids) for name, r in runtimes.items()}
     engines["transformers generate"] = hf_generator(hf, ids)
@@ -159,22 +184,30 @@ def main() -> None:
 
     rates = decode_rates(engines, ids, args.decode_tokens, args.repeats)
     base = rates["transformers generate"]
-    print(f"\nbatch-1 decode ({args.decode_tokens} tokens, best of {args.repeats}; target >= 1.5x):")
+    print(
+        f"\nbatch-1 decode ({args.decode_tokens} tokens, best of {args.repeats}; target >= 1.5x):"
+    )
     for name, rate in rates.items():
         print(f"  {name:24s} {rate:8.1f} tok/s   {rate / base:5.2f}x")
 
     prompts = [ids[: len(ids) - i % 7] + [198 + i] for i in range(args.batch)]  # distinct tails
-    print(f"\nthroughput ({args.batch_tokens} output tokens per request, prefill included; "
-          "target >= 8x):")
+    print(
+        f"\nthroughput ({args.batch_tokens} output tokens per request, prefill included; "
+        "target >= 8x):"
+    )
     for name, r in runtimes.items():
         one = batch_rate(r, prompts[:1], args.batch_tokens, args.repeats)
         many = batch_rate(r, prompts, args.batch_tokens, args.repeats)
-        print(f"  {name:24s} batch 1 {one:7.1f} tok/s   batch {args.batch} {many:7.1f} tok/s   "
-              f"{many / one:5.2f}x")
+        print(
+            f"  {name:24s} batch 1 {one:7.1f} tok/s   batch {args.batch} {many:7.1f} tok/s   "
+            f"{many / one:5.2f}x"
+        )
     stats = rt.stats()
-    print(f"\nengine: {stats['steps']} steps, {stats['generated_tokens']} tokens generated, "
-          f"busy {stats['busy_seconds']:.1f} s, mean step "
-          f"{stats['busy_seconds'] / max(1, stats['steps']) * 1e3:.1f} ms")
+    print(
+        f"\nengine: {stats['steps']} steps, {stats['generated_tokens']} tokens generated, "
+        f"busy {stats['busy_seconds']:.1f} s, mean step "
+        f"{stats['busy_seconds'] / max(1, stats['steps']) * 1e3:.1f} ms"
+    )
     if args.profile:
         profile_decode(rt, ids, args.decode_tokens)
     for r in runtimes.values():

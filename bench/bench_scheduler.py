@@ -23,10 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lmprog.core.sampling import SamplingParams  # noqa: E402
-from lmprog.runtime.config import SchedulerConfig  # noqa: E402
-from lmprog.runtime.request import Req  # noqa: E402
-from lmprog.runtime.scheduler import Scheduler  # noqa: E402
+from lmprog.core.sampling import SamplingParams
+from lmprog.runtime.config import SchedulerConfig
+from lmprog.runtime.request import Req
+from lmprog.runtime.scheduler import Scheduler
 
 PROMPT_LEN = 256
 
@@ -35,11 +35,19 @@ def decoding_scheduler(running: int, decode_steps: int) -> Scheduler:
     """A scheduler with `running` requests past their prefill, each with room for
     `decode_steps` more tokens (and those decoded while the others were prefilled)."""
     context = 2 * (PROMPT_LEN + decode_steps)
-    s = Scheduler(2 * running * context, context,  # room to spare: no retraction
-                  SchedulerConfig(max_num_batched_tokens=4096, max_running_requests=running))
+    s = Scheduler(
+        2 * running * context,
+        context,  # room to spare: no retraction
+        SchedulerConfig(max_num_batched_tokens=4096, max_running_requests=running),
+    )
     for i in range(running):
-        s.submit(Req(i, list(range(i * 1000, i * 1000 + PROMPT_LEN)),
-                     SamplingParams(max_tokens=100_000, ignore_eos=True)))
+        s.submit(
+            Req(
+                i,
+                list(range(i * 1000, i * 1000 + PROMPT_LEN)),
+                SamplingParams(max_tokens=100_000, ignore_eos=True),
+            )
+        )
     while any(r.pending_len > 1 for r in s.requests.running_reqs()) or s.num_waiting:
         b = s.schedule()
         s.process_results(b, [[1] if e.sample else [] for e in b.entries])
@@ -63,8 +71,12 @@ def main() -> None:
     ap.add_argument("--running", type=int, nargs="+", default=[1, 64, 256])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--max-us", type=float, default=None,
-                    help="exit 1 when a median time per step exceeds this many microseconds")
+    ap.add_argument(
+        "--max-us",
+        type=float,
+        default=None,
+        help="exit 1 when a median time per step exceeds this many microseconds",
+    )
     args = ap.parse_args()
     print(f"scheduler bookkeeping per decode step ({args.steps} steps, median of {args.repeats})")
     print(f"{'running':>7} | {'us/step':>9} | {'best':>9} | {'us/request':>10}")

@@ -30,10 +30,40 @@ import sys
 import threading
 import time
 
-TOPICS = ["cats", "dogs", "rain", "the sea", "bread", "music", "trees", "snow", "stars", "trains",
-          "bees", "tea", "rivers", "clocks", "maps", "salt", "owls", "glass", "wind", "paper",
-          "coffee", "bridges", "moss", "kites", "ice", "sand", "honey", "ships", "lamps", "frogs",
-          "wool", "caves"]
+TOPICS = [
+    "cats",
+    "dogs",
+    "rain",
+    "the sea",
+    "bread",
+    "music",
+    "trees",
+    "snow",
+    "stars",
+    "trains",
+    "bees",
+    "tea",
+    "rivers",
+    "clocks",
+    "maps",
+    "salt",
+    "owls",
+    "glass",
+    "wind",
+    "paper",
+    "coffee",
+    "bridges",
+    "moss",
+    "kites",
+    "ice",
+    "sand",
+    "honey",
+    "ships",
+    "lamps",
+    "frogs",
+    "wool",
+    "caves",
+]
 
 
 def messages(i: int) -> list[dict[str, str]]:
@@ -43,9 +73,13 @@ def messages(i: int) -> list[dict[str, str]]:
 
 def summary(ttfts: list[float], tokens: int, wall: float) -> dict[str, float]:
     ttfts = sorted(ttfts)
-    return {"tok_s": tokens / wall, "wall_s": wall, "ttft_mean_ms": 1e3 * statistics.fmean(ttfts),
-            "ttft_p50_ms": 1e3 * ttfts[len(ttfts) // 2],
-            "ttft_p90_ms": 1e3 * ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))]}
+    return {
+        "tok_s": tokens / wall,
+        "wall_s": wall,
+        "ttft_mean_ms": 1e3 * statistics.fmean(ttfts),
+        "ttft_p50_ms": 1e3 * ttfts[len(ttfts) // 2],
+        "ttft_p90_ms": 1e3 * ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))],
+    }
 
 
 # ---- in-process -------------------------------------------------------------------------------
@@ -55,7 +89,9 @@ def run_in_process(rt, n: int, tokens: int, first: int = 0) -> dict[str, float]:
     from lmprog.core.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    prompts = [rt.chat_template.render(messages(first + i), add_generation_prompt=True) for i in range(n)]
+    prompts = [
+        rt.chat_template.render(messages(first + i), add_generation_prompt=True) for i in range(n)
+    ]
     ttfts, counts = [0.0] * n, [0] * n
 
     def one(i: int) -> None:
@@ -64,6 +100,7 @@ def run_in_process(rt, n: int, tokens: int, first: int = 0) -> dict[str, float]:
         def on_piece(_: str) -> None:
             if not seen:
                 seen.append(time.perf_counter())
+
         start = time.perf_counter()
         result = rt.generate(GenerateRequest(prompts[i], params), stream=on_piece)
         ttfts[i], counts[i] = seen[0] - start, result.completion_tokens
@@ -86,9 +123,13 @@ async def _stream(port: int, body: bytes) -> tuple[float, int]:
     """(seconds to the first text, completion tokens) of one streamed chat request."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     start = time.perf_counter()
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
-                 b"application/json\r\nConnection: close\r\nContent-Length: "
-                 + str(len(body)).encode() + b"\r\n\r\n" + body)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+        b"application/json\r\nConnection: close\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
     await writer.drain()
     head = await reader.readuntil(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), head
@@ -101,22 +142,37 @@ async def _stream(port: int, body: bytes) -> tuple[float, int]:
         buffer += chunk[:-2]
         while b"\n\n" in buffer:
             event, buffer = buffer.split(b"\n\n", 1)
-            data = event[len(b"data: "):]
+            data = event[len(b"data: ") :]
             if data == b"[DONE]":
                 continue
             payload = json.loads(data)
             if payload.get("usage"):
                 usage = payload["usage"]["completion_tokens"]
-            elif first is None and payload["choices"] and payload["choices"][0]["delta"].get("content"):
+            elif (
+                first is None
+                and payload["choices"]
+                and payload["choices"][0]["delta"].get("content")
+            ):
                 first = time.perf_counter() - start
     writer.close()
     return first, usage
 
 
 async def _clients(port: int, model: str, n: int, tokens: int, first: int = 0) -> dict[str, float]:
-    bodies = [json.dumps({"model": model, "messages": messages(first + i), "max_tokens": tokens,
-                          "temperature": 0, "ignore_eos": True, "stream": True,
-                          "stream_options": {"include_usage": True}}).encode() for i in range(n)]
+    bodies = [
+        json.dumps(
+            {
+                "model": model,
+                "messages": messages(first + i),
+                "max_tokens": tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        ).encode()
+        for i in range(n)
+    ]
     start = time.perf_counter()
     out = await asyncio.gather(*(_stream(port, b) for b in bodies))
     wall = time.perf_counter() - start
@@ -125,7 +181,9 @@ async def _clients(port: int, model: str, n: int, tokens: int, first: int = 0) -
     return summary([t for t, _ in out], sum(counts), wall)
 
 
-async def _rounds(port: int, model: str, n: int, tokens: int, rounds: int) -> list[dict[str, float]]:
+async def _rounds(
+    port: int, model: str, n: int, tokens: int, rounds: int
+) -> list[dict[str, float]]:
     return [await _clients(port, model, n, tokens, first=r * n) for r in range(rounds)]
 
 
@@ -133,10 +191,16 @@ def client_main(port: int, model: str, n: int, tokens: int, rounds: int) -> None
     print(json.dumps(asyncio.run(_rounds(port, model, n, tokens, rounds))), flush=True)
 
 
-def run_server(port: int, model: str, n: int, tokens: int, rounds: int = 1) -> list[dict[str, float]]:
+def run_server(
+    port: int, model: str, n: int, tokens: int, rounds: int = 1
+) -> list[dict[str, float]]:
     """`rounds` phases, one after the other, of n concurrent streams (one client process)."""
-    out = subprocess.run([sys.executable, __file__, "--client", str(port), model, str(n), str(tokens),
-                          str(rounds)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--client", str(port), model, str(n), str(tokens), str(rounds)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -155,8 +219,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    ap.add_argument("--lone", type=int, default=8, help="lone requests (one at a time) for the "
-                    "unloaded TTFT")
+    ap.add_argument(
+        "--lone", type=int, default=8, help="lone requests (one at a time) for the unloaded TTFT"
+    )
     args = ap.parse_args()
 
     import torch
@@ -174,7 +239,9 @@ def main() -> None:
             rt.flush_cache()
             sides["in-process"].append(run_in_process(rt, args.streams, args.tokens))
             rt.flush_cache()
-            sides["lmprog-server"].extend(run_server(srv.port, srv.model_name, args.streams, args.tokens))
+            sides["lmprog-server"].extend(
+                run_server(srv.port, srv.model_name, args.streams, args.tokens)
+            )
         rt.flush_cache()
         lone = {"in-process": [run_in_process(rt, 1, 8, first=i) for i in range(args.lone)]}
         rt.flush_cache()
@@ -183,25 +250,41 @@ def main() -> None:
     report(sides, lone, args)
 
 
-def report(sides: dict[str, list[dict[str, float]]], lone: dict[str, list[dict[str, float]]],
-           args: argparse.Namespace) -> None:
+def report(
+    sides: dict[str, list[dict[str, float]]],
+    lone: dict[str, list[dict[str, float]]],
+    args: argparse.Namespace,
+) -> None:
     base, srv = best(sides["in-process"]), best(sides["lmprog-server"])
-    print(f"{args.streams} concurrent streams x {args.tokens} tokens (chat, greedy, ignore_eos), "
-          f"torch threads {args.threads}, best of {args.repeats} rounds")
+    print(
+        f"{args.streams} concurrent streams x {args.tokens} tokens (chat, greedy, ignore_eos), "
+        f"torch threads {args.threads}, best of {args.repeats} rounds"
+    )
     print(f"  {'':16s} {'in-process':>12s} {'lmprog-server':>14s} {'server/in-process':>18s}")
-    rows = [("throughput tok/s", "tok_s"), ("TTFT mean ms", "ttft_mean_ms"),
-            ("TTFT p50 ms", "ttft_p50_ms"), ("TTFT p90 ms", "ttft_p90_ms"), ("wall s", "wall_s")]
+    rows = [
+        ("throughput tok/s", "tok_s"),
+        ("TTFT mean ms", "ttft_mean_ms"),
+        ("TTFT p50 ms", "ttft_p50_ms"),
+        ("TTFT p90 ms", "ttft_p90_ms"),
+        ("wall s", "wall_s"),
+    ]
     for label, key in rows:
         print(f"  {label:16s} {base[key]:12.1f} {srv[key]:14.1f} {srv[key] / base[key]:17.3f}x")
     loss = 1 - srv["tok_s"] / base["tok_s"]
     print(f"throughput loss through HTTP: {100 * loss:.1f}% (target < 10%)")
-    print("all rounds tok/s: in-process " + ", ".join(f"{r['tok_s']:.1f}" for r in sides["in-process"])
-          + "; server " + ", ".join(f"{r['tok_s']:.1f}" for r in sides["lmprog-server"]))
+    print(
+        "all rounds tok/s: in-process "
+        + ", ".join(f"{r['tok_s']:.1f}" for r in sides["in-process"])
+        + "; server "
+        + ", ".join(f"{r['tok_s']:.1f}" for r in sides["lmprog-server"])
+    )
     ttft = {side: statistics.median(r["ttft_mean_ms"] for r in runs) for side, runs in lone.items()}
-    print(f"lone request TTFT (median of {args.lone}, one at a time): in-process "
-          f"{ttft['in-process']:.1f} ms, lmprog-server {ttft['lmprog-server']:.1f} ms "
-          f"({ttft['lmprog-server'] / ttft['in-process']:.3f}x, "
-          f"{ttft['lmprog-server'] - ttft['in-process']:+.1f} ms)")
+    print(
+        f"lone request TTFT (median of {args.lone}, one at a time): in-process "
+        f"{ttft['in-process']:.1f} ms, lmprog-server {ttft['lmprog-server']:.1f} ms "
+        f"({ttft['lmprog-server'] / ttft['in-process']:.3f}x, "
+        f"{ttft['lmprog-server'] - ttft['in-process']:+.1f} ms)"
+    )
 
 
 if __name__ == "__main__":

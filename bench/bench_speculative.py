@@ -85,17 +85,28 @@ def random_prompts(vocab: int, n: int, length: int) -> list[list[int]]:
 def make_runtime(args):
     import lmprog as lp
 
-    spec = {"method": "ngram" if args.method == "draft" and args.draft_model == "self"
-            else args.method, "num_tokens": args.num_tokens, "adaptive": not args.no_adaptive,
-            "ngram_min": args.ngram_min, "ngram_max": args.ngram_max,
-            "draft_cost": args.draft_cost, "max_step_tokens": args.max_step_tokens}
+    spec = {
+        "method": "ngram" if args.method == "draft" and args.draft_model == "self" else args.method,
+        "num_tokens": args.num_tokens,
+        "adaptive": not args.no_adaptive,
+        "ngram_min": args.ngram_min,
+        "ngram_max": args.ngram_max,
+        "draft_cost": args.draft_cost,
+        "max_step_tokens": args.max_step_tokens,
+    }
     if args.method == "draft" and args.draft_model != "self":
-        spec.update(draft_model=args.draft_model,
-                    draft_load_format="dummy" if args.draft_dummy else "auto")
-    kw = dict(device=args.device, dtype=args.dtype, speculative=spec,
-              max_running_requests=args.max_running, max_num_batched_tokens=args.chunk,
-              num_threads=args.threads if args.device == "cpu" else None,
-              quantization=args.quantization)
+        spec.update(
+            draft_model=args.draft_model, draft_load_format="dummy" if args.draft_dummy else "auto"
+        )
+    kw = dict(
+        device=args.device,
+        dtype=args.dtype,
+        speculative=spec,
+        max_running_requests=args.max_running,
+        max_num_batched_tokens=args.chunk,
+        num_threads=args.threads if args.device == "cpu" else None,
+        quantization=args.quantization,
+    )
     if args.kv_tokens:
         kw["max_total_tokens"] = args.kv_tokens
     if args.preset:
@@ -114,8 +125,9 @@ def use_self_as_draft(rt) -> None:
     spec = rt.engine.speculator
 
     def swap() -> None:
-        spec.proposer = DraftModelProposer(rt.engine.runner.model,
-                                           vocab_size=rt.model_config.vocab_size)
+        spec.proposer = DraftModelProposer(
+            rt.engine.runner.model, vocab_size=rt.model_config.vocab_size
+        )
         spec.name = "draft(self)"
 
     rt.engine.call(swap)
@@ -164,14 +176,22 @@ def batch1(rt, prompts: list[list[int]], params: dict, repeats: int) -> dict:
         for mode in ("off", "on"):
             tot[mode] += best[mode]
         acc = delta[1] / delta[0] if delta[0] else 0.0
-        log(f"   prompt {i:2d}: {n + 1:4d} tokens  off {n / best['off']:7.1f} tok/s  "
+        log(
+            f"   prompt {i:2d}: {n + 1:4d} tokens  off {n / best['off']:7.1f} tok/s  "
             f"on {n / best['on']:7.1f} tok/s  x{best['off'] / best['on']:.2f}  "
-            f"accepted {acc:.0%} of {delta[0]} drafts")
+            f"accepted {acc:.0%} of {delta[0]} drafts"
+        )
     verified, accepted, verifies = counters
-    return {"tokens": tokens, "off": tokens / tot["off"], "on": tokens / tot["on"],
-            "speedup": tot["off"] / tot["on"], "identical": identical, "n": len(prompts),
-            "acceptance": accepted / verified if verified else 0.0,
-            "per_verify": (accepted + verifies) / verifies if verifies else 0.0}
+    return {
+        "tokens": tokens,
+        "off": tokens / tot["off"],
+        "on": tokens / tot["on"],
+        "speedup": tot["off"] / tot["on"],
+        "identical": identical,
+        "n": len(prompts),
+        "acceptance": accepted / verified if verified else 0.0,
+        "per_verify": (accepted + verifies) / verifies if verifies else 0.0,
+    }
 
 
 def warm_up(rt, prompts: list[list[int]], params: dict) -> None:
@@ -205,17 +225,23 @@ def batched(rt, prompts: list[list[int]], params: dict, size: int, repeats: int)
             outs[mode] = [r.token_ids for r in res]
             tokens[mode] = sum(r.completion_tokens for r in res)
     same = sum(a == b for a, b in zip(outs["off"], outs["on"]))
-    return {"size": size, "off": tokens["off"] / best["off"], "on": tokens["on"] / best["on"],
-            "ratio": (tokens["on"] / best["on"]) / (tokens["off"] / best["off"]),
-            "identical": same, "verified": delta[0],
-            "acceptance": delta[1] / delta[0] if delta[0] else 0.0}
+    return {
+        "size": size,
+        "off": tokens["off"] / best["off"],
+        "on": tokens["on"] / best["on"],
+        "ratio": (tokens["on"] / best["on"]) / (tokens["off"] / best["off"]),
+        "identical": same,
+        "verified": delta[0],
+        "acceptance": delta[1] / delta[0] if delta[0] else 0.0,
+    }
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--preset", default=None, help="architecture preset or model (default: the "
-                   "bundled model)")
+    p.add_argument(
+        "--preset", default=None, help="architecture preset or model (default: the bundled model)"
+    )
     p.add_argument("--dummy", action="store_true", help="random weights (load_format='dummy')")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--quantization", default=None, choices=[None, "int4"])
@@ -249,9 +275,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     rt = make_runtime(args)
-    log(f"model {rt.model_name} on {rt.device} ({rt.dtype}), speculative "
+    log(
+        f"model {rt.model_name} on {rt.device} ({rt.dtype}), speculative "
         f"{rt.stats()['speculative']}, num_tokens {args.num_tokens}, adaptive "
-        f"{not args.no_adaptive}; loaded in {time.perf_counter() - t0:.1f} s")
+        f"{not args.no_adaptive}; loaded in {time.perf_counter() - t0:.1f} s"
+    )
     try:
         text = args.preset is None or not args.dummy
         if text:
@@ -261,21 +289,30 @@ def main() -> None:
             prompts = random_prompts(rt.model_config.vocab_size, 16, args.prompt_len)
             params = {"temperature": 0.0, "ignore_eos": True}
         warm_up(rt, prompts, params)
-        log(f"\n== batch 1: {args.prompts} copy-heavy prompts, <= {args.max_tokens} tokens"
-            if text else f"\n== batch 1: {args.prompts} random prompts, {args.max_tokens} tokens")
-        one = batch1(rt, prompts[: args.prompts], {**params, "max_tokens": args.max_tokens},
-                     args.repeats)
-        log(f"   total: {one['tokens']} decode tokens, off {one['off']:.1f} tok/s, on "
+        log(
+            f"\n== batch 1: {args.prompts} copy-heavy prompts, <= {args.max_tokens} tokens"
+            if text
+            else f"\n== batch 1: {args.prompts} random prompts, {args.max_tokens} tokens"
+        )
+        one = batch1(
+            rt, prompts[: args.prompts], {**params, "max_tokens": args.max_tokens}, args.repeats
+        )
+        log(
+            f"   total: {one['tokens']} decode tokens, off {one['off']:.1f} tok/s, on "
             f"{one['on']:.1f} tok/s, speedup x{one['speedup']:.2f}, acceptance "
             f"{one['acceptance']:.0%}, {one['per_verify']:.2f} tokens per verify, identical "
-            f"outputs {one['identical']}/{one['n']}")
+            f"outputs {one['identical']}/{one['n']}"
+        )
         for size in [int(b) for b in args.batches.split(",") if b.strip()]:
             log(f"\n== batch {size}: {size} requests at once, <= {args.batch_max_tokens} tokens")
-            r = batched(rt, prompts, {**params, "max_tokens": args.batch_max_tokens}, size,
-                        args.repeats)
-            log(f"   off {r['off']:.1f} tok/s, on {r['on']:.1f} tok/s, ratio x{r['ratio']:.2f}; "
+            r = batched(
+                rt, prompts, {**params, "max_tokens": args.batch_max_tokens}, size, args.repeats
+            )
+            log(
+                f"   off {r['off']:.1f} tok/s, on {r['on']:.1f} tok/s, ratio x{r['ratio']:.2f}; "
                 f"{r['verified']} drafts verified (acceptance {r['acceptance']:.0%}); identical "
-                f"outputs {r['identical']}/{size}")
+                f"outputs {r['identical']}/{size}"
+            )
     finally:
         rt.shutdown()
 

@@ -51,7 +51,10 @@ def _few_shot_header(rng: random.Random) -> str:
     header = "The following are multiple choice questions with answers. Think carefully.\n\n"
     for i in range(5):
         body, letter = _mc_question(rng, i)
-        header += body + f"Answer: {letter}. This is the correct option because the sum is computed digit by digit.\n\n"
+        header += (
+            body
+            + f"Answer: {letter}. This is the correct option because the sum is computed digit by digit.\n\n"
+        )
     return header
 
 
@@ -70,7 +73,9 @@ def tree_of_thought(s, problem):
         next_level = []
         for node in level:
             forks = node.fork(2)
-            forks += lambda i: lp.assistant(lp.gen(f"step{depth}", max_tokens=12, temperature=0.7, seed=depth * 10 + i))
+            forks += lambda i: lp.assistant(
+                lp.gen(f"step{depth}", max_tokens=12, temperature=0.7, seed=depth * 10 + i)
+            )
             next_level.extend(forks)
         level = next_level
     for leaf in level:
@@ -110,12 +115,22 @@ def workloads(n: int) -> dict[str, tuple[object, list[dict]]]:
     names = ["Ada", "Alan", "Grace", "Linus", "Ken", "Barbara", "Edsger", "Donald"]
     cities = ["Paris", "London", "Oslo", "Rome"]
     return {
-        "fewshot": (mmlu, [{"header": header, "question": _mc_question(rng, 100 + i)[0]} for i in range(n)]),
-        "tot": (tree_of_thought, [{"problem": f"Plan a {k}-day trip."} for k in range(2, 2 + max(2, n // 8))]),
+        "fewshot": (
+            mmlu,
+            [{"header": header, "question": _mc_question(rng, 100 + i)[0]} for i in range(n)],
+        ),
+        "tot": (
+            tree_of_thought,
+            [{"problem": f"Plan a {k}-day trip."} for k in range(2, 2 + max(2, n // 8))],
+        ),
         "chat": (chat, [{"topic": t} for t in (SUBJECTS * 4)[: max(2, n // 4)]]),
-        "json": (extract, [
-            {"text": f"{names[i % 8]} is {20 + i} years old and lives in {cities[i % 4]}."} for i in range(max(2, n // 2))
-        ]),
+        "json": (
+            extract,
+            [
+                {"text": f"{names[i % 8]} is {20 + i} years old and lives in {cities[i % 4]}."}
+                for i in range(max(2, n // 2))
+            ],
+        ),
     }
 
 
@@ -147,8 +162,11 @@ def main() -> None:
     torch.set_num_threads(2)
     chosen = args.workloads.split(",")
     loads = {k: v for k, v in workloads(args.n).items() if k in chosen}
-    runtime = _gpu_runtime(args) if args.gpu_shape else \
-        (lambda radix: lp.Runtime(device="cpu", radix_cache=radix))
+    runtime = (
+        _gpu_runtime(args)
+        if args.gpu_shape
+        else (lambda radix: lp.Runtime(device="cpu", radix_cache=radix))
+    )
     makers = {
         "runtime-cache-on": lambda: runtime(True),
         "runtime-cache-off": lambda: runtime(False),
@@ -164,15 +182,20 @@ def main() -> None:
             after = backend.stats()
             r["hit_rate"] = _hit_rate(before, after)
             results[(bname, wname)] = r
-            print(f"{bname:18s} {wname:8s} {r['seconds']:7.2f} s  {r['programs/s']:7.2f} prog/s  "
-                  f"cache hit {r['hit_rate']}", flush=True)
+            print(
+                f"{bname:18s} {wname:8s} {r['seconds']:7.2f} s  {r['programs/s']:7.2f} prog/s  "
+                f"cache hit {r['hit_rate']}",
+                flush=True,
+            )
         backend.shutdown()
     print("\n| workload | backend | seconds | programs/s | cache hit rate | vs cache off |")
     print("| --- | --- | --- | --- | --- | --- |")
     for (bname, wname), r in results.items():
         off = results.get(("runtime-cache-off", wname))
         ratio = f"{r['programs/s'] / off['programs/s']:.2f}x" if off else "-"
-        print(f"| {wname} | {bname} | {r['seconds']:.2f} | {r['programs/s']:.2f} | {r['hit_rate']} | {ratio} |")
+        print(
+            f"| {wname} | {bname} | {r['seconds']:.2f} | {r['programs/s']:.2f} | {r['hit_rate']} | {ratio} |"
+        )
 
 
 def _gpu_runtime(args):
@@ -187,18 +210,31 @@ def _gpu_runtime(args):
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     name = f"{args.gpu_shape}-vocab{len(tok)}"
     PRESETS[name] = dataclasses.replace(  # this process only
-        PRESETS[args.gpu_shape], vocab_size=len(tok), bos_token_id=tok.bos_token_id,
-        eos_token_ids=(tok.eos_token_id,))
+        PRESETS[args.gpu_shape],
+        vocab_size=len(tok),
+        bos_token_id=tok.bos_token_id,
+        eos_token_ids=(tok.eos_token_id,),
+    )
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
     print(f"runtime backends: {name}, random weights on {where}")
-    return lambda radix: lp.Runtime(model=name, load_format="dummy", device=args.device,
-                                    tokenizer=tok, radix_cache=radix, max_total_tokens=200_000,
-                                    max_running_requests=128, max_num_batched_tokens=8192)
+    return lambda radix: lp.Runtime(
+        model=name,
+        load_format="dummy",
+        device=args.device,
+        tokenizer=tok,
+        radix_cache=radix,
+        max_total_tokens=200_000,
+        max_running_requests=128,
+        max_num_batched_tokens=8192,
+    )
 
 
 def _hit_rate(before: dict, after: dict) -> str:
     """Cache hit rate over the run: reused prompt tokens / prompt tokens, from stats() deltas."""
-    for hit_key, total_key in (("cached_tokens", "prompt_tokens"), ("tokens_reused", "prompt_tokens")):
+    for hit_key, total_key in (
+        ("cached_tokens", "prompt_tokens"),
+        ("tokens_reused", "prompt_tokens"),
+    ):
         if hit_key in after and total_key in after:
             hits = after[hit_key] - before.get(hit_key, 0)
             total = after[total_key] - before.get(total_key, 0)

@@ -28,14 +28,16 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-DEFAULT_SUITE = Path(os.environ.get(
-    "LMPROG_JSON_SCHEMA_SUITE",
-    Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "json-schema-test-suite",
-))
+DEFAULT_SUITE = Path(
+    os.environ.get(
+        "LMPROG_JSON_SCHEMA_SUITE",
+        Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "json-schema-test-suite",
+    )
+)
 
 SERIALIZERS: dict[str, Callable[[object], str]] = {
     "default": lambda v: json.dumps(v, ensure_ascii=False),
@@ -82,9 +84,13 @@ class Report:
     def to_dict(self) -> dict:
         times = sorted(self.compile_seconds)
         return {
-            "total": self.total, "passed": self.passed, "pass_rate": round(self.pass_rate, 4),
-            "invalid_accepted": self.invalid_accepted, "valid_rejected": self.valid_rejected,
-            "refused_cases": self.refused_cases, "groups": self.groups,
+            "total": self.total,
+            "passed": self.passed,
+            "pass_rate": round(self.pass_rate, 4),
+            "invalid_accepted": self.invalid_accepted,
+            "valid_rejected": self.valid_rejected,
+            "refused_cases": self.refused_cases,
+            "groups": self.groups,
             "refused_groups": self.refused_groups,
             "compile_p50_ms": round(1000 * times[len(times) // 2], 2) if times else None,
             "failures_by_file": dict(self.failures_by_file.most_common()),
@@ -115,8 +121,10 @@ def load_suite(root: Path = DEFAULT_SUITE, draft: str = "draft2020-12") -> list[
     groups = []
     for path in sorted(folder.glob("*.json")):
         for g in json.loads(path.read_text(encoding="utf-8")):
-            cases = tuple(Case(path.stem, g["description"], t["description"], t["data"], t["valid"])
-                          for t in g["tests"])
+            cases = tuple(
+                Case(path.stem, g["description"], t["description"], t["data"], t["valid"])
+                for t in g["tests"]
+            )
             groups.append(Group(path.stem, g["description"], g["schema"], cases))
     return groups
 
@@ -128,8 +136,13 @@ def _reason(exc: Exception) -> str:
     return text[:90]
 
 
-def run_suite(compile_fn: Callable[[object], Callable[[str], bool]], *, root: Path = DEFAULT_SUITE,
-              draft: str = "draft2020-12", serializers: dict | None = None) -> Report:
+def run_suite(
+    compile_fn: Callable[[object], Callable[[str], bool]],
+    *,
+    root: Path = DEFAULT_SUITE,
+    draft: str = "draft2020-12",
+    serializers: dict | None = None,
+) -> Report:
     """Run every core group through ``compile_fn``; see the module docstring for the counting."""
     serializers = SERIALIZERS if serializers is None else serializers
     report = Report()
@@ -156,8 +169,10 @@ def instance_texts(data, serializers: dict) -> list[str]:
     top-level object of at most 4 keys (JSON object members are unordered)."""
     texts = [s(data) for s in serializers.values()]
     if isinstance(data, dict) and 1 < len(data) <= 4:
-        texts += [json.dumps(dict(order), ensure_ascii=False)
-                  for order in itertools.permutations(data.items())]
+        texts += [
+            json.dumps(dict(order), ensure_ascii=False)
+            for order in itertools.permutations(data.items())
+        ]
     return list(dict.fromkeys(texts))
 
 

@@ -1,7 +1,7 @@
 """Generate docs/reference.md from the public API's docstrings.
 
-    python docs/gen_reference.py          # rewrite docs/reference.md
-    python docs/gen_reference.py --check  # exit 1 if docs/reference.md is stale (tests run this)
+python docs/gen_reference.py          # rewrite docs/reference.md
+python docs/gen_reference.py --check  # exit 1 if docs/reference.md is stale (tests run this)
 """
 
 from __future__ import annotations
@@ -15,19 +15,59 @@ OUT = Path(__file__).with_name("reference.md")
 SECTIONS: list[tuple[str, list[str]]] = [
     ("Programs", ["function", "set_default_backend", "Arg"]),
     ("Primitives", ["gen", "select", "image"]),
-    ("Choice methods", ["token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized"]),
-    ("Roles", ["system", "user", "assistant", "system_begin", "system_end", "user_begin", "user_end",
-               "assistant_begin", "assistant_end"]),
+    (
+        "Choice methods",
+        [
+            "token_length_normalized",
+            "greedy_token_selection",
+            "unconditional_likelihood_normalized",
+        ],
+    ),
+    (
+        "Roles",
+        [
+            "system",
+            "user",
+            "assistant",
+            "system_begin",
+            "system_end",
+            "user_begin",
+            "user_end",
+            "assistant_begin",
+            "assistant_end",
+        ],
+    ),
     ("Constraints", ["Constraint"]),
     ("Sampling", ["SamplingParams"]),
     ("Errors", ["ConstraintError", "ContextLengthError", "BackendError"]),
 ]
 CLASS_MEMBERS = {
     "function": ["run", "run_batch", "run_async", "trace", "bind"],
-    "Constraint": ["from_regex", "from_json_schema", "from_choices", "from_dtype", "matches", "parse"],
+    "Constraint": [
+        "from_regex",
+        "from_json_schema",
+        "from_choices",
+        "from_dtype",
+        "matches",
+        "parse",
+    ],
 }
-STATE_MEMBERS = ["__getitem__", "__iadd__", "text", "messages", "get_meta_info", "sync", "error",
-                 "text_iter", "text_async_iter", "fork", "var_scope", "system", "user", "assistant"]
+STATE_MEMBERS = [
+    "__getitem__",
+    "__iadd__",
+    "text",
+    "messages",
+    "get_meta_info",
+    "sync",
+    "error",
+    "text_iter",
+    "text_async_iter",
+    "fork",
+    "var_scope",
+    "system",
+    "user",
+    "assistant",
+]
 
 
 def _doc(obj: object) -> str:
@@ -52,8 +92,12 @@ def render() -> str:
     from lmprog.interpreter.function import Function
     from lmprog.lang.fork import ForkGroup
 
-    lines = ["# lmprog language reference", "",
-             "Generated from the docstrings by `python docs/gen_reference.py`; do not edit by hand.", ""]
+    lines = [
+        "# lmprog language reference",
+        "",
+        "Generated from the docstrings by `python docs/gen_reference.py`; do not edit by hand.",
+        "",
+    ]
     for title, names in SECTIONS:
         lines += [f"## {title}", ""]
         for name in names:

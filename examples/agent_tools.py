@@ -17,14 +17,32 @@ import contextlib
 import json
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "The current weather in a city.",
-        "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
-                       "properties": {"city": {"type": "string", "maxLength": 30}}}}},
-    {"type": "function", "function": {
-        "name": "add", "description": "Add two numbers.",
-        "parameters": {"type": "object", "additionalProperties": False, "required": ["a", "b"],
-                       "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["city"],
+                "properties": {"city": {"type": "string", "maxLength": 30}},
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers.",
+            "parameters": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["a", "b"],
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+            },
+        },
+    },
 ]
 FINAL = "Using the tool results above, answer my question in one sentence."
 WEATHER = {"paris": "18 C, light rain", "tokyo": "24 C, sunny", "oslo": "3 C, snow"}
@@ -46,13 +64,21 @@ def openai_agent(base_url: str, api_key: str, model: str, question: str, max_ste
     import openai
 
     client = openai.OpenAI(base_url=base_url, api_key=api_key)
-    messages = [{"role": "system", "content": "You are a helpful assistant. Use the tools."},
-                {"role": "user", "content": question}]
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant. Use the tools."},
+        {"role": "user", "content": question},
+    ]
     for step in range(max_steps):
         if step == max_steps - 1:
             messages.append({"role": "user", "content": FINAL})
-        r = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, temperature=0,
-                                           tool_choice=tool_choice(step, max_steps), max_tokens=60)
+        r = client.chat.completions.create(
+            model=model,
+            messages=messages,
+            tools=TOOLS,
+            temperature=0,
+            tool_choice=tool_choice(step, max_steps),
+            max_tokens=60,
+        )
         message = r.choices[0].message
         if not message.tool_calls:
             return message.content
@@ -69,10 +95,15 @@ def langchain_agent(base_url: str, api_key: str, model: str, question: str, max_
         from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
         from langchain_openai import ChatOpenAI
     except ImportError:
-        raise SystemExit("--langchain needs langchain-openai: pip install langchain-openai") from None
+        raise SystemExit(
+            "--langchain needs langchain-openai: pip install langchain-openai"
+        ) from None
 
     llm = ChatOpenAI(model=model, base_url=base_url, api_key=api_key, temperature=0, max_tokens=60)
-    messages = [SystemMessage("You are a helpful assistant. Use the tools."), HumanMessage(question)]
+    messages = [
+        SystemMessage("You are a helpful assistant. Use the tools."),
+        HumanMessage(question),
+    ]
     for step in range(max_steps):
         if step == max_steps - 1:
             messages.append(HumanMessage(FINAL))
@@ -88,11 +119,17 @@ def langchain_agent(base_url: str, api_key: str, model: str, question: str, max_
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base-url", help="an OpenAI-compatible /v1 URL (default: start a local server)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--base-url", help="an OpenAI-compatible /v1 URL (default: start a local server)"
+    )
     ap.add_argument("--api-key", default="unused")
     ap.add_argument("--model", help="model name (default: the server's first model)")
-    ap.add_argument("--langchain", action="store_true", help="run the loop with LangChain's ChatOpenAI")
+    ap.add_argument(
+        "--langchain", action="store_true", help="run the loop with LangChain's ChatOpenAI"
+    )
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args()
     agent = langchain_agent if args.langchain else openai_agent

@@ -17,6 +17,10 @@ if __name__ == "__main__":
         "New smartphone chip doubles battery life",
         "Chef shares a recipe for the perfect tomato soup",
     ]
-    for method in (lp.token_length_normalized, lp.greedy_token_selection, lp.unconditional_likelihood_normalized):
+    for method in (
+        lp.token_length_normalized,
+        lp.greedy_token_selection,
+        lp.unconditional_likelihood_normalized,
+    ):
         states = classify.run_batch([{"headline": h, "method": method} for h in headlines])
         print(type(method).__name__, [st["topic"] for st in states])

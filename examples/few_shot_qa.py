@@ -24,8 +24,14 @@ def few_shot_qa(s, question):
 
 
 if __name__ == "__main__":
-    questions = ["What is the capital of Germany?", "What is the capital of Spain?", "What is the capital of Russia?"]
+    questions = [
+        "What is the capital of Germany?",
+        "What is the capital of Spain?",
+        "What is the capital of Russia?",
+    ]
     states = few_shot_qa.run_batch([{"question": q} for q in questions], temperature=0)
     for q, st in zip(questions, states):
         meta = st.get_meta_info("answer")
-        print(f"{q} -> {st['answer'].strip()!r}  (cached prompt tokens: {meta['cached_tokens']}/{meta['prompt_tokens']})")
+        print(
+            f"{q} -> {st['answer'].strip()!r}  (cached prompt tokens: {meta['cached_tokens']}/{meta['prompt_tokens']})"
+        )

@@ -20,7 +20,10 @@ def extract(s, text):
 
 
 if __name__ == "__main__":
-    texts = ["The blue kettle costs 24.99 and ships today.", "Sold out: the red umbrella, 12 dollars."]
+    texts = [
+        "The blue kettle costs 24.99 and ships today.",
+        "Sold out: the red umbrella, 12 dollars.",
+    ]
     for st in extract.run_batch([{"text": t} for t in texts], temperature=0):
         product = Product.model_validate(json.loads(st["product"]))
         print(product)

@@ -17,4 +17,6 @@ if __name__ == "__main__":
     for message in state.messages():
         print(f"[{message['role']}] {message['content']}")
     for i in range(len(turns)):
-        print(f"turn {i}: cached {state.get_meta_info(f'reply_{i}')['cached_tokens']} prompt tokens")
+        print(
+            f"turn {i}: cached {state.get_meta_info(f'reply_{i}')['cached_tokens']} prompt tokens"
+        )

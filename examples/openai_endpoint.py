@@ -11,9 +11,11 @@ import contextlib
 
 import lmprog as lp
 
-FEW_SHOT = ("Name: Ada Lovelace\nBorn: 1815\nJob: mathematician\n\n"
-            "Name: Alan Turing\nBorn: 1912\nJob: computer scientist\n\n"
-            "Name: Marie Curie\nBorn: 1867\nJob: physicist\n\n")
+FEW_SHOT = (
+    "Name: Ada Lovelace\nBorn: 1815\nJob: mathematician\n\n"
+    "Name: Alan Turing\nBorn: 1912\nJob: computer scientist\n\n"
+    "Name: Marie Curie\nBorn: 1867\nJob: physicist\n\n"
+)
 
 
 @lp.function
@@ -26,14 +28,28 @@ def qa(s, question):
 @lp.function
 def extract(s, text):
     s += lp.user(f"Extract the person's name and age as JSON.\nText: {text}")
-    s += lp.assistant(lp.gen("json", max_tokens=40, json_schema={
-        "type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
-        "required": ["name", "age"], "additionalProperties": False}))
+    s += lp.assistant(
+        lp.gen(
+            "json",
+            max_tokens=40,
+            json_schema={
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 20},
+                    "age": {"type": "integer"},
+                },
+                "required": ["name", "age"],
+                "additionalProperties": False,
+            },
+        )
+    )
 
 
 @lp.function
 def classify(s, review):
-    s += f"Review: {review}\nSentiment (positive or negative):" + lp.select("label", [" positive", " negative"])
+    s += f"Review: {review}\nSentiment (positive or negative):" + lp.select(
+        "label", [" positive", " negative"]
+    )
 
 
 def card(s):
@@ -48,15 +64,23 @@ def speculation(base_url, model, api_key):
         with lp.OpenAI(model, base_url, api_key, chat=False, chat_template="chatml") as backend:
             state = lp.function(num_api_spec_tokens=n)(card).run(backend=backend, temperature=0)
             stats = backend.stats()
-            print(f"num_api_spec_tokens={n}: {[state['name'], state['born'], state['job']]} "
-                  f"-> {stats['api_calls']} API call(s), {stats['prompt_tokens']} prompt tokens")
+            print(
+                f"num_api_spec_tokens={n}: {[state['name'], state['born'], state['job']]} "
+                f"-> {stats['api_calls']} API call(s), {stats['prompt_tokens']} prompt tokens"
+            )
 
 
 def main(base_url, model, api_key):
     chat = lp.OpenAI(model, base_url, api_key)  # roles -> /v1/chat/completions
     print(qa.run(question="What is the capital of France?", backend=chat, temperature=0)["answer"])
-    print(extract.run(text="Grace Hopper was 85 when she retired.", backend=chat, temperature=0)["json"])
-    text = lp.OpenAI(model, base_url, api_key, chat=False, chat_template="chatml")  # /v1/completions
+    print(
+        extract.run(text="Grace Hopper was 85 when she retired.", backend=chat, temperature=0)[
+            "json"
+        ]
+    )
+    text = lp.OpenAI(
+        model, base_url, api_key, chat=False, chat_template="chatml"
+    )  # /v1/completions
     print(classify.run(review="A wonderful, moving film.", backend=text)["label"])
     print("chat backend:", chat.stats())
     speculation(base_url, model, api_key)
@@ -64,7 +88,9 @@ def main(base_url, model, api_key):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", help="an OpenAI-compatible server (default: start a local one)")
+    parser.add_argument(
+        "--base-url", help="an OpenAI-compatible server (default: start a local one)"
+    )
     parser.add_argument("--model", help="the served model (default: the first of /v1/models)")
     parser.add_argument("--api-key")
     args = parser.parse_args()

@@ -28,7 +28,9 @@ def classify(s, review):
 def facts(s, topic):
     s += lp.user(f"Give me one short fact about {topic}.")
     forks = s.fork(2)
-    forks += lambda i: lp.assistant(lp.gen("fact", max_tokens=24, stop="\n", temperature=0.8, seed=i))
+    forks += lambda i: lp.assistant(
+        lp.gen("fact", max_tokens=24, stop="\n", temperature=0.8, seed=i)
+    )
     forks.join()
 
 
@@ -37,7 +39,10 @@ def person(s, text):
     s += lp.user(f"Extract the person's name and age as JSON.\nText: {text}")
     schema = {
         "type": "object",
-        "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 130}},
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0, "maximum": 130},
+        },
         "required": ["name", "age"],
         "additionalProperties": False,
     }
@@ -76,7 +81,9 @@ def main() -> None:
     print()
 
     states = capital_qa.run_batch(
-        [{"country": c} for c in ["Italy", "Spain", "Germany", "Egypt"]], temperature=0, progress_bar=True
+        [{"country": c} for c in ["Italy", "Spain", "Germany", "Egypt"]],
+        temperature=0,
+        progress_bar=True,
     )
     print("batch:", [st["answer"] for st in states])
     print(f"done in {time.perf_counter() - t0:.1f} s")

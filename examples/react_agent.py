@@ -2,7 +2,10 @@
 
 import lmprog as lp
 
-FACTS = {"paris": "Paris has about 2.1 million inhabitants.", "tokyo": "Tokyo has about 14 million inhabitants."}
+FACTS = {
+    "paris": "Paris has about 2.1 million inhabitants.",
+    "tokyo": "Tokyo has about 14 million inhabitants.",
+}
 
 
 def search(query: str) -> str:
@@ -24,7 +27,9 @@ TOOLS = {"search": search, "calculator": calculator}
 
 @lp.function
 def react(s, question, max_steps=3):
-    s += lp.system("Answer the question. Use tools: search[query] or calculator[expression], then finish[answer].")
+    s += lp.system(
+        "Answer the question. Use tools: search[query] or calculator[expression], then finish[answer]."
+    )
     s += lp.user(question)
     for step in range(max_steps):
         with s.assistant():

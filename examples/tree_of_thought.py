@@ -7,7 +7,9 @@ import lmprog as lp
 def tree_of_thought(s, problem, width=3):
     s += lp.user(f"Problem: {problem}\nPropose one idea to solve it, in one sentence.")
     ideas = s.fork(width)
-    ideas += lambda i: lp.assistant(lp.gen("idea", max_tokens=32, stop="\n", temperature=0.9, seed=100 + i))
+    ideas += lambda i: lp.assistant(
+        lp.gen("idea", max_tokens=32, stop="\n", temperature=0.9, seed=100 + i)
+    )
     ideas.join()  # s["idea"] is now the list of the children's ideas
     for i, idea in enumerate(s["idea"]):
         s += lp.user(f"Idea {i + 1}: {idea}\nIs this idea practical?")

@@ -66,7 +66,9 @@ def __getattr__(name: str) -> Any:
             except ImportError as e:  # re-raised as AttributeError so hasattr() keeps working
                 raise AttributeError(str(e)) from None
             except AttributeError:
-                raise AttributeError(f"lmprog.{name} is not available: its module {module_name} does not define it") from None
+                raise AttributeError(
+                    f"lmprog.{name} is not available: its module {module_name} does not define it"
+                ) from None
             globals()[name] = value
             return value
     raise AttributeError(f"module 'lmprog' has no attribute {name!r}")
@@ -78,9 +80,28 @@ def __dir__() -> list[str]:
 
 # The lazy names (Constraint, LlamaCpp, Runtime, OpenAI) are left out so that `import *` stays light.
 __all__ = [
-    "Arg", "BackendError", "ConstraintError", "ContextLengthError",
-    "LmprogError", "ProgramState", "SamplingParams", "assistant", "assistant_begin",
-    "assistant_end", "function", "gen", "greedy_token_selection", "image", "select",
-    "set_default_backend", "system", "system_begin", "system_end", "token_length_normalized",
-    "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
+    "Arg",
+    "BackendError",
+    "ConstraintError",
+    "ContextLengthError",
+    "LmprogError",
+    "ProgramState",
+    "SamplingParams",
+    "assistant",
+    "assistant_begin",
+    "assistant_end",
+    "function",
+    "gen",
+    "greedy_token_selection",
+    "image",
+    "select",
+    "set_default_backend",
+    "system",
+    "system_begin",
+    "system_end",
+    "token_length_normalized",
+    "unconditional_likelihood_normalized",
+    "user",
+    "user_begin",
+    "user_end",
 ]

@@ -27,7 +27,13 @@ from typing import Any
 from lmprog.core.chat import ChatTemplate
 from lmprog.core.errors import BackendError
 from lmprog.core.protocol import (
-    Backend, ChoiceScore, GenerateRequest, GenerateResult, ScoreRequest, ScoreResult, StreamCallback,
+    Backend,
+    ChoiceScore,
+    GenerateRequest,
+    GenerateResult,
+    ScoreRequest,
+    ScoreResult,
+    StreamCallback,
 )
 
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta")
@@ -58,7 +64,9 @@ class Gate:
             self.held += 1
         try:
             if not self._open.wait(self.timeout):
-                raise BackendError(f"fake backend: held at a gate not opened within {self.timeout:g} s")
+                raise BackendError(
+                    f"fake backend: held at a gate not opened within {self.timeout:g} s"
+                )
         finally:
             with self._lock:
                 self.held -= 1
@@ -75,7 +83,9 @@ class FakeTokenizer:
 
 
 def _hash(*parts: object) -> int:
-    return int.from_bytes(hashlib.sha1("\x00".join(map(str, parts)).encode()).digest()[:8], "little")
+    return int.from_bytes(
+        hashlib.sha1("\x00".join(map(str, parts)).encode()).digest()[:8], "little"
+    )
 
 
 class FakeBackend(Backend):
@@ -109,7 +119,9 @@ class FakeBackend(Backend):
 
     # ---- protocol ----------------------------------------------------------------
 
-    def generate(self, request: GenerateRequest, stream: StreamCallback | None = None) -> GenerateResult:
+    def generate(
+        self, request: GenerateRequest, stream: StreamCallback | None = None
+    ) -> GenerateResult:
         self._begin(request)
         try:
             self._meet()
@@ -128,9 +140,13 @@ class FakeBackend(Backend):
                 self._hold()
             completion = len(text.split()) if not self.responder else max(1, len(text))
             return GenerateResult(
-                text=text, token_ids=tuple(FakeTokenizer().encode(text)), finish_reason=finish,
-                prompt_tokens=len(str(request.prompt)), completion_tokens=completion,
-                cached_tokens=self._cached(str(request.prompt)), matched_stop=matched,
+                text=text,
+                token_ids=tuple(FakeTokenizer().encode(text)),
+                finish_reason=finish,
+                prompt_tokens=len(str(request.prompt)),
+                completion_tokens=completion,
+                cached_tokens=self._cached(str(request.prompt)),
+                matched_stop=matched,
             )
         finally:
             self._end()
@@ -144,10 +160,20 @@ class FakeBackend(Backend):
             self._hold()
             choices = []
             for choice in request.choices:
-                logprobs = self.scorer(request.prompt, choice) if self.scorer else self._toy_score(request.prompt, choice)
+                logprobs = (
+                    self.scorer(request.prompt, choice)
+                    if self.scorer
+                    else self._toy_score(request.prompt, choice)
+                )
                 uncond = tuple(self._toy_score("", choice)) if request.unconditional else None
-                choices.append(ChoiceScore(tuple(logprobs), tuple(FakeTokenizer().encode(choice)), uncond))
-            return ScoreResult(tuple(choices), prompt_tokens=len(request.prompt), cached_tokens=self._cached(request.prompt))
+                choices.append(
+                    ChoiceScore(tuple(logprobs), tuple(FakeTokenizer().encode(choice)), uncond)
+                )
+            return ScoreResult(
+                tuple(choices),
+                prompt_tokens=len(request.prompt),
+                cached_tokens=self._cached(request.prompt),
+            )
         finally:
             self._end()
 

@@ -17,7 +17,7 @@ constraint masks and penalties): this describes plain greedy decoding only.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 
 def top2_logprobs(logprobs: Iterable) -> list[tuple[float, float]]:
@@ -37,8 +37,9 @@ def near_tie(ref_top2: Sequence[tuple[float, float]], eps: float) -> int:
     return next((i for i, (a, b) in enumerate(ref_top2) if a - b < eps), len(ref_top2))
 
 
-def assert_greedy_agrees(got: Sequence[int], ref: Sequence[int],
-                         ref_top2: Sequence[tuple[float, float]], eps: float) -> int:
+def assert_greedy_agrees(
+    got: Sequence[int], ref: Sequence[int], ref_top2: Sequence[tuple[float, float]], eps: float
+) -> int:
     """Assert `got` equals `ref` up to the first near tie of the reference (all of it, length
     included, if there is none); return how many positions were compared."""
     got, ref = list(got), list(ref)
@@ -54,5 +55,7 @@ def assert_greedy_agrees(got: Sequence[int], ref: Sequence[int],
 def _diff(got: list[int], ref: list[int], ref_top2: Sequence[tuple[float, float]]) -> str:
     i = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
     gap = f"{ref_top2[i][0] - ref_top2[i][1]:.3g}" if i < len(ref_top2) else "n/a"
-    return (f"outputs differ at position {i} where the reference's top-2 gap is {gap}: "
-            f"got {got[i:i + 4]}..., reference {ref[i:i + 4]}... (lengths {len(got)}, {len(ref)})")
+    return (
+        f"outputs differ at position {i} where the reference's top-2 gap is {gap}: "
+        f"got {got[i : i + 4]}..., reference {ref[i : i + 4]}... (lengths {len(got)}, {len(ref)})"
+    )

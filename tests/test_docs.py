@@ -8,8 +8,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_reference_is_generated_from_current_docstrings():
-    result = subprocess.run([sys.executable, "docs/gen_reference.py", "--check"], cwd=ROOT,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "docs/gen_reference.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
 
 

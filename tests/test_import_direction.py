@@ -88,14 +88,20 @@ def test_the_checker_sees_relative_and_lazy_imports(tmp_path, monkeypatch):
     )
     monkeypatch.setattr(sys.modules[__name__], "ROOT", fake)
     found = violations("lang")
-    assert any("lmprog.interpreter" in v for v in found) and any("lmprog.runtime.engine" in v for v in found)
+    assert any("lmprog.interpreter" in v for v in found) and any(
+        "lmprog.runtime.engine" in v for v in found
+    )
 
 
 def test_only_the_runtime_backend_imports_the_runtime(tmp_path, monkeypatch):
     fake = tmp_path / "lmprog"
     (fake / "backends").mkdir(parents=True)
-    (fake / "backends" / "llamacpp.py").write_text("from lmprog.runtime.batch_sampler import BatchSampler\n")
-    (fake / "backends" / "runtime.py").write_text("def f():\n    from lmprog.runtime.engine import Engine\n")
+    (fake / "backends" / "llamacpp.py").write_text(
+        "from lmprog.runtime.batch_sampler import BatchSampler\n"
+    )
+    (fake / "backends" / "runtime.py").write_text(
+        "def f():\n    from lmprog.runtime.engine import Engine\n"
+    )
     monkeypatch.setattr(sys.modules[__name__], "ROOT", fake)
     assert sorted(violations("backends")) == [
         "lmprog/backends/llamacpp.py imports lmprog.runtime.batch_sampler",

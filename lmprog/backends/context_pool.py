@@ -15,9 +15,10 @@ and forks find it again later. `cache_prefix` saves explicitly.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,9 @@ class ContextPool:
     `ctx.tokens == target` on success and a consistent (possibly empty) context on error.
     """
 
-    def __init__(self, contexts: Sequence[NativeContext], cache: StateCache, *, min_save_tokens: int = 64):
+    def __init__(
+        self, contexts: Sequence[NativeContext], cache: StateCache, *, min_save_tokens: int = 64
+    ):
         assert contexts, "a pool needs at least one context"
         self._contexts = list(contexts)
         self._idle = list(contexts)
@@ -74,7 +77,9 @@ class ContextPool:
                 self._idle.append(ctx)
                 self._cond.notify_all()
 
-    def advance(self, ctx: NativeContext, target: Sequence[int], logits_from: int | None = None) -> Advanced:
+    def advance(
+        self, ctx: NativeContext, target: Sequence[int], logits_from: int | None = None
+    ) -> Advanced:
         """Make `ctx` hold exactly `target`; return the logits of target[logits_from:].
 
         At most `logits_from` leading tokens are reused (their logits are not kept), so
@@ -93,17 +98,25 @@ class ContextPool:
             ctx.truncate(keep)
             keep = len(ctx.tokens)  # truncate may clear everything (model cannot drop a tail)
         rest = list(target[keep:])
-        logits = ctx.eval(rest, None if logits_from is None else logits_from - keep) if rest else None
+        logits = (
+            ctx.eval(rest, None if logits_from is None else logits_from - keep) if rest else None
+        )
         self._count(evaluated_tokens=len(rest))
         return Advanced(logits, keep, restored)
 
     def save(self, ctx: NativeContext) -> bool:
         """Save the context's state under its tokens unless the cache already holds them all."""
-        if not ctx.tokens or self.cache.max_bytes == 0 or self.cache.longest_common(ctx.tokens) >= len(ctx.tokens):
+        if (
+            not ctx.tokens
+            or self.cache.max_bytes == 0
+            or self.cache.longest_common(ctx.tokens) >= len(ctx.tokens)
+        ):
             return False
         return self.cache.put(ctx.tokens, ctx.save_state())
 
-    def _maybe_restore(self, ctx: NativeContext, target: Sequence[int], keep: int, limit: int) -> bool:
+    def _maybe_restore(
+        self, ctx: NativeContext, target: Sequence[int], keep: int, limit: int
+    ) -> bool:
         """Restore the best saved state if it beats the live prefix by enough to pay the copy."""
         if self.cache.max_bytes == 0 or len(self.cache) == 0:
             return False

@@ -40,7 +40,11 @@ from lmprog.core.protocol import (
 from lmprog.decoding.batch_sampler import BatchSampler
 from lmprog.decoding.state import DecodeState
 
-_TOKENIZER_SAMPLES = ("Hello, world!", " The capital of France is Paris.\n", "<|im_start|>user\n2+2=?<|im_end|>\n")
+_TOKENIZER_SAMPLES = (
+    "Hello, world!",
+    " The capital of France is Paris.\n",
+    "<|im_start|>user\n2+2=?<|im_end|>\n",
+)
 
 
 class LlamaCpp(Backend):
@@ -71,26 +75,37 @@ class LlamaCpp(Backend):
         min_save_tokens: int = 64,
         jump_forward: bool = True,
     ):
-        for name, value, lo in (("n_ctx", n_ctx, 16), ("n_threads", n_threads, 1), ("n_batch", n_batch, 1),
-                                ("n_contexts", n_contexts, 1), ("state_cache_bytes", state_cache_bytes, 0),
-                                ("min_save_tokens", min_save_tokens, 1)):
+        for name, value, lo in (
+            ("n_ctx", n_ctx, 16),
+            ("n_threads", n_threads, 1),
+            ("n_batch", n_batch, 1),
+            ("n_contexts", n_contexts, 1),
+            ("state_cache_bytes", state_cache_bytes, 0),
+            ("min_save_tokens", min_save_tokens, 1),
+        ):
             _check_int(name, value, lo)
         if not isinstance(jump_forward, bool):
             raise TypeError(f"jump_forward must be a bool, got {jump_forward!r}")
         self._source = resolve_model(model)
         if self._source.kind != "gguf":
-            raise BackendError(f"LlamaCpp needs a GGUF model; {self._source.path} is a Hugging Face folder (use Runtime)")
+            raise BackendError(
+                f"LlamaCpp needs a GGUF model; {self._source.path} is a Hugging Face folder (use Runtime)"
+            )
         self._tokenizer = load_tokenizer(self._source)
         self._chat_template = template_from_tokenizer(self._tokenizer, chat_template)
         self._model = NativeModel(self._source.path)
         contexts: list[NativeContext] = []
         try:
             for _ in range(n_contexts):
-                contexts.append(NativeContext(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads))
+                contexts.append(
+                    NativeContext(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+                )
         except BaseException:
             _release(contexts, self._model)
             raise
-        self._pool = ContextPool(contexts, StateCache(state_cache_bytes), min_save_tokens=min_save_tokens)
+        self._pool = ContextPool(
+            contexts, StateCache(state_cache_bytes), min_save_tokens=min_save_tokens
+        )
         # Frees the native memory when the backend is garbage-collected. Not at exit: a
         # daemon thread may still hold a context then, and the OS reclaims it anyway.
         self._finalizer = weakref.finalize(self, self._pool.close, self._model)
@@ -98,7 +113,9 @@ class LlamaCpp(Backend):
         self.n_ctx = contexts[0].n_ctx
         self.n_vocab = self._model.n_vocab
         eos = getattr(self._tokenizer, "eos_token_id", None)
-        self._eos_ids = tuple(sorted(set(self._model.eog_token_ids) | ({eos} if eos is not None else set())))
+        self._eos_ids = tuple(
+            sorted(set(self._model.eog_token_ids) | ({eos} if eos is not None else set()))
+        )
         bos = self._model.bos_token_id
         self._start_id = bos if bos >= 0 else self._eos_ids[0]
         self._jump_forward = jump_forward
@@ -120,7 +137,9 @@ class LlamaCpp(Backend):
     def model_name(self) -> str:
         return self._source.name
 
-    def generate(self, request: GenerateRequest, stream: StreamCallback | None = None) -> GenerateResult:
+    def generate(
+        self, request: GenerateRequest, stream: StreamCallback | None = None
+    ) -> GenerateResult:
         self._check_open()
         if not isinstance(request, GenerateRequest):
             raise TypeError(f"generate takes a GenerateRequest, got {type(request).__name__}")
@@ -134,22 +153,37 @@ class LlamaCpp(Backend):
             first = self._pool.advance(ctx, prompt, logits_from=len(prompt) - 1)
             guide = index.result().new_guide() if index is not None else None
             state = DecodeState(
-                params, tokenizer=self._tokenizer, prompt_ids=prompt, eos_token_ids=self._eos_ids,
-                vocab_size=self.n_vocab, token_text=self._token_text, emit=stream, guide=guide,
+                params,
+                tokenizer=self._tokenizer,
+                prompt_ids=prompt,
+                eos_token_ids=self._eos_ids,
+                vocab_size=self.n_vocab,
+                token_text=self._token_text,
+                emit=stream,
+                guide=guide,
                 jump_forward=self._jump_forward,
             )
             self._decode(ctx, state, prompt, first.logits[-1])
-        self._stats.add(requests=1, prompt_tokens=len(prompt), cached_tokens=first.reused,
-                        prefix_hits=int(first.reused > 0), generated_tokens=len(state.output_ids))
+        self._stats.add(
+            requests=1,
+            prompt_tokens=len(prompt),
+            cached_tokens=first.reused,
+            prefix_hits=int(first.reused > 0),
+            generated_tokens=len(state.output_ids),
+        )
         return state.result(prompt_tokens=len(prompt), cached_tokens=first.reused)
 
-    def _decode(self, ctx: NativeContext, state: DecodeState, prompt: list[int], logits: np.ndarray) -> None:
+    def _decode(
+        self, ctx: NativeContext, state: DecodeState, prompt: list[int], logits: np.ndarray
+    ) -> None:
         """Sample, accept, evaluate the new tokens; `state` re-reads jump-forwards from output_ids."""
         if state.params.max_tokens == 0:
             state.finish("length")
         sampler = BatchSampler(self._eos_ids)
         while not state.done:
-            draw = sampler.sample(torch.from_numpy(logits)[None], [state])[0]  # masks logits in place
+            draw = sampler.sample(torch.from_numpy(logits)[None], [state])[
+                0
+            ]  # masks logits in place
             if draw.error is not None:
                 raise draw.error
             state.accept(draw.token, logprob=draw.logprob, top=draw.top)
@@ -172,20 +206,38 @@ class LlamaCpp(Backend):
         check_score_request(request)
         prompt = self._tokenize(request.prompt)
         spans = [self._healed_span(prompt, request.prompt + c) for c in request.choices]
-        uncond = [self._healed_span([], c) for c in request.choices] if request.unconditional else None
+        uncond = (
+            [self._healed_span([], c) for c in request.choices] if request.unconditional else None
+        )
         for tokens, _ in spans + (uncond or []):
             self._check_fits(len(tokens), "prompt + choice")
         with self._pool.lease(prompt) as ctx:
             # Evaluate the prompt once (up to the first scored position of any choice); each
             # choice then costs only its own tokens on top of it.
             shared = min(start for _, start in spans) - 1
-            reused = self._pool.advance(ctx, prompt[:shared], logits_from=None).reused if shared > 0 else 0
+            reused = (
+                self._pool.advance(ctx, prompt[:shared], logits_from=None).reused
+                if shared > 0
+                else 0
+            )
             cond = [self._span_logprobs(ctx, tokens, start) for tokens, start in spans]
-            free = [self._span_logprobs(ctx, tokens, start) for tokens, start in uncond] if uncond else None
-        self._stats.add(score_requests=1, prompt_tokens=len(prompt), cached_tokens=reused, prefix_hits=int(reused > 0))
+            free = (
+                [self._span_logprobs(ctx, tokens, start) for tokens, start in uncond]
+                if uncond
+                else None
+            )
+        self._stats.add(
+            score_requests=1,
+            prompt_tokens=len(prompt),
+            cached_tokens=reused,
+            prefix_hits=int(reused > 0),
+        )
         choices = tuple(
-            ChoiceScore(token_logprobs=lp, token_ids=tuple(tokens[start:]),
-                        unconditional_token_logprobs=free[i] if free is not None else None)
+            ChoiceScore(
+                token_logprobs=lp,
+                token_ids=tuple(tokens[start:]),
+                unconditional_token_logprobs=free[i] if free is not None else None,
+            )
             for i, ((tokens, start), lp) in enumerate(zip(spans, cond))
         )
         return ScoreResult(choices=choices, prompt_tokens=len(prompt), cached_tokens=reused)
@@ -200,7 +252,9 @@ class LlamaCpp(Backend):
             start = 1
         return tokens, start
 
-    def _span_logprobs(self, ctx: NativeContext, tokens: list[int], start: int) -> tuple[float, ...]:
+    def _span_logprobs(
+        self, ctx: NativeContext, tokens: list[int], start: int
+    ) -> tuple[float, ...]:
         if start >= len(tokens):
             return ()
         rows = self._pool.advance(ctx, tokens[:-1], logits_from=start - 1).logits
@@ -254,11 +308,19 @@ class LlamaCpp(Backend):
         elif isinstance(prompt, (tuple, list)):
             ids = list(prompt)
             for t in ids:
-                if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < self.n_vocab:
-                    raise ValueError(f"prompt token ids must be ints in [0, {self.n_vocab}), got {t!r}")
+                if (
+                    isinstance(t, bool)
+                    or not isinstance(t, (int, np.integer))
+                    or not 0 <= t < self.n_vocab
+                ):
+                    raise ValueError(
+                        f"prompt token ids must be ints in [0, {self.n_vocab}), got {t!r}"
+                    )
             ids = [int(t) for t in ids]
         else:
-            raise TypeError(f"prompt must be a str or a tuple of token ids, got {type(prompt).__name__}")
+            raise TypeError(
+                f"prompt must be a str or a tuple of token ids, got {type(prompt).__name__}"
+            )
         return ids or [self._start_id]  # an empty prompt continues from the start token
 
     def _check_fits(self, n_tokens: int, what: str) -> None:
@@ -307,7 +369,9 @@ def _constraint_index(constraint: Any, tokenizer: Any) -> Any:
     try:
         from lmprog.fsm.index import TokenIndex
     except ImportError as exc:
-        raise ConstraintError(f"constrained decoding needs lmprog.fsm, which is not available: {exc}") from exc
+        raise ConstraintError(
+            f"constrained decoding needs lmprog.fsm, which is not available: {exc}"
+        ) from exc
     future = TokenIndex.prefetch(constraint, tokenizer)
     if future.done():
         future.result()  # raise a ConstraintError now, before any token is spent
@@ -320,8 +384,17 @@ class _Counters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values = dict.fromkeys(
-            ("requests", "score_requests", "cache_prefix_calls", "prompt_tokens", "cached_tokens",
-             "prefix_hits", "generated_tokens"), 0)
+            (
+                "requests",
+                "score_requests",
+                "cache_prefix_calls",
+                "prompt_tokens",
+                "cached_tokens",
+                "prefix_hits",
+                "generated_tokens",
+            ),
+            0,
+        )
 
     def add(self, **deltas: int) -> None:
         with self._lock:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,10 @@ def _llama_cpp() -> Any:
         def _log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
             # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation.
             if level in (3, 4):
-                logger.log(logging.WARNING if level == 3 else logging.ERROR, text.decode("utf-8", "replace").rstrip())
+                logger.log(
+                    logging.WARNING if level == 3 else logging.ERROR,
+                    text.decode("utf-8", "replace").rstrip(),
+                )
 
         llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
@@ -66,7 +70,9 @@ class NativeModel:
         self.n_ctx_train: int = lib.llama_model_n_ctx_train(self.ptr)
         self.bos_token_id: int = lib.llama_vocab_bos(self.vocab)
         self.add_bos: bool = bool(lib.llama_vocab_get_add_bos(self.vocab))
-        self.eog_token_ids = frozenset(t for t in range(self.n_vocab) if lib.llama_vocab_is_eog(self.vocab, t))
+        self.eog_token_ids = frozenset(
+            t for t in range(self.n_vocab) if lib.llama_vocab_is_eog(self.vocab, t)
+        )
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
         """llama.cpp's own tokenization (used to check that the HF tokenizer agrees)."""
@@ -134,7 +140,9 @@ class NativeContext:
             b.logits[i] = want and i >= logits_from
         rc = self.lib.llama_decode(self.ptr, b)
         if rc != 0:
-            raise BackendError(f"llama_decode failed with code {rc} at position {pos0} (context {self.n_ctx})")
+            raise BackendError(
+                f"llama_decode failed with code {rc} at position {pos0} (context {self.n_ctx})"
+            )
         self.tokens.extend(chunk)
         if not want:
             return None

@@ -24,13 +24,24 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from lmprog.backends.checks import check_score_request, check_stream
-from lmprog.backends.openai_convert import ReplyBuilder, constraint_fields, endpoint_error, request_fields
+from lmprog.backends.openai_convert import (
+    ReplyBuilder,
+    constraint_fields,
+    endpoint_error,
+    request_fields,
+)
 from lmprog.backends.openai_messages import has_roles, marker_template, split_messages
 from lmprog.backends.openai_score import UNCONDITIONAL_CONTEXT, score_choices
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError
 from lmprog.core.protocol import (
-    ApiSpeculation, Backend, GenerateRequest, GenerateResult, ScoreRequest, ScoreResult, StreamCallback,
+    ApiSpeculation,
+    Backend,
+    GenerateRequest,
+    GenerateResult,
+    ScoreRequest,
+    ScoreResult,
+    StreamCallback,
 )
 
 try:
@@ -75,18 +86,32 @@ class OpenAI(Backend):
     tokens by text, so `TokenLogprob.token_id` is -1.
     """
 
-    def __init__(self, model: str | None = None, base_url: str | None = None, api_key: str | None = None, *,
-                 chat: bool | None = None, chat_template: str | None = None, tokenizer: Any = None,
-                 regex_field: str | None = None, extra_body: dict[str, Any] | None = None,
-                 timeout: float = 600.0, max_retries: int = 2) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        chat: bool | None = None,
+        chat_template: str | None = None,
+        tokenizer: Any = None,
+        regex_field: str | None = None,
+        extra_body: dict[str, Any] | None = None,
+        timeout: float = 600.0,
+        max_retries: int = 2,
+    ) -> None:
         _check_args(model, chat, chat_template, regex_field, extra_body)
         self.base_url = _api_root(base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL)
         self.chat = chat if chat is not None else (chat_template is None and tokenizer is None)
         if self.chat and chat_template is not None:
-            raise ValueError("chat_template renders roles as text, which only completion mode does: "
-                             "pass chat=False with it (chat mode uses the server's template)")
+            raise ValueError(
+                "chat_template renders roles as text, which only completion mode does: "
+                "pass chat=False with it (chat mode uses the server's template)"
+            )
         key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
-        self._client = _openai.OpenAI(base_url=self.base_url, api_key=key, timeout=timeout, max_retries=max_retries)
+        self._client = _openai.OpenAI(
+            base_url=self.base_url, api_key=key, timeout=timeout, max_retries=max_retries
+        )
         self._model = model
         self._template_source = chat_template
         self._tokenizer_arg = tokenizer
@@ -94,8 +119,18 @@ class OpenAI(Backend):
         self._regex_field = regex_field
         self._extra_body = dict(extra_body or {})
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(("api_calls", "completion_calls", "chat_calls", "score_calls",
-                                      "prompt_tokens", "completion_tokens", "errors"), 0)
+        self._counts = dict.fromkeys(
+            (
+                "api_calls",
+                "completion_calls",
+                "chat_calls",
+                "score_calls",
+                "prompt_tokens",
+                "completion_tokens",
+                "errors",
+            ),
+            0,
+        )
         self._closed = False
 
     # ---- Backend protocol ------------------------------------------------------------------
@@ -119,7 +154,9 @@ class OpenAI(Backend):
     def model_name(self) -> str:
         return self._once("model", self._find_model) if self._model is None else self._model
 
-    def generate(self, request: GenerateRequest, stream: StreamCallback | None = None) -> GenerateResult:
+    def generate(
+        self, request: GenerateRequest, stream: StreamCallback | None = None
+    ) -> GenerateResult:
         """One completion or chat completion; `stream` gets the text as the server sends it."""
         self._check_open()
         if not isinstance(request, GenerateRequest):
@@ -131,7 +168,9 @@ class OpenAI(Backend):
         if chat is not None:
             kwargs["messages"] = chat.for_generation()
         else:
-            kwargs["prompt"] = request.prompt if isinstance(request.prompt, str) else list(request.prompt)
+            kwargs["prompt"] = (
+                request.prompt if isinstance(request.prompt, str) else list(request.prompt)
+            )
         kind = "chat" if chat is not None else "completion"
         reply = ReplyBuilder(chat=chat is not None)
         if stream is None:
@@ -166,12 +205,22 @@ class OpenAI(Backend):
         prompts = [request.prompt + c for c in request.choices]
         if request.unconditional:
             prompts += [UNCONDITIONAL_CONTEXT + c for c in request.choices]
-        kwargs = {"prompt": prompts, "echo": True, "logprobs": 0, "max_tokens": 0, "temperature": 0.0}
+        kwargs = {
+            "prompt": prompts,
+            "echo": True,
+            "logprobs": 0,
+            "max_tokens": 0,
+            "temperature": 0.0,
+        }
         response = self._request("score", kwargs, {})
         choices = sorted(response.choices, key=lambda c: c.index)
         if len(choices) != len(prompts):
-            raise BackendError(f"{self.base_url} returned {len(choices)} choices for {len(prompts)} prompts")
-        scores, prompt_tokens = score_choices(choices, request.prompt, request.choices, request.unconditional)
+            raise BackendError(
+                f"{self.base_url} returned {len(choices)} choices for {len(prompts)} prompts"
+            )
+        scores, prompt_tokens = score_choices(
+            choices, request.prompt, request.choices, request.unconditional
+        )
         return ScoreResult(choices=tuple(scores), prompt_tokens=prompt_tokens)
 
     def stats(self) -> dict[str, Any]:
@@ -190,15 +239,23 @@ class OpenAI(Backend):
             self._client.close()
 
     # ---- requests ---------------------------------------------------------------------------
-    def _read_whole(self, kind: str, kwargs: dict[str, Any], extra: dict[str, Any], reply: ReplyBuilder) -> None:
+    def _read_whole(
+        self, kind: str, kwargs: dict[str, Any], extra: dict[str, Any], reply: ReplyBuilder
+    ) -> None:
         response = self._request(kind, kwargs, extra)
         if not response.choices:
             raise BackendError(f"{self.base_url} returned no choices")
         reply.add_choice(response.choices[0])
         reply.usage = response.usage
 
-    def _read_stream(self, kind: str, kwargs: dict[str, Any], extra: dict[str, Any], reply: ReplyBuilder,
-                     stream: StreamCallback) -> None:
+    def _read_stream(
+        self,
+        kind: str,
+        kwargs: dict[str, Any],
+        extra: dict[str, Any],
+        reply: ReplyBuilder,
+        stream: StreamCallback,
+    ) -> None:
         kwargs = {**kwargs, "stream": True, "stream_options": {"include_usage": True}}
         response = self._request(kind, kwargs, extra)
         try:
@@ -293,8 +350,14 @@ def _api_root(url: str) -> str:
     return url + "/v1" if urlsplit(url).path in ("", "/") else url
 
 
-def _check_args(model: Any, chat: Any, chat_template: Any, regex_field: Any, extra_body: Any) -> None:
-    for name, value in (("model", model), ("chat_template", chat_template), ("regex_field", regex_field)):
+def _check_args(
+    model: Any, chat: Any, chat_template: Any, regex_field: Any, extra_body: Any
+) -> None:
+    for name, value in (
+        ("model", model),
+        ("chat_template", chat_template),
+        ("regex_field", regex_field),
+    ):
         if value is not None and (not isinstance(value, str) or not value):
             raise TypeError(f"{name} must be a non-empty str or None, got {value!r}")
     if chat is not None and not isinstance(chat, bool):

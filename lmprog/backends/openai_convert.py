@@ -19,8 +19,14 @@ from lmprog.core.protocol import FinishReason, GenerateResult, TokenLogprob, Top
 from lmprog.core.sampling import SamplingParams
 
 _FINISH: dict[str | None, FinishReason] = {
-    "stop": "stop", "length": "length", "tool_calls": "stop", "function_call": "stop",
-    "content_filter": "abort", "abort": "abort", "error": "error", None: "stop",
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "stop",
+    "function_call": "stop",
+    "content_filter": "abort",
+    "abort": "abort",
+    "error": "error",
+    None: "stop",
 }
 NO_TOKEN_ID = -1  # endpoints name tokens by their text; TokenLogprob.token_id is unknown
 
@@ -49,8 +55,12 @@ def request_fields(params: SamplingParams, *, chat: bool) -> tuple[dict[str, Any
         else:
             kwargs["logprobs"] = params.top_logprobs_num
     extra: dict[str, Any] = {}
-    for name, value, unset in (("top_k", params.top_k, -1), ("min_p", params.min_p, 0.0),
-                               ("min_tokens", params.min_tokens, 0), ("ignore_eos", params.ignore_eos, False)):
+    for name, value, unset in (
+        ("top_k", params.top_k, -1),
+        ("min_p", params.min_p, 0.0),
+        ("min_tokens", params.min_tokens, 0),
+        ("ignore_eos", params.ignore_eos, False),
+    ):
         if value != unset:
             extra[name] = value
     if params.stop_token_ids:
@@ -70,8 +80,12 @@ def constraint_fields(constraint: Any, regex_field: str | None) -> dict[str, Any
         return {}
     if constraint.kind == "json_schema":
         schema = json.loads(constraint.source)
-        return {"response_format": {"type": "json_schema",
-                                    "json_schema": {"name": "output", "schema": schema, "strict": True}}}
+        return {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": schema, "strict": True},
+            }
+        }
     if regex_field is None:
         raise BackendError(
             f"an OpenAI-compatible endpoint has no standard field for a {constraint.kind} constraint "
@@ -109,7 +123,9 @@ class ReplyBuilder:
         """Fold in one choice (or chunk choice); returns its new text."""
         piece = _choice_text(choice, self.chat) or ""
         self.text.append(piece)
-        tokens = _chat_logprobs(choice.logprobs) if self.chat else _completion_logprobs(choice.logprobs)
+        tokens = (
+            _chat_logprobs(choice.logprobs) if self.chat else _completion_logprobs(choice.logprobs)
+        )
         if tokens is not None:
             self.logprobs = (self.logprobs or []) + tokens
         if choice.finish_reason is not None:
@@ -124,8 +140,13 @@ class ReplyBuilder:
         if completion == 0 and self.logprobs:
             completion = len(self.logprobs)
         return GenerateResult(
-            text=text, token_ids=(), finish_reason=finish, prompt_tokens=prompt,
-            completion_tokens=completion, cached_tokens=cached, matched_stop=self.matched_stop,
+            text=text,
+            token_ids=(),
+            finish_reason=finish,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            cached_tokens=cached,
+            matched_stop=self.matched_stop,
             logprobs=tuple(self.logprobs) if self.logprobs is not None else None,
             message=mismatch_message(constraint, text, finish),
         )
@@ -153,8 +174,14 @@ def _chat_logprobs(lp: Any) -> list[TokenLogprob] | None:
     if lp is None or lp.content is None:
         return None
     return [
-        TokenLogprob(NO_TOKEN_ID, t.token, _float(t.logprob),
-                     tuple(TopLogprob(NO_TOKEN_ID, a.token, float(a.logprob)) for a in (t.top_logprobs or ())))
+        TokenLogprob(
+            NO_TOKEN_ID,
+            t.token,
+            _float(t.logprob),
+            tuple(
+                TopLogprob(NO_TOKEN_ID, a.token, float(a.logprob)) for a in (t.top_logprobs or ())
+            ),
+        )
         for t in lp.content
     ]
 

@@ -77,13 +77,15 @@ def split_messages(prompt: str) -> ChatPrompt | None:
         role = m.group(1)
         if role != "end":
             if open_role is not None:
-                raise BackendError(f"a {role!r} message begins inside the open {open_role!r} message")
-            _check_outside(prompt[outside_start:m.start()])
+                raise BackendError(
+                    f"a {role!r} message begins inside the open {open_role!r} message"
+                )
+            _check_outside(prompt[outside_start : m.start()])
             open_role, content_start = role, m.end()
         elif open_role is None or not prompt.startswith(_END, m.start()):
             raise BackendError(f"unbalanced role markers in the prompt at offset {m.start()}")
         else:
-            messages.append({"role": open_role, "content": prompt[content_start:m.start()]})
+            messages.append({"role": open_role, "content": prompt[content_start : m.start()]})
             open_role, outside_start = None, m.start() + len(_END)
     if not messages and open_role is None:
         return None

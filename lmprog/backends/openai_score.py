@@ -60,7 +60,9 @@ def _offsets_from_end(tokens: list[str], prompt_end: int, echoed: str) -> list[i
     return starts[::-1]
 
 
-def choice_logprobs(spans: list[tuple[int, int, float | None]], boundary: int, choice: str) -> tuple[float, ...]:
+def choice_logprobs(
+    spans: list[tuple[int, int, float | None]], boundary: int, choice: str
+) -> tuple[float, ...]:
     """Logprobs of the tokens that overlap text after `boundary` (the choice's characters)."""
     picked = tuple(float(p) for s, e, p in spans if e > boundary and p is not None)
     if not picked:
@@ -71,8 +73,9 @@ def choice_logprobs(spans: list[tuple[int, int, float | None]], boundary: int, c
     return picked
 
 
-def score_choices(choices: list[Any], prompt: str, options: tuple[str, ...],
-                  unconditional: bool) -> tuple[list[ChoiceScore], int]:
+def score_choices(
+    choices: list[Any], prompt: str, options: tuple[str, ...], unconditional: bool
+) -> tuple[list[ChoiceScore], int]:
     """ChoiceScores from one echoed response (choices in request order: every
     prompt+option, then, with `unconditional`, every UNCONDITIONAL_CONTEXT+option); and
     the number of prompt tokens before the first option."""
@@ -86,7 +89,11 @@ def score_choices(choices: list[Any], prompt: str, options: tuple[str, ...],
         free = None
         if unconditional:
             context = UNCONDITIONAL_CONTEXT
-            free = choice_logprobs(echoed_spans(choices[n + i], context + option), len(context), option)
-        scores.append(ChoiceScore(token_logprobs=cond, token_ids=(), unconditional_token_logprobs=free))
+            free = choice_logprobs(
+                echoed_spans(choices[n + i], context + option), len(context), option
+            )
+        scores.append(
+            ChoiceScore(token_logprobs=cond, token_ids=(), unconditional_token_logprobs=free)
+        )
     prompt_tokens = sum(1 for _, e, _ in first_spans if e <= len(prompt))
     return scores, prompt_tokens

@@ -21,15 +21,28 @@ from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError, ConstraintError
 from lmprog.core.models import ModelSource, load_tokenizer, resolve_model
 from lmprog.core.protocol import (
-    Backend, ChoiceScore, GenerateRequest, GenerateResult, ScoreRequest, ScoreResult,
+    Backend,
+    ChoiceScore,
+    GenerateRequest,
+    GenerateResult,
+    ScoreRequest,
+    ScoreResult,
     StreamCallback,
 )
 from lmprog.core.sampling import SamplingParams
 
 # Special tokens that end a turn in common chat formats (llama.cpp treats them as end of
 # generation too, so the two backends stop at the same place).
-_END_OF_TURN = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
-                "<end_of_turn>", "<|end_of_text|>", "</s>")
+_END_OF_TURN = (
+    "<|endoftext|>",
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|end_of_text|>",
+    "</s>",
+)
 _PREFILL_ONLY = SamplingParams(max_tokens=0)
 
 
@@ -73,17 +86,34 @@ class Runtime(Backend):
     (lmprog.runtime.engine), SpeculativeConfig.
     """
 
-    def __init__(self, model: str | None = None, device: str = "auto", dtype: str = "auto",
-                 max_total_tokens: int | None = None, radix_cache: bool = True,
-                 eviction: str = "lru", load_format: str = "auto", *,
-                 chat_template: str | None = None, tokenizer: Any = None,
-                 context_length: int | None = None, max_running_requests: int = 64,
-                 max_num_batched_tokens: int = 2048, schedule_policy: str = "lpm",
-                 hybrid_batching: bool = True, overlap: bool | None = None,
-                 page_size: int = 1, jump_forward: bool = True, quantization: str | None = None,
-                 attention: str = "auto", cuda_graphs: bool = True,
-                 num_threads: int | None = None, seed: int = 0,
-                 check_integrity: bool = False, speculative: Any = None) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        max_total_tokens: int | None = None,
+        radix_cache: bool = True,
+        eviction: str = "lru",
+        load_format: str = "auto",
+        *,
+        chat_template: str | None = None,
+        tokenizer: Any = None,
+        context_length: int | None = None,
+        max_running_requests: int = 64,
+        max_num_batched_tokens: int = 2048,
+        schedule_policy: str = "lpm",
+        hybrid_batching: bool = True,
+        overlap: bool | None = None,
+        page_size: int = 1,
+        jump_forward: bool = True,
+        quantization: str | None = None,
+        attention: str = "auto",
+        cuda_graphs: bool = True,
+        num_threads: int | None = None,
+        seed: int = 0,
+        check_integrity: bool = False,
+        speculative: Any = None,
+    ) -> None:
         import torch
 
         from lmprog.runtime.assemble import assemble_model
@@ -95,27 +125,43 @@ class Runtime(Backend):
         # Every knob is validated by the config that owns it, before any weight is loaded.
         spec_config = SpeculativeConfig.coerce(speculative)
         cache_config = CacheConfig(page_size=page_size, radix_cache=radix_cache, eviction=eviction)
-        scheduler_config = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
-                                           max_running_requests=max_running_requests,
-                                           schedule_policy=schedule_policy,
-                                           hybrid_batching=hybrid_batching)
-        engine_config = EngineConfig(jump_forward=jump_forward, check_integrity=check_integrity,
-                                     overlap=overlap)
+        scheduler_config = SchedulerConfig(
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_running_requests=max_running_requests,
+            schedule_policy=schedule_policy,
+            hybrid_batching=hybrid_batching,
+        )
+        engine_config = EngineConfig(
+            jump_forward=jump_forward, check_integrity=check_integrity, overlap=overlap
+        )
         self._source = _source_of(model, load_format)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
-        net = assemble_model(self._source or model, device=device, dtype=dtype,
-                             load_format=load_format, attention=attention,
-                             quantization=quantization, seed=seed)
+        net = assemble_model(
+            self._source or model,
+            device=device,
+            dtype=dtype,
+            load_format=load_format,
+            attention=attention,
+            quantization=quantization,
+            seed=seed,
+        )
         self.quantization = quantization
         self.model_config = net.config
         self.device, self.dtype = next(net.parameters()).device, next(net.parameters()).dtype
         self._setup_tokens(net.config, tokenizer, chat_template)
         self._engine = launch_engine(
-            net, self._tokenizer, eos_token_ids=self._eos_ids, max_total_tokens=max_total_tokens,
-            context_length=context_length, cache_config=cache_config,
-            scheduler_config=scheduler_config, engine_config=engine_config,
-            cuda_graphs=cuda_graphs, speculative=spec_config)
+            net,
+            self._tokenizer,
+            eos_token_ids=self._eos_ids,
+            max_total_tokens=max_total_tokens,
+            context_length=context_length,
+            cache_config=cache_config,
+            scheduler_config=scheduler_config,
+            engine_config=engine_config,
+            cuda_graphs=cuda_graphs,
+            speculative=spec_config,
+        )
         self._radix = radix_cache
         weakref.finalize(self, self._engine.shutdown)
 
@@ -139,7 +185,9 @@ class Runtime(Backend):
     @property
     def chat_template(self) -> ChatTemplate:
         if self._template is None:  # built on first use: a preset without tokenizer has none
-            self._template = template_from_tokenizer(self._need_tokenizer(), self._template_override)
+            self._template = template_from_tokenizer(
+                self._need_tokenizer(), self._template_override
+            )
         return self._template
 
     @property
@@ -155,9 +203,14 @@ class Runtime(Backend):
     def model_name(self) -> str:
         return self._source.name if self._source is not None else "dummy"
 
-    def generate(self, request: Any, sampling_params: Any = None, *,
-                 stream: StreamCallback | None = None,
-                 logprob_start_len: int | None = None) -> Any:
+    def generate(
+        self,
+        request: Any,
+        sampling_params: Any = None,
+        *,
+        stream: StreamCallback | None = None,
+        logprob_start_len: int | None = None,
+    ) -> Any:
         """Two forms.
 
         generate(GenerateRequest, stream=None) -> GenerateResult: the Backend protocol.
@@ -174,8 +227,10 @@ class Runtime(Backend):
                 raise TypeError("generate(GenerateRequest) takes its parameters from the request")
             return self._generate_one(request, stream)
         if stream is not None:
-            raise TypeError("stream= goes with generate(GenerateRequest); offline generate "
-                            "returns whole results")
+            raise TypeError(
+                "stream= goes with generate(GenerateRequest); offline generate "
+                "returns whole results"
+            )
         return self._generate_offline(request, sampling_params, logprob_start_len)
 
     def score(self, request: ScoreRequest) -> ScoreResult:
@@ -185,17 +240,23 @@ class Runtime(Backend):
         check_score_request(request)
         prompt = self._encode(request.prompt)
         spans = [self._healed_span(prompt, request.prompt + c) for c in request.choices]
-        uncond = [self._healed_span([], c) for c in request.choices] if request.unconditional else []
+        uncond = (
+            [self._healed_span([], c) for c in request.choices] if request.unconditional else []
+        )
         shared = min(start for _, start in spans) - 1
         cached = 0
         if self._radix and shared > 0:
             cached = self._run(spans[0][0][:shared], _PREFILL_ONLY).cached_tokens
         scored = self._score_spans(spans + uncond)
-        free = scored[len(spans):] if uncond else None
+        free = scored[len(spans) :] if uncond else None
         choices = tuple(
-            ChoiceScore(token_logprobs=scored[i], token_ids=tuple(tokens[start:]),
-                        unconditional_token_logprobs=free[i] if free is not None else None)
-            for i, (tokens, start) in enumerate(spans))
+            ChoiceScore(
+                token_logprobs=scored[i],
+                token_ids=tuple(tokens[start:]),
+                unconditional_token_logprobs=free[i] if free is not None else None,
+            )
+            for i, (tokens, start) in enumerate(spans)
+        )
         return ScoreResult(choices=choices, prompt_tokens=len(prompt), cached_tokens=cached)
 
     def cache_prefix(self, prompt: str) -> None:
@@ -210,8 +271,12 @@ class Runtime(Backend):
         """Engine metrics: cache_hit_rate, gen_tokens_per_s, num_running/num_waiting,
         kv_usage, requests_finished by reason, ... (see lmprog.runtime.metrics)."""
         out = self._engine.stats()
-        out.update(model=self.model_name, device=str(self.device), dtype=str(self.dtype),
-                   quantization=self.quantization)
+        out.update(
+            model=self.model_name,
+            device=str(self.device),
+            dtype=str(self.dtype),
+            quantization=self.quantization,
+        )
         return out
 
     def flush_cache(self) -> bool:
@@ -222,17 +287,23 @@ class Runtime(Backend):
         self._engine.shutdown()
 
     # ---- internals ------------------------------------------------------------------------
-    def _generate_one(self, request: GenerateRequest, stream: StreamCallback | None) -> GenerateResult:
+    def _generate_one(
+        self, request: GenerateRequest, stream: StreamCallback | None
+    ) -> GenerateResult:
         check_stream(stream)
         ids = self._prompt_ids(request.prompt)
         self._check_params(request.params)
         guide = self._guide(request.constraint)
         return self._run(ids, request.params, guide=guide, stream=stream)
 
-    def _generate_offline(self, prompts: Any, sampling_params: Any,
-                          logprob_start_len: int | None) -> Any:
+    def _generate_offline(
+        self, prompts: Any, sampling_params: Any, logprob_start_len: int | None
+    ) -> Any:
         single = isinstance(prompts, str) or (
-            isinstance(prompts, (list, tuple)) and prompts and not isinstance(prompts[0], (str, list, tuple)))
+            isinstance(prompts, (list, tuple))
+            and prompts
+            and not isinstance(prompts[0], (str, list, tuple))
+        )
         batch = [prompts] if single else list(prompts)
         if not batch:
             raise ValueError("generate needs at least one prompt")
@@ -278,12 +349,21 @@ class Runtime(Backend):
             raise error
         return results
 
-    def _run(self, ids: Sequence[int], params: SamplingParams, *, guide: Any = None,
-             stream: StreamCallback | None = None, prompt_logprob_start: int | None = None) -> Any:
+    def _run(
+        self,
+        ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        guide: Any = None,
+        stream: StreamCallback | None = None,
+        prompt_logprob_start: int | None = None,
+    ) -> Any:
         from lmprog.runtime.engine_io import EngineRequest
 
-        handle = self._engine.submit(EngineRequest(tuple(ids), params, guide, prompt_logprob_start),
-                                     stream=stream is not None)
+        handle = self._engine.submit(
+            EngineRequest(tuple(ids), params, guide, prompt_logprob_start),
+            stream=stream is not None,
+        )
         try:
             if stream is not None:
                 for piece in handle.pieces():
@@ -297,11 +377,14 @@ class Runtime(Backend):
         """Logprobs of tokens[start:] for every (tokens, start), all submitted at once."""
         from lmprog.runtime.engine_io import EngineRequest
 
-        requests = [EngineRequest(tuple(t), _PREFILL_ONLY, None, s - 1) if s < len(t) else None
-                    for t, s in spans]
+        requests = [
+            EngineRequest(tuple(t), _PREFILL_ONLY, None, s - 1) if s < len(t) else None
+            for t, s in spans
+        ]
         results = self._wait_all(self._submit_all(requests))
-        return [tuple(lp.logprob for lp in r.prompt_logprobs) if r is not None else ()
-                for r in results]
+        return [
+            tuple(lp.logprob for lp in r.prompt_logprobs) if r is not None else () for r in results
+        ]
 
     def _healed_span(self, prompt: list[int], text: str) -> tuple[list[int], int]:
         """(tokens of the whole text, index of the first token to score)."""
@@ -324,17 +407,25 @@ class Runtime(Backend):
             ids = list(prompt)
             for t in ids:
                 if isinstance(t, bool) or not hasattr(t, "__index__") or not 0 <= t < self._vocab:
-                    raise ValueError(f"prompt token ids must be ints in [0, {self._vocab}), got {t!r}")
+                    raise ValueError(
+                        f"prompt token ids must be ints in [0, {self._vocab}), got {t!r}"
+                    )
             ids = [int(t) for t in ids]
         else:
-            raise TypeError(f"a prompt is a str or a list of token ids, got {type(prompt).__name__}")
+            raise TypeError(
+                f"a prompt is a str or a list of token ids, got {type(prompt).__name__}"
+            )
         return ids or [self._start_id]  # an empty prompt continues from the start token
 
     def _check_params(self, params: Any) -> None:
         if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling parameters must be a SamplingParams, got {type(params).__name__}")
+            raise TypeError(
+                f"sampling parameters must be a SamplingParams, got {type(params).__name__}"
+            )
         if params.stop and self._tokenizer is None:
-            raise BackendError("stop strings need a tokenizer; pass tokenizer=... or use stop_token_ids")
+            raise BackendError(
+                "stop strings need a tokenizer; pass tokenizer=... or use stop_token_ids"
+            )
         check_stop_token_ids(params, self._vocab)
 
     def _guide(self, constraint: Any) -> Any:
@@ -348,13 +439,17 @@ class Runtime(Backend):
 
     def _need_tokenizer(self) -> Any:
         if self._tokenizer is None:
-            raise BackendError("this Runtime has no tokenizer (a dummy architecture preset); "
-                               "pass tokenizer=... or use token-id prompts")
+            raise BackendError(
+                "this Runtime has no tokenizer (a dummy architecture preset); "
+                "pass tokenizer=... or use token-id prompts"
+            )
         return self._tokenizer
 
     def __repr__(self) -> str:
-        return (f"Runtime(model={self.model_name!r}, device={str(self.device)!r}, "
-                f"radix_cache={self._radix})")
+        return (
+            f"Runtime(model={self.model_name!r}, device={str(self.device)!r}, "
+            f"radix_cache={self._radix})"
+        )
 
 
 def _source_of(model: Any, load_format: str) -> ModelSource | None:

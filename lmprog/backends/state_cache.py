@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -68,7 +68,7 @@ class StateCache:
         query = np.asarray(tokens, dtype=np.int64)
         with self._lock:
             best: Match | None = None
-            for key, (state, arr) in self._entries.items():
+            for state, arr in self._entries.values():
                 n = common_prefix_len(arr, query)
                 if n >= min_common and (best is None or n > best.common):
                     best = Match(state, n)
@@ -80,7 +80,9 @@ class StateCache:
         """How many leading tokens of `tokens` some entry holds (does not touch the LRU order)."""
         query = np.asarray(tokens, dtype=np.int64)
         with self._lock:
-            return max((common_prefix_len(arr, query) for _, arr in self._entries.values()), default=0)
+            return max(
+                (common_prefix_len(arr, query) for _, arr in self._entries.values()), default=0
+            )
 
     def put(self, tokens: Sequence[int], blob: bytes) -> bool:
         """Store a state; False if it is larger than the whole cache. Replaces an equal key."""

@@ -21,8 +21,14 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 _SENTINEL = "\x00LMPROG_CONTENT\x00"
 # Conversations a later message is appended to when deriving its format, tried in order.
-_CONTEXTS = (("user",), ("user", "assistant"), ("system",), ("assistant",), ("system", "user"),
-             ("system", "user", "assistant"))
+_CONTEXTS = (
+    ("user",),
+    ("user", "assistant"),
+    ("system",),
+    ("assistant",),
+    ("system", "user"),
+    ("system", "user", "assistant"),
+)
 
 # Templates a user can name when a model ships none (or to override it).
 NAMED_TEMPLATES: dict[str, str] = {
@@ -98,8 +104,10 @@ class ChatTemplate:
                 last_error = e
                 continue
             if after.startswith(before):
-                return self._split(after[len(before):])
-        raise ValueError(f"cannot derive the {role!r} message format from the chat template: {last_error}")
+                return self._split(after[len(before) :])
+        raise ValueError(
+            f"cannot derive the {role!r} message format from the chat template: {last_error}"
+        )
 
     @staticmethod
     def _split(text: str) -> tuple[str, str]:

@@ -18,4 +18,3 @@ class ContextLengthError(LmprogError, ValueError):
 
 class BackendError(LmprogError, RuntimeError):
     """A backend cannot do what was asked (unsupported parameter, engine failure, ...)."""
-

@@ -112,12 +112,14 @@ def _load_tokenizer_uncached(source: ModelSource) -> Any:
     if source.kind == "hf":
         return AutoTokenizer.from_pretrained(source.path)
     stat = source.path.stat()
-    digest = hashlib.sha256(f"{source.path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    digest = hashlib.sha256(
+        f"{source.path}|{stat.st_size}|{stat.st_mtime_ns}".encode()
+    ).hexdigest()[:16]
     saved = cache_dir() / "tokenizers" / f"{source.path.stem}-{digest}"
     if (saved / "tokenizer_config.json").is_file():
         try:
             return AutoTokenizer.from_pretrained(saved)
-        except Exception:  # a corrupt or partial cache entry: rebuild it below
+        except Exception:  # noqa: BLE001 - a corrupt or partial cache entry: rebuild it below
             pass
     tok = AutoTokenizer.from_pretrained(source.path.parent, gguf_file=source.path.name)
     tmp = saved.with_name(saved.name + f".tmp{os.getpid()}")

@@ -8,8 +8,9 @@ answer them.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lmprog.core.sampling import SamplingParams
 
@@ -124,7 +125,9 @@ class Backend(abc.ABC):
     """
 
     @abc.abstractmethod
-    def generate(self, request: GenerateRequest, stream: StreamCallback | None = None) -> GenerateResult:
+    def generate(
+        self, request: GenerateRequest, stream: StreamCallback | None = None
+    ) -> GenerateResult:
         """Generate one continuation; `stream` receives the text pieces as they are final."""
 
     @abc.abstractmethod

@@ -64,7 +64,7 @@ class BatchSampler:
         try:
             out = self._sample(logits, states, self._tensors_for(states, logits.device))
         except Exception:  # noqa: BLE001 - isolate the faulty rows below
-            return [self._sample_alone(logits[b:b + 1], st) for b, st in enumerate(states)]
+            return [self._sample_alone(logits[b : b + 1], st) for b, st in enumerate(states)]
         return _draws(out, len(states))
 
     def sample_async(self, logits: torch.Tensor, states: Sequence[DecodeState]) -> PendingDraws:
@@ -77,47 +77,70 @@ class BatchSampler:
             return PendingDraws.ready(self.sample(logits, states), logits.device)
         return PendingDraws.start(out, len(states))
 
-    def judge(self, logits: torch.Tensor, states: Sequence[DecodeState], drafts: Sequence[int],
-              draft_probs: torch.Tensor) -> list[tuple[Draw, bool]]:
+    def judge(
+        self,
+        logits: torch.Tensor,
+        states: Sequence[DecodeState],
+        drafts: Sequence[int],
+        draft_probs: torch.Tensor,
+    ) -> list[tuple[Draw, bool]]:
         """The rejection rule per row: draft drafts[b], drawn from draft_probs[b] [V], against
         the distribution `sample` would draw row b from. Returns (draw, accepted) per row."""
         assert logits.shape[0] == len(states) == len(drafts) == draft_probs.shape[0] > 0
         try:
-            return self._judge(logits, states, drafts, draft_probs,
-                               self._tensors_for(states, logits.device))
+            return self._judge(
+                logits, states, drafts, draft_probs, self._tensors_for(states, logits.device)
+            )
         except Exception:  # noqa: BLE001 - isolate the faulty rows below
-            return [self._judge_alone(logits[b:b + 1], st, drafts[b:b + 1], draft_probs[b:b + 1])
-                    for b, st in enumerate(states)]
+            return [
+                self._judge_alone(logits[b : b + 1], st, drafts[b : b + 1], draft_probs[b : b + 1])
+                for b, st in enumerate(states)
+            ]
 
-    def _judge(self, logits: torch.Tensor, states: Sequence[DecodeState], drafts: Sequence[int],
-               draft_probs: torch.Tensor, tensors: SamplingTensors) -> list[tuple[Draw, bool]]:
+    def _judge(
+        self,
+        logits: torch.Tensor,
+        states: Sequence[DecodeState],
+        drafts: Sequence[int],
+        draft_probs: torch.Tensor,
+        tensors: SamplingTensors,
+    ) -> list[tuple[Draw, bool]]:
         from .rejection import rejection_sample
 
         raw = torch.log_softmax(logits.float(), dim=-1) if tensors.return_logprob else None
         counts, n_out, bitmask = self._inputs(logits, states, tensors)
-        p = probabilities(logits, tensors, output_counts=counts, num_output_tokens=n_out,
-                          bitmask=bitmask)
+        p = probabilities(
+            logits, tensors, output_counts=counts, num_output_tokens=n_out, bitmask=bitmask
+        )
         d = to_device(torch.tensor(list(drafts), dtype=torch.int64), logits.device)
-        tokens, accepted = rejection_sample(p, draft_probs.to(p.device), d,
-                                            [s.generator for s in states])
+        tokens, accepted = rejection_sample(
+            p, draft_probs.to(p.device), d, [s.generator for s in states]
+        )
         if bitmask is not None or tensors.any_min_tokens:  # rows of zeros: nothing to sample
             tokens = tokens.masked_fill(p.sum(dim=-1) == 0, NO_TOKEN)
         draws = _draws(with_logprobs(tokens, raw, tensors.max_top_logprobs), len(states))
         return list(zip(draws, accepted.tolist()))
 
-    def _judge_alone(self, logits: torch.Tensor, state: DecodeState, drafts: Sequence[int],
-                     draft_probs: torch.Tensor) -> tuple[Draw, bool]:
+    def _judge_alone(
+        self,
+        logits: torch.Tensor,
+        state: DecodeState,
+        drafts: Sequence[int],
+        draft_probs: torch.Tensor,
+    ) -> tuple[Draw, bool]:
         try:
-            tensors = SamplingTensors.from_params([state.params], eos_token_ids=self._eos,
-                                                  device=logits.device)
+            tensors = SamplingTensors.from_params(
+                [state.params], eos_token_ids=self._eos, device=logits.device
+            )
             return self._judge(logits, [state], drafts, draft_probs, tensors)[0]
         except Exception as exc:  # noqa: BLE001 - becomes this request's error
             return Draw(error=exc), False
 
     def _sample_alone(self, logits: torch.Tensor, state: DecodeState) -> Draw:
         try:
-            tensors = SamplingTensors.from_params([state.params], eos_token_ids=self._eos,
-                                                  device=logits.device)
+            tensors = SamplingTensors.from_params(
+                [state.params], eos_token_ids=self._eos, device=logits.device
+            )
             return _draws(self._sample(logits, [state], tensors), 1)[0]
         except Exception as exc:  # noqa: BLE001 - becomes this request's error
             return Draw(error=exc)
@@ -125,21 +148,30 @@ class BatchSampler:
     def _tensors_for(self, states: Sequence[DecodeState], device: torch.device) -> SamplingTensors:
         key = tuple(map(id, states))
         if key != self._key or self._tensors is None:
-            self._tensors = SamplingTensors.from_params([s.params for s in states],
-                                                        eos_token_ids=self._eos, device=device)
+            self._tensors = SamplingTensors.from_params(
+                [s.params for s in states], eos_token_ids=self._eos, device=device
+            )
             self._key, self._held = key, list(states)
         return self._tensors
 
-    def _sample(self, logits: torch.Tensor, states: Sequence[DecodeState],
-                tensors: SamplingTensors) -> SampleOutput:
+    def _sample(
+        self, logits: torch.Tensor, states: Sequence[DecodeState], tensors: SamplingTensors
+    ) -> SampleOutput:
         counts, n_out, bitmask = self._inputs(logits, states, tensors)
         generators = None  # all-greedy rows draw nothing
         if not tensors.all_greedy:
             generators = [s.generator for s in states]
             if all(g is None for g in generators):
                 generators = None
-        return sample(logits, tensors, generators=generators, output_counts=counts,
-                      num_output_tokens=n_out, bitmask=bitmask, mask_in_place=True)
+        return sample(
+            logits,
+            tensors,
+            generators=generators,
+            output_counts=counts,
+            num_output_tokens=n_out,
+            bitmask=bitmask,
+            mask_in_place=True,
+        )
 
     @staticmethod
     def _inputs(logits: torch.Tensor, states: Sequence[DecodeState], tensors: SamplingTensors):
@@ -147,10 +179,14 @@ class BatchSampler:
         takes them."""
         counts = n_out = bitmask = None
         if tensors.any_penalty:
-            counts = torch.stack([s.counts if s.counts is not None
-                                  else torch.zeros(logits.shape[1], dtype=torch.int32,
-                                                   device=logits.device)
-                                  for s in states])
+            counts = torch.stack(
+                [
+                    s.counts
+                    if s.counts is not None
+                    else torch.zeros(logits.shape[1], dtype=torch.int32, device=logits.device)
+                    for s in states
+                ]
+            )
         if tensors.any_min_tokens:
             n_out = [len(s.output_ids) for s in states]
         guides = [s.guide for s in states]
@@ -163,8 +199,14 @@ class PendingDraws:
     """Draws on their way to the host. `token_ids`: the tokens on the device [B] (int64);
     `draws()`: the Draws, waiting for the copy (the first call; later ones return them)."""
 
-    def __init__(self, token_ids: torch.Tensor, n: int, host: SampleOutput | None = None,
-                 done: Any = None, draws: list[Draw] | None = None) -> None:
+    def __init__(
+        self,
+        token_ids: torch.Tensor,
+        n: int,
+        host: SampleOutput | None = None,
+        done: Any = None,
+        draws: list[Draw] | None = None,
+    ) -> None:
         self.token_ids = token_ids
         self._n, self._host, self._done, self._draws = n, host, done, draws
 
@@ -175,9 +217,12 @@ class PendingDraws:
         fed = out.token_ids.clamp(min=0)
         if out.token_ids.device.type == "cpu":
             return cls(fed, n, out)
-        host = SampleOutput(*(None if t is None else t.to("cpu", non_blocking=True)
-                              for t in (out.token_ids, out.logprobs, out.top_token_ids,
-                                        out.top_logprobs)))
+        host = SampleOutput(
+            *(
+                None if t is None else t.to("cpu", non_blocking=True)
+                for t in (out.token_ids, out.logprobs, out.top_token_ids, out.top_logprobs)
+            )
+        )
         done = torch.cuda.Event()
         done.record()
         return cls(fed, n, host, done)
@@ -204,7 +249,9 @@ def _draws(out: SampleOutput, n: int) -> list[Draw]:
     elif out.top_token_ids is None:
         draws = [Draw(t, lp) for t, lp in zip(ids, out.logprobs.tolist())]
     else:
-        lps, top_ids, top_lps = (x.tolist() for x in (out.logprobs, out.top_token_ids, out.top_logprobs))
+        lps, top_ids, top_lps = (
+            x.tolist() for x in (out.logprobs, out.top_token_ids, out.top_logprobs)
+        )
         draws = [Draw(ids[b], lps[b], tuple(zip(top_ids[b], top_lps[b]))) for b in range(n)]
     if NO_TOKEN in ids:
         draws = [_nothing_left() if t == NO_TOKEN else d for t, d in zip(ids, draws)]
@@ -212,4 +259,6 @@ def _draws(out: SampleOutput, n: int) -> list[Draw]:
 
 
 def _nothing_left() -> Draw:
-    return Draw(error=ValueError("a row has no token left to sample (every token is masked or -inf)"))
+    return Draw(
+        error=ValueError("a row has no token left to sample (every token is masked or -inf)")
+    )

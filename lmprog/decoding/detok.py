@@ -10,7 +10,8 @@ emit is exactly the request's final text.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 # Prompt tokens decoded with the first output tokens, so a tokenizer that drops a leading
 # space when decoding a sequence's first token (SentencePiece) still yields " word".
@@ -27,7 +28,9 @@ class IncrementalDetokenizer:
     `flush()` emits whatever is left, replacement characters included, at the end.
     """
 
-    def __init__(self, tokenizer: Any, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True):
+    def __init__(
+        self, tokenizer: Any, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True
+    ):
         context = list(prompt_ids[-_CONTEXT_TOKENS:])
         self._decode_ids = text_decoder(tokenizer, skip_special_tokens)
         self._ids: list[int] = context
@@ -55,7 +58,9 @@ class IncrementalDetokenizer:
         """
         cut = len(self._ids) - drop
         if drop < 0 or cut < self._n_context:
-            raise ValueError(f"cannot drop {drop} tokens: only {len(self.token_ids)} were generated")
+            raise ValueError(
+                f"cannot drop {drop} tokens: only {len(self.token_ids)} were generated"
+            )
         start = min(self._prefix_offset, cut)
         if start == cut:
             start = max(0, cut - _CONTEXT_TOKENS)
@@ -74,7 +79,9 @@ class IncrementalDetokenizer:
     def _advance(self, final: bool) -> str:
         prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full_text = self._decode(self._ids[self._prefix_offset :])
-        if not final and (len(full_text) <= len(prefix_text) + self._skip or full_text.endswith(_REPLACEMENT)):
+        if not final and (
+            len(full_text) <= len(prefix_text) + self._skip or full_text.endswith(_REPLACEMENT)
+        ):
             return ""
         piece = full_text[len(prefix_text) :]
         self._prefix_offset = self._read_offset
@@ -102,14 +109,18 @@ def text_decoder(tokenizer: Any, skip_special_tokens: bool = True) -> Callable[[
     tokenizer is called through its own `decode`.
     """
     cls, backend = type(tokenizer), getattr(tokenizer, "_tokenizer", None)
-    stock = (getattr(getattr(cls, "decode", None), "__qualname__", None) in _STOCK_DECODE
-             and getattr(getattr(cls, "_decode", None), "__qualname__", None) in _STOCK_FAST_DECODE
-             and cls.__module__.startswith("transformers.") and hasattr(backend, "decode"))
+    stock = (
+        getattr(getattr(cls, "decode", None), "__qualname__", None) in _STOCK_DECODE
+        and getattr(getattr(cls, "_decode", None), "__qualname__", None) in _STOCK_FAST_DECODE
+        and cls.__module__.startswith("transformers.")
+        and hasattr(backend, "decode")
+    )
     if stock:
         backend_decode = backend.decode
         return lambda ids: backend_decode(ids, skip_special_tokens=skip_special_tokens)
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
-                                        clean_up_tokenization_spaces=False)
+    return lambda ids: tokenizer.decode(
+        ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
+    )
 
 
 class StopMatcher:
@@ -178,7 +189,13 @@ class TextStream:
     output tokens); text before that is emitted as it comes.
     """
 
-    def __init__(self, tokenizer: Any, stops: Sequence[str], prompt_ids: Sequence[int] = (), armed: bool = True):
+    def __init__(
+        self,
+        tokenizer: Any,
+        stops: Sequence[str],
+        prompt_ids: Sequence[int] = (),
+        armed: bool = True,
+    ):
         self._detok = IncrementalDetokenizer(tokenizer, prompt_ids)
         self._stops = StopMatcher(stops) if stops else None
         self._armed = armed

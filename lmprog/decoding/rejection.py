@@ -25,9 +25,12 @@ from .rng import SeededGenerator, uniforms
 from .sampler import draw
 
 
-def rejection_sample(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
-                     generators: Sequence[SeededGenerator | None] | None = None,
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+def rejection_sample(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    drafts: torch.Tensor,
+    generators: Sequence[SeededGenerator | None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply the rule to each row.
 
     p, q: [B, V] probabilities (rows summing to 1); drafts: [B] int64, drafts[b] drawn from

@@ -52,11 +52,14 @@ def make_generator(seed: int | None, device: object = None) -> SeededGenerator |
     return None if seed is None else SeededGenerator(seed)
 
 
-def uniforms(generators: Sequence[SeededGenerator | None] | None, n: int,
-             device: torch.device | str) -> torch.Tensor:
+def uniforms(
+    generators: Sequence[SeededGenerator | None] | None, n: int, device: torch.device | str
+) -> torch.Tensor:
     """float32 [n] in [0, 1) on `device`, one per row: from row b's generator (which moves
     on by one) where it has one, else from torch's default RNG."""
-    seeded = [] if generators is None else [(b, g) for b, g in enumerate(generators) if g is not None]
+    seeded = (
+        [] if generators is None else [(b, g) for b, g in enumerate(generators) if g is not None]
+    )
     if not seeded:
         return torch.rand(n, device=device)
     keys = np.fromiter((g.key for _, g in seeded), dtype=np.uint64, count=len(seeded))

@@ -23,8 +23,8 @@ that would need a device read to detect; `BatchSampler` turns it into that row's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -90,9 +90,16 @@ class SamplingTensors:
             return to_device(torch.tensor(values, dtype=dtype), device)
 
         greedy = [p.greedy for p in params]
-        ban = [(i, t) for i, p in enumerate(params) if p.min_tokens > 0 for t in _stop_ids(p, eos_token_ids)]
+        ban = [
+            (i, t)
+            for i, p in enumerate(params)
+            if p.min_tokens > 0
+            for t in _stop_ids(p, eos_token_ids)
+        ]
         return cls(
-            temperature=col([1.0 if g else p.temperature for g, p in zip(greedy, params)], torch.float32),
+            temperature=col(
+                [1.0 if g else p.temperature for g, p in zip(greedy, params)], torch.float32
+            ),
             greedy=col(greedy, torch.bool),
             top_k=col([max(p.top_k, 0) for p in params], torch.int64),
             top_p=col([p.top_p for p in params], torch.float32),
@@ -108,7 +115,9 @@ class SamplingTensors:
             max_top_k=max(max(p.top_k, 0) for p in params),
             any_top_p=any(p.top_p < 1.0 and not g for g, p in zip(greedy, params)),
             any_min_p=any(p.min_p > 0.0 and not g for g, p in zip(greedy, params)),
-            any_penalty=any(p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params),
+            any_penalty=any(
+                p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params
+            ),
             any_min_tokens=bool(ban),
             return_logprob=any(p.return_logprob or p.top_logprobs_num > 0 for p in params),
             max_top_logprobs=max(p.top_logprobs_num for p in params),
@@ -154,13 +163,16 @@ def sample(
     _check_inputs(logits, tensors, generators, output_counts, num_output_tokens, bitmask)
     logits = logits.float()
     raw_logprobs = torch.log_softmax(logits, dim=-1) if tensors.return_logprob else None
-    x, empty = _processed_logits(logits, tensors, output_counts, num_output_tokens, bitmask,
-                                 mask_in_place)
+    x, empty = _processed_logits(
+        logits, tensors, output_counts, num_output_tokens, bitmask, mask_in_place
+    )
     greedy_ids = argmax_rows(x)
     if tensors.all_greedy:
         ids = greedy_ids
     else:
-        ids = torch.where(tensors.greedy, greedy_ids, _draw(_filtered_probs(x, tensors), generators))
+        ids = torch.where(
+            tensors.greedy, greedy_ids, _draw(_filtered_probs(x, tensors), generators)
+        )
     if empty is not None:
         ids = ids.masked_fill(empty, NO_TOKEN)
     return with_logprobs(ids, raw_logprobs, tensors.max_top_logprobs)
@@ -177,22 +189,29 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
 
 def _check_inputs(logits, tensors, generators, output_counts, num_output_tokens, bitmask) -> None:
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-        raise ValueError(f"logits must be a [B, V] tensor, got {getattr(logits, 'shape', type(logits))}")
+        raise ValueError(
+            f"logits must be a [B, V] tensor, got {getattr(logits, 'shape', type(logits))}"
+        )
     b, v = logits.shape
     if tensors.batch_size != b:
-        raise ValueError(f"logits has {b} rows but the SamplingTensors describe {tensors.batch_size}")
+        raise ValueError(
+            f"logits has {b} rows but the SamplingTensors describe {tensors.batch_size}"
+        )
     if generators is not None and len(generators) != b:
         raise ValueError(f"got {len(generators)} generators for {b} rows")
     if output_counts is not None and tuple(output_counts.shape) != (b, v):
-        raise ValueError(f"output_counts must have shape {(b, v)}, got {tuple(output_counts.shape)}")
+        raise ValueError(
+            f"output_counts must have shape {(b, v)}, got {tuple(output_counts.shape)}"
+        )
     if bitmask is not None:
         check_bitmask(logits, bitmask)
     if num_output_tokens is not None and len(num_output_tokens) != b:
         raise ValueError(f"num_output_tokens has {len(num_output_tokens)} entries for {b} rows")
 
 
-def _processed_logits(logits, tensors, output_counts, num_output_tokens, bitmask,
-                      mask_in_place=False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _processed_logits(
+    logits, tensors, output_counts, num_output_tokens, bitmask, mask_in_place=False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logits after penalties, the min_tokens ban and the constraint mask, bool [B] rows
     left without a finite logit or None when nothing masked). The logits are a new tensor,
     `logits` itself when none applies, or `logits` masked in place when only the mask
@@ -249,8 +268,9 @@ def _filtered_probs(x: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
 _TOP_CANDIDATES = 256  # top-k/top-p cut-offs almost always fall inside this many tokens
 
 
-def _top_k_top_p_keep(probs: torch.Tensor, tensors: SamplingTensors,
-                      full_sort: bool | None = None) -> torch.Tensor:
+def _top_k_top_p_keep(
+    probs: torch.Tensor, tensors: SamplingTensors, full_sort: bool | None = None
+) -> torch.Tensor:
     """Bool [B, V]: the tokens top-k and top-p keep.
 
     A full sort of V=49k floats costs milliseconds on a CPU, so there the cut-off is looked
@@ -326,8 +346,9 @@ def probabilities(
     return probs
 
 
-def draw(probs: torch.Tensor,
-         generators: Sequence[SeededGenerator | None] | None = None) -> torch.Tensor:
+def draw(
+    probs: torch.Tensor, generators: Sequence[SeededGenerator | None] | None = None
+) -> torch.Tensor:
     """One token per row of `probs` [B, V] (non-negative, not necessarily normalised) by
     inverse-CDF sampling with one uniform per row, from that row's generator as in `sample`."""
     return _draw(probs, generators)
@@ -342,4 +363,6 @@ def with_logprobs(ids: torch.Tensor, raw_logprobs: torch.Tensor | None, k: int) 
     if k <= 0:
         return SampleOutput(token_ids=ids, logprobs=chosen)
     top = raw_logprobs.topk(min(k, raw_logprobs.shape[-1]), dim=-1)
-    return SampleOutput(token_ids=ids, logprobs=chosen, top_token_ids=top.indices, top_logprobs=top.values)
+    return SampleOutput(
+        token_ids=ids, logprobs=chosen, top_token_ids=top.indices, top_logprobs=top.values
+    )

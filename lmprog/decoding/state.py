@@ -66,11 +66,21 @@ class DecodeState:
     backend ends it with `finish("length")`.
     """
 
-    def __init__(self, params: SamplingParams, *, tokenizer: Any, prompt_ids: Sequence[int],
-                 eos_token_ids: Sequence[int], vocab_size: int, token_text: TokenText,
-                 emit: Callable[[str], None] | None = None, guide: Any = None,
-                 jump_forward: bool = True, prompt_logprob_start: int | None = None,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        params: SamplingParams,
+        *,
+        tokenizer: Any,
+        prompt_ids: Sequence[int],
+        eos_token_ids: Sequence[int],
+        vocab_size: int,
+        token_text: TokenText,
+        emit: Callable[[str], None] | None = None,
+        guide: Any = None,
+        jump_forward: bool = True,
+        prompt_logprob_start: int | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.params = params
         self.output_ids: list[int] = []
         self.done = False
@@ -82,9 +92,12 @@ class DecodeState:
         self.guide = guide
         self.generator = make_generator(params.seed)
         penalised = params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
-        self.counts = torch.zeros(vocab_size, dtype=torch.int32, device=device) if penalised else None
+        self.counts = (
+            torch.zeros(vocab_size, dtype=torch.int32, device=device) if penalised else None
+        )
         self.stop_ids = frozenset(params.stop_token_ids) | (
-            frozenset() if params.ignore_eos else frozenset(eos_token_ids))
+            frozenset() if params.ignore_eos else frozenset(eos_token_ids)
+        )
         wants_logprobs = params.return_logprob or params.top_logprobs_num > 0
         self.logprobs: list[TokenLogprob] | None = [] if wants_logprobs else None
         # Jump-forward appends tokens the model did not sample, which have no logprob.
@@ -92,8 +105,11 @@ class DecodeState:
         self.prompt_logprob_start = prompt_logprob_start
         self.prompt_logprobs: dict[int, TokenLogprob] = {}  # keyed by position of the token
         self._armed = params.min_tokens == 0  # stop strings are looked for (min_tokens met)
-        self._text: Any = (TextStream(tokenizer, params.stop, prompt_ids, armed=self._armed)
-                           if tokenizer is not None else _NoText())
+        self._text: Any = (
+            TextStream(tokenizer, params.stop, prompt_ids, armed=self._armed)
+            if tokenizer is not None
+            else _NoText()
+        )
         self._tokenizer = tokenizer
         self._emit = emit
         self._token_text = token_text
@@ -107,13 +123,22 @@ class DecodeState:
         """Its next token can be drawn before the host knows the previous one (overlap
         scheduling): nothing its sampling reads changes with that token — no constraint
         guide, no penalty counts, min_tokens already met — and no prompt logprobs to record."""
-        return (self.guide is None and self.counts is None and not self.done
-                and self.prompt_logprob_start is None
-                and len(self.output_ids) >= self.params.min_tokens)
+        return (
+            self.guide is None
+            and self.counts is None
+            and not self.done
+            and self.prompt_logprob_start is None
+            and len(self.output_ids) >= self.params.min_tokens
+        )
 
     # -- one sampled token -----------------------------------------------------------------
-    def accept(self, token: int, room: int | None = None, logprob: float | None = None,
-               top: Sequence[tuple[int, float]] = ()) -> Any:
+    def accept(
+        self,
+        token: int,
+        room: int | None = None,
+        logprob: float | None = None,
+        top: Sequence[tuple[int, float]] = (),
+    ) -> Any:
         """Take the sampled token; return a non-noop JumpResult to mirror, else None.
 
         room: how many more tokens the sequence has room for after this one (bounds a
@@ -190,8 +215,9 @@ class DecodeState:
         return self.guide.length_message() if self.guide is not None else None
 
     # -- logprobs --------------------------------------------------------------------------
-    def _record_logprob(self, token: int, logprob: float | None,
-                        top: Sequence[tuple[int, float]]) -> None:
+    def _record_logprob(
+        self, token: int, logprob: float | None, top: Sequence[tuple[int, float]]
+    ) -> None:
         if self.logprobs is None:
             return
         assert logprob is not None, "the sampler returns logprobs for rows that want them"
@@ -199,15 +225,17 @@ class DecodeState:
         alts = tuple(TopLogprob(t, self._token_text(t), lp) for t, lp in top[:n])
         self.logprobs.append(TokenLogprob(token, self._token_text(token), logprob, alts))
 
-    def record_prompt_logprob(self, position: int, token: int, logprob: float,
-                              top: Sequence[tuple[int, float]] = ()) -> None:
+    def record_prompt_logprob(
+        self, position: int, token: int, logprob: float, top: Sequence[tuple[int, float]] = ()
+    ) -> None:
         """The logprob of prompt token `position` (recomputing one overwrites it)."""
         alts = tuple(TopLogprob(t, self._token_text(t), lp) for t, lp in top)
         self.prompt_logprobs[position] = TokenLogprob(token, self._token_text(token), logprob, alts)
 
     # -- the end ---------------------------------------------------------------------------
-    def finish(self, reason: FinishReason, *, matched: str | int | None = None,
-               message: str | None = None) -> None:
+    def finish(
+        self, reason: FinishReason, *, matched: str | int | None = None, message: str | None = None
+    ) -> None:
         """End the request (idempotent): flush held-back text."""
         if self.done:
             return
@@ -235,17 +263,26 @@ class DecodeState:
         prompt_lps = None
         if self.prompt_logprob_start is not None:  # all of them, unless aborted part way
             lps = self.prompt_logprobs
-            prompt_lps = tuple(itertools.takewhile(lambda lp: lp is not None, (
-                lps.get(p) for p in range(self.prompt_logprob_start + 1, prompt_tokens))))
-        return EngineResult(**self._result_fields(prompt_tokens, cached_tokens),
-                            prompt_logprobs=prompt_lps)
+            prompt_lps = tuple(
+                itertools.takewhile(
+                    lambda lp: lp is not None,
+                    (lps.get(p) for p in range(self.prompt_logprob_start + 1, prompt_tokens)),
+                )
+            )
+        return EngineResult(
+            **self._result_fields(prompt_tokens, cached_tokens), prompt_logprobs=prompt_lps
+        )
 
     def _result_fields(self, prompt_tokens: int, cached_tokens: int) -> dict[str, Any]:
         assert self.done, "result before the request finished"
         return dict(
-            text=self._text.text, token_ids=tuple(self.output_ids),
-            finish_reason=self.finish_reason, prompt_tokens=prompt_tokens,
-            completion_tokens=len(self.output_ids), cached_tokens=cached_tokens,
+            text=self._text.text,
+            token_ids=tuple(self.output_ids),
+            finish_reason=self.finish_reason,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=len(self.output_ids),
+            cached_tokens=cached_tokens,
             matched_stop=self.matched_stop,
             logprobs=tuple(self.logprobs) if self.logprobs is not None else None,
-            message=self.message)
+            message=self.message,
+        )

@@ -58,20 +58,31 @@ class Constraint:
         return cls("regex", compile_user_regex(pattern), pattern)
 
     @classmethod
-    def from_json_schema(cls, schema, *, whitespace: str | None = None,
-                         max_recursion_depth: int = json_schema.DEFAULT_RECURSION_DEPTH,
-                         any_depth: int = json_schema.DEFAULT_ANY_DEPTH) -> Constraint:
+    def from_json_schema(
+        cls,
+        schema,
+        *,
+        whitespace: str | None = None,
+        max_recursion_depth: int = json_schema.DEFAULT_RECURSION_DEPTH,
+        any_depth: int = json_schema.DEFAULT_ANY_DEPTH,
+    ) -> Constraint:
         """A JSON schema (dict, JSON string or pydantic model class); see ``lmprog.fsm.json_schema``
         for the exact language. ``whitespace``: regex allowed between JSON tokens (default
         ``[ ]?``); ``max_recursion_depth``: times a recursive ``$ref`` is unrolled;
         ``any_depth``: container nesting of values under an unconstrained schema."""
         document = json_schema.load_schema(schema)
-        pattern = json_schema.build_regex(document, whitespace=whitespace,
-                                          max_recursion_depth=max_recursion_depth,
-                                          any_depth=any_depth)
+        pattern = json_schema.build_regex(
+            document,
+            whitespace=whitespace,
+            max_recursion_depth=max_recursion_depth,
+            any_depth=any_depth,
+        )
         source = json.dumps(document, ensure_ascii=False, default=repr)
-        options = (("whitespace", whitespace), ("max_recursion_depth", max_recursion_depth),
-                   ("any_depth", any_depth))
+        options = (
+            ("whitespace", whitespace),
+            ("max_recursion_depth", max_recursion_depth),
+            ("any_depth", any_depth),
+        )
         return cls("json_schema", pattern, source, options)
 
     @classmethod

@@ -9,8 +9,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.numbers import INTEGER, NUMBER

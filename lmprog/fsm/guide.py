@@ -40,7 +40,9 @@ class Guide:
 
     __slots__ = ("index", "_states", "_ended")
 
-    def __init__(self, index: TokenIndex, states: Iterable[int] | None = None, ended: bool = False) -> None:
+    def __init__(
+        self, index: TokenIndex, states: Iterable[int] | None = None, ended: bool = False
+    ) -> None:
         self.index = index
         self._states: list[int] = list(states) if states is not None else [index.initial_state]
         self._ended = ended
@@ -71,7 +73,9 @@ class Guide:
         """Consume one token; ValueError (state unchanged) if it is not allowed here."""
         token_id = int(token_id)
         if self._ended:
-            raise ValueError(f"token {token_id} after EOS: the constrained output is already finished")
+            raise ValueError(
+                f"token {token_id} after EOS: the constrained output is already finished"
+            )
         if token_id == self.index.eos_token_id:
             if not self.can_stop():
                 raise ValueError("EOS is not allowed here: the output is not yet a complete match")
@@ -79,7 +83,9 @@ class Guide:
             return
         nxt = self.index.next_state(self.state, token_id)
         if nxt is None:
-            raise ValueError(f"token {token_id} ({self._describe(token_id)}) is not allowed by the constraint here")
+            raise ValueError(
+                f"token {token_id} ({self._describe(token_id)}) is not allowed by the constraint here"
+            )
         self._states.append(nxt)
 
     def advance_all(self, token_ids: Iterable[int]) -> None:
@@ -96,7 +102,9 @@ class Guide:
     def rollback(self, n: int) -> None:
         """Undo the last n tokens (EOS counts as one)."""
         if not 0 <= n <= self.num_tokens:
-            raise ValueError(f"cannot roll back {n} tokens: the guide has advanced through {self.num_tokens}")
+            raise ValueError(
+                f"cannot roll back {n} tokens: the guide has advanced through {self.num_tokens}"
+            )
         if n and self._ended:
             self._ended = False
             n -= 1

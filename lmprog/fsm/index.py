@@ -68,7 +68,9 @@ class TokenIndex:
         return _lookup(constraint, tokenizer, disk_cache, inline=True).result()
 
     @classmethod
-    def prefetch(cls, constraint: Any, tokenizer: Any, *, disk_cache: bool = True) -> Future[TokenIndex]:
+    def prefetch(
+        cls, constraint: Any, tokenizer: Any, *, disk_cache: bool = True
+    ) -> Future[TokenIndex]:
         """Start building off the calling thread; returns a Future (already done if cached).
 
         Poll with `future.done()`; `future.result()` returns the index or raises the
@@ -205,7 +207,7 @@ def _load_or_build(key: str, pattern: str, vocab: TokenVocab, disk: bool) -> tup
     if data is not None:
         try:
             return Index.from_binary(data), len(data)
-        except Exception:  # corrupt or foreign file: rebuild and overwrite it below
+        except Exception:  # noqa: BLE001 - corrupt or foreign file: rebuild and overwrite it below
             pass
     index = _compile(pattern, vocab)
     _, (data,) = index.__reduce__()

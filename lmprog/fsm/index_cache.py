@@ -20,9 +20,10 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from lmprog.core.models import cache_dir
 
@@ -75,7 +76,7 @@ class IndexCache:
     def _run(self, key: str, build: Callable[[], Built], future: Future[Any]) -> None:
         try:
             value, nbytes = build()
-        except BaseException as exc:  # handed to every waiter through the future
+        except BaseException as exc:  # noqa: BLE001 - handed to every waiter through the future
             with self._lock:
                 del self._inflight[key]
             future.set_exception(exc)
@@ -84,7 +85,9 @@ class IndexCache:
             self._lru[key] = (value, nbytes)
             self._bytes += nbytes
             limit = _env_mb("LMPROG_FSM_MEMORY_MB", 2048)
-            while len(self._lru) > 1 and (len(self._lru) > MEMORY_CACHE_SIZE or self._bytes > limit):
+            while len(self._lru) > 1 and (
+                len(self._lru) > MEMORY_CACHE_SIZE or self._bytes > limit
+            ):
                 _, (_, dropped) = self._lru.popitem(last=False)
                 self._bytes -= dropped
             del self._inflight[key]

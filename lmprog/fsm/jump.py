@@ -125,7 +125,9 @@ def jump_forward(
     reproduce the text byte for byte (e.g. SentencePiece's leading space).
     """
     if len(output_ids) != guide.num_tokens:
-        raise ValueError(f"output_ids has {len(output_ids)} tokens but the guide advanced through {guide.num_tokens}")
+        raise ValueError(
+            f"output_ids has {len(output_ids)} tokens but the guide advanced through {guide.num_tokens}"
+        )
     if not enabled or guide.eos_consumed:
         return NOOP
     forced = forced_edge(guide.index, guide.state).text
@@ -142,6 +144,7 @@ def jump_forward(
 
 
 # ---- internals -----------------------------------------------------------------------------
+
 
 def _forced_step(index: TokenIndex, state: int) -> tuple[bytes, int] | None:
     """(forced bytes, next state) for one step, or None if the next byte is a choice."""
@@ -217,7 +220,9 @@ def _commit(guide: Guide, output_ids: list[int], drop: int, new: list[int]) -> J
 def _extendable(guide: Guide, token_id: int) -> bool:
     """Could the model pick, instead of `token_id`, an allowed token that extends it?"""
     index, state = guide.index, guide.state
-    return any(index.next_state(state, int(t)) is not None for t in index.vocab.extensions(token_id))
+    return any(
+        index.next_state(state, int(t)) is not None for t in index.vocab.extensions(token_id)
+    )
 
 
 def _starts_mid_char(b: bytes | None) -> bool:

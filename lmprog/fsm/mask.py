@@ -40,8 +40,9 @@ def num_words(width: int) -> int:
     return (width + 31) // 32
 
 
-def allowed_bitmask(guides: Sequence[Guide | None], width: int,
-                    device: torch.device | str = "cpu") -> torch.Tensor:
+def allowed_bitmask(
+    guides: Sequence[Guide | None], width: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """int32 [len(guides), ceil(width / 32)]: the tokens each guide allows next (None rows:
     every bit set). A new tensor on `device`, stacked from cached rows (never waits for the device)."""
     if not guides:
@@ -78,11 +79,15 @@ def check_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     if not isinstance(logits, torch.Tensor) or not isinstance(bitmask, torch.Tensor):
         raise TypeError("expected torch tensors of logits and of the bitmask")
     if logits.dim() != 2 or not logits.dtype.is_floating_point:
-        raise ValueError(f"expected 2-D floating logits, got shape {tuple(logits.shape)} dtype {logits.dtype}")
+        raise ValueError(
+            f"expected 2-D floating logits, got shape {tuple(logits.shape)} dtype {logits.dtype}"
+        )
     want = (logits.shape[0], num_words(logits.shape[1]))
     if bitmask.dtype != torch.int32 or tuple(bitmask.shape) != want:
-        raise ValueError(f"the bitmask must be int32 of shape {want} (one bit per logit), got "
-                         f"{bitmask.dtype} {tuple(bitmask.shape)}")
+        raise ValueError(
+            f"the bitmask must be int32 of shape {want} (one bit per logit), got "
+            f"{bitmask.dtype} {tuple(bitmask.shape)}"
+        )
     if bitmask.device != logits.device:
         raise ValueError(f"the bitmask is on {bitmask.device}, the logits on {logits.device}")
 
@@ -90,7 +95,9 @@ def check_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
 # ---- applying -----------------------------------------------------------------------------
 # _BYTE_BIAS[byte] = the 8 additive biases of the 8 tokens a mask byte covers (bit i -> token
 # 8 * byte_index + i): 0 where the bit is set, -inf elsewhere.
-_BYTE_BIAS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, 0.0, -np.inf).astype(np.float32)
+_BYTE_BIAS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, 0.0, -np.inf).astype(
+    np.float32
+)
 _BYTE_BIAS.flags.writeable = False
 _LUTS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
@@ -106,7 +113,9 @@ def _apply_numpy(x: np.ndarray, words: np.ndarray, width: int) -> None:
 def _lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     lut = _LUTS.get((device, dtype))
     if lut is None:
-        lut = _LUTS.setdefault((device, dtype), torch.tensor(_BYTE_BIAS, dtype=dtype, device=device))
+        lut = _LUTS.setdefault(
+            (device, dtype), torch.tensor(_BYTE_BIAS, dtype=dtype, device=device)
+        )
     return lut
 
 

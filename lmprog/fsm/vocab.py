@@ -41,7 +41,9 @@ class TokenVocab:
 
     def __post_init__(self) -> None:
         if not 0 <= self.eos_token_id < len(self.token_bytes):
-            raise ValueError(f"eos_token_id {self.eos_token_id} is outside the vocabulary (size {self.size})")
+            raise ValueError(
+                f"eos_token_id {self.eos_token_id} is outside the vocabulary (size {self.size})"
+            )
         if self.token_bytes[self.eos_token_id] is not None:
             raise ValueError("the EOS id must not also be a text token (set its bytes to None)")
 
@@ -153,7 +155,9 @@ def _vocab_from_tokenizer(tokenizer: Any) -> TokenVocab:
             )
     eos = tokenizer.eos_token_id
     if eos is None:
-        raise ValueError("the tokenizer has no eos_token_id; constrained decoding needs one to stop")
+        raise ValueError(
+            "the tokenizer has no eos_token_id; constrained decoding needs one to stop"
+        )
     vocab: dict[str, int] = tokenizer.get_vocab()
     size = max(max(vocab.values()) + 1, _len(tokenizer), eos + 1)
     special = _special_ids(tokenizer) | {eos}

@@ -8,4 +8,10 @@ from lmprog.interpreter.defaults import resolve_backend, set_backend_factory, se
 from lmprog.interpreter.function import Function
 from lmprog.interpreter.state import ProgramState
 
-__all__ = ["Function", "ProgramState", "resolve_backend", "set_backend_factory", "set_default_backend"]
+__all__ = [
+    "Function",
+    "ProgramState",
+    "resolve_backend",
+    "set_backend_factory",
+    "set_default_backend",
+]

@@ -44,8 +44,12 @@ def sampling_key(params: SamplingParams) -> tuple[Any, ...]:
 def eligible(params: SamplingParams, constraint: Any) -> bool:
     """Whether a gen with these parameters may speculate or be served from a surplus."""
     return (
-        constraint is None and not params.return_logprob and not params.stop_token_ids
-        and params.min_tokens == 0 and params.frequency_penalty == 0 and params.presence_penalty == 0
+        constraint is None
+        and not params.return_logprob
+        and not params.stop_token_ids
+        and params.min_tokens == 0
+        and params.frequency_penalty == 0
+        and params.presence_penalty == 0
     )
 
 
@@ -120,10 +124,16 @@ class Surplus:
             return self._cut(len(self.text), left, "stop", None)
         return None
 
-    def _cut(self, end: int, tokens: int, finish: str, stop: str | None) -> tuple[GenerateResult, Surplus]:
+    def _cut(
+        self, end: int, tokens: int, finish: str, stop: str | None
+    ) -> tuple[GenerateResult, Surplus]:
         result = GenerateResult(
-            text=self.text[self.pos:end], token_ids=(), finish_reason=finish,  # type: ignore[arg-type]
-            prompt_tokens=0, completion_tokens=tokens, matched_stop=stop,
+            text=self.text[self.pos : end],
+            token_ids=(),
+            finish_reason=finish,  # type: ignore[arg-type]
+            prompt_tokens=0,
+            completion_tokens=tokens,
+            matched_stop=stop,
         )
         return result, dataclasses.replace(self, pos=end)
 
@@ -160,8 +170,9 @@ class ApiSpeculator:
     def drop(self) -> None:
         self._surplus = None
 
-    def gen(self, text: str, message_start: int | None, params: SamplingParams,
-            constraint: Any) -> GenerateResult | None:
+    def gen(
+        self, text: str, message_start: int | None, params: SamplingParams, constraint: Any
+    ) -> GenerateResult | None:
         """The gen's result from speculation (calling the backend at most once), or None:
         the caller then makes an ordinary call. `message_start`: where the open role
         message's content begins in `text`, if one is open."""
@@ -176,13 +187,19 @@ class ApiSpeculator:
                 return result
         return self._call(text, message_start, params, key)
 
-    def _call(self, text: str, message_start: int | None, params: SamplingParams,
-              key: tuple[Any, ...]) -> GenerateResult | None:
+    def _call(
+        self, text: str, message_start: int | None, params: SamplingParams, key: tuple[Any, ...]
+    ) -> GenerateResult | None:
         anchor = len(text)
         if message_start is not None and self._backend.api_speculation == "message":
             anchor = message_start  # a chat API cannot continue a partly written message
-        spec = dataclasses.replace(params, max_tokens=params.max_tokens + self._num_tokens, stop=(),
-                                   return_logprob=True, top_logprobs_num=0)
+        spec = dataclasses.replace(
+            params,
+            max_tokens=params.max_tokens + self._num_tokens,
+            stop=(),
+            return_logprob=True,
+            top_logprobs_num=0,
+        )
         called = self._backend.generate(GenerateRequest(text[:anchor], spec))
         surplus = Surplus.from_result(called, key)
         if surplus is None:
@@ -196,4 +213,6 @@ class ApiSpeculator:
             self._surplus = None
             return None
         result, self._surplus = served
-        return dataclasses.replace(result, prompt_tokens=called.prompt_tokens, cached_tokens=called.cached_tokens)
+        return dataclasses.replace(
+            result, prompt_tokens=called.prompt_tokens, cached_tokens=called.cached_tokens
+        )

@@ -22,7 +22,9 @@ def set_default_backend(backend: Backend | None) -> None:
     """Use `backend` for every run that does not pass `backend=` (None: forget it)."""
     global _backend
     if backend is not None and not isinstance(backend, Backend):
-        raise TypeError(f"set_default_backend() takes an lmprog backend, got {type(backend).__name__}")
+        raise TypeError(
+            f"set_default_backend() takes an lmprog backend, got {type(backend).__name__}"
+        )
     with _lock:
         _backend = backend
 
@@ -39,7 +41,9 @@ def resolve_backend(backend: Backend | None) -> Backend:
     global _backend
     if backend is not None:
         if not isinstance(backend, Backend):
-            raise TypeError(f"backend must be an lmprog backend (lp.LlamaCpp(), lp.Runtime(), ...), got {type(backend).__name__}")
+            raise TypeError(
+                f"backend must be an lmprog backend (lp.LlamaCpp(), lp.Runtime(), ...), got {type(backend).__name__}"
+            )
         return backend
     with _lock:
         if _backend is None:
@@ -47,6 +51,8 @@ def resolve_backend(backend: Backend | None) -> Backend:
                 raise BackendError("no backend: call lp.set_default_backend(...) or pass backend=")
             built = _factory()
             if not isinstance(built, Backend):
-                raise BackendError(f"the default backend factory returned {type(built).__name__}, not a Backend")
+                raise BackendError(
+                    f"the default backend factory returned {type(built).__name__}, not a Backend"
+                )
             _backend = built
         return _backend

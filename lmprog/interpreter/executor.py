@@ -24,9 +24,18 @@ from lmprog.core.sampling import SamplingParams
 from lmprog.interpreter.api_spec import ApiSpeculator
 from lmprog.interpreter.record import StateRecord
 from lmprog.lang.ir import (
-    Fork, Gen, Image, Join, Node, RoleBegin, RoleEnd, Select, Text, VarScopeBegin, VarScopeEnd,
+    Fork,
+    Gen,
+    Image,
+    Join,
+    Node,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    Text,
+    VarScopeBegin,
+    VarScopeEnd,
 )
-
 
 # Gives the chat template when a role first needs it (see `TemplateCache`).
 TemplateSource = Callable[[], ChatTemplate]
@@ -64,8 +73,14 @@ class ForkSnapshot:
 class NodeExecutor:
     """Runs nodes against one record. Not thread-safe: only the state's worker calls it."""
 
-    def __init__(self, record: StateRecord, backend: Backend | None, template: TemplateSource, stream: bool,
-                 num_api_spec_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        record: StateRecord,
+        backend: Backend | None,
+        template: TemplateSource,
+        stream: bool,
+        num_api_spec_tokens: int | None = None,
+    ) -> None:
         self._record = record
         self._backend = backend
         self._template = template  # fetched at the first role: plain-text programs need none
@@ -79,9 +94,16 @@ class NodeExecutor:
         self._scopes: list[tuple[str, int]] = []  # (variable, offset where capture began)
         self._captures: tuple[str, ...] = ()
         self._handlers: dict[type, Callable[[Any, Any], None]] = {
-            Text: self._text, Gen: self._gen, Select: self._select, RoleBegin: self._role_begin,
-            RoleEnd: self._role_end, VarScopeBegin: self._scope_begin, VarScopeEnd: self._scope_end,
-            Fork: self._fork, Join: self._join, Image: self._image,
+            Text: self._text,
+            Gen: self._gen,
+            Select: self._select,
+            RoleBegin: self._role_begin,
+            RoleEnd: self._role_end,
+            VarScopeBegin: self._scope_begin,
+            VarScopeEnd: self._scope_end,
+            Fork: self._fork,
+            Join: self._join,
+            Image: self._image,
         }
 
     def execute(self, node: Node, payload: Any) -> None:
@@ -148,37 +170,49 @@ class NodeExecutor:
             start = self._open_message[1] if self._open_message is not None else None
             result = self._spec.gen(self._record.text, start, params, node.constraint)
         if result is None:
-            result, done = self._generate(GenerateRequest(self._record.text, params, node.constraint), captures)
+            result, done = self._generate(
+                GenerateRequest(self._record.text, params, node.constraint), captures
+            )
         else:
             done = ""
         if len(result.text) > len(done):
-            self._record.append(result.text[len(done):], captures)
+            self._record.append(result.text[len(done) :], captures)
         if node.name is not None:
             self._record.set_var(node.name, _parse(node, result), result.meta_info())
 
-    def _generate(self, request: GenerateRequest, captures: tuple[str, ...]) -> tuple[GenerateResult, str]:
+    def _generate(
+        self, request: GenerateRequest, captures: tuple[str, ...]
+    ) -> tuple[GenerateResult, str]:
         """Call the backend; returns the result and the text already appended by streaming."""
         assert self._backend is not None
         streamed: list[str] = []
         if self._stream:
+
             def on_piece(piece: str) -> None:
                 streamed.append(piece)
                 self._record.append(piece, captures)
+
             result = self._backend.generate(request, stream=on_piece)
         else:
             result = self._backend.generate(request)
         if not isinstance(result, GenerateResult):
-            raise BackendError(f"{type(self._backend).__name__}.generate returned {type(result).__name__}, not a GenerateResult")
+            raise BackendError(
+                f"{type(self._backend).__name__}.generate returned {type(result).__name__}, not a GenerateResult"
+            )
         done = "".join(streamed)
         if not result.text.startswith(done):
-            raise BackendError(f"streamed pieces {done!r} are not a prefix of the result {result.text!r}")
+            raise BackendError(
+                f"streamed pieces {done!r} are not a prefix of the result {result.text!r}"
+            )
         return result, done
 
     def _select(self, node: Select, _: None) -> None:
         assert self._backend is not None
         if self._spec is not None:
             self._spec.drop()  # a choice is scored, never generated: nothing to match it with
-        request = ScoreRequest(self._record.text, node.choices, unconditional=node.method.needs_unconditional)
+        request = ScoreRequest(
+            self._record.text, node.choices, unconditional=node.method.needs_unconditional
+        )
         result = self._backend.score(request)
         if not isinstance(result, ScoreResult) or len(result.choices) != len(node.choices):
             raise BackendError(
@@ -188,14 +222,18 @@ class NodeExecutor:
         choice = node.choices[decision.index]
         self._record.append(choice, self._captures_with(node.name))
         if node.name is not None:
-            self._record.set_var(node.name, choice, {
-                "choices": list(node.choices),
-                "choices_method": node.method.name,
-                "normalized_scores": list(decision.scores),
-                "token_logprobs": [list(c.token_logprobs) for c in result.choices],
-                "prompt_tokens": result.prompt_tokens,
-                "cached_tokens": result.cached_tokens,
-            })
+            self._record.set_var(
+                node.name,
+                choice,
+                {
+                    "choices": list(node.choices),
+                    "choices_method": node.method.name,
+                    "normalized_scores": list(decision.scores),
+                    "token_logprobs": [list(c.token_logprobs) for c in result.choices],
+                    "prompt_tokens": result.prompt_tokens,
+                    "cached_tokens": result.cached_tokens,
+                },
+            )
 
     # ---- fork / join -------------------------------------------------------------
 
@@ -209,8 +247,12 @@ class NodeExecutor:
         record = self._record
         with record.cond:
             return ForkSnapshot(
-                record._text_locked(), dict(record.variables), dict(record.meta), list(record.messages),
-                self._message_count, self._open_message,
+                record._text_locked(),
+                dict(record.variables),
+                dict(record.meta),
+                list(record.messages),
+                self._message_count,
+                self._open_message,
             )
 
     def restore(self, snap: ForkSnapshot) -> None:
@@ -233,7 +275,9 @@ class NodeExecutor:
                 names.update(child.new_names)
             for name in names:
                 self._record.set_var(
-                    name, [c.variables.get(name) for c in children], [c.meta.get(name) for c in children]
+                    name,
+                    [c.variables.get(name) for c in children],
+                    [c.meta.get(name) for c in children],
                 )
             return
         for child in children:
@@ -253,7 +297,8 @@ def _parse(node: Gen, result: GenerateResult) -> Any:
     except (TypeError, ValueError) as e:
         hint = (
             " It stopped at max_tokens before the constraint was complete; raise max_tokens."
-            if result.finish_reason == "length" else ""
+            if result.finish_reason == "length"
+            else ""
         )
         raise ConstraintError(
             f"gen({node.name!r}, {node.constraint_spec}): the output {result.text!r} does not parse: "

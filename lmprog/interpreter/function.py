@@ -21,7 +21,9 @@ class Function(Program):
     program's state.
     """
 
-    def run(self, *args: Any, backend: Backend | None = None, stream: bool = False, **kwargs: Any) -> ProgramState:
+    def run(
+        self, *args: Any, backend: Backend | None = None, stream: bool = False, **kwargs: Any
+    ) -> ProgramState:
         """Run the program once and return its state.
 
         Positional and keyword arguments go to the program; keyword arguments that are
@@ -33,7 +35,9 @@ class Function(Program):
         if not isinstance(stream, bool):
             raise TypeError(f"stream must be a bool, got {stream!r}")
         call = self.prepare_call(args, kwargs)
-        return _run.start_program(self, call, resolve_backend(backend), stream=stream, background=stream)
+        return _run.start_program(
+            self, call, resolve_backend(backend), stream=stream, background=stream
+        )
 
     def run_batch(
         self,
@@ -58,26 +62,38 @@ class Function(Program):
         threads = _num_threads(num_threads, len(calls))
         if not calls:
             return []
-        return _run.run_batch(self, calls, resolve_backend(backend), num_threads=threads, progress_bar=progress_bar)
+        return _run.run_batch(
+            self, calls, resolve_backend(backend), num_threads=threads, progress_bar=progress_bar
+        )
 
-    async def run_async(self, *args: Any, backend: Backend | None = None, **kwargs: Any) -> ProgramState:
+    async def run_async(
+        self, *args: Any, backend: Backend | None = None, **kwargs: Any
+    ) -> ProgramState:
         """`run` for asyncio: awaits the program without blocking the event loop.
 
         Arguments are validated when awaited; the program's exception is re-raised here.
         """
         call = self.prepare_call(args, kwargs)
-        state = _run.start_program(self, call, resolve_backend(backend), stream=False, background=True)
+        state = _run.start_program(
+            self, call, resolve_backend(backend), stream=False, background=True
+        )
         await state._wait_finished_async()
         state.sync()
         return state
 
     def _batch_calls(self, batch_kwargs: object, sampling: dict[str, Any]) -> list[ProgramCall]:
-        if isinstance(batch_kwargs, (str, bytes, Mapping)) or not isinstance(batch_kwargs, Sequence):
-            raise TypeError(f"run_batch() takes a list of dicts of arguments, got {type(batch_kwargs).__name__}")
+        if isinstance(batch_kwargs, (str, bytes, Mapping)) or not isinstance(
+            batch_kwargs, Sequence
+        ):
+            raise TypeError(
+                f"run_batch() takes a list of dicts of arguments, got {type(batch_kwargs).__name__}"
+            )
         calls = []
         for i, item in enumerate(batch_kwargs):
             if not isinstance(item, Mapping):
-                raise TypeError(f"run_batch() item {i} must be a dict of arguments, got {type(item).__name__}")
+                raise TypeError(
+                    f"run_batch() item {i} must be a dict of arguments, got {type(item).__name__}"
+                )
             try:
                 calls.append(self.prepare_call((), {**sampling, **item}))
             except (TypeError, ValueError) as e:
@@ -96,10 +112,14 @@ def _num_threads(num_threads: object, n: int) -> int:
 @overload
 def function(func: Callable[..., Any], *, num_api_spec_tokens: int | None = None) -> Function: ...
 @overload
-def function(func: None = None, *, num_api_spec_tokens: int | None = None) -> Callable[[Callable[..., Any]], Function]: ...
+def function(
+    func: None = None, *, num_api_spec_tokens: int | None = None
+) -> Callable[[Callable[..., Any]], Function]: ...
 
 
-def function(func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int | None = None) -> Any:
+def function(
+    func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int | None = None
+) -> Any:
     """Make `func(s, ...)` an lmprog program: `@lp.function` or `@lp.function(num_api_spec_tokens=N)`.
 
     The first parameter receives the state; a function that cannot take it positionally

@@ -31,7 +31,9 @@ class StateRecord:
         self.variables: dict[str, Any] = {}
         self.meta: dict[str, Any] = {}
         self.messages: list[dict[str, str]] = []
-        self.new_names: dict[str, None] = {}  # variables set since the state began (what join gathers)
+        self.new_names: dict[
+            str, None
+        ] = {}  # variables set since the state began (what join gathers)
         self.origin_text_len = 0  # where a fork's copy starts its own text
         self.origin_messages_len = 0
         self._var_end: dict[str, int] = {}  # piece count when a variable was set
@@ -65,7 +67,13 @@ class StateRecord:
         with self.cond:
             self.messages.append({"role": role, "content": content})
 
-    def restore(self, text: str, variables: dict[str, Any], meta: dict[str, Any], messages: list[dict[str, str]]) -> None:
+    def restore(
+        self,
+        text: str,
+        variables: dict[str, Any],
+        meta: dict[str, Any],
+        messages: list[dict[str, str]],
+    ) -> None:
         """Start as a copy of a parent at a fork (before any step of this state ran)."""
         with self.cond:
             assert not self._pieces and not self.variables, "restore() only on a fresh record"
@@ -173,14 +181,18 @@ class StateRecord:
 
     # ---- streaming ---------------------------------------------------------------
 
-    def take_pieces(self, var: str | None, start: int) -> tuple[list[str], int, bool, BaseException | None]:
+    def take_pieces(
+        self, var: str | None, start: int
+    ) -> tuple[list[str], int, bool, BaseException | None]:
         """Pieces from index `start` (only those of `var`, if given), the next index,
         whether nothing more can come, and the error to raise after these pieces (the
         program's error, unless `var` was completed before it failed)."""
         with self.cond:
             return self._take_locked(var, start)
 
-    def _take_locked(self, var: str | None, start: int) -> tuple[list[str], int, bool, BaseException | None]:
+    def _take_locked(
+        self, var: str | None, start: int
+    ) -> tuple[list[str], int, bool, BaseException | None]:
         if var is not None and var in self._var_end and not self._pending.get(var):
             end, done, error = self._var_end[var], True, None
         else:

@@ -31,7 +31,7 @@ def run_body(state: ProgramState, program: Program, call: ProgramCall) -> Except
     state._body_thread = threading.get_ident()
     try:
         program.func(state, *call.args, **call.kwargs)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - the program's error, kept on its state
         state._record.fail(e)
         return e
     finally:
@@ -39,13 +39,21 @@ def run_body(state: ProgramState, program: Program, call: ProgramCall) -> Except
     return None
 
 
-def start_program(program: Program, call: ProgramCall, backend: Backend, *, stream: bool, background: bool) -> ProgramState:
+def start_program(
+    program: Program, call: ProgramCall, backend: Backend, *, stream: bool, background: bool
+) -> ProgramState:
     """A new state running `program`: here (and synced) or on a background thread."""
-    context = RunContext(backend, TemplateCache(backend), call.defaults, stream, program.num_api_spec_tokens)
+    context = RunContext(
+        backend, TemplateCache(backend), call.defaults, stream, program.num_api_spec_tokens
+    )
     state = ProgramState(context)
     if background:
-        threading.Thread(target=run_body, args=(state, program, call), daemon=True,
-                         name=f"lmprog-body-{program.name}").start()
+        threading.Thread(
+            target=run_body,
+            args=(state, program, call),
+            daemon=True,
+            name=f"lmprog-body-{program.name}",
+        ).start()
         return state
     error = run_body(state, program, call)
     if error is not None:
@@ -71,14 +79,22 @@ def run_batch(
     states: list[ProgramState | None] = [None] * len(calls)
 
     def run_one(i: int) -> None:
-        state = ProgramState(RunContext(backend, template, calls[i].defaults,
-                                        num_api_spec_tokens=program.num_api_spec_tokens))
+        state = ProgramState(
+            RunContext(
+                backend,
+                template,
+                calls[i].defaults,
+                num_api_spec_tokens=program.num_api_spec_tokens,
+            )
+        )
         states[i] = state
         run_body(state, program, calls[i])
         state._record.wait_idle()
 
     bar = _progress(len(calls)) if progress_bar else None
-    with ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix=f"lmprog-batch-{program.name}") as pool:
+    with ThreadPoolExecutor(
+        max_workers=num_threads, thread_name_prefix=f"lmprog-batch-{program.name}"
+    ) as pool:
         futures = [pool.submit(run_one, i) for i in range(len(calls))]
         for future in as_completed(futures):
             future.result()  # run_one catches program errors; anything else is a bug: raise
@@ -110,7 +126,7 @@ def batch_prefix(program: Program, calls: Sequence[ProgramCall], template: Templ
     try:
         graph = trace_program(program.func, program.name, (), kwargs, calls[0].defaults)
         return render_nodes(graph.constant_prefix(), template)
-    except Exception:
+    except Exception:  # noqa: BLE001 - no constant prefix to share: nothing cached
         return ""
 
 
@@ -121,7 +137,7 @@ def _same(a: object, b: object) -> bool:
         return False
     try:
         return bool(a == b)
-    except Exception:
+    except Exception:  # noqa: BLE001 - values that cannot be compared differ
         return False
 
 
@@ -129,4 +145,3 @@ def _progress(total: int) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="programs", unit="prog")
-

@@ -61,8 +61,13 @@ class ProgramState(FrontendState):
         self._context = context
         self._record = StateRecord()
         self._body_thread = body_thread  # the thread running the program body, once known
-        executor = NodeExecutor(self._record, context.backend, context.template, context.stream,
-                                context.num_api_spec_tokens)
+        executor = NodeExecutor(
+            self._record,
+            context.backend,
+            context.template,
+            context.stream,
+            context.num_api_spec_tokens,
+        )
         self._worker = Worker(self._record, executor, origin)
 
     # ---- front-half hooks --------------------------------------------------------
@@ -73,7 +78,9 @@ class ProgramState(FrontendState):
     def _spawn(self, fork: Fork, inherited: Inherited) -> list[Any]:
         point = ForkPoint()
         children = [
-            ProgramState(self._context, origin=point, inherited=inherited, body_thread=self._body_thread)
+            ProgramState(
+                self._context, origin=point, inherited=inherited, body_thread=self._body_thread
+            )
             for _ in range(fork.n)
         ]
         self._worker.submit(((fork, point),), ())
@@ -86,7 +93,9 @@ class ProgramState(FrontendState):
         self._worker.end()
 
     def _accept_arg(self, node: ArgRef) -> None:
-        raise TypeError(f"argument {node.name!r} is an lp.Arg placeholder, which only trace() accepts; pass a value")
+        raise TypeError(
+            f"argument {node.name!r} is an lp.Arg placeholder, which only trace() accepts; pass a value"
+        )
 
     # ---- readers -----------------------------------------------------------------
 
@@ -100,7 +109,9 @@ class ProgramState(FrontendState):
             raise TypeError(f"variable names are str, got {type(name).__name__}")
         undeclared = name not in self._declared
         # The program's own thread cannot wait for a variable it has not asked for yet.
-        fail_fast = undeclared and (self._closed is not None or threading.get_ident() == self._body_thread)
+        fail_fast = undeclared and (
+            self._closed is not None or threading.get_ident() == self._body_thread
+        )
         return self._record.wait_var(name, fail_fast)
 
     def text(self) -> str:
@@ -192,7 +203,9 @@ class ProgramState(FrontendState):
     def __repr__(self) -> str:
         record = self._record
         status = "failed" if record.error else "finished" if record.finished else "running"
-        return f"<ProgramState {status}, {record.length} chars, variables {sorted(record.variables)}>"
+        return (
+            f"<ProgramState {status}, {record.length} chars, variables {sorted(record.variables)}>"
+        )
 
 
 def _check_var(var: object) -> None:

@@ -54,12 +54,16 @@ class ForkPoint:
 class Worker:
     """Executes one state's steps on its own daemon thread."""
 
-    def __init__(self, record: StateRecord, executor: NodeExecutor, origin: ForkPoint | None = None) -> None:
+    def __init__(
+        self, record: StateRecord, executor: NodeExecutor, origin: ForkPoint | None = None
+    ) -> None:
         self._record = record
         self._executor = executor
         self._origin = origin
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=f"lmprog-state-{next(_ids)}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"lmprog-state-{next(_ids)}", daemon=True
+        )
         self._thread.start()
 
     def submit(self, steps: tuple[Step, ...], defines: Sequence[str]) -> None:
@@ -76,7 +80,7 @@ class Worker:
         if self._origin is not None:
             try:
                 self._executor.restore(self._origin.wait())
-            except BaseException as e:  # the parent failed before the fork
+            except BaseException as e:  # noqa: BLE001 - the parent failed before the fork
                 record.fail(e)
         while True:
             steps = self._queue.get()
@@ -86,7 +90,7 @@ class Worker:
                 if record.error is None:
                     try:
                         self._executor.execute(node, payload)
-                    except BaseException as e:
+                    except BaseException as e:  # noqa: BLE001 - recorded, re-raised to readers
                         record.fail(e)
                 if record.error is not None and isinstance(payload, ForkPoint):
                     payload.fail(record.error)  # no-op if the fork already resolved

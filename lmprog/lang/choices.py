@@ -117,7 +117,9 @@ class UnconditionalLikelihoodNormalized(ChoicesMethod):
 
 def _mean(values: tuple[float, ...], index: int) -> float:
     if not values:
-        raise ValueError(f"choice {index} was scored with no tokens; a backend must score at least one")
+        raise ValueError(
+            f"choice {index} was scored with no tokens; a backend must score at least one"
+        )
     return sum(values) / len(values)
 
 

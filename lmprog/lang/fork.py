@@ -27,7 +27,9 @@ class ForkGroup:
     After `join()` the copies are read-only and the group takes no more appends.
     """
 
-    def __init__(self, parent: FrontendState, fork: Fork, children: list[Any], open_role: str | None) -> None:
+    def __init__(
+        self, parent: FrontendState, fork: Fork, children: list[Any], open_role: str | None
+    ) -> None:
         assert len(children) == fork.n
         self._parent = parent
         self.fork = fork
@@ -47,16 +49,22 @@ class ForkGroup:
     def __setitem__(self, i: int, value: object) -> None:
         # `group[i] += x` appends to the copy in place, then assigns it back here.
         if value is not self._children[i]:
-            raise TypeError("a fork's copies cannot be replaced; append to one with `group[i] += ...`")
+            raise TypeError(
+                "a fork's copies cannot be replaced; append to one with `group[i] += ...`"
+            )
 
-    def __iadd__(self, value: Callable[[int], object] | list[object] | tuple[object, ...] | object) -> ForkGroup:
+    def __iadd__(
+        self, value: Callable[[int], object] | list[object] | tuple[object, ...] | object
+    ) -> ForkGroup:
         self._check_open()
         n = len(self._children)
         if callable(value) and not isinstance(value, Expr):
             items = [value(i) for i in range(n)]
         elif isinstance(value, (list, tuple)):
             if len(value) != n:
-                raise ValueError(f"appending a list to a fork of {n} needs exactly {n} items, got {len(value)}")
+                raise ValueError(
+                    f"appending a list to a fork of {n} needs exactly {n} items, got {len(value)}"
+                )
             items = list(value)
         else:
             items = [value] * n
@@ -83,7 +91,9 @@ class ForkGroup:
 
     def _check_open(self) -> None:
         if self.joined:
-            raise ValueError("this fork group was already joined; append to the parent state instead")
+            raise ValueError(
+                "this fork group was already joined; append to the parent state instead"
+            )
 
     def __repr__(self) -> str:
         return f"ForkGroup(n={len(self._children)}, id={self.fork.fork_id}, joined={self.joined})"

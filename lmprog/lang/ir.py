@@ -265,7 +265,8 @@ def flatten(value: object) -> tuple[Expr, ...]:
     raise TypeError(
         f"cannot append {type(value).__name__} {_short(repr(value))}: a program appends str, "
         "int, float, or an lmprog expression (lp.gen, lp.select, lp.user(...), lp.image, or "
-        "their `+` concatenation)" + (" — got None; did a function forget to return?" if value is None else "")
+        "their `+` concatenation)"
+        + (" — got None; did a function forget to return?" if value is None else "")
     )
 
 

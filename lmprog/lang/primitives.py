@@ -13,7 +13,18 @@ from typing import Any
 from lmprog.core.errors import ConstraintError
 from lmprog.core.sampling import SamplingParams
 from lmprog.lang.choices import ChoicesMethod, token_length_normalized
-from lmprog.lang.ir import ArgRef, Concat, Expr, Gen, Image, RoleBegin, RoleEnd, Select, TraceStop, flatten
+from lmprog.lang.ir import (
+    ArgRef,
+    Concat,
+    Expr,
+    Gen,
+    Image,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    TraceStop,
+    flatten,
+)
 
 _DTYPES = (int, float, bool, str)
 
@@ -61,11 +72,20 @@ def gen(
     """
     _check_name(name, "gen")
     sampling = {
-        "max_tokens": max_tokens, "min_tokens": min_tokens, "stop": stop,
-        "stop_token_ids": stop_token_ids, "temperature": temperature, "top_p": top_p,
-        "top_k": top_k, "min_p": min_p, "frequency_penalty": frequency_penalty,
-        "presence_penalty": presence_penalty, "ignore_eos": ignore_eos, "seed": seed,
-        "return_logprob": return_logprob, "top_logprobs_num": top_logprobs_num,
+        "max_tokens": max_tokens,
+        "min_tokens": min_tokens,
+        "stop": stop,
+        "stop_token_ids": stop_token_ids,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "min_p": min_p,
+        "frequency_penalty": frequency_penalty,
+        "presence_penalty": presence_penalty,
+        "ignore_eos": ignore_eos,
+        "seed": seed,
+        "return_logprob": return_logprob,
+        "top_logprobs_num": top_logprobs_num,
     }
     overrides = _checked_overrides({k: v for k, v in sampling.items() if v is not None})
     constraints = {"regex": regex, "json_schema": json_schema, "choices": choices, "dtype": dtype}
@@ -99,7 +119,9 @@ def select(
         raise TypeError("select() needs choices=[...], a non-empty list of strings")
     _reject_placeholder(choices, "choices")
     if isinstance(choices, (str, bytes)) or not isinstance(choices, Sequence):
-        raise TypeError(f"choices must be a list of strings, got {type(choices).__name__} {choices!r}")
+        raise TypeError(
+            f"choices must be a list of strings, got {type(choices).__name__} {choices!r}"
+        )
     for c in choices:
         _reject_placeholder(c, "a choice")
         if not isinstance(c, str):

@@ -46,9 +46,13 @@ class Program:
     ) -> None:
         self._signature = _program_signature(func)
         if num_api_spec_tokens is not None and (
-            isinstance(num_api_spec_tokens, bool) or not isinstance(num_api_spec_tokens, int) or num_api_spec_tokens < 1
+            isinstance(num_api_spec_tokens, bool)
+            or not isinstance(num_api_spec_tokens, int)
+            or num_api_spec_tokens < 1
         ):
-            raise ValueError(f"num_api_spec_tokens must be a positive int or None, got {num_api_spec_tokens!r}")
+            raise ValueError(
+                f"num_api_spec_tokens must be a positive int or None, got {num_api_spec_tokens!r}"
+            )
         self.func = func
         self.num_api_spec_tokens = num_api_spec_tokens
         self._bound: dict[str, Any] = dict(bound or {})
@@ -70,8 +74,12 @@ class Program:
         """A copy of this program with some arguments fixed (a call may still override them)."""
         unknown = [k for k in kwargs if k not in self._names and not self._takes_any_keyword]
         if unknown:
-            raise TypeError(f"{self.name}.bind() got unknown argument(s) {unknown}; its parameters are {list(self._names)}")
-        return type(self)(self.func, num_api_spec_tokens=self.num_api_spec_tokens, bound={**self._bound, **kwargs})
+            raise TypeError(
+                f"{self.name}.bind() got unknown argument(s) {unknown}; its parameters are {list(self._names)}"
+            )
+        return type(self)(
+            self.func, num_api_spec_tokens=self.num_api_spec_tokens, bound={**self._bound, **kwargs}
+        )
 
     def prepare_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ProgramCall:
         """Validate a call; keyword arguments that are sampling fields become defaults.

@@ -22,7 +22,18 @@ from typing import Any
 from lmprog.core.sampling import SamplingParams
 from lmprog.lang.fork import ForkGroup
 from lmprog.lang.ir import (
-    ROLES, ArgRef, Expr, Fork, Gen, Join, Node, RoleBegin, RoleEnd, Select, VarScopeBegin, VarScopeEnd,
+    ROLES,
+    ArgRef,
+    Expr,
+    Fork,
+    Gen,
+    Join,
+    Node,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    VarScopeBegin,
+    VarScopeEnd,
     flatten,
 )
 
@@ -30,7 +41,11 @@ from lmprog.lang.ir import (
 # None for other nodes; subclasses attach their own payloads to Fork and Join).
 Step = tuple[Node, Any]
 
-JOIN_MODES = {"gather": "gather", "gather_variable": "gather", "concat_and_append": "concat_and_append"}
+JOIN_MODES = {
+    "gather": "gather",
+    "gather_variable": "gather",
+    "concat_and_append": "concat_and_append",
+}
 
 
 @dataclass(frozen=True)

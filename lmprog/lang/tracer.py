@@ -62,7 +62,9 @@ class TracerState(FrontendState):
     def _accept_arg(self, node: ArgRef) -> None:
         pass
 
-    def graph(self, name: str, arguments: tuple[str, ...] = (), stopped: str | None = None) -> Graph:
+    def graph(
+        self, name: str, arguments: tuple[str, ...] = (), stopped: str | None = None
+    ) -> Graph:
         nodes: list[Node] = []
         for item in self._items:
             if isinstance(item, _PendingFork):

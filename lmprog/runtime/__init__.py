@@ -14,10 +14,15 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "Engine": "engine", "EngineConfig": "engine",
-    "EngineRequest": "engine_io", "EngineResult": "engine_io", "RequestHandle": "engine_io",
-    "launch_engine": "launch", "ModelRunner": "model_runner",
-    "CacheConfig": "config", "SchedulerConfig": "config",
+    "Engine": "engine",
+    "EngineConfig": "engine",
+    "EngineRequest": "engine_io",
+    "EngineResult": "engine_io",
+    "RequestHandle": "engine_io",
+    "launch_engine": "launch",
+    "ModelRunner": "model_runner",
+    "CacheConfig": "config",
+    "SchedulerConfig": "config",
     "SpeculativeConfig": "speculative.config",
 }
 

@@ -19,7 +19,7 @@ QUANTIZATIONS = (None, "int4")
 
 
 def choose_device(device: str | torch.device) -> torch.device:
-    """"auto" is CUDA when available, else the CPU; anything else must exist."""
+    """ "auto" is CUDA when available, else the CPU; anything else must exist."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -34,7 +34,7 @@ def choose_device(device: str | torch.device) -> torch.device:
 
 
 def choose_attention(attention: str, device: torch.device) -> str:
-    """"auto": the Triton kernels on a GPU when triton is installed, else plain PyTorch."""
+    """ "auto": the Triton kernels on a GPU when triton is installed, else plain PyTorch."""
     if attention != "auto":
         return attention
     if device.type == "cuda":
@@ -45,10 +45,16 @@ def choose_attention(attention: str, device: torch.device) -> str:
     return "torch"
 
 
-def assemble_model(model: Any, *, device: str | torch.device = "auto",
-                   dtype: str | torch.dtype = "auto", load_format: str = "auto",
-                   attention: str = "auto", quantization: str | None = None,
-                   seed: int = 0) -> nn.Module:
+def assemble_model(
+    model: Any,
+    *,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    load_format: str = "auto",
+    attention: str = "auto",
+    quantization: str | None = None,
+    seed: int = 0,
+) -> nn.Module:
     """The module for `model` (a GGUF file, an HF folder, a bundled model name or a
     ModelSource; with load_format="dummy" also an architecture preset or a ModelConfig, its
     random weights drawn with `seed`), on its device in eval mode, ready for an engine or a
@@ -58,8 +64,14 @@ def assemble_model(model: Any, *, device: str | torch.device = "auto",
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be None or 'int4', got {quantization!r}")
     dev = choose_device(device)
-    net = load_model(model, device=dev, dtype=dtype, load_format=load_format,
-                     attention=choose_attention(attention, dev), seed=seed)
+    net = load_model(
+        model,
+        device=dev,
+        dtype=dtype,
+        load_format=load_format,
+        attention=choose_attention(attention, dev),
+        seed=seed,
+    )
     if quantization == "int4":
         from .int4 import quantize_int4_
 

@@ -85,20 +85,28 @@ class SchedulerConfig:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"max_running_requests ({self.max_running_requests}) so every running request "
-                "can decode each step; raise the token budget or lower max_running_requests")
+                "can decode each step; raise the token budget or lower max_running_requests"
+            )
         if self.schedule_policy not in SCHEDULE_POLICIES:
-            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, "
-                             f"got {self.schedule_policy!r}")
+            raise ValueError(
+                f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}"
+            )
         _check_int("lpm_max_queue", self.lpm_max_queue, lo=0)
         _check_int("stagger_min_tokens", self.stagger_min_tokens, lo=0)
         _check_int("reserve_clip_tokens", self.reserve_clip_tokens, lo=0)
         for name in ("init_new_token_ratio", "min_new_token_ratio", "new_token_ratio_decay"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 <= value <= 1
+            ):
                 raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
         if self.min_new_token_ratio > self.init_new_token_ratio:
-            raise ValueError(f"min_new_token_ratio ({self.min_new_token_ratio}) must be <= "
-                             f"init_new_token_ratio ({self.init_new_token_ratio})")
+            raise ValueError(
+                f"min_new_token_ratio ({self.min_new_token_ratio}) must be <= "
+                f"init_new_token_ratio ({self.init_new_token_ratio})"
+            )
 
 
 def _check_int(name: str, value: object, lo: int) -> None:

@@ -43,14 +43,34 @@ from torch import nn
 from .forward_batch import ForwardBatch
 from .kv_pool import KVPool
 
-DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384,
-                       448, 512)  # capped at the runner's max_batch_size
+DEFAULT_BATCH_SIZES = (
+    1,
+    2,
+    4,
+    8,
+    16,
+    24,
+    32,
+    48,
+    64,
+    96,
+    128,
+    160,
+    192,
+    224,
+    256,
+    320,
+    384,
+    448,
+    512,
+)  # capped at the runner's max_batch_size
 SPLIT_CONTEXT = 4096  # the KV length each bucket's split count is tuned for
 _PAD = (0, 0, 0, 0, 1)  # input_id, position, out_cache_loc (dummy slot), table row, seq_len
 
 
-def capture_decode_graphs(model: nn.Module, kv: KVPool, req_to_token: torch.Tensor, *,
-                          max_batch_size: int) -> CudaGraphRunner | None:
+def capture_decode_graphs(
+    model: nn.Module, kv: KVPool, req_to_token: torch.Tensor, *, max_batch_size: int
+) -> CudaGraphRunner | None:
     """Decode graphs for batches up to max_batch_size, or None where graphs are not used
     (not on CUDA, or attention not on the Triton backend). Captured under inference mode,
     as the engine replays them."""
@@ -93,18 +113,32 @@ class DecodeBuffers:
         assert 1 <= bs <= self.max_batch_size
         ids, pos, loc, rows, lens = self.ints[:, :bs]
         return ForwardBatch(
-            input_ids=ids, positions=pos, out_cache_loc=loc, req_pool_indices=rows,
-            seq_lens=lens, extend_lens=self.ones[:bs], extend_start_loc=self.arange[:bs],
-            req_to_token=self.req_to_token, logits_indices=self.arange[:bs],
-            extend_lens_cpu=(1,) * bs)
+            input_ids=ids,
+            positions=pos,
+            out_cache_loc=loc,
+            req_pool_indices=rows,
+            seq_lens=lens,
+            extend_lens=self.ones[:bs],
+            extend_start_loc=self.arange[:bs],
+            req_to_token=self.req_to_token,
+            logits_indices=self.arange[:bs],
+            extend_lens_cpu=(1,) * bs,
+        )
 
     def load(self, batch: ForwardBatch, bs: int) -> None:
         """Copy a decode batch of n <= bs requests into rows [0, n), padding into [n, bs).
         Three small device ops, no host sync."""
         n = batch.batch_size
         assert n <= bs <= self.max_batch_size
-        src = torch.stack([batch.input_ids, batch.positions, batch.out_cache_loc,
-                           batch.req_pool_indices, batch.seq_lens])
+        src = torch.stack(
+            [
+                batch.input_ids,
+                batch.positions,
+                batch.out_cache_loc,
+                batch.req_pool_indices,
+                batch.seq_lens,
+            ]
+        )
         self.ints[:, :n].copy_(src)
         if n < bs:  # a previous, larger batch may have left real slots here: reset them
             self.ints[:, n:bs].copy_(self.pad[:, n:bs])
@@ -138,16 +172,28 @@ class CudaGraphRunner:
     Single-threaded, like the model runner; construct and call under the same inference mode.
     """
 
-    def __init__(self, model: nn.Module, kv: KVPool, req_to_token: torch.Tensor, *,
-                 batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-                 max_batch_size: int | None = None, split_context: int = SPLIT_CONTEXT,
-                 capture: bool | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        kv: KVPool,
+        req_to_token: torch.Tensor,
+        *,
+        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+        max_batch_size: int | None = None,
+        split_context: int = SPLIT_CONTEXT,
+        capture: bool | None = None,
+    ) -> None:
         if not supports_cuda_graphs(model):
-            raise ValueError("CUDA graphs need the model's attention on the Triton backend; "
-                             "load it with attention='triton'")
+            raise ValueError(
+                "CUDA graphs need the model's attention on the Triton backend; "
+                "load it with attention='triton'"
+            )
         sizes = _bucket_sizes(batch_sizes, max_batch_size)
-        if not isinstance(req_to_token, torch.Tensor) or req_to_token.dtype != torch.int32 \
-                or req_to_token.dim() != 2:
+        if (
+            not isinstance(req_to_token, torch.Tensor)
+            or req_to_token.dtype != torch.int32
+            or req_to_token.dim() != 2
+        ):
             raise ValueError("req_to_token must be the runner's int32 [rows, context] table")
         device = req_to_token.device
         if kv.k[0].device != device:  # (tensors' devices: "cuda" and "cuda:0" compare unequal)
@@ -175,12 +221,15 @@ class CudaGraphRunner:
     def can_run(self, batch: ForwardBatch, kv: KVPool) -> bool:
         """Whether `batch` is a decode batch these graphs serve (no device access)."""
         table = self.buffers.req_to_token
-        return (kv is self.kv and batch.is_decode_only
-                and 1 <= batch.batch_size <= self.max_batch_size
-                and batch.logits_indices.shape[0] == batch.batch_size  # then == arange(B)
-                and batch.req_to_token.data_ptr() == table.data_ptr()
-                and batch.req_to_token.shape == table.shape
-                and batch.req_to_token.stride() == table.stride())
+        return (
+            kv is self.kv
+            and batch.is_decode_only
+            and 1 <= batch.batch_size <= self.max_batch_size
+            and batch.logits_indices.shape[0] == batch.batch_size  # then == arange(B)
+            and batch.req_to_token.data_ptr() == table.data_ptr()
+            and batch.req_to_token.shape == table.shape
+            and batch.req_to_token.stride() == table.stride()
+        )
 
     def maybe_run(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor | None:
         """Logits of a decode batch through its bucket's graph, or None (see the class)."""
@@ -194,7 +243,7 @@ class CudaGraphRunner:
         else:
             bucket.graph.replay()
             logits = bucket.logits
-        return logits[:batch.batch_size]
+        return logits[: batch.batch_size]
 
     def _bucket_for(self, n: int) -> _Bucket:
         for bucket in self.buckets:
@@ -207,13 +256,23 @@ class CudaGraphRunner:
 
         att = self.model.attention
         bs = batch.batch_size
-        splits = choose_num_splits(bs * att.num_kv_heads, self.split_context,
-                                   _num_sms(batch.seq_lens.device))
+        splits = choose_num_splits(
+            bs * att.num_kv_heads, self.split_context, _num_sms(batch.seq_lens.device)
+        )
         return plan_attention(
-            batch.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens,
-            batch.extend_start_loc, num_q_heads=att.num_heads, num_kv_heads=att.num_kv_heads,
-            head_dim=att.head_dim, seq_lens_cpu=(1,) * bs, extend_lens_cpu=(1,) * bs,
-            split_max_tokens=1, num_kv_splits=splits)
+            batch.req_to_token,
+            batch.req_pool_indices,
+            batch.seq_lens,
+            batch.extend_lens,
+            batch.extend_start_loc,
+            num_q_heads=att.num_heads,
+            num_kv_heads=att.num_kv_heads,
+            head_dim=att.head_dim,
+            seq_lens_cpu=(1,) * bs,
+            extend_lens_cpu=(1,) * bs,
+            split_max_tokens=1,
+            num_kv_splits=splits,
+        )
 
     def _capture(self, bs: int) -> _Bucket:
         batch = self.buffers.view(bs)

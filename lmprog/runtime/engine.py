@@ -92,9 +92,16 @@ class EngineConfig:
 class Engine:
     """Owns the engine thread. Thread-safe: submit/abort/call/stats/shutdown from anywhere."""
 
-    def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer: Any, *,
-                 eos_token_ids: Sequence[int], config: EngineConfig | None = None,
-                 speculator: Speculator | None = None) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        tokenizer: Any,
+        *,
+        eos_token_ids: Sequence[int],
+        config: EngineConfig | None = None,
+        speculator: Speculator | None = None,
+    ) -> None:
         """speculator: verify draft tokens in the batch (None: no speculative decoding)."""
         self.runner = runner
         self.scheduler = scheduler
@@ -160,8 +167,10 @@ class Engine:
         """Switch speculative decoding on or off from the next step (e.g. to compare both
         in one run). ValueError when the engine was built without a speculator."""
         if self.speculator is None:
-            raise ValueError("this engine was built without speculative decoding; pass "
-                             "speculative=... when creating it")
+            raise ValueError(
+                "this engine was built without speculative decoding; pass "
+                "speculative=... when creating it"
+            )
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be a bool, got {enabled!r}")
 
@@ -208,7 +217,7 @@ class Engine:
         try:
             with torch.inference_mode():  # logits, masks, penalty counts: all engine-local
                 self._loop()
-        except BaseException as exc:  # noqa: BLE001 - an engine bug: fail everyone, loudly
+        except BaseException as exc:  # an engine bug: fail everyone, loudly
             log.exception("the lmprog engine thread failed")
             error = BackendError(f"the runtime engine failed: {exc!r}")
             error.__cause__ = exc
@@ -236,11 +245,15 @@ class Engine:
         every request that started with a BackendError naming it, free all KV and empty the
         prefix cache (the bookkeeping cannot be trusted), rebuild the sampler's cached
         tensors, and go on serving; requests that never started keep their place."""
-        log.exception("internal error in the engine loop: failing the requests in flight, "
-                      "resetting the scheduler and the KV cache")
+        log.exception(
+            "internal error in the engine loop: failing the requests in flight, "
+            "resetting the scheduler and the KV cache"
+        )
         self.metrics.internal_errors += 1
-        error = BackendError(f"the runtime engine hit an internal error ({exc!r}); the "
-                             "requests in flight failed and the engine was reset")
+        error = BackendError(
+            f"the runtime engine hit an internal error ({exc!r}); the "
+            "requests in flight failed and the engine was reset"
+        )
         error.__cause__ = exc
         self._inflight = None
         self._outputs = StepOutputs(BatchSampler(self.eos_token_ids))
@@ -276,13 +289,25 @@ class Engine:
     def _admit(self, handle: RequestHandle, request: EngineRequest) -> None:
         try:
             state = DecodeState(
-                request.params, tokenizer=self._tokenizer, prompt_ids=request.prompt_ids,
-                eos_token_ids=self.eos_token_ids, vocab_size=self.runner.vocab_size,
-                emit=handle.put_piece, token_text=self._token_text, guide=request.guide,
+                request.params,
+                tokenizer=self._tokenizer,
+                prompt_ids=request.prompt_ids,
+                eos_token_ids=self.eos_token_ids,
+                vocab_size=self.runner.vocab_size,
+                emit=handle.put_piece,
+                token_text=self._token_text,
+                guide=request.guide,
                 jump_forward=self.config.jump_forward,
-                prompt_logprob_start=request.prompt_logprob_start, device=self.runner.device)
-            req = Req(handle.rid, request.prompt_ids, request.params,
-                      prompt_logprob_start=request.prompt_logprob_start, engine_data=state)
+                prompt_logprob_start=request.prompt_logprob_start,
+                device=self.runner.device,
+            )
+            req = Req(
+                handle.rid,
+                request.prompt_ids,
+                request.params,
+                prompt_logprob_start=request.prompt_logprob_start,
+                engine_data=state,
+            )
             self.scheduler.submit(req)
         except Exception as exc:  # noqa: BLE001 - bad request: its caller gets the error
             handle.put_error(exc)
@@ -324,7 +349,7 @@ class Engine:
         inflight = self._inflight
         try:
             logits = self.runner.forward(batch, None if inflight is None else inflight.token_ids)
-        except Exception as exc:  # noqa: BLE001 - fail this batch's requests, keep serving
+        except Exception as exc:  # fail this batch's requests, keep serving
             log.exception("a forward pass failed")
             self._settle()
             self._fail_batch(batch, exc)
@@ -333,8 +358,7 @@ class Engine:
         launched = time.perf_counter()
         settled = self._settle()  # the previous step's tokens, while the device runs this one
         if deferred is not None:
-            capped = self.scheduler.process_results(batch, deferred.placeholders(),
-                                                    unresolved=True)
+            capped = self.scheduler.process_results(batch, deferred.placeholders(), unresolved=True)
             self._inflight = replace(deferred, capped=tuple(capped), seconds=launched - start)
             return
         out = self._outputs.process(batch, logits, spec.draft_probs if spec is not None else None)
@@ -345,8 +369,12 @@ class Engine:
             self._mirror_jump(req, jump)
         for req in finished:
             self._complete(req)
-        self.metrics.on_step(time.perf_counter() - start - settled, batch.num_tokens,
-                             batch.num_decodes, out.num_sampled)
+        self.metrics.on_step(
+            time.perf_counter() - start - settled,
+            batch.num_tokens,
+            batch.num_decodes,
+            out.num_sampled,
+        )
 
     def _settle(self) -> float:
         """Finish the step in flight, if any: its tokens to the requests (module docstring).
@@ -363,16 +391,18 @@ class Engine:
         batch = step.batch
         took = time.perf_counter() - start
         self.metrics.overlapped_steps += 1
-        self.metrics.on_step(step.seconds + took, batch.num_tokens, batch.num_decodes,
-                             out.num_sampled)
+        self.metrics.on_step(
+            step.seconds + took, batch.num_tokens, batch.num_decodes, out.num_sampled
+        )
         return took
 
     def _mirror_jump(self, req: Req, jump: Any) -> None:
         if req.status is not ReqStatus.RUNNING:
             return
         try:
-            self.scheduler.replace_tokens(req, req.seq_len - jump.drop_last_n_tokens,
-                                          jump.new_token_ids)
+            self.scheduler.replace_tokens(
+                req, req.seq_len - jump.drop_last_n_tokens, jump.new_token_ids
+            )
         except Exception as exc:  # noqa: BLE001 - one request's fault
             req.engine_data.fail(exc)
             self.scheduler.finish(req, "error")
@@ -391,8 +421,9 @@ class Engine:
         try:
             if not state.done:
                 state.finish(req.finish_reason or "abort", message=self._length_message(req))
-            outcome: Any = state.error or state.engine_result(prompt_tokens=req.prompt_len,
-                                                              cached_tokens=req.cached_tokens)
+            outcome: Any = state.error or state.engine_result(
+                prompt_tokens=req.prompt_len, cached_tokens=req.cached_tokens
+            )
         except Exception as exc:  # noqa: BLE001 - this request's fault, not the engine's
             outcome = exc
         self.metrics.on_finish(state.finish_reason if state.error is None else "error")
@@ -447,12 +478,19 @@ class Engine:
         self._publish()
 
     def _publish(self) -> None:
-        self._snapshot = self.metrics.snapshot(self.scheduler.stats(), {
-            "radix_cache": self.scheduler.cache_config.radix_cache,
-            "eviction": self.scheduler.cache_config.eviction,
-            "jump_forward": self.config.jump_forward,
-            **(self.speculator.stats() if self.speculator is not None else {"speculative": None}),
-        })
+        self._snapshot = self.metrics.snapshot(
+            self.scheduler.stats(),
+            {
+                "radix_cache": self.scheduler.cache_config.radix_cache,
+                "eviction": self.scheduler.cache_config.eviction,
+                "jump_forward": self.config.jump_forward,
+                **(
+                    self.speculator.stats()
+                    if self.speculator is not None
+                    else {"speculative": None}
+                ),
+            },
+        )
 
     def _token_text(self, token_id: int) -> str:
         text = self._token_texts.get(token_id)

@@ -45,7 +45,9 @@ class EngineRequest:
             raise ValueError("prompt_ids must hold at least one token id")
         s = self.prompt_logprob_start
         if s is not None and not 0 <= s < len(self.prompt_ids):
-            raise ValueError(f"prompt_logprob_start must be in [0, {len(self.prompt_ids)}), got {s}")
+            raise ValueError(
+                f"prompt_logprob_start must be in [0, {len(self.prompt_ids)}), got {s}"
+            )
 
 
 _PIECE, _DONE, _ERROR = 0, 1, 2
@@ -60,7 +62,9 @@ class RequestHandle:
     was put). Benchmarks read TTFT and time per output token from them without waking a
     thread per token."""
 
-    def __init__(self, rid: Hashable, abort: Callable[[Hashable], None], stream: bool = True) -> None:
+    def __init__(
+        self, rid: Hashable, abort: Callable[[Hashable], None], stream: bool = True
+    ) -> None:
         self.rid = rid
         self.stream = stream  # False: pieces are dropped at once (no wake-up per token)
         self._abort = abort

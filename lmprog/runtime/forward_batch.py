@@ -69,16 +69,28 @@ class ForwardBatch:
     def host_lens(self) -> tuple[list[int], list[int]]:
         """(seq_lens, extend_lens) as Python ints; reads the device only without the cpu copies."""
         seq = list(self.seq_lens_cpu) if self.seq_lens_cpu is not None else self.seq_lens.tolist()
-        ext = (list(self.extend_lens_cpu) if self.extend_lens_cpu is not None
-               else self.extend_lens.tolist())
+        ext = (
+            list(self.extend_lens_cpu)
+            if self.extend_lens_cpu is not None
+            else self.extend_lens.tolist()
+        )
         return seq, ext
 
     @classmethod
-    def build(cls, *, input_ids: IntsLike, out_cache_loc: IntsLike, req_pool_indices: IntsLike,
-              seq_lens: IntsLike, extend_lens: IntsLike, req_to_token: torch.Tensor,
-              positions: IntsLike | None = None, logits_indices: IntsLike | None = None,
-              custom_mask: torch.Tensor | None = None,
-              device: torch.device | str | None = None) -> ForwardBatch:
+    def build(
+        cls,
+        *,
+        input_ids: IntsLike,
+        out_cache_loc: IntsLike,
+        req_pool_indices: IntsLike,
+        seq_lens: IntsLike,
+        extend_lens: IntsLike,
+        req_to_token: torch.Tensor,
+        positions: IntsLike | None = None,
+        logits_indices: IntsLike | None = None,
+        custom_mask: torch.Tensor | None = None,
+        device: torch.device | str | None = None,
+    ) -> ForwardBatch:
         """Validate host-side lists (or tensors) and build the batch on `device`.
 
         positions default to prefix_len .. seq_len - 1 per request; logits_indices default to
@@ -97,8 +109,10 @@ class ForwardBatch:
         pos, loc = _ints(positions, "positions"), _ints(out_cache_loc, "out_cache_loc")
         logit_rows = _ints(logits_indices, "logits_indices")
         if len(pos) != len(ids) or len(loc) != len(ids):
-            raise ValueError(f"positions ({len(pos)}) and out_cache_loc ({len(loc)}) need one "
-                             f"entry per input id ({len(ids)})")
+            raise ValueError(
+                f"positions ({len(pos)}) and out_cache_loc ({len(loc)}) need one "
+                f"entry per input id ({len(ids)})"
+            )
         if any(not 0 <= i < len(ids) for i in logit_rows):
             raise ValueError(f"logits_indices must lie in [0, {len(ids)})")
         if custom_mask is not None and custom_mask.numel() != sum(n * s for n, s in zip(ext, lens)):
@@ -108,32 +122,47 @@ class ForwardBatch:
         def t(xs: list[int]) -> torch.Tensor:
             return torch.tensor(xs, dtype=torch.int64, device=dev)
 
-        return cls(t(ids), t(pos), t(loc), t(rows), t(lens), t(ext), t(starts),
-                   req_to_token.to(device=dev, dtype=torch.int32), t(logit_rows),
-                   None if custom_mask is None else custom_mask.to(device=dev, dtype=torch.bool),
-                   seq_lens_cpu=tuple(lens), extend_lens_cpu=tuple(ext))
+        return cls(
+            t(ids),
+            t(pos),
+            t(loc),
+            t(rows),
+            t(lens),
+            t(ext),
+            t(starts),
+            req_to_token.to(device=dev, dtype=torch.int32),
+            t(logit_rows),
+            None if custom_mask is None else custom_mask.to(device=dev, dtype=torch.bool),
+            seq_lens_cpu=tuple(lens),
+            extend_lens_cpu=tuple(ext),
+        )
 
 
 def _ints(xs: IntsLike, name: str) -> list[int]:
     if isinstance(xs, torch.Tensor):
         if xs.dim() != 1 or xs.is_floating_point():
-            raise ValueError(f"{name} must be a 1-D integer tensor, "
-                             f"got {tuple(xs.shape)} {xs.dtype}")
+            raise ValueError(
+                f"{name} must be a 1-D integer tensor, got {tuple(xs.shape)} {xs.dtype}"
+            )
         return xs.tolist()
     return [int(x) for x in xs]
 
 
-def _check_lengths(ext: list[int], lens: list[int], rows: list[int], num_tokens: int,
-                   req_to_token: torch.Tensor) -> None:
+def _check_lengths(
+    ext: list[int], lens: list[int], rows: list[int], num_tokens: int, req_to_token: torch.Tensor
+) -> None:
     if not len(ext) == len(lens) == len(rows):
-        raise ValueError(f"extend_lens ({len(ext)}), seq_lens ({len(lens)}) and req_pool_indices "
-                         f"({len(rows)}) need one entry per request")
+        raise ValueError(
+            f"extend_lens ({len(ext)}), seq_lens ({len(lens)}) and req_pool_indices "
+            f"({len(rows)}) need one entry per request"
+        )
     if sum(ext) != num_tokens:
         raise ValueError(f"extend_lens sum to {sum(ext)} but there are {num_tokens} input ids")
     max_reqs, max_len = req_to_token.shape
     for n, s, r in zip(ext, lens, rows):
         if not 1 <= n <= s <= max_len:
-            raise ValueError(f"need 1 <= extend_len ({n}) <= seq_len ({s}) <= req_to_token width "
-                             f"({max_len})")
+            raise ValueError(
+                f"need 1 <= extend_len ({n}) <= seq_len ({s}) <= req_to_token width ({max_len})"
+            )
         if not 0 <= r < max_reqs:
             raise ValueError(f"req_pool_index {r} outside req_to_token's {max_reqs} rows")

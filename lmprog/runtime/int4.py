@@ -32,7 +32,8 @@ GROUP = 32
 
 def int4_kernels_available() -> bool:
     return hasattr(torch, "_weight_int4pack_mm_for_cpu") and hasattr(
-        torch, "_convert_weight_to_int4pack_for_cpu")
+        torch, "_convert_weight_to_int4pack_for_cpu"
+    )
 
 
 def int4_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -54,15 +55,18 @@ def int4_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 class Int4Linear(nn.Module):
     """A Linear whose weight is held as packed 4-bit codes with bf16 group scales/zeros."""
 
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor,
-                 bias: torch.Tensor | None) -> None:
+    def __init__(
+        self, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, bias: torch.Tensor | None
+    ) -> None:
         super().__init__()
         self.out_features, self.in_features = codes.shape
         self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(codes, 1))
         zero = low + 8 * scale  # the kernel computes (q - 8) * scale + zero
         sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # [K/32, N, 2]
         self.register_buffer("scales_zeros", sz.to(torch.bfloat16))
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.bias = (
+            None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        )
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int4Linear | None:
@@ -71,8 +75,9 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = torch._weight_int4pack_mm_for_cpu(x.reshape(-1, shape[-1]).to(torch.bfloat16),
-                                              self.packed, GROUP, self.scales_zeros)
+        y = torch._weight_int4pack_mm_for_cpu(
+            x.reshape(-1, shape[-1]).to(torch.bfloat16), self.packed, GROUP, self.scales_zeros
+        )
         y = y.to(x.dtype).reshape(*shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
@@ -86,13 +91,21 @@ def quantize_int4_(model: nn.Module) -> int:
     CPU in fp32, the kernels are missing, or no layer qualifies."""
     param = next(model.parameters())
     if param.device.type != "cpu" or param.dtype != torch.float32:
-        raise ValueError("quantization='int4' runs on the CPU with dtype float32 (got "
-                         f"{param.device.type}, {param.dtype})")
+        raise ValueError(
+            "quantization='int4' runs on the CPU with dtype float32 (got "
+            f"{param.device.type}, {param.dtype})"
+        )
     if not int4_kernels_available():
-        raise ValueError(f"torch {torch.__version__} lacks the CPU int4 kernels; upgrade torch "
-                         "or drop quantization='int4'")
-    targets = [(parent, name, child) for parent in model.modules()
-               for name, child in parent.named_children() if type(child) is nn.Linear]
+        raise ValueError(
+            f"torch {torch.__version__} lacks the CPU int4 kernels; upgrade torch "
+            "or drop quantization='int4'"
+        )
+    targets = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if type(child) is nn.Linear
+    ]
     replaced = 0
     for parent, name, child in targets:
         packed = Int4Linear.from_linear(child)
@@ -100,8 +113,10 @@ def quantize_int4_(model: nn.Module) -> int:
             setattr(parent, name, packed)
             replaced += 1
     if not replaced:
-        raise ValueError("quantization='int4' needs weights that are exact 4-bit groups of 32 "
-                         "(a Q4_1 GGUF); none of this model's linear layers are")
+        raise ValueError(
+            "quantization='int4' needs weights that are exact 4-bit groups of 32 "
+            "(a Q4_1 GGUF); none of this model's linear layers are"
+        )
     return replaced
 
 

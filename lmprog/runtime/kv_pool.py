@@ -20,8 +20,15 @@ if TYPE_CHECKING:
 class KVPool:
     """Per-layer K/V buffers in the model's dtype on the model's device (zero-initialised)."""
 
-    def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(
+        self,
+        num_slots: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}; raise the KV memory budget")
         self.num_slots = num_slots
@@ -36,10 +43,12 @@ class KVPool:
         self.v = [self._buffer[i, 1] for i in range(num_layers)]
 
     @classmethod
-    def for_model(cls, config: ModelConfig, num_slots: int, dtype: torch.dtype,
-                  device: torch.device | str) -> KVPool:
-        return cls(num_slots, config.num_layers, config.num_kv_heads, config.head_dim, dtype,
-                   device)
+    def for_model(
+        cls, config: ModelConfig, num_slots: int, dtype: torch.dtype, device: torch.device | str
+    ) -> KVPool:
+        return cls(
+            num_slots, config.num_layers, config.num_kv_heads, config.head_dim, dtype, device
+        )
 
     @staticmethod
     def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
@@ -52,8 +61,10 @@ class KVPool:
         """How many token slots fit in `budget_bytes` (the dummy slot included in the cost)."""
         num_slots = budget_bytes // cls.bytes_per_token(config, dtype) - 1
         if num_slots < 1:
-            raise ValueError(f"a KV budget of {budget_bytes} bytes holds no token "
-                             f"({cls.bytes_per_token(config, dtype)} bytes each); raise it")
+            raise ValueError(
+                f"a KV budget of {budget_bytes} bytes holds no token "
+                f"({cls.bytes_per_token(config, dtype)} bytes each); raise it"
+            )
         return num_slots
 
     @property

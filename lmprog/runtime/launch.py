@@ -30,8 +30,11 @@ CPU_KV_BUDGET_BYTES = 1 << 30
 def kv_slots(model: nn.Module, max_total_tokens: int | None, gpu_memory_fraction: float) -> int:
     """How many token slots the KV pool gets."""
     if max_total_tokens is not None:
-        if isinstance(max_total_tokens, bool) or not isinstance(max_total_tokens, int) \
-                or max_total_tokens < 2:
+        if (
+            isinstance(max_total_tokens, bool)
+            or not isinstance(max_total_tokens, int)
+            or max_total_tokens < 2
+        ):
             raise ValueError(f"max_total_tokens must be an int >= 2, got {max_total_tokens!r}")
         return max_total_tokens
     param = next(model.parameters())
@@ -43,14 +46,21 @@ def kv_slots(model: nn.Module, max_total_tokens: int | None, gpu_memory_fraction
     return KVPool.size_for_budget(budget, model.config, param.dtype)
 
 
-def launch_engine(model: nn.Module, tokenizer: Any, *, eos_token_ids: tuple[int, ...],
-                  max_total_tokens: int | None = None, context_length: int | None = None,
-                  cache_config: CacheConfig | None = None,
-                  scheduler_config: SchedulerConfig | None = None,
-                  engine_config: EngineConfig | None = None,
-                  gpu_memory_fraction: float = 0.85, cuda_graphs: bool = True,
-                  speculative: SpeculativeConfig | None = None,
-                  proposer: Proposer | None = None) -> Engine:
+def launch_engine(
+    model: nn.Module,
+    tokenizer: Any,
+    *,
+    eos_token_ids: tuple[int, ...],
+    max_total_tokens: int | None = None,
+    context_length: int | None = None,
+    cache_config: CacheConfig | None = None,
+    scheduler_config: SchedulerConfig | None = None,
+    engine_config: EngineConfig | None = None,
+    gpu_memory_fraction: float = 0.85,
+    cuda_graphs: bool = True,
+    speculative: SpeculativeConfig | None = None,
+    proposer: Proposer | None = None,
+) -> Engine:
     """Start an engine thread serving `model` (on its device, in eval mode, as
     lmprog.runtime.assemble.assemble_model returns it; the engine applies no transform).
     cuda_graphs: replay captured graphs (CUDA + Triton attention only): whole-model graphs
@@ -61,21 +71,40 @@ def launch_engine(model: nn.Module, tokenizer: Any, *, eos_token_ids: tuple[int,
     if isinstance(context, bool) or not isinstance(context, int) or context < 2:
         raise ValueError(f"context_length must be an int >= 2, got {context!r}")
     scheduler_config = scheduler_config or SchedulerConfig()
-    speculator = make_speculator(model, speculative, proposer,
-                                 max_requests=scheduler_config.max_running_requests,
-                                 context_length=context)
+    speculator = make_speculator(
+        model,
+        speculative,
+        proposer,
+        max_requests=scheduler_config.max_running_requests,
+        context_length=context,
+    )
     num_slots = kv_slots(model, max_total_tokens, gpu_memory_fraction)
     scheduler = Scheduler(num_slots, context, scheduler_config, cache_config)
-    runner = ModelRunner(model, scheduler.cache.capacity, scheduler.req_to_token,
-                         cuda_graphs=cuda_graphs,
-                         piecewise_tokens=scheduler.config.max_num_batched_tokens)
-    return Engine(runner, scheduler, tokenizer, eos_token_ids=eos_token_ids, config=engine_config,
-                  speculator=speculator)
+    runner = ModelRunner(
+        model,
+        scheduler.cache.capacity,
+        scheduler.req_to_token,
+        cuda_graphs=cuda_graphs,
+        piecewise_tokens=scheduler.config.max_num_batched_tokens,
+    )
+    return Engine(
+        runner,
+        scheduler,
+        tokenizer,
+        eos_token_ids=eos_token_ids,
+        config=engine_config,
+        speculator=speculator,
+    )
 
 
-def make_speculator(model: nn.Module, config: SpeculativeConfig | None,
-                    proposer: Proposer | None = None, *, max_requests: int | None = None,
-                    context_length: int | None = None) -> Speculator | None:
+def make_speculator(
+    model: nn.Module,
+    config: SpeculativeConfig | None,
+    proposer: Proposer | None = None,
+    *,
+    max_requests: int | None = None,
+    context_length: int | None = None,
+) -> Speculator | None:
     """The engine's Speculator for `model`, or None when config and proposer are None.
     max_requests, context_length: the engine's max_running_requests and context length (a
     built draft model keeps state for that many requests of up to that length)."""
@@ -88,7 +117,12 @@ def make_speculator(model: nn.Module, config: SpeculativeConfig | None,
     vocab = model.config.vocab_size
     name = None if proposer is None else type(proposer).__name__
     if proposer is None:
-        proposer = build_proposer(config, vocab_size=vocab, device=param.device,
-                                  dtype=param.dtype, max_requests=max_requests,
-                                  context_length=context_length)
+        proposer = build_proposer(
+            config,
+            vocab_size=vocab,
+            device=param.device,
+            dtype=param.dtype,
+            max_requests=max_requests,
+            context_length=context_length,
+        )
     return Speculator(proposer, config, vocab_size=vocab, device=param.device, name=name)

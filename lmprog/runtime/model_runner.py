@@ -44,8 +44,15 @@ class ModelRunner:
     Single-threaded: only the engine thread calls `forward`.
     """
 
-    def __init__(self, model: nn.Module, num_slots: int, req_to_token: np.ndarray, *,
-                 cuda_graphs: bool = True, piecewise_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        num_slots: int,
+        req_to_token: np.ndarray,
+        *,
+        cuda_graphs: bool = True,
+        piecewise_tokens: int = 0,
+    ) -> None:
         param = next(model.parameters())
         self.model = model
         self.config = model.config
@@ -55,18 +62,21 @@ class ModelRunner:
         if self.device.type == "cpu":
             self.req_to_token = torch.from_numpy(req_to_token)  # shared, never stale
         else:
-            self.req_to_token = torch.zeros(req_to_token.shape, dtype=torch.int32,
-                                            device=self.device)
+            self.req_to_token = torch.zeros(
+                req_to_token.shape, dtype=torch.int32, device=self.device
+            )
         self.graphs = self.piecewise = None
         attention = getattr(model, "attention", None)
         if attention is not None:
             attention.warm_up(self.kv, self.req_to_token)
         if cuda_graphs:
-            self.graphs = capture_decode_graphs(model, self.kv, self.req_to_token,
-                                                max_batch_size=req_to_token.shape[0])
+            self.graphs = capture_decode_graphs(
+                model, self.kv, self.req_to_token, max_batch_size=req_to_token.shape[0]
+            )
         if cuda_graphs and piecewise_tokens > 0:
-            self.piecewise = capture_piecewise_graphs(model, self.kv, self.req_to_token,
-                                                      max_tokens=piecewise_tokens)
+            self.piecewise = capture_piecewise_graphs(
+                model, self.kv, self.req_to_token, max_tokens=piecewise_tokens
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -91,8 +101,18 @@ class ModelRunner:
         starts = np.cumsum(ext) - ext
         logit_rows = batch.logits_indices()
         input_ids = batch.input_ids()
-        host = np.concatenate([input_ids, batch.positions, batch.out_slots.astype(np.int64),
-                               rows, lens, ext, starts, logit_rows])
+        host = np.concatenate(
+            [
+                input_ids,
+                batch.positions,
+                batch.out_slots.astype(np.int64),
+                rows,
+                lens,
+                ext,
+                starts,
+                logit_rows,
+            ]
+        )
         t, b = batch.num_tokens, len(entries)
         parts = _to_device(host, self.device).split([t, t, t, b, b, b, b, len(logit_rows)])
         ids = parts[0]
@@ -102,18 +122,33 @@ class ModelRunner:
         if self.device.type != "cpu":
             self._sync_table(batch, parts[3], parts[5], parts[1], parts[2])
         return ForwardBatch(
-            input_ids=ids, positions=parts[1], out_cache_loc=parts[2], req_pool_indices=parts[3],
-            seq_lens=parts[4], extend_lens=parts[5], extend_start_loc=parts[6],
-            req_to_token=self.req_to_token, logits_indices=parts[7],
-            seq_lens_cpu=tuple(lens.tolist()), extend_lens_cpu=tuple(ext.tolist()))
+            input_ids=ids,
+            positions=parts[1],
+            out_cache_loc=parts[2],
+            req_pool_indices=parts[3],
+            seq_lens=parts[4],
+            extend_lens=parts[5],
+            extend_start_loc=parts[6],
+            req_to_token=self.req_to_token,
+            logits_indices=parts[7],
+            seq_lens_cpu=tuple(lens.tolist()),
+            extend_lens_cpu=tuple(ext.tolist()),
+        )
 
-    def _sync_table(self, batch: ScheduledBatch, rows: torch.Tensor, ext: torch.Tensor,
-                    positions: torch.Tensor, out_slots: torch.Tensor) -> None:
+    def _sync_table(
+        self,
+        batch: ScheduledBatch,
+        rows: torch.Tensor,
+        ext: torch.Tensor,
+        positions: torch.Tensor,
+        out_slots: torch.Tensor,
+    ) -> None:
         """Bring the device table up to date for this batch's rows (see module docstring)."""
         for e in batch.entries:
             if e.sync_row:
-                self.req_to_token[e.row, :e.end] = _to_device(self._host_table[e.row, :e.end],
-                                                              self.device)
+                self.req_to_token[e.row, : e.end] = _to_device(
+                    self._host_table[e.row, : e.end], self.device
+                )
         token_rows = torch.repeat_interleave(rows, ext, output_size=batch.num_tokens)
         self.req_to_token[token_rows, positions] = out_slots.to(torch.int32)
 

@@ -45,12 +45,30 @@ from .kv_pool import KVPool
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
-                         6144, 8192, 12288, 16384)  # capped at the runner's max_tokens
+DEFAULT_TOKEN_BUCKETS = (
+    16,
+    32,
+    64,
+    128,
+    256,
+    384,
+    512,
+    768,
+    1024,
+    1536,
+    2048,
+    3072,
+    4096,
+    6144,
+    8192,
+    12288,
+    16384,
+)  # capped at the runner's max_tokens
 
 
-def capture_piecewise_graphs(model: nn.Module, kv: KVPool, req_to_token: torch.Tensor, *,
-                             max_tokens: int) -> PiecewiseGraphRunner | None:
+def capture_piecewise_graphs(
+    model: nn.Module, kv: KVPool, req_to_token: torch.Tensor, *, max_tokens: int
+) -> PiecewiseGraphRunner | None:
     """Piecewise graphs for steps of up to max_tokens tokens, or None where graphs are not
     used (not on CUDA, or attention not on the Triton backend) or their activations do not
     fit next to the KV pool (logged; those steps then run eagerly)."""
@@ -61,9 +79,12 @@ def capture_piecewise_graphs(model: nn.Module, kv: KVPool, req_to_token: torch.T
             return PiecewiseGraphRunner(model, kv, req_to_token, max_tokens=max_tokens)
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
-        log.warning("piecewise CUDA graphs for %d-token steps do not fit in GPU memory; "
-                    "non-decode steps run eagerly (lower max_num_batched_tokens or the KV "
-                    "memory fraction to get them)", max_tokens)
+        log.warning(
+            "piecewise CUDA graphs for %d-token steps do not fit in GPU memory; "
+            "non-decode steps run eagerly (lower max_num_batched_tokens or the KV "
+            "memory fraction to get them)",
+            max_tokens,
+        )
         return None
 
 
@@ -91,12 +112,21 @@ class PiecewiseGraphRunner:
     another pool). Single-threaded; construct and call under the same inference mode.
     """
 
-    def __init__(self, model: nn.Module, kv: KVPool, req_to_token: torch.Tensor, *,
-                 max_tokens: int, buckets: Sequence[int] = DEFAULT_TOKEN_BUCKETS,
-                 capture: bool | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        kv: KVPool,
+        req_to_token: torch.Tensor,
+        *,
+        max_tokens: int,
+        buckets: Sequence[int] = DEFAULT_TOKEN_BUCKETS,
+        capture: bool | None = None,
+    ) -> None:
         if not supports_cuda_graphs(model):
-            raise ValueError("piecewise CUDA graphs need the model's attention on the Triton "
-                             "backend; load it with attention='triton'")
+            raise ValueError(
+                "piecewise CUDA graphs need the model's attention on the Triton "
+                "backend; load it with attention='triton'"
+            )
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
         sizes = sorted({b for b in buckets if b < max_tokens} | {max_tokens})
@@ -122,9 +152,12 @@ class PiecewiseGraphRunner:
         return tuple(b.tokens for b in self.buckets)
 
     def can_run(self, batch: ForwardBatch, kv: KVPool) -> bool:
-        return (kv is self.kv and not batch.is_decode_only
-                and batch.input_ids.shape[0] <= self.buckets[-1].tokens
-                and batch.req_to_token.data_ptr() == self._req_to_token.data_ptr())
+        return (
+            kv is self.kv
+            and not batch.is_decode_only
+            and batch.input_ids.shape[0] <= self.buckets[-1].tokens
+            and batch.req_to_token.data_ptr() == self._req_to_token.data_ptr()
+        )
 
     def maybe_run(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor | None:
         """Logits of `batch` through its bucket's segments, or None (see the class)."""
@@ -132,10 +165,9 @@ class PiecewiseGraphRunner:
             return None
         t = batch.input_ids.shape[0]
         bucket = next(b for b in self.buckets if b.tokens >= t)
-        self.ints[:, :t].copy_(torch.stack([batch.input_ids, batch.positions,
-                                            batch.out_cache_loc]))
+        self.ints[:, :t].copy_(torch.stack([batch.input_ids, batch.positions, batch.out_cache_loc]))
         if t < bucket.tokens:  # a larger step may have left real slots here: back to padding
-            self.ints[:, t:bucket.tokens].zero_()
+            self.ints[:, t : bucket.tokens].zero_()
         plan = self.model.attention.plan(batch)
         self.replays += 1
         if bucket.graphs:
@@ -149,8 +181,9 @@ class PiecewiseGraphRunner:
         attention, layers = self.model.attention, self.model.model.layers
         bucket.graphs[0].replay()
         for i, graph in enumerate(bucket.graphs[1:]):
-            attention.forward(bucket.q, None, None, layers[i].self_attn.layer, self.kv, plan,
-                              out=bucket.out)
+            attention.forward(
+                bucket.q, None, None, layers[i].self_attn.layer, self.kv, plan, out=bucket.out
+            )
             graph.replay()
 
     def _segments(self, bucket: _Bucket, plan: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,8 +191,9 @@ class PiecewiseGraphRunner:
         layers = self.model.model.layers
         residual, step = self._segment0(bucket)
         for i in range(len(layers)):
-            self.model.attention.forward(bucket.q, None, None, layers[i].self_attn.layer,
-                                         self.kv, plan, out=bucket.out)
+            self.model.attention.forward(
+                bucket.q, None, None, layers[i].self_attn.layer, self.kv, plan, out=bucket.out
+            )
             h, residual = self._segment(bucket, i + 1, residual, step)
         return h, residual
 
@@ -170,8 +204,9 @@ class PiecewiseGraphRunner:
         bucket.q.copy_(q)
         return residual, step
 
-    def _segment(self, bucket: _Bucket, i: int, residual: torch.Tensor,
-                 step: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def _segment(
+        self, bucket: _Bucket, i: int, residual: torch.Tensor, step: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Segment i >= 1: the rest of layer i-1, then the attention input of layer i."""
         layers = self.model.model.layers
         h, residual = layers[i - 1].attention_output(bucket.out, residual)
@@ -184,10 +219,17 @@ class PiecewiseGraphRunner:
     def _capture(self, tokens: int) -> _Bucket:
         ids, pos, loc = self.ints[:, :tokens]
         one = self.ints[0, :1]  # any [1] int64 tensor: embed() reads only ids/positions/slots
-        batch = ForwardBatch(input_ids=ids, positions=pos, out_cache_loc=loc,
-                             req_pool_indices=one, seq_lens=one, extend_lens=one,
-                             extend_start_loc=one, req_to_token=self._req_to_token,
-                             logits_indices=one)
+        batch = ForwardBatch(
+            input_ids=ids,
+            positions=pos,
+            out_cache_loc=loc,
+            req_pool_indices=one,
+            seq_lens=one,
+            extend_lens=one,
+            extend_start_loc=one,
+            req_to_token=self._req_to_token,
+            logits_indices=one,
+        )
         bucket = _Bucket(tokens, batch, [], self.q[:tokens], self.out[:tokens])
         if not self.capture:
             return bucket

@@ -54,13 +54,39 @@ class Req:
     engine_data: opaque; the engine keeps constraint guides, detokenizer state etc. here.
     """
 
-    __slots__ = ("rid", "token_ids", "prompt_len", "params", "status", "arrival", "cache_len",
-                 "num_computed", "num_allocated", "extend_len", "row", "last_node",
-                 "finish_reason", "cached_tokens", "max_seq_len", "stop_len", "draft_ids", "row_dirty",
-                 "prompt_logprob_start", "engine_data", "num_retractions")
+    __slots__ = (
+        "rid",
+        "token_ids",
+        "prompt_len",
+        "params",
+        "status",
+        "arrival",
+        "cache_len",
+        "num_computed",
+        "num_allocated",
+        "extend_len",
+        "row",
+        "last_node",
+        "finish_reason",
+        "cached_tokens",
+        "max_seq_len",
+        "stop_len",
+        "draft_ids",
+        "row_dirty",
+        "prompt_logprob_start",
+        "engine_data",
+        "num_retractions",
+    )
 
-    def __init__(self, rid: Hashable, prompt_ids: Sequence[int], params: SamplingParams,
-                 *, prompt_logprob_start: int | None = None, engine_data: Any = None) -> None:
+    def __init__(
+        self,
+        rid: Hashable,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        prompt_logprob_start: int | None = None,
+        engine_data: Any = None,
+    ) -> None:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         if isinstance(prompt_ids, (str, bytes)) or len(prompt_ids) == 0:
@@ -103,7 +129,7 @@ class Req:
 
     @property
     def output_ids(self) -> list[int]:
-        return self.token_ids[self.prompt_len:]
+        return self.token_ids[self.prompt_len :]
 
     @property
     def pending_len(self) -> int:
@@ -120,6 +146,8 @@ class Req:
         return self.status is ReqStatus.FINISHED
 
     def __repr__(self) -> str:
-        return (f"Req(rid={self.rid!r}, {self.status.value}, prompt={self.prompt_len}, "
-                f"out={self.output_len}, cached={self.cache_len}, computed={self.num_computed}, "
-                f"allocated={self.num_allocated}, row={self.row})")
+        return (
+            f"Req(rid={self.rid!r}, {self.status.value}, prompt={self.prompt_len}, "
+            f"out={self.output_len}, cached={self.cache_len}, computed={self.num_computed}, "
+            f"allocated={self.num_allocated}, row={self.row})"
+        )

@@ -120,8 +120,9 @@ class StepOutputs:
     def __init__(self, sampler: BatchSampler) -> None:
         self.sampler = sampler
 
-    def process(self, batch: ScheduledBatch, logits: torch.Tensor,
-                draft_probs: DraftProbs | None = None) -> StepResult:
+    def process(
+        self, batch: ScheduledBatch, logits: torch.Tensor, draft_probs: DraftProbs | None = None
+    ) -> StepResult:
         entries = batch.entries
         n = len(entries)
         result = StepResult([()] * n, [None] * n, [], [0] * n, [False] * n)
@@ -137,7 +138,7 @@ class StepOutputs:
                 continue
             state: DecodeState = e.req.engine_data
             if state.prompt_logprob_start is not None:
-                guarded(state, record_prompt_logprobs, e, logits[row:row + rows])
+                guarded(state, record_prompt_logprobs, e, logits[row : row + rows])
             if state.done:  # failed just now
                 result.reasons[i] = "error"
             elif e.sample:
@@ -147,8 +148,12 @@ class StepOutputs:
                 verify = verify or k > 0
             row += rows
         if verify:
-            self._verify(entries, logits, [_chain(entries[i], i, r, draft_probs)
-                                           for i, r in sampling], result)
+            self._verify(
+                entries,
+                logits,
+                [_chain(entries[i], i, r, draft_probs) for i, r in sampling],
+                result,
+            )
         elif sampling:
             self._decode(entries, logits, sampling, states, result)
         return result
@@ -184,9 +189,14 @@ class StepOutputs:
                 result.tokens[i] = (draw.token,)
         return result
 
-    def _decode(self, entries: Sequence[ScheduledEntry], logits: torch.Tensor,
-                sampling: list[tuple[int, int]], states: list[DecodeState],
-                result: StepResult) -> None:
+    def _decode(
+        self,
+        entries: Sequence[ScheduledEntry],
+        logits: torch.Tensor,
+        sampling: list[tuple[int, int]],
+        states: list[DecodeState],
+        result: StepResult,
+    ) -> None:
         """A step without drafts: one token per sampling entry from one sampler call, as
         _verify would draw and take them (every chain of length one), minus its bookkeeping."""
         sub = _rows(logits, [r for _, r in sampling])
@@ -195,8 +205,13 @@ class StepOutputs:
             if _hand(req, i, 0, draw, result, len(req.token_ids))[0]:
                 result.tokens[i] = (draw.token,)
 
-    def _verify(self, entries: Sequence[ScheduledEntry], logits: torch.Tensor,
-                chains: list[_Chain], result: StepResult) -> None:
+    def _verify(
+        self,
+        entries: Sequence[ScheduledEntry],
+        logits: torch.Tensor,
+        chains: list[_Chain],
+        result: StepResult,
+    ) -> None:
         argmax = [c for c in chains if c.drafts and _argmax_suffices(entries[c.index].req)]
         if argmax:
             self._verify_by_argmax(entries, logits, argmax, result)
@@ -205,21 +220,31 @@ class StepOutputs:
             states = [entries[c.index].req.engine_data for c in active]
             judged = [c.judged(j, st) for c, st in zip(active, states)]
             outcomes = self._draw(logits, active, states, judged, j)
-            active = [c for c, draw in zip(active, outcomes)
-                      if self._take(entries[c.index], c, j, draw, result)]
+            active = [
+                c
+                for c, draw in zip(active, outcomes)
+                if self._take(entries[c.index], c, j, draw, result)
+            ]
             j += 1
         for c in chains:
             i = c.index
             result.tokens[i] = tuple(c.tokens)
             accepted = 0
-            while accepted < min(len(c.drafts), len(c.tokens)) and \
-                    c.tokens[accepted] == c.drafts[accepted]:
+            while (
+                accepted < min(len(c.drafts), len(c.tokens))
+                and c.tokens[accepted] == c.drafts[accepted]
+            ):
                 accepted += 1
             result.accepted[i] = accepted
             result.rejected[i] = accepted < len(c.tokens) and accepted < len(c.drafts)
 
-    def _verify_by_argmax(self, entries: Sequence[ScheduledEntry], logits: torch.Tensor,
-                          chains: list[_Chain], result: StepResult) -> None:
+    def _verify_by_argmax(
+        self,
+        entries: Sequence[ScheduledEntry],
+        logits: torch.Tensor,
+        chains: list[_Chain],
+        result: StepResult,
+    ) -> None:
         """Greedy chains whose choice at every position is the plain argmax (see
         _argmax_suffices): all their rows in one argmax and one device read."""
         rows = [c.row + j for c in chains for j in range(len(c.drafts) + 1)]
@@ -231,8 +256,14 @@ class StepOutputs:
                     break
             at += len(c.drafts) + 1
 
-    def _draw(self, logits: torch.Tensor, active: list[_Chain], states: list[DecodeState],
-              judged: list[bool], j: int) -> list[Draw]:
+    def _draw(
+        self,
+        logits: torch.Tensor,
+        active: list[_Chain],
+        states: list[DecodeState],
+        judged: list[bool],
+        j: int,
+    ) -> list[Draw]:
         """Position j's token for every active chain: one sampler call for the plain rows,
         one rejection-rule call for the judged ones."""
         out: list[Draw] = [Draw()] * len(active)
@@ -245,8 +276,9 @@ class StepOutputs:
         if rule:
             sub = logits[[active[b].row + j for b in rule]]
             q = torch.stack([active[b].probs[j] for b in rule])
-            verdicts = self.sampler.judge(sub, [states[b] for b in rule],
-                                          [active[b].drafts[j] for b in rule], q)
+            verdicts = self.sampler.judge(
+                sub, [states[b] for b in rule], [active[b].drafts[j] for b in rule], q
+            )
             for b, (draw, _) in zip(rule, verdicts):
                 out[b] = draw
         return out
@@ -267,8 +299,9 @@ def _chain(e: ScheduledEntry, index: int, row: int, draft_probs: DraftProbs | No
     return _Chain(index, row, e.draft_ids, probs)
 
 
-def _hand(req: Req, index: int, j: int, draw: Draw, result: StepResult,
-          length: int) -> tuple[bool, Any]:
+def _hand(
+    req: Req, index: int, j: int, draw: Draw, result: StepResult, length: int
+) -> tuple[bool, Any]:
     """Hand draw, token j of entry `index`, to req's state (`length`: the request's tokens
     before token 0 of this step's): a draw error fails the request;
     a jump-forward to mirror goes to result.jumps; a finished request's reason to
@@ -300,8 +333,13 @@ def _argmax_suffices(req: Req) -> bool:
     """Greedy, and nothing in its sampling depends on the tokens accepted before: no
     penalties, no constraint, min_tokens already met, no logprobs to report."""
     state: DecodeState = req.engine_data
-    return (state.params.greedy and state.counts is None and state.guide is None
-            and state.logprobs is None and len(state.output_ids) >= state.params.min_tokens)
+    return (
+        state.params.greedy
+        and state.counts is None
+        and state.guide is None
+        and state.logprobs is None
+        and len(state.output_ids) >= state.params.min_tokens
+    )
 
 
 def guarded(state: DecodeState, fn: Callable[..., Any], *args: Any) -> Any:
@@ -320,8 +358,8 @@ def record_prompt_logprobs(e: ScheduledEntry, rows: torch.Tensor) -> None:
     hi = min(e.end, req.prompt_len - 1)
     if lo >= hi:
         return
-    lps = torch.log_softmax(rows[lo - e.logits_from: hi - e.logits_from].float(), dim=-1)
-    targets = req.token_ids[lo + 1: hi + 1]
+    lps = torch.log_softmax(rows[lo - e.logits_from : hi - e.logits_from].float(), dim=-1)
+    targets = req.token_ids[lo + 1 : hi + 1]
     chosen = lps.gather(1, torch.tensor(targets, device=lps.device)[:, None])[:, 0].tolist()
     k = req.params.top_logprobs_num
     top: list[tuple[tuple[int, float], ...]] = [()] * len(targets)

@@ -33,19 +33,32 @@ from .schemas import CompletionRequest
 M = TypeVar("M", bound=BaseModel)
 
 
-def build_app(backend: Backend, *, model_name: str, api_key: str | None = None,
-              limits: ServerLimits | None = None) -> FastAPI:
+def build_app(
+    backend: Backend,
+    *,
+    model_name: str,
+    api_key: str | None = None,
+    limits: ServerLimits | None = None,
+) -> FastAPI:
     """The app serving `backend` under `model_name`. The caller owns the backend; the app's
     worker threads stop with `app.state.ctx.executor.shutdown()` (Server.stop does it)."""
     limits = limits or ServerLimits()
-    ctx = ServeContext(backend=backend, model_name=model_name, limits=limits,
-                       executor=ThreadPoolExecutor(limits.max_concurrency, thread_name_prefix="lmprog-serve"),
-                       metrics=ServerMetrics(), template=backend.chat_template, created=int(time.time()))
+    ctx = ServeContext(
+        backend=backend,
+        model_name=model_name,
+        limits=limits,
+        executor=ThreadPoolExecutor(limits.max_concurrency, thread_name_prefix="lmprog-serve"),
+        metrics=ServerMetrics(),
+        template=backend.chat_template,
+        created=int(time.time()),
+    )
     app = FastAPI(title="lmprog", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     install_handlers(app)
     _routes(app, ctx)
-    app.add_middleware(Gate, api_key=api_key, max_body_bytes=limits.max_body_bytes, metrics=ctx.metrics)
+    app.add_middleware(
+        Gate, api_key=api_key, max_body_bytes=limits.max_body_bytes, metrics=ctx.metrics
+    )
     return app
 
 
@@ -54,7 +67,9 @@ async def parse_body(request: Request, model: type[M]) -> M:
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise APIError(400, f"the request body is not valid JSON ({exc})", code="invalid_json") from None
+        raise APIError(
+            400, f"the request body is not valid JSON ({exc})", code="invalid_json"
+        ) from None
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
     try:
@@ -70,7 +85,9 @@ def _routes(app: FastAPI, ctx: ServeContext) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await create_chat_completion(ctx, await parse_body(request, ChatCompletionRequest), request)
+        return await create_chat_completion(
+            ctx, await parse_body(request, ChatCompletionRequest), request
+        )
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -90,8 +107,9 @@ def _routes(app: FastAPI, ctx: ServeContext) -> None:
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(ctx.metrics.render(ctx.backend.stats()),
-                                 media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(
+            ctx.metrics.render(ctx.backend.stats()), media_type="text/plain; version=0.0.4"
+        )
 
 
 def _model_card(ctx: ServeContext) -> dict[str, Any]:

@@ -34,8 +34,14 @@ class Cancelled(Exception):
 class Generations:
     """The running choices of one API request. Event-loop side only, except `cancel`."""
 
-    def __init__(self, backend: Backend, requests: Sequence[GenerateRequest], executor: Executor, *,
-                 stream: bool) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        requests: Sequence[GenerateRequest],
+        executor: Executor,
+        *,
+        stream: bool,
+    ) -> None:
         assert requests, "a request has at least one choice"
         self._loop = asyncio.get_running_loop()
         self._stream = stream

@@ -28,7 +28,9 @@ from .streaming import sse
 from .tools import ToolPlan, plan_tools
 
 
-async def create_chat_completion(ctx: ServeContext, body: ChatCompletionRequest, request: Request) -> Response:
+async def create_chat_completion(
+    ctx: ServeContext, body: ChatCompletionRequest, request: Request
+) -> Response:
     ctx.check_model(body.model)
     n = choices_of(body, ctx.limits)
     params = sampling_params(body, ctx.limits, max_tokens=_max_tokens(body), logprobs=_top(body))
@@ -73,7 +75,12 @@ class _Reply(ReplyBase):
         """(message, finish_reason) of a finished choice."""
         call = self.plan.parse(result.text)
         if call is not None:
-            return {"role": "assistant", "content": None, "refusal": None, "tool_calls": [call]}, "tool_calls"
+            return {
+                "role": "assistant",
+                "content": None,
+                "refusal": None,
+                "tool_calls": [call],
+            }, "tool_calls"
         return {"role": "assistant", "content": result.text, "refusal": None}, finish_reason(result)
 
     def _logprobs(self, result: GenerateResult) -> Any:
@@ -88,14 +95,33 @@ class _Reply(ReplyBase):
         choices = []
         for i, r in enumerate(results):
             message, reason = self._message(r)
-            choices.append({"index": i, "message": message, "logprobs": self._logprobs(r),
-                            "finish_reason": reason})
-        return {"id": self.id, "object": "chat.completion", "created": self.created,
-                "model": self.ctx.model_name, "choices": choices, "usage": self._usage(results)}
+            choices.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": self._logprobs(r),
+                    "finish_reason": reason,
+                }
+            )
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.ctx.model_name,
+            "choices": choices,
+            "usage": self._usage(results),
+        }
 
     def _chunk(self, choices: list[dict[str, Any]]) -> bytes:
-        return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                    "model": self.ctx.model_name, "choices": choices})
+        return sse(
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.ctx.model_name,
+                "choices": choices,
+            }
+        )
 
     def _last_delta(self, result: GenerateResult) -> tuple[dict[str, Any], str]:
         """The delta closing a choice: everything, when tools held the text back."""
@@ -108,20 +134,48 @@ class _Reply(ReplyBase):
 
     # -- the SSE stream (ReplyBase.stream) ---------------------------------------------------
     def _opening(self, size: int) -> list[bytes]:
-        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
-                              "logprobs": None, "finish_reason": None} for i in range(size)])]
+        return [
+            self._chunk(
+                [
+                    {
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                    for i in range(size)
+                ]
+            )
+        ]
 
     def _piece(self, index: int, text: str) -> bytes | None:
         if self.plan.calls is not None:  # tool calls: the text is held back until the end
             return None
-        return self._chunk([{"index": index, "delta": {"content": text}, "logprobs": None,
-                             "finish_reason": None}])
+        return self._chunk(
+            [{"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}]
+        )
 
     def _closing(self, index: int, result: GenerateResult) -> bytes:
         delta, reason = self._last_delta(result)
-        return self._chunk([{"index": index, "delta": delta, "logprobs": self._logprobs(result),
-                             "finish_reason": reason}])
+        return self._chunk(
+            [
+                {
+                    "index": index,
+                    "delta": delta,
+                    "logprobs": self._logprobs(result),
+                    "finish_reason": reason,
+                }
+            ]
+        )
 
     def _usage_chunk(self, u: dict[str, Any]) -> bytes:
-        return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                    "model": self.ctx.model_name, "choices": [], "usage": u})
+        return sse(
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.ctx.model_name,
+                "choices": [],
+                "usage": u,
+            }
+        )

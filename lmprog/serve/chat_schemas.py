@@ -37,7 +37,9 @@ class ChatMessage(Strict):
             raise ValueError("only assistant messages carry tool_calls")
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a tool message needs tool_call_id")
-        if self.content is None and not (self.role == "assistant" and (self.tool_calls or self.refusal)):
+        if self.content is None and not (
+            self.role == "assistant" and (self.tool_calls or self.refusal)
+        ):
             raise ValueError(f"a {self.role} message needs content")
         return self
 
@@ -86,8 +88,15 @@ class ChatCompletionRequest(SamplingFields):
     verbosity: str | None = None
     web_search_options: Any = None
 
-    UNSUPPORTED = ("functions", "function_call", "audio", "prediction", "reasoning_effort",
-                    "verbosity", "web_search_options")
+    UNSUPPORTED = (
+        "functions",
+        "function_call",
+        "audio",
+        "prediction",
+        "reasoning_effort",
+        "verbosity",
+        "web_search_options",
+    )
 
     def unsupported_fields(self) -> list[str]:
         names = super().unsupported_fields()

@@ -25,34 +25,58 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="bundled model name, .gguf file or HF folder "
-                   "(default: the bundled SmolLM2-135M-Instruct)")
-    p.add_argument("--backend", choices=("runtime", "llamacpp"), default="runtime",
-                   help="lmprog's engine (default) or llama.cpp")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="bundled model name, .gguf file or HF folder "
+        "(default: the bundled SmolLM2-135M-Instruct)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("runtime", "llamacpp"),
+        default="runtime",
+        help="lmprog's engine (default) or llama.cpp",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=os.environ.get("LMPROG_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' (default: $LMPROG_API_KEY, else none)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("LMPROG_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $LMPROG_API_KEY, else none)",
+    )
     p.add_argument("--served-model-name", default=None, help="the name clients use for the model")
     p.add_argument("--device", default="auto", help="runtime device: auto, cpu, cuda, cuda:N")
-    p.add_argument("--quantization", default=None, choices=("int4",), help="runtime CPU 4-bit weights")
-    p.add_argument("--max-total-tokens", type=int, default=None, help="runtime KV cache size in tokens")
+    p.add_argument(
+        "--quantization", default=None, choices=("int4",), help="runtime CPU 4-bit weights"
+    )
+    p.add_argument(
+        "--max-total-tokens", type=int, default=None, help="runtime KV cache size in tokens"
+    )
     p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     defaults = ServerLimits()
     for name in ("max_n", "max_tokens", "max_body_bytes", "max_concurrency"):
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name),
-                       help=f"request limit (default {getattr(defaults, name)})")
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            type=int,
+            default=getattr(defaults, name),
+            help=f"request limit (default {getattr(defaults, name)})",
+        )
 
 
-def make_backend(args: argparse.Namespace):  # noqa: ANN201 - an lmprog Backend
+def make_backend(args: argparse.Namespace):  # an lmprog Backend
     if args.backend == "llamacpp":
         from lmprog.backends.llamacpp import LlamaCpp
 
         return LlamaCpp(args.model)
     from lmprog.backends.runtime import Runtime
 
-    return Runtime(args.model, device=args.device, max_total_tokens=args.max_total_tokens,
-                   quantization=args.quantization, num_threads=args.num_threads)
+    return Runtime(
+        args.model,
+        device=args.device,
+        max_total_tokens=args.max_total_tokens,
+        quantization=args.quantization,
+        num_threads=args.num_threads,
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -62,13 +86,25 @@ def serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    server = Server(backend, host=args.host, port=args.port, api_key=args.api_key,
-                    model_name=args.served_model_name, max_n=args.max_n, max_tokens=args.max_tokens,
-                    max_body_bytes=args.max_body_bytes, max_concurrency=args.max_concurrency)
+    server = Server(
+        backend,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        model_name=args.served_model_name,
+        max_n=args.max_n,
+        max_tokens=args.max_tokens,
+        max_body_bytes=args.max_body_bytes,
+        max_concurrency=args.max_concurrency,
+    )
     try:
         server.start()
-        print(f"lmprog: serving {server.model_name!r} at {server.url}/v1"
-              f"{' (API key required)' if args.api_key else ''}", file=sys.stderr, flush=True)
+        print(
+            f"lmprog: serving {server.model_name!r} at {server.url}/v1"
+            f"{' (API key required)' if args.api_key else ''}",
+            file=sys.stderr,
+            flush=True,
+        )
         stop.wait()
     finally:
         server.stop()

@@ -25,15 +25,21 @@ from .streaming import sse
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 
 
-async def create_completion(ctx: ServeContext, body: CompletionRequest, request: Request) -> Response:
+async def create_completion(
+    ctx: ServeContext, body: CompletionRequest, request: Request
+) -> Response:
     ctx.check_model(body.model)
     prompts = _prompts(body.prompt)
     n = choices_of(body, ctx.limits)
     if body.best_of is not None and body.best_of != n:
         raise APIError(400, "best_of must equal n (choices are not ranked)", param="best_of")
     if len(prompts) * n > ctx.limits.max_choices:
-        raise APIError(400, f"{len(prompts)} prompts x n={n} is more than the "
-                       f"{ctx.limits.max_choices} choices this server allows", param="n")
+        raise APIError(
+            400,
+            f"{len(prompts)} prompts x n={n} is more than the "
+            f"{ctx.limits.max_choices} choices this server allows",
+            param="n",
+        )
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     params = sampling_params(body, ctx.limits, max_tokens=max_tokens, logprobs=body.logprobs)
     constraint = output_constraint(body.response_format, body.regex)
@@ -41,8 +47,12 @@ async def create_completion(ctx: ServeContext, body: CompletionRequest, request:
     if echoes is not None:  # generate from the very ids that were echoed
         prompts = [e[0] for e in echoes]
     per_choice = choice_params(params, n)
-    group = Generations(ctx.backend, [GenerateRequest(p, cp, constraint) for p in prompts
-                                      for cp in per_choice], ctx.executor, stream=bool(body.stream))
+    group = Generations(
+        ctx.backend,
+        [GenerateRequest(p, cp, constraint) for p in prompts for cp in per_choice],
+        ctx.executor,
+        stream=bool(body.stream),
+    )
     reply = _Reply(ctx, body, n, [e[1] for e in echoes] if echoes else None)
     return await respond(request, group, reply, stream=bool(body.stream), param="prompt")
 
@@ -59,7 +69,9 @@ def _prompts(prompt: Any) -> list[str | tuple[int, ...]]:
     return [p if isinstance(p, str) else tuple(p) for p in prompt]
 
 
-def _echo_all(ctx: ServeContext, prompts: list[Any], body: CompletionRequest) -> list[tuple[tuple[int, ...], EchoedPrompt]]:
+def _echo_all(
+    ctx: ServeContext, prompts: list[Any], body: CompletionRequest
+) -> list[tuple[tuple[int, ...], EchoedPrompt]]:
     tokenizer = ctx.backend.tokenizer
     out = []
     for p in prompts:
@@ -73,7 +85,7 @@ def _echo_all(ctx: ServeContext, prompts: list[Any], body: CompletionRequest) ->
             out.append((ids, echoed_prompt(ctx.backend, ids, body.logprobs)))
         except APIError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - mapped to an HTTP error
             raise from_exception(exc, param="prompt") from None
     return out
 
@@ -81,8 +93,9 @@ def _echo_all(ctx: ServeContext, prompts: list[Any], body: CompletionRequest) ->
 class _Reply(ReplyBase):
     """Builds the response bodies of one request (choice index = prompt index * n + j)."""
 
-    def __init__(self, ctx: ServeContext, body: CompletionRequest, n: int,
-                 echoes: list[EchoedPrompt] | None) -> None:
+    def __init__(
+        self, ctx: ServeContext, body: CompletionRequest, n: int, echoes: list[EchoedPrompt] | None
+    ) -> None:
         super().__init__(ctx, "cmpl")
         self.body, self.n, self.echoes = body, n, echoes
 
@@ -102,25 +115,37 @@ class _Reply(ReplyBase):
         prompt = completion_logprobs(echo.tokens, echo.logprobs, echo.offsets, top)
         if result is None:
             return prompt
-        return {key: (prompt[key] + generated[key]) if prompt[key] is not None else None
-                for key in prompt}
+        return {
+            key: (prompt[key] + generated[key]) if prompt[key] is not None else None
+            for key in prompt
+        }
 
     def _choice(self, index: int, result: GenerateResult) -> dict[str, Any]:
         echo = self._echo(index)
         prefix = echo.text if echo else ""
-        return {"index": index, "text": prefix + result.text,
-                "logprobs": self._logprobs(index, result),
-                "finish_reason": finish_reason(result)}
+        return {
+            "index": index,
+            "text": prefix + result.text,
+            "logprobs": self._logprobs(index, result),
+            "finish_reason": finish_reason(result),
+        }
 
     def _usage(self, results: list[GenerateResult]) -> dict[str, Any]:
-        firsts = results[::self.n]  # one choice per prompt
-        u = usage(sum(r.prompt_tokens for r in firsts), results, sum(r.cached_tokens for r in firsts))
+        firsts = results[:: self.n]  # one choice per prompt
+        u = usage(
+            sum(r.prompt_tokens for r in firsts), results, sum(r.cached_tokens for r in firsts)
+        )
         self.ctx.metrics.on_usage(u["prompt_tokens"], u["completion_tokens"])
         return u
 
     def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.id, "object": "text_completion", "created": self.created,
-                "model": self.ctx.model_name, "choices": choices}
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.ctx.model_name,
+            "choices": choices,
+        }
 
     def response_body(self, results: list[GenerateResult]) -> dict[str, Any]:
         out = self._envelope([self._choice(i, r) for i, r in enumerate(results)])
@@ -130,13 +155,28 @@ class _Reply(ReplyBase):
     # -- the SSE stream (ReplyBase.stream) ---------------------------------------------------
     def _opening(self, size: int) -> list[bytes]:
         """The echoed prompts first (with their logprobs), when echo is on."""
-        return [sse(self._envelope([{"index": i, "text": self._echo(i).text,
-                                     "logprobs": self._logprobs(i, None), "finish_reason": None}]))
-                for i in range(size if self.echoes else 0)]
+        return [
+            sse(
+                self._envelope(
+                    [
+                        {
+                            "index": i,
+                            "text": self._echo(i).text,
+                            "logprobs": self._logprobs(i, None),
+                            "finish_reason": None,
+                        }
+                    ]
+                )
+            )
+            for i in range(size if self.echoes else 0)
+        ]
 
     def _piece(self, index: int, text: str) -> bytes:
-        return sse(self._envelope([{"index": index, "text": text, "logprobs": None,
-                                    "finish_reason": None}]))
+        return sse(
+            self._envelope(
+                [{"index": index, "text": text, "logprobs": None, "finish_reason": None}]
+            )
+        )
 
     def _usage_chunk(self, u: dict[str, Any]) -> bytes:
         return sse({**self._envelope([]), "usage": u})
@@ -146,7 +186,18 @@ class _Reply(ReplyBase):
         lps = None
         if self.body.logprobs is not None:
             echo = self._echo(index)
-            lps = generated_logprobs(visible_logprobs(result), len(echo.text) if echo else 0,
-                                     self.body.logprobs)
-        return sse(self._envelope([{"index": index, "text": "", "logprobs": lps,
-                                    "finish_reason": finish_reason(result)}]))
+            lps = generated_logprobs(
+                visible_logprobs(result), len(echo.text) if echo else 0, self.body.logprobs
+            )
+        return sse(
+            self._envelope(
+                [
+                    {
+                        "index": index,
+                        "text": "",
+                        "logprobs": lps,
+                        "finish_reason": finish_reason(result),
+                    }
+                ]
+            )
+        )

@@ -35,8 +35,12 @@ class ServeContext:
         """Only the model the server was started with is served: a request's `model` is a
         name to check, never something to load."""
         if name != self.model_name:
-            raise APIError(404, f"the model {name[:200]!r} does not exist; this server serves "
-                           f"{self.model_name!r}", param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"the model {name[:200]!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Run fn(*args) on a worker thread (tokenizing, compiling constraints, scoring)."""

@@ -70,8 +70,12 @@ def echoed_prompt(backend: Backend, ids: Sequence[int], top: int | None) -> Echo
     if top is None:
         return EchoedPrompt(text, tuple(pieces), (None,) * len(ids), tuple(offsets))
     if not _has_prompt_logprobs(backend):
-        raise APIError(400, f"echo with logprobs needs prompt logprobs, which the "
-                       f"{type(backend).__name__} backend does not provide", param="echo")
+        raise APIError(
+            400,
+            f"echo with logprobs needs prompt logprobs, which the "
+            f"{type(backend).__name__} backend does not provide",
+            param="echo",
+        )
     params = SamplingParams(max_tokens=0, top_logprobs_num=top)
     result = backend.generate([list(ids)], params, logprob_start_len=0)[0]  # type: ignore[call-arg]
     scored = tuple(result.prompt_logprobs or ())

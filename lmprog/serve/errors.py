@@ -21,16 +21,29 @@ from lmprog.core.errors import BackendError, ConstraintError, ContextLengthError
 
 log = logging.getLogger("lmprog.serve")
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
-          503: "server_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    500: "server_error",
+    503: "server_error",
+}
 
 
 class APIError(Exception):
     """A failed request: HTTP status plus the OpenAI error fields."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, type: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -39,8 +52,14 @@ class APIError(Exception):
         self.type = type or _TYPES.get(status, "invalid_request_error")
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
     def response(self) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
@@ -76,11 +95,16 @@ def validation_error(errors: Sequence[Any]) -> APIError:
     kind = first.get("type", "")
     param = _param(first.get("loc", ()))
     if kind == "extra_forbidden":
-        return APIError(400, f"Unrecognized request argument supplied: {param}", param=param,
-                        code="unknown_parameter")
+        return APIError(
+            400,
+            f"Unrecognized request argument supplied: {param}",
+            param=param,
+            code="unknown_parameter",
+        )
     message = first.get("msg", "invalid request")
-    return APIError(400, f"{param}: {message}" if param else message, param=param,
-                    code="invalid_value")
+    return APIError(
+        400, f"{param}: {message}" if param else message, param=param, code="invalid_value"
+    )
 
 
 def _param(loc: Sequence[Any]) -> str | None:
@@ -118,7 +142,9 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(
+            exc.status_code
+        )
         return APIError(exc.status_code, str(exc.detail), code=code).response()
 
     @app.exception_handler(Exception)

@@ -40,5 +40,9 @@ def output_constraint(fmt: ResponseFormat | None, regex: str | None) -> Constrai
         return Constraint.from_json_schema({} if schema is None else schema)
     except ConstraintError as exc:
         param = "regex" if regex is not None else "response_format.json_schema.schema"
-        raise APIError(400, f"invalid {param.split('.')[0]}: {exc}", param=param,
-                       code="invalid_schema" if regex is None else "invalid_regex") from None
+        raise APIError(
+            400,
+            f"invalid {param.split('.')[0]}: {exc}",
+            param=param,
+            code="invalid_schema" if regex is None else "invalid_regex",
+        ) from None

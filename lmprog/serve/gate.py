@@ -1,25 +1,29 @@
 """The ASGI layer in front of the routes: API key, body size limit, request metrics.
 
-    401  /v1/* and /metrics without `Authorization: Bearer KEY` (when a key is set)
-    413  a body over the limit (Content-Length checked first, then counted as it arrives)
+401  /v1/* and /metrics without `Authorization: Bearer KEY` (when a key is set)
+413  a body over the limit (Content-Length checked first, then counted as it arrives)
 """
 
 from __future__ import annotations
 
 import hmac
 import time
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import APIError
 from .metrics import ServerMetrics
 
 OPEN_PATHS = frozenset({"/health"})
-KNOWN_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"})
+KNOWN_PATHS = frozenset(
+    {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}
+)
 
 
 class Gate:
-    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int,
-                 metrics: ServerMetrics) -> None:
+    def __init__(
+        self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, metrics: ServerMetrics
+    ) -> None:
         self.app = app
         self._key = f"Bearer {api_key}".encode() if api_key else None
         self._max = max_body_bytes
@@ -53,8 +57,11 @@ class Gate:
         if self._key is not None and scope["path"] not in OPEN_PATHS:
             given = headers.get(b"authorization", b"")
             if not hmac.compare_digest(given, self._key):
-                return APIError(401, "missing or invalid API key: send 'Authorization: Bearer KEY'",
-                                code="invalid_api_key")
+                return APIError(
+                    401,
+                    "missing or invalid API key: send 'Authorization: Bearer KEY'",
+                    code="invalid_api_key",
+                )
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self._max):
             return _too_large(self._max)
@@ -75,5 +82,8 @@ class Gate:
 
 
 def _too_large(limit: int) -> APIError:
-    return APIError(413, f"the request body is larger than this server's limit of {limit} bytes",
-                    code="request_too_large")
+    return APIError(
+        413,
+        f"the request body is larger than this server's limit of {limit} bytes",
+        code="request_too_large",
+    )

@@ -32,7 +32,9 @@ class ServerLimits:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"server limit {f.name} must be an int >= 1, got {value!r}")
         if self.max_logprobs > 20:
-            raise ValueError(f"max_logprobs must be <= 20 (the sampler's bound), got {self.max_logprobs}")
+            raise ValueError(
+                f"max_logprobs must be <= 20 (the sampler's bound), got {self.max_logprobs}"
+            )
 
 
 LIMIT_NAMES: frozenset[str] = frozenset(f.name for f in dataclasses.fields(ServerLimits))

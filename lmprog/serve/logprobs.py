@@ -27,21 +27,36 @@ def visible_logprobs(result: GenerateResult) -> tuple[TokenLogprob, ...]:
     """The logprobs of the tokens in the text: a stop token (EOS, stop_token_ids) that ended
     the choice is not part of it, as in OpenAI's responses."""
     tokens = tuple(result.logprobs or ())
-    if isinstance(result.matched_stop, int) and tokens and tokens[-1].token_id == result.matched_stop:
+    if (
+        isinstance(result.matched_stop, int)
+        and tokens
+        and tokens[-1].token_id == result.matched_stop
+    ):
         return tokens[:-1]
     return tokens
 
 
 def chat_logprobs(tokens: Sequence[TokenLogprob]) -> dict[str, Any]:
-    return {"content": [
-        {"token": t.token, "logprob": _finite(t.logprob), "bytes": _bytes(t.token),
-         "top_logprobs": [{"token": a.token, "logprob": _finite(a.logprob), "bytes": _bytes(a.token)}
-                          for a in t.top]}
-        for t in tokens], "refusal": None}
+    return {
+        "content": [
+            {
+                "token": t.token,
+                "logprob": _finite(t.logprob),
+                "bytes": _bytes(t.token),
+                "top_logprobs": [
+                    {"token": a.token, "logprob": _finite(a.logprob), "bytes": _bytes(a.token)}
+                    for a in t.top
+                ],
+            }
+            for t in tokens
+        ],
+        "refusal": None,
+    }
 
 
-def completion_logprobs(texts: Sequence[str], tokens: Sequence[TokenLogprob | None],
-                        offsets: Sequence[int], top: int) -> dict[str, Any]:
+def completion_logprobs(
+    texts: Sequence[str], tokens: Sequence[TokenLogprob | None], offsets: Sequence[int], top: int
+) -> dict[str, Any]:
     """One entry per token: its text, its logprob (None where none exists: the first prompt
     token), its start offset in the choice's text; `top`: alternatives asked for."""
     assert len(texts) == len(tokens) == len(offsets)
@@ -55,7 +70,9 @@ def completion_logprobs(texts: Sequence[str], tokens: Sequence[TokenLogprob | No
 
 def generated_logprobs(tokens: Sequence[TokenLogprob], start: int, top: int) -> dict[str, Any]:
     """completion_logprobs of generated tokens whose text begins at offset `start`."""
-    return completion_logprobs([t.token for t in tokens], tokens, running_offsets(tokens, start), top)
+    return completion_logprobs(
+        [t.token for t in tokens], tokens, running_offsets(tokens, start), top
+    )
 
 
 def _top_dict(t: TokenLogprob) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """Request fields -> one SamplingParams per choice, checked against the server's limits.
 
-    params = sampling_params(body, limits, max_tokens=16, logprobs=2)
-    per_choice = choice_params(params, n)       # seed, seed+1, ... so seeded choices differ
+params = sampling_params(body, limits, max_tokens=16, logprobs=2)
+per_choice = choice_params(params, n)       # seed, seed+1, ... so seeded choices differ
 """
 
 from __future__ import annotations
@@ -17,18 +17,26 @@ from .limits import ServerLimits
 from .schemas import SamplingFields
 
 
-def sampling_params(body: SamplingFields, limits: ServerLimits, *, max_tokens: int | None,
-                    logprobs: int | None) -> SamplingParams:
+def sampling_params(
+    body: SamplingFields, limits: ServerLimits, *, max_tokens: int | None, logprobs: int | None
+) -> SamplingParams:
     """The SamplingParams of a request (`max_tokens`: the endpoint's chosen value, None for
     its default; `logprobs`: None for none, else the number of alternatives per token)."""
     check_supported(body)
     tokens = limits.max_tokens if max_tokens is None else max_tokens
     if tokens > limits.max_tokens:
-        raise APIError(400, f"max_tokens is {tokens}; this server allows at most {limits.max_tokens}",
-                       param="max_tokens", code="max_tokens_too_large")
+        raise APIError(
+            400,
+            f"max_tokens is {tokens}; this server allows at most {limits.max_tokens}",
+            param="max_tokens",
+            code="max_tokens_too_large",
+        )
     if logprobs is not None and logprobs > limits.max_logprobs:
-        raise APIError(400, f"at most {limits.max_logprobs} logprobs per token, got {logprobs}",
-                       param="logprobs")
+        raise APIError(
+            400,
+            f"at most {limits.max_logprobs} logprobs per token, got {logprobs}",
+            param="logprobs",
+        )
     fields: dict[str, Any] = {
         "max_tokens": tokens,
         "stop": stop_strings(body.stop, limits),
@@ -68,14 +76,20 @@ def choices_of(body: SamplingFields, limits: ServerLimits) -> int:
 def check_supported(body: SamplingFields) -> None:
     names = body.unsupported_fields()
     if names:
-        raise APIError(400, f"{names[0]} is not supported by this server", param=names[0],
-                       code="unsupported_parameter")
+        raise APIError(
+            400,
+            f"{names[0]} is not supported by this server",
+            param=names[0],
+            code="unsupported_parameter",
+        )
 
 
 def stop_strings(stop: str | list[str] | None, limits: ServerLimits) -> tuple[str, ...]:
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     if len(stops) > limits.max_stop:
-        raise APIError(400, f"at most {limits.max_stop} stop strings, got {len(stops)}", param="stop")
+        raise APIError(
+            400, f"at most {limits.max_stop} stop strings, got {len(stops)}", param="stop"
+        )
     if any(not s for s in stops):
         raise APIError(400, "stop strings must not be empty", param="stop")
     return stops

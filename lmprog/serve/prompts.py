@@ -21,7 +21,9 @@ from .chat_schemas import ChatMessage, ToolCall
 from .errors import APIError
 
 
-def render_chat(template: ChatTemplate, messages: Sequence[ChatMessage], tools_prompt: str | None) -> str:
+def render_chat(
+    template: ChatTemplate, messages: Sequence[ChatMessage], tools_prompt: str | None
+) -> str:
     plain = [_plain(m, i) for i, m in enumerate(messages)]
     if tools_prompt:
         if plain[0]["role"] == "system":
@@ -31,8 +33,9 @@ def render_chat(template: ChatTemplate, messages: Sequence[ChatMessage], tools_p
     try:
         return template.render(plain, add_generation_prompt=True)
     except jinja2.TemplateError as exc:
-        raise APIError(400, f"the model's chat template rejects these messages: {exc}",
-                       param="messages") from None
+        raise APIError(
+            400, f"the model's chat template rejects these messages: {exc}", param="messages"
+        ) from None
 
 
 def _plain(message: ChatMessage, index: int) -> dict[str, str]:
@@ -51,8 +54,12 @@ def _text(content: str | list[dict[str, Any]] | None, index: int) -> str:
     for j, part in enumerate(content):
         kind = part.get("type")
         if kind != "text" or not isinstance(part.get("text"), str) or set(part) != {"type", "text"}:
-            raise APIError(400, f"only text content parts are supported, got {kind!r}",
-                           param=f"messages[{index}].content[{j}]", code="unsupported_content")
+            raise APIError(
+                400,
+                f"only text content parts are supported, got {kind!r}",
+                param=f"messages[{index}].content[{j}]",
+                code="unsupported_content",
+            )
         parts.append(part["text"])
     return "".join(parts)
 
@@ -61,6 +68,9 @@ def _call_text(call: ToolCall, index: int) -> str:
     try:
         arguments = json.loads(call.function.arguments)
     except json.JSONDecodeError:
-        raise APIError(400, f"tool call arguments must be JSON text, got {call.function.arguments[:60]!r}",
-                       param=f"messages[{index}].tool_calls") from None
+        raise APIError(
+            400,
+            f"tool call arguments must be JSON text, got {call.function.arguments[:60]!r}",
+            param=f"messages[{index}].tool_calls",
+        ) from None
     return json.dumps({"name": call.function.name, "arguments": arguments}, ensure_ascii=False)

@@ -39,8 +39,9 @@ async def watched(request: Request, group: Generations, awaitable: Awaitable[T])
             group.cancel()
 
 
-async def respond(request: Request, group: Generations, reply: Any, *, stream: bool,
-                  param: str) -> Response:
+async def respond(
+    request: Request, group: Generations, reply: Any, *, stream: bool, param: str
+) -> Response:
     """The HTTP response for a request's running choices: an SSE stream of `reply.stream(group)`
     (once every choice started without an error) or the JSON `reply.response_body(results)`.
     Any failure cancels the choices and becomes an OpenAI error blamed on `param`."""
@@ -49,7 +50,7 @@ async def respond(request: Request, group: Generations, reply: Any, *, stream: b
             await watched(request, group, group.wait_started())
             return EventStream(reply.stream(group), group.cancel)
         results = await watched(request, group, group.results())
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - mapped to an HTTP error
         group.cancel()
         raise from_exception(exc, param=param) from None
     return JSONResponse(reply.response_body(results))
@@ -90,7 +91,7 @@ class ReplyBase:
                 else:
                     results[index] = event
                     yield self._closing(index, event)
-        except Exception as exc:  # a choice failed after the stream began
+        except Exception as exc:  # noqa: BLE001 - a choice failed after the stream began
             yield sse(from_exception(exc).body())
             yield DONE
             return
@@ -108,6 +109,9 @@ def finish_reason(result: GenerateResult) -> str:
 
 def usage(prompt_tokens: int, results: list[GenerateResult], cached: int) -> dict[str, Any]:
     completion = sum(r.completion_tokens for r in results)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-            "total_tokens": prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }

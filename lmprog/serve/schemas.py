@@ -38,8 +38,10 @@ class ResponseFormat(Strict):
     @model_validator(mode="after")
     def _schema_iff_json_schema(self) -> ResponseFormat:
         if (self.type == "json_schema") != (self.json_schema is not None):
-            raise ValueError("response_format.json_schema is required with type 'json_schema' "
-                             "and allowed only with it")
+            raise ValueError(
+                "response_format.json_schema is required with type 'json_schema' "
+                "and allowed only with it"
+            )
         return self
 
 

@@ -30,13 +30,23 @@ class Server:
         **limits: ServerLimits fields (max_body_bytes, max_n, max_tokens, ...).
     """
 
-    def __init__(self, backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
-                 api_key: str | None = None, model_name: str | None = None, **limits: Any) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        model_name: str | None = None,
+        **limits: Any,
+    ) -> None:
         if not isinstance(backend, Backend):
             raise TypeError(f"backend must be an lmprog Backend, got {type(backend).__name__}")
         unknown = set(limits) - LIMIT_NAMES
         if unknown:
-            raise TypeError(f"unknown server limit(s) {sorted(unknown)}; valid: {sorted(LIMIT_NAMES)}")
+            raise TypeError(
+                f"unknown server limit(s) {sorted(unknown)}; valid: {sorted(LIMIT_NAMES)}"
+            )
         if not isinstance(port, int) or not 0 <= port < 65536:
             raise ValueError(f"port must be in [0, 65536), got {port!r}")
         if api_key is not None and (not isinstance(api_key, str) or not api_key):
@@ -58,16 +68,20 @@ class Server:
 
         if self._thread is not None:
             raise RuntimeError("the server is already started")
-        self._app = build_app(self.backend, model_name=self.model_name, api_key=self.api_key,
-                              limits=self.limits)
+        self._app = build_app(
+            self.backend, model_name=self.model_name, api_key=self.api_key, limits=self.limits
+        )
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self._app, log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            self._app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5
+        )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._serve, args=(sock,), name="lmprog-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._serve, args=(sock,), name="lmprog-server", daemon=True
+        )
         self._thread.start()
         self._wait_started(timeout)
         return self

@@ -26,9 +26,11 @@ from .chat_schemas import NamedToolChoice, Tool
 from .errors import APIError
 
 _NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
-_INSTRUCTIONS = ("You can call these functions (JSON Schema of their arguments shown):\n{tools}\n"
-                 'To call one, answer with only a JSON object: {{"name": <function name>, '
-                 '"arguments": <arguments object>}}.')
+_INSTRUCTIONS = (
+    "You can call these functions (JSON Schema of their arguments shown):\n{tools}\n"
+    'To call one, answer with only a JSON object: {{"name": <function name>, '
+    '"arguments": <arguments object>}}.'
+)
 
 
 @dataclass(frozen=True)
@@ -45,13 +47,19 @@ class ToolPlan:
         if self.calls is None or not self.calls.matches(text):
             return None
         call = json.loads(text)
-        return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                "function": {"name": call["name"],
-                             "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}
+        return {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {
+                "name": call["name"],
+                "arguments": json.dumps(call["arguments"], ensure_ascii=False),
+            },
+        }
 
 
-def plan_tools(tools: Sequence[Tool] | None, choice: str | NamedToolChoice | None,
-               text: Constraint | None) -> ToolPlan:
+def plan_tools(
+    tools: Sequence[Tool] | None, choice: str | NamedToolChoice | None, text: Constraint | None
+) -> ToolPlan:
     """`text`: the response_format constraint of plain answers (None: free text)."""
     if not tools:
         if choice not in (None, "none"):
@@ -59,7 +67,9 @@ def plan_tools(tools: Sequence[Tool] | None, choice: str | NamedToolChoice | Non
         return ToolPlan(text, None, None)
     _check_unique(tools)
     choice = choice or "auto"
-    if choice == "none":  # an answer, not something that reads as a call (a history of calls invites one)
+    if (
+        choice == "none"
+    ):  # an answer, not something that reads as a call (a history of calls invites one)
         answer = text or Constraint("regex", _free_text().text, "answer")
         return ToolPlan(answer, None, None)
     chosen = _chosen(tools, choice)
@@ -84,8 +94,11 @@ def _chosen(tools: Sequence[Tool], choice: str | NamedToolChoice) -> list[Tool]:
     if isinstance(choice, NamedToolChoice):
         match = [t for t in tools if t.function.name == choice.function.name]
         if not match:
-            raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not in tools",
-                           param="tool_choice")
+            raise APIError(
+                400,
+                f"tool_choice names {choice.function.name!r}, which is not in tools",
+                param="tool_choice",
+            )
         return match
     return list(tools)
 
@@ -95,8 +108,12 @@ def _call_regex(tool: Tool, index: int) -> Any:
     try:
         args = Constraint.from_json_schema(schema)
     except ConstraintError as exc:
-        raise APIError(400, f"invalid parameters schema of tool {tool.function.name!r}: {exc}",
-                       param=f"tools[{index}].function.parameters", code="invalid_schema") from None
+        raise APIError(
+            400,
+            f"invalid parameters schema of tool {tool.function.name!r}: {exc}",
+            param=f"tools[{index}].function.parameters",
+            code="invalid_schema",
+        ) from None
     head = '{"name": ' + json.dumps(tool.function.name) + ', "arguments": '
     return cat(lit(head), raw(f"(?:{args.pattern})", atomic=True), lit("}"))
 
@@ -110,6 +127,9 @@ def _free_text() -> Any:
 
 def _describe(tool: Tool) -> str:
     f = tool.function
-    entry = {"name": f.name, "description": f.description or "",
-             "parameters": f.parameters if f.parameters is not None else _NO_PARAMETERS}
+    entry = {
+        "name": f.name,
+        "description": f.description or "",
+        "parameters": f.parameters if f.parameters is not None else _NO_PARAMETERS,
+    }
     return json.dumps(entry, ensure_ascii=False)

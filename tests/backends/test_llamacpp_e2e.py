@@ -10,11 +10,12 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from lmprog.backends import LlamaCpp, default_backend  # noqa: E402
-from lmprog.core.errors import BackendError, ContextLengthError  # noqa: E402
-from lmprog.core.protocol import GenerateRequest, ScoreRequest  # noqa: E402
-from lmprog.core.sampling import SamplingParams as SP  # noqa: E402
-from greedy_agreement import assert_greedy_agrees, top2_logprobs  # noqa: E402
+from greedy_agreement import assert_greedy_agrees, top2_logprobs
+
+from lmprog.backends import LlamaCpp, default_backend
+from lmprog.core.errors import BackendError, ContextLengthError
+from lmprog.core.protocol import GenerateRequest, ScoreRequest
+from lmprog.core.sampling import SamplingParams as SP
 
 pytestmark = pytest.mark.e2e
 
@@ -34,7 +35,12 @@ def be():
 
 def chat(be, question: str) -> str:
     t = be.chat_template
-    return t.role_prefix("user", first=True) + question + t.role_suffix("user") + t.role_prefix("assistant")
+    return (
+        t.role_prefix("user", first=True)
+        + question
+        + t.role_suffix("user")
+        + t.role_prefix("assistant")
+    )
 
 
 def gen(be, prompt, stream=None, constraint=None, **params) -> object:
@@ -51,13 +57,20 @@ def greedy(be):
 def agrees(result, ref) -> int:
     """Assert `result`'s tokens equal `ref`'s (a result with top-2 logprobs) up to ref's first
     near tie; return how many were compared."""
-    return assert_greedy_agrees(result.token_ids, ref.token_ids, top2_logprobs(ref.logprobs),
-                                NEAR_TIE)
+    return assert_greedy_agrees(
+        result.token_ids, ref.token_ids, top2_logprobs(ref.logprobs), NEAR_TIE
+    )
 
 
 def test_hf_tokenizer_agrees_with_llama_cpp(be):
-    samples = ["naïve café 日本語 🎉", "def f(x):\n    return x**2\n", "  spaces\t\ttabs\n\n", "1234567+89=?",
-               chat(be, "Hi!"), "<|endoftext|>text<|im_end|>"]
+    samples = [
+        "naïve café 日本語 🎉",
+        "def f(x):\n    return x**2\n",
+        "  spaces\t\ttabs\n\n",
+        "1234567+89=?",
+        chat(be, "Hi!"),
+        "<|endoftext|>text<|im_end|>",
+    ]
     for s in samples:
         assert be.tokenizer.encode(s, add_special_tokens=False) == be._model.tokenize(s), s
 
@@ -69,7 +82,9 @@ def reference():
 
     from lmprog.core.models import resolve_model
 
-    llm = llama_cpp.Llama(str(resolve_model().path), n_ctx=512, n_threads=1, flash_attn=True, verbose=False)
+    llm = llama_cpp.Llama(
+        str(resolve_model().path), n_ctx=512, n_threads=1, flash_attn=True, verbose=False
+    )
 
     def run(prompt: str, max_tokens: int) -> str:
         llm.reset()
@@ -158,7 +173,10 @@ def test_select_scoring(be):
     res = be.score(ScoreRequest(QUESTION, (" Paris", " London", " Berlin"), unconditional=True))
     totals = [sum(c.token_logprobs) for c in res.choices]
     assert totals[0] > max(totals[1:])
-    assert all(c.unconditional_token_logprobs and all(x <= 0 for x in c.unconditional_token_logprobs) for c in res.choices)
+    assert all(
+        c.unconditional_token_logprobs and all(x <= 0 for x in c.unconditional_token_logprobs)
+        for c in res.choices
+    )
     # Token healing: a trailing space in the prompt merges into the choice's first token.
     healed = be.score(ScoreRequest(QUESTION + " ", ("Paris", "London")))
     assert healed.choices[0].token_ids == res.choices[0].token_ids
@@ -202,15 +220,26 @@ def test_multi_turn_history_hits_the_cache(be):
     turn1 = chat(be, "Name a color.")
     a1 = gen(be, turn1, max_tokens=8)
     gen(be, chat(be, "Something else entirely, with a different long question " * 3), max_tokens=2)
-    turn2 = turn1 + a1.text + be.chat_template.role_suffix("assistant") + be.chat_template.role_prefix("user") + "Another?"
+    turn2 = (
+        turn1
+        + a1.text
+        + be.chat_template.role_suffix("assistant")
+        + be.chat_template.role_prefix("user")
+        + "Another?"
+    )
     a2 = gen(be, turn2, max_tokens=4)
     assert a2.cached_tokens >= len(be.tokenizer.encode(turn1, add_special_tokens=False))
 
 
 def test_streaming_pieces_concatenate_to_the_text(be):
     pieces: list[str] = []
-    r = gen(be, chat(be, "Write a short sentence about the sea, with an emoji."), stream=pieces.append,
-            max_tokens=24, stop=["\n\n"])
+    r = gen(
+        be,
+        chat(be, "Write a short sentence about the sea, with an emoji."),
+        stream=pieces.append,
+        max_tokens=24,
+        stop=["\n\n"],
+    )
     assert "".join(pieces) == r.text and len(pieces) > 1
 
 
@@ -236,8 +265,12 @@ def test_context_fills_during_generation():
     small = LlamaCpp(n_ctx=64, state_cache_bytes=0)
     try:
         n = small.n_ctx  # llama.cpp may round the requested size up
-        prompt = tuple(small.tokenizer.encode("one two three four " * n, add_special_tokens=False))[: n - 5]
-        r = small.generate(GenerateRequest(prompt, SP(max_tokens=20, temperature=0, ignore_eos=True)))
+        prompt = tuple(small.tokenizer.encode("one two three four " * n, add_special_tokens=False))[
+            : n - 5
+        ]
+        r = small.generate(
+            GenerateRequest(prompt, SP(max_tokens=20, temperature=0, ignore_eos=True))
+        )
         # 5 free positions hold 5 more tokens; the logits at the last one give a 6th.
         assert r.finish_reason == "length" and r.completion_tokens == 6 and "context" in r.message
     finally:

@@ -44,28 +44,49 @@ def render(*parts):
 def test_role_segments_become_messages():
     prompt = render(("system", "Be terse."), ("user", "2+2?\nThink."), "assistant")
     chat = split_messages(prompt)
-    assert chat.for_generation() == [{"role": "system", "content": "Be terse."},
-                                     {"role": "user", "content": "2+2?\nThink."}]
+    assert chat.for_generation() == [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "2+2?\nThink."},
+    ]
     assert split_messages("no roles at all") is None
 
 
-@pytest.mark.parametrize("prompt, message", [
-    ("preamble" + render(("user", "hi"), "assistant"), "outside any role"),
-    (render(("user", "hi")) + "tail", "outside any role"),
-    (render(("user", "hi"), "user"), "only generates assistant"),
-    (render(("user", "hi"), "assistant") + "Sure:", "partly written"),
-    (render(("user", "hi")), "inside an assistant role"),
-])
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        ("preamble" + render(("user", "hi"), "assistant"), "outside any role"),
+        (render(("user", "hi")) + "tail", "outside any role"),
+        (render(("user", "hi"), "user"), "only generates assistant"),
+        (render(("user", "hi"), "assistant") + "Sure:", "partly written"),
+        (render(("user", "hi")), "inside an assistant role"),
+    ],
+)
 def test_prompts_a_chat_api_cannot_take_raise_clearly(prompt, message):
     with pytest.raises(BackendError, match=message):
         split_messages(prompt).for_generation()
 
 
 def test_request_fields_map_sampling_params():
-    p = SamplingParams(max_tokens=7, stop=("\n", "."), temperature=0.5, top_p=0.9, top_k=5, seed=3,
-                       min_tokens=1, return_logprob=True, top_logprobs_num=2)
+    p = SamplingParams(
+        max_tokens=7,
+        stop=("\n", "."),
+        temperature=0.5,
+        top_p=0.9,
+        top_k=5,
+        seed=3,
+        min_tokens=1,
+        return_logprob=True,
+        top_logprobs_num=2,
+    )
     kwargs, extra = request_fields(p, chat=False)
-    assert kwargs == {"max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "stop": ["\n", "."], "seed": 3, "logprobs": 2}
+    assert kwargs == {
+        "max_tokens": 7,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "stop": ["\n", "."],
+        "seed": 3,
+        "logprobs": 2,
+    }
     assert extra == {"top_k": 5, "min_tokens": 1}
     kwargs, extra = request_fields(SamplingParams(return_logprob=True), chat=True)
     assert kwargs["logprobs"] is True and kwargs["top_logprobs"] == 0 and extra == {}
@@ -83,7 +104,9 @@ def test_constraints_become_response_format_or_a_clear_error():
 
 
 def echoed(tokens, logprobs, offsets=None):
-    lp_ = SimpleNamespace(tokens=tokens, token_logprobs=logprobs, text_offset=offsets, top_logprobs=None)
+    lp_ = SimpleNamespace(
+        tokens=tokens, token_logprobs=logprobs, text_offset=offsets, top_logprobs=None
+    )
     return SimpleNamespace(text="".join(tokens), logprobs=lp_)
 
 
@@ -137,7 +160,10 @@ def test_gen_equals_the_in_process_runtime(runtime, completion):
     request = GenerateRequest("The capital of France is", GREEDY)
     ours, theirs = completion.generate(request), runtime.generate(request)
     assert ours.text == theirs.text and ours.finish_reason == theirs.finish_reason
-    assert ours.completion_tokens == theirs.completion_tokens and ours.prompt_tokens == theirs.prompt_tokens
+    assert (
+        ours.completion_tokens == theirs.completion_tokens
+        and ours.prompt_tokens == theirs.prompt_tokens
+    )
     pieces: list[str] = []
     streamed = completion.generate(request, stream=pieces.append)
     assert "".join(pieces) == streamed.text == ours.text and len(pieces) > 1
@@ -170,8 +196,11 @@ def test_roles_run_as_chat_messages_or_rendered_text(runtime, chat, completion):
 
 @pytest.mark.e2e
 def test_json_schema_goes_as_response_format(chat, completion):
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                               "age": {"type": "integer"}}, "required": ["name", "age"]}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
 
     @lp.function
     def person(s):
@@ -198,7 +227,9 @@ def test_regex_needs_a_regex_field(chat, completion):
 
 @pytest.mark.e2e
 def test_select_scores_match_the_runtime(runtime, completion, chat):
-    request = ScoreRequest("The capital of France is", (" Paris", " London", " a city"), unconditional=True)
+    request = ScoreRequest(
+        "The capital of France is", (" Paris", " London", " a city"), unconditional=True
+    )
     ours, theirs = completion.score(request), runtime.score(request)
     for a, b in zip(ours.choices, theirs.choices):
         assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=1e-3)
@@ -245,13 +276,17 @@ def test_what_an_endpoint_cannot_provide_raises_clearly():
         OpenAI("m", base_url="http://127.0.0.1:9", chat=False).chat_template
     with pytest.raises(ValueError, match="chat=False"):
         OpenAI("m", base_url="http://127.0.0.1:9", chat=True, chat_template="chatml")
-    assert backend.chat and backend.api_speculation == "message" and backend.base_url.endswith(":9/v1")
+    assert (
+        backend.chat and backend.api_speculation == "message" and backend.base_url.endswith(":9/v1")
+    )
 
 
 # ---- API speculative execution over the server --------------------------------------------
 
-FEW_SHOT = ("Name: Ada Lovelace\nBorn: 1815\nJob: mathematician\n\n"
-            "Name: Alan Turing\nBorn: 1912\nJob: computer scientist\n\n")
+FEW_SHOT = (
+    "Name: Ada Lovelace\nBorn: 1815\nJob: mathematician\n\n"
+    "Name: Alan Turing\nBorn: 1912\nJob: computer scientist\n\n"
+)
 
 
 def card(s):
@@ -264,8 +299,14 @@ def chat_card(s):
     s += lp.user("Write a card for a famous scientist, in the format Name/Born/Job.")
     s += lp.assistant("Name: Ada Lovelace\nBorn: 1815\nJob: mathematician")
     s += lp.user("Another one.")
-    s += lp.assistant("Name:" + lp.gen("name", stop="\n", max_tokens=12) + "\nBorn:"
-                      + lp.gen("born", stop="\n", max_tokens=8) + "\nJob:" + lp.gen("job", stop="\n", max_tokens=12))
+    s += lp.assistant(
+        "Name:"
+        + lp.gen("name", stop="\n", max_tokens=12)
+        + "\nBorn:"
+        + lp.gen("born", stop="\n", max_tokens=8)
+        + "\nJob:"
+        + lp.gen("job", stop="\n", max_tokens=12)
+    )
 
 
 def card_values(state):
@@ -274,8 +315,10 @@ def card_values(state):
 
 @pytest.mark.e2e
 def test_api_speculation_saves_calls_with_equal_results(server):
-    with OpenAI(MODEL, base_url=server.url, chat=False, chat_template="chatml") as plain, \
-         OpenAI(MODEL, base_url=server.url, chat=False, chat_template="chatml") as spec:
+    with (
+        OpenAI(MODEL, base_url=server.url, chat=False, chat_template="chatml") as plain,
+        OpenAI(MODEL, base_url=server.url, chat=False, chat_template="chatml") as spec,
+    ):
         expected = lp.function(card).run(backend=plain, temperature=0)
         got = lp.function(num_api_spec_tokens=24)(card).run(backend=spec, temperature=0)
         assert card_values(got) == card_values(expected) and got.text() == expected.text()
@@ -286,7 +329,9 @@ def test_api_speculation_saves_calls_with_equal_results(server):
 
 @pytest.mark.e2e
 def test_api_speculation_fills_an_assistant_message_on_a_chat_endpoint(server, completion):
-    expected = lp.function(chat_card).run(backend=completion, temperature=0)  # roles rendered as text
+    expected = lp.function(chat_card).run(
+        backend=completion, temperature=0
+    )  # roles rendered as text
     with OpenAI(MODEL, base_url=server.url) as chat:
         with pytest.raises(BackendError, match="partly written"):
             lp.function(chat_card).run(backend=chat, temperature=0)

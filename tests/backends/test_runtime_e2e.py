@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 import torch
@@ -19,12 +18,26 @@ pytestmark = pytest.mark.e2e
 torch.set_num_threads(1)
 
 QUESTION = "The capital of France is"
-QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",
-             "Explain gravity in one sentence.", "What is 12 times 7?", "Name a famous painter.",
-             "Translate 'good morning' to Spanish.", "Give me a synonym for happy."]
-PLAIN = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, in a small village,",
-         "1, 2, 3, 4, 5,", "The quick brown fox", "import numpy as np\n", "Q: What color is the sky?\nA:",
-         "The best way to learn is"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers.",
+    "Explain gravity in one sentence.",
+    "What is 12 times 7?",
+    "Name a famous painter.",
+    "Translate 'good morning' to Spanish.",
+    "Give me a synonym for happy.",
+]
+PLAIN = [
+    "The capital of France is",
+    "def fibonacci(n):\n",
+    "Once upon a time, in a small village,",
+    "1, 2, 3, 4, 5,",
+    "The quick brown fox",
+    "import numpy as np\n",
+    "Q: What color is the sky?\nA:",
+    "The best way to learn is",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +49,12 @@ def rt():
 
 def chat(rt, question: str) -> str:
     t = rt.chat_template
-    return t.role_prefix("user", first=True) + question + t.role_suffix("user") + t.role_prefix("assistant")
+    return (
+        t.role_prefix("user", first=True)
+        + question
+        + t.role_suffix("user")
+        + t.role_prefix("assistant")
+    )
 
 
 def gen(rt, prompt, stream=None, constraint=None, **params):
@@ -59,13 +77,20 @@ def test_greedy_batch_16_and_cache_off_match_batch_1(rt, prompts, batch1):
     rt.flush_cache()
     together = rt.generate(prompts, SP(max_tokens=8, temperature=0.0))
     assert [r.token_ids for r in together] == [r.token_ids for r in batch1]
-    off = launch_engine(rt.engine.runner.model, rt.tokenizer, eos_token_ids=rt.engine.eos_token_ids,
-                        max_total_tokens=2048, cache_config=CacheConfig(radix_cache=False))
+    off = launch_engine(
+        rt.engine.runner.model,
+        rt.tokenizer,
+        eos_token_ids=rt.engine.eos_token_ids,
+        max_total_tokens=2048,
+        cache_config=CacheConfig(radix_cache=False),
+    )
     try:
         from lmprog.runtime.engine_io import EngineRequest
 
-        handles = [off.submit(EngineRequest(tuple(rt._prompt_ids(p)), SP(max_tokens=8, temperature=0.0)))
-                   for p in prompts]
+        handles = [
+            off.submit(EngineRequest(tuple(rt._prompt_ids(p)), SP(max_tokens=8, temperature=0.0)))
+            for p in prompts
+        ]
         assert [h.result(timeout=120).token_ids for h in handles] == [r.token_ids for r in batch1]
     finally:
         off.shutdown()
@@ -77,12 +102,18 @@ def test_overlap_scheduling_on_the_default_model(rt, prompts, batch1):
     from lmprog.runtime.engine import EngineConfig
     from lmprog.runtime.engine_io import EngineRequest
 
-    over = launch_engine(rt.engine.runner.model, rt.tokenizer, eos_token_ids=rt.engine.eos_token_ids,
-                         max_total_tokens=2048,
-                         engine_config=EngineConfig(overlap=True, check_integrity=True))
+    over = launch_engine(
+        rt.engine.runner.model,
+        rt.tokenizer,
+        eos_token_ids=rt.engine.eos_token_ids,
+        max_total_tokens=2048,
+        engine_config=EngineConfig(overlap=True, check_integrity=True),
+    )
     try:
-        handles = [over.submit(EngineRequest(tuple(rt._prompt_ids(p)), SP(max_tokens=8, temperature=0.0)))
-                   for p in prompts]
+        handles = [
+            over.submit(EngineRequest(tuple(rt._prompt_ids(p)), SP(max_tokens=8, temperature=0.0)))
+            for p in prompts
+        ]
         assert [h.result(timeout=120).token_ids for h in handles] == [r.token_ids for r in batch1]
         stats = over.stats()
         assert stats["overlapped_steps"] == stats["steps"] > 0
@@ -101,7 +132,9 @@ def test_select_and_fork_programs_under_overlap_scheduling(rt):
     @lp.function
     def capital(s):
         s += lp.user("What is the capital of France?")
-        s += lp.assistant("The capital of France is " + lp.select("city", ["London", "Paris", "Berlin"]))
+        s += lp.assistant(
+            "The capital of France is " + lp.select("city", ["London", "Paris", "Berlin"])
+        )
 
     @lp.function
     def forks(s, mode):
@@ -134,7 +167,9 @@ def test_greedy_mostly_matches_llama_cpp(prompts, batch1):
 
     lc = LlamaCpp(n_ctx=512, state_cache_bytes=0)
     try:
-        theirs = [lc.generate(GenerateRequest(p, SP(max_tokens=8, temperature=0.0))).text for p in prompts]
+        theirs = [
+            lc.generate(GenerateRequest(p, SP(max_tokens=8, temperature=0.0))).text for p in prompts
+        ]
     finally:
         lc.shutdown()
     same = sum(a.text == b for a, b in zip(batch1, theirs))
@@ -152,8 +187,13 @@ def test_repeat_reuses_the_prompt_and_is_deterministic(rt, batch1, prompts):
 
 def test_stop_strings_eos_and_streaming(rt):
     pieces: list[str] = []
-    r = gen(rt, chat(rt, "Write a short sentence about the sea."), stream=pieces.append, max_tokens=24,
-            stop=["\n\n"])
+    r = gen(
+        rt,
+        chat(rt, "Write a short sentence about the sea."),
+        stream=pieces.append,
+        max_tokens=24,
+        stop=["\n\n"],
+    )
     assert "".join(pieces) == r.text and len(pieces) > 1
     full = gen(rt, QUESTION, max_tokens=12)
     stop = full.text[5:9]
@@ -163,15 +203,23 @@ def test_stop_strings_eos_and_streaming(rt):
     short = gen(rt, chat(rt, "Say only the word yes."), max_tokens=40)
     assert short.finish_reason == "stop" and short.matched_stop in rt.engine.eos_token_ids
     meta = short.meta_info()
-    assert {"prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "matched_stop"} <= set(meta)
+    assert {
+        "prompt_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "finish_reason",
+        "matched_stop",
+    } <= set(meta)
 
 
 def test_select_scores_share_the_prefix_and_heal_tokens(rt):
     res = rt.score(ScoreRequest(QUESTION, (" Paris", " London", " Berlin"), unconditional=True))
     totals = [sum(c.token_logprobs) for c in res.choices]
     assert totals[0] > max(totals[1:])
-    assert all(c.unconditional_token_logprobs and all(x <= 0 for x in c.unconditional_token_logprobs)
-               for c in res.choices)
+    assert all(
+        c.unconditional_token_logprobs and all(x <= 0 for x in c.unconditional_token_logprobs)
+        for c in res.choices
+    )
     healed = rt.score(ScoreRequest(QUESTION + " ", ("Paris", "London")))
     assert healed.choices[0].token_ids == res.choices[0].token_ids
     assert abs(sum(healed.choices[0].token_logprobs) - totals[0]) < 1e-3
@@ -186,19 +234,33 @@ def test_constraints_regex_and_json_schema(rt):
     from lmprog.fsm import Constraint
 
     date = Constraint.from_regex(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
-    r = gen(rt, chat(rt, "When did the Berlin wall fall? Answer with a date."), constraint=date, max_tokens=16)
+    r = gen(
+        rt,
+        chat(rt, "When did the Berlin wall fall? Answer with a date."),
+        constraint=date,
+        max_tokens=16,
+    )
     assert date.matches(r.text) and r.finish_reason == "stop"
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
-                                               "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-              "required": ["name", "age"]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 16},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
+        "required": ["name", "age"],
+    }
     person = Constraint.from_json_schema(schema)
     texts = {}
     for jump in (True, False):
         rt.engine.config = type(rt.engine.config)(jump_forward=jump, check_integrity=True)
         try:
             before = rt.stats()["jump_forward_tokens"]
-            out = gen(rt, chat(rt, "Describe a person as JSON with a name and an age."),
-                      constraint=person, max_tokens=48)
+            out = gen(
+                rt,
+                chat(rt, "Describe a person as JSON with a name and an age."),
+                constraint=person,
+                max_tokens=48,
+            )
             jumped = rt.stats()["jump_forward_tokens"] - before
         finally:
             rt.engine.config = type(rt.engine.config)(check_integrity=True)
@@ -239,8 +301,10 @@ def test_dsl_program_with_fork_and_select(rt):
         s += lp.user(f"Give one fact about {topic}.")
         s += lp.assistant(lp.gen("fact", max_tokens=12))
         forks = s.fork(2)
-        forks += lambda i: lp.user(f"Rate fact {i} from 1 to 5.") + lp.assistant(
-            lp.select("score", choices=["1", "2", "3", "4", "5"]))
+        forks += lambda i: (
+            lp.user(f"Rate fact {i} from 1 to 5.")
+            + lp.assistant(lp.select("score", choices=["1", "2", "3", "4", "5"]))
+        )
         forks.join()
 
     state = prog.run(topic="the Moon", backend=rt, temperature=0)
@@ -259,14 +323,19 @@ def test_offline_api_and_stats(rt):
     many = rt.generate([QUESTION, ids], [SP(max_tokens=2, temperature=0.0), {"max_tokens": 3}])
     assert [r.completion_tokens for r in many] == [2, 3]
     stats = rt.stats()
-    assert stats["cache_hit_rate"] > 0 and stats["gen_tokens_per_s"] > 0 and stats["device"] == "cpu"
+    assert (
+        stats["cache_hit_rate"] > 0 and stats["gen_tokens_per_s"] > 0 and stats["device"] == "cpu"
+    )
     with pytest.raises(ValueError, match="sampling_params"):
         rt.generate([QUESTION, QUESTION], [SP()])
     with pytest.raises(TypeError):
         rt.generate([QUESTION], {"max_tokenz": 3})
     with pytest.raises(ContextLengthError):  # all or nothing: the first one is aborted
         rt.generate([QUESTION, "word " * 5000], {"max_tokens": 50})
-    assert rt.engine.call(lambda: rt.engine.scheduler.num_running + rt.engine.scheduler.num_waiting) == 0
+    assert (
+        rt.engine.call(lambda: rt.engine.scheduler.num_running + rt.engine.scheduler.num_waiting)
+        == 0
+    )
 
 
 def test_shutdown_is_clean_and_final():
@@ -292,7 +361,9 @@ def test_int4_quantized_matmuls_are_close_to_fp32(rt, prompts, batch1):
         pytest.skip("torch lacks the CPU int4 kernels")
     net = copy.deepcopy(rt.engine.runner.model)
     assert quantize_int4_(net) == 4 * net.config.num_layers  # qkv, o, gate_up, down: all Q4_1
-    q4 = launch_engine(net, rt.tokenizer, eos_token_ids=rt.engine.eos_token_ids, max_total_tokens=1024)
+    q4 = launch_engine(
+        net, rt.tokenizer, eos_token_ids=rt.engine.eos_token_ids, max_total_tokens=1024
+    )
     try:
         ids = [tuple(rt._prompt_ids(p)) for p in prompts[:6]]
         params = SP(max_tokens=8, temperature=0.0)
@@ -312,14 +383,20 @@ def test_engine_knobs_keep_their_names_down_to_the_configs(rt):
     """Runtime's scheduler and engine arguments reach the configs that own them under the same
     names, and each config checks its own (before any weight is loaded)."""
     sched = rt.engine.scheduler.config
-    assert (sched.max_running_requests, sched.max_num_batched_tokens, sched.schedule_policy,
-            sched.hybrid_batching) == (64, 2048, "lpm", True)
+    assert (
+        sched.max_running_requests,
+        sched.max_num_batched_tokens,
+        sched.schedule_policy,
+        sched.hybrid_batching,
+    ) == (64, 2048, "lpm", True)
     assert rt.engine.config.check_integrity is True
-    for bad, error in [({"max_running_requests": 0}, ValueError),
-                       ({"max_running_requests": 4096}, ValueError),  # > the token budget
-                       ({"schedule_policy": "sjf"}, ValueError),
-                       ({"hybrid_batching": "no"}, TypeError),
-                       ({"jump_forward": None}, TypeError),
-                       ({"check_integrity": 1}, TypeError)]:
+    for bad, error in [
+        ({"max_running_requests": 0}, ValueError),
+        ({"max_running_requests": 4096}, ValueError),  # > the token budget
+        ({"schedule_policy": "sjf"}, ValueError),
+        ({"hybrid_batching": "no"}, TypeError),
+        ({"jump_forward": None}, TypeError),
+        ({"check_integrity": 1}, TypeError),
+    ]:
         with pytest.raises(error, match=next(iter(bad))):
             Runtime(device="cpu", model="definitely/not/a/model", **bad)

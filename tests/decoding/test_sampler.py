@@ -10,7 +10,13 @@ import torch
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.decoding.rng import make_generator
-from lmprog.decoding.sampler import NO_TOKEN, SamplingTensors, _top_k_top_p_keep, probabilities, sample
+from lmprog.decoding.sampler import (
+    NO_TOKEN,
+    SamplingTensors,
+    _top_k_top_p_keep,
+    probabilities,
+    sample,
+)
 
 torch.set_num_threads(1)
 EOS = 4
@@ -41,7 +47,7 @@ def _reference_probs(logits, p: SP, counts=None):
     order = np.argsort(-probs, kind="stable")
     keep = np.ones_like(probs, dtype=bool)
     if p.top_k > 0:
-        keep[order[p.top_k:]] = False
+        keep[order[p.top_k :]] = False
     if p.top_p < 1.0:
         kept_sorted = np.where(keep[order], probs[order], 0.0)
         mass_before = np.cumsum(kept_sorted) - kept_sorted
@@ -98,7 +104,11 @@ def test_penalised_distribution_matches_reference():
 
 def test_greedy_picks_argmax_and_ignores_filters():
     logits = torch.tensor([[0.1, 3.0, 2.9, -1.0, 0.0]])
-    for p in (SP(temperature=0.0), SP(temperature=0.7, top_k=1), SP(temperature=0, top_p=0.1, min_p=0.5)):
+    for p in (
+        SP(temperature=0.0),
+        SP(temperature=0.7, top_k=1),
+        SP(temperature=0, top_p=0.1, min_p=0.5),
+    ):
         assert sample(logits, _tensors([p])).token_ids.tolist() == [1]
 
 
@@ -112,7 +122,12 @@ def test_greedy_with_penalties_changes_the_right_logits():
     weak = _tensors([SP(temperature=0, presence_penalty=0.2)])  # 0.3 > 0.2: unchanged
     assert sample(logits, weak, output_counts=counts).token_ids.item() == 1
     negative = _tensors([SP(temperature=0, frequency_penalty=-1.0)])  # rewards repeats
-    assert sample(torch.tensor([[0.0, 0.5, 2.0, 0, 0]]), negative, output_counts=counts).token_ids.item() == 1
+    assert (
+        sample(
+            torch.tensor([[0.0, 0.5, 2.0, 0, 0]]), negative, output_counts=counts
+        ).token_ids.item()
+        == 1
+    )
 
 
 def test_min_tokens_bans_eos_and_stop_ids_until_reached():
@@ -146,13 +161,23 @@ def test_bitmask_in_place_only_when_allowed():
     before = logits.clone()
     sample(logits, _tensors([SP(temperature=0)]), bitmask=mask)
     assert torch.equal(logits, before)
-    assert sample(logits, _tensors([SP(temperature=0)]), bitmask=mask, mask_in_place=True).token_ids.item() == 1
+    assert (
+        sample(
+            logits, _tensors([SP(temperature=0)]), bitmask=mask, mask_in_place=True
+        ).token_ids.item()
+        == 1
+    )
     assert logits[0, 0] == float("-inf") and torch.equal(logits[0, 1:], before[0, 1:])
     # penalties change the logits: they go to a copy, mask and all
     counts = torch.zeros(1, 5, dtype=torch.int32)
     fresh = before.clone()
-    sample(fresh, _tensors([SP(temperature=0, presence_penalty=1.0)]), output_counts=counts,
-           bitmask=mask, mask_in_place=True)
+    sample(
+        fresh,
+        _tensors([SP(temperature=0, presence_penalty=1.0)]),
+        output_counts=counts,
+        bitmask=mask,
+        mask_in_place=True,
+    )
     assert torch.equal(fresh, before)
 
 
@@ -212,8 +237,12 @@ def test_window_growth_matches_full_sort():
 def test_inputs_are_validated_and_not_modified():
     logits = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0]])
     before = logits.clone()
-    sample(logits, _tensors([SP(temperature=0.9, frequency_penalty=1.0, min_tokens=1)]),
-           output_counts=torch.ones(1, 5, dtype=torch.int32), num_output_tokens=[0])
+    sample(
+        logits,
+        _tensors([SP(temperature=0.9, frequency_penalty=1.0, min_tokens=1)]),
+        output_counts=torch.ones(1, 5, dtype=torch.int32),
+        num_output_tokens=[0],
+    )
     assert torch.equal(logits, before)
     with pytest.raises(ValueError, match="rows"):
         sample(torch.zeros(2, 5), _tensors([SP()]))
@@ -230,14 +259,20 @@ def test_mixed_batch_follows_each_rows_own_distribution():
     mask, distinct seeds): taking another row's temperature, filter or mask fails it."""
     logits = [2.0, 1.5, 1.0, 0.5, 0.2, 0.0, -0.5, -1.0]
     v = len(logits)
-    kinds = [(SP(temperature=0.5), [True] * 6 + [False] * 2),
-             (SP(temperature=1.5, top_k=5), [False] * 2 + [True] * 6),
-             (SP(temperature=1.0, min_p=0.2), [True] * v)]
+    kinds = [
+        (SP(temperature=0.5), [True] * 6 + [False] * 2),
+        (SP(temperature=1.5, top_k=5), [False] * 2 + [True] * 6),
+        (SP(temperature=1.0, min_p=0.2), [True] * v),
+    ]
     n = 3000  # rows per kind
     rows = [kinds[i % 3] for i in range(3 * n)]
     gens = [make_generator(1000 + i) for i in range(3 * n)]
-    out = sample(torch.tensor([logits] * (3 * n)), _tensors([p for p, _ in rows]),
-                 generators=gens, bitmask=_bitmask([m for _, m in rows])).token_ids.numpy()
+    out = sample(
+        torch.tensor([logits] * (3 * n)),
+        _tensors([p for p, _ in rows]),
+        generators=gens,
+        bitmask=_bitmask([m for _, m in rows]),
+    ).token_ids.numpy()
     for k, (p, allowed) in enumerate(kinds):
         masked = np.where(allowed, logits, -np.inf)
         expected = _reference_probs(masked, p) * n
@@ -250,8 +285,12 @@ def test_mixed_batch_follows_each_rows_own_distribution():
 
 def test_seeded_rows_draw_the_same_in_any_batch_order():
     logits = torch.randn(4, 64, generator=torch.Generator().manual_seed(5))
-    params = [SP(temperature=1.0, seed=1), SP(temperature=0.7, top_p=0.9, seed=2),
-              SP(temperature=1.3, seed=3), SP(temperature=1.0, top_k=10, seed=4)]
+    params = [
+        SP(temperature=1.0, seed=1),
+        SP(temperature=0.7, top_p=0.9, seed=2),
+        SP(temperature=1.3, seed=3),
+        SP(temperature=1.0, top_k=10, seed=4),
+    ]
 
     def run(order, steps=20):
         gens = {i: make_generator(params[i].seed) for i in order}
@@ -272,14 +311,35 @@ def test_the_device_path_never_reads_the_device():
     """On the meta device every data-dependent host read (item, tolist, bool, nonzero, a
     boolean index) raises: the GPU path of the sampler has none."""
     dev = "meta"
-    params = [SP(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, min_tokens=2, frequency_penalty=0.5,
-                 seed=3, return_logprob=True, top_logprobs_num=2), SP(temperature=0), SP(temperature=1.2)]
+    params = [
+        SP(
+            temperature=0.7,
+            top_k=5,
+            top_p=0.9,
+            min_p=0.05,
+            min_tokens=2,
+            frequency_penalty=0.5,
+            seed=3,
+            return_logprob=True,
+            top_logprobs_num=2,
+        ),
+        SP(temperature=0),
+        SP(temperature=1.2),
+    ]
     st = SamplingTensors.from_params(params, eos_token_ids=(EOS,), device=dev)
     logits = torch.empty(3, 100, device=dev)
-    kwargs = dict(output_counts=torch.empty(3, 100, dtype=torch.int32, device=dev),
-                  num_output_tokens=[0, 1, 5], bitmask=torch.empty(3, 4, dtype=torch.int32, device=dev))
-    out = sample(logits, st, generators=[make_generator(1), None, make_generator(2)],
-                 mask_in_place=True, **kwargs)
+    kwargs = dict(
+        output_counts=torch.empty(3, 100, dtype=torch.int32, device=dev),
+        num_output_tokens=[0, 1, 5],
+        bitmask=torch.empty(3, 4, dtype=torch.int32, device=dev),
+    )
+    out = sample(
+        logits,
+        st,
+        generators=[make_generator(1), None, make_generator(2)],
+        mask_in_place=True,
+        **kwargs,
+    )
     assert out.token_ids.device.type == "meta" and out.top_token_ids.shape == (3, 2)
     assert probabilities(logits, st, **kwargs).shape == (3, 100)
 
@@ -293,10 +353,24 @@ def test_a_step_never_waits_for_the_gpu():
     from lmprog.decoding.state import DecodeState
 
     dev, v = "cuda", 300
-    params = [SP(temperature=0.7, top_k=5, top_p=0.9, seed=3), SP(temperature=0),
-              SP(temperature=1.2, min_p=0.1), SP(temperature=1.0, seed=4)]
-    states = [DecodeState(p, tokenizer=None, prompt_ids=[1], eos_token_ids=[EOS], vocab_size=v,
-                          token_text=str, device=dev) for p in params]
+    params = [
+        SP(temperature=0.7, top_k=5, top_p=0.9, seed=3),
+        SP(temperature=0),
+        SP(temperature=1.2, min_p=0.1),
+        SP(temperature=1.0, seed=4),
+    ]
+    states = [
+        DecodeState(
+            p,
+            tokenizer=None,
+            prompt_ids=[1],
+            eos_token_ids=[EOS],
+            vocab_size=v,
+            token_text=str,
+            device=dev,
+        )
+        for p in params
+    ]
     logits = torch.randn(len(params), v, device=dev)
     mask = torch.full((len(params), (v + 31) // 32), -1, dtype=torch.int32, device=dev)
     mask[0, 0] = 0x0F0F0F0F

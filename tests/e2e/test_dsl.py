@@ -9,7 +9,13 @@ import lmprog as lp
 
 pytestmark = pytest.mark.e2e
 
-SHOTS = [("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Egypt", "Cairo"), ("Canada", "Ottawa")]
+SHOTS = [
+    ("France", "Paris"),
+    ("Japan", "Tokyo"),
+    ("Italy", "Rome"),
+    ("Egypt", "Cairo"),
+    ("Canada", "Ottawa"),
+]
 
 
 @lp.function
@@ -21,7 +27,9 @@ def few_shot(s, country):
 
 
 def test_few_shot_qa_answers_correctly(backend):
-    states = few_shot.run_batch([{"country": c} for c in ["Germany", "Spain"]], backend=backend, temperature=0)
+    states = few_shot.run_batch(
+        [{"country": c} for c in ["Germany", "Spain"]], backend=backend, temperature=0
+    )
     assert [st["answer"].strip() for st in states] == ["Berlin", "Madrid"]
     meta = states[1].get_meta_info("answer")
     assert meta["cached_tokens"] > 0.5 * meta["prompt_tokens"]  # the 5-shot header came from cache
@@ -31,11 +39,14 @@ def test_few_shot_qa_answers_correctly(backend):
 @lp.function
 def pick_city(s):
     s += lp.user("Which of these is the capital of France: London, Paris or Berlin?")
-    s += lp.assistant("The capital of France is " + lp.select("city", ["London", "Paris", "Berlin"]))
+    s += lp.assistant(
+        "The capital of France is " + lp.select("city", ["London", "Paris", "Berlin"])
+    )
 
 
 @pytest.mark.parametrize(
-    "method", [lp.token_length_normalized, lp.greedy_token_selection, lp.unconditional_likelihood_normalized]
+    "method",
+    [lp.token_length_normalized, lp.greedy_token_selection, lp.unconditional_likelihood_normalized],
 )
 def test_select_among_three(backend, method):
     state = pick_city.run(backend=backend)
@@ -43,11 +54,15 @@ def test_select_among_three(backend, method):
     assert state.text().endswith("The capital of France is Paris<|im_end|>\n")
     meta = state.get_meta_info("city")
     assert len(meta["normalized_scores"]) == 3
+
     # the other methods choose from the same scores; each returns one of the choices
     @lp.function
     def with_method(s):
         s += lp.user("Which of these is the capital of France: London, Paris or Berlin?")
-        s += lp.assistant("The capital of France is " + lp.select("city", ["London", "Paris", "Berlin"], choices_method=method))
+        s += lp.assistant(
+            "The capital of France is "
+            + lp.select("city", ["London", "Paris", "Berlin"], choices_method=method)
+        )
 
     assert with_method.run(backend=backend)["city"] in ("London", "Paris", "Berlin")
 
@@ -76,7 +91,10 @@ def regex_and_json(s):
     s += lp.user("Describe a person as JSON.")
     schema = {
         "type": "object",
-        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
         "required": ["name", "age"],
         "additionalProperties": False,
     }
@@ -100,7 +118,9 @@ def test_constrained_gens_match(backend):
 def three_ways(s):
     s += lp.user("Name a fruit.")
     forks = s.fork(3)
-    forks += lambda i: lp.assistant(lp.gen("fruit", max_tokens=8, stop="\n", temperature=0.7, seed=i))
+    forks += lambda i: lp.assistant(
+        lp.gen("fruit", max_tokens=8, stop="\n", temperature=0.7, seed=i)
+    )
     forks.join()
     s += lp.user("Thanks.")
 
@@ -159,7 +179,9 @@ def test_run_async_and_messages(backend):
 @lp.function
 def logprob_gen(s):
     s += "The capital of France is"
-    s += lp.gen("x", max_tokens=3, temperature=0, return_logprob=True, top_logprobs_num=2, min_tokens=2)
+    s += lp.gen(
+        "x", max_tokens=3, temperature=0, return_logprob=True, top_logprobs_num=2, min_tokens=2
+    )
 
 
 def test_meta_info_and_logprobs(backend):

@@ -43,8 +43,9 @@ def extract(s, text):
 
 
 def test_pydantic_extraction_parses_into_the_model(backend):
-    state = extract.run("Paris, in France, has about 2 million people.", backend=backend,
-                        temperature=0)
+    state = extract.run(
+        "Paris, in France, has about 2 million people.", backend=backend, temperature=0
+    )
     city = City.model_validate_json(state["city"])  # the text parses into the model
     assert 0 <= city.population_millions <= 50 and len(city.name) <= 16
 
@@ -63,8 +64,9 @@ def test_min_tokens_holds_back_the_end_of_turn(backend):
 @lp.function
 def fails_midway(s, i):
     s += lp.user(f"Count to {i}.")
-    s += lp.assistant(lp.gen("count", max_tokens=8, temperature=0, return_logprob=True,
-                             top_logprobs_num=2))
+    s += lp.assistant(
+        lp.gen("count", max_tokens=8, temperature=0, return_logprob=True, top_logprobs_num=2)
+    )
     if i == 2:
         raise RuntimeError("program 2 gave up")
     s += lp.user("Thanks.")
@@ -77,8 +79,10 @@ def test_errors_raise_at_their_call_and_the_backend_serves_on(backend):
         lp.gen("x", regex=r"(?<=a)b")
     with pytest.raises(RuntimeError, match="program 2 gave up"):
         fails_midway.run(2, backend=backend)
-    alone = [fails_midway.run(i, backend=backend).get_meta_info("count")["output_token_logprobs"]
-             for i in (1, 3)]
+    alone = [
+        fails_midway.run(i, backend=backend).get_meta_info("count")["output_token_logprobs"]
+        for i in (1, 3)
+    ]
     # in one batch: the failing program fails alone (its state carries the error), the
     # others give what they give alone (greedy, up to a near tie: the batch computes the
     # shared prompt in another order; see greedy_agreement)

@@ -10,8 +10,20 @@ from lmprog.fsm.index import TokenIndex
 
 # Byte-level BPE merges (GPT-2 style: "Ġ" is the space byte). Each merged token is one id.
 TOY_MERGES = [
-    ('"', ","), ("Ġ", '"'), ('"', ":"), ("{", '"'), ("a", "b"), ("ab", "c"), ("Ġ\"", "a"),
-    ("t", "r"), ("tr", "u"), ("tru", "e"), ('",', '"'), ("n", "a"), ("na", "m"), ("nam", "e"),
+    ('"', ","),
+    ("Ġ", '"'),
+    ('"', ":"),
+    ("{", '"'),
+    ("a", "b"),
+    ("ab", "c"),
+    ('Ġ"', "a"),
+    ("t", "r"),
+    ("tr", "u"),
+    ("tru", "e"),
+    ('",', '"'),
+    ("n", "a"),
+    ("na", "m"),
+    ("nam", "e"),
 ]
 
 
@@ -47,7 +59,9 @@ def steps_to_accept(index: TokenIndex) -> dict[int, int]:
     return dist
 
 
-def random_walk(guide: Guide, rng: random.Random, dist: dict[int, int], greed: float = 0.4, limit: int = 400):
+def random_walk(
+    guide: Guide, rng: random.Random, dist: dict[int, int], greed: float = 0.4, limit: int = 400
+):
     """Sample allowed tokens (uniformly, or toward acceptance with prob. `greed`) until EOS."""
     out: list[int] = []
     eos = guide.index.eos_token_id
@@ -57,7 +71,9 @@ def random_walk(guide: Guide, rng: random.Random, dist: dict[int, int], greed: f
             break
         ids = [t for t in ids if t != eos]
         if rng.random() < greed:
-            ids = [min(ids, key=lambda t: dist.get(guide.index.next_state(guide.state, t), 1 << 30))]
+            ids = [
+                min(ids, key=lambda t: dist.get(guide.index.next_state(guide.state, t), 1 << 30))
+            ]
         token = rng.choice(ids)
         guide.advance(token)
         out.append(token)

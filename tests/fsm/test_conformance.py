@@ -16,7 +16,9 @@ PASS_RATE_FLOOR = 0.81  # measured 82.0% (1065/1299)
 
 
 def _conformance():
-    spec = importlib.util.spec_from_file_location("lmprog_bench_conformance", ROOT / "bench" / "conformance.py")
+    spec = importlib.util.spec_from_file_location(
+        "lmprog_bench_conformance", ROOT / "bench" / "conformance.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
@@ -24,8 +26,9 @@ def _conformance():
 
 
 conformance = _conformance()
-pytestmark = pytest.mark.skipif(not (conformance.DEFAULT_SUITE / "tests").is_dir(),
-                                reason="JSON-Schema-Test-Suite not present")
+pytestmark = pytest.mark.skipif(
+    not (conformance.DEFAULT_SUITE / "tests").is_dir(), reason="JSON-Schema-Test-Suite not present"
+)
 
 
 def test_core_suite_floor_and_no_invalid_accepted():
@@ -39,11 +42,14 @@ def test_core_suite_floor_and_no_invalid_accepted():
 def test_refusals_and_wrong_answers_are_counted():
     """The runner itself: a refusing engine passes nothing, an accept-all engine accepts every
     invalid instance, so the floors above cannot be met by a degenerate engine."""
+
     def refuse(schema):
         raise ValueError("no")
 
     refused = conformance.run_suite(refuse)
     assert refused.passed == 0 and refused.refused_cases == 1299 and refused.invalid_accepted == 0
-    lenient = conformance.run_suite(lambda schema: (lambda text: True))
-    assert lenient.invalid_accepted == sum(1 for g in conformance.load_suite() for c in g.cases if not c.valid)
+    lenient = conformance.run_suite(lambda schema: lambda text: True)
+    assert lenient.invalid_accepted == sum(
+        1 for g in conformance.load_suite() for c in g.cases if not c.valid
+    )
     assert lenient.valid_rejected == 0

@@ -29,12 +29,19 @@ def test_choices_escape_metacharacters():
             Constraint.from_choices(bad)
 
 
-@pytest.mark.parametrize("dtype, good, bad", [
-    (int, {"0": 0, "-17": -17, "42": 42}, ["01", "1.5", "+3", ""]),
-    (float, {"1.5": 1.5, "-0.25e3": -250.0, "3": 3.0, "1E-2": 0.01}, ["1.", ".5", "1e", "nan"]),
-    (bool, {"true": True, "false": False, "True": True, "False": False}, ["TRUE", "1", "yes"]),
-    (str, {'"hi"': "hi", r'"a\"b\\c\n\u00e9"': 'a"b\\c\né', '""': ""}, ['"a', 'a"', '"\n"', r'"\x"']),
-])
+@pytest.mark.parametrize(
+    "dtype, good, bad",
+    [
+        (int, {"0": 0, "-17": -17, "42": 42}, ["01", "1.5", "+3", ""]),
+        (float, {"1.5": 1.5, "-0.25e3": -250.0, "3": 3.0, "1E-2": 0.01}, ["1.", ".5", "1e", "nan"]),
+        (bool, {"true": True, "false": False, "True": True, "False": False}, ["TRUE", "1", "yes"]),
+        (
+            str,
+            {'"hi"': "hi", r'"a\"b\\c\n\u00e9"': 'a"b\\c\né', '""': ""},
+            ['"a', 'a"', '"\n"', r'"\x"'],
+        ),
+    ],
+)
 def test_dtypes_match_and_parse(dtype, good, bad):
     c = Constraint.from_dtype(dtype)
     assert c.kind == "dtype" and Constraint.from_dtype(dtype.__name__) == c
@@ -98,7 +105,9 @@ def test_compilers_import_without_torch_or_outlines():
     import subprocess
     import sys
 
-    code = ("import sys, lmprog.fsm; lmprog.fsm.Constraint.from_json_schema({'type': 'object'}); "
-            "print(sorted(m for m in ('torch', 'outlines_core', 'transformers') if m in sys.modules))")
+    code = (
+        "import sys, lmprog.fsm; lmprog.fsm.Constraint.from_json_schema({'type': 'object'}); "
+        "print(sorted(m for m in ('torch', 'outlines_core', 'transformers') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -46,15 +46,38 @@ def test_sentencepiece_vocab_maps_metaspace_and_byte_fallback():
     from tokenizers import Tokenizer, decoders, models, normalizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<0x0A>": 3, "\u2581a": 4, "b": 5, "\u2581": 6, "a": 7}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[("\u2581", "a")], byte_fallback=True, unk_token="<unk>"))
-    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", bos_token="<s>", unk_token="<unk>")
+    vocab = {
+        "<unk>": 0,
+        "<s>": 1,
+        "</s>": 2,
+        "<0x0A>": 3,
+        "\u2581a": 4,
+        "b": 5,
+        "\u2581": 6,
+        "a": 7,
+    }
+    tok = Tokenizer(
+        models.BPE(vocab=vocab, merges=[("\u2581", "a")], byte_fallback=True, unk_token="<unk>")
+    )
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
+    )
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("\u2581", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="</s>", bos_token="<s>", unk_token="<unk>"
+    )
     vocab_bytes = TokenVocab.from_tokenizer(hf)
     assert vocab_bytes.token_bytes == (None, None, None, b"\n", b" a", b"b", b" ", b"a")
-    assert vocab_bytes.decode(hf.encode("a b\n", add_special_tokens=False)) == b" a b\n"  # SentencePiece's space
+    assert (
+        vocab_bytes.decode(hf.encode("a b\n", add_special_tokens=False)) == b" a b\n"
+    )  # SentencePiece's space
 
 
 def test_fingerprint_identifies_the_byte_mapping():
@@ -166,7 +189,9 @@ def test_disk_cache_is_trimmed_oldest_first(toy, tmp_path, monkeypatch):
     TokenIndex.get("x+", toy)
     TokenIndex.get("y+", toy)
     files = list((tmp_path / "fsm").glob("*.idx"))
-    assert [f.name for f in files] == [disk_path(index_mod._key("y+", TokenVocab.from_tokenizer(toy))).name]
+    assert [f.name for f in files] == [
+        disk_path(index_mod._key("y+", TokenVocab.from_tokenizer(toy))).name
+    ]
 
 
 def test_prefetch_builds_off_thread_and_shares_the_build(toy):

@@ -17,92 +17,244 @@ CASES = {
     "type union and null": ({"type": ["integer", "null"]}, [0, -12, None], ["a", 1.5, True, []]),
     "boolean": ({"type": "boolean"}, [True, False], [0, "true", None]),
     "number": ({"type": "number"}, [0, -1.5, 3e10, 2.5e-3], ["1", None]),
-    "integer bounds": ({"type": "integer", "minimum": -3, "maximum": 120}, [-3, 0, 99, 120],
-                       [-4, 121, 1000, 5.5]),
-    "exclusive bounds": ({"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10}, [1, 9],
-                         [0, 10, -1]),
-    "number bounds": ({"type": "number", "minimum": 0.5, "exclusiveMaximum": 2.25},
-                      [0.5, 0.75, 1, 2, 2.2499], [0.49, 2.25, 3, -1]),
+    "integer bounds": (
+        {"type": "integer", "minimum": -3, "maximum": 120},
+        [-3, 0, 99, 120],
+        [-4, 121, 1000, 5.5],
+    ),
+    "exclusive bounds": (
+        {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10},
+        [1, 9],
+        [0, 10, -1],
+    ),
+    "number bounds": (
+        {"type": "number", "minimum": 0.5, "exclusiveMaximum": 2.25},
+        [0.5, 0.75, 1, 2, 2.2499],
+        [0.49, 2.25, 3, -1],
+    ),
     "multipleOf int": ({"type": "integer", "multipleOf": 4}, [0, 4, -8, 1000], [2, 6, -3]),
-    "multipleOf automaton": ({"type": "integer", "multipleOf": 30}, [0, 30, -60, 9990], [10, 15, 3, 7]),
-    "multipleOf bounded": ({"type": "integer", "multipleOf": 7, "minimum": 0, "maximum": 50},
-                           [0, 7, 49], [1, 56, -7]),
+    "multipleOf automaton": (
+        {"type": "integer", "multipleOf": 30},
+        [0, 30, -60, 9990],
+        [10, 15, 3, 7],
+    ),
+    "multipleOf bounded": (
+        {"type": "integer", "multipleOf": 7, "minimum": 0, "maximum": 50},
+        [0, 7, 49],
+        [1, 56, -7],
+    ),
     "multipleOf decimal": ({"type": "number", "multipleOf": 0.01}, [1, 0.25, -3.1], [0.125, 1.001]),
-    "string lengths": ({"type": "string", "minLength": 2, "maxLength": 3}, ["ab", "abc", "é😀"],
-                       ["a", "abcd", ""]),
+    "string lengths": (
+        {"type": "string", "minLength": 2, "maxLength": 3},
+        ["ab", "abc", "é😀"],
+        ["a", "abcd", ""],
+    ),
     "escapes": ({"type": "string", "maxLength": 4}, ['a"b', "\\", "\n\t", "\u0001"], ["abcde"]),
-    "pattern anchored": ({"type": "string", "pattern": "^[a-z]+[0-9]?$"}, ["abc", "x9"],
-                         ["9", "ab12", "Ab"]),
+    "pattern anchored": (
+        {"type": "string", "pattern": "^[a-z]+[0-9]?$"},
+        ["abc", "x9"],
+        ["9", "ab12", "Ab"],
+    ),
     "pattern contains": ({"type": "string", "pattern": "b+c"}, ["bc", "abbbcd"], ["ac", "cb"]),
-    "pattern with length": ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 3},
-                            ["a", "abc"], ["abcd", ""]),
-    "enum any value": ({"enum": ["a", 1, None, [1, "x"], {"k": True}]},
-                       ["a", 1, None, [1, "x"], {"k": True}], ["b", 2, [1], {"k": False}, True]),
+    "pattern with length": (
+        {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3},
+        ["a", "abc"],
+        ["abcd", ""],
+    ),
+    "enum any value": (
+        {"enum": ["a", 1, None, [1, "x"], {"k": True}]},
+        ["a", 1, None, [1, "x"], {"k": True}],
+        ["b", 2, [1], {"k": False}, True],
+    ),
     "const": ({"const": {"a": [1, 2]}}, [{"a": [1, 2]}], [{"a": [2, 1]}, {"a": [1, 2], "b": 1}]),
     "properties required": (
-        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
-         "required": ["a"]},
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+            "required": ["a"],
+        },
         [{"a": 1}, {"a": 1, "b": "x"}, {"a": 1, "extra": [1, None]}, {"a": 1, "x": {"k": "v"}}],
-        [{}, {"b": "x"}, {"a": "1"}, {"a": 1, "b": 2}, []]),
+        [{}, {"b": "x"}, {"a": "1"}, {"a": 1, "b": 2}, []],
+    ),
     "additionalProperties false": (
         {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
-        [{}, {"a": 1}], [{"b": 1}, {"a": 1, "b": 2}]),
+        [{}, {"a": 1}],
+        [{"b": 1}, {"a": 1, "b": 2}],
+    ),
     "additionalProperties schema": (
-        {"type": "object", "properties": {"a": {"type": "string"}},
-         "additionalProperties": {"type": "integer"}},
-        [{"a": "x", "b": 1}, {"c": 2, "d": 3}], [{"b": "x"}, {"a": 1}]),
+        {
+            "type": "object",
+            "properties": {"a": {"type": "string"}},
+            "additionalProperties": {"type": "integer"},
+        },
+        [{"a": "x", "b": 1}, {"c": 2, "d": 3}],
+        [{"b": "x"}, {"a": 1}],
+    ),
     "patternProperties": (
-        {"type": "object", "patternProperties": {"^x_": {"type": "integer"}},
-         "additionalProperties": False},
-        [{}, {"x_a": 1, "x_b": 2}], [{"y": 1}, {"x_a": "1"}]),
+        {
+            "type": "object",
+            "patternProperties": {"^x_": {"type": "integer"}},
+            "additionalProperties": False,
+        },
+        [{}, {"x_a": 1, "x_b": 2}],
+        [{"y": 1}, {"x_a": "1"}],
+    ),
     "patternProperties overlapping": (
-        {"type": "object", "patternProperties": {"[0-9]{2,}": {"type": "boolean"}, "X_": {"type": "string"}}},
-        [{"a12": True}, {"X_": "s"}, {"other": None}], [{"a12": 1}, {"X_": 1}, {"X_12": True}]),
-    "propertyNames": ({"type": "object", "propertyNames": {"maxLength": 2}},
-                      [{"ab": 1}, {}], [{"abc": 1}]),
-    "min/maxProperties": ({"type": "object", "minProperties": 1, "maxProperties": 2},
-                          [{"a": 1}, {"a": 1, "b": 2}], [{}, {"a": 1, "b": 2, "c": 3}]),
-    "dependentRequired": ({"type": "object", "dependentRequired": {"a": ["b"]}},
-                          [{}, {"b": 1}, {"a": 1, "b": 2}], [{"a": 1}]),
-    "items and bounds": ({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3},
-                         [[1], [1, 2, 3]], [[], [1, 2, 3, 4], ["a"]]),
-    "prefixItems": ({"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}],
-                     "items": False}, [[], ["a"], ["a", 1]], [[1], ["a", "b"], ["a", 1, 2]]),
-    "contains": ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 5},
-                  "maxContains": 1}, [[5], [1, 5, 2]], [[], [1, 2], [5, 5]]),
-    "uniqueItems finite": ({"type": "array", "prefixItems": [{"type": "boolean"}] * 2, "items": False,
-                            "uniqueItems": True}, [[True, False], [False]], [[True, True]]),
-    "uniqueItems enum": ({"type": "array", "items": {"enum": ["r", "g", "b"]}, "uniqueItems": True},
-                         [[], ["g"], ["b", "r", "g"]], [["r", "r"], ["x"]]),
-    "format with maxLength": ({"type": "string", "format": "email", "maxLength": 20},
-                              ["a@b.co"], ["a" * 15 + "@example.com", "nope"]),
-    "anyOf": ({"anyOf": [{"type": "string", "maxLength": 1}, {"type": "integer", "minimum": 10}]},
-              ["a", 10, 99], ["ab", 9, None]),
+        {
+            "type": "object",
+            "patternProperties": {"[0-9]{2,}": {"type": "boolean"}, "X_": {"type": "string"}},
+        },
+        [{"a12": True}, {"X_": "s"}, {"other": None}],
+        [{"a12": 1}, {"X_": 1}, {"X_12": True}],
+    ),
+    "propertyNames": (
+        {"type": "object", "propertyNames": {"maxLength": 2}},
+        [{"ab": 1}, {}],
+        [{"abc": 1}],
+    ),
+    "min/maxProperties": (
+        {"type": "object", "minProperties": 1, "maxProperties": 2},
+        [{"a": 1}, {"a": 1, "b": 2}],
+        [{}, {"a": 1, "b": 2, "c": 3}],
+    ),
+    "dependentRequired": (
+        {"type": "object", "dependentRequired": {"a": ["b"]}},
+        [{}, {"b": 1}, {"a": 1, "b": 2}],
+        [{"a": 1}],
+    ),
+    "items and bounds": (
+        {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3},
+        [[1], [1, 2, 3]],
+        [[], [1, 2, 3, 4], ["a"]],
+    ),
+    "prefixItems": (
+        {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": False},
+        [[], ["a"], ["a", 1]],
+        [[1], ["a", "b"], ["a", 1, 2]],
+    ),
+    "contains": (
+        {"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}, "maxContains": 1},
+        [[5], [1, 5, 2]],
+        [[], [1, 2], [5, 5]],
+    ),
+    "uniqueItems finite": (
+        {
+            "type": "array",
+            "prefixItems": [{"type": "boolean"}] * 2,
+            "items": False,
+            "uniqueItems": True,
+        },
+        [[True, False], [False]],
+        [[True, True]],
+    ),
+    "uniqueItems enum": (
+        {"type": "array", "items": {"enum": ["r", "g", "b"]}, "uniqueItems": True},
+        [[], ["g"], ["b", "r", "g"]],
+        [["r", "r"], ["x"]],
+    ),
+    "format with maxLength": (
+        {"type": "string", "format": "email", "maxLength": 20},
+        ["a@b.co"],
+        ["a" * 15 + "@example.com", "nope"],
+    ),
+    "anyOf": (
+        {"anyOf": [{"type": "string", "maxLength": 1}, {"type": "integer", "minimum": 10}]},
+        ["a", 10, 99],
+        ["ab", 9, None],
+    ),
     "oneOf disjoint": ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, ["a", 1], [None]),
-    "oneOf overlapping": ({"oneOf": [{"type": "integer", "minimum": 0}, {"type": "integer", "maximum": 10}]},
-                          [-5, 11], [0, 5, 10]),
-    "allOf": ({"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 5}, {"not": {"const": 3}}]},
-              [0, 2, 5], [3, 6, -1]),
-    "not": ({"not": {"type": ["string", "object", "array", "null", "boolean"]}}, [1, 2.5], ["a", None]),
-    "if then else": ({"if": {"type": "integer"}, "then": {"minimum": 0}, "else": {"type": "string"}},
-                     [0, 7, "a"], [-1, None, 1.5]),
-    "defs and ref": ({"$defs": {"pos": {"type": "integer", "minimum": 1}},
-                      "type": "array", "items": {"$ref": "#/$defs/pos"}}, [[], [1, 2]], [[0]]),
-    "recursion": ({"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}},
-                                   "additionalProperties": False}}, "$ref": "#/$defs/n"},
-                  [{}, {"next": {}}, {"next": {"next": {}}}], [{"next": 1}]),
-    "unevaluatedProperties": ({"type": "object", "allOf": [{"properties": {"a": True}}],
-                               "unevaluatedProperties": False}, [{}, {"a": 1}], [{"b": 1}]),
-    "formats": ({"type": "array", "prefixItems": [
-        {"format": "date"}, {"format": "time"}, {"format": "date-time"}, {"format": "uuid"},
-        {"format": "email"}, {"format": "ipv4"}, {"format": "ipv6"}, {"format": "uri"},
-        {"format": "duration"}, {"format": "hostname"}], "items": False},
-        [["2024-02-29", "23:59:59.5Z", "2023-01-31T00:00:00+05:30",
-          "123e4567-e89b-12d3-a456-426614174000", "a.b@example.com", "10.0.0.255", "::1",
-          "https://x.org/a?b#c", "P1Y2M3DT4H", "my-host.example"]],
-        [["2023-02-29"], ["x", "24:00:00Z"], ["x", "x", "2023-01-01 00:00:00"], ["x"] * 3 + ["123"],
-         ["x"] * 4 + ["no-at"], ["x"] * 5 + ["256.0.0.1"], ["x"] * 6 + ["1::2::3"],
-         ["x"] * 7 + ["no scheme"], ["x"] * 8 + ["P1H"], ["x"] * 9 + ["-bad-"]]),
+    "oneOf overlapping": (
+        {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "integer", "maximum": 10}]},
+        [-5, 11],
+        [0, 5, 10],
+    ),
+    "allOf": (
+        {"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 5}, {"not": {"const": 3}}]},
+        [0, 2, 5],
+        [3, 6, -1],
+    ),
+    "not": (
+        {"not": {"type": ["string", "object", "array", "null", "boolean"]}},
+        [1, 2.5],
+        ["a", None],
+    ),
+    "if then else": (
+        {"if": {"type": "integer"}, "then": {"minimum": 0}, "else": {"type": "string"}},
+        [0, 7, "a"],
+        [-1, None, 1.5],
+    ),
+    "defs and ref": (
+        {
+            "$defs": {"pos": {"type": "integer", "minimum": 1}},
+            "type": "array",
+            "items": {"$ref": "#/$defs/pos"},
+        },
+        [[], [1, 2]],
+        [[0]],
+    ),
+    "recursion": (
+        {
+            "$defs": {
+                "n": {
+                    "type": "object",
+                    "properties": {"next": {"$ref": "#/$defs/n"}},
+                    "additionalProperties": False,
+                }
+            },
+            "$ref": "#/$defs/n",
+        },
+        [{}, {"next": {}}, {"next": {"next": {}}}],
+        [{"next": 1}],
+    ),
+    "unevaluatedProperties": (
+        {"type": "object", "allOf": [{"properties": {"a": True}}], "unevaluatedProperties": False},
+        [{}, {"a": 1}],
+        [{"b": 1}],
+    ),
+    "formats": (
+        {
+            "type": "array",
+            "prefixItems": [
+                {"format": "date"},
+                {"format": "time"},
+                {"format": "date-time"},
+                {"format": "uuid"},
+                {"format": "email"},
+                {"format": "ipv4"},
+                {"format": "ipv6"},
+                {"format": "uri"},
+                {"format": "duration"},
+                {"format": "hostname"},
+            ],
+            "items": False,
+        },
+        [
+            [
+                "2024-02-29",
+                "23:59:59.5Z",
+                "2023-01-31T00:00:00+05:30",
+                "123e4567-e89b-12d3-a456-426614174000",
+                "a.b@example.com",
+                "10.0.0.255",
+                "::1",
+                "https://x.org/a?b#c",
+                "P1Y2M3DT4H",
+                "my-host.example",
+            ]
+        ],
+        [
+            ["2023-02-29"],
+            ["x", "24:00:00Z"],
+            ["x", "x", "2023-01-01 00:00:00"],
+            ["x"] * 3 + ["123"],
+            ["x"] * 4 + ["no-at"],
+            ["x"] * 5 + ["256.0.0.1"],
+            ["x"] * 6 + ["1::2::3"],
+            ["x"] * 7 + ["no scheme"],
+            ["x"] * 8 + ["P1H"],
+            ["x"] * 9 + ["-bad-"],
+        ],
+    ),
 }
 # JSON Schema validity of the "no" lists above where the jsonschema package lacks a format checker
 UNCHECKED_FORMATS = {"formats"}
@@ -113,7 +265,8 @@ def test_keyword(name):
     schema, yes, no = CASES[name]
     c = Constraint.from_json_schema(schema)
     checker = jsonschema.Draft202012Validator(
-        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
     for value in yes:
         assert checker.is_valid(value), f"bad example: {value!r} is invalid"
         assert c.matches(json.dumps(value)), f"{name}: rejected {json.dumps(value)}"
@@ -124,10 +277,17 @@ def test_keyword(name):
             assert not c.matches(text), f"{name}: accepted {text}"
 
 
-@pytest.mark.parametrize("text, ok", [
-    ('"\\u00e9"', True), ('"\\uD83D\\uDE00"', True), ('"\\ud83d"', True), ('"\\x"', False),
-    ('"a\nb"', False), ('"\\/"', True),
-])
+@pytest.mark.parametrize(
+    "text, ok",
+    [
+        ('"\\u00e9"', True),
+        ('"\\uD83D\\uDE00"', True),
+        ('"\\ud83d"', True),
+        ('"\\x"', False),
+        ('"a\nb"', False),
+        ('"\\/"', True),
+    ],
+)
 def test_string_escapes(text, ok):
     assert Constraint.from_json_schema({"type": "string"}).matches(text) == ok
 
@@ -140,8 +300,9 @@ def test_min_length_counts_code_points_and_refuses_lone_surrogates():
 
 
 def test_canonical_key_order_and_optional_subsets():
-    c = Constraint.from_json_schema({"type": "object", "properties": {"a": {}, "b": {}, "c": {}},
-                                     "additionalProperties": False})
+    c = Constraint.from_json_schema(
+        {"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "additionalProperties": False}
+    )
     for keys in ("", "a", "b", "c", "ab", "ac", "bc", "abc"):
         assert c.matches("{" + ", ".join(f'"{k}": 1' for k in keys) + "}")
     assert not c.matches('{"b": 1, "a": 1}')  # declaration order only (documented)
@@ -155,40 +316,54 @@ def test_unconstrained_values_nest_to_a_bounded_depth():
 
 
 def test_named_keys_are_not_reused_as_additional_keys():
-    c = Constraint.from_json_schema({"type": "object", "properties": {"a": {"type": "integer"}},
-                                     "additionalProperties": {"type": "string"}})
+    c = Constraint.from_json_schema(
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}},
+            "additionalProperties": {"type": "string"},
+        }
+    )
     assert c.matches('{"a": 1, "b": "x"}')
     assert not c.matches('{"b": "x", "a": "x"}')
     assert not c.matches('{"a": 1, "a": "x"}')
 
 
 def test_recursion_depth_is_bounded_and_configurable():
-    schema = {"$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}}, "$ref": "#/$defs/n"}
-    nested = lambda d: "[" * d + "]" * d  # noqa: E731
+    schema = {
+        "$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+        "$ref": "#/$defs/n",
+    }
+    nested = lambda d: "[" * d + "]" * d
     c = Constraint.from_json_schema(schema, max_recursion_depth=2)
     assert c.matches(nested(3)) and not c.matches(nested(4))
     assert Constraint.from_json_schema(schema, max_recursion_depth=4).matches(nested(5))
 
 
-@pytest.mark.parametrize("schema, message", [
-    ({"type": "string", "foo": 1}, "unsupported keyword 'foo' at #"),
-    ({"properties": {"a": {"items": {"bar": 1}}}}, "'bar' at #/properties/a/items"),
-    ({"$dynamicRef": "#x"}, "$dynamicRef"),
-    ({"type": "string", "format": "zip-code"}, "unsupported format 'zip-code' at #/format"),
-    ({"type": "string", "pattern": "(?=a)"}, "lookahead"),
-    ({"type": "integer", "multipleOf": 7}, "multipleOf 7"),
-    ({"type": "integer", "multipleOf": 3, "minimum": 5}, "multipleOf 3 over a large integer range"),
-    ({"type": "number", "multipleOf": 1.5}, "multipleOf 1.5"),
-    ({"type": "array", "uniqueItems": True}, "uniqueItems"),
-    ({"type": "string", "pattern": "a", "minLength": 3}, "together with minLength/maxLength"),
-    ({"not": {"type": "string", "pattern": "a"}}, "'not' over pattern"),
-    ({"$ref": "https://example.com/other.json"}, "remote references"),
-    ({"type": "string", "minLength": -1}, "non-negative integer at #/minLength"),
-    ({"type": "strin"}, "unknown type 'strin'"),
-    (False, "accepts no JSON value"),
-    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "accepts no JSON value"),
-    ({"oneOf": [{"type": "integer"}, {"type": "integer", "multipleOf": 3}]}, "multipleOf"),
-])
+@pytest.mark.parametrize(
+    "schema, message",
+    [
+        ({"type": "string", "foo": 1}, "unsupported keyword 'foo' at #"),
+        ({"properties": {"a": {"items": {"bar": 1}}}}, "'bar' at #/properties/a/items"),
+        ({"$dynamicRef": "#x"}, "$dynamicRef"),
+        ({"type": "string", "format": "zip-code"}, "unsupported format 'zip-code' at #/format"),
+        ({"type": "string", "pattern": "(?=a)"}, "lookahead"),
+        ({"type": "integer", "multipleOf": 7}, "multipleOf 7"),
+        (
+            {"type": "integer", "multipleOf": 3, "minimum": 5},
+            "multipleOf 3 over a large integer range",
+        ),
+        ({"type": "number", "multipleOf": 1.5}, "multipleOf 1.5"),
+        ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+        ({"type": "string", "pattern": "a", "minLength": 3}, "together with minLength/maxLength"),
+        ({"not": {"type": "string", "pattern": "a"}}, "'not' over pattern"),
+        ({"$ref": "https://example.com/other.json"}, "remote references"),
+        ({"type": "string", "minLength": -1}, "non-negative integer at #/minLength"),
+        ({"type": "strin"}, "unknown type 'strin'"),
+        (False, "accepts no JSON value"),
+        ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "accepts no JSON value"),
+        ({"oneOf": [{"type": "integer"}, {"type": "integer", "multipleOf": 3}]}, "multipleOf"),
+    ],
+)
 def test_refusals_name_keyword_and_path(schema, message):
     with pytest.raises(ConstraintError) as info:
         Constraint.from_json_schema(schema)
@@ -196,10 +371,22 @@ def test_refusals_name_keyword_and_path(schema, message):
 
 
 def test_annotations_are_ignored():
-    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "https://x/y",
-              "title": "T", "description": "d", "examples": [1], "default": 2, "$comment": "c",
-              "deprecated": False, "readOnly": True, "type": "integer"}
-    assert Constraint.from_json_schema(schema).pattern == Constraint.from_json_schema({"type": "integer"}).pattern
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://x/y",
+        "title": "T",
+        "description": "d",
+        "examples": [1],
+        "default": 2,
+        "$comment": "c",
+        "deprecated": False,
+        "readOnly": True,
+        "type": "integer",
+    }
+    assert (
+        Constraint.from_json_schema(schema).pattern
+        == Constraint.from_json_schema({"type": "integer"}).pattern
+    )
 
 
 def test_pattern_does_not_depend_on_the_hash_seed():
@@ -215,8 +402,13 @@ def test_pattern_does_not_depend_on_the_hash_seed():
         "'additionalProperties': {'type': 'integer'}}).cache_key)"
     )
     keys = {
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                       env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout
         for seed in (1, 2, 3)
     }
     assert len(keys) == 1, keys

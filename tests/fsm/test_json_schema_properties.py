@@ -6,9 +6,9 @@ exponents, no integral floats), the regex matches exactly when ``jsonschema`` sa
 """
 
 import json
-from decimal import Decimal
 import math
-from typing import Literal, Optional, Union
+from decimal import Decimal
+from typing import Literal
 
 import jsonschema
 import pytest
@@ -27,7 +27,7 @@ class Address(BaseModel):
 class Person(BaseModel):
     name: str = Field(min_length=1, max_length=20)
     age: int = Field(ge=0, le=150)
-    email: Optional[str] = None
+    email: str | None = None
     address: Address
     tags: list[str] = Field(default_factory=list, max_length=3)
 
@@ -43,7 +43,7 @@ class Dog(BaseModel):
 
 
 class Pet(BaseModel):
-    pet: Union[Cat, Dog] = Field(discriminator="kind")
+    pet: Cat | Dog = Field(discriminator="kind")
     weight: float = Field(gt=0, lt=100)
 
 
@@ -56,35 +56,64 @@ GENERATED = {
     "person": Person.model_json_schema(),
     "pet": Pet.model_json_schema(),
     "tree": Tree.model_json_schema(),
-    "numbers": {"type": "array", "prefixItems": [
-        {"type": "number", "minimum": -2.5, "exclusiveMaximum": 7.25},
-        {"type": "integer", "multipleOf": 25, "minimum": -1000},
-        {"type": "number", "multipleOf": 0.001, "maximum": 0},
-        {"not": {"type": "integer", "minimum": 0, "maximum": 9}}], "items": False},
-    "strings": {"type": "object", "properties": {
-        "a": {"type": "string", "minLength": 2, "maxLength": 4},
-        "b": {"type": "string", "pattern": "x[0-9]+y"},
-        "c": {"not": {"enum": ["ab", "abc", ""]}, "type": "string", "maxLength": 4},
-        "d": {"type": "string", "format": "date"}, "e": {"type": "string", "format": "ipv6"},
-        "f": {"type": "string", "format": "email"}}, "required": ["a", "b", "c", "d", "e", "f"]},
-    "objects": {"type": "object", "properties": {"id": {"type": "integer"}},
-                "patternProperties": {"^x-": {"type": "boolean"}},
-                "additionalProperties": {"type": "null"}, "propertyNames": {"maxLength": 3},
-                "required": ["id"], "maxProperties": 3},
-    "combinators": {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "integer", "maximum": 5},
-                              {"enum": ["x", [1]]}],
-                    "if": {"type": "integer"}, "then": {"not": {"const": 20}}},
-    "contains": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
-                 "contains": {"minimum": 5}, "minContains": 2, "maxContains": 3},
+    "numbers": {
+        "type": "array",
+        "prefixItems": [
+            {"type": "number", "minimum": -2.5, "exclusiveMaximum": 7.25},
+            {"type": "integer", "multipleOf": 25, "minimum": -1000},
+            {"type": "number", "multipleOf": 0.001, "maximum": 0},
+            {"not": {"type": "integer", "minimum": 0, "maximum": 9}},
+        ],
+        "items": False,
+    },
+    "strings": {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string", "minLength": 2, "maxLength": 4},
+            "b": {"type": "string", "pattern": "x[0-9]+y"},
+            "c": {"not": {"enum": ["ab", "abc", ""]}, "type": "string", "maxLength": 4},
+            "d": {"type": "string", "format": "date"},
+            "e": {"type": "string", "format": "ipv6"},
+            "f": {"type": "string", "format": "email"},
+        },
+        "required": ["a", "b", "c", "d", "e", "f"],
+    },
+    "objects": {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}},
+        "patternProperties": {"^x-": {"type": "boolean"}},
+        "additionalProperties": {"type": "null"},
+        "propertyNames": {"maxLength": 3},
+        "required": ["id"],
+        "maxProperties": 3,
+    },
+    "combinators": {
+        "oneOf": [
+            {"type": "integer", "minimum": 0},
+            {"type": "integer", "maximum": 5},
+            {"enum": ["x", [1]]},
+        ],
+        "if": {"type": "integer"},
+        "then": {"not": {"const": 20}},
+    },
+    "contains": {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 0, "maximum": 9},
+        "contains": {"minimum": 5},
+        "minContains": 2,
+        "maxContains": 3,
+    },
 }
 
-SETTINGS = settings(max_examples=40, deadline=None, database=None,
-                    suppress_health_check=list(HealthCheck))
+SETTINGS = settings(
+    max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
 
 
 def _validator(schema):
     return jsonschema.Draft202012Validator(
-        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
 
 
 @pytest.mark.parametrize("name", sorted(GENERATED))
@@ -107,9 +136,14 @@ def test_generated_texts_are_valid_instances(name):
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-300, 300) | st.text(max_size=4)
+    st.none()
+    | st.booleans()
+    | st.integers(-300, 300)
+    | st.text(max_size=4)
     | st.floats(-300, 300, allow_nan=False).map(lambda x: round(x, 3)),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from("abcd"), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from("abcd"), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 
@@ -121,8 +155,12 @@ EXACT = {
     "string": {"type": "string", "minLength": 1, "maxLength": 3},
     "enum": {"enum": [1, "a", None, [True], {"a": 1}]},
     "array": {"type": "array", "items": {"type": ["integer", "null"]}, "maxItems": 2},
-    "object": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
-               "required": ["a"], "additionalProperties": False},
+    "object": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    },
     "not": {"not": {"anyOf": [{"type": "string"}, {"type": "integer", "minimum": 0}]}},
 }
 

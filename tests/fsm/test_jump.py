@@ -134,7 +134,9 @@ def test_random_walks_with_jumps_keep_the_invariant(toy, pattern, seed):
             assert vocab.decode(out).startswith(vocab.decode(before))  # only appends text
             boundary = vocab.decode(result.new_token_ids)
             assert boundary.startswith(vocab.decode(before[kept:])), "dropped text is re-spelled"
-            assert ids(toy, boundary.decode()) == list(result.new_token_ids), "the tokenizer's own tokens"
+            assert ids(toy, boundary.decode()) == list(result.new_token_ids), (
+                "the tokenizer's own tokens"
+            )
         fresh = index.new_guide()
         fresh.advance_all(out)
         assert fresh.state == guide.state, "guide consistent with the output ids"
@@ -142,7 +144,9 @@ def test_random_walks_with_jumps_keep_the_invariant(toy, pattern, seed):
             break
         allowed = [t for t in guide.allowed_token_ids().tolist() if t != index.eos_token_id]
         if rng.random() < 0.5:
-            allowed = [min(allowed, key=lambda t: dist.get(index.next_state(guide.state, t), 1 << 30))]
+            allowed = [
+                min(allowed, key=lambda t: dist.get(index.next_state(guide.state, t), 1 << 30))
+            ]
         token = rng.choice(allowed)
         guide.advance(token)
         out.append(token)
@@ -154,6 +158,8 @@ def test_random_walks_with_jumps_keep_the_invariant(toy, pattern, seed):
 def test_same_text_with_and_without_jumps_in_fewer_steps(toy, target):
     index = TokenIndex.get(OBJ, toy)
     plain, plain_steps, _ = decode_with_jumps(index.new_guide(), toy, target.encode(), jump=False)
-    jumped, jump_steps, jumps = decode_with_jumps(index.new_guide(), toy, target.encode(), jump=True)
+    jumped, jump_steps, jumps = decode_with_jumps(
+        index.new_guide(), toy, target.encode(), jump=True
+    )
     assert index.vocab.decode(plain) == index.vocab.decode(jumped) == target.encode()
     assert jumps and jump_steps < plain_steps

@@ -19,15 +19,24 @@ from lmprog.fsm.vocab import TokenVocab
 
 PERSON = {
     "type": "object",
-    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "email": {"type": "string"},
-                   "admin": {"type": "boolean"}},
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "email": {"type": "string"},
+        "admin": {"type": "boolean"},
+    },
     "required": ["name", "age", "email", "admin"],
     "additionalProperties": False,
 }
 JSON_COMPACT = Constraint.from_json_schema(PERSON, whitespace="").pattern
 JSON_SPACED = Constraint.from_json_schema(PERSON).pattern  # `[ ]?` between JSON tokens
-PATTERNS = [JSON_COMPACT, JSON_SPACED, r"[0-9]{4}-[0-9]{2}-[0-9]{2}", r"(yes|no|maybe)",
-            r"-?[0-9]{1,4}(\.[0-9]{1,3})?"]
+PATTERNS = [
+    JSON_COMPACT,
+    JSON_SPACED,
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}",
+    r"(yes|no|maybe)",
+    r"-?[0-9]{1,4}(\.[0-9]{1,3})?",
+]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +69,9 @@ def test_random_walks_match(tok, pattern, jump):
                 continue
             allowed = [t for t in guide.allowed_token_ids().tolist() if t != eos]
             if rng.random() < 0.6:
-                allowed = [min(allowed, key=lambda t: dist.get(index.next_state(guide.state, t), 1 << 30))]
+                allowed = [
+                    min(allowed, key=lambda t: dist.get(index.next_state(guide.state, t), 1 << 30))
+                ]
             token = rng.choice(allowed)
             guide.advance(token)
             out.append(token)

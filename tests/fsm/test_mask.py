@@ -44,8 +44,9 @@ def reference_bitmask(allowed):
     words = [[0] * num_words(v) for _ in range(b)]
     for r, t in allowed.nonzero().tolist():
         words[r][t // 32] |= 1 << (t % 32)
-    return torch.tensor([[w - (1 << 32) if w >= 1 << 31 else w for w in row] for row in words],
-                        dtype=torch.int32)
+    return torch.tensor(
+        [[w - (1 << 32) if w >= 1 << 31 else w for w in row] for row in words], dtype=torch.int32
+    )
 
 
 @pytest.mark.parametrize("width_extra", [0, 7, 40])  # logits padded beyond the vocabulary

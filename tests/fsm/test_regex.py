@@ -9,58 +9,74 @@ from hypothesis import strategies as st
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.regex import (
-    ANY_CHAR, CharSet, alt, cat, charset_regex, compile_user_regex, cs, lit, parse_regex, rep,
+    ANY_CHAR,
+    CharSet,
+    alt,
+    cat,
+    charset_regex,
+    compile_user_regex,
+    cs,
+    lit,
+    parse_regex,
+    rep,
     value_matcher,
 )
 
-FAST = settings(max_examples=60, deadline=None, database=None,
-                suppress_health_check=list(HealthCheck))
+FAST = settings(
+    max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
 
 
-@pytest.mark.parametrize("pattern, expected", [
-    (r"\d+", "[0-9]+"),
-    (r"(ab|cd)*e?", "(?:ab|cd)*e?"),
-    (r"^hello$", "hello"),
-    (r"\w{2,5}", "[0-9A-Z_a-z]{2,5}"),
-    (r"a{,3}", "a{0,3}"),
-    (r"x{", r"x\{"),
-    (r"[]a]", r"[\]a]"),
-    (r"(?P<n>a)(?:b)", "ab"),
-    (r"a*?b+?c??", "a*b+c?"),
-    (r"(?#note)a", "a"),
-    (".", r"[^\x0a]"),
-    (r"[\s\S]", r"[\s\S]"),
-    (r"\u00e9\U0001F600\x41", "é😀A"),
-    (r"[a-c&~-]", r"[\&\-a-c\~]"),
-])
+@pytest.mark.parametrize(
+    "pattern, expected",
+    [
+        (r"\d+", "[0-9]+"),
+        (r"(ab|cd)*e?", "(?:ab|cd)*e?"),
+        (r"^hello$", "hello"),
+        (r"\w{2,5}", "[0-9A-Z_a-z]{2,5}"),
+        (r"a{,3}", "a{0,3}"),
+        (r"x{", r"x\{"),
+        (r"[]a]", r"[\]a]"),
+        (r"(?P<n>a)(?:b)", "ab"),
+        (r"a*?b+?c??", "a*b+c?"),
+        (r"(?#note)a", "a"),
+        (".", r"[^\x0a]"),
+        (r"[\s\S]", r"[\s\S]"),
+        (r"\u00e9\U0001F600\x41", "é😀A"),
+        (r"[a-c&~-]", r"[\&\-a-c\~]"),
+    ],
+)
 def test_canonical_emission(pattern, expected):
     assert compile_user_regex(pattern) == expected
 
 
-@pytest.mark.parametrize("pattern, construct, position", [
-    (r"(?=a)b", "lookahead", 0),
-    (r"a(?!b)", "negative lookahead", 1),
-    (r"(?<=a)b", "lookbehind", 0),
-    (r"(a)\1", "backreference", 3),
-    (r"(?P<x>a)(?P=x)", "backreference", 8),
-    (r"a^b", "anchor", 1),
-    (r"a$b", "anchor", 1),
-    (r"(^a)", "anchor", 1),
-    (r"\bfoo", "word boundary", 0),
-    (r"(?i)abc", "inline flags", 0),
-    (r"\p{Script=Greek}", "Unicode property", 0),
-    (r"\p{Xx}", "Unicode property class", 0),
-    (r"*a", "nothing to repeat", 0),
-    (r"a**", "repeated quantifier", 2),
-    (r"a++", "possessive", 2),
-    (r"[b-a]", "out of order", 1),
-    (r"(a", "missing ')'", 0),
-    (r"a)", "unbalanced", 1),
-    (r"[a", "unterminated", 0),
-    (r"a{3,1}", "min > max", 1),
-    (r"(?>a)", "atomic", 0),
-    ("[^\\s\\S]", "matches no string", None),
-])
+@pytest.mark.parametrize(
+    "pattern, construct, position",
+    [
+        (r"(?=a)b", "lookahead", 0),
+        (r"a(?!b)", "negative lookahead", 1),
+        (r"(?<=a)b", "lookbehind", 0),
+        (r"(a)\1", "backreference", 3),
+        (r"(?P<x>a)(?P=x)", "backreference", 8),
+        (r"a^b", "anchor", 1),
+        (r"a$b", "anchor", 1),
+        (r"(^a)", "anchor", 1),
+        (r"\bfoo", "word boundary", 0),
+        (r"(?i)abc", "inline flags", 0),
+        (r"\p{Script=Greek}", "Unicode property", 0),
+        (r"\p{Xx}", "Unicode property class", 0),
+        (r"*a", "nothing to repeat", 0),
+        (r"a**", "repeated quantifier", 2),
+        (r"a++", "possessive", 2),
+        (r"[b-a]", "out of order", 1),
+        (r"(a", "missing ')'", 0),
+        (r"a)", "unbalanced", 1),
+        (r"[a", "unterminated", 0),
+        (r"a{3,1}", "min > max", 1),
+        (r"(?>a)", "atomic", 0),
+        ("[^\\s\\S]", "matches no string", None),
+    ],
+)
 def test_rejections_name_construct_and_position(pattern, construct, position):
     with pytest.raises(ConstraintError) as info:
         compile_user_regex(pattern)
@@ -88,12 +104,15 @@ def test_ecma_dialect_semantics():
         parse_regex(r"(a)\k<x>", "ecma")
 
 
-@pytest.mark.parametrize("pattern, yes, no", [
-    ("a+", ["a", "xay", "aaa"], ["", "b"]),
-    ("^a", ["a", "ab"], ["ba"]),
-    ("a$", ["a", "ba"], ["ab"]),
-    ("^a|b$", ["ax", "xb"], ["xa", "bx"]),
-])
+@pytest.mark.parametrize(
+    "pattern, yes, no",
+    [
+        ("a+", ["a", "xay", "aaa"], ["", "b"]),
+        ("^a", ["a", "ab"], ["ba"]),
+        ("a$", ["a", "ba"], ["ab"]),
+        ("^a|b$", ["ax", "xb"], ["xa", "bx"]),
+    ],
+)
 def test_search_semantics_of_json_schema_patterns(pattern, yes, no):
     m = value_matcher(parse_regex(pattern, "ecma"))
     assert all(m.fullmatch(s) for s in yes)
@@ -105,7 +124,7 @@ def test_charset_algebra_and_classes():
     assert (a & b) == cs("h-m") and (a | b) == cs("a-z") and (a - b) == cs("a-g")
     assert "q" in b and "q" not in a
     assert charset_regex(CharSet()) is None
-    assert charset_regex(ANY_CHAR) .text == r"[\s\S]"
+    assert charset_regex(ANY_CHAR).text == r"[\s\S]"
     big = ANY_CHAR - CharSet.of('"\\')
     assert charset_regex(big).text == '[^"\\\\]'  # large sets are written negated
 
@@ -120,7 +139,13 @@ def test_combinators_group_only_where_needed():
     assert lit("a.b").text == r"a\.b"
 
 
-PATTERNS = [r"[a-z]{2,4}[0-9]?", r"(ab|a)(b|c)*", r"x?[^a-c\n]{0,3}y", r"(?:[A-F]\.){1,3}", r"[\w.-]+@[a-z]+"]
+PATTERNS = [
+    r"[a-z]{2,4}[0-9]?",
+    r"(ab|a)(b|c)*",
+    r"x?[^a-c\n]{0,3}y",
+    r"(?:[A-F]\.){1,3}",
+    r"[\w.-]+@[a-z]+",
+]
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
@@ -130,8 +155,12 @@ def test_emitted_pattern_agrees_with_python_and_interegular(pattern):
     ours, theirs = re.compile(emitted), re.compile(pattern, re.ASCII)
 
     @FAST
-    @given(st.one_of(st.from_regex(pattern, fullmatch=True),
-                     st.text(alphabet="abcxyz0129.-@AF\n", max_size=8)))
+    @given(
+        st.one_of(
+            st.from_regex(pattern, fullmatch=True),
+            st.text(alphabet="abcxyz0129.-@AF\n", max_size=8),
+        )
+    )
     def check(text):
         expected = theirs.fullmatch(text) is not None
         assert (ours.fullmatch(text) is not None) == expected

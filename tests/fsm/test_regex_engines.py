@@ -15,17 +15,31 @@ CHARS = [chr(c) for c in range(32, 127)] + ["é", "\n", "\t", "😀"]
 TOKEN = {c: i for i, c in enumerate(CHARS)}
 
 CONSTRAINTS = {
-    "object": Constraint.from_json_schema({
-        "type": "object", "properties": {"name": {"type": "string", "maxLength": 5},
-                                         "n": {"type": "number", "minimum": -1.5, "maximum": 20}},
-        "required": ["name"], "additionalProperties": {"type": "boolean"}}),
-    "array": Constraint.from_json_schema({
-        "type": "array", "items": {"enum": ["a\"b", 1, None, {"k": [True]}]}, "maxItems": 3}),
-    "strings": Constraint.from_json_schema({
-        "type": "array", "prefixItems": [{"type": "string", "format": "date-time"},
-                                         {"type": "string", "pattern": "^[a-z]+\\.$"},
-                                         {"not": {"enum": ["x", "xy"]}, "type": "string"}],
-        "items": False}),
+    "object": Constraint.from_json_schema(
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 5},
+                "n": {"type": "number", "minimum": -1.5, "maximum": 20},
+            },
+            "required": ["name"],
+            "additionalProperties": {"type": "boolean"},
+        }
+    ),
+    "array": Constraint.from_json_schema(
+        {"type": "array", "items": {"enum": ['a"b', 1, None, {"k": [True]}]}, "maxItems": 3}
+    ),
+    "strings": Constraint.from_json_schema(
+        {
+            "type": "array",
+            "prefixItems": [
+                {"type": "string", "format": "date-time"},
+                {"type": "string", "pattern": "^[a-z]+\\.$"},
+                {"not": {"enum": ["x", "xy"]}, "type": "string"},
+            ],
+            "items": False,
+        }
+    ),
     "regex": Constraint.from_regex(r"(\w+\s?){1,3}[.!?]"),
     "dtype_str": Constraint.from_dtype(str),
 }
@@ -34,7 +48,9 @@ CONSTRAINTS = {
 @pytest.fixture(scope="module")
 def indexes():
     vocab = outlines_core.Vocabulary(len(CHARS), {c: [i] for i, c in enumerate(CHARS)})
-    return {name: outlines_core.Index(f"(?:{c.pattern})\\z", vocab) for name, c in CONSTRAINTS.items()}
+    return {
+        name: outlines_core.Index(f"(?:{c.pattern})\\z", vocab) for name, c in CONSTRAINTS.items()
+    }
 
 
 def _walk(index, text: str) -> bool:
@@ -52,12 +68,14 @@ def test_python_and_rust_agree(name, indexes):
     texts = st.from_regex(c.pattern, fullmatch=True).filter(lambda t: all(ch in TOKEN for ch in t))
     edit = st.tuples(st.integers(0, 40), st.sampled_from(CHARS[:95] + [""]))
 
-    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
     @given(texts, edit)
     def check(text, change):
         at, ch = change
         at = min(at, len(text))
-        for candidate in (text, text[:at] + ch + text[at + 1:]):
+        for candidate in (text, text[:at] + ch + text[at + 1 :]):
             assert c.matches(candidate) == _walk(index, candidate), json.dumps(candidate)
 
     check()

@@ -16,7 +16,13 @@ import pytest
 import lmprog as lp
 from lmprog.core.chat import ChatTemplate
 from lmprog.core.errors import BackendError
-from lmprog.core.protocol import Backend, GenerateRequest, GenerateResult, ScoreRequest, TokenLogprob
+from lmprog.core.protocol import (
+    Backend,
+    GenerateRequest,
+    GenerateResult,
+    ScoreRequest,
+    TokenLogprob,
+)
 from lmprog.core.sampling import SamplingParams
 from lmprog.interpreter.api_spec import Surplus, eligible, sampling_key
 
@@ -55,7 +61,11 @@ class CopyEndpoint(Backend):
             self.calls.append(request)
         prompt, p = request.prompt, request.params
         assert isinstance(prompt, str)
-        if self.chat_only and not prompt.endswith("<|im_start|>assistant\n") and "<|im_start|>" in prompt:
+        if (
+            self.chat_only
+            and not prompt.endswith("<|im_start|>assistant\n")
+            and "<|im_start|>" in prompt
+        ):
             raise BackendError("cannot continue a partly written assistant message")
         out, finish, matched = "", "length", None
         for _ in range(p.max_tokens):
@@ -64,7 +74,11 @@ class CopyEndpoint(Backend):
                 finish = "stop"
                 break
             out += ch
-            hit = min((out.find(s), s) for s in p.stop if s in out) if any(s in out for s in p.stop) else None
+            hit = (
+                min((out.find(s), s) for s in p.stop if s in out)
+                if any(s in out for s in p.stop)
+                else None
+            )
             if hit is not None:
                 out, finish, matched = out[: hit[0]], "stop", hit[1]
                 break
@@ -73,7 +87,9 @@ class CopyEndpoint(Backend):
             logprobs = tuple(TokenLogprob(ord(c), c, -0.1) for c in out)
             if finish == "stop" and matched is None:
                 logprobs += (TokenLogprob(0, "", -0.1),)  # the end-of-sequence token
-        return GenerateResult(out, (), finish, len(prompt), len(out), matched_stop=matched, logprobs=logprobs)
+        return GenerateResult(
+            out, (), finish, len(prompt), len(out), matched_stop=matched, logprobs=logprobs
+        )
 
     def score(self, request: ScoreRequest):
         raise AssertionError("not used")
@@ -97,7 +113,9 @@ def run_both(program, n_spec=48, mode="text", doc=DOC, **kwargs):
     """(state, calls) without and with speculation."""
     plain_backend, spec_backend = CopyEndpoint(mode, doc=doc), CopyEndpoint(mode, doc=doc)
     plain = lp.function(program).run(backend=plain_backend, temperature=0, **kwargs)
-    spec = lp.function(num_api_spec_tokens=n_spec)(program).run(backend=spec_backend, temperature=0, **kwargs)
+    spec = lp.function(num_api_spec_tokens=n_spec)(program).run(
+        backend=spec_backend, temperature=0, **kwargs
+    )
     return plain, spec, len(plain_backend.calls), len(spec_backend.calls)
 
 
@@ -176,20 +194,28 @@ def test_message_mode_speculates_from_the_start_of_the_assistant_message():
 
     def prog(s):
         s += lp.user("Tell me about Ada.")
-        s += lp.assistant("Name:" + lp.gen("name", stop="\n", max_tokens=24)
-                          + "\nBorn:" + lp.gen("born", stop="\n", max_tokens=24))
+        s += lp.assistant(
+            "Name:"
+            + lp.gen("name", stop="\n", max_tokens=24)
+            + "\nBorn:"
+            + lp.gen("born", stop="\n", max_tokens=24)
+        )
 
     backend = CopyEndpoint(mode="message", chat_only=True, doc=doc)
     spec = lp.function(num_api_spec_tokens=32)(prog).run(backend=backend, temperature=0)
     assert [spec["name"], spec["born"]] == [" Ada Lovelace", " 1815"]
     assert len(backend.calls) == 1 and backend.calls[0].prompt.endswith("<|im_start|>assistant\n")
     with pytest.raises(BackendError, match="partly written"):
-        lp.function(prog).run(backend=CopyEndpoint(mode="message", chat_only=True, doc=doc), temperature=0)
+        lp.function(prog).run(
+            backend=CopyEndpoint(mode="message", chat_only=True, doc=doc), temperature=0
+        )
 
 
 def test_streaming_runs_deliver_served_values_whole():
     backend = CopyEndpoint()
-    state = lp.function(num_api_spec_tokens=48)(card).run(backend=backend, temperature=0, stream=True)
+    state = lp.function(num_api_spec_tokens=48)(card).run(
+        backend=backend, temperature=0, stream=True
+    )
     assert "".join(state.text_iter()) == "Name: Ada Lovelace\nBorn: 1815\nJob: mathematician"
     assert len(backend.calls) == 1
 
@@ -236,7 +262,7 @@ def test_complete_surplus_ends_a_gen_and_text_must_match_exactly():
 
 
 def test_from_result_cuts_where_token_strings_disagree_with_the_text():
-    lp_ = lambda toks: tuple(TokenLogprob(-1, t, -1.0) for t in toks)  # noqa: E731
+    lp_ = lambda toks: tuple(TokenLogprob(-1, t, -1.0) for t in toks)
     good = GenerateResult("abc", (), "stop", 1, 3, logprobs=lp_(["a", "bc", "<|im_end|>"]))
     s = Surplus.from_result(good, KEY)
     assert (s.text, s.ends, s.complete) == ("abc", (1, 3), True)

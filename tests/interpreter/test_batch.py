@@ -1,7 +1,7 @@
 import pytest
+from fakes import FakeBackend, within
 
 import lmprog as lp
-from fakes import FakeBackend, within
 
 
 @lp.function
@@ -18,7 +18,9 @@ def echo(request):
 
 def test_results_come_back_in_input_order():
     questions = [f"q{i}" for i in range(20)]
-    states = qa.run_batch([{"question": q} for q in questions], backend=FakeBackend(responder=echo), num_threads=4)
+    states = qa.run_batch(
+        [{"question": q} for q in questions], backend=FakeBackend(responder=echo), num_threads=4
+    )
     assert [s["answer"] for s in states] == [q.upper() for q in questions]
 
 
@@ -41,7 +43,9 @@ def test_one_failing_program_does_not_stop_the_others():
 def test_the_constant_prefix_is_cached_once_before_fanning_out():
     backend = FakeBackend()
     qa.run_batch([{"question": f"q{i}"} for i in range(5)], backend=backend)
-    assert backend.prefixes == ["<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\nQ: "]
+    assert backend.prefixes == [
+        "<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\nQ: "
+    ]
     assert all(r.prompt.startswith(backend.prefixes[0]) for r in backend.generations())
 
 
@@ -49,7 +53,9 @@ def test_arguments_equal_across_the_batch_are_part_of_the_prefix():
     backend = FakeBackend()
     shots = "Q: 1+1\nA: 2\n"
     qa.run_batch([{"question": f"q{i}", "shots": shots} for i in range(3)], backend=backend)
-    assert backend.prefixes == [f"<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\n{shots}Q: "]
+    assert backend.prefixes == [
+        f"<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\n{shots}Q: "
+    ]
 
 
 def test_no_prefix_for_a_single_item_or_an_untraceable_program():
@@ -66,15 +72,21 @@ def test_no_prefix_for_a_single_item_or_an_untraceable_program():
 
 def test_batch_items_run_concurrently():
     backend = FakeBackend(rendezvous=8)  # each gen fails unless all eight are in flight at once
-    states = within(30, lambda: qa.run_batch([{"question": f"q{i}"} for i in range(8)],
-                                             backend=backend, num_threads=8))
+    states = within(
+        30,
+        lambda: qa.run_batch(
+            [{"question": f"q{i}"} for i in range(8)], backend=backend, num_threads=8
+        ),
+    )
     assert [s.error() for s in states] == [None] * 8
     assert backend.max_active == 8
 
 
 def test_sampling_defaults_apply_to_every_item_and_items_may_override():
     backend = FakeBackend()
-    qa.run_batch([{"question": "a"}, {"question": "b", "temperature": 0.7}], backend=backend, temperature=0)
+    qa.run_batch(
+        [{"question": "a"}, {"question": "b", "temperature": 0.7}], backend=backend, temperature=0
+    )
     temps = sorted(r.params.temperature for r in backend.generations())
     assert temps == [0, 0.7]
 
@@ -95,5 +107,7 @@ def test_bad_batches_raise_at_the_call():
 
 
 def test_progress_bar(capsys):
-    qa.run_batch([{"question": f"q{i}"} for i in range(6)], backend=FakeBackend(), progress_bar=True)
+    qa.run_batch(
+        [{"question": f"q{i}"} for i in range(6)], backend=FakeBackend(), progress_bar=True
+    )
     assert "6/6" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 import pytest
+from fakes import FakeBackend, within
 
 import lmprog as lp
-from fakes import FakeBackend, within
 
 
 class Boom(Exception):
@@ -45,8 +45,13 @@ def test_readers_of_a_failed_streaming_program_do_not_hang():
         s += "after"
 
     state = prog.run(backend=FakeBackend(fail_on="FAIL", latency=0.05), stream=True)
-    for read in (lambda: state["a"], lambda: state["b"], state.sync, lambda: list(state.text_iter()),
-                 lambda: list(state.text_iter("b"))):
+    for read in (
+        lambda: state["a"],
+        lambda: state["b"],
+        state.sync,
+        lambda: list(state.text_iter()),
+        lambda: list(state.text_iter("b")),
+    ):
         with pytest.raises(lp.BackendError):
             within(5, read)
     assert isinstance(state.error(), lp.BackendError)

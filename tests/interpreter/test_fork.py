@@ -1,7 +1,7 @@
 import pytest
+from fakes import FakeBackend, within
 
 import lmprog as lp
-from fakes import FakeBackend, within
 
 
 def echo(request):

@@ -1,9 +1,9 @@
 import threading
 
 import pytest
+from fakes import FakeBackend, Gate
 
 import lmprog as lp
-from fakes import FakeBackend, Gate
 from lmprog.core.protocol import GenerateRequest, ScoreRequest
 from lmprog.lang import ir
 
@@ -35,7 +35,9 @@ def test_roles_render_with_the_chat_template_and_build_messages():
         {"role": "assistant", "content": "Paris"},
     ]
     # The gen saw everything before it, ending with the assistant prefix.
-    assert backend.generations()[0].prompt.endswith("Capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    assert backend.generations()[0].prompt.endswith(
+        "Capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_the_first_role_message_uses_the_first_prefix():
@@ -90,7 +92,9 @@ def test_temperature_zero_is_deterministic(backend):
 
 
 def test_select_appends_the_best_scored_choice():
-    backend = FakeBackend(scorer=lambda prompt, choice: [-0.1 if choice == "blue" else -2.0] * len(choice))
+    backend = FakeBackend(
+        scorer=lambda prompt, choice: [-0.1 if choice == "blue" else -2.0] * len(choice)
+    )
 
     @lp.function
     def color(s):
@@ -103,7 +107,11 @@ def test_select_appends_the_best_scored_choice():
     assert meta["normalized_scores"] == pytest.approx([-2.0, -0.1, -2.0])
     assert meta["choices_method"] == "token_length_normalized"
     request = backend.requests[0]
-    assert isinstance(request, ScoreRequest) and request.prompt == "The sky is " and not request.unconditional
+    assert (
+        isinstance(request, ScoreRequest)
+        and request.prompt == "The sky is "
+        and not request.unconditional
+    )
 
 
 def test_unconditional_select_asks_for_unconditional_scores(backend):
@@ -244,7 +252,9 @@ def test_requests_are_plain_protocol_objects(backend):
 
 def test_reading_a_regenerated_variable_waits_for_the_new_value():
     answers = iter(["search", "search", "finish"])
-    backend = FakeBackend(latency=0.02, scorer=lambda prompt, choice: [0.0 if choice == current[0] else -5.0])
+    backend = FakeBackend(
+        latency=0.02, scorer=lambda prompt, choice: [0.0 if choice == current[0] else -5.0]
+    )
     current = [None]
 
     @lp.function

@@ -1,9 +1,9 @@
 import asyncio
 
 import pytest
+from fakes import FakeBackend, Gate, within
 
 import lmprog as lp
-from fakes import FakeBackend, Gate, within
 
 
 @lp.function

@@ -33,7 +33,9 @@ requires_kernels = pytest.mark.skipif(KERNEL_SKIP is not None, reason=KERNEL_SKI
 
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 # bf16 does not run in the interpreter (numpy has no bfloat16).
-DTYPES = [torch.bfloat16, torch.float16, torch.float32] if ON_GPU else [torch.float32, torch.float16]
+DTYPES = (
+    [torch.bfloat16, torch.float16, torch.float32] if ON_GPU else [torch.float32, torch.float16]
+)
 
 
 def tolerance(dtype: torch.dtype) -> float:

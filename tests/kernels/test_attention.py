@@ -159,14 +159,17 @@ def test_warm_up_compiles_every_variant_a_decode_or_verify_row_can_pick():
     from lmprog.runtime.kernels.attention import _attn_tile_kernel, _merge_splits_kernel, warm_up
 
     def compiled():
-        return sum(len(c[0]) for fn in (_attn_tile_kernel, _merge_splits_kernel)
-                   for c in fn.device_caches.values())
+        return sum(
+            len(c[0])
+            for fn in (_attn_tile_kernel, _merge_splits_kernel)
+            for c in fn.device_caches.values()
+        )
 
     hq, hkv, d, slots = 32, 8, 128, 20000
     g = torch.Generator(device="cuda").manual_seed(0)
     k = torch.randn(slots + 1, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
     v = torch.randn(slots + 1, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    table = torch.randperm(slots, device="cuda", generator=g)[:4 * 4096].view(4, 4096) + 1
+    table = torch.randperm(slots, device="cuda", generator=g)[: 4 * 4096].view(4, 4096) + 1
     table = table.to(torch.int32)
     assert warm_up(k, v, table, num_q_heads=hq) >= 4
     before = compiled()
@@ -175,10 +178,18 @@ def test_warm_up_compiles_every_variant_a_decode_or_verify_row_can_pick():
         for s in (1, 2, 3, 9, 16, 17, 40, 64):
             seq = 60 * e + 100 + s
             plan = plan_attention(
-                table, torch.tensor([2], device="cuda"), torch.tensor([seq], device="cuda"),
-                torch.tensor([e], device="cuda"), torch.zeros(1, dtype=torch.int64, device="cuda"),
-                num_q_heads=hq, num_kv_heads=hkv, head_dim=d, seq_lens_cpu=[seq],
-                extend_lens_cpu=[e], num_kv_splits=s)
+                table,
+                torch.tensor([2], device="cuda"),
+                torch.tensor([seq], device="cuda"),
+                torch.tensor([e], device="cuda"),
+                torch.zeros(1, dtype=torch.int64, device="cuda"),
+                num_q_heads=hq,
+                num_kv_heads=hkv,
+                head_dim=d,
+                seq_lens_cpu=[seq],
+                extend_lens_cpu=[e],
+                num_kv_splits=s,
+            )
             hybrid_attention(qkv[:, :hq], k, v, plan)
     torch.cuda.synchronize()
     assert compiled() == before

@@ -109,11 +109,11 @@ def test_rope_and_store_matches_reference_and_model_path(dtype, hq, hk, head_dim
     ref_qkv, ref_kc, ref_vc = qkv.clone(), kc.clone(), vc.clone()
     rope_and_store_ref(ref_qkv, hq, cos, sin, ref_kc, ref_vc, loc)
     # the model's plain path: RotaryEmbedding.apply, then the pool write
-    model_qk = RotaryEmbedding.apply(qkv[:, :hq + hk].clone(), cos, sin)
+    model_qk = RotaryEmbedding.apply(qkv[:, : hq + hk].clone(), cos, sin)
     rope_and_store(qkv, hq, cos, sin, kc, vc, loc.int())
     _close(qkv, ref_qkv, dtype)
-    _close(qkv[:, :hq + hk], model_qk, dtype)
-    assert torch.equal(kc[loc], qkv[:, hq:hq + hk]) and torch.equal(vc[loc], qkv[:, hq + hk:])
+    _close(qkv[:, : hq + hk], model_qk, dtype)
+    assert torch.equal(kc[loc], qkv[:, hq : hq + hk]) and torch.equal(vc[loc], qkv[:, hq + hk :])
     untouched = torch.ones(kc.shape[0], dtype=torch.bool, device=DEVICE)
     untouched[loc] = False
     assert not kc[untouched].any() and not vc[untouched].any()

@@ -7,7 +7,10 @@ from lmprog.core.protocol import ChoiceScore, ScoreResult
 def scores(*choices, uncond=None):
     uncond = uncond or [None] * len(choices)
     return ScoreResult(
-        tuple(ChoiceScore(tuple(lp_), tuple(range(len(lp_))), None if u is None else tuple(u)) for lp_, u in zip(choices, uncond)),
+        tuple(
+            ChoiceScore(tuple(lp_), tuple(range(len(lp_))), None if u is None else tuple(u))
+            for lp_, u in zip(choices, uncond)
+        ),
         prompt_tokens=10,
     )
 

@@ -6,10 +6,27 @@ import pytest
 import lmprog as lp
 
 API_NAMES = [
-    "function", "gen", "select", "system", "user", "assistant", "system_begin", "system_end",
-    "user_begin", "user_end", "assistant_begin", "assistant_end", "image", "Arg",
-    "set_default_backend", "token_length_normalized", "greedy_token_selection",
-    "unconditional_likelihood_normalized", "ConstraintError", "ContextLengthError", "BackendError",
+    "function",
+    "gen",
+    "select",
+    "system",
+    "user",
+    "assistant",
+    "system_begin",
+    "system_end",
+    "user_begin",
+    "user_end",
+    "assistant_begin",
+    "assistant_end",
+    "image",
+    "Arg",
+    "set_default_backend",
+    "token_length_normalized",
+    "greedy_token_selection",
+    "unconditional_likelihood_normalized",
+    "ConstraintError",
+    "ContextLengthError",
+    "BackendError",
     "SamplingParams",
 ]
 

@@ -43,7 +43,12 @@ def test_nodes_are_frozen():
 def test_gen_merges_only_its_own_arguments_over_defaults():
     defaults = SamplingParams(temperature=0.0, max_tokens=7, top_k=5)
     params = lp.gen("a", max_tokens=3, stop="\n").sampling_params(defaults)
-    assert (params.temperature, params.max_tokens, params.top_k, params.stop) == (0.0, 3, 5, ("\n",))
+    assert (params.temperature, params.max_tokens, params.top_k, params.stop) == (
+        0.0,
+        3,
+        5,
+        ("\n",),
+    )
     assert lp.gen("b").sampling_params(defaults) is defaults
 
 

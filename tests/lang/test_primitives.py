@@ -78,7 +78,10 @@ def test_role_functions_wrap_their_content():
     inner = ir.flatten(lp.assistant(lp.gen("a") + "."))
     assert [type(n) for n in inner] == [ir.RoleBegin, ir.Gen, ir.Text, ir.RoleEnd]
     assert (lp.user_begin(), lp.user_end()) == (ir.RoleBegin("user"), ir.RoleEnd("user"))
-    assert (lp.system_begin(), lp.assistant_end()) == (ir.RoleBegin("system"), ir.RoleEnd("assistant"))
+    assert (lp.system_begin(), lp.assistant_end()) == (
+        ir.RoleBegin("system"),
+        ir.RoleEnd("assistant"),
+    )
 
 
 def test_role_content_is_type_checked():

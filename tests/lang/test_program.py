@@ -50,7 +50,9 @@ def test_keywords_split_into_arguments_and_sampling_defaults():
 def test_unknown_keywords_list_the_parameters():
     with pytest.raises(TypeError) as info:
         prog.prepare_call((), {"question": "q", "tempreature": 0})
-    assert "tempreature" in str(info.value) and "['question', 'temperature_hint', 'style']" in str(info.value)
+    assert "tempreature" in str(info.value) and "['question', 'temperature_hint', 'style']" in str(
+        info.value
+    )
 
 
 def test_missing_or_duplicated_arguments_raise_type_error():

@@ -19,7 +19,16 @@ def kinds(graph):
 def test_trace_records_the_nodes_in_order():
     graph = qa.trace(question=lp.Arg)
     assert kinds(graph) == [
-        "RoleBegin", "Text", "RoleEnd", "RoleBegin", "Text", "ArgRef", "RoleEnd", "RoleBegin", "Gen", "RoleEnd",
+        "RoleBegin",
+        "Text",
+        "RoleEnd",
+        "RoleBegin",
+        "Text",
+        "ArgRef",
+        "RoleEnd",
+        "RoleBegin",
+        "Gen",
+        "RoleEnd",
     ]
     assert graph.arguments == ("question",) and graph.stopped is None
     assert graph.nodes[4] == ir.Text("Q: ")  # the default argument was used
@@ -35,7 +44,13 @@ def test_missing_arguments_default_to_placeholders_and_values_are_kept():
 
 def test_constant_prefix_stops_at_the_first_argument():
     prefix = qa.trace().constant_prefix()
-    assert prefix == (ir.RoleBegin("system"), ir.Text("Be terse."), ir.RoleEnd("system"), ir.RoleBegin("user"), ir.Text("Q: "))
+    assert prefix == (
+        ir.RoleBegin("system"),
+        ir.Text("Be terse."),
+        ir.RoleEnd("system"),
+        ir.RoleBegin("user"),
+        ir.Text("Q: "),
+    )
     known = qa.trace(question="x", prefix="y").constant_prefix()
     assert ir.Text("yx") in known and known[-1] == ir.RoleBegin("assistant")  # up to the gen
 

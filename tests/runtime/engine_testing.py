@@ -15,9 +15,20 @@ from lmprog.runtime.launch import launch_engine
 from lmprog.runtime.models import ModelConfig, build_model
 
 EOS = (0, 2)
-TINY = ModelConfig("llama", vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2,
-                   num_heads=4, num_kv_heads=2, head_dim=16, max_position=256,
-                   tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,))
+TINY = ModelConfig(
+    "llama",
+    vocab_size=49152,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    max_position=256,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_ids=(2,),
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,14 +54,29 @@ def model():
     return net
 
 
-def engine_for(model, tok, *, radix=True, slots=4096, budget=512, max_reqs=32, jump=True,
-               overlap=False, **sched):
+def engine_for(
+    model,
+    tok,
+    *,
+    radix=True,
+    slots=4096,
+    budget=512,
+    max_reqs=32,
+    jump=True,
+    overlap=False,
+    **sched,
+):
     return launch_engine(
-        model, tok, eos_token_ids=EOS, max_total_tokens=slots,
+        model,
+        tok,
+        eos_token_ids=EOS,
+        max_total_tokens=slots,
         cache_config=CacheConfig(radix_cache=radix),
-        scheduler_config=SchedulerConfig(max_num_batched_tokens=budget,
-                                         max_running_requests=max_reqs, **sched),
-        engine_config=EngineConfig(jump_forward=jump, check_integrity=True, overlap=overlap))
+        scheduler_config=SchedulerConfig(
+            max_num_batched_tokens=budget, max_running_requests=max_reqs, **sched
+        ),
+        engine_config=EngineConfig(jump_forward=jump, check_integrity=True, overlap=overlap),
+    )
 
 
 SHARED = list(range(1000, 1024))  # a shared 24-token head, so the radix cache has work

@@ -16,11 +16,13 @@ from lmprog.runtime.speculative import Proposal, Proposer
 _PACKAGE, _, _INSTALL = BUNDLED_MODELS[DEFAULT_MODEL]
 requires_default_model = pytest.mark.skipif(
     importlib.util.find_spec(_PACKAGE) is None,
-    reason=f"the default model's package {_PACKAGE!r} is not installed ({_INSTALL})")
+    reason=f"the default model's package {_PACKAGE!r} is not installed ({_INSTALL})",
+)
 
 
-def random_llama(config: ModelConfig, std: float, seed: int = 0, device: str = "cpu",
-                 attention: str = "torch") -> torch.nn.Module:
+def random_llama(
+    config: ModelConfig, std: float, seed: int = 0, device: str = "cpu", attention: str = "torch"
+) -> torch.nn.Module:
     """`config` with N(0, std) weights and unit norm weights, fp32. std 0.3: the output
     depends on the whole context; std 0.1: it repeats a token for a while, then moves on."""
     net = build_model(config, device=device, dtype="float32", attention=attention)
@@ -51,7 +53,7 @@ class Oracle(Proposer):
             seq = list(inp.token_ids)
             assert min(seq) >= 0, "a proposer was shown a placeholder (overlap scheduling)"
             full = next((k for k in self.known if k[: len(seq)] == seq and len(k) > len(seq)), None)
-            chain = full[len(seq): len(seq) + inp.max_tokens] if full else []
+            chain = full[len(seq) : len(seq) + inp.max_tokens] if full else []
             if chain and self.calls % 3 == 0:
                 chain[-1] = (chain[-1] + 1) % self.vocab_size
             out.append(Proposal(tuple(chain)))

@@ -9,7 +9,11 @@ replay need a CUDA GPU.
 import pytest
 import torch
 from triton_testing import (  # noqa: F401 - one_thread is a fixture
-    one_thread, requires_triton, run_captured, run_uncaptured, setup,
+    one_thread,
+    requires_triton,
+    run_captured,
+    run_uncaptured,
+    setup,
 )
 
 from lmprog.runtime.cuda_graph import CudaGraphRunner, DecodeBuffers
@@ -25,18 +29,24 @@ def check_against_eager(device, capture, dtype, tol):
     lens = torch.randint(3, 41, (rows,), generator=g).tolist()
 
     def batch(sel, ext):
-        loc = torch.cat([table[r, lens[r] - n:lens[r]].cpu() for r, n in zip(sel, ext)])
+        loc = torch.cat([table[r, lens[r] - n : lens[r]].cpu() for r, n in zip(sel, ext)])
         return ForwardBatch.build(
-            input_ids=torch.randint(0, 50, (len(loc),), generator=g), out_cache_loc=loc,
-            req_pool_indices=sel, seq_lens=[lens[r] for r in sel], extend_lens=ext,
-            req_to_token=table, device=device)
+            input_ids=torch.randint(0, 50, (len(loc),), generator=g),
+            out_cache_loc=loc,
+            req_pool_indices=sel,
+            seq_lens=[lens[r] for r in sel],
+            extend_lens=ext,
+            req_to_token=table,
+            device=device,
+        )
 
     with torch.inference_mode():
         prefill = batch(list(range(rows)), list(lens))
         for kv in kvs:
             model(prefill, kv)
-        graphs = CudaGraphRunner(model, kvs[0], table, batch_sizes=(1, 2, 4, 8),
-                                 max_batch_size=6, capture=capture)
+        graphs = CudaGraphRunner(
+            model, kvs[0], table, batch_sizes=(1, 2, 4, 8), max_batch_size=6, capture=capture
+        )
         assert graphs.batch_sizes == (1, 2, 4, 6)
         assert graphs.maybe_run(prefill, kvs[0]) is None  # not a decode batch
         ran = []
@@ -63,9 +73,14 @@ def check_against_eager(device, capture, dtype, tol):
 
 def _batch(n: int, table: torch.Tensor, base: int) -> ForwardBatch:
     rows = list(range(n))
-    return ForwardBatch.build(input_ids=[base + i for i in rows], out_cache_loc=[base + 10 + i for i in rows],
-                              req_pool_indices=rows, seq_lens=[base + 20 + i for i in rows],
-                              extend_lens=[1] * n, req_to_token=table)
+    return ForwardBatch.build(
+        input_ids=[base + i for i in rows],
+        out_cache_loc=[base + 10 + i for i in rows],
+        req_pool_indices=rows,
+        seq_lens=[base + 20 + i for i in rows],
+        extend_lens=[1] * n,
+        req_to_token=table,
+    )
 
 
 def test_decode_buffers_copy_the_batch_and_reset_padding():
@@ -86,15 +101,17 @@ def test_decode_buffers_copy_the_batch_and_reset_padding():
 
 
 @requires_triton
-def test_padded_static_forward_matches_eager(one_thread):  # noqa: F811
+def test_padded_static_forward_matches_eager(one_thread):
     """The graphs' inputs without capture: same logits and K/V as the eager forward."""
     run_uncaptured(check_against_eager)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(),
-                    reason="CUDA graph capture needs a CUDA GPU (the padded static path is "
-                           "tested on the CPU by test_padded_static_forward_matches_eager)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="CUDA graph capture needs a CUDA GPU (the padded static path is "
+    "tested on the CPU by test_padded_static_forward_matches_eager)",
+)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_graph_replay_matches_eager(dtype, one_thread):  # noqa: F811
+def test_graph_replay_matches_eager(dtype, one_thread):
     run_captured(check_against_eager, dtype)

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 import torch
+from engine_testing import PROMPTS, TINY, engine_for, greedy, model, run_all, tok  # noqa: F401
 
 from lmprog.core.errors import BackendError, ContextLengthError
 from lmprog.core.sampling import SamplingParams as SP
@@ -17,8 +18,6 @@ from lmprog.fsm.guide import Guide
 from lmprog.fsm.index import TokenIndex
 from lmprog.runtime.engine import EngineConfig
 from lmprog.runtime.engine_io import EngineRequest
-
-from engine_testing import TINY, PROMPTS, engine_for, greedy, model, run_all, tok  # noqa: F401
 
 torch.set_num_threads(1)
 
@@ -70,8 +69,16 @@ def test_prefill_first_mode_gives_the_same_outputs_and_timestamps(model, tok, re
 @pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap-scheduling"])
 def test_tiny_pool_retracts_and_chunks_yet_outputs_match(model, tok, reference, overlap):
     # admission that reserves almost nothing for future tokens: the pool must run out
-    small = engine_for(model, tok, slots=120, budget=16, max_reqs=16, init_new_token_ratio=0.02,
-                       min_new_token_ratio=0.02, overlap=overlap)
+    small = engine_for(
+        model,
+        tok,
+        slots=120,
+        budget=16,
+        max_reqs=16,
+        init_new_token_ratio=0.02,
+        min_new_token_ratio=0.02,
+        overlap=overlap,
+    )
     try:
         results = run_all(small, PROMPTS, greedy())
         stats = small.stats()
@@ -93,50 +100,68 @@ def test_prefill_only_request_caches_its_prompt(eng):
 
 def test_prompt_logprobs_agree_with_output_logprobs(eng):
     prompt = PROMPTS[3]
-    out = eng.submit(EngineRequest(tuple(prompt), greedy(6, return_logprob=True,
-                                                         top_logprobs_num=3))).result(timeout=60)
+    out = eng.submit(
+        EngineRequest(tuple(prompt), greedy(6, return_logprob=True, top_logprobs_num=3))
+    ).result(timeout=60)
     assert all(lp.token_id == lp.top[0].token_id and len(lp.top) == 3 for lp in out.logprobs)
     full = tuple(prompt) + out.token_ids
-    scored = eng.submit(EngineRequest(full, SP(max_tokens=0), prompt_logprob_start=len(prompt) - 1)
-                        ).result(timeout=60)
+    scored = eng.submit(
+        EngineRequest(full, SP(max_tokens=0), prompt_logprob_start=len(prompt) - 1)
+    ).result(timeout=60)
     assert [lp.token_id for lp in scored.prompt_logprobs] == list(out.token_ids)
-    torch.testing.assert_close([lp.logprob for lp in scored.prompt_logprobs],
-                               [lp.logprob for lp in out.logprobs], atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        [lp.logprob for lp in scored.prompt_logprobs],
+        [lp.logprob for lp in out.logprobs],
+        atol=1e-4,
+        rtol=0,
+    )
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(eng):
     params = SP(max_tokens=10, temperature=1.0, top_k=50, seed=1234, ignore_eos=True)
     alone = eng.submit(EngineRequest(tuple(PROMPTS[0]), params)).result(timeout=60)
-    others = [eng.submit(EngineRequest(tuple(p), SP(max_tokens=10, temperature=0.7)))
-              for p in PROMPTS[1:6]]
+    others = [
+        eng.submit(EngineRequest(tuple(p), SP(max_tokens=10, temperature=0.7)))
+        for p in PROMPTS[1:6]
+    ]
     again = eng.submit(EngineRequest(tuple(PROMPTS[0]), params))
     assert again.result(timeout=60).token_ids == alone.token_ids
     for h in others:
         h.result(timeout=60)
-    other_seed = eng.submit(EngineRequest(tuple(PROMPTS[0]), SP(
-        max_tokens=10, temperature=1.0, top_k=50, seed=99, ignore_eos=True))).result(timeout=60)
+    other_seed = eng.submit(
+        EngineRequest(
+            tuple(PROMPTS[0]),
+            SP(max_tokens=10, temperature=1.0, top_k=50, seed=99, ignore_eos=True),
+        )
+    ).result(timeout=60)
     assert other_seed.token_ids != alone.token_ids
 
 
 def test_stop_token_ids_min_tokens_and_penalties(eng, reference):
     target = reference[0][3]
     first = reference[0].index(target)
-    r = eng.submit(EngineRequest(tuple(PROMPTS[0]), greedy(stop_token_ids=(target,)))).result(timeout=60)
+    r = eng.submit(EngineRequest(tuple(PROMPTS[0]), greedy(stop_token_ids=(target,)))).result(
+        timeout=60
+    )
     assert r.finish_reason == "stop" and r.matched_stop == target
     assert r.token_ids == reference[0][: first + 1]
     # min_tokens bans the stop token until enough tokens are out
-    late = eng.submit(EngineRequest(tuple(PROMPTS[0]), greedy(stop_token_ids=(target,),
-                                                              min_tokens=first + 2))).result(timeout=60)
+    late = eng.submit(
+        EngineRequest(tuple(PROMPTS[0]), greedy(stop_token_ids=(target,), min_tokens=first + 2))
+    ).result(timeout=60)
     assert late.completion_tokens >= first + 2
     assert target not in late.token_ids[: first + 1]
     # a strong presence penalty makes a repeating greedy output use new tokens
-    pen = eng.submit(EngineRequest(tuple(PROMPTS[0]), greedy(presence_penalty=2.0))).result(timeout=60)
+    pen = eng.submit(EngineRequest(tuple(PROMPTS[0]), greedy(presence_penalty=2.0))).result(
+        timeout=60
+    )
     assert len(set(pen.token_ids)) == len(pen.token_ids) < len(set(reference[0])) + 12
 
 
 def test_abort_mid_generation(eng, reference):
-    h = eng.submit(EngineRequest(tuple(PROMPTS[1]), SP(max_tokens=200, temperature=0.0,
-                                                       ignore_eos=True)))
+    h = eng.submit(
+        EngineRequest(tuple(PROMPTS[1]), SP(max_tokens=200, temperature=0.0, ignore_eos=True))
+    )
     others = [eng.submit(EngineRequest(tuple(p), greedy())) for p in PROMPTS[4:8]]
     next(iter(h.pieces()))  # it is generating
     h.abort()
@@ -162,10 +187,16 @@ def test_faults_fail_only_their_request(eng, tok, reference):
     # nothing to draw for that row
     (x,) = tok.encode("x", add_special_tokens=False)
     starved = TokenIndex.get(r"x", tok).new_guide()
-    bad = [eng.submit(EngineRequest(tuple(PROMPTS[2]), greedy(20), guide=broken)),
-           eng.submit(EngineRequest(tuple(PROMPTS[2]), SP(max_tokens=20, min_tokens=10,
-                                                          stop_token_ids=(x,), temperature=0.0),
-                                    guide=starved))]
+    bad = [
+        eng.submit(EngineRequest(tuple(PROMPTS[2]), greedy(20), guide=broken)),
+        eng.submit(
+            EngineRequest(
+                tuple(PROMPTS[2]),
+                SP(max_tokens=20, min_tokens=10, stop_token_ids=(x,), temperature=0.0),
+                guide=starved,
+            )
+        ),
+    ]
     good = [eng.submit(EngineRequest(tuple(p), greedy())) for p in PROMPTS[8:12]]
     with pytest.raises(RuntimeError, match="guide exploded"):
         bad[0].result(timeout=60)
@@ -174,8 +205,10 @@ def test_faults_fail_only_their_request(eng, tok, reference):
     assert [g.result(timeout=60).token_ids for g in good] == reference[8:12]
     eng.check_integrity()
     assert eng.stats()["requests_finished"]["error"] >= 2
-    assert eng.submit(EngineRequest(tuple(PROMPTS[8]), greedy())).result(timeout=60).token_ids \
+    assert (
+        eng.submit(EngineRequest(tuple(PROMPTS[8]), greedy())).result(timeout=60).token_ids
         == reference[8]
+    )
 
 
 def held_engine(engine):
@@ -192,8 +225,9 @@ def held_engine(engine):
     return release
 
 
-def test_an_internal_error_fails_the_started_requests_and_the_engine_serves_on(model, tok,
-                                                                               reference):
+def test_an_internal_error_fails_the_started_requests_and_the_engine_serves_on(
+    model, tok, reference
+):
     eng = engine_for(model, tok, max_reqs=2)
     try:
         calls = [0]
@@ -217,8 +251,10 @@ def test_an_internal_error_fails_the_started_requests_and_the_engine_serves_on(m
         stats = eng.stats()
         assert stats["internal_errors"] == 1 and stats["requests_finished"]["error"] == 2
         eng.check_integrity()
-        assert eng.submit(EngineRequest(tuple(PROMPTS[0]), greedy())).result(timeout=60) \
-            .token_ids == reference[0]
+        assert (
+            eng.submit(EngineRequest(tuple(PROMPTS[0]), greedy())).result(timeout=60).token_ids
+            == reference[0]
+        )
         assert eng.alive and eng.stats()["kv_used"] == eng.stats()["kv_evictable"]
     finally:
         eng.shutdown()
@@ -239,22 +275,27 @@ def test_pool_smaller_than_prompt_is_rejected(model, tok):
     try:
         with pytest.raises(ContextLengthError, match="KV pool"):
             small.submit(EngineRequest(tuple(range(5, 60)), greedy()))
-        assert small.submit(EngineRequest(tuple(range(5, 20)), greedy(4))).result(
-            timeout=60).completion_tokens == 4
+        assert (
+            small.submit(EngineRequest(tuple(range(5, 20)), greedy(4)))
+            .result(timeout=60)
+            .completion_tokens
+            == 4
+        )
     finally:
         small.shutdown()
 
 
 def test_constraint_with_jump_forward(eng, tok):
-    pattern = r'The answer is (yes|no)\. Confidence: [0-9]{2}%'
+    pattern = r"The answer is (yes|no)\. Confidence: [0-9]{2}%"
     index = TokenIndex.get(pattern, tok)
     texts = {}
     for jump in (True, False):
         eng.config = EngineConfig(jump_forward=jump, check_integrity=True)
         try:
             before = eng.stats()["jump_forward_tokens"]
-            r = eng.submit(EngineRequest(tuple(PROMPTS[5]), greedy(40), guide=index.new_guide())
-                           ).result(timeout=60)
+            r = eng.submit(
+                EngineRequest(tuple(PROMPTS[5]), greedy(40), guide=index.new_guide())
+            ).result(timeout=60)
             jumped = eng.stats()["jump_forward_tokens"] - before
         finally:
             eng.config = EngineConfig(check_integrity=True)
@@ -263,9 +304,11 @@ def test_constraint_with_jump_forward(eng, tok):
         texts[jump] = r.text
         assert (jumped > 0) == jump
     import re
+
     assert all(re.fullmatch(pattern, t) for t in texts.values()), texts
-    cut = eng.submit(EngineRequest(tuple(PROMPTS[5]), greedy(3), guide=index.new_guide())
-                     ).result(timeout=60)
+    cut = eng.submit(EngineRequest(tuple(PROMPTS[5]), greedy(3), guide=index.new_guide())).result(
+        timeout=60
+    )
     assert cut.finish_reason == "length" and "max_tokens" in cut.message
 
 
@@ -273,15 +316,24 @@ def test_stats_and_clean_shutdown(model, tok):
     e = engine_for(model, tok)
     r = e.submit(EngineRequest(tuple(PROMPTS[0]), greedy(5))).result(timeout=60)
     stats = e.stats()
-    for key in ("cache_hit_rate", "gen_tokens_per_s", "num_running", "num_waiting", "kv_usage",
-                "num_retractions", "generated_tokens", "requests_finished"):
+    for key in (
+        "cache_hit_rate",
+        "gen_tokens_per_s",
+        "num_running",
+        "num_waiting",
+        "kv_usage",
+        "num_retractions",
+        "generated_tokens",
+        "requests_finished",
+    ):
         assert key in stats
     assert stats["generated_tokens"] >= r.completion_tokens and stats["num_running"] == 0
     pending = e.submit(EngineRequest(tuple(PROMPTS[1]), SP(max_tokens=200, ignore_eos=True)))
     e.shutdown()
     assert not e.alive
-    assert not any(t.name == "lmprog-engine" and t.is_alive() and t is e._thread
-                   for t in threading.enumerate())
+    assert not any(
+        t.name == "lmprog-engine" and t.is_alive() and t is e._thread for t in threading.enumerate()
+    )
     try:
         out = pending.result(timeout=10)
     except BackendError as exc:
@@ -300,16 +352,28 @@ def test_random_mix_under_memory_pressure_leaves_no_trace(model, tok):
 
     rng = random.Random(7)
     index = TokenIndex.get(r"[a-z]{2,6}( [a-z]{2,6}){1,3}\.", tok)
-    e = engine_for(model, tok, slots=100, budget=48, max_reqs=12, init_new_token_ratio=0.02,
-                   min_new_token_ratio=0.02)
+    e = engine_for(
+        model,
+        tok,
+        slots=100,
+        budget=48,
+        max_reqs=12,
+        init_new_token_ratio=0.02,
+        min_new_token_ratio=0.02,
+    )
     try:
         handles = []
         for i in range(30):
             prompt = tuple(PROMPTS[i % 16][: rng.randint(3, 20)])
-            params = SP(max_tokens=rng.randint(2, 40), temperature=rng.choice([0.0, 0.8]),
-                        top_p=rng.choice([1.0, 0.9]), seed=rng.choice([None, i]),
-                        frequency_penalty=rng.choice([0.0, 0.5]), min_tokens=rng.choice([0, 2]),
-                        return_logprob=rng.random() < 0.3)
+            params = SP(
+                max_tokens=rng.randint(2, 40),
+                temperature=rng.choice([0.0, 0.8]),
+                top_p=rng.choice([1.0, 0.9]),
+                seed=rng.choice([None, i]),
+                frequency_penalty=rng.choice([0.0, 0.5]),
+                min_tokens=rng.choice([0, 2]),
+                return_logprob=rng.random() < 0.3,
+            )
             guide = index.new_guide() if i % 5 == 0 else None
             start = rng.randint(0, len(prompt) - 1) if i % 7 == 0 else None
             handles.append(e.submit(EngineRequest(prompt, params, guide, start)))

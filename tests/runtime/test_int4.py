@@ -6,9 +6,17 @@ import pytest
 import torch
 from torch import nn
 
-from lmprog.runtime.int4 import GROUP, Int4Linear, int4_groups, int4_kernels_available, quantize_int4_
+from lmprog.runtime.int4 import (
+    GROUP,
+    Int4Linear,
+    int4_groups,
+    int4_kernels_available,
+    quantize_int4_,
+)
 
-pytestmark = pytest.mark.skipif(not int4_kernels_available(), reason="torch lacks the CPU int4 kernels")
+pytestmark = pytest.mark.skipif(
+    not int4_kernels_available(), reason="torch lacks the CPU int4 kernels"
+)
 torch.set_num_threads(1)
 
 

@@ -8,8 +8,9 @@ SMOL = preset("smollm2-135m")
 
 
 def test_layout_is_per_layer_slots_heads_dim_with_a_dummy_slot():
-    pool = KVPool(num_slots=10, num_layers=3, num_kv_heads=2, head_dim=4,
-                  dtype=torch.bfloat16, device="cpu")
+    pool = KVPool(
+        num_slots=10, num_layers=3, num_kv_heads=2, head_dim=4, dtype=torch.bfloat16, device="cpu"
+    )
     assert len(pool.k) == len(pool.v) == 3
     for buf in pool.k + pool.v:
         assert buf.shape == (11, 2, 4) and buf.dtype == torch.bfloat16

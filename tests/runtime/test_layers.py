@@ -17,8 +17,9 @@ from lmprog.runtime.layers.rotary import RotaryEmbedding, inv_freq
 from lmprog.runtime.models import RopeScaling
 
 torch.set_num_threads(1)
-LLAMA3 = RopeScaling("llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                     original_max_position=32)
+LLAMA3 = RopeScaling(
+    "llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=32
+)
 
 
 # ------------------------------------------------------------------ rotary and norm vs transformers
@@ -28,21 +29,36 @@ def _hf_rope(head_dim, theta, rope_parameters, positions, q):
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-    cfg = LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim,
-                      max_position_embeddings=4096,
-                      rope_parameters={"rope_theta": theta, **rope_parameters})
+    cfg = LlamaConfig(
+        hidden_size=head_dim * 2,
+        num_attention_heads=2,
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        rope_parameters={"rope_theta": theta, **rope_parameters},
+    )
     cos, sin = LlamaRotaryEmbedding(cfg)(q, positions[None])
     # transformers wants [batch, heads, seq, dim]
     out, _ = apply_rotary_pos_emb(q.transpose(0, 1)[None], q.transpose(0, 1)[None], cos, sin)
     return out[0].transpose(0, 1)
 
 
-@pytest.mark.parametrize("scaling,hf_params", [
-    (None, {"rope_type": "default"}),
-    (RopeScaling("linear", factor=2.5), {"rope_type": "linear", "factor": 2.5}),
-    (LLAMA3, {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
-])
+@pytest.mark.parametrize(
+    "scaling,hf_params",
+    [
+        (None, {"rope_type": "default"}),
+        (RopeScaling("linear", factor=2.5), {"rope_type": "linear", "factor": 2.5}),
+        (
+            LLAMA3,
+            {
+                "rope_type": "llama3",
+                "factor": 4.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        ),
+    ],
+)
 def test_rotary_matches_transformers(scaling, hf_params):
     head_dim, theta = 16, 10000.0
     positions = torch.tensor([0, 1, 5, 17, 100, 1000, 4000])
@@ -90,21 +106,26 @@ def _scenario(requests, custom_mask=None, dtype=torch.float32, seed=0, consecuti
     kv.k[0].copy_(torch.randn(kv.k[0].shape, generator=g))
     kv.v[0].copy_(torch.randn(kv.v[0].shape, generator=g))
     r2t = torch.zeros(len(requests) + 3, 64, dtype=torch.int32)
-    rows = torch.randperm(r2t.shape[0], generator=g)[:len(requests)].tolist()
+    rows = torch.randperm(r2t.shape[0], generator=g)[: len(requests)].tolist()
     free = (torch.randperm(num_slots, generator=g) + 1).tolist()
     if consecutive:
         start = int(torch.randint(1, num_slots // 2, (1,), generator=g))
-        free = list(range(num_slots, 0, -1))[:num_slots - start + 1]  # pops start, start+1..
+        free = list(range(num_slots, 0, -1))[: num_slots - start + 1]  # pops start, start+1..
     locs = []
     for row, (p, n) in zip(rows, requests):
         slots = [free.pop() for _ in range(p + n)]
-        r2t[row, :p + n] = torch.tensor(slots)
+        r2t[row, : p + n] = torch.tensor(slots)
         locs += slots[p:]
     t = sum(n for _, n in requests)
     batch = ForwardBatch.build(
-        input_ids=[0] * t, out_cache_loc=locs, req_pool_indices=rows,
-        seq_lens=[p + n for p, n in requests], extend_lens=[n for _, n in requests],
-        req_to_token=r2t, custom_mask=custom_mask)
+        input_ids=[0] * t,
+        out_cache_loc=locs,
+        req_pool_indices=rows,
+        seq_lens=[p + n for p, n in requests],
+        extend_lens=[n for _, n in requests],
+        req_to_token=r2t,
+        custom_mask=custom_mask,
+    )
     q = torch.randn(t, HQ, D, generator=g).to(dtype)
     return batch, kv, q
 
@@ -119,8 +140,11 @@ def _dense_reference(batch, kv, q, custom_mask_blocks=None):
         k = kv.k[0][slots].double().repeat_interleave(HQ // HKV, dim=1)  # [s, HQ, D]
         v = kv.v[0][slots].double().repeat_interleave(HQ // HKV, dim=1)
         for i in range(n):
-            allowed = (torch.arange(s) <= s - n + i) if custom_mask_blocks is None \
+            allowed = (
+                (torch.arange(s) <= s - n + i)
+                if custom_mask_blocks is None
                 else custom_mask_blocks[r][i]
+            )
             scores = torch.einsum("hd,shd->hs", q[start + i].double(), k) / math.sqrt(D)
             scores[:, ~allowed] = -math.inf
             out[start + i] = torch.einsum("hs,shd->hd", scores.softmax(-1), v)
@@ -134,18 +158,22 @@ def _run(batch, kv, q):
     return backend.forward(q, k, v, 0, kv, backend.plan(batch))
 
 
-@pytest.mark.parametrize("requests", [
-    [(0, 1)],                                # first token
-    [(12, 1), (3, 1), (30, 1)],              # batched decode, ragged lengths (padding mask)
-    [(7, 1), (7, 1)],                        # batched decode, equal lengths (no mask)
-    [(0, 9)],                                # prefill from scratch
-    [(10, 5)],                               # chunk over a cached prefix
-    [(0, 6), (4, 1), (9, 3), (20, 1), (2, 1)],  # hybrid: prefill, decodes, verify-like chunk
-])
+@pytest.mark.parametrize(
+    "requests",
+    [
+        [(0, 1)],  # first token
+        [(12, 1), (3, 1), (30, 1)],  # batched decode, ragged lengths (padding mask)
+        [(7, 1), (7, 1)],  # batched decode, equal lengths (no mask)
+        [(0, 9)],  # prefill from scratch
+        [(10, 5)],  # chunk over a cached prefix
+        [(0, 6), (4, 1), (9, 3), (20, 1), (2, 1)],  # hybrid: prefill, decodes, verify-like chunk
+    ],
+)
 def test_reference_attention_matches_dense_attention(requests):
     batch, kv, q = _scenario(requests)
-    torch.testing.assert_close(_run(batch, kv, q).double(), _dense_reference(batch, kv, q),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        _run(batch, kv, q).double(), _dense_reference(batch, kv, q), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_lone_decode_over_consecutive_slots_reads_a_view_correctly():
@@ -154,8 +182,9 @@ def test_lone_decode_over_consecutive_slots_reads_a_view_correctly():
     assert torch.equal(slots, torch.arange(int(slots[0]), int(slots[0]) + 41, dtype=torch.int32))
     plan = create_attention_backend("torch", HQ, HKV, D, "cpu").plan(batch)
     assert plan.decode.first_slot == int(slots[0])
-    torch.testing.assert_close(_run(batch, kv, q).double(), _dense_reference(batch, kv, q),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        _run(batch, kv, q).double(), _dense_reference(batch, kv, q), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_custom_mask_blocks_are_per_request_row_major():
@@ -169,8 +198,9 @@ def test_custom_mask_blocks_are_per_request_row_major():
     flat = torch.cat([b.flatten() for b in blocks])
     batch, kv, q = _scenario(requests, custom_mask=flat)
     out = _run(batch, kv, q)
-    torch.testing.assert_close(out.double(), _dense_reference(batch, kv, q, blocks),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out.double(), _dense_reference(batch, kv, q, blocks), atol=1e-5, rtol=1e-5
+    )
     causal = _dense_reference(*_scenario(requests)[:2], q)
     assert not torch.allclose(out.double(), causal, atol=1e-3)  # the mask was really used
 
@@ -192,35 +222,55 @@ def test_backend_registry_resolves_lazily_and_rejects_unknown_names(monkeypatch)
         create_attention_backend("nope", 4, 2, 8, "cpu")
     with pytest.raises(ValueError, match="module:ClassName"):
         register_attention_backend("bad", "no_colon")
-    register_attention_backend("torch-alias",
-                               "lmprog.runtime.layers.attention.torch_ref:TorchAttentionBackend")
-    assert type(create_attention_backend("torch-alias", 4, 2, 8, "cpu")).__name__ == \
-        "TorchAttentionBackend"
+    register_attention_backend(
+        "torch-alias", "lmprog.runtime.layers.attention.torch_ref:TorchAttentionBackend"
+    )
+    assert (
+        type(create_attention_backend("torch-alias", 4, 2, 8, "cpu")).__name__
+        == "TorchAttentionBackend"
+    )
 
 
 # ------------------------------------------------------------------ oneDNN-packed bf16 linears
 
 
-NO_AVX512_BF16 = ("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert "
-                  "or avx512bw, avx512vl and avx512dq")
+NO_AVX512_BF16 = (
+    "mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert "
+    "or avx512bw, avx512vl and avx512dq"
+)
 
 
 def _bf16_model_and_forward(tie, bias):
     """A small bf16 model (weights x8: logits of a few units) and a forward over a fixed batch."""
     from lmprog.runtime.models import ModelConfig, load_model
 
-    cfg = ModelConfig("qwen2", vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2,
-                      num_heads=4, num_kv_heads=2, head_dim=16, max_position=64,
-                      tie_word_embeddings=tie, attention_bias=bias)
+    cfg = ModelConfig(
+        "qwen2",
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position=64,
+        tie_word_embeddings=tie,
+        attention_bias=bias,
+    )
     model = load_model(cfg, load_format="dummy", dtype="bfloat16", seed=5)
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(8)
     batch, _, _ = _scenario([(0, 6), (3, 1)])
-    batch = ForwardBatch.build(input_ids=[1, 5, 9, 2, 7, 3, 11], out_cache_loc=batch.out_cache_loc,
-                               req_pool_indices=batch.req_pool_indices, seq_lens=[6, 4],
-                               extend_lens=[6, 1], req_to_token=batch.req_to_token,
-                               logits_indices=range(7))
+    batch = ForwardBatch.build(
+        input_ids=[1, 5, 9, 2, 7, 3, 11],
+        out_cache_loc=batch.out_cache_loc,
+        req_pool_indices=batch.req_pool_indices,
+        seq_lens=[6, 4],
+        extend_lens=[6, 1],
+        req_to_token=batch.req_to_token,
+        logits_indices=range(7),
+    )
     num_slots = int(batch.req_to_token.max())
 
     def forward():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from engine_testing import PROMPTS, engine_for, greedy, model, run_all, tok  # noqa: F401
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.fsm.index import TokenIndex
@@ -20,8 +21,6 @@ from lmprog.runtime.launch import launch_engine
 from lmprog.runtime.models import ModelConfig, load_model
 from lmprog.runtime.request import Req
 from lmprog.runtime.scheduler import Scheduler
-
-from engine_testing import PROMPTS, engine_for, greedy, model, run_all, tok  # noqa: F401
 
 
 def outcome(r):
@@ -34,7 +33,7 @@ def logprobs(r):
     return [] if r.logprobs is None else [lp.logprob for lp in r.logprobs]
 
 
-def mixed_params(reference_ids, tok):  # noqa: F811
+def mixed_params(reference_ids, tok):
     """Per prompt: greedy to max_tokens, stop tokens and strings, seeded sampling with
     top-k/top-p, logprobs, min_tokens, a penalty (history-bound: those steps settle at once)."""
     out = []
@@ -47,8 +46,9 @@ def mixed_params(reference_ids, tok):  # noqa: F811
         elif kind == 1:
             out.append(greedy(stop_token_ids=(ids[4],)))
         elif kind == 2:
-            out.append(SP(max_tokens=9, temperature=0.9, top_k=40, top_p=0.9, seed=i,
-                          ignore_eos=True))
+            out.append(
+                SP(max_tokens=9, temperature=0.9, top_k=40, top_p=0.9, seed=i, ignore_eos=True)
+            )
         elif kind == 3:
             out.append(greedy(7, return_logprob=True, top_logprobs_num=2))
         elif kind == 4:
@@ -59,7 +59,7 @@ def mixed_params(reference_ids, tok):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def engines(model, tok):  # noqa: F811
+def engines(model, tok):
     plain, over = engine_for(model, tok), engine_for(model, tok, overlap=True)
     yield plain, over
     plain.shutdown()
@@ -71,11 +71,13 @@ def reference_ids(engines):
     return [r.token_ids for r in run_all(engines[0], PROMPTS, greedy())]
 
 
-def test_every_kind_of_request_gives_the_same_outputs(engines, reference_ids, tok):  # noqa: F811
+def test_every_kind_of_request_gives_the_same_outputs(engines, reference_ids, tok):
     plain, over = engines
     params = mixed_params(reference_ids, tok)
-    expected = [plain.submit(EngineRequest(tuple(p), sp)).result(timeout=120)
-                for p, sp in zip(PROMPTS, params)]
+    expected = [
+        plain.submit(EngineRequest(tuple(p), sp)).result(timeout=120)
+        for p, sp in zip(PROMPTS, params)
+    ]
     before = over.stats()["overlapped_steps"]
     handles = [over.submit(EngineRequest(tuple(p), sp)) for p, sp in zip(PROMPTS, params)]
     results = [h.result(timeout=120) for h in handles]
@@ -96,19 +98,24 @@ def test_batched_greedy_matches_and_every_step_overlaps(engines, reference_ids):
     before = over.stats()
     assert [r.token_ids for r in run_all(over, PROMPTS, greedy())] == reference_ids
     after = over.stats()
-    assert after["overlapped_steps"] - before["overlapped_steps"] == after["steps"] - before["steps"]
+    assert (
+        after["overlapped_steps"] - before["overlapped_steps"] == after["steps"] - before["steps"]
+    )
     # again, from the KV those requests left in the prefix cache: it must be right
     assert [r.token_ids for r in run_all(over, PROMPTS, greedy())] == reference_ids
     assert over.stats()["cached_tokens"] - after["cached_tokens"] > 16 * 8
 
 
-def test_a_constraint_beside_plain_requests(engines, reference_ids, tok):  # noqa: F811
+def test_a_constraint_beside_plain_requests(engines, reference_ids, tok):
     plain, over = engines
     index = TokenIndex.get(r"[0-9]{2,6}", tok)
 
     def submit(eng):
-        c = eng.submit(EngineRequest(tuple(PROMPTS[5]), SP(max_tokens=10, temperature=0.0),
-                                     guide=index.new_guide()))
+        c = eng.submit(
+            EngineRequest(
+                tuple(PROMPTS[5]), SP(max_tokens=10, temperature=0.0), guide=index.new_guide()
+            )
+        )
         others = [eng.submit(EngineRequest(tuple(p), greedy())) for p in PROMPTS[:6]]
         return c.result(timeout=120), [o.result(timeout=120).token_ids for o in others]
 
@@ -119,8 +126,9 @@ def test_a_constraint_beside_plain_requests(engines, reference_ids, tok):  # noq
 
 def test_abort_while_a_step_is_in_flight(engines, reference_ids):
     _, over = engines
-    h = over.submit(EngineRequest(tuple(PROMPTS[1]), SP(max_tokens=200, temperature=0.0,
-                                                        ignore_eos=True)))
+    h = over.submit(
+        EngineRequest(tuple(PROMPTS[1]), SP(max_tokens=200, temperature=0.0, ignore_eos=True))
+    )
     others = [over.submit(EngineRequest(tuple(p), greedy())) for p in PROMPTS[4:8]]
     next(iter(h.pieces()))
     h.abort()
@@ -133,9 +141,11 @@ def test_abort_while_a_step_is_in_flight(engines, reference_ids):
 
 # ---- the scheduler's side: placeholders, resolution, a request at its length cap --------
 
+
 def test_placeholders_are_resolved_in_place_and_never_cached():
-    sched = Scheduler(64, 64, SchedulerConfig(max_num_batched_tokens=32, max_running_requests=4),
-                      CacheConfig())
+    sched = Scheduler(
+        64, 64, SchedulerConfig(max_num_batched_tokens=32, max_running_requests=4), CacheConfig()
+    )
     a = sched.submit(Req("a", [5, 6, 7], SP(max_tokens=2, temperature=0.0)))
     b = sched.submit(Req("b", [5, 6, 8, 9], SP(max_tokens=5, temperature=0.0)))
     step1 = sched.schedule()  # both prompts; each samples its first token
@@ -168,8 +178,9 @@ def test_prefill_only_requests_finish_when_their_last_chunk_is_recorded():
     """A request that samples nothing (max_tokens=0: a fork's or select's shared prefix, a
     scoring request) waits for no placeholder: it ends with its last chunk, also when it
     runs alone (it used to stay running with nothing to compute)."""
-    sched = Scheduler(64, 64, SchedulerConfig(max_num_batched_tokens=8, max_running_requests=4),
-                      CacheConfig())
+    sched = Scheduler(
+        64, 64, SchedulerConfig(max_num_batched_tokens=8, max_running_requests=4), CacheConfig()
+    )
     head = list(range(100, 120))
     p = sched.submit(Req("prefix", head, SP(max_tokens=0)))
     for chunk in (8, 8):
@@ -192,15 +203,22 @@ def test_shared_prefixes_and_scoring_under_overlap(engines):
 
     def program(eng):
         first = eng.submit(EngineRequest(head, SP(max_tokens=0))).result(timeout=60)
-        scored = [eng.submit(EngineRequest(c, SP(max_tokens=0), prompt_logprob_start=len(head)))
-                  for c in children]
+        scored = [
+            eng.submit(EngineRequest(c, SP(max_tokens=0), prompt_logprob_start=len(head)))
+            for c in children
+        ]
         forks = [eng.submit(EngineRequest(c, greedy(4))) for c in children]
-        both = [eng.submit(EngineRequest(head[:20], SP(max_tokens=0))),
-                eng.submit(EngineRequest(head + (9,), greedy(3)))]
-        return (first.finish_reason, first.cached_tokens,
-                [[lp.token_id for lp in h.result(timeout=60).prompt_logprobs] for h in scored],
-                [(h.result(timeout=60).token_ids, h.result().cached_tokens) for h in forks],
-                [h.result(timeout=60).token_ids for h in both])
+        both = [
+            eng.submit(EngineRequest(head[:20], SP(max_tokens=0))),
+            eng.submit(EngineRequest(head + (9,), greedy(3))),
+        ]
+        return (
+            first.finish_reason,
+            first.cached_tokens,
+            [[lp.token_id for lp in h.result(timeout=60).prompt_logprobs] for h in scored],
+            [(h.result(timeout=60).token_ids, h.result().cached_tokens) for h in forks],
+            [h.result(timeout=60).token_ids for h in both],
+        )
 
     plain.flush_cache()
     over.flush_cache()
@@ -211,29 +229,50 @@ def test_shared_prefixes_and_scoring_under_overlap(engines):
     assert over.stats()["num_running"] == 0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the "
-                    "device tool: tests/runtime/test_overlap.py)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU (run through the device tool: tests/runtime/test_overlap.py)",
+)
 def test_on_the_gpu_with_graphs_outputs_are_bitwise_those_without_overlap():
     """The real thing: asynchronous draws, pinned copies, decode and piecewise CUDA graphs
     fed placeholders. Fixed-length greedy and seeded requests give the same batches with
     and without overlap (a request at its length cap leaves at once in both), so the
     tokens must be identical, with fewer rows than requests (admissions as slots free up)."""
-    cfg = ModelConfig("llama", vocab_size=512, hidden_size=128, intermediate_size=256,
-                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, max_position=512)
-    model = load_model(cfg, load_format="dummy", seed=5, device="cuda", dtype="float32",
-                       attention="triton")
+    cfg = ModelConfig(
+        "llama",
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        max_position=512,
+    )
+    model = load_model(
+        cfg, load_format="dummy", seed=5, device="cuda", dtype="float32", attention="triton"
+    )
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, 512, (int(n),), generator=g).tolist()
-               for n in torch.randint(4, 200, (24,), generator=g)]
-    params = [SP(max_tokens=8 + 5 * i, temperature=0.0, ignore_eos=True) if i % 3 else
-              SP(max_tokens=30, temperature=0.8, top_k=20, seed=i, ignore_eos=True)
-              for i in range(len(prompts))]
+    prompts = [
+        torch.randint(3, 512, (int(n),), generator=g).tolist()
+        for n in torch.randint(4, 200, (24,), generator=g)
+    ]
+    params = [
+        SP(max_tokens=8 + 5 * i, temperature=0.0, ignore_eos=True)
+        if i % 3
+        else SP(max_tokens=30, temperature=0.8, top_k=20, seed=i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
     outs, stats = [], []
     for overlap in (False, True):
-        eng = launch_engine(model, None, eos_token_ids=(0,), max_total_tokens=8192,
-                            scheduler_config=SchedulerConfig(max_num_batched_tokens=256,
-                                                             max_running_requests=12),
-                            engine_config=EngineConfig(check_integrity=True, overlap=overlap))
+        eng = launch_engine(
+            model,
+            None,
+            eos_token_ids=(0,),
+            max_total_tokens=8192,
+            scheduler_config=SchedulerConfig(max_num_batched_tokens=256, max_running_requests=12),
+            engine_config=EngineConfig(check_integrity=True, overlap=overlap),
+        )
         try:
             handles = [eng.submit(EngineRequest(tuple(p), sp)) for p, sp in zip(prompts, params)]
             outs.append([h.result(timeout=300).token_ids for h in handles])

@@ -38,14 +38,20 @@ class PagedRunner:
         locs, ids = [], []
         for row, new in work:
             slots = [self.free.pop() for _ in new]
-            self.req_to_token[row, self.lens[row]:self.lens[row] + len(new)] = torch.tensor(slots)
+            self.req_to_token[row, self.lens[row] : self.lens[row] + len(new)] = torch.tensor(slots)
             self.lens[row] += len(new)
             locs += slots
             ids += new
         batch = ForwardBatch.build(
-            input_ids=ids, out_cache_loc=locs, req_pool_indices=[r for r, _ in work],
-            seq_lens=[self.lens[r] for r, _ in work], extend_lens=[len(n) for _, n in work],
-            req_to_token=self.req_to_token, logits_indices=range(len(ids)), device=self.kv.device)
+            input_ids=ids,
+            out_cache_loc=locs,
+            req_pool_indices=[r for r, _ in work],
+            seq_lens=[self.lens[r] for r, _ in work],
+            extend_lens=[len(n) for _, n in work],
+            req_to_token=self.req_to_token,
+            logits_indices=range(len(ids)),
+            device=self.kv.device,
+        )
         with torch.inference_mode():
             logits = self.model(batch, self.kv).cpu()
         return list(logits.split([len(n) for _, n in work]))
@@ -78,7 +84,7 @@ def check_paged_parity(ours, hf_model, seqs: list[list[int]], atol: float) -> fl
     compare(torch.cat([first, second]), refs[1][:-3])
     for i in range(3, 0, -1):  # decode steps
         (tok,) = runner.step([(2, [b[-i]])])
-        compare(tok, refs[1][-i:len(b) - i + 1])
+        compare(tok, refs[1][-i : len(b) - i + 1])
     # hybrid: fresh prefill + chunk over a prefix + two decodes of other lengths
     hybrid = PagedRunner(ours, seed=2)
     c, d = seqs[2], seqs[3]
@@ -95,15 +101,35 @@ def check_paged_parity(ours, hf_model, seqs: list[list[int]], atol: float) -> fl
 
 
 def _hf_tiny(kind: str, tie: bool):
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
-    from transformers import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
-    common = dict(vocab_size=120, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  tie_word_embeddings=tie, rms_norm_eps=1e-6)
+    common = dict(
+        vocab_size=120,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=tie,
+        rms_norm_eps=1e-6,
+    )
     if kind == "llama3":
-        rope = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 32, "rope_theta": 10000.0}
+        rope = {
+            "rope_type": "llama3",
+            "factor": 4.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+            "rope_theta": 10000.0,
+        }
         model = LlamaForCausalLM(LlamaConfig(rope_parameters=rope, **common))
     elif kind == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=False, **common))
@@ -124,8 +150,9 @@ def _seqs(vocab: int, lengths=(11, 19, 9, 14)) -> list[list[int]]:
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-@pytest.mark.parametrize("kind,tie", [("llama3", False), ("llama3", True), ("qwen2", True),
-                                      ("qwen3", False)])
+@pytest.mark.parametrize(
+    "kind,tie", [("llama3", False), ("llama3", True), ("qwen2", True), ("qwen3", False)]
+)
 def test_tiny_safetensors_models_match_transformers(kind, tie, tmp_path):
     hf = _hf_tiny(kind, tie)
     hf.save_pretrained(tmp_path)
@@ -164,12 +191,22 @@ def _write_tiny_gguf(hf, path) -> None:
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
-    names = {"model.embed_tokens.weight": "token_embd.weight",
-             "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
-    block = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down"}
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    block = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
     for name, p in hf.state_dict().items():
         array = p.float().numpy()
         if name.startswith("model.layers."):
@@ -226,8 +263,9 @@ def test_tiny_llama_gguf_matches_transformers_gguf_loading(tmp_path, monkeypatch
     # and the un-permuted, dequantized q_proj is the original one up to Q8_0 rounding
     q_size = 64
     ours_q = ours.model.layers[1].self_attn.qkv_proj.weight[:q_size]
-    torch.testing.assert_close(ours_q, source.model.layers[1].self_attn.q_proj.weight,
-                               atol=0.02, rtol=0.02)
+    torch.testing.assert_close(
+        ours_q, source.model.layers[1].self_attn.q_proj.weight, atol=0.02, rtol=0.02
+    )
 
 
 def test_gguf_index_is_parsed_once_then_read_from_the_cache(tmp_path, monkeypatch):
@@ -269,10 +307,12 @@ def test_default_model_matches_transformers(default_pair):
 
     ours, hf = default_pair
     tok = load_tokenizer(resolve_model())
-    texts = ["The capital of France is Paris, and the capital of Germany is",
-             "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
-             "Once upon a time, in a small village by the sea,",
-             "Question: what is 17 * 3? Answer: 17 * 3 = 51. Question: what is 6 * 7?"]
+    texts = [
+        "The capital of France is Paris, and the capital of Germany is",
+        "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+        "Once upon a time, in a small village by the sea,",
+        "Question: what is 17 * 3? Answer: 17 * 3 = 51. Question: what is 6 * 7?",
+    ]
     seqs = [tok.encode(t) for t in texts]
     worst = check_paged_parity(ours, hf, seqs, DEFAULT_MODEL_ATOL)
     print(f"default model: max |logit diff| vs transformers = {worst:.2e}")

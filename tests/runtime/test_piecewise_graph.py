@@ -9,7 +9,11 @@ sets it up); capture and replay need CUDA.
 import pytest
 import torch
 from triton_testing import (  # noqa: F401 - one_thread is a fixture
-    one_thread, requires_triton, run_captured, run_uncaptured, setup,
+    one_thread,
+    requires_triton,
+    run_captured,
+    run_uncaptured,
+    setup,
 )
 
 from lmprog.runtime.forward_batch import ForwardBatch
@@ -25,21 +29,32 @@ def check_against_eager(device, capture, dtype, tol):
     done = [0] * rows  # tokens whose K/V are in the pool
 
     def batch(sel, ext, logits_rows):
-        loc = torch.cat([table[r, done[r]:done[r] + n].cpu() for r, n in zip(sel, ext)])
+        loc = torch.cat([table[r, done[r] : done[r] + n].cpu() for r, n in zip(sel, ext)])
         return ForwardBatch.build(
-            input_ids=torch.randint(0, 50, (len(loc),), generator=g), out_cache_loc=loc,
-            req_pool_indices=sel, seq_lens=[done[r] + n for r, n in zip(sel, ext)],
-            extend_lens=ext, req_to_token=table, device=device,
-            logits_indices=logits_rows)
+            input_ids=torch.randint(0, 50, (len(loc),), generator=g),
+            out_cache_loc=loc,
+            req_pool_indices=sel,
+            seq_lens=[done[r] + n for r, n in zip(sel, ext)],
+            extend_lens=ext,
+            req_to_token=table,
+            device=device,
+            logits_indices=logits_rows,
+        )
 
     with torch.inference_mode():
-        graphs = PiecewiseGraphRunner(model, kvs[0], table, max_tokens=40,
-                                      buckets=(8, 16, 32), capture=capture)
+        graphs = PiecewiseGraphRunner(
+            model, kvs[0], table, max_tokens=40, buckets=(8, 16, 32), capture=capture
+        )
         assert graphs.token_buckets == (8, 16, 32, 40)
         served = []
-        steps = [([0, 1, 2], [12, 7, 9]), ([0, 1, 2, 3], [1, 1, 5, 20]),
-                 ([3, 4, 5, 0], [3, 8, 1, 3]), ([0, 1, 2, 3, 4, 5], [1, 1, 1, 1, 30, 11]),
-                 ([0, 4, 5], [2, 1, 1]), ([1, 2], [20, 9])]
+        steps = [
+            ([0, 1, 2], [12, 7, 9]),
+            ([0, 1, 2, 3], [1, 1, 5, 20]),
+            ([3, 4, 5, 0], [3, 8, 1, 3]),
+            ([0, 1, 2, 3, 4, 5], [1, 1, 1, 1, 30, 11]),
+            ([0, 4, 5], [2, 1, 1]),
+            ([1, 2], [20, 9]),
+        ]
         for sel, ext in steps:
             total = sum(ext)
             want_rows = [i for i in range(total) if i % 3 == 0] + [total - 1]
@@ -63,15 +78,17 @@ def check_against_eager(device, capture, dtype, tol):
 
 
 @requires_triton
-def test_segmented_padded_forward_matches_eager(one_thread):  # noqa: F811
+def test_segmented_padded_forward_matches_eager(one_thread):
     """The graphs' segments and buffers without capture: same logits and K/V as eager."""
     run_uncaptured(check_against_eager)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(),
-                    reason="CUDA graph capture needs a CUDA GPU (the segmented path is tested "
-                           "on the CPU by test_segmented_padded_forward_matches_eager)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="CUDA graph capture needs a CUDA GPU (the segmented path is tested "
+    "on the CPU by test_segmented_padded_forward_matches_eager)",
+)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_piecewise_replay_matches_eager(dtype, one_thread):  # noqa: F811
+def test_piecewise_replay_matches_eager(dtype, one_thread):
     run_captured(check_against_eager, dtype)

@@ -166,14 +166,21 @@ def test_disabled_cache_matches_nothing_and_hands_everything_back():
     cache.check_integrity([None, None])
 
 
-@pytest.mark.parametrize("corrupt, message", [
-    (lambda t, n: setattr(t, "_evictable", t._evictable + 1), "evictable_size"),
-    (lambda t, n: n.slots.__setitem__(0, t.root.children[1].slots[0] if n.key[0] != 1
-                                      else t.root.children[5].slots[0]), "two nodes"),
-    (lambda t, n: setattr(n, "lock_ref", 1), "lock"),
-    (lambda t, n: t._leaves.discard(n), "leaf set"),
-    (lambda t, n: setattr(n, "slots", n.slots[:-1]), "slots"),
-])
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        (lambda t, n: setattr(t, "_evictable", t._evictable + 1), "evictable_size"),
+        (
+            lambda t, n: n.slots.__setitem__(
+                0, t.root.children[1].slots[0] if n.key[0] != 1 else t.root.children[5].slots[0]
+            ),
+            "two nodes",
+        ),
+        (lambda t, n: setattr(n, "lock_ref", 1), "lock"),
+        (lambda t, n: t._leaves.discard(n), "leaf set"),
+        (lambda t, n: setattr(n, "slots", n.slots[:-1]), "slots"),
+    ],
+)
 def test_integrity_catches_planted_corruption(corrupt, message):
     tree = RadixCache()
     tree.insert([1, 2, 3], seq_slots(1, 3))
@@ -186,9 +193,11 @@ def test_integrity_catches_planted_corruption(corrupt, message):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=12), min_size=1, max_size=12),
-       st.lists(st.lists(st.integers(0, 3), max_size=14), max_size=8),
-       st.sampled_from([1, 2, 3]))
+@given(
+    st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=12), min_size=1, max_size=12),
+    st.lists(st.lists(st.integers(0, 3), max_size=14), max_size=8),
+    st.sampled_from([1, 2, 3]),
+)
 def test_matches_agree_with_a_reference_of_inserted_prefixes(inserted, queries, page):
     """Every cached page keeps the slots of the first sequence that inserted it."""
     tree = RadixCache(page_size=page)
@@ -208,7 +217,7 @@ def test_matches_agree_with_a_reference_of_inserted_prefixes(inserted, queries, 
         present = cached_pages(seq) * page
         assert tree.insert(seq, new) == present
         for end in range(present + page, len(seq) + 1, page):
-            ref[tuple(seq[:end])] = new[end - page: end].tolist()
+            ref[tuple(seq[:end])] = new[end - page : end].tolist()
         tree.check_integrity()
     for q in queries + inserted:
         k = cached_pages(q)

@@ -12,10 +12,12 @@ from lmprog.runtime.scheduler import Scheduler
 
 
 def make(num_slots=256, ctx=128, budget=16, max_reqs=8, page=1, radix=True, **kw):
-    return Scheduler(num_slots, ctx,
-                     SchedulerConfig(max_num_batched_tokens=budget, max_running_requests=max_reqs,
-                                     **kw),
-                     CacheConfig(page_size=page, radix_cache=radix))
+    return Scheduler(
+        num_slots,
+        ctx,
+        SchedulerConfig(max_num_batched_tokens=budget, max_running_requests=max_reqs, **kw),
+        CacheConfig(page_size=page, radix_cache=radix),
+    )
 
 
 def req(rid, prompt, max_tokens=4, **kw):
@@ -60,7 +62,7 @@ def test_one_prompt_is_chunked_and_samples_on_the_last_chunk_only():
         (e,) = batch.entries
         shapes.append((e.start, e.num_new, e.sample, e.logits_from))
         assert batch.positions.tolist() == list(range(e.start, e.end))
-        assert np.array_equal(batch.out_slots, s.req_to_token[e.row, e.start:e.end])
+        assert np.array_equal(batch.out_slots, s.req_to_token[e.row, e.start : e.end])
     assert shapes == [(0, 16, False, None), (16, 16, False, None), (32, 8, True, 39)]
     assert r.output_len == 1 and r.num_computed == 40
     run(s)
@@ -83,7 +85,9 @@ def test_budget_serves_all_decodes_and_fills_the_rest_with_a_prefill_chunk():
         assert batch.num_tokens == sum(e.num_new for e in batch.entries) <= 16
     assert chunks == [13, 13, 13, 1]
     run(s)
-    assert [r.output_ids for r in decoding] == [expected_output([i + 1, i + 2], 50) for i in range(3)]
+    assert [r.output_ids for r in decoding] == [
+        expected_output([i + 1, i + 2], 50) for i in range(3)
+    ]
 
 
 def test_prefill_first_mode_pauses_decodes_while_prompts_are_pending():
@@ -101,7 +105,9 @@ def test_prefill_first_mode_pauses_decodes_while_prompts_are_pending():
     batch, _ = step(s)  # nothing left to prefill: everyone decodes together
     assert sorted(e.num_new for e in batch.entries) == [1, 1, 1, 1]
     run(s)
-    assert [r.output_ids for r in decoding] == [expected_output([i + 1, i + 2], 50) for i in range(3)]
+    assert [r.output_ids for r in decoding] == [
+        expected_output([i + 1, i + 2], 50) for i in range(3)
+    ]
     with pytest.raises(TypeError, match="hybrid_batching must be a bool"):
         SchedulerConfig(hybrid_batching=1)
 
@@ -164,8 +170,7 @@ def test_tiny_pool_retracts_and_resumes_until_everything_finishes():
 
 def test_retraction_takes_the_newest_request_first():
     # an optimistic admission (no reserve for future tokens) must be repaired by retraction
-    s = make(num_slots=40, budget=32, max_reqs=4, init_new_token_ratio=0.0,
-             min_new_token_ratio=0.0)
+    s = make(num_slots=40, budget=32, max_reqs=4, init_new_token_ratio=0.0, min_new_token_ratio=0.0)
     old = s.submit(req("old", list(range(10)), max_tokens=30))
     new = s.submit(req("new", list(range(50, 60)), max_tokens=30))
     retracted = []
@@ -369,10 +374,13 @@ def test_bookkeeping_modules_import_no_model_kernel_or_torch_code():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "lmprog" / "runtime"
-    files = [root / "config.py", root / "request.py", *(root / "cache").glob("*.py"),
-             *(root / "scheduler").glob("*.py")]
-    banned = {"models", "layers", "kernels", "engine", "model_runner", "kv_pool",
-              "forward_batch"}
+    files = [
+        root / "config.py",
+        root / "request.py",
+        *(root / "cache").glob("*.py"),
+        *(root / "scheduler").glob("*.py"),
+    ]
+    banned = {"models", "layers", "kernels", "engine", "model_runner", "kv_pool", "forward_batch"}
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):

@@ -33,8 +33,8 @@ def reference(prompt, max_tokens, cap):
         t = next_token(toks)
         toks.append(t)
         if t % STOP_MOD == 0:
-            return toks[len(prompt):], "stop"
-    return toks[len(prompt):], "length"
+            return toks[len(prompt) :], "stop"
+    return toks[len(prompt) :], "length"
 
 
 class FakeEngine:
@@ -69,16 +69,18 @@ class FakeEngine:
         self.kv_pos[batch.out_slots] = batch.positions
         tokens, reasons = [], []
         for e in batch.entries:
-            host = self.s.req_to_token[e.row, :e.end]
-            assert np.array_equal(host[e.start:], batch.out_slots[e.offset:e.offset + e.num_new])
+            host = self.s.req_to_token[e.row, : e.end]
+            assert np.array_equal(host[e.start :], batch.out_slots[e.offset : e.offset + e.num_new])
             if e.sync_row:
-                self.device_table[e.row, :e.end] = host
+                self.device_table[e.row, : e.end] = host
             else:
-                self.device_table[e.row, e.start:e.end] = host[e.start:]
-            row = self.device_table[e.row, :e.end]
+                self.device_table[e.row, e.start : e.end] = host[e.start :]
+            row = self.device_table[e.row, : e.end]
             fed = e.req.token_ids[: e.end - e.num_draft] + list(e.draft_ids)
             assert self.kv_tok[row].tolist() == fed, "a KV slot holds another token"
-            assert self.kv_pos[row].tolist() == list(range(e.end)), "a KV slot holds another position"
+            assert self.kv_pos[row].tolist() == list(range(e.end)), (
+                "a KV slot holds another position"
+            )
             toks, reason = self.sample(e) if e.sample else ([], None)
             tokens.append(toks)
             reasons.append(reason)
@@ -108,8 +110,9 @@ CONFIGS = {
     "tiny-pool-lfu": dict(num_slots=80, page=1, radix=True, eviction="lfu", speculate=False),
     "tiny-pool-no-radix": dict(num_slots=80, page=1, radix=False, eviction="lru", speculate=False),
     "tiny-pool-paged": dict(num_slots=96, page=4, radix=True, eviction="lru", speculate=False),
-    "no-radix-paged-speculative": dict(num_slots=96, page=4, radix=False, eviction="lru",
-                                       speculate=True),
+    "no-radix-paged-speculative": dict(
+        num_slots=96, page=4, radix=False, eviction="lru", speculate=True
+    ),
     "speculative": dict(num_slots=64, page=1, radix=True, eviction="lru", speculate=True),
     "speculative-paged": dict(num_slots=128, page=2, radix=True, eviction="lfu", speculate=True),
 }
@@ -124,23 +127,35 @@ def simulate(name, seed):
     cfg = CONFIGS[name]
     rng = random.Random(seed)
     ctx = 64
-    s = Scheduler(cfg["num_slots"], ctx,
-                  SchedulerConfig(max_num_batched_tokens=24, max_running_requests=6,
-                                  stagger_min_tokens=6, lpm_max_queue=5,
-                                  init_new_token_ratio=0.3, min_new_token_ratio=0.05,
-                                  new_token_ratio_decay=0.01),
-                  CacheConfig(page_size=cfg["page"], radix_cache=cfg["radix"],
-                              eviction=cfg["eviction"]))
+    s = Scheduler(
+        cfg["num_slots"],
+        ctx,
+        SchedulerConfig(
+            max_num_batched_tokens=24,
+            max_running_requests=6,
+            stagger_min_tokens=6,
+            lpm_max_queue=5,
+            init_new_token_ratio=0.3,
+            min_new_token_ratio=0.05,
+            new_token_ratio_decay=0.01,
+        ),
+        CacheConfig(page_size=cfg["page"], radix_cache=cfg["radix"], eviction=cfg["eviction"]),
+    )
     engine = FakeEngine(s, rng, cfg["speculate"])
     prefixes = [[rng.randint(0, 999) for _ in range(rng.randint(4, 20))] for _ in range(4)]
     submitted, aborted, finished = {}, set(), []
-    for step in range(3000):
+    for step in range(3000):  # noqa: B007 - read after the loop
         if len(submitted) < 60 and rng.random() < 0.35:
-            prompt = rng.choice(prefixes + [[]]) + [rng.randint(0, 999) for _ in range(rng.randint(1, 12))]
+            prompt = rng.choice(prefixes + [[]]) + [
+                rng.randint(0, 999) for _ in range(rng.randint(1, 12))
+            ]
             pls = rng.randint(0, len(prompt) - 1) if rng.random() < 0.1 else None
-            r = Req(len(submitted), prompt,
-                    SamplingParams(max_tokens=rng.randint(0, 24), ignore_eos=True),
-                    prompt_logprob_start=pls)
+            r = Req(
+                len(submitted),
+                prompt,
+                SamplingParams(max_tokens=rng.randint(0, 24), ignore_eos=True),
+                prompt_logprob_start=pls,
+            )
             submitted[r.rid] = s.submit(r)
         if rng.random() < 0.02 and s.has_work:
             victim = rng.choice([*s.requests.waiting, *s.requests.running_reqs()])
@@ -166,8 +181,10 @@ def simulate(name, seed):
             assert (r.output_ids, r.finish_reason) == (expected, reason), f"request {rid}"
     assert len(finished) == 60 - len(aborted)
     stats = s.stats()
-    print(f"{name}: {step} steps, {stats.num_retractions} retractions, hit rate "
-          f"{stats.cache_hit_rate:.2f}, {len(aborted)} aborted, min free {engine.min_free}")
+    print(
+        f"{name}: {step} steps, {stats.num_retractions} retractions, hit rate "
+        f"{stats.cache_hit_rate:.2f}, {len(aborted)} aborted, min free {engine.min_free}"
+    )
     if cfg["radix"]:
         assert stats.cached_tokens > 0
     if cfg["num_slots"] < 100:  # the pool ran dry and requests had to be retracted
@@ -177,10 +194,17 @@ def simulate(name, seed):
 def test_64_running_requests_decode_together_step_after_step():
     """The steady decode state that bench/bench_scheduler.py times (its time per step is a
     benchmark, not a test): 64 running requests, every one in every batch."""
-    s = Scheduler(200_000, 4096, SchedulerConfig(max_num_batched_tokens=4096, max_running_requests=64))
+    s = Scheduler(
+        200_000, 4096, SchedulerConfig(max_num_batched_tokens=4096, max_running_requests=64)
+    )
     for i in range(64):
-        s.submit(Req(i, list(range(i * 1000, i * 1000 + 256)),
-                     SamplingParams(max_tokens=100_000, ignore_eos=True)))
+        s.submit(
+            Req(
+                i,
+                list(range(i * 1000, i * 1000 + 256)),
+                SamplingParams(max_tokens=100_000, ignore_eos=True),
+            )
+        )
     while any(r.pending_len > 1 for r in s.requests.running_reqs()) or s.num_waiting:
         b = s.schedule()
         s.process_results(b, [[1] if e.sample else [] for e in b.entries])

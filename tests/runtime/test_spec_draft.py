@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from spec_testing import random_llama, requires_default_model
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.config import SchedulerConfig
@@ -18,11 +19,19 @@ from lmprog.runtime.models import ModelConfig
 from lmprog.runtime.speculative import SpeculativeConfig, build_proposer
 from lmprog.runtime.speculative.draft import DraftModelProposer, common_prefix_len
 from lmprog.runtime.speculative.proposer import ProposalInput as PI
-from spec_testing import random_llama, requires_default_model
 
 torch.set_num_threads(1)
-TINY = ModelConfig("llama", vocab_size=211, hidden_size=32, intermediate_size=64, num_layers=2,
-                   num_heads=4, num_kv_heads=2, head_dim=8, max_position=96)
+TINY = ModelConfig(
+    "llama",
+    vocab_size=211,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    max_position=96,
+)
 PROMPTS = [[5, 17, 3, 99, 42, 7], [1, 2, 3], [200, 10, 10, 10, 4, 8, 15, 16, 23, 42], [77]]
 
 
@@ -37,9 +46,14 @@ def next_logits(model, tokens):
     param = next(model.parameters())
     kv = KVPool.for_model(model.config, len(tokens), param.dtype, param.device)
     table = torch.arange(1, len(tokens) + 1, dtype=torch.int32, device=param.device)[None, :]
-    batch = ForwardBatch.build(input_ids=tokens, out_cache_loc=range(1, len(tokens) + 1),
-                               req_pool_indices=[0], seq_lens=[len(tokens)],
-                               extend_lens=[len(tokens)], req_to_token=table)
+    batch = ForwardBatch.build(
+        input_ids=tokens,
+        out_cache_loc=range(1, len(tokens) + 1),
+        req_pool_indices=[0],
+        seq_lens=[len(tokens)],
+        extend_lens=[len(tokens)],
+        req_to_token=table,
+    )
     with torch.inference_mode():
         return model(batch, kv)[0]
 
@@ -79,8 +93,11 @@ def test_greedy_drafts_are_the_targets_greedy_continuation(model, reference):
 def test_requests_with_different_k_in_one_batch(model, reference):
     prop = proposer(model, max_total_tokens=512)
     out = prop.propose([PI("a", PROMPTS[0], 1), PI("b", PROMPTS[1], 5), PI("c", PROMPTS[2], 3)])
-    assert [list(p.token_ids) for p in out] == [reference[0][:1], reference[1][:5],
-                                                reference[2][:3]]
+    assert [list(p.token_ids) for p in out] == [
+        reference[0][:1],
+        reference[1][:5],
+        reference[2][:3],
+    ]
     prop.check_integrity()
 
 
@@ -91,8 +108,10 @@ def test_rollback_after_a_rejection_equals_a_fresh_proposer(model, reference, ac
     prop.split_extend_limit = split  # 4: short extends as one-token steps (the GPU's way)
     first = drafts(prop, PROMPTS)
     # the target accepted `accepted` drafts, then sampled its own (different) token
-    bonus = [(d[accepted] + 1) % TINY.vocab_size if accepted < 4 else r[4]
-             for d, r in zip(first, reference)]
+    bonus = [
+        (d[accepted] + 1) % TINY.vocab_size if accepted < 4 else r[4]
+        for d, r in zip(first, reference)
+    ]
     seqs = [p + d[:accepted] + [b] for p, d, b in zip(PROMPTS, first, bonus)]
     again = drafts(prop, seqs)
     assert again == drafts(proposer(model, max_total_tokens=512), seqs)
@@ -117,10 +136,12 @@ def test_short_extends_of_different_lengths_as_one_token_steps(model):
     prop = proposer(model, max_total_tokens=512)
     prop.split_extend_limit = 4
     first = drafts(prop, PROMPTS)
-    seqs = [PROMPTS[0] + [(first[0][0] + 1) % 211],  # rejected at once: extend 1
-            PROMPTS[1] + first[1] + [3],  # all accepted: extend 2
-            PROMPTS[2][:-1] + [9, 9],  # tail rewritten: extend 3
-            PROMPTS[3] + [5, 5, 5]]  # extend 4
+    seqs = [
+        PROMPTS[0] + [(first[0][0] + 1) % 211],  # rejected at once: extend 1
+        PROMPTS[1] + first[1] + [3],  # all accepted: extend 2
+        PROMPTS[2][:-1] + [9, 9],  # tail rewritten: extend 3
+        PROMPTS[3] + [5, 5, 5],
+    ]  # extend 4
     assert drafts(prop, seqs) == [greedy_continuation(model, s, 4) for s in seqs]
     prop.check_integrity()
 
@@ -171,27 +192,49 @@ def test_too_few_rows_and_too_long_requests_get_empty_proposals(model, reference
 def test_the_engines_limits_reach_the_draft_model(model, tmp_path):
     """build_proposer / launch_engine size the draft for the engine's max_running_requests and
     context length (DraftModelProposer alone: 64 rows, the draft's max_position)."""
-    (tmp_path / "config.json").write_text(json.dumps({  # a tiny draft "checkpoint"
-        "model_type": "llama", "vocab_size": TINY.vocab_size, "hidden_size": 16,
-        "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-        "num_key_value_heads": 1, "max_position_embeddings": 80}))
-    cfg = SpeculativeConfig(method="draft", draft_model=str(tmp_path), draft_load_format="dummy",
-                            num_tokens=2, adaptive=False)
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {  # a tiny draft "checkpoint"
+                "model_type": "llama",
+                "vocab_size": TINY.vocab_size,
+                "hidden_size": 16,
+                "intermediate_size": 32,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "max_position_embeddings": 80,
+            }
+        )
+    )
+    cfg = SpeculativeConfig(
+        method="draft",
+        draft_model=str(tmp_path),
+        draft_load_format="dummy",
+        num_tokens=2,
+        adaptive=False,
+    )
     prop = build_proposer(cfg, vocab_size=TINY.vocab_size, max_requests=100, context_length=60)
     assert (prop.cache.num_rows, prop.context_length) == (100, 60)
     assert tuple(prop.req_to_token.shape) == (100, 60)
     prop = build_proposer(cfg, vocab_size=TINY.vocab_size, context_length=500)
     assert (prop.cache.num_rows, prop.context_length) == (64, 80)  # capped by the draft
-    eng = launch_engine(model, None, eos_token_ids=(0,), max_total_tokens=2048, context_length=72,
-                        scheduler_config=SchedulerConfig(max_running_requests=80,
-                                                         max_num_batched_tokens=512),
-                        speculative=cfg)
+    eng = launch_engine(
+        model,
+        None,
+        eos_token_ids=(0,),
+        max_total_tokens=2048,
+        context_length=72,
+        scheduler_config=SchedulerConfig(max_running_requests=80, max_num_batched_tokens=512),
+        speculative=cfg,
+    )
     try:
         prop = eng.speculator.proposer
         assert (prop.cache.num_rows, prop.context_length) == (80, 72)
         params = SP(max_tokens=4, temperature=0.0, ignore_eos=True)
-        handles = [eng.submit(EngineRequest((1 + i % 50, 2, 3, 4 + i % 7), params), stream=False)
-                   for i in range(70)]
+        handles = [
+            eng.submit(EngineRequest((1 + i % 50, 2, 3, 4 + i % 7), params), stream=False)
+            for i in range(70)
+        ]
         assert all(h.result(timeout=120).completion_tokens == 4 for h in handles)
         stats = eng.stats()  # up to 70 requests decoding together, every one drafted for
         assert stats["spec_verified_tokens"] >= 70 * 2 and prop.num_skipped == 0, stats
@@ -212,8 +255,9 @@ def test_sampled_drafts_return_their_distribution(model):
     want[want < want.topk(20).values[-1]] = 0
     torch.testing.assert_close(p.probs[0], want / want.sum(), rtol=1e-4, atol=1e-6)
     # seeded: a fresh proposer draws the same chain, also next to a greedy request
-    (q, _) = proposer(model, max_total_tokens=512).propose([PI(0, PROMPTS[0], 3, params),
-                                                            PI(1, PROMPTS[1], 3)])
+    (q, _) = proposer(model, max_total_tokens=512).propose(
+        [PI(0, PROMPTS[0], 3, params), PI(1, PROMPTS[1], 3)]
+    )
     assert q.token_ids == p.token_ids
 
 
@@ -221,9 +265,12 @@ def test_seeded_sampled_drafts_do_not_depend_on_the_batch(model):
     hot = SP(temperature=1.0, seed=5)
     cool = SP(temperature=0.5, top_p=0.9, seed=6)
     batch = proposer(model, max_total_tokens=512).propose(
-        [PI("a", PROMPTS[0], 2, hot), PI("b", PROMPTS[2], 5, cool), PI("c", PROMPTS[1], 3)])
-    alone = [proposer(model, max_total_tokens=512).propose([PI(r, p, k, sp)])[0]
-             for r, p, k, sp in (("a", PROMPTS[0], 2, hot), ("b", PROMPTS[2], 5, cool))]
+        [PI("a", PROMPTS[0], 2, hot), PI("b", PROMPTS[2], 5, cool), PI("c", PROMPTS[1], 3)]
+    )
+    alone = [
+        proposer(model, max_total_tokens=512).propose([PI(r, p, k, sp)])[0]
+        for r, p, k, sp in (("a", PROMPTS[0], 2, hot), ("b", PROMPTS[2], 5, cool))
+    ]
     for got, want in zip(batch, alone):
         assert got.token_ids == want.token_ids and len(got.token_ids) == got.probs.shape[0]
         torch.testing.assert_close(got.probs, want.probs)
@@ -253,10 +300,26 @@ def test_bad_token_ids_and_duplicate_rids(model):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_cuda_with_graphs_the_drafts_are_the_eager_targets_continuation():
-    cfg = ModelConfig("llama", vocab_size=211, hidden_size=128, intermediate_size=256,
-                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, max_position=256)
-    prop = DraftModelProposer.load(cfg, vocab_size=211, device="cuda", dtype="float32",
-                                   load_format="dummy", max_total_tokens=2048, max_requests=8)
+    cfg = ModelConfig(
+        "llama",
+        vocab_size=211,
+        hidden_size=128,
+        intermediate_size=256,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        max_position=256,
+    )
+    prop = DraftModelProposer.load(
+        cfg,
+        vocab_size=211,
+        device="cuda",
+        dtype="float32",
+        load_format="dummy",
+        max_total_tokens=2048,
+        max_requests=8,
+    )
     assert prop.graphs is not None  # Triton attention: decode steps replay CUDA graphs
     with torch.no_grad():
         for p in prop.model.parameters():
@@ -285,16 +348,24 @@ def test_runtime_with_the_default_model_as_its_own_draft():
 
     # draft_cost 0.0: a draft as large as the target costs a whole step per draft, so the
     # measured cost (draft_cost=None) would rightly stop speculation; this tests the path
-    rt = lp.Runtime(device="cpu", max_total_tokens=2048, speculative={
-        "method": "draft", "draft_model": resolve_model().name, "num_tokens": 4,
-        "draft_cost": 0.0})
+    rt = lp.Runtime(
+        device="cpu",
+        max_total_tokens=2048,
+        speculative={
+            "method": "draft",
+            "draft_model": resolve_model().name,
+            "num_tokens": 4,
+            "draft_cost": 0.0,
+        },
+    )
     prompts = ["The capital of France is", "def fibonacci(n):"]
     greedy = SP(max_tokens=20, temperature=0.0, ignore_eos=True)
     try:
         with_drafts = [r.token_ids for r in rt.generate(prompts, greedy)]
         stats = rt.stats()
-        rt.generate(prompts, SP(max_tokens=12, temperature=0.8, top_p=0.95, seed=3,
-                                ignore_eos=True))
+        rt.generate(
+            prompts, SP(max_tokens=12, temperature=0.8, top_p=0.95, seed=3, ignore_eos=True)
+        )
         sampled = rt.stats()
         rt.engine.set_speculation(False)
         assert [r.token_ids for r in rt.generate(prompts, greedy)] == with_drafts

@@ -8,25 +8,30 @@ import json
 
 import pytest
 import torch
+from spec_testing import requires_default_model
 
 import lmprog as lp
 from lmprog.core.protocol import GenerateRequest
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.fsm.constraint import Constraint
 
-from spec_testing import requires_default_model
-
 pytestmark = [pytest.mark.e2e, requires_default_model]
 
-TEXT = ("Maria Lopez, a chemist from Valencia, joined the Northern Lights Institute in March 2019. "
-        "Her colleague Tom Becker, an engineer from Hamburg, arrived two years later.")
+TEXT = (
+    "Maria Lopez, a chemist from Valencia, joined the Northern Lights Institute in March 2019. "
+    "Her colleague Tom Becker, an engineer from Hamburg, arrived two years later."
+)
 
 
 @pytest.fixture(scope="module")
 def rt():
     torch.set_num_threads(1)
-    runtime = lp.Runtime(device="cpu", max_total_tokens=4096, check_integrity=True,
-                         speculative={"method": "ngram", "num_tokens": 6})
+    runtime = lp.Runtime(
+        device="cpu",
+        max_total_tokens=4096,
+        check_integrity=True,
+        speculative={"method": "ngram", "num_tokens": 6},
+    )
     yield runtime
     runtime.shutdown()
 
@@ -69,9 +74,12 @@ def test_stop_string_inside_the_copied_span(rt):
 
 
 def test_json_extraction_under_a_constraint(rt):
-    schema = {"type": "object", "properties": {"name": {"type": "string"},
-                                               "city": {"type": "string"}},
-              "required": ["name", "city"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "city": {"type": "string"}},
+        "required": ["name", "city"],
+        "additionalProperties": False,
+    }
     c = Constraint.from_json_schema(schema)
     p = prompt(rt, "Give the chemist's name and city as JSON.")
     off, on = both(rt, GenerateRequest(p, SP(max_tokens=40, temperature=0.0), constraint=c))

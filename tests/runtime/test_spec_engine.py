@@ -8,6 +8,8 @@ import re
 
 import pytest
 import torch
+from greedy_agreement import assert_greedy_agrees, top2_logprobs
+from spec_testing import Oracle, random_llama
 
 from lmprog.core.models import load_tokenizer, resolve_model
 from lmprog.core.sampling import SamplingParams as SP
@@ -18,14 +20,23 @@ from lmprog.runtime.engine_io import EngineRequest
 from lmprog.runtime.launch import launch_engine
 from lmprog.runtime.models import ModelConfig
 from lmprog.runtime.speculative import Proposer, SpeculativeConfig
-from greedy_agreement import assert_greedy_agrees, top2_logprobs
-from spec_testing import Oracle, random_llama
 
 torch.set_num_threads(1)
 EOS = (0, 2)
-TINY = ModelConfig("llama", vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2,
-                   num_heads=4, num_kv_heads=2, head_dim=16, max_position=512,
-                   tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,))
+TINY = ModelConfig(
+    "llama",
+    vocab_size=49152,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    max_position=512,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_ids=(2,),
+)
 SHARED = list(range(1000, 1024))
 PROMPTS = [SHARED[: 8 + i % 16] + [3000 + 7 * i + j for j in range(1 + i % 5)] for i in range(16)]
 # fp32: paths with other batch shapes (chunked re-prefill, verify vs decode, batch 16 vs 1)
@@ -68,20 +79,32 @@ class Broken(Proposer):
         raise RuntimeError("proposer bug")
 
 
-def spec_engine(model, tok, proposer, config=FIXED, slots=4096, budget=512, max_reqs=32,
-                overlap=False, **sched):
+def spec_engine(
+    model, tok, proposer, config=FIXED, slots=4096, budget=512, max_reqs=32, overlap=False, **sched
+):
     return launch_engine(
-        model, tok, eos_token_ids=EOS, max_total_tokens=slots,
-        scheduler_config=SchedulerConfig(max_num_batched_tokens=budget, max_running_requests=max_reqs,
-                                         **sched),
-        engine_config=EngineConfig(check_integrity=True, overlap=overlap), speculative=config,
-        proposer=proposer)
+        model,
+        tok,
+        eos_token_ids=EOS,
+        max_total_tokens=slots,
+        scheduler_config=SchedulerConfig(
+            max_num_batched_tokens=budget, max_running_requests=max_reqs, **sched
+        ),
+        engine_config=EngineConfig(check_integrity=True, overlap=overlap),
+        speculative=config,
+        proposer=proposer,
+    )
 
 
 @pytest.fixture(scope="module")
 def plain(model, tok):
-    e = launch_engine(model, tok, eos_token_ids=EOS, max_total_tokens=4096,
-                      engine_config=EngineConfig(check_integrity=True))
+    e = launch_engine(
+        model,
+        tok,
+        eos_token_ids=EOS,
+        max_total_tokens=4096,
+        engine_config=EngineConfig(check_integrity=True),
+    )
     yield e
     e.shutdown()
 
@@ -137,12 +160,23 @@ def test_overlap_scheduling_keeps_steps_without_drafts_in_flight(plain, model, t
     assert 0 < stats["overlapped_steps"] < stats["steps"]
 
 
-@pytest.mark.parametrize("params", [
-    SP(max_tokens=24, temperature=0.8, top_p=0.9, seed=11, ignore_eos=True),
-    SP(max_tokens=24, temperature=0.0, frequency_penalty=0.7, presence_penalty=0.3,
-       min_tokens=5, return_logprob=True, top_logprobs_num=3),
-    SP(max_tokens=7, temperature=0.0, ignore_eos=True),
-], ids=["seeded-sampling", "penalties-logprobs", "max-tokens"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SP(max_tokens=24, temperature=0.8, top_p=0.9, seed=11, ignore_eos=True),
+        SP(
+            max_tokens=24,
+            temperature=0.0,
+            frequency_penalty=0.7,
+            presence_penalty=0.3,
+            min_tokens=5,
+            return_logprob=True,
+            top_logprobs_num=3,
+        ),
+        SP(max_tokens=7, temperature=0.0, ignore_eos=True),
+    ],
+    ids=["seeded-sampling", "penalties-logprobs", "max-tokens"],
+)
 def test_parameters_give_the_same_result(plain, oracle_engine, params):
     eng, oracle = oracle_engine
     prompts = PROMPTS[:6]
@@ -150,8 +184,11 @@ def test_parameters_give_the_same_result(plain, oracle_engine, params):
     oracle.learn(prompts, ref)
     out = run_all(eng, prompts, params)
     for a, b in zip(out, ref):
-        assert (a.token_ids, a.finish_reason, a.completion_tokens) == \
-            (b.token_ids, b.finish_reason, b.completion_tokens)
+        assert (a.token_ids, a.finish_reason, a.completion_tokens) == (
+            b.token_ids,
+            b.finish_reason,
+            b.completion_tokens,
+        )
         if params.return_logprob:
             assert [lp.token_id for lp in a.logprobs] == list(a.token_ids)
             for x, y in zip(a.logprobs, b.logprobs):
@@ -166,7 +203,7 @@ def test_stop_string_inside_an_accepted_chain(plain, oracle_engine, tok):
     free = run_all(plain, [prompt], greedy(24))[0]
     oracle.learn([prompt], [free])
     text = free.text
-    stop = text[len(text) // 2: len(text) // 2 + 3]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
     assert stop.strip(), text
     params = greedy(24, stop=(stop,))
     ref, out = run_all(plain, [prompt], params)[0], run_all(eng, [prompt], params)[0]
@@ -183,8 +220,10 @@ def test_constrained_generation_stays_valid(plain, oracle_engine, tok):
     prompts = PROMPTS[6:10]
 
     def run(engine):
-        hs = [engine.submit(EngineRequest(tuple(p), greedy(40), guide=index.new_guide()))
-              for p in prompts]
+        hs = [
+            engine.submit(EngineRequest(tuple(p), greedy(40), guide=index.new_guide()))
+            for p in prompts
+        ]
         return [h.result(timeout=120) for h in hs]
 
     ref = run(plain)
@@ -205,8 +244,10 @@ def test_constrained_generation_stays_valid(plain, oracle_engine, tok):
 
 # Long forced spans (the keys) between short free ones that the loopy model fills with one
 # digit repeated: n-gram drafts after a key copy the previous value.
-FIELDS = r'\{"alpha": "[0-9]{5}", "beta": "[0-9]{5}", "gamma": "[0-9]{5}", ' \
-         r'"delta": "[0-9]{5}", "epsilon": "[0-9]{5}", "zeta": "[0-9]{5}"\}'
+FIELDS = (
+    r'\{"alpha": "[0-9]{5}", "beta": "[0-9]{5}", "gamma": "[0-9]{5}", '
+    r'"delta": "[0-9]{5}", "epsilon": "[0-9]{5}", "zeta": "[0-9]{5}"\}'
+)
 
 
 def test_jump_forward_tokens_are_verified_with_drafts(tok, loopy, monkeypatch):
@@ -215,19 +256,30 @@ def test_jump_forward_tokens_are_verified_with_drafts(tok, loopy, monkeypatch):
     with speculation on but no drafts after forced tokens (the forced tokens then prefill
     in a step of their own, as before)."""
     index = TokenIndex.get(FIELDS, tok)
-    eng = launch_engine(loopy, tok, eos_token_ids=EOS, max_total_tokens=4096,
-                        engine_config=EngineConfig(check_integrity=True),
-                        speculative=SpeculativeConfig(method="ngram", num_tokens=6))
+    eng = launch_engine(
+        loopy,
+        tok,
+        eos_token_ids=EOS,
+        max_total_tokens=4096,
+        engine_config=EngineConfig(check_integrity=True),
+        speculative=SpeculativeConfig(method="ngram", num_tokens=6),
+    )
 
     def run():
         """Outputs of PROMPTS[:4] one at a time, and the stats' growth meanwhile."""
         eng.flush_cache()
         before = eng.stats()
-        out = [eng.submit(EngineRequest(tuple(p), greedy(120), guide=index.new_guide()))
-               .result(timeout=120) for p in PROMPTS[:4]]
+        out = [
+            eng.submit(EngineRequest(tuple(p), greedy(120), guide=index.new_guide())).result(
+                timeout=120
+            )
+            for p in PROMPTS[:4]
+        ]
         after = eng.stats()
-        return [r.token_ids for r in out], {k: after[k] - before[k] for k in (
-            "steps", "spec_jump_verifies", "spec_accepted_tokens", "jump_forward_tokens")}
+        return [r.token_ids for r in out], {
+            k: after[k] - before[k]
+            for k in ("steps", "spec_jump_verifies", "spec_accepted_tokens", "jump_forward_tokens")
+        }
 
     try:
         eng.set_speculation(False)
@@ -235,8 +287,9 @@ def test_jump_forward_tokens_are_verified_with_drafts(tok, loopy, monkeypatch):
         eng.set_speculation(True)
         on, on_stats = run()
         decoding = eng.scheduler.decoding  # drafts only for requests with one pending token
-        monkeypatch.setattr(eng.scheduler, "decoding",
-                            lambda: [r for r in decoding() if r.pending_len == 1])
+        monkeypatch.setattr(
+            eng.scheduler, "decoding", lambda: [r for r in decoding() if r.pending_len == 1]
+        )
         no_tail, no_tail_stats = run()
         monkeypatch.undo()
         assert on == off == no_tail
@@ -244,8 +297,11 @@ def test_jump_forward_tokens_are_verified_with_drafts(tok, loopy, monkeypatch):
         assert all(re.fullmatch(FIELDS, t) for t in texts), texts
         assert off_stats["jump_forward_tokens"] >= 4 * 5 * 5  # five keys forced per request
         assert on_stats["spec_jump_verifies"] >= 4 and no_tail_stats["spec_jump_verifies"] == 0
-        assert on_stats["steps"] < no_tail_stats["steps"] < off_stats["steps"], \
-            (on_stats, no_tail_stats, off_stats)
+        assert on_stats["steps"] < no_tail_stats["steps"] < off_stats["steps"], (
+            on_stats,
+            no_tail_stats,
+            off_stats,
+        )
         check_clean(eng)
     finally:
         eng.shutdown()
@@ -257,12 +313,22 @@ def test_retraction_with_speculation(model, tok, plain):
     ref = run_all(plain, PROMPTS, greedy(40, return_logprob=True, top_logprobs_num=2))
     oracle = Oracle(TINY.vocab_size)
     oracle.learn(PROMPTS, ref)
-    small = spec_engine(model, tok, oracle, slots=120, budget=24, max_reqs=16,
-                        init_new_token_ratio=0.02, min_new_token_ratio=0.02)
+    small = spec_engine(
+        model,
+        tok,
+        oracle,
+        slots=120,
+        budget=24,
+        max_reqs=16,
+        init_new_token_ratio=0.02,
+        min_new_token_ratio=0.02,
+    )
     try:
         out = run_all(small, PROMPTS, greedy(40))
-        compared = [assert_greedy_agrees(o.token_ids, r.token_ids, top2_logprobs(r.logprobs),
-                                         NEAR_TIE) for o, r in zip(out, ref)]
+        compared = [
+            assert_greedy_agrees(o.token_ids, r.token_ids, top2_logprobs(r.logprobs), NEAR_TIE)
+            for o, r in zip(out, ref)
+        ]
         assert sum(compared) >= 0.75 * 40 * len(PROMPTS), compared  # near ties are rare
         stats = small.stats()
         assert stats["num_retractions"] > 0 and stats["spec_accepted_tokens"] > 0, stats
@@ -285,10 +351,15 @@ def test_abort_while_speculating(oracle_engine, plain):
 
 def test_ngram_proposer_and_switching(tok, plain, loopy):
     prompts = PROMPTS[:8]
-    eng = launch_engine(loopy, tok, eos_token_ids=EOS, max_total_tokens=4096,
-                        cache_config=CacheConfig(radix_cache=False),
-                        engine_config=EngineConfig(check_integrity=True),
-                        speculative=SpeculativeConfig(method="ngram", num_tokens=4))
+    eng = launch_engine(
+        loopy,
+        tok,
+        eos_token_ids=EOS,
+        max_total_tokens=4096,
+        cache_config=CacheConfig(radix_cache=False),
+        engine_config=EngineConfig(check_integrity=True),
+        speculative=SpeculativeConfig(method="ngram", num_tokens=4),
+    )
     try:
         on = [r.token_ids for r in run_all(eng, prompts, greedy(30))]
         stats = eng.stats()
@@ -298,8 +369,10 @@ def test_ngram_proposer_and_switching(tok, plain, loopy):
         # the small weights give near ties (PROMPTS[4]'s 7th token: 5e-5 apart), which verify
         # steps and plain decoding may resolve differently
         off = run_all(eng, prompts, greedy(30, return_logprob=True, top_logprobs_num=2))
-        compared = [assert_greedy_agrees(a, b.token_ids, top2_logprobs(b.logprobs), NEAR_TIE)
-                    for a, b in zip(on, off)]
+        compared = [
+            assert_greedy_agrees(a, b.token_ids, top2_logprobs(b.logprobs), NEAR_TIE)
+            for a, b in zip(on, off)
+        ]
         assert sum(compared) >= 0.75 * 30 * len(prompts), compared
         stats2 = eng.stats()
         assert stats2["spec_verified_tokens"] == stats["spec_verified_tokens"]

@@ -9,6 +9,7 @@ import itertools
 
 import pytest
 import torch
+from spec_testing import Oracle, random_llama
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.decoding import rejection
@@ -17,13 +18,23 @@ from lmprog.runtime.engine_io import EngineRequest
 from lmprog.runtime.launch import launch_engine
 from lmprog.runtime.models import ModelConfig
 from lmprog.runtime.speculative import Proposal, Proposer, SpeculativeConfig
-from spec_testing import Oracle, random_llama
 
 torch.set_num_threads(1)
 V = 6
-CFG = ModelConfig("llama", vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=1,
-                  num_heads=2, num_kv_heads=1, head_dim=16, max_position=64,
-                  tie_word_embeddings=False, bos_token_id=1, eos_token_ids=(0,))
+CFG = ModelConfig(
+    "llama",
+    vocab_size=V,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+    max_position=64,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_ids=(0,),
+)
 PROMPT = (1, 2, 3)
 PARAMS = SP(max_tokens=4, temperature=1.1, top_k=5, ignore_eos=True)
 Q = torch.tensor([0.02, 0.02, 0.06, 0.40, 0.10, 0.40])  # far from the model's distributions
@@ -55,10 +66,14 @@ def model():
 
 def engine(model, speculative: bool):
     return launch_engine(
-        model, None, eos_token_ids=(0,), max_total_tokens=8192,
+        model,
+        None,
+        eos_token_ids=(0,),
+        max_total_tokens=8192,
         engine_config=EngineConfig(check_integrity=False),
         speculative=SpeculativeConfig(num_tokens=3, adaptive=False) if speculative else None,
-        proposer=SampledDrafts() if speculative else None)
+        proposer=SampledDrafts() if speculative else None,
+    )
 
 
 def target(raw_logprobs: torch.Tensor) -> torch.Tensor:
@@ -76,8 +91,10 @@ def exact(model):
     try:
         seqs = list(itertools.product(range(V), repeat=3))
         params = SP(max_tokens=0, return_logprob=True, top_logprobs_num=V)
-        hs = [e.submit(EngineRequest(PROMPT + s + (0,), params,
-                                     prompt_logprob_start=len(PROMPT) - 1)) for s in seqs]
+        hs = [
+            e.submit(EngineRequest(PROMPT + s + (0,), params, prompt_logprob_start=len(PROMPT) - 1))
+            for s in seqs
+        ]
         dists = {}
         for s, h in zip(seqs, hs):
             lps = h.result(timeout=120).prompt_logprobs  # positions after PROMPT + s[:i]
@@ -99,8 +116,10 @@ def sample_outputs(model) -> torch.Tensor:
     e = engine(model, speculative=True)
     try:
         # seeded requests and per-request draft RNGs: the outcome does not depend on timing
-        hs = [e.submit(EngineRequest(PROMPT, PARAMS.merged({"seed": i})), stream=False)
-              for i in range(N)]
+        hs = [
+            e.submit(EngineRequest(PROMPT, PARAMS.merged({"seed": i})), stream=False)
+            for i in range(N)
+        ]
         out = torch.tensor([h.result(timeout=300).token_ids for h in hs])
         stats = e.stats()
     finally:
@@ -159,27 +178,47 @@ def test_a_wrong_acceptance_rule_is_detected(model, exact, monkeypatch):
 def test_greedy_verify_on_the_gpu_matches_plain_decoding():
     """Verify entries through the Triton hybrid-attention kernels (decode steps replayed from
     CUDA graphs in the plain run), fp32 so that only the kernels' order of sums differs."""
-    cfg = ModelConfig("llama", vocab_size=256, hidden_size=128, intermediate_size=256,
-                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, max_position=256,
-                      tie_word_embeddings=False, bos_token_id=1, eos_token_ids=(0,))
+    cfg = ModelConfig(
+        "llama",
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        max_position=256,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_ids=(0,),
+    )
     net = random_llama(cfg, 0.3, device="cuda", attention="triton")
     prompts = [tuple(range(5 + i, 25 + 3 * i)) for i in range(12)]
     params = SP(max_tokens=40, temperature=0.0, ignore_eos=True)
 
     def run(**kw):
-        e = launch_engine(net, None, eos_token_ids=(0,), max_total_tokens=8192,
-                          engine_config=EngineConfig(check_integrity=True), **kw)
+        e = launch_engine(
+            net,
+            None,
+            eos_token_ids=(0,),
+            max_total_tokens=8192,
+            engine_config=EngineConfig(check_integrity=True),
+            **kw,
+        )
         try:
-            out = [h.result(timeout=300).token_ids
-                   for h in [e.submit(EngineRequest(p, params)) for p in prompts]]
+            out = [
+                h.result(timeout=300).token_ids
+                for h in [e.submit(EngineRequest(p, params)) for p in prompts]
+            ]
             return out, e.stats()
         finally:
             e.shutdown()
 
     plain, _ = run()
     oracle = Oracle(cfg.vocab_size, [list(p) + list(o) for p, o in zip(prompts, plain)])
-    spec, stats = run(speculative=SpeculativeConfig(num_tokens=5, adaptive=False),
-                      proposer=oracle)
+    spec, stats = run(speculative=SpeculativeConfig(num_tokens=5, adaptive=False), proposer=oracle)
     assert spec == plain
-    assert stats["spec_accepted_tokens"] > 100 and stats["spec_verified_tokens"] > \
-        stats["spec_accepted_tokens"]
+    assert (
+        stats["spec_accepted_tokens"] > 100
+        and stats["spec_verified_tokens"] > stats["spec_accepted_tokens"]
+    )

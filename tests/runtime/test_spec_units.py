@@ -17,10 +17,18 @@ from lmprog.decoding.state import DecodeState
 from lmprog.runtime.request import Req
 from lmprog.runtime.scheduler.batch import ScheduledEntry
 from lmprog.runtime.speculative import (
-    Proposal, ProposalInput, Proposer, SpeculativeConfig, build_proposer,
+    Proposal,
+    ProposalInput,
+    Proposer,
+    SpeculativeConfig,
+    build_proposer,
 )
 from lmprog.runtime.speculative.adaptive import (
-    AcceptanceRate, DraftLengths, ProposeCost, best_length, expected_tokens,
+    AcceptanceRate,
+    DraftLengths,
+    ProposeCost,
+    best_length,
+    expected_tokens,
 )
 from lmprog.runtime.speculative.ngram import NgramProposer, lookup
 from lmprog.runtime.speculative.speculator import Speculator
@@ -49,9 +57,13 @@ def test_lookup_finds_nothing_without_an_earlier_occurrence():
 
 def test_ngram_proposer_respects_max_tokens_and_order():
     prop = NgramProposer(2, 3)
-    out = prop.propose([ProposalInput("a", [1, 2, 3, 4, 5, 1, 2], 2),
-                        ProposalInput("b", [9, 8], 4),
-                        ProposalInput("c", [4, 5, 6, 4, 5], 1)])
+    out = prop.propose(
+        [
+            ProposalInput("a", [1, 2, 3, 4, 5, 1, 2], 2),
+            ProposalInput("b", [9, 8], 4),
+            ProposalInput("c", [4, 5, 6, 4, 5], 1),
+        ]
+    )
     assert [p.token_ids for p in out] == [(3, 4), (), (6,)]
     assert all(p.probs is None for p in out)
     with pytest.raises(ValueError):
@@ -66,10 +78,15 @@ def test_build_proposer_and_config_validation():
     assert SpeculativeConfig.coerce({"num_tokens": 3}).num_tokens == 3
     assert SpeculativeConfig().resolved_for("cpu") == (0.15, 32)
     assert SpeculativeConfig(draft_cost=0.5, max_step_tokens=7).resolved_for("cuda") == (0.5, 7)
-    for bad, err in [({"method": "medusa"}, ValueError), ({"num_tokens": 0}, ValueError),
-                     ({"ngram_min": 3, "ngram_max": 2}, ValueError),
-                     ({"method": "draft"}, ValueError), ({"adaptive": 1}, TypeError),
-                     ({"draft_cost": 2.0}, ValueError), ({"nope": 1}, ValueError)]:
+    for bad, err in [
+        ({"method": "medusa"}, ValueError),
+        ({"num_tokens": 0}, ValueError),
+        ({"ngram_min": 3, "ngram_max": 2}, ValueError),
+        ({"method": "draft"}, ValueError),
+        ({"adaptive": 1}, TypeError),
+        ({"draft_cost": 2.0}, ValueError),
+        ({"nope": 1}, ValueError),
+    ]:
         with pytest.raises(err):
             SpeculativeConfig.coerce(bad)
     with pytest.raises(TypeError):
@@ -169,8 +186,7 @@ def test_rejection_sampling_keeps_the_target_distribution():
 def test_rejection_sampling_is_reproducible_with_generators():
     drafts = torch.tensor([0, 2, 4, 0])
     p, q = P.expand(4, -1), Q.expand(4, -1)
-    runs = [rejection_sample(p, q, drafts, [make_generator(s) for s in range(4)])
-            for _ in range(2)]
+    runs = [rejection_sample(p, q, drafts, [make_generator(s) for s in range(4)]) for _ in range(2)]
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
     assert not runs[0][1][1]  # draft 2 has p = 0: always rejected
     assert runs[0][0][1] != 2
@@ -209,7 +225,6 @@ def test_empty_proposals_back_off_exponentially():
     assert r.wait == 1  # an accepted draft reset the doubling
 
 
-
 # ---- the speculator: drafts after jump-forward tokens ---------------------------------------
 LOOP = [5, 6, 7] * 6
 
@@ -218,8 +233,14 @@ def running_req(rid, tokens, pending, max_tokens=60):
     """A running request's bookkeeping: `tokens` known, the last `pending` not yet fed
     (pending > 1: the sampled token and the ones a jump-forward forced after it)."""
     params = SP(max_tokens=max_tokens, temperature=0.0)
-    state = DecodeState(params, tokenizer=None, prompt_ids=tokens[:2], eos_token_ids=(0,),
-                        vocab_size=100, token_text=str)
+    state = DecodeState(
+        params,
+        tokenizer=None,
+        prompt_ids=tokens[:2],
+        eos_token_ids=(0,),
+        vocab_size=100,
+        token_text=str,
+    )
     req = Req(rid, tokens[:2], params, engine_data=state)
     req.token_ids[:] = tokens
     req.num_computed = len(tokens) - pending
@@ -229,15 +250,26 @@ def running_req(rid, tokens, pending, max_tokens=60):
 def report_verify(spec, req, accepted, rejected):
     """Tell spec that req's pending tokens and drafts were verified with this outcome."""
     k = len(req.draft_ids)
-    e = ScheduledEntry(req, 0, req.num_computed, req.pending_len + k, 0,
-                       len(req.token_ids) - 1, True, False, tuple(req.draft_ids))
-    spec.on_step(SimpleNamespace(entries=[e]), SimpleNamespace(accepted=[accepted],
-                                                               rejected=[rejected]))
+    e = ScheduledEntry(
+        req,
+        0,
+        req.num_computed,
+        req.pending_len + k,
+        0,
+        len(req.token_ids) - 1,
+        True,
+        False,
+        tuple(req.draft_ids),
+    )
+    spec.on_step(
+        SimpleNamespace(entries=[e]), SimpleNamespace(accepted=[accepted], rejected=[rejected])
+    )
 
 
 def test_drafts_after_forced_tokens_continue_them_within_the_step_limit():
-    spec = Speculator(NgramProposer(1, 3), SpeculativeConfig(num_tokens=8, max_step_tokens=6),
-                      vocab_size=100)
+    spec = Speculator(
+        NgramProposer(1, 3), SpeculativeConfig(num_tokens=8, max_step_tokens=6), vocab_size=100
+    )
     a = running_req("a", LOOP, 1)
     b = running_req("b", LOOP + [1, 2, 5, 6], 3)  # forced "2 5 6" after the sampled 1
     spec.propose([a, b])
@@ -256,8 +288,9 @@ def test_drafts_after_forced_tokens_continue_them_within_the_step_limit():
 
 def test_rejections_after_forced_tokens_do_not_stop_drafting_inside_a_span():
     # an explicit draft_cost: no timing here (a "step" of this test takes no forward)
-    spec = Speculator(NgramProposer(1, 3), SpeculativeConfig(num_tokens=4, draft_cost=0.15),
-                      vocab_size=100)
+    spec = Speculator(
+        NgramProposer(1, 3), SpeculativeConfig(num_tokens=4, draft_cost=0.15), vocab_size=100
+    )
     req = running_req("r", LOOP + [1, 2, 5, 6], 3)
     for _ in range(12):  # guesses right after forced text keep failing
         spec.propose([req])
@@ -311,9 +344,13 @@ def run_wrong_drafts(per_draft: float, draft_cost: float | None, steps: int = 10
     """A GPU engine's speculator (verify cost 0.02) asking WrongDrafts for one request, each
     step's forward taking 1 s: (the speculator, the steps that drafted, their draft counts)."""
     clock = Clock()
-    spec = Speculator(WrongDrafts(clock, per_draft),
-                      SpeculativeConfig(num_tokens=4, draft_cost=draft_cost),
-                      vocab_size=100, device="cuda", clock=clock)
+    spec = Speculator(
+        WrongDrafts(clock, per_draft),
+        SpeculativeConfig(num_tokens=4, draft_cost=draft_cost),
+        vocab_size=100,
+        device="cuda",
+        clock=clock,
+    )
     req = running_req("r", LOOP, 1, max_tokens=10_000)
     asked, ks = [], []
     for step in range(steps):
@@ -359,8 +396,7 @@ def test_probes_are_rationed_in_a_large_batch():
         for st in stats:
             st.update(0, True)
             st.update(0, True)  # rate ~0.2: k = 0 at this cost
-        return [sum(k > 0 for k in lengths.choose(stats, [8] * batch, batch))
-                for _ in range(steps)]
+        return [sum(k > 0 for k in lengths.choose(stats, [8] * batch, batch)) for _ in range(steps)]
 
     alone = sum(probes(1))
     batch = probes(64)

@@ -72,17 +72,27 @@ class Harness:
     replace_tokens); drafts from `drafts(req)`."""
 
     def __init__(self, drafts=None, slots=512, budget=64, max_reqs=8, page_size=1, **sched):
-        self.s = Scheduler(slots, 256, SchedulerConfig(max_num_batched_tokens=budget,
-                                                       max_running_requests=max_reqs, **sched),
-                           CacheConfig(page_size=page_size))
+        self.s = Scheduler(
+            slots,
+            256,
+            SchedulerConfig(max_num_batched_tokens=budget, max_running_requests=max_reqs, **sched),
+            CacheConfig(page_size=page_size),
+        )
         self.out = StepOutputs(BatchSampler(EOS))
         self.drafts = drafts
         self.accepted = self.rejected = 0
         self.jump_verifies = 0  # verify entries whose drafts followed forced tokens
 
     def submit(self, rid, prompt, params, at=()):
-        state = ForcingState(params, tokenizer=None, prompt_ids=prompt, eos_token_ids=EOS,
-                             vocab_size=V, token_text=str, at=at)
+        state = ForcingState(
+            params,
+            tokenizer=None,
+            prompt_ids=prompt,
+            eos_token_ids=EOS,
+            vocab_size=V,
+            token_text=str,
+            at=at,
+        )
         return self.s.submit(Req(rid, prompt, params, engine_data=state))
 
     def schedule(self):
@@ -104,8 +114,9 @@ class Harness:
         finished = self.s.process_results(batch, res.tokens, res.reasons)
         for req, jump in res.jumps:  # as Engine._mirror_jump
             if req.status is ReqStatus.RUNNING:
-                self.s.replace_tokens(req, req.seq_len - jump.drop_last_n_tokens,
-                                      jump.new_token_ids)
+                self.s.replace_tokens(
+                    req, req.seq_len - jump.drop_last_n_tokens, jump.new_token_ids
+                )
         self.s.check_integrity()
         for r in self.s.requests.running_reqs():  # no page of a rejected draft survives
             assert r.num_allocated == self.s.cache.round_up(r.num_computed)
@@ -131,11 +142,12 @@ def oracle(reference, every=3):
     def drafts(req):
         ref = reference[req.rid].engine_data.output_ids
         done = req.output_len
-        chain = list(ref[done: done + 4])
+        chain = list(ref[done : done + 4])
         calls[0] += 1
         if chain and calls[0] % every == 0:
             chain[min(2, len(chain) - 1)] = (chain[min(2, len(chain) - 1)] + 1) % V
         return chain
+
     return drafts
 
 
@@ -146,11 +158,15 @@ def outputs(reqs):
     return [r.engine_data.output_ids for r in reqs]
 
 
-@pytest.mark.parametrize("params", [
-    SP(max_tokens=20, temperature=0.0, ignore_eos=True),
-    SP(max_tokens=20, temperature=0.9, top_k=8, seed=5, ignore_eos=True),  # seeded sampling
-    SP(max_tokens=16, temperature=0.0, frequency_penalty=1.5, min_tokens=6),  # EOS is token 0
-], ids=["greedy", "seeded-sampling", "penalty-min-tokens"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SP(max_tokens=20, temperature=0.0, ignore_eos=True),
+        SP(max_tokens=20, temperature=0.9, top_k=8, seed=5, ignore_eos=True),  # seeded sampling
+        SP(max_tokens=16, temperature=0.0, frequency_penalty=1.5, min_tokens=6),  # EOS is token 0
+    ],
+    ids=["greedy", "seeded-sampling", "penalty-min-tokens"],
+)
 def test_speculation_reproduces_plain_decoding(params):
     ref = plain_outputs(PROMPTS, params)
     h = Harness(oracle({r.rid: r for r in ref}))
@@ -206,7 +222,7 @@ def test_stop_token_inside_an_accepted_chain_ends_exactly_there():
     ref = plain_outputs(PROMPTS[:1], params)[0].engine_data.output_ids
     stop = SP(max_tokens=20, temperature=0.0, ignore_eos=True, stop_token_ids=(ref[5],))
     cut = ref.index(ref[5])
-    h = Harness(lambda r: ref[r.output_len: r.output_len + 6])  # always the whole truth
+    h = Harness(lambda r: ref[r.output_len : r.output_len + 6])  # always the whole truth
     r = h.submit("a", PROMPTS[0], stop)
     h.run()
     state = r.engine_data
@@ -221,7 +237,7 @@ def test_max_tokens_is_exact(max_tokens):
     params = SP(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     ref = plain_outputs(PROMPTS[:1], SP(max_tokens=20, temperature=0.0, ignore_eos=True))[0]
     truth = ref.engine_data.output_ids
-    h = Harness(lambda r: truth[r.output_len: r.output_len + 8])
+    h = Harness(lambda r: truth[r.output_len : r.output_len + 8])
     r = h.submit("a", PROMPTS[0], params)
     h.run()
     assert r.engine_data.output_ids == truth[:max_tokens]
@@ -229,8 +245,9 @@ def test_max_tokens_is_exact(max_tokens):
 
 
 def test_logprobs_of_every_accepted_token():
-    params = SP(max_tokens=12, temperature=0.0, ignore_eos=True, return_logprob=True,
-                top_logprobs_num=2)
+    params = SP(
+        max_tokens=12, temperature=0.0, ignore_eos=True, return_logprob=True, top_logprobs_num=2
+    )
     ref = plain_outputs(PROMPTS[:1], params)[0]
     h = Harness(oracle({"a": ref}, every=2))
     r = h.submit("a", PROMPTS[0], params)
@@ -251,8 +268,13 @@ def test_retraction_and_abort_of_speculating_requests_leave_no_trace(at):
     params = SP(max_tokens=30, temperature=0.0, ignore_eos=True)
     prompts = [[i, i + 1, i + 2] for i in range(1, 9)]
     ref = plain_outputs(prompts, params, at)
-    h = Harness(oracle({r.rid: r for r in ref}), slots=120, budget=40,
-                init_new_token_ratio=0.01, min_new_token_ratio=0.01)
+    h = Harness(
+        oracle({r.rid: r for r in ref}),
+        slots=120,
+        budget=40,
+        init_new_token_ratio=0.01,
+        min_new_token_ratio=0.01,
+    )
     reqs = [h.submit(i, p, params, at) for i, p in enumerate(prompts)]
     while True:
         batch = h.schedule()
@@ -321,11 +343,15 @@ def test_forced_tokens_and_drafts_share_one_verify_entry():
     assert r.num_computed == r.num_allocated == r.seq_len - 1
 
 
-@pytest.mark.parametrize("params", [
-    SP(max_tokens=24, temperature=0.0, ignore_eos=True),
-    SP(max_tokens=24, temperature=0.9, top_k=8, seed=7, ignore_eos=True),
-    SP(max_tokens=18, temperature=0.0, frequency_penalty=1.5, min_tokens=6),
-], ids=["greedy", "seeded-sampling", "penalty-min-tokens"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SP(max_tokens=24, temperature=0.0, ignore_eos=True),
+        SP(max_tokens=24, temperature=0.9, top_k=8, seed=7, ignore_eos=True),
+        SP(max_tokens=18, temperature=0.0, frequency_penalty=1.5, min_tokens=6),
+    ],
+    ids=["greedy", "seeded-sampling", "penalty-min-tokens"],
+)
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_drafts_after_forced_tokens_reproduce_plain_decoding(params, page_size):
     at = (2, 9, 15)  # output lengths after which the toy constraint forces 4 tokens

@@ -37,12 +37,18 @@ def _random_batch(rng: random.Random) -> ScheduledBatch:
         logits_from = None if rng.random() < 0.25 else rng.randint(start, start + n - 1)
         req = _Tokens([rng.randrange(1000) for _ in range(start + n + 3)])
         drafts = tuple(rng.randrange(1000) for _ in range(k))
-        entries.append(ScheduledEntry(req, row * 3, start, n, offset, logits_from,
-                                      logits_from is not None, False, drafts))
+        entries.append(
+            ScheduledEntry(
+                req, row * 3, start, n, offset, logits_from, logits_from is not None, False, drafts
+            )
+        )
         positions += range(start, start + n)
         offset += n
-    return ScheduledBatch(tuple(entries), np.arange(1, offset + 1, dtype=np.int32),
-                          np.array(positions, dtype=np.int64))
+    return ScheduledBatch(
+        tuple(entries),
+        np.arange(1, offset + 1, dtype=np.int32),
+        np.array(positions, dtype=np.int64),
+    )
 
 
 def test_batch_arrays_equal_their_per_entry_definitions():
@@ -50,10 +56,14 @@ def test_batch_arrays_equal_their_per_entry_definitions():
     for _ in range(500):
         b = _random_batch(rng)
         es = b.entries
-        wanted = [np.arange(e.offset + e.logits_from - e.start, e.offset + e.num_new)
-                  for e in es if e.logits_from is not None]
+        wanted = [
+            np.arange(e.offset + e.logits_from - e.start, e.offset + e.num_new)
+            for e in es
+            if e.logits_from is not None
+        ]
         expected = {
-            "rows": [e.row for e in es], "seq_lens": [e.end for e in es],
+            "rows": [e.row for e in es],
+            "seq_lens": [e.end for e in es],
             "extend_lens": [e.num_new for e in es],
             "input_ids": [t for e in es for t in e.input_ids()],
             "logits_indices": np.concatenate(wanted).tolist() if wanted else [],
@@ -74,22 +84,33 @@ class _Faulty(DecodeState):
 
 
 def _engine_parts():
-    sched = Scheduler(4096, 256, SchedulerConfig(max_num_batched_tokens=512,
-                                                 max_running_requests=16))
-    params = [SP(max_tokens=9, temperature=0.0, ignore_eos=True),
-              SP(max_tokens=7, temperature=0.8, seed=3),
-              SP(max_tokens=9, temperature=1.0, top_k=5),  # torch's default RNG
-              SP(max_tokens=4, temperature=0.0, ignore_eos=True),
-              SP(max_tokens=9, temperature=0.0, stop_token_ids=(7, 11, 13, 17, 19, 23)),
-              SP(max_tokens=9, temperature=0.7, frequency_penalty=0.5, min_tokens=3, seed=5),
-              SP(max_tokens=9, temperature=0.0, return_logprob=True, top_logprobs_num=2)]
+    sched = Scheduler(
+        4096, 256, SchedulerConfig(max_num_batched_tokens=512, max_running_requests=16)
+    )
+    params = [
+        SP(max_tokens=9, temperature=0.0, ignore_eos=True),
+        SP(max_tokens=7, temperature=0.8, seed=3),
+        SP(max_tokens=9, temperature=1.0, top_k=5),  # torch's default RNG
+        SP(max_tokens=4, temperature=0.0, ignore_eos=True),
+        SP(max_tokens=9, temperature=0.0, stop_token_ids=(7, 11, 13, 17, 19, 23)),
+        SP(max_tokens=9, temperature=0.7, frequency_penalty=0.5, min_tokens=3, seed=5),
+        SP(max_tokens=9, temperature=0.0, return_logprob=True, top_logprobs_num=2),
+    ]
     for i, p in enumerate(params + [params[0]]):
         prompt = [3 + i, 4 + i, 5, 6 + i]
         cls = _Faulty if i == len(params) else DecodeState
-        state = cls(p, tokenizer=None, prompt_ids=prompt, eos_token_ids=EOS, vocab_size=VOCAB,
-                    token_text=str, prompt_logprob_start=1 if i == 2 else None)
-        sched.submit(Req(i, prompt, p, engine_data=state,
-                         prompt_logprob_start=1 if i == 2 else None))
+        state = cls(
+            p,
+            tokenizer=None,
+            prompt_ids=prompt,
+            eos_token_ids=EOS,
+            vocab_size=VOCAB,
+            token_text=str,
+            prompt_logprob_start=1 if i == 2 else None,
+        )
+        sched.submit(
+            Req(i, prompt, p, engine_data=state, prompt_logprob_start=1 if i == 2 else None)
+        )
     return sched
 
 
@@ -97,8 +118,7 @@ class _AlwaysVerify(StepOutputs):
     """Hands every step to the verify chains, as before the fast path existed."""
 
     def _decode(self, entries, logits, sampling, states, result):
-        self._verify(entries, logits, [_chain(entries[i], i, r, None) for i, r in sampling],
-                     result)
+        self._verify(entries, logits, [_chain(entries[i], i, r, None) for i, r in sampling], result)
 
 
 def _run(outputs_cls) -> list:
@@ -132,8 +152,14 @@ class _Pieces:
 
 @pytest.mark.parametrize("min_tokens, text, matched", [(0, "Hel", "lo"), (3, "Hello!", "lo")])
 def test_stop_strings_count_only_from_min_tokens_on(min_tokens, text, matched):
-    state = DecodeState(SP(max_tokens=10, stop=["lo"], min_tokens=min_tokens), tokenizer=_Pieces(),
-                        prompt_ids=[1], eos_token_ids=(0,), vocab_size=5, token_text=str)
+    state = DecodeState(
+        SP(max_tokens=10, stop=["lo"], min_tokens=min_tokens),
+        tokenizer=_Pieces(),
+        prompt_ids=[1],
+        eos_token_ids=(0,),
+        vocab_size=5,
+        token_text=str,
+    )
     for token in (1, 2, 3, 2, 3):
         if state.done:
             break

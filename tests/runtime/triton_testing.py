@@ -52,16 +52,25 @@ def one_thread():
 
 
 def setup(device, dtype, num_layers, rows, num_slots, width=64):
-    cfg = ModelConfig("llama", vocab_size=50, hidden_size=32, intermediate_size=32,
-                      num_layers=num_layers, num_heads=4, num_kv_heads=2, head_dim=16,
-                      max_position=128)
-    model = load_model(cfg, load_format="dummy", seed=3, device=device, dtype=dtype,
-                       attention="triton")
+    cfg = ModelConfig(
+        "llama",
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=32,
+        num_layers=num_layers,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position=128,
+    )
+    model = load_model(
+        cfg, load_format="dummy", seed=3, device=device, dtype=dtype, attention="triton"
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(10)  # sharp attention, so a wrong key, mask or row shows
     g = torch.Generator().manual_seed(0)
-    slots = (torch.randperm(num_slots, generator=g)[:rows * width] + 1).int()
+    slots = (torch.randperm(num_slots, generator=g)[: rows * width] + 1).int()
     table = slots.view(rows, width).to(device)
     kvs = [KVPool.for_model(cfg, num_slots, model.dtype, device) for _ in range(2)]
     return model, g, table, kvs

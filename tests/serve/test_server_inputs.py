@@ -23,8 +23,15 @@ def backend():
 
 @pytest.fixture(scope="module")
 def url(backend):
-    with Server(backend, model_name=MODEL, max_n=4, max_choices=16, max_tokens=64, max_body_bytes=20_000,
-                max_stop=2).start() as srv:
+    with Server(
+        backend,
+        model_name=MODEL,
+        max_n=4,
+        max_choices=16,
+        max_tokens=64,
+        max_body_bytes=20_000,
+        max_stop=2,
+    ).start() as srv:
         yield srv.url
 
 
@@ -49,14 +56,23 @@ def test_malformed_json(url, raw):
     still_serves(url)
 
 
-@pytest.mark.parametrize("path,payload,param", [
-    ("/v1/chat/completions", {**CHAT, "temprature": 0.5}, "temprature"),
-    ("/v1/completions", {**COMPLETION, "frobnicate": True}, "frobnicate"),
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x", "mood": 1}]},
-     "messages[0].mood"),
-    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object", "extra": 1}},
-     "response_format.extra"),
-])
+@pytest.mark.parametrize(
+    "path,payload,param",
+    [
+        ("/v1/chat/completions", {**CHAT, "temprature": 0.5}, "temprature"),
+        ("/v1/completions", {**COMPLETION, "frobnicate": True}, "frobnicate"),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "user", "content": "x", "mood": 1}]},
+            "messages[0].mood",
+        ),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "response_format": {"type": "json_object", "extra": 1}},
+            "response_format.extra",
+        ),
+    ],
+)
 def test_unknown_fields_are_rejected(url, path, payload, param):
     status, body = post_json(url, path, payload)
     err = assert_error(status, body, 400, param=param, code="unknown_parameter")
@@ -64,40 +80,91 @@ def test_unknown_fields_are_rejected(url, path, payload, param):
     still_serves(url)
 
 
-@pytest.mark.parametrize("path,payload,param", [
-    ("/v1/chat/completions", {"model": MODEL}, "messages"),
-    ("/v1/chat/completions", {**CHAT, "messages": []}, "messages"),
-    ("/v1/chat/completions", {**CHAT, "max_tokens": "many"}, "max_tokens"),
-    ("/v1/chat/completions", {**CHAT, "temperature": 7}, "temperature"),
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}, "messages[0]"),
-    ("/v1/completions", {**COMPLETION, "prompt": []}, "prompt"),
-    ("/v1/completions", {**COMPLETION, "prompt": {"a": 1}}, "prompt"),
-    ("/v1/completions", {**COMPLETION, "seed": -1}, "seed"),
-    ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
-    ("/v1/chat/completions", {**CHAT, "min_tokens": 9, "max_tokens": 3}, "min_tokens"),
-])
+@pytest.mark.parametrize(
+    "path,payload,param",
+    [
+        ("/v1/chat/completions", {"model": MODEL}, "messages"),
+        ("/v1/chat/completions", {**CHAT, "messages": []}, "messages"),
+        ("/v1/chat/completions", {**CHAT, "max_tokens": "many"}, "max_tokens"),
+        ("/v1/chat/completions", {**CHAT, "temperature": 7}, "temperature"),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "wizard", "content": "x"}]},
+            "messages[0].role",
+        ),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "tool", "content": "x"}]},
+            "messages[0]",
+        ),
+        ("/v1/completions", {**COMPLETION, "prompt": []}, "prompt"),
+        ("/v1/completions", {**COMPLETION, "prompt": {"a": 1}}, "prompt"),
+        ("/v1/completions", {**COMPLETION, "seed": -1}, "seed"),
+        ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
+        ("/v1/chat/completions", {**CHAT, "min_tokens": 9, "max_tokens": 3}, "min_tokens"),
+    ],
+)
 def test_invalid_values(url, path, payload, param):
     status, body = post_json(url, path, payload)
     assert_error(status, body, 400, param=param)
     still_serves(url)
 
 
-@pytest.mark.parametrize("payload,param", [
-    ({**CHAT, "response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}},
-     "response_format.json_schema.schema"),
-    ({**CHAT, "response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "string", "pattern": "(?<=a)b"}}}}, "response_format.json_schema.schema"),
-    ({**CHAT, "response_format": {"type": "json_schema"}}, "response_format"),
-    ({**CHAT, "regex": "(a"}, "regex"),
-    ({**CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}]},
-     "tools[0].function.parameters"),
-    ({**CHAT, "tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
-    ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
-      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
-    ({**CHAT, "tool_choice": "required"}, "tool_choice"),
-])
+@pytest.mark.parametrize(
+    "payload,param",
+    [
+        (
+            {
+                **CHAT,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}},
+                    },
+                },
+            },
+            "response_format.json_schema.schema",
+        ),
+        (
+            {
+                **CHAT,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {"type": "string", "pattern": "(?<=a)b"},
+                    },
+                },
+            },
+            "response_format.json_schema.schema",
+        ),
+        ({**CHAT, "response_format": {"type": "json_schema"}}, "response_format"),
+        ({**CHAT, "regex": "(a"}, "regex"),
+        (
+            {
+                **CHAT,
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}
+                ],
+            },
+            "tools[0].function.parameters",
+        ),
+        (
+            {**CHAT, "tools": [{"type": "function", "function": {"name": "bad name!"}}]},
+            "tools[0].function.name",
+        ),
+        (
+            {
+                **CHAT,
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+            },
+            "tool_choice",
+        ),
+        ({**CHAT, "tool_choice": "required"}, "tool_choice"),
+    ],
+)
 def test_invalid_schemas_and_tools(url, backend, payload, param):
     before = len(backend.generations())
     status, body = post_json(url, "/v1/chat/completions", payload)
@@ -106,14 +173,35 @@ def test_invalid_schemas_and_tools(url, backend, payload, param):
     still_serves(url)
 
 
-@pytest.mark.parametrize("path,payload,status_code,param,code", [
-    ("/v1/chat/completions", {**CHAT, "n": 5}, 400, "n", None),
-    ("/v1/chat/completions", {**CHAT, "max_tokens": 65}, 400, "max_tokens", "max_tokens_too_large"),
-    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 1000}, 400, "max_tokens", None),
-    ("/v1/chat/completions", {**CHAT, "stop": ["a", "b", "c"]}, 400, "stop", None),
-    ("/v1/completions", {**COMPLETION, "prompt": ["a"] * 5, "n": 4, "max_tokens": 1}, 400, "n", None),
-    ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, 400, "logprobs", None),
-])
+@pytest.mark.parametrize(
+    "path,payload,status_code,param,code",
+    [
+        ("/v1/chat/completions", {**CHAT, "n": 5}, 400, "n", None),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "max_tokens": 65},
+            400,
+            "max_tokens",
+            "max_tokens_too_large",
+        ),
+        ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 1000}, 400, "max_tokens", None),
+        ("/v1/chat/completions", {**CHAT, "stop": ["a", "b", "c"]}, 400, "stop", None),
+        (
+            "/v1/completions",
+            {**COMPLETION, "prompt": ["a"] * 5, "n": 4, "max_tokens": 1},
+            400,
+            "n",
+            None,
+        ),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "logprobs": True, "top_logprobs": 21},
+            400,
+            "logprobs",
+            None,
+        ),
+    ],
+)
 def test_request_limits(url, path, payload, status_code, param, code):
     status, body = post_json(url, path, payload)
     assert_error(status, body, status_code, param=param, code=code)
@@ -134,10 +222,19 @@ def test_oversized_chunked_body_is_413(url):
 
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
-    chunks = (json.dumps({**CHAT, "messages": [{"role": "user", "content": "y" * 30_000}]}).encode()[i:i + 4096]
-              for i in range(0, 31_000, 4096))
-    conn.request("POST", "/v1/chat/completions", body=chunks, encode_chunked=True,
-                 headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+    chunks = (
+        json.dumps({**CHAT, "messages": [{"role": "user", "content": "y" * 30_000}]}).encode()[
+            i : i + 4096
+        ]
+        for i in range(0, 31_000, 4096)
+    )
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        body=chunks,
+        encode_chunked=True,
+        headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"},
+    )
     resp = conn.getresponse()
     body = json.loads(resp.read())
     conn.close()
@@ -157,22 +254,29 @@ def test_only_the_served_model(url, backend, name):
     still_serves(url)
 
 
-@pytest.mark.parametrize("part", [
-    {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}},
-    {"type": "file", "file": {"file_id": "/etc/passwd"}},
-    {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}},
-])
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}},
+        {"type": "file", "file": {"file_id": "/etc/passwd"}},
+        {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}},
+    ],
+)
 def test_no_file_or_media_content(url, backend, part):
     before = len(backend.generations())
-    payload = {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "see"}, part]}]}
+    payload = {
+        **CHAT,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "see"}, part]}],
+    }
     status, body = post_json(url, "/v1/chat/completions", payload)
     assert_error(status, body, 400, param="messages[0].content[1]", code="unsupported_content")
     assert len(backend.generations()) == before
     still_serves(url)
 
 
-@pytest.mark.parametrize("field,value", [("logit_bias", {"42": 5}), ("suffix", "tail"),
-                                         ("best_of", 3)])
+@pytest.mark.parametrize(
+    "field,value", [("logit_bias", {"42": 5}), ("suffix", "tail"), ("best_of", 3)]
+)
 def test_unsupported_openai_fields(url, field, value):
     status, body = post_json(url, "/v1/completions", {**COMPLETION, field: value})
     assert_error(status, body, 400, param=field)
@@ -184,8 +288,9 @@ def test_chat_unsupported_fields(url):
     assert_error(status, body, 400, param="functions", code="unsupported_parameter")
     status, body = post_json(url, "/v1/chat/completions", {**CHAT, "modalities": ["audio"]})
     assert_error(status, body, 400, param="modalities")
-    status, body = post_json(url, "/v1/chat/completions", {**CHAT, "store": False, "user": "u1",
-                                                           "modalities": ["text"]})
+    status, body = post_json(
+        url, "/v1/chat/completions", {**CHAT, "store": False, "user": "u1", "modalities": ["text"]}
+    )
     assert status == 200, body
 
 
@@ -215,9 +320,16 @@ def test_metrics_count_requests(url):
     status, text = request(url, "GET", "/metrics")
     assert status == 200
     lines = text.splitlines()
-    ok = [ln for ln in lines if ln.startswith('lmprog_http_requests_total{path="/v1/chat/completions",status="200"}')]
+    ok = [
+        ln
+        for ln in lines
+        if ln.startswith('lmprog_http_requests_total{path="/v1/chat/completions",status="200"}')
+    ]
     assert ok and int(ok[0].split()[-1]) >= 1
-    assert any(ln.startswith('lmprog_http_requests_total{path="/v1/chat/completions",status="400"}') for ln in lines)
+    assert any(
+        ln.startswith('lmprog_http_requests_total{path="/v1/chat/completions",status="400"}')
+        for ln in lines
+    )
     tokens = [ln for ln in lines if ln.startswith("lmprog_completion_tokens_total ")]
     assert tokens and int(tokens[0].split()[-1]) > 0
     assert "# TYPE lmprog_time_to_first_token_seconds summary" in lines
@@ -231,7 +343,9 @@ def test_api_key(backend):
         status, body = request(srv.url, "GET", "/metrics")
         assert_error(status, body, 401)
         assert request(srv.url, "GET", "/health")[0] == 200
-        status, body = post_json(srv.url, "/v1/chat/completions", CHAT, {"Authorization": "Bearer s3cret"})
+        status, body = post_json(
+            srv.url, "/v1/chat/completions", CHAT, {"Authorization": "Bearer s3cret"}
+        )
         assert status == 200, body
 
 

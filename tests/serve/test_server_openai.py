@@ -23,18 +23,44 @@ from lmprog.serve import Server
 
 pytestmark = pytest.mark.e2e
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
-                                           "age": {"type": "integer", "minimum": 0, "maximum": 150}},
-          "required": ["name", "age"], "additionalProperties": False}
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
-                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "Current time in a timezone",
-    "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 24}},
-                   "required": ["tz"], "additionalProperties": False}}}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 24},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Current time in a timezone",
+        "parameters": {
+            "type": "object",
+            "properties": {"tz": {"type": "string", "maxLength": 24}},
+            "required": ["tz"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -70,30 +96,49 @@ def chat_prompt(rt, messages) -> str:
 
 
 def test_completion_matches_in_process(rt, client, model):
-    r = client.completions.create(model=model, prompt="The capital of France is", max_tokens=6, temperature=0)
-    assert r.choices[0].text == in_process(rt, "The capital of France is", max_tokens=6, temperature=0)
+    r = client.completions.create(
+        model=model, prompt="The capital of France is", max_tokens=6, temperature=0
+    )
+    assert r.choices[0].text == in_process(
+        rt, "The capital of France is", max_tokens=6, temperature=0
+    )
     assert r.usage.completion_tokens == 6 and r.usage.prompt_tokens == 5
     assert r.choices[0].finish_reason == "length"
 
 
 def test_chat_uses_the_models_template(rt, client, model):
-    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a color."}]
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Name a color."},
+    ]
     r = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0)
     expected = in_process(rt, chat_prompt(rt, messages), max_tokens=8, temperature=0)
     assert r.choices[0].message.content == expected and r.choices[0].message.role == "assistant"
-    assert r.usage.prompt_tokens == len(rt.tokenizer.encode(chat_prompt(rt, messages), add_special_tokens=False))
+    assert r.usage.prompt_tokens == len(
+        rt.tokenizer.encode(chat_prompt(rt, messages), add_special_tokens=False)
+    )
 
 
 def test_stop_strings(client, model):
-    r = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stop=[" 7"])
+    r = client.completions.create(
+        model=model, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stop=[" 7"]
+    )
     assert r.choices[0].text == " 5, 6," and r.choices[0].finish_reason == "stop"
 
 
 def test_chat_streaming(client, model):
-    kwargs = dict(model=model, messages=[{"role": "user", "content": "Count to five."}], max_tokens=10,
-                  temperature=0)
+    kwargs = dict(
+        model=model,
+        messages=[{"role": "user", "content": "Count to five."}],
+        max_tokens=10,
+        temperature=0,
+    )
     whole = client.chat.completions.create(**kwargs).choices[0].message.content
-    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            **kwargs, stream=True, stream_options={"include_usage": True}
+        )
+    )
     pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
     assert "".join(pieces) == whole and sum(1 for p in pieces if p) >= 3  # really streamed
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -102,39 +147,63 @@ def test_chat_streaming(client, model):
 
 
 def test_completion_streaming_n(client, model):
-    stream = client.completions.create(model=model, prompt="Once upon a time", max_tokens=5, n=2,
-                                       temperature=0.8, seed=3, stream=True)
+    stream = client.completions.create(
+        model=model,
+        prompt="Once upon a time",
+        max_tokens=5,
+        n=2,
+        temperature=0.8,
+        seed=3,
+        stream=True,
+    )
     texts, reasons = {0: "", 1: ""}, {}
     for chunk in stream:
         for c in chunk.choices:
             texts[c.index] += c.text
             if c.finish_reason:
                 reasons[c.index] = c.finish_reason
-    whole = client.completions.create(model=model, prompt="Once upon a time", max_tokens=5, n=2,
-                                      temperature=0.8, seed=3)
+    whole = client.completions.create(
+        model=model, prompt="Once upon a time", max_tokens=5, n=2, temperature=0.8, seed=3
+    )
     assert [texts[0], texts[1]] == [c.text for c in whole.choices]
     assert reasons == {0: "length", 1: "length"}
 
 
 def test_json_schema(client, model):
     r = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Describe a person as JSON."}], max_tokens=60,
-        temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+        model=model,
+        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        max_tokens=60,
+        temperature=0,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON},
+        },
+    )
     jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
     assert r.choices[0].finish_reason == "stop"
 
 
 def test_json_object(client, model):
     r = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Describe a cat as JSON with keys name and color."}], max_tokens=60,
-        temperature=0, response_format={"type": "json_object"})
+        model=model,
+        messages=[{"role": "user", "content": "Describe a cat as JSON with keys name and color."}],
+        max_tokens=60,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
     assert r.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
 def test_regex_extension_on_completions(client, model):
-    r = client.completions.create(model=model, prompt="Today's date:", max_tokens=20, temperature=0,
-                                  extra_body={"regex": r"\d{4}-\d{2}-\d{2}"})
+    r = client.completions.create(
+        model=model,
+        prompt="Today's date:",
+        max_tokens=20,
+        temperature=0,
+        extra_body={"regex": r"\d{4}-\d{2}-\d{2}"},
+    )
     assert len(r.choices[0].text) == 10 and r.choices[0].text[4] == "-"
 
 
@@ -146,8 +215,14 @@ def check_call(call, tool):
 
 def test_tools_required(client, model):
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
-    r = client.chat.completions.create(model=model, messages=messages, tools=[TIME, WEATHER],
-                                       tool_choice="required", max_tokens=40, temperature=0)
+    r = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        tools=[TIME, WEATHER],
+        tool_choice="required",
+        max_tokens=40,
+        temperature=0,
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     [call] = choice.message.tool_calls
@@ -156,23 +231,44 @@ def test_tools_required(client, model):
 
 def test_tools_named_and_a_second_turn(client, model):
     messages = [{"role": "user", "content": "What time is it in Tokyo?"}]
-    r = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER, TIME], max_tokens=40,
-                                       tool_choice={"type": "function", "function": {"name": "get_time"}},
-                                       temperature=0)
+    r = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        tools=[WEATHER, TIME],
+        max_tokens=40,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        temperature=0,
+    )
     [call] = r.choices[0].message.tool_calls
     check_call(call, TIME)
-    messages += [r.choices[0].message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": "09:30"}]
-    r2 = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER, TIME], tool_choice="none",
-                                        max_tokens=12, temperature=0)
+    messages += [
+        r.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "09:30"},
+    ]
+    r2 = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        tools=[WEATHER, TIME],
+        tool_choice="none",
+        max_tokens=12,
+        temperature=0,
+    )
     assert r2.choices[0].message.content and not r2.choices[0].message.tool_calls
     assert not r2.choices[0].message.content.startswith("{")  # "none": an answer, never a call
 
 
 def test_tools_streamed(client, model):
-    chunks = list(client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[WEATHER],
-        tool_choice="required", max_tokens=40, temperature=0, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Weather in Oslo?"}],
+            tools=[WEATHER],
+            tool_choice="required",
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+        )
+    )
     calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert len(calls) == 1 and calls[0].index == 0
     check_call(calls[0], WEATHER)
@@ -181,8 +277,13 @@ def test_tools_streamed(client, model):
 
 def test_tools_auto_gives_a_call_or_an_answer(client, model):
     for question in ("What is the weather in Rome, in celsius?", "Hello! How are you?"):
-        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": question}],
-                                           tools=[WEATHER], max_tokens=30, temperature=0)
+        r = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": question}],
+            tools=[WEATHER],
+            max_tokens=30,
+            temperature=0,
+        )
         message = r.choices[0].message
         if message.tool_calls:
             check_call(message.tool_calls[0], WEATHER)
@@ -192,15 +293,23 @@ def test_tools_auto_gives_a_call_or_an_answer(client, model):
 
 
 def test_chat_logprobs(client, model):
-    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say yes or no."}],
-                                       max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
+    r = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Say yes or no."}],
+        max_tokens=8,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
     content = r.choices[0].logprobs.content
     assert r.choices[0].finish_reason == "stop"  # the end-of-turn token: counted, not in the text
     assert len(content) == r.usage.completion_tokens - 1 and content
     assert "".join(t.token for t in content) == r.choices[0].message.content
     for t in content:
         assert len(t.top_logprobs) == 3 and t.logprob <= 0
-        assert t.logprob == pytest.approx(max(a.logprob for a in t.top_logprobs), abs=1e-5)  # greedy
+        assert t.logprob == pytest.approx(
+            max(a.logprob for a in t.top_logprobs), abs=1e-5
+        )  # greedy
         assert bytes(t.bytes).decode() == t.token
 
 
@@ -216,14 +325,23 @@ def test_echo_prompt_logprobs_score_like_in_process(rt, client, model):
     ref = rt.generate([ids], SamplingParams(max_tokens=0), logprob_start_len=0)[0].prompt_logprobs
     assert lp.token_logprobs[1:] == pytest.approx([t.logprob for t in ref], abs=1e-4)
     assert all(len(t) == 2 for t in lp.top_logprobs[1:])
-    r = client.completions.create(model=model, prompt=prompt, max_tokens=3, echo=True, logprobs=0, temperature=0)
+    r = client.completions.create(
+        model=model, prompt=prompt, max_tokens=3, echo=True, logprobs=0, temperature=0
+    )
     lp = r.choices[0].logprobs
     assert r.choices[0].text.startswith(prompt) and len(lp.tokens) == len(ids) + 3
     assert lp.top_logprobs is None and lp.text_offset[len(ids)] == len(prompt)
 
 
 def test_n_and_seed(client, model):
-    kwargs = dict(model=model, prompt="My favourite animal is the", max_tokens=6, temperature=1.0, n=3, seed=1234)
+    kwargs = dict(
+        model=model,
+        prompt="My favourite animal is the",
+        max_tokens=6,
+        temperature=1.0,
+        n=3,
+        seed=1234,
+    )
     a = [c.text for c in client.completions.create(**kwargs).choices]
     b = [c.text for c in client.completions.create(**kwargs).choices]
     assert len(a) == 3 and a == b  # the same seed gives the same choices
@@ -233,15 +351,38 @@ def test_n_and_seed(client, model):
 
 
 def test_sixteen_concurrent_clients(rt, server, model):
-    topics = ["cats", "dogs", "rain", "the sea", "bread", "music", "trees", "snow", "stars", "trains",
-              "bees", "tea", "rivers", "clocks", "maps", "salt"]
+    topics = [
+        "cats",
+        "dogs",
+        "rain",
+        "the sea",
+        "bread",
+        "music",
+        "trees",
+        "snow",
+        "stars",
+        "trains",
+        "bees",
+        "tea",
+        "rivers",
+        "clocks",
+        "maps",
+        "salt",
+    ]
     barrier = threading.Barrier(16)
 
     def one(topic):
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        client = openai.OpenAI(
+            base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120
+        )
         barrier.wait()
-        stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": f"A fact about {topic}."}],
-                                                max_tokens=8, temperature=0, stream=True)
+        stream = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": f"A fact about {topic}."}],
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+        )
         return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
     steps_before = rt.stats()["steps"]
@@ -258,12 +399,18 @@ def test_bad_requests_on_the_model(rt, client, server, model):
         client.completions.create(model=model, prompt=too_long, max_tokens=2)
     assert info.value.code == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=model, messages=[{"role": "user", "content": too_long}],
-                                       max_tokens=2, stream=True)
-    status, body = post_json(server.url, "/v1/completions", {"model": model, "prompt": [10**9], "max_tokens": 1})
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": too_long}], max_tokens=2, stream=True
+        )
+    status, body = post_json(
+        server.url, "/v1/completions", {"model": model, "prompt": [10**9], "max_tokens": 1}
+    )
     assert_error(status, body, 400, param="prompt")
-    status, body = post_json(server.url, "/v1/completions", {"model": model, "prompt": [1, 10**9], "echo": True,
-                                                             "logprobs": 1, "max_tokens": 0})
+    status, body = post_json(
+        server.url,
+        "/v1/completions",
+        {"model": model, "prompt": [1, 10**9], "echo": True, "logprobs": 1, "max_tokens": 0},
+    )
     assert_error(status, body, 400, param="prompt")
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="/etc/passwd", prompt="hi", max_tokens=1)
@@ -280,12 +427,22 @@ def test_api_key_with_the_openai_client(rt):
 
 
 def test_disconnect_mid_stream_frees_the_request(rt, server, model):
-    body = json.dumps({"model": model, "prompt": "Tell me a long story.", "max_tokens": 400,
-                       "ignore_eos": True, "stream": True}).encode()
+    body = json.dumps(
+        {
+            "model": model,
+            "prompt": "Tell me a long story.",
+            "max_tokens": 400,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    ).encode()
     aborted = rt.stats()["requests_finished"]["abort"]
     sock = socket.create_connection((server.host, server.port))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     received = b""
     while received.count(b"data:") < 3:
         received += sock.recv(4096)

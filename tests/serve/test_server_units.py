@@ -19,9 +19,20 @@ from lmprog.serve.params import choice_params, sampling_params
 from lmprog.serve.schemas import ResponseFormat
 from lmprog.serve.tools import plan_tools
 
-CITY = Tool.model_validate({"type": "function", "function": {"name": "weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-    "additionalProperties": False}}})
+CITY = Tool.model_validate(
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+)
 NOARGS = Tool.model_validate({"type": "function", "function": {"name": "ping"}})
 
 
@@ -43,8 +54,11 @@ def test_required_calls_match_their_tools_schema():
 
 
 def test_named_choice_allows_only_that_tool():
-    plan = plan_tools([CITY, NOARGS], NamedToolChoice.model_validate(
-        {"type": "function", "function": {"name": "ping"}}), None)
+    plan = plan_tools(
+        [CITY, NOARGS],
+        NamedToolChoice.model_validate({"type": "function", "function": {"name": "ping"}}),
+        None,
+    )
     assert plan.constraint.matches(call("ping", {}))
     assert not plan.constraint.matches(call("weather", {"city": "Oslo"}))
 
@@ -55,7 +69,9 @@ def test_auto_allows_a_call_or_an_answer():
     assert plan.constraint.matches("Sunny, 20 degrees.\nAnything else?")
     assert not plan.constraint.matches('{"answer": 1}') and not plan.constraint.matches("")
     assert plan.parse("Sunny.") is None
-    json_answers = plan_tools([CITY], "auto", output_constraint(ResponseFormat(type="json_object"), None))
+    json_answers = plan_tools(
+        [CITY], "auto", output_constraint(ResponseFormat(type="json_object"), None)
+    )
     assert json_answers.constraint.matches('{"answer": 1}')
     assert json_answers.parse('{"answer": 1}') is None
     assert json_answers.parse(call("weather", {"city": "Rome"}))["function"]["name"] == "weather"
@@ -64,7 +80,9 @@ def test_auto_allows_a_call_or_an_answer():
 def test_none_and_no_tools():
     plan = plan_tools([CITY], "none", None)
     assert plan.calls is None and plan.prompt is None
-    assert plan.constraint.matches("Plain words.") and not plan.constraint.matches(call("weather", {"city": "x"}))
+    assert plan.constraint.matches("Plain words.") and not plan.constraint.matches(
+        call("weather", {"city": "x"})
+    )
     assert plan_tools(None, None, None) == plan_tools([], None, None)
     assert plan_tools(None, None, None).constraint is None
     with pytest.raises(APIError, match="tool_choice needs tools"):
@@ -90,7 +108,9 @@ def tok(i, text, lp, top=()):
 def test_logprob_layouts():
     toks = (tok(5, "Hi", -0.5, [(5, "Hi", -0.5), (6, "Yo", -1.0)]), tok(7, "!", float("-inf")))
     chat = chat_logprobs(toks)["content"]
-    assert [c["token"] for c in chat] == ["Hi", "!"] and chat[1]["logprob"] == -9999.0  # JSON has no -inf
+    assert [c["token"] for c in chat] == ["Hi", "!"] and chat[1][
+        "logprob"
+    ] == -9999.0  # JSON has no -inf
     assert chat[0]["top_logprobs"][1] == {"token": "Yo", "logprob": -1.0, "bytes": [89, 111]}
     comp = completion_logprobs(["A", "Hi", "!"], (None, *toks), [0, 1, 3], top=2)
     assert comp["token_logprobs"] == [None, -0.5, -9999.0] and comp["top_logprobs"][0] is None
@@ -123,16 +143,42 @@ def test_token_offsets_with_split_characters():
 
 
 def chat_body(**fields):
-    return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}],
-                                                 **fields})
+    return ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], **fields}
+    )
 
 
 def test_sampling_params_from_a_request():
     limits = ServerLimits(max_tokens=100)
-    p = sampling_params(chat_body(temperature=0.5, top_p=0.9, stop="END", seed=7, top_k=40, min_p=0.1,
-                                  presence_penalty=0.5, stop_token_ids=[3]), limits, max_tokens=None, logprobs=2)
-    assert (p.temperature, p.top_p, p.stop, p.seed, p.top_k, p.min_p) == (0.5, 0.9, ("END",), 7, 40, 0.1)
-    assert (p.max_tokens, p.return_logprob, p.top_logprobs_num, p.stop_token_ids) == (100, True, 2, (3,))
+    p = sampling_params(
+        chat_body(
+            temperature=0.5,
+            top_p=0.9,
+            stop="END",
+            seed=7,
+            top_k=40,
+            min_p=0.1,
+            presence_penalty=0.5,
+            stop_token_ids=[3],
+        ),
+        limits,
+        max_tokens=None,
+        logprobs=2,
+    )
+    assert (p.temperature, p.top_p, p.stop, p.seed, p.top_k, p.min_p) == (
+        0.5,
+        0.9,
+        ("END",),
+        7,
+        40,
+        0.1,
+    )
+    assert (p.max_tokens, p.return_logprob, p.top_logprobs_num, p.stop_token_ids) == (
+        100,
+        True,
+        2,
+        (3,),
+    )
     defaults = sampling_params(chat_body(), limits, max_tokens=10, logprobs=None)
     assert (defaults.temperature, defaults.return_logprob, defaults.seed) == (1.0, False, None)
     assert [q.seed for q in choice_params(p, 3)] == [7, 8, 9]
@@ -146,12 +192,21 @@ def test_prometheus_text():
     m = ServerMetrics()
     m.on_response("/v1/completions", 200, 0.5)
     m.on_usage(10, 4)
-    text = m.render({"num_running": 2, "num_waiting": 1, "cache_hit_rate": 0.25,
-                     "requests_finished": {"stop": 3}, "model": "x"})
+    text = m.render(
+        {
+            "num_running": 2,
+            "num_waiting": 1,
+            "cache_hit_rate": 0.25,
+            "requests_finished": {"stop": 3},
+            "model": "x",
+        }
+    )
     lines = text.splitlines()
     assert 'lmprog_http_requests_total{path="/v1/completions",status="200"} 1' in lines
     assert "lmprog_requests_running 2" in lines and "lmprog_requests_queued 1" in lines
-    assert "lmprog_prefix_cache_hit_rate 0.25" in lines and "lmprog_completion_tokens_total 4" in lines
+    assert (
+        "lmprog_prefix_cache_hit_rate 0.25" in lines and "lmprog_completion_tokens_total 4" in lines
+    )
     assert 'lmprog_engine_requests_finished_total{reason="stop"} 3' in lines
     for line in lines:  # every sample belongs to a declared family
         if not line.startswith("#"):

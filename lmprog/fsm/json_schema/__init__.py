@@ -43,8 +43,13 @@ DEFAULT_WHITESPACE = r"[ ]?"
 DEFAULT_RECURSION_DEPTH = 3
 DEFAULT_ANY_DEPTH = 1
 
-__all__ = ["build_regex", "load_schema", "DEFAULT_WHITESPACE", "DEFAULT_RECURSION_DEPTH",
-           "DEFAULT_ANY_DEPTH"]
+__all__ = [
+    "build_regex",
+    "load_schema",
+    "DEFAULT_WHITESPACE",
+    "DEFAULT_RECURSION_DEPTH",
+    "DEFAULT_ANY_DEPTH",
+]
 
 
 def load_schema(schema):
@@ -58,19 +63,29 @@ def load_schema(schema):
             raise ConstraintError(f"json_schema string is not valid JSON: {e}") from None
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         return schema.model_json_schema()
-    raise TypeError("json_schema must be a dict, a JSON string or a pydantic model class, "
-                    f"got {type(schema).__name__}")
+    raise TypeError(
+        "json_schema must be a dict, a JSON string or a pydantic model class, "
+        f"got {type(schema).__name__}"
+    )
 
 
-def build_regex(schema, *, whitespace: str | None = None,
-                max_recursion_depth: int = DEFAULT_RECURSION_DEPTH,
-                any_depth: int = DEFAULT_ANY_DEPTH) -> str:
+def build_regex(
+    schema,
+    *,
+    whitespace: str | None = None,
+    max_recursion_depth: int = DEFAULT_RECURSION_DEPTH,
+    any_depth: int = DEFAULT_ANY_DEPTH,
+) -> str:
     """The regex of a JSON schema document; ConstraintError if it has none that is exact."""
     if not isinstance(max_recursion_depth, int) or max_recursion_depth < 0:
         raise ValueError("max_recursion_depth must be a non-negative int")
     if not isinstance(any_depth, int) or any_depth < 0:
         raise ValueError("any_depth must be a non-negative int")
-    ws = raw(DEFAULT_WHITESPACE) if whitespace is None else R(compile_user_regex(whitespace), False, True)
+    ws = (
+        raw(DEFAULT_WHITESPACE)
+        if whitespace is None
+        else R(compile_user_regex(whitespace), False, True)
+    )
     document = load_schema(schema)
     node = Builder(document, max_recursion_depth).build(document)
     out = Emitter(ws, any_depth).node(node)

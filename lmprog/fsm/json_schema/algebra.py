@@ -15,7 +15,17 @@ from functools import lru_cache
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.terms import (
-    NEVER, TOP, ArrT, BoolT, KeyRule, Node, NullT, NumT, ObjT, StrT, make_node,
+    NEVER,
+    TOP,
+    ArrT,
+    BoolT,
+    KeyRule,
+    Node,
+    NullT,
+    NumT,
+    ObjT,
+    StrT,
+    make_node,
 )
 from lmprog.fsm.json_schema.values import num_ok, pattern_matcher, str_ok
 
@@ -32,8 +42,9 @@ def conj(a: Node, b: Node) -> Node:
     if b.top or a.never or a == b:
         return a
     if len(a.terms) * len(b.terms) > _MAX_PAIRS:
-        raise ConstraintError("schema too complex: an intersection of "
-                              f"{len(a.terms)} x {len(b.terms)} branches")
+        raise ConstraintError(
+            f"schema too complex: an intersection of {len(a.terms)} x {len(b.terms)} branches"
+        )
     terms = [meet(x, y) for x in a.terms for y in b.terms if type(x) is type(y)]
     return make_node(terms)
 
@@ -83,11 +94,18 @@ def _meet_num(x: NumT, y: NumT) -> NumT | None:
     lo, lo_excl = _tighter(x.lo, x.lo_excl, y.lo, y.lo_excl, max)
     hi, hi_excl = _tighter(x.hi, x.hi_excl, y.hi, y.hi_excl, min)
     values = x.values if y.values is None else y.values if x.values is None else x.values & y.values
-    return normalize_num(NumT(
-        integer=x.integer if x.integer is not None else y.integer, lo=lo, lo_excl=lo_excl, hi=hi,
-        hi_excl=hi_excl, multiple_of=_lcm(x.multiple_of, y.multiple_of), values=values,
-        excluded=x.excluded | y.excluded,
-    ))
+    return normalize_num(
+        NumT(
+            integer=x.integer if x.integer is not None else y.integer,
+            lo=lo,
+            lo_excl=lo_excl,
+            hi=hi,
+            hi_excl=hi_excl,
+            multiple_of=_lcm(x.multiple_of, y.multiple_of),
+            values=values,
+            excluded=x.excluded | y.excluded,
+        )
+    )
 
 
 def normalize_num(t: NumT) -> NumT | None:
@@ -116,14 +134,20 @@ def integer_bounds(t: NumT) -> tuple[int | None, int | None]:
 
 def _meet_str(x: StrT, y: StrT) -> StrT | None:
     values = x.values if y.values is None else y.values if x.values is None else x.values & y.values
-    return normalize_str(StrT(
-        min_len=max(x.min_len, y.min_len),
-        max_len=y.max_len if x.max_len is None else x.max_len if y.max_len is None
-        else min(x.max_len, y.max_len),
-        patterns=x.patterns + tuple(p for p in y.patterns if p not in x.patterns),
-        formats=x.formats + tuple(f for f in y.formats if f not in x.formats),
-        values=values, excluded=x.excluded | y.excluded,
-    ))
+    return normalize_str(
+        StrT(
+            min_len=max(x.min_len, y.min_len),
+            max_len=y.max_len
+            if x.max_len is None
+            else x.max_len
+            if y.max_len is None
+            else min(x.max_len, y.max_len),
+            patterns=x.patterns + tuple(p for p in y.patterns if p not in x.patterns),
+            formats=x.formats + tuple(f for f in y.formats if f not in x.formats),
+            values=values,
+            excluded=x.excluded | y.excluded,
+        )
+    )
 
 
 def normalize_str(t: StrT) -> StrT | None:
@@ -139,14 +163,22 @@ def normalize_str(t: StrT) -> StrT | None:
 def _meet_arr(x: ArrT, y: ArrT) -> ArrT | None:
     n = max(len(x.prefix), len(y.prefix))
     prefix = tuple(conj(_item(x, i), _item(y, i)) for i in range(n))
-    return normalize_arr(ArrT(
-        prefix=prefix, rest=conj(x.rest, y.rest), min_items=max(x.min_items, y.min_items),
-        max_items=y.max_items if x.max_items is None else x.max_items if y.max_items is None
-        else min(x.max_items, y.max_items),
-        contains=x.contains + tuple(c for c in y.contains if c not in x.contains),
-        unique=x.unique or y.unique, eval_prefix=max(x.eval_prefix, y.eval_prefix),
-        eval_all=x.eval_all or y.eval_all,
-    ))
+    return normalize_arr(
+        ArrT(
+            prefix=prefix,
+            rest=conj(x.rest, y.rest),
+            min_items=max(x.min_items, y.min_items),
+            max_items=y.max_items
+            if x.max_items is None
+            else x.max_items
+            if y.max_items is None
+            else min(x.max_items, y.max_items),
+            contains=x.contains + tuple(c for c in y.contains if c not in x.contains),
+            unique=x.unique or y.unique,
+            eval_prefix=max(x.eval_prefix, y.eval_prefix),
+            eval_all=x.eval_all or y.eval_all,
+        )
+    )
 
 
 def _item(t: ArrT, i: int) -> Node:
@@ -179,15 +211,24 @@ def normalize_arr(t: ArrT) -> ArrT | None:
 def _meet_obj(x: ObjT, y: ObjT) -> ObjT | None:
     keys = [k for k, _ in x.props] + [k for k, _ in y.props if x.prop(k) is None]
     props = tuple((k, conj(key_node(x, k), key_node(y, k))) for k in keys)
-    return normalize_obj(ObjT(
-        props=props, required=x.required + tuple(k for k in y.required if k not in x.required),
-        rules=x.rules + y.rules, names=conj(x.names, y.names),
-        min_props=max(x.min_props, y.min_props),
-        max_props=y.max_props if x.max_props is None else x.max_props if y.max_props is None
-        else min(x.max_props, y.max_props),
-        any_order=x.any_order and y.any_order, eval_names=x.eval_names | y.eval_names,
-        eval_patterns=x.eval_patterns | y.eval_patterns, eval_all=x.eval_all or y.eval_all,
-    ))
+    return normalize_obj(
+        ObjT(
+            props=props,
+            required=x.required + tuple(k for k in y.required if k not in x.required),
+            rules=x.rules + y.rules,
+            names=conj(x.names, y.names),
+            min_props=max(x.min_props, y.min_props),
+            max_props=y.max_props
+            if x.max_props is None
+            else x.max_props
+            if y.max_props is None
+            else min(x.max_props, y.max_props),
+            any_order=x.any_order and y.any_order,
+            eval_names=x.eval_names | y.eval_names,
+            eval_patterns=x.eval_patterns | y.eval_patterns,
+            eval_all=x.eval_all or y.eval_all,
+        )
+    )
 
 
 def key_allowed(names: Node, key: str) -> bool:
@@ -234,5 +275,11 @@ def _trivial(rule: KeyRule) -> bool:
     return rule.additional.top and all(n.top for _, n in rule.patterns)
 
 
-_MEETS = {NullT: _meet_null, BoolT: _meet_bool, NumT: _meet_num, StrT: _meet_str,
-          ArrT: _meet_arr, ObjT: _meet_obj}
+_MEETS = {
+    NullT: _meet_null,
+    BoolT: _meet_bool,
+    NumT: _meet_num,
+    StrT: _meet_str,
+    ArrT: _meet_arr,
+    ObjT: _meet_obj,
+}

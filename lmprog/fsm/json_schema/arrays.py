@@ -49,8 +49,10 @@ def _items(prefix: list, rest: R | None, lo: int, hi: int | None, sep: R) -> tup
 
 def _contains_items(t: ArrT, em: Emitter) -> tuple[R | None, bool]:
     if len(t.contains) > 1 or t.prefix or t.max_items is not None or t.min_items > t.contains[0].lo:
-        raise ConstraintError("contains together with prefixItems, maxItems, a larger minItems or "
-                              "another contains has no exact regex")
+        raise ConstraintError(
+            "contains together with prefixItems, maxItems, a larger minItems or "
+            "another contains has no exact regex"
+        )
     c = t.contains[0]
     hit = em.node(conj(t.rest, c.node))
     filler = em.node(t.rest if c.hi is None else conj(t.rest, neg(c.node)))
@@ -70,8 +72,10 @@ def _unique_arrays(t: ArrT, em: Emitter) -> R | None:
         return array_regex(replace(t, unique=False), em)
     arrays = _distinct_arrays(t, em)
     if arrays is None:
-        raise ConstraintError("uniqueItems has no exact regex unless the arrays form a small "
-                              f"finite set (at most {_LIMIT}) or hold at most one item")
+        raise ConstraintError(
+            "uniqueItems has no exact regex unless the arrays form a small "
+            f"finite set (at most {_LIMIT}) or hold at most one item"
+        )
     return alt(*(em.value(a) for a in arrays))
 
 

@@ -21,7 +21,16 @@ from lmprog.fsm.json_schema.algebra import conj, conj_all, normalize_arr, normal
 from lmprog.fsm.json_schema.complement import neg, one_of
 from lmprog.fsm.json_schema.refs import Registry
 from lmprog.fsm.json_schema.terms import (
-    FULL_TERMS, NEVER, TOP, ArrT, KeyRule, Node, ObjT, expand, make_node, union,
+    FULL_TERMS,
+    NEVER,
+    TOP,
+    ArrT,
+    KeyRule,
+    Node,
+    ObjT,
+    expand,
+    make_node,
+    union,
 )
 
 
@@ -41,7 +50,7 @@ class Builder:
             raise ConstraintError(f"invalid schema: expected an object or a boolean at {path}")
         base = self.registry.base_of(schema, base)
         self._check_keywords(schema, path)
-        sub = lambda s, suffix: self.build(s, base, path + suffix)  # noqa: E731
+        sub = lambda s, suffix: self.build(s, base, path + suffix)
         node = facets.typed_terms(schema, path, sub)
         values, applied = self._values(schema, path), self._applicators(schema, base, path, sub)
         with self.at(path):
@@ -51,7 +60,9 @@ class Builder:
     def _check_keywords(self, schema: dict, path: str) -> None:
         for key in schema:
             if key in keywords.REFUSED:
-                raise ConstraintError(f"unsupported keyword {key!r} at {path}: {keywords.REFUSED[key]}")
+                raise ConstraintError(
+                    f"unsupported keyword {key!r} at {path}: {keywords.REFUSED[key]}"
+                )
             if key not in keywords.KNOWN:
                 raise ConstraintError(f"unsupported keyword {key!r} at {path}")
 
@@ -81,7 +92,11 @@ class Builder:
             if key in schema:
                 branches = self._list(schema, key, path, sub)
                 with self.at(f"{path}/{key}"):
-                    parts.append({"allOf": conj_all, "anyOf": lambda b: union(*b), "oneOf": one_of}[key](branches))
+                    parts.append(
+                        {"allOf": conj_all, "anyOf": lambda b: union(*b), "oneOf": one_of}[key](
+                            branches
+                        )
+                    )
         if "not" in schema:
             inner = sub(schema["not"], "/not")
             with self.at(f"{path}/not"):
@@ -144,23 +159,34 @@ class Builder:
         out = []
         for key, names in required.items():
             if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                raise ConstraintError(f"invalid schema: dependentRequired/{key} must list strings at {path}")
+                raise ConstraintError(
+                    f"invalid schema: dependentRequired/{key} must list strings at {path}"
+                )
             keys = (key,) + tuple(n for n in dict.fromkeys(names) if n != key)
             present = ObjT(props=tuple((k, TOP) for k in keys), required=keys)
             out.append(make_node(others + [_absent(key), present]))
         for key, dep in schemas.items():
             present = make_node((ObjT(props=((key, TOP),), required=(key,)),))
             with self.at(f"{path}/dependentSchemas"):
-                out.append(union(make_node(others + [_absent(key)]), conj(present, sub(dep, f"/dependentSchemas/{key}"))))
+                out.append(
+                    union(
+                        make_node(others + [_absent(key)]),
+                        conj(present, sub(dep, f"/dependentSchemas/{key}")),
+                    )
+                )
         return out
 
     def _unevaluated(self, schema: dict, node: Node, path: str, sub) -> Node:
         if "unevaluatedProperties" in schema:
             extra = sub(schema["unevaluatedProperties"], "/unevaluatedProperties")
-            node = make_node(tuple(_uneval_props(t, extra) if isinstance(t, ObjT) else t for t in expand(node)))
+            node = make_node(
+                tuple(_uneval_props(t, extra) if isinstance(t, ObjT) else t for t in expand(node))
+            )
         if "unevaluatedItems" in schema:
             extra = sub(schema["unevaluatedItems"], "/unevaluatedItems")
-            node = make_node(tuple(_uneval_items(t, extra) if isinstance(t, ArrT) else t for t in expand(node)))
+            node = make_node(
+                tuple(_uneval_items(t, extra) if isinstance(t, ArrT) else t for t in expand(node))
+            )
         return node
 
 

@@ -13,7 +13,19 @@ from functools import lru_cache
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.algebra import conj, conj_all, normalize_arr, normalize_obj
 from lmprog.fsm.json_schema.terms import (
-    FULL_TERMS, NEVER, TOP, ArrT, BoolT, Contains, Node, NullT, NumT, ObjT, StrT, expand, make_node,
+    FULL_TERMS,
+    NEVER,
+    TOP,
+    ArrT,
+    BoolT,
+    Contains,
+    Node,
+    NullT,
+    NumT,
+    ObjT,
+    StrT,
+    expand,
+    make_node,
 )
 
 
@@ -100,7 +112,8 @@ def _neg_arr(t: ArrT):
 def _neg_obj(t: ObjT):
     if t.rules or not t.names.top:
         raise ConstraintError(
-            "'not' over additionalProperties/patternProperties/propertyNames has no exact regex")
+            "'not' over additionalProperties/patternProperties/propertyNames has no exact regex"
+        )
     out = []
     for k, v in t.props:
         if not v.top:
@@ -114,8 +127,14 @@ def _neg_obj(t: ObjT):
     return [o for o in (normalize_obj(x) for x in out) if o is not None]
 
 
-_NEGATIONS = {NullT: _neg_null, BoolT: _neg_bool, NumT: _neg_num, StrT: _neg_str,
-              ArrT: _neg_arr, ObjT: _neg_obj}
+_NEGATIONS = {
+    NullT: _neg_null,
+    BoolT: _neg_bool,
+    NumT: _neg_num,
+    StrT: _neg_str,
+    ArrT: _neg_arr,
+    ObjT: _neg_obj,
+}
 
 
 def disjoint(a: Node, b: Node) -> bool:
@@ -126,7 +145,7 @@ def disjoint(a: Node, b: Node) -> bool:
 def one_of(branches: list[Node]) -> Node:
     """Values in exactly one branch: a plain union when the branches are pairwise disjoint,
     else each branch minus the union of the others (needs exact complements)."""
-    if all(disjoint(a, b) for i, a in enumerate(branches) for b in branches[i + 1:]):
+    if all(disjoint(a, b) for i, a in enumerate(branches) for b in branches[i + 1 :]):
         return make_node(tuple(t for n in branches for t in expand(n)))
     out = []
     for i, b in enumerate(branches):

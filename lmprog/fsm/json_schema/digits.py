@@ -48,20 +48,26 @@ def same_length_blocks(a: list[int], b: list[int], base: int = 10) -> list[Block
     if len(a) == 1:
         return [Block((), a[0], b[0], 0)]
     if a[0] == b[0]:
-        return [Block((a[0],) + blk.prefix, blk.x, blk.y, blk.j)
-                for blk in same_length_blocks(a[1:], b[1:], base)]
+        return [
+            Block((a[0],) + blk.prefix, blk.x, blk.y, blk.j)
+            for blk in same_length_blocks(a[1:], b[1:], base)
+        ]
     n, top = len(a) - 1, base - 1
     lo_full, hi_full = all(d == 0 for d in a[1:]), all(d == top for d in b[1:])
     out = []
     if not lo_full:
-        out += [Block((a[0],) + blk.prefix, blk.x, blk.y, blk.j)
-                for blk in same_length_blocks(a[1:], [top] * n, base)]
+        out += [
+            Block((a[0],) + blk.prefix, blk.x, blk.y, blk.j)
+            for blk in same_length_blocks(a[1:], [top] * n, base)
+        ]
     start, end = a[0] + (not lo_full), b[0] - (not hi_full)
     if start <= end:
         out.append(Block((), start, end, n))
     if not hi_full:
-        out += [Block((b[0],) + blk.prefix, blk.x, blk.y, blk.j)
-                for blk in same_length_blocks([0] * n, b[1:], base)]
+        out += [
+            Block((b[0],) + blk.prefix, blk.x, blk.y, blk.j)
+            for blk in same_length_blocks([0] * n, b[1:], base)
+        ]
     return out
 
 
@@ -96,7 +102,7 @@ def natural_blocks(lo: int, hi: int | None) -> list[Block | tuple]:
     out: list = []
     for width in range(len(str(lo)), len(str(top)) + 1):
         a = max(lo, 10 ** (width - 1) if width > 1 else 0)
-        b = min(top, 10 ** width - 1)
+        b = min(top, 10**width - 1)
         if a <= b:
             out += same_length_blocks(_digits(a, 10, width), _digits(b, 10, width))
     if hi is None:

@@ -59,7 +59,9 @@ class Emitter:
             options = [lit("null"), lit("true"), lit("false"), raw(NUMBER), string_regex(StrT())]
             if depth > 0:
                 inner = self.any_value(depth - 1)
-                member = cat(lit('"'), rep(UNIT_TOKEN, 0, None), lit('"'), self.ws, lit(":"), self.ws, inner)
+                member = cat(
+                    lit('"'), rep(UNIT_TOKEN, 0, None), lit('"'), self.ws, lit(":"), self.ws, inner
+                )
                 for open_, item, close in (("[", inner, "]"), ("{", member, "}")):
                     body, _ = separated([Slot(item, 0, None)], self.sep)
                     options.append(self.container(open_, body, True, close))
@@ -69,7 +71,9 @@ class Emitter:
     def container(self, open_: str, body: R | None, empty_ok: bool, close: str) -> R | None:
         """``open_ body close`` with whitespace inside the brackets (``body`` None: only the
         empty container, if ``empty_ok``)."""
-        return cat(lit(open_), self.ws, alt(EPS if empty_ok else None, cat(body, self.ws)), lit(close))
+        return cat(
+            lit(open_), self.ws, alt(EPS if empty_ok else None, cat(body, self.ws)), lit(close)
+        )
 
     def value(self, v) -> R | None:
         """The text of one JSON value (objects in every key order when they have few keys)."""
@@ -82,8 +86,9 @@ class Emitter:
         if isinstance(v, list):
             body, empty = separated([Slot(self.value(x), 1, 1) for x in v], self.sep)
             return self.container("[", body, empty, "]")
-        items = [cat(lit(json_text(k)), self.ws, lit(":"), self.ws, self.value(x))
-                 for k, x in v.items()]
+        items = [
+            cat(lit(json_text(k)), self.ws, lit(":"), self.ws, self.value(x)) for k, x in v.items()
+        ]
         orders = permutations(items) if len(items) <= 4 else [items]
         body = alt(*(separated([Slot(m, 1, 1) for m in order], self.sep)[0] for order in orders))
         return self.container("{", body, not items, "}")

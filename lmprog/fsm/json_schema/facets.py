@@ -8,15 +8,34 @@ which of those terms remain. Sub-schemas (``items``, ``properties``...) are buil
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from decimal import Decimal
-from typing import Callable
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import conj_all, key_node, normalize_arr, normalize_num, normalize_obj, normalize_str
+from lmprog.fsm.json_schema.algebra import (
+    conj_all,
+    key_node,
+    normalize_arr,
+    normalize_num,
+    normalize_obj,
+    normalize_str,
+)
 from lmprog.fsm.json_schema.formats import format_pattern
 from lmprog.fsm.json_schema.terms import (
-    NEVER, TOP, TYPE_NAMES, ArrT, BoolT, Contains, KeyRule, Node, NullT, NumT, ObjT, StrT, make_node,
+    NEVER,
+    TOP,
+    TYPE_NAMES,
+    ArrT,
+    BoolT,
+    Contains,
+    KeyRule,
+    Node,
+    NullT,
+    NumT,
+    ObjT,
+    StrT,
+    make_node,
 )
 from lmprog.fsm.json_schema.values import pattern_matcher, to_decimal
 from lmprog.fsm.regex import parse_regex
@@ -27,9 +46,14 @@ Sub = Callable[[object, str], Node]  # (sub-schema, path suffix) -> Node
 def typed_terms(schema: dict, path: str, sub: Sub) -> Node:
     """The union of one term per allowed type, each carrying that type's keywords."""
     types = _types(schema, path)
-    builders = {NullT: lambda: NullT(), BoolT: lambda: BoolT(),
-                NumT: lambda: _number(schema, path), StrT: lambda: _string(schema, path),
-                ArrT: lambda: _array(schema, path, sub), ObjT: lambda: _object(schema, path, sub)}
+    builders = {
+        NullT: lambda: NullT(),
+        BoolT: lambda: BoolT(),
+        NumT: lambda: _number(schema, path),
+        StrT: lambda: _string(schema, path),
+        ArrT: lambda: _array(schema, path, sub),
+        ObjT: lambda: _object(schema, path, sub),
+    }
     return make_node(tuple(builders[t]() for t in builders if t in types))
 
 
@@ -39,7 +63,9 @@ def _types(schema: dict, path: str) -> set:
         return set(TYPE_NAMES.values())
     names = [spec] if isinstance(spec, str) else spec
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise ConstraintError(f"invalid schema: 'type' must be a string or a list of strings at {path}")
+        raise ConstraintError(
+            f"invalid schema: 'type' must be a string or a list of strings at {path}"
+        )
     unknown = [n for n in names if n not in TYPE_NAMES]
     if unknown:
         raise ConstraintError(f"invalid schema: unknown type {unknown[0]!r} at {path}/type")
@@ -51,8 +77,15 @@ def _count(schema: dict, key: str, path: str, default=None):
     value = schema.get(key, default)
     if value is default:
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)) or value < 0 or value != int(value):
-        raise ConstraintError(f"invalid schema: {key} must be a non-negative integer at {path}/{key}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float, Decimal))
+        or value < 0
+        or value != int(value)
+    ):
+        raise ConstraintError(
+            f"invalid schema: {key} must be a non-negative integer at {path}/{key}"
+        )
     return int(value)
 
 
@@ -61,21 +94,30 @@ def _number_kw(schema: dict, key: str, path: str) -> Decimal | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)):
-        raise ConstraintError(f"invalid schema: {key} must be a number at {path}/{key} "
-                              "(draft-4 boolean exclusiveMinimum/Maximum is not supported)")
+        raise ConstraintError(
+            f"invalid schema: {key} must be a number at {path}/{key} "
+            "(draft-4 boolean exclusiveMinimum/Maximum is not supported)"
+        )
     return to_decimal(value)
 
 
 def _number(schema: dict, path: str) -> NumT | None:
     lo, hi = _number_kw(schema, "minimum", path), _number_kw(schema, "maximum", path)
-    xlo, xhi = _number_kw(schema, "exclusiveMinimum", path), _number_kw(schema, "exclusiveMaximum", path)
+    xlo, xhi = (
+        _number_kw(schema, "exclusiveMinimum", path),
+        _number_kw(schema, "exclusiveMaximum", path),
+    )
     mult = _number_kw(schema, "multipleOf", path)
     if mult is not None and mult <= 0:
         raise ConstraintError(f"invalid schema: multipleOf must be > 0 at {path}/multipleOf")
     spec = schema.get("type")
     names = [spec] if isinstance(spec, str) else spec or []
-    t = NumT(integer=True if "integer" in names and "number" not in names else None,
-             lo=lo, hi=hi, multiple_of=mult)
+    t = NumT(
+        integer=True if "integer" in names and "number" not in names else None,
+        lo=lo,
+        hi=hi,
+        multiple_of=mult,
+    )
     if xlo is not None and (lo is None or xlo >= lo):
         t = replace(t, lo=xlo, lo_excl=True)
     if xhi is not None and (hi is None or xhi <= hi):
@@ -97,9 +139,14 @@ def _string(schema: dict, path: str) -> StrT | None:
         if not isinstance(name, str) or format_pattern(name) is None:
             raise ConstraintError(f"unsupported format {name!r} at {path}/format")
         formats = (name,)
-    return normalize_str(StrT(min_len=_count(schema, "minLength", path, 0),
-                              max_len=_count(schema, "maxLength", path), patterns=patterns,
-                              formats=formats))
+    return normalize_str(
+        StrT(
+            min_len=_count(schema, "minLength", path, 0),
+            max_len=_count(schema, "maxLength", path),
+            patterns=patterns,
+            formats=formats,
+        )
+    )
 
 
 def _array(schema: dict, path: str, sub: Sub) -> ArrT | None:
@@ -117,14 +164,26 @@ def _array(schema: dict, path: str, sub: Sub) -> ArrT | None:
     contains = ()
     if "contains" in schema:
         lo = _count(schema, "minContains", path, 1)
-        contains = (Contains(sub(schema["contains"], "/contains"), lo, _count(schema, "maxContains", path)),)
+        contains = (
+            Contains(sub(schema["contains"], "/contains"), lo, _count(schema, "maxContains", path)),
+        )
     unique = schema.get("uniqueItems", False)
     if not isinstance(unique, bool):
-        raise ConstraintError(f"invalid schema: uniqueItems must be a boolean at {path}/uniqueItems")
-    return normalize_arr(ArrT(
-        prefix=prefix, rest=rest, min_items=_count(schema, "minItems", path, 0),
-        max_items=_count(schema, "maxItems", path), contains=contains, unique=unique,
-        eval_prefix=len(prefix), eval_all=evaluated))
+        raise ConstraintError(
+            f"invalid schema: uniqueItems must be a boolean at {path}/uniqueItems"
+        )
+    return normalize_arr(
+        ArrT(
+            prefix=prefix,
+            rest=rest,
+            min_items=_count(schema, "minItems", path, 0),
+            max_items=_count(schema, "maxItems", path),
+            contains=contains,
+            unique=unique,
+            eval_prefix=len(prefix),
+            eval_all=evaluated,
+        )
+    )
 
 
 def _object(schema: dict, path: str, sub: Sub) -> ObjT | None:
@@ -133,20 +192,32 @@ def _object(schema: dict, path: str, sub: Sub) -> ObjT | None:
     for src, _ in patterns:
         parse_regex(src, "ecma")
     has_additional = "additionalProperties" in schema
-    additional = sub(schema["additionalProperties"], "/additionalProperties") if has_additional else TOP
+    additional = (
+        sub(schema["additionalProperties"], "/additionalProperties") if has_additional else TOP
+    )
     rules = (KeyRule(tuple(patterns), additional),) if patterns or has_additional else ()
     names = sub(schema["propertyNames"], "/propertyNames") if "propertyNames" in schema else TOP
     # a named key also takes the schemas of the patterns it matches
-    props = [(k, conj_all([v] + [n for src, n in patterns if pattern_matcher(src).fullmatch(k)]))
-             for k, v in props]
+    props = [
+        (k, conj_all([v] + [n for src, n in patterns if pattern_matcher(src).fullmatch(k)]))
+        for k, v in props
+    ]
     required = _required(schema, path)
     probe = ObjT(props=tuple(props), rules=rules, names=names)
     props += [(k, key_node(probe, k)) for k in required if probe.prop(k) is None]
-    return normalize_obj(ObjT(
-        props=tuple(props), required=required, rules=rules, names=names,
-        min_props=_count(schema, "minProperties", path, 0), max_props=_count(schema, "maxProperties", path),
-        eval_names=frozenset(k for k in schema.get("properties", {})),
-        eval_patterns=frozenset(src for src, _ in patterns), eval_all=has_additional))
+    return normalize_obj(
+        ObjT(
+            props=tuple(props),
+            required=required,
+            rules=rules,
+            names=names,
+            min_props=_count(schema, "minProperties", path, 0),
+            max_props=_count(schema, "maxProperties", path),
+            eval_names=frozenset(k for k in schema.get("properties", {})),
+            eval_patterns=frozenset(src for src, _ in patterns),
+            eval_all=has_additional,
+        )
+    )
 
 
 def _schema_map(schema: dict, key: str, path: str, sub: Sub) -> list:
@@ -159,7 +230,9 @@ def _schema_map(schema: dict, key: str, path: str, sub: Sub) -> list:
 def _required(schema: dict, path: str) -> tuple:
     value = schema.get("required", [])
     if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
-        raise ConstraintError(f"invalid schema: required must be a list of strings at {path}/required")
+        raise ConstraintError(
+            f"invalid schema: required must be a list of strings at {path}/required"
+        )
     return tuple(dict.fromkeys(value))
 
 
@@ -182,6 +255,7 @@ def value_node(v) -> Node:
         return make_node((ArrT(prefix=items, rest=NEVER, min_items=len(items)),))
     if isinstance(v, dict):
         props = tuple((k, value_node(x)) for k, x in v.items())
-        return make_node((ObjT(props=props, required=tuple(v), rules=(KeyRule((), NEVER),),
-                               any_order=True),))
+        return make_node(
+            (ObjT(props=props, required=tuple(v), rules=(KeyRule((), NEVER),), any_order=True),)
+        )
     raise ConstraintError(f"invalid schema: {v!r} is not a JSON value")

@@ -13,7 +13,14 @@ Anything else raises ConstraintError.
 from __future__ import annotations
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.digits import Block, any_digit, digit_class, digit_set, natural_blocks, render_block
+from lmprog.fsm.json_schema.digits import (
+    Block,
+    any_digit,
+    digit_class,
+    digit_set,
+    natural_blocks,
+    render_block,
+)
 from lmprog.fsm.regex import EPS, R, alt, cat, lit, rep
 
 _ENUMERATE_LIMIT = 2000
@@ -28,10 +35,12 @@ def multiples(lo: int | None, hi: int | None, step: int, divisor) -> R | None:
     d, c = _split_step(step)
     k = _suffix_digits(d)
     if 10**k // d > 200 or (c > 1 and (c > _MAX_AUTOMATON or not _sign_bounds_only(lo, hi))):
-        raise ConstraintError(f"multipleOf {divisor} over a large integer range has no "
-                              "exact regex (supported: a bounded range of at most 2,000 multiples; "
-                              "divisors 2**a * 5**b; others whose part coprime to 10 is at most 30, over x >= 0, "
-                              "x <= 0 or all x)")
+        raise ConstraintError(
+            f"multipleOf {divisor} over a large integer range has no "
+            "exact regex (supported: a bounded range of at most 2,000 multiples; "
+            "divisors 2**a * 5**b; others whose part coprime to 10 is at most 30, over x >= 0, "
+            "x <= 0 or all x)"
+        )
     if c > 1:
         naturals = _coprime_multiples(c, d, k)
         neg = cat(lit("-"), naturals) if lo is None else None
@@ -42,7 +51,9 @@ def multiples(lo: int | None, hi: int | None, step: int, divisor) -> R | None:
         parts.append(_natural_multiples(max(lo or 0, 0), hi, step, k, endings))
     if lo is None or lo < 0:
         neg_lo = 1 if hi is None or hi >= 0 else -hi
-        parts.append(cat(lit("-"), _natural_multiples(neg_lo, None if lo is None else -lo, step, k, endings)))
+        parts.append(
+            cat(lit("-"), _natural_multiples(neg_lo, None if lo is None else -lo, step, k, endings))
+        )
     return alt(*parts)
 
 

@@ -81,10 +81,16 @@ def _multiple_plan(t: NumT) -> tuple[bool | None, int | None, int | None] | None
             raise ConstraintError(f"multipleOf {m} is not a decimal number")
         c = f.numerator * 10**k // f.denominator  # m = c / 10**k
         return True, c // math.gcd(c, 10**k), None
-    if f.numerator == 1 and _decimal_places(f) is not None and 10 ** _decimal_places(f) == f.denominator:
+    if (
+        f.numerator == 1
+        and _decimal_places(f) is not None
+        and 10 ** _decimal_places(f) == f.denominator
+    ):
         return t.integer, None, _decimal_places(f)
-    raise ConstraintError(f"multipleOf {m} over non-integer numbers has no exact regex "
-                          "(supported: integers, and 10**-k)")
+    raise ConstraintError(
+        f"multipleOf {m} over non-integer numbers has no exact regex "
+        "(supported: integers, and 10**-k)"
+    )
 
 
 def _decimal_places(f: Fraction) -> int | None:
@@ -104,8 +110,14 @@ def _intervals(t: NumT):
         out.append((lo, lo_excl, v, True))
         lo, lo_excl = v, True
     out.append((lo, lo_excl, t.hi, t.hi_excl))
-    return [iv for iv in out if iv[0] is None or iv[2] is None or iv[0] < iv[2]
-            or (iv[0] == iv[2] and not iv[1] and not iv[3])]
+    return [
+        iv
+        for iv in out
+        if iv[0] is None
+        or iv[2] is None
+        or iv[0] < iv[2]
+        or (iv[0] == iv[2] and not iv[1] and not iv[3])
+    ]
 
 
 # ----------------------------------------------------------------------------- integers
@@ -139,7 +151,9 @@ def _decimals(iv: NumT, nonzero_fraction: bool, frac_digits: int | None) -> R | 
     if lo is None or lo < 0:
         a, a_excl = (-hi, iv.hi_excl) if hi is not None and hi < 0 else (Decimal(0), True)
         b, b_excl = (None, False) if lo is None else (-lo, iv.lo_excl)
-        parts.append(cat(lit("-"), _magnitudes(a, a_excl, b, b_excl, nonzero_fraction, frac_digits)))
+        parts.append(
+            cat(lit("-"), _magnitudes(a, a_excl, b, b_excl, nonzero_fraction, frac_digits))
+        )
     return alt(*parts)
 
 
@@ -150,11 +164,17 @@ def _split(d: Decimal) -> tuple[int, str]:
     return whole, "" if frac in ("0", "0.0") or "." not in frac else frac.split(".")[1].rstrip("0")
 
 
-def _magnitudes(a: Decimal, a_excl: bool, b: Decimal | None, b_excl: bool, nonzero: bool,
-                frac_digits: int | None) -> R | None:
+def _magnitudes(
+    a: Decimal,
+    a_excl: bool,
+    b: Decimal | None,
+    b_excl: bool,
+    nonzero: bool,
+    frac_digits: int | None,
+) -> R | None:
     """Non-negative decimals in the interval (a ≥ 0), as ``I(.F)?``."""
     ia, fa = _split(a)
-    frac = lambda lo, lo_x, hi, hi_x: _fraction(lo, lo_x, hi, hi_x, nonzero, frac_digits)  # noqa: E731
+    frac = lambda lo, lo_x, hi, hi_x: _fraction(lo, lo_x, hi, hi_x, nonzero, frac_digits)
     if b is not None:
         ib, fb = _split(b)
         if ia == ib:
@@ -168,8 +188,14 @@ def _magnitudes(a: Decimal, a_excl: bool, b: Decimal | None, b_excl: bool, nonze
     return alt(*parts)
 
 
-def _fraction(lo: str | None, lo_excl: bool, hi: str | None, hi_excl: bool, nonzero: bool,
-              max_digits: int | None) -> R | None:
+def _fraction(
+    lo: str | None,
+    lo_excl: bool,
+    hi: str | None,
+    hi_excl: bool,
+    nonzero: bool,
+    max_digits: int | None,
+) -> R | None:
     """The text after the integer part, ``''`` or ``.DIGITS``, for fractions 0.F with
     lo <(=) 0.F <(=) hi (digit strings; None = no bound)."""
     auto = _Fraction(lo, lo_excl, hi, hi_excl, nonzero, max_digits)
@@ -184,7 +210,12 @@ class _Fraction:
 
     def __init__(self, lo, lo_excl, hi, hi_excl, nonzero, max_digits):
         self.lo, self.hi = lo or "", hi or ""
-        self.lo_excl, self.hi_excl, self.nonzero, self.max_digits = lo_excl, hi_excl, nonzero, max_digits
+        self.lo_excl, self.hi_excl, self.nonzero, self.max_digits = (
+            lo_excl,
+            hi_excl,
+            nonzero,
+            max_digits,
+        )
         self.depth = max(len(self.lo), len(self.hi), max_digits or 0)
         self.memo: dict = {}
 
@@ -221,8 +252,11 @@ class _Fraction:
     def rest(self, i: int, state) -> R | None:
         key = (i, state)
         if key not in self.memo:
-            self.memo[key] = self._tail(i, state) if i >= self.depth else alt(
-                EPS if self.accepts(i, state) else None, self.nonempty(i, state))
+            self.memo[key] = (
+                self._tail(i, state)
+                if i >= self.depth
+                else alt(EPS if self.accepts(i, state) else None, self.nonempty(i, state))
+            )
         return self.memo[key]
 
     def _tail(self, i: int, state) -> R | None:

@@ -26,12 +26,11 @@ from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.algebra import conj, conj_all
+from lmprog.fsm.json_schema.automata import to_regex
 from lmprog.fsm.json_schema.sequences import Slot, separated
-from lmprog.fsm.json_schema.strings import can_exclude, json_text, string_regex
+from lmprog.fsm.json_schema.strings import can_exclude, canonical_token, json_text, string_regex
 from lmprog.fsm.json_schema.terms import Node, ObjT, StrT
 from lmprog.fsm.json_schema.values import pattern_matcher, str_ok
-from lmprog.fsm.json_schema.automata import to_regex
-from lmprog.fsm.json_schema.strings import canonical_token
 from lmprog.fsm.regex import ANY_CHAR, CharSet, R, alt, cat, lit
 
 if TYPE_CHECKING:
@@ -65,16 +64,21 @@ def _region_slots(regions: list, t: ObjT, n_required: int, n_optional: int) -> l
     """The slot of the unnamed keys, with its count from min/maxProperties."""
     item = alt(*regions)
     most = None if item is not None else n_required + n_optional
-    free = t.min_props <= n_required and (t.max_props is None or (most is not None and most <= t.max_props))
+    free = t.min_props <= n_required and (
+        t.max_props is None or (most is not None and most <= t.max_props)
+    )
     if free:
         return [Slot(item, 0, None)] if item is not None else []
     if n_optional:
-        raise ConstraintError("minProperties/maxProperties together with optional properties "
-                              "has no exact regex")
+        raise ConstraintError(
+            "minProperties/maxProperties together with optional properties has no exact regex"
+        )
     lo = max(0, t.min_props - n_required)
     if lo >= 2:
-        raise ConstraintError("minProperties that needs two or more additional properties has no "
-                              "exact regex (a repeated key would count twice)")
+        raise ConstraintError(
+            "minProperties that needs two or more additional properties has no "
+            "exact regex (a repeated key would count twice)"
+        )
     hi = None if t.max_props is None else t.max_props - n_required
     return [Slot(item, lo, hi)]
 
@@ -106,8 +110,11 @@ def _narrow_regions(t: ObjT, named: dict, em: Emitter) -> list:
         for nt in names:
             out.append(_region(nt, everything, named, em))
     for i, rule in enumerate(t.rules):
-        others = conj_all(conj(r.additional, conj_all(n for _, n in r.patterns))
-                          for j, r in enumerate(t.rules) if j != i)
+        others = conj_all(
+            conj(r.additional, conj_all(n for _, n in r.patterns))
+            for j, r in enumerate(t.rules)
+            if j != i
+        )
         for src, node in rule.patterns:
             overlapping = [n for s, n in rule.patterns if s != src and _overlap(src, s)]
             value = conj_all([node, others] + overlapping)
@@ -161,9 +168,13 @@ def _key_partition(patterns: tuple, named: frozenset) -> list | None:
             body = _fsm_regex(keys)
             if body is None:
                 return None
-            out.append((frozenset(p for i, p in enumerate(patterns) if mask >> i & 1),
-                        cat(lit('"'), body, lit('"'))))
-    except Exception:  # interegular gave up: callers fall back to narrower regions
+            out.append(
+                (
+                    frozenset(p for i, p in enumerate(patterns) if mask >> i & 1),
+                    cat(lit('"'), body, lit('"')),
+                )
+            )
+    except Exception:  # noqa: BLE001 - interegular gave up: callers fall back to narrower regions
         return None
     return out
 
@@ -200,8 +211,12 @@ def _fsm_regex(fsm) -> R | None:
         for symbol, target in moves.items():
             edges[(state, target)] = edges.get((state, target), CharSet()) | classes[symbol]
     try:
-        return to_regex({pair: canonical_token(c) for pair, c in edges.items()}, fsm.initial,
-                        fsm.finals, limit=8000)
+        return to_regex(
+            {pair: canonical_token(c) for pair, c in edges.items()},
+            fsm.initial,
+            fsm.finals,
+            limit=8000,
+        )
     except OverflowError:
         return None
 
@@ -217,5 +232,5 @@ def _overlap(a: str, b: str) -> bool:
         fa = interegular.parse_pattern(pattern_matcher(a).pattern).to_fsm()
         fb = interegular.parse_pattern(pattern_matcher(b).pattern).to_fsm()
         return not (fa & fb).empty()
-    except Exception:  # interegular gave up: assume they overlap (the conservative answer)
+    except Exception:  # noqa: BLE001 - interegular gave up: assume they overlap (the conservative answer)
         return True

@@ -9,9 +9,20 @@ from urllib.parse import unquote, urldefrag, urljoin
 from lmprog.core.errors import ConstraintError
 
 # keywords whose value is a schema, a list of schemas, or a map of schemas
-SCHEMA_KEYWORDS = {"not", "if", "then", "else", "additionalProperties", "unevaluatedProperties",
-                   "unevaluatedItems", "contains", "propertyNames", "additionalItems", "items",
-                   "contentSchema"}
+SCHEMA_KEYWORDS = {
+    "not",
+    "if",
+    "then",
+    "else",
+    "additionalProperties",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "contains",
+    "propertyNames",
+    "additionalItems",
+    "items",
+    "contentSchema",
+}
 SCHEMA_LISTS = {"allOf", "anyOf", "oneOf", "prefixItems", "items"}
 SCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
 
@@ -65,8 +76,10 @@ class Registry:
         uri, fragment = urldefrag(_join(base, ref))
         doc = self.resources.get(uri)
         if doc is None:
-            raise ConstraintError(f"$ref {ref!r} points outside this schema ({uri!r}); remote "
-                                  "references are not fetched")
+            raise ConstraintError(
+                f"$ref {ref!r} points outside this schema ({uri!r}); remote "
+                "references are not fetched"
+            )
         if not fragment:
             return doc, uri
         if not fragment.startswith("/"):

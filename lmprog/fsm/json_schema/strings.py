@@ -28,8 +28,24 @@ from lmprog.fsm.json_schema.digits import fixed_width_range
 from lmprog.fsm.json_schema.formats import format_pattern
 from lmprog.fsm.json_schema.terms import StrT
 from lmprog.fsm.regex import (
-    ANY_CHAR, EPS, Alternation, Chars, CharSet, Concat, ParsedRegex, R, Repeat, alt, cat,
-    charset_regex, emit, lit, node_lengths, parse_regex, raw, rep,
+    ANY_CHAR,
+    EPS,
+    Alternation,
+    Chars,
+    CharSet,
+    Concat,
+    ParsedRegex,
+    R,
+    Repeat,
+    alt,
+    cat,
+    charset_regex,
+    emit,
+    lit,
+    node_lengths,
+    parse_regex,
+    raw,
+    rep,
 )
 
 # one UTF-16 code unit: right wherever only an upper bound on the length matters (a surrogate
@@ -54,7 +70,9 @@ def canonical_token(chars: CharSet) -> R | None:
     codes = [ord(c) for c in special if c not in _SHORT]
     escaped = alt(
         charset_regex(CharSet.of(letters)) if letters else None,
-        cat(lit("u00"), alt(*(fixed_width_range(a, b, 2) for a, b in _runs(codes)))) if codes else None,
+        cat(lit("u00"), alt(*(fixed_width_range(a, b, 2) for a, b in _runs(codes))))
+        if codes
+        else None,
     )
     return alt(literal, cat(lit("\\"), escaped) if escaped is not None else None)
 
@@ -103,10 +121,13 @@ def _content(t: StrT) -> R | None:
         return rep(ANY_TOKEN if t.min_len else UNIT_TOKEN, t.min_len, t.max_len)
     if len(sources) > 1:
         raise ConstraintError(
-            f"a string with several patterns/formats {sources} has no exact regex")
+            f"a string with several patterns/formats {sources} has no exact regex"
+        )
     if t.excluded:
-        raise ConstraintError(f"a pattern/format with excluded values {sorted(t.excluded)} "
-                              "(from not/enum/properties) has no exact regex")
+        raise ConstraintError(
+            f"a pattern/format with excluded values {sorted(t.excluded)} "
+            "(from not/enum/properties) has no exact regex"
+        )
     return _pattern_content(_parsed(sources[0]), t.min_len, t.max_len)
 
 
@@ -117,7 +138,9 @@ def _pattern_content(p: ParsedRegex, lo: int, hi: int | None) -> R | None:
     for b in p.branches:
         if lo > 0 or hi is not None:  # the padding becomes part of the node, to be counted
             pad = () if b.start else (Repeat(Chars(ANY_CHAR), 0, None),)
-            node = Concat(pad + (b.node,) + (() if b.end else pad or (Repeat(Chars(ANY_CHAR), 0, None),)))
+            node = Concat(
+                pad + (b.node,) + (() if b.end else pad or (Repeat(Chars(ANY_CHAR), 0, None),))
+            )
             options.append(emit(restrict_length(node, lo, hi, p.source), canonical_token))
             continue
         body = emit(b.node, canonical_token)
@@ -137,9 +160,11 @@ def restrict_length(node, lo: int, hi: int | None, source: str):
         capped = _capped(node, hi)
         if capped is not None:
             return capped
-    raise ConstraintError(f"pattern {source!r} together with minLength/maxLength has no exact "
-                          "regex (supported: one repetition of a fixed-length part between "
-                          "fixed-length parts, or a maxLength the pattern can be capped to)")
+    raise ConstraintError(
+        f"pattern {source!r} together with minLength/maxLength has no exact "
+        "regex (supported: one repetition of a fixed-length part between "
+        "fixed-length parts, or a maxLength the pattern can be capped to)"
+    )
 
 
 def _exact_length(node, lo: int, hi: int | None):
@@ -189,7 +214,7 @@ def _capped(node, hi: int):
             caps.setdefault(n, n.hi if n.hi is not None else max(n.lo, hi))
             collect(n.node)
         elif isinstance(n, (Concat, Alternation)):
-            for p in (n.parts if isinstance(n, Concat) else n.options):
+            for p in n.parts if isinstance(n, Concat) else n.options:
                 collect(p)
 
     def build(n):
@@ -227,7 +252,9 @@ def _capped(node, hi: int):
 def _not_in(excluded: frozenset, lo: int, hi: int | None) -> R | None:
     """Tokens of strings of lo..hi characters that are not in ``excluded``."""
     trie: dict = {}
-    for word in sorted(excluded):  # sorted: the pattern (and its index cache key) must not depend on the hash seed
+    for word in sorted(
+        excluded
+    ):  # sorted: the pattern (and its index cache key) must not depend on the hash seed
         node = trie
         for c in word:
             node = node.setdefault(c, {})
@@ -242,7 +269,9 @@ def _trie_node(trie: dict, depth: int, lo: int, hi: int | None) -> R | None:
     if hi is None or depth < hi:
         children = [c for c in trie if c is not None]
         for c in children:
-            options.append(cat(canonical_token(CharSet.of(c)), _trie_node(trie[c], depth + 1, lo, hi)))
+            options.append(
+                cat(canonical_token(CharSet.of(c)), _trie_node(trie[c], depth + 1, lo, hi))
+            )
         tail_hi = None if hi is None else hi - depth - 1
         other = canonical_token(ANY_CHAR - CharSet.of(children))
         options.append(cat(other, rep(_ANY_CANONICAL, max(0, lo - depth - 1), tail_hi)))

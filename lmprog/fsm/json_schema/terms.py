@@ -147,8 +147,15 @@ class ObjT:
 
 TERM_TYPES = (NullT, BoolT, NumT, StrT, ArrT, ObjT)
 FULL_TERMS = tuple(t() for t in TERM_TYPES)
-TYPE_NAMES = {"null": NullT, "boolean": BoolT, "number": NumT, "integer": NumT,
-              "string": StrT, "array": ArrT, "object": ObjT}
+TYPE_NAMES = {
+    "null": NullT,
+    "boolean": BoolT,
+    "number": NumT,
+    "integer": NumT,
+    "string": StrT,
+    "array": ArrT,
+    "object": ObjT,
+}
 _ANNOTATIONS = {"eval_prefix", "eval_all", "eval_names", "eval_patterns"}
 
 

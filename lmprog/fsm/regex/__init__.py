@@ -26,14 +26,46 @@ from lmprog.fsm.regex.charset import ANY_CHAR, MAX_CP, CharSet, cs, unicode_cate
 from lmprog.fsm.regex.fragments import EPS, R, alt, cat, charset_regex, lit, opt, raw, rep
 from lmprog.fsm.regex.parser import parse_regex
 from lmprog.fsm.regex.syntax import (
-    EMPTY, Alternation, Branch, Chars, Concat, Node, ParsedRegex, Repeat, emit, node_lengths,
+    EMPTY,
+    Alternation,
+    Branch,
+    Chars,
+    Concat,
+    Node,
+    ParsedRegex,
+    Repeat,
+    emit,
+    node_lengths,
 )
 
 __all__ = [
-    "ANY_CHAR", "MAX_CP", "CharSet", "cs", "unicode_category", "EPS", "R", "alt", "cat",
-    "charset_regex", "lit", "opt", "raw", "rep", "parse_regex", "EMPTY", "Alternation", "Branch",
-    "Chars", "Concat", "Node", "ParsedRegex", "Repeat", "emit", "node_lengths",
-    "compile_user_regex", "value_matcher",
+    "ANY_CHAR",
+    "MAX_CP",
+    "CharSet",
+    "cs",
+    "unicode_category",
+    "EPS",
+    "R",
+    "alt",
+    "cat",
+    "charset_regex",
+    "lit",
+    "opt",
+    "raw",
+    "rep",
+    "parse_regex",
+    "EMPTY",
+    "Alternation",
+    "Branch",
+    "Chars",
+    "Concat",
+    "Node",
+    "ParsedRegex",
+    "Repeat",
+    "emit",
+    "node_lengths",
+    "compile_user_regex",
+    "value_matcher",
 ]
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Iterable
+from functools import cache
 
 MAX_CP = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
@@ -96,21 +96,51 @@ def cs(spec: str) -> CharSet:
 
 
 CATEGORY_NAMES = {
-    "Letter": "L", "Cased_Letter": "LC", "Uppercase_Letter": "Lu", "Lowercase_Letter": "Ll",
-    "Titlecase_Letter": "Lt", "Modifier_Letter": "Lm", "Other_Letter": "Lo", "Mark": "M",
-    "Nonspacing_Mark": "Mn", "Spacing_Mark": "Mc", "Enclosing_Mark": "Me", "Number": "N",
-    "Decimal_Number": "Nd", "digit": "Nd", "Letter_Number": "Nl", "Other_Number": "No",
-    "Punctuation": "P", "punct": "P", "Connector_Punctuation": "Pc", "Dash_Punctuation": "Pd",
-    "Open_Punctuation": "Ps", "Close_Punctuation": "Pe", "Initial_Punctuation": "Pi",
-    "Final_Punctuation": "Pf", "Other_Punctuation": "Po", "Symbol": "S", "Math_Symbol": "Sm",
-    "Currency_Symbol": "Sc", "Modifier_Symbol": "Sk", "Other_Symbol": "So", "Separator": "Z",
-    "Space_Separator": "Zs", "Line_Separator": "Zl", "Paragraph_Separator": "Zp", "Other": "C",
-    "Control": "Cc", "cntrl": "Cc", "Format": "Cf", "Surrogate": "Cs", "Private_Use": "Co",
+    "Letter": "L",
+    "Cased_Letter": "LC",
+    "Uppercase_Letter": "Lu",
+    "Lowercase_Letter": "Ll",
+    "Titlecase_Letter": "Lt",
+    "Modifier_Letter": "Lm",
+    "Other_Letter": "Lo",
+    "Mark": "M",
+    "Nonspacing_Mark": "Mn",
+    "Spacing_Mark": "Mc",
+    "Enclosing_Mark": "Me",
+    "Number": "N",
+    "Decimal_Number": "Nd",
+    "digit": "Nd",
+    "Letter_Number": "Nl",
+    "Other_Number": "No",
+    "Punctuation": "P",
+    "punct": "P",
+    "Connector_Punctuation": "Pc",
+    "Dash_Punctuation": "Pd",
+    "Open_Punctuation": "Ps",
+    "Close_Punctuation": "Pe",
+    "Initial_Punctuation": "Pi",
+    "Final_Punctuation": "Pf",
+    "Other_Punctuation": "Po",
+    "Symbol": "S",
+    "Math_Symbol": "Sm",
+    "Currency_Symbol": "Sc",
+    "Modifier_Symbol": "Sk",
+    "Other_Symbol": "So",
+    "Separator": "Z",
+    "Space_Separator": "Zs",
+    "Line_Separator": "Zl",
+    "Paragraph_Separator": "Zp",
+    "Other": "C",
+    "Control": "Cc",
+    "cntrl": "Cc",
+    "Format": "Cf",
+    "Surrogate": "Cs",
+    "Private_Use": "Co",
     "Unassigned": "Cn",
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def _categories() -> dict[str, CharSet]:
     """Every code point by Unicode general category (from ``unicodedata``; built once)."""
     import unicodedata

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from lmprog.fsm.regex.charset import SCALARS, SURROGATES, CharSet
 
+
 class R(NamedTuple):
     """An emitted regex fragment. ``None`` stands for the empty language throughout."""
 

@@ -6,8 +6,17 @@ from __future__ import annotations
 import re
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.regex.charset import CATEGORY_NAMES, ANY_CHAR, MAX_CP, CharSet, cs, unicode_category
-from lmprog.fsm.regex.syntax import EMPTY, Alternation, Branch, Chars, Concat, Node, ParsedRegex, Repeat
+from lmprog.fsm.regex.charset import ANY_CHAR, CATEGORY_NAMES, MAX_CP, CharSet, cs, unicode_category
+from lmprog.fsm.regex.syntax import (
+    EMPTY,
+    Alternation,
+    Branch,
+    Chars,
+    Concat,
+    Node,
+    ParsedRegex,
+    Repeat,
+)
 
 _DIGIT = cs("0-9")
 _WORD = cs("a-zA-Z0-9_")
@@ -78,7 +87,9 @@ class _Parser:
         if not width:
             return False
         if self.peek(width) not in ("", "|"):
-            raise self.fail("anchor in the middle of the pattern (only a leading '^' and a trailing '$' are supported)")
+            raise self.fail(
+                "anchor in the middle of the pattern (only a leading '^' and a trailing '$' are supported)"
+            )
         self.i += width
         return True
 
@@ -123,7 +134,9 @@ class _Parser:
         else:
             return None
         if consume:
-            self.i = end + (self.src[end:end + 1] == "?")  # lazy: same language when matching whole strings
+            self.i = end + (
+                self.src[end : end + 1] == "?"
+            )  # lazy: same language when matching whole strings
         return bounds
 
     def atom(self) -> Node:
@@ -158,7 +171,7 @@ class _Parser:
         return node
 
     def group_extension(self, start: int) -> None:
-        rest = self.src[self.i:]
+        rest = self.src[self.i :]
         if rest.startswith(":"):
             self.i += 1
             return
@@ -167,8 +180,12 @@ class _Parser:
             self.i += named.end()
             return
         for prefix, what in (
-            ("=", "lookahead"), ("!", "negative lookahead"), ("<=", "lookbehind"),
-            ("<!", "negative lookbehind"), ("P=", "backreference"), ("(", "conditional group"),
+            ("=", "lookahead"),
+            ("!", "negative lookahead"),
+            ("<=", "lookbehind"),
+            ("<!", "negative lookbehind"),
+            ("P=", "backreference"),
+            ("(", "conditional group"),
             (">", "atomic group"),
         ):
             if rest.startswith(prefix):
@@ -254,12 +271,15 @@ class _Parser:
         return CharSet.of(c)
 
     def property_class(self, c: str, start: int) -> CharSet:
-        m = re.match(r"\{([A-Za-z_]+)\}", self.src[self.i:])
+        m = re.match(r"\{([A-Za-z_]+)\}", self.src[self.i :])
         name = m.group(1) if m else ""
         name = CATEGORY_NAMES.get(name, name)
         if not m or not (len(name) in (1, 2) and name[0] in CATEGORY_NAMES.values()):
-            raise self.fail(f"Unicode property class '\\{c}' (only general categories such as "
-                            "\\p{L} or \\p{Letter} are supported)", start)
+            raise self.fail(
+                f"Unicode property class '\\{c}' (only general categories such as "
+                "\\p{L} or \\p{Letter} are supported)",
+                start,
+            )
         self.i += m.end()
         members = unicode_category(name)
         if members.is_empty():
@@ -267,7 +287,7 @@ class _Parser:
         return ANY_CHAR - members if c == "P" else members
 
     def hex_escape(self, width: int, start: int) -> CharSet:
-        digits = self.src[self.i:self.i + width]
+        digits = self.src[self.i : self.i + width]
         if len(digits) != width or not all(d in "0123456789abcdefABCDEF" for d in digits):
             raise self.fail(f"malformed escape (expected {width} hex digits)", start)
         self.i += width
@@ -278,14 +298,14 @@ class _Parser:
 
     def unicode_escape(self, start: int) -> CharSet:
         if self.ecma and self.peek() == "{":
-            m = re.match(r"\{([0-9a-fA-F]{1,6})\}", self.src[self.i:])
+            m = re.match(r"\{([0-9a-fA-F]{1,6})\}", self.src[self.i :])
             if not m or int(m.group(1), 16) > MAX_CP:
                 raise self.fail("malformed '\\u{...}' escape", start)
             self.i += m.end()
             cp = int(m.group(1), 16)
             return CharSet(((cp, cp),))
         high = self.hex_escape(4, start).ranges[0][0]
-        low_m = re.match(r"\\u([dD][c-fC-F][0-9a-fA-F]{2})", self.src[self.i:])
+        low_m = re.match(r"\\u([dD][c-fC-F][0-9a-fA-F]{2})", self.src[self.i :])
         if 0xD800 <= high <= 0xDBFF and low_m:
             self.i += low_m.end()
             cp = 0x10000 + ((high - 0xD800) << 10) + (int(low_m.group(1), 16) - 0xDC00)
@@ -299,6 +319,6 @@ class _Parser:
             if self.peek().isdigit():
                 raise self.fail("octal escape", start)
             return CharSet.of("\0")
-        m = re.match(r"[0-7]{0,2}", self.src[self.i:])
+        m = re.match(r"[0-7]{0,2}", self.src[self.i :])
         self.i += m.end()  # type: ignore[union-attr]
         return CharSet.of(chr(int(first + m.group(0), 8)))  # type: ignore[union-attr]

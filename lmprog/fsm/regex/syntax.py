@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from lmprog.fsm.regex.charset import CharSet
 from lmprog.fsm.regex.fragments import R, alt, cat, charset_regex, rep
+
 
 @dataclass(frozen=True)
 class Chars:

@@ -9,7 +9,18 @@ from .radix import RadixCache, TreeNode
 from .req_table import ReqToTokenTable
 
 __all__ = [
-    "CacheManager", "EvictionPolicy", "IntegrityError", "LFUPolicy", "LRUPolicy",
-    "MatchResult", "NoPrefixCache", "PrefixCache", "RadixCache", "ReqToTokenTable",
-    "TokenSlotAllocator", "TreeNode", "make_eviction_policy", "make_prefix_cache",
+    "CacheManager",
+    "EvictionPolicy",
+    "IntegrityError",
+    "LFUPolicy",
+    "LRUPolicy",
+    "MatchResult",
+    "NoPrefixCache",
+    "PrefixCache",
+    "RadixCache",
+    "ReqToTokenTable",
+    "TokenSlotAllocator",
+    "TreeNode",
+    "make_eviction_policy",
+    "make_prefix_cache",
 ]

@@ -29,8 +29,10 @@ class TokenSlotAllocator:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         if num_slots < page_size:
-            raise ValueError(f"num_slots ({num_slots}) must hold at least one page of "
-                             f"{page_size} slots; raise the KV memory budget")
+            raise ValueError(
+                f"num_slots ({num_slots}) must hold at least one page of "
+                f"{page_size} slots; raise the KV memory budget"
+            )
         self.page_size = page_size
         self.num_pages = num_slots // page_size
         self._offsets = np.arange(page_size, dtype=SLOT_DTYPE)
@@ -63,7 +65,7 @@ class TokenSlotAllocator:
             return None
         # Low page ids first keeps a fresh pool's slots ascending (easy to read in tests).
         start = self._top - pages
-        taken = self._stack[start:self._top][::-1].copy()
+        taken = self._stack[start : self._top][::-1].copy()
         self._top = start
         return self._pages_to_slots(taken)
 
@@ -78,7 +80,7 @@ class TokenSlotAllocator:
         assert n % self.page_size == 0, f"free() needs whole pages, got {n} slots"
         pages = (np.asarray(slots[:: self.page_size], dtype=SLOT_DTYPE) - 1) // self.page_size
         assert self._top + len(pages) <= self.num_pages, "more pages freed than exist"
-        self._stack[self._top:self._top + len(pages)] = pages
+        self._stack[self._top : self._top + len(pages)] = pages
         self._top += len(pages)
 
     def free_slots(self) -> np.ndarray:
@@ -95,8 +97,10 @@ class TokenSlotAllocator:
         pages = self._stack[: self._top]
         require(0 <= self._top <= self.num_pages, f"free-page count {self._top} out of range")
         if len(pages):
-            require(bool(pages.min() >= 0 and pages.max() < self.num_pages),
-                    "allocator: a free page id is out of range")
+            require(
+                bool(pages.min() >= 0 and pages.max() < self.num_pages),
+                "allocator: a free page id is out of range",
+            )
             require(len(np.unique(pages)) == len(pages), "allocator: a page is free twice")
 
     def _pages_to_slots(self, pages: np.ndarray) -> np.ndarray:

@@ -57,5 +57,7 @@ class NoPrefixCache(PrefixCache):
         return _EMPTY
 
     def check_integrity(self, lock_holders: Sequence[Any] | None = None) -> None:
-        require(all(h is None for h in lock_holders or ()),
-                "disabled prefix cache: a request holds a cache node")
+        require(
+            all(h is None for h in lock_holders or ()),
+            "disabled prefix cache: a request holds a cache node",
+        )

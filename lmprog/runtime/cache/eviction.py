@@ -44,4 +44,6 @@ def make_eviction_policy(name: str) -> EvictionPolicy:
     try:
         return _POLICIES[name]()
     except KeyError:
-        raise ValueError(f"unknown eviction policy {name!r}; choose one of {sorted(_POLICIES)}")
+        raise ValueError(
+            f"unknown eviction policy {name!r}; choose one of {sorted(_POLICIES)}"
+        ) from None

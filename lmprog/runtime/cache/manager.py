@@ -32,8 +32,9 @@ def make_prefix_cache(config: CacheConfig) -> PrefixCache:
 class CacheManager:
     """Owns the KV slots of the pool. Single-threaded: call from the engine loop only."""
 
-    def __init__(self, num_slots: int, max_running_requests: int, max_context_len: int,
-                 config: CacheConfig) -> None:
+    def __init__(
+        self, num_slots: int, max_running_requests: int, max_context_len: int, config: CacheConfig
+    ) -> None:
         self.config = config
         self.page_size = config.page_size
         self._num_slots = num_slots
@@ -121,7 +122,9 @@ class CacheManager:
         self.prefix_cache.lock(match.last_node)
         self.prefix_cache.unlock(req.last_node)
         if present > req.cache_len:  # our duplicates were freed: point at the cached copies
-            self.req_table.table[req.row, req.cache_len:present] = match.slots[req.cache_len:present]
+            self.req_table.table[req.row, req.cache_len : present] = match.slots[
+                req.cache_len : present
+            ]
             req.row_dirty = True
         req.last_node, req.cache_len = match.last_node, aligned
 
@@ -137,7 +140,11 @@ class CacheManager:
             self.prefix_cache.unlock(req.last_node)
             self.req_table.table[req.row, : req.cache_len] = 0
             self.req_table.table[req.row, : match.length] = match.slots
-            req.last_node, req.cache_len, req.num_allocated = match.last_node, match.length, match.length
+            req.last_node, req.cache_len, req.num_allocated = (
+                match.last_node,
+                match.length,
+                match.length,
+            )
             req.num_computed, req.row_dirty = match.length, True
             return
         self._free_own(req, max(req.cache_len, self.round_up(keep)))
@@ -161,8 +168,10 @@ class CacheManager:
 
     def reset(self) -> None:
         """Empty the prefix cache (no request may be running)."""
-        require(self.req_table.num_free == self.req_table.num_rows,
-                "reset() while requests hold rows; release them first")
+        require(
+            self.req_table.num_free == self.req_table.num_rows,
+            "reset() while requests hold rows; release them first",
+        )
         self.allocator.free(self.prefix_cache.reset())
 
     def clear(self) -> None:
@@ -185,34 +194,49 @@ class CacheManager:
         for req in reqs:
             parts.append(self._check_req(req))
         rows = sorted(r.row for r in reqs)
-        require(rows == self.req_table.rows_in_use().tolist(),
-                f"rows in use {self.req_table.rows_in_use().tolist()} but requests hold {rows}")
+        require(
+            rows == self.req_table.rows_in_use().tolist(),
+            f"rows in use {self.req_table.rows_in_use().tolist()} but requests hold {rows}",
+        )
         self._check_partition(np.concatenate(parts))
 
     def _check_req(self, req: Req) -> np.ndarray:
         p = self.page_size
         require(req.row is not None, f"{req}: running without a row")
-        require(0 <= req.cache_len <= req.num_computed <= req.num_allocated <= self.req_table.width,
-                f"{req}: need cache_len <= num_computed <= num_allocated <= table width")
+        require(
+            0 <= req.cache_len <= req.num_computed <= req.num_allocated <= self.req_table.width,
+            f"{req}: need cache_len <= num_computed <= num_allocated <= table width",
+        )
         require(req.num_computed <= req.seq_len, f"{req}: more tokens computed than known")
-        require(req.cache_len % p == 0 and req.num_allocated % p == 0,
-                f"{req}: cache_len / num_allocated not whole pages of {p}")
+        require(
+            req.cache_len % p == 0 and req.num_allocated % p == 0,
+            f"{req}: cache_len / num_allocated not whole pages of {p}",
+        )
         row = self.req_table.table[req.row]
-        require(np.array_equal(row[: req.cache_len], self.prefix_cache.path_slots(req.last_node)),
-                f"{req}: row prefix differs from the slots of its locked cache path")
-        require(not row[req.num_allocated:].any(), f"{req}: row has slots past num_allocated")
-        return row[req.cache_len: req.num_allocated]
+        require(
+            np.array_equal(row[: req.cache_len], self.prefix_cache.path_slots(req.last_node)),
+            f"{req}: row prefix differs from the slots of its locked cache path",
+        )
+        require(not row[req.num_allocated :].any(), f"{req}: row has slots past num_allocated")
+        return row[req.cache_len : req.num_allocated]
 
     def _check_partition(self, slots: np.ndarray) -> None:
         n = self.allocator.num_slots
-        require(not len(slots) or (int(slots.min()) >= 1 and int(slots.max()) <= n),
-                f"a slot outside 1..{n} is in use (0 is the dummy)")
+        require(
+            not len(slots) or (int(slots.min()) >= 1 and int(slots.max()) <= n),
+            f"a slot outside 1..{n} is in use (0 is the dummy)",
+        )
         counts = np.bincount(slots, minlength=n + 1)[1:]
         lost, double = np.flatnonzero(counts == 0) + 1, np.flatnonzero(counts > 1) + 1
-        require(not len(double), f"slots {double[:8].tolist()} are held twice (free, cached "
-                                 "or owned by a request)")
-        require(not len(lost), f"slots {lost[:8].tolist()} leaked: neither free, cached nor "
-                               "owned by a running request")
+        require(
+            not len(double),
+            f"slots {double[:8].tolist()} are held twice (free, cached or owned by a request)",
+        )
+        require(
+            not len(lost),
+            f"slots {lost[:8].tolist()} leaked: neither free, cached nor "
+            "owned by a running request",
+        )
 
     # -- internals -------------------------------------------------------------------------
     def _make_room(self, num_tokens: int) -> None:
@@ -226,19 +250,20 @@ class CacheManager:
         row = self.req_table.table[req.row]
         present = self.prefix_cache.insert(req.token_ids[:aligned], row[:aligned])
         assert present >= req.cache_len, "the locked prefix must still be cached"
-        self.allocator.free(row[req.cache_len:present])
+        self.allocator.free(row[req.cache_len : present])
         return present
 
     def _free_own(self, req: Req, start: int) -> None:
         """Free req's own slots from position start (a page boundary) to num_allocated."""
         if start < req.num_allocated:
             row = self.req_table.table[req.row]
-            self.allocator.free(row[start: req.num_allocated])
-            row[start: req.num_allocated] = 0
+            self.allocator.free(row[start : req.num_allocated])
+            row[start : req.num_allocated] = 0
             req.num_allocated = start
 
-    def _extend_tokens(self, reqs: Sequence[Req], counts: Sequence[int],
-                       fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _extend_tokens(
+        self, reqs: Sequence[Req], counts: Sequence[int], fresh: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         # page_size 1: the fresh slots are exactly the out slots, in order
         rows, positions = _rows_positions(reqs, counts, len(fresh))
         self.req_table.table[rows, positions] = fresh
@@ -246,21 +271,23 @@ class CacheManager:
             req.num_allocated = req.num_computed + count
         return fresh, positions
 
-    def _extend_pages(self, reqs: Sequence[Req], counts: Sequence[int], need: list[int],
-                      fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _extend_pages(
+        self, reqs: Sequence[Req], counts: Sequence[int], need: list[int], fresh: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         # whole new pages go after num_allocated; the out slots may start in a partly used one
         table, used = self.req_table.table, 0
         for req, n in zip(reqs, need):
             if n:
-                table[req.row, req.num_allocated: req.num_allocated + n] = fresh[used: used + n]
+                table[req.row, req.num_allocated : req.num_allocated + n] = fresh[used : used + n]
                 used += n
                 req.num_allocated += n
         rows, positions = _rows_positions(reqs, counts, sum(counts))
         return table[rows, positions], positions
 
 
-def _rows_positions(reqs: Sequence[Req], counts: Sequence[int],
-                    total: int) -> tuple[np.ndarray, np.ndarray]:
+def _rows_positions(
+    reqs: Sequence[Req], counts: Sequence[int], total: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Per fed token: its request's row and its position (num_computed + i)."""
     starts = np.fromiter([r.num_computed for r in reqs], dtype=np.int64, count=len(reqs))
     rows = np.fromiter([r.row for r in reqs], dtype=np.int64, count=len(reqs))

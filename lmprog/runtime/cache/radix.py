@@ -33,8 +33,16 @@ _CHUNK = 64  # tokens compared per slice when looking for the first mismatch
 
 
 class TreeNode:
-    __slots__ = ("key", "slots", "children", "parent", "lock_ref", "last_access", "hit_count",
-                 "uid")
+    __slots__ = (
+        "key",
+        "slots",
+        "children",
+        "parent",
+        "lock_ref",
+        "last_access",
+        "hit_count",
+        "uid",
+    )
     _uids = itertools.count()
 
     def __init__(self, key: list[int], slots: np.ndarray, parent: TreeNode | None) -> None:
@@ -183,8 +191,10 @@ class RadixCache(PrefixCache):
 
     def reset(self) -> np.ndarray:
         if self._protected:
-            raise RuntimeError(f"reset() with {self._protected} locked tokens in the tree; "
-                               "release every running request first")
+            raise RuntimeError(
+                f"reset() with {self._protected} locked tokens in the tree; "
+                "release every running request first"
+            )
         slots = self.all_slots()
         self._init_tree()
         return slots
@@ -201,14 +211,20 @@ class RadixCache(PrefixCache):
                 protected += len(node.key)
             else:
                 evictable += len(node.key)
-        require(evictable == self._evictable,
-                f"radix: evictable_size {self._evictable} but unlocked nodes hold {evictable}")
-        require(protected == self._protected,
-                f"radix: protected_size {self._protected} but locked nodes hold {protected}")
+        require(
+            evictable == self._evictable,
+            f"radix: evictable_size {self._evictable} but unlocked nodes hold {evictable}",
+        )
+        require(
+            protected == self._protected,
+            f"radix: protected_size {self._protected} but locked nodes hold {protected}",
+        )
         leaves = {n for n in nodes if n.lock_ref == 0 and not n.children}
         require(leaves == self._leaves, "radix: the evictable-leaf set is stale")
-        require(leaves <= {entry[2] for entry in self._heap},
-                "radix: an evictable leaf is missing from the eviction heap")
+        require(
+            leaves <= {entry[2] for entry in self._heap},
+            "radix: an evictable leaf is missing from the eviction heap",
+        )
         slots = self.all_slots()
         require(len(np.unique(slots)) == len(slots), "radix: a slot is held by two nodes")
         require(not len(slots) or int(slots.min()) >= 1, "radix: slot 0 (the dummy) is cached")
@@ -217,17 +233,28 @@ class RadixCache(PrefixCache):
 
     def _check_node(self, node: TreeNode) -> None:
         p = self.page_size
-        require(len(node.key) > 0 and len(node.key) % p == 0,
-                f"radix: {node} key length {len(node.key)} is not a positive multiple of {p}")
-        require(min(node.key) >= 0, f"radix: {node} caches a placeholder token (overlap "
-                "scheduling: a token not resolved yet)")
-        require(len(node.key) == len(node.slots), f"radix: {node} has "
-                f"{len(node.key)} tokens but {len(node.slots)} slots")
+        require(
+            len(node.key) > 0 and len(node.key) % p == 0,
+            f"radix: {node} key length {len(node.key)} is not a positive multiple of {p}",
+        )
+        require(
+            min(node.key) >= 0,
+            f"radix: {node} caches a placeholder token (overlap "
+            "scheduling: a token not resolved yet)",
+        )
+        require(
+            len(node.key) == len(node.slots),
+            f"radix: {node} has {len(node.key)} tokens but {len(node.slots)} slots",
+        )
         parent = node.parent
-        require(parent is not None and parent.children.get(self._child_key(node.key, 0)) is node,
-                f"radix: {node} is not its parent's child under its first page")
-        require(node.lock_ref >= sum(c.lock_ref for c in node.children.values()),
-                f"radix: {node} lock_ref {node.lock_ref} is below its children's sum")
+        require(
+            parent is not None and parent.children.get(self._child_key(node.key, 0)) is node,
+            f"radix: {node} is not its parent's child under its first page",
+        )
+        require(
+            node.lock_ref >= sum(c.lock_ref for c in node.children.values()),
+            f"radix: {node} lock_ref {node.lock_ref} is below its children's sum",
+        )
         require(node.lock_ref >= 0, f"radix: {node} has a negative lock count")
 
     def _check_lock_holders(self, nodes: list[TreeNode], holders: Sequence[Any]) -> None:
@@ -241,21 +268,23 @@ class RadixCache(PrefixCache):
                 expected[node] = expected.get(node, 0) + 1
                 node = node.parent
         for node in nodes:
-            require(node.lock_ref == expected.get(node, 0),
-                    f"radix: {node} lock_ref {node.lock_ref} but {expected.get(node, 0)} "
-                    "running requests hold it")
+            require(
+                node.lock_ref == expected.get(node, 0),
+                f"radix: {node} lock_ref {node.lock_ref} but {expected.get(node, 0)} "
+                "running requests hold it",
+            )
 
     # -- internals -------------------------------------------------------------------------
     def _child_key(self, ids: list[int], pos: int) -> Any:
-        return ids[pos] if self.page_size == 1 else tuple(ids[pos:pos + self.page_size])
+        return ids[pos] if self.page_size == 1 else tuple(ids[pos : pos + self.page_size])
 
     def _match_len(self, key: list[int], ids: list[int], pos: int, limit: int) -> int:
         """Common prefix of key and ids[pos:limit], rounded down to whole pages."""
         m = min(len(key), limit - pos)
-        if (key if m == len(key) else key[:m]) == ids[pos:pos + m]:
+        if (key if m == len(key) else key[:m]) == ids[pos : pos + m]:
             return m
         i = 0
-        while key[i:i + _CHUNK] == ids[pos + i:pos + i + _CHUNK]:
+        while key[i : i + _CHUNK] == ids[pos + i : pos + i + _CHUNK]:
             i += _CHUNK
         while key[i] == ids[pos + i]:
             i += 1
@@ -269,8 +298,11 @@ class RadixCache(PrefixCache):
         """Cut child's edge after k tokens; return the new upper node (same lock count)."""
         assert 0 < k < len(child.key) and k % self.page_size == 0
         mid = TreeNode(child.key[:k], child.slots[:k], child.parent)
-        mid.lock_ref, mid.last_access, mid.hit_count = (child.lock_ref, child.last_access,
-                                                        child.hit_count)
+        mid.lock_ref, mid.last_access, mid.hit_count = (
+            child.lock_ref,
+            child.last_access,
+            child.hit_count,
+        )
         child.parent.children[self._child_key(mid.key, 0)] = mid
         child.key, child.slots, child.parent = child.key[k:], child.slots[k:], mid
         mid.children[self._child_key(child.key, 0)] = child

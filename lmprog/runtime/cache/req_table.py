@@ -20,8 +20,10 @@ from .base import require
 class ReqToTokenTable:
     def __init__(self, max_running_requests: int, max_context_len: int, page_size: int = 1) -> None:
         if max_running_requests < 1 or max_context_len < 1:
-            raise ValueError(f"need max_running_requests >= 1 and max_context_len >= 1, got "
-                             f"{max_running_requests} and {max_context_len}")
+            raise ValueError(
+                f"need max_running_requests >= 1 and max_context_len >= 1, got "
+                f"{max_running_requests} and {max_context_len}"
+            )
         width = -(-max_context_len // page_size) * page_size
         self.table = np.zeros((max_running_requests, width), dtype=SLOT_DTYPE)
         self._free_rows = list(range(max_running_requests - 1, -1, -1))  # row 0 handed out first
@@ -66,7 +68,11 @@ class ReqToTokenTable:
     def check_integrity(self) -> None:
         free = self._free_rows
         require(len(set(free)) == len(free), "req_to_token: a row is free twice")
-        require(not self._in_use[free].any() if free else True,
-                "req_to_token: a row is both free and in use")
-        require(len(free) + int(self._in_use.sum()) == self.num_rows,
-                "req_to_token: a row is neither free nor in use")
+        require(
+            not self._in_use[free].any() if free else True,
+            "req_to_token: a row is both free and in use",
+        )
+        require(
+            len(free) + int(self._in_use.sum()) == self.num_rows,
+            "req_to_token: a row is neither free nor in use",
+        )

@@ -58,8 +58,9 @@ def hybrid_attention(
     return out
 
 
-def warm_up(k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor, *,
-            num_q_heads: int) -> int:
+def warm_up(
+    k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor, *, num_q_heads: int
+) -> int:
     """Run once every variant a step can pick — the extend launch, and the split launch at
     each BLOCK_M its rows may need, with and without KV splits, with the merge at each
     BLOCK_S — so that none is compiled (seconds each) in the middle of serving: the
@@ -76,10 +77,18 @@ def warm_up(k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.
     for e in range(1, max_rows + 2):  # max_rows + 1: the extend launch
         for s in (1, 2, 32, MAX_SPLITS):
             plan = plan_attention(
-                req_to_token, row, torch.tensor([e + 8], device=dev),
-                torch.tensor([e], device=dev), torch.zeros(1, dtype=torch.int64, device=dev),
-                num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                seq_lens_cpu=[e + 8], extend_lens_cpu=[e], num_kv_splits=s)
+                req_to_token,
+                row,
+                torch.tensor([e + 8], device=dev),
+                torch.tensor([e], device=dev),
+                torch.zeros(1, dtype=torch.int64, device=dev),
+                num_q_heads=num_q_heads,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                seq_lens_cpu=[e + 8],
+                extend_lens_cpu=[e],
+                num_kv_splits=s,
+            )
             if plan.split is None:  # the extend launch (splits do not apply)
                 key = (plan.extend.config.block_m, 0, 0)
             else:  # the launches' compile-time constants
@@ -221,8 +230,18 @@ def _softmax_step(acc, m_i, l_i, qk, v):
 
 # Per-step values: index tables are views at any offset of one packed upload, split counts
 # and row counts change with the batch. Specializing on them recompiled mid-run.
-_STEP_ARGS = ("ReqPoolIdx", "SeqLens", "ExtendLens", "ExtendStart", "TileReq", "TileM",
-              "TileOut", "Mask", "MaskIndptr", "num_splits")
+_STEP_ARGS = (
+    "ReqPoolIdx",
+    "SeqLens",
+    "ExtendLens",
+    "ExtendStart",
+    "TileReq",
+    "TileM",
+    "TileOut",
+    "Mask",
+    "MaskIndptr",
+    "num_splits",
+)
 
 
 @triton.jit(**dynamic_args(*_STEP_ARGS))
@@ -308,7 +327,8 @@ def _attn_tile_kernel(
             row_use = row_ok & ((tl.zeros([BLOCK_M], dtype=tl.int64) + mask_off) >= 0)
             custom = tl.load(
                 Mask + mask_off + row_tok[:, None].to(tl.int64) * seq_len + offs_n[None, :],
-                mask=row_use[:, None] & n_ok[None, :], other=0,
+                mask=row_use[:, None] & n_ok[None, :],
+                other=0,
             )
             visible = tl.where(use_mask, custom != 0, visible)
         qk = tl.where(visible & n_ok[None, :], qk, float("-inf"))

@@ -84,7 +84,9 @@ def _rows(name: str, t: torch.Tensor) -> torch.Tensor:
     try:
         return t.view(-1, t.shape[-1])
     except RuntimeError:
-        raise ValueError(f"{name}'s leading dimensions cannot be flattened; call .contiguous()")
+        raise ValueError(
+            f"{name}'s leading dimensions cannot be flattened; call .contiguous()"
+        ) from None
 
 
 def _launch(x, residual, weight, out, eps) -> None:

@@ -190,13 +190,22 @@ def _check_store(qkv, num_q_heads, cos, sin, k_cache, v_cache, out_loc):
     check_runnable("qkv", qkv)
     t, heads, d = qkv.shape
     hk = (heads - num_q_heads) // 2
-    if not isinstance(num_q_heads, int) or num_q_heads < 1 or hk < 1 \
-            or num_q_heads + 2 * hk != heads or num_q_heads % hk:
-        raise ValueError(f"qkv's {heads} heads must be num_q_heads ({num_q_heads}) + 2 * k heads "
-                         "with the q heads a multiple of the k heads")
+    if (
+        not isinstance(num_q_heads, int)
+        or num_q_heads < 1
+        or hk < 1
+        or num_q_heads + 2 * hk != heads
+        or num_q_heads % hk
+    ):
+        raise ValueError(
+            f"qkv's {heads} heads must be num_q_heads ({num_q_heads}) + 2 * k heads "
+            "with the q heads a multiple of the k heads"
+        )
     if qkv.stride(2) != 1 or d % 2:
-        raise ValueError(f"qkv must be contiguous in an even head_dim, got stride "
-                         f"{qkv.stride()} and head_dim {d}")
+        raise ValueError(
+            f"qkv must be contiguous in an even head_dim, got stride "
+            f"{qkv.stride()} and head_dim {d}"
+        )
     rows = []
     for name, x in (("cos", cos), ("signed_sin", sin)):
         check_tensor(name, x, dtypes=FLOAT_DTYPES, device=qkv.device)
@@ -209,8 +218,10 @@ def _check_store(qkv, num_q_heads, cos, sin, k_cache, v_cache, out_loc):
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, cache, ndim=3, dtypes=(qkv.dtype,), device=qkv.device)
         if tuple(cache.shape[1:]) != (hk, d) or cache.stride(2) != 1:
-            raise ValueError(f"{name} must be [slots, {hk}, {d}] contiguous in head_dim, "
-                             f"got {tuple(cache.shape)}")
+            raise ValueError(
+                f"{name} must be [slots, {hk}, {d}] contiguous in head_dim, "
+                f"got {tuple(cache.shape)}"
+            )
     check_tensor("out_loc", out_loc, ndim=1, dtypes=INDEX_DTYPES, device=qkv.device)
     if out_loc.shape[0] != t:
         raise ValueError(f"out_loc must be [{t}], got {tuple(out_loc.shape)}")
@@ -225,8 +236,9 @@ def _rope_rows(X, n_heads, stride_h, cos, sin, d, rolled, ok,
         heads = h0 + tl.arange(0, BLOCK_H)
         m = (heads < n_heads)[:, None] & ok[None, :]
         x = tl.load(X + heads[:, None] * stride_h + d[None, :], mask=m, other=0.0).to(tl.float32)
-        xr = tl.load(X + heads[:, None] * stride_h + rolled[None, :], mask=m,
-                     other=0.0).to(tl.float32)
+        xr = tl.load(X + heads[:, None] * stride_h + rolled[None, :], mask=m, other=0.0).to(
+            tl.float32
+        )
         y = (x * cos + xr * sin).to(X.dtype.element_ty)
         tl.debug_barrier()  # every lane has read its rolled partner before anyone writes
         tl.store(X + heads[:, None] * stride_h + d[None, :], y, mask=m)
@@ -249,8 +261,20 @@ def _rope_store_kernel(
     sin = tl.load(Sin + t * stride_sin + d, mask=ok, other=0.0).to(tl.float32)[None, :]
     row = QKV + t * stride_t
     _rope_rows(row, n_q, stride_h, cos, sin, d, rolled, ok, BLOCK_H, KC, 0, False)
-    _rope_rows(row + n_q * stride_h, n_k, stride_h, cos, sin, d, rolled, ok, BLOCK_H,
-               KC + slot * stride_ks, stride_kh, True)
+    _rope_rows(
+        row + n_q * stride_h,
+        n_k,
+        stride_h,
+        cos,
+        sin,
+        d,
+        rolled,
+        ok,
+        BLOCK_H,
+        KC + slot * stride_ks,
+        stride_kh,
+        True,
+    )
     for h0 in range(0, n_k, BLOCK_H):  # v: a plain copy into the pool
         heads = h0 + tl.arange(0, BLOCK_H)
         m = (heads < n_k)[:, None] & ok[None, :]

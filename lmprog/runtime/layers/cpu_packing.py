@@ -28,8 +28,11 @@ log = logging.getLogger(__name__)
 def packed_bf16_unsupported() -> str | None:
     """None if this CPU runs oneDNN's packed bf16 linear, else why not (tried once, cached)."""
     ops = torch.ops.mkldnn
-    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
-            and hasattr(ops, "_linear_pointwise")):
+    if not (
+        torch.backends.mkldnn.is_available()
+        and hasattr(ops, "_reorder_linear_weight")
+        and hasattr(ops, "_linear_pointwise")
+    ):
         return "this PyTorch has no oneDNN packed linear ops"
     weight = torch.eye(16, dtype=torch.bfloat16, device="cpu")
     x = torch.arange(32, dtype=torch.bfloat16, device="cpu").reshape(2, 16)
@@ -79,12 +82,18 @@ def pack_linears(model: nn.Module) -> nn.Module:
     linears, the same logits); the log says which path was taken.
     """
     if not _is_bf16_on_cpu(model):
-        raise ValueError("packing needs a bfloat16 model on the CPU; load the model with "
-                         "dtype='bfloat16', device='cpu'")
+        raise ValueError(
+            "packing needs a bfloat16 model on the CPU; load the model with "
+            "dtype='bfloat16', device='cpu'"
+        )
     why_not = packed_bf16_unsupported()
     if why_not is not None:
-        log.info("bf16 linears: plain PyTorch path, not packed (oneDNN's packed bf16 kernel "
-                 "cannot run here: %s; CPU capability %s)", why_not, _cpu_capability())
+        log.info(
+            "bf16 linears: plain PyTorch path, not packed (oneDNN's packed bf16 kernel "
+            "cannot run here: %s; CPU capability %s)",
+            why_not,
+            _cpu_capability(),
+        )
         return model
     n = 0
     for module in list(model.modules()):
@@ -95,6 +104,9 @@ def pack_linears(model: nn.Module) -> nn.Module:
     if getattr(model, "lm_head", False) is None:  # tied embeddings: pack a copy for the output
         model.lm_head = PackedLinear(model.model.embed_tokens.weight)
         n += 1
-    log.info("bf16 linears: oneDNN packed path (%d linears packed; CPU capability %s)",
-             n, _cpu_capability())
+    log.info(
+        "bf16 linears: oneDNN packed path (%d linears packed; CPU capability %s)",
+        n,
+        _cpu_capability(),
+    )
     return model

@@ -37,7 +37,8 @@ def _llama3(base: torch.Tensor, s: RopeScaling) -> torch.Tensor:
     wavelen = 2 * math.pi / base
     scaled = torch.where(wavelen > low_wavelen, base / s.factor, base)
     smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (
-        s.high_freq_factor - s.low_freq_factor)
+        s.high_freq_factor - s.low_freq_factor
+    )
     blended = (1 - smooth) * scaled / s.factor + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return torch.where(medium, blended, scaled)
@@ -52,8 +53,9 @@ class RotaryEmbedding(nn.Module):
         self._inv_freq = inv_freq(head_dim, theta, scaling)  # plain attribute: survives meta init
         self._on_device: dict[torch.device, torch.Tensor] = {}
 
-    def cos_sin(self, positions: torch.Tensor,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] -> (cos, signed sin), each [T, 1, head_dim] in `dtype` (fp32 math).
 
         The sin's first half is negated so that apply() needs no cat/neg:

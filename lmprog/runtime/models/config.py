@@ -37,8 +37,10 @@ class RopeScaling:
 
     def __post_init__(self) -> None:
         if self.rope_type not in ("linear", "llama3", "freq_factors"):
-            raise ValueError(f"unsupported RoPE scaling {self.rope_type!r}; "
-                             "supported: linear, llama3 (and freq_factors from GGUF)")
+            raise ValueError(
+                f"unsupported RoPE scaling {self.rope_type!r}; "
+                "supported: linear, llama3 (and freq_factors from GGUF)"
+            )
         if self.rope_type == "freq_factors" and not self.factors:
             raise ValueError("freq_factors RoPE scaling needs the per-frequency factors")
 
@@ -66,13 +68,23 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                     "num_heads", "num_kv_heads", "head_dim", "max_position"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_position",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
-                             f"({self.num_kv_heads})")
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
+            )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
@@ -95,8 +107,9 @@ def config_from_hf(hf: dict[str, Any] | str | os.PathLike[str]) -> ModelConfig:
         hf = json.loads((path / "config.json" if path.is_dir() else path).read_text())
     model_type = hf.get("model_type", "")
     if model_type not in _ARCH_ALIASES:
-        raise ValueError(f"unsupported model_type {model_type!r}; "
-                         f"supported: {sorted(_ARCH_ALIASES)}")
+        raise ValueError(
+            f"unsupported model_type {model_type!r}; supported: {sorted(_ARCH_ALIASES)}"
+        )
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; only silu")
     if hf.get("mlp_bias"):
@@ -155,8 +168,9 @@ def config_from_gguf(reader: Any) -> ModelConfig:
     meta = {key: _field_value(f) for key, f in reader.fields.items()}
     arch = meta["general.architecture"]
     if arch not in _ARCH_ALIASES:
-        raise ValueError(f"unsupported GGUF architecture {arch!r}; "
-                         f"supported: {sorted(_ARCH_ALIASES)}")
+        raise ValueError(
+            f"unsupported GGUF architecture {arch!r}; supported: {sorted(_ARCH_ALIASES)}"
+        )
     tensors = {t.name: t for t in reader.tensors}
 
     def get(key: str, default: Any = None) -> Any:
@@ -204,4 +218,3 @@ def _field_value(f: Any) -> Any:
         return f.contents()
     except Exception:  # noqa: BLE001 - exotic field types are metadata we never read
         return None
-

@@ -46,8 +46,9 @@ class LlamaAttention(nn.Module):
         self.layer = layer
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, config.q_size + 2 * config.kv_size,
-                                  bias=config.attention_bias)
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.attention_bias
+        )
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
@@ -57,10 +58,13 @@ class LlamaAttention(nn.Module):
         hq, hkv = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(x.shape[0], hq + 2 * hkv, self.head_dim)
         if self.q_norm is not None:  # Qwen3: per-head norms before the rotation
-            qkv = torch.cat([self.q_norm(qkv[:, :hq]), self.k_norm(qkv[:, hq:hq + hkv]),
-                             qkv[:, hq + hkv:]], dim=1)
-        return step.attention.rotate_and_store(qkv, step.cos, step.sin, self.layer, step.kv,
-                                               step.out_cache_loc)
+            qkv = torch.cat(
+                [self.q_norm(qkv[:, :hq]), self.k_norm(qkv[:, hq : hq + hkv]), qkv[:, hq + hkv :]],
+                dim=1,
+            )
+        return step.attention.rotate_and_store(
+            qkv, step.cos, step.sin, self.layer, step.kv, step.out_cache_loc
+        )
 
     def output(self, o: torch.Tensor) -> torch.Tensor:
         """The output projection of the attention result o [T, heads, head_dim]."""
@@ -86,8 +90,9 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, h: torch.Tensor, residual: torch.Tensor | None,
-                step: _Step) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, h: torch.Tensor, residual: torch.Tensor | None, step: _Step
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(h, residual) -> (h', residual'): the residual stream is residual + h; each add is
         done by the norm that follows it (see RMSNorm). residual None: h is the embedding."""
         (q, k, v), residual = self.attention_input(h, residual, step)
@@ -95,8 +100,9 @@ class LlamaDecoderLayer(nn.Module):
         return self.attention_output(o, residual)
 
     # The halves around the attention kernel (piecewise CUDA graphs capture everything else).
-    def attention_input(self, h: torch.Tensor, residual: torch.Tensor | None,
-                        step: _Step) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    def attention_input(
+        self, h: torch.Tensor, residual: torch.Tensor | None, step: _Step
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """((q, k, v), residual): the input norm and the attention's projections."""
         if residual is None:
             x, residual = self.input_layernorm(h), h
@@ -104,8 +110,9 @@ class LlamaDecoderLayer(nn.Module):
             x, residual = self.input_layernorm(h, residual)
         return self.self_attn.project(x, step), residual
 
-    def attention_output(self, o: torch.Tensor,
-                         residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def attention_output(
+        self, o: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(h', residual'): the output projection, the post-attention norm and the MLP."""
         x, residual = self.post_attention_layernorm(self.self_attn.output(o), residual)
         return self.mlp(x), residual
@@ -120,8 +127,13 @@ class LlamaModel(nn.Module):
 
 
 # HF shard name -> (our fused parameter, which shard)
-_FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+_FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
 
 
 class LlamaForCausalLM(nn.Module):
@@ -134,8 +146,11 @@ class LlamaForCausalLM(nn.Module):
         self.attention = attention
         self.model = LlamaModel(config)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
-        self.lm_head = (None if config.tie_word_embeddings
-                        else nn.Linear(config.hidden_size, config.vocab_size, bias=False))
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
 
     def forward(self, batch: ForwardBatch, kv: KVPool, plan: Any = None) -> torch.Tensor:
         """Write the step's K/V into `kv`, return fp32 logits for batch.logits_indices.
@@ -180,12 +195,16 @@ class LlamaForCausalLM(nn.Module):
                 continue
             target, shard = self._target(name)
             if target not in params:
-                raise ValueError(f"checkpoint tensor {name!r} has no place in a "
-                                 f"{self.config.architecture} model of this config")
+                raise ValueError(
+                    f"checkpoint tensor {name!r} has no place in a "
+                    f"{self.config.architecture} model of this config"
+                )
             dst = self._shard_view(params[target], target, shard)
             if dst.shape != tensor.shape:
-                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)}, model "
-                                 f"expects {tuple(dst.shape)}; does the config match the weights?")
+                raise ValueError(
+                    f"{name}: checkpoint shape {tuple(tensor.shape)}, model "
+                    f"expects {tuple(dst.shape)}; does the config match the weights?"
+                )
             with torch.no_grad():
                 dst.copy_(tensor)
             missing.discard((target, shard))
@@ -198,7 +217,7 @@ class LlamaForCausalLM(nn.Module):
         for i, part in enumerate(parts):
             if part in _FUSED:
                 fused, shard = _FUSED[part]
-                return ".".join(parts[:i] + [fused] + parts[i + 1:]), shard
+                return ".".join(parts[:i] + [fused] + parts[i + 1 :]), shard
         return name, 0
 
     def _shard_view(self, param: torch.Tensor, name: str, shard: int) -> torch.Tensor:
@@ -209,7 +228,7 @@ class LlamaForCausalLM(nn.Module):
             bounds = [0, c.intermediate_size, 2 * c.intermediate_size]
         else:
             return param.data
-        return param.data[bounds[shard]:bounds[shard + 1]]
+        return param.data[bounds[shard] : bounds[shard + 1]]
 
 
 def _num_shards(name: str) -> int:

@@ -19,7 +19,8 @@ def supported_architectures() -> list[str]:
 
 def model_class(architecture: str) -> type[nn.Module]:
     if architecture not in _ARCHITECTURES:
-        raise ValueError(f"unsupported architecture {architecture!r}; supported: "
-                         f"{supported_architectures()}")
+        raise ValueError(
+            f"unsupported architecture {architecture!r}; supported: {supported_architectures()}"
+        )
     module, name = _ARCHITECTURES[architecture].split(":")
     return getattr(importlib.import_module(module), name)

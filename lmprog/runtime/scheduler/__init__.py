@@ -5,5 +5,11 @@ from .budget import NewTokenRatio, StepBudget
 from .scheduler import Scheduler
 from .stats import SchedulerStats
 
-__all__ = ["NewTokenRatio", "ScheduledBatch", "ScheduledEntry", "Scheduler", "SchedulerStats",
-           "StepBudget"]
+__all__ = [
+    "NewTokenRatio",
+    "ScheduledBatch",
+    "ScheduledEntry",
+    "Scheduler",
+    "SchedulerStats",
+    "StepBudget",
+]

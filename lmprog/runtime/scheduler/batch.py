@@ -57,7 +57,7 @@ class ScheduledEntry(NamedTuple):
 
     def input_ids(self) -> list[int]:
         """The token ids fed (valid until the next process_results / replace_tokens)."""
-        real = self.req.token_ids[self.start: self.end - len(self.draft_ids)]
+        real = self.req.token_ids[self.start : self.end - len(self.draft_ids)]
         return real + list(self.draft_ids) if self.draft_ids else real
 
 
@@ -98,8 +98,10 @@ class ScheduledBatch:
     def input_ids(self) -> np.ndarray:
         if self.num_tokens == len(self.entries):  # decodes only: each feeds one pending token
             cols = self._columns
-            return np.array([req.token_ids[start] for req, start in zip(cols["req"], cols["start"])],
-                            dtype=np.int64)
+            return np.array(
+                [req.token_ids[start] for req, start in zip(cols["req"], cols["start"])],
+                dtype=np.int64,
+            )
         ids: list[int] = []
         for e in self.entries:
             ids.extend(e.input_ids())

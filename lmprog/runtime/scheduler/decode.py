@@ -29,8 +29,7 @@ class DecodePolicy:
             return len(decoders)
         return sum(page_size for r in decoders if r.num_computed == r.num_allocated)
 
-    def plan(self, decoders: list[Req], plan: StepPlan, budget: StepBudget,
-             page_size: int) -> None:
+    def plan(self, decoders: list[Req], plan: StepPlan, budget: StepBudget, page_size: int) -> None:
         """Plan one token per decoder, then verify tokens from what budget and memory leave.
         Memory for the single tokens must already be ensured (the scheduler retracts first)
         and is reserved before any draft is considered."""

@@ -23,8 +23,9 @@ class StepPlan:
         """Plan num_new fed tokens for req; `slots` may pass the precomputed slot need."""
         assert num_new >= 1
         self.items.append((req, num_new, draft_ids))
-        self.slots += slots if slots >= 0 else self.cache.tokens_to_extend(
-            req, req.num_computed + num_new)
+        self.slots += (
+            slots if slots >= 0 else self.cache.tokens_to_extend(req, req.num_computed + num_new)
+        )
 
     def memory_left(self) -> int:
         """Slots still obtainable after this plan (free + evictable - planned)."""
@@ -44,8 +45,9 @@ class StepPlan:
         pages_room = left - left % self.cache.page_size
         return max(0, min(want, req.num_allocated - req.num_computed + pages_room))
 
-    def fitting_drafts(self, req: Req, num_real: int, budget_tokens: int,
-                       extra_room: int = 0) -> tuple[int, ...]:
+    def fitting_drafts(
+        self, req: Req, num_real: int, budget_tokens: int, extra_room: int = 0
+    ) -> tuple[int, ...]:
         """The prefix of req.draft_ids that can follow its num_real pending tokens in one
         verify entry: at most budget_tokens of them, at most remaining_tokens - 1 (a verify
         yields one token more than the drafts it accepts), and within memory (the pending

@@ -28,8 +28,13 @@ from .requests import RequestTable
 
 
 class PrefillPolicy:
-    def __init__(self, config: SchedulerConfig, cache: CacheManager, requests: RequestTable,
-                 ratio: NewTokenRatio) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        cache: CacheManager,
+        requests: RequestTable,
+        ratio: NewTokenRatio,
+    ) -> None:
         self.config = config
         self.cache = cache
         self.requests = requests
@@ -37,8 +42,9 @@ class PrefillPolicy:
         self.admitted_prompt_tokens = 0  # first admissions only (retractions not recounted)
         self.admitted_cached_tokens = 0
 
-    def continue_running(self, extenders: Iterable[Req], plan: StepPlan,
-                         budget: StepBudget) -> None:
+    def continue_running(
+        self, extenders: Iterable[Req], plan: StepPlan, budget: StepBudget
+    ) -> None:
         """Plan the next chunk of every running request with several pending tokens. One
         whose whole pending tail fits and that carries draft_ids (a jump-forward's forced
         tokens, see Scheduler.decoding) feeds what fits of its drafts after the tail: a
@@ -87,8 +93,7 @@ class PrefillPolicy:
         scored.sort(key=lambda rc: (-rc[1], rc[0].arrival))
         return scored, True
 
-    def _try_admit(self, req: Req, plan: StepPlan, budget: StepBudget,
-                   reserve: int) -> int | None:
+    def _try_admit(self, req: Req, plan: StepPlan, budget: StepBudget, reserve: int) -> int | None:
         """Admit req with its first chunk; return the slots to keep for its future, or None
         (nothing changed) when it does not fit."""
         alone = not self.requests.running and not plan.items
@@ -96,8 +101,9 @@ class PrefillPolicy:
             return None
         n = plan.max_chunk(req, min(req.pending_len, budget.tokens))
         need = self.cache.tokens_to_extend(req, req.num_computed + n)
-        future = (req.pending_len - n) + self.ratio.reserve(req.remaining_tokens,
-                                                            self.config.reserve_clip_tokens)
+        future = (req.pending_len - n) + self.ratio.reserve(
+            req.remaining_tokens, self.config.reserve_clip_tokens
+        )
         if n <= 0 or (not alone and need + future + reserve > plan.memory_left()):
             self.cache.release(req, cache=False)
             return None

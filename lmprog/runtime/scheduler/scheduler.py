@@ -66,18 +66,25 @@ class Scheduler:
     """See the module docstring. num_slots: usable KV slots (slot 0, the dummy, excluded);
     max_context_len: the model's context length."""
 
-    def __init__(self, num_slots: int, max_context_len: int,
-                 config: SchedulerConfig | None = None,
-                 cache_config: CacheConfig | None = None) -> None:
+    def __init__(
+        self,
+        num_slots: int,
+        max_context_len: int,
+        config: SchedulerConfig | None = None,
+        cache_config: CacheConfig | None = None,
+    ) -> None:
         self.config = config or SchedulerConfig()
         self.cache_config = cache_config or CacheConfig()
         self.max_context_len = max_context_len
-        self.cache = CacheManager(num_slots, self.config.max_running_requests, max_context_len,
-                                  self.cache_config)
+        self.cache = CacheManager(
+            num_slots, self.config.max_running_requests, max_context_len, self.cache_config
+        )
         self.requests = RequestTable()
-        self.ratio = NewTokenRatio(self.config.init_new_token_ratio,
-                                   self.config.min_new_token_ratio,
-                                   self.config.new_token_ratio_decay)
+        self.ratio = NewTokenRatio(
+            self.config.init_new_token_ratio,
+            self.config.min_new_token_ratio,
+            self.config.new_token_ratio_decay,
+        )
         self.decode_policy = DecodePolicy()
         self.prefill_policy = PrefillPolicy(self.config, self.cache, self.requests, self.ratio)
         self.retract_policy = RetractPolicy()
@@ -113,20 +120,30 @@ class Scheduler:
         a prompt chunk. Empty in prefill-first mode (config.hybrid_batching False) while
         anything has several pending tokens: that step likely prefills only."""
         running = self.requests.running.values()
-        if not self.config.hybrid_batching and (self.requests.waiting
-                                                or any(r.pending_len > 1 for r in running)):
+        if not self.config.hybrid_batching and (
+            self.requests.waiting or any(r.pending_len > 1 for r in running)
+        ):
             return []
         budget = self.config.max_num_batched_tokens
-        return [r for r in running if r.num_computed == len(r.token_ids) - 1 or (
-            r.num_computed >= r.prompt_len and len(r.token_ids) - r.num_computed < budget)]
+        return [
+            r
+            for r in running
+            if r.num_computed == len(r.token_ids) - 1
+            or (r.num_computed >= r.prompt_len and len(r.token_ids) - r.num_computed < budget)
+        ]
 
     def stats(self) -> SchedulerStats:
         cache = self.cache
         return SchedulerStats(
-            self.num_running, self.num_waiting, self.num_retractions,
-            self.prefill_policy.admitted_prompt_tokens, self.prefill_policy.admitted_cached_tokens,
-            cache.capacity - cache.allocator.num_free, cache.prefix_cache.evictable_size,
-            cache.capacity)
+            self.num_running,
+            self.num_waiting,
+            self.num_retractions,
+            self.prefill_policy.admitted_prompt_tokens,
+            self.prefill_policy.admitted_cached_tokens,
+            cache.capacity - cache.allocator.num_free,
+            cache.prefix_cache.evictable_size,
+            cache.capacity,
+        )
 
     # -- submission ------------------------------------------------------------------------
     def submit(self, req: Req) -> Req:
@@ -153,12 +170,14 @@ class Scheduler:
         if need > self.max_context_len:
             raise ContextLengthError(
                 f"prompt of {prompt_len} tokens plus 1 generated token exceeds the "
-                f"model's context length of {self.max_context_len} tokens; shorten the prompt")
+                f"model's context length of {self.max_context_len} tokens; shorten the prompt"
+            )
         if self.cache.round_up(need) > self.cache.capacity:
             raise ContextLengthError(
                 f"prompt of {prompt_len} tokens plus 1 generated token does not fit the "
                 f"KV pool of {self.cache.capacity} tokens; shorten the prompt or raise the KV "
-                "memory budget (max_total_tokens)")
+                "memory budget (max_total_tokens)"
+            )
 
     # -- one step --------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
@@ -170,8 +189,9 @@ class Scheduler:
         """
         self.ratio.step()
         running = self.requests.running
-        budget = StepBudget(self.config.max_num_batched_tokens,
-                            self.config.max_running_requests - len(running))
+        budget = StepBudget(
+            self.config.max_num_batched_tokens, self.config.max_running_requests - len(running)
+        )
         plan = StepPlan(self.cache)
         retracted: list[Req] = []
         decoders, extenders = self.decode_policy.split(running.values())
@@ -192,17 +212,21 @@ class Scheduler:
             self.prefill_policy.admit_waiting(plan, budget)
         return self._build(plan, retracted)
 
-    def _plan_prefill_only(self, extenders: list[Req], plan: StepPlan,
-                           budget: StepBudget) -> bool:
+    def _plan_prefill_only(self, extenders: list[Req], plan: StepPlan, budget: StepBudget) -> bool:
         """Prefill-first (config.hybrid_batching False): plan pending chunks and admissions
         without decodes; True when that found work (else the step decodes)."""
         self.prefill_policy.continue_running(extenders, plan, budget)
         self.prefill_policy.admit_waiting(plan, budget)
         return bool(plan)
 
-    def process_results(self, batch: ScheduledBatch, next_tokens: Sequence[Sequence[int]],
-                        finish_reasons: Sequence[FinishReason | None] | None = None, *,
-                        unresolved: bool = False) -> list[Req]:
+    def process_results(
+        self,
+        batch: ScheduledBatch,
+        next_tokens: Sequence[Sequence[int]],
+        finish_reasons: Sequence[FinishReason | None] | None = None,
+        *,
+        unresolved: bool = False,
+    ) -> list[Req]:
         """Record a step's outcome; return the requests that finished.
 
         next_tokens[i]: the tokens to append for entry i — empty unless entry.sample; for a
@@ -221,15 +245,19 @@ class Scheduler:
         ran (they wait for no token); the others once their tokens are known.
         """
         entries = batch.entries
-        if len(next_tokens) != len(entries) or (finish_reasons is not None
-                                                and len(finish_reasons) != len(entries)):
-            raise ValueError(f"need one next_tokens (and finish reason) entry per batch entry "
-                             f"({len(entries)}), got {len(next_tokens)}")
+        if len(next_tokens) != len(entries) or (
+            finish_reasons is not None and len(finish_reasons) != len(entries)
+        ):
+            raise ValueError(
+                f"need one next_tokens (and finish reason) entry per batch entry "
+                f"({len(entries)}), got {len(next_tokens)}"
+            )
         finished = []
         running = ReqStatus.RUNNING
         reasons = finish_reasons if finish_reasons is not None else [None] * len(entries)
-        assert not unresolved or (finish_reasons is None and not any(
-            e.draft_ids for e in entries)), "placeholders stand for plain sampled tokens only"
+        assert not unresolved or (
+            finish_reasons is None and not any(e.draft_ids for e in entries)
+        ), "placeholders stand for plain sampled tokens only"
         for entry, tokens, reason in zip(entries, next_tokens, reasons):
             req = entry.req
             req.extend_len = 0
@@ -246,7 +274,8 @@ class Scheduler:
             # at its cap: the last token was sampled now, or (a prefill-only request, e.g.
             # max_tokens=0) every token is computed; neither waits for a placeholder
             capped = len(req.token_ids) >= req.stop_len and (
-                sampled or req.num_computed == len(req.token_ids))
+                sampled or req.num_computed == len(req.token_ids)
+            )
             if unresolved and not capped:
                 if entry.num_new > 1:
                     self.cache.cache_progress(req)
@@ -260,8 +289,12 @@ class Scheduler:
                 self.cache.cache_progress(req)
         return finished
 
-    def resolve_tokens(self, batch: ScheduledBatch, tokens: Sequence[Sequence[int]],
-                       finish_reasons: Sequence[FinishReason | None]) -> list[Req]:
+    def resolve_tokens(
+        self,
+        batch: ScheduledBatch,
+        tokens: Sequence[Sequence[int]],
+        finish_reasons: Sequence[FinishReason | None],
+    ) -> list[Req]:
         """Write the real tokens of a step recorded with process_results(unresolved=True)
         over its placeholders and finish requests; return those that finished.
 
@@ -271,9 +304,11 @@ class Scheduler:
         recorded); a retracted one gets its token too (it resumes with it). Safe while the
         next step is in flight (see the module docstring)."""
         if len(tokens) != len(batch.entries) or len(finish_reasons) != len(batch.entries):
-            raise ValueError(f"need one token tuple and finish reason per batch entry "
-                             f"({len(batch.entries)}), got {len(tokens)} and "
-                             f"{len(finish_reasons)}")
+            raise ValueError(
+                f"need one token tuple and finish reason per batch entry "
+                f"({len(batch.entries)}), got {len(tokens)} and "
+                f"{len(finish_reasons)}"
+            )
         finished = []
         for entry, toks, reason in zip(batch.entries, tokens, finish_reasons):
             req = entry.req
@@ -316,8 +351,9 @@ class Scheduler:
         re-queue it at its arrival position; its tokens are kept and it resumes later by
         prefilling what is no longer cached. Not mid-step."""
         if req.status is not ReqStatus.RUNNING:
-            raise ValueError(f"only running requests can be retracted, {req.rid!r} is "
-                             f"{req.status.value}")
+            raise ValueError(
+                f"only running requests can be retracted, {req.rid!r} is {req.status.value}"
+            )
         self.cache.release(req, cache=True)
         self.requests.requeue(req)
         req.draft_ids = []
@@ -332,10 +368,14 @@ class Scheduler:
         if req.status is ReqStatus.FINISHED:
             raise ValueError(f"request {req.rid!r} has finished")
         if not req.prompt_len <= num_keep <= req.seq_len:
-            raise ValueError(f"num_keep must be in [{req.prompt_len}, {req.seq_len}], got {num_keep}")
+            raise ValueError(
+                f"num_keep must be in [{req.prompt_len}, {req.seq_len}], got {num_keep}"
+            )
         if num_keep + len(new_tokens) > req.max_seq_len:
-            raise ValueError(f"{num_keep + len(new_tokens)} tokens exceed the request's length "
-                             f"cap of {req.max_seq_len}")
+            raise ValueError(
+                f"{num_keep + len(new_tokens)} tokens exceed the request's length "
+                f"cap of {req.max_seq_len}"
+            )
         del req.token_ids[num_keep:]
         req.token_ids.extend(int(t) for t in new_tokens)
         if req.status is ReqStatus.RUNNING:
@@ -376,10 +416,14 @@ class Scheduler:
             require(req.status is ReqStatus.RUNNING, f"{req} is in the running set")
             require(req.num_computed < req.seq_len, f"{req}: no pending token")
         for req in self.requests.waiting:
-            require(req.status in (ReqStatus.WAITING, ReqStatus.RETRACTED),
-                    f"{req} is in the waiting queue")
-            require(req.row is None and req.last_node is None and not req.num_allocated,
-                    f"{req} waits but holds KV")
+            require(
+                req.status in (ReqStatus.WAITING, ReqStatus.RETRACTED),
+                f"{req} is in the waiting queue",
+            )
+            require(
+                req.row is None and req.last_node is None and not req.num_allocated,
+                f"{req} waits but holds KV",
+            )
         require(len(running) <= self.config.max_running_requests, "too many running requests")
         self.cache.check_integrity(running)
 
@@ -390,8 +434,9 @@ class Scheduler:
         self.retract(victim)
         retracted.append(victim)
 
-    def _advance(self, req: Req, entry: ScheduledEntry, tokens: Sequence[int],
-                 has_reason: bool) -> bool:
+    def _advance(
+        self, req: Req, entry: ScheduledEntry, tokens: Sequence[int], has_reason: bool
+    ) -> bool:
         """Append tokens and move num_computed past the KV this step wrote (minus rejected
         drafts). Returns whether tokens were appended."""
         end = entry.end
@@ -399,8 +444,9 @@ class Scheduler:
             if len(tokens):
                 raise ValueError(f"request {req.rid!r} does not sample this step but got tokens")
             if entry.sample and not has_reason:
-                raise ValueError(f"request {req.rid!r} samples this step: pass its next token "
-                                 "or a finish reason")
+                raise ValueError(
+                    f"request {req.rid!r} samples this step: pass its next token or a finish reason"
+                )
             req.num_computed = end - len(entry.draft_ids)
             return False
         tokens = [int(t) for t in tokens[: req.remaining_tokens]]
@@ -436,8 +482,11 @@ class Scheduler:
             if req.prompt_logprob_start is not None and req.prompt_logprob_start < end:
                 first = max(start, req.prompt_logprob_start)
                 logits_from = first if logits_from is None else min(logits_from, first)
-            entries.append(new_entry((req, req.row, start, n, offset, logits_from, sample,
-                                      req.row_dirty, drafts)))
+            entries.append(
+                new_entry(
+                    (req, req.row, start, n, offset, logits_from, sample, req.row_dirty, drafts)
+                )
+            )
             req.row_dirty = False
             req.extend_len = n
             offset += n

@@ -32,10 +32,16 @@ from .proposer import Proposal, ProposalInput, Proposer
 __all__ = ["Proposal", "ProposalInput", "Proposer", "SpeculativeConfig", "build_proposer"]
 
 
-def build_proposer(config: SpeculativeConfig, *, vocab_size: int,
-                   device: Any = "cpu", dtype: Any = "auto", attention: str = "auto",
-                   max_requests: int | None = None,
-                   context_length: int | None = None) -> Proposer:
+def build_proposer(
+    config: SpeculativeConfig,
+    *,
+    vocab_size: int,
+    device: Any = "cpu",
+    dtype: Any = "auto",
+    attention: str = "auto",
+    max_requests: int | None = None,
+    context_length: int | None = None,
+) -> Proposer:
     """The proposer `config.method` names, for a target model with `vocab_size` tokens on
     `device` (dtype/attention: how a draft model is loaded, as the target was).
     max_requests, context_length: the engine's max_running_requests and context length, so a
@@ -51,8 +57,17 @@ def build_proposer(config: SpeculativeConfig, *, vocab_size: int,
     assert config.method == "draft"
     from .draft import DraftModelProposer
 
-    limits = {k: v for k, v in (("max_requests", max_requests),
-                                ("context_length", context_length)) if v is not None}
-    return DraftModelProposer.load(config.draft_model, vocab_size=vocab_size, device=device,
-                                   dtype=dtype, load_format=config.draft_load_format,
-                                   attention=attention, **limits)
+    limits = {
+        k: v
+        for k, v in (("max_requests", max_requests), ("context_length", context_length))
+        if v is not None
+    }
+    return DraftModelProposer.load(
+        config.draft_model,
+        vocab_size=vocab_size,
+        device=device,
+        dtype=dtype,
+        load_format=config.draft_load_format,
+        attention=attention,
+        **limits,
+    )

@@ -124,7 +124,7 @@ class AcceptanceRate:
 
 def expected_tokens(rate: float, k: int) -> float:
     """Tokens a verify with k drafts yields on average: 1 + a + ... + a^k."""
-    return sum(rate ** j for j in range(k + 1))
+    return sum(rate**j for j in range(k + 1))
 
 
 def best_length(rate: float, max_tokens: int, cost: float) -> int:
@@ -170,8 +170,9 @@ class DraftLengths:
     `cost` (c of step 2) may be updated between steps (the Speculator adds the measured
     proposing cost to draft_cost, and sets `cost_known` once it has measured some)."""
 
-    def __init__(self, num_tokens: int, draft_cost: float, max_step_tokens: int,
-                 adaptive: bool = True) -> None:
+    def __init__(
+        self, num_tokens: int, draft_cost: float, max_step_tokens: int, adaptive: bool = True
+    ) -> None:
         assert num_tokens >= 1 and max_step_tokens >= 1 and 0 <= draft_cost <= 1
         self.num_tokens, self.cost = num_tokens, draft_cost
         self.verify_cost = draft_cost  # cost's part that verifying is (constant)
@@ -186,8 +187,9 @@ class DraftLengths:
             return self.num_tokens * num_fed
         return max(0, self.max_step_tokens - num_fed)
 
-    def choose(self, stats: Sequence[AcceptanceRate], caps: Sequence[int],
-               num_fed: int) -> list[int]:
+    def choose(
+        self, stats: Sequence[AcceptanceRate], caps: Sequence[int], num_fed: int
+    ) -> list[int]:
         """Draft lengths for requests with statistics `stats` that may still take `caps`
         drafts; num_fed: the tokens every decoding request of the step feeds before its
         drafts (1 each, plus jump-forward tokens), speculating or not. Mutates the back-off
@@ -229,8 +231,9 @@ def _most_likely(rates: Sequence[float], ks: Sequence[int], room: int) -> list[i
     """Shrink ks to `room` drafts in total, keeping those most likely accepted (a_r^j); ties
     go to earlier chain positions, then earlier requests. Each request keeps a prefix of its
     chain (a_r^j does not grow with j)."""
-    ranked = sorted(((rates[r] ** j, -j, -r) for r, k in enumerate(ks) for j in range(1, k + 1)),
-                    reverse=True)
+    ranked = sorted(
+        ((rates[r] ** j, -j, -r) for r, k in enumerate(ks) for j in range(1, k + 1)), reverse=True
+    )
     out = [0] * len(ks)
     for _, _, neg_r in ranked[:room]:
         out[-neg_r] += 1

@@ -22,8 +22,10 @@ LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
 # each fed token adds compute; a GPU reads the weights once for all); the Speculator adds
 # the measured cost of proposing it.
 # max_step_tokens: fed tokens of decoding requests beyond which a step is compute-bound.
-_DEFAULTS = {"cpu": {"draft_cost": 0.15, "max_step_tokens": 32},
-             "cuda": {"draft_cost": 0.02, "max_step_tokens": 128}}
+_DEFAULTS = {
+    "cpu": {"draft_cost": 0.15, "max_step_tokens": 32},
+    "cuda": {"draft_cost": 0.02, "max_step_tokens": 128},
+}
 
 
 @dataclass(frozen=True)
@@ -64,21 +66,27 @@ class SpeculativeConfig:
         _check_int("ngram_min", self.ngram_min, 1)
         _check_int("ngram_max", self.ngram_max, 1)
         if self.ngram_min > self.ngram_max:
-            raise ValueError(f"ngram_min ({self.ngram_min}) must be <= ngram_max "
-                             f"({self.ngram_max})")
+            raise ValueError(
+                f"ngram_min ({self.ngram_min}) must be <= ngram_max ({self.ngram_max})"
+            )
         if self.method == "draft" and not self.draft_model:
             raise ValueError('method="draft" needs draft_model (a model name, path or preset)')
         if self.draft_model is not None and not isinstance(self.draft_model, str):
             raise TypeError(f"draft_model must be a str, got {type(self.draft_model).__name__}")
         if self.draft_load_format not in LOAD_FORMATS:
-            raise ValueError(f"draft_load_format must be one of {LOAD_FORMATS}, "
-                             f"got {self.draft_load_format!r}")
+            raise ValueError(
+                f"draft_load_format must be one of {LOAD_FORMATS}, got {self.draft_load_format!r}"
+            )
         if not isinstance(self.adaptive, bool):
             raise TypeError(f"adaptive must be a bool, got {self.adaptive!r}")
-        if self.draft_cost is not None and (isinstance(self.draft_cost, bool) or not isinstance(
-                self.draft_cost, (int, float)) or not 0 <= self.draft_cost <= 1):
-            raise ValueError(f"draft_cost must be a number in [0, 1] or None, "
-                             f"got {self.draft_cost!r}")
+        if self.draft_cost is not None and (
+            isinstance(self.draft_cost, bool)
+            or not isinstance(self.draft_cost, (int, float))
+            or not 0 <= self.draft_cost <= 1
+        ):
+            raise ValueError(
+                f"draft_cost must be a number in [0, 1] or None, got {self.draft_cost!r}"
+            )
         if self.max_step_tokens is not None:
             _check_int("max_step_tokens", self.max_step_tokens, 1)
 
@@ -95,8 +103,10 @@ class SpeculativeConfig:
             if unknown:
                 raise ValueError(f"unknown speculative option(s) {unknown}; known: {sorted(known)}")
             return cls(**value)
-        raise TypeError("speculative must be None, a SpeculativeConfig, a dict of its fields or "
-                        f"a method name, got {type(value).__name__}")
+        raise TypeError(
+            "speculative must be None, a SpeculativeConfig, a dict of its fields or "
+            f"a method name, got {type(value).__name__}"
+        )
 
     def resolved_for(self, device_type: str) -> tuple[float, int]:
         """(draft_cost, max_step_tokens) with the device's defaults filled in (a default

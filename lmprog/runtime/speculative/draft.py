@@ -64,9 +64,16 @@ class DraftModelProposer(Proposer):
     from one thread (the engine's).
     """
 
-    def __init__(self, model: nn.Module, *, vocab_size: int, max_total_tokens: int | None = None,
-                 max_requests: int = 64, context_length: int | None = None,
-                 cuda_graphs: bool = True) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        vocab_size: int,
+        max_total_tokens: int | None = None,
+        max_requests: int = 64,
+        context_length: int | None = None,
+        cuda_graphs: bool = True,
+    ) -> None:
         config = model.config
         check_vocab(config.vocab_size, vocab_size)
         _check_int("max_requests", max_requests, 1)
@@ -82,16 +89,19 @@ class DraftModelProposer(Proposer):
         _check_int("max_total_tokens", max_total_tokens, 1)
         self.kv = KVPool.for_model(config, max_total_tokens, self.dtype, self.device)
         self.cache = DraftKVCache(max_total_tokens, max_requests)
-        self.req_to_token = torch.zeros((max_requests, self.context_length), dtype=torch.int32,
-                                        device=self.device)
+        self.req_to_token = torch.zeros(
+            (max_requests, self.context_length), dtype=torch.int32, device=self.device
+        )
         self._ones = torch.ones(max_requests, dtype=torch.int64, device=self.device)
         self._arange = torch.arange(max_requests, dtype=torch.int64, device=self.device)
         attention = getattr(model, "attention", None)
         if attention is not None:  # its kernels compiled now, not at the first proposal
             attention.warm_up(self.kv, self.req_to_token)
-        self.graphs = (capture_decode_graphs(model, self.kv, self.req_to_token,
-                                             max_batch_size=max_requests)
-                       if cuda_graphs else None)
+        self.graphs = (
+            capture_decode_graphs(model, self.kv, self.req_to_token, max_batch_size=max_requests)
+            if cuda_graphs
+            else None
+        )
         # An extend of at most this many tokens per request runs as that many one-token
         # steps: replayed graphs cost less than one eager forward (after a fully accepted
         # chain the extend is 2 tokens: the last draft and the bonus token).
@@ -101,9 +111,18 @@ class DraftModelProposer(Proposer):
 
     # ---- construction --------------------------------------------------------------------
     @classmethod
-    def load(cls, model: Any, *, vocab_size: int, device: str | torch.device = "auto",
-             dtype: str | torch.dtype = "auto", load_format: str = "auto",
-             attention: str = "auto", seed: int = 0, **kwargs: Any) -> DraftModelProposer:
+    def load(
+        cls,
+        model: Any,
+        *,
+        vocab_size: int,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+        load_format: str = "auto",
+        attention: str = "auto",
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> DraftModelProposer:
         """Load the draft as the target is loaded (assemble_model): a GGUF file, an HF
         folder or a bundled model name; with load_format="dummy" also an architecture preset
         or a ModelConfig (random weights drawn with `seed`). kwargs go to the constructor."""
@@ -111,8 +130,14 @@ class DraftModelProposer(Proposer):
         from ..models import load_config
 
         check_vocab(load_config(model).vocab_size, vocab_size)  # before loading any weight
-        net = assemble_model(model, device=device, dtype=dtype, load_format=load_format,
-                             attention=attention, seed=seed)
+        net = assemble_model(
+            model,
+            device=device,
+            dtype=dtype,
+            load_format=load_format,
+            attention=attention,
+            seed=seed,
+        )
         return cls(net, vocab_size=vocab_size, **kwargs)
 
     # ---- Proposer ------------------------------------------------------------------------
@@ -143,17 +168,22 @@ class DraftModelProposer(Proposer):
         self.cache.release(rid)
 
     def stats(self) -> dict[str, int]:
-        return {"draft_requests": len(self.cache), "draft_free_slots": self.cache.num_free_slots,
-                "draft_tokens_proposed": self.num_proposed, "draft_skipped": self.num_skipped,
-                "draft_evicted": self.cache.num_evicted}
+        return {
+            "draft_requests": len(self.cache),
+            "draft_free_slots": self.cache.num_free_slots,
+            "draft_tokens_proposed": self.num_proposed,
+            "draft_skipped": self.num_skipped,
+            "draft_evicted": self.cache.num_evicted,
+        }
 
     def check_integrity(self) -> None:
         """The slot bookkeeping, and the device table agreeing with it (reads the device)."""
         self.cache.check_integrity()
         for seq in self.cache.seqs():
             n = len(seq.tokens)
-            assert self.req_to_token[seq.row, :n].tolist() == seq.slots[:n], \
+            assert self.req_to_token[seq.row, :n].tolist() == seq.slots[:n], (
                 f"draft table row of {seq.rid!r} disagrees with its slots"
+            )
 
     # ---- one call ------------------------------------------------------------------------
     def _prepare(self, inp: ProposalInput, protect: Collection[Hashable]) -> DraftJob | None:
@@ -205,45 +235,80 @@ class DraftModelProposer(Proposer):
         starts = np.cumsum([0, *active]).tolist()
         for i, job in enumerate(jobs):
             job.drafts = [flat[starts[s] + i] for s in range(job.k)]
-            job.seq.tokens.extend(job.tokens[job.keep:])
+            job.seq.tokens.extend(job.tokens[job.keep :])
             job.seq.tokens.extend(job.drafts[:-1])  # fed back, so their K/V is in the pool
             assert len(job.seq.tokens) == len(job.seq.slots)
 
     def _extend_batch(self, jobs: list[DraftJob], ints: dict[str, torch.Tensor]) -> ForwardBatch:
         return ForwardBatch(
-            input_ids=ints["ids"], positions=ints["pos"], out_cache_loc=ints["loc"],
-            req_pool_indices=ints["rows"], seq_lens=ints["lens"], extend_lens=ints["ext"],
-            extend_start_loc=ints["start"], req_to_token=self.req_to_token,
-            logits_indices=ints["last"], seq_lens_cpu=tuple(len(j.tokens) for j in jobs),
-            extend_lens_cpu=tuple(len(j.tokens) - j.keep for j in jobs))
+            input_ids=ints["ids"],
+            positions=ints["pos"],
+            out_cache_loc=ints["loc"],
+            req_pool_indices=ints["rows"],
+            seq_lens=ints["lens"],
+            extend_lens=ints["ext"],
+            extend_start_loc=ints["start"],
+            req_to_token=self.req_to_token,
+            logits_indices=ints["last"],
+            seq_lens_cpu=tuple(len(j.tokens) for j in jobs),
+            extend_lens_cpu=tuple(len(j.tokens) - j.keep for j in jobs),
+        )
 
-    def _catch_up(self, jobs: list[DraftJob], steps: int,
-                  ints: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _catch_up(
+        self, jobs: list[DraftJob], steps: int, ints: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
         """The extend as `steps` one-token decode batches (CUDA graphs), right-aligned: the
         last one holds every job in order, and its logits are the extend's."""
         for i in range(steps):
             members = catch_up_members(jobs, steps, i)
             lens = [len(jobs[r].tokens) - steps + i + 1 for r in members]
-            logits = self._forward(self._one_token_batch(
-                ints[f"cids{i}"], ints[f"cpos{i}"], ints[f"cloc{i}"], ints[f"crows{i}"],
-                ints[f"clens{i}"], lens))
+            logits = self._forward(
+                self._one_token_batch(
+                    ints[f"cids{i}"],
+                    ints[f"cpos{i}"],
+                    ints[f"cloc{i}"],
+                    ints[f"crows{i}"],
+                    ints[f"clens{i}"],
+                    lens,
+                )
+            )
         return logits
 
-    def _decode_batch(self, ids: torch.Tensor, jobs: list[DraftJob], s: int,
-                      ints: dict[str, torch.Tensor]) -> ForwardBatch:
-        return self._one_token_batch(ids, ints[f"pos{s}"], ints[f"loc{s}"],
-                                     ints["rows"][:len(jobs)], ints[f"lens{s}"],
-                                     [len(j.tokens) + s for j in jobs])
+    def _decode_batch(
+        self, ids: torch.Tensor, jobs: list[DraftJob], s: int, ints: dict[str, torch.Tensor]
+    ) -> ForwardBatch:
+        return self._one_token_batch(
+            ids,
+            ints[f"pos{s}"],
+            ints[f"loc{s}"],
+            ints["rows"][: len(jobs)],
+            ints[f"lens{s}"],
+            [len(j.tokens) + s for j in jobs],
+        )
 
-    def _one_token_batch(self, ids: torch.Tensor, pos: torch.Tensor, loc: torch.Tensor,
-                         rows: torch.Tensor, lens: torch.Tensor,
-                         host_lens: list[int]) -> ForwardBatch:
+    def _one_token_batch(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        loc: torch.Tensor,
+        rows: torch.Tensor,
+        lens: torch.Tensor,
+        host_lens: list[int],
+    ) -> ForwardBatch:
         a = len(host_lens)
         return ForwardBatch(
-            input_ids=ids, positions=pos, out_cache_loc=loc, req_pool_indices=rows,
-            seq_lens=lens, extend_lens=self._ones[:a], extend_start_loc=self._arange[:a],
-            req_to_token=self.req_to_token, logits_indices=self._arange[:a],
-            seq_lens_cpu=tuple(host_lens), extend_lens_cpu=(1,) * a)
+            input_ids=ids,
+            positions=pos,
+            out_cache_loc=loc,
+            req_pool_indices=rows,
+            seq_lens=lens,
+            extend_lens=self._ones[:a],
+            extend_start_loc=self._arange[:a],
+            req_to_token=self.req_to_token,
+            logits_indices=self._arange[:a],
+            seq_lens_cpu=tuple(host_lens),
+            extend_lens_cpu=(1,) * a,
+        )
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         if self.graphs is not None:
@@ -270,16 +335,21 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 def check_vocab(draft_vocab: int, target_vocab: int) -> None:
     if draft_vocab != target_vocab:
-        raise ValueError(f"the draft model's vocabulary has {draft_vocab} tokens but the "
-                         f"target's {target_vocab}: a draft must use the target's tokenizer "
-                         "(pick a draft of the same model family)")
+        raise ValueError(
+            f"the draft model's vocabulary has {draft_vocab} tokens but the "
+            f"target's {target_vocab}: a draft must use the target's tokenizer "
+            "(pick a draft of the same model family)"
+        )
 
 
 def _checked_tokens(inp: ProposalInput) -> list[int]:
     if not isinstance(inp, ProposalInput):
         raise TypeError(f"propose() takes ProposalInput objects, got {type(inp).__name__}")
-    if isinstance(inp.max_tokens, bool) or not isinstance(inp.max_tokens, int) \
-            or inp.max_tokens < 1:
+    if (
+        isinstance(inp.max_tokens, bool)
+        or not isinstance(inp.max_tokens, int)
+        or inp.max_tokens < 1
+    ):
         raise ValueError(f"max_tokens must be an int >= 1, got {inp.max_tokens!r}")
     if inp.params is not None and not isinstance(inp.params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams or None, got {type(inp.params).__name__}")

@@ -123,11 +123,14 @@ class DraftKVCache:
         """Raise IntegrityError unless every slot and row is free or owned exactly once."""
         self.allocator.check_integrity()
         owned = [s for seq in self._seqs.values() for s in seq.slots]
-        every = np.concatenate([np.asarray(owned, dtype=np.int64),
-                                self.allocator.free_slots().astype(np.int64)])
-        require(len(every) == self.allocator.num_slots
-                and np.array_equal(np.sort(every), np.arange(1, len(every) + 1)),
-                "draft cache: slots lost or owned twice")
+        every = np.concatenate(
+            [np.asarray(owned, dtype=np.int64), self.allocator.free_slots().astype(np.int64)]
+        )
+        require(
+            len(every) == self.allocator.num_slots
+            and np.array_equal(np.sort(every), np.arange(1, len(every) + 1)),
+            "draft cache: slots lost or owned twice",
+        )
         rows = [seq.row for seq in self._seqs.values()] + self._free_rows
         require(sorted(rows) == list(range(self.num_rows)), "draft cache: rows lost or shared")
         for seq in self._seqs.values():

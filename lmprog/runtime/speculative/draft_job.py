@@ -70,9 +70,11 @@ class DraftSampler:
             idx = self.sampled[:m]
             self._built[m] = (
                 torch.tensor(idx, dtype=torch.int64, device=self.device),
-                SamplingTensors.from_params([_draft_params(self.jobs[i].params) for i in idx],
-                                            device=self.device),
-                [self.jobs[i].seq.generator for i in idx])
+                SamplingTensors.from_params(
+                    [_draft_params(self.jobs[i].params) for i in idx], device=self.device
+                ),
+                [self.jobs[i].seq.generator for i in idx],
+            )
         return self._built[m]
 
 
@@ -120,19 +122,19 @@ def pack_steps(jobs: list[DraftJob], active: list[int], catch_up: int = 0) -> Pa
         pk.add(f"clens{i}", [p + 1 for p in at])
     ext = [len(j.tokens) - j.keep for j in jobs]
     starts = np.cumsum([0, *ext[:-1]]).tolist()
-    pk.add("ids", [t for j in jobs for t in j.tokens[j.keep:]])
+    pk.add("ids", [t for j in jobs for t in j.tokens[j.keep :]])
     pk.add("pos", [p for j in jobs for p in range(j.keep, len(j.tokens))])
-    pk.add("loc", [x for j in jobs for x in j.seq.slots[j.keep:len(j.tokens)]])
+    pk.add("loc", [x for j in jobs for x in j.seq.slots[j.keep : len(j.tokens)]])
     pk.add("rows", [j.seq.row for j in jobs])
     pk.add("lens", [len(j.tokens) for j in jobs])
     pk.add("ext", ext)
     pk.add("start", starts)
     pk.add("last", [s + e - 1 for s, e in zip(starts, ext)])
-    pk.add("t_rows", [j.seq.row for j in jobs for _ in j.seq.slots[j.keep:]])
+    pk.add("t_rows", [j.seq.row for j in jobs for _ in j.seq.slots[j.keep :]])
     pk.add("t_cols", [p for j in jobs for p in range(j.keep, len(j.seq.slots))])
-    pk.add("t_vals", [x for j in jobs for x in j.seq.slots[j.keep:]])
+    pk.add("t_vals", [x for j in jobs for x in j.seq.slots[j.keep :]])
     for s in range(1, len(active)):
-        now = jobs[:active[s]]
+        now = jobs[: active[s]]
         pk.add(f"pos{s}", [len(j.tokens) + s - 1 for j in now])
         pk.add(f"loc{s}", [j.seq.slots[len(j.tokens) + s - 1] for j in now])
         pk.add(f"lens{s}", [len(j.tokens) + s for j in now])

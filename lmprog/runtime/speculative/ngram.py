@@ -64,9 +64,9 @@ def lookup(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> np.ndarray:
 def _latest_match(tokens: np.ndarray, n: int) -> int:
     """The largest i < len - n with tokens[i:i+n] == tokens[-n:], or -1."""
     length = len(tokens)
-    suffix = tokens[length - n:]
+    suffix = tokens[length - n :]
     # candidate starts i in [0, length - n - 1]: their last token sits at i + n - 1
-    starts = np.flatnonzero(tokens[n - 1: length - 1] == suffix[-1])
+    starts = np.flatnonzero(tokens[n - 1 : length - 1] == suffix[-1])
     for j in range(n - 1):  # check the other positions, pruning as we go
         if not len(starts):
             return -1

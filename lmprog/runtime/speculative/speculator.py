@@ -52,9 +52,16 @@ log = logging.getLogger(__name__)
 class Speculator:
     """Drives `proposer` for an engine whose model has `vocab_size` tokens on `device`."""
 
-    def __init__(self, proposer: Proposer, config: SpeculativeConfig, *, vocab_size: int,
-                 device: torch.device | str = "cpu", name: str | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        proposer: Proposer,
+        config: SpeculativeConfig,
+        *,
+        vocab_size: int,
+        device: torch.device | str = "cpu",
+        name: str | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         """name: what stats() reports as "speculative" (default: config.method); clock:
         seconds, for measuring the proposing cost (tests pass their own)."""
         if not isinstance(proposer, Proposer):
@@ -64,8 +71,9 @@ class Speculator:
         self.device = torch.device(device)
         self.vocab_size = vocab_size
         self.verify_cost, step_tokens = config.resolved_for(self.device.type)
-        self.lengths = DraftLengths(config.num_tokens, self.verify_cost, step_tokens,
-                                    config.adaptive)
+        self.lengths = DraftLengths(
+            config.num_tokens, self.verify_cost, step_tokens, config.adaptive
+        )
         # draft_cost=None: verify cost + measured proposing cost; a number: that alone
         measure = config.adaptive and config.draft_cost is None
         self.propose_cost = ProposeCost() if measure else None
@@ -89,8 +97,7 @@ class Speculator:
         self.jump_verifies = 0  # verify entries whose drafts followed jump-forward tokens
 
     # -- before schedule() -----------------------------------------------------------------
-    def propose(self, decoding: Sequence[Req],
-                settle: Callable[[], None] | None = None) -> None:
+    def propose(self, decoding: Sequence[Req], settle: Callable[[], None] | None = None) -> None:
         """Set draft_ids of the decoding requests (Scheduler.decoding: every running request
         whose pending tokens were generated: its last token, after a jump-forward also the
         forced ones) that speculate this step; clear the others'.
@@ -108,25 +115,32 @@ class Speculator:
         if not self.enabled or not decoding or self.lengths.spare(fed) <= 0:
             return
         candidates = [r for r in decoding if r.remaining_tokens >= 2 and not r.engine_data.done]
-        ks = self.lengths.choose([self._rate(r) for r in candidates],
-                                 [r.remaining_tokens - 1 for r in candidates], fed)
+        ks = self.lengths.choose(
+            [self._rate(r) for r in candidates], [r.remaining_tokens - 1 for r in candidates], fed
+        )
         asked = [(r, k) for r, k in zip(candidates, ks) if k > 0]
         if asked and settle is not None:
             settle()
             step_start = self._clock()  # the settled step's host work is not this step's
-            asked = [(r, min(k, r.remaining_tokens - 1)) for r, k in asked
-                     if r.status is ReqStatus.RUNNING and not r.engine_data.done]
+            asked = [
+                (r, min(k, r.remaining_tokens - 1))
+                for r, k in asked
+                if r.status is ReqStatus.RUNNING and not r.engine_data.done
+            ]
             asked = [(r, k) for r, k in asked if k > 0]
         if not asked:
             return
         propose_start = self._clock()
         try:
             proposals = self.proposer.propose(
-                [ProposalInput(r.rid, r.token_ids, k, r.params) for r, k in asked])
+                [ProposalInput(r.rid, r.token_ids, k, r.params) for r, k in asked]
+            )
             if len(proposals) != len(asked):
-                raise RuntimeError(f"{type(self.proposer).__name__}.propose returned "
-                                   f"{len(proposals)} proposals for {len(asked)} inputs")
-        except Exception:  # noqa: BLE001 - drafts are optional: this step decodes plainly
+                raise RuntimeError(
+                    f"{type(self.proposer).__name__}.propose returned "
+                    f"{len(proposals)} proposals for {len(asked)} inputs"
+                )
+        except Exception:  # drafts are optional: this step decodes plainly
             log.exception("the speculative proposer failed; decoding without drafts")
             self.errors += 1
             return
@@ -173,7 +187,9 @@ class Speculator:
         elif q.shape[1] < self.vocab_size:
             q = torch.nn.functional.pad(q, (0, self.vocab_size - q.shape[1]))
         if guides:
-            q = q * unpack_bitmask(allowed_bitmask(guides, self.vocab_size, q.device), self.vocab_size)
+            q = q * unpack_bitmask(
+                allowed_bitmask(guides, self.vocab_size, q.device), self.vocab_size
+            )
         return q / q.sum(dim=-1, keepdim=True).clamp_min(1e-30)
 
     # -- during and after the step ---------------------------------------------------------
@@ -239,8 +255,11 @@ class Speculator:
             "spec_guide_cuts": self.guide_cuts,
             "spec_draft_cost": self.lengths.cost,
             "spec_jump_verifies": self.jump_verifies,
-            "spec_tokens_per_verify": ((self.accepted + self.verify_entries) / self.verify_entries
-                                       if self.verify_entries else 0.0),
+            "spec_tokens_per_verify": (
+                (self.accepted + self.verify_entries) / self.verify_entries
+                if self.verify_entries
+                else 0.0
+            ),
         }
         extra = getattr(self.proposer, "stats", None)
         if callable(extra):

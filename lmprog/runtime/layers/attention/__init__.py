@@ -1,7 +1,7 @@
 """Attention backends by name, imported lazily (the Triton one needs a GPU and triton).
 
-    create_attention_backend("torch", num_heads, num_kv_heads, head_dim, device)
-    register_attention_backend("mine", "my_package.attention:MyBackend")
+create_attention_backend("torch", num_heads, num_kv_heads, head_dim, device)
+register_attention_backend("mine", "my_package.attention:MyBackend")
 """
 
 from __future__ import annotations
@@ -31,18 +31,25 @@ def available_attention_backends() -> list[str]:
 
 def attention_backend_class(name: str) -> type[AttentionBackend]:
     if name not in _BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; "
-                         f"available: {available_attention_backends()}")
+        raise ValueError(
+            f"unknown attention backend {name!r}; available: {available_attention_backends()}"
+        )
     module, cls_name = _BACKENDS[name].split(":")
     cls = getattr(importlib.import_module(module), cls_name)
     assert issubclass(cls, AttentionBackend), f"{_BACKENDS[name]} is not an AttentionBackend"
     return cls
 
 
-def create_attention_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
-                             device: torch.device | str) -> AttentionBackend:
+def create_attention_backend(
+    name: str, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device | str
+) -> AttentionBackend:
     return attention_backend_class(name)(num_heads, num_kv_heads, head_dim, torch.device(device))
 
 
-__all__ = ["AttentionBackend", "attention_backend_class", "available_attention_backends",
-           "create_attention_backend", "register_attention_backend"]
+__all__ = [
+    "AttentionBackend",
+    "attention_backend_class",
+    "available_attention_backends",
+    "create_attention_backend",
+    "register_attention_backend",
+]

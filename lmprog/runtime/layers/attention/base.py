@@ -27,14 +27,15 @@ if TYPE_CHECKING:
 class AttentionBackend(ABC):
     """Built once per model as `Backend(num_heads, num_kv_heads, head_dim, device)`."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int,
-                 device: torch.device) -> None:
+    def __init__(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device
+    ) -> None:
         assert num_heads % num_kv_heads == 0
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.device = device
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim**-0.5
 
     @abstractmethod
     def plan(self, batch: ForwardBatch) -> Any:
@@ -48,21 +49,28 @@ class AttentionBackend(ABC):
         """Compile, before serving, what a step could otherwise first need mid-run (default:
         nothing). May read the pool; changes nothing a step depends on."""
 
-    def rotate_and_store(self, qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
-                         layer: int, kv: KVPool,
-                         out_cache_loc: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def rotate_and_store(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        signed_sin: torch.Tensor,
+        layer: int,
+        kv: KVPool,
+        out_cache_loc: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
         """qkv [T, num_heads + 2 * num_kv_heads, head_dim] (q, k, v heads of the fused
         projection); cos/signed_sin from RotaryEmbedding.cos_sin. Returns (q, k, v) with q and
         k rotated, after writing k and v into `kv` at out_cache_loc [T]."""
         hq, hkv = self.num_heads, self.num_kv_heads
-        qk = RotaryEmbedding.apply(qkv[:, :hq + hkv], cos, signed_sin)
-        q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv:]
+        qk = RotaryEmbedding.apply(qkv[:, : hq + hkv], cos, signed_sin)
+        q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv :]
         kv.write(layer, out_cache_loc, k, v)
         return q, k, v
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
-                kv: KVPool, plan: Any) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, kv: KVPool, plan: Any
+    ) -> torch.Tensor:
         """q [T, num_heads, head_dim], k/v [T, num_kv_heads, head_dim] (already in the pool)
         -> attention output [T, num_heads, head_dim] in q's dtype, scaled by head_dim**-0.5,
         each new token attending per the ForwardBatch rule (causal over its request's slots,

@@ -57,12 +57,16 @@ class TorchAttentionBackend(AttentionBackend):
         decode = self._decode_group(batch, single, lens) if single else None
         starts, mask_offsets = _offsets(ext), _offsets([n * s for n, s in zip(ext, lens)])
         is_single = set(single)
-        extends = tuple(self._extend(batch, i, starts[i], ext[i], lens[i], mask_offsets[i])
-                        for i in range(len(ext)) if i not in is_single)
+        extends = tuple(
+            self._extend(batch, i, starts[i], ext[i], lens[i], mask_offsets[i])
+            for i in range(len(ext))
+            if i not in is_single
+        )
         return TorchPlan(decode, extends)
 
-    def _decode_group(self, batch: ForwardBatch, members: list[int],
-                      lens: list[int]) -> _DecodeGroup:
+    def _decode_group(
+        self, batch: ForwardBatch, members: list[int], lens: list[int]
+    ) -> _DecodeGroup:
         group_lens = [lens[i] for i in members]
         max_len = max(group_lens)
         dev = batch.req_to_token.device
@@ -78,22 +82,30 @@ class TorchAttentionBackend(AttentionBackend):
         rows = None if everyone else batch.extend_start_loc[members]
         return _DecodeGroup(rows, slots.reshape(-1), mask, max_len, _contiguous_from(slots))
 
-    def _extend(self, batch: ForwardBatch, i: int, start: int, n: int, seq_len: int,
-                mask_offset: int) -> _Extend:
+    def _extend(
+        self, batch: ForwardBatch, i: int, start: int, n: int, seq_len: int, mask_offset: int
+    ) -> _Extend:
         dev = batch.req_to_token.device
-        row = batch.req_pool_indices[i:i + 1]  # a tensor: no device sync
+        row = batch.req_pool_indices[i : i + 1]  # a tensor: no device sync
         slots = batch.req_to_token.index_select(0, row)[0, :seq_len]
         if batch.custom_mask is None:  # new token i sits at position prefix + i
             keys = torch.arange(seq_len, device=dev)
             mask = keys[None, :] <= torch.arange(seq_len - n, seq_len, device=dev)[:, None]
         else:
-            mask = batch.custom_mask[mask_offset:mask_offset + n * seq_len].view(n, seq_len)
+            mask = batch.custom_mask[mask_offset : mask_offset + n * seq_len].view(n, seq_len)
         group = self.num_heads // self.num_kv_heads
         mask = mask[None].expand(group, n, seq_len).reshape(group * n, seq_len)
         return _Extend(start, n, slots, mask)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
-                kv: KVPool, plan: TorchPlan) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: int,
+        kv: KVPool,
+        plan: TorchPlan,
+    ) -> torch.Tensor:
         k_cache, v_cache = kv.k[layer], kv.v[layer]
         d = plan.decode
         if d is not None and d.rows is None:  # decode-only step: no scatter
@@ -102,16 +114,18 @@ class TorchAttentionBackend(AttentionBackend):
         if d is not None:
             out[d.rows] = self._decode(q[d.rows], k_cache, v_cache, d)
         for e in plan.extends:
-            out[e.start:e.start + e.num_new] = self._extend_attend(
-                q[e.start:e.start + e.num_new], k_cache, v_cache, e)
+            out[e.start : e.start + e.num_new] = self._extend_attend(
+                q[e.start : e.start + e.num_new], k_cache, v_cache, e
+            )
         return out
 
-    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                d: _DecodeGroup) -> torch.Tensor:
+    def _decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: _DecodeGroup
+    ) -> torch.Tensor:
         b, hkv, dim = q.shape[0], self.num_kv_heads, self.head_dim
         if d.first_slot is not None:
-            k = k_cache[d.first_slot:d.first_slot + d.max_len]
-            v = v_cache[d.first_slot:d.first_slot + d.max_len]
+            k = k_cache[d.first_slot : d.first_slot + d.max_len]
+            v = v_cache[d.first_slot : d.first_slot + d.max_len]
         else:
             k, v = k_cache.index_select(0, d.slots), v_cache.index_select(0, d.slots)
         k = k.view(b, d.max_len, hkv, dim).transpose(1, 2)
@@ -120,8 +134,9 @@ class TorchAttentionBackend(AttentionBackend):
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=d.mask, scale=self.scale)
         return o.reshape(b, self.num_heads, dim)
 
-    def _extend_attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       e: _Extend) -> torch.Tensor:
+    def _extend_attend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, e: _Extend
+    ) -> torch.Tensor:
         n, hkv, dim = e.num_new, self.num_kv_heads, self.head_dim
         group = self.num_heads // hkv
         k = k_cache.index_select(0, e.slots).transpose(0, 1)  # [Hkv, L, D]

@@ -25,10 +25,18 @@ class TritonAttentionBackend(AttentionBackend):
 
     def plan(self, batch: ForwardBatch) -> AttentionPlan:
         return plan_attention(
-            batch.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens,
-            batch.extend_start_loc, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim, seq_lens_cpu=batch.seq_lens_cpu,
-            extend_lens_cpu=batch.extend_lens_cpu, custom_mask=batch.custom_mask)
+            batch.req_to_token,
+            batch.req_pool_indices,
+            batch.seq_lens,
+            batch.extend_lens,
+            batch.extend_start_loc,
+            num_q_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            seq_lens_cpu=batch.seq_lens_cpu,
+            extend_lens_cpu=batch.extend_lens_cpu,
+            custom_mask=batch.custom_mask,
+        )
 
     def warm_up(self, kv: KVPool, req_to_token: torch.Tensor) -> None:
         """The split launch's variants (kernels.attention.warm_up); on a GPU only (under the
@@ -36,16 +44,31 @@ class TritonAttentionBackend(AttentionBackend):
         if req_to_token.device.type == "cuda":
             warm_up(kv.k[0], kv.v[0], req_to_token, num_q_heads=self.num_heads)
 
-    def rotate_and_store(self, qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
-                         layer: int, kv: KVPool,
-                         out_cache_loc: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def rotate_and_store(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        signed_sin: torch.Tensor,
+        layer: int,
+        kv: KVPool,
+        out_cache_loc: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
         """One kernel: q and k rotated in place in qkv, k and v written to the pool."""
-        rope_and_store(qkv, self.num_heads, cos, signed_sin, kv.k[layer], kv.v[layer],
-                       out_cache_loc)
+        rope_and_store(
+            qkv, self.num_heads, cos, signed_sin, kv.k[layer], kv.v[layer], out_cache_loc
+        )
         hq, hkv = self.num_heads, self.num_kv_heads
-        return qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+        return qkv[:, :hq], qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
-                kv: KVPool, plan: AttentionPlan, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: int,
+        kv: KVPool,
+        plan: AttentionPlan,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """As the base class; `out` (q's shape) receives the result when given."""
         return hybrid_attention(q, kv.k[layer], kv.v[layer], plan, sm_scale=self.scale, out=out)

@@ -1,8 +1,8 @@
 """Build a model from a GGUF file, a Hugging Face folder, or a named/any config with random weights.
 
-    load_model()                                        # the bundled default GGUF, fp32, CPU
-    load_model("/m/Qwen2.5-0.5B", device="cuda", dtype="bfloat16")
-    load_model("llama-3.1-8b", load_format="dummy", device="cuda")
+load_model()                                        # the bundled default GGUF, fp32, CPU
+load_model("/m/Qwen2.5-0.5B", device="cuda", dtype="bfloat16")
+load_model("llama-3.1-8b", load_format="dummy", device="cuda")
 """
 
 from __future__ import annotations
@@ -26,12 +26,18 @@ from .hf import safetensors_weights
 LoadFormat = Literal["auto", "gguf", "safetensors", "dummy"]
 ModelRef = str | os.PathLike[str] | ModelSource | ModelConfig | None
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device | str) -> torch.dtype:
-    """"auto" is bf16 on a GPU, fp32 elsewhere; names and torch dtypes pass through."""
+    """ "auto" is bf16 on a GPU, fp32 elsewhere; names and torch dtypes pass through."""
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
             raise ValueError(f"unsupported dtype {dtype}; use float32, bfloat16 or float16")
@@ -55,32 +61,47 @@ def load_config(model: ModelRef = None) -> ModelConfig:
     return config_from_hf(source.path)
 
 
-def build_model(config: ModelConfig, *, device: torch.device | str = "cpu",
-                dtype: str | torch.dtype = "auto", attention: str = "torch") -> nn.Module:
+def build_model(
+    config: ModelConfig,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: str | torch.dtype = "auto",
+    attention: str = "torch",
+) -> nn.Module:
     """The model with uninitialised weights (allocated, not zeroed) on `device`."""
     device = torch.device(device)
-    attn = create_attention_backend(attention, config.num_heads, config.num_kv_heads,
-                                    config.head_dim, device)
+    attn = create_attention_backend(
+        attention, config.num_heads, config.num_kv_heads, config.head_dim, device
+    )
     with torch.device("meta"):
         model = model_class(config.architecture)(config, attn)
     return model.to(resolve_dtype(dtype, device)).to_empty(device=device).eval()
 
 
-def load_model(model: ModelRef = None, *, device: torch.device | str = "cpu",
-               dtype: str | torch.dtype = "auto", load_format: LoadFormat = "auto",
-               attention: str = "torch", seed: int = 0) -> nn.Module:
+def load_model(
+    model: ModelRef = None,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: str | torch.dtype = "auto",
+    load_format: LoadFormat = "auto",
+    attention: str = "torch",
+    seed: int = 0,
+) -> nn.Module:
     """Load weights into a fresh model; `load_format="dummy"` draws random ones (`seed`)."""
     if load_format not in ("auto", "gguf", "safetensors", "dummy"):
-        raise ValueError(f"unknown load_format {load_format!r}; "
-                         "use auto, gguf, safetensors or dummy")
+        raise ValueError(
+            f"unknown load_format {load_format!r}; use auto, gguf, safetensors or dummy"
+        )
     if load_format == "dummy":
         config = load_config(model)
         net = build_model(config, device=device, dtype=dtype, attention=attention)
         init_dummy_weights(net, config.num_layers, seed)
         return net
     if isinstance(model, ModelConfig) or (isinstance(model, str) and model.lower() in PRESETS):
-        raise ValueError(f"{model!r} names an architecture without weights; pass "
-                         "load_format='dummy' for random weights, or a GGUF file / HF folder")
+        raise ValueError(
+            f"{model!r} names an architecture without weights; pass "
+            "load_format='dummy' for random weights, or a GGUF file / HF folder"
+        )
     source = model if isinstance(model, ModelSource) else resolve_model(model)
     expected = "gguf" if source.kind == "gguf" else "safetensors"
     if load_format not in ("auto", expected):

@@ -28,13 +28,22 @@ from lmprog.core.models import cache_dir
 
 from ..config import ModelConfig, RopeScaling, config_from_gguf
 
-_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-        "output.weight": "lm_head.weight"}
+_TOP = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 _BLOCK = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
 _SKIP = {"rope_freqs.weight"}  # read into ModelConfig.rope_scaling instead
@@ -70,10 +79,22 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFIndex:
     except (OSError, ValueError, KeyError, TypeError):
         pass  # no cache entry yet, or a stale/corrupt one: parse the file
     reader = GGUFReader(path)
-    index = GGUFIndex(path, config_from_gguf(reader), tuple(
-        GGUFTensor(t.name, int(t.tensor_type), tuple(int(d) for d in t.shape[::-1]),
-                   tuple(t.data.shape), t.data.dtype.str, int(t.data_offset), int(t.n_bytes))
-        for t in reader.tensors))
+    index = GGUFIndex(
+        path,
+        config_from_gguf(reader),
+        tuple(
+            GGUFTensor(
+                t.name,
+                int(t.tensor_type),
+                tuple(int(d) for d in t.shape[::-1]),
+                tuple(t.data.shape),
+                t.data.dtype.str,
+                int(t.data_offset),
+                int(t.n_bytes),
+            )
+            for t in reader.tensors
+        ),
+    )
     _save(cached, index)
     return index
 
@@ -87,7 +108,7 @@ def gguf_weights(index: GGUFIndex) -> Iterator[tuple[str, torch.Tensor]]:
         for t in index.tensors:
             if t.name in _SKIP:
                 continue
-            raw = mapped[t.offset:t.offset + t.nbytes].view(np.dtype(t.raw_dtype))
+            raw = mapped[t.offset : t.offset + t.nbytes].view(np.dtype(t.raw_dtype))
             raw = raw.reshape(t.raw_shape)
             array = dequantize(raw, GGMLQuantizationType(t.qtype)).reshape(t.shape)
             if unpermute and ".attn_q." in t.name:
@@ -99,7 +120,7 @@ def gguf_weights(index: GGUFIndex) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def hf_name(gguf_name: str) -> str:
-    """"blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"."""
+    """ "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"."""
     if gguf_name in _TOP:
         return _TOP[gguf_name]
     blk, layer, kind, suffix = gguf_name.split(".")
@@ -125,8 +146,10 @@ def _cache_path(path: Path) -> Path:
 
 
 def _save(cached: Path, index: GGUFIndex) -> None:
-    data = {"config": dataclasses.asdict(index.config),
-            "tensors": [dataclasses.asdict(t) for t in index.tensors]}
+    data = {
+        "config": dataclasses.asdict(index.config),
+        "tensors": [dataclasses.asdict(t) for t in index.tensors],
+    }
     tmp = cached.with_name(f"{cached.name}.tmp{os.getpid()}")
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
@@ -144,5 +167,6 @@ def _index_from_json(path: Path, data: dict) -> GGUFIndex:
     cfg["eos_token_ids"] = tuple(cfg["eos_token_ids"])
     tensors = tuple(
         GGUFTensor(**{**t, "shape": tuple(t["shape"]), "raw_shape": tuple(t["raw_shape"])})
-        for t in data["tensors"])
+        for t in data["tensors"]
+    )
     return GGUFIndex(path, ModelConfig(**cfg), tensors)

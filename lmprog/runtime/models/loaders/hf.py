@@ -12,8 +12,10 @@ from safetensors import safe_open
 def safetensors_weights(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
-        raise ValueError(f"no *.safetensors files in {folder}; convert the checkpoint to "
-                         "safetensors (or load a GGUF)")
+        raise ValueError(
+            f"no *.safetensors files in {folder}; convert the checkpoint to "
+            "safetensors (or load a GGUF)"
+        )
     for path in files:
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
