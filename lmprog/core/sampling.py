@@ -7,6 +7,7 @@ The DSL's per-call and per-run defaults are merged into it in one place
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,18 +86,72 @@ class SamplingParams:
         _check_int("top_logprobs_num", self.top_logprobs_num, lo=0, hi=20)
 
     def merged(self, overrides: dict[str, Any]) -> SamplingParams:
-        """A copy with every non-None value of `overrides` applied (unknown keys raise)."""
+        """A copy with every non-None value of `overrides` applied (unknown keys raise).
+
+        SGLang's names are accepted too (see `canonical_sampling_names`).
+        """
+        overrides = canonical_sampling_names(overrides)
         unknown = set(overrides) - SAMPLING_FIELDS
         if unknown:
             raise TypeError(
                 f"unknown sampling parameter(s) {sorted(unknown)}; "
-                f"valid ones are {sorted(SAMPLING_FIELDS)}"
+                f"valid ones are {sorted(SAMPLING_FIELDS)} "
+                f"(and SGLang's {sorted(SGLANG_SAMPLING_ALIASES)})"
             )
         changes = {k: v for k, v in overrides.items() if v is not _UNSET}
         return dataclasses.replace(self, **changes) if changes else self
 
 
 SAMPLING_FIELDS: frozenset[str] = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+
+# SGLang's spelling of a sampling field (in run()/run_batch() defaults and sampling_params).
+SGLANG_SAMPLING_ALIASES: dict[str, str] = {"max_new_tokens": "max_tokens"}
+# SGLang sampling keywords with no lmprog field: `return_text_in_logprobs` (lmprog's
+# logprobs always carry the token text) and `logprob_start_len` (prompt logprobs, which
+# gens do not return: only None or -1, SGLang's "none", is accepted).
+_SGLANG_NO_OP = frozenset({"return_text_in_logprobs", "logprob_start_len"})
+
+# Every keyword that names a sampling default: lmprog's fields and SGLang's names.
+SAMPLING_NAMES: frozenset[str] = SAMPLING_FIELDS | SGLANG_SAMPLING_ALIASES.keys() | _SGLANG_NO_OP
+
+
+def canonical_sampling_names(params: dict[str, Any], keep: Collection[str] = ()) -> dict[str, Any]:
+    """`params` with SGLang's names mapped to lmprog's (`max_new_tokens` -> `max_tokens`).
+
+    Keys in `keep` (a program's own parameters) pass unchanged. Raises ValueError when
+    both spellings of one field are given with different values, and for a
+    `logprob_start_len` other than None/-1.
+    """
+    if not any(k in SGLANG_SAMPLING_ALIASES or k in _SGLANG_NO_OP for k in params):
+        return params
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if key in keep:
+            out[key] = value
+            continue
+        if key == "logprob_start_len":
+            if value is not None and value != -1:
+                raise ValueError(
+                    f"logprob_start_len={value!r}: lmprog's gens return no prompt logprobs "
+                    "(only output_token_logprobs); leave it unset"
+                )
+            continue
+        if key == "return_text_in_logprobs":
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"return_text_in_logprobs must be a bool, got {value!r}")
+            continue  # lmprog's logprobs always hold the token text
+        name = SGLANG_SAMPLING_ALIASES.get(key, key)
+        if value is None and name in out:
+            continue
+        if out.get(name) is not None and value is not None and out[name] != value:
+            spellings = [name, *(k for k, v in SGLANG_SAMPLING_ALIASES.items() if v == name)]
+            raise ValueError(
+                f"{' and '.join(spellings)} (SGLang's name for it) are both given, with "
+                f"different values {out[name]!r} and {value!r}; give one of them"
+            )
+        if value is not None or name not in out:
+            out[name] = value
+    return out
 
 
 def _check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> None:

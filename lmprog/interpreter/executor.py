@@ -13,8 +13,9 @@ Text offsets used for messages and var scopes are offsets into the state's full 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lmprog.core.chat import ChatTemplate
@@ -22,7 +23,7 @@ from lmprog.core.errors import BackendError, ConstraintError
 from lmprog.core.protocol import Backend, GenerateRequest, GenerateResult, ScoreRequest, ScoreResult
 from lmprog.core.sampling import SamplingParams
 from lmprog.interpreter.api_spec import ApiSpeculator
-from lmprog.interpreter.record import StateRecord
+from lmprog.interpreter.record import Parsed, StateRecord
 from lmprog.lang.ir import (
     Fork,
     Gen,
@@ -68,6 +69,7 @@ class ForkSnapshot:
     messages: list[dict[str, str]]
     message_count: int
     open_message: tuple[str, int] | None
+    parsed: dict[str, Any] = field(default_factory=dict)
 
 
 class NodeExecutor:
@@ -178,7 +180,8 @@ class NodeExecutor:
         if len(result.text) > len(done):
             self._record.append(result.text[len(done) :], captures)
         if node.name is not None:
-            self._record.set_var(node.name, _parse(node, result), result.meta_info())
+            value, parsed = _parse(node, result)
+            self._record.set_var(node.name, value, result.meta_info(), parsed)
 
     def _generate(
         self, request: GenerateRequest, captures: tuple[str, ...]
@@ -253,11 +256,12 @@ class NodeExecutor:
                 list(record.messages),
                 self._message_count,
                 self._open_message,
+                dict(record.parsed),
             )
 
     def restore(self, snap: ForkSnapshot) -> None:
         """Become a copy of the forked parent (called once, before any step)."""
-        self._record.restore(snap.text, snap.variables, snap.meta, snap.messages)
+        self._record.restore(snap.text, snap.variables, snap.meta, snap.messages, snap.parsed)
         self._message_count = snap.message_count
         self._open_message = snap.open_message
 
@@ -278,6 +282,7 @@ class NodeExecutor:
                     name,
                     [c.variables.get(name) for c in children],
                     [c.meta.get(name) for c in children],
+                    [c.parsed.get(name) for c in children],
                 )
             return
         for child in children:
@@ -288,22 +293,45 @@ class NodeExecutor:
                 self._record.add_message(message["role"], message["content"])
 
 
-def _parse(node: Gen, result: GenerateResult) -> Any:
-    """The variable's value: the text, or what the constraint parses it into."""
+def _parse(node: Gen, result: GenerateResult) -> tuple[Any, Parsed | None]:
+    """The variable's value (the text, or a dtype's parsed value) and what `parsed()` gives.
+
+    A constrained gen cut short at max_tokens keeps its partial text as the value (as
+    SGLang does; finish_reason "length" in its meta info); `parsed()` then raises. Output
+    that does not parse although the gen finished is the backend's fault: ConstraintError.
+    """
     if node.constraint is None:
-        return result.text
+        return result.text, None
     try:
-        return node.constraint.parse(result.text)
+        value = node.constraint.parse(result.text)
     except (TypeError, ValueError) as e:
-        hint = (
-            " It stopped at max_tokens before the constraint was complete; raise max_tokens."
-            if result.finish_reason == "length"
-            else ""
-        )
+        where = f"gen({node.name!r}, {node.constraint_spec})"
+        if result.finish_reason == "length":
+            return result.text, Parsed(
+                error=f"{where} stopped at max_tokens (finish_reason 'length') before its "
+                f"constraint was complete, so its text {result.text!r} does not parse; "
+                "raise max_tokens"
+            )
         raise ConstraintError(
-            f"gen({node.name!r}, {node.constraint_spec}): the output {result.text!r} does not parse: "
-            f"{result.message or e}.{hint}"
+            f"{where}: the output {result.text!r} does not parse: {result.message or e}"
         ) from e
+    return value, _typed(node, result.text, value)
+
+
+def _typed(node: Gen, text: str, value: Any) -> Parsed:
+    """`parsed()` of a constrained gen whose text matched: the JSON value (a pydantic
+    instance for a model class), else the constraint's value (a dtype's int/float/bool/str)."""
+    if getattr(node.constraint, "kind", None) != "json_schema":
+        return Parsed(value)
+    try:
+        if node.schema_class is not None and hasattr(node.schema_class, "model_validate_json"):
+            return Parsed(node.schema_class.model_validate_json(text))
+        return Parsed(json.loads(text))
+    except ValueError as e:  # json's and pydantic's errors are ValueErrors
+        return Parsed(
+            error=f"gen({node.name!r}, json_schema) matched the schema's grammar but does not "
+            f"validate as {getattr(node.schema_class, '__name__', 'JSON')}: {e}"
+        )
 
 
 def render_nodes(nodes: tuple[Node, ...], template: TemplateSource) -> str:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, overload
 
 from lmprog.core.protocol import Backend
+from lmprog.core.sampling import canonical_sampling_names
 from lmprog.interpreter import run as _run
 from lmprog.interpreter.defaults import resolve_backend
 from lmprog.interpreter.state import ProgramState
@@ -27,9 +28,9 @@ class Function(Program):
         """Run the program once and return its state.
 
         Positional and keyword arguments go to the program; keyword arguments that are
-        sampling fields (`temperature=0`, `max_tokens=64`, ...) and not program parameters
-        become defaults for every gen. Without `stream`, returns when the program is done
-        and re-raises its exception. With `stream=True`, returns at once (the program runs
+        sampling fields (`temperature=0`, `max_tokens=64`, ...; SGLang's `max_new_tokens`
+        too) and not program parameters become defaults for every gen. Without `stream`,
+        returns when the program is done and re-raises its exception. With `stream=True`, returns at once (the program runs
         in a background thread): read it with `state.text_iter(...)`.
         """
         if not isinstance(stream, bool):
@@ -95,7 +96,13 @@ class Function(Program):
                     f"run_batch() item {i} must be a dict of arguments, got {type(item).__name__}"
                 )
             try:
-                calls.append(self.prepare_call((), {**sampling, **item}))
+                # SGLang's names first, so that an item's own max_tokens wins over max_new_tokens
+                names = self._names
+                merged = {
+                    **canonical_sampling_names(sampling, names),
+                    **canonical_sampling_names(item, names),
+                }
+                calls.append(self.prepare_call((), merged))
             except (TypeError, ValueError) as e:
                 raise type(e)(f"run_batch() item {i}: {e}") from None
         return calls

@@ -16,9 +16,22 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 Captures = tuple[str, ...]  # the variables a piece of text belongs to
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A constrained gen's parsed value (`state.parsed(name)`), or why it has none.
+
+    `error` is None when the text parsed; otherwise it says why not (e.g. the gen stopped
+    at max_tokens inside the constraint) and `value` is unused.
+    """
+
+    value: Any = None
+    error: str | None = None
 
 
 class StateRecord:
@@ -30,6 +43,8 @@ class StateRecord:
         self.length = 0  # len(text), kept without joining
         self.variables: dict[str, Any] = {}
         self.meta: dict[str, Any] = {}
+        # constrained gens' parsed values (a list of them for a gathered fork variable)
+        self.parsed: dict[str, Parsed | list[Parsed | None]] = {}
         self.messages: list[dict[str, str]] = []
         self.new_names: dict[
             str, None
@@ -53,10 +68,16 @@ class StateRecord:
             self.length += len(piece)
             self._notify()
 
-    def set_var(self, name: str, value: Any, meta: Any) -> None:
+    def set_var(
+        self, name: str, value: Any, meta: Any, parsed: Parsed | list[Any] | None = None
+    ) -> None:
         with self.cond:
             self.variables[name] = value
             self.meta[name] = meta
+            if parsed is None:
+                self.parsed.pop(name, None)
+            else:
+                self.parsed[name] = parsed
             if self._pending.get(name):
                 self._pending[name] -= 1
             self.new_names[name] = None
@@ -73,6 +94,7 @@ class StateRecord:
         variables: dict[str, Any],
         meta: dict[str, Any],
         messages: list[dict[str, str]],
+        parsed: dict[str, Any] | None = None,
     ) -> None:
         """Start as a copy of a parent at a fork (before any step of this state ran)."""
         with self.cond:
@@ -82,6 +104,7 @@ class StateRecord:
             self.length = self.origin_text_len = len(text)
             self.variables.update(variables)
             self.meta.update(meta)
+            self.parsed.update(parsed or {})
             self.messages.extend(messages)
             self.origin_messages_len = len(messages)
             self._notify()

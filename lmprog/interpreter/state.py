@@ -13,10 +13,11 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from lmprog.core.errors import ConstraintError
 from lmprog.core.protocol import Backend
 from lmprog.core.sampling import SamplingParams
 from lmprog.interpreter.executor import NodeExecutor, TemplateSource
-from lmprog.interpreter.record import StateRecord
+from lmprog.interpreter.record import Parsed, StateRecord
 from lmprog.interpreter.worker import ForkPoint, Worker
 from lmprog.lang.ir import ArgRef, Fork, Join
 from lmprog.lang.state import FrontendState, Inherited, Step
@@ -41,6 +42,7 @@ class ProgramState(FrontendState):
         state["answer"]             the variable's value (waits until it is ready)
         state.text()                the whole text, chat markup included
         state.messages()            [{"role": "user", "content": ...}, ...]
+        state.parsed("answer")      a typed/json_schema gen's parsed value (pydantic, dict, int)
         state.get_meta_info("answer")
                                     prompt/completion/cached token counts, finish reason,
                                     logprobs (gen) or per-choice scores (select)
@@ -137,6 +139,27 @@ class ProgramState(FrontendState):
         with self._record.cond:
             return self._record.meta.get(name, {})
 
+    def parsed(self, name: str) -> Any:
+        """The parsed value of variable `name` (waits like `s[name]`).
+
+        For `gen(name, json_schema=Model)` with a pydantic model class: a `Model` instance;
+        with a dict or JSON-string schema: the dict/list/...; for `dtype=int|float|bool|str`:
+        the int/float/bool/str; for a regex gen, a plain gen or a select: the text, as
+        `s[name]`; a gathered fork variable: a list with one entry per copy. `s[name]`
+        itself is the text, as in SGLang (a dtype gen's parsed value when it parsed).
+
+        Raises `lp.ConstraintError` (naming the variable and the finish reason) when the
+        text does not parse, e.g. a gen cut short at max_tokens inside its constraint: its
+        `s[name]` is then the partial text and its meta info says finish_reason "length".
+        """
+        value = self[name]
+        with self._record.cond:
+            entry = self._record.parsed.get(name)
+        if isinstance(entry, list):
+            values = value if isinstance(value, list) else [None] * len(entry)
+            return [_resolve(e, v) for e, v in zip(entry, values)]
+        return _resolve(entry, value)
+
     def sync(self) -> None:
         """Wait until every append so far has run; raise the program's error if it failed."""
         error = self._record.wait_idle()
@@ -206,6 +229,14 @@ class ProgramState(FrontendState):
         return (
             f"<ProgramState {status}, {record.length} chars, variables {sorted(record.variables)}>"
         )
+
+
+def _resolve(entry: Parsed | None, value: Any) -> Any:
+    if entry is None:
+        return value
+    if entry.error is not None:
+        raise ConstraintError(entry.error)
+    return entry.value
 
 
 def _check_var(var: object) -> None:

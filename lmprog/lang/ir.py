@@ -15,7 +15,7 @@ turns it into its leaves, so graphs and the interpreter never see it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from lmprog.core.sampling import SamplingParams
@@ -129,13 +129,15 @@ class Gen(Expr):
     `overrides` holds only the sampling fields the call set explicitly, as sorted
     (field, value) pairs; `sampling_params` merges them over the run's defaults.
     `constraint` is an `lmprog.fsm.Constraint` or None; `constraint_spec` says how it was
-    asked for ("regex", "json_schema", "dtype=int") for printing.
+    asked for ("regex", "json_schema", "dtype=int") for printing. `schema_class` is the
+    pydantic model class given as json_schema, if any (what `state.parsed(name)` builds).
     """
 
     name: str | None
     overrides: tuple[tuple[str, Any], ...] = ()
     constraint: Any = None
     constraint_spec: str | None = None
+    schema_class: Any = field(default=None, compare=False)
 
     def sampling_params(self, defaults: SamplingParams) -> SamplingParams:
         """The one place where a gen's own arguments meet the run's defaults."""

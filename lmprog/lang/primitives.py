@@ -62,9 +62,11 @@ def gen(
     At most one constraint:
       - `regex="..."`: the output matches the regular expression exactly;
       - `json_schema=`: a dict, a JSON string or a pydantic model class; the output is JSON
-        valid under it;
+        valid under it; the variable holds the text, `state.parsed(name)` the dict or model;
       - `dtype=int | float | bool | str`: the output is a literal of that type and the
-        variable holds the parsed Python value (`s["n"]` is an int for `dtype=int`);
+        variable holds the parsed Python value (`s["n"]` is an int for `dtype=int`).
+        A constrained gen cut short at max_tokens holds its partial text instead (finish
+        reason "length" in its meta info), as in SGLang; `state.parsed(name)` then raises;
       - `choices=[...]`: behaves exactly like `lp.select(name, choices)`.
 
     Raises TypeError/ValueError for a bad argument (e.g. `max_tokens < min_tokens`) and
@@ -95,7 +97,8 @@ def gen(
     if choices is not None:
         return select(name, choices)
     constraint, spec = _build_constraint(regex, json_schema, dtype)
-    return Gen(name, overrides, constraint, spec)
+    schema_class = json_schema if isinstance(json_schema, type) else None  # a pydantic model
+    return Gen(name, overrides, constraint, spec, schema_class)
 
 
 def select(

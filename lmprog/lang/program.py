@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from lmprog.core.sampling import SAMPLING_FIELDS, SamplingParams
+from lmprog.core.sampling import SAMPLING_FIELDS, SAMPLING_NAMES, SamplingParams
 from lmprog.lang.graph import Graph
 from lmprog.lang.tracer import Arg, trace_program
 
@@ -93,7 +93,7 @@ class Program:
         for key, value in {**self._bound, **kwargs}.items():
             if key in self._names:
                 call[key] = value
-            elif key in SAMPLING_FIELDS:
+            elif key in SAMPLING_NAMES:
                 sampling[key] = value
             elif self._takes_any_keyword:
                 call[key] = value

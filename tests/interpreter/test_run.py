@@ -186,12 +186,24 @@ def test_constrained_gen_variables_hold_parsed_values():
 
 
 def test_unparseable_constrained_output_is_a_constraint_error():
+    # finished (at a stop), not cut short at max_tokens: the backend broke the constraint
+    @lp.function
+    def number(s):
+        s += ir.Gen("n", (("stop", ("\n",)),), IntConstraint(), "dtype=int")
+
+    with pytest.raises(lp.ConstraintError, match="does not parse"):
+        number.run(backend=FakeBackend(responder=lambda r: "4x\n"))
+
+
+def test_a_constrained_gen_cut_short_keeps_its_text_and_parsed_raises():
     @lp.function
     def number(s):
         s += ir.Gen("n", (), IntConstraint(), "dtype=int")
 
-    with pytest.raises(lp.ConstraintError, match="does not parse"):
-        number.run(backend=FakeBackend(responder=lambda r: "4x"))
+    state = number.run(backend=FakeBackend(responder=lambda r: "4x"))  # finish_reason "length"
+    assert state["n"] == "4x"
+    with pytest.raises(lp.ConstraintError, match="finish_reason 'length'"):
+        state.parsed("n")
 
 
 def test_dtype_gens_parse_through_lmprog_fsm():

@@ -1,0 +1,108 @@
+"""SGLang's constrained gens: text in `s[name]`, partial text when cut short, and
+lmprog's `state.parsed(name)` for the typed value (issue 15: difference 6, typed results)."""
+
+import pydantic
+import pytest
+from fakes import FakeBackend
+
+import lmprog as sgl  # as an SGLang program imports it
+
+
+class Capital(pydantic.BaseModel):
+    name: str
+    population: int
+
+
+def answering(*texts):
+    """A backend that answers each gen with the next text (finish_reason "length")."""
+    it = iter(texts)
+    return FakeBackend(responder=lambda r: next(it))
+
+
+def test_a_pydantic_json_schema_gen_returns_text_and_parses_to_the_model():
+    @sgl.function
+    def capital(s, country):
+        s += f"The capital of {country} as JSON: "
+        s += sgl.gen("json_output", max_tokens=64, json_schema=Capital)
+
+    text = '{"name": "Paris", "population": 2100000}'
+    state = capital.run(country="France", backend=answering(text))
+    assert state["json_output"] == text
+    assert state.parsed("json_output") == Capital(name="Paris", population=2100000)
+
+
+def test_a_dict_schema_parses_to_the_dict_and_dtypes_to_their_values():
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+
+    @sgl.function
+    def typed(s):
+        s += "json: " + sgl.gen("j", json_schema=schema) + "\n"
+        s += "int: " + sgl.gen("i", dtype=int) + "\n"
+        s += "float: " + sgl.gen("f", dtype=float) + "\n"
+        s += "bool: " + sgl.gen("b", dtype=bool) + "\n"
+        s += "str: " + sgl.gen("t", dtype=str) + "\n"
+        s += "regex: " + sgl.gen("r", regex=r"[a-z]+") + "\n"
+        s += "free: " + sgl.gen("g", max_tokens=4)
+
+    state = typed.run(backend=answering('{"ok": true}', "17", "2.5", "false", '"hi"', "abc", "x y"))
+    assert state["j"] == '{"ok": true}' and state.parsed("j") == {"ok": True}
+    assert state.parsed("i") == 17 and state.parsed("f") == 2.5 and state.parsed("b") is False
+    assert state.parsed("t") == "hi"
+    assert state.parsed("r") == "abc" and state.parsed("g") == "x y"  # unconstrained: the text
+
+
+def test_a_string_gen_cut_short_returns_its_partial_text_with_finish_reason_length():
+    @sgl.function
+    def tip(s):
+        s += "Tip: " + sgl.gen("tip", max_tokens=3, dtype=str)
+        s += "\nDone."  # the program goes on after the cut-short gen
+
+    state = tip.run(backend=answering('"Drink water and'))
+    assert state["tip"] == '"Drink water and'
+    assert state.text() == 'Tip: "Drink water and\nDone.'
+    assert state.get_meta_info("tip")["finish_reason"] == "length"
+    assert state.error() is None
+    with pytest.raises(sgl.ConstraintError, match=r"'tip'.*finish_reason 'length'"):
+        state.parsed("tip")
+
+
+def test_a_json_schema_gen_cut_short_inside_the_quotes_keeps_its_text():
+    @sgl.function
+    def capital(s):
+        s += sgl.gen("json_output", max_tokens=8, json_schema=Capital)
+
+    state = capital.run(backend=answering('{"name": "Par'))
+    assert state["json_output"] == '{"name": "Par'
+    assert state.get_meta_info("json_output")["finish_reason"] == "length"
+    with pytest.raises(sgl.ConstraintError, match="json_output.*max_tokens"):
+        state.parsed("json_output")
+
+
+def test_output_that_does_not_parse_although_the_gen_stopped_is_still_an_error():
+    @sgl.function
+    def number(s):
+        s += sgl.gen("n", dtype=int, stop="\n")
+
+    with pytest.raises(sgl.ConstraintError, match="does not parse"):
+        number.run(backend=answering("4x\n"))
+
+
+def test_parsed_values_follow_forks_and_gather():
+    @sgl.function
+    def forked(s):
+        forks = s.fork(2)
+        for f in forks:
+            f += sgl.gen("n", dtype=int)
+        forks.join(mode="gather")
+
+    state = forked.run(backend=answering("1", "2"))
+    assert sorted(state.parsed("n")) == [1, 2]
+
+
+def test_parsed_of_an_unknown_variable_is_a_key_error():
+    @sgl.function
+    def plain(s):
+        s += "hi"
+
+    with pytest.raises(KeyError, match="nope"):
+        plain.run(backend=FakeBackend()).parsed("nope")
