@@ -17,7 +17,7 @@ from functools import lru_cache
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import json_schema
 from lmprog.fsm.dtypes import resolve_dtype
-from lmprog.fsm.regex import alt, compile_user_regex, lit
+from lmprog.fsm.regex import alt, check_not_only_empty, compile_user_regex, lit
 
 KINDS = ("regex", "json_schema", "choices", "dtype")
 
@@ -55,7 +55,9 @@ class Constraint:
     def from_regex(cls, pattern: str) -> Constraint:
         """A Python-style regex matched against the whole output (leading ``^``/trailing ``$``
         are allowed and redundant; ``\\d \\w \\s`` are ASCII classes)."""
-        return cls("regex", compile_user_regex(pattern), pattern)
+        emitted = compile_user_regex(pattern)
+        check_not_only_empty(pattern)
+        return cls("regex", emitted, pattern)
 
     @classmethod
     def from_json_schema(

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 STATE_CACHE_SIZE = 4096  # per index and per cache name; beyond this the oldest entries go
 ALLOWED_CACHE_SIZE = 512  # allowed-id arrays: up to 192 kB each on a 49k vocabulary
+EMPTY_START = -2  # the initial state of a pattern that matches "" (TokenIndex.__init__)
 
 
 class TokenIndex:
@@ -48,11 +49,18 @@ class TokenIndex:
     read-only and shared: never write into them.
     """
 
-    def __init__(self, pattern: str, vocab: TokenVocab, index: Any) -> None:
+    def __init__(
+        self, pattern: str, vocab: TokenVocab, index: Any, accepts_empty: bool = False
+    ) -> None:
+        """index: the outlines-core Index of the pattern, or, when `accepts_empty` (the
+        pattern matches the empty string, which an end-anchored Index cannot start with), of
+        its non-empty matches; the guide then starts in EMPTY_START, that index's initial
+        state made accepting."""
         self.pattern = pattern
         self.vocab = vocab
         self._index = index
-        self.initial_state: int = index.get_initial_state()
+        self._start: int = index.get_initial_state()
+        self.initial_state: int = EMPTY_START if accepts_empty else self._start
         self._finals = frozenset(index.get_final_states())
         self._caches: dict[Hashable, _BoundedCache] = {}
         self._lock = threading.Lock()
@@ -98,9 +106,11 @@ class TokenIndex:
         return self.vocab.size
 
     def is_accepting(self, state: int) -> bool:
-        return state in self._finals
+        return state in self._finals or state == EMPTY_START
 
     def next_state(self, state: int, token_id: int) -> int | None:
+        if state == EMPTY_START:  # (EOS: None, as outlines-core answers in a match state)
+            state = self._start
         return self._index.get_next_state(state, token_id)
 
     def allowed_ids(self, state: int) -> np.ndarray:
@@ -108,7 +118,11 @@ class TokenIndex:
         cache = self.state_cache("allowed", ALLOWED_CACHE_SIZE)
         ids = cache.get(state)
         if ids is None:
-            ids = np.array(self._index.get_allowed_tokens(state), dtype=np.int32)
+            if state == EMPTY_START:
+                ids = np.union1d(self.allowed_ids(self._start), [self.vocab.eos_token_id])
+                ids = ids.astype(np.int32)
+            else:
+                ids = np.array(self._index.get_allowed_tokens(state), dtype=np.int32)
             ids.sort()
             ids.flags.writeable = False
             cache.put(state, ids)
@@ -175,8 +189,10 @@ def _lookup(constraint: Any, tokenizer: Any, disk: bool, inline: bool) -> Future
     key = _key(pattern, vocab)
 
     def build() -> tuple[TokenIndex, int]:
-        index, nbytes = _load_or_build(key, pattern, vocab, index_cache.disk_enabled(disk))
-        return TokenIndex(pattern, vocab, index), nbytes
+        index, accepts_empty, nbytes = _load_or_build(
+            key, pattern, vocab, index_cache.disk_enabled(disk)
+        )
+        return TokenIndex(pattern, vocab, index, accepts_empty), nbytes
 
     return _CACHE.lookup(key, build, inline)
 
@@ -187,7 +203,7 @@ def _key(pattern: str, vocab: TokenVocab) -> str:
     return h.hexdigest()[:32]
 
 
-_FORMAT = "end-anchored-1"  # bump when _compile changes what an index means
+_FORMAT = "end-anchored-2"  # bump when _compile changes what an index means
 _OUTLINES_VERSION: list[str] = []
 
 
@@ -199,25 +215,29 @@ def _outlines_version() -> str:
     return _OUTLINES_VERSION[0]
 
 
-def _load_or_build(key: str, pattern: str, vocab: TokenVocab, disk: bool) -> tuple[Any, int]:
-    """(outlines-core Index, its serialized size, which sizes the memory cache)."""
+def _load_or_build(key: str, pattern: str, vocab: TokenVocab, disk: bool) -> tuple[Any, bool, int]:
+    """(outlines-core Index, whether the pattern matches "", the serialized size, which sizes
+    the memory cache). On disk: one flag byte (b"1": matches ""), then the Index."""
     from outlines_core import Index
 
     data = index_cache.read(key) if disk else None
-    if data is not None:
+    if data is not None and data[:1] in (b"0", b"1"):
         try:
-            return Index.from_binary(data), len(data)
+            return Index.from_binary(data[1:]), data[:1] == b"1", len(data)
         except Exception:  # noqa: BLE001 - corrupt or foreign file: rebuild and overwrite it below
             pass
-    index = _compile(pattern, vocab)
+    index, accepts_empty = _compile(pattern, vocab)
     _, (data,) = index.__reduce__()
     if disk:
-        index_cache.write(key, data)
-    return index, len(data)
+        index_cache.write(key, (b"1" if accepts_empty else b"0") + data)
+    return index, accepts_empty, len(data) + 1
 
 
-def _compile(pattern: str, vocab: TokenVocab) -> Any:
-    """outlines-core Index of the pattern anchored at the end of text.
+def _compile(pattern: str, vocab: TokenVocab) -> tuple[Any, bool]:
+    """(outlines-core Index of the pattern anchored at the end of text, False), or, for a
+    pattern that matches the empty string (an end-anchored Index cannot start in a match
+    state: "anchored universal start state doesn't exist"), (the Index of its non-empty
+    matches, True).
 
     Why `\\z`: outlines-core 0.2.x walks an unanchored regex-automata DFA whose match states
     are delayed by one byte, and drops every token that *crosses* a point where the text is a
@@ -228,14 +248,28 @@ def _compile(pattern: str, vocab: TokenVocab) -> Any:
     from outlines_core import Index
 
     try:
-        return Index(f"(?:{pattern})\\z", vocab.outlines_vocabulary)
+        return Index(f"(?:{pattern})\\z", vocab.outlines_vocabulary), False
     except ValueError as exc:
         message = str(exc)
+        if "universal start state" in message:
+            rest = _nonempty_part(pattern)
+            if rest is not None:
+                return _compile(rest, vocab)[0], True
         if "incompatible with the regex" in message:
             raise ConstraintError(
                 f"no sequence of this tokenizer's tokens can spell a match of {_short(pattern)}: {message}"
             ) from None
         raise ConstraintError(f"cannot compile the regex {_short(pattern)}: {message}") from None
+
+
+def _nonempty_part(pattern: str) -> str | None:
+    """The regex of the non-empty matches of `pattern` (None if it matches only "")."""
+    from lmprog.fsm.regex import emit, parse_regex
+    from lmprog.fsm.regex.syntax import nonempty
+
+    node = nonempty(parse_regex(pattern, "python").whole())
+    out = None if node is None else emit(node)
+    return None if out is None else out.text
 
 
 def _short(pattern: str) -> str:

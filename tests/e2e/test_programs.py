@@ -92,3 +92,18 @@ def test_errors_raise_at_their_call_and_the_backend_serves_on(backend):
     for state, ref in zip((states[0], states[2]), alone):
         got = [t.token_id for t in state.get_meta_info("count")["output_token_logprobs"]]
         assert_greedy_agrees(got, [t.token_id for t in ref], top2_logprobs(ref), 0.5)
+
+
+@lp.function
+def optional_digits(s):
+    s += lp.user("Give a number, or nothing.")
+    s += lp.assistant(lp.gen("n", regex=r"[0-9]*", max_tokens=4, temperature=0))
+
+
+def test_a_regex_that_matches_the_empty_string_runs(backend):
+    import re
+
+    value = optional_digits.run(backend=backend)["n"]
+    assert re.fullmatch(r"[0-9]*", value)
+    with pytest.raises(lp.ConstraintError, match="only the empty string"):
+        lp.gen("x", regex="")

@@ -124,6 +124,40 @@ def test_finished_state_allows_only_eos():
     assert index.is_finished(end) and index.allowed_ids(end).tolist() == [3]
 
 
+def accepted_by_walk(index, text: bytes) -> bool:
+    """Whether the guide takes `text` one byte-token at a time (ABC's a/b) and then EOS."""
+    guide = index.new_guide()
+    for byte in text:
+        token = {ord("a"): 0, ord("b"): 1}[byte]
+        if not guide.is_allowed(token):
+            return False
+        guide.advance(token)
+    return guide.can_stop() and ABC.eos_token_id in guide.allowed_token_ids().tolist()
+
+
+@pytest.mark.parametrize("pattern", ["a*", "(ab)?", "(ab)*b?", "a*b|", "(a?){2,3}b?"])
+def test_patterns_matching_the_empty_string_start_accepting(pattern):
+    """outlines-core cannot build an end-anchored index that starts in a match state; the
+    index of the non-empty matches with an accepting start stands in for it, exactly."""
+    import itertools
+    import re
+
+    index = TokenIndex.get(pattern, ABC)
+    start = index.initial_state
+    assert index.is_accepting(start) and ABC.eos_token_id in index.allowed_ids(start).tolist()
+    for n in range(6):
+        for letters in itertools.product("ab", repeat=n):
+            text = "".join(letters)
+            expected = re.fullmatch(pattern, text) is not None
+            assert accepted_by_walk(index, text.encode()) == expected, (pattern, text)
+    clear_memory_cache()  # the same from the disk cache (its flag byte says "matches ''")
+    again = TokenIndex.get(pattern, ABC)
+    assert (
+        again.initial_state == start
+        and again.allowed_ids(start).tolist() == index.allowed_ids(start).tolist()
+    )
+
+
 def test_get_accepts_constraint_like_objects_and_validates(toy):
     @dataclass(frozen=True)
     class FakeConstraint:  # the compiler's Constraint exposes .pattern and .cache_key

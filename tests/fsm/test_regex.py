@@ -167,3 +167,33 @@ def test_emitted_pattern_agrees_with_python_and_interegular(pattern):
         assert fsm.accepts(text) == expected
 
     check()
+
+
+NULLABLE = [r"a*", r"(ab)?c*", r"(a|b?)(c|)", r"(a?){2,3}b?", r"(?:x*y?){0,2}", r"a{0}"]
+
+
+@pytest.mark.parametrize("pattern", NULLABLE)
+def test_nonempty_keeps_exactly_the_non_empty_matches(pattern):
+    import itertools
+
+    from lmprog.fsm.regex import emit, parse_regex
+    from lmprog.fsm.regex.syntax import nonempty, nullable
+
+    node = parse_regex(pattern).whole()
+    assert nullable(node)
+    rest = nonempty(node)
+    emitted = None if rest is None else re.compile(emit(rest).text)
+    original = re.compile(pattern)
+    for n in range(6):
+        for text in map("".join, itertools.product("abcxy", repeat=n)):
+            want = text != "" and original.fullmatch(text) is not None
+            got = emitted is not None and emitted.fullmatch(text) is not None
+            assert got == want, (pattern, text)
+
+
+def test_a_regex_matching_only_the_empty_string_is_refused_at_once():
+    from lmprog.fsm.regex import check_not_only_empty
+
+    for pattern in ("", "(?:)", "a{0}", "()*"):
+        with pytest.raises(ConstraintError, match="only the empty string"):
+            check_not_only_empty(pattern)

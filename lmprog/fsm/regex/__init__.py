@@ -36,9 +36,11 @@ from lmprog.fsm.regex.syntax import (
     Repeat,
     emit,
     node_lengths,
+    nonempty,
 )
 
 __all__ = [
+    "check_not_only_empty",
     "ANY_CHAR",
     "MAX_CP",
     "CharSet",
@@ -76,6 +78,16 @@ def compile_user_regex(pattern: str) -> str:
     if out is None:
         raise ConstraintError(f"regex {pattern!r} matches no string")
     return out.text
+
+
+def check_not_only_empty(pattern: str) -> None:
+    """ConstraintError if a user's regex for a gen matches the empty string alone (the gen
+    could output nothing)."""
+    if nonempty(parse_regex(pattern, "python").whole()) is None:
+        raise ConstraintError(
+            f"regex {pattern!r} matches only the empty string, so the gen could output "
+            "nothing; drop the constraint or give a pattern with non-empty matches"
+        )
 
 
 def value_matcher(parsed: ParsedRegex) -> re.Pattern:

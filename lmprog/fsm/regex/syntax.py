@@ -79,6 +79,42 @@ def node_lengths(node: Node) -> tuple[int, int | None]:
     return min(lo for lo, _ in subs), None if None in his else max(his)  # type: ignore[type-var]
 
 
+def nullable(node: Node) -> bool:
+    """Whether the node matches the empty string."""
+    return node_lengths(node)[0] == 0
+
+
+def nonempty(node: Node) -> Node | None:
+    """A node matching the non-empty strings of `node` (None: it matches only the empty
+    string, or nothing). For an automaton that cannot start in an accepting state."""
+    if isinstance(node, Chars):
+        return node
+    if isinstance(node, Alternation):
+        options = tuple(n for n in map(nonempty, node.options) if n is not None)
+        return Alternation(options) if options else None
+    if isinstance(node, Concat):
+        if not node.parts:
+            return None
+        head, rest = node.parts[0], node.parts[1:]
+        options = []  # AB minus "" = (A minus "") B | B minus "" where A matches ""
+        first = nonempty(head)
+        if first is not None:
+            options.append(Concat((first, *rest)))
+        if nullable(head) and rest:
+            tail = nonempty(Concat(rest))
+            if tail is not None:
+                options.append(tail)
+        return options[0] if len(options) == 1 else Alternation(tuple(options)) if options else None
+    inner = nonempty(node.node)
+    if inner is None or node.hi == 0:
+        return None
+    if node.lo >= 1 and not nullable(node.node):
+        return node
+    # X{lo,hi} minus "": the first non-empty piece, then at least lo - 1 more (X matches "")
+    hi = None if node.hi is None else node.hi - 1
+    return Concat((inner, Repeat(node.node, max(node.lo - 1, 0), hi)))
+
+
 def emit(node: Node, chars: Callable[[CharSet], R | None] = charset_regex) -> R | None:
     """The regex of an AST; ``chars`` maps one character set to the fragment matching it."""
     if isinstance(node, Chars):
