@@ -67,17 +67,24 @@ class Constraint:
         whitespace: str | None = None,
         max_recursion_depth: int = json_schema.DEFAULT_RECURSION_DEPTH,
         any_depth: int = json_schema.DEFAULT_ANY_DEPTH,
+        max_schema_depth: int = json_schema.DEFAULT_MAX_SCHEMA_DEPTH,
+        max_pattern_chars: int = json_schema.DEFAULT_MAX_PATTERN_CHARS,
     ) -> Constraint:
         """A JSON schema (dict, JSON string or pydantic model class); see ``lmprog.fsm.json_schema``
         for the exact language. ``whitespace``: regex allowed between JSON tokens (default
         ``[ ]?``); ``max_recursion_depth``: times a recursive ``$ref`` is unrolled;
-        ``any_depth``: container nesting of values under an unconstrained schema."""
+        ``any_depth``: container nesting of values under an unconstrained schema. Limits on
+        the work one schema may ask for (ConstraintError naming the limit past them):
+        ``max_schema_depth`` levels of dicts and lists in the document (default 128),
+        ``max_pattern_chars`` characters of the regex it becomes (default 1,000,000)."""
         document = json_schema.load_schema(schema)
         pattern = json_schema.build_regex(
             document,
             whitespace=whitespace,
             max_recursion_depth=max_recursion_depth,
             any_depth=any_depth,
+            max_schema_depth=max_schema_depth,
+            max_pattern_chars=max_pattern_chars,
         )
         source = json.dumps(document, ensure_ascii=False, default=repr)
         options = (

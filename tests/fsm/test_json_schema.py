@@ -412,3 +412,56 @@ def test_pattern_does_not_depend_on_the_hash_seed():
         for seed in (1, 2, 3)
     }
     assert len(keys) == 1, keys
+
+
+def _nested_arrays(depth):
+    schema = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+def test_a_small_schema_cannot_ask_for_unbounded_work():
+    """Each level of arrays repeats its items in the regex: depth 60 (under 2 kB of schema)
+    once exhausted the memory. The growth stops at max_pattern_chars, where it happens."""
+    import time
+
+    start = time.process_time()
+    with pytest.raises(ConstraintError, match="max_pattern_chars=1,000,000"):
+        Constraint.from_json_schema(_nested_arrays(60))
+    assert time.process_time() - start < 5  # CPU seconds: refused early, not after the blowup
+    assert len(Constraint.from_json_schema(_nested_arrays(10)).pattern) > 10_000
+    with pytest.raises(ConstraintError, match="max_pattern_chars=10,000"):
+        Constraint.from_json_schema(_nested_arrays(10), max_pattern_chars=10_000)
+    assert Constraint.from_json_schema(_nested_arrays(14), max_pattern_chars=10**7).pattern
+
+
+def test_deep_schemas_are_refused_with_the_limit_named():
+    deep = {"type": "integer"}
+    for _ in range(100):
+        deep = {"type": "object", "properties": {"a": deep}}
+    with pytest.raises(ConstraintError, match="max_schema_depth=128"):
+        Constraint.from_json_schema(deep)
+    with pytest.raises(ConstraintError, match="max_schema_depth=128"):
+        Constraint.from_json_schema(json.dumps(deep))
+    with pytest.raises(ConstraintError, match="nests too deeply to parse"):
+        Constraint.from_json_schema("[" * 100_000 + "]" * 100_000)
+    assert Constraint.from_json_schema(deep, max_schema_depth=256).pattern
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="max_schema_depth must be an int"):
+            Constraint.from_json_schema({}, max_schema_depth=bad)
+
+
+def test_deeply_nested_pydantic_models_give_a_constraint_error():
+    import pydantic
+
+    model = None
+    for i in range(60):
+        fields = {"x": (int, ...)} | ({"child": (model, ...)} if model is not None else {})
+        model = pydantic.create_model(f"Level{i}", **fields)
+    try:
+        constraint = Constraint.from_json_schema(model)
+    except ConstraintError as e:
+        assert "nests too deeply" in str(e)
+    else:
+        assert constraint.pattern  # (a pydantic that manages it: then it compiles)

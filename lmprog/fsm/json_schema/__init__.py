@@ -38,10 +38,15 @@ from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.builder import Builder
 from lmprog.fsm.json_schema.emit import Emitter
 from lmprog.fsm.regex import R, compile_user_regex, raw
+from lmprog.fsm.regex.fragments import pattern_limit
 
 DEFAULT_WHITESPACE = r"[ ]?"
 DEFAULT_RECURSION_DEPTH = 3
 DEFAULT_ANY_DEPTH = 1
+# Bounds on the work one schema can ask for: the nesting of the schema document (dicts and
+# lists), and the length of the regex it becomes (which can grow exponentially with nesting)
+DEFAULT_MAX_SCHEMA_DEPTH = 128
+DEFAULT_MAX_PATTERN_CHARS = 1_000_000
 
 __all__ = [
     "build_regex",
@@ -49,6 +54,8 @@ __all__ = [
     "DEFAULT_WHITESPACE",
     "DEFAULT_RECURSION_DEPTH",
     "DEFAULT_ANY_DEPTH",
+    "DEFAULT_MAX_SCHEMA_DEPTH",
+    "DEFAULT_MAX_PATTERN_CHARS",
 ]
 
 
@@ -61,12 +68,33 @@ def load_schema(schema):
             return json.loads(schema)
         except json.JSONDecodeError as e:
             raise ConstraintError(f"json_schema string is not valid JSON: {e}") from None
+        except RecursionError:
+            raise ConstraintError("json_schema string nests too deeply to parse") from None
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        return schema.model_json_schema()
+        try:
+            return schema.model_json_schema()
+        except RecursionError:
+            raise ConstraintError(
+                f"the pydantic model {schema.__name__} nests too deeply for a JSON schema"
+            ) from None
     raise TypeError(
         "json_schema must be a dict, a JSON string or a pydantic model class, "
         f"got {type(schema).__name__}"
     )
+
+
+def _nesting(document, limit: int) -> int:
+    """Depth of dict/list nesting of a JSON document, counted up to limit + 1 (iterative)."""
+    deepest, stack = 0, [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth > limit:
+                return depth
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def build_regex(
@@ -75,20 +103,41 @@ def build_regex(
     whitespace: str | None = None,
     max_recursion_depth: int = DEFAULT_RECURSION_DEPTH,
     any_depth: int = DEFAULT_ANY_DEPTH,
+    max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH,
+    max_pattern_chars: int = DEFAULT_MAX_PATTERN_CHARS,
 ) -> str:
-    """The regex of a JSON schema document; ConstraintError if it has none that is exact."""
-    if not isinstance(max_recursion_depth, int) or max_recursion_depth < 0:
-        raise ValueError("max_recursion_depth must be a non-negative int")
-    if not isinstance(any_depth, int) or any_depth < 0:
-        raise ValueError("any_depth must be a non-negative int")
+    """The regex of a JSON schema document; ConstraintError if it has none that is exact, if
+    the document nests deeper than `max_schema_depth` dicts and lists, or if its regex
+    would grow past `max_pattern_chars` characters."""
+    for name, value, least in (
+        ("max_recursion_depth", max_recursion_depth, 0),
+        ("any_depth", any_depth, 0),
+        ("max_schema_depth", max_schema_depth, 1),
+        ("max_pattern_chars", max_pattern_chars, 1),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
     ws = (
         raw(DEFAULT_WHITESPACE)
         if whitespace is None
         else R(compile_user_regex(whitespace), False, True)
     )
     document = load_schema(schema)
-    node = Builder(document, max_recursion_depth).build(document)
-    out = Emitter(ws, any_depth).node(node)
+    depth = _nesting(document, max_schema_depth)
+    if depth > max_schema_depth:
+        raise ConstraintError(
+            f"the schema nests more than max_schema_depth={max_schema_depth} levels of objects "
+            "and arrays; flatten it or raise max_schema_depth"
+        )
+    try:
+        with pattern_limit(max_pattern_chars):
+            node = Builder(document, max_recursion_depth).build(document)
+            out = Emitter(ws, any_depth).node(node)
+    except RecursionError:
+        raise ConstraintError(
+            "the schema (with its $refs unrolled) nests too deeply to compile; flatten it or "
+            "lower max_recursion_depth"
+        ) from None
     if out is None:
         raise ConstraintError("the schema accepts no JSON value")
     return out.text

@@ -7,8 +7,12 @@ in ``lmprog.fsm.regex``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import NamedTuple
 
+from lmprog.core.errors import ConstraintError
 from lmprog.fsm.regex.charset import SCALARS, SURROGATES, CharSet
 
 
@@ -21,6 +25,32 @@ class R(NamedTuple):
 
 
 EPS = R("", True, False)
+_MAX_CHARS: ContextVar[int | None] = ContextVar("lmprog_max_pattern_chars", default=None)
+
+
+@contextmanager
+def pattern_limit(max_chars: int | None) -> Iterator[None]:
+    """Within the block, a fragment longer than `max_chars` raises ConstraintError (None:
+    no limit). A schema's pattern can grow exponentially with its nesting (each level of
+    arrays repeats its items): this stops the growth where it happens."""
+    token = _MAX_CHARS.set(max_chars)
+    try:
+        yield
+    finally:
+        _MAX_CHARS.reset(token)
+
+
+def _bounded(r: R) -> R:
+    limit = _MAX_CHARS.get()
+    if limit is not None and len(r.text) > limit:
+        raise ConstraintError(
+            f"the constraint's regex grows past max_pattern_chars={limit:,} characters (its "
+            "nesting or alternatives multiply the pattern); simplify the schema or raise "
+            "max_pattern_chars"
+        )
+    return r
+
+
 _META = set(".^$*+?()[]{}|\\")
 _CLASS_META = set("\\]^[-&~")
 
@@ -58,7 +88,7 @@ def cat(*parts: R | None) -> R | None:
         return EPS
     if len(parts) == 1:
         return parts[0]
-    return R("".join(_grouped(p) if p.has_alt else p.text for p in parts), False, False)
+    return _bounded(R("".join(_grouped(p) if p.has_alt else p.text for p in parts), False, False))
 
 
 def alt(*options: R | None) -> R | None:
@@ -71,7 +101,7 @@ def alt(*options: R | None) -> R | None:
     rest = [o for t, o in seen.items() if t]
     if not rest:
         return EPS if has_eps else None
-    body = rest[0] if len(rest) == 1 else R("|".join(o.text for o in rest), False, True)
+    body = rest[0] if len(rest) == 1 else _bounded(R("|".join(o.text for o in rest), False, True))
     return rep(body, 0, 1) if has_eps else body
 
 
@@ -88,7 +118,7 @@ def rep(r: R | None, lo: int, hi: int | None) -> R | None:
     if q is None:
         q = f"{{{lo}}}" if lo == hi else f"{{{lo},}}" if hi is None else f"{{{lo},{hi}}}"
     base = r.text if r.atomic else _grouped(r)
-    return R(base + q, False, False)
+    return _bounded(R(base + q, False, False))
 
 
 def opt(r: R | None) -> R:
