@@ -7,6 +7,7 @@ The DSL's per-call and per-run defaults are merged into it in one place
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
@@ -166,8 +167,8 @@ def _check_int(name: str, value: Any, lo: int | None = None, hi: int | None = No
 def _check_float(name: str, value: Any, lo: float | None = None, hi: float | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if value != value:  # NaN
-        raise ValueError(f"{name} must not be NaN")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
     if lo is not None and value < lo:
         raise ValueError(f"{name} must be >= {lo}, got {value}")
     if hi is not None and value > hi:
