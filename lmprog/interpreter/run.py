@@ -23,15 +23,17 @@ from lmprog.lang.tracer import Arg, trace_program
 _FINISHED = "the program has finished; its state is read-only"
 
 
-def run_body(state: ProgramState, program: Program, call: ProgramCall) -> Exception | None:
-    """Run the program body on `state` in this thread; return its exception, if any.
+def run_body(state: ProgramState, program: Program, call: ProgramCall) -> BaseException | None:
+    """Run the program body on `state` in this thread; return its exception, if any: any
+    BaseException (a SystemExit too) is recorded on the state, never lost, and never
+    escapes a batch's other items.
 
     The state is closed afterwards either way, so its worker drains and finishes.
     """
     state._body_thread = threading.get_ident()
     try:
         program.func(state, *call.args, **call.kwargs)
-    except Exception as e:  # noqa: BLE001 - the program's error, kept on its state
+    except BaseException as e:  # noqa: BLE001 - the program's error, kept on its state
         state._record.fail(e)
         return e
     finally:

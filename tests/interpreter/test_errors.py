@@ -69,6 +69,30 @@ def test_an_exception_in_a_streaming_body_releases_readers_of_undeclared_variabl
         within(5, lambda: state["never_declared"])
 
 
+@lp.function
+def exits_on_two(s, i):
+    s += f"item {i} " + lp.gen("a", max_tokens=2)
+    if i == 2:
+        raise SystemExit("item 2 called sys.exit")
+
+
+def test_a_base_exception_in_one_program_is_kept_on_its_state():
+    """Not only Exception: a SystemExit in one batch item is that item's error; the others
+    keep their results (it used to escape run_batch and lose them all)."""
+    states = within(
+        10, lambda: exits_on_two.run_batch([{"i": i} for i in range(4)], backend=FakeBackend())
+    )
+    assert isinstance(states[2].error(), SystemExit)
+    assert [s.error() for i, s in enumerate(states) if i != 2] == [None] * 3
+    assert all(s["a"] for i, s in enumerate(states) if i != 2)
+    with pytest.raises(SystemExit):  # run() re-raises it, as it does any program error
+        exits_on_two.run(2, backend=FakeBackend())
+    streamed = exits_on_two.run(2, backend=FakeBackend(latency=0.01), stream=True)
+    with pytest.raises(SystemExit):
+        within(5, streamed.sync)
+    assert isinstance(streamed.error(), SystemExit)
+
+
 def test_unknown_variables_raise_key_error_listing_what_exists():
     @lp.function
     def prog(s):
