@@ -9,7 +9,6 @@ compilation run on the context's worker threads.
 
 from __future__ import annotations
 
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -17,14 +16,16 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from lmprog.core.protocol import Backend
 
+from . import jsonbody
 from .chat_completions import create_chat_completion
 from .chat_schemas import ChatCompletionRequest
 from .completions import create_completion
 from .context import ServeContext
-from .errors import APIError, install_handlers, validation_error
+from .errors import APIError, ClientGone, install_handlers, validation_error
 from .gate import Gate
 from .limits import ServerLimits
 from .metrics import ServerMetrics
@@ -62,14 +63,12 @@ def build_app(
     return app
 
 
-async def parse_body(request: Request, model: type[M]) -> M:
-    raw = await request.body()
+async def parse_body(request: Request, model: type[M], max_json_depth: int) -> M:
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise APIError(
-            400, f"the request body is not valid JSON ({exc})", code="invalid_json"
-        ) from None
+        raw = await request.body()
+    except ClientDisconnect:  # gone before its body arrived: nobody to answer
+        raise ClientGone from None
+    data = jsonbody.loads(raw, max_depth=max_json_depth, what="the request body")
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
     try:
@@ -81,13 +80,13 @@ async def parse_body(request: Request, model: type[M]) -> M:
 def _routes(app: FastAPI, ctx: ServeContext) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await create_completion(ctx, await parse_body(request, CompletionRequest), request)
+        body = await parse_body(request, CompletionRequest, ctx.limits.max_json_depth)
+        return await create_completion(ctx, body, request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await create_chat_completion(
-            ctx, await parse_body(request, ChatCompletionRequest), request
-        )
+        body = await parse_body(request, ChatCompletionRequest, ctx.limits.max_json_depth)
+        return await create_chat_completion(ctx, body, request)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

@@ -61,7 +61,10 @@ def _top(body: ChatCompletionRequest) -> int | None:
 def _prepare(ctx: ServeContext, body: ChatCompletionRequest) -> tuple[ToolPlan, str]:
     text = output_constraint(body.response_format, body.regex)
     plan = plan_tools(body.tools, body.tool_choice, text)
-    return plan, render_chat(ctx.template, body.messages, plan.prompt)
+    prompt = render_chat(
+        ctx.template, body.messages, plan.prompt, max_json_depth=ctx.limits.max_json_depth
+    )
+    return plan, prompt
 
 
 class _Reply(ReplyBase):

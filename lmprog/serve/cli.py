@@ -54,7 +54,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     defaults = ServerLimits()
-    for name in ("max_n", "max_tokens", "max_body_bytes", "max_concurrency"):
+    for name in ("max_n", "max_tokens", "max_body_bytes", "max_json_depth", "max_concurrency"):
         p.add_argument(
             "--" + name.replace("_", "-"),
             type=int,
@@ -95,6 +95,7 @@ def serve(args: argparse.Namespace) -> int:
         max_n=args.max_n,
         max_tokens=args.max_tokens,
         max_body_bytes=args.max_body_bytes,
+        max_json_depth=args.max_json_depth,
         max_concurrency=args.max_concurrency,
     )
     try:

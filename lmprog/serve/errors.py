@@ -133,7 +133,11 @@ def install_handlers(app: FastAPI) -> None:
         return exc.response()
 
     @app.exception_handler(ClientGone)
-    async def _gone(_: Request, exc: ClientGone) -> Response:
+    async def _gone(request: Request, exc: ClientGone) -> Response:  # the client's choice
+        log.info(
+            "client disconnected before its response (%s); request cancelled", request.url.path
+        )
+        request.app.state.ctx.metrics.on_client_abort()
         return Response(status_code=499)
 
     @app.exception_handler(RequestValidationError)

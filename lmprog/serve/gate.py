@@ -1,6 +1,7 @@
 """The ASGI layer in front of the routes: API key, body size limit, request metrics.
 
-401  /v1/* and /metrics without `Authorization: Bearer KEY` (when a key is set)
+401  /v1/* and /metrics without `Authorization: Bearer KEY` (when a key is set; the scheme
+     is case-insensitive, RFC 7235: `bearer KEY` too)
 413  a body over the limit (Content-Length checked first, then counted as it arrives)
 """
 
@@ -25,7 +26,7 @@ class Gate:
         self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, metrics: ServerMetrics
     ) -> None:
         self.app = app
-        self._key = f"Bearer {api_key}".encode() if api_key else None
+        self._key = api_key.encode() if api_key else None
         self._max = max_body_bytes
         self._metrics = metrics
 
@@ -55,7 +56,7 @@ class Gate:
     def _refusal(self, scope: Scope) -> APIError | None:
         headers = dict(scope["headers"])
         if self._key is not None and scope["path"] not in OPEN_PATHS:
-            given = headers.get(b"authorization", b"")
+            given = _bearer_token(headers.get(b"authorization", b""))
             if not hmac.compare_digest(given, self._key):
                 return APIError(
                     401,
@@ -79,6 +80,12 @@ class Gate:
             return message
 
         return limited
+
+
+def _bearer_token(header: bytes) -> bytes:
+    """The token of `Bearer TOKEN` (any case of the scheme, spaces between), else b""."""
+    scheme, _, token = header.strip().partition(b" ")
+    return token.lstrip(b" ") if scheme.lower() == b"bearer" else b""
 
 
 def _too_large(limit: int) -> APIError:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """max_body_bytes: request body size (413 above it).
+    """max_body_bytes: request body size (413 above it). max_json_depth: nesting of arrays and
+    objects in a request body, and in the JSON text of a message's tool call arguments (400).
     max_n: choices per prompt (`n`). max_choices: prompts x n of one /v1/completions request.
     max_tokens: largest max_tokens / max_completion_tokens, and chat's default.
     max_stop: stop strings per request. max_logprobs: top_logprobs / completions' logprobs.
@@ -19,6 +20,7 @@ class ServerLimits:
     """
 
     max_body_bytes: int = 2 << 20
+    max_json_depth: int = 64
     max_n: int = 16
     max_choices: int = 64
     max_tokens: int = 4096

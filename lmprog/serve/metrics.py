@@ -47,6 +47,7 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.requests: Counter[tuple[str, int]] = Counter()  # (path, status) -> count
         self.in_flight = 0
+        self.client_aborts = 0  # requests whose client left before the whole response
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.ttft_sum = 0.0
@@ -58,6 +59,9 @@ class ServerMetrics:
         self.requests[(path, status)] += 1
         self.latency_sum += seconds
         self.latency_count += 1
+
+    def on_client_abort(self) -> None:
+        self.client_aborts += 1
 
     def on_usage(self, prompt_tokens: int, completion_tokens: int) -> None:
         self.prompt_tokens += prompt_tokens
@@ -85,6 +89,13 @@ class ServerMetrics:
             "gauge",
             "Requests being served.",
             [("", self.in_flight)],
+        )
+        _family(
+            lines,
+            "lmprog_http_client_aborts_total",
+            "counter",
+            "Requests whose client disconnected before the whole response (not errors).",
+            [("", self.client_aborts)],
         )
         _family(
             lines,

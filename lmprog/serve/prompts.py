@@ -17,14 +17,20 @@ import jinja2
 
 from lmprog.core.chat import ChatTemplate
 
+from . import jsonbody
 from .chat_schemas import ChatMessage, ToolCall
 from .errors import APIError
 
 
 def render_chat(
-    template: ChatTemplate, messages: Sequence[ChatMessage], tools_prompt: str | None
+    template: ChatTemplate,
+    messages: Sequence[ChatMessage],
+    tools_prompt: str | None,
+    *,
+    max_json_depth: int,
 ) -> str:
-    plain = [_plain(m, i) for i, m in enumerate(messages)]
+    """`max_json_depth`: the deepest nesting allowed in a tool call's arguments."""
+    plain = [_plain(m, i, max_json_depth) for i, m in enumerate(messages)]
     if tools_prompt:
         if plain[0]["role"] == "system":
             plain[0] = {"role": "system", "content": f"{plain[0]['content']}\n\n{tools_prompt}"}
@@ -38,11 +44,11 @@ def render_chat(
         ) from None
 
 
-def _plain(message: ChatMessage, index: int) -> dict[str, str]:
+def _plain(message: ChatMessage, index: int, max_json_depth: int) -> dict[str, str]:
     role = "system" if message.role == "developer" else message.role
     text = _text(message.content, index)
     if message.tool_calls:
-        calls = "\n".join(_call_text(c, index) for c in message.tool_calls)
+        calls = "\n".join(_call_text(c, index, max_json_depth) for c in message.tool_calls)
         text = f"{text}\n{calls}" if text else calls
     return {"role": role, "content": text}
 
@@ -64,13 +70,21 @@ def _text(content: str | list[dict[str, Any]] | None, index: int) -> str:
     return "".join(parts)
 
 
-def _call_text(call: ToolCall, index: int) -> str:
+def _call_text(call: ToolCall, index: int, max_json_depth: int) -> str:
+    param = f"messages[{index}].tool_calls"
     try:
-        arguments = json.loads(call.function.arguments)
-    except json.JSONDecodeError:
+        arguments = jsonbody.loads(
+            call.function.arguments,
+            max_depth=max_json_depth,
+            what="tool call arguments",
+            param=param,
+        )
+    except APIError as exc:
+        if exc.code != "invalid_json":  # too deep, too long an integer
+            raise
         raise APIError(
             400,
             f"tool call arguments must be JSON text, got {call.function.arguments[:60]!r}",
-            param=f"messages[{index}].tool_calls",
+            param=param,
         ) from None
     return json.dumps({"name": call.function.name, "arguments": arguments}, ensure_ascii=False)

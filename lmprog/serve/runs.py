@@ -48,8 +48,13 @@ async def respond(
     try:
         if stream:
             await watched(request, group, group.wait_started())
-            return EventStream(reply.stream(group), group.cancel)
+            return EventStream(
+                reply.stream(group), group.cancel, on_abort=reply.ctx.metrics.on_client_abort
+            )
         results = await watched(request, group, group.results())
+    except ClientGone:  # not an error: answered with 499 and counted as a client abort
+        group.cancel()
+        raise
     except Exception as exc:  # noqa: BLE001 - mapped to an HTTP error
         group.cancel()
         raise from_exception(exc, param=param) from None

@@ -1,6 +1,8 @@
 """Request bodies of the OpenAI API as pydantic models (the fields this server knows).
 
 Every model forbids unknown fields: a misspelt parameter is a 400, never silently ignored.
+Types are strict: "5" is not an integer, "yes" or 1 not a boolean (a number field takes an
+integer: `"temperature": 1`).
 Fields of the OpenAI API that this server cannot honour are declared (so their error says
 "not supported" rather than "unrecognized") and rejected by `unsupported_fields`. Extensions
 follow SGLang's OpenAI API: top_k, min_p, min_tokens, ignore_eos, stop_token_ids, regex.
@@ -16,7 +18,7 @@ MAX_SEED = 2**63 - 1
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
 
 class StreamOptions(Strict):
@@ -63,7 +65,7 @@ class SamplingFields(Strict):
     user: str | None = None
     response_format: ResponseFormat | None = None
     # extensions (SGLang's names)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int | None = Field(default=None, ge=-1, le=2**31 - 1)  # beyond any vocabulary
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     min_tokens: int | None = Field(default=None, ge=0)
     ignore_eos: bool | None = None
