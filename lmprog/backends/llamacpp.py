@@ -37,6 +37,7 @@ from lmprog.core.protocol import (
     ScoreResult,
     StreamCallback,
 )
+from lmprog.core.text import check_text
 from lmprog.decoding.batch_sampler import BatchSampler
 from lmprog.decoding.state import DecodeState
 
@@ -296,6 +297,7 @@ class LlamaCpp(Backend):
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _tokenize(self, text: str) -> list[int]:
+        check_text(text, "the prompt")
         ids = list(self._tokenizer.encode(text, add_special_tokens=False))
         bos = self._model.bos_token_id
         if self._model.add_bos and bos >= 0 and (not ids or ids[0] != bos):

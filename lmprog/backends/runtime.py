@@ -30,6 +30,7 @@ from lmprog.core.protocol import (
     StreamCallback,
 )
 from lmprog.core.sampling import SamplingParams
+from lmprog.core.text import check_text
 
 # Special tokens that end a turn in common chat formats (llama.cpp treats them as end of
 # generation too, so the two backends stop at the same place).
@@ -395,6 +396,7 @@ class Runtime(Backend):
         return tokens, start
 
     def _encode(self, text: str) -> list[int]:
+        check_text(text, "the prompt")
         ids = list(self._need_tokenizer().encode(text, add_special_tokens=False))
         if self._add_bos and (not ids or ids[0] != self._bos):
             ids.insert(0, self._bos)

@@ -12,6 +12,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from lmprog.core.text import check_text
+
 _UNSET: Any = None  # a field left as None in an override inherits the base value
 
 
@@ -43,11 +45,13 @@ class SamplingParams:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif not isinstance(self.stop, tuple):
-            object.__setattr__(self, "stop", tuple(self.stop))
+            object.__setattr__(self, "stop", _as_tuple("stop", self.stop, "strings"))
         if isinstance(self.stop_token_ids, int):
             object.__setattr__(self, "stop_token_ids", (self.stop_token_ids,))
         elif not isinstance(self.stop_token_ids, tuple):
-            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+            object.__setattr__(
+                self, "stop_token_ids", _as_tuple("stop_token_ids", self.stop_token_ids, "ints")
+            )
         self.validate()
 
     @property
@@ -66,6 +70,7 @@ class SamplingParams:
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise TypeError(f"stop must be non-empty strings, got {s!r}")
+            check_text(s, "a stop string")
         for t in self.stop_token_ids:
             _check_int("stop_token_ids", t, lo=0)
         _check_float("temperature", self.temperature, lo=0.0)
@@ -153,6 +158,15 @@ def canonical_sampling_names(params: dict[str, Any], keep: Collection[str] = ())
         if value is not None or name not in out:
             out[name] = value
     return out
+
+
+def _as_tuple(name: str, value: Any, of: str) -> tuple:
+    """A list-like value as a tuple (TypeError naming the field for anything else)."""
+    if isinstance(value, (str, bytes, dict)) or not isinstance(value, Collection):
+        raise TypeError(
+            f"{name} must be a list of {of} (or one), got {type(value).__name__} {value!r}"
+        )
+    return tuple(value)
 
 
 def _check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from lmprog.core.sampling import SamplingParams
+from lmprog.core.text import check_text
 
 if TYPE_CHECKING:
     from lmprog.lang.choices import ChoicesMethod
@@ -62,9 +63,12 @@ class Expr(Node):
 
 @dataclass(frozen=True, slots=True)
 class Text(Expr):
-    """Constant text, appended as is."""
+    """Constant text, appended as is (ValueError if it is not valid Unicode)."""
 
     text: str
+
+    def __post_init__(self) -> None:
+        check_text(self.text)
 
     def describe(self) -> str:
         return f"Text({_short(repr(self.text))})"
