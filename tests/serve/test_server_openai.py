@@ -412,6 +412,14 @@ def test_bad_requests_on_the_model(rt, client, server, model):
         {"model": model, "prompt": [1, 10**9], "echo": True, "logprobs": 1, "max_tokens": 0},
     )
     assert_error(status, body, 400, param="prompt")
+    for path, payload in (  # a JSON escape of a lone surrogate: not text a tokenizer takes
+        ("/v1/completions", {"model": model, "prompt": "hi \ud800", "max_tokens": 1}),
+        ("/v1/chat/completions",
+         {"model": model, "messages": [{"role": "user", "content": "x\udc80"}], "max_tokens": 1}),
+    ):  # fmt: skip
+        status, body = post_json(server.url, path, payload)
+        err = assert_error(status, body, 400)
+        assert "lone surrogate" in err["message"] and "TextEncodeInput" not in err["message"]
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="/etc/passwd", prompt="hi", max_tokens=1)
     assert client.completions.create(model=model, prompt="Hi", max_tokens=2).choices[0].text
