@@ -342,8 +342,8 @@ def test_recursion_depth_is_bounded_and_configurable():
 @pytest.mark.parametrize(
     "schema, message",
     [
-        ({"type": "string", "foo": 1}, "unsupported keyword 'foo' at #"),
-        ({"properties": {"a": {"items": {"bar": 1}}}}, "'bar' at #/properties/a/items"),
+        ({"properties": {"a": {"items": {"extends": {}}}}}, "'extends' at #/properties/a/items"),
+        ({"type": "integer", "divisibleBy": 3}, "write it as multipleOf"),
         ({"$dynamicRef": "#x"}, "$dynamicRef"),
         ({"type": "string", "format": "zip-code"}, "unsupported format 'zip-code' at #/format"),
         ({"type": "string", "pattern": "(?=a)"}, "lookahead"),
@@ -465,3 +465,38 @@ def test_deeply_nested_pydantic_models_give_a_constraint_error():
         assert "nests too deeply" in str(e)
     else:
         assert constraint.pattern  # (a pydantic that manages it: then it compiles)
+
+
+def test_unknown_keywords_are_annotations_and_ignored(caplog):
+    """JSON Schema: keywords an implementation does not know are ignored (vendor fields,
+    draft-04's id, typos); the constraint is that of the schema without them."""
+    import logging
+
+    plain = {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}
+    noisy = {
+        **plain,
+        "id": "http://example.com/thing.json",
+        "x-kubernetes-preserve-unknown-fields": True,
+        "readonly": True,
+        "properties": {"id": {"type": "integer", "sortIndex": 3, "x-go-name": "ID"}},
+    }
+    with caplog.at_level(logging.DEBUG, logger="lmprog.fsm.json_schema.builder"):
+        assert (
+            Constraint.from_json_schema(noisy).pattern == Constraint.from_json_schema(plain).pattern
+        )
+    assert "'x-kubernetes-preserve-unknown-fields' at # ignored" in caplog.text
+    assert "'sortIndex' at #/properties/id ignored" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "bounds, valid",
+    [
+        ({"minimum": 0, "exclusiveMinimum": True, "maximum": 3, "exclusiveMaximum": True}, [1, 2]),
+        ({"minimum": 0, "exclusiveMinimum": False, "maximum": 3}, [0, 1, 2, 3]),
+        ({"exclusiveMinimum": True, "maximum": 2}, [-1, 0, 1, 2]),  # nothing made exclusive
+        ({"exclusiveMinimum": 0, "exclusiveMaximum": 3}, [1, 2]),  # 2019+ numbers still
+    ],
+)
+def test_draft_04_boolean_exclusive_bounds(bounds, valid):
+    c = Constraint.from_json_schema({"type": "integer", **bounds})
+    assert [n for n in range(-1, 5) if c.matches(str(n))] == valid

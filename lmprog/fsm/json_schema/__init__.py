@@ -26,8 +26,10 @@ min-maxContains/uniqueItems (finite item sets only), min-maxLength/pattern/forma
 minimum/maximum/exclusive*/multipleOf, allOf/anyOf/oneOf/not/if-then-else (complements when each
 facet has an exact one), $ref/$defs/definitions/$id/$anchor (same document),
 unevaluatedProperties/unevaluatedItems (from the evaluated keys each branch certainly has).
-Annotations (title, description, default, examples, $comment, content*, ...) are ignored; any
-other keyword (``$dynamicRef``, unknown names) raises ConstraintError.
+Annotations (title, description, default, examples, $comment, content*, ...) and unknown keywords
+(vendor fields such as ``x-kubernetes-*``, draft-04's ``id``) are ignored, as JSON Schema says;
+draft-04's boolean exclusiveMinimum/exclusiveMaximum are read; ``$dynamicRef``, ``$recursiveRef``
+and draft-03's ``extends``/``disallow``/``divisibleBy`` raise ConstraintError.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ recursive structure must end there (a tree schema accepts trees of bounded depth
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -32,6 +33,8 @@ from lmprog.fsm.json_schema.terms import (
     make_node,
     union,
 )
+
+log = logging.getLogger(__name__)
 
 
 class Builder:
@@ -64,7 +67,9 @@ class Builder:
                     f"unsupported keyword {key!r} at {path}: {keywords.REFUSED[key]}"
                 )
             if key not in keywords.KNOWN:
-                raise ConstraintError(f"unsupported keyword {key!r} at {path}")
+                log.debug(
+                    "JSON schema: unknown keyword %r at %s ignored (an annotation)", key, path
+                )
 
     @contextmanager
     def at(self, path: str):

@@ -94,19 +94,23 @@ def _number_kw(schema: dict, key: str, path: str) -> Decimal | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)):
-        raise ConstraintError(
-            f"invalid schema: {key} must be a number at {path}/{key} "
-            "(draft-4 boolean exclusiveMinimum/Maximum is not supported)"
-        )
+        raise ConstraintError(f"invalid schema: {key} must be a number at {path}/{key}")
     return to_decimal(value)
 
 
+def _bounds(schema: dict, plain: str, exclusive: str, path: str):
+    """(inclusive bound, exclusive bound) of one side. Draft-04 wrote `exclusive` as a bool
+    that makes `plain` exclusive (false: inclusive); later drafts, as a number of its own."""
+    flag = schema.get(exclusive)
+    if isinstance(flag, bool):
+        bound = _number_kw(schema, plain, path)
+        return (None, bound) if flag else (bound, None)
+    return _number_kw(schema, plain, path), _number_kw(schema, exclusive, path)
+
+
 def _number(schema: dict, path: str) -> NumT | None:
-    lo, hi = _number_kw(schema, "minimum", path), _number_kw(schema, "maximum", path)
-    xlo, xhi = (
-        _number_kw(schema, "exclusiveMinimum", path),
-        _number_kw(schema, "exclusiveMaximum", path),
-    )
+    lo, xlo = _bounds(schema, "minimum", "exclusiveMinimum", path)
+    hi, xhi = _bounds(schema, "maximum", "exclusiveMaximum", path)
     mult = _number_kw(schema, "multipleOf", path)
     if mult is not None and mult <= 0:
         raise ConstraintError(f"invalid schema: multipleOf must be > 0 at {path}/multipleOf")

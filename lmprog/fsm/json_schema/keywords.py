@@ -1,8 +1,11 @@
 """Which JSON Schema keywords the compiler reads, ignores, or refuses.
 
-Annotation-only keywords never change which instances are valid and are ignored. Every other
-keyword is either compiled exactly or refused with ConstraintError naming it and its path, so an
-unknown keyword can never silently widen a constraint.
+Every keyword the compiler knows is compiled exactly or refused with ConstraintError naming it
+and its path. Annotation keywords never change which instances are valid, and neither do
+unknown ones: JSON Schema says an implementation must ignore keywords it does not know
+(vendor extensions such as ``x-kubernetes-*``, draft-04's ``id``, typos), so they are ignored,
+with a debug-level log line. Keywords that older drafts gave a meaning lmprog does not compile
+(``REFUSED``) are refused instead of ignored, so that they never silently widen a constraint.
 """
 
 ANNOTATIONS = frozenset(
@@ -81,6 +84,9 @@ APPLICATORS = frozenset(
 REFUSED = {
     "$dynamicRef": "dynamic references are not supported",
     "$recursiveRef": "recursive references (draft 2019-09) are not supported",
+    "extends": "draft-03's extends is not supported; write it as allOf",
+    "disallow": "draft-03's disallow is not supported; write it as not",
+    "divisibleBy": "draft-03's divisibleBy is not supported; write it as multipleOf",
 }
 
 KNOWN = ANNOTATIONS | NUMBER | STRING | ARRAY | OBJECT | APPLICATORS
