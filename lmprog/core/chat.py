@@ -10,13 +10,24 @@ rendering a sentinel message and diffing against the render without it:
 
 The first message of a conversation gets its own prefix, so a template that adds a
 default system prompt (SmolLM2's does) or a BOS marker still does so.
+
+Templates render as transformers' `apply_chat_template` renders them: the same sandboxed
+environment (trim_blocks, lstrip_blocks, loop controls, `{% generation %}` blocks), the same
+helpers (`raise_exception`, `strftime_now`, a `tojson` that does not HTML-escape) and the same
+variables (`messages`, `tools`, `documents`, `add_generation_prompt`, the tokenizer's special
+tokens), so tests/core/test_chat_parity.py requires equal strings.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import jinja2
+import jinja2.ext
+import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 _SENTINEL = "\x00LMPROG_CONTENT\x00"
@@ -49,29 +60,143 @@ NAMED_TEMPLATES: dict[str, str] = {
 }
 
 
+class ChatTemplateError(jinja2.exceptions.TemplateError, ValueError):
+    """The chat template refused the messages (its `raise_exception(...)`); the message is
+    the template's own."""
+
+
 def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
+    raise ChatTemplateError(str(message))
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # transformers' tojson: plain json.dumps (jinja2's own escapes <, >, & and ' for HTML).
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` (transformers marks assistant text with it for
+    its assistant-token masks): renders its body unchanged."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        call = self.call_method("_body")
+        return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+    @staticmethod
+    def _body(caller: Any) -> str:
+        return caller()
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    """The Jinja environment transformers renders chat templates in."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_GenerationTag, jinja2.ext.loopcontrols],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+# Names a message's reasoning comes under; templates read the first (Qwen3) or "thinking"
+# (gpt-oss). transformers fills both from whichever is set.
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _template_data(value: Any) -> Any:
+    """Plain JSON-like data for the template (pydantic models dumped, str subclasses plain)."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, Mapping):
+        return {_template_data(k): _template_data(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_template_data(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_template_data(v) for v in value)
+    if callable(getattr(value, "model_dump", None)):
+        return _template_data(value.model_dump())
+    return f"<{type(value).__name__}>"
+
+
+def _template_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    # As transformers: keys whose value is None are dropped (templates test for presence), and
+    # the reasoning is available under both names templates read.
+    m = {k: v for k, v in _template_data(message).items() if v is not None}
+    reasoning = next((m[k] for k in _REASONING_FIELDS if m.get(k) is not None), None)
+    if reasoning is not None:
+        m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+    return m
 
 
 class ChatTemplate:
     """Renders role messages with a jinja2 chat template (the model's own, or a named one)."""
 
-    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "") -> None:
+    def __init__(
+        self,
+        source: str,
+        *,
+        bos_token: str = "",
+        eos_token: str = "",
+        special_tokens: Mapping[str, str] | None = None,
+    ) -> None:
+        """`special_tokens`: the template's token variables (a tokenizer's special_tokens_map,
+        as transformers passes it); without it, `bos_token` and `eos_token`."""
         if source in NAMED_TEMPLATES:
             source = NAMED_TEMPLATES[source]
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise_exception
         try:
-            self._template = env.from_string(source)
+            self._template = _environment().from_string(source)
         except jinja2.TemplateSyntaxError as e:
             raise ValueError(f"invalid chat template (line {e.lineno}): {e.message}") from e
         self.source = source
-        self._vars = {"bos_token": bos_token, "eos_token": eos_token}
+        if special_tokens is None:
+            special_tokens = {"bos_token": bos_token, "eos_token": eos_token}
+        self._vars = {k: str(v) for k, v in special_tokens.items() if v is not None}
         self._cache: dict[tuple[str, bool], tuple[str, str]] = {}
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = False,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        **variables: Any,
+    ) -> str:
+        """The whole conversation, as transformers' `apply_chat_template(messages, tools=...,
+        documents=..., add_generation_prompt=..., tokenize=False, **variables)` renders it.
+        A template's `raise_exception(...)` raises ChatTemplateError."""
+        if documents is not None and not all(isinstance(d, Mapping) for d in documents):
+            raise TypeError("documents must be a list of dicts (with 'title' and 'text' keys)")
         return self._template.render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **self._vars
+            messages=[_template_message(m) for m in messages],
+            tools=_template_data(list(tools)) if tools is not None else None,
+            documents=_template_data(list(documents)) if documents is not None else None,
+            add_generation_prompt=add_generation_prompt,
+            **{**self._vars, **_template_data(variables)},
         )
 
     def role_prefix(self, role: str, first: bool = False) -> str:
@@ -123,11 +248,16 @@ class ChatTemplate:
 def template_from_tokenizer(tokenizer: Any, override: str | None = None) -> ChatTemplate:
     """The chat template of a HF tokenizer, or the named/given `override`."""
     source = override or getattr(tokenizer, "chat_template", None)
+    if isinstance(source, Mapping):  # several named templates: the default one, as transformers
+        source = source.get("default")
     if not source:
         raise ValueError(
             "this model ships no chat template; pass chat_template=NAME to the backend "
             f"(one of {sorted(NAMED_TEMPLATES)}) or a jinja2 template string"
         )
+    special = getattr(tokenizer, "special_tokens_map", None)
+    if isinstance(special, Mapping):  # what transformers passes (bos_token, eos_token, ...)
+        return ChatTemplate(source, special_tokens=special)
     return ChatTemplate(
         source,
         bos_token=getattr(tokenizer, "bos_token", None) or "",

@@ -62,7 +62,11 @@ def _prepare(ctx: ServeContext, body: ChatCompletionRequest) -> tuple[ToolPlan, 
     text = output_constraint(body.response_format, body.regex)
     plan = plan_tools(body.tools, body.tool_choice, text)
     prompt = render_chat(
-        ctx.template, body.messages, plan.prompt, max_json_depth=ctx.limits.max_json_depth
+        ctx.template,
+        body.messages,
+        plan.prompt,
+        max_json_depth=ctx.limits.max_json_depth,
+        tools=body.tools,
     )
     return plan, prompt
 

@@ -18,7 +18,7 @@ import jinja2
 from lmprog.core.chat import ChatTemplate
 
 from . import jsonbody
-from .chat_schemas import ChatMessage, ToolCall
+from .chat_schemas import ChatMessage, Tool, ToolCall
 from .errors import APIError
 
 
@@ -28,8 +28,11 @@ def render_chat(
     tools_prompt: str | None,
     *,
     max_json_depth: int,
+    tools: Sequence[Tool] | None = None,
 ) -> str:
-    """`max_json_depth`: the deepest nesting allowed in a tool call's arguments."""
+    """`max_json_depth`: the deepest nesting allowed in a tool call's arguments. `tools`: the
+    request's tools, passed to the template as transformers' `apply_chat_template(tools=...)`
+    passes them (templates without tool support ignore them)."""
     plain = [_plain(m, i, max_json_depth) for i, m in enumerate(messages)]
     if tools_prompt:
         if plain[0]["role"] == "system":
@@ -37,7 +40,8 @@ def render_chat(
         else:
             plain.insert(0, {"role": "system", "content": tools_prompt})
     try:
-        return template.render(plain, add_generation_prompt=True)
+        tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
+        return template.render(plain, add_generation_prompt=True, tools=tool_dicts)
     except jinja2.TemplateError as exc:
         raise APIError(
             400, f"the model's chat template rejects these messages: {exc}", param="messages"
