@@ -18,7 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmprog.core.errors import BackendError, ConstraintError, ContextLengthError, LmprogError
+from lmprog.core.errors import (
+    BackendError,
+    ConstraintError,
+    ContextLengthError,
+    LmprogError,
+    ProgramCancelled,
+)
 from lmprog.core.sampling import SamplingParams
 from lmprog.interpreter import ProgramState, set_backend_factory, set_default_backend
 from lmprog.interpreter.function import function
@@ -85,6 +91,7 @@ __all__ = [
     "ConstraintError",
     "ContextLengthError",
     "LmprogError",
+    "ProgramCancelled",
     "ProgramState",
     "SamplingParams",
     "assistant",

@@ -12,7 +12,10 @@
   `rendezvous=n` calls wait at a barrier until n of them are in flight at once; with
   `gate=Gate()` every call is held before it finishes (a streaming generate sends all its
   pieces but the last) until the test opens the gate. Both fail the call with a
-  BackendError after `SYNC_TIMEOUT` seconds instead of hanging the test.
+  BackendError after `SYNC_TIMEOUT` seconds instead of hanging the test;
+- counts for cancellation tests: `pieces_sent` (stream callback calls) and `aborted` (calls
+  whose stream callback raised: the caller cancelled, so the call stopped there, as the
+  real backends abort their request).
 """
 
 from __future__ import annotations
@@ -116,6 +119,8 @@ class FakeBackend(Backend):
         self.prefixes: list[str] = []
         self.active = 0  # requests in flight now
         self.max_active = 0  # most requests ever in flight at once
+        self.pieces_sent = 0  # stream callback calls, over all generates
+        self.aborted = 0  # generates stopped because their stream callback raised
 
     # ---- protocol ----------------------------------------------------------------
 
@@ -135,7 +140,14 @@ class FakeBackend(Backend):
                     self._hold()  # the last piece waits at the gate
                 if self.token_latency:
                     time.sleep(self.token_latency)
-                stream(piece)
+                with self._lock:
+                    self.pieces_sent += 1
+                try:
+                    stream(piece)
+                except BaseException:
+                    with self._lock:
+                        self.aborted += 1
+                    raise
             if not pieces:
                 self._hold()
             completion = len(text.split()) if not self.responder else max(1, len(text))

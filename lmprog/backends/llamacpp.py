@@ -164,7 +164,11 @@ class LlamaCpp(Backend):
                 guide=guide,
                 jump_forward=self._jump_forward,
             )
-            self._decode(ctx, state, prompt, first.logits[-1])
+            try:
+                self._decode(ctx, state, prompt, first.logits[-1])
+            except BaseException:  # the stream callback raised (a cancelled caller): abort
+                self._stats.add(requests=1, aborted=1, generated_tokens=len(state.output_ids))
+                raise
         self._stats.add(
             requests=1,
             prompt_tokens=len(prompt),
@@ -394,6 +398,7 @@ class _Counters:
                 "cached_tokens",
                 "prefix_hits",
                 "generated_tokens",
+                "aborted",  # generations stopped by their caller (the stream callback raised)
             ),
             0,
         )

@@ -18,3 +18,9 @@ class ContextLengthError(LmprogError, ValueError):
 
 class BackendError(LmprogError, RuntimeError):
     """A backend cannot do what was asked (unsupported parameter, engine failure, ...)."""
+
+
+class ProgramCancelled(LmprogError):
+    """The program's state was cancelled (`state.cancel()`, leaving a streamed run's text
+    iterator early, or cancelling `run_async`): its running gen was aborted, its queued
+    appends dropped; the program body gets this at its next append or read."""

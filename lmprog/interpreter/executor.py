@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmprog.core.chat import ChatTemplate
-from lmprog.core.errors import BackendError, ConstraintError
+from lmprog.core.errors import BackendError, ConstraintError, ProgramCancelled
 from lmprog.core.protocol import Backend, GenerateRequest, GenerateResult, ScoreRequest, ScoreResult
 from lmprog.core.sampling import SamplingParams
 from lmprog.interpreter.api_spec import ApiSpeculator
@@ -189,15 +189,26 @@ class NodeExecutor:
         """Call the backend; returns the result and the text already appended by streaming."""
         assert self._backend is not None
         streamed: list[str] = []
-        if self._stream:
+        record = self._record
 
-            def on_piece(piece: str) -> None:
+        # Cancellation reuses the server's mechanism: the stream callback raises once the
+        # state is cancelled and the backend aborts the request (Runtime: RequestHandle.abort,
+        # KV freed; llama.cpp: its decode loop stops). Non-streamed gens get a callback that
+        # only checks, except on endpoint backends (a callback would make their call a
+        # streamed one): there a cancelled gen's result is dropped when the call returns.
+        def on_piece(piece: str) -> None:
+            if record.cancelled:
+                raise record.error or ProgramCancelled("the program was cancelled")
+            if self._stream:
                 streamed.append(piece)
-                self._record.append(piece, captures)
+                record.append(piece, captures)
 
+        if self._stream or self._backend.api_speculation is None:
             result = self._backend.generate(request, stream=on_piece)
         else:
             result = self._backend.generate(request)
+        if record.cancelled:  # cancelled after its last piece: its text is not appended
+            raise record.error or ProgramCancelled("the program was cancelled")
         if not isinstance(result, GenerateResult):
             raise BackendError(
                 f"{type(self._backend).__name__}.generate returned {type(result).__name__}, not a GenerateResult"

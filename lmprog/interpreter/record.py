@@ -54,6 +54,7 @@ class StateRecord:
         self._var_end: dict[str, int] = {}  # piece count when a variable was set
         self._pending: dict[str, int] = {}  # submitted definitions of a variable not yet run
         self.error: BaseException | None = None
+        self.cancelled = False  # set by cancel(): the running gen aborts at its next piece
         self._submitted = 0
         self._executed = 0
         self.finished = False
@@ -115,6 +116,17 @@ class StateRecord:
             if self.error is None:
                 self.error = error
                 self._notify()
+
+    def cancel(self, error: BaseException) -> bool:
+        """Fail the state with `error` (a ProgramCancelled) unless it already failed or
+        finished; True if it did. Readers wake with the error; the worker drops queued steps."""
+        with self.cond:
+            if self.error is not None or self.finished:
+                return False
+            self.cancelled = True
+            self.error = error
+            self._notify()
+            return True
 
     def count_submitted(self, defines: Sequence[str]) -> None:
         """Called by the front half before it enqueues a step that sets `defines`: readers
@@ -179,6 +191,11 @@ class StateRecord:
             while self._executed < self._submitted and self.error is None:
                 self.cond.wait()
             return self.error
+
+    def is_idle(self) -> bool:
+        """Whether every submitted step has run without error (does not wait)."""
+        with self.cond:
+            return self.error is None and self._executed == self._submitted
 
     def wait_finished(self) -> None:
         with self.cond:

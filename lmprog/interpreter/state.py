@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from lmprog.core.errors import ConstraintError
+from lmprog.core.errors import ConstraintError, ProgramCancelled
 from lmprog.core.protocol import Backend
 from lmprog.core.sampling import SamplingParams
 from lmprog.interpreter.executor import NodeExecutor, TemplateSource
@@ -49,6 +49,7 @@ class ProgramState(FrontendState):
         state.sync()                wait for every pending append; raise the program's error
         state.error()               the program's error or None
         state.text_iter("answer")   the text (or one variable) in pieces as generated
+        state.cancel()              stop the program (see `cancel`)
     """
 
     def __init__(
@@ -71,13 +72,20 @@ class ProgramState(FrontendState):
             context.num_api_spec_tokens,
         )
         self._worker = Worker(self._record, executor, origin)
+        self._children: list[ProgramState] = []  # fork copies, cancelled with this state
 
     # ---- front-half hooks --------------------------------------------------------
 
     def _submit(self, steps: tuple[Step, ...], defines: tuple[str, ...]) -> None:
+        self._raise_if_cancelled()
         self._worker.submit(steps, defines)
 
+    def _raise_if_cancelled(self) -> None:
+        if self._record.cancelled:
+            raise self._record.error or ProgramCancelled("the program was cancelled")
+
     def _spawn(self, fork: Fork, inherited: Inherited) -> list[Any]:
+        self._raise_if_cancelled()
         point = ForkPoint()
         children = [
             ProgramState(
@@ -85,10 +93,15 @@ class ProgramState(FrontendState):
             )
             for _ in range(fork.n)
         ]
+        self._children.extend(children)
         self._worker.submit(((fork, point),), ())
+        if self._record.cancelled:  # cancelled while the copies were made
+            for child in children:
+                child.cancel()
         return children
 
     def _submit_join(self, join: Join, children: list[Any], defines: tuple[str, ...]) -> None:
+        self._raise_if_cancelled()
         self._worker.submit(((join, [c._record for c in children]),), defines)
 
     def _on_close(self) -> None:
@@ -98,6 +111,39 @@ class ProgramState(FrontendState):
         raise TypeError(
             f"argument {node.name!r} is an lp.Arg placeholder, which only trace() accepts; pass a value"
         )
+
+    # ---- cancellation ------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Stop the program. Safe from any thread, any number of times; a no-op once the
+        program has finished or failed.
+
+        The running gen's backend request is aborted at its next token (the Runtime frees
+        its KV and counts it as an abort; llama.cpp stops decoding), queued appends are
+        dropped, fork copies are cancelled too, and readers (`s["x"]`, `sync()`, the text
+        iterators) and the program body at its next append or read raise
+        `lp.ProgramCancelled`, which `error()` then reports. A `select` or `cache_prefix`
+        call in flight runs to its end first.
+
+        Also cancelled: a streamed run (`run(stream=True)`) whose `text_iter` /
+        `text_async_iter` is left before it ended (break, close, garbage collection), and
+        `run_async` when its awaiting task is cancelled (`asyncio.wait_for` timing out).
+        """
+        if self._closed is not None and self._record.is_idle():
+            return  # the program is complete: nothing to stop
+        self._record.cancel(ProgramCancelled("the program was cancelled (state.cancel())"))
+        for child in list(self._children):
+            child.cancel()
+
+    def _leaving_cancels(self, pieces: Iterator[str]) -> Iterator[str]:
+        """`pieces`, cancelling a streamed run when the caller leaves before the end."""
+        complete = False
+        try:
+            yield from pieces
+            complete = True
+        finally:
+            if not complete and self._context.stream:
+                self.cancel()
 
     # ---- readers -----------------------------------------------------------------
 
@@ -175,10 +221,12 @@ class ProgramState(FrontendState):
 
         The pieces concatenate to `text()` (or to the variable's text). The iterator ends
         when the program (or the variable) is complete, and raises the program's error if
-        it failed first. With `run(stream=True)` gens arrive token by token.
+        it failed first. With `run(stream=True)` gens arrive token by token, and leaving the
+        iterator before its end (break, close, garbage collection) cancels the run (see
+        `cancel`); on other states it only stops reading.
         """
         _check_var(var)
-        return self._record.iter_pieces(var)
+        return self._leaving_cancels(self._record.iter_pieces(var))
 
     async def text_async_iter(self, var: str | None = None) -> AsyncIterator[str]:
         """`text_iter` for asyncio: awaits new pieces without blocking the event loop."""
@@ -194,6 +242,7 @@ class ProgramState(FrontendState):
 
         record = self._record
         record.add_listener(notify)
+        complete = False
         try:
             i = 0
             while True:
@@ -202,13 +251,17 @@ class ProgramState(FrontendState):
                 for piece in chunk:
                     yield piece
                 if error is not None:
+                    complete = True
                     raise error
                 if done:
+                    complete = True
                     return
                 if not chunk:
                     await wake.wait()
         finally:
             record.remove_listener(notify)
+            if not complete and self._context.stream:  # left early (or the task cancelled)
+                self.cancel()
 
     async def _wait_finished_async(self) -> None:
         loop = asyncio.get_running_loop()
@@ -221,7 +274,11 @@ class ProgramState(FrontendState):
                 pass
 
         self._record.when_finished(on_finish)
-        await done
+        try:
+            await done
+        except asyncio.CancelledError:  # run_async cancelled (e.g. wait_for timed out)
+            self.cancel()
+            raise
 
     def __repr__(self) -> str:
         record = self._record
