@@ -29,11 +29,17 @@ from lmprog.core.sampling import SamplingParams
 from lmprog.interpreter import ProgramState, set_backend_factory, set_default_backend
 from lmprog.interpreter.function import function
 from lmprog.lang import (
+    REGEX_BOOL,
+    REGEX_FLOAT,
+    REGEX_INT,
+    REGEX_STR,
     Arg,
     assistant,
     assistant_begin,
     assistant_end,
     gen,
+    gen_int,
+    gen_string,
     greedy_token_selection,
     image,
     select,
@@ -86,6 +92,10 @@ def __dir__() -> list[str]:
 
 # The lazy names (Constraint, LlamaCpp, Runtime, OpenAI) are left out so that `import *` stays light.
 __all__ = [
+    "REGEX_BOOL",
+    "REGEX_FLOAT",
+    "REGEX_INT",
+    "REGEX_STR",
     "Arg",
     "BackendError",
     "ConstraintError",
@@ -99,6 +109,8 @@ __all__ = [
     "assistant_end",
     "function",
     "gen",
+    "gen_int",
+    "gen_string",
     "greedy_token_selection",
     "image",
     "select",

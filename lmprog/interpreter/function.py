@@ -19,8 +19,12 @@ class Function(Program):
     `f.run(...)` runs it once, `f.run_batch([...])` many times concurrently,
     `await f.run_async(...)` from asyncio, `f.trace(...)` records its IR graph without a
     model, `f.bind(...)` fixes some arguments, and `f(s, ...)` appends it to another
-    program's state.
+    program's state. Called without a state, as SGLang allows, `f(...)` is `f.run(...)`:
+    `qa(question="...", stream=True)` runs `qa` and returns its state.
     """
+
+    def _call_without_state(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self.run(*args, **kwargs)
 
     def run(
         self, *args: Any, backend: Backend | None = None, stream: bool = False, **kwargs: Any

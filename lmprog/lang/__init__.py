@@ -15,10 +15,16 @@ from lmprog.lang.choices import (
 from lmprog.lang.fork import ForkGroup
 from lmprog.lang.graph import Graph
 from lmprog.lang.primitives import (
+    REGEX_BOOL,
+    REGEX_FLOAT,
+    REGEX_INT,
+    REGEX_STR,
     assistant,
     assistant_begin,
     assistant_end,
     gen,
+    gen_int,
+    gen_string,
     image,
     select,
     system,
@@ -33,6 +39,10 @@ from lmprog.lang.state import FrontendState
 from lmprog.lang.tracer import Arg, TracerState
 
 __all__ = [
+    "REGEX_BOOL",
+    "REGEX_FLOAT",
+    "REGEX_INT",
+    "REGEX_STR",
     "Arg",
     "ChoiceDecision",
     "ChoicesMethod",
@@ -46,6 +56,8 @@ __all__ = [
     "assistant_begin",
     "assistant_end",
     "gen",
+    "gen_int",
+    "gen_string",
     "greedy_token_selection",
     "image",
     "select",

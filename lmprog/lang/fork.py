@@ -80,10 +80,11 @@ class ForkGroup:
           variable a copy created after the fork becomes a list on the parent, one item per
           copy in order (None for a copy that did not set it). The parent's text is
           unchanged.
-        - `mode="concat_and_append"`: the text each copy appended after the fork is
-          appended to the parent, copy 0 first. A backend's prefix cache reuses the parent
-          prefix and the first copy's segment; later segments are recomputed when the
-          parent continues, because their positions in the concatenated text have shifted.
+        - `mode="concat_and_append"` (SGLang's "concate_and_append" is accepted too): the
+          text each copy appended after the fork is appended to the parent, copy 0 first.
+          A backend's prefix cache reuses the parent prefix and the first copy's segment;
+          later segments are recomputed when the parent continues, because their positions
+          in the concatenated text have shifted.
         """
         self._check_open()
         self._parent._join(self, mode)

@@ -29,9 +29,15 @@ from lmprog.lang.ir import (
 _DTYPES = (int, float, bool, str)
 
 
+# SGLang's regular expressions for typed values, as its programs import them.
+REGEX_INT = r"[-+]?[0-9]+[ \n]*"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"\"[\w\d\s]*\""
+
+
 def gen(
     name: str | None = None,
-    *,
     max_tokens: int | None = None,
     min_tokens: int | None = None,
     stop: str | Sequence[str] | None = None,
@@ -43,15 +49,22 @@ def gen(
     frequency_penalty: float | None = None,
     presence_penalty: float | None = None,
     ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    *,
     seed: int | None = None,
     regex: str | None = None,
     json_schema: Any = None,
     choices: Sequence[str] | None = None,
+    choices_method: ChoicesMethod | None = None,
     dtype: type | None = None,
-    return_logprob: bool | None = None,
     top_logprobs_num: int | None = None,
 ) -> Expr:
     """Generate a continuation and store it in variable `name`.
+
+    The leading arguments may be given by position in SGLang's order, `name, max_tokens,
+    min_tokens, stop, stop_token_ids, temperature, top_p, top_k, min_p, frequency_penalty,
+    presence_penalty, ignore_eos, return_logprob` (`lp.gen("tip", 64, stop="\\n")`); the
+    rest are keyword-only.
 
     Sampling arguments left as None inherit the defaults given to `run(...)` /
     `run_batch(...)`, then `lp.SamplingParams`' defaults (max_tokens=128, temperature=1.0,
@@ -60,14 +73,16 @@ def gen(
     meta info holds per-token logprobs.
 
     At most one constraint:
-      - `regex="..."`: the output matches the regular expression exactly;
+      - `regex="..."`: the output matches the regular expression exactly (SGLang's
+        `lp.REGEX_INT`, `lp.REGEX_FLOAT`, `lp.REGEX_BOOL` and `lp.REGEX_STR` are provided);
       - `json_schema=`: a dict, a JSON string or a pydantic model class; the output is JSON
         valid under it; the variable holds the text, `state.parsed(name)` the dict or model;
       - `dtype=int | float | bool | str`: the output is a literal of that type and the
         variable holds the parsed Python value (`s["n"]` is an int for `dtype=int`).
         A constrained gen cut short at max_tokens holds its partial text instead (finish
         reason "length" in its meta info), as in SGLang; `state.parsed(name)` then raises;
-      - `choices=[...]`: behaves exactly like `lp.select(name, choices)`.
+      - `choices=[...]`: behaves exactly like `lp.select(name, choices)` (with its
+        `choices_method`, which is only valid with `choices`).
 
     Raises TypeError/ValueError for a bad argument (e.g. `max_tokens < min_tokens`) and
     `lp.ConstraintError` for an invalid regex or schema, here at the call.
@@ -95,10 +110,66 @@ def gen(
     if len(given) > 1:
         raise ValueError(f"gen() takes at most one of regex/json_schema/choices/dtype, got {given}")
     if choices is not None:
-        return select(name, choices)
+        if choices_method is None:
+            return select(name, choices)
+        return select(name, choices, choices_method=choices_method)
+    if choices_method is not None:
+        raise TypeError("gen(choices_method=...) applies only with choices=[...]")
     constraint, spec = _build_constraint(regex, json_schema, dtype)
     schema_class = json_schema if isinstance(json_schema, type) else None  # a pydantic model
     return Gen(name, overrides, constraint, spec, schema_class)
+
+
+def gen_int(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    stop_token_ids: int | Sequence[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    *,
+    seed: int | None = None,
+    top_logprobs_num: int | None = None,
+) -> Expr:
+    """`lp.gen(name, ..., dtype=int)`, as SGLang's `gen_int`: the variable holds an int.
+
+    Positional arguments follow SGLang's `gen_int` (no min_tokens).
+    """
+    return gen(**_typed_gen_args(locals()), dtype=int)
+
+
+def gen_string(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    stop_token_ids: int | Sequence[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    *,
+    seed: int | None = None,
+    top_logprobs_num: int | None = None,
+) -> Expr:
+    """`lp.gen(name, ..., dtype=str)`, as SGLang's `gen_string`: a string literal.
+
+    Positional arguments follow SGLang's `gen_string` (no min_tokens).
+    """
+    return gen(**_typed_gen_args(locals()), dtype=str)
+
+
+def _typed_gen_args(args: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in args.items() if v is not None}
 
 
 def select(

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from lmprog.core.sampling import SAMPLING_FIELDS, SAMPLING_NAMES, SamplingParams
 from lmprog.lang.graph import Graph
+from lmprog.lang.state import FrontendState
 from lmprog.lang.tracer import Arg, trace_program
 
 P = TypeVar("P", bound="Program")
@@ -34,7 +35,9 @@ class ProgramCall:
 class Program:
     """A function `f(s, ...)` made into an lmprog program.
 
-    Calling it directly, `f(s, ...)`, appends to an existing state `s`: programs compose.
+    Calling it with a state, `f(s, ...)`, appends to that state `s`: programs compose.
+    Called without one (as SGLang allows), `f(...)` is `f.run(...)` where the program can
+    run (`lp.function`), and a TypeError otherwise.
     """
 
     def __init__(
@@ -122,8 +125,16 @@ class Program:
         call = self.prepare_call((), kwargs)
         return trace_program(self.func, self.name, call.args, call.kwargs, call.defaults)
 
-    def __call__(self, s: Any, *args: Any, **kwargs: Any) -> Any:
-        return self.func(s, *args, **{**self._bound, **kwargs})
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[0], FrontendState):
+            return self.func(*args, **{**self._bound, **kwargs})
+        return self._call_without_state(args, kwargs)
+
+    def _call_without_state(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        raise TypeError(
+            f"{self.name}() needs a state as its first argument, `{self.name}(s, ...)`, to "
+            f"append to; got {type(args[0]).__name__ if args else 'none'}"
+        )
 
     def __repr__(self) -> str:
         return f"<lmprog program {self.name}({', '.join(self._names)})>"

@@ -45,6 +45,7 @@ JOIN_MODES = {
     "gather": "gather",
     "gather_variable": "gather",
     "concat_and_append": "concat_and_append",
+    "concate_and_append": "concat_and_append",  # SGLang's spelling
 }
 
 

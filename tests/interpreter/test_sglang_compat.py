@@ -1,0 +1,128 @@
+"""SGLang programs run with `import lmprog as sgl` (issue 15: differences 1, 3, 4, 5)."""
+
+import pytest
+from fakes import FakeBackend
+
+import lmprog as sgl
+from lmprog.fsm import Constraint
+
+
+@sgl.function
+def qa(s, question):
+    s += sgl.user(question)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=4))
+
+
+def test_calling_a_program_without_a_state_runs_it():
+    backend = FakeBackend(responder=lambda r: "Paris")
+    state = qa(question="Capital of France?", backend=backend)
+    assert isinstance(state, sgl.ProgramState)
+    assert state["answer"] == "Paris"
+    # Positional arguments and stream=True, as `qa.run(...)` takes them.
+    streamed = qa("Capital of France?", stream=True, backend=backend, temperature=0)
+    assert "".join(streamed.text_iter()).endswith("Paris<|im_end|>\n")
+    assert streamed["answer"] == "Paris"
+
+
+def test_calling_a_program_with_a_state_still_composes():
+    backend = FakeBackend(responder=lambda r: "Paris")
+
+    @sgl.function
+    def outer(s):
+        s += "Q1. "
+        qa(s, "Capital of France?")
+        qa(s, question="And of Italy?")
+
+    state = outer.run(backend=backend)
+    assert state.text().count("Paris") == 2
+    # While tracing, the tracer's state composes too: the inner program's nodes are traced.
+    graph = outer.trace()
+    assert graph.stopped is None
+    assert sum(1 for n in graph.nodes if n == sgl.gen("answer", max_tokens=4)) == 2
+
+
+def test_gen_takes_sglangs_positional_order():
+    # sgl.gen("detailed_tip", max_tokens, stop=...) and further positions in SGLang's order.
+    assert sgl.gen("tip", 64, stop="\n") == sgl.gen("tip", max_tokens=64, stop="\n")
+    assert sgl.gen("t", 8, 2, ".", [7], 0.5, 0.9, 5, 0.1, 0.2, 0.3, True, True) == sgl.gen(
+        "t",
+        max_tokens=8,
+        min_tokens=2,
+        stop=".",
+        stop_token_ids=[7],
+        temperature=0.5,
+        top_p=0.9,
+        top_k=5,
+        min_p=0.1,
+        frequency_penalty=0.2,
+        presence_penalty=0.3,
+        ignore_eos=True,
+        return_logprob=True,
+    )
+    backend = FakeBackend(responder=lambda r: "a tip. more")
+
+    @sgl.function
+    def tip(s):
+        s += "Tip: " + sgl.gen("detailed_tip", 16, stop=".")
+
+    state = tip.run(backend=backend)
+    assert state["detailed_tip"] == "a tip"
+    assert backend.generations()[0].params.max_tokens == 16
+
+
+def test_gen_choices_method_goes_to_select():
+    method = sgl.greedy_token_selection
+    assert sgl.gen("c", choices=["a", "b"], choices_method=method) == sgl.select(
+        "c", ["a", "b"], choices_method=method
+    )
+    with pytest.raises(TypeError, match="choices_method"):
+        sgl.gen("c", choices_method=method)
+
+
+def test_gen_int_and_gen_string_are_typed_gens():
+    assert sgl.gen_int("n") == sgl.gen("n", dtype=int)
+    assert sgl.gen_int("n", 8, "\n") == sgl.gen("n", max_tokens=8, stop="\n", dtype=int)
+    assert sgl.gen_string("s", 16) == sgl.gen("s", max_tokens=16, dtype=str)
+    backend = FakeBackend(responder=lambda r: "42" if r.prompt.endswith("= ") else '"hi"')
+
+    @sgl.function
+    def prog(s):
+        s += "n = " + sgl.gen_int("n", 4)
+        s += "\nname: " + sgl.gen_string("name", 8)
+
+    state = prog.run(backend=backend)
+    assert state["n"] == 42
+    assert state["name"] == "hi"
+
+
+@pytest.mark.parametrize(
+    ("name", "regex", "good", "bad"),
+    [
+        ("REGEX_INT", r"[-+]?[0-9]+[ \n]*", ["42", "-7 \n"], ["4.2", "x"]),
+        ("REGEX_FLOAT", r"[-+]?[0-9]*\.?[0-9]+[ \n]*", ["3.14", "-.5", "2 "], ["1.", "e"]),
+        ("REGEX_BOOL", r"(True|False)", ["True", "False"], ["true"]),
+        ("REGEX_STR", r"\"[\w\d\s]*\"", ['"a b 1"', '""'], ["abc", '"a"b"']),
+    ],
+)
+def test_sglangs_regex_constants_have_its_values_and_parse(name, regex, good, bad):
+    assert getattr(sgl, name) == regex
+    constraint = Constraint.from_regex(regex)
+    assert all(constraint.matches(text) for text in good)
+    assert not any(constraint.matches(text) for text in bad)
+    assert sgl.gen("x", regex=getattr(sgl, name)).constraint == constraint
+
+
+def test_join_accepts_sglangs_concate_and_append_spelling():
+    backend = FakeBackend(responder=lambda r: "!")
+
+    @sgl.function
+    def prog(s, mode):
+        s += "P:"
+        forks = s.fork(2)
+        forks += [" a", " b"]
+        forks += sgl.gen(max_tokens=1)
+        forks.join(mode=mode)
+        s += " end"
+
+    assert prog(mode="concate_and_append", backend=backend).text() == "P: a! b! end"
+    assert prog(mode="concat_and_append", backend=backend).text() == "P: a! b! end"
