@@ -83,3 +83,11 @@ def test_bind_fixes_arguments():
     assert bound.prepare_call((), {"question": "other"}).kwargs == {"question": "other"}
     with pytest.raises(TypeError, match="unknown argument"):
         prog.bind(nope=1)
+
+
+def test_a_plain_program_called_without_a_state_asks_for_one():
+    from lmprog.lang import Program
+
+    prog = Program(lambda s, x: None)
+    with pytest.raises(TypeError, match=r"needs a state as its first argument.*got str"):
+        prog("not a state")
