@@ -8,14 +8,16 @@ jump-forward, logprobs, the result). Prefix reuse: each context keeps the
 common prefix of what it last held, and a bytes-bounded LRU of saved states serves
 few-shot headers, forks and multi-turn histories that another request displaced.
 
-    LlamaCpp(model=None, n_ctx=4096, n_threads=1, ...)   # default: bundled SmolLM2-135M GGUF
+    LlamaCpp(model=None, n_ctx=4096, n_threads=None, n_gpu_layers=0, ...)  # bundled SmolLM2-135M
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 import weakref
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,7 +25,7 @@ import torch
 
 from lmprog.backends.checks import check_score_request, check_stop_token_ids, check_stream
 from lmprog.backends.context_pool import ContextPool
-from lmprog.backends.llamacpp_native import NativeContext, NativeModel
+from lmprog.backends.llamacpp_native import NativeContext, NativeModel, supports_gpu_offload
 from lmprog.backends.state_cache import StateCache, common_prefix_len
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError, ConstraintError, ContextLengthError
@@ -54,7 +56,14 @@ class LlamaCpp(Backend):
     Args:
         model: a bundled model name, a .gguf path, or None for the default model.
         n_ctx: tokens per context (prompt + output).
-        n_threads: CPU threads per context.
+        n_threads: CPU threads per context while generating; None (the default) is
+            llama-cpp-python's choice, half the cores.
+        n_threads_batch: CPU threads while evaluating a prompt; None is llama-cpp-python's
+            choice, all cores.
+        n_gpu_layers: layers to offload to a GPU (-1: all) on a llama.cpp build with GPU or
+            Metal support; 0 (the default) runs on the CPU. A CPU-only build refuses others.
+        main_gpu: the GPU index that holds the whole model; None lets llama.cpp split the
+            layers over every GPU it sees.
         n_batch: tokens per llama.cpp decode call while evaluating a prompt.
         n_contexts: contexts (each with its own KV cache) that run requests in parallel.
         chat_template: a named template or jinja2 source overriding the model's own.
@@ -68,7 +77,10 @@ class LlamaCpp(Backend):
         model: str | None = None,
         *,
         n_ctx: int = 4096,
-        n_threads: int = 1,
+        n_threads: int | None = None,
+        n_threads_batch: int | None = None,
+        n_gpu_layers: int = 0,
+        main_gpu: int | None = None,
         n_batch: int = 512,
         n_contexts: int = 1,
         chat_template: str | None = None,
@@ -78,28 +90,58 @@ class LlamaCpp(Backend):
     ):
         for name, value, lo in (
             ("n_ctx", n_ctx, 16),
-            ("n_threads", n_threads, 1),
+            ("n_gpu_layers", n_gpu_layers, -1),
             ("n_batch", n_batch, 1),
             ("n_contexts", n_contexts, 1),
             ("state_cache_bytes", state_cache_bytes, 0),
             ("min_save_tokens", min_save_tokens, 1),
         ):
             _check_int(name, value, lo)
+        for name, value in (
+            ("n_threads", n_threads),
+            ("n_threads_batch", n_threads_batch),
+            ("main_gpu", main_gpu),
+        ):
+            if value is not None:
+                _check_int(name, value, 0 if name == "main_gpu" else 1)
         if not isinstance(jump_forward, bool):
             raise TypeError(f"jump_forward must be a bool, got {jump_forward!r}")
+        _check_model_file(model)
         self._source = resolve_model(model)
         if self._source.kind != "gguf":
             raise BackendError(
                 f"LlamaCpp needs a GGUF model; {self._source.path} is a Hugging Face folder (use Runtime)"
             )
-        self._tokenizer = load_tokenizer(self._source)
-        self._chat_template = template_from_tokenizer(self._tokenizer, chat_template)
-        self._model = NativeModel(self._source.path)
+        _check_gguf(self._source.path)
+        if (n_gpu_layers != 0 or main_gpu is not None) and not supports_gpu_offload():
+            what = f"n_gpu_layers={n_gpu_layers}" if n_gpu_layers else f"main_gpu={main_gpu}"
+            raise BackendError(
+                f"{what} asks llama.cpp to put {self._source.path} on a GPU, but the installed "
+                "llama-cpp-python is a CPU-only build (no GPU offload support): use "
+                "n_gpu_layers=0, or reinstall llama-cpp-python with GPU support, e.g. "
+                "CMAKE_ARGS='-DGGML_CUDA=on' (or -DGGML_METAL=on) pip install --force-reinstall "
+                "--no-cache-dir llama-cpp-python"
+            )
+        # llama-cpp-python's defaults (llama_cpp.Llama): half the cores, all for prompts.
+        cores = os.cpu_count() or 1
+        self.n_threads = n_threads or max(cores // 2, 1)
+        self.n_threads_batch = n_threads_batch or cores
+        # The model first: a file llama.cpp cannot load fails here with llama.cpp's reason,
+        # before the tokenizer is read from it.
+        self._model = NativeModel(self._source.path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu)
         contexts: list[NativeContext] = []
         try:
+            self._tokenizer = load_tokenizer(self._source)
+            self._chat_template = template_from_tokenizer(self._tokenizer, chat_template)
             for _ in range(n_contexts):
                 contexts.append(
-                    NativeContext(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+                    NativeContext(
+                        self._model,
+                        n_ctx=n_ctx,
+                        n_batch=n_batch,
+                        n_threads=self.n_threads,
+                        n_threads_batch=self.n_threads_batch,
+                    )
                 )
         except BaseException:
             _release(contexts, self._model)
@@ -360,6 +402,39 @@ class LlamaCpp(Backend):
 
     def __repr__(self) -> str:
         return f"LlamaCpp(model={self._source.name!r}, n_ctx={self.n_ctx})"
+
+
+def _check_model_file(model: Any) -> None:
+    """A model given as a path that is missing or not a GGUF: an error naming the file."""
+    if not isinstance(model, (str, os.PathLike)):
+        return  # None (the default) or a wrong type, which resolve_model reports
+    key = os.fspath(model)
+    path = Path(key).expanduser()
+    if path.is_file() and path.suffix != ".gguf":
+        raise ValueError(
+            f"{path.resolve()} is not a GGUF file (its name does not end in .gguf): LlamaCpp "
+            "loads GGUF models; convert a Hugging Face model with llama.cpp's "
+            "convert_hf_to_gguf.py, or use lp.Runtime for a Hugging Face folder"
+        )
+    if not path.exists() and (path.suffix == ".gguf" or os.sep in key or "/" in key):
+        raise ValueError(
+            f"model file {path.absolute()} does not exist: check the path (relative paths are "
+            f"from {Path.cwd()}), or pass a bundled model name"
+        )
+
+
+def _check_gguf(path: Path) -> None:
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ValueError(f"cannot read the model file {path}: {exc}") from exc
+    if magic != b"GGUF":
+        raise ValueError(
+            f"{path} is not a GGUF file (it does not start with the GGUF magic bytes; "
+            f"starts with {magic!r}): re-download it, or convert the model with llama.cpp's "
+            "convert_hf_to_gguf.py"
+        )
 
 
 def _release(contexts: list[NativeContext], model: NativeModel) -> None:

@@ -25,6 +25,7 @@ logger = logging.getLogger("lmprog.backends.llamacpp")
 
 _init_lock = threading.Lock()
 _initialised: list[Any] = []  # [llama_cpp module, log callback] once initialised
+_last_errors: list[str] = []  # llama.cpp's latest error log lines (to explain a failed load)
 
 
 def _llama_cpp() -> Any:
@@ -43,6 +44,9 @@ def _llama_cpp() -> Any:
         def _log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
             # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation.
             if level in (3, 4):
+                if level == 4:
+                    _last_errors.append(text.decode("utf-8", "replace").strip())
+                    del _last_errors[:-4]
                 logger.log(
                     logging.WARNING if level == 3 else logging.ERROR,
                     text.decode("utf-8", "replace").rstrip(),
@@ -54,16 +58,35 @@ def _llama_cpp() -> Any:
         return llama_cpp
 
 
+def supports_gpu_offload() -> bool:
+    """Whether this llama.cpp build can offload layers to a GPU (CUDA, Metal, Vulkan, ...)."""
+    return bool(_llama_cpp().llama_supports_gpu_offload())
+
+
 class NativeModel:
     """A loaded GGUF model; its weights are shared by every context made from it."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, n_gpu_layers: int = 0, main_gpu: int | None = None):
         self.lib = lib = _llama_cpp()
         params = lib.llama_model_default_params()
-        params.n_gpu_layers = 0
-        self.ptr = lib.llama_model_load_from_file(str(path).encode(), params)
+        # -1 offloads every layer (llama-cpp-python's convention); main_gpu puts the whole
+        # model on that one device.
+        params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers == -1 else n_gpu_layers
+        if main_gpu is not None:
+            params.split_mode = lib.LLAMA_SPLIT_MODE_NONE
+            params.main_gpu = main_gpu
+        with _init_lock:
+            del _last_errors[:]
+            self.ptr = lib.llama_model_load_from_file(str(path).encode(), params)
+            why = "; ".join(_last_errors)
         if not self.ptr:
-            raise BackendError(f"llama.cpp could not load {path} (not a valid GGUF model?)")
+            raise BackendError(
+                f"llama.cpp could not load {path}"
+                + (f": {why}" if why else " (not a valid GGUF model?)")
+                + ". llama.cpp loads GGUF files of the architectures it supports; check the file "
+                "is a complete GGUF (re-download or re-convert it with llama.cpp's "
+                "convert_hf_to_gguf.py) or upgrade llama-cpp-python for a newer architecture"
+            )
         self.path = path
         self.vocab = lib.llama_model_get_vocab(self.ptr)
         self.n_vocab: int = lib.llama_vocab_n_tokens(self.vocab)
@@ -93,12 +116,21 @@ class NativeModel:
 class NativeContext:
     """One llama_context evaluating sequence 0; `tokens` are the tokens its KV cache holds."""
 
-    def __init__(self, model: NativeModel, *, n_ctx: int, n_batch: int, n_threads: int):
+    def __init__(
+        self,
+        model: NativeModel,
+        *,
+        n_ctx: int,
+        n_batch: int,
+        n_threads: int,
+        n_threads_batch: int | None = None,
+    ):
         lib = self.lib = model.lib
         params = lib.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, n_batch, n_batch
         params.n_seq_max = 1
-        params.n_threads = params.n_threads_batch = n_threads
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads if n_threads_batch is None else n_threads_batch
         params.no_perf = True
         self.ptr = lib.llama_init_from_model(model.ptr, params)
         if not self.ptr:

@@ -21,6 +21,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     add_serve_arguments(commands.add_parser("serve", help="run the OpenAI-compatible server"))
     args = parser.parse_args(argv)
+    try:
+        backend_options(args)
+    except ValueError as exc:  # a flag that does not apply to the chosen backend
+        parser.error(str(exc))
     return serve(args)
 
 
@@ -45,14 +49,30 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="require 'Authorization: Bearer KEY' (default: $LMPROG_API_KEY, else none)",
     )
     p.add_argument("--served-model-name", default=None, help="the name clients use for the model")
-    p.add_argument("--device", default="auto", help="runtime device: auto, cpu, cuda, cuda:N")
     p.add_argument(
-        "--quantization", default=None, choices=("int4",), help="runtime CPU 4-bit weights"
+        "--device",
+        default="auto",
+        help="auto, cpu, cuda, cuda:N (llamacpp: cuda/gpu/metal offloads every layer, "
+        "auto does when llama.cpp has GPU support)",
     )
     p.add_argument(
-        "--max-total-tokens", type=int, default=None, help="runtime KV cache size in tokens"
+        "--quantization",
+        default=None,
+        choices=("int4",),
+        help="runtime CPU 4-bit weights (llamacpp: an error; the GGUF's own quantization is used)",
     )
-    p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="KV cache size in tokens (llamacpp: the context size n_ctx)",
+    )
+    p.add_argument(
+        "--num-threads",
+        type=int,
+        default=None,
+        help="CPU threads (runtime: torch's; llamacpp: n_threads, default half the cores)",
+    )
     defaults = ServerLimits()
     for name in ("max_n", "max_tokens", "max_body_bytes", "max_json_depth", "max_concurrency"):
         p.add_argument(
@@ -63,20 +83,55 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         )
 
 
+def backend_options(args: argparse.Namespace) -> dict:
+    """The backend's keyword arguments from the flags; ValueError for a flag that does not
+    apply to the chosen backend (never silently ignored)."""
+    if args.backend != "llamacpp":
+        return {
+            "device": args.device,
+            "max_total_tokens": args.max_total_tokens,
+            "quantization": args.quantization,
+            "num_threads": args.num_threads,
+        }
+    if args.quantization is not None:
+        raise ValueError(
+            f"--quantization {args.quantization} applies to --backend runtime only: llama.cpp "
+            "runs the GGUF file's own quantization; pick a quantized GGUF (e.g. Q4_K_M) instead"
+        )
+    out: dict = {}
+    if args.num_threads is not None:
+        out["n_threads"] = args.num_threads
+    if args.max_total_tokens is not None:
+        out["n_ctx"] = args.max_total_tokens  # llama.cpp's KV cache holds n_ctx tokens
+    device = (args.device or "auto").lower()
+    kind, _, index = device.partition(":")
+    if device == "auto":
+        from lmprog.backends.llamacpp_native import supports_gpu_offload
+
+        out["n_gpu_layers"] = -1 if supports_gpu_offload() else 0
+    elif device == "cpu":
+        out["n_gpu_layers"] = 0
+    elif kind in ("cuda", "gpu", "metal") and (not index or index.isdigit()):
+        out["n_gpu_layers"] = -1
+        if index:
+            out["main_gpu"] = int(index)
+    else:
+        raise ValueError(
+            f"--device {args.device!r} is not a llama.cpp device: use auto, cpu, cuda, "
+            "cuda:N, gpu, gpu:N or metal"
+        )
+    return out
+
+
 def make_backend(args: argparse.Namespace):  # an lmprog Backend
+    options = backend_options(args)
     if args.backend == "llamacpp":
         from lmprog.backends.llamacpp import LlamaCpp
 
-        return LlamaCpp(args.model)
+        return LlamaCpp(args.model, **options)
     from lmprog.backends.runtime import Runtime
 
-    return Runtime(
-        args.model,
-        device=args.device,
-        max_total_tokens=args.max_total_tokens,
-        quantization=args.quantization,
-        num_threads=args.num_threads,
-    )
+    return Runtime(args.model, **options)
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -323,3 +323,76 @@ def test_default_backend_is_memoized_llamacpp():
         assert isinstance(b, LlamaCpp) and default_backend() is b
     finally:
         b.shutdown()
+
+
+def test_threads_default_to_llama_cpp_python_choice(be):
+    import os
+
+    cores = os.cpu_count() or 1
+    assert (be.n_threads, be.n_threads_batch) == (max(cores // 2, 1), cores)
+    with pytest.raises(ValueError, match="n_threads must be >= 1"):
+        LlamaCpp(n_threads=0)
+    with pytest.raises(ValueError, match="n_gpu_layers must be >= -1"):
+        LlamaCpp(n_gpu_layers=-2)
+
+
+def test_explicit_threads_are_kept():
+    small = LlamaCpp(n_ctx=64, n_threads=1, n_threads_batch=1, state_cache_bytes=0)
+    try:
+        assert (small.n_threads, small.n_threads_batch) == (1, 1)
+        assert gen(small, QUESTION, max_tokens=2).finish_reason == "length"
+    finally:
+        small.shutdown()
+
+
+def test_gpu_offload_on_a_cpu_only_build_is_refused():
+    import llama_cpp
+
+    if llama_cpp.llama_supports_gpu_offload():
+        pytest.skip("this llama.cpp build can offload to a GPU")
+    for kw in ({"n_gpu_layers": -1}, {"n_gpu_layers": 4}, {"main_gpu": 0}):
+        with pytest.raises(BackendError, match=r"CPU-only build.*n_gpu_layers=0") as err:
+            LlamaCpp(**kw)
+        assert ".gguf" in str(err.value)  # names the model file
+
+
+def test_bad_model_files_name_the_file(tmp_path):
+    missing = tmp_path / "nope.gguf"
+    with pytest.raises(ValueError, match=rf"{re.escape(str(missing))} does not exist"):
+        LlamaCpp(str(missing))
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_bytes(b"PK\x03\x04 not a gguf")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(not_gguf))} is not a GGUF file"):
+        LlamaCpp(not_gguf)
+    other = tmp_path / "model.bin"
+    other.write_bytes(b"\x00" * 8)
+    with pytest.raises(ValueError, match=r"model\.bin is not a GGUF file.*convert_hf_to_gguf"):
+        LlamaCpp(other)
+
+
+def test_gguf_llama_cpp_cannot_load_names_the_file_and_the_reason(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    arch = tmp_path / "arch.gguf"
+    w = gguf.GGUFWriter(str(arch), "nosucharch")
+    w.add_tensor("x", np.zeros(4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(BackendError, match=r"could not load .*arch\.gguf.*unknown model arch"):
+        LlamaCpp(arch)
+    truncated = tmp_path / "truncated.gguf"
+    with open(_default_gguf(), "rb") as f:
+        truncated.write_bytes(f.read(1_000_000))
+    with pytest.raises(
+        BackendError, match=r"could not load .*truncated\.gguf.*(corrupt|incomplete|failed to read)"
+    ):
+        LlamaCpp(truncated)
+
+
+def _default_gguf():
+    from lmprog.core.models import resolve_model
+
+    return resolve_model(None).path

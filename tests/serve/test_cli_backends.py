@@ -1,0 +1,65 @@
+"""`lmprog serve` flags per backend: mapped where they mean something, an error otherwise."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from lmprog.serve.cli import add_serve_arguments, backend_options, main
+
+
+def options(*argv: str) -> dict:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    return backend_options(parser.parse_args(list(argv)))
+
+
+def test_runtime_gets_its_flags():
+    assert options("--device", "cpu", "--num-threads", "2", "--max-total-tokens", "512") == {
+        "device": "cpu",
+        "max_total_tokens": 512,
+        "quantization": None,
+        "num_threads": 2,
+    }
+
+
+def test_llamacpp_maps_threads_context_and_device():
+    llama = ("--backend", "llamacpp")
+    assert options(*llama, "--device", "cpu") == {"n_gpu_layers": 0}
+    assert options(
+        *llama, "--device", "cpu", "--num-threads", "3", "--max-total-tokens", "999"
+    ) == {
+        "n_gpu_layers": 0,
+        "n_threads": 3,
+        "n_ctx": 999,
+    }
+    assert options(*llama, "--device", "cuda") == {"n_gpu_layers": -1}
+    assert options(*llama, "--device", "cuda:1") == {"n_gpu_layers": -1, "main_gpu": 1}
+    assert options(*llama, "--device", "metal") == {"n_gpu_layers": -1}
+
+
+def test_llamacpp_auto_device_follows_the_build():
+    llama_cpp = pytest.importorskip("llama_cpp")
+    want = -1 if llama_cpp.llama_supports_gpu_offload() else 0
+    assert options("--backend", "llamacpp") == {"n_gpu_layers": want}
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (("--quantization", "int4"), "--quantization int4 applies to --backend runtime only"),
+        (("--device", "tpu"), "--device 'tpu' is not a llama.cpp device"),
+        (("--device", "cuda:x"), "is not a llama.cpp device"),
+    ],
+)
+def test_llamacpp_refuses_flags_it_cannot_apply(argv, match):
+    with pytest.raises(ValueError, match=match):
+        options("--backend", "llamacpp", *argv)
+
+
+def test_the_command_line_exits_with_the_reason(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--backend", "llamacpp", "--quantization", "int4"])
+    assert exit_.value.code == 2
+    assert "applies to --backend runtime only" in capsys.readouterr().err
