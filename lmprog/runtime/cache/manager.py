@@ -163,8 +163,7 @@ class CacheManager:
         self._free_own(req, req.cache_len)
         self.prefix_cache.unlock(req.last_node)
         self.req_table.free(req.row, req.cache_len)
-        req.row, req.last_node, req.row_dirty = None, None, False
-        req.cache_len = req.num_computed = req.num_allocated = 0
+        _detach(req)
 
     def reset(self) -> None:
         """Empty the prefix cache (no request may be running)."""
@@ -174,13 +173,15 @@ class CacheManager:
         )
         self.allocator.free(self.prefix_cache.reset())
 
-    def clear(self) -> None:
-        """Start over: every slot free, the prefix cache empty, every row free. For when the
-        bookkeeping cannot be trusted (an internal error); the requests that held KV must be
-        forgotten with it. The req_to_token array is kept (the model runner shares it)."""
+    def clear(self, holders: Iterable[Req]) -> None:
+        """Start over: every slot free, the prefix cache empty, every row free, and `holders`
+        (the requests that held KV) holding nothing. For when the bookkeeping cannot be
+        trusted (an internal error). The req_to_token array is kept (the runner shares it)."""
         self.allocator = TokenSlotAllocator(self._num_slots, self.page_size)
         self.prefix_cache = make_prefix_cache(self.config)
         self.req_table.clear()
+        for req in holders:
+            _detach(req)
 
     # -- integrity -------------------------------------------------------------------------
     def check_integrity(self, running: Iterable[Req]) -> None:
@@ -283,6 +284,12 @@ class CacheManager:
                 req.num_allocated += n
         rows, positions = _rows_positions(reqs, counts, sum(counts))
         return table[rows, positions], positions
+
+
+def _detach(req: Req) -> None:
+    """req holds no KV: no row, no lock, nothing computed or allocated."""
+    req.row, req.last_node, req.row_dirty = None, None, False
+    req.cache_len = req.num_computed = req.num_allocated = 0
 
 
 def _rows_positions(

@@ -396,15 +396,15 @@ class Scheduler:
         (WAITING) keep their place in the queue; every other unfinished request (running,
         or retracted with tokens that may include placeholders of a lost step) is dropped
         and returned, FINISHED with reason "error" and holding nothing. Not mid-step."""
-        self.cache.clear()
+        reqs = self.requests.clear()
+        self.cache.clear(reqs)
         dropped = []
-        for req in self.requests.clear():
+        for req in reqs:
             if req.status is ReqStatus.WAITING:
                 self.requests.add(req)
                 continue
-            req.row, req.last_node, req.row_dirty = None, None, False
-            req.cache_len = req.num_computed = req.num_allocated = req.extend_len = 0
-            req.status, req.finish_reason, req.draft_ids = ReqStatus.FINISHED, "error", []
+            req.status, req.finish_reason = ReqStatus.FINISHED, "error"
+            req.draft_ids, req.extend_len = [], 0
             dropped.append(req)
         return dropped
 
