@@ -31,6 +31,11 @@ def test_multi_turn_chat_keeps_the_conversation(backend):
 
 
 class City(pydantic.BaseModel):
+    # Closed, as extraction models are: pydantic's default schema leaves the object open
+    # (JSON Schema: any further key is allowed), and on the GPU's numerics the model wrote a
+    # key "population_millions_by_..." until max_tokens cut the JSON off.
+    model_config = pydantic.ConfigDict(extra="forbid")
+
     name: str = pydantic.Field(max_length=16)
     country: str = pydantic.Field(max_length=16)
     population_millions: int = pydantic.Field(ge=0, le=50)
