@@ -25,6 +25,7 @@ from lmprog.core.errors import (
     LmprogError,
     ProgramCancelled,
 )
+from lmprog.core.limits import Limits, get_limits, set_limits
 from lmprog.core.sampling import SamplingParams
 from lmprog.interpreter import ProgramState, set_backend_factory, set_default_backend
 from lmprog.interpreter.function import function
@@ -100,6 +101,7 @@ __all__ = [
     "BackendError",
     "ConstraintError",
     "ContextLengthError",
+    "Limits",
     "LmprogError",
     "ProgramCancelled",
     "ProgramState",
@@ -111,10 +113,12 @@ __all__ = [
     "gen",
     "gen_int",
     "gen_string",
+    "get_limits",
     "greedy_token_selection",
     "image",
     "select",
     "set_default_backend",
+    "set_limits",
     "system",
     "system_begin",
     "system_end",

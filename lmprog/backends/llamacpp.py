@@ -30,6 +30,7 @@ from lmprog.backends.state_cache import StateCache, common_prefix_len
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError, ConstraintError, ContextLengthError
 from lmprog.core.models import load_tokenizer, resolve_model
+from lmprog.core.prompt import encode_prompt, extend, user_text
 from lmprog.core.protocol import (
     Backend,
     ChoiceScore,
@@ -252,9 +253,11 @@ class LlamaCpp(Backend):
         self._check_open()
         check_score_request(request)
         prompt = self._tokenize(request.prompt)
-        spans = [self._healed_span(prompt, request.prompt + c) for c in request.choices]
+        spans = [self._healed_span(prompt, extend(request.prompt, c)) for c in request.choices]
         uncond = (
-            [self._healed_span([], c) for c in request.choices] if request.unconditional else None
+            [self._healed_span([], user_text(request.prompt, c)) for c in request.choices]
+            if request.unconditional
+            else None
         )
         for tokens, _ in spans + (uncond or []):
             self._check_fits(len(tokens), "prompt + choice")
@@ -344,7 +347,7 @@ class LlamaCpp(Backend):
     # ---- helpers ---------------------------------------------------------------------------------
     def _tokenize(self, text: str) -> list[int]:
         check_text(text, "the prompt")
-        ids = list(self._tokenizer.encode(text, add_special_tokens=False))
+        ids = encode_prompt(self._tokenizer, text)
         bos = self._model.bos_token_id
         if self._model.add_bos and bos >= 0 and (not ids or ids[0] != bos):
             ids.insert(0, bos)

@@ -20,6 +20,7 @@ from lmprog.backends.state_cache import common_prefix_len
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError, ConstraintError
 from lmprog.core.models import ModelSource, load_tokenizer, resolve_model
+from lmprog.core.prompt import encode_prompt, extend, user_text
 from lmprog.core.protocol import (
     Backend,
     ChoiceScore,
@@ -240,9 +241,11 @@ class Runtime(Backend):
         unconditional twin) is scored in one batched prefill from prompt logprobs."""
         check_score_request(request)
         prompt = self._encode(request.prompt)
-        spans = [self._healed_span(prompt, request.prompt + c) for c in request.choices]
+        spans = [self._healed_span(prompt, extend(request.prompt, c)) for c in request.choices]
         uncond = (
-            [self._healed_span([], c) for c in request.choices] if request.unconditional else []
+            [self._healed_span([], user_text(request.prompt, c)) for c in request.choices]
+            if request.unconditional
+            else []
         )
         shared = min(start for _, start in spans) - 1
         cached = 0
@@ -397,7 +400,7 @@ class Runtime(Backend):
 
     def _encode(self, text: str) -> list[int]:
         check_text(text, "the prompt")
-        ids = list(self._need_tokenizer().encode(text, add_special_tokens=False))
+        ids = encode_prompt(self._need_tokenizer(), text)
         if self._add_bos and (not ids or ids[0] != self._bos):
             ids.insert(0, self._bos)
         return ids

@@ -20,6 +20,7 @@ from typing import Any
 
 from lmprog.core.chat import ChatTemplate
 from lmprog.core.errors import BackendError, ConstraintError, ProgramCancelled
+from lmprog.core.prompt import Prompt
 from lmprog.core.protocol import Backend, GenerateRequest, GenerateResult, ScoreRequest, ScoreResult
 from lmprog.core.sampling import SamplingParams
 from lmprog.interpreter.api_spec import ApiSpeculator
@@ -70,6 +71,7 @@ class ForkSnapshot:
     message_count: int
     open_message: tuple[str, int] | None
     parsed: dict[str, Any] = field(default_factory=dict)
+    control: tuple[tuple[int, int], ...] = ()
 
 
 class NodeExecutor:
@@ -82,8 +84,13 @@ class NodeExecutor:
         template: TemplateSource,
         stream: bool,
         num_api_spec_tokens: int | None = None,
+        allow_special_tokens: bool = False,
     ) -> None:
         self._record = record
+        # False: special-token strings in the program's own text (its strings, arguments,
+        # tool results, select choices) are text; only the template's markers and generated
+        # text hold control tokens (see `_prompt`)
+        self._allow_special = allow_special_tokens
         self._backend = backend
         self._template = template  # fetched at the first role: plain-text programs need none
         self._stream = stream
@@ -119,18 +126,32 @@ class NodeExecutor:
     def _text(self, node: Text, _: None) -> None:
         self._append_constant(node.text)
 
-    def _append_constant(self, text: str) -> None:
-        """Append text the program wrote (not generated); a speculation's surplus must match it."""
+    def _append_constant(self, text: str, control: bool = False) -> None:
+        """Append text the program wrote (not generated); a speculation's surplus must match it.
+        `control`: the chat template's markers, whose special tokens are control tokens."""
         if self._spec is not None:
             self._spec.on_text(text)
+        start = self._record.length
         self._record.append(text, self._captures)
+        if control:
+            self._record.mark_control(start, self._record.length)
+
+    def _prompt(self) -> str:
+        """The text so far as a prompt: a `Prompt` whose special-token strings are control
+        tokens only in the template's markers and generated text (a plain str, every one a
+        control token, when the program allows special tokens in its text)."""
+        record = self._record
+        with record.cond:
+            text = record._text_locked()
+            control = tuple(record.control)
+        return text if self._allow_special else Prompt(text, control)
 
     def _role_begin(self, node: RoleBegin, _: None) -> None:
         assert self._open_message is None, "the front half rejects nested roles"
         prefix = self._template().role_prefix(node.role, first=self._message_count == 0)
         self._message_count += 1
         if prefix:
-            self._append_constant(prefix)
+            self._append_constant(prefix, control=True)
         self._open_message = (node.role, self._record.length)
 
     def _role_end(self, node: RoleEnd, _: None) -> None:
@@ -140,7 +161,7 @@ class NodeExecutor:
         self._open_message = None
         suffix = self._template().role_suffix(role)
         if suffix:
-            self._append_constant(suffix)
+            self._append_constant(suffix, control=True)
 
     def _scope_begin(self, node: VarScopeBegin, _: None) -> None:
         self._scopes.append((node.name, self._record.length))
@@ -168,17 +189,19 @@ class NodeExecutor:
         assert self._backend is not None and isinstance(params, SamplingParams)
         captures = self._captures_with(node.name)
         result = None
+        text_start = self._record.length
         if self._spec is not None:
             start = self._open_message[1] if self._open_message is not None else None
             result = self._spec.gen(self._record.text, start, params, node.constraint)
         if result is None:
             result, done = self._generate(
-                GenerateRequest(self._record.text, params, node.constraint), captures
+                GenerateRequest(self._prompt(), params, node.constraint), captures
             )
         else:
             done = ""
         if len(result.text) > len(done):
             self._record.append(result.text[len(done) :], captures)
+        self._record.mark_control(text_start, self._record.length)  # the model's own text
         if node.name is not None:
             value, parsed = _parse(node, result)
             self._record.set_var(node.name, value, result.meta_info(), parsed)
@@ -225,7 +248,7 @@ class NodeExecutor:
         if self._spec is not None:
             self._spec.drop()  # a choice is scored, never generated: nothing to match it with
         request = ScoreRequest(
-            self._record.text, node.choices, unconditional=node.method.needs_unconditional
+            self._prompt(), node.choices, unconditional=node.method.needs_unconditional
         )
         result = self._backend.score(request)
         if not isinstance(result, ScoreResult) or len(result.choices) != len(node.choices):
@@ -252,7 +275,7 @@ class NodeExecutor:
     # ---- fork / join -------------------------------------------------------------
 
     def _fork(self, node: Fork, point: Any) -> None:
-        text = self._record.text
+        text = self._prompt()
         if text and self._backend is not None:
             self._backend.cache_prefix(text)
         point.resolve(self.snapshot())
@@ -268,11 +291,14 @@ class NodeExecutor:
                 self._message_count,
                 self._open_message,
                 dict(record.parsed),
+                tuple(record.control),
             )
 
     def restore(self, snap: ForkSnapshot) -> None:
         """Become a copy of the forked parent (called once, before any step)."""
-        self._record.restore(snap.text, snap.variables, snap.meta, snap.messages, snap.parsed)
+        self._record.restore(
+            snap.text, snap.variables, snap.meta, snap.messages, snap.parsed, snap.control
+        )
         self._message_count = snap.message_count
         self._open_message = snap.open_message
 
@@ -299,7 +325,12 @@ class NodeExecutor:
         for child in children:
             segment = child.text[child.origin_text_len :]
             if segment:
+                shift = self._record.length - child.origin_text_len
                 self._record.append(segment, self._captures)
+                with child.cond:
+                    spans = [(a, b) for a, b in child.control if b > child.origin_text_len]
+                for a, b in spans:  # the copy's markers and generated text, moved here
+                    self._record.mark_control(max(a, child.origin_text_len) + shift, b + shift)
             for message in child.messages[child.origin_messages_len :]:
                 self._record.add_message(message["role"], message["content"])
 
@@ -345,10 +376,14 @@ def _typed(node: Gen, text: str, value: Any) -> Parsed:
         )
 
 
-def render_nodes(nodes: tuple[Node, ...], template: TemplateSource) -> str:
-    """The text that constant nodes (text, roles, scopes) render to, exactly as run."""
+def render_nodes(
+    nodes: tuple[Node, ...], template: TemplateSource, allow_special_tokens: bool = False
+) -> str:
+    """The prompt that constant nodes (text, roles, scopes) render to, exactly as run."""
     record = StateRecord()
-    executor = NodeExecutor(record, None, template, stream=False)
+    executor = NodeExecutor(
+        record, None, template, stream=False, allow_special_tokens=allow_special_tokens
+    )
     for node in nodes:
         executor.execute(node, None)
-    return record.text
+    return executor._prompt()

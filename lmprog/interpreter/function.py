@@ -121,15 +121,23 @@ def _num_threads(num_threads: object, n: int) -> int:
 
 
 @overload
-def function(func: Callable[..., Any], *, num_api_spec_tokens: int | None = None) -> Function: ...
+def function(
+    func: Callable[..., Any],
+    *,
+    num_api_spec_tokens: int | None = None,
+    allow_special_tokens: bool = False,
+) -> Function: ...
 @overload
 def function(
-    func: None = None, *, num_api_spec_tokens: int | None = None
+    func: None = None, *, num_api_spec_tokens: int | None = None, allow_special_tokens: bool = False
 ) -> Callable[[Callable[..., Any]], Function]: ...
 
 
 def function(
-    func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int | None = None
+    func: Callable[..., Any] | None = None,
+    *,
+    num_api_spec_tokens: int | None = None,
+    allow_special_tokens: bool = False,
 ) -> Any:
     """Make `func(s, ...)` an lmprog program: `@lp.function` or `@lp.function(num_api_spec_tokens=N)`.
 
@@ -141,7 +149,18 @@ def function(
     the program's following text must match that surplus, and following gens are cut
     from it up to their own stops, so one API call can fill several gens. A mismatch falls
     back to a real call. Other backends ignore it (their prefix cache makes calls cheap).
+
+    Special tokens: only the chat template's role markers (and the model's own output)
+    become control tokens. A special-token string in the program's text (`s += "..."`,
+    arguments, tool results, select choices) is tokenized as plain text, so text from a
+    user cannot close a turn or open a system one with `<|im_end|>\n<|im_start|>system`.
+    `allow_special_tokens=True` reads them as control tokens, for programs that write the
+    model's markup by hand (as SGLang programs may).
     """
     if func is None:
-        return lambda f: Function(f, num_api_spec_tokens=num_api_spec_tokens)
-    return Function(func, num_api_spec_tokens=num_api_spec_tokens)
+        return lambda f: Function(
+            f, num_api_spec_tokens=num_api_spec_tokens, allow_special_tokens=allow_special_tokens
+        )
+    return Function(
+        func, num_api_spec_tokens=num_api_spec_tokens, allow_special_tokens=allow_special_tokens
+    )

@@ -46,6 +46,9 @@ class StateRecord:
         # constrained gens' parsed values (a list of them for a gathered fork variable)
         self.parsed: dict[str, Parsed | list[Parsed | None]] = {}
         self.messages: list[dict[str, str]] = []
+        # (start, end) of text where special-token strings are control tokens: the chat
+        # template's role markers and generated text (lmprog.core.prompt.Prompt)
+        self.control: list[tuple[int, int]] = []
         self.new_names: dict[
             str, None
         ] = {}  # variables set since the state began (what join gathers)
@@ -85,6 +88,16 @@ class StateRecord:
             self._var_end[name] = len(self._pieces)
             self._notify()
 
+    def mark_control(self, start: int, end: int) -> None:
+        """Text [start, end) came from the chat template or the model, not the user."""
+        if end <= start:
+            return
+        with self.cond:
+            if self.control and self.control[-1][1] == start:
+                self.control[-1] = (self.control[-1][0], end)
+            else:
+                self.control.append((start, end))
+
     def add_message(self, role: str, content: str) -> None:
         with self.cond:
             self.messages.append({"role": role, "content": content})
@@ -96,6 +109,7 @@ class StateRecord:
         meta: dict[str, Any],
         messages: list[dict[str, str]],
         parsed: dict[str, Any] | None = None,
+        control: tuple[tuple[int, int], ...] = (),
     ) -> None:
         """Start as a copy of a parent at a fork (before any step of this state ran)."""
         with self.cond:
@@ -107,6 +121,7 @@ class StateRecord:
             self.meta.update(meta)
             self.parsed.update(parsed or {})
             self.messages.extend(messages)
+            self.control.extend(control)
             self.origin_messages_len = len(messages)
             self._notify()
 

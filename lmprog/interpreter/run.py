@@ -46,7 +46,12 @@ def start_program(
 ) -> ProgramState:
     """A new state running `program`: here (and synced) or on a background thread."""
     context = RunContext(
-        backend, TemplateCache(backend), call.defaults, stream, program.num_api_spec_tokens
+        backend,
+        TemplateCache(backend),
+        call.defaults,
+        stream,
+        program.num_api_spec_tokens,
+        program.allow_special_tokens,
     )
     state = ProgramState(context)
     if background:
@@ -87,6 +92,7 @@ def run_batch(
                 template,
                 calls[i].defaults,
                 num_api_spec_tokens=program.num_api_spec_tokens,
+                allow_special_tokens=program.allow_special_tokens,
             )
         )
         states[i] = state
@@ -127,7 +133,7 @@ def batch_prefix(program: Program, calls: Sequence[ProgramCall], template: Templ
         kwargs[key] = values[0] if all(_same(values[0], v) for v in values[1:]) else Arg
     try:
         graph = trace_program(program.func, program.name, (), kwargs, calls[0].defaults)
-        return render_nodes(graph.constant_prefix(), template)
+        return render_nodes(graph.constant_prefix(), template, program.allow_special_tokens)
     except Exception:  # noqa: BLE001 - no constant prefix to share: nothing cached
         return ""
 

@@ -32,6 +32,7 @@ class RunContext:
     defaults: SamplingParams
     stream: bool = False
     num_api_spec_tokens: int | None = None  # the program's API speculation (endpoint backends)
+    allow_special_tokens: bool = False  # the program's text may hold control tokens
 
 
 class ProgramState(FrontendState):
@@ -70,6 +71,7 @@ class ProgramState(FrontendState):
             context.template,
             context.stream,
             context.num_api_spec_tokens,
+            context.allow_special_tokens,
         )
         self._worker = Worker(self._record, executor, origin)
         self._children: list[ProgramState] = []  # fork copies, cancelled with this state

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmprog.core.errors import ConstraintError
+from lmprog.core.limits import get_limits, over_limit
 from lmprog.core.sampling import SamplingParams
 from lmprog.lang.choices import ChoicesMethod, token_length_normalized
 from lmprog.lang.ir import (
@@ -202,9 +203,12 @@ def select(
             raise TypeError(f"every choice must be a str, got {type(c).__name__} {c!r}")
     if not choices:
         raise ValueError("select() needs at least one choice, got an empty list")
+    if len(choices) > get_limits().max_choices:
+        raise over_limit("select() has too many choices", len(choices), "max_choices")
     if "" in choices:
         raise ValueError("choices must be non-empty strings, got ''")
-    duplicates = sorted({c for c in choices if choices.count(c) > 1})
+    seen: set[str] = set()
+    duplicates = sorted({c for c in choices if c in seen or seen.add(c)})
     if duplicates:
         raise ValueError(f"choices must be distinct; repeated: {duplicates}")
     if not isinstance(choices_method, ChoicesMethod):
@@ -303,7 +307,21 @@ def _checked_overrides(overrides: dict[str, Any]) -> tuple[tuple[str, Any], ...]
     if "max_tokens" not in overrides and isinstance(overrides.get("min_tokens"), int):
         base = SamplingParams(max_tokens=max(base.max_tokens, overrides["min_tokens"]))
     checked = base.merged(overrides)
+    _check_stop_limits(checked.stop)
     return tuple(sorted((k, getattr(checked, k)) for k in overrides))
+
+
+def _check_stop_limits(stop: tuple[str, ...]) -> None:
+    limits = get_limits()
+    if len(stop) > limits.max_stop:
+        raise over_limit("gen(stop=[...]) lists too many stop strings", len(stop), "max_stop")
+    for s in stop:
+        if len(s) > limits.max_stop_chars:
+            raise over_limit(
+                f"gen(stop=...) has a stop string of {len(s)} characters ({s[:20]!r}...)",
+                len(s),
+                "max_stop_chars",
+            )
 
 
 def _build_constraint(regex: Any, json_schema: Any, dtype: Any) -> tuple[Any, str | None]:

@@ -46,6 +46,7 @@ class Program:
         *,
         num_api_spec_tokens: int | None = None,
         bound: dict[str, Any] | None = None,
+        allow_special_tokens: bool = False,
     ) -> None:
         self._signature = _program_signature(func)
         if num_api_spec_tokens is not None and (
@@ -56,8 +57,11 @@ class Program:
             raise ValueError(
                 f"num_api_spec_tokens must be a positive int or None, got {num_api_spec_tokens!r}"
             )
+        if not isinstance(allow_special_tokens, bool):
+            raise TypeError(f"allow_special_tokens must be a bool, got {allow_special_tokens!r}")
         self.func = func
         self.num_api_spec_tokens = num_api_spec_tokens
+        self.allow_special_tokens = allow_special_tokens
         self._bound: dict[str, Any] = dict(bound or {})
         params = self._signature.parameters.values()
         self._names = tuple(p.name for p in params if p.kind not in _VARIADIC)
@@ -81,7 +85,10 @@ class Program:
                 f"{self.name}.bind() got unknown argument(s) {unknown}; its parameters are {list(self._names)}"
             )
         return type(self)(
-            self.func, num_api_spec_tokens=self.num_api_spec_tokens, bound={**self._bound, **kwargs}
+            self.func,
+            num_api_spec_tokens=self.num_api_spec_tokens,
+            bound={**self._bound, **kwargs},
+            allow_special_tokens=self.allow_special_tokens,
         )
 
     def prepare_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ProgramCall:

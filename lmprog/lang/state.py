@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from lmprog.core.limits import get_limits, over_limit
 from lmprog.core.sampling import SamplingParams
 from lmprog.lang.fork import ForkGroup
 from lmprog.lang.ir import (
@@ -160,6 +161,8 @@ class FrontendState(abc.ABC):
             raise TypeError(f"fork() takes an int number of copies, got {type(n).__name__} {n!r}")
         if n < 1:
             raise ValueError(f"fork() needs at least 1 copy, got {n}")
+        if n > get_limits().max_fork:
+            raise over_limit(f"fork({n}) makes too many copies", n, "max_fork")
         self._check_open()
         fork = Fork(n, self._fork_count)
         self._fork_count += 1

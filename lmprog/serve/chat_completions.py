@@ -17,6 +17,7 @@ from lmprog.core.protocol import GenerateRequest, GenerateResult
 
 from .bridge import Generations
 from .chat_schemas import ChatCompletionRequest
+from .compile import build_index, compiled
 from .context import ServeContext
 from .errors import APIError
 from .formats import output_constraint
@@ -34,10 +35,19 @@ async def create_chat_completion(
     ctx.check_model(body.model)
     n = choices_of(body, ctx.limits)
     params = sampling_params(body, ctx.limits, max_tokens=_max_tokens(body), logprobs=_top(body))
+    if body.tools and len(body.tools) > ctx.limits.max_tools:
+        raise APIError(
+            400,
+            f"{len(body.tools)} tools is more than this server's limit of {ctx.limits.max_tools} "
+            "(max_tools, lmprog serve --max-tools)",
+            param="tools",
+            code="too_many_tools",
+        )
     if body.tools or body.response_format or body.regex:  # compiling schemas may take a while
-        plan, prompt = await ctx.blocking(_prepare, ctx, body)
+        param = "tools" if body.tools else "regex" if body.regex else "response_format"
+        plan, prompt = await compiled(ctx, request, param, _prepare, ctx, body, True)
     else:
-        plan, prompt = _prepare(ctx, body)
+        plan, prompt = await ctx.blocking(_prepare, ctx, body)
     requests = [GenerateRequest(prompt, p, plan.constraint) for p in choice_params(params, n)]
     group = Generations(ctx.backend, requests, ctx.executor, stream=bool(body.stream))
     reply = _Reply(ctx, body, plan)
@@ -58,17 +68,32 @@ def _top(body: ChatCompletionRequest) -> int | None:
     return body.top_logprobs or 0
 
 
-def _prepare(ctx: ServeContext, body: ChatCompletionRequest) -> tuple[ToolPlan, str]:
+def _prepare(
+    ctx: ServeContext, body: ChatCompletionRequest, index: bool = False
+) -> tuple[ToolPlan, str]:
+    """The tools plan and the prompt (`index`: also build the constraint's token index)."""
     text = output_constraint(body.response_format, body.regex)
     plan = plan_tools(body.tools, body.tool_choice, text)
+    if index:
+        build_index(ctx, plan.constraint)
     prompt = render_chat(
         ctx.template,
         body.messages,
         plan.prompt,
         max_json_depth=ctx.limits.max_json_depth,
         tools=body.tools,
+        tokenizer=None if ctx.limits.allow_special_tokens else _tokenizer(ctx),
     )
     return plan, prompt
+
+
+def _tokenizer(ctx: ServeContext) -> Any:
+    """The backend's tokenizer (whose special tokens message contents must not produce), or
+    None for a backend without one (an endpoint: the text goes on as it is)."""
+    try:
+        return ctx.backend.tokenizer
+    except Exception:  # noqa: BLE001 - no local tokenizer
+        return None
 
 
 class _Reply(ReplyBase):

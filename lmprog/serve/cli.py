@@ -74,13 +74,41 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="CPU threads (runtime: torch's; llamacpp: n_threads, default half the cores)",
     )
     defaults = ServerLimits()
-    for name in ("max_n", "max_tokens", "max_body_bytes", "max_json_depth", "max_concurrency"):
+    for name in INT_LIMITS:
         p.add_argument(
             "--" + name.replace("_", "-"),
             type=int,
             default=getattr(defaults, name),
             help=f"request limit (default {getattr(defaults, name)})",
         )
+    p.add_argument(
+        "--constraint-timeout",
+        dest="constraint_timeout_s",
+        type=float,
+        default=defaults.constraint_timeout_s,
+        help="seconds a request's regex/schema/tools may take to compile "
+        f"(default {defaults.constraint_timeout_s:g}; 400 constraint_timeout after it)",
+    )
+    p.add_argument(
+        "--allow-special-tokens",
+        action="store_true",
+        help="read special-token strings in chat messages (<|im_start|>, ...) as control "
+        "tokens (default: text; only the chat template's markers are control tokens)",
+    )
+
+
+# the integer ServerLimits with a flag each (--max-n, ...)
+INT_LIMITS = (
+    "max_n",
+    "max_choices",
+    "max_tokens",
+    "max_stop",
+    "max_stop_chars",
+    "max_tools",
+    "max_body_bytes",
+    "max_json_depth",
+    "max_concurrency",
+)
 
 
 def backend_options(args: argparse.Namespace) -> dict:
@@ -147,11 +175,9 @@ def serve(args: argparse.Namespace) -> int:
         port=args.port,
         api_key=args.api_key,
         model_name=args.served_model_name,
-        max_n=args.max_n,
-        max_tokens=args.max_tokens,
-        max_body_bytes=args.max_body_bytes,
-        max_json_depth=args.max_json_depth,
-        max_concurrency=args.max_concurrency,
+        constraint_timeout_s=args.constraint_timeout_s,
+        allow_special_tokens=args.allow_special_tokens,
+        **{name: getattr(args, name) for name in INT_LIMITS},
     )
     try:
         server.start()

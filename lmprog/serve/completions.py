@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from lmprog.core.protocol import GenerateRequest, GenerateResult
 
 from .bridge import Generations
+from .compile import build_index, compiled
 from .context import ServeContext
 from .echo import EchoedPrompt, echoed_prompt, encode_prompt
 from .errors import APIError, from_exception
@@ -42,7 +43,10 @@ async def create_completion(
         )
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     params = sampling_params(body, ctx.limits, max_tokens=max_tokens, logprobs=body.logprobs)
-    constraint = output_constraint(body.response_format, body.regex)
+    constraint = None
+    if body.regex is not None or body.response_format is not None:  # off the event loop
+        param = "regex" if body.regex is not None else "response_format"
+        constraint = await compiled(ctx, request, param, _constraint, ctx, body)
     echoes = await ctx.blocking(_echo_all, ctx, prompts, body) if body.echo else None
     if echoes is not None:  # generate from the very ids that were echoed
         prompts = [e[0] for e in echoes]
@@ -55,6 +59,13 @@ async def create_completion(
     )
     reply = _Reply(ctx, body, n, [e[1] for e in echoes] if echoes else None)
     return await respond(request, group, reply, stream=bool(body.stream), param="prompt")
+
+
+def _constraint(ctx: ServeContext, body: CompletionRequest) -> Any:
+    """The request's constraint, its token index built (on a compile thread)."""
+    constraint = output_constraint(body.response_format, body.regex)
+    build_index(ctx, constraint)
+    return constraint
 
 
 def _prompts(prompt: Any) -> list[str | tuple[int, ...]]:

@@ -15,8 +15,16 @@ class ServerLimits:
     objects in a request body, and in the JSON text of a message's tool call arguments (400).
     max_n: choices per prompt (`n`). max_choices: prompts x n of one /v1/completions request.
     max_tokens: largest max_tokens / max_completion_tokens, and chat's default.
-    max_stop: stop strings per request. max_logprobs: top_logprobs / completions' logprobs.
+    max_stop: stop strings per request; max_stop_chars: characters of one stop string.
+    max_logprobs: top_logprobs / completions' logprobs. max_tools: entries of a chat request's
+    `tools`. (A prompt's length is bounded by the model's context: `context_length_exceeded`.)
     max_concurrency: requests generating at once (one worker thread each); more wait their turn.
+    constraint_timeout_s: seconds a request's regex / JSON schema / tools may take to compile
+    into its constraint and token index (400 `constraint_timeout` after it; the compile runs
+    on a worker thread, which is abandoned).
+    allow_special_tokens: an option, not a limit: True reads special-token strings in chat
+    message contents and tools (`<|im_start|>`, ...) as control tokens; by default they are
+    text and only the chat template's own markers are control tokens.
     """
 
     max_body_bytes: int = 2 << 20
@@ -25,13 +33,23 @@ class ServerLimits:
     max_choices: int = 64
     max_tokens: int = 4096
     max_stop: int = 16
+    max_stop_chars: int = 1024
     max_logprobs: int = 20
+    max_tools: int = 128
     max_concurrency: int = 256
+    constraint_timeout_s: float = 30.0
+    allow_special_tokens: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if f.name == "allow_special_tokens":
+                if not isinstance(value, bool):
+                    raise ValueError(f"allow_special_tokens must be a bool, got {value!r}")
+            elif f.name == "constraint_timeout_s":
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                    raise ValueError(f"constraint_timeout_s must be a number > 0, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"server limit {f.name} must be an int >= 1, got {value!r}")
         if self.max_logprobs > 20:
             raise ValueError(

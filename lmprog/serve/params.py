@@ -69,7 +69,11 @@ def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
 def choices_of(body: SamplingFields, limits: ServerLimits) -> int:
     n = 1 if body.n is None else body.n
     if n > limits.max_n:
-        raise APIError(400, f"n is {n}; this server allows at most {limits.max_n}", param="n")
+        raise APIError(
+            400,
+            f"n is {n}; this server allows at most {limits.max_n} (max_n, lmprog serve --max-n)",
+            param="n",
+        )
     return n
 
 
@@ -88,10 +92,22 @@ def stop_strings(stop: str | list[str] | None, limits: ServerLimits) -> tuple[st
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     if len(stops) > limits.max_stop:
         raise APIError(
-            400, f"at most {limits.max_stop} stop strings, got {len(stops)}", param="stop"
+            400,
+            f"at most {limits.max_stop} stop strings (max_stop, lmprog serve --max-stop), "
+            f"got {len(stops)}",
+            param="stop",
         )
     if any(not s for s in stops):
         raise APIError(400, "stop strings must not be empty", param="stop")
+    longest = max((len(s) for s in stops), default=0)
+    if longest > limits.max_stop_chars:
+        raise APIError(
+            400,
+            f"a stop string of {longest} characters is over this server's limit of "
+            f"{limits.max_stop_chars} (max_stop_chars, lmprog serve --max-stop-chars)",
+            param="stop",
+            code="stop_too_long",
+        )
     return stops
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import jinja2
 
 from lmprog.core.chat import ChatTemplate
+from lmprog.core.prompt import mark_special, unmark
 
 from . import jsonbody
 from .chat_schemas import ChatMessage, Tool, ToolCall
@@ -29,10 +30,14 @@ def render_chat(
     *,
     max_json_depth: int,
     tools: Sequence[Tool] | None = None,
+    tokenizer: Any = None,
 ) -> str:
     """`max_json_depth`: the deepest nesting allowed in a tool call's arguments. `tools`: the
     request's tools, passed to the template as transformers' `apply_chat_template(tools=...)`
-    passes them (templates without tool support ignore them)."""
+    passes them (templates without tool support ignore them). With `tokenizer`, the result
+    is a `Prompt` whose special-token strings are control tokens only where the template
+    wrote them (message contents, tool calls and results, tools: text); without, a plain
+    str whose every special-token string is a control token (`allow_special_tokens`)."""
     plain = [_plain(m, i, max_json_depth) for i, m in enumerate(messages)]
     if tools_prompt:
         if plain[0]["role"] == "system":
@@ -41,7 +46,10 @@ def render_chat(
             plain.insert(0, {"role": "system", "content": tools_prompt})
     try:
         tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
-        return template.render(plain, add_generation_prompt=True, tools=tool_dicts)
+        if tokenizer is None:
+            return template.render(plain, add_generation_prompt=True, tools=tool_dicts)
+        plain, tool_dicts = mark_special([plain, tool_dicts], tokenizer)
+        return unmark(template.render(plain, add_generation_prompt=True, tools=tool_dicts))
     except jinja2.TemplateError as exc:
         raise APIError(
             400, f"the model's chat template rejects these messages: {exc}", param="messages"
