@@ -54,6 +54,7 @@ class Runtime(Backend):
     Args:
         model: bundled model name, .gguf path or Hugging Face folder (None: the default model);
             with load_format="dummy" also an architecture preset such as "llama-3.1-8b".
+            `model_path=` is SGLang's name for it (`lp.Runtime(model_path=...)`).
         device: "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N".
         dtype: "auto" (bf16 on a GPU, fp32 on a CPU), "float32", "bfloat16", "float16".
         max_total_tokens: KV pool size in tokens (default: from the memory budget).
@@ -98,6 +99,7 @@ class Runtime(Backend):
         eviction: str = "lru",
         load_format: str = "auto",
         *,
+        model_path: str | None = None,
         chat_template: str | None = None,
         tokenizer: Any = None,
         context_length: int | None = None,
@@ -124,6 +126,10 @@ class Runtime(Backend):
         from lmprog.runtime.launch import launch_engine
         from lmprog.runtime.speculative.config import SpeculativeConfig
 
+        if model_path is not None:  # SGLang's name for the model
+            if model is not None:
+                raise TypeError("give the model once: model=... or model_path=..., not both")
+            model = model_path
         # Every knob is validated by the config that owns it, before any weight is loaded.
         spec_config = SpeculativeConfig.coerce(speculative)
         cache_config = CacheConfig(page_size=page_size, radix_cache=radix_cache, eviction=eviction)

@@ -8,6 +8,8 @@ answer them.
 from __future__ import annotations
 
 import abc
+import functools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -113,8 +115,91 @@ class ScoreResult:
     cached_tokens: int = 0
 
 
+class TokenUsage:
+    """Tokens a backend's calls have used so far (SGLang's `backend.token_usage`).
+
+        backend.token_usage.prompt_tokens, backend.token_usage.completion_tokens
+        backend.token_usage.reset()
+
+    prompt_tokens counts every token a call read: a generate call's prompt (cached
+    prefix tokens included, as endpoints report them) and a score call's prompt plus the
+    tokens of every choice it scored; completion_tokens counts generated tokens.
+    Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._prompt = 0
+        self._completion = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self._prompt
+
+    @property
+    def completion_tokens(self) -> int:
+        return self._completion
+
+    @property
+    def total_tokens(self) -> int:
+        with self._lock:
+            return self._prompt + self._completion
+
+    def add(self, prompt_tokens: int, completion_tokens: int) -> None:
+        with self._lock:
+            self._prompt += prompt_tokens
+            self._completion += completion_tokens
+
+    def add_result(self, result: Any) -> None:
+        """Count what one backend call returned (a result or a list of results)."""
+        if isinstance(result, GenerateResult):
+            self.add(result.prompt_tokens, result.completion_tokens)
+        elif isinstance(result, ScoreResult):
+            scored = sum(
+                len(c.token_ids) + len(c.unconditional_token_logprobs or ()) for c in result.choices
+            )
+            self.add(result.prompt_tokens + scored, 0)
+        elif isinstance(result, (list, tuple)):
+            for item in result:
+                self.add_result(item)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._prompt = self._completion = 0
+
+    def __repr__(self) -> str:
+        with self._lock:
+            return f"TokenUsage(prompt_tokens={self._prompt}, completion_tokens={self._completion})"
+
+
+# Backends whose metered call is in progress on this thread: a backend's generate that calls
+# another of its own metered methods (a subclass calling super().generate) is counted once.
+_metering = threading.local()
+
+
+def _metered(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def wrapper(self: Backend, *args: Any, **kwargs: Any) -> Any:
+        active: set[int] = _metering.__dict__.setdefault("active", set())
+        if id(self) in active:
+            return method(self, *args, **kwargs)
+        active.add(id(self))
+        try:
+            result = method(self, *args, **kwargs)
+        finally:
+            active.discard(id(self))
+        self.token_usage.add_result(result)
+        return result
+
+    wrapper._lmprog_metered = True  # type: ignore[attr-defined]
+    return wrapper
+
+
 class Backend(abc.ABC):
     """What the interpreter needs from a model.
+
+    Every backend counts the tokens its `generate` and `score` calls use in
+    `token_usage` (a subclass's methods are wrapped when the class is defined).
 
     Contract:
     - Every method is thread-safe: the interpreter calls from many threads at once, and a
@@ -123,6 +208,21 @@ class Backend(abc.ABC):
       BackendError) from the call that received them; the backend stays usable afterwards.
     - Output at temperature 0 is deterministic for a given prompt.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in ("generate", "score"):
+            method = cls.__dict__.get(name)
+            if callable(method) and not getattr(method, "_lmprog_metered", False):
+                setattr(cls, name, _metered(method))
+
+    @property
+    def token_usage(self) -> TokenUsage:
+        """Tokens used by this backend's calls so far; `.reset()` starts again from zero."""
+        usage = self.__dict__.get("_token_usage")
+        if usage is None:
+            usage = self.__dict__.setdefault("_token_usage", TokenUsage())
+        return usage
 
     @abc.abstractmethod
     def generate(

@@ -4,13 +4,19 @@ Each state has a worker thread draining its queue of nodes; the program's own th
 ahead and blocks only where it reads a value. Forks and batch items run concurrently.
 """
 
-from lmprog.interpreter.defaults import resolve_backend, set_backend_factory, set_default_backend
+from lmprog.interpreter.defaults import (
+    global_config,
+    resolve_backend,
+    set_backend_factory,
+    set_default_backend,
+)
 from lmprog.interpreter.function import Function
 from lmprog.interpreter.state import ProgramState
 
 __all__ = [
     "Function",
     "ProgramState",
+    "global_config",
     "resolve_backend",
     "set_backend_factory",
     "set_default_backend",

@@ -56,3 +56,44 @@ def resolve_backend(backend: Backend | None) -> Backend:
                 )
             _backend = built
         return _backend
+
+
+def current_default_backend() -> Backend | None:
+    """The default backend if one was set or built already (never builds one)."""
+    with _lock:
+        return _backend
+
+
+class GlobalConfig:
+    """Process-wide settings, under SGLang's name: `lp.global_config`.
+
+        lp.global_config.default_backend              the default backend (None before one
+                                                      is set or first built by a run)
+        lp.global_config.default_backend = backend    the same as lp.set_default_backend(backend)
+
+    SGLang programs read `global_config.default_backend.token_usage` after a run. Other
+    attributes raise AttributeError: lmprog has no other process-wide knob.
+    """
+
+    __slots__ = ()
+
+    @property
+    def default_backend(self) -> Backend | None:
+        return current_default_backend()
+
+    @default_backend.setter
+    def default_backend(self, backend: Backend | None) -> None:
+        set_default_backend(backend)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name != "default_backend":
+            raise AttributeError(
+                f"lp.global_config has no setting {name!r}; the one setting is default_backend"
+            )
+        object.__setattr__(self, name, value)
+
+    def __repr__(self) -> str:
+        return f"GlobalConfig(default_backend={current_default_backend()!r})"
+
+
+global_config = GlobalConfig()

@@ -88,6 +88,16 @@ class StateRecord:
             self._var_end[name] = len(self._pieces)
             self._notify()
 
+    def put_var(self, name: str, value: Any) -> None:
+        """A value the program set itself (`s.set_var`): no step of the worker defines it."""
+        with self.cond:
+            self.variables[name] = value
+            self.meta[name] = {}
+            self.parsed.pop(name, None)
+            self.new_names[name] = None
+            self._var_end[name] = len(self._pieces)
+            self._notify()
+
     def mark_control(self, start: int, end: int) -> None:
         """Text [start, end) came from the chat template or the model, not the user."""
         if end <= start:

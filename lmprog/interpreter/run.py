@@ -32,7 +32,7 @@ def run_body(state: ProgramState, program: Program, call: ProgramCall) -> BaseEx
     """
     state._body_thread = threading.get_ident()
     try:
-        program.func(state, *call.args, **call.kwargs)
+        state.ret_value = program.func(state, *call.args, **call.kwargs)
     except BaseException as e:  # noqa: BLE001 - the program's error, kept on its state
         state._record.fail(e)
         return e

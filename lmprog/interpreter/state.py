@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,8 @@ class ProgramState(FrontendState):
         state.text()                the whole text, chat markup included
         state.messages()            [{"role": "user", "content": ...}, ...]
         state.parsed("answer")      a typed/json_schema gen's parsed value (pydantic, dict, int)
+        state.get_var / set_var     SGLang's names for state["x"] / state["x"] = value
+        state.ret_value             what the program body returned
         state.get_meta_info("answer")
                                     prompt/completion/cached token counts, finish reason,
                                     logprobs (gen) or per-choice scores (select)
@@ -75,6 +78,9 @@ class ProgramState(FrontendState):
         )
         self._worker = Worker(self._record, executor, origin)
         self._children: list[ProgramState] = []  # fork copies, cancelled with this state
+        if context.stream:  # a streamed state nobody holds any more: stop its generation
+            weakref.finalize(self, _abandoned, self._record, self._children)
+        self.ret_value: Any = None  # what the program body returned (SGLang's state.ret_value)
 
     # ---- front-half hooks --------------------------------------------------------
 
@@ -131,11 +137,11 @@ class ProgramState(FrontendState):
         `text_async_iter` is left before it ended (break, close, garbage collection), and
         `run_async` when its awaiting task is cancelled (`asyncio.wait_for` timing out).
         """
+        for child in list(self._children):  # also copies still running after the body ended
+            child.cancel()
         if self._closed is not None and self._record.is_idle():
             return  # the program is complete: nothing to stop
         self._record.cancel(ProgramCancelled("the program was cancelled (state.cancel())"))
-        for child in list(self._children):
-            child.cancel()
 
     def _leaving_cancels(self, pieces: Iterator[str]) -> Iterator[str]:
         """`pieces`, cancelling a streamed run when the caller leaves before the end."""
@@ -163,6 +169,15 @@ class ProgramState(FrontendState):
             self._closed is not None or threading.get_ident() == self._body_thread
         )
         return self._record.wait_var(name, fail_fast)
+
+    def __contains__(self, name: object) -> bool:
+        """Whether variable `name` has a value now (set by a gen or select that ran, a join,
+        a var_scope or `set_var`); never waits."""
+        with self._record.cond:
+            return name in self._record.variables
+
+    def _store_var(self, name: str, value: Any) -> None:
+        self._record.put_var(name, value)
 
     def text(self) -> str:
         """The text so far, after every pending append has run (or the program failed)."""
@@ -288,6 +303,15 @@ class ProgramState(FrontendState):
         return (
             f"<ProgramState {status}, {record.length} chars, variables {sorted(record.variables)}>"
         )
+
+
+def _abandoned(record: StateRecord, children: list[ProgramState]) -> None:
+    """A streamed state was garbage-collected before its end: nobody can read what it would
+    generate, so its running gen is aborted like `cancel()` does (fork copies too)."""
+    for child in list(children):
+        child.cancel()
+    if not record.finished:
+        record.cancel(ProgramCancelled("the streamed program's state was garbage-collected"))
 
 
 def _resolve(entry: Parsed | None, value: Any) -> Any:

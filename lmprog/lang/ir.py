@@ -15,6 +15,8 @@ turns it into its leaves, so graphs and the interpreter never see it.
 
 from __future__ import annotations
 
+import re
+import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -78,8 +80,10 @@ class Text(Expr):
 class ArgRef(Expr):
     """An argument whose value is unknown while tracing (`lp.Arg`).
 
-    Appending or concatenating it is recorded; anything that needs its value (str(), an
-    f-string, `if arg:`, iteration, attribute access) stops the trace.
+    Appending or concatenating it is recorded, and so is formatting it into an f-string
+    (`f"The capital of {country} is"`): it formats as a sentinel the tracer splits back
+    into text and argument nodes (`split_placeholders`). Anything else that needs its
+    value (str(), a format spec, `if arg:`, iteration, attribute access) stops the trace.
     """
 
     name: str
@@ -94,7 +98,9 @@ class ArgRef(Expr):
         raise self._stop("str()")
 
     def __format__(self, spec: str) -> str:
-        raise self._stop("formatting (f-string)")
+        if spec:
+            raise self._stop(f"formatting with the spec {spec!r}")
+        return placeholder_sentinel(self.name)
 
     def __bool__(self) -> bool:
         raise self._stop("truth test")
@@ -124,6 +130,46 @@ class ArgRef(Expr):
         if attr.startswith("_"):
             raise AttributeError(attr)
         raise self._stop(f"attribute access .{attr}")
+
+
+# What a placeholder formats as inside an f-string while tracing: NUL-delimited, with a
+# per-process random nonce, so no text a program writes can look like one.
+_SENTINEL_TAG = f"lmprog-arg-{secrets.token_hex(8)}:"
+_SENTINEL = re.compile("\x00" + re.escape(_SENTINEL_TAG) + "([^\x00]*)\x00")
+
+
+def placeholder_sentinel(name: str) -> str:
+    """The text `f"{placeholder}"` produces for the placeholder of argument `name`."""
+    return f"\x00{_SENTINEL_TAG}{name}\x00"
+
+
+def split_placeholders(text: str) -> tuple[Expr, ...]:
+    """`text` with each placeholder sentinel turned back into its `ArgRef`: Text and ArgRef
+    nodes in order. Raises TraceStop if a sentinel was altered (sliced, upper-cased...):
+    the program used the argument's text in a way the trace cannot follow."""
+    parts: list[Expr] = []
+    pos = 0
+    for match in _SENTINEL.finditer(text):
+        if match.start() > pos:
+            parts.append(Text(text[pos : match.start()]))
+        parts.append(ArgRef(match.group(1)))
+        pos = match.end()
+    if pos < len(text):
+        parts.append(Text(text[pos:]))
+    for part in parts:
+        if isinstance(part, Text) and mentions_placeholder(part.text):
+            raise TraceStop(
+                "an argument formatted into a string was then changed as text (sliced, "
+                "case-changed, ...), which needs its value"
+            )
+    return tuple(parts)
+
+
+def mentions_placeholder(text: str) -> bool:
+    """Whether `text` may hold (part of) a placeholder's sentinel: its tag, or a NUL (what
+    a slice of one keeps at either end; text that holds a NUL of its own merely ends the
+    trace, never changes what runs)."""
+    return "\x00" in text or _SENTINEL_TAG in text
 
 
 @dataclass(frozen=True, slots=True)

@@ -237,6 +237,32 @@ class FrontendState(abc.ABC):
     def __getitem__(self, name: str) -> Any:
         """The value of variable `name`, once it is ready."""
 
+    def get_var(self, name: str) -> Any:
+        """`s[name]` under SGLang's name."""
+        return self[name]
+
+    def set_var(self, name: str, value: Any) -> None:
+        """Set variable `name` to `value` now (SGLang's `s.set_var`; also `s[name] = value`).
+
+        The value is any Python object, read back with `s[name]`; it is not appended to the
+        text. A gen of the same name still pending overwrites it when it runs.
+        """
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"a variable name is a non-empty str, got {name!r}")
+        self._store_var(name, value)
+        self._declare((name,))
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.set_var(name, value)
+
+    @abc.abstractmethod
+    def _store_var(self, name: str, value: Any) -> None:
+        """Record a value set by the program (`set_var`)."""
+
+    @abc.abstractmethod
+    def __contains__(self, name: object) -> bool:
+        """Whether variable `name` has a value now (SGLang's `name in s`)."""
+
     @abc.abstractmethod
     def text(self) -> str:
         """The whole text so far (waits for pending appends)."""

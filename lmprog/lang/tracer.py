@@ -2,9 +2,10 @@
 
 `program.trace(question=lp.Arg)` calls the program with `question` bound to an `ArgRef`
 and `s` bound to a `TracerState`, which records every validated node instead of running
-it. Tracing stops (and the graph says why) at the first operation that needs a value the
-tracer does not have: str() or formatting of a placeholder, a truth test on it, reading a
-generated variable, the text so far...
+it. A placeholder formatted into an f-string is recorded too: it formats as a sentinel that
+`_submit` splits back into text and argument nodes. Tracing stops (and the graph says why)
+at the first operation that needs a value the tracer does not have: str() of a placeholder,
+a truth test on it, reading a generated variable, the text so far...
 """
 
 from __future__ import annotations
@@ -14,7 +15,16 @@ from typing import Any
 
 from lmprog.core.sampling import SamplingParams
 from lmprog.lang.graph import Graph
-from lmprog.lang.ir import ArgRef, Fork, Join, Node, TraceStop
+from lmprog.lang.ir import (
+    ArgRef,
+    Fork,
+    Join,
+    Node,
+    Text,
+    TraceStop,
+    mentions_placeholder,
+    split_placeholders,
+)
 from lmprog.lang.state import FrontendState, Inherited, Step
 
 
@@ -46,7 +56,19 @@ class TracerState(FrontendState):
         self._items: list[Node | _PendingFork] = []
 
     def _submit(self, steps: tuple[Step, ...], defines: tuple[str, ...]) -> None:
-        self._items.extend(node for node, _ in steps)
+        for node, _ in steps:
+            if isinstance(node, Text):
+                if mentions_placeholder(node.text):  # an f-string with a placeholder in it
+                    self._items.extend(split_placeholders(node.text))
+                else:
+                    self._items.append(node)
+            elif mentions_placeholder(repr(node)):
+                raise TraceStop(
+                    f"an argument formatted into a string is used in a {type(node).__name__} "
+                    "node's arguments, which need its value"
+                )
+            else:
+                self._items.append(node)
 
     def _spawn(self, fork: Fork, inherited: Inherited) -> list[Any]:
         children = [TracerState(self._defaults, inherited) for _ in range(fork.n)]
@@ -78,6 +100,12 @@ class TracerState(FrontendState):
 
     def __getitem__(self, name: str) -> Any:
         raise TraceStop(f"the program reads variable {name!r}, generated at run time")
+
+    def __contains__(self, name: object) -> bool:
+        raise TraceStop(f"the program tests whether {name!r} is set, known at run time")
+
+    def _store_var(self, name: str, value: Any) -> None:
+        pass  # a Python value, not part of the text: nothing to record
 
     def text(self) -> str:
         raise TraceStop("the program reads its text, produced at run time")

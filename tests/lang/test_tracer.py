@@ -59,7 +59,9 @@ def test_constant_prefix_stops_at_the_first_argument():
     "body, reason",
     [
         (lambda s, a: s.__iadd__(str(a)), "str()"),
-        (lambda s, a: s.__iadd__(f"{a}!"), "formatting"),
+        (lambda s, a: s.__iadd__(f"{a:>8}!"), "formatting with the spec"),
+        (lambda s, a: s.__iadd__(f"{a}!".upper()), "changed as text"),
+        (lambda s, a: s.__iadd__(lp.gen("g", stop=f"{a}")), "Gen node's arguments"),
         (lambda s, a: s.__iadd__("yes" if a else "no"), "truth test"),
         (lambda s, a: s.__iadd__(a.upper()), ".upper"),
         (lambda s, a: [s.__iadd__(x) for x in a], "iteration"),
