@@ -58,6 +58,8 @@ STATE_MEMBERS = [
     "text",
     "messages",
     "get_meta_info",
+    "get_var",
+    "set_var",
     "sync",
     "error",
     "text_iter",

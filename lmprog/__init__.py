@@ -10,8 +10,8 @@
     state = qa.run(question="Capital of France?", temperature=0)
     print(state["answer"])
 
-`import lmprog` stays light: backends (`lp.LlamaCpp`, `lp.Runtime`, `lp.OpenAI`) and `lp.Constraint`
-are imported on first use.
+`import lmprog` stays light: backends (`lp.LlamaCpp`, `lp.Runtime`, `lp.OpenAI`,
+`lp.RuntimeEndpoint`) and `lp.Constraint` are imported on first use.
 """
 
 from __future__ import annotations
@@ -27,7 +27,12 @@ from lmprog.core.errors import (
 )
 from lmprog.core.limits import Limits, get_limits, set_limits
 from lmprog.core.sampling import SamplingParams
-from lmprog.interpreter import ProgramState, set_backend_factory, set_default_backend
+from lmprog.interpreter import (
+    ProgramState,
+    global_config,
+    set_backend_factory,
+    set_default_backend,
+)
 from lmprog.interpreter.function import function
 from lmprog.lang import (
     REGEX_BOOL,
@@ -57,7 +62,10 @@ from lmprog.lang import (
 __version__ = "0.1.0"
 
 # Names given lazily: module -> names it provides.
-_LAZY = {"lmprog.backends": ("LlamaCpp", "Runtime", "OpenAI"), "lmprog.fsm": ("Constraint",)}
+_LAZY = {
+    "lmprog.backends": ("LlamaCpp", "Runtime", "OpenAI", "RuntimeEndpoint"),
+    "lmprog.fsm": ("Constraint",),
+}
 
 
 def _default_backend() -> Any:
@@ -91,7 +99,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | {n for names in _LAZY.values() for n in names})
 
 
-# The lazy names (Constraint, LlamaCpp, Runtime, OpenAI) are left out so that `import *` stays light.
+# The lazy names (Constraint, LlamaCpp, Runtime, OpenAI, RuntimeEndpoint) are left out so that `import *` stays light.
 __all__ = [
     "REGEX_BOOL",
     "REGEX_FLOAT",
@@ -114,6 +122,7 @@ __all__ = [
     "gen_int",
     "gen_string",
     "get_limits",
+    "global_config",
     "greedy_token_selection",
     "image",
     "select",

@@ -3,6 +3,8 @@
     LlamaCpp          llama.cpp on the CPU (lmprog.backends.llamacpp)
     Runtime           lmprog's in-process engine (lmprog.backends.runtime, when present)
     OpenAI            any OpenAI-compatible HTTP endpoint (lmprog.backends.openai; never a default)
+    RuntimeEndpoint   a server speaking SGLang's native HTTP protocol: an SGLang server or
+                      `lmprog serve` (lmprog.backends.sglang_endpoint; never a default)
     default_backend() Runtime on a CUDA machine when available, else LlamaCpp (memoized)
 
 Engines are imported lazily, on first use of their name: `import lmprog` stays cheap and
@@ -20,13 +22,14 @@ if TYPE_CHECKING:
     from lmprog.backends.llamacpp import LlamaCpp
     from lmprog.core.protocol import Backend
 
-__all__ = ["LlamaCpp", "OpenAI", "Runtime", "default_backend"]
+__all__ = ["LlamaCpp", "OpenAI", "Runtime", "RuntimeEndpoint", "default_backend"]
 
 # name -> (module, attribute); the module is imported when the name is first used.
 _ENGINES = {
     "LlamaCpp": ("lmprog.backends.llamacpp", "LlamaCpp"),
     "Runtime": ("lmprog.backends.runtime", "Runtime"),
     "OpenAI": ("lmprog.backends.openai", "OpenAI"),
+    "RuntimeEndpoint": ("lmprog.backends.sglang_endpoint", "RuntimeEndpoint"),
 }
 
 _default: list[Backend] = []

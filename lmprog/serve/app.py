@@ -20,7 +20,7 @@ from starlette.requests import ClientDisconnect
 
 from lmprog.core.protocol import Backend
 
-from . import jsonbody
+from . import jsonbody, native
 from .chat_completions import create_chat_completion
 from .chat_schemas import ChatCompletionRequest
 from .completions import create_completion
@@ -57,6 +57,7 @@ def build_app(
     app.state.ctx = ctx
     install_handlers(app)
     _routes(app, ctx)
+    native.install(app, ctx)  # SGLang's native protocol: /generate, /get_model_info, ...
     app.add_middleware(
         Gate, api_key=api_key, max_body_bytes=limits.max_body_bytes, metrics=ctx.metrics
     )

@@ -18,6 +18,7 @@ from .metrics import ServerMetrics
 OPEN_PATHS = frozenset({"/health"})
 KNOWN_PATHS = frozenset(
     {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}
+    | {"/generate", "/get_model_info", "/flush_cache", "/health_generate"}  # SGLang's native API
 )
 
 

@@ -1,0 +1,494 @@
+"""SGLang's native HTTP protocol beside the OpenAI API, so SGLang's own frontend
+(`sgl.RuntimeEndpoint`) and any client of SGLang's native API run against `lmprog serve`.
+
+    POST /generate         {"text" | "input_ids", "sampling_params", "stream", "return_logprob",
+                            "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "rid"}
+                           -> {"text", "output_ids", "meta_info"} (a list of them for a batch);
+                           stream: SSE `data: {...}` with the text so far, then `data: [DONE]`
+    GET  /get_model_info   {"model_path", "tokenizer_path", "is_generation", ...}
+    GET|POST /flush_cache  empty the prefix cache (400 while requests run)
+    GET  /health_generate  200 once a one-token generation succeeds
+
+meta_info: id, finish_reason ({"type": "stop", "matched": ...}, {"type": "length", "length": N},
+{"type": "abort", ...}), prompt_tokens, completion_tokens, cached_tokens, e2e_latency; with
+return_logprob also input_token_logprobs (prompt positions from logprob_start_len on; -1, the
+default, asks for none; position 0 has no logprob: None), output_token_logprobs, and with
+top_logprobs_num input_top_logprobs/output_top_logprobs. Each entry is [logprob, token_id,
+token text or None (return_text_in_logprobs)]. Input logprobs need the Runtime backend.
+
+Bodies go through the same parsing, limits and error shape as the OpenAI routes, and
+generations through the same bridge (cancelled when the client leaves).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import Field
+
+from lmprog.core.errors import ConstraintError
+from lmprog.core.protocol import GenerateRequest, GenerateResult, TokenLogprob
+from lmprog.core.sampling import SamplingParams
+from lmprog.fsm import Constraint
+
+from .bridge import Generations
+from .context import ServeContext
+from .echo import encode_prompt
+from .errors import APIError, from_exception
+from .params import stop_strings
+from .runs import respond
+from .schemas import MAX_SEED, Strict
+from .streaming import DONE, sse
+
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
+
+
+class NativeSamplingParams(Strict):
+    """`sampling_params` of SGLang's /generate. Every field may be null (SGLang's frontend
+    sends each one); settings lmprog cannot honour are refused when set."""
+
+    max_new_tokens: int | None = Field(default=None, ge=0)
+    min_new_tokens: int | None = Field(default=None, ge=0)
+    n: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1, le=2**31 - 1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    ignore_eos: bool | None = None
+    sampling_seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    regex: str | None = None
+    json_schema: str | dict[str, Any] | None = None
+    ebnf: str | None = None
+    # accepted at the values lmprog always uses; anything else is refused
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None
+    repetition_penalty: float | None = None
+    stop_regex: str | list[str] | None = None
+
+    def unsupported(self) -> str | None:
+        """The first field set to a value lmprog cannot honour, or None."""
+        for name, ok in (
+            ("skip_special_tokens", self.skip_special_tokens in (None, True)),
+            ("spaces_between_special_tokens", self.spaces_between_special_tokens in (None, True)),
+            ("no_stop_trim", self.no_stop_trim in (None, False)),
+            ("repetition_penalty", self.repetition_penalty in (None, 1.0)),
+            ("stop_regex", not self.stop_regex),
+        ):
+            if not ok:
+                return name
+        return None
+
+
+class GenerateBody(Strict):
+    """SGLang's GenerateReqInput: the fields lmprog serves."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: NativeSamplingParams | list[NativeSamplingParams] | None = None
+    rid: str | list[str] | None = None
+    return_logprob: bool | list[bool] | None = None
+    logprob_start_len: int | list[int] | None = None
+    top_logprobs_num: int | list[int] | None = None
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    image_data: None = None  # no image input: any value is refused by the type
+
+
+class FlushBody(Strict):
+    empty_cache: bool | None = None  # SGLang's client sends it; the cache is emptied either way
+
+
+def install(app: FastAPI, ctx: ServeContext) -> None:
+    """Add the native routes to `app` (called by `build_app`)."""
+    from .app import parse_body  # the app imports this module: parse_body at call time
+
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(request: Request) -> Response:
+        body = await parse_body(request, GenerateBody, ctx.limits.max_json_depth)
+        return await _generate(ctx, body, request)
+
+    @app.get("/get_model_info")
+    async def model_info() -> JSONResponse:
+        return JSONResponse(
+            {
+                "model_path": ctx.model_name,
+                "tokenizer_path": ctx.model_name,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                # lmprog's own: how the model renders role messages, for lp.RuntimeEndpoint
+                "lmprog": {"chat_template": ctx.template.source, "special_tokens": _specials(ctx)},
+            }
+        )
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache(request: Request) -> Response:
+        raw = await request.body()
+        if raw.strip():
+            await parse_body(request, FlushBody, ctx.limits.max_json_depth)
+        flush = getattr(ctx.backend, "flush_cache", None)
+        if flush is None:
+            raise APIError(
+                400,
+                f"the {type(ctx.backend).__name__} backend has no prefix cache to flush",
+                code="unsupported",
+            )
+        if not await ctx.blocking(flush):
+            raise APIError(
+                400,
+                "the cache was not flushed: requests are running; try again when idle",
+                code="busy",
+            )
+        return Response("Cache flushed.\n", media_type="text/plain")
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        probe = GenerateRequest("\n", SamplingParams(max_tokens=1, temperature=0.0))
+        try:
+            await ctx.blocking(ctx.backend.generate, probe)
+        except Exception as exc:  # noqa: BLE001 - the server is not healthy
+            raise APIError(503, f"a one-token generation failed: {exc}", code="unhealthy") from None
+        return Response(status_code=200)
+
+
+# ---- /generate ----------------------------------------------------------------------------
+
+
+class _Item:
+    """One prompt of a request with its settings (a batch has several)."""
+
+    def __init__(self, prompt: str | tuple[int, ...], rid: str, params: SamplingParams) -> None:
+        self.prompt = prompt
+        self.rid = rid
+        self.params = params
+        self.constraint: Constraint | None = None
+        self.n = 1
+        self.logprob_start = -1  # SGLang's default: no prompt logprobs
+        self.input_logprobs: list[TokenLogprob | None] = []
+        self.input_ids: tuple[int, ...] = ()
+
+
+async def _generate(ctx: ServeContext, body: GenerateBody, request: Request) -> Response:
+    started = time.perf_counter()
+    prompts, batch = _prompts(body)
+    items = [_item(ctx, body, i, p, len(prompts)) for i, p in enumerate(prompts)]
+    total = sum(item.n for item in items)
+    if total > ctx.limits.max_choices:
+        raise APIError(
+            400,
+            f"{len(items)} prompts with their n make {total} generations; this server allows "
+            f"at most {ctx.limits.max_choices} in one request",
+            param="sampling_params.n",
+        )
+    if any(item.logprob_start >= 0 for item in items):
+        await ctx.blocking(_score_prompts, ctx, items)
+    requests = [
+        GenerateRequest(item.input_ids or item.prompt, item.params, item.constraint)
+        for item in items
+        for _ in range(item.n)
+    ]
+    group = Generations(ctx.backend, requests, ctx.executor, stream=body.stream)
+    reply = _Reply(ctx, body, items, batch or total > 1, started)
+    return await respond(request, group, reply, stream=body.stream, param="text")
+
+
+def _prompts(body: GenerateBody) -> tuple[list[str | tuple[int, ...]], bool]:
+    """The prompts and whether the request is a batch (a list of them)."""
+    if (body.text is None) == (body.input_ids is None):
+        raise APIError(400, "give exactly one of text and input_ids", param="text")
+    if body.text is not None:
+        if isinstance(body.text, str):
+            return [body.text], False
+        if not body.text:
+            raise APIError(400, "text must not be an empty list", param="text")
+        return list(body.text), True
+    ids = body.input_ids
+    if not ids:
+        raise APIError(400, "input_ids must not be empty", param="input_ids")
+    if isinstance(ids[0], int):
+        return [tuple(ids)], False  # type: ignore[arg-type]
+    if any(not p for p in ids):  # type: ignore[union-attr]
+        raise APIError(400, "a prompt of input_ids must not be empty", param="input_ids")
+    return [tuple(p) for p in ids], True  # type: ignore[union-attr]
+
+
+def _per_prompt(value: Any, i: int, count: int, name: str) -> Any:
+    """A field's value for prompt i: the value itself, or entry i of a list of one per prompt."""
+    if not isinstance(value, list):
+        return value
+    if len(value) != count:
+        raise APIError(
+            400, f"{name} has {len(value)} entries for {count} prompts; give one each", param=name
+        )
+    return value[i]
+
+
+def _item(ctx: ServeContext, body: GenerateBody, i: int, prompt: Any, count: int) -> _Item:
+    sp = _per_prompt(body.sampling_params, i, count, "sampling_params") or NativeSamplingParams()
+    rid = _per_prompt(body.rid, i, count, "rid") or uuid.uuid4().hex
+    return_logprob = bool(_per_prompt(body.return_logprob, i, count, "return_logprob"))
+    top = _per_prompt(body.top_logprobs_num, i, count, "top_logprobs_num") or 0
+    start = _per_prompt(body.logprob_start_len, i, count, "logprob_start_len")
+    if top < 0 or top > ctx.limits.max_logprobs:
+        raise APIError(
+            400,
+            f"top_logprobs_num must be in [0, {ctx.limits.max_logprobs}], got {top}",
+            param="top_logprobs_num",
+        )
+    if start is not None and start < -1:
+        raise APIError(
+            400, f"logprob_start_len must be >= -1, got {start}", param="logprob_start_len"
+        )
+    item = _Item(prompt, str(rid), _sampling(ctx, sp, return_logprob, top))
+    item.constraint = _constraint(sp)
+    item.n = 1 if sp.n is None else sp.n
+    if item.n > ctx.limits.max_n:
+        raise APIError(
+            400, f"n is {item.n}; this server allows at most {ctx.limits.max_n}", param="n"
+        )
+    if return_logprob and start is not None:
+        item.logprob_start = start
+    return item
+
+
+def _sampling(
+    ctx: ServeContext, sp: NativeSamplingParams, return_logprob: bool, top: int
+) -> SamplingParams:
+    name = sp.unsupported()
+    if name is not None:
+        raise APIError(
+            400,
+            f"sampling_params.{name}={getattr(sp, name)!r} is not supported by this server",
+            param=f"sampling_params.{name}",
+            code="unsupported_parameter",
+        )
+    tokens = DEFAULT_MAX_NEW_TOKENS if sp.max_new_tokens is None else sp.max_new_tokens
+    tokens = min(tokens, ctx.limits.max_tokens) if sp.max_new_tokens is None else tokens
+    if tokens > ctx.limits.max_tokens:
+        raise APIError(
+            400,
+            f"max_new_tokens is {tokens}; this server allows at most {ctx.limits.max_tokens}",
+            param="sampling_params.max_new_tokens",
+            code="max_tokens_too_large",
+        )
+    fields = {
+        "max_tokens": tokens,
+        "min_tokens": sp.min_new_tokens,
+        "stop": stop_strings(sp.stop, ctx.limits),
+        "stop_token_ids": tuple(sp.stop_token_ids or ()),
+        "temperature": sp.temperature,
+        "top_p": sp.top_p,
+        "top_k": sp.top_k,
+        "min_p": sp.min_p,
+        "frequency_penalty": sp.frequency_penalty,
+        "presence_penalty": sp.presence_penalty,
+        "ignore_eos": sp.ignore_eos,
+        "seed": sp.sampling_seed,
+        "return_logprob": return_logprob,
+        "top_logprobs_num": top if return_logprob else 0,
+    }
+    try:
+        return SamplingParams().merged({k: v for k, v in fields.items() if v is not None})
+    except (TypeError, ValueError) as exc:
+        raise APIError(400, f"sampling_params: {exc}", param="sampling_params") from None
+
+
+def _constraint(sp: NativeSamplingParams) -> Constraint | None:
+    given = [
+        (k, v)
+        for k, v in (("regex", sp.regex), ("json_schema", sp.json_schema), ("ebnf", sp.ebnf))
+        if v is not None
+    ]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise APIError(
+            400,
+            f"give at most one of regex, json_schema and ebnf, got {[k for k, _ in given]}",
+            param=f"sampling_params.{given[1][0]}",
+        )
+    kind, value = given[0]
+    try:
+        if kind == "regex":
+            return Constraint.from_regex(value)
+        if kind == "ebnf":
+            return Constraint.from_ebnf(value)
+        return Constraint.from_json_schema(value)
+    except ConstraintError as exc:
+        raise APIError(
+            400, f"invalid {kind}: {exc}", param=f"sampling_params.{kind}", code=f"invalid_{kind}"
+        ) from None
+
+
+def _score_prompts(ctx: ServeContext, items: list[_Item]) -> None:
+    """Prompt token logprobs of the items that ask for them (a worker thread: blocking).
+    They come from a prefill of their own; the generation that follows starts from the
+    same token ids, its prefix already cached."""
+    from lmprog.backends.runtime import Runtime
+
+    backend = ctx.backend
+    if not isinstance(backend, Runtime):
+        raise APIError(
+            400,
+            f"prompt logprobs (return_logprob with logprob_start_len >= 0) need the Runtime "
+            f"backend; this server runs {type(backend).__name__}",
+            param="logprob_start_len",
+        )
+    for item in items:
+        if item.logprob_start < 0:
+            continue
+        ids = (
+            item.prompt
+            if isinstance(item.prompt, tuple)
+            else encode_prompt(backend.tokenizer, item.prompt)
+        )
+        if not ids:
+            raise APIError(400, "prompt logprobs need a non-empty prompt", param="text")
+        item.input_ids = tuple(ids)
+        start = item.logprob_start
+        if start >= len(ids):
+            continue
+        params = SamplingParams(max_tokens=0, top_logprobs_num=item.params.top_logprobs_num)
+        try:
+            result = backend.generate([list(ids)], params, logprob_start_len=max(start - 1, 0))[0]
+        except Exception as exc:  # noqa: BLE001 - mapped to an HTTP error
+            raise from_exception(exc, param="text") from None
+        scored = list(result.prompt_logprobs or ())  # positions max(start, 1) .. end
+        item.input_logprobs = ([None] if start == 0 else []) + scored
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else -9999.0  # JSON has no -inf (as in the OpenAI routes)
+
+
+class _Reply:
+    """The response bodies of one /generate request (generation index = prompt's first
+    index + sample)."""
+
+    def __init__(
+        self, ctx: ServeContext, body: GenerateBody, items: list[_Item], batch: bool, started: float
+    ) -> None:
+        self.ctx = ctx
+        self.body = body
+        self.items = [item for item in items for _ in range(item.n)]
+        self.batch = batch
+        self.started = started
+        self._tokenizer: Any = None
+
+    def _text_of(self, token_id: int) -> str | None:
+        if not self.body.return_text_in_logprobs:
+            return None
+        if self._tokenizer is None:
+            self._tokenizer = self.ctx.backend.tokenizer
+        return self._tokenizer.decode([token_id])
+
+    def _entry(self, logprob: float | None, token_id: int, token: str | None) -> list[Any]:
+        text = token if self.body.return_text_in_logprobs else None
+        return [None if logprob is None else _finite(logprob), token_id, text]
+
+    def _top(self, t: TokenLogprob | None) -> list[list[Any]] | None:
+        if t is None:
+            return None
+        return [self._entry(a.logprob, a.token_id, a.token) for a in t.top]
+
+    def _input_logprobs(self, item: _Item) -> tuple[list[Any], list[Any]]:
+        if item.logprob_start < 0:
+            return [], []
+        ids = item.input_ids[item.logprob_start :]
+        entries, tops = [], []
+        for token_id, t in zip(ids, item.input_logprobs):
+            if t is None:
+                entries.append(self._entry(None, token_id, self._text_of(token_id)))
+            else:
+                entries.append(self._entry(t.logprob, t.token_id, t.token))
+            tops.append(self._top(t))
+        return entries, tops
+
+    def meta_info(self, index: int, result: GenerateResult) -> dict[str, Any]:
+        item = self.items[index]
+        if result.finish_reason == "length":
+            finish: dict[str, Any] = {"type": "length", "length": result.completion_tokens}
+        elif result.finish_reason in ("abort", "error"):
+            finish = {"type": "abort", "message": result.message or result.finish_reason}
+        else:
+            finish = {"type": "stop", "matched": result.matched_stop}
+        meta: dict[str, Any] = {
+            "id": item.rid,
+            "finish_reason": finish,
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.completion_tokens,
+            "cached_tokens": result.cached_tokens,
+            "e2e_latency": time.perf_counter() - self.started,
+        }
+        if result.message:
+            meta["message"] = result.message
+        if item.params.return_logprob:
+            inputs, input_tops = self._input_logprobs(item)
+            outputs = list(result.logprobs or ())
+            meta["input_token_logprobs"] = inputs
+            meta["output_token_logprobs"] = [
+                self._entry(t.logprob, t.token_id, t.token) for t in outputs
+            ]
+            if item.params.top_logprobs_num:
+                meta["input_top_logprobs"] = input_tops
+                meta["output_top_logprobs"] = [self._top(t) for t in outputs]
+        return meta
+
+    def _output(self, index: int, result: GenerateResult) -> dict[str, Any]:
+        return {
+            "text": result.text,
+            "output_ids": list(result.token_ids),
+            "meta_info": self.meta_info(index, result),
+        }
+
+    def response_body(self, results: list[GenerateResult]) -> Any:
+        self.ctx.metrics.on_usage(
+            sum(r.prompt_tokens for r in results), sum(r.completion_tokens for r in results)
+        )
+        outputs = [self._output(i, r) for i, r in enumerate(results)]
+        return outputs if self.batch else outputs[0]
+
+    async def stream(self, group: Generations) -> Any:
+        """SSE events: the text so far of a generation at each new piece (meta_info with
+        its id and finish_reason None), its whole output when it ends, then [DONE]; a
+        failure once the stream began is an {"error": {...}} event before [DONE]."""
+        texts = [""] * group.size
+        try:
+            async for index, event in group.events():
+                if isinstance(event, str):
+                    texts[index] += event
+                    out: dict[str, Any] = {
+                        "text": texts[index],
+                        "meta_info": {"id": self.items[index].rid, "finish_reason": None},
+                    }
+                else:
+                    self.ctx.metrics.on_usage(event.prompt_tokens, event.completion_tokens)
+                    out = self._output(index, event)
+                if self.batch:
+                    out["index"] = index
+                yield sse(out)
+        except Exception as exc:  # noqa: BLE001 - a generation failed after the stream began
+            yield sse(from_exception(exc).body())
+        yield DONE
+
+
+def _specials(ctx: ServeContext) -> dict[str, str]:
+    try:
+        special = getattr(ctx.backend.tokenizer, "special_tokens_map", None) or {}
+    except Exception:  # noqa: BLE001 - a backend without a tokenizer: the template has none
+        return {}
+    return {k: v for k, v in special.items() if isinstance(v, str)}
+
+
+__all__ = ["GenerateBody", "NativeSamplingParams", "install"]
