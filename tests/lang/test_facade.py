@@ -21,6 +21,7 @@ API_NAMES = [
     "image",
     "Arg",
     "set_default_backend",
+    "global_config",
     "token_length_normalized",
     "greedy_token_selection",
     "unconditional_likelihood_normalized",
