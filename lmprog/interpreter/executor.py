@@ -153,12 +153,13 @@ class NodeExecutor:
         if prefix:
             self._append_constant(prefix, control=True)
         self._open_message = (node.role, self._record.length)
+        self._record.open_message = self._open_message
 
     def _role_end(self, node: RoleEnd, _: None) -> None:
         assert self._open_message is not None and self._open_message[0] == node.role
         role, start = self._open_message
         self._record.add_message(role, self._record.text[start:])
-        self._open_message = None
+        self._open_message = self._record.open_message = None
         suffix = self._template().role_suffix(role)
         if suffix:
             self._append_constant(suffix, control=True)
@@ -300,7 +301,7 @@ class NodeExecutor:
             snap.text, snap.variables, snap.meta, snap.messages, snap.parsed, snap.control
         )
         self._message_count = snap.message_count
-        self._open_message = snap.open_message
+        self._open_message = self._record.open_message = snap.open_message
 
     def _join(self, node: Join, children: list[StateRecord]) -> None:
         if self._spec is not None:

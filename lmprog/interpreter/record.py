@@ -49,6 +49,8 @@ class StateRecord:
         # (start, end) of text where special-token strings are control tokens: the chat
         # template's role markers and generated text (lmprog.core.prompt.Prompt)
         self.control: list[tuple[int, int]] = []
+        # the role message begun and not yet ended: (role, offset of its content)
+        self.open_message: tuple[str, int] | None = None
         self.new_names: dict[
             str, None
         ] = {}  # variables set since the state began (what join gathers)

@@ -185,10 +185,19 @@ class ProgramState(FrontendState):
         return self._record.text
 
     def messages(self) -> list[dict[str, str]]:
-        """The completed role messages so far, as [{"role": ..., "content": ...}, ...]."""
+        """The role messages so far, as [{"role": ..., "content": ...}, ...].
+
+        A role still open (`lp.user_begin()` without its `user_end()`, also a fork copy
+        inside its parent's role) is the last message, with its content so far: nothing
+        the program appended is left out."""
         self._record.wait_idle()
-        with self._record.cond:
-            return [dict(m) for m in self._record.messages]
+        record = self._record
+        with record.cond:
+            out = [dict(m) for m in record.messages]
+            if record.open_message is not None:
+                role, start = record.open_message
+                out.append({"role": role, "content": record._text_locked()[start:]})
+            return out
 
     def get_meta_info(self, name: str) -> Any:
         """Meta info of variable `name` (waits like `s[name]`).

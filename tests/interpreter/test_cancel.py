@@ -177,3 +177,52 @@ def test_forks_of_a_cancelled_state_are_cancelled():
         assert isinstance(within(5, copy.error), lp.ProgramCancelled)
     wait_until(lambda: backend.aborted == 2)
     assert backend.pieces_sent < 20
+
+
+def test_copies_running_after_the_body_ended_are_cancelled():
+    backend = slow_backend()
+    copies = []
+
+    @lp.function
+    def unjoined(s):
+        s += "Start:"
+        forks = s.fork(2)
+        copies.extend(forks)
+        for f in forks:
+            f += lp.gen("x", max_tokens=LONG)  # never joined: the body ends while they run
+
+    state = unjoined.run(backend=backend, stream=True)
+    wait_until(lambda: len(copies) == 2 and backend.pieces_sent >= 4)
+    state.cancel()
+    for copy in copies:
+        assert isinstance(within(5, copy.error), lp.ProgramCancelled)
+    wait_until(lambda: backend.aborted == 2)
+    assert backend.pieces_sent < 20
+
+
+def test_a_collected_streamed_state_aborts_its_request():
+    import gc
+
+    backend = slow_backend()
+    state = two_gens.run(backend=backend, stream=True)
+    wait_until(lambda: backend.pieces_sent >= 3)
+    del state  # nobody can read it any more
+    gc.collect()
+    wait_until(lambda: backend.aborted == 1)
+    sent = backend.pieces_sent
+    assert sent < 20
+    time.sleep(0.05)
+    assert backend.pieces_sent == sent
+    assert len(backend.generations()) == 1  # the second gen never ran
+
+
+def test_a_collected_finished_state_changes_nothing():
+    import gc
+
+    backend = FakeBackend()
+    state = two_gens.run(backend=backend, stream=True)
+    state.sync()
+    record = state._record
+    del state
+    gc.collect()
+    assert record.error is None and backend.aborted == 0

@@ -292,3 +292,25 @@ def test_a_backend_context_length_error_surfaces_unchanged():
 
     with pytest.raises(lp.ContextLengthError, match="exceeds the context"):
         chat.run("q", backend=Short())
+
+
+def test_an_unclosed_role_shows_in_messages():
+    """Issue 13, finding 7: an open `user_begin()` is the last message, not dropped."""
+
+    @lp.function
+    def unclosed(s):
+        s += lp.system("Be brief.")
+        s += lp.user_begin()
+        s += "What is 2+2?"
+
+    state = unclosed.run(backend=FakeBackend())
+    assert state.messages() == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2+2?"},
+    ]
+
+    @lp.function
+    def closed(s):
+        s += lp.user("Hi")
+
+    assert closed.run(backend=FakeBackend()).messages() == [{"role": "user", "content": "Hi"}]
