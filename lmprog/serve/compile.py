@@ -76,14 +76,16 @@ async def compiled(
 
 def build_index(ctx: ServeContext, constraint: Any) -> None:
     """Build (or find cached) the token index of `constraint` for the backend's tokenizer,
-    so the generation that follows finds it ready. A backend without a tokenizer of its own
-    (an endpoint) builds none."""
+    so the generation that follows finds it ready. A backend without a Hugging Face
+    tokenizer of its own (an endpoint, a test double) builds none."""
     if constraint is None:
         return
+    from lmprog.fsm.index import TokenIndex
+    from lmprog.fsm.vocab import TokenVocab
+
     try:
         tokenizer = ctx.backend.tokenizer
-    except Exception:  # noqa: BLE001 - no local tokenizer: no local index either
+        TokenVocab.from_tokenizer(tokenizer)
+    except Exception:  # noqa: BLE001 - no tokenizer an index can be built for
         return
-    from lmprog.fsm.index import TokenIndex
-
-    TokenIndex.get(constraint, tokenizer)
+    TokenIndex.get(constraint, tokenizer)  # a ConstraintError is the client's 400
