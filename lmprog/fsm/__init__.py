@@ -2,7 +2,7 @@
 
 ``Constraint`` (regex, JSON schema, choices, dtype) lives here; the token index, guides, masks and
 jump-forward (``TokenIndex``, ``Guide``, ...) are exported lazily when their modules exist, so that
-importing the compilers pulls in neither torch nor outlines-core.
+importing the compilers pulls in neither torch nor the token engine (llguidance).
 """
 
 from __future__ import annotations

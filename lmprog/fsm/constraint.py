@@ -2,17 +2,16 @@
 
 Every constructor validates and compiles at once, so a bad regex or schema raises
 ``ConstraintError`` before any token is spent. ``pattern`` is a regex matched against the whole
-output, written in the syntax subset that Python ``re``, interegular and outlines-core (Rust
-``regex``) all read the same way (see ``lmprog.fsm.regex``); the token index consumes it.
+output, written in the syntax subset that Python ``re``, interegular and Rust's ``regex`` (the
+token engine, llguidance) all read the same way (see ``lmprog.fsm.regex``); the token index
+consumes it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import json_schema
@@ -20,11 +19,6 @@ from lmprog.fsm.dtypes import resolve_dtype
 from lmprog.fsm.regex import alt, check_not_only_empty, compile_user_regex, lit
 
 KINDS = ("regex", "json_schema", "choices", "dtype")
-
-
-@lru_cache(maxsize=256)
-def _compiled(pattern: str) -> re.Pattern:
-    return re.compile(pattern)
 
 
 @dataclass(frozen=True)
@@ -118,10 +112,14 @@ class Constraint:
         return hashlib.sha256(self.pattern.encode("utf-8")).hexdigest()
 
     def matches(self, text: str) -> bool:
-        """Whether the whole ``text`` satisfies the constraint (no model involved)."""
+        """Whether the whole ``text`` satisfies the constraint (no model involved). Checked by
+        the token engine over a one-byte-per-token vocabulary: linear in the text, for any
+        pattern size (a generated pattern is never handed to Python's ``re``)."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return _compiled(self.pattern).fullmatch(text) is not None
+        from lmprog.fsm.index import matches_bytes
+
+        return matches_bytes(self, text.encode("utf-8", "surrogatepass"))
 
     def parse(self, text: str):
         """The value of a matching output: int/float/bool/str for dtypes, else the text itself.

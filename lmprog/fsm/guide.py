@@ -1,4 +1,4 @@
-"""A cheap mutable cursor over a TokenIndex: one per sequence (and per fork).
+"""A mutable cursor over a TokenIndex: one per sequence (and per fork).
 
 How an engine decodes under a constraint (runtime: batched; llama.cpp: one sequence):
 
@@ -16,41 +16,49 @@ How an engine decodes under a constraint (runtime: batched; llama.cpp: one seque
         if token == index.eos_token_id: finish "stop"
         out.append(token)
 
-The guide keeps the list of states it went through (one int per token), so it can roll back
-(`rollback(n)`, used by jump-forward's retokenization) and be copied for a fork. After EOS
+A guide owns an llguidance matcher at its position and the list of path nodes it went through
+(one int per token; `TokenIndex.path_node`), so it can roll back (`rollback(n)`, used by
+jump-forward's retokenization) and be copied for a fork. A position's bitmask and forced
+bytes are cached on the index by path node, shared by every guide that reached it. After EOS
 (allowed only where `can_stop()`), the guide is finished and allows nothing more.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from lmprog.core.errors import ConstraintError
+from lmprog.fsm.index import ROOT, matcher_words
 
 if TYPE_CHECKING:
     from lmprog.fsm.index import TokenIndex
 
-_NOTHING = np.zeros(0, dtype=np.int32)
-_NOTHING.flags.writeable = False
+WORDS_CACHE_SIZE = 4096  # bitmask words per index (6 kB each on a 49k vocabulary)
 
 
 class Guide:
     """Position of one sequence in a constraint. Not thread-safe; `copy()` per fork."""
 
-    __slots__ = ("index", "_states", "_ended")
+    __slots__ = ("index", "_matcher", "_states", "_ended")
 
     def __init__(
-        self, index: TokenIndex, states: Iterable[int] | None = None, ended: bool = False
+        self,
+        index: TokenIndex,
+        matcher: Any = None,
+        states: Iterable[int] | None = None,
+        ended: bool = False,
     ) -> None:
         self.index = index
-        self._states: list[int] = list(states) if states is not None else [index.initial_state]
+        self._matcher = matcher if matcher is not None else index.new_matcher()
+        self._states: list[int] = list(states) if states is not None else [ROOT]
         self._ended = ended
-        assert self._states, "a guide has at least its initial state"
 
     @property
     def state(self) -> int:
-        """The current index state (an outlines-core state id)."""
+        """The current path node: a key for data derived from this position (-1: uncached)."""
         return self._states[-1]
 
     @property
@@ -62,13 +70,70 @@ class Guide:
         """Tokens advanced through since the start of the constraint (EOS included)."""
         return len(self._states) - 1 + int(self._ended)
 
+    # ---- what is allowed --------------------------------------------------------------------
+    def bitmask_words(self) -> np.ndarray:
+        """int32 [ceil(vocab / 32)]: the tokens allowed next, bit t % 32 of word t // 32
+        (read-only, cached per position). EOS is set iff `can_stop()`; after EOS, only EOS."""
+        nwords = (self.index.vocab_size + 31) // 32
+        if self._ended:
+            return _eos_only(self.index, nwords)
+        node = self.state
+        cache = self.index.state_cache("words", WORDS_CACHE_SIZE)
+        words = cache.get(node) if node >= 0 else None
+        if words is None:
+            words = matcher_words(self._matcher, nwords)
+            self._check_matcher()
+            if node >= 0:
+                cache.put(node, words)
+        return words
+
     def allowed_token_ids(self) -> np.ndarray:
-        """Sorted int32 ids allowed next (read-only); EOS among them iff `can_stop()`."""
-        return _NOTHING if self._ended else self.index.allowed_ids(self.state)
+        """Sorted int32 ids allowed next; EOS among them iff `can_stop()` (none after EOS)."""
+        if self._ended:
+            return np.zeros(0, dtype=np.int32)
+        bits = np.unpackbits(self.bitmask_words().view(np.uint8), bitorder="little")
+        return np.flatnonzero(bits[: self.index.vocab_size]).astype(np.int32)
 
     def is_allowed(self, token_id: int) -> bool:
-        return not self._ended and self.index.next_state(self.state, int(token_id)) is not None
+        """Whether the token keeps the text a prefix of a match (EOS: a complete match). The
+        mask may be narrower where the constraint forces text (its own tokenization only)."""
+        token_id = int(token_id)
+        if self._ended:
+            return False
+        if token_id == self.index.eos_token_id:
+            return self.can_stop()
+        if (
+            not 0 <= token_id < self.index.vocab_size
+            or self.index.vocab.token_bytes[token_id] is None
+        ):
+            return False
+        return self._matcher.validate_tokens([token_id]) == 1
 
+    def can_stop(self) -> bool:
+        """The text so far is a complete match (EOS allowed now)."""
+        return self._ended or self._matcher.is_accepting()
+
+    def is_finished(self) -> bool:
+        """No token but EOS can follow (or EOS was consumed): the engine may stop here."""
+        if self._ended:
+            return True
+        return self._matcher.is_accepting() and self._matcher.is_stopped()
+
+    def forced_bytes(self) -> bytes:
+        """The bytes every continuation from here starts with (b"" where the text may end or
+        the next byte is a choice); cached per position."""
+        if self._ended or self._matcher.is_accepting():
+            return b""
+        node = self.state
+        cache = self.index.state_cache("forced")
+        forced = cache.get(node) if node >= 0 else None
+        if forced is None:
+            forced = self._matcher.compute_ff_bytes()
+            if node >= 0:
+                cache.put(node, forced)
+        return forced
+
+    # ---- moving -----------------------------------------------------------------------------
     def advance(self, token_id: int) -> None:
         """Consume one token; ValueError (state unchanged) if it is not allowed here."""
         token_id = int(token_id)
@@ -81,22 +146,23 @@ class Guide:
                 raise ValueError("EOS is not allowed here: the output is not yet a complete match")
             self._ended = True
             return
-        nxt = self.index.next_state(self.state, token_id)
-        if nxt is None:
+        if not self.is_allowed(token_id):
             raise ValueError(
                 f"token {token_id} ({self._describe(token_id)}) is not allowed by the constraint here"
             )
-        self._states.append(nxt)
+        if not self._matcher.consume_token(token_id):
+            self._check_matcher()
+            raise AssertionError(f"llguidance refused token {token_id} that it allowed")
+        self._states.append(self.index.path_node(self.state, token_id))
 
     def advance_all(self, token_ids: Iterable[int]) -> None:
         """Advance through several tokens; on a disallowed one, raise with the guide unchanged."""
-        mark = len(self._states), self._ended
+        before = self.num_tokens
         try:
             for t in token_ids:
                 self.advance(t)
         except ValueError:
-            del self._states[mark[0] :]
-            self._ended = mark[1]
+            self.rollback(self.num_tokens - before)
             raise
 
     def rollback(self, n: int) -> None:
@@ -109,18 +175,12 @@ class Guide:
             self._ended = False
             n -= 1
         if n:
+            if not self._matcher.rollback(n):
+                self._check_matcher()
             del self._states[-n:]
 
-    def can_stop(self) -> bool:
-        """The text so far is a complete match (EOS allowed now)."""
-        return self._ended or self.index.is_accepting(self.state)
-
-    def is_finished(self) -> bool:
-        """No token but EOS can follow (or EOS was consumed): the engine may stop here."""
-        return self._ended or self.index.is_finished(self.state)
-
     def copy(self) -> Guide:
-        return Guide(self.index, self._states, self._ended)
+        return Guide(self.index, self._matcher.deep_copy(), self._states, self._ended)
 
     def length_message(self) -> str:
         """What an engine says when max_tokens stops it inside this constraint."""
@@ -131,6 +191,17 @@ class Guide:
             "(raise max_tokens to let it finish)"
         )
 
+    # ---- internals --------------------------------------------------------------------------
+    def _check_matcher(self) -> None:
+        """ConstraintError if the matcher hit one of its limits (the constraint is too
+        complex at this position); the request fails, nothing else does."""
+        if self._matcher.is_error():
+            from lmprog.fsm.index import _reason
+
+            raise ConstraintError(
+                f"the constraint cannot continue here: {_reason(self._matcher.get_error())}"
+            )
+
     def _describe(self, token_id: int) -> str:
         vocab = self.index.vocab
         if not 0 <= token_id < vocab.size:
@@ -140,3 +211,15 @@ class Guide:
 
     def __repr__(self) -> str:
         return f"Guide(state={self.state}, tokens={self.num_tokens}, can_stop={self.can_stop()})"
+
+
+def _eos_only(index: TokenIndex, nwords: int) -> np.ndarray:
+    cache = index.state_cache("words", WORDS_CACHE_SIZE)
+    words = cache.get("eos")
+    if words is None:
+        words = np.zeros(nwords, dtype=np.int32)
+        eos = index.eos_token_id
+        words[eos >> 5] = np.int32(np.uint32(1 << (eos & 31)).view(np.int32))
+        words.flags.writeable = False
+        cache.put("eos", words)
+    return words

@@ -1,28 +1,38 @@
-"""The token-level index of a constraint over a model's vocabulary (immutable, shared).
+"""The token-level automaton of a constraint over a model's vocabulary, built lazily.
 
-    TokenIndex.get(constraint_or_pattern, tokenizer)      -> TokenIndex   (blocks if not cached)
+    TokenIndex.get(constraint_or_pattern, tokenizer)      -> TokenIndex   (milliseconds)
     TokenIndex.prefetch(constraint_or_pattern, tokenizer) -> Future[TokenIndex] (never blocks)
-    index.new_guide()                                     -> Guide (cheap per-sequence cursor)
+    index.new_guide()                                     -> Guide (per-sequence cursor)
 
-The index is outlines-core's `Index` (the regex's byte-level DFA crossed with the vocabulary:
-for each DFA state reachable at a token boundary, the allowed token ids and their successor
-states; EOS only in accepting states). States are outlines-core's integer state ids.
+The token engine is llguidance (`LLMatcher`): the regex is compiled to a lazy derivative-based
+lexer, and a state's allowed tokens are found when decoding first reaches it, by walking the
+vocabulary's token trie through that lexer (Rust, the GIL released). Nothing is computed for
+states decoding never reaches, so a new schema gives its first mask in milliseconds instead
+of the seconds an eager index over every state took (docs/benchmarks.md).
 
-Caching (see index_cache.py), keyed by (sha256 of the pattern, vocabulary fingerprint,
-outlines-core version): a memory LRU bounded by entries and bytes, disk files under
-`cache_dir()/fsm/`, and shared in-flight builds. `get` builds inline; `prefetch` builds on a
-small thread pool (outlines-core releases the GIL while building) and returns a Future the
-runtime can poll with `done()`.
+An index is immutable and shared; each Guide owns an `LLMatcher` (its position). What is
+derived from a position -- the bitmask row, the forced bytes for jump-forward -- is cached on
+the index by *path*: the token sequence from the constraint's start determines the matcher's
+state exactly, so guides that went through the same tokens (forks, the items of a batch, the
+first mask of every request with this constraint) share one computation. Paths are the
+nodes of a bounded trie (`path_node`); past `MAX_PATH_NODES`, positions are not cached.
 
-Per-state derived data (allowed ids as numpy, forced strings for jump-forward, mask rows) is
-computed lazily on first use and cached on the index through `state_cache(name)`; these
-caches are bounded and safe to fill from several threads.
+Masks are exact for every token: a token is allowed iff its bytes keep the text a prefix of a
+match; EOS iff the text is a complete match. One refinement from llguidance: where the
+constraint forces bytes, the mask allows the tokenizer's own tokenization of them (what
+jump-forward would emit) instead of every spelling.
+
+Bounds: llguidance's lexer limits (`LLParserLimits`: lexer fuel per step and at build, at most
+`MAX_LEXER_STATES` lexer states) cap the time and memory of one constraint; past them the
+constraint is refused (at build) or its request fails with ConstraintError (mid-decode),
+never the process.
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
+import weakref
 from collections.abc import Hashable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -37,54 +47,40 @@ if TYPE_CHECKING:
     from lmprog.fsm.guide import Guide
 
 STATE_CACHE_SIZE = 4096  # per index and per cache name; beyond this the oldest entries go
-ALLOWED_CACHE_SIZE = 512  # allowed-id arrays: up to 192 kB each on a 49k vocabulary
-EMPTY_START = -2  # the initial state of a pattern that matches "" (TokenIndex.__init__)
+MAX_PATH_NODES = 200_000  # cached positions per index (a dict entry each, ~100 bytes)
+MAX_LEXER_STATES = 50_000  # llguidance lexer states per constraint (~1-2 kB each)
+ROOT = 0  # the path node of a guide's start
 
 
 class TokenIndex:
-    """Allowed tokens and transitions of one pattern over one vocabulary. Immutable.
+    """One pattern compiled for one vocabulary. Immutable; share it between threads."""
 
-    Contract: `allowed_ids(s)` is sorted and contains EOS iff `is_accepting(s)`;
-    `next_state(s, t)` is None iff t is not in `allowed_ids(s)`. Arrays returned are
-    read-only and shared: never write into them.
-    """
-
-    def __init__(
-        self, pattern: str, vocab: TokenVocab, index: Any, accepts_empty: bool = False
-    ) -> None:
-        """index: the outlines-core Index of the pattern, or, when `accepts_empty` (the
-        pattern matches the empty string, which an end-anchored Index cannot start with), of
-        its non-empty matches; the guide then starts in EMPTY_START, that index's initial
-        state made accepting."""
+    def __init__(self, pattern: str, vocab: TokenVocab, grammar: str, tokenizer: Any) -> None:
+        """grammar: the llguidance grammar of the pattern; tokenizer: the vocabulary's
+        `llguidance.LLTokenizer`. Use `TokenIndex.get`, which validates both."""
         self.pattern = pattern
         self.vocab = vocab
-        self._index = index
-        self._start: int = index.get_initial_state()
-        self.initial_state: int = EMPTY_START if accepts_empty else self._start
-        self._finals = frozenset(index.get_final_states())
+        self.grammar = grammar
+        self.ll_tokenizer = tokenizer
         self._caches: dict[Hashable, _BoundedCache] = {}
+        self._paths: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def get(cls, constraint: Any, tokenizer: Any, *, disk_cache: bool = True) -> TokenIndex:
+    def get(cls, constraint: Any, tokenizer: Any) -> TokenIndex:
         """The index of a Constraint (or regex string) for a tokenizer; builds it if needed.
 
-        Raises ConstraintError if the pattern cannot be compiled or no token sequence of this
-        vocabulary can spell a match.
+        Raises ConstraintError if the pattern cannot be compiled or no token of this
+        vocabulary can start a match.
         """
-        return _lookup(constraint, tokenizer, disk_cache, inline=True).result()
+        return _lookup(constraint, tokenizer, inline=True).result()
 
     @classmethod
-    def prefetch(
-        cls, constraint: Any, tokenizer: Any, *, disk_cache: bool = True
-    ) -> Future[TokenIndex]:
+    def prefetch(cls, constraint: Any, tokenizer: Any) -> Future[TokenIndex]:
         """Start building off the calling thread; returns a Future (already done if cached).
-
-        Poll with `future.done()`; `future.result()` returns the index or raises the
-        ConstraintError. `get` of the same constraint meanwhile waits for this build.
-        """
-        return _lookup(constraint, tokenizer, disk_cache, inline=False)
+        `future.result()` returns the index or raises the ConstraintError."""
+        return _lookup(constraint, tokenizer, inline=False)
 
     @classmethod
     def cached(cls, constraint: Any, tokenizer: Any) -> TokenIndex | None:
@@ -96,7 +92,13 @@ class TokenIndex:
 
         return Guide(self)
 
-    # ---- per-state queries ----------------------------------------------------------------
+    def new_matcher(self) -> Any:
+        """A fresh `llguidance.LLMatcher` at the start of the pattern."""
+        import llguidance
+
+        return llguidance.LLMatcher(self.ll_tokenizer, self.grammar, log_level=0, limits=_limits())
+
+    # ---- shared per-position data -----------------------------------------------------------
     @property
     def eos_token_id(self) -> int:
         return self.vocab.eos_token_id
@@ -105,38 +107,23 @@ class TokenIndex:
     def vocab_size(self) -> int:
         return self.vocab.size
 
-    def is_accepting(self, state: int) -> bool:
-        return state in self._finals or state == EMPTY_START
-
-    def next_state(self, state: int, token_id: int) -> int | None:
-        if state == EMPTY_START:  # (EOS: None, as outlines-core answers in a match state)
-            state = self._start
-        return self._index.get_next_state(state, token_id)
-
-    def allowed_ids(self, state: int) -> np.ndarray:
-        """int32 sorted token ids allowed in `state` (read-only, cached)."""
-        cache = self.state_cache("allowed", ALLOWED_CACHE_SIZE)
-        ids = cache.get(state)
-        if ids is None:
-            if state == EMPTY_START:
-                ids = np.union1d(self.allowed_ids(self._start), [self.vocab.eos_token_id])
-                ids = ids.astype(np.int32)
-            else:
-                ids = np.array(self._index.get_allowed_tokens(state), dtype=np.int32)
-            ids.sort()
-            ids.flags.writeable = False
-            cache.put(state, ids)
-        return ids
-
-    def is_finished(self, state: int) -> bool:
-        """Accepting, and EOS is the only token left."""
-        if state not in self._finals:
-            return False
-        ids = self.allowed_ids(state)
-        return len(ids) == 1 and ids[0] == self.vocab.eos_token_id
+    def path_node(self, node: int, token_id: int) -> int:
+        """The path node after `token_id` from `node` (-1: not cached, past MAX_PATH_NODES)."""
+        if node < 0:
+            return -1
+        key = (node, token_id)
+        child = self._paths.get(key)
+        if child is None:
+            with self._lock:
+                child = self._paths.get(key)
+                if child is None:
+                    if len(self._paths) >= MAX_PATH_NODES:
+                        return -1
+                    child = self._paths[key] = len(self._paths) + 1
+        return child
 
     def state_cache(self, name: Hashable, capacity: int = STATE_CACHE_SIZE) -> _BoundedCache:
-        """A per-index cache of derived per-state data, by name (for guide/jump/mask)."""
+        """A per-index cache of data derived from a position, by name (guide/jump/mask)."""
         cache = self._caches.get(name)
         if cache is None:
             with self._lock:
@@ -180,97 +167,149 @@ _CACHE = index_cache.IndexCache()
 
 
 def clear_memory_cache() -> None:
-    """Forget the in-memory indexes (tests and benchmarks; the disk cache stays)."""
+    """Forget the compiled indexes (tests and benchmarks)."""
     _CACHE.clear()
 
 
-def _lookup(constraint: Any, tokenizer: Any, disk: bool, inline: bool) -> Future[TokenIndex]:
+def _lookup(constraint: Any, tokenizer: Any, inline: bool) -> Future[TokenIndex]:
     pattern, vocab = _pattern_of(constraint), TokenVocab.from_tokenizer(tokenizer)
+    ll_tokenizer = ll_tokenizer_for(vocab, tokenizer)
     key = _key(pattern, vocab)
 
     def build() -> tuple[TokenIndex, int]:
-        index, accepts_empty, nbytes = _load_or_build(
-            key, pattern, vocab, index_cache.disk_enabled(disk)
-        )
-        return TokenIndex(pattern, vocab, index, accepts_empty), nbytes
+        index = TokenIndex(pattern, vocab, _grammar(pattern, ll_tokenizer), ll_tokenizer)
+        _check_start(index)
+        return index, len(pattern) + len(index.grammar)
 
     return _CACHE.lookup(key, build, inline)
 
 
 def _key(pattern: str, vocab: TokenVocab) -> str:
     h = hashlib.sha256(pattern.encode("utf-8", "surrogatepass"))
-    h.update(f"|{vocab.fingerprint}|{_outlines_version()}|{_FORMAT}".encode())
+    h.update(f"|{vocab.fingerprint}".encode())
     return h.hexdigest()[:32]
 
 
-_FORMAT = "end-anchored-2"  # bump when _compile changes what an index means
-_OUTLINES_VERSION: list[str] = []
+def _limits() -> Any:
+    import llguidance
+
+    return llguidance.LLParserLimits(max_lexer_states=MAX_LEXER_STATES)
 
 
-def _outlines_version() -> str:
-    if not _OUTLINES_VERSION:
-        from importlib.metadata import version
+def _grammar(pattern: str, ll_tokenizer: Any) -> str:
+    """The llguidance grammar of a whole-text regex; ConstraintError if llguidance refuses it."""
+    import llguidance
 
-        _OUTLINES_VERSION.append(version("outlines-core"))
-    return _OUTLINES_VERSION[0]
-
-
-def _load_or_build(key: str, pattern: str, vocab: TokenVocab, disk: bool) -> tuple[Any, bool, int]:
-    """(outlines-core Index, whether the pattern matches "", the serialized size, which sizes
-    the memory cache). On disk: one flag byte (b"1": matches ""), then the Index."""
-    from outlines_core import Index
-
-    data = index_cache.read(key) if disk else None
-    if data is not None and data[:1] in (b"0", b"1"):
-        try:
-            return Index.from_binary(data[1:]), data[:1] == b"1", len(data)
-        except Exception:  # noqa: BLE001 - corrupt or foreign file: rebuild and overwrite it below
-            pass
-    index, accepts_empty = _compile(pattern, vocab)
-    _, (data,) = index.__reduce__()
-    if disk:
-        index_cache.write(key, (b"1" if accepts_empty else b"0") + data)
-    return index, accepts_empty, len(data) + 1
+    grammar = llguidance.LLMatcher.grammar_from_regex(pattern)
+    error = llguidance.LLMatcher.validate_grammar(grammar, ll_tokenizer, limits=_limits())
+    if error and not error.startswith("WARNING"):
+        raise ConstraintError(f"cannot compile the regex {_short(pattern)}: {_reason(error)}")
+    return grammar
 
 
-def _compile(pattern: str, vocab: TokenVocab) -> tuple[Any, bool]:
-    """(outlines-core Index of the pattern anchored at the end of text, False), or, for a
-    pattern that matches the empty string (an end-anchored Index cannot start in a match
-    state: "anchored universal start state doesn't exist"), (the Index of its non-empty
-    matches, True).
-
-    Why `\\z`: outlines-core 0.2.x walks an unanchored regex-automata DFA whose match states
-    are delayed by one byte, and drops every token that *crosses* a point where the text is a
-    complete match but does not end at one: for `[0-9]+(\\.[0-9]+)?` the token "." after "1"
-    was forbidden, for `(ab)+` the token "a" after "ab". With the end anchor, match states
-    only appear at end-of-input, so no transition is dropped (tests/fsm/test_index.py).
-    """
-    from outlines_core import Index
-
+def _check_start(index: TokenIndex) -> None:
+    """Compute the start's mask (cached for every guide); refuse a pattern no token starts."""
     try:
-        return Index(f"(?:{pattern})\\z", vocab.outlines_vocabulary), False
-    except ValueError as exc:
-        message = str(exc)
-        if "universal start state" in message:
-            rest = _nonempty_part(pattern)
-            if rest is not None:
-                return _compile(rest, vocab)[0], True
-        if "incompatible with the regex" in message:
+        words = index.new_guide().bitmask_words()
+    except ConstraintError as exc:
+        if "NoExtension" not in str(exc):
             raise ConstraintError(
-                f"no sequence of this tokenizer's tokens can spell a match of {_short(pattern)}: {message}"
+                f"cannot compile the regex {_short(index.pattern)}: {exc}"
             ) from None
-        raise ConstraintError(f"cannot compile the regex {_short(pattern)}: {message}") from None
+        words = None
+    if words is None or not words.any():
+        raise ConstraintError(
+            f"no sequence of this tokenizer's tokens can spell a match of {_short(index.pattern)}"
+        )
 
 
-def _nonempty_part(pattern: str) -> str | None:
-    """The regex of the non-empty matches of `pattern` (None if it matches only "")."""
-    from lmprog.fsm.regex import emit, parse_regex
-    from lmprog.fsm.regex.syntax import nonempty
-
-    node = nonempty(parse_regex(pattern, "python").whole())
-    out = None if node is None else emit(node)
-    return None if out is None else out.text
+def _reason(error: str) -> str:
+    """llguidance's message without its position prefix and the grammar dump."""
+    text = error.split("<state>")[0].strip()
+    if "too many states" in text:
+        return (
+            f"the constraint is too complex: its lexer needs more than {MAX_LEXER_STATES:,} "
+            f"states (lmprog.fsm.index.MAX_LEXER_STATES; llguidance: {text})"
+        )
+    if text.startswith("at ") and ": " in text:
+        text = text.split(": ", 1)[1]
+    return " ".join(text.split())[:400]
 
 
 def _short(pattern: str) -> str:
     return repr(pattern if len(pattern) <= 80 else pattern[:77] + "...")
+
+
+# ---- the vocabulary as llguidance sees it ---------------------------------------------------
+
+
+class _Tokens:
+    """The tokenizer interface `llguidance.LLTokenizer` reads: every id's bytes (special ids
+    as b"\\xff<[id]>", llguidance's spelling of a token with no text), the EOS id, and an
+    encoder (bytes or str -> ids) it uses for forced text."""
+
+    is_tokenizer_wrapper = True
+
+    def __init__(self, vocab: TokenVocab, tokenizer: Any) -> None:
+        self.eos_token_id = vocab.eos_token_id
+        self.bos_token_id = None
+        self.tokens = [
+            b if b is not None else b"\xff<[%d]>" % i for i, b in enumerate(vocab.token_bytes)
+        ]
+        self.special_token_ids = [i for i, b in enumerate(vocab.token_bytes) if b is None]
+        encode = getattr(tokenizer, "encode", None)
+        self._encode = None if isinstance(tokenizer, TokenVocab) or encode is None else encode
+        self._vocab = vocab
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        # Never raises: llguidance calls this from Rust, where an exception is a panic.
+        if self._encode is not None:
+            if isinstance(text, bytes):
+                text = text.decode("utf-8", "replace")
+            try:
+                return list(self._encode(text, add_special_tokens=False))
+            except Exception:  # noqa: BLE001 - an encoder that cannot spell it: nothing forced
+                return []
+        return self._vocab.greedy_encode(
+            text.encode() if isinstance(text, str) else text, partial=True
+        )
+
+
+_LL_TOKENIZERS: weakref.WeakKeyDictionary[TokenVocab, Any] = weakref.WeakKeyDictionary()
+_LL_LOCK = threading.Lock()
+
+
+def ll_tokenizer_for(vocab: TokenVocab, tokenizer: Any = None) -> Any:
+    """The `llguidance.LLTokenizer` of a vocabulary (built once per vocabulary, ~0.2 s for 49k
+    tokens). `tokenizer`: the Hugging Face tokenizer the vocabulary came from, whose encoder
+    spells forced text; a bare TokenVocab gets a greedy longest-match encoder."""
+    found = _LL_TOKENIZERS.get(vocab)
+    if found is not None:
+        return found
+    try:
+        import llguidance
+    except ImportError as exc:
+        raise ConstraintError(f"constrained decoding needs llguidance ({exc})") from None
+    built = llguidance.LLTokenizer(_Tokens(vocab, tokenizer), n_vocab=vocab.size)
+    with _LL_LOCK:
+        return _LL_TOKENIZERS.setdefault(vocab, built)
+
+
+def matcher_words(matcher: Any, nwords: int) -> np.ndarray:
+    """The matcher's next-token bitmask as int32 words (read-only), padded to `nwords`."""
+    raw = np.frombuffer(matcher.compute_bitmask(), dtype=np.int32)
+    if len(raw) < nwords:
+        raw = np.concatenate([raw, np.zeros(nwords - len(raw), dtype=np.int32)])
+    raw.flags.writeable = False
+    return raw
+
+
+BYTES = TokenVocab((*(bytes([b]) for b in range(256)), None), eos_token_id=256)  # id = byte
+
+
+def matches_bytes(constraint: Any, data: bytes) -> bool:
+    """Whether `data` is a whole match of the constraint, through the token engine over a
+    one-byte-per-token vocabulary (linear in len(data), bounded by the lexer limits)."""
+    matcher = TokenIndex.get(constraint, BYTES).new_matcher()
+    tokens = list(data)
+    return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()

@@ -1,18 +1,15 @@
-"""Where compiled token indexes live: a memory LRU, disk files, and builds in flight.
+"""Where compiled token indexes live: a memory LRU and the builds in flight.
 
     IndexCache().lookup(key, build, inline) -> Future[index]   (build() -> (index, nbytes))
 
 - Memory: an LRU bounded by entries (`MEMORY_CACHE_SIZE`) and by bytes (`LMPROG_FSM_MEMORY_MB`,
-  default 2048). An outlines-core index stores every (state, token) edge: a JSON object with a
-  few bounded strings reaches tens of MB (docs/benchmarks.md), so counting entries alone is
-  not a bound.
-- Disk: `cache_dir()/fsm/<key>.idx`, outlines-core's own serialization, written atomically;
-  loading is much faster than building (docs/benchmarks.md). Files are kept under
-  `LMPROG_FSM_DISK_MB` (default 4096), least recently used deleted first.
-  `LMPROG_FSM_DISK_CACHE=0` turns the disk cache off.
+  default 2048, counted as the pattern and grammar sizes: the per-position caches of an index
+  are bounded on their own).
 - In flight: a second request for a key being built waits on the same Future.
-`prefetch` builds run on a small thread pool: outlines-core releases the GIL while it builds,
+`prefetch` builds run on a small thread pool: llguidance releases the GIL while it compiles,
 so the requesting thread (e.g. the runtime's scheduler) keeps running.
+
+There is no disk cache: a constraint compiles in milliseconds (its token-level work is lazy).
 """
 
 from __future__ import annotations
@@ -22,10 +19,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
-
-from lmprog.core.models import cache_dir
 
 MEMORY_CACHE_SIZE = 64
 BUILD_THREADS = 2
@@ -68,7 +62,7 @@ class IndexCache:
         return future
 
     def clear(self) -> None:
-        """Forget the in-memory entries (the disk cache stays)."""
+        """Forget every entry."""
         with self._lock:
             self._lru.clear()
             self._bytes = 0
@@ -105,55 +99,3 @@ def _env_mb(name: str, default: int) -> int:
         return int(float(os.environ.get(name, default)) * _MB)
     except ValueError:
         return default * _MB
-
-
-# ---- disk ------------------------------------------------------------------------------------
-
-
-def disk_enabled(requested: bool) -> bool:
-    return requested and os.environ.get("LMPROG_FSM_DISK_CACHE", "1") != "0"
-
-
-def disk_path(key: str) -> Path:
-    return cache_dir() / "fsm" / f"{key}.idx"
-
-
-def read(key: str) -> bytes | None:
-    """The stored bytes for `key`, or None; marks the file as recently used."""
-    path = disk_path(key)
-    try:
-        data = path.read_bytes()
-        os.utime(path)
-        return data
-    except OSError:
-        return None
-
-
-def write(key: str, data: bytes) -> None:
-    """Atomic write (tmp + rename), then trim the folder; a failed write only costs a rebuild."""
-    path = disk_path(key)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-        _trim(path.parent, _env_mb("LMPROG_FSM_DISK_MB", 4096), keep=path)
-    except OSError:
-        pass
-
-
-def _trim(folder: Path, limit: int, keep: Path) -> None:
-    files = []
-    for f in folder.glob("*.idx"):
-        try:
-            st = f.stat()
-        except OSError:
-            continue
-        files.append((st.st_mtime, st.st_size, f))
-    total = sum(size for _, size, _ in files)
-    for _, size, f in sorted(files, key=lambda x: x[0]):
-        if total <= limit:
-            break
-        if f != keep:
-            f.unlink(missing_ok=True)
-            total -= size

@@ -1,17 +1,15 @@
 """Compressed FSM and jump-forward: append the text a constraint forces in one step.
 
-Compressed FSM. From an index state s that is not accepting, if every allowed token starts
-with the same byte c, every valid continuation starts with c: c is forced. Following forced
-bytes state by state and merging the chain gives one string edge per state:
+Compressed FSM. From a position that is not a complete match, if every continuation starts
+with the same bytes, those bytes are forced: one string edge from that position,
 
-    s0 --'{"name":"'--> s9        (forced_edge(index, s0) = ForcedEdge(b'{"name":"', s9))
+    {"name": "  --'{"name":"'-->  (guide.forced_bytes() at the start of a {"name": ...} schema)
 
-The chain is derived from the token index itself (not from a second, character-level FSM),
-so it uses exactly the regex semantics and states that the masks use, needs no second
-compilation, and maps to the guide's state without any bookkeeping. Edges are memoized per
-state on the index. Exactness: the index allows a token iff its bytes keep the byte-DFA
-alive, so "all allowed tokens start with c" means every token sequence the model could
-produce from s starts with c; appending c removes no valid output.
+computed by the token engine itself (llguidance's forced bytes of the matcher's lexer and
+parser state), so it uses exactly the regex semantics the masks use, needs no second
+automaton, and is cached per position on the index like the masks. Exactness: a byte is
+forced iff every match continuing the text has it next, so appending it removes no valid
+output.
 
 Jump-forward with retokenization at the boundary. The model's last tokens and the forced
 text are re-encoded together, so the result is what the tokenizer gives for the whole text
@@ -37,17 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmprog.fsm.guide import Guide
-from lmprog.fsm.index import TokenIndex
 
-MAX_FORCED_BYTES = 4096  # longer forced chains are cut into several edges
-
-
-@dataclass(frozen=True)
-class ForcedEdge:
-    """A compressed-FSM edge: the bytes every continuation from a state starts with."""
-
-    text: bytes
-    end_state: int
+MAX_FORCED_BYTES = 4096  # one jump appends at most this much; the rest in the next
 
 
 @dataclass(frozen=True)
@@ -70,41 +59,12 @@ class JumpResult:
 NOOP = JumpResult()
 
 
-def forced_edge(index: TokenIndex, state: int) -> ForcedEdge:
-    """The maximal forced string from `state` and the state after it (memoized)."""
-    memo = index.state_cache("forced")
-    edge = memo.get(state)
-    if edge is not None:
-        return edge
-    chain: list[tuple[int, bytes]] = []
-    cur, length, seen = state, 0, {state}
-    while (tail := memo.get(cur)) is None:
-        if length >= MAX_FORCED_BYTES:  # cut here; `cur` keeps its own edge for later
-            tail = ForcedEdge(b"", cur)
-            break
-        step = _forced_step(index, cur)
-        if step is None:
-            tail = ForcedEdge(b"", cur)
-            memo.put(cur, tail)
-            break
-        assert step[1] not in seen, "a forced cycle never reaches an accepting state"
-        chain.append((cur, step[0]))
-        cur, length = step[1], length + len(step[0])
-        seen.add(cur)
-    for st, text in reversed(chain):
-        tail = ForcedEdge(text + tail.text, tail.end_state)
-        memo.put(st, tail)
-    return tail
-
-
 def forced_text(guide: Guide) -> str:
     """The text the constraint forces next from the guide's position ('' if none).
 
-    Cut at the last complete UTF-8 character; the full bytes are `forced_edge(...).text`.
+    Cut at the last complete UTF-8 character; the full bytes are `guide.forced_bytes()`.
     """
-    if guide.eos_consumed:
-        return ""
-    return _utf8_prefix(forced_edge(guide.index, guide.state).text).decode()
+    return _utf8_prefix(guide.forced_bytes()).decode()
 
 
 def jump_forward(
@@ -130,7 +90,7 @@ def jump_forward(
         )
     if not enabled or guide.eos_consumed:
         return NOOP
-    forced = forced_edge(guide.index, guide.state).text
+    forced = guide.forced_bytes()[:MAX_FORCED_BYTES]
     if not forced:
         return NOOP
     output_ids = list(output_ids)
@@ -144,31 +104,6 @@ def jump_forward(
 
 
 # ---- internals -----------------------------------------------------------------------------
-
-
-def _forced_step(index: TokenIndex, state: int) -> tuple[bytes, int] | None:
-    """(forced bytes, next state) for one step, or None if the next byte is a choice."""
-    if index.is_accepting(state):
-        return None
-    ids = index.allowed_ids(state)
-    vocab = index.vocab
-    first = vocab.first_byte[ids]
-    if len(ids) == 0 or first[0] < 0 or (first != first[0]).any():
-        return None
-    byte_token = vocab.single_byte_token[int(first[0])]
-    if byte_token >= 0:
-        nxt = index.next_state(state, byte_token)
-        if nxt is not None:
-            return bytes([int(first[0])]), nxt
-    # No one-byte token: step by the shortest allowed token if every other one extends it.
-    shortest = min(ids.tolist(), key=lambda i: len(vocab.token_bytes[i]))  # type: ignore[arg-type]
-    prefix = vocab.token_bytes[shortest]
-    assert prefix is not None
-    if all(vocab.token_bytes[i].startswith(prefix) for i in ids.tolist()):  # type: ignore[union-attr]
-        nxt = index.next_state(state, shortest)
-        assert nxt is not None, "an allowed token has a successor"
-        return prefix, nxt
-    return None
 
 
 def _retokenize(
@@ -219,10 +154,11 @@ def _commit(guide: Guide, output_ids: list[int], drop: int, new: list[int]) -> J
 
 def _extendable(guide: Guide, token_id: int) -> bool:
     """Could the model pick, instead of `token_id`, an allowed token that extends it?"""
-    index, state = guide.index, guide.state
-    return any(
-        index.next_state(state, int(t)) is not None for t in index.vocab.extensions(token_id)
-    )
+    ids = guide.index.vocab.extensions(token_id)
+    if len(ids) == 0:
+        return False
+    words = guide.bitmask_words()
+    return bool(((words[ids >> 5] >> (ids & 31)) & 1).any())
 
 
 def _starts_mid_char(b: bytes | None) -> bool:

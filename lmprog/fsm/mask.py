@@ -1,4 +1,4 @@
-"""Token masks of constrained sequences in one encoding, the int32 bitmask of outlines-core
+"""Token masks of constrained sequences in one encoding, the int32 bitmask of llguidance
 and xgrammar: row b is ceil(width / 32) words, token t allowed iff bit t % 32 of word t // 32
 is set (little-endian bit order).
 
@@ -15,9 +15,9 @@ stop; a guide that already consumed EOS allows only EOS again (a finished row in
 finite). Logits may be wider than the vocabulary (padded embeddings): the padding ids are
 always forbidden for constrained rows.
 
-Each guide state gets, on first use, a cached bitmask row per (device, width) - 6 kB for a
-49k vocabulary, shared by every state with the same allowed set - so a step costs a stack of
-cached rows. Applying adds 0 or -inf through a table from each mask byte to its 8 logits (a
+Each guide position gets, on first use, a cached bitmask row per (device, width) - 6 kB for
+a 49k vocabulary, shared by every position with the same allowed set - so a step costs a
+stack of cached rows. Applying adds 0 or -inf through a table from each mask byte to its 8 logits (a
 CPU has no cheap per-bit select): on a CPU ~30 us per 49k-token row through numpy.
 """
 
@@ -30,9 +30,6 @@ import numpy as np
 import torch
 
 from lmprog.fsm.guide import Guide
-from lmprog.fsm.index import TokenIndex
-
-_ENDED = -1  # state key of a guide that consumed EOS (allows EOS only)
 
 
 def num_words(width: int) -> int:
@@ -119,44 +116,44 @@ def _lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return lut
 
 
-# ---- cached per-state rows ---------------------------------------------------------------
-# Rows are cached per state, and shared between states with the same allowed set (all the
-# "inside a JSON string" states of a schema share one row), so memory grows with the number
-# of distinct sets, not states: at most ROW_CACHE_SIZE of each per (index, device, width).
+# ---- cached per-position rows -------------------------------------------------------------
+# The guide caches its position's bitmask words (numpy) on the index; here each gets a device
+# row per (device, width), shared between positions with the same allowed set (all the
+# "inside a JSON string" positions of a schema share one row), so device memory grows with the
+# number of distinct sets: at most ROW_CACHE_SIZE of each per (index, device, width).
 
 ROW_CACHE_SIZE = 512
 
 
-def _state_key(guide: Guide) -> int:
-    return _ENDED if guide.eos_consumed else guide.state
-
-
-def _allowed_np(index: TokenIndex, key: int) -> np.ndarray:
-    if key == _ENDED:
-        return np.array([index.eos_token_id], dtype=np.int32)
-    return index.allowed_ids(key)
-
-
 def _row(guide: Guide, width: int, device: torch.device) -> torch.Tensor:
-    """The guide state's bitmask row: cached by state, then by allowed set, else built."""
-    index, key, kind = guide.index, _state_key(guide), ("bitmask", device, width)
+    """The guide position's bitmask row: cached by position, then by allowed set, else built."""
+    index, kind = guide.index, ("bitmask", device, width)
+    key = "eos" if guide.eos_consumed else guide.state
     by_state = index.state_cache(kind, ROW_CACHE_SIZE)
-    row = by_state.get(key)
+    row = by_state.get(key) if key != -1 else None
     if row is None:
-        ids = _allowed_np(index, key)
-        digest = hashlib.blake2b(ids.tobytes(), digest_size=16).digest()
+        words = guide.bitmask_words()
+        digest = hashlib.blake2b(words.tobytes(), digest_size=16).digest()
         by_set = index.state_cache((*kind, "set"), ROW_CACHE_SIZE)
         row = by_set.get(digest)
         if row is None:
-            row = _build_row(ids, width, device)
+            row = _build_row(words, index.vocab_size, width, device)
             by_set.put(digest, row)
-        by_state.put(key, row)
+        if key != -1:
+            by_state.put(key, row)
     return row
 
 
-def _build_row(ids: np.ndarray, width: int, device: torch.device) -> torch.Tensor:
-    bits = np.zeros(num_words(width) * 32, dtype=bool)
-    bits[ids[ids < width]] = True
-    words = np.packbits(bits, bitorder="little").view(np.int32)
+def _build_row(
+    words: np.ndarray, vocab_size: int, width: int, device: torch.device
+) -> torch.Tensor:
+    """Words over the vocabulary -> a row of `width` bits (ids past the vocabulary: 0)."""
+    out = np.zeros(num_words(width), dtype=np.int32)
+    n = min(len(out), len(words))
+    out[:n] = words[:n]
+    if width < 32 * n:  # clear the bits of ids past the logits' width
+        bits = np.unpackbits(out.view(np.uint8), bitorder="little")
+        bits[width:] = 0
+        out = np.packbits(bits, bitorder="little").view(np.int32)
     # Pageable memory is staged at once: a non-blocking copy needs no wait for the device.
-    return torch.from_numpy(words).to(device, non_blocking=True)
+    return torch.from_numpy(out).to(device, non_blocking=True)

@@ -66,20 +66,6 @@ class TokenVocab:
         return h.hexdigest()[:24]
 
     @cached_property
-    def first_byte(self) -> np.ndarray:
-        """int16[size]: each token's first byte, -1 for special/empty ids."""
-        return np.array([b[0] if b else -1 for b in self.token_bytes], dtype=np.int16)
-
-    @cached_property
-    def single_byte_token(self) -> tuple[int, ...]:
-        """For each byte value, the id of the one-byte token that spells it (-1 if none)."""
-        ids = [-1] * 256
-        for i, b in enumerate(self.token_bytes):
-            if b is not None and len(b) == 1 and ids[b[0]] < 0:
-                ids[b[0]] = i
-        return tuple(ids)
-
-    @cached_property
     def sorted_tokens(self) -> tuple[list[bytes], np.ndarray]:
         """(token bytes sorted, their ids): the tokens with a given prefix are one slice."""
         pairs = sorted((b, i) for i, b in enumerate(self.token_bytes) if b)
@@ -96,15 +82,31 @@ class TokenVocab:
         return ids[lo:hi]
 
     @cached_property
-    def outlines_vocabulary(self) -> Any:
-        """The same vocabulary as an `outlines_core.Vocabulary` (built once)."""
-        from outlines_core import Vocabulary
-
-        by_bytes: dict[bytes, list[int]] = {}
+    def _by_bytes(self) -> tuple[dict[bytes, int], int]:
+        table: dict[bytes, int] = {}
         for i, b in enumerate(self.token_bytes):
             if b:
-                by_bytes.setdefault(b, []).append(i)
-        return Vocabulary(self.eos_token_id, by_bytes)
+                table.setdefault(b, i)
+        return table, max(map(len, table), default=0)
+
+    def greedy_encode(self, data: bytes, partial: bool = False) -> list[int]:
+        """Ids spelling `data`, longest token first at each position (a tokenizer for a bare
+        vocabulary, e.g. in tests); where no token fits, ValueError, or with `partial` the
+        ids of the prefix spelled so far."""
+        table, longest = self._by_bytes
+        out, pos = [], 0
+        while pos < len(data):
+            for end in range(min(len(data), pos + longest), pos, -1):
+                token = table.get(data[pos:end])
+                if token is not None:
+                    out.append(token)
+                    pos = end
+                    break
+            else:
+                if partial:
+                    return out
+                raise ValueError(f"no token spells byte {data[pos]:#04x} at offset {pos}")
+        return out
 
     def decode(self, token_ids: Any) -> bytes:
         """The bytes the ids spell; ValueError on a special or unknown id."""

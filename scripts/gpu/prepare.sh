@@ -19,7 +19,7 @@ mv .gpu/part.01 .gpu/b/model.part
 (cd "$(dirname "$gguf")" && sha256sum "$(basename "$gguf")") > .gpu/b/SHA256
 # The image (Python 3.12) has torch, triton, transformers, jinja2, numpy, hypothesis, pytest;
 # these it lacks. One version each, pinned to the lock where it names them.
-wheels=(interegular outlines-core gguf pydantic pydantic-core annotated-types
+wheels=(interegular llguidance gguf pydantic pydantic-core annotated-types
         typing-inspection jsonschema jsonschema-specifications referencing rpds-py)
 specs=()
 for name in "${wheels[@]}"; do
@@ -27,7 +27,7 @@ for name in "${wheels[@]}"; do
   specs+=("$name${version:+==$version}")
 done
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+  --implementation cp --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform any -d .gpu/b/wheels "${specs[@]}" 2>&1 \
   | { grep -v "^WARNING: Location" || true; }
 du -sh .gpu/a .gpu/b

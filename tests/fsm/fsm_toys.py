@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import random
-from collections import deque
 
 from lmprog.fsm.guide import Guide
-from lmprog.fsm.index import TokenIndex
 
 # Byte-level BPE merges (GPT-2 style: "Ġ" is the space byte). Each merged token is one id.
 TOY_MERGES = [
@@ -42,39 +40,26 @@ def byte_level_tokenizer(merges=TOY_MERGES):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
 
-def steps_to_accept(index: TokenIndex) -> dict[int, int]:
-    """Fewest tokens from each state to an accepting one (BFS on reversed transitions)."""
-    reverse: dict[int, set[int]] = {}
-    for src, edges in index._index.get_transitions().items():
-        for dst in edges.values():
-            reverse.setdefault(dst, set()).add(src)
-    dist = {s: 0 for s in index._finals}
-    queue = deque(dist)
-    while queue:
-        s = queue.popleft()
-        for src in reverse.get(s, ()):
-            if src not in dist:
-                dist[src] = dist[s] + 1
-                queue.append(src)
-    return dist
+def is_prefix_of_a_match(pattern: str, text: str) -> bool:
+    """The reference the token engine is checked against: the `regex` module's partial match
+    (is `text` a prefix of some full match of `pattern`?), an engine independent of llguidance."""
+    import regex
+
+    return regex.fullmatch(pattern, text, partial=True) is not None
 
 
-def random_walk(
-    guide: Guide, rng: random.Random, dist: dict[int, int], greed: float = 0.4, limit: int = 400
-):
-    """Sample allowed tokens (uniformly, or toward acceptance with prob. `greed`) until EOS."""
+def random_walk(guide: Guide, rng: random.Random, greed: float = 0.4, limit: int = 400):
+    """Sample allowed tokens uniformly, taking EOS with probability `greed` where it is
+    allowed, until EOS, a finished guide or `limit` tokens. Returns the tokens (EOS excluded;
+    `guide.eos_consumed` says whether the walk ended with it)."""
     out: list[int] = []
     eos = guide.index.eos_token_id
     while len(out) < limit and not guide.is_finished():
         ids = guide.allowed_token_ids().tolist()
         if eos in ids and rng.random() < greed:
+            guide.advance(eos)
             break
-        ids = [t for t in ids if t != eos]
-        if rng.random() < greed:
-            ids = [
-                min(ids, key=lambda t: dist.get(guide.index.next_state(guide.state, t), 1 << 30))
-            ]
-        token = rng.choice(ids)
+        token = rng.choice([t for t in ids if t != eos])
         guide.advance(token)
         out.append(token)
     return out

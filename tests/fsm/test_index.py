@@ -11,7 +11,6 @@ from fsm_toys import byte_level_tokenizer
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import index as index_mod
 from lmprog.fsm.index import TokenIndex, clear_memory_cache
-from lmprog.fsm.index_cache import disk_path
 from lmprog.fsm.vocab import TokenVocab
 
 # ids:       0     1     2      3
@@ -24,8 +23,7 @@ def toy():
 
 
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("LMPROG_CACHE_DIR", str(tmp_path))
+def _isolated_cache():
     clear_memory_cache()
     yield
     clear_memory_cache()
@@ -93,35 +91,34 @@ def test_vocab_rejects_eos_outside_or_as_text():
         TokenVocab((b"a", b"b"), eos_token_id=1)
 
 
-def test_allowed_ids_and_transitions_are_exact():
-    index = TokenIndex.get("(ab)+", ABC)
-    s0 = index.initial_state
-    assert index.allowed_ids(s0).tolist() == [0, 2]
-    after_a = index.next_state(s0, 0)
-    assert index.allowed_ids(after_a).tolist() == [1]
-    after_ab = index.next_state(s0, 2)
-    assert index.next_state(after_a, 1) == after_ab
-    assert index.allowed_ids(after_ab).tolist() == [0, 2, 3]  # EOS only where accepting
-    assert index.is_accepting(after_ab) and not index.is_accepting(after_a)
-    assert index.next_state(s0, 1) is None and index.next_state(s0, 3) is None
-    assert not index.is_finished(after_ab)
-    assert index.is_finished(index.next_state(s0, 2)) is False
+def allowed(guide) -> list[int]:
+    return guide.allowed_token_ids().tolist()
+
+
+def test_allowed_ids_are_exact():
+    vocab = TokenVocab((b"a", b"b", b"ab", b"c", None), eos_token_id=4)
+    guide = TokenIndex.get("(ab|ac)+", vocab).new_guide()
+    assert allowed(guide) == [0, 2] and not guide.can_stop()
+    guide.advance(0)
+    assert allowed(guide) == [1, 3]
+    guide.advance(3)
+    assert allowed(guide) == [0, 2, 4] and guide.can_stop()  # EOS only where accepting
+    assert not guide.is_allowed(1) and not guide.is_finished()
 
 
 def test_tokens_crossing_a_complete_match_are_allowed():
-    # outlines-core alone forbids "." after "1" here (its delayed match states); see _compile.
-    vocab = TokenVocab((b"1", b".", b"5", None), eos_token_id=3)
-    index = TokenIndex.get(r"[0-9]+(\.[0-9]+)?", vocab)
-    after_1 = index.next_state(index.initial_state, 0)
-    assert index.allowed_ids(after_1).tolist() == [0, 1, 2, 3]
-    after_dot = index.next_state(after_1, 1)
-    assert index.allowed_ids(after_dot).tolist() == [0, 2] and not index.is_accepting(after_dot)
+    vocab = TokenVocab((b"1", b".", b"5", b".5", None), eos_token_id=4)
+    guide = TokenIndex.get(r"[0-9]+(\.[0-9]+)?", vocab).new_guide()
+    guide.advance(0)
+    assert allowed(guide) == [0, 1, 2, 3, 4]
+    guide.advance(1)
+    assert allowed(guide) == [0, 2] and not guide.can_stop()
 
 
-def test_finished_state_allows_only_eos():
-    index = TokenIndex.get("ab", ABC)
-    end = index.next_state(index.initial_state, 2)
-    assert index.is_finished(end) and index.allowed_ids(end).tolist() == [3]
+def test_finished_position_allows_only_eos():
+    guide = TokenIndex.get("ab", ABC).new_guide()
+    guide.advance(2)
+    assert guide.is_finished() and allowed(guide) == [3]
 
 
 def accepted_by_walk(index, text: bytes) -> bool:
@@ -132,30 +129,32 @@ def accepted_by_walk(index, text: bytes) -> bool:
         if not guide.is_allowed(token):
             return False
         guide.advance(token)
-    return guide.can_stop() and ABC.eos_token_id in guide.allowed_token_ids().tolist()
+    return guide.can_stop() and guide.is_allowed(ABC.eos_token_id)
 
 
 @pytest.mark.parametrize("pattern", ["a*", "(ab)?", "(ab)*b?", "a*b|", "(a?){2,3}b?"])
 def test_patterns_matching_the_empty_string_start_accepting(pattern):
-    """outlines-core cannot build an end-anchored index that starts in a match state; the
-    index of the non-empty matches with an accepting start stands in for it, exactly."""
     import itertools
     import re
 
-    index = TokenIndex.get(pattern, ABC)
-    start = index.initial_state
-    assert index.is_accepting(start) and ABC.eos_token_id in index.allowed_ids(start).tolist()
+    guide = TokenIndex.get(pattern, ABC).new_guide()
+    assert guide.can_stop() and ABC.eos_token_id in allowed(guide)
     for n in range(6):
         for letters in itertools.product("ab", repeat=n):
             text = "".join(letters)
             expected = re.fullmatch(pattern, text) is not None
-            assert accepted_by_walk(index, text.encode()) == expected, (pattern, text)
-    clear_memory_cache()  # the same from the disk cache (its flag byte says "matches ''")
-    again = TokenIndex.get(pattern, ABC)
-    assert (
-        again.initial_state == start
-        and again.allowed_ids(start).tolist() == index.allowed_ids(start).tolist()
-    )
+            assert accepted_by_walk(guide.index, text.encode()) == expected, (pattern, text)
+
+
+def test_positions_are_shared_by_path():
+    index = TokenIndex.get("(ab|ac)+", TokenVocab((b"a", b"b", b"ab", b"c", None), eos_token_id=4))
+    one, two = index.new_guide(), index.new_guide()
+    one.advance_all([0, 1])
+    two.advance_all([0, 1])
+    assert one.state == two.state > 0 and one.bitmask_words() is two.bitmask_words()
+    two.rollback(1)
+    two.advance(3)
+    assert two.state != one.state
 
 
 def test_get_accepts_constraint_like_objects_and_validates(toy):
@@ -182,32 +181,12 @@ def test_pattern_the_vocabulary_cannot_spell_raises_constraint_error():
         TokenIndex.get("c", ABC)
 
 
-def test_memory_then_disk_cache(toy, tmp_path):
+def test_memory_cache(toy):
     first = TokenIndex.get(r"[a-c]{2,4}x", toy)
     assert TokenIndex.get(r"[a-c]{2,4}x", toy) is first
-    files = list((tmp_path / "fsm").glob("*.idx"))
-    assert len(files) == 1
     clear_memory_cache()
     assert TokenIndex.cached(r"[a-c]{2,4}x", toy) is None
-    again = TokenIndex.get(r"[a-c]{2,4}x", toy)  # from disk: same automaton
-    assert again is not first
-    assert again._index.get_transitions() == first._index.get_transitions()
-
-
-def test_corrupt_disk_entry_is_rebuilt(toy):
-    index = TokenIndex.get("ab+", toy)
-    path = disk_path(index_mod._key("ab+", index.vocab))
-    path.write_bytes(b"garbage")
-    clear_memory_cache()
-    rebuilt = TokenIndex.get("ab+", toy)
-    assert rebuilt._index.get_transitions() == index._index.get_transitions()
-    assert path.read_bytes() != b"garbage"
-
-
-def test_disk_cache_can_be_disabled(toy, tmp_path, monkeypatch):
-    monkeypatch.setenv("LMPROG_FSM_DISK_CACHE", "0")
-    TokenIndex.get("abc", toy)
-    assert not (tmp_path / "fsm").exists()
+    assert TokenIndex.get(r"[a-c]{2,4}x", toy) is not first
 
 
 def test_memory_cache_is_bounded_by_bytes(toy, monkeypatch):
@@ -215,17 +194,15 @@ def test_memory_cache_is_bounded_by_bytes(toy, monkeypatch):
     first = TokenIndex.get("a+", toy)
     TokenIndex.get("b+", toy)
     assert TokenIndex.cached("a+", toy) is None and TokenIndex.cached("b+", toy) is not None
-    assert TokenIndex.get("a+", toy) is not first  # reloaded (from disk)
+    assert TokenIndex.get("a+", toy) is not first  # rebuilt
 
 
-def test_disk_cache_is_trimmed_oldest_first(toy, tmp_path, monkeypatch):
-    monkeypatch.setenv("LMPROG_FSM_DISK_MB", "0.000001")
-    TokenIndex.get("x+", toy)
-    TokenIndex.get("y+", toy)
-    files = list((tmp_path / "fsm").glob("*.idx"))
-    assert [f.name for f in files] == [
-        disk_path(index_mod._key("y+", TokenVocab.from_tokenizer(toy))).name
-    ]
+def test_a_constraint_past_the_lexer_limit_is_refused(monkeypatch):
+    monkeypatch.setattr(index_mod, "MAX_LEXER_STATES", 3)
+    with pytest.raises(ConstraintError, match="cannot"):
+        guide = TokenIndex.get("(a|b){5}(ab|ba){3}", ABC).new_guide()
+        for _ in range(12):
+            guide.advance(int(guide.allowed_token_ids()[0]))
 
 
 def test_prefetch_builds_off_thread_and_shares_the_build(toy):

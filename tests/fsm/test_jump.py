@@ -7,12 +7,12 @@ import random
 import re
 
 import pytest
-from fsm_toys import byte_level_tokenizer, decode_with_jumps, steps_to_accept
+from fsm_toys import byte_level_tokenizer, decode_with_jumps, is_prefix_of_a_match
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lmprog.fsm.index import TokenIndex
-from lmprog.fsm.jump import NOOP, JumpResult, forced_edge, forced_text, jump_forward
+from lmprog.fsm.jump import NOOP, JumpResult, forced_text, jump_forward
 from lmprog.fsm.vocab import TokenVocab
 
 OBJ = r'\{"name":"[a-z]+","ok":(true|false)\}'
@@ -28,19 +28,18 @@ def ids(tok, text):
     return tok.encode(text, add_special_tokens=False)
 
 
-def test_forced_edges_merge_single_successor_chains(toy):
+def test_forced_bytes_merge_single_successor_chains(toy):
     index = TokenIndex.get(OBJ, toy)
     guide = index.new_guide()
-    assert forced_edge(index, guide.state).text == b'{"name":"'
+    assert guide.forced_bytes() == b'{"name":"'
     assert forced_text(guide) == '{"name":"'
     guide.advance_all(ids(toy, '{"name":"ab'))
     assert forced_text(guide) == ""  # more letters or the closing quote
     guide.advance_all(ids(toy, '"'))
-    edge = forced_edge(index, guide.state)
-    assert edge.text == b',"ok":'
+    assert guide.forced_bytes() == b',"ok":'
     walked = guide.copy()
     walked.advance_all(ids(toy, ',"ok":'))
-    assert edge.end_state == walked.state
+    assert walked.forced_bytes() == b"" and walked.allowed_token_ids().size > 1
 
 
 def test_forced_text_stops_at_accepting_states(toy):
@@ -51,26 +50,30 @@ def test_forced_text_stops_at_accepting_states(toy):
     assert guide.can_stop() and forced_text(guide) == ""
 
 
-def test_forced_step_without_one_byte_tokens():
+def test_forced_bytes_without_one_byte_tokens():
     vocab = TokenVocab((b"ab", b"abc", b"c", b"x", None), eos_token_id=4)
-    index = TokenIndex.get("abc?x", vocab)
-    assert forced_edge(index, index.initial_state) == forced_edge(index, index.initial_state)
-    edge = forced_edge(index, index.initial_state)
-    assert edge.text == b"ab" and edge.end_state == index.next_state(index.initial_state, 0)
+    guide = TokenIndex.get("abc?x", vocab).new_guide()
+    assert guide.forced_bytes() == b"ab" and guide.copy().forced_bytes() == b"ab"  # cached
 
 
-@pytest.mark.parametrize("pattern", PATTERNS)
-def test_forced_text_is_a_prefix_of_every_continuation(toy, pattern):
-    # Exactness: from every state, each allowed token agrees with the forced bytes.
+@settings(max_examples=40, deadline=None)
+@given(pattern=st.sampled_from(PATTERNS), seed=st.integers(0, 2**32 - 1))
+def test_forced_text_is_a_prefix_of_every_continuation(toy, pattern, seed):
+    # Exactness: at every position of a random walk, each token that keeps the text a prefix
+    # of a match agrees with the forced bytes; where the text may end, nothing is forced.
     index = TokenIndex.get(pattern, toy)
-    for state in index._index.get_transitions():
-        forced = forced_edge(index, state).text
-        if index.is_accepting(state):
+    guide, rng, vocab = index.new_guide(), random.Random(seed), index.vocab
+    for _ in range(40):
+        forced = guide.forced_bytes()
+        if guide.can_stop():
             assert forced == b""
-        for t in index.allowed_ids(state).tolist():
-            if t != index.eos_token_id:
-                b = index.vocab.token_bytes[t]
-                assert b.startswith(forced) or forced.startswith(b), (pattern, forced, b)
+        allowed = [t for t in range(vocab.size) if t != index.eos_token_id and guide.is_allowed(t)]
+        for t in allowed:
+            b = vocab.token_bytes[t]
+            assert b.startswith(forced) or forced.startswith(b), (pattern, forced, b)
+        if not allowed:
+            break
+        guide.advance(rng.choice(allowed))
 
 
 def test_jump_from_the_start(toy):
@@ -123,7 +126,7 @@ def test_jump_never_drops_below_the_constraint_start(toy):
 @given(pattern=st.sampled_from(PATTERNS), seed=st.integers(0, 2**32 - 1))
 def test_random_walks_with_jumps_keep_the_invariant(toy, pattern, seed):
     index = TokenIndex.get(pattern, toy)
-    rng, dist, vocab = random.Random(seed), steps_to_accept(index), index.vocab
+    rng, vocab = random.Random(seed), index.vocab
     guide, out = index.new_guide(), []
     for _ in range(200):
         before = list(out)
@@ -140,18 +143,18 @@ def test_random_walks_with_jumps_keep_the_invariant(toy, pattern, seed):
         fresh = index.new_guide()
         fresh.advance_all(out)
         assert fresh.state == guide.state, "guide consistent with the output ids"
+        assert fresh.allowed_token_ids().tolist() == guide.allowed_token_ids().tolist()
         if guide.is_finished() or (guide.can_stop() and rng.random() < 0.3):
             break
         allowed = [t for t in guide.allowed_token_ids().tolist() if t != index.eos_token_id]
-        if rng.random() < 0.5:
-            allowed = [
-                min(allowed, key=lambda t: dist.get(index.next_state(guide.state, t), 1 << 30))
-            ]
         token = rng.choice(allowed)
         guide.advance(token)
         out.append(token)
-    assert guide.can_stop()
-    assert re.fullmatch(pattern, vocab.decode(out).decode())
+    text = vocab.decode(out).decode("utf-8", "ignore")
+    if guide.can_stop():
+        assert re.fullmatch(pattern, text), (pattern, text)
+    else:  # a walk cut short (unbounded letters) is a prefix of a match
+        assert is_prefix_of_a_match(pattern, text), (pattern, text)
 
 
 @pytest.mark.parametrize("target", ['{"name":"abc","ok":true}', '{"name":"nab","ok":false}'])

@@ -9,7 +9,7 @@ import random
 import re
 
 import pytest
-from fsm_toys import decode_with_jumps, steps_to_accept
+from fsm_toys import decode_with_jumps, is_prefix_of_a_match
 
 from lmprog.core.models import load_tokenizer, resolve_model
 from lmprog.fsm.constraint import Constraint
@@ -57,29 +57,28 @@ def test_vocab_bytes_agree_with_the_tokenizer(tok):
 @pytest.mark.parametrize("jump", [False, True])
 def test_random_walks_match(tok, pattern, jump):
     index = TokenIndex.get(pattern, tok)
-    dist, eos = steps_to_accept(index), index.eos_token_id
+    eos = index.eos_token_id
     for seed in range(3):
         rng, guide, out = random.Random(seed), index.new_guide(), []
-        while not guide.is_finished() and not (guide.can_stop() and rng.random() < 0.5):
+        while len(out) < 80 and not guide.is_finished():
+            if guide.can_stop() and rng.random() < 0.5:
+                break
             result = jump_forward(guide, out, tok, enabled=jump)
             if not result.is_noop:
                 new = list(result.new_token_ids)
                 assert tok.encode(tok.decode(new), add_special_tokens=False) == new
                 out = result.apply(out)
                 continue
-            allowed = [t for t in guide.allowed_token_ids().tolist() if t != eos]
-            if rng.random() < 0.6:
-                allowed = [
-                    min(allowed, key=lambda t: dist.get(index.next_state(guide.state, t), 1 << 30))
-                ]
-            token = rng.choice(allowed)
+            token = rng.choice([t for t in guide.allowed_token_ids().tolist() if t != eos])
             guide.advance(token)
             out.append(token)
-            assert len(out) < 300
-        text = tok.decode(out)
-        assert re.fullmatch(pattern, text), text
-        if pattern in (JSON_COMPACT, JSON_SPACED):
-            assert list(json.loads(text)) == ["name", "age", "email", "admin"]
+        text = index.vocab.decode(out).decode("utf-8", "ignore")
+        if guide.can_stop():
+            assert re.fullmatch(pattern, text), text
+            if pattern in (JSON_COMPACT, JSON_SPACED):
+                assert list(json.loads(text)) == ["name", "age", "email", "admin"]
+        else:
+            assert is_prefix_of_a_match(pattern, text), text
 
 
 DOCS = [

@@ -1,5 +1,6 @@
-"""Emitted patterns mean the same in Python ``re`` (``Constraint.matches``) and in outlines-core's
-Rust regex engine (the token index), walked here with a one-character-per-token vocabulary."""
+"""Emitted patterns mean the same in Python ``re`` (``Constraint.matches``) and in the token
+engine (llguidance's Rust regex lexer behind TokenIndex), walked here with a
+one-character-per-token vocabulary."""
 
 import json
 
@@ -8,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lmprog.fsm import Constraint
-
-outlines_core = pytest.importorskip("outlines_core")
+from lmprog.fsm.index import TokenIndex
+from lmprog.fsm.vocab import TokenVocab
 
 CHARS = [chr(c) for c in range(32, 127)] + ["é", "\n", "\t", "😀"]
 TOKEN = {c: i for i, c in enumerate(CHARS)}
@@ -47,23 +48,21 @@ CONSTRAINTS = {
 
 @pytest.fixture(scope="module")
 def indexes():
-    vocab = outlines_core.Vocabulary(len(CHARS), {c: [i] for i, c in enumerate(CHARS)})
-    return {
-        name: outlines_core.Index(f"(?:{c.pattern})\\z", vocab) for name, c in CONSTRAINTS.items()
-    }
+    vocab = TokenVocab((*(c.encode() for c in CHARS), None), eos_token_id=len(CHARS))
+    return {name: TokenIndex.get(c, vocab) for name, c in CONSTRAINTS.items()}
 
 
 def _walk(index, text: str) -> bool:
-    state = index.get_initial_state()
+    guide = index.new_guide()
     for ch in text:
-        state = index.get_next_state(state, TOKEN[ch])
-        if state is None:
+        if not guide.is_allowed(TOKEN[ch]):
             return False
-    return index.is_final_state(state)
+        guide.advance(TOKEN[ch])
+    return guide.can_stop()
 
 
 @pytest.mark.parametrize("name", sorted(CONSTRAINTS))
-def test_python_and_rust_agree(name, indexes):
+def test_python_and_the_token_engine_agree(name, indexes):
     c, index = CONSTRAINTS[name], indexes[name]
     texts = st.from_regex(c.pattern, fullmatch=True).filter(lambda t: all(ch in TOKEN for ch in t))
     edit = st.tuples(st.integers(0, 40), st.sampled_from(CHARS[:95] + [""]))

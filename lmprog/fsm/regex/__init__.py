@@ -2,7 +2,7 @@
 
 Every pattern lmprog hands to the token index is *emitted* by this module, never passed through
 from a user. The emitted syntax is the common subset that Python ``re``, interegular and the Rust
-``regex`` crate (outlines-core) read the same way:
+``regex`` crate (llguidance, the token engine) read the same way:
 
 * literals, with metacharacters backslash-escaped and control characters as ``\\xHH``;
 * classes ``[...]`` / ``[^...]`` with explicit ranges (never ``\\d``/``\\w``/``\\s``, whose meaning
