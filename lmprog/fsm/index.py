@@ -55,13 +55,12 @@ ROOT = 0  # the path node of a guide's start
 class TokenIndex:
     """One pattern compiled for one vocabulary. Immutable; share it between threads."""
 
-    def __init__(self, pattern: str, vocab: TokenVocab, grammar: str, tokenizer: Any) -> None:
-        """grammar: the llguidance grammar of the pattern; tokenizer: the vocabulary's
-        `llguidance.LLTokenizer`. Use `TokenIndex.get`, which validates both."""
+    def __init__(self, pattern: str, vocab: TokenVocab, matcher: Any) -> None:
+        """matcher: an `llguidance.LLMatcher` of the pattern at its start, which every guide
+        copies (a copy shares the compiled lexer). Use `TokenIndex.get`, which checks it."""
         self.pattern = pattern
         self.vocab = vocab
-        self.grammar = grammar
-        self.ll_tokenizer = tokenizer
+        self._start = matcher
         self._caches: dict[Hashable, _BoundedCache] = {}
         self._paths: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
@@ -93,10 +92,8 @@ class TokenIndex:
         return Guide(self)
 
     def new_matcher(self) -> Any:
-        """A fresh `llguidance.LLMatcher` at the start of the pattern."""
-        import llguidance
-
-        return llguidance.LLMatcher(self.ll_tokenizer, self.grammar, log_level=0, limits=_limits())
+        """A fresh `llguidance.LLMatcher` at the start of the pattern (a copy: microseconds)."""
+        return self._start.deep_copy()
 
     # ---- shared per-position data -----------------------------------------------------------
     @property
@@ -177,9 +174,9 @@ def _lookup(constraint: Any, tokenizer: Any, inline: bool) -> Future[TokenIndex]
     key = _key(pattern, vocab)
 
     def build() -> tuple[TokenIndex, int]:
-        index = TokenIndex(pattern, vocab, _grammar(pattern, ll_tokenizer), ll_tokenizer)
+        index = TokenIndex(pattern, vocab, _matcher(pattern, ll_tokenizer))
         _check_start(index)
-        return index, len(pattern) + len(index.grammar)
+        return index, 2 * len(pattern)
 
     return _CACHE.lookup(key, build, inline)
 
@@ -196,15 +193,18 @@ def _limits() -> Any:
     return llguidance.LLParserLimits(max_lexer_states=MAX_LEXER_STATES)
 
 
-def _grammar(pattern: str, ll_tokenizer: Any) -> str:
-    """The llguidance grammar of a whole-text regex; ConstraintError if llguidance refuses it."""
+def _matcher(pattern: str, ll_tokenizer: Any) -> Any:
+    """The pattern's llguidance matcher at its start; ConstraintError if llguidance refuses it
+    (a syntax it does not read, a lexer past the limits). The GIL is released meanwhile."""
     import llguidance
 
     grammar = llguidance.LLMatcher.grammar_from_regex(pattern)
-    error = llguidance.LLMatcher.validate_grammar(grammar, ll_tokenizer, limits=_limits())
-    if error and not error.startswith("WARNING"):
-        raise ConstraintError(f"cannot compile the regex {_short(pattern)}: {_reason(error)}")
-    return grammar
+    matcher = llguidance.LLMatcher(ll_tokenizer, grammar, log_level=0, limits=_limits())
+    if matcher.is_error():
+        raise ConstraintError(
+            f"cannot compile the regex {_short(pattern)}: {_reason(matcher.get_error())}"
+        )
+    return matcher
 
 
 def _check_start(index: TokenIndex) -> None:
