@@ -13,7 +13,7 @@ from pathlib import Path
 OUT = Path(__file__).with_name("reference.md")
 
 SECTIONS: list[tuple[str, list[str]]] = [
-    ("Programs", ["function", "set_default_backend", "Arg"]),
+    ("Programs", ["function", "set_default_backend", "Arg", "set_limits", "get_limits"]),
     ("Primitives", ["gen", "gen_int", "gen_string", "select", "image"]),
     (
         "Choice methods",
