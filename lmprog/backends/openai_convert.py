@@ -86,6 +86,11 @@ def constraint_fields(constraint: Any, regex_field: str | None) -> dict[str, Any
                 "json_schema": {"name": "output", "schema": schema, "strict": True},
             }
         }
+    if constraint.kind == "ebnf":
+        raise BackendError(
+            "an OpenAI-compatible endpoint has no standard field for an ebnf grammar: run it on "
+            "lp.Runtime or lp.LlamaCpp (or lp.RuntimeEndpoint, whose SGLang protocol has one)"
+        )
     if regex_field is None:
         raise BackendError(
             f"an OpenAI-compatible endpoint has no standard field for a {constraint.kind} constraint "

@@ -18,7 +18,7 @@ from lmprog.fsm import json_schema
 from lmprog.fsm.dtypes import resolve_dtype
 from lmprog.fsm.regex import alt, check_not_only_empty, compile_user_regex, lit
 
-KINDS = ("regex", "json_schema", "choices", "dtype")
+KINDS = ("regex", "json_schema", "choices", "dtype", "ebnf")
 
 
 @dataclass(frozen=True)
@@ -29,13 +29,16 @@ class Constraint:
     (the regex, the schema as JSON text in its own key order -- the order ``pattern`` writes
     object properties in, so an endpoint given this schema produces the same order -- the
     tuple of choices, the dtype name);
-    ``options``: compile options that shaped ``pattern`` (e.g. whitespace).
+    ``options``: compile options that shaped ``pattern`` (e.g. whitespace);
+    ``lark``: for "ebnf", the grammar in llguidance's Lark syntax, which the token engine runs
+    (``pattern`` is then "": a grammar has no regex).
     """
 
     kind: str
     pattern: str
     source: object
     options: tuple = field(default=())
+    lark: str | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -99,6 +102,21 @@ class Constraint:
         return cls("choices", alt(*(lit(c) for c in choices)).text, choices)  # type: ignore[union-attr]
 
     @classmethod
+    def from_ebnf(cls, grammar: str) -> Constraint:
+        """A context-free grammar in the GBNF dialect of llama.cpp grammars and SGLang's
+        ``ebnf`` (``root ::= ...``; a Lark grammar with a ``start:`` rule is taken too).
+        Recursion works at any depth. ConstraintError for a malformed grammar, a rule used
+        but not defined, or a ``root`` that can never finish; see ``lmprog.fsm.grammar``."""
+        from lmprog.fsm.grammar import ebnf_to_lark
+
+        lark = ebnf_to_lark(grammar)
+        constraint = cls("ebnf", "", grammar, lark=lark)
+        from lmprog.fsm.index import check_grammar
+
+        check_grammar(constraint)
+        return constraint
+
+    @classmethod
     def from_dtype(cls, dtype) -> Constraint:
         """``int``, ``float``, ``bool`` or ``str`` (the types or their names)."""
         d = resolve_dtype(dtype)
@@ -108,8 +126,9 @@ class Constraint:
 
     @property
     def cache_key(self) -> str:
-        """A stable key of the pattern (the token index depends on nothing else)."""
-        return hashlib.sha256(self.pattern.encode("utf-8")).hexdigest()
+        """A stable key of the pattern or grammar (the token index depends on nothing else)."""
+        text = self.pattern if self.lark is None else "lark:" + self.lark
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
     def matches(self, text: str) -> bool:
         """Whether the whole ``text`` satisfies the constraint (no model involved). Checked by

@@ -154,6 +154,10 @@ class _BoundedCache:
 
 
 def _pattern_of(constraint: Any) -> str:
+    """The text the index compiles: a regex, or "lark:" + a Lark grammar (an ebnf Constraint)."""
+    lark = getattr(constraint, "lark", None)
+    if isinstance(lark, str):
+        return "lark:" + lark
     pattern = constraint if isinstance(constraint, str) else getattr(constraint, "pattern", None)
     if not isinstance(pattern, str):
         raise TypeError(f"expected a Constraint or a regex string, got {type(constraint).__name__}")
@@ -198,12 +202,13 @@ def _matcher(pattern: str, ll_tokenizer: Any) -> Any:
     (a syntax it does not read, a lexer past the limits). The GIL is released meanwhile."""
     import llguidance
 
-    grammar = llguidance.LLMatcher.grammar_from_regex(pattern)
+    if pattern.startswith("lark:"):
+        grammar = llguidance.LLMatcher.grammar_from_lark(pattern[5:])
+    else:
+        grammar = llguidance.LLMatcher.grammar_from_regex(pattern)
     matcher = llguidance.LLMatcher(ll_tokenizer, grammar, log_level=0, limits=_limits())
     if matcher.is_error():
-        raise ConstraintError(
-            f"cannot compile the regex {_short(pattern)}: {_reason(matcher.get_error())}"
-        )
+        raise ConstraintError(f"cannot compile {_short(pattern)}: {_reason(matcher.get_error())}")
     return matcher
 
 
@@ -213,9 +218,7 @@ def _check_start(index: TokenIndex) -> None:
         words = index.new_guide().bitmask_words()
     except ConstraintError as exc:
         if "NoExtension" not in str(exc):
-            raise ConstraintError(
-                f"cannot compile the regex {_short(index.pattern)}: {exc}"
-            ) from None
+            raise ConstraintError(f"cannot compile {_short(index.pattern)}: {exc}") from None
         words = None
     if words is None or not words.any():
         raise ConstraintError(
@@ -237,7 +240,9 @@ def _reason(error: str) -> str:
 
 
 def _short(pattern: str) -> str:
-    return repr(pattern if len(pattern) <= 80 else pattern[:77] + "...")
+    what = "the grammar" if pattern.startswith("lark:") else "the regex"
+    pattern = pattern.removeprefix("lark:")
+    return f"{what} {pattern if len(pattern) <= 80 else pattern[:77] + '...'!r}"
 
 
 # ---- the vocabulary as llguidance sees it ---------------------------------------------------
@@ -305,6 +310,12 @@ def matcher_words(matcher: Any, nwords: int) -> np.ndarray:
 
 
 BYTES = TokenVocab((*(bytes([b]) for b in range(256)), None), eos_token_id=256)  # id = byte
+
+
+def check_grammar(constraint: Any) -> None:
+    """Compile a constraint's grammar once, without a model's vocabulary, so that an error in
+    it (llguidance's Lark checks) is raised where the constraint is built."""
+    TokenIndex.get(constraint, BYTES)
 
 
 def matches_bytes(constraint: Any, data: bytes) -> bool:

@@ -58,6 +58,7 @@ def gen(
     choices: Sequence[str] | None = None,
     choices_method: ChoicesMethod | None = None,
     dtype: type | None = None,
+    ebnf: str | None = None,
     top_logprobs_num: int | None = None,
 ) -> Expr:
     """Generate a continuation and store it in variable `name`.
@@ -82,11 +83,13 @@ def gen(
         variable holds the parsed Python value (`s["n"]` is an int for `dtype=int`).
         A constrained gen cut short at max_tokens holds its partial text instead (finish
         reason "length" in its meta info), as in SGLang; `state.parsed(name)` then raises;
+      - `ebnf="root ::= ..."`: the output is in the language of the grammar (the GBNF dialect
+        of llama.cpp grammars and SGLang's `ebnf`; recursion at any depth);
       - `choices=[...]`: behaves exactly like `lp.select(name, choices)` (with its
         `choices_method`, which is only valid with `choices`).
 
     Raises TypeError/ValueError for a bad argument (e.g. `max_tokens < min_tokens`) and
-    `lp.ConstraintError` for an invalid regex or schema, here at the call.
+    `lp.ConstraintError` for an invalid regex, schema or grammar, here at the call.
     """
     _check_name(name, "gen")
     sampling = {
@@ -106,17 +109,25 @@ def gen(
         "top_logprobs_num": top_logprobs_num,
     }
     overrides = _checked_overrides({k: v for k, v in sampling.items() if v is not None})
-    constraints = {"regex": regex, "json_schema": json_schema, "choices": choices, "dtype": dtype}
+    constraints = {
+        "regex": regex,
+        "json_schema": json_schema,
+        "choices": choices,
+        "dtype": dtype,
+        "ebnf": ebnf,
+    }
     given = [k for k, v in constraints.items() if v is not None]
     if len(given) > 1:
-        raise ValueError(f"gen() takes at most one of regex/json_schema/choices/dtype, got {given}")
+        raise ValueError(
+            f"gen() takes at most one of regex/json_schema/choices/dtype/ebnf, got {given}"
+        )
     if choices is not None:
         if choices_method is None:
             return select(name, choices)
         return select(name, choices, choices_method=choices_method)
     if choices_method is not None:
         raise TypeError("gen(choices_method=...) applies only with choices=[...]")
-    constraint, spec = _build_constraint(regex, json_schema, dtype)
+    constraint, spec = _build_constraint(regex, json_schema, dtype, ebnf)
     schema_class = json_schema if isinstance(json_schema, type) else None  # a pydantic model
     return Gen(name, overrides, constraint, spec, schema_class)
 
@@ -324,11 +335,18 @@ def _check_stop_limits(stop: tuple[str, ...]) -> None:
             )
 
 
-def _build_constraint(regex: Any, json_schema: Any, dtype: Any) -> tuple[Any, str | None]:
-    if regex is None and json_schema is None and dtype is None:
+def _build_constraint(
+    regex: Any, json_schema: Any, dtype: Any, ebnf: Any = None
+) -> tuple[Any, str | None]:
+    if regex is None and json_schema is None and dtype is None and ebnf is None:
         return None, None
     _reject_placeholder(regex, "gen(regex=...)")
     _reject_placeholder(json_schema, "gen(json_schema=...)")
+    _reject_placeholder(ebnf, "gen(ebnf=...)")
+    if ebnf is not None:
+        if not isinstance(ebnf, str):
+            raise TypeError(f"ebnf must be a str, got {type(ebnf).__name__}")
+        return _constraint_class().from_ebnf(ebnf), "ebnf"
     if regex is not None:
         if not isinstance(regex, str):
             raise TypeError(f"regex must be a str, got {type(regex).__name__}")

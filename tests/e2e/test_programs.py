@@ -112,3 +112,19 @@ def test_a_regex_that_matches_the_empty_string_runs(backend):
     assert re.fullmatch(r"[0-9]*", value)
     with pytest.raises(lp.ConstraintError, match="only the empty string"):
         lp.gen("x", regex="")
+
+
+SUMS = 'root ::= num (op num){0,3}\nop ::= "+" | "-"\nnum ::= [1-9] [0-9]?\n'
+
+
+@lp.function
+def arithmetic(s):
+    s += lp.user("Write a short sum of two numbers.")
+    s += lp.assistant(lp.gen("expr", ebnf=SUMS, max_tokens=24))
+
+
+def test_an_ebnf_grammar_constrains_the_output(backend):
+    state = arithmetic.run(backend=backend, temperature=0)
+    # the grammar's longest sentence is 11 characters: it always finishes within 24 tokens
+    assert state.get_meta_info("expr")["finish_reason"] == "stop"
+    assert lp.Constraint.from_ebnf(SUMS).matches(state["expr"]), state["expr"]
