@@ -1,5 +1,6 @@
 """The regex layer: strict parsing, canonical emission, and agreement between engines."""
 
+import json
 import re
 
 import interegular
@@ -60,7 +61,7 @@ def test_canonical_emission(pattern, expected):
         (r"(?P<x>a)(?P=x)", "backreference", 8),
         (r"a^b", "anchor", 1),
         (r"a$b", "anchor", 1),
-        (r"(^a)", "anchor", 1),
+        (r"(^a)*", "anchor inside a repeated group", 1),
         (r"\bfoo", "word boundary", 0),
         (r"(?i)abc", "inline flags", 0),
         (r"\p{Script=Greek}", "Unicode property", 0),
@@ -197,3 +198,23 @@ def test_a_regex_matching_only_the_empty_string_is_refused_at_once():
     for pattern in ("", "(?:)", "a{0}", "()*"):
         with pytest.raises(ConstraintError, match="only the empty string"):
             check_not_only_empty(pattern)
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [r"^$|(^[a-z]+$)", r"^(foo|^bar)$", r"(^a|b)c", r"a$|b", r"x($)?y?", r"(?:^ab|cd$)|ef"],
+)
+def test_anchors_anywhere_an_engine_allows_them(pattern):
+    """JSON Schema `pattern`s with anchors inside groups keep their search semantics: the
+    constraint accepts a string iff ECMA-style search (Python's re.search) finds the pattern."""
+    import itertools
+    import re
+
+    from lmprog.fsm import Constraint
+
+    c = Constraint.from_json_schema({"type": "string", "pattern": pattern})
+    for n in range(4):
+        for letters in itertools.product("abcefxy", repeat=n):
+            text = "".join(letters)
+            expected = re.search(pattern, text) is not None
+            assert c.matches(json.dumps(text)) == expected, (pattern, text)

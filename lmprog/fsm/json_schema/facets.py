@@ -8,6 +8,7 @@ which of those terms remain. Sub-schemas (``items``, ``properties``...) are buil
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from decimal import Decimal
@@ -41,6 +42,8 @@ from lmprog.fsm.json_schema.values import pattern_matcher, to_decimal
 from lmprog.fsm.regex import parse_regex
 
 Sub = Callable[[object, str], Node]  # (sub-schema, path suffix) -> Node
+
+_log = logging.getLogger("lmprog.fsm")
 
 
 def typed_terms(schema: dict, path: str, sub: Sub) -> Node:
@@ -140,9 +143,14 @@ def _string(schema: dict, path: str) -> StrT | None:
     formats = ()
     if "format" in schema:
         name = schema["format"]
-        if not isinstance(name, str) or format_pattern(name) is None:
-            raise ConstraintError(f"unsupported format {name!r} at {path}/format")
-        formats = (name,)
+        if not isinstance(name, str):
+            raise ConstraintError(f"invalid schema: format must be a string at {path}/format")
+        if format_pattern(name) is None:
+            # An unknown format is an annotation (JSON Schema: implementations that do not
+            # know a format ignore it), so any string is allowed.
+            _log.debug("ignoring the unknown format %r at %s/format", name, path)
+        else:
+            formats = (name,)
     return normalize_str(
         StrT(
             min_len=_count(schema, "minLength", path, 0),

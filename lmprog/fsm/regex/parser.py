@@ -16,7 +16,10 @@ from lmprog.fsm.regex.syntax import (
     Node,
     ParsedRegex,
     Repeat,
+    nullable,
 )
+
+MAX_ANCHORED_BRANCHES = 64  # alternatives an anchored pattern may expand to (split_anchors)
 
 _DIGIT = cs("0-9")
 _WORD = cs("a-zA-Z0-9_")
@@ -27,6 +30,53 @@ _ECMA_SPACE = CharSet.of(" \t\n\r\f\v\u00a0\u1680\u2028\u2029\u202f\u205f\u3000\
 _CLASS_ESCAPES = {"d": _DIGIT, "w": _WORD}
 _BRACES = re.compile(r"\{(\d*)(,(\d*))?\}")
 _SIMPLE = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v"}
+
+
+class _Anchor:
+    """`^` (start) or `$` (end) while parsing; `split_anchors` removes every one."""
+
+    __slots__ = ("start",)
+
+    def __init__(self, start: bool) -> None:
+        self.start = start
+
+
+_ANCHOR_ESCAPE = {"A": _Anchor(True), "Z": _Anchor(False), "z": _Anchor(False)}
+
+
+def _has_anchor(node: Node) -> bool:
+    if isinstance(node, _Anchor):
+        return True
+    if isinstance(node, Chars):
+        return False
+    if isinstance(node, Repeat):
+        return _has_anchor(node.node)
+    return any(_has_anchor(n) for n in (node.parts if isinstance(node, Concat) else node.options))
+
+
+def _join_anchored(
+    left: tuple[bool, Node, bool], right: tuple[bool, Node, bool]
+) -> tuple[bool, Node, bool] | None:
+    """Concatenate two anchored alternatives; None where no text satisfies both."""
+    s1, b1, e1 = left
+    s2, b2, e2 = right
+    if e1 and not nullable(b2):  # text after the end
+        return None
+    if s2 and not nullable(b1):  # text before the start
+        return None
+    if e1:
+        return s1 or s2, b1, True
+    if s2:
+        return True, b2, e2
+    return s1, _concat(b1, b2), e2
+
+
+def _concat(a: Node, b: Node) -> Node:
+    parts = [
+        *(a.parts if isinstance(a, Concat) else (a,)),
+        *(b.parts if isinstance(b, Concat) else (b,)),
+    ]
+    return Concat(tuple(parts))
 
 
 def parse_regex(pattern: str, dialect: str = "python") -> ParsedRegex:
@@ -40,6 +90,7 @@ def parse_regex(pattern: str, dialect: str = "python") -> ParsedRegex:
 class _Parser:
     def __init__(self, src: str, dialect: str):
         self.src, self.i, self.ecma = src, 0, dialect == "ecma"
+        self.anchors: list[int] = []  # positions of the anchors read
         space = _ECMA_SPACE if self.ecma else _PY_SPACE
         self.classes = dict(_CLASS_ESCAPES, s=space)
         dot_excluded = "\n\r\u2028\u2029" if self.ecma else "\n"
@@ -54,44 +105,52 @@ class _Parser:
         return self.src[j] if j < len(self.src) else ""
 
     def parse(self) -> tuple[Branch, ...]:
-        branches = [self.branch()]
-        while self.peek() == "|":
-            self.i += 1
-            branches.append(self.branch())
+        node = self.alternation()
         if self.i < len(self.src):
             raise self.fail("unbalanced ')'")
+        branches = [Branch(body, start, end) for start, body, end in self.split_anchors(node)]
+        if not branches:
+            inner = [p for p in self.anchors if 0 < p < len(self.src) - 1] or self.anchors
+            raise self.fail(
+                "an anchor no text can satisfy ('$' before a character, '^' after one)", inner[0]
+            )
         return tuple(branches)
 
-    def branch(self) -> Branch:
-        start = self.anchor("^", "A")
-        parts = []
-        while self.i < len(self.src) and self.peek() not in "|)":
-            if self.at_end_anchor():
-                return Branch(Concat(tuple(parts)), start, True)
-            parts.append(self.quantified())
-        return Branch(Concat(tuple(parts)), start, False)
+    def split_anchors(self, node: Node) -> list[tuple[bool, Node, bool]]:
+        """The pattern as alternatives (anchored at the start?, body, anchored at the end?)
+        with the same search language: anchors may stand anywhere a regex engine allows them
+        (`^$|(^[a-z]+$)`, `^(foo|^bar)$`, `(^a|b)c`). An anchor is satisfiable only where
+        the text around it can be empty; combinations that cannot be are dropped."""
+        if isinstance(node, _Anchor):
+            return [(node.start, EMPTY, not node.start)]
+        if not _has_anchor(node):
+            return [(False, node, False)]
+        if isinstance(node, Alternation):
+            out = [x for option in node.options for x in self.split_anchors(option)]
+        elif isinstance(node, Concat):
+            out = [(False, EMPTY, False)]
+            for part in node.parts:
+                out = [
+                    joined
+                    for left in out
+                    for right in self.split_anchors(part)
+                    if (joined := _join_anchored(left, right)) is not None
+                ]
+                self.check_anchored(out)
+        else:  # Repeat
+            if node.hi == 1:  # x? = "" | x
+                return self.split_anchors(Alternation((EMPTY, node.node)))
+            raise self.fail("an anchor inside a repeated group", self.anchors[0])
+        self.check_anchored(out)
+        return out
 
-    def anchor(self, char: str, escape: str) -> bool:
-        if self.peek() == char:
-            self.i += 1
-            return True
-        if not self.ecma and self.peek() == "\\" and self.peek(1) == escape:
-            self.i += 2
-            return True
-        return False
-
-    def at_end_anchor(self) -> bool:
-        width = 1 if self.peek() == "$" else 0
-        if not self.ecma and self.peek() == "\\" and self.peek(1) in "Zz":
-            width = 2
-        if not width:
-            return False
-        if self.peek(width) not in ("", "|"):
+    def check_anchored(self, out: list) -> None:
+        if len(out) > MAX_ANCHORED_BRANCHES:
             raise self.fail(
-                "anchor in the middle of the pattern (only a leading '^' and a trailing '$' are supported)"
+                f"anchors inside groups that expand to more than {MAX_ANCHORED_BRANCHES} "
+                "alternatives",
+                0,
             )
-        self.i += width
-        return True
 
     def alternation(self) -> Node:
         options = [self.concat()]
@@ -155,9 +214,16 @@ class _Parser:
         if c == ".":
             return Chars(self.dot)
         if c == "\\":
+            if not self.ecma and self.peek() in ("A", "Z", "z"):
+                self.anchors.append(start)
+                self.i += 1
+                return _ANCHOR_ESCAPE[self.src[self.i - 1]]  # type: ignore[return-value]
+            if self.peek() == "G":
+                raise self.fail("anchor '\\G'", start)
             return Chars(self.escape(in_class=False))
         if c in "^$":
-            raise self.fail(f"anchor {c!r} in the middle of the pattern", start)
+            self.anchors.append(start)
+            return _Anchor(c == "^")
         return Chars(CharSet.of(c))
 
     def group(self, start: int) -> Node:
@@ -263,7 +329,8 @@ class _Parser:
         if c in "bB":
             raise self.fail(f"word boundary '\\{c}'", start)
         if c in "AZzG":
-            raise self.fail(f"anchor '\\{c}' in the middle of the pattern", start)
+            where = "inside a character class" if in_class else "in this regex dialect"
+            raise self.fail(f"anchor '\\{c}' {where}", start)
         if c in "pP":
             return self.property_class(c, start)
         if c.isascii() and c.isalnum():
