@@ -223,3 +223,42 @@ def _eos_only(index: TokenIndex, nwords: int) -> np.ndarray:
         words.flags.writeable = False
         cache.put("eos", words)
     return words
+
+
+_EXECUTOR: list[Any] = []
+
+
+def prefetch_bitmask_words(guides: Iterable[Guide | None]) -> None:
+    """Compute, in parallel on llguidance's thread pool (the GIL released), the bitmask words
+    of every guide whose position is not cached yet, so that a batch step with many
+    constrained rows costs about one mask computation instead of one per row. Each result
+    is cached as `bitmask_words()` would cache it; a guide whose matcher fails is left for
+    `bitmask_words()` to report."""
+    todo: dict[tuple[int, int], Guide] = {}
+    for g in guides:
+        if g is None or g._ended or g.state < 0:
+            continue
+        cache = g.index.state_cache("words", WORDS_CACHE_SIZE)
+        if cache.get(g.state) is None:
+            todo.setdefault((id(g.index), g.state), g)
+    if len(todo) < 2:
+        return
+    import os
+
+    import llguidance
+    import llguidance.numpy
+
+    if not _EXECUTOR:
+        _EXECUTOR.append(llguidance.LLExecutor(num_threads=min(8, os.cpu_count() or 1)))
+    batch = list(todo.values())
+    nwords = max((g.index.vocab_size + 31) // 32 for g in batch)
+    out = np.zeros((len(batch), nwords), dtype=np.int32)
+    llguidance.numpy.fill_next_token_bitmask_par(
+        _EXECUTOR[0], [(g._matcher, i) for i, g in enumerate(batch)], out
+    )
+    for i, g in enumerate(batch):
+        if g._matcher.is_error():
+            continue
+        words = out[i, : (g.index.vocab_size + 31) // 32].copy()
+        words.flags.writeable = False
+        g.index.state_cache("words", WORDS_CACHE_SIZE).put(g.state, words)

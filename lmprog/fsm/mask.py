@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from lmprog.fsm.guide import Guide
+from lmprog.fsm.guide import Guide, prefetch_bitmask_words
 
 
 def num_words(width: int) -> int:
@@ -45,6 +45,7 @@ def allowed_bitmask(
     if not guides:
         raise ValueError("allowed_bitmask needs at least one guide (None = unconstrained)")
     device = torch.device(device)
+    prefetch_bitmask_words(guides)
     full = None
     if any(g is None for g in guides):
         full = torch.full((num_words(width),), -1, dtype=torch.int32, device=device)
