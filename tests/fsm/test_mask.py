@@ -149,3 +149,27 @@ def test_cuda_masks_match_reference(toy, guides, rows):
     assert torch.equal(mask.cpu(), allowed_bitmask(batch, width))
     apply_bitmask_(logits, mask)
     assert torch.equal(logits, expected)
+
+
+def test_batched_masks_equal_the_serial_ones(toy):
+    """Positions not cached yet are computed together (prefetch_bitmask_words, in parallel);
+    the rows equal those each guide computes alone."""
+    pattern = r'\{"name":"[a-z]{0,6}","ok":(true|false)\}'
+    texts = ['{"na', '{"name":"ab', '{"name":"abc","ok":', '{"name":"', '{"name":"abc","ok":t']
+
+    def walked():
+        index = TokenIndex.get(pattern, toy)
+        out = []
+        for text in texts:
+            g = index.new_guide()
+            g.advance_all(toy.encode(text, add_special_tokens=False))
+            out.append(g)
+        return out
+
+    from lmprog.fsm.index import clear_memory_cache
+
+    clear_memory_cache()
+    batched = allowed_bitmask([*walked(), None], 300)
+    clear_memory_cache()
+    serial = torch.stack([allowed_bitmask([g], 300)[0] for g in walked()])
+    assert torch.equal(batched[:-1], serial) and bool((batched[-1] == -1).all())
