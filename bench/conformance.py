@@ -16,8 +16,11 @@ test case (the core draft2020-12 suite, every file except ``optional/``: 1,299 c
   an invalid one as rejected only if no text matches. This keeps engines that fix whitespace or
   key order comparable, and checks rejection over several shapes.
 
-Run as a script for a report (``python bench/conformance.py [--engine=lmprog|outlines-core]
-[--json]``).
+Engines: ``lmprog`` (``Constraint.matches``: the regex's language, checked by the token engine
+over a byte vocabulary), ``lmprog-tokens`` (what decoding uses: the model's tokenizer splits
+each text, and every token must be allowed by the bitmask of its position, then EOS; issue 14,
+item 4) and ``outlines-core`` (its regex, matched with Python ``re``). Run as a script for a
+report (``python bench/conformance.py [--engine=lmprog|lmprog-tokens|outlines-core] [--json]``).
 """
 
 from __future__ import annotations
@@ -204,6 +207,45 @@ def lmprog_compile(schema):
     return Constraint.from_json_schema(schema).matches
 
 
+_TOKENIZER = []
+
+
+def default_tokenizer():
+    """The default model's tokenizer (loaded once)."""
+    if not _TOKENIZER:
+        from lmprog.core.models import load_tokenizer, resolve_model
+
+        _TOKENIZER.append(load_tokenizer(resolve_model()))
+    return _TOKENIZER[0]
+
+
+def token_walk(index, token_ids) -> bool:
+    """Whether a guide of ``index`` accepts the token sequence as decoding would: each token's
+    bit set in the position's bitmask (``allowed_bitmask``), then EOS allowed at the end."""
+    from lmprog.fsm.mask import allowed_bitmask
+
+    guide, width = index.new_guide(), index.vocab_size
+    for t in [*token_ids, index.eos_token_id]:
+        words = allowed_bitmask([guide], width)[0]
+        if not (int(words[t >> 5]) >> (t & 31)) & 1:
+            return False
+        if t != index.eos_token_id:
+            guide.advance(t)
+    return True
+
+
+def lmprog_token_compile(schema, tokenizer=None):
+    """lmprog through the token engine decoding uses (issue 14, item 4): the schema's
+    Constraint, its TokenIndex over the default model's vocabulary, and each text tokenized by
+    the model's tokenizer and walked through the masks (``token_walk``)."""
+    from lmprog.fsm import Constraint
+    from lmprog.fsm.index import TokenIndex
+
+    tok = tokenizer if tokenizer is not None else default_tokenizer()
+    index = TokenIndex.get(Constraint.from_json_schema(schema), tok)
+    return lambda text: token_walk(index, tok.encode(text, add_special_tokens=False))
+
+
 def outlines_core_compile(schema):
     """outlines-core's own JSON-schema-to-regex, matched with Python ``re`` (a reference point;
     its regex dialect is close enough to Python's for these patterns)."""
@@ -214,7 +256,11 @@ def outlines_core_compile(schema):
     return re.compile(build_regex_from_schema(json.dumps(schema))).fullmatch
 
 
-ENGINES = {"lmprog": lmprog_compile, "outlines-core": outlines_core_compile}
+ENGINES = {
+    "lmprog": lmprog_compile,
+    "lmprog-tokens": lmprog_token_compile,
+    "outlines-core": outlines_core_compile,
+}
 
 if __name__ == "__main__":
     engine = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--engine=")), "lmprog")

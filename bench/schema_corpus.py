@@ -75,7 +75,7 @@ def extra(value: Any, path: str, key: str, new: Any) -> Any:
 
 
 S = {"type": "string"}
-I = {"type": "integer"}
+INT = {"type": "integer"}
 N = {"type": "number"}
 B = {"type": "boolean"}
 DATE = {"type": "string", "format": "date"}
@@ -386,7 +386,7 @@ TOOLS = [
 ]
 
 for tname, desc, params, req, good, bads in TOOLS:
-    params_schema = open_obj(params, req or None)
+    params_schema = open_obj(params, req or None, description=desc)
     add(f"tool-params/{tname}", "function-calling", params_schema, [good], bads)
 
 # Whole tool calls: {"name": <enum>, "arguments": {...}} for a set of tools, as agents emit.
@@ -572,7 +572,7 @@ add(
     strict(
         {
             "title": S,
-            "servings": I,
+            "servings": INT,
             "ingredients": {
                 "type": "array",
                 "items": strict({"item": S, "quantity": N, "unit": {"type": ["string", "null"]}}),
@@ -673,7 +673,7 @@ add(
         "$defs": {
             "money": strict({"amount": N, "currency": {"enum": ["USD", "EUR", "GBP"]}}),
             "line": strict(
-                {"description": S, "quantity": I, "unit_price": {"$ref": "#/$defs/money"}}
+                {"description": S, "quantity": INT, "unit_price": {"$ref": "#/$defs/money"}}
             ),
         },
         "properties": {
@@ -869,7 +869,7 @@ add(
     "record",
     open_obj(
         {
-            "id": I,
+            "id": INT,
             "slug": {"type": "string", "pattern": "^[a-z0-9]+(-[a-z0-9]+)*$"},
             "title": {"type": "string", "maxLength": 80},
             "published": DATE,
@@ -908,7 +908,7 @@ add(
         },
         "type": "object",
         "properties": {
-            "post_id": I,
+            "post_id": INT,
             "comments": {"type": "array", "items": {"$ref": "#/$defs/comment"}, "maxItems": 50},
         },
         "required": ["post_id", "comments"],
@@ -1095,7 +1095,7 @@ add(
     "record",
     open_obj(
         {
-            "hotel_id": I,
+            "hotel_id": INT,
             "check_in": DATE,
             "check_out": DATE,
             "guests": open_obj(
@@ -1336,7 +1336,7 @@ add(
         "properties": {
             "event": {
                 "oneOf": [
-                    open_obj({"type": {"const": "click"}, "x": I, "y": I}, ["type", "x", "y"]),
+                    open_obj({"type": {"const": "click"}, "x": INT, "y": INT}, ["type", "x", "y"]),
                     open_obj(
                         {
                             "type": {"const": "key"},
@@ -1364,7 +1364,7 @@ add(
 add(
     "tuple/prefix-items",
     "array",
-    {"type": "array", "prefixItems": [S, I, B], "items": False, "minItems": 2},
+    {"type": "array", "prefixItems": [S, INT, B], "items": False, "minItems": 2},
     [["a", 1, True], ["a", 1]],
     [["a", "1"], ["a", 1, True, 4], ["a"]],
 )
@@ -1425,7 +1425,7 @@ add(
     {
         "type": "object",
         "propertyNames": {"pattern": "^[a-z_][a-z0-9_]*$"},
-        "additionalProperties": I,
+        "additionalProperties": INT,
     },
     [{"retries": 3, "max_wait": 10}],
     [{"Retries": 3}, {"retries": "3"}],
@@ -1485,7 +1485,9 @@ add(
 add(
     "keyword/const-version",
     "keyword",
-    open_obj({"version": {"const": 2}, "data": {"type": "array", "items": I}}, ["version", "data"]),
+    open_obj(
+        {"version": {"const": 2}, "data": {"type": "array", "items": INT}}, ["version", "data"]
+    ),
     [{"version": 2, "data": [1, 2]}],
     [{"version": 1, "data": []}, {"version": 2, "data": [1.5]}],
 )
@@ -1901,7 +1903,7 @@ INGRESS = k8s(
                                                         "name": DNS,
                                                         "port": {
                                                             "type": "object",
-                                                            "properties": {"number": I},
+                                                            "properties": {"number": INT},
                                                         },
                                                     },
                                                     "required": ["name"],
@@ -2204,7 +2206,7 @@ add(
                         "ports": {
                             "type": "array",
                             "items": {
-                                "anyOf": [{"type": "string", "pattern": "^[0-9]+(:[0-9]+)?$"}, I]
+                                "anyOf": [{"type": "string", "pattern": "^[0-9]+(:[0-9]+)?$"}, INT]
                             },
                         },
                         "environment": {
@@ -2558,7 +2560,7 @@ add(
         "definitions": {
             "leaf": {
                 "type": "object",
-                "properties": {"value": I},
+                "properties": {"value": INT},
                 "required": ["value"],
                 "additionalProperties": False,
             }
@@ -2769,7 +2771,7 @@ add(
     pyd(
         "User",
         {
-            "id": I,
+            "id": INT,
             "name": S,
             "email": EMAIL,
             "role": {"$ref": "#/$defs/Role"},
@@ -2815,7 +2817,7 @@ add(
         "Extraction",
         {
             "company": S,
-            "founded": {"anyOf": [I, {"type": "null"}], "default": None},
+            "founded": {"anyOf": [INT, {"type": "null"}], "default": None},
             "people": {"type": "array", "items": {"$ref": "#/$defs/Person"}},
             "headquarters": {"anyOf": [{"$ref": "#/$defs/Place"}, {"type": "null"}]},
         },
@@ -2908,7 +2910,7 @@ FIELD_KINDS = [
     ("enum", {"enum": ["a", "b", "c"]}, "b", "d"),
     ("uuid", UUID, "9f8e7d6c-5b4a-4321-8fed-cba987654321", "9f8e"),
     ("opt", {"type": ["string", "null"]}, None, 0),
-    ("arr", {"type": "array", "items": I, "maxItems": 3}, [1, 2], [1, 2, 3, 4]),
+    ("arr", {"type": "array", "items": INT, "maxItems": 3}, [1, 2], [1, 2, 3, 4]),
 ]
 for width in (3, 6, 10, 16):
     for closed in (False, True):
@@ -2937,7 +2939,7 @@ for width in (3, 6, 10, 16):
         )
 
 for depth in (2, 3, 4):
-    schema: dict = {"type": "object", "properties": {"value": I}, "required": ["value"]}
+    schema: dict = {"type": "object", "properties": {"value": INT}, "required": ["value"]}
     good: dict = {"value": depth}
     for level in range(depth):
         schema = {
