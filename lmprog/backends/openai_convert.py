@@ -34,7 +34,8 @@ NO_TOKEN_ID = -1  # endpoints name tokens by their text; TokenLogprob.token_id i
 def request_fields(params: SamplingParams, *, chat: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """(standard OpenAI keyword arguments, extra body fields) for one generation.
 
-    Fields OpenAI lacks (top_k, min_p, min_tokens, ignore_eos, stop_token_ids) go in the
+    Fields OpenAI lacks (top_k, min_p, min_tokens, ignore_eos, repetition_penalty,
+    stop_token_ids) go in the
     extra body only when set, under the names vLLM, SGLang and lmprog's server share; a
     server that does not know them answers with an error.
     """
@@ -60,6 +61,7 @@ def request_fields(params: SamplingParams, *, chat: bool) -> tuple[dict[str, Any
         ("min_p", params.min_p, 0.0),
         ("min_tokens", params.min_tokens, 0),
         ("ignore_eos", params.ignore_eos, False),
+        ("repetition_penalty", params.repetition_penalty, 1.0),
     ):
         if value != unset:
             extra[name] = value

@@ -433,6 +433,7 @@ def sampling_fields(params: SamplingParams, constraint: Any) -> dict[str, Any]:
         ("min_p", params.min_p, 0.0),
         ("frequency_penalty", params.frequency_penalty, 0.0),
         ("presence_penalty", params.presence_penalty, 0.0),
+        ("repetition_penalty", params.repetition_penalty, 1.0),
         ("ignore_eos", params.ignore_eos, False),
         ("sampling_seed", params.seed, None),
     ):

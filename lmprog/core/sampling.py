@@ -23,6 +23,9 @@ class SamplingParams:
 
     `top_k=-1`, `top_p=1.0` and `min_p=0.0` disable those filters; `temperature=0` is greedy.
     `stop` strings are removed from the returned text; `stop_token_ids` end generation too.
+    `repetition_penalty` (CTRL's, as vLLM and SGLang apply it; 1.0 disables it): the logit of
+    every token already in the prompt or the output is divided by it when positive and
+    multiplied by it when negative, so a penalty > 1 makes repeats less likely, < 1 more.
     """
 
     max_tokens: int = 128
@@ -35,6 +38,7 @@ class SamplingParams:
     min_p: float = 0.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     ignore_eos: bool = False
     seed: int | None = None
     return_logprob: bool = False
@@ -57,6 +61,15 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def penalised(self) -> bool:
+        """Whether a penalty reads the tokens seen so far (frequency, presence, repetition)."""
+        return (
+            self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
 
     def validate(self) -> None:
         """Raise TypeError/ValueError naming the first invalid field."""
@@ -83,6 +96,9 @@ class SamplingParams:
         _check_float("min_p", self.min_p, lo=0.0, hi=1.0)
         _check_float("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
         _check_float("presence_penalty", self.presence_penalty, lo=-2.0, hi=2.0)
+        _check_float("repetition_penalty", self.repetition_penalty, lo=0.0)
+        if self.repetition_penalty == 0.0:
+            raise ValueError("repetition_penalty must be > 0 (1.0 disables it), got 0")
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if self.seed is not None:

@@ -1,7 +1,7 @@
 """BatchSampler: one token for each request of a step, from their next-token logits.
 
 Wraps the shared sampler (`sampler.py`) with what a backend keeps per request in
-its DecodeState: SamplingParams, seeded generator, penalty counts, output length (for
+its DecodeState: SamplingParams, seeded generator, penalty counts and prompt tokens, output length (for
 min_tokens) and constraint guide (bitmask). Per-row tensors are rebuilt only when the set of
 sampled requests changes (a steady decode batch reuses them). The engine samples a whole
 batch per step; the llama.cpp backend one request (B=1) per step, with its own sampler.
@@ -108,9 +108,14 @@ class BatchSampler:
         from .rejection import rejection_sample
 
         raw = torch.log_softmax(logits.float(), dim=-1) if tensors.return_logprob else None
-        counts, n_out, bitmask = self._inputs(logits, states, tensors)
+        counts, prompt, n_out, bitmask = self._inputs(logits, states, tensors)
         p = probabilities(
-            logits, tensors, output_counts=counts, num_output_tokens=n_out, bitmask=bitmask
+            logits,
+            tensors,
+            output_counts=counts,
+            prompt_mask=prompt,
+            num_output_tokens=n_out,
+            bitmask=bitmask,
         )
         d = to_device(torch.tensor(list(drafts), dtype=torch.int64), logits.device)
         tokens, accepted = rejection_sample(
@@ -157,7 +162,7 @@ class BatchSampler:
     def _sample(
         self, logits: torch.Tensor, states: Sequence[DecodeState], tensors: SamplingTensors
     ) -> SampleOutput:
-        counts, n_out, bitmask = self._inputs(logits, states, tensors)
+        counts, prompt, n_out, bitmask = self._inputs(logits, states, tensors)
         generators = None  # all-greedy rows draw nothing
         if not tensors.all_greedy:
             generators = [s.generator for s in states]
@@ -168,6 +173,7 @@ class BatchSampler:
             tensors,
             generators=generators,
             output_counts=counts,
+            prompt_mask=prompt,
             num_output_tokens=n_out,
             bitmask=bitmask,
             mask_in_place=True,
@@ -175,9 +181,9 @@ class BatchSampler:
 
     @staticmethod
     def _inputs(logits: torch.Tensor, states: Sequence[DecodeState], tensors: SamplingTensors):
-        """(penalty counts, output lengths, constraint bitmask) of the rows, as the sampler
-        takes them."""
-        counts = n_out = bitmask = None
+        """(penalty counts, prompt token masks, output lengths, constraint bitmask) of the
+        rows, as the sampler takes them."""
+        counts = prompt = n_out = bitmask = None
         if tensors.any_penalty:
             counts = torch.stack(
                 [
@@ -187,12 +193,21 @@ class BatchSampler:
                     for s in states
                 ]
             )
+        if tensors.any_repetition:
+            prompt = torch.stack(
+                [
+                    s.prompt_mask
+                    if s.prompt_mask is not None
+                    else torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
+                    for s in states
+                ]
+            )
         if tensors.any_min_tokens:
             n_out = [len(s.output_ids) for s in states]
         guides = [s.guide for s in states]
         if any(g is not None for g in guides):
             bitmask = allowed_bitmask(guides, logits.shape[1], logits.device)
-        return counts, n_out, bitmask
+        return counts, prompt, n_out, bitmask
 
 
 class PendingDraws:

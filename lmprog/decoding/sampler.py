@@ -4,13 +4,17 @@ One call turns next-token logits [B, V] into one token per row, honouring each r
 `SamplingParams`. The order of operations, per row:
 
     raw logits ──┬─> log_softmax ─────────────────────────────> output logprobs (raw model)
-                 └─> − penalties ─> min_tokens ban ─> constraint bitmask (lmprog.fsm.mask)
+                 └─> repetition ─> − penalties ─> min_tokens ban ─> constraint bitmask (lmprog.fsm.mask)
                          ─┬─> argmax                           (greedy rows)
                           └─> / temperature ─> top-k ─> top-p ─> min-p ─> draw   (others)
 
 Logprobs are those of the *raw* model distribution (log_softmax of the logits before
 penalties, masks, temperature and filters), as SGLang and vLLM return by default: they are
 a property of the model, comparable across sampling settings and defined at temperature 0.
+
+The repetition penalty is CTRL's, as vLLM and SGLang apply it: a token seen in the prompt
+or the output so far has its logit divided by the penalty when positive, multiplied by it
+when negative; then the frequency and presence penalties subtract from the output counts.
 
 Drawing is inverse-CDF sampling with one uniform number per row, taken from that row's own
 counter-based generator when it has a seed (`rng.py`: all seeded rows in one vectorized
@@ -53,6 +57,7 @@ class SamplingTensors:
     min_p: torch.Tensor  # [B] float32
     frequency_penalty: torch.Tensor  # [B] float32
     presence_penalty: torch.Tensor  # [B] float32
+    repetition_penalty: torch.Tensor  # [B] float32; 1.0 where disabled
     min_tokens: torch.Tensor  # [B] int64
     ban_rows: torch.Tensor  # [N] int64
     ban_tokens: torch.Tensor  # [N] int64
@@ -63,6 +68,7 @@ class SamplingTensors:
     any_top_p: bool
     any_min_p: bool
     any_penalty: bool
+    any_repetition: bool
     any_min_tokens: bool
     return_logprob: bool
     max_top_logprobs: int
@@ -106,6 +112,7 @@ class SamplingTensors:
             min_p=col([p.min_p for p in params], torch.float32),
             frequency_penalty=col([p.frequency_penalty for p in params], torch.float32),
             presence_penalty=col([p.presence_penalty for p in params], torch.float32),
+            repetition_penalty=col([p.repetition_penalty for p in params], torch.float32),
             min_tokens=col([p.min_tokens for p in params], torch.int64),
             ban_rows=col([r for r, _ in ban], torch.int64),
             ban_tokens=col([t for _, t in ban], torch.int64),
@@ -115,9 +122,8 @@ class SamplingTensors:
             max_top_k=max(max(p.top_k, 0) for p in params),
             any_top_p=any(p.top_p < 1.0 and not g for g, p in zip(greedy, params)),
             any_min_p=any(p.min_p > 0.0 and not g for g, p in zip(greedy, params)),
-            any_penalty=any(
-                p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params
-            ),
+            any_penalty=any(p.penalised for p in params),
+            any_repetition=any(p.repetition_penalty != 1.0 for p in params),
             any_min_tokens=bool(ban),
             return_logprob=any(p.return_logprob or p.top_logprobs_num > 0 for p in params),
             max_top_logprobs=max(p.top_logprobs_num for p in params),
@@ -145,6 +151,7 @@ def sample(
     *,
     generators: Sequence[SeededGenerator | None] | None = None,
     output_counts: torch.Tensor | None = None,
+    prompt_mask: torch.Tensor | None = None,
     num_output_tokens: torch.Tensor | Sequence[int] | None = None,
     bitmask: torch.Tensor | None = None,
     mask_in_place: bool = False,
@@ -154,17 +161,21 @@ def sample(
 
     generators: per-row seeded generators (None entries, or None: torch's default RNG).
     output_counts: [B, V] counts of each token already generated (for the penalties).
+    prompt_mask: bool [B, V], the tokens of each row's prompt (the repetition penalty counts
+        them as seen too; None: only the output's).
     num_output_tokens: [B] tokens generated so far (for min_tokens; default 0).
     bitmask: int32 [B, ceil(V / 32)] constraint mask (`lmprog.fsm.mask`): tokens whose bit
         is 0 are never chosen.
     mask_in_place: the bitmask may be applied to `logits` itself when nothing else changes
         them (applying it twice changes nothing; saves a [B, V] copy on a CPU).
     """
-    _check_inputs(logits, tensors, generators, output_counts, num_output_tokens, bitmask)
+    _check_inputs(
+        logits, tensors, generators, output_counts, num_output_tokens, bitmask, prompt_mask
+    )
     logits = logits.float()
     raw_logprobs = torch.log_softmax(logits, dim=-1) if tensors.return_logprob else None
     x, empty = _processed_logits(
-        logits, tensors, output_counts, num_output_tokens, bitmask, mask_in_place
+        logits, tensors, output_counts, num_output_tokens, bitmask, mask_in_place, prompt_mask
     )
     greedy_ids = argmax_rows(x)
     if tensors.all_greedy:
@@ -187,7 +198,9 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=-1)
 
 
-def _check_inputs(logits, tensors, generators, output_counts, num_output_tokens, bitmask) -> None:
+def _check_inputs(
+    logits, tensors, generators, output_counts, num_output_tokens, bitmask, prompt_mask=None
+) -> None:
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         raise ValueError(
             f"logits must be a [B, V] tensor, got {getattr(logits, 'shape', type(logits))}"
@@ -203,6 +216,13 @@ def _check_inputs(logits, tensors, generators, output_counts, num_output_tokens,
         raise ValueError(
             f"output_counts must have shape {(b, v)}, got {tuple(output_counts.shape)}"
         )
+    if prompt_mask is not None and (
+        tuple(prompt_mask.shape) != (b, v) or prompt_mask.dtype != torch.bool
+    ):
+        raise ValueError(
+            f"prompt_mask must be a bool tensor of shape {(b, v)}, "
+            f"got {prompt_mask.dtype} {tuple(prompt_mask.shape)}"
+        )
     if bitmask is not None:
         check_bitmask(logits, bitmask)
     if num_output_tokens is not None and len(num_output_tokens) != b:
@@ -210,13 +230,19 @@ def _check_inputs(logits, tensors, generators, output_counts, num_output_tokens,
 
 
 def _processed_logits(
-    logits, tensors, output_counts, num_output_tokens, bitmask, mask_in_place=False
+    logits,
+    tensors,
+    output_counts,
+    num_output_tokens,
+    bitmask,
+    mask_in_place=False,
+    prompt_mask=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logits after penalties, the min_tokens ban and the constraint mask, bool [B] rows
     left without a finite logit or None when nothing masked). The logits are a new tensor,
     `logits` itself when none applies, or `logits` masked in place when only the mask
     applies and `mask_in_place` allows it (callers never modify the result further)."""
-    penalised = tensors.any_penalty and output_counts is not None
+    penalised = tensors.any_penalty and (output_counts is not None or prompt_mask is not None)
     if not penalised and not tensors.any_min_tokens:
         if bitmask is None:
             return logits, None
@@ -224,9 +250,15 @@ def _processed_logits(
         return apply_bitmask_(x, bitmask), _empty_rows(x)
     x = logits.clone()  # a [B, V] copy costs milliseconds on a CPU at large B
     if penalised:
-        counts = output_counts.to(x.dtype)
-        x -= tensors.frequency_penalty[:, None] * counts
-        x -= tensors.presence_penalty[:, None] * (counts > 0).to(x.dtype)
+        in_output = None if output_counts is None else output_counts > 0
+        if tensors.any_repetition:
+            seen = in_output
+            if prompt_mask is not None:
+                seen = prompt_mask if seen is None else seen | prompt_mask
+            x = repetition_penalised(x, seen, tensors.repetition_penalty)
+        if output_counts is not None:
+            x -= tensors.frequency_penalty[:, None] * output_counts.to(x.dtype)
+            x -= tensors.presence_penalty[:, None] * in_output.to(x.dtype)
     if tensors.any_min_tokens:
         n_out = _as_long(num_output_tokens, tensors.batch_size, x.device)
         rows, tokens = tensors.ban_rows, tensors.ban_tokens
@@ -239,6 +271,15 @@ def _processed_logits(
     if bitmask is not None:
         apply_bitmask_(x, bitmask)
     return x, _empty_rows(x)
+
+
+def repetition_penalised(
+    x: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor
+) -> torch.Tensor:
+    """x [B, V] with CTRL's repetition penalty [B] applied where `seen` [B, V] is true: a
+    positive logit divided by the penalty, a negative one multiplied by it (the rest kept)."""
+    p = penalty[:, None]
+    return torch.where(seen, torch.where(x > 0, x / p, x * p), x)
 
 
 def _empty_rows(x: torch.Tensor) -> torch.Tensor:
@@ -327,6 +368,7 @@ def probabilities(
     tensors: SamplingTensors,
     *,
     output_counts: torch.Tensor | None = None,
+    prompt_mask: torch.Tensor | None = None,
     num_output_tokens: torch.Tensor | Sequence[int] | None = None,
     bitmask: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -334,8 +376,15 @@ def probabilities(
     (penalties, min_tokens ban, mask, temperature, top-k/p, min-p), normalised; one-hot at
     the argmax on greedy rows; all zeros on a row the masks leave nothing. Speculative
     decoding's rejection rule needs it explicitly."""
-    _check_inputs(logits, tensors, None, output_counts, num_output_tokens, bitmask)
-    x, empty = _processed_logits(logits.float(), tensors, output_counts, num_output_tokens, bitmask)
+    _check_inputs(logits, tensors, None, output_counts, num_output_tokens, bitmask, prompt_mask)
+    x, empty = _processed_logits(
+        logits.float(),
+        tensors,
+        output_counts,
+        num_output_tokens,
+        bitmask,
+        prompt_mask=prompt_mask,
+    )
     probs = _filtered_probs(x, tensors)
     probs = probs / probs.sum(dim=-1, keepdim=True)
     if tensors.any_greedy:

@@ -57,11 +57,21 @@ class _NoText:
         return ""
 
 
+def _token_mask(ids: Sequence[int], vocab_size: int, device: torch.device | str) -> torch.Tensor:
+    """bool [vocab_size]: True at each id of `ids` (ids outside the vocabulary skipped)."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool)
+    inside = [t for t in ids if 0 <= t < vocab_size]
+    if inside:
+        mask[torch.tensor(inside, dtype=torch.int64)] = True
+    return mask.to(device)
+
+
 class DecodeState:
     """Per-request mutable state: output ids, text stream, guide, RNG, penalty counts,
     logprobs. Not thread-safe; the backend's decoding thread owns it.
 
-    What `BatchSampler` reads: params, output_ids (min_tokens), counts (penalties), guide
+    What `BatchSampler` reads: params, output_ids (min_tokens), counts (penalties), prompt_mask
+    (the repetition penalty's prompt tokens), guide
     (mask), generator (seed). A request with max_tokens == 0 never reaches `accept`: its
     backend ends it with `finish("length")`.
     """
@@ -91,9 +101,14 @@ class DecodeState:
         self.first_token_at: float | None = None  # time.perf_counter() of the first output
         self.guide = guide
         self.generator = make_generator(params.seed)
-        penalised = params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
         self.counts = (
-            torch.zeros(vocab_size, dtype=torch.int32, device=device) if penalised else None
+            torch.zeros(vocab_size, dtype=torch.int32, device=device) if params.penalised else None
+        )
+        # the prompt's tokens, which the repetition penalty counts as seen (bool [V])
+        self.prompt_mask = (
+            _token_mask(prompt_ids, vocab_size, device)
+            if params.repetition_penalty != 1.0
+            else None
         )
         self.stop_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else frozenset(eos_token_ids)

@@ -50,6 +50,7 @@ def eligible(params: SamplingParams, constraint: Any) -> bool:
         and params.min_tokens == 0
         and params.frequency_penalty == 0
         and params.presence_penalty == 0
+        and params.repetition_penalty == 1
     )
 
 
