@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
 from lmprog.core.protocol import Backend
@@ -25,11 +25,12 @@ from .chat_completions import create_chat_completion
 from .chat_schemas import ChatCompletionRequest
 from .completions import create_completion
 from .context import ServeContext
-from .errors import APIError, ClientGone, install_handlers, validation_error
+from .errors import APIError, ClientGone, install_handlers
 from .gate import Gate
 from .limits import ServerLimits
 from .metrics import ServerMetrics
 from .schemas import CompletionRequest
+from .unknown import validate
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -64,29 +65,32 @@ def build_app(
     return app
 
 
-async def parse_body(request: Request, model: type[M], max_json_depth: int) -> M:
+async def parse_body(
+    request: Request, model: type[M], ctx: ServeContext, *, strict: bool | None = None
+) -> M:
+    """The body as `model`: unknown fields dropped with a warning in the log, or a 400 when
+    `strict` (default: the server's `strict_requests`); every other mistake a 400 naming the
+    field."""
     try:
         raw = await request.body()
     except ClientDisconnect:  # gone before its body arrived: nobody to answer
         raise ClientGone from None
-    data = jsonbody.loads(raw, max_depth=max_json_depth, what="the request body")
+    data = jsonbody.loads(raw, max_depth=ctx.limits.max_json_depth, what="the request body")
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise validation_error(exc.errors()) from None
+    strict = ctx.limits.strict_requests if strict is None else strict
+    return validate(model, data, strict=strict, fields=ctx.unknown_fields)
 
 
 def _routes(app: FastAPI, ctx: ServeContext) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = await parse_body(request, CompletionRequest, ctx.limits.max_json_depth)
+        body = await parse_body(request, CompletionRequest, ctx)
         return await create_completion(ctx, body, request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        body = await parse_body(request, ChatCompletionRequest, ctx.limits.max_json_depth)
+        body = await parse_body(request, ChatCompletionRequest, ctx)
         return await create_chat_completion(ctx, body, request)
 
     @app.get("/v1/models")

@@ -20,7 +20,7 @@ from .chat_schemas import ChatCompletionRequest
 from .compile import build_index, compiled
 from .context import ServeContext
 from .errors import APIError
-from .formats import output_constraint
+from .formats import body_constraint, constraint_field
 from .logprobs import chat_logprobs, visible_logprobs
 from .params import choice_params, choices_of, sampling_params
 from .prompts import render_chat
@@ -43,8 +43,9 @@ async def create_chat_completion(
             param="tools",
             code="too_many_tools",
         )
-    if body.tools or body.response_format or body.regex:  # compiling schemas may take a while
-        param = "tools" if body.tools else "regex" if body.regex else "response_format"
+    field = constraint_field(body)
+    if body.tools or field is not None:  # compiling schemas may take a while
+        param = "tools" if body.tools else field
         plan, prompt = await compiled(ctx, request, param, _prepare, ctx, body, True)
     else:
         plan, prompt = await ctx.blocking(_prepare, ctx, body)
@@ -72,7 +73,23 @@ def _prepare(
     ctx: ServeContext, body: ChatCompletionRequest, index: bool = False
 ) -> tuple[ToolPlan, str]:
     """The tools plan and the prompt (`index`: also build the constraint's token index)."""
-    text = output_constraint(body.response_format, body.regex)
+    text = body_constraint(body)
+    if (
+        text is not None
+        and text.lark is not None
+        and body.tools
+        and body.tool_choice
+        in (
+            None,
+            "auto",
+        )
+    ):
+        raise APIError(
+            400,
+            f"a grammar ({constraint_field(body)}) cannot be combined with tools under "
+            "tool_choice auto; give tool_choice 'none' or leave the tools out",
+            param=constraint_field(body),
+        )
     plan = plan_tools(body.tools, body.tool_choice, text)
     if index:
         build_index(ctx, plan.constraint)

@@ -95,6 +95,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="read special-token strings in chat messages (<|im_start|>, ...) as control "
         "tokens (default: text; only the chat template's markers are control tokens)",
     )
+    p.add_argument(
+        "--strict-requests",
+        action="store_true",
+        help="answer request fields this server does not know with a 400 unknown_parameter, "
+        "as OpenAI does (default: drop them, with a warning in the log once per name)",
+    )
 
 
 # the integer ServerLimits with a flag each (--max-n, ...)
@@ -177,6 +183,7 @@ def serve(args: argparse.Namespace) -> int:
         model_name=args.served_model_name,
         constraint_timeout_s=args.constraint_timeout_s,
         allow_special_tokens=args.allow_special_tokens,
+        strict_requests=args.strict_requests,
         **{name: getattr(args, name) for name in INT_LIMITS},
     )
     try:

@@ -16,7 +16,7 @@ from .compile import build_index, compiled
 from .context import ServeContext
 from .echo import EchoedPrompt, echoed_prompt, encode_prompt
 from .errors import APIError, from_exception
-from .formats import output_constraint
+from .formats import body_constraint, constraint_field
 from .logprobs import completion_logprobs, generated_logprobs, visible_logprobs
 from .params import choice_params, choices_of, sampling_params
 from .runs import ReplyBase, finish_reason, respond, usage
@@ -44,8 +44,8 @@ async def create_completion(
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     params = sampling_params(body, ctx.limits, max_tokens=max_tokens, logprobs=body.logprobs)
     constraint = None
-    if body.regex is not None or body.response_format is not None:  # off the event loop
-        param = "regex" if body.regex is not None else "response_format"
+    param = constraint_field(body)
+    if param is not None:  # off the event loop
         constraint = await compiled(ctx, request, param, _constraint, ctx, body)
     echoes = await ctx.blocking(_echo_all, ctx, prompts, body) if body.echo else None
     if echoes is not None:  # generate from the very ids that were echoed
@@ -63,7 +63,7 @@ async def create_completion(
 
 def _constraint(ctx: ServeContext, body: CompletionRequest) -> Any:
     """The request's constraint, its token index built (on a compile thread)."""
-    constraint = output_constraint(body.response_format, body.regex)
+    constraint = body_constraint(body)
     build_index(ctx, constraint)
     return constraint
 

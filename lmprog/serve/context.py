@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from lmprog.core.chat import ChatTemplate
@@ -14,6 +14,7 @@ from lmprog.core.protocol import Backend
 from .errors import APIError
 from .limits import ServerLimits
 from .metrics import ServerMetrics
+from .unknown import UnknownFields
 
 T = TypeVar("T")
 
@@ -30,6 +31,7 @@ class ServeContext:
     metrics: ServerMetrics
     template: ChatTemplate
     created: int
+    unknown_fields: UnknownFields = field(default_factory=UnknownFields)
 
     def check_model(self, name: str) -> None:
         """Only the model the server was started with is served: a request's `model` is a

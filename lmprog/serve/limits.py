@@ -25,6 +25,10 @@ class ServerLimits:
     allow_special_tokens: an option, not a limit: True reads special-token strings in chat
     message contents and tools (`<|im_start|>`, ...) as control tokens; by default they are
     text and only the chat template's own markers are control tokens.
+    strict_requests: an option too: True answers a request with a field this server does not
+    know (a typo, another server's extension, `messages[0].id`) with a 400
+    `unknown_parameter`, as OpenAI does; by default such fields are dropped and logged once
+    per name, as vLLM does. Known fields are type-checked strictly either way.
     """
 
     max_body_bytes: int = 2 << 20
@@ -39,13 +43,14 @@ class ServerLimits:
     max_concurrency: int = 256
     constraint_timeout_s: float = 30.0
     allow_special_tokens: bool = False
+    strict_requests: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "allow_special_tokens":
+            if f.name in _OPTIONS:
                 if not isinstance(value, bool):
-                    raise ValueError(f"allow_special_tokens must be a bool, got {value!r}")
+                    raise ValueError(f"{f.name} must be a bool, got {value!r}")
             elif f.name == "constraint_timeout_s":
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                     raise ValueError(f"constraint_timeout_s must be a number > 0, got {value!r}")
@@ -57,4 +62,5 @@ class ServerLimits:
             )
 
 
+_OPTIONS = frozenset({"allow_special_tokens", "strict_requests"})
 LIMIT_NAMES: frozenset[str] = frozenset(f.name for f in dataclasses.fields(ServerLimits))

@@ -63,6 +63,7 @@ class NativeSamplingParams(Strict):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
     ignore_eos: bool | None = None
     sampling_seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     regex: str | None = None
@@ -72,7 +73,6 @@ class NativeSamplingParams(Strict):
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
-    repetition_penalty: float | None = None
     stop_regex: str | list[str] | None = None
 
     def unsupported(self) -> str | None:
@@ -81,7 +81,6 @@ class NativeSamplingParams(Strict):
             ("skip_special_tokens", self.skip_special_tokens in (None, True)),
             ("spaces_between_special_tokens", self.spaces_between_special_tokens in (None, True)),
             ("no_stop_trim", self.no_stop_trim in (None, False)),
-            ("repetition_penalty", self.repetition_penalty in (None, 1.0)),
             ("stop_regex", not self.stop_regex),
         ):
             if not ok:
@@ -114,7 +113,8 @@ def install(app: FastAPI, ctx: ServeContext) -> None:
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Response:
-        body = await parse_body(request, GenerateBody, ctx.limits.max_json_depth)
+        # strict: an unknown field of SGLang's protocol is a feature lmprog lacks (lora_path)
+        body = await parse_body(request, GenerateBody, ctx, strict=True)
         return await _generate(ctx, body, request)
 
     @app.get("/get_model_info")
@@ -136,7 +136,7 @@ def install(app: FastAPI, ctx: ServeContext) -> None:
     async def flush_cache(request: Request) -> Response:
         raw = await request.body()
         if raw.strip():
-            await parse_body(request, FlushBody, ctx.limits.max_json_depth)
+            await parse_body(request, FlushBody, ctx, strict=True)
         flush = getattr(ctx.backend, "flush_cache", None)
         if flush is None:
             raise APIError(
@@ -293,6 +293,7 @@ def _sampling(
         "min_p": sp.min_p,
         "frequency_penalty": sp.frequency_penalty,
         "presence_penalty": sp.presence_penalty,
+        "repetition_penalty": sp.repetition_penalty,
         "ignore_eos": sp.ignore_eos,
         "seed": sp.sampling_seed,
         "return_logprob": return_logprob,

@@ -48,6 +48,7 @@ def sampling_params(
         "min_tokens": body.min_tokens,
         "frequency_penalty": body.frequency_penalty,
         "presence_penalty": body.presence_penalty,
+        "repetition_penalty": body.repetition_penalty,
         "ignore_eos": body.ignore_eos,
         "seed": body.seed,
         "return_logprob": logprobs is not None,

@@ -1,11 +1,14 @@
 """Request bodies of the OpenAI API as pydantic models (the fields this server knows).
 
-Every model forbids unknown fields: a misspelt parameter is a 400, never silently ignored.
-Types are strict: "5" is not an integer, "yes" or 1 not a boolean (a number field takes an
+Every model forbids unknown fields; the app (`app.parse_body`) drops them with a warning in
+the log unless the server runs with `strict_requests`, which answers them with a 400.
+Types are strict for every known field: "5" is not an integer, "yes" or 1 not a boolean (a number field takes an
 integer: `"temperature": 1`).
 Fields of the OpenAI API that this server cannot honour are declared (so their error says
 "not supported" rather than "unrecognized") and rejected by `unsupported_fields`. Extensions
-follow SGLang's OpenAI API: top_k, min_p, min_tokens, ignore_eos, stop_token_ids, regex.
+follow SGLang's OpenAI API (top_k, min_p, min_tokens, ignore_eos, stop_token_ids,
+repetition_penalty, and the constraints regex, json_schema, ebnf) and vLLM's (guided_json,
+guided_regex, guided_choice, guided_grammar, guided_whitespace_pattern): see formats.py.
 """
 
 from __future__ import annotations
@@ -70,7 +73,16 @@ class SamplingFields(Strict):
     min_tokens: int | None = Field(default=None, ge=0)
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
-    regex: str | None = None
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    # constraints (at most one per request, response_format included: formats.py)
+    regex: str | None = None  # SGLang's
+    json_schema: str | dict[str, Any] | None = None
+    ebnf: str | None = None
+    guided_json: str | dict[str, Any] | None = None  # vLLM's
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None  # with a JSON constraint only
 
     # Fields of the OpenAI API this server does not implement: rejected when set.
     UNSUPPORTED: ClassVar[tuple[str, ...]] = ()

@@ -4,6 +4,7 @@ with an OpenAI-style error body, and the server keeps serving; API key; limits; 
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from fakes import FakeBackend
@@ -73,10 +74,71 @@ def test_malformed_json(url, raw):
         ),
     ],
 )
-def test_unknown_fields_are_rejected(url, path, payload, param):
-    status, body = post_json(url, path, payload)
+def test_unknown_fields_are_rejected_in_strict_mode(strict_url, path, payload, param):
+    status, body = post_json(strict_url, path, payload)
     err = assert_error(status, body, 400, param=param, code="unknown_parameter")
     assert param.split(".")[-1].split("]")[-1] in err["message"]
+    still_serves(strict_url)
+
+
+@pytest.fixture(scope="module")
+def strict_url(backend):
+    with Server(backend, model_name=MODEL, strict_requests=True).start() as srv:
+        yield srv.url
+
+
+def test_unknown_fields_are_ignored_with_one_warning_per_name(url, caplog):
+    chat = {
+        **CHAT,
+        "messages": [
+            {"role": "system", "content": "be brief", "id": "m0"},
+            {"role": "user", "content": "hi", "id": "m1"},
+        ],
+        "chat_template_kwargs": {"enable_thinking": False},  # another server's extension
+        "tool_choice": "none",
+        "response_format": {"type": "text", "extra": 1},
+    }
+    with caplog.at_level(logging.WARNING, logger="lmprog.serve"):
+        for _ in range(3):
+            status, body = post_json(url, "/v1/chat/completions", chat)
+            assert status == 200, body
+            assert body["choices"][0]["message"]["content"]
+        status, body = post_json(url, "/v1/completions", {**COMPLETION, "vendor_x": [1]})
+        assert status == 200, body
+    warned = [r.getMessage() for r in caplog.records if "unknown request field" in r.getMessage()]
+    for name in ("messages[].id", "chat_template_kwargs", "response_format.extra", "vendor_x"):
+        assert sum(name + " " in m for m in warned) == 1, (name, warned)
+    assert len(warned) == 4, warned
+
+
+def test_a_nested_unknown_field_inside_a_union_is_dropped(url):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    choice = {"type": "function", "function": {"name": "f", "x": 1}, "y": 2}
+    status, body = post_json(
+        url, "/v1/chat/completions", {**CHAT, "tools": tools, "tool_choice": choice}
+    )
+    assert status == 200, body
+
+
+@pytest.mark.parametrize(
+    "payload,param",
+    [
+        ({**CHAT, "max_tokens": "5", "unknown_field": 1}, "max_tokens"),
+        ({**CHAT, "max_tokens": 5.0}, "max_tokens"),
+        (
+            {**CHAT, "stream": "yes", "messages": [{"role": "user", "content": "x", "id": 1}]},
+            "stream",
+        ),
+        ({**CHAT, "repetition_penalty": 0}, "repetition_penalty"),
+        ({**CHAT, "repetition_penalty": -1.0}, "repetition_penalty"),
+        ({**CHAT, "repetition_penalty": "1.1"}, "repetition_penalty"),
+        ({**CHAT, "guided_choice": "yes"}, "guided_choice"),
+        ({**CHAT, "guided_regex": 5}, "guided_regex"),
+    ],
+)
+def test_known_fields_stay_strictly_typed_when_unknown_ones_are_ignored(url, payload, param):
+    status, body = post_json(url, "/v1/chat/completions", payload)
+    assert_error(status, body, 400, param=param)
     still_serves(url)
 
 

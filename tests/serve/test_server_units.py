@@ -97,7 +97,7 @@ def test_json_object_is_bounded_one_level_deep():
     assert not c.matches('{"a": [{"b": 1}]}') and not c.matches("[1]")
     assert output_constraint(ResponseFormat(type="text"), None) is None
     assert output_constraint(None, r"\d+").matches("123")
-    with pytest.raises(APIError, match="either"):
+    with pytest.raises(APIError, match="at most one constraint"):
         output_constraint(ResponseFormat(type="json_object"), r"\d+")
 
 
