@@ -1,4 +1,5 @@
-"""lmprog's OpenAI-compatible server (needs the `serve` extra: fastapi, uvicorn).
+"""lmprog's OpenAI-compatible server (needs the `serve` extra: fastapi, uvicorn,
+prometheus-client).
 
     from lmprog.serve import Server
     with Server(lp.Runtime()).start() as srv:
@@ -9,7 +10,8 @@
 Files: server.py (uvicorn thread), app.py (routes), gate.py (API key, body limit),
 completions.py / chat_completions.py (the two endpoints), bridge.py (backend <-> event loop),
 schemas.py / chat_schemas.py (request bodies), params.py, formats.py, tools.py, prompts.py,
-echo.py, logprobs.py, streaming.py, metrics.py, errors.py, limits.py, cli.py.
+echo.py, logprobs.py, streaming.py, metrics.py (prometheus-client), unknown.py (unknown
+fields), errors.py, limits.py, cli.py.
 """
 
 from .limits import ServerLimits

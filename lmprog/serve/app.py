@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
@@ -28,6 +28,7 @@ from .context import ServeContext
 from .errors import APIError, ClientGone, install_handlers
 from .gate import Gate
 from .limits import ServerLimits
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics
 from .schemas import CompletionRequest
 from .unknown import validate
@@ -50,7 +51,7 @@ def build_app(
         model_name=model_name,
         limits=limits,
         executor=ThreadPoolExecutor(limits.max_concurrency, thread_name_prefix="lmprog-serve"),
-        metrics=ServerMetrics(),
+        metrics=ServerMetrics(stats=backend.stats),
         template=backend.chat_template,
         created=int(time.time()),
     )
@@ -110,10 +111,8 @@ def _routes(app: FastAPI, ctx: ServeContext) -> None:
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
-    async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(
-            ctx.metrics.render(ctx.backend.stats()), media_type="text/plain; version=0.0.4"
-        )
+    async def metrics() -> Response:
+        return Response(ctx.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
 
 def _model_card(ctx: ServeContext) -> dict[str, Any]:

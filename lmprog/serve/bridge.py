@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Executor
@@ -41,9 +42,16 @@ class Generations:
         executor: Executor,
         *,
         stream: bool,
+        metrics: Any = None,
+        arrival: float | None = None,
     ) -> None:
+        """`metrics`: a ServerMetrics timing each finished choice (`on_generation`) from
+        `arrival` (the request's time.perf_counter(); default: now)."""
         assert requests, "a request has at least one choice"
         self._loop = asyncio.get_running_loop()
+        self._metrics = metrics
+        self._submitted = time.perf_counter()
+        self._arrival = self._submitted if arrival is None else arrival
         self._stream = stream
         self._cancelled = threading.Event()
         self._events: deque[tuple[int, int, Any]] = deque()
@@ -56,18 +64,33 @@ class Generations:
 
     # ---- worker threads --------------------------------------------------------------------
     def _work(self, backend: Backend, index: int, request: GenerateRequest) -> None:
+        started, first = time.perf_counter(), []
+
         def on_piece(text: str) -> None:
             if self._cancelled.is_set():
                 raise Cancelled
+            if not first:
+                first.append(time.perf_counter())
             if self._stream:
                 self._post(index, _PIECE, text)
 
         try:
             if self._cancelled.is_set():
                 raise Cancelled
-            self._post(index, _DONE, backend.generate(request, stream=on_piece))
+            result = backend.generate(request, stream=on_piece)
         except BaseException as exc:  # noqa: BLE001 - handed to the event loop
             self._post(index, _ERROR, exc)
+            return
+        self._post(index, _DONE, result)
+        if self._metrics is not None:
+            self._metrics.on_generation(
+                arrival=self._arrival,
+                submitted=self._submitted,
+                started=started,
+                first_piece=first[0] if first else None,
+                finished=time.perf_counter(),
+                completion_tokens=result.completion_tokens,
+            )
 
     def _post(self, index: int, kind: int, value: Any) -> None:
         try:

@@ -24,7 +24,7 @@ from .formats import body_constraint, constraint_field
 from .logprobs import chat_logprobs, visible_logprobs
 from .params import choice_params, choices_of, sampling_params
 from .prompts import render_chat
-from .runs import ReplyBase, finish_reason, respond, usage
+from .runs import ReplyBase, arrival, finish_reason, respond, usage
 from .streaming import sse
 from .tools import ToolPlan, plan_tools
 
@@ -50,7 +50,14 @@ async def create_chat_completion(
     else:
         plan, prompt = await ctx.blocking(_prepare, ctx, body)
     requests = [GenerateRequest(prompt, p, plan.constraint) for p in choice_params(params, n)]
-    group = Generations(ctx.backend, requests, ctx.executor, stream=bool(body.stream))
+    group = Generations(
+        ctx.backend,
+        requests,
+        ctx.executor,
+        stream=bool(body.stream),
+        metrics=ctx.metrics,
+        arrival=arrival(request),
+    )
     reply = _Reply(ctx, body, plan)
     return await respond(request, group, reply, stream=bool(body.stream), param="messages")
 
@@ -137,7 +144,9 @@ class _Reply(ReplyBase):
 
     def _usage(self, results: list[GenerateResult]) -> dict[str, Any]:
         u = usage(results[0].prompt_tokens, results, results[0].cached_tokens)
-        self.ctx.metrics.on_usage(u["prompt_tokens"], u["completion_tokens"])
+        self.ctx.metrics.on_usage(
+            u["prompt_tokens"], u["completion_tokens"], u["prompt_tokens_details"]["cached_tokens"]
+        )
         return u
 
     def response_body(self, results: list[GenerateResult]) -> dict[str, Any]:

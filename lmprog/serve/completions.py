@@ -19,7 +19,7 @@ from .errors import APIError, from_exception
 from .formats import body_constraint, constraint_field
 from .logprobs import completion_logprobs, generated_logprobs, visible_logprobs
 from .params import choice_params, choices_of, sampling_params
-from .runs import ReplyBase, finish_reason, respond, usage
+from .runs import ReplyBase, arrival, finish_reason, respond, usage
 from .schemas import CompletionRequest
 from .streaming import sse
 
@@ -56,6 +56,8 @@ async def create_completion(
         [GenerateRequest(p, cp, constraint) for p in prompts for cp in per_choice],
         ctx.executor,
         stream=bool(body.stream),
+        metrics=ctx.metrics,
+        arrival=arrival(request),
     )
     reply = _Reply(ctx, body, n, [e[1] for e in echoes] if echoes else None)
     return await respond(request, group, reply, stream=bool(body.stream), param="prompt")
@@ -146,7 +148,9 @@ class _Reply(ReplyBase):
         u = usage(
             sum(r.prompt_tokens for r in firsts), results, sum(r.cached_tokens for r in firsts)
         )
-        self.ctx.metrics.on_usage(u["prompt_tokens"], u["completion_tokens"])
+        self.ctx.metrics.on_usage(
+            u["prompt_tokens"], u["completion_tokens"], u["prompt_tokens_details"]["cached_tokens"]
+        )
         return u
 
     def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from .errors import APIError
 from .metrics import ServerMetrics
 
 OPEN_PATHS = frozenset({"/health"})
+ARRIVAL = "lmprog_arrival"  # the scope state key of a request's time.perf_counter() arrival
 KNOWN_PATHS = frozenset(
     {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}
     | {"/generate", "/get_model_info", "/flush_cache", "/health_generate"}  # SGLang's native API
@@ -37,13 +38,14 @@ class Gate:
             return
         path = scope["path"] if scope["path"] in KNOWN_PATHS else "other"
         started, status = time.perf_counter(), [0]
+        scope.setdefault("state", {})[ARRIVAL] = started  # request.state: TTFT, e2e latency
 
         async def counted_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
             await send(message)
 
-        self._metrics.in_flight += 1
+        self._metrics.in_flight.inc()
         try:
             refusal = self._refusal(scope)
             if refusal is not None:
@@ -51,7 +53,7 @@ class Gate:
             else:
                 await self.app(scope, self._limited(receive), counted_send)
         finally:
-            self._metrics.in_flight -= 1
+            self._metrics.in_flight.dec()
             self._metrics.on_response(path, status[0], time.perf_counter() - started)
 
     def _refusal(self, scope: Scope) -> APIError | None:

@@ -1,14 +1,23 @@
-"""/metrics: the server's counters and the backend's stats() in Prometheus text format.
+"""/metrics: the server's counters and histograms and the backend's stats(), exposed with
+prometheus-client in its text format.
 
-Updated on the event loop thread only (no locks). Backend gauges come from
-`backend.stats()` at scrape time: running/queued requests, cache hit rate, KV usage, ...
+Each server has a CollectorRegistry of its own (never the process-global one), so several
+servers in one process (tests, notebooks) count apart. prometheus-client's metrics are
+thread-safe: the gate counts on the event loop, the bridge times choices on worker threads.
+Backend values come from `backend.stats()` at scrape time: running/queued requests, cache
+hit rate, KV usage, ...
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # backend.stats() key -> (metric name, type, help)
 _BACKEND = {
@@ -17,16 +26,16 @@ _BACKEND = {
     "cache_hit_rate": (
         "lmprog_prefix_cache_hit_rate",
         "gauge",
-        "Share of prompt tokens served from the prefix cache.",
+        "Share of prompt tokens served from the prefix cache (the engine's count).",
     ),
     "cached_tokens": (
-        "lmprog_prefix_cache_hit_tokens_total",
+        "lmprog_prefix_cache_hit_tokens",
         "counter",
-        "Prompt tokens served from the prefix cache.",
+        "Prompt tokens served from the prefix cache (the engine's count).",
     ),
     "kv_usage": ("lmprog_kv_cache_usage_ratio", "gauge", "Share of KV cache slots in use."),
     "generated_tokens": (
-        "lmprog_engine_generated_tokens_total",
+        "lmprog_engine_generated_tokens",
         "counter",
         "Tokens sampled by the engine.",
     ),
@@ -36,130 +45,149 @@ _BACKEND = {
         "Generation throughput over busy time.",
     ),
     "num_retractions": (
-        "lmprog_engine_retractions_total",
+        "lmprog_engine_retractions",
         "counter",
         "Requests retracted for lack of KV cache.",
     ),
 }
 
+# seconds; vLLM's buckets for the same histograms, cut to what a CPU or GPU server sees
+_LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+_TPOT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+
 
 class ServerMetrics:
-    def __init__(self) -> None:
-        self.requests: Counter[tuple[str, int]] = Counter()  # (path, status) -> count
-        self.in_flight = 0
-        self.client_aborts = 0  # requests whose client left before the whole response
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
-        self.ttft_sum = 0.0
-        self.ttft_count = 0
-        self.latency_sum = 0.0
-        self.latency_count = 0
+    """One server's metrics. `registry`: its own CollectorRegistry; `stats`: a callable
+    returning the backend's stats() (read at each scrape; None: no backend metrics)."""
 
+    def __init__(self, stats: Callable[[], Mapping[str, Any]] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "lmprog_http_requests",
+            "HTTP requests by path and status.",
+            ["path", "status"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "lmprog_http_requests_in_flight", "Requests being served.", registry=r
+        )
+        self.client_aborts = Counter(
+            "lmprog_http_client_aborts",
+            "Requests whose client disconnected before the whole response (not errors).",
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "lmprog_prompt_tokens", "Prompt tokens of finished requests.", registry=r
+        )
+        self.cached_prompt_tokens = Counter(
+            "lmprog_cached_prompt_tokens",
+            "Prompt tokens of finished requests served from the prefix cache "
+            "(hit rate: this over lmprog_prompt_tokens_total).",
+            registry=r,
+        )
+        self.completion_tokens = Counter(
+            "lmprog_completion_tokens", "Generated tokens of finished requests.", registry=r
+        )
+        self.duration = Histogram(
+            "lmprog_http_request_duration_seconds",
+            "Time to serve an HTTP request, to its last byte (streams included), by path.",
+            ["path"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "lmprog_e2e_request_latency_seconds",
+            "Time from a request's arrival to the end of each of its generations.",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "lmprog_time_to_first_token_seconds",
+            "Time from a request's arrival to each generation's first text piece.",
+            buckets=_TTFT,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "lmprog_time_per_output_token_seconds",
+            "Time per output token after the first, per generation of two tokens or more.",
+            buckets=_TPOT,
+            registry=r,
+        )
+        self.queue = Histogram(
+            "lmprog_request_queue_time_seconds",
+            "Time a generation waited for a worker thread (max_concurrency) before its "
+            "backend call began.",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        if stats is not None:
+            r.register(_BackendCollector(stats))
+
+    # -- the gate, the handlers (event loop) ------------------------------------------------
     def on_response(self, path: str, status: int, seconds: float) -> None:
-        self.requests[(path, status)] += 1
-        self.latency_sum += seconds
-        self.latency_count += 1
+        self.requests.labels(path, str(status)).inc()
+        self.duration.labels(path).observe(seconds)
 
     def on_client_abort(self) -> None:
-        self.client_aborts += 1
+        self.client_aborts.inc()
 
-    def on_usage(self, prompt_tokens: int, completion_tokens: int) -> None:
-        self.prompt_tokens += prompt_tokens
-        self.completion_tokens += completion_tokens
+    def on_usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.completion_tokens.inc(completion_tokens)
+        self.cached_prompt_tokens.inc(cached_tokens)
 
-    def on_first_token(self, seconds: float) -> None:
-        self.ttft_sum += seconds
-        self.ttft_count += 1
+    # -- the bridge (worker threads) --------------------------------------------------------
+    def on_generation(
+        self,
+        *,
+        arrival: float,
+        submitted: float,
+        started: float,
+        first_piece: float | None,
+        finished: float,
+        completion_tokens: int,
+    ) -> None:
+        """One finished generation's times (time.perf_counter() values)."""
+        self.queue.observe(max(0.0, started - submitted))
+        self.e2e.observe(max(0.0, finished - arrival))
+        if first_piece is not None:
+            self.ttft.observe(max(0.0, first_piece - arrival))
+            if completion_tokens > 1:
+                self.tpot.observe(max(0.0, finished - first_piece) / (completion_tokens - 1))
 
-    def render(self, stats: Mapping[str, Any]) -> str:
-        lines: list[str] = []
-        _family(
-            lines,
-            "lmprog_http_requests_total",
-            "counter",
-            "HTTP requests by path and status.",
-            [
-                (f'{{path="{_escape(p)}",status="{s}"}}', v)
-                for (p, s), v in sorted(self.requests.items())
-            ],
-        )
-        _family(
-            lines,
-            "lmprog_http_requests_in_flight",
-            "gauge",
-            "Requests being served.",
-            [("", self.in_flight)],
-        )
-        _family(
-            lines,
-            "lmprog_http_client_aborts_total",
-            "counter",
-            "Requests whose client disconnected before the whole response (not errors).",
-            [("", self.client_aborts)],
-        )
-        _family(
-            lines,
-            "lmprog_prompt_tokens_total",
-            "counter",
-            "Prompt tokens of finished requests.",
-            [("", self.prompt_tokens)],
-        )
-        _family(
-            lines,
-            "lmprog_completion_tokens_total",
-            "counter",
-            "Generated tokens of finished requests.",
-            [("", self.completion_tokens)],
-        )
-        _summary(
-            lines,
-            "lmprog_time_to_first_token_seconds",
-            "Time to the first streamed text.",
-            self.ttft_sum,
-            self.ttft_count,
-        )
-        _summary(
-            lines,
-            "lmprog_http_request_duration_seconds",
-            "Time to serve a request.",
-            self.latency_sum,
-            self.latency_count,
-        )
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric of this server."""
+        return generate_latest(self.registry)
+
+
+class _BackendCollector:
+    """backend.stats() as metric families, read at each scrape."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        self._stats = stats
+
+    def describe(self) -> list[Metric]:
+        return []  # names depend on what the backend reports: no duplicate check up front
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
         for key, (name, kind, help_) in _BACKEND.items():
             value = stats.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                _family(lines, name, kind, help_, [("", value)])
+                family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+                    name, help_, value=value
+                )
+                yield family
         finished = stats.get("requests_finished")
         if isinstance(finished, Mapping):
-            _family(
-                lines,
-                "lmprog_engine_requests_finished_total",
-                "counter",
+            family = CounterMetricFamily(
+                "lmprog_engine_requests_finished",
                 "Engine requests by finish reason.",
-                [(f'{{reason="{_escape(str(r))}"}}', v) for r, v in sorted(finished.items())],
+                labels=["reason"],
             )
-        return "\n".join(lines) + "\n"
-
-
-def _family(
-    lines: list[str], name: str, kind: str, help_: str, samples: list[tuple[str, float]]
-) -> None:
-    lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
-    lines += [f"{name}{labels} {_number(v)}" for labels, v in samples]
-
-
-def _summary(lines: list[str], name: str, help_: str, total: float, count: int) -> None:
-    lines += [
-        f"# HELP {name} {help_}",
-        f"# TYPE {name} summary",
-        f"{name}_sum {_number(total)}",
-        f"{name}_count {count}",
-    ]
-
-
-def _number(v: float) -> str:
-    return repr(float(v)) if isinstance(v, float) else str(v)
-
-
-def _escape(s: str) -> str:
-    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+            for reason, value in sorted(finished.items(), key=lambda kv: str(kv[0])):
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    family.add_metric([str(reason)], value)
+            yield family

@@ -41,7 +41,7 @@ from .context import ServeContext
 from .echo import encode_prompt
 from .errors import APIError, from_exception
 from .params import stop_strings
-from .runs import respond
+from .runs import arrival, respond
 from .schemas import MAX_SEED, Strict
 from .streaming import DONE, sse
 
@@ -198,7 +198,14 @@ async def _generate(ctx: ServeContext, body: GenerateBody, request: Request) -> 
         for item in items
         for _ in range(item.n)
     ]
-    group = Generations(ctx.backend, requests, ctx.executor, stream=body.stream)
+    group = Generations(
+        ctx.backend,
+        requests,
+        ctx.executor,
+        stream=body.stream,
+        metrics=ctx.metrics,
+        arrival=arrival(request),
+    )
     reply = _Reply(ctx, body, items, batch or total > 1, started)
     return await respond(request, group, reply, stream=body.stream, param="text")
 
@@ -455,7 +462,9 @@ class _Reply:
 
     def response_body(self, results: list[GenerateResult]) -> Any:
         self.ctx.metrics.on_usage(
-            sum(r.prompt_tokens for r in results), sum(r.completion_tokens for r in results)
+            sum(r.prompt_tokens for r in results),
+            sum(r.completion_tokens for r in results),
+            sum(r.cached_tokens for r in results),
         )
         outputs = [self._output(i, r) for i, r in enumerate(results)]
         return outputs if self.batch else outputs[0]
@@ -474,7 +483,9 @@ class _Reply:
                         "meta_info": {"id": self.items[index].rid, "finish_reason": None},
                     }
                 else:
-                    self.ctx.metrics.on_usage(event.prompt_tokens, event.completion_tokens)
+                    self.ctx.metrics.on_usage(
+                        event.prompt_tokens, event.completion_tokens, event.cached_tokens
+                    )
                     out = self._output(index, event)
                 if self.batch:
                     out["index"] = index

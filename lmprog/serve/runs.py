@@ -17,6 +17,7 @@ from lmprog.core.protocol import GenerateResult
 from .bridge import Generations
 from .context import ServeContext
 from .errors import ClientGone, from_exception
+from .gate import ARRIVAL
 from .streaming import DONE, EventStream, sse
 
 T = TypeVar("T")
@@ -62,22 +63,14 @@ async def respond(
 
 
 class ReplyBase:
-    """What every response of one request shares: its id, creation time, the clock of its
-    time to first token (recorded in the server's metrics once), and the shape of its SSE
-    stream (`stream`). Subclasses set `body` (the request, with `stream_options`) and build
+    """What every response of one request shares: its id, creation time, and the shape of
+    its SSE stream (`stream`). Subclasses set `body` (the request, with `stream_options`) and build
     the chunks: `_opening`, `_piece`, `_closing`, `_usage_chunk`, and `_usage`."""
 
     def __init__(self, ctx: ServeContext, id_prefix: str) -> None:
         self.ctx = ctx
         self.id = f"{id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.started = time.perf_counter()
-        self._timed = False
-
-    def first_token(self) -> None:
-        if not self._timed:
-            self._timed = True
-            self.ctx.metrics.on_first_token(time.perf_counter() - self.started)
 
     async def stream(self, group: Generations) -> AsyncIterator[bytes]:
         """The SSE stream: opening chunks, a chunk per text piece and per finished choice,
@@ -88,7 +81,6 @@ class ReplyBase:
             yield chunk
         try:
             async for index, event in group.events():
-                self.first_token()
                 if isinstance(event, str):
                     chunk = self._piece(index, event)
                     if chunk is not None:
@@ -104,6 +96,11 @@ class ReplyBase:
         if self.body.stream_options and self.body.stream_options.include_usage:
             yield self._usage_chunk(u)
         yield DONE
+
+
+def arrival(request: Request) -> float | None:
+    """When the gate received `request` (time.perf_counter()), None if it did not."""
+    return request.scope.get("state", {}).get(ARRIVAL)
 
 
 def finish_reason(result: GenerateResult) -> str:

@@ -210,3 +210,49 @@ def test_repetition_penalty_changes_greedy_output_as_in_process(rt, client, serv
         extra_body={"repetition_penalty": 0.5},
     )
     assert chat.choices[0].message.content
+
+
+def _samples(server) -> dict[str, float]:
+    import urllib.request
+
+    with urllib.request.urlopen(server.url + "/metrics", timeout=30) as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def test_metrics_histograms_count_a_streamed_and_a_plain_request(client, server):
+    before = _samples(server)
+    stream = client.chat.completions.create(
+        model=server.model_name,
+        messages=[{"role": "user", "content": "Count to five."}],
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    r = client.completions.create(model=server.model_name, prompt="One, two,", max_tokens=5)
+    after = _samples(server)
+
+    def grew(name, by=1.0):
+        assert after.get(name, 0.0) - before.get(name, 0.0) >= by, name
+
+    for h in (
+        "lmprog_time_to_first_token_seconds",
+        "lmprog_time_per_output_token_seconds",
+        "lmprog_e2e_request_latency_seconds",
+        "lmprog_request_queue_time_seconds",
+    ):
+        grew(h + "_count", 2)
+        assert after[h + '_bucket{le="+Inf"}'] == after[h + "_count"]
+    grew('lmprog_http_requests_total{path="/v1/completions",status="200"}')
+    grew('lmprog_http_requests_total{path="/v1/chat/completions",status="200"}')
+    grew("lmprog_completion_tokens_total", r.usage.completion_tokens + 1)
+    grew("lmprog_prompt_tokens_total", r.usage.prompt_tokens)
+    assert "lmprog_cached_prompt_tokens_total" in after
+    assert 0.0 <= after["lmprog_prefix_cache_hit_rate"] <= 1.0  # the engine's own

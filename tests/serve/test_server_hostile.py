@@ -179,7 +179,7 @@ def test_bearer_scheme_is_case_insensitive(scheme):
 
 def metric(url: str, prefix: str) -> int:
     _, text = request(url, "GET", "/metrics")
-    return sum(int(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(prefix))
+    return sum(int(float(ln.split()[-1])) for ln in text.splitlines() if ln.startswith(prefix))
 
 
 def wait_for(condition, timeout: float = 10.0) -> None:

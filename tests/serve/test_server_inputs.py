@@ -387,14 +387,23 @@ def test_metrics_count_requests(url):
         for ln in lines
         if ln.startswith('lmprog_http_requests_total{path="/v1/chat/completions",status="200"}')
     ]
-    assert ok and int(ok[0].split()[-1]) >= 1
+    assert ok and float(ok[0].split()[-1]) >= 1
     assert any(
         ln.startswith('lmprog_http_requests_total{path="/v1/chat/completions",status="400"}')
         for ln in lines
     )
     tokens = [ln for ln in lines if ln.startswith("lmprog_completion_tokens_total ")]
-    assert tokens and int(tokens[0].split()[-1]) > 0
-    assert "# TYPE lmprog_time_to_first_token_seconds summary" in lines
+    assert tokens and float(tokens[0].split()[-1]) > 0
+    for name in (
+        "lmprog_time_to_first_token_seconds",
+        "lmprog_time_per_output_token_seconds",
+        "lmprog_e2e_request_latency_seconds",
+        "lmprog_request_queue_time_seconds",
+        "lmprog_http_request_duration_seconds",
+    ):
+        assert f"# TYPE {name} histogram" in lines
+    count = [ln for ln in lines if ln.startswith("lmprog_e2e_request_latency_seconds_count ")]
+    assert count and float(count[0].split()[-1]) >= 1
 
 
 def test_api_key(backend):

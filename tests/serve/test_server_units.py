@@ -189,27 +189,39 @@ def test_sampling_params_from_a_request():
 
 
 def test_prometheus_text():
-    m = ServerMetrics()
+    stats = {
+        "num_running": 2,
+        "num_waiting": 1,
+        "cache_hit_rate": 0.25,
+        "requests_finished": {"stop": 3},
+        "model": "x",
+    }
+    m = ServerMetrics(stats=lambda: stats)
     m.on_response("/v1/completions", 200, 0.5)
-    m.on_usage(10, 4)
-    text = m.render(
-        {
-            "num_running": 2,
-            "num_waiting": 1,
-            "cache_hit_rate": 0.25,
-            "requests_finished": {"stop": 3},
-            "model": "x",
-        }
+    m.on_usage(10, 4, 6)
+    m.on_generation(
+        arrival=0.0, submitted=0.5, started=1.0, first_piece=2.0, finished=5.0, completion_tokens=4
     )
+    text = m.render().decode()
     lines = text.splitlines()
-    assert 'lmprog_http_requests_total{path="/v1/completions",status="200"} 1' in lines
-    assert "lmprog_requests_running 2" in lines and "lmprog_requests_queued 1" in lines
-    assert (
-        "lmprog_prefix_cache_hit_rate 0.25" in lines and "lmprog_completion_tokens_total 4" in lines
-    )
-    assert 'lmprog_engine_requests_finished_total{reason="stop"} 3' in lines
-    for line in lines:  # every sample belongs to a declared family
-        if not line.startswith("#"):
-            name = line.split("{")[0].split(" ")[0]
-            family = name.removesuffix("_sum").removesuffix("_count")
-            assert f"# TYPE {family} " in text or f"# TYPE {name} " in text, line
+    assert 'lmprog_http_requests_total{path="/v1/completions",status="200"} 1.0' in lines
+    assert "lmprog_requests_running 2.0" in lines and "lmprog_requests_queued 1.0" in lines
+    assert "lmprog_prefix_cache_hit_rate 0.25" in lines
+    assert "lmprog_completion_tokens_total 4.0" in lines
+    assert "lmprog_prompt_tokens_total 10.0" in lines
+    assert "lmprog_cached_prompt_tokens_total 6.0" in lines
+    assert 'lmprog_engine_requests_finished_total{reason="stop"} 3.0' in lines
+    # the histograms, each observation in its bucket: queue 0.5 s, TTFT 2 s, TPOT 1 s, e2e 5 s
+    for name, value in (
+        ("lmprog_request_queue_time_seconds", 0.5),
+        ("lmprog_time_to_first_token_seconds", 2.0),
+        ("lmprog_time_per_output_token_seconds", 1.0),
+        ("lmprog_e2e_request_latency_seconds", 5.0),
+    ):
+        assert f"# TYPE {name} histogram" in lines
+        assert f"{name}_count 1.0" in lines and f"{name}_sum {value}" in lines
+        assert f'{name}_bucket{{le="+Inf"}} 1.0' in lines
+    assert 'lmprog_http_request_duration_seconds_count{path="/v1/completions"} 1.0' in lines
+    # two servers in one process count apart (a registry each)
+    other = ServerMetrics().render().decode()
+    assert "lmprog_prompt_tokens_total 0.0" in other and "lmprog_requests_running" not in other
