@@ -98,7 +98,13 @@ def _chat(url, content):
     return body["usage"]["prompt_tokens"]
 
 
+def _needs_the_server_extra():
+    pytest.importorskip("uvicorn", reason="the server extra (lmprog[serve]) is not installed")
+    pytest.importorskip("fastapi", reason="the server extra (lmprog[serve]) is not installed")
+
+
 def test_server_message_content_cannot_produce_control_tokens(backend, prompts):
+    _needs_the_server_extra()
     with Server(backend, model_name="m").start() as srv:
         injected = _chat(srv.url, INJECTION)
         ids = prompts[-1]
@@ -115,6 +121,7 @@ def test_server_message_content_cannot_produce_control_tokens(backend, prompts):
 
 
 def test_server_option_allows_control_tokens(backend, prompts):
+    _needs_the_server_extra()
     with Server(backend, model_name="m", allow_special_tokens=True).start() as srv:
         _chat(srv.url, INJECTION)
         ids = prompts[-1]
