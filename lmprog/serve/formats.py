@@ -5,12 +5,11 @@ SGLang's `ebnf`). At most one of them per request (a 400 naming the second other
 `guided_whitespace_pattern` (vLLM's) is the regex allowed between JSON tokens of a JSON
 constraint (any of the JSON ones) and a 400 without one.
 
-json_object mode: an object whose values may hold containers one level deep
-(`{"type": "object"}` under lmprog's default `any_depth=1`, e.g. {"a": [1, 2], "b": {"c": 3}},
-not {"a": [{"b": 1}]}). Its token index is built on the first use (then cached in memory);
-any_depth=2 takes several times longer to build, and deeper bounds grow quickly
-(docs/benchmarks.md), so the bound stays at 1. A schema with nested open objects can still
-ask for more (see docs/serving.md).
+json_object mode: an object whose values nest containers up to `JSON_OBJECT_DEPTH` (3) levels
+(`{"type": "object"}` under `any_depth=3`: {"a": {"b": [{"c": 1}]}}, not one level deeper).
+"Any value" is not a regular language, so the regex unrolls it; with the lazy token engine a
+depth of 3 costs ~26 ms to the first mask (4 ms at depth 1, 87 ms at 4; docs/serving.md).
+A schema with nested open objects can ask for more (see docs/serving.md).
 """
 
 from __future__ import annotations
@@ -50,8 +49,13 @@ _CODES = {
 }
 
 
+JSON_OBJECT_DEPTH = 3
+
+
 def json_object_constraint(whitespace: str | None = None) -> Constraint:
-    return Constraint.from_json_schema(JSON_OBJECT_SCHEMA, whitespace=whitespace)
+    return Constraint.from_json_schema(
+        JSON_OBJECT_SCHEMA, whitespace=whitespace, any_depth=JSON_OBJECT_DEPTH
+    )
 
 
 def constraint_field(body: SamplingFields) -> str | None:

@@ -91,10 +91,10 @@ def test_none_and_no_tools():
         plan_tools([CITY, CITY], "auto", None)
 
 
-def test_json_object_is_bounded_one_level_deep():
+def test_json_object_nests_three_levels_deep():
     c = output_constraint(ResponseFormat(type="json_object"), None)
-    assert c.matches('{"a": [1, 2], "b": {"c": "d"}}')
-    assert not c.matches('{"a": [{"b": 1}]}') and not c.matches("[1]")
+    assert c.matches('{"a": [1, 2], "b": {"c": "d"}}') and c.matches('{"a": {"b": [{"c": 1}]}}')
+    assert not c.matches('{"a": {"b": [{"c": [1]}]}}') and not c.matches("[1]")
     assert output_constraint(ResponseFormat(type="text"), None) is None
     assert output_constraint(None, r"\d+").matches("123")
     with pytest.raises(APIError, match="at most one constraint"):
