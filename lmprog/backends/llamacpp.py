@@ -18,10 +18,9 @@ import threading
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from lmprog.backends.checks import check_score_request, check_stop_token_ids, check_stream
 from lmprog.backends.context_pool import ContextPool
@@ -41,8 +40,12 @@ from lmprog.core.protocol import (
     StreamCallback,
 )
 from lmprog.core.text import check_text
-from lmprog.decoding.batch_sampler import BatchSampler
-from lmprog.decoding.state import DecodeState
+
+if TYPE_CHECKING:
+    from lmprog.decoding.state import DecodeState
+
+# torch (≈3 s to import on a small CPU) is imported by the first generate or score, not by
+# the constructor: the decoding package (sampler, DecodeState) is imported where it is used.
 
 _TOKENIZER_SAMPLES = (
     "Hello, world!",
@@ -193,6 +196,8 @@ class LlamaCpp(Backend):
         prompt = self._prompt_ids(request.prompt)
         self._check_fits(len(prompt), "prompt")
         index = _constraint_index(request.constraint, self._tokenizer)
+        from lmprog.decoding.state import DecodeState
+
         with self._pool.lease(prompt) as ctx:
             first = self._pool.advance(ctx, prompt, logits_from=len(prompt) - 1)
             guide = index.result().new_guide() if index is not None else None
@@ -225,6 +230,10 @@ class LlamaCpp(Backend):
         self, ctx: NativeContext, state: DecodeState, prompt: list[int], logits: np.ndarray
     ) -> None:
         """Sample, accept, evaluate the new tokens; `state` re-reads jump-forwards from output_ids."""
+        import torch
+
+        from lmprog.decoding.batch_sampler import BatchSampler
+
         if state.params.max_tokens == 0:
             state.finish("length")
         sampler = BatchSampler(self._eos_ids)
@@ -307,6 +316,8 @@ class LlamaCpp(Backend):
     ) -> tuple[float, ...]:
         if start >= len(tokens):
             return ()
+        import torch
+
         rows = self._pool.advance(ctx, tokens[:-1], logits_from=start - 1).logits
         logprobs = torch.log_softmax(torch.from_numpy(rows), dim=-1)
         targets = torch.tensor(tokens[start:], dtype=torch.int64)

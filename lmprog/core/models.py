@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from lmprog.core.tokenizer import FastTokenizer, describe
+
+_log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -98,7 +104,9 @@ _tokenizer_lock = threading.Lock()
 
 
 def load_tokenizer(source: ModelSource) -> Any:
-    """The model's Hugging Face tokenizer, shared per process and cached on disk."""
+    """The model's tokenizer, shared per process and cached on disk: for a GGUF, a
+    `FastTokenizer` over the saved `tokenizer.json` once the cache is built (transformers only
+    builds it); for a Hugging Face folder, transformers' own."""
     with _tokenizer_lock:
         tok = _tokenizers.get(source.path)
         if tok is None:
@@ -106,26 +114,49 @@ def load_tokenizer(source: ModelSource) -> Any:
         return tok
 
 
-def _load_tokenizer_uncached(source: ModelSource) -> Any:
-    from transformers import AutoTokenizer
-
-    if source.kind == "hf":
-        return AutoTokenizer.from_pretrained(source.path)
+def tokenizer_cache_path(source: ModelSource) -> Path:
+    """Where the tokenizer built from the GGUF `source` is saved (keyed by path, size, mtime)."""
     stat = source.path.stat()
     digest = hashlib.sha256(
         f"{source.path}|{stat.st_size}|{stat.st_mtime_ns}".encode()
     ).hexdigest()[:16]
-    saved = cache_dir() / "tokenizers" / f"{source.path.stem}-{digest}"
+    return cache_dir() / "tokenizers" / f"{source.path.stem}-{digest}"
+
+
+def _load_tokenizer_uncached(source: ModelSource) -> Any:
+    if source.kind == "hf":
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(source.path)
+    saved = tokenizer_cache_path(source)
+    # Warm: the saved `tokenizers` file and its checked description, without transformers.
+    fast = FastTokenizer.load(saved)
+    if fast is not None:
+        return fast
+    from transformers import AutoTokenizer
+
+    tok = None
     if (saved / "tokenizer_config.json").is_file():
         try:
-            return AutoTokenizer.from_pretrained(saved)
+            tok = AutoTokenizer.from_pretrained(saved)
         except Exception:  # noqa: BLE001 - a corrupt or partial cache entry: rebuild it below
-            pass
-    tok = AutoTokenizer.from_pretrained(source.path.parent, gguf_file=source.path.name)
-    tmp = saved.with_name(saved.name + f".tmp{os.getpid()}")
-    tok.save_pretrained(tmp)
+            tok = None
+    if tok is None:
+        _log.info("building the tokenizer of %s (once; cached in %s)", source.path, saved)
+        tok = AutoTokenizer.from_pretrained(source.path.parent, gguf_file=source.path.name)
+        tmp = saved.with_name(saved.name + f".tmp{os.getpid()}")
+        tok.save_pretrained(tmp)
+        try:
+            tmp.replace(saved)
+        except OSError:  # another process won the race; its copy is as good as ours
+            shutil.rmtree(tmp, ignore_errors=True)
     try:
-        tmp.replace(saved)
-    except OSError:  # another process won the race; its copy is as good as ours
-        pass
+        if not describe(tok, saved):
+            _log.info(
+                "the tokenizer of %s has behaviour beyond its tokenizer.json; it loads through "
+                "transformers",
+                source.path,
+            )
+    except OSError as e:  # a read-only cache: this process keeps the transformers tokenizer
+        _log.debug("cannot describe the tokenizer cache %s: %s", saved, e)
     return tok

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from lmprog.core.tokenizer import FastTokenizer
+
 # Prompt tokens decoded with the first output tokens, so a tokenizer that drops a leading
 # space when decoding a sequence's first token (SentencePiece) still yields " word".
 _CONTEXT_TOKENS = 5
@@ -109,6 +111,9 @@ def text_decoder(tokenizer: Any, skip_special_tokens: bool = True) -> Callable[[
     tokenizer is called through its own `decode`.
     """
     cls, backend = type(tokenizer), getattr(tokenizer, "_tokenizer", None)
+    if cls is FastTokenizer:  # lmprog's cached tokenizer: its decode is the Rust one's
+        fast_decode = backend.decode
+        return lambda ids: fast_decode(ids, skip_special_tokens=skip_special_tokens)
     stock = (
         getattr(getattr(cls, "decode", None), "__qualname__", None) in _STOCK_DECODE
         and getattr(getattr(cls, "_decode", None), "__qualname__", None) in _STOCK_FAST_DECODE

@@ -52,10 +52,11 @@ def test_tokenizer_is_cached_on_disk(tmp_path, monkeypatch):
     tok = models.load_tokenizer(resolve_model())
     saved = list((tmp_path / "tokenizers").iterdir())
     assert len(saved) == 1 and (saved[0] / "tokenizer.json").is_file()
-    assert tok("<|im_start|>user\nhi").input_ids == [1, 4093, 198, 6004]
+    assert tok.encode("<|im_start|>user\nhi") == [1, 4093, 198, 6004]
     assert tok.eos_token_id == 2 and len(tok) == 49152 and tok.chat_template
     # a second process-level load comes from the saved copy and agrees
     monkeypatch.setattr(models, "_tokenizers", {})
     again = models.load_tokenizer(resolve_model())
-    assert again("The capital of France").input_ids == tok("The capital of France").input_ids
+    assert type(again).__name__ == "FastTokenizer"  # transformers only built the cache
+    assert again.encode("The capital of France") == tok.encode("The capital of France")
     assert os.listdir(tmp_path / "tokenizers") == [saved[0].name]

@@ -176,7 +176,8 @@ def test_text_decoder_calls_a_plain_tokenizers_decode():
 def real_tok():
     from lmprog.core.models import load_tokenizer, resolve_model
 
-    return load_tokenizer(resolve_model())
+    tok = load_tokenizer(resolve_model())  # a FastTokenizer once the cache is warm
+    return tok.hf_tokenizer() if hasattr(tok, "hf_tokenizer") else tok
 
 
 def test_text_decoder_of_a_fast_tokenizer_equals_its_decode(real_tok):
