@@ -10,11 +10,9 @@ import json
 import math
 
 import pytest
-import torch
 from serve_http import assert_error, post_json, request
 
 import lmprog as lp
-from lmprog.backends.runtime import Runtime
 from lmprog.core.errors import BackendError
 from lmprog.core.protocol import GenerateRequest
 from lmprog.core.sampling import SamplingParams
@@ -23,14 +21,6 @@ from lmprog.serve import Server
 pytestmark = pytest.mark.e2e
 
 PROMPT = "The capital of France is"
-
-
-@pytest.fixture(scope="module")
-def rt():
-    torch.set_num_threads(1)
-    backend = Runtime(device="cpu", max_total_tokens=8192)
-    yield backend
-    backend.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,7 @@ import re
 
 import openai
 import pytest
-import torch
 
-from lmprog.backends.runtime import Runtime
 from lmprog.core.protocol import GenerateRequest
 from lmprog.core.sampling import SamplingParams
 from lmprog.serve import Server
@@ -27,14 +25,6 @@ POINT = {
     "additionalProperties": False,
 }
 GRAMMAR = 'root ::= "red" | "green" | "blue"'
-
-
-@pytest.fixture(scope="module")
-def rt():
-    torch.set_num_threads(1)
-    backend = Runtime(device="cpu", max_total_tokens=8192)
-    yield backend
-    backend.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import jsonschema
 import openai
 import pytest
-import torch
 from serve_http import assert_error, post_json
 
-from lmprog.backends.runtime import Runtime
 from lmprog.core.protocol import GenerateRequest
 from lmprog.core.sampling import SamplingParams
 from lmprog.serve import Server
@@ -61,14 +59,6 @@ TIME = {
         },
     },
 }
-
-
-@pytest.fixture(scope="module")
-def rt():
-    torch.set_num_threads(1)
-    backend = Runtime(device="cpu", max_total_tokens=8192)
-    yield backend
-    backend.shutdown()
 
 
 @pytest.fixture(scope="module")
