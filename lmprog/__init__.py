@@ -26,6 +26,7 @@ from lmprog.core.errors import (
     ProgramCancelled,
 )
 from lmprog.core.limits import Limits, get_limits, set_limits
+from lmprog.core.logs import configure_from_env
 from lmprog.core.sampling import SamplingParams
 from lmprog.interpreter import (
     ProgramState,
@@ -75,6 +76,7 @@ def _default_backend() -> Any:
 
 
 set_backend_factory(_default_backend)
+configure_from_env()  # $LMPROG_LOG_LEVEL: lmprog's log lines on stderr
 
 
 def __getattr__(name: str) -> Any:

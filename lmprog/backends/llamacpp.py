@@ -13,8 +13,10 @@ few-shot headers, forks and multi-turn histories that another request displaced.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 import warnings
 import weakref
 from pathlib import Path
@@ -46,6 +48,8 @@ if TYPE_CHECKING:
 
 # torch (≈3 s to import on a small CPU) is imported by the first generate or score, not by
 # the constructor: the decoding package (sampler, DecodeState) is imported where it is used.
+
+_log = logging.getLogger(__name__)
 
 _TOKENIZER_SAMPLES = (
     "Hello, world!",
@@ -117,6 +121,7 @@ class LlamaCpp(Backend):
                 f"LlamaCpp needs a GGUF model; {self._source.path} is a Hugging Face folder (use Runtime)"
             )
         _check_gguf(self._source.path)
+        _log.info("model %s resolved: %s", self._source.name, self._source.path)
         if (n_gpu_layers != 0 or main_gpu is not None) and not supports_gpu_offload():
             what = f"n_gpu_layers={n_gpu_layers}" if n_gpu_layers else f"main_gpu={main_gpu}"
             raise BackendError(
@@ -132,10 +137,23 @@ class LlamaCpp(Backend):
         self.n_threads_batch = n_threads_batch or cores
         # The model first: a file llama.cpp cannot load fails here with llama.cpp's reason,
         # before the tokenizer is read from it.
+        started = time.perf_counter()
+        _log.info(
+            "loading weights with llama.cpp (%d MiB, n_gpu_layers=%d)",
+            self._source.path.stat().st_size // 2**20,
+            n_gpu_layers,
+        )
         self._model = NativeModel(self._source.path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu)
+        _log.info("weights loaded in %.2f s", time.perf_counter() - started)
         contexts: list[NativeContext] = []
         try:
+            t = time.perf_counter()
             self._tokenizer = load_tokenizer(self._source)
+            _log.info(
+                "tokenizer %s loaded in %.2f s",
+                type(self._tokenizer).__name__,
+                time.perf_counter() - t,
+            )
             self._chat_template = template_from_tokenizer(self._tokenizer, chat_template)
             for _ in range(n_contexts):
                 contexts.append(
@@ -170,6 +188,14 @@ class LlamaCpp(Backend):
         self._stats = _Counters()
         self._closed = False
         self._check_tokenizer()
+        _log.info(
+            "llama.cpp backend ready in %.2f s: %d context(s) of %d tokens, %d/%d threads",
+            time.perf_counter() - started,
+            n_contexts,
+            self.n_ctx,
+            self.n_threads,
+            self.n_threads_batch,
+        )
 
     # ---- Backend protocol ----------------------------------------------------------------------
     @property

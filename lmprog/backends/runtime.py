@@ -11,6 +11,8 @@ Every call is thread-safe; concurrent calls are batched together by the engine t
 
 from __future__ import annotations
 
+import logging
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -46,6 +48,7 @@ _END_OF_TURN = (
     "</s>",
 )
 _PREFILL_ONLY = SamplingParams(max_tokens=0)
+_log = logging.getLogger(__name__)
 
 
 class Runtime(Backend):
@@ -143,8 +146,17 @@ class Runtime(Backend):
             jump_forward=jump_forward, check_integrity=check_integrity, overlap=overlap
         )
         self._source = _source_of(model, load_format)
+        started = time.perf_counter()
+        if self._source is not None:
+            _log.info(
+                "model %s resolved: %s (%s)",
+                self._source.name,
+                self._source.path,
+                self._source.kind,
+            )
         if num_threads is not None:
             torch.set_num_threads(num_threads)
+        _log.info("loading weights (device %s, dtype %s)", device, dtype)
         net = assemble_model(
             self._source or model,
             device=device,
@@ -157,7 +169,14 @@ class Runtime(Backend):
         self.quantization = quantization
         self.model_config = net.config
         self.device, self.dtype = next(net.parameters()).device, next(net.parameters()).dtype
+        _log.info(
+            "weights loaded on %s (%s) in %.1f s",
+            self.device,
+            self.dtype,
+            time.perf_counter() - started,
+        )
         self._setup_tokens(net.config, tokenizer, chat_template)
+        _log.info("tokenizer %s", type(self._tokenizer).__name__)
         self._engine = launch_engine(
             net,
             self._tokenizer,
@@ -171,6 +190,7 @@ class Runtime(Backend):
             speculative=spec_config,
         )
         self._radix = radix_cache
+        _log.info("runtime backend ready in %.1f s", time.perf_counter() - started)
         weakref.finalize(self, self._engine.shutdown)
 
     def _setup_tokens(self, config: Any, tokenizer: Any, chat_template: str | None) -> None:

@@ -7,13 +7,18 @@ The model is chosen here, once, at start-up; requests cannot change it.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
-import sys
 import threading
+import time
 from collections.abc import Sequence
 
+from lmprog.core.logs import ENV_VAR, LEVELS, configure_logging, parse_level
+
 from .limits import ServerLimits
+
+log = logging.getLogger("lmprog.serve")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -21,6 +26,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     add_serve_arguments(commands.add_parser("serve", help="run the OpenAI-compatible server"))
     args = parser.parse_args(argv)
+    try:
+        parse_level(args.log_level)
+    except ValueError as exc:  # a bad $LMPROG_LOG_LEVEL (the flag's choices are checked above)
+        parser.error(f"${ENV_VAR}: {exc}")
     try:
         backend_options(args)
     except ValueError as exc:  # a flag that does not apply to the chosen backend
@@ -40,6 +49,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         choices=("runtime", "llamacpp"),
         default="runtime",
         help="lmprog's engine (default) or llama.cpp",
+    )
+    p.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LEVELS,
+        default=os.environ.get(ENV_VAR, "info"),
+        help=f"verbosity of the lmprog logger: start-up steps and access lines at info "
+        f"(default: ${ENV_VAR}, else info)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost only)")
     p.add_argument("--port", type=int, default=8000)
@@ -171,6 +188,9 @@ def make_backend(args: argparse.Namespace):  # an lmprog Backend
 def serve(args: argparse.Namespace) -> int:
     from .server import Server
 
+    configure_logging(args.log_level)
+    started = time.perf_counter()
+    log.info("starting: --backend %s, --model %s", args.backend, args.model or "(the default)")
     backend = make_backend(args)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -188,11 +208,12 @@ def serve(args: argparse.Namespace) -> int:
     )
     try:
         server.start()
-        print(
-            f"lmprog: serving {server.model_name!r} at {server.url}/v1"
-            f"{' (API key required)' if args.api_key else ''}",
-            file=sys.stderr,
-            flush=True,
+        log.info(
+            "listening on %s/v1, serving %r%s (ready in %.1f s)",
+            server.url,
+            server.model_name,
+            " (API key required)" if args.api_key else "",
+            time.perf_counter() - started,
         )
         stop.wait()
     finally:

@@ -1,4 +1,6 @@
-"""The ASGI layer in front of the routes: API key, body size limit, request metrics.
+"""The ASGI layer in front of the routes: API key, body size limit, request metrics, and one
+access line per request on the `lmprog.serve.access` logger (info): client, method, path,
+status, duration, prompt and completion tokens.
 
 401  /v1/* and /metrics without `Authorization: Bearer KEY` (when a key is set; the scheme
      is case-insensitive, RFC 7235: `bearer KEY` too)
@@ -8,12 +10,15 @@
 from __future__ import annotations
 
 import hmac
+import logging
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import APIError
-from .metrics import ServerMetrics
+from .metrics import REQUEST_TOKENS, ServerMetrics
+
+access_log = logging.getLogger("lmprog.serve.access")
 
 OPEN_PATHS = frozenset({"/health"})
 ARRIVAL = "lmprog_arrival"  # the scope state key of a request's time.perf_counter() arrival
@@ -45,6 +50,8 @@ class Gate:
                 status[0] = message["status"]
             await send(message)
 
+        tokens = [0, 0]
+        REQUEST_TOKENS.set(tokens)  # this request's own context (ASGI runs each in a task)
         self._metrics.in_flight.inc()
         try:
             refusal = self._refusal(scope)
@@ -54,7 +61,20 @@ class Gate:
                 await self.app(scope, self._limited(receive), counted_send)
         finally:
             self._metrics.in_flight.dec()
-            self._metrics.on_response(path, status[0], time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self._metrics.on_response(path, status[0], seconds)
+            if access_log.isEnabledFor(logging.INFO):
+                client = scope.get("client")
+                access_log.info(
+                    '%s "%s %s" %s %.3fs prompt_tokens=%d completion_tokens=%d',
+                    f"{client[0]}:{client[1]}" if client else "-",
+                    scope.get("method", "-"),
+                    scope.get("path", "-"),
+                    status[0] or "-",
+                    seconds,
+                    tokens[0],
+                    tokens[1],
+                )
 
     def _refusal(self, scope: Scope) -> APIError | None:
         headers = dict(scope["headers"])

@@ -10,6 +10,7 @@ hit rate, KV usage, ...
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -55,6 +56,11 @@ _BACKEND = {
 _LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 _TPOT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+
+
+# [prompt, completion] tokens of the HTTP request being answered (set by the Gate; the
+# handlers' tasks share the list, so usage counted in a streaming task reaches it too).
+REQUEST_TOKENS: contextvars.ContextVar[list[int]] = contextvars.ContextVar("lmprog_tokens")
 
 
 class ServerMetrics:
@@ -134,6 +140,10 @@ class ServerMetrics:
         self.client_aborts.inc()
 
     def on_usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
+        tally = REQUEST_TOKENS.get(None)
+        if tally is not None:  # the request's access log line reports them
+            tally[0] += prompt_tokens
+            tally[1] += completion_tokens
         self.prompt_tokens.inc(prompt_tokens)
         self.completion_tokens.inc(completion_tokens)
         self.cached_prompt_tokens.inc(cached_tokens)

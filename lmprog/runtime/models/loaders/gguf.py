@@ -24,6 +24,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
+from lmprog.core.logs import progress
 from lmprog.core.models import cache_dir
 
 from ..config import ModelConfig, RopeScaling, config_from_gguf
@@ -103,11 +104,14 @@ def gguf_weights(index: GGUFIndex) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, fp32 tensor) for every weight of the file."""
     config = index.config
     unpermute = config.architecture == "llama"
-    with open(index.path, "rb") as f:
+    tensors = [t for t in index.tensors if t.name not in _SKIP]
+    total = sum(t.nbytes for t in tensors)
+    with (
+        open(index.path, "rb") as f,
+        progress(total, f"dequantizing {Path(index.path).name}", logger=__name__) as bar,
+    ):
         mapped = np.memmap(f, dtype=np.uint8, mode="r")
-        for t in index.tensors:
-            if t.name in _SKIP:
-                continue
+        for t in tensors:
             raw = mapped[t.offset : t.offset + t.nbytes].view(np.dtype(t.raw_dtype))
             raw = raw.reshape(t.raw_shape)
             array = dequantize(raw, GGMLQuantizationType(t.qtype)).reshape(t.shape)
@@ -115,6 +119,7 @@ def gguf_weights(index: GGUFIndex) -> Iterator[tuple[str, torch.Tensor]]:
                 array = _unpermute(array, config.num_heads)
             elif unpermute and ".attn_k." in t.name:
                 array = _unpermute(array, config.num_kv_heads)
+            bar.update(t.nbytes)
             # F32 tensors are views of the read-only map: copy those (torch wants writable)
             yield hf_name(t.name), torch.from_numpy(np.require(array, np.float32, ["C", "W"]))
 
