@@ -475,6 +475,13 @@ def ms(seconds: float) -> float:
     return seconds * 1e3
 
 
+def transformers_tokenizer(tok: Any) -> Any:
+    """The transformers tokenizer the peers' adapters need (lmprog's own loader returns a
+    `FastTokenizer` over the cached tokenizers file, which they do not take)."""
+    hf = getattr(tok, "hf_tokenizer", None)
+    return hf() if callable(hf) else tok
+
+
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     t0 = time.perf_counter()
     out = fn()
@@ -570,7 +577,7 @@ class XGrammarEngine:
 
         self.xgr, self.eos = xgr, tok.eos_token_id
         self.info = xgr.TokenizerInfo.from_huggingface(
-            tok, vocab_size=len(tok), stop_token_ids=[tok.eos_token_id]
+            transformers_tokenizer(tok), vocab_size=len(tok), stop_token_ids=[tok.eos_token_id]
         )
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=1)
         self.words = (self.info.vocab_size + 31) // 32
@@ -601,7 +608,7 @@ class LLGuidanceEngine:
         import llguidance.torch
 
         self.llg, self.lt, self.eos = llguidance, llguidance.torch, tok.eos_token_id
-        self.lltok = llguidance.hf.from_tokenizer(tok, n_vocab=len(tok))
+        self.lltok = llguidance.hf.from_tokenizer(transformers_tokenizer(tok), n_vocab=len(tok))
         self.words = (self.lltok.vocab_size + 31) // 32
 
     def first_mask(self, schema: Any) -> tuple[Any, dict]:
