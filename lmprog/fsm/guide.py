@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.index import ROOT, matcher_words
+from lmprog.fsm.index import ROOT, _reason
 
 if TYPE_CHECKING:
     from lmprog.fsm.index import TokenIndex
@@ -74,14 +74,13 @@ class Guide:
     def bitmask_words(self) -> np.ndarray:
         """int32 [ceil(vocab / 32)]: the tokens allowed next, bit t % 32 of word t // 32
         (read-only, cached per position). EOS is set iff `can_stop()`; after EOS, only EOS."""
-        nwords = (self.index.vocab_size + 31) // 32
         if self._ended:
-            return _eos_only(self.index, nwords)
+            return _eos_only(self.index)
         node = self.state
-        cache = self.index.state_cache("words", WORDS_CACHE_SIZE)
+        cache = _words(self.index)
         words = cache.get(node) if node >= 0 else None
         if words is None:
-            words = matcher_words(self._matcher, nwords)
+            words = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.int32)
             self._check_matcher()
             if node >= 0:
                 cache.put(node, words)
@@ -196,8 +195,6 @@ class Guide:
         """ConstraintError if the matcher hit one of its limits (the constraint is too
         complex at this position); the request fails, nothing else does."""
         if self._matcher.is_error():
-            from lmprog.fsm.index import _reason
-
             raise ConstraintError(
                 f"the constraint cannot continue here: {_reason(self._matcher.get_error())}"
             )
@@ -213,11 +210,16 @@ class Guide:
         return f"Guide(state={self.state}, tokens={self.num_tokens}, can_stop={self.can_stop()})"
 
 
-def _eos_only(index: TokenIndex, nwords: int) -> np.ndarray:
-    cache = index.state_cache("words", WORDS_CACHE_SIZE)
+def _words(index: TokenIndex) -> Any:
+    """The index's cache of bitmask words by position."""
+    return index.state_cache("words", WORDS_CACHE_SIZE)
+
+
+def _eos_only(index: TokenIndex) -> np.ndarray:
+    cache = _words(index)
     words = cache.get("eos")
     if words is None:
-        words = np.zeros(nwords, dtype=np.int32)
+        words = np.zeros(index.num_words, dtype=np.int32)
         eos = index.eos_token_id
         words[eos >> 5] = np.int32(np.uint32(1 << (eos & 31)).view(np.int32))
         words.flags.writeable = False
@@ -238,8 +240,7 @@ def prefetch_bitmask_words(guides: Iterable[Guide | None]) -> None:
     for g in guides:
         if g is None or g._ended or g.state < 0:
             continue
-        cache = g.index.state_cache("words", WORDS_CACHE_SIZE)
-        if cache.get(g.state) is None:
+        if _words(g.index).get(g.state) is None:
             todo.setdefault((id(g.index), g.state), g)
     if len(todo) < 2:
         return
@@ -251,14 +252,13 @@ def prefetch_bitmask_words(guides: Iterable[Guide | None]) -> None:
     if not _EXECUTOR:
         _EXECUTOR.append(llguidance.LLExecutor(num_threads=min(8, os.cpu_count() or 1)))
     batch = list(todo.values())
-    nwords = max((g.index.vocab_size + 31) // 32 for g in batch)
-    out = np.zeros((len(batch), nwords), dtype=np.int32)
+    out = np.zeros((len(batch), max(g.index.num_words for g in batch)), dtype=np.int32)
     llguidance.numpy.fill_next_token_bitmask_par(
         _EXECUTOR[0], [(g._matcher, i) for i, g in enumerate(batch)], out
     )
     for i, g in enumerate(batch):
         if g._matcher.is_error():
             continue
-        words = out[i, : (g.index.vocab_size + 31) // 32].copy()
+        words = out[i, : g.index.num_words].copy()
         words.flags.writeable = False
-        g.index.state_cache("words", WORDS_CACHE_SIZE).put(g.state, words)
+        _words(g.index).put(g.state, words)

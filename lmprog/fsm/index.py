@@ -37,8 +37,6 @@ from collections.abc import Hashable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import index_cache
 from lmprog.fsm.vocab import TokenVocab
@@ -103,6 +101,12 @@ class TokenIndex:
     @property
     def vocab_size(self) -> int:
         return self.vocab.size
+
+    @property
+    def num_words(self) -> int:
+        """int32 words of a bitmask row over the vocabulary (the matchers' own size: their
+        `LLTokenizer` has exactly `vocab_size` ids)."""
+        return (self.vocab.size + 31) // 32
 
     def path_node(self, node: int, token_id: int) -> int:
         """The path node after `token_id` from `node` (-1: not cached, past MAX_PATH_NODES)."""
@@ -298,15 +302,6 @@ def ll_tokenizer_for(vocab: TokenVocab, tokenizer: Any = None) -> Any:
     built = llguidance.LLTokenizer(_Tokens(vocab, tokenizer), n_vocab=vocab.size)
     with _LL_LOCK:
         return _LL_TOKENIZERS.setdefault(vocab, built)
-
-
-def matcher_words(matcher: Any, nwords: int) -> np.ndarray:
-    """The matcher's next-token bitmask as int32 words (read-only), padded to `nwords`."""
-    raw = np.frombuffer(matcher.compute_bitmask(), dtype=np.int32)
-    if len(raw) < nwords:
-        raw = np.concatenate([raw, np.zeros(nwords - len(raw), dtype=np.int32)])
-    raw.flags.writeable = False
-    return raw
 
 
 BYTES = TokenVocab((*(bytes([b]) for b in range(256)), None), eos_token_id=256)  # id = byte
