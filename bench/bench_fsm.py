@@ -252,18 +252,8 @@ ISSUE_CLOSED = {
     "properties": {**ISSUE_OPEN["properties"], "email": S},
     "additionalProperties": False,
 }
-ISSUE_TOOL = {
-    "type": "object",
-    "properties": {
-        "name": {"enum": ["get_weather", "get_time", "get_news"]},
-        "arguments": {
-            "type": "object",
-            "properties": {"city": S, "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["city"],
-        },
-    },
-    "required": ["name", "arguments"],
-}
+from schema_corpus import ISSUE_TOOL  # noqa: E402 - bench/ is on sys.path above
+
 SCHEMAS += [
     (
         "issue: 4 fields, open",

@@ -428,22 +428,24 @@ for label, picks in TOOLSETS:
         ],
     )
 
-# The issue's tool call: a name enum of 3 and an arguments object (city, unit enum).
+# The issue's tool call: a name enum of 3 and an arguments object (city, unit enum); also one
+# of bench_fsm.py's schemas.
+ISSUE_TOOL = {
+    "type": "object",
+    "properties": {
+        "name": {"enum": ["get_weather", "get_time", "get_news"]},
+        "arguments": {
+            "type": "object",
+            "properties": {"city": S, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"],
+        },
+    },
+    "required": ["name", "arguments"],
+}
 add(
     "tool-call/name-enum",
     "function-calling",
-    {
-        "type": "object",
-        "properties": {
-            "name": {"enum": ["get_weather", "get_time", "get_news"]},
-            "arguments": {
-                "type": "object",
-                "properties": {"city": S, "unit": {"enum": ["celsius", "fahrenheit"]}},
-                "required": ["city"],
-            },
-        },
-        "required": ["name", "arguments"],
-    },
+    ISSUE_TOOL,
     [{"name": "get_time", "arguments": {"city": "Oslo"}}],
     [{"name": "get_date", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {}}],
 )
