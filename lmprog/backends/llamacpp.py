@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import warnings
 import weakref
@@ -27,6 +26,7 @@ import numpy as np
 from lmprog.backends.checks import check_score_request, check_stop_token_ids, check_stream
 from lmprog.backends.context_pool import ContextPool
 from lmprog.backends.llamacpp_native import NativeContext, NativeModel, supports_gpu_offload
+from lmprog.backends.shared import Counters
 from lmprog.backends.state_cache import StateCache, common_prefix_len
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError, ConstraintError, ContextLengthError
@@ -185,7 +185,7 @@ class LlamaCpp(Backend):
         self._start_id = bos if bos >= 0 else self._eos_ids[0]
         self._jump_forward = jump_forward
         self._token_text_cache: dict[int, str] = {}
-        self._stats = _Counters()
+        self._stats = Counters(_COUNTERS)
         self._closed = False
         self._check_tokenizer()
         _log.info(
@@ -365,6 +365,7 @@ class LlamaCpp(Backend):
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = self._stats.snapshot()
+        out["prefix_misses"] = out["requests"] + out["score_requests"] - out["prefix_hits"]
         out.update(self._pool.stats())
         out["state_cache"] = self._pool.cache.stats()
         out["n_ctx"] = self.n_ctx
@@ -499,35 +500,16 @@ def _constraint_index(constraint: Any, tokenizer: Any) -> Any:
     return future
 
 
-class _Counters:
-    """Request-level counters; thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values = dict.fromkeys(
-            (
-                "requests",
-                "score_requests",
-                "cache_prefix_calls",
-                "prompt_tokens",
-                "cached_tokens",
-                "prefix_hits",
-                "generated_tokens",
-                "aborted",  # generations stopped by their caller (the stream callback raised)
-            ),
-            0,
-        )
-
-    def add(self, **deltas: int) -> None:
-        with self._lock:
-            for k, v in deltas.items():
-                self._values[k] += v
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            out = dict(self._values)
-        out["prefix_misses"] = out["requests"] + out["score_requests"] - out["prefix_hits"]
-        return out
+_COUNTERS = (
+    "requests",
+    "score_requests",
+    "cache_prefix_calls",
+    "prompt_tokens",
+    "cached_tokens",
+    "prefix_hits",
+    "generated_tokens",
+    "aborted",  # generations stopped by their caller (the stream callback raised)
+)
 
 
 def _check_int(name: str, value: Any, lo: int) -> None:

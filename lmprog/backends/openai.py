@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,6 +31,7 @@ from lmprog.backends.openai_convert import (
 )
 from lmprog.backends.openai_messages import has_roles, marker_template, split_messages
 from lmprog.backends.openai_score import UNCONDITIONAL_CONTEXT, score_choices
+from lmprog.backends.shared import Counters, Once
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError
 from lmprog.core.protocol import (
@@ -115,11 +115,10 @@ class OpenAI(Backend):
         self._model = model
         self._template_source = chat_template
         self._tokenizer_arg = tokenizer
-        self._resolved: dict[str, Any] = {}
+        self._resolved = Once()
         self._regex_field = regex_field
         self._extra_body = dict(extra_body or {})
-        self._lock = threading.Lock()
-        self._counts = dict.fromkeys(
+        self._counts = Counters(
             (
                 "api_calls",
                 "completion_calls",
@@ -128,8 +127,7 @@ class OpenAI(Backend):
                 "prompt_tokens",
                 "completion_tokens",
                 "errors",
-            ),
-            0,
+            )
         )
         self._closed = False
 
@@ -139,12 +137,12 @@ class OpenAI(Backend):
         """Chat mode: markers that `generate` splits into messages; completion mode: the
         named/given template or the tokenizer's (BackendError if there is neither)."""
         if self.chat:
-            return self._once("template", marker_template)
-        return self._once("template", self._text_template)
+            return self._resolved.get("template", marker_template)
+        return self._resolved.get("template", self._text_template)
 
     @property
     def tokenizer(self) -> Any:
-        return self._once("tokenizer", self._load_tokenizer)
+        return self._resolved.get("tokenizer", self._load_tokenizer)
 
     @property
     def api_speculation(self) -> ApiSpeculation:
@@ -152,7 +150,7 @@ class OpenAI(Backend):
 
     @property
     def model_name(self) -> str:
-        return self._once("model", self._find_model) if self._model is None else self._model
+        return self._resolved.get("model", self._find_model) if self._model is None else self._model
 
     def generate(
         self, request: GenerateRequest, stream: StreamCallback | None = None
@@ -178,7 +176,9 @@ class OpenAI(Backend):
         else:
             self._read_stream(kind, kwargs, extra, reply, stream)
         result = reply.result(request.constraint)
-        self._count(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens)
+        self._counts.add(
+            prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens
+        )
         return result
 
     def score(self, request: ScoreRequest) -> ScoreResult:
@@ -226,8 +226,7 @@ class OpenAI(Backend):
     def stats(self) -> dict[str, Any]:
         """Calls made (api_calls; by kind: completion_calls, chat_calls, score_calls), tokens
         the server reported (prompt_tokens, completion_tokens) and failed calls (errors)."""
-        with self._lock:
-            return dict(self._counts)
+        return self._counts.snapshot()
 
     @property
     def closed(self) -> bool:
@@ -274,7 +273,7 @@ class OpenAI(Backend):
         """One API call (`kind`: completion, chat or score); endpoint errors become lmprog's."""
         api = self._client.chat.completions if kind == "chat" else self._client.completions
         body = {**self._extra_body, **extra}
-        self._count(api_calls=1, **{f"{kind}_calls": 1})
+        self._counts.add(api_calls=1, **{f"{kind}_calls": 1})
         with self._errors(kind):
             return api.create(model=self.model_name, extra_body=body or None, **kwargs)
 
@@ -283,19 +282,11 @@ class OpenAI(Backend):
         try:
             yield
         except _openai.OpenAIError as exc:
-            self._count(errors=1)
+            self._counts.add(errors=1)
             where = f"{self.base_url}/{'chat/completions' if kind == 'chat' else 'completions'}"
             raise endpoint_error(exc, where) from None
 
     # ---- what an endpoint does not provide -----------------------------------------------------
-    def _once(self, key: str, make: Any) -> Any:
-        with self._lock:
-            if key in self._resolved:
-                return self._resolved[key]
-        value = make()  # outside the lock: may load a tokenizer or call the server
-        with self._lock:
-            return self._resolved.setdefault(key, value)
-
     def _load_tokenizer(self) -> Any:
         tok = self._tokenizer_arg
         if tok is None:
@@ -328,11 +319,6 @@ class OpenAI(Backend):
         if not models:
             raise BackendError(f"{self.base_url}/models lists no model; pass OpenAI(model=...)")
         return models[0].id
-
-    def _count(self, **deltas: int) -> None:
-        with self._lock:
-            for key, value in deltas.items():
-                self._counts[key] += value
 
     def _check_open(self) -> None:
         if self._closed:

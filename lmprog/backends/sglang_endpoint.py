@@ -23,12 +23,12 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
-import threading
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 from lmprog.backends.checks import check_score_request, check_stream
+from lmprog.backends.shared import Counters, Once
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError, ContextLengthError, LmprogError
 from lmprog.core.protocol import (
@@ -112,9 +112,8 @@ class RuntimeEndpoint(Backend):
         self._timeout = float(timeout)
         self._template_arg = chat_template or chat_template_name
         self._tokenizer_arg = tokenizer
-        self._lock = threading.Lock()
-        self._resolved: dict[str, Any] = {}
-        self._counts = dict.fromkeys(("requests", "generate_calls", "score_calls", "errors"), 0)
+        self._resolved = Once()
+        self._counts = Counters(("requests", "generate_calls", "score_calls", "errors"))
         self._closed = False
         self.model_info: dict[str, Any] = self._get_json("/get_model_info")
         if not isinstance(self.model_info, dict):
@@ -131,11 +130,11 @@ class RuntimeEndpoint(Backend):
 
     @property
     def chat_template(self) -> ChatTemplate:
-        return self._once("template", self._find_template)
+        return self._resolved.get("template", self._find_template)
 
     @property
     def tokenizer(self) -> Any:
-        return self._once("tokenizer", self._find_tokenizer)
+        return self._resolved.get("tokenizer", self._find_tokenizer)
 
     def generate(
         self, request: GenerateRequest, stream: StreamCallback | None = None
@@ -151,7 +150,7 @@ class RuntimeEndpoint(Backend):
             body.update(return_logprob=True, return_text_in_logprobs=True)
             if request.params.top_logprobs_num:
                 body["top_logprobs_num"] = request.params.top_logprobs_num
-        self._count(generate_calls=1)
+        self._counts.add(generate_calls=1)
         if stream is None:
             out = self._post("/generate", body)
         else:
@@ -162,7 +161,7 @@ class RuntimeEndpoint(Backend):
         """Choice logprobs from prompt logprobs (see the module docstring)."""
         self._check_open()
         check_score_request(request)
-        self._count(score_calls=1)
+        self._counts.add(score_calls=1)
         scored, meta = self._healed_scores(request.prompt, request.choices)
         free = None
         if request.unconditional:
@@ -202,8 +201,7 @@ class RuntimeEndpoint(Backend):
 
     def stats(self) -> dict[str, Any]:
         """HTTP requests made (requests; generate_calls, score_calls) and failed ones (errors)."""
-        with self._lock:
-            return dict(self._counts)
+        return self._counts.snapshot()
 
     @property
     def closed(self) -> bool:
@@ -286,20 +284,20 @@ class RuntimeEndpoint(Backend):
         """(connection, response) of one request; errors become BackendError."""
         data = None if body is None else json.dumps(body).encode()
         conn = self._connection()
-        self._count(requests=1)
+        self._counts.add(requests=1)
         try:
             conn.request(method, self._root + path, body=data, headers=self._headers)
             response = conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
-            self._count(errors=1)
+            self._counts.add(errors=1)
             raise BackendError(
                 f"cannot reach {self.base_url}{path}: {exc}; is the server running?"
             ) from None
         if response.status != 200:
             raw = response.read()
             conn.close()
-            self._count(errors=1)
+            self._counts.add(errors=1)
             raise _server_error(self.base_url + path, response.status, raw)
         return conn, response
 
@@ -308,7 +306,7 @@ class RuntimeEndpoint(Backend):
         try:
             return response.read()
         except (OSError, http.client.HTTPException) as exc:
-            self._count(errors=1)
+            self._counts.add(errors=1)
             raise BackendError(f"{self.base_url}{path}: the answer broke off: {exc}") from None
         finally:
             conn.close()
@@ -329,7 +327,7 @@ class RuntimeEndpoint(Backend):
         try:
             for event in _events(response, self.base_url + path):
                 if "error" in event:
-                    self._count(errors=1)
+                    self._counts.add(errors=1)
                     raise _error_of(self.base_url + path, 200, event)
                 text = event.get("text", "")
                 if not isinstance(text, str):
@@ -345,14 +343,6 @@ class RuntimeEndpoint(Backend):
         return last
 
     # ---- what the server does not say ------------------------------------------------------
-    def _once(self, key: str, make: Any) -> Any:
-        with self._lock:
-            if key in self._resolved:
-                return self._resolved[key]
-        value = make()
-        with self._lock:
-            return self._resolved.setdefault(key, value)
-
     def _find_template(self) -> ChatTemplate:
         if self._template_arg is not None:
             if self._tokenizer_arg is not None:
@@ -403,11 +393,6 @@ class RuntimeEndpoint(Backend):
             return load_tokenizer(resolve_model(self.model_name))
         except Exception:  # noqa: BLE001 - not a model of this machine
             return None
-
-    def _count(self, **deltas: int) -> None:
-        with self._lock:
-            for key, value in deltas.items():
-                self._counts[key] += value
 
     def _check_open(self) -> None:
         if self._closed:
