@@ -32,6 +32,16 @@ from .tools import ToolPlan, plan_tools
 async def create_chat_completion(
     ctx: ServeContext, body: ChatCompletionRequest, request: Request
 ) -> Response:
+    group, reply = await start_chat_completion(ctx, body, request)
+    return await respond(request, group, reply, stream=bool(body.stream), param="messages")
+
+
+async def start_chat_completion(
+    ctx: ServeContext, body: ChatCompletionRequest, request: Request
+) -> tuple[Generations, ReplyBase]:
+    """The request's running choices and the reply that writes their chat.completion bodies
+    (`response_body`) or chunks (`stream`). /v1/responses runs through here too (responses.py
+    converts its request to `body` and the reply's output back)."""
     ctx.check_model(body.model)
     n = choices_of(body, ctx.limits)
     params = sampling_params(body, ctx.limits, max_tokens=_max_tokens(body), logprobs=_top(body))
@@ -58,8 +68,7 @@ async def create_chat_completion(
         metrics=ctx.metrics,
         arrival=arrival(request),
     )
-    reply = _Reply(ctx, body, plan)
-    return await respond(request, group, reply, stream=bool(body.stream), param="messages")
+    return group, _Reply(ctx, body, plan)
 
 
 def _max_tokens(body: ChatCompletionRequest) -> int | None:
