@@ -40,6 +40,7 @@ from lmprog.core.protocol import (
     ScoreRequest,
     ScoreResult,
     StreamCallback,
+    StreamPiece,
     TokenLogprob,
     TopLogprob,
 )
@@ -323,7 +324,7 @@ class RuntimeEndpoint(Backend):
         and the server aborts the request."""
         conn, response = self._open("POST", path, body)
         last: dict[str, Any] | None = None
-        sent = 0
+        sent = sent_logprobs = 0
         try:
             for event in _events(response, self.base_url + path):
                 if "error" in event:
@@ -334,7 +335,17 @@ class RuntimeEndpoint(Backend):
                     raise BackendError(f"{self.base_url}{path} streamed a non-text 'text'")
                 if len(text) > sent:
                     piece, sent = text[sent:], len(text)
-                    stream(piece)
+                    meta = _meta(event)
+                    done_tokens = meta.get("completion_tokens")
+                    if not isinstance(done_tokens, int):
+                        stream(piece)
+                    else:
+                        logprobs = _output_logprobs(meta)
+                        if logprobs is not None and len(logprobs) == done_tokens:  # so far
+                            logprobs, sent_logprobs = logprobs[sent_logprobs:], len(logprobs)
+                        else:  # none asked for, or a server that streams them per chunk
+                            logprobs = None
+                        stream(StreamPiece(piece, done_tokens, logprobs, sent_logprobs))
                 last = event
         finally:
             conn.close()

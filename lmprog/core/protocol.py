@@ -24,7 +24,8 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 ApiSpeculation = Literal["text", "message"]
 
 # Called with each new piece of generated text, in order, as soon as it is final
-# (stop-string prefixes are held back until they are resolved).
+# (stop-string prefixes are held back until they are resolved). Backends that know how far
+# generation is pass a StreamPiece (a str), which the program's streams show as meta data.
 StreamCallback = Callable[[str], None]
 
 
@@ -43,6 +44,40 @@ class TokenLogprob:
     token: str
     logprob: float
     top: tuple[TopLogprob, ...] = ()
+
+
+class StreamPiece(str):
+    """A streamed text piece that also says how far generation was when it was emitted:
+    `completion_tokens` so far, and (when the request asked for logprobs) the `logprobs` of
+    the tokens since the previous piece. It is a str, so any stream consumer takes it as one.
+    """
+
+    completion_tokens: int
+    logprobs: tuple[TokenLogprob, ...] | None
+    logprobs_length: int  # logprobs sent so far, this piece's included
+
+    def __new__(
+        cls,
+        text: str,
+        completion_tokens: int,
+        logprobs: tuple[TokenLogprob, ...] | None = None,
+        logprobs_length: int = 0,
+    ) -> StreamPiece:
+        piece = super().__new__(cls, text)
+        piece.completion_tokens = completion_tokens
+        piece.logprobs = logprobs
+        piece.logprobs_length = logprobs_length
+        return piece
+
+    def meta_info(self) -> dict[str, Any]:
+        """SGLang's streamed meta info of this piece (`text_async_iter(return_meta_data=True)`):
+        completion_tokens so far; with logprobs, this piece's `output_token_logprobs` and
+        `output_token_logprobs_length`, the count so far."""
+        meta: dict[str, Any] = {"completion_tokens": self.completion_tokens}
+        if self.logprobs is not None:
+            meta["output_token_logprobs"] = list(self.logprobs)
+            meta["output_token_logprobs_length"] = self.logprobs_length
+        return meta
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,13 @@ from typing import Any
 import torch
 
 from lmprog.core.errors import BackendError
-from lmprog.core.protocol import FinishReason, GenerateResult, TokenLogprob, TopLogprob
+from lmprog.core.protocol import (
+    FinishReason,
+    GenerateResult,
+    StreamPiece,
+    TokenLogprob,
+    TopLogprob,
+)
 from lmprog.core.sampling import SamplingParams
 
 from .detok import TextStream
@@ -128,6 +134,7 @@ class DecodeState:
         self._tokenizer = tokenizer
         self._emit = emit
         self._token_text = token_text
+        self._logprobs_emitted = 0  # logprobs already sent with a piece
 
     @property
     def text(self) -> str:
@@ -266,8 +273,13 @@ class DecodeState:
         self.finish_reason = "error"
 
     def _emit_piece(self, piece: str) -> None:
-        if piece and self._emit is not None:
-            self._emit(piece)
+        if not piece or self._emit is None:
+            return
+        logprobs = None
+        if self.logprobs is not None:
+            logprobs = tuple(self.logprobs[self._logprobs_emitted :])
+            self._logprobs_emitted = len(self.logprobs)
+        self._emit(StreamPiece(piece, len(self.output_ids), logprobs, self._logprobs_emitted))
 
     def result(self, *, prompt_tokens: int, cached_tokens: int) -> GenerateResult:
         """The finished request's GenerateResult."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmprog.core.errors import ConstraintError, ProgramCancelled
-from lmprog.core.protocol import Backend
+from lmprog.core.protocol import Backend, StreamPiece
 from lmprog.core.sampling import SamplingParams
 from lmprog.interpreter.executor import NodeExecutor, TemplateSource
 from lmprog.interpreter.record import Parsed, StateRecord
@@ -242,7 +242,7 @@ class ProgramState(FrontendState):
         """The program's error (after the appends so far have run), or None."""
         return self._record.wait_idle()
 
-    def text_iter(self, var: str | None = None) -> Iterator[str]:
+    def text_iter(self, var: str | None = None, return_meta_data: bool = False) -> Iterator[Any]:
         """The text in pieces as it is produced (with `var`: only that variable's pieces).
 
         The pieces concatenate to `text()` (or to the variable's text). The iterator ends
@@ -250,13 +250,23 @@ class ProgramState(FrontendState):
         it failed first. With `run(stream=True)` gens arrive token by token, and leaving the
         iterator before its end (break, close, garbage collection) cancels the run (see
         `cancel`); on other states it only stops reading.
+
+        With `return_meta_data=True` it yields `(piece, meta_info)` pairs, as SGLang's
+        streams do: for a piece the model generated, `completion_tokens` so far and, when
+        the gen asked for logprobs (`return_logprob=True`), the piece's own
+        `output_token_logprobs` and `output_token_logprobs_length` (the count so far); for
+        other text (the program's own, a backend that does not report progress) `{}`.
         """
         _check_var(var)
-        return self._leaving_cancels(self._record.iter_pieces(var))
+        pieces = self._leaving_cancels(self._record.iter_pieces(var))
+        return _with_meta(pieces) if _flag(return_meta_data) else pieces
 
-    async def text_async_iter(self, var: str | None = None) -> AsyncIterator[str]:
+    async def text_async_iter(
+        self, var: str | None = None, return_meta_data: bool = False
+    ) -> AsyncIterator[Any]:
         """`text_iter` for asyncio: awaits new pieces without blocking the event loop."""
         _check_var(var)
+        with_meta = _flag(return_meta_data)
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
 
@@ -275,7 +285,7 @@ class ProgramState(FrontendState):
                 wake.clear()
                 chunk, i, done, error = record.take_pieces(var, i)
                 for piece in chunk:
-                    yield piece
+                    yield (piece, _piece_meta(piece)) if with_meta else piece
                 if error is not None:
                     complete = True
                     raise error
@@ -321,6 +331,21 @@ def _abandoned(record: StateRecord, children: list[ProgramState]) -> None:
         child.cancel()
     if not record.finished:
         record.cancel(ProgramCancelled("the streamed program's state was garbage-collected"))
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"return_meta_data must be a bool, got {type(value).__name__}")
+    return value
+
+
+def _piece_meta(piece: str) -> dict[str, Any]:
+    return piece.meta_info() if isinstance(piece, StreamPiece) else {}
+
+
+def _with_meta(pieces: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for piece in pieces:
+        yield piece, _piece_meta(piece)
 
 
 def _resolve(entry: Parsed | None, value: Any) -> Any:

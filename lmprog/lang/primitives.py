@@ -80,7 +80,8 @@ def gen(
       - `json_schema=`: a dict, a JSON string or a pydantic model class; the output is JSON
         valid under it; the variable holds the text, `state.parsed(name)` the dict or model;
       - `dtype=int | float | bool | str`: the output is a literal of that type and the
-        variable holds the parsed Python value (`s["n"]` is an int for `dtype=int`).
+        variable holds the parsed Python value (`s["n"]` is an int for `dtype=int`); as in
+        SGLang, a number ends at a space or newline (stop strings, so not in the text).
         A constrained gen cut short at max_tokens holds its partial text instead (finish
         reason "length" in its meta info), as in SGLang; `state.parsed(name)` then raises;
       - `ebnf="root ::= ..."`: the output is in the language of the grammar (the GBNF dialect
@@ -92,6 +93,8 @@ def gen(
     `lp.ConstraintError` for an invalid regex, schema or grammar, here at the call.
     """
     _check_name(name, "gen")
+    if dtype is not None:
+        stop = _with_terminators(stop, dtype)
     sampling = {
         "max_tokens": max_tokens,
         "min_tokens": min_tokens,
@@ -333,6 +336,25 @@ def _check_stop_limits(stop: tuple[str, ...]) -> None:
                 len(s),
                 "max_stop_chars",
             )
+
+
+def _with_terminators(stop: Any, dtype: Any) -> Any:
+    """`stop` plus the strings that end a typed value (a number's space or newline, as in
+    SGLang); an unusable `stop` or dtype is left for the checks to report."""
+    from lmprog.fsm.dtypes import DTYPES
+
+    d = DTYPES.get(getattr(dtype, "__name__", None))
+    if d is None or not d.terminators:
+        return stop
+    if stop is None:
+        given: list[Any] = []
+    elif isinstance(stop, str):
+        given = [stop]
+    elif isinstance(stop, (list, tuple)):
+        given = list(stop)
+    else:
+        return stop
+    return tuple(given + [t for t in d.terminators if t not in given])
 
 
 def _build_constraint(

@@ -33,3 +33,60 @@ def test_a_cut_short_json_gen_keeps_its_text_and_a_long_enough_one_parses(backen
     full = describe.run(budget=60, max_new_tokens=60, temperature=0, backend=backend)
     person = full.parsed("person")
     assert isinstance(person, Person) and Person.model_validate_json(full["person"]) == person
+
+
+@sgl.function
+def counted(s):  # typed numbers inside a text, as SGLang's test_decode_int writes them
+    s += "Q: How many legs does a spider have?\nA: " + sgl.gen_int("legs") + "\n"
+    s += "Q: How many days are in a week?\nA: " + sgl.gen_int("days") + "\n"
+
+
+def test_a_typed_number_ends_where_the_model_ends_it(backend):
+    state = counted.run(temperature=0, max_new_tokens=8, backend=backend)
+    for name in ("legs", "days"):
+        value, meta = state[name], state.get_meta_info(name)
+        assert isinstance(value, int)
+        # it ended at a space or newline (a stop string, not kept) or the end of text;
+        # no digits were forced after the number the model meant
+        assert meta["finish_reason"] == "stop", (name, state.text())
+        assert meta["completion_tokens"] < 8
+        assert f"A: {value}\n" in state.text()
+
+
+@sgl.function
+def streamed_answer(s, question):  # SGLang's test_stream_logprobs
+    s += sgl.system("You are a helpful assistant.")
+    s += sgl.user(question)
+    s += sgl.assistant(sgl.gen("answer", return_logprob=True))
+
+
+def test_text_async_iter_with_meta_data_reports_each_pieces_tokens(backend):
+    import asyncio
+
+    async def collect():
+        state = streamed_answer(
+            question="Write two sentences about Hawaii.",
+            stream=True,
+            temperature=0,
+            max_new_tokens=24,
+            backend=backend,
+        )
+        return state, [c async for c in state.text_async_iter("answer", return_meta_data=True)]
+
+    state, chunks = asyncio.run(collect())
+    assert len(chunks) > 1 and "".join(text for text, _ in chunks) == state["answer"]
+    previous = 0
+    for text, meta in chunks:
+        assert text
+        n = meta["completion_tokens"]
+        assert meta["output_token_logprobs_length"] == n
+        assert len(meta["output_token_logprobs"]) == n - previous
+        previous = n
+    assert previous == state.get_meta_info("answer")["completion_tokens"]
+    sync = [
+        m
+        for _, m in streamed_answer(
+            question="Hi", stream=True, max_new_tokens=4, backend=backend
+        ).text_iter("answer", True)
+    ]
+    assert sync and all("output_token_logprobs" in m for m in sync)

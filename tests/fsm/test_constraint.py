@@ -32,8 +32,13 @@ def test_choices_escape_metacharacters():
 @pytest.mark.parametrize(
     "dtype, good, bad",
     [
-        (int, {"0": 0, "-17": -17, "42": 42}, ["01", "1.5", "+3", ""]),
-        (float, {"1.5": 1.5, "-0.25e3": -250.0, "3": 3.0, "1E-2": 0.01}, ["1.", ".5", "1e", "nan"]),
+        # a number may end with one space or newline (SGLang's typed numbers)
+        (int, {"0": 0, "-17": -17, "42": 42, "42 ": 42}, ["01", "1.5", "+3", "", "4 2", "1  "]),
+        (
+            float,
+            {"1.5": 1.5, "-0.25e3": -250.0, "3": 3.0, "1E-2": 0.01, "2.5\n": 2.5},
+            ["1.", ".5", "1e", "nan", " 1", "1\n\n"],
+        ),
         (bool, {"true": True, "false": False, "True": True, "False": False}, ["TRUE", "1", "yes"]),
         (
             str,
