@@ -86,6 +86,10 @@ class Runtime(Backend):
             `lmprog.runtime.speculative.SpeculativeConfig`, a dict of its fields, or a method
             name ("ngram": prompt lookup; "draft": a draft model, with draft_model=...).
             Greedy outputs are unchanged; sampled outputs keep the model's distribution.
+        dp_size: data parallelism, that many engine replicas behind this one backend, each
+            request routed to the replica whose prefix cache likely holds most of it unless
+            that one is much busier (lmprog.runtime.replicas, lmprog.runtime.router);
+            replicas on one device share its weights. max_total_tokens is per replica.
 
     Each engine knob keeps its name down to the config that owns and validates it:
     SchedulerConfig and CacheConfig (lmprog.runtime.config), EngineConfig
@@ -120,6 +124,7 @@ class Runtime(Backend):
         seed: int = 0,
         check_integrity: bool = False,
         speculative: Any = None,
+        dp_size: int = 1,
     ) -> None:
         import torch
 
@@ -127,6 +132,7 @@ class Runtime(Backend):
         from lmprog.runtime.config import CacheConfig, SchedulerConfig
         from lmprog.runtime.engine import EngineConfig
         from lmprog.runtime.launch import launch_engine
+        from lmprog.runtime.replicas import check_dp_size, launch_replicas
         from lmprog.runtime.speculative.config import SpeculativeConfig
 
         if model_path is not None:  # SGLang's name for the model
@@ -135,6 +141,7 @@ class Runtime(Backend):
             model = model_path
         # Every knob is validated by the config that owns it, before any weight is loaded.
         spec_config = SpeculativeConfig.coerce(speculative)
+        check_dp_size(dp_size)
         cache_config = CacheConfig(page_size=page_size, radix_cache=radix_cache, eviction=eviction)
         scheduler_config = SchedulerConfig(
             max_num_batched_tokens=max_num_batched_tokens,
@@ -157,15 +164,19 @@ class Runtime(Backend):
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         _log.info("loading weights (device %s, dtype %s)", device, dtype)
-        net = assemble_model(
-            self._source or model,
-            device=device,
-            dtype=dtype,
-            load_format=load_format,
-            attention=attention,
-            quantization=quantization,
-            seed=seed,
-        )
+
+        def build(on: str) -> Any:
+            return assemble_model(
+                self._source or model,
+                device=on,
+                dtype=dtype,
+                load_format=load_format,
+                attention=attention,
+                quantization=quantization,
+                seed=seed,
+            )
+
+        net = build(device)
         self.quantization = quantization
         self.model_config = net.config
         self.device, self.dtype = next(net.parameters()).device, next(net.parameters()).dtype
@@ -177,17 +188,26 @@ class Runtime(Backend):
         )
         self._setup_tokens(net.config, tokenizer, chat_template)
         _log.info("tokenizer %s", type(self._tokenizer).__name__)
-        self._engine = launch_engine(
-            net,
-            self._tokenizer,
-            eos_token_ids=self._eos_ids,
-            max_total_tokens=max_total_tokens,
-            context_length=context_length,
-            cache_config=cache_config,
-            scheduler_config=scheduler_config,
-            engine_config=engine_config,
-            cuda_graphs=cuda_graphs,
-            speculative=spec_config,
+
+        def launch(net: Any, **kw: Any) -> Any:
+            return launch_engine(
+                net,
+                self._tokenizer,
+                eos_token_ids=self._eos_ids,
+                max_total_tokens=max_total_tokens,
+                context_length=context_length,
+                cache_config=cache_config,
+                scheduler_config=scheduler_config,
+                engine_config=engine_config,
+                cuda_graphs=cuda_graphs,
+                speculative=spec_config,
+                **kw,
+            )
+
+        self._engine = (
+            launch(net)
+            if dp_size == 1
+            else launch_replicas(dp_size, net, device=device, build=build, launch=launch)
         )
         self._radix = radix_cache
         _log.info("runtime backend ready in %.1f s", time.perf_counter() - started)
@@ -224,7 +244,9 @@ class Runtime(Backend):
 
     @property
     def engine(self) -> Any:
-        """The lmprog.runtime.engine.Engine (submit/abort/check_integrity/flush_cache)."""
+        """The lmprog.runtime.engine.Engine (submit/abort/check_integrity/flush_cache); with
+        dp_size > 1 a lmprog.runtime.replicas.ReplicaGroup (submit, stats, flush_cache,
+        check_integrity; each engine in `.replicas`)."""
         return self._engine
 
     @property
