@@ -79,6 +79,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="runtime CPU 4-bit weights (llamacpp: an error; the GGUF's own quantization is used)",
     )
     p.add_argument(
+        "--dp",
+        "--dp-size",
+        dest="dp_size",
+        type=int,
+        default=1,
+        help="runtime data parallelism: engine replicas behind this one server, requests "
+        "routed by cached prefix and load (default 1; see docs/serving.md)",
+    )
+    p.add_argument(
         "--max-total-tokens",
         type=int,
         default=None,
@@ -138,12 +147,20 @@ def backend_options(args: argparse.Namespace) -> dict:
     """The backend's keyword arguments from the flags; ValueError for a flag that does not
     apply to the chosen backend (never silently ignored)."""
     if args.backend != "llamacpp":
-        return {
+        options = {
             "device": args.device,
             "max_total_tokens": args.max_total_tokens,
             "quantization": args.quantization,
             "num_threads": args.num_threads,
         }
+        if args.dp_size != 1:
+            options["dp_size"] = args.dp_size
+        return options
+    if args.dp_size != 1:
+        raise ValueError(
+            f"--dp {args.dp_size} applies to --backend runtime only: llama.cpp runs one "
+            "context per server; start several servers behind a load balancer instead"
+        )
     if args.quantization is not None:
         raise ValueError(
             f"--quantization {args.quantization} applies to --backend runtime only: llama.cpp "

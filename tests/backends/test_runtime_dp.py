@@ -1,0 +1,208 @@
+"""lp.Runtime(dp_size=2) on the CPU: two engine replicas over one tiny random Llama (the
+default model's tokenizer), sharing its weights. Fork children and run_batch items land on
+the replica that cached their prefix, unrelated requests are spread, outputs equal dp_size=1,
+and a replica whose engine thread dies takes only its own requests."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+import lmprog as lp
+from lmprog.core.errors import BackendError
+from lmprog.core.protocol import GenerateRequest
+from lmprog.core.sampling import SamplingParams as SP
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+torch.set_num_threads(1)
+
+PREFIX = "You are a careful assistant. Answer each question in a few words, then stop. " * 3
+UNRELATED = [f"Question number {w} is about something else entirely" for w in "abcdef"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random-weights Llama saved as transformers saves one, with the default model's
+    tokenizer (as in tests/core/test_hf_cache.py)."""
+    from lmprog.core.models import load_tokenizer, resolve_model
+
+    try:
+        tok = load_tokenizer(resolve_model())
+    except ValueError as e:
+        pytest.skip(f"the default model is not installed: {e}")
+    tok = tok.hf_tokenizer() if hasattr(tok, "hf_tokenizer") else tok
+    config = transformers.LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def runtime(tiny, dp_size=2, **kw):
+    return lp.Runtime(tiny, device="cpu", max_total_tokens=2048, dp_size=dp_size, **kw)
+
+
+@pytest.fixture(scope="module")
+def rt(tiny):
+    backend = runtime(tiny, check_integrity=True)
+    yield backend
+    backend.shutdown()
+
+
+@pytest.fixture(scope="module")
+def single(tiny):
+    backend = runtime(tiny, dp_size=1, check_integrity=True)
+    yield backend
+    backend.shutdown()
+
+
+def routed(rt):
+    """Requests each replica received so far, by reason (the router's counts)."""
+    return [r["routed"] for r in rt.stats()["replicas"]]
+
+
+def delta(before, after):
+    return [{k: a[k] - b[k] for k in a if a[k] != b[k]} for b, a in zip(before, after)]
+
+
+def test_replicas_share_the_weights_and_have_their_own_caches(rt):
+    group = rt.engine
+    a, b = group.replicas
+    assert a is not b and a.runner.model is b.runner.model
+    assert a.runner.kv is not b.runner.kv
+    stats = rt.stats()
+    assert stats["dp_size"] == 2 and stats["replicas_alive"] == 2
+    assert stats["kv_capacity"] == 2 * 2048 and stats["device"] == "cpu"
+    assert [r["device"] for r in stats["replicas"]] == ["cpu", "cpu"]
+
+
+def test_fork_children_land_on_the_replica_that_cached_their_prefix(rt):
+    @lp.function
+    def forked(s):
+        s += PREFIX
+        forks = s.fork(4)
+        forks += [f" Question {i}: what is {i} plus {i}? Answer:" for i in range(4)]
+        forks += lp.gen("answer", max_tokens=3, temperature=0)
+        forks.join()
+
+    rt.flush_cache()
+    before = routed(rt)
+    state = forked.run(backend=rt)
+    assert len(state["answer"]) == 4
+    moved = delta(before, routed(rt))
+    home = 0 if moved[0] else 1
+    assert moved[1 - home] == {} and moved[home] == {"least_loaded": 1, "pinned": 4}
+    replica = rt.stats()["replicas"][home]
+    assert replica["cached_tokens"] >= 4 * len(rt.tokenizer.encode(PREFIX)) - 8
+
+
+def test_run_batch_items_land_together_and_unrelated_prompts_are_spread(rt):
+    @lp.function
+    def qa(s, q):
+        s += PREFIX + " Q: " + q + " A:"
+        s += lp.gen("a", max_tokens=2, temperature=0)
+
+    before = routed(rt)
+    states = qa.run_batch([{"q": q} for q in UNRELATED], backend=rt, num_threads=3)
+    assert all(st.error() is None for st in states)
+    moved = delta(before, routed(rt))
+    assert sorted(sum(m.values()) for m in moved) == [0, 1 + len(UNRELATED)]  # prefix + items
+    before = routed(rt)
+    out = rt.generate(UNRELATED, {"max_tokens": 2, "temperature": 0})
+    assert len(out) == len(UNRELATED)
+    counts = [sum(m.values()) for m in delta(before, routed(rt))]
+    assert counts == [3, 3]  # submitted together: the least-loaded replica each time
+
+
+def test_outputs_equal_one_replica(rt, single):
+    params = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    prompts = [PREFIX + q for q in UNRELATED[:4]] + UNRELATED[:2]
+    assert [r.token_ids for r in rt.generate(prompts, params)] == [
+        r.token_ids for r in single.generate(prompts, params)
+    ]
+
+    @lp.function
+    def pick(s):
+        s += PREFIX + " The best colour is"
+        s += lp.select("c", [" red", " green", " blue"])
+
+    assert pick.run(backend=rt)["c"] == pick.run(backend=single)["c"]
+    assert rt.flush_cache()
+    assert all(r["tree_tokens"] == 0 for r in rt.stats()["replicas"])
+
+
+class Fatal(BaseException):
+    """Not an Exception: the engine loop cannot recover from it and its thread ends."""
+
+
+def kill(engine):
+    def planted(*args, **kwargs):
+        raise Fatal("planted engine failure")
+
+    engine.scheduler.process_results = planted
+
+
+def test_a_dead_replica_takes_only_its_requests_and_the_router_skips_it(tiny, caplog):
+    from lmprog.runtime.engine_io import EngineRequest
+
+    rt = runtime(tiny)
+    try:
+        group = rt.engine
+        kill(group.replicas[1])
+        prompts = [rt.tokenizer.encode(q) for q in UNRELATED[:4]]
+        assert len({len(p) for p in prompts}) == 1  # equal lengths: routed 0, 1, 0, 1
+        params = SP(max_tokens=8, temperature=0, ignore_eos=True)
+        handles = [group.submit(EngineRequest(tuple(p), params)) for p in prompts]
+        for i, h in enumerate(handles):
+            if i % 2:
+                with pytest.raises(BackendError, match="engine failed.*planted engine failure"):
+                    h.result(timeout=60)
+            else:
+                assert h.result(timeout=60).completion_tokens == 8
+        with caplog.at_level("WARNING", logger="lmprog.runtime.replicas"):
+            out = rt.generate(UNRELATED, {"max_tokens": 2})
+        assert len(out) == len(UNRELATED) and "replica 1 (of 2) stopped" in caplog.text
+        stats = rt.stats()
+        assert stats["replicas_alive"] == 1 and not stats["replicas"][1]["alive"]
+        assert sum(stats["replicas"][1]["routed"].values()) == 2  # nothing after it died
+        assert stats["kv_capacity"] == 2048  # the living replica's
+        kill(group.replicas[0])
+        request = GenerateRequest(prompt="Hello", params=SP(max_tokens=4))
+        with pytest.raises(BackendError, match="engine failed"):
+            rt.generate(request)
+        with pytest.raises(BackendError, match="every one of the 2 data-parallel replicas"):
+            rt.generate(request)
+        assert not rt.engine.alive
+    finally:
+        rt.shutdown()
+
+
+def test_bad_dp_size_is_refused_before_loading(tiny):
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="dp_size must be an int >= 1"):
+            lp.Runtime("definitely/not/a/model", device="cpu", dp_size=bad)
+
+
+def test_serve_dp_flag_reaches_the_runtime():
+    from lmprog.serve.cli import add_serve_arguments, backend_options
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    assert backend_options(parser.parse_args(["--dp", "2"]))["dp_size"] == 2
+    assert backend_options(parser.parse_args(["--dp-size", "3"]))["dp_size"] == 3
+    assert "dp_size" not in backend_options(parser.parse_args([]))  # Runtime's default
+    with pytest.raises(ValueError, match="--dp 2 applies to --backend runtime only"):
+        backend_options(parser.parse_args(["--dp", "2", "--backend", "llamacpp"]))
