@@ -206,3 +206,51 @@ def test_serve_dp_flag_reaches_the_runtime():
     assert "dp_size" not in backend_options(parser.parse_args([]))  # Runtime's default
     with pytest.raises(ValueError, match="--dp 2 applies to --backend runtime only"):
         backend_options(parser.parse_args(["--dp", "2", "--backend", "llamacpp"]))
+
+
+def test_a_server_over_two_replicas_answers_and_reports_them(rt):
+    pytest.importorskip("uvicorn")
+    import json
+    import urllib.request
+
+    from lmprog.serve import Server
+
+    def post(url, body):
+        request = urllib.request.Request(
+            url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())
+
+    before = sum(sum(r.values()) for r in routed(rt))
+    with Server(rt).start() as srv:
+        body = {"model": srv.model_name, "prompt": PREFIX, "max_tokens": 3, "temperature": 0}
+        answers = [post(srv.url + "/v1/completions", body) for _ in range(2)]
+        with urllib.request.urlopen(srv.url + "/metrics", timeout=60) as response:
+            metrics = response.read().decode()
+    assert all(a["usage"]["completion_tokens"] == 3 for a in answers)
+    assert answers[0]["choices"][0]["text"] == answers[1]["choices"][0]["text"]
+    assert sum(sum(r.values()) for r in routed(rt)) == before + 2
+    assert "lmprog_kv_cache_usage_ratio" in metrics
+
+
+@pytest.mark.e2e
+def test_the_bundled_model_on_two_replicas_keeps_a_fork_together():
+    rt = lp.Runtime(device="cpu", max_total_tokens=2048, dp_size=2)
+    try:
+
+        @lp.function
+        def colours(s):
+            s += lp.system("You are a terse assistant.")
+            forks = s.fork(2)
+            forks += [lp.user("Name a colour."), lp.user("Name a fruit.")]
+            forks += lp.assistant(lp.gen("a", max_tokens=8, temperature=0))
+            forks.join()
+
+        state = colours.run(backend=rt)
+        assert state.error() is None and all(a.strip() for a in state["a"])
+        homes = [r for r in rt.stats()["replicas"] if sum(r["routed"].values())]
+        assert len(homes) == 1 and homes[0]["routed"]["pinned"] == 2
+        assert homes[0]["cached_tokens"] > 0  # the children reused the cached system prompt
+    finally:
+        rt.shutdown()
