@@ -112,17 +112,18 @@ class ReplicaGroup:
             while True:
                 if self._closed:
                     raise BackendError("the runtime engine is shut down; create a new Runtime")
-                decision = self._route(request.prompt_ids, pin)
+                decision = self._route(request.prompt_ids)
                 engine = self.replicas[decision.replica]
                 try:
                     handle = engine.submit(request, stream=stream)
                 except BackendError:  # its thread ended between the check and the submit
                     self._mark_dead(decision.replica)
                     continue
+                self.router.record(decision, request.prompt_ids, pin=pin)
                 self._pending[decision.replica].append(handle)
                 return handle
 
-    def _route(self, tokens: Sequence[int], pin: bool) -> Decision:
+    def _route(self, tokens: Sequence[int]) -> Decision:
         for i, engine in enumerate(self.replicas):
             if self.router.alive[i]:
                 if not engine.alive:
@@ -132,7 +133,7 @@ class ReplicaGroup:
                 if errors != self._resets[i]:  # the engine reset: its prefix cache is empty
                     self._resets[i] = errors
                     self.router.forget(i)
-        return self.router.route(tokens, self.loads(), pin=pin)
+        return self.router.choose(tokens, self.loads())
 
     def loads(self) -> list[int]:
         """Outstanding requests per replica (dropping the ended ones from the count)."""

@@ -196,22 +196,33 @@ class Router:
         self.trees = [ApproxTree(s) for s in sizes]
         self.alive = [True] * num_replicas
         self.routed = [dict.fromkeys(_REASONS, 0) for _ in range(num_replicas)]
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # route holds it across choose and record
 
     @property
     def num_replicas(self) -> int:
         return len(self.trees)
 
     def route(self, tokens: Sequence[int], loads: Sequence[int], pin: bool = False) -> Decision:
-        """The replica for a request of `tokens`; records them in its tree (and pins them
-        with pin=True). BackendError when every replica is dead."""
+        """choose, then record: the replica for a request of `tokens`, now counted there."""
+        with self._lock:
+            decision = self.choose(tokens, loads)
+            self.record(decision, tokens, pin)
+        return decision
+
+    def choose(self, tokens: Sequence[int], loads: Sequence[int]) -> Decision:
+        """The replica for a request of `tokens` (nothing recorded). BackendError when every
+        replica is dead."""
         if len(loads) != self.num_replicas:
             raise ValueError(f"got {len(loads)} loads for {self.num_replicas} replicas")
         with self._lock:
-            decision = self._choose(tokens, loads)
+            return self._choose(tokens, loads)
+
+    def record(self, decision: Decision, tokens: Sequence[int], pin: bool = False) -> None:
+        """The request went where `decision` says: its tokens join that replica's tree (and
+        pin their prefix there with pin=True)."""
+        with self._lock:
             self.trees[decision.replica].insert(tokens, pin=pin)
             self.routed[decision.replica][decision.reason] += 1
-        return decision
 
     def _choose(self, tokens: Sequence[int], loads: Sequence[int]) -> Decision:
         live = [i for i, ok in enumerate(self.alive) if ok]

@@ -6,11 +6,12 @@ and a replica whose engine thread dies takes only its own requests."""
 from __future__ import annotations
 
 import argparse
+import time
 
 import pytest
 
 import lmprog as lp
-from lmprog.core.errors import BackendError
+from lmprog.core.errors import BackendError, ContextLengthError
 from lmprog.core.protocol import GenerateRequest
 from lmprog.core.sampling import SamplingParams as SP
 
@@ -142,6 +143,38 @@ def test_outputs_equal_one_replica(rt, single):
     assert pick.run(backend=rt)["c"] == pick.run(backend=single)["c"]
     assert rt.flush_cache()
     assert all(r["tree_tokens"] == 0 for r in rt.stats()["replicas"])
+
+
+def test_stream_abort_token_usage_and_bad_input_through_the_front_door(rt):
+    rt.token_usage.reset()
+    pieces = []
+    request = GenerateRequest(UNRELATED[0], SP(max_tokens=6, temperature=0, ignore_eos=True))
+    result = rt.generate(request, stream=pieces.append)
+    assert "".join(pieces) == result.text and result.completion_tokens == 6
+    assert rt.token_usage.completion_tokens == 6
+
+    def boom(piece):
+        raise RuntimeError("reader failed")
+
+    aborted = sum(r["requests_finished"]["abort"] for r in rt.stats()["replicas"])
+    long = GenerateRequest(UNRELATED[1], SP(max_tokens=200, ignore_eos=True))
+    with pytest.raises(RuntimeError, match="reader failed"):
+        rt.generate(long, stream=boom)
+    rt.engine.check_integrity()  # every replica's bookkeeping, after the abort
+
+    def settled():  # the abort is applied on the engine thread, the stats follow a step later
+        stats = rt.stats()
+        finished = sum(r["requests_finished"]["abort"] for r in stats["replicas"])
+        idle = stats["num_running"] == 0 and all(r["load"] == 0 for r in stats["replicas"])
+        return finished == aborted + 1 and idle
+
+    deadline = time.monotonic() + 30
+    while not settled() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert settled()
+    with pytest.raises(ContextLengthError):  # refused by the replica, and nothing recorded
+        rt.generate(GenerateRequest("word " * 3000, SP(max_tokens=1)))
+    assert rt.stats()["replicas_alive"] == 2
 
 
 class Fatal(BaseException):

@@ -225,18 +225,22 @@ def test_a_dead_replica_gets_no_requests_and_the_others_serve_on(caplog):
     assert (
         stats["replicas_alive"] == 1 and not stats["replicas"][group.replicas.index(home)]["alive"]
     )
+    routed = [sum(r["routed"].values()) for r in group.router.stats()]
     other.refuse = True  # dies between the alive check and its submit
     with pytest.raises(BackendError, match="every one of the 2 data-parallel replicas"):
         group.submit(req(shared(9)))
     assert not group.alive
+    assert [sum(r["routed"].values()) for r in group.router.stats()] == routed  # not counted
 
 
 def test_a_request_refused_for_its_length_is_not_recorded_or_rerouted():
     group = ReplicaGroup([FakeEngine(max_prompt=10), FakeEngine(max_prompt=10)])
     with pytest.raises(ContextLengthError):
         group.submit(req(range(50)))
-    assert group.router.stats()[0]["alive"] and group.router.stats()[1]["alive"]
     assert group.loads() == [0, 0]
+    for replica in group.router.stats():
+        assert replica["alive"] and replica["tree_tokens"] == 0
+        assert sum(replica["routed"].values()) == 0
 
 
 def test_flush_and_engine_resets_empty_the_router_trees():
