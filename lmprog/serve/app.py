@@ -30,6 +30,8 @@ from .gate import Gate
 from .limits import ServerLimits
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics
+from .responses import ResponseStore, create_response
+from .responses_schemas import ResponsesRequest
 from .schemas import CompletionRequest
 from .unknown import validate
 
@@ -93,6 +95,22 @@ def _routes(app: FastAPI, ctx: ServeContext) -> None:
     async def chat_completions(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest, ctx)
         return await create_chat_completion(ctx, body, request)
+
+    store = ResponseStore()  # previous_response_id: the server's stored responses
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        body = await parse_body(request, ResponsesRequest, ctx)
+        return await create_response(ctx, store, body, request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> JSONResponse:
+        return JSONResponse(store.get(response_id)[0])
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> JSONResponse:
+        store.delete(response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
