@@ -1,9 +1,12 @@
 """/v1/chat/completions: messages rendered with the model's chat template, n choices,
-streaming, response_format, tools (constrained calls; see tools.py) and logprobs.
+streaming, response_format, tools (constrained calls in the model's own call format; see
+tools.py and tool_formats.py) and logprobs.
 
-With tools active a streamed choice is sent whole when it ends (its text is either a call
-or an answer, known only then); without tools, text streams piece by piece. Streamed
-logprobs arrive in each choice's last chunk.
+Text streams piece by piece. With tools active each choice's text goes through a
+CallReader: an answer streams as content once it cannot be a call (the first characters
+differ from the format's marker); calls stream as OpenAI sends them (a call's id, type and
+name with arguments "", then fragments of its arguments). Streamed logprobs arrive in each
+choice's last chunk.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from .params import choice_params, choices_of, sampling_params
 from .prompts import render_chat
 from .runs import ReplyBase, arrival, finish_reason, respond, usage
 from .streaming import sse
+from .tool_formats import CallReader, tool_format
 from .tools import ToolPlan, plan_tools
 
 
@@ -106,7 +110,9 @@ def _prepare(
             "tool_choice auto; give tool_choice 'none' or leave the tools out",
             param=constraint_field(body),
         )
-    plan = plan_tools(body.tools, body.tool_choice, text)
+    fmt = tool_format(ctx.template)
+    parallel = body.parallel_tool_calls is not False
+    plan = plan_tools(body.tools, body.tool_choice, text, fmt, parallel=parallel)
     if index:
         build_index(ctx, plan.constraint)
     prompt = render_chat(
@@ -116,6 +122,7 @@ def _prepare(
         max_json_depth=ctx.limits.max_json_depth,
         tools=body.tools,
         tokenizer=None if ctx.limits.allow_special_tokens else _tokenizer(ctx),
+        tool_format=fmt,
     )
     return plan, prompt
 
@@ -135,18 +142,14 @@ class _Reply(ReplyBase):
     def __init__(self, ctx: ServeContext, body: ChatCompletionRequest, plan: ToolPlan) -> None:
         super().__init__(ctx, "chatcmpl")
         self.body, self.plan = body, plan
+        self._readers: dict[int, CallReader] = {}  # streamed choices with tools on
 
     def _message(self, result: GenerateResult) -> tuple[dict[str, Any], str]:
         """(message, finish_reason) of a finished choice."""
-        call = self.plan.parse(result.text)
-        if call is not None:
-            return {
-                "role": "assistant",
-                "content": None,
-                "refusal": None,
-                "tool_calls": [call],
-            }, "tool_calls"
-        return {"role": "assistant", "content": result.text, "refusal": None}, finish_reason(result)
+        if self.plan.calls is None:
+            message = {"role": "assistant", "content": result.text, "refusal": None}
+            return message, finish_reason(result)
+        return _read_message(self.plan.parse(result.text), result)
 
     def _logprobs(self, result: GenerateResult) -> Any:
         return chat_logprobs(visible_logprobs(result)) if self.body.logprobs else None
@@ -190,14 +193,16 @@ class _Reply(ReplyBase):
             }
         )
 
-    def _last_delta(self, result: GenerateResult) -> tuple[dict[str, Any], str]:
-        """The delta closing a choice: everything, when tools held the text back."""
-        if self.plan.calls is None:
-            return {}, finish_reason(result)
-        message, reason = self._message(result)
-        if reason == "tool_calls":
-            return {"tool_calls": [{"index": 0, **message["tool_calls"][0]}]}, reason
-        return {"content": result.text}, reason
+    def _reader(self, index: int) -> CallReader:
+        if index not in self._readers:
+            self._readers[index] = self.plan.reader()
+        return self._readers[index]
+
+    def _deltas(self, index: int, deltas: list[dict[str, Any]]) -> bytes:
+        return b"".join(
+            self._chunk([{"index": index, "delta": d, "logprobs": None, "finish_reason": None}])
+            for d in deltas
+        )
 
     # -- the SSE stream (ReplyBase.stream) ---------------------------------------------------
     def _opening(self, size: int) -> list[bytes]:
@@ -216,24 +221,23 @@ class _Reply(ReplyBase):
         ]
 
     def _piece(self, index: int, text: str) -> bytes | None:
-        if self.plan.calls is not None:  # tool calls: the text is held back until the end
-            return None
-        return self._chunk(
-            [{"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}]
-        )
+        if self.plan.calls is None:
+            return self._deltas(index, [{"content": text}])
+        return self._deltas(index, self._reader(index).feed(text)) or None
 
     def _closing(self, index: int, result: GenerateResult) -> bytes:
-        delta, reason = self._last_delta(result)
-        return self._chunk(
-            [
-                {
-                    "index": index,
-                    "delta": delta,
-                    "logprobs": self._logprobs(result),
-                    "finish_reason": reason,
-                }
-            ]
-        )
+        rest, reason = b"", finish_reason(result)
+        if self.plan.calls is not None:
+            reader = self._reader(index)
+            rest = self._deltas(index, reader.finish())
+            reason = _read_message(reader, result)[1]
+        last = {
+            "index": index,
+            "delta": {},
+            "logprobs": self._logprobs(result),
+            "finish_reason": reason,
+        }
+        return rest + self._chunk([last])
 
     def _usage_chunk(self, u: dict[str, Any]) -> bytes:
         return sse(
@@ -246,3 +250,18 @@ class _Reply(ReplyBase):
                 "usage": u,
             }
         )
+
+
+def _read_message(reader: CallReader, result: GenerateResult) -> tuple[dict[str, Any], str]:
+    """(message, finish_reason) of a choice whose text `reader` read whole. Calls (also one
+    cut short, with the arguments written so far) are never content; finish_reason is
+    "tool_calls" when the calls ended, else the result's ("length" for max_tokens)."""
+    message: dict[str, Any] = {"role": "assistant", "content": reader.content, "refusal": None}
+    calls = reader.tool_calls
+    if calls:
+        message["tool_calls"] = calls
+    if reader.content is not None:
+        return message, finish_reason(result)
+    if reader.cut or result.finish_reason == "length":
+        return message, finish_reason(result)
+    return message, "tool_calls"

@@ -1,15 +1,16 @@
 """Chat messages -> the prompt text, through the model's own chat template.
 
 Messages are normalised for the template first: text content parts are joined,
-"developer" becomes "system", an assistant's earlier tool calls are written back in the
-layout the model is asked to produce (tools.py), and the tools' description joins the
-(first) system message. Only text goes in: image, audio and file parts are refused, so
-no request makes the server fetch or read anything.
+"developer" becomes "system", an assistant's earlier tool calls go to the template as
+`tool_calls` (arguments as dicts, as transformers expects) where it has a tool-call syntax
+of its own, else are written back as text in the layout the model is asked to produce
+(tool_formats.py), and lmprog's tool note (if any) joins the (first) system message.
+Only text goes in: image, audio and file parts are refused, so no request makes the server
+fetch or read anything.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from lmprog.core.prompt import mark_special, unmark
 from . import jsonbody
 from .chat_schemas import ChatMessage, Tool, ToolCall
 from .errors import APIError
+from .tool_formats import GENERIC, ToolFormat
 
 
 def render_chat(
@@ -31,14 +33,16 @@ def render_chat(
     max_json_depth: int,
     tools: Sequence[Tool] | None = None,
     tokenizer: Any = None,
+    tool_format: ToolFormat = GENERIC,
 ) -> str:
     """`max_json_depth`: the deepest nesting allowed in a tool call's arguments. `tools`: the
     request's tools, passed to the template as transformers' `apply_chat_template(tools=...)`
     passes them (templates without tool support ignore them). With `tokenizer`, the result
     is a `Prompt` whose special-token strings are control tokens only where the template
     wrote them (message contents, tool calls and results, tools: text); without, a plain
-    str whose every special-token string is a control token (`allow_special_tokens`)."""
-    plain = [_plain(m, i, max_json_depth) for i, m in enumerate(messages)]
+    str whose every special-token string is a control token (`allow_special_tokens`).
+    `tool_format`: how earlier tool calls are rendered (see the module docstring)."""
+    plain = [_plain(m, i, max_json_depth, tool_format) for i, m in enumerate(messages)]
     if tools_prompt:
         if plain[0]["role"] == "system":
             plain[0] = {"role": "system", "content": f"{plain[0]['content']}\n\n{tools_prompt}"}
@@ -56,13 +60,33 @@ def render_chat(
         ) from None
 
 
-def _plain(message: ChatMessage, index: int, max_json_depth: int) -> dict[str, str]:
+def _plain(
+    message: ChatMessage, index: int, max_json_depth: int, fmt: ToolFormat
+) -> dict[str, Any]:
     role = "system" if message.role == "developer" else message.role
     text = _text(message.content, index)
-    if message.tool_calls:
-        calls = "\n".join(_call_text(c, index, max_json_depth) for c in message.tool_calls)
-        text = f"{text}\n{calls}" if text else calls
-    return {"role": role, "content": text}
+    out: dict[str, Any] = {"role": role, "content": text}
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    if not message.tool_calls:
+        return out
+    calls = [(c, _arguments(c, index, max_json_depth)) for c in message.tool_calls]
+    if fmt.native:
+        out["content"] = text if message.content is not None else None
+        out["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.function.name, "arguments": args},
+            }
+            for c, args in calls
+        ]
+        return out
+    written = fmt.calls_text([(c.function.name, args) for c, args in calls])
+    out["content"] = f"{text}\n{written}" if text else written
+    return out
 
 
 def _text(content: str | list[dict[str, Any]] | None, index: int) -> str:
@@ -82,7 +106,7 @@ def _text(content: str | list[dict[str, Any]] | None, index: int) -> str:
     return "".join(parts)
 
 
-def _call_text(call: ToolCall, index: int, max_json_depth: int) -> str:
+def _arguments(call: ToolCall, index: int, max_json_depth: int) -> Any:
     param = f"messages[{index}].tool_calls"
     try:
         arguments = jsonbody.loads(
@@ -99,4 +123,4 @@ def _call_text(call: ToolCall, index: int, max_json_depth: int) -> str:
             f"tool call arguments must be JSON text, got {call.function.arguments[:60]!r}",
             param=param,
         ) from None
-    return json.dumps({"name": call.function.name, "arguments": arguments}, ensure_ascii=False)
+    return arguments

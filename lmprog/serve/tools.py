@@ -1,19 +1,16 @@
-"""Tool calls: the tools' description for the prompt, the constraint that makes a call's
-arguments match its tool's parameter schema, and reading a call back out of the text.
+"""Tool calls: the constraint that makes a choice's calls match their tools' parameter
+schemas in the model's own call format (tool_formats.py), lmprog's tool note for templates
+that show no tools, and reading calls back out of the text.
 
-A call is written as one JSON object in a fixed layout (the fixed parts are jump-forwarded):
-
-    {"name": "get_weather", "arguments": {"city": "Paris"}}
-
-tool_choice "required" / a named function: the text must be a call (to any tool / to that
-one); "auto": a call, or non-empty text that does not start with "{" (or, with response_format, text
-matching it); "none": only that answer. At most one call per choice.
+tool_choice "required" / a named function: the text must be one or more calls (to any tool /
+to that one); "auto": calls, or non-empty text that does not start with the format's marker
+(or, with response_format, text matching it); "none": only that answer. Several calls per
+choice, in the format's layout, unless parallel_tool_calls is false (or the format holds one).
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +21,7 @@ from lmprog.fsm.regex import ANY_CHAR, alt, cat, charset_regex, cs, lit, raw, re
 
 from .chat_schemas import NamedToolChoice, Tool
 from .errors import APIError
+from .tool_formats import GENERIC, CallReader, ToolFormat
 
 _NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 _INSTRUCTIONS = (
@@ -31,56 +29,76 @@ _INSTRUCTIONS = (
     'To call one, answer with only a JSON object: {{"name": <function name>, '
     '"arguments": <arguments object>}}.'
 )
+_SEVERAL = " To call several, write one such object per line."
 
 
 @dataclass(frozen=True)
 class ToolPlan:
-    """constraint: what the whole text must match (None: free text); calls: matches exactly a
-    tool call (None: tools are off); prompt: the tool description for the system message."""
+    """constraint: what the whole text must match (None: free text); calls: matches exactly
+    the tool calls (None: tools are off); prompt: lmprog's tool note for the system message
+    (None: the template describes the tools, or tools are off); format: the call layout;
+    names: the callable tools; answers: an answer instead of calls is allowed (auto);
+    max_calls: None or the most calls per choice."""
 
     constraint: Constraint | None
     calls: Constraint | None
     prompt: str | None
+    format: ToolFormat = GENERIC
+    names: frozenset[str] = frozenset()
+    answers: bool = True
+    max_calls: int | None = None
 
-    def parse(self, text: str) -> dict[str, Any] | None:
-        """The OpenAI tool_call for `text`, or None when it is plain content."""
-        if self.calls is None or not self.calls.matches(text):
-            return None
-        call = json.loads(text)
-        return {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {
-                "name": call["name"],
-                "arguments": json.dumps(call["arguments"], ensure_ascii=False),
-            },
-        }
+    def reader(self) -> CallReader:
+        """A reader of one choice's text (see CallReader); only when tools are on."""
+        assert self.calls is not None
+        return CallReader(self.format, self.names, answers=self.answers, max_calls=self.max_calls)
+
+    def parse(self, text: str) -> CallReader:
+        """The whole text of a finished choice, read: its `content`, `tool_calls`, `cut`."""
+        reader = self.reader()
+        reader.feed(text)
+        reader.finish()
+        return reader
 
 
 def plan_tools(
-    tools: Sequence[Tool] | None, choice: str | NamedToolChoice | None, text: Constraint | None
+    tools: Sequence[Tool] | None,
+    choice: str | NamedToolChoice | None,
+    text: Constraint | None,
+    fmt: ToolFormat = GENERIC,
+    *,
+    parallel: bool = True,
 ) -> ToolPlan:
-    """`text`: the response_format constraint of plain answers (None: free text)."""
+    """`text`: the response_format constraint of plain answers (None: free text); `fmt`: the
+    template's call format (tool_formats.tool_format); `parallel`: parallel_tool_calls."""
     if not tools:
         if choice not in (None, "none"):
             raise APIError(400, "tool_choice needs tools", param="tool_choice")
-        return ToolPlan(text, None, None)
+        return ToolPlan(text, None, None, fmt)
     _check_unique(tools)
+    args = [_arguments(t, i) for i, t in enumerate(tools)]  # every schema checked, even unchosen
     choice = choice or "auto"
     if (
         choice == "none"
-    ):  # an answer, not something that reads as a call (a history of calls invites one)
-        answer = text or Constraint("regex", _free_text().text, "answer")
-        return ToolPlan(answer, None, None)
+    ):  # an answer, not something that reads as a call (a history of them invites one)
+        answer = text or Constraint("regex", _not_starting_with(fmt.marker).text, "answer")
+        return ToolPlan(answer, None, None, fmt)
     chosen = _chosen(tools, choice)
-    calls = alt(*(_call_regex(t, tools.index(t)) for t in chosen))
+    max_calls = 1 if not parallel else fmt.max_calls
+    calls = _calls_regex(fmt, [(t.function.name, args[tools.index(t)]) for t in chosen], max_calls)
     calls_c = Constraint("regex", calls.text, "tool calls")
-    prompt = _INSTRUCTIONS.format(tools="\n".join(_describe(t) for t in tools))
+    prompt = None
+    if not fmt.native:
+        prompt = _INSTRUCTIONS.format(tools="\n".join(_describe(t) for t in tools))
+        prompt += _SEVERAL if max_calls != 1 else ""
+    names = frozenset(t.function.name for t in chosen)
+    plan = ToolPlan(calls_c, calls_c, prompt, fmt, names, choice == "auto", max_calls)
     if choice != "auto":
-        return ToolPlan(calls_c, calls_c, prompt)
-    answer = raw(f"(?:{text.pattern})") if text is not None else _free_text()
+        return plan
+    answer = raw(f"(?:{text.pattern})") if text is not None else _not_starting_with(fmt.marker)
     either = alt(raw(f"(?:{calls.text})", atomic=True), answer)
-    return ToolPlan(Constraint("regex", either.text, "tool calls or answer"), calls_c, prompt)
+    either_c = Constraint("regex", either.text, "tool calls or answer")
+    return ToolPlan(either_c, calls_c, prompt, fmt, names, True, max_calls)
 
 
 def _check_unique(tools: Sequence[Tool]) -> None:
@@ -103,10 +121,11 @@ def _chosen(tools: Sequence[Tool], choice: str | NamedToolChoice) -> list[Tool]:
     return list(tools)
 
 
-def _call_regex(tool: Tool, index: int) -> Any:
+def _arguments(tool: Tool, index: int) -> Constraint:
+    """The constraint of `tool`'s arguments (its parameters schema)."""
     schema = tool.function.parameters if tool.function.parameters is not None else _NO_PARAMETERS
     try:
-        args = Constraint.from_json_schema(schema)
+        return Constraint.from_json_schema(schema)
     except ConstraintError as exc:
         raise APIError(
             400,
@@ -114,15 +133,38 @@ def _call_regex(tool: Tool, index: int) -> Any:
             param=f"tools[{index}].function.parameters",
             code="invalid_schema",
         ) from None
-    head = '{"name": ' + json.dumps(tool.function.name) + ', "arguments": '
-    return cat(lit(head), raw(f"(?:{args.pattern})", atomic=True), lit("}"))
 
 
-def _free_text() -> Any:
-    """Any non-empty text that does not open a JSON object. (Not the empty text: the token
-    index cannot be built for a pattern whose start state accepts.)"""
-    first = charset_regex(ANY_CHAR - cs("{"))
-    return cat(first, rep(charset_regex(ANY_CHAR), 0, None))
+def _calls_regex(
+    fmt: ToolFormat, tools: list[tuple[str, Constraint]], max_calls: int | None
+) -> Any:
+    """opener call (separator call){0,max_calls-1} closer, a call being any of `tools`."""
+    one = alt(
+        *(
+            cat(
+                lit(fmt.head + json.dumps(name) + fmt.args_key),
+                raw(f"(?:{args.pattern})", atomic=True),
+                lit(fmt.tail),
+            )
+            for name, args in tools
+        )
+    )
+    more = None if max_calls is None else max_calls - 1
+    rest = rep(cat(lit(fmt.separator), one), 0, more) if fmt.separator else None
+    return cat(lit(fmt.opener), one, rest if rest is not None else lit(""), lit(fmt.closer))
+
+
+def _not_starting_with(marker: str) -> Any:
+    """Any non-empty text that does not start with `marker` (a proper prefix of it is fine).
+    (Not the empty text: the token index cannot be built for a pattern whose start state
+    accepts.)"""
+    anything = rep(charset_regex(ANY_CHAR), 0, None)
+    options = []
+    for i in range(len(marker)):
+        options.append(cat(lit(marker[:i]), charset_regex(ANY_CHAR - cs(marker[i])), anything))
+        if i:
+            options.append(lit(marker[:i]))
+    return alt(*options)
 
 
 def _describe(tool: Tool) -> str:

@@ -1,6 +1,7 @@
 """The server end to end: the official `openai` client against lmprog.serve.Server on the
 default model (lp.Runtime on the CPU), on a loopback port. Outputs are checked against the
-same work done in process, so the HTTP layer must neither change nor lose anything."""
+same work done in process, so the HTTP layer must neither change nor lose anything. (Tool
+calls: test_tools_e2e.py.)"""
 
 from __future__ import annotations
 
@@ -29,35 +30,6 @@ PERSON = {
     },
     "required": ["name", "age"],
     "additionalProperties": False,
-}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 24},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "Current time in a timezone",
-        "parameters": {
-            "type": "object",
-            "properties": {"tz": {"type": "string", "maxLength": 24}},
-            "required": ["tz"],
-            "additionalProperties": False,
-        },
-    },
 }
 
 
@@ -195,91 +167,6 @@ def test_regex_extension_on_completions(client, model):
         extra_body={"regex": r"\d{4}-\d{2}-\d{2}"},
     )
     assert len(r.choices[0].text) == 10 and r.choices[0].text[4] == "-"
-
-
-def check_call(call, tool):
-    assert call.type == "function" and call.id.startswith("call_")
-    assert call.function.name == tool["function"]["name"]
-    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
-
-
-def test_tools_required(client, model):
-    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
-    r = client.chat.completions.create(
-        model=model,
-        messages=messages,
-        tools=[TIME, WEATHER],
-        tool_choice="required",
-        max_tokens=40,
-        temperature=0,
-    )
-    choice = r.choices[0]
-    assert choice.finish_reason == "tool_calls" and choice.message.content is None
-    [call] = choice.message.tool_calls
-    check_call(call, WEATHER if call.function.name == "get_weather" else TIME)
-
-
-def test_tools_named_and_a_second_turn(client, model):
-    messages = [{"role": "user", "content": "What time is it in Tokyo?"}]
-    r = client.chat.completions.create(
-        model=model,
-        messages=messages,
-        tools=[WEATHER, TIME],
-        max_tokens=40,
-        tool_choice={"type": "function", "function": {"name": "get_time"}},
-        temperature=0,
-    )
-    [call] = r.choices[0].message.tool_calls
-    check_call(call, TIME)
-    messages += [
-        r.choices[0].message.model_dump(exclude_none=True),
-        {"role": "tool", "tool_call_id": call.id, "content": "09:30"},
-    ]
-    r2 = client.chat.completions.create(
-        model=model,
-        messages=messages,
-        tools=[WEATHER, TIME],
-        tool_choice="none",
-        max_tokens=12,
-        temperature=0,
-    )
-    assert r2.choices[0].message.content and not r2.choices[0].message.tool_calls
-    assert not r2.choices[0].message.content.startswith("{")  # "none": an answer, never a call
-
-
-def test_tools_streamed(client, model):
-    chunks = list(
-        client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": "Weather in Oslo?"}],
-            tools=[WEATHER],
-            tool_choice="required",
-            max_tokens=40,
-            temperature=0,
-            stream=True,
-        )
-    )
-    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-    assert len(calls) == 1 and calls[0].index == 0
-    check_call(calls[0], WEATHER)
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
-
-
-def test_tools_auto_gives_a_call_or_an_answer(client, model):
-    for question in ("What is the weather in Rome, in celsius?", "Hello! How are you?"):
-        r = client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": question}],
-            tools=[WEATHER],
-            max_tokens=30,
-            temperature=0,
-        )
-        message = r.choices[0].message
-        if message.tool_calls:
-            check_call(message.tool_calls[0], WEATHER)
-            assert r.choices[0].finish_reason == "tool_calls"
-        else:
-            assert message.content and not message.content.startswith("{")
 
 
 def test_chat_logprobs(client, model):

@@ -1,14 +1,12 @@
-"""Pieces of the server without HTTP or a model: tool-call constraints, response formats,
-logprob layouts, echo offsets, request -> SamplingParams, Prometheus text."""
+"""Pieces of the server without HTTP or a model: response formats, logprob layouts, echo
+offsets, request -> SamplingParams, Prometheus text (tool calls: test_tools.py)."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
 from lmprog.core.protocol import GenerateResult, TokenLogprob, TopLogprob
-from lmprog.serve.chat_schemas import ChatCompletionRequest, NamedToolChoice, Tool
+from lmprog.serve.chat_schemas import ChatCompletionRequest
 from lmprog.serve.echo import token_offsets
 from lmprog.serve.errors import APIError
 from lmprog.serve.formats import output_constraint
@@ -17,78 +15,6 @@ from lmprog.serve.logprobs import chat_logprobs, completion_logprobs, visible_lo
 from lmprog.serve.metrics import ServerMetrics
 from lmprog.serve.params import choice_params, sampling_params
 from lmprog.serve.schemas import ResponseFormat
-from lmprog.serve.tools import plan_tools
-
-CITY = Tool.model_validate(
-    {
-        "type": "function",
-        "function": {
-            "name": "weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-                "additionalProperties": False,
-            },
-        },
-    }
-)
-NOARGS = Tool.model_validate({"type": "function", "function": {"name": "ping"}})
-
-
-def call(name, args) -> str:
-    return '{"name": ' + json.dumps(name) + ', "arguments": ' + json.dumps(args) + "}"
-
-
-def test_required_calls_match_their_tools_schema():
-    plan = plan_tools([CITY, NOARGS], "required", None)
-    assert plan.constraint.matches(call("weather", {"city": "Oslo"}))
-    assert plan.constraint.matches(call("ping", {}))
-    assert not plan.constraint.matches(call("weather", {"town": "Oslo"}))  # not in the schema
-    assert not plan.constraint.matches(call("ping", {"x": 1}))
-    assert not plan.constraint.matches(call("other", {}))
-    assert not plan.constraint.matches("It is sunny.")
-    tool_call = plan.parse(call("weather", {"city": "Oslo"}))
-    assert tool_call["function"] == {"name": "weather", "arguments": '{"city": "Oslo"}'}
-    assert "weather" in plan.prompt and '"city"' in plan.prompt
-
-
-def test_named_choice_allows_only_that_tool():
-    plan = plan_tools(
-        [CITY, NOARGS],
-        NamedToolChoice.model_validate({"type": "function", "function": {"name": "ping"}}),
-        None,
-    )
-    assert plan.constraint.matches(call("ping", {}))
-    assert not plan.constraint.matches(call("weather", {"city": "Oslo"}))
-
-
-def test_auto_allows_a_call_or_an_answer():
-    plan = plan_tools([CITY], "auto", None)
-    assert plan.constraint.matches(call("weather", {"city": "Rome"}))
-    assert plan.constraint.matches("Sunny, 20 degrees.\nAnything else?")
-    assert not plan.constraint.matches('{"answer": 1}') and not plan.constraint.matches("")
-    assert plan.parse("Sunny.") is None
-    json_answers = plan_tools(
-        [CITY], "auto", output_constraint(ResponseFormat(type="json_object"), None)
-    )
-    assert json_answers.constraint.matches('{"answer": 1}')
-    assert json_answers.parse('{"answer": 1}') is None
-    assert json_answers.parse(call("weather", {"city": "Rome"}))["function"]["name"] == "weather"
-
-
-def test_none_and_no_tools():
-    plan = plan_tools([CITY], "none", None)
-    assert plan.calls is None and plan.prompt is None
-    assert plan.constraint.matches("Plain words.") and not plan.constraint.matches(
-        call("weather", {"city": "x"})
-    )
-    assert plan_tools(None, None, None) == plan_tools([], None, None)
-    assert plan_tools(None, None, None).constraint is None
-    with pytest.raises(APIError, match="tool_choice needs tools"):
-        plan_tools(None, "auto", None)
-    with pytest.raises(APIError, match="two tools"):
-        plan_tools([CITY, CITY], "auto", None)
 
 
 def test_json_object_nests_three_levels_deep():

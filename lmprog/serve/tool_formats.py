@@ -1,0 +1,326 @@
+"""Tool-call formats: how a model family writes its calls, chosen from its chat template.
+
+Every format is one layout, the JSON arguments in the middle of fixed text:
+
+    opener  head "<name>" args_key <arguments> tail  [separator head ... tail]*  closer
+
+    family   marker        opener            head                     args_key          tail
+    generic  {             -                 {"name":_                , "arguments":_   }
+    hermes   <tool_call>   -                 <tool_call>\\n{"name":_   , "arguments":_   }\\n</tool_call>
+    llama3   {             -                 {"name":_                , "parameters":_  }
+    mistral  [TOOL_CALLS]  [TOOL_CALLS] [    {"name":_                , "arguments":_   }
+
+(_ is a space; separators "\\n", "\\n", none: one call, ", "; only mistral has a closer, "]".)
+An answer under tool_choice "auto" must not start with the marker. The template decides
+(`tool_format`): Hermes/Qwen templates write `<tool_call>`, Llama 3.x ones the `ipython` role,
+Mistral's `[TOOL_CALLS]`. The tools always go to the template (as transformers passes them);
+with a native format it also renders the earlier calls and describes the layout to the
+model. The generic format is the fallback for templates without a tool-call syntax lmprog
+knows: lmprog's tool note in the system message tells the model the layout the constraint
+enforces (even where the template lists the tools, it describes a layout of its own).
+
+`read_calls` reads (a prefix of) text in a layout back into calls; `CallReader` does it as a
+choice's text grows, turning it into content or OpenAI's streamed tool-call deltas.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import string
+import uuid
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Any
+
+from lmprog.core.chat import ChatTemplate
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """One family's call layout (see the module docstring). `max_calls`: None, or the most
+    calls one message may hold (Llama 3's templates render one); `native`: the template
+    describes the tools and the layout and renders earlier calls (no tool note);
+    `id_length`: the call id length a template requires."""
+
+    family: str
+    marker: str
+    head: str
+    args_key: str
+    tail: str
+    separator: str
+    opener: str = ""
+    closer: str = ""
+    max_calls: int | None = None
+    native: bool = True
+    id_length: int | None = None
+
+    def call_text(self, name: str, arguments: Any) -> str:
+        """One call as the model writes it (earlier calls of a history in the generic format)."""
+        args = json.dumps(arguments, ensure_ascii=False)
+        return f"{self.head}{json.dumps(name)}{self.args_key}{args}{self.tail}"
+
+    def calls_text(self, calls: list[tuple[str, Any]]) -> str:
+        return self.opener + self.separator.join(self.call_text(*c) for c in calls) + self.closer
+
+    def new_id(self) -> str:
+        if self.id_length is None:
+            return f"call_{uuid.uuid4().hex[:24]}"
+        alphabet = string.ascii_letters + string.digits
+        return "".join(secrets.choice(alphabet) for _ in range(self.id_length))
+
+
+GENERIC = ToolFormat("generic", "{", '{"name": ', ', "arguments": ', "}", "\n", native=False)
+HERMES = ToolFormat(
+    "hermes", "<tool_call>", '<tool_call>\n{"name": ', ', "arguments": ', "}\n</tool_call>", "\n"
+)
+LLAMA3 = ToolFormat("llama3", "{", '{"name": ', ', "parameters": ', "}", "", max_calls=1)
+# Mistral's templates require 9-character alphanumeric call ids (its tokenizer's own rule).
+MISTRAL = ToolFormat(
+    "mistral", "[TOOL_CALLS]", '{"name": ', ', "arguments": ', "}", ", ", "[TOOL_CALLS] [", "]",
+    id_length=9,
+)  # fmt: skip
+
+
+def tool_format(template: ChatTemplate) -> ToolFormat:
+    """The call format of `template`, by the markers in its source."""
+    return _format_of(template.source)
+
+
+@lru_cache(maxsize=32)
+def _format_of(source: str) -> ToolFormat:
+    if "[TOOL_CALLS]" in source:
+        return MISTRAL if "[TOOL_CALLS] [" in source else replace(MISTRAL, opener="[TOOL_CALLS][")
+    if "<tool_call>" in source and "<function=" not in source and "<arg_key>" not in source:
+        return HERMES
+    if "<|start_header_id|>" in source and ("ipython" in source or "<|python_tag|>" in source):
+        return LLAMA3
+    return GENERIC
+
+
+# -- reading calls back ----------------------------------------------------------------------
+
+
+@dataclass
+class ReadCall:
+    """A call read so far: its arguments text (complete, or the part written so far) and
+    whether its tail was read."""
+
+    name: str
+    arguments: str
+    done: bool
+
+
+@dataclass
+class ReadCalls:
+    """calls: the calls read; closed: the layout ended (the closer, or the last call done
+    where nothing has to follow); strayed: the text left the layout after `calls`."""
+
+    calls: list[ReadCall]
+    closed: bool = False
+    strayed: bool = False
+
+
+_PARTIAL = -1
+
+
+def _expect(text: str, pos: int, fixed: str) -> int | None:
+    """The position after `fixed` at `pos`; _PARTIAL if the text ends inside it; None if the
+    text differs."""
+    if text.startswith(fixed, pos):
+        return pos + len(fixed)
+    return _PARTIAL if fixed.startswith(text[pos:]) else None
+
+
+def read_calls(
+    fmt: ToolFormat, text: str, names: frozenset[str], max_calls: int | None, final: bool
+) -> ReadCalls:
+    """The calls in `text`, a prefix of the format's layout (all of it when `final`), up to
+    where the text leaves the layout, if it does (`strayed`)."""
+    pos = _expect(text, 0, fmt.opener)
+    if pos is None or pos == _PARTIAL:
+        return ReadCalls([], strayed=pos is None)
+    calls: list[ReadCall] = []
+    while True:
+        call, pos = _read_call(fmt, text, pos, names, final)
+        if call is None:
+            return ReadCalls(calls, strayed=pos is None)
+        calls.append(call)
+        if not call.done:
+            return ReadCalls(calls, strayed=pos is None)
+        more = max_calls is None or len(calls) < max_calls
+        after = _expect(text, pos, fmt.separator) if more and fmt.separator else None
+        if after is not None and after != _PARTIAL:
+            pos = after
+            continue
+        end = _expect(text, pos, fmt.closer)
+        if end is None or end == _PARTIAL:  # inside the separator or the closer, or neither
+            return ReadCalls(calls, strayed=end is None and after is None)
+        if end != len(text):
+            return ReadCalls(calls, strayed=True)
+        return ReadCalls(calls, closed=bool(fmt.closer) or final)
+
+
+def _read_call(
+    fmt: ToolFormat, text: str, pos: int, names: frozenset[str], final: bool
+) -> tuple[ReadCall | None, int | None]:
+    """(the call at pos, the position after it); (None, _PARTIAL) before its name is whole,
+    (None, None) where the text is not a call."""
+    pos = _expect(text, pos, fmt.head)
+    if pos is None or pos == _PARTIAL:
+        return None, pos
+    if pos == len(text):
+        return None, _PARTIAL
+    if text[pos] != '"':
+        return None, None
+    close = text.find('"', pos + 1)
+    if close == -1:
+        typed = text[pos + 1 :]
+        return None, _PARTIAL if any(n.startswith(typed) for n in names) else None
+    name = text[pos + 1 : close]
+    if name not in names:
+        return None, None
+    pos = _expect(text, close + 1, fmt.args_key)
+    if pos is None:
+        return None, None
+    if pos == _PARTIAL:
+        return ReadCall(name, "", False), _PARTIAL
+    end, whole = json_value_end(text, pos, final)
+    if not whole:
+        return ReadCall(name, text[pos:end], False), end
+    after = _expect(text, end, fmt.tail)
+    if after is None:  # the arguments are read, what follows is not the call's tail
+        return ReadCall(name, text[pos:end], False), None
+    done = after != _PARTIAL
+    return ReadCall(name, text[pos:end], done), after if done else end
+
+
+def json_value_end(text: str, pos: int, final: bool) -> tuple[int, bool]:
+    """(end, whole): text[pos:end] surely belongs to the JSON value starting at `pos`; whole:
+    the value ends there. A number or literal at the end of the text may go on, so it is
+    held back unless `final`."""
+    n = len(text)
+    if pos < n and text[pos] not in '{["':
+        i = pos
+        while i < n and text[i] in "-+.0123456789eEtrufalsn":
+            i += 1
+        if i < n or final:
+            return i, i > pos
+        return pos, False
+    depth, in_string, escaped = 0, False, False
+    for i in range(pos, n):
+        c = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+                if depth == 0:
+                    return i + 1, True
+        elif c == '"':
+            in_string = True
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1, True
+    return n, False
+
+
+class CallReader:
+    """One choice's text, read as it grows: an answer (content) or calls in `fmt`'s layout.
+
+    `feed(piece)` returns the OpenAI delta entries the piece completes: {"content": ...} or
+    tool_call entries (a call's first: index, id, type, its name and arguments ""; then
+    argument fragments); `finish()` the rest. After `finish`: `content` (None when the text
+    was calls), `tool_calls` (OpenAI's tool_call objects; a call cut short carries the
+    arguments written so far) and `cut` (the calls did not end)."""
+
+    def __init__(
+        self,
+        fmt: ToolFormat,
+        names: frozenset[str],
+        *,
+        answers: bool,
+        max_calls: int | None,
+    ) -> None:
+        self.fmt, self.names, self.answers, self.max_calls = fmt, names, answers, max_calls
+        self.text = ""
+        self.mode = "calls" if not answers else ""  # "", "content" or "calls"
+        self._sent: list[list[Any]] = []  # [id, name, arguments sent] per call
+        self._read: ReadCalls | None = None
+
+    def feed(self, piece: str) -> list[dict[str, Any]]:
+        self.text += piece
+        if self.mode == "content":
+            return [{"content": piece}] if piece else []
+        return self._advance(final=False)
+
+    def finish(self) -> list[dict[str, Any]]:
+        if self.mode == "":  # empty, or a proper prefix of the marker: an answer
+            self.mode = "content"
+            return [{"content": self.text}] if self.text else []
+        if self.mode == "content":
+            return []
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> list[dict[str, Any]]:
+        if self.mode == "":
+            if self.text.startswith(self.fmt.marker):
+                self.mode = "calls"
+            elif not self.fmt.marker.startswith(self.text):
+                self.mode = "content"
+                return [{"content": self.text}]
+            else:
+                return []
+        read = read_calls(self.fmt, self.text, self.names, self.max_calls, final)
+        if read.strayed and not read.calls and self.answers:  # not a call after all: an answer
+            self.mode = "content"
+            return [{"content": self.text}]
+        # Calls whose text strays later (not under the calls' constraint) keep what was read.
+        self._read = read
+        return self._deltas(read.calls)
+
+    def _deltas(self, calls: list[ReadCall]) -> list[dict[str, Any]]:
+        out = []
+        for i, call in enumerate(calls):
+            if i == len(self._sent):
+                self._sent.append([self.fmt.new_id(), call.name, 0])
+                out.append(
+                    {
+                        "index": i,
+                        "id": self._sent[i][0],
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": ""},
+                    }
+                )
+            fresh = call.arguments[self._sent[i][2] :]
+            if fresh:
+                self._sent[i][2] = len(call.arguments)
+                out.append({"index": i, "function": {"arguments": fresh}})
+        return [{"tool_calls": [d]} for d in out]
+
+    @property
+    def content(self) -> str | None:
+        return self.text if self.mode == "content" else None
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        calls = self._read.calls if self._read is not None and self.mode == "calls" else []
+        return [
+            {
+                "id": sent[0],
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for sent, call in zip(self._sent, calls, strict=False)
+        ]
+
+    @property
+    def cut(self) -> bool:
+        """The text is calls that did not end (a call, its tail or the closer missing, or
+        text after them)."""
+        return self.mode == "calls" and (self._read is None or not self._read.closed)

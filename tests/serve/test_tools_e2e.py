@@ -1,0 +1,349 @@
+"""Tool calling end to end on the bundled model (lp.Runtime on the CPU) over loopback, with
+the real clients: the official `openai` client (whole and streamed) and LangChain's
+ChatOpenAI. The bundled model's template has no tool syntax (the generic format); the same
+model served with the Qwen 2.5, Llama 3.2 and Mistral templates (tests/data/chat_templates/)
+runs each family's native format."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from lmprog.core.chat import ChatTemplate
+from lmprog.core.protocol import Backend
+from lmprog.serve import Server
+
+pytestmark = pytest.mark.e2e
+
+TEMPLATES = Path(__file__).parent.parent / "data" / "chat_templates"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 24},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Current time in a timezone",
+        "parameters": {
+            "type": "object",
+            "properties": {"tz": {"type": "string", "maxLength": 24}},
+            "required": ["tz"],
+            "additionalProperties": False,
+        },
+    },
+}
+TOOLS = {"get_weather": WEATHER, "get_time": TIME}
+TWO_CITIES = [{"role": "user", "content": "What is the weather in Paris and in Rome?"}]
+
+
+@pytest.fixture(scope="module")
+def server(rt):
+    with Server(rt).start() as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model(server):
+    return server.model_name
+
+
+def check_call(call: Any) -> None:
+    assert call.type == "function" and call.id
+    tool = TOOLS[call.function.name]
+    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+
+
+def streamed(client, **kw) -> tuple[list[Any], str, list[dict[str, Any]]]:
+    """(chunks, content, calls) of a streamed request, checking the deltas' shapes as
+    OpenAI sends them: a call's first delta has its index, id, type, name and arguments "",
+    the later ones only argument fragments."""
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    content, calls = "", []
+    for chunk in chunks:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for tc in choice.delta.tool_calls or []:
+                if tc.index == len(calls):
+                    assert tc.id and tc.type == "function" and tc.function.name
+                    assert tc.function.arguments == ""
+                    calls.append({"id": tc.id, "name": tc.function.name, "arguments": ""})
+                else:
+                    assert tc.index == len(calls) - 1 and tc.id is None
+                    assert tc.function.name is None and tc.function.arguments
+                    calls[tc.index]["arguments"] += tc.function.arguments
+    return chunks, content, calls
+
+
+def as_dicts(calls: list[Any]) -> list[dict[str, Any]]:
+    return [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments} for c in calls]
+
+
+def without_ids(calls: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(c["name"], c["arguments"]) for c in calls]
+
+
+def last_reason(chunks: list[Any]) -> str | None:
+    return [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+
+
+def test_several_calls_in_one_choice(client, model):
+    r = client.chat.completions.create(
+        model=model,
+        messages=TWO_CITIES,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        max_tokens=80,
+        temperature=0,
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert len(choice.message.tool_calls) >= 1
+    for call in choice.message.tool_calls:
+        check_call(call)
+    assert len({c.id for c in choice.message.tool_calls}) == len(choice.message.tool_calls)
+    chunks, content, calls = streamed(
+        client,
+        model=model,
+        messages=TWO_CITIES,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        max_tokens=80,
+        temperature=0,
+        stream_options={"include_usage": True},
+    )
+    assert content == "" and last_reason(chunks) == "tool_calls"
+    assert without_ids(calls) == without_ids(as_dicts(choice.message.tool_calls))
+    fragments = sum(len(c.choices[0].delta.tool_calls or []) for c in chunks if c.choices)
+    assert fragments > 2 * len(calls)  # the arguments arrive piece by piece
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_parallel_tool_calls_false_gives_one_call(client, model):
+    r = client.chat.completions.create(
+        model=model,
+        messages=TWO_CITIES,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=80,
+        temperature=0,
+    )
+    [call] = r.choices[0].message.tool_calls
+    check_call(call)
+    assert r.choices[0].finish_reason == "tool_calls"
+
+
+def test_a_call_cut_by_max_tokens_is_reported_as_a_call(client, model):
+    kw: dict[str, Any] = dict(
+        model=model,
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=[WEATHER],
+        tool_choice="required",
+        max_tokens=12,
+        temperature=0,
+    )
+    r = client.chat.completions.create(**kw)
+    choice = r.choices[0]
+    assert choice.finish_reason == "length" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    with pytest.raises(json.JSONDecodeError):  # the arguments as far as they were written
+        json.loads(call.function.arguments)
+    chunks, content, calls = streamed(client, **kw)
+    assert content == "" and last_reason(chunks) == "length"
+    assert without_ids(calls) == without_ids(as_dicts(choice.message.tool_calls))
+
+
+def test_named_call_and_a_second_turn(client, model):
+    messages: list[Any] = [{"role": "user", "content": "What time is it in Tokyo?"}]
+    r = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        tools=[WEATHER, TIME],
+        max_tokens=40,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        parallel_tool_calls=False,  # (this model repeats the call otherwise)
+        temperature=0,
+    )
+    calls = r.choices[0].message.tool_calls
+    assert [c.function.name for c in calls] == ["get_time"]
+    check_call(calls[0])
+    messages.append(r.choices[0].message.model_dump(exclude_none=True))
+    messages += [{"role": "tool", "tool_call_id": c.id, "content": "09:30"} for c in calls]
+    r2 = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        tools=[WEATHER, TIME],
+        tool_choice="none",
+        max_tokens=12,
+        temperature=0,
+    )
+    assert r2.choices[0].message.content and not r2.choices[0].message.tool_calls
+    assert not r2.choices[0].message.content.startswith("{")  # "none": an answer, never a call
+
+
+def test_auto_gives_calls_or_an_answer(client, model):
+    for question in ("What is the weather in Rome, in celsius?", "Hello! How are you?"):
+        kw: dict[str, Any] = dict(
+            model=model,
+            messages=[{"role": "user", "content": question}],
+            tools=[WEATHER],
+            max_tokens=30,
+            temperature=0,
+        )
+        message = client.chat.completions.create(**kw).choices[0].message
+        chunks, content, calls = streamed(client, **kw)
+        if message.tool_calls:
+            for c in message.tool_calls:
+                check_call(c)
+            assert without_ids(calls) == without_ids(as_dicts(message.tool_calls))
+        else:
+            assert message.content and not message.content.startswith("{")
+            assert content == message.content and not calls
+            # an answer streams as it is written, not in one piece at the end
+            assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) > 3
+
+
+# -- the families' native formats on the same model ------------------------------------------
+
+
+class Templated(Backend):
+    """The session's runtime served under another chat template (the prompts it got kept)."""
+
+    def __init__(self, rt: Backend, source: str, special: dict[str, str]) -> None:
+        self.rt = rt
+        self._template = ChatTemplate(source, special_tokens=special)
+        self.prompts: list[str] = []
+
+    def generate(self, request, stream=None):
+        self.prompts.append(str(request.prompt))
+        return self.rt.generate(request, stream=stream)
+
+    def score(self, request):
+        return self.rt.score(request)
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        return self._template
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.rt.tokenizer
+
+    def stats(self) -> dict[str, Any]:
+        return self.rt.stats()
+
+    def shutdown(self) -> None:  # the runtime is the session's
+        pass
+
+
+FAMILIES = {
+    "qwen2.5.jinja": ({"eos_token": "<|im_end|>"}, "<tool_call>\n{"),
+    "llama3.2.jinja": ({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}, None),
+    "mistral-v0.3.jinja": ({"bos_token": "<s>", "eos_token": "</s>"}, "[TOOL_CALLS] ["),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_native_formats_on_the_bundled_model(rt, name):
+    special, opener = FAMILIES[name]
+    backend = Templated(rt, (TEMPLATES / name).read_text(), special)
+    with Server(backend, model_name="m").start() as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        kw: dict[str, Any] = dict(
+            model="m",
+            messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+            tools=[WEATHER, TIME],
+            tool_choice="required",
+            max_tokens=120,
+            temperature=0,
+        )
+        r = client.chat.completions.create(**kw)
+        chunks, content, calls = streamed(client, **kw)
+        prompt = backend.prompts[0]
+        assert "get_weather" in prompt and "You can call these functions" not in prompt
+        message = r.choices[0].message
+        assert message.content is None and r.choices[0].finish_reason == "tool_calls"
+        for c in message.tool_calls:
+            check_call(c)
+            if name.startswith("mistral"):
+                assert len(c.id) == 9 and c.id.isalnum()  # what its template requires
+        assert without_ids(calls) == without_ids(as_dicts(message.tool_calls))
+        assert content == "" and last_reason(chunks) == "tool_calls"
+        # the calls and their results go back through the template in the next turn
+        history = [
+            *kw["messages"],
+            message.model_dump(exclude_none=True),
+            *(
+                {"role": "tool", "tool_call_id": c.id, "content": "21 C"}
+                for c in message.tool_calls
+            ),
+        ]
+        if name.startswith("llama"):  # its template renders one call per message
+            history[1]["tool_calls"] = history[1]["tool_calls"][:1]
+            history = history[:3]
+        r2 = client.chat.completions.create(
+            **{**kw, "messages": history, "tool_choice": "none", "max_tokens": 8}
+        )
+        assert r2.choices[0].message.content and not r2.choices[0].message.tool_calls
+        if opener is not None:
+            assert opener in backend.prompts[-1]
+        args = json.loads(message.tool_calls[0].function.arguments)
+        assert json.dumps(args, ensure_ascii=False) in backend.prompts[-1]  # as an object
+
+
+# -- LangChain --------------------------------------------------------------------------------
+
+
+def test_langchain_tool_loop(server, model):
+    pytest.importorskip("langchain_openai")
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(
+        base_url=server.url + "/v1",
+        api_key="unused",
+        model=model,
+        temperature=0,
+        max_tokens=80,
+        max_retries=0,
+    )
+    bound = llm.bind_tools([WEATHER, TIME], tool_choice="required")
+    question = [HumanMessage("What is the weather in Paris and in Rome?")]
+    ai = bound.invoke(question)
+    assert ai.tool_calls and not ai.invalid_tool_calls
+    for c in ai.tool_calls:
+        tool = TOOLS[c["name"]]
+        jsonschema.validate(c["args"], tool["function"]["parameters"])
+    merged = None
+    for chunk in bound.stream(question):
+        merged = chunk if merged is None else merged + chunk
+    assert [(c["name"], c["args"]) for c in merged.tool_calls] == [
+        (c["name"], c["args"]) for c in ai.tool_calls
+    ]
+    results = [ToolMessage("21 C", tool_call_id=c["id"]) for c in ai.tool_calls]
+    answer = llm.bind_tools([WEATHER, TIME], tool_choice="none").invoke([*question, ai, *results])
+    assert isinstance(answer.content, str) and answer.content and not answer.tool_calls
