@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import asyncio
 
+import agents  # openai-agents, in the test extra
 import jsonschema
 import openai
 import pytest
 
 from lmprog.serve import Server
-
-agents = pytest.importorskip("agents", reason="openai-agents (the test extra) is not installed")
 
 pytestmark = pytest.mark.e2e
 
