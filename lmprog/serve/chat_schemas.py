@@ -72,7 +72,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=0)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None  # accepted: at most one call per choice anyway
+    parallel_tool_calls: bool | None = None  # false: at most one call per choice
     store: bool | None = None  # accepted, ignored: nothing is stored
     metadata: dict[str, str] | None = None  # accepted, ignored
     service_tier: str | None = None  # accepted, ignored
