@@ -133,16 +133,22 @@ def _expect(text: str, pos: int, fixed: str) -> int | None:
 
 
 def read_calls(
-    fmt: ToolFormat, text: str, names: frozenset[str], max_calls: int | None, final: bool
+    fmt: ToolFormat,
+    text: str,
+    names: frozenset[str],
+    max_calls: int | None,
+    final: bool,
+    memo: dict[int, list[int]] | None = None,
 ) -> ReadCalls:
     """The calls in `text`, a prefix of the format's layout (all of it when `final`), up to
-    where the text leaves the layout, if it does (`strayed`)."""
+    where the text leaves the layout, if it does (`strayed`). `memo`: kept by a caller that
+    reads a growing text again, so arguments are scanned once (see json_value_end)."""
     pos = _expect(text, 0, fmt.opener)
     if pos is None or pos == _PARTIAL:
         return ReadCalls([], strayed=pos is None)
     calls: list[ReadCall] = []
     while True:
-        call, pos = _read_call(fmt, text, pos, names, final)
+        call, pos = _read_call(fmt, text, pos, names, final, memo)
         if call is None:
             return ReadCalls(calls, strayed=pos is None)
         calls.append(call)
@@ -162,7 +168,12 @@ def read_calls(
 
 
 def _read_call(
-    fmt: ToolFormat, text: str, pos: int, names: frozenset[str], final: bool
+    fmt: ToolFormat,
+    text: str,
+    pos: int,
+    names: frozenset[str],
+    final: bool,
+    memo: dict[int, list[int]] | None,
 ) -> tuple[ReadCall | None, int | None]:
     """(the call at pos, the position after it); (None, _PARTIAL) before its name is whole,
     (None, None) where the text is not a call."""
@@ -185,7 +196,7 @@ def _read_call(
         return None, None
     if pos == _PARTIAL:
         return ReadCall(name, "", False), _PARTIAL
-    end, whole = json_value_end(text, pos, final)
+    end, whole = json_value_end(text, pos, final, memo)
     if not whole:
         return ReadCall(name, text[pos:end], False), end
     after = _expect(text, end, fmt.tail)
@@ -195,10 +206,14 @@ def _read_call(
     return ReadCall(name, text[pos:end], done), after if done else end
 
 
-def json_value_end(text: str, pos: int, final: bool) -> tuple[int, bool]:
+def json_value_end(
+    text: str, pos: int, final: bool, memo: dict[int, list[int]] | None = None
+) -> tuple[int, bool]:
     """(end, whole): text[pos:end] surely belongs to the JSON value starting at `pos`; whole:
     the value ends there. A number or literal at the end of the text may go on, so it is
-    held back unless `final`."""
+    held back unless `final`. With `memo`, an unfinished object, array or string's scan
+    state is kept under `pos` and the next call (on the same text, grown) resumes it: a
+    streamed call's arguments cost linear time, not quadratic."""
     n = len(text)
     if pos < n and text[pos] not in '{["':
         i = pos
@@ -207,8 +222,11 @@ def json_value_end(text: str, pos: int, final: bool) -> tuple[int, bool]:
         if i < n or final:
             return i, i > pos
         return pos, False
-    depth, in_string, escaped = 0, False, False
-    for i in range(pos, n):
+    state = memo.get(pos) if memo is not None else None
+    if state is not None and state[1] < 0:  # scanned whole before
+        return state[0], True
+    start, depth, in_string, escaped = state or (pos, 0, False, False)
+    for i in range(start, n):
         c = text[i]
         if in_string:
             if escaped:
@@ -218,7 +236,7 @@ def json_value_end(text: str, pos: int, final: bool) -> tuple[int, bool]:
             elif c == '"':
                 in_string = False
                 if depth == 0:
-                    return i + 1, True
+                    return _ended(memo, pos, i + 1)
         elif c == '"':
             in_string = True
         elif c in "{[":
@@ -226,8 +244,16 @@ def json_value_end(text: str, pos: int, final: bool) -> tuple[int, bool]:
         elif c in "}]":
             depth -= 1
             if depth == 0:
-                return i + 1, True
+                return _ended(memo, pos, i + 1)
+    if memo is not None and n > pos:
+        memo[pos] = [n, depth, in_string, escaped]
     return n, False
+
+
+def _ended(memo: dict[int, list[int]] | None, pos: int, end: int) -> tuple[int, bool]:
+    if memo is not None:
+        memo[pos] = [end, -1, False, False]  # depth -1: whole
+    return end, True
 
 
 class CallReader:
@@ -252,6 +278,7 @@ class CallReader:
         self.mode = "calls" if not answers else ""  # "", "content" or "calls"
         self._sent: list[list[Any]] = []  # [id, name, arguments sent] per call
         self._read: ReadCalls | None = None
+        self._memo: dict[int, list[int]] = {}  # read_calls' scans of the arguments so far
 
     def feed(self, piece: str) -> list[dict[str, Any]]:
         self.text += piece
@@ -276,7 +303,7 @@ class CallReader:
                 return [{"content": self.text}]
             else:
                 return []
-        read = read_calls(self.fmt, self.text, self.names, self.max_calls, final)
+        read = read_calls(self.fmt, self.text, self.names, self.max_calls, final, self._memo)
         if read.strayed and not read.calls and self.answers:  # not a call after all: an answer
             self.mode = "content"
             return [{"content": self.text}]

@@ -352,6 +352,14 @@ def test_json_value_end():
     assert json_value_end("12}", 0, False) == (2, True)
 
 
+def test_json_value_end_resumes_where_it_stopped():
+    text = 'x{"a": "\\"}]", "b": [1, {"c": "\\\\"}], "d": "é{"} tail'
+    memo: dict[int, list[int]] = {}
+    for n in range(1, len(text) + 1):  # the text grows one character at a time
+        assert json_value_end(text[:n], 1, False, memo) == json_value_end(text[:n], 1, False)
+    assert json_value_end(text, 1, False, memo) == (text.index(" tail"), True)
+
+
 # -- earlier calls through the template, as transformers renders them ------------------------
 
 HISTORY = [
