@@ -232,7 +232,9 @@ class ResponseReply:
 
     def _failed(self, error: dict[str, Any]) -> list[dict[str, Any]]:
         body = self._body("failed", [], None)
-        body["error"] = {"code": error.get("code") or "server_error", "message": error["message"]}
+        # response.error.code is one of OpenAI's few codes; the error event keeps ours
+        code = "invalid_prompt" if error.get("type") == "invalid_request_error" else "server_error"
+        body["error"] = {"code": code, "message": error["message"]}
         return [
             {"type": "error", **{k: error.get(k) for k in ("code", "message", "param")}},
             {"type": "response.failed", "response": body},

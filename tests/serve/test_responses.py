@@ -7,19 +7,24 @@ same request sent to /v1/chat/completions: the same text, tool calls and token c
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import json
 from types import SimpleNamespace
+from typing import get_args
+from urllib.parse import urlsplit
 
 import jsonschema
 import openai
 import pytest
+from openai.types.responses import Response, ResponseStreamEvent
 from serve_http import assert_error, post_json, request
 
 from lmprog.serve import Server
 from lmprog.serve.errors import APIError
 from lmprog.serve.limits import ServerLimits
 from lmprog.serve.responses import ResponseStore, _renamed, to_chat
-from lmprog.serve.responses_output import ResponseOutput
+from lmprog.serve.responses_output import ResponseOutput, ResponseReply
 from lmprog.serve.responses_schemas import ResponsesRequest
 from lmprog.serve.unknown import UnknownFields
 
@@ -245,6 +250,76 @@ def test_an_empty_output_is_one_empty_message_and_cut_items_are_incomplete():
     assert out.items[0]["status"] == "incomplete"
 
 
+def test_a_failure_after_the_stream_began_is_an_error_then_response_failed():
+    """The chat reply's error event (a choice failed mid-stream) becomes Responses events."""
+
+    class FailingChat:
+        body = SimpleNamespace(logprobs=None)
+
+        async def stream(self, group):
+            yield b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n'
+            yield b'data: {"error": {"message": "the model backend failed: boom", "type": "server_error", "param": null, "code": "backend_error"}}\n\n'
+            yield b"data: [DONE]\n\n"
+
+    kept = []
+    reply = ResponseReply(
+        SimpleNamespace(model_name="m"), _body(input="x"), FailingChat(), kept.append
+    )
+
+    async def events():
+        return [chunk async for chunk in reply.stream(None)]
+
+    payloads = [_sse_event(chunk) for chunk in asyncio.run(events())]
+    kinds = [p["type"] for p in payloads]
+    assert kinds[-2:] == ["error", "response.failed"]
+    assert payloads[-2]["code"] == "backend_error" and "boom" in payloads[-2]["message"]
+    failed = payloads[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    assert [p["sequence_number"] for p in payloads] == list(range(len(payloads)))
+    assert not kept  # a failed response is not stored
+    for p in payloads:
+        _validate_event(p)
+
+
+# the openai package's event types by their `type` (its union is discriminated by the client)
+_EVENT_TYPES = {
+    get_args(t.model_fields["type"].annotation)[0]: t
+    for t in get_args(get_args(ResponseStreamEvent)[0])
+}
+
+
+def _validate_event(payload: dict) -> None:
+    """Validated (not just constructed) by the openai package's pydantic type of its kind."""
+    _EVENT_TYPES[payload["type"]].model_validate(payload)
+
+
+def _sse_event(chunk: bytes) -> dict:
+    """One SSE event's data, checked against its `event:` line."""
+    lines = chunk.decode().strip().split("\n")
+    assert lines[0].startswith("event: ") and lines[1].startswith("data: "), lines
+    data = json.loads(lines[1][len("data: ") :])
+    assert data["type"] == lines[0][len("event: ") :]
+    return data
+
+
+def _raw_stream(url: str, payload: dict) -> list[dict]:
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+    try:
+        conn.request(
+            "POST",
+            "/v1/responses",
+            body=json.dumps({**payload, "stream": True}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.getheader("Content-Type").startswith("text/event-stream")
+        text = resp.read()
+    finally:
+        conn.close()
+    return [_sse_event(e + b"\n\n") for e in text.split(b"\n\n") if e.strip()]
+
+
 # -- on the model -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(rt):
@@ -324,6 +399,23 @@ def test_streaming_events(client, model):
     assert done.output_text == whole.output_text and done.id == events[0].response.id
     assert events[-2].item.id == done.output[0].id == events[2].item.id
     assert done.usage.output_tokens == whole.usage.output_tokens
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("tools", [False, True])
+def test_bodies_and_events_are_valid_openai_types(server, model, tools):
+    """Validated (not just constructed) by the openai package's own pydantic types."""
+    payload = {"model": model, "input": "Weather in Oslo?", "max_output_tokens": 40}
+    if tools:
+        payload |= {"tools": [WEATHER], "tool_choice": "required"}
+    status, body = post_json(server.url, "/v1/responses", payload)
+    assert status == 200
+    Response.model_validate(body)
+    events = _raw_stream(server.url, payload)
+    for event in events:
+        _validate_event(event)
+    assert events[-1]["type"] in ("response.completed", "response.incomplete")
+    Response.model_validate(events[-1]["response"])
 
 
 @pytest.mark.e2e
