@@ -4,8 +4,9 @@
 
 The target of `lp.Runtime` and a speculative draft model are both built here: the device is
 chosen, the weights loaded (or drawn at random), then the transforms applied from outside
-the plain module: 4-bit weights on the CPU (`quantization="int4"`), the fused Triton
-RMSNorm / SiLU-and-mul on CUDA (before any CUDA graph is captured from the module).
+the plain module: under tensor parallelism (`tp=`) the rank's shard (lmprog.runtime.parallel,
+first), 4-bit weights on the CPU (`quantization="int4"`), the fused Triton RMSNorm /
+SiLU-and-mul on CUDA (before any CUDA graph is captured from the module).
 """
 
 from __future__ import annotations
@@ -54,17 +55,27 @@ def assemble_model(
     attention: str = "auto",
     quantization: str | None = None,
     seed: int = 0,
+    tp: Any = None,
 ) -> nn.Module:
     """The module for `model` (a GGUF file, an HF folder, a bundled model name or a
     ModelSource; with load_format="dummy" also an architecture preset or a ModelConfig, its
     random weights drawn with `seed`), on its device in eval mode, ready for an engine or a
-    draft proposer. quantization: None or "int4" (see lmprog.runtime.int4)."""
+    draft proposer. quantization: None or "int4" (see lmprog.runtime.int4).
+    tp: this process's lmprog.runtime.parallel TPGroup: build its shard instead (on the
+    group's device; `device` was resolved per rank when the group started)."""
     from .models import load_model
 
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be None or 'int4', got {quantization!r}")
-    dev = choose_device(device)
-    net = load_model(
+    dev = choose_device(device) if tp is None else tp.device
+    load = load_model
+    if tp is not None:
+        from .parallel.load import load_shard
+
+        def load(model: Any, **kwargs: Any) -> nn.Module:
+            return load_shard(model, tp, **kwargs)
+
+    net = load(
         model,
         device=dev,
         dtype=dtype,

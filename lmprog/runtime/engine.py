@@ -34,7 +34,9 @@ N+1 (that work is dropped).
 
 Fault isolation: an exception while processing one request (its sampler row, its guide,
 its prompt logprobs) fails that request only ("error"; its caller's result() raises it);
-a failed forward pass fails the requests of that batch. Any other exception in the loop
+a failed forward pass fails the requests of that batch (under tensor parallelism it is
+fatal: a ParallelError fails every pending request and stops the engine, whose runner
+then tears the group down). Any other exception in the loop
 is an internal error: every request that started fails with a BackendError naming it, all
 KV is freed and the prefix cache emptied, and the engine serves on (`internal_errors` in
 stats()). `check_integrity()` verifies the scheduler's bookkeeping between steps.
@@ -61,6 +63,7 @@ from lmprog.decoding.state import DecodeState
 from .engine_io import EngineRequest, RequestHandle
 from .metrics import EngineMetrics
 from .model_runner import ModelRunner
+from .parallel.errors import ParallelError
 from .request import Req, ReqStatus
 from .scheduler import ScheduledBatch, Scheduler
 from .speculative.speculator import Speculator
@@ -121,6 +124,7 @@ class Engine:
         self._commands: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
         self._rids = itertools.count()
         self._closed = False
+        self._stop_error: BaseException | None = None  # what shutdown(error=) fails them with
         self._close_lock = threading.Lock()
         self.metrics = EngineMetrics()
         self._snapshot: dict[str, Any] = {}
@@ -198,12 +202,13 @@ class Engine:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def shutdown(self, timeout: float | None = 30.0) -> None:
-        """Stop the thread; unfinished requests fail with BackendError. Idempotent."""
+    def shutdown(self, timeout: float | None = 30.0, error: BaseException | None = None) -> None:
+        """Stop the thread; unfinished requests fail with BackendError (or `error`, e.g. a
+        broken tensor-parallel group's). Idempotent."""
         with self._close_lock:
             if not self._closed:
                 self._closed = True
-                self._commands.put((_STOP, None))
+                self._commands.put((_STOP, error))
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
@@ -217,6 +222,9 @@ class Engine:
         try:
             with torch.inference_mode():  # logits, masks, penalty counts: all engine-local
                 self._loop()
+        except ParallelError as exc:  # a rank died or hung: the group cannot go on
+            log.error("%s", exc)
+            error = exc
         except BaseException as exc:  # an engine bug: fail everyone, loudly
             log.exception("the lmprog engine thread failed")
             error = BackendError(f"the runtime engine failed: {exc!r}")
@@ -224,7 +232,9 @@ class Engine:
         finally:
             with self._close_lock:  # no submit can slip in after the drain below
                 self._closed = True
+            error = self._stop_error or error
             self._fail_everything(error)
+            self.runner.close()
 
     def _loop(self) -> None:
         while True:
@@ -235,6 +245,8 @@ class Engine:
                     self._step()
                     if self.config.check_integrity:
                         self.scheduler.check_integrity()
+            except ParallelError:  # fatal: the ranks are out of step
+                raise
             except Exception as exc:  # noqa: BLE001 - an internal error: reset, serve on
                 self._recover(exc)
             self._publish()
@@ -274,6 +286,7 @@ class Engine:
             return True
         while True:
             if kind == _STOP:
+                self._stop_error = arg
                 return False
             if kind == _SUBMIT:
                 self._admit(*arg)
@@ -349,6 +362,8 @@ class Engine:
         inflight = self._inflight
         try:
             logits = self.runner.forward(batch, None if inflight is None else inflight.token_ids)
+        except ParallelError:
+            raise
         except Exception as exc:  # fail this batch's requests, keep serving
             log.exception("a forward pass failed")
             self._settle()

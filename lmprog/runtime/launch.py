@@ -20,6 +20,7 @@ from .config import CacheConfig, SchedulerConfig
 from .engine import Engine, EngineConfig
 from .kv_pool import KVPool
 from .model_runner import ModelRunner
+from .parallel.sharding import local_config
 from .scheduler import Scheduler
 from .speculative import Proposer, SpeculativeConfig, build_proposer
 from .speculative.speculator import Speculator
@@ -43,7 +44,7 @@ def kv_slots(model: nn.Module, max_total_tokens: int | None, gpu_memory_fraction
         budget = int(free * gpu_memory_fraction)
     else:
         budget = CPU_KV_BUDGET_BYTES
-    return KVPool.size_for_budget(budget, model.config, param.dtype)
+    return KVPool.size_for_budget(budget, local_config(model), param.dtype)
 
 
 def launch_engine(
@@ -60,13 +61,57 @@ def launch_engine(
     cuda_graphs: bool = True,
     speculative: SpeculativeConfig | None = None,
     proposer: Proposer | None = None,
+    tp: Any = None,
 ) -> Engine:
     """Start an engine thread serving `model` (on its device, in eval mode, as
     lmprog.runtime.assemble.assemble_model returns it; the engine applies no transform).
     cuda_graphs: replay captured graphs (CUDA + Triton attention only): whole-model graphs
     for decode steps, piecewise graphs around attention for every other step.
     speculative: speculative decoding (None: off); its proposer is built here (a draft
-    model before the KV pool is sized) unless `proposer` is given."""
+    model before the KV pool is sized) unless `proposer` is given.
+    tp: rank 0's lmprog.runtime.parallel TPGroup (`model` its shard): every rank builds
+    the same runner (the smallest KV pool of them all) and runs each step; the engine owns
+    the group from here (closed when it stops, or here if this raises)."""
+    try:
+        engine = _launch(
+            model,
+            tokenizer,
+            eos_token_ids,
+            max_total_tokens,
+            context_length,
+            cache_config,
+            scheduler_config,
+            engine_config,
+            gpu_memory_fraction,
+            cuda_graphs,
+            speculative,
+            proposer,
+            tp,
+        )
+    except BaseException:
+        if tp is not None:  # the workers wait for this runner: let them go
+            tp.close()
+        raise
+    if tp is not None:  # a worker dying while the engine idles stops it too
+        tp.on_failure = lambda error: engine.shutdown(timeout=0, error=error)
+    return engine
+
+
+def _launch(
+    model: nn.Module,
+    tokenizer: Any,
+    eos_token_ids: tuple[int, ...],
+    max_total_tokens: int | None,
+    context_length: int | None,
+    cache_config: CacheConfig | None,
+    scheduler_config: SchedulerConfig | None,
+    engine_config: EngineConfig | None,
+    gpu_memory_fraction: float,
+    cuda_graphs: bool,
+    speculative: SpeculativeConfig | None,
+    proposer: Proposer | None,
+    tp: Any,
+) -> Engine:
     context = model.config.max_position if context_length is None else context_length
     if isinstance(context, bool) or not isinstance(context, int) or context < 2:
         raise ValueError(f"context_length must be an int >= 2, got {context!r}")
@@ -78,14 +123,27 @@ def launch_engine(
         max_requests=scheduler_config.max_running_requests,
         context_length=context,
     )
+    if tp is not None:
+        from .parallel.worker import KVRequest
+
+        tp.send_object(KVRequest(max_total_tokens, gpu_memory_fraction))
     num_slots = kv_slots(model, max_total_tokens, gpu_memory_fraction)
+    if tp is not None:
+        num_slots = tp.min_int(num_slots)
     scheduler = Scheduler(num_slots, context, scheduler_config, cache_config)
+    runner_args = dict(
+        cuda_graphs=cuda_graphs, piecewise_tokens=scheduler.config.max_num_batched_tokens
+    )
+    channel = None
+    if tp is not None:
+        from .parallel.channel import StepChannel
+        from .parallel.worker import RunnerSpec
+
+        shape = scheduler.req_to_token.shape
+        tp.send_object(RunnerSpec(scheduler.cache.capacity, shape, **runner_args))
+        channel = StepChannel(tp)
     runner = ModelRunner(
-        model,
-        scheduler.cache.capacity,
-        scheduler.req_to_token,
-        cuda_graphs=cuda_graphs,
-        piecewise_tokens=scheduler.config.max_num_batched_tokens,
+        model, scheduler.cache.capacity, scheduler.req_to_token, channel=channel, **runner_args
     )
     return Engine(
         runner,

@@ -26,6 +26,8 @@ All per-step integer arrays travel in one host buffer (one host-to-device copy):
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import numpy as np
 import torch
 from torch import nn
@@ -33,14 +35,29 @@ from torch import nn
 from .cuda_graph import capture_decode_graphs
 from .forward_batch import ForwardBatch
 from .kv_pool import KVPool
+from .parallel.sharding import local_config
 from .piecewise_graph import capture_piecewise_graphs
 from .scheduler.batch import ScheduledBatch
+
+
+class StepInputs(NamedTuple):
+    """One step's inputs as host arrays: what rank 0 broadcasts under tensor parallelism.
+    sync: (row, end) of the req_to_token rows to copy whole (entries flagged sync_row;
+    filled only where the table is mirrored)."""
+
+    host: np.ndarray  # int64, the layout in the module docstring
+    num_tokens: int
+    batch_size: int
+    num_logits: int
+    sync: tuple[tuple[int, int], ...] = ()
 
 
 class ModelRunner:
     """Runs `model` (a Llama-family module over the paged pool) on scheduled batches.
 
     num_slots: usable KV slots; req_to_token: the scheduler's live host table (int32).
+    channel: under tensor parallelism (rank 0), where each step's inputs are broadcast
+    (lmprog.runtime.parallel.channel); None otherwise.
     Single-threaded: only the engine thread calls `forward`.
     """
 
@@ -52,13 +69,16 @@ class ModelRunner:
         *,
         cuda_graphs: bool = True,
         piecewise_tokens: int = 0,
+        channel: Any = None,
     ) -> None:
         param = next(model.parameters())
         self.model = model
         self.config = model.config
+        self.channel = channel
         self.device, self.dtype = param.device, param.dtype
-        self.kv = KVPool.for_model(self.config, num_slots, self.dtype, self.device)
+        self.kv = KVPool.for_model(local_config(model), num_slots, self.dtype, self.device)
         self._host_table = req_to_token
+        self._mirrored = self.device.type != "cpu"
         if self.device.type == "cpu":
             self.req_to_token = torch.from_numpy(req_to_token)  # shared, never stale
         else:
@@ -85,10 +105,22 @@ class ModelRunner:
     def forward(self, batch: ScheduledBatch, future: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits [len(batch.logits_indices()), vocab] for the batch's wanted positions;
         writes the fed tokens' K/V into the pool. future: the previous step's sampled tokens
-        on the device, for the batch's placeholders."""
+        on the device, for the batch's placeholders. Under tensor parallelism the step's
+        inputs go to every rank first (a broken group raises ParallelError)."""
         assert not batch.is_empty, "nothing to run"
+        step = self.step_inputs(batch)
+        if self.channel is None:
+            return self.run(step, future)
+        try:
+            self.channel.send(step, future, self._host_table)
+            return self.run(step, future)
+        except Exception as exc:  # the ranks are out of step: fatal for the group
+            raise self.channel.group.failure(exc) from exc
+
+    def run(self, step: StepInputs, future: torch.Tensor | None = None) -> torch.Tensor:
+        """The forward of one step's inputs (every rank of a tensor-parallel group runs it)."""
         with torch.inference_mode():
-            fb = self.build(batch, future)
+            fb = self.device_inputs(step, future)
             for graphs in (self.graphs, self.piecewise):
                 logits = None if graphs is None else graphs.maybe_run(fb, self.kv)
                 if logits is not None:  # None: not a step those graphs serve
@@ -96,14 +128,17 @@ class ModelRunner:
             return self.model(fb, self.kv)
 
     def build(self, batch: ScheduledBatch, future: torch.Tensor | None = None) -> ForwardBatch:
+        return self.device_inputs(self.step_inputs(batch), future)
+
+    def step_inputs(self, batch: ScheduledBatch) -> StepInputs:
+        """The step's integer arrays in one host buffer (module docstring)."""
         entries = batch.entries
         ext, lens, rows = batch.extend_lens(), batch.seq_lens(), batch.rows()
         starts = np.cumsum(ext) - ext
         logit_rows = batch.logits_indices()
-        input_ids = batch.input_ids()
         host = np.concatenate(
             [
-                input_ids,
+                batch.input_ids(),
                 batch.positions,
                 batch.out_slots.astype(np.int64),
                 rows,
@@ -113,14 +148,21 @@ class ModelRunner:
                 logit_rows,
             ]
         )
-        t, b = batch.num_tokens, len(entries)
-        parts = _to_device(host, self.device).split([t, t, t, b, b, b, b, len(logit_rows)])
+        sync = ()
+        if self._mirrored or self.channel is not None:
+            sync = tuple((e.row, e.end) for e in entries if e.sync_row)
+        return StepInputs(host, batch.num_tokens, len(entries), len(logit_rows), sync)
+
+    def device_inputs(self, step: StepInputs, future: torch.Tensor | None = None) -> ForwardBatch:
+        t, b = step.num_tokens, step.batch_size
+        host = step.host
+        parts = _to_device(host, self.device).split([t, t, t, b, b, b, b, step.num_logits])
         ids = parts[0]
-        if input_ids.min() < 0:  # placeholders: the previous step's tokens, on the device
+        if host[:t].min() < 0:  # placeholders: the previous step's tokens, on the device
             assert future is not None, "placeholder tokens without the step that samples them"
             ids = torch.where(ids < 0, future[(-1 - ids).clamp_(min=0)], ids)
-        if self.device.type != "cpu":
-            self._sync_table(batch, parts[3], parts[5], parts[1], parts[2])
+        if self._mirrored:
+            self._sync_table(step, parts[3], parts[5], parts[1], parts[2])
         return ForwardBatch(
             input_ids=ids,
             positions=parts[1],
@@ -131,25 +173,27 @@ class ModelRunner:
             extend_start_loc=parts[6],
             req_to_token=self.req_to_token,
             logits_indices=parts[7],
-            seq_lens_cpu=tuple(lens.tolist()),
-            extend_lens_cpu=tuple(ext.tolist()),
+            seq_lens_cpu=tuple(host[3 * t + b : 3 * t + 2 * b].tolist()),
+            extend_lens_cpu=tuple(host[3 * t + 2 * b : 3 * t + 3 * b].tolist()),
         )
+
+    def close(self) -> None:
+        """Release what outlives the engine thread: a tensor-parallel group's workers."""
+        if self.channel is not None:
+            self.channel.close()
 
     def _sync_table(
         self,
-        batch: ScheduledBatch,
+        step: StepInputs,
         rows: torch.Tensor,
         ext: torch.Tensor,
         positions: torch.Tensor,
         out_slots: torch.Tensor,
     ) -> None:
         """Bring the device table up to date for this batch's rows (see module docstring)."""
-        for e in batch.entries:
-            if e.sync_row:
-                self.req_to_token[e.row, : e.end] = _to_device(
-                    self._host_table[e.row, : e.end], self.device
-                )
-        token_rows = torch.repeat_interleave(rows, ext, output_size=batch.num_tokens)
+        for row, end in step.sync:
+            self.req_to_token[row, :end] = _to_device(self._host_table[row, :end], self.device)
+        token_rows = torch.repeat_interleave(rows, ext, output_size=step.num_tokens)
         self.req_to_token[token_rows, positions] = out_slots.to(torch.int32)
 
 

@@ -42,6 +42,7 @@ from torch import nn
 from .cuda_graph import supports_cuda_graphs
 from .forward_batch import ForwardBatch
 from .kv_pool import KVPool
+from .parallel.sharding import local_config
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ class PiecewiseGraphRunner:
         self.capture = device.type == "cuda" if capture is None else capture
         if self.capture and device.type != "cuda":
             raise ValueError("capture=True needs CUDA tensors")
-        cfg = model.config
+        cfg = local_config(model)  # this rank's heads under tensor parallelism
         self.ints = torch.zeros(3, sizes[-1], dtype=torch.int64, device=device)  # ids, pos, loc
         shape = (sizes[-1], cfg.num_heads, cfg.head_dim)
         self.q = torch.zeros(shape, dtype=model.dtype, device=device)

@@ -1,0 +1,17 @@
+"""Tensor parallelism for lmprog's runtime, applied from outside the plain models.
+
+    group = start_tensor_parallel(tp_size, build)     # start.py: rank 0 + spawned/torchrun ranks
+    net = assemble_model(**build, tp=group)           # load.py + sharding.py: this rank's shard
+    engine = launch_engine(net, ..., tp=group)        # channel.py: each step to every rank
+
+Rank 0 runs the whole engine (scheduler, radix cache, sampling, detokenizer); its model
+runner broadcasts each step's inputs and every rank runs the same forward, whose
+row-parallel layers all-reduce and whose lm_head all-gathers the logits. Workers
+(worker.py) only run forwards. A broken group (a rank dead, or hung past the collective
+timeout) raises ParallelError: the engine fails every pending request and shuts down.
+"""
+
+from .errors import ParallelError
+from .sharding import ShardPlan, check_shardable, local_config
+
+__all__ = ["ParallelError", "ShardPlan", "check_shardable", "local_config"]

@@ -1,0 +1,221 @@
+"""TPGroup: this process's membership in a tensor-parallel group, over torch.distributed.
+
+Two process groups share one TCPStore, neither of them torch's global default group (so a
+process may hold several runtimes, and user code its own torch.distributed):
+
+    plan     gloo, host memory: rank 0 broadcasts each step's inputs (channel.py). Its
+             timeout is long: workers wait on it while the engine is idle.
+    device   the model's collectives (all-reduce, all-gather, the overlap tokens): gloo on
+             the CPU, NCCL on CUDA (so CUDA graphs capture them); its timeout
+             (`timeout_s`) is what detects a rank that hangs mid-step.
+
+Rank 0 also keeps the worker processes it spawned and a watchdog thread that notices one
+dying while the engine is idle (`on_failure`); `close()` tears everything down.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .errors import ParallelError
+
+log = logging.getLogger(__name__)
+
+_IDLE = timedelta(days=30)
+
+
+class TPGroup:
+    """rank/world of this process; `device` its model's device. Collectives are called by
+    one thread at a time (the engine thread on rank 0, the serving loop on workers)."""
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        world: int,
+        device: torch.device,
+        *,
+        timeout_s: float,
+        hostname: str | None = None,
+    ) -> None:
+        self.rank, self.world, self.device = rank, world, device
+        self.timeout_s = timeout_s
+        self.store = store
+        self.workers: list[subprocess.Popen] = []  # rank 0: the processes it started
+        self.on_failure: Callable[[ParallelError], None] | None = None
+        self._closing = threading.Event()
+        self._plan = _gloo(dist.PrefixStore("plan", store), rank, world, _IDLE, hostname)
+        timeout = timedelta(seconds=timeout_s)
+        dev_store = dist.PrefixStore("device", store)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            self._dev = dist.ProcessGroupNCCL(dev_store, rank, world, opts)
+        else:
+            self._dev = _gloo(dev_store, rank, world, timeout, hostname)
+        self._nccl = device.type == "cuda"
+
+    # ---- collectives on the device group -----------------------------------------------------
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum t over the ranks, in place; returns t."""
+        self._dev.allreduce([t]).wait()
+        return t
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """[world, *t.shape]: every rank's t, by rank."""
+        out = torch.empty((self.world, *t.shape), dtype=t.dtype, device=t.device)
+        if self._nccl:
+            self._dev._allgather_base(out, t).wait()
+        else:
+            self._dev.allgather([list(out.unbind(0))], [t]).wait()
+        return out
+
+    def broadcast(self, t: torch.Tensor) -> torch.Tensor:
+        """Rank 0's t into every rank's t (device group), in place."""
+        self._dev.broadcast([t], _root()).wait()
+        return t
+
+    def min_int(self, value: int) -> int:
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MIN
+        self._dev.allreduce([t], opts).wait()
+        return int(t.item())
+
+    # ---- the plan group (host) -------------------------------------------------------------
+    def broadcast_host(self, t: torch.Tensor) -> torch.Tensor:
+        """Rank 0's CPU tensor t into every rank's t (plan group), in place."""
+        self._plan.broadcast([t], _root()).wait()
+        return t
+
+    def send_object(self, obj: Any) -> None:
+        """Rank 0: a picklable object to every worker (recv_object there)."""
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
+        self.broadcast_host(torch.tensor([data.size], dtype=torch.int64))
+        self.broadcast_host(torch.from_numpy(data))
+
+    def recv_object(self) -> Any:
+        size = self.broadcast_host(torch.zeros(1, dtype=torch.int64))
+        data = self.broadcast_host(torch.empty(int(size), dtype=torch.uint8))
+        return pickle.loads(data.numpy().tobytes())
+
+    # ---- faults ------------------------------------------------------------------------------
+    def failure(self, exc: BaseException | None = None) -> ParallelError:
+        """A ParallelError saying what broke: a worker's exit code or its reported error,
+        else `exc` (a collective's own error, e.g. its timeout)."""
+        reasons = []
+        for rank in range(1, self.world):
+            reported = self._reported_error(rank)
+            if reported:
+                reasons.append(f"rank {rank} failed: {reported}")
+        for rank, proc in enumerate(self.workers, start=1):
+            code = proc.poll()
+            if code is not None and not any(f"rank {rank} " in r for r in reasons):
+                reasons.append(f"rank {rank} exited (exit code {code})")
+        if not reasons:
+            reasons.append(
+                f"a collective failed ({exc!r}); a rank hung past the {self.timeout_s:g} s "
+                "timeout or died"
+                if exc is not None
+                else "a rank stopped"
+            )
+        return ParallelError(
+            f"the tensor-parallel group (tp_size={self.world}) broke: {'; '.join(reasons)}; "
+            "the runtime is shut down"
+        )
+
+    def report_error(self, message: str) -> None:
+        """Worker: leave `message` for rank 0 before exiting (best effort)."""
+        try:
+            self.store.set(f"error/{self.rank}", message)
+        except Exception:  # noqa: BLE001 - rank 0 may already be gone
+            pass
+
+    def _reported_error(self, rank: int) -> str | None:
+        try:
+            if self.store.check([f"error/{rank}"]):
+                return self.store.get(f"error/{rank}").decode(errors="replace")
+        except Exception:  # noqa: BLE001 - the store's host may be gone
+            return None
+        return None
+
+    def watch(self) -> None:
+        """Rank 0: a thread that calls on_failure when a spawned worker dies unasked."""
+        if not self.workers:
+            return
+        threading.Thread(target=self._watch, name="lmprog-tp-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self._closing.wait(0.2):
+            if any(p.poll() is not None for p in self.workers):
+                break
+        if self._closing.is_set():
+            return
+        error = self.failure()
+        log.error("%s", error)
+        if self._nccl:  # a collective waiting on the dead rank would wait for its timeout
+            _quietly(self._dev.abort)
+        if self.on_failure is not None:
+            self.on_failure(error)
+
+    def close(self, join_timeout: float = 10.0) -> None:
+        """Tear the group down; rank 0 waits for its workers (then terminates, then kills
+        them). Idempotent; never raises."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        deadline = time.monotonic() + join_timeout
+        for proc in self.workers:
+            _wait(proc, deadline - time.monotonic())
+        for proc in self.workers:
+            if proc.poll() is None:
+                proc.terminate()
+                _wait(proc, 2.0)
+            if proc.poll() is None:
+                proc.kill()
+                _wait(proc, 2.0)
+        for pg in (self._dev, self._plan):
+            _quietly(pg.abort)
+
+
+def _gloo(
+    store: dist.Store, rank: int, world: int, timeout: timedelta, hostname: str | None
+) -> dist.ProcessGroupGloo:
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    gloo = dist.ProcessGroupGloo
+    device = gloo.create_device(hostname=hostname) if hostname else gloo.create_default_device()
+    opts._devices = [device]
+    return gloo(store, rank, world, opts)
+
+
+def _root() -> dist.BroadcastOptions:
+    opts = dist.BroadcastOptions()
+    opts.rootRank, opts.rootTensor = 0, 0
+    return opts
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> None:
+    try:
+        proc.wait(max(timeout, 0.0))
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _quietly(fn: Callable[[], Any]) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - tearing down a group that may already be broken
+        pass

@@ -1,0 +1,189 @@
+"""Starting a tensor-parallel group: rank 0 is the calling process (it keeps the whole
+engine); ranks 1.. are either spawned here (`python -m lmprog.runtime.parallel.worker`,
+one per device) or are the other processes of a `torchrun` launch (its RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT), where every process runs the same program and the
+call below never returns on ranks other than 0: they serve rank 0 until it stops, then exit.
+
+    group = start_tensor_parallel(2, {"model": "smollm2-135m", "dtype": "auto", ...})
+    net = assemble_model(**build, tp=group)             # rank 0's shard
+    engine = launch_engine(net, tokenizer, ..., tp=group)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .group import TPGroup
+from .sharding import check_shardable
+from .worker import WorkerSpec, serve_rank
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_S = 300.0  # a collective waiting longer than this means a rank hung
+START_TIMEOUT_S = 600.0  # workers start and load their shards within this
+_TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def under_torchrun() -> bool:
+    return all(name in os.environ for name in _TORCHRUN)
+
+
+def start_tensor_parallel(
+    tp_size: int,
+    build: dict[str, Any],
+    *,
+    device: str = "auto",
+    timeout_s: float | None = None,
+    num_threads: int | None = None,
+) -> TPGroup:
+    """The group of rank 0 (this process), its workers running and connected.
+
+    build: assemble_model's keyword arguments, `model` included (picklable). timeout_s: the
+    collective timeout (default $LMPROG_TP_TIMEOUT_S or 300). The tp_size is checked
+    against the model's head counts before any process starts."""
+    from ..models import load_config
+
+    check_shardable(load_config(build["model"]), tp_size)
+    if tp_size < 2:
+        raise ValueError(f"start_tensor_parallel needs tp_size >= 2, got {tp_size}")
+    timeout_s = float(timeout_s or os.environ.get("LMPROG_TP_TIMEOUT_S", TIMEOUT_S))
+    if timeout_s <= 0:
+        raise ValueError(f"the tensor-parallel timeout must be positive, got {timeout_s}")
+    if under_torchrun():
+        return _join_torchrun(tp_size, build, device, timeout_s)
+    return _spawn(tp_size, build, device, timeout_s, num_threads)
+
+
+def rank_device(device: str, local_rank: int) -> torch.device:
+    """Rank r's device: cuda:local_rank for "cuda" (or "auto" with CUDA), else the CPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"unknown device {device!r}; use 'auto', 'cpu' or 'cuda'") from exc
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda" or dev.index is not None:
+        raise ValueError(
+            f"with tp_size > 1 give device 'auto', 'cuda' or 'cpu' (rank r runs on cuda:r), "
+            f"not {device!r}"
+        )
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise ValueError(
+            f"tensor-parallel rank {local_rank} needs cuda:{local_rank}, but this host has "
+            f"{count} CUDA device(s)"
+        )
+    return torch.device("cuda", local_rank)
+
+
+def _spawn(
+    tp_size: int, build: dict[str, Any], device: str, timeout_s: float, num_threads: int | None
+) -> TPGroup:
+    devices = [rank_device(device, r) for r in range(tp_size)]
+    host = "127.0.0.1"
+    store = dist.TCPStore(
+        host,
+        0,
+        tp_size,
+        True,
+        timeout=timedelta(seconds=START_TIMEOUT_S),
+        wait_for_workers=False,
+    )
+    threads = num_threads or max(1, torch.get_num_threads() // tp_size)
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[3])  # the folder holding the lmprog package
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    workers: list[subprocess.Popen] = []
+    try:
+        for rank in range(1, tp_size):
+            spec = WorkerSpec(
+                rank,
+                tp_size,
+                host,
+                store.port,
+                str(devices[rank]),
+                timeout_s,
+                START_TIMEOUT_S,
+                build,
+                threads,
+                os.getpid(),
+            )
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "lmprog.runtime.parallel.worker"],
+                stdin=subprocess.PIPE,
+                env=env,
+            )
+            workers.append(proc)
+            proc.stdin.write(pickle.dumps(spec))
+            proc.stdin.close()
+        _wait_ready(store, workers)
+        group = TPGroup(store, 0, tp_size, devices[0], timeout_s=timeout_s, hostname=host)
+    except BaseException:
+        for proc in workers:
+            proc.kill()
+            proc.wait()
+        raise
+    group.workers = workers
+    group.watch()
+    log.info("tensor parallelism: %d ranks on %s", tp_size, ", ".join(map(str, devices)))
+    return group
+
+
+def _wait_ready(store: dist.Store, workers: list[subprocess.Popen]) -> None:
+    """Until every worker has reached the store; a worker that exits first is an error."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    keys = [f"ready/{rank}" for rank in range(1, len(workers) + 1)]
+    while not store.check(keys):
+        for rank, proc in enumerate(workers, start=1):
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"tensor-parallel worker rank {rank} exited (code {proc.returncode}) "
+                    "before joining the group; its error is above"
+                )
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"tensor-parallel workers did not start in {START_TIMEOUT_S} s")
+        time.sleep(0.05)
+
+
+def _join_torchrun(tp_size: int, build: dict[str, Any], device: str, timeout_s: float) -> TPGroup:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != tp_size:
+        raise ValueError(
+            f"torchrun started {world} processes but tp_size is {tp_size}; launch "
+            f"torchrun with --nproc-per-node x --nnodes = {tp_size}"
+        )
+    dev = rank_device(device, int(os.environ["LOCAL_RANK"]))
+    store, _, _ = next(dist.rendezvous("env://", timeout=timedelta(seconds=START_TIMEOUT_S)))
+    group = TPGroup(dist.PrefixStore("lmprog-tp", store), rank, world, dev, timeout_s=timeout_s)
+    if rank == 0:
+        return group
+    try:
+        serve_rank(group, build)
+    except BaseException:
+        log.exception("tensor-parallel rank %d failed", rank)
+        raise SystemExit(1) from None
+    raise SystemExit(0)
+
+
+def check_tp_size(tp_size: int, dp_size: int = 1) -> None:
+    """ValueError unless tp_size is an int >= 1 this build can combine with dp_size."""
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise ValueError(f"tp_size must be an int >= 1, got {tp_size!r}")
+    if tp_size > 1 and dp_size != 1:
+        raise ValueError(
+            f"tp_size={tp_size} with dp_size={dp_size}: tensor parallelism inside data-"
+            "parallel replicas is not supported yet; use one of them"
+        )

@@ -1,0 +1,227 @@
+"""Tensor parallelism on the CPU (gloo): TP=2 over 2 processes serves exactly what TP=1
+serves (greedy tokens equal, logprobs within fp32 tolerance), with the KV heads split or
+replicated, a vocabulary padded to the ranks, radix reuse, retraction and overlap
+scheduling; sizes that cannot be split are refused naming them. The faults (a worker
+killed or hung mid-run, one dying while idle) are in test_tp_faults.py, the bundled model
+at TP=3 in test_tp_bundled.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from tp_testing import leftover_workers
+
+from lmprog.core.sampling import SamplingParams as SP
+from lmprog.runtime.assemble import assemble_model
+from lmprog.runtime.config import CacheConfig, SchedulerConfig
+from lmprog.runtime.engine import EngineConfig
+from lmprog.runtime.engine_io import EngineRequest
+from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.models import ModelConfig, config_from_hf
+from lmprog.runtime.parallel import ShardPlan, check_shardable
+from lmprog.runtime.parallel.start import check_tp_size, start_tensor_parallel
+
+HEAD = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28, 84, 19]
+PROMPTS = [HEAD + [i, i + 1, i + 2] for i in range(1, 7)] + [[5, 6, 7], [90, 91, 92, 93, 94]]
+
+
+def write_tiny(folder, *, model_type="llama", heads=4, kv_heads=2, vocab=101, tied=True):
+    """An HF folder (config.json + safetensors) of a tiny model with random weights large
+    enough (std 0.3) that greedy outputs depend on the whole context."""
+    hidden, inter, layers, d = 64, 96, 2, 16
+    hf = {
+        "model_type": model_type,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": d,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": tied,
+    }
+    g = torch.Generator().manual_seed(7)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g) * 0.3
+
+    w = {"model.embed_tokens.weight": rand(vocab, hidden), "model.norm.weight": torch.ones(hidden)}
+    if not tied:
+        w["lm_head.weight"] = rand(vocab, hidden)
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        w |= {
+            p + "input_layernorm.weight": 1 + rand(hidden) * 0.1,
+            p + "post_attention_layernorm.weight": 1 + rand(hidden) * 0.1,
+            p + "self_attn.q_proj.weight": rand(heads * d, hidden),
+            p + "self_attn.k_proj.weight": rand(kv_heads * d, hidden),
+            p + "self_attn.v_proj.weight": rand(kv_heads * d, hidden),
+            p + "self_attn.o_proj.weight": rand(hidden, heads * d),
+            p + "mlp.gate_proj.weight": rand(inter, hidden),
+            p + "mlp.up_proj.weight": rand(inter, hidden),
+            p + "mlp.down_proj.weight": rand(hidden, inter),
+        }
+        if model_type == "qwen2":  # q/k/v biases
+            w[p + "self_attn.q_proj.bias"] = rand(heads * d)
+            w[p + "self_attn.k_proj.bias"] = rand(kv_heads * d)
+            w[p + "self_attn.v_proj.bias"] = rand(kv_heads * d)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(hf))
+    save_file(w, str(folder / "model.safetensors"))
+    return folder
+
+
+def launch(folder, tp_size, *, slots=2048, overlap=False, **sched):
+    build = {"model": str(folder), "dtype": "float32"}
+    tp = start_tensor_parallel(tp_size, build, device="cpu") if tp_size > 1 else None
+    net = assemble_model(**build, device="cpu", tp=tp)
+    return launch_engine(
+        net,
+        None,
+        eos_token_ids=(0,),
+        max_total_tokens=slots,
+        scheduler_config=SchedulerConfig(**sched),
+        cache_config=CacheConfig(),
+        engine_config=EngineConfig(check_integrity=True, overlap=overlap),
+        tp=tp,
+    )
+
+
+def run(engine, prompts, max_tokens=10):
+    params = SP(max_tokens=max_tokens, temperature=0, return_logprob=True)
+    handles = [engine.submit(EngineRequest(tuple(p), params), stream=False) for p in prompts]
+    return [h.result(timeout=120) for h in handles]
+
+
+def assert_same(results, reference):
+    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+    for got, want in zip(results, reference):
+        a = torch.tensor([t.logprob for t in got.logprobs])
+        b = torch.tensor([t.logprob for t in want.logprobs])
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """4 query heads, 2 KV heads (split 1 + 1), vocabulary 101 (padded to 2 x 51), tied."""
+    return write_tiny(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    engine = launch(tiny, 1)
+    try:
+        yield run(engine, PROMPTS)
+    finally:
+        engine.shutdown()
+
+
+def test_tp2_matches_tp1_with_radix_reuse_and_overlap(tiny, reference):
+    engine = launch(tiny, 2, overlap=True)
+    try:
+        first = run(engine, PROMPTS)
+        again = run(engine, PROMPTS)  # the prompts are cached now: prefill from the pool
+        stats = engine.stats()
+        engine.check_integrity()
+    finally:
+        engine.shutdown()
+    assert_same(first, reference)
+    assert_same(again, reference)
+    assert all(r.cached_tokens > 0 for r in again)
+    assert stats["overlapped_steps"] > 0  # the placeholders' tokens travelled to rank 1
+    assert leftover_workers() == []
+
+
+def test_tp2_retracts_under_a_small_pool_and_still_matches(tiny, reference):
+    engine = launch(
+        tiny,
+        2,
+        slots=60,
+        max_num_batched_tokens=16,
+        max_running_requests=16,
+        init_new_token_ratio=0.02,
+        min_new_token_ratio=0.02,
+    )
+    try:
+        results = run(engine, PROMPTS)
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    assert_same(results, reference)
+    assert stats["num_retractions"] > 0, "the pool was meant to run out"
+    assert leftover_workers() == []
+
+
+def test_tp2_replicates_a_single_kv_head_untied_with_bias(tmp_path):
+    folder = write_tiny(tmp_path / "m", model_type="qwen2", kv_heads=1, vocab=100, tied=False)
+    one = launch(folder, 1)
+    try:
+        want = run(one, PROMPTS[:4])
+    finally:
+        one.shutdown()
+    two = launch(folder, 2)
+    try:
+        got = run(two, PROMPTS[:4])
+    finally:
+        two.shutdown()
+    assert_same(got, want)
+    assert leftover_workers() == []
+
+
+def test_shard_plans():
+    with pytest.raises(ValueError, match="6 query heads"):
+        ShardPlan(config_from_hf({"model_type": "llama", **_hf(6, 2, 101)}), 0, 4)
+    # kv=2 over 4 ranks: replicated, rank r keeps head r*2//4; vocab 101 -> 26 rows each
+    config = config_from_hf({"model_type": "llama", **_hf(8, 2, 101)})
+    plans = [ShardPlan(config, r, 4) for r in range(4)]
+    assert [p.first_kv_head for p in plans] == [0, 0, 1, 1]
+    assert {p.local.num_heads for p in plans} == {2} and {p.kv_heads for p in plans} == {1}
+    assert plans[0].vocab == 26 and plans[3].select("model.embed_tokens.weight") == (0, 78, 104)
+    emb = torch.arange(101.0)[:, None]
+    assert plans[3].narrow("model.embed_tokens.weight", emb)[:, 0].tolist() == [
+        *range(78, 101),
+        0,
+        0,
+        0,
+    ]
+
+
+def _hf(heads, kv, vocab):
+    return {
+        "vocab_size": vocab,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 1,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": 16,
+    }
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv", "inter", "tp", "words"),
+    [
+        (9, 3, 96, 2, "does not divide the model's 9 query heads"),
+        (12, 6, 96, 4, "does not divide the model's 6 KV heads"),
+        (6, 2, 96, 3, "2 KV heads cannot be replicated over tp_size=3"),
+        (8, 2, 90, 4, "intermediate size 90"),
+    ],
+)
+def test_sizes_that_do_not_split_are_refused_naming_them(heads, kv, inter, tp, words):
+    config = ModelConfig("llama", 101, 64, inter, 1, heads, kv, 16, 512)
+    with pytest.raises(ValueError, match=words):
+        check_shardable(config, tp)
+    with pytest.raises(ValueError, match=words):  # before any worker starts
+        start_tensor_parallel(tp, {"model": config, "load_format": "dummy"}, device="cpu")
+    assert leftover_workers() == []
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_tp_size_must_be_a_positive_int(bad):
+    with pytest.raises(ValueError, match="tp_size must be an int >= 1"):
+        check_tp_size(bad)
