@@ -90,6 +90,10 @@ class Runtime(Backend):
             request routed to the replica whose prefix cache likely holds most of it unless
             that one is much busier (lmprog.runtime.replicas, lmprog.runtime.router);
             replicas on one device share its weights. max_total_tokens is per replica.
+        tp_size: tensor parallelism over that many processes, one per device (rank r on
+            cuda:r, or all on the CPU with gloo): workers are spawned here, or are the other
+            processes of a `torchrun` launch, whose non-zero ranks never return from this
+            call (they serve rank 0, then exit); see lmprog.runtime.parallel.
 
     Each engine knob keeps its name down to the config that owns and validates it:
     SchedulerConfig and CacheConfig (lmprog.runtime.config), EngineConfig
@@ -125,6 +129,7 @@ class Runtime(Backend):
         check_integrity: bool = False,
         speculative: Any = None,
         dp_size: int = 1,
+        tp_size: int = 1,
     ) -> None:
         import torch
 
@@ -132,6 +137,7 @@ class Runtime(Backend):
         from lmprog.runtime.config import CacheConfig, SchedulerConfig
         from lmprog.runtime.engine import EngineConfig
         from lmprog.runtime.launch import launch_engine
+        from lmprog.runtime.parallel.start import check_tp_size, start_tensor_parallel
         from lmprog.runtime.replicas import check_dp_size, launch_replicas
         from lmprog.runtime.speculative.config import SpeculativeConfig
 
@@ -142,6 +148,7 @@ class Runtime(Backend):
         # Every knob is validated by the config that owns it, before any weight is loaded.
         spec_config = SpeculativeConfig.coerce(speculative)
         check_dp_size(dp_size)
+        check_tp_size(tp_size, dp_size)
         cache_config = CacheConfig(page_size=page_size, radix_cache=radix_cache, eviction=eviction)
         scheduler_config = SchedulerConfig(
             max_num_batched_tokens=max_num_batched_tokens,
@@ -164,17 +171,21 @@ class Runtime(Backend):
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         _log.info("loading weights (device %s, dtype %s)", device, dtype)
+        weights = dict(
+            dtype=dtype,
+            load_format=load_format,
+            attention=attention,
+            quantization=quantization,
+            seed=seed,
+        )
+        tp = None  # tensor parallelism: this process is rank 0 of the group
+        if tp_size > 1:
+            tp = start_tensor_parallel(
+                tp_size, {"model": self._source or model, **weights}, device=device
+            )
 
         def build(on: str) -> Any:
-            return assemble_model(
-                self._source or model,
-                device=on,
-                dtype=dtype,
-                load_format=load_format,
-                attention=attention,
-                quantization=quantization,
-                seed=seed,
-            )
+            return assemble_model(self._source or model, device=on, tp=tp, **weights)
 
         net = build(device)
         self.quantization = quantization
@@ -205,7 +216,7 @@ class Runtime(Backend):
             )
 
         self._engine = (
-            launch(net)
+            launch(net, tp=tp)
             if dp_size == 1
             else launch_replicas(dp_size, net, device=device, build=build, launch=launch)
         )

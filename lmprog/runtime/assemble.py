@@ -73,7 +73,11 @@ def assemble_model(
         from .parallel.load import load_shard
 
         def load(model: Any, **kwargs: Any) -> nn.Module:
-            return load_shard(model, tp, **kwargs)
+            try:
+                return load_shard(model, tp, **kwargs)
+            except BaseException:  # the other ranks would wait for this one forever
+                tp.close()
+                raise
 
     net = load(
         model,

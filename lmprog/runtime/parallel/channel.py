@@ -47,15 +47,12 @@ class StepChannel:
 
     def close(self) -> None:
         """Rank 0: tell the workers to stop (when they can still hear it), close the group."""
-        if self._closed:
-            return
-        self._closed = True
-        if all(p.poll() is None for p in self.group.workers):
-            try:
-                self.group.broadcast_host(torch.zeros(8, dtype=torch.int64))
-            except Exception:  # noqa: BLE001 - a broken group: close() below kills them
-                pass
-        self.group.close()
+        if not self._closed:
+            self._closed = True
+            self.group.close(farewell=self._stop)
+
+    def _stop(self) -> None:
+        self.group.broadcast_host(torch.zeros(8, dtype=torch.int64))
 
     # ---- workers -----------------------------------------------------------------------------
     def recv(self, table: np.ndarray) -> tuple[StepInputs, torch.Tensor | None] | None:

@@ -55,6 +55,7 @@ class TPGroup:
         self.workers: list[subprocess.Popen] = []  # rank 0: the processes it started
         self.on_failure: Callable[[ParallelError], None] | None = None
         self._closing = threading.Event()
+        self.broken = False  # a failure was seen: close() does not wait for the workers
         self._plan = _gloo(dist.PrefixStore("plan", store), rank, world, _IDLE, hostname)
         timeout = timedelta(seconds=timeout_s)
         dev_store = dist.PrefixStore("device", store)
@@ -131,6 +132,7 @@ class TPGroup:
                 if exc is not None
                 else "a rank stopped"
             )
+        self.broken = True
         return ParallelError(
             f"the tensor-parallel group (tp_size={self.world}) broke: {'; '.join(reasons)}; "
             "the runtime is shut down"
@@ -170,13 +172,17 @@ class TPGroup:
         if self.on_failure is not None:
             self.on_failure(error)
 
-    def close(self, join_timeout: float = 10.0) -> None:
-        """Tear the group down; rank 0 waits for its workers (then terminates, then kills
-        them). Idempotent; never raises."""
+    def close(self, join_timeout: float = 10.0, farewell: Callable[[], None] | None = None) -> None:
+        """Tear the group down: `farewell()` (rank 0's stop message) while every worker is
+        alive and the group sound, then wait for the workers to exit (not once broken),
+        then terminate, then kill them. Idempotent; never raises."""
         if self._closing.is_set():
             return
-        self._closing.set()
-        deadline = time.monotonic() + join_timeout
+        self._closing.set()  # from here a worker exiting is expected (the watchdog stops)
+        if farewell is not None and not self.broken:
+            if all(p.poll() is None for p in self.workers):
+                _quietly(farewell)
+        deadline = time.monotonic() + (0.0 if self.broken else join_timeout)
         for proc in self.workers:
             _wait(proc, deadline - time.monotonic())
         for proc in self.workers:
