@@ -322,6 +322,7 @@ def test_disconnect_mid_stream_frees_the_request(rt, server, model):
         }
     ).encode()
     aborted = rt.stats()["requests_finished"]["abort"]
+    generated = rt.stats()["generated_tokens"]  # the session's runtime: counted since it started
     sock = socket.create_connection((server.host, server.port))
     sock.sendall(
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -339,4 +340,4 @@ def test_disconnect_mid_stream_frees_the_request(rt, server, model):
     stats = rt.stats()
     assert stats["num_running"] == 0 and stats["num_waiting"] == 0
     assert stats["requests_finished"]["abort"] == aborted + 1
-    assert stats["generated_tokens"] < 400 * 2  # it did not run to its end
+    assert stats["generated_tokens"] - generated < 400  # it did not run to its end
