@@ -88,6 +88,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "routed by cached prefix and load (default 1; see docs/serving.md)",
     )
     p.add_argument(
+        "--tp",
+        "--tp-size",
+        dest="tp_size",
+        type=int,
+        default=1,
+        help="runtime tensor parallelism: the model sharded over that many processes, one "
+        "per device (default 1; under torchrun, its world size; see docs/serving.md)",
+    )
+    p.add_argument(
         "--max-total-tokens",
         type=int,
         default=None,
@@ -155,7 +164,14 @@ def backend_options(args: argparse.Namespace) -> dict:
         }
         if args.dp_size != 1:
             options["dp_size"] = args.dp_size
+        if args.tp_size != 1:
+            options["tp_size"] = args.tp_size
         return options
+    if args.tp_size != 1:
+        raise ValueError(
+            f"--tp {args.tp_size} applies to --backend runtime only: llama.cpp splits a model "
+            "over GPUs itself (its tensor_split), not through lmprog"
+        )
     if args.dp_size != 1:
         raise ValueError(
             f"--dp {args.dp_size} applies to --backend runtime only: llama.cpp runs one "

@@ -7,7 +7,10 @@ at TP=3 in test_tp_bundled.py."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -225,3 +228,60 @@ def test_sizes_that_do_not_split_are_refused_naming_them(heads, kv, inter, tp, w
 def test_tp_size_must_be_a_positive_int(bad):
     with pytest.raises(ValueError, match="tp_size must be an int >= 1"):
         check_tp_size(bad)
+
+
+TORCHRUN_SCRIPT = """
+import json, sys
+from lmprog.core.sampling import SamplingParams as SP
+from lmprog.runtime.assemble import assemble_model
+from lmprog.runtime.engine_io import EngineRequest
+from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.parallel.start import start_tensor_parallel
+
+build = {"model": sys.argv[1], "dtype": "float32"}
+tp = start_tensor_parallel(2, build, device="cpu")  # ranks other than 0 serve, then exit
+engine = launch_engine(assemble_model(**build, tp=tp), None, eos_token_ids=(0,),
+                       max_total_tokens=2048, tp=tp)
+params = SP(max_tokens=10, temperature=0)
+out = [engine.submit(EngineRequest(tuple(p), params)).result(60).token_ids
+       for p in json.loads(sys.argv[2])]
+engine.shutdown()
+print("TOKENS", json.dumps(out))
+"""
+
+
+def test_torchrun_launch_serves_the_same_tokens(tiny, reference, tmp_path):
+    script = tmp_path / "serve_tp.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    prompts = PROMPTS[:3]
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            str(tiny),
+            json.dumps(prompts),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    line = next(x for x in run.stdout.splitlines() if x.startswith("TOKENS"))
+    assert json.loads(line.split(" ", 1)[1]) == [list(r.token_ids) for r in reference[:3]]
+
+
+def test_serve_flags():
+    from lmprog.serve.cli import add_serve_arguments, backend_options
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    assert backend_options(parser.parse_args(["--tp", "2"]))["tp_size"] == 2
+    assert backend_options(parser.parse_args(["--tp-size", "3"]))["tp_size"] == 3
+    assert "tp_size" not in backend_options(parser.parse_args([]))  # Runtime's default
+    with pytest.raises(ValueError, match="--tp 2 applies to --backend runtime only"):
+        backend_options(parser.parse_args(["--tp", "2", "--backend", "llamacpp"]))

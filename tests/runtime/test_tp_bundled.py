@@ -24,13 +24,22 @@ def bundled():
         pytest.skip(f"the default model is not installed: {e}")
 
 
+@lp.function
+def year(s):
+    s += "The first moon landing was in the year " + lp.gen("y", regex=r"19[0-9]{2}")
+
+
 def test_tp3_on_the_bundled_model_matches_tp1(bundled):
     with lp.Runtime(device="cpu") as one:
         want = one.generate(PROMPTS, PARAMS)
-    with lp.Runtime(device="cpu", tp_size=3) as three:
+        want_year = year.run(backend=one, temperature=0)["y"]
+    # speculative decoding (n-gram drafts verified in the batch) keeps greedy outputs
+    with lp.Runtime(device="cpu", tp_size=3, speculative="ngram") as three:
         got = three.generate(PROMPTS, PARAMS)
         again = three.generate(PROMPTS[0], PARAMS)  # its prompt is in the radix cache now
+        got_year = year.run(backend=three, temperature=0)["y"]  # a constraint's masks
         stats = three.stats()
+    assert got_year == want_year and len(got_year) == 4
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
     assert [r.text for r in got] == [r.text for r in want]
     for g, w in zip(got, want):
@@ -42,6 +51,7 @@ def test_tp3_on_the_bundled_model_matches_tp1(bundled):
         )
     assert again.token_ids == want[0].token_ids and again.cached_tokens > 0
     assert stats["cached_tokens"] > 0
+    assert stats["spec_verify_steps"] > 0  # drafts were verified by all three ranks
     assert leftover_workers() == []
 
 
