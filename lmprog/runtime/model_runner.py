@@ -13,6 +13,10 @@ every other step (prefill chunks, mixed batches, verify rows) of up to `piecewis
 tokens replays piecewise graphs of everything but attention (lmprog.runtime.piecewise_graph);
 the rest runs eagerly.
 
+Tensor parallelism (lmprog.runtime.parallel): on rank 0 `forward` first hands the step's
+inputs (`StepInputs`, the host buffer below) to its channel, which broadcasts them; every
+rank then calls `run` on the same inputs. Without a channel that is one attribute test.
+
 Overlap scheduling: a fed token may be a placeholder (-1 - b, see request.py) for row b
 of the previous step's sampled tokens, still on the device; `forward(batch, future=...)`
 takes them from there. Nothing here waits for the device: the step's inputs travel

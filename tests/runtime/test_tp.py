@@ -285,3 +285,45 @@ def test_serve_flags():
     assert "tp_size" not in backend_options(parser.parse_args([]))  # Runtime's default
     with pytest.raises(ValueError, match="--tp 2 applies to --backend runtime only"):
         backend_options(parser.parse_args(["--tp", "2", "--backend", "llamacpp"]))
+
+
+class _Alone:
+    """Collectives of a group whose other ranks contribute nothing (shapes only)."""
+
+    def __init__(self, rank, world):
+        self.rank, self.world = rank, world
+
+    def all_reduce(self, t):
+        return t
+
+    def all_gather(self, t):
+        return t.expand(self.world, *t.shape)
+
+
+def test_dummy_weights_are_the_slices_of_tp1s():
+    from lmprog.runtime.parallel.load import load_shard
+
+    config = ModelConfig("qwen2", 101, 64, 96, 2, 4, 2, 16, 512, attention_bias=True)
+    whole = assemble_model(config, load_format="dummy", device="cpu", seed=5)
+    params = dict(whole.named_parameters())
+    for rank in (0, 1):
+        plan = ShardPlan(config, rank, 2)
+        shard = load_shard(
+            config, _Alone(rank, 2), device=torch.device("cpu"), load_format="dummy", seed=5
+        )
+        qkv = params["model.layers.1.self_attn.qkv_proj.weight"].split([64, 32, 32])
+        local = shard.model.layers[1].self_attn.qkv_proj.weight.split([32, 16, 16])
+        for want, got, name in zip(qkv, local, ("q_proj", "k_proj", "v_proj")):
+            sel = plan.select(f"model.layers.1.self_attn.{name}.weight")
+            assert torch.equal(got, want[sel[1] : sel[2]])
+        down = shard.model.layers[0].mlp.down_proj.inner.weight
+        assert torch.equal(
+            down, params["model.layers.0.mlp.down_proj.weight"][:, rank * 48 : (rank + 1) * 48]
+        )
+        emb = shard.model.embed_tokens.weight
+        assert torch.equal(
+            emb[: 101 - rank * 51], params["model.embed_tokens.weight"][rank * 51 : (rank + 1) * 51]
+        )
+        if rank == 1:  # 101 rows over 2 ranks: the last one padded with a zero row
+            assert not emb[50].any()
+        assert shard.config == config and shard.shard_config.num_heads == 2
