@@ -16,6 +16,7 @@ dying while the engine is idle (`on_failure`); `close()` tears everything down.
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import subprocess
 import threading
@@ -202,7 +203,13 @@ def _gloo(
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = timeout
     gloo = dist.ProcessGroupGloo
-    device = gloo.create_device(hostname=hostname) if hostname else gloo.create_default_device()
+    interface = os.environ.get("GLOO_SOCKET_IFNAME")  # as torch's own gloo groups read it
+    if hostname:
+        device = gloo.create_device(hostname=hostname)
+    elif interface:
+        device = gloo.create_device(interface=interface.split(",")[0])
+    else:
+        device = gloo.create_default_device()
     opts._devices = [device]
     return gloo(store, rank, world, opts)
 

@@ -91,12 +91,8 @@ class ShardPlan:
 
     @property
     def first_kv_head(self) -> int:
-        c = self.config
-        return (
-            self.rank * c.num_kv_heads // self.world
-            if c.num_kv_heads < self.world
-            else (self.rank * self.kv_heads)
-        )
+        """kv >= W: rank r holds heads r*kv/W ..; kv < W: the one its query heads use."""
+        return self.rank * self.config.num_kv_heads // self.world
 
     @property
     def intermediate(self) -> int:
