@@ -17,6 +17,16 @@ requests one at a time give the HTTP layer's own latency on an idle engine (TTFT
 
     python bench/bench_server.py                       # 32 streams x 64 tokens, 1 torch thread
     python bench/bench_server.py --streams 32 --tokens 64 --repeats 3 --threads 1
+
+Concurrency on the llama.cpp backend (issue 16, item 3), `--backend llamacpp`: one
+`lp.LlamaCpp()` (its default threads) serves both sides; each round measures, in process
+and through `lmprog serve`, 1 request alone, --concurrent requests at once (time ratio,
+target <= 1.6x) and --streams streams at once (tokens/s against the lone request's, target
+>= 3x). Every phase uses prompts no earlier phase used (the chat template's system header
+is shared, as on a real server). Rounds: all listed, with their range.
+
+    python bench/bench_server.py --backend llamacpp --tokens 64 --repeats 3
+    PYTHONPATH=/tmp/old python bench/bench_server.py --backend llamacpp   # another tree
 """
 
 from __future__ import annotations
@@ -182,21 +192,23 @@ async def _clients(port: int, model: str, n: int, tokens: int, first: int = 0) -
 
 
 async def _rounds(
-    port: int, model: str, n: int, tokens: int, rounds: int
+    port: int, model: str, n: int, tokens: int, rounds: int, first: int = 0
 ) -> list[dict[str, float]]:
-    return [await _clients(port, model, n, tokens, first=r * n) for r in range(rounds)]
+    return [await _clients(port, model, n, tokens, first=first + r * n) for r in range(rounds)]
 
 
-def client_main(port: int, model: str, n: int, tokens: int, rounds: int) -> None:
-    print(json.dumps(asyncio.run(_rounds(port, model, n, tokens, rounds))), flush=True)
+def client_main(port: int, model: str, n: int, tokens: int, rounds: int, first: int = 0) -> None:
+    print(json.dumps(asyncio.run(_rounds(port, model, n, tokens, rounds, first))), flush=True)
 
 
 def run_server(
-    port: int, model: str, n: int, tokens: int, rounds: int = 1
+    port: int, model: str, n: int, tokens: int, rounds: int = 1, first: int = 0
 ) -> list[dict[str, float]]:
-    """`rounds` phases, one after the other, of n concurrent streams (one client process)."""
+    """`rounds` phases, one after the other, of n concurrent streams (one client process;
+    prompts first, first+1, ...)."""
     out = subprocess.run(
-        [sys.executable, __file__, "--client", str(port), model, str(n), str(tokens), str(rounds)],
+        [sys.executable, __file__, "--client", str(port), model, str(n), str(tokens), str(rounds)]
+        + ([str(first)] if first else []),
         capture_output=True,
         text=True,
         check=True,
@@ -212,10 +224,13 @@ def best(rounds: list[dict[str, float]]) -> dict[str, float]:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
         port, model, n, tokens, rounds = sys.argv[2:7]
-        client_main(int(port), model, int(n), int(tokens), int(rounds))
+        first = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+        client_main(int(port), model, int(n), int(tokens), int(rounds), first)
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--streams", type=int, default=32)
+    ap.add_argument("--backend", choices=("runtime", "llamacpp"), default="runtime")
+    ap.add_argument("--streams", type=int, help="concurrent streams (runtime 32, llamacpp 16)")
+    ap.add_argument("--concurrent", type=int, default=4, help="llamacpp: requests timed at once")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -223,6 +238,11 @@ def main() -> None:
         "--lone", type=int, default=8, help="lone requests (one at a time) for the unloaded TTFT"
     )
     args = ap.parse_args()
+    if args.backend == "llamacpp":
+        args.streams = args.streams or 16
+        main_llamacpp(args)
+        return
+    args.streams = args.streams or 32
 
     import torch
 
@@ -284,6 +304,81 @@ def report(
         f"{ttft['in-process']:.1f} ms, lmprog-server {ttft['lmprog-server']:.1f} ms "
         f"({ttft['lmprog-server'] / ttft['in-process']:.3f}x, "
         f"{ttft['lmprog-server'] - ttft['in-process']:+.1f} ms)"
+    )
+
+
+# ---- llama.cpp concurrency ----------------------------------------------------------------------
+def main_llamacpp(args: argparse.Namespace) -> None:
+    import os
+
+    import torch
+
+    import lmprog
+    from lmprog.backends.llamacpp import LlamaCpp
+    from lmprog.serve import Server
+
+    torch.set_num_threads(args.threads)
+    tree = os.path.dirname(os.path.dirname(lmprog.__file__))
+    head = subprocess.run(
+        ["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    backend = LlamaCpp()
+    print(
+        f"lmprog from {tree} (HEAD {head}); LlamaCpp() n_threads={backend.n_threads}, "
+        f"n_threads_batch={backend.n_threads_batch}, torch threads {args.threads}"
+    )
+    phases = (("one", 1), ("concurrent", args.concurrent), ("streams", args.streams))
+    per_round = len(phases) * max(args.streams, args.concurrent)
+    rounds: dict[str, list[dict[str, dict[str, float]]]] = {"in-process": [], "lmprog-server": []}
+    with Server(backend).start() as srv:
+        run_in_process(backend, 2, 4, first=10_000)  # warm-up both paths
+        run_server(srv.port, srv.model_name, 2, 4, first=10_100)
+        for r in range(args.repeats):
+            for side in rounds:
+                base = 2 * r * per_round + (per_round if side == "lmprog-server" else 0)
+                out = {}
+                for k, (name, n) in enumerate(phases):
+                    first = base + k * max(args.streams, args.concurrent)
+                    if side == "in-process":
+                        out[name] = run_in_process(backend, n, args.tokens, first=first)
+                    else:
+                        out[name] = run_server(
+                            srv.port, srv.model_name, n, args.tokens, first=first
+                        )[0]
+                rounds[side].append(out)
+    stats = backend.stats()
+    backend.shutdown()
+    report_llamacpp(rounds, args, stats)
+
+
+def report_llamacpp(
+    rounds: dict[str, list[dict[str, dict[str, float]]]], args: argparse.Namespace, stats: dict
+) -> None:
+    print(
+        f"1 request vs {args.concurrent} concurrent (time), 1 stream vs {args.streams} streams "
+        f"(tokens/s); {args.tokens} tokens each (chat, greedy, ignore_eos), {args.repeats} rounds"
+    )
+    for side, runs in rounds.items():
+        time_ratio = [r["concurrent"]["wall_s"] / r["one"]["wall_s"] for r in runs]
+        tps_ratio = [r["streams"]["tok_s"] / r["one"]["tok_s"] for r in runs]
+        print(f"  {side}:")
+        for i, r in enumerate(runs):
+            print(
+                f"    round {i + 1}: 1 request {r['one']['wall_s']:.2f} s, "
+                f"{args.concurrent} concurrent {r['concurrent']['wall_s']:.2f} s "
+                f"({time_ratio[i]:.2f}x); 1 stream {r['one']['tok_s']:.1f} tok/s, "
+                f"{args.streams} streams {r['streams']['tok_s']:.1f} tok/s ({tps_ratio[i]:.2f}x), "
+                f"TTFT mean at {args.streams} {r['streams']['ttft_mean_ms']:.0f} ms"
+            )
+        print(
+            f"    {args.concurrent} concurrent / 1: {min(time_ratio):.2f}-{max(time_ratio):.2f}x "
+            f"(median {statistics.median(time_ratio):.2f}x; target <= 1.6x); "
+            f"{args.streams} streams / 1 tok/s: {min(tps_ratio):.2f}-{max(tps_ratio):.2f}x "
+            f"(median {statistics.median(tps_ratio):.2f}x; target >= 3x)"
+        )
+    print(
+        "backend: "
+        + ", ".join(f"{k}={stats[k]}" for k in ("requests", "prompt_tokens", "cached_tokens"))
     )
 
 

@@ -1,122 +1,119 @@
-"""Lend llama.cpp contexts to requests and bring each to a token sequence as cheaply as possible.
+"""The sequence slots of one llama.cpp context: which slot a request gets, and how cheaply it
+reaches its prompt.
 
-To reach a target sequence a context either keeps the common prefix of what it already holds
-(its "live" tokens) or restores the saved state that shares the longest prefix, whichever
-leaves less to evaluate, then evaluates the rest:
+A request leases one slot (a llama.cpp sequence id) for its lifetime. To reach a target
+token sequence the slot starts from the best of
 
-    live:    [sys shots q1 a1]          target: [sys shots q2]
-    keep [sys shots], drop [q1 a1], evaluate [q2]
+    live:     its own tokens' common prefix        [sys shots q1 a1] -> keep [sys shots]
+    copy:     another slot's (leased or idle)       seq_cp: the KV cells are shared, not copied
+    restore:  the saved state sharing the longest prefix (StateCache), if it beats both
 
-Before a context throws away at least `min_save_tokens` of work (another conversation
-takes it over), that work is saved in the `StateCache`, so interleaved multi-turn programs
-and forks find it again later. `cache_prefix` saves explicitly.
+then the engine evaluates the rest. Idle slots keep their tokens as a cache of recent
+prefixes; before a slot throws away at least `min_save_tokens` of work (another request
+takes it over, or its cells are needed), that work is saved in the `StateCache`, so
+interleaved multi-turn programs and forks find it again later. `cache_prefix` saves
+explicitly.
+
+Used by the engine thread only; `stats()` is safe from any thread.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
 
 from lmprog.backends.llamacpp_native import NativeContext
 from lmprog.backends.state_cache import StateCache, common_prefix_len
-from lmprog.core.errors import BackendError
 
 
 @dataclass(frozen=True)
-class Advanced:
-    """What `advance` did: logits of the requested positions and how much it reused."""
+class Lease:
+    """A slot lent to a request, holding the first `reused` tokens of its target."""
 
-    logits: np.ndarray | None  # [n, V] for target[logits_from:], None if not asked
-    reused: int  # leading tokens of the target not evaluated (live KV or a restored state)
-    restored: bool  # the reused tokens came from a saved state
+    slot: int
+    reused: int  # leading target tokens already in the slot (live, copied or restored)
+    restored: bool  # they came from a saved state
 
 
-class ContextPool:
-    """A fixed set of contexts, each lent to one request at a time. Thread-safe.
+class SequencePool:
+    """Contract: `acquire` leases a free slot holding a prefix of the target (never more
+    than `limit` tokens of it); a leased slot belongs to its request until `release`."""
 
-    Contract: inside `lease`, the caller owns the context exclusively; `advance` leaves
-    `ctx.tokens == target` on success and a consistent (possibly empty) context on error.
-    """
-
-    def __init__(
-        self, contexts: Sequence[NativeContext], cache: StateCache, *, min_save_tokens: int = 64
-    ):
-        assert contexts, "a pool needs at least one context"
-        self._contexts = list(contexts)
-        self._idle = list(contexts)
-        self._closed = False
-        self._cond = threading.Condition()
+    def __init__(self, ctx: NativeContext, cache: StateCache, *, min_save_tokens: int = 64):
+        self.ctx = ctx
         self.cache = cache
         self.min_save_tokens = min_save_tokens
+        self._leased: set[int] = set()
+        self._clock = itertools.count()
+        self._last_used = [0] * ctx.n_seq  # for LRU choice among idle slots
         self._stats_lock = threading.Lock()
-        self._counts = {"evaluated_tokens": 0, "restores": 0, "saves_on_switch": 0}
+        self._counts = dict.fromkeys(_COUNTS, 0)
 
     @property
-    def n_ctx(self) -> int:
-        return self._contexts[0].n_ctx
+    def n_free(self) -> int:
+        return self.ctx.n_seq - len(self._leased)
 
-    @contextmanager
-    def lease(self, tokens: Sequence[int]) -> Iterator[NativeContext]:
-        """Borrow the idle context that already holds the longest prefix of `tokens`."""
-        with self._cond:
-            while not self._idle and not self._closed:
-                self._cond.wait()
-            if self._closed:
-                raise BackendError("the backend was shut down")
-            ctx = max(self._idle, key=lambda c: _common(c.tokens, tokens))
-            self._idle.remove(ctx)
-        try:
-            yield ctx
-        finally:
-            with self._cond:
-                self._idle.append(ctx)
-                self._cond.notify_all()
+    def acquire(self, target: Sequence[int], limit: int) -> Lease | None:
+        """Lease the free slot that reaches the longest prefix of target[:limit] (None if
+        every slot is leased)."""
+        free = [s for s in range(self.ctx.n_seq) if s not in self._leased]
+        if not free:
+            return None
+        tokens = self.ctx.tokens
+        own = {s: min(_common(tokens[s], target), limit) for s in free}
+        slot = max(free, key=lambda s: (own[s], -self._last_used[s]))
+        keep = own[slot]
+        if keep == 0:
+            slot = min(free, key=lambda s: (len(tokens[s]) > 0, self._last_used[s]))
+        src = max(range(self.ctx.n_seq), key=lambda s: min(_common(tokens[s], target), limit))
+        shared = min(_common(tokens[src], target), limit)
+        if shared > keep and src != slot:
+            self._save_before_dropping(slot, 0)
+            self.ctx.copy_prefix(src, slot, shared)
+            keep = shared
+            self.count(prefix_copies=1)
+        restored = keep < limit and self._maybe_restore(slot, target, keep, limit)
+        keep = len(tokens[slot]) if restored else keep
+        self._save_before_dropping(slot, keep)
+        self.ctx.truncate(slot, keep)
+        self._leased.add(slot)
+        return Lease(slot, keep, restored)
 
-    def advance(
-        self, ctx: NativeContext, target: Sequence[int], logits_from: int | None = None
-    ) -> Advanced:
-        """Make `ctx` hold exactly `target`; return the logits of target[logits_from:].
+    def release(self, slot: int) -> None:
+        self._leased.discard(slot)
+        self._last_used[slot] = next(self._clock)
 
-        At most `logits_from` leading tokens are reused (their logits are not kept), so
-        `logits_from=len(target) - 1` gives the next-token logits after the target.
-        """
-        assert len(target) <= ctx.n_ctx, "the backend checks the context length first"
-        limit = len(target) if logits_from is None else logits_from
-        assert 0 <= limit <= len(target)
-        keep = min(_common(ctx.tokens, target), limit)
-        restored = keep < limit and self._maybe_restore(ctx, target, keep, limit)
-        # After a restore the context holds exactly the reusable prefix; after a failed
-        # one it may have been cleared.
-        keep = len(ctx.tokens) if restored else min(keep, len(ctx.tokens))
-        if keep < len(ctx.tokens):
-            self._save_before_dropping(ctx, keep)
-            ctx.truncate(keep)
-            keep = len(ctx.tokens)  # truncate may clear everything (model cannot drop a tail)
-        rest = list(target[keep:])
-        logits = (
-            ctx.eval(rest, None if logits_from is None else logits_from - keep) if rest else None
-        )
-        self._count(evaluated_tokens=len(rest))
-        return Advanced(logits, keep, restored)
+    def retract(self, slot: int) -> None:
+        """Take a slot back from its request to free KV cells (saving its work first)."""
+        self._save_before_dropping(slot, 0)
+        self.ctx.truncate(slot, 0)
+        self.release(slot)
 
-    def save(self, ctx: NativeContext) -> bool:
-        """Save the context's state under its tokens unless the cache already holds them all."""
+    def evict_idle(self) -> bool:
+        """Empty the least recently used idle slot that holds tokens (saving them first);
+        False if there is none."""
+        idle = [s for s in range(self.ctx.n_seq) if s not in self._leased and self.ctx.tokens[s]]
+        if not idle:
+            return False
+        slot = min(idle, key=lambda s: self._last_used[s])
+        self._save_before_dropping(slot, 0)
+        self.ctx.truncate(slot, 0)
+        return True
+
+    def save(self, slot: int) -> bool:
+        """Save the slot's state under its tokens unless the cache already holds them all."""
+        tokens = self.ctx.tokens[slot]
         if (
-            not ctx.tokens
+            not tokens
             or self.cache.max_bytes == 0
-            or self.cache.longest_common(ctx.tokens) >= len(ctx.tokens)
+            or self.cache.longest_common(tokens) >= len(tokens)
         ):
             return False
-        return self.cache.put(ctx.tokens, ctx.save_state())
+        return self.cache.put(tokens, self.ctx.save_state(slot))
 
-    def _maybe_restore(
-        self, ctx: NativeContext, target: Sequence[int], keep: int, limit: int
-    ) -> bool:
+    def _maybe_restore(self, slot: int, target: Sequence[int], keep: int, limit: int) -> bool:
         """Restore the best saved state if it beats the live prefix by enough to pay the copy."""
         if self.cache.max_bytes == 0 or len(self.cache) == 0:
             return False
@@ -128,20 +125,18 @@ class ContextPool:
         # milliseconds per token: worth it unless the gain is tiny.
         if usable - keep < max(4, len(match.state.tokens) // 256):
             return False
-        self._save_before_dropping(ctx, 0)
-        ctx.load_state(match.state.blob, match.state.tokens)
-        ctx.truncate(usable)
-        if len(ctx.tokens) != usable:  # the model could not drop the tail
-            ctx.clear()
-            return False
-        self._count(restores=1)
+        self._save_before_dropping(slot, 0)
+        if not self.ctx.load_state(slot, match.state.blob, match.state.tokens):
+            return False  # no room in the KV cells: evaluate instead
+        self.ctx.truncate(slot, usable)
+        self.count(restores=1)
         return True
 
-    def _save_before_dropping(self, ctx: NativeContext, keep: int) -> None:
-        if len(ctx.tokens) - keep >= self.min_save_tokens and self.save(ctx):
-            self._count(saves_on_switch=1)
+    def _save_before_dropping(self, slot: int, keep: int) -> None:
+        if len(self.ctx.tokens[slot]) - keep >= self.min_save_tokens and self.save(slot):
+            self.count(saves_on_switch=1)
 
-    def _count(self, **deltas: int) -> None:
+    def count(self, **deltas: int) -> None:
         with self._stats_lock:
             for k, v in deltas.items():
                 self._counts[k] += v
@@ -150,16 +145,15 @@ class ContextPool:
         with self._stats_lock:
             return dict(self._counts)
 
-    def close(self, model: Any = None) -> None:
-        """Wait for every lease to end, free the contexts (then `model`, if given). Idempotent."""
-        with self._cond:
-            self._closed = True
-            while len(self._idle) < len(self._contexts):
-                self._cond.wait()
-            for ctx in self._contexts:
-                ctx.close()
-        if model is not None:
-            model.close()
+
+_COUNTS = (
+    "evaluated_tokens",
+    "decode_calls",  # llama_decode calls (one per engine step)
+    "restores",  # saved states restored into a slot
+    "prefix_copies",  # prefixes shared from another slot (seq_cp)
+    "saves_on_switch",  # states saved before a slot dropped them
+    "retractions",  # requests that gave their KV cells back (none free) and waited
+)
 
 
 def _common(live: Sequence[int], target: Sequence[int]) -> int:

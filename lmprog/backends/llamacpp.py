@@ -4,9 +4,11 @@ llama.cpp only evaluates tokens and hands back logits; everything else is lmprog
 shared with the in-process runtime: the HF tokenizer (so token ids agree with constraint
 indexes), the batched sampler (every SamplingParams field) and the per-request decode state
 (`lmprog.decoding`: finish rules, stop strings, constrained decoding with
-jump-forward, logprobs, the result). Prefix reuse: each context keeps the
-common prefix of what it last held, and a bytes-bounded LRU of saved states serves
-few-shot headers, forks and multi-turn histories that another request displaced.
+jump-forward, logprobs, the result). Concurrent requests run together: one engine thread
+decodes them in one llama.cpp batch per step, each in its own sequence of one context
+(`llamacpp_engine.py`). Prefix reuse: a sequence keeps the common prefix of what it last
+held or shares another sequence's, and a bytes-bounded LRU of saved states serves few-shot
+headers, forks and multi-turn histories that other requests displaced.
 
     LlamaCpp(model=None, n_ctx=4096, n_threads=None, n_gpu_layers=0, ...)  # bundled SmolLM2-135M
 """
@@ -18,13 +20,15 @@ import os
 import time
 import warnings
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from lmprog.backends.checks import check_score_request, check_stop_token_ids, check_stream
-from lmprog.backends.context_pool import ContextPool
+from lmprog.backends.context_pool import SequencePool
+from lmprog.backends.llamacpp_engine import Engine, GenSpec, Job
 from lmprog.backends.llamacpp_native import NativeContext, NativeModel, supports_gpu_offload
 from lmprog.backends.shared import Counters
 from lmprog.backends.state_cache import StateCache, common_prefix_len
@@ -43,9 +47,6 @@ from lmprog.core.protocol import (
 )
 from lmprog.core.text import check_text
 
-if TYPE_CHECKING:
-    from lmprog.decoding.state import DecodeState
-
 # torch (≈3 s to import on a small CPU) is imported by the first generate or score, not by
 # the constructor: the decoding package (sampler, DecodeState) is imported where it is used.
 
@@ -59,21 +60,24 @@ _TOKENIZER_SAMPLES = (
 
 
 class LlamaCpp(Backend):
-    """A GGUF model on llama.cpp. Thread-safe; requests share `n_contexts` contexts.
+    """A GGUF model on llama.cpp. Thread-safe; up to `n_parallel` requests decode together.
 
     Args:
         model: a bundled model name, a .gguf path, or None for the default model.
-        n_ctx: tokens per context (prompt + output).
-        n_threads: CPU threads per context while generating; None (the default) is
-            llama-cpp-python's choice, half the cores.
+        n_ctx: KV cache cells, shared by the requests running together; one request may
+            use them all (prompt + output).
+        n_threads: CPU threads while generating (also for a batch of several requests'
+            next tokens); None (the default) is llama-cpp-python's choice, half the cores.
         n_threads_batch: CPU threads while evaluating a prompt; None is llama-cpp-python's
             choice, all cores.
         n_gpu_layers: layers to offload to a GPU (-1: all) on a llama.cpp build with GPU or
             Metal support; 0 (the default) runs on the CPU. A CPU-only build refuses others.
         main_gpu: the GPU index that holds the whole model; None lets llama.cpp split the
             layers over every GPU it sees.
-        n_batch: tokens per llama.cpp decode call while evaluating a prompt.
-        n_contexts: contexts (each with its own KV cache) that run requests in parallel.
+        n_batch: tokens per llama.cpp decode call (every request's next token, then chunks
+            of prompts).
+        n_parallel: requests decoded together (llama.cpp sequences); more wait their turn.
+            Sequences that finished keep their tokens as a prefix cache.
         chat_template: a named template or jinja2 source overriding the model's own.
         state_cache_bytes: memory bound of saved prefix states (0 disables saving).
         min_save_tokens: save a context's state before it discards at least this many tokens.
@@ -90,7 +94,7 @@ class LlamaCpp(Backend):
         n_gpu_layers: int = 0,
         main_gpu: int | None = None,
         n_batch: int = 512,
-        n_contexts: int = 1,
+        n_parallel: int = 16,
         chat_template: str | None = None,
         state_cache_bytes: int = 256 * 2**20,
         min_save_tokens: int = 64,
@@ -100,7 +104,7 @@ class LlamaCpp(Backend):
             ("n_ctx", n_ctx, 16),
             ("n_gpu_layers", n_gpu_layers, -1),
             ("n_batch", n_batch, 1),
-            ("n_contexts", n_contexts, 1),
+            ("n_parallel", n_parallel, 1),
             ("state_cache_bytes", state_cache_bytes, 0),
             ("min_save_tokens", min_save_tokens, 1),
         ):
@@ -145,7 +149,7 @@ class LlamaCpp(Backend):
         )
         self._model = NativeModel(self._source.path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu)
         _log.info("weights loaded in %.2f s", time.perf_counter() - started)
-        contexts: list[NativeContext] = []
+        ctx: NativeContext | None = None
         try:
             t = time.perf_counter()
             self._tokenizer = load_tokenizer(self._source)
@@ -155,27 +159,22 @@ class LlamaCpp(Backend):
                 time.perf_counter() - t,
             )
             self._chat_template = template_from_tokenizer(self._tokenizer, chat_template)
-            for _ in range(n_contexts):
-                contexts.append(
-                    NativeContext(
-                        self._model,
-                        n_ctx=n_ctx,
-                        n_batch=n_batch,
-                        n_threads=self.n_threads,
-                        n_threads_batch=self.n_threads_batch,
-                    )
-                )
+            ctx = NativeContext(
+                self._model,
+                n_ctx=n_ctx,
+                n_batch=n_batch,
+                n_seq=n_parallel,
+                n_threads=self.n_threads,
+                n_threads_batch=self.n_threads_batch,
+            )
         except BaseException:
-            _release(contexts, self._model)
+            _release(ctx, self._model)
             raise
-        self._pool = ContextPool(
-            contexts, StateCache(state_cache_bytes), min_save_tokens=min_save_tokens
+        self._pool = SequencePool(
+            ctx, StateCache(state_cache_bytes), min_save_tokens=min_save_tokens
         )
-        # Frees the native memory when the backend is garbage-collected. Not at exit: a
-        # daemon thread may still hold a context then, and the OS reclaims it anyway.
-        self._finalizer = weakref.finalize(self, self._pool.close, self._model)
-        self._finalizer.atexit = False
-        self.n_ctx = contexts[0].n_ctx
+        self.n_ctx = ctx.n_ctx
+        self.n_parallel = ctx.n_seq
         self.n_vocab = self._model.n_vocab
         eos = getattr(self._tokenizer, "eos_token_id", None)
         self._eos_ids = tuple(
@@ -184,14 +183,25 @@ class LlamaCpp(Backend):
         bos = self._model.bos_token_id
         self._start_id = bos if bos >= 0 else self._eos_ids[0]
         self._jump_forward = jump_forward
-        self._token_text_cache: dict[int, str] = {}
+        self._decoding = _Decoding(self._tokenizer, self._eos_ids, self.n_vocab)
         self._stats = Counters(_COUNTERS)
         self._closed = False
         self._check_tokenizer()
+        # The engine thread frees the native memory when it ends: at shutdown, or when the
+        # backend is garbage-collected. Not at exit: the OS reclaims it then.
+        self._engine = Engine(
+            self._pool,
+            self._decoding.new_state,
+            self._eos_ids,
+            self._stats,
+            on_exit=lambda model=self._model: _release(ctx, model),
+        )
+        self._finalizer = weakref.finalize(self, self._engine.close)
+        self._finalizer.atexit = False
         _log.info(
-            "llama.cpp backend ready in %.2f s: %d context(s) of %d tokens, %d/%d threads",
+            "llama.cpp backend ready in %.2f s: %d sequences over %d KV cells, %d/%d threads",
             time.perf_counter() - started,
-            n_contexts,
+            self.n_parallel,
             self.n_ctx,
             self.n_threads,
             self.n_threads_batch,
@@ -217,66 +227,20 @@ class LlamaCpp(Backend):
         if not isinstance(request, GenerateRequest):
             raise TypeError(f"generate takes a GenerateRequest, got {type(request).__name__}")
         check_stream(stream)
-        params = request.params
-        check_stop_token_ids(params, self.n_vocab)
+        check_stop_token_ids(request.params, self.n_vocab)
         prompt = self._prompt_ids(request.prompt)
         self._check_fits(len(prompt), "prompt")
-        index = _constraint_index(request.constraint, self._tokenizer)
-        from lmprog.decoding.state import DecodeState
-
-        with self._pool.lease(prompt) as ctx:
-            first = self._pool.advance(ctx, prompt, logits_from=len(prompt) - 1)
-            guide = index.result().new_guide() if index is not None else None
-            state = DecodeState(
-                params,
-                tokenizer=self._tokenizer,
-                prompt_ids=prompt,
-                eos_token_ids=self._eos_ids,
-                vocab_size=self.n_vocab,
-                token_text=self._token_text,
-                emit=stream,
-                guide=guide,
-                jump_forward=self._jump_forward,
-            )
-            try:
-                self._decode(ctx, state, prompt, first.logits[-1])
-            except BaseException:  # the stream callback raised (a cancelled caller): abort
-                self._stats.add(requests=1, aborted=1, generated_tokens=len(state.output_ids))
-                raise
-        self._stats.add(
-            requests=1,
-            prompt_tokens=len(prompt),
-            cached_tokens=first.reused,
-            prefix_hits=int(first.reused > 0),
-            generated_tokens=len(state.output_ids),
-        )
-        return state.result(prompt_tokens=len(prompt), cached_tokens=first.reused)
-
-    def _decode(
-        self, ctx: NativeContext, state: DecodeState, prompt: list[int], logits: np.ndarray
-    ) -> None:
-        """Sample, accept, evaluate the new tokens; `state` re-reads jump-forwards from output_ids."""
-        import torch
-
-        from lmprog.decoding.batch_sampler import BatchSampler
-
-        if state.params.max_tokens == 0:
-            state.finish("length")
-        sampler = BatchSampler(self._eos_ids)
-        while not state.done:
-            draw = sampler.sample(torch.from_numpy(logits)[None], [state])[
-                0
-            ]  # masks logits in place
-            if draw.error is not None:
-                raise draw.error
-            state.accept(draw.token, logprob=draw.logprob, top=draw.top)
-            if state.done:
-                return
-            target = prompt + state.output_ids
-            if len(target) > self.n_ctx:
-                state.finish("length", message=f"the context of {self.n_ctx} tokens is full")
-                return
-            logits = self._pool.advance(ctx, target, logits_from=len(target) - 1).logits[-1]
+        index = _constraint_index(request.constraint, self._tokenizer)  # built during the prefill
+        gen = GenSpec(request.params, index, stream is not None, self._jump_forward)
+        job = self._engine.submit(Job(prompt, len(prompt) - 1, gen=gen))
+        try:
+            if stream is not None:
+                for piece in job.pieces():
+                    stream(piece)
+            return job.outcome()
+        except BaseException:  # the stream callback raised (a cancelled caller): abort
+            self._engine.abort(job)
+            raise
 
     def score(self, request: ScoreRequest) -> ScoreResult:
         """Logprobs of each choice's tokens after the prompt, with token healing.
@@ -292,38 +256,39 @@ class LlamaCpp(Backend):
         uncond = (
             [self._healed_span([], user_text(request.prompt, c)) for c in request.choices]
             if request.unconditional
-            else None
+            else []
         )
-        for tokens, _ in spans + (uncond or []):
+        for tokens, _ in spans + uncond:
             self._check_fits(len(tokens), "prompt + choice")
-        with self._pool.lease(prompt) as ctx:
-            # Evaluate the prompt once (up to the first scored position of any choice); each
-            # choice then costs only its own tokens on top of it.
-            shared = min(start for _, start in spans) - 1
-            reused = (
-                self._pool.advance(ctx, prompt[:shared], logits_from=None).reused
-                if shared > 0
-                else 0
-            )
-            cond = [self._span_logprobs(ctx, tokens, start) for tokens, start in spans]
-            free = (
-                [self._span_logprobs(ctx, tokens, start) for tokens, start in uncond]
-                if uncond
-                else None
-            )
+        # Evaluate the prompt once (up to the first scored position of any choice); every
+        # span then shares it (copied between sequences) and costs only its own tokens,
+        # all spans in one batch.
+        shared = min(start for _, start in spans) - 1
+        reused = 0
+        if shared > 0:
+            prefill = self._engine.submit(Job(prompt[:shared], None))
+            prefill.outcome()
+            reused = prefill.reused
+        jobs = [self._engine.submit(Job(t[:-1], s - 1)) for t, s in spans + uncond if s < len(t)]
+        rows = iter([job.outcome() for job in jobs])
+        scored = [
+            _logprobs(next(rows), tokens[start:]) if start < len(tokens) else ()
+            for tokens, start in spans + uncond
+        ]
         self._stats.add(
             score_requests=1,
             prompt_tokens=len(prompt),
             cached_tokens=reused,
             prefix_hits=int(reused > 0),
         )
+        free = scored[len(spans) :] if uncond else None
         choices = tuple(
             ChoiceScore(
-                token_logprobs=lp,
+                token_logprobs=scored[i],
                 token_ids=tuple(tokens[start:]),
                 unconditional_token_logprobs=free[i] if free is not None else None,
             )
-            for i, ((tokens, start), lp) in enumerate(zip(spans, cond))
+            for i, (tokens, start) in enumerate(spans)
         )
         return ScoreResult(choices=choices, prompt_tokens=len(prompt), cached_tokens=reused)
 
@@ -337,18 +302,6 @@ class LlamaCpp(Backend):
             start = 1
         return tokens, start
 
-    def _span_logprobs(
-        self, ctx: NativeContext, tokens: list[int], start: int
-    ) -> tuple[float, ...]:
-        if start >= len(tokens):
-            return ()
-        import torch
-
-        rows = self._pool.advance(ctx, tokens[:-1], logits_from=start - 1).logits
-        logprobs = torch.log_softmax(torch.from_numpy(rows), dim=-1)
-        targets = torch.tensor(tokens[start:], dtype=torch.int64)
-        return tuple(logprobs.gather(1, targets[:, None])[:, 0].tolist())
-
     def cache_prefix(self, prompt: str) -> None:
         """Evaluate `prompt` and save its state so later requests sharing it start there."""
         self._check_open()
@@ -358,9 +311,7 @@ class LlamaCpp(Backend):
         if not tokens:
             return
         self._check_fits(len(tokens), "prefix")
-        with self._pool.lease(tokens) as ctx:
-            self._pool.advance(ctx, tokens, logits_from=None)
-            self._pool.save(ctx)
+        self._engine.submit(Job(tokens, None, save=True)).outcome()
         self._stats.add(cache_prefix_calls=1)
 
     def stats(self) -> dict[str, Any]:
@@ -369,6 +320,8 @@ class LlamaCpp(Backend):
         out.update(self._pool.stats())
         out["state_cache"] = self._pool.cache.stats()
         out["n_ctx"] = self.n_ctx
+        out["n_parallel"] = self.n_parallel
+        out["peak_sequences"] = self._engine.peak_sequences
         return out
 
     @property
@@ -376,7 +329,7 @@ class LlamaCpp(Backend):
         return self._closed
 
     def shutdown(self) -> None:
-        """Free the contexts and the model (waits for requests in flight). Idempotent."""
+        """Free the context and the model (waits for requests in flight). Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -422,12 +375,6 @@ class LlamaCpp(Backend):
     def _check_open(self) -> None:
         if self._closed:
             raise BackendError("this LlamaCpp backend was shut down; create a new one")
-
-    def _token_text(self, token_id: int) -> str:
-        text = self._token_text_cache.get(token_id)
-        if text is None:
-            text = self._token_text_cache[token_id] = self._tokenizer.decode([token_id])
-        return text
 
     def _check_tokenizer(self) -> None:
         for sample in _TOKENIZER_SAMPLES:
@@ -478,10 +425,49 @@ def _check_gguf(path: Path) -> None:
         )
 
 
-def _release(contexts: list[NativeContext], model: NativeModel) -> None:
-    for ctx in contexts:
+def _release(ctx: NativeContext | None, model: NativeModel) -> None:
+    if ctx is not None:
         ctx.close()
     model.close()
+
+
+class _Decoding:
+    """What each request's DecodeState is built from. The engine thread holds it, so it
+    holds nothing of the backend (which stays collectable)."""
+
+    def __init__(self, tokenizer: Any, eos_ids: Sequence[int], n_vocab: int):
+        self._tokenizer, self._eos_ids, self._n_vocab = tokenizer, eos_ids, n_vocab
+        self._texts: dict[int, str] = {}
+
+    def token_text(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self._tokenizer.decode([token_id])
+        return text
+
+    def new_state(self, gen: GenSpec, prompt: Sequence[int], guide: Any, emit: Any) -> Any:
+        from lmprog.decoding.state import DecodeState
+
+        return DecodeState(
+            gen.params,
+            tokenizer=self._tokenizer,
+            prompt_ids=prompt,
+            eos_token_ids=self._eos_ids,
+            vocab_size=self._n_vocab,
+            token_text=self.token_text,
+            emit=emit,
+            guide=guide,
+            jump_forward=gen.jump_forward,
+        )
+
+
+def _logprobs(rows: np.ndarray, targets: Sequence[int]) -> tuple[float, ...]:
+    """The logprob of targets[i] under the logits rows[i]."""
+    import torch
+
+    logprobs = torch.log_softmax(torch.from_numpy(rows), dim=-1)
+    index = torch.tensor(list(targets), dtype=torch.int64)
+    return tuple(logprobs.gather(1, index[:, None])[:, 0].tolist())
 
 
 def _constraint_index(constraint: Any, tokenizer: Any) -> Any:

@@ -1,11 +1,12 @@
 """Thin wrappers over llama.cpp's C API (through llama-cpp-python's ctypes bindings).
 
 Only what the backend needs: load a GGUF once (`NativeModel`), and per context
-(`NativeContext`) evaluate tokens of sequence 0, read their logits, drop a tail of the KV
-cache, and save/restore the sequence's state. A context tracks exactly which tokens its KV
-cache holds (`tokens`); every method keeps that in sync or clears both on failure.
+(`NativeContext`) evaluate a batch of tokens of several sequences in one call, read their
+logits, drop a sequence's tail, share a prefix between sequences, and save/restore one
+sequence's state. A context tracks exactly which tokens its KV cache holds per sequence
+(`tokens`); every method keeps that in sync or clears both on failure.
 
-Nothing here is thread-safe: the pool lends a context to one request at a time.
+Nothing here is thread-safe: one engine thread (`llamacpp_engine.py`) drives the context.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ import numpy as np
 from lmprog.core.errors import BackendError
 
 logger = logging.getLogger("lmprog.backends.llamacpp")
+
+# One row of a batch: (sequence id, tokens appended to it, first of them whose logits are
+# wanted or None).
+Row = tuple[int, Sequence[int], int | None]
 
 _init_lock = threading.Lock()
 _initialised: list[Any] = []  # [llama_cpp module, log callback] once initialised
@@ -113,8 +118,18 @@ class NativeModel:
             self.ptr = None
 
 
+class KVFull(BackendError):
+    """llama_decode found no room in the KV cells for the batch (nothing was evaluated)."""
+
+
 class NativeContext:
-    """One llama_context evaluating sequence 0; `tokens` are the tokens its KV cache holds."""
+    """One llama_context running `n_seq` sequences over one shared pool of KV cells.
+
+    `tokens[s]` are the tokens the KV cache holds for sequence s, at positions 0..len-1;
+    every method keeps them in sync, or clears everything on a failure it cannot undo.
+    The KV cells are unified: a cell serves every sequence that holds it (`copy_prefix`
+    shares a prefix without copying), and one sequence may use all `n_ctx` of them.
+    """
 
     def __init__(
         self,
@@ -122,97 +137,117 @@ class NativeContext:
         *,
         n_ctx: int,
         n_batch: int,
+        n_seq: int,
         n_threads: int,
         n_threads_batch: int | None = None,
     ):
         lib = self.lib = model.lib
         params = lib.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, n_batch, n_batch
-        params.n_seq_max = 1
+        params.n_seq_max = n_seq
+        params.kv_unified = True
         params.n_threads = n_threads
         params.n_threads_batch = n_threads if n_threads_batch is None else n_threads_batch
         params.no_perf = True
         self.ptr = lib.llama_init_from_model(model.ptr, params)
         if not self.ptr:
-            raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens")
+            raise BackendError(
+                f"llama.cpp could not create a context of {n_ctx} tokens and {n_seq} sequences"
+            )
         self.model = model
         self.n_ctx: int = lib.llama_n_ctx(self.ptr)
         self.n_batch: int = lib.llama_n_batch(self.ptr)  # llama.cpp caps it at n_ctx
+        self.n_seq: int = lib.llama_n_seq_max(self.ptr)
         self.n_vocab = model.n_vocab
+        self._threads = (params.n_threads, params.n_threads_batch)
+        self._batch_threads = params.n_threads_batch
         self._memory = lib.llama_get_memory(self.ptr)
-        self._batch = lib.llama_batch_init(n_batch, 0, 1)
-        self.tokens: list[int] = []
+        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self.tokens: list[list[int]] = [[] for _ in range(self.n_seq)]
 
     # ---- evaluation ------------------------------------------------------------------------
-    def eval(self, tokens: Sequence[int], logits_from: int | None = None) -> np.ndarray | None:
-        """Append `tokens` to the KV cache; return the logits of tokens[logits_from:] ([n, V])."""
-        assert len(self.tokens) + len(tokens) <= self.n_ctx, "caller checks the context length"
-        out: list[np.ndarray] = []
-        try:
-            for start in range(0, len(tokens), self.n_batch):
-                chunk = tokens[start : start + self.n_batch]
-                first = None if logits_from is None else max(logits_from - start, 0)
-                rows = self._decode(chunk, first)
-                if rows is not None:
-                    out.append(rows)
-        except BaseException:
-            self.clear()  # a failed decode may leave a partial batch behind: start clean
-            raise
-        return np.concatenate(out) if len(out) > 1 else (out[0] if out else None)
+    def decode(self, rows: Sequence[Row], *, prompt: bool) -> np.ndarray | None:
+        """Evaluate every row's tokens, appended to its sequence, in one llama_decode.
 
-    def _decode(self, chunk: Sequence[int], logits_from: int | None) -> np.ndarray | None:
-        b, n, pos0 = self._batch, len(chunk), len(self.tokens)
-        want = logits_from is not None and logits_from < n
+        Returns the logits [n, V] of the flagged positions (row by row, in order), or None
+        if none is flagged. `prompt`: the batch evaluates prompt text (n_threads_batch
+        threads) rather than one new token per sequence (n_threads). Raises KVFull, with
+        nothing evaluated, when the KV cells cannot hold the batch.
+        """
+        b, n = self._batch, 0
+        for seq, chunk, logits_from in rows:
+            pos0 = len(self.tokens[seq])
+            assert pos0 + len(chunk) <= self.n_ctx, "the caller checks the context length"
+            for i, t in enumerate(chunk):
+                b.token[n] = t
+                b.pos[n] = pos0 + i
+                b.n_seq_id[n] = 1
+                b.seq_id[n][0] = seq
+                b.logits[n] = logits_from is not None and i >= logits_from
+                n += 1
+        assert 0 < n <= self.n_batch, "the caller fills at most n_batch tokens"
         b.n_tokens = n
-        for i, t in enumerate(chunk):
-            b.token[i] = t
-            b.pos[i] = pos0 + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = want and i >= logits_from
+        self._set_batch_threads(self._threads[1] if prompt else self._threads[0])
         rc = self.lib.llama_decode(self.ptr, b)
+        if rc == 1:
+            raise KVFull(f"the KV cache ({self.n_ctx} cells) has no room for {n} more tokens")
         if rc != 0:
-            raise BackendError(
-                f"llama_decode failed with code {rc} at position {pos0} (context {self.n_ctx})"
-            )
-        self.tokens.extend(chunk)
-        if not want:
+            self.clear()  # a failed decode may leave part of the batch behind: start clean
+            raise BackendError(f"llama_decode failed with code {rc} (context {self.n_ctx})")
+        for seq, chunk, _ in rows:
+            self.tokens[seq].extend(chunk)
+        n_out = sum(int(b.logits[i]) for i in range(n))
+        if not n_out:
             return None
-        n_rows = n - logits_from
         ptr = self.lib.llama_get_logits(self.ptr)
-        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab)).copy()
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy()
+
+    def _set_batch_threads(self, n: int) -> None:
+        # llama.cpp runs a batch of more than one token on n_threads_batch threads: a batch
+        # of decodes is generation, so it gets n_threads.
+        if n != self._batch_threads:
+            self.lib.llama_set_n_threads(self.ptr, self._threads[0], n)
+            self._batch_threads = n
 
     # ---- KV cache management ----------------------------------------------------------------
-    def truncate(self, n: int) -> None:
-        """Keep only the first n tokens in the KV cache."""
-        if n >= len(self.tokens):
+    def truncate(self, seq: int, n: int) -> None:
+        """Keep only the first n tokens of sequence `seq`."""
+        if n >= len(self.tokens[seq]):
             return
-        if n <= 0 or not self.lib.llama_memory_seq_rm(self._memory, 0, n, -1):
-            self.clear()
-            return
-        del self.tokens[n:]
+        if not self.lib.llama_memory_seq_rm(self._memory, seq, max(n, 0), -1):
+            raise BackendError("llama.cpp could not drop the tail of a sequence")
+        del self.tokens[seq][max(n, 0) :]
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Make sequence `dst` hold the first n tokens of `src` (sharing their KV cells)."""
+        assert src != dst and n <= len(self.tokens[src])
+        self.truncate(dst, 0)
+        self.lib.llama_memory_seq_cp(self._memory, src, dst, 0, n)
+        self.tokens[dst] = self.tokens[src][:n]
 
     def clear(self) -> None:
         self.lib.llama_memory_clear(self._memory, True)
-        self.tokens = []
+        self.tokens = [[] for _ in range(self.n_seq)]
 
-    def save_state(self) -> bytes:
-        """The KV state of sequence 0 (it holds `self.tokens`)."""
-        size = self.lib.llama_state_seq_get_size(self.ptr, 0)
+    def save_state(self, seq: int) -> bytes:
+        """The KV state of sequence `seq` (it holds `self.tokens[seq]`)."""
+        size = self.lib.llama_state_seq_get_size(self.ptr, seq)
         buf = (ctypes.c_uint8 * size)()
-        n = self.lib.llama_state_seq_get_data(self.ptr, buf, size, 0)
+        n = self.lib.llama_state_seq_get_data(self.ptr, buf, size, seq)
         if n == 0 or n > size:
             raise BackendError("llama.cpp could not save the sequence state")
         return bytes(memoryview(buf)[:n])
 
-    def load_state(self, blob: bytes, tokens: Sequence[int]) -> None:
-        """Replace the KV cache with a saved state that holds `tokens`."""
-        self.clear()
+    def load_state(self, seq: int, blob: bytes, tokens: Sequence[int]) -> bool:
+        """Replace sequence `seq` with a saved state that holds `tokens`; False (the sequence
+        left empty) when the KV cells have no room for it."""
+        self.truncate(seq, 0)
         buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
-        if self.lib.llama_state_seq_set_data(self.ptr, buf, len(blob), 0) == 0:
-            self.clear()
-            raise BackendError("llama.cpp could not restore a saved sequence state")
-        self.tokens = list(tokens)
+        if self.lib.llama_state_seq_set_data(self.ptr, buf, len(blob), seq) == 0:
+            self.lib.llama_memory_seq_rm(self._memory, seq, -1, -1)
+            return False
+        self.tokens[seq] = list(tokens)
+        return True
 
     def close(self) -> None:
         if self.ptr:

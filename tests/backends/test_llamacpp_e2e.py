@@ -183,11 +183,20 @@ def test_select_scoring(be):
     assert abs(sum(healed.choices[0].token_logprobs) - totals[0]) < 1e-3
 
 
-def test_shared_prefix_is_reused_across_requests(be):
+@pytest.fixture(scope="module")
+def one_slot():
+    """A backend with one sequence: another prompt displaces what it held."""
+    backend = LlamaCpp(n_ctx=2048, min_save_tokens=16, n_parallel=1)
+    yield backend
+    backend.shutdown()
+
+
+def test_shared_prefix_is_reused_across_requests(one_slot):
     """A saved prefix state (cache_prefix, or saved on switching to another prompt) comes back
-    exactly: restored, a context continues bit for bit as the one it was saved from. Against
+    exactly: restored, a sequence continues bit for bit as the one it was saved from. Against
     a fresh evaluation of the whole prompt in one batch, which rounds differently, the output
     agrees up to the first near tie (the question is chosen to have none)."""
+    be = one_slot
     header = "".join(f"Q: What is {i} plus {i}?\nA: {2 * i}\n" for i in range(6))
     be.cache_prefix(header)
     n_header = len(be.tokenizer.encode(header, add_special_tokens=False))
@@ -280,19 +289,23 @@ def test_context_fills_during_generation():
 
 
 def test_concurrent_requests_match_serial_ones(be):
+    """The same tokens up to the first near tie: a prompt whose prefix another sequence
+    holds is evaluated in other chunks than alone (tests/backends/test_llamacpp_batch.py
+    has the batching tests)."""
     prompts = [f"{QUESTION[:-3]} number {i} is" for i in range(4)]
-    serial = [gen(be, p, max_tokens=6).text for p in prompts]
-    results: dict[int, str] = {}
+    serial = [gen(be, p, max_tokens=6, return_logprob=True, top_logprobs_num=2) for p in prompts]
+    results: dict[int, object] = {}
 
     def run(i):
-        results[i] = gen(be, prompts[i], max_tokens=6).text
+        results[i] = gen(be, prompts[i], max_tokens=6)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert [results[i] for i in range(4)] == serial
+    for i in range(4):
+        agrees(results[i], serial[i])
 
 
 def test_constrained_generation(be):
