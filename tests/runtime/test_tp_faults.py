@@ -125,3 +125,15 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_group_dropped_before_its_engine_starts_leaves_no_worker(tiny):
+    import gc
+
+    tp = start_tensor_parallel(2, {"model": str(tiny)}, device="cpu")
+    worker = tp.workers[0]
+    assert worker.poll() is None
+    del tp  # e.g. lp.Runtime failed between starting the group and launching its engine
+    gc.collect()
+    assert worker.poll() is not None
+    assert leftover_workers() == []

@@ -21,6 +21,7 @@ import pickle
 import subprocess
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -118,6 +119,10 @@ class TPGroup:
         """A ParallelError saying what broke: a worker's exit code or its reported error,
         else `exc` (a collective's own error, e.g. its timeout)."""
         reasons = []
+        if exc is not None:  # a peer's death breaks its sockets before it can be reaped
+            deadline = time.monotonic() + 1.0
+            while all(p.poll() is None for p in self.workers) and time.monotonic() < deadline:
+                time.sleep(0.01)
         for rank in range(1, self.world):
             reported = self._reported_error(rank)
             if reported:
@@ -155,17 +160,15 @@ class TPGroup:
         return None
 
     def watch(self) -> None:
-        """Rank 0: a thread that calls on_failure when a spawned worker dies unasked."""
-        if not self.workers:
-            return
-        threading.Thread(target=self._watch, name="lmprog-tp-watchdog", daemon=True).start()
+        """Rank 0: a thread that calls on_failure when a spawned worker dies unasked. It
+        holds the group weakly (a group dropped unclosed is collected, its workers killed)."""
+        if self.workers:
+            args = (weakref.ref(self), self.workers, self._closing)
+            threading.Thread(
+                target=_watch, args=args, name="lmprog-tp-watchdog", daemon=True
+            ).start()
 
-    def _watch(self) -> None:
-        while not self._closing.wait(0.2):
-            if any(p.poll() is not None for p in self.workers):
-                break
-        if self._closing.is_set():
-            return
+    def _on_worker_death(self) -> None:
         error = self.failure()
         log.error("%s", error)
         if self._nccl:  # a collective waiting on the dead rank would wait for its timeout
@@ -195,6 +198,19 @@ class TPGroup:
                 _wait(proc, 2.0)
         for pg in (self._dev, self._plan):
             _quietly(pg.abort)
+
+
+def _watch(
+    group: weakref.ref[TPGroup], workers: list[subprocess.Popen], closing: threading.Event
+) -> None:
+    while not closing.wait(0.2):
+        if any(p.poll() is not None for p in workers):
+            live = group()
+            if live is not None and not closing.is_set():
+                live._on_worker_death()
+            return
+        if group() is None:
+            return
 
 
 def _gloo(

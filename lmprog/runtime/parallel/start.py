@@ -17,6 +17,7 @@ import pickle
 import subprocess
 import sys
 import time
+import weakref
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -132,14 +133,20 @@ def _spawn(
         _wait_ready(store, workers)
         group = TPGroup(store, 0, tp_size, devices[0], timeout_s=timeout_s, hostname=host)
     except BaseException:
-        for proc in workers:
-            proc.kill()
-            proc.wait()
+        _kill(workers)
         raise
     group.workers = workers
+    weakref.finalize(group, _kill, workers)  # a group dropped unclosed leaves nothing running
     group.watch()
     log.info("tensor parallelism: %d ranks on %s", tp_size, ", ".join(map(str, devices)))
     return group
+
+
+def _kill(workers: list[subprocess.Popen]) -> None:
+    for proc in workers:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _wait_ready(store: dist.Store, workers: list[subprocess.Popen]) -> None:
