@@ -14,8 +14,7 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import save_file
-from tp_testing import leftover_workers
+from tp_testing import leftover_workers, write_tiny
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.assemble import assemble_model
@@ -29,54 +28,6 @@ from lmprog.runtime.parallel.start import check_tp_size, start_tensor_parallel
 
 HEAD = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28, 84, 19]
 PROMPTS = [HEAD + [i, i + 1, i + 2] for i in range(1, 7)] + [[5, 6, 7], [90, 91, 92, 93, 94]]
-
-
-def write_tiny(folder, *, model_type="llama", heads=4, kv_heads=2, vocab=101, tied=True):
-    """An HF folder (config.json + safetensors) of a tiny model with random weights large
-    enough (std 0.3) that greedy outputs depend on the whole context."""
-    hidden, inter, layers, d = 64, 96, 2, 16
-    hf = {
-        "model_type": model_type,
-        "vocab_size": vocab,
-        "hidden_size": hidden,
-        "intermediate_size": inter,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": d,
-        "max_position_embeddings": 512,
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": tied,
-    }
-    g = torch.Generator().manual_seed(7)
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=g) * 0.3
-
-    w = {"model.embed_tokens.weight": rand(vocab, hidden), "model.norm.weight": torch.ones(hidden)}
-    if not tied:
-        w["lm_head.weight"] = rand(vocab, hidden)
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        w |= {
-            p + "input_layernorm.weight": 1 + rand(hidden) * 0.1,
-            p + "post_attention_layernorm.weight": 1 + rand(hidden) * 0.1,
-            p + "self_attn.q_proj.weight": rand(heads * d, hidden),
-            p + "self_attn.k_proj.weight": rand(kv_heads * d, hidden),
-            p + "self_attn.v_proj.weight": rand(kv_heads * d, hidden),
-            p + "self_attn.o_proj.weight": rand(hidden, heads * d),
-            p + "mlp.gate_proj.weight": rand(inter, hidden),
-            p + "mlp.up_proj.weight": rand(inter, hidden),
-            p + "mlp.down_proj.weight": rand(hidden, inter),
-        }
-        if model_type == "qwen2":  # q/k/v biases
-            w[p + "self_attn.q_proj.bias"] = rand(heads * d)
-            w[p + "self_attn.k_proj.bias"] = rand(kv_heads * d)
-            w[p + "self_attn.v_proj.bias"] = rand(kv_heads * d)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(hf))
-    save_file(w, str(folder / "model.safetensors"))
-    return folder
 
 
 def launch(folder, tp_size, *, slots=2048, overlap=False, **sched):

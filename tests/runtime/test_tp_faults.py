@@ -13,8 +13,7 @@ import textwrap
 import time
 
 import pytest
-from test_tp import write_tiny
-from tp_testing import leftover_workers
+from tp_testing import leftover_workers, write_tiny
 
 from lmprog.core.errors import BackendError
 from lmprog.core.sampling import SamplingParams as SP
