@@ -62,3 +62,18 @@ def over_limit(what: str, got: int, name: str) -> ValueError:
         f"{what}: {got} is over the limit {name}={limit}; raise it with "
         f"lp.set_limits({name}=...) if you mean it"
     )
+
+
+def check_stop_limits(stop: tuple[str, ...], call: str) -> None:
+    """ValueError if `stop` (of a `call` such as "gen" or "run") is over max_stop or
+    max_stop_chars."""
+    limits = _limits
+    if len(stop) > limits.max_stop:
+        raise over_limit(f"{call}(stop=[...]) lists too many stop strings", len(stop), "max_stop")
+    for s in stop:
+        if len(s) > limits.max_stop_chars:
+            raise over_limit(
+                f"{call}(stop=...) has a stop string of {len(s)} characters ({s[:20]!r}...)",
+                len(s),
+                "max_stop_chars",
+            )

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmprog.core.errors import ConstraintError
-from lmprog.core.limits import get_limits, over_limit
+from lmprog.core.limits import check_stop_limits, get_limits, over_limit
 from lmprog.core.sampling import SamplingParams
 from lmprog.lang.choices import ChoicesMethod, token_length_normalized
 from lmprog.lang.ir import (
@@ -321,21 +321,8 @@ def _checked_overrides(overrides: dict[str, Any]) -> tuple[tuple[str, Any], ...]
     if "max_tokens" not in overrides and isinstance(overrides.get("min_tokens"), int):
         base = SamplingParams(max_tokens=max(base.max_tokens, overrides["min_tokens"]))
     checked = base.merged(overrides)
-    _check_stop_limits(checked.stop)
+    check_stop_limits(checked.stop, "gen")
     return tuple(sorted((k, getattr(checked, k)) for k in overrides))
-
-
-def _check_stop_limits(stop: tuple[str, ...]) -> None:
-    limits = get_limits()
-    if len(stop) > limits.max_stop:
-        raise over_limit("gen(stop=[...]) lists too many stop strings", len(stop), "max_stop")
-    for s in stop:
-        if len(s) > limits.max_stop_chars:
-            raise over_limit(
-                f"gen(stop=...) has a stop string of {len(s)} characters ({s[:20]!r}...)",
-                len(s),
-                "max_stop_chars",
-            )
 
 
 def _with_terminators(stop: Any, dtype: Any) -> Any:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from lmprog.core.limits import check_stop_limits
 from lmprog.core.sampling import SAMPLING_FIELDS, SAMPLING_NAMES, SamplingParams
 from lmprog.lang.graph import Graph
 from lmprog.lang.state import FrontendState
@@ -116,7 +117,9 @@ class Program:
             self._signature.bind(*args, **call)
         except TypeError as e:
             raise TypeError(f"{self.name}(): {e}; its parameters are {list(self._names)}") from None
-        return ProgramCall(tuple(args), call, SamplingParams().merged(sampling))
+        defaults = SamplingParams().merged(sampling)
+        check_stop_limits(defaults.stop, "run")
+        return ProgramCall(tuple(args), call, defaults)
 
     def trace(self, **kwargs: Any) -> Graph:
         """The program's IR graph, recorded without running any model.

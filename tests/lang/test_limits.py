@@ -25,6 +25,26 @@ def test_stop_lists_are_bounded(restore_limits):
         lp.gen("x", stop=["a", "b", "c"])
 
 
+def test_run_defaults_stop_lists_are_bounded_too(restore_limits):
+    from fakes import FakeBackend
+
+    @lp.function
+    def prog(s):
+        s += lp.gen("x", max_tokens=2)
+
+    backend = FakeBackend()
+    too_many = [f"s{i}" for i in range(lp.get_limits().max_stop + 1)]
+    with pytest.raises(ValueError, match=r"run\(stop=.*max_stop=64"):
+        prog.run(stop=too_many, backend=backend)
+    with pytest.raises(ValueError, match=r"item 0: run\(stop=.*max_stop_chars=1024"):
+        prog.run_batch([{}], stop="x" * 1025, backend=backend)
+    with pytest.raises(ValueError, match="max_stop=64"):
+        prog.trace(stop=too_many)
+    assert backend.requests == []  # refused at the call, before any request
+    lp.set_limits(max_stop=1)
+    assert prog.run(stop="a", backend=backend)["x"] is not None
+
+
 def test_select_choices_are_bounded(restore_limits):
     lp.set_limits(max_choices=3)
     with pytest.raises(ValueError, match="max_choices=3"):
