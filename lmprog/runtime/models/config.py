@@ -1,7 +1,8 @@
 """ModelConfig: the shape of a Llama-family decoder, read from HF config.json or GGUF metadata.
 
-One frozen dataclass covers Llama 2/3/3.1/3.2, SmolLM2, Mistral, Qwen2/2.5 (qkv bias) and
-Qwen3 (per-head q/k RMSNorm); the differences are flags, not subclasses.
+One frozen dataclass covers Llama 2/3/3.1/3.2, SmolLM2, Mistral, Qwen2/2.5 (qkv bias),
+Qwen3 (per-head q/k RMSNorm) and Gemma 3 (sliding-window layers, GELU, query scalar); the
+differences are fields, not subclasses.
 """
 
 from __future__ import annotations
@@ -15,7 +16,17 @@ from typing import Any, Literal
 RopeType = Literal["default", "linear", "llama3", "freq_factors"]
 
 # HF model_type / GGUF general.architecture -> our architecture name (registry key)
-_ARCH_ALIASES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_ARCH_ALIASES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3",
+    "gemma3_text": "gemma3",
+}
+# Gemma 3 as llama.cpp and transformers run it when the checkpoint does not say otherwise.
+GEMMA3_SLIDING_WINDOW_PATTERN = 6  # every 6th layer attends globally, the others slide
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
 
 
 @dataclass(frozen=True)
@@ -49,7 +60,7 @@ class RopeScaling:
 class ModelConfig:
     """Architecture of one Llama-family model. `head_dim` may differ from hidden/heads (Qwen3)."""
 
-    architecture: str  # registry key: "llama" | "qwen2" | "qwen3"
+    architecture: str  # registry key: "llama" | "qwen2" | "qwen3" | "gemma3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -66,6 +77,14 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm over each q/k head before RoPE (Qwen3)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default=())
+    hidden_act: str = "silu"  # the gated MLP's activation: "silu" or "gelu_pytorch_tanh"
+    # Sliding-window layers (Gemma 3): layer i slides unless (i + 1) % pattern == 0; a sliding
+    # layer's query sees the last `sliding_window` positions, its own included.
+    sliding_window: int | None = None
+    sliding_window_pattern: int = 0  # 0: no sliding layers
+    rope_local_theta: float | None = None  # RoPE base of sliding layers (unscaled)
+    query_pre_attn_scalar: float | None = None  # attention scale scalar**-0.5; None: head_dim
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
 
     def __post_init__(self) -> None:
         for name in (
@@ -87,6 +106,17 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.hidden_act not in ("silu", "gelu_pytorch_tanh"):
+            raise ValueError(
+                f"unsupported hidden_act {self.hidden_act!r}; supported: silu, gelu_pytorch_tanh"
+            )
+        if self.sliding_window_pattern and not (self.sliding_window and self.sliding_window > 0):
+            raise ValueError("sliding_window_pattern needs a positive sliding_window")
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether `layer` attends over a sliding window (else over the whole context)."""
+        p = self.sliding_window_pattern
+        return bool(p) and (layer + 1) % p != 0
 
     @property
     def q_size(self) -> int:
@@ -110,6 +140,13 @@ def config_from_hf(hf: dict[str, Any] | str | os.PathLike[str]) -> ModelConfig:
         raise ValueError(
             f"unsupported model_type {model_type!r}; supported: {sorted(_ARCH_ALIASES)}"
         )
+    if model_type == "gemma3":
+        raise ValueError(
+            "model_type 'gemma3' is Gemma 3's image-text model; only its text model "
+            "(model_type 'gemma3_text', e.g. gemma-3-270m, gemma-3-1b) or a GGUF is supported"
+        )
+    if model_type == "gemma3_text":
+        return _gemma3_from_hf(hf)
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; only silu")
     if hf.get("mlp_bias"):
@@ -140,6 +177,65 @@ def config_from_hf(hf: dict[str, Any] | str | os.PathLike[str]) -> ModelConfig:
         qk_norm=model_type == "qwen3",
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+    )
+
+
+def _gemma3_from_hf(hf: dict[str, Any]) -> ModelConfig:
+    """Gemma 3's text config (transformers' Gemma3TextConfig, its defaults where a key is
+    absent): rope_parameters per layer type (or the older rope_theta / rope_local_base_freq /
+    rope_scaling), layer_types (or sliding_window_pattern)."""
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    if hf.get("attn_logit_softcapping") is not None:
+        raise ValueError("attn_logit_softcapping is not supported (Gemma 2); Gemma 3 has none")
+    if hf.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention=True (an embedding model) is not supported")
+    layers = hf.get("num_hidden_layers", 26)
+    pattern = hf.get("sliding_window_pattern", GEMMA3_SLIDING_WINDOW_PATTERN)
+    types = hf.get("layer_types")
+    if types is not None:
+        sliding = [t == "sliding_attention" for t in types]
+        pattern = next((i + 1 for i, s in enumerate(sliding) if not s), 0)
+        if len(sliding) != layers or sliding != [
+            bool(pattern) and (i + 1) % pattern != 0 for i in range(layers)
+        ]:
+            raise ValueError(
+                "layer_types must repeat (pattern - 1) sliding layers and one global layer"
+            )
+    rope = hf.get("rope_parameters") or {}
+    full = dict(rope.get("full_attention") or {})
+    local = dict(rope.get("sliding_attention") or {})
+    if not rope and hf.get("rope_scaling"):
+        full.update(hf["rope_scaling"])
+    if _hf_rope_scaling(local) is not None:
+        raise ValueError("RoPE scaling on Gemma 3's sliding layers is not supported")
+    heads = hf.get("num_attention_heads", 8)
+    eos = hf.get("eos_token_id", 1)
+    return ModelConfig(
+        architecture="gemma3",
+        vocab_size=hf.get("vocab_size", 262_208),
+        hidden_size=hf.get("hidden_size", 2304),
+        intermediate_size=hf.get("intermediate_size", 9216),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads", 4),
+        head_dim=hf.get("head_dim", 256),
+        max_position=hf.get("max_position_embeddings", 131_072),
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        rope_theta=float(full.get("rope_theta", hf.get("rope_theta", 1_000_000.0))),
+        rope_scaling=_hf_rope_scaling(full),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
+        attention_bias=bool(hf.get("attention_bias", False)),
+        qk_norm=True,
+        bos_token_id=hf.get("bos_token_id", 2),
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+        hidden_act=act,
+        sliding_window=hf.get("sliding_window", 4096) if pattern else None,
+        sliding_window_pattern=pattern,
+        rope_local_theta=float(
+            local.get("rope_theta", hf.get("rope_local_base_freq", GEMMA3_LOCAL_ROPE_THETA))
+        ),
+        query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
+        final_logit_softcapping=hf.get("final_logit_softcapping"),
     )
 
 
@@ -180,6 +276,20 @@ def config_from_gguf(reader: Any) -> ModelConfig:
     hidden = get("embedding_length")
     vocab = get("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
     eos = meta.get("tokenizer.ggml.eos_token_id")
+    head_dim = get("attention.key_length") or hidden // heads
+    extra: dict[str, Any] = {}
+    if arch == "gemma3":  # what llama.cpp's gemma3 graph hard-codes beside the metadata
+        extra = {
+            "hidden_act": "gelu_pytorch_tanh",
+            "sliding_window": get("attention.sliding_window"),
+            "sliding_window_pattern": GEMMA3_SLIDING_WINDOW_PATTERN,
+            "rope_local_theta": GEMMA3_LOCAL_ROPE_THETA,
+            # 27B (62 layers) scales by hidden / heads, the others by head_dim (llama.cpp)
+            "query_pre_attn_scalar": float(
+                hidden // heads if get("block_count") == 62 else head_dim
+            ),
+            "final_logit_softcapping": get("final_logit_softcapping"),
+        }
     return ModelConfig(
         architecture=_ARCH_ALIASES[arch],
         vocab_size=vocab,
@@ -188,7 +298,7 @@ def config_from_gguf(reader: Any) -> ModelConfig:
         num_layers=get("block_count"),
         num_heads=heads,
         num_kv_heads=get("attention.head_count_kv") or heads,
-        head_dim=get("attention.key_length") or hidden // heads,
+        head_dim=head_dim,
         max_position=get("context_length", 4096),
         rms_norm_eps=get("attention.layer_norm_rms_epsilon", 1e-5),
         rope_theta=float(get("rope.freq_base", 10000.0)),
@@ -198,6 +308,7 @@ def config_from_gguf(reader: Any) -> ModelConfig:
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (int(eos),),
+        **extra,
     )
 
 

@@ -10,6 +10,7 @@ _ARCHITECTURES: dict[str, str] = {
     "llama": "lmprog.runtime.models.llama:LlamaForCausalLM",  # also Mistral, SmolLM2
     "qwen2": "lmprog.runtime.models.llama:LlamaForCausalLM",  # qkv bias via the config
     "qwen3": "lmprog.runtime.models.llama:LlamaForCausalLM",  # q/k norm via the config
+    "gemma3": "lmprog.runtime.models.gemma3:Gemma3ForCausalLM",  # sliding-window layers
 }
 
 

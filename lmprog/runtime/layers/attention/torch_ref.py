@@ -7,11 +7,15 @@ query heads that share a KV head are folded into SDPA's query-length axis,
 
     q [B, n, Hkv*G, D] -> [B, Hkv, G*n, D]      k, v [B, Hkv, L, D]
     mask [B, n, L]     -> [B, 1, G*n, L]        (the same rows for each of the G heads)
+
+Sliding-window layers (`set_sliding_window`, Gemma 3) use a second mask of the same plan that
+also hides keys `window` or more positions older than the query; the pool keeps every key.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,6 +36,7 @@ class _DecodeGroup:
     mask: torch.Tensor | None  # bool [B, 1, 1, L_max]; None when no padding
     max_len: int
     first_slot: int | None = None  # B == 1 with slots first..first+L-1: read a view, no gather
+    window_mask: torch.Tensor | None = None  # the sliding layers' mask (`mask` if no key is old)
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class _Extend:
     num_new: int
     slots: torch.Tensor  # [L] the request's slots, prefix first
     mask: torch.Tensor  # bool [G * n, L], already repeated over the G folded heads
+    window_mask: torch.Tensor | None = None  # the sliding layers' mask, the same shape
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,16 @@ class TorchPlan:
 
 class TorchAttentionBackend(AttentionBackend):
     """Reference backend: SDPA per step on gathered K/V; any device, any dtype."""
+
+    window: int | None = None
+    sliding_layers: frozenset[int] = frozenset()
+
+    def set_sliding_window(self, window: int, layers: Iterable[int]) -> None:
+        """Make each of `layers` attend only to the last `window` positions (its own
+        included: key position p is seen from query position q iff q - window < p <= q)."""
+        if window <= 0:
+            raise ValueError(f"sliding window must be positive, got {window}")
+        self.window, self.sliding_layers = window, frozenset(layers)
 
     def plan(self, batch: ForwardBatch) -> TorchPlan:
         lens, ext = batch.host_lens()
@@ -80,7 +96,14 @@ class TorchAttentionBackend(AttentionBackend):
             slots = torch.where(valid, slots, 0)
             mask = valid[:, None, None, :]
         rows = None if everyone else batch.extend_start_loc[members]
-        return _DecodeGroup(rows, slots.reshape(-1), mask, max_len, _contiguous_from(slots))
+        window_mask = mask
+        if self.window is not None and max_len > self.window:
+            seq = batch.seq_lens if everyone else batch.seq_lens[members]
+            keys = torch.arange(max_len, device=dev)[None, :]
+            valid = (keys < seq[:, None]) & (keys >= seq[:, None] - self.window)
+            window_mask = valid[:, None, None, :]
+        first = _contiguous_from(slots)
+        return _DecodeGroup(rows, slots.reshape(-1), mask, max_len, first, window_mask)
 
     def _extend(
         self, batch: ForwardBatch, i: int, start: int, n: int, seq_len: int, mask_offset: int
@@ -94,8 +117,16 @@ class TorchAttentionBackend(AttentionBackend):
         else:
             mask = batch.custom_mask[mask_offset : mask_offset + n * seq_len].view(n, seq_len)
         group = self.num_heads // self.num_kv_heads
+        window_mask = None
+        if self.window is not None and seq_len > self.window:
+            # positions: the cached prefix's keys sit at their index, the new tokens where the
+            # batch puts them (a verify tree's drafts share positions)
+            new_pos = batch.positions[start : start + n]
+            key_pos = torch.cat([torch.arange(seq_len - n, device=dev), new_pos])
+            window_mask = mask & (new_pos[:, None] - key_pos[None, :] < self.window)
+            window_mask = window_mask[None].expand(group, n, seq_len).reshape(group * n, seq_len)
         mask = mask[None].expand(group, n, seq_len).reshape(group * n, seq_len)
-        return _Extend(start, n, slots, mask)
+        return _Extend(start, n, slots, mask, mask if window_mask is None else window_mask)
 
     def forward(
         self,
@@ -108,19 +139,25 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         k_cache, v_cache = kv.k[layer], kv.v[layer]
         d = plan.decode
+        sliding = layer in self.sliding_layers
         if d is not None and d.rows is None:  # decode-only step: no scatter
-            return self._decode(q, k_cache, v_cache, d)
+            return self._decode(q, k_cache, v_cache, d, sliding)
         out = torch.empty_like(q)
         if d is not None:
-            out[d.rows] = self._decode(q[d.rows], k_cache, v_cache, d)
+            out[d.rows] = self._decode(q[d.rows], k_cache, v_cache, d, sliding)
         for e in plan.extends:
             out[e.start : e.start + e.num_new] = self._extend_attend(
-                q[e.start : e.start + e.num_new], k_cache, v_cache, e
+                q[e.start : e.start + e.num_new], k_cache, v_cache, e, sliding
             )
         return out
 
     def _decode(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: _DecodeGroup
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        d: _DecodeGroup,
+        sliding: bool = False,
     ) -> torch.Tensor:
         b, hkv, dim = q.shape[0], self.num_kv_heads, self.head_dim
         if d.first_slot is not None:
@@ -131,18 +168,25 @@ class TorchAttentionBackend(AttentionBackend):
         k = k.view(b, d.max_len, hkv, dim).transpose(1, 2)
         v = v.view(b, d.max_len, hkv, dim).transpose(1, 2)
         qg = q.view(b, hkv, -1, dim)  # n = 1: the G heads of a KV head are the "queries"
-        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=d.mask, scale=self.scale)
+        mask = d.window_mask if sliding else d.mask
+        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=self.scale)
         return o.reshape(b, self.num_heads, dim)
 
     def _extend_attend(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, e: _Extend
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        e: _Extend,
+        sliding: bool = False,
     ) -> torch.Tensor:
         n, hkv, dim = e.num_new, self.num_kv_heads, self.head_dim
         group = self.num_heads // hkv
         k = k_cache.index_select(0, e.slots).transpose(0, 1)  # [Hkv, L, D]
         v = v_cache.index_select(0, e.slots).transpose(0, 1)
         qg = q.view(n, hkv, group, dim).permute(1, 2, 0, 3).reshape(hkv, group * n, dim)
-        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=e.mask, scale=self.scale)
+        mask = e.window_mask if sliding else e.mask
+        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=self.scale)
         return o.view(hkv, group, n, dim).permute(2, 0, 1, 3).reshape(n, self.num_heads, dim)
 
 

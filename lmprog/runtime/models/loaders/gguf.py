@@ -2,7 +2,10 @@
 
 llama.cpp's converter permutes the rows of attn_q/attn_k of *llama*-arch models so that RoPE
 rotates adjacent pairs (GPT-J style); we undo it to get back HF's rotate-half layout, exactly
-as transformers' GGUF loader does. Qwen2/Qwen3 GGUFs are stored unpermuted.
+as transformers' GGUF loader does. Qwen2/Qwen3 GGUFs are stored unpermuted. Gemma 3's
+converter stores each RMSNorm's effective multiplier 1 + w; we subtract the 1 to give HF's w
+back (as transformers' GGUF loader does), and name its four norms per layer as HF does. Every
+quantization type (Q4_K, Q5_0, Q6_K, Q8_0, ...) dequantizes through `gguf.quants`.
 
 Parsing a GGUF's metadata with `gguf.GGUFReader` takes seconds (it walks the whole
 vocabulary), so the parsed index (config + where each tensor's bytes are) is cached as JSON
@@ -46,6 +49,13 @@ _BLOCK = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+}
+# Gemma 3's norms around attention and MLP (llama.cpp's ffn_norm is its pre-MLP norm there)
+_GEMMA3_BLOCK = {
+    **_BLOCK,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
 }
 _SKIP = {"rope_freqs.weight"}  # read into ModelConfig.rope_scaling instead
 _INDEX_VERSION = 1
@@ -104,6 +114,7 @@ def gguf_weights(index: GGUFIndex) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, fp32 tensor) for every weight of the file."""
     config = index.config
     unpermute = config.architecture == "llama"
+    norm_shift = config.architecture == "gemma3"
     tensors = [t for t in index.tensors if t.name not in _SKIP]
     total = sum(t.nbytes for t in tensors)
     with (
@@ -119,19 +130,23 @@ def gguf_weights(index: GGUFIndex) -> Iterator[tuple[str, torch.Tensor]]:
                 array = _unpermute(array, config.num_heads)
             elif unpermute and ".attn_k." in t.name:
                 array = _unpermute(array, config.num_kv_heads)
+            elif norm_shift and t.name.endswith("norm.weight"):
+                array = array - np.float32(1.0)
             bar.update(t.nbytes)
             # F32 tensors are views of the read-only map: copy those (torch wants writable)
-            yield hf_name(t.name), torch.from_numpy(np.require(array, np.float32, ["C", "W"]))
+            name = hf_name(t.name, config.architecture)
+            yield name, torch.from_numpy(np.require(array, np.float32, ["C", "W"]))
 
 
-def hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str, architecture: str = "llama") -> str:
     """ "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"."""
     if gguf_name in _TOP:
         return _TOP[gguf_name]
+    block = _GEMMA3_BLOCK if architecture == "gemma3" else _BLOCK
     blk, layer, kind, suffix = gguf_name.split(".")
-    if blk != "blk" or kind not in _BLOCK:
-        raise ValueError(f"unexpected GGUF tensor {gguf_name!r} for a Llama-family model")
-    return f"model.layers.{layer}.{_BLOCK[kind]}.{suffix}"
+    if blk != "blk" or kind not in block:
+        raise ValueError(f"unexpected GGUF tensor {gguf_name!r} for a {architecture} model")
+    return f"model.layers.{layer}.{block[kind]}.{suffix}"
 
 
 def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:

@@ -1,0 +1,193 @@
+"""Gemma 3's text decoder (gemma-3-270m, -1b, and the text part of the larger ones) as plain
+modules, beside the Llama family it shares its projections, fused shards and loader with.
+
+What differs from Llama, as transformers' Gemma3ForCausalLM computes it:
+- embeddings scaled by sqrt(hidden_size) (in the embedding's dtype), tied to the output;
+- RMSNorm multiplies by (1 + w): the checkpoint's w, stored here as the effective 1 + w so the
+  plain RMSNorm (and its fused kernels) apply it;
+- four norms per layer: input, post-attention (on the attention output, before the residual
+  add), pre-feedforward, post-feedforward (on the MLP output, before the add);
+- per-head q/k RMSNorm before RoPE; queries scaled by query_pre_attn_scalar**-0.5;
+- a GELU-tanh gated MLP;
+- sliding-window layers (all but every `sliding_window_pattern`-th) attend over the last
+  `sliding_window` positions and rotate with their own RoPE base (10k, unscaled); global layers
+  use rope_theta (1M) with the config's scaling;
+- optional final logit soft-capping.
+
+The paged KV pool keeps every token of every layer (sliding layers included): correct, not
+memory-saving. The attention backend must implement `set_sliding_window` (the torch backend
+does; the Triton kernels do not, so Gemma 3 refuses them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..forward_batch import ForwardBatch
+from ..kv_pool import KVPool
+from ..layers.attention import AttentionBackend
+from ..layers.norm import RMSNorm
+from ..layers.rotary import RotaryEmbedding
+from .config import ModelConfig
+from .llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, _Step
+
+
+@dataclass(frozen=True)
+class _GemmaStep(_Step):
+    """A step's shared values, with the sliding layers' own rotation."""
+
+    local_cos: torch.Tensor | None = None
+    local_sin: torch.Tensor | None = None
+
+
+class GeluTanhAndMul(nn.Module):
+    """[..., 2 * d] (gate | up) -> gelu_tanh(gate) * up, shape [..., d]."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+
+
+class Gemma3Attention(LlamaAttention):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__(config, layer)
+        self.sliding = config.is_sliding(layer)
+        scalar = config.query_pre_attn_scalar or config.head_dim
+        # the backends scale by head_dim**-0.5; Gemma's scale is scalar**-0.5
+        self.q_scale = (config.head_dim / scalar) ** 0.5
+
+    def project(self, x: torch.Tensor, step: _Step) -> tuple[torch.Tensor, ...]:
+        """(q, k, v) of x: per-head q/k norms, then the rotation of this layer's kind; k and v
+        written to the pool; q carries the query scaling."""
+        hq, hkv = self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(x.shape[0], hq + 2 * hkv, self.head_dim)
+        qkv = torch.cat(
+            [self.q_norm(qkv[:, :hq]), self.k_norm(qkv[:, hq : hq + hkv]), qkv[:, hq + hkv :]],
+            dim=1,
+        )
+        if self.sliding and isinstance(step, _GemmaStep) and step.local_cos is not None:
+            cos, sin = step.local_cos, step.local_sin
+        else:
+            cos, sin = step.cos, step.sin
+        q, k, v = step.attention.rotate_and_store(
+            qkv, cos, sin, self.layer, step.kv, step.out_cache_loc
+        )
+        if self.q_scale != 1.0:
+            q = q * self.q_scale
+        return q, k, v
+
+
+class Gemma3MLP(LlamaMLP):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.act = GeluTanhAndMul()
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        dim, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = RMSNorm(dim, eps)
+        self.self_attn = Gemma3Attention(config, layer)
+        self.post_attention_layernorm = RMSNorm(dim, eps)
+        self.pre_feedforward_layernorm = RMSNorm(dim, eps)
+        self.mlp = Gemma3MLP(config)
+        self.post_feedforward_layernorm = RMSNorm(dim, eps)
+
+    def forward(
+        self, h: torch.Tensor, residual: torch.Tensor | None, step: _Step
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, residual) -> (h', residual') as LlamaDecoderLayer: the stream is residual + h."""
+        (q, k, v), residual = self.attention_input(h, residual, step)
+        o = step.attention.forward(q, k, v, self.self_attn.layer, step.kv, step.plan)
+        return self.attention_output(o, residual)
+
+    def attention_input(
+        self, h: torch.Tensor, residual: torch.Tensor | None, step: _Step
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        if residual is None:
+            x, residual = self.input_layernorm(h), h
+        else:
+            x, residual = self.input_layernorm(h, residual)
+        return self.self_attn.project(x, step), residual
+
+    def attention_output(
+        self, o: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The post-attention norm on the attention output, the residual add with the
+        pre-feedforward norm, the MLP, the post-feedforward norm (added by the next norm)."""
+        a = self.post_attention_layernorm(self.self_attn.output(o))
+        x, residual = self.pre_feedforward_layernorm(a, residual)
+        return self.post_feedforward_layernorm(self.mlp(x)), residual
+
+
+class Gemma3Model(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Gemma3DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class Gemma3ForCausalLM(LlamaForCausalLM):
+    """Gemma 3 over the paged KV pool; weights by HF name (`load_weights`), norms as HF's w."""
+
+    def __init__(self, config: ModelConfig, attention: AttentionBackend) -> None:
+        nn.Module.__init__(self)
+        if not config.qk_norm:
+            raise ValueError("a Gemma 3 config has per-head q/k norms (qk_norm=True)")
+        self.config = config
+        self.attention = attention
+        self.model = Gemma3Model(config)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        sliding = [i for i in range(config.num_layers) if config.is_sliding(i)]
+        self.local_rotary = None
+        if sliding:
+            self.local_rotary = RotaryEmbedding(
+                config.head_dim, config.rope_local_theta or config.rope_theta
+            )
+        if sliding and attention is not None:  # None: a shape-only model (tensor parallelism)
+            if not hasattr(attention, "set_sliding_window"):
+                raise ValueError(
+                    f"the {type(attention).__name__} attention backend has no sliding-window "
+                    "attention, which Gemma 3's local layers need; use attention='torch'"
+                )
+            attention.set_sliding_window(config.sliding_window, sliding)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+        self._embed_scale = config.hidden_size**0.5
+
+    def embed(self, batch: ForwardBatch, kv: KVPool, plan: Any) -> tuple[torch.Tensor, _Step]:
+        emb = self.model.embed_tokens(batch.input_ids)
+        h = emb * torch.tensor(self._embed_scale, dtype=emb.dtype, device=emb.device)
+        cos, sin = self.rotary.cos_sin(batch.positions, h.dtype)
+        local_cos = local_sin = None
+        if self.local_rotary is not None:
+            local_cos, local_sin = self.local_rotary.cos_sin(batch.positions, h.dtype)
+        step = _GemmaStep(
+            cos, sin, kv, batch.out_cache_loc, self.attention, plan, local_cos, local_sin
+        )
+        return h, step
+
+    def logits(self, h: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        logits = super().logits(h, residual, rows)
+        cap = self.config.final_logit_softcapping
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """HF-named tensors in; each RMSNorm's w becomes the stored multiplier 1 + w."""
+        super().load_weights(
+            (name, tensor + 1.0 if name.endswith("norm.weight") else tensor)
+            for name, tensor in weights
+        )
