@@ -7,8 +7,10 @@ The model is chosen here, once, at start-up; requests cannot change it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -30,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parse_level(args.log_level)
     except ValueError as exc:  # a bad $LMPROG_LOG_LEVEL (the flag's choices are checked above)
         parser.error(f"${ENV_VAR}: {exc}")
+    args.backend, args.backend_reason = choose_backend(args)
     try:
         backend_options(args)
     except ValueError as exc:  # a flag that does not apply to the chosen backend
@@ -46,9 +49,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--backend",
-        choices=("runtime", "llamacpp"),
-        default="runtime",
-        help="lmprog's engine (default) or llama.cpp",
+        choices=("auto", "runtime", "llamacpp"),
+        default="auto",
+        help="lmprog's engine or llama.cpp; auto (default): the runtime on a CUDA GPU or "
+        "when a runtime-only flag is given, llama.cpp for a GGUF model on a CPU (where it "
+        "decodes several times faster; docs/benchmarks.md)",
     )
     p.add_argument(
         "--log-level",
@@ -152,6 +157,47 @@ INT_LIMITS = (
 )
 
 
+def choose_backend(args: argparse.Namespace) -> tuple[str, str]:
+    """`--backend auto` made concrete: (backend, why), for the start-up log."""
+    if args.backend != "auto":
+        return args.backend, "--backend " + args.backend
+    runtime_only = [
+        flag
+        for flag, given in (
+            ("--tp", args.tp_size != 1),
+            ("--dp", args.dp_size != 1),
+            ("--quantization", args.quantization is not None),
+        )
+        if given
+    ]
+    if runtime_only:
+        return "runtime", f"auto: {', '.join(runtime_only)} need the runtime"
+    if (args.device or "auto").lower() not in ("auto", "cpu"):
+        return "runtime", f"auto: --device {args.device}"
+    if (args.device or "auto").lower() == "auto" and _has_cuda():
+        return "runtime", "auto: a CUDA GPU is present"
+    try:
+        from lmprog.core.models import resolve_model
+
+        source = resolve_model(args.model)
+    except Exception:  # noqa: BLE001 - the chosen backend reports a bad model clearly
+        return "runtime", "auto: the model did not resolve here"
+    if source.kind != "gguf":
+        return "runtime", "auto: a Hugging Face folder (llama.cpp reads GGUF files)"
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "runtime", "auto: llama-cpp-python is not installed"
+    return "llamacpp", "auto: a GGUF model on a CPU, where llama.cpp decodes faster"
+
+
+def _has_cuda() -> bool:
+    """Whether torch sees a CUDA GPU; torch is imported only where an NVIDIA driver is."""
+    if not os.path.exists("/proc/driver/nvidia/version") and shutil.which("nvidia-smi") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def backend_options(args: argparse.Namespace) -> dict:
     """The backend's keyword arguments from the flags; ValueError for a flag that does not
     apply to the chosen backend (never silently ignored)."""
@@ -223,7 +269,12 @@ def serve(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level)
     started = time.perf_counter()
-    log.info("starting: --backend %s, --model %s", args.backend, args.model or "(the default)")
+    log.info(
+        "starting: backend %s (%s), --model %s",
+        args.backend,
+        getattr(args, "backend_reason", "--backend " + args.backend),
+        args.model or "(the default)",
+    )
     backend = make_backend(args)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from lmprog.serve.cli import add_serve_arguments, backend_options, main
+from lmprog.serve import cli
+from lmprog.serve.cli import add_serve_arguments, backend_options, choose_backend, main
 
 
 def options(*argv: str) -> dict:
@@ -63,3 +64,34 @@ def test_the_command_line_exits_with_the_reason(capsys):
         main(["serve", "--backend", "llamacpp", "--quantization", "int4"])
     assert exit_.value.code == 2
     assert "applies to --backend runtime only" in capsys.readouterr().err
+
+
+def chosen(*argv: str) -> tuple[str, str]:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    return choose_backend(parser.parse_args(list(argv)))
+
+
+def test_auto_picks_llamacpp_for_a_gguf_on_a_cpu_and_says_why(monkeypatch):
+    monkeypatch.setattr(cli, "_has_cuda", lambda: False)
+    backend, why = chosen()
+    assert backend == "llamacpp" and "GGUF model on a CPU" in why
+    assert chosen("--device", "cpu")[0] == "llamacpp"
+    # a flag only the runtime has keeps the runtime, and says which flag
+    assert chosen("--quantization", "int4") == ("runtime", "auto: --quantization need the runtime")
+    assert chosen("--dp", "2")[0] == "runtime"
+    # an explicit choice is kept
+    assert chosen("--backend", "runtime") == ("runtime", "--backend runtime")
+
+
+def test_auto_picks_the_runtime_on_a_gpu_or_an_hf_folder(monkeypatch, tmp_path):
+    monkeypatch.setattr(cli, "_has_cuda", lambda: True)
+    assert chosen() == ("runtime", "auto: a CUDA GPU is present")
+    assert chosen("--device", "cuda:0") == ("runtime", "auto: --device cuda:0")
+    monkeypatch.setattr(cli, "_has_cuda", lambda: False)
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    backend, why = chosen("--model", str(folder))
+    assert backend == "runtime", why

@@ -135,7 +135,7 @@ def test_serve_logs_each_start_up_step_then_requests():
         proc.wait(30)
     text = "".join(lines)
     for step in (
-        "starting: --backend llamacpp",
+        "starting: backend llamacpp (--backend llamacpp)",
         "model smollm2-135m-instruct resolved: ",
         "loading weights with llama.cpp",
         "weights loaded in ",
