@@ -197,7 +197,8 @@ class TPGroup:
                 proc.kill()
                 _wait(proc, 2.0)
         for pg in (self._dev, self._plan):
-            _quietly(pg.abort)
+            _quietly(pg.abort if self.broken else pg.shutdown)
+        self._dev = self._plan = None  # destroyed now, not in the interpreter's teardown
 
 
 def _watch(
