@@ -7,7 +7,10 @@ load_model("llama-3.1-8b", load_format="dummy", device="cuda")
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
@@ -73,9 +76,39 @@ def build_model(
     attn = create_attention_backend(
         attention, config.num_heads, config.num_kv_heads, config.head_dim, device
     )
-    with torch.device("meta"):
+    with torch.device("meta"), _no_init():
         model = model_class(config.architecture)(config, attn)
-    return model.to(resolve_dtype(dtype, device)).to_empty(device=device).eval()
+    target = resolve_dtype(dtype, device)
+
+    def allocate(t: torch.Tensor) -> torch.Tensor:  # .to(dtype).to_empty(device) in one pass
+        kind = target if t.is_floating_point() else t.dtype
+        return torch.empty(t.shape, dtype=kind, device=device)  # empty_like on meta is slow
+
+    return model._apply(allocate).eval()
+
+
+_INIT_FUNCTIONS = ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "xavier_uniform_")
+_init_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _no_init() -> Iterator[None]:
+    """Modules built without drawing initial values (as transformers' `no_init_weights`):
+    the memory is allocated afresh anyway, and on the meta device the first draw alone
+    imports torch's reference decompositions (seconds of start-up)."""
+    with _init_lock:
+        saved = {name: getattr(nn.init, name) for name in _INIT_FUNCTIONS}
+        try:
+            for name in _INIT_FUNCTIONS:
+                setattr(nn.init, name, _keep)
+            yield
+        finally:
+            for name, fn in saved.items():
+                setattr(nn.init, name, fn)
+
+
+def _keep(tensor: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    return tensor
 
 
 def load_model(
