@@ -80,7 +80,7 @@ class LlamaCpp(Backend):
             Sequences that finished keep their tokens as a prefix cache.
         chat_template: a named template or jinja2 source overriding the model's own.
         state_cache_bytes: memory bound of saved prefix states (0 disables saving).
-        min_save_tokens: save a context's state before it discards at least this many tokens.
+        min_save_tokens: save a sequence's state before it discards at least this many tokens.
         jump_forward: append text a constraint forces in one step (off with logprobs).
     """
 
