@@ -152,7 +152,7 @@ _COUNTS = (
     "restores",  # saved states restored into a slot
     "prefix_copies",  # prefixes shared from another slot (seq_cp)
     "saves_on_switch",  # states saved before a slot dropped them
-    "retractions",  # requests that gave their KV cells back (none free) and waited
+    "num_retractions",  # requests that gave their KV cells back (none free) and waited
 )
 
 

@@ -322,6 +322,7 @@ class LlamaCpp(Backend):
         out["n_ctx"] = self.n_ctx
         out["n_parallel"] = self.n_parallel
         out["peak_sequences"] = self._engine.peak_sequences
+        out.update(self._engine.load())
         return out
 
     @property

@@ -166,6 +166,14 @@ class Engine:
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
+    def load(self) -> dict[str, int]:
+        """Requests running (holding a sequence) and waiting for one; a snapshot."""
+        with self._cond:
+            return {
+                "num_running": len(self._running),
+                "num_waiting": len(self._waiting) + len(self._inbox),
+            }
+
     def _wake(self) -> None:
         with self._cond:
             self._cond.notify()
@@ -376,7 +384,7 @@ class Engine:
         _log.info("KV cells full: retracting a request of %d tokens", len(job.target))
         self._running.remove(job)
         self.pool.retract(job.slot)
-        self.pool.count(retractions=1)
+        self.pool.count(num_retractions=1)
         job.slot, job.rows = None, []
         self._waiting.appendleft(job)
         self._hold_admission = True

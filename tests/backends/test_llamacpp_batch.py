@@ -107,12 +107,14 @@ def test_concurrent_greedy_outputs_match_serial_ones(be):
 
 def test_streams_interleave(be):
     order: list[int] = []
+    running: list[int] = []
     lock = threading.Lock()
 
     def recorder(i):
         def on_piece(piece: str) -> None:
             with lock:
                 order.append(i)
+                running.append(be.stats()["num_running"])
 
         return on_piece
 
@@ -126,6 +128,7 @@ def test_streams_interleave(be):
     # both streams were running at once: each got pieces before the other's last one
     assert order.index(1) < len(order) - 1 - order[::-1].index(0)
     assert order.index(0) < len(order) - 1 - order[::-1].index(1)
+    assert max(running) == 2
 
 
 def test_an_abort_mid_batch_leaves_the_others_running(be):
@@ -233,6 +236,7 @@ def test_full_kv_cells_retract_and_every_request_finishes():
         assert all(r.completion_tokens == 90 for r in results), results
         for r, ref in zip(results, refs):
             agrees(r, ref)
-        assert small.stats()["retractions"] >= 1
+        assert small.stats()["num_retractions"] >= 1
+        assert (small.stats()["num_running"], small.stats()["num_waiting"]) == (0, 0)
     finally:
         small.shutdown()
