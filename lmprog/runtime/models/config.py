@@ -23,6 +23,11 @@ _ARCH_ALIASES = {
     "qwen3": "qwen3",
     "gemma3": "gemma3",
     "gemma3_text": "gemma3",
+    "mixtral": "mixtral",  # a GGUF's Mixtral is general.architecture "llama" with experts
+    "qwen2_moe": "qwen2_moe",
+    "qwen2moe": "qwen2_moe",  # llama.cpp's names
+    "qwen3_moe": "qwen3_moe",
+    "qwen3moe": "qwen3_moe",
 }
 # Gemma 3 as llama.cpp and transformers run it when the checkpoint does not say otherwise.
 GEMMA3_SLIDING_WINDOW_PATTERN = 6  # every 6th layer attends globally, the others slide
@@ -78,6 +83,20 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default=())
     hidden_act: str = "silu"  # the gated MLP's activation: "silu" or "gelu_pytorch_tanh"
+    # Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2); 0 experts: dense. The
+    # MoE layers (`is_moe_layer`) route each token to num_experts_per_tok experts of
+    # moe_intermediate_size features (layers/moe.py); the others keep the dense gated MLP.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0  # top-k
+    moe_intermediate_size: int = 0  # each routed expert's
+    shared_expert_intermediate_size: int = 0  # the always-on shared experts' together; 0: none
+    shared_expert_gate: bool = False  # Qwen2-MoE: shared output scaled by sigmoid(x . w)
+    norm_topk_prob: bool = True  # the top-k routing weights renormalized to sum 1
+    n_group: int = 1  # DeepSeek-V2's group-limited routing: the top-k chosen among the
+    topk_group: int = 1  # experts of the topk_group best of n_group groups
+    routed_scaling_factor: float = 1.0  # multiplies the routing weights (DeepSeek-V2)
+    decoder_sparse_step: int = 1  # layer i is MoE when (i + 1) % step == 0 (Qwen-MoE)
+    mlp_only_layers: tuple[int, ...] = ()  # ... and i is not listed here
     # Sliding-window layers (Gemma 3): layer i slides unless (i + 1) % pattern == 0; a sliding
     # layer's query sees the last `sliding_window` positions, its own included.
     sliding_window: int | None = None
@@ -110,6 +129,8 @@ class ModelConfig:
             raise ValueError(
                 f"unsupported hidden_act {self.hidden_act!r}; supported: silu, gelu_pytorch_tanh"
             )
+        if self.num_experts:
+            self._check_experts()
         if self.sliding_window_pattern and not (self.sliding_window and self.sliding_window > 0):
             raise ValueError("sliding_window_pattern needs a positive sliding_window")
 
@@ -117,6 +138,31 @@ class ModelConfig:
         """Whether `layer` attends over a sliding window (else over the whole context)."""
         p = self.sliding_window_pattern
         return bool(p) and (layer + 1) % p != 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is the sparse mixture of experts (else the dense MLP)."""
+        return (
+            self.num_experts > 0
+            and (layer + 1) % self.decoder_sparse_step == 0
+            and layer not in self.mlp_only_layers
+        )
+
+    def _check_experts(self) -> None:
+        e, k, g = self.num_experts, self.num_experts_per_tok, self.n_group
+        if not 1 <= k <= e or self.moe_intermediate_size <= 0 or self.decoder_sparse_step < 1:
+            raise ValueError(
+                f"a mixture of experts needs 1 <= num_experts_per_tok ({k}) <= num_experts "
+                f"({e}), a positive moe_intermediate_size ({self.moe_intermediate_size}) and "
+                f"decoder_sparse_step >= 1 ({self.decoder_sparse_step})"
+            )
+        if e % g or not 1 <= self.topk_group <= g or k > self.topk_group * (e // g):
+            raise ValueError(
+                f"group-limited routing needs n_group ({g}) dividing num_experts ({e}), "
+                f"1 <= topk_group ({self.topk_group}) <= n_group and num_experts_per_tok "
+                f"({k}) <= the experts of topk_group groups"
+            )
+        if self.shared_expert_gate and not self.shared_expert_intermediate_size:
+            raise ValueError("shared_expert_gate needs shared_expert_intermediate_size > 0")
 
     @property
     def q_size(self) -> int:
@@ -173,11 +219,40 @@ def config_from_hf(hf: dict[str, Any] | str | os.PathLike[str]) -> ModelConfig:
         rope_theta=float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
         rope_scaling=_hf_rope_scaling(scaling),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        attention_bias=bool(hf.get("attention_bias", model_type == "qwen2")),
-        qk_norm=model_type == "qwen3",
+        attention_bias=bool(
+            hf.get("attention_bias", hf.get("qkv_bias", model_type in ("qwen2", "qwen2_moe")))
+        ),
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+        **_hf_moe_fields(hf, model_type),
     )
+
+
+def _hf_moe_fields(hf: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """Mixtral's, Qwen2-MoE's and Qwen3-MoE's expert fields (transformers' defaults where a
+    key is absent); {} for a dense model."""
+    if model_type == "mixtral":
+        return {
+            "num_experts": hf.get("num_local_experts", 8),
+            "num_experts_per_tok": hf.get("num_experts_per_tok", 2),
+            "moe_intermediate_size": hf["intermediate_size"],
+        }
+    if model_type not in ("qwen2_moe", "qwen3_moe"):
+        return {}
+    qwen2 = model_type == "qwen2_moe"
+    fields = {
+        "num_experts": hf.get("num_experts", 60 if qwen2 else 128),
+        "num_experts_per_tok": hf.get("num_experts_per_tok", 4 if qwen2 else 8),
+        "moe_intermediate_size": hf.get("moe_intermediate_size", 1408 if qwen2 else 768),
+        "norm_topk_prob": bool(hf.get("norm_topk_prob", False)),
+        "decoder_sparse_step": hf.get("decoder_sparse_step", 1),
+        "mlp_only_layers": tuple(hf.get("mlp_only_layers") or ()),
+    }
+    if qwen2:  # one shared expert, gated by sigmoid(x . w)
+        fields["shared_expert_intermediate_size"] = hf.get("shared_expert_intermediate_size", 5632)
+        fields["shared_expert_gate"] = True
+    return fields
 
 
 def _gemma3_from_hf(hf: dict[str, Any]) -> ModelConfig:
@@ -290,8 +365,10 @@ def config_from_gguf(reader: Any) -> ModelConfig:
             ),
             "final_logit_softcapping": get("final_logit_softcapping"),
         }
+    if get("expert_count"):
+        extra = _gguf_moe_fields(arch, get, tensors, get("block_count"))
     return ModelConfig(
-        architecture=_ARCH_ALIASES[arch],
+        architecture="mixtral" if arch == "llama" and extra else _ARCH_ALIASES[arch],
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=get("feed_forward_length"),
@@ -310,6 +387,24 @@ def config_from_gguf(reader: Any) -> ModelConfig:
         eos_token_ids=() if eos is None else (int(eos),),
         **extra,
     )
+
+
+def _gguf_moe_fields(arch: str, get: Any, tensors: dict[str, Any], layers: int) -> dict:
+    """The expert fields of a MoE GGUF (Mixtral as "llama", qwen2moe, qwen3moe): the dense
+    layers are those without a router (ffn_gate_inp); llama.cpp renormalizes the top-k
+    weights of llama and qwen3moe, not of qwen2moe, unless expert_weights_norm says."""
+    shared = get("expert_shared_feed_forward_length") or 0
+    return {
+        "num_experts": get("expert_count"),
+        "num_experts_per_tok": get("expert_used_count"),
+        "moe_intermediate_size": get("expert_feed_forward_length") or get("feed_forward_length"),
+        "shared_expert_intermediate_size": shared,
+        "shared_expert_gate": any(n.endswith(".ffn_gate_inp_shexp.weight") for n in tensors),
+        "norm_topk_prob": bool(get("expert_weights_norm", arch != "qwen2moe")),
+        "mlp_only_layers": tuple(
+            i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors
+        ),
+    }
 
 
 def _gguf_rope_scaling(get: Any, tensors: dict[str, Any]) -> RopeScaling | None:
