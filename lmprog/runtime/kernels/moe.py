@@ -1,0 +1,198 @@
+"""Fused mixture-of-experts MLP: the routed tokens grouped by expert, one grouped GEMM per
+projection (SGLang's / vLLM's fused_moe design).
+
+    x [T, H] ──moe_align──► sorted ids: each expert's (token, choice) rows, padded to BLOCK_M
+
+         expert:    0 0 0 . | 2 2 . . | 3 3 3 3 | 3 . . .      (. = padding, skipped)
+         block:     0         1         2         3             one expert per block
+
+    GEMM 1  act[id]  = silu(x[id // k] @ w13[e, :I].T) * (x[id // k] @ w13[e, I:].T)
+    GEMM 2  y[id]    = topk_weights[id] * (act[id] @ w2[e].T)         id = t * k + choice
+    out[t] = sum over the k choices of y[t * k + choice]
+
+Each program of a GEMM computes a BLOCK_M x BLOCK_N tile of one block's rows, reading only
+its expert's weights; gate and up are two accumulators of the same program, so the
+activation is applied before anything is written. Graph-safe: `moe_align` is device ops of
+shapes fixed by T, k and E (the padded length is its worst case), and programs past the real
+padded length (a device scalar) return at once; nothing reads a value on the host.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_runnable, check_tensor
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The routed experts' MLP of every token: [T, H] in x's dtype (see moe_ref for the math).
+
+    x [T, H]; w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], both x's dtype;
+    topk_weights float [T, k]; topk_ids int32/int64 [T, k] with values in [0, E) (not
+    checked: that would read them on the host)."""
+    num_experts, inter = _check(x, w13, w2, topk_weights, topk_ids, out)
+    tokens, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    if out is None:
+        out = torch.empty_like(x)
+    if tokens == 0:
+        return out
+    cfg = _block_config(tokens * top_k, num_experts)
+    sorted_ids, block_experts, num_padded = moe_align(topk_ids, num_experts, cfg["BLOCK_M"])
+    align = (sorted_ids, block_experts, num_padded)
+    act = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
+    _gemm(x, w13, act, topk_weights, align, top_k, gate_up=True, cfg=cfg)
+    # one choice per token: the weighted rows are the result; else each token's k rows summed
+    y = out if top_k == 1 else torch.empty(tokens * top_k, hidden, dtype=x.dtype, device=x.device)
+    _gemm(act, w2, y, topk_weights, align, 1, gate_up=False, cfg=cfg)
+    if top_k > 1:
+        torch.sum(y.view(tokens, top_k, hidden), dim=1, out=out)
+    return out
+
+
+def moe_align(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sorted_ids, block_experts, num_padded) for topk_ids [T, k], all int32 on its device:
+
+    sorted_ids    [n + min(E, n) * (block_m - 1)], n = T * k: each expert's rows (flat index
+                  t * k + choice, in token order) from a multiple of block_m on, padding = n
+    block_experts [len(sorted_ids) / block_m rounded up]: the expert of each block
+    num_padded    [1]: the used length of sorted_ids (blocks from there on are unused)
+
+    Plain torch ops of fixed shapes: no host sync, so it can be captured in a CUDA graph."""
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    n, dev = flat.numel(), flat.device
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    pad_end = padded.cumsum(0)
+    order = torch.argsort(flat, stable=True)  # rows grouped by expert, token order kept
+    grouped = flat[order]
+    rank = torch.arange(n, device=dev) - (counts.cumsum(0) - counts)[grouped]
+    dest = (pad_end - padded)[grouped] + rank
+    length = n + min(num_experts, n) * (block_m - 1)
+    sorted_ids = torch.full((length,), n, dtype=torch.int32, device=dev)
+    sorted_ids.scatter_(0, dest, order.to(torch.int32))
+    starts = torch.arange(0, length, block_m, device=dev)
+    block_experts = torch.searchsorted(pad_end, starts, right=True).clamp_(max=num_experts - 1)
+    return sorted_ids, block_experts.to(torch.int32), pad_end[-1:].to(torch.int32)
+
+
+def _block_config(assignments: int, num_experts: int) -> dict[str, int]:
+    """Tile sizes by the mean rows per expert: small blocks when each expert sees a few rows
+    (decode: the weights are the traffic), large ones for prefill (the GEMMs are)."""
+    per_expert = assignments / num_experts
+    if per_expert <= 16:
+        return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4}
+    if per_expert <= 64:
+        return {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 4, "num_warps": 4}
+    return {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8}
+
+
+def _gemm(a, w, c, topk_weights, align, rows_per_a: int, *, gate_up: bool, cfg) -> None:
+    """c[id] = a[id // rows_per_a] @ w[expert].T (gate_up: silu(gate) * up of w's two halves;
+    else weighted by topk_weights[id]) for every real row id of the aligned layout."""
+    sorted_ids, block_experts, num_padded = align
+    n_out = w.shape[1] // 2 if gate_up else w.shape[1]
+    k_in = w.shape[2]
+    grid = (triton.cdiv(sorted_ids.numel(), cfg["BLOCK_M"]) * triton.cdiv(n_out, cfg["BLOCK_N"]),)
+    _moe_gemm_kernel[grid](
+        a, w, c, topk_weights, sorted_ids, block_experts, num_padded,
+        n_out, k_in, topk_weights.numel(), sorted_ids.numel(),
+        a.stride(0), w.stride(0), w.stride(1), w.stride(2), c.stride(0),
+        ROWS_PER_A=rows_per_a, GATE_UP=gate_up, WEIGHTED=not gate_up,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        GROUP_M=cfg["GROUP_M"], num_warps=cfg["num_warps"],
+    )  # fmt: skip
+
+
+def _check(x, w13, w2, topk_weights, topk_ids, out) -> tuple[int, int]:
+    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    check_runnable("x", x)
+    dev = x.device
+    check_tensor("w13", w13, ndim=3, dtypes=(x.dtype,), device=dev)
+    check_tensor("w2", w2, ndim=3, dtypes=(x.dtype,), device=dev)
+    check_tensor("topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES, device=dev)
+    check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, device=dev)
+    num_experts, two_inter, hidden = w13.shape
+    inter = two_inter // 2
+    if x.stride(1) != 1:
+        raise ValueError("x must be contiguous in its last dimension; call .contiguous()")
+    if hidden != x.shape[1] or two_inter % 2:
+        raise ValueError(
+            f"w13 must be [E, 2I, H] with H = x's {x.shape[1]}, got {tuple(w13.shape)}"
+        )
+    if tuple(w2.shape) != (num_experts, hidden, inter):
+        raise ValueError(f"w2 must be [E, H, I] = {(num_experts, hidden, inter)}, got "
+                         f"{tuple(w2.shape)}")  # fmt: skip
+    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"topk_ids and topk_weights must both be [T, k] with T = x's {x.shape[0]}; got "
+            f"{tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}"
+        )
+    if not 1 <= topk_ids.shape[1] <= num_experts:
+        raise ValueError(f"k must be in [1, E={num_experts}], got {topk_ids.shape[1]}")
+    if not topk_weights.is_contiguous():
+        raise ValueError("topk_weights must be contiguous; call .contiguous()")
+    if out is not None:
+        check_tensor("out", out, dtypes=(x.dtype,), device=dev)
+        if out.shape != x.shape or not out.is_contiguous():
+            raise ValueError(f"out must be contiguous with x's shape {tuple(x.shape)}")
+    return num_experts, inter
+
+
+@triton.jit
+def _moe_gemm_kernel(
+    A, W, C, TopkWeights, SortedIds, BlockExperts, NumPadded,
+    N, K, num_valid, num_rows,
+    stride_am, stride_we, stride_wn, stride_wk, stride_cm,
+    ROWS_PER_A: tl.constexpr, GATE_UP: tl.constexpr, WEIGHTED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    # grouped launch order: GROUP_M consecutive row blocks (mostly one expert) share a
+    # column block of its weights while it is in L2
+    pid = tl.program_id(0)
+    blocks_m = tl.cdiv(num_rows, BLOCK_M)
+    per_group = GROUP_M * tl.cdiv(N, BLOCK_N)
+    first_m = (pid // per_group) * GROUP_M
+    size_m = tl.minimum(blocks_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % size_m
+    pid_n = (pid % per_group) // size_m
+    if pid_m * BLOCK_M >= tl.load(NumPadded):
+        return
+    ids = tl.load(SortedIds + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    row_ok = ids < num_valid
+    expert = tl.load(BlockExperts + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = A + (ids // ROWS_PER_A)[:, None] * stride_am + offs_k[None, :]
+    w_ptrs = W + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = offs_k < K - k0
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w_ok = k_ok[:, None] & n_ok[None, :]
+        acc = tl.dot(a, tl.load(w_ptrs, mask=w_ok, other=0.0), acc)
+        if GATE_UP:  # the up rows sit N rows below the gate rows
+            acc_up = tl.dot(a, tl.load(w_ptrs + N * stride_wn, mask=w_ok, other=0.0), acc_up)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K * stride_wk
+    if GATE_UP:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+    if WEIGHTED:
+        acc = acc * tl.load(TopkWeights + ids, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+    c_ptrs = C + ids[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
