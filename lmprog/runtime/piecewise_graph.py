@@ -42,7 +42,6 @@ from torch import nn
 from .cuda_graph import supports_cuda_graphs
 from .forward_batch import ForwardBatch
 from .kv_pool import KVPool
-from .parallel.sharding import local_config
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +136,11 @@ class PiecewiseGraphRunner:
         self.capture = device.type == "cuda" if capture is None else capture
         if self.capture and device.type != "cuda":
             raise ValueError("capture=True needs CUDA tensors")
-        cfg = local_config(model)  # this rank's heads under tensor parallelism
+        att = model.attention  # this rank's heads under tensor parallelism
         self.ints = torch.zeros(3, sizes[-1], dtype=torch.int64, device=device)  # ids, pos, loc
-        shape = (sizes[-1], cfg.num_heads, cfg.head_dim)
-        self.q = torch.zeros(shape, dtype=model.dtype, device=device)
-        self.out = torch.zeros(shape, dtype=model.dtype, device=device)
+        rows = (sizes[-1], att.num_heads)  # latent attention: q longer than out by rope_dim
+        self.q = torch.zeros((*rows, att.head_dim + att.rope_dim), dtype=model.dtype, device=device)
+        self.out = torch.zeros((*rows, att.head_dim), dtype=model.dtype, device=device)
         self._req_to_token = req_to_token
         self.replays = 0
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None

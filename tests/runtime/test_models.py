@@ -89,8 +89,8 @@ def test_legacy_rope_scaling_key_and_bad_configs():
         {**base, "rope_theta": 1e4, "rope_scaling": {"type": "linear", "factor": 2}}
     )
     assert cfg.rope_scaling == RopeScaling("linear", factor=2.0) and cfg.num_kv_heads == 2
-    with pytest.raises(ValueError, match="unsupported RoPE scaling 'yarn'"):
-        config_from_hf({**base, "rope_scaling": {"rope_type": "yarn", "factor": 2}})
+    with pytest.raises(ValueError, match="unsupported RoPE scaling 'longrope'"):
+        config_from_hf({**base, "rope_scaling": {"rope_type": "longrope", "factor": 2}})
     with pytest.raises(ValueError, match="model_type"):
         config_from_hf({**base, "model_type": "gpt2"})
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):

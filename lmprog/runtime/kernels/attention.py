@@ -7,6 +7,12 @@ Memory layout (shared with the KV pool):
     req_to_token        int32 [max_reqs, max_context]   row r = KV slots of request r's tokens
     q, out              [T, num_q_heads, head_dim]      the batch's new tokens, request order
 
+Latent attention (DeepSeek-V2's MLA, absorbed): keys and queries carry `rope_dim` more
+columns than values, q and k_buffer [.., head_dim + rope_dim], v_buffer and out
+[.., head_dim]; scores are q[:head_dim].k[:head_dim] + q[head_dim:].k[head_dim:] (two dots
+of power-of-two widths: 512 + 64, not 1024). The pool's one latent head may be passed as an
+expanded view (stride 0) of several heads, so a tile holds at most that many query heads.
+
 The new tokens' K/V are already in the pool. Each tile program walks its KV range in blocks
 of BLOCK_N keys gathered through req_to_token, with an online softmax:
 
@@ -45,9 +51,10 @@ def hybrid_attention(
 ) -> torch.Tensor:
     """Attention of every new token of the planned batch (decode, prefill chunk and verify
     rows alike) over the paged pool; writes and returns `out` ([T, num_q_heads, head_dim],
-    q's dtype). Call `plan_attention` once per batch and this once per layer."""
+    q's dtype). Call `plan_attention` once per batch and this once per layer. Queries and
+    keys longer than head_dim by rope_dim: latent attention (module docstring)."""
     out = _check_inputs(q, k_buffer, v_buffer, plan, out)
-    scale = (plan.head_dim**-0.5 if sm_scale is None else float(sm_scale)) * _LOG2E
+    scale = (q.shape[2] ** -0.5 if sm_scale is None else float(sm_scale)) * _LOG2E
     if plan.extend is not None:
         _launch(q, k_buffer, v_buffer, out, plan, plan.extend, scale, split=False)
     if plan.split is not None:
@@ -67,11 +74,12 @@ def warm_up(
     first time a busy step has enough decodes to need no split, a long verify row, a draft
     model's first prefill. Reads the pool through row 0 of req_to_token; writes nothing but
     scratch. Returns the number of launches."""
-    num_kv_heads, head_dim = k_buffer.shape[1], k_buffer.shape[2]
+    num_kv_heads, head_dim = v_buffer.shape[1], v_buffer.shape[2]
     dev = k_buffer.device
     group = num_q_heads // num_kv_heads
     max_rows = max(1, 64 // group)  # plan_attention's default split_max_tokens
-    q = torch.zeros(max_rows + 1, num_q_heads, head_dim, dtype=k_buffer.dtype, device=dev)
+    q_dim = k_buffer.shape[2]  # head_dim, or head_dim + rope_dim for latent attention
+    q = torch.zeros(max_rows + 1, num_q_heads, q_dim, dtype=k_buffer.dtype, device=dev)
     row = torch.zeros(1, dtype=torch.int64, device=dev)  # the dtypes a step's plan has
     seen: set[tuple[int, int, int]] = set()
     for e in range(1, max_rows + 2):  # max_rows + 1: the extend launch
@@ -118,7 +126,7 @@ def extend_attention(
 ) -> torch.Tensor:
     """Prefill/extend attention: every request through the extend launch (new tokens over the
     cached prefix, causal among themselves or by `custom_mask`, see `plan_attention`)."""
-    plan = _plan_for(q, k_buffer, req_to_token, req_pool_indices, seq_lens, extend_lens,
+    plan = _plan_for(q, v_buffer, req_to_token, req_pool_indices, seq_lens, extend_lens,
                      extend_start_loc, custom_mask=custom_mask, mask_indptr=mask_indptr,
                      split_max_tokens=0)  # fmt: skip
     return hybrid_attention(q, k_buffer, v_buffer, plan, sm_scale=sm_scale, out=out)
@@ -145,17 +153,17 @@ def decode_attention(
         raise ValueError(f"q has {b} rows but seq_lens has {seq_lens.numel()}: one token each")
     ones = torch.ones(b, dtype=torch.int32, device=q.device)
     starts = torch.arange(b, dtype=torch.int32, device=q.device)
-    plan = _plan_for(q, k_buffer, req_to_token, req_pool_indices, seq_lens, ones, starts,
+    plan = _plan_for(q, v_buffer, req_to_token, req_pool_indices, seq_lens, ones, starts,
                      extend_lens_cpu=[1] * b, split_max_tokens=1,
                      num_kv_splits=num_kv_splits)  # fmt: skip
     return hybrid_attention(q, k_buffer, v_buffer, plan, sm_scale=sm_scale, out=out)
 
 
-def _plan_for(q, k_buffer, req_to_token, *batch, **kwargs) -> AttentionPlan:
+def _plan_for(q, v_buffer, req_to_token, *batch, **kwargs) -> AttentionPlan:
     check_tensor("q", q, ndim=3)
-    check_tensor("k_buffer", k_buffer, ndim=3)
+    check_tensor("v_buffer", v_buffer, ndim=3)
     return plan_attention(req_to_token, *batch, num_q_heads=q.shape[1],
-                          num_kv_heads=k_buffer.shape[1], head_dim=q.shape[2],
+                          num_kv_heads=v_buffer.shape[1], head_dim=v_buffer.shape[2],
                           **kwargs)  # fmt: skip
 
 
@@ -164,21 +172,24 @@ def _check_inputs(q, k_buffer, v_buffer, plan: AttentionPlan, out) -> torch.Tens
     device = plan.req_to_token.device
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES, device=device)
     check_runnable("q", q)
-    if q.shape[0] < plan.num_tokens or tuple(q.shape[1:]) != (hq, d):
+    rope = q.shape[2] - d  # latent attention's extra query/key columns (0: plain attention)
+    if q.shape[0] < plan.num_tokens or q.shape[1] != hq or not 0 <= rope <= 256:
         raise ValueError(
-            f"q must be [>= {plan.num_tokens}, {hq}, {d}] for this plan, got {tuple(q.shape)}"
+            f"q must be [>= {plan.num_tokens}, {hq}, {d} (+ rope_dim <= 256)] for this plan, "
+            f"got {tuple(q.shape)}"
         )
-    for name, t in (("k_buffer", k_buffer), ("v_buffer", v_buffer)):
+    for name, t, width in (("k_buffer", k_buffer, d + rope), ("v_buffer", v_buffer, d)):
         check_tensor(name, t, ndim=3, dtypes=(q.dtype,), device=device)
-        if tuple(t.shape[1:]) != (hk, d):
-            raise ValueError(f"{name} must be [num_slots + 1, {hk}, {d}], got {tuple(t.shape)}")
+        if tuple(t.shape[1:]) != (hk, width):
+            raise ValueError(f"{name} must be [num_slots + 1, {hk}, {width}], got {tuple(t.shape)}")
         check_last_dim_contiguous(name, t)
     check_last_dim_contiguous("q", q)
+    shape = (q.shape[0], hq, d)
     if out is None:
-        return torch.empty_like(q)
+        return q.new_empty(shape)
     check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=device)
-    if out.shape != q.shape:
-        raise ValueError(f"out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
     check_last_dim_contiguous("out", out)
     return out
 
@@ -191,6 +202,7 @@ def _launch(q, k, v, out, plan: AttentionPlan, launch: Launch, scale: float, spl
     part_o = plan.partial_o if split else out
     part_lse = plan.partial_lse if split else out
     grid = (launch.num_tiles, plan.num_kv_heads, launch.num_splits)
+    rope = q.shape[2] - plan.head_dim
     _attn_tile_kernel[grid](
         q, k, v, out, part_o, part_lse,
         plan.req_to_token, plan.req_pool_indices, plan.seq_lens, plan.extend_lens,
@@ -199,7 +211,8 @@ def _launch(q, k, v, out, plan: AttentionPlan, launch: Launch, scale: float, spl
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), plan.req_to_token.stride(0),
         NUM_Q_HEADS=plan.num_q_heads, GROUP=plan.group, HEAD_DIM=plan.head_dim,
-        BLOCK_D=triton.next_power_of_2(plan.head_dim), BLOCK_M=cfg.block_m,
+        BLOCK_D=triton.next_power_of_2(plan.head_dim), ROPE_DIM=rope,
+        BLOCK_R=max(16, triton.next_power_of_2(rope)), BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, SPLIT=split, HAS_MASK=has_mask,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -252,8 +265,8 @@ def _attn_tile_kernel(
     stride_qt, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ot, stride_oh,
     stride_r2t,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, HAS_MASK: tl.constexpr,
+    BLOCK_D: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, HAS_MASK: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -277,6 +290,10 @@ def _attn_tile_kernel(
 
     q_ptrs = Q + (q_start + row_tok)[:, None] * stride_qt + row_head[:, None] * stride_qh
     q = tl.load(q_ptrs + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if ROPE_DIM > 0:  # latent attention: the query's RoPE part, scored apart
+        offs_r = HEAD_DIM + tl.arange(0, BLOCK_R)
+        r_ok = offs_r < HEAD_DIM + ROPE_DIM
+        q_pe = tl.load(q_ptrs + offs_r[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
 
     # KV range of the tile: causal end, or the whole sequence under a custom mask.
     n_tok = tl.minimum(ext_len - m0, TOKENS)
@@ -309,7 +326,12 @@ def _attn_tile_kernel(
         slots = tl.load(r2t + offs_n).to(tl.int64)
         k = tl.load(k_base + slots[None, :] * stride_kb + offs_d[:, None],
                     mask=d_ok[:, None], other=0.0)  # fmt: skip
-        qk = tl.dot(q, k) * sm_scale_log2
+        qk = tl.dot(q, k)
+        if ROPE_DIM > 0:
+            k_pe = tl.load(k_base + slots[None, :] * stride_kb + offs_r[:, None],
+                           mask=r_ok[:, None], other=0.0)  # fmt: skip
+            qk += tl.dot(q_pe, k_pe)
+        qk = qk * sm_scale_log2
         v = tl.load(v_base + slots[:, None] * stride_vb + offs_d[None, :],
                     mask=d_ok[None, :], other=0.0)  # fmt: skip
         acc, m_i, l_i = _softmax_step(acc, m_i, l_i, qk, v)
@@ -320,7 +342,12 @@ def _attn_tile_kernel(
         slots = tl.load(r2t + offs_n, mask=n_ok, other=0).to(tl.int64)
         k = tl.load(k_base + slots[None, :] * stride_kb + offs_d[:, None],
                     mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # fmt: skip
-        qk = tl.dot(q, k) * sm_scale_log2
+        qk = tl.dot(q, k)
+        if ROPE_DIM > 0:
+            k_pe = tl.load(k_base + slots[None, :] * stride_kb + offs_r[:, None],
+                           mask=n_ok[None, :] & r_ok[:, None], other=0.0)  # fmt: skip
+            qk += tl.dot(q_pe, k_pe)
+        qk = qk * sm_scale_log2
         visible = offs_n[None, :] <= row_pos[:, None]
         if HAS_MASK:
             # (a vector, not the scalar use_mask: the interpreter rejects broadcast scalars)

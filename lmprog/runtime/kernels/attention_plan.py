@@ -110,6 +110,8 @@ def default_configs(device: torch.device, head_dim: int) -> tuple[TileConfig, Ti
     CPU tests cross many tile boundaries."""
     if device.type != "cuda" or interpreting():
         return TileConfig(32, 16, 4, 1), TileConfig(16, 16, 4, 1)
+    if head_dim > 256:  # latent attention's 512-wide values (untuned; SGLang's MLA sizes)
+        return TileConfig(32, 64, 8, 1), TileConfig(16, 32, 4, 2)
     # Tuned on an H200 (bench/bench_kernels.py --sweep, d=128, bf16; docs/benchmarks.md).
     return TileConfig(128, 64, 4, 3), TileConfig(16, 128, 4, 2)
 
@@ -195,8 +197,8 @@ def _check_dims(num_q_heads: int, num_kv_heads: int, head_dim: int) -> tuple[int
         raise ValueError(
             f"num_q_heads={num_q_heads} must be a multiple of num_kv_heads={num_kv_heads}"
         )
-    if not isinstance(head_dim, int) or head_dim < 16 or head_dim > 256:
-        raise ValueError(f"head_dim must be an int in [16, 256], got {head_dim!r}")
+    if not isinstance(head_dim, int) or head_dim < 16 or head_dim > 512:
+        raise ValueError(f"head_dim must be an int in [16, 512], got {head_dim!r}")
     return num_q_heads, num_kv_heads, head_dim
 
 

@@ -8,6 +8,7 @@ Semantics the kernels must match, per request b of the batch:
         j <= its position                                       (causal), or
         custom_mask[mask_indptr[b] + i * seq_len + j]           (when mask_indptr[b] >= 0)
     q head h reads kv head h // (num_q_heads // num_kv_heads)   (GQA)
+    keys (and q) may be longer than values: latent attention's RoPE columns; out has v's width
 
 A row that may attend to nothing gets zeros. Loops over requests on the host: a reference
 and CPU fallback, not a fast path.
@@ -37,7 +38,7 @@ def hybrid_attention_ref(
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     group = num_q_heads // k_buffer.shape[1]
     scale = head_dim**-0.5 if sm_scale is None else sm_scale
-    out = torch.zeros_like(q)
+    out = q.new_zeros(q.shape[0], num_q_heads, v_buffer.shape[2])
     lens = zip(
         req_pool_indices.tolist(), seq_lens.tolist(), extend_lens.tolist(),
         extend_start_loc.tolist(),

@@ -1,4 +1,4 @@
-"""Rotary position embedding (neox / rotate-half layout), with linear and Llama-3 scaling.
+"""Rotary position embedding (neox / rotate-half layout), with linear, Llama-3 and YaRN scaling.
 
 cos/sin are computed once per forward from the positions (not from a table), so any position
 up to the model's context works and the math matches transformers' bit for bit in fp32.
@@ -27,7 +27,32 @@ def inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.
     if scaling.rope_type == "freq_factors":
         assert len(scaling.factors) == head_dim // 2, "one factor per frequency"
         return base / torch.tensor(scaling.factors, dtype=torch.float32, device="cpu")
+    if scaling.rope_type == "yarn":
+        return _yarn(base, head_dim, theta, scaling)
     return _llama3(base, scaling)
+
+
+def _yarn(base: torch.Tensor, dim: int, theta: float, s: RopeScaling) -> torch.Tensor:
+    # Frequencies that turn fewer than beta_slow times over the original context are
+    # interpolated (/ factor), more than beta_fast times kept, a linear ramp between
+    # (transformers' _compute_yarn_parameters, op for op).
+    def correction_dim(rotations: float) -> float:
+        return (
+            dim
+            * math.log(s.original_max_position / (rotations * 2 * math.pi))
+            / (2 * math.log(theta))
+        )
+
+    low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # the share of the extrapolated (unscaled) frequency
+    pos_freqs = theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    return (1.0 / (s.factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
 
 
 def _llama3(base: torch.Tensor, s: RopeScaling) -> torch.Tensor:
@@ -51,6 +76,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim = head_dim
         self._inv_freq = inv_freq(head_dim, theta, scaling)  # plain attribute: survives meta init
+        self._scale = 1.0 if scaling is None else scaling.cos_sin_scale  # YaRN's attention factor
         self._on_device: dict[torch.device, torch.Tensor] = {}
 
     def cos_sin(
@@ -65,8 +91,10 @@ class RotaryEmbedding(nn.Module):
         if freq is None:
             freq = self._on_device.setdefault(positions.device, self._inv_freq.to(positions.device))
         angles = positions.float()[:, None] * freq[None, :]
-        sin = angles.sin()
-        cos = torch.cat((angles.cos(),) * 2, dim=-1)[:, None, :]
+        sin, cos = angles.sin(), angles.cos()
+        if self._scale != 1.0:
+            sin, cos = sin * self._scale, cos * self._scale
+        cos = torch.cat((cos,) * 2, dim=-1)[:, None, :]
         return cos.to(dtype), torch.cat((-sin, sin), dim=-1)[:, None, :].to(dtype)
 
     @staticmethod

@@ -8,12 +8,13 @@ differences are fields, not subclasses.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-RopeType = Literal["default", "linear", "llama3", "freq_factors"]
+RopeType = Literal["default", "linear", "llama3", "freq_factors", "yarn"]
 
 # HF model_type / GGUF general.architecture -> our architecture name (registry key)
 _ARCH_ALIASES = {
@@ -28,6 +29,8 @@ _ARCH_ALIASES = {
     "qwen2moe": "qwen2_moe",  # llama.cpp's names
     "qwen3_moe": "qwen3_moe",
     "qwen3moe": "qwen3_moe",
+    "deepseek_v2": "deepseek_v2",
+    "deepseek2": "deepseek_v2",  # llama.cpp's name
 }
 # Gemma 3 as llama.cpp and transformers run it when the checkpoint does not say otherwise.
 GEMMA3_SLIDING_WINDOW_PATTERN = 6  # every 6th layer attends globally, the others slide
@@ -42,6 +45,9 @@ class RopeScaling:
     llama3:       Llama 3.1's wavelength-dependent blend (factor, low/high_freq_factor,
                   original_max_position)
     freq_factors: inv_freq / factors[i], as llama.cpp stores it (GGUF `rope_freqs.weight`)
+    yarn:         YaRN (DeepSeek-V2): frequencies between beta_fast and beta_slow rotations
+                  over original_max_position blended from extrapolated to interpolated
+                  (/ factor); cos and sin scaled by `cos_sin_scale`
     """
 
     rope_type: RopeType
@@ -50,15 +56,38 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
     factors: tuple[float, ...] = ()
+    beta_fast: float = 32.0  # yarn's fields, named as in transformers' rope_parameters
+    beta_slow: float = 1.0
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
+    attention_factor: float | None = None
+    truncate: bool = True
 
     def __post_init__(self) -> None:
-        if self.rope_type not in ("linear", "llama3", "freq_factors"):
+        if self.rope_type not in ("linear", "llama3", "freq_factors", "yarn"):
             raise ValueError(
                 f"unsupported RoPE scaling {self.rope_type!r}; "
-                "supported: linear, llama3 (and freq_factors from GGUF)"
+                "supported: linear, llama3, yarn (and freq_factors from GGUF)"
             )
         if self.rope_type == "freq_factors" and not self.factors:
             raise ValueError("freq_factors RoPE scaling needs the per-frequency factors")
+
+    def yarn_mscale(self, m: float = 1.0) -> float:
+        """YaRN's temperature 0.1 * m * ln(factor) + 1 (1 when factor <= 1)."""
+        return 1.0 if self.factor <= 1 else 0.1 * m * math.log(self.factor) + 1.0
+
+    @property
+    def cos_sin_scale(self) -> float:
+        """What cos and sin are multiplied by (transformers' attention_factor): YaRN's
+        mscale(mscale) / mscale(mscale_all_dim) when both are set, else mscale(1); 1 for
+        the other types."""
+        if self.rope_type != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+        if self.mscale and self.mscale_all_dim:
+            return self.yarn_mscale(self.mscale) / self.yarn_mscale(self.mscale_all_dim)
+        return self.yarn_mscale()
 
 
 @dataclass(frozen=True)
@@ -104,6 +133,14 @@ class ModelConfig:
     rope_local_theta: float | None = None  # RoPE base of sliding layers (unscaled)
     query_pre_attn_scalar: float | None = None  # attention scale scalar**-0.5; None: head_dim
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    # Multi-head latent attention (DeepSeek-V2) when kv_lora_rank > 0: the pool keeps, per
+    # token and layer, the latent c_kv (kv_lora_rank) and the RoPE key (qk_rope_head_dim);
+    # head_dim is then the query/key head size qk_nope_head_dim + qk_rope_head_dim.
+    q_lora_rank: int | None = None  # None: one q_proj; else q_a_proj, q_a_layernorm, q_b_proj
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -133,6 +170,23 @@ class ModelConfig:
             self._check_experts()
         if self.sliding_window_pattern and not (self.sliding_window and self.sliding_window > 0):
             raise ValueError("sliding_window_pattern needs a positive sliding_window")
+        if self.kv_lora_rank:
+            self._check_latent_attention()
+
+    def _check_latent_attention(self) -> None:
+        dims = (self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim)
+        if min(dims) <= 0 or self.qk_rope_head_dim % 2:
+            raise ValueError(
+                "latent attention needs positive qk_nope_head_dim, v_head_dim and an even "
+                f"qk_rope_head_dim, got {dims}"
+            )
+        if self.head_dim != self.qk_nope_head_dim + self.qk_rope_head_dim:
+            raise ValueError(
+                f"with latent attention head_dim ({self.head_dim}) is qk_nope_head_dim + "
+                f"qk_rope_head_dim ({self.qk_nope_head_dim + self.qk_rope_head_dim})"
+            )
+        if self.q_lora_rank is not None and self.q_lora_rank <= 0:
+            raise ValueError(f"q_lora_rank must be None or positive, got {self.q_lora_rank}")
 
     def is_sliding(self, layer: int) -> bool:
         """Whether `layer` attends over a sliding window (else over the whole context)."""
@@ -172,6 +226,16 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def mla_softmax_scale(self) -> float:
+        """DeepSeek-V2's attention scale: head_dim**-0.5, times YaRN's
+        mscale(mscale_all_dim)**2 when the RoPE is YaRN-scaled (as transformers computes it)."""
+        scale = self.head_dim**-0.5
+        s = self.rope_scaling
+        if s is not None and s.rope_type == "yarn" and s.mscale_all_dim:
+            scale *= s.yarn_mscale(s.mscale_all_dim) ** 2
+        return scale
+
 
 # ---------------------------------------------------------------- Hugging Face config.json
 
@@ -193,6 +257,8 @@ def config_from_hf(hf: dict[str, Any] | str | os.PathLike[str]) -> ModelConfig:
         )
     if model_type == "gemma3_text":
         return _gemma3_from_hf(hf)
+    if model_type == "deepseek_v2":
+        return _deepseek_v2_from_hf(hf)
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; only silu")
     if hf.get("mlp_bias"):
@@ -217,7 +283,7 @@ def config_from_hf(hf: dict[str, Any] | str | os.PathLike[str]) -> ModelConfig:
         max_position=max_pos,
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         rope_theta=float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
-        rope_scaling=_hf_rope_scaling(scaling),
+        rope_scaling=_hf_rope_scaling(scaling, hf.get("max_position_embeddings", 4096)),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         attention_bias=bool(
             hf.get("attention_bias", hf.get("qkv_bias", model_type in ("qwen2", "qwen2_moe")))
@@ -314,12 +380,91 @@ def _gemma3_from_hf(hf: dict[str, Any]) -> ModelConfig:
     )
 
 
-def _hf_rope_scaling(scaling: dict[str, Any]) -> RopeScaling | None:
+def _deepseek_v2_from_hf(hf: dict[str, Any]) -> ModelConfig:
+    """DeepSeek-V2 (and V2-Lite): latent attention; a dense MLP in the first
+    first_k_dense_replace layers (mlp_only_layers), experts after (transformers'
+    DeepseekV2Config defaults where a key is absent)."""
+    if hf.get("moe_layer_freq", 1) != 1:
+        raise ValueError(f"moe_layer_freq={hf['moe_layer_freq']} is not supported (only 1)")
+    if hf.get("hidden_act", "silu") != "silu" or hf.get("mlp_bias"):
+        raise ValueError("DeepSeek-V2 with a non-SiLU or biased MLP is not supported")
+    if hf.get("scoring_func", "softmax") != "softmax":
+        raise ValueError(f"scoring_func {hf['scoring_func']!r} is not supported (DeepSeek-V3?)")
+    heads = hf.get("num_attention_heads", 32)
+    nope, rope_dim = hf.get("qk_nope_head_dim", 128), hf.get("qk_rope_head_dim", 64)
+    max_pos = hf.get("max_position_embeddings", 2048)
+    rope = hf.get("rope_parameters") or {}
+    eos = hf.get("eos_token_id", 2)
+    return ModelConfig(
+        architecture="deepseek_v2",
+        vocab_size=hf.get("vocab_size", 102400),
+        hidden_size=hf.get("hidden_size", 4096),
+        intermediate_size=hf.get("intermediate_size", 11008),
+        num_layers=hf.get("num_hidden_layers", 32),
+        num_heads=heads,
+        num_kv_heads=heads,  # every head has its own k/v, decompressed from one latent
+        head_dim=nope + rope_dim,
+        max_position=max_pos,
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        rope_theta=float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        rope_scaling=_hf_rope_scaling(hf.get("rope_scaling") or rope, max_pos),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        attention_bias=bool(hf.get("attention_bias", False)),
+        bos_token_id=hf.get("bos_token_id", 1),
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+        q_lora_rank=hf.get("q_lora_rank", 1536),
+        kv_lora_rank=hf.get("kv_lora_rank", 512),
+        qk_nope_head_dim=nope,
+        qk_rope_head_dim=rope_dim,
+        v_head_dim=hf.get("v_head_dim", 128),
+        **_deepseek_v2_moe_fields(hf),
+    )
+
+
+def _deepseek_v2_moe_fields(hf: dict[str, Any]) -> dict[str, Any]:
+    """Routed experts after the first first_k_dense_replace layers, shared experts beside
+    them; topk_method "greedy" (V2-Lite) or "group_limited_greedy" (V2)."""
+    top_k, method = hf.get("num_experts_per_tok"), hf.get("topk_method", "greedy")
+    if not top_k:
+        return {}
+    if method not in ("greedy", "group_limited_greedy"):
+        raise ValueError(f"topk_method {method!r} is not supported (greedy, group_limited_greedy)")
+    grouped = method == "group_limited_greedy"
+    inter = hf.get("moe_intermediate_size", 1407)
+    return {
+        "num_experts": hf.get("n_routed_experts", 64),
+        "num_experts_per_tok": top_k,
+        "moe_intermediate_size": inter,
+        "shared_expert_intermediate_size": (hf.get("n_shared_experts") or 0) * inter,
+        "norm_topk_prob": bool(hf.get("norm_topk_prob", False)),
+        "n_group": (hf.get("n_group") or 1) if grouped else 1,
+        "topk_group": (hf.get("topk_group") or 1) if grouped else 1,
+        "routed_scaling_factor": float(hf.get("routed_scaling_factor", 1.0)),
+        "mlp_only_layers": tuple(range(hf.get("first_k_dense_replace", 0))),
+    }
+
+
+def _hf_rope_scaling(scaling: dict[str, Any], max_position: int = 8192) -> RopeScaling | None:
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return None
     if kind == "linear":
         return RopeScaling("linear", factor=float(scaling["factor"]))
+    if kind == "yarn":  # transformers' keys and defaults (modeling_rope_utils)
+        factor = scaling.get("attention_factor")
+        return RopeScaling(
+            "yarn",
+            factor=float(scaling["factor"]),
+            original_max_position=int(
+                scaling.get("original_max_position_embeddings", max_position)
+            ),
+            beta_fast=float(scaling.get("beta_fast") or 32),
+            beta_slow=float(scaling.get("beta_slow") or 1),
+            mscale=float(scaling.get("mscale") or 0),
+            mscale_all_dim=float(scaling.get("mscale_all_dim") or 0),
+            attention_factor=None if factor is None else float(factor),
+            truncate=bool(scaling.get("truncate", True)),
+        )
     if kind == "llama3":
         return RopeScaling(
             "llama3",
@@ -328,7 +473,7 @@ def _hf_rope_scaling(scaling: dict[str, Any]) -> RopeScaling | None:
             high_freq_factor=float(scaling["high_freq_factor"]),
             original_max_position=int(scaling["original_max_position_embeddings"]),
         )
-    raise ValueError(f"unsupported RoPE scaling {kind!r}; supported: default, linear, llama3")
+    raise ValueError(f"unsupported RoPE scaling {kind!r}; supported: default, linear, llama3, yarn")
 
 
 # ---------------------------------------------------------------- GGUF metadata

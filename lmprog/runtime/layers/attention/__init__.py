@@ -41,9 +41,20 @@ def attention_backend_class(name: str) -> type[AttentionBackend]:
 
 
 def create_attention_backend(
-    name: str, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device | str
+    name: str,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    device: torch.device | str,
+    *,
+    rope_dim: int = 0,
+    scale: float | None = None,
 ) -> AttentionBackend:
-    return attention_backend_class(name)(num_heads, num_kv_heads, head_dim, torch.device(device))
+    """rope_dim > 0: latent attention (see base.py); scale: the softmax scale."""
+    cls = attention_backend_class(name)
+    return cls(
+        num_heads, num_kv_heads, head_dim, torch.device(device), rope_dim=rope_dim, scale=scale
+    )
 
 
 __all__ = [

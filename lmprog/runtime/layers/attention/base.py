@@ -8,6 +8,14 @@ The model calls, per forward step:
 the pool at batch.out_cache_loc (plain PyTorch here; the Triton backend does it in one
 kernel), so `forward` finds every key the step needs in the pool; k/v are passed too for
 backends that prefer to read the new tokens from registers. Nothing else is mutated.
+
+Multi-head latent attention (DeepSeek-V2) is attention with `rope_dim > 0`: one KV head
+(num_kv_heads=1) whose key is [head_dim + rope_dim] = [c_kv | k_pe] and whose value is the
+key's first head_dim (= kv_lora_rank) columns (kv_pool.LatentKVPool); the model absorbs the
+up-projections into the query and the output, so queries are [q_nope W_uk | q_pe] and the
+output is the latent [head_dim]. Such a layer calls `rotate_and_store_latent` instead of
+`rotate_and_store`; `forward` is the same call. The softmax scale is then the model's
+(`scale`), not head_dim**-0.5.
 """
 
 from __future__ import annotations
@@ -25,17 +33,28 @@ if TYPE_CHECKING:
 
 
 class AttentionBackend(ABC):
-    """Built once per model as `Backend(num_heads, num_kv_heads, head_dim, device)`."""
+    """Built once per model as `Backend(num_heads, num_kv_heads, head_dim, device)`; with
+    `rope_dim` (latent attention: keys longer than values by it) and `scale` (the softmax
+    scale, default head_dim**-0.5) as keywords."""
 
     def __init__(
-        self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        device: torch.device,
+        *,
+        rope_dim: int = 0,
+        scale: float | None = None,
     ) -> None:
         assert num_heads % num_kv_heads == 0
+        assert rope_dim == 0 or num_kv_heads == 1, "latent attention has one KV head"
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
+        self.rope_dim = rope_dim
         self.device = device
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
 
     @abstractmethod
     def plan(self, batch: ForwardBatch) -> Any:
@@ -67,11 +86,30 @@ class AttentionBackend(ABC):
         kv.write(layer, out_cache_loc, k, v)
         return q, k, v
 
+    def rotate_and_store_latent(
+        self,
+        q: torch.Tensor,
+        latent: torch.Tensor,
+        cos: torch.Tensor,
+        signed_sin: torch.Tensor,
+        layer: int,
+        kv: KVPool,
+        out_cache_loc: torch.Tensor,
+    ) -> torch.Tensor:
+        """Latent attention: q [T, num_heads, head_dim + rope_dim] and latent [T, 1, head_dim
+        + rope_dim] (c_kv | k_pe), each rotated in place in its last rope_dim columns; the
+        latent row written into `kv` at out_cache_loc [T]. Returns q."""
+        d = self.head_dim
+        q[..., d:] = RotaryEmbedding.apply(q[..., d:], cos, signed_sin)
+        latent[..., d:] = RotaryEmbedding.apply(latent[..., d:], cos, signed_sin)
+        kv.write(layer, out_cache_loc, latent)
+        return q
+
     @abstractmethod
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, kv: KVPool, plan: Any
     ) -> torch.Tensor:
-        """q [T, num_heads, head_dim], k/v [T, num_kv_heads, head_dim] (already in the pool)
-        -> attention output [T, num_heads, head_dim] in q's dtype, scaled by head_dim**-0.5,
-        each new token attending per the ForwardBatch rule (causal over its request's slots,
-        or custom_mask)."""
+        """q [T, num_heads, head_dim + rope_dim], k/v [T, num_kv_heads, ...] (already in the
+        pool; may be None) -> attention output [T, num_heads, head_dim] in q's dtype, scaled by
+        `scale`, each new token attending per the ForwardBatch rule (causal over its
+        request's slots, or custom_mask)."""

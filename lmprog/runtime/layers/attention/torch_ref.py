@@ -10,6 +10,8 @@ query heads that share a KV head are folded into SDPA's query-length axis,
 
 Sliding-window layers (`set_sliding_window`, Gemma 3) use a second mask of the same plan that
 also hides keys `window` or more positions older than the query; the pool keeps every key.
+Latent attention (rope_dim > 0) is the same code: keys (and queries) have head_dim + rope_dim
+columns, values head_dim (SDPA takes the two sizes as they are).
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ class TorchAttentionBackend(AttentionBackend):
         sliding = layer in self.sliding_layers
         if d is not None and d.rows is None:  # decode-only step: no scatter
             return self._decode(q, k_cache, v_cache, d, sliding)
-        out = torch.empty_like(q)
+        out = q.new_empty(q.shape[0], self.num_heads, self.head_dim)
         if d is not None:
             out[d.rows] = self._decode(q[d.rows], k_cache, v_cache, d, sliding)
         for e in plan.extends:
@@ -159,18 +161,18 @@ class TorchAttentionBackend(AttentionBackend):
         d: _DecodeGroup,
         sliding: bool = False,
     ) -> torch.Tensor:
-        b, hkv, dim = q.shape[0], self.num_kv_heads, self.head_dim
+        b, hkv = q.shape[0], self.num_kv_heads
         if d.first_slot is not None:
             k = k_cache[d.first_slot : d.first_slot + d.max_len]
             v = v_cache[d.first_slot : d.first_slot + d.max_len]
         else:
             k, v = k_cache.index_select(0, d.slots), v_cache.index_select(0, d.slots)
-        k = k.view(b, d.max_len, hkv, dim).transpose(1, 2)
-        v = v.view(b, d.max_len, hkv, dim).transpose(1, 2)
-        qg = q.view(b, hkv, -1, dim)  # n = 1: the G heads of a KV head are the "queries"
+        k = k.reshape(b, d.max_len, hkv, -1).transpose(1, 2)
+        v = v.reshape(b, d.max_len, hkv, -1).transpose(1, 2)
+        qg = q.view(b, hkv, -1, q.shape[-1])  # n = 1: the G heads of a KV head are "queries"
         mask = d.window_mask if sliding else d.mask
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=self.scale)
-        return o.reshape(b, self.num_heads, dim)
+        return o.reshape(b, self.num_heads, self.head_dim)
 
     def _extend_attend(
         self,
@@ -180,14 +182,15 @@ class TorchAttentionBackend(AttentionBackend):
         e: _Extend,
         sliding: bool = False,
     ) -> torch.Tensor:
-        n, hkv, dim = e.num_new, self.num_kv_heads, self.head_dim
+        n, hkv, dim = e.num_new, self.num_kv_heads, q.shape[-1]
         group = self.num_heads // hkv
         k = k_cache.index_select(0, e.slots).transpose(0, 1)  # [Hkv, L, D]
         v = v_cache.index_select(0, e.slots).transpose(0, 1)
         qg = q.view(n, hkv, group, dim).permute(1, 2, 0, 3).reshape(hkv, group * n, dim)
         mask = e.window_mask if sliding else e.mask
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=self.scale)
-        return o.view(hkv, group, n, dim).permute(2, 0, 1, 3).reshape(n, self.num_heads, dim)
+        o = o.view(hkv, group, n, self.head_dim).permute(2, 0, 1, 3)
+        return o.reshape(n, self.num_heads, self.head_dim)
 
 
 def _contiguous_from(slots: torch.Tensor) -> int | None:

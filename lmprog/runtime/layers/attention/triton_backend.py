@@ -2,6 +2,11 @@
 
 One plan per step (host-side tiling, no device sync when the batch carries host lengths),
 then one kernel family per layer: prefill chunks, decodes and verify rows in the same launch.
+
+Latent attention (rope_dim > 0): the pool's one latent head is handed to the kernels as
+num_heads // group heads, an expanded view with stride 0, so that a tile holds at most
+MAX_LATENT_GROUP query heads (16 of DeepSeek-V2-Lite's 16, of V2's 128) and its accumulator
+[rows, kv_lora_rank] stays in registers; `num_kv_heads` counts those views.
 """
 
 from __future__ import annotations
@@ -20,8 +25,33 @@ if TYPE_CHECKING:
     from ...kv_pool import KVPool
 
 
+MAX_LATENT_GROUP = 16  # query heads a latent-attention tile holds at most
+
+
 class TritonAttentionBackend(AttentionBackend):
     """CUDA (or CPU under TRITON_INTERPRET=1); the pool layout is the kernels' own."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        device: torch.device,
+        *,
+        rope_dim: int = 0,
+        scale: float | None = None,
+    ) -> None:
+        super().__init__(num_heads, num_kv_heads, head_dim, device, rope_dim=rope_dim, scale=scale)
+        if rope_dim:
+            group = max(g for g in range(1, MAX_LATENT_GROUP + 1) if num_heads % g == 0)
+            self.num_kv_heads = num_heads // group
+
+    def _buffers(self, kv: KVPool, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's K and V as the kernels read them (see the module docstring)."""
+        k, v = kv.k[layer], kv.v[layer]
+        if self.rope_dim:
+            k, v = k.expand(-1, self.num_kv_heads, -1), v.expand(-1, self.num_kv_heads, -1)
+        return k, v
 
     def plan(self, batch: ForwardBatch) -> AttentionPlan:
         return plan_attention(
@@ -42,7 +72,7 @@ class TritonAttentionBackend(AttentionBackend):
         """The split launch's variants (kernels.attention.warm_up); on a GPU only (under the
         interpreter nothing is compiled)."""
         if req_to_token.device.type == "cuda":
-            warm_up(kv.k[0], kv.v[0], req_to_token, num_q_heads=self.num_heads)
+            warm_up(*self._buffers(kv, 0), req_to_token, num_q_heads=self.num_heads)
 
     def rotate_and_store(
         self,
@@ -70,5 +100,6 @@ class TritonAttentionBackend(AttentionBackend):
         plan: AttentionPlan,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """As the base class; `out` (q's shape) receives the result when given."""
-        return hybrid_attention(q, kv.k[layer], kv.v[layer], plan, sm_scale=self.scale, out=out)
+        """As the base class; `out` ([T, num_heads, head_dim]) receives the result when given."""
+        k_buffer, v_buffer = self._buffers(kv, layer)
+        return hybrid_attention(q, k_buffer, v_buffer, plan, sm_scale=self.scale, out=out)
