@@ -15,7 +15,6 @@ so later processes load it in milliseconds.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import logging
 import os
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from lmprog.core.cache_files import derived_path
 from lmprog.core.tokenizer import FastTokenizer, describe
 
 _log = logging.getLogger(__name__)
@@ -67,10 +67,6 @@ class ModelSource:
     @property
     def folder(self) -> Path:
         return self.path.parent if self.kind == "gguf" else self.path
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("LMPROG_CACHE_DIR", Path.home() / ".cache" / "lmprog"))
 
 
 def resolve_model(model: str | os.PathLike[str] | None = None) -> ModelSource:
@@ -238,11 +234,7 @@ def load_tokenizer(source: ModelSource) -> Any:
 
 def tokenizer_cache_path(source: ModelSource) -> Path:
     """Where the tokenizer built from the GGUF `source` is saved (keyed by path, size, mtime)."""
-    stat = source.path.stat()
-    digest = hashlib.sha256(
-        f"{source.path}|{stat.st_size}|{stat.st_mtime_ns}".encode()
-    ).hexdigest()[:16]
-    return cache_dir() / "tokenizers" / f"{source.path.stem}-{digest}"
+    return derived_path("tokenizers", source.path)
 
 
 def _load_tokenizer_uncached(source: ModelSource) -> Any:

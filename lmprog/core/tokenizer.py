@@ -18,11 +18,12 @@ else transformers has is one `hf_tokenizer()` call away (that imports transforme
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from lmprog.core.cache_files import write_json
 
 META_FILE = "lmprog_tokenizer.json"
 _META_VERSION = 1
@@ -258,9 +259,7 @@ def describe(tok: Any, folder: Path) -> bool:
 
     fast = FastTokenizer(Tokenizer.from_file(str(backend_file)), meta, folder)
     meta["verified"] = agrees(fast, tok)
-    tmp = folder / f"{META_FILE}.tmp{os.getpid()}-{threading.get_ident()}"
-    tmp.write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
-    os.replace(tmp, folder / META_FILE)
+    write_json(folder / META_FILE, meta)
     return meta["verified"]
 
 

@@ -5,8 +5,9 @@
 The target of `lp.Runtime` and a speculative draft model are both built here: the device is
 chosen, the weights loaded (or drawn at random), then the transforms applied from outside
 the plain module: under tensor parallelism (`tp=`) the rank's shard (lmprog.runtime.parallel,
-first), 4-bit weights on the CPU (`quantization="int4"`), the fused Triton RMSNorm /
-SiLU-and-mul on CUDA (before any CUDA graph is captured from the module).
+first), 4-bit weights on the CPU (`quantization="int4"`), FP8 e4m3 weights quantized at
+load (`quantization="fp8"`; an FP8 checkpoint loads as FP8 whatever is asked), the fused
+Triton RMSNorm / SiLU-and-mul on CUDA (before any CUDA graph is captured from the module).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-QUANTIZATIONS = (None, "int4")
+QUANTIZATIONS = (None, "int4", "fp8")
 
 
 def choose_device(device: str | torch.device) -> torch.device:
@@ -60,13 +61,15 @@ def assemble_model(
     """The module for `model` (a GGUF file, an HF folder, a bundled model name or a
     ModelSource; with load_format="dummy" also an architecture preset or a ModelConfig, its
     random weights drawn with `seed`), on its device in eval mode, ready for an engine or a
-    draft proposer. quantization: None or "int4" (see lmprog.runtime.int4).
+    draft proposer. quantization: None, "int4" (see lmprog.runtime.int4) or "fp8" (see
+    lmprog.runtime.layers.fp8_linear).
     tp: this process's lmprog.runtime.parallel TPGroup: build its shard instead (on the
     group's device; `device` was resolved per rank when the group started)."""
     from .models import load_model
 
     if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be None or 'int4', got {quantization!r}")
+        raise ValueError(f"quantization must be None, 'int4' or 'fp8', got {quantization!r}")
+    _check_fp8_checkpoint(model, load_format, quantization, tp)
     dev = choose_device(device) if tp is None else tp.device
     load = load_model
     if tp is not None:
@@ -91,9 +94,43 @@ def assemble_model(
         from .int4 import quantize_int4_
 
         quantize_int4_(net)
+    if quantization == "fp8" and quantization_of(net) != "fp8":  # not an FP8 checkpoint
+        from .layers.fp8_linear import quantize_fp8_
+
+        quantize_fp8_(net)
     if dev.type == "cuda":
         from .layers.triton_fused import can_fuse_elementwise, fuse_elementwise
 
         if can_fuse_elementwise(net):
             fuse_elementwise(net)
     return net
+
+
+def quantization_of(net: nn.Module) -> str | None:
+    """ "fp8" or "int4" when the model's linears are, else None."""
+    from .int4 import Int4Linear
+    from .layers.fp8_linear import Fp8Linear
+
+    for module in net.modules():
+        if isinstance(module, Fp8Linear):
+            return "fp8"
+        if isinstance(module, Int4Linear):
+            return "int4"
+    return None
+
+
+def _check_fp8_checkpoint(model: Any, load_format: str, quantization: str | None, tp: Any) -> None:
+    """An FP8 checkpoint runs as FP8 (as in vLLM); not with int4, not sharded (yet)."""
+    if load_format == "dummy" or (quantization is None and tp is None):
+        return
+    from .models.loaders.fp8 import fp8_checkpoint_scheme
+
+    if fp8_checkpoint_scheme(model) is None:
+        return
+    if quantization == "int4":
+        raise ValueError("an FP8 checkpoint cannot run with quantization='int4'; use 'fp8'")
+    if tp is not None:
+        raise ValueError(
+            "FP8 checkpoints do not load under tensor parallelism yet; use tp_size=1, or "
+            "quantization='fp8' on the bf16 checkpoint (quantized after sharding)"
+        )

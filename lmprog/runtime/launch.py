@@ -5,8 +5,8 @@ thread (the model itself is built by lmprog.runtime.assemble).
     engine = launch_engine(net, tokenizer, eos_token_ids=..., max_total_tokens=None)
 
 KV pool size (when max_total_tokens is not given): on a GPU, `gpu_memory_fraction` of the
-memory free after the weights are loaded; on a CPU, `CPU_KV_BUDGET_BYTES` (the pool is
-zero-filled, so it is real memory: raise it with max_total_tokens for long workloads).
+memory free after the weights are loaded; on a CPU, `CPU_KV_BUDGET_BYTES` (memory the pool
+takes as it fills: raise it with max_total_tokens for long workloads).
 """
 
 from __future__ import annotations

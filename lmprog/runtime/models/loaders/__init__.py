@@ -23,6 +23,7 @@ from ..config import ModelConfig, config_from_hf
 from ..presets import PRESETS
 from ..registry import model_class
 from .dummy import init_dummy_weights
+from .fp8 import fp8_scheme, load_fp8_checkpoint
 from .gguf import gguf_weights, read_gguf
 from .hf import safetensors_weights
 
@@ -146,7 +147,11 @@ def load_model(
         config = config_from_hf(source.path)
         weights = safetensors_weights(source.path)
     net = build_model(config, device=device, dtype=dtype, attention=attention)
-    net.load_weights(weights)
+    fp8 = fp8_scheme(source.path) if source.kind != "gguf" else None
+    if fp8 is not None:  # an FP8 checkpoint: its FP8 linears load as layers.fp8_linear's
+        load_fp8_checkpoint(net, source.path, fp8)
+    else:
+        net.load_weights(weights)
     return net
 
 

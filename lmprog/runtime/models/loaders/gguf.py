@@ -15,7 +15,6 @@ under `cache_dir()/gguf`, keyed by path, size and mtime; later loads map the fil
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -27,8 +26,8 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
+from lmprog.core.cache_files import derived_path, write_json
 from lmprog.core.logs import progress
-from lmprog.core.models import cache_dir
 
 from ..config import ModelConfig, RopeScaling, config_from_gguf
 
@@ -159,10 +158,7 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def _cache_path(path: Path) -> Path:
-    stat = path.stat()
-    key = f"{_INDEX_VERSION}|{path}|{stat.st_size}|{stat.st_mtime_ns}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_dir() / "gguf" / f"{path.stem}-{digest}.json"
+    return derived_path("gguf", path, version=_INDEX_VERSION, suffix=".json")
 
 
 def _save(cached: Path, index: GGUFIndex) -> None:
@@ -170,13 +166,10 @@ def _save(cached: Path, index: GGUFIndex) -> None:
         "config": dataclasses.asdict(index.config),
         "tensors": [dataclasses.asdict(t) for t in index.tensors],
     }
-    tmp = cached.with_name(f"{cached.name}.tmp{os.getpid()}")
     try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data))
-        tmp.replace(cached)
+        write_json(cached, data)
     except OSError:  # a read-only cache dir only costs the next load its parse
-        tmp.unlink(missing_ok=True)
+        pass
 
 
 def _index_from_json(path: Path, data: dict) -> GGUFIndex:

@@ -1,0 +1,171 @@
+"""FP8 (e4m3) Triton kernels: activation quantization and the block-scaled matmul.
+
+    quantize_fp8(x, group=None, scale=None) -> (q, s)     one program per (row, group)
+    block_fp8_matmul(x_q, x_s, w_q, w_s, group) -> y      y = x @ w^T, [M, N]
+
+The math is `fp8_ref`'s (the PyTorch reference the tests hold these to): scales by IEEE
+division (`tl.div_rn`), so the kernel rounds every value as torch does. The per-token form
+feeds `torch._scaled_mm` (row-wise scales) in `layers.fp8_linear`; the per-group form
+(DeepSeek-V3's 1 x 128 activation groups) feeds the block-scaled matmul:
+
+    for each K block kb (BLOCK_K = group):
+        acc[m, n] += dot(x_q[m, kb], w_q[n, kb]) * x_s[m, kb] * w_s[n, kb]
+
+Block scales arrive repeated over rows (`w_s` [N, K / group], see fp8_ref), so a tile of
+output columns reads one scale per column and K block. Nothing here syncs with the host:
+both are CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import FLOAT_DTYPES, check_runnable, check_tensor, dynamic_args
+from .fp8_ref import AMAX_FLOOR, FP8, FP8_MAX
+
+
+def quantize_fp8(
+    x: torch.Tensor, *, group: int | None = None, scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (fp32/bf16/fp16, rows contiguous) -> (q e4m3 [M, K], s fp32 [M, K / group]
+    or [M, 1]). group: None = one scale per row; else a divisor of K. scale: a static fp32
+    scale (one element) for every row instead of each row's amax."""
+    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    check_runnable("x", x)
+    m, k = x.shape
+    if x.stride(1) != 1:
+        raise ValueError("x must be contiguous in its last dimension; call .contiguous()")
+    g = k if group is None else group
+    if isinstance(g, bool) or not isinstance(g, int) or g < 1 or k % g:
+        raise ValueError(f"group must be a positive divisor of K={k}, got {group!r}")
+    static = scale is not None
+    if static:
+        check_tensor("scale", scale, dtypes=(torch.float32,), device=x.device)
+        if scale.numel() != 1:
+            raise ValueError(f"a static scale has one element, got shape {tuple(scale.shape)}")
+    q = torch.empty((m, k), dtype=FP8, device=x.device)
+    s = torch.empty((m, k // g), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return q, s
+    _quant_kernel[(m, k // g)](
+        x, q, s, scale if static else s, x.stride(0), g,
+        STATIC=static, BLOCK=min(triton.next_power_of_2(g), 2048), num_warps=4,
+    )  # fmt: skip
+    return q, s
+
+
+@triton.jit
+def _quant_kernel(X, Q, S, Static, stride_x, group, STATIC: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    gid = tl.program_id(1)
+    n_groups = tl.num_programs(1)
+    x_row = X + row * stride_x + gid * group
+    q_row = Q + row * (n_groups * group) + gid * group
+    if STATIC:
+        s = tl.load(Static)
+    else:
+        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        for c in range(0, group, BLOCK):
+            offs = c + tl.arange(0, BLOCK)
+            x = tl.load(x_row + offs, mask=offs < group, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(x))
+        s = tl.div_rn(tl.maximum(tl.max(amax, 0), AMAX_FLOOR), FP8_MAX)
+    tl.store(S + row * n_groups + gid, s)
+    for c in range(0, group, BLOCK):
+        offs = c + tl.arange(0, BLOCK)
+        ok = offs < group
+        x = tl.load(x_row + offs, mask=ok, other=0.0).to(tl.float32)
+        y = to_e4m3(tl.div_rn(x, s + tl.zeros_like(x)))
+        tl.store(q_row + offs, y, mask=ok)
+
+
+@triton.jit
+def to_e4m3(x):
+    """fp32 -> e4m3, saturated to +-448 and rounded to nearest even here, in fp32 (the
+    cast then only re-encodes a value e4m3 holds: Triton's CPU interpreter rounds fp8 casts
+    without carrying into the exponent, e.g. 124.3 -> 64)."""
+    x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
+    bits = x.to(tl.int32, bitcast=True)
+    # normal numbers: keep 3 mantissa bits, round half to even (the carry may bump the exponent)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
+    # below 2**-6 (subnormal e4m3) the step is 2**-9: an fp32 add at 1.5 * 2**14 rounds to it
+    tiny = (tl.abs(x) + 24576.0) - 24576.0
+    tiny = tl.where(bits < 0, -tiny, tiny)  # the sign of x, -0.0 included
+    return tl.where(tl.abs(x) < 0.015625, tiny, normal).to(tl.float8e4nv)
+
+
+def block_fp8_matmul(
+    x_q: torch.Tensor,
+    x_s: torch.Tensor,
+    w_q: torch.Tensor,
+    w_s: torch.Tensor,
+    group: int,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """x_q [M, K] e4m3 with x_s [M, K/group], w_q [N, K] e4m3 with row-repeated block scales
+    w_s [N, K/group] (fp32) -> y [M, N] in out_dtype. group: a power of two >= 16."""
+    check_tensor("x_q", x_q, ndim=2, dtypes=(FP8,))
+    check_runnable("x_q", x_q)
+    dev = x_q.device
+    check_tensor("w_q", w_q, ndim=2, dtypes=(FP8,), device=dev)
+    m, k = x_q.shape
+    n = w_q.shape[0]
+    if w_q.shape[1] != k:
+        raise ValueError(f"w_q must be [N, {k}], got {tuple(w_q.shape)}")
+    if group < 16 or group & (group - 1) or k % group:
+        raise ValueError(f"group must be a power of two >= 16 dividing K={k}, got {group}")
+    for name, s, rows in (("x_s", x_s, m), ("w_s", w_s, n)):
+        check_tensor(name, s, ndim=2, dtypes=(torch.float32,), device=dev)
+        if tuple(s.shape) != (rows, k // group):
+            raise ValueError(f"{name} must be [{rows}, {k // group}], got {tuple(s.shape)}")
+    for name, t in (("x_q", x_q), ("w_q", w_q), ("x_s", x_s), ("w_s", w_s)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous; call .contiguous()")
+    y = torch.empty((m, n), dtype=out_dtype, device=dev)
+    if m == 0:
+        return y
+    block_m = min(max(triton.next_power_of_2(m), 16), 64)
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, 128),)
+    _block_matmul_kernel[grid](
+        x_q, x_s, w_q, w_s, y, m, n, k // group,
+        BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=group, num_warps=4, num_stages=3,
+    )  # fmt: skip
+    return y
+
+
+@triton.jit(**dynamic_args("m"))
+def _block_matmul_kernel(
+    A, As, B, Bs, C, m, n, k_blocks,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(n, BLOCK_N)
+    pid_m = pid // tiles_n
+    pid_n = pid % tiles_n
+    k = k_blocks * BLOCK_K
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < m
+    n_ok = offs_n < n
+    rows = tl.where(m_ok, offs_m, 0).to(tl.int64)  # out-of-range rows read row 0, unstored
+    cols = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    a_ptrs = A + rows[:, None] * k + offs_k[None, :]
+    b_ptrs = B + cols[None, :] * k + offs_k[:, None]  # w^T tile [BLOCK_K, BLOCK_N]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kb in range(0, k_blocks):
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
+        a_s = tl.load(As + rows * k_blocks + kb)
+        b_s = tl.load(Bs + cols * k_blocks + kb)
+        acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    c_ptrs = C + offs_m[:, None].to(tl.int64) * n + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+__all__ = ["block_fp8_matmul", "quantize_fp8"]

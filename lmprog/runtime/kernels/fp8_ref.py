@@ -1,0 +1,96 @@
+"""FP8 (e4m3) quantization math in plain PyTorch: the reference of the Triton kernels in
+`fp8.py` and the CPU path of `layers.fp8_linear` (no triton).
+
+Activations, one scale per row (a token) or per group of `group` columns of a row:
+
+    s = max(amax(|x|), AMAX_FLOOR) / 448            fp32, one per row / per (row, group)
+    q = e4m3(clamp(x / s, -448, 448))               round to nearest even
+    static scheme: s = the checkpoint's input_scale for every row
+
+Weights [N, K], one scale per output row (`scale` [N]; a per-tensor scale is that scale on
+every row) or per block (`scale` [N, ceil(K / group)]: the checkpoint's
+[ceil(N / bn), ceil(K / bk)] block scales repeated over each block's rows, so that fused
+and sharded row ranges slice the scales with the weight):
+
+    w ~= q_w * scale[n]   or   q_w[n, k] * scale[n, k // group]
+
+A matmul of the two is sum_k q_x * q_w * s_x * s_w, the scales applied per row / column
+(per-channel: torch._scaled_mm's row-wise form) or per K-group (block-wise).
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+AMAX_FLOOR = 1e-10  # an all-zero row gets a tiny scale, never a division by zero
+
+
+def quantize_fp8_ref(
+    x: torch.Tensor, *, group: int | None = None, scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (q e4m3 [M, K], s fp32 [M, K / group]; [M, 1] per row or static).
+    group: None = one scale per row; else K must be a multiple of it.
+    scale: a static fp32 scale (one element) used for every row instead of the amax."""
+    m, k = x.shape
+    xf = x.float()
+    if scale is not None:
+        s = scale.float().reshape(1, 1).expand(m, 1).contiguous()
+        return _cast(xf / s), s
+    g = k if group is None else group
+    assert k % g == 0, f"K={k} is not a multiple of the group {g}"
+    amax = xf.view(m, k // g, g).abs().amax(-1).clamp(min=AMAX_FLOOR)
+    s = amax / FP8_MAX
+    q = _cast(xf.view(m, k // g, g) / s[..., None]).view(m, k)
+    return q, s
+
+
+def quantize_weight_fp8(
+    w: torch.Tensor, *, per_tensor: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (q e4m3 [N, K], scale fp32 [N]): per output row, or one scale for the
+    whole tensor written on every row (per_tensor)."""
+    wf = w.float()
+    amax = wf.abs().amax() if per_tensor else wf.abs().amax(-1)
+    s = (amax.clamp(min=AMAX_FLOOR) / FP8_MAX).expand(w.shape[0]).contiguous()
+    return _cast(wf / s[:, None]), s
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, group: int | None = None) -> torch.Tensor:
+    """fp32 values of q [M, K] with per-row scales [M] / [M, 1] or group scales [M, K/g]."""
+    s = scale.float()
+    if group is None:
+        return q.float() * s.reshape(-1, 1)
+    return q.float() * s.repeat_interleave(group, dim=1)[:, : q.shape[1]]
+
+
+def scaled_matmul_ref(
+    x_q: torch.Tensor,
+    x_s: torch.Tensor,
+    w_q: torch.Tensor,
+    w_s: torch.Tensor,
+    *,
+    group: int | None = None,
+    out_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """x_q [M, K] @ w_q [N, K]^T with their scales, in fp32: per-row x_s [M, 1] and w_s [N]
+    (group None), or per-group x_s [M, K/g] and w_s [N, K/g]."""
+    x = dequantize_fp8(x_q, x_s, group)
+    w = dequantize_fp8(w_q, w_s, group)
+    return (x @ w.t()).to(out_dtype)
+
+
+def _cast(x: torch.Tensor) -> torch.Tensor:
+    return x.clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+__all__ = [
+    "AMAX_FLOOR",
+    "FP8",
+    "FP8_MAX",
+    "dequantize_fp8",
+    "quantize_fp8_ref",
+    "quantize_weight_fp8",
+    "scaled_matmul_ref",
+]

@@ -1,0 +1,215 @@
+"""FP8 (e4m3) linears, applied to a loaded model from outside (`quantization="fp8"`).
+
+Weights are e4m3 with fp32 scales, per output channel (a per-tensor scale is that scale on
+every row) or per block (DeepSeek-V3's 128 x 128, stored repeated over each block's rows:
+see kernels/fp8_ref.py); activations are quantized at every call, one scale per token
+(dynamic) or the checkpoint's `input_scale` (static), or per 1 x group for block weights:
+
+    CUDA   per-channel: Triton quantize_fp8, then torch._scaled_mm (e4m3 x e4m3 -> bf16,
+           row-wise scales: scale_a [M, 1], scale_b [1, N], fp32; fast accumulation)
+           block-wise:  Triton quantize_fp8(group) and block_fp8_matmul
+    CPU    the same quantization in PyTorch (kernels/fp8_ref.py), then an fp32 matmul of
+           the dequantized values (the weights dequantized once, when the layer is built)
+
+Nothing syncs with the host: a CUDA graph captures it. Two ways in:
+
+    quantize_fp8_(model)              bf16/fp32 weights quantized at load (per channel)
+    fp8_shells_(model, names, ...)    empty layers the model's load_weights fills from an FP8
+                                      checkpoint (models/loaders/fp8.py), then finalize_fp8_
+
+The output projection (lm_head) stays in the model dtype, as vLLM and SGLang keep it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from ..kernels.fp8_ref import FP8, dequantize_fp8, quantize_fp8_ref, quantize_weight_fp8
+
+log = logging.getLogger(__name__)
+ALIGN = 16  # torch._scaled_mm wants K and N multiples of 16
+
+
+class Fp8Linear(nn.Module):
+    """y = x @ W^T + b with W in e4m3 (see the module docstring).
+
+    weight [N, K] e4m3; weight_scale fp32 [N] (per channel) or [N, K / group] (block);
+    input_scale: None (dynamic) or the static activation scale. Parameters, so that a
+    model's `load_weights` fills them by name (row slices of fused q/k/v, gate/up)."""
+
+    use_kernels: bool | None = None  # None: the Triton/_scaled_mm path on CUDA, else PyTorch
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        group: int | None = None,
+        input_scale: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.group = group
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.weight_scale = nn.Parameter(weight_scale, requires_grad=False)
+        self.input_scale = _param(input_scale)
+        self.bias = _param(bias)
+        self._dequantized: torch.Tensor | None = None
+        self._prepare()
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, per_tensor: bool = False) -> Fp8Linear:
+        """The layer's weight quantized per output channel (or with one per-tensor scale)."""
+        q, scale = quantize_weight_fp8(linear.weight.detach(), per_tensor=per_tensor)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls(q, scale, bias)
+
+    @classmethod
+    def empty(cls, linear: nn.Linear, *, group: int | None, static: bool) -> Fp8Linear:
+        """An unfilled layer of `linear`'s shape on its device, for an FP8 checkpoint (an
+        input scale per output row, one per fused shard, until finalize())."""
+        n, k = linear.weight.shape
+        dev = linear.weight.device
+        scale_shape = (n,) if group is None else (n, -(-k // group))
+        return cls(
+            torch.empty((n, k), dtype=FP8, device=dev),
+            torch.ones(scale_shape, dtype=torch.float32, device=dev),
+            None if linear.bias is None else torch.empty_like(linear.bias),
+            group=group,
+            input_scale=torch.ones(n, device=dev) if static else None,
+        )
+
+    def finalize(self) -> None:
+        """After loading: one input scale for the layer (the largest of its fused shards',
+        as vLLM does), scales checked, the CPU's dequantized copy rebuilt."""
+        with torch.no_grad():
+            if self.input_scale is not None and self.input_scale.numel() > 1:
+                self.input_scale = _param(self.input_scale.max().reshape(1))
+            for name in ("weight_scale", "input_scale"):
+                t = getattr(self, name)
+                if t is not None and not bool(torch.isfinite(t).all() and (t > 0).all()):
+                    raise ValueError(f"an FP8 {name} is not a positive finite number")
+        self._prepare()
+
+    def _prepare(self) -> None:
+        w = self.weight
+        self._dequantized = None
+        if w.device.type == "cpu":  # the PyTorch path's fp32 weights, made once
+            self._dequantized = dequantize_fp8(w.detach(), self.weight_scale.detach(), self.group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        kernels = x.is_cuda if self.use_kernels is None else self.use_kernels
+        y = self._kernels(x2) if kernels else self._reference(x2)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def _kernels(self, x: torch.Tensor) -> torch.Tensor:
+        from ..kernels.fp8 import block_fp8_matmul, quantize_fp8
+
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        if self.group is not None:
+            x_q, x_s = quantize_fp8(x, group=self.group)
+            y = block_fp8_matmul(x_q, x_s, self.weight, self.weight_scale, self.group)
+        else:
+            x_q, x_s = quantize_fp8(x, scale=self.input_scale)
+            y = torch._scaled_mm(
+                x_q,
+                self.weight.t(),
+                scale_a=x_s,
+                scale_b=self.weight_scale.view(1, -1),
+                out_dtype=torch.bfloat16,
+                use_fast_accum=True,
+            )
+        return y.to(x.dtype)
+
+    def _reference(self, x: torch.Tensor) -> torch.Tensor:
+        x_q, x_s = quantize_fp8_ref(x, group=self.group, scale=self.input_scale)
+        w = self._dequantized
+        if w is None or w.device != x.device:
+            w = dequantize_fp8(self.weight, self.weight_scale, self.group)
+        return (dequantize_fp8(x_q, x_s, self.group) @ w.t()).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        kind = "dynamic" if self.input_scale is None else "static"
+        scales = "per-channel" if self.group is None else f"blocks of {self.group}"
+        return f"in={self.in_features}, out={self.out_features}, fp8 e4m3 {scales}, {kind}"
+
+
+def _param(t: torch.Tensor | None) -> nn.Parameter | None:
+    return None if t is None else nn.Parameter(t, requires_grad=False)
+
+
+def check_fp8_device(model: nn.Module) -> None:
+    """FP8 matmuls need an Ada/Hopper (compute capability 8.9+) GPU, or the CPU."""
+    dev = next(model.parameters()).device
+    if dev.type == "cuda" and torch.cuda.get_device_capability(dev) < (8, 9):
+        name = torch.cuda.get_device_name(dev)
+        raise ValueError(f"quantization='fp8' needs compute capability 8.9+ (Ada, Hopper); {name}")
+
+
+def _linears(model: nn.Module, names: set[str] | None = None):
+    """(parent, attribute, qualified name, layer) of every plain nn.Linear but lm_head."""
+    for qualified, parent in model.named_modules():
+        for attr, child in parent.named_children():
+            name = f"{qualified}.{attr}" if qualified else attr
+            if type(child) is nn.Linear and attr != "lm_head":
+                if names is None or name in names:
+                    yield parent, attr, name, child
+
+
+def quantize_fp8_(model: nn.Module, *, per_tensor: bool = False) -> int:
+    """Replace, in place, every nn.Linear of `model` but the output projection by an
+    Fp8Linear with per-channel (or per-tensor) e4m3 weights; returns how many. A layer whose
+    K or N is not a multiple of 16 stays as it is (logged)."""
+    check_fp8_device(model)
+    replaced, kept = 0, []
+    for parent, attr, name, child in list(_linears(model)):
+        if child.in_features % ALIGN or child.out_features % ALIGN:
+            kept.append(name)
+            continue
+        setattr(parent, attr, Fp8Linear.from_linear(child, per_tensor=per_tensor))
+        replaced += 1
+    if kept:
+        log.info("fp8: %d linears kept unquantized (K or N not a multiple of 16): %s",
+                 len(kept), ", ".join(kept[:4]))  # fmt: skip
+    if not replaced:
+        raise ValueError("quantization='fp8': no linear layer of this model can be quantized")
+    return replaced
+
+
+def fp8_shells_(model: nn.Module, names: set[str], *, group: int | None, static: bool) -> None:
+    """Swap the nn.Linear layers named in `names` for empty Fp8Linear layers (to be filled by
+    the model's load_weights from an FP8 checkpoint, then `finalize_fp8_`)."""
+    check_fp8_device(model)
+    found = set()
+    for parent, attr, name, child in list(_linears(model, names)):
+        if group is not None and child.in_features % group:
+            raise ValueError(
+                f"{name}: K={child.in_features} is not a multiple of the block size {group}"
+            )
+        setattr(parent, attr, Fp8Linear.empty(child, group=group, static=static))
+        found.add(name)
+    if found != names:
+        raise ValueError(
+            f"the FP8 checkpoint quantizes layers this model lacks: {sorted(names - found)[:4]}"
+        )
+
+
+def finalize_fp8_(model: nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, Fp8Linear):
+            module.finalize()
+
+
+__all__ = [
+    "Fp8Linear",
+    "check_fp8_device",
+    "finalize_fp8_",
+    "fp8_shells_",
+    "quantize_fp8_",
+]
