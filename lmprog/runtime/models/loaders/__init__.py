@@ -24,8 +24,9 @@ from ..presets import PRESETS
 from ..registry import model_class
 from .dummy import init_dummy_weights
 from .fp8 import fp8_scheme, load_fp8_checkpoint
-from .gguf import gguf_weights, read_gguf
+from .gguf import read_gguf
 from .hf import safetensors_weights
+from .weight_cache import cached_gguf_weights
 
 LoadFormat = Literal["auto", "gguf", "safetensors", "dummy"]
 ModelRef = str | os.PathLike[str] | ModelSource | ModelConfig | None
@@ -142,7 +143,7 @@ def load_model(
         raise ValueError(f"{source.path} is a {source.kind} model; use load_format='auto'")
     if source.kind == "gguf":
         index = read_gguf(source.path)
-        config, weights = index.config, gguf_weights(index)
+        config, weights = index.config, cached_gguf_weights(index)
     else:
         config = config_from_hf(source.path)
         weights = safetensors_weights(source.path)
