@@ -307,8 +307,9 @@ def _hf_moe_fields(hf: dict[str, Any], model_type: str) -> dict[str, Any]:
     if model_type not in ("qwen2_moe", "qwen3_moe"):
         return {}
     qwen2 = model_type == "qwen2_moe"
-    fields = {
-        "num_experts": hf.get("num_experts", 60 if qwen2 else 128),
+    experts = hf.get("num_experts") or hf.get("num_local_experts")  # (transformers v5 saves
+    fields = {  # Qwen3-MoE's under the latter name)
+        "num_experts": experts or (60 if qwen2 else 128),
         "num_experts_per_tok": hf.get("num_experts_per_tok", 4 if qwen2 else 8),
         "moe_intermediate_size": hf.get("moe_intermediate_size", 1408 if qwen2 else 768),
         "norm_topk_prob": bool(hf.get("norm_topk_prob", False)),

@@ -1,4 +1,5 @@
-"""The Llama family as plain modules: Llama 2/3/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3.
+"""The Llama family as plain modules: Llama 2/3/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3, and
+with sparse MoE MLPs on the config's MoE layers, Mixtral, Qwen2-MoE, Qwen3-MoE (moe.py).
 
 Parameter names follow Hugging Face, except that q/k/v and gate/up are fused into one matmul
 each (`qkv_proj`, `gate_up_proj`); `load_weights` takes HF names and fills the shards.
@@ -18,8 +19,9 @@ from torch import nn
 
 from ..forward_batch import ForwardBatch
 from ..kv_pool import KVPool
-from ..layers.activation import SiluAndMul
 from ..layers.attention import AttentionBackend
+from ..layers.mlp import GatedMLP
+from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
@@ -71,15 +73,25 @@ class LlamaAttention(nn.Module):
         return self.o_proj(o.reshape(o.shape[0], self.num_heads * self.head_dim))
 
 
-class LlamaMLP(nn.Module):
+class LlamaMLP(GatedMLP):
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-        self.act = SiluAndMul()
+        super().__init__(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+def sparse_moe(config: ModelConfig) -> SparseMoE:
+    """The config's mixture-of-experts MLP block: its experts, routing and shared experts."""
+    return SparseMoE(
+        config.hidden_size,
+        config.moe_intermediate_size,
+        config.num_experts,
+        config.num_experts_per_tok,
+        norm_topk_prob=config.norm_topk_prob,
+        n_group=config.n_group,
+        topk_group=config.topk_group,
+        routed_scaling_factor=config.routed_scaling_factor,
+        shared_intermediate_size=config.shared_expert_intermediate_size,
+        shared_expert_gate=config.shared_expert_gate,
+    )
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -88,7 +100,7 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = LlamaAttention(config, layer)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = LlamaMLP(config)
+        self.mlp = sparse_moe(config) if config.is_moe_layer(layer) else LlamaMLP(config)
 
     def forward(
         self, h: torch.Tensor, residual: torch.Tensor | None, step: _Step
@@ -189,27 +201,34 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors in (cast to the parameter dtype); raise if any is missing."""
         params = dict(self.named_parameters())
-        missing = {(name, s) for name in params for s in range(_num_shards(name))}
+        missing = {(name, s) for name, p in params.items() for s in self._shard_keys(name, p)}
         for name, tensor in weights:
             if "rotary_emb" in name or (name == "lm_head.weight" and self.lm_head is None):
                 continue
-            target, shard = self._target(name)
-            if target not in params:
-                raise ValueError(
-                    f"checkpoint tensor {name!r} has no place in a "
-                    f"{self.config.architecture} model of this config"
-                )
-            dst = self._shard_view(params[target], target, shard)
-            if dst.shape != tensor.shape:
-                raise ValueError(
-                    f"{name}: checkpoint shape {tuple(tensor.shape)}, model "
-                    f"expects {tuple(dst.shape)}; does the config match the weights?"
-                )
-            with torch.no_grad():
-                dst.copy_(tensor)
-            missing.discard((target, shard))
+            for target, shard, part in self._pieces(name, tensor):
+                if target not in params:
+                    raise ValueError(
+                        f"checkpoint tensor {name!r} has no place in a "
+                        f"{self.config.architecture} model of this config"
+                    )
+                dst = self._shard_view(params[target], target, shard)
+                if dst.shape != part.shape:
+                    raise ValueError(
+                        f"{name}: checkpoint shape {tuple(part.shape)}, model "
+                        f"expects {tuple(dst.shape)}; does the config match the weights?"
+                    )
+                with torch.no_grad():
+                    dst.copy_(part)
+                missing.discard((target, shard))
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:4]}")
+
+    # How checkpoint tensors map onto parameters (subclasses extend these three hooks):
+    # `_pieces` splits a tensor into (parameter, shard, part), `_shard_view` is the part of
+    # the parameter a shard fills, `_shard_keys` every shard a parameter must receive.
+    def _pieces(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, Any, torch.Tensor]]:
+        target, shard = self._target(name)
+        return ((target, shard, tensor),)
 
     @staticmethod
     def _target(name: str) -> tuple[str, int]:
@@ -220,16 +239,16 @@ class LlamaForCausalLM(nn.Module):
                 return ".".join(parts[:i] + [fused] + parts[i + 1 :]), shard
         return name, 0
 
-    def _shard_view(self, param: torch.Tensor, name: str, shard: int) -> torch.Tensor:
+    def _shard_view(self, param: torch.Tensor, name: str, shard: Any) -> torch.Tensor:
         c = self.config
         if ".qkv_proj." in name:
             bounds = [0, c.q_size, c.q_size + c.kv_size, c.q_size + 2 * c.kv_size]
-        elif ".gate_up_proj." in name:
-            bounds = [0, c.intermediate_size, 2 * c.intermediate_size]
+        elif ".gate_up_proj." in name:  # a dense MLP's or the shared experts' halves
+            half = param.shape[0] // 2
+            bounds = [0, half, 2 * half]
         else:
             return param.data
         return param.data[bounds[shard] : bounds[shard + 1]]
 
-
-def _num_shards(name: str) -> int:
-    return 3 if ".qkv_proj." in name else 2 if ".gate_up_proj." in name else 1
+    def _shard_keys(self, name: str, param: torch.Tensor) -> range:
+        return range(3 if ".qkv_proj." in name else 2 if ".gate_up_proj." in name else 1)

@@ -2,7 +2,8 @@
 
 llama.cpp's converter permutes the rows of attn_q/attn_k of *llama*-arch models so that RoPE
 rotates adjacent pairs (GPT-J style); we undo it to get back HF's rotate-half layout, exactly
-as transformers' GGUF loader does. Qwen2/Qwen3 GGUFs are stored unpermuted. Gemma 3's
+as transformers' GGUF loader does (Mixtral is a llama-arch GGUF with experts). Qwen2/Qwen3
+GGUFs and their MoE variants are stored unpermuted. Gemma 3's
 converter stores each RMSNorm's effective multiplier 1 + w; we subtract the 1 to give HF's w
 back (as transformers' GGUF loader does), and name its four norms per layer as HF does. Every
 quantization type (Q4_K, Q5_0, Q6_K, Q8_0, ...) dequantizes through `gguf.quants`.
@@ -48,6 +49,16 @@ _BLOCK = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # mixture of experts: the router, each projection of all experts stacked [E, out, in],
+    # Qwen2-MoE's shared expert and its gate (models/moe.py takes these names)
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
 # Gemma 3's norms around attention and MLP (llama.cpp's ffn_norm is its pre-MLP norm there)
 _GEMMA3_BLOCK = {
@@ -112,7 +123,7 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFIndex:
 def gguf_weights(index: GGUFIndex) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, fp32 tensor) for every weight of the file."""
     config = index.config
-    unpermute = config.architecture == "llama"
+    unpermute = config.architecture in ("llama", "mixtral")
     norm_shift = config.architecture == "gemma3"
     tensors = [t for t in index.tensors if t.name not in _SKIP]
     total = sum(t.nbytes for t in tensors)
@@ -178,6 +189,7 @@ def _index_from_json(path: Path, data: dict) -> GGUFIndex:
         rope = dict(cfg["rope_scaling"], factors=tuple(cfg["rope_scaling"]["factors"]))
         cfg["rope_scaling"] = RopeScaling(**rope)
     cfg["eos_token_ids"] = tuple(cfg["eos_token_ids"])
+    cfg["mlp_only_layers"] = tuple(cfg.get("mlp_only_layers", ()))
     tensors = tuple(
         GGUFTensor(**{**t, "shape": tuple(t["shape"]), "raw_shape": tuple(t["raw_shape"])})
         for t in data["tensors"]
