@@ -230,6 +230,14 @@ def test_presets_have_the_published_shapes():
         assert sum(p.numel() for p in model.parameters()) == total, name
 
 
+def test_tensor_parallelism_refuses_experts():
+    from lmprog.runtime.parallel import check_shardable
+
+    check_shardable(preset("mixtral-8x7b"), 1)
+    with pytest.raises(ValueError, match="does not shard mixture-of-experts.*tp_size=1"):
+        check_shardable(preset("mixtral-8x7b"), 2)
+
+
 def test_dummy_weights_give_finite_logits_and_routing_everywhere():
     from test_models import _prefill_logits
 
