@@ -28,11 +28,11 @@ def inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.
         assert len(scaling.factors) == head_dim // 2, "one factor per frequency"
         return base / torch.tensor(scaling.factors, dtype=torch.float32, device="cpu")
     if scaling.rope_type == "yarn":
-        return _yarn(base, head_dim, theta, scaling)
+        return _yarn(head_dim, theta, scaling)
     return _llama3(base, scaling)
 
 
-def _yarn(base: torch.Tensor, dim: int, theta: float, s: RopeScaling) -> torch.Tensor:
+def _yarn(dim: int, theta: float, s: RopeScaling) -> torch.Tensor:
     # Frequencies that turn fewer than beta_slow times over the original context are
     # interpolated (/ factor), more than beta_fast times kept, a linear ramp between
     # (transformers' _compute_yarn_parameters, op for op).
@@ -49,9 +49,9 @@ def _yarn(base: torch.Tensor, dim: int, theta: float, s: RopeScaling) -> torch.T
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # no zero-width ramp
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    keep = 1 - ramp  # the share of the extrapolated (unscaled) frequency
-    pos_freqs = theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    ramp = torch.arange(dim // 2, dtype=torch.float32, device="cpu")  # cpu: not under meta
+    keep = 1 - ((ramp - low) / (high - low)).clamp(0, 1)  # the extrapolated frequency's share
+    pos_freqs = theta ** (torch.arange(0, dim, 2, device="cpu").float() / dim)
     return (1.0 / (s.factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
 
 

@@ -11,6 +11,7 @@ _ARCHITECTURES: dict[str, str] = {
     "qwen2": "lmprog.runtime.models.llama:LlamaForCausalLM",  # qkv bias via the config
     "qwen3": "lmprog.runtime.models.llama:LlamaForCausalLM",  # q/k norm via the config
     "gemma3": "lmprog.runtime.models.gemma3:Gemma3ForCausalLM",  # sliding-window layers
+    "deepseek_v2": "lmprog.runtime.models.deepseek_v2:DeepseekV2ForCausalLM",  # latent attn
     "mixtral": "lmprog.runtime.models.moe:MoeForCausalLM",  # Llama + sparse MoE MLPs
     "qwen2_moe": "lmprog.runtime.models.moe:MoeForCausalLM",  # + shared expert, qkv bias
     "qwen3_moe": "lmprog.runtime.models.moe:MoeForCausalLM",  # q/k norm via the config

@@ -49,6 +49,11 @@ def check_shardable(config: ModelConfig, tp_size: int) -> None:
     """Raise ValueError naming the sizes when `config` cannot be split over tp_size ranks."""
     if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
         raise ValueError(f"tp_size must be an int >= 1, got {tp_size!r}")
+    if config.kv_lora_rank and tp_size > 1:
+        raise ValueError(
+            f"tp_size={tp_size}: tensor parallelism does not shard latent attention "
+            f"({config.architecture}: one KV latent per token, not per head) yet; use tp_size=1"
+        )
     if config.num_experts and tp_size > 1:
         raise ValueError(
             f"tp_size={tp_size}: tensor parallelism does not shard mixture-of-experts models "

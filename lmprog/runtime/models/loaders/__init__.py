@@ -75,9 +75,7 @@ def build_model(
 ) -> nn.Module:
     """The model with uninitialised weights (allocated, not zeroed) on `device`."""
     device = torch.device(device)
-    attn = create_attention_backend(
-        attention, config.num_heads, config.num_kv_heads, config.head_dim, device
-    )
+    attn = _attention_backend(attention, config, device)
     with torch.device("meta"), _no_init():
         model = model_class(config.architecture)(config, attn)
     target = resolve_dtype(dtype, device)
@@ -87,6 +85,24 @@ def build_model(
         return torch.empty(t.shape, dtype=kind, device=device)  # empty_like on meta is slow
 
     return model._apply(allocate).eval()
+
+
+def _attention_backend(name: str, config: ModelConfig, device: torch.device):
+    """The config's attention: per-head K/V, or latent attention (one KV head of
+    kv_lora_rank, keys longer by the RoPE key, DeepSeek-V2's softmax scale)."""
+    if config.kv_lora_rank:
+        return create_attention_backend(
+            name,
+            config.num_heads,
+            1,
+            config.kv_lora_rank,
+            device,
+            rope_dim=config.qk_rope_head_dim,
+            scale=config.mla_softmax_scale,
+        )
+    return create_attention_backend(
+        name, config.num_heads, config.num_kv_heads, config.head_dim, device
+    )
 
 
 _INIT_FUNCTIONS = ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "xavier_uniform_")
