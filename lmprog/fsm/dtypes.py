@@ -3,10 +3,12 @@
 * ``int``: ``-?(0|[1-9][0-9]*)`` -> ``int``;
 * ``float``: a JSON number (optional fraction and exponent) -> ``float``;
 
-a number may end with one space or newline, its ``terminators``: as in SGLang (whose typed
-numbers are ``[0-9]+[ \n]*`` with stop strings " " and "\n"), a model that wants to go on
-with a word after the number ends it there instead of being forced to write more digits; a
-gen adds the terminators as stop strings, so they are not part of the text;
+a number ends where the model writes one of its ``terminators`` (a space, a newline or the
+punctuation that follows a number in prose and JSON), followed by anything in the same token:
+as in SGLang (whose typed numbers are ``[0-9]+[ \n]*`` with stop strings " " and "\n"), a model
+that wants to go on after the number (" hours", ".\n", ",") ends it there instead of being
+forced to write more digits; a gen adds the terminators as stop strings, so neither they nor
+what follows them are part of the text;
 * ``bool``: ``true|false|True|False`` -> ``bool``;
 * ``str``: a JSON double-quoted string with every JSON escape -> the unquoted ``str``.
 """
@@ -14,6 +16,7 @@ gen adds the terminators as stop strings, so they are not part of the text;
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,16 +37,25 @@ def _parse_bool(text: str) -> bool:
     return text.lower() == "true"
 
 
-_NUMBER_END = (" ", "\n")
+_INT_END = (" ", "\n", ",", ".", ";", ")", "]", "}")
+_FLOAT_END = (" ", "\n", ",", ";", ")", "]", "}")  # "." continues a float
 
 
-def _number(name: str, pattern: str, parse: Callable[[str], object]) -> DType:
-    return DType(name, f"(?:{pattern})[ \n]?", lambda text: parse(text.rstrip(" \n")), _NUMBER_END)
+def _number(
+    name: str, pattern: str, parse: Callable[[str], object], ends: tuple[str, ...]
+) -> DType:
+    end_class = "".join("\\" + c if c in "]\\^-" else c for c in ends).replace("\n", "\\n")
+    return DType(
+        name,
+        f"(?:{pattern})(?:[{end_class}][\\s\\S]*)?",
+        lambda text: parse(re.split(f"[{re.escape(''.join(ends))}]", text, maxsplit=1)[0]),
+        ends,
+    )
 
 
 DTYPES = {
-    "int": _number("int", INTEGER, int),
-    "float": _number("float", NUMBER, float),
+    "int": _number("int", INTEGER, int, _INT_END),
+    "float": _number("float", NUMBER, float, _FLOAT_END),
     "bool": DType("bool", "true|false|True|False", _parse_bool),
     "str": DType("str", f'"{UNIT_TOKEN.text}*"', json.loads),
 }

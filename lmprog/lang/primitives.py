@@ -81,7 +81,8 @@ def gen(
         valid under it; the variable holds the text, `state.parsed(name)` the dict or model;
       - `dtype=int | float | bool | str`: the output is a literal of that type and the
         variable holds the parsed Python value (`s["n"]` is an int for `dtype=int`); as in
-        SGLang, a number ends at a space or newline (stop strings, so not in the text).
+        SGLang, a number ends at a space or newline, and here also at `,;)]}` (and `.` after
+        an int), the rest of that token free: stop strings, so not in the text.
         A constrained gen cut short at max_tokens holds its partial text instead (finish
         reason "length" in its meta info), as in SGLang; `state.parsed(name)` then raises;
       - `ebnf="root ::= ..."`: the output is in the language of the grammar (the GBNF dialect
@@ -326,8 +327,9 @@ def _checked_overrides(overrides: dict[str, Any]) -> tuple[tuple[str, Any], ...]
 
 
 def _with_terminators(stop: Any, dtype: Any) -> Any:
-    """`stop` plus the strings that end a typed value (a number's space or newline, as in
-    SGLang); an unusable `stop` or dtype is left for the checks to report."""
+    """`stop` plus the strings that end a typed value (a number's space, newline or
+    punctuation: `DType.terminators`); an unusable `stop` or dtype is left for the checks to
+    report."""
     from lmprog.fsm.dtypes import DTYPES
 
     d = DTYPES.get(getattr(dtype, "__name__", None))

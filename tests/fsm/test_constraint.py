@@ -32,12 +32,17 @@ def test_choices_escape_metacharacters():
 @pytest.mark.parametrize(
     "dtype, good, bad",
     [
-        # a number may end with one space or newline (SGLang's typed numbers)
-        (int, {"0": 0, "-17": -17, "42": 42, "42 ": 42}, ["01", "1.5", "+3", "", "4 2", "1  "]),
+        # a number ends at a terminator (space, newline, punctuation), followed by anything
+        # in its token: the gen stops there (SGLang's typed numbers end at " " or "\n")
+        (
+            int,
+            {"0": 0, "-17": -17, "42": 42, "42 ": 42, "4 2": 4, "24 hours": 24, "7.\n": 7},
+            ["01", "x1", "+3", "", " 4", "4a", "--1"],
+        ),
         (
             float,
-            {"1.5": 1.5, "-0.25e3": -250.0, "3": 3.0, "1E-2": 0.01, "2.5\n": 2.5},
-            ["1.", ".5", "1e", "nan", " 1", "1\n\n"],
+            {"1.5": 1.5, "-0.25e3": -250.0, "3": 3.0, "1E-2": 0.01, "2.5\n": 2.5, "2.5, 3": 2.5},
+            ["1.", ".5", "1e", "nan", " 1", "1.x", "2a"],
         ),
         (bool, {"true": True, "false": False, "True": True, "False": False}, ["TRUE", "1", "yes"]),
         (

@@ -83,9 +83,12 @@ def test_gen_int_and_gen_string_are_typed_gens():
     assert sgl.gen_int("n") == sgl.gen("n", dtype=int)
     assert sgl.gen_int("n", 8, "\n") == sgl.gen("n", max_tokens=8, stop="\n", dtype=int)
     assert sgl.gen_string("s", 16) == sgl.gen("s", max_tokens=16, dtype=str)
-    # as in SGLang, a typed number ends at a space or newline (stop strings, not kept)
-    assert dict(sgl.gen_int("n").overrides)["stop"] == (" ", "\n")
-    assert dict(sgl.gen("x", dtype=float, stop=["!", "\n"]).overrides)["stop"] == ("!", "\n", " ")
+    # as in SGLang, a typed number ends at a space or newline (stop strings, not kept), and
+    # at the punctuation that follows numbers in prose and JSON
+    assert dict(sgl.gen_int("n").overrides)["stop"] == (" ", "\n", ",", ".", ";", ")", "]", "}")
+    assert dict(sgl.gen("x", dtype=float, stop=["!", "\n"]).overrides)["stop"] == (
+        ("!", "\n", " ", ",", ";", ")", "]", "}")
+    )
     assert "stop" not in dict(sgl.gen_string("s").overrides)
     backend = FakeBackend(responder=lambda r: "42" if r.prompt.endswith("= ") else '"hi"')
 
