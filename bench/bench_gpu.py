@@ -4,6 +4,8 @@ with the fraction of the hardware limit (H200: HBM 4.28 TB/s copy, bf16 787 TFLO
     python3 bench/bench_gpu.py                 # Llama-3.1-8B shape, bf16, random weights
     python3 bench/bench_gpu.py --smoke         # every code path on the CPU (Triton's
                                                # interpreter, a toy model); timings meaningless
+    python3 bench/bench_gpu.py --model deepseek-v2-lite   # latent attention + 64 experts,
+                                               # then KV capacity beside llama-3.2-3b (3.)
 
 1. Batch-1 decode. transformers `generate` (LlamaForCausalLM from a LlamaConfig, random init,
    same dtype and GPU, greedy, 32 tokens) beside lmprog: the model-level loop (greedy on the
@@ -17,6 +19,10 @@ with the fraction of the hardware limit (H200: HBM 4.28 TB/s copy, bf16 787 TFLO
    decode CUDA graphs and fused kernels; transformers `generate` on the first 64 requests as
    one left-padded batch (tokens counted: the requests' own input + output lengths). Roofline
    for the workload: max(FLOPs / 787 TFLOP/s, minimum bytes / 4.28 TB/s), `workload_floor`.
+
+3. KV capacity (a latent-attention model, or --dense-baseline): KV bytes per token and the
+   most requests decoding together at a fixed KV budget (--kv-budget-gb), the model beside a
+   dense model of similar active size, through the engine (bench/kv_capacity.py).
 
 The engine here is built with cuda_graphs=False so its first decode runs eagerly; then
 `install_graphs` fuses the elementwise layers and sets `runner.graphs` (what the model runner
@@ -99,29 +105,62 @@ def smoke_config():
     )
 
 
+def smoke_mla_config():
+    """A toy DeepSeek-V2: latent attention with YaRN, a dense first layer, then 8 experts."""
+    from lmprog.runtime.models import ModelConfig, RopeScaling
+
+    yarn = RopeScaling("yarn", factor=4.0, original_max_position=256, mscale=0.707,
+                       mscale_all_dim=0.707)  # fmt: skip
+    return ModelConfig("deepseek_v2", vocab_size=256, hidden_size=64, intermediate_size=128,
+                       num_layers=2, num_heads=4, num_kv_heads=4, head_dim=24,
+                       max_position=4096, rope_scaling=yarn, bos_token_id=1, eos_token_ids=(2,),
+                       kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                       num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=64, norm_topk_prob=False,
+                       mlp_only_layers=(0,))  # fmt: skip
+
+
 def linear_params(cfg) -> int:
-    """Parameters read by matmuls per token: every layer, the final norm and the output
-    projection (not the embedding table, of which a step reads one row per token)."""
-    h, i, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
-    qkv = h * (cfg.q_size + 2 * cfg.kv_size)
-    per_layer = qkv + cfg.q_size * h + 3 * h * i + 2 * h
-    return L * per_layer + h + cfg.vocab_size * h
+    """Parameters read per token: every parameter of the model (built on the meta device, so
+    any architecture counts right) but the embedding table, of which a step reads one row
+    per token (tied: the output projection reads it whole); routed experts count
+    num_experts_per_tok / num_experts (the active weights)."""
+    from lmprog.runtime.models import build_model
+
+    total = 0
+    for name, p in build_model(cfg, device="meta").named_parameters():
+        if name == "model.embed_tokens.weight" and not cfg.tie_word_embeddings:
+            continue
+        share = cfg.num_experts_per_tok / cfg.num_experts if ".experts." in name else 1
+        total += int(p.numel() * share)
+    return total
 
 
 def kv_bytes_per_token(cfg, itemsize: int) -> int:
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
+    """The pool's own count (per-head K/V, or latent attention's c_kv + k_pe)."""
+    from lmprog.runtime.kv_pool import KVPool
+
+    return KVPool.bytes_per_token(cfg, torch.uint8) * itemsize  # uint8: values per token
+
+
+def attention_flops_per_pair(cfg) -> int:
+    """FLOPs of one (query, key) pair over all layers and heads: q.k and p.v (latent
+    attention, absorbed: over kv_lora_rank + the RoPE key, then kv_lora_rank)."""
+    if cfg.kv_lora_rank:
+        return 2 * cfg.num_layers * cfg.num_heads * (2 * cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+    return 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim
 
 
 def workload_floor(cfg, in_lens, out_lens, itemsize: int, max_batch: int) -> dict:
     """Least time the workload needs on the hardware, whatever the scheduling.
 
     FLOPs: 2 x linear params per fed token (prompt tokens and every output token but the
-    last), attention 4 x layers x q_heads x head_dim per (query, key) pair (causal prompts:
+    last), attention_flops_per_pair per (query, key) pair (causal prompts:
     n(n+1)/2 pairs; decode token at context c: c pairs). Bytes: the KV cache written once and
     read by each decode step, and the weights at least once per decode step, with at most
     `max_batch` requests decoding together."""
     p = linear_params(cfg)
-    att = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim
+    att = attention_flops_per_pair(cfg)
     flops = bytes_ = 0.0
     kvb = kv_bytes_per_token(cfg, itemsize)
     for n, m in zip(in_lens, out_lens):
@@ -154,7 +193,50 @@ def make_workload(n: int, vocab: int, in_range, out_range, seed: int = 0):
 
 
 def hf_model(cfg, device, dtype):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    hf_cfg = hf_deepseek_v2_config(cfg) if cfg.kv_lora_rank else hf_llama_config(cfg)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(hf_cfg)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def hf_deepseek_v2_config(cfg):
+    from transformers import DeepseekV2Config
+
+    s, rope = cfg.rope_scaling, {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if s is not None:
+        rope = {"rope_type": "yarn", "rope_theta": cfg.rope_theta, "factor": s.factor,
+                "original_max_position_embeddings": s.original_max_position,
+                "beta_fast": s.beta_fast, "beta_slow": s.beta_slow, "mscale": s.mscale,
+                "mscale_all_dim": s.mscale_all_dim}  # fmt: skip
+    moe = cfg.moe_intermediate_size or 1
+    return DeepseekV2Config(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
+        q_lora_rank=cfg.q_lora_rank, kv_lora_rank=cfg.kv_lora_rank,
+        qk_nope_head_dim=cfg.qk_nope_head_dim, qk_rope_head_dim=cfg.qk_rope_head_dim,
+        v_head_dim=cfg.v_head_dim, n_routed_experts=cfg.num_experts,
+        num_experts_per_tok=cfg.num_experts_per_tok, moe_intermediate_size=moe,
+        n_shared_experts=cfg.shared_expert_intermediate_size // moe,
+        first_k_dense_replace=len(cfg.mlp_only_layers) if cfg.num_experts else cfg.num_layers,
+        topk_method="group_limited_greedy" if cfg.n_group > 1 else "greedy",
+        n_group=cfg.n_group, topk_group=cfg.topk_group,
+        routed_scaling_factor=cfg.routed_scaling_factor, norm_topk_prob=cfg.norm_topk_prob,
+        max_position_embeddings=cfg.max_position, rms_norm_eps=cfg.rms_norm_eps,
+        rope_parameters=rope, tie_word_embeddings=cfg.tie_word_embeddings,
+        bos_token_id=cfg.bos_token_id, eos_token_id=list(cfg.eos_token_ids), pad_token_id=0,
+    )  # fmt: skip
+
+
+def hf_llama_config(cfg):
+    from transformers import LlamaConfig
 
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     s = cfg.rope_scaling
@@ -167,7 +249,7 @@ def hf_model(cfg, device, dtype):
             "rope_theta": cfg.rope_theta,
             "original_max_position_embeddings": s.original_max_position,
         }
-    hf_cfg = LlamaConfig(
+    return LlamaConfig(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
@@ -182,14 +264,6 @@ def hf_model(cfg, device, dtype):
         eos_token_id=list(cfg.eos_token_ids),
         pad_token_id=0,
     )
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = LlamaForCausalLM(hf_cfg)
-    finally:
-        torch.set_default_dtype(previous)
-    return model.to(device=device, dtype=dtype).eval()
 
 
 def hf_generate(model, ids, mask, new_tokens: int) -> float:
@@ -831,6 +905,15 @@ def parse_args():
     p.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens")
     p.add_argument("--kv-tokens", type=int, default=600_000)
     p.add_argument("--context", type=int, default=2048)
+    p.add_argument(
+        "--dense-baseline",
+        default="",
+        help="KV capacity beside this dense preset (default: llama-3.2-3b for a latent-"
+        "attention model, none otherwise)",
+    )
+    p.add_argument("--kv-budget-gb", type=float, default=4.0, help="KV budget of the capacity run")
+    p.add_argument("--capacity-prompt", type=int, default=960)
+    p.add_argument("--capacity-output", type=int, default=64)
     args = p.parse_args()
     args.in_range, args.out_range = (32, 1024), (16, 512)
     args.device, args.dtype, args.torch_dtype = "cuda", "bfloat16", torch.bfloat16
@@ -838,8 +921,12 @@ def parse_args():
         from lmprog.runtime.models import PRESETS
 
         PRESETS["smoke-tiny"] = smoke_config()  # a toy architecture, for this process only
+        latent = PRESETS[args.model].kv_lora_rank > 0
+        if latent:  # the model's architecture in toy sizes, beside the toy Llama
+            PRESETS["smoke-tiny-mla"] = smoke_mla_config()
+            args.dense_baseline = "smoke-tiny"
         args.model, args.device, args.dtype, args.torch_dtype = (
-            "smoke-tiny",
+            "smoke-tiny-mla" if latent else "smoke-tiny",
             "cpu",
             "float32",
             torch.float32,
@@ -848,7 +935,53 @@ def parse_args():
         args.decode_prompt, args.decode_steps, args.eager_steps = 8, 6, 3
         args.max_running, args.chunk, args.kv_tokens, args.context = 8, 64, 4096, 256
         args.in_range, args.out_range = (4, 24), (2, 8)
+        args.kv_budget_gb, args.capacity_prompt, args.capacity_output = 2**-14, 24, 8
+    elif not args.dense_baseline and PRESETS[args.model].kv_lora_rank:
+        args.dense_baseline = "llama-3.2-3b"
     return args
+
+
+def kv_capacity_benches(args) -> None:
+    """KV bytes per token and the most concurrent requests at a fixed KV budget: the model
+    beside its dense baseline, computed and measured through the engine (kv_capacity.py)."""
+    from kv_capacity import measure_capacity
+
+    from lmprog.runtime.kv_pool import KVPool
+    from lmprog.runtime.models import PRESETS
+
+    budget = int(args.kv_budget_gb * 2**30)
+    per_request = args.capacity_prompt + args.capacity_output
+    for name in (args.model, args.dense_baseline):
+        fits = KVPool.size_for_budget(budget, PRESETS[name], args.torch_dtype) // per_request
+        res = section(
+            f"KV capacity, {name}: {args.kv_budget_gb:g} GB of KV, requests of "
+            f"{args.capacity_prompt} + {args.capacity_output} tokens",
+            lambda name=name, fits=fits: measure_capacity(
+                name,
+                budget_bytes=budget,
+                prompt_len=args.capacity_prompt,
+                output_len=args.capacity_output,
+                requests=max(4, fits * 3 // 2),
+                device=args.device,
+                dtype=args.dtype,
+                max_running=max(args.max_running, 2 * fits),
+                chunk=args.chunk,
+            ),  # fmt: skip
+        )
+        if res:
+            log(
+                f"   {res['bytes']:,} KV bytes/token, {res['slots']:,} slots: {res['fits']} "
+                f"requests fit; peak {res['peak']} decoding together ({res['steps']} steps, "
+                f"{res['retractions']} retractions, {res['wall']:.1f} s)"
+            )
+            ROWS.append(
+                (
+                    f"KV capacity {name}",
+                    f"{res['peak']} concurrent",
+                    f"{res['fits']} fit",
+                    f"{res['bytes']:,} B/token",
+                )
+            )
 
 
 def main() -> None:
@@ -864,6 +997,8 @@ def main() -> None:
     if not args.no_hf:
         hf = section("transformers baselines", hf_baselines, cfg, args, prompts, out_lens) or {}
     lmprog_benches(args, prompts, out_lens, hf)
+    if args.dense_baseline:
+        kv_capacity_benches(args)
     log("\n== summary")
     log(f"  {'benchmark':44s} {'lmprog':>16s} {'baseline':>22s}  fraction / ratio")
     for name, ours, base, frac in ROWS:
