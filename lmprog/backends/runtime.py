@@ -94,10 +94,18 @@ class Runtime(Backend):
             cuda:r, or all on the CPU with gloo): workers are spawned here, or are the other
             processes of a `torchrun` launch, whose non-zero ranks never return from this
             call (they serve rank 0, then exit); see lmprog.runtime.parallel.
+        attention_sink_size: attention sinks (StreamingLLM): keep each request's first
+            this many tokens plus a recent window of its KV, evicting the tokens between in
+            chunks (the kept keys re-rotated), so generation runs past the context length
+            and max_total_tokens with flat memory (None: off; requests are cut at the
+            context length). Llama-family models only; not with tp_size > 1.
+        sliding_window_size: the recent window kept after the sinks (default: the context
+            length, or the KV pool when smaller, minus the sinks); see
+            lmprog.runtime.config.AttentionSinkConfig.
 
     Each engine knob keeps its name down to the config that owns and validates it:
-    SchedulerConfig and CacheConfig (lmprog.runtime.config), EngineConfig
-    (lmprog.runtime.engine), SpeculativeConfig.
+    SchedulerConfig, CacheConfig and AttentionSinkConfig (lmprog.runtime.config),
+    EngineConfig (lmprog.runtime.engine), SpeculativeConfig.
     """
 
     def __init__(
@@ -130,11 +138,13 @@ class Runtime(Backend):
         speculative: Any = None,
         dp_size: int = 1,
         tp_size: int = 1,
+        attention_sink_size: int | None = None,
+        sliding_window_size: int | None = None,
     ) -> None:
         import torch
 
         from lmprog.runtime.assemble import assemble_model
-        from lmprog.runtime.config import CacheConfig, SchedulerConfig
+        from lmprog.runtime.config import AttentionSinkConfig, CacheConfig, SchedulerConfig
         from lmprog.runtime.engine import EngineConfig
         from lmprog.runtime.launch import launch_engine
         from lmprog.runtime.parallel.start import check_tp_size, start_tensor_parallel
@@ -159,6 +169,13 @@ class Runtime(Backend):
         engine_config = EngineConfig(
             jump_forward=jump_forward, check_integrity=check_integrity, overlap=overlap
         )
+        sinks = None
+        if attention_sink_size is not None:
+            sinks = AttentionSinkConfig(attention_sink_size, sliding_window_size)
+            if tp_size > 1:
+                raise ValueError("attention_sink_size does not support tp_size > 1 yet")
+        elif sliding_window_size is not None:
+            raise ValueError("sliding_window_size needs attention_sink_size (attention sinks)")
         self._source = _source_of(model, load_format)
         started = time.perf_counter()
         if self._source is not None:
@@ -212,6 +229,7 @@ class Runtime(Backend):
                 engine_config=engine_config,
                 cuda_graphs=cuda_graphs,
                 speculative=spec_config,
+                attention_sinks=sinks,
                 **kw,
             )
 

@@ -109,6 +109,70 @@ class SchedulerConfig:
             )
 
 
+@dataclass(frozen=True)
+class AttentionSinkConfig:
+    """Attention sinks (StreamingLLM, arXiv 2309.17453): each request keeps the KV of its
+    first `attention_sink_size` tokens plus a recent window, so generation goes on past the
+    context length with a flat KV footprint. Positions are positions in the cache, as in the
+    paper: when a request's KV is full, `shift_size` middle tokens (right after the sinks)
+    are evicted at once and the kept keys rotated back by that many positions, so the cache
+    is again contiguous (llama.cpp's context shift).
+
+        KV of one request:  | sinks | ... evicted ... | recent window (<= sliding_window_size) |
+        positions:            0..n-1                    n.. (at most n + window - 1)
+
+    attention_sink_size: tokens kept from the start (the paper: 4); 0 keeps none (plain
+        window attention, the paper's failing baseline).
+    sliding_window_size: recent tokens kept after the sinks; None: the context length (or
+        the KV pool, when smaller) minus the sinks. The sinks plus the window must fit both.
+    shift_size: tokens evicted per shift (amortizes the re-rotation); None: a quarter of
+        the window. Must be smaller than the window; with page_size > 1 the sinks, the window
+        and the shift must be whole pages.
+    """
+
+    attention_sink_size: int = 4
+    sliding_window_size: int | None = None
+    shift_size: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("attention_sink_size", self.attention_sink_size, lo=0)
+        if self.sliding_window_size is not None:
+            _check_int("sliding_window_size", self.sliding_window_size, lo=2)
+        if self.shift_size is not None:
+            _check_int("shift_size", self.shift_size, lo=1)
+            if self.sliding_window_size is not None and self.shift_size >= self.sliding_window_size:
+                raise ValueError(
+                    f"shift_size ({self.shift_size}) must be smaller than sliding_window_size "
+                    f"({self.sliding_window_size})"
+                )
+
+    def window(self, max_len: int) -> int:
+        """The recent window for requests of at most max_len tokens of KV (the context
+        length or the pool, whichever is smaller)."""
+        window = self.sliding_window_size
+        if window is None:
+            window = max_len - self.attention_sink_size
+        if window < 2 or self.attention_sink_size + window > max_len:
+            raise ValueError(
+                f"attention_sink_size ({self.attention_sink_size}) + sliding_window_size "
+                f"({window}) must be at most {max_len} (the context length or the KV pool, "
+                "whichever is smaller), with a window of at least 2 tokens"
+            )
+        return window
+
+    def shift(self, window: int, page_size: int) -> int:
+        """Tokens evicted per shift for this window (whole pages)."""
+        shift = self.shift_size if self.shift_size is not None else max(1, window // 4)
+        shift = -(-shift // page_size) * page_size
+        if shift >= window or self.attention_sink_size % page_size or window % page_size:
+            raise ValueError(
+                f"with page_size {page_size}, attention_sink_size ({self.attention_sink_size}) "
+                f"and sliding_window_size ({window}) must be whole pages and the shift "
+                f"({shift}) smaller than the window"
+            )
+        return shift
+
+
 def _check_int(name: str, value: object, lo: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")

@@ -8,6 +8,8 @@ runner and the per-request DecodeStates:
         apply queued commands (submit / abort / call)   <- blocks here when there is no work
         speculator.propose(decoding requests)           # draft_ids (speculative decoding)
         batch  = scheduler.schedule()                   # decodes + verifies + prefill chunks
+        runner.move_kv(batch.kv_shift)                  # attention sinks evicted tokens: the
+                                                        # kept keys re-rotated (if any)
         logits = runner.forward(batch)                  # one forward pass for all of them
         prompt logprobs for entries that want them
         draws  = sampler.sample(last-position logits)   # one token per sampling entry, and
@@ -354,6 +356,8 @@ class Engine:
         if spec is not None:
             for req in batch.retracted:
                 spec.release(req.rid, finished=False)
+        if batch.kv_shift is not None:  # attention sinks evicted tokens: before any forward
+            self.runner.move_kv(batch.kv_shift)
         if batch.is_empty:  # nothing runnable now: the step in flight ends requests, or
             if self._inflight is None:  # memory frees up (a lone request always fits)
                 time.sleep(0.001)
@@ -424,7 +428,9 @@ class Engine:
             self._complete(req)
             return
         self.metrics.jump_forward_tokens += len(jump.new_token_ids)
-        assert req.output_ids == req.engine_data.output_ids, "jump mirrored inexactly"
+        assert req.num_evicted or req.output_ids == req.engine_data.output_ids, (
+            "jump mirrored inexactly"
+        )
 
     def _complete(self, req: Req) -> None:
         """Hand a finished request's outcome to its handle (delivered after the step)."""

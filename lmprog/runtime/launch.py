@@ -16,9 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import CacheConfig, SchedulerConfig
+from .config import AttentionSinkConfig, CacheConfig, SchedulerConfig
 from .engine import Engine, EngineConfig
 from .kv_pool import KVPool
+from .kv_shift import check_attention_sinks
 from .model_runner import ModelRunner
 from .parallel.sharding import local_config
 from .scheduler import Scheduler
@@ -62,6 +63,7 @@ def launch_engine(
     speculative: SpeculativeConfig | None = None,
     proposer: Proposer | None = None,
     tp: Any = None,
+    attention_sinks: AttentionSinkConfig | None = None,
 ) -> Engine:
     """Start an engine thread serving `model` (on its device, in eval mode, as
     lmprog.runtime.assemble.assemble_model returns it; the engine applies no transform).
@@ -71,7 +73,9 @@ def launch_engine(
     model before the KV pool is sized) unless `proposer` is given.
     tp: rank 0's lmprog.runtime.parallel TPGroup (`model` its shard): every rank builds
     the same runner (the smallest KV pool of them all) and runs each step; the engine owns
-    the group from here (closed when it stops, or here if this raises)."""
+    the group from here (closed when it stops, or here if this raises).
+    attention_sinks: keep each request's first tokens and a recent window of its KV,
+    evicting in between, so generation runs past the context length (None: off)."""
     try:
         engine = _launch(
             model,
@@ -87,6 +91,7 @@ def launch_engine(
             speculative,
             proposer,
             tp,
+            attention_sinks,
         )
     except BaseException:
         if tp is not None:  # the workers wait for this runner: let them go
@@ -111,11 +116,14 @@ def _launch(
     speculative: SpeculativeConfig | None,
     proposer: Proposer | None,
     tp: Any,
+    attention_sinks: AttentionSinkConfig | None,
 ) -> Engine:
     context = model.config.max_position if context_length is None else context_length
     if isinstance(context, bool) or not isinstance(context, int) or context < 2:
         raise ValueError(f"context_length must be an int >= 2, got {context!r}")
     scheduler_config = scheduler_config or SchedulerConfig()
+    if attention_sinks is not None:
+        check_attention_sinks(model, tp)
     speculator = make_speculator(
         model,
         speculative,
@@ -130,7 +138,7 @@ def _launch(
     num_slots = kv_slots(model, max_total_tokens, gpu_memory_fraction)
     if tp is not None:
         num_slots = tp.min_int(num_slots)
-    scheduler = Scheduler(num_slots, context, scheduler_config, cache_config)
+    scheduler = Scheduler(num_slots, context, scheduler_config, cache_config, attention_sinks)
     runner_args = dict(
         cuda_graphs=cuda_graphs, piecewise_tokens=scheduler.config.max_num_batched_tokens
     )

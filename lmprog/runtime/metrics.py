@@ -66,6 +66,7 @@ class EngineMetrics:
             "kv_used": sched.used_slots,
             "kv_evictable": sched.evictable_slots,
             "kv_usage": sched.token_usage,
+            "kv_evicted_tokens": sched.evicted_tokens,
             "steps": self.steps,
             "prefill_tokens": self.prefill_tokens,
             "decode_tokens": self.decode_tokens,

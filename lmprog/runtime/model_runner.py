@@ -39,9 +39,11 @@ from torch import nn
 from .cuda_graph import capture_decode_graphs
 from .forward_batch import ForwardBatch
 from .kv_pool import KVPool
+from .kv_shift import KeyShifter
 from .parallel.sharding import local_config
 from .piecewise_graph import capture_piecewise_graphs
 from .scheduler.batch import ScheduledBatch
+from .scheduler.sinks import KVShift
 
 
 class StepInputs(NamedTuple):
@@ -90,6 +92,7 @@ class ModelRunner:
                 req_to_token.shape, dtype=torch.int32, device=self.device
             )
         self.graphs = self.piecewise = None
+        self._key_shifter: KeyShifter | None = None  # built on the first attention-sink shift
         attention = getattr(model, "attention", None)
         if attention is not None:
             attention.warm_up(self.kv, self.req_to_token)
@@ -120,6 +123,14 @@ class ModelRunner:
             return self.run(step, future)
         except Exception as exc:  # the ranks are out of step: fatal for the group
             raise self.channel.group.failure(exc) from exc
+
+    def move_kv(self, shift: KVShift) -> None:
+        """Do an attention-sink eviction's KV moves (lmprog.runtime.kv_shift), queued on the
+        device after the step in flight and before the next step's forward."""
+        if self._key_shifter is None:
+            self._key_shifter = KeyShifter(self.config)
+        src, dst, delta = (_to_device(a, self.device) for a in shift)
+        self._key_shifter.shift(self.kv, src, dst, delta)
 
     def run(self, step: StepInputs, future: torch.Tensor | None = None) -> torch.Tensor:
         """The forward of one step's inputs (every rank of a tensor-parallel group runs it)."""

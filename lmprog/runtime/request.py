@@ -21,7 +21,12 @@ Overlap scheduling: a token sampled on the device but not yet known to the host 
 placeholder, a negative id (-1 - its row in the step's device tensor of sampled tokens).
 Only a request's last token can be one, it is always pending (never inside the KV the
 prefix cache sees), and the engine resolves it before the step after next is scheduled
-(`Scheduler.resolve_tokens`). Everything here is plain data: the scheduler
+(`Scheduler.resolve_tokens`).
+
+Attention sinks (AttentionSinkConfig): once a request's KV is full, tokens right after its
+n sinks are evicted and deleted from token_ids, so token_ids stays the sequence whose KV is
+cached, each token at its position in the cache; `num_evicted` counts them, `prompt_end`
+is where the outputs start in token_ids (prompt_len, until prompt tokens are evicted). Everything here is plain data: the scheduler
 mutates it, the engine reads it and keeps its own per-request state in `engine_data`.
 """
 
@@ -76,6 +81,8 @@ class Req:
         "prompt_logprob_start",
         "engine_data",
         "num_retractions",
+        "num_evicted",
+        "prompt_end",
     )
 
     def __init__(
@@ -105,14 +112,17 @@ class Req:
         self.last_node: Any = None  # radix node locked for [0, cache_len); None when idle
         self.finish_reason: FinishReason | None = None
         self.cached_tokens = 0  # prefix hit at the first admission (GenerateResult)
-        self.max_seq_len = 0  # set at submission: min(context length, KV pool)
+        self.max_seq_len = 0  # set at submission: min(context length, KV pool); with
+        # attention sinks sys.maxsize (no cap: evictions keep the KV within the window)
         self.stop_len = self.prompt_len + params.max_tokens  # seq_len that ends it ("length");
-        # submission caps it at max_seq_len
+        # submission caps it at max_seq_len, an eviction lowers it by the tokens it deletes
         self.draft_ids: list[int] = []  # speculative tokens to verify in the next step
         self.row_dirty = False  # row [0, num_computed) changed since last scheduled
         self.prompt_logprob_start = prompt_logprob_start
         self.engine_data = engine_data
         self.num_retractions = 0
+        self.num_evicted = 0  # tokens evicted after the attention sinks (see module doc)
+        self.prompt_end = self.prompt_len  # where the outputs start in token_ids
 
     # -- derived lengths -------------------------------------------------------------------
     @property
@@ -121,15 +131,18 @@ class Req:
 
     @property
     def output_len(self) -> int:
-        return len(self.token_ids) - self.prompt_len
+        """Tokens generated so far (evicted ones included)."""
+        return len(self.token_ids) + self.num_evicted - self.prompt_len
 
     @property
     def prompt_ids(self) -> list[int]:
-        return self.token_ids[: self.prompt_len]
+        """The prompt tokens still in token_ids (all of them unless evicted)."""
+        return self.token_ids[: self.prompt_end]
 
     @property
     def output_ids(self) -> list[int]:
-        return self.token_ids[self.prompt_len :]
+        """The generated tokens still in token_ids (all of them unless evicted)."""
+        return self.token_ids[self.prompt_end :]
 
     @property
     def pending_len(self) -> int:

@@ -6,6 +6,11 @@ Every slot in 1..num_slots is, at all times, exactly one of
 request's own; see lmprog.runtime.request). `check_integrity(running)` verifies exactly that.
 The manager mutates `Req` fields row, last_node, cache_len, num_computed, num_allocated and
 row_dirty; nothing else touches them.
+
+Attention sinks (`evict_middle`): a request whose middle tokens were evicted holds KV that
+no longer belongs to its token prefix (kept keys were re-rotated, and were computed while
+the evicted tokens were visible), so nothing of it past its cached prefix ever enters the
+prefix cache; the cached prefix itself (at most the sinks) stays valid.
 """
 
 from __future__ import annotations
@@ -33,9 +38,17 @@ class CacheManager:
     """Owns the KV slots of the pool. Single-threaded: call from the engine loop only."""
 
     def __init__(
-        self, num_slots: int, max_running_requests: int, max_context_len: int, config: CacheConfig
+        self,
+        num_slots: int,
+        max_running_requests: int,
+        max_context_len: int,
+        config: CacheConfig,
+        kv_limit: int | None = None,
     ) -> None:
+        """kv_limit: the most positions a request's KV may hold (attention sinks: the sinks
+        plus the window); None: its length cap bounds it."""
         self.config = config
+        self.kv_limit = kv_limit
         self.page_size = config.page_size
         self._num_slots = num_slots
         self.allocator = TokenSlotAllocator(num_slots, config.page_size)
@@ -69,7 +82,7 @@ class CacheManager:
 
     def cached_prefix_len(self, req: Req) -> int:
         """How many tokens admitting req now would reuse. Reads only."""
-        return self.prefix_cache.cached_prefix_len(req.token_ids[: _match_limit(req)])
+        return self.prefix_cache.cached_prefix_len(req.token_ids[: self._match_limit(req)])
 
     # -- request lifecycle -----------------------------------------------------------------
     def admit(self, req: Req) -> bool:
@@ -80,7 +93,7 @@ class CacheManager:
         row = self.req_table.alloc()
         if row is None:
             return False
-        match = self.prefix_cache.match_prefix(req.token_ids[: _match_limit(req)])
+        match = self.prefix_cache.match_prefix(req.token_ids[: self._match_limit(req)])
         self.prefix_cache.lock(match.last_node)
         self.req_table.table[row, : match.length] = match.slots
         req.row, req.last_node = row, match.last_node
@@ -114,7 +127,7 @@ class CacheManager:
         other requests can reuse them; its row then points at the cached slots. No-op when
         caching is off or nothing new is computed."""
         aligned = req.num_computed - req.num_computed % self.page_size
-        if not self._caching or aligned <= req.cache_len:
+        if not self._caching or aligned <= req.cache_len or req.num_evicted:
             return
         present = self._insert(req, aligned)
         match = self.prefix_cache.match_prefix(req.token_ids[:aligned])
@@ -150,6 +163,53 @@ class CacheManager:
         self._free_own(req, max(req.cache_len, self.round_up(keep)))
         req.num_computed = keep
 
+    def copies_needed(self, req: Req, end: int) -> int:
+        """Fresh slots evict_middle(req, start, end - start) takes: one per kept computed
+        token in a slot of the prefix cache (that copy is shared: it is not rotated)."""
+        return max(0, req.cache_len - end)
+
+    def evict_middle(self, req: Req, start: int, delta: int) -> tuple[np.ndarray, np.ndarray]:
+        """Forget the KV of positions [start, start + delta) of running req and move its
+        later positions down by delta (attention sinks); start and delta whole pages,
+        start + delta <= num_computed. Returns (src, dst): the slots of the kept computed
+        tokens before and after; the caller moves their KV on the device (dst gets src's
+        value and its key rotated back by delta positions) before anything else writes the
+        pool. Own evicted slots are freed; kept tokens in slots of the prefix cache get fresh
+        slots (evicting cached entries: src is read before dst is written); the lock
+        shrinks to the cached prefix before `start`. The caller deletes the tokens.
+
+            row before:  | 0 .. start | evicted | kept: src ....... | allocated, not computed |
+            row after:   | 0 .. start | kept: dst ....... | allocated ... |
+        """
+        p, end = self.page_size, start + delta
+        assert start % p == 0 and delta % p == 0 and 0 < delta and end <= req.num_computed
+        row = self.req_table.table[req.row]
+        old_cache_len = req.cache_len
+        if old_cache_len > start:  # the kept part of the cached prefix becomes our own copy
+            match = self.prefix_cache.match_prefix(req.token_ids[:start])
+            assert match.length == start, "a locked prefix must match in full"
+            self.prefix_cache.lock(match.last_node)
+            self.prefix_cache.unlock(req.last_node)
+            req.last_node, req.cache_len = match.last_node, start
+        own_from = max(start, old_cache_len)
+        if own_from < end:
+            self.allocator.free(row[own_from:end])
+        src = row[end : req.num_computed].copy()
+        dst = src.copy()
+        shared = max(0, old_cache_len - end)
+        if shared:
+            self._make_room(shared)
+            fresh = self.allocator.alloc(shared)
+            assert fresh is not None, f"evict_middle needs {shared} slots; check copies_needed"
+            dst[:shared] = fresh
+        kept = req.num_allocated - end
+        row[start : start + kept] = np.concatenate([dst, row[req.num_computed : req.num_allocated]])
+        row[start + kept : req.num_allocated] = 0
+        req.num_computed -= delta
+        req.num_allocated -= delta
+        req.row_dirty = True
+        return src, dst
+
     def release(self, req: Req, cache: bool = True) -> None:
         """Take back everything req holds: its computed tokens go into the prefix cache (when
         `cache` and caching is on), the rest of its slots are freed, its lock and row are
@@ -157,7 +217,7 @@ class CacheManager:
         if req.row is None:
             return
         aligned = req.num_computed - req.num_computed % self.page_size
-        if cache and self._caching and aligned > req.cache_len:
+        if cache and self._caching and aligned > req.cache_len and not req.num_evicted:
             self._insert(req, aligned)
             req.cache_len = aligned  # [.., aligned) now belongs to the cache
         self._free_own(req, req.cache_len)
@@ -210,6 +270,10 @@ class CacheManager:
         )
         require(req.num_computed <= req.seq_len, f"{req}: more tokens computed than known")
         require(
+            self.kv_limit is None or req.num_allocated <= self.kv_limit,
+            f"{req}: KV past the attention-sink window of {self.kv_limit} positions",
+        )
+        require(
             req.cache_len % p == 0 and req.num_allocated % p == 0,
             f"{req}: cache_len / num_allocated not whole pages of {p}",
         )
@@ -240,6 +304,16 @@ class CacheManager:
         )
 
     # -- internals -------------------------------------------------------------------------
+    def _match_limit(self, req: Req) -> int:
+        """How much of req admission may take from the prefix cache: not its last token nor
+        from prompt_logprob_start on, and (attention sinks) leaving room for one token."""
+        limit = req.seq_len - 1
+        if req.prompt_logprob_start is not None:
+            limit = min(limit, req.prompt_logprob_start)
+        if self.kv_limit is not None:
+            limit = min(limit, self.kv_limit - 1)
+        return limit
+
     def _make_room(self, num_tokens: int) -> None:
         short = num_tokens - self.allocator.num_free
         if short > 0:
@@ -303,10 +377,3 @@ def _rows_positions(
     n = np.asarray(counts, dtype=np.int64)
     positions = np.repeat(starts - (np.cumsum(n) - n), n) + np.arange(total)
     return np.repeat(rows, n), positions
-
-
-def _match_limit(req: Req) -> int:
-    limit = req.seq_len - 1
-    if req.prompt_logprob_start is not None:
-        limit = min(limit, req.prompt_logprob_start)
-    return limit

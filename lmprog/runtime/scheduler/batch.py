@@ -24,11 +24,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from ..request import Req
+
+if TYPE_CHECKING:
+    from .sinks import KVShift
 
 _NEVER = np.iinfo(np.int64).max
 
@@ -46,6 +49,8 @@ class ScheduledEntry(NamedTuple):
     sample: bool  # sample next token(s) from the logits of the last real fed position
     sync_row: bool  # row [0, start) changed since last scheduled: copy req_to_token[row, :end]
     draft_ids: tuple[int, ...] = ()  # verify: the speculative tokens fed after the real ones
+    evicted: int = 0  # req.num_evicted when scheduled (attention sinks: token indices of this
+    # entry are shifted down by the tokens evicted since)
 
     @property
     def end(self) -> int:
@@ -65,12 +70,14 @@ class ScheduledEntry(NamedTuple):
 class ScheduledBatch:
     """entries: what to run. out_slots (int32) and positions (int64): per fed token.
     retracted: requests retracted while building this batch (back in the queue, KV freed
-    or cached; their generated tokens are kept)."""
+    or cached; their generated tokens are kept).
+    kv_shift: attention sinks' KV moves to do before this step (even an empty one)."""
 
     entries: tuple[ScheduledEntry, ...]
     out_slots: np.ndarray
     positions: np.ndarray
     retracted: tuple[Req, ...] = ()
+    kv_shift: KVShift | None = None
 
     @property
     def is_empty(self) -> bool:

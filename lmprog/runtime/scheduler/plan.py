@@ -40,10 +40,14 @@ class StepPlan:
         self.slots += slots
 
     def max_chunk(self, req: Req, want: int, extra_room: int = 0) -> int:
-        """The most tokens (<= want) req can be fed within memory_left() + extra_room."""
+        """The most tokens (<= want) req can be fed within memory_left() + extra_room (and,
+        with attention sinks, within its window)."""
         left = self.memory_left() + extra_room
         pages_room = left - left % self.cache.page_size
-        return max(0, min(want, req.num_allocated - req.num_computed + pages_room))
+        most = min(want, req.num_allocated - req.num_computed + pages_room)
+        if self.cache.kv_limit is not None:
+            most = min(most, self.cache.kv_limit - req.num_computed)
+        return max(0, most)
 
     def fitting_drafts(
         self, req: Req, num_real: int, budget_tokens: int, extra_room: int = 0

@@ -101,9 +101,7 @@ class PrefillPolicy:
             return None
         n = plan.max_chunk(req, min(req.pending_len, budget.tokens))
         need = self.cache.tokens_to_extend(req, req.num_computed + n)
-        future = (req.pending_len - n) + self.ratio.reserve(
-            req.remaining_tokens, self.config.reserve_clip_tokens
-        )
+        future = self._future(req, req.num_computed + n)
         if n <= 0 or (not alone and need + future + reserve > plan.memory_left()):
             self.cache.release(req, cache=False)
             return None
@@ -119,11 +117,19 @@ class PrefillPolicy:
     def _running_reserve(self, plan: StepPlan) -> int:
         """Slots the running requests may still need after this step's planned work."""
         planned = {id(r): n for r, n, _ in plan.items}
-        clip, total = self.config.reserve_clip_tokens, 0
-        for req in self.requests.running_reqs():
-            pending = req.pending_len - planned.get(id(req), 0)
-            total += max(0, pending) + self.ratio.reserve(req.remaining_tokens, clip)
-        return total
+        return sum(
+            self._future(req, req.num_computed + planned.get(id(req), 0))
+            for req in self.requests.running_reqs()
+        )
+
+    def _future(self, req: Req, computed: int) -> int:
+        """Slots req may still need once `computed` of its tokens are: the rest of its known
+        tokens and a share of those it may generate; with attention sinks at most the rest
+        of its window (evictions make room for more)."""
+        rest = max(0, req.seq_len - computed)
+        future = rest + self.ratio.reserve(req.remaining_tokens, self.config.reserve_clip_tokens)
+        limit = self.cache.kv_limit
+        return future if limit is None else min(future, max(0, limit - computed))
 
     def _inflight(self, plan: StepPlan) -> _InflightPrefixes:
         inflight = _InflightPrefixes(self.config.stagger_min_tokens)

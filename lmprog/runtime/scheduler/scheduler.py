@@ -33,10 +33,17 @@ requests. A request finished there was also fed in step N+1: that work is droppe
 KV slots are freed, nothing of it reaches the prefix cache). A request whose placeholder
 is its last token (its length cap) finishes at once, before step N+1 is scheduled: its
 row and KV are not held a step longer; the engine gives it its token when N settles.
+
+Attention sinks (AttentionSinkConfig; see sinks.py): each step first evicts, from every
+running request whose next chunk would not fit its window, a chunk of tokens after its
+sinks (CacheManager.evict_middle frees or copies the slots, SinkWindow.delete drops the
+tokens); the batch carries the KV moves (`kv_shift`) the engine has done before its forward.
+Requests are then never cut at the context length: positions stay below sinks + window.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Hashable, Sequence
 
 import numpy as np
@@ -47,7 +54,7 @@ from lmprog.core.protocol import FinishReason
 from ..cache.allocator import SLOT_DTYPE
 from ..cache.base import require
 from ..cache.manager import CacheManager
-from ..config import CacheConfig, SchedulerConfig
+from ..config import AttentionSinkConfig, CacheConfig, SchedulerConfig
 from ..request import Req, ReqStatus
 from .batch import ScheduledBatch, ScheduledEntry
 from .budget import NewTokenRatio, StepBudget
@@ -56,6 +63,7 @@ from .plan import StepPlan
 from .prefill import PrefillPolicy
 from .requests import RequestTable
 from .retract import RetractPolicy
+from .sinks import KVShift, SinkWindow
 from .stats import SchedulerStats
 
 _NO_SLOTS = np.empty(0, dtype=SLOT_DTYPE)
@@ -64,7 +72,7 @@ _NO_POSITIONS = np.empty(0, dtype=np.int64)
 
 class Scheduler:
     """See the module docstring. num_slots: usable KV slots (slot 0, the dummy, excluded);
-    max_context_len: the model's context length."""
+    max_context_len: the model's context length; sinks: attention sinks (None: off)."""
 
     def __init__(
         self,
@@ -72,12 +80,22 @@ class Scheduler:
         max_context_len: int,
         config: SchedulerConfig | None = None,
         cache_config: CacheConfig | None = None,
+        sinks: AttentionSinkConfig | None = None,
     ) -> None:
         self.config = config or SchedulerConfig()
         self.cache_config = cache_config or CacheConfig()
         self.max_context_len = max_context_len
+        page = self.cache_config.page_size
+        usable = num_slots - num_slots % page
+        self.sinks = (
+            None if sinks is None else SinkWindow(sinks, min(max_context_len, usable), page)
+        )
         self.cache = CacheManager(
-            num_slots, self.config.max_running_requests, max_context_len, self.cache_config
+            num_slots,
+            self.config.max_running_requests,
+            max_context_len,
+            self.cache_config,
+            kv_limit=None if self.sinks is None else self.sinks.limit,
         )
         self.requests = RequestTable()
         self.ratio = NewTokenRatio(
@@ -89,6 +107,7 @@ class Scheduler:
         self.prefill_policy = PrefillPolicy(self.config, self.cache, self.requests, self.ratio)
         self.retract_policy = RetractPolicy()
         self.num_retractions = 0
+        self.evicted_tokens = 0  # attention sinks: tokens evicted from running requests
 
     # -- queries (always safe) -------------------------------------------------------------
     @property
@@ -129,7 +148,7 @@ class Scheduler:
             r
             for r in running
             if r.num_computed == len(r.token_ids) - 1
-            or (r.num_computed >= r.prompt_len and len(r.token_ids) - r.num_computed < budget)
+            or (r.num_computed >= r.prompt_end and len(r.token_ids) - r.num_computed < budget)
         ]
 
     def stats(self) -> SchedulerStats:
@@ -143,6 +162,7 @@ class Scheduler:
             cache.capacity - cache.allocator.num_free,
             cache.prefix_cache.evictable_size,
             cache.capacity,
+            self.evicted_tokens,
         )
 
     # -- submission ------------------------------------------------------------------------
@@ -158,14 +178,25 @@ class Scheduler:
         pls = req.prompt_logprob_start
         if pls is not None and not 0 <= pls < req.prompt_len:
             raise ValueError(f"prompt_logprob_start must be in [0, {req.prompt_len}), got {pls}")
-        req.max_seq_len = min(self.max_context_len, self.cache.capacity)
-        req.stop_len = min(req.stop_len, req.max_seq_len)
+        if self.sinks is None:
+            req.max_seq_len = min(self.max_context_len, self.cache.capacity)
+            req.stop_len = min(req.stop_len, req.max_seq_len)
+        elif pls is not None and req.prompt_len + 1 > self.sinks.limit:
+            raise ContextLengthError(
+                f"prompt logprobs need the whole prompt in the attention-sink window: a prompt "
+                f"of {req.prompt_len} tokens plus 1 exceeds its {self.sinks.limit} tokens"
+            )
+        else:
+            req.max_seq_len = sys.maxsize  # evictions keep the KV within the window
         self.requests.add(req)
         return req
 
     def check_fits(self, prompt_len: int) -> None:
         """ContextLengthError unless a prompt of prompt_len tokens plus one generated token
-        fits the context length and the whole KV pool. Reads only constants: any thread."""
+        fits the context length and the whole KV pool (with attention sinks any prompt fits:
+        it is fed in chunks, evicting as it goes). Reads only constants: any thread."""
+        if self.sinks is not None:
+            return
         need = prompt_len + 1
         if need > self.max_context_len:
             raise ContextLengthError(
@@ -189,14 +220,15 @@ class Scheduler:
         """
         self.ratio.step()
         running = self.requests.running
+        retracted: list[Req] = []
+        shift = self._evict_for_windows(retracted) if self.sinks is not None else None
         budget = StepBudget(
             self.config.max_num_batched_tokens, self.config.max_running_requests - len(running)
         )
         plan = StepPlan(self.cache)
-        retracted: list[Req] = []
         decoders, extenders = self.decode_policy.split(running.values())
         if not self.config.hybrid_batching and self._plan_prefill_only(extenders, plan, budget):
-            return self._build(plan, retracted)
+            return self._build(plan, retracted, shift)
         page = self.cache.page_size
         while self.decode_policy.slots_needed(decoders, page) > self.cache.available_tokens:
             self._retract_newest(retracted)
@@ -210,7 +242,7 @@ class Scheduler:
         assert plan or not running, "a lone running request must always fit the pool"
         if not retracted:
             self.prefill_policy.admit_waiting(plan, budget)
-        return self._build(plan, retracted)
+        return self._build(plan, retracted, shift)
 
     def _plan_prefill_only(self, extenders: list[Req], plan: StepPlan, budget: StepBudget) -> bool:
         """Prefill-first (config.hybrid_batching False): plan pending chunks and admissions
@@ -314,10 +346,11 @@ class Scheduler:
             req = entry.req
             if not entry.sample or req.status is ReqStatus.FINISHED:
                 continue
-            assert req.token_ids[entry.end] < 0, f"{req}: no placeholder at {entry.end}"
-            assert entry.end + 1 < req.stop_len, f"{req}: at its length cap, yet unfinished"
+            at = entry.end - (req.num_evicted - entry.evicted)  # tokens evicted since
+            assert req.token_ids[at] < 0, f"{req}: no placeholder at {at}"
+            assert at + 1 < req.stop_len, f"{req}: at its length cap, yet unfinished"
             if toks:
-                req.token_ids[entry.end] = int(toks[0])
+                req.token_ids[at] = int(toks[0])
             if reason is not None:
                 self.finish(req, reason)
                 finished.append(req)
@@ -367,9 +400,9 @@ class Scheduler:
         needed). Not mid-step."""
         if req.status is ReqStatus.FINISHED:
             raise ValueError(f"request {req.rid!r} has finished")
-        if not req.prompt_len <= num_keep <= req.seq_len:
+        if not req.prompt_end <= num_keep <= req.seq_len:
             raise ValueError(
-                f"num_keep must be in [{req.prompt_len}, {req.seq_len}], got {num_keep}"
+                f"num_keep must be in [{req.prompt_end}, {req.seq_len}], got {num_keep}"
             )
         if num_keep + len(new_tokens) > req.max_seq_len:
             raise ValueError(
@@ -464,10 +497,22 @@ class Scheduler:
         req.draft_ids = []
         return True
 
-    def _build(self, plan: StepPlan, retracted: list[Req]) -> ScheduledBatch:
+    def _evict_for_windows(self, retracted: list[Req]) -> KVShift | None:
+        """Attention sinks: make room in the windows of running requests (SinkWindow.evict),
+        retracting the newest requests if a copy of a cached prefix finds no slots."""
+        assert self.sinks is not None
+        shift, evicted = self.sinks.evict(
+            self.requests, self.cache, lambda: self._retract_newest(retracted)
+        )
+        self.evicted_tokens += evicted
+        return shift
+
+    def _build(
+        self, plan: StepPlan, retracted: list[Req], shift: KVShift | None = None
+    ) -> ScheduledBatch:
         items = plan.items
         if not items:
-            return ScheduledBatch((), _NO_SLOTS, _NO_POSITIONS, tuple(retracted))
+            return ScheduledBatch((), _NO_SLOTS, _NO_POSITIONS, tuple(retracted), shift)
         reqs, counts, _ = zip(*items)
         out_slots, positions = self.cache.extend(reqs, counts)
         entries, offset = [], 0
@@ -484,10 +529,21 @@ class Scheduler:
                 logits_from = first if logits_from is None else min(logits_from, first)
             entries.append(
                 new_entry(
-                    (req, req.row, start, n, offset, logits_from, sample, req.row_dirty, drafts)
+                    (
+                        req,
+                        req.row,
+                        start,
+                        n,
+                        offset,
+                        logits_from,
+                        sample,
+                        req.row_dirty,
+                        drafts,
+                        req.num_evicted,
+                    )
                 )
             )
             req.row_dirty = False
             req.extend_len = n
             offset += n
-        return ScheduledBatch(tuple(entries), out_slots, positions, tuple(retracted))
+        return ScheduledBatch(tuple(entries), out_slots, positions, tuple(retracted), shift)

@@ -15,6 +15,7 @@ class SchedulerStats:
     used_slots: int  # held by running requests or the prefix cache
     evictable_slots: int
     capacity: int
+    evicted_tokens: int = 0  # attention sinks: tokens evicted from running requests
 
     @property
     def cache_hit_rate(self) -> float:
