@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_testing import engine_for, greedy, run_all, tok  # noqa: F401 - tok is a fixture
+from engine_testing import EOS, engine_for, greedy, run_all, tok  # noqa: F401 - tok: fixture
 from test_parity import FP32_ATOL, PagedRunner, _seqs, check_paged_parity, hf_logits
 from triton_testing import requires_triton
 
@@ -29,7 +29,7 @@ YARN = {"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0, "mscale": 1.0,
         "mscale_all_dim": 0.5, "original_max_position_embeddings": 32}  # fmt: skip
 
 
-def _hf_tiny(vocab=120, q_lora=None, grouped=False, dense_layers=1, layers=3, bias=False):
+def _hf_tiny(vocab=120, q_lora=None, grouped=False, layers=3, bias=False, std=0.3):
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 
     cfg = DeepseekV2Config(
@@ -48,7 +48,7 @@ def _hf_tiny(vocab=120, q_lora=None, grouped=False, dense_layers=1, layers=3, bi
         num_experts_per_tok=2,
         moe_intermediate_size=24,
         n_shared_experts=1,
-        first_k_dense_replace=dense_layers,
+        first_k_dense_replace=1,
         topk_method="group_limited_greedy" if grouped else "greedy",
         n_group=4 if grouped else None,
         topk_group=2 if grouped else None,
@@ -65,7 +65,7 @@ def _hf_tiny(vocab=120, q_lora=None, grouped=False, dense_layers=1, layers=3, bi
             if name.endswith("norm.weight"):
                 p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
             else:
-                p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() > 1 else 0.5))
+                p.copy_(torch.randn(p.shape, generator=g) * (std if p.dim() > 1 else 0.5))
     return model.eval()
 
 
@@ -82,7 +82,10 @@ def test_tiny_deepseek_v2_matches_transformers(tiny):
     hf, ours = tiny
     c = ours.config
     assert (c.architecture, c.kv_lora_rank, c.qk_rope_head_dim, c.q_lora_rank) == (
-        "deepseek_v2", 32, 8, None
+        "deepseek_v2",
+        32,
+        8,
+        None,
     )
     assert c.mlp_only_layers == (0,) and [c.is_moe_layer(i) for i in range(3)] == [0, 1, 1]
     assert c.rope_scaling.rope_type == "yarn" and c.rope_scaling.cos_sin_scale != 1.0
@@ -134,19 +137,32 @@ def test_greedy_generation_equals_transformers(tiny):
     assert got == want
 
 
-def test_engine_with_radix_reuse_gives_transformers_greedy_tokens(tok, tmp_path):
+@pytest.fixture(scope="module")
+def tok_sized(tmp_path_factory):
+    """A tiny model with the default tokenizer's vocabulary (for the engine); small weights,
+    so its outputs repeat (n-gram drafts)."""
+    folder = tmp_path_factory.mktemp("deepseek_v2_49k")
+    hf = _hf_tiny(vocab=49152, std=0.05)
+    hf.save_pretrained(folder)
+    return hf, load_model(folder)
+
+
+def _hf_greedy(hf, prompts, new):
+    with torch.inference_mode():
+        return [
+            hf.generate(torch.tensor([p]), max_new_tokens=new, min_new_tokens=new,
+                        do_sample=False)[0, len(p) :].tolist()
+            for p in prompts
+        ]  # fmt: skip
+
+
+def test_engine_with_radix_reuse_gives_transformers_greedy_tokens(tok, tok_sized):
     """A second request sharing the first one's prompt head is served from the radix cache
     and still generates transformers' greedy tokens (as does a cache-less engine)."""
-    hf = _hf_tiny(vocab=49152)
-    hf.save_pretrained(tmp_path)
-    ours = load_model(tmp_path)
+    hf, ours = tok_sized
     head = list(range(1000, 1030))
     first, second = head + [3001, 3002], head + [4001, 4002, 4003]
-    want = []
-    for p in (first, second):
-        with torch.inference_mode():
-            out = hf.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False)
-        want.append(out[0, len(p) :].tolist())
+    want = _hf_greedy(hf, [first, second], 8)
     for radix in (True, False):
         eng = engine_for(ours, tok, radix=radix, slots=512)
         try:
@@ -156,6 +172,31 @@ def test_engine_with_radix_reuse_gives_transformers_greedy_tokens(tok, tmp_path)
             eng.shutdown()
         assert [list(a.token_ids), list(b.token_ids)] == want
         assert b.cached_tokens == (len(head) if radix else 0)
+
+
+def test_engine_chunked_overlapped_and_speculative_generation_equals_transformers(tok, tok_sized):
+    from lmprog.runtime.launch import launch_engine
+    from lmprog.runtime.speculative import SpeculativeConfig
+
+    hf, ours = tok_sized
+    prompts = [list(range(2000, 2019)), [5, 9, 11] * 5]
+    want = _hf_greedy(hf, prompts, 12)
+    spec = SpeculativeConfig(method="ngram", num_tokens=3, adaptive=False)
+    for kwargs in (
+        {"budget": 8, "max_reqs": 4, "overlap": True},  # 8-token prompt chunks, overlap
+        {"speculative": spec},
+    ):
+        if "speculative" in kwargs:
+            eng = launch_engine(ours, tok, eos_token_ids=EOS, max_total_tokens=512, **kwargs)
+        else:
+            eng = engine_for(ours, tok, slots=512, **kwargs)
+        try:
+            got = [list(r.token_ids) for r in run_all(eng, prompts, greedy(12))]
+            verified = eng.stats().get("spec_verified_tokens", 0)
+        finally:
+            eng.shutdown()
+        assert got == want, kwargs
+        assert (verified > 0) == ("speculative" in kwargs)  # drafts were verified
 
 
 @requires_triton
