@@ -76,7 +76,12 @@ class Runtime(Backend):
             runs the current one (None: on a GPU; see lmprog.runtime.engine).
         quantization: None, or "int4": 4-bit weight-only matmuls on the CPU for layers whose
             weights are exact 4-bit groups (a Q4_1 GGUF): decode reads fewer bytes; computes in
-            bf16 (see lmprog.runtime.int4).
+            bf16 (see lmprog.runtime.int4); or "fp8": e4m3 weights (per output channel) and
+            per-token activations, torch._scaled_mm on an Ada/Hopper GPU, a PyTorch reference
+            on the CPU (see lmprog.runtime.layers.fp8_linear). An FP8 checkpoint (vLLM's and
+            SGLang's layout) loads as FP8 without it.
+        kv_cache_dtype: "auto" (the model's dtype) or "fp8_e4m3" ("fp8"): the KV pool stores
+            e4m3 keys and values, twice the tokens in the same memory (lmprog.runtime.kv_pool).
         attention: "auto", "torch" or "triton".
         cuda_graphs: replay CUDA graphs for decode steps (GPU with Triton attention only).
         num_threads: torch CPU threads (process-wide; default: leave torch's setting).
@@ -130,6 +135,7 @@ class Runtime(Backend):
         page_size: int = 1,
         jump_forward: bool = True,
         quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
         attention: str = "auto",
         cuda_graphs: bool = True,
         num_threads: int | None = None,
@@ -143,7 +149,7 @@ class Runtime(Backend):
     ) -> None:
         import torch
 
-        from lmprog.runtime.assemble import assemble_model
+        from lmprog.runtime.assemble import assemble_model, quantization_of
         from lmprog.runtime.config import AttentionSinkConfig, CacheConfig, SchedulerConfig
         from lmprog.runtime.engine import EngineConfig
         from lmprog.runtime.launch import launch_engine
@@ -159,7 +165,12 @@ class Runtime(Backend):
         spec_config = SpeculativeConfig.coerce(speculative)
         check_dp_size(dp_size)
         check_tp_size(tp_size, dp_size)
-        cache_config = CacheConfig(page_size=page_size, radix_cache=radix_cache, eviction=eviction)
+        cache_config = CacheConfig(
+            page_size=page_size,
+            radix_cache=radix_cache,
+            eviction=eviction,
+            kv_cache_dtype=kv_cache_dtype,
+        )
         scheduler_config = SchedulerConfig(
             max_num_batched_tokens=max_num_batched_tokens,
             max_running_requests=max_running_requests,
@@ -205,7 +216,8 @@ class Runtime(Backend):
             return assemble_model(self._source or model, device=on, tp=tp, **weights)
 
         net = build(device)
-        self.quantization = quantization
+        self.quantization = quantization_of(net)  # an FP8 checkpoint's too
+        self.kv_cache_dtype = kv_cache_dtype
         self.model_config = net.config
         self.device, self.dtype = next(net.parameters()).device, next(net.parameters()).dtype
         _log.info(
@@ -357,6 +369,7 @@ class Runtime(Backend):
             device=str(self.device),
             dtype=str(self.dtype),
             quantization=self.quantization,
+            kv_cache_dtype=self.kv_cache_dtype,
         )
         return out
 

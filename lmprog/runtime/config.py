@@ -16,6 +16,7 @@ SchedulePolicyName = Literal["lpm", "fcfs"]
 
 EVICTION_POLICIES: tuple[str, ...] = ("lru", "lfu")
 SCHEDULE_POLICIES: tuple[str, ...] = ("lpm", "fcfs")
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8_e4m3", "fp8")  # "fp8": vLLM's alias
 
 
 @dataclass(frozen=True)
@@ -27,11 +28,14 @@ class CacheConfig:
     radix_cache: share KV of common prefixes between requests (RadixAttention). When False
         every request computes its whole prompt and frees its KV when it ends.
     eviction: which unlocked leaves of the radix tree are evicted first ("lru" or "lfu").
+    kv_cache_dtype: what the KV pool stores: "auto" (the model's dtype) or "fp8_e4m3"
+        ("fp8"): e4m3 K/V, half of bf16's bytes per token (lmprog.runtime.kv_pool).
     """
 
     page_size: int = 1
     radix_cache: bool = True
     eviction: EvictionName = "lru"
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         _check_int("page_size", self.page_size, lo=1)
@@ -39,6 +43,10 @@ class CacheConfig:
             raise TypeError(f"radix_cache must be a bool, got {self.radix_cache!r}")
         if self.eviction not in EVICTION_POLICIES:
             raise ValueError(f"eviction must be one of {EVICTION_POLICIES}, got {self.eviction!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
+            )
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,11 @@ token and layer instead of per-head K and V (`LatentKVPool`):
     k[layer]: [num_slots + 1, 1, kv_lora_rank + qk_rope_head_dim]   | c_kv | k_pe |
     v[layer]: the first kv_lora_rank columns of k[layer] (a view)   | c_kv |
 
+An FP8 KV cache (`kv_cache_dtype="fp8_e4m3"`, vLLM's and SGLang's name) stores e4m3 K and
+V, half of bf16's bytes per token, each layer's K and V as value / scale (a static per-layer
+scale: 1.0, vLLM's default, or the checkpoint's k_scale / v_scale); readers upcast to the
+model dtype (`compute_dtype`) and multiply by the scale (`dequantize_kv`, or in the kernels).
+
 The pool owns memory only; which slot is free is the allocator's business (torch-free).
 `for_model`, `bytes_per_token` and `size_for_budget` pick the layout from the config.
 """
@@ -22,14 +27,38 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .config import KV_CACHE_DTYPES
+
 if TYPE_CHECKING:
     from .models.config import ModelConfig
 
+FP8_KV = torch.float8_e4m3fn
+
+
+def kv_storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """What the pool stores for a `kv_cache_dtype` setting ("auto": the model's dtype)."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
+    return model_dtype if kv_cache_dtype == "auto" else FP8_KV
+
+
+def dequantize_kv(t: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """K or V rows read from a pool, in `dtype` (an FP8 pool's values times its scale)."""
+    if t.dtype == dtype:
+        return t
+    t = t.to(dtype)
+    return t if scale == 1.0 else t * scale
+
 
 class KVPool:
-    """Per-layer K/V buffers in the model's dtype on the model's device (zero-initialised;
-    on the CPU an anonymous mapping, whose pages the kernel zeroes when first touched: the
-    pool costs memory as it fills, not a second of page faults at start-up)."""
+    """Per-layer K/V buffers in `dtype` (the model's, or FP8) on the model's device
+    (zero-initialised; on the CPU an anonymous mapping, whose pages the kernel zeroes when
+    first touched: the pool costs memory as it fills, not a second of page faults at
+    start-up). compute_dtype: the model's dtype (default `dtype`); scales: an FP8 pool's
+    ((k scale per layer), (v scale per layer)), default 1.0."""
+
+    k_scales: tuple[float, ...] = ()
+    v_scales: tuple[float, ...] = ()
 
     def __init__(
         self,
@@ -39,6 +68,9 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        *,
+        compute_dtype: torch.dtype | None = None,
+        scales: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
     ) -> None:
         _check_slots(num_slots)
         self.num_slots = num_slots
@@ -46,7 +78,13 @@ class KVPool:
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
+        self.compute_dtype = dtype if compute_dtype is None else compute_dtype
         self.device = torch.device(device)
+        if dtype == FP8_KV:
+            k_scales, v_scales = scales or ((1.0,) * num_layers,) * 2
+            if len(k_scales) != num_layers or len(v_scales) != num_layers:
+                raise ValueError(f"KV-cache scales must give one value per layer ({num_layers})")
+            self.k_scales, self.v_scales = tuple(k_scales), tuple(v_scales)
         shape = (num_layers, 2, num_slots + 1, num_kv_heads, head_dim)
         self._buffer = _zeros(shape, dtype, self.device)
         self.k = [self._buffer[i, 0] for i in range(num_layers)]
@@ -54,9 +92,23 @@ class KVPool:
 
     @classmethod
     def for_model(
-        cls, config: ModelConfig, num_slots: int, dtype: torch.dtype, device: torch.device | str
+        cls,
+        config: ModelConfig,
+        num_slots: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        *,
+        kv_cache_dtype: str = "auto",
+        scales: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
     ) -> KVPool:
-        """The pool of `config`'s layout: a LatentKVPool for latent attention."""
+        """The pool of `config`'s layout (a LatentKVPool for latent attention) for a model in
+        `dtype`, storing kv_cache_dtype ("auto": dtype; "fp8_e4m3" with its scales)."""
+        storage = kv_storage_dtype(kv_cache_dtype, dtype)
+        if storage != dtype:
+            if config.kv_lora_rank:
+                raise ValueError("an FP8 KV cache is not supported with latent attention")
+            return cls(num_slots, config.num_layers, config.num_kv_heads, config.head_dim,
+                       storage, device, compute_dtype=dtype, scales=scales)  # fmt: skip
         if config.kv_lora_rank:
             return LatentKVPool(
                 num_slots,
@@ -95,8 +147,19 @@ class KVPool:
     def nbytes(self) -> int:
         return self._buffer.numel() * self._buffer.element_size()
 
+    def scales(self, layer: int) -> tuple[float, float]:
+        """(k, v) scale of the layer: stored = value / scale (1.0 unless FP8)."""
+        if not self.k_scales:
+            return 1.0, 1.0
+        return self.k_scales[layer], self.v_scales[layer]
+
     def write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [T, num_kv_heads, head_dim] of layer `layer` at slots loc [T]."""
+        if self.dtype == FP8_KV:
+            from .kernels.fp8_ref import cast_e4m3
+
+            k_scale, v_scale = self.scales(layer)
+            k, v = cast_e4m3(k, k_scale), cast_e4m3(v, v_scale)
         self.k[layer][loc] = k
         self.v[layer][loc] = v
 
@@ -120,7 +183,7 @@ class LatentKVPool(KVPool):
         self.num_kv_heads = 1
         self.head_dim = kv_lora_rank  # the value's size, as attention backends count it
         self.rope_dim = rope_dim
-        self.dtype = dtype
+        self.dtype = self.compute_dtype = dtype
         self.device = torch.device(device)
         shape = (num_layers, num_slots + 1, 1, kv_lora_rank + rope_dim)
         self._buffer = _zeros(shape, dtype, self.device)

@@ -18,7 +18,7 @@ from torch import nn
 
 from .config import AttentionSinkConfig, CacheConfig, SchedulerConfig
 from .engine import Engine, EngineConfig
-from .kv_pool import KVPool
+from .kv_pool import KVPool, kv_storage_dtype
 from .kv_shift import check_attention_sinks
 from .model_runner import ModelRunner
 from .parallel.sharding import local_config
@@ -29,8 +29,13 @@ from .speculative.speculator import Speculator
 CPU_KV_BUDGET_BYTES = 1 << 30
 
 
-def kv_slots(model: nn.Module, max_total_tokens: int | None, gpu_memory_fraction: float) -> int:
-    """How many token slots the KV pool gets."""
+def kv_slots(
+    model: nn.Module,
+    max_total_tokens: int | None,
+    gpu_memory_fraction: float,
+    kv_cache_dtype: str = "auto",
+) -> int:
+    """How many token slots the KV pool gets (an FP8 pool's slots cost 1 byte a value)."""
     if max_total_tokens is not None:
         if (
             isinstance(max_total_tokens, bool)
@@ -45,7 +50,8 @@ def kv_slots(model: nn.Module, max_total_tokens: int | None, gpu_memory_fraction
         budget = int(free * gpu_memory_fraction)
     else:
         budget = CPU_KV_BUDGET_BYTES
-    return KVPool.size_for_budget(budget, local_config(model), param.dtype)
+    storage = kv_storage_dtype(kv_cache_dtype, param.dtype)
+    return KVPool.size_for_budget(budget, local_config(model), storage)
 
 
 def launch_engine(
@@ -131,16 +137,19 @@ def _launch(
         max_requests=scheduler_config.max_running_requests,
         context_length=context,
     )
+    kv_dtype = (cache_config or CacheConfig()).kv_cache_dtype
     if tp is not None:
         from .parallel.worker import KVRequest
 
-        tp.send_object(KVRequest(max_total_tokens, gpu_memory_fraction))
-    num_slots = kv_slots(model, max_total_tokens, gpu_memory_fraction)
+        tp.send_object(KVRequest(max_total_tokens, gpu_memory_fraction, kv_dtype))
+    num_slots = kv_slots(model, max_total_tokens, gpu_memory_fraction, kv_dtype)
     if tp is not None:
         num_slots = tp.min_int(num_slots)
     scheduler = Scheduler(num_slots, context, scheduler_config, cache_config, attention_sinks)
     runner_args = dict(
-        cuda_graphs=cuda_graphs, piecewise_tokens=scheduler.config.max_num_batched_tokens
+        cuda_graphs=cuda_graphs,
+        piecewise_tokens=scheduler.config.max_num_batched_tokens,
+        kv_cache_dtype=kv_dtype,
     )
     channel = None
     if tp is not None:

@@ -62,6 +62,7 @@ class ModelRunner:
     """Runs `model` (a Llama-family module over the paged pool) on scheduled batches.
 
     num_slots: usable KV slots; req_to_token: the scheduler's live host table (int32).
+    kv_cache_dtype: what the pool stores ("auto": the model's dtype; "fp8_e4m3"), see kv_pool.
     channel: under tensor parallelism (rank 0), where each step's inputs are broadcast
     (lmprog.runtime.parallel.channel); None otherwise.
     Single-threaded: only the engine thread calls `forward`.
@@ -76,13 +77,21 @@ class ModelRunner:
         cuda_graphs: bool = True,
         piecewise_tokens: int = 0,
         channel: Any = None,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         param = next(model.parameters())
         self.model = model
         self.config = model.config
         self.channel = channel
         self.device, self.dtype = param.device, param.dtype
-        self.kv = KVPool.for_model(local_config(model), num_slots, self.dtype, self.device)
+        self.kv = KVPool.for_model(
+            local_config(model),
+            num_slots,
+            self.dtype,
+            self.device,
+            kv_cache_dtype=kv_cache_dtype,
+            scales=getattr(model, "kv_cache_scales", None),  # an FP8 checkpoint's, if any
+        )
         self._host_table = req_to_token
         self._mirrored = self.device.type != "cpu"
         if self.device.type == "cpu":

@@ -80,8 +80,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quantization",
         default=None,
-        choices=("int4",),
-        help="runtime CPU 4-bit weights (llamacpp: an error; the GGUF's own quantization is used)",
+        choices=("int4", "fp8"),
+        help="runtime weights: int4 (CPU, a Q4_1 GGUF) or fp8 (e4m3, Ada/Hopper GPU; an FP8 "
+        "checkpoint needs no flag); llamacpp: an error, the GGUF's own quantization is used",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=("auto", "fp8_e4m3", "fp8"),
+        help="runtime KV cache: auto (the model's dtype) or fp8_e4m3 (fp8), half the bytes "
+        "per token of bf16",
     )
     p.add_argument(
         "--dp",
@@ -167,6 +175,7 @@ def choose_backend(args: argparse.Namespace) -> tuple[str, str]:
             ("--tp", args.tp_size != 1),
             ("--dp", args.dp_size != 1),
             ("--quantization", args.quantization is not None),
+            ("--kv-cache-dtype", args.kv_cache_dtype != "auto"),
         )
         if given
     ]
@@ -208,6 +217,8 @@ def backend_options(args: argparse.Namespace) -> dict:
             "quantization": args.quantization,
             "num_threads": args.num_threads,
         }
+        if args.kv_cache_dtype != "auto":
+            options["kv_cache_dtype"] = args.kv_cache_dtype
         if args.dp_size != 1:
             options["dp_size"] = args.dp_size
         if args.tp_size != 1:
@@ -222,6 +233,10 @@ def backend_options(args: argparse.Namespace) -> dict:
         raise ValueError(
             f"--dp {args.dp_size} applies to --backend runtime only: llama.cpp runs one "
             "context per server; start several servers behind a load balancer instead"
+        )
+    if args.kv_cache_dtype != "auto":
+        raise ValueError(
+            f"--kv-cache-dtype {args.kv_cache_dtype} applies to --backend runtime only"
         )
     if args.quantization is not None:
         raise ValueError(

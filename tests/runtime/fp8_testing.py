@@ -16,7 +16,13 @@ import shutil
 import torch
 from safetensors.torch import load_file, save_file
 
+from lmprog.runtime.models import ModelConfig
+
 FP8 = torch.float8_e4m3fn
+# a small Llama for the FP8 tests: dummy weights as benchmarks draw them (std 0.02)
+TINY = ModelConfig("llama", vocab_size=256, hidden_size=128, intermediate_size=256,
+                   num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32,
+                   max_position=512)  # fmt: skip
 BLOCK = 32
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

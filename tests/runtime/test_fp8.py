@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from fp8_testing import dequantized, to_fp8_folder
+from fp8_testing import TINY, dequantized, to_fp8_folder
 from torch import nn
 from tp_testing import write_tiny
 from triton_testing import TRITON_SKIP
@@ -17,12 +17,9 @@ from lmprog.runtime.forward_batch import ForwardBatch
 from lmprog.runtime.kernels.fp8_ref import FP8, dequantize_fp8, quantize_fp8_ref
 from lmprog.runtime.kv_pool import KVPool
 from lmprog.runtime.layers.fp8_linear import Fp8Linear, quantize_fp8_
-from lmprog.runtime.models import ModelConfig, load_model
+from lmprog.runtime.models import load_model
 
 IDS = [5, 17, 3, 88, 42, 9, 61, 23, 70, 11, 2, 34]
-TINY = ModelConfig("llama", vocab_size=256, hidden_size=128, intermediate_size=256,
-                   num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32,
-                   max_position=512)  # fmt: skip
 
 
 def prefill_logits(model: nn.Module, ids: list[int]) -> torch.Tensor:

@@ -23,6 +23,13 @@ def test_runtime_gets_its_flags():
         "quantization": None,
         "num_threads": 2,
     }
+    assert options("--quantization", "fp8", "--kv-cache-dtype", "fp8_e4m3") == {
+        "device": "auto",
+        "max_total_tokens": None,
+        "quantization": "fp8",
+        "num_threads": None,
+        "kv_cache_dtype": "fp8_e4m3",
+    }
 
 
 def test_llamacpp_maps_threads_context_and_device():
@@ -50,6 +57,7 @@ def test_llamacpp_auto_device_follows_the_build():
     "argv,match",
     [
         (("--quantization", "int4"), "--quantization int4 applies to --backend runtime only"),
+        (("--kv-cache-dtype", "fp8"), "--kv-cache-dtype fp8 applies to --backend runtime only"),
         (("--device", "tpu"), "--device 'tpu' is not a llama.cpp device"),
         (("--device", "cuda:x"), "is not a llama.cpp device"),
     ],

@@ -13,6 +13,10 @@ columns than values, q and k_buffer [.., head_dim + rope_dim], v_buffer and out
 of power-of-two widths: 512 + 64, not 1024). The pool's one latent head may be passed as an
 expanded view (stride 0) of several heads, so a tile holds at most that many query heads.
 
+An FP8 pool (e4m3 k_buffer / v_buffer holding K / k_scale and V / v_scale) is read the same
+way: keys and values are upcast to q's dtype as they are loaded, k_scale folds into the
+softmax scale and v_scale into the output.
+
 The new tokens' K/V are already in the pool. Each tile program walks its KV range in blocks
 of BLOCK_N keys gathered through req_to_token, with an online softmax:
 
@@ -35,6 +39,7 @@ from ._checks import (
     dynamic_args,
 )
 from .attention_plan import MAX_SPLITS, AttentionPlan, Launch, plan_attention
+from .fp8_ref import FP8
 
 _LOG2E = 1.4426950408889634
 _NEG_BIG = tl.constexpr(-1.0e30)  # running max start: finite, so fully masked blocks give no NaN
@@ -48,6 +53,8 @@ def hybrid_attention(
     *,
     sm_scale: float | None = None,
     out: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Attention of every new token of the planned batch (decode, prefill chunk and verify
     rows alike) over the paged pool; writes and returns `out` ([T, num_q_heads, head_dim],
@@ -55,31 +62,40 @@ def hybrid_attention(
     keys longer than head_dim by rope_dim: latent attention (module docstring)."""
     out = _check_inputs(q, k_buffer, v_buffer, plan, out)
     scale = (q.shape[2] ** -0.5 if sm_scale is None else float(sm_scale)) * _LOG2E
+    scale *= k_scale  # scores of stored keys: q . (k / k_scale)
+    v_scale = float(v_scale)
     if plan.extend is not None:
-        _launch(q, k_buffer, v_buffer, out, plan, plan.extend, scale, split=False)
+        _launch(q, k_buffer, v_buffer, out, plan, plan.extend, scale, v_scale, split=False)
     if plan.split is not None:
         split = plan.split.num_splits > 1
-        _launch(q, k_buffer, v_buffer, out, plan, plan.split, scale, split=split)
+        _launch(q, k_buffer, v_buffer, out, plan, plan.split, scale, v_scale, split=split)
         if split:
             _merge(out, plan)
     return out
 
 
 def warm_up(
-    k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor, *, num_q_heads: int
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    *,
+    num_q_heads: int,
+    q_dtype: torch.dtype | None = None,
 ) -> int:
     """Run once every variant a step can pick — the extend launch, and the split launch at
     each BLOCK_M its rows may need, with and without KV splits, with the merge at each
     BLOCK_S — so that none is compiled (seconds each) in the middle of serving: the
     first time a busy step has enough decodes to need no split, a long verify row, a draft
     model's first prefill. Reads the pool through row 0 of req_to_token; writes nothing but
-    scratch. Returns the number of launches."""
+    scratch. q_dtype: the queries' (default the pool's; an FP8 pool's model dtype). Returns
+    the number of launches."""
     num_kv_heads, head_dim = v_buffer.shape[1], v_buffer.shape[2]
     dev = k_buffer.device
     group = num_q_heads // num_kv_heads
     max_rows = max(1, 64 // group)  # plan_attention's default split_max_tokens
     q_dim = k_buffer.shape[2]  # head_dim, or head_dim + rope_dim for latent attention
-    q = torch.zeros(max_rows + 1, num_q_heads, q_dim, dtype=k_buffer.dtype, device=dev)
+    dtype = q_dtype or k_buffer.dtype
+    q = torch.zeros(max_rows + 1, num_q_heads, q_dim, dtype=dtype, device=dev)
     row = torch.zeros(1, dtype=torch.int64, device=dev)  # the dtypes a step's plan has
     seen: set[tuple[int, int, int]] = set()
     for e in range(1, max_rows + 2):  # max_rows + 1: the extend launch
@@ -179,7 +195,9 @@ def _check_inputs(q, k_buffer, v_buffer, plan: AttentionPlan, out) -> torch.Tens
             f"got {tuple(q.shape)}"
         )
     for name, t, width in (("k_buffer", k_buffer, d + rope), ("v_buffer", v_buffer, d)):
-        check_tensor(name, t, ndim=3, dtypes=(q.dtype,), device=device)
+        check_tensor(name, t, ndim=3, dtypes=(q.dtype, FP8), device=device)
+        if t.dtype != k_buffer.dtype:
+            raise ValueError("k_buffer and v_buffer must have the same dtype")
         if tuple(t.shape[1:]) != (hk, width):
             raise ValueError(f"{name} must be [num_slots + 1, {hk}, {width}], got {tuple(t.shape)}")
         check_last_dim_contiguous(name, t)
@@ -194,7 +212,8 @@ def _check_inputs(q, k_buffer, v_buffer, plan: AttentionPlan, out) -> torch.Tens
     return out
 
 
-def _launch(q, k, v, out, plan: AttentionPlan, launch: Launch, scale: float, split: bool):
+def _launch(q, k, v, out, plan: AttentionPlan, launch: Launch, scale: float, v_scale: float,
+            split: bool):  # fmt: skip
     cfg = launch.config
     has_mask = plan.custom_mask is not None
     mask = plan.custom_mask if has_mask else plan.seq_lens  # any pointer when unused
@@ -207,7 +226,7 @@ def _launch(q, k, v, out, plan: AttentionPlan, launch: Launch, scale: float, spl
         q, k, v, out, part_o, part_lse,
         plan.req_to_token, plan.req_pool_indices, plan.seq_lens, plan.extend_lens,
         plan.extend_start_loc, launch.tile_req, launch.tile_m, launch.tile_out,
-        mask, mask_indptr, scale, launch.num_splits,
+        mask, mask_indptr, scale, v_scale, launch.num_splits,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), plan.req_to_token.stride(0),
         NUM_Q_HEADS=plan.num_q_heads, GROUP=plan.group, HEAD_DIM=plan.head_dim,
@@ -261,7 +280,7 @@ _STEP_ARGS = (
 def _attn_tile_kernel(
     Q, K, V, O, PartO, PartLse,
     ReqToToken, ReqPoolIdx, SeqLens, ExtendLens, ExtendStart, TileReq, TileM, TileOut,
-    Mask, MaskIndptr, sm_scale_log2, num_splits,
+    Mask, MaskIndptr, sm_scale_log2, v_scale, num_splits,
     stride_qt, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ot, stride_oh,
     stride_r2t,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -325,15 +344,15 @@ def _attn_tile_kernel(
         offs_n = start + tl.arange(0, BLOCK_N)
         slots = tl.load(r2t + offs_n).to(tl.int64)
         k = tl.load(k_base + slots[None, :] * stride_kb + offs_d[:, None],
-                    mask=d_ok[:, None], other=0.0)  # fmt: skip
+                    mask=d_ok[:, None], other=0.0).to(q.dtype)  # fmt: skip
         qk = tl.dot(q, k)
         if ROPE_DIM > 0:
             k_pe = tl.load(k_base + slots[None, :] * stride_kb + offs_r[:, None],
-                           mask=r_ok[:, None], other=0.0)  # fmt: skip
+                           mask=r_ok[:, None], other=0.0).to(q.dtype)  # fmt: skip
             qk += tl.dot(q_pe, k_pe)
         qk = qk * sm_scale_log2
         v = tl.load(v_base + slots[:, None] * stride_vb + offs_d[None, :],
-                    mask=d_ok[None, :], other=0.0)  # fmt: skip
+                    mask=d_ok[None, :], other=0.0).to(q.dtype)  # fmt: skip
         acc, m_i, l_i = _softmax_step(acc, m_i, l_i, qk, v)
 
     for start in range(full_end, kv_hi, BLOCK_N):
@@ -341,11 +360,11 @@ def _attn_tile_kernel(
         n_ok = offs_n < kv_hi
         slots = tl.load(r2t + offs_n, mask=n_ok, other=0).to(tl.int64)
         k = tl.load(k_base + slots[None, :] * stride_kb + offs_d[:, None],
-                    mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # fmt: skip
+                    mask=n_ok[None, :] & d_ok[:, None], other=0.0).to(q.dtype)  # fmt: skip
         qk = tl.dot(q, k)
         if ROPE_DIM > 0:
             k_pe = tl.load(k_base + slots[None, :] * stride_kb + offs_r[:, None],
-                           mask=n_ok[None, :] & r_ok[:, None], other=0.0)  # fmt: skip
+                           mask=n_ok[None, :] & r_ok[:, None], other=0.0).to(q.dtype)  # fmt: skip
             qk += tl.dot(q_pe, k_pe)
         qk = qk * sm_scale_log2
         visible = offs_n[None, :] <= row_pos[:, None]
@@ -360,11 +379,12 @@ def _attn_tile_kernel(
             visible = tl.where(use_mask, custom != 0, visible)
         qk = tl.where(visible & n_ok[None, :], qk, float("-inf"))
         v = tl.load(v_base + slots[:, None] * stride_vb + offs_d[None, :],
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(q.dtype)  # fmt: skip
         acc, m_i, l_i = _softmax_step(acc, m_i, l_i, qk, v)
 
     empty = l_i == 0.0  # nothing visible (a masked-out row, or an empty split)
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
+    acc = acc * v_scale  # an FP8 pool's values are V / v_scale (1.0 otherwise: exact)
     if SPLIT:
         row = tl.load(TileOut + tile).to(tl.int64) + (row_tok - m0)
         po = PartO + ((row * NUM_Q_HEADS + row_head) * num_splits + split_id)[:, None] * HEAD_DIM

@@ -33,8 +33,11 @@ def hybrid_attention_ref(
     custom_mask: torch.Tensor | None = None,
     mask_indptr: torch.Tensor | None = None,
     compute_dtype: torch.dtype = torch.float32,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """Attention of every new token of the batch; returns a tensor shaped and typed like q."""
+    """Attention of every new token of the batch; returns a tensor shaped and typed like q.
+    An FP8 pool's buffers are read as value * k_scale / v_scale."""
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     group = num_q_heads // k_buffer.shape[1]
     scale = head_dim**-0.5 if sm_scale is None else sm_scale
@@ -48,8 +51,8 @@ def hybrid_attention_ref(
         if e == 0:
             continue
         slots = req_to_token[r, :s].long()
-        k = k_buffer[slots].to(compute_dtype).repeat_interleave(group, dim=1)  # [s, Hq, D]
-        v = v_buffer[slots].to(compute_dtype).repeat_interleave(group, dim=1)
+        k = (k_buffer[slots].to(compute_dtype) * k_scale).repeat_interleave(group, dim=1)
+        v = (v_buffer[slots].to(compute_dtype) * v_scale).repeat_interleave(group, dim=1)
         qb = q[start : start + e].to(compute_dtype)  # [e, Hq, D]
         scores = torch.einsum("ehd,shd->hes", qb, k) * scale
         visible = _visible(custom_mask, offsets[b], s, e, q.device)

@@ -81,12 +81,19 @@ def scaled_matmul_ref(
     return (x @ w.t()).to(out_dtype)
 
 
+def cast_e4m3(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """e4m3 of x / scale (any shape, fp32 math), saturated at +-448."""
+    x = x.float()
+    return _cast(x if scale == 1.0 else x / scale)
+
+
 def _cast(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
 __all__ = [
     "AMAX_FLOOR",
+    "cast_e4m3",
     "FP8",
     "FP8_MAX",
     "dequantize_fp8",

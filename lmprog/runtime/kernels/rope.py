@@ -14,6 +14,8 @@ import triton
 import triton.language as tl
 
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_runnable, check_tensor, dynamic_args
+from .fp8 import to_e4m3
+from .fp8_ref import FP8, cast_e4m3
 
 
 def cos_sin_cache(
@@ -142,6 +144,9 @@ def rope_and_store(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     out_loc: torch.Tensor,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """One pass per token over a fused q/k/v projection, replacing rotary + two pool writes:
 
@@ -151,7 +156,9 @@ def rope_and_store(
 
     cos / signed_sin: [T, D] or [T, 1, D] rows as `layers.rotary.RotaryEmbedding.cos_sin`
     makes them (sin's first half negated): x' = x * cos + roll(x, D/2) * signed_sin.
-    k_cache / v_cache: one layer of the pool, [slots, Hk, D] in qkv's dtype.
+    k_cache / v_cache: one layer of the pool, [slots, Hk, D] in qkv's dtype, or an FP8 pool
+    (e4m3) storing k / k_scale and v / v_scale (rounded to qkv's dtype first, as the pool's
+    PyTorch write does).
     """
     cos2, sin2 = _check_store(qkv, num_q_heads, cos, signed_sin, k_cache, v_cache, out_loc)
     t, heads, d = qkv.shape
@@ -161,7 +168,9 @@ def rope_and_store(
         qkv, cos2, sin2, out_loc, k_cache, v_cache, num_q_heads, (heads - num_q_heads) // 2,
         qkv.stride(0), qkv.stride(1), cos2.stride(0), sin2.stride(0),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_H=4, num_warps=4,
+        float(k_scale), float(v_scale),
+        D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_H=4, FP8_CACHE=k_cache.dtype == FP8,
+        num_warps=4,
     )  # fmt: skip
 
 
@@ -173,6 +182,9 @@ def rope_and_store_ref(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     out_loc: torch.Tensor,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """In-place reference of `rope_and_store` (fp32 math, one rounding)."""
     hk = (qkv.shape[1] - num_q_heads) // 2
@@ -181,8 +193,11 @@ def rope_and_store_ref(
     s = signed_sin.reshape(qkv.shape[0], 1, -1).float()
     rotated = (qk * c + qk.roll(qk.shape[-1] // 2, dims=-1) * s).to(qkv.dtype)
     qkv[:, : num_q_heads + hk] = rotated
-    k_cache[out_loc.long()] = qkv[:, num_q_heads : num_q_heads + hk]
-    v_cache[out_loc.long()] = qkv[:, num_q_heads + hk :]
+    k, v = qkv[:, num_q_heads : num_q_heads + hk], qkv[:, num_q_heads + hk :]
+    if k_cache.dtype == FP8:
+        k, v = cast_e4m3(k, k_scale), cast_e4m3(v, v_scale)
+    k_cache[out_loc.long()] = k
+    v_cache[out_loc.long()] = v
 
 
 def _check_store(qkv, num_q_heads, cos, sin, k_cache, v_cache, out_loc):
@@ -216,7 +231,9 @@ def _check_store(qkv, num_q_heads, cos, sin, k_cache, v_cache, out_loc):
             raise ValueError(f"{name} must be contiguous in its last dimension")
         rows.append(x2)
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        check_tensor(name, cache, ndim=3, dtypes=(qkv.dtype,), device=qkv.device)
+        check_tensor(name, cache, ndim=3, dtypes=(qkv.dtype, FP8), device=qkv.device)
+        if cache.dtype != k_cache.dtype:
+            raise ValueError("k_cache and v_cache must have the same dtype")
         if tuple(cache.shape[1:]) != (hk, d) or cache.stride(2) != 1:
             raise ValueError(
                 f"{name} must be [slots, {hk}, {d}] contiguous in head_dim, "
@@ -229,8 +246,18 @@ def _check_store(qkv, num_q_heads, cos, sin, k_cache, v_cache, out_loc):
 
 
 @triton.jit
+def _to_cache(y, scale, FP8_CACHE: tl.constexpr):
+    """A value as the pool stores it: as it is, or e4m3 of y / scale (fp32 math)."""
+    if FP8_CACHE:
+        y = y.to(tl.float32)
+        return to_e4m3(tl.div_rn(y, scale + tl.zeros_like(y)))
+    return y
+
+
+@triton.jit
 def _rope_rows(X, n_heads, stride_h, cos, sin, d, rolled, ok,
-               BLOCK_H: tl.constexpr, Cache, stride_ch, STORE: tl.constexpr):  # fmt: skip
+               BLOCK_H: tl.constexpr, Cache, stride_ch, STORE: tl.constexpr,
+               scale, FP8_CACHE: tl.constexpr):  # fmt: skip
     """Rotate n_heads rows of X in place; also store them at Cache when STORE."""
     for h0 in range(0, n_heads, BLOCK_H):
         heads = h0 + tl.arange(0, BLOCK_H)
@@ -243,14 +270,15 @@ def _rope_rows(X, n_heads, stride_h, cos, sin, d, rolled, ok,
         tl.debug_barrier()  # every lane has read its rolled partner before anyone writes
         tl.store(X + heads[:, None] * stride_h + d[None, :], y, mask=m)
         if STORE:
-            tl.store(Cache + heads[:, None] * stride_ch + d[None, :], y, mask=m)
+            c = _to_cache(y, scale, FP8_CACHE)
+            tl.store(Cache + heads[:, None] * stride_ch + d[None, :], c, mask=m)
 
 
 @triton.jit(**dynamic_args("Loc"))  # a view at a per-step offset of the step's upload
 def _rope_store_kernel(
     QKV, Cos, Sin, Loc, KC, VC, n_q, n_k, stride_t, stride_h, stride_cos, stride_sin,
-    stride_ks, stride_kh, stride_vs, stride_vh,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+    stride_ks, stride_kh, stride_vs, stride_vh, k_scale, v_scale,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, FP8_CACHE: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(Loc + t).to(tl.int64)
@@ -260,7 +288,8 @@ def _rope_store_kernel(
     cos = tl.load(Cos + t * stride_cos + d, mask=ok, other=0.0).to(tl.float32)[None, :]
     sin = tl.load(Sin + t * stride_sin + d, mask=ok, other=0.0).to(tl.float32)[None, :]
     row = QKV + t * stride_t
-    _rope_rows(row, n_q, stride_h, cos, sin, d, rolled, ok, BLOCK_H, KC, 0, False)
+    _rope_rows(row, n_q, stride_h, cos, sin, d, rolled, ok, BLOCK_H, KC, 0, False,
+               k_scale, FP8_CACHE)  # fmt: skip
     _rope_rows(
         row + n_q * stride_h,
         n_k,
@@ -274,9 +303,12 @@ def _rope_store_kernel(
         KC + slot * stride_ks,
         stride_kh,
         True,
+        k_scale,
+        FP8_CACHE,
     )
     for h0 in range(0, n_k, BLOCK_H):  # v: a plain copy into the pool
         heads = h0 + tl.arange(0, BLOCK_H)
         m = (heads < n_k)[:, None] & ok[None, :]
         v = tl.load(row + (n_q + n_k + heads[:, None]) * stride_h + d[None, :], mask=m, other=0.0)
+        v = _to_cache(v, v_scale, FP8_CACHE)
         tl.store(VC + slot * stride_vs + heads[:, None] * stride_vh + d[None, :], v, mask=m)

@@ -47,6 +47,7 @@ class KVRequest:
 
     max_total_tokens: int | None
     gpu_memory_fraction: float
+    kv_cache_dtype: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class RunnerSpec:
     table_shape: tuple[int, int]
     cuda_graphs: bool
     piecewise_tokens: int
+    kv_cache_dtype: str = "auto"
 
 
 def serve_rank(group: Any, build: dict[str, Any]) -> None:
@@ -82,7 +84,7 @@ def _serve(net: Any, group: Any) -> None:
     from .channel import StepChannel
 
     kv: KVRequest = group.recv_object()
-    group.min_int(kv_slots(net, kv.max_total_tokens, kv.gpu_memory_fraction))
+    group.min_int(kv_slots(net, kv.max_total_tokens, kv.gpu_memory_fraction, kv.kv_cache_dtype))
     spec: RunnerSpec = group.recv_object()
     table = np.zeros(spec.table_shape, dtype=np.int32)
     runner = ModelRunner(
@@ -91,6 +93,7 @@ def _serve(net: Any, group: Any) -> None:
         table,
         cuda_graphs=spec.cuda_graphs,
         piecewise_tokens=spec.piecewise_tokens,
+        kv_cache_dtype=spec.kv_cache_dtype,
     )
     channel = StepChannel(group)
     while (step := channel.recv(table)) is not None:

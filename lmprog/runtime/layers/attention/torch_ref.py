@@ -10,6 +10,7 @@ query heads that share a KV head are folded into SDPA's query-length axis,
 
 Sliding-window layers (`set_sliding_window`, Gemma 3) use a second mask of the same plan that
 also hides keys `window` or more positions older than the query; the pool keeps every key.
+An FP8 pool's gathered rows are upcast to the queries' dtype and scaled (kv_pool.dequantize_kv).
 Latent attention (rope_dim > 0) is the same code: keys (and queries) have head_dim + rope_dim
 columns, values head_dim (SDPA takes the two sizes as they are).
 """
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from ...kv_pool import dequantize_kv
 from .base import AttentionBackend
 
 if TYPE_CHECKING:
@@ -142,14 +144,15 @@ class TorchAttentionBackend(AttentionBackend):
         k_cache, v_cache = kv.k[layer], kv.v[layer]
         d = plan.decode
         sliding = layer in self.sliding_layers
+        scales = kv.scales(layer)  # an FP8 pool's; its rows are upcast once gathered
         if d is not None and d.rows is None:  # decode-only step: no scatter
-            return self._decode(q, k_cache, v_cache, d, sliding)
+            return self._decode(q, k_cache, v_cache, d, sliding, scales)
         out = q.new_empty(q.shape[0], self.num_heads, self.head_dim)
         if d is not None:
-            out[d.rows] = self._decode(q[d.rows], k_cache, v_cache, d, sliding)
+            out[d.rows] = self._decode(q[d.rows], k_cache, v_cache, d, sliding, scales)
         for e in plan.extends:
             out[e.start : e.start + e.num_new] = self._extend_attend(
-                q[e.start : e.start + e.num_new], k_cache, v_cache, e, sliding
+                q[e.start : e.start + e.num_new], k_cache, v_cache, e, sliding, scales
             )
         return out
 
@@ -160,6 +163,7 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         d: _DecodeGroup,
         sliding: bool = False,
+        scales: tuple[float, float] = (1.0, 1.0),
     ) -> torch.Tensor:
         b, hkv = q.shape[0], self.num_kv_heads
         if d.first_slot is not None:
@@ -167,6 +171,7 @@ class TorchAttentionBackend(AttentionBackend):
             v = v_cache[d.first_slot : d.first_slot + d.max_len]
         else:
             k, v = k_cache.index_select(0, d.slots), v_cache.index_select(0, d.slots)
+        k, v = dequantize_kv(k, scales[0], q.dtype), dequantize_kv(v, scales[1], q.dtype)
         k = k.reshape(b, d.max_len, hkv, -1).transpose(1, 2)
         v = v.reshape(b, d.max_len, hkv, -1).transpose(1, 2)
         qg = q.view(b, hkv, -1, q.shape[-1])  # n = 1: the G heads of a KV head are "queries"
@@ -181,11 +186,13 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         e: _Extend,
         sliding: bool = False,
+        scales: tuple[float, float] = (1.0, 1.0),
     ) -> torch.Tensor:
         n, hkv, dim = e.num_new, self.num_kv_heads, q.shape[-1]
         group = self.num_heads // hkv
         k = k_cache.index_select(0, e.slots).transpose(0, 1)  # [Hkv, L, D]
         v = v_cache.index_select(0, e.slots).transpose(0, 1)
+        k, v = dequantize_kv(k, scales[0], q.dtype), dequantize_kv(v, scales[1], q.dtype)
         qg = q.view(n, hkv, group, dim).permute(1, 2, 0, 3).reshape(hkv, group * n, dim)
         mask = e.window_mask if sliding else e.mask
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=self.scale)

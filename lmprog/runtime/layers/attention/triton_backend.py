@@ -72,7 +72,8 @@ class TritonAttentionBackend(AttentionBackend):
         """The split launch's variants (kernels.attention.warm_up); on a GPU only (under the
         interpreter nothing is compiled)."""
         if req_to_token.device.type == "cuda":
-            warm_up(*self._buffers(kv, 0), req_to_token, num_q_heads=self.num_heads)
+            warm_up(*self._buffers(kv, 0), req_to_token, num_q_heads=self.num_heads,
+                    q_dtype=kv.compute_dtype)  # fmt: skip
 
     def rotate_and_store(
         self,
@@ -84,9 +85,9 @@ class TritonAttentionBackend(AttentionBackend):
         out_cache_loc: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         """One kernel: q and k rotated in place in qkv, k and v written to the pool."""
-        rope_and_store(
-            qkv, self.num_heads, cos, signed_sin, kv.k[layer], kv.v[layer], out_cache_loc
-        )
+        k_scale, v_scale = kv.scales(layer)
+        rope_and_store(qkv, self.num_heads, cos, signed_sin, kv.k[layer], kv.v[layer],
+                       out_cache_loc, k_scale=k_scale, v_scale=v_scale)  # fmt: skip
         hq, hkv = self.num_heads, self.num_kv_heads
         return qkv[:, :hq], qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
 
@@ -102,4 +103,6 @@ class TritonAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         """As the base class; `out` ([T, num_heads, head_dim]) receives the result when given."""
         k_buffer, v_buffer = self._buffers(kv, layer)
-        return hybrid_attention(q, k_buffer, v_buffer, plan, sm_scale=self.scale, out=out)
+        k_scale, v_scale = kv.scales(layer)  # an FP8 pool's (1.0 otherwise)
+        return hybrid_attention(q, k_buffer, v_buffer, plan, sm_scale=self.scale, out=out,
+                                k_scale=k_scale, v_scale=v_scale)  # fmt: skip
