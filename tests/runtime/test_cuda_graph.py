@@ -20,11 +20,11 @@ from lmprog.runtime.cuda_graph import CudaGraphRunner, DecodeBuffers
 from lmprog.runtime.forward_batch import ForwardBatch
 
 
-def check_against_eager(device, capture, dtype, tol):
+def check_against_eager(device, capture, dtype, tol, moe=False):
     """Tiny Llama, 8 requests with prompts of 3..40 tokens in a 64-wide table; decode steps of
     several batch sizes over random subsets, with shrinking batches inside one bucket (stale
     padding rows) and a batch larger than the biggest bucket (eager fallback)."""
-    model, g, table, kvs = setup(device, dtype, num_layers=2, rows=8, num_slots=600)
+    model, g, table, kvs = setup(device, dtype, num_layers=2, rows=8, num_slots=600, moe=moe)
     rows = table.shape[0]
     lens = torch.randint(3, 41, (rows,), generator=g).tolist()
 

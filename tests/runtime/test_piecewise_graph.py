@@ -20,11 +20,11 @@ from lmprog.runtime.forward_batch import ForwardBatch
 from lmprog.runtime.piecewise_graph import PiecewiseGraphRunner
 
 
-def check_against_eager(device, capture, dtype, tol):
+def check_against_eager(device, capture, dtype, tol, moe=False):
     """Tiny Llama, 6 requests in a 64-wide table: a prefill of several chunks, then mixed
     steps (chunks + decodes + a 3-token verify row) of shrinking and growing token counts
     inside and across buckets, and one step larger than the biggest bucket (eager fallback)."""
-    model, g, table, kvs = setup(device, dtype, num_layers=3, rows=6, num_slots=500)
+    model, g, table, kvs = setup(device, dtype, num_layers=3, rows=6, num_slots=500, moe=moe)
     rows = table.shape[0]
     done = [0] * rows  # tokens whose K/V are in the pool
 

@@ -4,19 +4,22 @@ there is one, and otherwise on the CPU through Triton's interpreter, in this pro
 (tests/conftest.py sets TRITON_INTERPRET=1 before any test module imports triton).
 
 `setup(device, dtype, num_layers, rows, num_slots)` builds the graph tests' tiny
-sharp-attention Llama, a shuffled 64-wide req_to_token table and two KV pools (one for the
-graphs, one for the eager reference); `run_uncaptured` / `run_captured` call a graph test's
+sharp-attention Llama (`moe=True`: a Mixtral, its experts through the fused Triton kernel), a
+shuffled 64-wide req_to_token table and two KV pools (one for the graphs, one for the eager
+reference); `run_uncaptured` / `run_captured` call a graph test's
 `run(device, capture, dtype, tol)` with the tolerance of each place it runs."""
 
 from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 import torch
 
 from lmprog.runtime.kv_pool import KVPool
+from lmprog.runtime.layers.moe import StackedExperts
 from lmprog.runtime.models import ModelConfig, load_model
 
 ON_GPU = torch.cuda.is_available()
@@ -51,7 +54,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def setup(device, dtype, num_layers, rows, num_slots, width=64):
+def setup(device, dtype, num_layers, rows, num_slots, width=64, moe=False):
     cfg = ModelConfig(
         "llama",
         vocab_size=50,
@@ -63,9 +66,15 @@ def setup(device, dtype, num_layers, rows, num_slots, width=64):
         head_dim=16,
         max_position=128,
     )
+    if moe:
+        cfg = replace(cfg, architecture="mixtral", num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=32)  # fmt: skip
     model = load_model(
         cfg, load_format="dummy", seed=3, device=device, dtype=dtype, attention="triton"
     )
+    for module in model.modules():  # the kernel under the CPU interpreter too
+        if isinstance(module, StackedExperts):
+            module.use_kernel = True
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(10)  # sharp attention, so a wrong key, mask or row shows
