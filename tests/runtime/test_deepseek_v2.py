@@ -29,7 +29,7 @@ YARN = {"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0, "mscale": 1.0,
         "mscale_all_dim": 0.5, "original_max_position_embeddings": 32}  # fmt: skip
 
 
-def _hf_tiny(vocab=120, q_lora=None, grouped=False, layers=3, bias=False, std=0.3):
+def _hf_tiny(vocab=120, q_lora=None, grouped=False, layers=3, bias=False, std=0.3, rope=YARN):
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 
     cfg = DeepseekV2Config(
@@ -55,7 +55,7 @@ def _hf_tiny(vocab=120, q_lora=None, grouped=False, layers=3, bias=False, std=0.
         routed_scaling_factor=1.5 if grouped else 1.0,
         attention_bias=bias,
         max_position_embeddings=1024,
-        rope_parameters=dict(YARN),
+        rope_parameters=dict(rope),
         attn_implementation="eager",
     )
     model = DeepseekV2ForCausalLM(cfg)

@@ -511,8 +511,12 @@ def config_from_gguf(reader: Any) -> ModelConfig:
             ),
             "final_logit_softcapping": get("final_logit_softcapping"),
         }
+    if arch == "deepseek2":  # latent attention: its head sizes are not key_length's
+        extra = _gguf_deepseek2_fields(get)
+        head_dim = extra["qk_nope_head_dim"] + extra["qk_rope_head_dim"]
     if get("expert_count"):
-        extra = _gguf_moe_fields(arch, get, tensors, get("block_count"))
+        moe = _gguf_moe_fields(arch, get, tensors, get("block_count"))
+        extra = {**moe, **extra}
     return ModelConfig(
         architecture="mixtral" if arch == "llama" and extra else _ARCH_ALIASES[arch],
         vocab_size=vocab,
@@ -553,6 +557,29 @@ def _gguf_moe_fields(arch: str, get: Any, tensors: dict[str, Any], layers: int) 
     }
 
 
+def _gguf_deepseek2_fields(get: Any) -> dict[str, Any]:
+    """llama.cpp's deepseek2 metadata: MLA sizes (key/value_length_mla in GGUFs converted
+    for its MLA path, whose key_length is then kv_lora_rank + rope; key/value_length in
+    older ones), shared experts, routing scale and groups."""
+    rope = get("rope.dimension_count")
+    qk = get("attention.key_length_mla") or get("attention.key_length")
+    if get("expert_gating_func", 1) != 1:  # llama.cpp: 1 softmax, 2 sigmoid (DeepSeek-V3)
+        raise ValueError("only softmax expert gating (DeepSeek-V2) is supported")
+    return {
+        "q_lora_rank": get("attention.q_lora_rank") or None,
+        "kv_lora_rank": get("attention.kv_lora_rank"),
+        "qk_nope_head_dim": qk - rope,
+        "qk_rope_head_dim": rope,
+        "v_head_dim": get("attention.value_length_mla") or get("attention.value_length"),
+        "shared_expert_intermediate_size": (get("expert_shared_count") or 0)
+        * (get("expert_feed_forward_length") or 0),
+        "norm_topk_prob": bool(get("expert_weights_norm", False)),
+        "routed_scaling_factor": float(get("expert_weights_scale", 1.0)),
+        "n_group": get("expert_group_count") or 1,
+        "topk_group": get("expert_group_used_count") or 1,
+    }
+
+
 def _gguf_rope_scaling(get: Any, tensors: dict[str, Any]) -> RopeScaling | None:
     if "rope_freqs.weight" in tensors:  # llama.cpp bakes Llama-3 scaling into this tensor
         factors = tensors["rope_freqs.weight"].data
@@ -562,6 +589,15 @@ def _gguf_rope_scaling(get: Any, tensors: dict[str, Any]) -> RopeScaling | None:
         return None
     if kind == "linear":
         return RopeScaling("linear", factor=float(get("rope.scaling.factor")))
+    if kind == "yarn":  # llama.cpp stores DeepSeek's 0.1 * mscale_all_dim (and takes mscale
+        m = (get("rope.scaling.yarn_log_multiplier") or 0.0) / 0.1  # equal to it)
+        return RopeScaling(
+            "yarn",
+            factor=float(get("rope.scaling.factor")),
+            original_max_position=int(get("rope.scaling.original_context_length")),
+            mscale=m,
+            mscale_all_dim=m,
+        )
     raise ValueError(f"unsupported GGUF RoPE scaling {kind!r}")
 
 

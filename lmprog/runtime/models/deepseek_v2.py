@@ -117,7 +117,7 @@ class DeepseekV2Model(nn.Module):
 class DeepseekV2ForCausalLM(ExpertWeights, LlamaForCausalLM):
     """DeepSeek-V2 over the latent KV pool; forward, logits and weight loading as Llama's,
     with HF's MLA names: q_proj (or q_a_proj, q_a_layernorm, q_b_proj), kv_a_proj_with_mqa,
-    kv_a_layernorm, kv_b_proj (split into w_uk / w_uv), o_proj. The attention backend is
+    kv_a_layernorm, kv_b_proj (split into w_uk / w_uv; a GGUF's k_b_proj / v_b_proj), o_proj. The attention backend is
     built for latent attention (loaders.build_model does: one KV head of kv_lora_rank,
     rope_dim = qk_rope_head_dim, the config's mla_softmax_scale)."""
 
@@ -151,6 +151,10 @@ class DeepseekV2ForCausalLM(ExpertWeights, LlamaForCausalLM):
             w_uk = per_head[:, : c.qk_nope_head_dim]
             w_uv = per_head[:, c.qk_nope_head_dim :].transpose(1, 2)
             return ((prefix + "w_uk", 0, w_uk), (prefix + "w_uv", 0, w_uv))
+        if name.endswith(".k_b_proj.weight"):  # a GGUF's halves: [H, D, dn] and [H, dv, D]
+            return ((name[: -len("k_b_proj.weight")] + "w_uk", 0, tensor.transpose(1, 2)),)
+        if name.endswith(".v_b_proj.weight"):
+            return ((name[: -len("v_b_proj.weight")] + "w_uv", 0, tensor.transpose(1, 2)),)
         if name.endswith((".q_proj.weight", ".q_b_proj.weight")):
             per_head = tensor.view(c.num_heads, c.head_dim, -1)
             tensor = _halves_layout(per_head, c.qk_rope_head_dim).reshape(tensor.shape)

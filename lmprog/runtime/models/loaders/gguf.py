@@ -59,6 +59,16 @@ _BLOCK = {
     "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
     "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    # DeepSeek-V2's latent attention (llama.cpp's deepseek2; kv_b split in k_b / v_b by
+    # converters since its MLA path, models/deepseek_v2.py takes both)
+    "attn_q_a": "self_attn.q_a_proj",
+    "attn_q_a_norm": "self_attn.q_a_layernorm",
+    "attn_q_b": "self_attn.q_b_proj",
+    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+    "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+    "attn_kv_b": "self_attn.kv_b_proj",
+    "attn_k_b": "self_attn.k_b_proj",
+    "attn_v_b": "self_attn.v_b_proj",
 }
 # Gemma 3's norms around attention and MLP (llama.cpp's ffn_norm is its pre-MLP norm there)
 _GEMMA3_BLOCK = {
