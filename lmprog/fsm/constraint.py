@@ -1,10 +1,11 @@
 """``Constraint``: a compiled output constraint, as an immutable value.
 
 Every constructor validates and compiles at once, so a bad regex or schema raises
-``ConstraintError`` before any token is spent. ``pattern`` is a regex matched against the whole
-output, written in the syntax subset that Python ``re``, interegular and Rust's ``regex`` (the
-token engine, llguidance) all read the same way (see ``lmprog.fsm.regex``); the token index
-consumes it.
+``ConstraintError`` before any token is spent. A regex, choices or dtype constraint holds
+``pattern``, a regex matched against the whole output, written in the syntax subset that Python
+``re``, interegular and Rust's ``regex`` (the token engine, llguidance) all read the same way
+(see ``lmprog.fsm.regex``); a JSON schema or EBNF constraint holds ``lark``, a grammar in
+llguidance's Lark syntax. The token index consumes either.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ class Constraint:
     """What a generation must match. Build with the ``from_*`` constructors.
 
     ``kind``: "regex" | "json_schema" | "choices" | "dtype"; ``source``: what it was built from
-    (the regex, the schema as JSON text in its own key order -- the order ``pattern`` writes
+    (the regex, the schema as JSON text in its own key order -- the order the grammar writes
     object properties in, so an endpoint given this schema produces the same order -- the
     tuple of choices, the dtype name);
-    ``options``: compile options that shaped ``pattern`` (e.g. whitespace);
-    ``lark``: for "ebnf", the grammar in llguidance's Lark syntax, which the token engine runs
-    (``pattern`` is then "": a grammar has no regex).
+    ``options``: compile options that shaped the constraint (e.g. whitespace);
+    ``lark``: for "json_schema" and "ebnf", the grammar in llguidance's Lark syntax, which the
+    token engine runs (``pattern`` is then "": a grammar has no regex).
     """
 
     kind: str
@@ -63,19 +64,21 @@ class Constraint:
         *,
         whitespace: str | None = None,
         max_recursion_depth: int = json_schema.DEFAULT_RECURSION_DEPTH,
-        any_depth: int = json_schema.DEFAULT_ANY_DEPTH,
+        any_depth: int | None = json_schema.DEFAULT_ANY_DEPTH,
         max_schema_depth: int = json_schema.DEFAULT_MAX_SCHEMA_DEPTH,
         max_pattern_chars: int = json_schema.DEFAULT_MAX_PATTERN_CHARS,
     ) -> Constraint:
         """A JSON schema (dict, JSON string or pydantic model class); see ``lmprog.fsm.json_schema``
         for the exact language. ``whitespace``: regex allowed between JSON tokens (default
-        ``[ ]?``); ``max_recursion_depth``: times a recursive ``$ref`` is unrolled;
-        ``any_depth``: container nesting of values under an unconstrained schema. Limits on
-        the work one schema may ask for (ConstraintError naming the limit past them):
-        ``max_schema_depth`` levels of dicts and lists in the document (default 128),
-        ``max_pattern_chars`` characters of the regex it becomes (default 1,000,000)."""
+        ``[ ]?``; JSON whitespace characters only); ``max_recursion_depth``: times a recursive
+        ``$ref`` is unrolled; ``any_depth``: container nesting of values under an
+        unconstrained schema (None: unbounded). Limits on the work one schema may ask for
+        (ConstraintError naming the limit past them): ``max_schema_depth`` levels of dicts
+        and lists in the document (default 128), ``max_pattern_chars`` characters of the
+        grammar it becomes (default 1,000,000). The constraint holds a grammar (``lark``),
+        which the token engine runs; ``pattern`` is ""."""
         document = json_schema.load_schema(schema)
-        pattern = json_schema.build_regex(
+        lark = json_schema.build_grammar(
             document,
             whitespace=whitespace,
             max_recursion_depth=max_recursion_depth,
@@ -89,7 +92,7 @@ class Constraint:
             ("max_recursion_depth", max_recursion_depth),
             ("any_depth", any_depth),
         )
-        return cls("json_schema", pattern, source, options)
+        return cls("json_schema", "", source, options, lark=lark)
 
     @classmethod
     def from_choices(cls, choices) -> Constraint:

@@ -17,7 +17,8 @@ from typing import Any
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import Constraint
-from lmprog.fsm.regex import ANY_CHAR, alt, cat, charset_regex, cs, lit, raw, rep
+from lmprog.fsm import compose as c
+from lmprog.fsm.regex import ANY_CHAR, alt, cat, charset_regex, cs, lit, rep
 
 from .chat_schemas import NamedToolChoice, Tool
 from .errors import APIError
@@ -85,8 +86,8 @@ def plan_tools(
         return ToolPlan(answer, None, None, fmt)
     chosen = _chosen(tools, choice)
     max_calls = 1 if not parallel else fmt.max_calls
-    calls = _calls_regex(fmt, [(t.function.name, args[tools.index(t)]) for t in chosen], max_calls)
-    calls_c = Constraint("regex", calls.text, "tool calls")
+    calls = _calls(fmt, [(t.function.name, args[tools.index(t)]) for t in chosen], max_calls)
+    calls_c = c.constraint(calls, "tool calls")
     prompt = None
     if not fmt.native:
         prompt = _INSTRUCTIONS.format(tools="\n".join(_describe(t) for t in tools))
@@ -95,9 +96,8 @@ def plan_tools(
     plan = ToolPlan(calls_c, calls_c, prompt, fmt, names, choice == "auto", max_calls)
     if choice != "auto":
         return plan
-    answer = raw(f"(?:{text.pattern})") if text is not None else _not_starting_with(fmt.marker)
-    either = alt(raw(f"(?:{calls.text})", atomic=True), answer)
-    either_c = Constraint("regex", either.text, "tool calls or answer")
+    answer = c.embed(text) if text is not None else c.regex(_not_starting_with(fmt.marker))
+    either_c = c.constraint(c.alt(calls, answer), "tool calls or answer")
     return ToolPlan(either_c, calls_c, prompt, fmt, names, True, max_calls)
 
 
@@ -135,23 +135,23 @@ def _arguments(tool: Tool, index: int) -> Constraint:
         ) from None
 
 
-def _calls_regex(
-    fmt: ToolFormat, tools: list[tuple[str, Constraint]], max_calls: int | None
-) -> Any:
-    """opener call (separator call){0,max_calls-1} closer, a call being any of `tools`."""
-    one = alt(
+def _calls(fmt: ToolFormat, tools: list[tuple[str, Constraint]], max_calls: int | None) -> Any:
+    """opener call (separator call){0,max_calls-1} closer, a call being any of `tools`: the
+    call's JSON text cut as JSON tokens around its arguments' grammar (so that it lines up
+    with a JSON answer beside it), the format's markers one lexeme each."""
+    one = c.alt(
         *(
-            cat(
-                lit(fmt.head + json.dumps(name) + fmt.args_key),
-                raw(f"(?:{args.pattern})", atomic=True),
-                lit(fmt.tail),
+            c.seq(
+                c.json_text(fmt.head + json.dumps(name) + fmt.args_key),
+                c.embed(args),
+                c.json_text(fmt.tail),
             )
             for name, args in tools
         )
     )
     more = None if max_calls is None else max_calls - 1
-    rest = rep(cat(lit(fmt.separator), one), 0, more) if fmt.separator else None
-    return cat(lit(fmt.opener), one, rest if rest is not None else lit(""), lit(fmt.closer))
+    rest = c.rep(c.seq(c.json_text(fmt.separator), one), 0, more) if fmt.separator else None
+    return c.seq(c.text(fmt.opener), one, rest if rest is not None else c.seq(), c.text(fmt.closer))
 
 
 def _not_starting_with(marker: str) -> Any:

@@ -65,6 +65,40 @@ def random_walk(guide: Guide, rng: random.Random, greed: float = 0.4, limit: int
     return out
 
 
+_STRUCTURE = frozenset(b'"{}[],: 0123456789-.eEtrufalsn')
+
+
+def random_text(constraint, rng: random.Random, like: str = "", limit: int = 400) -> str | None:
+    """A random whole match of a constraint, written byte by byte through the token engine
+    over a one-byte-per-token vocabulary: EOS taken with probability 1/2 where allowed, JSON's
+    structural bytes preferred half the time (so strings end and containers close). With
+    `like` (a text), the walk mostly copies its next byte where that is allowed and strays at
+    random otherwise: texts near a given instance, which a uniform walk would rarely reach
+    (a pattern or a format in a string). None if no match was finished within `limit`."""
+    from lmprog.fsm.index import BYTES, TokenIndex
+
+    guide = TokenIndex.get(constraint, BYTES).new_guide()
+    target, k, out = like.encode(), 0, bytearray()
+    while len(out) < limit:
+        ids = guide.allowed_token_ids().tolist()
+        if 256 in ids and (rng.random() < 0.5 or ids == [256]) and k >= len(target):
+            return out.decode()
+        ids = [t for t in ids if t != 256]
+        if not ids:
+            return out.decode()
+        if k < len(target) and target[k] in ids and rng.random() < 0.9:
+            byte = target[k]
+        else:
+            preferred = [t for t in ids if t in _STRUCTURE]
+            byte = rng.choice(preferred if preferred and rng.random() < 0.5 else ids)
+            if k < len(target) and rng.random() < 0.5:
+                k += 1  # a substitution rather than an insertion
+        k += byte == (target[k] if k < len(target) else None)
+        guide.advance(byte)
+        out.append(byte)
+    return None
+
+
 def follow_text(guide: Guide, target: bytes, out: list[int]) -> int | None:
     """A 'model' that writes `target`: the longest allowed token that continues it (EOS at the
     end). Returns None when no allowed token continues the target."""

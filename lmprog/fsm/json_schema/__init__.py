@@ -1,23 +1,26 @@
-"""JSON Schema to regex: lmprog's own compiler.
+"""JSON Schema to a grammar: lmprog's own compiler.
 
-``build_regex(schema)`` returns a regex (in the syntax of ``lmprog.fsm.regex``) whose matches are
-JSON texts of instances valid against ``schema``. The rule: a text the regex accepts is always a
-valid instance; a valid instance is accepted in lmprog's canonical shape, and a schema whose valid
-set cannot be written exactly raises ``ConstraintError`` (naming the keyword, and the JSON path for
-keywords and invalid values). The canonical shape:
+``build_grammar(schema)`` returns a grammar in llguidance's Lark syntax (``lark``: one lexeme per
+JSON token, written as a regex in the syntax of ``lmprog.fsm.regex``; structure and recursion as
+rules) whose language is the JSON texts of instances valid against ``schema``. The rule: a text
+the grammar accepts is always a valid instance; a valid instance is accepted in lmprog's
+canonical shape, and a schema whose valid set cannot be written exactly raises
+``ConstraintError`` (naming the keyword, and the JSON path for keywords and invalid values).
+The canonical shape:
 
-* whitespace: ``whitespace`` (a regex; default ``[ ]?``, at most one space) may appear after
-  ``{``/``[``/``,``/``:`` and before ``,``/``:``/``}``/``]``, never around the top-level value;
-  bounded whitespace keeps a model from looping on newlines;
+* whitespace: ``whitespace`` (a regex over JSON's whitespace characters; default ``[ ]?``, at
+  most one space) may appear after ``{``/``[``/``,``/``:`` and before ``,``/``:``/``}``/``]``,
+  never around the top-level value; bounded whitespace keeps a model from looping on newlines;
 * objects: named properties in declaration order (``properties`` first, then other ``required``
   keys), any optional one left out, then other keys (``objects``); a key is written once;
 * numbers: integers without fraction or exponent; bounded numbers without exponent (``numbers``);
 * strings: every JSON escape, counted per character for min/maxLength; canonical spelling under
   ``pattern``/``format`` or excluded values (``strings``); formats as listed in ``formats``;
 * ``$ref`` recursion unrolled ``max_recursion_depth`` times (default 3); values under an
-  unconstrained schema (``{}``, a missing ``items``, default ``additionalProperties``) nest
-  containers at most ``any_depth`` levels (default 1: ``{"a": [1, {"b": 2}]}`` is not generated,
-  ``{"a": [1, 2]}`` is).
+  unconstrained schema (``{}``, a missing ``items``, default ``additionalProperties``) are any
+  JSON value, nested without bound (a recursive rule), or, with ``any_depth=n``, with
+  containers nested at most n levels (``any_depth=1``: ``{"a": [1, {"b": 2}]}`` is not
+  generated, ``{"a": [1, 2]}`` is).
 
 Keywords: type (unions, null), enum/const (any JSON value; objects in any key order up to 4 keys),
 properties/required/additionalProperties (default true)/patternProperties/propertyNames/
@@ -39,19 +42,21 @@ import json
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.builder import Builder
 from lmprog.fsm.json_schema.emit import Emitter
-from lmprog.fsm.regex import R, compile_user_regex, raw
+from lmprog.fsm.json_schema.lark import fragment_limit, to_lark
+from lmprog.fsm.regex import Chars, Concat, R, Repeat, compile_user_regex, parse_regex, raw
+from lmprog.fsm.regex.charset import CharSet
 from lmprog.fsm.regex.fragments import pattern_limit
 
 DEFAULT_WHITESPACE = r"[ ]?"
 DEFAULT_RECURSION_DEPTH = 3
-DEFAULT_ANY_DEPTH = 1
+DEFAULT_ANY_DEPTH = None  # unbounded: "any value" is a recursive rule
 # Bounds on the work one schema can ask for: the nesting of the schema document (dicts and
 # lists), and the length of the regex it becomes (which can grow exponentially with nesting)
 DEFAULT_MAX_SCHEMA_DEPTH = 128
 DEFAULT_MAX_PATTERN_CHARS = 1_000_000
 
 __all__ = [
-    "build_regex",
+    "build_grammar",
     "load_schema",
     "DEFAULT_WHITESPACE",
     "DEFAULT_RECURSION_DEPTH",
@@ -99,31 +104,27 @@ def _nesting(document, limit: int) -> int:
     return deepest
 
 
-def build_regex(
+def build_grammar(
     schema,
     *,
     whitespace: str | None = None,
     max_recursion_depth: int = DEFAULT_RECURSION_DEPTH,
-    any_depth: int = DEFAULT_ANY_DEPTH,
+    any_depth: int | None = DEFAULT_ANY_DEPTH,
     max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH,
     max_pattern_chars: int = DEFAULT_MAX_PATTERN_CHARS,
 ) -> str:
-    """The regex of a JSON schema document; ConstraintError if it has none that is exact, if
-    the document nests deeper than `max_schema_depth` dicts and lists, or if its regex
-    would grow past `max_pattern_chars` characters."""
+    """The Lark grammar of a JSON schema document; ConstraintError if it has none that is
+    exact, if the document nests deeper than `max_schema_depth` dicts and lists, or if its
+    grammar (or one of its lexemes' regexes) would grow past `max_pattern_chars` characters."""
     for name, value, least in (
         ("max_recursion_depth", max_recursion_depth, 0),
-        ("any_depth", any_depth, 0),
+        ("any_depth", 0 if any_depth is None else any_depth, 0),
         ("max_schema_depth", max_schema_depth, 1),
         ("max_pattern_chars", max_pattern_chars, 1),
     ):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
-    ws = (
-        raw(DEFAULT_WHITESPACE)
-        if whitespace is None
-        else R(compile_user_regex(whitespace), False, True)
-    )
+    ws = raw(DEFAULT_WHITESPACE) if whitespace is None else _whitespace(whitespace)
     document = load_schema(schema)
     depth = _nesting(document, max_schema_depth)
     if depth > max_schema_depth:
@@ -132,14 +133,45 @@ def build_regex(
             "and arrays; flatten it or raise max_schema_depth"
         )
     try:
-        with pattern_limit(max_pattern_chars):
+        with pattern_limit(max_pattern_chars), fragment_limit(max_pattern_chars):
             node = Builder(document, max_recursion_depth).build(document)
-            out = Emitter(ws, any_depth).node(node)
+            emitter = Emitter(ws, any_depth)
+            out = emitter.node(node)
+            if out is None:
+                raise ConstraintError("the schema accepts no JSON value")
+            text = to_lark(out, emitter.rules)
     except RecursionError:
         raise ConstraintError(
             "the schema (with its $refs unrolled) nests too deeply to compile; flatten it or "
             "lower max_recursion_depth"
         ) from None
-    if out is None:
-        raise ConstraintError("the schema accepts no JSON value")
-    return out.text
+    if len(text) > max_pattern_chars:
+        raise ConstraintError(
+            f"the schema's grammar has {len(text):,} characters, past max_pattern_chars="
+            f"{max_pattern_chars:,}; simplify the schema or raise max_pattern_chars"
+        )
+    return text
+
+
+_JSON_WHITESPACE = CharSet.of(" \t\n\r")
+
+
+def _whitespace(pattern: str) -> R:
+    """The whitespace regex, checked to match only JSON whitespace (space, tab, newline,
+    carriage return): anything else would make invalid JSON, and would let the lexer cut a
+    punctuation lexeme wrong."""
+    parsed = parse_regex(pattern, "python")
+    stack = [b.node for b in parsed.branches]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Chars):
+            if not (node.chars - _JSON_WHITESPACE).is_empty():
+                raise ConstraintError(
+                    f"whitespace {pattern!r} matches characters other than JSON whitespace "
+                    "(space, tab, newline, carriage return)"
+                )
+        elif isinstance(node, Repeat):
+            stack.append(node.node)
+        else:
+            stack.extend(node.parts if isinstance(node, Concat) else node.options)
+    return R(compile_user_regex(pattern), False, True)

@@ -146,6 +146,8 @@ def _meet_str(x: StrT, y: StrT) -> StrT | None:
             formats=x.formats + tuple(f for f in y.formats if f not in x.formats),
             values=values,
             excluded=x.excluded | y.excluded,
+            not_patterns=x.not_patterns
+            + tuple(p for p in y.not_patterns if p not in x.not_patterns),
         )
     )
 

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.algebra import conj
 from lmprog.fsm.json_schema.complement import neg
+from lmprog.fsm.json_schema.lark import Frag, alt, cat, opt, rep
 from lmprog.fsm.json_schema.sequences import Slot, separated
 from lmprog.fsm.json_schema.terms import ArrT
-from lmprog.fsm.regex import R, alt, cat, opt, rep
 
 if TYPE_CHECKING:
     from lmprog.fsm.json_schema.emit import Emitter
 
 
-def array_regex(t: ArrT, em: Emitter) -> R | None:
+def array_regex(t: ArrT, em: Emitter) -> Frag | None:
     if t.unique:
         return _unique_arrays(t, em)
     if t.contains:
@@ -35,7 +35,9 @@ def array_regex(t: ArrT, em: Emitter) -> R | None:
     return em.container("[", *_items(prefix, rest, t.min_items, t.max_items, em.sep), "]")
 
 
-def _items(prefix: list, rest: R | None, lo: int, hi: int | None, sep: R) -> tuple[R | None, bool]:
+def _items(
+    prefix: list, rest: Frag | None, lo: int, hi: int | None, sep: Frag | None
+) -> tuple[Frag | None, bool]:
     """(non-empty item sequences, empty allowed) for prefix items then ``rest`` items."""
     n = len(prefix)
     if n == 0:
@@ -47,7 +49,7 @@ def _items(prefix: list, rest: R | None, lo: int, hi: int | None, sep: R) -> tup
     return cat(prefix[0], tail), lo == 0
 
 
-def _contains_items(t: ArrT, em: Emitter) -> tuple[R | None, bool]:
+def _contains_items(t: ArrT, em: Emitter) -> tuple[Frag | None, bool]:
     if len(t.contains) > 1 or t.prefix or t.max_items is not None or t.min_items > t.contains[0].lo:
         raise ConstraintError(
             "contains together with prefixItems, maxItems, a larger minItems or "
@@ -65,7 +67,7 @@ def _contains_items(t: ArrT, em: Emitter) -> tuple[R | None, bool]:
     return separated(slots, em.sep)
 
 
-def _unique_arrays(t: ArrT, em: Emitter) -> R | None:
+def _unique_arrays(t: ArrT, em: Emitter) -> Frag | None:
     if t.max_items is not None and t.max_items <= 1:
         from dataclasses import replace
 

@@ -2,7 +2,7 @@
 
 ``neg`` applies De Morgan over a term's facets: not (integer and >= 2) = non-integer or < 2; each
 facet's complement must be exact (a bound flips, an enum becomes an exclusion, a required key
-becomes an absent one...), and facets without one (``multipleOf``, ``pattern``,
+becomes an absent one, a pattern a negated pattern...), and facets without one (``multipleOf``,
 ``uniqueItems``, ``patternProperties``...) raise ConstraintError.
 """
 
@@ -12,6 +12,7 @@ from functools import lru_cache
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.algebra import conj, conj_all, normalize_arr, normalize_obj
+from lmprog.fsm.json_schema.formats import format_pattern
 from lmprog.fsm.json_schema.terms import (
     FULL_TERMS,
     NEVER,
@@ -72,9 +73,9 @@ def _neg_num(t: NumT):
 
 
 def _neg_str(t: StrT):
-    if t.patterns or t.formats:
-        raise ConstraintError("'not' over pattern/format has no exact regex")
-    out = []
+    out = [StrT(not_patterns=(p,)) for p in t.patterns]
+    out += [StrT(not_patterns=(format_pattern(f),)) for f in t.formats]
+    out += [StrT(patterns=(p,)) for p in t.not_patterns]
     if t.min_len > 0:
         out.append(StrT(max_len=t.min_len - 1))
     if t.max_len is not None:

@@ -1,8 +1,10 @@
-"""Nodes to regex: one fragment per term, joined by ``|``; whitespace and "any value".
+"""Nodes to a grammar over JSON tokens (``lark``): one fragment per term, unions, whitespace,
+and "any value".
 
-"Any value" (``{}``, ``true``, a missing ``items``...) is not a regular language because arrays and
-objects nest without bound; it is written with containers nested at most ``any_depth`` levels
-(scalars at the innermost level). Deeper values are rejected, never accepted wrongly.
+"Any value" (``{}``, ``true``, a missing ``items``...) is a recursive rule (``any``): arrays and
+objects nest without bound. With ``any_depth`` set, it is written instead with containers nested
+at most ``any_depth`` levels (scalars at the innermost level); deeper values are then rejected,
+never accepted wrongly.
 """
 
 from __future__ import annotations
@@ -12,83 +14,104 @@ from decimal import Decimal
 from itertools import permutations, product
 
 from lmprog.fsm.json_schema.arrays import array_regex
+from lmprog.fsm.json_schema.lark import Frag, Ref, alt, cat, group, tok
 from lmprog.fsm.json_schema.numbers import NUMBER, number_regex, value_regex
 from lmprog.fsm.json_schema.objects import object_regex
 from lmprog.fsm.json_schema.sequences import Slot, separated
-from lmprog.fsm.json_schema.strings import UNIT_TOKEN, json_text, string_regex
+from lmprog.fsm.json_schema.strings import json_text, string_lexeme
 from lmprog.fsm.json_schema.terms import ArrT, BoolT, Node, NullT, NumT, ObjT, StrT
 from lmprog.fsm.json_schema.values import to_decimal
-from lmprog.fsm.regex import EPS, R, alt, cat, lit, raw, rep
+from lmprog.fsm.regex import R, lit, raw
+from lmprog.fsm.regex import alt as ralt
+from lmprog.fsm.regex import cat as rcat
 
 _FINITE_LIMIT = 256
 
 
 class Emitter:
-    """Writes nodes as regexes; one per compile (it memoizes by node)."""
+    """Writes nodes as grammar fragments; one per compile (it memoizes by node). ``rules``:
+    the named rules its fragments refer to (``any``, recursive references)."""
 
-    def __init__(self, ws: R, any_depth: int):
-        assert any_depth >= 0
+    def __init__(self, ws: R, any_depth: int | None):
+        assert any_depth is None or any_depth >= 0
         self.ws, self.any_depth = ws, any_depth
-        self.sep = cat(ws, lit(","), ws)
+        self.sep = tok(rcat(ws, lit(","), ws))
+        self.colon = tok(rcat(ws, lit(":"), ws))
+        self._open = {c: tok(rcat(lit(c), ws)) for c in "{["}
+        self._close = {c: tok(rcat(ws, lit(c))) for c in "}]"}
+        self._close_empty = {c: tok(lit(c)) for c in "}]"}
+        self.rules: dict[str, Frag] = {}
         self._memo: dict = {}
-        self._any: dict[int, R] = {}
+        self._any: dict[int | None, Frag] = {}
 
-    def node(self, node: Node) -> R | None:
+    def node(self, node: Node) -> Frag | None:
         if node.top:
             return self.any_value(self.any_depth)
         if node not in self._memo:
             self._memo[node] = alt(*(self.term(t) for t in node.terms))
         return self._memo[node]
 
-    def term(self, t) -> R | None:
+    def term(self, t) -> Frag | None:
         if isinstance(t, NullT):
-            return lit("null")
+            return tok(lit("null"))
         if isinstance(t, BoolT):
-            return alt(*(lit("true" if v else "false") for v in sorted(t.values, reverse=True)))
+            return tok(
+                ralt(*(lit("true" if v else "false") for v in sorted(t.values, reverse=True)))
+            )
         if isinstance(t, NumT):
-            return number_regex(t)
+            return tok(number_regex(t))
         if isinstance(t, StrT):
-            return string_regex(t)
+            return string_lexeme(t)
         if isinstance(t, ArrT):
             return array_regex(t, self)
         assert isinstance(t, ObjT), t
         return object_regex(t, self)
 
-    def any_value(self, depth: int) -> R:
+    def any_value(self, depth: int | None) -> Frag:
+        """Every JSON value: the recursive rule ``any`` (depth None), or values whose
+        containers nest at most ``depth`` levels."""
         if depth not in self._any:
-            options = [lit("null"), lit("true"), lit("false"), raw(NUMBER), string_regex(StrT())]
-            if depth > 0:
+            inner = self._any[depth] = Ref("any") if depth is None else None
+            if depth is not None and depth > 0:
                 inner = self.any_value(depth - 1)
-                member = cat(
-                    lit('"'), rep(UNIT_TOKEN, 0, None), lit('"'), self.ws, lit(":"), self.ws, inner
-                )
+            options = [tok(lit("null")), tok(lit("true")), tok(lit("false")), tok(raw(NUMBER))]
+            key = string_lexeme(StrT())
+            options.append(key)
+            if inner is not None:
+                member = self.member(key, inner)
                 for open_, item, close in (("[", inner, "]"), ("{", member, "}")):
                     body, _ = separated([Slot(item, 0, None)], self.sep)
                     options.append(self.container(open_, body, True, close))
-            self._any[depth] = alt(*options)  # type: ignore[assignment]
+            body = alt(*options)
+            if depth is None:
+                self.rules["any"] = body  # type: ignore[assignment]
+            else:
+                self._any[depth] = body  # type: ignore[assignment]
         return self._any[depth]
 
-    def container(self, open_: str, body: R | None, empty_ok: bool, close: str) -> R | None:
-        """``open_ body close`` with whitespace inside the brackets (``body`` None: only the
-        empty container, if ``empty_ok``)."""
-        return cat(
-            lit(open_), self.ws, alt(EPS if empty_ok else None, cat(body, self.ws)), lit(close)
-        )
+    def member(self, key: Frag | None, value: Frag | None) -> Frag | None:
+        """``key ws : ws value`` (``key`` a string lexeme)."""
+        return cat(key, self.colon, value)
 
-    def value(self, v) -> R | None:
+    def container(self, open_: str, body: Frag | None, empty_ok: bool, close: str) -> Frag | None:
+        """``open_ body close`` with whitespace inside the brackets (``body`` None: only the
+        empty container, if ``empty_ok``). The whitespace after ``open_`` belongs to its
+        lexeme; the one before ``close`` to the closing lexeme after a body."""
+        empty = self._close_empty[close] if empty_ok else None
+        return group(cat(self._open[open_], alt(empty, cat(body, self._close[close]))))
+
+    def value(self, v) -> Frag | None:
         """The text of one JSON value (objects in every key order when they have few keys)."""
         if v is None or isinstance(v, bool):
-            return lit(json.dumps(v))
+            return tok(lit(json.dumps(v)))
         if isinstance(v, (int, float, Decimal)):
-            return value_regex(to_decimal(v))
+            return tok(value_regex(to_decimal(v)))
         if isinstance(v, str):
-            return lit(json_text(v))
+            return tok(lit(json_text(v)))
         if isinstance(v, list):
             body, empty = separated([Slot(self.value(x), 1, 1) for x in v], self.sep)
             return self.container("[", body, empty, "]")
-        items = [
-            cat(lit(json_text(k)), self.ws, lit(":"), self.ws, self.value(x)) for k, x in v.items()
-        ]
+        items = [self.member(tok(lit(json_text(k))), self.value(x)) for k, x in v.items()]
         orders = permutations(items) if len(items) <= 4 else [items]
         body = alt(*(separated([Slot(m, 1, 1) for m in order], self.sep)[0] for order in orders))
         return self.container("{", body, not items, "}")

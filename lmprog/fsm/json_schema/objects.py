@@ -2,42 +2,41 @@
 
 Canonical order: the properties a term names are written in declaration order (``properties``
 first, then ``required`` keys that ``properties`` does not list), each optional one may be left
-out; keys not named follow, in any number, in *regions*:
+out; keys not named follow, in any number, in *regions*: one region per set S of the
+``patternProperties`` patterns that a key can match together (S empty: keys matching none),
+holding the keys that match exactly the patterns of S, are allowed by ``propertyNames`` and are
+not named, with exactly the schemas that apply to such keys (the patterns' of S, or
+``additionalProperties`` for S empty; of every rule, when ``allOf`` brings several). Each
+region's key is one lexeme: the intersection of its patterns, minus the other patterns and the
+named keys (llguidance's ``&``/``~``, in canonical spelling so that exclusion is exact;
+``strings.string_expr``). Sets of patterns that cannot overlap are not formed.
 
-* with ``patternProperties`` (up to 4 patterns, no ``propertyNames``): one region per set of
-  patterns, holding the keys that match exactly those patterns (built as automata with
-  interegular, written back as regexes), with exactly the schemas that apply to such keys;
-* otherwise a catch-all region: any key (allowed by ``propertyNames``, other than the named
-  ones) whose value satisfies ``additionalProperties`` *and* every pattern's schema, which is
-  right whatever the key matches; plus one region per pattern with its schema and those of the
-  patterns that may overlap it (narrower than the schema, never wider).
-
-A named key is excluded from the regions by a trie over all its spellings where possible; where it
-is not (a pattern or format on the keys), the region's value must also satisfy that key's schema,
-so that writing it there is still valid. A key written twice (JSON allows it; the last one wins)
-never makes an instance invalid here, except against ``minProperties``, hence the limit on it.
+A key written twice (JSON allows it; the last one wins) never makes an instance invalid here,
+except against ``minProperties``, hence the limit on it.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
-from itertools import permutations
+from itertools import combinations, permutations
 from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import conj, conj_all
-from lmprog.fsm.json_schema.automata import to_regex
+from lmprog.fsm.json_schema.algebra import conj_all, meet
+from lmprog.fsm.json_schema.lark import Frag, alt, tok
 from lmprog.fsm.json_schema.sequences import Slot, separated
-from lmprog.fsm.json_schema.strings import can_exclude, canonical_token, json_text, string_regex
+from lmprog.fsm.json_schema.strings import json_text, string_lexeme
 from lmprog.fsm.json_schema.terms import Node, ObjT, StrT
-from lmprog.fsm.json_schema.values import pattern_matcher, str_ok
-from lmprog.fsm.regex import ANY_CHAR, CharSet, R, alt, cat, lit
+from lmprog.fsm.json_schema.values import pattern_matcher
+from lmprog.fsm.regex import ANY_CHAR, lit
 
 if TYPE_CHECKING:
     from lmprog.fsm.json_schema.emit import Emitter
 
+MAX_KEY_CLASSES = 64  # regions of one object (sets of patterns a key can match together)
 
-def object_regex(t: ObjT, em: Emitter) -> R | None:
+
+def object_regex(t: ObjT, em: Emitter) -> Frag | None:
     named, n_required = [], 0
     for key, node in t.props:
         value = em.node(node)
@@ -46,7 +45,7 @@ def object_regex(t: ObjT, em: Emitter) -> R | None:
             if required:
                 return None
             continue
-        named.append(Slot(_member(lit(json_text(key)), value, em), int(required), 1))
+        named.append(Slot(em.member(tok(lit(json_text(key))), value), int(required), 1))
         n_required += required
     regions = _regions(t, em)
     if t.any_order and not regions and len(named) <= 4 and all(s.lo for s in named):
@@ -54,10 +53,6 @@ def object_regex(t: ObjT, em: Emitter) -> R | None:
         return em.container("{", body, not named, "}")
     slots = named + _region_slots(regions, t, n_required, len(named) - n_required)
     return em.container("{", *separated(slots, em.sep), "}")
-
-
-def _member(key: R | None, value: R | None, em: Emitter) -> R | None:
-    return cat(key, em.ws, lit(":"), em.ws, value)
 
 
 def _region_slots(regions: list, t: ObjT, n_required: int, n_optional: int) -> list[Slot]:
@@ -84,16 +79,25 @@ def _region_slots(regions: list, t: ObjT, n_required: int, n_optional: int) -> l
 
 
 def _regions(t: ObjT, em: Emitter) -> list:
-    named = {k: v for k, v in t.props}
+    named = frozenset(k for k, _ in t.props)
     sources = tuple(dict.fromkeys(src for r in t.rules for src, _ in r.patterns))
-    partition = _key_partition(sources, frozenset(named)) if sources and t.names.top else None
-    if partition is not None:  # exact: each class of keys takes what every rule says of it
-        out = []
-        for matched, key in partition:
-            value = conj_all(_rule_value(r, matched) for r in t.rules)
-            out.append(None if value.never else _member(key, em.node(value), em))
-        return [r for r in out if r is not None]
-    return _narrow_regions(t, named, em)
+    names = [StrT()] if t.names.top else [x for x in t.names.terms if isinstance(x, StrT)]
+    out = []
+    for inside in _pattern_sets(sources):
+        value = conj_all(_rule_value(r, inside) for r in t.rules)
+        if value.never:
+            continue
+        outside = tuple(
+            s
+            for s in sources
+            if s not in inside and (not inside or any(_overlap(s, i) for i in inside))
+        )
+        keys = StrT(patterns=tuple(sorted(inside)), not_patterns=outside, excluded=named)
+        for n in names:
+            k = meet(n, keys)
+            if k is not None:
+                out.append(em.member(string_lexeme(k), em.node(value)))
+    return [r for r in out if r is not None]
 
 
 def _rule_value(rule, matched: frozenset) -> Node:
@@ -101,81 +105,23 @@ def _rule_value(rule, matched: frozenset) -> Node:
     return conj_all(schemas) if schemas else rule.additional
 
 
-def _narrow_regions(t: ObjT, named: dict, em: Emitter) -> list:
-    """Regions without automata: right for every key, narrower than the schema."""
-    names = [StrT()] if t.names.top else [x for x in t.names.terms if isinstance(x, StrT)]
-    out = []
-    everything = conj_all(conj(r.additional, conj_all(n for _, n in r.patterns)) for r in t.rules)
-    if not everything.never:
-        for nt in names:
-            out.append(_region(nt, everything, named, em))
-    for i, rule in enumerate(t.rules):
-        others = conj_all(
-            conj(r.additional, conj_all(n for _, n in r.patterns))
-            for j, r in enumerate(t.rules)
-            if j != i
-        )
-        for src, node in rule.patterns:
-            overlapping = [n for s, n in rule.patterns if s != src and _overlap(src, s)]
-            value = conj_all([node, others] + overlapping)
-            for nt in names:
-                out.append(_region(_with_pattern(nt, src), value, named, em))
-    return [r for r in out if r is not None]
-
-
-def _with_pattern(nt: StrT, src: str) -> StrT:
-    from dataclasses import replace
-
-    return replace(nt, patterns=nt.patterns + (src,))
-
-
-def _region(keys: StrT, value: Node, named: dict, em: Emitter) -> R | None:
-    """Members with a key of ``keys`` (other than the named keys) and a value of ``value``."""
-    clashing = {k for k in named if str_ok(keys, k)}
-    if clashing and not can_exclude(keys):
-        value = conj_all([value] + [named[k] for k in clashing])
-        clashing = set()
-    if value.never:
-        return None
-    from dataclasses import replace
-
-    key_regex = string_regex(replace(keys, excluded=keys.excluded | frozenset(clashing)))
-    return _member(key_regex, em.node(value), em)
-
-
-@lru_cache(maxsize=1024)
-def _key_partition(patterns: tuple, named: frozenset) -> list | None:
-    """For each set S of the patterns, the key texts of the strings that match exactly the
-    patterns in S and are not ``named``: [(S, regex)], empty classes left out. None when
-    interegular cannot build the automata or the regexes grow too large."""
-    if len(patterns) > 4 or not all(_small_classes(p) for p in patterns):
-        return None
-    try:
-        import interegular
-
-        fsms = [interegular.parse_pattern(pattern_matcher(p).pattern).to_fsm() for p in patterns]
-        taken = [interegular.parse_pattern(lit(k).text or "(?:)").to_fsm() for k in named]
-        out = []
-        for mask in range(2 ** len(patterns)):
-            inside = [f for i, f in enumerate(fsms) if mask >> i & 1]
-            outside = [f for i, f in enumerate(fsms) if not mask >> i & 1] + taken
-            keys = inside[0].intersection(*inside[1:]) if inside else outside[0].everythingbut()
-            if outside:
-                keys = keys.difference(*outside)
-            keys = keys.reduce()
-            if keys.empty():
-                continue
-            body = _fsm_regex(keys)
-            if body is None:
-                return None
-            out.append(
-                (
-                    frozenset(p for i, p in enumerate(patterns) if mask >> i & 1),
-                    cat(lit('"'), body, lit('"')),
-                )
-            )
-    except Exception:  # noqa: BLE001 - interegular gave up: callers fall back to narrower regions
-        return None
+def _pattern_sets(sources: tuple) -> list[frozenset]:
+    """The sets of patterns a key may match together: the empty set, each pattern, and larger
+    sets whose patterns pairwise overlap."""
+    out = [frozenset()]
+    for size in range(1, len(sources) + 1):
+        found = False
+        for combo in combinations(sources, size):
+            if size == 1 or all(_overlap(a, b) for a, b in combinations(combo, 2)):
+                out.append(frozenset(combo))
+                found = True
+                if len(out) > MAX_KEY_CLASSES:
+                    raise ConstraintError(
+                        f"patternProperties whose patterns overlap in more than "
+                        f"{MAX_KEY_CLASSES} ways are not supported"
+                    )
+        if not found:
+            break
     return out
 
 
@@ -193,32 +139,6 @@ def _small_classes(source: str) -> bool:
         return all(ok(p) for p in (node.parts if isinstance(node, Concat) else node.options))
 
     return all(ok(b.node) for b in parse_regex(source, "ecma").branches)
-
-
-def _fsm_regex(fsm) -> R | None:
-    """The canonical-token regex of a small interegular automaton (None if too large)."""
-    from interegular.fsm import anything_else
-
-    if len(fsm.states) > 24:
-        return None
-    explicit = CharSet.of(c for c in fsm.alphabet if c is not anything_else)
-    classes = {}
-    for symbol, chars in fsm.alphabet.by_transition.items():
-        members = CharSet.of(c for c in chars if c is not anything_else)
-        classes[symbol] = members | (ANY_CHAR - explicit) if anything_else in chars else members
-    edges: dict = {}
-    for state, moves in fsm.map.items():
-        for symbol, target in moves.items():
-            edges[(state, target)] = edges.get((state, target), CharSet()) | classes[symbol]
-    try:
-        return to_regex(
-            {pair: canonical_token(c) for pair, c in edges.items()},
-            fsm.initial,
-            fsm.finals,
-            limit=8000,
-        )
-    except OverflowError:
-        return None
 
 
 @lru_cache(maxsize=4096)

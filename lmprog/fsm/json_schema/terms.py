@@ -78,7 +78,8 @@ class NumT:
 @_cache_hash
 @dataclass(frozen=True)
 class StrT:
-    """A string; lengths count code points; ``patterns`` are ECMA sources (search semantics)."""
+    """A string; lengths count code points; ``patterns`` are ECMA sources (search semantics)
+    it must match, ``not_patterns`` ones (formats as their patterns) it must not."""
 
     min_len: int = 0
     max_len: int | None = None
@@ -86,6 +87,7 @@ class StrT:
     formats: tuple = ()
     values: frozenset | None = None
     excluded: frozenset = frozenset()
+    not_patterns: tuple = ()
 
 
 @_cache_hash

@@ -35,6 +35,7 @@ def str_ok(t: StrT, s: str) -> bool:
         and (t.max_len is None or len(s) <= t.max_len)
         and all(pattern_matcher(p).fullmatch(s) for p in t.patterns)
         and all(format_matcher(f).fullmatch(s) for f in t.formats)
+        and not any(pattern_matcher(p).fullmatch(s) for p in t.not_patterns)
         and (t.values is None or s in t.values)
         and s not in t.excluded
     )

@@ -1,0 +1,141 @@
+"""Constraints built from parts: literal text, regexes and other constraints, in sequence,
+union and repetition, as one grammar (what the server's tool calls need: a call format's
+fixed text around each tool's argument schema, or a plain answer instead).
+
+    from lmprog.fsm import compose as c
+    call = c.seq(c.json_text('{"name": "f", "arguments": '), c.embed(args), c.json_text("}"))
+    constraint = c.constraint(c.alt(call, c.embed(answer)), "tool call or answer")
+
+Parts are fragments of the JSON-token grammars of `lmprog.fsm.json_schema.lark` (the same
+combinators: `seq`, `alt`, `rep`), so a schema's grammar embeds as it is. Each part must be cut
+into lexemes the way the parts it competes with are cut, because llguidance's lexer is greedy
+(see `json_schema.lark`):
+
+* `text(s)`: one lexeme -- a marker such as ``<tool_call>`` or ``[TOOL_CALLS]`` that must not be
+  cut where a free-text lexeme beside it would run on;
+* `json_text(s)`: JSON text cut at JSON token boundaries, whitespace attached to punctuation as
+  the schema grammars attach it (``{``+ws, ws+``,``+ws, ws+``:``+ws, ws+``}``, strings whole),
+  so that it lines up, lexeme by lexeme, with a JSON answer beside it; other runs of text are
+  one lexeme each;
+* `regex(r)`: one lexeme (a regex fragment of `lmprog.fsm.regex`);
+* `embed(constraint)`: a regex, choices or dtype constraint as one lexeme; a JSON schema's
+  grammar with its rules renamed apart. An EBNF grammar does not embed (its lexemes are the
+  user's, cut who knows how): ConstraintError.
+"""
+
+from __future__ import annotations
+
+import re
+
+from lmprog.core.errors import ConstraintError
+from lmprog.fsm.constraint import Constraint
+from lmprog.fsm.json_schema.lark import Alt, Cat, Frag, Ref, Rep, alt, cat, rep, to_lark, tok
+from lmprog.fsm.regex import R, lit, raw
+
+__all__ = ["seq", "alt", "rep", "text", "json_text", "regex", "embed", "constraint"]
+_ = (alt, rep)  # re-exported: the combinators of the parts
+
+seq = cat
+
+
+def text(s: str) -> Frag | None:
+    """The literal text `s` as one lexeme (nothing for "")."""
+    return tok(lit(s)) if s else cat()
+
+
+def regex(r: R | None) -> Frag | None:
+    """A regex fragment as one lexeme."""
+    return tok(r)
+
+
+# JSON tokens of a literal text: a string, ws + closing punctuation, ws + separator + ws,
+# opening punctuation + ws, a number or a literal name; anything else runs to the next of them.
+_JSON_TOKEN = re.compile(
+    r'"(?:[^"\\]|\\.)*"|\s*[,:]\s*|\s*[}\]]|[{\[]\s*|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null'
+)
+
+
+def json_text(s: str) -> Frag | None:
+    """The literal text `s`, cut into lexemes at JSON token boundaries."""
+    parts, at = [], 0
+    for m in _JSON_TOKEN.finditer(s):
+        if m.start() > at:
+            parts.append(text(s[at : m.start()]))
+        parts.append(text(m.group()))
+        at = m.end()
+    if at < len(s):
+        parts.append(text(s[at:]))
+    return cat(*parts)
+
+
+class _Embedded(Ref):
+    """A reference to an embedded JSON schema grammar's start rule (named when written)."""
+
+    __slots__ = ("constraint",)
+
+    def __init__(self, c: Constraint) -> None:
+        super().__init__("")
+        self.constraint = c
+
+
+def embed(c: Constraint) -> Frag:
+    """A constraint as a part: one lexeme (regex, choices, dtype) or its grammar (JSON schema)."""
+    if c.lark is None:
+        return tok(raw(c.pattern))  # type: ignore[return-value]
+    if c.kind != "json_schema":
+        raise ConstraintError(
+            f"a {c.kind} grammar cannot be combined with other parts (tool calls); use a JSON "
+            "schema or a regex"
+        )
+    return _Embedded(c)
+
+
+def constraint(root: Frag | None, what: str) -> Constraint:
+    """The parts as one constraint: kind "ebnf", its source the Lark text (`what` names it
+    in errors). Embedded grammars are renamed apart in the order they appear, so equal parts
+    give equal text (and one cached token index)."""
+    if root is None:
+        raise ConstraintError(f"{what}: the parts accept no text")
+    prefixes: dict[str, str] = {}
+    extra: list[str] = []
+    stack, seen = [root], set()
+    while stack:  # depth first, left to right: a deterministic order
+        f = stack.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        if isinstance(f, _Embedded):
+            key = f.constraint.cache_key
+            if key not in prefixes:
+                prefixes[key] = f"e{len(prefixes)}_"
+                extra += _renamed(f.constraint.lark, prefixes[key])  # type: ignore[arg-type]
+            f.name = prefixes[key] + "start"
+        elif isinstance(f, Cat):
+            stack.extend(reversed(f.parts))
+        elif isinstance(f, Alt):
+            stack.extend(reversed(f.options))
+        elif isinstance(f, Rep):
+            stack.append(f.item)
+    lark = to_lark(root) + "".join(line + "\n" for line in extra)
+    return Constraint("ebnf", "", lark, lark=lark)
+
+
+_IDENT = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
+
+
+def _renamed(lark: str, prefix: str) -> list[str]:
+    """The lines of a grammar written by `json_schema.lark.to_lark` with every rule and
+    terminal name prefixed (rule bodies hold only names and operators; terminal bodies are
+    regex text, left alone)."""
+    upper = prefix.upper()
+    out = []
+    for line in lark.splitlines():
+        name, _, body = line.partition(": ")
+        if name[:1].isupper():
+            out.append(f"{upper}{name}: {body}")
+        else:
+            body = _IDENT.sub(
+                lambda m: (upper if m.group()[0].isupper() else prefix) + m.group(), body
+            )
+            out.append(f"{prefix}{name}: {body}")
+    return out

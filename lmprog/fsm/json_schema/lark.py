@@ -1,0 +1,277 @@
+"""A schema's JSON text as a grammar over JSON tokens, written in llguidance's Lark syntax.
+
+The compiler writes each JSON token -- a string (key or value), a number, ``true``/``false``/
+``null``, and the punctuation with the whitespace around it -- as one *lexeme*: a regex
+(``tok``). Structure (objects, arrays, unions, repetition, recursion) is built over lexemes with
+``cat``/``alt``/``rep`` into a DAG of fragments, and named rules (``Ref``) hold what recurses:
+values under an unconstrained schema, recursive ``$ref``. ``to_lark`` writes the DAG as a Lark
+grammar (shared fragments become rules); llguidance runs it with its Earley parser over a lazy
+lexer.
+
+Why lexemes are JSON tokens. llguidance's lexer is greedy: when one allowed lexeme is complete
+and another allowed lexeme continues, it continues, with no backtracking. The JSON token split
+is one where that is always right: punctuation lexemes carry the whitespace on both sides
+(``ws , ws``, ``{ ws``, ``ws }``), a value or key never starts with whitespace or punctuation that
+could extend the lexeme before it, strings end at their closing quote and numbers are followed
+only by punctuation. Two lexemes that match the same text (a named key and a key of
+``additionalProperties``) are both kept by the parser. (A lexeme of several tokens, such as
+``{"a":``, would be cut wrong next to ``{``.)
+
+``None`` stands for the empty language throughout, as in ``lmprog.fsm.regex``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from lmprog.core.errors import ConstraintError
+from lmprog.fsm.regex import R
+
+
+class Frag:
+    """A fragment of the grammar: a lexeme, a sequence, a union, a repetition or a rule."""
+
+    __slots__ = ()
+
+
+class Tok(Frag):
+    """One lexeme: a Lark terminal expression (``/regex/``, or ``/a/ & ~(/b/)``)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+class Cat(Frag):
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: tuple) -> None:
+        self.parts = parts
+
+
+class Group(Cat):
+    """A sequence written as a rule of its own (a container: rules keep the nesting of the
+    Lark text, and of the code writing it, to one container at a time)."""
+
+    __slots__ = ()
+
+
+class Alt(Frag):
+    __slots__ = ("options",)
+
+    def __init__(self, options: tuple) -> None:
+        self.options = options
+
+
+class Rep(Frag):
+    __slots__ = ("item", "lo", "hi")
+
+    def __init__(self, item: Frag, lo: int, hi: int | None) -> None:
+        self.item, self.lo, self.hi = item, lo, hi
+
+
+class Ref(Frag):
+    """The named rule ``name`` (its body is in the rules given to ``to_lark``)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+EPS = Cat(())
+
+# ---- the budget of one compile ------------------------------------------------------------
+# Fragments are counted as they are made, so that a schema whose grammar would grow without
+# bound (e.g. exponentially, through nesting) is refused where it grows.
+_BUDGET: ContextVar[list[int] | None] = ContextVar("lmprog_grammar_budget", default=None)
+
+
+@contextmanager
+def fragment_limit(max_chars: int) -> Iterator[None]:
+    """Within the block, making more than ``max_chars // 8`` fragments (each is a few
+    characters of grammar at least) raises ConstraintError naming ``max_pattern_chars``."""
+    token = _BUDGET.set([max_chars // 8, max_chars])
+    try:
+        yield
+    finally:
+        _BUDGET.reset(token)
+
+
+def _made(frag: Frag) -> Frag:
+    budget = _BUDGET.get()
+    if budget is not None:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise ConstraintError(
+                f"the schema's grammar grows past max_pattern_chars={budget[1]:,} characters "
+                "(its nesting or alternatives multiply it); simplify the schema or raise "
+                "max_pattern_chars"
+            )
+    return frag
+
+
+# ---- combinators --------------------------------------------------------------------------
+
+
+def regex_terminal(r: R) -> str:
+    """``r`` as a Lark regex literal (``/`` escaped; the emitted syntax is Rust's as well)."""
+    return "/" + r.text.replace("/", "\\/") + "/"
+
+
+def tok(r: R | str | None) -> Tok | None:
+    """A lexeme from a regex fragment, or from a Lark terminal expression (str)."""
+    if r is None:
+        return None
+    if isinstance(r, R):
+        if not r.text:
+            raise ValueError("a lexeme must not match only the empty string")
+        r = regex_terminal(r)
+    return _made(Tok(r))  # type: ignore[return-value]
+
+
+def cat(*parts: Frag | None) -> Frag | None:
+    """Concatenation; the empty language if any part is."""
+    if any(p is None for p in parts):
+        return None
+    # nested sequences are kept (not flattened): a shared tail stays one fragment
+    flat = [p for p in parts if p is not EPS]
+    if len(flat) == 1:
+        return flat[0]
+    return _made(Cat(tuple(flat))) if flat else EPS
+
+
+def group(f: Frag | None) -> Frag | None:
+    """``f`` as a rule of its own in the Lark text (same language)."""
+    if not isinstance(f, Cat) or isinstance(f, Group) or not f.parts:
+        return f
+    return _made(Group(f.parts))
+
+
+def alt(*options: Frag | None) -> Frag | None:
+    """Union; ``None`` options are dropped (an empty union is the empty language)."""
+    seen: dict[int, Frag] = {}
+    has_eps = False
+    for o in options:
+        if o is None:
+            continue
+        if o is EPS or (isinstance(o, Cat) and not o.parts):
+            has_eps = True
+            continue
+        seen.setdefault(id(o), o)
+    rest = list(seen.values())
+    if not rest:
+        return EPS if has_eps else None
+    body = rest[0] if len(rest) == 1 else _made(Alt(tuple(rest)))
+    return rep(body, 0, 1) if has_eps else body
+
+
+def rep(f: Frag | None, lo: int, hi: int | None) -> Frag | None:
+    """``f`` repeated lo..hi times (hi None = unbounded)."""
+    assert lo >= 0 and (hi is None or hi >= lo), (lo, hi)
+    if hi == 0 or f is EPS:
+        return EPS
+    if f is None:
+        return EPS if lo == 0 else None
+    if lo == hi == 1:
+        return f
+    return _made(Rep(f, lo, hi))
+
+
+def opt(f: Frag | None) -> Frag:
+    return rep(f, 0, 1)  # type: ignore[return-value]
+
+
+# ---- writing Lark -------------------------------------------------------------------------
+
+
+def to_lark(root: Frag, rules: dict[str, Frag] | None = None) -> str:
+    """The Lark text of ``root`` (the ``start`` rule) and the named ``rules`` (Ref targets).
+    Fragments reached more than once become rules of their own, so the text grows with the
+    DAG, not with its unfolding."""
+    rules = dict(rules or {})
+    return _Writer(root, rules).text()
+
+
+class _Writer:
+    def __init__(self, root: Frag, rules: dict[str, Frag]) -> None:
+        self.root, self.rules = root, rules
+        self.names: dict[int, str] = {}  # shared fragment -> its rule name
+        self.terminals: dict[str, str] = {}  # terminal expression -> its name
+        self._named = 0
+        self._count_uses()
+
+    def _count_uses(self) -> None:
+        uses: dict[int, int] = {}
+        stack = [self.root, *self.rules.values()]
+        while stack:
+            f = stack.pop()
+            if isinstance(f, (Tok, Ref)):
+                continue
+            uses[id(f)] = uses.get(id(f), 0) + 1
+            if uses[id(f)] == 1:
+                stack.extend(
+                    f.parts
+                    if isinstance(f, Cat)
+                    else f.options
+                    if isinstance(f, Alt)
+                    else (f.item,)  # type: ignore[attr-defined]
+                )
+            if (uses[id(f)] == 2 or isinstance(f, Group)) and f is not self.root:
+                self.names[id(f)] = ""  # named when first written
+
+    def text(self) -> str:
+        out: list[str] = []
+        pending: list[tuple[str, Frag]] = [("start", self.root), *self.rules.items()]
+        while pending:
+            name, frag = pending.pop()
+            out.append(f"{name}: {self._expr(frag, 0, pending, top=True)}")
+        out += [f"{n}: {t}" for t, n in self.terminals.items()]
+        return "\n".join(out) + "\n"
+
+    def _name_of(self, f: Frag, pending: list) -> str | None:
+        name = self.names.get(id(f))
+        if name == "":
+            name = self.names[id(f)] = f"s{self._named}"
+            self._named += 1
+            pending.append((name, f))
+        return name
+
+    # precedence: 0 = a rule's body (alternatives ok), 1 = inside a sequence, 2 = quantified.
+    # Expressions nested deeper than _MAX_NESTING become rules of their own (bounded recursion
+    # here and in the Lark parser).
+    def _expr(self, f: Frag, prec: int, pending: list, top: bool = False, depth: int = 0) -> str:
+        if isinstance(f, Tok):
+            name = self.terminals.get(f.text)
+            if name is None:
+                name = self.terminals[f.text] = f"T{len(self.terminals)}"
+            return name
+        if isinstance(f, Ref):
+            return f.name
+        if not top:
+            if depth > _MAX_NESTING and id(f) not in self.names:
+                self.names[id(f)] = ""
+            shared = self._name_of(f, pending)
+            if shared is not None:
+                return shared
+        depth += 1
+        if isinstance(f, Cat):
+            if not f.parts:
+                raise ValueError("an empty sequence has no Lark text of its own")
+            text = " ".join(self._expr(p, 1, pending, depth=depth) for p in f.parts)
+            return f"({text})" if prec >= 2 else text
+        if isinstance(f, Alt):
+            text = " | ".join(self._expr(o, 0, pending, depth=depth) for o in f.options)
+            return f"({text})" if prec >= 1 else text
+        assert isinstance(f, Rep)
+        q = {(0, None): "*", (1, None): "+", (0, 1): "?"}.get((f.lo, f.hi))
+        if q is None:
+            q = f"{{{f.lo}}}" if f.lo == f.hi else f"{{{f.lo},{'' if f.hi is None else f.hi}}}"
+        text = self._expr(f.item, 2, pending, depth=depth) + q
+        return f"({text})" if prec >= 2 else text
+
+
+_MAX_NESTING = 40
