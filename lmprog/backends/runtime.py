@@ -98,7 +98,9 @@ class Runtime(Backend):
         tp_size: tensor parallelism over that many processes, one per device (rank r on
             cuda:r, or all on the CPU with gloo): workers are spawned here, or are the other
             processes of a `torchrun` launch, whose non-zero ranks never return from this
-            call (they serve rank 0, then exit); see lmprog.runtime.parallel.
+            call (they serve rank 0, then exit); see lmprog.runtime.parallel. With dp_size,
+            each replica is such a group (replica i's ranks on cuda:(i * tp_size + r)), its
+            workers spawned here (not under torchrun).
         attention_sink_size: attention sinks (StreamingLLM): keep each request's first
             this many tokens plus a recent window of its KV, evicting the tokens between in
             chunks (the kept keys re-rotated), so generation runs past the context length
@@ -153,7 +155,7 @@ class Runtime(Backend):
         from lmprog.runtime.config import AttentionSinkConfig, CacheConfig, SchedulerConfig
         from lmprog.runtime.engine import EngineConfig
         from lmprog.runtime.launch import launch_engine
-        from lmprog.runtime.parallel.start import check_tp_size, start_tensor_parallel
+        from lmprog.runtime.parallel.start import check_tp_size, start_groups
         from lmprog.runtime.replicas import check_dp_size, launch_replicas
         from lmprog.runtime.speculative.config import SpeculativeConfig
 
@@ -206,13 +208,13 @@ class Runtime(Backend):
             quantization=quantization,
             seed=seed,
         )
-        tp = None  # tensor parallelism: this process is rank 0 of the group
+        groups = []  # tensor parallelism: this process is rank 0 of each replica's group
         if tp_size > 1:
-            tp = start_tensor_parallel(
-                tp_size, {"model": self._source or model, **weights}, device=device
-            )
+            build_args = {"model": self._source or model, **weights}
+            groups = start_groups(dp_size, tp_size, build_args, device=device)
+        tp = groups[0] if groups else None
 
-        def build(on: str) -> Any:
+        def build(on: str, tp: Any = tp) -> Any:
             return assemble_model(self._source or model, device=on, tp=tp, **weights)
 
         net = build(device)
@@ -248,7 +250,9 @@ class Runtime(Backend):
         self._engine = (
             launch(net, tp=tp)
             if dp_size == 1
-            else launch_replicas(dp_size, net, device=device, build=build, launch=launch)
+            else launch_replicas(
+                dp_size, net, device=device, build=build, launch=launch, groups=groups
+            )
         )
         self._radix = radix_cache
         _log.info("runtime backend ready in %.1f s", time.perf_counter() - started)

@@ -10,14 +10,21 @@ pass (every per-step tensor lives in the runner, the KV pool or the batch), so o
 one GPU, `dp_size` replicas cost one set of weights and `dp_size` KV pools. With several
 GPUs, replica i runs on cuda:(i mod count) with its own copy of the weights.
 
+With tensor parallelism (`tp_size > 1`) each replica is a tensor-parallel group of its own
+(lmprog.runtime.parallel.start.start_groups): its engine thread here is the group's rank 0,
+its other ranks are worker processes, replica i's ranks on cuda:(i * tp_size + r) (or all on
+the CPU); each replica holds its own shards.
+
 On a CPU the replicas' engine threads share the cores (torch's intra-op threads are
 process-wide): data parallelism there buys separate caches and batches, not more compute.
 
 Load is each replica's outstanding requests (submitted, not yet ended). Faults: a replica
-whose engine thread ended (an engine bug it could not recover from, or its shutdown) fails
-its own pending requests with BackendError (the engine does that); the group then marks it
-dead in the router, which stops routing to it, and the others serve on. With every replica
-dead, submit raises BackendError.
+whose engine thread ended (an engine bug it could not recover from, its shutdown, or a rank
+of its tensor-parallel group dying or hanging: the engine fails its pending requests with a
+ParallelError and closes that group, killing its workers) fails its own pending requests
+with BackendError (the engine does that); the group then marks it dead in the router, which
+stops routing to it, and the others serve on. With every replica dead, submit raises
+BackendError.
 """
 
 from __future__ import annotations
@@ -258,14 +265,20 @@ def launch_replicas(
     net: Any,
     *,
     device: str,
-    build: Callable[[str], Any],
+    build: Callable[..., Any],
     launch: Callable[..., Any],
     config: RouterConfig | None = None,
+    groups: Sequence[Any] = (),
 ) -> ReplicaGroup:
     """dp_size engines: `net` (already built, on its device) serves the replicas on that
     device, build(device) makes the model of each other device once; launch(model,
     gpu_memory_fraction) starts one engine. Replicas sharing a GPU split its free memory
-    evenly for their KV pools. If one fails to start, the ones started are shut down."""
+    evenly for their KV pools. If one fails to start, the ones started are shut down.
+    groups: one tensor-parallel group per replica (start_groups): `net` is the first
+    group's shard, build(device, tp=group) builds each other's, launch(model, tp=group)
+    starts its engine, which owns the group from then on."""
+    if groups:
+        return _launch_groups(net, groups, device, build, launch, config)
     import torch
 
     first = _device_name(net)
@@ -287,6 +300,31 @@ def launch_replicas(
             engine.shutdown()
         raise
     return ReplicaGroup(engines, config, devices)
+
+
+def _launch_groups(
+    net: Any,
+    groups: Sequence[Any],
+    device: str,
+    build: Callable[..., Any],
+    launch: Callable[..., Any],
+    config: RouterConfig | None,
+) -> ReplicaGroup:
+    engines: list[Any] = []
+    try:
+        for i, tp in enumerate(groups):
+            engines.append(launch(net if i == 0 else build(device, tp=tp), tp=tp))
+            names = ", ".join(str(d) for d in tp.devices)
+            log.info(
+                "data-parallel replica %d of %d: tensor-parallel ranks on %s", i, len(groups), names
+            )
+    except BaseException:
+        for engine in engines:
+            engine.shutdown()
+        for tp in groups:  # the groups no engine owns yet (closing is idempotent)
+            tp.close()
+        raise
+    return ReplicaGroup(engines, config, [",".join(map(str, tp.devices)) for tp in groups])
 
 
 def memory_fraction(before: int, sharing: int, total: float = GPU_MEMORY_FRACTION) -> float:

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from tp_testing import leftover_workers, write_tiny
+from tp_testing import assert_same, leftover_workers, write_tiny
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.assemble import assemble_model
@@ -50,14 +50,6 @@ def run(engine, prompts, max_tokens=10):
     params = SP(max_tokens=max_tokens, temperature=0, return_logprob=True)
     handles = [engine.submit(EngineRequest(tuple(p), params), stream=False) for p in prompts]
     return [h.result(timeout=120) for h in handles]
-
-
-def assert_same(results, reference):
-    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
-    for got, want in zip(results, reference):
-        a = torch.tensor([t.logprob for t in got.logprobs])
-        b = torch.tensor([t.logprob for t in want.logprobs])
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
 @pytest.fixture(scope="module")

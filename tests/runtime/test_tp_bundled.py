@@ -6,8 +6,7 @@ any process starts."""
 from __future__ import annotations
 
 import pytest
-import torch
-from tp_testing import leftover_workers
+from tp_testing import assert_same, leftover_workers
 
 import lmprog as lp
 from lmprog.core.models import resolve_model
@@ -40,15 +39,8 @@ def test_tp3_on_the_bundled_model_matches_tp1(bundled):
         got_year = year.run(backend=three, temperature=0)["y"]  # a constraint's masks
         stats = three.stats()
     assert got_year == want_year and len(got_year) == 4
-    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert_same(got, want)
     assert [r.text for r in got] == [r.text for r in want]
-    for g, w in zip(got, want):
-        torch.testing.assert_close(
-            torch.tensor([t.logprob for t in g.logprobs]),
-            torch.tensor([t.logprob for t in w.logprobs]),
-            rtol=1e-4,
-            atol=1e-4,
-        )
     assert again.token_ids == want[0].token_ids and again.cached_tokens > 0
     assert stats["cached_tokens"] > 0
     assert stats["spec_verify_steps"] > 0  # drafts were verified by all three ranks

@@ -1,5 +1,5 @@
-"""Shared by the tensor-parallel tests: a tiny HF folder, and the worker processes this test
-process left."""
+"""Shared by the tensor-parallel tests: a tiny HF folder, the comparison with TP=1's results,
+and the worker processes this test process left."""
 
 from __future__ import annotations
 
@@ -9,6 +9,15 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+
+
+def assert_same(results, reference):
+    """Greedy tokens equal, logprobs within fp32 tolerance (the ranks sum in another order)."""
+    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+    for got, want in zip(results, reference):
+        a = torch.tensor([t.logprob for t in got.logprobs])
+        b = torch.tensor([t.logprob for t in want.logprobs])
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
 def leftover_workers() -> list[int]:

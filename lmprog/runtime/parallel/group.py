@@ -55,6 +55,8 @@ class TPGroup:
         self.timeout_s = timeout_s
         self.store = store
         self.workers: list[subprocess.Popen] = []  # rank 0: the processes it started
+        self.devices: list[torch.device] = [device]  # rank 0: every rank's, where it knows
+        self.replica: int | None = None  # the data-parallel replica this group serves
         self.on_failure: Callable[[ParallelError], None] | None = None
         self._closing = threading.Event()
         self.broken = False  # a failure was seen: close() does not wait for the workers
@@ -139,10 +141,12 @@ class TPGroup:
                 else "a rank stopped"
             )
         self.broken = True
-        return ParallelError(
-            f"the tensor-parallel group (tp_size={self.world}) broke: {'; '.join(reasons)}; "
-            "the runtime is shut down"
-        )
+        if self.replica is None:
+            who, outcome = "the tensor-parallel group", "the runtime is shut down"
+        else:
+            who = f"data-parallel replica {self.replica}'s tensor-parallel group"
+            outcome = "that replica is shut down, the others serve on"
+        return ParallelError(f"{who} (tp_size={self.world}) broke: {'; '.join(reasons)}; {outcome}")
 
     def report_error(self, message: str) -> None:
         """Worker: leave `message` for rank 0 before exiting (best effort)."""

@@ -7,6 +7,10 @@ call below never returns on ranks other than 0: they serve rank 0 until it stops
     group = start_tensor_parallel(2, {"model": "smollm2-135m", "dtype": "auto", ...})
     net = assemble_model(**build, tp=group)             # rank 0's shard
     engine = launch_engine(net, tokenizer, ..., tp=group)
+
+With data parallelism (`start_groups(dp_size, tp_size, ...)`) every replica is a group of its
+own, all started together: the calling process is rank 0 of each (each replica's engine
+thread), replica i's ranks run on cuda:(i * tp_size + r) on a GPU host, or all on the CPU.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import subprocess
 import sys
 import time
 import weakref
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -47,12 +52,58 @@ def start_tensor_parallel(
     device: str = "auto",
     timeout_s: float | None = None,
     num_threads: int | None = None,
+    first_device: int = 0,
+    replica: int | None = None,
 ) -> TPGroup:
     """The group of rank 0 (this process), its workers running and connected.
 
     build: assemble_model's keyword arguments, `model` included (picklable). timeout_s: the
     collective timeout (default $LMPROG_TP_TIMEOUT_S or 300). The tp_size is checked
-    against the model's head counts before any process starts."""
+    against the model's head counts before any process starts. first_device: rank r runs
+    on cuda:(first_device + r) (on a GPU); replica: the data-parallel replica this group
+    serves (named in its errors)."""
+    timeout_s = _checked(tp_size, build, timeout_s)
+    if under_torchrun():
+        return _join_torchrun(tp_size, build, device, timeout_s)
+    return _connect(_spawn(tp_size, build, device, timeout_s, num_threads, first_device, replica))
+
+
+def start_groups(
+    dp_size: int, tp_size: int, build: dict[str, Any], *, device: str = "auto"
+) -> list[TPGroup]:
+    """A tensor-parallel group per data-parallel replica (one group when dp_size is 1),
+    started together: replica i's ranks on cuda:(i * tp_size + r) on a GPU host, else all on
+    the CPU; this process is rank 0 of each. If one fails to start, the others are closed."""
+    if dp_size == 1:
+        return [start_tensor_parallel(tp_size, build, device=device)]
+    timeout_s = _checked(tp_size, build, None)
+    if rank_device(device, 0).type == "cuda" and torch.cuda.device_count() < dp_size * tp_size:
+        raise ValueError(
+            f"dp_size={dp_size} x tp_size={tp_size} needs {dp_size * tp_size} CUDA devices "
+            f"(replica i on cuda:i*{tp_size}..), but this host has {torch.cuda.device_count()}"
+        )
+    threads = max(1, torch.get_num_threads() // (dp_size * tp_size))
+    # Every replica's workers start at once (spawned from this thread: a worker dies with
+    # the thread that spawned it), then each group connects.
+    spawned: list[_Spawned] = []
+    groups: list[TPGroup] = []
+    try:
+        for i in range(dp_size):
+            spawned.append(_spawn(tp_size, build, device, timeout_s, threads, i * tp_size, i))
+        for started in spawned:
+            groups.append(_connect(started))
+    except BaseException:
+        for group in groups:
+            group.close()
+        for started in spawned[len(groups) :]:
+            _kill(started.workers)
+        raise
+    log.info("data parallelism: %d replicas, each a tensor-parallel group", dp_size)
+    return groups
+
+
+def _checked(tp_size: int, build: dict[str, Any], timeout_s: float | None) -> float:
+    """The collective timeout, once tp_size is known to split the model's heads."""
     from ..models import load_config
 
     check_shardable(load_config(build["model"]), tp_size)
@@ -61,9 +112,7 @@ def start_tensor_parallel(
     timeout_s = float(timeout_s or os.environ.get("LMPROG_TP_TIMEOUT_S", TIMEOUT_S))
     if timeout_s <= 0:
         raise ValueError(f"the tensor-parallel timeout must be positive, got {timeout_s}")
-    if under_torchrun():
-        return _join_torchrun(tp_size, build, device, timeout_s)
-    return _spawn(tp_size, build, device, timeout_s, num_threads)
+    return timeout_s
 
 
 def rank_device(device: str, local_rank: int) -> torch.device:
@@ -90,10 +139,28 @@ def rank_device(device: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+@dataclass
+class _Spawned:
+    """A group's workers started, not yet connected."""
+
+    store: dist.TCPStore
+    workers: list[subprocess.Popen]
+    devices: list[torch.device]
+    host: str
+    timeout_s: float
+    replica: int | None
+
+
 def _spawn(
-    tp_size: int, build: dict[str, Any], device: str, timeout_s: float, num_threads: int | None
-) -> TPGroup:
-    devices = [rank_device(device, r) for r in range(tp_size)]
+    tp_size: int,
+    build: dict[str, Any],
+    device: str,
+    timeout_s: float,
+    num_threads: int | None,
+    first_device: int = 0,
+    replica: int | None = None,
+) -> _Spawned:
+    devices = [rank_device(device, first_device + r) for r in range(tp_size)]
     host = "127.0.0.1"
     store = dist.TCPStore(
         host,
@@ -130,15 +197,32 @@ def _spawn(
             workers.append(proc)
             proc.stdin.write(pickle.dumps(spec))
             proc.stdin.close()
-        _wait_ready(store, workers)
-        group = TPGroup(store, 0, tp_size, devices[0], timeout_s=timeout_s, hostname=host)
     except BaseException:
         _kill(workers)
         raise
-    group.workers = workers
+    return _Spawned(store, workers, devices, host, timeout_s, replica)
+
+
+def _connect(started: _Spawned) -> TPGroup:
+    """Rank 0's group once its workers have reached the store."""
+    workers, devices = started.workers, started.devices
+    try:
+        _wait_ready(started.store, workers)
+        group = TPGroup(
+            started.store,
+            0,
+            len(devices),
+            devices[0],
+            timeout_s=started.timeout_s,
+            hostname=started.host,
+        )
+    except BaseException:
+        _kill(workers)
+        raise
+    group.workers, group.devices, group.replica = workers, devices, started.replica
     weakref.finalize(group, _kill, workers)  # a group dropped unclosed leaves nothing running
     group.watch()
-    log.info("tensor parallelism: %d ranks on %s", tp_size, ", ".join(map(str, devices)))
+    log.info("tensor parallelism: %d ranks on %s", len(devices), ", ".join(map(str, devices)))
     return group
 
 
@@ -186,11 +270,12 @@ def _join_torchrun(tp_size: int, build: dict[str, Any], device: str, timeout_s: 
 
 
 def check_tp_size(tp_size: int, dp_size: int = 1) -> None:
-    """ValueError unless tp_size is an int >= 1 this build can combine with dp_size."""
+    """ValueError unless tp_size is an int >= 1 this launch can combine with dp_size."""
     if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
         raise ValueError(f"tp_size must be an int >= 1, got {tp_size!r}")
-    if tp_size > 1 and dp_size != 1:
+    if tp_size > 1 and dp_size != 1 and under_torchrun():
         raise ValueError(
-            f"tp_size={tp_size} with dp_size={dp_size}: tensor parallelism inside data-"
-            "parallel replicas is not supported yet; use one of them"
+            f"tp_size={tp_size} with dp_size={dp_size} under torchrun: a torchrun launch is "
+            "one tensor-parallel group; start lmprog without torchrun (it spawns every "
+            "replica's workers), or one torchrun launch per replica behind a load balancer"
         )

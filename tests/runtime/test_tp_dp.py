@@ -1,0 +1,151 @@
+"""Data parallelism over tensor-parallel replicas on the CPU (gloo): lp.Runtime(dp_size=2,
+tp_size=2) serves from two replicas, each a group of rank 0 (an engine thread here) and one
+spawned worker. Greedy tokens equal TP=1's (logprobs within fp32 tolerance); the children of
+a fork land on the replica that cached their prefix and unrelated prompts are spread; a
+worker of one replica killed mid-run fails that replica's requests only, the router stops
+sending to it, and no worker outlives the runtime."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+
+import pytest
+from tp_testing import assert_same, leftover_workers, write_tiny
+
+import lmprog as lp
+from lmprog.core.sampling import SamplingParams as SP
+from lmprog.runtime.engine_io import EngineRequest
+from lmprog.runtime.parallel import ParallelError
+from lmprog.runtime.parallel.start import check_tp_size
+
+PREFIX = "You are a careful assistant. Answer each question in a few words, then stop. " * 2
+UNRELATED = [f"Question number {w} is about something else entirely" for w in "abcdef"]
+PARAMS = {"max_tokens": 6, "temperature": 0, "ignore_eos": True, "return_logprob": True}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """tp_testing's tiny model over the default model's vocabulary, with its tokenizer."""
+    from lmprog.core.models import load_tokenizer, resolve_model
+
+    try:
+        tok = load_tokenizer(resolve_model())
+    except ValueError as e:
+        pytest.skip(f"the default model is not installed: {e}")
+    tok = tok.hf_tokenizer() if hasattr(tok, "hf_tokenizer") else tok
+    folder = write_tiny(tmp_path_factory.mktemp("tiny"), vocab=len(tok))
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def runtime(tiny, dp_size=2, tp_size=2):
+    return lp.Runtime(
+        tiny, device="cpu", dtype="float32", max_total_tokens=1024, dp_size=dp_size, tp_size=tp_size
+    )
+
+
+@pytest.fixture(scope="module")
+def pair(tiny):
+    rt = runtime(tiny)
+    yield rt
+    rt.shutdown()
+    assert leftover_workers() == []
+
+
+def routed(rt):
+    return [r["routed"] for r in rt.stats()["replicas"]]
+
+
+def delta(before, after):
+    return [{k: a[k] - b[k] for k in a if a[k] != b[k]} for b, a in zip(before, after)]
+
+
+def test_two_tp_replicas_serve_tp1s_tokens_and_route_by_prefix(tiny, pair):
+    with runtime(tiny, dp_size=1, tp_size=1) as one:
+        prompts = [PREFIX + q for q in UNRELATED[:3]] + UNRELATED[3:5]
+        want = one.generate(prompts, PARAMS)
+    stats = pair.stats()
+    assert stats["dp_size"] == 2 and stats["replicas_alive"] == 2
+    assert [r["device"] for r in stats["replicas"]] == ["cpu,cpu", "cpu,cpu"]
+    assert len(leftover_workers()) == 2  # one worker per replica
+    assert_same(pair.generate(prompts, PARAMS), want)
+    assert all(sum(r.values()) for r in routed(pair))  # both replicas served some
+
+    @lp.function
+    def forked(s):
+        s += PREFIX
+        forks = s.fork(4)
+        forks += [f" Question {i}: what is {i} plus {i}? Answer:" for i in range(4)]
+        forks += lp.gen("answer", max_tokens=3, temperature=0)
+        forks.join()
+
+    assert pair.flush_cache()
+    before = routed(pair)
+    assert len(forked.run(backend=pair)["answer"]) == 4
+    moved = delta(before, routed(pair))
+    home = 0 if moved[0] else 1
+    assert moved[1 - home] == {} and moved[home] == {"least_loaded": 1, "pinned": 4}
+    assert pair.stats()["replicas"][home]["cached_tokens"] > 0
+    before = routed(pair)
+    pair.generate(UNRELATED, {"max_tokens": 2, "temperature": 0})  # together: spread
+    assert [sum(m.values()) for m in delta(before, routed(pair))] == [3, 3]
+
+
+def test_a_killed_worker_takes_down_only_its_replica(tiny):
+    others = set(leftover_workers())  # the module's runtime's, when it has run
+    rt = runtime(tiny)
+    try:
+        group = rt.engine
+        workers = [e.runner.channel.group.workers[0] for e in group.replicas]
+        prompts = [rt.tokenizer.encode(q) for q in UNRELATED[:4]]
+        assert len({len(p) for p in prompts}) == 1  # equal lengths: routed 0, 1, 0, 1
+        long = SP(max_tokens=480, temperature=0, ignore_eos=True)
+        handles = [group.submit(EngineRequest(tuple(p), long), stream=False) for p in prompts]
+        deadline = time.monotonic() + 60
+        while group.replicas[1].stats()["steps"] < 3:
+            assert time.monotonic() < deadline, "replica 1 never started"
+            time.sleep(0.01)
+        os.kill(workers[1].pid, signal.SIGKILL)
+        broke = r"data-parallel replica 1's tensor-parallel group \(tp_size=2\) broke: rank 1"
+        for i, h in enumerate(handles):
+            if i % 2:
+                with pytest.raises(ParallelError, match=broke):
+                    h.result(timeout=60)
+            else:
+                assert h.result(timeout=120).completion_tokens == 480
+        out = rt.generate(UNRELATED, {"max_tokens": 2, "temperature": 0})
+        assert len(out) == len(UNRELATED)
+        stats = rt.stats()
+        assert stats["replicas_alive"] == 1 and not stats["replicas"][1]["alive"]
+        assert sum(stats["replicas"][1]["routed"].values()) == 2  # nothing after it died
+        assert workers[1].poll() is not None and workers[0].poll() is None
+        assert set(leftover_workers()) - others == {workers[0].pid}
+    finally:
+        rt.shutdown()
+    assert workers[0].poll() is not None
+    assert set(leftover_workers()) - others == set()
+
+
+def test_tp_with_dp_is_refused_only_under_torchrun(monkeypatch):
+    check_tp_size(2, 2)
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with pytest.raises(ValueError, match="tp_size=2 with dp_size=2 under torchrun"):
+        check_tp_size(2, 2)
+    check_tp_size(2, 1)
+
+
+def test_serve_takes_tp_and_dp_together():
+    from lmprog.serve.cli import add_serve_arguments, backend_options, choose_backend
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    args = parser.parse_args(["--tp", "2", "--dp", "2"])
+    assert choose_backend(args)[0] == "runtime"
+    options = backend_options(args)
+    assert options["tp_size"] == 2 and options["dp_size"] == 2
