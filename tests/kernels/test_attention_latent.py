@@ -85,3 +85,13 @@ def test_latent_inputs_are_checked():
         hybrid_attention(batch.q, batch.k_buffer, batch.k_buffer, plan)
     with pytest.raises(ValueError, match="out must have shape"):
         hybrid_attention(batch.q, batch.k_buffer, v, plan, out=torch.empty_like(batch.q))
+
+
+def test_latent_warm_up_runs_every_variant():
+    """What the Triton backend's warm_up (at engine start) hands the kernels for 16
+    latent-attention heads: keys RANK + ROPE wide, values their first RANK columns."""
+    from lmprog.runtime.kernels.attention import warm_up
+
+    k = torch.randn(65, 1, RANK + ROPE, device=DEVICE)
+    table = torch.arange(1, 65, dtype=torch.int32, device=DEVICE).view(1, 64)
+    assert warm_up(k, k[..., :RANK], table, num_q_heads=16) >= 4
