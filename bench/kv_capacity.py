@@ -9,6 +9,7 @@ dense baseline; `--smoke` on the CPU).
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from pathlib import Path
@@ -81,6 +82,10 @@ def measure_capacity(name: str, *, budget_bytes: int, prompt_len: int, output_le
         metrics.on_step = original
         retractions = rt.stats().get("num_retractions", 0)
         rt.shutdown()
+        del rt  # the next model needs the GPU memory
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     assert all(r.completion_tokens == output_len for r in results)
     return {
         "name": name,

@@ -256,6 +256,23 @@ def test_preset_has_the_published_size_and_latent_kv_bytes():
     assert KVPool.bytes_per_token(cfg, torch.bfloat16) == 31_104  # 27 x (512 + 64) x 2
 
 
+def test_dummy_weights_in_bf16_give_finite_seeded_logits():
+    from lmprog.runtime.models import ModelConfig, RopeScaling
+
+    lite = PRESETS["deepseek-v2-lite"]
+    small = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_layers": 3,
+             "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64}  # fmt: skip
+    cfg = ModelConfig(**{**lite.__dict__, **small})
+    assert cfg.kv_lora_rank == 512 and isinstance(cfg.rope_scaling, RopeScaling)
+    logits = []
+    for seed in (1, 1, 2):
+        model = load_model(cfg, load_format="dummy", dtype="bfloat16", seed=seed)
+        (got,) = PagedRunner(model).step([(0, list(range(3, 40)))])
+        logits.append(got)
+    assert torch.isfinite(logits[0]).all() and logits[0].std() > 0
+    assert torch.equal(logits[0], logits[1]) and not torch.equal(logits[0], logits[2])
+
+
 def test_tensor_parallelism_is_refused_with_a_reason():
     check_shardable(PRESETS["deepseek-v2-lite"], 1)
     with pytest.raises(ValueError, match="latent attention"):
