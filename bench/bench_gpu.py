@@ -6,13 +6,17 @@ with the fraction of the hardware limit (H200: HBM 4.28 TB/s copy, bf16 787 TFLO
                                                # interpreter, a toy model); timings meaningless
     python3 bench/bench_gpu.py --model deepseek-v2-lite   # latent attention + 64 experts,
                                                # then KV capacity beside llama-3.2-3b (3.)
+    python3 bench/bench_gpu.py --model mixtral-8x7b --hf-requests 8   # 8 experts, top-2;
+                                               # --smoke --model mixtral-8x7b: a toy Mixtral
 
 1. Batch-1 decode. transformers `generate` (LlamaForCausalLM from a LlamaConfig, random init,
    same dtype and GPU, greedy, 32 tokens) beside lmprog: the model-level loop (greedy on the
    GPU, no host sync per step) eager, with the decode CUDA graph, and with the graph plus the
    fused RMSNorm/SiLU kernels (layers/triton_fused.py); then one request through the engine
    (`lp.Runtime(...).generate`), eager and with the decode graphs (fused) in its model runner.
-   Limit: reading every weight but the embedding table once per token.
+   Limit: reading every weight but the embedding table once per token (of a mixture of
+   experts, the active ones: top-k of E). Mixtral / Qwen-MoE presets: transformers'
+   MixtralForCausalLM / Qwen2-3MoeForCausalLM (its default grouped_mm experts).
 2. Offline throughput: N requests (default 2,000), input lengths uniform in [32, 1024], output
    lengths uniform in [16, 512], random token ids, seed 0, ignore_eos, greedy, through
    `lp.Runtime(model, load_format="dummy", device="cuda").generate(prompts, params)` with the
@@ -120,20 +124,46 @@ def smoke_mla_config():
                        mlp_only_layers=(0,))  # fmt: skip
 
 
-def linear_params(cfg) -> int:
-    """Parameters read per token: every parameter of the model (built on the meta device, so
-    any architecture counts right) but the embedding table, of which a step reads one row
-    per token (tied: the output projection reads it whole); routed experts count
-    num_experts_per_tok / num_experts (the active weights)."""
+def smoke_moe_config(cfg):
+    """A Mixtral / Qwen-MoE preset's architecture in toy sizes (its routing and shared
+    expert kept), for --smoke."""
+    from dataclasses import replace
+
+    return replace(
+        smoke_config(), architecture=cfg.architecture, num_experts=min(cfg.num_experts, 8),
+        num_experts_per_tok=min(cfg.num_experts_per_tok, 2), moe_intermediate_size=32,
+        shared_expert_intermediate_size=min(cfg.shared_expert_intermediate_size, 64),
+        shared_expert_gate=cfg.shared_expert_gate, norm_topk_prob=cfg.norm_topk_prob,
+        attention_bias=cfg.attention_bias, qk_norm=cfg.qk_norm,
+    )  # fmt: skip
+
+
+def linear_params(cfg, batch: int = 1) -> int:
+    """Parameters read per step of `batch` tokens: every parameter of the model (built on the
+    meta device, so any architecture counts right) but the embedding table, of which a step
+    reads one row per token (tied: the output projection reads it whole); routed experts
+    count the share a batch hits with uniform routing, 1 - (1 - top_k / E)**batch (one
+    token: top_k / E, the active weights, what each token multiplies by)."""
     from lmprog.runtime.models import build_model
 
     total = 0
     for name, p in build_model(cfg, device="meta").named_parameters():
         if name == "model.embed_tokens.weight" and not cfg.tie_word_embeddings:
             continue
-        share = cfg.num_experts_per_tok / cfg.num_experts if ".experts." in name else 1
+        share = 1.0
+        if ".experts." in name:
+            share = 1 - (1 - cfg.num_experts_per_tok / cfg.num_experts) ** batch
         total += int(p.numel() * share)
     return total
+
+
+def default_kv_tokens(cfg, itemsize: int = 2, memory_gb: float = 120.0) -> int:
+    """600k KV tokens, or what fits beside the weights in `memory_gb` (Mixtral-8x7B's 93 GB
+    of bf16 weights leave room for ~200k)."""
+    from lmprog.runtime.models import build_model
+
+    weights = sum(p.numel() for p in build_model(cfg, device="meta").parameters()) * itemsize
+    return min(600_000, int((memory_gb * 1e9 - weights) / kv_bytes_per_token(cfg, itemsize)))
 
 
 def kv_bytes_per_token(cfg, itemsize: int) -> int:
@@ -158,7 +188,8 @@ def workload_floor(cfg, in_lens, out_lens, itemsize: int, max_batch: int) -> dic
     last), attention_flops_per_pair per (query, key) pair (causal prompts:
     n(n+1)/2 pairs; decode token at context c: c pairs). Bytes: the KV cache written once and
     read by each decode step, and the weights at least once per decode step, with at most
-    `max_batch` requests decoding together."""
+    `max_batch` requests decoding together (of a mixture of experts, those max_batch tokens
+    hit)."""
     p = linear_params(cfg)
     att = attention_flops_per_pair(cfg)
     flops = bytes_ = 0.0
@@ -170,7 +201,7 @@ def workload_floor(cfg, in_lens, out_lens, itemsize: int, max_batch: int) -> dic
         flops += att * ctx
         bytes_ += kvb * (fed + ctx)
     decode_steps = int(np.ceil(sum(m - 1 for m in out_lens) / max_batch))
-    bytes_ += decode_steps * p * itemsize
+    bytes_ += decode_steps * linear_params(cfg, max_batch) * itemsize
     t_flops, t_bytes = flops / (BF16_TFLOPS * 1e12), bytes_ / (HBM_TBS * 1e12)
     return {
         "flops": flops,
@@ -195,7 +226,12 @@ def make_workload(n: int, vocab: int, in_range, out_range, seed: int = 0):
 def hf_model(cfg, device, dtype):
     from transformers import AutoModelForCausalLM
 
-    hf_cfg = hf_deepseek_v2_config(cfg) if cfg.kv_lora_rank else hf_llama_config(cfg)
+    if cfg.kv_lora_rank:
+        hf_cfg = hf_deepseek_v2_config(cfg)
+    elif cfg.num_experts:
+        hf_cfg = hf_moe_config(cfg)
+    else:
+        hf_cfg = hf_llama_config(cfg)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -233,6 +269,38 @@ def hf_deepseek_v2_config(cfg):
         rope_parameters=rope, tie_word_embeddings=cfg.tie_word_embeddings,
         bos_token_id=cfg.bos_token_id, eos_token_id=list(cfg.eos_token_ids), pad_token_id=0,
     )  # fmt: skip
+
+
+def hf_moe_config(cfg):
+    """transformers' config of a Mixtral / Qwen2-MoE / Qwen3-MoE ModelConfig."""
+    import transformers as tf
+
+    common = dict(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads, max_position_embeddings=cfg.max_position,
+        rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_word_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        num_experts_per_tok=cfg.num_experts_per_tok, bos_token_id=cfg.bos_token_id,
+        eos_token_id=list(cfg.eos_token_ids), pad_token_id=0,
+    )  # fmt: skip
+    if cfg.architecture == "mixtral":
+        return tf.MixtralConfig(
+            intermediate_size=cfg.moe_intermediate_size, num_local_experts=cfg.num_experts,
+            head_dim=cfg.head_dim, **common,
+        )  # fmt: skip
+    moe = dict(
+        intermediate_size=cfg.intermediate_size, moe_intermediate_size=cfg.moe_intermediate_size,
+        num_experts=cfg.num_experts, norm_topk_prob=cfg.norm_topk_prob,
+        decoder_sparse_step=cfg.decoder_sparse_step, mlp_only_layers=list(cfg.mlp_only_layers),
+    )  # fmt: skip
+    if cfg.architecture == "qwen2_moe":
+        return tf.Qwen2MoeConfig(
+            shared_expert_intermediate_size=cfg.shared_expert_intermediate_size,
+            qkv_bias=cfg.attention_bias, **moe, **common,
+        )  # fmt: skip
+    return tf.Qwen3MoeConfig(head_dim=cfg.head_dim, attention_bias=cfg.attention_bias, **moe,
+                             **common)  # fmt: skip
 
 
 def hf_llama_config(cfg):
@@ -903,7 +971,9 @@ def parse_args():
     p.add_argument("--eager-steps", type=int, default=16)
     p.add_argument("--max-running", type=int, default=512)
     p.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens")
-    p.add_argument("--kv-tokens", type=int, default=600_000)
+    p.add_argument(
+        "--kv-tokens", type=int, default=None, help="KV pool size (default: 600k, or what fits)"
+    )
     p.add_argument("--context", type=int, default=2048)
     p.add_argument(
         "--dense-baseline",
@@ -917,16 +987,21 @@ def parse_args():
     args = p.parse_args()
     args.in_range, args.out_range = (32, 1024), (16, 512)
     args.device, args.dtype, args.torch_dtype = "cuda", "bfloat16", torch.bfloat16
-    if args.smoke:
-        from lmprog.runtime.models import PRESETS
+    from lmprog.runtime.models import PRESETS
 
+    if args.smoke:
         PRESETS["smoke-tiny"] = smoke_config()  # a toy architecture, for this process only
         latent = PRESETS[args.model].kv_lora_rank > 0
+        toy = "smoke-tiny"
         if latent:  # the model's architecture in toy sizes, beside the toy Llama
-            PRESETS["smoke-tiny-mla"] = smoke_mla_config()
+            toy = "smoke-tiny-mla"
+            PRESETS[toy] = smoke_mla_config()
             args.dense_baseline = "smoke-tiny"
+        elif PRESETS[args.model].num_experts:
+            toy = "smoke-tiny-moe"
+            PRESETS[toy] = smoke_moe_config(PRESETS[args.model])
         args.model, args.device, args.dtype, args.torch_dtype = (
-            "smoke-tiny-mla" if latent else "smoke-tiny",
+            toy,
             "cpu",
             "float32",
             torch.float32,
@@ -938,6 +1013,8 @@ def parse_args():
         args.kv_budget_gb, args.capacity_prompt, args.capacity_output = 2**-14, 24, 8
     elif not args.dense_baseline and PRESETS[args.model].kv_lora_rank:
         args.dense_baseline = "llama-3.2-3b"
+    if args.kv_tokens is None:
+        args.kv_tokens = default_kv_tokens(PRESETS[args.model])
     return args
 
 
