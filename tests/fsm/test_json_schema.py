@@ -352,14 +352,38 @@ def test_named_keys_are_not_reused_as_additional_keys():
     assert not c.matches('{"a": 1, "a": "x"}')
 
 
-def test_recursion_depth_is_bounded_and_configurable():
+def test_recursive_references_nest_without_bound():
     schema = {
         "$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
         "$ref": "#/$defs/n",
     }
     nested = lambda d: "[" * d + "]" * d
+    c = Constraint.from_json_schema(schema)
+    assert c.matches(nested(1)) and c.matches(nested(60)) and c.matches("[[], [[]]]")
+    assert not c.matches("[1]") and not c.matches("[[]") and not c.matches("[[1]]")
+    tree = {
+        "type": "object",
+        "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#"}}},
+        "required": ["v"],
+        "additionalProperties": False,
+    }
+    t = Constraint.from_json_schema(tree)
+    deep = '{"v": 1, "kids": [' * 30 + '{"v": 2}' + "]}" * 30
+    assert t.matches(deep) and not t.matches(deep.replace('"v": 2', '"v": "2"'))
+
+
+def test_recursion_under_allof_is_unrolled_to_a_bounded_depth():
+    """Where the algebra must look inside a recursive reference (here: its meet with
+    maxItems), the recursion is unrolled max_recursion_depth times instead."""
+    schema = {
+        "$defs": {
+            "n": {"type": "array", "items": {"allOf": [{"$ref": "#/$defs/n"}, {"maxItems": 2}]}}
+        },
+        "$ref": "#/$defs/n",
+    }
+    nested = lambda d: "[" * d + "]" * d
     c = Constraint.from_json_schema(schema, max_recursion_depth=2)
-    assert c.matches(nested(3)) and not c.matches(nested(4))
+    assert c.matches(nested(3)) and not c.matches(nested(4)) and not c.matches("[[[], [], []]]")
     assert Constraint.from_json_schema(schema, max_recursion_depth=4).matches(nested(5))
 
 

@@ -43,6 +43,7 @@ from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.builder import Builder
 from lmprog.fsm.json_schema.emit import Emitter
 from lmprog.fsm.json_schema.lark import fragment_limit, to_lark
+from lmprog.fsm.json_schema.terms import Unroll
 from lmprog.fsm.regex import Chars, Concat, R, Repeat, compile_user_regex, parse_regex, raw
 from lmprog.fsm.regex.charset import CharSet
 from lmprog.fsm.regex.fragments import pattern_limit
@@ -133,13 +134,10 @@ def build_grammar(
             "and arrays; flatten it or raise max_schema_depth"
         )
     try:
-        with pattern_limit(max_pattern_chars), fragment_limit(max_pattern_chars):
-            node = Builder(document, max_recursion_depth).build(document)
-            emitter = Emitter(ws, any_depth)
-            out = emitter.node(node)
-            if out is None:
-                raise ConstraintError("the schema accepts no JSON value")
-            text = to_lark(out, emitter.rules)
+        try:
+            text = _grammar(document, ws, max_recursion_depth, any_depth, max_pattern_chars)
+        except Unroll:  # recursion under allOf/not/unevaluated*: unrolled to a bounded depth
+            text = _grammar(document, ws, max_recursion_depth, any_depth, max_pattern_chars, True)
     except RecursionError:
         raise ConstraintError(
             "the schema (with its $refs unrolled) nests too deeply to compile; flatten it or "
@@ -151,6 +149,17 @@ def build_grammar(
             f"{max_pattern_chars:,}; simplify the schema or raise max_pattern_chars"
         )
     return text
+
+
+def _grammar(document, ws, max_recursion_depth, any_depth, max_chars, unroll=False) -> str:
+    with pattern_limit(max_chars), fragment_limit(max_chars):
+        builder = Builder(document, max_recursion_depth, unroll)
+        node = builder.build_root(document)
+        emitter = Emitter(ws, any_depth, builder.bodies)
+        out = emitter.node(node)
+        if out is None:
+            raise ConstraintError("the schema accepts no JSON value")
+        return to_lark(out, emitter.rules)
 
 
 _JSON_WHITESPACE = CharSet.of(" \t\n\r")

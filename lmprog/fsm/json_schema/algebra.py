@@ -24,7 +24,9 @@ from lmprog.fsm.json_schema.terms import (
     NullT,
     NumT,
     ObjT,
+    RefT,
     StrT,
+    Unroll,
     make_node,
 )
 from lmprog.fsm.json_schema.values import num_ok, pattern_matcher, str_ok
@@ -41,6 +43,8 @@ def conj(a: Node, b: Node) -> Node:
         return b
     if b.top or a.never or a == b:
         return a
+    if any(isinstance(t, RefT) for t in a.terms + b.terms):
+        raise Unroll  # the values behind a recursive reference are needed
     if len(a.terms) * len(b.terms) > _MAX_PAIRS:
         raise ConstraintError(
             f"schema too complex: an intersection of {len(a.terms)} x {len(b.terms)} branches"

@@ -5,13 +5,18 @@ A schema object is the intersection of its type terms (``facets``), its ``enum``
 ``oneOf``, the complement of its ``not`` and ``(if & then) | (!if & else)``. Then
 ``unevaluatedProperties``/``unevaluatedItems`` apply to what no part evaluated.
 
-References are expanded in place. A reference that is already being expanded (recursion) may be
-expanded again at most ``max_recursion_depth`` times; past that its node is empty, so the
-recursive structure must end there (a tree schema accepts trees of bounded depth).
+References are expanded in place. A reference to a schema that is already being built
+(recursion) becomes a ``RefT``, the grammar's rule for that schema (``bodies``), so a tree
+schema accepts trees of any depth. Where the algebra needs the values behind such a reference
+(``allOf``/``not``/``unevaluated*`` over it), it raises ``Unroll``, and the schema is built again
+with ``unroll=True``: a reference already being expanded is expanded again at most
+``max_recursion_depth`` times, and past that its node is empty, so the recursive structure must
+end there (trees of bounded depth).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from contextlib import contextmanager
 from dataclasses import replace
@@ -29,20 +34,30 @@ from lmprog.fsm.json_schema.terms import (
     KeyRule,
     Node,
     ObjT,
+    RefT,
+    Unroll,
     expand,
     make_node,
     union,
 )
 
 log = logging.getLogger(__name__)
+_SERIAL = itertools.count()  # RefT keys of one compile never equal another's (cached algebra)
 
 
 class Builder:
-    def __init__(self, root, max_recursion_depth: int):
+    def __init__(self, root, max_recursion_depth: int, unroll: bool = False):
         self.registry = Registry(root)
         self.max_depth = max_recursion_depth
-        self.active: dict[int, int] = {}  # id(target schema) -> expansions in progress
+        self.unroll = unroll
+        self.active: dict = {}  # target key -> expansions in progress
         self.memo: dict = {}
+        self.bodies: dict[tuple, Node] = {}  # RefT key -> the node of its schema
+        self._serial = next(_SERIAL)
+
+    def build_root(self, document) -> Node:
+        """The node of the whole document (``$ref: "#"`` inside it is a RefT to it)."""
+        return self._expand(document, self.registry.base_of(document, ""), "#")
 
     def build(self, schema, base: str = "", path: str = "#") -> Node:
         if schema is True:
@@ -143,16 +158,27 @@ class Builder:
             raise ConstraintError(f"invalid schema: $ref must be a string at {path}")
         with self.at(path):
             target, target_base = self.registry.resolve(ref, base)
-        key = id(target)
-        if self.active.get(key, 0) > self.max_depth:
-            return NEVER  # recursion bound reached: this branch must end before here
-        memo_key = (key, target_base, tuple(sorted(self.active.items())))
+        return self._expand(target, target_base, path)
+
+    def _expand(self, target, base: str, path: str) -> Node:
+        key = (self._serial, id(target), base)
+        if self.unroll:
+            if self.active.get(key, 0) > self.max_depth:
+                return NEVER  # recursion bound reached: this branch must end before here
+            memo_key = (key, tuple(sorted(self.active.items())))
+        else:
+            if key in self.active:
+                return Node((RefT(key),))
+            memo_key = key
         if memo_key not in self.memo:
             self.active[key] = self.active.get(key, 0) + 1
             try:
-                self.memo[memo_key] = self.build(target, target_base, path)
+                self.memo[memo_key] = self.build(target, base, path)
             finally:
                 self.active[key] -= 1
+                if not self.active[key]:
+                    del self.active[key]
+            self.bodies[key] = self.memo[memo_key]
         return self.memo[memo_key]
 
     def _dependencies(self, schema: dict, path: str, sub) -> list[Node]:
@@ -182,6 +208,10 @@ class Builder:
         return out
 
     def _unevaluated(self, schema: dict, node: Node, path: str, sub) -> Node:
+        if ("unevaluatedProperties" in schema or "unevaluatedItems" in schema) and any(
+            isinstance(t, RefT) for t in node.terms
+        ):
+            raise Unroll  # what a recursive reference evaluates is behind it
         if "unevaluatedProperties" in schema:
             extra = sub(schema["unevaluatedProperties"], "/unevaluatedProperties")
             node = make_node(

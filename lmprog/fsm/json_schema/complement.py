@@ -24,7 +24,9 @@ from lmprog.fsm.json_schema.terms import (
     NullT,
     NumT,
     ObjT,
+    RefT,
     StrT,
+    Unroll,
     expand,
     make_node,
 )
@@ -42,6 +44,8 @@ def neg(node: Node) -> Node:
 
 
 def _neg_term(t) -> Node:
+    if isinstance(t, RefT):
+        raise Unroll
     others = [f for f in FULL_TERMS if type(f) is not type(t)]
     return make_node(others + list(_NEGATIONS[type(t)](t)))
 

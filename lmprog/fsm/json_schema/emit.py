@@ -13,13 +13,14 @@ import json
 from decimal import Decimal
 from itertools import permutations, product
 
+from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.arrays import array_regex
 from lmprog.fsm.json_schema.lark import Frag, Ref, alt, cat, group, tok
 from lmprog.fsm.json_schema.numbers import NUMBER, number_regex, value_regex
 from lmprog.fsm.json_schema.objects import object_regex
 from lmprog.fsm.json_schema.sequences import Slot, separated
 from lmprog.fsm.json_schema.strings import json_text, string_lexeme
-from lmprog.fsm.json_schema.terms import ArrT, BoolT, Node, NullT, NumT, ObjT, StrT
+from lmprog.fsm.json_schema.terms import ArrT, BoolT, Node, NullT, NumT, ObjT, RefT, StrT
 from lmprog.fsm.json_schema.values import to_decimal
 from lmprog.fsm.regex import R, lit, raw
 from lmprog.fsm.regex import alt as ralt
@@ -32,7 +33,7 @@ class Emitter:
     """Writes nodes as grammar fragments; one per compile (it memoizes by node). ``rules``:
     the named rules its fragments refer to (``any``, recursive references)."""
 
-    def __init__(self, ws: R, any_depth: int | None):
+    def __init__(self, ws: R, any_depth: int | None, bodies: dict | None = None):
         assert any_depth is None or any_depth >= 0
         self.ws, self.any_depth = ws, any_depth
         self.sep = tok(rcat(ws, lit(","), ws))
@@ -43,6 +44,8 @@ class Emitter:
         self.rules: dict[str, Frag] = {}
         self._memo: dict = {}
         self._any: dict[int | None, Frag] = {}
+        self._bodies = bodies or {}  # RefT key -> its node
+        self._ref_names: dict[tuple, str] = {}
 
     def node(self, node: Node) -> Frag | None:
         if node.top:
@@ -64,8 +67,21 @@ class Emitter:
             return string_lexeme(t)
         if isinstance(t, ArrT):
             return array_regex(t, self)
+        if isinstance(t, RefT):
+            return self.reference(t)
         assert isinstance(t, ObjT), t
         return object_regex(t, self)
+
+    def reference(self, t: RefT) -> Frag:
+        """The rule of a recursive reference (written once; inside it, itself)."""
+        name = self._ref_names.get(t.key)
+        if name is None:
+            name = self._ref_names[t.key] = f"ref{len(self._ref_names)}"
+            body = self.node(self._bodies[t.key])
+            if body is None:
+                raise ConstraintError("a recursive schema accepts no JSON value")
+            self.rules[name] = body
+        return Ref(name)
 
     def any_value(self, depth: int | None) -> Frag:
         """Every JSON value: the recursive rule ``any`` (depth None), or values whose

@@ -147,6 +147,21 @@ class ObjT:
         return None
 
 
+@_cache_hash
+@dataclass(frozen=True)
+class RefT:
+    """The values of a schema reached again while it is being built (a recursive ``$ref``):
+    a named rule of the grammar whose body is the node built for that schema. Opaque to the
+    algebra: an intersection or complement that would look inside raises ``Unroll`` (the
+    compiler then unrolls the recursion to a bounded depth instead)."""
+
+    key: tuple  # (compile serial, id of the target schema, its base URI)
+
+
+class Unroll(Exception):
+    """An operation needed the values behind a RefT."""
+
+
 TERM_TYPES = (NullT, BoolT, NumT, StrT, ArrT, ObjT)
 FULL_TERMS = tuple(t() for t in TERM_TYPES)
 TYPE_NAMES = {
@@ -162,6 +177,8 @@ _ANNOTATIONS = {"eval_prefix", "eval_all", "eval_names", "eval_patterns"}
 
 
 def strip_annotations(term):
+    if isinstance(term, RefT):
+        return term
     names = {f.name for f in fields(term)} & _ANNOTATIONS
     return replace(term, **{n: getattr(FULL_TERMS[TERM_TYPES.index(type(term))], n) for n in names})
 
@@ -172,6 +189,8 @@ def has_annotations(term) -> bool:
 
 def is_full(term) -> bool:
     """Whether the term accepts every value of its type (annotations aside)."""
+    if isinstance(term, RefT):
+        return False
     return strip_annotations(term) == FULL_TERMS[TERM_TYPES.index(type(term))]
 
 
