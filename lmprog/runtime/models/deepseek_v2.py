@@ -117,9 +117,10 @@ class DeepseekV2Model(nn.Module):
 class DeepseekV2ForCausalLM(ExpertWeights, LlamaForCausalLM):
     """DeepSeek-V2 over the latent KV pool; forward, logits and weight loading as Llama's,
     with HF's MLA names: q_proj (or q_a_proj, q_a_layernorm, q_b_proj), kv_a_proj_with_mqa,
-    kv_a_layernorm, kv_b_proj (split into w_uk / w_uv; a GGUF's k_b_proj / v_b_proj), o_proj. The attention backend is
-    built for latent attention (loaders.build_model does: one KV head of kv_lora_rank,
-    rope_dim = qk_rope_head_dim, the config's mla_softmax_scale)."""
+    kv_a_layernorm, kv_b_proj (split into w_uk / w_uv; a GGUF's k_b_proj / v_b_proj),
+    o_proj. The attention backend is built for latent attention (loaders.build_model does:
+    one KV head of kv_lora_rank, rope_dim = qk_rope_head_dim, the config's
+    mla_softmax_scale)."""
 
     def __init__(self, config: ModelConfig, attention: AttentionBackend) -> None:
         nn.Module.__init__(self)
