@@ -10,7 +10,7 @@ pytest.importorskip("triton", reason="triton is not installed: pip install trito
 pytestmark = requires_kernels
 
 from lmprog.runtime.kernels.moe import fused_moe, moe_align  # noqa: E402
-from lmprog.runtime.kernels.moe_ref import fused_moe_ref  # noqa: E402
+from lmprog.runtime.kernels.moe_ref import fused_moe_ref, moe_align_ref  # noqa: E402
 
 # (tokens, experts, top_k, hidden, intermediate): decode-sized (BLOCK_M 16), k = 1 (no sum),
 # sizes off the tile multiples, ~20 rows per expert (BLOCK_M 32), ~70 (BLOCK_M 64)
@@ -46,10 +46,17 @@ def test_skewed_routing_and_int64_ids():
     assert rel_err(out, fused_moe_ref(x, w13, w2, weights, ids)) < tolerance(DTYPES[0])
 
 
-@pytest.mark.parametrize("tokens,experts,top_k,block", [(3, 4, 2, 4), (9, 3, 3, 16), (1, 8, 2, 16)])
+ALIGN = [(3, 4, 2, 4), (9, 3, 3, 16), (1, 8, 2, 16), (300, 5, 2, 16), (70, 64, 6, 32)]
+
+
+@pytest.mark.parametrize("tokens,experts,top_k,block", ALIGN)
 def test_moe_align_groups_rows_by_expert_in_padded_blocks(tokens, experts, top_k, block):
     ids = torch.stack([torch.randperm(experts)[:top_k] for _ in range(tokens)]).to(DEVICE)
     sorted_ids, block_experts, num_padded = moe_align(ids, experts, block)
+    for got, want in zip(
+        (sorted_ids, block_experts, num_padded), moe_align_ref(ids, experts, block)
+    ):
+        assert torch.equal(got, want)
     n = tokens * top_k
     assert sorted_ids.numel() == n + min(experts, n) * (block - 1)
     flat = ids.flatten().cpu()

@@ -12,7 +12,7 @@ projection (SGLang's / vLLM's fused_moe design).
 
 Each program of a GEMM computes a BLOCK_M x BLOCK_N tile of one block's rows, reading only
 its expert's weights; gate and up are two accumulators of the same program, so the
-activation is applied before anything is written. Graph-safe: `moe_align` is device ops of
+activation is applied before anything is written. Graph-safe: `moe_align` is kernels of
 shapes fixed by T, k and E (the padded length is its worst case), and programs past the real
 padded length (a device scalar) return at once; nothing reads a value on the host.
 """
@@ -70,23 +70,27 @@ def moe_align(
     block_experts [len(sorted_ids) / block_m rounded up]: the expert of each block
     num_padded    [1]: the used length of sorted_ids (blocks from there on are unused)
 
-    Plain torch ops of fixed shapes: no host sync, so it can be captured in a CUDA graph."""
-    flat = topk_ids.reshape(-1).to(torch.int64)
+    Three launches of fixed shapes (zeroed counts, a histogram, one program per expert
+    placing its rows): no host sync, so it can be captured in a CUDA graph. The layout is
+    moe_ref.moe_align_ref's, exactly."""
+    flat = topk_ids.reshape(-1)
     n, dev = flat.numel(), flat.device
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block_m - 1) // block_m * block_m
-    pad_end = padded.cumsum(0)
-    order = torch.argsort(flat, stable=True)  # rows grouped by expert, token order kept
-    grouped = flat[order]
-    rank = torch.arange(n, device=dev) - (counts.cumsum(0) - counts)[grouped]
-    dest = (pad_end - padded)[grouped] + rank
     length = n + min(num_experts, n) * (block_m - 1)
-    sorted_ids = torch.full((length,), n, dtype=torch.int32, device=dev)
-    sorted_ids.scatter_(0, dest, order.to(torch.int32))
-    starts = torch.arange(0, length, block_m, device=dev)
-    block_experts = torch.searchsorted(pad_end, starts, right=True).clamp_(max=num_experts - 1)
-    return sorted_ids, block_experts.to(torch.int32), pad_end[-1:].to(torch.int32)
+    blocks = triton.cdiv(length, block_m)
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=dev)
+    sorted_ids = torch.empty(length, dtype=torch.int32, device=dev)
+    block_experts = torch.empty(blocks, dtype=torch.int32, device=dev)
+    num_padded = torch.empty(1, dtype=torch.int32, device=dev)
+    if n:
+        _count_kernel[(triton.cdiv(n, _ALIGN_BLOCK),)](flat, counts, n, BLOCK=_ALIGN_BLOCK)
+    _align_kernel[(num_experts,)](
+        flat, counts, sorted_ids, block_experts, num_padded, n, num_experts, length, blocks,
+        BLOCK_M=block_m, E_POW2=triton.next_power_of_2(num_experts), BLOCK=_ALIGN_BLOCK,
+    )  # fmt: skip
+    return sorted_ids, block_experts, num_padded
+
+
+_ALIGN_BLOCK = 256
 
 
 def _block_config(assignments: int, num_experts: int) -> dict[str, int]:
@@ -196,3 +200,48 @@ def _moe_gemm_kernel(
         acc = acc * tl.load(TopkWeights + ids, mask=row_ok, other=0.0).to(tl.float32)[:, None]
     c_ptrs = C + ids[:, None] * stride_cm + offs_n[None, :]
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _count_kernel(Ids, Counts, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    tl.atomic_add(Counts + tl.load(Ids + offs, mask=ok, other=0), 1, mask=ok)
+
+
+@triton.jit
+def _align_kernel(
+    Ids, Counts, Sorted, BlockExperts, NumPadded, n, num_experts, length, num_blocks,
+    BLOCK_M: tl.constexpr, E_POW2: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # expert e's rows go to [start, start + count), its padding to [.., end): a multiple of
+    # BLOCK_M, after the padded rows of experts 0 .. e-1
+    e = tl.program_id(0)
+    offs_e = tl.arange(0, E_POW2)
+    counts = tl.load(Counts + offs_e, mask=offs_e < num_experts, other=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    mine = offs_e == e
+    end = tl.sum(tl.where(mine, tl.cumsum(padded, 0), 0), 0)
+    start = end - tl.sum(tl.where(mine, padded, 0), 0)
+    filled = start + tl.sum(tl.where(mine, counts, 0), 0)
+    base = start
+    for i0 in range(0, n, BLOCK):  # its rows in token order: rank = hits before them
+        offs = i0 + tl.arange(0, BLOCK)
+        hit = (tl.load(Ids + offs, mask=offs < n, other=-1) == e).to(tl.int32)
+        tl.store(Sorted + base + tl.cumsum(hit, 0) - 1, offs, mask=hit > 0)
+        base += tl.sum(hit, 0)
+    for p0 in range(filled, end, BLOCK):
+        offs = p0 + tl.arange(0, BLOCK)
+        tl.store(Sorted + offs, n, mask=offs < end)
+    for b0 in range(start // BLOCK_M, end // BLOCK_M, BLOCK):
+        offs = b0 + tl.arange(0, BLOCK)
+        tl.store(BlockExperts + offs, e, mask=offs < end // BLOCK_M)
+    if e == 0:  # the unused tail past every expert's blocks
+        total = tl.sum(padded, 0)
+        tl.store(NumPadded, total)
+        for t0 in range(total, length, BLOCK):
+            offs = t0 + tl.arange(0, BLOCK)
+            tl.store(Sorted + offs, n, mask=offs < length)
+        for b0 in range(total // BLOCK_M, num_blocks, BLOCK):
+            offs = b0 + tl.arange(0, BLOCK)
+            tl.store(BlockExperts + offs, num_experts - 1, mask=offs < num_blocks)

@@ -8,7 +8,8 @@ Semantics the kernel (`moe.fused_moe`) must match, for token t and its k-th choi
 
 w13 is [E, 2I, H] (each expert's gate rows, then its up rows), w2 is [E, H, I]. Loops over the
 experts that have tokens (shapes depend on the routing): the CPU path of the MoE layer and the
-kernel tests' reference, not a GPU path.
+kernel tests' reference, not a GPU path. `moe_align_ref` is the kernel's grouping of rows
+by expert (see moe.moe_align) in plain torch ops.
 """
 
 from __future__ import annotations
@@ -36,3 +37,23 @@ def fused_moe_ref(
         y = act @ w2[e].float().t()
         out.index_add_(0, rows, y * topk_weights[rows, slot].float().unsqueeze(1))
     return out.to(x.dtype)
+
+
+def moe_align_ref(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """moe.moe_align's (sorted_ids, block_experts, num_padded), from a stable sort."""
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    n, dev = flat.numel(), flat.device
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    pad_end = padded.cumsum(0)
+    order = torch.argsort(flat, stable=True)  # rows grouped by expert, token order kept
+    grouped = flat[order]
+    rank = torch.arange(n, device=dev) - (counts.cumsum(0) - counts)[grouped]
+    length = n + min(num_experts, n) * (block_m - 1)
+    sorted_ids = torch.full((length,), n, dtype=torch.int32, device=dev)
+    sorted_ids[(pad_end - padded)[grouped] + rank] = order.to(torch.int32)
+    starts = torch.arange(0, length, block_m, device=dev)
+    block_experts = torch.searchsorted(pad_end, starts, right=True).clamp_(max=num_experts - 1)
+    return sorted_ids, block_experts.to(torch.int32), pad_end[-1:].to(torch.int32)
