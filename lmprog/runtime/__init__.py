@@ -21,6 +21,7 @@ _LAZY = {
     "RequestHandle": "engine_io",
     "launch_engine": "launch",
     "ModelRunner": "model_runner",
+    "AttentionSinkConfig": "config",
     "CacheConfig": "config",
     "SchedulerConfig": "config",
     "SpeculativeConfig": "speculative.config",
