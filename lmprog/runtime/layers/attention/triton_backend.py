@@ -11,7 +11,7 @@ MAX_LATENT_GROUP query heads (16 of DeepSeek-V2-Lite's 16, of V2's 128) and its 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,20 +31,13 @@ MAX_LATENT_GROUP = 16  # query heads a latent-attention tile holds at most
 class TritonAttentionBackend(AttentionBackend):
     """CUDA (or CPU under TRITON_INTERPRET=1); the pool layout is the kernels' own."""
 
-    def __init__(
-        self,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        device: torch.device,
-        *,
-        rope_dim: int = 0,
-        scale: float | None = None,
-    ) -> None:
-        super().__init__(num_heads, num_kv_heads, head_dim, device, rope_dim=rope_dim, scale=scale)
-        if rope_dim:
-            group = max(g for g in range(1, MAX_LATENT_GROUP + 1) if num_heads % g == 0)
-            self.num_kv_heads = num_heads // group
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """As the base class; latent attention's head then counts as num_kv_heads views."""
+        super().__init__(*args, **kwargs)
+        if self.rope_dim:
+            heads = self.num_heads
+            group = max(g for g in range(1, MAX_LATENT_GROUP + 1) if heads % g == 0)
+            self.num_kv_heads = heads // group
 
     def _buffers(self, kv: KVPool, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's K and V as the kernels read them (see the module docstring)."""
