@@ -174,29 +174,33 @@ def test_engine_with_radix_reuse_gives_transformers_greedy_tokens(tok, tok_sized
         assert b.cached_tokens == (len(head) if radix else 0)
 
 
-def test_engine_chunked_overlapped_and_speculative_generation_equals_transformers(tok, tok_sized):
+def test_engine_chunked_retracted_and_speculative_generation_equals_transformers(tok, tok_sized):
     from lmprog.runtime.launch import launch_engine
     from lmprog.runtime.speculative import SpeculativeConfig
 
     hf, ours = tok_sized
-    prompts = [list(range(2000, 2019)), [5, 9, 11] * 5]
+    prompts = [list(range(2000, 2019)), [5, 9, 11] * 5, list(range(3000, 3017))]
     want = _hf_greedy(hf, prompts, 12)
     spec = SpeculativeConfig(method="ngram", num_tokens=3, adaptive=False)
+    tight = {"init_new_token_ratio": 0.02, "min_new_token_ratio": 0.02}  # admit, then retract
     for kwargs in (
-        {"budget": 8, "max_reqs": 4, "overlap": True},  # 8-token prompt chunks, overlap
+        {"slots": 512, "budget": 8, "max_reqs": 4, "overlap": True},  # 8-token chunks
+        {"slots": 60, "budget": 16, "max_reqs": 4, **tight},  # 60 slots for 3 x ~29 tokens
         {"speculative": spec},
     ):
         if "speculative" in kwargs:
             eng = launch_engine(ours, tok, eos_token_ids=EOS, max_total_tokens=512, **kwargs)
         else:
-            eng = engine_for(ours, tok, slots=512, **kwargs)
+            eng = engine_for(ours, tok, **kwargs)
         try:
             got = [list(r.token_ids) for r in run_all(eng, prompts, greedy(12))]
-            verified = eng.stats().get("spec_verified_tokens", 0)
+            stats = eng.stats()
         finally:
             eng.shutdown()
         assert got == want, kwargs
+        verified = stats.get("spec_verified_tokens", 0)
         assert (verified > 0) == ("speculative" in kwargs)  # drafts were verified
+        assert (stats["num_retractions"] > 0) == (kwargs.get("slots") == 60)
 
 
 @requires_triton
