@@ -8,6 +8,9 @@ with the fraction of the hardware limit (H200: HBM 4.28 TB/s copy, bf16 787 TFLO
                                                # then KV capacity beside llama-3.2-3b (3.)
     python3 bench/bench_gpu.py --model mixtral-8x7b --hf-requests 8   # 8 experts, top-2;
                                                # --smoke --model mixtral-8x7b: a toy Mixtral
+    python3 bench/bench_gpu.py --no-hf --quantization fp8 --kv-cache-dtype fp8_e4m3
+                                               # the lmprog benchmarks in bf16, then with FP8
+                                               # weights and KV, and the ratios (fp8_compare.py)
 
 1. Batch-1 decode. transformers `generate` (LlamaForCausalLM from a LlamaConfig, random init,
    same dtype and GPU, greedy, 32 tokens) beside lmprog: the model-level loop (greedy on the
@@ -57,6 +60,7 @@ if "--smoke" in sys.argv:  # before triton is imported anywhere
 
 import numpy as np
 import torch
+from fp8_compare import compare_fp8, fp8_bytes_saved, kv_itemsize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -395,12 +399,14 @@ class Decode1:
     """One request decoding greedily on its own small pool; every step's inputs are computed
     on the device from the previous step's (no host sync, no host-to-device copy)."""
 
-    def __init__(self, model, prompt_len: int, max_len: int) -> None:
+    def __init__(self, model, prompt_len: int, max_len: int, kv_cache_dtype: str = "auto") -> None:
         from lmprog.runtime.kv_pool import KVPool
 
         self.model, self.prompt_len = model, prompt_len
         dev = model.device
-        self.kv = KVPool.for_model(model.config, max_len, model.dtype, dev)
+        self.kv = KVPool.for_model(
+            model.config, max_len, model.dtype, dev, kv_cache_dtype=kv_cache_dtype
+        )
         self.table = torch.arange(1, max_len + 1, dtype=torch.int32, device=dev).view(1, max_len)
         self.prompt = torch.randint(3, model.config.vocab_size, (prompt_len,)).tolist()
         self.zero = torch.zeros(1, dtype=torch.int64, device=dev)
@@ -460,7 +466,8 @@ def model_decode(model, args) -> dict:
 
     cfg = model.config
     itemsize = torch.empty((), dtype=model.dtype).element_size()
-    state = Decode1(model, args.decode_prompt, args.decode_prompt + args.decode_steps + 64)
+    max_len = args.decode_prompt + args.decode_steps + 64
+    state = Decode1(model, args.decode_prompt, max_len, args.kv_cache_dtype)
     ms_eager = state.run(lambda b: model(b, state.kv), args.eager_steps)
     state.reset()  # same inputs through both paths: the logits must agree
     graphs = CudaGraphRunner(model, state.kv, state.table, batch_sizes=(1,))
@@ -478,9 +485,9 @@ def model_decode(model, args) -> dict:
     rel_fused = ((got_fused - want).abs().max() / want.abs().max()).item()
     ms_fused = state.run(lambda b: graphs_fused.maybe_run(b, state.kv), args.decode_steps)
     ctx = args.decode_prompt + args.decode_steps // 2
-    floor_ms = (linear_params(cfg) * itemsize + ctx * kv_bytes_per_token(cfg, itemsize)) / (
-        HBM_TBS * 1e9
-    )
+    weights = linear_params(cfg) * itemsize - fp8_bytes_saved(model, itemsize)
+    kv_item = kv_itemsize(args.kv_cache_dtype, itemsize)
+    floor_ms = (weights + ctx * kv_bytes_per_token(cfg, kv_item)) / (HBM_TBS * 1e9)
     log(
         f"   graph replay vs eager on its own static inputs and plan: max abs diff {exact:.2e}; "
         f"graph vs plain eager logits: max rel diff {rel:.2e} (bf16, other split count); "
@@ -592,6 +599,8 @@ def make_runtime(args):
         context_length=args.context,
         max_running_requests=args.max_running,
         max_num_batched_tokens=args.chunk,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
 
 
@@ -781,7 +790,7 @@ def _entry_tokens(batch, tokens: list[int]) -> list[tuple[int, ...]]:
     return out
 
 
-def lmprog_benches(args, prompts, out_lens, hf: dict) -> None:
+def lmprog_benches(args, prompts, out_lens, hf: dict) -> dict:
     rt = make_runtime(args)
     model = rt.engine.runner.model
     cfg = model.config
@@ -933,6 +942,11 @@ def lmprog_benches(args, prompts, out_lens, hf: dict) -> None:
         )
     if rt is not None:
         rt.shutdown()
+    return {
+        "engine decode": eng_graph,
+        "model decode": dec["fused"] if dec else None,
+        "offline": res["total_tok_s"] if args.requests and res else None,
+    }
 
 
 # ---------------------------------------------------------------- main
@@ -975,6 +989,18 @@ def parse_args():
         "--kv-tokens", type=int, default=None, help="KV pool size (default: 600k, or what fits)"
     )
     p.add_argument("--context", type=int, default=2048)
+    p.add_argument(
+        "--quantization",
+        choices=("fp8",),
+        default=None,
+        help="also run the lmprog benchmarks with FP8 weights, beside the bf16 pass",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=("auto", "fp8_e4m3", "fp8"),
+        default="auto",
+        help="the FP8 pass's KV cache (with or without --quantization)",
+    )
     p.add_argument(
         "--dense-baseline",
         default="",
@@ -1073,7 +1099,10 @@ def main() -> None:
     hf = {}
     if not args.no_hf:
         hf = section("transformers baselines", hf_baselines, cfg, args, prompts, out_lens) or {}
-    lmprog_benches(args, prompts, out_lens, hf)
+    if args.quantization or args.kv_cache_dtype != "auto":  # FP8 beside bf16 (fp8_compare.py)
+        compare_fp8(args, lambda a: lmprog_benches(a, prompts, out_lens, hf), ROWS, log)
+    else:
+        lmprog_benches(args, prompts, out_lens, hf)
     if args.dense_baseline:
         kv_capacity_benches(args)
     log("\n== summary")

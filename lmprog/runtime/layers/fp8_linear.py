@@ -17,7 +17,8 @@ Nothing syncs with the host: a CUDA graph captures it. Two ways in:
     fp8_shells_(model, names, ...)    empty layers the model's load_weights fills from an FP8
                                       checkpoint (models/loaders/fp8.py), then finalize_fp8_
 
-The output projection (lm_head) stays in the model dtype, as vLLM and SGLang keep it.
+The output projection (lm_head) and MoE routers stay in the model dtype, as in vLLM and SGLang
+(MoE experts are not nn.Linear layers: they stay too).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from ..kernels.fp8_ref import FP8, dequantize_fp8, quantize_fp8_ref, quantize_we
 
 log = logging.getLogger(__name__)
 ALIGN = 16  # torch._scaled_mm wants K and N multiples of 16
+# kept in the model dtype, as vLLM and SGLang keep them: the output projection, MoE routers
+KEEP = frozenset({"lm_head", "gate", "shared_expert_gate"})
 
 
 class Fp8Linear(nn.Module):
@@ -153,18 +156,18 @@ def check_fp8_device(model: nn.Module) -> None:
 
 
 def _linears(model: nn.Module, names: set[str] | None = None):
-    """(parent, attribute, qualified name, layer) of every plain nn.Linear but lm_head."""
+    """(parent, attribute, qualified name, layer) of every plain nn.Linear not in KEEP."""
     for qualified, parent in model.named_modules():
         for attr, child in parent.named_children():
             name = f"{qualified}.{attr}" if qualified else attr
-            if type(child) is nn.Linear and attr != "lm_head":
+            if type(child) is nn.Linear and attr not in KEEP:
                 if names is None or name in names:
                     yield parent, attr, name, child
 
 
 def quantize_fp8_(model: nn.Module, *, per_tensor: bool = False) -> int:
-    """Replace, in place, every nn.Linear of `model` but the output projection by an
-    Fp8Linear with per-channel (or per-tensor) e4m3 weights; returns how many. A layer whose
+    """Replace, in place, every nn.Linear of `model` but the output projection and MoE
+    routers by an Fp8Linear with per-channel (or per-tensor) e4m3 weights; returns how many. A layer whose
     K or N is not a multiple of 16 stays as it is (logged)."""
     check_fp8_device(model)
     replaced, kept = 0, []
