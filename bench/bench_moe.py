@@ -5,6 +5,7 @@ top-2, bf16), with the fraction of the weight-read limit.
     python3 bench/bench_moe.py                  # on a CUDA GPU
     python3 bench/bench_moe.py --smoke          # every code path on the CPU (Triton's
                                                 # interpreter, toy sizes); timings meaningless
+    python3 bench/bench_moe.py --sweep          # also time other tile configs (graph replay)
 
 Per token count: the routing is random (softmax top-2 of N(0, 1) logits, seed 0); rows:
   fused, eager        fused_moe as the layer calls it (moe_align + 2 grouped GEMMs + top-k sum)
@@ -104,7 +105,7 @@ def grouped_mm_experts(w13, w2):
 
 
 def run(tokens: int, args, w13, w2) -> None:
-    from lmprog.runtime.kernels.moe import _block_config, fused_moe, moe_align
+    from lmprog.runtime.kernels.moe import block_config, fused_moe, moe_align
     from lmprog.runtime.kernels.moe_ref import fused_moe_ref
 
     dev, dtype = args.device, w13.dtype
@@ -138,7 +139,7 @@ def run(tokens: int, args, w13, w2) -> None:
     if hf is not None:
         with torch.inference_mode():
             rows["torch grouped_mm (transformers)"] = bench(lambda: hf(x, ids.long(), weights), dev)
-    block = _block_config(tokens * top_k, experts)["BLOCK_M"]
+    block = block_config(tokens * top_k, experts)["BLOCK_M"]
     align_ms = bench(lambda: moe_align(ids, experts, block), dev)
     loop_ms = rows["torch loop"]
     for name, ms in rows.items():
@@ -147,6 +148,32 @@ def run(tokens: int, args, w13, w2) -> None:
             f"{loop_ms / ms:5.2f}x the loop"
         )
     log(f"   (moe_align alone, BLOCK_M {block}: {align_ms * 1e3:.1f} us)")
+    if args.sweep:
+        sweep(x, w13, w2, weights, ids, limit_ms, dev)
+
+
+SWEEP = [  # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages
+    (16, 32, 128, 1, 4, 4), (16, 64, 64, 1, 4, 4), (16, 32, 64, 1, 4, 5), (16, 128, 64, 1, 4, 3),
+    (16, 64, 128, 1, 8, 3), (32, 64, 64, 4, 4, 3), (32, 128, 64, 4, 8, 3), (64, 64, 64, 8, 4, 3),
+    (64, 128, 64, 8, 8, 3), (64, 128, 64, 8, 4, 4), (128, 128, 64, 8, 8, 3),
+]  # fmt: skip
+
+
+def sweep(x, w13, w2, weights, ids, limit_ms, dev) -> None:
+    """Each SWEEP tile config of fused_moe replayed from a CUDA graph; the best first."""
+    from lmprog.runtime.kernels.moe import _CONFIG_KEYS, fused_moe
+
+    times = []
+    for tiles in SWEEP:
+        cfg = dict(zip(_CONFIG_KEYS, tiles))
+        try:
+            ms = bench_graph(lambda: fused_moe(x, w13, w2, weights, ids, config=cfg), dev)
+        except Exception as exc:  # a config that does not fit (shared memory): skipped
+            log(f"   sweep {tiles}: failed ({type(exc).__name__})")
+            continue
+        times.append((ms, tiles))
+    for ms, tiles in sorted(times)[:5]:
+        log(f"   sweep {tiles}: {ms * 1e3:.1f} us, {limit_ms / ms:.0%} of the limit")
 
 
 def main() -> None:
@@ -157,6 +184,7 @@ def main() -> None:
     p.add_argument("--intermediate", type=int, default=14336)
     p.add_argument("--experts", type=int, default=8)
     p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--sweep", action="store_true", help="time the SWEEP tile configs too")
     args = p.parse_args()
     args.device, dtype = ("cpu", torch.float16) if args.smoke else ("cuda", torch.bfloat16)
     if args.smoke:

@@ -39,6 +39,17 @@ def test_fused_moe_matches_reference(dtype, shape):
     assert rel_err(out, fused_moe_ref(x, w13, w2, weights, ids)) < tolerance(dtype)
 
 
+def test_explicit_tile_config():
+    x, w13, w2, weights, ids = _inputs(9, 4, 2, 48, 40, DTYPES[0])
+    cfg = dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=32, GROUP_M=2, num_warps=2, num_stages=2)
+    out = fused_moe(x, w13, w2, weights, ids, config=cfg)
+    assert rel_err(out, fused_moe_ref(x, w13, w2, weights, ids)) < tolerance(DTYPES[0])
+    with pytest.raises(ValueError, match="power of two"):
+        fused_moe(x, w13, w2, weights, ids, config={**cfg, "BLOCK_N": 24})
+    with pytest.raises(ValueError, match="exactly the keys"):
+        fused_moe(x, w13, w2, weights, ids, config={"BLOCK_M": 16})
+
+
 def test_skewed_routing_and_int64_ids():
     x, w13, w2, weights, ids = _inputs(37, 6, 2, 32, 48, DTYPES[0], skew=True)
     assert (ids == 0).sum() == 37  # expert 0 has every token: 37 rows over 3 blocks of 16

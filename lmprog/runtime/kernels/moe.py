@@ -34,12 +34,14 @@ def fused_moe(
     topk_ids: torch.Tensor,
     *,
     out: torch.Tensor | None = None,
+    config: dict[str, int] | None = None,
 ) -> torch.Tensor:
     """The routed experts' MLP of every token: [T, H] in x's dtype (see moe_ref for the math).
 
     x [T, H]; w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], both x's dtype;
     topk_weights float [T, k]; topk_ids int32/int64 [T, k] with values in [0, E) (not
-    checked: that would read them on the host)."""
+    checked: that would read them on the host). config: tile sizes (the keys of
+    `block_config`'s result, powers of two >= 16) instead of the defaults (benchmarks)."""
     num_experts, inter = _check(x, w13, w2, topk_weights, topk_ids, out)
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
@@ -47,7 +49,7 @@ def fused_moe(
         out = torch.empty_like(x)
     if tokens == 0:
         return out
-    cfg = _block_config(tokens * top_k, num_experts)
+    cfg = block_config(tokens * top_k, num_experts) if config is None else _check_config(config)
     sorted_ids, block_experts, num_padded = moe_align(topk_ids, num_experts, cfg["BLOCK_M"])
     align = (sorted_ids, block_experts, num_padded)
     act = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
@@ -93,15 +95,33 @@ def moe_align(
 _ALIGN_BLOCK = 256
 
 
-def _block_config(assignments: int, num_experts: int) -> dict[str, int]:
+def block_config(assignments: int, num_experts: int) -> dict[str, int]:
     """Tile sizes by the mean rows per expert: small blocks when each expert sees a few rows
-    (decode: the weights are the traffic), large ones for prefill (the GEMMs are)."""
+    (decode: the weights are the traffic, narrow column blocks give every SM programs to
+    stream them), large ones for prefill (the GEMMs are)."""
     per_expert = assignments / num_experts
     if per_expert <= 16:
-        return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4}
-    if per_expert <= 64:
-        return {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 4, "num_warps": 4}
-    return {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8}
+        tiles = (16, 32, 128, 1, 4, 4)
+    elif per_expert <= 64:
+        tiles = (32, 64, 64, 4, 4, 3)
+    else:
+        tiles = (64, 128, 64, 8, 8, 3)
+    return dict(zip(_CONFIG_KEYS, tiles))
+
+
+_CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+
+
+def _check_config(config: dict[str, int]) -> dict[str, int]:
+    if set(config) != set(_CONFIG_KEYS):
+        raise ValueError(f"config must have exactly the keys {_CONFIG_KEYS}, got {sorted(config)}")
+    for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+        v = config[key]
+        if not isinstance(v, int) or v < 16 or v & (v - 1):
+            raise ValueError(f"config[{key!r}] must be a power of two >= 16, got {v!r}")
+    if min(config["GROUP_M"], config["num_warps"], config["num_stages"]) < 1:
+        raise ValueError("config's GROUP_M, num_warps and num_stages must be >= 1")
+    return config
 
 
 def _gemm(a, w, c, topk_weights, align, rows_per_a: int, *, gate_up: bool, cfg) -> None:
@@ -117,7 +137,7 @@ def _gemm(a, w, c, topk_weights, align, rows_per_a: int, *, gate_up: bool, cfg) 
         a.stride(0), w.stride(0), w.stride(1), w.stride(2), c.stride(0),
         ROWS_PER_A=rows_per_a, GATE_UP=gate_up, WEIGHTED=not gate_up,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-        GROUP_M=cfg["GROUP_M"], num_warps=cfg["num_warps"],
+        GROUP_M=cfg["GROUP_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
 
 
