@@ -125,10 +125,11 @@ _GGUF = {
 }
 
 
-def _write_moe_gguf(hf, path) -> None:
+def _write_moe_gguf(hf, path, per_expert: bool = False) -> None:
     """A GGUF as llama.cpp writes Qwen2-MoE ("qwen2moe") or Mixtral ("llama" with experts,
     Q/K rows permuted for pair-wise RoPE): each projection of all experts one stacked
-    [E, out, in] tensor, Qwen2-MoE's shared-expert gate a vector, no router on dense layers."""
+    [E, out, in] tensor (per_expert: one per expert, as early Mixtral GGUFs have them),
+    Qwen2-MoE's shared-expert gate a vector, no router on dense layers."""
     import gguf
 
     cfg = hf.config
@@ -160,7 +161,12 @@ def _write_moe_gguf(hf, path) -> None:
             else:
                 parts = {"ffn_down_exps": array}
             for kind, part in parts.items():
-                _add(w, f"blk.{layer}.{kind}.weight", np.ascontiguousarray(part))
+                if per_expert:
+                    for e in range(len(part)):
+                        name = f"blk.{layer}.{kind[:-5]}.{e}.weight"  # ffn_gate_exps -> ffn_gate
+                        _add(w, name, np.ascontiguousarray(part[e]), quantize=True)
+                else:
+                    _add(w, f"blk.{layer}.{kind}.weight", np.ascontiguousarray(part))
             continue
         stem, suffix = name.rsplit(".", 1)
         if stem in top:
@@ -180,23 +186,25 @@ def _write_moe_gguf(hf, path) -> None:
     w.close()
 
 
-def _add(writer, name: str, array: np.ndarray) -> None:
+def _add(writer, name: str, array: np.ndarray, quantize: bool = False) -> None:
     """The experts Q8_0 (3-D quantized blocks), everything else F32 (exact)."""
     import gguf
 
-    if "_exps." in name:
+    if quantize or "_exps." in name:
         q8 = gguf.GGMLQuantizationType.Q8_0
         writer.add_tensor(name, gguf.quants.quantize(array, q8), raw_dtype=q8)
     else:
         writer.add_tensor(name, np.ascontiguousarray(array))
 
 
-@pytest.mark.parametrize("kind", ["qwen2_moe", "mixtral"])
-def test_tiny_moe_gguf_loads_as_llama_cpp_writes_it(kind, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "kind,per_expert", [("qwen2_moe", False), ("mixtral", False), ("mixtral", True)]
+)
+def test_tiny_moe_gguf_loads_as_llama_cpp_writes_it(kind, per_expert, tmp_path, monkeypatch):
     monkeypatch.setenv("LMPROG_CACHE_DIR", str(tmp_path / "cache"))
     hf = _hf_tiny(kind)
     path = tmp_path / f"tiny-{kind}.gguf"
-    _write_moe_gguf(hf, path)
+    _write_moe_gguf(hf, path, per_expert)
     ours = load_model(path)
     c = ours.config
     qwen = kind == "qwen2_moe"

@@ -163,9 +163,14 @@ def hf_name(gguf_name: str, architecture: str = "llama") -> str:
     if gguf_name in _TOP:
         return _TOP[gguf_name]
     block = _GEMMA3_BLOCK if architecture == "gemma3" else _BLOCK
-    blk, layer, kind, suffix = gguf_name.split(".")
-    if blk != "blk" or kind not in block:
+    parts = gguf_name.split(".")
+    if len(parts) == 5 and parts[2] in ("ffn_gate", "ffn_up", "ffn_down") and parts[3].isdigit():
+        # early Mixtral GGUFs: a tensor per expert, blk.N.ffn_gate.E.weight
+        blk, layer, kind, expert, suffix = parts
+        return f"model.layers.{layer}.mlp.experts.{expert}.{block[kind][4:]}.{suffix}"
+    if len(parts) != 4 or parts[0] != "blk" or parts[2] not in block:
         raise ValueError(f"unexpected GGUF tensor {gguf_name!r} for a {architecture} model")
+    _, layer, kind, suffix = parts
     return f"model.layers.{layer}.{block[kind]}.{suffix}"
 
 
