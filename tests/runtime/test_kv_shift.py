@@ -6,6 +6,7 @@ speculative verification as without them."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from engine_testing import EOS, TINY, tok  # noqa: F401 - tok is a fixture
 from spec_testing import Oracle, random_llama
 
 from lmprog.core.sampling import SamplingParams as SP
+from lmprog.fsm.index import TokenIndex
 from lmprog.runtime.config import AttentionSinkConfig, SchedulerConfig
 from lmprog.runtime.engine import EngineConfig
 from lmprog.runtime.engine_io import EngineRequest
@@ -21,6 +23,9 @@ from lmprog.runtime.kv_shift import KeyShifter, check_attention_sinks
 from lmprog.runtime.launch import launch_engine
 from lmprog.runtime.layers.rotary import RotaryEmbedding
 from lmprog.runtime.models.config import ModelConfig, RopeScaling
+from lmprog.runtime.speculative.draft import DraftModelProposer
+
+torch.set_num_threads(1)
 
 SCALINGS = {
     "none": None,
@@ -140,6 +145,10 @@ def test_a_one_layer_model_samples_what_a_fresh_prefill_of_its_window_gives(one_
             "proposer": Oracle(TINY.vocab_size),
             "engine_config": EngineConfig(check_integrity=True),
         },
+        "draft": {  # a draft model re-prefills its own copy of each window after a shift
+            "proposer": DraftModelProposer(one_layer, vocab_size=TINY.vocab_size, max_requests=8),
+            "engine_config": EngineConfig(check_integrity=True),
+        },
     }.items():
         if name == "verify":
             kw["proposer"].learn(prompts, results["plain"])
@@ -149,11 +158,12 @@ def test_a_one_layer_model_samples_what_a_fresh_prefill_of_its_window_gives(one_
         stats = engine.stats()
         engine.shutdown()
         assert stats["kv_evicted_tokens"] > 0
-        if name == "verify":
+        if name in ("verify", "draft"):
             assert stats["spec_accepted_tokens"] > 0
     outs = [r.token_ids for r in results["plain"]]
     assert [r.token_ids for r in results["overlap"]] == outs
     assert [r.token_ids for r in results["verify"]] == outs
+    assert [r.token_ids for r in results["draft"]] == outs
     reference = _engine(one_layer, tok, sinks=None)  # the option off: plain prefills
     for prompt, r in zip(prompts, results["plain"]):
         windows, evicted = _windows(prompt, r.token_ids)
@@ -166,3 +176,21 @@ def test_a_one_layer_model_samples_what_a_fresh_prefill_of_its_window_gives(one_
         want = torch.tensor([f.logprobs[0].logprob for f in fresh])
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     reference.shutdown()
+
+
+def test_a_constraint_and_its_jump_forward_run_through_the_window(one_layer, tok):
+    """A regex whose forced text (jump-forward) is longer than the window: the forced tail
+    is fed in chunks with evictions between them; the text matches the pattern in full."""
+    pattern = r"(The quick brown fox jumps over the lazy dog\. ){6}Score: [0-9]{2}\."
+    index = TokenIndex.get(pattern, tok)
+    engine = _engine(one_layer, tok, engine_config=EngineConfig(check_integrity=True))
+    try:
+        r = engine.submit(
+            EngineRequest((1, 2, 3), SP(max_tokens=200, temperature=0.0), index.new_guide())
+        ).result(timeout=300)
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    assert r.finish_reason == "stop" and re.fullmatch(pattern, r.text), r.text
+    assert len(r.token_ids) > LIMIT and stats["kv_evicted_tokens"] > 0
+    assert stats["jump_forward_tokens"] > LIMIT  # forced tokens fed past the window
