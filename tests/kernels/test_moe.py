@@ -57,7 +57,14 @@ def test_skewed_routing_and_int64_ids():
     assert rel_err(out, fused_moe_ref(x, w13, w2, weights, ids)) < tolerance(DTYPES[0])
 
 
-ALIGN = [(3, 4, 2, 4), (9, 3, 3, 16), (1, 8, 2, 16), (300, 5, 2, 16), (70, 64, 6, 32)]
+ALIGN = [
+    (3, 4, 2, 4),
+    (9, 3, 3, 16),
+    (1, 8, 2, 16),
+    (300, 5, 2, 16),
+    (70, 64, 6, 32),
+    (2100, 4, 2, 64),
+]
 
 
 @pytest.mark.parametrize("tokens,experts,top_k,block", ALIGN)

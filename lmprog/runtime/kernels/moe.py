@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_runnable, check_tensor
+from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_runnable, check_tensor, dynamic_args
 
 
 def fused_moe(
@@ -84,15 +84,15 @@ def moe_align(
     block_experts = torch.empty(blocks, dtype=torch.int32, device=dev)
     num_padded = torch.empty(1, dtype=torch.int32, device=dev)
     if n:
-        _count_kernel[(triton.cdiv(n, _ALIGN_BLOCK),)](flat, counts, n, BLOCK=_ALIGN_BLOCK)
+        _count_kernel[(triton.cdiv(n, 1024),)](flat, counts, n, BLOCK=1024)
+    # each expert's program scans all n rows: in one or a few wide steps, also for prefill
+    scan = min(max(triton.next_power_of_2(n), 64), 4096)
     _align_kernel[(num_experts,)](
         flat, counts, sorted_ids, block_experts, num_padded, n, num_experts, length, blocks,
-        BLOCK_M=block_m, E_POW2=triton.next_power_of_2(num_experts), BLOCK=_ALIGN_BLOCK,
+        BLOCK_M=block_m, E_POW2=triton.next_power_of_2(num_experts), BLOCK=scan,
+        num_warps=4 if scan <= 1024 else 8,
     )  # fmt: skip
     return sorted_ids, block_experts, num_padded
-
-
-_ALIGN_BLOCK = 256
 
 
 def block_config(assignments: int, num_experts: int) -> dict[str, int]:
@@ -176,7 +176,8 @@ def _check(x, w13, w2, topk_weights, topk_ids, out) -> tuple[int, int]:
     return num_experts, inter
 
 
-@triton.jit
+# the step's row counts vary from step to step: one compiled variant for all of them
+@triton.jit(**dynamic_args("num_valid", "num_rows"))
 def _moe_gemm_kernel(
     A, W, C, TopkWeights, SortedIds, BlockExperts, NumPadded,
     N, K, num_valid, num_rows,
@@ -222,14 +223,14 @@ def _moe_gemm_kernel(
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
+@triton.jit(**dynamic_args("n"))
 def _count_kernel(Ids, Counts, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
     tl.atomic_add(Counts + tl.load(Ids + offs, mask=ok, other=0), 1, mask=ok)
 
 
-@triton.jit
+@triton.jit(**dynamic_args("n", "length", "num_blocks"))
 def _align_kernel(
     Ids, Counts, Sorted, BlockExperts, NumPadded, n, num_experts, length, num_blocks,
     BLOCK_M: tl.constexpr, E_POW2: tl.constexpr, BLOCK: tl.constexpr,
