@@ -89,7 +89,7 @@ def test_block_matmul_matches_reference(m, n, k, group):
     out = block_fp8_matmul(x_q, x_s, w_q, w_s, group, out_dtype=torch.float32)
     ref = scaled_matmul_ref(x_q, x_s, w_q, w_s, group=group)
     assert out.shape == (m, n)
-    assert rel_err(out, ref) < (2e-3 if ON_GPU else 1e-5)  # fp32 sums in another order
+    assert rel_err(out, ref) < (1e-2 if ON_GPU else 1e-5)  # sums in another order (fp8 MMA)
     exact = x @ w.t()  # and the quantized product is near the unquantized one
     assert rel_err(out, exact) < 0.08
 

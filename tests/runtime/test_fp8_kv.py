@@ -64,8 +64,9 @@ def test_pool_writes_value_over_scale_and_reads_it_back():
 def _teacher_forced_logits(model, kv_cache_dtype: str) -> torch.Tensor:
     """Logits of a prefill of PROMPT, then of each FED token decoded one step at a time."""
     n = len(PROMPT) + len(FED)
-    kv = KVPool.for_model(model.config, n + 1, model.dtype, "cpu", kv_cache_dtype=kv_cache_dtype)
-    table = torch.arange(1, n + 2, dtype=torch.int32)[None, : n + 1].clone()
+    dev = model.device
+    kv = KVPool.for_model(model.config, n + 1, model.dtype, dev, kv_cache_dtype=kv_cache_dtype)
+    table = torch.arange(1, n + 2, dtype=torch.int32, device=dev)[None, : n + 1].contiguous()
     out = []
     with torch.inference_mode():
         p = len(PROMPT)
@@ -92,11 +93,15 @@ def test_decoding_over_an_fp8_pool_stays_close_to_the_full_precision_pool():
 
 @pytest.mark.skipif(TRITON_SKIP is not None, reason=TRITON_SKIP or "")
 def test_triton_backend_writes_and_reads_the_fp8_pool_as_the_torch_backend():
-    torch_model = load_model(TINY, load_format="dummy", seed=4)
-    triton_model = load_model(TINY, load_format="dummy", seed=4, attention="triton")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # else the interpreter
+    torch_model = load_model(TINY, load_format="dummy", seed=4, device=dev, dtype="float32")
+    triton_model = load_model(
+        TINY, load_format="dummy", seed=4, attention="triton", device=dev, dtype="float32"
+    )
     want = _teacher_forced_logits(torch_model, "fp8_e4m3")
     got = _teacher_forced_logits(triton_model, "fp8_e4m3")
-    assert ((got - want).norm() / want.norm()).item() < 1e-3
+    tol = 1e-2 if dev == "cuda" else 1e-3  # tf32 dots on the GPU
+    assert ((got - want).norm() / want.norm()).item() < tol
 
 
 def test_engine_serves_fp8_weights_over_an_fp8_pool_and_reuses_its_prefixes():
