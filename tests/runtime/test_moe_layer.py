@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from triton_testing import requires_triton
+from triton_testing import ON_GPU, requires_triton
 
 from lmprog.runtime.layers.moe import SparseMoE, select_experts
 
@@ -88,14 +88,19 @@ BLOCKS = {"mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "deepseek_v2": _deepseek
 
 
 def _check(kind: str, use_kernel: bool) -> None:
+    """fp32 on the CPU (the kernel through Triton's interpreter); the kernel on a GPU runs
+    its fp32 products in TF32, hence the looser tolerance there."""
     hf, kwargs = BLOCKS[kind]()
     ours = _ours_from(hf, **kwargs)
     ours.experts.use_kernel = use_kernel
     x = torch.randn(1, 13, H, generator=torch.Generator().manual_seed(1))
+    tol = 1e-5
+    if use_kernel and ON_GPU:
+        hf, ours, x, tol = hf.cuda(), ours.cuda(), x.cuda(), 5e-3
     with torch.inference_mode():
         want = hf(x)[0]
         got = ours(x[0])
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("kind", sorted(BLOCKS))
