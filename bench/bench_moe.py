@@ -17,7 +17,7 @@ Per token count: the routing is random (softmax top-2 of N(0, 1) logits, seed 0)
 Limit: the bytes of the experts the batch routes to, read once at 4.28 TB/s (H200 copy rate;
 at these sizes the GEMMs' FLOPs take less: 512 tokens are 361 GFLOP, 0.46 ms at 787 TFLOP/s,
 against 0.66 ms to read the 2.8 GB of 8 experts). Times: medians of triton.testing.do_bench
-(L2 flushed); moe_align is also timed alone, at the block size fused_moe picks.
+(L2 flushed; bench_kernels.py's timers); moe_align is also timed alone, at the block size fused_moe picks.
 """
 
 from __future__ import annotations
@@ -25,49 +25,24 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 if "--smoke" in sys.argv:  # before triton is imported anywhere
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import bench_kernels  # its timers: CUDA-event medians, CUDA-graph replays (DEV set in main)
 import torch
 import torch.nn.functional as F
+from bench_kernels import bench, bench_graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-HBM_COPY_TBS = 4.28  # measured on the H200 (issue 5)
+HBM_COPY_TBS = bench_kernels.HBM_COPY_TBS
 BF16_TFLOPS = 787.0
 
 
 def log(*args) -> None:
     print(*args, flush=True)
-
-
-def bench(fn, device: str) -> float:
-    """Median milliseconds of fn() (one timed call off the GPU)."""
-    if device != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    import triton.testing
-
-    return triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median")
-
-
-def bench_graph(fn, device: str) -> float:
-    """fn() captured in a CUDA graph and replayed (eager off the GPU)."""
-    if device != "cuda":
-        return bench(fn, device)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return bench(graph.replay, device)
 
 
 def torch_loop(x, w13, w2, weights, ids):
@@ -131,16 +106,16 @@ def run(tokens: int, args, w13, w2) -> None:
         f"vs the fp32 reference: fused {err[0]:.1e}, loop {err[1]:.1e}"
     )
     rows = {
-        "fused, eager": bench(lambda: fused_moe(x, w13, w2, weights, ids), dev),
-        "fused, CUDA graph": bench_graph(lambda: fused_moe(x, w13, w2, weights, ids), dev),
-        "torch loop": bench(lambda: torch_loop(x, w13, w2, weights, ids), dev),
+        "fused, eager": bench(lambda: fused_moe(x, w13, w2, weights, ids)),
+        "fused, CUDA graph": bench_graph(lambda: fused_moe(x, w13, w2, weights, ids)),
+        "torch loop": bench(lambda: torch_loop(x, w13, w2, weights, ids)),
     }
     hf = grouped_mm_experts(w13, w2) if dev == "cuda" and not args.smoke else None
     if hf is not None:
         with torch.inference_mode():
-            rows["torch grouped_mm (transformers)"] = bench(lambda: hf(x, ids.long(), weights), dev)
+            rows["torch grouped_mm (transformers)"] = bench(lambda: hf(x, ids.long(), weights))
     block = block_config(tokens * top_k, experts)["BLOCK_M"]
-    align_ms = bench(lambda: moe_align(ids, experts, block), dev)
+    align_ms = bench(lambda: moe_align(ids, experts, block))
     loop_ms = rows["torch loop"]
     for name, ms in rows.items():
         log(
@@ -149,7 +124,7 @@ def run(tokens: int, args, w13, w2) -> None:
         )
     log(f"   (moe_align alone, BLOCK_M {block}: {align_ms * 1e3:.1f} us)")
     if args.sweep:
-        sweep(x, w13, w2, weights, ids, limit_ms, dev)
+        sweep(x, w13, w2, weights, ids, limit_ms)
 
 
 SWEEP = [  # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages
@@ -159,7 +134,7 @@ SWEEP = [  # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages
 ]  # fmt: skip
 
 
-def sweep(x, w13, w2, weights, ids, limit_ms, dev) -> None:
+def sweep(x, w13, w2, weights, ids, limit_ms) -> None:
     """Each SWEEP tile config of fused_moe replayed from a CUDA graph; the best first."""
     from lmprog.runtime.kernels.moe import _CONFIG_KEYS, fused_moe
 
@@ -167,7 +142,7 @@ def sweep(x, w13, w2, weights, ids, limit_ms, dev) -> None:
     for tiles in SWEEP:
         cfg = dict(zip(_CONFIG_KEYS, tiles))
         try:
-            ms = bench_graph(lambda: fused_moe(x, w13, w2, weights, ids, config=cfg), dev)
+            ms = bench_graph(lambda: fused_moe(x, w13, w2, weights, ids, config=cfg))
         except Exception as exc:  # a config that does not fit (shared memory): skipped
             log(f"   sweep {tiles}: failed ({type(exc).__name__})")
             continue
@@ -187,6 +162,7 @@ def main() -> None:
     p.add_argument("--sweep", action="store_true", help="time the SWEEP tile configs too")
     args = p.parse_args()
     args.device, dtype = ("cpu", torch.float16) if args.smoke else ("cuda", torch.bfloat16)
+    bench_kernels.DEV = args.device
     if args.smoke:
         args.tokens, args.hidden, args.intermediate = [1, 8, 40], 64, 96
     if args.device == "cuda":
