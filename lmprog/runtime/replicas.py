@@ -52,6 +52,7 @@ _COUNTERS = (
     "decode_tokens",
     "generated_tokens",
     "jump_forward_tokens",
+    "kv_evicted_tokens",
     "overlapped_steps",
     "internal_errors",
     "busy_seconds",
