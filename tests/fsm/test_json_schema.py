@@ -486,6 +486,28 @@ def test_a_small_schema_cannot_ask_for_unbounded_work():
     assert Constraint.from_json_schema(wide).lark
 
 
+def test_references_expanded_within_references_are_refused_at_the_work_limit():
+    """Definitions that each intersect the root they are reached from (`$ref: "#"` beside other
+    keywords, as in Renovate's schema) must be unrolled, and the unrolling multiplies: past
+    MAX_WORK steps the schema is refused, after a bounded time."""
+    import time
+
+    def schema(n):
+        defs = {
+            f"d{i}": {"type": "object", "$ref": "#", "properties": {"x": {"type": "string"}}}
+            for i in range(n)
+        }
+        props = {f"d{i}": {"$ref": f"#/definitions/d{i}"} for i in range(n)}
+        return {"type": "object", "definitions": defs, "properties": props}
+
+    small = Constraint.from_json_schema(schema(2))
+    assert small.matches('{"d0": {"x": "a", "d1": {}}}') and not small.matches('{"d0": {"x": 1}}')
+    start = time.process_time()
+    with pytest.raises(ConstraintError, match="max_work=15,000"):
+        Constraint.from_json_schema(schema(40))
+    assert time.process_time() - start < 5  # CPU seconds (about 0.7 s here)
+
+
 def test_deep_schemas_are_refused_with_the_limit_named():
     deep = {"type": "integer"}
     for _ in range(100):

@@ -43,7 +43,8 @@ from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.builder import Builder
 from lmprog.fsm.json_schema.emit import Emitter
 from lmprog.fsm.json_schema.lark import fragment_limit, to_lark
-from lmprog.fsm.json_schema.terms import Unroll
+from lmprog.fsm.json_schema.refs import Registry
+from lmprog.fsm.json_schema.terms import Unroll, work_limit
 from lmprog.fsm.regex import Chars, Concat, R, Repeat, compile_user_regex, parse_regex, raw
 from lmprog.fsm.regex.charset import CharSet
 from lmprog.fsm.regex.fragments import pattern_limit
@@ -55,6 +56,10 @@ DEFAULT_ANY_DEPTH = None  # unbounded: "any value" is a recursive rule
 # lists), and the length of the regex it becomes (which can grow exponentially with nesting)
 DEFAULT_MAX_SCHEMA_DEPTH = 128
 DEFAULT_MAX_PATTERN_CHARS = 1_000_000
+# Work units (schema objects built, term pairs met) one compile may spend: the largest real
+# schemas measured take under a tenth of it (docs/benchmarks.md), it runs out in well under
+# a second of CPU
+MAX_WORK = 15_000
 
 __all__ = [
     "build_grammar",
@@ -134,10 +139,15 @@ def build_grammar(
             "and arrays; flatten it or raise max_schema_depth"
         )
     try:
+        registry = Registry(document)
         try:
-            text = _grammar(document, ws, max_recursion_depth, any_depth, max_pattern_chars)
+            text = _grammar(
+                document, ws, max_recursion_depth, any_depth, max_pattern_chars, registry
+            )
         except Unroll:  # recursion under allOf/not/unevaluated*: unrolled to a bounded depth
-            text = _grammar(document, ws, max_recursion_depth, any_depth, max_pattern_chars, True)
+            text = _grammar(
+                document, ws, max_recursion_depth, any_depth, max_pattern_chars, registry, True
+            )
     except RecursionError:
         raise ConstraintError(
             "the schema (with its $refs unrolled) nests too deeply to compile; flatten it or "
@@ -151,9 +161,11 @@ def build_grammar(
     return text
 
 
-def _grammar(document, ws, max_recursion_depth, any_depth, max_chars, unroll=False) -> str:
-    with pattern_limit(max_chars), fragment_limit(max_chars):
-        builder = Builder(document, max_recursion_depth, unroll)
+def _grammar(
+    document, ws, max_recursion_depth, any_depth, max_chars, registry, unroll=False
+) -> str:
+    with pattern_limit(max_chars), fragment_limit(max_chars), work_limit(MAX_WORK):
+        builder = Builder(document, max_recursion_depth, unroll, registry)
         node = builder.build_root(document)
         emitter = Emitter(ws, any_depth, builder.bodies)
         out = emitter.node(node)

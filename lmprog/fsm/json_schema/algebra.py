@@ -27,6 +27,7 @@ from lmprog.fsm.json_schema.terms import (
     RefT,
     StrT,
     Unroll,
+    charge,
     make_node,
 )
 from lmprog.fsm.json_schema.values import num_ok, pattern_matcher, str_ok
@@ -49,6 +50,7 @@ def conj(a: Node, b: Node) -> Node:
         raise ConstraintError(
             f"schema too complex: an intersection of {len(a.terms)} x {len(b.terms)} branches"
         )
+    charge(len(a.terms) * len(b.terms))
     terms = [meet(x, y) for x in a.terms for y in b.terms if type(x) is type(y)]
     return make_node(terms)
 
@@ -115,14 +117,16 @@ def _meet_num(x: NumT, y: NumT) -> NumT | None:
 def normalize_num(t: NumT) -> NumT | None:
     """Drop what other facets already decide; None when certainly empty."""
     if t.values is not None:
-        kept = frozenset(v for v in t.values if num_ok(replace(t, values=None), v))
+        free = replace(t, values=None)
+        kept = frozenset(v for v in t.values if num_ok(free, v))
         return NumT(values=kept) if kept else None
     if t.lo is not None and t.hi is not None:
         if t.lo > t.hi or (t.lo == t.hi and (t.lo_excl or t.hi_excl)):
             return None
         if t.integer and integer_bounds(t)[0] > integer_bounds(t)[1]:
             return None
-    excluded = frozenset(v for v in t.excluded if num_ok(replace(t, excluded=frozenset()), v))
+    free = replace(t, excluded=frozenset())
+    excluded = frozenset(v for v in t.excluded if num_ok(free, v))
     return replace(t, excluded=excluded)
 
 
@@ -158,12 +162,16 @@ def _meet_str(x: StrT, y: StrT) -> StrT | None:
 
 def normalize_str(t: StrT) -> StrT | None:
     if t.values is not None:
-        kept = frozenset(v for v in t.values if str_ok(replace(t, values=None), v))
+        free = replace(t, values=None)
+        kept = frozenset(v for v in t.values if str_ok(free, v))
         return StrT(values=kept) if kept else None
     if t.max_len is not None and t.min_len > t.max_len:
         return None
-    excluded = frozenset(v for v in t.excluded if str_ok(replace(t, excluded=frozenset()), v))
-    return replace(t, excluded=excluded)
+    if not (t.patterns or t.formats or t.not_patterns or t.min_len or t.max_len is not None):
+        return t  # every excluded string is one of t's
+    free = replace(t, excluded=frozenset())
+    excluded = frozenset(v for v in t.excluded if str_ok(free, v))
+    return t if excluded == t.excluded else replace(t, excluded=excluded)
 
 
 def _meet_arr(x: ArrT, y: ArrT) -> ArrT | None:

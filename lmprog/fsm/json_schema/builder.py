@@ -36,6 +36,7 @@ from lmprog.fsm.json_schema.terms import (
     ObjT,
     RefT,
     Unroll,
+    charge,
     expand,
     make_node,
     union,
@@ -46,8 +47,8 @@ _SERIAL = itertools.count()  # RefT keys of one compile never equal another's (c
 
 
 class Builder:
-    def __init__(self, root, max_recursion_depth: int, unroll: bool = False):
-        self.registry = Registry(root)
+    def __init__(self, root, max_recursion_depth: int, unroll: bool = False, registry=None):
+        self.registry = registry or Registry(root)
         self.max_depth = max_recursion_depth
         self.unroll = unroll
         self.active: dict = {}  # target key -> expansions in progress
@@ -60,6 +61,7 @@ class Builder:
         return self._expand(document, self.registry.base_of(document, ""), "#")
 
     def build(self, schema, base: str = "", path: str = "#") -> Node:
+        charge()
         if schema is True:
             return TOP
         if schema is False:

@@ -27,13 +27,13 @@ from lmprog.fsm.json_schema.lark import Frag, alt, tok
 from lmprog.fsm.json_schema.sequences import Slot, separated
 from lmprog.fsm.json_schema.strings import json_text, string_lexeme
 from lmprog.fsm.json_schema.terms import Node, ObjT, StrT
-from lmprog.fsm.json_schema.values import pattern_matcher
-from lmprog.fsm.regex import ANY_CHAR, lit
+from lmprog.fsm.regex import Chars, CharSet, Concat, Repeat, lit, node_lengths, parse_regex
 
 if TYPE_CHECKING:
     from lmprog.fsm.json_schema.emit import Emitter
 
-MAX_KEY_CLASSES = 64  # regions of one object (sets of patterns a key can match together)
+MAX_KEY_CLASSES = 64
+_ANY_KEY = StrT()  # regions of one object (sets of patterns a key can match together)
 
 
 def object_regex(t: ObjT, em: Emitter) -> Frag | None:
@@ -94,7 +94,7 @@ def _regions(t: ObjT, em: Emitter) -> list:
         )
         keys = StrT(patterns=tuple(sorted(inside)), not_patterns=outside, excluded=named)
         for n in names:
-            k = meet(n, keys)
+            k = keys if n == _ANY_KEY and not inside else meet(n, keys)
             if k is not None:
                 out.append(em.member(string_lexeme(k), em.node(value)))
     return [r for r in out if r is not None]
@@ -125,32 +125,59 @@ def _pattern_sets(sources: tuple) -> list[frozenset]:
     return out
 
 
-def _small_classes(source: str) -> bool:
-    """interegular expands every character range it reads: only hand it patterns whose classes
-    are written with a few thousand characters at most (``\\p{L}`` is not)."""
-    from lmprog.fsm.regex import Chars, Concat, Repeat, parse_regex
-
-    def ok(node) -> bool:
-        if isinstance(node, Chars):
-            size = node.chars.size()
-            return size <= 4096 or ANY_CHAR.size() - size <= 4096
-        if isinstance(node, Repeat):
-            return ok(node.node)
-        return all(ok(p) for p in (node.parts if isinstance(node, Concat) else node.options))
-
-    return all(ok(b.node) for b in parse_regex(source, "ecma").branches)
-
-
 @lru_cache(maxsize=4096)
 def _overlap(a: str, b: str) -> bool:
-    """Whether some string contains matches of both patterns (True when unsure)."""
-    if not (_small_classes(a) and _small_classes(b)):
-        return True
-    try:
-        import interegular
+    """Whether some key may match both patterns: False only when both are anchored at the
+    start and their first characters differ (``^x-`` and ``^[0-9]``); True when unsure (a region
+    for keys matching both is then formed, and is empty if no key does)."""
+    first_a, first_b = _first_chars(a), _first_chars(b)
+    return first_a is None or first_b is None or not (first_a & first_b).is_empty()
 
-        fa = interegular.parse_pattern(pattern_matcher(a).pattern).to_fsm()
-        fb = interegular.parse_pattern(pattern_matcher(b).pattern).to_fsm()
-        return not (fa & fb).empty()
-    except Exception:  # noqa: BLE001 - interegular gave up: assume they overlap (the conservative answer)
-        return True
+
+def _first_chars(source: str) -> CharSet | None:
+    """The characters a match of an anchored pattern can start with (None: not anchored on
+    every branch, or a branch may match the empty string)."""
+    out = CharSet()
+    for branch in parse_regex(source, "ecma").branches:
+        first = _first(branch.node) if branch.start else None
+        if first is None:
+            return None
+        out = out | first
+    return out
+
+
+def _first(node) -> CharSet | None:
+    """First characters of a non-empty match of `node`; None if it may match the empty string."""
+    if isinstance(node, Chars):
+        return node.chars
+    if isinstance(node, Repeat):
+        return _first(node.node) if node.lo > 0 else None
+    if isinstance(node, Concat):
+        out = CharSet()
+        for part in node.parts:
+            first = _first(part)
+            if first is not None:
+                return out | first
+            if node_lengths(part)[0] > 0:
+                return None
+            inner = _first_any(part)
+            if inner is None:
+                return None
+            out = out | inner
+        return None
+    options = [_first(o) for o in node.options]
+    return None if not options or any(o is None for o in options) else _union(options)
+
+
+def _first_any(node) -> CharSet | None:
+    """First characters of any match of a node that may match the empty string."""
+    if isinstance(node, Repeat):
+        return _first(node.node) if _first(node.node) is not None else _first_any(node.node)
+    return None
+
+
+def _union(sets: list) -> CharSet:
+    out = CharSet()
+    for s in sets:
+        out = out | s
+    return out

@@ -12,8 +12,13 @@ travel with the terms but do not change the set of values a term accepts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, fields
 from decimal import Decimal
+
+from lmprog.core.errors import ConstraintError
 
 
 def _cache_hash(cls):
@@ -162,6 +167,35 @@ class Unroll(Exception):
     """An operation needed the values behind a RefT."""
 
 
+# ---- the work one compile may do ---------------------------------------------------------
+# Counted in units (a schema object built, a pair of terms met), so that a schema whose
+# compilation would blow up (references expanded inside references, normal forms multiplying)
+# is refused after a bounded, machine-independent amount of work.
+_WORK: ContextVar[list[int] | None] = ContextVar("lmprog_schema_work", default=None)
+
+
+@contextmanager
+def work_limit(units: int) -> Iterator[None]:
+    token = _WORK.set([units, units])
+    try:
+        yield
+    finally:
+        _WORK.reset(token)
+
+
+def charge(units: int = 1) -> None:
+    """Spend work units; ConstraintError past the limit of the compile in progress."""
+    budget = _WORK.get()
+    if budget is not None:
+        budget[0] -= units
+        if budget[0] < 0:
+            raise ConstraintError(
+                f"schema too complex: compiling it takes more than max_work={budget[1]:,} "
+                "steps (references expanded within references, or unions and intersections "
+                "multiplying); simplify the schema or raise max_work"
+            )
+
+
 TERM_TYPES = (NullT, BoolT, NumT, StrT, ArrT, ObjT)
 FULL_TERMS = tuple(t() for t in TERM_TYPES)
 TYPE_NAMES = {
@@ -176,22 +210,30 @@ TYPE_NAMES = {
 _ANNOTATIONS = {"eval_prefix", "eval_all", "eval_names", "eval_patterns"}
 
 
-def strip_annotations(term):
-    if isinstance(term, RefT):
-        return term
-    names = {f.name for f in fields(term)} & _ANNOTATIONS
-    return replace(term, **{n: getattr(FULL_TERMS[TERM_TYPES.index(type(term))], n) for n in names})
+def _split_fields(cls) -> tuple[tuple, tuple]:
+    names = [f.name for f in fields(cls)]
+    return tuple(n for n in names if n not in _ANNOTATIONS), tuple(
+        n for n in names if n in _ANNOTATIONS
+    )
+
+
+_FIELDS = {cls: _split_fields(cls) for cls in TERM_TYPES}
+_FULL = dict(zip(TERM_TYPES, FULL_TERMS))
 
 
 def has_annotations(term) -> bool:
-    return strip_annotations(term) != term
+    if isinstance(term, RefT):
+        return False
+    full = _FULL[type(term)]
+    return any(getattr(term, n) != getattr(full, n) for n in _FIELDS[type(term)][1])
 
 
 def is_full(term) -> bool:
     """Whether the term accepts every value of its type (annotations aside)."""
     if isinstance(term, RefT):
         return False
-    return strip_annotations(term) == FULL_TERMS[TERM_TYPES.index(type(term))]
+    full = _FULL[type(term)]
+    return all(getattr(term, n) == getattr(full, n) for n in _FIELDS[type(term)][0])
 
 
 def full_node(*types) -> Node:
@@ -201,20 +243,17 @@ def full_node(*types) -> Node:
 def make_node(terms, limit: int = 512) -> Node:
     """A normalized union: duplicates dropped, value-only terms merged, terms subsumed by an
     unannotated full term of their type dropped, and all-full unions turned into ``TOP``."""
-    out: list = []
-    for t in terms:
-        if t is not None and t not in out:
-            out.append(t)
-    out = _merge_value_terms(out)
+    out = list(dict.fromkeys(t for t in terms if t is not None))
+    if len(out) > 1:
+        out = _merge_value_terms(out)
     # an unannotated full term subsumes the other terms of its type, unless they carry
     # annotations that unevaluated* keywords may still read
-    full = {type(t) for t in out if is_full(t) and not has_annotations(t)}
-    out = [t for t in out if type(t) not in full or is_full(t) or has_annotations(t)]
+    kept = [(t, is_full(t) or has_annotations(t)) for t in out]
+    full = {type(t) for t, keep in kept if keep and not has_annotations(t)}
+    out = [t for t, keep in kept if keep or type(t) not in full]
     if len(full) == len(TERM_TYPES) and len(out) == len(TERM_TYPES):
         return TOP
     if len(out) > limit:
-        from lmprog.core.errors import ConstraintError
-
         raise ConstraintError(f"schema too complex: its normal form has over {limit} branches")
     return Node(tuple(out))
 
