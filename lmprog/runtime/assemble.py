@@ -98,6 +98,10 @@ def assemble_model(
         from .layers.fp8_linear import quantize_fp8_
 
         quantize_fp8_(net)
+    if dev.type == "cuda" and quantization_of(net) == "fp8":
+        from .layers.fp8_linear import choose_small_m_paths_
+
+        choose_small_m_paths_(net)  # decode-sized matmuls: fused or _scaled_mm, as timed
     if dev.type == "cuda":
         from .layers.triton_fused import can_fuse_elementwise, fuse_elementwise
 

@@ -10,7 +10,11 @@ from kernel_helpers import DEVICE, ON_GPU, rel_err, requires_kernels
 pytest.importorskip("triton", reason="triton is not installed: pip install triton==3.9.0")
 pytestmark = requires_kernels
 
-from lmprog.runtime.kernels.fp8 import block_fp8_matmul, quantize_fp8  # noqa: E402
+from lmprog.runtime.kernels.fp8 import (  # noqa: E402
+    block_fp8_matmul,
+    fp8_matmul_small_m,
+    quantize_fp8,
+)
 from lmprog.runtime.kernels.fp8_ref import (  # noqa: E402
     FP8,
     quantize_fp8_ref,
@@ -92,6 +96,24 @@ def test_block_matmul_matches_reference(m, n, k, group):
     assert rel_err(out, ref) < (1e-2 if ON_GPU else 1e-5)  # sums in another order (fp8 MMA)
     exact = x @ w.t()  # and the quantized product is near the unquantized one
     assert rel_err(out, exact) < 0.08
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 96, 512), (5, 64, 300), (16, 40, 256)])
+@pytest.mark.parametrize("static", [False, True])
+def test_small_m_matmul_quantizes_as_quantize_fp8(m, n, k, static):
+    """The fused kernel's numbers are quantize_fp8's codes times the weights, summed in fp32:
+    K not a multiple of its block, N not of its tile, every row count up to 16."""
+    x = torch.randn(m, k, device=DEVICE) * 3
+    w_q, w_s = quantize_fp8_ref(torch.randn(n, k, device=DEVICE))
+    w_s = w_s.reshape(n)
+    scale = torch.tensor([0.02], device=DEVICE) if static else None
+    out = fp8_matmul_small_m(x, w_q, w_s, scale=scale, out_dtype=torch.float32)
+    x_q, x_s = quantize_fp8_ref(x, scale=scale)
+    ref = scaled_matmul_ref(x_q, x_s, w_q, w_s)
+    assert out.shape == (m, n)
+    assert rel_err(out, ref) < (1e-2 if ON_GPU else 1e-5)
+    with pytest.raises(ValueError, match="M <= 16"):
+        fp8_matmul_small_m(torch.randn(17, k, device=DEVICE), w_q, w_s)
 
 
 def test_block_matmul_errors():

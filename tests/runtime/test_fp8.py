@@ -62,13 +62,16 @@ def test_linear_is_the_dequantized_matmul_and_close_to_the_fp32_one():
 
 @pytest.mark.skipif(TRITON_SKIP is not None, reason=TRITON_SKIP or "")
 @pytest.mark.parametrize("static", [False, True])
-def test_kernel_path_matches_the_reference_path(static):
-    """The CUDA path (Triton quantize_fp8 + torch._scaled_mm, here the interpreter and torch's
-    CPU _scaled_mm) computes what the PyTorch path does, to its bf16 output's rounding."""
+@pytest.mark.parametrize("rows,fused", [(7, True), (7, False), (40, True)])
+def test_kernel_path_matches_the_reference_path(static, rows, fused):
+    """The CUDA path (up to 16 rows the fused small-M kernel, else Triton quantize_fp8 +
+    torch._scaled_mm; here the interpreter and torch's CPU _scaled_mm) computes what the
+    PyTorch path does, to its bf16 output's rounding."""
     layer = Fp8Linear.from_linear(nn.Linear(256, 64, bias=False)).to(KERNEL_DEVICE)
     if static:
         layer.input_scale = nn.Parameter(torch.tensor([0.01], device=KERNEL_DEVICE), False)
-    x = torch.randn(7, 256, device=KERNEL_DEVICE)
+    layer.small_m_fused = fused
+    x = torch.randn(rows, 256, device=KERNEL_DEVICE)
     with torch.no_grad():
         ref = layer(x)
         layer.use_kernels = True
@@ -89,6 +92,18 @@ def test_block_kernel_path_matches_the_reference_path(tmp_path):
         layer.use_kernels = True
         got = layer(x)
     assert rel(got, ref) < KERNEL_TOL
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times kernels in CUDA graphs")
+def test_small_m_path_is_chosen_per_layer_shape_by_timing():
+    from lmprog.runtime.layers.fp8_linear import choose_small_m_paths_
+
+    net = assemble_model(TINY, device="cuda", load_format="dummy", quantization="fp8")
+    times = choose_small_m_paths_(net)
+    assert set(times) == {(128, 256), (128, 128), (128, 512), (256, 128)}
+    for layer in (m for m in net.modules() if isinstance(m, Fp8Linear)):
+        fused, scaled = times[(layer.in_features, layer.out_features)]
+        assert fused > 0 and scaled > 0 and layer.small_m_fused == (fused <= scaled)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -2,6 +2,9 @@
 
     quantize_fp8(x, group=None, scale=None) -> (q, s)     one program per (row, group)
     block_fp8_matmul(x_q, x_s, w_q, w_s, group) -> y      y = x @ w^T, [M, N]
+    fp8_matmul_small_m(x, w_q, w_s, scale=None) -> y     x unquantized, M <= 16: the
+                                                          per-token quantization in the
+                                                          matmul's prologue (decode steps)
 
 The math is `fp8_ref`'s (the PyTorch reference the tests hold these to): scales by IEEE
 division (`tl.div_rn`), so the kernel rounds every value as torch does. The per-token form
@@ -168,4 +171,85 @@ def _block_matmul_kernel(
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-__all__ = ["block_fp8_matmul", "quantize_fp8"]
+SMALL_M = 16  # fp8_matmul_small_m's rows: one MMA tile
+
+
+def fp8_matmul_small_m(
+    x: torch.Tensor,
+    w_q: torch.Tensor,
+    w_s: torch.Tensor,
+    *,
+    scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    block_n: int = 32,
+    block_k: int = 256,
+) -> torch.Tensor:
+    """y = quantize_fp8(x) @ w_q^T scaled, for M <= 16 rows in one kernel: each program
+    takes block_n output columns, finds its rows' amax (x is small: every program reads it,
+    from L2), then streams its weight rows, quantizing x's blocks as it goes. The same
+    numbers as quantize_fp8 + torch._scaled_mm (per-token or static `scale`, per-channel
+    w_s [N]) up to the order of the fp32 sums; no launch for the quantization."""
+    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    check_runnable("x", x)
+    check_tensor("w_q", w_q, ndim=2, dtypes=(FP8,), device=x.device)
+    check_tensor("w_s", w_s, ndim=1, dtypes=(torch.float32,), device=x.device)
+    m, k = x.shape
+    n = w_q.shape[0]
+    if m > SMALL_M or w_q.shape[1] != k or w_s.shape[0] != n:
+        raise ValueError(
+            f"x [M <= {SMALL_M}, K], w_q [N, K] and w_s [N] expected, got {tuple(x.shape)}, "
+            f"{tuple(w_q.shape)}, {tuple(w_s.shape)}"
+        )
+    if x.stride(1) != 1 or not w_q.is_contiguous():
+        raise ValueError("x must be contiguous in its last dimension and w_q contiguous")
+    static = scale is not None
+    if static:
+        check_tensor("scale", scale, dtypes=(torch.float32,), device=x.device)
+    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0:
+        return y
+    _small_m_kernel[(triton.cdiv(n, block_n),)](
+        x, w_q, w_s, scale if static else w_s, y, m, n, k, x.stride(0),
+        STATIC=static, BLOCK_M=SMALL_M, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=4, num_stages=4,
+    )  # fmt: skip
+    return y
+
+
+@triton.jit(**dynamic_args("m"))
+def _small_m_kernel(
+    X, W, Ws, Static, Y, m, n, k, stride_x,
+    STATIC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < m
+    n_ok = offs_n < n
+    x_rows = X + offs_m[:, None].to(tl.int64) * stride_x
+    if STATIC:
+        s = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(Static)
+    else:
+        amax = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, k, BLOCK_K):
+            ok = m_ok[:, None] & (k0 + offs_k < k)[None, :]
+            xb = tl.load(x_rows + k0 + offs_k[None, :], mask=ok, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.max(tl.abs(xb), 1))
+        s = tl.div_rn(tl.maximum(amax, AMAX_FLOOR), FP8_MAX + tl.zeros_like(amax))
+    w_cols = W + tl.where(n_ok, offs_n, 0)[None, :].to(tl.int64) * k  # w^T tile [K, N]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, k, BLOCK_K):
+        k_ok = k0 + offs_k < k
+        xb = tl.load(x_rows + k0 + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                     other=0.0).to(tl.float32)  # fmt: skip
+        xq = to_e4m3(tl.div_rn(xb, s[:, None] + tl.zeros_like(xb)))
+        wb = tl.load(w_cols + k0 + offs_k[:, None], mask=k_ok[:, None], other=0.0)
+        acc += tl.dot(xq, wb)
+    w_s = tl.load(Ws + offs_n, mask=n_ok, other=0.0)
+    y = acc * s[:, None] * w_s[None, :]
+    y_ptrs = Y + offs_m[:, None].to(tl.int64) * n + offs_n[None, :]
+    tl.store(y_ptrs, y.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+__all__ = ["SMALL_M", "block_fp8_matmul", "fp8_matmul_small_m", "quantize_fp8"]
