@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -109,6 +110,9 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFIndex:
         return _index_from_json(path, json.loads(cached.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         pass  # no cache entry yet, or a stale/corrupt one: parse the file
+    logging.getLogger(__name__).info(
+        "reading the metadata of %s (once; cached in %s)", path, cached
+    )
     reader = GGUFReader(path)
     index = GGUFIndex(
         path,

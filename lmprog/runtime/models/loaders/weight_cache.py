@@ -124,6 +124,7 @@ def _write_through(
     described, once the last one is written). A cache that cannot be written costs nothing
     but the next start its dequantization."""
     tmp = entry / f"{DATA}.tmp{os.getpid()}-{threading.get_ident()}"
+    log.info("the dequantized weights go to the cache %s (once)", entry)
     out = None
     try:
         entry.mkdir(parents=True, exist_ok=True)
