@@ -315,6 +315,28 @@ def test_patterns_formats_lengths_and_exclusions_combine():
     assert dated.matches("7")  # not a string: format and lengths do not apply
 
 
+def test_min_and_max_properties_count_optional_and_additional_members():
+    one_of_them = Constraint.from_json_schema(  # GitHub workflow's `defaults`
+        {"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1}
+    )
+    assert not one_of_them.matches("{}") and one_of_them.matches('{"x": 1}')
+    assert one_of_them.matches('{"b": 1}') and one_of_them.matches('{"a": 1, "b": 2, "c": 3}')
+    exactly_one = Constraint.from_json_schema(  # CircleCI's steps: one key of several
+        {"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1, "maxProperties": 1}
+    )
+    assert exactly_one.matches('{"a": 1}') and exactly_one.matches('{"x": [1]}')
+    for text in ("{}", '{"a": 1, "b": 2}', '{"a": 1, "x": 2}', '{"x": 1, "y": 2}'):
+        assert not exactly_one.matches(text), text
+    three = Constraint.from_json_schema(
+        {"properties": {"a": {}, "b": {}}, "required": ["a"], "minProperties": 3}
+    )
+    assert three.matches('{"a": 1, "b": 2, "x": 3}') and not three.matches('{"a": 1, "b": 2}')
+    # two additional keys might be one key written twice: not counted as two (a narrowing)
+    assert not three.matches('{"a": 1, "x": 2, "x": 3}') and not three.matches(
+        '{"a": 1, "x": 2, "y": 3}'
+    )
+
+
 def test_canonical_key_order_and_optional_subsets():
     c = Constraint.from_json_schema(
         {"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "additionalProperties": False}

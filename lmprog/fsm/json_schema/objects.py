@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.algebra import conj_all, meet
-from lmprog.fsm.json_schema.lark import Frag, alt, tok
+from lmprog.fsm.json_schema.lark import EPS, Frag, alt, cat, rep, tok
 from lmprog.fsm.json_schema.sequences import Slot, separated
 from lmprog.fsm.json_schema.strings import json_text, string_lexeme
 from lmprog.fsm.json_schema.terms import Node, ObjT, StrT
@@ -32,8 +32,9 @@ from lmprog.fsm.regex import Chars, CharSet, Concat, Repeat, lit, node_lengths, 
 if TYPE_CHECKING:
     from lmprog.fsm.json_schema.emit import Emitter
 
-MAX_KEY_CLASSES = 64
-_ANY_KEY = StrT()  # regions of one object (sets of patterns a key can match together)
+MAX_KEY_CLASSES = 64  # regions of one object (sets of patterns a key can match together)
+MAX_COUNT_STATES = 4096  # states of one object's member count under min/maxProperties
+_ANY_KEY = StrT()
 
 
 def object_regex(t: ObjT, em: Emitter) -> Frag | None:
@@ -51,31 +52,66 @@ def object_regex(t: ObjT, em: Emitter) -> Frag | None:
     if t.any_order and not regions and len(named) <= 4 and all(s.lo for s in named):
         body = alt(*(separated(list(p), em.sep)[0] for p in permutations(named)))
         return em.container("{", body, not named, "}")
-    slots = named + _region_slots(regions, t, n_required, len(named) - n_required)
-    return em.container("{", *separated(slots, em.sep), "}")
-
-
-def _region_slots(regions: list, t: ObjT, n_required: int, n_optional: int) -> list[Slot]:
-    """The slot of the unnamed keys, with its count from min/maxProperties."""
     item = alt(*regions)
-    most = None if item is not None else n_required + n_optional
-    free = t.min_props <= n_required and (
+    most = None if item is not None else len(named)
+    if t.min_props <= n_required and (
         t.max_props is None or (most is not None and most <= t.max_props)
-    )
-    if free:
-        return [Slot(item, 0, None)] if item is not None else []
-    if n_optional:
-        raise ConstraintError(
-            "minProperties/maxProperties together with optional properties has no exact regex"
-        )
-    lo = max(0, t.min_props - n_required)
-    if lo >= 2:
-        raise ConstraintError(
-            "minProperties that needs two or more additional properties has no "
-            "exact regex (a repeated key would count twice)"
-        )
-    hi = None if t.max_props is None else t.max_props - n_required
-    return [Slot(item, lo, hi)]
+    ):  # the counts hold whatever is written
+        slots = named + ([Slot(item, 0, None)] if item is not None else [])
+        return em.container("{", *separated(slots, em.sep), "}")
+    body = _Counted(named, item, t.min_props, t.max_props, em.sep).body()
+    return em.container("{", body, t.min_props == 0 and n_required == 0, "}")
+
+
+class _Counted:
+    """The members of an object under minProperties/maxProperties: the named slots (each
+    written at most once, their keys distinct) then the additional members (``item``), as a
+    grammar that counts what is written. Toward ``maxProperties`` every member written counts
+    (there are at most that many distinct keys); toward ``minProperties`` additional members
+    count at most once, since two of them may repeat a key (there are at least that many
+    distinct keys). So a minimum that needs two or more additional keys accepts nothing beyond
+    what the named properties can reach (a narrowing, never a wrong acceptance)."""
+
+    def __init__(self, named: list, item: Frag | None, lo: int, hi: int | None, sep) -> None:
+        self.named, self.item, self.lo, self.hi, self.sep = named, item, lo, hi, sep
+        states = (len(named) + 1) * (lo + 1) * ((hi or 0) + 1) * 2
+        if states > MAX_COUNT_STATES:
+            raise ConstraintError(
+                f"minProperties/maxProperties ({lo}, {hi}) over {len(named)} optional "
+                f"properties needs more than {MAX_COUNT_STATES} counting states"
+            )
+        self.memo: dict = {}
+
+    def body(self) -> Frag | None:
+        """The non-empty member sequences."""
+        return self.rest(0, 0, 0, True)
+
+    def rest(self, i: int, written: int, distinct: int, first: bool) -> Frag | None:
+        key = (i, written, distinct, first)
+        if key not in self.memo:
+            self.memo[key] = self._rest(i, written, distinct, first)
+        return self.memo[key]
+
+    def _rest(self, i: int, written: int, distinct: int, first: bool) -> Frag | None:
+        room = None if self.hi is None else self.hi - written
+        if i == len(self.named):  # the additional members, last
+            need = max(0, self.lo - distinct)
+            if need > 1 or self.item is None:
+                return None if need or first else EPS
+            least = max(need, 1 if first else 0)
+            if room is not None and room < least:
+                return None
+            if first:
+                more = None if room is None else room - 1
+                return cat(self.item, rep(cat(self.sep, self.item), max(least - 1, 0), more))
+            return rep(cat(self.sep, self.item), least, room)
+        slot = self.named[i]
+        skip = None if slot.lo else self.rest(i + 1, written, distinct, first)
+        if room == 0:
+            return skip
+        member = slot.item if first else cat(self.sep, slot.item)
+        after = self.rest(i + 1, written + (self.hi is not None), min(distinct + 1, self.lo), False)
+        return alt(skip, cat(member, after))
 
 
 def _regions(t: ObjT, em: Emitter) -> list:
