@@ -17,6 +17,7 @@ FP8 weights with an FP8 KV cache (`kv_cache_dtype="fp8_e4m3"`).
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
@@ -177,11 +178,15 @@ PROGRAMS = [
 
 
 def run_programs(device: str, opts: dict) -> list[str]:
-    rt = lp.Runtime(device=device, **opts)
+    rt = lp.Runtime(device=device, max_total_tokens=16384, **opts)
     try:
         return [fn.run(**kw, backend=rt, temperature=0).text() for fn, kw in PROGRAMS]
     finally:
         rt.shutdown()
+        del rt
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the next runtime's pool starts from free memory
 
 
 def programs_section(args, device: str) -> None:
