@@ -222,6 +222,8 @@ class Engine:
     def _run(self) -> None:
         error: BaseException = BackendError("the runtime was shut down before the request finished")
         try:
+            if self.runner.device.type == "cuda":  # Triton launches on the current device
+                torch.cuda.set_device(self.runner.device)  # (replicas run on several GPUs)
             with torch.inference_mode():  # logits, masks, penalty counts: all engine-local
                 self._loop()
         except ParallelError as exc:  # a rank died or hung: the group cannot go on

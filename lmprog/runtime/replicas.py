@@ -29,6 +29,7 @@ BackendError.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -289,12 +290,12 @@ def launch_replicas(
     engines: list[Any] = []
     try:
         for i, dev in enumerate(devices):
-            if dev not in models:
-                models[dev] = build(dev)
             sharing, before = devices.count(dev), devices[:i].count(dev)
-            engines.append(
-                launch(models[dev], gpu_memory_fraction=memory_fraction(before, sharing))
-            )
+            with on_device(dev):
+                if dev not in models:
+                    models[dev] = build(dev)
+                fraction = memory_fraction(before, sharing)
+                engines.append(launch(models[dev], gpu_memory_fraction=fraction))
             log.info("data-parallel replica %d of %d on %s", i, dp_size, dev)
     except BaseException:
         for engine in engines:
@@ -314,7 +315,8 @@ def _launch_groups(
     engines: list[Any] = []
     try:
         for i, tp in enumerate(groups):
-            engines.append(launch(net if i == 0 else build(device, tp=tp), tp=tp))
+            with on_device(tp.device):
+                engines.append(launch(net if i == 0 else build(device, tp=tp), tp=tp))
             names = ", ".join(str(d) for d in tp.devices)
             log.info(
                 "data-parallel replica %d of %d: tensor-parallel ranks on %s", i, len(groups), names
@@ -326,6 +328,15 @@ def _launch_groups(
             tp.close()
         raise
     return ReplicaGroup(engines, config, [",".join(map(str, tp.devices)) for tp in groups])
+
+
+def on_device(device: Any) -> contextlib.AbstractContextManager:
+    """A GPU made this thread's current device while a replica is built and started there
+    (graph capture and Triton launches use the current device, not the tensors')."""
+    import torch
+
+    device = torch.device(device)
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def memory_fraction(before: int, sharing: int, total: float = GPU_MEMORY_FRACTION) -> float:
