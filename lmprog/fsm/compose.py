@@ -120,22 +120,24 @@ def constraint(root: Frag | None, what: str) -> Constraint:
     return Constraint("ebnf", "", lark, lark=lark)
 
 
-_IDENT = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
+# The names `json_schema.lark.to_lark` writes: rules start, any, sN, refN, uN/uNm (parametric),
+# terminals TN; nothing else in a rule line is a name of the grammar (operators, %if calls)
+_NAME = re.compile(r"\b(?:start|any|s\d+|ref\d+|u\d+m?|T\d+)\b")
 
 
 def _renamed(lark: str, prefix: str) -> list[str]:
     """The lines of a grammar written by `json_schema.lark.to_lark` with every rule and
-    terminal name prefixed (rule bodies hold only names and operators; terminal bodies are
-    regex text, left alone)."""
+    terminal name prefixed (terminal bodies are regex text, left alone)."""
     upper = prefix.upper()
+
+    def rename(m: re.Match) -> str:
+        return (upper if m.group()[0] == "T" else prefix) + m.group()
+
     out = []
     for line in lark.splitlines():
-        name, _, body = line.partition(": ")
-        if name[:1].isupper():
+        if line[:1] == "T":  # a terminal: only its name
+            name, _, body = line.partition(": ")
             out.append(f"{upper}{name}: {body}")
         else:
-            body = _IDENT.sub(
-                lambda m: (upper if m.group()[0].isupper() else prefix) + m.group(), body
-            )
-            out.append(f"{prefix}{name}: {body}")
+            out.append(_NAME.sub(rename, line))
     return out

@@ -55,3 +55,11 @@ def test_equal_parts_give_equal_grammars_and_grammars_do_not_embed():
     )
     with pytest.raises(ConstraintError, match="ebnf grammar cannot be combined"):
         c.embed(Constraint.from_ebnf('root ::= "a"'))
+
+
+def test_a_schema_with_parametric_rules_embeds():
+    tags = Constraint.from_json_schema(
+        {"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True}
+    )
+    both = c.constraint(c.seq(c.embed(tags), c.text(" and "), c.embed(tags)), "two lists")
+    assert both.matches('["a", "b"] and ["b"]') and not both.matches('["a", "a"] and []')

@@ -152,6 +152,17 @@ CASES = {
         [[], ["g"], ["b", "r", "g"]],
         [["r", "r"], ["x"]],
     ),
+    "uniqueItems over 40 values": (
+        {
+            "type": "array",
+            "items": {"enum": [f"v{i}" for i in range(38)] + [1, True]},
+            "uniqueItems": True,
+            "minItems": 2,
+            "maxItems": 30,
+        },
+        [["v3", "v1"], [1, True, "v37"], [f"v{i}" for i in range(30)]],
+        [[], ["v1"], ["v1", "v2", "v1"], [1, 1.0], [f"v{i}" for i in range(31)]],
+    ),
     "format with maxLength": (
         {"type": "string", "format": "email", "maxLength": 20},
         ["a@b.co"],

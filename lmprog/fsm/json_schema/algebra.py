@@ -238,6 +238,7 @@ def _meet_obj(x: ObjT, y: ObjT) -> ObjT | None:
             if y.max_props is None
             else min(x.max_props, y.max_props),
             any_order=x.any_order and y.any_order,
+            some=x.some + tuple(k for k in y.some if k not in x.some),
             eval_names=x.eval_names | y.eval_names,
             eval_patterns=x.eval_patterns | y.eval_patterns,
             eval_all=x.eval_all or y.eval_all,
@@ -271,7 +272,16 @@ def normalize_obj(t: ObjT) -> ObjT | None:
         return None
     if t.max_props is not None and max(t.min_props, len(t.required)) > t.max_props:
         return None
-    return replace(t, props=props, rules=_merge_rules(t.rules))
+    rules = _merge_rules(t.rules)
+    some = []
+    for keys in t.some:  # facets a required key meets go; one nothing can meet empties t
+        if any(k in t.required and key_allowed(keys, k) for k, _ in props):
+            continue
+        closed = any(not r.patterns and r.additional.never for r in rules)
+        if closed and not any(key_allowed(keys, k) and not v.never for k, v in props):
+            return None
+        some.append(keys)
+    return replace(t, props=props, rules=rules, some=tuple(some))
 
 
 def _merge_rules(rules: tuple) -> tuple:

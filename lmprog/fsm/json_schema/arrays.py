@@ -5,9 +5,10 @@ any prefix item at or past ``minItems``, so the prefix is a nest of optional gro
 ``contains`` is exact when there is no prefix and no ``maxItems``: the items are a sequence of
 "any item" runs around the required matching items (and, with ``maxContains``, runs of
 non-matching items, which needs the complement of the ``contains`` schema). ``uniqueItems`` is
-exact only when the items come from finite sets (``enum``, booleans, ``const``...) and there are
-at most 256 distinct-item arrays (then they are enumerated), or arrays hold at most one item;
-anything else (e.g. a set of integers) raises ConstraintError.
+exact when the items come from one finite set of at most 64 values (``enum``, booleans,
+``const``...: a parametric rule with a bit per value, each used once), when there are at most
+256 distinct-item arrays (prefix items from finite sets: enumerated), or when arrays hold at
+most one item; anything else (e.g. a set of integers) raises ConstraintError.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.algebra import conj
 from lmprog.fsm.json_schema.complement import neg
-from lmprog.fsm.json_schema.lark import Frag, alt, cat, opt, rep
+from lmprog.fsm.json_schema.lark import Frag, alt, cat, opt, rep, unique
 from lmprog.fsm.json_schema.sequences import Slot, separated
 from lmprog.fsm.json_schema.terms import ArrT
 
@@ -72,6 +73,11 @@ def _unique_arrays(t: ArrT, em: Emitter) -> Frag | None:
         from dataclasses import replace
 
         return array_regex(replace(t, unique=False), em)
+    values = _distinct_values(t, em)
+    if values is not None:  # items from one finite set: a list of distinct ones
+        hi = len(values) if t.max_items is None else t.max_items
+        body = unique([em.value(v) for v in values], t.min_items, hi, em.sep)
+        return em.container("[", body, t.min_items == 0, "]")
     arrays = _distinct_arrays(t, em)
     if arrays is None:
         raise ConstraintError(
@@ -82,6 +88,21 @@ def _unique_arrays(t: ArrT, em: Emitter) -> Frag | None:
 
 
 _LIMIT = 256
+_UNIQUE_ITEMS = 64  # distinct values of a parametric unique list (bits of its parameter)
+
+
+def _distinct_values(t: ArrT, em: Emitter) -> list | None:
+    """The distinct values (JSON equality) every item of ``t`` comes from, when there is no
+    prefix and at most _UNIQUE_ITEMS of them; else None."""
+    from lmprog.fsm.json_schema.emit import value_key
+
+    if t.prefix or t.contains or t.rest.never:
+        return None
+    values = em.finite_values(t.rest)
+    if values is None:
+        return None
+    distinct = list({value_key(v): v for v in values}.values())
+    return distinct if len(distinct) <= _UNIQUE_ITEMS else None
 
 
 def _distinct_arrays(t: ArrT, em: Emitter) -> list | None:

@@ -115,9 +115,15 @@ def _neg_arr(t: ArrT):
 
 
 def _neg_obj(t: ObjT):
-    if t.rules or not t.names.top:
+    """not (every facet) = some facet broken: a named value in its complement, a required key
+    missing, a key beyond a closed object's properties or outside propertyNames (``some``
+    facets), a count out of range, every key outside a ``some`` set. ``additionalProperties``
+    other than false, and ``patternProperties``, would need some member's value broken, which
+    a key written twice can hide (the last one counts): refused."""
+    if any(r.patterns or not r.additional.never for r in t.rules):
         raise ConstraintError(
-            "'not' over additionalProperties/patternProperties/propertyNames has no exact regex"
+            "'not' over additionalProperties (other than false)/patternProperties has no exact "
+            "grammar"
         )
     out = []
     for k, v in t.props:
@@ -125,11 +131,25 @@ def _neg_obj(t: ObjT):
             out.append(ObjT(props=((k, neg(v)),), required=(k,)))
     for k in t.required:
         out.append(ObjT(props=((k, NEVER),)))
+    if t.rules:  # closed: a key other than the named ones
+        others = StrT(excluded=frozenset(k for k, _ in t.props))
+        out.append(ObjT(some=(make_node((others,)),)))
+    if not t.names.top:
+        outside = _strings(neg(t.names))
+        if not outside.never:
+            out.append(ObjT(some=(outside,)))
+    for keys in t.some:
+        out.append(ObjT(names=_strings(neg(keys))))
     if t.min_props > 0:
         out.append(ObjT(max_props=t.min_props - 1))
     if t.max_props is not None:
         out.append(ObjT(min_props=t.max_props + 1))
     return [o for o in (normalize_obj(x) for x in out) if o is not None]
+
+
+def _strings(node: Node) -> Node:
+    """The string terms of a node (a set of keys)."""
+    return make_node(tuple(t for t in expand(node) if isinstance(t, StrT)))
 
 
 _NEGATIONS = {

@@ -73,6 +73,16 @@ class Rep(Frag):
         self.item, self.lo, self.hi = item, lo, hi
 
 
+class Unique(Frag):
+    """lo..hi distinct ``items`` in any order, separated by ``sep`` (lo >= 1, at most 64
+    items): a parametric rule of llguidance, one bit per item used."""
+
+    __slots__ = ("items", "lo", "hi", "sep")
+
+    def __init__(self, items: tuple, lo: int, hi: int, sep: Frag) -> None:
+        self.items, self.lo, self.hi, self.sep = items, lo, hi, sep
+
+
 class Ref(Frag):
     """The named rule ``name`` (its body is in the rules given to ``to_lark``)."""
 
@@ -181,6 +191,17 @@ def rep(f: Frag | None, lo: int, hi: int | None) -> Frag | None:
     return _made(Rep(f, lo, hi))
 
 
+def unique(items: list, lo: int, hi: int, sep: Frag | None) -> Frag | None:
+    """lo..hi of the distinct `items`, each at most once, in any order (1 <= lo)."""
+    items = [x for x in items if x is not None]
+    hi = min(hi, len(items))
+    if sep is None or lo > hi:
+        return None
+    if len(items) > 64:
+        raise ValueError("a unique list holds at most 64 distinct items")
+    return _made(Unique(tuple(items), max(lo, 1), hi, sep))
+
+
 def opt(f: Frag | None) -> Frag:
     return rep(f, 0, 1)  # type: ignore[return-value]
 
@@ -202,6 +223,7 @@ class _Writer:
         self.names: dict[int, str] = {}  # shared fragment -> its rule name
         self.terminals: dict[str, str] = {}  # terminal expression -> its name
         self._named = 0
+        self.extra: list[str] = []  # parametric rules, written as they are met
         self._count_uses()
 
     def _count_uses(self) -> None:
@@ -210,6 +232,9 @@ class _Writer:
         while stack:
             f = stack.pop()
             if isinstance(f, (Tok, Ref)):
+                continue
+            if isinstance(f, Unique):
+                stack.extend((*f.items, f.sep))
                 continue
             uses[id(f)] = uses.get(id(f), 0) + 1
             if uses[id(f)] == 1:
@@ -229,6 +254,7 @@ class _Writer:
         while pending:
             name, frag = pending.pop()
             out.append(f"{name}: {self._expr(frag, 0, pending, top=True)}")
+        out += self.extra
         out += [f"{n}: {t}" for t, n in self.terminals.items()]
         return "\n".join(out) + "\n"
 
@@ -251,6 +277,8 @@ class _Writer:
             return name
         if isinstance(f, Ref):
             return f.name
+        if isinstance(f, Unique):
+            return self._unique(f, pending)
         if not top:
             if depth > _MAX_NESTING and id(f) not in self.names:
                 self.names[id(f)] = ""
@@ -272,6 +300,22 @@ class _Writer:
             q = f"{{{f.lo}}}" if f.lo == f.hi else f"{{{f.lo},{'' if f.hi is None else f.hi}}}"
         text = self._expr(f.item, 2, pending, depth=depth) + q
         return f"({text})" if prec >= 2 else text
+
+    def _unique(self, f: Unique, pending: list) -> str:
+        """Two parametric rules: the first item, then the others (each after the separator),
+        the parameter's bits marking the items used."""
+        name = f"u{self._named}"
+        self._named += 1
+        items = [f"({self._expr(x, 0, pending)})" for x in f.items]
+        sep = self._expr(f.sep, 1, pending)
+        first = [f"{x} {name}m::set_bit({i}) %if bit_clear({i})" for i, x in enumerate(items)]
+        more = [f'"" %if bit_count_ge(_, {f.lo})'] + [
+            f"{sep} {x} {name}m::set_bit({i}) %if and(bit_clear({i}), bit_count_lt(_, {f.hi}))"
+            for i, x in enumerate(items)
+        ]
+        self.extra.append(f"{name}::_ : " + " | ".join(first))
+        self.extra.append(f"{name}m::_ : " + " | ".join(more))
+        return f"{name}::0x0"
 
 
 _MAX_NESTING = 40

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.algebra import conj_all, meet
-from lmprog.fsm.json_schema.lark import EPS, Frag, alt, cat, rep, tok
+from lmprog.fsm.json_schema.lark import Frag, alt, tok
+from lmprog.fsm.json_schema.members import Members
 from lmprog.fsm.json_schema.sequences import Slot, separated
 from lmprog.fsm.json_schema.strings import json_text, string_lexeme
 from lmprog.fsm.json_schema.terms import Node, ObjT, StrT
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from lmprog.fsm.json_schema.emit import Emitter
 
 MAX_KEY_CLASSES = 64  # regions of one object (sets of patterns a key can match together)
-MAX_COUNT_STATES = 4096  # states of one object's member count under min/maxProperties
 _ANY_KEY = StrT()
 
 
@@ -46,75 +46,28 @@ def object_regex(t: ObjT, em: Emitter) -> Frag | None:
             if required:
                 return None
             continue
-        named.append(Slot(em.member(tok(lit(json_text(key))), value), int(required), 1))
+        named.append((key, Slot(em.member(tok(lit(json_text(key))), value), int(required), 1)))
         n_required += required
-    regions = _regions(t, em)
-    if t.any_order and not regions and len(named) <= 4 and all(s.lo for s in named):
-        body = alt(*(separated(list(p), em.sep)[0] for p in permutations(named)))
+    regions = _regions(t)
+    slots = [slot for _, slot in named]
+    if t.any_order and not regions and len(named) <= 4 and all(s.lo for s in slots):
+        body = alt(*(separated(list(p), em.sep)[0] for p in permutations(slots)))
         return em.container("{", body, not named, "}")
-    item = alt(*regions)
+    item = alt(*(em.member(string_lexeme(k), em.node(v)) for k, v in regions))
     most = None if item is not None else len(named)
-    if t.min_props <= n_required and (
-        t.max_props is None or (most is not None and most <= t.max_props)
+    if (
+        not t.some
+        and t.min_props <= n_required
+        and (t.max_props is None or (most is not None and most <= t.max_props))
     ):  # the counts hold whatever is written
-        slots = named + ([Slot(item, 0, None)] if item is not None else [])
+        slots += [Slot(item, 0, None)] if item is not None else []
         return em.container("{", *separated(slots, em.sep), "}")
-    body = _Counted(named, item, t.min_props, t.max_props, em.sep).body()
-    return em.container("{", body, t.min_props == 0 and n_required == 0, "}")
+    body = Members(named, regions, t, em).body()
+    return em.container("{", body, t.min_props == 0 and n_required == 0 and not t.some, "}")
 
 
-class _Counted:
-    """The members of an object under minProperties/maxProperties: the named slots (each
-    written at most once, their keys distinct) then the additional members (``item``), as a
-    grammar that counts what is written. Toward ``maxProperties`` every member written counts
-    (there are at most that many distinct keys); toward ``minProperties`` additional members
-    count at most once, since two of them may repeat a key (there are at least that many
-    distinct keys). So a minimum that needs two or more additional keys accepts nothing beyond
-    what the named properties can reach (a narrowing, never a wrong acceptance)."""
-
-    def __init__(self, named: list, item: Frag | None, lo: int, hi: int | None, sep) -> None:
-        self.named, self.item, self.lo, self.hi, self.sep = named, item, lo, hi, sep
-        states = (len(named) + 1) * (lo + 1) * ((hi or 0) + 1) * 2
-        if states > MAX_COUNT_STATES:
-            raise ConstraintError(
-                f"minProperties/maxProperties ({lo}, {hi}) over {len(named)} optional "
-                f"properties needs more than {MAX_COUNT_STATES} counting states"
-            )
-        self.memo: dict = {}
-
-    def body(self) -> Frag | None:
-        """The non-empty member sequences."""
-        return self.rest(0, 0, 0, True)
-
-    def rest(self, i: int, written: int, distinct: int, first: bool) -> Frag | None:
-        key = (i, written, distinct, first)
-        if key not in self.memo:
-            self.memo[key] = self._rest(i, written, distinct, first)
-        return self.memo[key]
-
-    def _rest(self, i: int, written: int, distinct: int, first: bool) -> Frag | None:
-        room = None if self.hi is None else self.hi - written
-        if i == len(self.named):  # the additional members, last
-            need = max(0, self.lo - distinct)
-            if need > 1 or self.item is None:
-                return None if need or first else EPS
-            least = max(need, 1 if first else 0)
-            if room is not None and room < least:
-                return None
-            if first:
-                more = None if room is None else room - 1
-                return cat(self.item, rep(cat(self.sep, self.item), max(least - 1, 0), more))
-            return rep(cat(self.sep, self.item), least, room)
-        slot = self.named[i]
-        skip = None if slot.lo else self.rest(i + 1, written, distinct, first)
-        if room == 0:
-            return skip
-        member = slot.item if first else cat(self.sep, slot.item)
-        after = self.rest(i + 1, written + (self.hi is not None), min(distinct + 1, self.lo), False)
-        return alt(skip, cat(member, after))
-
-
-def _regions(t: ObjT, em: Emitter) -> list:
+def _regions(t: ObjT) -> list:
+    """The key classes of the additional members: [(key StrT, value Node)]."""
     named = frozenset(k for k, _ in t.props)
     sources = tuple(dict.fromkeys(src for r in t.rules for src, _ in r.patterns))
     names = [StrT()] if t.names.top else [x for x in t.names.terms if isinstance(x, StrT)]
@@ -132,8 +85,8 @@ def _regions(t: ObjT, em: Emitter) -> list:
         for n in names:
             k = keys if n == _ANY_KEY and not inside else meet(n, keys)
             if k is not None:
-                out.append(em.member(string_lexeme(k), em.node(value)))
-    return [r for r in out if r is not None]
+                out.append((k, value))
+    return out
 
 
 def _rule_value(rule, matched: frozenset) -> Node:

@@ -141,6 +141,7 @@ class ObjT:
     min_props: int = 0
     max_props: int | None = None
     any_order: bool = False  # emit every key order (small const objects)
+    some: tuple = ()  # Nodes (sets of keys): for each, a key of the object is in it
     eval_names: frozenset = frozenset()
     eval_patterns: frozenset = frozenset()
     eval_all: bool = False

@@ -1,0 +1,147 @@
+"""An object's members where what is written must be counted: ``minProperties``/
+``maxProperties`` beside optional properties, and ``some`` facets (a key of the object must be in
+a set: what ``not`` over ``additionalProperties: false`` or ``propertyNames`` leaves).
+
+The members are the named slots in canonical order (each written at most once, their keys
+distinct) then the additional members (the regions of ``objects``). The grammar is the
+automaton over (slot, members written, distinct keys, facets met) written out as shared
+fragments. Toward ``maxProperties`` every member written counts (there are at most that many
+distinct keys); toward ``minProperties`` additional members count at most once, since two of
+them may repeat a key (there are at least that many distinct keys). So a minimum that needs two
+or more additional keys accepts nothing beyond what the named properties reach (a narrowing,
+never a wrong acceptance). A facet is met by a named key in its set, or by an additional
+member whose key is in it (a key is present however often it is written); at most one facet
+may be left for the additional members to meet.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lmprog.core.errors import ConstraintError
+from lmprog.fsm.json_schema.algebra import key_allowed, meet
+from lmprog.fsm.json_schema.lark import EPS, Frag, alt, cat, rep
+from lmprog.fsm.json_schema.strings import string_lexeme
+from lmprog.fsm.json_schema.terms import Node, ObjT, StrT
+
+if TYPE_CHECKING:
+    from lmprog.fsm.json_schema.emit import Emitter
+
+MAX_STATES = 4096  # states of one object's automaton
+
+
+class Members:
+    def __init__(self, named: list, regions: list, t: ObjT, em: Emitter) -> None:
+        """named: [(key, Slot)] in order; regions: [(key StrT, value Node)]."""
+        self.named, self.regions, self.em = named, regions, em
+        self.lo, self.hi, self.facets = t.min_props, t.max_props, t.some
+        self.masks = [
+            sum(1 << f for f, keys in enumerate(self.facets) if key_allowed(keys, k))
+            for k, _ in named
+        ]
+        self.all = (1 << len(self.facets)) - 1
+        states = (len(named) + 1) * (self.lo + 1) * ((self.hi or 0) + 1) * 2 << len(self.facets)
+        if states > MAX_STATES:
+            raise ConstraintError(
+                f"minProperties/maxProperties ({self.lo}, {self.hi}) and {len(self.facets)} "
+                f"'not' over objects need more than {MAX_STATES} states over {len(named)} "
+                "properties"
+            )
+        self.any = alt(*(self._member(k, v) for k, v in regions))
+        self.memo: dict = {}
+
+    def body(self) -> Frag | None:
+        """The non-empty member sequences."""
+        return self.rest(0, 0, 0, 0, True)
+
+    def rest(self, i: int, written: int, distinct: int, met: int, first: bool) -> Frag | None:
+        key = (i, written, distinct, met, first)
+        if key not in self.memo:
+            self.memo[key] = self._rest(i, written, distinct, met, first)
+        return self.memo[key]
+
+    def _rest(self, i: int, written: int, distinct: int, met: int, first: bool) -> Frag | None:
+        room = None if self.hi is None else self.hi - written
+        if i == len(self.named):
+            return self._additional(room, max(0, self.lo - distinct), self.all & ~met, first)
+        slot = self.named[i][1]
+        skip = None if slot.lo else self.rest(i + 1, written, distinct, met, first)
+        if room == 0:
+            return skip
+        member = slot.item if first else cat(self.em.sep, slot.item)
+        after = self.rest(
+            i + 1,
+            written + (self.hi is not None),
+            min(distinct + 1, self.lo),
+            met | self.masks[i],
+            False,
+        )
+        return alt(skip, cat(member, after))
+
+    def _additional(self, room: int | None, need: int, unmet: int, first: bool) -> Frag | None:
+        """Additional members: at least `need` (0 or 1), at most `room`, meeting the facets in
+        `unmet` (at most one); `first`: nothing written before them."""
+        if need > 1 or (self.any is None and (need or unmet)):
+            return None
+        if not unmet:
+            least = max(need, 1 if first else 0)
+            if self.any is None or (room is not None and room < least):
+                return None if least else EPS
+            return self._run(self.any, first, least, room)
+        if unmet & (unmet - 1):
+            raise ConstraintError(
+                "two 'not's over objects left for the additional properties to meet are not "
+                "supported"
+            )
+        keys = self.facets[unmet.bit_length() - 1]
+        hit = alt(*(self._member(k, v) for k, v in self._split(keys, inside=True)))
+        plain = alt(*(self._member(k, v) for k, v in self._split(keys, inside=False)))
+        if hit is None or (room is not None and room < 1):
+            return None
+        before_most = None if room is None else room - 1
+        options = []
+        for before in [0, None] if room is None else range(before_most + 1):  # type: ignore[arg-type]
+            if before is None:  # one or more plain members, then the hit
+                lead = self._run(plain, first, 1, None) if plain is not None else None
+            elif before == 0:
+                lead = EPS
+            else:
+                lead = self._run(plain, first, before, before) if plain is not None else None
+            if lead is None:
+                continue
+            after = None if room is None else room - 1 - (before or 0)
+            hit_first = first and before == 0
+            options.append(
+                cat(
+                    lead,
+                    hit if hit_first else cat(self.em.sep, hit),
+                    self._run(self.any, False, 0, after),
+                )
+            )
+        return alt(*options)
+
+    def _run(self, item: Frag | None, first: bool, least: int, most: int | None) -> Frag | None:
+        """least..most members of `item`, each after a separator unless it is the first."""
+        if first:
+            if least == 0:
+                raise AssertionError("a first run writes something")
+            more = None if most is None else most - 1
+            return cat(item, rep(cat(self.em.sep, item), least - 1, more))
+        return rep(cat(self.em.sep, item), least, most)
+
+    def _split(self, keys: Node, inside: bool) -> list:
+        """The regions cut to their keys in `keys` (inside) or not in it."""
+        from lmprog.fsm.json_schema.complement import neg
+
+        sets = [keys] if inside else [neg(keys)]
+        parts = [t for s in sets for t in ([StrT()] if s.top else s.terms) if isinstance(t, StrT)]
+        out = []
+        for k, v in self.regions:
+            for p in parts:
+                m = meet(k, p)
+                if m is not None:
+                    out.append((m, v))
+        return out
+
+    def _member(self, key: StrT, value: Node) -> Frag | None:
+        return self.em.member(string_lexeme(key), self.em.node(value))
