@@ -8,7 +8,8 @@ function-calling tool schemas, OpenAI-strict response formats, data records with
 objects, enums, formats (date, date-time, time, email, uuid, uri, ipv4), patterns, bounded
 arrays, `$defs`/`$ref`, `anyOf`/`oneOf`, open objects (additionalProperties unset), maps,
 Kubernetes-like and package.json-like manifests, draft-04 spellings (`id`, `definitions`,
-boolean `exclusiveMinimum`) and annotation keywords (`title`, `examples`, `x-*`, `readOnly`).
+boolean `exclusiveMinimum`) and annotation keywords (`title`, `examples`, `x-*`, `readOnly`),
+and JSON-Schema-Store-like configuration files (bench/schema_corpus_store.py).
 
 Every entry has at least one valid and one invalid instance; `check_corpus()` validates them
 with the `jsonschema` package (the draft each schema names; formats asserted, with strict
@@ -2958,6 +2959,13 @@ for depth in (2, 3, 4):
         [good],
         [setp(good, path, "x"), drop(good, path)],
     )
+
+
+# ---- 11. JSON-Schema-Store-like configuration files (bench/schema_corpus_store.py) -------------
+from schema_corpus_store import STORE  # noqa: E402 - bench/ is on sys.path wherever this runs
+
+for _entry in STORE:
+    add(*_entry)
 
 
 # ---- checking ----------------------------------------------------------------------------------

@@ -385,6 +385,20 @@ def test_named_keys_are_not_reused_as_additional_keys():
     assert not c.matches('{"a": 1, "a": "x"}')
 
 
+def test_draft_07_ignores_the_siblings_of_ref():
+    body = {
+        "definitions": {"level": {"enum": ["debug", "info", "error"]}},
+        "properties": {"quiet": {"$ref": "#/definitions/level", "enum": ["error"]}},
+    }
+    old = Constraint.from_json_schema(
+        {"$schema": "http://json-schema.org/draft-07/schema#", **body}
+    )
+    new = Constraint.from_json_schema(body)  # 2020-12: $ref is one keyword among the others
+    assert old.matches('{"quiet": "info"}') and not new.matches('{"quiet": "info"}')
+    assert old.matches('{"quiet": "error"}') and new.matches('{"quiet": "error"}')
+    assert not old.matches('{"quiet": "trace"}')
+
+
 def test_recursive_references_nest_without_bound():
     schema = {
         "$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}},

@@ -5,7 +5,8 @@ A schema object is the intersection of its type terms (``facets``), its ``enum``
 ``oneOf``, the complement of its ``not`` and ``(if & then) | (!if & else)``. Then
 ``unevaluatedProperties``/``unevaluatedItems`` apply to what no part evaluated.
 
-References are expanded in place. A reference to a schema that is already being built
+References are expanded in place (under drafts 3 to 7, named by the root's ``$schema``, a
+``$ref`` replaces the schema object it is in: its siblings are ignored, as those drafts say). A reference to a schema that is already being built
 (recursion) becomes a ``RefT``, the grammar's rule for that schema (``bodies``), so a tree
 schema accepts trees of any depth. Where the algebra needs the values behind such a reference
 (``allOf``/``not``/``unevaluated*`` over it), it raises ``Unroll``, and the schema is built again
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -43,6 +45,7 @@ from lmprog.fsm.json_schema.terms import (
 )
 
 log = logging.getLogger(__name__)
+_OLD_DRAFT = re.compile(r"json-schema\.org/draft-0[3-7]/schema")
 _SERIAL = itertools.count()  # RefT keys of one compile never equal another's (cached algebra)
 
 
@@ -55,6 +58,10 @@ class Builder:
         self.memo: dict = {}
         self.bodies: dict[tuple, Node] = {}  # RefT key -> the node of its schema
         self._serial = next(_SERIAL)
+        # Drafts 3 to 7: "$ref" replaces the schema it is in (its siblings are ignored)
+        self.ref_alone = isinstance(root, dict) and bool(
+            _OLD_DRAFT.search(str(root.get("$schema")))
+        )
 
     def build_root(self, document) -> Node:
         """The node of the whole document (``$ref: "#"`` inside it is a RefT to it)."""
@@ -69,6 +76,8 @@ class Builder:
         if not isinstance(schema, dict):
             raise ConstraintError(f"invalid schema: expected an object or a boolean at {path}")
         base = self.registry.base_of(schema, base)
+        if self.ref_alone and "$ref" in schema:
+            return self._ref(schema["$ref"], base, f"{path}/$ref")
         self._check_keywords(schema, path)
         sub = lambda s, suffix: self.build(s, base, path + suffix)
         node = facets.typed_terms(schema, path, sub)
