@@ -399,6 +399,29 @@ def test_draft_07_ignores_the_siblings_of_ref():
     assert not old.matches('{"quiet": "trace"}')
 
 
+def test_dynamic_references_resolve_where_the_anchor_is_declared_once():
+    tree = {
+        "$id": "https://example.com/tree",
+        "$dynamicAnchor": "node",
+        "type": "object",
+        "properties": {"kids": {"type": "array", "items": {"$dynamicRef": "#node"}}},
+        "additionalProperties": False,
+    }
+    c = Constraint.from_json_schema(tree)
+    assert c.matches('{"kids": [{"kids": [{}]}]}') and not c.matches('{"kids": [{"x": 1}]}')
+    old = {"$recursiveAnchor": True, "items": {"$recursiveRef": "#"}, "type": "array"}
+    assert Constraint.from_json_schema(old).matches("[[[]], []]")
+    twice = {
+        "$defs": {
+            "a": {"$id": "a", "$dynamicAnchor": "node"},
+            "b": {"$id": "b", "$dynamicAnchor": "node"},
+        },
+        "$dynamicRef": "a#node",
+    }
+    with pytest.raises(ConstraintError, match="declares that anchor more than once"):
+        Constraint.from_json_schema(twice)
+
+
 def test_recursive_references_nest_without_bound():
     schema = {
         "$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}},

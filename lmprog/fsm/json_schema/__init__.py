@@ -31,8 +31,9 @@ facet has an exact one), $ref/$defs/definitions/$id/$anchor (same document),
 unevaluatedProperties/unevaluatedItems (from the evaluated keys each branch certainly has).
 Annotations (title, description, default, examples, $comment, content*, ...) and unknown keywords
 (vendor fields such as ``x-kubernetes-*``, draft-04's ``id``) are ignored, as JSON Schema says;
-draft-04's boolean exclusiveMinimum/exclusiveMaximum are read; ``$dynamicRef``, ``$recursiveRef``
-and draft-03's ``extends``/``disallow``/``divisibleBy`` raise ConstraintError.
+draft-04's boolean exclusiveMinimum/exclusiveMaximum are read; ``$dynamicRef``/``$recursiveRef``
+resolve where the document declares their anchor once (else ConstraintError); draft-03's
+``extends``/``disallow``/``divisibleBy`` raise ConstraintError.
 """
 
 from __future__ import annotations

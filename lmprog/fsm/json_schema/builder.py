@@ -138,6 +138,9 @@ class Builder:
             parts.append(self._annotating_if(sub(schema["if"], "/if")))
         if "$ref" in schema:
             parts.append(self._ref(schema["$ref"], base, f"{path}/$ref"))
+        for key in ("$dynamicRef", "$recursiveRef"):
+            if key in schema:
+                parts.append(self._ref(schema[key], base, f"{path}/{key}", dynamic=key))
         parts += self._dependencies(schema, path, sub)
         return conj_all(parts)
 
@@ -164,11 +167,16 @@ class Builder:
         except ConstraintError:
             return TOP
 
-    def _ref(self, ref, base: str, path: str) -> Node:
+    def _ref(self, ref, base: str, path: str, dynamic: str = "") -> Node:
         if not isinstance(ref, str):
-            raise ConstraintError(f"invalid schema: $ref must be a string at {path}")
+            raise ConstraintError(f"invalid schema: {dynamic or '$ref'} must be a string at {path}")
         with self.at(path):
-            target, target_base = self.registry.resolve(ref, base)
+            if dynamic:
+                target, target_base = self.registry.resolve_dynamic(
+                    ref, base, dynamic == "$recursiveRef"
+                )
+            else:
+                target, target_base = self.registry.resolve(ref, base)
         return self._expand(target, target_base, path)
 
     def _expand(self, target, base: str, path: str) -> Node:

@@ -73,6 +73,8 @@ APPLICATORS = frozenset(
         "then",
         "else",
         "$ref",
+        "$dynamicRef",
+        "$recursiveRef",
         "dependentRequired",
         "dependentSchemas",
         "dependencies",
@@ -82,8 +84,6 @@ APPLICATORS = frozenset(
 )
 
 REFUSED = {
-    "$dynamicRef": "dynamic references are not supported",
-    "$recursiveRef": "recursive references (draft 2019-09) are not supported",
     "extends": "draft-03's extends is not supported; write it as allOf",
     "disallow": "draft-03's disallow is not supported; write it as not",
     "divisibleBy": "draft-03's divisibleBy is not supported; write it as multipleOf",

@@ -42,6 +42,8 @@ class Registry:
         self.resources: dict[str, object] = {}
         self.anchors: dict[tuple[str, str], object] = {}
         self.bases: dict[int, str] = {}
+        self.dynamic: dict[str, list] = {}  # $dynamicAnchor name -> the schemas declaring it
+        self.recursive: list = []  # resource roots with $recursiveAnchor: true
         self._walk(root, "")
 
     def _walk(self, schema, base: str) -> None:
@@ -58,6 +60,10 @@ class Registry:
         for key in ("$anchor", "$dynamicAnchor"):
             if isinstance(schema.get(key), str):
                 self.anchors.setdefault((base, schema[key]), schema)
+        if isinstance(schema.get("$dynamicAnchor"), str):
+            self.dynamic.setdefault(schema["$dynamicAnchor"], []).append(schema)
+        if schema.get("$recursiveAnchor") is True:
+            self.recursive.append(schema)
         for key, value in schema.items():
             if key in SCHEMA_KEYWORDS and isinstance(value, dict):
                 self._walk(value, base)
@@ -67,6 +73,29 @@ class Registry:
             elif key in SCHEMA_MAPS and isinstance(value, dict):
                 for sub in value.values():
                     self._walk(sub, base)
+
+    def resolve_dynamic(self, ref: str, base: str, recursive: bool):
+        """(target, base URI) of ``$dynamicRef`` (or draft 2019-09's ``$recursiveRef``): the
+        ``$ref`` target, unless it declares a dynamic (recursive) anchor; then the outermost
+        schema in the dynamic scope declaring the same, which is the target itself when this
+        document declares that anchor once. ConstraintError when it declares it several times
+        (the answer would depend on the path evaluation took)."""
+        target, target_base = self.resolve(ref, base)
+        if recursive:
+            if ref != "#":
+                raise ConstraintError(f"$recursiveRef must be '#', got {ref!r}")
+            dynamic = target.get("$recursiveAnchor") is True and len(self.recursive) > 1
+        else:
+            fragment = urldefrag(ref)[1]
+            name = target.get("$dynamicAnchor") if isinstance(target, dict) else None
+            dynamic = name == fragment and len(self.dynamic.get(name, [])) > 1
+        if dynamic:
+            raise ConstraintError(
+                f"{'$recursiveRef' if recursive else '$dynamicRef'} {ref!r}: the document "
+                "declares that anchor more than once (which one applies depends on the "
+                "evaluation path), not supported"
+            )
+        return target, target_base
 
     def base_of(self, schema, default: str) -> str:
         return self.bases.get(id(schema), default)
