@@ -70,9 +70,10 @@ class Constraint:
     ) -> Constraint:
         """A JSON schema (dict, JSON string or pydantic model class); see ``lmprog.fsm.json_schema``
         for the exact language. ``whitespace``: regex allowed between JSON tokens (default
-        ``[ ]?``; JSON whitespace characters only); ``max_recursion_depth``: times a recursive
-        ``$ref`` is unrolled; ``any_depth``: container nesting of values under an
-        unconstrained schema (None: unbounded). Limits on the work one schema may ask for
+        ``[ ]?``; JSON whitespace characters only); recursive ``$ref`` is a rule of the grammar
+        (any depth), except where ``allOf``/``not``/``unevaluated*`` must look inside it: there
+        it is unrolled ``max_recursion_depth`` times; ``any_depth``: container nesting of values
+        under an unconstrained schema (None: unbounded). Limits on the work one schema may ask for
         (ConstraintError naming the limit past them): ``max_schema_depth`` levels of dicts
         and lists in the document (default 128), ``max_pattern_chars`` characters of the
         grammar it becomes (default 1,000,000). The constraint holds a grammar (``lark``),

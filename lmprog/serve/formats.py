@@ -5,11 +5,8 @@ SGLang's `ebnf`). At most one of them per request (a 400 naming the second other
 `guided_whitespace_pattern` (vLLM's) is the regex allowed between JSON tokens of a JSON
 constraint (any of the JSON ones) and a 400 without one.
 
-json_object mode: an object whose values nest containers up to `JSON_OBJECT_DEPTH` (3) levels
-(`{"type": "object"}` under `any_depth=3`: {"a": {"b": [{"c": 1}]}}, not one level deeper).
-"Any value" is not a regular language, so the regex unrolls it; with the lazy token engine a
-depth of 3 costs ~26 ms to the first mask (4 ms at depth 1, 87 ms at 4; docs/serving.md).
-A schema with nested open objects can ask for more (see docs/serving.md).
+json_object mode: the schema `{"type": "object"}`: an object whose values are any JSON values,
+nested to any depth ("any value" is a recursive rule of the constraint's grammar).
 """
 
 from __future__ import annotations
@@ -49,13 +46,8 @@ _CODES = {
 }
 
 
-JSON_OBJECT_DEPTH = 3
-
-
 def json_object_constraint(whitespace: str | None = None) -> Constraint:
-    return Constraint.from_json_schema(
-        JSON_OBJECT_SCHEMA, whitespace=whitespace, any_depth=JSON_OBJECT_DEPTH
-    )
+    return Constraint.from_json_schema(JSON_OBJECT_SCHEMA, whitespace=whitespace)
 
 
 def constraint_field(body: SamplingFields) -> str | None:

@@ -17,10 +17,11 @@ from lmprog.serve.params import choice_params, sampling_params
 from lmprog.serve.schemas import ResponseFormat
 
 
-def test_json_object_nests_three_levels_deep():
+def test_json_object_nests_to_any_depth():
     c = output_constraint(ResponseFormat(type="json_object"), None)
     assert c.matches('{"a": [1, 2], "b": {"c": "d"}}') and c.matches('{"a": {"b": [{"c": 1}]}}')
-    assert not c.matches('{"a": {"b": [{"c": [1]}]}}') and not c.matches("[1]")
+    assert c.matches('{"a": {"b": [{"c": [[{"d": [1]}]]}]}}')
+    assert not c.matches('{"a": {"b": [{"c": [1}]}}') and not c.matches("[1]")
     assert output_constraint(ResponseFormat(type="text"), None) is None
     assert output_constraint(None, r"\d+").matches("123")
     with pytest.raises(APIError, match="at most one constraint"):
