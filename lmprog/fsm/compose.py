@@ -87,6 +87,11 @@ def embed(c: Constraint) -> Frag:
             f"a {c.kind} grammar cannot be combined with other parts (tool calls); use a JSON "
             "schema or a regex"
         )
+    if c.check is not None:
+        raise ConstraintError(
+            "a schema whose distinct string items are checked as decoded (uniqueItems) "
+            "cannot be combined with other parts (tool calls)"
+        )
     return _Embedded(c)
 
 

@@ -32,7 +32,9 @@ class Constraint:
     tuple of choices, the dtype name);
     ``options``: compile options that shaped the constraint (e.g. whitespace);
     ``lark``: for "json_schema" and "ebnf", the grammar in llguidance's Lark syntax, which the
-    token engine runs (``pattern`` is then "": a grammar has no regex).
+    token engine runs (``pattern`` is then "": a grammar has no regex);
+    ``check``: what the guide checks beside the grammar (``lmprog.fsm.checks``: distinct
+    string items), named in ``lark`` so that it is part of the cache key; None: nothing.
     """
 
     kind: str
@@ -40,6 +42,7 @@ class Constraint:
     source: object
     options: tuple = field(default=())
     lark: str | None = None
+    check: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -79,7 +82,7 @@ class Constraint:
         grammar it becomes (default 1,000,000). The constraint holds a grammar (``lark``),
         which the token engine runs; ``pattern`` is ""."""
         document = json_schema.load_schema(schema)
-        lark = json_schema.build_grammar(
+        grammar = json_schema.build_grammar(
             document,
             whitespace=whitespace,
             max_recursion_depth=max_recursion_depth,
@@ -93,7 +96,7 @@ class Constraint:
             ("max_recursion_depth", max_recursion_depth),
             ("any_depth", any_depth),
         )
-        return cls("json_schema", "", source, options, lark=lark)
+        return cls("json_schema", "", source, options, lark=grammar.lark, check=grammar.check)
 
     @classmethod
     def from_choices(cls, choices) -> Constraint:

@@ -42,7 +42,7 @@ WORDS_CACHE_SIZE = 4096  # bitmask words per index (6 kB each on a 49k vocabular
 class Guide:
     """Position of one sequence in a constraint. Not thread-safe; `copy()` per fork."""
 
-    __slots__ = ("index", "_matcher", "_states", "_ended")
+    __slots__ = ("index", "_matcher", "_states", "_ended", "_checks")
 
     def __init__(
         self,
@@ -50,11 +50,17 @@ class Guide:
         matcher: Any = None,
         states: Iterable[int] | None = None,
         ended: bool = False,
+        checks: Iterable[Any] | None = None,
     ) -> None:
         self.index = index
         self._matcher = matcher if matcher is not None else index.new_matcher()
         self._states: list[int] = list(states) if states is not None else [ROOT]
         self._ended = ended
+        # the index's check (lmprog.fsm.checks): its state after each token, like _states
+        check = index.check
+        self._checks: list[Any] | None = (
+            None if check is None else list(checks) if checks is not None else [check.start()]
+        )
 
     @property
     def state(self) -> int:
@@ -82,8 +88,23 @@ class Guide:
         if words is None:
             words = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.int32)
             self._check_matcher()
+            words = self._checked(words)
             if node >= 0:
                 cache.put(node, words)
+        return words
+
+    def _checked(self, words: np.ndarray) -> np.ndarray:
+        """The mask without the tokens the index's check refuses from here."""
+        if self._checks is None or not self.index.check.active(self._checks[-1]):
+            return words
+        from lmprog.fsm.checks import filter_words
+
+        words = filter_words(self.index.check, self._checks[-1], words, self.index.vocab)
+        if not words.any():
+            raise ConstraintError(
+                "the constraint cannot continue here: every item the schema allows next "
+                "would repeat an earlier one (uniqueItems)"
+            )
         return words
 
     def allowed_token_ids(self) -> np.ndarray:
@@ -106,7 +127,14 @@ class Guide:
             or self.index.vocab.token_bytes[token_id] is None
         ):
             return False
-        return self._matcher.validate_tokens([token_id]) == 1
+        return self._matcher.validate_tokens([token_id]) == 1 and self._next_check(token_id) != 0
+
+    def _next_check(self, token_id: int) -> Any:
+        """The check's state after the token (None: no check; 0: the check refuses it)."""
+        if self._checks is None:
+            return None
+        state = self.index.check.step(self._checks[-1], self.index.vocab.token_bytes[token_id])
+        return 0 if state is None else state
 
     def can_stop(self) -> bool:
         """The text so far is a complete match (EOS allowed now)."""
@@ -123,6 +151,8 @@ class Guide:
         the next byte is a choice); cached per position."""
         if self._ended or self._matcher.is_accepting():
             return b""
+        if self._checks is not None and self.index.check.active(self._checks[-1]):
+            return b""  # the text forced may repeat an item: let the masks decide
         node = self.state
         cache = self.index.state_cache("forced")
         forced = cache.get(node) if node >= 0 else None
@@ -149,10 +179,13 @@ class Guide:
             raise ValueError(
                 f"token {token_id} ({self._describe(token_id)}) is not allowed by the constraint here"
             )
+        check = self._next_check(token_id)
         if not self._matcher.consume_token(token_id):
             self._check_matcher()
             raise AssertionError(f"llguidance refused token {token_id} that it allowed")
         self._states.append(self.index.path_node(self.state, token_id))
+        if self._checks is not None:
+            self._checks.append(check)
 
     def advance_all(self, token_ids: Iterable[int]) -> None:
         """Advance through several tokens; on a disallowed one, raise with the guide unchanged."""
@@ -177,9 +210,11 @@ class Guide:
             if not self._matcher.rollback(n):
                 self._check_matcher()
             del self._states[-n:]
+            if self._checks is not None:
+                del self._checks[-n:]
 
     def copy(self) -> Guide:
-        return Guide(self.index, self._matcher.deep_copy(), self._states, self._ended)
+        return Guide(self.index, self._matcher.deep_copy(), self._states, self._ended, self._checks)
 
     def length_message(self) -> str:
         """What an engine says when max_tokens stops it inside this constraint."""
@@ -238,8 +273,8 @@ def prefetch_bitmask_words(guides: Iterable[Guide | None]) -> None:
     `bitmask_words()` to report."""
     todo: dict[tuple[int, int], Guide] = {}
     for g in guides:
-        if g is None or g._ended or g.state < 0:
-            continue
+        if g is None or g._ended or g.state < 0 or g._checks is not None:
+            continue  # (a guide with a check computes its own mask, then filters it)
         if _words(g.index).get(g.state) is None:
             todo.setdefault((id(g.index), g.state), g)
     if len(todo) < 2:

@@ -53,11 +53,13 @@ ROOT = 0  # the path node of a guide's start
 class TokenIndex:
     """One pattern compiled for one vocabulary. Immutable; share it between threads."""
 
-    def __init__(self, pattern: str, vocab: TokenVocab, matcher: Any) -> None:
+    def __init__(self, pattern: str, vocab: TokenVocab, matcher: Any, check: Any = None) -> None:
         """matcher: an `llguidance.LLMatcher` of the pattern at its start, which every guide
-        copies (a copy shares the compiled lexer). Use `TokenIndex.get`, which checks it."""
+        copies (a copy shares the compiled lexer); check: what guides check beside it
+        (`lmprog.fsm.checks`, the constraint's `check`). Use `TokenIndex.get`, which checks it."""
         self.pattern = pattern
         self.vocab = vocab
+        self.check = check
         self._start = matcher
         self._caches: dict[Hashable, _BoundedCache] = {}
         self._paths: dict[tuple[int, int], int] = {}
@@ -181,8 +183,10 @@ def _lookup(constraint: Any, tokenizer: Any, inline: bool) -> Future[TokenIndex]
     ll_tokenizer = ll_tokenizer_for(vocab, tokenizer)
     key = _key(pattern, vocab)
 
+    check = getattr(constraint, "check", None)  # named in the pattern: part of the key
+
     def build() -> tuple[TokenIndex, int]:
-        index = TokenIndex(pattern, vocab, _matcher(pattern, ll_tokenizer))
+        index = TokenIndex(pattern, vocab, _matcher(pattern, ll_tokenizer), check)
         _check_start(index)
         return index, 2 * len(pattern)
 
@@ -316,6 +320,9 @@ def check_grammar(constraint: Any) -> None:
 def matches_bytes(constraint: Any, data: bytes) -> bool:
     """Whether `data` is a whole match of the constraint, through the token engine over a
     one-byte-per-token vocabulary (linear in len(data), bounded by the lexer limits)."""
-    matcher = TokenIndex.get(constraint, BYTES).new_matcher()
+    index = TokenIndex.get(constraint, BYTES)
+    matcher = index.new_matcher()
     tokens = list(data)
-    return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
+    if not (matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()):
+        return False
+    return index.check is None or index.check.step(index.check.start(), data) is not None

@@ -38,7 +38,9 @@ resolve where the document declares their anchor once (else ConstraintError); dr
 
 from __future__ import annotations
 
+import hashlib
 import json
+from typing import NamedTuple
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.builder import Builder
@@ -119,9 +121,9 @@ def build_grammar(
     any_depth: int | None = DEFAULT_ANY_DEPTH,
     max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH,
     max_pattern_chars: int = DEFAULT_MAX_PATTERN_CHARS,
-) -> str:
-    """The Lark grammar of a JSON schema document; ConstraintError if it has none that is
-    exact, if the document nests deeper than `max_schema_depth` dicts and lists, or if its
+) -> Grammar:
+    """The grammar of a JSON schema document (Lark text, and the check of distinct string
+    items where the schema asks for them); ConstraintError if it has none that is exact, if the document nests deeper than `max_schema_depth` dicts and lists, or if its
     grammar (or one of its lexemes' regexes) would grow past `max_pattern_chars` characters."""
     for name, value, least in (
         ("max_recursion_depth", max_recursion_depth, 0),
@@ -142,11 +144,11 @@ def build_grammar(
     try:
         registry = Registry(document)
         try:
-            text = _grammar(
+            grammar = _grammar(
                 document, ws, max_recursion_depth, any_depth, max_pattern_chars, registry
             )
         except Unroll:  # recursion under allOf/not/unevaluated*: unrolled to a bounded depth
-            text = _grammar(
+            grammar = _grammar(
                 document, ws, max_recursion_depth, any_depth, max_pattern_chars, registry, True
             )
     except RecursionError:
@@ -154,17 +156,18 @@ def build_grammar(
             "the schema (with its $refs unrolled) nests too deeply to compile; flatten it or "
             "lower max_recursion_depth"
         ) from None
-    if len(text) > max_pattern_chars:
+    if len(grammar.lark) > max_pattern_chars:
         raise ConstraintError(
-            f"the schema's grammar has {len(text):,} characters, past max_pattern_chars="
-            f"{max_pattern_chars:,}; simplify the schema or raise max_pattern_chars"
+            f"the schema's grammar has {len(grammar.lark):,} characters, past "
+            f"max_pattern_chars={max_pattern_chars:,}; simplify the schema or raise "
+            "max_pattern_chars"
         )
-    return text
+    return grammar
 
 
 def _grammar(
     document, ws, max_recursion_depth, any_depth, max_chars, registry, unroll=False
-) -> str:
+) -> Grammar:
     with pattern_limit(max_chars), fragment_limit(max_chars), work_limit(MAX_WORK):
         builder = Builder(document, max_recursion_depth, unroll, registry)
         node = builder.build_root(document)
@@ -172,7 +175,22 @@ def _grammar(
         out = emitter.node(node)
         if out is None:
             raise ConstraintError("the schema accepts no JSON value")
-        return to_lark(out, emitter.rules)
+        text = to_lark(out, emitter.rules)
+    if not emitter.checked:
+        return Grammar(text, None)
+    from lmprog.fsm.checks import UniqueStrings
+
+    # the check is part of the constraint: name it in the text, which keys the token index
+    digest = hashlib.sha256(json.dumps(document, sort_keys=True, default=repr).encode()).hexdigest()
+    text += f"// distinct string items checked as decoded, schema {digest[:24]}\n"
+    return Grammar(text, UniqueStrings(node, builder.bodies, frozenset(emitter.checked)))
+
+
+class Grammar(NamedTuple):
+    """A schema's grammar (Lark text) and the check the guide runs beside it (None: none)."""
+
+    lark: str
+    check: object
 
 
 _JSON_WHITESPACE = CharSet.of(" \t\n\r")
