@@ -1,19 +1,26 @@
-"""Checks the grammar cannot make: distinct string items (``uniqueItems`` over open sets of
-strings), enforced on the text as it is decoded.
+"""What the grammar cannot say, checked on the text as it is decoded: ``uniqueItems`` over
+items from an open set (strings, numbers, objects...).
 
-A grammar cannot say "no item equals an earlier one" over an infinite set of strings. The
-compiler writes such arrays without the condition and hands the guide a ``UniqueStrings``
-check: it reads the output as JSON (containers, keys, string values; the grammar guarantees a
-JSON prefix), follows the schema's nodes down the keys and indexes (the compiler's own terms,
+A grammar cannot say "no item equals an earlier one" when the items are not drawn from a small
+finite set. The compiler writes such arrays without the condition and hands the guide a
+``UniqueItems`` check: it reads the output as JSON (the grammar guarantees a JSON prefix),
+follows the schema's nodes down keys and indexes (the compiler's own terms,
 ``algebra.key_node``; a union follows every branch), and in an array whose schema asks for
-unique strings keeps the decoded items seen. A token that would close a string item equal to
-an earlier one is not allowed: the guide removes it from the mask (only tokens holding a
-quote can close a string, a few hundred in a vocabulary), and refuses it in ``advance``.
+distinct items keeps the items seen, under JSON Schema equality (``1`` and ``1.0`` are equal,
+key order does not count). A token that would complete an item equal to an earlier one --
+the closing quote of a string, the character after a number, the last letter of ``true``, the
+bracket closing an object -- is not allowed: the guide removes it from the mask (only tokens
+that can complete something are tried: those with a quote inside strings, the few the grammar
+allows elsewhere) and refuses it in ``advance``.
+
 Where several branches apply, the condition holds if any of them asks for it (a narrowing,
 never a wrong acceptance), unless one of them takes any array; under an unconstrained schema
-nothing is checked. A string that can only be completed into a repeated item is not foreseen:
-the guide allows its characters, and where no token can follow, the request fails with
-ConstraintError (as under a finite set of strings with more items required than it has).
+nothing is checked. A value that can only become a seen one is refused as soon as that is so:
+a literal at its first letter, an integer item "0" once 0 was seen, a string of a finite set
+(an enum too large for the grammar to track) at the character after which only seen strings
+remain; other values that can only be completed into a repeated item are not foreseen: the guide allows their
+characters, and where no token can follow, the request fails with ConstraintError (as in an
+array of `^[ab]$` strings asked for three distinct items).
 
 States are immutable tuples, one per token, so a guide rolls back by dropping the last ones.
 """
@@ -21,103 +28,146 @@ States are immutable tuples, one per token, so a guide rolls back by dropping th
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from typing import Any
 
-from lmprog.fsm.json_schema.algebra import key_node
-from lmprog.fsm.json_schema.terms import ArrT, Node, ObjT, RefT, is_full
+import numpy as np
 
-# A state: (stack, mode, text). stack: frames, innermost last: ("top", nodes), ("obj", nodes,
-# key) or ("arr", nodes, checked, seen, index) -- nodes: the schema nodes the container follows
-# (None: unconstrained, nothing checked below), key: the last key read, checked: its string
-# items must be distinct, seen: the items so far, index: the item being read. mode: what comes next -- "value", "key?" (a key or "}"),
-# "key"/"string" (inside one; "key\\"/"string\\" right after a backslash), "colon", "scalar"
-# (a number or literal), "after" (",", "]" or "}"). text: the bytes of a key or checked item
-# being read (b"" otherwise).
+from lmprog.fsm.json_schema.algebra import key_node
+from lmprog.fsm.json_schema.emit import value_key
+from lmprog.fsm.json_schema.terms import ArrT, Node, NumT, ObjT, RefT, StrT, is_full
+
+# A state: (stack, mode, text, buf).
+# stack: frames, innermost last: ("top", nodes), ("obj", nodes, key) or
+#   ("arr", nodes, checked, seen, index, start) -- nodes: the schema nodes the container
+#   follows (None: unconstrained, nothing checked below); key: the last key read; checked: its
+#   items must be distinct; seen: their keys (value_key) so far; index: the item being read;
+#   start: where that item starts in buf (None: between items, or already counted).
+# mode: what comes next -- "value", "key?" (a key or "}"), "key"/"string" (inside one;
+#   "key\\"/"string\\" right after a backslash), "colon", "scalar" (a number or literal),
+#   "after" (",", "]" or "}").
+# text: the bytes of a key being read; buf: the text since the outermost checked array opened.
 State = tuple
 _WS = frozenset(b" \t\n\r")
+_LITERALS = (b"true", b"false", b"null")
+_LETTERS = {"t": True, "f": False, "n": None}  # a literal's first letter decides it
 
 
-class UniqueStrings:
+class UniqueItems:
     def __init__(self, root: Node, bodies: dict, checked: frozenset) -> None:
         """root: the schema's node; bodies: RefT key -> node; checked: the ArrT terms whose
-        string items must be distinct."""
+        items must be distinct."""
         self.root, self.bodies, self.checked = root, bodies, checked
 
     def start(self) -> State:
-        return ((("top", (self.root,)),), "value", b"")
+        return ((("top", (self.root,)),), "value", b"", b"")
 
     def active(self, state: State) -> bool:
-        """Whether a token could close a checked item here (the mask needs filtering)."""
+        """Whether a token could complete a checked item here (the mask needs filtering)."""
         return any(f[0] == "arr" and f[2] for f in state[0])
 
+    def in_string(self, state: State) -> bool:
+        return state[1] in ("string", "string\\", "key", "key\\")
+
     def step(self, state: State, data: bytes) -> State | None:
-        """The state after `data`; None if it closes a string item equal to an earlier one."""
-        stack, mode, text = state
+        """The state after `data`; None if it completes an item equal to an earlier one."""
+        stack, mode, text, old = state
+        buf = bytearray(old)
+        keep = self.active(state)
         for byte in data:
+            if keep:
+                buf.append(byte)
             if mode in ("string", "key"):
                 if byte == 0x22:  # the closing quote
                     if mode == "key":
                         key = json.loads(b'"' + text + b'"') if stack[-1][1] is not None else ""
                         stack, mode, text = stack[:-1] + (("obj", stack[-1][1], key),), "colon", b""
                         continue
-                    top = stack[-1]
-                    if top[0] == "arr" and top[2]:
-                        value = json.loads(b'"' + text + b'"')
-                        if value in top[3]:
-                            return None
-                        stack = stack[:-1] + (("arr", top[1], True, top[3] | {value}, top[4]),)
-                    mode, text = "after", b""
+                    mode = "after"
+                    stack = self._done(stack, buf)
+                    if stack is None:
+                        return None
                     continue
-                if self._keeps(stack, mode):
+                if mode == "key" and stack[-1][1] is not None:
                     text += bytes((byte,))
                 if byte == 0x5C:  # a backslash: the next byte is escaped
                     mode += "\\"
+                elif mode == "string" and self._only_repeats(stack, buf):
+                    return None
                 continue
             if mode in ("string\\", "key\\"):
-                if self._keeps(stack, mode[:-1]):
+                if mode == "key\\" and stack[-1][1] is not None:
                     text += bytes((byte,))
                 mode = mode[:-1]
                 continue
+            if mode == "scalar":
+                if byte not in _WS and byte not in b",]}":
+                    top = stack[-1]
+                    if top[0] == "arr" and top[5] is not None:
+                        item = bytes(buf[top[5] :])
+                        if item in _LITERALS:  # a literal is complete at its last letter
+                            stack = self._done(stack, buf)
+                        elif item == b"-0" and self._zero_repeats(stack):
+                            return None
+                        if stack is None:
+                            return None
+                    continue
+                stack, mode = self._done(stack, buf[:-1] if keep else buf), "after"
+                if stack is None:
+                    return None
             if byte in _WS:
-                if mode == "scalar":
-                    mode = "after"
                 continue
             c = chr(byte)
-            if mode == "scalar":
-                if c not in ",]}":
-                    continue
-                mode = "after"
             if mode == "colon":
                 mode = "value"  # the ":" (the grammar allows nothing else)
             elif mode == "key?":
                 if c == '"':
                     mode, text = "key", b""
                 else:  # "}" of an empty object
-                    stack, mode = stack[:-1], "after"
+                    stack, mode = self._close(stack, buf), "after"
             elif mode == "value":
-                stack, mode = self._open(stack, c)
+                stack, mode = self._open(stack, c, buf)
+                if mode == "value" and not keep and self.active((stack,)):
+                    keep = True
+                    buf = bytearray()
             elif c == ",":
                 top = stack[-1]
                 if top[0] == "obj":
                     mode = "key?"
                 else:
-                    stack, mode = stack[:-1] + (top[:4] + (top[4] + 1,),), "value"
+                    stack, mode = stack[:-1] + (top[:4] + (top[4] + 1, None),), "value"
             else:  # "]" or "}"
-                stack, mode = stack[:-1], "after"
-        return stack, mode, text
+                stack, mode = self._close(stack, buf), "after"
+            if stack is None:
+                return None
+        return stack, mode, text, bytes(buf) if self.active((stack,)) else b""
 
-    def _keeps(self, stack: tuple, mode: str) -> bool:
-        """Whether the string being read matters: a key (to follow the schema) or a checked
-        item."""
+    def _done(self, stack: tuple, buf: bytearray) -> tuple | None:
+        """An item of the innermost array ends here (buf holds it from its start): record it,
+        or None if an equal one came before."""
         top = stack[-1]
-        if mode == "key":
-            return top[1] is not None
-        return top[0] == "arr" and top[2]
+        if top[0] != "arr" or not top[2] or top[5] is None:
+            return stack
+        item = value_key(json.loads(bytes(buf[top[5] :]), parse_float=Decimal))
+        if item in top[3]:
+            return None
+        return stack[:-1] + (("arr", top[1], True, top[3] | {item}, top[4], None),)
 
-    def _open(self, stack: tuple, c: str) -> tuple[tuple, str]:
+    def _close(self, stack: tuple, buf: bytearray) -> tuple | None:
+        """The innermost container closes; if it was an item of a checked array, it ends."""
+        return self._done(stack[:-1], buf)
+
+    def _open(self, stack: tuple, c: str, buf: bytearray) -> tuple[tuple | None, str]:
         """A value starting with `c` in the innermost container (or "]" closing an empty one)."""
         if c == "]":
-            return stack[:-1], "after"
+            return self._close(stack, buf), "after"
+        top = stack[-1]
+        if top[0] == "arr" and top[2]:  # an item of a checked array starts (its first byte)
+            if c in _LETTERS and value_key(_LETTERS[c]) in top[3]:
+                return None, "scalar"  # this literal can only repeat one seen: refuse it now
+            if c == "0" and self._zero_repeats(stack):
+                return None, "scalar"
+            stack = stack[:-1] + (top[:5] + (len(buf) - 1,),)
         nodes = self._value_nodes(stack)
         if c == "{":
             return stack + (("obj", nodes, ""),), "key?"
@@ -128,9 +178,45 @@ class UniqueStrings:
                 and any(t in self.checked for t in terms)
                 and not any(is_full(t) for t in terms)
             )
-            frame = ("arr", None if terms is None else nodes, checked, frozenset(), 0)
+            frame = ("arr", None if terms is None else nodes, checked, frozenset(), 0, None)
             return stack + (frame,), "value"
         return stack, "string" if c == '"' else "scalar"
+
+    def finite_item(self, state: State) -> bool:
+        """Whether the string being read is an item from a finite set of strings (then any
+        character may be the one after which only repeats remain)."""
+        return state[1] == "string" and self._strings(state[0]) is not None
+
+    def _strings(self, stack: tuple) -> frozenset | None:
+        """The strings an item of the innermost (checked) array may be, when they are a
+        finite set (every string term an enum); else None."""
+        top = stack[-1]
+        if top[0] != "arr" or not top[2] or top[5] is None:
+            return None
+        terms = self._terms(self._value_nodes(stack), StrT)
+        if not terms or any(t.values is None for t in terms):
+            return None
+        return frozenset(v for t in terms for v in t.values)
+
+    def _only_repeats(self, stack: tuple, buf: bytearray) -> bool:
+        """Whether the string item read so far (from a finite set) can only become one seen."""
+        values = self._strings(stack)
+        if values is None:
+            return False
+        try:
+            prefix = json.loads(bytes(buf[stack[-1][5] :]) + b'"')
+        except ValueError:  # inside an escape
+            return False
+        seen = stack[-1][3]
+        return all(("s", v) in seen for v in values if v.startswith(prefix))
+
+    def _zero_repeats(self, stack: tuple) -> bool:
+        """Whether an item starting "0" (or "-0") can only be 0 and 0 was seen: the item's
+        numbers are integers (no fraction may follow) -- refused at once, not a dead end."""
+        if ("n", 0) not in stack[-1][3]:
+            return False
+        numbers = self._terms(self._value_nodes(stack), NumT)
+        return bool(numbers) and all(t.integer for t in numbers)
 
     def _value_nodes(self, stack: tuple) -> tuple | None:
         """The nodes the value starting now follows."""
@@ -167,13 +253,21 @@ def _item(t: ArrT, i: int) -> Node:
     return t.prefix[i] if i < len(t.prefix) else t.rest
 
 
-def filter_words(check: UniqueStrings, state: State, words: Any, vocab: Any) -> Any:
-    """`words` (an int32 bitmask over `vocab`) without the tokens that would close a duplicate
-    string item from `state`."""
-    import numpy as np
-
+def filter_words(check: UniqueItems, state: State, words: np.ndarray, vocab: Any) -> np.ndarray:
+    """`words` (an int32 bitmask over `vocab`) without the tokens that would complete a
+    repeated item from `state`. Tried: inside a string, the tokens with a quote (nothing else
+    can end it), or every allowed token if the item is one of a finite set of strings (any
+    character may leave only repeats); elsewhere the allowed tokens that hold a quote, punctuation, whitespace or a
+    literal's first or last letter, or a zero (other runs of digits complete nothing)."""
+    table = _tables(vocab)
+    if check.in_string(state) and not check.finite_item(state):
+        candidates = table.quotes
+    else:
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: len(table.ends)]
+        allowed = bits.astype(bool)
+        candidates = np.flatnonzero(allowed if check.in_string(state) else allowed & table.ends)
     out = None
-    for token in quote_tokens(vocab):
+    for token in candidates.tolist():
         if not (int(words[token >> 5]) >> (token & 31)) & 1:
             continue
         if check.step(state, vocab.token_bytes[token]) is None:
@@ -183,12 +277,21 @@ def filter_words(check: UniqueStrings, state: State, words: Any, vocab: Any) -> 
     return words if out is None else out
 
 
-_QUOTES: dict[int, list[int]] = {}
+class _Tables:
+    def __init__(self, vocab: Any) -> None:
+        tokens = [b or b"" for b in vocab.token_bytes]
+        self.quotes = np.array([i for i, b in enumerate(tokens) if b'"' in b], dtype=np.int64)
+        # bytes that may end a value, or start one that can only be one value
+        ends = frozenset(b'"]},el' + b"tfn0" + bytes(_WS))
+        self.ends = np.array([any(c in ends for c in b) for b in tokens], dtype=bool)
 
 
-def quote_tokens(vocab: Any) -> list[int]:
-    """The ids of the vocabulary's tokens holding a double quote (cached per vocabulary)."""
-    ids = _QUOTES.get(id(vocab))
-    if ids is None:
-        ids = _QUOTES[id(vocab)] = [i for i, b in enumerate(vocab.token_bytes) if b and b'"' in b]
-    return ids
+_TABLES: dict[int, _Tables] = {}
+
+
+def _tables(vocab: Any) -> _Tables:
+    """Per vocabulary: the tokens holding a quote, and those that may complete a value."""
+    table = _TABLES.get(id(vocab))
+    if table is None:
+        table = _TABLES[id(vocab)] = _Tables(vocab)
+    return table

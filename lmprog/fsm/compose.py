@@ -89,7 +89,7 @@ def embed(c: Constraint) -> Frag:
         )
     if c.check is not None:
         raise ConstraintError(
-            "a schema whose distinct string items are checked as decoded (uniqueItems) "
+            "a schema whose distinct items are checked as decoded (uniqueItems) "
             "cannot be combined with other parts (tool calls)"
         )
     return _Embedded(c)

@@ -34,7 +34,7 @@ class Constraint:
     ``lark``: for "json_schema" and "ebnf", the grammar in llguidance's Lark syntax, which the
     token engine runs (``pattern`` is then "": a grammar has no regex);
     ``check``: what the guide checks beside the grammar (``lmprog.fsm.checks``: distinct
-    string items), named in ``lark`` so that it is part of the cache key; None: nothing.
+    items), named in ``lark`` so that it is part of the cache key; None: nothing.
     """
 
     kind: str

@@ -1,5 +1,5 @@
-"""Distinct string items (uniqueItems over strings), checked beside the grammar as the text is
-decoded (lmprog.fsm.checks): whole texts, masks and guide moves, against jsonschema."""
+"""Distinct items (uniqueItems over open sets of values), checked beside the grammar as the
+text is decoded (lmprog.fsm.checks): whole texts, masks and guide moves, against jsonschema."""
 
 import json
 import random
@@ -44,6 +44,43 @@ def test_repeated_strings_are_refused_where_the_schema_asks():
     assert c.matches('{"tags": ["a\\\\", "a"]}')  # a backslash ends the first, not the quote
 
 
+@pytest.mark.parametrize(
+    "text, distinct",
+    [
+        ("[1, 10, -1, 1.5]", True),
+        ("[1, 1.0]", False),  # equal numbers, written otherwise
+        ("[1e0, 1]", False),
+        ("[ 1 , 1 ]", False),
+        ("[true, false, null, null]", False),
+        ('[{"a": 1, "b": 2}, {"b": 2, "a": 1}]', False),  # key order does not count
+        ('[{"a": 1}, {"a": 2}, [1, 2], [2, 1], "1", 1]', True),
+        ("[[[1]], [[1]]]", False),
+        ('[{"x": [1, 1]}, [], {}]', True),  # inner arrays need not be distinct
+    ],
+)
+def test_any_items_compare_under_json_equality(text, distinct):
+    c = Constraint.from_json_schema({"type": "array", "uniqueItems": True})
+    assert c.matches(text) is distinct
+    assert (
+        jsonschema.Draft202012Validator({"uniqueItems": True}).is_valid(json.loads(text))
+        is distinct
+    )
+
+
+def test_a_number_item_ends_at_the_character_after_it():
+    tok = byte_level_tokenizer()
+    guide = TokenIndex.get(Constraint.from_json_schema(NUMBERS), tok).new_guide()
+    guide.advance_all(tok.encode("[12, 1", add_special_tokens=False))
+    ids = {c: tok.convert_tokens_to_ids(c) for c in ("2", "3", ",", "]", "Ġ")}
+    assert all(guide.is_allowed(ids[c]) for c in ("2", "3", ",", "]", "Ġ"))
+    guide.advance(ids["2"])  # 12 again: it must not end here
+    allowed = set(guide.allowed_token_ids().tolist())
+    assert ids["3"] in allowed and not {ids[","], ids["]"], ids["Ġ"]} & allowed
+
+
+NUMBERS = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+
+
 def test_a_union_checks_where_either_branch_asks():
     either = Constraint.from_json_schema({"anyOf": [TAGS, {"type": "integer"}]})
     assert either.matches('["x", "y"]') and either.matches("3") and not either.matches('["x", "x"]')
@@ -86,10 +123,24 @@ def test_no_distinct_item_left_is_an_error_not_an_empty_mask():
         guide.bitmask_words()
 
 
-def test_random_texts_have_distinct_items():
-    c = Constraint.from_json_schema(DOC)
-    validator = jsonschema.Draft202012Validator(DOC)
-    rng, like = random.Random(0), '{"tags": ["a", "b", "c"], "kids": [{"tags": ["b", "a"]}]}'
+MIXED = {
+    "type": "array",
+    "items": {"type": ["integer", "boolean", "array"], "items": {"type": "integer"}},
+    "uniqueItems": True,
+}
+
+
+@pytest.mark.parametrize(
+    "schema, like",
+    [
+        (DOC, '{"tags": ["a", "b", "c"], "kids": [{"tags": ["b", "a"]}]}'),
+        (MIXED, "[1, 1, 10, [1], [1], true, true, [], 2, []]"),  # strays into repeats
+    ],
+)
+def test_random_texts_have_distinct_items(schema, like):
+    c = Constraint.from_json_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    rng = random.Random(0)
     texts = [t for t in (random_text(c, rng, like) for _ in range(150)) if t is not None]
     assert len(texts) > 50
     for text in texts:
@@ -101,3 +152,17 @@ def test_checked_schemas_do_not_compose():
 
     with pytest.raises(ConstraintError, match="cannot be combined"):
         compose.embed(Constraint.from_json_schema(TAGS))
+
+
+def test_a_large_enum_refuses_the_character_that_leaves_only_repeats():
+    licenses = {
+        "type": "array",
+        "items": {"enum": [f"v{i}" for i in range(70)]},  # too many for a parametric rule
+        "uniqueItems": True,
+    }
+    tok = byte_level_tokenizer()
+    guide = TokenIndex.get(Constraint.from_json_schema(licenses), tok).new_guide()
+    guide.advance_all(tok.encode('["v7", "v', add_special_tokens=False))
+    allowed = set(guide.allowed_token_ids().tolist())
+    seven, six = tok.convert_tokens_to_ids("7"), tok.convert_tokens_to_ids("6")
+    assert six in allowed and seven not in allowed  # "v7" is the only string from "v7"

@@ -122,8 +122,8 @@ def build_grammar(
     max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH,
     max_pattern_chars: int = DEFAULT_MAX_PATTERN_CHARS,
 ) -> Grammar:
-    """The grammar of a JSON schema document (Lark text, and the check of distinct string
-    items where the schema asks for them); ConstraintError if it has none that is exact, if the document nests deeper than `max_schema_depth` dicts and lists, or if its
+    """The grammar of a JSON schema document (Lark text, and the check of distinct items
+    where the schema asks for them over open sets); ConstraintError if it has none that is exact, if the document nests deeper than `max_schema_depth` dicts and lists, or if its
     grammar (or one of its lexemes' regexes) would grow past `max_pattern_chars` characters."""
     for name, value, least in (
         ("max_recursion_depth", max_recursion_depth, 0),
@@ -178,12 +178,12 @@ def _grammar(
         text = to_lark(out, emitter.rules)
     if not emitter.checked:
         return Grammar(text, None)
-    from lmprog.fsm.checks import UniqueStrings
+    from lmprog.fsm.checks import UniqueItems
 
     # the check is part of the constraint: name it in the text, which keys the token index
     digest = hashlib.sha256(json.dumps(document, sort_keys=True, default=repr).encode()).hexdigest()
-    text += f"// distinct string items checked as decoded, schema {digest[:24]}\n"
-    return Grammar(text, UniqueStrings(node, builder.bodies, frozenset(emitter.checked)))
+    text += f"// distinct items checked as decoded, schema {digest[:24]}\n"
+    return Grammar(text, UniqueItems(node, builder.bodies, frozenset(emitter.checked)))
 
 
 class Grammar(NamedTuple):

@@ -7,10 +7,9 @@ any prefix item at or past ``minItems``, so the prefix is a nest of optional gro
 non-matching items, which needs the complement of the ``contains`` schema). ``uniqueItems`` is
 exact when the items come from one finite set of at most 64 values (``enum``, booleans,
 ``const``...: a parametric rule with a bit per value, each used once), when there are at most
-256 distinct-item arrays (prefix items from finite sets: enumerated), when arrays hold at
-most one item, and over strings: the grammar writes the array without the condition and the
-guide checks it as the text is decoded (``lmprog.fsm.checks``); anything else (e.g. a set of
-integers or objects) raises ConstraintError.
+256 distinct-item arrays (prefix items from finite sets: enumerated), or when arrays hold at
+most one item; over other items (strings, numbers, objects...) the grammar writes the array
+without the condition and the guide checks it as the text is decoded (``lmprog.fsm.checks``).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from lmprog.fsm.json_schema.algebra import conj
 from lmprog.fsm.json_schema.complement import neg
 from lmprog.fsm.json_schema.lark import Frag, alt, cat, opt, rep, unique
 from lmprog.fsm.json_schema.sequences import Slot, separated
-from lmprog.fsm.json_schema.terms import ArrT, StrT, expand
+from lmprog.fsm.json_schema.terms import ArrT
 
 if TYPE_CHECKING:
     from lmprog.fsm.json_schema.emit import Emitter
@@ -83,15 +82,10 @@ def _unique_arrays(t: ArrT, em: Emitter) -> Frag | None:
     arrays = _distinct_arrays(t, em)
     if arrays is not None:
         return alt(*(em.value(a) for a in arrays))
-    if not t.prefix and not t.contains and all(isinstance(x, StrT) for x in expand(t.rest)):
-        from dataclasses import replace
+    from dataclasses import replace
 
-        em.checked.add(t)  # distinct strings: checked as the text is decoded (fsm.checks)
-        return array_regex(replace(t, unique=False), em)
-    raise ConstraintError(
-        "uniqueItems is supported over strings, over finite sets of values (at most "
-        f"{_UNIQUE_ITEMS} values, or {_LIMIT} arrays), or for arrays of at most one item"
-    )
+    em.checked.add(t)  # distinct items: checked as the text is decoded (lmprog.fsm.checks)
+    return array_regex(replace(t, unique=False), em)
 
 
 _LIMIT = 256

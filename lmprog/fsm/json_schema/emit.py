@@ -45,7 +45,7 @@ class Emitter:
         self._memo: dict = {}
         self._any: dict[int | None, Frag] = {}
         self._bodies = bodies or {}  # RefT key -> its node
-        self.checked: set = set()  # ArrT terms whose distinct string items the guide checks
+        self.checked: set = set()  # ArrT terms whose distinct items the guide checks
         self._ref_names: dict[tuple, str] = {}
 
     def node(self, node: Node) -> Frag | None:
