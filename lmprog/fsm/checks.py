@@ -28,6 +28,7 @@ States are immutable tuples, one per token, so a guide rolls back by dropping th
 from __future__ import annotations
 
 import json
+import weakref
 from decimal import Decimal
 from typing import Any
 
@@ -46,7 +47,8 @@ from lmprog.fsm.json_schema.terms import ArrT, Node, NumT, ObjT, RefT, StrT, is_
 # mode: what comes next -- "value", "key?" (a key or "}"), "key"/"string" (inside one;
 #   "key\\"/"string\\" right after a backslash), "colon", "scalar" (a number or literal),
 #   "after" (",", "]" or "}").
-# text: the bytes of a key being read; buf: the text since the outermost checked array opened.
+# text: the bytes of a key being read; buf: the text since the outermost item of a checked
+#   array still being read started.
 State = tuple
 _WS = frozenset(b" \t\n\r")
 _LITERALS = (b"true", b"false", b"null")
@@ -167,6 +169,8 @@ class UniqueItems:
                 return None, "scalar"  # this literal can only repeat one seen: refuse it now
             if c == "0" and self._zero_repeats(stack):
                 return None, "scalar"
+            if not any(f[0] == "arr" and f[2] and f[5] is not None for f in stack):
+                del buf[:-1]  # no item is open around this one: keep only its bytes
             stack = stack[:-1] + (top[:5] + (len(buf) - 1,),)
         nodes = self._value_nodes(stack)
         if c == "{":
@@ -182,16 +186,38 @@ class UniqueItems:
             return stack + (frame,), "value"
         return stack, "string" if c == '"' else "scalar"
 
+    def closing(self, state: State):
+        """Inside a string item of a checked array (not right after a backslash): a function
+        of the bytes before a closing quote saying whether the item they end repeats one;
+        None elsewhere (or if the item so far does not decode: a split character)."""
+        stack, mode, _, buf = state
+        top = stack[-1]
+        if mode != "string" or top[0] != "arr" or not top[2] or top[5] is None:
+            return None
+        item, seen = bytes(buf[top[5] :]), top[3]
+        try:
+            json.loads(item + b'"')
+        except ValueError:
+            return None
+
+        def repeats(head: bytes) -> bool:
+            try:
+                return ("s", json.loads(item + head + b'"')) in seen
+            except ValueError:  # an escape the head leaves open: no string ends there
+                return False
+
+        return repeats
+
     def finite_item(self, state: State) -> bool:
-        """Whether the string being read is an item from a finite set of strings (then any
-        character may be the one after which only repeats remain)."""
-        return state[1] == "string" and self._strings(state[0]) is not None
+        """Whether the string being read, or the item about to start, is from a finite set
+        of strings (then any character may be the one after which only repeats remain)."""
+        return state[1] in ("string", "value") and self._strings(state[0]) is not None
 
     def _strings(self, stack: tuple) -> frozenset | None:
         """The strings an item of the innermost (checked) array may be, when they are a
         finite set (every string term an enum); else None."""
         top = stack[-1]
-        if top[0] != "arr" or not top[2] or top[5] is None:
+        if top[0] != "arr" or not top[2]:
             return None
         terms = self._terms(self._value_nodes(stack), StrT)
         if not terms or any(t.values is None for t in terms):
@@ -255,22 +281,33 @@ def _item(t: ArrT, i: int) -> Node:
 
 def filter_words(check: UniqueItems, state: State, words: np.ndarray, vocab: Any) -> np.ndarray:
     """`words` (an int32 bitmask over `vocab`) without the tokens that would complete a
-    repeated item from `state`. Tried: inside a string, the tokens with a quote (nothing else
-    can end it), or every allowed token if the item is one of a finite set of strings (any
-    character may leave only repeats); elsewhere the allowed tokens that hold a quote, punctuation, whitespace or a
-    literal's first or last letter, or a zero (other runs of digits complete nothing)."""
+    repeated item from `state`, or start a value that can only be one. Tried: inside a string,
+    the tokens with a quote (nothing else can end it), or every allowed token if the item is
+    one of a finite set of strings (any character may leave only repeats); elsewhere the
+    allowed tokens that hold punctuation, whitespace, two quotes or a literal's last letter,
+    or start a literal, a zero, or (before such a string) a string."""
     table = _tables(vocab)
-    if check.in_string(state) and not check.finite_item(state):
+    finite = check.finite_item(state)
+    if check.in_string(state) and not finite:
         candidates = table.quotes
+        closes = check.closing(state)
     else:
-        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: len(table.ends)]
-        allowed = bits.astype(bool)
-        candidates = np.flatnonzero(allowed if check.in_string(state) else allowed & table.ends)
+        closes = None
+        allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[: len(table.ends)]
+        allowed = allowed.astype(bool)
+        if not check.in_string(state):
+            allowed &= table.ends | table.opens if finite else table.ends
+        candidates = np.flatnonzero(allowed)
     out = None
     for token in candidates.tolist():
         if not (int(words[token >> 5]) >> (token & 31)) & 1:
             continue
-        if check.step(state, vocab.token_bytes[token]) is None:
+        data = vocab.token_bytes[token]
+        if closes is not None and token in table.simple:
+            repeated = closes(table.simple[token])  # only the string item ends in it
+        else:
+            repeated = check.step(state, data) is None
+        if repeated:
             if out is None:
                 out = np.array(words, dtype=np.int32)
             out[token >> 5] &= np.int32(~np.uint32(1 << (token & 31)).view(np.int32))
@@ -278,20 +315,46 @@ def filter_words(check: UniqueItems, state: State, words: np.ndarray, vocab: Any
 
 
 class _Tables:
+    """Per vocabulary, which tokens can matter: `quotes` (ids holding a quote), `ends`
+    (those that may complete a value or start one that can only be one), `opens` (those
+    starting a string), `simple` (those ending a string and nothing else)."""
+
     def __init__(self, vocab: Any) -> None:
         tokens = [b or b"" for b in vocab.token_bytes]
-        self.quotes = np.array([i for i, b in enumerate(tokens) if b'"' in b], dtype=np.int64)
-        # bytes that may end a value, or start one that can only be one value
-        ends = frozenset(b'"]},el' + b"tfn0" + bytes(_WS))
-        self.ends = np.array([any(c in ends for c in b) for b in tokens], dtype=bool)
+        # the vocabulary as one byte array: per-token counts by reduceat over its offsets
+        lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        data = np.frombuffer(b"".join(tokens) + b"\0", dtype=np.uint8)
+        nonempty = lengths > 0
+
+        def count(chars: bytes) -> np.ndarray:
+            hits = np.isin(data, np.frombuffer(chars, dtype=np.uint8)).astype(np.int64)
+            return np.where(nonempty, np.add.reduceat(hits, starts), 0)
+
+        first = np.where(nonempty, data[starts], 0)
+        quotes = count(b'"')
+        self.quotes = np.flatnonzero(quotes)
+        starts_one = np.isin(first, np.frombuffer(b"tfn0", dtype=np.uint8))
+        second = np.where(lengths > 1, data[np.minimum(starts + 1, len(data) - 1)], 0)
+        minus_zero = (first == ord("-")) & (second == ord("0"))
+        inside = count(b",]}el" + bytes(_WS)) > 0
+        opens = first == ord('"')
+        self.ends = (quotes > 1) | (~opens & (inside | starts_one | minus_zero))
+        self.opens = opens
+        # tokens whose first quote ends a string and nothing after it can end another value:
+        # id -> the bytes before that quote
+        self.simple: dict[int, bytes] = {}
+        for i in self.quotes.tolist():
+            head, _, rest = tokens[i].partition(b'"')
+            if not head.endswith(b"\\") and not any(c in rest for c in b'"]}'):
+                self.simple[i] = head
 
 
-_TABLES: dict[int, _Tables] = {}
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # vocabulary -> _Tables
 
 
 def _tables(vocab: Any) -> _Tables:
-    """Per vocabulary: the tokens holding a quote, and those that may complete a value."""
-    table = _TABLES.get(id(vocab))
-    if table is None:
-        table = _TABLES[id(vocab)] = _Tables(vocab)
+    table = _TABLES.get(vocab)
+    if table is None:  # (two threads may both build it: the same table)
+        table = _TABLES[vocab] = _Tables(vocab)
     return table
