@@ -18,7 +18,7 @@ never a wrong acceptance), unless one of them takes any array; under an unconstr
 nothing is checked. A value that can only become a seen one is refused as soon as that is so:
 a literal at its first letter, an integer item "0" once 0 was seen, a string of a finite set
 (an enum too large for the grammar to track) at the character after which only seen strings
-remain; other values that can only be completed into a repeated item are not foreseen: the guide allows their
+remain, a string that a token would fill to its maxLength as a seen one; other values that can only be completed into a repeated item are not foreseen: the guide allows their
 characters, and where no token can follow, the request fails with ConstraintError (as in an
 array of `^[ab]$` strings asked for three distinct items).
 
@@ -225,16 +225,52 @@ class UniqueItems:
         return frozenset(v for t in terms for v in t.values)
 
     def _only_repeats(self, stack: tuple, buf: bytearray) -> bool:
-        """Whether the string item read so far (from a finite set) can only become one seen."""
-        values = self._strings(stack)
-        if values is None:
+        """Whether the string item read so far can only become one seen: from a finite set,
+        every value it can still become was seen; or it is as long as any string item may be
+        (maxLength) and was seen."""
+        top = stack[-1]
+        if top[0] != "arr" or not top[2] or top[5] is None:
+            return False
+        values, longest = self._strings(stack), self.longest(stack)
+        if values is None and longest is None:
             return False
         try:
-            prefix = json.loads(bytes(buf[stack[-1][5] :]) + b'"')
-        except ValueError:  # inside an escape
+            prefix = json.loads(bytes(buf[top[5] :]) + b'"')
+        except ValueError:  # inside an escape, or a split character
             return False
-        seen = stack[-1][3]
-        return all(("s", v) in seen for v in values if v.startswith(prefix))
+        seen = top[3]
+        if values is not None:
+            return all(("s", v) in seen for v in values if v.startswith(prefix))
+        return len(prefix) >= longest and ("s", prefix) in seen
+
+    def longest(self, stack: tuple) -> int | None:
+        """The greatest maxLength of the string items of the innermost (checked) array, if
+        every string they may be has one; else None."""
+        top = stack[-1]
+        if top[0] != "arr" or not top[2]:
+            return None
+        terms = self._terms(self._value_nodes(stack), StrT)
+        if not terms or any(t.max_len is None for t in terms):
+            return None
+        return max(t.max_len for t in terms)
+
+    def full_lengths(self, state: State) -> list[bytes]:
+        """Inside a string item with a maxLength: the texts that would bring it to a seen
+        string of that length (whose only continuation is then its closing quote)."""
+        stack, mode, _, buf = state
+        top = stack[-1]
+        longest = self.longest(stack) if mode == "string" and top[0] == "arr" else None
+        if longest is None or top[5] is None:
+            return []
+        try:
+            prefix = json.loads(bytes(buf[top[5] :]) + b'"')
+        except ValueError:
+            return []
+        return [
+            json.dumps(v[len(prefix) :], ensure_ascii=False)[1:-1].encode()
+            for kind, v in top[3]
+            if kind == "s" and len(v) == longest and v.startswith(prefix) and len(v) > len(prefix)
+        ]
 
     def _zero_repeats(self, stack: tuple) -> bool:
         """Whether an item starting "0" (or "-0") can only be 0 and 0 was seen: the item's
@@ -282,14 +318,17 @@ def _item(t: ArrT, i: int) -> Node:
 def filter_words(check: UniqueItems, state: State, words: np.ndarray, vocab: Any) -> np.ndarray:
     """`words` (an int32 bitmask over `vocab`) without the tokens that would complete a
     repeated item from `state`, or start a value that can only be one. Tried: inside a string,
-    the tokens with a quote (nothing else can end it), or every allowed token if the item is
-    one of a finite set of strings (any character may leave only repeats); elsewhere the
+    the tokens with a quote (nothing else can end it) and those that would fill it to its
+    maxLength as a seen string, or every allowed token if the item is one of a finite set of
+    strings (any character may leave only repeats); elsewhere the
     allowed tokens that hold punctuation, whitespace, two quotes or a literal's last letter,
     or start a literal, a zero, or (before such a string) a string."""
     table = _tables(vocab)
     finite = check.finite_item(state)
     if check.in_string(state) and not finite:
-        candidates = table.quotes
+        extra = [vocab.token_id(t) for t in check.full_lengths(state)]
+        extra = [i for i in extra if i is not None]
+        candidates = np.concatenate((table.quotes, np.array(extra, dtype=np.int64)))
         closes = check.closing(state)
     else:
         closes = None

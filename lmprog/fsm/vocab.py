@@ -89,6 +89,10 @@ class TokenVocab:
                 table.setdefault(b, i)
         return table, max(map(len, table), default=0)
 
+    def token_id(self, data: bytes) -> int | None:
+        """The id of a token whose bytes are exactly `data` (the first such), or None."""
+        return self._by_bytes[0].get(data)
+
     def greedy_encode(self, data: bytes, partial: bool = False) -> list[int]:
         """Ids spelling `data`, longest token first at each position (a tokenizer for a bare
         vocabulary, e.g. in tests); where no token fits, ValueError, or with `partial` the

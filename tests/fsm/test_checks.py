@@ -166,3 +166,13 @@ def test_a_large_enum_refuses_the_character_that_leaves_only_repeats():
     allowed = set(guide.allowed_token_ids().tolist())
     seven, six = tok.convert_tokens_to_ids("7"), tok.convert_tokens_to_ids("6")
     assert six in allowed and seven not in allowed  # "v7" is the only string from "v7"
+
+
+def test_a_string_filled_to_its_max_length_as_a_seen_one_is_refused_before_its_quote():
+    short = {"type": "array", "items": {"type": "string", "maxLength": 2}, "uniqueItems": True}
+    tok = byte_level_tokenizer()
+    guide = TokenIndex.get(Constraint.from_json_schema(short), tok).new_guide()
+    guide.advance_all(tok.encode('["ab", "a', add_special_tokens=False))
+    b, c = tok.convert_tokens_to_ids("b"), tok.convert_tokens_to_ids("c")
+    allowed = set(guide.allowed_token_ids().tolist())
+    assert c in allowed and b not in allowed and not guide.is_allowed(b)  # "ab" could only close
