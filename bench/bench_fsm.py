@@ -22,7 +22,7 @@ Per schema (the ten bench schemas and the three of issue 14's table):
 Times are wall clock, and also the calling thread's CPU time (`time.thread_time`), which other
 processes on a shared machine do not inflate.
 
-`--corpus`: the 137 schemas of bench/schema_corpus.py, each engine in a worker process with a
+`--corpus`: the 153 schemas of bench/schema_corpus.py, each engine in a worker process with a
 20 s deadline per schema (a stall or crash is counted and the worker restarted): compiled /
 refused / crashed-or-stalled, time to first mask p50/max, and each instance judged through the
 tokens (valid: every token allowed and EOS allowed at the end; invalid: some token refused or
