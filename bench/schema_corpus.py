@@ -20,11 +20,12 @@ requires it). Run as a script to check the corpus and print its size.
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from schema_corpus_store import STORE, drop, extra, setp  # bench/ is on sys.path here
 
 
 @dataclass(frozen=True)
@@ -41,38 +42,6 @@ CORPUS: list[Entry] = []
 
 def add(name: str, kind: str, schema: Any, valid: list, invalid: list) -> None:
     CORPUS.append(Entry(name, kind, schema, tuple(valid), tuple(invalid)))
-
-
-def setp(value: Any, path: str, new: Any) -> Any:
-    """A copy of `value` with the member at a dotted path (list indices as numbers) replaced."""
-    out = copy.deepcopy(value)
-    *head, last = [int(p) if p.isdigit() else p for p in path.split(".")]
-    node = out
-    for p in head:
-        node = node[p]
-    node[last] = new
-    return out
-
-
-def drop(value: Any, path: str) -> Any:
-    """A copy of `value` without the member at a dotted path."""
-    out = copy.deepcopy(value)
-    *head, last = [int(p) if p.isdigit() else p for p in path.split(".")]
-    node = out
-    for p in head:
-        node = node[p]
-    del node[last]
-    return out
-
-
-def extra(value: Any, path: str, key: str, new: Any) -> Any:
-    """A copy with one more member `key` in the object at `path` ("" = the top)."""
-    out = copy.deepcopy(value)
-    node = out
-    for p in [int(p) if p.isdigit() else p for p in path.split(".") if p]:
-        node = node[p]
-    node[key] = new
-    return out
 
 
 S = {"type": "string"}
@@ -2962,8 +2931,6 @@ for depth in (2, 3, 4):
 
 
 # ---- 11. JSON-Schema-Store-like configuration files (bench/schema_corpus_store.py) -------------
-from schema_corpus_store import STORE  # noqa: E402 - bench/ is on sys.path wherever this runs
-
 for _entry in STORE:
     add(*_entry)
 

@@ -26,7 +26,8 @@ def add(name: str, schema: Any, valid: list, invalid: list) -> None:
     STORE.append((name, "store", schema, valid, invalid))
 
 
-def changed(value: Any, path: str, new: Any) -> Any:
+def setp(value: Any, path: str, new: Any) -> Any:
+    """A copy of `value` with the member at a dotted path (list indices as numbers) replaced."""
     out = copy.deepcopy(value)
     *head, last = [int(p) if p.isdigit() else p for p in path.split(".")]
     node = out
@@ -36,13 +37,24 @@ def changed(value: Any, path: str, new: Any) -> Any:
     return out
 
 
-def without(value: Any, path: str) -> Any:
+def drop(value: Any, path: str) -> Any:
+    """A copy of `value` without the member at a dotted path."""
     out = copy.deepcopy(value)
     *head, last = [int(p) if p.isdigit() else p for p in path.split(".")]
     node = out
     for p in head:
         node = node[p]
     del node[last]
+    return out
+
+
+def extra(value: Any, path: str, key: str, new: Any) -> Any:
+    """A copy with one more member `key` in the object at `path` ("" = the top)."""
+    out = copy.deepcopy(value)
+    node = out
+    for p in [int(p) if p.isdigit() else p for p in path.split(".") if p]:
+        node = node[p]
+    node[key] = new
     return out
 
 
@@ -170,15 +182,15 @@ add(
     WORKFLOW,
     [WF_OK, {"on": {"push": {"branches": ["main"]}}, "jobs": {"a": {"runs-on": "x"}}}],
     [
-        changed(WF_OK, "on", ["push", "fork"]),
-        changed(WF_OK, "jobs.test.steps.0", {"uses": "a", "run": "b"}),  # both: not oneOf
-        changed(WF_OK, "jobs.test.steps.1", {"name": "nothing"}),  # neither
-        changed(WF_OK, "jobs.test.defaults", {}),  # minProperties 1
-        changed(WF_OK, "jobs.test.defaults", {"run": {}}),
-        changed(WF_OK, "jobs", {}),
-        changed(WF_OK, "jobs.lint.needs", []),
-        changed(WF_OK, "jobs.test.strategy.matrix", {"python": []}),
-        changed(WF_OK, "env", "CI=1"),
+        setp(WF_OK, "on", ["push", "fork"]),
+        setp(WF_OK, "jobs.test.steps.0", {"uses": "a", "run": "b"}),  # both: not oneOf
+        setp(WF_OK, "jobs.test.steps.1", {"name": "nothing"}),  # neither
+        setp(WF_OK, "jobs.test.defaults", {}),  # minProperties 1
+        setp(WF_OK, "jobs.test.defaults", {"run": {}}),
+        setp(WF_OK, "jobs", {}),
+        setp(WF_OK, "jobs.lint.needs", []),
+        setp(WF_OK, "jobs.test.strategy.matrix", {"python": []}),
+        setp(WF_OK, "env", "CI=1"),
         {"on": {"fork": {}}, "jobs": {"a": {"runs-on": "x"}}},
         {"on": "push", "jobs": {"9bad": {"runs-on": "x"}}},
     ],
@@ -367,12 +379,12 @@ add(
     COMPILER,
     [TS_OK, {"compilerOptions": {"target": "esnext", "lib": []}}],
     [
-        changed(TS_OK, "compilerOptions.lib", ["DOM", "ES2022", "DOM"]),
-        changed(TS_OK, "compilerOptions.lib", ["DOM", "ES2024"]),
-        changed(TS_OK, "compilerOptions.target", "es2024"),
-        changed(TS_OK, "compilerOptions.paths", {"@app/*": []}),
-        changed(TS_OK, "references", [{"name": "core"}]),
-        changed(TS_OK, "compilerOptions.maxNodeModuleJsDepth", -1),
+        setp(TS_OK, "compilerOptions.lib", ["DOM", "ES2022", "DOM"]),
+        setp(TS_OK, "compilerOptions.lib", ["DOM", "ES2024"]),
+        setp(TS_OK, "compilerOptions.target", "es2024"),
+        setp(TS_OK, "compilerOptions.paths", {"@app/*": []}),
+        setp(TS_OK, "references", [{"name": "core"}]),
+        setp(TS_OK, "compilerOptions.maxNodeModuleJsDepth", -1),
     ],
 )
 
@@ -431,12 +443,12 @@ add(
     LINT,
     [LINT_OK, {"rules": {"eqeqeq": ["off"]}}],
     [
-        changed(LINT_OK, "rules.semi", ["fatal", "always"]),
-        changed(LINT_OK, "rules.semi", []),
-        changed(LINT_OK, "rules.quotes", 3),
-        changed(LINT_OK, "env.browser", "yes"),
-        changed(LINT_OK, "overrides.0", {"files": [], "rules": {}}),
-        changed(LINT_OK, "overrides.0", {"files": ["a"], "extra": 1}),
+        setp(LINT_OK, "rules.semi", ["fatal", "always"]),
+        setp(LINT_OK, "rules.semi", []),
+        setp(LINT_OK, "rules.quotes", 3),
+        setp(LINT_OK, "env.browser", "yes"),
+        setp(LINT_OK, "overrides.0", {"files": [], "rules": {}}),
+        setp(LINT_OK, "overrides.0", {"files": ["a"], "extra": 1}),
     ],
 )
 
@@ -491,12 +503,12 @@ add(
     META,
     [META_OK, True, {"items": [{"items": {"items": {"type": "number"}}}, False]}],
     [
-        changed(META_OK, "type", "struct"),
-        changed(META_OK, "properties.tags.items.type", ["string", "string"]),
-        changed(META_OK, "properties.tags.minItems", -1),
-        changed(META_OK, "properties.parent.anyOf", []),
-        changed(META_OK, "properties.parent.anyOf.1.properties.x.not", 7),
-        changed(META_OK, "required", "name"),
+        setp(META_OK, "type", "struct"),
+        setp(META_OK, "properties.tags.items.type", ["string", "string"]),
+        setp(META_OK, "properties.tags.minItems", -1),
+        setp(META_OK, "properties.parent.anyOf", []),
+        setp(META_OK, "properties.parent.anyOf.1.properties.x.not", 7),
+        setp(META_OK, "required", "name"),
         "schema",
     ],
 )
@@ -620,16 +632,16 @@ add(
     OPENAPI,
     [API_OK],
     [
-        changed(API_OK, "openapi", "2.0"),
-        changed(API_OK, "paths./pets.get.responses", {}),
-        changed(API_OK, "paths./pets.get.responses", {"600": {"description": "x"}}),
-        changed(API_OK, "paths./pets.get.responses", {"200": {}}),
-        changed(API_OK, "paths./pets.get.parameters.0.in", "body"),
-        changed(
+        setp(API_OK, "openapi", "2.0"),
+        setp(API_OK, "paths./pets.get.responses", {}),
+        setp(API_OK, "paths./pets.get.responses", {"600": {"description": "x"}}),
+        setp(API_OK, "paths./pets.get.responses", {"200": {}}),
+        setp(API_OK, "paths./pets.get.parameters.0.in", "body"),
+        setp(
             API_OK, "components.schemas.Pet.properties.owner.properties.pets.items", {"$ref": "Pet"}
         ),
-        changed(API_OK, "components.schemas.Pet.properties.owner.type", "map"),
-        changed(API_OK, "paths", {"pets": {}}),
+        setp(API_OK, "components.schemas.Pet.properties.owner.type", "map"),
+        setp(API_OK, "paths", {"pets": {}}),
     ],
 )
 
@@ -715,13 +727,13 @@ add(
     GEO,
     [GEO_OK],
     [
-        changed(GEO_OK, "features.0.geometry.coordinates", [2.35]),
-        changed(GEO_OK, "features.1.geometry.coordinates", [[0, 0]]),
-        changed(GEO_OK, "features.2.geometry.coordinates", [[[0, 0], [1, 0], [0, 0]]]),
-        changed(GEO_OK, "features.0.geometry.type", "Circle"),
-        changed(GEO_OK, "bbox", [1, 2, 3]),
-        without(GEO_OK, "features.3.properties"),
-        changed(GEO_OK, "type", "Feature"),
+        setp(GEO_OK, "features.0.geometry.coordinates", [2.35]),
+        setp(GEO_OK, "features.1.geometry.coordinates", [[0, 0]]),
+        setp(GEO_OK, "features.2.geometry.coordinates", [[[0, 0], [1, 0], [0, 0]]]),
+        setp(GEO_OK, "features.0.geometry.type", "Circle"),
+        setp(GEO_OK, "bbox", [1, 2, 3]),
+        drop(GEO_OK, "features.3.properties"),
+        setp(GEO_OK, "type", "Feature"),
     ],
 )
 
@@ -783,11 +795,11 @@ add(
     EXPR_TREE,
     [TREE_OK, {"op": "var", "name": "y_1"}],
     [
-        changed(TREE_OK, "args", [{"op": "num", "value": 1}]),
-        changed(TREE_OK, "args.1.args.0.name", "X"),
-        changed(TREE_OK, "args.1.args.1.arg.arg", {"op": "num"}),
-        changed(TREE_OK, "op", "div"),
-        changed(TREE_OK, "args.0", {"op": "num", "value": 1, "unit": "m"}),
+        setp(TREE_OK, "args", [{"op": "num", "value": 1}]),
+        setp(TREE_OK, "args.1.args.0.name", "X"),
+        setp(TREE_OK, "args.1.args.1.arg.arg", {"op": "num"}),
+        setp(TREE_OK, "op", "div"),
+        setp(TREE_OK, "args.0", {"op": "num", "value": 1, "unit": "m"}),
     ],
 )
 
@@ -887,14 +899,14 @@ add(
     UPDATES,
     [UP_OK],
     [
-        changed(UP_OK, "updates.0.labels", ["ci", "ci"]),
-        changed(UP_OK, "updates.0.allow.0", {}),
-        changed(UP_OK, "updates.0.schedule.time", "24:00"),
-        changed(UP_OK, "updates.0.package-ecosystem", "yarn"),
-        changed(UP_OK, "updates.0.directory", "src"),
-        changed(UP_OK, "version", 1),
-        changed(UP_OK, "updates.1.schedule", {"interval": "hourly"}),
-        changed(UP_OK, "updates.0.open-pull-requests-limit", 101),
+        setp(UP_OK, "updates.0.labels", ["ci", "ci"]),
+        setp(UP_OK, "updates.0.allow.0", {}),
+        setp(UP_OK, "updates.0.schedule.time", "24:00"),
+        setp(UP_OK, "updates.0.package-ecosystem", "yarn"),
+        setp(UP_OK, "updates.0.directory", "src"),
+        setp(UP_OK, "version", 1),
+        setp(UP_OK, "updates.1.schedule", {"interval": "hourly"}),
+        setp(UP_OK, "updates.0.open-pull-requests-limit", 101),
     ],
 )
 
@@ -982,13 +994,13 @@ add(
     DOCS,
     [DOCS_OK, {"version": "2", "formats": "all"}],
     [
-        changed(DOCS_OK, "build.tools", {}),
-        changed(DOCS_OK, "build.tools", {"go": "1.21"}),
-        changed(DOCS_OK, "python.install.0", {"requirements": "r.txt", "path": "."}),
-        changed(DOCS_OK, "python.install.1", {"method": "pip"}),
-        changed(DOCS_OK, "formats", ["pdf", "pdf"]),
-        changed(DOCS_OK, "formats", "none"),
-        changed(DOCS_OK, "version", 3),
+        setp(DOCS_OK, "build.tools", {}),
+        setp(DOCS_OK, "build.tools", {"go": "1.21"}),
+        setp(DOCS_OK, "python.install.0", {"requirements": "r.txt", "path": "."}),
+        setp(DOCS_OK, "python.install.1", {"method": "pip"}),
+        setp(DOCS_OK, "formats", ["pdf", "pdf"]),
+        setp(DOCS_OK, "formats", "none"),
+        setp(DOCS_OK, "version", 3),
     ],
 )
 
@@ -1085,14 +1097,14 @@ add(
     COMPOSE,
     [COMPOSE_OK],
     [
-        changed(COMPOSE_OK, "services.web.ports.1", "http"),
-        changed(COMPOSE_OK, "services.web.ports.2", {"published": 80}),
-        changed(COMPOSE_OK, "services.web.restart", "sometimes"),
-        changed(COMPOSE_OK, "services.web.environment", {"A": [1]}),
-        changed(COMPOSE_OK, "services.db.healthcheck", {"test": 1}),
-        changed(COMPOSE_OK, "services.db.extra", 1),
-        changed(COMPOSE_OK, "services", {"bad name": {}}),
-        changed(COMPOSE_OK, "volumes", {"data": 1}),
+        setp(COMPOSE_OK, "services.web.ports.1", "http"),
+        setp(COMPOSE_OK, "services.web.ports.2", {"published": 80}),
+        setp(COMPOSE_OK, "services.web.restart", "sometimes"),
+        setp(COMPOSE_OK, "services.web.environment", {"A": [1]}),
+        setp(COMPOSE_OK, "services.db.healthcheck", {"test": 1}),
+        setp(COMPOSE_OK, "services.db.extra", 1),
+        setp(COMPOSE_OK, "services", {"bad name": {}}),
+        setp(COMPOSE_OK, "volumes", {"data": 1}),
         {"version": "3"},
     ],
 )
@@ -1203,14 +1215,12 @@ add(
     DIRECTORY,
     [DIR_OK],
     [
-        changed(DIR_OK, "org.divisions.0.teams.0.members.0.country", "XX"),
-        changed(DIR_OK, "org.divisions.0.teams.0.members.0.tz", "Mars/Olympus"),
-        changed(DIR_OK, "org.divisions.0.teams.0.members.0.languages", ["en", "en"]),
-        changed(
-            DIR_OK, "org.divisions.0.teams.0.members.0.languages", ["en", "fr", "de", "es", "ja"]
-        ),
-        without(DIR_OK, "org.divisions.0.teams.1.name"),
-        changed(
+        setp(DIR_OK, "org.divisions.0.teams.0.members.0.country", "XX"),
+        setp(DIR_OK, "org.divisions.0.teams.0.members.0.tz", "Mars/Olympus"),
+        setp(DIR_OK, "org.divisions.0.teams.0.members.0.languages", ["en", "en"]),
+        setp(DIR_OK, "org.divisions.0.teams.0.members.0.languages", ["en", "fr", "de", "es", "ja"]),
+        drop(DIR_OK, "org.divisions.0.teams.1.name"),
+        setp(
             DIR_OK, "org.divisions.0.teams.0.members.1", {"name": "K", "country": "JP", "role": "x"}
         ),
     ],
@@ -1258,14 +1268,14 @@ SET_OK = {
 add(
     "store/settings-ref-siblings",
     SETTINGS,
-    [SET_OK, {}, changed(SET_OK, "quiet", "info")],  # draft-07: $ref's siblings are ignored
+    [SET_OK, {}, setp(SET_OK, "quiet", "info")],  # draft-07: $ref's siblings are ignored
     [
-        changed(SET_OK, "quiet", "trace"),
-        changed(SET_OK, "handlers.main", {"kind": "file"}),
-        changed(SET_OK, "handlers.out", {"kind": "stream", "path": "x"}),
-        changed(SET_OK, "level", "trace"),
-        without(SET_OK, "handlers"),
-        changed(SET_OK, "handlers", {f"h{i}": {"kind": "stream"} for i in range(9)}),
+        setp(SET_OK, "quiet", "trace"),
+        setp(SET_OK, "handlers.main", {"kind": "file"}),
+        setp(SET_OK, "handlers.out", {"kind": "stream", "path": "x"}),
+        setp(SET_OK, "level", "trace"),
+        drop(SET_OK, "handlers"),
+        setp(SET_OK, "handlers", {f"h{i}": {"kind": "stream"} for i in range(9)}),
     ],
 )
 
@@ -1353,12 +1363,12 @@ add(
     CALLS,
     [CALLS_OK, {"calls": []}],
     [
-        changed(CALLS_OK, "calls.0.arguments.top_k", 21),
-        changed(CALLS_OK, "calls.0.arguments", {"query": ""}),
-        changed(CALLS_OK, "calls.2.arguments", {"answer": "x", "extra": 1}),
-        changed(CALLS_OK, "calls.1.name", "browse"),
-        changed(CALLS_OK, "calls.1.arguments.headers", {"Accept": 1}),
-        changed(CALLS_OK, "calls", [CALLS_OK["calls"][0]] * 5),
+        setp(CALLS_OK, "calls.0.arguments.top_k", 21),
+        setp(CALLS_OK, "calls.0.arguments", {"query": ""}),
+        setp(CALLS_OK, "calls.2.arguments", {"answer": "x", "extra": 1}),
+        setp(CALLS_OK, "calls.1.name", "browse"),
+        setp(CALLS_OK, "calls.1.arguments.headers", {"Accept": 1}),
+        setp(CALLS_OK, "calls", [CALLS_OK["calls"][0]] * 5),
     ],
 )
 
@@ -1410,9 +1420,9 @@ add(
     TREE,
     [FS_OK],
     [
-        changed(FS_OK, "children.0.size", -1),
-        changed(FS_OK, "children.1.children.0.children.0.children.0.name", "a/b"),
-        changed(FS_OK, "children.2", {"name": "empty"}),
-        changed(FS_OK, "children.0", {"name": "a", "size": 1, "children": []}),
+        setp(FS_OK, "children.0.size", -1),
+        setp(FS_OK, "children.1.children.0.children.0.children.0.name", "a/b"),
+        setp(FS_OK, "children.2", {"name": "empty"}),
+        setp(FS_OK, "children.0", {"name": "a", "size": 1, "children": []}),
     ],
 )
