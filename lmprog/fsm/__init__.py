@@ -1,6 +1,7 @@
-"""Constrained decoding: constraints compiled to regexes, and the token-level machinery.
+"""Constrained decoding: constraints compiled to regexes or grammars, and the token-level
+machinery.
 
-``Constraint`` (regex, JSON schema, choices, dtype) lives here; the token index, guides, masks and
+``Constraint`` (regex, JSON schema, choices, dtype, EBNF) lives here; the token index, guides, masks and
 jump-forward (``TokenIndex``, ``Guide``, ...) are exported lazily when their modules exist, so that
 importing the compilers pulls in neither torch nor the token engine (llguidance).
 """
