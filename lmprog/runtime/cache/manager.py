@@ -3,14 +3,10 @@
 Every slot in 1..num_slots is, at all times, exactly one of
     free in the allocator | held by a prefix-cache node | owned by one running request
 (request rows: [0, cache_len) are the cache's, locked; [cache_len, num_allocated) are the
-request's own; see lmprog.runtime.request). `check_integrity(running)` verifies exactly that.
-The manager mutates `Req` fields row, last_node, cache_len, num_computed, num_allocated and
-row_dirty; nothing else touches them.
-
-Attention sinks (`evict_middle`): a request whose middle tokens were evicted holds KV that
-no longer belongs to its token prefix (kept keys were re-rotated, and were computed while
-the evicted tokens were visible), so nothing of it past its cached prefix ever enters the
-prefix cache; the cached prefix itself (at most the sinks) stays valid.
+request's own; see lmprog.runtime.request). `check_integrity(running)` verifies exactly that
+(integrity.py). The manager mutates `Req` fields row, last_node, cache_len, num_computed,
+num_allocated and row_dirty; nothing else touches them but attention sinks' eviction of a
+request's middle tokens (sinks.py `evict_middle`, over the manager's parts).
 """
 
 from __future__ import annotations
@@ -24,6 +20,7 @@ from ..request import Req
 from .allocator import TokenSlotAllocator
 from .base import PrefixCache, require
 from .disabled import NoPrefixCache
+from .integrity import check_integrity
 from .radix import RadixCache
 from .req_table import ReqToTokenTable
 
@@ -84,6 +81,12 @@ class CacheManager:
         """How many tokens admitting req now would reuse. Reads only."""
         return self.prefix_cache.cached_prefix_len(req.token_ids[: self._match_limit(req)])
 
+    def make_room(self, num_tokens: int) -> None:
+        """Evict cached entries until num_tokens slots are free (or nothing is evictable)."""
+        short = num_tokens - self.allocator.num_free
+        if short > 0:
+            self.allocator.free(self.prefix_cache.evict(short))
+
     # -- request lifecycle -----------------------------------------------------------------
     def admit(self, req: Req) -> bool:
         """Give req a row and lock its cached prefix: at most seq_len - 1 tokens (at least
@@ -115,7 +118,7 @@ class CacheManager:
         else:
             need = [self.tokens_to_extend(r, r.num_computed + n) for r, n in zip(reqs, counts)]
             total = sum(need)
-        self._make_room(total)
+        self.make_room(total)
         fresh = self.allocator.alloc(total)
         assert fresh is not None, f"extend needs {total} slots; check available_tokens first"
         if self.page_size == 1:
@@ -163,53 +166,6 @@ class CacheManager:
         self._free_own(req, max(req.cache_len, self.round_up(keep)))
         req.num_computed = keep
 
-    def copies_needed(self, req: Req, end: int) -> int:
-        """Fresh slots evict_middle(req, start, end - start) takes: one per kept computed
-        token in a slot of the prefix cache (that copy is shared: it is not rotated)."""
-        return max(0, req.cache_len - end)
-
-    def evict_middle(self, req: Req, start: int, delta: int) -> tuple[np.ndarray, np.ndarray]:
-        """Forget the KV of positions [start, start + delta) of running req and move its
-        later positions down by delta (attention sinks); start and delta whole pages,
-        start + delta <= num_computed. Returns (src, dst): the slots of the kept computed
-        tokens before and after; the caller moves their KV on the device (dst gets src's
-        value and its key rotated back by delta positions) before anything else writes the
-        pool. Own evicted slots are freed; kept tokens in slots of the prefix cache get fresh
-        slots (evicting cached entries: src is read before dst is written); the lock
-        shrinks to the cached prefix before `start`. The caller deletes the tokens.
-
-            row before:  | 0 .. start | evicted | kept: src ....... | allocated, not computed |
-            row after:   | 0 .. start | kept: dst ....... | allocated ... |
-        """
-        p, end = self.page_size, start + delta
-        assert start % p == 0 and delta % p == 0 and 0 < delta and end <= req.num_computed
-        row = self.req_table.table[req.row]
-        old_cache_len = req.cache_len
-        if old_cache_len > start:  # the kept part of the cached prefix becomes our own copy
-            match = self.prefix_cache.match_prefix(req.token_ids[:start])
-            assert match.length == start, "a locked prefix must match in full"
-            self.prefix_cache.lock(match.last_node)
-            self.prefix_cache.unlock(req.last_node)
-            req.last_node, req.cache_len = match.last_node, start
-        own_from = max(start, old_cache_len)
-        if own_from < end:
-            self.allocator.free(row[own_from:end])
-        src = row[end : req.num_computed].copy()
-        dst = src.copy()
-        shared = max(0, old_cache_len - end)
-        if shared:
-            self._make_room(shared)
-            fresh = self.allocator.alloc(shared)
-            assert fresh is not None, f"evict_middle needs {shared} slots; check copies_needed"
-            dst[:shared] = fresh
-        kept = req.num_allocated - end
-        row[start : start + kept] = np.concatenate([dst, row[req.num_computed : req.num_allocated]])
-        row[start + kept : req.num_allocated] = 0
-        req.num_computed -= delta
-        req.num_allocated -= delta
-        req.row_dirty = True
-        return src, dst
-
     def release(self, req: Req, cache: bool = True) -> None:
         """Take back everything req holds: its computed tokens go into the prefix cache (when
         `cache` and caching is on), the rest of its slots are freed, its lock and row are
@@ -247,61 +203,7 @@ class CacheManager:
     def check_integrity(self, running: Iterable[Req]) -> None:
         """Raise IntegrityError unless allocator, prefix cache, table and the running requests
         agree: every slot free, cached or owned exactly once, rows and locks consistent."""
-        reqs = list(running)
-        self.allocator.check_integrity()
-        self.req_table.check_integrity()
-        self.prefix_cache.check_integrity([r.last_node for r in reqs])
-        parts = [self.allocator.free_slots(), self.prefix_cache.all_slots()]
-        for req in reqs:
-            parts.append(self._check_req(req))
-        rows = sorted(r.row for r in reqs)
-        require(
-            rows == self.req_table.rows_in_use().tolist(),
-            f"rows in use {self.req_table.rows_in_use().tolist()} but requests hold {rows}",
-        )
-        self._check_partition(np.concatenate(parts))
-
-    def _check_req(self, req: Req) -> np.ndarray:
-        p = self.page_size
-        require(req.row is not None, f"{req}: running without a row")
-        require(
-            0 <= req.cache_len <= req.num_computed <= req.num_allocated <= self.req_table.width,
-            f"{req}: need cache_len <= num_computed <= num_allocated <= table width",
-        )
-        require(req.num_computed <= req.seq_len, f"{req}: more tokens computed than known")
-        require(
-            self.kv_limit is None or req.num_allocated <= self.kv_limit,
-            f"{req}: KV past the attention-sink window of {self.kv_limit} positions",
-        )
-        require(
-            req.cache_len % p == 0 and req.num_allocated % p == 0,
-            f"{req}: cache_len / num_allocated not whole pages of {p}",
-        )
-        row = self.req_table.table[req.row]
-        require(
-            np.array_equal(row[: req.cache_len], self.prefix_cache.path_slots(req.last_node)),
-            f"{req}: row prefix differs from the slots of its locked cache path",
-        )
-        require(not row[req.num_allocated :].any(), f"{req}: row has slots past num_allocated")
-        return row[req.cache_len : req.num_allocated]
-
-    def _check_partition(self, slots: np.ndarray) -> None:
-        n = self.allocator.num_slots
-        require(
-            not len(slots) or (int(slots.min()) >= 1 and int(slots.max()) <= n),
-            f"a slot outside 1..{n} is in use (0 is the dummy)",
-        )
-        counts = np.bincount(slots, minlength=n + 1)[1:]
-        lost, double = np.flatnonzero(counts == 0) + 1, np.flatnonzero(counts > 1) + 1
-        require(
-            not len(double),
-            f"slots {double[:8].tolist()} are held twice (free, cached or owned by a request)",
-        )
-        require(
-            not len(lost),
-            f"slots {lost[:8].tolist()} leaked: neither free, cached nor "
-            "owned by a running request",
-        )
+        check_integrity(self, running)
 
     # -- internals -------------------------------------------------------------------------
     def _match_limit(self, req: Req) -> int:
@@ -313,11 +215,6 @@ class CacheManager:
         if self.kv_limit is not None:
             limit = min(limit, self.kv_limit - 1)
         return limit
-
-    def _make_room(self, num_tokens: int) -> None:
-        short = num_tokens - self.allocator.num_free
-        if short > 0:
-            self.allocator.free(self.prefix_cache.evict(short))
 
     def _insert(self, req: Req, aligned: int) -> int:
         """Insert tokens [0, aligned) with req's slots; free req's duplicates of cached

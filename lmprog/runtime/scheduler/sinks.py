@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..cache.manager import CacheManager
+from ..cache.sinks import copies_needed, evict_middle
 from ..config import AttentionSinkConfig
 from ..request import Req, ReqStatus
 from .requests import RequestTable
@@ -77,14 +78,14 @@ class SinkWindow:
             delta = self.to_evict(req) if req.status is running else 0
             if not delta:
                 continue
-            need = cache.copies_needed(req, self.sinks + delta)
+            need = copies_needed(req, self.sinks + delta)
             while req.status is running and need > cache.available_tokens:
                 if requests.num_running == 1:
                     break
                 retract_newest()
             if req.status is not running:
                 continue
-            src, dst = cache.evict_middle(req, self.sinks, delta)
+            src, dst = evict_middle(cache, req, self.sinks, delta)
             self.delete(req, delta)
             moves.append((src, dst, delta))
         total = sum(m[2] for m in moves)
@@ -92,7 +93,7 @@ class SinkWindow:
 
     def delete(self, req: Req, delta: int) -> None:
         """Drop req's evicted tokens [sinks, sinks + delta) from its token list (their KV
-        is gone: CacheManager.evict_middle)."""
+        is gone: cache/sinks.py evict_middle)."""
         start = self.sinks
         del req.token_ids[start : start + delta]
         req.prompt_end -= max(0, min(delta, req.prompt_end - start))
