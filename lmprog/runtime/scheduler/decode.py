@@ -5,12 +5,29 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..config import SchedulerConfig
 from ..request import Req
 from .budget import StepBudget
 from .plan import StepPlan
+from .requests import RequestTable
 
 
 class DecodePolicy:
+    def verifiable(self, requests: RequestTable, config: SchedulerConfig) -> list[Req]:
+        """Scheduler.decoding: the contract is documented there."""
+        running = requests.running.values()
+        if not config.hybrid_batching and (
+            requests.waiting or any(r.pending_len > 1 for r in running)
+        ):
+            return []
+        budget = config.max_num_batched_tokens
+        return [
+            r
+            for r in running
+            if r.num_computed == len(r.token_ids) - 1
+            or (r.num_computed >= r.prompt_end and len(r.token_ids) - r.num_computed < budget)
+        ]
+
     def split(self, running: Iterable[Req]) -> tuple[list[Req], list[Req]]:
         """(decoders: exactly one pending token, extenders: several pending, oldest first)."""
         decoders, extenders = [], []

@@ -1,9 +1,18 @@
-"""StepPlan: the work chosen for one step so far, and the KV slots it will need."""
+"""StepPlan: the work chosen for one step so far, the KV slots it will need, and the
+ScheduledBatch it becomes once complete."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..cache.allocator import SLOT_DTYPE
 from ..cache.manager import CacheManager
 from ..request import Req
+from .batch import ScheduledBatch, ScheduledEntry
+from .sinks import KVShift
+
+_NO_SLOTS = np.empty(0, dtype=SLOT_DTYPE)
+_NO_POSITIONS = np.empty(0, dtype=np.int64)
 
 
 class StepPlan:
@@ -61,3 +70,45 @@ class StepPlan:
             return ()
         k = self.max_chunk(req, num_real + cap, extra_room) - num_real
         return tuple(req.draft_ids[:k]) if k > 0 else ()
+
+    def to_batch(self, retracted: list[Req], shift: KVShift | None = None) -> ScheduledBatch:
+        """Allocate the planned requests' slots (CacheManager.extend: evicting cached
+        prefixes as needed, rows of req_to_token written) and describe the step. Mutates
+        every planned request's num_allocated, row_dirty and extend_len."""
+        items = self.items
+        if not items:
+            return ScheduledBatch((), _NO_SLOTS, _NO_POSITIONS, tuple(retracted), shift)
+        reqs, counts, _ = zip(*items)
+        out_slots, positions = self.cache.extend(reqs, counts)
+        entries, offset = [], 0
+        new_entry = ScheduledEntry._make  # no argument parsing in this per-request loop
+        for req, n, drafts in items:
+            start = req.num_computed
+            end = start + n
+            real_end = end - len(drafts)
+            seq_len = len(req.token_ids)
+            sample = real_end == seq_len and seq_len < req.stop_len
+            logits_from = real_end - 1 if sample else None
+            if req.prompt_logprob_start is not None and req.prompt_logprob_start < end:
+                first = max(start, req.prompt_logprob_start)
+                logits_from = first if logits_from is None else min(logits_from, first)
+            entries.append(
+                new_entry(
+                    (
+                        req,
+                        req.row,
+                        start,
+                        n,
+                        offset,
+                        logits_from,
+                        sample,
+                        req.row_dirty,
+                        drafts,
+                        req.num_evicted,
+                    )
+                )
+            )
+            req.row_dirty = False
+            req.extend_len = n
+            offset += n
+        return ScheduledBatch(tuple(entries), out_slots, positions, tuple(retracted), shift)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Hashable, Iterator
 
+from ..cache.base import require
 from ..request import Req, ReqStatus
 
 
@@ -76,3 +77,23 @@ class RequestTable:
         del self._by_rid[req.rid]
         if self.running.pop(req.rid, None) is None:
             self.waiting.remove(req)
+
+    def check_integrity(self, max_running: int) -> list[Req]:
+        """Raise IntegrityError unless every running request runs with a pending token and
+        every waiting one waits holding no KV (and at most max_running run); return the
+        running requests."""
+        running = list(self.running.values())
+        for req in running:
+            require(req.status is ReqStatus.RUNNING, f"{req} is in the running set")
+            require(req.num_computed < req.seq_len, f"{req}: no pending token")
+        for req in self.waiting:
+            require(
+                req.status in (ReqStatus.WAITING, ReqStatus.RETRACTED),
+                f"{req} is in the waiting queue",
+            )
+            require(
+                req.row is None and req.last_node is None and not req.num_allocated,
+                f"{req} waits but holds KV",
+            )
+        require(len(running) <= max_running, "too many running requests")
+        return running

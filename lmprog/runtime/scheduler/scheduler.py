@@ -24,50 +24,40 @@ The engine drives it from one thread:
 Between those two calls the engine may call abort/finish (process_results then skips the
 request); it must not call schedule, retract or replace_tokens.
 
-Overlap scheduling (the host prepares step N+1 while the device runs step N) defers the
-tokens: process_results(batch, placeholders, unresolved=True) right after step N is
-launched records one placeholder per sampling entry (see request.py); step N+1 is
-scheduled, feeding them; after N+1 is launched the host reads N's tokens and calls
-resolve_tokens(batch_N, tokens, finish_reasons), which writes them in place and finishes
-requests. A request finished there was also fed in step N+1: that work is dropped (its
-KV slots are freed, nothing of it reaches the prefix cache). A request whose placeholder
-is its last token (its length cap) finishes at once, before step N+1 is scheduled: its
-row and KV are not held a step longer; the engine gives it its token when N settles.
+Overlap scheduling (the host prepares step N+1 while the device runs step N) records a
+step's tokens as placeholders first, process_results(unresolved=True), and writes the real
+ones over them a step later, resolve_tokens (see results.py).
 
 Attention sinks (AttentionSinkConfig; see sinks.py): each step first evicts, from every
 running request whose next chunk would not fit its window, a chunk of tokens after its
-sinks (CacheManager.evict_middle frees or copies the slots, SinkWindow.delete drops the
+sinks (cache/sinks.py evict_middle frees or copies the slots, SinkWindow.delete drops the
 tokens); the batch carries the KV moves (`kv_shift`) the engine has done before its forward.
-Requests are then never cut at the context length: positions stay below sinks + window.
+Requests are then never cut at the context length (lengths.py): positions stay below
+sinks + window.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from lmprog.core.errors import ContextLengthError
 from lmprog.core.protocol import FinishReason
 
-from ..cache.allocator import SLOT_DTYPE
-from ..cache.base import require
 from ..cache.manager import CacheManager
 from ..config import AttentionSinkConfig, CacheConfig, SchedulerConfig
 from ..request import Req, ReqStatus
-from .batch import ScheduledBatch, ScheduledEntry
+from .batch import ScheduledBatch
 from .budget import NewTokenRatio, StepBudget
 from .decode import DecodePolicy
+from .lengths import LengthLimits
 from .plan import StepPlan
 from .prefill import PrefillPolicy
 from .requests import RequestTable
+from .results import ResultRecorder
 from .retract import RetractPolicy
 from .sinks import KVShift, SinkWindow
 from .stats import SchedulerStats
-
-_NO_SLOTS = np.empty(0, dtype=SLOT_DTYPE)
-_NO_POSITIONS = np.empty(0, dtype=np.int64)
 
 
 class Scheduler:
@@ -103,11 +93,11 @@ class Scheduler:
             self.config.min_new_token_ratio,
             self.config.new_token_ratio_decay,
         )
+        self.limits = LengthLimits(max_context_len, self.cache, self.sinks)
         self.decode_policy = DecodePolicy()
         self.prefill_policy = PrefillPolicy(self.config, self.cache, self.requests, self.ratio)
-        self.retract_policy = RetractPolicy()
-        self.num_retractions = 0
-        self.evicted_tokens = 0  # attention sinks: tokens evicted from running requests
+        self.retract_policy = RetractPolicy(self.cache, self.requests, self.ratio)
+        self.results = ResultRecorder(self.cache, self.finish)
 
     # -- queries (always safe) -------------------------------------------------------------
     @property
@@ -127,6 +117,15 @@ class Scheduler:
     def num_waiting(self) -> int:
         return self.requests.num_waiting
 
+    @property
+    def num_retractions(self) -> int:
+        return self.retract_policy.num_retractions
+
+    @property
+    def evicted_tokens(self) -> int:
+        """Attention sinks: tokens evicted from running requests (0 without sinks)."""
+        return 0 if self.sinks is None else self.sinks.evicted_tokens
+
     def get(self, rid: Hashable) -> Req | None:
         """The unfinished request with this rid, or None."""
         return self.requests.get(rid)
@@ -138,18 +137,7 @@ class Scheduler:
         budget; it is fed before the drafts, in the same verify entry: see batch.py). Never
         a prompt chunk. Empty in prefill-first mode (config.hybrid_batching False) while
         anything has several pending tokens: that step likely prefills only."""
-        running = self.requests.running.values()
-        if not self.config.hybrid_batching and (
-            self.requests.waiting or any(r.pending_len > 1 for r in running)
-        ):
-            return []
-        budget = self.config.max_num_batched_tokens
-        return [
-            r
-            for r in running
-            if r.num_computed == len(r.token_ids) - 1
-            or (r.num_computed >= r.prompt_end and len(r.token_ids) - r.num_computed < budget)
-        ]
+        return self.decode_policy.verifiable(self.requests, self.config)
 
     def stats(self) -> SchedulerStats:
         cache = self.cache
@@ -178,16 +166,7 @@ class Scheduler:
         pls = req.prompt_logprob_start
         if pls is not None and not 0 <= pls < req.prompt_len:
             raise ValueError(f"prompt_logprob_start must be in [0, {req.prompt_len}), got {pls}")
-        if self.sinks is None:
-            req.max_seq_len = min(self.max_context_len, self.cache.capacity)
-            req.stop_len = min(req.stop_len, req.max_seq_len)
-        elif pls is not None and req.prompt_len + 1 > self.sinks.limit:
-            raise ContextLengthError(
-                f"prompt logprobs need the whole prompt in the attention-sink window: a prompt "
-                f"of {req.prompt_len} tokens plus 1 exceeds its {self.sinks.limit} tokens"
-            )
-        else:
-            req.max_seq_len = sys.maxsize  # evictions keep the KV within the window
+        self.limits.cap(req)
         self.requests.add(req)
         return req
 
@@ -195,20 +174,7 @@ class Scheduler:
         """ContextLengthError unless a prompt of prompt_len tokens plus one generated token
         fits the context length and the whole KV pool (with attention sinks any prompt fits:
         it is fed in chunks, evicting as it goes). Reads only constants: any thread."""
-        if self.sinks is not None:
-            return
-        need = prompt_len + 1
-        if need > self.max_context_len:
-            raise ContextLengthError(
-                f"prompt of {prompt_len} tokens plus 1 generated token exceeds the "
-                f"model's context length of {self.max_context_len} tokens; shorten the prompt"
-            )
-        if self.cache.round_up(need) > self.cache.capacity:
-            raise ContextLengthError(
-                f"prompt of {prompt_len} tokens plus 1 generated token does not fit the "
-                f"KV pool of {self.cache.capacity} tokens; shorten the prompt or raise the KV "
-                "memory budget (max_total_tokens)"
-            )
+        self.limits.check_fits(prompt_len)
 
     # -- one step --------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
@@ -221,14 +187,14 @@ class Scheduler:
         self.ratio.step()
         running = self.requests.running
         retracted: list[Req] = []
-        shift = self._evict_for_windows(retracted) if self.sinks is not None else None
+        shift = self._evict_for_windows(retracted)
         budget = StepBudget(
             self.config.max_num_batched_tokens, self.config.max_running_requests - len(running)
         )
         plan = StepPlan(self.cache)
         decoders, extenders = self.decode_policy.split(running.values())
         if not self.config.hybrid_batching and self._plan_prefill_only(extenders, plan, budget):
-            return self._build(plan, retracted, shift)
+            return plan.to_batch(retracted, shift)
         page = self.cache.page_size
         while self.decode_policy.slots_needed(decoders, page) > self.cache.available_tokens:
             self._retract_newest(retracted)
@@ -242,7 +208,7 @@ class Scheduler:
         assert plan or not running, "a lone running request must always fit the pool"
         if not retracted:
             self.prefill_policy.admit_waiting(plan, budget)
-        return self._build(plan, retracted, shift)
+        return plan.to_batch(retracted, shift)
 
     def _plan_prefill_only(self, extenders: list[Req], plan: StepPlan, budget: StepBudget) -> bool:
         """Prefill-first (config.hybrid_batching False): plan pending chunks and admissions
@@ -259,67 +225,10 @@ class Scheduler:
         *,
         unresolved: bool = False,
     ) -> list[Req]:
-        """Record a step's outcome; return the requests that finished.
-
-        next_tokens[i]: the tokens to append for entry i — empty unless entry.sample; for a
-        verify entry the accepted drafts followed by one bonus token; tokens forced by
-        jump-forward may follow the sampled one. Tokens past the request's max_tokens are
-        dropped. finish_reasons[i]: the engine's verdict (stop token/string, error, ...)
-        after appending next_tokens[i], or None. Requests reaching max_tokens or their
-        length cap finish with "length". Entries whose request is no longer running
-        (aborted mid-step) are skipped. Finished requests' KV goes to the prefix cache;
-        finished prefill chunks are inserted into it too, for reuse by others.
-
-        unresolved: next_tokens are placeholders, one per sampling entry, of tokens still
-        on the device (overlap scheduling; no drafts, no finish reasons): only requests
-        that reached their length cap finish now (the placeholder stays out of the prefix
-        cache; resolve_tokens skips them), and so do prefill-only requests whose last chunk
-        ran (they wait for no token); the others once their tokens are known.
-        """
-        entries = batch.entries
-        if len(next_tokens) != len(entries) or (
-            finish_reasons is not None and len(finish_reasons) != len(entries)
-        ):
-            raise ValueError(
-                f"need one next_tokens (and finish reason) entry per batch entry "
-                f"({len(entries)}), got {len(next_tokens)}"
-            )
-        finished = []
-        running = ReqStatus.RUNNING
-        reasons = finish_reasons if finish_reasons is not None else [None] * len(entries)
-        assert not unresolved or (
-            finish_reasons is None and not any(e.draft_ids for e in entries)
-        ), "placeholders stand for plain sampled tokens only"
-        for entry, tokens, reason in zip(entries, next_tokens, reasons):
-            req = entry.req
-            req.extend_len = 0
-            if req.status is not running or req.row != entry.row:
-                continue
-            if entry.num_new == 1 and entry.sample and len(tokens) == 1:  # plain decode
-                req.token_ids.append(int(tokens[0]))
-                req.num_computed += 1
-                if req.draft_ids:
-                    req.draft_ids = []
-                sampled = True
-            else:
-                sampled = self._advance(req, entry, tokens, reason is not None)
-            # at its cap: the last token was sampled now, or (a prefill-only request, e.g.
-            # max_tokens=0) every token is computed; neither waits for a placeholder
-            capped = len(req.token_ids) >= req.stop_len and (
-                sampled or req.num_computed == len(req.token_ids)
-            )
-            if unresolved and not capped:
-                if entry.num_new > 1:
-                    self.cache.cache_progress(req)
-                continue
-            if reason is None and capped:
-                reason = "length"
-            if reason is not None:
-                self.finish(req, reason)
-                finished.append(req)
-            elif entry.num_new > 1 and not entry.draft_ids:
-                self.cache.cache_progress(req)
-        return finished
+        """Record a step's outcome; return the requests that finished. unresolved:
+        next_tokens are overlap scheduling's placeholders. The contract in full:
+        ResultRecorder.record (results.py)."""
+        return self.results.record(batch, next_tokens, finish_reasons, unresolved)
 
     def resolve_tokens(
         self,
@@ -328,33 +237,9 @@ class Scheduler:
         finish_reasons: Sequence[FinishReason | None],
     ) -> list[Req]:
         """Write the real tokens of a step recorded with process_results(unresolved=True)
-        over its placeholders and finish requests; return those that finished.
-
-        tokens[i]: the one token of sampling entry i, or () when its draw failed (its finish
-        reason says so); finish_reasons[i]: the engine's verdict after it. Finished
-        requests are skipped (those at their length cap finished when the placeholder was
-        recorded); a retracted one gets its token too (it resumes with it). Safe while the
-        next step is in flight (see the module docstring)."""
-        if len(tokens) != len(batch.entries) or len(finish_reasons) != len(batch.entries):
-            raise ValueError(
-                f"need one token tuple and finish reason per batch entry "
-                f"({len(batch.entries)}), got {len(tokens)} and "
-                f"{len(finish_reasons)}"
-            )
-        finished = []
-        for entry, toks, reason in zip(batch.entries, tokens, finish_reasons):
-            req = entry.req
-            if not entry.sample or req.status is ReqStatus.FINISHED:
-                continue
-            at = entry.end - (req.num_evicted - entry.evicted)  # tokens evicted since
-            assert req.token_ids[at] < 0, f"{req}: no placeholder at {at}"
-            assert at + 1 < req.stop_len, f"{req}: at its length cap, yet unfinished"
-            if toks:
-                req.token_ids[at] = int(toks[0])
-            if reason is not None:
-                self.finish(req, reason)
-                finished.append(req)
-        return finished
+        over its placeholders and finish requests; return those that finished. Safe while
+        the next step is in flight. The contract in full: ResultRecorder.resolve."""
+        return self.results.resolve(batch, tokens, finish_reasons)
 
     # -- request control -------------------------------------------------------------------
     def finish(self, req: Req, reason: FinishReason, cache: bool = True) -> bool:
@@ -383,16 +268,7 @@ class Scheduler:
         """Take a running request's KV back (computed tokens go to the prefix cache) and
         re-queue it at its arrival position; its tokens are kept and it resumes later by
         prefilling what is no longer cached. Not mid-step."""
-        if req.status is not ReqStatus.RUNNING:
-            raise ValueError(
-                f"only running requests can be retracted, {req.rid!r} is {req.status.value}"
-            )
-        self.cache.release(req, cache=True)
-        self.requests.requeue(req)
-        req.draft_ids = []
-        req.num_retractions += 1
-        self.num_retractions += 1
-        self.ratio.on_retract()
+        self.retract_policy.retract(req)
 
     def replace_tokens(self, req: Req, num_keep: int, new_tokens: Sequence[int]) -> None:
         """Keep req's first num_keep tokens (>= prompt_len) and append new_tokens, e.g. after
@@ -444,106 +320,16 @@ class Scheduler:
     def check_integrity(self) -> None:
         """Raise IntegrityError unless requests, rows, locks and every KV slot are
         consistent (see CacheManager.check_integrity). O(pool size); not mid-step."""
-        running = list(self.requests.running_reqs())
-        for req in running:
-            require(req.status is ReqStatus.RUNNING, f"{req} is in the running set")
-            require(req.num_computed < req.seq_len, f"{req}: no pending token")
-        for req in self.requests.waiting:
-            require(
-                req.status in (ReqStatus.WAITING, ReqStatus.RETRACTED),
-                f"{req} is in the waiting queue",
-            )
-            require(
-                req.row is None and req.last_node is None and not req.num_allocated,
-                f"{req} waits but holds KV",
-            )
-        require(len(running) <= self.config.max_running_requests, "too many running requests")
+        running = self.requests.check_integrity(self.config.max_running_requests)
         self.cache.check_integrity(running)
 
     # -- internals -------------------------------------------------------------------------
     def _retract_newest(self, retracted: list[Req]) -> None:
-        victim = self.retract_policy.pick(self.requests.running_reqs())
-        assert victim is not None
-        self.retract(victim)
-        retracted.append(victim)
-
-    def _advance(
-        self, req: Req, entry: ScheduledEntry, tokens: Sequence[int], has_reason: bool
-    ) -> bool:
-        """Append tokens and move num_computed past the KV this step wrote (minus rejected
-        drafts). Returns whether tokens were appended."""
-        end = entry.end
-        if not entry.sample or len(tokens) == 0:
-            if len(tokens):
-                raise ValueError(f"request {req.rid!r} does not sample this step but got tokens")
-            if entry.sample and not has_reason:
-                raise ValueError(
-                    f"request {req.rid!r} samples this step: pass its next token or a finish reason"
-                )
-            req.num_computed = end - len(entry.draft_ids)
-            return False
-        tokens = [int(t) for t in tokens[: req.remaining_tokens]]
-        req.token_ids.extend(tokens)
-        valid = end - len(entry.draft_ids)
-        for draft, token in zip(entry.draft_ids, tokens):
-            if draft != token:
-                break
-            valid += 1
-        computed = min(valid, len(req.token_ids) - 1)
-        if self.cache.round_up(computed) < req.num_allocated:
-            self.cache.trim(req, computed)
-        else:
-            req.num_computed = computed
-        req.draft_ids = []
-        return True
+        retracted.append(self.retract_policy.retract_newest())
 
     def _evict_for_windows(self, retracted: list[Req]) -> KVShift | None:
         """Attention sinks: make room in the windows of running requests (SinkWindow.evict),
         retracting the newest requests if a copy of a cached prefix finds no slots."""
-        assert self.sinks is not None
-        shift, evicted = self.sinks.evict(
-            self.requests, self.cache, lambda: self._retract_newest(retracted)
-        )
-        self.evicted_tokens += evicted
-        return shift
-
-    def _build(
-        self, plan: StepPlan, retracted: list[Req], shift: KVShift | None = None
-    ) -> ScheduledBatch:
-        items = plan.items
-        if not items:
-            return ScheduledBatch((), _NO_SLOTS, _NO_POSITIONS, tuple(retracted), shift)
-        reqs, counts, _ = zip(*items)
-        out_slots, positions = self.cache.extend(reqs, counts)
-        entries, offset = [], 0
-        new_entry = ScheduledEntry._make  # no argument parsing in this per-request loop
-        for req, n, drafts in items:
-            start = req.num_computed
-            end = start + n
-            real_end = end - len(drafts)
-            seq_len = len(req.token_ids)
-            sample = real_end == seq_len and seq_len < req.stop_len
-            logits_from = real_end - 1 if sample else None
-            if req.prompt_logprob_start is not None and req.prompt_logprob_start < end:
-                first = max(start, req.prompt_logprob_start)
-                logits_from = first if logits_from is None else min(logits_from, first)
-            entries.append(
-                new_entry(
-                    (
-                        req,
-                        req.row,
-                        start,
-                        n,
-                        offset,
-                        logits_from,
-                        sample,
-                        req.row_dirty,
-                        drafts,
-                        req.num_evicted,
-                    )
-                )
-            )
-            req.row_dirty = False
-            req.extend_len = n
-            offset += n
-        return ScheduledBatch(tuple(entries), out_slots, positions, tuple(retracted), shift)
+        if self.sinks is None:
+            return None
+        return self.sinks.evict(self.requests, self.cache, lambda: self._retract_newest(retracted))

@@ -54,6 +54,7 @@ class SinkWindow:
         self.limit = self.sinks + self.window  # positions a request's KV may hold
         self.shift = config.shift(self.window, page_size)
         self.page_size = page_size
+        self.evicted_tokens = 0  # from running requests, since start
 
     def to_evict(self, req: Req) -> int:
         """Tokens to evict from req (after its sinks) before its next step: 0 while its next
@@ -67,12 +68,12 @@ class SinkWindow:
 
     def evict(
         self, requests: RequestTable, cache: CacheManager, retract_newest: Callable[[], None]
-    ) -> tuple[KVShift | None, int]:
+    ) -> KVShift | None:
         """Evict a chunk after the sinks of every running request whose next chunk would not
-        fit its window, oldest first; return the KV moves and the tokens evicted. Copying a
-        kept cached prefix takes fresh slots: while they are not obtainable the newest
-        request is retracted (a lone request always fits: unlocking that prefix makes it
-        evictable, and the pool holds a whole window)."""
+        fit its window, oldest first; return the KV moves (the tokens evicted are counted
+        in evicted_tokens). Copying a kept cached prefix takes fresh slots: while they are
+        not obtainable the newest request is retracted (a lone request always fits:
+        unlocking that prefix makes it evictable, and the pool holds a whole window)."""
         moves, running = [], ReqStatus.RUNNING
         for req in list(requests.running_reqs()):
             delta = self.to_evict(req) if req.status is running else 0
@@ -88,8 +89,8 @@ class SinkWindow:
             src, dst = evict_middle(cache, req, self.sinks, delta)
             self.delete(req, delta)
             moves.append((src, dst, delta))
-        total = sum(m[2] for m in moves)
-        return (KVShift.concat(moves) if moves else None), total
+        self.evicted_tokens += sum(m[2] for m in moves)
+        return KVShift.concat(moves) if moves else None
 
     def delete(self, req: Req, delta: int) -> None:
         """Drop req's evicted tokens [sinks, sinks + delta) from its token list (their KV
