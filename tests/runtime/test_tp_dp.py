@@ -13,7 +13,7 @@ import signal
 import time
 
 import pytest
-from tp_testing import assert_same, leftover_workers, write_tiny
+from tp_testing import assert_same, leftover_workers, write_tiny_with_tokenizer
 
 import lmprog as lp
 from lmprog.core.sampling import SamplingParams as SP
@@ -29,16 +29,7 @@ PARAMS = {"max_tokens": 6, "temperature": 0, "ignore_eos": True, "return_logprob
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """tp_testing's tiny model over the default model's vocabulary, with its tokenizer."""
-    from lmprog.core.models import load_tokenizer, resolve_model
-
-    try:
-        tok = load_tokenizer(resolve_model())
-    except ValueError as e:
-        pytest.skip(f"the default model is not installed: {e}")
-    tok = tok.hf_tokenizer() if hasattr(tok, "hf_tokenizer") else tok
-    folder = write_tiny(tmp_path_factory.mktemp("tiny"), vocab=len(tok))
-    tok.save_pretrained(folder)
-    return str(folder)
+    return str(write_tiny_with_tokenizer(tmp_path_factory.mktemp("tiny")))
 
 
 def runtime(tiny, dp_size=2, tp_size=2):

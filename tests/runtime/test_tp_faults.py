@@ -1,7 +1,8 @@
 """Faults of a tensor-parallel group (TP=2 on the CPU): a worker killed mid-run, one hung
 past the collective timeout, one dying while the engine idles, and rank 0 dying. Each time
 the caller gets a BackendError naming what broke, within the timeout, the engine stops,
-and no process of the group is left running."""
+and no process of the group is left running. The workers live as long as rank 0's process,
+not the thread that started them."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
-from tp_testing import leftover_workers, write_tiny
+from tp_testing import leftover_workers, write_tiny, write_tiny_with_tokenizer
 
+import lmprog as lp
 from lmprog.core.errors import BackendError
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.assemble import assemble_model
@@ -135,4 +138,28 @@ def test_a_group_dropped_before_its_engine_starts_leaves_no_worker(tiny):
     del tp  # e.g. lp.Runtime failed between starting the group and launching its engine
     gc.collect()
     assert worker.poll() is not None
+    assert leftover_workers() == []
+
+
+def test_a_runtime_built_in_a_thread_that_exits_keeps_its_workers(tmp_path):
+    """The kernel's parent-death signal fires when the spawning *thread* exits: workers must
+    not be tied to it (lp.Runtime built on a short-lived thread, a server's start-up one)."""
+    folder = write_tiny_with_tokenizer(tmp_path / "tiny")
+    built = []
+
+    def build():
+        built.append(lp.Runtime(str(folder), device="cpu", max_total_tokens=512, tp_size=2))
+
+    builder = threading.Thread(target=build)
+    builder.start()
+    builder.join()
+    (rt,) = built
+    try:
+        (worker,) = leftover_workers()
+        time.sleep(1.5)  # a worker tied to the thread is gone by now, and rank 0 knows it
+        result = rt.generate([5, 6, 7, 8], {"max_tokens": 4, "temperature": 0, "ignore_eos": True})
+        assert result.completion_tokens == 4
+        assert leftover_workers() == [worker]
+    finally:
+        rt.shutdown()
     assert leftover_workers() == []

@@ -1,5 +1,6 @@
-"""Shared by the tensor-parallel tests: a tiny HF folder, the comparison with TP=1's results,
-and the worker processes this test process left."""
+"""Shared by the tensor-parallel tests: a tiny HF folder (with or without the default model's
+tokenizer), the comparison with TP=1's results, and the worker processes this test process
+left."""
 
 from __future__ import annotations
 
@@ -83,4 +84,21 @@ def write_tiny(folder, *, model_type="llama", heads=4, kv_heads=2, vocab=101, ti
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(hf))
     save_file(w, str(folder / "model.safetensors"))
+    return folder
+
+
+def write_tiny_with_tokenizer(folder):
+    """write_tiny over the default model's vocabulary, with its tokenizer saved beside it (an
+    HF folder lp.Runtime loads whole); skips the test where the default model is missing."""
+    import pytest
+
+    from lmprog.core.models import load_tokenizer, resolve_model
+
+    try:
+        tok = load_tokenizer(resolve_model())
+    except ValueError as e:
+        pytest.skip(f"the default model is not installed: {e}")
+    tok = tok.hf_tokenizer() if hasattr(tok, "hf_tokenizer") else tok
+    folder = write_tiny(folder, vocab=len(tok))
+    tok.save_pretrained(folder)
     return folder

@@ -83,8 +83,7 @@ def start_groups(
             f"(replica i on cuda:i*{tp_size}..), but this host has {torch.cuda.device_count()}"
         )
     threads = max(1, torch.get_num_threads() // (dp_size * tp_size))
-    # Every replica's workers start at once (spawned from this thread: a worker dies with
-    # the thread that spawned it), then each group connects.
+    # Every replica's workers start at once, then each group connects.
     spawned: list[_Spawned] = []
     groups: list[TPGroup] = []
     try:

@@ -5,8 +5,9 @@ broadcasts until rank 0 says stop or goes away.
 
 Started by rank 0 (`start.py`: a fresh interpreter, so a user's script is never re-run), or
 it is a torchrun process whose RANK is not 0 (`serve_rank`, called from start.py). A
-spawned worker dies with its parent (PR_SET_PDEATHSIG on Linux, and a watch on its parent
-pid elsewhere); any error is left in the store for rank 0 to name, and the worker exits.
+spawned worker dies with its parent process (a thread watching its parent pid; not with the
+thread that spawned it); any error is left in the store for rank 0 to name, and the worker
+exits.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from datetime import timedelta
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+_PARENT_POLL_S = 0.25  # how soon a worker notices that rank 0's process is gone
 
 
 @dataclass(frozen=True)
@@ -101,22 +104,16 @@ def _serve(net: Any, group: Any) -> None:
 
 
 def _follow_parent(parent_pid: int) -> None:
-    """Die when the process that spawned us does, even by SIGKILL."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-            import signal
-
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-    if os.getppid() != parent_pid:  # it died before the prctl took effect
+    """Die when the process that spawned us does, even by SIGKILL: a thread watching our
+    parent pid (an orphan is re-parented). Not PR_SET_PDEATHSIG: the kernel sends that when
+    the *thread* that spawned us exits, and rank 0 may start its group from a short-lived
+    thread (lp.Runtime built on a server's start-up thread) and serve on for hours."""
+    if os.getppid() != parent_pid:  # it died before we got here
         os._exit(1)
 
     def watch() -> None:
         while os.getppid() == parent_pid:
-            time.sleep(1.0)
+            time.sleep(_PARENT_POLL_S)
         os._exit(1)
 
     threading.Thread(target=watch, name="lmprog-tp-parent", daemon=True).start()
