@@ -110,6 +110,21 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "per device (default 1; under torchrun, its world size; see docs/serving.md)",
     )
     p.add_argument(
+        "--attention-sink-size",
+        type=int,
+        default=None,
+        help="runtime attention sinks (StreamingLLM): each request keeps its first N tokens "
+        "and a recent window of its KV, evicting the tokens between, so it generates past the "
+        "context length (default: off; lp.Runtime(attention_sink_size=))",
+    )
+    p.add_argument(
+        "--sliding-window-size",
+        type=int,
+        default=None,
+        help="with --attention-sink-size: the recent window kept after the sinks (default: the "
+        "context length, or the KV pool when smaller, minus the sinks)",
+    )
+    p.add_argument(
         "--max-total-tokens",
         type=int,
         default=None,
@@ -165,20 +180,33 @@ INT_LIMITS = (
 )
 
 
+# Flags only the runtime takes: (flag, lp.Runtime's keyword = the flag's dest, its default,
+# why llama.cpp refuses it). Given one, `--backend auto` picks the runtime, and
+# `--backend llamacpp` is an error naming the first.
+RUNTIME_ONLY = (
+    ("--tp", "tp_size", 1, "llama.cpp splits a model over GPUs itself (its tensor_split), not "
+     "through lmprog"),
+    ("--dp", "dp_size", 1, "llama.cpp runs one context per server; start several servers "
+     "behind a load balancer instead"),
+    ("--kv-cache-dtype", "kv_cache_dtype", "auto", ""),
+    ("--quantization", "quantization", None, "llama.cpp runs the GGUF file's own "
+     "quantization; pick a quantized GGUF (e.g. Q4_K_M) instead"),
+    ("--attention-sink-size", "attention_sink_size", None, "lmprog's llama.cpp backend has no "
+     "attention sinks: its requests end at the context size (n_ctx)"),
+    ("--sliding-window-size", "sliding_window_size", None, "it is the attention sinks' "
+     "window, and lmprog's llama.cpp backend has no attention sinks"),
+)  # fmt: skip
+
+
+def _runtime_only_given(args: argparse.Namespace) -> list[tuple[str, str, object, str]]:
+    return [flag for flag in RUNTIME_ONLY if getattr(args, flag[1]) != flag[2]]
+
+
 def choose_backend(args: argparse.Namespace) -> tuple[str, str]:
     """`--backend auto` made concrete: (backend, why), for the start-up log."""
     if args.backend != "auto":
         return args.backend, "--backend " + args.backend
-    runtime_only = [
-        flag
-        for flag, given in (
-            ("--tp", args.tp_size != 1),
-            ("--dp", args.dp_size != 1),
-            ("--quantization", args.quantization is not None),
-            ("--kv-cache-dtype", args.kv_cache_dtype != "auto"),
-        )
-        if given
-    ]
+    runtime_only = [flag for flag, *_ in _runtime_only_given(args)]
     if runtime_only:
         return "runtime", f"auto: {', '.join(runtime_only)} need the runtime"
     if (args.device or "auto").lower() not in ("auto", "cpu"):
@@ -210,6 +238,7 @@ def _has_cuda() -> bool:
 def backend_options(args: argparse.Namespace) -> dict:
     """The backend's keyword arguments from the flags; ValueError for a flag that does not
     apply to the chosen backend (never silently ignored)."""
+    given = _runtime_only_given(args)
     if args.backend != "llamacpp":
         options = {
             "device": args.device,
@@ -217,31 +246,13 @@ def backend_options(args: argparse.Namespace) -> dict:
             "quantization": args.quantization,
             "num_threads": args.num_threads,
         }
-        if args.kv_cache_dtype != "auto":
-            options["kv_cache_dtype"] = args.kv_cache_dtype
-        if args.dp_size != 1:
-            options["dp_size"] = args.dp_size
-        if args.tp_size != 1:
-            options["tp_size"] = args.tp_size
+        options.update((dest, getattr(args, dest)) for _, dest, _, _ in given)
         return options
-    if args.tp_size != 1:
+    if given:
+        flag, dest, _, why = given[0]
         raise ValueError(
-            f"--tp {args.tp_size} applies to --backend runtime only: llama.cpp splits a model "
-            "over GPUs itself (its tensor_split), not through lmprog"
-        )
-    if args.dp_size != 1:
-        raise ValueError(
-            f"--dp {args.dp_size} applies to --backend runtime only: llama.cpp runs one "
-            "context per server; start several servers behind a load balancer instead"
-        )
-    if args.kv_cache_dtype != "auto":
-        raise ValueError(
-            f"--kv-cache-dtype {args.kv_cache_dtype} applies to --backend runtime only"
-        )
-    if args.quantization is not None:
-        raise ValueError(
-            f"--quantization {args.quantization} applies to --backend runtime only: llama.cpp "
-            "runs the GGUF file's own quantization; pick a quantized GGUF (e.g. Q4_K_M) instead"
+            f"{flag} {getattr(args, dest)} applies to --backend runtime only"
+            + (f": {why}" if why else "")
         )
     out: dict = {}
     if args.num_threads is not None:

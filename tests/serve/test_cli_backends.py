@@ -30,6 +30,9 @@ def test_runtime_gets_its_flags():
         "num_threads": None,
         "kv_cache_dtype": "fp8_e4m3",
     }
+    sinks = options("--attention-sink-size", "4", "--sliding-window-size", "1020")
+    assert sinks["attention_sink_size"] == 4 and sinks["sliding_window_size"] == 1020
+    assert "attention_sink_size" not in options()  # off unless given
 
 
 def test_llamacpp_maps_threads_context_and_device():
@@ -58,6 +61,16 @@ def test_llamacpp_auto_device_follows_the_build():
     [
         (("--quantization", "int4"), "--quantization int4 applies to --backend runtime only"),
         (("--kv-cache-dtype", "fp8"), "--kv-cache-dtype fp8 applies to --backend runtime only"),
+        (("--tp", "2"), "--tp 2 applies to --backend runtime only: llama.cpp splits"),
+        (("--dp", "2"), "--dp 2 applies to --backend runtime only: llama.cpp runs one"),
+        (
+            ("--attention-sink-size", "4"),
+            "--attention-sink-size 4 applies to --backend runtime only: .* no attention sinks",
+        ),
+        (
+            ("--sliding-window-size", "64"),
+            "--sliding-window-size 64 applies to --backend runtime only",
+        ),
         (("--device", "tpu"), "--device 'tpu' is not a llama.cpp device"),
         (("--device", "cuda:x"), "is not a llama.cpp device"),
     ],
@@ -88,6 +101,10 @@ def test_auto_picks_llamacpp_for_a_gguf_on_a_cpu_and_says_why(monkeypatch):
     # a flag only the runtime has keeps the runtime, and says which flag
     assert chosen("--quantization", "int4") == ("runtime", "auto: --quantization need the runtime")
     assert chosen("--dp", "2")[0] == "runtime"
+    assert chosen("--attention-sink-size", "4") == (
+        "runtime",
+        "auto: --attention-sink-size need the runtime",
+    )
     # an explicit choice is kept
     assert chosen("--backend", "runtime") == ("runtime", "--backend runtime")
 
@@ -103,3 +120,17 @@ def test_auto_picks_the_runtime_on_a_gpu_or_an_hf_folder(monkeypatch, tmp_path):
     (folder / "model.safetensors").write_bytes(b"")
     backend, why = chosen("--model", str(folder))
     assert backend == "runtime", why
+
+
+def test_every_runtime_flag_is_a_runtime_keyword():
+    """Each runtime-only flag (attention sinks included) becomes the lp.Runtime keyword of
+    the same name: the options bind to its signature."""
+    import inspect
+
+    from lmprog.backends.runtime import Runtime
+
+    argv = ["--backend", "runtime", "--tp", "2", "--dp", "2", "--quantization", "fp8"]
+    argv += ["--kv-cache-dtype", "fp8", "--attention-sink-size", "4", "--sliding-window-size", "60"]
+    opts = options(*argv)
+    assert {dest for _, dest, _, _ in cli.RUNTIME_ONLY} <= set(opts)
+    inspect.signature(Runtime).bind(None, **opts)  # TypeError for a name Runtime lacks
