@@ -741,10 +741,8 @@ def percentiles(seconds: list[float]) -> dict:
 CORPUS_DEADLINE_S = 20.0
 
 
-def corpus_worker(engine_name: str, tok: Any, conn: Any) -> None:
+def corpus_worker(engine_name: str, tok: Any, conn: Any, corpus: list) -> None:
     """In a forked process: compile each schema it is sent, report, judge its instances."""
-    from schema_corpus import CORPUS
-
     engine = next(cls() for cls in ENGINES if cls.name == engine_name)
     engine.setup(tok)
     settle()
@@ -753,7 +751,7 @@ def corpus_worker(engine_name: str, tok: Any, conn: Any) -> None:
         i = conn.recv()
         if i is None:
             return
-        entry = CORPUS[i]
+        entry = corpus[i]
         try:
             compiled, parts = first_mask_timed(engine, entry.schema)
         except Exception as exc:
@@ -775,12 +773,14 @@ def corpus_worker(engine_name: str, tok: Any, conn: Any) -> None:
 
 
 class _Worker:
-    def __init__(self, engine_name: str, tok: Any) -> None:
+    def __init__(self, engine_name: str, tok: Any, corpus: list) -> None:
         import multiprocessing as mp
 
-        ctx = mp.get_context("fork")
+        ctx = mp.get_context("fork")  # the corpus reaches the child by fork, not pickled
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=corpus_worker, args=(engine_name, tok, child), daemon=True)
+        self.proc = ctx.Process(
+            target=corpus_worker, args=(engine_name, tok, child, corpus), daemon=True
+        )
         self.proc.start()
         child.close()
         assert self.recv(120)[0] == "ready"
@@ -798,14 +798,17 @@ class _Worker:
         self.proc.join()
 
 
-def measure_corpus(tok: Any, engine_names: list[str]) -> dict:
+def measure_corpus(tok: Any, engine_names: list[str], corpus: list | None = None) -> dict:
+    """Each engine over a corpus of `schema_corpus.Entry` (default: bench/schema_corpus.py's),
+    checked with jsonschema first."""
     from schema_corpus import CORPUS, check_corpus
 
-    check_corpus()
+    corpus = CORPUS if corpus is None else corpus
+    check_corpus(corpus)
     out = {}
     for name in engine_names:
-        worker, rows = _Worker(name, tok), []
-        for i, entry in enumerate(CORPUS):
+        worker, rows = _Worker(name, tok, corpus), []
+        for i, entry in enumerate(corpus):
             worker.conn.send(i)
             kind, payload = worker.recv(CORPUS_DEADLINE_S)
             row: dict[str, Any] = {"schema": entry.name, "status": kind}
@@ -822,7 +825,7 @@ def measure_corpus(tok: Any, engine_names: list[str]) -> dict:
             if kind in ("stalled", "crashed"):
                 log(f"{name}: {entry.name}: {kind}; restarting the worker")
                 worker.kill()
-                worker = _Worker(name, tok)
+                worker = _Worker(name, tok, corpus)
             rows.append(row)
         worker.conn.send(None)
         worker.proc.join(10)

@@ -485,6 +485,25 @@ def test_refusals_name_keyword_and_path(schema, message):
     assert message in str(info.value)
 
 
+def test_references_to_metaschemas_resolve_to_bundled_copies():
+    """GitHub-style schemas point at the JSON Schema metaschemas for "a schema here"; they
+    resolve to jsonschema-specifications' copies (no network), other remote refs are refused."""
+    pytest.importorskip("jsonschema_specifications")
+    schema = {
+        "type": "object",
+        "properties": {
+            "schema": {"$ref": "http://json-schema.org/draft-07/schema#"},
+            "title": {"$ref": "http://json-schema.org/draft-04/schema#/properties/title"},
+        },
+    }
+    c = Constraint.from_json_schema(schema)
+    assert c.matches('{"schema": {"minLength": 2, "type": "string"}, "title": "t"}')
+    assert c.matches('{"schema": true}')
+    assert not c.matches('{"schema": {"type": "strin"}}')
+    assert not c.matches('{"schema": {"minLength": -1}}')
+    assert not c.matches('{"title": 5}')
+
+
 def test_annotations_are_ignored():
     schema = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

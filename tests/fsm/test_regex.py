@@ -218,3 +218,48 @@ def test_anchors_anywhere_an_engine_allows_them(pattern):
             text = "".join(letters)
             expected = re.search(pattern, text) is not None
             assert c.matches(json.dumps(text)) == expected, (pattern, text)
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        r"^(?!ab).+$",
+        r"^a(?!.*bb)[a-c]*$",
+        r"^(?!b)(?!.*c$)(?=.*a)[a-c]+$",
+        r"(?=^.{2,3}$)(?!^c+$)(^[a-c]*$)",
+        r"^((?!ab).)*$",
+        r"^(?=^[^c])(^((?!b{2}).)*$).*$",
+        r"^a((?!ca|^b).)*$",
+        r"^(?!a*$)",
+    ],
+)
+def test_lookaheads_keep_search_semantics(pattern):
+    """A pattern with lookaheads where they look from a fixed position (after a fixed-length
+    prefix of a pattern anchored at its start, or tempered tokens running to its end) is
+    compiled as intersections: accepted iff Python's re.search finds it."""
+    import itertools
+
+    from lmprog.fsm import Constraint
+
+    c = Constraint.from_json_schema({"type": "string", "pattern": pattern})
+    for n in range(5):
+        for letters in itertools.product("abc", repeat=n):
+            text = "".join(letters)
+            assert c.matches(json.dumps(text)) == (re.search(pattern, text) is not None), text
+
+
+@pytest.mark.parametrize(
+    "pattern, construct",
+    [
+        (r"(?!a)b", "not anchored at its start"),
+        (r"^a*(?!b)c", "after a part of variable length"),
+        (r"^(a(?!b)|c)d", "inside an alternative"),
+        (r"^((?!a).)*b$", "does not run to the end"),
+        (r"^(?<!a)b", "lookbehind"),
+    ],
+)
+def test_lookaheads_that_look_from_a_moving_position_are_refused(pattern, construct):
+    from lmprog.fsm import Constraint
+
+    with pytest.raises(ConstraintError, match=re.escape(construct)):
+        Constraint.from_json_schema({"type": "string", "pattern": pattern})

@@ -40,6 +40,7 @@ from lmprog.fsm.json_schema.terms import (
 )
 from lmprog.fsm.json_schema.values import pattern_matcher, to_decimal
 from lmprog.fsm.regex import parse_regex
+from lmprog.fsm.regex.lookahead import split_lookaheads
 
 Sub = Callable[[object, str], Node]  # (sub-schema, path suffix) -> Node
 
@@ -133,13 +134,16 @@ def _number(schema: dict, path: str) -> NumT | None:
 
 
 def _string(schema: dict, path: str) -> StrT | None:
-    patterns = ()
+    patterns, not_patterns = (), ()
     if "pattern" in schema:
         src = schema["pattern"]
         if not isinstance(src, str):
             raise ConstraintError(f"invalid schema: pattern must be a string at {path}/pattern")
-        parse_regex(src, "ecma")  # raises ConstraintError naming the construct
-        patterns = (src,)
+        # lookaheads become patterns the string must (not) match; ConstraintError names a
+        # construct that has no exact reading
+        patterns, not_patterns = split_lookaheads(src)
+        for part in patterns + not_patterns:
+            parse_regex(part, "ecma")
     formats = ()
     if "format" in schema:
         name = schema["format"]
@@ -157,6 +161,7 @@ def _string(schema: dict, path: str) -> StrT | None:
             max_len=_count(schema, "maxLength", path),
             patterns=patterns,
             formats=formats,
+            not_patterns=not_patterns,
         )
     )
 

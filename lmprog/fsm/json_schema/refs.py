@@ -1,5 +1,8 @@
 """``$ref`` resolution within one schema document: ``$id`` base URIs, ``$anchor`` names and
-JSON pointers. Remote references (another document) are not fetched: they raise ConstraintError.
+JSON pointers. Remote references (another document) are not fetched: they raise ConstraintError,
+except references to the JSON Schema metaschemas (draft-03 to 2020-12, ``http://json-schema.org/
+draft-07/schema#`` and the like), which resolve to the copies that the ``jsonschema-specifications``
+package bundles, where it is installed.
 """
 
 from __future__ import annotations
@@ -97,6 +100,27 @@ class Registry:
             )
         return target, target_base
 
+    def _metaschema(self, uri: str):
+        """A metaschema bundled by ``jsonschema-specifications`` (no network), registered as a
+        resource of this document; None for any other URI."""
+        try:
+            from jsonschema_specifications import REGISTRY
+        except ImportError:
+            return None
+        for key in (
+            uri,
+            uri.replace("https://", "http://", 1),
+            uri.replace("http://", "https://", 1),
+        ):
+            try:
+                doc = REGISTRY.contents(key)
+            except LookupError:
+                continue
+            self.resources[uri] = doc
+            self._walk(doc, uri)
+            return doc
+        return None
+
     def base_of(self, schema, default: str) -> str:
         return self.bases.get(id(schema), default)
 
@@ -104,6 +128,8 @@ class Registry:
         """(target schema, its base URI) of ``$ref`` written where the base URI is ``base``."""
         uri, fragment = urldefrag(_join(base, ref))
         doc = self.resources.get(uri)
+        if doc is None:
+            doc = self._metaschema(uri)
         if doc is None:
             raise ConstraintError(
                 f"$ref {ref!r} points outside this schema ({uri!r}); remote "

@@ -44,11 +44,23 @@ class _Anchor:
 _ANCHOR_ESCAPE = {"A": _Anchor(True), "Z": _Anchor(False), "z": _Anchor(False)}
 
 
+class Look:
+    """A lookahead ``(?=node)`` (``negative``: ``(?!node)``), read only by ``lookahead.py``'s
+    parser (``_Parser(..., lookahead=True)``); never part of a ParsedRegex."""
+
+    __slots__ = ("node", "negative", "at")
+
+    def __init__(self, node: Node, negative: bool, at: int) -> None:
+        self.node, self.negative, self.at = node, negative, at
+
+
 def _has_anchor(node: Node) -> bool:
     if isinstance(node, _Anchor):
         return True
     if isinstance(node, Chars):
         return False
+    if isinstance(node, Look):
+        return _has_anchor(node.node)
     if isinstance(node, Repeat):
         return _has_anchor(node.node)
     return any(_has_anchor(n) for n in (node.parts if isinstance(node, Concat) else node.options))
@@ -88,8 +100,9 @@ def parse_regex(pattern: str, dialect: str = "python") -> ParsedRegex:
 
 
 class _Parser:
-    def __init__(self, src: str, dialect: str):
+    def __init__(self, src: str, dialect: str, lookahead: bool = False):
         self.src, self.i, self.ecma = src, 0, dialect == "ecma"
+        self.lookahead = lookahead  # read (?=...) and (?!...) as Look nodes
         self.anchors: list[int] = []  # positions of the anchors read
         space = _ECMA_SPACE if self.ecma else _PY_SPACE
         self.classes = dict(_CLASS_ESCAPES, s=space)
@@ -227,24 +240,29 @@ class _Parser:
         return Chars(CharSet.of(c))
 
     def group(self, start: int) -> Node:
+        look = None
         if self.peek() == "?":
             self.i += 1
-            self.group_extension(start)
+            look = self.group_extension(start)
         node = self.alternation()
         if self.peek() != ")":
             raise self.fail("missing ')' for the group opened", start)
         self.i += 1
-        return node
+        return node if look is None else Look(node, look, start)  # type: ignore[return-value]
 
-    def group_extension(self, start: int) -> None:
+    def group_extension(self, start: int) -> bool | None:
+        """Skips a group's ``?...`` prefix; for a lookahead (when read), whether it is negative."""
         rest = self.src[self.i :]
         if rest.startswith(":"):
             self.i += 1
-            return
+            return None
+        if self.lookahead and rest[:1] in ("=", "!"):
+            self.i += 1
+            return rest[0] == "!"
         named = re.match(r"(P?<)([A-Za-z_][A-Za-z0-9_]*)>", rest)
         if named and not (self.ecma and named.group(1) == "P<"):
             self.i += named.end()
-            return
+            return None
         for prefix, what in (
             ("=", "lookahead"),
             ("!", "negative lookahead"),

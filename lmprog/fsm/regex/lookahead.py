@@ -1,0 +1,171 @@
+"""Lookaheads in JSON Schema ``pattern``s, read as an intersection of lookahead-free patterns.
+
+``^(?!aws:).+$`` matches the strings that match ``^.+$`` and do not match ``^aws:``. In
+general, where a pattern is anchored at its start and a lookahead stands after a part of fixed
+length k (``^[a-z](?!.*--)[a-z-]*$``: k = 1), the lookahead asks the same of every match, at
+the same position k of the string: ``(?=A)`` holds iff the string matches ``^[\\s\\S]{k}A``
+(search semantics: followed by anything), ``(?!A)`` iff it does not. So the pattern is its
+lookahead-free part, intersected with each positive lookahead's pattern and with the
+complement of each negative one's, which the string compiler writes exactly (llguidance's
+``&``/``~``). A tempered token ``((?!X).)*`` that runs to the end of the string asks that no
+match of X start at any of its positions: the complement of ``X`` searched from there. Elsewhere the position a lookahead looks from depends on the match (after a part
+of variable length, inside a repeated group or an alternative, or in a pattern that may
+match anywhere), and ``ConstraintError`` names it, as for lookbehind and backreferences.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from lmprog.fsm.regex.parser import Look, _Anchor, _has_anchor, _Parser
+from lmprog.fsm.regex.syntax import Alternation, Chars, Concat, Repeat, emit, node_lengths
+
+NOTHING = r"[^\s\S]"
+
+
+@lru_cache(maxsize=1024)
+def split_lookaheads(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(ECMA sources a string must match, sources it must not) equal to ``source`` under
+    JSON Schema's search semantics; ``((source,), ())`` where it has no lookahead."""
+    parser = _Parser(source, "ecma", lookahead=True)
+    node = parser.alternation()
+    if parser.i < len(source):
+        raise parser.fail("unbalanced ')'")
+    if not _has_look(node):
+        return (source,), ()
+    parts = _flatten(node)
+    for part in parts:
+        inner = part.node if isinstance(part, Look) else _tempered(part) or part
+        if isinstance(inner, Look):
+            inner = inner.node
+        if _has_look(inner):
+            at = _first_look(inner)
+            raise parser.fail(
+                "a lookahead inside an alternative, a repeated group or a lookahead", at
+            )
+    plain = [_plain(p) for p in parts if not isinstance(p, Look)]
+    base = parser.split_anchors(Concat(tuple(plain)))
+    if not base:
+        return (NOTHING,), ()
+    must, must_not = [_source(base)], []
+    for i, look in enumerate(parts):
+        tempered = _tempered(look)
+        if not isinstance(look, Look) and tempered is None:
+            continue
+        at = (tempered or look).at
+        if not all(start for start, _, _ in base):
+            raise parser.fail("a lookahead in a pattern not anchored at its start ('^')", at)
+        lo = _offset(parts[:i], parser, at)
+        if tempered is not None:  # ((?!X).)*: X matches at no position from lo to the end
+            must_not.append(_tempered_source(parts[i + 1 :], tempered, lo, base, parser))
+            continue
+        shift = f"[\\s\\S]{{{lo}}}" if lo else ""
+        branches = [
+            (b, end) for start, b, end in parser.split_anchors(look.node) if lo == 0 or not start
+        ]
+        if not branches:  # ``^`` inside a lookahead that looks from past the start
+            if not look.negative:
+                must.append(NOTHING)
+            continue
+        text = "|".join(f"^{shift}{_body(b)}{'$' if end else ''}" for b, end in branches)
+        (must_not if look.negative else must).append(text)
+    return tuple(dict.fromkeys(must)), tuple(dict.fromkeys(must_not))
+
+
+def _offset(before: list, parser: _Parser, at: int) -> int:
+    """The fixed length of the parts before a lookahead (a leading ``^`` aside)."""
+    before = [_plain(p) for p in before if not isinstance(p, Look)]
+    while before and isinstance(before[0], _Anchor) and before[0].start:
+        before.pop(0)
+    lo, hi = node_lengths(Concat(tuple(before))) if not _anchored(before) else (0, None)
+    if lo != hi:
+        raise parser.fail("a lookahead after a part of variable length", at)
+    return lo
+
+
+def _tempered(part) -> Look | None:
+    """The lookahead of a tempered token ``((?!X).)*`` (one character checked at each step)."""
+    if isinstance(part, Repeat) and isinstance(part.node, Concat) and len(part.node.parts) == 2:
+        look, chars = part.node.parts
+        if isinstance(look, Look) and look.negative and isinstance(chars, Chars):
+            return look
+    return None
+
+
+def _plain(part):
+    """A part with a tempered token's lookahead dropped (its characters stay)."""
+    if _tempered(part) is not None:
+        return Repeat(part.node.parts[1], part.lo, part.hi)
+    return part
+
+
+def _tempered_source(after: list, look: Look, lo: int, base: list, parser: _Parser) -> str:
+    """The strings where ``look``'s body matches at some position from ``lo`` on, for a
+    tempered token that runs to the end of a pattern anchored at its end."""
+    rest = []
+    for p in after:
+        if isinstance(p, _Anchor) and not p.start:
+            break
+        rest.append(p)
+    if not all(end for _, _, end in base) or any(
+        isinstance(p, Look) or _anchored([p]) or node_lengths(_plain(p)) != (0, 0) for p in rest
+    ):
+        raise parser.fail("a tempered lookahead ((?!...).)* that does not run to the end", look.at)
+    branches = parser.split_anchors(look.node)
+    if any(node_lengths(b)[0] == 0 for _, b, _ in branches):
+        raise parser.fail("a tempered lookahead ((?!...).)* whose body matches ''", look.at)
+    shift = f"^[\\s\\S]{{{lo},}}" if lo else ""
+    out = [
+        f"{'^' if start else shift}{_body(b)}{'$' if end else ''}"
+        for start, b, end in branches
+        if not start or lo == 0
+    ]
+    return "|".join(out) if out else NOTHING
+
+
+def _has_look(node) -> bool:
+    return _first_look(node) is not None
+
+
+def _first_look(node) -> int | None:
+    if isinstance(node, Look):
+        return node.at
+    if isinstance(node, (Chars, _Anchor)):
+        return None
+    children = (
+        node.parts
+        if isinstance(node, Concat)
+        else node.options
+        if isinstance(node, Alternation)
+        else (node.node,)
+    )
+    for child in children:
+        at = _first_look(child)
+        if at is not None:
+            return at
+    return None
+
+
+def _flatten(node) -> list:
+    """The parts of a concatenation, groups (nested concatenations) opened."""
+    if isinstance(node, Concat):
+        return [q for p in node.parts for q in _flatten(p)]
+    return [node]
+
+
+def _anchored(parts: list) -> bool:
+    return any(_has_anchor(p) for p in parts)
+
+
+def _body(node) -> str:
+    r = emit(node)
+    return NOTHING if r is None else f"(?:{r.text})"
+
+
+def _source(branches: list) -> str:
+    """Anchored alternatives (start?, body, end?) as one ECMA source."""
+    if not branches:
+        return NOTHING
+    return "|".join(
+        f"{'^' if start else ''}{_body(b)}{'$' if end else ''}" for start, b, end in branches
+    )
