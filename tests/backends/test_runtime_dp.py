@@ -9,6 +9,8 @@ import argparse
 import time
 
 import pytest
+from dp_testing import UNRELATED, delta, fork_lands_on_one_replica, routed
+from hf_tiny import default_hf_tokenizer, save_tiny_llama
 
 import lmprog as lp
 from lmprog.core.errors import BackendError, ContextLengthError
@@ -20,36 +22,13 @@ transformers = pytest.importorskip("transformers")
 torch.set_num_threads(1)
 
 PREFIX = "You are a careful assistant. Answer each question in a few words, then stop. " * 3
-UNRELATED = [f"Question number {w} is about something else entirely" for w in "abcdef"]
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny random-weights Llama saved as transformers saves one, with the default model's
     tokenizer (as in tests/core/test_hf_cache.py)."""
-    from lmprog.core.models import load_tokenizer, resolve_model
-
-    try:
-        tok = load_tokenizer(resolve_model())
-    except ValueError as e:
-        pytest.skip(f"the default model is not installed: {e}")
-    tok = tok.hf_tokenizer() if hasattr(tok, "hf_tokenizer") else tok
-    config = transformers.LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.bos_token_id,
-    )
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return str(folder)
+    return str(save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), default_hf_tokenizer()))
 
 
 def runtime(tiny, dp_size=2, **kw):
@@ -70,15 +49,6 @@ def single(tiny):
     backend.shutdown()
 
 
-def routed(rt):
-    """Requests each replica received so far, by reason (the router's counts)."""
-    return [r["routed"] for r in rt.stats()["replicas"]]
-
-
-def delta(before, after):
-    return [{k: a[k] - b[k] for k in a if a[k] != b[k]} for b, a in zip(before, after)]
-
-
 def test_replicas_share_the_weights_and_have_their_own_caches(rt):
     group = rt.engine
     a, b = group.replicas
@@ -91,21 +61,8 @@ def test_replicas_share_the_weights_and_have_their_own_caches(rt):
 
 
 def test_fork_children_land_on_the_replica_that_cached_their_prefix(rt):
-    @lp.function
-    def forked(s):
-        s += PREFIX
-        forks = s.fork(4)
-        forks += [f" Question {i}: what is {i} plus {i}? Answer:" for i in range(4)]
-        forks += lp.gen("answer", max_tokens=3, temperature=0)
-        forks.join()
-
     rt.flush_cache()
-    before = routed(rt)
-    state = forked.run(backend=rt)
-    assert len(state["answer"]) == 4
-    moved = delta(before, routed(rt))
-    home = 0 if moved[0] else 1
-    assert moved[1 - home] == {} and moved[home] == {"least_loaded": 1, "pinned": 4}
+    home = fork_lands_on_one_replica(rt, PREFIX)
     replica = rt.stats()["replicas"][home]
     assert replica["cached_tokens"] >= 4 * len(rt.tokenizer.encode(PREFIX)) - 8
 

@@ -84,8 +84,10 @@ def test_missing_or_unusable_repos_say_where_they_looked(hub):
 def test_a_safetensors_model_with_its_tokenizer_runs_on_the_runtime(hub):
     """A tiny random-weights Llama saved as transformers saves one, with the default model's
     tokenizer files, in the fake cache: lp.Runtime('org/tiny') loads and generates."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from hf_tiny import save_tiny_llama
+
     from lmprog.backends.runtime import Runtime
     from lmprog.core.models import load_tokenizer
     from lmprog.core.protocol import GenerateRequest
@@ -93,21 +95,7 @@ def test_a_safetensors_model_with_its_tokenizer_runs_on_the_runtime(hub):
 
     tok = load_tokenizer(resolve_model())
     tok = tok.hf_tokenizer() if hasattr(tok, "hf_tokenizer") else tok
-    config = transformers.LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.bos_token_id,
-    )
-    torch.manual_seed(0)
-    staging = hub.parent / "staging"
-    transformers.LlamaForCausalLM(config).save_pretrained(staging)
-    tok.save_pretrained(staging)
+    staging = save_tiny_llama(hub.parent / "staging", tok, max_position_embeddings=256)
     files = {p.name: p.read_bytes() for p in staging.iterdir() if p.is_file()}
     assert "model.safetensors" in files and "tokenizer.json" in files
     _snapshot(hub, "org/tiny-llama", files)

@@ -13,6 +13,7 @@ import signal
 import time
 
 import pytest
+from dp_testing import UNRELATED, delta, fork_lands_on_one_replica, routed
 from tp_testing import assert_same, leftover_workers, write_tiny_with_tokenizer
 
 import lmprog as lp
@@ -22,7 +23,6 @@ from lmprog.runtime.parallel import ParallelError
 from lmprog.runtime.parallel.start import check_tp_size
 
 PREFIX = "You are a careful assistant. Answer each question in a few words, then stop. " * 2
-UNRELATED = [f"Question number {w} is about something else entirely" for w in "abcdef"]
 PARAMS = {"max_tokens": 6, "temperature": 0, "ignore_eos": True, "return_logprob": True}
 
 
@@ -46,14 +46,6 @@ def pair(tiny):
     assert leftover_workers() == []
 
 
-def routed(rt):
-    return [r["routed"] for r in rt.stats()["replicas"]]
-
-
-def delta(before, after):
-    return [{k: a[k] - b[k] for k in a if a[k] != b[k]} for b, a in zip(before, after)]
-
-
 def test_two_tp_replicas_serve_tp1s_tokens_and_route_by_prefix(tiny, pair):
     with runtime(tiny, dp_size=1, tp_size=1) as one:
         prompts = [PREFIX + q for q in UNRELATED[:3]] + UNRELATED[3:5]
@@ -64,21 +56,8 @@ def test_two_tp_replicas_serve_tp1s_tokens_and_route_by_prefix(tiny, pair):
     assert len(leftover_workers()) == 2  # one worker per replica
     assert_same(pair.generate(prompts, PARAMS), want)
     assert all(sum(r.values()) for r in routed(pair))  # both replicas served some
-
-    @lp.function
-    def forked(s):
-        s += PREFIX
-        forks = s.fork(4)
-        forks += [f" Question {i}: what is {i} plus {i}? Answer:" for i in range(4)]
-        forks += lp.gen("answer", max_tokens=3, temperature=0)
-        forks.join()
-
     assert pair.flush_cache()
-    before = routed(pair)
-    assert len(forked.run(backend=pair)["answer"]) == 4
-    moved = delta(before, routed(pair))
-    home = 0 if moved[0] else 1
-    assert moved[1 - home] == {} and moved[home] == {"least_loaded": 1, "pinned": 4}
+    home = fork_lands_on_one_replica(pair, PREFIX)
     assert pair.stats()["replicas"][home]["cached_tokens"] > 0
     before = routed(pair)
     pair.generate(UNRELATED, {"max_tokens": 2, "temperature": 0})  # together: spread

@@ -90,15 +90,9 @@ def write_tiny(folder, *, model_type="llama", heads=4, kv_heads=2, vocab=101, ti
 def write_tiny_with_tokenizer(folder):
     """write_tiny over the default model's vocabulary, with its tokenizer saved beside it (an
     HF folder lp.Runtime loads whole); skips the test where the default model is missing."""
-    import pytest
+    from hf_tiny import default_hf_tokenizer
 
-    from lmprog.core.models import load_tokenizer, resolve_model
-
-    try:
-        tok = load_tokenizer(resolve_model())
-    except ValueError as e:
-        pytest.skip(f"the default model is not installed: {e}")
-    tok = tok.hf_tokenizer() if hasattr(tok, "hf_tokenizer") else tok
+    tok = default_hf_tokenizer()
     folder = write_tiny(folder, vocab=len(tok))
     tok.save_pretrained(folder)
     return folder
