@@ -32,8 +32,10 @@ unevaluatedProperties/unevaluatedItems (from the evaluated keys each branch cert
 Annotations (title, description, default, examples, $comment, content*, ...) and unknown keywords
 (vendor fields such as ``x-kubernetes-*``, draft-04's ``id``) are ignored, as JSON Schema says;
 draft-04's boolean exclusiveMinimum/exclusiveMaximum are read; ``$dynamicRef``/``$recursiveRef``
-resolve where the document declares their anchor once (else ConstraintError); draft-03's
-``extends``/``disallow``/``divisibleBy`` raise ConstraintError.
+resolve where the document declares their anchor once (else ConstraintError); a draft-03
+document (its ``$schema``) is read as later drafts write it (``drafts``: ``required: true``,
+schemas in ``type``, ``extends``, ``disallow``, ``divisibleBy``); references to the JSON Schema
+metaschemas resolve to the copies jsonschema-specifications bundles.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from typing import NamedTuple
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.builder import Builder
+from lmprog.fsm.json_schema.drafts import upgrade
 from lmprog.fsm.json_schema.emit import Emitter
 from lmprog.fsm.json_schema.lark import fragment_limit, to_lark
 from lmprog.fsm.json_schema.refs import Registry
@@ -134,7 +137,7 @@ def build_grammar(
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
     ws = raw(DEFAULT_WHITESPACE) if whitespace is None else _whitespace(whitespace)
-    document = load_schema(schema)
+    document = upgrade(load_schema(schema))
     depth = _nesting(document, max_schema_depth)
     if depth > max_schema_depth:
         raise ConstraintError(

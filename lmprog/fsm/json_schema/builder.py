@@ -88,10 +88,6 @@ class Builder:
 
     def _check_keywords(self, schema: dict, path: str) -> None:
         for key in schema:
-            if key in keywords.REFUSED:
-                raise ConstraintError(
-                    f"unsupported keyword {key!r} at {path}: {keywords.REFUSED[key]}"
-                )
             if key not in keywords.KNOWN:
                 log.debug(
                     "JSON schema: unknown keyword %r at %s ignored (an annotation)", key, path

@@ -4,8 +4,8 @@ Every keyword the compiler knows is compiled exactly or refused with ConstraintE
 and its path. Annotation keywords never change which instances are valid, and neither do
 unknown ones: JSON Schema says an implementation must ignore keywords it does not know
 (vendor extensions such as ``x-kubernetes-*``, draft-04's ``id``, typos), so they are ignored,
-with a debug-level log line. Keywords that older drafts gave a meaning lmprog does not compile
-(``REFUSED``) are refused instead of ignored, so that they never silently widen a constraint.
+with a debug-level log line. Draft-03's own keywords (``extends``, ``disallow``,
+``divisibleBy``) are read in draft-03 documents (``drafts``) and unknown in the others.
 """
 
 ANNOTATIONS = frozenset(
@@ -82,11 +82,5 @@ APPLICATORS = frozenset(
         "unevaluatedItems",
     }
 )
-
-REFUSED = {
-    "extends": "draft-03's extends is not supported; write it as allOf",
-    "disallow": "draft-03's disallow is not supported; write it as not",
-    "divisibleBy": "draft-03's divisibleBy is not supported; write it as multipleOf",
-}
 
 KNOWN = ANNOTATIONS | NUMBER | STRING | ARRAY | OBJECT | APPLICATORS
