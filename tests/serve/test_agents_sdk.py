@@ -23,12 +23,6 @@ from lmprog.serve import Server
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def server(rt):
-    with Server(rt).start() as srv:
-        yield srv
-
-
 def _agent(server: Server, calls: list[tuple[str, dict]]) -> agents.Agent:
     used: set[str] = set()
 

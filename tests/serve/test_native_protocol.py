@@ -16,17 +16,10 @@ import lmprog as lp
 from lmprog.core.errors import BackendError
 from lmprog.core.protocol import GenerateRequest
 from lmprog.core.sampling import SamplingParams
-from lmprog.serve import Server
 
 pytestmark = pytest.mark.e2e
 
 PROMPT = "The capital of France is"
-
-
-@pytest.fixture(scope="module")
-def server(rt):
-    with Server(rt).start() as srv:
-        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -321,22 +321,6 @@ def _raw_stream(url: str, payload: dict) -> list[dict]:
 
 
 # -- on the model -----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def server(rt):
-    with Server(rt).start() as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model(server):
-    return server.model_name
-
-
 @pytest.mark.e2e
 def test_text_matches_chat(client, model):
     r = client.responses.create(

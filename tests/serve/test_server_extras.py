@@ -12,7 +12,6 @@ import pytest
 
 from lmprog.core.protocol import GenerateRequest
 from lmprog.core.sampling import SamplingParams
-from lmprog.serve import Server
 from lmprog.serve.errors import APIError
 from lmprog.serve.formats import output_constraint
 
@@ -25,17 +24,6 @@ POINT = {
     "additionalProperties": False,
 }
 GRAMMAR = 'root ::= "red" | "green" | "blue"'
-
-
-@pytest.fixture(scope="module")
-def server(rt):
-    with Server(rt).start() as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def _chat(client, server, extra, **kw):

@@ -33,22 +33,6 @@ PERSON = {
 }
 
 
-@pytest.fixture(scope="module")
-def server(rt):
-    with Server(rt).start() as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def model(server):
-    return server.model_name
-
-
 def in_process(rt, prompt, **params) -> str:
     return rt.generate(GenerateRequest(prompt, SamplingParams(**params))).text
 

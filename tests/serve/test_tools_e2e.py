@@ -54,22 +54,6 @@ TOOLS = {"get_weather": WEATHER, "get_time": TIME}
 TWO_CITIES = [{"role": "user", "content": "What is the weather in Paris and in Rome?"}]
 
 
-@pytest.fixture(scope="module")
-def server(rt):
-    with Server(rt).start() as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model(server):
-    return server.model_name
-
-
 def check_call(call: Any) -> None:
     assert call.type == "function" and call.id
     tool = TOOLS[call.function.name]
