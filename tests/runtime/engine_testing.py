@@ -1,5 +1,6 @@
 """Shared by the engine tests: a tiny random Llama with the default model's real tokenizer
-(49k vocab), an engine builder, prompts sharing a head, and batch helpers."""
+(49k vocab), random weights for any config, an engine builder, prompts sharing a head, and
+batch helpers."""
 
 from __future__ import annotations
 
@@ -42,16 +43,24 @@ def tok():
     return load_tokenizer(source)
 
 
+def random_llama(
+    config: ModelConfig, std: float, seed: int = 0, device: str = "cpu", attention: str = "torch"
+) -> torch.nn.Module:
+    """`config` with N(0, std) weights and unit norm weights, fp32. std 0.3: the output
+    depends on the whole context; std 0.1: it repeats a token for a while, then moves on."""
+    net = build_model(config, device=device, dtype="float32", attention=attention)
+    g = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, std, generator=g)
+    return net
+
+
 @pytest.fixture(scope="module")
 def model():
     """Random weights large enough (std 0.3) that the output depends on the whole context
     rather than settling into repeating one token."""
-    net = build_model(TINY, dtype="float32")
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in net.named_parameters():
-            p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, 0.3, generator=g)
-    return net
+    return random_llama(TINY, 0.3)
 
 
 def engine_for(
@@ -64,8 +73,11 @@ def engine_for(
     max_reqs=32,
     jump=True,
     overlap=False,
+    speculative=None,
+    proposer=None,
     **sched,
 ):
+    """An engine checking its bookkeeping every step; **sched: SchedulerConfig's fields."""
     return launch_engine(
         model,
         tok,
@@ -76,6 +88,8 @@ def engine_for(
             max_num_batched_tokens=budget, max_running_requests=max_reqs, **sched
         ),
         engine_config=EngineConfig(jump_forward=jump, check_integrity=True, overlap=overlap),
+        speculative=speculative,
+        proposer=proposer,
     )
 
 

@@ -1,16 +1,14 @@
-"""Shared by the speculative-decoding tests (test_spec_*.py): random-weight tiny models, an
-oracle proposer that drafts a known continuation with deliberate mistakes, and a skip mark
-for tests that need the bundled default model."""
+"""Shared by the speculative-decoding tests (test_spec_*.py): an oracle proposer that drafts a
+known continuation with deliberate mistakes, and a skip mark for tests that need the bundled
+default model (random-weight tiny models: engine_testing.random_llama)."""
 
 from __future__ import annotations
 
 import importlib.util
 
 import pytest
-import torch
 
 from lmprog.core.models import BUNDLED_MODELS, DEFAULT_MODEL
-from lmprog.runtime.models import ModelConfig, build_model
 from lmprog.runtime.speculative import Proposal, Proposer
 
 _PACKAGE, _, _INSTALL = BUNDLED_MODELS[DEFAULT_MODEL]
@@ -18,19 +16,6 @@ requires_default_model = pytest.mark.skipif(
     importlib.util.find_spec(_PACKAGE) is None,
     reason=f"the default model's package {_PACKAGE!r} is not installed ({_INSTALL})",
 )
-
-
-def random_llama(
-    config: ModelConfig, std: float, seed: int = 0, device: str = "cpu", attention: str = "torch"
-) -> torch.nn.Module:
-    """`config` with N(0, std) weights and unit norm weights, fp32. std 0.3: the output
-    depends on the whole context; std 0.1: it repeats a token for a while, then moves on."""
-    net = build_model(config, device=device, dtype="float32", attention=attention)
-    g = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in net.named_parameters():
-            p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, std, generator=g)
-    return net
 
 
 class Oracle(Proposer):

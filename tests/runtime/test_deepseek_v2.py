@@ -15,7 +15,14 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_testing import EOS, engine_for, greedy, run_all, tok  # noqa: F401 - tok: fixture
-from test_parity import FP32_ATOL, PagedRunner, _seqs, check_paged_parity, hf_logits
+from test_parity import (
+    FP32_ATOL,
+    PagedRunner,
+    _seqs,
+    check_paged_parity,
+    hf_logits,
+    randomize_hf,
+)
 from triton_testing import requires_triton
 
 from lmprog.runtime.forward_batch import ForwardBatch
@@ -58,15 +65,7 @@ def _hf_tiny(vocab=120, q_lora=None, grouped=False, layers=3, bias=False, std=0.
         rope_parameters=dict(rope),
         attn_implementation="eager",
     )
-    model = DeepseekV2ForCausalLM(cfg)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # large enough that attention and routing are far from uniform
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * (std if p.dim() > 1 else 0.5))
-    return model.eval()
+    return randomize_hf(DeepseekV2ForCausalLM(cfg), std)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_parity import FP32_ATOL, PagedRunner, _seqs, check_paged_parity
+from test_parity import FP32_ATOL, PagedRunner, _seqs, check_paged_parity, randomize_hf
 
 from lmprog.runtime.forward_batch import ForwardBatch
 from lmprog.runtime.kv_pool import KVPool
@@ -23,17 +23,6 @@ from lmprog.runtime.models import build_model, load_model
 from lmprog.runtime.models.config import ModelConfig
 
 torch.set_num_threads(1)
-
-
-def _randomize(model, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # Gemma's norms multiply by 1 + w: w around 0
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(0.3 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() > 1 else 0.5))
-    return model.eval()
 
 
 def _hf_tiny(**overrides):
@@ -59,7 +48,7 @@ def _hf_tiny(**overrides):
         attn_implementation="eager",
     )
     kw.update(overrides)
-    return _randomize(Gemma3ForCausalLM(Gemma3TextConfig(**kw)))
+    return randomize_hf(Gemma3ForCausalLM(Gemma3TextConfig(**kw)), norm_center=0.0)
 
 
 def test_tiny_gemma3_with_a_short_window_matches_transformers(tmp_path):

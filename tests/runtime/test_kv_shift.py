@@ -10,8 +10,8 @@ import re
 
 import pytest
 import torch
-from engine_testing import EOS, TINY, tok  # noqa: F401 - tok is a fixture
-from spec_testing import Oracle, random_llama
+from engine_testing import EOS, TINY, random_llama, tok  # noqa: F401 - tok is a fixture
+from spec_testing import Oracle
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.fsm.index import TokenIndex

@@ -14,24 +14,12 @@ import numpy as np
 import pytest
 import torch
 from engine_testing import tok  # noqa: F401
-from test_parity import FP32_ATOL, _seqs, check_paged_parity
+from test_parity import FP32_ATOL, _seqs, check_paged_parity, randomize_hf
 
 from lmprog.runtime.models import build_model, load_model, preset
 
 torch.set_num_threads(1)
 VOCAB = 120
-
-
-def _randomize(model, std=0.3, seed=0):
-    """std 0.3: attention and routing far from uniform; 0.1: generations repeat tokens."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * (std if p.dim() > 1 else 0.5))
-    return model.eval()
 
 
 def _hf_tiny(kind: str, vocab: int = VOCAB, std: float = 0.3):
@@ -50,17 +38,17 @@ def _hf_tiny(kind: str, vocab: int = VOCAB, std: float = 0.3):
     )
     if kind == "mixtral":
         cfg = tf.MixtralConfig(intermediate_size=96, num_local_experts=4, **common)
-        return _randomize(tf.MixtralForCausalLM(cfg), std)
+        return randomize_hf(tf.MixtralForCausalLM(cfg), std)
     moe = dict(num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32, intermediate_size=96)
     if kind == "qwen2_moe":  # shared expert; layer 1 dense; weights not renormalized
         cfg = tf.Qwen2MoeConfig(
             shared_expert_intermediate_size=40, mlp_only_layers=[1], **moe, **common
         )
-        return _randomize(tf.Qwen2MoeForCausalLM(cfg), std)
+        return randomize_hf(tf.Qwen2MoeForCausalLM(cfg), std)
     cfg = tf.Qwen3MoeConfig(  # q/k norms; MoE on layer 1 only (decoder_sparse_step 2)
         head_dim=16, norm_topk_prob=True, decoder_sparse_step=2, **moe, **common
     )
-    return _randomize(tf.Qwen3MoeForCausalLM(cfg), std)
+    return randomize_hf(tf.Qwen3MoeForCausalLM(cfg), std)
 
 
 @pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe"])

@@ -100,6 +100,21 @@ def check_paged_parity(ours, hf_model, seqs: list[list[int]], atol: float) -> fl
 # ------------------------------------------------------------------ tiny random configs
 
 
+def randomize_hf(model, std: float = 0.3, seed: int = 0, norm_center: float = 1.0):
+    """Random weights for a transformers model, large enough (std 0.3) that attention and
+    routing are far from uniform (0.1: generations repeat tokens): matrices N(0, std),
+    vectors N(0, 0.5), norm weights norm_center + N(0, 0.3) (Gemma's norms scale by 1 + w:
+    centre 0). Returns it in eval mode."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(norm_center + 0.3 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * (std if p.dim() > 1 else 0.5))
+    return model.eval()
+
+
 def _hf_tiny(kind: str, tie: bool):
     from transformers import (
         LlamaConfig,
@@ -135,14 +150,7 @@ def _hf_tiny(kind: str, tie: bool):
         model = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=False, **common))
     else:
         model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common))
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # weights large enough that attention patterns are far from uniform
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() > 1 else 0.5))
-    return model.eval()
+    return randomize_hf(model)
 
 
 def _seqs(vocab: int, lengths=(11, 19, 9, 14)) -> list[list[int]]:

@@ -7,7 +7,8 @@ import json
 
 import pytest
 import torch
-from spec_testing import random_llama, requires_default_model
+from engine_testing import random_llama
+from spec_testing import requires_default_model
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.config import SchedulerConfig

@@ -5,48 +5,28 @@ batching, retraction, constraints, stop strings and seeds; bookkeeping checked e
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
+import engine_testing
 import pytest
 import torch
+from engine_testing import EOS, PROMPTS, engine_for, greedy, random_llama, run_all, tok  # noqa: F401
 from greedy_agreement import assert_greedy_agrees, top2_logprobs
-from spec_testing import Oracle, random_llama
+from spec_testing import Oracle
 
-from lmprog.core.models import load_tokenizer, resolve_model
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.fsm.index import TokenIndex
-from lmprog.runtime.config import CacheConfig, SchedulerConfig
+from lmprog.runtime.config import CacheConfig
 from lmprog.runtime.engine import EngineConfig
 from lmprog.runtime.engine_io import EngineRequest
 from lmprog.runtime.launch import launch_engine
-from lmprog.runtime.models import ModelConfig
 from lmprog.runtime.speculative import Proposer, SpeculativeConfig
 
 torch.set_num_threads(1)
-EOS = (0, 2)
-TINY = ModelConfig(
-    "llama",
-    vocab_size=49152,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    max_position=512,
-    tie_word_embeddings=True,
-    bos_token_id=1,
-    eos_token_ids=(2,),
-)
-SHARED = list(range(1000, 1024))
-PROMPTS = [SHARED[: 8 + i % 16] + [3000 + 7 * i + j for j in range(1 + i % 5)] for i in range(16)]
+TINY = replace(engine_testing.TINY, max_position=512)
 # fp32: paths with other batch shapes (chunked re-prefill, verify vs decode, batch 16 vs 1)
 # differ by up to ~2e-5 in a logprob (measured); top-2 gaps below this may flip between them
 NEAR_TIE = 1e-3
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer(resolve_model())
 
 
 @pytest.fixture(scope="module")
@@ -62,15 +42,6 @@ def loopy():
     return random_llama(TINY, 0.1)
 
 
-def greedy(n=12, **kw):
-    return SP(max_tokens=n, temperature=0.0, ignore_eos=True, **kw)
-
-
-def run_all(engine, prompts, params):
-    handles = [engine.submit(EngineRequest(tuple(p), params)) for p in prompts]
-    return [h.result(timeout=120) for h in handles]
-
-
 FIXED = SpeculativeConfig(num_tokens=4, adaptive=False)
 
 
@@ -79,21 +50,9 @@ class Broken(Proposer):
         raise RuntimeError("proposer bug")
 
 
-def spec_engine(
-    model, tok, proposer, config=FIXED, slots=4096, budget=512, max_reqs=32, overlap=False, **sched
-):
-    return launch_engine(
-        model,
-        tok,
-        eos_token_ids=EOS,
-        max_total_tokens=slots,
-        scheduler_config=SchedulerConfig(
-            max_num_batched_tokens=budget, max_running_requests=max_reqs, **sched
-        ),
-        engine_config=EngineConfig(check_integrity=True, overlap=overlap),
-        speculative=config,
-        proposer=proposer,
-    )
+def spec_engine(model, tok, proposer, config=FIXED, **kw):
+    """engine_for's engine (its slots/budget/max_reqs/overlap/scheduler knobs) speculating."""
+    return engine_for(model, tok, speculative=config, proposer=proposer, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import itertools
 
 import pytest
 import torch
-from spec_testing import Oracle, random_llama
+from engine_testing import random_llama
+from spec_testing import Oracle
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.decoding import rejection
