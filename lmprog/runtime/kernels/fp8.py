@@ -26,7 +26,14 @@ import triton
 import triton.language as tl
 
 from ._checks import FLOAT_DTYPES, check_runnable, check_tensor, dynamic_args
-from .fp8_ref import AMAX_FLOOR, FP8, FP8_MAX
+from .fp8_ref import AMAX_FLOOR as _AMAX_FLOOR
+from .fp8_ref import FP8
+from .fp8_ref import FP8_MAX as _FP8_MAX
+
+# A global that a @triton.jit function reads must be a constexpr when it is compiled for a GPU
+# (Triton's CPU interpreter accepts any, which is how these ran in the CPU tests).
+AMAX_FLOOR = tl.constexpr(_AMAX_FLOOR)
+FP8_MAX = tl.constexpr(_FP8_MAX)
 
 
 def quantize_fp8(
