@@ -30,15 +30,15 @@ from lmprog.backends.checks import check_score_request, check_stop_token_ids, ch
 from lmprog.backends.context_pool import SequencePool
 from lmprog.backends.llamacpp_engine import Engine, GenSpec, Job
 from lmprog.backends.llamacpp_native import NativeContext, NativeModel, supports_gpu_offload
+from lmprog.backends.scoring import choice_scores, choice_spans
 from lmprog.backends.shared import Counters
-from lmprog.backends.state_cache import StateCache, common_prefix_len
+from lmprog.backends.state_cache import StateCache
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError, ConstraintError, ContextLengthError
 from lmprog.core.models import load_tokenizer, resolve_model
-from lmprog.core.prompt import encode_prompt, extend, user_text
+from lmprog.core.prompt import encode_prompt
 from lmprog.core.protocol import (
     Backend,
-    ChoiceScore,
     GenerateRequest,
     GenerateResult,
     ScoreRequest,
@@ -252,12 +252,7 @@ class LlamaCpp(Backend):
         self._check_open()
         check_score_request(request)
         prompt = self._tokenize(request.prompt)
-        spans = [self._healed_span(prompt, extend(request.prompt, c)) for c in request.choices]
-        uncond = (
-            [self._healed_span([], user_text(request.prompt, c)) for c in request.choices]
-            if request.unconditional
-            else []
-        )
+        spans, uncond = choice_spans(request, prompt, self._tokenize, self._start_id)
         for tokens, _ in spans + uncond:
             self._check_fits(len(tokens), "prompt + choice")
         # Evaluate the prompt once (up to the first scored position of any choice); every
@@ -281,26 +276,8 @@ class LlamaCpp(Backend):
             cached_tokens=reused,
             prefix_hits=int(reused > 0),
         )
-        free = scored[len(spans) :] if uncond else None
-        choices = tuple(
-            ChoiceScore(
-                token_logprobs=scored[i],
-                token_ids=tuple(tokens[start:]),
-                unconditional_token_logprobs=free[i] if free is not None else None,
-            )
-            for i, (tokens, start) in enumerate(spans)
-        )
+        choices = choice_scores(spans, uncond, scored)
         return ScoreResult(choices=choices, prompt_tokens=len(prompt), cached_tokens=reused)
-
-    def _healed_span(self, prompt: list[int], text: str) -> tuple[list[int], int]:
-        """(tokens of the whole text, index of the first token to score)."""
-        tokens = self._tokenize(text)
-        start = common_prefix_len(prompt, tokens)
-        if start == 0:  # nothing to condition on: score after the start token
-            if not tokens or tokens[0] != self._start_id:
-                tokens = [self._start_id, *tokens]
-            start = 1
-        return tokens, start
 
     def cache_prefix(self, prompt: str) -> None:
         """Evaluate `prompt` and save its state so later requests sharing it start there."""

@@ -18,14 +18,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmprog.backends.checks import check_score_request, check_stop_token_ids, check_stream
-from lmprog.backends.state_cache import common_prefix_len
+from lmprog.backends.scoring import choice_scores, choice_spans
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError, ConstraintError
 from lmprog.core.models import ModelSource, load_tokenizer, resolve_model
-from lmprog.core.prompt import encode_prompt, extend, user_text
+from lmprog.core.prompt import encode_prompt
 from lmprog.core.protocol import (
     Backend,
-    ChoiceScore,
     GenerateRequest,
     GenerateResult,
     ScoreRequest,
@@ -334,26 +333,12 @@ class Runtime(Backend):
         unconditional twin) is scored in one batched prefill from prompt logprobs."""
         check_score_request(request)
         prompt = self._encode(request.prompt)
-        spans = [self._healed_span(prompt, extend(request.prompt, c)) for c in request.choices]
-        uncond = (
-            [self._healed_span([], user_text(request.prompt, c)) for c in request.choices]
-            if request.unconditional
-            else []
-        )
+        spans, uncond = choice_spans(request, prompt, self._encode, self._start_id)
         shared = min(start for _, start in spans) - 1
         cached = 0
         if self._radix and shared > 0:
             cached = self._run(spans[0][0][:shared], _PREFILL_ONLY).cached_tokens
-        scored = self._score_spans(spans + uncond)
-        free = scored[len(spans) :] if uncond else None
-        choices = tuple(
-            ChoiceScore(
-                token_logprobs=scored[i],
-                token_ids=tuple(tokens[start:]),
-                unconditional_token_logprobs=free[i] if free is not None else None,
-            )
-            for i, (tokens, start) in enumerate(spans)
-        )
+        choices = choice_scores(spans, uncond, self._score_spans(spans + uncond))
         return ScoreResult(choices=choices, prompt_tokens=len(prompt), cached_tokens=cached)
 
     def cache_prefix(self, prompt: str) -> None:
@@ -483,14 +468,6 @@ class Runtime(Backend):
         return [
             tuple(lp.logprob for lp in r.prompt_logprobs) if r is not None else () for r in results
         ]
-
-    def _healed_span(self, prompt: list[int], text: str) -> tuple[list[int], int]:
-        """(tokens of the whole text, index of the first token to score)."""
-        tokens = self._encode(text)
-        start = common_prefix_len(prompt, tokens)
-        if start == 0:  # nothing to condition on: score after the start token
-            tokens, start = [self._start_id, *tokens], 1
-        return tokens, start
 
     def _encode(self, text: str) -> list[int]:
         check_text(text, "the prompt")
