@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmprog.core.protocol import ScoreRequest
+from lmprog.core.protocol import GenerateRequest, ScoreRequest
 from lmprog.core.sampling import SamplingParams
 
 
@@ -21,6 +21,13 @@ def check_score_request(request: Any) -> None:
     for c in request.choices:
         if not isinstance(c, str):
             raise TypeError(f"choices must be strings, got {type(c).__name__} {c!r}")
+
+
+def check_generate_request(request: Any, stream: Any) -> None:
+    """TypeError unless `request` is a GenerateRequest and `stream` fits check_stream."""
+    if not isinstance(request, GenerateRequest):
+        raise TypeError(f"generate takes a GenerateRequest, got {type(request).__name__}")
+    check_stream(stream)
 
 
 def check_stream(stream: Any) -> None:

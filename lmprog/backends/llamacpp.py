@@ -26,7 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from lmprog.backends.checks import check_score_request, check_stop_token_ids, check_stream
+from lmprog.backends.checks import (
+    check_generate_request,
+    check_score_request,
+    check_stop_token_ids,
+)
 from lmprog.backends.context_pool import SequencePool
 from lmprog.backends.llamacpp_engine import Engine, GenSpec, Job
 from lmprog.backends.llamacpp_native import NativeContext, NativeModel, supports_gpu_offload
@@ -224,9 +228,7 @@ class LlamaCpp(Backend):
         self, request: GenerateRequest, stream: StreamCallback | None = None
     ) -> GenerateResult:
         self._check_open()
-        if not isinstance(request, GenerateRequest):
-            raise TypeError(f"generate takes a GenerateRequest, got {type(request).__name__}")
-        check_stream(stream)
+        check_generate_request(request, stream)
         check_stop_token_ids(request.params, self.n_vocab)
         prompt = self._prompt_ids(request.prompt)
         self._check_fits(len(prompt), "prompt")

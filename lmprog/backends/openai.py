@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from lmprog.backends.checks import check_score_request, check_stream
+from lmprog.backends.checks import check_generate_request, check_score_request
 from lmprog.backends.openai_convert import (
     ReplyBuilder,
     constraint_fields,
@@ -157,9 +157,7 @@ class OpenAI(Backend):
     ) -> GenerateResult:
         """One completion or chat completion; `stream` gets the text as the server sends it."""
         self._check_open()
-        if not isinstance(request, GenerateRequest):
-            raise TypeError(f"generate takes a GenerateRequest, got {type(request).__name__}")
-        check_stream(stream)
+        check_generate_request(request, stream)
         chat = split_messages(request.prompt) if isinstance(request.prompt, str) else None
         kwargs, extra = request_fields(request.params, chat=chat is not None)
         extra.update(constraint_fields(request.constraint, self._regex_field))

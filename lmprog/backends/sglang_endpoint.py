@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from lmprog.backends.checks import check_score_request, check_stream
+from lmprog.backends.checks import check_generate_request, check_score_request
 from lmprog.backends.shared import Counters, Once
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError, ContextLengthError, LmprogError
@@ -142,9 +142,7 @@ class RuntimeEndpoint(Backend):
     ) -> GenerateResult:
         """One POST /generate; `stream` gets the text as the server sends it (SSE)."""
         self._check_open()
-        if not isinstance(request, GenerateRequest):
-            raise TypeError(f"generate takes a GenerateRequest, got {type(request).__name__}")
-        check_stream(stream)
+        check_generate_request(request, stream)
         body = self._prompt_field(request.prompt)
         body["sampling_params"] = sampling_fields(request.params, request.constraint)
         if request.params.return_logprob:
