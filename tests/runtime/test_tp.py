@@ -270,3 +270,21 @@ def test_dummy_weights_are_the_slices_of_tp1s():
         if rank == 1:  # 101 rows over 2 ranks: the last one padded with a zero row
             assert not emb[50].any()
         assert shard.config == config and shard.shard_config.num_heads == 2
+
+
+def test_a_shard_is_loaded_from_where_load_model_would_load_it(tiny):
+    """load_shard resolves its weights as load_model does (loaders.weights_source): an
+    architecture named without weights and files of the other format are refused alike,
+    before any shard is built."""
+    from lmprog.runtime.models import load_model
+    from lmprog.runtime.parallel.load import load_shard
+
+    for model, fmt, words in (
+        ("smollm2-135m", "auto", "names an architecture without weights"),
+        (str(tiny), "gguf", "is a hf model; use load_format='auto'"),
+        (str(tiny), "npz", "unknown load_format 'npz'"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            load_model(model, load_format=fmt)
+        with pytest.raises(ValueError, match=words):
+            load_shard(model, None, device=torch.device("cpu"), load_format=fmt)

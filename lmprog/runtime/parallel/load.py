@@ -24,9 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from lmprog.core.models import ModelSource, resolve_model
-
-from ..models import PRESETS, ModelConfig, build_model, load_config, resolve_dtype
+from ..models import ModelConfig, build_model, load_config, resolve_dtype
+from ..models.loaders import weights_source
 from .sharding import Collectives, ShardPlan, narrow_padded, shard_model_
 
 _FUSED_SPLITS = {
@@ -46,19 +45,8 @@ def load_shard(
     seed: int = 0,
 ) -> nn.Module:
     """This rank's sharded module of `model` (what load_model takes), on `device`."""
-    if load_format not in ("auto", "gguf", "safetensors", "dummy"):
-        raise ValueError(
-            f"unknown load_format {load_format!r}; use auto, gguf, safetensors or dummy"
-        )
-    config = load_config(model) if load_format == "dummy" else None
-    source = None
-    if config is None:
-        if isinstance(model, ModelConfig) or (isinstance(model, str) and model.lower() in PRESETS):
-            raise ValueError(
-                f"{model!r} names an architecture without weights; pass load_format='dummy'"
-            )
-        source = model if isinstance(model, ModelSource) else resolve_model(model)
-        config = load_config(source)
+    source = weights_source(model, load_format)
+    config = load_config(model if source is None else source)
     plan = ShardPlan(config, group.rank, group.world)
     net = build_model(plan.local, device=device, dtype=dtype, attention=attention)
     if source is None:

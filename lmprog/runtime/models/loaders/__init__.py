@@ -139,24 +139,12 @@ def load_model(
     seed: int = 0,
 ) -> nn.Module:
     """Load weights into a fresh model; `load_format="dummy"` draws random ones (`seed`)."""
-    if load_format not in ("auto", "gguf", "safetensors", "dummy"):
-        raise ValueError(
-            f"unknown load_format {load_format!r}; use auto, gguf, safetensors or dummy"
-        )
-    if load_format == "dummy":
+    source = weights_source(model, load_format)
+    if source is None:
         config = load_config(model)
         net = build_model(config, device=device, dtype=dtype, attention=attention)
         init_dummy_weights(net, config.num_layers, seed)
         return net
-    if isinstance(model, ModelConfig) or (isinstance(model, str) and model.lower() in PRESETS):
-        raise ValueError(
-            f"{model!r} names an architecture without weights; pass "
-            "load_format='dummy' for random weights, or a GGUF file / HF folder"
-        )
-    source = model if isinstance(model, ModelSource) else resolve_model(model)
-    expected = "gguf" if source.kind == "gguf" else "safetensors"
-    if load_format not in ("auto", expected):
-        raise ValueError(f"{source.path} is a {source.kind} model; use load_format='auto'")
     if source.kind == "gguf":
         index = read_gguf(source.path)
         config, weights = index.config, cached_gguf_weights(index)
@@ -172,4 +160,27 @@ def load_model(
     return net
 
 
-__all__ = ["build_model", "load_config", "load_model", "resolve_dtype"]
+def weights_source(model: ModelRef, load_format: str) -> ModelSource | None:
+    """Where load_model (and a tensor-parallel rank's load_shard) reads `model`'s weights:
+    its files, checked against load_format, or None for load_format="dummy" (random
+    weights). ValueError for an unknown load_format, for an architecture named without
+    weights, and for files of the other format."""
+    if load_format not in ("auto", "gguf", "safetensors", "dummy"):
+        raise ValueError(
+            f"unknown load_format {load_format!r}; use auto, gguf, safetensors or dummy"
+        )
+    if load_format == "dummy":
+        return None
+    if isinstance(model, ModelConfig) or (isinstance(model, str) and model.lower() in PRESETS):
+        raise ValueError(
+            f"{model!r} names an architecture without weights; pass "
+            "load_format='dummy' for random weights, or a GGUF file / HF folder"
+        )
+    source = model if isinstance(model, ModelSource) else resolve_model(model)
+    expected = "gguf" if source.kind == "gguf" else "safetensors"
+    if load_format not in ("auto", expected):
+        raise ValueError(f"{source.path} is a {source.kind} model; use load_format='auto'")
+    return source
+
+
+__all__ = ["build_model", "load_config", "load_model", "resolve_dtype", "weights_source"]
