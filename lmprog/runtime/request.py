@@ -26,8 +26,10 @@ prefix cache sees), and the engine resolves it before the step after next is sch
 Attention sinks (AttentionSinkConfig): once a request's KV is full, tokens right after its
 n sinks are evicted and deleted from token_ids, so token_ids stays the sequence whose KV is
 cached, each token at its position in the cache; `num_evicted` counts them, `prompt_end`
-is where the outputs start in token_ids (prompt_len, until prompt tokens are evicted). Everything here is plain data: the scheduler
-mutates it, the engine reads it and keeps its own per-request state in `engine_data`.
+is where the outputs start in token_ids (prompt_len, until prompt tokens are evicted).
+
+Everything here is plain data: the scheduler mutates it, the engine reads it and keeps its
+own per-request state in `engine_data`.
 """
 
 from __future__ import annotations
