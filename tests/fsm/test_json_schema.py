@@ -6,6 +6,7 @@ but deliberately not generated, e.g. ``1.0`` for an integer).
 """
 
 import json
+import math
 
 import jsonschema
 import pytest
@@ -700,3 +701,36 @@ def test_draft_04_boolean_exclusive_bounds(bounds, valid):
 def test_an_unknown_format_is_an_annotation():
     c = Constraint.from_json_schema({"type": "string", "format": "zip-code"})
     assert c.matches('"any text"') and c.matches('""') and not c.matches("5")
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        {"minimum": 0},
+        {"minimum": 0, "maximum": 1},
+        {"exclusiveMinimum": 0.001, "exclusiveMaximum": 100},
+        {"maximum": -0.001},
+        {"minimum": -5, "maximum": 1e20},
+    ],
+)
+def test_bounded_numbers_take_the_exponent_notation_of_json_dumps(bounds):
+    """Floats json.dumps writes with an exponent (1e-05, 2.5e+16) are accepted where their
+    whole decade is inside the bounds, never outside the bounds."""
+    import random
+
+    schema = {"type": "number", **bounds}
+    c = Constraint.from_json_schema(schema)
+    rng = random.Random(0)
+    validator = jsonschema.Draft202012Validator(schema)
+    for _ in range(300):
+        x = rng.choice([1, -1]) * 10 ** rng.uniform(-30, 30)
+        for text in (json.dumps(x), f"{x:e}", f"{x:.2E}", f"{x:.0e}".replace("e+", "e")):
+            valid = validator.is_valid(json.loads(text))
+            assert c.matches(text) <= valid, text  # never an invalid one
+            if valid and "e" in json.dumps(x) and text == json.dumps(x):
+                lo = bounds.get("minimum", bounds.get("exclusiveMinimum"))
+                hi = bounds.get("maximum", bounds.get("exclusiveMaximum"))
+                decade = 10 ** math.floor(math.log10(abs(x)))
+                inside = sorted((x, math.copysign(decade, x), math.copysign(decade * 10, x)))
+                if (lo is None or inside[0] > lo) and (hi is None or inside[-1] < hi):
+                    assert c.matches(text), text

@@ -3,8 +3,11 @@
 Written forms. An unconstrained ``number`` takes the full JSON grammar (fraction and exponent);
 an unconstrained ``integer`` is ``-?(0|[1-9][0-9]*)``. As soon as a number carries a bound,
 ``multipleOf``, an excluded value or "non-integer", it is written without an exponent (so every
-accepted text is compared digit by digit) and integers are written without a fraction: ``1.0`` and
-``1e2`` are valid JSON Schema integers that lmprog does not generate. Values from ``enum``/``const``
+accepted text is compared digit by digit), except that a bounded ``number`` also takes the
+exponent notation ``json.dumps`` uses for very small and large floats (``1e-05``, ``2.5e+16``:
+a mantissa in [1, 10) times ``10**E``) for every exponent whose whole decade lies inside the
+bounds; integers are written without a fraction: ``1.0`` and ``1e2`` are valid JSON Schema
+integers that lmprog does not generate. Values from ``enum``/``const``
 are written as plain decimals (``-0.5``; integral ones also with a zero fraction: ``2``, ``2.0``).
 
 Decimal ranges split at the integer part: for x in [2.5, 7.25] the text is ``2.(5..)`` or
@@ -64,7 +67,59 @@ def number_regex(t: NumT) -> R | None:
             parts.append(_integers(iv, int_step, t))
         else:
             parts.append(_decimals(iv, nonzero_fraction=integer is False, frac_digits=frac_digits))
+            if integer is None and frac_digits is None:
+                parts.append(_exponents(iv))
     return alt(*parts)
+
+
+_MANTISSA = raw(r"[1-9](?:\.[0-9]+)?")
+
+
+def _exponents(iv: NumT) -> R | None:
+    """Numbers of the interval in exponent notation, as ``json.dumps`` writes very large and
+    very small floats (``1e-05``, ``2.5e+16``): a mantissa in [1, 10) times ``10**E`` lies in
+    [10**E, 10**(E+1)), so each sign takes the exponents whose whole decade is inside."""
+    lo, hi = iv.lo, iv.hi
+
+    def inside(a: Fraction, b: Fraction, a_closed: bool) -> bool:  # is [a, b) or (a, b] in iv?
+        lo_ok = lo is None or a > lo or (a == lo and a_closed and not iv.lo_excl)
+        hi_ok = hi is None or b < hi or (b == hi and (not a_closed or not iv.hi_excl))
+        return lo_ok and hi_ok
+
+    parts = []
+    for sign in (1, -1):
+
+        def decade(e: int, sign: int = sign) -> bool:
+            a, b = Fraction(10) ** e, Fraction(10) ** (e + 1)
+            return inside(a, b, True) if sign > 0 else inside(-b, -a, False)
+
+        exps = _exponent_range(decade)
+        if exps is not None:
+            parts.append(cat(lit("-") if sign < 0 else EPS, _MANTISSA, exps))
+    return alt(*parts)
+
+
+def _exponent_range(ok) -> R | None:
+    """``[eE]`` and the exponents E with ok(E): ok holds on an interval of integers (the
+    decades inside a convex set), found from its ends (|E| up to 400, past floats' range)."""
+    inside = [e for e in range(-400, 401) if ok(e)]
+    if not inside:
+        return None
+    lo = None if inside[0] == -400 else inside[0]
+    hi = None if inside[-1] == 400 else inside[-1]
+    options = []
+    if hi is None or hi >= 1:
+        options.append(cat(raw(r"\+?0*"), natural_range(max(lo or 1, 1), hi)))
+    if (lo is None or lo <= 0) and (hi is None or hi >= 0):
+        options.append(raw(r"[+-]?0+"))
+    if lo is None or lo <= -1:
+        options.append(
+            cat(
+                raw("-0*"),
+                natural_range(1 if hi is None else max(-hi, 1), None if lo is None else -lo),
+            )
+        )
+    return cat(raw("[eE]"), alt(*options))
 
 
 def _multiple_plan(t: NumT) -> tuple[bool | None, int | None, int | None] | None:
