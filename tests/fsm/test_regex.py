@@ -263,3 +263,35 @@ def test_lookaheads_that_look_from_a_moving_position_are_refused(pattern, constr
 
     with pytest.raises(ConstraintError, match=re.escape(construct)):
         Constraint.from_json_schema({"type": "string", "pattern": pattern})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {
+            "type": "object",
+            "properties": {"aws:x": {"type": "integer"}},
+            "patternProperties": {"^(?!aws:).+$": {"type": "string"}, "^a": {"type": "boolean"}},
+            "additionalProperties": False,
+        },
+        {"type": "string", "not": {"pattern": "^(?!ab)(?=.*c).*$"}},
+        {"type": "object", "propertyNames": {"pattern": "^(?!x)[a-c]+$"}},
+    ],
+)
+def test_lookaheads_in_key_patterns_and_under_not(schema):
+    """Lookaheads in patternProperties, propertyNames and under 'not': judged as jsonschema
+    (Python's re) judges them, over every short key or string."""
+    import itertools
+
+    import jsonschema
+
+    from lmprog.fsm import Constraint
+
+    c = Constraint.from_json_schema(schema)
+    v = jsonschema.Draft202012Validator(schema)
+    words = ["".join(w) for n in range(4) for w in itertools.product("abc:", repeat=n)]
+    words += ["aws:", "aws:x", "x", "xa"]
+    for w in words:
+        for x in ([w], {w: "s"}, {w: 1}, {w: True}) if schema["type"] == "object" else (w,):
+            text = json.dumps(x[0] if isinstance(x, list) else x)
+            assert c.matches(text) == v.is_valid(json.loads(text)), text

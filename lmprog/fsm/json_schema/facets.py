@@ -207,7 +207,8 @@ def _object(schema: dict, path: str, sub: Sub) -> ObjT | None:
     props = _schema_map(schema, "properties", path, sub)
     patterns = _schema_map(schema, "patternProperties", path, sub)
     for src, _ in patterns:
-        parse_regex(src, "ecma")
+        for part in sum(split_lookaheads(src), ()):
+            parse_regex(part, "ecma")
     has_additional = "additionalProperties" in schema
     additional = (
         sub(schema["additionalProperties"], "/additionalProperties") if has_additional else TOP

@@ -29,6 +29,7 @@ from lmprog.fsm.json_schema.sequences import Slot, separated
 from lmprog.fsm.json_schema.strings import json_text, string_lexeme
 from lmprog.fsm.json_schema.terms import Node, ObjT, StrT
 from lmprog.fsm.regex import Chars, CharSet, Concat, Repeat, lit, node_lengths, parse_regex
+from lmprog.fsm.regex.lookahead import split_lookaheads
 
 if TYPE_CHECKING:
     from lmprog.fsm.json_schema.emit import Emitter
@@ -127,7 +128,8 @@ def _first_chars(source: str) -> CharSet | None:
     """The characters a match of an anchored pattern can start with (None: not anchored on
     every branch, or a branch may match the empty string)."""
     out = CharSet()
-    for branch in parse_regex(source, "ecma").branches:
+    base = split_lookaheads(source)[0][0]  # lookaheads only narrow: the base's first characters
+    for branch in parse_regex(base, "ecma").branches:
         first = _first(branch.node) if branch.start else None
         if first is None:
             return None

@@ -43,6 +43,7 @@ from lmprog.fsm.regex import (
     raw,
     rep,
 )
+from lmprog.fsm.regex.lookahead import split_lookaheads
 
 # one UTF-16 code unit: right wherever only an upper bound on the length matters (a surrogate
 # pair is two tokens but one character, so the count of characters never exceeds the tokens)
@@ -119,8 +120,12 @@ def string_expr(t: StrT) -> str | None:
     if t.values is not None:
         r = alt(*(lit(json_text(v)) for v in sorted(t.values)))
         return None if r is None else regex_terminal(r)
-    sources = list(t.patterns) + [format_pattern(f) for f in t.formats]
-    exclusive = bool(t.excluded or t.not_patterns)
+    # patterns with lookaheads: the patterns a match must (not) match (regex.lookahead)
+    split = [split_lookaheads(src) for src in t.patterns]
+    sources = [m for must, _ in split for m in must] + [format_pattern(f) for f in t.formats]
+    negated = [n for _, must_not in split for n in must_not]
+    looks = [split_lookaheads(src) for src in t.not_patterns]
+    exclusive = bool(t.excluded or t.not_patterns or negated)
     lengths = t.min_len > 0 or t.max_len is not None
     if lengths and t.max_len is not None and t.min_len > t.max_len:
         return None
@@ -133,10 +138,26 @@ def string_expr(t: StrT) -> str | None:
     if len(texts) < len(parts):
         return None
     if exclusive:
-        out = [_quoted(_pattern_content(_parsed(src))) for src in t.not_patterns]
+        plain = [must[0] for must, must_not in looks if len(must) == 1 and not must_not]
+        out = [_quoted(_pattern_content(_parsed(src))) for src in plain + negated]
         out += [lit(json_text(v)) for v in sorted(t.excluded)]
-        texts.append("~" + regex_terminal(alt(*out)))  # type: ignore[arg-type]
+        if out:
+            texts.append("~" + regex_terminal(alt(*out)))  # type: ignore[arg-type]
+        for must, must_not in looks:  # a negated pattern with lookaheads: ~(a & b & ~c)
+            if len(must) > 1 or must_not:
+                texts.append("~" + _matches(must, must_not))
     return texts[0] if len(texts) == 1 else "(" + " & ".join(texts) + ")"
+
+
+def _matches(must: tuple, must_not: tuple) -> str:
+    """The canonical strings matching every pattern of ``must`` and none of ``must_not``."""
+    from lmprog.fsm.json_schema.lark import regex_terminal
+
+    texts = [regex_terminal(_quoted(_pattern_content(_parsed(src)))) for src in must]
+    if must_not:
+        out = alt(*(_quoted(_pattern_content(_parsed(src))) for src in must_not))
+        texts.append("~" + regex_terminal(out))  # type: ignore[arg-type]
+    return "(" + " & ".join(texts) + ")"
 
 
 def _quoted(content: R | None) -> R | None:

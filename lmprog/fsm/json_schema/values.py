@@ -12,12 +12,32 @@ from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.formats import format_pattern
 from lmprog.fsm.json_schema.terms import NumT, StrT
 from lmprog.fsm.regex import parse_regex, value_matcher
+from lmprog.fsm.regex.lookahead import split_lookaheads
 
 
 @lru_cache(maxsize=4096)
-def pattern_matcher(source: str) -> re.Pattern:
-    """``fullmatch`` of the returned pattern = JSON Schema ``pattern`` (search) semantics."""
-    return value_matcher(parse_regex(source, "ecma"))
+def pattern_matcher(source: str) -> re.Pattern | _Lookaheads:
+    """``fullmatch`` of the returned pattern = JSON Schema ``pattern`` (search) semantics
+    (lookaheads as ``split_lookaheads`` reads them)."""
+    must, must_not = split_lookaheads(source)
+    if must == (source,) and not must_not:
+        return value_matcher(parse_regex(source, "ecma"))
+    return _Lookaheads(
+        tuple(value_matcher(parse_regex(p, "ecma")) for p in must),
+        tuple(value_matcher(parse_regex(p, "ecma")) for p in must_not),
+    )
+
+
+class _Lookaheads:
+    """A pattern with lookaheads: patterns a string must match and patterns it must not."""
+
+    def __init__(self, must: tuple, must_not: tuple) -> None:
+        self.must, self.must_not = must, must_not
+
+    def fullmatch(self, s: str) -> bool:
+        return all(p.fullmatch(s) for p in self.must) and not any(
+            p.fullmatch(s) for p in self.must_not
+        )
 
 
 @lru_cache(maxsize=64)
