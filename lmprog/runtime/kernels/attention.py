@@ -215,10 +215,11 @@ def _check_inputs(q, k_buffer, v_buffer, plan: AttentionPlan, out) -> torch.Tens
 def _launch(q, k, v, out, plan: AttentionPlan, launch: Launch, scale: float, v_scale: float,
             split: bool):  # fmt: skip
     cfg = launch.config
-    block_n, stages = cfg.block_n, cfg.num_stages
+    block_n, warps, stages = cfg.block_n, cfg.num_warps, cfg.num_stages
     if q.element_size() == 4 and plan.head_dim > 256:
-        # fp32 latent rows (512 + 64 wide): the 16-bit tiles need 426 KB of shared memory
-        block_n, stages = 16, 1
+        # fp32 latent rows (512 + 64 wide): the 16-bit tiles need 426 KB of shared memory;
+        # these are the CPU tests' sizes
+        block_n, warps, stages = 16, 4, 1
     has_mask = plan.custom_mask is not None
     mask = plan.custom_mask if has_mask else plan.seq_lens  # any pointer when unused
     mask_indptr = plan.mask_indptr if has_mask else plan.seq_lens
@@ -237,7 +238,7 @@ def _launch(q, k, v, out, plan: AttentionPlan, launch: Launch, scale: float, v_s
         BLOCK_D=triton.next_power_of_2(plan.head_dim), ROPE_DIM=rope,
         BLOCK_R=max(16, triton.next_power_of_2(rope)), BLOCK_M=cfg.block_m,
         BLOCK_N=block_n, SPLIT=split, HAS_MASK=has_mask,
-        num_warps=cfg.num_warps, num_stages=stages,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 

@@ -248,10 +248,14 @@ def _check_store(qkv, num_q_heads, cos, sin, k_cache, v_cache, out_loc):
 @triton.jit
 def _to_cache(y, scale, FP8_CACHE: tl.constexpr):
     """A value as the pool stores it: as it is, or e4m3 of y / scale (fp32 math)."""
+    # One return: Triton on a GPU checks every return statement's type, also one after a
+    # constexpr branch that returned (the CPU interpreter does not).
     if FP8_CACHE:
-        y = y.to(tl.float32)
-        return to_e4m3(tl.div_rn(y, scale + tl.zeros_like(y)))
-    return y
+        yf = y.to(tl.float32)
+        out = to_e4m3(tl.div_rn(yf, scale + tl.zeros_like(yf)))
+    else:
+        out = y
+    return out
 
 
 @triton.jit
