@@ -22,6 +22,8 @@ Per schema (the ten bench schemas and the three of issue 14's table):
 Times are wall clock, and also the calling thread's CPU time (`time.thread_time`), which other
 processes on a shared machine do not inflate.
 
+`--real`: the real-world schemas of bench/schema_corpus_real.py (JSON Schema Store,
+Kubernetes, CloudFormation, Jupyter and pydantic-generated schemas, with instances), the same way.
 `--corpus`: the 153 schemas of bench/schema_corpus.py, each engine in a worker process with a
 20 s deadline per schema (a stall or crash is counted and the worker restarted): compiled /
 refused / crashed-or-stalled, time to first mask p50/max, and each instance judged through the
@@ -30,7 +32,8 @@ EOS not allowed at the end). `--conformance`: the JSON-Schema-Test-Suite core th
 tokens for each engine (bench/conformance.py), one subprocess each. `--jump`: jump-forward
 decode steps on fixed-key schemas.
 
-    python bench/bench_fsm.py [--passes 3] [--corpus] [--conformance] [--jump] [--json out.json]
+    python bench/bench_fsm.py [--passes 3] [--corpus] [--real] [--conformance] [--jump]
+                              [--json out.json]
 
 Single-threaded (torch.set_num_threads(1), xgrammar max_threads=1). Instances are serialized
 with `json.dumps(x, ensure_ascii=False)`: ", " and ": " separators, which lmprog's default
@@ -798,13 +801,16 @@ class _Worker:
         self.proc.join()
 
 
-def measure_corpus(tok: Any, engine_names: list[str], corpus: list | None = None) -> dict:
+def measure_corpus(
+    tok: Any, engine_names: list[str], corpus: list | None = None, checked: bool = False
+) -> dict:
     """Each engine over a corpus of `schema_corpus.Entry` (default: bench/schema_corpus.py's),
-    checked with jsonschema first."""
+    checked with jsonschema first (unless `checked`)."""
     from schema_corpus import CORPUS, check_corpus
 
     corpus = CORPUS if corpus is None else corpus
-    check_corpus(corpus)
+    if not checked:
+        check_corpus(corpus)
     out = {}
     for name in engine_names:
         worker, rows = _Worker(name, tok, corpus), []
@@ -832,6 +838,14 @@ def measure_corpus(tok: Any, engine_names: list[str], corpus: list | None = None
         out[name] = summarize_corpus(rows)
         log(f"corpus {name}: {json.dumps({k: v for k, v in out[name].items() if k != 'rows'})}")
     return out
+
+
+def measure_real(tok: Any, engine_names: list[str]) -> dict:
+    """The real-world schemas of bench/schema_corpus_real.py, as the corpus."""
+    from schema_corpus_real import REAL, check_real
+
+    check_real()
+    return measure_corpus(tok, engine_names, REAL, checked=True)
 
 
 def summarize_corpus(rows: list[dict]) -> dict:
@@ -1022,7 +1036,39 @@ def fmt(x: float | None, digits: int = 1) -> str:
     return "—" if x is None else f"{x:,.{digits}f}"
 
 
-def report(results: list[dict], corpus: dict, conformance: dict, jump: dict, missing: dict) -> None:
+def report_corpus(title: str, entries: list, corpus: dict) -> None:
+    n_valid = sum(len(e.valid) for e in entries)
+    n_invalid = sum(len(e.invalid) for e in entries)
+    print(
+        f"\n## {title}: {len(entries)} schemas, {n_valid} valid + {n_invalid} invalid instances, "
+        f"judged through the tokens ({CORPUS_DEADLINE_S:.0f} s deadline per schema)"
+    )
+    print(
+        "| engine | compiled | refused | crashed or stalled | first mask p50 / max ms "
+        "(CPU) | every instance judged right | invalid accepted | valid rejected |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name, c in corpus.items():
+        print(
+            f"| {name} | {c['compiled']} | {c['refused']} | {c['crashed_or_stalled']} | "
+            f"{fmt(c['first_mask_p50_ms'], 2)} / {fmt(c['first_mask_max_ms'], 1)} "
+            f"({fmt(c['first_mask_cpu_p50_ms'], 2)} / {fmt(c['first_mask_cpu_max_ms'], 1)}) | "
+            f"**{c['judged_right']}** ({c['judged_right'] / c['schemas']:.1%}) | "
+            f"{c['invalid_accepted']} | {c['valid_rejected']} |"
+        )
+    for name, c in corpus.items():
+        print(f"\n{name}: slowest first masks {c['slowest']}")
+        if c["refusals"]:
+            print(f"{name}: refusals {c['refusals']}")
+        if c["invalid_accepted_where"]:
+            print(f"{name}: invalid accepted in {c['invalid_accepted_where']}")
+        if c["valid_rejected_where"]:
+            print(f"{name}: valid rejected in {c['valid_rejected_where']}")
+
+
+def report(
+    results: list[dict], corpus: dict, conformance: dict, jump: dict, missing: dict, real: dict
+) -> None:
     names = [r["engine"] for r in results]
     print(
         "\n## Cold time to the first mask per schema (ms, wall); lmprog: total (compile + index "
@@ -1088,33 +1134,11 @@ def report(results: list[dict], corpus: dict, conformance: dict, jump: dict, mis
     if corpus:
         from schema_corpus import CORPUS
 
-        n_valid = sum(len(e.valid) for e in CORPUS)
-        n_invalid = sum(len(e.invalid) for e in CORPUS)
-        print(
-            f"\n## Corpus: {len(CORPUS)} schemas, {n_valid} valid + {n_invalid} invalid instances, "
-            f"judged through the tokens ({CORPUS_DEADLINE_S:.0f} s deadline per schema)"
-        )
-        print(
-            "| engine | compiled | refused | crashed or stalled | first mask p50 / max ms "
-            "(CPU) | every instance judged right | invalid accepted | valid rejected |"
-        )
-        print("|---|---|---|---|---|---|---|---|")
-        for name, c in corpus.items():
-            print(
-                f"| {name} | {c['compiled']} | {c['refused']} | {c['crashed_or_stalled']} | "
-                f"{fmt(c['first_mask_p50_ms'], 2)} / {fmt(c['first_mask_max_ms'], 1)} "
-                f"({fmt(c['first_mask_cpu_p50_ms'], 2)} / {fmt(c['first_mask_cpu_max_ms'], 1)}) | "
-                f"**{c['judged_right']}** ({c['judged_right'] / c['schemas']:.1%}) | "
-                f"{c['invalid_accepted']} | {c['valid_rejected']} |"
-            )
-        for name, c in corpus.items():
-            print(f"\n{name}: slowest first masks {c['slowest']}")
-            if c["refusals"]:
-                print(f"{name}: refusals {c['refusals']}")
-            if c["invalid_accepted_where"]:
-                print(f"{name}: invalid accepted in {c['invalid_accepted_where']}")
-            if c["valid_rejected_where"]:
-                print(f"{name}: valid rejected in {c['valid_rejected_where']}")
+        report_corpus("Corpus", CORPUS, corpus)
+    if real:
+        from schema_corpus_real import REAL
+
+        report_corpus("Real-world schemas (bench/schema_corpus_real.py)", REAL, real)
     if conformance:
         print("\n## JSON-Schema-Test-Suite core (1,299 cases), judged through the tokens")
         for name, conf in conformance.items():
@@ -1136,6 +1160,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--passes", type=int, default=3, help="walks over each instance's tokens")
     parser.add_argument("--corpus", action="store_true", help="also run bench/schema_corpus.py")
+    parser.add_argument(
+        "--real", action="store_true", help="also run bench/schema_corpus_real.py's schemas"
+    )
     parser.add_argument("--conformance", action="store_true", help="also run the test suite")
     parser.add_argument("--jump", action="store_true", help="also simulate jump-forward")
     parser.add_argument("--engines", default=",".join(c.name for c in ENGINES))
@@ -1159,15 +1186,17 @@ def main() -> None:
             missing[cls.name] = str(exc)
     clear_memory_cache()
     corpus = measure_corpus(tok, names) if args.corpus else {}
+    real = measure_real(tok, names) if args.real else {}
     conformance = measure_conformance(names) if args.conformance else {}
     jump = measure_jump_forward(tok) if args.jump else {}
-    report(results, corpus, conformance, jump, missing)
+    report(results, corpus, conformance, jump, missing, real)
     if args.json:
         args.json.write_text(
             json.dumps(
                 {
                     "engines": results,
                     "corpus": corpus,
+                    "real": real,
                     "conformance": conformance,
                     "jump": jump,
                     "missing": missing,
