@@ -86,6 +86,11 @@ def _exponents(iv: NumT) -> R | None:
         hi_ok = hi is None or b < hi or (b == hi and (not a_closed or not iv.hi_excl))
         return lo_ok and hi_ok
 
+    hints = [-400, 400, -1, 0, 1]
+    for bound in (lo, hi):
+        if bound:
+            e = Decimal(bound).adjusted()
+            hints += [e - 2, e - 1, e, e + 1, e + 2]
     parts = []
     for sign in (1, -1):
 
@@ -93,20 +98,29 @@ def _exponents(iv: NumT) -> R | None:
             a, b = Fraction(10) ** e, Fraction(10) ** (e + 1)
             return inside(a, b, True) if sign > 0 else inside(-b, -a, False)
 
-        exps = _exponent_range(decade)
+        exps = _exponent_range(decade, hints)
         if exps is not None:
             parts.append(cat(lit("-") if sign < 0 else EPS, _MANTISSA, exps))
     return alt(*parts)
 
 
-def _exponent_range(ok) -> R | None:
+def _exponent_range(ok, hints: list[int]) -> R | None:
     """``[eE]`` and the exponents E with ok(E): ok holds on an interval of integers (the
-    decades inside a convex set), found from its ends (|E| up to 400, past floats' range)."""
-    inside = [e for e in range(-400, 401) if ok(e)]
-    if not inside:
+    decades inside a convex set), whose ends lie next to ``hints`` (the bounds' exponents) or
+    past |E| = 400 (beyond floats' range); found by bisection from a point inside."""
+    inside = next((e for e in hints if ok(e)), None)
+    if inside is None:
         return None
-    lo = None if inside[0] == -400 else inside[0]
-    hi = None if inside[-1] == 400 else inside[-1]
+    a, b = -400, inside  # the first E inside
+    while a < b:
+        m = (a + b) // 2
+        a, b = (a, m) if ok(m) else (m + 1, b)
+    lo = None if a == -400 else a
+    a, b = inside, 400  # the last E inside
+    while a < b:
+        m = (a + b + 1) // 2
+        a, b = (m, b) if ok(m) else (a, m - 1)
+    hi = None if a == 400 else a
     options = []
     if hi is None or hi >= 1:
         options.append(cat(raw(r"\+?0*"), natural_range(max(lo or 1, 1), hi)))
