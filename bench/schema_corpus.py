@@ -2999,13 +2999,18 @@ def check_corpus(corpus: list[Entry] = CORPUS) -> None:
             assert not v.is_valid(x), f"{e.name}: invalid instance accepted: {json.dumps(x)[:120]}"
 
 
+def summary(entries) -> str:
+    """One line: how many schemas and instances, schemas by kind."""
+    kinds: dict[str, int] = {}
+    for e in entries:
+        kinds[e.kind] = kinds.get(e.kind, 0) + 1
+    return (
+        f"{len(entries)} schemas, {sum(len(e.valid) for e in entries)} valid and "
+        f"{sum(len(e.invalid) for e in entries)} invalid instances: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+    )
+
+
 if __name__ == "__main__":
     check_corpus()
-    kinds: dict[str, int] = {}
-    for e in CORPUS:
-        kinds[e.kind] = kinds.get(e.kind, 0) + 1
-    print(
-        f"{len(CORPUS)} schemas, {sum(len(e.valid) for e in CORPUS)} valid and "
-        f"{sum(len(e.invalid) for e in CORPUS)} invalid instances: "
-        + ", ".join(f"{k} {v}" for k, v in kinds.items())
-    )
+    print(summary(CORPUS))

@@ -32,7 +32,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from schema_corpus import Entry, format_checker
+from schema_corpus import Entry, format_checker, summary
 
 _DATA = json.loads((Path(__file__).resolve().parent / "schema_corpus_real.json").read_text())
 SOURCES: dict[str, str] = _DATA["sources"]
@@ -65,11 +65,4 @@ def check_real(entries: list[Entry] = REAL) -> None:
 
 if __name__ == "__main__":
     check_real()
-    kinds: dict[str, int] = {}
-    for e in REAL:
-        kinds[e.kind] = kinds.get(e.kind, 0) + 1
-    print(
-        f"{len(REAL)} schemas, {sum(len(e.valid) for e in REAL)} valid and "
-        f"{sum(len(e.invalid) for e in REAL)} invalid instances: "
-        + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
-    )
+    print(summary(REAL))
