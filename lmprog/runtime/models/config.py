@@ -270,7 +270,6 @@ def config_from_hf(hf: dict[str, Any] | str | os.PathLike[str]) -> ModelConfig:
     window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
     if window:  # within the window, sliding-window attention is plain causal attention
         max_pos = min(max_pos, window)
-    eos = hf.get("eos_token_id")
     return ModelConfig(
         architecture=_ARCH_ALIASES[model_type],
         vocab_size=hf["vocab_size"],
@@ -290,7 +289,7 @@ def config_from_hf(hf: dict[str, Any] | str | os.PathLike[str]) -> ModelConfig:
         ),
         qk_norm=model_type in ("qwen3", "qwen3_moe"),
         bos_token_id=hf.get("bos_token_id"),
-        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+        eos_token_ids=_eos_ids(hf.get("eos_token_id")),
         **_hf_moe_fields(hf, model_type),
     )
 
@@ -351,7 +350,6 @@ def _gemma3_from_hf(hf: dict[str, Any]) -> ModelConfig:
     if _hf_rope_scaling(local) is not None:
         raise ValueError("RoPE scaling on Gemma 3's sliding layers is not supported")
     heads = hf.get("num_attention_heads", 8)
-    eos = hf.get("eos_token_id", 1)
     return ModelConfig(
         architecture="gemma3",
         vocab_size=hf.get("vocab_size", 262_208),
@@ -369,7 +367,7 @@ def _gemma3_from_hf(hf: dict[str, Any]) -> ModelConfig:
         attention_bias=bool(hf.get("attention_bias", False)),
         qk_norm=True,
         bos_token_id=hf.get("bos_token_id", 2),
-        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+        eos_token_ids=_eos_ids(hf.get("eos_token_id", 1)),
         hidden_act=act,
         sliding_window=hf.get("sliding_window", 4096) if pattern else None,
         sliding_window_pattern=pattern,
@@ -379,6 +377,11 @@ def _gemma3_from_hf(hf: dict[str, Any]) -> ModelConfig:
         query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
         final_logit_softcapping=hf.get("final_logit_softcapping"),
     )
+
+
+def _eos_ids(eos: int | list[int] | None) -> tuple[int, ...]:
+    """config.json's eos_token_id (one id, a list of them, or none) as a tuple."""
+    return tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
 
 
 def _deepseek_v2_from_hf(hf: dict[str, Any]) -> ModelConfig:
@@ -395,7 +398,6 @@ def _deepseek_v2_from_hf(hf: dict[str, Any]) -> ModelConfig:
     nope, rope_dim = hf.get("qk_nope_head_dim", 128), hf.get("qk_rope_head_dim", 64)
     max_pos = hf.get("max_position_embeddings", 2048)
     rope = hf.get("rope_parameters") or {}
-    eos = hf.get("eos_token_id", 2)
     return ModelConfig(
         architecture="deepseek_v2",
         vocab_size=hf.get("vocab_size", 102400),
@@ -412,7 +414,7 @@ def _deepseek_v2_from_hf(hf: dict[str, Any]) -> ModelConfig:
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         attention_bias=bool(hf.get("attention_bias", False)),
         bos_token_id=hf.get("bos_token_id", 1),
-        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+        eos_token_ids=_eos_ids(hf.get("eos_token_id", 2)),
         q_lora_rank=hf.get("q_lora_rank", 1536),
         kv_lora_rank=hf.get("kv_lora_rank", 512),
         qk_nope_head_dim=nope,
