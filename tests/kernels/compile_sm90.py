@@ -1,0 +1,90 @@
+"""Compile the small-M matmul's runtime configs for the H100/H200 (sm_90) without a GPU.
+
+    python tests/kernels/compile_sm90.py     (TRITON_INTERPRET unset: the interpreter's
+                                              @triton.jit objects cannot be compiled)
+
+Triton lowers each kernel to a cubin for sm_90 here (its bundled ptxas; no driver needed),
+which catches what its CPU interpreter accepts and a GPU compile refuses. One JSON line per
+compiled variant: config, split_k, even_k, shared (bytes the compiled kernel uses),
+shared_bound (SmallMConfig.shared_bytes), spills (ptxas's spill stores). Exit 3: this triton
+cannot compile for CUDA here (no NVIDIA backend or ptxas).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+# Llama-3.1-8B's linear shapes (K, N) on a 132-SM H200, and one K no BLOCK_K divides
+SHAPES = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (4096, 128256), (4000, 4096)]
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("unset TRITON_INTERPRET: the interpreter's kernels cannot be compiled")
+        return 2
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from lmprog.runtime.kernels import small_m
+
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        ptxas = get_ptxas(90).path
+    except (ImportError, RuntimeError, AttributeError) as exc:
+        print(f"no CUDA compiler in this triton: {exc}")
+        return 3
+    seen = set()
+    for k, n in SHAPES:
+        for config in small_m.candidate_configs(n, k, 132):
+            even = k % config.block_k == 0
+            if (config, even) in seen:
+                continue
+            seen.add((config, even))
+            constexprs = {"HAS_BIAS": not even, "SPLIT_K": config.split_k, "EVEN_K": even,
+                          "BLOCK_M": small_m.SMALL_M, "BLOCK_N": config.block_n,
+                          "BLOCK_K": config.block_k}  # fmt: skip
+            aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 7, 8, 9, 10)}
+            src = ASTSource(small_m._small_m_kernel, _signature(), constexprs, aligned)
+            options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+            compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+            row = {
+                "config": config.label,
+                "split_k": config.split_k,
+                "even_k": even,
+                "shared": compiled.metadata.shared,
+                "shared_bound": config.shared_bytes(2),
+                "spills": _spill_stores(ptxas, compiled.asm["ptx"]),
+            }
+            print(json.dumps(row), flush=True)
+    return 0
+
+
+def _signature() -> dict[str, str]:
+    pointers = {"X": "*bf16", "W": "*bf16", "Bias": "*bf16", "Y": "*bf16",
+                "Partials": "*fp32", "Counters": "*i32"}  # fmt: skip
+    ints = {name: "i32" for name in ("m", "n", "k", "stride_x", "k_split")}
+    consts = ("HAS_BIAS", "SPLIT_K", "EVEN_K", "BLOCK_M", "BLOCK_N", "BLOCK_K")
+    return {**pointers, **ints, **dict.fromkeys(consts, "constexpr")}
+
+
+def _spill_stores(ptxas: str, ptx: str) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp, "k.ptx")
+        src.write_text(ptx)
+        run = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", str(src), "-o", str(src) + ".o"],
+                             capture_output=True, text=True, check=True)  # fmt: skip
+    return sum(int(v) for v in re.findall(r"(\d+) bytes spill stores", run.stderr))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
