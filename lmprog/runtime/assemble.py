@@ -6,8 +6,9 @@ The target of `lp.Runtime` and a speculative draft model are both built here: th
 chosen, the weights loaded (or drawn at random), then the transforms applied from outside
 the plain module: under tensor parallelism (`tp=`) the rank's shard (lmprog.runtime.parallel,
 first), 4-bit weights on the CPU (`quantization="int4"`), FP8 e4m3 weights quantized at
-load (`quantization="fp8"`; an FP8 checkpoint loads as FP8 whatever is asked), the fused
-Triton RMSNorm / SiLU-and-mul on CUDA (before any CUDA graph is captured from the module).
+load (`quantization="fp8"`; an FP8 checkpoint loads as FP8 whatever is asked), on CUDA the
+decode-sized (<= 16 rows) matmul path of each linear shape, as timed (layers/small_m.py), and
+the fused Triton RMSNorm / SiLU-and-mul (before any CUDA graph is captured from the module).
 """
 
 from __future__ import annotations
@@ -98,13 +99,11 @@ def assemble_model(
         from .layers.fp8_linear import quantize_fp8_
 
         quantize_fp8_(net)
-    if dev.type == "cuda" and quantization_of(net) == "fp8":
-        from .layers.fp8_linear import choose_small_m_paths_
-
-        choose_small_m_paths_(net)  # decode-sized matmuls: fused or _scaled_mm, as timed
     if dev.type == "cuda":
+        from .layers.small_m import choose_small_m_paths_
         from .layers.triton_fused import can_fuse_elementwise, fuse_elementwise
 
+        choose_small_m_paths_(net)  # decode-sized matmuls (FP8, bf16): the path timed fastest
         if can_fuse_elementwise(net):
             fuse_elementwise(net)
     return net

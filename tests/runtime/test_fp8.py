@@ -96,14 +96,15 @@ def test_block_kernel_path_matches_the_reference_path(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times kernels in CUDA graphs")
 def test_small_m_path_is_chosen_per_layer_shape_by_timing():
-    from lmprog.runtime.layers.fp8_linear import choose_small_m_paths_
+    from lmprog.runtime.layers.small_m import choose_small_m_paths_
 
     net = assemble_model(TINY, device="cuda", load_format="dummy", quantization="fp8")
-    times = choose_small_m_paths_(net)
+    times = {(r.k, r.n): r for r in choose_small_m_paths_(net) if r.kind == "fp8"}
     assert set(times) == {(128, 256), (128, 128), (128, 512), (256, 128)}
     for layer in (m for m in net.modules() if isinstance(m, Fp8Linear)):
-        fused, scaled = times[(layer.in_features, layer.out_features)]
-        assert fused > 0 and scaled > 0 and layer.small_m_fused == (fused <= scaled)
+        timing = times[(layer.in_features, layer.out_features)]
+        assert set(timing.us) == {"fused", "scaled_mm"} and min(timing.us.values()) > 0
+        assert layer.small_m_fused == (timing.chosen == "fused")
 
 
 @pytest.mark.parametrize("seed", [0, 1])

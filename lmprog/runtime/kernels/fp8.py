@@ -29,6 +29,7 @@ from ._checks import FLOAT_DTYPES, check_runnable, check_tensor, dynamic_args
 from .fp8_ref import AMAX_FLOOR as _AMAX_FLOOR
 from .fp8_ref import FP8
 from .fp8_ref import FP8_MAX as _FP8_MAX
+from .small_m import SMALL_M
 
 # A global that a @triton.jit function reads must be a constexpr when it is compiled for a GPU
 # (Triton's CPU interpreter accepts any, which is how these ran in the CPU tests).
@@ -178,9 +179,6 @@ def _block_matmul_kernel(
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-SMALL_M = 16  # fp8_matmul_small_m's rows: one MMA tile
-
-
 def fp8_matmul_small_m(
     x: torch.Tensor,
     w_q: torch.Tensor,
@@ -191,11 +189,12 @@ def fp8_matmul_small_m(
     block_n: int = 32,
     block_k: int = 256,
 ) -> torch.Tensor:
-    """y = quantize_fp8(x) @ w_q^T scaled, for M <= 16 rows in one kernel: each program
-    takes block_n output columns, finds its rows' amax (x is small: every program reads it,
-    from L2), then streams its weight rows, quantizing x's blocks as it goes. The same
-    numbers as quantize_fp8 + torch._scaled_mm (per-token or static `scale`, per-channel
-    w_s [N]) up to the order of the fp32 sums; no launch for the quantization."""
+    """y = quantize_fp8(x) @ w_q^T scaled, for M <= 16 rows in one kernel (small_m.py's loop
+    over e4m3 weights): each program takes block_n output columns, finds its rows' amax (x
+    is small: every program reads it, from L2), then streams its weight rows, quantizing x's
+    blocks as it goes. The same numbers as quantize_fp8 + torch._scaled_mm (per-token or
+    static `scale`, per-channel w_s [N]) up to the order of the fp32 sums; no launch for the
+    quantization."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
     check_runnable("x", x)
     check_tensor("w_q", w_q, ndim=2, dtypes=(FP8,), device=x.device)
@@ -259,4 +258,4 @@ def _small_m_kernel(
     tl.store(y_ptrs, y.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-__all__ = ["SMALL_M", "block_fp8_matmul", "fp8_matmul_small_m", "quantize_fp8"]
+__all__ = ["block_fp8_matmul", "fp8_matmul_small_m", "quantize_fp8"]

@@ -9,7 +9,7 @@ see kernels/fp8_ref.py); activations are quantized at every call, one scale per 
            row-wise scales: scale_a [M, 1], scale_b [1, N], fp32; fast accumulation); up to
            16 rows (decode steps) the fused fp8_matmul_small_m instead (the quantization in
            the matmul's prologue, no launch of its own) where it timed faster at start-up
-           (`choose_small_m_paths_`, per layer shape, inside CUDA graphs as steps run)
+           (layers/small_m.py's `choose_small_m_paths_`, per layer shape, in CUDA graphs)
            block-wise:  Triton quantize_fp8(group) and block_fp8_matmul
     CPU    the same quantization in PyTorch (kernels/fp8_ref.py), then an fp32 matmul of
            the dequantized values (the weights dequantized once, when the layer is built)
@@ -47,7 +47,7 @@ class Fp8Linear(nn.Module):
     model's `load_weights` fills them by name (row slices of fused q/k/v, gate/up)."""
 
     use_kernels: bool | None = None  # None: the Triton/_scaled_mm path on CUDA, else PyTorch
-    small_m_fused: bool = True  # <= 16 rows through fp8_matmul_small_m (choose_small_m_paths_)
+    small_m_fused: bool = True  # <= 16 rows through fp8_matmul_small_m (layers/small_m.py)
 
     def __init__(
         self,
@@ -116,7 +116,8 @@ class Fp8Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def _kernels(self, x: torch.Tensor) -> torch.Tensor:
-        from ..kernels.fp8 import SMALL_M, block_fp8_matmul, fp8_matmul_small_m, quantize_fp8
+        from ..kernels.fp8 import block_fp8_matmul, fp8_matmul_small_m, quantize_fp8
+        from ..kernels.small_m import SMALL_M
 
         x = x if x.stride(-1) == 1 else x.contiguous()
         if self.group is None and self.small_m_fused and x.shape[0] <= SMALL_M:
@@ -210,55 +211,6 @@ def fp8_shells_(model: nn.Module, names: set[str], *, group: int | None, static:
         )
 
 
-def choose_small_m_paths_(model: nn.Module) -> dict[tuple[int, int], tuple[float, float]]:
-    """On CUDA, per (K, N) of the per-channel FP8 layers: time one row through every layer of
-    that shape (so the weights come from HBM, not L2), captured in a CUDA graph as decode
-    steps run, by the fused small-M kernel and by quantize_fp8 + _scaled_mm; those layers
-    keep the faster for up to 16 rows. Returns {(K, N): (fused us, scaled_mm us)} per layer."""
-    shapes: dict[tuple[int, int], list[Fp8Linear]] = {}
-    for m in model.modules():
-        if isinstance(m, Fp8Linear) and m.group is None and m.weight.is_cuda:
-            shapes.setdefault((m.in_features, m.out_features), []).append(m)
-    times = {}
-    for shape, layers in shapes.items():
-        dtype = next(model.parameters()).dtype  # the activations' (the embedding's) dtype
-        x = torch.randn(1, shape[0], device=layers[0].weight.device, dtype=dtype)
-        us = []
-        for fused in (True, False):
-            for layer in layers:
-                layer.small_m_fused = fused
-            us.append(_graph_us(layers, x) / len(layers))
-        for layer in layers:
-            layer.small_m_fused = us[0] <= us[1]
-        times[shape] = (us[0], us[1])
-        log.info("fp8 %s x %s, one row: fused %.1f us, quantize + _scaled_mm %.1f us", *shape, *us)
-    return times
-
-
-def _graph_us(layers: list[Fp8Linear], x: torch.Tensor, replays: int = 5) -> float:
-    """Microseconds of x through each of `layers`, replayed from a CUDA graph (after a
-    warm-up)."""
-
-    def fn() -> None:
-        for layer in layers:
-            layer(x)
-
-    with torch.no_grad():
-        fn()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-    return start.elapsed_time(end) * 1e3 / replays
-
-
 def finalize_fp8_(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, Fp8Linear):
@@ -268,7 +220,6 @@ def finalize_fp8_(model: nn.Module) -> None:
 __all__ = [
     "Fp8Linear",
     "check_fp8_device",
-    "choose_small_m_paths_",
     "finalize_fp8_",
     "fp8_shells_",
     "quantize_fp8_",
