@@ -80,7 +80,8 @@ def test_errors():
         small_m_matmul(x, torch.randn(64, 32, device=DEVICE).t())
     with pytest.raises(ValueError, match="counters needs 2"):
         config = SmallMConfig(16, 64, split_k=2)
-        small_m_matmul(x, w, config=config, counters=torch.zeros(1, dtype=torch.int32))
+        one = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+        small_m_matmul(x, w, config=config, counters=one)
     with pytest.raises(ValueError, match="shared memory"):
         small_m_matmul(x, w, config=SmallMConfig(256, 512, num_stages=4))
     with pytest.raises(ValueError, match="block_n must be a power of two"):
