@@ -13,7 +13,11 @@ from kernel_helpers import DEVICE, DTYPES, ON_GPU, rel_err, requires_kernels, to
 pytest.importorskip("triton", reason="triton is not installed: pip install triton==3.9.0")
 pytestmark = requires_kernels
 
-from lmprog.runtime.kernels.attention import decode_attention, hybrid_attention  # noqa: E402
+from lmprog.runtime.kernels.attention import (  # noqa: E402
+    FP32_LATENT_MAX_GROUP,
+    decode_attention,
+    hybrid_attention,
+)
 from lmprog.runtime.kernels.attention_plan import plan_attention  # noqa: E402
 from lmprog.runtime.kernels.attention_ref import hybrid_attention_ref  # noqa: E402
 
@@ -49,6 +53,10 @@ def test_latent_hybrid_batch_matches_reference(dtype, heads, views):
     batch, v = _latent_batch(seq, ext, heads, dtype)
     want = hybrid_attention_ref(batch.q, batch.k_buffer, v, *batch.tensors, sm_scale=0.11)
     assert want.shape == (sum(ext), heads, RANK)
+    if ON_GPU and dtype == torch.float32 and heads // views > FP32_LATENT_MAX_GROUP:
+        with pytest.raises(ValueError, match="fp32 latent attention on CUDA"):
+            _run(batch, v, views, 0.11, split_max_tokens=3, num_kv_splits=3)
+        return
     got = _run(batch, v, views, 0.11, split_max_tokens=3, num_kv_splits=3)
     assert rel_err(got, want) < tolerance(dtype)
 
@@ -92,6 +100,7 @@ def test_latent_warm_up_runs_every_variant():
     latent-attention heads: keys RANK + ROPE wide, values their first RANK columns."""
     from lmprog.runtime.kernels.attention import warm_up
 
-    k = torch.randn(65, 1, RANK + ROPE, device=DEVICE)
+    dtype = torch.bfloat16 if ON_GPU else torch.float32  # fp32 takes 4 heads a view on CUDA
+    k = torch.randn(65, 1, RANK + ROPE, device=DEVICE, dtype=dtype)
     table = torch.arange(1, 65, dtype=torch.int32, device=DEVICE).view(1, 64)
     assert warm_up(k, k[..., :RANK], table, num_q_heads=16) >= 4

@@ -203,6 +203,10 @@ def test_engine_chunked_retracted_and_speculative_generation_equals_transformers
 
 
 @requires_triton
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="the interpreter on CPU tensors; on a GPU tests/kernels/test_attention_latent.py runs",
+)
 def test_triton_backend_and_graph_static_paths_match_torch(tiny, tmp_path):
     """The whole model on the Triton backend (the interpreter) against the torch backend,
     and the decode and piecewise graph runners' padded static forwards against eager."""

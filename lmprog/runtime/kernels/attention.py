@@ -202,6 +202,12 @@ def _check_inputs(q, k_buffer, v_buffer, plan: AttentionPlan, out) -> torch.Tens
             raise ValueError(f"{name} must be [num_slots + 1, {hk}, {width}], got {tuple(t.shape)}")
         check_last_dim_contiguous(name, t)
     check_last_dim_contiguous("q", q)
+    if q.is_cuda and q.element_size() == 4 and d > 256 and hq // hk > FP32_LATENT_MAX_GROUP:
+        raise ValueError(
+            f"fp32 latent attention on CUDA takes at most {FP32_LATENT_MAX_GROUP} query heads "
+            f"per latent view (got {hq // hk}: {hq} heads over {hk} views); larger fp32 tiles "
+            "crash on the H200: use bf16/fp16, or more views"
+        )
     shape = (q.shape[0], hq, d)
     if out is None:
         return q.new_empty(shape)
@@ -210,6 +216,11 @@ def _check_inputs(q, k_buffer, v_buffer, plan: AttentionPlan, out) -> torch.Tens
         raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
     check_last_dim_contiguous("out", out)
     return out
+
+
+# fp32 latent rows (512 + 64 wide) on CUDA: tiles of 4 query heads ran on the H200, 16 made an
+# illegal memory access (tests/kernels/test_attention_latent.py, 2026-12-03)
+FP32_LATENT_MAX_GROUP = 4
 
 
 def _launch(q, k, v, out, plan: AttentionPlan, launch: Launch, scale: float, v_scale: float,
