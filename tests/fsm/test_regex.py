@@ -130,6 +130,36 @@ def test_charset_algebra_and_classes():
     assert charset_regex(big).text == '[^"\\\\]'  # large sets are written negated
 
 
+@pytest.mark.parametrize(
+    "cls",
+    [
+        r"\p{L}",
+        r"[\p{L}\p{Z}\p{N}_.:/=+\-@]",
+        r"\P{L}",
+        r"\p{Co}",
+        r"[^\ud7ff\ue000]",
+        r"[^\ud7fe-\ue001]",
+    ],
+)
+def test_character_classes_through_the_token_engine(cls):
+    """An emitted class (large ones negated) admits exactly its set through llguidance, tried
+    at every edge of its ranges: where the scalars outside a class ran up to U+D7FF and on from
+    U+E000, the negated class let U+E000 through (random walks over a CloudFormation schema's
+    tag pattern wrote it)."""
+    from lmprog.fsm import Constraint
+    from lmprog.fsm.regex.charset import SURROGATES
+
+    chars = parse_regex(cls, "ecma").branches[0].node.chars
+    c = Constraint.from_json_schema({"type": "string", "pattern": f"^{cls}$"})
+    edges = {0xD7FF, 0xE000}
+    for lo, hi in chars.ranges:
+        edges |= {lo - 1, lo, hi, hi + 1}
+    for cp in sorted(edges):
+        if 0 <= cp <= 0x10FFFF and not SURROGATES[0] <= cp <= SURROGATES[1]:
+            text = json.dumps(chr(cp), ensure_ascii=False)
+            assert c.matches(text) == (chr(cp) in chars), hex(cp)
+
+
 def test_combinators_group_only_where_needed():
     ab = alt(lit("a"), lit("b"))
     assert cat(ab, lit("c")).text == "(?:a|b)c"

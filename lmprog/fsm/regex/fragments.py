@@ -135,9 +135,8 @@ def charset_regex(s: CharSet) -> R | None:
     if len(s.ranges) == 1 and s.ranges[0][0] == s.ranges[0][1]:
         return R(_escape_char(chr(s.ranges[0][0]), _META), True, False)
     negated = s.size() > 4096
-    body = (s.complement() - CharSet((SURROGATES,))) if negated else s
     parts = []
-    for lo, hi in body.ranges:
+    for lo, hi in _negated_ranges(s) if negated else s.ranges:
         a = _escape_char(chr(lo), _CLASS_META)
         if lo == hi:
             parts.append(a)
@@ -145,3 +144,19 @@ def charset_regex(s: CharSet) -> R | None:
             sep = "" if hi == lo + 1 else "-"
             parts.append(a + sep + _escape_char(chr(hi), _CLASS_META))
     return R(("[^" if negated else "[") + "".join(parts) + "]", True, False)
+
+
+def _negated_ranges(s: CharSet) -> list[tuple[int, int]]:
+    """The ranges a negated class of ``s`` lists: the scalars outside ``s``, where a run on both
+    sides of the surrogates is one range written across them (``\\ud7fc-\\uf8ff``). Listed
+    as two ranges (ending at U+D7FF, starting at U+E000), llguidance 1.9.1's negated class
+    matches U+D7FF and U+E000 although both are listed (``[^\\ud7ff\\ue000]`` matches
+    them): where the class of ``\\p{L}`` and a few more was negated, U+E000 passed."""
+    lo_s, hi_s = SURROGATES
+    out = []
+    for lo, hi in s.complement().ranges:  # s holds no surrogate: the complement holds them all
+        lo = hi_s + 1 if lo_s <= lo <= hi_s else lo
+        hi = lo_s - 1 if lo_s <= hi <= hi_s else hi
+        if lo <= hi:
+            out.append((lo, hi))
+    return out
