@@ -325,3 +325,67 @@ def test_lookaheads_in_key_patterns_and_under_not(schema):
         for x in ([w], {w: "s"}, {w: 1}, {w: True}) if schema["type"] == "object" else (w,):
             text = json.dumps(x[0] if isinstance(x, list) else x)
             assert c.matches(text) == v.is_valid(json.loads(text)), text
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [r"aws:", r"^aws:", r"^.* {2}", r"^(.*[./\\]|aws:)", r"a.{2}b", r"^(ab|a)*$", r"^$", r"x?"]
+    + [r"[^a]+$", r"^[a-]{2,3}$|b -", r"(?:a|^b)\n"],
+)
+def test_complement_of_a_pattern_through_its_automaton(pattern):
+    """``complement_source`` (a negative lookahead or ``not: {pattern}`` as a positive
+    pattern) matches exactly the strings in which Python's re.search finds no match, over
+    every short string of a small alphabet (ECMA's ``$`` is Python's ``\\Z``)."""
+    import itertools
+
+    from lmprog.fsm.regex.dfa import complement_source
+
+    positive = value_matcher(parse_regex(complement_source(pattern), "ecma"))
+    python = re.compile(pattern.replace("$", r"\Z"))
+    for n in range(6):
+        for letters in itertools.product("ab -:\n", repeat=n):
+            text = "".join(letters)
+            assert bool(positive.fullmatch(text)) == (python.search(text) is None), repr(text)
+
+
+def test_complement_gives_up_on_a_large_automaton():
+    from lmprog.fsm.regex.dfa import complement_source
+
+    assert complement_source(r"a[ab]{12}$") is None  # 2^12 suffixes to remember
+    assert complement_source(r"[\s\S]") == r"^(?:)$"
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"pattern": r"^(?!(.*[.\/\\]|aws:)).*$", "minLength": 1, "maxLength": 255},
+        {
+            "pattern": r"^(?!.* {2})[ a-zA-Z0-9.,!?;:@#$%&\-_/\\]*$",
+            "minLength": 1,
+            "maxLength": 200,
+        },
+        {"pattern": r"^((?!aws:)[\p{L}\p{Z}\p{N}_.:/=+\-@]*)$", "minLength": 1, "maxLength": 128},
+        {"not": {"pattern": " {2}|^aws:"}, "minLength": 1, "maxLength": 300},
+    ],
+)
+def test_patterns_to_avoid_beside_a_max_length_decode_to_the_end(schema):
+    """Negative lookaheads (CloudFormation's Glue::Catalog, BCM::Dashboard and SageMaker::Device
+    tag patterns) and ``not: {pattern}`` beside min/maxLength: random walks through the token
+    engine run to the end (llguidance's ``~`` beside the counted length ran out of lexer fuel
+    mid-string), and every text is valid (the ``regex`` module reads ``\\p{..}``)."""
+    import random
+
+    import regex
+    from fsm_toys import random_text
+
+    from lmprog.fsm import Constraint
+
+    c, rng = Constraint.from_json_schema({"type": "string", **schema}), random.Random(0)
+    texts = [random_text(c, rng, limit=1200) for _ in range(40)]
+    assert sum(t is not None for t in texts) >= 30
+    for s in (json.loads(t) for t in texts if t is not None):
+        assert schema["minLength"] <= len(s) <= schema["maxLength"]
+        if "pattern" in schema:
+            assert regex.search(schema["pattern"], s), s
+        else:
+            assert not regex.search(schema["not"]["pattern"], s), s

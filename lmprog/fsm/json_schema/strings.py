@@ -43,6 +43,7 @@ from lmprog.fsm.regex import (
     raw,
     rep,
 )
+from lmprog.fsm.regex.dfa import complement_source
 from lmprog.fsm.regex.lookahead import split_lookaheads
 
 # one UTF-16 code unit: right wherever only an upper bound on the length matters (a surrogate
@@ -124,8 +125,17 @@ def string_expr(t: StrT) -> str | None:
     split = [split_lookaheads(src) for src in t.patterns]
     sources = [m for must, _ in split for m in must] + [format_pattern(f) for f in t.formats]
     negated = [n for _, must_not in split for n in must_not]
-    looks = [split_lookaheads(src) for src in t.not_patterns]
-    exclusive = bool(t.excluded or t.not_patterns or negated)
+    looks = []
+    for src in t.not_patterns:
+        must, must_not = split_lookaheads(src)
+        # a pattern to avoid, written where small as the pattern of the strings avoiding it
+        # (regex.dfa): llguidance's ``~`` beside a maxLength can exhaust its lexer's fuel
+        positive = complement_source(src) if must == (src,) and not must_not else None
+        if positive is None:
+            looks.append((must, must_not))
+        else:
+            sources.append(positive)
+    exclusive = bool(t.excluded or looks or negated)
     lengths = t.min_len > 0 or t.max_len is not None
     if lengths and t.max_len is not None and t.min_len > t.max_len:
         return None

@@ -6,17 +6,21 @@ length k (``^[a-z](?!.*--)[a-z-]*$``: k = 1), the lookahead asks the same of eve
 the same position k of the string: ``(?=A)`` holds iff the string matches ``^[\\s\\S]{k}A``
 (search semantics: followed by anything), ``(?!A)`` iff it does not. So the pattern is its
 lookahead-free part, intersected with each positive lookahead's pattern and with the
-complement of each negative one's, which the string compiler writes exactly (llguidance's
-``&``/``~``). A tempered token ``((?!X).)*`` that runs to the end of the string asks that no
-match of X start at any of its positions: the complement of ``X`` searched from there. Elsewhere the position a lookahead looks from depends on the match (after a part
-of variable length, inside a repeated group or an alternative, or in a pattern that may
-match anywhere), and ``ConstraintError`` names it, as for lookbehind and backreferences.
+complement of each negative one's: a positive pattern where the complement's automaton is small
+(``regex.dfa``; llguidance's ``~`` beside a ``maxLength`` ran out of lexer fuel mid-decode),
+else a pattern the string must not match, which the string compiler writes with ``~``. A
+tempered token ``((?!X).)*`` that runs to the end of the string asks that no match of X start
+at any of its positions: the complement of ``X`` searched from there. Elsewhere the position a
+lookahead looks from depends on the match (after a part of variable length, inside a repeated
+group or an alternative, or in a pattern that may match anywhere), and ``ConstraintError``
+names it, as for lookbehind and backreferences.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
+from lmprog.fsm.regex.dfa import complement_source
 from lmprog.fsm.regex.parser import Look, _Anchor, _has_anchor, _Parser
 from lmprog.fsm.regex.syntax import Alternation, Chars, Concat, Repeat, emit, node_lengths
 
@@ -69,6 +73,11 @@ def split_lookaheads(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
             continue
         text = "|".join(f"^{shift}{_body(b)}{'$' if end else ''}" for b, end in branches)
         (must_not if look.negative else must).append(text)
+    for text in list(must_not):  # a small "must not" is a positive pattern (regex.dfa)
+        positive = complement_source(text)
+        if positive is not None:
+            must_not.remove(text)
+            must.append(positive)
     return tuple(dict.fromkeys(must)), tuple(dict.fromkeys(must_not))
 
 

@@ -1,0 +1,211 @@
+"""The complement of a small pattern as a pattern, through its automaton.
+
+A negative lookahead asks that a string *not* match a pattern. llguidance can say that itself
+(``~``), but its lexer then proves some intersections empty by exploring them, and where the
+string also has a ``maxLength`` the exploration runs through every count up to it: a
+``(?!.* {2})`` under ``maxLength: 200`` spent the lexer's fuel in one step, mid-decode.
+Written as a positive pattern, the same language costs nothing: ``complement`` builds the
+pattern's automaton by derivatives (its states are the pattern's derivatives, taken one block
+of characters at a time: the blocks partition the characters so that every class of the
+pattern is a union of blocks), minimizes it, swaps accepting and rejecting states, and writes
+the result back as a regex by state elimination (``json_schema.automata.to_regex``). Lookahead
+bodies are small (``aws:``, ``.*--``, ``.* {2}``); past ``max_states`` states or a regex of
+``limit`` characters ``complement`` gives up (OverflowError) and the caller keeps the ``~``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from lmprog.fsm.regex.charset import ANY_CHAR, CharSet
+from lmprog.fsm.regex.fragments import R, charset_regex
+from lmprog.fsm.regex.parser import parse_regex
+from lmprog.fsm.regex.syntax import Alternation, Chars, Concat, ParsedRegex, Repeat
+
+NOTHING, EPS = 0, 1  # the ids of the empty language and of the empty string
+
+
+@lru_cache(maxsize=1024)
+def complement_source(source: str) -> str | None:
+    """An ECMA source, anchored at both ends, of the strings in which ECMA ``source`` finds no
+    match; None where its automaton is too large to write out (the caller keeps a ``~``)."""
+    try:
+        r = complement(parse_regex(source, "ecma"))
+    except OverflowError:
+        return None
+    return r"[^\s\S]" if r is None else f"^(?:{r.text})$"
+
+
+def complement(parsed: ParsedRegex, max_states: int = 100, limit: int = 20_000) -> R | None:
+    """A regex (full-match) of the strings in which ``parsed`` finds no match (search
+    semantics: an unanchored side matches any text); None if it finds one in every string.
+    OverflowError past ``max_states`` automaton states or ``limit`` characters."""
+    from lmprog.fsm.json_schema.automata import to_regex
+
+    anything = Repeat(Chars(ANY_CHAR), 0, None)
+    whole = Alternation(
+        tuple(
+            Concat((*(() if b.start else (anything,)), b.node, *(() if b.end else (anything,))))
+            for b in parsed.branches
+        )
+    )
+    d = _Derivatives(whole)
+    moves = d.automaton(max_states)
+    rejecting = [not d.nullable(s) for s in d.states]
+    group = _minimized(moves, rejecting)
+    edges: dict[tuple[int, int], CharSet] = {}
+    for p, row in enumerate(moves):
+        for block, q in zip(d.blocks, row):
+            key = (group[p], group[q])
+            edges[key] = edges.get(key, CharSet()) | block
+    labels = {k: charset_regex(v) for k, v in edges.items()}
+    finals = {group[s] for s in range(len(moves)) if rejecting[s]}
+    return to_regex({k: v for k, v in labels.items() if v is not None}, group[0], finals, limit)
+
+
+def _minimized(moves: list[list[int]], rejecting: list[bool]) -> list[int]:
+    """Each state's class of equivalent states (Moore's refinement); state 0's class is 0."""
+    group = [int(r) for r in rejecting]
+    while True:
+        keys: dict[tuple, int] = {}
+        new = [
+            keys.setdefault((group[s], *(group[q] for q in row)), len(keys))
+            for s, row in enumerate(moves)
+        ]
+        if len(keys) == len(set(group)):
+            break
+        group = new
+    order: dict[int, int] = {}
+    return [order.setdefault(g, len(order)) for g in group]
+
+
+class _Derivatives:
+    """A pattern's derivatives as interned nodes (ids): ``("chars", mask)`` (the blocks it
+    holds, as bits), ``("cat", a, b)``, ``("alt", ids)`` (sorted, flat, no NOTHING) and
+    ``("rep", a, lo, hi)``; equal derivatives get one id, so the automaton stays finite."""
+
+    def __init__(self, node) -> None:
+        self.blocks = _blocks(node)
+        self.nodes: list[tuple] = [("alt", ()), ("cat",)]  # NOTHING, EPS
+        self.ids: dict[tuple, int] = {n: i for i, n in enumerate(self.nodes)}
+        self._nullable: dict[int, bool] = {NOTHING: False, EPS: True}
+        self._derived: dict[tuple[int, int], int] = {}
+        self.states = [self.read(node)]
+
+    def automaton(self, max_states: int) -> list[list[int]]:
+        """Each state's successor by block; ``self.states`` lists them (state 0: the start)."""
+        index, moves = {self.states[0]: 0}, []
+        while len(moves) < len(self.states):
+            row = []
+            for b in range(len(self.blocks)):
+                nxt = self.derive(self.states[len(moves)], b)
+                if nxt not in index:
+                    if len(self.states) >= max_states:
+                        raise OverflowError(f"the automaton has over {max_states} states")
+                    index[nxt] = len(self.states)
+                    self.states.append(nxt)
+                row.append(index[nxt])
+            moves.append(row)
+        return moves
+
+    def read(self, node) -> int:
+        """The id of a parsed node."""
+        if isinstance(node, Chars):
+            mask = sum(1 << i for i, b in enumerate(self.blocks) if not (b & node.chars).is_empty())
+            return self._intern(("chars", mask)) if mask else NOTHING
+        if isinstance(node, Repeat):
+            return self.rep(self.read(node.node), node.lo, node.hi)
+        if isinstance(node, Alternation):
+            return self.alt([self.read(o) for o in node.options])
+        out = EPS
+        for part in reversed(node.parts):
+            out = self.cat(self.read(part), out)
+        return out
+
+    def nullable(self, n: int) -> bool:
+        if n not in self._nullable:
+            kind, *args = self.nodes[n]
+            self._nullable[n] = (
+                kind == "rep"
+                and (args[1] == 0 or self.nullable(args[0]))
+                or kind == "cat"
+                and self.nullable(args[0])
+                and self.nullable(args[1])
+                or kind == "alt"
+                and any(map(self.nullable, args[0]))
+            )
+        return self._nullable[n]
+
+    def derive(self, n: int, block: int) -> int:
+        """The id of the strings s such that (a character of the block) + s is in ``n``."""
+        key = (n, block)
+        if key not in self._derived:
+            kind, *args = self.nodes[n]
+            if kind == "chars":
+                out = EPS if args[0] >> block & 1 else NOTHING
+            elif kind == "alt":
+                out = self.alt([self.derive(o, block) for o in args[0]])
+            elif kind == "rep":
+                a, lo, hi = args
+                rest = self.rep(a, max(lo - 1, 0), None if hi is None else hi - 1)
+                out = self.cat(self.derive(a, block), rest)
+            elif not args:  # EPS
+                out = NOTHING
+            else:
+                a, b = args
+                out = self.cat(self.derive(a, block), b)
+                if self.nullable(a):
+                    out = self.alt([out, self.derive(b, block)])
+            self._derived[key] = out
+        return self._derived[key]
+
+    def alt(self, options: list[int]) -> int:
+        flat: set[int] = set()
+        for o in options:
+            kind, *args = self.nodes[o]
+            flat.update(args[0] if kind == "alt" else (o,))
+        flat.discard(NOTHING)
+        if len(flat) == 1:
+            return flat.pop()
+        return self._intern(("alt", tuple(sorted(flat))))
+
+    def cat(self, a: int, b: int) -> int:
+        if NOTHING in (a, b):
+            return NOTHING
+        if a == EPS or b == EPS:
+            return b if a == EPS else a
+        if self.nodes[a][0] == "cat":  # (x y) z = x (y z): one spelling of each concatenation
+            return self.cat(self.nodes[a][1], self.cat(self.nodes[a][2], b))
+        return self._intern(("cat", a, b))
+
+    def rep(self, a: int, lo: int, hi: int | None) -> int:
+        if hi == 0 or a == EPS:
+            return EPS
+        if a == NOTHING:
+            return EPS if lo == 0 else NOTHING
+        if lo == hi == 1:
+            return a
+        return self._intern(("rep", a, lo, hi))
+
+    def _intern(self, node: tuple) -> int:
+        if node not in self.ids:
+            self.ids[node] = len(self.nodes)
+            self.nodes.append(node)
+        return self.ids[node]
+
+
+def _blocks(node) -> list[CharSet]:
+    """The coarsest partition of all characters that every class of ``node`` is a union of."""
+    blocks = [ANY_CHAR]
+    for chars in sorted(_classes(node), key=lambda c: c.ranges):
+        blocks = [part for b in blocks for part in (b & chars, b - chars) if not part.is_empty()]
+    return blocks
+
+
+def _classes(node) -> set[CharSet]:
+    if isinstance(node, Chars):
+        return {node.chars}
+    if isinstance(node, Repeat):
+        return _classes(node.node)
+    children = node.parts if isinstance(node, Concat) else node.options
+    return set().union(*map(_classes, children)) if children else set()
