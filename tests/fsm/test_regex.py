@@ -261,12 +261,16 @@ def test_anchors_anywhere_an_engine_allows_them(pattern):
         r"^(?=^[^c])(^((?!b{2}).)*$).*$",
         r"^a((?!ca|^b).)*$",
         r"^(?!a*$)",
+        r"(?!^a+$)[ab]+",
+        r"(?=^ab)[ab]c?",
+        r"(?!^a)(?!^b$)b",
     ],
 )
 def test_lookaheads_keep_search_semantics(pattern):
     """A pattern with lookaheads where they look from a fixed position (after a fixed-length
-    prefix of a pattern anchored at its start, or tempered tokens running to its end) is
-    compiled as intersections: accepted iff Python's re.search finds it."""
+    prefix of a pattern anchored at its start, or tempered tokens running to its end; or only
+    at the string's start, ``(?!^...)``, in a pattern searched anywhere) is compiled as
+    intersections: accepted iff Python's re.search finds it."""
     import itertools
 
     from lmprog.fsm import Constraint

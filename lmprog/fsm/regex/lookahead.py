@@ -51,6 +51,8 @@ def split_lookaheads(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     base = parser.split_anchors(Concat(tuple(plain)))
     if not base:
         return (NOTHING,), ()
+    if not any(start for start, _, _ in base) and _looks_at_the_start(parts, parser):
+        return _searched(source, parts, base, parser)
     must, must_not = [_source(base)], []
     for i, look in enumerate(parts):
         tempered = _tempered(look)
@@ -79,6 +81,37 @@ def split_lookaheads(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
             must_not.remove(text)
             must.append(positive)
     return tuple(dict.fromkeys(must)), tuple(dict.fromkeys(must_not))
+
+
+def _looks_at_the_start(parts: list, parser: _Parser) -> bool:
+    """Whether the lookaheads lead the pattern and each looks only from the string's start
+    (``(?!^[0-9]+$)...``: every branch of its body begins with ``^``)."""
+    leading = 0
+    while leading < len(parts) and isinstance(parts[leading], Look):
+        leading += 1
+    return not any(_has_look(p) or _tempered(p) for p in parts[leading:]) and all(
+        all(start for start, _, _ in parser.split_anchors(look.node)) for look in parts[:leading]
+    )
+
+
+def _searched(source: str, parts: list, base: list, parser: _Parser) -> tuple:
+    """A pattern not anchored at its start whose lookaheads look only from the string's start:
+    a match at position 0 is the pattern anchored there; a match further on finds its negative
+    lookaheads true (``^`` fails there) and its positive ones false. The union of the two is
+    written into each pattern a string must match, so every "must not" has to have become a
+    pattern (regex.dfa)."""
+    must, must_not = split_lookaheads("^" + source)
+    looks = [p for p in parts if isinstance(p, Look)]
+    if not all(look.negative for look in looks):
+        return must, must_not
+    if must_not:
+        raise parser.fail(
+            "a lookahead in a pattern not anchored at its start ('^') whose complement has "
+            "too large an automaton",
+            looks[0].at,
+        )
+    later = "|".join(f"^[\\s\\S]+{_body(b)}{'$' if end else ''}" for _, b, end in base)
+    return tuple(f"{m}|{later}" for m in must), ()
 
 
 def _offset(before: list, parser: _Parser, at: int) -> int:
