@@ -10,10 +10,12 @@ complement of each negative one's: a positive pattern where the complement's aut
 (``regex.dfa``; llguidance's ``~`` beside a ``maxLength`` ran out of lexer fuel mid-decode),
 else a pattern the string must not match, which the string compiler writes with ``~``. A
 tempered token ``((?!X).)*`` that runs to the end of the string asks that no match of X start
-at any of its positions: the complement of ``X`` searched from there. Elsewhere the position a
-lookahead looks from depends on the match (after a part of variable length, inside a repeated
-group or an alternative, or in a pattern that may match anywhere), and ``ConstraintError``
-names it, as for lookbehind and backreferences.
+at any of its positions: the complement of ``X`` searched from there. In a pattern that may
+match anywhere, lookaheads that look only from the string's start (``(?!^[0-9]+$)...``) hold
+or fail alike past it (``_searched``). Elsewhere the position a lookahead looks from depends on
+the match (after a part of variable length, inside a repeated group or an alternative, or in a
+pattern that may match anywhere), and ``ConstraintError`` names it, as for lookbehind and
+backreferences.
 """
 
 from __future__ import annotations
