@@ -1,26 +1,35 @@
 """What the grammar cannot say, checked on the text as it is decoded: ``uniqueItems`` over
-items from an open set (strings, numbers, objects...).
+items from an open set (strings, numbers, objects...), its complement (two equal items), and
+distinct keys where ``not`` over additionalProperties/patternProperties asks for them.
 
 A grammar cannot say "no item equals an earlier one" when the items are not drawn from a small
-finite set. The compiler writes such arrays without the condition and hands the guide a
-``UniqueItems`` check: it reads the output as JSON (the grammar guarantees a JSON prefix),
-follows the schema's nodes down keys and indexes (the compiler's own terms,
-``algebra.key_node``; a union follows every branch), and in an array whose schema asks for
-distinct items keeps the items seen, under JSON Schema equality (``1`` and ``1.0`` are equal,
-key order does not count). A token that would complete an item equal to an earlier one --
-the closing quote of a string, the character after a number, the last letter of ``true``, the
-bracket closing an object -- is not allowed: the guide removes it from the mask (only tokens
-that can complete something are tried: those with a quote inside strings, the few the grammar
-allows elsewhere) and refuses it in ``advance``.
+finite set, nor "some item equals an earlier one", nor "no key is written twice". The compiler
+writes such containers without the condition and hands the guide a ``JsonChecks``: it reads the
+output as JSON (the grammar guarantees a JSON prefix), follows the schema's nodes down keys and
+indexes (the compiler's own terms, ``algebra.key_node``; a union follows every branch), and
+keeps, per container whose schema asks, what it needs:
+- distinct items (``ArrT.unique``): the items seen, under JSON Schema equality (``1`` and
+  ``1.0`` are equal, key order does not count). A token that would complete an item equal to an
+  earlier one -- the closing quote of a string, the character after a number, the last letter
+  of ``true``, the bracket closing an object -- is not allowed.
+- two equal items (``ArrT.repeats``, ``not`` over uniqueItems): the items seen and whether one
+  repeated; the bracket closing the array is not allowed before one did.
+- distinct keys (an ``ObjT`` with ``some_values``: a member whose value breaks what
+  additionalProperties or patternProperties require, which a later member with the same key
+  would replace, the last one counting): the keys seen; the quote closing a key seen before
+  is not allowed.
+The guide removes what is not allowed from the mask (``check_masks``: only tokens that can
+complete something are tried) and refuses it in ``advance``.
 
-Where several branches apply, the condition holds if any of them asks for it (a narrowing,
-never a wrong acceptance), unless one of them takes any array; under an unconstrained schema
-nothing is checked. A value that can only become a seen one is refused as soon as that is so:
-a literal at its first letter, an integer item "0" once 0 was seen, a string of a finite set
-(an enum too large for the grammar to track) at the character after which only seen strings
-remain, a string that a token would fill to its maxLength as a seen one; other values that can only be completed into a repeated item are not foreseen: the guide allows their
-characters, and where no token can follow, the request fails with ConstraintError (as in an
-array of `^[ab]$` strings asked for three distinct items).
+Where several branches apply, a condition holds if any of them asks for it (a narrowing,
+never a wrong acceptance), unless one of them takes any array (any object); under an
+unconstrained schema nothing is checked. A value that can only become a seen one is refused as
+soon as that is so: a literal at its first letter, an integer item "0" once 0 was seen, a
+string of a finite set (an enum too large for the grammar to track) at the character after
+which only seen strings remain, a string that a token would fill to its maxLength as a seen
+one; other dead ends are not foreseen: the guide allows their characters, and where no token
+can follow, the request fails with ConstraintError (an array of `^[ab]$` strings asked for
+three distinct items; an array that must repeat an item and has reached its maxItems).
 
 States are immutable tuples, one per token, so a guide rolls back by dropping the last ones.
 """
@@ -28,22 +37,18 @@ States are immutable tuples, one per token, so a guide rolls back by dropping th
 from __future__ import annotations
 
 import json
-import weakref
-from decimal import Decimal
-from typing import Any
-
-import numpy as np
 
 from lmprog.fsm.json_schema.algebra import key_node
-from lmprog.fsm.json_schema.emit import value_key
 from lmprog.fsm.json_schema.terms import ArrT, Node, NumT, ObjT, RefT, StrT, is_full
 
 # A state: (stack, mode, text, buf).
-# stack: frames, innermost last: ("top", nodes), ("obj", nodes, key) or
-#   ("arr", nodes, checked, seen, index, start) -- nodes: the schema nodes the container
-#   follows (None: unconstrained, nothing checked below); key: the last key read; checked: its
-#   items must be distinct; seen: their keys (value_key) so far; index: the item being read;
-#   start: where that item starts in buf (None: between items, or already counted).
+# stack: frames, innermost last: ("top", nodes), ("obj", nodes, key, keys) or
+#   ("arr", nodes, need, seen, index, start, repeated) -- nodes: the schema nodes the container
+#   follows (None: unconstrained, nothing checked below); key: the last key read; keys: the
+#   keys read so far where they must be distinct (else None); need: _UNIQUE | _REPEATS bits;
+#   seen: the items' keys (item_key) so far; index: the item being read; start: where that
+#   item starts in buf (None: between items, or already counted); repeated: an item equalled
+#   an earlier one.
 # mode: what comes next -- "value", "key?" (a key or "}"), "key"/"string" (inside one;
 #   "key\\"/"string\\" right after a backslash), "colon", "scalar" (a number or literal),
 #   "after" (",", "]" or "}").
@@ -53,40 +58,41 @@ State = tuple
 _WS = frozenset(b" \t\n\r")
 _LITERALS = (b"true", b"false", b"null")
 _LETTERS = {"t": True, "f": False, "n": None}  # a literal's first letter decides it
+_UNIQUE, _REPEATS = 1, 2
 
 
-class UniqueItems:
+class JsonChecks:
     def __init__(self, root: Node, bodies: dict, checked: frozenset) -> None:
         """root: the schema's node; bodies: RefT key -> node; checked: the ArrT terms whose
-        items must be distinct."""
+        items must be distinct (``unique``) or repeat (``repeats``), and the ObjT terms whose
+        keys must be distinct."""
         self.root, self.bodies, self.checked = root, bodies, checked
 
     def start(self) -> State:
         return ((("top", (self.root,)),), "value", b"", b"")
 
     def active(self, state: State) -> bool:
-        """Whether a token could complete a checked item here (the mask needs filtering)."""
-        return any(f[0] == "arr" and f[2] for f in state[0])
+        """Whether a token could complete something checked here (the mask needs filtering)."""
+        return any(f[0] == "arr" and f[2] or f[0] == "obj" and f[3] is not None for f in state[0])
 
     def in_string(self, state: State) -> bool:
         return state[1] in ("string", "string\\", "key", "key\\")
 
     def step(self, state: State, data: bytes) -> State | None:
-        """The state after `data`; None if it completes an item equal to an earlier one."""
+        """The state after `data`; None if it breaks a condition (an item equal to an earlier
+        one, an array closed without a repeat, a key written again)."""
         stack, mode, text, old = state
         buf = bytearray(old)
-        keep = self.active(state)
+        keep = _keeps(stack)
         for byte in data:
             if keep:
                 buf.append(byte)
             if mode in ("string", "key"):
                 if byte == 0x22:  # the closing quote
                     if mode == "key":
-                        key = json.loads(b'"' + text + b'"') if stack[-1][1] is not None else ""
-                        stack, mode, text = stack[:-1] + (("obj", stack[-1][1], key),), "colon", b""
-                        continue
-                    mode = "after"
-                    stack = self._done(stack, buf)
+                        stack, mode, text = self._key(stack, text), "colon", b""
+                    else:
+                        stack, mode = self._done(stack, buf), "after"
                     if stack is None:
                         return None
                     continue
@@ -129,7 +135,7 @@ class UniqueItems:
                     stack, mode = self._close(stack, buf), "after"
             elif mode == "value":
                 stack, mode = self._open(stack, c, buf)
-                if mode == "value" and not keep and self.active((stack,)):
+                if mode == "value" and not keep and _keeps(stack):
                     keep = True
                     buf = bytearray()
             elif c == ",":
@@ -137,26 +143,45 @@ class UniqueItems:
                 if top[0] == "obj":
                     mode = "key?"
                 else:
-                    stack, mode = stack[:-1] + (top[:4] + (top[4] + 1, None),), "value"
+                    frame = top[:4] + (top[4] + 1, None, top[6])
+                    stack, mode = stack[:-1] + (frame,), "value"
             else:  # "]" or "}"
                 stack, mode = self._close(stack, buf), "after"
             if stack is None:
                 return None
-        return stack, mode, text, bytes(buf) if self.active((stack,)) else b""
+        return stack, mode, text, bytes(buf) if _keeps(stack) else b""
+
+    def _key(self, stack: tuple, text: bytes) -> tuple | None:
+        """A key ends (its bytes are `text`): the innermost object's last key; None if its
+        keys must be distinct and this one was read before."""
+        top = stack[-1]
+        key = json.loads(b'"' + text + b'"') if top[1] is not None else ""
+        keys = top[3]
+        if keys is not None:
+            if key in keys:
+                return None
+            keys = keys | {key}
+        return stack[:-1] + (("obj", top[1], key, keys),)
 
     def _done(self, stack: tuple, buf: bytearray) -> tuple | None:
         """An item of the innermost array ends here (buf holds it from its start): record it,
-        or None if an equal one came before."""
+        or None if an equal one came before and the items must be distinct."""
         top = stack[-1]
         if top[0] != "arr" or not top[2] or top[5] is None:
             return stack
-        item = value_key(json.loads(bytes(buf[top[5] :]), parse_float=Decimal))
-        if item in top[3]:
+        item = item_key(bytes(buf[top[5] :]))
+        repeated = item in top[3]
+        if repeated and top[2] & _UNIQUE:
             return None
-        return stack[:-1] + (("arr", top[1], True, top[3] | {item}, top[4], None),)
+        frame = ("arr", top[1], top[2], top[3] | {item}, top[4], None, top[6] or repeated)
+        return stack[:-1] + (frame,)
 
     def _close(self, stack: tuple, buf: bytearray) -> tuple | None:
-        """The innermost container closes; if it was an item of a checked array, it ends."""
+        """The innermost container closes (None if it must hold a repeated item and does
+        not); if it was an item of a checked array, that item ends."""
+        top = stack[-1]
+        if top[0] == "arr" and top[2] & _REPEATS and not top[6]:
+            return None
         return self._done(stack[:-1], buf)
 
     def _open(self, stack: tuple, c: str, buf: bytearray) -> tuple[tuple | None, str]:
@@ -165,59 +190,44 @@ class UniqueItems:
             return self._close(stack, buf), "after"
         top = stack[-1]
         if top[0] == "arr" and top[2]:  # an item of a checked array starts (its first byte)
-            if c in _LETTERS and value_key(_LETTERS[c]) in top[3]:
-                return None, "scalar"  # this literal can only repeat one seen: refuse it now
-            if c == "0" and self._zero_repeats(stack):
-                return None, "scalar"
+            if top[2] & _UNIQUE:
+                if c in _LETTERS and ("c", _LETTERS[c]) in top[3]:
+                    return None, "scalar"  # this literal can only repeat one seen: refuse it
+                if c == "0" and self._zero_repeats(stack):
+                    return None, "scalar"
             if not any(f[0] == "arr" and f[2] and f[5] is not None for f in stack):
                 del buf[:-1]  # no item is open around this one: keep only its bytes
-            stack = stack[:-1] + (top[:5] + (len(buf) - 1,),)
+            stack = stack[:-1] + (top[:5] + (len(buf) - 1, top[6]),)
         nodes = self._value_nodes(stack)
         if c == "{":
-            return stack + (("obj", nodes, ""),), "key?"
+            terms = self._terms(nodes, ObjT)
+            distinct = self._asked(terms) is not None
+            return stack + (("obj", nodes, "", frozenset() if distinct else None),), "key?"
         if c == "[":
             terms = self._terms(nodes, ArrT)
-            checked = (  # not where a branch takes any array
-                terms is not None
-                and any(t in self.checked for t in terms)
-                and not any(is_full(t) for t in terms)
-            )
-            frame = ("arr", None if terms is None else nodes, checked, frozenset(), 0, None)
+            asked = self._asked(terms)
+            need = 0
+            if asked:
+                need = _UNIQUE * any(t.unique for t in asked) | _REPEATS * any(
+                    t.repeats for t in asked
+                )
+            frame = ("arr", None if terms is None else nodes, need, frozenset(), 0, None, False)
             return stack + (frame,), "value"
         return stack, "string" if c == '"' else "scalar"
 
-    def closing(self, state: State):
-        """Inside a string item of a checked array (not right after a backslash): a function
-        of the bytes before a closing quote saying whether the item they end repeats one;
-        None elsewhere (or if the item so far does not decode: a split character)."""
-        stack, mode, _, buf = state
-        top = stack[-1]
-        if mode != "string" or top[0] != "arr" or not top[2] or top[5] is None:
+    def _asked(self, terms: list | None) -> list | None:
+        """The checked terms among a container's terms; None if none is, or if a branch
+        takes any container of that type."""
+        if terms is None or any(is_full(t) for t in terms):
             return None
-        item, seen = bytes(buf[top[5] :]), top[3]
-        try:
-            json.loads(item + b'"')
-        except ValueError:
-            return None
+        asked = [t for t in terms if t in self.checked]
+        return asked or None
 
-        def repeats(head: bytes) -> bool:
-            try:
-                return ("s", json.loads(item + head + b'"')) in seen
-            except ValueError:  # an escape the head leaves open: no string ends there
-                return False
-
-        return repeats
-
-    def finite_item(self, state: State) -> bool:
-        """Whether the string being read, or the item about to start, is from a finite set
-        of strings (then any character may be the one after which only repeats remain)."""
-        return state[1] in ("string", "value") and self._strings(state[0]) is not None
-
-    def _strings(self, stack: tuple) -> frozenset | None:
-        """The strings an item of the innermost (checked) array may be, when they are a
+    def strings(self, stack: tuple) -> frozenset | None:
+        """The strings an item of the innermost (distinct-items) array may be, when they are a
         finite set (every string term an enum); else None."""
         top = stack[-1]
-        if top[0] != "arr" or not top[2]:
+        if top[0] != "arr" or not top[2] & _UNIQUE:
             return None
         terms = self._terms(self._value_nodes(stack), StrT)
         if not terms or any(t.values is None for t in terms):
@@ -229,9 +239,9 @@ class UniqueItems:
         every value it can still become was seen; or it is as long as any string item may be
         (maxLength) and was seen."""
         top = stack[-1]
-        if top[0] != "arr" or not top[2] or top[5] is None:
+        if top[0] != "arr" or not top[2] & _UNIQUE or top[5] is None:
             return False
-        values, longest = self._strings(stack), self.longest(stack)
+        values, longest = self.strings(stack), self.longest(stack)
         if values is None and longest is None:
             return False
         try:
@@ -244,38 +254,22 @@ class UniqueItems:
         return len(prefix) >= longest and ("s", prefix) in seen
 
     def longest(self, stack: tuple) -> int | None:
-        """The greatest maxLength of the string items of the innermost (checked) array, if
-        every string they may be has one; else None."""
+        """The greatest maxLength of the string items of the innermost (distinct-items) array,
+        if every string they may be has one; else None."""
         top = stack[-1]
-        if top[0] != "arr" or not top[2]:
+        if top[0] != "arr" or not top[2] & _UNIQUE:
             return None
         terms = self._terms(self._value_nodes(stack), StrT)
         if not terms or any(t.max_len is None for t in terms):
             return None
         return max(t.max_len for t in terms)
 
-    def full_lengths(self, state: State) -> list[bytes]:
-        """Inside a string item with a maxLength: the texts that would bring it to a seen
-        string of that length (whose only continuation is then its closing quote)."""
-        stack, mode, _, buf = state
-        top = stack[-1]
-        longest = self.longest(stack) if mode == "string" and top[0] == "arr" else None
-        if longest is None or top[5] is None:
-            return []
-        try:
-            prefix = json.loads(bytes(buf[top[5] :]) + b'"')
-        except ValueError:
-            return []
-        return [
-            json.dumps(v[len(prefix) :], ensure_ascii=False)[1:-1].encode()
-            for kind, v in top[3]
-            if kind == "s" and len(v) == longest and v.startswith(prefix) and len(v) > len(prefix)
-        ]
-
     def _zero_repeats(self, stack: tuple) -> bool:
-        """Whether an item starting "0" (or "-0") can only be 0 and 0 was seen: the item's
-        numbers are integers (no fraction may follow) -- refused at once, not a dead end."""
-        if ("n", 0) not in stack[-1][3]:
+        """Whether an item starting "0" (or "-0") of a distinct-items array can only be 0 and
+        0 was seen: the item's numbers are integers (no fraction may follow) -- refused at
+        once, not a dead end."""
+        top = stack[-1]
+        if not top[2] & _UNIQUE or ("n", _ZERO) not in top[3]:
             return False
         numbers = self._terms(self._value_nodes(stack), NumT)
         return bool(numbers) and all(t.integer for t in numbers)
@@ -310,90 +304,56 @@ class UniqueItems:
                     out.append(t)
         return out
 
+    def stuck(self, state: State) -> str:
+        """Why no token may follow (for the guide's error)."""
+        arrays = [f for f in state[0] if f[0] == "arr" and f[2]]
+        if arrays and arrays[-1][2] & _REPEATS and not arrays[-1][6]:
+            return "the array must hold two equal items (not uniqueItems) and none can follow"
+        if state[1].startswith("key"):
+            return "every key the schema allows next was written before"
+        return "every item the schema allows next would repeat an earlier one (uniqueItems)"
+
+
+def item_key(text: bytes):
+    """A hashable key of a JSON text's value under JSON Schema equality (as
+    ``emit.value_key``: 1 == 1.0 == 1e0, true != 1, key order ignored), numbers of any size
+    and exponent compared exactly."""
+    return _key(json.loads(text, parse_int=_number, parse_float=_number))
+
+
+def _key(v):
+    if v is None or isinstance(v, bool):
+        return ("c", v)
+    if isinstance(v, tuple):  # a number (_number)
+        return ("n", v)
+    if isinstance(v, str):
+        return ("s", v)
+    if isinstance(v, list):
+        return ("a", tuple(_key(x) for x in v))
+    return ("o", frozenset((k, _key(x)) for k, x in v.items()))
+
+
+def _number(text: str) -> tuple:
+    """A JSON number's text as (sign, significant digits, exponent): equal numbers, equal
+    tuples (zero, of either sign, is ``_ZERO``)."""
+    mantissa, _, exponent = text.lower().partition("e")
+    sign = mantissa.startswith("-")
+    whole, _, fraction = mantissa.lstrip("-").partition(".")
+    digits = (whole + fraction).lstrip("0")
+    if not digits:
+        return _ZERO
+    power = int(exponent or 0) - len(fraction)
+    stripped = digits.rstrip("0")
+    return (sign, stripped, power + len(digits) - len(stripped))
+
+
+_ZERO = (False, "", 0)
+
+
+def _keeps(stack: tuple) -> bool:
+    """Whether the text of an item being read is needed (an array's items are checked)."""
+    return any(f[0] == "arr" and f[2] for f in stack)
+
 
 def _item(t: ArrT, i: int) -> Node:
     return t.prefix[i] if i < len(t.prefix) else t.rest
-
-
-def filter_words(check: UniqueItems, state: State, words: np.ndarray, vocab: Any) -> np.ndarray:
-    """`words` (an int32 bitmask over `vocab`) without the tokens that would complete a
-    repeated item from `state`, or start a value that can only be one. Tried: inside a string,
-    the tokens with a quote (nothing else can end it) and those that would fill it to its
-    maxLength as a seen string, or every allowed token if the item is one of a finite set of
-    strings (any character may leave only repeats); elsewhere the
-    allowed tokens that hold punctuation, whitespace, two quotes or a literal's last letter,
-    or start a literal, a zero, or (before such a string) a string."""
-    table = _tables(vocab)
-    finite = check.finite_item(state)
-    if check.in_string(state) and not finite:
-        extra = [vocab.token_id(t) for t in check.full_lengths(state)]
-        extra = [i for i in extra if i is not None]
-        candidates = np.concatenate((table.quotes, np.array(extra, dtype=np.int64)))
-        closes = check.closing(state)
-    else:
-        closes = None
-        allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[: len(table.ends)]
-        allowed = allowed.astype(bool)
-        if not check.in_string(state):
-            allowed &= table.ends | table.opens if finite else table.ends
-        candidates = np.flatnonzero(allowed)
-    out = None
-    for token in candidates.tolist():
-        if not (int(words[token >> 5]) >> (token & 31)) & 1:
-            continue
-        data = vocab.token_bytes[token]
-        if closes is not None and token in table.simple:
-            repeated = closes(table.simple[token])  # only the string item ends in it
-        else:
-            repeated = check.step(state, data) is None
-        if repeated:
-            if out is None:
-                out = np.array(words, dtype=np.int32)
-            out[token >> 5] &= np.int32(~np.uint32(1 << (token & 31)).view(np.int32))
-    return words if out is None else out
-
-
-class _Tables:
-    """Per vocabulary, which tokens can matter: `quotes` (ids holding a quote), `ends`
-    (those that may complete a value or start one that can only be one), `opens` (those
-    starting a string), `simple` (those ending a string and nothing else)."""
-
-    def __init__(self, vocab: Any) -> None:
-        tokens = [b or b"" for b in vocab.token_bytes]
-        # the vocabulary as one byte array: per-token counts by reduceat over its offsets
-        lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
-        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-        data = np.frombuffer(b"".join(tokens) + b"\0", dtype=np.uint8)
-        nonempty = lengths > 0
-
-        def count(chars: bytes) -> np.ndarray:
-            hits = np.isin(data, np.frombuffer(chars, dtype=np.uint8)).astype(np.int64)
-            return np.where(nonempty, np.add.reduceat(hits, starts), 0)
-
-        first = np.where(nonempty, data[starts], 0)
-        quotes = count(b'"')
-        self.quotes = np.flatnonzero(quotes)
-        starts_one = np.isin(first, np.frombuffer(b"tfn0", dtype=np.uint8))
-        second = np.where(lengths > 1, data[np.minimum(starts + 1, len(data) - 1)], 0)
-        minus_zero = (first == ord("-")) & (second == ord("0"))
-        inside = count(b",]}el" + bytes(_WS)) > 0
-        opens = first == ord('"')
-        self.ends = (quotes > 1) | (~opens & (inside | starts_one | minus_zero))
-        self.opens = opens
-        # tokens whose first quote ends a string and nothing after it can end another value:
-        # id -> the bytes before that quote
-        self.simple: dict[int, bytes] = {}
-        for i in self.quotes.tolist():
-            head, _, rest = tokens[i].partition(b'"')
-            if not head.endswith(b"\\") and not any(c in rest for c in b'"]}'):
-                self.simple[i] = head
-
-
-_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # vocabulary -> _Tables
-
-
-def _tables(vocab: Any) -> _Tables:
-    table = _TABLES.get(vocab)
-    if table is None:  # (two threads may both build it: the same table)
-        table = _TABLES[vocab] = _Tables(vocab)
-    return table

@@ -89,8 +89,8 @@ def embed(c: Constraint) -> Frag:
         )
     if c.check is not None:
         raise ConstraintError(
-            "a schema whose distinct items are checked as decoded (uniqueItems) "
-            "cannot be combined with other parts (tool calls)"
+            "a schema checked as decoded (uniqueItems, 'not' over it or over "
+            "additionalProperties) cannot be combined with other parts (tool calls)"
         )
     return _Embedded(c)
 

@@ -97,14 +97,12 @@ class Guide:
         """The mask without the tokens the index's check refuses from here."""
         if self._checks is None or not self.index.check.active(self._checks[-1]):
             return words
-        from lmprog.fsm.checks import filter_words
+        from lmprog.fsm.check_masks import filter_words
 
         words = filter_words(self.index.check, self._checks[-1], words, self.index.vocab)
         if not words.any():
-            raise ConstraintError(
-                "the constraint cannot continue here: every item the schema allows next "
-                "would repeat an earlier one (uniqueItems)"
-            )
+            reason = self.index.check.stuck(self._checks[-1])
+            raise ConstraintError(f"the constraint cannot continue here: {reason}")
         return words
 
     def allowed_token_ids(self) -> np.ndarray:

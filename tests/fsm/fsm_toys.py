@@ -99,6 +99,24 @@ def random_text(constraint, rng: random.Random, like: str = "", limit: int = 400
     return None
 
 
+def assert_random_texts_valid(schema, like: str, walks: int = 150, least: int = 50) -> None:
+    """`walks` random texts of a JSON schema's constraint near `like` (random_text): at least
+    `least` finish, and jsonschema finds every one valid."""
+    import json
+
+    import jsonschema
+
+    from lmprog.fsm import Constraint
+
+    c = Constraint.from_json_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    rng = random.Random(0)
+    texts = [t for t in (random_text(c, rng, like) for _ in range(walks)) if t is not None]
+    assert len(texts) > least
+    for text in texts:
+        assert validator.is_valid(json.loads(text)), text
+
+
 def follow_text(guide: Guide, target: bytes, out: list[int]) -> int | None:
     """A 'model' that writes `target`: the longest allowed token that continues it (EOS at the
     end). Returns None when no allowed token continues the target."""

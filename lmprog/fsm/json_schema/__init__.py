@@ -181,12 +181,12 @@ def _grammar(
         text = to_lark(out, emitter.rules)
     if not emitter.checked:
         return Grammar(text, None)
-    from lmprog.fsm.checks import UniqueItems
+    from lmprog.fsm.checks import JsonChecks
 
     # the check is part of the constraint: name it in the text, which keys the token index
     digest = hashlib.sha256(json.dumps(document, sort_keys=True, default=repr).encode()).hexdigest()
-    text += f"// distinct items checked as decoded, schema {digest[:24]}\n"
-    return Grammar(text, UniqueItems(node, builder.bodies, frozenset(emitter.checked)))
+    text += f"// items or keys checked as decoded, schema {digest[:24]}\n"
+    return Grammar(text, JsonChecks(node, builder.bodies, frozenset(emitter.checked)))
 
 
 class Grammar(NamedTuple):

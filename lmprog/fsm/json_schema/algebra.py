@@ -189,6 +189,7 @@ def _meet_arr(x: ArrT, y: ArrT) -> ArrT | None:
             else min(x.max_items, y.max_items),
             contains=x.contains + tuple(c for c in y.contains if c not in x.contains),
             unique=x.unique or y.unique,
+            repeats=x.repeats or y.repeats,
             eval_prefix=max(x.eval_prefix, y.eval_prefix),
             eval_all=x.eval_all or y.eval_all,
         )
@@ -219,7 +220,12 @@ def normalize_arr(t: ArrT) -> ArrT | None:
             contains.append(c)
     prefix = t.prefix if cap is None else t.prefix[:cap]
     unique = t.unique and (cap is None or cap > 1)
-    return replace(t, prefix=prefix, max_items=cap, contains=tuple(contains), unique=unique)
+    if t.repeats and (unique or (cap is not None and cap < 2)):
+        return None  # two equal items among distinct ones, or in fewer than two
+    lo = max(t.min_items, 2) if t.repeats else t.min_items
+    return replace(
+        t, prefix=prefix, min_items=lo, max_items=cap, contains=tuple(contains), unique=unique
+    )
 
 
 def _meet_obj(x: ObjT, y: ObjT) -> ObjT | None:
@@ -239,6 +245,7 @@ def _meet_obj(x: ObjT, y: ObjT) -> ObjT | None:
             else min(x.max_props, y.max_props),
             any_order=x.any_order and y.any_order,
             some=x.some + tuple(k for k in y.some if k not in x.some),
+            some_values=x.some_values + tuple(f for f in y.some_values if f not in x.some_values),
             eval_names=x.eval_names | y.eval_names,
             eval_patterns=x.eval_patterns | y.eval_patterns,
             eval_all=x.eval_all or y.eval_all,
@@ -273,11 +280,15 @@ def normalize_obj(t: ObjT) -> ObjT | None:
     if t.max_props is not None and max(t.min_props, len(t.required)) > t.max_props:
         return None
     rules = _merge_rules(t.rules)
+    closed = any(not r.patterns and r.additional.never for r in rules)
+    if closed and sum(not v.never for _, v in props) < t.min_props:
+        return None  # fewer keys may be written than minProperties asks
+    if any(v.never for _, v in t.some_values):
+        return None
     some = []
     for keys in t.some:  # facets a required key meets go; one nothing can meet empties t
         if any(k in t.required and key_allowed(keys, k) for k, _ in props):
             continue
-        closed = any(not r.patterns and r.additional.never for r in rules)
         if closed and not any(key_allowed(keys, k) and not v.never for k, v in props):
             return None
         some.append(keys)

@@ -2,26 +2,29 @@
 
 Items are written ``[ws item (ws , ws item)* ws]``. An array shorter than its prefix stops after
 any prefix item at or past ``minItems``, so the prefix is a nest of optional groups.
-``contains`` is exact when there is no prefix and no ``maxItems``: the items are a sequence of
-"any item" runs around the required matching items (and, with ``maxContains``, runs of
-non-matching items, which needs the complement of the ``contains`` schema). ``uniqueItems`` is
+``contains`` without prefix items or ``maxItems``: the items are a sequence of "any item" runs
+around the required matching items (and, with ``maxContains``, runs of non-matching items,
+which needs the complement of the ``contains`` schema); beside prefix items or ``maxItems``, the
+items are written position by position with the matches counted (``_Counted``). ``uniqueItems`` is
 exact when the items come from one finite set of at most 64 values (``enum``, booleans,
 ``const``...: a parametric rule with a bit per value, each used once), when there are at most
 256 distinct-item arrays (prefix items from finite sets: enumerated), or when arrays hold at
 most one item; over other items (strings, numbers, objects...) the grammar writes the array
-without the condition and the guide checks it as the text is decoded (``lmprog.fsm.checks``).
+without the condition and the guide checks it as the text is decoded (``lmprog.fsm.checks``), as
+it checks ``repeats`` (``not`` over uniqueItems: two equal items).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.algebra import conj
 from lmprog.fsm.json_schema.complement import neg
-from lmprog.fsm.json_schema.lark import Frag, alt, cat, opt, rep, unique
+from lmprog.fsm.json_schema.lark import EPS, Frag, alt, cat, opt, rep, unique
 from lmprog.fsm.json_schema.sequences import Slot, separated
-from lmprog.fsm.json_schema.terms import ArrT
+from lmprog.fsm.json_schema.terms import ArrT, Contains, Node
 
 if TYPE_CHECKING:
     from lmprog.fsm.json_schema.emit import Emitter
@@ -30,6 +33,9 @@ if TYPE_CHECKING:
 def array_regex(t: ArrT, em: Emitter) -> Frag | None:
     if t.unique:
         return _unique_arrays(t, em)
+    if t.repeats:  # two equal items: checked as the text is decoded (lmprog.fsm.checks)
+        em.checked.add(t)
+        return array_regex(replace(t, repeats=False), em)
     if t.contains:
         return em.container("[", *_contains_items(t, em), "]")
     prefix = [em.node(n) for n in t.prefix]
@@ -52,27 +58,87 @@ def _items(
 
 
 def _contains_items(t: ArrT, em: Emitter) -> tuple[Frag | None, bool]:
-    if len(t.contains) > 1 or t.prefix or t.max_items is not None or t.min_items > t.contains[0].lo:
-        raise ConstraintError(
-            "contains together with prefixItems, maxItems, a larger minItems or "
-            "another contains has no exact regex"
-        )
+    if len(t.contains) > 1:
+        raise ConstraintError("two 'contains' on one array have no exact grammar")
     c = t.contains[0]
-    hit = em.node(conj(t.rest, c.node))
-    filler = em.node(t.rest if c.hi is None else conj(t.rest, neg(c.node)))
+    if t.prefix or t.max_items is not None or t.min_items > c.lo:
+        return _Counted(t, em).items()
+    return _contains_run(t.rest, c, 0, em)
+
+
+def _contains_run(item: Node, c: Contains, hits: int, em: Emitter) -> tuple[Frag | None, bool]:
+    """Any number of ``item``s of which c.lo - hits to c.hi - hits are in ``c.node``: "any
+    item" runs around the required matching items (with ``maxContains``, runs of items
+    outside ``c.node``, which needs its complement)."""
+    hit = em.node(conj(item, c.node))
+    filler = em.node(item if c.hi is None else conj(item, neg(c.node)))
     slots = [Slot(filler, 0, None)]
-    for _ in range(c.lo):
+    for _ in range(max(0, c.lo - hits)):
         slots += [Slot(hit, 1, 1), Slot(filler, 0, None)]
     if c.hi is not None:
-        for _ in range(c.hi - c.lo):
+        for _ in range(c.hi - max(c.lo, hits)):
             slots += [Slot(hit, 0, 1), Slot(filler, 0, None)]
     return separated(slots, em.sep)
 
 
+class _Counted:
+    """``contains`` beside prefix items, ``maxItems`` or a ``minItems`` above ``minContains``:
+    the items position by position, counting those in the ``contains`` schema, as rules
+    R(i, h) = "the items from position i on, h of those before it matching" (shared where
+    they meet); past the prefix and ``minItems`` with no ``maxItems``, the rest is a
+    ``_contains_run``. Each item either matches or, where nothing more is to count, is any
+    item; with ``maxContains`` it matches or is outside the ``contains`` schema (its
+    complement)."""
+
+    def __init__(self, t: ArrT, em: Emitter) -> None:
+        self.t, self.em, self.c = t, em, t.contains[0]
+        self.end = t.max_items if t.max_items is not None else max(len(t.prefix), t.min_items)
+        top = self.c.lo if self.c.hi is None else self.c.hi
+        if self.end * (top + 1) > _MAX_COUNTED:
+            raise ConstraintError(
+                f"contains with {self.end} counted positions and up to {top} matches needs "
+                f"more than {_MAX_COUNTED} grammar states"
+            )
+        self.memo: dict = {}
+
+    def items(self) -> tuple[Frag | None, bool]:
+        """(the non-empty item sequences, whether the empty one is allowed)."""
+        return self._next(0, 0), self._done(0, 0)
+
+    def _done(self, i: int, h: int) -> bool:
+        return i >= self.t.min_items and h >= self.c.lo
+
+    def rest(self, i: int, h: int) -> Frag | None:
+        """The items after i of them, h matching, each after a separator."""
+        key = (i, h)
+        if key not in self.memo:
+            tail = self._next(i, h)
+            self.memo[key] = alt(EPS if self._done(i, h) else None, cat(self.em.sep, tail))
+        return self.memo[key]
+
+    def _next(self, i: int, h: int) -> Frag | None:
+        """Item i (the next one) and those after it."""
+        if i == self.end:  # past maxItems, or unbounded: a run of rest items
+            return None if self.t.max_items is not None else self._run(h)
+        item = self.t.prefix[i] if i < len(self.t.prefix) else self.t.rest
+        c = self.c
+        if c.hi is None and h >= c.lo:  # enough matches: any item
+            return cat(self.em.node(item), self.rest(i + 1, h))
+        other = item if c.hi is None else conj(item, neg(c.node))
+        options = [cat(self.em.node(other), self.rest(i + 1, h))]
+        if c.hi is None or h < c.hi:
+            options.append(cat(self.em.node(conj(item, c.node)), self.rest(i + 1, h + 1)))
+        return alt(*options)
+
+    def _run(self, h: int) -> Frag | None:
+        return _contains_run(self.t.rest, self.c, h, self.em)[0]
+
+
+_MAX_COUNTED = 2048  # (position, matches) states of one contains array
+
+
 def _unique_arrays(t: ArrT, em: Emitter) -> Frag | None:
     if t.max_items is not None and t.max_items <= 1:
-        from dataclasses import replace
-
         return array_regex(replace(t, unique=False), em)
     values = _distinct_values(t, em)
     if values is not None:  # items from one finite set: a list of distinct ones
@@ -82,8 +148,6 @@ def _unique_arrays(t: ArrT, em: Emitter) -> Frag | None:
     arrays = _distinct_arrays(t, em)
     if arrays is not None:
         return alt(*(em.value(a) for a in arrays))
-    from dataclasses import replace
-
     em.checked.add(t)  # distinct items: checked as the text is decoded (lmprog.fsm.checks)
     return array_regex(replace(t, unique=False), em)
 

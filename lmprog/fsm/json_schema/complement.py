@@ -2,8 +2,11 @@
 
 ``neg`` applies De Morgan over a term's facets: not (integer and >= 2) = non-integer or < 2; each
 facet's complement must be exact (a bound flips, an enum becomes an exclusion, a required key
-becomes an absent one, a pattern a negated pattern...), and facets without one (``multipleOf``,
-``uniqueItems``, ``patternProperties``...) raise ConstraintError.
+becomes an absent one, a pattern a negated pattern...), and facets without one (``multipleOf``
+over non-integers...) raise ConstraintError. Two complements need a condition that the token
+engine checks as it decodes (``lmprog.fsm.checks``): not ``uniqueItems`` is an array with two
+equal items (``repeats``), and not ``additionalProperties``/``patternProperties`` an object
+with a member whose value breaks them (``some_values``), its keys then checked distinct.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import conj, conj_all, normalize_arr, normalize_obj
+from lmprog.fsm.json_schema.algebra import conj, conj_all, key_node, normalize_arr, normalize_obj
 from lmprog.fsm.json_schema.formats import format_pattern
 from lmprog.fsm.json_schema.terms import (
     FULL_TERMS,
@@ -20,6 +23,7 @@ from lmprog.fsm.json_schema.terms import (
     ArrT,
     BoolT,
     Contains,
+    KeyRule,
     Node,
     NullT,
     NumT,
@@ -29,24 +33,32 @@ from lmprog.fsm.json_schema.terms import (
     Unroll,
     expand,
     make_node,
+    union,
 )
 
 
 @lru_cache(maxsize=16384)
-def neg(node: Node) -> Node:
-    """The values not in ``node``; ConstraintError if a facet has no exact complement."""
+def neg(node: Node, within: Node | None = None) -> Node:
+    """The values not in ``node``; ConstraintError if a facet has no exact complement. With
+    ``within``, only its values matter: the result agrees with the complement on them, and
+    leaves out ways of breaking ``node`` that none of them has (a property ``within``'s objects
+    never hold), which need not be built (``oneOf`` over closed objects)."""
     if node.top:
         return NEVER
+    if within is not None and (within.top or any(isinstance(t, RefT) for t in within.terms)):
+        within = None
     out = TOP
     for t in node.terms:
-        out = conj(out, _neg_term(t))
+        out = conj(out, _neg_term(t, within))
     return out
 
 
-def _neg_term(t) -> Node:
+def _neg_term(t, within: Node | None) -> Node:
     if isinstance(t, RefT):
         raise Unroll
     others = [f for f in FULL_TERMS if type(f) is not type(t)]
+    if isinstance(t, ObjT):
+        return make_node(others + _neg_obj(t, within))
     return make_node(others + list(_NEGATIONS[type(t)](t)))
 
 
@@ -92,9 +104,11 @@ def _neg_str(t: StrT):
 
 
 def _neg_arr(t: ArrT):
-    if t.unique:
-        raise ConstraintError("'not' over uniqueItems has no exact regex")
     out = []
+    if t.unique:  # two equal items (checked as decoded, lmprog.fsm.checks)
+        out.append(ArrT(repeats=True))
+    if t.repeats:
+        out.append(ArrT(unique=True))
     if t.min_items > 0:
         out.append(ArrT(max_items=t.min_items - 1))
     if t.max_items is not None:
@@ -114,37 +128,67 @@ def _neg_arr(t: ArrT):
     return [a for a in (normalize_arr(x) for x in out) if a is not None]
 
 
-def _neg_obj(t: ObjT):
+def _neg_obj(t: ObjT, within: Node | None = None) -> list:
     """not (every facet) = some facet broken: a named value in its complement, a required key
     missing, a key beyond a closed object's properties or outside propertyNames (``some``
-    facets), a count out of range, every key outside a ``some`` set. ``additionalProperties``
-    other than false, and ``patternProperties``, would need some member's value broken, which
-    a key written twice can hide (the last one counts): refused."""
-    if any(r.patterns or not r.additional.never for r in t.rules):
-        raise ConstraintError(
-            "'not' over additionalProperties (other than false)/patternProperties has no exact "
-            "grammar"
-        )
+    facets), a count out of range, every key outside a ``some`` set, a member the rules do not
+    name with its value outside what they require (``some_values``: a key matching a pattern
+    with a value outside its schema, a key matching none with one outside
+    additionalProperties; its key is then checked distinct as decoded, since a later member
+    with the same key would replace it), every such member's value outside a ``some_values``
+    set. With ``within``, a named value is negated only within what its objects allow there,
+    and not at all where they never hold that key."""
+    contexts = None if within is None else [x for x in within.terms if isinstance(x, ObjT)]
+    if contexts == []:
+        return []
+    named = frozenset(k for k, _ in t.props)
     out = []
     for k, v in t.props:
-        if not v.top:
-            out.append(ObjT(props=((k, neg(v)),), required=(k,)))
+        if v.top:
+            continue
+        inner = None if contexts is None else union(*(key_node(x, k) for x in contexts))
+        if inner is None or not inner.never:
+            out.append(ObjT(props=((k, neg(v, inner)),), required=(k,)))
     for k in t.required:
         out.append(ObjT(props=((k, NEVER),)))
-    if t.rules:  # closed: a key other than the named ones
-        others = StrT(excluded=frozenset(k for k, _ in t.props))
-        out.append(ObjT(some=(make_node((others,)),)))
+    for r in t.rules:
+        sources = tuple(src for src, _ in r.patterns)
+        for src, node in r.patterns:
+            if not node.top:
+                keys = StrT(patterns=(src,), excluded=named)
+                out.append(ObjT(some_values=((keys, neg(node)),)))
+        others = StrT(not_patterns=sources, excluded=named)
+        if r.additional.never:  # closed: a key other than the named ones and the patterns'
+            out.append(ObjT(some=(make_node((others,)),)))
+        elif not r.additional.top:
+            out.append(ObjT(some_values=((others, neg(r.additional)),)))
     if not t.names.top:
         outside = _strings(neg(t.names))
         if not outside.never:
             out.append(ObjT(some=(outside,)))
     for keys in t.some:
         out.append(ObjT(names=_strings(neg(keys))))
+    for keys, value in t.some_values:
+        out.append(_every(keys, neg(value)))
     if t.min_props > 0:
         out.append(ObjT(max_props=t.min_props - 1))
     if t.max_props is not None:
         out.append(ObjT(min_props=t.max_props + 1))
     return [o for o in (normalize_obj(x) for x in out) if o is not None]
+
+
+def _every(keys: StrT, value: Node) -> ObjT:
+    """Objects whose members with a key in ``keys`` (a ``some_values`` key set: the keys
+    matching a pattern, or matching none of some patterns, less some names) all have their
+    value in ``value``."""
+    free = tuple((k, TOP) for k in sorted(keys.excluded))  # named: the rule does not apply
+    if len(keys.patterns) == 1 and not keys.not_patterns:
+        rule = KeyRule(((keys.patterns[0], value),), TOP)
+    elif not keys.patterns:
+        rule = KeyRule(tuple((p, TOP) for p in keys.not_patterns), value)
+    else:
+        raise ConstraintError("'not' over this set of keys has no exact grammar")
+    return ObjT(props=free, rules=(rule,))
 
 
 def _strings(node: Node) -> Node:
@@ -158,7 +202,6 @@ _NEGATIONS = {
     NumT: _neg_num,
     StrT: _neg_str,
     ArrT: _neg_arr,
-    ObjT: _neg_obj,
 }
 
 
@@ -175,5 +218,5 @@ def one_of(branches: list[Node]) -> Node:
     out = []
     for i, b in enumerate(branches):
         others = [o for j, o in enumerate(branches) if j != i]
-        out.append(conj_all([b] + [neg(o) for o in others]))
+        out.append(conj_all([b] + [neg(o, b) for o in others]))
     return make_node(tuple(t for n in out for t in expand(n)))

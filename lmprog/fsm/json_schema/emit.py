@@ -45,7 +45,9 @@ class Emitter:
         self._memo: dict = {}
         self._any: dict[int | None, Frag] = {}
         self._bodies = bodies or {}  # RefT key -> its node
-        self.checked: set = set()  # ArrT terms whose distinct items the guide checks
+        # ArrT terms whose distinct (or repeated) items, ObjT terms whose distinct keys, the
+        # guide checks as it decodes (lmprog.fsm.checks)
+        self.checked: set = set()
         self._ref_names: dict[tuple, str] = {}
 
     def node(self, node: Node) -> Frag | None:
@@ -139,7 +141,7 @@ class Emitter:
             return [None]
         if isinstance(t, (BoolT, NumT, StrT)):
             return None if t.values is None else sorted(t.values, key=repr)
-        if isinstance(t, ArrT) and t.rest.never and not t.contains and not t.unique:
+        if isinstance(t, ArrT) and t.rest.never and not (t.contains or t.unique or t.repeats):
             choices = [self.finite_values(n) for n in t.prefix]
             if any(c is None for c in choices):
                 return None

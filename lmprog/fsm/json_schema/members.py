@@ -1,6 +1,8 @@
 """An object's members where what is written must be counted: ``minProperties``/
-``maxProperties`` beside optional properties, and ``some`` facets (a key of the object must be in
-a set: what ``not`` over ``additionalProperties: false`` or ``propertyNames`` leaves).
+``maxProperties`` beside optional properties, ``some`` facets (a key of the object must be in
+a set: what ``not`` over ``additionalProperties: false`` or ``propertyNames`` leaves) and
+``some_values`` facets (a member with its key in a set must have its value in another: what
+``not`` over other ``additionalProperties`` or ``patternProperties`` leaves).
 
 The members are the named slots in canonical order (each written at most once, their keys
 distinct) then the additional members (the regions of ``objects``). The grammar is the
@@ -19,10 +21,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import key_allowed, meet
+from lmprog.fsm.json_schema.algebra import conj, key_allowed, meet
 from lmprog.fsm.json_schema.lark import EPS, Frag, alt, cat, rep
 from lmprog.fsm.json_schema.strings import string_lexeme
-from lmprog.fsm.json_schema.terms import Node, ObjT, StrT
+from lmprog.fsm.json_schema.terms import Node, ObjT, StrT, make_node
 
 if TYPE_CHECKING:
     from lmprog.fsm.json_schema.emit import Emitter
@@ -34,10 +36,11 @@ class Members:
     def __init__(self, named: list, regions: list, t: ObjT, em: Emitter) -> None:
         """named: [(key, Slot)] in order; regions: [(key StrT, value Node)]."""
         self.named, self.regions, self.em = named, regions, em
-        self.lo, self.hi, self.facets = t.min_props, t.max_props, t.some
+        # facets: key sets (``some``), then (keys, value) pairs (``some_values``), which no
+        # named key meets (objects._named_hits)
+        self.lo, self.hi, self.facets = t.min_props, t.max_props, t.some + t.some_values
         self.masks = [
-            sum(1 << f for f, keys in enumerate(self.facets) if key_allowed(keys, k))
-            for k, _ in named
+            sum(1 << f for f, keys in enumerate(t.some) if key_allowed(keys, k)) for k, _ in named
         ]
         self.all = (1 << len(self.facets)) - 1
         states = (len(named) + 1) * (self.lo + 1) * ((self.hi or 0) + 1) * 2 << len(self.facets)
@@ -93,9 +96,15 @@ class Members:
                 "two 'not's over objects left for the additional properties to meet are not "
                 "supported"
             )
-        keys = self.facets[unmet.bit_length() - 1]
-        hit = alt(*(self._member(k, v) for k, v in self._split(keys, inside=True)))
-        plain = alt(*(self._member(k, v) for k, v in self._split(keys, inside=False)))
+        facet = self.facets[unmet.bit_length() - 1]
+        if isinstance(facet, tuple):  # a member with its key in a set and its value in one
+            keys, value = facet
+            cut = self._split(make_node((keys,)), inside=True)
+            hit = alt(*(self._member(k, conj(v, value)) for k, v in cut))
+            plain = self.any
+        else:
+            hit = alt(*(self._member(k, v) for k, v in self._split(facet, inside=True)))
+            plain = alt(*(self._member(k, v) for k, v in self._split(facet, inside=False)))
         if hit is None or (room is not None and room < 1):
             return None
         before_most = None if room is None else room - 1

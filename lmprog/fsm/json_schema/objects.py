@@ -17,17 +17,19 @@ except against ``minProperties``, hence the limit on it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from itertools import combinations, permutations
 from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import conj_all, meet
+from lmprog.fsm.json_schema.algebra import conj, conj_all, meet, normalize_obj
 from lmprog.fsm.json_schema.lark import Frag, alt, tok
 from lmprog.fsm.json_schema.members import Members
 from lmprog.fsm.json_schema.sequences import Slot, separated
 from lmprog.fsm.json_schema.strings import json_text, string_lexeme
 from lmprog.fsm.json_schema.terms import Node, ObjT, StrT
+from lmprog.fsm.json_schema.values import str_ok
 from lmprog.fsm.regex import Chars, CharSet, Concat, Repeat, lit, node_lengths, parse_regex
 from lmprog.fsm.regex.lookahead import split_lookaheads
 
@@ -39,6 +41,34 @@ _ANY_KEY = StrT()
 
 
 def object_regex(t: ObjT, em: Emitter) -> Frag | None:
+    if t.some_values:  # a member's value breaks a rule: its keys distinct, checked as decoded
+        em.checked.add(t)
+        return alt(*(_members(u, em) for u in _named_hits(t)))
+    return _members(t, em)
+
+
+def _named_hits(t: ObjT) -> list[ObjT]:
+    """``t`` as a union of terms whose ``some_values`` no named key can meet: for each named
+    key in a facet's key set, the term where that key is present and meets it (the facet
+    then gone), and the term where another key must (the named ones taken out of the set)."""
+    if not t.some_values:
+        return [t]
+    (keys, value), others = t.some_values[0], t.some_values[1:]
+    inside = [k for k, _ in t.props if str_ok(keys, k)]
+    out = []
+    for k in inside:
+        props = tuple((n, conj(v, value) if n == k else v) for n, v in t.props)
+        required = t.required + (() if k in t.required else (k,))
+        met = normalize_obj(replace(t, props=props, required=required, some_values=others))
+        if met is not None:
+            out += _named_hits(met)
+    rest = replace(keys, excluded=keys.excluded | frozenset(inside))
+    for u in _named_hits(replace(t, some_values=others)):
+        out.append(replace(u, some_values=((rest, value),) + u.some_values))
+    return out
+
+
+def _members(t: ObjT, em: Emitter) -> Frag | None:
     named, n_required = [], 0
     for key, node in t.props:
         value = em.node(node)
@@ -57,14 +87,15 @@ def object_regex(t: ObjT, em: Emitter) -> Frag | None:
     item = alt(*(em.member(string_lexeme(k), em.node(v)) for k, v in regions))
     most = None if item is not None else len(named)
     if (
-        not t.some
+        not (t.some or t.some_values)
         and t.min_props <= n_required
         and (t.max_props is None or (most is not None and most <= t.max_props))
     ):  # the counts hold whatever is written
         slots += [Slot(item, 0, None)] if item is not None else []
         return em.container("{", *separated(slots, em.sep), "}")
     body = Members(named, regions, t, em).body()
-    return em.container("{", body, t.min_props == 0 and n_required == 0 and not t.some, "}")
+    empty_ok = t.min_props == 0 and n_required == 0 and not (t.some or t.some_values)
+    return em.container("{", body, empty_ok, "}")
 
 
 def _regions(t: ObjT) -> list:

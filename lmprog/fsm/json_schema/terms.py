@@ -114,6 +114,7 @@ class ArrT:
     max_items: int | None = None
     contains: tuple = ()  # Contains, all of which hold
     unique: bool = False
+    repeats: bool = False  # some two items are equal (``not`` over uniqueItems)
     eval_prefix: int = 0
     eval_all: bool = False
 
@@ -142,6 +143,10 @@ class ObjT:
     max_props: int | None = None
     any_order: bool = False  # emit every key order (small const objects)
     some: tuple = ()  # Nodes (sets of keys): for each, a key of the object is in it
+    # (keys StrT, value Node) pairs: for each, a member whose key is in keys has its value in
+    # value (``not`` over additionalProperties/patternProperties; keys distinct, checked as
+    # decoded, so that no later member with the same key replaces it)
+    some_values: tuple = ()
     eval_names: frozenset = frozenset()
     eval_patterns: frozenset = frozenset()
     eval_all: bool = False

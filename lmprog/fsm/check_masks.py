@@ -1,0 +1,164 @@
+"""The masks of a guide whose constraint has decode-time checks (``lmprog.fsm.checks``): the
+grammar's mask less the tokens the check refuses, found by trying only the tokens that can
+complete something (per-vocabulary tables of which those are)."""
+
+from __future__ import annotations
+
+import json
+import weakref
+from typing import Any
+
+import numpy as np
+
+from lmprog.fsm.checks import _UNIQUE, _WS, JsonChecks, State
+
+_AFTER_STRING = frozenset(_WS | frozenset(b":,"))
+
+
+def filter_words(check: JsonChecks, state: State, words: np.ndarray, vocab: Any) -> np.ndarray:
+    """`words` (an int32 bitmask over `vocab`) without the tokens the check refuses from
+    `state`: those that would complete a repeated item or a key read before, close an array
+    that must repeat an item and has not, or start a value that can only repeat one. Tried:
+    inside a string or key, the tokens with a quote (nothing else can end it; those that end it
+    and hold nothing after but whitespace, ":" or "," by the string's own test) and those that
+    would fill it to its maxLength as a seen string, or every allowed token if the item is one
+    of a finite set of strings (any character may leave only repeats); elsewhere the allowed
+    tokens that hold punctuation, whitespace, two quotes or a literal's last letter, or start
+    a literal, a zero, or (before such a string) a string."""
+    table = _tables(vocab)
+    finite = state[1] in ("string", "value") and check.strings(state[0]) is not None
+    if check.in_string(state) and not finite:
+        extra = [vocab.token_id(t) for t in _full_lengths(check, state)]
+        extra = [i for i in extra if i is not None]
+        candidates = np.concatenate((table.quotes, np.array(extra, dtype=np.int64)))
+        closes = _closing(state)
+    else:
+        closes = None
+        allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[: len(table.ends)]
+        allowed = allowed.astype(bool)
+        if not check.in_string(state):
+            allowed &= table.ends | table.opens if finite else table.ends
+        candidates = np.flatnonzero(allowed)
+    out = None
+    for token in candidates.tolist():
+        if not (int(words[token >> 5]) >> (token & 31)) & 1:
+            continue
+        data = vocab.token_bytes[token]
+        if closes is not None and token in table.simple:
+            repeated = closes(table.simple[token])  # only the string or key ends in it
+        else:
+            repeated = check.step(state, data) is None
+        if repeated:
+            if out is None:
+                out = np.array(words, dtype=np.int32)
+            out[token >> 5] &= np.int32(~np.uint32(1 << (token & 31)).view(np.int32))
+    return words if out is None else out
+
+
+def _closing(state: State):
+    """Inside a string or key (not right after a backslash): a function of the bytes before a
+    closing quote saying whether the string or key they end is refused (a string item
+    repeating one, a key read before; other strings never are); None elsewhere (or if the
+    text so far does not decode: a split character)."""
+    stack, mode, text, buf = state
+    top = stack[-1]
+    if mode == "key":
+        keys = top[3]
+        if keys is None:
+            return _never
+        head = b'"' + text
+        try:
+            json.loads(head + b'"')
+        except ValueError:
+            return None
+        return lambda rest: _decodes_to(head + rest + b'"', keys)
+    if mode != "string":
+        return None
+    if top[0] != "arr" or not top[2] & _UNIQUE or top[5] is None:
+        return _never
+    item, seen = bytes(buf[top[5] :]), top[3]
+    try:
+        json.loads(item + b'"')
+    except ValueError:
+        return None
+    return lambda rest: _decodes_to(item + rest + b'"', seen, ("s",))
+
+
+def _never(rest: bytes) -> bool:
+    return False
+
+
+def _decodes_to(text: bytes, seen: frozenset, kind: tuple = ()) -> bool:
+    """Whether the JSON string `text` is in `seen` (as ``kind + (value,)`` if kind is given);
+    False where it does not decode (an escape the bytes leave open: no string ends there)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return (kind + (value,) if kind else value) in seen
+
+
+def _full_lengths(check: JsonChecks, state: State) -> list[bytes]:
+    """Inside a string item with a maxLength: the texts that would bring it to a seen string
+    of that length (whose only continuation is then its closing quote)."""
+    stack, mode, _, buf = state
+    top = stack[-1]
+    longest = check.longest(stack) if mode == "string" and top[0] == "arr" else None
+    if longest is None or top[5] is None:
+        return []
+    try:
+        prefix = json.loads(bytes(buf[top[5] :]) + b'"')
+    except ValueError:
+        return []
+    return [
+        json.dumps(v[len(prefix) :], ensure_ascii=False)[1:-1].encode()
+        for kind, v in top[3]
+        if kind == "s" and len(v) == longest and v.startswith(prefix) and len(v) > len(prefix)
+    ]
+
+
+class _Tables:
+    """Per vocabulary, which tokens can matter: `quotes` (ids holding a quote), `ends`
+    (those that may complete a value or start one that can only be one), `opens` (those
+    starting a string), `simple` (those ending a string with nothing after its quote but
+    whitespace, ":" or ",", which completes or starts nothing else)."""
+
+    def __init__(self, vocab: Any) -> None:
+        tokens = [b or b"" for b in vocab.token_bytes]
+        # the vocabulary as one byte array: per-token counts by reduceat over its offsets
+        lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        data = np.frombuffer(b"".join(tokens) + b"\0", dtype=np.uint8)
+        nonempty = lengths > 0
+
+        def count(chars: bytes) -> np.ndarray:
+            hits = np.isin(data, np.frombuffer(chars, dtype=np.uint8)).astype(np.int64)
+            return np.where(nonempty, np.add.reduceat(hits, starts), 0)
+
+        first = np.where(nonempty, data[starts], 0)
+        quotes = count(b'"')
+        self.quotes = np.flatnonzero(quotes)
+        starts_one = np.isin(first, np.frombuffer(b"tfn0", dtype=np.uint8))
+        second = np.where(lengths > 1, data[np.minimum(starts + 1, len(data) - 1)], 0)
+        minus_zero = (first == ord("-")) & (second == ord("0"))
+        inside = count(b",]}el" + bytes(_WS)) > 0
+        opens = first == ord('"')
+        self.ends = (quotes > 1) | (~opens & (inside | starts_one | minus_zero))
+        self.opens = opens
+        # tokens whose first quote ends a string and nothing after it can complete or start
+        # a value: id -> the bytes before that quote
+        self.simple: dict[int, bytes] = {}
+        for i in self.quotes.tolist():
+            head, _, rest = tokens[i].partition(b'"')
+            if not head.endswith(b"\\") and all(c in _AFTER_STRING for c in rest):
+                self.simple[i] = head
+
+
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # vocabulary -> _Tables
+
+
+def _tables(vocab: Any) -> _Tables:
+    table = _TABLES.get(vocab)
+    if table is None:  # (two threads may both build it: the same table)
+        table = _TABLES[vocab] = _Tables(vocab)
+    return table

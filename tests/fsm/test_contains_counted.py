@@ -1,0 +1,98 @@
+"""``contains`` beside prefixItems, maxItems or a larger minItems (json_schema/arrays.py's
+_Counted: the items position by position, the matches counted in the grammar): every short
+array against jsonschema, through the token engine, and random walks."""
+
+import itertools
+import json
+
+import jsonschema
+import pytest
+from fsm_toys import assert_random_texts_valid, byte_level_tokenizer
+
+from lmprog.core.errors import ConstraintError
+from lmprog.fsm import Constraint
+from lmprog.fsm.index import TokenIndex
+
+ONE = {"const": 1}
+SCHEMAS = [
+    {"type": "array", "contains": ONE, "maxItems": 3},
+    {"type": "array", "contains": ONE, "minContains": 2, "maxItems": 4},
+    {"type": "array", "contains": ONE, "maxContains": 1, "maxItems": 3},
+    {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "boolean"}], "contains": ONE},
+    {
+        "type": "array",
+        "prefixItems": [{"enum": [1, 2]}],
+        "items": {"type": "integer"},
+        "contains": ONE,
+        "minContains": 2,
+        "maxContains": 3,
+    },
+    {"type": "array", "contains": ONE, "minItems": 3},
+    {"type": "array", "contains": ONE, "minItems": 3, "maxContains": 1},
+    {
+        "type": "array",
+        "items": {"enum": [1, 2, True]},
+        "contains": ONE,
+        "minItems": 2,
+        "maxItems": 4,
+        "minContains": 0,
+        "maxContains": 2,
+    },
+    {"type": "array", "contains": ONE, "maxItems": 3, "uniqueItems": True},
+    {"type": "array", "contains": ONE, "maxItems": 3, "not": {"uniqueItems": True}},
+]
+# readthedocs' install list: an item of one kind may only stand alone
+UV = {"type": "object", "properties": {"method": {"const": "uv"}}, "required": ["method"]}
+INSTALL = {
+    "type": "array",
+    "items": {"type": "object", "properties": {"method": {"enum": ["pip", "uv"]}}},
+    "allOf": [{"if": {"contains": UV}, "then": {"minItems": 1, "maxItems": 1}}],
+}
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=range(len(SCHEMAS)))
+def test_every_short_array_is_judged_as_jsonschema_does(schema):
+    c = Constraint.from_json_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for n in range(5):
+        for items in itertools.product([1, 2, True, "a"], repeat=n):
+            value = list(items)
+            assert c.matches(json.dumps(value)) is validator.is_valid(value), value
+
+
+def test_a_kind_of_item_that_must_stand_alone():
+    c = Constraint.from_json_schema(INSTALL)
+    validator = jsonschema.Draft202012Validator(INSTALL)
+    kinds = [{"method": "uv"}, {"method": "pip"}, {}, {"method": "uv", "x": 1}]
+    for n in range(4):
+        for items in itertools.product(kinds, repeat=n):
+            value = list(items)
+            assert c.matches(json.dumps(value)) is validator.is_valid(value), value
+
+
+def test_the_closing_bracket_waits_for_the_matches_through_the_tokens():
+    tok = byte_level_tokenizer()
+    schema = {"type": "array", "prefixItems": [{"type": "integer"}], "contains": ONE, "maxItems": 3}
+    guide = TokenIndex.get(Constraint.from_json_schema(schema), tok).new_guide()
+    close = tok.convert_tokens_to_ids("]")
+    guide.advance_all(tok.encode("[2, 3", add_special_tokens=False))
+    assert not guide.is_allowed(close)  # no 1 yet, and only one more item may come
+    guide.advance_all(tok.encode(", ", add_special_tokens=False))
+    allowed = {tok.convert_ids_to_tokens(int(i)) for i in guide.allowed_token_ids()}
+    assert allowed == {"1"}
+
+
+@pytest.mark.parametrize(
+    "schema, like", [(SCHEMAS[4], "[2, 1, 5, 1, 1, 7]"), (INSTALL, "[{}, {}]")]
+)
+def test_random_texts_are_valid(schema, like):
+    assert_random_texts_valid(schema, like)
+
+
+def test_too_many_counted_positions_are_refused_by_name():
+    with pytest.raises(ConstraintError, match="contains with 5000 counted positions"):
+        Constraint.from_json_schema({"type": "array", "contains": ONE, "maxItems": 5000})
+    with pytest.raises(ConstraintError, match="two 'contains'"):
+        Constraint.from_json_schema(
+            {"allOf": [{"contains": ONE}, {"contains": {"const": 2}}], "maxItems": 3}
+        )
