@@ -30,10 +30,6 @@ def main() -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("unset TRITON_INTERPRET: the interpreter's kernels cannot be compiled")
         return 2
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from lmprog.runtime.kernels import small_m
 
     try:
@@ -45,35 +41,45 @@ def main() -> int:
         return 3
     seen = set()
     for k, n in SHAPES:
-        for config in small_m.candidate_configs(n, k, 132):
-            even = k % config.block_k == 0
-            if (config, even) in seen:
-                continue
-            seen.add((config, even))
-            constexprs = {"HAS_BIAS": not even, "SPLIT_K": config.split_k, "EVEN_K": even,
-                          "BLOCK_M": small_m.SMALL_M, "BLOCK_N": config.block_n,
-                          "BLOCK_K": config.block_k}  # fmt: skip
-            aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 7, 8, 9, 10)}
-            src = ASTSource(small_m._small_m_kernel, _signature(), constexprs, aligned)
-            options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-            compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-            row = {
-                "config": config.label,
-                "split_k": config.split_k,
-                "even_k": even,
-                "shared": compiled.metadata.shared,
-                "shared_bound": config.shared_bytes(2),
-                "spills": _spill_stores(ptxas, compiled.asm["ptx"]),
-            }
-            print(json.dumps(row), flush=True)
+        for fp8 in (False, True):
+            for config in small_m.candidate_configs(n, k, 132, fp8=fp8):
+                even = k % config.block_k == 0
+                if (config, even, fp8) not in seen:
+                    seen.add((config, even, fp8))
+                    _compile(small_m, config, even, fp8, ptxas)
     return 0
 
 
-def _signature() -> dict[str, str]:
-    pointers = {"X": "*bf16", "W": "*bf16", "Bias": "*bf16", "Y": "*bf16",
-                "Partials": "*fp32", "Counters": "*i32"}  # fmt: skip
+def _compile(small_m, config, even: bool, fp8: bool, ptxas: str) -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    constexprs = {"HAS_BIAS": not even, "W_FP8": fp8, "SPLIT_K": config.split_k,
+                  "EVEN_K": even, "BLOCK_M": small_m.SMALL_M, "BLOCK_N": config.block_n,
+                  "BLOCK_K": config.block_k}  # fmt: skip
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11)}
+    src = ASTSource(small_m._small_m_kernel, _signature(fp8), constexprs, aligned)
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    row = {
+        "config": config.label,
+        "fp8": fp8,
+        "split_k": config.split_k,
+        "even_k": even,
+        "shared": compiled.metadata.shared,
+        "shared_bound": config.shared_bytes(2),
+        "spills": _spill_stores(ptxas, compiled.asm["ptx"]),
+    }
+    print(json.dumps(row), flush=True)
+
+
+def _signature(fp8: bool) -> dict[str, str]:
+    pointers = {"X": "*bf16", "W": "*fp8e4nv" if fp8 else "*bf16", "Bias": "*bf16",
+                "Ws": "*fp32" if fp8 else "*bf16", "Y": "*bf16", "Partials": "*fp32",
+                "Counters": "*i32"}  # fmt: skip
     ints = {name: "i32" for name in ("m", "n", "k", "stride_x", "k_split")}
-    consts = ("HAS_BIAS", "SPLIT_K", "EVEN_K", "BLOCK_M", "BLOCK_N", "BLOCK_K")
+    consts = ("HAS_BIAS", "W_FP8", "SPLIT_K", "EVEN_K", "BLOCK_M", "BLOCK_N", "BLOCK_K")
     return {**pointers, **ints, **dict.fromkeys(consts, "constexpr")}
 
 

@@ -104,7 +104,28 @@ def test_runtime_configs_compile_for_sm90_within_shared_memory():
     assert run.returncode == 0, run.stderr[-3000:]
     compiled = [json.loads(line) for line in run.stdout.splitlines()]
     assert {c["split_k"] for c in compiled} >= {1, 2, 4}
-    assert {c["even_k"] for c in compiled} == {True, False}
+    assert {c["even_k"] for c in compiled} == {c["fp8"] for c in compiled} == {True, False}
     for c in compiled:
         assert 0 < c["shared"] <= c["shared_bound"] <= 227 * 1024, c
         assert c["spills"] == 0, c
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.label.replace(" ", "-"))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_e4m3_weights_with_per_channel_scales(config, dtype):
+    """Weight-only FP8: e4m3 weights widened to x's dtype, the per-channel scales applied to
+    the sums (before the bias): x @ (w * scale)^T of the dequantized weights."""
+    from lmprog.runtime.kernels.fp8_ref import quantize_weight_fp8
+
+    m, n, k = 3, 40, 300
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    w_q, scale = quantize_weight_fp8(torch.randn(n, k, device=DEVICE) / k**0.5)
+    bias = torch.randn(n, device=DEVICE).to(dtype)
+    y = small_m_matmul(x, w_q, bias, w_scale=scale, config=config)
+    assert y.shape == (m, n) and y.dtype == dtype
+    w = w_q.double() * scale.double()[:, None]
+    assert rel_err(y, reference(x, w, bias)) < tolerance(dtype)
+    with pytest.raises(ValueError, match="w_scale goes with e4m3"):
+        small_m_matmul(x, w_q, config=config)
+    with pytest.raises(ValueError, match="w_scale must be"):
+        small_m_matmul(x, w_q, w_scale=scale[:-1], config=config)

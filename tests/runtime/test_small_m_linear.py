@@ -118,3 +118,29 @@ def test_assembly_times_each_shape_on_cuda():
     kernel = [m for m in net.modules() if type(m) is SmallMLinear]
     plain = [m for m in net.modules() if type(m) is nn.Linear]
     assert len(kernel) + len(plain) == 4 * TINY.num_layers + 1
+
+
+def test_fp8_layers_take_the_weight_only_kernel_where_it_timed_fastest():
+    """FP8 shapes time the fused W8A8 kernel, quantize + _scaled_mm and the weight-only
+    small_m_matmul's configs; the last timed (a weight-only config) wins here, and its
+    layers then compute x @ the dequantized weights for up to 16 rows, W8A8 past that."""
+    from lmprog.runtime.kernels.fp8_ref import dequantize_fp8
+    from lmprog.runtime.layers.fp8_linear import Fp8Linear
+
+    net = assemble_model(TINY, device=DEVICE, load_format="dummy", quantization="fp8")
+    layers = [m for m in net.modules() if isinstance(m, Fp8Linear)]
+    for layer in layers:
+        layer.use_kernels = True  # the Triton paths (the interpreter off a GPU)
+    results = [r for r in choose_small_m_paths_(net, timer=scripted(1000.0, -1.0))
+               if r.kind == "fp8"]  # fmt: skip
+    assert {(r.k, r.n) for r in results} == {(m.in_features, m.out_features) for m in layers}
+    for r in results:
+        labels = list(r.us)
+        assert labels[:2] == ["fused", "scaled_mm"] and len(labels) > 2 and r.chosen == labels[-1]
+    x = torch.randn(3, 64, device=DEVICE)
+    with torch.no_grad():
+        for layer in (m for m in layers if m.in_features == 64):
+            assert layer.small_m_config is not None and not layer.small_m_fused
+            w = dequantize_fp8(layer.weight, layer.weight_scale, None)
+            assert rel(layer(x), x @ w.t()) < (5e-3 if ON_GPU else 1e-5)
+            assert not layer.small_m_counters.any()

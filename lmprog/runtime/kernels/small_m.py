@@ -1,7 +1,10 @@
-"""Matmuls of at most 16 rows (decode steps) over 16-bit weights, tile sizes as arguments.
+"""Matmuls of at most 16 rows (decode steps) over 16-bit or e4m3 weights, tile sizes as
+arguments.
 
-    small_m_matmul(x, w, bias=None, config=SmallMConfig(), counters=None) -> y
+    small_m_matmul(x, w, bias=None, w_scale=None, config=SmallMConfig(), counters=None) -> y
         x [M <= 16, K], w [N, K] (nn.Linear's layout), y = x @ w^T (+ bias) [M, N] in x's dtype
+        e4m3 w with per-channel w_scale [N]: y = (x @ w^T) * w_scale, the weights widened to
+        x's dtype tile by tile (weight-only FP8: the activations are not quantized)
 
 At M <= 16 the weights are the traffic: each program streams BLOCK_N rows of w, a
 [BLOCK_K, BLOCK_N] tile of w^T per step (num_stages deep), against one 16-row tile of x
@@ -32,6 +35,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_runnable, check_tensor, dynamic_args
+from .fp8_ref import FP8
 
 SMALL_M = 16  # the rows of one MMA tile: at most this many rows per call
 SMEM_BYTES = 227 * 1024  # shared memory one block may use on the H100/H200
@@ -72,10 +76,10 @@ class SmallMConfig:
                 f"w{self.num_warps} s{self.num_stages}")  # fmt: skip
 
 
-def candidate_configs(n: int, k: int, sms: int) -> list[SmallMConfig]:
-    """The configs start-up timing tries for a 16-bit [N, K] weight on a GPU of `sms` SMs (each
-    fits the shared memory): a few tile shapes, and split-K where the column blocks alone
-    give the SMs few programs."""
+def candidate_configs(n: int, k: int, sms: int, *, fp8: bool = False) -> list[SmallMConfig]:
+    """The configs start-up timing tries for an [N, K] weight (16-bit, or e4m3 with `fp8`) on
+    a GPU of `sms` SMs (each fits the shared memory): a few tile shapes, and split-K where the
+    column blocks alone give the SMs few programs."""
     configs = [
         SmallMConfig(32, 256),
         SmallMConfig(16, 512),
@@ -85,6 +89,10 @@ def candidate_configs(n: int, k: int, sms: int) -> list[SmallMConfig]:
     blocks_k = triton.cdiv(k, 256)
     if triton.cdiv(n, 32) < 4 * sms:
         configs += [SmallMConfig(32, 256, split) for split in (2, 4) if blocks_k >= 2 * split]
+    if fp8:  # a byte a weight: twice the K per step in the same shared memory
+        configs += [SmallMConfig(32, 512)]
+        if triton.cdiv(n, 32) < 4 * sms and triton.cdiv(k, 512) >= 4:
+            configs += [SmallMConfig(32, 512, 2)]
     return configs
 
 
@@ -99,6 +107,7 @@ def small_m_matmul(
     w: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
+    w_scale: torch.Tensor | None = None,
     config: SmallMConfig = SmallMConfig(),
     counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -107,9 +116,16 @@ def small_m_matmul(
     here when None: a memset each call)."""
     check_tensor("x", x, ndim=2, dtypes=WEIGHT_DTYPES)
     check_runnable("x", x)
-    check_tensor("w", w, ndim=2, dtypes=(x.dtype,), device=x.device)
+    check_tensor("w", w, ndim=2, dtypes=(x.dtype, FP8), device=x.device)
     m, k = x.shape
     n = w.shape[0]
+    fp8 = w.dtype == FP8
+    if fp8 != (w_scale is not None):
+        raise ValueError("w_scale goes with e4m3 weights (and only with them)")
+    if fp8:
+        check_tensor("w_scale", w_scale, ndim=1, dtypes=(torch.float32,), device=x.device)
+        if w_scale.shape[0] != n or not w_scale.is_contiguous():
+            raise ValueError(f"w_scale must be a contiguous [{n}], got {tuple(w_scale.shape)}")
     if m > SMALL_M or w.shape[1] != k:
         raise ValueError(
             f"x [M <= {SMALL_M}, K] and w [N, K] expected, got {tuple(x.shape)}, {tuple(w.shape)}"
@@ -138,9 +154,9 @@ def small_m_matmul(
     if split:
         partials = torch.empty((config.split_k, m, n), dtype=torch.float32, device=x.device)
     _small_m_kernel[(tiles_n * config.split_k,)](
-        x, w, bias if bias is not None else y, y, partials, counters if split else y,
-        m, n, k, x.stride(0), k_split,
-        HAS_BIAS=bias is not None, SPLIT_K=config.split_k, EVEN_K=k % config.block_k == 0,
+        x, w, bias if bias is not None else y, w_scale if fp8 else y, y, partials,
+        counters if split else y, m, n, k, x.stride(0), k_split,
+        HAS_BIAS=bias is not None, W_FP8=fp8, SPLIT_K=config.split_k, EVEN_K=k % config.block_k == 0,
         BLOCK_M=SMALL_M, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
@@ -149,8 +165,8 @@ def small_m_matmul(
 
 @triton.jit(**dynamic_args("m"))
 def _small_m_kernel(
-    X, W, Bias, Y, Partials, Counters, m, n, k, stride_x, k_split,
-    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    X, W, Bias, Ws, Y, Partials, Counters, m, n, k, stride_x, k_split,
+    HAS_BIAS: tl.constexpr, W_FP8: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -175,13 +191,15 @@ def _small_m_kernel(
             k_ok = k0 + offs_k < k_hi
             xb = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             wb = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+        if W_FP8:
+            wb = wb.to(xb.dtype)
         acc = tl.dot(xb, wb, acc, input_precision="ieee")
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     out = offs_m[:, None].to(tl.int64) * n + offs_n[None, :]
     out_ok = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K == 1:
-        _store(Y, Bias, acc, out, out_ok, offs_n, n_ok, HAS_BIAS)
+        _store(Y, Bias, Ws, acc, out, out_ok, offs_n, n_ok, HAS_BIAS, W_FP8)
     else:
         mn = m.to(tl.int64) * n
         tl.store(Partials + split * mn + out, acc, mask=out_ok)
@@ -193,12 +211,15 @@ def _small_m_kernel(
                 part = tl.load(Partials + s * mn + out, mask=out_ok, other=0.0,
                                cache_modifier=".cg")  # fmt: skip
                 total += part
-            _store(Y, Bias, total, out, out_ok, offs_n, n_ok, HAS_BIAS)
+            _store(Y, Bias, Ws, total, out, out_ok, offs_n, n_ok, HAS_BIAS, W_FP8)
             tl.store(Counters + pid_n, 0)  # ready for the next launch
 
 
 @triton.jit
-def _store(Y, Bias, acc, out, out_ok, offs_n, n_ok, HAS_BIAS: tl.constexpr):
+def _store(Y, Bias, Ws, acc, out, out_ok, offs_n, n_ok, HAS_BIAS: tl.constexpr,
+           W_FP8: tl.constexpr):  # fmt: skip
+    if W_FP8:
+        acc *= tl.load(Ws + offs_n, mask=n_ok, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(Bias + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(Y + out, acc.to(Y.dtype.element_ty), mask=out_ok)

@@ -7,9 +7,11 @@ see kernels/fp8_ref.py); activations are quantized at every call, one scale per 
 
     CUDA   per-channel: Triton quantize_fp8, then torch._scaled_mm (e4m3 x e4m3 -> bf16,
            row-wise scales: scale_a [M, 1], scale_b [1, N], fp32; fast accumulation); up to
-           16 rows (decode steps) the fused fp8_matmul_small_m instead (the quantization in
-           the matmul's prologue, no launch of its own) where it timed faster at start-up
-           (layers/small_m.py's `choose_small_m_paths_`, per layer shape, in CUDA graphs)
+           16 rows (decode steps) what timed fastest at start-up (layers/small_m.py's
+           `choose_small_m_paths_`, per layer shape, in CUDA graphs): that, the fused
+           fp8_matmul_small_m (the quantization in the matmul's prologue), or the weight-only
+           small_m_matmul (e4m3 widened to the activations' dtype tile by tile, activations
+           not quantized: closer to bf16 than the W8A8 paths)
            block-wise:  Triton quantize_fp8(group) and block_fp8_matmul
     CPU    the same quantization in PyTorch (kernels/fp8_ref.py), then an fp32 matmul of
            the dequantized values (the weights dequantized once, when the layer is built)
@@ -27,11 +29,15 @@ The output projection (lm_head) and MoE routers stay in the model dtype, as in v
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from ..kernels.fp8_ref import FP8, dequantize_fp8, quantize_fp8_ref, quantize_weight_fp8
+
+if TYPE_CHECKING:
+    from ..kernels.small_m import SmallMConfig
 
 log = logging.getLogger(__name__)
 ALIGN = 16  # torch._scaled_mm wants K and N multiples of 16
@@ -48,6 +54,7 @@ class Fp8Linear(nn.Module):
 
     use_kernels: bool | None = None  # None: the Triton/_scaled_mm path on CUDA, else PyTorch
     small_m_fused: bool = True  # <= 16 rows through fp8_matmul_small_m (layers/small_m.py)
+    small_m_config: SmallMConfig | None = None  # else through small_m_matmul with this config
 
     def __init__(
         self,
@@ -115,12 +122,26 @@ class Fp8Linear(nn.Module):
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
+    def use_small_m(self, config: SmallMConfig | None) -> None:
+        """Calls of up to 16 rows through the weight-only small_m_matmul with `config` (None:
+        the W8A8 paths again); its split-K counters a buffer outside the state_dict."""
+        self.small_m_config = config
+        split = config is not None and config.split_k > 1
+        tiles = -(-self.out_features // config.block_n) if split else 0
+        zeros = torch.zeros(tiles, dtype=torch.int32, device=self.weight.device)
+        self.register_buffer("small_m_counters", zeros, persistent=False)
+
     def _kernels(self, x: torch.Tensor) -> torch.Tensor:
         from ..kernels.fp8 import block_fp8_matmul, fp8_matmul_small_m, quantize_fp8
-        from ..kernels.small_m import SMALL_M
+        from ..kernels.small_m import SMALL_M, small_m_matmul
 
         x = x if x.stride(-1) == 1 else x.contiguous()
-        if self.group is None and self.small_m_fused and x.shape[0] <= SMALL_M:
+        config = self.small_m_config
+        if config is not None and self.group is None and x.shape[0] <= SMALL_M:
+            counters = self.small_m_counters if config.split_k > 1 else None
+            y = small_m_matmul(x, self.weight, w_scale=self.weight_scale, config=config,
+                               counters=counters)  # fmt: skip
+        elif self.group is None and self.small_m_fused and x.shape[0] <= SMALL_M:
             w, s = self.weight, self.weight_scale
             y = fp8_matmul_small_m(x, w, s, scale=self.input_scale)
         elif self.group is not None:

@@ -132,21 +132,62 @@ def _shape_groups(model: nn.Module) -> dict[tuple[str, int, int], list]:
 
 
 def _choose_fp8(layers: list[Fp8Linear], x: torch.Tensor, timer: Timer) -> ShapeTiming:
-    def run(fused: bool) -> Callable[[], None]:
+    """The W8A8 paths (fused quantization, or quantize + _scaled_mm) against the weight-only
+    small_m_matmul's candidate configs that compute x @ the dequantized weights."""
+    from ..kernels.attention_plan import _num_sms
+    from ..kernels.fp8_ref import dequantize_fp8
+    from ..kernels.small_m import candidate_configs, small_m_matmul
+
+    first = layers[0]
+    n, k = first.out_features, first.in_features
+    counters = torch.zeros(n, dtype=torch.int32, device=x.device)  # >= any config's tiles
+    with torch.no_grad():
+        want = x.float() @ dequantize_fp8(first.weight, first.weight_scale, None).t()
+        configs = _checked_configs(
+            "fp8", k, n, [c for c in candidate_configs(n, k, _num_sms(x.device), fp8=True)
+                          if c.fits(x.element_size())], want,
+            lambda c: small_m_matmul(x, first.weight, w_scale=first.weight_scale, config=c,
+                                     counters=counters),
+        )  # fmt: skip
+    paths: dict[str, tuple[bool, SmallMConfig | None]] = {
+        "fused": (True, None),
+        "scaled_mm": (False, None),
+        **{label: (False, config) for label, config in configs.items()},
+    }
+
+    def use(path: tuple[bool, SmallMConfig | None]) -> None:
+        for layer in layers:
+            layer.small_m_fused = path[0]
+            layer.use_small_m(path[1])
+
+    def run(path: tuple[bool, SmallMConfig | None]) -> Callable[[], None]:
+        use(path)
+
         def fn() -> None:
             for layer in layers:
-                layer.small_m_fused = fused
                 layer(x)
 
         return fn
 
-    us = {label: timer(run(fused)) / len(layers) for label, fused in
-          (("fused", True), ("scaled_mm", False))}  # fmt: skip
-    chosen = min(us, key=us.__getitem__)  # a tie keeps the fused kernel
-    for layer in layers:
-        layer.small_m_fused = chosen == "fused"
-    return ShapeTiming("fp8", layers[0].in_features, layers[0].out_features, len(layers), us,
-                       chosen)  # fmt: skip
+    us = {label: timer(run(path)) / len(layers) for label, path in paths.items()}
+    chosen = min(us, key=us.__getitem__)  # a tie keeps the first: the fused kernel
+    use(paths[chosen])
+    return ShapeTiming("fp8", k, n, len(layers), us, chosen)
+
+
+def _checked_configs(kind: str, k: int, n: int, candidates, want: torch.Tensor, compute):
+    """{label: config} of the candidates whose output (`compute(config)`) is within CHECK_TOL
+    of `want` (relative norm); the others are logged and left out."""
+    configs = {}
+    for config in candidates:
+        got = compute(config).float()
+        err = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+        if err <= CHECK_TOL:
+            configs[config.label] = config
+        else:
+            log.warning("small-M %s %d -> %d: config %s left out (relative error %.2e)",
+                        kind, k, n, config.label, err)  # fmt: skip
+    return configs
 
 
 def _choose_dense(members: list, timer: Timer) -> ShapeTiming:
@@ -174,15 +215,11 @@ def _choose_dense(members: list, timer: Timer) -> ShapeTiming:
 
     with torch.no_grad():
         want = F.linear(x, w0, b0).float()
-        configs = {"cublas": None}
-        for config in candidate_configs(n, k, _num_sms(w0.device)):
-            got = small_m_matmul(x, w0, b0, config=config, counters=counters).float()
-            err = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
-            if err <= CHECK_TOL:
-                configs[config.label] = config
-            else:
-                log.warning("small-M %s %d -> %d: config %s left out (relative error %.2e)",
-                            kind, k, n, config.label, err)  # fmt: skip
+        configs: dict[str, SmallMConfig | None] = {"cublas": None}
+        configs |= _checked_configs(
+            kind, k, n, candidate_configs(n, k, _num_sms(w0.device)), want,
+            lambda c: small_m_matmul(x, w0, b0, config=c, counters=counters),
+        )  # fmt: skip
         us = {label: timer(run(config)) / len(layers) for label, config in configs.items()}
     chosen = min(us, key=us.__getitem__)  # a tie keeps cuBLAS
     if configs[chosen] is not None:
