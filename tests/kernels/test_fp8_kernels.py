@@ -31,7 +31,7 @@ def _bits(q: torch.Tensor) -> torch.Tensor:
 def test_rounding_matches_torch_at_every_e4m3_value_and_midpoint():
     """Every finite e4m3 value, the midpoints between neighbours (ties: round half to
     even), just above and below them, values past 448 and tiny subnormals: the kernel's
-    encoding equals torch's cast bit for bit."""
+    encoding equals torch's cast on the CPU (its software rounding) bit for bit."""
     codes = torch.arange(256, dtype=torch.uint8).view(FP8).float()
     grid = codes[torch.isfinite(codes)].unique()  # sorted, -448..448
     mid = (grid[1:] + grid[:-1]) / 2
@@ -40,8 +40,10 @@ def test_rounding_matches_torch_at_every_e4m3_value_and_midpoint():
     x = x.reshape(1, -1).to(DEVICE)
     one = torch.ones(1, dtype=torch.float32, device=DEVICE)
     q, _ = quantize_fp8(x, scale=one)
-    want = x.clamp(-448, 448).to(FP8)
-    assert torch.equal(_bits(q), _bits(want))
+    want = x.cpu().clamp(-448, 448).to(FP8)
+    differ = (_bits(q).cpu() != _bits(want)).nonzero()[:, 1].tolist()
+    assert not differ, [(x[0, i].item(), _bits(q)[0, i].item(), _bits(want)[0, i].item())
+                        for i in differ[:8]]  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", IN_DTYPES)

@@ -41,7 +41,7 @@ def quantize_fp8_ref(
     g = k if group is None else group
     assert k % g == 0, f"K={k} is not a multiple of the group {g}"
     amax = xf.view(m, k // g, g).abs().amax(-1).clamp(min=AMAX_FLOOR)
-    s = amax / FP8_MAX
+    s = _div(amax, FP8_MAX)
     q = _cast(xf.view(m, k // g, g) / s[..., None]).view(m, k)
     return q, s
 
@@ -53,7 +53,7 @@ def quantize_weight_fp8(
     whole tensor written on every row (per_tensor)."""
     wf = w.float()
     amax = wf.abs().amax() if per_tensor else wf.abs().amax(-1)
-    s = (amax.clamp(min=AMAX_FLOOR) / FP8_MAX).expand(w.shape[0]).contiguous()
+    s = _div(amax.clamp(min=AMAX_FLOOR), FP8_MAX).expand(w.shape[0]).contiguous()
     return _cast(wf / s[:, None]), s
 
 
@@ -84,7 +84,13 @@ def scaled_matmul_ref(
 def cast_e4m3(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """e4m3 of x / scale (any shape, fp32 math), saturated at +-448."""
     x = x.float()
-    return _cast(x if scale == 1.0 else x / scale)
+    return _cast(x if scale == 1.0 else _div(x, scale))
+
+
+def _div(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """x / divisor rounded as IEEE division, on every device: CUDA's x / <python number>
+    multiplies by the reciprocal (a bit off at times); a tensor divisor divides."""
+    return x / torch.full((), divisor, dtype=x.dtype, device=x.device)
 
 
 def _cast(x: torch.Tensor) -> torch.Tensor:
