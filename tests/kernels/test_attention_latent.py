@@ -76,12 +76,13 @@ def test_rope_columns_count():
 @pytest.mark.parametrize("num_kv_splits", [1, 4])
 def test_latent_decode_split_kv(num_kv_splits):
     seq = [s * SCALE for s in (33, 1, 17)]
-    batch, v = _latent_batch(seq, [1, 1, 1], 16, DTYPES[-1])
+    dtype = torch.bfloat16 if ON_GPU else DTYPES[-1]  # fp32 takes 4 heads a view on CUDA
+    batch, v = _latent_batch(seq, [1, 1, 1], 16, dtype)
     got = decode_attention(batch.q, batch.k_buffer, v, *batch.tensors[:3], sm_scale=0.3,
                            num_kv_splits=num_kv_splits)  # fmt: skip
     want = hybrid_attention_ref(batch.q, batch.k_buffer, v, *batch.tensors, sm_scale=0.3)
     assert got.shape == (3, 16, RANK)
-    assert rel_err(got, want) < tolerance(DTYPES[-1])
+    assert rel_err(got, want) < tolerance(dtype)
 
 
 def test_latent_inputs_are_checked():
