@@ -137,10 +137,10 @@ def test_fp8_layers_take_the_weight_only_kernel_where_it_timed_fastest():
     for r in results:
         labels = list(r.us)
         assert labels[:2] == ["fused", "scaled_mm"] and len(labels) > 2 and r.chosen == labels[-1]
-    x = torch.randn(3, 64, device=DEVICE)
+    x = torch.randn(3, 64, device=DEVICE, dtype=next(net.parameters()).dtype)  # as timed
     with torch.no_grad():
         for layer in (m for m in layers if m.in_features == 64):
             assert layer.small_m_config is not None and not layer.small_m_fused
             w = dequantize_fp8(layer.weight, layer.weight_scale, None)
-            assert rel(layer(x), x @ w.t()) < (5e-3 if ON_GPU else 1e-5)
+            assert rel(layer(x), x.float() @ w.t()) < (1e-2 if ON_GPU else 1e-5)
             assert not layer.small_m_counters.any()

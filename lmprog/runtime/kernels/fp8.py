@@ -35,6 +35,7 @@ from .small_m import SMALL_M
 # (Triton's CPU interpreter accepts any, which is how these ran in the CPU tests).
 AMAX_FLOOR = tl.constexpr(_AMAX_FLOOR)
 FP8_MAX = tl.constexpr(_FP8_MAX)
+SIGN_BIT = tl.constexpr(-(2**31))  # an fp32's sign bit, as an int32
 
 
 def quantize_fp8(
@@ -103,7 +104,8 @@ def to_e4m3(x):
     normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
     # below 2**-6 (subnormal e4m3) the step is 2**-9: an fp32 add at 1.5 * 2**14 rounds to it
     tiny = (tl.abs(x) + 24576.0) - 24576.0
-    tiny = tl.where(bits < 0, -tiny, tiny)  # the sign of x, -0.0 included
+    # the sign of x, -0.0 included, as a bit (Triton's -t is 0 - t: +0.0 for t = 0)
+    tiny = (tiny.to(tl.int32, bitcast=True) | (bits & SIGN_BIT)).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(x) < 0.015625, tiny, normal).to(tl.float8e4nv)
 
 
