@@ -228,6 +228,7 @@ class Guide:
         """ConstraintError if the matcher hit one of its limits (the constraint is too
         complex at this position); the request fails, nothing else does."""
         if self._matcher.is_error():
+            self.index.forget()  # its shared lexer may be spent: later requests rebuild
             raise ConstraintError(
                 f"the constraint cannot continue here: {_reason(self._matcher.get_error())}"
             )

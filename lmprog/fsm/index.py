@@ -31,6 +31,7 @@ never the process.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import weakref
 from collections.abc import Hashable
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 STATE_CACHE_SIZE = 4096  # per index and per cache name; beyond this the oldest entries go
 MAX_PATH_NODES = 200_000  # cached positions per index (a dict entry each, ~100 bytes)
 MAX_LEXER_STATES = 50_000  # llguidance lexer states per constraint (~1-2 kB each)
+log = logging.getLogger(__name__)
 ROOT = 0  # the path node of a guide's start
 
 
@@ -85,6 +87,14 @@ class TokenIndex:
     def cached(cls, constraint: Any, tokenizer: Any) -> TokenIndex | None:
         """The index if it is already in memory, else None (never builds, never blocks)."""
         return _CACHE.peek(_key(_pattern_of(constraint), TokenVocab.from_tokenizer(tokenizer)))
+
+    def forget(self) -> None:
+        """Drop this index from the memory cache, so that the next request for its pattern
+        builds a fresh one: its guides share one llguidance lexer, and once that lexer has hit
+        one of its limits every guide of the index fails (the requests holding them fail;
+        later ones get a new lexer)."""
+        if _CACHE.evict(_key(self.pattern, self.vocab), self):
+            log.info("constraint index dropped after a matcher error: %s", _short(self.pattern))
 
     def new_guide(self) -> Guide:
         from lmprog.fsm.guide import Guide
