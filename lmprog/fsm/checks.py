@@ -62,11 +62,11 @@ _UNIQUE, _REPEATS = 1, 2
 
 
 class JsonChecks:
-    def __init__(self, root: Node, bodies: dict, checked: frozenset) -> None:
-        """root: the schema's node; bodies: RefT key -> node; checked: the ArrT terms whose
-        items must be distinct (``unique``) or repeat (``repeats``), and the ObjT terms whose
-        keys must be distinct."""
-        self.root, self.bodies, self.checked = root, bodies, checked
+    def __init__(self, root: Node, bodies: dict) -> None:
+        """root: the schema's node; bodies: RefT key -> node. Arrays are checked where a term
+        asks for distinct items (``unique``) or a repeated one (``repeats``), objects where
+        one asks for a member breaking a rule (``some_values``: distinct keys)."""
+        self.root, self.bodies = root, bodies
 
     def start(self) -> State:
         return ((("top", (self.root,)),), "value", b"", b"")
@@ -216,11 +216,15 @@ class JsonChecks:
         return stack, "string" if c == '"' else "scalar"
 
     def _asked(self, terms: list | None) -> list | None:
-        """The checked terms among a container's terms; None if none is, or if a branch
-        takes any container of that type."""
+        """The terms among a container's terms that ask for a condition (distinct or
+        repeated items, distinct keys); None if none does, or if a branch takes any
+        container of that type. (Read from the terms themselves, not from those whose
+        grammar left the condition to the check: a grammar may narrow a term by another,
+        an item matching ``contains``, and what the narrowed term asks for, one of the two
+        asks for: json_schema.emit.Emitter.derived.)"""
         if terms is None or any(is_full(t) for t in terms):
             return None
-        asked = [t for t in terms if t in self.checked]
+        asked = [t for t in terms if _asks(t)]
         return asked or None
 
     def strings(self, stack: tuple) -> frozenset | None:
@@ -348,6 +352,10 @@ def _number(text: str) -> tuple:
 
 
 _ZERO = (False, "", 0)
+
+
+def _asks(t) -> bool:
+    return t.unique or t.repeats if isinstance(t, ArrT) else bool(t.some_values)
 
 
 def _keeps(stack: tuple) -> bool:

@@ -96,3 +96,38 @@ def test_too_many_counted_positions_are_refused_by_name():
         Constraint.from_json_schema(
             {"allOf": [{"contains": ONE}, {"contains": {"const": 2}}], "maxItems": 3}
         )
+
+
+DISTINCT_ARRAYS = {"type": "array", "items": {"type": "array", "uniqueItems": True}}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {**DISTINCT_ARRAYS, "contains": {"maxItems": 1}},
+        {**DISTINCT_ARRAYS, "contains": {"maxItems": 1}, "maxContains": 1, "maxItems": 3},
+    ],
+)
+def test_items_checked_as_decoded_inside_a_contains_array(schema):
+    # the check reads every item along `items` (distinct) while the grammar tells the matches
+    # apart: exact as long as `contains` asks for nothing the check would have to do
+    c = Constraint.from_json_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    inner = [[], [1], [1, 1], [1, 2], [2, 1, 2]]
+    for n in range(4):
+        for items in itertools.product(inner, repeat=n):
+            value = list(items)
+            assert c.matches(json.dumps(value)) is validator.is_valid(value), value
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"contains": {"type": "array", "uniqueItems": True}},  # accepted [[1, 1]] before
+        {"contains": {"not": {"uniqueItems": True}}, "maxItems": 3},
+        {"contains": {"type": "array", "uniqueItems": True}, "maxContains": 1, "maxItems": 2},
+    ],
+)
+def test_a_check_that_cannot_tell_the_matches_apart_is_refused(schema):
+    with pytest.raises(ConstraintError, match="cannot tell which items or members"):
+        Constraint.from_json_schema(schema)

@@ -126,8 +126,6 @@ def test_one_of_with_a_distinct_items_branch():
         {},
     ]
     _agrees(ONE_KEY, values)
-    # the repeat that not-uniqueItems asks for meets the array's own uniqueItems: nothing left
-    assert not any(t.repeats for t in Constraint.from_json_schema(ONE_KEY).check.checked)
 
 
 @pytest.mark.parametrize("schema", OBJECTS, ids=range(len(OBJECTS)))

@@ -186,7 +186,7 @@ def _grammar(
     # the check is part of the constraint: name it in the text, which keys the token index
     digest = hashlib.sha256(json.dumps(document, sort_keys=True, default=repr).encode()).hexdigest()
     text += f"// items or keys checked as decoded, schema {digest[:24]}\n"
-    return Grammar(text, JsonChecks(node, builder.bodies, frozenset(emitter.checked)))
+    return Grammar(text, JsonChecks(node, builder.bodies))
 
 
 class Grammar(NamedTuple):

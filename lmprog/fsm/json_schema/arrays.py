@@ -5,13 +5,16 @@ any prefix item at or past ``minItems``, so the prefix is a nest of optional gro
 ``contains`` without prefix items or ``maxItems``: the items are a sequence of "any item" runs
 around the required matching items (and, with ``maxContains``, runs of non-matching items,
 which needs the complement of the ``contains`` schema); beside prefix items or ``maxItems``, the
-items are written position by position with the matches counted (``_Counted``). ``uniqueItems`` is
-exact when the items come from one finite set of at most 64 values (``enum``, booleans,
-``const``...: a parametric rule with a bit per value, each used once), when there are at most
-256 distinct-item arrays (prefix items from finite sets: enumerated), or when arrays hold at
-most one item; over other items (strings, numbers, objects...) the grammar writes the array
-without the condition and the guide checks it as the text is decoded (``lmprog.fsm.checks``), as
-it checks ``repeats`` (``not`` over uniqueItems: two equal items).
+items are written position by position with the matches counted (``_Counted``). A matching
+item is written narrowed by the ``contains`` schema while the check reads it along the items'
+own, so a ``contains`` schema that asks for a condition the check would keep is refused
+(``Emitter.derived``). ``uniqueItems`` is exact when the items come from one finite set of at
+most 64 values (``enum``, booleans, ``const``...: a parametric rule with a bit per value, each
+used once), when there are at most 256 distinct-item arrays (prefix items from finite sets:
+enumerated), or when arrays hold at most one item; over other items (strings, numbers,
+objects...) the grammar writes the array without the condition and the guide checks it as the
+text is decoded (``lmprog.fsm.checks``), as it checks ``repeats`` (``not`` over uniqueItems:
+two equal items).
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import conj
 from lmprog.fsm.json_schema.complement import neg
 from lmprog.fsm.json_schema.lark import EPS, Frag, alt, cat, opt, rep, unique
 from lmprog.fsm.json_schema.sequences import Slot, separated
@@ -34,7 +36,7 @@ def array_regex(t: ArrT, em: Emitter) -> Frag | None:
     if t.unique:
         return _unique_arrays(t, em)
     if t.repeats:  # two equal items: checked as the text is decoded (lmprog.fsm.checks)
-        em.checked.add(t)
+        em.check(t)
         return array_regex(replace(t, repeats=False), em)
     if t.contains:
         return em.container("[", *_contains_items(t, em), "]")
@@ -70,8 +72,8 @@ def _contains_run(item: Node, c: Contains, hits: int, em: Emitter) -> tuple[Frag
     """Any number of ``item``s of which c.lo - hits to c.hi - hits are in ``c.node``: "any
     item" runs around the required matching items (with ``maxContains``, runs of items
     outside ``c.node``, which needs its complement)."""
-    hit = em.node(conj(item, c.node))
-    filler = em.node(item if c.hi is None else conj(item, neg(c.node)))
+    hit = em.derived(item, c.node)
+    filler = em.node(item) if c.hi is None else em.derived(item, neg(c.node))
     slots = [Slot(filler, 0, None)]
     for _ in range(max(0, c.lo - hits)):
         slots += [Slot(hit, 1, 1), Slot(filler, 0, None)]
@@ -124,10 +126,10 @@ class _Counted:
         c = self.c
         if c.hi is None and h >= c.lo:  # enough matches: any item
             return cat(self.em.node(item), self.rest(i + 1, h))
-        other = item if c.hi is None else conj(item, neg(c.node))
-        options = [cat(self.em.node(other), self.rest(i + 1, h))]
+        other = self.em.node(item) if c.hi is None else self.em.derived(item, neg(c.node))
+        options = [cat(other, self.rest(i + 1, h))]
         if c.hi is None or h < c.hi:
-            options.append(cat(self.em.node(conj(item, c.node)), self.rest(i + 1, h + 1)))
+            options.append(cat(self.em.derived(item, c.node), self.rest(i + 1, h + 1)))
         return alt(*options)
 
     def _run(self, h: int) -> Frag | None:
@@ -148,7 +150,7 @@ def _unique_arrays(t: ArrT, em: Emitter) -> Frag | None:
     arrays = _distinct_arrays(t, em)
     if arrays is not None:
         return alt(*(em.value(a) for a in arrays))
-    em.checked.add(t)  # distinct items: checked as the text is decoded (lmprog.fsm.checks)
+    em.check(t)  # distinct items: checked as the text is decoded (lmprog.fsm.checks)
     return array_regex(replace(t, unique=False), em)
 
 

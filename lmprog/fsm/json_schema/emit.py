@@ -14,6 +14,7 @@ from decimal import Decimal
 from itertools import permutations, product
 
 from lmprog.core.errors import ConstraintError
+from lmprog.fsm.json_schema.algebra import conj
 from lmprog.fsm.json_schema.arrays import array_regex
 from lmprog.fsm.json_schema.lark import Frag, Ref, alt, cat, group, tok
 from lmprog.fsm.json_schema.numbers import NUMBER, number_regex, value_regex
@@ -49,13 +50,74 @@ class Emitter:
         # guide checks as it decodes (lmprog.fsm.checks)
         self.checked: set = set()
         self._ref_names: dict[tuple, str] = {}
+        self._needs: dict = {}  # node -> whether its grammar leaves a condition to the check
+        self._writing: list[bool] = []  # the same, for the nodes being written (innermost last)
 
     def node(self, node: Node) -> Frag | None:
         if node.top:
             return self.any_value(self.any_depth)
         if node not in self._memo:
-            self._memo[node] = alt(*(self.term(t) for t in node.terms))
+            self._writing.append(False)
+            try:
+                self._memo[node] = alt(*(self.term(t) for t in node.terms))
+            finally:
+                self._needs[node] = self._writing.pop()
+        if self._needs[node]:
+            self._mark()
         return self._memo[node]
+
+    def check(self, t) -> None:
+        """The grammar of term ``t`` leaves its condition to the check (lmprog.fsm.checks)."""
+        self.checked.add(t)
+        self._mark()
+
+    def _mark(self) -> None:
+        if self._writing:
+            self._writing[-1] = True
+
+    def derived(self, node: Node, other: Node) -> Frag | None:
+        """The grammar of ``conj(node, other)``, written where the check reads the text along
+        ``node`` (an array's items, a key's value) while the grammar narrows it by ``other``
+        (an item matching ``contains`` or one outside it, a member breaking ``not`` over
+        additionalProperties). The check enforces what the terms it reads ask for; the
+        narrowed terms ask for what either does. ConstraintError if the narrowed grammar
+        leaves a condition to the check and ``other`` asks for one, which would then go
+        unchecked."""
+        narrowed = conj(node, other)
+        frag = self.node(narrowed)
+        if not narrowed.top and self._needs[narrowed] and self._asks(other):
+            raise ConstraintError(
+                "uniqueItems, or 'not' over it or over additionalProperties/patternProperties, "
+                "inside 'contains' or inside a value that 'not' over additionalProperties/"
+                "patternProperties asks for has no exact grammar (the check made as the text "
+                "is decoded cannot tell which items or members it applies to)"
+            )
+        return frag
+
+    def _asks(self, node: Node) -> bool:
+        """Whether a term in ``node``, or in a node under it, asks for a condition the check
+        may be left with (uniqueItems, its complement, distinct keys)."""
+        todo, seen = [node], set()
+        while todo:
+            n = todo.pop()
+            if n in seen or n.top:
+                continue
+            seen.add(n)
+            for t in n.terms:
+                if isinstance(t, RefT):
+                    todo.append(self._bodies[t.key])
+                elif isinstance(t, ArrT):
+                    if t.unique or t.repeats:
+                        return True
+                    todo += [*t.prefix, t.rest, *(c.node for c in t.contains)]
+                elif isinstance(t, ObjT):
+                    if t.some_values:
+                        return True
+                    todo += [v for _, v in t.props]
+                    todo += [
+                        v for r in t.rules for v in (r.additional, *(p for _, p in r.patterns))
+                    ]
+        return False
 
     def term(self, t) -> Frag | None:
         if isinstance(t, NullT):
@@ -84,6 +146,8 @@ class Emitter:
             if body is None:
                 raise ConstraintError("a recursive schema accepts no JSON value")
             self.rules[name] = body
+        elif self._needs.get(self._bodies[t.key], True):  # (unknown while it is written)
+            self._mark()
         return Ref(name)
 
     def any_value(self, depth: int | None) -> Frag:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import conj, key_allowed, meet
+from lmprog.fsm.json_schema.algebra import key_allowed, meet
 from lmprog.fsm.json_schema.lark import EPS, Frag, alt, cat, rep
 from lmprog.fsm.json_schema.strings import string_lexeme
 from lmprog.fsm.json_schema.terms import Node, ObjT, StrT, make_node
@@ -100,7 +100,7 @@ class Members:
         if isinstance(facet, tuple):  # a member with its key in a set and its value in one
             keys, value = facet
             cut = self._split(make_node((keys,)), inside=True)
-            hit = alt(*(self._member(k, conj(v, value)) for k, v in cut))
+            hit = alt(*(self._member(k, v, value) for k, v in cut))
             plain = self.any
         else:
             hit = alt(*(self._member(k, v) for k, v in self._split(facet, inside=True)))
@@ -152,5 +152,7 @@ class Members:
                     out.append((m, v))
         return out
 
-    def _member(self, key: StrT, value: Node) -> Frag | None:
-        return self.em.member(string_lexeme(key), self.em.node(value))
+    def _member(self, key: StrT, value: Node, narrowed: Node | None = None) -> Frag | None:
+        """A member; its value narrowed by `narrowed`, if given (Emitter.derived)."""
+        frag = self.em.node(value) if narrowed is None else self.em.derived(value, narrowed)
+        return self.em.member(string_lexeme(key), frag)

@@ -42,12 +42,12 @@ _ANY_KEY = StrT()
 
 def object_regex(t: ObjT, em: Emitter) -> Frag | None:
     if t.some_values:  # a member's value breaks a rule: its keys distinct, checked as decoded
-        em.checked.add(t)
-        return alt(*(_members(u, em) for u in _named_hits(t)))
+        em.check(t)
+        return alt(*(_members(u, em) for u in _named_hits(t, em)))
     return _members(t, em)
 
 
-def _named_hits(t: ObjT) -> list[ObjT]:
+def _named_hits(t: ObjT, em: Emitter) -> list[ObjT]:
     """``t`` as a union of terms whose ``some_values`` no named key can meet: for each named
     key in a facet's key set, the term where that key is present and meets it (the facet
     then gone), and the term where another key must (the named ones taken out of the set)."""
@@ -57,13 +57,14 @@ def _named_hits(t: ObjT) -> list[ObjT]:
     inside = [k for k, _ in t.props if str_ok(keys, k)]
     out = []
     for k in inside:
+        em.derived(t.prop(k), value)  # (the check reads the key's own value)
         props = tuple((n, conj(v, value) if n == k else v) for n, v in t.props)
         required = t.required + (() if k in t.required else (k,))
         met = normalize_obj(replace(t, props=props, required=required, some_values=others))
         if met is not None:
-            out += _named_hits(met)
+            out += _named_hits(met, em)
     rest = replace(keys, excluded=keys.excluded | frozenset(inside))
-    for u in _named_hits(replace(t, some_values=others)):
+    for u in _named_hits(replace(t, some_values=others), em):
         out.append(replace(u, some_values=((rest, value),) + u.some_values))
     return out
 
