@@ -40,8 +40,6 @@ def complement(parsed: ParsedRegex, max_states: int = 100, limit: int = 20_000) 
     """A regex (full-match) of the strings in which ``parsed`` finds no match (search
     semantics: an unanchored side matches any text); None if it finds one in every string.
     OverflowError past ``max_states`` automaton states or ``limit`` characters."""
-    from lmprog.fsm.json_schema.automata import to_regex
-
     anything = Repeat(Chars(ANY_CHAR), 0, None)
     whole = Alternation(
         tuple(
@@ -51,21 +49,28 @@ def complement(parsed: ParsedRegex, max_states: int = 100, limit: int = 20_000) 
     )
     d = _Derivatives(whole)
     moves = d.automaton(max_states)
-    rejecting = [not d.nullable(s) for s in d.states]
-    group = _minimized(moves, rejecting)
+    return written(moves, d.blocks, [not d.nullable(s) for s in d.states], limit)
+
+
+def written(moves: list[list[int]], blocks: list[CharSet], accepting: list[bool], limit: int):
+    """The regex (full-match) of an automaton (state 0 the start; each state's successor by
+    block), minimized first; None where it accepts nothing. OverflowError past ``limit``."""
+    from lmprog.fsm.json_schema.automata import to_regex
+
+    group = _minimized(moves, accepting)
     edges: dict[tuple[int, int], CharSet] = {}
     for p, row in enumerate(moves):
-        for block, q in zip(d.blocks, row):
+        for block, q in zip(blocks, row):
             key = (group[p], group[q])
             edges[key] = edges.get(key, CharSet()) | block
     labels = {k: charset_regex(v) for k, v in edges.items()}
-    finals = {group[s] for s in range(len(moves)) if rejecting[s]}
+    finals = {group[s] for s in range(len(moves)) if accepting[s]}
     return to_regex({k: v for k, v in labels.items() if v is not None}, group[0], finals, limit)
 
 
-def _minimized(moves: list[list[int]], rejecting: list[bool]) -> list[int]:
+def _minimized(moves: list[list[int]], final: list[bool]) -> list[int]:
     """Each state's class of equivalent states (Moore's refinement); state 0's class is 0."""
-    group = [int(r) for r in rejecting]
+    group = [int(f) for f in final]
     while True:
         keys: dict[tuple, int] = {}
         new = [

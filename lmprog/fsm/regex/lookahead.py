@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from lmprog.core.errors import ConstraintError
 from lmprog.fsm.regex.dfa import complement_source
-from lmprog.fsm.regex.parser import Look, _Anchor, _has_anchor, _Parser
+from lmprog.fsm.regex.parser import Look, _Anchor, _has_anchor, _Parser, parse_regex
 from lmprog.fsm.regex.syntax import Alternation, Chars, Concat, Repeat, emit, node_lengths
 
 NOTHING = r"[^\s\S]"
@@ -39,6 +40,22 @@ def split_lookaheads(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         raise parser.fail("unbalanced ')'")
     if not _has_look(node):
         return (source,), ()
+    try:
+        return _split(source, node, parser)
+    except ConstraintError as refused:
+        if not _one_character(node):
+            raise
+        try:  # lookaheads at one character: assertions beside the others (regex.assertions)
+            parse_regex(source, "ecma")
+        except ConstraintError:
+            raise refused from None
+        return (source,), ()
+
+
+def _split(source: str, node, parser: _Parser) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if parser.asserts or parser.multiline:
+        at = (parser.asserts or parser.anchors)[0]
+        raise parser.fail("a lookahead beside a word boundary, lookbehind or (?m) anchor", at)
     parts = _flatten(node)
     for part in parts:
         inner = part.node if isinstance(part, Look) else _tempered(part) or part
@@ -83,6 +100,20 @@ def split_lookaheads(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
             must_not.remove(text)
             must.append(positive)
     return tuple(dict.fromkeys(must)), tuple(dict.fromkeys(must_not))
+
+
+def _one_character(node) -> bool:
+    """Whether every lookahead of ``node`` looks at one character class."""
+    if isinstance(node, Look):
+        return isinstance(node.node, Chars)
+    if not isinstance(node, (Concat, Alternation, Repeat)):
+        return True
+    children = (node.node,) if isinstance(node, Repeat) else _children(node)
+    return all(map(_one_character, children))
+
+
+def _children(node) -> tuple:
+    return node.parts if isinstance(node, Concat) else node.options
 
 
 def _looks_at_the_start(parts: list, parser: _Parser) -> bool:
@@ -174,7 +205,7 @@ def _has_look(node) -> bool:
 def _first_look(node) -> int | None:
     if isinstance(node, Look):
         return node.at
-    if isinstance(node, (Chars, _Anchor)):
+    if not isinstance(node, (Concat, Alternation, Repeat)):
         return None
     children = (
         node.parts

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from lmprog.core.errors import ConstraintError
+from lmprog.fsm.regex.casefold import fold
 from lmprog.fsm.regex.charset import ANY_CHAR, CATEGORY_NAMES, MAX_CP, CharSet, cs, unicode_category
 from lmprog.fsm.regex.syntax import (
     EMPTY,
@@ -16,6 +17,7 @@ from lmprog.fsm.regex.syntax import (
     Node,
     ParsedRegex,
     Repeat,
+    node_lengths,
     nullable,
 )
 
@@ -30,18 +32,26 @@ _ECMA_SPACE = CharSet.of(" \t\n\r\f\v\u00a0\u1680\u2028\u2029\u202f\u205f\u3000\
 _CLASS_ESCAPES = {"d": _DIGIT, "w": _WORD}
 _BRACES = re.compile(r"\{(\d*)(,(\d*))?\}")
 _SIMPLE = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v"}
+_FLAGS = re.compile(r"([a-zA-Z]*)(?:-([a-zA-Z]*))?([:)])")
+_FLAG_NAMES = {"i": "ignorecase", "m": "multiline", "s": "dotall", "u": "unicode (a no-op)"}
 
 
 class _Anchor:
-    """`^` (start) or `$` (end) while parsing; `split_anchors` removes every one."""
+    """`^` (start) or `$` (end) while parsing; `split_anchors` removes every one. Under the
+    ``(?m)`` flag (``multiline``) they hold at a line's start or end too, as in Python's ``re``:
+    ``^`` after a ``\\n``, ``$`` before one."""
 
-    __slots__ = ("start",)
+    __slots__ = ("start", "multiline")
 
-    def __init__(self, start: bool) -> None:
-        self.start = start
+    def __init__(self, start: bool, multiline: bool = False) -> None:
+        self.start, self.multiline = start, multiline
 
 
 _ANCHOR_ESCAPE = {"A": _Anchor(True), "Z": _Anchor(False), "z": _Anchor(False)}
+
+
+class _Unsure(Exception):
+    """A multiline anchor next to text that may or may not hold the line break it needs."""
 
 
 class Look:
@@ -57,7 +67,7 @@ class Look:
 def _has_anchor(node: Node) -> bool:
     if isinstance(node, _Anchor):
         return True
-    if isinstance(node, Chars):
+    if not isinstance(node, (Concat, Alternation, Repeat, Look)):
         return False
     if isinstance(node, Look):
         return _has_anchor(node.node)
@@ -66,21 +76,70 @@ def _has_anchor(node: Node) -> bool:
     return any(_has_anchor(n) for n in (node.parts if isinstance(node, Concat) else node.options))
 
 
-def _join_anchored(
-    left: tuple[bool, Node, bool], right: tuple[bool, Node, bool]
-) -> tuple[bool, Node, bool] | None:
-    """Concatenate two anchored alternatives; None where no text satisfies both."""
+def _join_anchored(left: tuple, right: tuple) -> tuple | None:
+    """Concatenate two anchored alternatives (start, body, end: False, True, or "m" for a
+    multiline anchor); None where no text satisfies both."""
     s1, b1, e1 = left
     s2, b2, e2 = right
+    if "m" in (e1, s2):
+        return _join_multiline(left, right)
     if e1 and not nullable(b2):  # text after the end
         return None
     if s2 and not nullable(b1):  # text before the start
         return None
-    if e1:
-        return s1 or s2, b1, True
+    if e1:  # b2 matches ""; with a start anchor here too, b1 must as well
+        return s1 or s2, EMPTY if s2 else b1, True
     if s2:
         return True, b2, e2
     return s1, _concat(b1, b2), e2
+
+
+def _join_multiline(left: tuple, right: tuple) -> tuple:
+    """`_join_anchored` where a multiline anchor stands between the two bodies: exact where the
+    text beside it is empty, or may be empty and has no anchor of its own (a match of it ending
+    or starting with the line break leaves a shorter match with it empty); else _Unsure."""
+    s1, b1, e1 = left
+    s2, b2, e2 = right
+    if _empty(b1) and _empty(b2):
+        return _both(s1, s2), EMPTY, _both(e1, e2)
+    if e1 and not s2:
+        if _empty(b2):
+            return s1, b1, _both(e1, e2)
+        if e1 == "m" and nullable(b2) and not e2:
+            return s1, b1, "m"
+    if s2 and not e1:
+        if _empty(b1):
+            return _both(s1, s2), b2, e2
+        if s2 == "m" and nullable(b1) and not s1:
+            return "m", b2, e2
+    raise _Unsure
+
+
+def _both(a, b):
+    """Two anchors at one position: a plain one is the stronger."""
+    return True if True in (a, b) else "m" if "m" in (a, b) else False
+
+
+def _empty(node: Node) -> bool:
+    return node_lengths(node) == (0, 0)
+
+
+def _line_edges(start, body: Node, end, search: bool) -> list[Branch]:
+    """A branch with multiline anchors as plain branches: ``^`` holds at the start or after a
+    line break, which a match searched for may as well include (and ``$`` likewise before
+    one); a match of the whole string (not ``search``) holds them at its edges."""
+    line = Chars(CharSet.of("\n"))
+    heads = [(True, ())] + ([(False, (line,))] if start == "m" and search else [])
+    tails = [(True, ())] + ([(False, (line,))] if end == "m" and search else [])
+    return [
+        Branch(
+            _concat(_concat(Concat(head), body), Concat(tail)) if head or tail else body,
+            bool(start) and s,
+            bool(end) and e,
+        )
+        for s, head in heads
+        for e, tail in tails
+    ]
 
 
 def _concat(a: Node, b: Node) -> Node:
@@ -104,6 +163,10 @@ class _Parser:
         self.src, self.i, self.ecma = src, 0, dialect == "ecma"
         self.lookahead = lookahead  # read (?=...) and (?!...) as Look nodes
         self.anchors: list[int] = []  # positions of the anchors read
+        self.flags = ""  # inline flags in force (Python's: i, m, s)
+        self.flags_end = 0  # where global flags ``(?i)`` may still stand (the pattern's start)
+        self.multiline = False  # whether a multiline anchor was read
+        self.asserts: list[int] = []  # positions of the \\b, \\B and lookbehinds read
         space = _ECMA_SPACE if self.ecma else _PY_SPACE
         self.classes = dict(_CLASS_ESCAPES, s=space)
         dot_excluded = "\n\r\u2028\u2029" if self.ecma else "\n"
@@ -121,7 +184,9 @@ class _Parser:
         node = self.alternation()
         if self.i < len(self.src):
             raise self.fail("unbalanced ')'")
-        branches = [Branch(body, start, end) for start, body, end in self.split_anchors(node)]
+        if self.asserts:
+            return self.without_assertions(node)
+        branches = [b for parts in self.split_anchors(node) for b in _line_edges(*parts, self.ecma)]
         if not branches:
             inner = [p for p in self.anchors if 0 < p < len(self.src) - 1] or self.anchors
             raise self.fail(
@@ -135,7 +200,8 @@ class _Parser:
         (`^$|(^[a-z]+$)`, `^(foo|^bar)$`, `(^a|b)c`). An anchor is satisfiable only where
         the text around it can be empty; combinations that cannot be are dropped."""
         if isinstance(node, _Anchor):
-            return [(node.start, EMPTY, not node.start)]
+            mode = "m" if node.multiline else True
+            return [(mode, EMPTY, False) if node.start else (False, EMPTY, mode)]
         if not _has_anchor(node):
             return [(False, node, False)]
         if isinstance(node, Alternation):
@@ -143,12 +209,19 @@ class _Parser:
         elif isinstance(node, Concat):
             out = [(False, EMPTY, False)]
             for part in node.parts:
-                out = [
-                    joined
-                    for left in out
-                    for right in self.split_anchors(part)
-                    if (joined := _join_anchored(left, right)) is not None
-                ]
+                try:
+                    out = [
+                        joined
+                        for left in out
+                        for right in self.split_anchors(part)
+                        if (joined := _join_anchored(left, right)) is not None
+                    ]
+                except _Unsure:
+                    raise self.fail(
+                        "a multiline anchor ('(?m)') beside text that may or may not hold "
+                        "the line break it asks for",
+                        self.anchors[0],
+                    ) from None
                 self.check_anchored(out)
         else:  # Repeat
             if node.hi == 1:  # x? = "" | x
@@ -156,6 +229,29 @@ class _Parser:
             raise self.fail("an anchor inside a repeated group", self.anchors[0])
         self.check_anchored(out)
         return out
+
+    def without_assertions(self, node: Node) -> tuple[Branch, ...]:
+        """The pattern of the strings in which ``node`` (with ``\\b``, ``\\B`` or lookbehinds)
+        finds a match, as branches without them (``assertions.py``)."""
+        from lmprog.fsm.regex.assertions import without_assertions
+
+        try:
+            branches = without_assertions(node)
+        except OverflowError as e:
+            raise self.fail(
+                f"a word boundary or one-character lookaround whose pattern's automaton is "
+                f"too large ({e})",
+                self.asserts[0],
+            ) from None
+        if not branches:
+            raise self.fail(
+                "a word boundary or one-character lookaround no text can satisfy", self.asserts[0]
+            )
+        return tuple(  # a Python-dialect regex matches the whole string: no text around it
+            Branch(_Parser(r.text, "python").alternation(), start, end)
+            for start, r, end in branches
+            if self.ecma or start and end
+        )
 
     def check_anchored(self, out: list) -> None:
         if len(out) > MAX_ANCHORED_BRANCHES:
@@ -225,33 +321,85 @@ class _Parser:
         if c == "[":
             return Chars(self.char_class())
         if c == ".":
-            return Chars(self.dot)
+            return Chars(ANY_CHAR if "s" in self.flags else self.dot)
         if c == "\\":
-            if not self.ecma and self.peek() in ("A", "Z", "z"):
-                self.anchors.append(start)
+            if self.peek() in ("A", "Z") or (not self.ecma and self.peek() == "z"):
+                self.anchors.append(start)  # \A, \Z in a JSON Schema pattern: Python's anchors
                 self.i += 1
                 return _ANCHOR_ESCAPE[self.src[self.i - 1]]  # type: ignore[return-value]
             if self.peek() == "G":
                 raise self.fail("anchor '\\G'", start)
-            return Chars(self.escape(in_class=False))
+            if self.peek() in ("b", "B"):
+                from lmprog.fsm.regex.assertions import WORD, Assert
+
+                self.i += 1
+                self.asserts.append(start)
+                return Assert("boundary", WORD, self.src[start + 1] == "B", start)  # type: ignore[return-value]
+            return Chars(self.cased(self.escape(in_class=False)))
         if c in "^$":
             self.anchors.append(start)
-            return _Anchor(c == "^")
-        return Chars(CharSet.of(c))
+            self.multiline = self.multiline or "m" in self.flags
+            return _Anchor(c == "^", "m" in self.flags)  # type: ignore[return-value]
+        return Chars(self.cased(CharSet.of(c)))
+
+    def cased(self, chars: CharSet) -> CharSet:
+        """``chars`` as the pattern matches them: case-insensitively under ``(?i)``."""
+        return fold(chars) if "i" in self.flags else chars
 
     def group(self, start: int) -> Node:
-        look = None
+        look, flags = None, self.flags
         if self.peek() == "?":
             self.i += 1
-            look = self.group_extension(start)
+            scope = self.inline_flags(start)
+            if scope == "global":
+                return EMPTY
+            if scope is None:
+                look = self.group_extension(start)
         node = self.alternation()
         if self.peek() != ")":
             raise self.fail("missing ')' for the group opened", start)
         self.i += 1
+        self.flags = flags
+        if look in ("behind", "ahead"):
+            return self.one_character(node, look, start)  # type: ignore[arg-type]
         return node if look is None else Look(node, look, start)  # type: ignore[return-value]
 
-    def group_extension(self, start: int) -> bool | None:
-        """Skips a group's ``?...`` prefix; for a lookahead (when read), whether it is negative."""
+    def one_character(self, node: Node, kind: str, start: int) -> Node:
+        """``(?<=X)``, ``(?<!X)`` (and where lookaheads are not read as ``Look``s, ``(?=X)``,
+        ``(?!X)``) with X one character class: assertions (``assertions.py``)."""
+        from lmprog.fsm.regex.assertions import Assert
+
+        if not isinstance(node, Chars):
+            what = "lookbehind" if kind == "behind" else "lookahead"
+            raise self.fail(f"{what} of other than one character class", start)
+        self.asserts.append(start)
+        negative = self.src[start + (3 if kind == "behind" else 2)] == "!"
+        return Assert(kind, node.chars, negative, start)  # type: ignore[return-value]
+
+    def inline_flags(self, start: int) -> str | None:
+        """Reads Python's inline flags, ``(?ims)`` at the pattern's start ("global": for the
+        whole pattern) or ``(?i-s:...)`` ("scoped": for the group, read on by the caller);
+        None where the group is no flag group."""
+        m = _FLAGS.match(self.src, self.i)
+        if not m or not (m.group(1) or m.group(2) is not None):
+            return None
+        on, off, scoped = m.group(1), m.group(2) or "", m.group(3) == ":"
+        for flag in on + off:
+            if flag not in _FLAG_NAMES:
+                raise self.fail(f"inline flag {flag!r} (only i, m, s and u are read)", start)
+        if not scoped and (off or m.group(2) is not None or start != self.flags_end):
+            where = "turned off" if m.group(2) is not None else "not at the pattern's start"
+            raise self.fail(f"global inline flags {where}", start)
+        self.flags = "".join(sorted((set(self.flags) | set(on)) - set(off)))
+        self.i = m.end()
+        if scoped:
+            return "scoped"
+        self.flags_end = self.i
+        return "global"
+
+    def group_extension(self, start: int) -> bool | str | None:
+        """Skips a group's ``?...`` prefix; for a lookahead read as a ``Look``, whether it is
+        negative; "behind" or "ahead" for a lookaround read as an assertion."""
         rest = self.src[self.i :]
         if rest.startswith(":"):
             self.i += 1
@@ -259,22 +407,21 @@ class _Parser:
         if self.lookahead and rest[:1] in ("=", "!"):
             self.i += 1
             return rest[0] == "!"
+        if rest[:2] in ("<=", "<!") or rest[:1] in ("=", "!"):
+            self.i += 1 + (rest[0] == "<")
+            return "behind" if rest[0] == "<" else "ahead"
         named = re.match(r"(P?<)([A-Za-z_][A-Za-z0-9_]*)>", rest)
         if named and not (self.ecma and named.group(1) == "P<"):
             self.i += named.end()
             return None
         for prefix, what in (
-            ("=", "lookahead"),
-            ("!", "negative lookahead"),
-            ("<=", "lookbehind"),
-            ("<!", "negative lookbehind"),
             ("P=", "backreference"),
             ("(", "conditional group"),
             (">", "atomic group"),
         ):
             if rest.startswith(prefix):
                 raise self.fail(f"{what} '(?{prefix}'", start)
-        raise self.fail("inline flags or an unknown group extension '(?'", start)
+        raise self.fail("an unknown group extension '(?'", start)
 
     def char_class(self) -> CharSet:
         start = self.i - 1
@@ -291,6 +438,7 @@ class _Parser:
                 break
             members = members | self.class_item()
             first = False
+        members = self.cased(members)
         return ANY_CHAR - members if negated else members
 
     def class_item(self) -> CharSet:

@@ -1,0 +1,199 @@
+"""Patterns with one-character assertions (``\\b``, ``\\B``, lookarounds of one character class,
+anchors anywhere) as assertion-free patterns, through the string's automaton.
+
+An assertion looks at the characters around a position, not at the match: ``\\b`` holds where
+exactly one of the previous and the next character is a word character (``[A-Za-z0-9_]``, as
+``\\w`` reads in a JSON Schema pattern; the string's edges count as non-word), ``(?<=X)`` /
+``(?<!X)`` where the previous character is (is not) in the class X (``(?=X)``, ``(?!X)``: the
+next one; the lookaheads ``lookahead.py`` cannot place), ``^``/``$`` at the string's
+edges or, under ``(?m)``, next to a line break. So the strings a pattern finds a match in are
+those of an automaton whose states are a derivative of the whole-string pattern (``.*`` on each
+side) together with what the last character read was (as far as the assertions care): an
+assertion is the empty string where it holds between the previous character and the next block
+of characters (or the string's end), and nothing elsewhere. The automaton is minimized and
+written back as a regex (``dfa.written``); past ``max_states`` states or ``limit`` characters,
+OverflowError (the parser refuses the pattern, naming the assertion).
+"""
+
+from __future__ import annotations
+
+from lmprog.fsm.regex.charset import ANY_CHAR, CharSet, cs
+from lmprog.fsm.regex.dfa import EPS, NOTHING, _Derivatives, written
+from lmprog.fsm.regex.syntax import Alternation, Chars, Concat, Repeat
+
+WORD = cs("a-zA-Z0-9_")
+LINE = CharSet.of("\n")
+
+
+class Assert:
+    """A one-character assertion while parsing: ``kind`` "boundary" (``\\b``; ``negative``:
+    ``\\B``), "behind" (``(?<=chars)``; ``negative``: ``(?<!chars)``) or "ahead"
+    (``(?=chars)``, ``(?!chars)``)."""
+
+    __slots__ = ("kind", "chars", "negative", "at")
+
+    def __init__(self, kind: str, chars: CharSet, negative: bool, at: int) -> None:
+        self.kind, self.chars, self.negative, self.at = kind, chars, negative, at
+
+
+def without_assertions(node, max_states: int = 400, limit: int = 20_000) -> list:
+    """The branches (start anchored?, full-match regex, end anchored?) of the strings in which
+    ``node`` (holding ``Assert`` nodes and the parser's anchors) finds a match: a match at the
+    string's start, or after a character the assertions look at (the branch's first); ending
+    at the string's end, or before a character they look at (its last). OverflowError past the
+    bounds."""
+    d = _InContext(node)
+    out = []
+    for at_start in (True, False):
+        for at_end in (True, False):
+            r = _written(d, at_start, at_end, max_states, limit)
+            if r is not None:
+                out.append((at_start, r, at_end))
+    return out
+
+
+_BEFORE, _AFTER = "before", "after"  # reading the character before a match; the one after it
+
+
+def _written(d: _InContext, at_start: bool, at_end: bool, max_states: int, limit: int):
+    first = (d.states[0], None) if at_start else _BEFORE
+    index, pending, moves, accepting = {first: 0}, [first], [], []
+    while len(moves) < len(pending):
+        state = pending[len(moves)]
+        if state == _AFTER:
+            accepting.append(True)
+            moves.append([index.setdefault(NOTHING, len(pending))] * len(d.blocks))
+            if len(pending) == index[NOTHING]:
+                pending.append(NOTHING)
+            continue
+        if state == NOTHING:
+            accepting.append(False)
+            moves.append([index[NOTHING]] * len(d.blocks))
+            continue
+        n, prev = state if state != _BEFORE else (None, None)
+        accepting.append(n is not None and at_end and d.nullable_at(n, prev, None))
+        row = []
+        for b in range(len(d.blocks)):
+            if n is None:  # the character before the match
+                nxt = (d.states[0], d.seen[b])
+            elif not at_end and d.nullable_at(n, prev, d.seen[b]):
+                nxt = _AFTER
+            else:
+                nxt = (d.derive_at(n, prev, b), d.seen[b])
+                if nxt[0] == NOTHING:
+                    nxt = NOTHING
+            if nxt not in index:
+                if len(pending) >= max_states:
+                    raise OverflowError(f"the automaton has over {max_states} states")
+                index[nxt] = len(pending)
+                pending.append(nxt)
+            row.append(index[nxt])
+        moves.append(row)
+    return written(moves, d.blocks, accepting, limit)
+
+
+class _InContext(_Derivatives):
+    """Derivatives taken beside what the previous character was (``prev``: for each class the
+    assertions test, whether the character was in it; None at the string's start)."""
+
+    def __init__(self, node) -> None:
+        self.tests: list = []
+        sets = [WORD, LINE, *_sets(node)]
+        self.sets = list(dict.fromkeys(sets))
+        blocks = [ANY_CHAR]
+        for chars in sorted({*self.sets, *_classes(node)}, key=lambda c: c.ranges):
+            blocks = [p for b in blocks for p in (b & chars, b - chars) if not p.is_empty()]
+        self.blocks = blocks
+        self.seen = [tuple(not (b & s).is_empty() for s in self.sets) for b in blocks]
+        self.nodes = [("alt", ()), ("cat",)]
+        self.ids = {n: i for i, n in enumerate(self.nodes)}
+        self._nullable, self._derived, self._at = {NOTHING: False, EPS: True}, {}, {}
+        self.states = [self.read(node)]
+
+    def read(self, node) -> int:
+        if isinstance(node, (Chars, Concat, Alternation, Repeat)):
+            return super().read(node)
+        self.tests.append(node)
+        return self._intern(("look", len(self.tests) - 1))
+
+    def holds(self, look: int, prev, nxt) -> bool:
+        """Whether assertion ``look`` holds between ``prev`` and ``nxt`` (None: an edge)."""
+        node = self.tests[look]
+
+        def has(seen, chars: CharSet) -> bool:
+            return seen is not None and seen[self.sets.index(chars)]
+
+        if isinstance(node, Assert) and node.kind in ("behind", "ahead"):
+            seen = prev if node.kind == "behind" else nxt
+            return has(seen, node.chars) != node.negative
+        if isinstance(node, Assert):  # \b, \B
+            return (has(prev, WORD) != has(nxt, WORD)) != node.negative
+        seen = prev if node.start else nxt  # an anchor
+        return seen is None or (node.multiline and has(seen, LINE))
+
+    def nullable_at(self, n: int, prev, nxt) -> bool:
+        key = (n, prev, nxt)
+        if key not in self._at:
+            kind, *args = self.nodes[n]
+            if kind == "look":
+                out = self.holds(args[0], prev, nxt)
+            elif kind == "chars":
+                out = False
+            elif kind == "alt":
+                out = any(self.nullable_at(o, prev, nxt) for o in args[0])
+            elif kind == "rep":
+                out = args[1] == 0 or self.nullable_at(args[0], prev, nxt)
+            else:
+                out = all(self.nullable_at(a, prev, nxt) for a in args)
+            self._at[key] = out
+        return self._at[key]
+
+    def derive_at(self, n: int, prev, block: int) -> int:
+        """``derive`` where the previous character was ``prev`` and the next is of ``block``:
+        an assertion before the block's character is "" where it holds, else nothing."""
+        key = (n, prev, block)
+        if key not in self._derived:
+            kind, *args = self.nodes[n]
+            nxt = self.seen[block]
+            if kind == "look" or (kind == "cat" and not args):
+                out = NOTHING
+            elif kind == "chars":
+                out = EPS if args[0] >> block & 1 else NOTHING
+            elif kind == "alt":
+                out = self.alt([self.derive_at(o, prev, block) for o in args[0]])
+            elif kind == "rep":
+                a, lo, hi = args
+                rest = self.rep(a, max(lo - 1, 0), None if hi is None else hi - 1)
+                out = self.cat(self.derive_at(a, prev, block), rest)
+                if lo > 1 and self.nullable_at(a, prev, nxt):  # an iteration matching "" here
+                    out = self.alt([out, self.derive_at(rest, prev, block)])
+            else:
+                a, b = args
+                out = self.cat(self.derive_at(a, prev, block), b)
+                if self.nullable_at(a, prev, nxt):
+                    out = self.alt([out, self.derive_at(b, prev, block)])
+            self._derived[key] = out
+        return self._derived[key]
+
+
+def _sets(node) -> list[CharSet]:
+    """The classes the one-character lookarounds of ``node`` test."""
+    if isinstance(node, Assert):
+        return [node.chars] if node.kind != "boundary" else []
+    if isinstance(node, Chars) or not isinstance(node, (Concat, Alternation, Repeat)):
+        return []
+    children = (node.node,) if isinstance(node, Repeat) else _children(node)
+    return [s for c in children for s in _sets(c)]
+
+
+def _classes(node) -> set[CharSet]:
+    if isinstance(node, Chars):
+        return {node.chars}
+    if not isinstance(node, (Concat, Alternation, Repeat)):
+        return set()
+    children = (node.node,) if isinstance(node, Repeat) else _children(node)
+    return set().union(*map(_classes, children)) if children else set()
+
+
+def _children(node) -> tuple:
+    return node.parts if isinstance(node, Concat) else node.options
