@@ -11,6 +11,7 @@ import random
 import re
 
 import pytest
+import regex
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import Constraint
@@ -65,21 +66,34 @@ CASES = [
 ]
 
 
+REGEX_MODULE_CASES = [  # flags past the start, which re refuses: the regex module's reading
+    (r"^(0.5|1|2)\s*(?i)GB$", "1 gGb"),
+    (r"^(?:a(?i)b|c)$", "aAbBcC"),
+    (r"(?i)a(?-i)b|c", "aAbBcC"),
+    (r"^(?:a(?i))b", "aAbB"),
+    (r"^a(?s).|b(?m)$", "ab\n"),
+    (r"^[\w-.~]+$|^[.-\d]$", "a-.~,1"),  # a class escape beside '-': the '-' itself
+]
+
+
 def _texts(alphabet: str) -> list[str]:
     short = ["".join(t) for n in range(5) for t in itertools.product(alphabet, repeat=n)]
     rng = random.Random(0)
     return short + ["".join(rng.choices(alphabet, k=rng.randint(5, 9))) for _ in range(200)]
 
 
-@pytest.mark.parametrize("pattern, alphabet", CASES)
-def test_flags_and_assertions_search_as_python_does(pattern, alphabet):
+@pytest.mark.parametrize(
+    "pattern, alphabet, python",
+    [(p, a, re) for p, a in CASES] + [(p, a, regex) for p, a in REGEX_MODULE_CASES],
+)
+def test_flags_and_assertions_search_as_python_does(pattern, alphabet, python):
     values = pattern_matcher(pattern)
     tokens = Constraint.from_json_schema({"type": "string", "pattern": pattern})
     for text in _texts(alphabet):
-        want = re.search(pattern, text) is not None
+        want = python.search(pattern, text) is not None
         assert bool(values.fullmatch(text)) == want, repr(text)
     for text in _texts(alphabet)[:400]:
-        want = re.search(pattern, text) is not None
+        want = python.search(pattern, text) is not None
         assert tokens.matches(json.dumps(text)) == want, repr(text)
 
 
@@ -88,14 +102,11 @@ def test_flags_and_assertions_search_as_python_does(pattern, alphabet):
     [
         (r"(?x)a b", "inline flag 'x'"),
         (r"(?a)\w", "inline flag 'a'"),
-        (r"a(?i)b", "not at the pattern's start"),
-        (r"(?-i)a", "turned off"),
         (r"(?<=ab)c", "lookbehind of other than one character class"),
         (r"(?m)a$\nb", "multiline anchor"),
         (r"(?m)x^a", "multiline anchor"),
         (r"^\b(?=ab)", "beside a word boundary"),
         (r"\b[a-z]{500}", "too large"),
-        (r"a\bb", "no text can satisfy"),
     ],
 )
 def test_what_stays_inexact_is_refused(pattern, construct):
@@ -113,6 +124,17 @@ def test_a_gen_regex_matches_the_whole_text_as_fullmatch_does(pattern, alphabet)
     emitted = re.compile(compile_user_regex(pattern))
     for text in _texts(alphabet):
         assert bool(emitted.fullmatch(text)) == bool(re.fullmatch(pattern, text)), repr(text)
+
+
+@pytest.mark.parametrize("pattern", [r"a\bb", r'"^a$"', r"x(?<=y)"])
+def test_a_pattern_no_string_matches_leaves_no_string(pattern):
+    """As for a validator, whose search never finds it: the string there is impossible (the
+    rest of the schema still compiles); a gen's regex that matches nothing is refused."""
+    c = Constraint.from_json_schema({"anyOf": [{"type": "integer"}, {"pattern": pattern}]})
+    assert c.matches("1") and not c.matches('"ab"') and not c.matches('"a\\nb"')
+    assert not c.matches(json.dumps(pattern))
+    with pytest.raises(ConstraintError, match="no text can satisfy"):
+        compile_user_regex(pattern)
 
 
 def test_word_characters_are_json_schemas():

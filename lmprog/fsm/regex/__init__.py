@@ -11,10 +11,13 @@ from a user. The emitted syntax is the common subset that Python ``re``, intereg
 
 No anchors, lookaround, backreferences or flags: an emitted pattern always means "the whole
 string". ``parse_regex`` accepts Python-style (``dialect="python"``) or ECMA-262 (``"ecma"``, the
-JSON Schema ``pattern`` dialect) syntax and raises ``ConstraintError`` naming the construct and its
-position for anything that cannot be represented exactly (lookaround, backreferences, word
-boundaries, anchors in the middle, inline flags, Unicode properties other than general
-categories such as ``\\p{L}``, ...).
+JSON Schema ``pattern`` dialect) syntax, with Python's inline flags (``(?i)``, ``(?s)``, ``(?m)``,
+scoped ``(?i:...)``; ``casefold.py``) and ``\\A``/``\\Z`` in both; word boundaries and
+lookarounds of one character class become assertion-free branches (``assertions.py``), longer
+lookaheads in JSON Schema patterns intersections (``lookahead.py``). It raises
+``ConstraintError`` naming the construct and its position for anything that cannot be
+represented exactly (longer lookbehinds, backreferences, the ``x`` flag, Unicode properties
+other than general categories such as ``\\p{L}``, ...).
 """
 
 from __future__ import annotations

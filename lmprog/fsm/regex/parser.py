@@ -164,7 +164,6 @@ class _Parser:
         self.lookahead = lookahead  # read (?=...) and (?!...) as Look nodes
         self.anchors: list[int] = []  # positions of the anchors read
         self.flags = ""  # inline flags in force (Python's: i, m, s)
-        self.flags_end = 0  # where global flags ``(?i)`` may still stand (the pattern's start)
         self.multiline = False  # whether a multiline anchor was read
         self.asserts: list[int] = []  # positions of the \\b, \\B and lookbehinds read
         space = _ECMA_SPACE if self.ecma else _PY_SPACE
@@ -189,10 +188,18 @@ class _Parser:
         branches = [b for parts in self.split_anchors(node) for b in _line_edges(*parts, self.ecma)]
         if not branches:
             inner = [p for p in self.anchors if 0 < p < len(self.src) - 1] or self.anchors
-            raise self.fail(
+            return self.matches_nothing(
                 "an anchor no text can satisfy ('$' before a character, '^' after one)", inner[0]
             )
         return tuple(branches)
+
+    def matches_nothing(self, why: str, at: int) -> tuple[Branch, ...]:
+        """A JSON Schema pattern no string matches (``"^a$"``, quotes and all) is a pattern
+        like ``[^\\s\\S]``: the strings there are none, as for a validator; a gen's regex that
+        nothing matches is an error."""
+        if not self.ecma:
+            raise self.fail(why, at)
+        return (Branch(Chars(CharSet()), False, False),)
 
     def split_anchors(self, node: Node) -> list[tuple[bool, Node, bool]]:
         """The pattern as alternatives (anchored at the start?, body, anchored at the end?)
@@ -243,15 +250,13 @@ class _Parser:
                 f"too large ({e})",
                 self.asserts[0],
             ) from None
-        if not branches:
-            raise self.fail(
-                "a word boundary or one-character lookaround no text can satisfy", self.asserts[0]
-            )
-        return tuple(  # a Python-dialect regex matches the whole string: no text around it
+        out = tuple(  # a Python-dialect regex matches the whole string: no text around it
             Branch(_Parser(r.text, "python").alternation(), start, end)
             for start, r, end in branches
             if self.ecma or start and end
         )
+        why = "a word boundary or one-character lookaround no text can satisfy"
+        return out or self.matches_nothing(why, self.asserts[0])
 
     def check_anchored(self, out: list) -> None:
         if len(out) > MAX_ANCHORED_BRANCHES:
@@ -351,7 +356,7 @@ class _Parser:
         if self.peek() == "?":
             self.i += 1
             scope = self.inline_flags(start)
-            if scope == "global":
+            if scope == "rest":
                 return EMPTY
             if scope is None:
                 look = self.group_extension(start)
@@ -377,9 +382,10 @@ class _Parser:
         return Assert(kind, node.chars, negative, start)  # type: ignore[return-value]
 
     def inline_flags(self, start: int) -> str | None:
-        """Reads Python's inline flags, ``(?ims)`` at the pattern's start ("global": for the
-        whole pattern) or ``(?i-s:...)`` ("scoped": for the group, read on by the caller);
-        None where the group is no flag group."""
+        """Reads Python's inline flags: ``(?i-s)`` ("rest": for the rest of the enclosing group
+        or pattern, as the ``regex`` module reads them anywhere and ``re`` at the pattern's
+        start, where it allows them) or ``(?i-s:...)`` ("scoped": for the group, read on by the
+        caller); None where the group is no flag group."""
         m = _FLAGS.match(self.src, self.i)
         if not m or not (m.group(1) or m.group(2) is not None):
             return None
@@ -387,15 +393,9 @@ class _Parser:
         for flag in on + off:
             if flag not in _FLAG_NAMES:
                 raise self.fail(f"inline flag {flag!r} (only i, m, s and u are read)", start)
-        if not scoped and (off or m.group(2) is not None or start != self.flags_end):
-            where = "turned off" if m.group(2) is not None else "not at the pattern's start"
-            raise self.fail(f"global inline flags {where}", start)
         self.flags = "".join(sorted((set(self.flags) | set(on)) - set(off)))
         self.i = m.end()
-        if scoped:
-            return "scoped"
-        self.flags_end = self.i
-        return "global"
+        return "scoped" if scoped else "rest"
 
     def group_extension(self, start: int) -> bool | str | None:
         """Skips a group's ``?...`` prefix; for a lookahead read as a ``Look``, whether it is
@@ -448,6 +448,8 @@ class _Parser:
             return low
         self.i += 1
         high = self.class_atom()
+        if (low.size() != 1 or high.size() != 1) and self.ecma:
+            return low | CharSet.of("-") | high  # [\w-.]: ECMA's Annex B and ``regex`` read '-'
         if low.size() != 1 or high.size() != 1:
             raise self.fail("character class escape used as a range endpoint", start)
         a, b = low.ranges[0][0], high.ranges[0][0]
