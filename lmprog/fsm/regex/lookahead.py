@@ -24,7 +24,7 @@ from functools import lru_cache
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.regex.dfa import complement_source
-from lmprog.fsm.regex.parser import Look, _Anchor, _has_anchor, _Parser, parse_regex
+from lmprog.fsm.regex.parser import Anchor, Look, _has_anchor, _Parser, parse_regex
 from lmprog.fsm.regex.syntax import Alternation, Chars, Concat, Repeat, emit, node_lengths
 
 NOTHING = r"[^\s\S]"
@@ -150,7 +150,7 @@ def _searched(source: str, parts: list, base: list, parser: _Parser) -> tuple:
 def _offset(before: list, parser: _Parser, at: int) -> int:
     """The fixed length of the parts before a lookahead (a leading ``^`` aside)."""
     before = [_plain(p) for p in before if not isinstance(p, Look)]
-    while before and isinstance(before[0], _Anchor) and before[0].start:
+    while before and isinstance(before[0], Anchor) and before[0].start:
         before.pop(0)
     lo, hi = node_lengths(Concat(tuple(before))) if not _anchored(before) else (0, None)
     if lo != hi:
@@ -179,7 +179,7 @@ def _tempered_source(after: list, look: Look, lo: int, base: list, parser: _Pars
     tempered token that runs to the end of a pattern anchored at its end."""
     rest = []
     for p in after:
-        if isinstance(p, _Anchor) and not p.start:
+        if isinstance(p, Anchor) and not p.start:
             break
         rest.append(p)
     if not all(end for _, _, end in base) or any(

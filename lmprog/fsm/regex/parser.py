@@ -6,6 +6,13 @@ from __future__ import annotations
 import re
 
 from lmprog.core.errors import ConstraintError
+from lmprog.fsm.regex.anchors import (
+    ANCHOR_ESCAPES,
+    Anchor,
+    Unsure,
+    join_anchored,
+    line_edges,
+)
 from lmprog.fsm.regex.casefold import fold
 from lmprog.fsm.regex.charset import ANY_CHAR, CATEGORY_NAMES, MAX_CP, CharSet, cs, unicode_category
 from lmprog.fsm.regex.syntax import (
@@ -17,8 +24,6 @@ from lmprog.fsm.regex.syntax import (
     Node,
     ParsedRegex,
     Repeat,
-    node_lengths,
-    nullable,
 )
 
 MAX_ANCHORED_BRANCHES = 64  # alternatives an anchored pattern may expand to (split_anchors)
@@ -36,24 +41,6 @@ _FLAGS = re.compile(r"([a-zA-Z]*)(?:-([a-zA-Z]*))?([:)])")
 _FLAG_NAMES = {"i": "ignorecase", "m": "multiline", "s": "dotall", "u": "unicode (a no-op)"}
 
 
-class _Anchor:
-    """`^` (start) or `$` (end) while parsing; `split_anchors` removes every one. Under the
-    ``(?m)`` flag (``multiline``) they hold at a line's start or end too, as in Python's ``re``:
-    ``^`` after a ``\\n``, ``$`` before one."""
-
-    __slots__ = ("start", "multiline")
-
-    def __init__(self, start: bool, multiline: bool = False) -> None:
-        self.start, self.multiline = start, multiline
-
-
-_ANCHOR_ESCAPE = {"A": _Anchor(True), "Z": _Anchor(False), "z": _Anchor(False)}
-
-
-class _Unsure(Exception):
-    """A multiline anchor next to text that may or may not hold the line break it needs."""
-
-
 class Look:
     """A lookahead ``(?=node)`` (``negative``: ``(?!node)``), read only by ``lookahead.py``'s
     parser (``_Parser(..., lookahead=True)``); never part of a ParsedRegex."""
@@ -65,7 +52,7 @@ class Look:
 
 
 def _has_anchor(node: Node) -> bool:
-    if isinstance(node, _Anchor):
+    if isinstance(node, Anchor):
         return True
     if not isinstance(node, (Concat, Alternation, Repeat, Look)):
         return False
@@ -74,80 +61,6 @@ def _has_anchor(node: Node) -> bool:
     if isinstance(node, Repeat):
         return _has_anchor(node.node)
     return any(_has_anchor(n) for n in (node.parts if isinstance(node, Concat) else node.options))
-
-
-def _join_anchored(left: tuple, right: tuple) -> tuple | None:
-    """Concatenate two anchored alternatives (start, body, end: False, True, or "m" for a
-    multiline anchor); None where no text satisfies both."""
-    s1, b1, e1 = left
-    s2, b2, e2 = right
-    if "m" in (e1, s2):
-        return _join_multiline(left, right)
-    if e1 and not nullable(b2):  # text after the end
-        return None
-    if s2 and not nullable(b1):  # text before the start
-        return None
-    if e1:  # b2 matches ""; with a start anchor here too, b1 must as well
-        return s1 or s2, EMPTY if s2 else b1, True
-    if s2:
-        return True, b2, e2
-    return s1, _concat(b1, b2), e2
-
-
-def _join_multiline(left: tuple, right: tuple) -> tuple:
-    """`_join_anchored` where a multiline anchor stands between the two bodies: exact where the
-    text beside it is empty, or may be empty and has no anchor of its own (a match of it ending
-    or starting with the line break leaves a shorter match with it empty); else _Unsure."""
-    s1, b1, e1 = left
-    s2, b2, e2 = right
-    if _empty(b1) and _empty(b2):
-        return _both(s1, s2), EMPTY, _both(e1, e2)
-    if e1 and not s2:
-        if _empty(b2):
-            return s1, b1, _both(e1, e2)
-        if e1 == "m" and nullable(b2) and not e2:
-            return s1, b1, "m"
-    if s2 and not e1:
-        if _empty(b1):
-            return _both(s1, s2), b2, e2
-        if s2 == "m" and nullable(b1) and not s1:
-            return "m", b2, e2
-    raise _Unsure
-
-
-def _both(a, b):
-    """Two anchors at one position: a plain one is the stronger."""
-    return True if True in (a, b) else "m" if "m" in (a, b) else False
-
-
-def _empty(node: Node) -> bool:
-    return node_lengths(node) == (0, 0)
-
-
-def _line_edges(start, body: Node, end, search: bool) -> list[Branch]:
-    """A branch with multiline anchors as plain branches: ``^`` holds at the start or after a
-    line break, which a match searched for may as well include (and ``$`` likewise before
-    one); a match of the whole string (not ``search``) holds them at its edges."""
-    line = Chars(CharSet.of("\n"))
-    heads = [(True, ())] + ([(False, (line,))] if start == "m" and search else [])
-    tails = [(True, ())] + ([(False, (line,))] if end == "m" and search else [])
-    return [
-        Branch(
-            _concat(_concat(Concat(head), body), Concat(tail)) if head or tail else body,
-            bool(start) and s,
-            bool(end) and e,
-        )
-        for s, head in heads
-        for e, tail in tails
-    ]
-
-
-def _concat(a: Node, b: Node) -> Node:
-    parts = [
-        *(a.parts if isinstance(a, Concat) else (a,)),
-        *(b.parts if isinstance(b, Concat) else (b,)),
-    ]
-    return Concat(tuple(parts))
 
 
 def parse_regex(pattern: str, dialect: str = "python") -> ParsedRegex:
@@ -185,7 +98,7 @@ class _Parser:
             raise self.fail("unbalanced ')'")
         if self.asserts:
             return self.without_assertions(node)
-        branches = [b for parts in self.split_anchors(node) for b in _line_edges(*parts, self.ecma)]
+        branches = [b for parts in self.split_anchors(node) for b in line_edges(*parts, self.ecma)]
         if not branches:
             inner = [p for p in self.anchors if 0 < p < len(self.src) - 1] or self.anchors
             return self.matches_nothing(
@@ -206,7 +119,7 @@ class _Parser:
         with the same search language: anchors may stand anywhere a regex engine allows them
         (`^$|(^[a-z]+$)`, `^(foo|^bar)$`, `(^a|b)c`). An anchor is satisfiable only where
         the text around it can be empty; combinations that cannot be are dropped."""
-        if isinstance(node, _Anchor):
+        if isinstance(node, Anchor):
             mode = "m" if node.multiline else True
             return [(mode, EMPTY, False) if node.start else (False, EMPTY, mode)]
         if not _has_anchor(node):
@@ -221,9 +134,9 @@ class _Parser:
                         joined
                         for left in out
                         for right in self.split_anchors(part)
-                        if (joined := _join_anchored(left, right)) is not None
+                        if (joined := join_anchored(left, right)) is not None
                     ]
-                except _Unsure:
+                except Unsure:
                     raise self.fail(
                         "a multiline anchor ('(?m)') beside text that may or may not hold "
                         "the line break it asks for",
@@ -331,7 +244,7 @@ class _Parser:
             if self.peek() in ("A", "Z") or (not self.ecma and self.peek() == "z"):
                 self.anchors.append(start)  # \A, \Z in a JSON Schema pattern: Python's anchors
                 self.i += 1
-                return _ANCHOR_ESCAPE[self.src[self.i - 1]]  # type: ignore[return-value]
+                return ANCHOR_ESCAPES[self.src[self.i - 1]]  # type: ignore[return-value]
             if self.peek() == "G":
                 raise self.fail("anchor '\\G'", start)
             if self.peek() in ("b", "B"):
@@ -344,7 +257,7 @@ class _Parser:
         if c in "^$":
             self.anchors.append(start)
             self.multiline = self.multiline or "m" in self.flags
-            return _Anchor(c == "^", "m" in self.flags)  # type: ignore[return-value]
+            return Anchor(c == "^", "m" in self.flags)  # type: ignore[return-value]
         return Chars(self.cased(CharSet.of(c)))
 
     def cased(self, chars: CharSet) -> CharSet:
