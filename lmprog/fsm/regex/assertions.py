@@ -36,7 +36,7 @@ class Assert:
         self.kind, self.chars, self.negative, self.at = kind, chars, negative, at
 
 
-def without_assertions(node, max_states: int = 400, limit: int = 20_000) -> list:
+def without_assertions(node, max_states: int = 120, limit: int = 20_000) -> list:
     """The branches (start anchored?, full-match regex, end anchored?) of the strings in which
     ``node`` (holding ``Assert`` nodes and the parser's anchors) finds a match: a match at the
     string's start, or after a character the assertions look at (the branch's first); ending

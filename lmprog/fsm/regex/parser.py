@@ -157,7 +157,7 @@ class _Parser:
 
         try:
             branches = without_assertions(node)
-        except OverflowError as e:
+        except (OverflowError, RecursionError) as e:
             raise self.fail(
                 f"a word boundary or one-character lookaround whose pattern's automaton is "
                 f"too large ({e})",
