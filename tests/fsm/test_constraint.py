@@ -96,8 +96,8 @@ def test_whitespace_option():
     assert not default.matches('{"a":  1}') and not default.matches('{\n"a": 1}')
     loose = Constraint.from_json_schema(schema, whitespace=r"[ \n]{0,2}")
     assert loose.matches('{\n "a":1\n}') and loose != default
-    with pytest.raises(ConstraintError, match="lookahead"):
-        Constraint.from_json_schema(schema, whitespace="(?=  )")
+    with pytest.raises(ConstraintError, match="lookbehind"):
+        Constraint.from_json_schema(schema, whitespace="(?<=  ) ")
 
 
 def test_errors_raise_at_construction():

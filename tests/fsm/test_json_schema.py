@@ -463,7 +463,7 @@ def test_recursion_under_allof_is_unrolled_to_a_bounded_depth():
     [
         ({"$dynamicRef": "#x"}, "$dynamicRef"),
         ({"type": "string", "format": 5}, "format must be a string at #/format"),
-        ({"type": "string", "pattern": "(?=ab)"}, "lookahead"),
+        ({"type": "string", "pattern": "(?<=ab)"}, "lookbehind"),
         ({"type": "integer", "multipleOf": 7}, "multipleOf 7"),
         (
             {"type": "integer", "multipleOf": 3, "minimum": 5},

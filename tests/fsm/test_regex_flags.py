@@ -63,6 +63,13 @@ CASES = [
     (r"x\b|^\b", "x_ "),
     (r"(?i)\bab", "aAb-"),
     (r"(?<![0-9])[0-9]{2}(?![0-9])", "0a"),
+    (r"^([a-z\d]|[a-z\d]([a-z\d-](?!--))*[a-z\d])$", "a-1"),  # lookaheads that move
+    (r"^(-?)P(?=\d|T\d)(?:(\d+)Y)?(?:T(?:(\d+)H)?)?$", "P1YT-H"),
+    (r"(?=[a-z]+)((?!ab\.).*)|(\$x)", "ab.$x"),
+    (r"(?!\s*$).+", " a"),
+    (r"a(?=bc)|c(?!ab)", "abc"),
+    (r"(?=(ab)+c)a", "abc"),
+    (r"^(?=a(?!b))..|(?=a\b)", "ab "),
 ]
 
 
@@ -105,7 +112,7 @@ def test_flags_and_assertions_search_as_python_does(pattern, alphabet, python):
         (r"(?<=ab)c", "lookbehind of other than one character class"),
         (r"(?m)a$\nb", "multiline anchor"),
         (r"(?m)x^a", "multiline anchor"),
-        (r"^\b(?=ab)", "beside a word boundary"),
+        (r"\b(?<=ab)", "lookbehind of other than one character class"),
         (r"\b[a-z]{500}", "too large"),
     ],
 )

@@ -27,13 +27,14 @@ LINE = CharSet.of("\n")
 
 class Assert:
     """A one-character assertion while parsing: ``kind`` "boundary" (``\\b``; ``negative``:
-    ``\\B``), "behind" (``(?<=chars)``; ``negative``: ``(?<!chars)``) or "ahead"
-    (``(?=chars)``, ``(?!chars)``)."""
+    ``\\B``), "behind" (``(?<=chars)``; ``negative``: ``(?<!chars)``), "ahead"
+    (``(?=chars)``, ``(?!chars)``) or "lookahead" (``(?=body)``, ``(?!body)``, a longer one)."""
 
-    __slots__ = ("kind", "chars", "negative", "at")
+    __slots__ = ("kind", "chars", "negative", "at", "body")
 
-    def __init__(self, kind: str, chars: CharSet, negative: bool, at: int) -> None:
+    def __init__(self, kind: str, chars, negative: bool, at: int, body=None) -> None:
         self.kind, self.chars, self.negative, self.at = kind, chars, negative, at
+        self.body = body
 
 
 def without_assertions(node, max_states: int = 120, limit: int = 20_000) -> list:
@@ -43,9 +44,11 @@ def without_assertions(node, max_states: int = 120, limit: int = 20_000) -> list
     at the string's end, or before a character they look at (its last). OverflowError past the
     bounds."""
     d = _InContext(node)
+    if d.aheads:  # a lookahead may look past the match: the match runs on to the string's end
+        d = _InContext(Concat((node, Repeat(Chars(ANY_CHAR), 0, None))))
     out = []
     for at_start in (True, False):
-        for at_end in (True, False):
+        for at_end in (True,) if d.aheads else (True, False):
             r = _written(d, at_start, at_end, max_states, limit)
             if r is not None:
                 out.append((at_start, r, at_end))
@@ -94,10 +97,21 @@ def _written(d: _InContext, at_start: bool, at_end: bool, max_states: int, limit
 
 class _InContext(_Derivatives):
     """Derivatives taken beside what the previous character was (``prev``: for each class the
-    assertions test, whether the character was in it; None at the string's start)."""
+    assertions test, whether the character was in it; None at the string's start).
+
+    A lookahead of more than one character, ``("ahead", body, negative)``, asks something of
+    the whole rest of the string: where one heads a concatenation, the rest of the pattern is
+    pushed into it (into each alternative, into a repetition unrolled once), and its
+    derivative is the intersection (``("and", ids)``) of the body's, followed by anything, with
+    the rest's (the complement, ``("not", id)``, for a negative one). An iteration matching ""
+    that leads back to the derivative being taken adds nothing (the least fixed point)."""
 
     def __init__(self, node) -> None:
         self.tests: list = []
+        self.aheads = 0
+        self._busy: list = []  # the derivatives being taken, outermost first
+        self._cut = None  # the outermost of them a cycle reached
+        self._ahead_in: dict[int, bool] = {}
         sets = [WORD, LINE, *_sets(node)]
         self.sets = list(dict.fromkeys(sets))
         blocks = [ANY_CHAR]
@@ -113,6 +127,9 @@ class _InContext(_Derivatives):
     def read(self, node) -> int:
         if isinstance(node, (Chars, Concat, Alternation, Repeat)):
             return super().read(node)
+        if isinstance(node, Assert) and node.kind == "lookahead":
+            self.aheads += 1
+            return self._intern(("ahead", self.read(node.body), node.negative))
         self.tests.append(node)
         return self._intern(("look", len(self.tests) - 1))
 
@@ -137,6 +154,12 @@ class _InContext(_Derivatives):
             kind, *args = self.nodes[n]
             if kind == "look":
                 out = self.holds(args[0], prev, nxt)
+            elif kind == "ahead":  # at the string's end: the body must match ""
+                out = self.nullable_at(args[0], prev, nxt) != args[1]
+            elif kind == "not":
+                out = not self.nullable_at(args[0], prev, nxt)
+            elif kind == "and":
+                out = all(self.nullable_at(o, prev, nxt) for o in args[0])
             elif kind == "chars":
                 out = False
             elif kind == "alt":
@@ -152,32 +175,112 @@ class _InContext(_Derivatives):
         """``derive`` where the previous character was ``prev`` and the next is of ``block``:
         an assertion before the block's character is "" where it holds, else nothing."""
         key = (n, prev, block)
+        if key in self._busy:  # back to itself through iterations matching ""
+            depth = self._busy.index(key)
+            self._cut = depth if self._cut is None else min(self._cut, depth)
+            return NOTHING
         if key not in self._derived:
-            kind, *args = self.nodes[n]
-            nxt = self.seen[block]
-            if kind == "look" or (kind == "cat" and not args):
-                out = NOTHING
-            elif kind == "chars":
-                out = EPS if args[0] >> block & 1 else NOTHING
-            elif kind == "alt":
-                out = self.alt([self.derive_at(o, prev, block) for o in args[0]])
-            elif kind == "rep":
-                a, lo, hi = args
-                rest = self.rep(a, max(lo - 1, 0), None if hi is None else hi - 1)
-                out = self.cat(self.derive_at(a, prev, block), rest)
-                if lo > 1 and self.nullable_at(a, prev, nxt):  # an iteration matching "" here
-                    out = self.alt([out, self.derive_at(rest, prev, block)])
-            else:
-                a, b = args
-                out = self.cat(self.derive_at(a, prev, block), b)
-                if self.nullable_at(a, prev, nxt):
-                    out = self.alt([out, self.derive_at(b, prev, block)])
+            self._busy.append(key)
+            out = self._derive(n, prev, block)
+            depth = len(self._busy) - 1
+            self._busy.pop()
+            if self._cut is not None and self._cut < depth:
+                return out  # exact only within the derivative the cycle returns to
+            if self._cut == depth:
+                self._cut = None
             self._derived[key] = out
         return self._derived[key]
+
+    def _derive(self, n: int, prev, block: int) -> int:
+        kind, *args = self.nodes[n]
+        nxt = self.seen[block]
+        if kind == "and":
+            return self.conj([self.derive_at(o, prev, block) for o in args[0]])
+        if kind == "not":
+            return self.neg(self.derive_at(args[0], prev, block))
+        if kind in ("ahead", "rep") and self.ahead_in(n):
+            return self.derive_ahead(n, EPS, prev, block)
+        if kind == "cat" and args and self.ahead_in(args[0]):
+            return self.derive_ahead(args[0], args[1], prev, block)
+        if kind == "look" or (kind == "cat" and not args):
+            return NOTHING
+        if kind == "chars":
+            return EPS if args[0] >> block & 1 else NOTHING
+        if kind == "alt":
+            return self.alt([self.derive_at(o, prev, block) for o in args[0]])
+        if kind == "rep":
+            a, lo, hi = args
+            rest = self.rep(a, max(lo - 1, 0), None if hi is None else hi - 1)
+            out = self.cat(self.derive_at(a, prev, block), rest)
+            if lo > 1 and self.nullable_at(a, prev, nxt):  # an iteration matching "" here
+                out = self.alt([out, self.derive_at(rest, prev, block)])
+            return out
+        a, b = args
+        out = self.cat(self.derive_at(a, prev, block), b)
+        if self.nullable_at(a, prev, nxt):
+            out = self.alt([out, self.derive_at(b, prev, block)])
+        return out
+
+    def derive_ahead(self, a: int, rest: int, prev, block: int) -> int:
+        """The derivative of ``a`` followed by ``rest`` (the rest of the string's pattern),
+        where ``a`` holds a lookahead."""
+        kind, *args = self.nodes[a]
+        if kind == "ahead":
+            body, negative = args
+            anything = self.rep(self._intern(("chars", (1 << len(self.blocks)) - 1)), 0, None)
+            look = self.derive_at(self.cat(body, anything), prev, block)
+            return self.conj(
+                [self.neg(look) if negative else look, self.derive_at(rest, prev, block)]
+            )
+        if kind == "alt":
+            return self.derive_at(self.alt([self.cat(o, rest) for o in args[0]]), prev, block)
+        if kind == "rep":
+            x, lo, hi = args
+            more = self.cat(
+                x, self.cat(self.rep(x, max(lo - 1, 0), None if hi is None else hi - 1), rest)
+            )
+            if lo > 0:
+                return self.derive_at(more, prev, block)
+            return self.alt([self.derive_at(rest, prev, block), self.derive_at(more, prev, block)])
+        raise AssertionError(kind)  # a concatenation never heads one (``cat``)
+
+    def ahead_in(self, n: int) -> bool:
+        """Whether node ``n`` holds a lookahead of more than one character."""
+        if n not in self._ahead_in:
+            kind, *args = self.nodes[n]
+            if kind == "ahead":
+                out = True
+            elif kind == "alt":
+                out = any(map(self.ahead_in, args[0]))
+            elif kind == "rep":
+                out = self.ahead_in(args[0])
+            elif kind == "cat":
+                out = any(map(self.ahead_in, args))
+            else:
+                out = False
+            self._ahead_in[n] = out
+        return self._ahead_in[n]
+
+    def conj(self, options: list[int]) -> int:
+        flat: set[int] = set()
+        for o in options:
+            kind, *args = self.nodes[o]
+            flat.update(args[0] if kind == "and" else (o,))
+        if NOTHING in flat:
+            return NOTHING
+        if len(flat) == 1:
+            return flat.pop()
+        return self._intern(("and", tuple(sorted(flat))))
+
+    def neg(self, n: int) -> int:
+        kind, *args = self.nodes[n]
+        return args[0] if kind == "not" else self._intern(("not", n))
 
 
 def _sets(node) -> list[CharSet]:
     """The classes the one-character lookarounds of ``node`` test."""
+    if isinstance(node, Assert) and node.kind == "lookahead":
+        return _sets(node.body)
     if isinstance(node, Assert):
         return [node.chars] if node.kind != "boundary" else []
     if isinstance(node, Chars) or not isinstance(node, (Concat, Alternation, Repeat)):
@@ -189,6 +292,8 @@ def _sets(node) -> list[CharSet]:
 def _classes(node) -> set[CharSet]:
     if isinstance(node, Chars):
         return {node.chars}
+    if isinstance(node, Assert) and node.kind == "lookahead":
+        return _classes(node.body)
     if not isinstance(node, (Concat, Alternation, Repeat)):
         return set()
     children = (node.node,) if isinstance(node, Repeat) else _children(node)

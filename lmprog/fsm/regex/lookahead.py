@@ -43,9 +43,7 @@ def split_lookaheads(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     try:
         return _split(source, node, parser)
     except ConstraintError as refused:
-        if not _one_character(node):
-            raise
-        try:  # lookaheads at one character: assertions beside the others (regex.assertions)
+        try:  # lookaheads from a moving position: through the automaton (regex.assertions)
             parse_regex(source, "ecma")
         except ConstraintError:
             raise refused from None
@@ -100,20 +98,6 @@ def _split(source: str, node, parser: _Parser) -> tuple[tuple[str, ...], tuple[s
             must_not.remove(text)
             must.append(positive)
     return tuple(dict.fromkeys(must)), tuple(dict.fromkeys(must_not))
-
-
-def _one_character(node) -> bool:
-    """Whether every lookahead of ``node`` looks at one character class."""
-    if isinstance(node, Look):
-        return isinstance(node.node, Chars)
-    if not isinstance(node, (Concat, Alternation, Repeat)):
-        return True
-    children = (node.node,) if isinstance(node, Repeat) else _children(node)
-    return all(map(_one_character, children))
-
-
-def _children(node) -> tuple:
-    return node.parts if isinstance(node, Concat) else node.options
 
 
 def _looks_at_the_start(parts: list, parser: _Parser) -> bool:

@@ -159,8 +159,7 @@ class _Parser:
             branches = without_assertions(node)
         except (OverflowError, RecursionError) as e:
             raise self.fail(
-                f"a word boundary or one-character lookaround whose pattern's automaton is "
-                f"too large ({e})",
+                f"a word boundary or lookaround whose pattern's automaton is too large ({e})",
                 self.asserts[0],
             ) from None
         out = tuple(  # a Python-dialect regex matches the whole string: no text around it
@@ -168,7 +167,7 @@ class _Parser:
             for start, r, end in branches
             if self.ecma or start and end
         )
-        why = "a word boundary or one-character lookaround no text can satisfy"
+        why = "a word boundary or lookaround no text can satisfy"
         return out or self.matches_nothing(why, self.asserts[0])
 
     def check_anchored(self, out: list) -> None:
@@ -283,15 +282,16 @@ class _Parser:
         return node if look is None else Look(node, look, start)  # type: ignore[return-value]
 
     def one_character(self, node: Node, kind: str, start: int) -> Node:
-        """``(?<=X)``, ``(?<!X)`` (and where lookaheads are not read as ``Look``s, ``(?=X)``,
-        ``(?!X)``) with X one character class: assertions (``assertions.py``)."""
+        """``(?<=X)``, ``(?<!X)`` with X one character class, and (where lookaheads are not
+        read as ``Look``s) ``(?=X)``, ``(?!X)``: assertions (``assertions.py``)."""
         from lmprog.fsm.regex.assertions import Assert
 
-        if not isinstance(node, Chars):
-            what = "lookbehind" if kind == "behind" else "lookahead"
-            raise self.fail(f"{what} of other than one character class", start)
-        self.asserts.append(start)
         negative = self.src[start + (3 if kind == "behind" else 2)] == "!"
+        if not isinstance(node, Chars) and kind == "behind":
+            raise self.fail("lookbehind of other than one character class", start)
+        self.asserts.append(start)
+        if not isinstance(node, Chars):  # a longer lookahead: through the automaton too
+            return Assert("lookahead", None, negative, start, node)  # type: ignore[return-value]
         return Assert(kind, node.chars, negative, start)  # type: ignore[return-value]
 
     def inline_flags(self, start: int) -> str | None:
