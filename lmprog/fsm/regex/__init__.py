@@ -14,7 +14,8 @@ string". ``parse_regex`` accepts Python-style (``dialect="python"``) or ECMA-262
 JSON Schema ``pattern`` dialect) syntax, with Python's inline flags (``(?i)``, ``(?s)``, ``(?m)``,
 scoped ``(?i:...)``; ``casefold.py``) and ``\\A``/``\\Z`` in both; word boundaries and
 lookarounds of one character class become assertion-free branches (``assertions.py``), longer
-lookaheads in JSON Schema patterns intersections (``lookahead.py``). It raises
+lookaheads in JSON Schema patterns intersections (``lookahead.py``) or, where those cannot
+place them, branches through the automaton too. It raises
 ``ConstraintError`` naming the construct and its position for anything that cannot be
 represented exactly (longer lookbehinds, backreferences, the ``x`` flag, Unicode properties
 other than general categories such as ``\\p{L}``, ...).

@@ -14,8 +14,8 @@ at any of its positions: the complement of ``X`` searched from there. In a patte
 match anywhere, lookaheads that look only from the string's start (``(?!^[0-9]+$)...``) hold
 or fail alike past it (``_searched``). Elsewhere the position a lookahead looks from depends on
 the match (after a part of variable length, inside a repeated group or an alternative, or in a
-pattern that may match anywhere), and ``ConstraintError`` names it, as for lookbehind and
-backreferences.
+pattern that may match anywhere): there the pattern goes through its automaton
+(``assertions.py``), and where that is too large ``ConstraintError`` names why.
 """
 
 from __future__ import annotations
