@@ -4,7 +4,9 @@ Two process groups share one TCPStore, neither of them torch's global default gr
 process may hold several runtimes, and user code its own torch.distributed):
 
     plan     gloo, host memory: rank 0 broadcasts each step's inputs (channel.py). Its
-             timeout is long: workers wait on it while the engine is idle.
+             timeout is long (workers wait on it while the engine is idle); rank 0's sends
+             take `timeout_s` each (gloo's broadcast waits for the receivers: a hung
+             worker would hold the engine there for good).
     device   the model's collectives (all-reduce, all-gather, the overlap tokens): gloo on
              the CPU, NCCL on CUDA (so CUDA graphs capture them); its timeout
              (`timeout_s`) is what detects a rank that hangs mid-step.
@@ -101,8 +103,10 @@ class TPGroup:
 
     # ---- the plan group (host) -------------------------------------------------------------
     def broadcast_host(self, t: torch.Tensor) -> torch.Tensor:
-        """Rank 0's CPU tensor t into every rank's t (plan group), in place."""
-        self._plan.broadcast([t], _root()).wait()
+        """Rank 0's CPU tensor t into every rank's t (plan group), in place; rank 0 waits
+        at most `timeout_s` for the others, they wait for it as long as the engine idles."""
+        timeout = timedelta(seconds=self.timeout_s) if self.rank == 0 else None
+        self._plan.broadcast([t], _root(timeout)).wait()
         return t
 
     def send_object(self, obj: Any) -> None:
@@ -235,9 +239,11 @@ def _gloo(
     return gloo(store, rank, world, opts)
 
 
-def _root() -> dist.BroadcastOptions:
+def _root(timeout: timedelta | None = None) -> dist.BroadcastOptions:
     opts = dist.BroadcastOptions()
     opts.rootRank, opts.rootTensor = 0, 0
+    if timeout is not None:  # else the group's own
+        opts.timeout = timeout
     return opts
 
 
