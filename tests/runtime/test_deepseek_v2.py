@@ -284,3 +284,11 @@ def test_tensor_parallelism_is_refused_with_a_reason():
     check_shardable(PRESETS["deepseek-v2-lite"], 1)
     with pytest.raises(ValueError, match="latent attention"):
         check_shardable(PRESETS["deepseek-v2-lite"], 2)
+
+
+@requires_triton
+def test_fp32_latent_attention_on_cuda_is_refused_when_the_model_is_built():
+    """16 query heads a latent tile in fp32 made an illegal memory access on the H200: the
+    model is refused when built (before any CUDA allocation), not at its first step."""
+    with pytest.raises(ValueError, match="latent attention in float32 on CUDA"):
+        build_model(PRESETS["deepseek-v2-lite"], device="cuda", dtype="float32", attention="triton")

@@ -11,7 +11,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -76,15 +76,30 @@ def build_model(
     """The model with uninitialised weights (allocated, not zeroed) on `device`."""
     device = torch.device(device)
     attn = _attention_backend(attention, config, device)
+    target = resolve_dtype(dtype, device)
+    if config.kv_lora_rank and attention == "triton" and device.type == "cuda":
+        _check_fp32_latent(config, attn, target)
     with torch.device("meta"), _no_init():
         model = model_class(config.architecture)(config, attn)
-    target = resolve_dtype(dtype, device)
 
     def allocate(t: torch.Tensor) -> torch.Tensor:  # .to(dtype).to_empty(device) in one pass
         kind = target if t.is_floating_point() else t.dtype
         return torch.empty(t.shape, dtype=kind, device=device)  # empty_like on meta is slow
 
     return model._apply(allocate).eval()
+
+
+def _check_fp32_latent(config: ModelConfig, attn: Any, dtype: torch.dtype) -> None:
+    """Latent attention's Triton kernels on CUDA take fp32 only in tiles of a few query heads
+    (kernels.attention.FP32_LATENT_MAX_GROUP): refuse the model here, not at its first step."""
+    from ...kernels.attention import FP32_LATENT_MAX_GROUP
+
+    group = config.num_heads // attn.num_kv_heads
+    if dtype == torch.float32 and group > FP32_LATENT_MAX_GROUP:
+        raise ValueError(
+            f"latent attention in float32 on CUDA takes at most {FP32_LATENT_MAX_GROUP} query "
+            f"heads a tile, this model {group}: use dtype='bfloat16' or 'float16' on the GPU"
+        )
 
 
 def _attention_backend(name: str, config: ModelConfig, device: torch.device):
