@@ -112,17 +112,10 @@ class _InContext(_Derivatives):
         self._busy: list = []  # the derivatives being taken, outermost first
         self._cut = None  # the outermost of them a cycle reached
         self._ahead_in: dict[int, bool] = {}
-        sets = [WORD, LINE, *_sets(node)]
-        self.sets = list(dict.fromkeys(sets))
-        blocks = [ANY_CHAR]
-        for chars in sorted({*self.sets, *_classes(node)}, key=lambda c: c.ranges):
-            blocks = [p for b in blocks for p in (b & chars, b - chars) if not p.is_empty()]
-        self.blocks = blocks
-        self.seen = [tuple(not (b & s).is_empty() for s in self.sets) for b in blocks]
-        self.nodes = [("alt", ()), ("cat",)]
-        self.ids = {n: i for i, n in enumerate(self.nodes)}
-        self._nullable, self._derived, self._at = {NOTHING: False, EPS: True}, {}, {}
-        self.states = [self.read(node)]
+        self._at: dict = {}
+        self.sets = list(dict.fromkeys([WORD, LINE, *_sets(node)]))
+        super().__init__(node, {*self.sets, *_classes(node)})
+        self.seen = [tuple(not (b & s).is_empty() for s in self.sets) for b in self.blocks]
 
     def read(self, node) -> int:
         if isinstance(node, (Chars, Concat, Alternation, Repeat)):

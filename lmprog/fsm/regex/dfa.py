@@ -89,8 +89,9 @@ class _Derivatives:
     holds, as bits), ``("cat", a, b)``, ``("alt", ids)`` (sorted, flat, no NOTHING) and
     ``("rep", a, lo, hi)``; equal derivatives get one id, so the automaton stays finite."""
 
-    def __init__(self, node) -> None:
-        self.blocks = _blocks(node)
+    def __init__(self, node, classes: set[CharSet] | None = None) -> None:
+        """classes: what the blocks partition (default: the node's own classes)."""
+        self.blocks = _blocks(_classes(node) if classes is None else classes)
         self.nodes: list[tuple] = [("alt", ()), ("cat",)]  # NOTHING, EPS
         self.ids: dict[tuple, int] = {n: i for i, n in enumerate(self.nodes)}
         self._nullable: dict[int, bool] = {NOTHING: False, EPS: True}
@@ -199,10 +200,10 @@ class _Derivatives:
         return self.ids[node]
 
 
-def _blocks(node) -> list[CharSet]:
-    """The coarsest partition of all characters that every class of ``node`` is a union of."""
+def _blocks(classes: set[CharSet]) -> list[CharSet]:
+    """The coarsest partition of all characters that each of ``classes`` is a union of."""
     blocks = [ANY_CHAR]
-    for chars in sorted(_classes(node), key=lambda c: c.ranges):
+    for chars in sorted(classes, key=lambda c: c.ranges):
         blocks = [part for b in blocks for part in (b & chars, b - chars) if not part.is_empty()]
     return blocks
 
