@@ -114,6 +114,10 @@ def test_flags_and_assertions_search_as_python_does(pattern, alphabet, python):
         (r"(?m)x^a", "multiline anchor"),
         (r"\b(?<=ab)", "lookbehind of other than one character class"),
         (r"\b[a-z]{500}", "too large"),
+        # lookaheads from a moving position whose automaton is too large, longer lookbehinds
+        (r"(?!ab)[a-c]{1,200}x", "not anchored at its start"),
+        (r"(?=a[a-c]{150})", "not anchored at its start"),
+        (r"^(?<!ab)b", "lookbehind"),
     ],
 )
 def test_what_stays_inexact_is_refused(pattern, construct):
