@@ -70,6 +70,11 @@ class SmallMConfig:
     def fits(self, itemsize: int = 2) -> bool:
         return self.shared_bytes(itemsize) <= SMEM_BYTES
 
+    def new_counters(self, n: int, device: torch.device | str) -> torch.Tensor:
+        """The zeroed split-K counters of an N-column layer (empty without split-K)."""
+        tiles = triton.cdiv(n, self.block_n) if self.split_k > 1 else 0
+        return torch.zeros(tiles, dtype=torch.int32, device=device)
+
     @property
     def label(self) -> str:
         return (f"n{self.block_n} k{self.block_k} split{self.split_k} "
@@ -141,7 +146,7 @@ def small_m_matmul(
     tiles_n = triton.cdiv(n, config.block_n)
     split = config.split_k > 1
     if split and counters is None:
-        counters = torch.zeros(tiles_n, dtype=torch.int32, device=x.device)
+        counters = config.new_counters(n, x.device)
     if split:
         check_tensor("counters", counters, ndim=1, dtypes=(torch.int32,), device=x.device)
         if counters.shape[0] < tiles_n:

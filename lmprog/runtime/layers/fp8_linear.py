@@ -126,10 +126,10 @@ class Fp8Linear(nn.Module):
         """Calls of up to 16 rows through the weight-only small_m_matmul with `config` (None:
         the W8A8 paths again); its split-K counters a buffer outside the state_dict."""
         self.small_m_config = config
-        split = config is not None and config.split_k > 1
-        tiles = -(-self.out_features // config.block_n) if split else 0
-        zeros = torch.zeros(tiles, dtype=torch.int32, device=self.weight.device)
-        self.register_buffer("small_m_counters", zeros, persistent=False)
+        counters = (
+            None if config is None else config.new_counters(self.out_features, self.weight.device)
+        )
+        self.register_buffer("small_m_counters", counters, persistent=False)
 
     def _kernels(self, x: torch.Tensor) -> torch.Tensor:
         from ..kernels.fp8 import block_fp8_matmul, fp8_matmul_small_m, quantize_fp8

@@ -8,6 +8,8 @@ replayed from a CUDA graph as decode steps run (the weights then come from HBM, 
 each path, and those layers keep the fastest for calls of up to 16 rows:
 
     FP8 layers (per channel)     fp8_matmul_small_m (quantization fused) | quantize + _scaled_mm
+                                 | weight-only small_m_matmul over the e4m3 weights (configs
+                                 checked against the dequantized product first)
     bf16/fp16 nn.Linear layers   cuBLAS (F.linear) | kernels.small_m.small_m_matmul, a few tile
                                  configs (candidate_configs; each checked against cuBLAS first)
 
@@ -51,9 +53,8 @@ class SmallMLinear(nn.Linear):
         self.weight = linear.weight
         self.bias = linear.bias
         self.config = config
-        tiles = -(-self.out_features // config.block_n) if config.split_k > 1 else 0
-        zeros = torch.zeros(tiles, dtype=torch.int32, device=linear.weight.device)
-        self.register_buffer("counters", zeros, persistent=False)
+        counters = config.new_counters(self.out_features, linear.weight.device)
+        self.register_buffer("counters", counters, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from ..kernels.small_m import SMALL_M, small_m_matmul
