@@ -102,7 +102,7 @@ def bench_decode(args, copy_tbs: float) -> None:
                  torch.arange(b, device=DEV, dtype=torch.int32))  # fmt: skip
         configs = [(None, None)]
         if args.sweep and layout == "shuffled":
-            configs += [(s, TileConfig(16, bn, w, st)) for s in (2, 3, 4, 8)
+            configs += [(s, TileConfig(16, bn, w, st)) for s in (1, 2, 3, 4, 8)
                         for bn, w, st in ((64, 4, 2), (128, 4, 2), (128, 4, 3), (128, 2, 2),
                                           (256, 4, 2))]  # fmt: skip
         for splits, cfg in configs:
@@ -111,10 +111,13 @@ def bench_decode(args, copy_tbs: float) -> None:
 
 
 def bench_decode_regimes(args, copy_tbs: float) -> None:
-    """The split heuristic across batch sizes and contexts: auto beside fixed split counts."""
+    """The split heuristic across batch sizes and contexts: auto beside fixed split counts;
+    with --sweep, small batches (the latency-bound regime) also at other tile configs."""
+    from lmprog.runtime.kernels.attention_plan import TileConfig
+
     hq, hk, d = 32, 8, 128
     print("\n== decode attention across batch/context (split-KV count: auto vs fixed)")
-    shapes = [(1, 32768), (8, 4096), (32, 8192), (64, 1024), (256, 2048)]
+    shapes = [(1, 1024), (1, 32768), (8, 4096), (32, 8192), (64, 1024), (256, 2048)]
     if DEV == "cpu":
         shapes = [(1, 64), (3, 32)]
     for b, ctx in shapes:
@@ -124,9 +127,13 @@ def bench_decode_regimes(args, copy_tbs: float) -> None:
         seq = torch.full((b,), ctx, device=DEV, dtype=torch.int32)
         batch = (r2t, idx, seq, torch.ones_like(idx), idx)
         nbytes = 2 * b * ctx * hk * d * 2 + 2 * b * hq * d * 2 + b * ctx * 4
-        for splits in (None, 1, 2, 4, 8, 16):
-            case = (f"{b}x{ctx}", q, k, v, r2t, batch, splits, None, nbytes, 0.0, copy_tbs)
-            _guarded(False, "", _decode_case, *case)
+        cases = [(s, None) for s in (None, 1, 2, 4, 8, 16)]
+        if args.sweep and b <= 8:  # small batches: more splits, other tiles
+            cases += [(s, TileConfig(16, bn, w, st)) for s in (None, 8, 16, 32, 64)
+                      for bn, w, st in ((128, 4, 3), (64, 4, 2), (64, 2, 3), (128, 8, 2))]  # fmt: skip
+        for splits, cfg in cases:
+            case = (f"{b}x{ctx}", q, k, v, r2t, batch, splits, cfg, nbytes, 0.0, copy_tbs)
+            _guarded(cfg is not None, f"{b}x{ctx} splits={splits} {cfg}", _decode_case, *case)
         del k, v
 
 

@@ -1,17 +1,21 @@
-"""Compile the small-M matmul's runtime configs for the H100/H200 (sm_90) without a GPU.
+"""Compile the small-M matmul's runtime configs and the attention kernel's launch variants
+for the H100/H200 (sm_90) without a GPU.
 
-    python tests/kernels/compile_sm90.py     (TRITON_INTERPRET unset: the interpreter's
-                                              @triton.jit objects cannot be compiled)
+    python tests/kernels/compile_sm90.py [small_m] [attention]   (default both; TRITON_INTERPRET
+                                              unset: the interpreter's @triton.jit objects
+                                              cannot be compiled)
 
 Triton lowers each kernel to a cubin for sm_90 here (its bundled ptxas; no driver needed),
 which catches what its CPU interpreter accepts and a GPU compile refuses. One JSON line per
 compiled variant: config, split_k, even_k, shared (bytes the compiled kernel uses),
-shared_bound (SmallMConfig.shared_bytes), spills (ptxas's spill stores). Exit 3: this triton
-cannot compile for CUDA here (no NVIDIA backend or ptxas).
+shared_bound (SmallMConfig.shared_bytes), spills (ptxas's spill stores); for attention the
+launch (extend or split), tile config, shared and spills. Exit 3: this triton cannot compile
+for CUDA here (no NVIDIA backend or ptxas).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -19,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -32,6 +38,7 @@ def main() -> int:
         return 2
     from lmprog.runtime.kernels import small_m
 
+    wanted = set(sys.argv[1:]) or {"small_m", "attention"}
     try:
         from triton.backends.nvidia.compiler import get_ptxas
 
@@ -39,6 +46,10 @@ def main() -> int:
     except (ImportError, RuntimeError, AttributeError) as exc:
         print(f"no CUDA compiler in this triton: {exc}")
         return 3
+    if "attention" in wanted:
+        _compile_attention(ptxas)
+    if "small_m" not in wanted:
+        return 0
     seen = set()
     for k, n in SHAPES:
         for fp8 in (False, True):
@@ -81,6 +92,47 @@ def _signature(fp8: bool) -> dict[str, str]:
     ints = {name: "i32" for name in ("m", "n", "k", "stride_x", "k_split")}
     consts = ("HAS_BIAS", "W_FP8", "SPLIT_K", "EVEN_K", "BLOCK_M", "BLOCK_N", "BLOCK_K")
     return {**pointers, **ints, **dict.fromkeys(consts, "constexpr")}
+
+
+def _compile_attention(ptxas: str) -> None:
+    """The d=128 GQA-4 launches a Llama-3.1-8B step runs, at the default tile configs."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from lmprog.runtime.kernels import attention
+    from lmprog.runtime.kernels.attention_plan import default_configs
+
+    kernel = attention._attn_tile_kernel
+    types = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "PartO": "*fp32",
+             "PartLse": "*fp32", "ReqToToken": "*i32", "Mask": "*u8",
+             "sm_scale_log2": "fp32", "v_scale": "fp32"}  # fmt: skip
+    signature = {}
+    for param in kernel.params:
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+        elif param.name[0].isupper():
+            signature[param.name] = types.get(param.name, "*i64")
+        else:
+            signature[param.name] = types.get(param.name, "i32")
+    # what a launch specializes on: 16-aligned pointers and strides (d=128, 8 kv heads)
+    aligned = {(i,): [["tt.divisibility", 16]] for i, param in enumerate(kernel.params)
+               if param.name not in attention._STEP_ARGS
+               and (signature[param.name][0] == "*" or param.name.startswith("stride"))}  # fmt: skip
+    extend, split = default_configs(torch.device("cuda"), 128)
+    launches = [("extend", extend, False), ("split", split, False)]
+    launches += [("split", dataclasses.replace(split, block_m=bm), True) for bm in (16, 64)]
+    for name, cfg, is_split in launches:
+        constexprs = {"NUM_Q_HEADS": 32, "GROUP": 4, "HEAD_DIM": 128, "BLOCK_D": 128,
+                      "ROPE_DIM": 0, "BLOCK_R": 16, "BLOCK_M": cfg.block_m,
+                      "BLOCK_N": cfg.block_n, "SPLIT": is_split, "HAS_MASK": False}  # fmt: skip
+        src = ASTSource(kernel, signature, constexprs, aligned)
+        options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+        row = {"attention": name, "config": str(cfg), "kv_splits": is_split,
+               "shared": compiled.metadata.shared,
+               "spills": _spill_stores(ptxas, compiled.asm["ptx"])}  # fmt: skip
+        print(json.dumps(row), flush=True)
 
 
 def _spill_stores(ptxas: str, ptx: str) -> int:

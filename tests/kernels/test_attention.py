@@ -147,6 +147,8 @@ def test_rejects_bad_inputs():
         _plan(batch, seq_lens_cpu=[8, 4], extend_lens_cpu=[9, 1])
     with pytest.raises(ValueError, match="custom_mask has 3 entries"):
         _plan(batch, custom_mask=torch.ones(3, dtype=torch.bool, device=DEVICE))
+    with pytest.raises(ValueError, match="must be positive"):
+        hybrid_attention(batch.q, batch.k_buffer, batch.v_buffer, plan, sm_scale=-0.1)
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         plan_attention(*batch.tensors, num_q_heads=5, num_kv_heads=2, head_dim=HEAD_DIMS[0])
 
@@ -204,3 +206,31 @@ def test_warm_up_runs_each_launch_variant_once():
     k = torch.randn(65, 2, 32, device=DEVICE)
     table = torch.arange(1, 65, dtype=torch.int32, device=DEVICE).view(1, 64)
     assert warm_up(k, k.clone(), table, num_q_heads=8) == 13
+
+
+@pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels themselves")
+def test_launch_variants_compile_for_sm90():
+    """The interpreter runs code a GPU compile refuses: compile the extend launch and the
+    split launch (with and without KV splits, at two BLOCK_M) as a Llama-3.1-8B step runs
+    them, to a cubin for sm_90, in a process without the interpreter. The split launches
+    (every decode) must not spill registers."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("compile_sm90.py")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(script), "attention"], env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    if run.returncode == 3:  # this triton has no CUDA backend or ptxas to compile with
+        pytest.skip(run.stdout.strip())
+    assert run.returncode == 0, run.stderr[-3000:]
+    compiled = [json.loads(line) for line in run.stdout.splitlines()]
+    assert {c["attention"] for c in compiled} == {"extend", "split"}
+    assert {c["kv_splits"] for c in compiled} == {True, False}
+    for c in compiled:
+        assert 0 < c["shared"] <= 227 * 1024, c
+        if c["attention"] == "split":
+            assert c["spills"] == 0, c

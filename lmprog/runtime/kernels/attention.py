@@ -63,6 +63,8 @@ def hybrid_attention(
     out = _check_inputs(q, k_buffer, v_buffer, plan, out)
     scale = (q.shape[2] ** -0.5 if sm_scale is None else float(sm_scale)) * _LOG2E
     scale *= k_scale  # scores of stored keys: q . (k / k_scale)
+    if not scale > 0.0:  # the kernel takes each row's max before scaling
+        raise ValueError(f"sm_scale and k_scale must be positive, got {sm_scale}, {k_scale}")
     v_scale = float(v_scale)
     if plan.extend is not None:
         _launch(q, k_buffer, v_buffer, out, plan, plan.extend, scale, v_scale, split=False)
@@ -266,13 +268,15 @@ def _merge(out: torch.Tensor, plan: AttentionPlan) -> None:
 
 
 @triton.jit
-def _softmax_step(acc, m_i, l_i, qk, v):
-    """One online-softmax update with a [M, N] block of scaled (log2) scores."""
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
+def _softmax_step(acc, m_i, l_i, qk, v, scale):
+    """One online-softmax update with a [M, N] block of raw scores (masked ones -inf); `scale`
+    (> 0) takes them to log2 units: the max is taken before scaling, so scaling and the
+    subtraction of the max are one multiply-add, and p @ v accumulates into the rescaled acc."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * scale)
+    p = tl.math.exp2(qk * scale - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
-    p = tl.math.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return acc, m_new, l_i
 
 
@@ -366,10 +370,9 @@ def _attn_tile_kernel(
             k_pe = tl.load(k_base + slots[None, :] * stride_kb + offs_r[:, None],
                            mask=r_ok[:, None], other=0.0).to(q.dtype)  # fmt: skip
             qk += tl.dot(q_pe, k_pe)
-        qk = qk * sm_scale_log2
         v = tl.load(v_base + slots[:, None] * stride_vb + offs_d[None, :],
                     mask=d_ok[None, :], other=0.0).to(q.dtype)  # fmt: skip
-        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, qk, v)
+        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, qk, v, sm_scale_log2)
 
     for start in range(full_end, kv_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
@@ -382,7 +385,6 @@ def _attn_tile_kernel(
             k_pe = tl.load(k_base + slots[None, :] * stride_kb + offs_r[:, None],
                            mask=n_ok[None, :] & r_ok[:, None], other=0.0).to(q.dtype)  # fmt: skip
             qk += tl.dot(q_pe, k_pe)
-        qk = qk * sm_scale_log2
         visible = offs_n[None, :] <= row_pos[:, None]
         if HAS_MASK:
             # (a vector, not the scalar use_mask: the interpreter rejects broadcast scalars)
@@ -396,7 +398,7 @@ def _attn_tile_kernel(
         qk = tl.where(visible & n_ok[None, :], qk, float("-inf"))
         v = tl.load(v_base + slots[:, None] * stride_vb + offs_d[None, :],
                     mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(q.dtype)  # fmt: skip
-        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, qk, v)
+        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, qk, v, sm_scale_log2)
 
     empty = l_i == 0.0  # nothing visible (a masked-out row, or an empty split)
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
