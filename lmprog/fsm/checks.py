@@ -16,8 +16,9 @@ keeps, per container whose schema asks, what it needs:
   repeated; the bracket closing the array is not allowed before one did.
 - distinct keys (an ``ObjT`` with ``some_values``: a member whose value breaks what
   additionalProperties or patternProperties require, which a later member with the same key
-  would replace, the last one counting): the keys seen; the quote closing a key seen before
-  is not allowed.
+  would replace, the last one counting; or a ``minProperties`` that needs two or more keys the
+  schema does not name, counted as written): the keys seen; the quote closing a key seen
+  before is not allowed.
 The guide removes what is not allowed from the mask (``check_masks``: only tokens that can
 complete something are tried) and refuses it in ``advance``.
 
@@ -39,7 +40,16 @@ from __future__ import annotations
 import json
 
 from lmprog.fsm.json_schema.algebra import key_node
-from lmprog.fsm.json_schema.terms import ArrT, Node, NumT, ObjT, RefT, StrT, is_full
+from lmprog.fsm.json_schema.terms import (
+    ArrT,
+    Node,
+    NumT,
+    ObjT,
+    RefT,
+    StrT,
+    counts_additional_keys,
+    is_full,
+)
 
 # A state: (stack, mode, text, buf).
 # stack: frames, innermost last: ("top", nodes), ("obj", nodes, key, keys) or
@@ -355,7 +365,9 @@ _ZERO = (False, "", 0)
 
 
 def _asks(t) -> bool:
-    return t.unique or t.repeats if isinstance(t, ArrT) else bool(t.some_values)
+    if isinstance(t, ArrT):
+        return t.unique or t.repeats
+    return bool(t.some_values) or counts_additional_keys(t)
 
 
 def _keeps(stack: tuple) -> bool:

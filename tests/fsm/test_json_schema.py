@@ -343,10 +343,15 @@ def test_min_and_max_properties_count_optional_and_additional_members():
         {"properties": {"a": {}, "b": {}}, "required": ["a"], "minProperties": 3}
     )
     assert three.matches('{"a": 1, "b": 2, "x": 3}') and not three.matches('{"a": 1, "b": 2}')
-    # two additional keys might be one key written twice: not counted as two (a narrowing)
-    assert not three.matches('{"a": 1, "x": 2, "x": 3}') and not three.matches(
-        '{"a": 1, "x": 2, "y": 3}'
+    # two additional keys count as two, their keys checked distinct as the text is decoded
+    assert three.matches('{"a": 1, "x": 2, "y": 3}')
+    assert not three.matches('{"a": 1, "x": 2, "x": 3}')
+    translations = Constraint.from_json_schema(  # a dict of at least two entries
+        {"type": "object", "additionalProperties": {"type": "string"}, "minProperties": 2}
     )
+    assert translations.matches('{"en": "hi", "fr": "salut"}')
+    assert not translations.matches('{"en": "hi"}') and not translations.matches("{}")
+    assert not translations.matches('{"en": "hi", "en": "hello"}')
 
 
 def test_canonical_key_order_and_optional_subsets():

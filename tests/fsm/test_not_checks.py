@@ -1,7 +1,7 @@
 """``not`` over uniqueItems (two equal items) and over additionalProperties/patternProperties
-(a member whose value breaks them, keys distinct), checked beside the grammar as the text is
-decoded (lmprog.fsm.checks): whole texts in every key order, masks and guide moves, random
-walks, against jsonschema."""
+(a member whose value breaks them, keys distinct), and ``minProperties`` beyond the named keys
+(keys distinct), checked beside the grammar as the text is decoded (lmprog.fsm.checks): whole
+texts in every key order, masks and guide moves, random walks, against jsonschema."""
 
 import itertools
 import json
@@ -65,6 +65,14 @@ OBJECTS = [
         "not": {"additionalProperties": INT},
     },
     SCRIPT_ITEM,
+    {"type": "object", "minProperties": 2},  # two keys the schema does not name
+    {"type": "object", "additionalProperties": INT, "minProperties": 2, "maxProperties": 3},
+    {
+        "properties": {"a": {}},
+        "required": ["a"],
+        "patternProperties": {"^x": INT},
+        "minProperties": 3,
+    },  # fmt: skip
     {  # bitbucket-pipelines' items: closed objects of one optional key, {} in every branch
         "oneOf": [
             {"properties": {"a": {"additionalProperties": INT}}, "additionalProperties": False},
@@ -182,6 +190,21 @@ def test_masks_refuse_the_quote_of_a_key_written_before():
     assert guide.is_allowed(quote) and colon in set(guide.allowed_token_ids().tolist())
 
 
+def test_masks_hold_a_repeated_key_and_the_brace_until_min_properties_is_met():
+    tok = byte_level_tokenizer()
+    schema = {"type": "object", "minProperties": 2}
+    guide = TokenIndex.get(Constraint.from_json_schema(schema), tok).new_guide()
+    guide.advance_all(tok.encode('{"ab": 1', add_special_tokens=False))
+    brace = tok.convert_tokens_to_ids("}")
+    assert not guide.is_allowed(brace)  # one key: the object may not close
+    guide.advance_all(tok.encode(', "ab', add_special_tokens=False))
+    quote = tok.convert_tokens_to_ids('"')
+    assert quote not in set(guide.allowed_token_ids().tolist()) and not guide.is_allowed(quote)
+    guide.advance_all(tok.encode('c": 2', add_special_tokens=False))  # "abc" is new
+    guide.advance(brace)
+    assert guide.can_stop()
+
+
 def test_an_array_that_cannot_repeat_any_more_is_an_error_not_an_empty_mask():
     schema = {
         "type": "array",
@@ -206,6 +229,8 @@ def test_an_array_that_cannot_repeat_any_more_is_an_error_not_an_empty_mask():
         ),
         (OBJECTS[3], '{"a": "s", "xa": "s", "b": 1}'),
         (OBJECTS[1], '{"a": 1, "b": 1, "b": "x"}'),  # strays into a repeated key
+        (OBJECTS[10], '{"ab": 1, "ab": 2, "b": 3}'),  # minProperties 2: a repeat refused
+        (OBJECTS[12], '{"a": 1, "x1": 2, "x1": 3, "b": "s"}'),
     ],
 )
 def test_random_texts_are_valid(schema, like):

@@ -12,7 +12,9 @@ The canonical shape:
   most one space) may appear after ``{``/``[``/``,``/``:`` and before ``,``/``:``/``}``/``]``,
   never around the top-level value; bounded whitespace keeps a model from looping on newlines;
 * objects: named properties in declaration order (``properties`` first, then other ``required``
-  keys), any optional one left out, then other keys (``objects``); a key is written once;
+  keys), any optional one left out, then other keys (``objects``); a key is written once
+  (checked as the text is decoded where ``minProperties`` counts keys the schema does not
+  name, ``lmprog.fsm.checks``);
 * numbers: integers without fraction or exponent; bounded numbers without exponent (``numbers``);
 * strings: every JSON escape, counted per character for min/maxLength; canonical spelling under
   ``pattern``/``format`` or excluded values (``strings``); formats as listed in ``formats``;

@@ -21,7 +21,17 @@ from lmprog.fsm.json_schema.numbers import NUMBER, number_regex, value_regex
 from lmprog.fsm.json_schema.objects import object_regex
 from lmprog.fsm.json_schema.sequences import Slot, separated
 from lmprog.fsm.json_schema.strings import json_text, string_lexeme
-from lmprog.fsm.json_schema.terms import ArrT, BoolT, Node, NullT, NumT, ObjT, RefT, StrT
+from lmprog.fsm.json_schema.terms import (
+    ArrT,
+    BoolT,
+    Node,
+    NullT,
+    NumT,
+    ObjT,
+    RefT,
+    StrT,
+    counts_additional_keys,
+)
 from lmprog.fsm.json_schema.values import to_decimal
 from lmprog.fsm.regex import R, lit, raw
 from lmprog.fsm.regex import alt as ralt
@@ -111,7 +121,7 @@ class Emitter:
                         return True
                     todo += [*t.prefix, t.rest, *(c.node for c in t.contains)]
                 elif isinstance(t, ObjT):
-                    if t.some_values:
+                    if t.some_values or counts_additional_keys(t):
                         return True
                     todo += [v for _, v in t.props]
                     todo += [

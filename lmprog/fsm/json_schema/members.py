@@ -8,10 +8,10 @@ The members are the named slots in canonical order (each written at most once, t
 distinct) then the additional members (the regions of ``objects``). The grammar is the
 automaton over (slot, members written, distinct keys, facets met) written out as shared
 fragments. Toward ``maxProperties`` every member written counts (there are at most that many
-distinct keys); toward ``minProperties`` additional members count at most once, since two of
-them may repeat a key (there are at least that many distinct keys). So a minimum that needs two
-or more additional keys accepts nothing beyond what the named properties reach (a narrowing,
-never a wrong acceptance). A facet is met by a named key in its set, or by an additional
+distinct keys); toward ``minProperties`` an additional member counts once, and a second one
+only where the guide checks that keys are not repeated (a minimum that needs two or more
+additional keys: ``terms.counts_additional_keys``; the keys read before are refused as the
+text is decoded, ``lmprog.fsm.checks``), since otherwise two of them may repeat a key. A facet is met by a named key in its set, or by an additional
 member whose key is in it (a key is present however often it is written); at most one facet
 may be left for the additional members to meet.
 """
@@ -35,7 +35,7 @@ MAX_STATES = 4096  # states of one object's automaton
 class Members:
     def __init__(self, named: list, regions: list, t: ObjT, em: Emitter) -> None:
         """named: [(key, Slot)] in order; regions: [(key StrT, value Node)]."""
-        self.named, self.regions, self.em = named, regions, em
+        self.named, self.regions, self.em, self.t = named, regions, em, t
         # facets: key sets (``some``), then (keys, value) pairs (``some_values``), which no
         # named key meets (objects._named_hits)
         self.lo, self.hi, self.facets = t.min_props, t.max_props, t.some + t.some_values
@@ -82,10 +82,13 @@ class Members:
         return alt(skip, cat(member, after))
 
     def _additional(self, room: int | None, need: int, unmet: int, first: bool) -> Frag | None:
-        """Additional members: at least `need` (0 or 1), at most `room`, meeting the facets in
-        `unmet` (at most one); `first`: nothing written before them."""
-        if need > 1 or (self.any is None and (need or unmet)):
+        """Additional members: at least `need`, at most `room`, meeting the facets in `unmet`
+        (at most one); `first`: nothing written before them. Two or more needed: their keys
+        distinct, checked as decoded."""
+        if (need > 1 and unmet) or (self.any is None and (need or unmet)):
             return None
+        if need > 1:
+            self.em.check(self.t)
         if not unmet:
             least = max(need, 1 if first else 0)
             if self.any is None or (room is not None and room < least):

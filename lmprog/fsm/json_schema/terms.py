@@ -158,6 +158,15 @@ class ObjT:
         return None
 
 
+def counts_additional_keys(t: ObjT) -> bool:
+    """Whether ``minProperties`` may need two or more keys that ``props`` does not name (when
+    only the required keys are written): the grammar then counts every additional member
+    toward it, and the guide checks as it decodes that the object's keys are distinct
+    (lmprog.fsm.checks). One such key needs no check: a repeat of it still leaves a key the
+    schema does not name."""
+    return t.min_props - len(t.required) >= 2
+
+
 @_cache_hash
 @dataclass(frozen=True)
 class RefT:
