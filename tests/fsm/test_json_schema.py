@@ -7,6 +7,7 @@ but deliberately not generated, e.g. ``1.0`` for an integer).
 
 import json
 import math
+from decimal import Decimal
 
 import jsonschema
 import pytest
@@ -45,6 +46,21 @@ CASES = {
         [1, 56, -7],
     ),
     "multipleOf decimal": ({"type": "number", "multipleOf": 0.01}, [1, 0.25, -3.1], [0.125, 1.001]),
+    "multipleOf half": (  # a rating: any integer, or a fraction of .5
+        {"type": "number", "multipleOf": 0.5, "minimum": 0, "maximum": 5},
+        [0, 0.5, 3, 4.5, 5],
+        [0.25, 5.5, -0.5, 2.05],
+    ),
+    "multipleOf quarter": (
+        {"type": "number", "multipleOf": 0.25, "exclusiveMinimum": -1},
+        [-0.75, 0, 0.25, 2.5, 1000.75],
+        [-1, -1.25, 0.1, 0.125, 2.05],
+    ),
+    "multipleOf listed": (  # 1.5 = 15 / 10: listed over a bounded range
+        {"type": "number", "multipleOf": 1.5, "minimum": -3, "maximum": 7},
+        [-3, -1.5, 0, 4.5, 6],
+        [1, 7.5, -4.5, 0.5],
+    ),
     "string lengths": (
         {"type": "string", "minLength": 2, "maxLength": 3},
         ["ab", "abc", "é😀"],
@@ -474,7 +490,8 @@ def test_recursion_under_allof_is_unrolled_to_a_bounded_depth():
             {"type": "integer", "multipleOf": 3, "minimum": 5},
             "multipleOf 3 over a large integer range",
         ),
-        ({"type": "number", "multipleOf": 1.5}, "multipleOf 1.5"),
+        ({"type": "number", "multipleOf": 1.5}, "multipleOf 1.5 over non-integer numbers"),
+        ({"type": "number", "multipleOf": 0.3, "minimum": 0}, "bounded range of at most 2,000"),
         ({"$ref": "https://example.com/other.json"}, "remote references"),
         ({"type": "string", "minLength": -1}, "non-negative integer at #/minLength"),
         ({"type": "strin"}, "unknown type 'strin'"),
@@ -739,3 +756,45 @@ def test_bounded_numbers_take_the_exponent_notation_of_json_dumps(bounds):
                 inside = sorted((x, math.copysign(decade, x), math.copysign(decade * 10, x)))
                 if (lo is None or inside[0] > lo) and (hi is None or inside[-1] < hi):
                     assert c.matches(text), text
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "number", "multipleOf": 0.5},
+        {"type": "number", "multipleOf": 0.25, "minimum": -2.5, "exclusiveMaximum": 3.75},
+        {"type": "number", "multipleOf": 0.125, "exclusiveMinimum": 0},
+        {"type": "number", "multipleOf": 0.2, "maximum": 0},
+        {"type": "number", "multipleOf": 0.05, "minimum": -1, "maximum": 1},
+        {"type": "number", "multipleOf": 1.5, "minimum": -4, "maximum": 4.5},
+        {"type": "number", "multipleOf": 0.75, "exclusiveMinimum": -3, "exclusiveMaximum": 3},
+        {"multipleOf": 0.5, "not": {"type": "integer"}},
+    ],
+    ids=lambda s: f"{s['multipleOf']}-{len(s)}",
+)
+def test_decimal_multiples_agree_with_exact_arithmetic(schema):
+    """Every value n / 40 in [-5, 5], as its shortest decimal and with a trailing zero: the
+    constraint accepts it exactly when it is in bounds and a whole multiple of the step
+    (Fractions, not floats)."""
+    from fractions import Fraction
+
+    c = Constraint.from_json_schema(schema)
+    step = Fraction(str(schema["multipleOf"]))
+    lo = schema.get("minimum", schema.get("exclusiveMinimum"))
+    hi = schema.get("maximum", schema.get("exclusiveMaximum"))
+    for n in range(-200, 201):
+        v = Fraction(n, 40)
+        ok = (v / step).denominator == 1
+        ok &= (
+            lo is None or v > Fraction(str(lo)) or (v == Fraction(str(lo)) and "minimum" in schema)
+        )
+        ok &= (
+            hi is None or v < Fraction(str(hi)) or (v == Fraction(str(hi)) and "maximum" in schema)
+        )
+        ok &= "not" not in schema or v.denominator != 1
+        text = format(Decimal(v.numerator) / Decimal(v.denominator), "f")
+        text = text.rstrip("0").rstrip(".") if "." in text else text
+        for t in (text, text + ("0" if "." in text else ".0")):
+            if t.startswith("-") and v == 0:
+                continue
+            assert c.matches(t) is ok, (t, ok)

@@ -14,8 +14,11 @@ Decimal ranges split at the integer part: for x in [2.5, 7.25] the text is ``2.(
 ``[3-6](.digits)?`` or ``7(.0..25)``; the fraction digits come from a small automaton over the
 digits of the bounds (``_Fraction``). ``multipleOf`` is exact for integers (a divisor 2**a * 5**b over
 any range; any divisor over a range of at most 2,000 multiples, or over x >= 0 / x <= 0 / all x,
-through a divisibility automaton) and for ``10**-k`` over numbers; anything else raises
-ConstraintError.
+through a divisibility automaton); over numbers for a step c / 10**k with c dividing 10**k
+(``0.01``, ``0.5``, ``0.25``, ``0.125``: every integer is a multiple, and the fraction, padded
+to k digits, must be divisible by c: ``FracRule``, followed digit by digit beside the bounds),
+and for any other decimal step over a bounded range of at most 2,000 multiples (listed);
+anything else raises ConstraintError.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 from fractions import Fraction
+from typing import NamedTuple
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.algebra import integer_bounds
@@ -56,18 +60,24 @@ def number_regex(t: NumT) -> R | None:
         return raw(NUMBER)
     if t == NumT(integer=True):
         return raw(INTEGER)
-    plan = _multiple_plan(t)
+    try:
+        plan = _multiple_plan(t)
+    except ConstraintError:
+        listed = _listed_multiples(t)
+        if listed is None:
+            raise
+        return listed
     if plan is None:
         return None
-    integer, int_step, frac_digits = plan
+    integer, int_step, frac = plan
     parts = []
     for lo, lo_excl, hi, hi_excl in _intervals(t):
         iv = NumT(integer=integer, lo=lo, lo_excl=lo_excl, hi=hi, hi_excl=hi_excl)
         if integer:
             parts.append(_integers(iv, int_step, t))
         else:
-            parts.append(_decimals(iv, nonzero_fraction=integer is False, frac_digits=frac_digits))
-            if integer is None and frac_digits is None:
+            parts.append(_decimals(iv, nonzero_fraction=integer is False, frac=frac))
+            if integer is None and frac is None:
                 parts.append(_exponents(iv))
     return alt(*parts)
 
@@ -136,8 +146,16 @@ def _exponent_range(ok, hints: list[int]) -> R | None:
     return cat(raw("[eE]"), alt(*options))
 
 
-def _multiple_plan(t: NumT) -> tuple[bool | None, int | None, int | None] | None:
-    """(integer mode, integer step, max fraction digits) implied by multipleOf; None = empty."""
+class FracRule(NamedTuple):
+    """Multiples of ``step / 10**digits`` (step dividing 10**digits): no nonzero fraction digit
+    past ``digits``, and the fraction padded to ``digits`` digits divisible by ``step``."""
+
+    digits: int
+    step: int = 1
+
+
+def _multiple_plan(t: NumT) -> tuple[bool | None, int | None, FracRule | None] | None:
+    """(integer mode, integer step, fraction rule) implied by multipleOf; None = empty."""
     m = t.multiple_of
     if m is None:
         return t.integer, None, None
@@ -150,16 +168,47 @@ def _multiple_plan(t: NumT) -> tuple[bool | None, int | None, int | None] | None
             raise ConstraintError(f"multipleOf {m} is not a decimal number")
         c = f.numerator * 10**k // f.denominator  # m = c / 10**k
         return True, c // math.gcd(c, 10**k), None
+    k = _decimal_places(f)
     if (
-        f.numerator == 1
-        and _decimal_places(f) is not None
-        and 10 ** _decimal_places(f) == f.denominator
+        k is not None
+        and (10**k * f.numerator // f.denominator)
+        and 10**k % (10**k * f.numerator // f.denominator) == 0
     ):
-        return t.integer, None, _decimal_places(f)
+        return t.integer, None, FracRule(k, 10**k * f.numerator // f.denominator)
     raise ConstraintError(
-        f"multipleOf {m} over non-integer numbers has no exact regex "
-        "(supported: integers, and 10**-k)"
+        f"multipleOf {m} over non-integer numbers has no exact regex (supported: integers; "
+        "steps c / 10**k with c dividing 10**k, such as 0.01, 0.5, 0.25; other decimal steps "
+        f"over a bounded range of at most {_LIST_LIMIT:,} multiples)"
     )
+
+
+_LIST_LIMIT = 2000  # multiples of a decimal step listed one by one over a bounded range
+
+
+def _listed_multiples(t: NumT) -> R | None:
+    """The multiples of a decimal step inside bounded intervals, listed (None when an interval
+    is unbounded, the step is not a finite decimal, or they are too many)."""
+    f = Fraction(t.multiple_of)
+    if _decimal_places(f) is None:
+        return None
+    values = []
+    for lo, lo_excl, hi, hi_excl in _intervals(t):
+        if lo is None or hi is None:
+            return None
+        first, last = math.ceil(Fraction(lo) / f), math.floor(Fraction(hi) / f)
+        if last - first + 1 > _LIST_LIMIT - len(values):
+            return None
+        for n in range(first, last + 1):
+            v = n * f
+            if (v == lo and lo_excl) or (v == hi and hi_excl) or v in t.excluded:
+                continue
+            if (t.integer is True and v.denominator != 1) or (
+                t.integer is False and v.denominator == 1
+            ):
+                continue
+            values.append(Decimal(v.numerator) / Decimal(v.denominator))
+    # as an unconstrained decimal is written: trailing zeros after the last fraction digit too
+    return alt(*(cat(value_regex(v), raw("0*") if v % 1 else EPS) for v in values))
 
 
 def _decimal_places(f: Fraction) -> int | None:
@@ -210,19 +259,17 @@ def _integers(iv: NumT, step: int | None, whole: NumT) -> R | None:
 # ----------------------------------------------------------------------------- decimals
 
 
-def _decimals(iv: NumT, nonzero_fraction: bool, frac_digits: int | None) -> R | None:
+def _decimals(iv: NumT, nonzero_fraction: bool, frac: FracRule | None) -> R | None:
     """Numbers in the interval written as ``-?I(.F)?``; ``nonzero_fraction``: non-integers."""
     lo, hi = iv.lo, iv.hi
     parts = []
     if hi is None or hi > 0 or (hi == 0 and not iv.hi_excl):
         a, a_excl = (Decimal(0), False) if lo is None or lo < 0 else (lo, iv.lo_excl)
-        parts.append(_magnitudes(a, a_excl, hi, iv.hi_excl, nonzero_fraction, frac_digits))
+        parts.append(_magnitudes(a, a_excl, hi, iv.hi_excl, nonzero_fraction, frac))
     if lo is None or lo < 0:
         a, a_excl = (-hi, iv.hi_excl) if hi is not None and hi < 0 else (Decimal(0), True)
         b, b_excl = (None, False) if lo is None else (-lo, iv.lo_excl)
-        parts.append(
-            cat(lit("-"), _magnitudes(a, a_excl, b, b_excl, nonzero_fraction, frac_digits))
-        )
+        parts.append(cat(lit("-"), _magnitudes(a, a_excl, b, b_excl, nonzero_fraction, frac)))
     return alt(*parts)
 
 
@@ -239,11 +286,11 @@ def _magnitudes(
     b: Decimal | None,
     b_excl: bool,
     nonzero: bool,
-    frac_digits: int | None,
+    rule: FracRule | None,
 ) -> R | None:
     """Non-negative decimals in the interval (a ≥ 0), as ``I(.F)?``."""
     ia, fa = _split(a)
-    frac = lambda lo, lo_x, hi, hi_x: _fraction(lo, lo_x, hi, hi_x, nonzero, frac_digits)
+    frac = lambda lo, lo_x, hi, hi_x: _fraction(lo, lo_x, hi, hi_x, nonzero, rule)
     if b is not None:
         ib, fb = _split(b)
         if ia == ib:
@@ -263,48 +310,48 @@ def _fraction(
     hi: str | None,
     hi_excl: bool,
     nonzero: bool,
-    max_digits: int | None,
+    rule: FracRule | None,
 ) -> R | None:
     """The text after the integer part, ``''`` or ``.DIGITS``, for fractions 0.F with
-    lo <(=) 0.F <(=) hi (digit strings; None = no bound)."""
-    auto = _Fraction(lo, lo_excl, hi, hi_excl, nonzero, max_digits)
-    start = (lo is not None, hi is not None, False)
+    lo <(=) 0.F <(=) hi (digit strings; None = no bound) that ``rule`` allows."""
+    auto = _Fraction(lo, lo_excl, hi, hi_excl, nonzero, rule)
+    start = (lo is not None, hi is not None, False, 0)
     dotted = cat(lit("."), auto.nonempty(0, start))
     return alt(EPS if auto.accepts(0, start) else None, dotted)
 
 
 class _Fraction:
     """Digit-by-digit automaton over fraction digits; state = (tight to lo, tight to hi, seen a
-    nonzero digit). Past the last bound digit the states loop, and are written in closed form."""
+    nonzero digit, the digits so far mod the rule's step). Past the last bound digit the
+    states loop, and are written in closed form."""
 
-    def __init__(self, lo, lo_excl, hi, hi_excl, nonzero, max_digits):
+    def __init__(self, lo, lo_excl, hi, hi_excl, nonzero, rule: FracRule | None):
         self.lo, self.hi = lo or "", hi or ""
-        self.lo_excl, self.hi_excl, self.nonzero, self.max_digits = (
-            lo_excl,
-            hi_excl,
-            nonzero,
-            max_digits,
-        )
-        self.depth = max(len(self.lo), len(self.hi), max_digits or 0)
+        self.lo_excl, self.hi_excl, self.nonzero = lo_excl, hi_excl, nonzero
+        self.max_digits = None if rule is None else rule.digits
+        self.mod = 1 if rule is None else rule.step
+        self.depth = max(len(self.lo), len(self.hi), self.max_digits or 0)
         self.memo: dict = {}
 
     def accepts(self, i: int, state) -> bool:
-        tl, th, nz = state
+        tl, th, nz, r = state
         if self.nonzero and not nz:
+            return False
+        if r and r * 10 ** max(self.max_digits - i, 0) % self.mod:  # padded: not a multiple
             return False
         if tl and (i < len(self.lo) or self.lo_excl):
             return False
         return not (th and i >= len(self.hi) and self.hi_excl)
 
     def step(self, i: int, state, d: int):
-        tl, th, nz = state
+        tl, th, nz, r = state
         lo_d = int(self.lo[i]) if tl and i < len(self.lo) else 0
         hi_d = int(self.hi[i]) if th and i < len(self.hi) else 0
         if (tl and d < lo_d) or (th and d > hi_d):
             return None
         if self.max_digits is not None and i >= self.max_digits and d:
             return None
-        return (tl and d == lo_d, th and d == hi_d, nz or d != 0)
+        return (tl and d == lo_d, th and d == hi_d, nz or d != 0, (10 * r + d) % self.mod)
 
     def nonempty(self, i: int, state) -> R | None:
         groups: dict[str, tuple[list[int], R]] = {}
