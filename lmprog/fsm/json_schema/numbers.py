@@ -169,12 +169,9 @@ def _multiple_plan(t: NumT) -> tuple[bool | None, int | None, FracRule | None] |
         c = f.numerator * 10**k // f.denominator  # m = c / 10**k
         return True, c // math.gcd(c, 10**k), None
     k = _decimal_places(f)
-    if (
-        k is not None
-        and (10**k * f.numerator // f.denominator)
-        and 10**k % (10**k * f.numerator // f.denominator) == 0
-    ):
-        return t.integer, None, FracRule(k, 10**k * f.numerator // f.denominator)
+    c = None if k is None else 10**k * f.numerator // f.denominator  # m = c / 10**k
+    if c and 10**k % c == 0:
+        return t.integer, None, FracRule(k, c)
     raise ConstraintError(
         f"multipleOf {m} over non-integer numbers has no exact regex (supported: integers; "
         "steps c / 10**k with c dividing 10**k, such as 0.01, 0.5, 0.25; other decimal steps "
