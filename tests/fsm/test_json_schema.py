@@ -40,6 +40,16 @@ CASES = {
         [0, 30, -60, 9990],
         [10, 15, 3, 7],
     ),
+    "multipleOf up to zero": (  # zero written as 0 (it was only -0 here)
+        {"type": "integer", "multipleOf": 3, "maximum": 0},
+        [0, -3, -300],
+        [3, -4, 1],
+    ),
+    "multipleOf from one step": (  # minimum 60: the positive multiples
+        {"type": "integer", "multipleOf": 60, "minimum": 60},
+        [60, 120, 3600],
+        [0, 30, -60, 90],
+    ),
     "multipleOf bounded": (
         {"type": "integer", "multipleOf": 7, "minimum": 0, "maximum": 50},
         [0, 7, 49],
@@ -489,6 +499,10 @@ def test_recursion_under_allof_is_unrolled_to_a_bounded_depth():
         (
             {"type": "integer", "multipleOf": 3, "minimum": 5},
             "multipleOf 3 over a large integer range",
+        ),
+        (
+            {"type": "integer", "multipleOf": 7, "maximum": 100},
+            "multipleOf 7 over a large integer range",
         ),
         ({"type": "number", "multipleOf": 1.5}, "multipleOf 1.5 over non-integer numbers"),
         ({"type": "number", "multipleOf": 0.3, "minimum": 0}, "bounded range of at most 2,000"),

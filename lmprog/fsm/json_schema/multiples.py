@@ -3,9 +3,11 @@
 * A bounded range of at most 2,000 multiples: the multiples, listed.
 * A step 2**a * 5**b: divisibility is decided by the last k digits, so each block of a digit
   range (``digits``) ends in one of the allowed k-digit endings.
-* Other steps, split as d * c (d = 2**a * 5**b, c coprime to 10, c <= 30), over x >= 0, x <= 0
-  or all x: a number is a prefix and a k-digit ending; the ending fixes the prefix's residue
-  mod c, and the prefixes of each residue come from a c-state automaton (``automata``).
+* Other steps, split as d * c (d = 2**a * 5**b, c coprime to 10, c <= 30), where the bounds
+  only pick signs (all x; x >= 0 or x <= 0; x >= lo or x <= -lo with 0 < lo <= the step, which
+  leave out zero): a positive number is a prefix and a k-digit ending; the ending fixes the
+  prefix's residue mod c, and the prefixes of each residue come from a c-state automaton
+  (``automata``).
 
 Anything else raises ConstraintError.
 """
@@ -34,17 +36,22 @@ def multiples(lo: int | None, hi: int | None, step: int, divisor) -> R | None:
         return alt(*(lit(str(v)) for v in range(first, hi + 1, step)))
     d, c = _split_step(step)
     k = _suffix_digits(d)
-    if 10**k // d > 200 or (c > 1 and (c > _MAX_AUTOMATON or not _sign_bounds_only(lo, hi))):
+    sides = _sides(lo, hi, step)
+    if 10**k // d > 200 or (c > 1 and (c > _MAX_AUTOMATON or sides is None)):
         raise ConstraintError(
             f"multipleOf {divisor} over a large integer range has no "
             "exact regex (supported: a bounded range of at most 2,000 multiples; "
             "divisors 2**a * 5**b; others whose part coprime to 10 is at most 30, over x >= 0, "
-            "x <= 0 or all x)"
+            "x <= 0, x > 0, x < 0 or all x)"
         )
     if c > 1:
+        positive, zero, negative = sides  # type: ignore[misc]
         naturals = _coprime_multiples(c, d, k)
-        neg = cat(lit("-"), naturals) if lo is None else None
-        return alt(neg, naturals if hi is None else None)
+        return alt(
+            cat(lit("-"), naturals) if negative else None,
+            lit("0") if zero else None,
+            naturals if positive else None,
+        )
     endings = alt(*(lit(str(v).zfill(k)) for v in range(0, 10**k, step)))
     parts = []
     if hi is None or hi >= 0:
@@ -67,19 +74,28 @@ def _split_step(step: int) -> tuple[int, int]:
     return step // c, c
 
 
-def _sign_bounds_only(lo: int | None, hi: int | None) -> bool:
-    """Bounds that only pick signs: all integers, x >= 0 (or >= -0), x <= 0."""
-    return (lo is None and hi is None) or (lo is None and hi == 0) or (hi is None and lo == 0)
+def _sides(lo: int | None, hi: int | None, step: int) -> tuple[bool, bool, bool] | None:
+    """(positive, zero, negative): which multiples the bounds keep when they only pick signs
+    (the first multiple past a bound within one step of zero is the step itself); None when
+    they cut the multiples elsewhere."""
+    if lo is None and hi is None:
+        return True, True, True
+    if lo is None and -step <= hi < step:  # type: ignore[operator]
+        return False, hi >= 0, True  # type: ignore[operator]
+    if hi is None and -step < lo <= step:  # type: ignore[operator]
+        return True, lo <= 0, False  # type: ignore[operator]
+    return None
 
 
 def _coprime_multiples(c: int, d: int, k: int) -> R | None:
-    """Naturals divisible by c * d (c coprime to 10, d | 10**k): a number with more than k digits
-    is a prefix P followed by a k-digit ending e (e divisible by d), and P's residue mod c is
-    fixed by e; the prefixes of each residue come from a c-state automaton over digits."""
+    """Positive integers divisible by c * d (c coprime to 10, d | 10**k): a number with more
+    than k digits is a prefix P followed by a k-digit ending e (e divisible by d), and P's
+    residue mod c is fixed by e; the prefixes of each residue come from a c-state automaton
+    over digits."""
     from lmprog.fsm.json_schema.automata import to_regex
 
     m, shift = c * d, pow(10, k, c)
-    small = [lit(str(v)) for v in range(0, 10**k if k else 1, m)]
+    small = [lit(str(v)) for v in range(m, 10**k if k else 1, m)]
     inverse = pow(shift, -1, c)
     by_residue: dict[int, list[R]] = {}
     for e in range(0, 10**k, d):
