@@ -497,12 +497,12 @@ def test_recursion_under_allof_is_unrolled_to_a_bounded_depth():
         ({"type": "string", "pattern": "(?<=ab)"}, "lookbehind"),
         ({"type": "integer", "multipleOf": 7}, "multipleOf 7"),
         (
-            {"type": "integer", "multipleOf": 3, "minimum": 5},
+            {"type": "integer", "multipleOf": 3, "minimum": 5, "maximum": 100000},
             "multipleOf 3 over a large integer range",
         ),
-        (
-            {"type": "integer", "multipleOf": 7, "maximum": 100},
-            "multipleOf 7 over a large integer range",
+        (  # 29,999 multiples of 3 to list below 100,000
+            {"type": "integer", "multipleOf": 3, "minimum": 10001},
+            "multipleOf 3 over a large integer range",
         ),
         ({"type": "number", "multipleOf": 1.5}, "multipleOf 1.5 over non-integer numbers"),
         ({"type": "number", "multipleOf": 0.3, "minimum": 0}, "bounded range of at most 2,000"),
@@ -812,3 +812,23 @@ def test_decimal_multiples_agree_with_exact_arithmetic(schema):
             if t.startswith("-") and v == 0:
                 continue
             assert c.matches(t) is ok, (t, ok)
+
+
+@pytest.mark.parametrize("step", [3, 6, 15, 60])
+@pytest.mark.parametrize(
+    "bound", [("minimum", 5), ("minimum", -130), ("exclusiveMinimum", 345), ("maximum", -61),
+              ("exclusiveMaximum", 99), ("maximum", 4000)]
+)  # fmt: skip
+def test_integer_multiples_over_a_range_open_on_one_side(step, bound):
+    """Steps with a factor coprime to 10 (the divisibility automaton) beside one bound: every
+    integer in [-700, 700] and a few large ones, against arithmetic."""
+    side, b = bound
+    c = Constraint.from_json_schema({"type": "integer", "multipleOf": step, side: b})
+    keep = {
+        "minimum": lambda v: v >= b,
+        "exclusiveMinimum": lambda v: v > b,
+        "maximum": lambda v: v <= b,
+        "exclusiveMaximum": lambda v: v < b,
+    }[side]
+    for v in [*range(-700, 701), 10**6 + 20, -(10**6) - 20, 123456780, -987654300]:
+        assert c.matches(str(v)) is (v % step == 0 and keep(v)), v

@@ -3,11 +3,12 @@
 * A bounded range of at most 2,000 multiples: the multiples, listed.
 * A step 2**a * 5**b: divisibility is decided by the last k digits, so each block of a digit
   range (``digits``) ends in one of the allowed k-digit endings.
-* Other steps, split as d * c (d = 2**a * 5**b, c coprime to 10, c <= 30), where the bounds
-  only pick signs (all x; x >= 0 or x <= 0; x >= lo or x <= -lo with 0 < lo <= the step, which
-  leave out zero): a positive number is a prefix and a k-digit ending; the ending fixes the
-  prefix's residue mod c, and the prefixes of each residue come from a c-state automaton
-  (``automata``).
+* Other steps, split as d * c (d = 2**a * 5**b, c coprime to 10, c <= 30), over a range open
+  on at least one side: a positive number is a prefix and a k-digit ending; the ending fixes
+  the prefix's residue mod c, and the prefixes of each residue come from a c-state automaton
+  (``automata``). Read as x >= lo (x <= hi mirrored): lo <= 0 takes every positive multiple,
+  zero and the negative ones down to lo (listed); lo > 0 of L digits takes the multiples up
+  to 10**L - 1 (listed) and those of more than L digits (the automaton, counting digits).
 
 Anything else raises ConstraintError.
 """
@@ -36,21 +37,25 @@ def multiples(lo: int | None, hi: int | None, step: int, divisor) -> R | None:
         return alt(*(lit(str(v)) for v in range(first, hi + 1, step)))
     d, c = _split_step(step)
     k = _suffix_digits(d)
-    sides = _sides(lo, hi, step)
-    if 10**k // d > 200 or (c > 1 and (c > _MAX_AUTOMATON or sides is None)):
+    parts = None
+    if 10**k // d <= 200 and 1 < c <= _MAX_AUTOMATON and (lo is None or hi is None):
+        parts = _at_least(-hi if lo is None and hi is not None else lo, step, c, d, k)
+    if 10**k // d > 200 or (c > 1 and parts is None):
         raise ConstraintError(
             f"multipleOf {divisor} over a large integer range has no "
             "exact regex (supported: a bounded range of at most 2,000 multiples; "
-            "divisors 2**a * 5**b; others whose part coprime to 10 is at most 30, over x >= 0, "
-            "x <= 0, x > 0, x < 0 or all x)"
+            "divisors 2**a * 5**b; others whose part coprime to 10 is at most 30, over a range "
+            "open on one side whose other bound has at most 2,000 multiples to the next power "
+            "of ten)"
         )
     if c > 1:
-        positive, zero, negative = sides  # type: ignore[misc]
-        naturals = _coprime_multiples(c, d, k)
+        above, zero, below = parts  # type: ignore[misc]
+        if lo is None and hi is not None:  # x <= hi was read as -x >= -hi
+            above, below = below, above
         return alt(
-            cat(lit("-"), naturals) if negative else None,
+            cat(lit("-"), below) if below is not None else None,
             lit("0") if zero else None,
-            naturals if positive else None,
+            above,
         )
     endings = alt(*(lit(str(v).zfill(k)) for v in range(0, 10**k, step)))
     parts = []
@@ -74,40 +79,54 @@ def _split_step(step: int) -> tuple[int, int]:
     return step // c, c
 
 
-def _sides(lo: int | None, hi: int | None, step: int) -> tuple[bool, bool, bool] | None:
-    """(positive, zero, negative): which multiples the bounds keep when they only pick signs
-    (the first multiple past a bound within one step of zero is the step itself); None when
-    they cut the multiples elsewhere."""
-    if lo is None and hi is None:
-        return True, True, True
-    if lo is None and -step <= hi < step:  # type: ignore[operator]
-        return False, hi >= 0, True  # type: ignore[operator]
-    if hi is None and -step < lo <= step:  # type: ignore[operator]
-        return True, lo <= 0, False  # type: ignore[operator]
-    return None
+def _at_least(lo: int | None, step: int, c: int, d: int, k: int):
+    """The multiples x >= lo (None: all) as (positives, zero?, negatives' magnitudes); None
+    when the listed part would hold more than _ENUMERATE_LIMIT multiples."""
+    if lo is None or lo <= 0:
+        count = 0 if lo is None else -lo // step
+        if count > _ENUMERATE_LIMIT:
+            return None
+        below = _coprime_multiples(c, d, k) if lo is None else _listed(step, -lo, step)
+        return _coprime_multiples(c, d, k), True, below
+    digits = len(str(lo))
+    first = -(-lo // step) * step
+    if (10**digits - 1 - first) // step > _ENUMERATE_LIMIT:
+        return None
+    listed = _listed(first, 10**digits - 1, step)
+    return alt(listed, _coprime_multiples(c, d, k, min_digits=digits + 1)), False, None
 
 
-def _coprime_multiples(c: int, d: int, k: int) -> R | None:
-    """Positive integers divisible by c * d (c coprime to 10, d | 10**k): a number with more
-    than k digits is a prefix P followed by a k-digit ending e (e divisible by d), and P's
-    residue mod c is fixed by e; the prefixes of each residue come from a c-state automaton
-    over digits."""
+def _listed(first: int, last: int, step: int) -> R | None:
+    return alt(*(lit(str(v)) for v in range(first, last + 1, step)))
+
+
+def _coprime_multiples(c: int, d: int, k: int, min_digits: int = 1) -> R | None:
+    """Positive integers of at least ``min_digits`` digits divisible by c * d (c coprime to 10,
+    d | 10**k): a number with more than k digits is a prefix P followed by a k-digit ending e
+    (e divisible by d), and P's residue mod c is fixed by e; the prefixes of each residue
+    come from an automaton over digits (c states, times the digits counted up to the
+    prefix's least length)."""
     from lmprog.fsm.json_schema.automata import to_regex
 
     m, shift = c * d, pow(10, k, c)
-    small = [lit(str(v)) for v in range(m, 10**k if k else 1, m)]
+    small = [lit(str(v)) for v in range(m, 10**k if k else 1, m) if len(str(v)) >= min_digits]
+    least = max(1, min_digits - k)  # digits of a prefix
     inverse = pow(shift, -1, c)
     by_residue: dict[int, list[R]] = {}
     for e in range(0, 10**k, d):
         by_residue.setdefault((-e * inverse) % c, []).append(lit(str(e).zfill(k)) if k else EPS)
     edges: dict = {}
-    for state in ["init"] + list(range(c)):
+    states = ["init"] + [(r, i) for r in range(c) for i in range(1, least + 1)]
+    for state in states:
         for digit in range(1 if state == "init" else 0, 10):
-            target = (digit if state == "init" else 10 * state + digit) % c
+            if state == "init":
+                target = (digit % c, 1)
+            else:
+                target = ((10 * state[0] + digit) % c, min(state[1] + 1, least))
             edges.setdefault((state, target), []).append(digit)
     labelled = {pair: digit_set(ds) for pair, ds in edges.items()}
     try:
-        prefixes = {r: to_regex(labelled, "init", [r]) for r in by_residue}
+        prefixes = {r: to_regex(labelled, "init", [(r, least)]) for r in by_residue}
     except OverflowError:
         raise ConstraintError(f"multipleOf {m}: the divisibility regex is too large") from None
     return alt(*small, *(cat(prefixes[r], alt(*ends)) for r, ends in by_residue.items()))

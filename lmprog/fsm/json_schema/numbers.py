@@ -13,8 +13,8 @@ are written as plain decimals (``-0.5``; integral ones also with a zero fraction
 Decimal ranges split at the integer part: for x in [2.5, 7.25] the text is ``2.(5..)`` or
 ``[3-6](.digits)?`` or ``7(.0..25)``; the fraction digits come from a small automaton over the
 digits of the bounds (``_Fraction``). ``multipleOf`` is exact for integers (a divisor 2**a * 5**b over
-any range; any divisor over a range of at most 2,000 multiples, or over x >= 0 / x <= 0 / all x,
-through a divisibility automaton); over numbers for a step c / 10**k with c dividing 10**k
+any range; any divisor over a range of at most 2,000 multiples, or over a range open on one
+side, through a divisibility automaton: ``multiples``); over numbers for a step c / 10**k with c dividing 10**k
 (``0.01``, ``0.5``, ``0.25``, ``0.125``: every integer is a multiple, and the fraction, padded
 to k digits, must be divisible by c: ``FracRule``, followed digit by digit beside the bounds),
 and for any other decimal step over a bounded range of at most 2,000 multiples (listed);
