@@ -61,26 +61,33 @@ def main() -> int:
     return 0
 
 
-def _compile(small_m, config, even: bool, fp8: bool, ptxas: str) -> None:
+def _sm90(kernel, signature, constexprs, aligned, warps: int, stages: int, ptxas: str):
+    """(shared bytes, spill stores) of `kernel` compiled for sm_90 with these arguments."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    src = ASTSource(kernel, signature, constexprs, aligned)
+    options = {"num_warps": warps, "num_stages": stages}
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return compiled.metadata.shared, _spill_stores(ptxas, compiled.asm["ptx"])
+
+
+def _compile(small_m, config, even: bool, fp8: bool, ptxas: str) -> None:
     constexprs = {"HAS_BIAS": not even, "W_FP8": fp8, "SPLIT_K": config.split_k,
                   "EVEN_K": even, "BLOCK_M": small_m.SMALL_M, "BLOCK_N": config.block_n,
                   "BLOCK_K": config.block_k}  # fmt: skip
     aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11)}
-    src = ASTSource(small_m._small_m_kernel, _signature(fp8), constexprs, aligned)
-    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    shared, spills = _sm90(small_m._small_m_kernel, _signature(fp8), constexprs, aligned,
+                           config.num_warps, config.num_stages, ptxas)  # fmt: skip
     row = {
         "config": config.label,
         "fp8": fp8,
         "split_k": config.split_k,
         "even_k": even,
-        "shared": compiled.metadata.shared,
+        "shared": shared,
         "shared_bound": config.shared_bytes(2),
-        "spills": _spill_stores(ptxas, compiled.asm["ptx"]),
+        "spills": spills,
     }
     print(json.dumps(row), flush=True)
 
@@ -96,10 +103,6 @@ def _signature(fp8: bool) -> dict[str, str]:
 
 def _compile_attention(ptxas: str) -> None:
     """The d=128 GQA-4 launches a Llama-3.1-8B step runs, at the default tile configs."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from lmprog.runtime.kernels import attention
     from lmprog.runtime.kernels.attention_plan import default_configs
 
@@ -126,12 +129,10 @@ def _compile_attention(ptxas: str) -> None:
         constexprs = {"NUM_Q_HEADS": 32, "GROUP": 4, "HEAD_DIM": 128, "BLOCK_D": 128,
                       "ROPE_DIM": 0, "BLOCK_R": 16, "BLOCK_M": cfg.block_m,
                       "BLOCK_N": cfg.block_n, "SPLIT": is_split, "HAS_MASK": False}  # fmt: skip
-        src = ASTSource(kernel, signature, constexprs, aligned)
-        options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+        shared, spills = _sm90(kernel, signature, constexprs, aligned, cfg.num_warps,
+                               cfg.num_stages, ptxas)  # fmt: skip
         row = {"attention": name, "config": str(cfg), "kv_splits": is_split,
-               "shared": compiled.metadata.shared,
-               "spills": _spill_stores(ptxas, compiled.asm["ptx"])}  # fmt: skip
+               "shared": shared, "spills": spills}  # fmt: skip
         print(json.dumps(row), flush=True)
 
 

@@ -11,9 +11,10 @@ fragments. Toward ``maxProperties`` every member written counts (there are at mo
 distinct keys); toward ``minProperties`` an additional member counts once, and a second one
 only where the guide checks that keys are not repeated (a minimum that needs two or more
 additional keys: ``terms.counts_additional_keys``; the keys read before are refused as the
-text is decoded, ``lmprog.fsm.checks``), since otherwise two of them may repeat a key. A facet is met by a named key in its set, or by an additional
-member whose key is in it (a key is present however often it is written); at most one facet
-may be left for the additional members to meet.
+text is decoded, ``lmprog.fsm.checks``), since otherwise two of them may repeat a key. A
+facet is met by a named key in its set, or by an additional member whose key is in it (a key
+is present however often it is written); at most one facet may be left for the additional
+members to meet.
 """
 
 from __future__ import annotations

@@ -33,8 +33,7 @@ _MAX_AUTOMATON = 30  # states of a divisibility automaton (the part of a divisor
 def multiples(lo: int | None, hi: int | None, step: int, divisor) -> R | None:
     """Integers lo..hi (None = unbounded) divisible by ``step`` (``divisor``: for messages)."""
     if lo is not None and hi is not None and (hi - lo) // step <= _ENUMERATE_LIMIT:
-        first = -(-lo // step) * step
-        return alt(*(lit(str(v)) for v in range(first, hi + 1, step)))
+        return _listed(-(-lo // step) * step, hi, step)
     d, c = _split_step(step)
     k = _suffix_digits(d)
     parts = None
@@ -86,8 +85,8 @@ def _at_least(lo: int | None, step: int, c: int, d: int, k: int):
         count = 0 if lo is None else -lo // step
         if count > _ENUMERATE_LIMIT:
             return None
-        below = _coprime_multiples(c, d, k) if lo is None else _listed(step, -lo, step)
-        return _coprime_multiples(c, d, k), True, below
+        positives = _coprime_multiples(c, d, k)
+        return positives, True, positives if lo is None else _listed(step, -lo, step)
     digits = len(str(lo))
     first = -(-lo // step) * step
     if (10**digits - 1 - first) // step > _ENUMERATE_LIMIT:
@@ -97,6 +96,7 @@ def _at_least(lo: int | None, step: int, c: int, d: int, k: int):
 
 
 def _listed(first: int, last: int, step: int) -> R | None:
+    """first, first + step, ... up to last, written out."""
     return alt(*(lit(str(v)) for v in range(first, last + 1, step)))
 
 

@@ -197,7 +197,7 @@ def _listed_multiples(t: NumT) -> R | None:
             return None
         for n in range(first, last + 1):
             v = n * f
-            if (v == lo and lo_excl) or (v == hi and hi_excl) or v in t.excluded:
+            if (v == lo and lo_excl) or (v == hi and hi_excl):  # (excluded values cut intervals)
                 continue
             if (t.integer is True and v.denominator != 1) or (
                 t.integer is False and v.denominator == 1
