@@ -191,8 +191,9 @@ class LlamaCpp(Backend):
         self._stats = Counters(_COUNTERS)
         self._closed = False
         self._check_tokenizer()
-        # The engine thread frees the native memory when it ends: at shutdown, or when the
-        # backend is garbage-collected. Not at exit: the OS reclaims it then.
+        # The engine thread frees the native memory when it ends: at shutdown, when the
+        # backend is garbage-collected, and at interpreter exit (an atexit hook, before
+        # finalization: see Engine.close), where requests still in flight are cancelled.
         self._engine = Engine(
             self._pool,
             self._decoding.new_state,
@@ -200,8 +201,7 @@ class LlamaCpp(Backend):
             self._stats,
             on_exit=lambda model=self._model: _release(ctx, model),
         )
-        self._finalizer = weakref.finalize(self, self._engine.close)
-        self._finalizer.atexit = False
+        self._finalizer = weakref.finalize(self, self._engine.close, _CLOSED_UNDER_REQUEST)
         _log.info(
             "llama.cpp backend ready in %.2f s: %d sequences over %d KV cells, %d/%d threads",
             time.perf_counter() - started,
@@ -313,6 +313,7 @@ class LlamaCpp(Backend):
         if self._closed:
             return
         self._closed = True
+        self._engine.close()  # the requests in flight finish first
         self._finalizer()
 
     # ---- helpers ---------------------------------------------------------------------------------
@@ -465,6 +466,11 @@ def _constraint_index(constraint: Any, tokenizer: Any) -> Any:
         future.result()  # raise a ConstraintError now, before any token is spent
     return future
 
+
+_CLOSED_UNDER_REQUEST = (
+    "the LlamaCpp backend was closed before this request finished (it was garbage-collected, "
+    "or the interpreter is exiting)"
+)
 
 _COUNTERS = (
     "requests",

@@ -135,6 +135,7 @@ class Engine:
         self._cond = threading.Condition()
         self._inbox: list[Job] = []
         self._closing = False
+        self._cancel: str | None = None  # close(cancel=): why unfinished jobs fail
         self._waiting: deque[Job] = deque()
         self._running: list[Job] = []
         self._hold_admission = False  # after a retraction, until a request finishes
@@ -158,10 +159,17 @@ class Engine:
         job.aborted = True
         self._wake()
 
-    def close(self) -> None:
-        """Finish the requests in flight, stop the thread and free the context."""
+    def close(self, cancel: str | None = None) -> None:
+        """Stop the thread and free the context: after the requests in flight finish, or
+        with `cancel`, at once (each request not finished fails with a BackendError saying
+        `cancel`). Returns
+        once the thread has ended, so no thread of this engine runs while the interpreter
+        is finalizing (a thread that releases the GIL inside C++ then, such as a torch
+        tensor's deleter, is ended by Python mid-unwind and aborts the process)."""
         with self._cond:
             self._closing = True
+            if cancel is not None and self._cancel is None:
+                self._cancel = cancel
             self._cond.notify()
         if threading.current_thread() is not self._thread:
             self._thread.join()
@@ -192,13 +200,28 @@ class Engine:
 
     def _wait_for_work(self) -> bool:
         with self._cond:
-            while not (self._inbox or self._has_work()):
+            while not (self._inbox or self._has_work() or self._cancel is not None):
                 if self._closing and not self._waiting and not self._running:
                     return False
                 self._cond.wait()
             self._waiting.extend(self._inbox)
             self._inbox.clear()
-            return True
+            if self._cancel is None:
+                return True
+        self._cancel_all(self._cancel)
+        return False
+
+    def _cancel_all(self, why: str) -> None:
+        """Fail every request not finished with a BackendError saying why (close(cancel=))."""
+        for job in list(self._running):
+            generated = len(job.state.output_ids) if job.state is not None else 0
+            self._counters.add(requests=int(job.gen is not None), generated_tokens=generated)
+            self._leave(job)
+            job.put_outcome(None, BackendError(why))
+        for job in self._waiting:
+            self._counters.add(requests=int(job.gen is not None))
+            job.put_outcome(None, BackendError(why))
+        self._waiting.clear()
 
     def _has_work(self) -> bool:
         if self._waiting and self.pool.n_free and not self._hold_admission:
