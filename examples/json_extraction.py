@@ -1,6 +1,8 @@
-"""JSON extraction with a schema (a pydantic model): the output always validates."""
+"""JSON extraction with a schema (a pydantic model): the output always validates.
 
-import json
+`state["product"]` is the generated JSON text; `state.parsed("product")` is that text parsed
+into a `Product` instance (lp.ConstraintError if it was cut short at max_tokens).
+"""
 
 from pydantic import BaseModel, Field
 
@@ -22,8 +24,8 @@ def extract(s, text):
 if __name__ == "__main__":
     texts = [
         "The blue kettle costs 24.99 and ships today.",
-        "Sold out: the red umbrella, 12 dollars.",
+        "The red umbrella costs 12 dollars. It is not in stock.",
     ]
-    for st in extract.run_batch([{"text": t} for t in texts], temperature=0):
-        product = Product.model_validate(json.loads(st["product"]))
-        print(product)
+    for text, st in zip(texts, extract.run_batch([{"text": t} for t in texts], temperature=0)):
+        product = st.parsed("product")  # a Product
+        print(f"{text}\n  text:   {st['product']}\n  parsed: {product!r}")

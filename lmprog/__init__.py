@@ -7,8 +7,8 @@
         s += lp.user(question)
         s += lp.assistant(lp.gen("answer", max_tokens=64))
 
-    state = qa.run(question="Capital of France?", temperature=0)
-    print(state["answer"])
+    state = qa.run(question="What is the capital of France? Answer in one sentence.", temperature=0)
+    print(state["answer"])  # The capital of France is Paris.
 
 `import lmprog` stays light: backends (`lp.LlamaCpp`, `lp.Runtime`, `lp.OpenAI`,
 `lp.RuntimeEndpoint`) and `lp.Constraint` are imported on first use.
