@@ -39,7 +39,7 @@ from lmprog.backends.shared import Counters
 from lmprog.backends.state_cache import StateCache
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError, ConstraintError, ContextLengthError
-from lmprog.core.models import load_tokenizer, resolve_model
+from lmprog.core.models import load_tokenizer, looks_like_hub_id, resolve_model
 from lmprog.core.prompt import encode_prompt
 from lmprog.core.protocol import (
     Backend,
@@ -386,6 +386,8 @@ def _check_model_file(model: Any) -> None:
             "convert_hf_to_gguf.py, or use lp.Runtime for a Hugging Face folder"
         )
     if not path.exists() and (path.suffix == ".gguf" or os.sep in key or "/" in key):
+        if looks_like_hub_id(key) and path.suffix != ".gguf":
+            return  # an `org/name` id: resolve_model looks in the Hugging Face cache
         raise ValueError(
             f"model file {path.absolute()} does not exist: check the path (relative paths are "
             f"from {Path.cwd()}), or pass a bundled model name"

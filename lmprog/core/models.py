@@ -91,7 +91,7 @@ def resolve_model(model: str | os.PathLike[str] | None = None) -> ModelSource:
             f"{path} is a folder without config.json"
             + (f" and with several GGUF files {[g.name for g in ggufs]}; name one" if ggufs else "")
         )
-    if _looks_like_hub_id(key):
+    if looks_like_hub_id(key):
         return _from_hf_cache(key)
     raise ValueError(
         f"unknown model {key!r}: not a bundled model name and no such GGUF file or Hugging Face "
@@ -112,7 +112,8 @@ def hf_hub_cache() -> Path:
     return base / "huggingface" / "hub"
 
 
-def _looks_like_hub_id(key: str) -> bool:
+def looks_like_hub_id(key: str) -> bool:
+    """`org/name`: a Hugging Face id (looked up in the local cache), not a relative path."""
     org, sep, name = key.partition("/")
     return bool(sep and org and name) and "/" not in name and not key.startswith((".", "~"))
 

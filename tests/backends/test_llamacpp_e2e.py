@@ -383,6 +383,17 @@ def test_bad_model_files_name_the_file(tmp_path):
         LlamaCpp(other)
 
 
+def test_a_hugging_face_id_not_in_the_cache_says_where_it_looked(tmp_path, monkeypatch):
+    # `org/name` is an id looked up in the Hugging Face cache, as lp.Runtime reads it, not the
+    # file ./org/name
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"'org/name' is not .* in the local Hugging Face cache"):
+        LlamaCpp("org/name")
+    with pytest.raises(ValueError, match=r"org/name\.gguf does not exist"):  # a file's name
+        LlamaCpp("org/name.gguf")
+
+
 def test_gguf_llama_cpp_cannot_load_names_the_file_and_the_reason(tmp_path):
     gguf = pytest.importorskip("gguf")
     import numpy as np
