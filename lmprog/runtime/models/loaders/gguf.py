@@ -113,10 +113,17 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFIndex:
     logging.getLogger(__name__).info(
         "reading the metadata of %s (once; cached in %s)", path, cached
     )
-    reader = GGUFReader(path)
+    reader = _open(path)
+    try:
+        config = config_from_gguf(reader)
+    except KeyError as exc:  # metadata a converter should have written
+        raise ValueError(
+            f"{path} lacks the GGUF metadata {exc.args[0]!r} (an incomplete or non-standard "
+            "conversion): convert the model again with llama.cpp's convert_hf_to_gguf.py"
+        ) from None
     index = GGUFIndex(
         path,
-        config_from_gguf(reader),
+        config,
         tuple(
             GGUFTensor(
                 t.name,
@@ -132,6 +139,26 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFIndex:
     )
     _save(cached, index)
     return index
+
+
+def _open(path: Path) -> GGUFReader:
+    """The file's GGUFReader; ValueError naming the file for one that is not a GGUF or is
+    truncated or damaged (gguf says only "GGUF magic invalid", or fails reshaping a tensor)."""
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ValueError(
+            f"{path} is not a GGUF file (it does not start with the GGUF magic bytes; starts "
+            f"with {magic!r}): re-download it, or convert the model with llama.cpp's "
+            "convert_hf_to_gguf.py"
+        )
+    try:
+        return GGUFReader(path)
+    except (ValueError, IndexError, KeyError, OverflowError) as exc:
+        raise ValueError(
+            f"{path} could not be read as a GGUF file ({type(exc).__name__}: {exc}): it is "
+            "probably truncated or damaged; re-download it"
+        ) from None
 
 
 def gguf_weights(index: GGUFIndex) -> Iterator[tuple[str, torch.Tensor]]:
