@@ -1,5 +1,7 @@
 """End-to-end GPU benchmarks (issue 5): lmprog beside transformers measured in the same run,
-with the fraction of the hardware limit (H200: HBM 4.28 TB/s copy, bf16 787 TFLOP/s dense).
+with the fraction of the hardware limit: the card's copy bandwidth and dense bf16 matmul rate,
+measured at start (bench/hardware.py; an H200 gave 4.28 TB/s and 787 TFLOP/s, an H100 3.05 TB/s),
+and the KV pool sized from the memory free at start.
 
     python3 bench/bench_gpu.py                 # Llama-3.1-8B shape, bf16, random weights
     python3 bench/bench_gpu.py --smoke         # every code path on the CPU (Triton's
@@ -25,7 +27,7 @@ with the fraction of the hardware limit (H200: HBM 4.28 TB/s copy, bf16 787 TFLO
    `lp.Runtime(model, load_format="dummy", device="cuda").generate(prompts, params)` with the
    decode CUDA graphs and fused kernels; transformers `generate` on the first 64 requests as
    one left-padded batch (tokens counted: the requests' own input + output lengths). Roofline
-   for the workload: max(FLOPs / 787 TFLOP/s, minimum bytes / 4.28 TB/s), `workload_floor`.
+   for the workload: max(FLOPs / matmul rate, minimum bytes / copy bandwidth), `workload_floor`.
 
 3. KV capacity (a latent-attention model, or --dense-baseline): KV bytes per token and the
    most requests decoding together at a fixed KV budget (--kv-budget-gb), the model beside a
@@ -61,11 +63,10 @@ if "--smoke" in sys.argv:  # before triton is imported anywhere
 import numpy as np
 import torch
 from fp8_compare import compare_fp8, fp8_bytes_saved, kv_itemsize
+from hardware import Hardware, measure
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-HBM_TBS = 4.28  # measured on the H200 (issue 5)
-BF16_TFLOPS = 787.0
 ROWS: list[tuple[str, str, str, str]] = []  # (name, lmprog, baseline, ratio / fraction)
 
 
@@ -161,13 +162,23 @@ def linear_params(cfg, batch: int = 1) -> int:
     return total
 
 
-def default_kv_tokens(cfg, itemsize: int = 2, memory_gb: float = 120.0) -> int:
-    """600k KV tokens, or what fits beside the weights in `memory_gb` (Mixtral-8x7B's 93 GB
-    of bf16 weights leave room for ~200k)."""
+KV_MEMORY_SHARE = 0.85  # of the free memory: weights + KV; the rest for activations, graphs
+
+
+def default_kv_tokens(cfg, free_bytes: int, itemsize: int = 2) -> int:
+    """600k KV tokens, or what fits beside the weights in 85% of the memory free at start
+    (an H200's 140 GB: 600k for Llama-3.1-8B, ~200k beside Mixtral-8x7B's 93 GB of bf16
+    weights; an H100's 79 GB: ~390k for Llama-3.1-8B)."""
     from lmprog.runtime.models import build_model
 
     weights = sum(p.numel() for p in build_model(cfg, device="meta").parameters()) * itemsize
-    return min(600_000, int((memory_gb * 1e9 - weights) / kv_bytes_per_token(cfg, itemsize)))
+    room = KV_MEMORY_SHARE * free_bytes - weights
+    if room <= 0:
+        raise SystemExit(
+            f"{cfg.architecture} weights ({weights / 1e9:.0f} GB) leave no room for a KV pool in "
+            f"{free_bytes / 1e9:.0f} GB free: pass --kv-tokens, or a smaller --model"
+        )
+    return min(600_000, int(room / kv_bytes_per_token(cfg, itemsize)))
 
 
 def kv_bytes_per_token(cfg, itemsize: int) -> int:
@@ -185,7 +196,7 @@ def attention_flops_per_pair(cfg) -> int:
     return 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim
 
 
-def workload_floor(cfg, in_lens, out_lens, itemsize: int, max_batch: int) -> dict:
+def workload_floor(cfg, in_lens, out_lens, itemsize: int, max_batch: int, hw: Hardware) -> dict:
     """Least time the workload needs on the hardware, whatever the scheduling.
 
     FLOPs: 2 x linear params per fed token (prompt tokens and every output token but the
@@ -206,7 +217,7 @@ def workload_floor(cfg, in_lens, out_lens, itemsize: int, max_batch: int) -> dic
         bytes_ += kvb * (fed + ctx)
     decode_steps = int(np.ceil(sum(m - 1 for m in out_lens) / max_batch))
     bytes_ += decode_steps * linear_params(cfg, max_batch) * itemsize
-    t_flops, t_bytes = flops / (BF16_TFLOPS * 1e12), bytes_ / (HBM_TBS * 1e12)
+    t_flops, t_bytes = flops / (hw.bf16_tflops * 1e12), bytes_ / (hw.copy_tbs * 1e12)
     return {
         "flops": flops,
         "bytes": bytes_,
@@ -487,7 +498,7 @@ def model_decode(model, args) -> dict:
     ctx = args.decode_prompt + args.decode_steps // 2
     weights = linear_params(cfg) * itemsize - fp8_bytes_saved(model, itemsize)
     kv_item = kv_itemsize(args.kv_cache_dtype, itemsize)
-    floor_ms = (weights + ctx * kv_bytes_per_token(cfg, kv_item)) / (HBM_TBS * 1e9)
+    floor_ms = (weights + ctx * kv_bytes_per_token(cfg, kv_item)) / (args.hw.copy_tbs * 1e9)
     log(
         f"   graph replay vs eager on its own static inputs and plan: max abs diff {exact:.2e}; "
         f"graph vs plain eager logits: max rel diff {rel:.2e} (bf16, other split count); "
@@ -914,12 +925,12 @@ def lmprog_benches(args, prompts, out_lens, hf: dict) -> dict:
             res = res if res is not None else res_d
         if res:
             floor = workload_floor(
-                cfg, [len(p) for p in prompts], out_lens, itemsize, args.max_running
+                cfg, [len(p) for p in prompts], out_lens, itemsize, args.max_running, args.hw
             )
             log(
                 f"   workload floor: {floor['flops'] / 1e15:.1f} PFLOP -> {floor['t_flops']:.1f} s "
-                f"at {BF16_TFLOPS:.0f} TFLOP/s; {floor['bytes'] / 1e12:.1f} TB -> "
-                f"{floor['t_bytes']:.1f} s at {HBM_TBS} TB/s; achieved "
+                f"at {args.hw.bf16_tflops:.0f} TFLOP/s; {floor['bytes'] / 1e12:.1f} TB -> "
+                f"{floor['t_bytes']:.1f} s at {args.hw.copy_tbs:.2f} TB/s; achieved "
                 f"{floor['flops'] / res['wall'] / 1e12:.0f} TFLOP/s"
             )
             hf_off = hf.get("offline_tok_s")
@@ -986,7 +997,10 @@ def parse_args():
     p.add_argument("--max-running", type=int, default=512)
     p.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens")
     p.add_argument(
-        "--kv-tokens", type=int, default=None, help="KV pool size (default: 600k, or what fits)"
+        "--kv-tokens",
+        type=int,
+        default=None,
+        help="KV pool size (default: 600k, or what fits in 85%% of the memory free at start)",
     )
     p.add_argument("--context", type=int, default=2048)
     p.add_argument(
@@ -1039,8 +1053,10 @@ def parse_args():
         args.kv_budget_gb, args.capacity_prompt, args.capacity_output = 2**-14, 24, 8
     elif not args.dense_baseline and PRESETS[args.model].kv_lora_rank:
         args.dense_baseline = "llama-3.2-3b"
+    args.hw = measure(args.device)
+    log(f"hardware: {args.hw.describe()}")
     if args.kv_tokens is None:
-        args.kv_tokens = default_kv_tokens(PRESETS[args.model])
+        args.kv_tokens = default_kv_tokens(PRESETS[args.model], args.hw.free_bytes)
     return args
 
 

@@ -14,9 +14,10 @@ Per token count: the routing is random (softmax top-2 of N(0, 1) logits, seed 0)
   torch loop          each expert with tokens: gather its rows, gate_up matmul, SiLU-and-mul,
                       down matmul, weighted index_add (transformers' "eager" experts)
   torch grouped_mm    transformers' default experts on a GPU (torch._grouped_mm), when it runs
-Limit: the bytes of the experts the batch routes to, read once at 4.28 TB/s (H200 copy rate;
-at these sizes the GEMMs' FLOPs take less: 512 tokens are 361 GFLOP, 0.46 ms at 787 TFLOP/s,
-against 0.66 ms to read the 2.8 GB of 8 experts). Times: medians of triton.testing.do_bench
+Limit: the bytes of the experts the batch routes to, read once at the card's copy rate, measured
+at start (bench/hardware.py; an H200: 4.28 TB/s; at these sizes the GEMMs' FLOPs take less: 512
+tokens are 361 GFLOP, 0.46 ms at the H200's 787 TFLOP/s, against 0.66 ms to read the 2.8 GB of 8
+experts). Times: medians of triton.testing.do_bench
 (L2 flushed; bench_kernels.py's timers); moe_align is also timed alone, at the block size fused_moe picks.
 """
 
@@ -34,11 +35,9 @@ import bench_kernels  # its timers: CUDA-event medians, CUDA-graph replays (DEV 
 import torch
 import torch.nn.functional as F
 from bench_kernels import bench, bench_graph
+from hardware import measure
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-HBM_COPY_TBS = bench_kernels.HBM_COPY_TBS
-BF16_TFLOPS = 787.0
 
 
 def log(*args) -> None:
@@ -97,12 +96,13 @@ def run(tokens: int, args, w13, w2) -> None:
     err = [((o.float() - ref).norm() / ref.norm()).item() for o in (fused, loop)]
     active = torch.unique(ids).numel()
     read = active * (w13[0].numel() + w2[0].numel()) * w13.element_size()
-    limit_ms = read / (HBM_COPY_TBS * 1e9)
+    limit_ms = read / (args.hw.copy_tbs * 1e9)
     flops = 2 * tokens * top_k * (w13[0].numel() + w2[0].numel())
     log(
         f"\n== {tokens} tokens: {active} of {experts} experts hit, {read / 1e9:.2f} GB of "
-        f"weights = {limit_ms * 1e3:.0f} us at {HBM_COPY_TBS} TB/s; {flops / 1e9:.1f} GFLOP = "
-        f"{flops / (BF16_TFLOPS * 1e9) * 1e3:.0f} us at {BF16_TFLOPS:.0f} TFLOP/s; rel. error "
+        f"weights = {limit_ms * 1e3:.0f} us at {args.hw.copy_tbs:.2f} TB/s; {flops / 1e9:.1f} "
+        f"GFLOP = {flops / (args.hw.bf16_tflops * 1e9) * 1e3:.0f} us at "
+        f"{args.hw.bf16_tflops:.0f} TFLOP/s; rel. error "
         f"vs the fp32 reference: fused {err[0]:.1e}, loop {err[1]:.1e}"
     )
     rows = {
@@ -165,8 +165,8 @@ def main() -> None:
     bench_kernels.DEV = args.device
     if args.smoke:
         args.tokens, args.hidden, args.intermediate = [1, 8, 40], 64, 96
-    if args.device == "cuda":
-        log(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    args.hw = measure(args.device)
+    log(f"hardware: {args.hw.describe()}, torch {torch.__version__}")
     g = torch.Generator(device=args.device).manual_seed(1)
     e, h, i = args.experts, args.hidden, args.intermediate
     w13 = torch.randn(e, 2 * i, h, dtype=dtype, device=args.device, generator=g) * h**-0.5
