@@ -1,21 +1,27 @@
 """The `lmprog` command line: `lmprog serve --model NAME_OR_PATH [--host --port --api-key ...]`
-(also `python -m lmprog.serve --model ...`).
+(also `python -m lmprog serve ...` and `python -m lmprog.serve --model ...`), `lmprog --version`.
 
-The model is chosen here, once, at start-up; requests cannot change it.
+The model is chosen here, once, at start-up; requests cannot change it. What keeps the server
+from starting (a model that does not resolve or load, a busy port, a missing extra) is one
+line on stderr and exit status 1; `--log-level debug` adds its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import logging
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
 
+from lmprog import __version__
+from lmprog.core.errors import LmprogError
 from lmprog.core.logs import ENV_VAR, LEVELS, configure_logging, parse_level
 
 from .limits import ServerLimits
@@ -25,6 +31,7 @@ log = logging.getLogger("lmprog.serve")
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lmprog", description="lmprog command line")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     add_serve_arguments(commands.add_parser("serve", help="run the OpenAI-compatible server"))
     args = parser.parse_args(argv)
@@ -35,9 +42,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.backend, args.backend_reason = choose_backend(args)
     try:
         backend_options(args)
-    except ValueError as exc:  # a flag that does not apply to the chosen backend
+        server_limits(args)
+    except ValueError as exc:  # a flag that does not apply to the chosen backend, a bad limit
         parser.error(str(exc))
-    return serve(args)
+    try:
+        return serve(args)
+    except KeyboardInterrupt:  # Ctrl-C while the model loads
+        return 130
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -144,6 +155,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
             default=getattr(defaults, name),
             help=f"request limit (default {getattr(defaults, name)})",
         )
+    p.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=None,
+        help="max_tokens of a chat completion or Responses request that sets none (default: "
+        f"the --max-tokens limit, {defaults.max_tokens}); /v1/completions keeps OpenAI's 16, "
+        "/generate SGLang's 128",
+    )
     p.add_argument(
         "--constraint-timeout",
         dest="constraint_timeout_s",
@@ -279,6 +298,17 @@ def backend_options(args: argparse.Namespace) -> dict:
     return out
 
 
+def server_limits(args: argparse.Namespace) -> ServerLimits:
+    """The flags' ServerLimits; ValueError naming a bad one (checked before the model loads)."""
+    return ServerLimits(
+        constraint_timeout_s=args.constraint_timeout_s,
+        allow_special_tokens=args.allow_special_tokens,
+        strict_requests=args.strict_requests,
+        default_max_tokens=args.default_max_tokens,
+        **{name: getattr(args, name) for name in INT_LIMITS},
+    )
+
+
 def make_backend(args: argparse.Namespace):  # an lmprog Backend
     options = backend_options(args)
     if args.backend == "llamacpp":
@@ -290,8 +320,14 @@ def make_backend(args: argparse.Namespace):  # an lmprog Backend
     return Runtime(args.model, **options)
 
 
+# What keeps the server from starting, told in one line: a model that does not resolve or
+# load (ValueError, BackendError), a busy port or a bad host (OSError), a missing extra.
+STARTUP_ERRORS = (LmprogError, ValueError, OSError, ImportError)
+SERVE_EXTRA = ("fastapi", "uvicorn", "prometheus_client")
+
+
 def serve(args: argparse.Namespace) -> int:
-    from .server import Server
+    from .server import Server, bind_socket
 
     configure_logging(args.log_level)
     started = time.perf_counter()
@@ -301,23 +337,30 @@ def serve(args: argparse.Namespace) -> int:
         getattr(args, "backend_reason", "--backend " + args.backend),
         args.model or "(the default)",
     )
-    backend = make_backend(args)
+    try:  # what fails in a moment fails before the model loads
+        check_serve_extra()
+        if args.port:
+            bind_socket(args.host, args.port).close()
+        backend = make_backend(args)
+    except STARTUP_ERRORS as exc:
+        return cannot_start(exc)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    limits = server_limits(args)
     server = Server(
         backend,
         host=args.host,
         port=args.port,
         api_key=args.api_key,
         model_name=args.served_model_name,
-        constraint_timeout_s=args.constraint_timeout_s,
-        allow_special_tokens=args.allow_special_tokens,
-        strict_requests=args.strict_requests,
-        **{name: getattr(args, name) for name in INT_LIMITS},
+        **{f.name: getattr(limits, f.name) for f in dataclasses.fields(limits)},
     )
     try:
-        server.start()
+        try:
+            server.start()
+        except (*STARTUP_ERRORS, RuntimeError) as exc:
+            return cannot_start(exc)
         log.info(
             "listening on %s/v1, serving %r%s (ready in %.1f s)",
             server.url,
@@ -330,3 +373,19 @@ def serve(args: argparse.Namespace) -> int:
         server.stop()
         backend.shutdown()
     return 0
+
+
+def check_serve_extra() -> None:
+    missing = [name for name in SERVE_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(
+            f"lmprog serve needs {', '.join(missing)}: install the serve extra, "
+            'pip install ".[serve]" from the checkout (or "lmprog[serve]")'
+        )
+
+
+def cannot_start(exc: BaseException) -> int:
+    """One line on stderr for what kept the server from starting; its traceback at debug."""
+    print(f"lmprog serve: error: {exc}", file=sys.stderr)
+    log.debug("the server did not start", exc_info=exc)
+    return 1

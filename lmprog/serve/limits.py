@@ -14,7 +14,9 @@ class ServerLimits:
     """max_body_bytes: request body size (413 above it). max_json_depth: nesting of arrays and
     objects in a request body, and in the JSON text of a message's tool call arguments (400).
     max_n: choices per prompt (`n`). max_choices: prompts x n of one /v1/completions request.
-    max_tokens: largest max_tokens / max_completion_tokens, and chat's default.
+    max_tokens: largest max_tokens / max_completion_tokens (and max_output_tokens).
+    default_max_tokens: max_tokens of a chat completion or Responses request that sets none
+    (None: the max_tokens limit); /v1/completions keeps OpenAI's 16, /generate SGLang's 128.
     max_stop: stop strings per request; max_stop_chars: characters of one stop string.
     max_logprobs: top_logprobs / completions' logprobs. max_tools: entries of a chat request's
     `tools`. (A prompt's length is bounded by the model's context: `context_length_exceeded`.)
@@ -36,6 +38,7 @@ class ServerLimits:
     max_n: int = 16
     max_choices: int = 64
     max_tokens: int = 4096
+    default_max_tokens: int | None = None
     max_stop: int = 16
     max_stop_chars: int = 1024
     max_logprobs: int = 20
@@ -54,12 +57,24 @@ class ServerLimits:
             elif f.name == "constraint_timeout_s":
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                     raise ValueError(f"constraint_timeout_s must be a number > 0, got {value!r}")
+            elif f.name == "default_max_tokens" and value is None:
+                pass
             elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"server limit {f.name} must be an int >= 1, got {value!r}")
+        if self.default_max_tokens is not None and self.default_max_tokens > self.max_tokens:
+            raise ValueError(
+                f"default_max_tokens {self.default_max_tokens} is over the max_tokens limit "
+                f"{self.max_tokens}"
+            )
         if self.max_logprobs > 20:
             raise ValueError(
                 f"max_logprobs must be <= 20 (the sampler's bound), got {self.max_logprobs}"
             )
+
+    @property
+    def output_tokens(self) -> int:
+        """max_tokens of a chat or Responses request that sets none."""
+        return self.max_tokens if self.default_max_tokens is None else self.default_max_tokens
 
 
 _OPTIONS = frozenset({"allow_special_tokens", "strict_requests"})

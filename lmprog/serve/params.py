@@ -23,7 +23,7 @@ def sampling_params(
     """The SamplingParams of a request (`max_tokens`: the endpoint's chosen value, None for
     its default; `logprobs`: None for none, else the number of alternatives per token)."""
     check_supported(body)
-    tokens = limits.max_tokens if max_tokens is None else max_tokens
+    tokens = limits.output_tokens if max_tokens is None else max_tokens
     if tokens > limits.max_tokens:
         raise APIError(
             400,

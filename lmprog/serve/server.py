@@ -10,6 +10,7 @@ down yourself after `stop()`.
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import threading
 from typing import Any
@@ -71,9 +72,7 @@ class Server:
         self._app = build_app(
             self.backend, model_name=self.model_name, api_key=self.api_key, limits=self.limits
         )
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
+        sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self._app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5
@@ -124,3 +123,22 @@ class Server:
     def __repr__(self) -> str:
         state = "serving" if self._thread is not None else "stopped"
         return f"Server({self.url!r}, model={self.model_name!r}, {state})"
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port); OSError naming the address when that fails (the port
+    is in use, the host is not an address of this machine)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            why = "the port is in use (another server?): stop it or choose another port"
+        else:
+            why = f"{exc.strerror or exc} (is {host!r} an address of this machine?)"
+        error = OSError(f"cannot listen on {host}:{port}: {why}")
+        error.errno = exc.errno
+        raise error from None
+    return sock

@@ -116,3 +116,25 @@ def test_a_compile_whose_client_left_is_abandoned(slow_compile):
         time.sleep(0.5)
         assert backend.generations() == []  # the request never generated
         assert request(srv.url, "GET", "/health")[0] == 200
+
+
+def test_default_max_tokens_applies_where_a_request_sets_none():
+    backend = FakeBackend()
+    with Server(backend, model_name=MODEL, max_tokens=100, default_max_tokens=7).start() as srv:
+        chat = {k: v for k, v in CHAT.items() if k != "max_tokens"}
+        assert post_json(srv.url, "/v1/chat/completions", chat)[0] == 200
+        assert backend.requests[-1].params.max_tokens == 7
+        assert post_json(srv.url, "/v1/chat/completions", {**chat, "max_tokens": 50})[0] == 200
+        assert backend.requests[-1].params.max_tokens == 50  # up to the max_tokens limit
+        status, _ = post_json(srv.url, "/v1/responses", {"model": MODEL, "input": "Hi"})
+        assert status == 200 and backend.requests[-1].params.max_tokens == 7
+        prompt_only = {k: v for k, v in COMPLETION.items() if k != "max_tokens"}
+        assert post_json(srv.url, "/v1/completions", prompt_only)[0] == 200
+        assert backend.requests[-1].params.max_tokens == 16  # OpenAI's completions default
+    with Server(backend, model_name=MODEL, max_tokens=100).start() as srv:  # unset: the limit
+        assert post_json(srv.url, "/v1/chat/completions", chat)[0] == 200
+        assert backend.requests[-1].params.max_tokens == 100
+    with pytest.raises(ValueError, match="default_max_tokens 101 is over the max_tokens limit"):
+        ServerLimits(max_tokens=100, default_max_tokens=101)
+    with pytest.raises(ValueError, match="default_max_tokens must be an int >= 1"):
+        ServerLimits(default_max_tokens=0)
