@@ -350,7 +350,10 @@ class LlamaCpp(Backend):
         if n_tokens >= self.n_ctx:
             raise ContextLengthError(
                 f"the {what} has {n_tokens} tokens but the context holds {self.n_ctx} "
-                f"(at least one more is needed to generate): shorten it or create LlamaCpp(n_ctx=...) larger"
+                f"(at least one more is needed to generate): shorten it or create LlamaCpp(n_ctx=...) larger",
+                prompt_tokens=n_tokens,
+                limit=self.n_ctx,
+                setting="n_ctx",
             )
 
     def _check_open(self) -> None:

@@ -13,7 +13,24 @@ class ConstraintError(LmprogError, ValueError):
 
 
 class ContextLengthError(LmprogError, ValueError):
-    """A prompt (plus the tokens asked for) does not fit the model's context or KV pool."""
+    """A prompt (plus the tokens asked for) does not fit the model's context or KV pool.
+
+    Where the raiser knows them: `prompt_tokens`, the prompt's length; `limit`, the tokens
+    that fit; `setting`, the backend keyword that sets `limit` ("n_ctx", "max_total_tokens"),
+    None when it is the model's own context length. The server words its message from them
+    (naming its flag, not a Python constructor).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        prompt_tokens: int | None = None,
+        limit: int | None = None,
+        setting: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.prompt_tokens, self.limit, self.setting = prompt_tokens, limit, setting
 
 
 class BackendError(LmprogError, RuntimeError):

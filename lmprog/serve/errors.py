@@ -78,7 +78,7 @@ def from_exception(exc: BaseException, param: str | None = None) -> APIError:
     named = re.match(r"(stop_token_ids|max_tokens|min_tokens|regex|seed)\b", str(exc))
     param = named.group(1) if named else param
     if isinstance(exc, ContextLengthError):
-        return APIError(400, str(exc), param=param, code="context_length_exceeded")
+        return APIError(400, context_message(exc), param=param, code="context_length_exceeded")
     if isinstance(exc, ConstraintError):
         return APIError(400, str(exc), param=param, code="invalid_constraint")
     if isinstance(exc, (ValueError, TypeError)):
@@ -87,6 +87,28 @@ def from_exception(exc: BaseException, param: str | None = None) -> APIError:
         return APIError(500, f"the model backend failed: {exc}", code="backend_error")
     log.error("unexpected error while serving a request", exc_info=exc)
     return APIError(500, "internal server error", code="internal_error")
+
+
+# the lmprog serve flag behind each backend setting a ContextLengthError names
+_CONTEXT_FLAGS = {"n_ctx": "--max-total-tokens", "max_total_tokens": "--max-total-tokens"}
+
+
+def context_message(exc: ContextLengthError) -> str:
+    """A too-long prompt, told to an HTTP client: the server's flag, not the backend's Python
+    keyword (`LlamaCpp(n_ctx=...)`), sets the context."""
+    if exc.prompt_tokens is None or exc.limit is None:
+        return str(exc)
+    told = f"the prompt has {exc.prompt_tokens} tokens"
+    flag = _CONTEXT_FLAGS.get(exc.setting or "")
+    if flag is None:
+        return (
+            f"{told} and the model's context length is {exc.limit} (at least one more is "
+            "needed to generate): shorten the prompt"
+        )
+    return (
+        f"{told} and this server's context holds {exc.limit} (at least one more is needed to "
+        f"generate): shorten the prompt, or start the server with a larger {flag}"
+    )
 
 
 def validation_error(errors: Sequence[Any]) -> APIError:

@@ -28,13 +28,18 @@ class LengthLimits:
         if need > self.max_context_len:
             raise ContextLengthError(
                 f"prompt of {prompt_len} tokens plus 1 generated token exceeds the "
-                f"model's context length of {self.max_context_len} tokens; shorten the prompt"
+                f"model's context length of {self.max_context_len} tokens; shorten the prompt",
+                prompt_tokens=prompt_len,
+                limit=self.max_context_len,
             )
         if self.cache.round_up(need) > self.cache.capacity:
             raise ContextLengthError(
                 f"prompt of {prompt_len} tokens plus 1 generated token does not fit the "
                 f"KV pool of {self.cache.capacity} tokens; shorten the prompt or raise the KV "
-                "memory budget (max_total_tokens)"
+                "memory budget (max_total_tokens)",
+                prompt_tokens=prompt_len,
+                limit=self.cache.capacity,
+                setting="max_total_tokens",
             )
 
     def cap(self, req: Req) -> None:
