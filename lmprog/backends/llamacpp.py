@@ -36,7 +36,7 @@ from lmprog.backends.llamacpp_engine import Engine, GenSpec, Job
 from lmprog.backends.llamacpp_native import NativeContext, NativeModel, supports_gpu_offload
 from lmprog.backends.scoring import choice_scores, choice_spans
 from lmprog.backends.shared import Counters
-from lmprog.backends.state_cache import StateCache
+from lmprog.backends.state_cache import StateCache, common_prefix_len
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError, ConstraintError, ContextLengthError
 from lmprog.core.models import load_tokenizer, looks_like_hub_id, resolve_model
@@ -302,6 +302,7 @@ class LlamaCpp(Backend):
         out["n_parallel"] = self.n_parallel
         out["peak_sequences"] = self._engine.peak_sequences
         out.update(self._engine.load())
+        out.update(_gauges(out, self._pool.ctx.tokens, self.n_ctx))
         return out
 
     @property
@@ -484,9 +485,30 @@ _COUNTERS = (
     "prompt_tokens",
     "cached_tokens",
     "prefix_hits",
-    "generated_tokens",
+    "generated_tokens",  # counted each engine step, as they are made
     "aborted",  # generations stopped by their caller (the stream callback raised)
+    "busy_us",  # engine steps' time (stats() reports busy_seconds)
 )
+
+
+def _gauges(counts: dict[str, Any], sequences: list[list[int]], n_ctx: int) -> dict[str, Any]:
+    """stats()'s keys that the runtime reports too (and /metrics and the server's engine line
+    read): cache hit rate, KV cells held, throughput over the engine's busy time."""
+    seqs = sorted(tuple(s) for s in list(sequences))
+    held, previous = 0, ()  # a prefix shared between sequences holds its cells once (seq_cp)
+    for s in seqs:
+        held += len(s) - common_prefix_len(previous, s)
+        previous = s
+    busy = counts.pop("busy_us") / 1e6
+    prompt = counts["prompt_tokens"]
+    return {
+        "cache_hit_rate": counts["cached_tokens"] / prompt if prompt else 0.0,
+        "kv_capacity": n_ctx,
+        "kv_used": held,
+        "kv_usage": held / n_ctx,
+        "busy_seconds": busy,
+        "gen_tokens_per_s": counts["generated_tokens"] / busy if busy else 0.0,
+    }
 
 
 def _check_int(name: str, value: Any, lo: int) -> None:

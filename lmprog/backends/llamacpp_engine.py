@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -190,11 +191,13 @@ class Engine:
     def _loop(self) -> None:
         try:
             while self._wait_for_work():
+                started = time.perf_counter()
                 try:
                     self._step()
                 except Exception as exc:  # noqa: BLE001 - fail the running requests, serve on
                     _log.exception("llama.cpp engine step failed")
                     self._fail_running(exc)
+                self._counters.add(busy_us=round((time.perf_counter() - started) * 1e6))
         finally:
             self._on_exit()
 
@@ -214,8 +217,7 @@ class Engine:
     def _cancel_all(self, why: str) -> None:
         """Fail every request not finished with a BackendError saying why (close(cancel=))."""
         for job in list(self._running):
-            generated = len(job.state.output_ids) if job.state is not None else 0
-            self._counters.add(requests=int(job.gen is not None), generated_tokens=generated)
+            self._counters.add(requests=int(job.gen is not None))
             self._leave(job)
             job.put_outcome(None, BackendError(why))
         for job in self._waiting:
@@ -244,8 +246,7 @@ class Engine:
             self._waiting.remove(job)
             self._counters.add(requests=int(job.gen is not None), aborted=1)
         for job in [j for j in self._running if j.aborted]:
-            generated = len(job.state.output_ids) if job.state is not None else 0
-            self._counters.add(requests=1, aborted=1, generated_tokens=generated)
+            self._counters.add(requests=1, aborted=1)
             self._leave(job)
 
     def _admit(self) -> None:
@@ -333,6 +334,7 @@ class Engine:
 
         logits = torch.from_numpy(np.stack([j.rows[-1][-1] for j in batch]))
         draws = self._sampler.sample(logits, [j.state for j in batch])  # masks logits in place
+        before = sum(len(j.state.output_ids) for j in batch)
         for job, draw in zip(batch, draws):
             job.rows = []
             try:
@@ -346,6 +348,8 @@ class Engine:
                 self._extend(job, draw.token, jump)
             if job.state.done:
                 self._finish(job)
+        # counted as they are made (jump-forward tokens too), as the runtime counts them
+        self._counters.add(generated_tokens=sum(len(j.state.output_ids) for j in batch) - before)
 
     def _started(self, job: Job) -> bool:
         """Build the job's DecodeState once its constraint index is ready; False if not yet
@@ -383,13 +387,11 @@ class Engine:
     # ---- leaving -----------------------------------------------------------------------------
     def _finish(self, job: Job, error: BaseException | None = None) -> None:
         state = job.state
-        generated = len(state.output_ids) if state is not None else 0
         self._counters.add(
             requests=1,
             prompt_tokens=job.prompt_len,
             cached_tokens=job.reused or 0,
             prefix_hits=int(bool(job.reused)),
-            generated_tokens=generated,
         )
         self._leave(job)
         if error is not None:
