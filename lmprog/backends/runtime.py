@@ -351,7 +351,10 @@ class Runtime(Backend):
 
     def stats(self) -> dict[str, Any]:
         """Engine metrics: cache_hit_rate, gen_tokens_per_s, num_running/num_waiting,
-        kv_usage, requests_finished by reason, ... (see lmprog.runtime.metrics)."""
+        kv_usage, requests_finished by reason, ... (see lmprog.runtime.metrics), and the
+        process's constraint lexer renewals (`lmprog.fsm.index.lexer_renewals`)."""
+        from lmprog.fsm.index import lexer_renewals
+
         out = self._engine.stats()
         out.update(
             model=self.model_name,
@@ -359,6 +362,7 @@ class Runtime(Backend):
             dtype=str(self.dtype),
             quantization=self.quantization,
             kv_cache_dtype=self.kv_cache_dtype,
+            constraint_lexer_renewals=lexer_renewals(),
         )
         return out
 

@@ -16,22 +16,27 @@ How an engine decodes under a constraint (runtime: batched; llama.cpp: one seque
         if token == index.eos_token_id: finish "stop"
         out.append(token)
 
-A guide owns an llguidance matcher at its position and the list of path nodes it went through
-(one int per token; `TokenIndex.path_node`), so it can roll back (`rollback(n)`, used by
-jump-forward's retokenization) and be copied for a fork. A position's bitmask and forced
-bytes are cached on the index by path node, shared by every guide that reached it. After EOS
-(allowed only where `can_stop()`), the guide is finished and allows nothing more.
+A guide owns an llguidance matcher at its position, the tokens it went through and their path
+nodes (`TokenIndex.path_node`), so it can roll back (`rollback(n)`, used by jump-forward's
+retokenization) and be copied for a fork. A position's bitmask and forced bytes are cached on
+the index by path node, shared by every guide that reached it. After EOS (allowed only where
+`can_stop()`), the guide is finished and allows nothing more.
+
+Its matcher shares the index's lexer with every other guide until one of them meets an error
+there (a limit: that lexer is then spent for all of them). A guide meeting one reports it
+(the index renews its lexer), reads its tokens again on a matcher of its own and retries; it
+fails (ConstraintError) only if its own text is past the limits on that fresh lexer too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.index import ROOT, _reason
+from lmprog.fsm.index import ROOT, _reason, refused_by_spent_lexer
 
 if TYPE_CHECKING:
     from lmprog.fsm.index import TokenIndex
@@ -42,18 +47,24 @@ WORDS_CACHE_SIZE = 4096  # bitmask words per index (6 kB each on a 49k vocabular
 class Guide:
     """Position of one sequence in a constraint. Not thread-safe; `copy()` per fork."""
 
-    __slots__ = ("index", "_matcher", "_states", "_ended", "_checks")
+    __slots__ = ("index", "_matcher", "_lexer", "_tokens", "_states", "_ended", "_checks")
 
     def __init__(
         self,
         index: TokenIndex,
-        matcher: Any = None,
+        matcher: tuple[Any, int | None] | None = None,
+        tokens: Iterable[int] = (),
         states: Iterable[int] | None = None,
         ended: bool = False,
         checks: Iterable[Any] | None = None,
     ) -> None:
+        """matcher: (an llguidance matcher at this position, the generation of the index's
+        lexer it shares, or None for a lexer of its own); default: the index's start."""
         self.index = index
-        self._matcher = matcher if matcher is not None else index.new_matcher()
+        self._matcher, self._lexer = matcher if matcher is not None else index.new_matcher()
+        # the tokens advanced through (EOS aside) and the path node after each: _states[i + 1]
+        # is the node after _tokens[i]
+        self._tokens: list[int] = list(tokens)
         self._states: list[int] = list(states) if states is not None else [ROOT]
         self._ended = ended
         # the index's check (lmprog.fsm.checks): its state after each token, like _states
@@ -86,8 +97,7 @@ class Guide:
         cache = _words(self.index)
         words = cache.get(node) if node >= 0 else None
         if words is None:
-            words = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.int32)
-            self._check_matcher()
+            words = np.frombuffer(self._run(lambda m: m.compute_bitmask()), dtype=np.int32)
             words = self._checked(words)
             if node >= 0:
                 cache.put(node, words)
@@ -125,7 +135,7 @@ class Guide:
             or self.index.vocab.token_bytes[token_id] is None
         ):
             return False
-        return self._matcher.validate_tokens([token_id]) == 1 and self._next_check(token_id) != 0
+        return self._valid(token_id) and self._next_check(token_id) != 0
 
     def _next_check(self, token_id: int) -> Any:
         """The check's state after the token (None: no check; 0: the check refuses it)."""
@@ -155,7 +165,7 @@ class Guide:
         cache = self.index.state_cache("forced")
         forced = cache.get(node) if node >= 0 else None
         if forced is None:
-            forced = self._matcher.compute_ff_bytes()
+            forced = self._run(lambda m: m.compute_ff_bytes())
             if node >= 0:
                 cache.put(node, forced)
         return forced
@@ -178,9 +188,9 @@ class Guide:
                 f"token {token_id} ({self._describe(token_id)}) is not allowed by the constraint here"
             )
         check = self._next_check(token_id)
-        if not self._matcher.consume_token(token_id):
-            self._check_matcher()
+        if not self._run(lambda m: m.consume_token(token_id)):
             raise AssertionError(f"llguidance refused token {token_id} that it allowed")
+        self._tokens.append(token_id)
         self._states.append(self.index.path_node(self.state, token_id))
         if self._checks is not None:
             self._checks.append(check)
@@ -205,14 +215,15 @@ class Guide:
             self._ended = False
             n -= 1
         if n:
-            if not self._matcher.rollback(n):
-                self._check_matcher()
+            self._run(lambda m: m.rollback(n))
+            del self._tokens[-n:]
             del self._states[-n:]
             if self._checks is not None:
                 del self._checks[-n:]
 
     def copy(self) -> Guide:
-        return Guide(self.index, self._matcher.deep_copy(), self._states, self._ended, self._checks)
+        matcher = (self._matcher.deep_copy(), self._lexer)
+        return Guide(self.index, matcher, self._tokens, self._states, self._ended, self._checks)
 
     def length_message(self) -> str:
         """What an engine says when max_tokens stops it inside this constraint."""
@@ -224,14 +235,45 @@ class Guide:
         )
 
     # ---- internals --------------------------------------------------------------------------
-    def _check_matcher(self) -> None:
-        """ConstraintError if the matcher hit one of its limits (the constraint is too
-        complex at this position); the request fails, nothing else does."""
+    def _run(self, op: Callable[[Any], Any]) -> Any:
+        """`op(matcher)`; if the matcher meets an error there, once more on a matcher of its
+        own at the same position (`_recover`). ConstraintError if it fails there too: this
+        guide's own text is past the limits (its request fails, no other does)."""
+        result = op(self._matcher)
         if self._matcher.is_error():
-            self.index.forget()  # its shared lexer may be spent: later requests rebuild
+            self._recover(self._matcher.get_error())
+            result = op(self._matcher)
+            if self._matcher.is_error():
+                raise ConstraintError(
+                    f"the constraint cannot continue here: {_reason(self._matcher.get_error())}"
+                )
+        return result
+
+    def _recover(self, error: str) -> None:
+        """The matcher met `error`. If it shared the index's lexer, that lexer may be spent for
+        every guide: report it (the index renews it) and go on from a matcher of its own,
+        advanced through this guide's tokens. ConstraintError if it had a lexer of its own
+        already, or if its tokens are past the limits even there."""
+        if self._lexer is None:
+            raise ConstraintError(f"the constraint cannot continue here: {_reason(error)}")
+        self.index.lexer_failed(self._lexer)
+        matcher = self.index.own_matcher(len(self._tokens))
+        if not matcher.consume_tokens(self._tokens) or matcher.is_error():
             raise ConstraintError(
-                f"the constraint cannot continue here: {_reason(self._matcher.get_error())}"
+                f"the constraint cannot continue here: {_reason(matcher.get_error())}"
             )
+        self._matcher, self._lexer = matcher, None
+
+    def _valid(self, token_id: int) -> bool:
+        """Whether the matcher takes the token; a refusal by a spent lexer is recovered from
+        (`refused_by_spent_lexer`) and the question asked again."""
+        if self._matcher.validate_tokens([token_id]) == 1:
+            return True
+        error = refused_by_spent_lexer(self._matcher, token_id)
+        if error is None:
+            return False
+        self._recover(error)
+        return self._matcher.validate_tokens([token_id]) == 1
 
     def _describe(self, token_id: int) -> str:
         vocab = self.index.vocab

@@ -10,12 +10,13 @@ vocabulary's token trie through that lexer (Rust, the GIL released). Nothing is 
 states decoding never reaches, so a new schema gives its first mask in milliseconds instead
 of the seconds an eager index over every state took (docs/benchmarks.md).
 
-An index is immutable and shared; each Guide owns an `LLMatcher` (its position). What is
-derived from a position -- the bitmask row, the forced bytes for jump-forward -- is cached on
-the index by *path*: the token sequence from the constraint's start determines the matcher's
-state exactly, so guides that went through the same tokens (forks, the items of a batch, the
-first mask of every request with this constraint) share one computation. Paths are the
-nodes of a bounded trie (`path_node`); past `MAX_PATH_NODES`, positions are not cached.
+An index is shared (what it matches never changes); each Guide owns an `LLMatcher` (its
+position). What is derived from a position -- the bitmask row, the forced bytes for
+jump-forward -- is cached on the index by *path*: the token sequence from the constraint's
+start determines the matcher's state exactly, so guides that went through the same tokens
+(forks, the items of a batch, the first mask of every request with this constraint) share one
+computation. Paths are the nodes of a bounded trie (`path_node`); past `MAX_PATH_NODES`,
+positions are not cached.
 
 Masks are exact for every token: a token is allowed iff its bytes keep the text a prefix of a
 match; EOS iff the text is a complete match. One refinement from llguidance: where the
@@ -25,7 +26,13 @@ jump-forward would emit) instead of every spelling.
 Bounds: llguidance's lexer limits (`LLParserLimits`: lexer fuel per step and at build, at most
 `MAX_LEXER_STATES` lexer states) cap the time and memory of one constraint; past them the
 constraint is refused (at build) or its request fails with ConstraintError (mid-decode),
-never the process.
+never the process, nor another request. Every matcher copied from an index's start shares one
+llguidance lexer (its states, built lazily, are the cache that makes copies cheap), and a
+lexer that hits a limit stays spent: every later transition of every copy is dead. So a
+matcher error renews the index's lexer (`lexer_failed`: a fresh start, once per lexer,
+counted by `lexer_renewals()`), and the cursor that met it goes on from a matcher of its own
+replaying its tokens (`own_matcher`, with the lexer fuel those tokens had when decoded one
+step at a time); only a cursor whose own text is past the limits fails.
 """
 
 from __future__ import annotations
@@ -48,21 +55,31 @@ if TYPE_CHECKING:
 STATE_CACHE_SIZE = 4096  # per index and per cache name; beyond this the oldest entries go
 MAX_PATH_NODES = 200_000  # cached positions per index (a dict entry each, ~100 bytes)
 MAX_LEXER_STATES = 50_000  # llguidance lexer states per constraint (~1-2 kB each)
+STEP_LEXER_FUEL = 200_000  # llguidance's lexer fuel for one mask step (its default)
+BUILD_LEXER_FUEL = 1_000_000  # ... and for building a matcher (its default)
 log = logging.getLogger(__name__)
 ROOT = 0  # the path node of a guide's start
 
 
 class TokenIndex:
-    """One pattern compiled for one vocabulary. Immutable; share it between threads."""
+    """One pattern compiled for one vocabulary; share it between threads. What it matches never
+    changes; its start's lexer is replaced after a matcher error (`lexer_failed`)."""
 
-    def __init__(self, pattern: str, vocab: TokenVocab, matcher: Any, check: Any = None) -> None:
-        """matcher: an `llguidance.LLMatcher` of the pattern at its start, which every guide
-        copies (a copy shares the compiled lexer); check: what guides check beside it
-        (`lmprog.fsm.checks`, the constraint's `check`). Use `TokenIndex.get`, which checks it."""
+    def __init__(
+        self, pattern: str, vocab: TokenVocab, ll_tokenizer: Any, check: Any = None
+    ) -> None:
+        """ll_tokenizer: the vocabulary's `llguidance.LLTokenizer` (`ll_tokenizer_for`); check:
+        what guides check beside the pattern (`lmprog.fsm.checks`, the constraint's `check`).
+        ConstraintError if llguidance refuses the pattern. Use `TokenIndex.get`, which also
+        checks that a token can start a match."""
         self.pattern = pattern
         self.vocab = vocab
         self.check = check
-        self._start = matcher
+        self._ll_tokenizer = ll_tokenizer
+        # the matcher at the start, which every guide copies (a copy shares its lexer), and
+        # that lexer's generation (lexer_failed replaces both)
+        self._start = _matcher(pattern, ll_tokenizer)
+        self._lexer = 0
         self._caches: dict[Hashable, _BoundedCache] = {}
         self._paths: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
@@ -88,22 +105,38 @@ class TokenIndex:
         """The index if it is already in memory, else None (never builds, never blocks)."""
         return _CACHE.peek(_key(_pattern_of(constraint), TokenVocab.from_tokenizer(tokenizer)))
 
-    def forget(self) -> None:
-        """Drop this index from the memory cache, so that the next request for its pattern
-        builds a fresh one: its guides share one llguidance lexer, and once that lexer has hit
-        one of its limits every guide of the index fails (the requests holding them fail;
-        later ones get a new lexer)."""
-        if _CACHE.evict(_key(self.pattern, self.vocab), self):
-            log.info("constraint index dropped after a matcher error: %s", _short(self.pattern))
-
     def new_guide(self) -> Guide:
         from lmprog.fsm.guide import Guide
 
         return Guide(self)
 
-    def new_matcher(self) -> Any:
-        """A fresh `llguidance.LLMatcher` at the start of the pattern (a copy: microseconds)."""
-        return self._start.deep_copy()
+    def new_matcher(self) -> tuple[Any, int]:
+        """A fresh `llguidance.LLMatcher` at the start of the pattern (a copy: microseconds)
+        and the generation of the lexer it shares (for `lexer_failed`)."""
+        with self._lock:
+            return self._start.deep_copy(), self._lexer
+
+    def lexer_failed(self, lexer: int) -> None:
+        """A matcher of generation `lexer` hit an error (a lexer or parser limit). Its lexer,
+        shared with every copy of that generation, may be spent for good, so the start gets a
+        new one (once per generation: a later report about an old one changes nothing) and
+        `lexer_renewals()` counts it. Matchers of the old generation stay as they are: a guide
+        holding one recovers when it meets the error (on an `own_matcher`)."""
+        with self._lock:
+            if lexer != self._lexer:
+                return
+            self._start = _matcher(self.pattern, self._ll_tokenizer)
+            self._lexer += 1
+        _RENEWALS.append(None)
+        log.info("constraint lexer renewed after a matcher error: %s", _short(self.pattern))
+
+    def own_matcher(self, steps: int) -> Any:
+        """A matcher at the start on a lexer of its own, shared with nobody (a limit it meets
+        harms no one else), with the lexer fuel of `steps` mask steps for what it consumes
+        before its first mask: a cursor's tokens read again, or a text `matches_bytes` reads."""
+        return _matcher(
+            self.pattern, self._ll_tokenizer, BUILD_LEXER_FUEL + STEP_LEXER_FUEL * steps
+        )
 
     # ---- shared per-position data -----------------------------------------------------------
     @property
@@ -196,7 +229,7 @@ def _lookup(constraint: Any, tokenizer: Any, inline: bool) -> Future[TokenIndex]
     check = getattr(constraint, "check", None)  # named in the pattern: part of the key
 
     def build() -> tuple[TokenIndex, int]:
-        index = TokenIndex(pattern, vocab, _matcher(pattern, ll_tokenizer), check)
+        index = TokenIndex(pattern, vocab, ll_tokenizer, check)
         _check_start(index)
         return index, 2 * len(pattern)
 
@@ -209,22 +242,36 @@ def _key(pattern: str, vocab: TokenVocab) -> str:
     return h.hexdigest()[:32]
 
 
-def _limits() -> Any:
+_RENEWALS: list[None] = []  # one entry per lexer renewal (list.append is atomic)
+
+
+def lexer_renewals() -> int:
+    """How many times, in this process, an index's lexer was rebuilt after a matcher error
+    (`TokenIndex.lexer_failed`): a request past the limits, or a lexer worn out by many."""
+    return len(_RENEWALS)
+
+
+def _limits(fuel: int = BUILD_LEXER_FUEL) -> Any:
     import llguidance
 
-    return llguidance.LLParserLimits(max_lexer_states=MAX_LEXER_STATES)
+    return llguidance.LLParserLimits(
+        max_lexer_states=MAX_LEXER_STATES,
+        initial_lexer_fuel=fuel,
+        step_lexer_fuel=STEP_LEXER_FUEL,
+    )
 
 
-def _matcher(pattern: str, ll_tokenizer: Any) -> Any:
-    """The pattern's llguidance matcher at its start; ConstraintError if llguidance refuses it
-    (a syntax it does not read, a lexer past the limits). The GIL is released meanwhile."""
+def _matcher(pattern: str, ll_tokenizer: Any, fuel: int = BUILD_LEXER_FUEL) -> Any:
+    """The pattern's llguidance matcher at its start (on a new lexer, with `fuel` for building
+    it and for what it consumes before its first mask); ConstraintError if llguidance refuses
+    it (a syntax it does not read, a lexer past the limits). The GIL is released meanwhile."""
     import llguidance
 
     if pattern.startswith("lark:"):
         grammar = llguidance.LLMatcher.grammar_from_lark(pattern[5:])
     else:
         grammar = llguidance.LLMatcher.grammar_from_regex(pattern)
-    matcher = llguidance.LLMatcher(ll_tokenizer, grammar, log_level=0, limits=_limits())
+    matcher = llguidance.LLMatcher(ll_tokenizer, grammar, log_level=0, limits=_limits(fuel))
     if matcher.is_error():
         raise ConstraintError(f"cannot compile {_short(pattern)}: {_reason(matcher.get_error())}")
     return matcher
@@ -329,10 +376,40 @@ def check_grammar(constraint: Any) -> None:
 
 def matches_bytes(constraint: Any, data: bytes) -> bool:
     """Whether `data` is a whole match of the constraint, through the token engine over a
-    one-byte-per-token vocabulary (linear in len(data), bounded by the lexer limits)."""
+    one-byte-per-token vocabulary (linear in len(data), bounded by the lexer limits; past
+    them, ConstraintError). These matchers compute no masks, so they spend the lexer fuel
+    left by the last one: where that runs out the lexer is renewed (`lexer_failed`) and the
+    text read again on a matcher of its own."""
     index = TokenIndex.get(constraint, BYTES)
-    matcher = index.new_matcher()
+    matcher, lexer = index.new_matcher()
     tokens = list(data)
-    if not (matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()):
+    consumed = matcher.try_consume_tokens(tokens)
+    if _failed(matcher, tokens, consumed) is not None:
+        index.lexer_failed(lexer)
+        matcher = index.own_matcher(len(tokens))
+        consumed = matcher.try_consume_tokens(tokens)
+        error = _failed(matcher, tokens, consumed)
+        if error is not None:
+            raise ConstraintError(f"cannot tell whether the text matches: {_reason(error)}")
+    if not (consumed == len(tokens) and matcher.is_accepting()):
         return False
     return index.check is None or index.check.step(index.check.start(), data) is not None
+
+
+def _failed(matcher: Any, tokens: list[int], consumed: int) -> str | None:
+    """The error that stopped `try_consume_tokens(tokens)` at `consumed`, if it was not the
+    text's own mismatch."""
+    if matcher.is_error():
+        return matcher.get_error()
+    return None if consumed == len(tokens) else refused_by_spent_lexer(matcher, tokens[consumed])
+
+
+def refused_by_spent_lexer(matcher: Any, token_id: int) -> str | None:
+    """The lexer's error if a matcher refused `token_id` (validating it, or trying to consume
+    it) because its lexer is spent, else None. On a spent lexer every transition is dead,
+    with no error until a token is consumed, which a copy then does (llguidance reports the
+    lexer's error before any other)."""
+    probe = matcher.deep_copy()
+    probe.consume_token(token_id)
+    error = probe.get_error() if probe.is_error() else ""
+    return error if error.startswith("lexer error") else None

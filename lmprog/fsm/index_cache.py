@@ -61,16 +61,6 @@ class IndexCache:
             self._run(key, build, future)
         return future
 
-    def evict(self, key: str, value: Any) -> bool:
-        """Forget `key` if it still holds `value` (not a newer build); True if it did."""
-        with self._lock:
-            entry = self._lru.get(key)
-            if entry is None or entry[0] is not value:
-                return False
-            del self._lru[key]
-            self._bytes -= entry[1]
-            return True
-
     def clear(self) -> None:
         """Forget every entry."""
         with self._lock:

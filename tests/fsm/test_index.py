@@ -226,19 +226,3 @@ def test_concurrent_gets_return_one_index(toy):
     for t in threads:
         t.join()
     assert len(results) == 6 and all(r is results[0] for r in results)
-
-
-def test_a_matcher_error_mid_decode_drops_the_index_from_the_cache(monkeypatch):
-    """Guides of one index share its lexer: once it hits a limit, that request fails and
-    the index is forgotten, so the next request for the pattern gets a fresh lexer."""
-    monkeypatch.setattr(index_mod, "MAX_LEXER_STATES", 40)
-    pattern = "(a|b)*a(a|b){8}"  # the lexer meets a new state at almost every byte
-    index = TokenIndex.get(pattern, ABC)
-    guide = index.new_guide()
-    with pytest.raises(ConstraintError, match="cannot continue"):
-        for token in [0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 0, 0, 0, 1, 0, 1] * 4:
-            guide.advance(token)
-            guide.bitmask_words()
-    assert TokenIndex.cached(pattern, ABC) is None
-    fresh = TokenIndex.get(pattern, ABC)
-    assert fresh is not index and fresh.new_guide().bitmask_words().any()
