@@ -258,8 +258,14 @@ class Engine:
                 return
             self._waiting.popleft()
             job.slot = lease.slot
-            if job.reused is None:
-                job.reused = lease.reused
+            if job.reused is None:  # its first admission: its prompt counted here, as the
+                job.reused = lease.reused  # runtime counts admitted prompts
+                if job.gen is not None:
+                    self._counters.add(
+                        prompt_tokens=job.prompt_len,
+                        cached_tokens=job.reused,
+                        prefix_hits=int(bool(job.reused)),
+                    )
             self._running.append(job)
 
     def _plan(self) -> tuple[list[Row], list[Job]]:
@@ -387,12 +393,7 @@ class Engine:
     # ---- leaving -----------------------------------------------------------------------------
     def _finish(self, job: Job, error: BaseException | None = None) -> None:
         state = job.state
-        self._counters.add(
-            requests=1,
-            prompt_tokens=job.prompt_len,
-            cached_tokens=job.reused or 0,
-            prefix_hits=int(bool(job.reused)),
-        )
+        self._counters.add(requests=1)
         self._leave(job)
         if error is not None:
             job.put_outcome(None, error)

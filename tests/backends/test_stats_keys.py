@@ -1,6 +1,7 @@
 """Both sampling backends report the engine gauges under the same stats() keys (what /metrics
 and the server's engine line read): running and queued requests, prefix cache hit rate, KV
-usage, generated tokens counted as they are made, throughput over busy time (issue 28)."""
+usage, prompts counted when admitted and generated tokens as they are made, throughput over
+busy time (issue 28)."""
 
 from __future__ import annotations
 
@@ -42,10 +43,12 @@ def test_the_engine_gauges_share_their_names(kind):
         assert set(SHARED) <= set(backend.stats()), kind
         prompt = "The quick brown fox jumps over the lazy dog. " * 4
         params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-        seen = []
+        seen, prompts = [], []
 
-        def streamed(piece):  # generated tokens are counted while the request runs
-            seen.append(backend.stats()["generated_tokens"])
+        def streamed(piece):  # prompt and generated tokens counted while the request runs
+            stats = backend.stats()
+            seen.append(stats["generated_tokens"])
+            prompts.append(stats["prompt_tokens"])
 
         backend.generate(GenerateRequest(prompt, params), stream=streamed)
         backend.generate(GenerateRequest(prompt, params))  # the prompt again: a cache hit
@@ -54,6 +57,7 @@ def test_the_engine_gauges_share_their_names(kind):
         backend.shutdown()
     assert stats["generated_tokens"] == 12
     assert 0 < seen[-1] <= 6 and seen == sorted(seen)
+    assert prompts[0] > 0  # counted when admitted
     assert stats["cached_tokens"] > 0 and 0 < stats["cache_hit_rate"] <= 0.5
     assert 0 < stats["kv_used"] <= stats["kv_capacity"]
     assert stats["kv_usage"] == pytest.approx(stats["kv_used"] / stats["kv_capacity"])
