@@ -43,6 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         backend_options(args)
         server_limits(args)
+        if not args.stats_interval >= 0:
+            raise ValueError(f"--stats-interval must be >= 0, got {args.stats_interval}")
     except ValueError as exc:  # a flag that does not apply to the chosen backend, a bad limit
         parser.error(str(exc))
     try:
@@ -170,6 +172,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=defaults.constraint_timeout_s,
         help="seconds a request's regex/schema/tools may take to compile "
         f"(default {defaults.constraint_timeout_s:g}; 400 constraint_timeout after it)",
+    )
+    p.add_argument(
+        "--stats-interval",
+        type=float,
+        default=10.0,
+        help="seconds between the engine lines logged at info while requests run (running "
+        "and queued requests, generation and prompt tokens/s, prefix cache hit rate, KV "
+        "cache usage); 0: none (default 10)",
     )
     p.add_argument(
         "--allow-special-tokens",
@@ -354,6 +364,7 @@ def serve(args: argparse.Namespace) -> int:
         port=args.port,
         api_key=args.api_key,
         model_name=args.served_model_name,
+        stats_interval_s=args.stats_interval or None,
         **{f.name: getattr(limits, f.name) for f in dataclasses.fields(limits)},
     )
     try:

@@ -1,6 +1,7 @@
 """The ASGI layer in front of the routes: API key, body size limit, request metrics, and one
 access line per request on the `lmprog.serve.access` logger (info): client, method, path,
-status, duration, prompt and completion tokens.
+status, duration, prompt tokens (and those of them served from the prefix cache), completion
+tokens.
 
 401  /v1/* and /metrics without `Authorization: Bearer KEY` (when a key is set; the scheme
      is case-insensitive, RFC 7235: `bearer KEY` too)
@@ -23,7 +24,8 @@ access_log = logging.getLogger("lmprog.serve.access")
 OPEN_PATHS = frozenset({"/health"})
 ARRIVAL = "lmprog_arrival"  # the scope state key of a request's time.perf_counter() arrival
 KNOWN_PATHS = frozenset(
-    {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}
+    {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models"}
+    | {"/health", "/metrics"}
     | {"/generate", "/get_model_info", "/flush_cache", "/health_generate"}  # SGLang's native API
 )
 
@@ -41,7 +43,7 @@ class Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"] if scope["path"] in KNOWN_PATHS else "other"
+        path = path_label(scope["path"])
         started, status = time.perf_counter(), [0]
         scope.setdefault("state", {})[ARRIVAL] = started  # request.state: TTFT, e2e latency
 
@@ -50,7 +52,7 @@ class Gate:
                 status[0] = message["status"]
             await send(message)
 
-        tokens = [0, 0]
+        tokens = [0, 0, 0]
         REQUEST_TOKENS.set(tokens)  # this request's own context (ASGI runs each in a task)
         self._metrics.in_flight.inc()
         try:
@@ -66,13 +68,14 @@ class Gate:
             if access_log.isEnabledFor(logging.INFO):
                 client = scope.get("client")
                 access_log.info(
-                    '%s "%s %s" %s %.3fs prompt_tokens=%d completion_tokens=%d',
+                    '%s "%s %s" %s %.3fs prompt_tokens=%d cached_tokens=%d completion_tokens=%d',
                     f"{client[0]}:{client[1]}" if client else "-",
                     scope.get("method", "-"),
                     scope.get("path", "-"),
                     status[0] or "-",
                     seconds,
                     tokens[0],
+                    tokens[2],
                     tokens[1],
                 )
 
@@ -103,6 +106,18 @@ class Gate:
             return message
 
         return limited
+
+
+def path_label(path: str) -> str:
+    """The `path` label of a request's metrics: the route it reached (a route with a path
+    parameter under its template, so labels stay few), else "other"."""
+    if path in KNOWN_PATHS:
+        return path
+    if path.startswith("/v1/models/"):  # a model name may hold slashes (org/name)
+        return "/v1/models/{model}"
+    if path.startswith("/v1/responses/") and "/" not in path[len("/v1/responses/") :]:
+        return "/v1/responses/{response_id}"
+    return "other"
 
 
 def _bearer_token(header: bytes) -> bytes:

@@ -58,8 +58,8 @@ _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 
 _TPOT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 
 
-# [prompt, completion] tokens of the HTTP request being answered (set by the Gate; the
-# handlers' tasks share the list, so usage counted in a streaming task reaches it too).
+# [prompt, completion, cached prompt] tokens of the HTTP request being answered (set by the
+# Gate; the handlers' tasks share the list, so usage counted in a streaming task reaches it).
 REQUEST_TOKENS: contextvars.ContextVar[list[int]] = contextvars.ContextVar("lmprog_tokens")
 
 
@@ -144,6 +144,7 @@ class ServerMetrics:
         if tally is not None:  # the request's access log line reports them
             tally[0] += prompt_tokens
             tally[1] += completion_tokens
+            tally[2] += cached_tokens
         self.prompt_tokens.inc(prompt_tokens)
         self.completion_tokens.inc(completion_tokens)
         self.cached_prompt_tokens.inc(cached_tokens)

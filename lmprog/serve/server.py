@@ -17,6 +17,7 @@ from typing import Any
 
 from lmprog.core.protocol import Backend
 
+from .engine_log import EngineLog
 from .limits import LIMIT_NAMES, ServerLimits
 
 
@@ -28,6 +29,8 @@ class Server:
         host, port: where to listen (port 0 picks a free port; see `url`).
         api_key: when set, /v1/* and /metrics need `Authorization: Bearer <api_key>`.
         model_name: the name clients use (default: the backend's model_name, else "lmprog").
+        stats_interval_s: seconds between the engine lines logged while the backend is busy
+            (`lmprog.serve.engine` at info, see engine_log.py); None: none.
         **limits: ServerLimits fields (max_body_bytes, max_n, max_tokens, ...).
     """
 
@@ -39,6 +42,7 @@ class Server:
         port: int = 0,
         api_key: str | None = None,
         model_name: str | None = None,
+        stats_interval_s: float | None = 10.0,
         **limits: Any,
     ) -> None:
         if not isinstance(backend, Backend):
@@ -52,11 +56,15 @@ class Server:
             raise ValueError(f"port must be in [0, 65536), got {port!r}")
         if api_key is not None and (not isinstance(api_key, str) or not api_key):
             raise ValueError("api_key must be a non-empty string or None")
+        if stats_interval_s is not None and not stats_interval_s > 0:
+            raise ValueError(f"stats_interval_s must be > 0 or None, got {stats_interval_s!r}")
         self.backend = backend
         self.host, self.port = host, port
         self.api_key = api_key
         self.model_name = model_name or getattr(backend, "model_name", None) or "lmprog"
         self.limits = ServerLimits(**limits)
+        self.stats_interval_s = stats_interval_s
+        self._engine_log: EngineLog | None = None
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._app: Any = None
@@ -83,6 +91,8 @@ class Server:
         )
         self._thread.start()
         self._wait_started(timeout)
+        if self.stats_interval_s is not None:
+            self._engine_log = EngineLog(self.backend.stats, self.stats_interval_s).start()
         return self
 
     def _serve(self, sock: socket.socket) -> None:
@@ -107,6 +117,9 @@ class Server:
         """Stop serving (open streams are cancelled, their requests aborted). Idempotent."""
         if self._thread is None:
             return
+        if self._engine_log is not None:
+            self._engine_log.stop()
+            self._engine_log = None
         self._server.should_exit = True
         self._thread.join(10)
         self._app.state.ctx.executor.shutdown(wait=False, cancel_futures=True)

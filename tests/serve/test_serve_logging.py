@@ -145,3 +145,25 @@ def test_serve_logs_each_start_up_step_then_requests():
     ):
         assert step in text, (step, text)
     assert '"POST /v1/completions" 200 ' in lines[-1] and "completion_tokens=2" in lines[-1]
+
+
+def test_metrics_and_access_lines_on_llamacpp(server, caplog):
+    """/v1/responses has its own path label; the access line tells the cached prompt tokens;
+    llama.cpp's engine gauges reach /metrics under the runtime's names."""
+    caplog.set_level(logging.INFO, logger="lmprog.serve.access")
+    body = {"model": server.model_name, "input": "Say hello.", "max_output_tokens": 4}
+    for _ in range(2):  # the second prompt is served from the prefix cache
+        _post(server.url + "/v1/responses", body)
+    with urllib.request.urlopen(server.url + "/metrics", timeout=60) as r:
+        metrics = r.read().decode()
+    assert 'lmprog_http_requests_total{path="/v1/responses",status="200"} 2.0' in metrics
+    for name in (
+        "lmprog_prefix_cache_hit_rate",
+        "lmprog_kv_cache_usage_ratio",
+        "lmprog_engine_gen_tokens_per_second",
+        "lmprog_requests_running",
+    ):
+        assert f"\n{name} " in metrics, name
+    lines = [r.getMessage() for r in caplog.records if r.name == "lmprog.serve.access"]
+    responses = [line for line in lines if '"POST /v1/responses" 200 ' in line]
+    assert len(responses) == 2 and "cached_tokens=0 " not in responses[1], responses

@@ -152,3 +152,13 @@ def test_prometheus_text():
     # two servers in one process count apart (a registry each)
     other = ServerMetrics().render().decode()
     assert "lmprog_prompt_tokens_total 0.0" in other and "lmprog_requests_running" not in other
+
+
+def test_metrics_path_labels_name_the_route():
+    from lmprog.serve.gate import path_label
+
+    assert path_label("/v1/responses") == "/v1/responses"
+    assert path_label("/v1/responses/resp_123") == "/v1/responses/{response_id}"
+    assert path_label("/v1/models/org/name") == "/v1/models/{model}"
+    assert path_label("/v1/chat/completions") == "/v1/chat/completions"
+    assert path_label("/v1/responses/a/b") == path_label("/nope") == "other"
