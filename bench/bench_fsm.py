@@ -38,9 +38,10 @@ decode steps on fixed-key schemas.
 Single-threaded (torch.set_num_threads(1), xgrammar max_threads=1). Instances are serialized
 with `json.dumps(x, ensure_ascii=False)`: ", " and ": " separators, which lmprog's default
 whitespace (`[ ]?` between JSON tokens), xgrammar's `any_whitespace=True` and llguidance's
-flexible whitespace all accept. xgrammar runs with `strict_mode=False` so that it follows the
-schema's additionalProperties (its default closes every object); object keys are written in
-the schema's order (xgrammar requires it).
+flexible whitespace all accept. xgrammar runs with `strict_mode=False` and lmprog with
+`strict=False` so that both follow the schema's additionalProperties (their defaults close
+objects that list their keys); object keys are written in the schema's order (xgrammar
+requires it).
 """
 
 from __future__ import annotations
@@ -526,7 +527,9 @@ class LmprogEngine:
 
     def first_mask(self, schema: Any) -> tuple[Any, dict]:
         clear_memory_cache()
-        constraint, compile_s = timed(lambda: self.Constraint.from_json_schema(schema))
+        constraint, compile_s = timed(
+            lambda: self.Constraint.from_json_schema(schema, strict=False)
+        )
         index, index_s = timed(lambda: TokenIndex.get(constraint, self.tok))
         _, mask_s = timed(lambda: allowed_bitmask([index.new_guide()], self.width))
         return index, {

@@ -70,9 +70,24 @@ class Constraint:
         any_depth: int | None = json_schema.DEFAULT_ANY_DEPTH,
         max_schema_depth: int = json_schema.DEFAULT_MAX_SCHEMA_DEPTH,
         max_pattern_chars: int = json_schema.DEFAULT_MAX_PATTERN_CHARS,
+        strict: bool = True,
     ) -> Constraint:
-        """A JSON schema (dict, JSON string or pydantic model class); see ``lmprog.fsm.json_schema``
-        for the exact language. ``whitespace``: regex allowed between JSON tokens (default
+        """A JSON schema (dict, JSON string, pydantic model class, or a Python type pydantic
+        describes: ``Literal[...]``, ``list[int]``, ``dict[str, int]``, a TypedDict, a dataclass,
+        an Enum, ``Optional``/unions of them); see ``lmprog.fsm.json_schema`` for the exact
+        language.
+
+        ``strict`` (default True, for generation): an object whose schema lists its keys
+        (``properties``/``required``) gets no other key unless ``additionalProperties`` (true or
+        a schema), ``patternProperties``, ``unevaluatedProperties`` or ``propertyNames`` speak
+        for them, and ``prefixItems`` without ``items`` gets no further item; what strict
+        generates is always valid under the schema (``lmprog.fsm.json_schema.strict`` says
+        exactly what it closes and what it leaves open: ``{"type": "object"}`` stays any
+        object). ``strict=False`` is JSON Schema's own reading (an object accepts unlisted keys
+        unless the schema forbids them), for validation with ``matches`` and for users who want
+        it. ``matches`` judges by the reading the constraint was built with.
+
+        ``whitespace``: regex allowed between JSON tokens (default
         ``[ ]?``; JSON whitespace characters only); recursive ``$ref`` is a rule of the grammar
         (any depth), except where ``allOf``/``not``/``unevaluated*`` must look inside it: there
         it is unrolled ``max_recursion_depth`` times; ``any_depth``: container nesting of values
@@ -89,12 +104,14 @@ class Constraint:
             any_depth=any_depth,
             max_schema_depth=max_schema_depth,
             max_pattern_chars=max_pattern_chars,
+            strict=strict,
         )
         source = json.dumps(document, ensure_ascii=False, default=repr)
         options = (
             ("whitespace", whitespace),
             ("max_recursion_depth", max_recursion_depth),
             ("any_depth", any_depth),
+            ("strict", strict),
         )
         return cls("json_schema", "", source, options, lark=grammar.lark, check=grammar.check)
 
@@ -130,6 +147,12 @@ class Constraint:
         return cls("dtype", d.pattern, d.name)
 
     # ------------------------------------------------------------------ use
+
+    @property
+    def strict(self) -> bool | None:
+        """For a JSON schema, whether it was built for strict generation (see
+        ``from_json_schema``); None for the other kinds."""
+        return dict(self.options).get("strict") if self.kind == "json_schema" else None
 
     @property
     def cache_key(self) -> str:

@@ -8,7 +8,9 @@ from lmprog.fsm import Constraint
 from lmprog.fsm import compose as c
 from lmprog.fsm.regex import compile_user_regex, raw
 
-ARGS = Constraint.from_json_schema({"type": "object", "properties": {"city": {"type": "string"}}})
+ARGS = Constraint.from_json_schema(
+    {"type": "object", "properties": {"city": {"type": "string"}}}, strict=False
+)
 ANSWER = Constraint.from_json_schema(
     {
         "type": "object",

@@ -12,7 +12,10 @@ The canonical shape:
   most one space) may appear after ``{``/``[``/``,``/``:`` and before ``,``/``:``/``}``/``]``,
   never around the top-level value; bounded whitespace keeps a model from looping on newlines;
 * objects: named properties in declaration order (``properties`` first, then other ``required``
-  keys), any optional one left out, then other keys (``objects``); a key is written once
+  keys), any optional one left out, then other keys (``objects``); with ``strict`` (the
+  default) no other key where the schema lists its keys and no keyword allows others, and no
+  item past ``prefixItems`` without ``items`` (``strict``: a subset of the valid values;
+  ``strict=False``: the spec's reading); a key is written once
   (checked as the text is decoded where ``minProperties`` counts keys the schema does not
   name, ``lmprog.fsm.checks``);
 * numbers: integers without fraction or exponent; bounded numbers without exponent (``numbers``);
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import typing
 from typing import NamedTuple
 
 from lmprog.core.errors import ConstraintError
@@ -72,6 +76,7 @@ MAX_WORK = 15_000
 __all__ = [
     "build_grammar",
     "load_schema",
+    "python_type",
     "DEFAULT_WHITESPACE",
     "DEFAULT_RECURSION_DEPTH",
     "DEFAULT_ANY_DEPTH",
@@ -81,7 +86,8 @@ __all__ = [
 
 
 def load_schema(schema):
-    """A schema document (dict or bool) from a dict, a JSON string or a pydantic model class."""
+    """A schema document (dict or bool) from a dict, a JSON string, a pydantic model class or a
+    Python type pydantic describes (``python_type``)."""
     if isinstance(schema, (dict, bool)):
         return schema
     if isinstance(schema, str):
@@ -91,17 +97,46 @@ def load_schema(schema):
             raise ConstraintError(f"json_schema string is not valid JSON: {e}") from None
         except RecursionError:
             raise ConstraintError("json_schema string nests too deeply to parse") from None
-    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        try:
+    if python_type(schema) is None:
+        raise TypeError(
+            "json_schema must be a dict, a JSON string, a pydantic model class or a Python type "
+            f"(Literal[...], list[int], a dataclass, an Enum...), got {type(schema).__name__}"
+        )
+    try:
+        if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
             return schema.model_json_schema()
-        except RecursionError:
-            raise ConstraintError(
-                f"the pydantic model {schema.__name__} nests too deeply for a JSON schema"
-            ) from None
-    raise TypeError(
-        "json_schema must be a dict, a JSON string or a pydantic model class, "
-        f"got {type(schema).__name__}"
-    )
+        return _type_schema(schema)
+    except RecursionError:
+        raise ConstraintError(
+            f"the type {_type_name(schema)} nests too deeply for a JSON schema"
+        ) from None
+
+
+def python_type(schema):
+    """``schema`` if it is a Python type form (a class: pydantic model, dataclass, TypedDict,
+    Enum, int...; or a typing form: ``Literal[...]``, ``list[int]``, ``dict[str, int]``,
+    ``Optional[...]``, ``X | Y``); else None. Its values parse back as that type."""
+    if isinstance(schema, type) or typing.get_origin(schema) is not None:
+        return schema
+    return None
+
+
+def _type_schema(tp) -> dict:
+    """The JSON schema pydantic writes for ``tp`` (what it validates, so a generated text
+    parses back as ``tp``)."""
+    from pydantic import PydanticUserError, TypeAdapter
+
+    try:
+        return TypeAdapter(tp).json_schema()
+    except PydanticUserError as e:  # includes PydanticSchemaGenerationError
+        raise ConstraintError(
+            f"json_schema={_type_name(tp)}: pydantic cannot describe this type as a JSON "
+            f"schema: {str(e).splitlines()[0]}"
+        ) from None
+
+
+def _type_name(tp) -> str:
+    return tp.__name__ if isinstance(tp, type) else repr(tp)
 
 
 def _nesting(document, limit: int) -> int:
@@ -126,10 +161,16 @@ def build_grammar(
     any_depth: int | None = DEFAULT_ANY_DEPTH,
     max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH,
     max_pattern_chars: int = DEFAULT_MAX_PATTERN_CHARS,
+    strict: bool = True,
 ) -> Grammar:
     """The grammar of a JSON schema document (Lark text, and the check of distinct items
-    where the schema asks for them over open sets); ConstraintError if it has none that is exact, if the document nests deeper than `max_schema_depth` dicts and lists, or if its
-    grammar (or one of its lexemes' regexes) would grow past `max_pattern_chars` characters."""
+    where the schema asks for them over open sets); ConstraintError if it has none that is
+    exact, if the document nests deeper than `max_schema_depth` dicts and lists, or if its
+    grammar (or one of its lexemes' regexes) would grow past `max_pattern_chars` characters.
+    `strict`: objects and tuples get only what the schema lists (``strict``); False: the
+    spec's reading (objects open unless the schema closes them)."""
+    if not isinstance(strict, bool):
+        raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
     for name, value, least in (
         ("max_recursion_depth", max_recursion_depth, 0),
         ("any_depth", 0 if any_depth is None else any_depth, 0),
@@ -150,11 +191,18 @@ def build_grammar(
         registry = Registry(document)
         try:
             grammar = _grammar(
-                document, ws, max_recursion_depth, any_depth, max_pattern_chars, registry
+                document, ws, max_recursion_depth, any_depth, max_pattern_chars, registry, strict
             )
         except Unroll:  # recursion under allOf/not/unevaluated*: unrolled to a bounded depth
             grammar = _grammar(
-                document, ws, max_recursion_depth, any_depth, max_pattern_chars, registry, True
+                document,
+                ws,
+                max_recursion_depth,
+                any_depth,
+                max_pattern_chars,
+                registry,
+                strict,
+                unroll=True,
             )
     except RecursionError:
         raise ConstraintError(
@@ -171,12 +219,12 @@ def build_grammar(
 
 
 def _grammar(
-    document, ws, max_recursion_depth, any_depth, max_chars, registry, unroll=False
+    document, ws, max_recursion_depth, any_depth, max_chars, registry, strict, unroll=False
 ) -> Grammar:
     with pattern_limit(max_chars), fragment_limit(max_chars), work_limit(MAX_WORK):
         builder = Builder(document, max_recursion_depth, unroll, registry)
         node = builder.build_root(document)
-        emitter = Emitter(ws, any_depth, builder.bodies)
+        emitter = Emitter(ws, any_depth, builder.bodies, strict)
         out = emitter.node(node)
         if out is None:
             raise ConstraintError("the schema accepts no JSON value")

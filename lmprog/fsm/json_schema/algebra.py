@@ -249,6 +249,7 @@ def _meet_obj(x: ObjT, y: ObjT) -> ObjT | None:
             eval_names=x.eval_names | y.eval_names,
             eval_patterns=x.eval_patterns | y.eval_patterns,
             eval_all=x.eval_all or y.eval_all,
+            listed=x.listed or y.listed,
         )
     )
 

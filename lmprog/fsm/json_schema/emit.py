@@ -20,6 +20,7 @@ from lmprog.fsm.json_schema.lark import Frag, Ref, alt, cat, group, tok
 from lmprog.fsm.json_schema.numbers import NUMBER, number_regex, value_regex
 from lmprog.fsm.json_schema.objects import object_regex
 from lmprog.fsm.json_schema.sequences import Slot, separated
+from lmprog.fsm.json_schema.strict import generated as strict_terms
 from lmprog.fsm.json_schema.strings import json_text, string_lexeme
 from lmprog.fsm.json_schema.terms import (
     ArrT,
@@ -42,11 +43,15 @@ _FINITE_LIMIT = 256
 
 class Emitter:
     """Writes nodes as grammar fragments; one per compile (it memoizes by node). ``rules``:
-    the named rules its fragments refer to (``any``, recursive references)."""
+    the named rules its fragments refer to (``any``, recursive references). ``strict``: objects
+    and arrays written as strict generation has them (``strict.generated``)."""
 
-    def __init__(self, ws: R, any_depth: int | None, bodies: dict | None = None):
+    def __init__(
+        self, ws: R, any_depth: int | None, bodies: dict | None = None, strict: bool = False
+    ):
         assert any_depth is None or any_depth >= 0
         self.ws, self.any_depth = ws, any_depth
+        self.generated = strict_terms if strict else (lambda t: t)
         self.sep = tok(rcat(ws, lit(","), ws))
         self.colon = tok(rcat(ws, lit(":"), ws))
         self._open = {c: tok(rcat(lit(c), ws)) for c in "{["}
@@ -140,12 +145,15 @@ class Emitter:
             return tok(number_regex(t))
         if isinstance(t, StrT):
             return string_lexeme(t)
-        if isinstance(t, ArrT):
-            return array_regex(t, self)
         if isinstance(t, RefT):
             return self.reference(t)
-        assert isinstance(t, ObjT), t
-        return object_regex(t, self)
+        assert isinstance(t, (ArrT, ObjT)), t
+        write = array_regex if isinstance(t, ArrT) else object_regex
+        closed = self.generated(t)
+        frag = write(closed, self)
+        if frag is None and closed is not t:  # closing left no value: the term stays open
+            frag = write(t, self)
+        return frag
 
     def reference(self, t: RefT) -> Frag:
         """The rule of a recursive reference (written once; inside it, itself)."""
@@ -215,6 +223,8 @@ class Emitter:
             return [None]
         if isinstance(t, (BoolT, NumT, StrT)):
             return None if t.values is None else sorted(t.values, key=repr)
+        if isinstance(t, ArrT):
+            t = self.generated(t)
         if isinstance(t, ArrT) and t.rest.never and not (t.contains or t.unique or t.repeats):
             choices = [self.finite_values(n) for n in t.prefix]
             if any(c is None for c in choices):

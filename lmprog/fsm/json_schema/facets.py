@@ -234,6 +234,7 @@ def _object(schema: dict, path: str, sub: Sub) -> ObjT | None:
             eval_names=frozenset(k for k in schema.get("properties", {})),
             eval_patterns=frozenset(src for src, _ in patterns),
             eval_all=has_additional,
+            listed="properties" in schema or "required" in schema,
         )
     )
 

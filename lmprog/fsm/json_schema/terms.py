@@ -150,6 +150,9 @@ class ObjT:
     eval_names: frozenset = frozenset()
     eval_patterns: frozenset = frozenset()
     eval_all: bool = False
+    # the schema lists the object's keys (``properties`` or ``required``, even empty): strict
+    # generation writes no other key unless a keyword governs them (``strict``)
+    listed: bool = False
 
     def prop(self, key: str) -> Node | None:
         for k, v in self.props:
