@@ -74,9 +74,11 @@ def constraint_fields(constraint: Any, regex_field: str | None) -> dict[str, Any
     """Body fields that ask the server for output matching `constraint` (None: none).
 
     A JSON-schema constraint becomes `response_format` json_schema (OpenAI's structured
-    output). A regex, choices or dtype constraint has no OpenAI field: it goes in
-    `regex_field` if the server has one (vLLM: "guided_regex", SGLang: "regex"), else
-    raises BackendError before any call.
+    output), `strict` as the constraint was built (`Constraint.from_json_schema(strict=)`:
+    true, the default, asks for no keys the schema does not list; false for the spec's open
+    objects, which OpenAI's strict mode refuses). A regex, choices or dtype constraint has no
+    OpenAI field: it goes in `regex_field` if the server has one (vLLM: "guided_regex",
+    SGLang: "regex"), else raises BackendError before any call.
     """
     if constraint is None:
         return {}
@@ -85,7 +87,11 @@ def constraint_fields(constraint: Any, regex_field: str | None) -> dict[str, Any
         return {
             "response_format": {
                 "type": "json_schema",
-                "json_schema": {"name": "output", "schema": schema, "strict": True},
+                "json_schema": {
+                    "name": "output",
+                    "schema": schema,
+                    "strict": constraint.strict is not False,
+                },
             }
         }
     if constraint.kind == "ebnf":

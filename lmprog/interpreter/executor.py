@@ -362,14 +362,19 @@ def _parse(node: Gen, result: GenerateResult) -> tuple[Any, Parsed | None]:
 
 
 def _typed(node: Gen, text: str, value: Any) -> Parsed:
-    """`parsed()` of a constrained gen whose text matched: the JSON value (a pydantic
-    instance for a model class), else the constraint's value (a dtype's int/float/bool/str)."""
+    """`parsed()` of a constrained gen whose text matched: the JSON value (an instance of the
+    type given as json_schema: a pydantic model, a dataclass, an Enum member, a list of them...),
+    else the constraint's value (a dtype's int/float/bool/str)."""
     if getattr(node.constraint, "kind", None) != "json_schema":
         return Parsed(value)
     try:
-        if node.schema_class is not None and hasattr(node.schema_class, "model_validate_json"):
+        if node.schema_class is None:
+            return Parsed(json.loads(text))
+        if hasattr(node.schema_class, "model_validate_json"):
             return Parsed(node.schema_class.model_validate_json(text))
-        return Parsed(json.loads(text))
+        from pydantic import TypeAdapter  # the type's schema came from pydantic too
+
+        return Parsed(TypeAdapter(node.schema_class).validate_json(text))
     except ValueError as e:  # json's and pydantic's errors are ValueErrors
         return Parsed(
             error=f"gen({node.name!r}, json_schema) matched the schema's grammar but does not "

@@ -180,7 +180,8 @@ class Gen(Expr):
     (field, value) pairs; `sampling_params` merges them over the run's defaults.
     `constraint` is an `lmprog.fsm.Constraint` or None; `constraint_spec` says how it was
     asked for ("regex", "json_schema", "dtype=int") for printing. `schema_class` is the
-    pydantic model class given as json_schema, if any (what `state.parsed(name)` builds).
+    pydantic model class or Python type given as json_schema, if any (what
+    `state.parsed(name)` builds).
     """
 
     name: str | None

@@ -77,8 +77,14 @@ def gen(
     At most one constraint:
       - `regex="..."`: the output matches the regular expression exactly (SGLang's
         `lp.REGEX_INT`, `lp.REGEX_FLOAT`, `lp.REGEX_BOOL` and `lp.REGEX_STR` are provided);
-      - `json_schema=`: a dict, a JSON string or a pydantic model class; the output is JSON
-        valid under it; the variable holds the text, `state.parsed(name)` the dict or model;
+      - `json_schema=`: a dict, a JSON string, a pydantic model class, a Python type
+        (`Literal[...]`, `list[int]`, `dict[str, int]`, a TypedDict, a dataclass, an Enum,
+        unions of them) or an `lp.Constraint.from_json_schema(...)`; the output is JSON valid
+        under it, objects holding only the keys the schema lists unless it allows others
+        (`strict`, see `lp.Constraint.from_json_schema`; pass a Constraint built with
+        `strict=False` for the spec's open objects); the variable holds the text,
+        `state.parsed(name)` the value as the type given (a model, dataclass or Enum member;
+        a dict for a schema);
       - `dtype=int | float | bool | str`: the output is a literal of that type and the
         variable holds the parsed Python value (`s["n"]` is an int for `dtype=int`); as in
         SGLang, a number ends at a space or newline, and here also at `,;)]}` (and `.` after
@@ -132,8 +138,7 @@ def gen(
     if choices_method is not None:
         raise TypeError("gen(choices_method=...) applies only with choices=[...]")
     constraint, spec = _build_constraint(regex, json_schema, dtype, ebnf)
-    schema_class = json_schema if isinstance(json_schema, type) else None  # a pydantic model
-    return Gen(name, overrides, constraint, spec, schema_class)
+    return Gen(name, overrides, constraint, spec, _python_type(json_schema))
 
 
 def gen_int(
@@ -363,10 +368,28 @@ def _build_constraint(
             raise TypeError(f"regex must be a str, got {type(regex).__name__}")
         return _constraint_class().from_regex(regex), f"regex={regex!r}"
     if json_schema is not None:
-        return _constraint_class().from_json_schema(json_schema), "json_schema"
+        constraint_class = _constraint_class()
+        if isinstance(json_schema, constraint_class):
+            if json_schema.kind != "json_schema":
+                raise TypeError(
+                    f"gen(json_schema=...) takes a json_schema Constraint, got a {json_schema.kind} "
+                    "one: pass it as regex=/ebnf=/dtype= instead, or build it with "
+                    "Constraint.from_json_schema"
+                )
+            return json_schema, "json_schema"
+        return constraint_class.from_json_schema(json_schema), "json_schema"
     if dtype not in _DTYPES:
         raise TypeError(f"dtype must be one of int, float, bool, str; got {dtype!r}")
     return _constraint_class().from_dtype(dtype), f"dtype={dtype.__name__}"
+
+
+def _python_type(json_schema: Any) -> Any:
+    """The Python type a json_schema was given as (what `state.parsed` builds), or None."""
+    if json_schema is None or isinstance(json_schema, (dict, str, bool)):
+        return None
+    from lmprog.fsm.json_schema import python_type
+
+    return python_type(json_schema)
 
 
 def _constraint_class() -> Any:

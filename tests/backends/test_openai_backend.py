@@ -97,6 +97,9 @@ def test_constraints_become_response_format_or_a_clear_error():
     fields = constraint_fields(lp.Constraint.from_json_schema(schema), None)
     assert fields["response_format"]["type"] == "json_schema"
     assert fields["response_format"]["json_schema"]["schema"] == schema
+    assert fields["response_format"]["json_schema"]["strict"] is True
+    spec = constraint_fields(lp.Constraint.from_json_schema(schema, strict=False), None)
+    assert spec["response_format"]["json_schema"]["strict"] is False  # open objects asked for
     regex = lp.Constraint.from_regex(r"[0-9]+")
     assert constraint_fields(regex, "regex") == {"regex": regex.pattern}
     with pytest.raises(BackendError, match="regex_field"):

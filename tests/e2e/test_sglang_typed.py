@@ -90,3 +90,45 @@ def test_text_async_iter_with_meta_data_reports_each_pieces_tokens(backend):
         ).text_iter("answer", True)
     ]
     assert sync and all("output_token_logprobs" in m for m in sync)
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+@sgl.function
+def ava(s, schema):
+    s += sgl.user("Describe a person named Ava as JSON.")
+    s += sgl.assistant(sgl.gen("person", json_schema=schema, max_tokens=64))
+
+
+def test_an_object_schema_gets_only_its_listed_keys(backend):
+    """Issue 28: without additionalProperties, this model went on inventing keys ("gender",
+    "skills"...) until max_tokens; strict generation (the default) closes the object."""
+    state = ava.run(schema=PERSON, temperature=0, backend=backend)
+    assert state.get_meta_info("person")["finish_reason"] == "stop"
+    assert set(state.parsed("person")) == {"name", "age"}
+
+
+def test_python_types_give_their_values_on_the_model(backend):
+    import dataclasses
+    import enum
+    from typing import Literal
+
+    @dataclasses.dataclass
+    class Someone:
+        name: str
+        age: int
+
+    class Mood(enum.Enum):
+        HAPPY = "happy"
+        SAD = "sad"
+
+    state = ava.run(schema=Someone, temperature=0, backend=backend)
+    assert isinstance(state.parsed("person"), Someone)
+    for tp, kind in ((Mood, Mood), (Literal["yes", "no"], str), (tuple[int, int], tuple)):
+        state = ava.run(schema=tp, temperature=0, backend=backend)
+        assert isinstance(state.parsed("person"), kind), state["person"]

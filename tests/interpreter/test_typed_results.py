@@ -106,3 +106,48 @@ def test_parsed_of_an_unknown_variable_is_a_key_error():
 
     with pytest.raises(KeyError, match="nope"):
         plain.run(backend=FakeBackend()).parsed("nope")
+
+
+def test_python_types_as_json_schema_parse_back_to_their_type():
+    """Issue 28: json_schema= takes what Outlines takes; parsed() builds the type."""
+    import dataclasses
+    import enum
+    from typing import Literal
+
+    @dataclasses.dataclass
+    class Point:
+        x: int
+        y: int
+
+    class Size(enum.Enum):
+        S = "s"
+        M = "m"
+
+    @sgl.function
+    def typed(s):
+        s += sgl.gen("p", json_schema=Point) + sgl.gen("z", json_schema=Size)
+        s += sgl.gen("l", json_schema=Literal["yes", "no"]) + sgl.gen("n", json_schema=list[int])
+        s += sgl.gen("d", json_schema=dict[str, int]) + sgl.gen("o", json_schema=Point | None)
+
+    texts = ('{"x": 1, "y": 2}', '"m"', '"no"', "[1, 2]", '{"a": 3}', "null")
+    state = typed.run(backend=answering(*texts))
+    assert state["p"] == '{"x": 1, "y": 2}' and state.parsed("p") == Point(1, 2)
+    assert state.parsed("z") is Size.M and state.parsed("l") == "no"
+    assert state.parsed("n") == [1, 2] and state.parsed("d") == {"a": 3}
+    assert state.parsed("o") is None
+
+
+def test_a_json_schema_constraint_is_taken_as_it_is_built():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    spec = sgl.Constraint.from_json_schema(schema, strict=False)
+
+    @sgl.function
+    def open_object(s):
+        s += sgl.gen("j", json_schema=spec)
+
+    state = open_object.run(backend=answering('{"a": 1, "b": 2}'))
+    assert state.parsed("j") == {"a": 1, "b": 2}
+    assert sgl.gen("j", json_schema=spec).constraint is spec
+    assert sgl.gen("j", json_schema=schema).constraint.strict is True  # the default
+    with pytest.raises(TypeError, match="json_schema Constraint"):
+        sgl.gen("x", json_schema=sgl.Constraint.from_regex("a+"))
