@@ -253,9 +253,10 @@ class _Reply(ReplyBase):
 
 
 def _read_message(reader: CallReader, result: GenerateResult) -> tuple[dict[str, Any], str]:
-    """(message, finish_reason) of a choice whose text `reader` read whole. Calls (also one
-    cut short, with the arguments written so far) are never content; finish_reason is
-    "tool_calls" when the calls ended, else the result's ("length" for max_tokens)."""
+    """(message, finish_reason) of a choice whose text `reader` read whole. Whole calls are
+    `tool_calls`; a call cut short (max_tokens inside its name or arguments) is not a call but
+    `content`, its text as written (CallReader.content); finish_reason is "tool_calls" when the
+    calls ended, else the result's ("length" for max_tokens)."""
     message: dict[str, Any] = {"role": "assistant", "content": reader.content, "refusal": None}
     calls = reader.tool_calls
     if calls:

@@ -7,6 +7,12 @@ constraint (any of the JSON ones) and a 400 without one.
 
 json_object mode: the schema `{"type": "object"}`: an object whose values are any JSON values,
 nested to any depth ("any value" is a recursive rule of the constraint's grammar).
+
+Schemas compile for strict generation (`Constraint.from_json_schema`'s default): an object
+whose schema lists its keys gets no others unless the schema allows them
+(`additionalProperties: true` or a schema, patternProperties...), as xgrammar's default and
+OpenAI's strict mode do. `response_format.json_schema.strict: false` asks for JSON Schema's own
+reading instead (objects open unless the schema closes them); absent or true: strict.
 """
 
 from __future__ import annotations
@@ -150,5 +156,9 @@ def _build(name: str, value: Any, whitespace: str | None) -> Constraint:
         if value.type == "json_object":
             return json_object_constraint(whitespace)
         schema = value.json_schema.schema_
-        return Constraint.from_json_schema({} if schema is None else schema, whitespace=whitespace)
+        return Constraint.from_json_schema(
+            {} if schema is None else schema,
+            whitespace=whitespace,
+            strict=value.json_schema.strict is not False,
+        )
     return Constraint.from_json_schema(value, whitespace=whitespace)  # json_schema, guided_json

@@ -103,22 +103,26 @@ def _format_of(source: str) -> ToolFormat:
 
 @dataclass
 class ReadCall:
-    """A call read so far: its arguments text (complete, or the part written so far) and
-    whether its tail was read."""
+    """A call read so far: its arguments text (complete, or the part written so far), whether
+    its tail was read, whether its arguments are a whole JSON value, and where it starts."""
 
     name: str
     arguments: str
     done: bool
+    whole: bool = False
+    start: int = 0
 
 
 @dataclass
 class ReadCalls:
     """calls: the calls read; closed: the layout ended (the closer, or the last call done
-    where nothing has to follow); strayed: the text left the layout after `calls`."""
+    where nothing has to follow); strayed: the text left the layout after `calls`; pending:
+    where a call whose name or arguments are not whole yet starts (None: none)."""
 
     calls: list[ReadCall]
     closed: bool = False
     strayed: bool = False
+    pending: int | None = None
 
 
 _PARTIAL = -1
@@ -148,12 +152,14 @@ def read_calls(
         return ReadCalls([], strayed=pos is None)
     calls: list[ReadCall] = []
     while True:
+        start = pos
         call, pos = _read_call(fmt, text, pos, names, final, memo)
         if call is None:
-            return ReadCalls(calls, strayed=pos is None)
+            return ReadCalls(calls, strayed=pos is None, pending=start if pos == _PARTIAL else None)
         calls.append(call)
         if not call.done:
-            return ReadCalls(calls, strayed=pos is None)
+            pending = None if call.whole else call.start
+            return ReadCalls(calls, strayed=pos is None, pending=pending)
         more = max_calls is None or len(calls) < max_calls
         after = _expect(text, pos, fmt.separator) if more and fmt.separator else None
         if after is not None and after != _PARTIAL:
@@ -191,19 +197,19 @@ def _read_call(
     name = text[pos + 1 : close]
     if name not in names:
         return None, None
-    pos = _expect(text, close + 1, fmt.args_key)
+    start, pos = pos - len(fmt.head), _expect(text, close + 1, fmt.args_key)
     if pos is None:
         return None, None
     if pos == _PARTIAL:
-        return ReadCall(name, "", False), _PARTIAL
+        return ReadCall(name, "", False, start=start), _PARTIAL
     end, whole = json_value_end(text, pos, final, memo)
     if not whole:
-        return ReadCall(name, text[pos:end], False), end
+        return ReadCall(name, text[pos:end], False, start=start), end
     after = _expect(text, end, fmt.tail)
     if after is None:  # the arguments are read, what follows is not the call's tail
-        return ReadCall(name, text[pos:end], False), None
+        return ReadCall(name, text[pos:end], False, True, start), None
     done = after != _PARTIAL
-    return ReadCall(name, text[pos:end], done), after if done else end
+    return ReadCall(name, text[pos:end], done, True, start), after if done else end
 
 
 def json_value_end(
@@ -261,9 +267,12 @@ class CallReader:
 
     `feed(piece)` returns the OpenAI delta entries the piece completes: {"content": ...} or
     tool_call entries (a call's first: index, id, type, its name and arguments ""; then
-    argument fragments); `finish()` the rest. After `finish`: `content` (None when the text
-    was calls), `tool_calls` (OpenAI's tool_call objects; a call cut short carries the
-    arguments written so far) and `cut` (the calls did not end)."""
+    argument fragments, so a call cut short has streamed what was written of it); `finish()`
+    the rest. After `finish`: `tool_calls` (OpenAI's tool_call objects: the calls whose
+    arguments are whole), `content` (an answer; or, where a call was cut short in its name or
+    arguments, that call's text: the whole text when no call before it is whole; else None)
+    and `cut` (the calls did not end). A call cut short is never returned as a call: its
+    arguments would not parse."""
 
     def __init__(
         self,
@@ -279,6 +288,7 @@ class CallReader:
         self._sent: list[list[Any]] = []  # [id, name, arguments sent] per call
         self._read: ReadCalls | None = None
         self._memo: dict[int, list[int]] = {}  # read_calls' scans of the arguments so far
+        self._finished = False
 
     def feed(self, piece: str) -> list[dict[str, Any]]:
         self.text += piece
@@ -287,6 +297,7 @@ class CallReader:
         return self._advance(final=False)
 
     def finish(self) -> list[dict[str, Any]]:
+        self._finished = True
         if self.mode == "":  # empty, or a proper prefix of the marker: an answer
             self.mode = "content"
             return [{"content": self.text}] if self.text else []
@@ -332,7 +343,13 @@ class CallReader:
 
     @property
     def content(self) -> str | None:
-        return self.text if self.mode == "content" else None
+        if self.mode == "content":
+            return self.text
+        read = self._read
+        if self.mode != "calls" or not self._finished or read is None or read.pending is None:
+            return None
+        unfinished = self.text if not self.tool_calls else self.text[read.pending :]
+        return unfinished or None
 
     @property
     def tool_calls(self) -> list[dict[str, Any]]:
@@ -344,6 +361,7 @@ class CallReader:
                 "function": {"name": call.name, "arguments": call.arguments},
             }
             for sent, call in zip(self._sent, calls, strict=False)
+            if call.whole
         ]
 
     @property

@@ -122,10 +122,11 @@ def _chosen(tools: Sequence[Tool], choice: str | NamedToolChoice) -> list[Tool]:
 
 
 def _arguments(tool: Tool, index: int) -> Constraint:
-    """The constraint of `tool`'s arguments (its parameters schema)."""
+    """The constraint of `tool`'s arguments (its parameters schema): strict unless the
+    function says `strict: false` (then JSON Schema's reading: unlisted keys allowed)."""
     schema = tool.function.parameters if tool.function.parameters is not None else _NO_PARAMETERS
     try:
-        return Constraint.from_json_schema(schema)
+        return Constraint.from_json_schema(schema, strict=tool.function.strict is not False)
     except ConstraintError as exc:
         raise APIError(
             400,

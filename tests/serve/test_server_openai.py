@@ -130,6 +130,33 @@ def test_json_schema(client, model):
     assert r.choices[0].finish_reason == "stop"
 
 
+@pytest.mark.parametrize("strict", [None, True, False])
+def test_json_schema_strict(client, model, strict):
+    """Issue 28: a schema that does not close its object gets only the listed keys unless
+    `strict: false` asks for JSON Schema's reading (this model then invents keys)."""
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    format_ = {"name": "Person", "schema": schema}
+    if strict is not None:
+        format_["strict"] = strict
+    r = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Describe a person named Ava as JSON."}],
+        max_tokens=64,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": format_},
+    )
+    choice = r.choices[0]
+    if strict is False:  # (its grammar lets the model go on with other keys)
+        assert choice.message.content.startswith('{ "name": "Ava", "age": 25, ')
+        return
+    assert choice.finish_reason == "stop"
+    assert json.loads(choice.message.content) == {"name": "Ava", "age": 25}
+
+
 def test_json_object(client, model):
     r = client.chat.completions.create(
         model=model,

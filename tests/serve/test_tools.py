@@ -145,6 +145,28 @@ def test_none_and_no_tools():
         plan_tools([CITY, CITY], "auto", None)
 
 
+def test_arguments_and_response_formats_are_strict_unless_they_say_false():
+    """Issue 28: no invented keys where the schema lists its keys; `strict: false` asks for
+    JSON Schema's reading (unlisted keys allowed)."""
+    open_params = {"type": "object", "properties": {"city": {"type": "string"}}}
+    for strict, ok in ((None, False), (True, False), (False, True)):
+        function = {"name": "weather", "parameters": open_params}
+        if strict is not None:
+            function["strict"] = strict
+        tool = Tool.model_validate({"type": "function", "function": function})
+        plan = plan_tools([tool], "required", None)
+        assert plan.constraint.matches(call("weather", {"city": "Oslo"}))
+        assert plan.constraint.matches(call("weather", {"city": "Oslo", "x": 1})) is ok
+        fmt = {"name": "f", "schema": open_params}
+        if strict is not None:
+            fmt["strict"] = strict
+        rf = output_constraint(
+            ResponseFormat.model_validate({"type": "json_schema", "json_schema": fmt})
+        )
+        assert rf.matches('{"city": "Oslo", "x": 1}') is ok and rf.strict is not ok
+    assert output_constraint(ResponseFormat(type="json_object")).matches('{"any": {"key": 1}}')
+
+
 def test_every_tools_schema_is_checked_whatever_the_choice():
     bad = Tool.model_validate(
         {"type": "function", "function": {"name": "bad", "parameters": {"type": "bogus"}}}
@@ -323,23 +345,39 @@ def test_answers_stream_as_content_once_they_cannot_be_calls(fmt: ToolFormat):
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.family)
-def test_a_call_cut_short_is_a_call_never_content(fmt: ToolFormat):
+def test_a_call_cut_short_streams_as_written_but_is_never_returned_as_a_call(fmt: ToolFormat):
+    """Issue 28: max_tokens inside a call's name or arguments leaves text, not a call (its
+    arguments would not parse); the calls before it are whole and stay calls."""
     text = fmt.calls_text([("weather", {"city": "Oslo"})])
     plan = plan_tools([CITY], "auto", None, fmt)
     cut_in_arguments = text[: text.index("Oslo") + 2]
     deltas, reader = replay(plan, cut_in_arguments, 4)
-    assert reader.content is None and reader.cut
-    [c] = reader.tool_calls
-    assert c["function"] == {"name": "weather", "arguments": '{"city": "Os'}
-    assert assemble(deltas) == ("", reader.tool_calls)
-    cut_in_name = text[: text.index("weather") + 3]
-    reader = plan.parse(cut_in_name)
-    assert reader.content is None and reader.tool_calls == [] and reader.cut
-    cut_in_tail = text[:-1]
-    reader = plan.parse(cut_in_tail)
-    assert reader.cut and json.loads(reader.tool_calls[0]["function"]["arguments"]) == {
-        "city": "Oslo"
+    assert reader.cut and reader.tool_calls == []
+    assert reader.content == cut_in_arguments  # no whole call: the whole text
+    content, [streamed] = assemble(deltas)  # streamed as it was written
+    assert content == "" and streamed["function"] == {
+        "name": "weather",
+        "arguments": '{"city": "Os',
     }
+    for cut in (text[: text.index("weather") + 3], text[: text.index("{", 1) + 1]):
+        reader = plan.parse(cut)  # in the name, or the arguments just opened
+        assert reader.cut and reader.tool_calls == [] and reader.content == cut
+    cut_in_tail = text[:-1]  # the arguments are whole: a call
+    reader = plan.parse(cut_in_tail)
+    assert reader.cut and reader.content is None
+    assert json.loads(reader.tool_calls[0]["function"]["arguments"]) == {"city": "Oslo"}
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f.max_calls is None], ids=lambda f: f.family)
+def test_whole_calls_before_a_cut_one_stay_calls(fmt: ToolFormat):
+    text = fmt.calls_text([("weather", {"city": "Oslo"}), ("weather", {"city": "Rome"})])
+    plan = plan_tools([CITY], "required", None, fmt)
+    for cut in (text[: text.index("Rome")], text[: text.rindex('"arguments"') + 2]):
+        reader = plan.parse(cut)
+        [call] = reader.tool_calls
+        assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
+        second = cut.rindex(fmt.head)
+        assert reader.cut and reader.content == cut[second:]
 
 
 def test_json_value_end():

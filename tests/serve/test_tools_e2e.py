@@ -140,7 +140,9 @@ def test_parallel_tool_calls_false_gives_one_call(client, model):
     assert r.choices[0].finish_reason == "tool_calls"
 
 
-def test_a_call_cut_by_max_tokens_is_reported_as_a_call(client, model):
+def test_a_call_cut_by_max_tokens_is_text_never_a_call(client, model):
+    """Issue 28: a call cut short is not returned as a call (its arguments would not parse):
+    the whole calls before it are, and finish_reason says "length"."""
     kw: dict[str, Any] = dict(
         model=model,
         messages=[{"role": "user", "content": "Weather in Oslo?"}],
@@ -151,14 +153,44 @@ def test_a_call_cut_by_max_tokens_is_reported_as_a_call(client, model):
     )
     r = client.chat.completions.create(**kw)
     choice = r.choices[0]
-    assert choice.finish_reason == "length" and choice.message.content is None
-    [call] = choice.message.tool_calls
-    assert call.function.name == "get_weather"
-    with pytest.raises(json.JSONDecodeError):  # the arguments as far as they were written
-        json.loads(call.function.arguments)
-    chunks, content, calls = streamed(client, **kw)
+    assert choice.finish_reason == "length" and choice.message.tool_calls is None
+    assert choice.message.content.startswith('{"name": "get_weather", "arguments": {')
+    chunks, content, calls = streamed(client, **kw)  # streamed as written, then "length"
     assert content == "" and last_reason(chunks) == "length"
-    assert without_ids(calls) == without_ids(as_dicts(choice.message.tool_calls))
+    assert [c["name"] for c in calls] == ["get_weather"]
+    assert choice.message.content.endswith(calls[0]["arguments"])
+    # whole calls, then one cut short: the bundled model repeats this call until max_tokens
+    # (it returned two calls here, the second with arguments "")
+    city = json.loads(json.dumps(WEATHER))
+    city["function"]["parameters"]["properties"].pop("unit")
+    city["function"]["parameters"]["required"] = ["city"]
+    question = [{"role": "user", "content": "What's the weather in Paris?"}]
+    r = client.chat.completions.create(
+        **{**kw, "messages": question, "tools": [city], "max_tokens": 30}
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "length" and choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert choice.message.content is None or choice.message.content.startswith('{"name": ')
+
+
+def test_tool_arguments_hold_only_the_listed_keys(client, model):
+    """Issue 28: a parameters schema without additionalProperties gets no invented keys."""
+    weather = json.loads(json.dumps(WEATHER))
+    del weather["function"]["parameters"]["additionalProperties"]
+    r = client.chat.completions.create(
+        model=model,
+        messages=TWO_CITIES,
+        tools=[weather],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=60,
+        temperature=0,
+    )
+    [call] = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert set(json.loads(call.function.arguments)) <= {"city", "unit"}
 
 
 def test_named_call_and_a_second_turn(client, model):
