@@ -50,9 +50,11 @@ from lmprog.core.protocol import (
     StreamCallback,
 )
 from lmprog.core.text import check_text
+from lmprog.decoding.arrays import NUMPY
+from lmprog.decoding.state import DecodeState
 
-# torch (≈3 s to import on a small CPU) is imported by the first generate or score, not by
-# the constructor: the decoding package (sampler, DecodeState) is imported where it is used.
+# torch is never imported here (1 s or more to import): the decoding package samples the
+# llama.cpp logits as numpy arrays (DecodeState device=None), scores go through numpy too.
 
 _log = logging.getLogger(__name__)
 
@@ -433,8 +435,6 @@ class _Decoding:
         return text
 
     def new_state(self, gen: GenSpec, prompt: Sequence[int], guide: Any, emit: Any) -> Any:
-        from lmprog.decoding.state import DecodeState
-
         return DecodeState(
             gen.params,
             tokenizer=self._tokenizer,
@@ -445,16 +445,14 @@ class _Decoding:
             emit=emit,
             guide=guide,
             jump_forward=gen.jump_forward,
+            device=None,  # numpy arrays
         )
 
 
 def _logprobs(rows: np.ndarray, targets: Sequence[int]) -> tuple[float, ...]:
-    """The logprob of targets[i] under the logits rows[i]."""
-    import torch
-
-    logprobs = torch.log_softmax(torch.from_numpy(rows), dim=-1)
-    index = torch.tensor(list(targets), dtype=torch.int64)
-    return tuple(logprobs.gather(1, index[:, None])[:, 0].tolist())
+    """The logprob of targets[i] under the logits rows[i] (the sampler's log_softmax)."""
+    logprobs = NUMPY.log_softmax(rows.astype(np.float32, copy=False))
+    return tuple(logprobs[np.arange(len(targets)), list(targets)].tolist())
 
 
 def _constraint_index(constraint: Any, tokenizer: Any) -> Any:

@@ -37,6 +37,7 @@ from lmprog.backends.shared import Counters
 from lmprog.backends.state_cache import common_prefix_len
 from lmprog.core.errors import BackendError
 from lmprog.core.sampling import SamplingParams
+from lmprog.decoding.batch_sampler import BatchSampler
 
 _log = logging.getLogger("lmprog.backends.llamacpp")
 
@@ -132,7 +133,7 @@ class Engine:
         self._eos = tuple(eos_token_ids)
         self._counters = counters
         self._on_exit = on_exit  # frees the context and the model once the loop ends
-        self._sampler: Any = None  # BatchSampler, imported with torch by the first step
+        self._sampler = BatchSampler(self._eos)
         self._cond = threading.Condition()
         self._inbox: list[Job] = []
         self._closing = False
@@ -165,8 +166,8 @@ class Engine:
         with `cancel`, at once (each request not finished fails with a BackendError saying
         `cancel`). Returns
         once the thread has ended, so no thread of this engine runs while the interpreter
-        is finalizing (a thread that releases the GIL inside C++ then, such as a torch
-        tensor's deleter, is ended by Python mid-unwind and aborts the process)."""
+        is finalizing (a thread that releases the GIL inside C++ then, such as a llama.cpp
+        call, is ended by Python mid-unwind and aborts the process)."""
         with self._cond:
             self._closing = True
             if cancel is not None and self._cancel is None:
@@ -332,13 +333,7 @@ class Engine:
         batch = [j for j in list(self._running) if self._samplable(j) and self._started(j)]
         if not batch:
             return
-        if self._sampler is None:
-            from lmprog.decoding.batch_sampler import BatchSampler
-
-            self._sampler = BatchSampler(self._eos)
-        import torch
-
-        logits = torch.from_numpy(np.stack([j.rows[-1][-1] for j in batch]))
+        logits = np.stack([j.rows[-1][-1] for j in batch])  # numpy: no torch on this path
         draws = self._sampler.sample(logits, [j.state for j in batch])  # masks logits in place
         before = sum(len(j.state.output_ids) for j in batch)
         for job, draw in zip(batch, draws):

@@ -3,8 +3,9 @@
 Wraps the shared sampler (`sampler.py`) with what a backend keeps per request in
 its DecodeState: SamplingParams, seeded generator, penalty counts and prompt tokens, output length (for
 min_tokens) and constraint guide (bitmask). Per-row tensors are rebuilt only when the set of
-sampled requests changes (a steady decode batch reuses them). The engine samples a whole
-batch per step; the llama.cpp backend one request (B=1) per step, with its own sampler.
+sampled requests changes (a steady decode batch reuses them). The runtime's engine samples a
+whole batch of torch logits per step; the llama.cpp backend every request whose logits are
+in, as numpy arrays (its DecodeStates built with device=None: torch is never imported).
 
 Speculative verification with explicit draft distributions goes through `judge` (the
 rejection rule on the same processed distribution `sample` draws from).
@@ -25,11 +26,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import torch
-
 from lmprog.fsm.mask import allowed_bitmask
 
-from .rng import to_device
+from .arrays import Array, device_of, ops_for
 from .sampler import (
     NO_TOKEN,
     SampleOutput,
@@ -58,16 +57,17 @@ class BatchSampler:
         self._held: list[DecodeState] = []  # keeps the keyed states alive: ids stay unique
         self._tensors: SamplingTensors | None = None
 
-    def sample(self, logits: torch.Tensor, states: Sequence[DecodeState]) -> list[Draw]:
-        """logits [B, V] (may be modified in place), states[b] the request of row b."""
+    def sample(self, logits: Array, states: Sequence[DecodeState]) -> list[Draw]:
+        """logits [B, V] (a torch tensor or a numpy array; may be modified in place),
+        states[b] the request of row b."""
         assert logits.shape[0] == len(states) > 0
         try:
-            out = self._sample(logits, states, self._tensors_for(states, logits.device))
+            out = self._sample(logits, states, self._tensors_for(states, device_of(logits)))
         except Exception:  # noqa: BLE001 - isolate the faulty rows below
             return [self._sample_alone(logits[b : b + 1], st) for b, st in enumerate(states)]
         return _draws(out, len(states))
 
-    def sample_async(self, logits: torch.Tensor, states: Sequence[DecodeState]) -> PendingDraws:
+    def sample_async(self, logits: Any, states: Sequence[DecodeState]) -> PendingDraws:
         """As `sample`, without waiting for the device: the tokens stay on it (for the next
         step's inputs) and reach the host by a copy that `PendingDraws.draws()` waits for."""
         assert logits.shape[0] == len(states) > 0
@@ -79,10 +79,10 @@ class BatchSampler:
 
     def judge(
         self,
-        logits: torch.Tensor,
+        logits: Any,
         states: Sequence[DecodeState],
         drafts: Sequence[int],
-        draft_probs: torch.Tensor,
+        draft_probs: Any,
     ) -> list[tuple[Draw, bool]]:
         """The rejection rule per row: draft drafts[b], drawn from draft_probs[b] [V], against
         the distribution `sample` would draw row b from. Returns (draw, accepted) per row."""
@@ -99,15 +99,16 @@ class BatchSampler:
 
     def _judge(
         self,
-        logits: torch.Tensor,
+        logits: Any,
         states: Sequence[DecodeState],
         drafts: Sequence[int],
-        draft_probs: torch.Tensor,
+        draft_probs: Any,
         tensors: SamplingTensors,
     ) -> list[tuple[Draw, bool]]:
-        from .rejection import rejection_sample
+        from .rejection import rejection_sample  # torch tensors only (the runtime)
 
-        raw = torch.log_softmax(logits.float(), dim=-1) if tensors.return_logprob else None
+        ops = ops_for(logits)
+        raw = ops.log_softmax(ops.astype(logits, "float32")) if tensors.return_logprob else None
         counts, prompt, n_out, bitmask = self._inputs(logits, states, tensors)
         p = probabilities(
             logits,
@@ -117,40 +118,40 @@ class BatchSampler:
             num_output_tokens=n_out,
             bitmask=bitmask,
         )
-        d = to_device(torch.tensor(list(drafts), dtype=torch.int64), logits.device)
+        d = ops.asarray(list(drafts), "int64")
         tokens, accepted = rejection_sample(
             p, draft_probs.to(p.device), d, [s.generator for s in states]
         )
         if bitmask is not None or tensors.any_min_tokens:  # rows of zeros: nothing to sample
-            tokens = tokens.masked_fill(p.sum(dim=-1) == 0, NO_TOKEN)
+            tokens = ops.masked_fill(tokens, ops.sum(p) == 0, NO_TOKEN)
         draws = _draws(with_logprobs(tokens, raw, tensors.max_top_logprobs), len(states))
         return list(zip(draws, accepted.tolist()))
 
     def _judge_alone(
         self,
-        logits: torch.Tensor,
+        logits: Any,
         state: DecodeState,
         drafts: Sequence[int],
-        draft_probs: torch.Tensor,
+        draft_probs: Any,
     ) -> tuple[Draw, bool]:
         try:
             tensors = SamplingTensors.from_params(
-                [state.params], eos_token_ids=self._eos, device=logits.device
+                [state.params], eos_token_ids=self._eos, device=device_of(logits)
             )
             return self._judge(logits, [state], drafts, draft_probs, tensors)[0]
         except Exception as exc:  # noqa: BLE001 - becomes this request's error
             return Draw(error=exc), False
 
-    def _sample_alone(self, logits: torch.Tensor, state: DecodeState) -> Draw:
+    def _sample_alone(self, logits: Array, state: DecodeState) -> Draw:
         try:
             tensors = SamplingTensors.from_params(
-                [state.params], eos_token_ids=self._eos, device=logits.device
+                [state.params], eos_token_ids=self._eos, device=device_of(logits)
             )
             return _draws(self._sample(logits, [state], tensors), 1)[0]
         except Exception as exc:  # noqa: BLE001 - becomes this request's error
             return Draw(error=exc)
 
-    def _tensors_for(self, states: Sequence[DecodeState], device: torch.device) -> SamplingTensors:
+    def _tensors_for(self, states: Sequence[DecodeState], device: Any) -> SamplingTensors:
         key = tuple(map(id, states))
         if key != self._key or self._tensors is None:
             self._tensors = SamplingTensors.from_params(
@@ -160,7 +161,7 @@ class BatchSampler:
         return self._tensors
 
     def _sample(
-        self, logits: torch.Tensor, states: Sequence[DecodeState], tensors: SamplingTensors
+        self, logits: Array, states: Sequence[DecodeState], tensors: SamplingTensors
     ) -> SampleOutput:
         counts, prompt, n_out, bitmask = self._inputs(logits, states, tensors)
         generators = None  # all-greedy rows draw nothing
@@ -180,25 +181,20 @@ class BatchSampler:
         )
 
     @staticmethod
-    def _inputs(logits: torch.Tensor, states: Sequence[DecodeState], tensors: SamplingTensors):
+    def _inputs(logits: Array, states: Sequence[DecodeState], tensors: SamplingTensors):
         """(penalty counts, prompt token masks, output lengths, constraint bitmask) of the
         rows, as the sampler takes them."""
+        ops = ops_for(logits)
         counts = prompt = n_out = bitmask = None
+        width = logits.shape[1]
         if tensors.any_penalty:
-            counts = torch.stack(
-                [
-                    s.counts
-                    if s.counts is not None
-                    else torch.zeros(logits.shape[1], dtype=torch.int32, device=logits.device)
-                    for s in states
-                ]
+            counts = ops.stack(
+                [s.counts if s.counts is not None else ops.zeros(width, "int32") for s in states]
             )
         if tensors.any_repetition:
-            prompt = torch.stack(
+            prompt = ops.stack(
                 [
-                    s.prompt_mask
-                    if s.prompt_mask is not None
-                    else torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
+                    s.prompt_mask if s.prompt_mask is not None else ops.zeros(width, "bool")
                     for s in states
                 ]
             )
@@ -206,17 +202,18 @@ class BatchSampler:
             n_out = [len(s.output_ids) for s in states]
         guides = [s.guide for s in states]
         if any(g is not None for g in guides):
-            bitmask = allowed_bitmask(guides, logits.shape[1], logits.device)
+            bitmask = allowed_bitmask(guides, width, ops.device)
         return counts, prompt, n_out, bitmask
 
 
 class PendingDraws:
     """Draws on their way to the host. `token_ids`: the tokens on the device [B] (int64);
-    `draws()`: the Draws, waiting for the copy (the first call; later ones return them)."""
+    `draws()`: the Draws, waiting for the copy (the first call; later ones return them).
+    Torch tensors only (overlap scheduling is the runtime's)."""
 
     def __init__(
         self,
-        token_ids: torch.Tensor,
+        token_ids: Any,
         n: int,
         host: SampleOutput | None = None,
         done: Any = None,
@@ -238,13 +235,17 @@ class PendingDraws:
                 for t in (out.token_ids, out.logprobs, out.top_token_ids, out.top_logprobs)
             )
         )
+        import torch
+
         done = torch.cuda.Event()
         done.record()
         return cls(fed, n, host, done)
 
     @classmethod
-    def ready(cls, draws: list[Draw], device: torch.device) -> PendingDraws:
+    def ready(cls, draws: list[Draw], device: Any) -> PendingDraws:
         """Draws already on the host (a failed row's token is -1, never fed: it finishes)."""
+        import torch
+
         ids = torch.tensor([max(d.token, 0) for d in draws], dtype=torch.int64, device=device)
         return cls(ids, len(draws), draws=draws)
 

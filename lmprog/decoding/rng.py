@@ -9,15 +9,18 @@ and reach the device in one copy that does not wait for it:
     uniform i of seed s = top 24 bits of mix64(mix64(s) + (i + 1) * golden) / 2**24   in [0, 1)
 
 (SplitMix64's i-th output from the state mix64(s).) Rows without a generator draw from
-torch's default RNG on the device, as `torch.rand` does.
+the array library's default RNG: torch's on the device (`torch.rand`), or numpy's where the
+arrays are numpy (`device=None`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
-import torch
+
+from .arrays import ops_on
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -47,28 +50,27 @@ class SeededGenerator:
 
 
 def make_generator(seed: int | None, device: object = None) -> SeededGenerator | None:
-    """The generator of `seed`, or None (torch's default RNG) when seed is None. `device` is
+    """The generator of `seed`, or None (the default RNG) when seed is None. `device` is
     not used: the numbers are computed on the host and are the same on every device."""
     return None if seed is None else SeededGenerator(seed)
 
 
-def uniforms(
-    generators: Sequence[SeededGenerator | None] | None, n: int, device: torch.device | str
-) -> torch.Tensor:
-    """float32 [n] in [0, 1) on `device`, one per row: from row b's generator (which moves
-    on by one) where it has one, else from torch's default RNG."""
+def uniforms(generators: Sequence[SeededGenerator | None] | None, n: int, device: Any) -> Any:
+    """float32 [n] in [0, 1) on the torch `device` (None: a numpy array), one per row: from
+    row b's generator (which moves on by one) where it has one, else from the default RNG."""
+    ops = ops_on(device)
     seeded = (
         [] if generators is None else [(b, g) for b, g in enumerate(generators) if g is not None]
     )
     if not seeded:
-        return torch.rand(n, device=device)
+        return ops.rand(n)
     keys = np.fromiter((g.key for _, g in seeded), dtype=np.uint64, count=len(seeded))
     counters = np.fromiter((g.take() for _, g in seeded), dtype=np.uint64, count=len(seeded))
-    u = to_device(torch.from_numpy(hashed_uniforms(keys, counters)), device)
+    u = ops.from_numpy(hashed_uniforms(keys, counters))
     if len(seeded) == n:
         return u
-    rows = to_device(torch.tensor([b for b, _ in seeded], dtype=torch.int64), device)
-    return torch.rand(n, device=device).index_copy_(0, rows, u)
+    rows = ops.asarray([b for b, _ in seeded], "int64")
+    return ops.index_copy_(ops.rand(n), rows, u)
 
 
 def hashed_uniforms(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:
@@ -85,9 +87,3 @@ def _mix64(z: int) -> int:
     z = (z ^ (z >> 30)) * _M1 & _MASK64
     z = (z ^ (z >> 27)) * _M2 & _MASK64
     return z ^ (z >> 31)
-
-
-def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """A host tensor on `device`; the copy from pageable memory is staged at once, so it
-    need not wait for the device (a blocking copy would wait for every queued kernel)."""
-    return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)

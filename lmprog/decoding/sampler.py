@@ -23,19 +23,23 @@ hash), so a seeded row yields the same tokens alone or inside any batch, on any 
 Nothing here waits for the device: host values reach it by non-blocking copies, and a row
 that masks leave without a token (every token -inf) gets token id -1 instead of an error
 that would need a device read to detect; `BatchSampler` turns it into that row's error.
+
+Written once over `arrays.ArrayOps`: torch tensors (the runtime, any device) or numpy arrays
+(llama.cpp, which never imports torch), chosen by the type of the logits; `device=None`
+anywhere here means numpy. A seed draws the same tokens from the same logits on both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import torch
+from typing import Any
 
 from lmprog.core.sampling import SamplingParams
 from lmprog.fsm.mask import apply_bitmask_, check_bitmask
 
-from .rng import SeededGenerator, to_device, uniforms
+from .arrays import Array, ArrayOps, ops_for, ops_on
+from .rng import SeededGenerator, uniforms
 
 _NEG_INF = float("-inf")
 NO_TOKEN = -1  # the token id of a row with no token left to sample
@@ -43,24 +47,24 @@ NO_TOKEN = -1  # the token id of a row with no token left to sample
 
 @dataclass(frozen=True)
 class SamplingTensors:
-    """The per-row parameters of one batch as tensors; build once per batch composition.
+    """The per-row parameters of one batch as arrays; build once per batch composition.
 
     `ban_rows`/`ban_tokens` list (row, token) pairs that are masked while that row has fewer
     than `min_tokens` output tokens (its EOS ids unless `ignore_eos`, and its stop_token_ids).
     The `any_*` flags let `sample` skip work no row asks for.
     """
 
-    temperature: torch.Tensor  # [B] float32; 1.0 on greedy rows (never divided by 0)
-    greedy: torch.Tensor  # [B] bool
-    top_k: torch.Tensor  # [B] int64; 0 where disabled
-    top_p: torch.Tensor  # [B] float32
-    min_p: torch.Tensor  # [B] float32
-    frequency_penalty: torch.Tensor  # [B] float32
-    presence_penalty: torch.Tensor  # [B] float32
-    repetition_penalty: torch.Tensor  # [B] float32; 1.0 where disabled
-    min_tokens: torch.Tensor  # [B] int64
-    ban_rows: torch.Tensor  # [N] int64
-    ban_tokens: torch.Tensor  # [N] int64
+    temperature: Array  # [B] float32; 1.0 on greedy rows (never divided by 0)
+    greedy: Array  # [B] bool
+    top_k: Array  # [B] int64; 0 where disabled
+    top_p: Array  # [B] float32
+    min_p: Array  # [B] float32
+    frequency_penalty: Array  # [B] float32
+    presence_penalty: Array  # [B] float32
+    repetition_penalty: Array  # [B] float32; 1.0 where disabled
+    min_tokens: Array  # [B] int64
+    ban_rows: Array  # [N] int64
+    ban_tokens: Array  # [N] int64
     all_greedy: bool
     any_greedy: bool
     any_top_k: bool
@@ -83,18 +87,16 @@ class SamplingTensors:
         params: Sequence[SamplingParams],
         *,
         eos_token_ids: Sequence[int] = (),
-        device: torch.device | str = "cpu",
+        device: Any = "cpu",
     ) -> SamplingTensors:
-        """Tensors for `params` (one per row); `eos_token_ids` end generation unless ignore_eos."""
+        """Arrays for `params` (one per row) on `device` (a torch device, or None: numpy);
+        `eos_token_ids` end generation unless ignore_eos."""
         if not params:
             raise ValueError("from_params needs at least one SamplingParams")
         for p in params:
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"expected SamplingParams, got {type(p).__name__}")
-
-        def col(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return to_device(torch.tensor(values, dtype=dtype), device)
-
+        col = ops_on(device).asarray
         greedy = [p.greedy for p in params]
         ban = [
             (i, t)
@@ -104,18 +106,18 @@ class SamplingTensors:
         ]
         return cls(
             temperature=col(
-                [1.0 if g else p.temperature for g, p in zip(greedy, params)], torch.float32
+                [1.0 if g else p.temperature for g, p in zip(greedy, params)], "float32"
             ),
-            greedy=col(greedy, torch.bool),
-            top_k=col([max(p.top_k, 0) for p in params], torch.int64),
-            top_p=col([p.top_p for p in params], torch.float32),
-            min_p=col([p.min_p for p in params], torch.float32),
-            frequency_penalty=col([p.frequency_penalty for p in params], torch.float32),
-            presence_penalty=col([p.presence_penalty for p in params], torch.float32),
-            repetition_penalty=col([p.repetition_penalty for p in params], torch.float32),
-            min_tokens=col([p.min_tokens for p in params], torch.int64),
-            ban_rows=col([r for r, _ in ban], torch.int64),
-            ban_tokens=col([t for _, t in ban], torch.int64),
+            greedy=col(greedy, "bool"),
+            top_k=col([max(p.top_k, 0) for p in params], "int64"),
+            top_p=col([p.top_p for p in params], "float32"),
+            min_p=col([p.min_p for p in params], "float32"),
+            frequency_penalty=col([p.frequency_penalty for p in params], "float32"),
+            presence_penalty=col([p.presence_penalty for p in params], "float32"),
+            repetition_penalty=col([p.repetition_penalty for p in params], "float32"),
+            min_tokens=col([p.min_tokens for p in params], "int64"),
+            ban_rows=col([r for r, _ in ban], "int64"),
+            ban_tokens=col([t for _, t in ban], "int64"),
             all_greedy=all(greedy),
             any_greedy=any(greedy),
             any_top_k=any(p.top_k > 0 and not g for g, p in zip(greedy, params)),
@@ -137,29 +139,31 @@ def _stop_ids(p: SamplingParams, eos_token_ids: Sequence[int]) -> list[int]:
 
 @dataclass(frozen=True)
 class SampleOutput:
-    """One sampled token per row, with raw-model logprobs when any row asked for them."""
+    """One sampled token per row, with raw-model logprobs when any row asked for them
+    (arrays of the logits' kind)."""
 
-    token_ids: torch.Tensor  # [B] int64
-    logprobs: torch.Tensor | None = None  # [B] float32: logprob of the chosen token
-    top_token_ids: torch.Tensor | None = None  # [B, K] int64, K = max top_logprobs_num
-    top_logprobs: torch.Tensor | None = None  # [B, K] float32
+    token_ids: Array  # [B] int64
+    logprobs: Array | None = None  # [B] float32: logprob of the chosen token
+    top_token_ids: Array | None = None  # [B, K] int64, K = max top_logprobs_num
+    top_logprobs: Array | None = None  # [B, K] float32
 
 
 def sample(
-    logits: torch.Tensor,
+    logits: Array,
     tensors: SamplingTensors,
     *,
     generators: Sequence[SeededGenerator | None] | None = None,
-    output_counts: torch.Tensor | None = None,
-    prompt_mask: torch.Tensor | None = None,
-    num_output_tokens: torch.Tensor | Sequence[int] | None = None,
-    bitmask: torch.Tensor | None = None,
+    output_counts: Array | None = None,
+    prompt_mask: Array | None = None,
+    num_output_tokens: Array | Sequence[int] | None = None,
+    bitmask: Array | None = None,
     mask_in_place: bool = False,
 ) -> SampleOutput:
-    """Sample one token per row of `logits` [B, V]; token NO_TOKEN (-1) where masks leave a
-    row nothing. Never modifies its inputs, except as `mask_in_place` allows.
+    """Sample one token per row of `logits` [B, V] (a torch tensor, or a numpy array: then
+    every other array is numpy too); token NO_TOKEN (-1) where masks leave a row nothing.
+    Never modifies its inputs, except as `mask_in_place` allows.
 
-    generators: per-row seeded generators (None entries, or None: torch's default RNG).
+    generators: per-row seeded generators (None entries, or None: the library's default RNG).
     output_counts: [B, V] counts of each token already generated (for the penalties).
     prompt_mask: bool [B, V], the tokens of each row's prompt (the repetition penalty counts
         them as seen too; None: only the output's).
@@ -169,41 +173,38 @@ def sample(
     mask_in_place: the bitmask may be applied to `logits` itself when nothing else changes
         them (applying it twice changes nothing; saves a [B, V] copy on a CPU).
     """
+    ops = ops_for(logits)
     _check_inputs(
-        logits, tensors, generators, output_counts, num_output_tokens, bitmask, prompt_mask
+        ops, logits, tensors, generators, output_counts, num_output_tokens, bitmask, prompt_mask
     )
-    logits = logits.float()
-    raw_logprobs = torch.log_softmax(logits, dim=-1) if tensors.return_logprob else None
+    logits = ops.astype(logits, "float32")
+    raw_logprobs = ops.log_softmax(logits) if tensors.return_logprob else None
     x, empty = _processed_logits(
-        logits, tensors, output_counts, num_output_tokens, bitmask, mask_in_place, prompt_mask
+        ops, logits, tensors, output_counts, num_output_tokens, bitmask, mask_in_place, prompt_mask
     )
-    greedy_ids = argmax_rows(x)
+    greedy_ids = ops.argmax(x)
     if tensors.all_greedy:
         ids = greedy_ids
     else:
-        ids = torch.where(
-            tensors.greedy, greedy_ids, _draw(_filtered_probs(x, tensors), generators)
-        )
+        drawn = _draw(ops, _filtered_probs(ops, x, tensors), generators)
+        ids = ops.where(tensors.greedy, greedy_ids, drawn)
     if empty is not None:
-        ids = ids.masked_fill(empty, NO_TOKEN)
+        ids = ops.masked_fill(ids, empty, NO_TOKEN)
     return with_logprobs(ids, raw_logprobs, tensors.max_top_logprobs)
 
 
-def argmax_rows(x: torch.Tensor) -> torch.Tensor:
-    """x.argmax(dim=-1) for [B, V] x. On a CPU, float32 rows go through numpy, whose
-    vectorized argmax is ~10x faster than torch's (2 ms instead of 22 ms for 256 x 49k) and
-    agrees with it: the first maximum, a NaN counting as the maximum."""
-    if x.device.type == "cpu" and x.dtype == torch.float32 and not x.requires_grad:
-        return torch.from_numpy(x.numpy().argmax(axis=-1))
-    return x.argmax(dim=-1)
+def argmax_rows(x: Array) -> Array:
+    """x.argmax(dim=-1) for [B, V] x: each row's first maximum, a NaN counting as the
+    maximum (through numpy on a CPU: ~10x faster than torch's)."""
+    return ops_for(x).argmax(x)
 
 
 def _check_inputs(
-    logits, tensors, generators, output_counts, num_output_tokens, bitmask, prompt_mask=None
+    ops, logits, tensors, generators, output_counts, num_output_tokens, bitmask, prompt_mask=None
 ) -> None:
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+    if not ops.is_array(logits) or logits.ndim != 2:
         raise ValueError(
-            f"logits must be a [B, V] tensor, got {getattr(logits, 'shape', type(logits))}"
+            f"logits must be a [B, V] array, got {getattr(logits, 'shape', type(logits))}"
         )
     b, v = logits.shape
     if tensors.batch_size != b:
@@ -217,10 +218,10 @@ def _check_inputs(
             f"output_counts must have shape {(b, v)}, got {tuple(output_counts.shape)}"
         )
     if prompt_mask is not None and (
-        tuple(prompt_mask.shape) != (b, v) or prompt_mask.dtype != torch.bool
+        tuple(prompt_mask.shape) != (b, v) or ops.dtype_name(prompt_mask) != "bool"
     ):
         raise ValueError(
-            f"prompt_mask must be a bool tensor of shape {(b, v)}, "
+            f"prompt_mask must be a bool array of shape {(b, v)}, "
             f"got {prompt_mask.dtype} {tuple(prompt_mask.shape)}"
         )
     if bitmask is not None:
@@ -230,6 +231,7 @@ def _check_inputs(
 
 
 def _processed_logits(
+    ops: ArrayOps,
     logits,
     tensors,
     output_counts,
@@ -237,18 +239,18 @@ def _processed_logits(
     bitmask,
     mask_in_place=False,
     prompt_mask=None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[Array, Array | None]:
     """(logits after penalties, the min_tokens ban and the constraint mask, bool [B] rows
-    left without a finite logit or None when nothing masked). The logits are a new tensor,
+    left without a finite logit or None when nothing masked). The logits are a new array,
     `logits` itself when none applies, or `logits` masked in place when only the mask
     applies and `mask_in_place` allows it (callers never modify the result further)."""
     penalised = tensors.any_penalty and (output_counts is not None or prompt_mask is not None)
     if not penalised and not tensors.any_min_tokens:
         if bitmask is None:
             return logits, None
-        x = logits if mask_in_place else logits.clone()
-        return apply_bitmask_(x, bitmask), _empty_rows(x)
-    x = logits.clone()  # a [B, V] copy costs milliseconds on a CPU at large B
+        x = logits if mask_in_place else ops.copy(logits)
+        return apply_bitmask_(x, bitmask), _empty_rows(ops, x)
+    x = ops.copy(logits)  # a [B, V] copy costs milliseconds on a CPU at large B
     if penalised:
         in_output = None if output_counts is None else output_counts > 0
         if tensors.any_repetition:
@@ -257,52 +259,50 @@ def _processed_logits(
                 seen = prompt_mask if seen is None else seen | prompt_mask
             x = repetition_penalised(x, seen, tensors.repetition_penalty)
         if output_counts is not None:
-            x -= tensors.frequency_penalty[:, None] * output_counts.to(x.dtype)
-            x -= tensors.presence_penalty[:, None] * in_output.to(x.dtype)
+            x -= tensors.frequency_penalty[:, None] * ops.astype(output_counts, "float32")
+            x -= tensors.presence_penalty[:, None] * ops.astype(in_output, "float32")
     if tensors.any_min_tokens:
-        n_out = _as_long(num_output_tokens, tensors.batch_size, x.device)
+        n_out = _as_long(ops, num_output_tokens, tensors.batch_size)
         rows, tokens = tensors.ban_rows, tensors.ban_tokens
         active = n_out[rows] < tensors.min_tokens[rows]
         # every (row, token) pair written, the inactive ones with their own value: a
         # boolean index would wait for the device to count the active ones
-        x.index_put_((rows, tokens), x[rows, tokens].masked_fill(active, _NEG_INF))
+        ops.index_put_(x, rows, tokens, ops.masked_fill(x[rows, tokens], active, _NEG_INF))
     if bitmask is None and not tensors.any_min_tokens:
         return x, None  # penalties alone leave every row its tokens
     if bitmask is not None:
         apply_bitmask_(x, bitmask)
-    return x, _empty_rows(x)
+    return x, _empty_rows(ops, x)
 
 
-def repetition_penalised(
-    x: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor
-) -> torch.Tensor:
+def repetition_penalised(x: Array, seen: Array, penalty: Array) -> Array:
     """x [B, V] with CTRL's repetition penalty [B] applied where `seen` [B, V] is true: a
     positive logit divided by the penalty, a negative one multiplied by it (the rest kept)."""
-    p = penalty[:, None]
-    return torch.where(seen, torch.where(x > 0, x / p, x * p), x)
+    ops, p = ops_for(x), penalty[:, None]
+    return ops.where(seen, ops.where(x > 0, x / p, x * p), x)
 
 
-def _empty_rows(x: torch.Tensor) -> torch.Tensor:
+def _empty_rows(ops: ArrayOps, x: Array) -> Array:
     """bool [B]: rows without a finite logit (masks can leave a row nothing to sample)."""
-    return ~torch.isfinite(x.amax(dim=-1))
+    return ~ops.isfinite(ops.amax(x))
 
 
-def _as_long(values, batch_size: int, device) -> torch.Tensor:
+def _as_long(ops: ArrayOps, values, batch_size: int) -> Array:
     if values is None:
-        return torch.zeros(batch_size, dtype=torch.int64, device=device)
-    if isinstance(values, torch.Tensor):
-        return values.to(device=device, dtype=torch.int64)
-    return to_device(torch.tensor(list(values), dtype=torch.int64), device)
+        return ops.zeros(batch_size, "int64")
+    if ops.is_array(values):
+        return ops.astype(values, "int64")
+    return ops.asarray(list(values), "int64")
 
 
-def _filtered_probs(x: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
+def _filtered_probs(ops: ArrayOps, x: Array, tensors: SamplingTensors) -> Array:
     """Temperature, then top-k, top-p and min-p; filtered-out tokens get probability 0."""
-    probs = torch.softmax(x / tensors.temperature[:, None], dim=-1)
+    probs = ops.softmax(x / tensors.temperature[:, None])
     if tensors.any_top_k or tensors.any_top_p:
         probs = probs * _top_k_top_p_keep(probs, tensors)
     if tensors.any_min_p:
-        threshold = tensors.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
-        probs = probs.masked_fill(probs < threshold, 0.0)
+        threshold = tensors.min_p[:, None] * ops.amax(probs, keepdims=True)
+        probs = ops.masked_fill(probs, probs < threshold, 0.0)
     return probs
 
 
@@ -310,8 +310,8 @@ _TOP_CANDIDATES = 256  # top-k/top-p cut-offs almost always fall inside this man
 
 
 def _top_k_top_p_keep(
-    probs: torch.Tensor, tensors: SamplingTensors, full_sort: bool | None = None
-) -> torch.Tensor:
+    probs: Array, tensors: SamplingTensors, full_sort: bool | None = None
+) -> Array:
     """Bool [B, V]: the tokens top-k and top-p keep.
 
     A full sort of V=49k floats costs milliseconds on a CPU, so there the cut-off is looked
@@ -321,97 +321,100 @@ def _top_k_top_p_keep(
     scheduling queues the draws without waiting), so it sorts everything
     (`full_sort`: None = by device).
     """
+    ops = ops_for(probs)
     vocab = probs.shape[-1]
     enabled_k = tensors.top_k > 0
     if full_sort is None:
-        full_sort = probs.device.type != "cpu"
+        full_sort = ops.device is not None and ops.device.type != "cpu"
     k_max = tensors.max_top_k if tensors.any_top_k else 0
     n = vocab if full_sort else min(vocab, max(_TOP_CANDIDATES, k_max))
-    keep_sorted, idx, determined = _keep_among_top(probs, tensors, n)
+    keep_sorted, idx, determined = _keep_among_top(ops, probs, tensors, n)
     while n < vocab and not bool(determined.all()):
         n = min(vocab, n * 8)
-        keep_sorted, idx, determined = _keep_among_top(probs, tensors, n)
+        keep_sorted, idx, determined = _keep_among_top(ops, probs, tensors, n)
     filtered = enabled_k | (tensors.top_p < 1.0)
-    keep = torch.zeros_like(probs, dtype=torch.bool).scatter_(1, idx, keep_sorted)
+    keep = ops.scatter_(ops.zeros_like(probs, "bool"), idx, keep_sorted)
     return keep | ~filtered[:, None]
 
 
-def _keep_among_top(probs: torch.Tensor, tensors: SamplingTensors, n: int):
-    vals, idx = probs.topk(n, dim=-1)  # sorted descending
-    positions = torch.arange(n, device=probs.device)[None, :]
-    k = torch.where(tensors.top_k > 0, tensors.top_k, n)
+def _keep_among_top(ops: ArrayOps, probs: Array, tensors: SamplingTensors, n: int):
+    vals, idx = ops.topk(probs, n)  # sorted descending
+    positions = ops.arange(n)[None, :]
+    k = ops.where(tensors.top_k > 0, tensors.top_k, n)
     keep = positions < k[:, None]
     vals = vals * keep
     # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass
     # strictly before it already does. The first token always survives.
-    mass_before = vals.cumsum(dim=-1) - vals
+    mass_before = ops.cumsum(vals) - vals
     keep &= ~((mass_before >= tensors.top_p[:, None]) & (tensors.top_p < 1.0)[:, None])
     # The cut-off lies inside the window when top-k cut there (n >= every k), when top-p is
     # off, or when the window already holds top_p of the mass.
-    determined = (tensors.top_k > 0) | (tensors.top_p >= 1.0) | (vals.sum(dim=-1) >= tensors.top_p)
+    determined = (tensors.top_k > 0) | (tensors.top_p >= 1.0) | (ops.sum(vals) >= tensors.top_p)
     return keep, idx, determined
 
 
-def _draw(probs: torch.Tensor, generators: Sequence[SeededGenerator | None] | None) -> torch.Tensor:
+def _draw(
+    ops: ArrayOps, probs: Array, generators: Sequence[SeededGenerator | None] | None
+) -> Array:
     """Inverse-CDF sampling: one uniform per row, so seeded rows are batch-independent."""
-    u = uniforms(generators, probs.shape[0], probs.device)
-    cdf = probs.cumsum(dim=-1)
+    u = uniforms(generators, probs.shape[0], ops.device)
+    cdf = ops.cumsum(probs)
     # 1 - u lies in (0, 1], so the target is > 0 and <= the total mass: a token of zero
     # probability (a flat step of the cdf) can never be the first index reaching it.
-    target = (1.0 - u)[:, None] * cdf[:, -1:]
-    ids = torch.searchsorted(cdf, target, right=False)[:, 0]
-    return ids.clamp_(max=probs.shape[-1] - 1)
+    target = (1.0 - u) * cdf[:, -1]
+    return ops.clamp(ops.searchsorted(cdf, target), hi=probs.shape[-1] - 1)
 
 
 def probabilities(
-    logits: torch.Tensor,
+    logits: Array,
     tensors: SamplingTensors,
     *,
-    output_counts: torch.Tensor | None = None,
-    prompt_mask: torch.Tensor | None = None,
-    num_output_tokens: torch.Tensor | Sequence[int] | None = None,
-    bitmask: torch.Tensor | None = None,
-) -> torch.Tensor:
+    output_counts: Array | None = None,
+    prompt_mask: Array | None = None,
+    num_output_tokens: Array | Sequence[int] | None = None,
+    bitmask: Array | None = None,
+) -> Array:
     """[B, V] float32: the distribution `sample` draws each row from with the same inputs
     (penalties, min_tokens ban, mask, temperature, top-k/p, min-p), normalised; one-hot at
     the argmax on greedy rows; all zeros on a row the masks leave nothing. Speculative
     decoding's rejection rule needs it explicitly."""
-    _check_inputs(logits, tensors, None, output_counts, num_output_tokens, bitmask, prompt_mask)
+    ops = ops_for(logits)
+    _check_inputs(
+        ops, logits, tensors, None, output_counts, num_output_tokens, bitmask, prompt_mask
+    )
     x, empty = _processed_logits(
-        logits.float(),
+        ops,
+        ops.astype(logits, "float32"),
         tensors,
         output_counts,
         num_output_tokens,
         bitmask,
         prompt_mask=prompt_mask,
     )
-    probs = _filtered_probs(x, tensors)
-    probs = probs / probs.sum(dim=-1, keepdim=True)
+    probs = _filtered_probs(ops, x, tensors)
+    probs = probs / ops.sum(probs, keepdims=True)
     if tensors.any_greedy:
-        one_hot = torch.zeros_like(probs).scatter_(1, argmax_rows(x)[:, None], 1.0)
-        probs = torch.where(tensors.greedy[:, None], one_hot, probs)
+        one_hot = ops.scatter_(ops.zeros_like(probs), ops.argmax(x)[:, None], 1.0)
+        probs = ops.where(tensors.greedy[:, None], one_hot, probs)
     if empty is not None:
-        probs = probs.masked_fill(empty[:, None], 0.0)
+        probs = ops.masked_fill(probs, empty[:, None], 0.0)
     return probs
 
 
-def draw(
-    probs: torch.Tensor, generators: Sequence[SeededGenerator | None] | None = None
-) -> torch.Tensor:
+def draw(probs: Array, generators: Sequence[SeededGenerator | None] | None = None) -> Array:
     """One token per row of `probs` [B, V] (non-negative, not necessarily normalised) by
     inverse-CDF sampling with one uniform per row, from that row's generator as in `sample`."""
-    return _draw(probs, generators)
+    return _draw(ops_for(probs), probs, generators)
 
 
-def with_logprobs(ids: torch.Tensor, raw_logprobs: torch.Tensor | None, k: int) -> SampleOutput:
+def with_logprobs(ids: Array, raw_logprobs: Array | None, k: int) -> SampleOutput:
     """ids [B] with their raw logprobs and top-k alternatives from raw_logprobs [B, V]
     (None: ids only; k <= 0: no alternatives). A NO_TOKEN row gets token 0's, unread."""
     if raw_logprobs is None:
         return SampleOutput(token_ids=ids)
-    chosen = raw_logprobs.gather(1, ids.clamp(min=0)[:, None])[:, 0]
+    ops = ops_for(raw_logprobs)
+    chosen = ops.take_along(raw_logprobs, ops.clamp(ids, lo=0)[:, None])[:, 0]
     if k <= 0:
         return SampleOutput(token_ids=ids, logprobs=chosen)
-    top = raw_logprobs.topk(min(k, raw_logprobs.shape[-1]), dim=-1)
-    return SampleOutput(
-        token_ids=ids, logprobs=chosen, top_token_ids=top.indices, top_logprobs=top.values
-    )
+    values, indices = ops.topk(raw_logprobs, min(k, raw_logprobs.shape[-1]))
+    return SampleOutput(token_ids=ids, logprobs=chosen, top_token_ids=indices, top_logprobs=values)

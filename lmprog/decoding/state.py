@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
+import numpy as np
 
 from lmprog.core.errors import BackendError
 from lmprog.core.protocol import (
@@ -37,6 +37,7 @@ from lmprog.core.protocol import (
 )
 from lmprog.core.sampling import SamplingParams
 
+from .arrays import ops_on
 from .detok import TextStream
 from .result import EngineResult
 from .rng import make_generator
@@ -63,18 +64,24 @@ class _NoText:
         return ""
 
 
-def _token_mask(ids: Sequence[int], vocab_size: int, device: torch.device | str) -> torch.Tensor:
+def _token_mask(ids: Sequence[int], vocab_size: int, device: Any) -> Any:
     """bool [vocab_size]: True at each id of `ids` (ids outside the vocabulary skipped)."""
-    mask = torch.zeros(vocab_size, dtype=torch.bool)
     inside = [t for t in ids if 0 <= t < vocab_size]
+    if device is None:
+        mask = np.zeros(vocab_size, dtype=np.bool_)
+        mask[inside] = True
+        return mask
+    host = ops_on("cpu")
+    mask = host.zeros(vocab_size, "bool")
     if inside:
-        mask[torch.tensor(inside, dtype=torch.int64)] = True
+        mask[host.asarray(inside, "int64")] = True
     return mask.to(device)
 
 
 class DecodeState:
     """Per-request mutable state: output ids, text stream, guide, RNG, penalty counts,
-    logprobs. Not thread-safe; the backend's decoding thread owns it.
+    logprobs. Not thread-safe; the backend's decoding thread owns it. `device`: where the
+    sampler's arrays live, a torch device or None (numpy; no torch imported).
 
     What `BatchSampler` reads: params, output_ids (min_tokens), counts (penalties), prompt_mask
     (the repetition penalty's prompt tokens), guide
@@ -95,7 +102,7 @@ class DecodeState:
         guide: Any = None,
         jump_forward: bool = True,
         prompt_logprob_start: int | None = None,
-        device: torch.device | str = "cpu",
+        device: Any = "cpu",
     ) -> None:
         self.params = params
         self.output_ids: list[int] = []
@@ -107,9 +114,9 @@ class DecodeState:
         self.first_token_at: float | None = None  # time.perf_counter() of the first output
         self.guide = guide
         self.generator = make_generator(params.seed)
-        self.counts = (
-            torch.zeros(vocab_size, dtype=torch.int32, device=device) if params.penalised else None
-        )
+        # penalty counts and the prompt's tokens as arrays of the sampler's kind (device
+        # None: numpy, as the llama.cpp backend samples)
+        self.counts = ops_on(device).zeros(vocab_size, "int32") if params.penalised else None
         # the prompt's tokens, which the repetition penalty counts as seen (bool [V])
         self.prompt_mask = (
             _token_mask(prompt_ids, vocab_size, device)

@@ -19,17 +19,23 @@ Each guide position gets, on first use, a cached bitmask row per (device, width)
 a 49k vocabulary, shared by every position with the same allowed set - so a step costs a
 stack of cached rows. Applying adds 0 or -inf through a table from each mask byte to its 8 logits (a
 CPU has no cheap per-bit select): on a CPU ~30 us per 49k-token row through numpy.
+
+Arrays are torch tensors on a device, or numpy arrays (`device=None`: the llama.cpp backend,
+which never imports torch); applying works on either.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from lmprog.fsm.guide import Guide, prefetch_bitmask_words
+
+if TYPE_CHECKING:
+    import torch
 
 
 def num_words(width: int) -> int:
@@ -37,25 +43,37 @@ def num_words(width: int) -> int:
     return (width + 31) // 32
 
 
-def allowed_bitmask(
-    guides: Sequence[Guide | None], width: int, device: torch.device | str = "cpu"
-) -> torch.Tensor:
+def allowed_bitmask(guides: Sequence[Guide | None], width: int, device: Any = "cpu") -> Any:
     """int32 [len(guides), ceil(width / 32)]: the tokens each guide allows next (None rows:
-    every bit set). A new tensor on `device`, stacked from cached rows (never waits for the device)."""
+    every bit set). A new tensor on the torch `device`, or a numpy array where `device` is
+    None; stacked from cached rows (never waits for the device)."""
     if not guides:
         raise ValueError("allowed_bitmask needs at least one guide (None = unconstrained)")
-    device = torch.device(device)
     prefetch_bitmask_words(guides)
+    if device is None:
+        full = np.full(num_words(width), -1, dtype=np.int32)
+        return np.stack([full if g is None else _row(g, width, None) for g in guides])
+    import torch
+
+    device = torch.device(device)
     full = None
     if any(g is None for g in guides):
         full = torch.full((num_words(width),), -1, dtype=torch.int32, device=device)
     return torch.stack([full if g is None else _row(g, width, device) for g in guides])
 
 
-def apply_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+def apply_bitmask_(logits: Any, bitmask: Any) -> Any:
     """Add -inf to every logit whose bit is 0, in place; returns `logits` [B, V] (floating,
-    V <= 32 * words). bitmask: int32 [B, words] on the logits' device."""
+    V <= 32 * words). bitmask: int32 [B, words], of the logits' kind (a torch tensor on
+    their device, or a numpy array)."""
     check_bitmask(logits, bitmask)
+    if isinstance(logits, np.ndarray):
+        if logits.dtype != np.float32:
+            raise ValueError(f"numpy logits must be float32, got {logits.dtype}")
+        _apply_numpy(logits, bitmask, logits.shape[1])
+        return logits
+    import torch
+
     batch, width = logits.shape
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         _apply_numpy(logits.numpy(), bitmask.numpy(), width)
@@ -66,28 +84,39 @@ def apply_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
 
 
 def unpack_bitmask(bitmask: torch.Tensor, width: int) -> torch.Tensor:
-    """bool [B, width] from an int32 bitmask [B, words]; the inverse of `allowed_bitmask`."""
+    """bool [B, width] from an int32 bitmask tensor [B, words]; the inverse of `allowed_bitmask`."""
+    import torch
+
     shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
     bits = (bitmask[:, :, None] >> shifts) & 1
     return bits.flatten(1)[:, :width].bool()
 
 
-def check_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """ValueError/TypeError unless `bitmask` is an int32 [B, ceil(V / 32)] mask of logits [B, V]."""
-    if not isinstance(logits, torch.Tensor) or not isinstance(bitmask, torch.Tensor):
-        raise TypeError("expected torch tensors of logits and of the bitmask")
-    if logits.dim() != 2 or not logits.dtype.is_floating_point:
+def check_bitmask(logits: Any, bitmask: Any) -> None:
+    """ValueError/TypeError unless `bitmask` is an int32 [B, ceil(V / 32)] mask of logits [B, V]
+    (both numpy arrays, or both torch tensors on one device)."""
+    if isinstance(logits, np.ndarray) or isinstance(bitmask, np.ndarray):
+        if not (isinstance(logits, np.ndarray) and isinstance(bitmask, np.ndarray)):
+            raise TypeError("expected the logits and the bitmask both numpy or both torch")
+        floating, dtype = np.issubdtype(logits.dtype, np.floating), bitmask.dtype.name
+    else:
+        import torch
+
+        if not isinstance(logits, torch.Tensor) or not isinstance(bitmask, torch.Tensor):
+            raise TypeError("expected torch tensors of logits and of the bitmask")
+        floating, dtype = logits.dtype.is_floating_point, str(bitmask.dtype).removeprefix("torch.")
+        if bitmask.device != logits.device:
+            raise ValueError(f"the bitmask is on {bitmask.device}, the logits on {logits.device}")
+    if logits.ndim != 2 or not floating:
         raise ValueError(
             f"expected 2-D floating logits, got shape {tuple(logits.shape)} dtype {logits.dtype}"
         )
     want = (logits.shape[0], num_words(logits.shape[1]))
-    if bitmask.dtype != torch.int32 or tuple(bitmask.shape) != want:
+    if dtype != "int32" or tuple(bitmask.shape) != want:
         raise ValueError(
             f"the bitmask must be int32 of shape {want} (one bit per logit), got "
             f"{bitmask.dtype} {tuple(bitmask.shape)}"
         )
-    if bitmask.device != logits.device:
-        raise ValueError(f"the bitmask is on {bitmask.device}, the logits on {logits.device}")
 
 
 # ---- applying -----------------------------------------------------------------------------
@@ -97,7 +126,7 @@ _BYTE_BIAS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, 0.0, -np.in
     np.float32
 )
 _BYTE_BIAS.flags.writeable = False
-_LUTS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+_LUTS: dict[tuple[Any, Any], Any] = {}  # (torch device, dtype) -> the table there
 
 
 def _apply_numpy(x: np.ndarray, words: np.ndarray, width: int) -> None:
@@ -109,6 +138,8 @@ def _apply_numpy(x: np.ndarray, words: np.ndarray, width: int) -> None:
 
 
 def _lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    import torch
+
     lut = _LUTS.get((device, dtype))
     if lut is None:
         lut = _LUTS.setdefault(
@@ -119,14 +150,15 @@ def _lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
 
 # ---- cached per-position rows -------------------------------------------------------------
 # The guide caches its position's bitmask words (numpy) on the index; here each gets a device
-# row per (device, width), shared between positions with the same allowed set (all the
-# "inside a JSON string" positions of a schema share one row), so device memory grows with the
-# number of distinct sets: at most ROW_CACHE_SIZE of each per (index, device, width).
+# row per (device, width) (device None: a numpy row), shared between positions with the same
+# allowed set (all the "inside a JSON string" positions of a schema share one row), so device
+# memory grows with the number of distinct sets: at most ROW_CACHE_SIZE of each per (index,
+# device, width).
 
 ROW_CACHE_SIZE = 512
 
 
-def _row(guide: Guide, width: int, device: torch.device) -> torch.Tensor:
+def _row(guide: Guide, width: int, device: torch.device | None) -> Any:
     """The guide position's bitmask row: cached by position, then by allowed set, else built."""
     index, kind = guide.index, ("bitmask", device, width)
     key = "eos" if guide.eos_consumed else guide.state
@@ -145,10 +177,9 @@ def _row(guide: Guide, width: int, device: torch.device) -> torch.Tensor:
     return row
 
 
-def _build_row(
-    words: np.ndarray, vocab_size: int, width: int, device: torch.device
-) -> torch.Tensor:
-    """Words over the vocabulary -> a row of `width` bits (ids past the vocabulary: 0)."""
+def _build_row(words: np.ndarray, vocab_size: int, width: int, device: torch.device | None) -> Any:
+    """Words over the vocabulary -> a row of `width` bits (ids past the vocabulary: 0), on
+    the torch `device` or (None) a numpy array."""
     out = np.zeros(num_words(width), dtype=np.int32)
     n = min(len(out), len(words))
     out[:n] = words[:n]
@@ -156,5 +187,10 @@ def _build_row(
         bits = np.unpackbits(out.view(np.uint8), bitorder="little")
         bits[width:] = 0
         out = np.packbits(bits, bitorder="little").view(np.int32)
+    if device is None:
+        out.flags.writeable = False  # shared by every position with this allowed set
+        return out
+    import torch
+
     # Pageable memory is staged at once: a non-blocking copy needs no wait for the device.
     return torch.from_numpy(out).to(device, non_blocking=True)
