@@ -1,6 +1,7 @@
 """The masks of a guide whose constraint has decode-time checks (``lmprog.fsm.checks``): the
 grammar's mask less the tokens the check refuses, found by trying only the tokens that can
-complete something (per-vocabulary tables of which those are)."""
+complete something or, inside a string whose maxLength is counted apart, that can bring it
+near that bound (per-vocabulary tables of which those are)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,13 @@ def filter_words(check: JsonChecks, state: State, words: np.ndarray, vocab: Any)
     would fill it to its maxLength as a seen string, or every allowed token if the item is one
     of a finite set of strings (any character may leave only repeats); elsewhere the allowed
     tokens that hold punctuation, whitespace, two quotes or a literal's last letter, or start
-    a literal, a zero, or (before such a string) a string."""
+    a literal, a zero, or (before such a string) a string. Inside a string whose maxLength is
+    counted (``json_schema.lengths``), first the tokens that would leave it unable to end
+    within it (`_within_length`)."""
+    if state[4] is not None:
+        words = _within_length(check, state, words, vocab)
+        if not check.checks_items(state):
+            return words
     table = _tables(vocab)
     finite = state[1] in ("string", "value") and check.strings(state[0]) is not None
     if check.in_string(state) and not finite:
@@ -55,12 +62,35 @@ def filter_words(check: JsonChecks, state: State, words: np.ndarray, vocab: Any)
     return words if out is None else out
 
 
+def _within_length(check: JsonChecks, state: State, words: np.ndarray, vocab: Any) -> np.ndarray:
+    """`words` without the tokens after which the counted string cannot end within its
+    maxLength. A token of L characters (its bytes but UTF-8 continuations; escapes make them
+    fewer) is kept untried where L leaves room for the pattern's longest shortest completion
+    (`slack`), refused untried where it holds no quote or backslash and L passes the room
+    left; the others are tried (`JsonChecks.step`)."""
+    length, _, n, pending = state[4]
+    room = length.max_len - n - bool(pending)  # characters free after the one begun
+    table = _length_table(vocab)
+    if room - length.slack >= table.most:
+        return words
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
+    allowed = bits[: len(table.chars)]
+    refused = allowed & table.plain & (table.chars > room)
+    tried = allowed & ~refused & (~table.plain | (table.chars > room - length.slack))
+    for token in np.flatnonzero(tried).tolist():
+        refused[token] = check.step(state, vocab.token_bytes[token]) is None
+    if not refused.any():
+        return words
+    allowed &= ~refused
+    return np.packbits(bits, bitorder="little").view(np.int32)
+
+
 def _closing(state: State):
     """Inside a string or key (not right after a backslash): a function of the bytes before a
     closing quote saying whether the string or key they end is refused (a string item
     repeating one, a key read before; other strings never are); None elsewhere (or if the
     text so far does not decode: a split character)."""
-    stack, mode, text, buf = state
+    stack, mode, text, buf, _ = state
     top = stack[-1]
     if mode == "key":
         keys = top[3]
@@ -101,7 +131,7 @@ def _decodes_to(text: bytes, seen: frozenset, kind: tuple = ()) -> bool:
 def _full_lengths(check: JsonChecks, state: State) -> list[bytes]:
     """Inside a string item with a maxLength: the texts that would bring it to a seen string
     of that length (whose only continuation is then its closing quote)."""
-    stack, mode, _, buf = state
+    stack, mode, _, buf, _ = state
     top = stack[-1]
     longest = check.longest(stack) if mode == "string" and top[0] == "arr" else None
     if longest is None or top[5] is None:
@@ -154,11 +184,31 @@ class _Tables:
                 self.simple[i] = head
 
 
+class _LengthTable:
+    """Per vocabulary: `chars` (each token's bytes but UTF-8 continuation bytes: the
+    characters it adds inside a string, or more where it holds escapes), `plain` (those
+    holding no quote and no backslash: exactly that many) and `most` (the largest)."""
+
+    def __init__(self, vocab: Any) -> None:
+        tokens = [b or b"" for b in vocab.token_bytes]
+        self.chars = np.array([sum(1 for c in t if c & 0xC0 != 0x80) for t in tokens])
+        self.plain = np.array([b'"' not in t and b"\\" not in t for t in tokens])
+        self.most = int(self.chars.max(initial=0))
+
+
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # vocabulary -> _Tables
+_LENGTH_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # -> _LengthTable
 
 
 def _tables(vocab: Any) -> _Tables:
     table = _TABLES.get(vocab)
     if table is None:  # (two threads may both build it: the same table)
         table = _TABLES[vocab] = _Tables(vocab)
+    return table
+
+
+def _length_table(vocab: Any) -> _LengthTable:
+    table = _LENGTH_TABLES.get(vocab)
+    if table is None:  # (two threads may both build it: the same table)
+        table = _LENGTH_TABLES[vocab] = _LengthTable(vocab)
     return table

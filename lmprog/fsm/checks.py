@@ -1,6 +1,8 @@
 """What the grammar cannot say, checked on the text as it is decoded: ``uniqueItems`` over
-items from an open set (strings, numbers, objects...), its complement (two equal items), and
-distinct keys where ``not`` over additionalProperties/patternProperties asks for them.
+items from an open set (strings, numbers, objects...), its complement (two equal items),
+distinct keys where ``not`` over additionalProperties/patternProperties asks for them, and
+the characters of strings whose maxLength the grammar leaves out (``json_schema.lengths``:
+where a pattern beside it would make too big a lexeme).
 
 A grammar cannot say "no item equals an earlier one" when the items are not drawn from a small
 finite set, nor "some item equals an earlier one", nor "no key is written twice". The compiler
@@ -19,8 +21,12 @@ keeps, per container whose schema asks, what it needs:
   would replace, the last one counting; or a ``minProperties`` that needs two or more keys the
   schema does not name, counted as written): the keys seen; the quote closing a key seen
   before is not allowed.
+- counted lengths: the string's characters and its pattern's automaton state (a
+  ``LengthCount``); a token after which it passes maxLength, or cannot end within it, is not
+  allowed.
 The guide removes what is not allowed from the mask (``check_masks``: only tokens that can
-complete something are tried) and refuses it in ``advance``.
+complete something, or bring a counted string near its bound, are tried) and refuses it in
+``advance``.
 
 Where several branches apply, a condition holds if any of them asks for it (a narrowing,
 never a wrong acceptance), unless one of them takes any array (any object); under an
@@ -64,6 +70,9 @@ from lmprog.fsm.json_schema.terms import (
 #   "after" (",", "]" or "}").
 # text: the bytes of a key being read; buf: the text since the outermost item of a checked
 #   array still being read started.
+# count: inside a string whose maxLength is counted apart (json_schema.lengths), (its
+#   LengthCount, the pattern automaton's state, characters completed, bytes of one begun);
+#   else None.
 State = tuple
 _WS = frozenset(b" \t\n\r")
 _LITERALS = (b"true", b"false", b"null")
@@ -72,17 +81,23 @@ _UNIQUE, _REPEATS = 1, 2
 
 
 class JsonChecks:
-    def __init__(self, root: Node, bodies: dict) -> None:
+    def __init__(self, root: Node, bodies: dict, lengths: dict | None = None) -> None:
         """root: the schema's node; bodies: RefT key -> node. Arrays are checked where a term
         asks for distinct items (``unique``) or a repeated one (``repeats``), objects where
-        one asks for a member breaking a rule (``some_values``: distinct keys)."""
-        self.root, self.bodies = root, bodies
+        one asks for a member breaking a rule (``some_values``: distinct keys); lengths: the
+        string terms whose maxLength is counted here -> their ``lengths.LengthCount``."""
+        self.root, self.bodies, self.lengths = root, bodies, lengths or {}
 
     def start(self) -> State:
-        return ((("top", (self.root,)),), "value", b"", b"")
+        return ((("top", (self.root,)),), "value", b"", b"", None)
 
     def active(self, state: State) -> bool:
-        """Whether a token could complete something checked here (the mask needs filtering)."""
+        """Whether a token could complete something checked here, or pass a string's
+        maxLength (the mask needs filtering)."""
+        return state[4] is not None or self.checks_items(state)
+
+    def checks_items(self, state: State) -> bool:
+        """Whether a token could complete an item or a key checked here."""
         return any(f[0] == "arr" and f[2] or f[0] == "obj" and f[3] is not None for f in state[0])
 
     def in_string(self, state: State) -> bool:
@@ -90,10 +105,12 @@ class JsonChecks:
 
     def step(self, state: State, data: bytes) -> State | None:
         """The state after `data`; None if it breaks a condition (an item equal to an earlier
-        one, an array closed without a repeat, a key written again)."""
-        stack, mode, text, old = state
+        one, an array closed without a repeat, a key written again, a string past a maxLength
+        counted here or left unable to end within it)."""
+        stack, mode, text, old, count = state
         buf = bytearray(old)
         keep = _keeps(stack)
+        content = bytearray()  # the bytes of a counted string read by this call
         for byte in data:
             if keep:
                 buf.append(byte)
@@ -102,10 +119,17 @@ class JsonChecks:
                     if mode == "key":
                         stack, mode, text = self._key(stack, text), "colon", b""
                     else:
+                        if count is not None:
+                            length, *at = count
+                            if length.close(*length.read(*at, bytes(content))) is None:
+                                return None
+                            count, content = None, bytearray()
                         stack, mode = self._done(stack, buf), "after"
                     if stack is None:
                         return None
                     continue
+                if count is not None:
+                    content.append(byte)
                 if mode == "key" and stack[-1][1] is not None:
                     text += bytes((byte,))
                 if byte == 0x5C:  # a backslash: the next byte is escaped
@@ -116,6 +140,8 @@ class JsonChecks:
             if mode in ("string\\", "key\\"):
                 if mode == "key\\" and stack[-1][1] is not None:
                     text += bytes((byte,))
+                if count is not None:
+                    content.append(byte)
                 mode = mode[:-1]
                 continue
             if mode == "scalar":
@@ -145,6 +171,10 @@ class JsonChecks:
                     stack, mode = self._close(stack, buf), "after"
             elif mode == "value":
                 stack, mode = self._open(stack, c, buf)
+                if mode == "string" and self.lengths:
+                    count, content = self._count(stack), bytearray()
+                    if count is False:
+                        return None
                 if mode == "value" and not keep and _keeps(stack):
                     keep = True
                     buf = bytearray()
@@ -159,7 +189,22 @@ class JsonChecks:
                 stack, mode = self._close(stack, buf), "after"
             if stack is None:
                 return None
-        return stack, mode, text, bytes(buf) if _keeps(stack) else b""
+        if count is not None and content:
+            length, *at = count
+            count = (length, *length.read(*at, bytes(content)))
+            if not length.fits(*count[1:]):
+                return None
+        return stack, mode, text, bytes(buf) if _keeps(stack) else b"", count
+
+    def _count(self, stack: tuple) -> tuple | bool | None:
+        """A string value starts: its count if its maxLength is counted here (None if not;
+        False if it may also be another string term, which the grammar does not tell apart:
+        refused -- json_schema.lengths writes counted terms only where none is)."""
+        terms = set(self._terms(self._value_nodes(stack), StrT) or ())
+        counted = [self.lengths[t] for t in terms if t in self.lengths]
+        if not counted:
+            return None
+        return False if len(terms) > 1 else (counted[0], 0, 0, b"")
 
     def _key(self, stack: tuple, text: bytes) -> tuple | None:
         """A key ends (its bytes are `text`): the innermost object's last key; None if its

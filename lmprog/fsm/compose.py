@@ -19,15 +19,19 @@ into lexemes the way the parts it competes with are cut, because llguidance's le
   one lexeme each;
 * `regex(r)`: one lexeme (a regex fragment of `lmprog.fsm.regex`);
 * `embed(constraint)`: a regex, choices or dtype constraint as one lexeme; a JSON schema's
-  grammar with its rules renamed apart. An EBNF grammar does not embed (its lexemes are the
+  grammar with its rules renamed apart (and every string length in its lexemes: a composed
+  grammar runs without the schema's check). An EBNF grammar does not embed (its lexemes are the
   user's, cut who knows how): ConstraintError.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import replace
 
 from lmprog.core.errors import ConstraintError
+from lmprog.fsm import json_schema
 from lmprog.fsm.constraint import Constraint
 from lmprog.fsm.json_schema.lark import Alt, Cat, Frag, Ref, Rep, alt, cat, rep, to_lark, tok
 from lmprog.fsm.regex import R, lit, raw
@@ -88,11 +92,29 @@ def embed(c: Constraint) -> Frag:
             "schema or a regex"
         )
     if c.check is not None:
+        c = _lengths_in_lexemes(c)
+    if c.check is not None:
         raise ConstraintError(
             "a schema checked as decoded (uniqueItems, 'not' over it or over "
             "additionalProperties) cannot be combined with other parts (tool calls)"
         )
     return _Embedded(c)
+
+
+def _lengths_in_lexemes(c: Constraint) -> Constraint:
+    """A JSON schema constraint compiled again with every string length in its lexemes
+    (``json_schema.lengths`` leaves some to the check, which a composed grammar runs
+    without)."""
+    options = dict(c.options)
+    grammar = json_schema.build_grammar(
+        json.loads(c.source),  # type: ignore[arg-type]
+        whitespace=options.get("whitespace"),
+        max_recursion_depth=options.get("max_recursion_depth", json_schema.DEFAULT_RECURSION_DEPTH),
+        any_depth=options.get("any_depth", json_schema.DEFAULT_ANY_DEPTH),
+        strict=options.get("strict", True),
+        count_lengths=False,
+    )
+    return replace(c, lark=grammar.lark, check=grammar.check)
 
 
 def constraint(root: Frag | None, what: str) -> Constraint:

@@ -55,6 +55,7 @@ from lmprog.fsm.json_schema.builder import Builder
 from lmprog.fsm.json_schema.drafts import upgrade
 from lmprog.fsm.json_schema.emit import Emitter
 from lmprog.fsm.json_schema.lark import fragment_limit, to_lark
+from lmprog.fsm.json_schema.lengths import counted_apart
 from lmprog.fsm.json_schema.refs import Registry
 from lmprog.fsm.json_schema.terms import Unroll, work_limit
 from lmprog.fsm.regex import Chars, Concat, R, Repeat, compile_user_regex, parse_regex, raw
@@ -162,13 +163,16 @@ def build_grammar(
     max_schema_depth: int = DEFAULT_MAX_SCHEMA_DEPTH,
     max_pattern_chars: int = DEFAULT_MAX_PATTERN_CHARS,
     strict: bool = True,
+    count_lengths: bool = True,
 ) -> Grammar:
     """The grammar of a JSON schema document (Lark text, and the check of distinct items
     where the schema asks for them over open sets); ConstraintError if it has none that is
     exact, if the document nests deeper than `max_schema_depth` dicts and lists, or if its
     grammar (or one of its lexemes' regexes) would grow past `max_pattern_chars` characters.
     `strict`: objects and tuples get only what the schema lists (``strict``); False: the
-    spec's reading (objects open unless the schema closes them)."""
+    spec's reading (objects open unless the schema closes them). `count_lengths`: leave the
+    maxLength of some strings to the check (``lengths``); False: every length in the lexemes
+    (a grammar that runs without its check, such as a part of a composed one)."""
     if not isinstance(strict, bool):
         raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
     for name, value, least in (
@@ -191,7 +195,14 @@ def build_grammar(
         registry = Registry(document)
         try:
             grammar = _grammar(
-                document, ws, max_recursion_depth, any_depth, max_pattern_chars, registry, strict
+                document,
+                ws,
+                max_recursion_depth,
+                any_depth,
+                max_pattern_chars,
+                registry,
+                strict,
+                count_lengths,
             )
         except Unroll:  # recursion under allOf/not/unevaluated*: unrolled to a bounded depth
             grammar = _grammar(
@@ -202,6 +213,7 @@ def build_grammar(
                 max_pattern_chars,
                 registry,
                 strict,
+                count_lengths,
                 unroll=True,
             )
     except RecursionError:
@@ -219,24 +231,34 @@ def build_grammar(
 
 
 def _grammar(
-    document, ws, max_recursion_depth, any_depth, max_chars, registry, strict, unroll=False
+    document,
+    ws,
+    max_recursion_depth,
+    any_depth,
+    max_chars,
+    registry,
+    strict,
+    count_lengths,
+    unroll=False,
 ) -> Grammar:
     with pattern_limit(max_chars), fragment_limit(max_chars), work_limit(MAX_WORK):
         builder = Builder(document, max_recursion_depth, unroll, registry)
         node = builder.build_root(document)
         emitter = Emitter(ws, any_depth, builder.bodies, strict)
+        if count_lengths:
+            emitter.counted = counted_apart(node, builder.bodies)
         out = emitter.node(node)
         if out is None:
             raise ConstraintError("the schema accepts no JSON value")
         text = to_lark(out, emitter.rules)
-    if not emitter.checked:
+    if not (emitter.checked or emitter.counted):
         return Grammar(text, None)
     from lmprog.fsm.checks import JsonChecks
 
     # the check is part of the constraint: name it in the text, which keys the token index
     digest = hashlib.sha256(json.dumps(document, sort_keys=True, default=repr).encode()).hexdigest()
-    text += f"// items or keys checked as decoded, schema {digest[:24]}\n"
-    return Grammar(text, JsonChecks(node, builder.bodies))
+    text += f"// items, keys or lengths checked as decoded, schema {digest[:24]}\n"
+    return Grammar(text, JsonChecks(node, builder.bodies, emitter.counted))
 
 
 class Grammar(NamedTuple):

@@ -64,6 +64,9 @@ class Emitter:
         # ArrT terms whose distinct (or repeated) items, ObjT terms whose distinct keys, the
         # guide checks as it decodes (lmprog.fsm.checks)
         self.checked: set = set()
+        # StrT terms of values whose maxLength the check counts (lengths.counted_apart; set by
+        # json_schema._grammar before writing): their lexemes leave it out
+        self.counted: dict = {}
         self._ref_names: dict[tuple, str] = {}
         self._needs: dict = {}  # node -> whether its grammar leaves a condition to the check
         self._writing: list[bool] = []  # the same, for the nodes being written (innermost last)
@@ -144,7 +147,7 @@ class Emitter:
         if isinstance(t, NumT):
             return tok(number_regex(t))
         if isinstance(t, StrT):
-            return string_lexeme(t)
+            return string_lexeme(t, t in self.counted)
         if isinstance(t, RefT):
             return self.reference(t)
         assert isinstance(t, (ArrT, ObjT)), t

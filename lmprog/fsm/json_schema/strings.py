@@ -16,7 +16,8 @@ rejected, which narrows the text language but not the set of values. Strings tha
 some values or patterns (``not``/``enum``, keys other than the named properties) are written
 canonically, so that each excluded string has one text, which the lexeme excludes exactly
 (llguidance's ``&``/``~`` operators; ``string_expr``). Several patterns and formats, and lengths
-beside them, are intersections of lexemes.
+beside them, are intersections of lexemes -- but a maxLength the guide's check counts (where
+the lexeme would be too big: ``lengths``) is left out of it.
 """
 
 from __future__ import annotations
@@ -99,15 +100,16 @@ def _parsed(source: str) -> ParsedRegex:
     return parse_regex(source, "ecma")
 
 
-def string_lexeme(t: StrT):
-    """The lexeme (``lark.tok``) of the strings of ``t``; None if there are none."""
+def string_lexeme(t: StrT, counted: bool = False):
+    """The lexeme (``lark.tok``) of the strings of ``t``; None if there are none. `counted`:
+    its maxLength is left to the check (``lengths.counted_apart``)."""
     from lmprog.fsm.json_schema.lark import tok
 
-    expr = string_expr(t)
+    expr = string_expr(t, counted)
     return None if expr is None else tok(expr)
 
 
-def string_expr(t: StrT) -> str | None:
+def string_expr(t: StrT, counted: bool = False) -> str | None:
     """The strings of ``t`` as a Lark terminal expression: one regex, or regexes joined with
     llguidance's ``&`` (and) and ``~`` (not) where facets combine:
 
@@ -115,7 +117,8 @@ def string_expr(t: StrT) -> str | None:
     * ``minLength``/``maxLength`` beside them: the strings of that many characters;
     * excluded values and negated patterns: ``& ~(...)``, exact because the strings are also
       held to their canonical spelling (so each excluded value has one text to exclude).
-    None for an empty set of values."""
+    None for an empty set of values. `counted`: the maxLength is not written (the check
+    counts it), the minLength is."""
     from lmprog.fsm.json_schema.lark import regex_terminal
 
     if t.values is not None:
@@ -140,8 +143,11 @@ def string_expr(t: StrT) -> str | None:
     if lengths and t.max_len is not None and t.min_len > t.max_len:
         return None
     parts = [_quoted(_pattern_content(_parsed(src))) for src in sources]
+    if counted:
+        lengths = t.min_len > 0
     if lengths or not (parts or exclusive):
-        parts.append(_quoted(rep(ANY_TOKEN if t.min_len else UNIT_TOKEN, t.min_len, t.max_len)))
+        hi = None if counted else t.max_len
+        parts.append(_quoted(rep(ANY_TOKEN if t.min_len else UNIT_TOKEN, t.min_len, hi)))
     if exclusive:
         parts.append(_quoted(rep(_ANY_CANONICAL, 0, None)))
     texts = [regex_terminal(r) for r in parts if r is not None]

@@ -40,6 +40,17 @@ def complement(parsed: ParsedRegex, max_states: int = 100, limit: int = 20_000) 
     """A regex (full-match) of the strings in which ``parsed`` finds no match (search
     semantics: an unanchored side matches any text); None if it finds one in every string.
     OverflowError past ``max_states`` automaton states or ``limit`` characters."""
+    moves, blocks, accepting = search_automaton(parsed, max_states)
+    return written(moves, blocks, [not a for a in accepting], limit)
+
+
+def search_automaton(
+    parsed: ParsedRegex, max_states: int
+) -> tuple[list[list[int]], list[CharSet], list[bool]]:
+    """The automaton of the strings in which ``parsed`` finds a match (search semantics: an
+    unanchored side matches any text): each state's successor by block (state 0 the start),
+    the blocks (a partition of all characters), and which states accept. OverflowError past
+    ``max_states`` states."""
     anything = Repeat(Chars(ANY_CHAR), 0, None)
     whole = Alternation(
         tuple(
@@ -49,7 +60,7 @@ def complement(parsed: ParsedRegex, max_states: int = 100, limit: int = 20_000) 
     )
     d = _Derivatives(whole)
     moves = d.automaton(max_states)
-    return written(moves, d.blocks, [not d.nullable(s) for s in d.states], limit)
+    return moves, d.blocks, [d.nullable(s) for s in d.states]
 
 
 def written(moves: list[list[int]], blocks: list[CharSet], accepting: list[bool], limit: int):

@@ -1,0 +1,260 @@
+"""A string's maxLength counted beside its pattern, where one lexeme holding both is too big.
+
+llguidance writes a string's pattern and its lengths as one lexeme (``&``), a lazily built
+derivative automaton whose states pair a state of the pattern with a count of characters
+left. Where both are large -- a word-count pattern such as ``^(?:\\S+\\s+){0,499}\\S+$`` beside
+``maxLength: 2000`` -- a long string meets new states at every token (and each costs an
+emptiness check that walks the characters left): the lexer spends its fuel or its
+``index.MAX_LEXER_STATES`` within a few hundred tokens, and ``Constraint.matches`` rejected a
+valid 300-word value (a long string under a plain ``^[^<>]*$`` and maxLength 2000 decoded, but
+at about 2 ms a token). There the lexeme holds the pattern and the minLength only, and the
+guide's check counts the characters (``checks.JsonChecks``): a ``LengthCount`` follows the
+pattern's automaton over characters (``regex.dfa``), which says how many more characters
+each of its states needs at least, and refuses a token after which the characters begun plus
+that shortest completion pass maxLength. So nothing longer is accepted, and no mask leads
+where no valid string goes.
+
+``counted_apart`` picks the terms: a maxLength of at least ``APART_LENGTH``, or one whose
+(maxLength + 1) times the automaton's states pass ``APART``; one pattern or format (no
+lookahead, no excluded value) with an automaton of at most ``MAX_STATES`` states, none of
+which needs more than maxLength - minLength characters to end (so that the minLength the
+lexeme keeps and the count never disagree: a string the lexeme can still complete whose
+completions all fall short of minLength or past maxLength would pass through such a state);
+and only where the check reads the term alone -- not beside another string term of the same
+value, not under a union of object or array terms, and not in a schema whose grammar narrows
+nodes the check reads unnarrowed (``contains``, ``not`` over additionalProperties:
+``Emitter.derived``). Were a counted string met beside another term all the same, the check
+refuses it (never a wrong acceptance).
+
+One approximation, toward allowing: a token that ends inside an escape (``\\u00``) is taken
+as able to become any character. Were the characters that fit all out of its reach, the
+request would fail at the next token with ConstraintError; no invalid string is accepted.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from functools import lru_cache
+
+from lmprog.fsm.json_schema.formats import format_pattern
+from lmprog.fsm.json_schema.terms import ArrT, Node, ObjT, RefT, StrT
+from lmprog.fsm.regex import parse_regex
+from lmprog.fsm.regex.charset import SURROGATES, CharSet
+from lmprog.fsm.regex.dfa import search_automaton
+from lmprog.fsm.regex.lookahead import split_lookaheads
+
+# counted apart: a maxLength of at least APART_LENGTH (the lexeme's emptiness checks walk the
+# characters left: 500 already spent a mask step's fuel on a 21-state word-count pattern), or
+# automaton states x (maxLength + 1) past APART
+APART_LENGTH = 256
+APART = 20_000
+MAX_STATES = 2_048  # the largest pattern automaton counted over (building it is Python)
+_FAR = 1 << 62  # a state from which the pattern cannot end
+
+
+class LengthCount:
+    """A string term's pattern as an automaton over characters, and its maxLength. A string
+    being read is (state, characters completed, bytes of one begun): `read` moves it, `fits`
+    says whether it can still end within maxLength. Immutable; shared by every guide."""
+
+    def __init__(self, t: StrT) -> None:
+        """OverflowError if the pattern's automaton has over MAX_STATES states."""
+        (source,) = _sources(t)
+        moves, blocks, accepting = search_automaton(parse_regex(source, "ecma"), MAX_STATES)
+        self.max_len: int = t.max_len  # type: ignore[assignment]
+        self.states = len(moves)
+        self._moves = moves
+        self._blocks = blocks
+        self.short = _shortest(moves, accepting)
+        # the most characters a live state needs to end (a token that leaves at least this
+        # much room is never refused)
+        self.slack = max((s for s in self.short if s < _FAR), default=0)
+        bounds = sorted((lo, hi, b) for b, chars in enumerate(blocks) for lo, hi in chars.ranges)
+        self._los = [lo for lo, _, _ in bounds]
+        self._block_at = [b for _, _, b in bounds]
+
+    def block(self, cp: int) -> int:
+        return self._block_at[bisect_right(self._los, cp) - 1]
+
+    def read(self, q: int, n: int, pending: bytes, data: bytes) -> tuple[int, int, bytes]:
+        """The string after `data` (content bytes, no closing quote) from (q, n, pending)."""
+        cps, pending = decode(pending + data)
+        for cp in cps:
+            q = self._moves[q][self.block(cp)]
+        return q, n + len(cps), pending
+
+    def close(self, q: int, n: int, pending: bytes) -> int | None:
+        """The length of the string its closing quote ends here; None past maxLength."""
+        cps, rest = decode(pending, final=True)
+        assert not rest, rest
+        n += len(cps)
+        return n if n <= self.max_len else None
+
+    def fits(self, q: int, n: int, pending: bytes) -> bool:
+        """Whether the string can still end within maxLength (its pattern and minLength are
+        the lexeme's: a text the grammar allows can end)."""
+        room = self.max_len - n
+        if not pending:
+            return self.short[q] <= room
+        return any(self.short[self._moves[q][b]] < room for b in self._completing(pending))
+
+    def _completing(self, pending: bytes) -> list[int]:
+        """The blocks holding a character that `pending` (its first bytes) may become."""
+        if pending[:1] == b"\\":  # an escape: any character may follow (see module notes)
+            return list(range(len(self._blocks)))
+        size = 2 if pending[0] >> 5 == 0b110 else 3 if pending[0] >> 4 == 0b1110 else 4
+        bits = pending[0] & (0x7F >> size)
+        for byte in pending[1:]:
+            bits = bits << 6 | byte & 0x3F
+        free = 6 * (size - len(pending))
+        lo = max(bits << free, (0x80, 0x800, 0x10000)[size - 2])
+        chars = CharSet(((lo, (bits << free) | ((1 << free) - 1)),)) - CharSet((SURROGATES,))
+        return [b for b, block in enumerate(self._blocks) if not (block & chars).is_empty()]
+
+
+def counted_apart(root: Node, bodies: dict) -> dict[StrT, LengthCount]:
+    """The string terms of a schema whose maxLength its grammar leaves to the check, each
+    with its count (see the module docstring for which). `bodies`: RefT key -> node."""
+    alone: set[StrT] = set()
+    shared: set[StrT] = set()
+    seen: set[tuple[Node, bool]] = set()
+    todo = [(root, False)]  # (a node the check may read, under a union of containers)
+    while todo:
+        node, union = todo.pop()
+        if node.top or (node, union) in seen:
+            continue
+        seen.add((node, union))
+        terms = _terms(node, bodies)
+        strings = {t for t in terms if isinstance(t, StrT)}
+        objects = [t for t in terms if isinstance(t, ObjT)]
+        arrays = [t for t in terms if isinstance(t, ArrT)]
+        if any(t.contains for t in arrays) or any(t.some_values for t in objects):
+            return {}
+        (shared if union or len(strings) > 1 else alone).update(strings)
+        union = union or len(objects) > 1 or len(arrays) > 1
+        for t in objects:
+            todo += [(v, union) for _, v in t.props]
+            todo += [
+                (v, union) for r in t.rules for v in (r.additional, *(n for _, n in r.patterns))
+            ]
+        for t in arrays:
+            todo += [(v, union) for v in (*t.prefix, t.rest)]
+    out = {}
+    for t in alone - shared:
+        count = _count(t)
+        if count is not None:
+            out[t] = count
+    return out
+
+
+@lru_cache(maxsize=1024)
+def _count(t: StrT) -> LengthCount | None:
+    """The term's count, if its length is to be counted apart (built once per term)."""
+    if t.max_len is None or t.values is not None or t.excluded or t.not_patterns:
+        return None
+    if len(_sources(t)) != 1 or t.patterns and split_lookaheads(t.patterns[0]) != (t.patterns, ()):
+        return None
+    try:
+        count = LengthCount(t)
+    except OverflowError:
+        return None
+    if count.slack > t.max_len - t.min_len:
+        return None
+    if t.max_len < APART_LENGTH and count.states * (t.max_len + 1) <= APART:
+        return None
+    return count
+
+
+def _sources(t: StrT) -> tuple:
+    return t.patterns + tuple(format_pattern(f) for f in t.formats)
+
+
+def _terms(node: Node, bodies: dict) -> list:
+    """The node's terms, references followed (as the check reads them)."""
+    out, todo, seen = [], [node], set()
+    while todo:
+        n = todo.pop()
+        for t in n.terms:
+            if isinstance(t, RefT):
+                if t.key not in seen:
+                    seen.add(t.key)
+                    todo.append(bodies[t.key])
+            else:
+                out.append(t)
+    return out
+
+
+def _shortest(moves: list[list[int]], accepting: list[bool]) -> list[int]:
+    """Each state's fewest characters to an accepting state (_FAR: none)."""
+    back: list[list[int]] = [[] for _ in moves]
+    for p, row in enumerate(moves):
+        for q in set(row):
+            back[q].append(p)
+    short = [0 if a else _FAR for a in accepting]
+    frontier = [q for q, a in enumerate(accepting) if a]
+    while frontier:
+        nxt = []
+        for q in frontier:
+            for p in back[q]:
+                if short[p] == _FAR:
+                    short[p] = short[q] + 1
+                    nxt.append(p)
+        frontier = nxt
+    return short
+
+
+_ESCAPES = {ord('"'): 0x22, ord("\\"): 0x5C, ord("/"): 0x2F, ord("b"): 8, ord("f"): 12}
+_ESCAPES.update({ord("n"): 10, ord("r"): 13, ord("t"): 9})
+
+
+def decode(data: bytes, final: bool = False) -> tuple[list[int], bytes]:
+    """The code points of a JSON string's content bytes (no closing quote among them), as
+    JSON Schema counts them: an escaped surrogate pair is one, a lone surrogate one; and the
+    bytes of a last character not complete yet (a high surrogate escape waits for its pair
+    unless `final`: the string ends there)."""
+    out, i, end = [], 0, len(data)
+    while i < end:
+        b = data[i]
+        if b == 0x5C:
+            if i + 1 >= end:
+                break
+            if data[i + 1] != 0x75:  # \" \\ \/ \b \f \n \r \t
+                out.append(_ESCAPES[data[i + 1]])
+                i += 2
+                continue
+            if i + 6 > end:
+                break
+            unit = int(data[i + 2 : i + 6], 16)
+            if 0xD800 <= unit <= 0xDBFF:
+                low = _low_surrogate(data[i + 6 : i + 12])
+                if low is None and not final and i + 12 > end and _may_pair(data[i + 6 :]):
+                    break  # a low surrogate may still come
+                if low is not None:
+                    out.append(0x10000 + (unit - 0xD800) * 0x400 + low - 0xDC00)
+                    i += 12
+                    continue
+            out.append(unit)
+            i += 6
+            continue
+        size = 1 if b < 0x80 else 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4
+        if i + size > end:
+            break
+        out.append(ord(data[i : i + size].decode("utf-8", "surrogatepass")))
+        i += size
+    return out, data[i:]
+
+
+def _low_surrogate(text: bytes) -> int | None:
+    if len(text) == 6 and text[:2] == b"\\u":
+        try:
+            unit = int(text[2:], 16)
+        except ValueError:
+            return None
+        return unit if 0xDC00 <= unit <= 0xDFFF else None
+    return None
+
+
+def _may_pair(text: bytes) -> bool:
+    """Whether `text` may begin an escaped low surrogate (``\\uDC00``-``\\uDFFF``)."""
+    patterns = (b"\\", b"u", b"dD", b"cdefCDEF")
+    return all(c in patterns[i] for i, c in enumerate(text[:4]))
