@@ -7,8 +7,10 @@ The model asks for tools, the program runs them and sends the results back, unti
 answers. The server constrains each call's arguments to the tool's JSON schema, so even the
 135M default model always produces calls that parse and validate. The loop makes the first
 step a tool call (tool_choice="required"), lets the model choose afterwards ("auto") and asks
-for the answer on the last step (tool_choice="none" and a nudge), a common pattern for small
-models.
+for the answer on the last step (tool_choice="none" and a nudge), one call at a time
+(parallel_tool_calls=False: the small model otherwise adds calls it was not asked for), a
+common pattern for small models. The 135M model picks the right tool and arguments; its final
+sentence often does not use the result well (a larger model's does).
 Starts a server in this process unless --base-url is given.
 """
 
@@ -77,6 +79,7 @@ def openai_agent(base_url: str, api_key: str, model: str, question: str, max_ste
             tools=TOOLS,
             temperature=0,
             tool_choice=tool_choice(step, max_steps),
+            parallel_tool_calls=False,
             max_tokens=60,
         )
         message = r.choices[0].message
@@ -107,7 +110,10 @@ def langchain_agent(base_url: str, api_key: str, model: str, question: str, max_
     for step in range(max_steps):
         if step == max_steps - 1:
             messages.append(HumanMessage(FINAL))
-        reply = llm.bind_tools(TOOLS, tool_choice=tool_choice(step, max_steps)).invoke(messages)
+        bound = llm.bind_tools(
+            TOOLS, tool_choice=tool_choice(step, max_steps), parallel_tool_calls=False
+        )
+        reply = bound.invoke(messages)
         if not reply.tool_calls:
             return reply.content
         messages.append(reply)

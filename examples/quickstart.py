@@ -29,7 +29,7 @@ def facts(s, topic):
     s += lp.user(f"Give me one short fact about {topic}.")
     forks = s.fork(2)
     forks += lambda i: lp.assistant(
-        lp.gen("fact", max_tokens=24, stop="\n", temperature=0.8, seed=i)
+        lp.gen("fact", max_tokens=32, stop="\n", temperature=0.5, seed=i)
     )
     forks.join()
 
@@ -47,8 +47,12 @@ def person(s, text):
         "additionalProperties": False,
     }
     s += lp.assistant(lp.gen("json", max_tokens=48, json_schema=schema))
-    s += lp.user("How old will they be in ten years? Answer with a number.")
-    s += lp.assistant(lp.gen("later", dtype=int, max_tokens=4))
+
+
+@lp.function
+def legs(s, animal):
+    s += lp.user(f"How many legs does a {animal} have?")
+    s += lp.assistant("The answer is " + lp.gen("n", dtype=int, max_tokens=4))  # an int
 
 
 def main() -> None:
@@ -72,7 +76,10 @@ def main() -> None:
         print(f"fork {i}:", fact)
 
     state = person.run(text="Ada Lovelace was 36 years old.", temperature=0)
-    print("json:", state["json"], "| in ten years:", state["later"])
+    print("json:", state["json"], "->", state.parsed("json"))
+
+    state = legs.run(animal="spider", temperature=0)
+    print("int:", repr(state["n"]))
 
     print("streaming: ", end="", flush=True)
     state = capital_qa.run(country="Japan", temperature=0, stream=True)
