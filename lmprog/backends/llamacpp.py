@@ -52,6 +52,7 @@ from lmprog.core.protocol import (
 from lmprog.core.text import check_text
 from lmprog.decoding.arrays import NUMPY
 from lmprog.decoding.state import DecodeState
+from lmprog.fsm import warmup
 
 # torch is never imported here (1 s or more to import): the decoding package samples the
 # llama.cpp logits as numpy arrays (DecodeState device=None), scores go through numpy too.
@@ -159,6 +160,7 @@ class LlamaCpp(Backend):
         try:
             t = time.perf_counter()
             self._tokenizer = load_tokenizer(self._source)
+            warmup.start(self._tokenizer)  # the constraint set-up, off this thread
             _log.info(
                 "tokenizer %s loaded in %.2f s",
                 type(self._tokenizer).__name__,

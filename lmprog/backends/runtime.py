@@ -33,6 +33,7 @@ from lmprog.core.protocol import (
 )
 from lmprog.core.sampling import SamplingParams
 from lmprog.core.text import check_text
+from lmprog.fsm import warmup
 
 # Special tokens that end a turn in common chat formats (llama.cpp treats them as end of
 # generation too, so the two backends stop at the same place).
@@ -261,6 +262,8 @@ class Runtime(Backend):
         """Tokenizer, chat template source, end-of-sequence ids, BOS and start token."""
         if tokenizer is None and self._source is not None:
             tokenizer = load_tokenizer(self._source)
+        if tokenizer is not None:
+            warmup.start(tokenizer)  # the constraint set-up, off this thread
         self._tokenizer = tokenizer
         self._template_override = chat_template
         self._template: ChatTemplate | None = None

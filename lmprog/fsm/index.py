@@ -346,23 +346,32 @@ class _Tokens:
 
 
 _LL_TOKENIZERS: weakref.WeakKeyDictionary[TokenVocab, Any] = weakref.WeakKeyDictionary()
+_LL_BUILDS: weakref.WeakKeyDictionary[TokenVocab, threading.Lock] = weakref.WeakKeyDictionary()
 _LL_LOCK = threading.Lock()
 
 
 def ll_tokenizer_for(vocab: TokenVocab, tokenizer: Any = None) -> Any:
-    """The `llguidance.LLTokenizer` of a vocabulary (built once per vocabulary, ~0.2 s for 49k
-    tokens). `tokenizer`: the Hugging Face tokenizer the vocabulary came from, whose encoder
-    spells forced text; a bare TokenVocab gets a greedy longest-match encoder."""
+    """The `llguidance.LLTokenizer` of a vocabulary (built once per vocabulary, ~0.1-0.2 s for
+    49k tokens, the GIL released; a caller arriving during the build waits for it, so a build
+    a backend started when it was made (`fsm.warmup`) serves the first constraint).
+    `tokenizer`: the Hugging Face tokenizer the vocabulary came from, whose encoder spells
+    forced text; a bare TokenVocab gets a greedy longest-match encoder."""
     found = _LL_TOKENIZERS.get(vocab)
     if found is not None:
         return found
-    try:
-        import llguidance
-    except ImportError as exc:
-        raise ConstraintError(f"constrained decoding needs llguidance ({exc})") from None
-    built = llguidance.LLTokenizer(_Tokens(vocab, tokenizer), n_vocab=vocab.size)
     with _LL_LOCK:
-        return _LL_TOKENIZERS.setdefault(vocab, built)
+        build = _LL_BUILDS.setdefault(vocab, threading.Lock())
+    with build:
+        found = _LL_TOKENIZERS.get(vocab)
+        if found is None:
+            try:
+                import llguidance
+            except ImportError as exc:
+                raise ConstraintError(f"constrained decoding needs llguidance ({exc})") from None
+            found = llguidance.LLTokenizer(_Tokens(vocab, tokenizer), n_vocab=vocab.size)
+            with _LL_LOCK:
+                _LL_TOKENIZERS[vocab] = found
+    return found
 
 
 BYTES = TokenVocab((*(bytes([b]) for b in range(256)), None), eos_token_id=256)  # id = byte

@@ -8,9 +8,13 @@ Constraints work on bytes, not on the tokenizer's own token strings, which are e
 Special tokens (`<|im_end|>`, BOS, ...) are excluded: they never appear in constrained text.
 The EOS id is kept apart; the index allows it only in accepting states.
 
-`TokenVocab.from_tokenizer(tok)` is computed once per tokenizer object (tens of ms for 49k
-tokens) and shared. `fingerprint` identifies the byte mapping, so an index built for one
-tokenizer is reused on disk only by a tokenizer with the same bytes, ids and EOS.
+`TokenVocab.from_tokenizer(tok)` is computed once per tokenizer object and shared. Reading
+49k tokens' bytes out of a tokenizer takes ~0.3 s, so a tokenizer loaded from a folder on
+disk (lmprog's tokenizer cache, a Hugging Face folder) has them cached beside the other files
+derived from it (`$LMPROG_CACHE_DIR/vocab/`, keyed by its `tokenizer.json`'s path, size and
+mtime, checked against the tokenizer's EOS, length and special tokens, each file's CRC-32):
+a few milliseconds later on. `fingerprint` identifies the byte mapping, so an index built
+for one tokenizer is reused only by a tokenizer with the same bytes, ids and EOS.
 """
 
 from __future__ import annotations
@@ -18,13 +22,21 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import logging
+import os
 import threading
 import weakref
+import zlib
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from lmprog.core.cache_files import derived_path, read_description, write_description
+
+_log = logging.getLogger(__name__)
 
 _SPIECE_SPACE = "\u2581"  # "▁"
 
@@ -153,17 +165,37 @@ _vocab_cache = _PerTokenizer()
 
 
 def _vocab_from_tokenizer(tokenizer: Any) -> TokenVocab:
+    _check_tokenizer(tokenizer)
+    source = _tokenizer_file(tokenizer)
+    if source is None:
+        return _read_vocab(tokenizer)
+    entry = derived_path("vocab", source, version=_CACHE_VERSION)
+    check = _identity(tokenizer)
+    vocab = _load_cached(entry, source, check)
+    if vocab is None:
+        vocab = _read_vocab(tokenizer)
+        try:
+            _save_cached(entry, source, check, vocab)
+        except OSError as exc:  # a read-only cache folder: read it out again next time
+            _log.debug("cannot cache the vocabulary of %s: %s", source, exc)
+    return vocab
+
+
+def _check_tokenizer(tokenizer: Any) -> None:
     for attr in ("get_vocab", "eos_token_id"):
         if not hasattr(tokenizer, attr):
             raise TypeError(
                 f"expected a Hugging Face tokenizer (with get_vocab() and eos_token_id), got "
                 f"{type(tokenizer).__name__}"
             )
-    eos = tokenizer.eos_token_id
-    if eos is None:
+    if tokenizer.eos_token_id is None:
         raise ValueError(
             "the tokenizer has no eos_token_id; constrained decoding needs one to stop"
         )
+
+
+def _read_vocab(tokenizer: Any) -> TokenVocab:
+    eos = tokenizer.eos_token_id
     vocab: dict[str, int] = tokenizer.get_vocab()
     size = max(max(vocab.values()) + 1, _len(tokenizer), eos + 1)
     special = _special_ids(tokenizer) | {eos}
@@ -230,3 +262,87 @@ def _unicode_to_byte() -> dict[str, int]:
             table[chr(256 + extra)] = b
             extra += 1
     return table
+
+
+# ---- the on-disk cache ------------------------------------------------------------------------
+#   <entry>/bytes.bin    every token's bytes, concatenated in id order
+#   <entry>/lengths.bin  int32 little-endian per id: its byte count (0: special / unused)
+#   <entry>/vocab.json   the description, written last: the source's identity, the tokenizer's
+#                        identity (EOS, length, special tokens), CRC-32s, the fingerprint
+
+_CACHE_VERSION = 1
+
+
+def _tokenizer_file(tokenizer: Any) -> Path | None:
+    """The `tokenizer.json` a tokenizer was loaded from (an absolute folder), or None."""
+    folder = getattr(tokenizer, "name_or_path", None)
+    if not isinstance(folder, str) or not os.path.isabs(folder):
+        return None
+    path = Path(folder) / "tokenizer.json"
+    return path if path.is_file() else None
+
+
+def _identity(tokenizer: Any) -> str:
+    """What the vocabulary depends on beside `tokenizer.json` (a tokenizer config can add
+    tokens or name another EOS): EOS, length and special and added tokens, as a digest."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    parts = (
+        tokenizer.eos_token_id,
+        _len(tokenizer),
+        sorted(_special_ids(tokenizer)),
+        sorted((i, str(getattr(t, "content", t))) for i, t in added.items()),
+    )
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
+
+
+def _load_cached(entry: Path, source: Path, check: str) -> TokenVocab | None:
+    meta = read_description(entry / "vocab.json", source, version=_CACHE_VERSION)
+    if meta is None or meta.get("tokenizer") != check:
+        return None
+    try:
+        blob = (entry / "bytes.bin").read_bytes()
+        lengths_raw = (entry / "lengths.bin").read_bytes()
+    except OSError:
+        return None
+    if zlib.crc32(blob) != meta.get("bytes_crc32") or zlib.crc32(lengths_raw) != meta.get(
+        "lengths_crc32"
+    ):
+        return None
+    lengths = np.frombuffer(lengths_raw, dtype="<i4")
+    if len(lengths) != meta.get("size") or int(lengths.sum()) != len(blob):
+        return None
+    ends = np.cumsum(lengths).tolist()
+    starts = [0, *ends[:-1]]
+    token_bytes = tuple(blob[a:b] if a != b else None for a, b in zip(starts, ends))
+    try:
+        vocab = TokenVocab(token_bytes, int(meta["eos_token_id"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    vocab.__dict__["fingerprint"] = meta.get("fingerprint") or vocab.fingerprint
+    return vocab
+
+
+def _save_cached(entry: Path, source: Path, check: str, vocab: TokenVocab) -> None:
+    entry.mkdir(parents=True, exist_ok=True)
+    blob = b"".join(b for b in vocab.token_bytes if b)
+    lengths = np.array([len(b) if b else 0 for b in vocab.token_bytes], dtype="<i4").tobytes()
+    for name, data in (("bytes.bin", blob), ("lengths.bin", lengths)):
+        tmp = entry / f"{name}.tmp{os.getpid()}-{threading.get_ident()}"
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, entry / name)
+        finally:
+            tmp.unlink(missing_ok=True)
+    write_description(
+        entry / "vocab.json",
+        source,
+        {
+            "tokenizer": check,
+            "size": vocab.size,
+            "eos_token_id": vocab.eos_token_id,
+            "bytes_crc32": zlib.crc32(blob),
+            "lengths_crc32": zlib.crc32(lengths),
+            "fingerprint": vocab.fingerprint,
+        },
+        version=_CACHE_VERSION,
+    )
