@@ -141,3 +141,28 @@ def test_the_size_bound_turns_the_cache_off(model, dequantized, monkeypatch):
     load(model)
     assert len(dequantized) == 2
     assert not (model.parent / "cache" / "weights").exists()
+
+
+def test_bf16_is_cached_in_bf16_beside_fp32_and_loads_the_same_values(
+    model, dequantized, monkeypatch
+):
+    """A model computing in bf16 gets a bf16 entry (half the bytes), with the values it had
+    from fp32 weights rounded on load; an fp32 entry of the same GGUF stays."""
+    fp32 = load_model(str(model), dtype="float32")
+    first = load_model(str(model), dtype="bfloat16")  # written through
+    second = load_model(str(model), dtype="bfloat16")  # read back
+    assert len(dequantized) == 2
+    root = model.parent / "cache" / "weights"
+    (plain,), (bf16,) = (
+        [p for p in root.iterdir() if p.name.endswith(s) == want]
+        for s, want in (("-bf16", False), ("-bf16", True))
+    )
+    size = (bf16 / weight_cache.DATA).stat().st_size
+    assert size < 0.55 * (plain / weight_cache.DATA).stat().st_size
+    monkeypatch.setenv(weight_cache.ENV_VAR, "0")
+    uncached = load_model(str(model), dtype="bfloat16")
+    for name, want in uncached.state_dict().items():
+        assert want.dtype == torch.bfloat16 or not want.is_floating_point()
+        assert torch.equal(first.state_dict()[name], want), name
+        assert torch.equal(second.state_dict()[name], want), name
+        assert torch.equal(fp32.state_dict()[name].to(want.dtype), want), name

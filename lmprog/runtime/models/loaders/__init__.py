@@ -162,7 +162,8 @@ def load_model(
         return net
     if source.kind == "gguf":
         index = read_gguf(source.path)
-        config, weights = index.config, cached_gguf_weights(index)
+        # cached in the dtype the model computes in (fp32 on a CPU by default, bf16 on a GPU)
+        config, weights = index.config, cached_gguf_weights(index, resolve_dtype(dtype, device))
     else:
         config = config_from_hf(source.path)
         weights = safetensors_weights(source.path)
