@@ -22,3 +22,25 @@ def test_readme_commands_point_at_real_files():
     for path in ("scripts/setup.sh", "scripts/test.sh", "examples/quickstart.py"):
         assert path in readme and (ROOT / path).is_file()
     assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_without_bash_installs_from_the_checkout_s_root():
+    """The README's pip section runs where its other commands run (the checkout's root): each
+    `pip install "PATH[extras]"` names a folder with pyproject.toml and extras it declares, and
+    each `python FILE` exists (issue 28: "./lmprog[llamacpp]" failed there)."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Without bash") :]
+    block = section[
+        section.index("```bash\n") : section.index("```\n", section.index("```bash\n") + 8)
+    ]
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    installs = re.findall(r'pip install "([^"\[]+)\[([^\]]+)\]"', block)
+    assert installs, block
+    for path, extras in installs:
+        assert (ROOT / path / "pyproject.toml").is_file(), path
+        for extra in extras.split(","):
+            assert re.search(rf"^{extra} = \[", pyproject, re.M), extra
+    scripts = re.findall(r"^python (\S+\.py)", block, re.M)
+    assert scripts and all((ROOT / s).is_file() for s in scripts), scripts
