@@ -6,9 +6,16 @@ logger a stderr handler at `level`; without a level it reads `$LMPROG_LOG_LEVEL`
 serve` always calls it (`--log-level`, default `$LMPROG_LOG_LEVEL`, else info); a library user
 sets `LMPROG_LOG_LEVEL=info` (read at `import lmprog`) or configures `logging` as usual.
 
-`progress(total, desc)` reports a long step whose amount is known: a tqdm bar on an
-interactive stderr (when the `lmprog` logger would show info), else an info line at its start
-and one with the elapsed time at its end.
+Long steps say what they do, as transformers' and vLLM's do, at every verbosity but a quiet
+one. `slow_step(desc)` wraps a step that can take seconds (building a cache once);
+`progress(total, desc)` one whose amount is known (a tqdm bar where a terminal shows it):
+
+    the `lmprog` logger shows info     info lines as the step starts and ends (a bar too
+                                        on a terminal, for `progress`)
+    nobody set its level (the default)  nothing for a step under SLOW_S seconds; past that one
+                                        line on stderr, and one with its time as it ends (a
+                                        bar on a terminal, for `progress`)
+    its level set to warning or above   nothing
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -23,6 +31,7 @@ ENV_VAR = "LMPROG_LOG_LEVEL"
 LEVELS = ("debug", "info", "warning", "error", "critical")
 _FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 _handler: logging.Handler | None = None
+SLOW_S = 1.0  # at the default verbosity, a step says what it does once it has run this long
 
 
 def parse_level(level: str | int) -> int:
@@ -60,15 +69,71 @@ def configure_from_env() -> None:
             logging.getLogger("lmprog").warning("ignoring $%s: %s", ENV_VAR, e)
 
 
+class slow_step:  # used like a function: `with slow_step("building x (once)"):`
+    """A step that may take seconds; a context manager. See the module's table. `amount`:
+    how much it does ("4 MiB"), said beside `desc` in its lines."""
+
+    def __init__(self, desc: str, *, amount: str = "", logger: str = "lmprog") -> None:
+        self._log = logging.getLogger(logger)
+        self._desc, self._amount = desc, amount
+        self._started = time.perf_counter()
+        self._verbosity = _verbosity(self._log)
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._said = False
+        if self._verbosity == "info":
+            self._log.info("%s...", self._start_line())
+        elif self._verbosity == "default":
+            self._timer = threading.Timer(SLOW_S, self._say_start)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _say_start(self) -> None:
+        with self._lock:
+            if self._timer is None:  # closed meanwhile
+                return
+            self._said = True
+        _say(f"{self._start_line()}...")
+
+    def _start_line(self) -> str:
+        return f"{self._desc} ({self._amount})" if self._amount else self._desc
+
+    def close(self) -> None:
+        """End the step (idempotent)."""
+        elapsed = time.perf_counter() - self._started
+        amount = f"{self._amount} in " if self._amount else ""
+        done = f"{self._desc}: done ({amount}{elapsed:.1f} s)"
+        if self._verbosity == "info":
+            self._verbosity = "closed"
+            self._log.info("%s", done)
+            return
+        with self._lock:
+            timer, self._timer = self._timer, None
+            said, self._said = self._said, False
+        if timer is not None:
+            timer.cancel()
+        if said:
+            _say(done)
+
+    def __enter__(self) -> slow_step:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class progress:  # used like a function: `with progress(n, "step") as bar:`
-    """A known amount of work: `update(n)` as it is done; a context manager."""
+    """A known amount of work: `update(n)` as it is done; a context manager. See the
+    module's table."""
 
     def __init__(self, total: float, desc: str, *, unit: str = "B", logger: str = "lmprog") -> None:
         self._log = logging.getLogger(logger)
         self._desc, self._total, self._unit = desc, total, unit
         self._started = time.perf_counter()
+        self._verbosity = _verbosity(self._log)
         self._bar: Any = None
-        if self._log.isEnabledFor(logging.INFO) and _interactive():
+        self._step: slow_step | None = None
+        if self._verbosity != "quiet" and _interactive():
             try:
                 from tqdm.auto import tqdm
             except ImportError:  # tqdm is a dependency; a stripped environment logs instead
@@ -77,31 +142,58 @@ class progress:  # used like a function: `with progress(n, "step") as bar:`
                 scale = unit == "B"
                 self._bar = tqdm(
                     total=total, desc=desc, unit=unit, unit_scale=scale, unit_divisor=1024,
-                    leave=False,
+                    leave=False, delay=SLOW_S if self._verbosity == "default" else 0,
                 )  # fmt: skip
         if self._bar is None:
-            self._log.info("%s (%s)...", desc, _amount(total, unit))
+            self._step = slow_step(desc, amount=_amount(total, unit), logger=logger)
 
     def update(self, n: float) -> None:
         if self._bar is not None:
             self._bar.update(n)
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-        self._log.info(
-            "%s: done (%s in %.1f s)",
-            self._desc,
-            _amount(self._total, self._unit),
-            time.perf_counter() - self._started,
-        )
+        if self._step is not None:
+            self._step.close()
+            return
+        if self._bar is None:
+            return
+        self._bar.close()
+        self._bar = None
+        elapsed = time.perf_counter() - self._started
+        done = f"{self._desc}: done ({_amount(self._total, self._unit)} in {elapsed:.1f} s)"
+        if self._verbosity == "info":
+            self._log.info("%s", done)
+        elif elapsed >= SLOW_S:  # the bar was shown
+            _say(done)
 
     def __enter__(self) -> progress:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _verbosity(log: logging.Logger) -> str:
+    """ "info" where `log` shows info; "default" where no level was set on it, its parents
+    or the `lmprog` logger (no $LMPROG_LOG_LEVEL, no configure_logging, no setLevel); else
+    "quiet"."""
+    if log.isEnabledFor(logging.INFO):
+        return "info"
+    node: logging.Logger | None = log
+    while node is not None and node is not logging.root:
+        if node.level != logging.NOTSET:
+            return "quiet"
+        node = node.parent
+    # (the `lmprog` logger is not a parent of lmprog's loggers until someone asks for it)
+    return "default" if logging.getLogger("lmprog").level == logging.NOTSET else "quiet"
+
+
+def _say(line: str) -> None:
+    """One line on stderr, at the default verbosity (not through logging: it is no warning)."""
+    try:
+        print(f"lmprog: {line}", file=sys.stderr, flush=True)
+    except (AttributeError, OSError, ValueError):  # no stderr, or a closed one
+        pass
 
 
 def _interactive() -> bool:

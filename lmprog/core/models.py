@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lmprog.core.cache_files import derived_path
+from lmprog.core.logs import slow_step
 from lmprog.core.tokenizer import FastTokenizer, describe
 
 _log = logging.getLogger(__name__)
@@ -240,14 +241,28 @@ def tokenizer_cache_path(source: ModelSource) -> Path:
 
 def _load_tokenizer_uncached(source: ModelSource) -> Any:
     if source.kind == "hf":
-        from transformers import AutoTokenizer
+        with slow_step(
+            f"loading the tokenizer of {source.name} with transformers", logger=__name__
+        ):
+            from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(source.path)
+            return AutoTokenizer.from_pretrained(source.path)
     saved = tokenizer_cache_path(source)
     # Warm: the saved `tokenizers` file and its checked description, without transformers.
     fast = FastTokenizer.load(saved)
     if fast is not None:
         return fast
+    if (saved / "tokenizer_config.json").is_file():
+        what = f"loading the tokenizer of {source.path.name} with transformers"
+    else:
+        what = f"building the tokenizer of {source.path.name} (once; cached in {saved})"
+    with slow_step(what, logger=__name__):
+        return _transformers_tokenizer(source, saved)
+
+
+def _transformers_tokenizer(source: ModelSource, saved: Path) -> Any:
+    """The GGUF's tokenizer from transformers: from the folder saved earlier, else built from
+    the GGUF and saved; described for `FastTokenizer` where it agrees with it."""
     from transformers import AutoTokenizer
 
     tok = None
@@ -257,7 +272,6 @@ def _load_tokenizer_uncached(source: ModelSource) -> Any:
         except Exception:  # noqa: BLE001 - a corrupt or partial cache entry: rebuild it below
             tok = None
     if tok is None:
-        _log.info("building the tokenizer of %s (once; cached in %s)", source.path, saved)
         tok = AutoTokenizer.from_pretrained(source.path.parent, gguf_file=source.path.name)
         tmp = saved.with_name(saved.name + f".tmp{os.getpid()}")
         tok.save_pretrained(tmp)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from lmprog.core.cache_files import derived_path, write_json
-from lmprog.core.logs import progress
+from lmprog.core.logs import progress, slow_step
 
 from ..config import ModelConfig, RopeScaling, config_from_gguf
 
@@ -110,9 +109,13 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFIndex:
         return _index_from_json(path, json.loads(cached.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         pass  # no cache entry yet, or a stale/corrupt one: parse the file
-    logging.getLogger(__name__).info(
-        "reading the metadata of %s (once; cached in %s)", path, cached
-    )
+    with slow_step(
+        f"reading the metadata of {path.name} (once; cached in {cached})", logger=__name__
+    ):
+        return _index_from_file(path, cached)
+
+
+def _index_from_file(path: Path, cached: Path) -> GGUFIndex:
     reader = _open(path)
     try:
         config = config_from_gguf(reader)
