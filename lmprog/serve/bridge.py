@@ -81,8 +81,7 @@ class Generations:
         except BaseException as exc:  # noqa: BLE001 - handed to the event loop
             self._post(index, _ERROR, exc)
             return
-        self._post(index, _DONE, result)
-        if self._metrics is not None:
+        if self._metrics is not None:  # before the result: a scrape after the response sees it
             self._metrics.on_generation(
                 arrival=self._arrival,
                 submitted=self._submitted,
@@ -91,6 +90,7 @@ class Generations:
                 finished=time.perf_counter(),
                 completion_tokens=result.completion_tokens,
             )
+        self._post(index, _DONE, result)
 
     def _post(self, index: int, kind: int, value: Any) -> None:
         try:
