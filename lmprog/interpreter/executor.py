@@ -372,9 +372,9 @@ def _typed(node: Gen, text: str, value: Any) -> Parsed:
             return Parsed(json.loads(text))
         if hasattr(node.schema_class, "model_validate_json"):
             return Parsed(node.schema_class.model_validate_json(text))
-        from pydantic import TypeAdapter  # the type's schema came from pydantic too
+        from lmprog.fsm.json_schema import type_adapter  # the type's schema came from it
 
-        return Parsed(TypeAdapter(node.schema_class).validate_json(text))
+        return Parsed(type_adapter(node.schema_class).validate_json(text))
     except ValueError as e:  # json's and pydantic's errors are ValueErrors
         return Parsed(
             error=f"gen({node.name!r}, json_schema) matched the schema's grammar but does not "

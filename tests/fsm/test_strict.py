@@ -3,6 +3,7 @@ keyword allows others; ``strict=False`` is JSON Schema's own reading (lmprog.fsm
 
 import json
 import random
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -217,3 +218,33 @@ def test_what_is_not_a_type_or_has_no_schema_is_refused():
 
     with pytest.raises(ConstraintError, match="Opaque: pydantic cannot describe"):
         Constraint.from_json_schema(Opaque)
+
+
+def test_typing_typeddict_works_on_every_python():
+    """`typing.TypedDict` (what users import; pydantic takes it only from Python 3.12), nested
+    and with optional keys, describes the same schema as typing_extensions' and parses back."""
+    import typing
+
+    from lmprog.fsm.json_schema import type_adapter
+
+    class Cast(typing.TypedDict, total=False):
+        lead: str
+
+    class Film(typing.TypedDict):
+        title: str
+        cast: list[Cast]
+        year: typing.Optional[int]  # noqa: UP045 - the form users write
+
+    c = Constraint.from_json_schema(Film)
+    text = '{"title": "t", "cast": [{}, {"lead": "a"}], "year": null}'
+    assert c.matches(text)
+    assert not c.matches('{"title": "t", "cast": []}')  # year is required
+    assert not c.matches('{"title": "t", "cast": [{"lead": 1}], "year": null}')
+    assert type_adapter(Film).validate_json(text)["cast"][1] == {"lead": "a"}
+
+    class Node(typing.TypedDict):  # refers to itself: read as written where pydantic can
+        next: typing.Optional["Node"]
+
+    if sys.version_info < (3, 12):
+        with pytest.raises(ConstraintError, match="typing_extensions.TypedDict"):
+            Constraint.from_json_schema(Node)

@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+import types
 import typing
 from typing import NamedTuple
 
@@ -122,13 +124,75 @@ def python_type(schema):
     return None
 
 
+def type_adapter(tp):
+    """pydantic's TypeAdapter of a Python type form: what writes its JSON schema and parses a
+    generated text back (a ``typing.TypedDict``, which pydantic takes only from Python 3.12,
+    read as the same ``typing_extensions.TypedDict``)."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(_portable(tp))
+
+
+def _portable(tp):
+    """``tp`` with every ``typing.TypedDict`` in it (nested in lists, dicts, unions, other
+    TypedDicts) rebuilt as a ``typing_extensions.TypedDict`` of the same keys, types and
+    required keys; other forms unchanged."""
+    if sys.version_info >= (3, 12):
+        return tp
+    if typing.is_typeddict(tp) and type(tp).__module__ == "typing":
+        return _typeddict(tp)
+    args = typing.get_args(tp)
+    origin = typing.get_origin(tp)
+    if not args or origin is None or origin is typing.Literal:
+        return tp
+    new = tuple(_portable(a) for a in args)
+    if new == args:
+        return tp
+    if origin is typing.Annotated:
+        return typing.Annotated[(new[0], *tp.__metadata__)]
+    if origin in (typing.Union, types.UnionType):
+        return typing.Union[new]  # noqa: UP007 - a tuple of arguments: no | form
+    return origin[new] if isinstance(origin, type) else tp.copy_with(new)
+
+
+_PORTED: dict[type, type] = {}
+_PORTING: set[type] = set()  # being read: a type met again inside is recursive
+
+
+def _typeddict(tp):
+    found = _PORTED.get(tp)
+    if found is None:
+        import typing_extensions as te
+
+        refused = ConstraintError(
+            f"json_schema={tp.__name__}: on Python < 3.12 a typing.TypedDict that refers to "
+            "itself or to a local type cannot be read; declare it with typing_extensions.TypedDict"
+        )
+        if tp in _PORTING:
+            raise refused
+        _PORTING.add(tp)
+        try:
+            hints = typing.get_type_hints(tp, include_extras=True)
+            fields = {
+                k: (te.Required if k in tp.__required_keys__ else te.NotRequired)[_portable(v)]
+                for k, v in hints.items()
+            }
+        except NameError:  # a key's type is a name it cannot see
+            raise refused from None
+        finally:
+            _PORTING.discard(tp)
+        found = _PORTED[tp] = te.TypedDict(tp.__name__, fields)
+        found.__module__, found.__qualname__ = tp.__module__, tp.__qualname__
+    return found
+
+
 def _type_schema(tp) -> dict:
     """The JSON schema pydantic writes for ``tp`` (what it validates, so a generated text
     parses back as ``tp``)."""
-    from pydantic import PydanticUserError, TypeAdapter
+    from pydantic import PydanticUserError
 
     try:
-        return TypeAdapter(tp).json_schema()
+        return type_adapter(tp).json_schema()
     except PydanticUserError as e:  # includes PydanticSchemaGenerationError
         raise ConstraintError(
             f"json_schema={_type_name(tp)}: pydantic cannot describe this type as a JSON "
