@@ -79,9 +79,11 @@ class TokenVocab:
 
     @cached_property
     def sorted_tokens(self) -> tuple[list[bytes], np.ndarray]:
-        """(token bytes sorted, their ids): the tokens with a given prefix are one slice."""
-        pairs = sorted((b, i) for i, b in enumerate(self.token_bytes) if b)
-        return [b for b, _ in pairs], np.array([i for _, i in pairs], dtype=np.int32)
+        """(token bytes sorted, their ids): the tokens with a given prefix are one slice.
+        Equal bytes in id order; from the disk cache where the vocabulary came from it."""
+        tb = self.token_bytes
+        ids = sorted((i for i, b in enumerate(tb) if b), key=tb.__getitem__)
+        return [tb[i] for i in ids], np.array(ids, dtype=np.int32)
 
     def extensions(self, token_id: int) -> np.ndarray:
         """Ids of the tokens whose bytes strictly extend token_id's bytes."""
@@ -267,10 +269,12 @@ def _unicode_to_byte() -> dict[str, int]:
 # ---- the on-disk cache ------------------------------------------------------------------------
 #   <entry>/bytes.bin    every token's bytes, concatenated in id order
 #   <entry>/lengths.bin  int32 little-endian per id: its byte count (0: special / unused)
+#   <entry>/order.bin    int32 little-endian: the text tokens' ids in byte order (sorted_tokens)
 #   <entry>/vocab.json   the description, written last: the source's identity, the tokenizer's
 #                        identity (EOS, length, special tokens), CRC-32s, the fingerprint
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
+_FILES = ("bytes.bin", "lengths.bin", "order.bin")
 
 
 def _tokenizer_file(tokenizer: Any) -> Path | None:
@@ -300,13 +304,10 @@ def _load_cached(entry: Path, source: Path, check: str) -> TokenVocab | None:
     if meta is None or meta.get("tokenizer") != check:
         return None
     try:
-        blob = (entry / "bytes.bin").read_bytes()
-        lengths_raw = (entry / "lengths.bin").read_bytes()
+        blob, lengths_raw, order_raw = ((entry / name).read_bytes() for name in _FILES)
     except OSError:
         return None
-    if zlib.crc32(blob) != meta.get("bytes_crc32") or zlib.crc32(lengths_raw) != meta.get(
-        "lengths_crc32"
-    ):
+    if [zlib.crc32(data) for data in (blob, lengths_raw, order_raw)] != meta.get("crc32"):
         return None
     lengths = np.frombuffer(lengths_raw, dtype="<i4")
     if len(lengths) != meta.get("size") or int(lengths.sum()) != len(blob):
@@ -319,6 +320,10 @@ def _load_cached(entry: Path, source: Path, check: str) -> TokenVocab | None:
     except (KeyError, TypeError, ValueError):
         return None
     vocab.__dict__["fingerprint"] = meta.get("fingerprint") or vocab.fingerprint
+    order = np.frombuffer(order_raw, dtype="<i4").astype(np.int32)
+    if len(order) == sum(b is not None for b in token_bytes) and 0 <= order.min(initial=0):
+        if int(order.max(initial=0)) < len(token_bytes):
+            vocab.__dict__["sorted_tokens"] = ([token_bytes[i] for i in order.tolist()], order)
     return vocab
 
 
@@ -326,7 +331,9 @@ def _save_cached(entry: Path, source: Path, check: str, vocab: TokenVocab) -> No
     entry.mkdir(parents=True, exist_ok=True)
     blob = b"".join(b for b in vocab.token_bytes if b)
     lengths = np.array([len(b) if b else 0 for b in vocab.token_bytes], dtype="<i4").tobytes()
-    for name, data in (("bytes.bin", blob), ("lengths.bin", lengths)):
+    order = vocab.sorted_tokens[1].astype("<i4").tobytes()
+    files = dict(zip(_FILES, (blob, lengths, order)))
+    for name, data in files.items():
         tmp = entry / f"{name}.tmp{os.getpid()}-{threading.get_ident()}"
         try:
             tmp.write_bytes(data)
@@ -340,8 +347,7 @@ def _save_cached(entry: Path, source: Path, check: str, vocab: TokenVocab) -> No
             "tokenizer": check,
             "size": vocab.size,
             "eos_token_id": vocab.eos_token_id,
-            "bytes_crc32": zlib.crc32(blob),
-            "lengths_crc32": zlib.crc32(lengths),
+            "crc32": [zlib.crc32(data) for data in files.values()],
             "fingerprint": vocab.fingerprint,
         },
         version=_CACHE_VERSION,

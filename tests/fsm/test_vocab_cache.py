@@ -31,12 +31,15 @@ def test_a_saved_tokenizer_has_its_vocabulary_cached(saved, monkeypatch, tmp_pat
     tok, _ = saved
     built = vocab_mod._vocab_from_tokenizer(tok)
     (entry,) = (tmp_path / "cache" / "vocab").iterdir()
-    assert {p.name for p in entry.iterdir()} == {"bytes.bin", "lengths.bin", "vocab.json"}
+    assert {p.name for p in entry.iterdir()} == {"bytes.bin", "lengths.bin", "order.bin", "vocab.json"}
     _not_read(monkeypatch)
     cached = vocab_mod._vocab_from_tokenizer(tok)
     assert cached.token_bytes == built.token_bytes
     assert cached.eos_token_id == built.eos_token_id
     assert cached.fingerprint == built.fingerprint
+    assert "sorted_tokens" in cached.__dict__  # read back, not sorted again
+    assert cached.sorted_tokens[0] == built.sorted_tokens[0]
+    assert cached.sorted_tokens[1].tolist() == built.sorted_tokens[1].tolist()
     cached.__dict__.pop("fingerprint")
     assert cached.fingerprint == built.fingerprint  # the stored one is the computed one
 
