@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
 from lmprog.core.protocol import Backend
+from lmprog.core.reasoning import ReasoningFormat, reasoning_format
 
 from . import jsonbody, native
 from .chat_completions import create_chat_completion
@@ -44,10 +45,14 @@ def build_app(
     model_name: str,
     api_key: str | None = None,
     limits: ServerLimits | None = None,
+    reasoning: ReasoningFormat | None | str = "auto",
 ) -> FastAPI:
     """The app serving `backend` under `model_name`. The caller owns the backend; the app's
-    worker threads stop with `app.state.ctx.executor.shutdown()` (Server.stop does it)."""
+    worker threads stop with `app.state.ctx.executor.shutdown()` (Server.stop does it).
+    `reasoning`: the model's reasoning format, or a parser name ("auto": the template's)."""
     limits = limits or ServerLimits()
+    if isinstance(reasoning, str):
+        reasoning = reasoning_format(backend.chat_template.source, reasoning)
     ctx = ServeContext(
         backend=backend,
         model_name=model_name,
@@ -56,6 +61,7 @@ def build_app(
         metrics=ServerMetrics(stats=backend.stats),
         template=backend.chat_template,
         created=int(time.time()),
+        reasoning=reasoning,
     )
     app = FastAPI(title="lmprog", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx

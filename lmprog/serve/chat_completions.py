@@ -26,7 +26,8 @@ from .errors import APIError
 from .formats import body_constraint, constraint_field
 from .logprobs import chat_logprobs, visible_logprobs
 from .params import choice_params, choices_of, sampling_params
-from .prompts import render_chat
+from .prompts import render_chat, template_kwargs
+from .reasoning import OutputSplit, ReasoningPlan, reasoning_plan, reasoning_tokens
 from .runs import ReplyBase, arrival, finish_reason, respond, usage
 from .streaming import sse
 from .tool_formats import CallReader, tool_format
@@ -60,19 +61,21 @@ async def start_chat_completion(
     field = constraint_field(body)
     if body.tools or field is not None:  # compiling schemas may take a while
         param = "tools" if body.tools else field
-        plan, prompt = await compiled(ctx, request, param, _prepare, ctx, body, True)
+        plan, prompt, thinking = await compiled(ctx, request, param, _prepare, ctx, body, True)
     else:
-        plan, prompt = await ctx.blocking(_prepare, ctx, body)
-    requests = [GenerateRequest(prompt, p, plan.constraint) for p in choice_params(params, n)]
+        plan, prompt, thinking = await ctx.blocking(_prepare, ctx, body)
+    constraint = plan.constraint if thinking is None else thinking.constrain(plan.constraint)
+    requests = [GenerateRequest(prompt, p, constraint) for p in choice_params(params, n)]
+    backend = ctx.backend if thinking is None else thinking.backend(ctx.backend, plan.constraint)
     group = Generations(
-        ctx.backend,
+        backend,
         requests,
         ctx.executor,
         stream=bool(body.stream),
         metrics=ctx.metrics,
         arrival=arrival(request),
     )
-    return group, _Reply(ctx, body, plan)
+    return group, _Reply(ctx, body, plan, thinking)
 
 
 def _max_tokens(body: ChatCompletionRequest) -> int | None:
@@ -91,8 +94,9 @@ def _top(body: ChatCompletionRequest) -> int | None:
 
 def _prepare(
     ctx: ServeContext, body: ChatCompletionRequest, index: bool = False
-) -> tuple[ToolPlan, str]:
-    """The tools plan and the prompt (`index`: also build the constraint's token index)."""
+) -> tuple[ToolPlan, str, ReasoningPlan | None]:
+    """The tools plan, the prompt and the reasoning plan (`index`: also build the
+    constraint's token index)."""
     text = body_constraint(body)
     if (
         text is not None
@@ -113,8 +117,6 @@ def _prepare(
     fmt = tool_format(ctx.template)
     parallel = body.parallel_tool_calls is not False
     plan = plan_tools(body.tools, body.tool_choice, text, fmt, parallel=parallel)
-    if index:
-        build_index(ctx, plan.constraint)
     prompt = render_chat(
         ctx.template,
         body.messages,
@@ -123,8 +125,16 @@ def _prepare(
         tools=body.tools,
         tokenizer=None if ctx.limits.allow_special_tokens else _tokenizer(ctx),
         tool_format=fmt,
+        variables=template_kwargs(body.chat_template_kwargs, body.reasoning_effort),
     )
-    return plan, prompt
+    thinking = reasoning_plan(
+        ctx.reasoning, prompt, separate=body.separate_reasoning, budget=body.thinking_budget
+    )
+    if index:
+        param = "tools" if body.tools else (constraint_field(body) or "messages")
+        answer = plan.constraint
+        build_index(ctx, answer if thinking is None else thinking.constrain(answer, param))
+    return plan, prompt, thinking
 
 
 def _tokenizer(ctx: ServeContext) -> Any:
@@ -139,17 +149,38 @@ def _tokenizer(ctx: ServeContext) -> Any:
 class _Reply(ReplyBase):
     """Builds the response bodies of one request."""
 
-    def __init__(self, ctx: ServeContext, body: ChatCompletionRequest, plan: ToolPlan) -> None:
+    def __init__(
+        self,
+        ctx: ServeContext,
+        body: ChatCompletionRequest,
+        plan: ToolPlan,
+        thinking: ReasoningPlan | None = None,
+    ) -> None:
         super().__init__(ctx, "chatcmpl")
-        self.body, self.plan = body, plan
+        self.body, self.plan, self.thinking = body, plan, thinking
         self._readers: dict[int, CallReader] = {}  # streamed choices with tools on
+        self._splits: dict[int, OutputSplit] = {}  # streamed choices of a reasoning model
+        self._reasoning_tokens = 0
+
+    def _parts(self, result: GenerateResult) -> tuple[str | None, str]:
+        """(reasoning or None, answer) of a finished choice's text."""
+        if self.thinking is None or not self.thinking.separate:
+            return None, result.text
+        reasoning, answer = self.thinking.split(result.text)
+        self._reasoning_tokens += reasoning_tokens(_tokenizer(self.ctx), reasoning)
+        return reasoning, answer
 
     def _message(self, result: GenerateResult) -> tuple[dict[str, Any], str]:
         """(message, finish_reason) of a finished choice."""
+        reasoning, text = self._parts(result)
         if self.plan.calls is None:
-            message = {"role": "assistant", "content": result.text, "refusal": None}
-            return message, finish_reason(result)
-        return _read_message(self.plan.parse(result.text), result)
+            message = {"role": "assistant", "content": text, "refusal": None}
+            reason = finish_reason(result)
+        else:
+            message, reason = _read_message(self.plan.parse(text), result)
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
+        return message, reason
 
     def _logprobs(self, result: GenerateResult) -> Any:
         return chat_logprobs(visible_logprobs(result)) if self.body.logprobs else None
@@ -157,8 +188,13 @@ class _Reply(ReplyBase):
     def _usage(self, results: list[GenerateResult]) -> dict[str, Any]:
         u = usage(results[0].prompt_tokens, results, results[0].cached_tokens)
         self.ctx.metrics.on_usage(
-            u["prompt_tokens"], u["completion_tokens"], u["prompt_tokens_details"]["cached_tokens"]
+            u["prompt_tokens"],
+            u["completion_tokens"],
+            u["prompt_tokens_details"]["cached_tokens"],
+            reasoning_tokens=self._reasoning_tokens,
         )
+        if self.thinking is not None:
+            u["completion_tokens_details"] = {"reasoning_tokens": self._reasoning_tokens}
         return u
 
     def response_body(self, results: list[GenerateResult]) -> dict[str, Any]:
@@ -220,16 +256,35 @@ class _Reply(ReplyBase):
             )
         ]
 
+    def _split(self, index: int) -> OutputSplit:
+        if index not in self._splits:
+            self._splits[index] = OutputSplit(self.thinking)
+        return self._splits[index]
+
     def _piece(self, index: int, text: str) -> bytes | None:
+        reasoning, text = self._split(index).feed(text)
+        return self._answer_piece(index, reasoning, text) or None
+
+    def _answer_piece(self, index: int, reasoning: str, text: str) -> bytes:
+        out = self._deltas(index, [{"reasoning_content": reasoning}]) if reasoning else b""
+        if not text:
+            return out
         if self.plan.calls is None:
-            return self._deltas(index, [{"content": text}])
-        return self._deltas(index, self._reader(index).feed(text)) or None
+            return out + self._deltas(index, [{"content": text}])
+        return out + self._deltas(index, self._reader(index).feed(text))
 
     def _closing(self, index: int, result: GenerateResult) -> bytes:
-        rest, reason = b"", finish_reason(result)
+        rest, reason = (
+            self._answer_piece(index, *self._split(index).finish()),
+            finish_reason(result),
+        )
+        if self.thinking is not None and self.thinking.separate:
+            self._reasoning_tokens += reasoning_tokens(
+                _tokenizer(self.ctx), self.thinking.split(result.text)[0]
+            )
         if self.plan.calls is not None:
             reader = self._reader(index)
-            rest = self._deltas(index, reader.finish())
+            rest += self._deltas(index, reader.finish())
             reason = _read_message(reader, result)[1]
         last = {
             "index": index,

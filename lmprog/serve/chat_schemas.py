@@ -30,6 +30,7 @@ class ChatMessage(Strict):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     refusal: str | None = None
+    reasoning_content: str | None = None  # an earlier answer's thinking, for the template
 
     @model_validator(mode="after")
     def _fields_fit_the_role(self) -> ChatMessage:
@@ -84,7 +85,11 @@ class ChatCompletionRequest(SamplingFields):
     audio: Any = None
     modalities: list[str] | None = None
     prediction: Any = None
-    reasoning_effort: str | None = None
+    # reasoning models: passed to the chat template (see reasoning.py)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's and SGLang's
+    separate_reasoning: bool | None = None  # SGLang's: false keeps the thinking in content
+    thinking_budget: int | None = None  # SGLang's: thinking tokens before </think> is forced
     verbosity: str | None = None
     web_search_options: Any = None
 
@@ -93,7 +98,6 @@ class ChatCompletionRequest(SamplingFields):
         "function_call",
         "audio",
         "prediction",
-        "reasoning_effort",
         "verbosity",
         "web_search_options",
     )

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from lmprog import __version__
 from lmprog.core.errors import LmprogError
 from lmprog.core.logs import ENV_VAR, LEVELS, configure_logging, parse_level
+from lmprog.core.reasoning import named_format
 
 from .limits import ServerLimits
 
@@ -188,6 +189,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "tokens (default: text; only the chat template's markers are control tokens)",
     )
     p.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        help="how a reasoning model's output splits into thinking (reasoning_content) and "
+        "answer: auto (from the chat template, the default), none, deepseek-r1, qwen3, "
+        "gpt-oss, magistral (SGLang's and vLLM's names work too: deepseek_r1, ...)",
+    )
+    p.add_argument(
         "--strict-requests",
         action="store_true",
         help="answer request fields this server does not know with a 400 unknown_parameter, "
@@ -349,6 +357,8 @@ def serve(args: argparse.Namespace) -> int:
     )
     try:  # what fails in a moment fails before the model loads
         check_serve_extra()
+        if args.reasoning_parser != "auto":
+            named_format(args.reasoning_parser)  # an unknown name fails before the model loads
         if args.port:
             bind_socket(args.host, args.port).close()
         backend = make_backend(args)
@@ -365,6 +375,7 @@ def serve(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         model_name=args.served_model_name,
         stats_interval_s=args.stats_interval or None,
+        reasoning_parser=args.reasoning_parser,
         **{f.name: getattr(limits, f.name) for f in dataclasses.fields(limits)},
     )
     try:

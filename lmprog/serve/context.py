@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from lmprog.core.chat import ChatTemplate
 from lmprog.core.protocol import Backend
+from lmprog.core.reasoning import ReasoningFormat
 
 from .errors import APIError
 from .limits import ServerLimits
@@ -22,7 +23,8 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class ServeContext:
     """backend: serves every request; model_name: the one name requests may ask for;
-    executor: the worker threads that run blocking backend calls."""
+    executor: the worker threads that run blocking backend calls; reasoning: how the model's
+    output splits into thinking and answer (--reasoning-parser, or the chat template's)."""
 
     backend: Backend
     model_name: str
@@ -31,6 +33,7 @@ class ServeContext:
     metrics: ServerMetrics
     template: ChatTemplate
     created: int
+    reasoning: ReasoningFormat | None = None  # the model's reasoning format (None: none)
     unknown_fields: UnknownFields = field(default_factory=UnknownFields)
 
     def check_model(self, name: str) -> None:

@@ -96,6 +96,11 @@ class ServerMetrics:
         self.completion_tokens = Counter(
             "lmprog_completion_tokens", "Generated tokens of finished requests.", registry=r
         )
+        self.reasoning_tokens = Counter(
+            "lmprog_reasoning_tokens",
+            "Of the generated tokens, those of a reasoning model's thinking.",
+            registry=r,
+        )
         self.duration = Histogram(
             "lmprog_http_request_duration_seconds",
             "Time to serve an HTTP request, to its last byte (streams included), by path.",
@@ -139,7 +144,14 @@ class ServerMetrics:
     def on_client_abort(self) -> None:
         self.client_aborts.inc()
 
-    def on_usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
+    def on_usage(
+        self,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+        *,
+        reasoning_tokens: int = 0,
+    ) -> None:
         tally = REQUEST_TOKENS.get(None)
         if tally is not None:  # the request's access log line reports them
             tally[0] += prompt_tokens
@@ -148,6 +160,7 @@ class ServerMetrics:
         self.prompt_tokens.inc(prompt_tokens)
         self.completion_tokens.inc(completion_tokens)
         self.cached_prompt_tokens.inc(cached_tokens)
+        self.reasoning_tokens.inc(reasoning_tokens)
 
     # -- the bridge (worker threads) --------------------------------------------------------
     def on_generation(

@@ -34,6 +34,7 @@ def render_chat(
     tools: Sequence[Tool] | None = None,
     tokenizer: Any = None,
     tool_format: ToolFormat = GENERIC,
+    variables: dict[str, Any] | None = None,
 ) -> str:
     """`max_json_depth`: the deepest nesting allowed in a tool call's arguments. `tools`: the
     request's tools, passed to the template as transformers' `apply_chat_template(tools=...)`
@@ -41,7 +42,8 @@ def render_chat(
     is a `Prompt` whose special-token strings are control tokens only where the template
     wrote them (message contents, tool calls and results, tools: text); without, a plain
     str whose every special-token string is a control token (`allow_special_tokens`).
-    `tool_format`: how earlier tool calls are rendered (see the module docstring)."""
+    `tool_format`: how earlier tool calls are rendered (see the module docstring).
+    `variables`: more template variables (`chat_template_kwargs`: `enable_thinking`, ...)."""
     plain = [_plain(m, i, max_json_depth, tool_format) for i, m in enumerate(messages)]
     if tools_prompt:
         if plain[0]["role"] == "system":
@@ -50,14 +52,40 @@ def render_chat(
             plain.insert(0, {"role": "system", "content": tools_prompt})
     try:
         tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
+        extra = variables or {}
         if tokenizer is None:
-            return template.render(plain, add_generation_prompt=True, tools=tool_dicts)
+            return template.render(plain, add_generation_prompt=True, tools=tool_dicts, **extra)
         plain, tool_dicts = mark_special([plain, tool_dicts], tokenizer)
-        return unmark(template.render(plain, add_generation_prompt=True, tools=tool_dicts))
+        rendered = template.render(plain, add_generation_prompt=True, tools=tool_dicts, **extra)
+        return unmark(rendered)
     except jinja2.TemplateError as exc:
         raise APIError(
             400, f"the model's chat template rejects these messages: {exc}", param="messages"
         ) from None
+
+
+# the variables a request's chat_template_kwargs cannot set (the server sets them)
+_RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+
+
+def template_kwargs(
+    kwargs: dict[str, Any] | None, reasoning_effort: str | None = None
+) -> dict[str, Any]:
+    """The template variables of a request: its `chat_template_kwargs` (as vLLM and SGLang
+    pass them: `enable_thinking`, `thinking`, ...) and its `reasoning_effort` (which gpt-oss's
+    template reads); a 400 naming a key the server sets itself."""
+    out = dict(kwargs or {})
+    for key in out:
+        if key in _RESERVED or not key.isidentifier():
+            raise APIError(
+                400,
+                f"chat_template_kwargs cannot set {key!r} (the server sets messages, tools, "
+                "documents and add_generation_prompt; keys are identifiers)",
+                param=f"chat_template_kwargs.{key}",
+            )
+    if reasoning_effort is not None:
+        out.setdefault("reasoning_effort", reasoning_effort)
+    return out
 
 
 def _plain(
@@ -70,6 +98,8 @@ def _plain(
         out["tool_call_id"] = message.tool_call_id
     if message.name is not None:
         out["name"] = message.name
+    if message.reasoning_content is not None:  # templates read it (Qwen3) or `thinking`
+        out["reasoning_content"] = message.reasoning_content
     if not message.tool_calls:
         return out
     calls = [(c, _arguments(c, index, max_json_depth)) for c in message.tool_calls]

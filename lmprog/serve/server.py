@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from lmprog.core.protocol import Backend
+from lmprog.core.reasoning import reasoning_format
 
 from .engine_log import EngineLog
 from .limits import LIMIT_NAMES, ServerLimits
@@ -31,6 +32,9 @@ class Server:
         model_name: the name clients use (default: the backend's model_name, else "lmprog").
         stats_interval_s: seconds between the engine lines logged while the backend is busy
             (`lmprog.serve.engine` at info, see engine_log.py); None: none.
+        reasoning_parser: how the model's output splits into thinking and answer: "auto"
+            (the chat template's format, if it shows one), "none", or a name
+            (lmprog.core.reasoning.FORMATS: "deepseek-r1", "qwen3", "gpt-oss", "magistral").
         **limits: ServerLimits fields (max_body_bytes, max_n, max_tokens, ...).
     """
 
@@ -43,6 +47,7 @@ class Server:
         api_key: str | None = None,
         model_name: str | None = None,
         stats_interval_s: float | None = 10.0,
+        reasoning_parser: str = "auto",
         **limits: Any,
     ) -> None:
         if not isinstance(backend, Backend):
@@ -64,6 +69,7 @@ class Server:
         self.model_name = model_name or getattr(backend, "model_name", None) or "lmprog"
         self.limits = ServerLimits(**limits)
         self.stats_interval_s = stats_interval_s
+        self.reasoning = reasoning_format(backend.chat_template.source, reasoning_parser)
         self._engine_log: EngineLog | None = None
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -78,7 +84,11 @@ class Server:
         if self._thread is not None:
             raise RuntimeError("the server is already started")
         self._app = build_app(
-            self.backend, model_name=self.model_name, api_key=self.api_key, limits=self.limits
+            self.backend,
+            model_name=self.model_name,
+            api_key=self.api_key,
+            limits=self.limits,
+            reasoning=self.reasoning,
         )
         sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]

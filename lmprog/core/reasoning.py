@@ -1,0 +1,254 @@
+"""A reasoning model's output, split into its thinking and its answer by the family's rules.
+
+    fmt = reasoning_format(template.source)          # chosen from the chat template, or
+    fmt = named_format("deepseek-r1")                # named (lmprog serve --reasoning-parser)
+    opened = fmt.prompt_state(prompt)                # "open", "closed" or "none"
+    reasoning, answer = fmt.split(text, opened)      # a finished output
+    splitter = fmt.splitter(opened)                  # a streamed one
+    for kind, piece in splitter.feed(chunk): ...     # kind "reasoning" or "answer"
+    splitter.finish()
+
+Families (the markers their templates and models write):
+
+    name          start                          end          the model starts thinking
+    deepseek-r1   <think>                        </think>     always (R1 and its distills;
+                                                              the start may be in the prompt)
+    qwen3         <think>                        </think>     when it writes <think> (Qwen3,
+                                                              DeepSeek-V3.1, QwQ, hybrids)
+    magistral     [THINK]                        [/THINK]     when it writes [THINK]
+    gpt-oss       <|channel|>analysis<|message|> <|end|>      when it writes the analysis
+                                                              channel; the answer follows the
+                                                              next <|message|>
+
+`prompt_state` reads how the rendered prompt leaves the assistant's turn: "open" (the
+template opened the block: DeepSeek-R1's distills, Qwen3-Thinking-2507), "closed" (it wrote
+an empty block: Qwen3 with enable_thinking false, so the output is all answer) or "none".
+
+The reasoning is returned without its markers and surrounding whitespace; the answer without
+the whitespace that follows the end marker (a chat template writes it back as
+`<think>\\nREASONING\\n</think>\\n\\nANSWER`). An output whose block never ends is all reasoning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+PromptState = Literal["open", "closed", "none"]
+REASONING, ANSWER = "reasoning", "answer"
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    """name: the family; start/end: the block's markers; forced: output before the end marker
+    is reasoning even without the start marker (DeepSeek-R1); answer_header: a header the
+    model writes after the end marker before its answer, up to and including this text
+    (gpt-oss: `<|start|>assistant<|channel|>final<|message|>`)."""
+
+    name: str
+    start: str
+    end: str
+    forced: bool = False
+    answer_header: str = ""
+
+    def prompt_state(self, prompt: str) -> PromptState:
+        """How the prompt leaves the block: its end opens one ("open"), closes one
+        ("closed": thinking is off), or neither ("none")."""
+        tail = prompt.rstrip()
+        if self.start and tail.endswith(self.start):
+            return "open"
+        if tail.endswith(self.end):
+            return "closed"
+        return "none"
+
+    def split(self, text: str, state: PromptState = "none") -> tuple[str | None, str]:
+        """(reasoning or None, answer) of a whole output."""
+        splitter = self.splitter(state)
+        parts = {REASONING: [], ANSWER: []}
+        for kind, piece in splitter.feed(text) + splitter.finish():
+            parts[kind].append(piece)
+        reasoning = "".join(parts[REASONING]) if splitter.reasoned else None
+        return reasoning, "".join(parts[ANSWER])
+
+    def splitter(self, state: PromptState = "none") -> ReasoningSplitter:
+        return ReasoningSplitter(self, state)
+
+
+FORMATS: dict[str, ReasoningFormat] = {
+    "deepseek-r1": ReasoningFormat("deepseek-r1", "<think>", "</think>", forced=True),
+    "qwen3": ReasoningFormat("qwen3", "<think>", "</think>"),
+    "magistral": ReasoningFormat("magistral", "[THINK]", "[/THINK]"),
+    "gpt-oss": ReasoningFormat(
+        "gpt-oss",
+        "<|channel|>analysis<|message|>",
+        "<|end|>",
+        answer_header="<|message|>",
+    ),
+}
+# other servers' names for the same rules (SGLang's and vLLM's --reasoning-parser)
+ALIASES = {
+    "deepseek_r1": "deepseek-r1",
+    "deepseek-v3": "qwen3",
+    "deepseek_v3": "qwen3",
+    "qwen3-thinking": "deepseek-r1",
+    "qwen3_thinking": "deepseek-r1",
+    "gpt_oss": "gpt-oss",
+    "mistral": "magistral",
+}
+
+
+def named_format(name: str) -> ReasoningFormat | None:
+    """The format called `name` ("none": no reasoning); ValueError naming the known ones."""
+    if name == "none":
+        return None
+    key = ALIASES.get(name, name)
+    if key not in FORMATS:
+        known = ", ".join(sorted([*FORMATS, "none", "auto"]))
+        raise ValueError(f"unknown reasoning parser {name!r}; known: {known}")
+    return FORMATS[key]
+
+
+def reasoning_format(template_source: str, name: str | None = "auto") -> ReasoningFormat | None:
+    """The reasoning format `name` gives ("auto" or None: the one the chat template's source
+    shows; None when it shows none)."""
+    if name not in (None, "auto"):
+        return named_format(name)
+    source = template_source
+    if "<|channel|>" in source and "analysis" in source:
+        return FORMATS["gpt-oss"]
+    if "[THINK]" in source and "[/THINK]" in source:
+        return FORMATS["magistral"]
+    if "</think>" in source:
+        # DeepSeek-R1's templates ("<｜Assistant｜>") start the answer thinking; DeepSeek-V3.1's
+        # switch it on and off with `thinking` and write the block themselves.
+        forced = "<｜Assistant｜>" in source and "thinking is defined" not in source
+        return FORMATS["deepseek-r1" if forced else "qwen3"]
+    return None
+
+
+class ReasoningSplitter:
+    """Splits a streamed output: `feed(piece)` returns the (kind, text) pieces that are sure,
+    holding back a possible marker split across pieces and whitespace that may be trimmed;
+    `finish()` the rest. `reasoned`: a reasoning part was seen (or the prompt opened one)."""
+
+    def __init__(self, fmt: ReasoningFormat, state: PromptState = "none") -> None:
+        self.fmt = fmt
+        self._buf = ""
+        self._trail = ""  # reasoning whitespace held until more reasoning follows
+        if state == "open" or (state == "none" and fmt.forced):
+            self._mode = "think"  # start marker optional: skipped if the model writes it
+            self._maybe_start = True
+            self.reasoned = state == "open"
+        elif state == "closed":
+            self._mode, self._maybe_start, self.reasoned = "answer", False, False
+        else:
+            self._mode, self._maybe_start, self.reasoned = "before", False, False
+        self._lead = True  # at the start of the current part (whitespace dropped)
+
+    def feed(self, piece: str) -> list[tuple[str, str]]:
+        self._buf += piece
+        out: list[tuple[str, str]] = []
+        while True:
+            step = self._step(final=False, out=out)
+            if not step:
+                return out
+
+    def finish(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        while self._step(final=True, out=out):
+            pass
+        if self._buf:
+            kind = REASONING if self._mode in ("think", "header") else ANSWER
+            if self._mode == "before":
+                kind = ANSWER
+            text = self._buf.rstrip() if kind == REASONING else self._buf
+            self._emit(out, kind, text)
+            self._buf = ""
+        return out
+
+    # Each step consumes what it can be sure of; True when it changed mode (run again).
+    def _step(self, final: bool, out: list[tuple[str, str]]) -> bool:
+        fmt, buf = self.fmt, self._buf
+        if self._mode == "before":
+            stripped = buf.lstrip()
+            if stripped.startswith(fmt.start):
+                self._buf = stripped[len(fmt.start) :]
+                self._mode, self.reasoned, self._lead = "think", True, True
+                return True
+            if fmt.start.startswith(stripped) and not final:
+                return False  # maybe the start marker: wait
+            self._mode = "answer"
+            return True
+        if self._mode == "think":
+            if self._maybe_start:
+                stripped = buf.lstrip()
+                if stripped.startswith(fmt.start):
+                    self._buf, self._maybe_start = stripped[len(fmt.start) :], False
+                    self.reasoned = True
+                    return True
+                if fmt.start.startswith(stripped) and not final:
+                    return False
+                self._maybe_start = False
+            at = buf.find(fmt.end)
+            if at >= 0:
+                self.reasoned = True
+                self._emit(out, REASONING, buf[:at].rstrip())
+                self._trail = ""
+                self._buf = buf[at + len(fmt.end) :]
+                self._mode = "header" if fmt.answer_header else "answer"
+                self._lead = True
+                return True
+            keep = 0 if final else _partial_suffix(buf, fmt.end)
+            self._emit(out, REASONING, buf[: len(buf) - keep])
+            self._buf = buf[len(buf) - keep :]
+            return False
+        if self._mode == "header":
+            at = buf.find(fmt.answer_header)
+            if at >= 0:
+                self._buf, self._mode, self._lead = (
+                    buf[at + len(fmt.answer_header) :],
+                    "answer",
+                    True,
+                )
+                return True
+            if final:  # no answer header: what follows is the answer
+                self._mode = "answer"
+                return True
+            return False
+        self._emit(out, ANSWER, buf)
+        self._buf = ""
+        return False
+
+    def _emit(self, out: list[tuple[str, str]], kind: str, text: str) -> None:
+        """Append text of `kind`, dropping the whitespace that opens a part and holding the
+        reasoning's trailing whitespace until more reasoning follows."""
+        if kind == REASONING:
+            if self._lead:
+                text = text.lstrip()
+            if not text:
+                return
+            self._lead, self.reasoned = False, True
+            body = text.rstrip()
+            if not body:
+                self._trail += text
+                return
+            text, self._trail = self._trail + body, text[len(body) :]
+        else:
+            self._trail = ""
+            if self._lead:
+                text = text.lstrip()
+                if not text:
+                    return
+                self._lead = False
+        if out and out[-1][0] == kind:
+            out[-1] = (kind, out[-1][1] + text)
+        else:
+            out.append((kind, text))
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """The length of the longest end of `text` that is a proper prefix of `marker`."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0

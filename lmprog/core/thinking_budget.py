@@ -1,0 +1,105 @@
+"""A thinking budget: after N thinking tokens the end marker is forced, then the answer.
+
+    result = generate_thinking(backend, request, fmt=fmt, state="open", budget=256,
+                               answer=constraint_or_None, stream=callback)
+
+Two backend calls over one prefix (the second reuses the first's cache, radix tree or saved
+llama.cpp state):
+
+    1. thinking: the prompt (with the start marker added when the prompt did not open the
+       block), at most min(budget, max_tokens) tokens, stopped at the end marker;
+    2. answer:   prompt + thinking + [newline] end marker + "\\n\\n", under the answer's
+       constraint, with the tokens max_tokens leaves.
+
+The end marker is written whether the thinking ended at it, at the budget or at EOS (a
+constrained answer always comes); only max_tokens itself ends the output inside the
+thinking. The result's text is what the model's output reads as (start marker, thinking, end
+marker, answer), so a ReasoningFormat splits it like any output; its token_ids are the two
+calls' generated tokens (the forced marker is not among them), its completion_tokens their
+sum. A token-id prompt is refused: the marker cannot be appended without a tokenizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from lmprog.core.prompt import Prompt, control_spans
+from lmprog.core.protocol import Backend, GenerateRequest, GenerateResult, StreamCallback
+from lmprog.core.reasoning import PromptState, ReasoningFormat
+
+
+def check_budget(budget: object, name: str = "thinking_budget") -> int | None:
+    """`budget` as a token count (None: no budget); ValueError naming `name` otherwise."""
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+        raise ValueError(f"{name} must be an integer >= 0 (thinking tokens), got {budget!r}")
+    return budget
+
+
+def generate_thinking(
+    backend: Backend,
+    request: GenerateRequest,
+    *,
+    fmt: ReasoningFormat,
+    state: PromptState,
+    budget: int,
+    answer: object = None,
+    stream: StreamCallback | None = None,
+) -> GenerateResult:
+    """The output of `request` with its thinking held to `budget` tokens (module docstring);
+    `answer`: the constraint of the answer (None: free text)."""
+    if not isinstance(request.prompt, str):
+        raise ValueError("a thinking budget needs a text prompt, not token ids")
+    params = request.params
+    opener = fmt.start + "\n" if state == "none" and fmt.start else ""
+    first = GenerateRequest(
+        _with_output(request.prompt, opener),
+        dataclasses.replace(
+            params, max_tokens=min(budget, params.max_tokens), stop=(fmt.end,), min_tokens=0
+        ),
+    )
+    if stream is not None and opener:
+        stream(opener)
+    if budget == 0:  # no thinking at all: the marker at once
+        thought = GenerateResult("", (), "length", 0, 0)
+    else:
+        thought = backend.generate(first, stream=stream)
+    cut_by_max_tokens = thought.finish_reason == "length" and params.max_tokens <= budget
+    left = params.max_tokens - thought.completion_tokens
+    if cut_by_max_tokens or left <= 0 or thought.finish_reason in ("abort", "error"):
+        return dataclasses.replace(thought, text=opener + thought.text, matched_stop=None)
+    glue = ("" if thought.text[-1:].isspace() or not thought.text else "\n") + fmt.end + "\n\n"
+    if stream is not None:
+        stream(glue)
+    second = GenerateRequest(
+        _with_output(first.prompt, thought.text + glue),
+        dataclasses.replace(
+            params,
+            max_tokens=left,
+            min_tokens=max(0, params.min_tokens - thought.completion_tokens),
+        ),
+        answer,
+    )
+    said = backend.generate(second, stream=stream)
+    logprobs = None
+    if thought.logprobs is not None and said.logprobs is not None:
+        logprobs = thought.logprobs + said.logprobs
+    return dataclasses.replace(
+        said,
+        text=opener + thought.text + glue + said.text,
+        token_ids=thought.token_ids + said.token_ids,
+        prompt_tokens=thought.prompt_tokens if budget else said.prompt_tokens,
+        completion_tokens=thought.completion_tokens + said.completion_tokens,
+        cached_tokens=thought.cached_tokens if budget else said.cached_tokens,
+        logprobs=logprobs,
+    )
+
+
+def _with_output(prompt: str, text: str) -> str:
+    """`prompt + text`, `text` being the model's own output (its special-token strings are
+    control tokens, as they were when generated)."""
+    spans = control_spans(prompt)
+    if spans is None or not text:
+        return prompt + text
+    return Prompt(str(prompt) + text, (*spans, (len(prompt), len(prompt) + len(text))))

@@ -1,0 +1,145 @@
+"""Reasoning models behind the server: which format a request's output has, the constraint
+that applies after its thinking, the thinking budget, and the output split into
+`reasoning_content` and `content` (whole, or as streamed deltas).
+
+    plan = reasoning_plan(ctx.reasoning, prompt, separate=True, budget=None)   # None: no reasoning
+    constraint = plan.constrain(answer_constraint)   # thinking, end marker, then the answer
+    backend = plan.backend(ctx.backend, answer_constraint)   # with a budget: two calls
+    reasoning, answer = plan.split(result.text)
+
+The format is the server's (`--reasoning-parser`, default auto: from the chat template); the
+prompt says whether the template opened the block, closed it (thinking off: no reasoning)
+or left it to the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lmprog.core.errors import ConstraintError
+from lmprog.core.protocol import Backend, GenerateRequest, GenerateResult
+from lmprog.core.reasoning import ANSWER, PromptState, ReasoningFormat, ReasoningSplitter
+from lmprog.core.thinking_budget import check_budget, generate_thinking
+from lmprog.fsm.thinking import after_thinking
+
+from .errors import APIError
+
+
+@dataclass(frozen=True)
+class ReasoningPlan:
+    """fmt: the format; state: how the prompt left the block; budget: thinking tokens (None:
+    no budget); separate: split the output (SGLang's separate_reasoning)."""
+
+    fmt: ReasoningFormat
+    state: PromptState
+    budget: int | None = None
+    separate: bool = True
+
+    def constrain(self, answer: Any, param: str = "response_format") -> Any:
+        """The constraint of the whole output given the answer's (None: free text)."""
+        if answer is None or self.budget is not None:
+            return None if self.budget is not None else answer
+        try:
+            return after_thinking(
+                answer, start=self.fmt.start, end=self.fmt.end, opened=self.state != "none"
+            )
+        except ConstraintError as exc:
+            raise APIError(400, str(exc), param=param, code="invalid_constraint") from None
+
+    def backend(self, backend: Backend, answer: Any) -> Backend:
+        """`backend`, or with a budget one whose generate runs the thinking and the answer
+        as two calls (core.thinking_budget)."""
+        if self.budget is None:
+            return backend
+        return _Budgeted(backend, self, answer)  # type: ignore[return-value]
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        return self.fmt.split(text, self.state)
+
+    def splitter(self) -> ReasoningSplitter:
+        return self.fmt.splitter(self.state)
+
+
+def reasoning_plan(
+    fmt: ReasoningFormat | None,
+    prompt: str,
+    *,
+    separate: bool | None = None,
+    budget: Any = None,
+    budget_param: str = "thinking_budget",
+) -> ReasoningPlan | None:
+    """The plan of a request whose rendered prompt is `prompt` (None: its output has no
+    reasoning: the model has no format, or the template closed the block). A budget on a
+    model without a reasoning format is a 400 naming it."""
+    try:
+        budget = check_budget(budget, budget_param)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param=budget_param) from None
+    if fmt is None:
+        if budget is not None:
+            raise APIError(
+                400,
+                f"{budget_param} needs a reasoning model: this server's model has no reasoning "
+                "format (start the server with --reasoning-parser NAME if its template hides it)",
+                param=budget_param,
+            )
+        return None
+    state = fmt.prompt_state(prompt)
+    if state == "closed":
+        return None
+    return ReasoningPlan(fmt, state, budget, separate is not False)
+
+
+class _Budgeted:
+    """A backend view whose generate holds the thinking to the plan's budget."""
+
+    def __init__(self, backend: Backend, plan: ReasoningPlan, answer: Any) -> None:
+        self._backend, self._plan, self._answer = backend, plan, answer
+
+    def generate(
+        self, request: GenerateRequest, stream: Callable[[str], None] | None = None
+    ) -> GenerateResult:
+        plan = self._plan
+        return generate_thinking(
+            self._backend,
+            request,
+            fmt=plan.fmt,
+            state=plan.state,
+            budget=plan.budget or 0,
+            answer=self._answer,
+            stream=stream,
+        )
+
+
+class OutputSplit:
+    """One choice's streamed text, split: `feed(piece)` gives (reasoning, answer) pieces."""
+
+    def __init__(self, plan: ReasoningPlan | None) -> None:
+        self._splitter = plan.splitter() if plan is not None and plan.separate else None
+
+    def feed(self, piece: str) -> tuple[str, str]:
+        if self._splitter is None:
+            return "", piece
+        return _joined(self._splitter.feed(piece))
+
+    def finish(self) -> tuple[str, str]:
+        if self._splitter is None:
+            return "", ""
+        return _joined(self._splitter.finish())
+
+
+def _joined(parts: list[tuple[str, str]]) -> tuple[str, str]:
+    reasoning = "".join(t for k, t in parts if k != ANSWER)
+    return reasoning, "".join(t for k, t in parts if k == ANSWER)
+
+
+def reasoning_tokens(tokenizer: Any, reasoning: str | None) -> int:
+    """Tokens of the reasoning text (0 without one, or without a tokenizer)."""
+    if not reasoning or tokenizer is None:
+        return 0
+    try:
+        return len(tokenizer.encode(reasoning, add_special_tokens=False))
+    except TypeError:  # a tokenizer without the keyword
+        return len(tokenizer.encode(reasoning))
