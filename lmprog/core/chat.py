@@ -226,6 +226,7 @@ class ChatTemplate:
             special_tokens = {"bos_token": bos_token, "eos_token": eos_token}
         self._vars = {k: str(v) for k, v in special_tokens.items() if v is not None}
         self._cache: dict[tuple[str, bool], tuple[str, str]] = {}
+        self._generation: str | None = None
 
     def render(
         self,
@@ -256,6 +257,20 @@ class ChatTemplate:
     def role_suffix(self, role: str) -> str:
         """Text that closes a `role` message."""
         return self._pieces(role, False)[1]
+
+    def generation_prompt(self) -> str:
+        """What `add_generation_prompt` writes after a user turn. It may differ from the
+        assistant prefix: a template that opens a reasoning block there ("<think>\\n" after
+        it: DeepSeek-R1's distills), or one whose rendered answers carry an empty block
+        that the generation prompt leaves out (Qwen3)."""
+        if self._generation is None:
+            turn = [{"role": "user", "content": "F"}]
+            try:
+                before = self.render(turn)
+                self._generation = self.render(turn, add_generation_prompt=True)[len(before) :]
+            except jinja2.exceptions.TemplateError:
+                self._generation = ""
+        return self._generation
 
     def _pieces(self, role: str, first: bool) -> tuple[str, str]:
         key = (role, first)

@@ -53,6 +53,23 @@ def extend(prompt: str, text: str) -> str:
     return prompt + text
 
 
+def extend_control(prompt: str, text: str) -> str:
+    """`prompt + text`, `text` being control text (template markers, the model's own output:
+    its special-token strings are control tokens)."""
+    spans = control_spans(prompt)
+    if spans is None or not text:
+        return prompt + text
+    return Prompt(str(prompt) + text, (*spans, (len(prompt), len(prompt) + len(text))))
+
+
+def cut(prompt: str, end: int) -> str:
+    """`prompt[:end]`, keeping a `Prompt`'s control spans within it."""
+    spans = control_spans(prompt)
+    if spans is None:
+        return prompt[:end]
+    return Prompt(str(prompt)[:end], [(a, min(b, end)) for a, b in spans if a < end])
+
+
 def user_text(like: str, text: str) -> str:
     """`text` as user text when `like` is a `Prompt` (no control spans), else a plain str."""
     return Prompt(text) if isinstance(like, Prompt) else text

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from lmprog.core.prompt import Prompt, control_spans
+from lmprog.core.prompt import extend_control
 from lmprog.core.protocol import Backend, GenerateRequest, GenerateResult, StreamCallback
 from lmprog.core.reasoning import PromptState, ReasoningFormat
 
@@ -54,7 +54,7 @@ def generate_thinking(
     params = request.params
     opener = fmt.start + "\n" if state == "none" and fmt.start else ""
     first = GenerateRequest(
-        _with_output(request.prompt, opener),
+        extend_control(request.prompt, opener),
         dataclasses.replace(
             params, max_tokens=min(budget, params.max_tokens), stop=(fmt.end,), min_tokens=0
         ),
@@ -73,7 +73,7 @@ def generate_thinking(
     if stream is not None:
         stream(glue)
     second = GenerateRequest(
-        _with_output(first.prompt, thought.text + glue),
+        extend_control(first.prompt, thought.text + glue),
         dataclasses.replace(
             params,
             max_tokens=left,
@@ -96,10 +96,30 @@ def generate_thinking(
     )
 
 
-def _with_output(prompt: str, text: str) -> str:
-    """`prompt + text`, `text` being the model's own output (its special-token strings are
-    control tokens, as they were when generated)."""
-    spans = control_spans(prompt)
-    if spans is None or not text:
-        return prompt + text
-    return Prompt(str(prompt) + text, (*spans, (len(prompt), len(prompt) + len(text))))
+class Budgeted:
+    """A view of `backend` whose `generate` holds the thinking to `budget` tokens
+    (`generate_thinking`); what the server's choices and the DSL's gens call."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        fmt: ReasoningFormat,
+        state: PromptState,
+        budget: int,
+        answer: object = None,
+    ) -> None:
+        self._backend, self._fmt, self._state = backend, fmt, state
+        self._budget, self._answer = budget, answer
+
+    def generate(
+        self, request: GenerateRequest, stream: StreamCallback | None = None
+    ) -> GenerateResult:
+        return generate_thinking(
+            self._backend,
+            request,
+            fmt=self._fmt,
+            state=self._state,
+            budget=self._budget,
+            answer=self._answer,
+            stream=stream,
+        )

@@ -13,6 +13,7 @@ Text offsets used for messages and var scopes are offsets into the state's full 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,9 +21,11 @@ from typing import Any
 
 from lmprog.core.chat import ChatTemplate
 from lmprog.core.errors import BackendError, ConstraintError, ProgramCancelled
-from lmprog.core.prompt import Prompt
+from lmprog.core.prompt import Prompt, cut, extend_control
 from lmprog.core.protocol import Backend, GenerateRequest, GenerateResult, ScoreRequest, ScoreResult
+from lmprog.core.reasoning import ANSWER
 from lmprog.core.sampling import SamplingParams
+from lmprog.core.thinking_budget import Budgeted
 from lmprog.interpreter.api_spec import ApiSpeculator
 from lmprog.interpreter.record import Parsed, StateRecord
 from lmprog.lang.ir import (
@@ -38,6 +41,7 @@ from lmprog.lang.ir import (
     VarScopeBegin,
     VarScopeEnd,
 )
+from lmprog.lang.reasoning import reasoning_name
 
 # Gives the chat template when a role first needs it (see `TemplateCache`).
 TemplateSource = Callable[[], ChatTemplate]
@@ -188,6 +192,9 @@ class NodeExecutor:
 
     def _gen(self, node: Gen, params: SamplingParams) -> None:
         assert self._backend is not None and isinstance(params, SamplingParams)
+        if node.reasoning is not None:
+            self._gen_reasoning(node, params)
+            return
         captures = self._captures_with(node.name)
         result = None
         text_start = self._record.length
@@ -207,11 +214,80 @@ class NodeExecutor:
             value, parsed = _parse(node, result)
             self._record.set_var(node.name, value, result.meta_info(), parsed)
 
+    def _gen_reasoning(self, node: Gen, params: SamplingParams) -> None:
+        """A separate_reasoning gen: the thinking goes to `<name>_reasoning_content` (streamed
+        aside, never into the text), the answer to `name` and the text; the constraint
+        applies to the answer (see lmprog.lang.reasoning)."""
+        assert self._backend is not None and node.name is not None
+        if self._spec is not None:
+            self._spec.drop()
+        spec = node.reasoning
+        fmt = spec.format(self._template_source())
+        prompt = self._generation_prompt(self._prompt())
+        state = fmt.prompt_state(prompt)
+        captures, aside = self._captures_with(node.name), (reasoning_name(node.name),)
+        splitter = fmt.splitter(state)
+        text_start, streamed = self._record.length, []
+
+        def route(parts: list[tuple[str, str]]) -> None:
+            for kind, text in parts:
+                if kind == ANSWER:
+                    streamed.append(text)
+                    self._record.append(text, captures)
+                else:
+                    self._record.append_aside(text, aside)
+
+        backend = self._backend
+        if spec.budget is not None:
+            backend = Budgeted(backend, fmt, state, spec.budget, node.constraint)
+            request = GenerateRequest(prompt, params)
+        else:
+            request = GenerateRequest(prompt, params, spec.constrain(node.constraint, fmt, state))
+        result, _ = self._generate(
+            request, captures, backend=backend, on_text=lambda t: route(splitter.feed(t))
+        )
+        if self._stream:
+            route(splitter.finish())
+        reasoning, answer = fmt.split(result.text, state)
+        done = "".join(streamed)
+        if len(answer) > len(done) and answer.startswith(done):
+            self._record.append(answer[len(done) :], captures)
+        self._record.mark_control(text_start, self._record.length)
+        self._record.set_var(aside[0], reasoning or "", result.meta_info())
+        value, parsed = _parse(node, dataclasses.replace(result, text=answer))
+        self._record.set_var(node.name, value, result.meta_info(), parsed)
+
+    def _generation_prompt(self, prompt: str) -> str:
+        """At the start of an assistant message, the prompt the chat template's generation
+        prompt gives instead of its assistant prefix (a reasoning block opened, or not
+        closed empty: see ChatTemplate.generation_prompt); else `prompt`."""
+        opened = self._open_message
+        if opened is None or opened[0] != "assistant" or opened[1] != self._record.length:
+            return prompt
+        template = self._template()
+        prefix, generation = template.role_prefix("assistant"), template.generation_prompt()
+        if not generation or generation == prefix or not prompt.endswith(prefix):
+            return prompt
+        return extend_control(cut(prompt, len(prompt) - len(prefix)), generation)
+
+    def _template_source(self) -> str | None:
+        try:
+            return self._template().source
+        except Exception:  # noqa: BLE001 - no template: only a named model_type will do
+            return None
+
     def _generate(
-        self, request: GenerateRequest, captures: tuple[str, ...]
+        self,
+        request: GenerateRequest,
+        captures: tuple[str, ...],
+        *,
+        backend: Any = None,
+        on_text: Callable[[str], None] | None = None,
     ) -> tuple[GenerateResult, str]:
-        """Call the backend; returns the result and the text already appended by streaming."""
+        """Call the backend (default: the state's); returns the result and the text already
+        appended by streaming (`on_text`: streamed pieces go there instead)."""
         assert self._backend is not None
+        backend = backend or self._backend
         streamed: list[str] = []
         record = self._record
 
@@ -224,13 +300,16 @@ class NodeExecutor:
             if record.cancelled:
                 raise record.error or ProgramCancelled("the program was cancelled")
             if self._stream:
+                if on_text is not None:
+                    on_text(piece)
+                    return
                 streamed.append(piece)
                 record.append(piece, captures)
 
         if self._stream or self._backend.api_speculation is None:
-            result = self._backend.generate(request, stream=on_piece)
+            result = backend.generate(request, stream=on_piece)
         else:
-            result = self._backend.generate(request)
+            result = backend.generate(request)
         if record.cancelled:  # cancelled after its last piece: its text is not appended
             raise record.error or ProgramCancelled("the program was cancelled")
         if not isinstance(result, GenerateResult):

@@ -34,6 +34,9 @@ class Parsed:
     error: str | None = None
 
 
+ASIDE = "\x00aside"  # a capture marking a piece that is not in the text (no variable's name)
+
+
 class StateRecord:
     def __init__(self) -> None:
         self.cond = threading.Condition(threading.Lock())
@@ -72,6 +75,13 @@ class StateRecord:
         with self.cond:
             self._pieces.append((piece, captures))
             self.length += len(piece)
+            self._notify()
+
+    def append_aside(self, piece: str, captures: Captures) -> None:
+        """A streamed piece of `captures`' variables that is not the state's text (a
+        reasoning model's thinking under separate_reasoning)."""
+        with self.cond:
+            self._pieces.append((piece, (*captures, ASIDE)))
             self._notify()
 
     def set_var(
@@ -191,7 +201,7 @@ class StateRecord:
 
     def _text_locked(self) -> str:
         if self._joined != len(self._pieces):
-            self._text += "".join(p for p, _ in self._pieces[self._joined :])
+            self._text += "".join(p for p, c in self._pieces[self._joined :] if ASIDE not in c)
             self._joined = len(self._pieces)
         return self._text
 
@@ -265,7 +275,11 @@ class StateRecord:
         else:
             end, error = len(self._pieces), self.error
             done = self.finished or error is not None
-        chunk = [p for p, caps in self._pieces[start:end] if var is None or var in caps]
+        chunk = [
+            p
+            for p, caps in self._pieces[start:end]
+            if (var in caps if var is not None else ASIDE not in caps)
+        ]
         return chunk, end, done, error
 
     def iter_pieces(self, var: str | None) -> Iterator[str]:

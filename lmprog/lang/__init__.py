@@ -35,6 +35,7 @@ from lmprog.lang.primitives import (
     user_end,
 )
 from lmprog.lang.program import Program, ProgramCall
+from lmprog.lang.reasoning import separate_reasoning
 from lmprog.lang.state import FrontendState
 from lmprog.lang.tracer import Arg, TracerState
 
@@ -61,6 +62,7 @@ __all__ = [
     "greedy_token_selection",
     "image",
     "select",
+    "separate_reasoning",
     "system",
     "system_begin",
     "system_end",

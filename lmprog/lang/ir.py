@@ -181,7 +181,8 @@ class Gen(Expr):
     `constraint` is an `lmprog.fsm.Constraint` or None; `constraint_spec` says how it was
     asked for ("regex", "json_schema", "dtype=int") for printing. `schema_class` is the
     pydantic model class or Python type given as json_schema, if any (what
-    `state.parsed(name)` builds).
+    `state.parsed(name)` builds). `reasoning` (a `lmprog.lang.reasoning.Reasoning`, set by
+    `separate_reasoning`): the output is a reasoning model's, split into thinking and answer.
     """
 
     name: str | None
@@ -189,6 +190,7 @@ class Gen(Expr):
     constraint: Any = None
     constraint_spec: str | None = None
     schema_class: Any = field(default=None, compare=False)
+    reasoning: Any = None
 
     def sampling_params(self, defaults: SamplingParams) -> SamplingParams:
         """The one place where a gen's own arguments meet the run's defaults."""
@@ -198,6 +200,8 @@ class Gen(Expr):
         parts = [repr(self.name)] + [f"{k}={v!r}" for k, v in self.overrides]
         if self.constraint_spec:
             parts.append(self.constraint_spec)
+        if self.reasoning is not None:
+            parts.append("separate_reasoning")
         return f"Gen({', '.join(parts)})"
 
 

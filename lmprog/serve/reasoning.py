@@ -14,14 +14,13 @@ or left it to the model.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from lmprog.core.errors import ConstraintError
-from lmprog.core.protocol import Backend, GenerateRequest, GenerateResult
+from lmprog.core.protocol import Backend
 from lmprog.core.reasoning import ANSWER, PromptState, ReasoningFormat, ReasoningSplitter
-from lmprog.core.thinking_budget import check_budget, generate_thinking
+from lmprog.core.thinking_budget import Budgeted, check_budget
 from lmprog.fsm.thinking import after_thinking
 
 from .errors import APIError
@@ -53,7 +52,8 @@ class ReasoningPlan:
         as two calls (core.thinking_budget)."""
         if self.budget is None:
             return backend
-        return _Budgeted(backend, self, answer)  # type: ignore[return-value]
+        budgeted = Budgeted(backend, self.fmt, self.state, self.budget, answer)
+        return budgeted  # type: ignore[return-value]
 
     def split(self, text: str) -> tuple[str | None, str]:
         return self.fmt.split(text, self.state)
@@ -90,27 +90,6 @@ def reasoning_plan(
     if state == "closed":
         return None
     return ReasoningPlan(fmt, state, budget, separate is not False)
-
-
-class _Budgeted:
-    """A backend view whose generate holds the thinking to the plan's budget."""
-
-    def __init__(self, backend: Backend, plan: ReasoningPlan, answer: Any) -> None:
-        self._backend, self._plan, self._answer = backend, plan, answer
-
-    def generate(
-        self, request: GenerateRequest, stream: Callable[[str], None] | None = None
-    ) -> GenerateResult:
-        plan = self._plan
-        return generate_thinking(
-            self._backend,
-            request,
-            fmt=plan.fmt,
-            state=plan.state,
-            budget=plan.budget or 0,
-            answer=self._answer,
-            stream=stream,
-        )
 
 
 class OutputSplit:

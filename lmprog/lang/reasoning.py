@@ -1,0 +1,111 @@
+"""`separate_reasoning`: a reasoning model's gen as two variables, its thinking and its answer.
+
+    s += lp.assistant(lp.separate_reasoning(lp.gen("answer", max_tokens=512), model_type="qwen3"))
+    s["answer"]                      # the answer; the state's text holds only the answer
+    s["answer_reasoning_content"]    # the thinking (SGLang's name for it)
+
+As SGLang's `sgl.separate_reasoning(expr, model_type)`: the gen's text is split by the model
+family's rules (`lmprog.core.reasoning`; model_type None: the format the chat template shows),
+the variable keeps the answer, `<name>_reasoning_content` the thinking, and the text of the
+state keeps only the answer (as chat templates drop earlier thinking). Beyond SGLang: the
+gen's constraint (regex, json_schema, ebnf, dtype, choices: a select becomes a constrained
+gen) applies to the answer only, after free thinking (`lmprog.fsm.thinking`); a
+`thinking_budget` forces the end marker after that many thinking tokens; streaming gives
+both variables piece by piece (`text_iter("answer_reasoning_content")`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lmprog.core.reasoning import PromptState, ReasoningFormat, named_format, reasoning_format
+from lmprog.core.thinking_budget import check_budget
+from lmprog.lang.ir import Concat, Expr, Gen, Select
+
+SUFFIX = "_reasoning_content"
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """How a gen's output splits: `model_type` (None: from the chat template) and the
+    thinking `budget` (None: none)."""
+
+    model_type: str | None = None
+    budget: int | None = None
+
+    def format(self, template_source: str | None) -> ReasoningFormat:
+        """The format of this gen's output; ValueError if the template shows none."""
+        if self.model_type is not None:
+            fmt = named_format(self.model_type)
+        else:
+            fmt = reasoning_format(template_source or "")
+        if fmt is None:
+            raise ValueError(
+                "separate_reasoning: the model's chat template shows no reasoning format; "
+                "name one with model_type= ('deepseek-r1', 'qwen3', 'gpt-oss', 'magistral')"
+            )
+        return fmt
+
+    @staticmethod
+    def constrain(answer: Any, fmt: ReasoningFormat, state: PromptState) -> Any:
+        """The constraint of the whole output given the answer's (None: free text)."""
+        if answer is None or state == "closed":
+            return answer
+        from lmprog.fsm.thinking import after_thinking
+
+        return after_thinking(answer, start=fmt.start, end=fmt.end, opened=state != "none")
+
+
+def reasoning_name(name: str) -> str:
+    """The variable holding the thinking of gen `name`."""
+    return name + SUFFIX
+
+
+def separate_reasoning(
+    expr: Expr, model_type: str | None = None, *, thinking_budget: int | None = None
+) -> Expr:
+    """`expr` (a gen, a select, or a role around them) with its thinking kept apart: see the
+    module docstring. `model_type`: "deepseek-r1", "qwen3", "gpt-oss", "magistral" (or
+    SGLang's/vLLM's names for them); None: the chat template's."""
+    if model_type is not None:
+        named_format(model_type)  # an unknown name fails here
+    budget = check_budget(thinking_budget)
+    spec = Reasoning(model_type, budget)
+    out = _with(expr, spec)
+    if out is None:
+        raise TypeError(
+            "separate_reasoning() takes a gen or a select (or a role holding them), got "
+            f"{type(expr).__name__}"
+        )
+    return out
+
+
+def _with(expr: Any, spec: Reasoning) -> Expr | None:
+    if isinstance(expr, Gen):
+        if expr.name is None:
+            raise ValueError("separate_reasoning() needs a named gen: gen('answer', ...)")
+        return Gen(
+            expr.name,
+            expr.overrides,
+            expr.constraint,
+            expr.constraint_spec,
+            expr.schema_class,
+            reasoning=spec,
+        )
+    if isinstance(expr, Select):  # think, then write one of the choices
+        from lmprog.fsm import Constraint
+
+        return Gen(
+            expr.name,
+            (),
+            Constraint.from_choices(list(expr.choices)),
+            "choices",
+            reasoning=spec,
+        )
+    if isinstance(expr, Concat):
+        parts = [_with(p, spec) if isinstance(p, (Gen, Select)) else p for p in expr.parts]
+        if all(p is q for p, q in zip(parts, expr.parts, strict=True)):
+            return None
+        return Concat(tuple(parts))  # type: ignore[arg-type]
+    return None
