@@ -78,7 +78,7 @@ class Gate:
 class FakeTokenizer:
     """Bytes as tokens."""
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False, **_: Any) -> list[int]:
         return list(text.encode())
 
     def decode(self, ids: list[int]) -> str:

@@ -29,6 +29,8 @@ from .context import ServeContext
 from .errors import APIError, ClientGone, install_handlers
 from .gate import Gate
 from .limits import ServerLimits
+from .messages import anthropic_error, count_tokens, create_message
+from .messages_schemas import CountTokensRequest, MessagesRequest
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics
 from .responses import ResponseStore, create_response
@@ -117,6 +119,22 @@ def _routes(app: FastAPI, ctx: ServeContext) -> None:
     async def delete_response(response_id: str) -> JSONResponse:
         store.delete(response_id)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        try:
+            body = await parse_body(request, MessagesRequest, ctx)
+            return await create_message(ctx, body, request)
+        except APIError as exc:
+            return anthropic_error(exc)
+
+    @app.post("/v1/messages/count_tokens")
+    async def messages_count_tokens(request: Request) -> Response:
+        try:
+            body = await parse_body(request, CountTokensRequest, ctx)
+            return await count_tokens(ctx, body, request)
+        except APIError as exc:
+            return anthropic_error(exc)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

@@ -146,6 +146,11 @@ class Generations:
             out.append(value)
         return out
 
+    def result(self, index: int) -> GenerateResult | None:
+        """Choice `index`'s result once it finished without an error, else None."""
+        kind, value = self._outcomes.get(index, (_ERROR, None))
+        return value if kind == _DONE else None
+
     @property
     def finished(self) -> bool:
         return len(self._outcomes) == self.size

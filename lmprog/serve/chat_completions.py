@@ -137,6 +137,11 @@ def _prepare(
     return plan, prompt, thinking
 
 
+def prepare_prompt(ctx: ServeContext, body: ChatCompletionRequest) -> str:
+    """The prompt `body` renders to (its tools and template variables included)."""
+    return _prepare(ctx, body)[1]
+
+
 def _tokenizer(ctx: ServeContext) -> Any:
     """The backend's tokenizer (whose special tokens message contents must not produce), or
     None for a backend without one (an endpoint: the text goes on as it is)."""

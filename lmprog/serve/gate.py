@@ -3,8 +3,8 @@ access line per request on the `lmprog.serve.access` logger (info): client, meth
 status, duration, prompt tokens (and those of them served from the prefix cache), completion
 tokens.
 
-401  /v1/* and /metrics without `Authorization: Bearer KEY` (when a key is set; the scheme
-     is case-insensitive, RFC 7235: `bearer KEY` too)
+401  /v1/* and /metrics without `Authorization: Bearer KEY` or `x-api-key: KEY` (Anthropic's
+     clients) when a key is set (the scheme is case-insensitive, RFC 7235: `bearer KEY` too)
 413  a body over the limit (Content-Length checked first, then counted as it arrives)
 """
 
@@ -25,6 +25,8 @@ OPEN_PATHS = frozenset({"/health"})
 ARRIVAL = "lmprog_arrival"  # the scope state key of a request's time.perf_counter() arrival
 KNOWN_PATHS = frozenset(
     {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models"}
+    | {"/v1/messages", "/v1/messages/count_tokens"}  # Anthropic's Messages API
+    | {"/tokenize", "/detokenize", "/version"}
     | {"/health", "/metrics"}
     | {"/generate", "/get_model_info", "/flush_cache", "/health_generate"}  # SGLang's native API
 )
@@ -58,7 +60,13 @@ class Gate:
         try:
             refusal = self._refusal(scope)
             if refusal is not None:
-                await refusal.response()(scope, receive, counted_send)
+                if scope["path"].startswith("/v1/messages"):
+                    from .messages import anthropic_error
+
+                    response = anthropic_error(refusal)
+                else:
+                    response = refusal.response()
+                await response(scope, receive, counted_send)
             else:
                 await self.app(scope, self._limited(receive), counted_send)
         finally:
@@ -83,10 +91,12 @@ class Gate:
         headers = dict(scope["headers"])
         if self._key is not None and scope["path"] not in OPEN_PATHS:
             given = _bearer_token(headers.get(b"authorization", b""))
+            given = given or headers.get(b"x-api-key", b"").strip()
             if not hmac.compare_digest(given, self._key):
                 return APIError(
                     401,
-                    "missing or invalid API key: send 'Authorization: Bearer KEY'",
+                    "missing or invalid API key: send 'Authorization: Bearer KEY' (or "
+                    "'x-api-key: KEY')",
                     code="invalid_api_key",
                 )
         length = headers.get(b"content-length")
