@@ -35,6 +35,7 @@ def render_chat(
     tokenizer: Any = None,
     tool_format: ToolFormat = GENERIC,
     variables: dict[str, Any] | None = None,
+    add_generation_prompt: bool = True,
 ) -> str:
     """`max_json_depth`: the deepest nesting allowed in a tool call's arguments. `tools`: the
     request's tools, passed to the template as transformers' `apply_chat_template(tools=...)`
@@ -54,9 +55,13 @@ def render_chat(
         tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
         extra = variables or {}
         if tokenizer is None:
-            return template.render(plain, add_generation_prompt=True, tools=tool_dicts, **extra)
+            return template.render(
+                plain, add_generation_prompt=add_generation_prompt, tools=tool_dicts, **extra
+            )
         plain, tool_dicts = mark_special([plain, tool_dicts], tokenizer)
-        rendered = template.render(plain, add_generation_prompt=True, tools=tool_dicts, **extra)
+        rendered = template.render(
+            plain, add_generation_prompt=add_generation_prompt, tools=tool_dicts, **extra
+        )
         return unmark(rendered)
     except jinja2.TemplateError as exc:
         raise APIError(
