@@ -14,7 +14,7 @@ OUT = Path(__file__).with_name("reference.md")
 
 SECTIONS: list[tuple[str, list[str]]] = [
     ("Programs", ["function", "set_default_backend", "Arg", "set_limits", "get_limits"]),
-    ("Primitives", ["gen", "gen_int", "gen_string", "select", "image"]),
+    ("Primitives", ["gen", "gen_int", "gen_string", "select", "separate_reasoning", "image"]),
     (
         "Choice methods",
         [

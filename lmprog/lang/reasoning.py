@@ -65,9 +65,28 @@ def reasoning_name(name: str) -> str:
 def separate_reasoning(
     expr: Expr, model_type: str | None = None, *, thinking_budget: int | None = None
 ) -> Expr:
-    """`expr` (a gen, a select, or a role around them) with its thinking kept apart: see the
-    module docstring. `model_type`: "deepseek-r1", "qwen3", "gpt-oss", "magistral" (or
-    SGLang's/vLLM's names for them); None: the chat template's."""
+    """A reasoning model's gen (or select, or a role holding them) with its thinking kept
+    apart, as SGLang's `separate_reasoning`:
+
+        s += lp.assistant(lp.separate_reasoning(lp.gen("answer", max_tokens=512)))
+        s["answer"]                       # the answer; the state's text keeps only the answer
+        s["answer_reasoning_content"]     # the thinking
+
+    `model_type`: how the output splits, "deepseek-r1" (`<think>`; thinking even without the
+    start marker), "qwen3" (`<think>` when the model writes it), "magistral" (`[THINK]`),
+    "gpt-oss" (its analysis channel), or SGLang's/vLLM's names for them; None: the format
+    the chat template shows (ValueError at run time if it shows none).
+
+    Beyond SGLang: the gen's constraint (regex, json_schema, ebnf, dtype, choices; a
+    select becomes a gen constrained to its choices) applies to the answer only, after free
+    thinking and the end marker (one grammar: the marker is reachable at every token);
+    `thinking_budget=N` forces the end marker after N thinking tokens (two backend calls
+    over one cached prefix), then the answer; with `stream=True` both variables stream
+    (`text_iter("answer_reasoning_content")`, `text_iter("answer")`). At the start of an
+    assistant message the gen gets the template's generation prompt, so a template that
+    opens a block there (DeepSeek-R1's distills) or renders answers with an empty one
+    (Qwen3) leaves the model free to think. TypeError for an expression without a gen or
+    select, ValueError for an unknown model_type or a negative budget."""
     if model_type is not None:
         named_format(model_type)  # an unknown name fails here
     budget = check_budget(thinking_budget)
