@@ -41,6 +41,7 @@ from .context import ServeContext
 from .echo import encode_prompt
 from .errors import APIError, from_exception
 from .params import stop_strings
+from .reasoning import OutputSplit, ReasoningPlan
 from .runs import arrival, respond
 from .schemas import MAX_SEED, Strict
 from .streaming import DONE, sse
@@ -101,6 +102,7 @@ class GenerateBody(Strict):
     return_text_in_logprobs: bool = False
     stream: bool = False
     image_data: None = None  # no image input: any value is refused by the type
+    separate_reasoning: bool = False  # the output as "text" (answer) and "reasoning_content"
 
 
 class FlushBody(Strict):
@@ -177,6 +179,7 @@ class _Item:
         self.logprob_start = -1  # SGLang's default: no prompt logprobs
         self.input_logprobs: list[TokenLogprob | None] = []
         self.input_ids: tuple[int, ...] = ()
+        self.reasoning: ReasoningPlan | None = None  # separate_reasoning
 
 
 async def _generate(ctx: ServeContext, body: GenerateBody, request: Request) -> Response:
@@ -191,6 +194,8 @@ async def _generate(ctx: ServeContext, body: GenerateBody, request: Request) -> 
             f"at most {ctx.limits.max_choices} in one request",
             param="sampling_params.n",
         )
+    if body.separate_reasoning:
+        _reasoning(ctx, items)
     if any(item.logprob_start >= 0 for item in items):
         await ctx.blocking(_score_prompts, ctx, items)
     requests = [
@@ -208,6 +213,24 @@ async def _generate(ctx: ServeContext, body: GenerateBody, request: Request) -> 
     )
     reply = _Reply(ctx, body, items, batch or total > 1, started)
     return await respond(request, group, reply, stream=body.stream, param="text")
+
+
+def _reasoning(ctx: ServeContext, items: list[_Item]) -> None:
+    """separate_reasoning: each item's reasoning plan (its prompt's state of the block) and
+    its constraint applied after the thinking; a 400 without a reasoning format."""
+    if ctx.reasoning is None:
+        raise APIError(
+            400,
+            "separate_reasoning needs a reasoning model: this server's model has no reasoning "
+            "format (start the server with --reasoning-parser NAME if its template hides it)",
+            param="separate_reasoning",
+        )
+    for item in items:
+        prompt = item.prompt if isinstance(item.prompt, str) else ""
+        state = ctx.reasoning.prompt_state(prompt)
+        item.reasoning = ReasoningPlan(ctx.reasoning, state)
+        if state != "closed":
+            item.constraint = item.reasoning.constrain(item.constraint, "sampling_params")
 
 
 def _prompts(body: GenerateBody) -> tuple[list[str | tuple[int, ...]], bool]:
@@ -454,11 +477,19 @@ class _Reply:
         return meta
 
     def _output(self, index: int, result: GenerateResult) -> dict[str, Any]:
-        return {
+        out = {
             "text": result.text,
             "output_ids": list(result.token_ids),
             "meta_info": self.meta_info(index, result),
         }
+        plan = self._item_of(index).reasoning
+        if plan is not None:
+            reasoning, out["text"] = plan.split(result.text)
+            out["reasoning_content"] = reasoning
+        return out
+
+    def _item_of(self, index: int) -> _Item:
+        return self.items[index]
 
     def response_body(self, results: list[GenerateResult]) -> Any:
         self.ctx.metrics.on_usage(
@@ -474,14 +505,20 @@ class _Reply:
         its id and finish_reason None), its whole output when it ends, then [DONE]; a
         failure once the stream began is an {"error": {...}} event before [DONE]."""
         texts = [""] * group.size
+        thoughts: list[str | None] = [None] * group.size
+        splits = [OutputSplit(self._item_of(i).reasoning) for i in range(group.size)]
         try:
             async for index, event in group.events():
                 if isinstance(event, str):
-                    texts[index] += event
+                    reasoning, answer = splits[index].feed(event)
+                    texts[index] += answer
                     out: dict[str, Any] = {
                         "text": texts[index],
-                        "meta_info": {"id": self.items[index].rid, "finish_reason": None},
+                        "meta_info": {"id": self._item_of(index).rid, "finish_reason": None},
                     }
+                    if self._item_of(index).reasoning is not None:
+                        thoughts[index] = (thoughts[index] or "") + reasoning
+                        out["reasoning_content"] = thoughts[index]
                 else:
                     self.ctx.metrics.on_usage(
                         event.prompt_tokens, event.completion_tokens, event.cached_tokens

@@ -255,3 +255,38 @@ def test_an_earlier_turns_reasoning_goes_to_the_template():
     with Server(fake, model_name="m").start() as s:
         post_json(s.url, "/v1/chat/completions", {"model": "m", "messages": tool_turns})
     assert "<think>\nEasy one.\n</think>\n\nParis." in str(fake.generations()[-1].prompt)
+
+
+def test_separate_reasoning_in_the_native_generate(srv, fake):
+    prompt = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    status, body = post_json(srv.url, "/generate", {"text": prompt, "separate_reasoning": True})
+    assert status == 200, body
+    assert body["reasoning_content"] == "The user asks for a capital.\nIt is Paris."
+    assert body["text"] == "Paris."
+    status, body = post_json(
+        srv.url,
+        "/generate",
+        {
+            "text": prompt,
+            "separate_reasoning": True,
+            "sampling_params": {"json_schema": '{"type": "object"}'},
+        },
+    )
+    assert fake.generations()[-1].constraint.matches('x</think>\n{"a": 1}')
+    status, raw = request(
+        srv.url,
+        "POST",
+        "/generate",
+        json.dumps({"text": prompt, "separate_reasoning": True, "stream": True}).encode(),
+    )
+    events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+    assert events[-1]["text"] == "Paris." and events[-1]["reasoning_content"].endswith("Paris.")
+    assert any(e["meta_info"]["finish_reason"] is None and e["text"] == "" for e in events)
+    status, body = post_json(srv.url, "/generate", {"text": prompt})  # off by default
+    assert body["text"] == THOUGHT + "Paris." and "reasoning_content" not in body
+
+
+def test_separate_reasoning_needs_a_reasoning_model():
+    with Server(FakeBackend(), model_name="m").start() as s:
+        status, body = post_json(s.url, "/generate", {"text": "x", "separate_reasoning": True})
+        assert_error(status, body, 400, param="separate_reasoning")
