@@ -41,7 +41,10 @@ whitespace (`[ ]?` between JSON tokens), xgrammar's `any_whitespace=True` and ll
 flexible whitespace all accept. xgrammar runs with `strict_mode=False` and lmprog with
 `strict=False` so that both follow the schema's additionalProperties (their defaults close
 objects that list their keys); object keys are written in the schema's order (xgrammar
-requires it).
+requires it), or with `--shuffle` in a random order at every level (the corpora's
+instances). lmprog's masks are timed on the grammar generation runs (keys in the schema's
+order); its instances are judged through the tokens on the constraint's `reading` (members in
+any order), what reads a prefilled or returned text.
 """
 
 from __future__ import annotations
@@ -522,6 +525,7 @@ class LmprogEngine:
 
         self.tok, self.Constraint = tok, Constraint
         self.width = len(tok)
+        self.constraints: dict[int, Any] = {}  # id of an index -> its constraint
         # The llguidance tokenizer is built once per vocabulary (~0.2 s), outside the timings.
         TokenIndex.get(Constraint.from_json_schema({"type": "integer"}), tok)
 
@@ -531,6 +535,7 @@ class LmprogEngine:
             lambda: self.Constraint.from_json_schema(schema, strict=False)
         )
         index, index_s = timed(lambda: TokenIndex.get(constraint, self.tok))
+        self.constraints[id(index)] = constraint
         _, mask_s = timed(lambda: allowed_bitmask([index.new_guide()], self.width))
         return index, {
             "compile_ms": ms(compile_s),
@@ -542,6 +547,11 @@ class LmprogEngine:
 
     def cursor(self, index: Any) -> Any:
         return _LmprogCursor(index.new_guide(), self.width)
+
+    def reader(self, index: Any) -> Any:
+        """The index that reads a given text: the constraint's `reading` (objects' members in
+        any order), where generation writes the schema's order."""
+        return TokenIndex.get(self.constraints[id(index)].reading, self.tok)
 
 
 class _LmprogCursor:
@@ -560,6 +570,12 @@ class _LmprogCursor:
 
     def eos_allowed(self) -> bool:
         return self.allowed(self.eos)
+
+
+class _Peer:
+    def reader(self, compiled: Any) -> Any:
+        """What reads a given text: the compiled schema itself (one order of keys)."""
+        return compiled
 
 
 class _BitmaskCursor:
@@ -585,7 +601,7 @@ class _BitmaskCursor:
         return self.allowed(self.eos)
 
 
-class XGrammarEngine:
+class XGrammarEngine(_Peer):
     name = "xgrammar"
 
     def setup(self, tok: Any) -> None:
@@ -615,7 +631,7 @@ class XGrammarEngine:
         return _BitmaskCursor(m.fill_next_token_bitmask, m.accept_token, self.words, self.eos)
 
 
-class LLGuidanceEngine:
+class LLGuidanceEngine(_Peer):
     name = "llguidance"
 
     def setup(self, tok: Any) -> None:
@@ -764,6 +780,7 @@ def corpus_worker(engine_name: str, tok: Any, conn: Any, corpus: list) -> None:
             conn.send(("refused", f"{type(exc).__name__}: {str(exc)[:200]}"))
             continue
         conn.send(("compiled", parts))
+        compiled = engine.reader(compiled)
         verdicts = []
         for valid, instances in ((True, entry.valid), (False, entry.invalid)):
             for x in instances:
@@ -843,12 +860,49 @@ def measure_corpus(
     return out
 
 
-def measure_real(tok: Any, engine_names: list[str]) -> dict:
-    """The real-world schemas of bench/schema_corpus_real.py, as the corpus."""
+def measure_real(tok: Any, engine_names: list[str], shuffle: bool = False) -> dict:
+    """The real-world schemas of bench/schema_corpus_real.py, as the corpus; with `shuffle`,
+    every instance's object keys in a random order at every level (`shuffled`)."""
     from schema_corpus_real import REAL, check_real
 
     check_real()
-    return measure_corpus(tok, engine_names, REAL, checked=True)
+    return measure_corpus(tok, engine_names, shuffled_corpus(REAL) if shuffle else REAL, True)
+
+
+def shuffled(value: Any, rng: Any) -> Any:
+    """`value` with the keys of every object in it in a random order."""
+    if isinstance(value, list):
+        return [shuffled(x, rng) for x in value]
+    if isinstance(value, dict):
+        keys = list(value)
+        rng.shuffle(keys)
+        return {k: shuffled(value[k], rng) for k in keys}
+    return value
+
+
+def shuffled_corpus(entries: list) -> list:
+    """Each entry with its instances' keys shuffled (seeded by the entry's name: the same
+    orders in every run)."""
+    import random
+    from dataclasses import replace
+
+    out = []
+    for e in entries:
+        rng = random.Random(e.name)
+        out.append(
+            replace(
+                e,
+                valid=tuple(shuffled(x, rng) for x in e.valid),
+                invalid=tuple(shuffled(x, rng) for x in e.invalid),
+            )
+        )
+    return out
+
+
+def _corpus(shuffle: bool) -> list:
+    from schema_corpus import CORPUS
+
+    return shuffled_corpus(CORPUS) if shuffle else CORPUS
 
 
 def summarize_corpus(rows: list[dict]) -> dict:
@@ -933,7 +987,7 @@ def conformance_of(name: str, tok: Any) -> dict:
         engine.setup(tok)
 
         def compile_fn(schema: Any) -> Callable[[str], bool]:
-            compiled, _ = engine.first_mask(schema)
+            compiled = engine.reader(engine.first_mask(schema)[0])
             return lambda t: judge(engine, compiled, tok.encode(t, add_special_tokens=False))
 
     start = time.perf_counter()
@@ -1070,9 +1124,16 @@ def report_corpus(title: str, entries: list, corpus: dict) -> None:
 
 
 def report(
-    results: list[dict], corpus: dict, conformance: dict, jump: dict, missing: dict, real: dict
+    results: list[dict],
+    corpus: dict,
+    conformance: dict,
+    jump: dict,
+    missing: dict,
+    real: dict,
+    shuffle: bool = False,
 ) -> None:
     names = [r["engine"] for r in results]
+    shuffled_title = ", instances' keys shuffled" if shuffle else ""
     print(
         "\n## Cold time to the first mask per schema (ms, wall); lmprog: total (compile + index "
         "+ mask)"
@@ -1137,11 +1198,12 @@ def report(
     if corpus:
         from schema_corpus import CORPUS
 
-        report_corpus("Corpus", CORPUS, corpus)
+        report_corpus("Corpus" + shuffled_title, CORPUS, corpus)
     if real:
         from schema_corpus_real import REAL
 
-        report_corpus("Real-world schemas (bench/schema_corpus_real.py)", REAL, real)
+        title = "Real-world schemas (bench/schema_corpus_real.py)" + shuffled_title
+        report_corpus(title, REAL, real)
     if conformance:
         print("\n## JSON-Schema-Test-Suite core (1,299 cases), judged through the tokens")
         for name, conf in conformance.items():
@@ -1166,6 +1228,11 @@ def main() -> None:
     parser.add_argument(
         "--real", action="store_true", help="also run bench/schema_corpus_real.py's schemas"
     )
+    parser.add_argument(
+        "--shuffle",
+        action="store_true",
+        help="--corpus/--real: every instance's object keys in a random order",
+    )
     parser.add_argument("--conformance", action="store_true", help="also run the test suite")
     parser.add_argument("--jump", action="store_true", help="also simulate jump-forward")
     parser.add_argument("--engines", default=",".join(c.name for c in ENGINES))
@@ -1188,11 +1255,11 @@ def main() -> None:
         except ImportError as exc:
             missing[cls.name] = str(exc)
     clear_memory_cache()
-    corpus = measure_corpus(tok, names) if args.corpus else {}
-    real = measure_real(tok, names) if args.real else {}
+    corpus = measure_corpus(tok, names, _corpus(args.shuffle)) if args.corpus else {}
+    real = measure_real(tok, names, args.shuffle) if args.real else {}
     conformance = measure_conformance(names) if args.conformance else {}
     jump = measure_jump_forward(tok) if args.jump else {}
-    report(results, corpus, conformance, jump, missing, real)
+    report(results, corpus, conformance, jump, missing, real, args.shuffle)
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -238,13 +238,14 @@ def token_walk(index, token_ids) -> bool:
 
 def lmprog_token_compile(schema, tokenizer=None):
     """lmprog through the token engine decoding uses (issue 14, item 4): the schema's
-    Constraint, its TokenIndex over the default model's vocabulary, and each text tokenized by
-    the model's tokenizer and walked through the masks (``token_walk``)."""
+    Constraint as it reads a given text (``reading``: objects' members in any order, as a
+    prefilled text is read), its TokenIndex over the default model's vocabulary, and each text
+    tokenized by the model's tokenizer and walked through the masks (``token_walk``)."""
     from lmprog.fsm import Constraint
     from lmprog.fsm.index import TokenIndex
 
     tok = tokenizer if tokenizer is not None else default_tokenizer()
-    index = TokenIndex.get(Constraint.from_json_schema(schema, strict=False), tok)
+    index = TokenIndex.get(Constraint.from_json_schema(schema, strict=False).reading, tok)
     return lambda text: token_walk(index, tok.encode(text, add_special_tokens=False))
 
 

@@ -29,7 +29,10 @@ complete something, or bring a counted string near its bound, are tried) and ref
 ``advance``.
 
 Where several branches apply, a condition holds if any of them asks for it (a narrowing,
-never a wrong acceptance), unless one of them takes any array (any object); under an
+never a wrong acceptance), unless each node the container follows also takes any array (any
+object) there. Where only some do (the nodes of several branches of an enclosing union), it
+holds: which branch the text is in may show only later (another key of the object around
+it), and the asking branch's grammar wrote the container without the condition. Under an
 unconstrained schema nothing is checked. A value that can only become a seen one is refused as
 soon as that is so: a literal at its first letter, an integer item "0" once 0 was seen, a
 string of a finite set (an enum too large for the grammar to track) at the character after
@@ -256,11 +259,11 @@ class JsonChecks:
         nodes = self._value_nodes(stack)
         if c == "{":
             terms = self._terms(nodes, ObjT)
-            distinct = self._asked(terms) is not None
+            distinct = self._asked(nodes, terms, ObjT) is not None
             return stack + (("obj", nodes, "", frozenset() if distinct else None),), "key?"
         if c == "[":
             terms = self._terms(nodes, ArrT)
-            asked = self._asked(terms)
+            asked = self._asked(nodes, terms, ArrT)
             need = 0
             if asked:
                 need = _UNIQUE * any(t.unique for t in asked) | _REPEATS * any(
@@ -270,14 +273,17 @@ class JsonChecks:
             return stack + (frame,), "value"
         return stack, "string" if c == '"' else "scalar"
 
-    def _asked(self, terms: list | None) -> list | None:
+    def _asked(self, nodes: tuple | None, terms: list | None, kind: type) -> list | None:
         """The terms among a container's terms that ask for a condition (distinct or
-        repeated items, distinct keys); None if none does, or if a branch takes any
-        container of that type. (Read from the terms themselves, not from those whose
-        grammar left the condition to the check: a grammar may narrow a term by another,
-        an item matching ``contains``, and what the narrowed term asks for, one of the two
-        asks for: json_schema.emit.Emitter.derived.)"""
-        if terms is None or any(is_full(t) for t in terms):
+        repeated items, distinct keys); None if none does, or if each of the nodes it follows
+        takes any container of its kind. Where only some do (the nodes of an enclosing union's
+        branches), it holds: which branch the text is in may show only later (another key of
+        an enclosing object), and the asking branch's grammar left the condition out.
+        (Read from the terms themselves, not from those whose grammar left the condition to
+        the check: a grammar may narrow a term by another, an item matching ``contains``, and
+        what the narrowed term asks for, one of the two asks for:
+        json_schema.emit.Emitter.derived.)"""
+        if terms is None or all(n.top or any(_full(t, kind) for t in n.terms) for n in nodes):
             return None
         asked = [t for t in terms if _asks(t)]
         return asked or None
@@ -345,15 +351,16 @@ class JsonChecks:
         return None if terms is None else tuple(_item(t, i) for t in terms)
 
     def _terms(self, nodes: tuple | None, kind: type) -> list | None:
-        """The terms of `kind` in the nodes, references followed; None if one is TOP."""
-        if nodes is None:
+        """The terms of `kind` in the nodes, references followed; None if every node is TOP
+        (a branch that takes any value is left out: its values ask for nothing)."""
+        if nodes is None or all(n.top for n in nodes):
             return None
         out: list = []
         stack, seen = list(nodes), set()
         while stack:
             node = stack.pop()
             if node.top:
-                return None
+                continue
             for t in node.terms:
                 if isinstance(t, RefT):
                     if t.key not in seen:
@@ -413,6 +420,10 @@ def _asks(t) -> bool:
     if isinstance(t, ArrT):
         return t.unique or t.repeats
     return bool(t.some_values) or counts_additional_keys(t)
+
+
+def _full(t, kind: type) -> bool:
+    return isinstance(t, kind) and is_full(t)
 
 
 def _keeps(stack: tuple) -> bool:

@@ -113,6 +113,7 @@ def _lengths_in_lexemes(c: Constraint) -> Constraint:
         any_depth=options.get("any_depth", json_schema.DEFAULT_ANY_DEPTH),
         strict=options.get("strict", True),
         count_lengths=False,
+        key_order=options.get("key_order", "schema"),
     )
     return replace(c, lark=grammar.lark, check=grammar.check)
 

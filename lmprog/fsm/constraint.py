@@ -71,6 +71,7 @@ class Constraint:
         max_schema_depth: int = json_schema.DEFAULT_MAX_SCHEMA_DEPTH,
         max_pattern_chars: int = json_schema.DEFAULT_MAX_PATTERN_CHARS,
         strict: bool = True,
+        key_order: str = "schema",
     ) -> Constraint:
         """A JSON schema (dict, JSON string, pydantic model class, or a Python type pydantic
         describes: ``Literal[...]``, ``list[int]``, ``dict[str, int]``, a TypedDict, a dataclass,
@@ -86,6 +87,13 @@ class Constraint:
         object). ``strict=False`` is JSON Schema's own reading (an object accepts unlisted keys
         unless the schema forbids them), for validation with ``matches`` and for users who want
         it. ``matches`` judges by the reading the constraint was built with.
+
+        ``key_order``: the order generation writes an object's keys in: "schema" (default) the
+        schema's own (``properties`` in declaration order, each optional one left out or
+        written; jump-forward writes the keys), "any" whichever order the model picks (each key
+        at most once, the required ones before the object closes). Texts are read in any order
+        either way: ``matches``/``parse`` and guides of ``reading`` (prefilled text, a tool's
+        or another server's output) accept an object's members in every order.
 
         ``whitespace``: regex allowed between JSON tokens (default
         ``[ ]?``; JSON whitespace characters only); recursive ``$ref`` is a rule of the grammar
@@ -105,6 +113,7 @@ class Constraint:
             max_schema_depth=max_schema_depth,
             max_pattern_chars=max_pattern_chars,
             strict=strict,
+            key_order=key_order,
         )
         source = json.dumps(document, ensure_ascii=False, default=repr)
         options = (
@@ -112,6 +121,9 @@ class Constraint:
             ("max_recursion_depth", max_recursion_depth),
             ("any_depth", any_depth),
             ("strict", strict),
+            ("key_order", key_order),
+            ("max_schema_depth", max_schema_depth),
+            ("max_pattern_chars", max_pattern_chars),
         )
         return cls("json_schema", "", source, options, lark=grammar.lark, check=grammar.check)
 
@@ -155,20 +167,50 @@ class Constraint:
         return dict(self.options).get("strict") if self.kind == "json_schema" else None
 
     @property
+    def reading(self) -> Constraint:
+        """The constraint that reads texts: the same values, an object's members accepted in
+        any order (``key_order="any"``); itself where the order is already any, or is not a
+        matter (not a JSON schema, or no object with two keys to order). Built on first use,
+        then kept. ``matches`` judges with it; a guide of its index reads prefilled text."""
+        found = self.__dict__.get("_reading")
+        if found is None:
+            found = self._read_in_any_order()
+            object.__setattr__(self, "_reading", found)
+        return found
+
+    def _read_in_any_order(self) -> Constraint:
+        options = dict(self.options)
+        if self.kind != "json_schema" or options.get("key_order", "schema") == "any":
+            return self
+        options["key_order"] = "any"
+        grammar = json_schema.build_grammar(json.loads(self.source), **options)  # type: ignore[arg-type]
+        if grammar.lark == self.lark:
+            return self
+        return Constraint(
+            "json_schema",
+            "",
+            self.source,
+            tuple(options.items()),
+            lark=grammar.lark,
+            check=grammar.check,
+        )
+
+    @property
     def cache_key(self) -> str:
         """A stable key of the pattern or grammar (the token index depends on nothing else)."""
         text = self.pattern if self.lark is None else "lark:" + self.lark
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
     def matches(self, text: str) -> bool:
-        """Whether the whole ``text`` satisfies the constraint (no model involved). Checked by
-        the token engine over a one-byte-per-token vocabulary: linear in the text, for any
-        pattern size (a generated pattern is never handed to Python's ``re``)."""
+        """Whether the whole ``text`` satisfies the constraint (no model involved), an object's
+        members in any order (``reading``). Checked by the token engine over a
+        one-byte-per-token vocabulary: linear in the text, for any pattern size (a generated
+        pattern is never handed to Python's ``re``)."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         from lmprog.fsm.index import matches_bytes
 
-        return matches_bytes(self, text.encode("utf-8", "surrogatepass"))
+        return matches_bytes(self.reading, text.encode("utf-8", "surrogatepass"))
 
     def parse(self, text: str):
         """The value of a matching output: int/float/bool/str for dtypes, else the text itself.

@@ -12,7 +12,9 @@ The canonical shape:
   most one space) may appear after ``{``/``[``/``,``/``:`` and before ``,``/``:``/``}``/``]``,
   never around the top-level value; bounded whitespace keeps a model from looping on newlines;
 * objects: named properties in declaration order (``properties`` first, then other ``required``
-  keys), any optional one left out, then other keys (``objects``); with ``strict`` (the
+  keys), any optional one left out, then other keys (``objects``); with ``key_order="any"``
+  (the grammar ``Constraint.matches`` reads with) the members in every order, each named key
+  at most once (``unordered``); with ``strict`` (the
   default) no other key where the schema lists its keys and no keyword allows others, and no
   item past ``prefixItems`` without ``items`` (``strict``: a subset of the valid values;
   ``strict=False``: the spec's reading); a key is written once
@@ -75,6 +77,7 @@ DEFAULT_MAX_PATTERN_CHARS = 1_000_000
 # schemas measured take under a tenth of it (docs/benchmarks.md), it runs out in well under
 # a second of CPU
 MAX_WORK = 15_000
+KEY_ORDERS = ("schema", "any")
 
 __all__ = [
     "build_grammar",
@@ -228,6 +231,7 @@ def build_grammar(
     max_pattern_chars: int = DEFAULT_MAX_PATTERN_CHARS,
     strict: bool = True,
     count_lengths: bool = True,
+    key_order: str = "schema",
 ) -> Grammar:
     """The grammar of a JSON schema document (Lark text, and the check of distinct items
     where the schema asks for them over open sets); ConstraintError if it has none that is
@@ -236,9 +240,13 @@ def build_grammar(
     `strict`: objects and tuples get only what the schema lists (``strict``); False: the
     spec's reading (objects open unless the schema closes them). `count_lengths`: leave the
     maxLength of some strings to the check (``lengths``); False: every length in the lexemes
-    (a grammar that runs without its check, such as a part of a composed one)."""
+    (a grammar that runs without its check, such as a part of a composed one). `key_order`:
+    "schema" writes each object's members in canonical order (``objects``), "any" in every
+    order (``unordered``)."""
     if not isinstance(strict, bool):
         raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
+    if key_order not in KEY_ORDERS:
+        raise ValueError(f"key_order must be one of {KEY_ORDERS}, got {key_order!r}")
     for name, value, least in (
         ("max_recursion_depth", max_recursion_depth, 0),
         ("any_depth", 0 if any_depth is None else any_depth, 0),
@@ -267,6 +275,7 @@ def build_grammar(
                 registry,
                 strict,
                 count_lengths,
+                key_order,
             )
         except Unroll:  # recursion under allOf/not/unevaluated*: unrolled to a bounded depth
             grammar = _grammar(
@@ -278,6 +287,7 @@ def build_grammar(
                 registry,
                 strict,
                 count_lengths,
+                key_order,
                 unroll=True,
             )
     except RecursionError:
@@ -303,12 +313,13 @@ def _grammar(
     registry,
     strict,
     count_lengths,
+    key_order,
     unroll=False,
 ) -> Grammar:
     with pattern_limit(max_chars), fragment_limit(max_chars), work_limit(MAX_WORK):
         builder = Builder(document, max_recursion_depth, unroll, registry)
         node = builder.build_root(document)
-        emitter = Emitter(ws, any_depth, builder.bodies, strict)
+        emitter = Emitter(ws, any_depth, builder.bodies, strict, key_order == "any")
         if count_lengths:
             emitter.counted = counted_apart(node, builder.bodies)
         out = emitter.node(node)

@@ -16,7 +16,7 @@ from itertools import permutations, product
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.algebra import conj
 from lmprog.fsm.json_schema.arrays import array_regex
-from lmprog.fsm.json_schema.lark import Frag, Ref, alt, cat, group, tok
+from lmprog.fsm.json_schema.lark import Frag, Ref, alt, cat, group, loop, tok
 from lmprog.fsm.json_schema.numbers import NUMBER, number_regex, value_regex
 from lmprog.fsm.json_schema.objects import object_regex
 from lmprog.fsm.json_schema.sequences import Slot, separated
@@ -33,6 +33,7 @@ from lmprog.fsm.json_schema.terms import (
     StrT,
     counts_additional_keys,
 )
+from lmprog.fsm.json_schema.unordered import KEYED
 from lmprog.fsm.json_schema.values import to_decimal
 from lmprog.fsm.regex import R, lit, raw
 from lmprog.fsm.regex import alt as ralt
@@ -44,13 +45,19 @@ _FINITE_LIMIT = 256
 class Emitter:
     """Writes nodes as grammar fragments; one per compile (it memoizes by node). ``rules``:
     the named rules its fragments refer to (``any``, recursive references). ``strict``: objects
-    and arrays written as strict generation has them (``strict.generated``)."""
+    and arrays written as strict generation has them (``strict.generated``). ``any_order``:
+    objects' members in any order (``unordered``), else in canonical order (``objects``)."""
 
     def __init__(
-        self, ws: R, any_depth: int | None, bodies: dict | None = None, strict: bool = False
+        self,
+        ws: R,
+        any_depth: int | None,
+        bodies: dict | None = None,
+        strict: bool = False,
+        any_order: bool = False,
     ):
         assert any_depth is None or any_depth >= 0
-        self.ws, self.any_depth = ws, any_depth
+        self.ws, self.any_depth, self.any_order = ws, any_depth, any_order
         self.generated = strict_terms if strict else (lambda t: t)
         self.sep = tok(rcat(ws, lit(","), ws))
         self.colon = tok(rcat(ws, lit(":"), ws))
@@ -205,7 +212,8 @@ class Emitter:
         return group(cat(self._open[open_], alt(empty, cat(body, self._close[close]))))
 
     def value(self, v) -> Frag | None:
-        """The text of one JSON value (objects in every key order when they have few keys)."""
+        """The text of one JSON value (objects in every key order when they have few keys, or
+        with ``any_order``)."""
         if v is None or isinstance(v, bool):
             return tok(lit(json.dumps(v)))
         if isinstance(v, (int, float, Decimal)):
@@ -216,6 +224,8 @@ class Emitter:
             body, empty = separated([Slot(self.value(x), 1, 1) for x in v], self.sep)
             return self.container("[", body, empty, "]")
         items = [self.member(tok(lit(json_text(k))), self.value(x)) for k, x in v.items()]
+        if self.any_order and 4 < len(items) <= KEYED:
+            return self.container("{", loop(items, None, self.sep, len(items), 0, None), False, "}")
         orders = permutations(items) if len(items) <= 4 else [items]
         body = alt(*(separated([Slot(m, 1, 1) for m in order], self.sep)[0] for order in orders))
         return self.container("{", body, not items, "}")

@@ -83,6 +83,23 @@ class Unique(Frag):
         self.items, self.lo, self.hi, self.sep = items, lo, hi, sep
 
 
+class Loop(Frag):
+    """An object's members in any order (llguidance's parametric rules): each of ``keyed`` at
+    most once (bit i of the parameter: member i written), each of ``free`` any number of times,
+    the first without ``sep`` and each later one after it; the sequence may end once bits
+    0..``required``-1 are set and lo <= set bits; an optional keyed member (i >= required) is
+    added while the optional ones set stay under hi - required, which leaves room for every
+    required one (hi None: no bound). At most 64 keyed members; at least one is written."""
+
+    __slots__ = ("keyed", "free", "sep", "required", "lo", "hi")
+
+    def __init__(
+        self, keyed: tuple, free: Frag | None, sep: Frag, required: int, lo: int, hi: int | None
+    ) -> None:
+        self.keyed, self.free, self.sep = keyed, free, sep
+        self.required, self.lo, self.hi = required, lo, hi
+
+
 class Ref(Frag):
     """The named rule ``name`` (its body is in the rules given to ``to_lark``)."""
 
@@ -202,6 +219,21 @@ def unique(items: list, lo: int, hi: int, sep: Frag | None) -> Frag | None:
     return _made(Unique(tuple(items), max(lo, 1), hi, sep))
 
 
+def loop(
+    keyed: list, free: Frag | None, sep: Frag | None, required: int, lo: int, hi: int | None
+) -> Frag | None:
+    """Members in any order (``Loop``): ``keyed`` (Frags, bit i each; the first ``required``
+    of them must all be written), ``free`` (any number of times); lo..hi keyed members."""
+    if sep is None or any(x is None for x in keyed[:required]):
+        return None
+    if len(keyed) > 64:
+        raise ValueError("a loop keys at most 64 members (bits of its parameter)")
+    if not keyed and free is None:
+        return None
+    assert free is None or (lo <= 1 and hi is None), "counts need every member keyed"
+    return _made(Loop(tuple(keyed), free, sep, required, lo, hi))
+
+
 def opt(f: Frag | None) -> Frag:
     return rep(f, 0, 1)  # type: ignore[return-value]
 
@@ -235,6 +267,9 @@ class _Writer:
                 continue
             if isinstance(f, Unique):
                 stack.extend((*f.items, f.sep))
+                continue
+            if isinstance(f, Loop):
+                stack.extend(x for x in (*f.keyed, f.free, f.sep) if x is not None)
                 continue
             uses[id(f)] = uses.get(id(f), 0) + 1
             if uses[id(f)] == 1:
@@ -279,6 +314,8 @@ class _Writer:
             return f.name
         if isinstance(f, Unique):
             return self._unique(f, pending)
+        if isinstance(f, Loop):
+            return self._loop(f, pending)
         if not top:
             if depth > _MAX_NESTING and id(f) not in self.names:
                 self.names[id(f)] = ""
@@ -316,6 +353,47 @@ class _Writer:
         self.extra.append(f"{name}::_ : " + " | ".join(first))
         self.extra.append(f"{name}m::_ : " + " | ".join(more))
         return f"{name}::0x0"
+
+    def _loop(self, f: Loop, pending: list) -> str:
+        """A rule for the first member (the parameter it passes on: that member's bit) and a
+        parametric one for the rest, which may end where the conditions hold::
+
+            uN: K0 uNm::0x1 | K1 uNm::0x2 | F uNm::0x0
+            uNm::_: "" %if <required set, count ok> | S K0 uNm::set_bit(0) %if bit_clear(0) | S F uNm::_
+        """
+        name = f"u{self._named}"
+        self._named += 1
+        keyed = [f"({self._expr(x, 0, pending)})" for x in f.keyed]
+        free = None if f.free is None else f"({self._expr(f.free, 0, pending)})"
+        sep = self._expr(f.sep, 1, pending)
+        room = None if f.hi is None else f.hi - f.required  # optional members that fit
+        first = [
+            f"{x} {name}m::{1 << i:#x}"
+            for i, x in enumerate(keyed)
+            if i < f.required or room is None or room > 0
+        ]
+        first += [] if free is None else [f"{free} {name}m::0x0"]
+        ends = [f"is_ones([0:{f.required}])"] if f.required else []
+        ends += [f"bit_count_ge(_, {f.lo})"] if f.lo > 1 else []
+        end = '""' + (f" %if {_and(ends)}" if ends else "")
+        more = [end]
+        for i, x in enumerate(keyed):
+            adds = [f"bit_clear({i})"]
+            if room is not None and i >= f.required:  # room left for the required ones
+                adds.append(f"bit_count_lt([{f.required}:64], {room})")
+            more.append(f"{sep} {x} {name}m::set_bit({i}) %if {_and(adds)}")
+        more += [] if free is None else [f"{sep} {free} {name}m::_"]
+        self.extra.append(f"{name}: " + " | ".join(first))
+        self.extra.append(f"{name}m::_ : " + " | ".join(more))
+        return name
+
+
+def _and(conditions: list[str]) -> str:
+    """One condition holding where all of them do (``and`` takes two)."""
+    out = conditions[-1]
+    for c in reversed(conditions[:-1]):
+        out = f"and({c}, {out})"
+    return out
 
 
 _MAX_NESTING = 40

@@ -1,4 +1,5 @@
-"""Objects: named properties in canonical order, then the keys the schema does not name.
+"""Objects: named properties in canonical order, then the keys the schema does not name (in
+any order instead where the emitter writes ``any_order``: ``unordered``).
 
 Canonical order: the properties a term names are written in declaration order (``properties``
 first, then ``required`` keys that ``properties`` does not list), each optional one may be left
@@ -29,6 +30,7 @@ from lmprog.fsm.json_schema.members import Members
 from lmprog.fsm.json_schema.sequences import Slot, separated
 from lmprog.fsm.json_schema.strings import json_text, string_lexeme
 from lmprog.fsm.json_schema.terms import Node, ObjT, StrT
+from lmprog.fsm.json_schema.unordered import unordered
 from lmprog.fsm.json_schema.values import str_ok
 from lmprog.fsm.regex import Chars, CharSet, Concat, Repeat, lit, node_lengths, parse_regex
 from lmprog.fsm.regex.lookahead import split_lookaheads
@@ -82,10 +84,14 @@ def _members(t: ObjT, em: Emitter) -> Frag | None:
         n_required += required
     regions = _regions(t)
     slots = [slot for _, slot in named]
+    item = alt(*(em.member(string_lexeme(k), em.node(v)) for k, v in regions))
+    if em.any_order:
+        written = unordered(named, item, t, em)
+        if written is not NotImplemented:
+            return written
     if t.any_order and not regions and len(named) <= 4 and all(s.lo for s in slots):
         body = alt(*(separated(list(p), em.sep)[0] for p in permutations(slots)))
         return em.container("{", body, not named, "}")
-    item = alt(*(em.member(string_lexeme(k), em.node(v)) for k, v in regions))
     most = None if item is not None else len(named)
     if (
         not (t.some or t.some_values)
