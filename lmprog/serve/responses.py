@@ -40,12 +40,13 @@ from .responses_schemas import (
     FunctionCallItem,
     FunctionCallOutputItem,
     MessageItem,
+    ReasoningItem,
     ResponsesRequest,
 )
 from .runs import respond
 
 MAX_STORED_RESPONSES = 1024
-Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 
 
 class ResponseStore:
@@ -127,6 +128,7 @@ def to_chat(
         _add_item(messages, item, None, ctx)
     for i, item in enumerate(body.input):
         _add_item(messages, item, i, ctx)
+    messages = _with_reasoning(messages)
     chat: dict[str, Any] = {
         "model": body.model,
         "messages": messages,
@@ -139,6 +141,8 @@ def to_chat(
     }
     if body.stream:
         chat["stream_options"] = {"include_usage": True}
+    if body.reasoning is not None and body.reasoning.effort is not None:
+        chat["reasoning_effort"] = body.reasoning.effort
     if body.tools:
         chat["tools"] = [_chat_tool(t.model_dump(exclude_none=True)) for t in body.tools]
     if body.tool_choice is not None and (body.tools or body.tool_choice not in ("auto", "none")):
@@ -175,7 +179,9 @@ def _response_format(fmt: dict[str, Any]) -> dict[str, Any]:
 def _add_item(messages: list[dict[str, Any]], item: Item, index: int | None, ctx: Any) -> None:
     """Append `item` (input[index], or a stored one when None) to the chat messages."""
     param = f"input[{index}]" if index is not None else "previous_response_id"
-    if isinstance(item, MessageItem):
+    if isinstance(item, ReasoningItem):  # joins the assistant turn that follows it
+        messages.append({"role": _REASONING, "content": item.text()})
+    elif isinstance(item, MessageItem):
         text = _text(item.content, param, ctx)
         messages.append({"role": item.role, "content": text})
     elif isinstance(item, FunctionCallItem):
@@ -199,6 +205,27 @@ def _add_item(messages: list[dict[str, Any]], item: Item, index: int | None, ctx
     else:
         text = _text(item.output, param + ".output" if index is not None else param, ctx)
         messages.append({"role": "tool", "tool_call_id": item.call_id, "content": text})
+
+
+_REASONING = "\x00reasoning"  # a reasoning item's place among the messages, until merged
+
+
+def _with_reasoning(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Reasoning items as the reasoning_content of the assistant message after them (as
+    the model's chat template renders a turn's thinking); one with none after it is dropped."""
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for m in messages:
+        if m["role"] == _REASONING:
+            pending.append(m["content"])
+            continue
+        if m["role"] == "assistant" and pending:
+            m = {**m, "reasoning_content": "".join(pending)}
+            pending = []
+        elif m["role"] != "assistant":
+            pending = []
+        out.append(m)
+    return out
 
 
 _TEXT_PARTS = {
@@ -266,4 +293,6 @@ def _as_input(item: dict[str, Any]) -> Item:
     """An output item as the input item a follow-up sends back."""
     if item["type"] == "message":
         return MessageItem.model_validate(item)
+    if item["type"] == "reasoning":
+        return ReasoningItem.model_validate(item)
     return FunctionCallItem.model_validate(item)

@@ -73,6 +73,26 @@ class ResponseOutput:
             events.append(self._on(item, "response.output_text.delta", delta=delta, logprobs=[]))
         return events
 
+    def reasoning(self, delta: str) -> list[dict[str, Any]]:
+        """A piece of a reasoning model's thinking: a `reasoning` item (its text as a
+        `reasoning_text` part; no summary is written)."""
+        events = []
+        if self._open is None or self._open["type"] != "reasoning":
+            events += self._close_open("completed")
+            item = {
+                "id": _new_id("rs"),
+                "type": "reasoning",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": ""}],
+                "status": "in_progress",
+            }
+            events += self._added(item)
+        item = self._open
+        if delta:
+            item["content"][0]["text"] += delta
+            events.append(self._on(item, "response.reasoning_text.delta", delta=delta))
+        return events
+
     def call(self, index: int, call_id: str | None, name: str | None, delta: str) -> list[dict]:
         """A chat tool_call delta: its first carries the call's id and name."""
         events = []
@@ -138,7 +158,10 @@ class ResponseOutput:
         item["status"] = status
         index = self.items.index(item)
         events = []
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            text = item["content"][0]["text"]
+            events.append(self._on(item, "response.reasoning_text.done", text=text))
+        elif item["type"] == "message":
             part = item["content"][0]
             events.append(
                 self._on(
@@ -186,6 +209,8 @@ class ResponseReply:
         chat = self.chat.response_body(results)
         choice = chat["choices"][0]
         message, output = choice["message"], ResponseOutput()
+        if message.get("reasoning_content"):
+            output.reasoning(message["reasoning_content"])
         if message.get("content"):
             output.text(message["content"])
         for i, call in enumerate(message.get("tool_calls") or ()):
@@ -282,6 +307,8 @@ class ResponseReply:
 
 def _delta_events(output: ResponseOutput, delta: dict[str, Any]) -> list[dict[str, Any]]:
     events = []
+    if delta.get("reasoning_content"):
+        events += output.reasoning(delta["reasoning_content"])
     if delta.get("content"):
         events += output.text(delta["content"])
     for call in delta.get("tool_calls") or ():
@@ -309,7 +336,11 @@ def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
             "cache_write_tokens": 0,
         },
         "output_tokens": usage["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {
+            "reasoning_tokens": (usage.get("completion_tokens_details") or {}).get(
+                "reasoning_tokens", 0
+            )
+        },
         "total_tokens": usage["total_tokens"],
     }
 

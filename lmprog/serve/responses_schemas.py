@@ -6,8 +6,9 @@
     {"type": "function_call", "call_id", "name", "arguments"}          an earlier call
     {"type": "function_call_output", "call_id", "output"}              its result
 
-told apart by `type` (a message may leave it out). Other item types (reasoning,
-item_reference, hosted tools' calls) are a 400 naming the item. Content parts are checked
+told apart by `type` (a message may leave it out); a reasoning item is a reasoning model's
+thinking sent back. Other item types (item_reference, hosted tools' calls) are a 400 naming
+the item. Content parts are checked
 when the request is converted (responses.py): only text goes in.
 
 Errors name the Responses field (`input[2].arguments`, `text.format.schema`): the union
@@ -61,8 +62,31 @@ class FunctionCallOutputItem(Strict):
     status: Status | None = None
 
 
+class ReasoningItem(Strict):
+    """A reasoning model's thinking, as a response's output gives it (sent back as input,
+    it is the next assistant turn's reasoning_content for the template)."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    content: list[dict[str, Any]] | None = None
+    encrypted_content: str | None = None  # none is written here; one sent back is ignored
+    status: Status | None = None
+
+    def text(self) -> str:
+        parts = self.content or self.summary
+        return "".join(p["text"] for p in parts if isinstance(p.get("text"), str))
+
+
+class ReasoningConfig(Strict):
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None  # accepted: no summaries
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None  # older name
+
+
 ITEM_TYPES = {
     "message": MessageItem,
+    "reasoning": ReasoningItem,
     "function_call": FunctionCallItem,
     "function_call_output": FunctionCallOutputItem,
 }
@@ -77,12 +101,13 @@ def _item_type(value: Any) -> str | None:
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(
         _item_type,
         custom_error_type="invalid_item",
-        custom_error_message="an input item is a message (role and content), a function_call "
-        "or a function_call_output; other item types are not supported",
+        custom_error_message="an input item is a message (role and content), a function_call, "
+        "a function_call_output or a reasoning item; other item types are not supported",
     ),
 ]
 
@@ -174,7 +199,7 @@ class ResponsesRequest(Strict):
     stream_options: ResponsesStreamOptions | None = None
     store: bool | None = True
     truncation: Literal["auto", "disabled"] | None = None
-    reasoning: dict[str, Any] | None = None  # only unset values: no reasoning model here
+    reasoning: ReasoningConfig | None = None  # effort: the template's reasoning_effort
     metadata: dict[str, str] | None = None  # echoed in the response
     user: str | None = None  # accepted, ignored
     safety_identifier: str | None = None
@@ -220,8 +245,6 @@ class ResponsesRequest(Strict):
         names = [name for name in self.UNSUPPORTED if getattr(self, name) not in (None, False)]
         if self.truncation == "auto":
             names.append("truncation")
-        if self.reasoning and any(v is not None for v in self.reasoning.values()):
-            names.append("reasoning")
         if self.text is not None and self.text.verbosity is not None:
             names.append("text.verbosity")
         return names

@@ -602,7 +602,8 @@ def test_logprobs(client, model):
             "input[0].arguments",
             None,
         ),
-        ({"input": [{"type": "reasoning", "id": "r", "summary": []}]}, "input[0]", None),
+        ({"input": [{"type": "item_reference", "id": "r"}]}, "input[0]", None),
+        ({"input": [{"type": "reasoning", "summary": "no"}]}, "input[0].summary", None),
         ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role", None),
         (
             {
@@ -640,7 +641,7 @@ def test_logprobs(client, model):
         ({"tools": [{"type": "web_search"}]}, "tools[0].type", None),
         ({"tool_choice": "required"}, "tool_choice", None),
         ({"background": True}, "background", "unsupported_parameter"),
-        ({"reasoning": {"effort": "high"}}, "reasoning", "unsupported_parameter"),
+        ({"reasoning": {"effort": "huge"}}, "reasoning.effort", None),
         ({"truncation": "auto"}, "truncation", "unsupported_parameter"),
         ({"temperature": "hot"}, "temperature", None),
         ({"top_k": "many"}, "top_k", None),

@@ -290,3 +290,36 @@ def test_separate_reasoning_needs_a_reasoning_model():
     with Server(FakeBackend(), model_name="m").start() as s:
         status, body = post_json(s.url, "/generate", {"text": "x", "separate_reasoning": True})
         assert_error(status, body, 400, param="separate_reasoning")
+
+
+def test_responses_api_reasoning_items(srv, fake):
+    r = client_for_responses(srv).responses.create(
+        model="m", input="Capital of France?", reasoning={"effort": "low"}
+    )
+    kinds = [item.type for item in r.output]
+    assert kinds == ["reasoning", "message"]
+    assert r.output[0].content[0].text == "The user asks for a capital.\nIt is Paris."
+    assert r.output_text == "Paris."
+    assert r.usage.output_tokens_details.reasoning_tokens > 0
+    # previous_response_id carries the reasoning item: the next turn's template gets it
+    fake2 = FakeBackend(responder=answer_after_thinking, template=QWEN3)
+    with Server(fake2, model_name="m").start() as s:
+        client = client_for_responses(s)
+        first = client.responses.create(model="m", input="Capital of France?")
+        assert [i.type for i in first.output] == ["reasoning", "message"]
+        client.responses.create(
+            model="m",
+            previous_response_id=first.id,
+            input=[{"role": "user", "content": "<tool_response>\nx\n</tool_response>"}],
+        )
+        prompt = str(fake2.generations()[-1].prompt)
+        assert "<think>\nHmm.\n</think>\n\nParis." in prompt
+        events = list(client.responses.create(model="m", input="Capital?", stream=True))
+        types = [e.type for e in events]
+        assert "response.reasoning_text.delta" in types and "response.reasoning_text.done" in types
+        done = events[-1].response
+        assert [i.type for i in done.output] == ["reasoning", "message"]
+
+
+def client_for_responses(srv):
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
