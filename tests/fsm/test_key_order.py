@@ -265,3 +265,24 @@ def test_reading_through_the_bytes_index_agrees_with_matches():
         guide = index.new_guide()
         guide.advance_all(list(text.encode()))
         assert guide.can_stop() and c.matches(text)
+
+
+AB = {"a": INT, "b": INT}
+
+
+@pytest.mark.parametrize(
+    "schema, order",
+    [
+        ({"$defs": {"ab": {"properties": AB}}, "allOf": [{"$ref": "#/$defs/ab"}], "required": ["b", "a"]}, "ab"),
+        ({"properties": {"c": INT}, "allOf": [{"properties": AB}], "required": ["b", "c", "a"]}, "cab"),
+        ({"$defs": {"ab": {"properties": AB}}, "$ref": "#/$defs/ab", "properties": {"c": INT}, "required": ["c", "b"]}, "abc"),
+        ({"properties": AB, "required": ["x", "b"], "dependentRequired": {"a": ["y"]}}, "abxy"),
+    ],
+)  # fmt: skip
+def test_generation_follows_the_declared_order_where_parts_merge(schema, order):
+    """Properties merged from $ref/allOf beside a sibling `required` keep the order they are
+    declared in (llguidance's order; `required` named b first and came first before)."""
+    c = Constraint.from_json_schema(schema, strict=False)
+    value = {k: 1 for k in order}
+    assert matches_bytes(c, json.dumps(value).encode())  # the generation grammar
+    assert all(c.matches(t) for t in _orders(value))

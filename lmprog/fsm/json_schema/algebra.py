@@ -229,7 +229,7 @@ def normalize_arr(t: ArrT) -> ArrT | None:
 
 
 def _meet_obj(x: ObjT, y: ObjT) -> ObjT | None:
-    keys = [k for k, _ in x.props] + [k for k, _ in y.props if x.prop(k) is None]
+    keys = _key_order(x, y)
     props = tuple((k, conj(key_node(x, k), key_node(y, k))) for k in keys)
     return normalize_obj(
         ObjT(
@@ -250,8 +250,22 @@ def _meet_obj(x: ObjT, y: ObjT) -> ObjT | None:
             eval_patterns=x.eval_patterns | y.eval_patterns,
             eval_all=x.eval_all or y.eval_all,
             listed=x.listed or y.listed,
+            undeclared=(x.undeclared | y.undeclared) - _declared(x) - _declared(y),
         )
     )
+
+
+def _key_order(x: ObjT, y: ObjT) -> list[str]:
+    """The named keys of a meet in canonical order: those declared by ``properties`` (``x``'s,
+    then ``y``'s), then those only required (or named by a dependency)."""
+    declared = [k for k, _ in x.props if k not in x.undeclared]
+    declared += [k for k, _ in y.props if k not in y.undeclared]
+    rest = [k for k, _ in x.props + y.props]
+    return list(dict.fromkeys(declared + rest))
+
+
+def _declared(t: ObjT) -> frozenset:
+    return frozenset(k for k, _ in t.props) - t.undeclared
 
 
 def key_allowed(names: Node, key: str) -> bool:

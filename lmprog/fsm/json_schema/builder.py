@@ -82,8 +82,11 @@ class Builder:
         sub = lambda s, suffix: self.build(s, base, path + suffix)
         node = facets.typed_terms(schema, path, sub)
         values, applied = self._values(schema, path), self._applicators(schema, base, path, sub)
+        # a $ref's terms first: its declared properties come before the sibling ones (the
+        # order llguidance writes), then allOf's and the others' after them
+        referenced = self._ref(schema["$ref"], base, f"{path}/$ref") if "$ref" in schema else TOP
         with self.at(path):
-            node = conj(conj(node, values), applied)
+            node = conj(referenced, conj(conj(node, values), applied))
             return self._unevaluated(schema, node, path, sub)
 
     def _check_keywords(self, schema: dict, path: str) -> None:
@@ -132,8 +135,6 @@ class Builder:
             parts.append(self._conditional(schema, path, sub))
         elif "if" in schema and ("unevaluatedProperties" in schema or "unevaluatedItems" in schema):
             parts.append(self._annotating_if(sub(schema["if"], "/if")))
-        if "$ref" in schema:
-            parts.append(self._ref(schema["$ref"], base, f"{path}/$ref"))
         for key in ("$dynamicRef", "$recursiveRef"):
             if key in schema:
                 parts.append(self._ref(schema[key], base, f"{path}/{key}", dynamic=key))
@@ -209,10 +210,14 @@ class Builder:
                     f"invalid schema: dependentRequired/{key} must list strings at {path}"
                 )
             keys = (key,) + tuple(n for n in dict.fromkeys(names) if n != key)
-            present = ObjT(props=tuple((k, TOP) for k in keys), required=keys)
+            present = ObjT(
+                props=tuple((k, TOP) for k in keys), required=keys, undeclared=frozenset(keys)
+            )
             out.append(make_node(others + [_absent(key), present]))
         for key, dep in schemas.items():
-            present = make_node((ObjT(props=((key, TOP),), required=(key,)),))
+            present = make_node(
+                (ObjT(props=((key, TOP),), required=(key,), undeclared=frozenset((key,))),)
+            )
             with self.at(f"{path}/dependentSchemas"):
                 out.append(
                     union(
@@ -241,7 +246,7 @@ class Builder:
 
 
 def _absent(key: str) -> ObjT:
-    return ObjT(props=((key, NEVER),))
+    return ObjT(props=((key, NEVER),), undeclared=frozenset((key,)))
 
 
 def _uneval_props(t: ObjT, extra: Node) -> ObjT | None:

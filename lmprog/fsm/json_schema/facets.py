@@ -221,6 +221,7 @@ def _object(schema: dict, path: str, sub: Sub) -> ObjT | None:
         for k, v in props
     ]
     required = _required(schema, path)
+    n_declared = len(props)
     probe = ObjT(props=tuple(props), rules=rules, names=names)
     props += [(k, key_node(probe, k)) for k in required if probe.prop(k) is None]
     return normalize_obj(
@@ -235,6 +236,7 @@ def _object(schema: dict, path: str, sub: Sub) -> ObjT | None:
             eval_patterns=frozenset(src for src, _ in patterns),
             eval_all=has_additional,
             listed="properties" in schema or "required" in schema,
+            undeclared=frozenset(k for k in required if k not in dict(props[:n_declared])),
         )
     )
 

@@ -153,6 +153,10 @@ class ObjT:
     # the schema lists the object's keys (``properties`` or ``required``, even empty): strict
     # generation writes no other key unless a keyword governs them (``strict``)
     listed: bool = False
+    # keys of ``props`` that no ``properties`` declared (only ``required`` or a dependency
+    # names them): where terms meet, declared keys come first, in the order they are declared
+    # (``algebra._meet_obj``), as llguidance orders them
+    undeclared: frozenset = frozenset()
 
     def prop(self, key: str) -> Node | None:
         for k, v in self.props:
