@@ -178,6 +178,8 @@ EXTENSIONS = (
     "stop",
     "stop_token_ids",
     "ignore_eos",
+    "thinking_budget",
+    "chat_template_kwargs",
 )
 
 
@@ -228,6 +230,8 @@ class ResponsesRequest(Strict):
     stop: Any = None
     stop_token_ids: Any = None
     ignore_eos: Any = None
+    thinking_budget: Any = None  # a reasoning model's (SGLang's name)
+    chat_template_kwargs: Any = None  # vLLM's and SGLang's
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = (
         "background",

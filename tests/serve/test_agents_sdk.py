@@ -100,3 +100,39 @@ def test_agent_streamed_runs_to_the_end(server):
     assert raw.count("response.completed") == len(result.raw_responses)
     assert "response.function_call_arguments.delta" in raw
     assert "response.output_text.delta" in raw
+
+
+def test_agent_on_a_reasoning_model_stand_in(rt):
+    """The bundled model under a template that opens a think block, with reasoning effort
+    and a thinking budget (extra_body): the model's turn starts with a reasoning item the
+    SDK keeps, its call (made after the thinking, under the tool constraint) reaches the
+    tool with arguments its schema accepts. The run ends with the tool's result
+    (stop_on_first_tool): after thinking, the 135M model's free-text answers ramble to
+    max_tokens, which the SDK reports as an error."""
+    from pathlib import Path
+
+    from test_tools_e2e import Templated
+
+    template = Path(__file__).parent.parent / "data" / "chat_templates" / "chatml-think.jinja"
+    backend = Templated(rt, template.read_text(), {"eos_token": "<|im_end|>"})
+    agents.set_tracing_disabled(True)
+    calls: list[tuple[str, dict]] = []
+    with Server(backend, model_name="think").start() as srv:
+        agent = _agent(srv, calls)
+        agent.model_settings = agents.ModelSettings(
+            tool_choice="required",
+            parallel_tool_calls=False,
+            temperature=0,
+            max_tokens=200,
+            reasoning=openai.types.shared.Reasoning(effort="low"),
+            extra_body={"thinking_budget": 16},
+        )
+        agent.tool_use_behavior = "stop_on_first_tool"
+        result = asyncio.run(agents.Runner.run(agent, "Weather in Paris?", max_turns=2))
+    assert calls and calls[0][0] == "get_weather"
+    jsonschema.validate(calls[0][1], _schemas(agent)["get_weather"])
+    kinds = [item.type for item in result.new_items]
+    assert kinds[0] == "reasoning_item" and "tool_call_item" in kinds, kinds
+    assert result.raw_responses[0].output[0].type == "reasoning"
+    assert result.raw_responses[0].usage.output_tokens_details.reasoning_tokens > 0
+    assert "21 degrees" in str(result.final_output)
