@@ -109,12 +109,17 @@ def _plain(
         return out
     calls = [(c, _arguments(c, index, max_json_depth)) for c in message.tool_calls]
     if fmt.native:
-        out["content"] = text if message.content is not None else None
+        # DeepSeek's template reads the content of a turn with calls: "" rather than none
+        keep = message.content is not None or fmt.arguments_text
+        out["content"] = text if keep else None
         out["tool_calls"] = [
             {
                 "id": c.id,
                 "type": "function",
-                "function": {"name": c.function.name, "arguments": args},
+                "function": {
+                    "name": c.function.name,
+                    "arguments": c.function.arguments if fmt.arguments_text else args,
+                },
             }
             for c, args in calls
         ]

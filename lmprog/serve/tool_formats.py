@@ -54,11 +54,17 @@ class ToolFormat:
     max_calls: int | None = None
     native: bool = True
     id_length: int | None = None
+    quoted_name: bool = True  # the name as a JSON string (else as it is: DeepSeek's)
+    arguments_text: bool = False  # earlier calls' arguments go to the template as JSON text
+    note: str = ""  # a tool note for a native template that lists no tools ({tools}: them)
+
+    def name_text(self, name: str) -> str:
+        return json.dumps(name) if self.quoted_name else name
 
     def call_text(self, name: str, arguments: Any) -> str:
         """One call as the model writes it (earlier calls of a history in the generic format)."""
         args = json.dumps(arguments, ensure_ascii=False)
-        return f"{self.head}{json.dumps(name)}{self.args_key}{args}{self.tail}"
+        return f"{self.head}{self.name_text(name)}{self.args_key}{args}{self.tail}"
 
     def calls_text(self, calls: list[tuple[str, Any]]) -> str:
         return self.opener + self.separator.join(self.call_text(*c) for c in calls) + self.closer
@@ -82,6 +88,31 @@ MISTRAL = ToolFormat(
 )  # fmt: skip
 
 
+# DeepSeek-R1's (and V3's) templates: calls between special-token markers, the name as it is,
+# the arguments in a json code block; the templates list no tools, so lmprog's note does.
+_DEEPSEEK_CALL = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n"
+    "ARGUMENTS\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+)
+DEEPSEEK = ToolFormat(
+    "deepseek",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁call▁begin｜>function<｜tool▁sep｜>",
+    "\n```json\n",
+    "\n```<｜tool▁call▁end｜>",
+    "\n",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    quoted_name=False,
+    arguments_text=True,
+    note=(
+        "You can call these functions (JSON Schema of their arguments shown):\n{tools}\n"
+        f"To call one, answer with only: {_DEEPSEEK_CALL} (NAME: the function's name, "
+        "ARGUMENTS: its arguments as a JSON object)."
+    ),
+)
+
+
 def tool_format(template: ChatTemplate) -> ToolFormat:
     """The call format of `template`, by the markers in its source."""
     return _format_of(template.source)
@@ -89,6 +120,10 @@ def tool_format(template: ChatTemplate) -> ToolFormat:
 
 @lru_cache(maxsize=32)
 def _format_of(source: str) -> ToolFormat:
+    if "<｜tool▁calls▁begin｜>" in source and "function<｜tool▁sep｜>" in source.replace(
+        "' + tool['type'] + '", "function"
+    ):
+        return DEEPSEEK
     if "[TOOL_CALLS]" in source:
         return MISTRAL if "[TOOL_CALLS] [" in source else replace(MISTRAL, opener="[TOOL_CALLS][")
     if "<tool_call>" in source and "<function=" not in source and "<arg_key>" not in source:
@@ -188,6 +223,8 @@ def _read_call(
         return None, pos
     if pos == len(text):
         return None, _PARTIAL
+    if not fmt.quoted_name:
+        return _read_bare_call(fmt, text, pos, names, final, memo)
     if text[pos] != '"':
         return None, None
     close = text.find('"', pos + 1)
@@ -195,9 +232,42 @@ def _read_call(
         typed = text[pos + 1 :]
         return None, _PARTIAL if any(n.startswith(typed) for n in names) else None
     name = text[pos + 1 : close]
+    return _read_rest(fmt, text, pos, close + 1, name, names, final, memo)
+
+
+def _read_bare_call(
+    fmt: ToolFormat,
+    text: str,
+    pos: int,
+    names: frozenset[str],
+    final: bool,
+    memo: dict[int, list[int]] | None,
+) -> tuple[ReadCall | None, int | None]:
+    """A call whose name is written as it is (not a JSON string): the longest tool name
+    there, then the arguments' key."""
+    end = pos
+    while end < len(text) and (text[end].isalnum() or text[end] in "_-"):
+        end += 1
+    typed = text[pos:end]
+    if end == len(text):
+        return None, _PARTIAL if any(n.startswith(typed) for n in names) else None
+    return _read_rest(fmt, text, pos, end, typed, names, final, memo)
+
+
+def _read_rest(
+    fmt: ToolFormat,
+    text: str,
+    pos: int,
+    after_name: int,
+    name: str,
+    names: frozenset[str],
+    final: bool,
+    memo: dict[int, list[int]] | None,
+) -> tuple[ReadCall | None, int | None]:
+    """The call from its name on (`pos`: where the name starts; `after_name`: after it)."""
     if name not in names:
         return None, None
-    start, pos = pos - len(fmt.head), _expect(text, close + 1, fmt.args_key)
+    start, pos = pos - len(fmt.head), _expect(text, after_name, fmt.args_key)
     if pos is None:
         return None, None
     if pos == _PARTIAL:

@@ -89,9 +89,10 @@ def plan_tools(
     calls = _calls(fmt, [(t.function.name, args[tools.index(t)]) for t in chosen], max_calls)
     calls_c = c.constraint(calls, "tool calls")
     prompt = None
-    if not fmt.native:
-        prompt = _INSTRUCTIONS.format(tools="\n".join(_describe(t) for t in tools))
-        prompt += _SEVERAL if max_calls != 1 else ""
+    if not fmt.native or fmt.note:
+        note = fmt.note or _INSTRUCTIONS
+        prompt = note.format(tools="\n".join(_describe(t) for t in tools))
+        prompt += _SEVERAL if max_calls != 1 and not fmt.note else ""
     names = frozenset(t.function.name for t in chosen)
     plan = ToolPlan(calls_c, calls_c, prompt, fmt, names, choice == "auto", max_calls)
     if choice != "auto":
@@ -143,7 +144,7 @@ def _calls(fmt: ToolFormat, tools: list[tuple[str, Constraint]], max_calls: int 
     one = c.alt(
         *(
             c.seq(
-                c.json_text(fmt.head + json.dumps(name) + fmt.args_key),
+                c.json_text(fmt.head + fmt.name_text(name) + fmt.args_key),
                 c.embed(args),
                 c.json_text(fmt.tail),
             )

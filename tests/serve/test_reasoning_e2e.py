@@ -77,3 +77,50 @@ def test_thinking_off(client):
     )
     assert getattr(r.choices[0].message, "reasoning_content", None) is None
     assert r.choices[0].message.content
+
+
+def test_deepseek_r1_template_tool_calls_after_thinking(rt):
+    """The DeepSeek-R1-Distill template as published (it opens <think> and writes calls
+    between its markers) on the bundled model: the call comes after the thinking, in
+    DeepSeek's layout, and reads back as a call whose arguments match the tool."""
+    from test_tools_e2e import Templated
+
+    source = (
+        Path(__file__).parent.parent / "data" / "chat_templates" / "deepseek-r1-distill-qwen.jinja"
+    ).read_text()
+    backend = Templated(rt, source, {"bos_token": "", "eos_token": "<|im_end|>"})
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 20}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    with Server(backend, model_name="r1").start() as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=300)
+        for budget in (None, 12):
+            extra = {} if budget is None else {"thinking_budget": budget}
+            r = client.chat.completions.create(
+                model="r1",
+                messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+                tools=[tool],
+                tool_choice="required",
+                parallel_tool_calls=False,
+                max_tokens=120 if budget else 300,
+                temperature=0,
+                extra_body=extra,
+            )
+            choice = r.choices[0]
+            if budget is None and choice.finish_reason == "length":
+                continue  # still thinking at max_tokens without a budget
+            [call] = choice.message.tool_calls
+            assert call.function.name == "get_weather"
+            jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+            assert choice.message.reasoning_content
+    # the budget's answer call: the thinking closed by the server, then the call
+    assert any(p.endswith("</think>\n\n") for p in backend.prompts)

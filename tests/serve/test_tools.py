@@ -19,6 +19,7 @@ from lmprog.serve.formats import output_constraint
 from lmprog.serve.prompts import render_chat
 from lmprog.serve.schemas import ResponseFormat
 from lmprog.serve.tool_formats import (
+    DEEPSEEK,
     GENERIC,
     HERMES,
     LLAMA3,
@@ -37,6 +38,10 @@ SPECIAL = {
     "llama3.2.jinja": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
     "mistral-v0.3.jinja": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
     "mistral-nemo.jinja": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+    "deepseek-r1-distill-qwen.jinja": {
+        "bos_token": "<｜begin▁of▁sentence｜>",
+        "eos_token": "<｜end▁of▁sentence｜>",
+    },
 }
 FAMILY = {
     "qwen2.5.jinja": "hermes",
@@ -65,7 +70,7 @@ CITY = Tool.model_validate(
 NOARGS = Tool.model_validate(
     {"type": "function", "function": {"name": "ping", "description": "Is the server up?"}}
 )
-FORMATS = [GENERIC, HERMES, LLAMA3, MISTRAL]
+FORMATS = [GENERIC, HERMES, LLAMA3, MISTRAL, DEEPSEEK]
 
 
 def call(name: str, args: Any) -> str:
@@ -372,7 +377,8 @@ def test_a_call_cut_short_streams_as_written_but_is_never_returned_as_a_call(fmt
 def test_whole_calls_before_a_cut_one_stay_calls(fmt: ToolFormat):
     text = fmt.calls_text([("weather", {"city": "Oslo"}), ("weather", {"city": "Rome"})])
     plan = plan_tools([CITY], "required", None, fmt)
-    for cut in (text[: text.index("Rome")], text[: text.rindex('"arguments"') + 2]):
+    key = fmt.args_key.strip(", ")  # '"arguments":', '"parameters":', "```json"
+    for cut in (text[: text.index("Rome")], text[: text.rindex(key) + 2]):
         reader = plan.parse(cut)
         [call] = reader.tool_calls
         assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
@@ -497,3 +503,42 @@ def test_mistral_call_ids_pass_its_template():
         template("mistral-v0.3.jinja"), messages, None, max_json_depth=64, tool_format=fmt
     )
     assert f'"call_id": "{c["id"]}"' in got
+
+
+def test_deepseek_r1_calls_from_its_template():
+    """DeepSeek-R1's template (as published for its distills) renders earlier calls between
+    its markers, the name as it is and the arguments as the JSON text they were sent as; its
+    layout is what is constrained and read back, and, as the template lists no tools,
+    lmprog's note describes them and the layout."""
+    t = template("deepseek-r1-distill-qwen.jinja")
+    fmt = tool_format(t)
+    assert fmt is DEEPSEEK
+    plan = plan_tools([CITY, NOARGS], "required", None, fmt)
+    assert "weather" in plan.prompt and "<｜tool▁sep｜>NAME" in plan.prompt
+    history = [
+        ChatMessage.model_validate({"role": "user", "content": "Weather in Oslo?"}),
+        ChatMessage.model_validate(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "weather", "arguments": '{"city": "Oslo"}'},
+                    }
+                ],
+            }
+        ),
+        ChatMessage.model_validate({"role": "tool", "tool_call_id": "c1", "content": "Sunny"}),
+    ]
+    prompt = render_chat(t, history, plan.prompt, max_json_depth=64, tool_format=fmt)
+    written = prompt.split("<｜Assistant｜>")[1].split("<｜end▁of▁sentence｜>")[0]
+    assert written == fmt.calls_text([("weather", {"city": "Oslo"})])
+    assert plan.constraint.matches(written)
+    [read] = plan.parse(written).tool_calls
+    assert (read["function"]["name"], json.loads(read["function"]["arguments"])) == (
+        "weather",
+        {"city": "Oslo"},
+    )
+    assert "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>Sunny" in prompt
