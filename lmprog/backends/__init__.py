@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
+import sys
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -73,8 +76,26 @@ def _make_default() -> Backend:
 
 
 def _cuda_available() -> bool:
+    if "torch" not in sys.modules:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not _gpu_build(spec.origin):
+            return False  # told without importing torch (1 s or more) for the default backend
     try:
         import torch
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
+
+
+def _gpu_build(torch_init: str | None) -> bool:
+    """Whether the installed torch was built for CUDA or ROCm, read from its version.py
+    (`cuda`/`hip` None in a CPU-only build); True when it cannot tell."""
+    try:
+        text = (Path(torch_init).parent / "version.py").read_text(encoding="utf-8")
+    except (OSError, TypeError):
+        return True
+    cpu_only = all(
+        re.search(rf"^{name}\s*(:[^=\n]*)?=\s*None\s*$", text, re.MULTILINE)
+        for name in ("cuda", "hip")
+    )
+    return not cpu_only

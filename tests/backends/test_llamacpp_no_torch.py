@@ -42,3 +42,33 @@ def test_a_llamacpp_program_never_imports_torch():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+PROGRAM = """
+import sys
+import lmprog as lp
+
+@lp.function
+def f(s):
+    s += "Q: Is the sky blue? A:" + lp.select("yes", choices=["yes", "no"])
+    s += " Number:" + lp.gen("n", regex="[0-9]{2}", temperature=0.7, seed=1)
+    s += " Then:" + lp.gen("x", max_tokens=4, temperature=0)
+
+f.run()  # the default backend: llama.cpp on a machine without a GPU torch
+print("torch" in sys.modules)
+"""
+
+
+def test_a_program_on_the_default_backend_never_imports_torch():
+    import importlib.util
+
+    from lmprog.backends import _gpu_build
+
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and _gpu_build(spec.origin):
+        pytest.skip("a CUDA or ROCm build of torch: the default backend imports it to look")
+    out = subprocess.run(
+        [sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"
