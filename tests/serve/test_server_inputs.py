@@ -94,7 +94,7 @@ def test_unknown_fields_are_ignored_with_one_warning_per_name(url, caplog):
             {"role": "system", "content": "be brief", "id": "m0"},
             {"role": "user", "content": "hi", "id": "m1"},
         ],
-        "chat_template_kwargs": {"enable_thinking": False},  # another server's extension
+        "guided_decoding_backend": "xgrammar",  # another server's extension
         "tool_choice": "none",
         "response_format": {"type": "text", "extra": 1},
     }
@@ -106,7 +106,7 @@ def test_unknown_fields_are_ignored_with_one_warning_per_name(url, caplog):
         status, body = post_json(url, "/v1/completions", {**COMPLETION, "vendor_x": [1]})
         assert status == 200, body
     warned = [r.getMessage() for r in caplog.records if "unknown request field" in r.getMessage()]
-    for name in ("messages[].id", "chat_template_kwargs", "response_format.extra", "vendor_x"):
+    for name in ("messages[].id", "guided_decoding_backend", "response_format.extra", "vendor_x"):
         assert sum(name + " " in m for m in warned) == 1, (name, warned)
     assert len(warned) == 4, warned
 
