@@ -63,6 +63,10 @@ class ToolFormat:
 
     def call_text(self, name: str, arguments: Any) -> str:
         """One call as the model writes it (earlier calls of a history in the generic format)."""
+        if self.family == XML_FAMILY:
+            from .tool_xml import call_text
+
+            return call_text(name, arguments)
         args = json.dumps(arguments, ensure_ascii=False)
         return f"{self.head}{self.name_text(name)}{self.args_key}{args}{self.tail}"
 
@@ -113,6 +117,14 @@ DEEPSEEK = ToolFormat(
 )
 
 
+# Qwen3-Coder's: XML tags per parameter (tool_xml.py builds and reads them; the JSON layout
+# fields below are unused but for the marker and the separator)
+XML_FAMILY = "qwen3-coder"
+QWEN3_CODER = ToolFormat(
+    XML_FAMILY, "<tool_call>", "<tool_call>\n<function=", ">\n", "</function>\n</tool_call>", "\n"
+)
+
+
 def tool_format(template: ChatTemplate) -> ToolFormat:
     """The call format of `template`, by the markers in its source."""
     return _format_of(template.source)
@@ -124,6 +136,8 @@ def _format_of(source: str) -> ToolFormat:
         "' + tool['type'] + '", "function"
     ):
         return DEEPSEEK
+    if "<function=" in source and "<parameter=" in source and "<tool_call>" in source:
+        return QWEN3_CODER
     if "[TOOL_CALLS]" in source:
         return MISTRAL if "[TOOL_CALLS] [" in source else replace(MISTRAL, opener="[TOOL_CALLS][")
     if "<tool_call>" in source and "<function=" not in source and "<arg_key>" not in source:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lmprog.core.errors import ConstraintError
@@ -22,7 +22,8 @@ from lmprog.fsm.regex import ANY_CHAR, alt, cat, charset_regex, cs, lit, rep
 
 from .chat_schemas import NamedToolChoice, Tool
 from .errors import APIError
-from .tool_formats import GENERIC, CallReader, ToolFormat
+from .tool_formats import GENERIC, XML_FAMILY, CallReader, ToolFormat
+from .tool_xml import XmlCallReader, xml_calls
 
 _NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 _INSTRUCTIONS = (
@@ -48,10 +49,13 @@ class ToolPlan:
     names: frozenset[str] = frozenset()
     answers: bool = True
     max_calls: int | None = None
+    schemas: dict[str, Any] = field(default_factory=dict, compare=False)  # name -> parameters
 
     def reader(self) -> CallReader:
         """A reader of one choice's text (see CallReader); only when tools are on."""
         assert self.calls is not None
+        if self.format.family == XML_FAMILY:
+            return XmlCallReader(self.format, self.schemas, answers=self.answers)  # type: ignore[return-value]
         return CallReader(self.format, self.names, answers=self.answers, max_calls=self.max_calls)
 
     def parse(self, text: str) -> CallReader:
@@ -86,7 +90,10 @@ def plan_tools(
         return ToolPlan(answer, None, None, fmt)
     chosen = _chosen(tools, choice)
     max_calls = 1 if not parallel else fmt.max_calls
-    calls = _calls(fmt, [(t.function.name, args[tools.index(t)]) for t in chosen], max_calls)
+    if fmt.family == XML_FAMILY:
+        calls = _xml_calls(tools, chosen, max_calls)
+    else:
+        calls = _calls(fmt, [(t.function.name, args[tools.index(t)]) for t in chosen], max_calls)
     calls_c = c.constraint(calls, "tool calls")
     prompt = None
     if not fmt.native or fmt.note:
@@ -94,12 +101,33 @@ def plan_tools(
         prompt = note.format(tools="\n".join(_describe(t) for t in tools))
         prompt += _SEVERAL if max_calls != 1 and not fmt.note else ""
     names = frozenset(t.function.name for t in chosen)
-    plan = ToolPlan(calls_c, calls_c, prompt, fmt, names, choice == "auto", max_calls)
+    schemas = {t.function.name: t.function.parameters or _NO_PARAMETERS for t in chosen}
+    plan = ToolPlan(calls_c, calls_c, prompt, fmt, names, choice == "auto", max_calls, schemas)
     if choice != "auto":
         return plan
     answer = c.embed(text) if text is not None else c.regex(_not_starting_with(fmt.marker))
     either_c = c.constraint(c.alt(calls, answer), "tool calls or answer")
-    return ToolPlan(either_c, calls_c, prompt, fmt, names, True, max_calls)
+    return ToolPlan(either_c, calls_c, prompt, fmt, names, True, max_calls, schemas)
+
+
+def _xml_calls(tools: Sequence[Tool], chosen: Sequence[Tool], max_calls: int | None) -> Any:
+    """Qwen3-Coder's calls (tool_xml.py); a 400 naming a tool whose parameters it cannot
+    write."""
+    for t in chosen:
+        i = list(tools).index(t)
+        try:
+            xml_calls([(t.function.name, t.function.parameters, t.function.strict is not False)], 1)
+        except ConstraintError as exc:
+            raise APIError(
+                400,
+                f"invalid parameters schema of tool {t.function.name!r}: {exc}",
+                param=f"tools[{i}].function.parameters",
+                code="invalid_schema",
+            ) from None
+    tools = [
+        (t.function.name, t.function.parameters, t.function.strict is not False) for t in chosen
+    ]
+    return xml_calls(tools, max_calls)
 
 
 def _check_unique(tools: Sequence[Tool]) -> None:

@@ -542,3 +542,112 @@ def test_deepseek_r1_calls_from_its_template():
         {"city": "Oslo"},
     )
     assert "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>Sunny" in prompt
+
+
+# -- Qwen3-Coder's XML calls -------------------------------------------------------------------
+
+FORECAST = Tool.model_validate(
+    {
+        "type": "function",
+        "function": {
+            "name": "forecast",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                    "unit": {"enum": ["c", "f"]},
+                    "code": {"type": "string", "pattern": "^[A-Z]{2}$"},
+                },
+                "required": ["city", "days"],
+            },
+        },
+    }
+)
+
+
+def test_qwen3_coder_calls_from_its_template():
+    from lmprog.serve.tool_formats import QWEN3_CODER
+
+    t = ChatTemplate((TEMPLATES / "qwen3-coder.jinja").read_text())
+    fmt = tool_format(t)
+    assert fmt is QWEN3_CODER
+    history = [
+        ChatMessage.model_validate({"role": "user", "content": "Oslo, 3 days?"}),
+        ChatMessage.model_validate(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {
+                            "name": "forecast",
+                            "arguments": '{"city": "Oslo\\nNorway", "days": 3}',
+                        },
+                    }
+                ],
+            }
+        ),
+    ]
+    rendered = render_chat(t, history, None, max_json_depth=64, tools=[FORECAST], tool_format=fmt)
+    written = rendered.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
+    assert written == fmt.call_text("forecast", {"city": "Oslo\nNorway", "days": 3})
+    plan = plan_tools([FORECAST, NOARGS], "required", None, fmt)
+    assert plan.prompt is None  # the template lists the tools and the layout
+    assert plan.constraint.matches(written)
+    assert not plan.constraint.matches(
+        written.replace("<parameter=days>\n3", "<parameter=days>\nx")
+    )
+    assert not plan.constraint.matches(fmt.call_text("forecast", {"city": "Oslo"}))  # days required
+    unit = fmt.call_text("forecast", {"city": "Oslo", "days": 2, "unit": "f"})
+    assert plan.constraint.matches(unit)
+    [read] = plan.parse(unit).tool_calls
+    assert json.loads(read["function"]["arguments"]) == {"city": "Oslo", "days": 2, "unit": "f"}
+    # a string with a pattern is written as a JSON string, so its pattern is checked
+    coded = unit.replace("</function>", '<parameter=code>\n"NO"\n</parameter>\n</function>')
+    assert plan.constraint.matches(coded)
+    assert not plan.constraint.matches(coded.replace('"NO"', '"Norway"'))
+    [read] = plan.parse(coded).tool_calls
+    assert json.loads(read["function"]["arguments"])["code"] == "NO"
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+def test_qwen3_coder_calls_stream_and_read_back(size):
+    from lmprog.serve.tool_formats import QWEN3_CODER
+
+    calls = [("forecast", {"city": "Rome </param", "days": 5}), ("ping", {})]
+    text = QWEN3_CODER.calls_text(calls)
+    plan = plan_tools([FORECAST, NOARGS], "auto", None, QWEN3_CODER)
+    assert plan.constraint.matches(text) and plan.constraint.matches("Just an answer.")
+    deltas, reader = replay(plan, text, size)
+    content, streamed = assemble(deltas)
+    assert content == "" and reader.content is None and not reader.cut
+    assert streamed == reader.tool_calls
+    assert [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in streamed
+    ] == calls
+    answer = plan.parse("Just an answer.")
+    assert answer.content == "Just an answer." and answer.tool_calls == []
+    cut = plan.parse(text[: text.index("5")])
+    assert cut.cut and cut.tool_calls == [] and cut.content == text[: text.index("5")]
+    one = plan_tools([FORECAST], "required", None, QWEN3_CODER, parallel=False)
+    assert not one.constraint.matches(QWEN3_CODER.calls_text([calls[0], calls[0]]))
+
+
+def test_qwen3_coder_refuses_a_parameter_it_cannot_write():
+    from lmprog.serve.tool_formats import QWEN3_CODER
+
+    bad = Tool.model_validate(
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "parameters": {"type": "object", "properties": {"a b": {"type": "string"}}},
+            },
+        }
+    )
+    with pytest.raises(APIError) as info:
+        plan_tools([NOARGS, bad], "auto", None, QWEN3_CODER)
+    assert info.value.param == "tools[1].function.parameters"

@@ -363,3 +363,29 @@ def test_langchain_tool_loop(server, model):
     results = [ToolMessage("21 C", tool_call_id=c["id"]) for c in ai.tool_calls]
     answer = llm.bind_tools([WEATHER, TIME], tool_choice="none").invoke([*question, ai, *results])
     assert isinstance(answer.content, str) and answer.content and not answer.tool_calls
+
+
+def test_qwen3_coder_xml_calls_on_the_bundled_model(rt):
+    """Qwen3-Coder's template as published: the model writes its XML layout under the
+    constraint, each call reads back with arguments its schema accepts, streamed too."""
+    backend = Templated(
+        rt, (TEMPLATES / "qwen3-coder.jinja").read_text(), {"eos_token": "<|im_end|>"}
+    )
+    with Server(backend, model_name="m").start() as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        kw: dict[str, Any] = dict(
+            model="m",
+            messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+            tools=[WEATHER, TIME],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=80,
+            temperature=0,
+        )
+        r = client.chat.completions.create(**kw)
+        [call] = r.choices[0].message.tool_calls
+        check_call(call)
+        assert r.choices[0].finish_reason == "tool_calls"
+        _, content, calls = streamed(client, **kw)
+        assert content == "" and without_ids(calls) == without_ids(as_dicts([call]))
+    assert "<parameter=" in backend.prompts[0]  # the template taught the layout

@@ -1,0 +1,217 @@
+"""Qwen3-Coder's XML tool calls: each parameter in a tag of its own, a string as raw text.
+
+    <tool_call>
+    <function=get_weather>
+    <parameter=city>
+    Paris
+    </parameter>
+    <parameter=days>
+    3
+    </parameter>
+    </function>
+    </tool_call>
+
+`xml_calls` builds the constraint (the parameters in the schema's order, the required ones
+always, each string a lexeme of text without `\\n</parameter>` ending at it, any other value
+the JSON of its own schema); `XmlCallReader` reads calls back (whole or as they stream: a
+call's first delta when its name is whole, its arguments as one JSON fragment when it ends),
+converting each value by its schema's type (a string as written, anything else as JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from lmprog.core.errors import ConstraintError
+from lmprog.fsm import Constraint
+from lmprog.fsm import compose as c
+
+OPEN, CLOSE = "<tool_call>\n<function=", "</function>\n</tool_call>"
+PARAM_END = "\n</parameter>\n"
+# text ending at its first "\n</parameter>\n" (nothing may follow it in the lexeme: the marker
+# overlaps itself, so "two occurrences" would not tell llguidance's lexer where it ends)
+_STRING = "/(?s:.*)\\n<\\/parameter>\\n/ & ~/(?s:.*)\\n<\\/parameter>\\n(?s:.+)/"
+
+
+def call_text(name: str, arguments: dict[str, Any]) -> str:
+    """One call as Qwen3-Coder writes it."""
+    params = "".join(
+        f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
+        f"{PARAM_END}"
+        for k, v in arguments.items()
+    )
+    return f"{OPEN}{name}>\n{params}{CLOSE}"
+
+
+_ANNOTATIONS = frozenset({"type", "description", "title", "default", "examples", "$comment"})
+
+
+def _is_string(schema: Any) -> bool:
+    """Written as raw text: a plain string (no pattern, format or length: those are written
+    as a JSON string, which the constraint can check), or one of string choices."""
+    if not isinstance(schema, dict):
+        return False
+    if _choices(schema) is not None:
+        return True
+    return schema.get("type") == "string" and set(schema) <= _ANNOTATIONS
+
+
+def _choices(schema: dict[str, Any]) -> list[str] | None:
+    values = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    if values and all(isinstance(v, str) for v in values):
+        return list(values)
+    return None
+
+
+def _value(schema: Any, strict: bool) -> Any:
+    """A parameter's value: raw text for a string (one of its choices for an enum), else
+    its schema's JSON."""
+    choices = _choices(schema) if isinstance(schema, dict) else None
+    if choices is not None:
+        return c.seq(c.alt(*(c.text(v) for v in choices)), c.text(PARAM_END))
+    if _is_string(schema):
+        return _string_lexeme()
+    sub = schema if isinstance(schema, (dict, bool)) else {}
+    return c.seq(c.embed(Constraint.from_json_schema(sub, strict=strict)), c.text(PARAM_END))
+
+
+def _string_lexeme() -> Any:
+    from lmprog.fsm.json_schema.lark import tok
+
+    return tok(_STRING)
+
+
+def _one(name: str, parameters: dict[str, Any] | None, strict: bool) -> Any:
+    schema = parameters or {}
+    props = schema.get("properties") or {}
+    if not isinstance(props, dict):
+        raise ConstraintError("parameters.properties must be an object")
+    required = set(schema.get("required") or ())
+    parts = []
+    for key, sub in props.items():
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", key):
+            raise ConstraintError(f"parameter name {key!r} cannot be written as an XML tag")
+        param = c.seq(c.text(f"<parameter={key}>\n"), _value(sub, strict))
+        parts.append(param if key in required else c.alt(param, c.seq()))
+    return c.seq(c.text(f"{OPEN}{name}>\n"), *parts, c.text(CLOSE))
+
+
+def xml_calls(tools: list[tuple[str, dict[str, Any] | None, bool]], max_calls: int | None) -> Any:
+    """The calls' grammar: one or more calls to any of `tools` ((name, parameters schema,
+    strict)), "\\n" between them, at most `max_calls`."""
+    one = c.alt(*(_one(name, params, strict) for name, params, strict in tools))
+    more = None if max_calls is None else max_calls - 1
+    return c.seq(one, c.rep(c.seq(c.text("\n"), one), 0, more))
+
+
+_CALL = re.compile(
+    r"<tool_call>\n<function=([A-Za-z0-9_-]+)>\n(.*?)</function>\n</tool_call>", re.S
+)
+_PARAM = re.compile(r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>\n", re.S)
+
+
+def _converted(value: str, schema: Any) -> Any:
+    if _is_string(schema):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+class XmlCallReader:
+    """CallReader's interface over Qwen3-Coder's layout (see tool_formats.CallReader)."""
+
+    def __init__(self, fmt: Any, schemas: dict[str, Any], *, answers: bool) -> None:
+        self.fmt, self.schemas, self.answers = fmt, schemas, answers
+        self.text = ""
+        self.mode = "calls" if not answers else ""
+        self._sent: list[tuple[str, str, bool]] = []  # (id, name, arguments sent)
+        self._finished = False
+
+    def feed(self, piece: str) -> list[dict[str, Any]]:
+        self.text += piece
+        if self.mode == "content":
+            return [{"content": piece}] if piece else []
+        if self.mode == "" and not self._decide():
+            return []
+        if self.mode == "content":
+            return [{"content": self.text}]
+        return self._deltas()
+
+    def finish(self) -> list[dict[str, Any]]:
+        self._finished = True
+        if self.mode == "":
+            self.mode = "content"
+            return [{"content": self.text}] if self.text else []
+        return [] if self.mode == "content" else self._deltas()
+
+    def _decide(self) -> bool:
+        if self.text.startswith(OPEN[: len("<tool_call>")]):
+            self.mode = "calls"
+        elif not "<tool_call>".startswith(self.text):
+            self.mode = "content"
+        return self.mode != ""
+
+    def _calls(self) -> list[tuple[str, dict[str, Any] | None]]:
+        """(name, arguments or None while unfinished) of each call begun so far."""
+        out: list[tuple[str, dict[str, Any] | None]] = []
+        pos = 0
+        for m in _CALL.finditer(self.text):
+            if m.start() != pos and self.text[pos : m.start()] != "\n":
+                break
+            params = self.schemas.get(m.group(1), {}).get("properties") or {}
+            args = {k: _converted(v, params.get(k)) for k, v in _PARAM.findall(m.group(2))}
+            out.append((m.group(1), args))
+            pos = m.end()
+        rest = self.text[pos:].lstrip("\n")
+        head = re.match(r"<tool_call>\n<function=([A-Za-z0-9_-]+)>", rest)
+        if head and head.group(1) in self.schemas:
+            out.append((head.group(1), None))
+        return out
+
+    def _deltas(self) -> list[dict[str, Any]]:
+        out = []
+        for i, (name, args) in enumerate(self._calls()):
+            if i == len(self._sent):
+                self._sent.append((self.fmt.new_id(), name, False))
+                first = {"index": i, "id": self._sent[i][0], "type": "function"}
+                out.append({**first, "function": {"name": name, "arguments": ""}})
+            if args is not None and not self._sent[i][2]:
+                self._sent[i] = (self._sent[i][0], name, True)
+                text = json.dumps(args, ensure_ascii=False)
+                out.append({"index": i, "function": {"arguments": text}})
+        return [{"tool_calls": [d]} for d in out]
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        if self.mode != "calls":
+            return []
+        calls = self._calls()
+        return [
+            {
+                "id": sent[0],
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
+            }
+            for sent, (name, args) in zip(self._sent, calls, strict=False)
+            if args is not None
+        ]
+
+    @property
+    def content(self) -> str | None:
+        if self.mode == "content":
+            return self.text
+        if self.mode != "calls" or not self._finished or not self.cut:
+            return None
+        whole = [m.end() for m in _CALL.finditer(self.text)]
+        return self.text[whole[-1] :].lstrip("\n") if whole else self.text or None
+
+    @property
+    def cut(self) -> bool:
+        if self.mode != "calls":
+            return False
+        calls = self._calls()
+        return not calls or calls[-1][1] is None or not self.text.rstrip("\n").endswith(CLOSE)
