@@ -67,6 +67,10 @@ class ToolFormat:
             from .tool_xml import call_text
 
             return call_text(name, arguments)
+        if self.family == PYTHONIC_FAMILY:
+            from .tool_pythonic import call_text as python_call
+
+            return python_call(name, arguments)
         args = json.dumps(arguments, ensure_ascii=False)
         return f"{self.head}{self.name_text(name)}{self.args_key}{args}{self.tail}"
 
@@ -125,6 +129,12 @@ QWEN3_CODER = ToolFormat(
 )
 
 
+# Pythonic calls, where the template asks for them (Llama 3.2's pythonic template):
+# [f(a=1), g()] (tool_pythonic.py builds and reads them)
+PYTHONIC_FAMILY = "pythonic"
+PYTHONIC = ToolFormat(PYTHONIC_FAMILY, "[", "", "(", ")", ", ", "[", "]", quoted_name=False)
+
+
 def tool_format(template: ChatTemplate) -> ToolFormat:
     """The call format of `template`, by the markers in its source."""
     return _format_of(template.source)
@@ -138,6 +148,8 @@ def _format_of(source: str) -> ToolFormat:
         return DEEPSEEK
     if "<function=" in source and "<parameter=" in source and "<tool_call>" in source:
         return QWEN3_CODER
+    if "params_name1=params_value1" in source:  # "[func_name1(params_name1=params_value1, ..."
+        return PYTHONIC
     if "[TOOL_CALLS]" in source:
         return MISTRAL if "[TOOL_CALLS] [" in source else replace(MISTRAL, opener="[TOOL_CALLS][")
     if "<tool_call>" in source and "<function=" not in source and "<arg_key>" not in source:

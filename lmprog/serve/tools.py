@@ -22,7 +22,8 @@ from lmprog.fsm.regex import ANY_CHAR, alt, cat, charset_regex, cs, lit, rep
 
 from .chat_schemas import NamedToolChoice, Tool
 from .errors import APIError
-from .tool_formats import GENERIC, XML_FAMILY, CallReader, ToolFormat
+from .tool_formats import GENERIC, PYTHONIC_FAMILY, XML_FAMILY, CallReader, ToolFormat
+from .tool_pythonic import PythonicCallReader, pythonic_calls
 from .tool_xml import XmlCallReader, xml_calls
 
 _NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -56,6 +57,8 @@ class ToolPlan:
         assert self.calls is not None
         if self.format.family == XML_FAMILY:
             return XmlCallReader(self.format, self.schemas, answers=self.answers)  # type: ignore[return-value]
+        if self.format.family == PYTHONIC_FAMILY:
+            return PythonicCallReader(self.format, self.names, answers=self.answers)  # type: ignore[return-value]
         return CallReader(self.format, self.names, answers=self.answers, max_calls=self.max_calls)
 
     def parse(self, text: str) -> CallReader:
@@ -90,8 +93,9 @@ def plan_tools(
         return ToolPlan(answer, None, None, fmt)
     chosen = _chosen(tools, choice)
     max_calls = 1 if not parallel else fmt.max_calls
-    if fmt.family == XML_FAMILY:
-        calls = _xml_calls(tools, chosen, max_calls)
+    if fmt.family in (XML_FAMILY, PYTHONIC_FAMILY):
+        build = xml_calls if fmt.family == XML_FAMILY else pythonic_calls
+        calls = _own_calls(build, tools, chosen, max_calls)
     else:
         calls = _calls(fmt, [(t.function.name, args[tools.index(t)]) for t in chosen], max_calls)
     calls_c = c.constraint(calls, "tool calls")
@@ -110,13 +114,15 @@ def plan_tools(
     return ToolPlan(either_c, calls_c, prompt, fmt, names, True, max_calls, schemas)
 
 
-def _xml_calls(tools: Sequence[Tool], chosen: Sequence[Tool], max_calls: int | None) -> Any:
-    """Qwen3-Coder's calls (tool_xml.py); a 400 naming a tool whose parameters it cannot
-    write."""
+def _own_calls(
+    build: Any, tools: Sequence[Tool], chosen: Sequence[Tool], max_calls: int | None
+) -> Any:
+    """Calls of a layout with a builder of its own (Qwen3-Coder's XML, pythonic); a 400
+    naming a tool whose parameters it cannot write."""
     for t in chosen:
         i = list(tools).index(t)
         try:
-            xml_calls([(t.function.name, t.function.parameters, t.function.strict is not False)], 1)
+            build([(t.function.name, t.function.parameters, t.function.strict is not False)], 1)
         except ConstraintError as exc:
             raise APIError(
                 400,
@@ -124,10 +130,8 @@ def _xml_calls(tools: Sequence[Tool], chosen: Sequence[Tool], max_calls: int | N
                 param=f"tools[{i}].function.parameters",
                 code="invalid_schema",
             ) from None
-    tools = [
-        (t.function.name, t.function.parameters, t.function.strict is not False) for t in chosen
-    ]
-    return xml_calls(tools, max_calls)
+    own = [(t.function.name, t.function.parameters, t.function.strict is not False) for t in chosen]
+    return build(own, max_calls)
 
 
 def _check_unique(tools: Sequence[Tool]) -> None:

@@ -651,3 +651,70 @@ def test_qwen3_coder_refuses_a_parameter_it_cannot_write():
     with pytest.raises(APIError) as info:
         plan_tools([NOARGS, bad], "auto", None, QWEN3_CODER)
     assert info.value.param == "tools[1].function.parameters"
+
+
+# -- pythonic calls (Llama 3.2's pythonic template) -----------------------------------------
+
+FLAGS = Tool.model_validate(
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "limit": {"type": "integer"},
+                    "exact": {"type": "boolean"},
+                },
+                "required": ["query"],
+            },
+        },
+    }
+)
+
+
+def test_pythonic_calls_from_the_template_that_asks_for_them():
+    from lmprog.serve.tool_formats import PYTHONIC
+
+    t = ChatTemplate(
+        (TEMPLATES / "llama3.2-pythonic.jinja").read_text(),
+        special_tokens={"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+    )
+    assert tool_format(t) is PYTHONIC
+    assert tool_format(template("llama3.2.jinja")).family == "llama3"  # Meta's asks for JSON
+    plan = plan_tools([FLAGS, NOARGS], "required", None, PYTHONIC)
+    assert plan.prompt is None  # the template lists the tools and the layout
+    text = '[search(query="cats \\"and\\" (dogs)", exact=True), ping()]'
+    assert plan.constraint.matches(text)
+    assert plan.constraint.matches('[search(query="x", limit=3)]')
+    assert not plan.constraint.matches("[search(limit=3)]")  # query is required
+    assert not plan.constraint.matches('[search(exact=True, query="x")]')  # the schema's order
+    assert not plan.constraint.matches('[search(query="x", exact=true)]')  # Python's literals
+    calls = plan.parse(text).tool_calls
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("search", {"query": 'cats "and" (dogs)', "exact": True}),
+        ("ping", {}),
+    ]
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+def test_pythonic_calls_stream_and_read_back(size):
+    from lmprog.serve.tool_formats import PYTHONIC
+
+    calls = [("search", {"query": "a, b) c", "limit": 2}), ("ping", {})]
+    text = PYTHONIC.calls_text(calls)
+    assert text == '[search(query="a, b) c", limit=2), ping()]'
+    plan = plan_tools([FLAGS, NOARGS], "auto", None, PYTHONIC)
+    assert plan.constraint.matches(text) and plan.constraint.matches("No call needed.")
+    deltas, reader = replay(plan, text, size)
+    content, streamed = assemble(deltas)
+    assert content == "" and reader.content is None and not reader.cut
+    assert streamed == reader.tool_calls
+    assert [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in streamed
+    ] == calls
+    cut = plan.parse(text[: text.index("limit")])
+    assert cut.cut and cut.tool_calls == [] and cut.content == text[: text.index("limit")]
+    answer = plan.parse("No call needed.")
+    assert answer.content == "No call needed." and answer.tool_calls == []

@@ -389,3 +389,29 @@ def test_qwen3_coder_xml_calls_on_the_bundled_model(rt):
         _, content, calls = streamed(client, **kw)
         assert content == "" and without_ids(calls) == without_ids(as_dicts([call]))
     assert "<parameter=" in backend.prompts[0]  # the template taught the layout
+
+
+def test_pythonic_calls_on_the_bundled_model(rt):
+    """Llama 3.2's pythonic template (vLLM's example): the model writes a Python list of
+    calls under the constraint, read back with arguments its schema accepts."""
+    backend = Templated(
+        rt,
+        (TEMPLATES / "llama3.2-pythonic.jinja").read_text(),
+        {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"},
+    )
+    with Server(backend, model_name="m").start() as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        kw: dict[str, Any] = dict(
+            model="m",
+            messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+            tools=[WEATHER, TIME],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=60,
+            temperature=0,
+        )
+        r = client.chat.completions.create(**kw)
+        [call] = r.choices[0].message.tool_calls
+        check_call(call)
+        _, content, calls = streamed(client, **kw)
+        assert content == "" and without_ids(calls) == without_ids(as_dicts([call]))

@@ -1,0 +1,234 @@
+"""Pythonic tool calls, where a template asks for them (Llama 3.2's, vLLM's pythonic one):
+a Python list of calls with keyword arguments.
+
+    [get_weather(city="Paris", days=3), ping()]
+
+`pythonic_calls` builds the constraint: the parameters in the schema's order, the required
+ones always, ", " between; each value a Python literal of its schema (a boolean True or
+False, a null None, anything else the JSON of its schema, which Python reads alike for
+strings and numbers). `PythonicCallReader` reads the calls back (whole or as they stream: a
+call's first delta when its name and "(" are written, its arguments as one JSON fragment at
+its ")"), each value with `ast.literal_eval`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from typing import Any
+
+from lmprog.core.errors import ConstraintError
+from lmprog.fsm import Constraint
+from lmprog.fsm import compose as c
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def call_text(name: str, arguments: dict[str, Any]) -> str:
+    """One call as the model writes it (Python literals)."""
+    args = ", ".join(f"{k}={_literal(v)}" for k, v in arguments.items())
+    return f"{name}({args})"
+
+
+def _literal(value: Any) -> str:
+    if value is True or value is False or value is None:
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_literal(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _value(schema: Any, strict: bool) -> Any:
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if kind == "boolean" and set(schema) <= {"type", "description", "title", "default"}:
+        return c.alt(c.text("True"), c.text("False"))
+    if kind == "null":
+        return c.text("None")
+    sub = schema if isinstance(schema, (dict, bool)) else {}
+    return c.embed(Constraint.from_json_schema(sub, strict=strict))
+
+
+def _args(schema: dict[str, Any], strict: bool) -> Any:
+    """The keyword arguments: any in-order subset of the parameters holding the required
+    ones, ", " between (built from the last parameter back)."""
+    props = schema.get("properties") or {}
+    required = set(schema.get("required") or ())
+    items = []
+    for key, sub in props.items():
+        if not _NAME.fullmatch(key):
+            raise ConstraintError(f"parameter name {key!r} is not a Python identifier")
+        items.append((c.seq(c.text(f"{key}="), _value(sub, strict)), key in required))
+    rest: Any = c.seq()  # after an item was written
+    first: Any = c.seq()  # none written yet
+    for item, needed in reversed(items):
+        later = c.seq(c.text(", "), item, rest)
+        now = c.seq(item, rest)
+        rest, first = (later, now) if needed else (c.alt(later, rest), c.alt(now, first))
+    return first
+
+
+def pythonic_calls(
+    tools: list[tuple[str, dict[str, Any] | None, bool]], max_calls: int | None
+) -> Any:
+    """The calls' grammar: "[" one or more calls to any of `tools` ((name, parameters schema,
+    strict)) ", " between, at most `max_calls`, "]"."""
+    one = c.alt(
+        *(
+            c.seq(c.text(f"{name}("), _args(params or {}, strict), c.text(")"))
+            for name, params, strict in tools
+        )
+    )
+    more = None if max_calls is None else max_calls - 1
+    return c.seq(c.text("["), one, c.rep(c.seq(c.text(", "), one), 0, more), c.text("]"))
+
+
+def _scan(text: str, names: frozenset[str]) -> tuple[list[tuple[str, str | None]], bool, bool]:
+    """(calls begun: (name, its whole call text or None while open), closed: the list
+    ended, strayed: the text is not calls)."""
+    if not text.startswith("["):
+        return [], False, not "[".startswith(text)
+    calls: list[tuple[str, str | None]] = []
+    pos = 1
+    while True:
+        m = _NAME.match(text, pos)
+        if m is None or m.end() == len(text):
+            typed = text[pos:]
+            return calls, False, bool(typed) and not any(n.startswith(typed) for n in names)
+        if text[m.end()] != "(" or m.group() not in names:
+            return calls, False, True
+        end = _closing(text, m.end())
+        if end is None:
+            calls.append((m.group(), None))
+            return calls, False, False
+        calls.append((m.group(), text[m.start() : end]))
+        if text.startswith(", ", end):
+            pos = end + 2
+        elif text.startswith("]", end):
+            return calls, True, end + 1 != len(text)
+        else:
+            return calls, False, not ", ".startswith(text[end:]) and text[end:] != ""
+
+
+def _closing(text: str, open_at: int) -> int | None:
+    """The position after the ")" matching the "(" at `open_at` (None: not written yet)."""
+    depth, quote, escaped = 0, "", False
+    for i in range(open_at, len(text)):
+        ch = text[i]
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+def _arguments(call: str) -> dict[str, Any] | None:
+    try:
+        node = ast.parse(call, mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(node, ast.Call) or node.args:
+        return None
+    out = {}
+    for kw in node.keywords:
+        try:
+            out[kw.arg] = ast.literal_eval(kw.value)
+        except ValueError:  # JSON's true/false/null inside a container
+            out[kw.arg] = json.loads(ast.get_source_segment(call, kw.value) or "null")
+    return out
+
+
+class PythonicCallReader:
+    """CallReader's interface over the pythonic layout (see tool_formats.CallReader)."""
+
+    def __init__(self, fmt: Any, names: frozenset[str], *, answers: bool) -> None:
+        self.fmt, self.names, self.answers = fmt, names, answers
+        self.text = ""
+        self.mode = "calls" if not answers else ""
+        self._sent: list[tuple[str, bool]] = []  # (id, arguments sent)
+        self._finished = False
+
+    def feed(self, piece: str) -> list[dict[str, Any]]:
+        self.text += piece
+        if self.mode == "content":
+            return [{"content": piece}] if piece else []
+        if self.mode == "":
+            if self.text.startswith("["):
+                self.mode = "calls"
+            elif self.text:
+                self.mode = "content"
+                return [{"content": self.text}]
+            else:
+                return []
+        return self._deltas()
+
+    def finish(self) -> list[dict[str, Any]]:
+        self._finished = True
+        if self.mode == "":
+            self.mode = "content"
+            return []
+        return [] if self.mode == "content" else self._deltas()
+
+    def _read(self) -> list[tuple[str, dict[str, Any] | None]]:
+        calls, _, _ = _scan(self.text, self.names)
+        return [(n, _arguments(t) if t is not None else None) for n, t in calls]
+
+    def _deltas(self) -> list[dict[str, Any]]:
+        out = []
+        for i, (name, args) in enumerate(self._read()):
+            if i == len(self._sent):
+                self._sent.append((self.fmt.new_id(), False))
+                first = {"index": i, "id": self._sent[i][0], "type": "function"}
+                out.append({**first, "function": {"name": name, "arguments": ""}})
+            if args is not None and not self._sent[i][1]:
+                self._sent[i] = (self._sent[i][0], True)
+                out.append(
+                    {"index": i, "function": {"arguments": json.dumps(args, ensure_ascii=False)}}
+                )
+        return [{"tool_calls": [d]} for d in out]
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        if self.mode != "calls":
+            return []
+        return [
+            {
+                "id": sent[0],
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
+            }
+            for sent, (name, args) in zip(self._sent, self._read(), strict=False)
+            if args is not None
+        ]
+
+    @property
+    def cut(self) -> bool:
+        if self.mode != "calls":
+            return False
+        calls, closed, strayed = _scan(self.text, self.names)
+        return not closed or strayed
+
+    @property
+    def content(self) -> str | None:
+        if self.mode == "content":
+            return self.text
+        if self.mode != "calls" or not self._finished or not self.cut:
+            return None
+        whole = [t for _, t in _scan(self.text, self.names)[0] if t is not None]
+        if not whole:
+            return self.text or None
+        last = self.text.rindex(whole[-1]) + len(whole[-1])
+        return self.text[last:].lstrip(", ") or None
