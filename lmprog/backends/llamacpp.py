@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import warnings
 import weakref
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,12 @@ from lmprog.backends.shared import Counters
 from lmprog.backends.state_cache import StateCache, common_prefix_len
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError, ConstraintError, ContextLengthError
-from lmprog.core.models import load_tokenizer, looks_like_hub_id, resolve_model
+from lmprog.core.models import (
+    load_tokenizer,
+    looks_like_hub_id,
+    resolve_model,
+    tokenizer_cache_path,
+)
 from lmprog.core.prompt import encode_prompt
 from lmprog.core.protocol import (
     Backend,
@@ -50,6 +57,7 @@ from lmprog.core.protocol import (
     StreamCallback,
 )
 from lmprog.core.text import check_text
+from lmprog.core.tokenizer import META_FILE
 from lmprog.decoding.arrays import NUMPY
 from lmprog.decoding.state import DecodeState
 from lmprog.fsm import warmup
@@ -147,7 +155,9 @@ class LlamaCpp(Backend):
         self.n_threads = n_threads or max(cores // 2, 1)
         self.n_threads_batch = n_threads_batch or cores
         # The model first: a file llama.cpp cannot load fails here with llama.cpp's reason,
-        # before the tokenizer is read from it.
+        # before a tokenizer is built from it. A tokenizer cached earlier is read meanwhile, on
+        # a thread (llama.cpp loads the weights with the GIL released).
+        cached_tokenizer = _read_cached_tokenizer(self._source)
         started = time.perf_counter()
         _log.info(
             "loading weights with llama.cpp (%d MiB, n_gpu_layers=%d)",
@@ -159,7 +169,10 @@ class LlamaCpp(Backend):
         ctx: NativeContext | None = None
         try:
             t = time.perf_counter()
-            self._tokenizer = load_tokenizer(self._source)
+            if cached_tokenizer is not None:
+                self._tokenizer = cached_tokenizer.result()
+            else:
+                self._tokenizer = load_tokenizer(self._source)
             warmup.start(self._tokenizer)  # the constraint set-up, off this thread
             _log.info(
                 "tokenizer %s loaded in %.2f s",
@@ -414,6 +427,23 @@ def _check_gguf(path: Path) -> None:
             f"starts with {magic!r}): re-download it, or convert the model with llama.cpp's "
             "convert_hf_to_gguf.py"
         )
+
+
+def _read_cached_tokenizer(source: Any) -> Future | None:
+    """A Future of `load_tokenizer(source)` read on a thread where the tokenizer cache holds
+    it (milliseconds of file reading), else None (a first run builds it with transformers)."""
+    if not (tokenizer_cache_path(source) / META_FILE).is_file():
+        return None
+    future: Future = Future()
+
+    def read() -> None:
+        try:
+            future.set_result(load_tokenizer(source))
+        except BaseException as exc:  # noqa: BLE001 - raised by the constructor's result()
+            future.set_exception(exc)
+
+    threading.Thread(target=read, name="lmprog-tokenizer", daemon=True).start()
+    return future
 
 
 def _release(ctx: NativeContext | None, model: NativeModel) -> None:

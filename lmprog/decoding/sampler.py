@@ -167,7 +167,8 @@ def sample(
     output_counts: [B, V] counts of each token already generated (for the penalties).
     prompt_mask: bool [B, V], the tokens of each row's prompt (the repetition penalty counts
         them as seen too; None: only the output's).
-    num_output_tokens: [B] tokens generated so far (for min_tokens; default 0).
+    num_output_tokens: [B] tokens generated so far (for min_tokens; default 0): a list, or
+        an int array on the logits' device.
     bitmask: int32 [B, ceil(V / 32)] constraint mask (`lmprog.fsm.mask`): tokens whose bit
         is 0 are never chosen.
     mask_in_place: the bitmask may be applied to `logits` itself when nothing else changes
