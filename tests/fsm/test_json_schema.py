@@ -435,6 +435,38 @@ def test_draft_07_ignores_the_siblings_of_ref():
     assert not old.matches('{"quiet": "trace"}')
 
 
+DRAFT_04 = "http://json-schema.org/draft-04/schema#"
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {  # $id is not a keyword of draft-04: references inside resolve against the root
+            "$schema": DRAFT_04,
+            "definitions": {
+                "a": {"$id": "http://other.example/a.json", "properties": {"b": {"$ref": "#/definitions/b"}}},
+                "b": {"type": "integer"},
+            },
+            "properties": {"x": {"$ref": "#/definitions/a"}},
+        },
+        {  # its id is: a relative one is a resource of its own, pointers resolve inside it
+            "$schema": DRAFT_04,
+            "id": "http://x.example/root.json",
+            "definitions": {
+                "a": {"id": "sub/a.json", "definitions": {"b": {"type": "integer"}}, "properties": {"b": {"$ref": "#/definitions/b"}}},
+            },
+            "properties": {"x": {"$ref": "sub/a.json"}},
+        },
+    ],
+)  # fmt: skip
+def test_draft_04_documents_name_their_resources_with_id(schema):
+    """(The first was refused before: `$ref '#/definitions/b': pointer does not resolve`.)"""
+    c = Constraint.from_json_schema(schema, strict=False)
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for value in ({"x": {"b": 1}}, {"x": {"b": "s"}}, {"x": {}}):
+        assert c.matches(json.dumps(value)) is validator.is_valid(value)
+
+
 def test_dynamic_references_resolve_where_the_anchor_is_declared_once():
     tree = {
         "$id": "https://example.com/tree",

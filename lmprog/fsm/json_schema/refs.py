@@ -1,5 +1,5 @@
-"""``$ref`` resolution within one schema document: ``$id`` base URIs, ``$anchor`` names and
-JSON pointers. Remote references (another document) are not fetched: they raise ConstraintError,
+"""``$ref`` resolution within one schema document: ``$id`` base URIs (``id`` in a draft-03 or
+draft-04 document, where ``$id`` is not a keyword), ``$anchor`` names and JSON pointers. Remote references (another document) are not fetched: they raise ConstraintError,
 except references to the JSON Schema metaschemas (draft-03 to 2020-12, ``http://json-schema.org/
 draft-07/schema#`` and the like), which resolve to the copies that the ``jsonschema-specifications``
 package bundles, where it is installed.
@@ -7,6 +7,7 @@ package bundles, where it is installed.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import unquote, urldefrag, urljoin
 
 from lmprog.core.errors import ConstraintError
@@ -38,6 +39,16 @@ def _join(base: str, ref: str) -> str:
     return urljoin(base, ref)
 
 
+_ID_DRAFTS = re.compile(r"json-schema\.org/draft-0[34]/schema")  # whose identifier is "id"
+
+
+def id_keyword(document) -> str:
+    """The keyword naming a schema's URI in this document: ``id`` under draft-03/04 (by its
+    ``$schema``), ``$id`` otherwise."""
+    declared = document.get("$schema") if isinstance(document, dict) else None
+    return "id" if _ID_DRAFTS.search(str(declared)) else "$id"
+
+
 class Registry:
     """Every schema resource (``$id``) and anchor of one document, with each schema's base URI."""
 
@@ -47,15 +58,16 @@ class Registry:
         self.bases: dict[int, str] = {}
         self.dynamic: dict[str, list] = {}  # $dynamicAnchor name -> the schemas declaring it
         self.recursive: list = []  # resource roots with $recursiveAnchor: true
-        self._walk(root, "")
+        self._walk(root, "", id_keyword(root))
 
-    def _walk(self, schema, base: str) -> None:
+    def _walk(self, schema, base: str, id_key: str) -> None:
         if not isinstance(schema, dict):
             return
-        if isinstance(schema.get("$id"), str) and schema["$id"].startswith("#"):
-            self.anchors.setdefault((base, schema["$id"][1:]), schema)  # draft 4-7 anchor
-        elif isinstance(schema.get("$id"), str):
-            base = urldefrag(_join(base, schema["$id"]))[0]
+        uri = schema.get(id_key)
+        if isinstance(uri, str) and uri.startswith("#"):
+            self.anchors.setdefault((base, uri[1:]), schema)  # draft 4-7 anchor
+        elif isinstance(uri, str):
+            base = urldefrag(_join(base, uri))[0]
             self.resources.setdefault(base, schema)
         if not self.resources:
             self.resources[base] = schema
@@ -69,13 +81,13 @@ class Registry:
             self.recursive.append(schema)
         for key, value in schema.items():
             if key in SCHEMA_KEYWORDS and isinstance(value, dict):
-                self._walk(value, base)
+                self._walk(value, base, id_key)
             elif key in SCHEMA_LISTS and isinstance(value, list):
                 for sub in value:
-                    self._walk(sub, base)
+                    self._walk(sub, base, id_key)
             elif key in SCHEMA_MAPS and isinstance(value, dict):
                 for sub in value.values():
-                    self._walk(sub, base)
+                    self._walk(sub, base, id_key)
 
     def resolve_dynamic(self, ref: str, base: str, recursive: bool):
         """(target, base URI) of ``$dynamicRef`` (or draft 2019-09's ``$recursiveRef``): the
@@ -117,7 +129,7 @@ class Registry:
             except LookupError:
                 continue
             self.resources[uri] = doc
-            self._walk(doc, uri)
+            self._walk(doc, uri, id_keyword(doc))
             return doc
         return None
 
