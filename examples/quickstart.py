@@ -52,7 +52,7 @@ def person(s, text):
 @lp.function
 def legs(s, animal):
     s += lp.user(f"How many legs does a {animal} have?")
-    s += lp.assistant("The answer is " + lp.gen("n", dtype=int, max_tokens=4))  # an int
+    s += lp.assistant("The answer is " + lp.gen("n", dtype=int, max_tokens=4))  # its text
 
 
 def main() -> None:
@@ -79,7 +79,7 @@ def main() -> None:
     print("json:", state["json"], "->", state.parsed("json"))
 
     state = legs.run(animal="spider", temperature=0)
-    print("int:", repr(state["n"]))
+    print("int:", repr(state["n"]), state.parsed("n"))  # the text, and the int
 
     print("streaming: ", end="", flush=True)
     state = capital_qa.run(country="Japan", temperature=0, stream=True)

@@ -1,28 +1,30 @@
-"""Typed generations: ``dtype=int|float|bool|str`` as regexes and parsers.
+r"""Typed generations: ``dtype=int|float|bool|str`` as regexes and parsers.
 
-* ``int``: ``-?(0|[1-9][0-9]*)`` -> ``int``;
-* ``float``: a JSON number (optional fraction and exponent) -> ``float``;
+The patterns are SGLang's (``REGEX_INT``, ``REGEX_FLOAT``, ``REGEX_BOOL``, ``REGEX_STR`` in
+``sglang.lang.ir``), so a ported program's typed gens write what they wrote there:
+
+* ``int``: ``[-+]?[0-9]+`` -> ``int``;
+* ``float``: ``[-+]?[0-9]*\.?[0-9]+`` -> ``float``;
 
 a number ends where the model writes one of its ``terminators`` (a space, a newline or the
-punctuation that follows a number in prose and JSON), followed by anything in the same token:
-as in SGLang (whose typed numbers are ``[0-9]+[ \n]*`` with stop strings " " and "\n"), a model
-that wants to go on after the number (" hours", ".\n", ",") ends it there instead of being
-forced to write more digits; a gen adds the terminators as stop strings, so neither they nor
-what follows them are part of the text;
-* ``bool``: ``true|false|True|False`` -> ``bool``;
-* ``str``: a JSON double-quoted string with every JSON escape -> the unquoted ``str``.
+punctuation that follows a number in prose and JSON), followed by anything in the same token.
+SGLang writes ``[ \n]*`` there with stop strings " " and "\n": the bundled model then wrote
+"24000000..." for "hours in a day" (after "24" it wanted " hours", which the mask refused,
+leaving only digits); here it ends at " hours" instead. A gen adds the terminators as stop
+strings, so neither they nor what follows them are part of the text (nor, in SGLang, are
+its " " and "\n");
+* ``bool``: ``True|False`` -> ``bool``;
+* ``str``: ``"[\w\d\s]*"`` (ASCII letters, digits, ``_`` and whitespace between double
+quotes) -> the ``str`` between the quotes.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.numbers import INTEGER, NUMBER
-from lmprog.fsm.json_schema.strings import UNIT_TOKEN
 
 
 @dataclass(frozen=True)
@@ -34,11 +36,17 @@ class DType:
 
 
 def _parse_bool(text: str) -> bool:
-    return text.lower() == "true"
+    return text == "True"
 
 
 _INT_END = (" ", "\n", ",", ".", ";", ")", "]", "}")
 _FLOAT_END = (" ", "\n", ",", ";", ")", "]", "}")  # "." continues a float
+
+# SGLang's patterns (sglang.lang.ir), their trailing [ \n]* left to the terminators
+INT = r"[-+]?[0-9]+"
+FLOAT = r"[-+]?[0-9]*\.?[0-9]+"
+BOOL = r"True|False"
+STR = r'"[\x09-\x0d 0-9A-Z_a-z]*"'  # "[\w\d\s]*" as lmprog's regexes read it (ASCII)
 
 
 def _number(
@@ -54,10 +62,10 @@ def _number(
 
 
 DTYPES = {
-    "int": _number("int", INTEGER, int, _INT_END),
-    "float": _number("float", NUMBER, float, _FLOAT_END),
-    "bool": DType("bool", "true|false|True|False", _parse_bool),
-    "str": DType("str", f'"{UNIT_TOKEN.text}*"', json.loads),
+    "int": _number("int", INT, int, _INT_END),
+    "float": _number("float", FLOAT, float, _FLOAT_END),
+    "bool": DType("bool", BOOL, _parse_bool),
+    "str": DType("str", STR, lambda text: text[1:-1]),  # no escapes: the text between quotes
 }
 
 

@@ -416,7 +416,8 @@ class NodeExecutor:
 
 
 def _parse(node: Gen, result: GenerateResult) -> tuple[Any, Parsed | None]:
-    """The variable's value (the text, or a dtype's parsed value) and what `parsed()` gives.
+    """The variable's value (always the text, as in SGLang) and what `parsed()` gives (a
+    dtype's int/float/bool/str, a json_schema's value).
 
     A constrained gen cut short at max_tokens keeps its partial text as the value (as
     SGLang does; finish_reason "length" in its meta info); `parsed()` then raises. Output
@@ -437,7 +438,7 @@ def _parse(node: Gen, result: GenerateResult) -> tuple[Any, Parsed | None]:
         raise ConstraintError(
             f"{where}: the output {result.text!r} does not parse: {result.message or e}"
         ) from e
-    return value, _typed(node, result.text, value)
+    return result.text, _typed(node, result.text, value)
 
 
 def _typed(node: Gen, text: str, value: Any) -> Parsed:

@@ -218,7 +218,7 @@ class ProgramState(FrontendState):
         with a dict or JSON-string schema: the dict/list/...; for `dtype=int|float|bool|str`:
         the int/float/bool/str; for a regex gen, a plain gen or a select: the text, as
         `s[name]`; a gathered fork variable: a list with one entry per copy. `s[name]`
-        itself is the text, as in SGLang (a dtype gen's parsed value when it parsed).
+        itself is always the text, as in SGLang.
 
         Raises `lp.ConstraintError` (naming the variable and the finish reason) when the
         text does not parse, e.g. a gen cut short at max_tokens inside its constraint: its

@@ -85,10 +85,12 @@ def gen(
         `strict=False` for the spec's open objects); the variable holds the text,
         `state.parsed(name)` the value as the type given (a model, dataclass or Enum member;
         a dict for a schema);
-      - `dtype=int | float | bool | str`: the output is a literal of that type and the
-        variable holds the parsed Python value (`s["n"]` is an int for `dtype=int`); as in
-        SGLang, a number ends at a space or newline, and here also at `,;)]}` (and `.` after
-        an int), the rest of that token free: stop strings, so not in the text.
+      - `dtype=int | float | bool | str`: the output matches SGLang's pattern for that type
+        (`REGEX_INT`, `REGEX_FLOAT`, `REGEX_BOOL`, `REGEX_STR`: a string keeps its quotes);
+        the variable holds the text, as in SGLang, and `state.parsed(name)` the int, float,
+        bool or str; as in SGLang, a number ends at a space or newline, and here also at
+        `,;)]}` (and `.` after an int), the rest of that token free: stop strings, so not
+        in the text.
         A constrained gen cut short at max_tokens holds its partial text instead (finish
         reason "length" in its meta info), as in SGLang; `state.parsed(name)` then raises;
       - `ebnf="root ::= ..."`: the output is in the language of the grammar (the GBNF dialect
@@ -158,7 +160,8 @@ def gen_int(
     seed: int | None = None,
     top_logprobs_num: int | None = None,
 ) -> Expr:
-    """`lp.gen(name, ..., dtype=int)`, as SGLang's `gen_int`: the variable holds an int.
+    """`lp.gen(name, ..., dtype=int)`, as SGLang's `gen_int`: the variable holds the
+    number's text, `state.parsed(name)` the int.
 
     Positional arguments follow SGLang's `gen_int` (no min_tokens).
     """
@@ -182,7 +185,9 @@ def gen_string(
     seed: int | None = None,
     top_logprobs_num: int | None = None,
 ) -> Expr:
-    """`lp.gen(name, ..., dtype=str)`, as SGLang's `gen_string`: a string literal.
+    """`lp.gen(name, ..., dtype=str)`, as SGLang's `gen_string`: a double-quoted string of
+    letters, digits, `_` and spaces; the variable holds it with its quotes, as in SGLang,
+    `state.parsed(name)` the str between them.
 
     Positional arguments follow SGLang's `gen_string` (no min_tokens).
     """

@@ -77,11 +77,15 @@ def typed(s):
     s += lp.assistant(lp.gen("num", dtype=float, max_tokens=8))
 
 
-def test_typed_gens_are_parsed(backend):
+def test_typed_gens_hold_their_text_and_parse(backend):
     state = typed.run(backend=backend, temperature=0)
-    assert isinstance(state["legs"], int) and not isinstance(state["legs"], bool)
-    assert isinstance(state["blue"], bool)
-    assert isinstance(state["num"], float)
+    legs, blue, num = state.parsed("legs"), state.parsed("blue"), state.parsed("num")
+    assert isinstance(legs, int) and not isinstance(legs, bool)
+    assert isinstance(blue, bool)
+    assert isinstance(num, float)
+    # the variables are the generated text, as in SGLang
+    assert (state["legs"], state["blue"]) == (str(legs), str(blue))
+    assert float(state["num"]) == num
 
 
 @lp.function

@@ -79,7 +79,7 @@ def _openai_client(out: str) -> None:
 SCRIPTS = [
     ("readme", None, (), _has("Paris", "'finish_reason': 'stop'"), RUNS),
     ("quickstart", "examples/quickstart.py", (), _has(
-        "Paris", "select: positive", "int: 8", "streaming: The capital of Japan is Tokyo",
+        "Paris", "select: positive", "int: '8' 8", "streaming: The capital of Japan is Tokyo",
         "Rome", "Madrid", "Berlin", "Cairo", "'age': 36",
     ), EXAMPLE_RUNS),
     ("agent_tools", "examples/agent_tools.py", (), _has(

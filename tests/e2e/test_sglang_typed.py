@@ -44,8 +44,8 @@ def counted(s):  # typed numbers inside a text, as SGLang's test_decode_int writ
 def test_a_typed_number_ends_where_the_model_ends_it(backend):
     state = counted.run(temperature=0, max_new_tokens=8, backend=backend)
     for name in ("legs", "days"):
-        value, meta = state[name], state.get_meta_info(name)
-        assert isinstance(value, int)
+        value, meta = state.parsed(name), state.get_meta_info(name)
+        assert isinstance(value, int) and state[name] == str(value)  # the text, as in SGLang
         # it ended at a space or newline (a stop string, not kept) or the end of text;
         # no digits were forced after the number the model meant
         assert meta["finish_reason"] == "stop", (name, state.text())

@@ -32,23 +32,24 @@ def test_choices_escape_metacharacters():
 @pytest.mark.parametrize(
     "dtype, good, bad",
     [
-        # a number ends at a terminator (space, newline, punctuation), followed by anything
-        # in its token: the gen stops there (SGLang's typed numbers end at " " or "\n")
+        # SGLang's patterns (REGEX_INT, REGEX_FLOAT, REGEX_BOOL, REGEX_STR); a number ends at
+        # a terminator (space, newline, punctuation), followed by anything in its token: the
+        # gen stops there (SGLang's typed numbers end at " " or "\n")
         (
             int,
-            {"0": 0, "-17": -17, "42": 42, "42 ": 42, "4 2": 4, "24 hours": 24, "7.\n": 7},
-            ["01", "x1", "+3", "", " 4", "4a", "--1"],
+            {"0": 0, "-17": -17, "42 ": 42, "4 2": 4, "24 hours": 24, "7.\n": 7, "+3": 3, "007": 7},
+            ["x1", "", " 4", "4a", "--1", "+"],
         ),
         (
             float,
-            {"1.5": 1.5, "-0.25e3": -250.0, "3": 3.0, "1E-2": 0.01, "2.5\n": 2.5, "2.5, 3": 2.5},
-            ["1.", ".5", "1e", "nan", " 1", "1.x", "2a"],
+            {"1.5": 1.5, "3": 3.0, "2.5\n": 2.5, "2.5, 3": 2.5, ".5": 0.5, "+1.5": 1.5},
+            ["1.", "1e3", "nan", " 1", "1.x", "2a"],
         ),
-        (bool, {"true": True, "false": False, "True": True, "False": False}, ["TRUE", "1", "yes"]),
+        (bool, {"True": True, "False": False}, ["true", "TRUE", "1", "yes"]),
         (
             str,
-            {'"hi"': "hi", r'"a\"b\\c\n\u00e9"': 'a"b\\c\né', '""': ""},
-            ['"a', 'a"', '"\n"', r'"\x"'],
+            {'"hi"': "hi", '"Paris France"': "Paris France", '""': "", '"a\tb\n"': "a\tb\n"},
+            ['"a', 'a"', '"a,b"', r'"a\"b"', '"\u00e9"'],
         ),
     ],
 )

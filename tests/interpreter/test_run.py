@@ -173,15 +173,17 @@ class IntConstraint:
         return int(text)
 
 
-def test_constrained_gen_variables_hold_parsed_values():
+def test_constrained_gen_variables_hold_their_text_and_parsed_gives_the_value():
     backend = FakeBackend(responder=lambda r: "42")
 
     @lp.function
     def number(s):
         s += "n = " + ir.Gen("n", (), IntConstraint(), "dtype=int")
+        s += ", n + 1 = " + s["n"] + "1"  # as SGLang programs use it: text
 
     state = number.run(backend=backend)
-    assert state["n"] == 42 and state.text() == "n = 42"
+    assert state["n"] == "42" and state.parsed("n") == 42
+    assert state.text() == "n = 42, n + 1 = 421"
     assert backend.generations()[0].constraint.__class__ is IntConstraint
 
 
@@ -207,14 +209,15 @@ def test_a_constrained_gen_cut_short_keeps_its_text_and_parsed_raises():
 
 
 def test_dtype_gens_parse_through_lmprog_fsm():
-    backend = FakeBackend(responder=lambda r: "true" if r.prompt.endswith("bool: ") else "17")
+    backend = FakeBackend(responder=lambda r: "True" if r.prompt.endswith("bool: ") else "17")
 
     @lp.function
     def typed(s):
         s += "int: " + lp.gen("i", dtype=int) + "\nbool: " + lp.gen("b", dtype=bool)
 
     state = typed.run(backend=backend)
-    assert state["i"] == 17 and state["b"] is True
+    assert state["i"] == "17" and state["b"] == "True"  # the text, as in SGLang
+    assert state.parsed("i") == 17 and state.parsed("b") is True
 
 
 def test_user_code_runs_ahead_of_generation():

@@ -44,8 +44,10 @@ def test_a_dict_schema_parses_to_the_dict_and_dtypes_to_their_values():
         s += "regex: " + sgl.gen("r", regex=r"[a-z]+") + "\n"
         s += "free: " + sgl.gen("g", max_tokens=4)
 
-    state = typed.run(backend=answering('{"ok": true}', "17", "2.5", "false", '"hi"', "abc", "x y"))
+    state = typed.run(backend=answering('{"ok": true}', "17", "2.5", "False", '"hi"', "abc", "x y"))
     assert state["j"] == '{"ok": true}' and state.parsed("j") == {"ok": True}
+    # every variable is the text, as in SGLang
+    assert [state[n] for n in "ifbt"] == ["17", "2.5", "False", '"hi"']
     assert state.parsed("i") == 17 and state.parsed("f") == 2.5 and state.parsed("b") is False
     assert state.parsed("t") == "hi"
     assert state.parsed("r") == "abc" and state.parsed("g") == "x y"  # unconstrained: the text

@@ -120,4 +120,4 @@ def test_constrained_gen_builds_a_constraint_or_says_why_not():
     assert isinstance(node.constraint, Constraint) and node.constraint.matches("42")
     assert not node.constraint.matches("4a")
     typed = lp.gen("b", dtype=bool)
-    assert typed.constraint.parse("true") is True or typed.constraint.parse("True") is True
+    assert typed.constraint.parse("True") is True and not typed.constraint.matches("true")
