@@ -30,7 +30,7 @@ fails (ConstraintError) only if its own text is past the limits on that fresh le
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -306,12 +306,14 @@ def _eos_only(index: TokenIndex) -> np.ndarray:
 _EXECUTOR: list[Any] = []
 
 
-def prefetch_bitmask_words(guides: Iterable[Guide | None]) -> None:
+def prefetch_bitmask_words(guides: Sequence[Guide | None]) -> None:
     """Compute, in parallel on llguidance's thread pool (the GIL released), the bitmask words
     of every guide whose position is not cached yet, so that a batch step with many
     constrained rows costs about one mask computation instead of one per row. Each result
     is cached as `bitmask_words()` would cache it; a guide whose matcher fails is left for
     `bitmask_words()` to report."""
+    if len(guides) < 2:  # one row: nothing to compute beside it
+        return
     todo: dict[tuple[int, int], Guide] = {}
     for g in guides:
         if g is None or g._ended or g.state < 0 or g._checks is not None:

@@ -50,9 +50,14 @@ def allowed_bitmask(guides: Sequence[Guide | None], width: int, device: Any = "c
     if not guides:
         raise ValueError("allowed_bitmask needs at least one guide (None = unconstrained)")
     prefetch_bitmask_words(guides)
-    if device is None:
-        full = np.full(num_words(width), -1, dtype=np.int32)
-        return np.stack([full if g is None else _row(g, width, None) for g in guides])
+    if device is None or getattr(device, "type", device) == "cpu":
+        each = [_cpu_row(g, width) for g in guides]
+        rows = each[0][None].copy() if len(each) == 1 else np.stack(each)
+        if device is None:
+            return rows
+        import torch
+
+        return torch.from_numpy(rows)  # (a new array: the tensor may be written)
     import torch
 
     device = torch.device(device)
@@ -156,6 +161,27 @@ def _lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
 # device, width).
 
 ROW_CACHE_SIZE = 512
+
+
+def _cpu_row(guide: Guide | None, width: int) -> np.ndarray:
+    """A row in host memory: the position's cached words themselves where they cover the
+    row (no logit past the vocabulary's words), else a padded row."""
+    if guide is None:
+        full = _FULL_ROWS.get(width)
+        if full is None:
+            full = _FULL_ROWS.setdefault(width, np.full(num_words(width), -1, dtype=np.int32))
+        return full
+    n = num_words(width)
+    if width >= guide.index.vocab_size and guide.index.num_words <= n:
+        words = guide.bitmask_words()  # (llguidance's may hold a word more, empty)
+        if len(words) == n:
+            return words
+        if len(words) > n:
+            return words[:n]
+    return _row(guide, width, None)
+
+
+_FULL_ROWS: dict[int, np.ndarray] = {}  # width -> a row with every bit set
 
 
 def _row(guide: Guide, width: int, device: torch.device | None) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from fsm_toys import byte_level_tokenizer
@@ -100,14 +101,20 @@ def test_finished_guide_keeps_eos_only(toy):
 
 
 def test_rows_are_shared_between_states_with_equal_sets(toy):
+    """Padded rows (logits wider than the vocabulary's words; on a device, every row) are
+    cached once per allowed set; a host row that the words span is the words themselves."""
     index = TokenIndex.get(r"[0-9]{3}x", toy)
     guide = index.new_guide()
-    first = allowed_bitmask([guide], len(toy))
+    width = 32 * (index.num_words + 2)
+    first = allowed_bitmask([guide], width)
     g2 = guide.copy()
     g2.advance_all(toy.encode("1", add_special_tokens=False))
     assert g2.state != guide.state
-    assert torch.equal(first, allowed_bitmask([g2], len(toy)))
-    assert len(index.state_cache(("bitmask", torch.device("cpu"), len(toy), "set"))) == 1
+    assert torch.equal(first, allowed_bitmask([g2], width))
+    assert len(index.state_cache(("bitmask", None, width, "set"))) == 1
+    spanned = allowed_bitmask([g2], len(toy))
+    assert np.array_equal(spanned[0].numpy(), g2.bitmask_words())
+    assert not index.state_cache(("bitmask", None, len(toy)))  # no second copy
 
 
 def test_validation_errors(toy, guides):
