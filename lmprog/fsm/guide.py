@@ -97,8 +97,7 @@ class Guide:
         cache = _words(self.index)
         words = cache.get(node) if node >= 0 else None
         if words is None:
-            words = np.frombuffer(self._run(lambda m: m.compute_bitmask()), dtype=np.int32)
-            words = self._checked(words)
+            words = self._checked(self._run(lambda m: _computed(m, self.index.num_words)))
             if node >= 0:
                 cache.put(node, words)
         return words
@@ -284,6 +283,15 @@ class Guide:
 
     def __repr__(self) -> str:
         return f"Guide(state={self.state}, tokens={self.num_tokens}, can_stop={self.can_stop()})"
+
+
+def _computed(matcher: Any, n: int) -> np.ndarray:
+    """The matcher's mask as `n` bitmask words, written in place by llguidance (no bytes
+    object in between); read-only, as it is cached and shared."""
+    words = np.empty(n, dtype=np.int32)
+    matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+    words.flags.writeable = False
+    return words
 
 
 def _words(index: TokenIndex) -> Any:
