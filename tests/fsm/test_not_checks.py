@@ -141,6 +141,21 @@ def test_not_over_open_objects_agrees_with_jsonschema(schema):
     _agrees(schema, _random_objects(250, 0))
 
 
+TWO_NOTS = [  # two or three 'not's over objects that the additional keys must meet together
+    {"type": "object", "allOf": [{"not": {"additionalProperties": INT}}, {"not": {"patternProperties": {"^x": {"type": "string"}}}}]},
+    {"type": "object", "allOf": [{"not": {"additionalProperties": False}}, {"not": {"propertyNames": {"pattern": "^[ab]"}}}]},
+    {"properties": {"a": {}}, "allOf": [{"not": {"additionalProperties": INT}}, {"not": {"additionalProperties": {"type": "array"}}}]},
+    {"type": "object", "allOf": [{"not": {"additionalProperties": INT}}, {"not": {"additionalProperties": {"type": "string"}}}, {"not": {"propertyNames": {"pattern": "^x"}}}]},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("schema", TWO_NOTS, ids=range(len(TWO_NOTS)))
+def test_several_nots_over_objects_met_by_the_additional_keys(schema):
+    """(Refused before: "two 'not's over objects left for the additional properties to meet
+    are not supported".)"""
+    _agrees(schema, _random_objects(300, 1))
+
+
 @pytest.mark.parametrize(
     "text, ok",
     [

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import key_allowed, meet
+from lmprog.fsm.json_schema.algebra import conj, key_allowed, meet
 from lmprog.fsm.json_schema.lark import EPS, Frag, alt, cat, rep
 from lmprog.fsm.json_schema.strings import string_lexeme
 from lmprog.fsm.json_schema.terms import Node, ObjT, StrT, make_node
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from lmprog.fsm.json_schema.emit import Emitter
 
 MAX_STATES = 4096  # states of one object's automaton
+MAX_FACETS_LEFT = 4  # 'not's over objects the additional members meet together (2**n states)
 
 
 class Members:
@@ -96,10 +97,12 @@ class Members:
                 return None if least else EPS
             return self._run(self.any, first, least, room)
         if unmet & (unmet - 1):
-            raise ConstraintError(
-                "two 'not's over objects left for the additional properties to meet are not "
-                "supported"
-            )
+            if room is not None or unmet.bit_count() > MAX_FACETS_LEFT:
+                raise ConstraintError(
+                    "two 'not's over objects left for the additional properties to meet are "
+                    f"supported without maxProperties and up to {MAX_FACETS_LEFT} of them"
+                )
+            return self._meeting(unmet, first)
         facet = self.facets[unmet.bit_length() - 1]
         if isinstance(facet, tuple):  # a member with its key in a set and its value in one
             keys, value = facet
@@ -132,6 +135,51 @@ class Members:
                 )
             )
         return alt(*options)
+
+    def _meeting(self, unmet: int, first: bool) -> Frag | None:
+        """Additional members, any number, meeting every facet in `unmet` (two or more, no
+        maxProperties): the state is the facets left; a member meets any subset of them at
+        once (its key in each key set, its value in each value set), and members meeting none
+        may come anywhere. A DAG: each hit leaves fewer facets."""
+        key = ("meeting", unmet, first)
+        if key not in self.memo:
+            if not unmet:
+                self.memo[key] = self._run(self.any, False, 0, None)
+            else:
+                options = []
+                sub = unmet
+                while sub:  # every non-empty subset of the facets left
+                    hit, rest = self._hit(sub), self._meeting(unmet & ~sub, False)
+                    if hit is not None and rest is not None:
+                        options.append(cat(hit if first else cat(self.em.sep, hit), rest))
+                        if self.any is not None:
+                            lead = self._run(self.any, first, 1, None)
+                            options.append(cat(lead, self.em.sep, hit, rest))
+                    sub = (sub - 1) & unmet
+                self.memo[key] = alt(*options)
+        return self.memo[key]
+
+    def _hit(self, facets: int) -> Frag | None:
+        """A member meeting every facet whose bit is in `facets`."""
+        parts = [(k, v, None) for k, v in self.regions]
+        for f in range(len(self.facets)):
+            if not facets >> f & 1:
+                continue
+            facet = self.facets[f]
+            keys, value = facet if isinstance(facet, tuple) else (facet, None)
+            keys = keys if isinstance(keys, Node) else make_node((keys,))
+            sets = [StrT()] if keys.top else [t for t in keys.terms if isinstance(t, StrT)]
+            parts = [
+                (
+                    m,
+                    v,
+                    narrow if value is None else value if narrow is None else conj(narrow, value),
+                )
+                for k, v, narrow in parts
+                for x in sets
+                if (m := meet(k, x)) is not None
+            ]
+        return alt(*(self._member(k, v, narrow) for k, v, narrow in parts))
 
     def _run(self, item: Frag | None, first: bool, least: int, most: int | None) -> Frag | None:
         """least..most members of `item`, each after a separator unless it is the first."""
