@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
+from lmprog.fsm.json_schema.algebra import conj
 from lmprog.fsm.json_schema.complement import neg
 from lmprog.fsm.json_schema.lark import EPS, Frag, alt, cat, opt, rep, unique
 from lmprog.fsm.json_schema.sequences import Slot, separated
@@ -61,7 +62,7 @@ def _items(
 
 def _contains_items(t: ArrT, em: Emitter) -> tuple[Frag | None, bool]:
     if len(t.contains) > 1:
-        raise ConstraintError("two 'contains' on one array have no exact grammar")
+        return _Several(t, em).items(), False
     c = t.contains[0]
     if t.prefix or t.max_items is not None or t.min_items > c.lo:
         return _Counted(t, em).items()
@@ -137,6 +138,68 @@ class _Counted:
 
 
 _MAX_COUNTED = 2048  # (position, matches) states of one contains array
+
+
+class _Several:
+    """Two or more ``contains`` (``allOf`` of them) without prefix items, ``maxItems`` or
+    ``maxContains``: the state is how many items matched each, up to its ``minContains``; an
+    item may match several at once (it is written narrowed by each of their schemas), items
+    matching none may come anywhere, and once every count is reached any items follow. A DAG:
+    each match raises a count."""
+
+    def __init__(self, t: ArrT, em: Emitter) -> None:
+        self.cs, self.item, self.em = t.contains, t.rest, em
+        states = 1
+        for c in self.cs:
+            states *= c.lo + 1
+        if (
+            t.prefix
+            or t.max_items is not None
+            or any(c.hi is not None for c in self.cs)
+            or t.min_items > max(c.lo for c in self.cs)
+            or states > _MAX_SEVERAL
+        ):
+            raise ConstraintError(
+                "two 'contains' on one array have an exact grammar only without prefixItems, "
+                f"maxItems and maxContains, and with at most {_MAX_SEVERAL} counts to keep"
+            )
+        self.any = em.node(t.rest)
+        self.memo: dict = {}
+
+    def items(self) -> Frag | None:
+        """The non-empty item sequences (some item must match)."""
+        return self._from(tuple(0 for _ in self.cs), True)
+
+    def _from(self, counts: tuple, first: bool) -> Frag | None:
+        key = (counts, first)
+        if key in self.memo:
+            return self.memo[key]
+        lacking = [i for i, c in enumerate(self.cs) if counts[i] < c.lo]
+        if not lacking:  # (first is False here: some item matched)
+            out = rep(cat(self.em.sep, self.any), 0, None)
+        else:
+            options = []
+            for n in range(1, 1 << len(lacking)):
+                hits = [lacking[b] for b in range(len(lacking)) if n >> b & 1]
+                node = self.cs[hits[0]].node
+                for i in hits[1:]:
+                    node = conj(node, self.cs[i].node)
+                hit = self.em.derived(self.item, node)
+                after = tuple(k + (i in hits) for i, k in enumerate(counts))
+                rest = self._from(after, False)
+                if hit is None or rest is None:
+                    continue
+                options.append(cat(hit if first else cat(self.em.sep, hit), rest))
+                if self.any is not None:
+                    lead = cat(self.any, rep(cat(self.em.sep, self.any), 0, None))
+                    lead = lead if first else rep(cat(self.em.sep, self.any), 1, None)
+                    options.append(cat(lead, self.em.sep, hit, rest))
+            out = alt(*options)
+        self.memo[key] = out
+        return out
+
+
+_MAX_SEVERAL = 256  # the counts kept for several contains (the product of minContains + 1)
 
 
 def _unique_arrays(t: ArrT, em: Emitter) -> Frag | None:
