@@ -30,6 +30,8 @@ from lmprog.core.logs import configure_from_env
 from lmprog.core.sampling import SamplingParams
 from lmprog.interpreter import (
     ProgramState,
+    flush_cache,
+    get_server_info,
     global_config,
     set_backend_factory,
     set_default_backend,
@@ -59,6 +61,7 @@ from lmprog.lang import (
     user,
     user_begin,
     user_end,
+    video,
 )
 
 __version__ = "0.1.0"
@@ -120,11 +123,13 @@ __all__ = [
     "assistant",
     "assistant_begin",
     "assistant_end",
+    "flush_cache",
     "function",
     "gen",
     "gen_int",
     "gen_string",
     "get_limits",
+    "get_server_info",
     "global_config",
     "greedy_token_selection",
     "image",
@@ -140,4 +145,5 @@ __all__ = [
     "user",
     "user_begin",
     "user_end",
+    "video",
 ]

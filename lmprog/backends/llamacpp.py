@@ -310,6 +310,18 @@ class LlamaCpp(Backend):
         self._engine.submit(Job(tokens, None, save=True)).outcome()
         self._stats.add(cache_prefix_calls=1)
 
+    def flush_cache(self) -> bool:
+        """Empty the saved prefix states (`cache_prefix`'s and those saved before a slot's
+        work was dropped); False, nothing emptied, while requests run or wait. The idle
+        sequence slots keep their tokens' KV (the engine thread's), so a prompt that starts
+        like a recent one still reuses it."""
+        self._check_open()
+        load = self._engine.load()
+        if load["num_running"] or load["num_waiting"]:
+            return False
+        self._pool.cache.clear()
+        return True
+
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = self._stats.snapshot()
         out["prefix_misses"] = out["requests"] + out["score_requests"] - out["prefix_hits"]

@@ -35,7 +35,7 @@ def request_fields(params: SamplingParams, *, chat: bool) -> tuple[dict[str, Any
     """(standard OpenAI keyword arguments, extra body fields) for one generation.
 
     Fields OpenAI lacks (top_k, min_p, min_tokens, ignore_eos, repetition_penalty,
-    stop_token_ids) go in the
+    stop_token_ids, SGLang's stop_regex) go in the
     extra body only when set, under the names vLLM, SGLang and lmprog's server share; a
     server that does not know them answers with an error.
     """
@@ -67,6 +67,8 @@ def request_fields(params: SamplingParams, *, chat: bool) -> tuple[dict[str, Any
             extra[name] = value
     if params.stop_token_ids:
         extra["stop_token_ids"] = list(params.stop_token_ids)
+    if params.stop_regex:
+        extra["stop_regex"] = list(params.stop_regex)
     return kwargs, extra
 
 

@@ -16,6 +16,7 @@ How each primitive maps to the protocol (standard library HTTP; no extra package
                           prompt token logprobs, token healing by comparing token ids
     cache_prefix          POST /generate with max_new_tokens=0 (the server keeps the prefix)
     flush_cache()         POST /flush_cache
+    get_server_info()     GET  /server_info
 """
 
 from __future__ import annotations
@@ -197,6 +198,19 @@ class RuntimeEndpoint(Backend):
                 return False
             raise
         return True
+
+    def get_server_info(self) -> dict[str, Any]:
+        """The server's GET /server_info (SGLang's; /get_server_info on older servers)."""
+        self._check_open()
+        try:
+            info = self._get_json("/server_info")
+        except BackendError as exc:
+            if "HTTP 404" not in str(exc):
+                raise
+            info = self._get_json("/get_server_info")
+        if not isinstance(info, dict):
+            raise BackendError(f"{self.base_url}/server_info did not answer a JSON object")
+        return info
 
     def stats(self) -> dict[str, Any]:
         """HTTP requests made (requests; generate_calls, score_calls) and failed ones (errors)."""
@@ -437,6 +451,8 @@ def sampling_fields(params: SamplingParams, constraint: Any) -> dict[str, Any]:
         fields["stop"] = list(params.stop)
     if params.stop_token_ids:
         fields["stop_token_ids"] = list(params.stop_token_ids)
+    if params.stop_regex:
+        fields["stop_regex"] = list(params.stop_regex)
     if constraint is not None:
         if constraint.kind == "json_schema":
             fields["json_schema"] = constraint.source

@@ -301,6 +301,31 @@ class Backend(abc.ABC):
         """Backend metrics (cache hits, tokens/s, ...); empty if the backend keeps none."""
         return {}
 
+    def flush_cache(self) -> bool:
+        """Empty the backend's prefix cache (SGLang's `flush_cache`); True once emptied,
+        False when nothing was (requests are running, or the backend keeps no cache it can
+        empty, as here)."""
+        return False
+
+    def get_server_info(self) -> dict[str, Any]:
+        """What serves the model (SGLang's `get_server_info`): `model_path` and
+        `tokenizer_path` (the model's name or path), `backend` (the class), `version`
+        (lmprog's) and `stats`."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        name = getattr(self, "model_name", None) or ""
+        try:
+            lmprog_version = version("lmprog")
+        except PackageNotFoundError:
+            lmprog_version = "unknown"
+        return {
+            "model_path": name,
+            "tokenizer_path": name,
+            "backend": type(self).__name__,
+            "version": lmprog_version,
+            "stats": self.stats(),
+        }
+
     def shutdown(self) -> None:
         """Release resources. Idempotent."""
 

@@ -7,7 +7,9 @@ The DSL's per-call and per-run defaults are merged into it in one place
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +24,11 @@ class SamplingParams:
     """How to generate one continuation.
 
     `top_k=-1`, `top_p=1.0` and `min_p=0.0` disable those filters; `temperature=0` is greedy.
-    `stop` strings are removed from the returned text; `stop_token_ids` end generation too.
+    `stop` strings are removed from the returned text; `stop_token_ids` end generation too;
+    so does the output matching one of the `stop_regex` patterns (Python `re.search`, as
+    SGLang's `stop_regex`), the match kept in the text. `n` is how many continuations a DSL
+    gen draws (SGLang's `n`: its variable a list of them); a backend request is always one
+    continuation.
     `repetition_penalty` (CTRL's, as vLLM and SGLang apply it; 1.0 disables it): the logit of
     every token already in the prompt or the output is divided by it when positive and
     multiplied by it when negative, so a penalty > 1 makes repeats less likely, < 1 more.
@@ -32,6 +38,7 @@ class SamplingParams:
     min_tokens: int = 0
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    stop_regex: tuple[str, ...] = ()
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -43,6 +50,7 @@ class SamplingParams:
     seed: int | None = None
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    n: int = 1
 
     def __post_init__(self) -> None:
         # Normalise the two list-like fields so callers may pass a str/list.
@@ -50,6 +58,12 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         elif not isinstance(self.stop, tuple):
             object.__setattr__(self, "stop", _as_tuple("stop", self.stop, "strings"))
+        if isinstance(self.stop_regex, str):
+            object.__setattr__(self, "stop_regex", (self.stop_regex,))
+        elif not isinstance(self.stop_regex, tuple):
+            object.__setattr__(
+                self, "stop_regex", _as_tuple("stop_regex", self.stop_regex, "patterns")
+            )
         if isinstance(self.stop_token_ids, int):
             object.__setattr__(self, "stop_token_ids", (self.stop_token_ids,))
         elif not isinstance(self.stop_token_ids, tuple):
@@ -86,6 +100,8 @@ class SamplingParams:
             check_text(s, "a stop string")
         for t in self.stop_token_ids:
             _check_int("stop_token_ids", t, lo=0)
+        for pattern in self.stop_regex:
+            _check_stop_regex(pattern)
         _check_float("temperature", self.temperature, lo=0.0)
         _check_float("top_p", self.top_p, lo=0.0, hi=1.0)
         if self.top_p == 0.0:
@@ -106,6 +122,7 @@ class SamplingParams:
         if not isinstance(self.return_logprob, bool):
             raise TypeError(f"return_logprob must be a bool, got {self.return_logprob!r}")
         _check_int("top_logprobs_num", self.top_logprobs_num, lo=0, hi=20)
+        _check_int("n", self.n, lo=1)
 
     def merged(self, overrides: dict[str, Any]) -> SamplingParams:
         """A copy with every non-None value of `overrides` applied (unknown keys raise).
@@ -203,3 +220,26 @@ def _check_float(name: str, value: Any, lo: float | None = None, hi: float | Non
         raise ValueError(f"{name} must be >= {lo}, got {value}")
     if hi is not None and value > hi:
         raise ValueError(f"{name} must be <= {hi}, got {value}")
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def _check_stop_regex(pattern: Any) -> None:
+    if not isinstance(pattern, str) or not pattern:
+        raise TypeError(f"stop_regex must be non-empty patterns, got {pattern!r}")
+    check_text(pattern, "a stop_regex")
+    try:
+        _compiled(pattern)
+    except re.error as e:
+        raise ValueError(f"stop_regex {pattern!r} is not a valid regular expression: {e}") from None
+
+
+def stop_regex_match(patterns: tuple[str, ...], text: str) -> str | None:
+    """The first of `patterns` that `re.search` finds in `text` (SGLang's stop_regex), or None."""
+    for pattern in patterns:
+        if _compiled(pattern).search(text) is not None:
+            return pattern
+    return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from lmprog.core.sampling import stop_regex_match
 from lmprog.core.tokenizer import FastTokenizer
 
 # Prompt tokens decoded with the first output tokens, so a tokenizer that drops a leading
@@ -158,6 +159,11 @@ class StopMatcher:
         self._held = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep]
 
+    @property
+    def held(self) -> str:
+        """The tail held back while it could still become a stop string."""
+        return self._held
+
     def flush(self) -> str:
         """At the end of generation: the held tail (it never became a stop)."""
         held, self._held = self._held, ""
@@ -191,7 +197,9 @@ class TextStream:
     """Detokenizer + stop matcher for one request: push tokens, get final text pieces.
 
     Stop strings are only looked for once `arm()` has been called (after `min_tokens`
-    output tokens); text before that is emitted as it comes.
+    output tokens); text before that is emitted as it comes. So are `stop_regex` patterns
+    (SGLang's): once `re.search` finds one in the output so far, the stream ends there with
+    the whole output kept (matched_stop is the pattern), as SGLang keeps it.
     """
 
     def __init__(
@@ -200,15 +208,20 @@ class TextStream:
         stops: Sequence[str],
         prompt_ids: Sequence[int] = (),
         armed: bool = True,
+        stop_regex: Sequence[str] = (),
     ):
         self._detok = IncrementalDetokenizer(tokenizer, prompt_ids)
         self._stops = StopMatcher(stops) if stops else None
+        self._regex = tuple(stop_regex)
+        self._matched_regex: str | None = None
         self._armed = armed
         self._pieces: list[str] = []
 
     @property
     def matched_stop(self) -> str | None:
-        return self._stops.matched if self._stops is not None else None
+        if self._stops is not None and self._stops.matched is not None:
+            return self._stops.matched
+        return self._matched_regex
 
     @property
     def text(self) -> str:
@@ -238,4 +251,10 @@ class TextStream:
             text = self._stops.push(text)
         if text:
             self._pieces.append(text)
+        if self._regex and self._armed and self.matched_stop is None:
+            held = self._stops.held if self._stops is not None else ""
+            self._matched_regex = stop_regex_match(self._regex, self.text + held)
+            if self._matched_regex is not None and held:  # the whole output is kept
+                text += self._stops.flush()  # type: ignore[union-attr]
+                self._pieces.append(held)
         return text

@@ -134,7 +134,9 @@ class DecodeState:
         self.prompt_logprobs: dict[int, TokenLogprob] = {}  # keyed by position of the token
         self._armed = params.min_tokens == 0  # stop strings are looked for (min_tokens met)
         self._text: Any = (
-            TextStream(tokenizer, params.stop, prompt_ids, armed=self._armed)
+            TextStream(
+                tokenizer, params.stop, prompt_ids, armed=self._armed, stop_regex=params.stop_regex
+            )
             if tokenizer is not None
             else _NoText()
         )

@@ -5,6 +5,8 @@ ahead and blocks only where it reads a value. Forks and batch items run concurre
 """
 
 from lmprog.interpreter.defaults import (
+    flush_cache,
+    get_server_info,
     global_config,
     resolve_backend,
     set_backend_factory,
@@ -16,6 +18,8 @@ from lmprog.interpreter.state import ProgramState
 __all__ = [
     "Function",
     "ProgramState",
+    "flush_cache",
+    "get_server_info",
     "global_config",
     "resolve_backend",
     "set_backend_factory",

@@ -192,6 +192,13 @@ class NodeExecutor:
 
     def _gen(self, node: Gen, params: SamplingParams) -> None:
         assert self._backend is not None and isinstance(params, SamplingParams)
+        if params.n > 1:
+            if node.reasoning is not None:
+                raise ValueError(
+                    f"gen({node.name!r}) under separate_reasoning draws one continuation: n must be 1"
+                )
+            self._gen_n(node, params)
+            return
         if node.reasoning is not None:
             self._gen_reasoning(node, params)
             return
@@ -213,6 +220,36 @@ class NodeExecutor:
         if node.name is not None:
             value, parsed = _parse(node, result)
             self._record.set_var(node.name, value, result.meta_info(), parsed)
+
+    def _gen_n(self, node: Gen, params: SamplingParams) -> None:
+        """gen(n=k): k continuations of one prompt (sample i seeded seed + i when seeded);
+        the variable holds the list of their texts (meta info and parsed values lists too)
+        and the text goes on with the first, as SGLang's OpenAI backend has it."""
+        if self._spec is not None:
+            self._spec.drop()
+        prompt, text_start = self._prompt(), self._record.length
+        results: list[GenerateResult] = []
+        for i in range(params.n):
+            seed = None if params.seed is None else params.seed + i
+            request = GenerateRequest(
+                prompt, dataclasses.replace(params, n=1, seed=seed), node.constraint
+            )
+            if i == 0:  # the text goes on with the first: streamed as a single gen's
+                result, done = self._generate(request, self._captures_with(node.name))
+                if len(result.text) > len(done):
+                    self._record.append(result.text[len(done) :], self._captures_with(node.name))
+                self._record.mark_control(text_start, self._record.length)
+            else:
+                result, _ = self._generate(request, (), on_text=lambda _: None)
+            results.append(result)
+        if node.name is not None:
+            parsed = [_parse(node, r) for r in results]
+            self._record.set_var(
+                node.name,
+                [value for value, _ in parsed],
+                [r.meta_info() for r in results],
+                [p for _, p in parsed],
+            )
 
     def _gen_reasoning(self, node: Gen, params: SamplingParams) -> None:
         """A separate_reasoning gen: the thinking goes to `<name>_reasoning_content` (streamed

@@ -9,6 +9,7 @@ from lmprog.core.protocol import Backend
 from lmprog.core.sampling import canonical_sampling_names
 from lmprog.interpreter import run as _run
 from lmprog.interpreter.defaults import resolve_backend
+from lmprog.interpreter.executor import TemplateCache
 from lmprog.interpreter.state import ProgramState
 from lmprog.lang.program import Program, ProgramCall
 
@@ -27,18 +28,27 @@ class Function(Program):
         return self.run(*args, **kwargs)
 
     def run(
-        self, *args: Any, backend: Backend | None = None, stream: bool = False, **kwargs: Any
+        self,
+        *args: Any,
+        backend: Backend | None = None,
+        stream: bool = False,
+        use_thread: bool = True,
+        **kwargs: Any,
     ) -> ProgramState:
         """Run the program once and return its state.
 
         Positional and keyword arguments go to the program; keyword arguments that are
-        sampling fields (`temperature=0`, `max_tokens=64`, ...; SGLang's `max_new_tokens`
-        too) and not program parameters become defaults for every gen. Without `stream`,
-        returns when the program is done and re-raises its exception. With `stream=True`, returns at once (the program runs
-        in a background thread): read it with `state.text_iter(...)`.
+        sampling fields (`temperature=0`, `max_tokens=64`, `n`, `stop_regex`, ...; SGLang's
+        `max_new_tokens` too) and not program parameters become defaults for every gen.
+        Without `stream`, returns when the program is done and re-raises its exception.
+        With `stream=True`, returns at once (the program runs in a background thread): read
+        it with `state.text_iter(...)`. `use_thread` (SGLang's) is accepted: lmprog always
+        executes a state's appends on its own worker thread, with the same results.
         """
         if not isinstance(stream, bool):
             raise TypeError(f"stream must be a bool, got {stream!r}")
+        if not isinstance(use_thread, bool):
+            raise TypeError(f"use_thread must be a bool, got {use_thread!r}")
         call = self.prepare_call(args, kwargs)
         return _run.start_program(
             self, call, resolve_backend(backend), stream=stream, background=stream
@@ -46,30 +56,48 @@ class Function(Program):
 
     def run_batch(
         self,
-        batch_kwargs: Sequence[Mapping[str, Any]],
+        batch_kwargs: Sequence[Mapping[str, Any] | Sequence[Any]],
         *,
         progress_bar: bool = False,
         num_threads: int | str = "auto",
         backend: Backend | None = None,
+        generator_style: bool = False,
         **sampling_defaults: Any,
-    ) -> list[ProgramState]:
-        """Run the program once per dict of keyword arguments; states in input order.
+    ) -> Any:
+        """Run the program once per item of arguments; states in input order.
 
-        Items run concurrently on `num_threads` threads ("auto": enough to keep a batching
-        backend busy). An item whose program fails does not stop the others: its state
-        carries the error (`state.error()`, and `state["x"]` raises it). With more than one
-        item, the text every item starts with (found by tracing) is cached once first.
-        `sampling_defaults` apply to every item (an item's own sampling keys win).
+        An item is a dict of keyword arguments, or (as in SGLang) a list of the arguments
+        in the program's order. Items run concurrently on `num_threads` threads ("auto":
+        enough to keep a batching backend busy). An item whose program fails does not stop
+        the others: its state carries the error (`state.error()`, and `state["x"]` raises
+        it). With more than one item, the text every item starts with (found by tracing) is
+        cached once first (unless `lp.global_config.enable_precache_with_tracing` is False).
+        `sampling_defaults` apply to every item (an item's own sampling keys win). With
+        `generator_style=True` (SGLang's) it returns a generator yielding the states in input
+        order as they finish.
         """
         calls = self._batch_calls(batch_kwargs, sampling_defaults)
         if not isinstance(progress_bar, bool):
             raise TypeError(f"progress_bar must be a bool, got {progress_bar!r}")
+        if not isinstance(generator_style, bool):
+            raise TypeError(f"generator_style must be a bool, got {generator_style!r}")
         threads = _num_threads(num_threads, len(calls))
+        run = _run.iter_batch if generator_style else _run.run_batch
         if not calls:
-            return []
-        return _run.run_batch(
+            return iter(()) if generator_style else []
+        return run(
             self, calls, resolve_backend(backend), num_threads=threads, progress_bar=progress_bar
         )
+
+    def cache(self, backend: Backend | None = None) -> None:
+        """Cache the program's constant prefix on the backend (SGLang's `function.cache()`):
+        the text every run starts with, found by tracing with every argument unknown, is
+        prefilled once so later runs start from its KV. Nothing happens when the program
+        starts with an argument or a gen."""
+        backend = resolve_backend(backend)
+        prefix = _run.program_prefix(self, TemplateCache(backend))
+        if prefix:
+            backend.cache_prefix(prefix)
 
     async def run_async(
         self, *args: Any, backend: Backend | None = None, **kwargs: Any
@@ -95,9 +123,12 @@ class Function(Program):
             )
         calls = []
         for i, item in enumerate(batch_kwargs):
+            if isinstance(item, (list, tuple)):
+                item = self._named(item, i)
             if not isinstance(item, Mapping):
                 raise TypeError(
-                    f"run_batch() item {i} must be a dict of arguments, got {type(item).__name__}"
+                    f"run_batch() item {i} must be a dict of arguments or a list of them in "
+                    f"the program's order, got {type(item).__name__}"
                 )
             try:
                 # SGLang's names first, so that an item's own max_tokens wins over max_new_tokens
@@ -110,6 +141,17 @@ class Function(Program):
             except (TypeError, ValueError) as e:
                 raise type(e)(f"run_batch() item {i}: {e}") from None
         return calls
+
+    def _named(self, values: Sequence[Any], i: int) -> dict[str, Any]:
+        """A run_batch item given as a list: the program's arguments in order (SGLang's)."""
+        names = self.positional_parameters
+        required = self.required_parameters
+        if not len(required) <= len(values) <= len(names):
+            raise TypeError(
+                f"run_batch() item {i} lists {len(values)} arguments; {self.name} takes "
+                f"{len(required)} to {len(names)} ({list(names)})"
+            )
+        return dict(zip(names, values))
 
 
 def _num_threads(num_threads: object, n: int) -> int:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lmprog.core.protocol import Backend
+from lmprog.interpreter.defaults import global_config
 from lmprog.interpreter.executor import TemplateCache, TemplateSource, render_nodes
 from lmprog.interpreter.state import ProgramState, RunContext
 from lmprog.lang.program import Program, ProgramCall
@@ -66,7 +67,14 @@ def start_program(
     if error is not None:
         raise error
     state.sync()
+    _report(state)
     return state
+
+
+def _report(state: ProgramState) -> None:
+    """SGLang's `global_config.verbosity >= 2`: print a finished run's text."""
+    if global_config.verbosity >= 2 and state.error() is None:
+        print(state.text())
 
 
 def run_batch(
@@ -78,14 +86,28 @@ def run_batch(
     progress_bar: bool,
 ) -> list[ProgramState]:
     """Run every call; states in input order, each carrying its own error (none raised)."""
+    return list(
+        iter_batch(program, calls, backend, num_threads=num_threads, progress_bar=progress_bar)
+    )
+
+
+def iter_batch(
+    program: Program,
+    calls: list[ProgramCall],
+    backend: Backend,
+    *,
+    num_threads: int,
+    progress_bar: bool,
+) -> Iterator[ProgramState]:
+    """`run_batch` as a generator (SGLang's generator_style): each state in input order,
+    once it has finished; every call starts at once (on `num_threads` threads)."""
     template = TemplateCache(backend)
-    if len(calls) > 1:
+    if len(calls) > 1 and global_config.enable_precache_with_tracing:
         prefix = batch_prefix(program, calls, template)
         if prefix:
             backend.cache_prefix(prefix)
-    states: list[ProgramState | None] = [None] * len(calls)
 
-    def run_one(i: int) -> None:
+    def run_one(i: int) -> ProgramState:
         state = ProgramState(
             RunContext(
                 backend,
@@ -95,28 +117,38 @@ def run_batch(
                 allow_special_tokens=program.allow_special_tokens,
             )
         )
-        states[i] = state
         run_body(state, program, calls[i])
         state._record.wait_idle()
+        _report(state)
+        return state
 
     bar = _progress(len(calls)) if progress_bar else None
     with ThreadPoolExecutor(
         max_workers=num_threads, thread_name_prefix=f"lmprog-batch-{program.name}"
     ) as pool:
         futures = [pool.submit(run_one, i) for i in range(len(calls))]
-        for future in as_completed(futures):
-            future.result()  # run_one catches program errors; anything else is a bug: raise
-            if bar is not None:
-                bar.update(1)
+        if bar is not None:
+            for future in futures:
+                future.add_done_callback(lambda _: bar.update(1))
+        for future in futures:
+            yield future.result()  # run_one catches program errors; anything else is a bug
     if bar is not None:
         bar.close()
-    assert all(s is not None for s in states)
-    return states  # type: ignore[return-value]
 
 
 def auto_threads(n: int) -> int:
     """Threads for a batch of `n`: enough to keep a batching backend busy."""
     return max(1, min(n, max(64, 8 * (os.cpu_count() or 1))))
+
+
+def program_prefix(program: Program, template: TemplateSource) -> str:
+    """The text every run of `program` starts with (its trace with the arguments it has no
+    default for unknown; "" when it cannot be traced): what `function.cache()` caches."""
+    try:
+        graph = program.trace()
+        return render_nodes(graph.constant_prefix(), template, program.allow_special_tokens)
+    except Exception:  # noqa: BLE001 - no constant prefix: nothing to cache
+        return ""
 
 
 def batch_prefix(program: Program, calls: Sequence[ProgramCall], template: TemplateSource) -> str:

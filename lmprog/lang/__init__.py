@@ -33,6 +33,7 @@ from lmprog.lang.primitives import (
     user,
     user_begin,
     user_end,
+    video,
 )
 from lmprog.lang.program import Program, ProgramCall
 from lmprog.lang.reasoning import separate_reasoning
@@ -71,4 +72,5 @@ __all__ = [
     "user",
     "user_begin",
     "user_end",
+    "video",
 ]

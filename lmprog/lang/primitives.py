@@ -10,9 +10,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from lmprog.core.errors import ConstraintError
+from lmprog.core.errors import BackendError, ConstraintError
 from lmprog.core.limits import check_stop_limits, get_limits, over_limit
-from lmprog.core.sampling import SamplingParams
+from lmprog.core.sampling import SamplingParams, canonical_sampling_names
 from lmprog.lang.choices import ChoicesMethod, token_length_normalized
 from lmprog.lang.ir import (
     ArgRef,
@@ -41,8 +41,10 @@ def gen(
     name: str | None = None,
     max_tokens: int | None = None,
     min_tokens: int | None = None,
+    n: int | None = None,
     stop: str | Sequence[str] | None = None,
     stop_token_ids: int | Sequence[int] | None = None,
+    stop_regex: str | Sequence[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -51,28 +53,38 @@ def gen(
     presence_penalty: float | None = None,
     ignore_eos: bool | None = None,
     return_logprob: bool | None = None,
-    *,
-    seed: int | None = None,
-    regex: str | None = None,
-    json_schema: Any = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    dtype: type | None = None,
     choices: Sequence[str] | None = None,
     choices_method: ChoicesMethod | None = None,
-    dtype: type | None = None,
+    regex: str | None = None,
+    json_schema: Any = None,
+    *,
+    seed: int | None = None,
     ebnf: str | None = None,
-    top_logprobs_num: int | None = None,
 ) -> Expr:
     """Generate a continuation and store it in variable `name`.
 
-    The leading arguments may be given by position in SGLang's order, `name, max_tokens,
-    min_tokens, stop, stop_token_ids, temperature, top_p, top_k, min_p, frequency_penalty,
-    presence_penalty, ignore_eos, return_logprob` (`lp.gen("tip", 64, stop="\\n")`); the
-    rest are keyword-only.
+    The arguments may be given by position in SGLang's order, `name, max_tokens,
+    min_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k, min_p,
+    frequency_penalty, presence_penalty, ignore_eos, return_logprob, logprob_start_len,
+    top_logprobs_num, return_text_in_logprobs, dtype, choices, choices_method, regex,
+    json_schema` (`lp.gen("tip", 64, stop="\\n")`); lmprog's `seed` and `ebnf` are
+    keyword-only.
 
     Sampling arguments left as None inherit the defaults given to `run(...)` /
     `run_batch(...)`, then `lp.SamplingParams`' defaults (max_tokens=128, temperature=1.0,
     ...). `stop` strings are removed from the result; generation also ends at any of
-    `stop_token_ids`. With `return_logprob=True` (and `top_logprobs_num=k`), the variable's
-    meta info holds per-token logprobs.
+    `stop_token_ids`, and once the output matches one of the `stop_regex` patterns (Python
+    `re.search`, as SGLang's; the match stays in the text). With `return_logprob=True`
+    (and `top_logprobs_num=k`), the variable's meta info holds per-token logprobs
+    (`return_text_in_logprobs` is accepted: lmprog's logprobs always carry the token text;
+    `logprob_start_len` may only be None or -1, SGLang's "no prompt logprobs"). With `n=k`
+    (k > 1) the gen draws k continuations: the variable is the list of their texts (its
+    meta info a list too) and the text goes on with the first, as SGLang's OpenAI backend
+    has it.
 
     At most one constraint:
       - `regex="..."`: the output matches the regular expression exactly (SGLang's
@@ -95,32 +107,13 @@ def gen(
         reason "length" in its meta info), as in SGLang; `state.parsed(name)` then raises;
       - `ebnf="root ::= ..."`: the output is in the language of the grammar (the GBNF dialect
         of llama.cpp grammars and SGLang's `ebnf`; recursion at any depth);
-      - `choices=[...]`: behaves exactly like `lp.select(name, choices)` (with its
-        `choices_method`, which is only valid with `choices`).
+      - `choices=[...]`: behaves exactly like `lp.select(name, choices, temperature,
+        choices_method)`.
 
     Raises TypeError/ValueError for a bad argument (e.g. `max_tokens < min_tokens`) and
     `lp.ConstraintError` for an invalid regex, schema or grammar, here at the call.
     """
     _check_name(name, "gen")
-    if dtype is not None:
-        stop = _with_terminators(stop, dtype)
-    sampling = {
-        "max_tokens": max_tokens,
-        "min_tokens": min_tokens,
-        "stop": stop,
-        "stop_token_ids": stop_token_ids,
-        "temperature": temperature,
-        "top_p": top_p,
-        "top_k": top_k,
-        "min_p": min_p,
-        "frequency_penalty": frequency_penalty,
-        "presence_penalty": presence_penalty,
-        "ignore_eos": ignore_eos,
-        "seed": seed,
-        "return_logprob": return_logprob,
-        "top_logprobs_num": top_logprobs_num,
-    }
-    overrides = _checked_overrides({k: v for k, v in sampling.items() if v is not None})
     constraints = {
         "regex": regex,
         "json_schema": json_schema,
@@ -134,11 +127,33 @@ def gen(
             f"gen() takes at most one of regex/json_schema/choices/dtype/ebnf, got {given}"
         )
     if choices is not None:
-        if choices_method is None:
-            return select(name, choices)
-        return select(name, choices, choices_method=choices_method)
+        method = token_length_normalized if choices_method is None else choices_method
+        return select(name, choices, 0.0 if temperature is None else temperature, method)
     if choices_method is not None:
         raise TypeError("gen(choices_method=...) applies only with choices=[...]")
+    if dtype is not None:
+        stop = _with_terminators(stop, dtype)
+    sampling = {
+        "max_tokens": max_tokens,
+        "min_tokens": min_tokens,
+        "n": n,
+        "stop": stop,
+        "stop_token_ids": stop_token_ids,
+        "stop_regex": stop_regex,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "min_p": min_p,
+        "frequency_penalty": frequency_penalty,
+        "presence_penalty": presence_penalty,
+        "ignore_eos": ignore_eos,
+        "seed": seed,
+        "return_logprob": return_logprob,
+        "logprob_start_len": logprob_start_len,
+        "top_logprobs_num": top_logprobs_num,
+        "return_text_in_logprobs": return_text_in_logprobs,
+    }
+    overrides = _checked_overrides({k: v for k, v in sampling.items() if v is not None})
     constraint, spec = _build_constraint(regex, json_schema, dtype, ebnf)
     return Gen(name, overrides, constraint, spec, _python_type(json_schema))
 
@@ -146,8 +161,10 @@ def gen(
 def gen_int(
     name: str | None = None,
     max_tokens: int | None = None,
+    n: int | None = None,
     stop: str | Sequence[str] | None = None,
     stop_token_ids: int | Sequence[int] | None = None,
+    stop_regex: str | Sequence[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -156,14 +173,16 @@ def gen_int(
     presence_penalty: float | None = None,
     ignore_eos: bool | None = None,
     return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
     *,
     seed: int | None = None,
-    top_logprobs_num: int | None = None,
 ) -> Expr:
     """`lp.gen(name, ..., dtype=int)`, as SGLang's `gen_int`: the variable holds the
     number's text, `state.parsed(name)` the int.
 
-    Positional arguments follow SGLang's `gen_int` (no min_tokens).
+    Positional arguments follow SGLang's `gen_int` (`n` third; no min_tokens).
     """
     return gen(**_typed_gen_args(locals()), dtype=int)
 
@@ -171,8 +190,10 @@ def gen_int(
 def gen_string(
     name: str | None = None,
     max_tokens: int | None = None,
+    n: int | None = None,
     stop: str | Sequence[str] | None = None,
     stop_token_ids: int | Sequence[int] | None = None,
+    stop_regex: str | Sequence[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -181,15 +202,17 @@ def gen_string(
     presence_penalty: float | None = None,
     ignore_eos: bool | None = None,
     return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
     *,
     seed: int | None = None,
-    top_logprobs_num: int | None = None,
 ) -> Expr:
     """`lp.gen(name, ..., dtype=str)`, as SGLang's `gen_string`: a double-quoted string of
     letters, digits, `_` and spaces; the variable holds it with its quotes, as in SGLang,
     `state.parsed(name)` the str between them.
 
-    Positional arguments follow SGLang's `gen_string` (no min_tokens).
+    Positional arguments follow SGLang's `gen_string` (`n` third; no min_tokens).
     """
     return gen(**_typed_gen_args(locals()), dtype=str)
 
@@ -201,18 +224,22 @@ def _typed_gen_args(args: dict[str, Any]) -> dict[str, Any]:
 def select(
     name: str | None = None,
     choices: Sequence[str] | None = None,
-    *,
+    temperature: float = 0.0,
     choices_method: ChoicesMethod = token_length_normalized,
 ) -> Select:
     """Append the most likely of `choices` and store it in variable `name`.
 
-    The backend scores each choice as a continuation of the text so far (with token
-    healing); `choices_method` picks the winner: `lp.token_length_normalized` (default),
-    `lp.greedy_token_selection` or `lp.unconditional_likelihood_normalized`. The variable's
-    meta info holds every choice's score under "normalized_scores".
+    Arguments in SGLang's order, `name, choices, temperature, choices_method`. The backend
+    scores each choice as a continuation of the text so far (with token healing);
+    `choices_method` picks the winner: `lp.token_length_normalized` (default),
+    `lp.greedy_token_selection` or `lp.unconditional_likelihood_normalized`. Scoring is
+    deterministic: `temperature` must be 0 (SGLang's runtime backend asserts the same).
+    The variable's meta info holds SGLang's keys (`normalized_prompt_logprobs`,
+    `input_token_logprobs`, `output_token_logprobs`, and the method's own) and lmprog's
+    (`normalized_scores`, ...).
 
     Raises TypeError unless `choices` is a list of str, ValueError for an empty list, an
-    empty string or a duplicate choice.
+    empty string, a duplicate choice or a temperature above 0.
     """
     _check_name(name, "select")
     if choices is None:
@@ -236,6 +263,13 @@ def select(
     duplicates = sorted({c for c in choices if c in seen or seen.add(c)})
     if duplicates:
         raise ValueError(f"choices must be distinct; repeated: {duplicates}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"select() temperature must be a number, got {temperature!r}")
+    if temperature > 1e-5:
+        raise ValueError(
+            f"select() scores its choices deterministically: temperature must be 0, got "
+            f"{temperature} (SGLang's runtime backend asserts the same)"
+        )
     if not isinstance(choices_method, ChoicesMethod):
         raise TypeError(
             "choices_method must be lp.token_length_normalized, lp.greedy_token_selection or "
@@ -261,6 +295,17 @@ def image(source: str | os.PathLike[str] | bytes) -> Image:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"image() file not found: {path!r}")
     return Image(path)
+
+
+def video(path: str | os.PathLike[str], num_frames: int) -> Expr:
+    """SGLang's `sgl.video(path, num_frames)`, frames of a video for a multimodal model.
+
+    No lmprog backend takes video input yet: it raises `lp.BackendError` at the call.
+    """
+    raise BackendError(
+        f"lp.video({path!r}, {num_frames!r}): no lmprog backend takes video input "
+        "(none has a vision model); describe the video in text instead"
+    )
 
 
 def _role(role: str, expr: object) -> Expr:
@@ -328,6 +373,7 @@ def _checked_overrides(overrides: dict[str, Any]) -> tuple[tuple[str, Any], ...]
     """
     for key, value in overrides.items():
         _reject_placeholder(value, f"gen({key}=...)")
+    overrides = canonical_sampling_names(overrides)  # checks and drops SGLang's no-op names
     base = SamplingParams()
     if "max_tokens" not in overrides and isinstance(overrides.get("min_tokens"), int):
         base = SamplingParams(max_tokens=max(base.max_tokens, overrides["min_tokens"]))

@@ -78,6 +78,20 @@ class Program:
         """The program's parameter names after the state."""
         return self._names
 
+    @property
+    def positional_parameters(self) -> tuple[str, ...]:
+        """The parameters after the state that can be given by position, in order."""
+        return tuple(p.name for p in self._signature.parameters.values() if p.kind in _POSITIONAL)
+
+    @property
+    def required_parameters(self) -> tuple[str, ...]:
+        """The positional parameters without a default."""
+        return tuple(
+            p.name
+            for p in self._signature.parameters.values()
+            if p.kind in _POSITIONAL and p.default is inspect.Parameter.empty
+        )
+
     def bind(self: P, **kwargs: Any) -> P:
         """A copy of this program with some arguments fixed (a call may still override them)."""
         unknown = [k for k in kwargs if k not in self._names and not self._takes_any_keyword]

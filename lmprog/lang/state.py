@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,8 +155,20 @@ class FrontendState(abc.ABC):
 
     # ---- fork / join -------------------------------------------------------------
 
-    def fork(self, n: int) -> ForkGroup:
-        """`n` copies of this state that continue independently; see `ForkGroup`."""
+    def fork(self, n: int = 1, position_ids_offset: Sequence[int] | None = None) -> ForkGroup:
+        """`n` copies of this state that continue independently; see `ForkGroup`.
+
+        `position_ids_offset` (SGLang's, one position offset per copy) is accepted and, as
+        in SGLang's interpreter, not used: each copy's text continues the parent's.
+        """
+        if position_ids_offset is not None and (
+            isinstance(position_ids_offset, (str, bytes))
+            or not isinstance(position_ids_offset, Sequence)
+        ):
+            raise TypeError(
+                "fork() position_ids_offset must be a list of ints (one per copy) or None, "
+                f"got {type(position_ids_offset).__name__}"
+            )
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"fork() takes an int number of copies, got {type(n).__name__} {n!r}")
         if n < 1:
@@ -170,6 +182,17 @@ class FrontendState(abc.ABC):
         group = ForkGroup(self, fork, children, self._open_role)
         self._open_groups.append(group)
         return group
+
+    @contextlib.contextmanager
+    def copy(self, position_ids_offset: Sequence[int] | None = None) -> Iterator[Any]:
+        """`with s.copy() as c:` a copy of this state (SGLang's), joined back at the end
+        (gather: the variables it created become one-item lists on `s`)."""
+        group = self.fork(1, position_ids_offset)
+        try:
+            yield group[0]
+        finally:
+            if not group.joined:
+                group.join()
 
     def _join(self, group: ForkGroup, mode: str) -> None:
         if mode not in JOIN_MODES:

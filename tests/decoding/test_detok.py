@@ -167,6 +167,32 @@ def test_text_stream_ignores_stops_until_armed():
     assert ts.text == "Hello!" and ts.matched_stop == "lo"
 
 
+def test_text_stream_stops_where_a_stop_regex_first_matches_keeping_the_match():
+    """SGLang's stop_regex: generation ends once re.search finds the pattern in the output so
+    far; the output is kept whole (SGLang trims only a literal stop string)."""
+    ids = TOK.ids(b"Hel", b"lo", b" w", b"!", b"lo")
+    ts = TextStream(TOK, stops=[], stop_regex=[r"l+o\s\w"])
+    pieces = []
+    for i in ids:
+        pieces.append(ts.push(i))
+        if ts.matched_stop is not None:
+            break
+    assert ts.matched_stop == r"l+o\s\w" and "".join(pieces) == ts.text == "Hello w"
+    # beside stop strings: the text held back as a possible stop string is kept too
+    ts = TextStream(TOK, stops=["Hello!"], stop_regex=["w"])
+    out = "".join(ts.push(i) for i in TOK.ids(b"Hel", b"lo", b" w"))
+    assert ts.matched_stop == "w" and out == ts.text == "Hello w"
+    ts = TextStream(TOK, stops=["lo"], stop_regex=["Hello"])  # the stop string first
+    ts.push(TOK.ids(b"Hel")[0]), ts.push(TOK.ids(b"lo")[0])
+    assert ts.matched_stop == "lo" and ts.text == "Hel"
+    ts = TextStream(TOK, stops=[], stop_regex=["H"], armed=False)  # not before min_tokens
+    ts.push(TOK.ids(b"Hel")[0])
+    assert ts.matched_stop is None
+    ts.arm()
+    ts.push(TOK.ids(b"lo")[0])
+    assert ts.matched_stop == "H"
+
+
 def test_text_decoder_calls_a_plain_tokenizers_decode():
     assert text_decoder(TOK)(TOK.ids(b"Hel", b"lo")) == "Hello"
     assert text_decoder(TOK, skip_special_tokens=False)([SPECIAL]) == "<|eos|>"

@@ -38,8 +38,8 @@ def test_global_config_default_backend_is_the_one_set(default_backend):
     assert other.generations() and not default_backend.generations()
     with pytest.raises(TypeError, match="lmprog backend"):
         sgl.global_config.default_backend = "http://localhost:30000"
-    with pytest.raises(AttributeError, match="default_backend"):
-        sgl.global_config.verbosity = 2
+    with pytest.raises(AttributeError, match="default_backend, verbosity"):
+        sgl.global_config.verbsity = 2  # a typo names the settings there are
 
 
 def test_token_usage_counts_every_call_and_resets(default_backend):

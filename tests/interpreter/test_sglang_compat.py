@@ -42,14 +42,20 @@ def test_calling_a_program_with_a_state_still_composes():
 
 
 def test_gen_takes_sglangs_positional_order():
-    # sgl.gen("detailed_tip", max_tokens, stop=...) and further positions in SGLang's order.
+    # SGLang 0.5's sgl.gen: name, max_tokens, min_tokens, n, stop, stop_token_ids, stop_regex,
+    # temperature, top_p, top_k, min_p, frequency_penalty, presence_penalty, ignore_eos,
+    # return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs, dtype,
+    # choices, choices_method, regex, json_schema
     assert sgl.gen("tip", 64, stop="\n") == sgl.gen("tip", max_tokens=64, stop="\n")
-    assert sgl.gen("t", 8, 2, ".", [7], 0.5, 0.9, 5, 0.1, 0.2, 0.3, True, True) == sgl.gen(
+    args = ("t", 8, 2, 3, ".", [7], "x+", 0.5, 0.9, 5, 0.1, 0.2, 0.3, True, True, -1, 2, True)
+    assert sgl.gen(*args) == sgl.gen(
         "t",
         max_tokens=8,
         min_tokens=2,
+        n=3,
         stop=".",
         stop_token_ids=[7],
+        stop_regex="x+",
         temperature=0.5,
         top_p=0.9,
         top_k=5,
@@ -58,7 +64,15 @@ def test_gen_takes_sglangs_positional_order():
         presence_penalty=0.3,
         ignore_eos=True,
         return_logprob=True,
+        logprob_start_len=-1,
+        top_logprobs_num=2,
+        return_text_in_logprobs=True,
     )
+    assert sgl.gen("t", *([None] * 17), int) == sgl.gen("t", dtype=int)
+    assert sgl.gen("t", *([None] * 18), ["a", "b"]) == sgl.select("t", ["a", "b"])
+    assert sgl.gen("t", *([None] * 20), "[0-9]+") == sgl.gen("t", regex="[0-9]+")
+    schema = {"type": "integer"}
+    assert sgl.gen("t", *([None] * 21), schema) == sgl.gen("t", json_schema=schema)
     backend = FakeBackend(responder=lambda r: "a tip. more")
 
     @sgl.function
@@ -81,7 +95,11 @@ def test_gen_choices_method_goes_to_select():
 
 def test_gen_int_and_gen_string_are_typed_gens():
     assert sgl.gen_int("n") == sgl.gen("n", dtype=int)
-    assert sgl.gen_int("n", 8, "\n") == sgl.gen("n", max_tokens=8, stop="\n", dtype=int)
+    # SGLang's order: name, max_tokens, n, stop, stop_token_ids, stop_regex, temperature, ...
+    assert sgl.gen_int("n", 8, 2, "\n") == sgl.gen("n", max_tokens=8, n=2, stop="\n", dtype=int)
+    assert sgl.gen_string("s", 16, None, None, None, "x", 0.5) == sgl.gen(
+        "s", max_tokens=16, stop_regex="x", temperature=0.5, dtype=str
+    )
     assert sgl.gen_string("s", 16) == sgl.gen("s", max_tokens=16, dtype=str)
     # as in SGLang, a typed number ends at a space or newline (stop strings, not kept), and
     # at the punctuation that follows numbers in prose and JSON
