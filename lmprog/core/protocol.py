@@ -106,12 +106,24 @@ class GenerateResult:
     # Set when finish_reason == "length" inside a constraint: the text is an unfinished match.
     message: str | None = None
 
+    def finish_info(self) -> dict[str, Any]:
+        """The finish reason as SGLang's meta info has it: {"type": "stop", "matched": the
+        stop string, token id or stop_regex (None at a finished constraint)}, {"type":
+        "length", "length": completion tokens}, {"type": "abort", "message": why}."""
+        if self.finish_reason == "length":
+            return {"type": "length", "length": self.completion_tokens}
+        if self.finish_reason in ("abort", "error"):
+            return {"type": "abort", "message": self.message or self.finish_reason}
+        return {"type": "stop", "matched": self.matched_stop}
+
     def meta_info(self) -> dict[str, Any]:
+        """SGLang's meta info of a gen: token counts, `finish_reason` (`finish_info`), and
+        lmprog's `matched_stop`, `output_token_logprobs` and `message`."""
         meta: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
-            "finish_reason": self.finish_reason,
+            "finish_reason": self.finish_info(),
             "matched_stop": self.matched_stop,
         }
         if self.logprobs is not None:

@@ -376,18 +376,32 @@ class NodeExecutor:
         choice = node.choices[decision.index]
         self._record.append(choice, self._captures_with(node.name))
         if node.name is not None:
-            self._record.set_var(
-                node.name,
-                choice,
-                {
-                    "choices": list(node.choices),
-                    "choices_method": node.method.name,
-                    "normalized_scores": list(decision.scores),
-                    "token_logprobs": [list(c.token_logprobs) for c in result.choices],
-                    "prompt_tokens": result.prompt_tokens,
-                    "cached_tokens": result.cached_tokens,
-                },
-            )
+            self._record.set_var(node.name, choice, self._select_meta(node, result, decision))
+
+    def _select_meta(self, node: Select, result: ScoreResult, decision: Any) -> dict[str, Any]:
+        """SGLang's select meta info (`normalized_prompt_logprobs`, `input_token_logprobs`
+        as [logprob, token_id, token text] per choice token, `output_token_logprobs` (none:
+        nothing is generated), and its method's keys) with lmprog's (`normalized_scores`,
+        the scores the method compared, ...)."""
+        text = _token_text(self._backend)
+        meta: dict[str, Any] = {
+            "normalized_prompt_logprobs": [
+                sum(c.token_logprobs) / len(c.token_logprobs) for c in result.choices
+            ],
+            "input_token_logprobs": [
+                [[lp, tid, text(tid)] for lp, tid in zip(c.token_logprobs, c.token_ids)]
+                for c in result.choices
+            ],
+            "output_token_logprobs": [[] for _ in result.choices],
+            **node.method.meta_info(result),
+            "choices": list(node.choices),
+            "choices_method": node.method.name,
+            "normalized_scores": list(decision.scores),
+            "token_logprobs": [list(c.token_logprobs) for c in result.choices],
+            "prompt_tokens": result.prompt_tokens,
+            "cached_tokens": result.cached_tokens,
+        }
+        return meta
 
     # ---- fork / join -------------------------------------------------------------
 
@@ -450,6 +464,25 @@ class NodeExecutor:
                     self._record.mark_control(max(a, child.origin_text_len) + shift, b + shift)
             for message in child.messages[child.origin_messages_len :]:
                 self._record.add_message(message["role"], message["content"])
+
+
+def _token_text(backend: Any) -> Callable[[int], str | None]:
+    """token id -> its text through the backend's tokenizer (None where it has none, or an
+    id is not its own, as an endpoint's unknown id -1)."""
+    try:
+        decode = backend.tokenizer.decode
+    except Exception:  # noqa: BLE001 - a backend without a tokenizer: no token texts
+        return lambda _: None
+
+    def text(token_id: int) -> str | None:
+        if token_id < 0:
+            return None
+        try:
+            return decode([token_id])
+        except Exception:  # noqa: BLE001 - an id the tokenizer does not know
+            return None
+
+    return text
 
 
 def _parse(node: Gen, result: GenerateResult) -> tuple[Any, Parsed | None]:

@@ -202,10 +202,13 @@ class ProgramState(FrontendState):
     def get_meta_info(self, name: str) -> Any:
         """Meta info of variable `name` (waits like `s[name]`).
 
-        gen: prompt_tokens, completion_tokens, cached_tokens, finish_reason, matched_stop,
-        and output_token_logprobs when asked; select: choices, choices_method,
-        normalized_scores, token_logprobs, prompt_tokens, cached_tokens; a gathered fork
-        variable: a list with one entry per copy; a var_scope: {}.
+        gen: prompt_tokens, completion_tokens, cached_tokens, finish_reason (SGLang's:
+        {"type": "stop", "matched": ...}, {"type": "length", "length": N}), matched_stop,
+        and output_token_logprobs when asked; select: SGLang's normalized_prompt_logprobs,
+        input_token_logprobs, output_token_logprobs (and its method's keys), and lmprog's
+        choices, choices_method, normalized_scores, token_logprobs, prompt_tokens,
+        cached_tokens; a gen with n > 1 or a gathered fork variable: a list with one entry
+        per sample or copy; a var_scope: {}.
         """
         self[name]
         with self._record.cond:

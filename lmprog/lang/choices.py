@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import Any
 
 from lmprog.core.protocol import ScoreResult
 
@@ -48,6 +49,11 @@ class ChoicesMethod(abc.ABC):
     def choose(self, result: ScoreResult) -> ChoiceDecision:
         """The index of the chosen choice and the scores it was chosen by."""
 
+    def meta_info(self, result: ScoreResult) -> dict[str, Any]:
+        """The keys SGLang's method puts in a select's meta info beside its
+        `normalized_prompt_logprobs` (each choice's mean token logprob): none here."""
+        return {}
+
     def __repr__(self) -> str:
         return f"lp.{self.name}"
 
@@ -79,11 +85,7 @@ class GreedyTokenSelection(ChoicesMethod):
 
     def choose(self, result: ScoreResult) -> ChoiceDecision:
         means = tuple(_mean(c.token_logprobs, i) for i, c in enumerate(result.choices))
-        width = max(len(c.token_logprobs) for c in result.choices)
-        rows = [
-            list(c.token_logprobs) + [means[i]] * (width - len(c.token_logprobs))
-            for i, c in enumerate(result.choices)
-        ]
+        rows, width = _padded_rows(result), max(len(c.token_logprobs) for c in result.choices)
         remaining = list(range(len(rows)))
         for j in range(width):
             best = max(rows[i][j] for i in remaining)
@@ -91,6 +93,10 @@ class GreedyTokenSelection(ChoicesMethod):
             if len(remaining) == 1:
                 break
         return ChoiceDecision(remaining[0], means)
+
+    def meta_info(self, result: ScoreResult) -> dict[str, Any]:
+        """SGLang's `greedy_logprob_matrix`: the rows compared, padded with their means."""
+        return {"greedy_logprob_matrix": _padded_rows(result)}
 
 
 class UnconditionalLikelihoodNormalized(ChoicesMethod):
@@ -113,6 +119,26 @@ class UnconditionalLikelihoodNormalized(ChoicesMethod):
                 )
             scores.append(_mean(c.token_logprobs, i) - _mean(c.unconditional_token_logprobs, i))
         return ChoiceDecision(_argmax(scores), tuple(scores))
+
+    def meta_info(self, result: ScoreResult) -> dict[str, Any]:
+        """SGLang's `unconditional_token_logprobs` ([logprob, None, None] entries) and
+        `normalized_unconditional_prompt_logprobs` (the scores)."""
+        return {
+            "unconditional_token_logprobs": [
+                [[lp, None, None] for lp in c.unconditional_token_logprobs or ()]
+                for c in result.choices
+            ],
+            "normalized_unconditional_prompt_logprobs": list(self.choose(result).scores),
+        }
+
+
+def _padded_rows(result: ScoreResult) -> list[list[float]]:
+    """Each choice's token logprobs, padded to the longest with the choice's own mean."""
+    width = max(len(c.token_logprobs) for c in result.choices)
+    return [
+        list(c.token_logprobs) + [_mean(c.token_logprobs, i)] * (width - len(c.token_logprobs))
+        for i, c in enumerate(result.choices)
+    ]
 
 
 def _mean(values: tuple[float, ...], index: int) -> float:

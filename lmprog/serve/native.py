@@ -448,15 +448,9 @@ class _Reply:
 
     def meta_info(self, index: int, result: GenerateResult) -> dict[str, Any]:
         item = self.items[index]
-        if result.finish_reason == "length":
-            finish: dict[str, Any] = {"type": "length", "length": result.completion_tokens}
-        elif result.finish_reason in ("abort", "error"):
-            finish = {"type": "abort", "message": result.message or result.finish_reason}
-        else:
-            finish = {"type": "stop", "matched": result.matched_stop}
         meta: dict[str, Any] = {
             "id": item.rid,
-            "finish_reason": finish,
+            "finish_reason": result.finish_info(),
             "prompt_tokens": result.prompt_tokens,
             "completion_tokens": result.completion_tokens,
             "cached_tokens": result.cached_tokens,

@@ -312,7 +312,7 @@ def test_dsl_program_with_fork_and_select(rt):
     state = prog.run(topic="the Moon", backend=rt, temperature=0)
     assert len(state["score"]) == 2 and all(v in "12345" for v in state["score"])
     meta = state.get_meta_info("fact")
-    assert meta["finish_reason"] in ("stop", "length") and meta["completion_tokens"] > 0
+    assert meta["finish_reason"]["type"] in ("stop", "length") and meta["completion_tokens"] > 0
     for child in state.get_meta_info("score"):
         assert child["cached_tokens"] > 0  # the fork's shared prefix came from the radix cache
 

@@ -126,5 +126,5 @@ def arithmetic(s):
 def test_an_ebnf_grammar_constrains_the_output(backend):
     state = arithmetic.run(backend=backend, temperature=0)
     # the grammar's longest sentence is 11 characters: it always finishes within 24 tokens
-    assert state.get_meta_info("expr")["finish_reason"] == "stop"
+    assert state.get_meta_info("expr")["finish_reason"]["type"] == "stop"
     assert lp.Constraint.from_ebnf(SUMS).matches(state["expr"]), state["expr"]

@@ -73,7 +73,7 @@ def test_budgeted_answers_are_all_valid(backend):
         assert "</think>" not in thinking
         assert len(backend.tokenizer.encode(thinking, add_special_tokens=False)) <= budget + 2
         jsonschema.validate(json.loads(state["answer"]), SCHEMA)  # 0 invalid answers
-        assert state.get_meta_info("answer")["finish_reason"] == "stop"
+        assert state.get_meta_info("answer")["finish_reason"]["type"] == "stop"
 
 
 def test_unbudgeted_outputs_that_end_are_valid(backend):
@@ -81,8 +81,8 @@ def test_unbudgeted_outputs_that_end_are_valid(backend):
     for seed, country in enumerate(QUESTIONS[:2]):
         state = capital.run(country=country, seed=seed, backend=model)
         meta = state.get_meta_info("answer")
-        if meta["finish_reason"] != "stop":  # max_tokens inside the thinking or the answer
-            assert meta["finish_reason"] == "length"
+        if meta["finish_reason"]["type"] != "stop":  # max_tokens inside the thinking or the answer
+            assert meta["finish_reason"]["type"] == "length"
             continue
         jsonschema.validate(json.loads(state["answer"]), SCHEMA)
 

@@ -77,7 +77,7 @@ def _openai_client(out: str) -> None:
 
 # (name, the script's path under ROOT or None for the README program, args, check, runs)
 SCRIPTS = [
-    ("readme", None, (), _has("Paris", "'finish_reason': 'stop'"), RUNS),
+    ("readme", None, (), _has("Paris", "'finish_reason': {'type': 'stop'"), RUNS),
     ("quickstart", "examples/quickstart.py", (), _has(
         "Paris", "select: positive", "int: '8' 8", "streaming: The capital of Japan is Tokyo",
         "Rome", "Madrid", "Berlin", "Cairo", "'age': 36",

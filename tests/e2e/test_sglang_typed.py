@@ -24,7 +24,7 @@ def describe(s, budget):
 
 def test_a_cut_short_json_gen_keeps_its_text_and_a_long_enough_one_parses(backend):
     short = describe.run(budget=3, temperature=0, backend=backend)
-    assert short.get_meta_info("person")["finish_reason"] == "length"
+    assert short.get_meta_info("person")["finish_reason"]["type"] == "length"
     assert short["person"].startswith("{") and len(short["person"]) < 40
     with pytest.raises(sgl.ConstraintError, match="person.*length"):
         short.parsed("person")
@@ -48,7 +48,7 @@ def test_a_typed_number_ends_where_the_model_ends_it(backend):
         assert isinstance(value, int) and state[name] == str(value)  # the text, as in SGLang
         # it ended at a space or newline (a stop string, not kept) or the end of text;
         # no digits were forced after the number the model meant
-        assert meta["finish_reason"] == "stop", (name, state.text())
+        assert meta["finish_reason"]["type"] == "stop", (name, state.text())
         assert meta["completion_tokens"] < 8
         assert f"A: {value}\n" in state.text()
 
@@ -109,7 +109,7 @@ def test_an_object_schema_gets_only_its_listed_keys(backend):
     """Issue 28: without additionalProperties, this model went on inventing keys ("gender",
     "skills"...) until max_tokens; strict generation (the default) closes the object."""
     state = ava.run(schema=PERSON, temperature=0, backend=backend)
-    assert state.get_meta_info("person")["finish_reason"] == "stop"
+    assert state.get_meta_info("person")["finish_reason"]["type"] == "stop"
     assert set(state.parsed("person")) == {"name", "age"}
 
 

@@ -131,7 +131,7 @@ def test_matching_text_is_served_from_one_call():
     assert values(plain) == [" Ada Lovelace", " 1815", " mathematician"]
     assert values(spec) == values(plain) and spec.text() == plain.text()
     assert (plain_calls, spec_calls) == (3, 1)
-    assert spec.get_meta_info("born")["finish_reason"] == "stop"
+    assert spec.get_meta_info("born")["finish_reason"]["type"] == "stop"
     assert spec.get_meta_info("born")["matched_stop"] == "\n"
 
 
@@ -159,7 +159,7 @@ def test_max_tokens_is_counted_in_tokens_like_a_real_call():
     plain, spec, _, spec_calls = run_both(prog)
     names = ("name", "born", "rest")
     assert values(spec, names) == values(plain, names) == [" Ada Lovelace", " 18", "15"]
-    assert spec.get_meta_info("born")["finish_reason"] == "length" and spec_calls == 1
+    assert spec.get_meta_info("born")["finish_reason"]["type"] == "length" and spec_calls == 1
 
 
 def test_end_of_sequence_in_the_surplus_is_final():
@@ -169,7 +169,7 @@ def test_end_of_sequence_in_the_surplus_is_final():
 
     plain, spec, _, spec_calls = run_both(prog, doc="Q: 2+2?\nA: 4.")
     assert values(spec, "ab") == values(plain, "ab") == [" 4.", ""]
-    assert spec.get_meta_info("a")["finish_reason"] == "stop" and spec_calls == 1
+    assert spec.get_meta_info("a")["finish_reason"]["type"] == "stop" and spec_calls == 1
 
 
 def test_ineligible_gens_make_ordinary_calls():

@@ -62,7 +62,7 @@ def test_the_first_role_message_uses_the_first_prefix():
 def test_meta_info_comes_from_the_result(backend):
     state = chat.run("q", backend=backend)
     meta = state.get_meta_info("answer")
-    assert meta["completion_tokens"] == 4 and meta["finish_reason"] == "length"
+    assert meta["completion_tokens"] == 4 and meta["finish_reason"]["type"] == "length"
     assert meta["prompt_tokens"] == len(backend.generations()[0].prompt)
 
 

@@ -152,3 +152,34 @@ def test_join_accepts_sglangs_concate_and_append_spelling():
 
     assert prog(mode="concate_and_append", backend=backend).text() == "P: a! b! end"
     assert prog(mode="concat_and_append", backend=backend).text() == "P: a! b! end"
+
+
+def test_meta_info_has_sglangs_shapes():
+    """Issue 38: finish_reason is SGLang's dict; select's meta info has SGLang's keys."""
+
+    @sgl.function
+    def prog(s):
+        s += "A:" + sgl.gen("a", max_tokens=8, stop=".")
+        s += " B:" + sgl.gen("b", max_tokens=2)
+        s += " C:" + sgl.select("c", ["yes", "no"])
+        s += " D:" + sgl.select("d", ["yes", "no"], choices_method=sgl.greedy_token_selection)
+        s += " E:" + sgl.select(
+            "e", ["yes", "no"], choices_method=sgl.unconditional_likelihood_normalized
+        )
+
+    answers = iter(["one. two", "three four five six"])
+    state = prog.run(backend=FakeBackend(responder=lambda r: next(answers)))
+    assert state.get_meta_info("a")["finish_reason"] == {"type": "stop", "matched": "."}
+    b = state.get_meta_info("b")
+    assert b["finish_reason"] == {"type": "length", "length": b["completion_tokens"]}
+    c = state.get_meta_info("c")
+    assert set(c) >= {"normalized_prompt_logprobs", "input_token_logprobs", "output_token_logprobs"}
+    assert c["normalized_prompt_logprobs"] == c["normalized_scores"]
+    first = c["input_token_logprobs"][0]  # [logprob, token_id, token text] per choice token
+    assert [t for _, t, _ in first] == list(b"yes") and "".join(x for _, _, x in first) == "yes"
+    assert c["output_token_logprobs"] == [[], []]
+    d = state.get_meta_info("d")
+    assert len(d["greedy_logprob_matrix"]) == 2 and len(d["greedy_logprob_matrix"][1]) == 3
+    e = state.get_meta_info("e")
+    assert e["normalized_unconditional_prompt_logprobs"] == e["normalized_scores"]
+    assert len(e["unconditional_token_logprobs"][0]) == 3

@@ -62,7 +62,7 @@ def test_a_string_gen_cut_short_returns_its_partial_text_with_finish_reason_leng
     state = tip.run(backend=answering('"Drink water and'))
     assert state["tip"] == '"Drink water and'
     assert state.text() == 'Tip: "Drink water and\nDone.'
-    assert state.get_meta_info("tip")["finish_reason"] == "length"
+    assert state.get_meta_info("tip")["finish_reason"]["type"] == "length"
     assert state.error() is None
     with pytest.raises(sgl.ConstraintError, match=r"'tip'.*finish_reason 'length'"):
         state.parsed("tip")
@@ -75,7 +75,7 @@ def test_a_json_schema_gen_cut_short_inside_the_quotes_keeps_its_text():
 
     state = capital.run(backend=answering('{"name": "Par'))
     assert state["json_output"] == '{"name": "Par'
-    assert state.get_meta_info("json_output")["finish_reason"] == "length"
+    assert state.get_meta_info("json_output")["finish_reason"]["type"] == "length"
     with pytest.raises(sgl.ConstraintError, match="json_output.*max_tokens"):
         state.parsed("json_output")
 
