@@ -55,6 +55,8 @@ from lmprog.core.protocol import (
     ScoreRequest,
     ScoreResult,
     StreamCallback,
+    TokenLogprob,
+    TopLogprob,
 )
 from lmprog.core.text import check_text
 from lmprog.core.tokenizer import META_FILE
@@ -170,10 +172,10 @@ class LlamaCpp(Backend):
         try:
             t = time.perf_counter()
             if cached_tokenizer is not None:
-                self._tokenizer = cached_tokenizer.result()
+                self._tokenizer = cached_tokenizer.result()  # its constraint set-up started
             else:
                 self._tokenizer = load_tokenizer(self._source)
-            warmup.start(self._tokenizer)  # the constraint set-up, off this thread
+                warmup.start(self._tokenizer)  # the constraint set-up, off this thread
             _log.info(
                 "tokenizer %s loaded in %.2f s",
                 type(self._tokenizer).__name__,
@@ -297,6 +299,26 @@ class LlamaCpp(Backend):
         )
         choices = choice_scores(spans, uncond, scored)
         return ScoreResult(choices=choices, prompt_tokens=len(prompt), cached_tokens=reused)
+
+    def prompt_logprobs(
+        self, prompt_ids: Sequence[int], start: int, top_logprobs_num: int = 0
+    ) -> tuple[TokenLogprob, ...]:
+        """Logprobs of the prompt's tokens from position `start` on (see Backend): one
+        evaluation of the prompt, its logits kept from `start - 1`, sharing cached prefixes
+        as a generation does."""
+        self._check_open()
+        ids = [int(t) for t in prompt_ids]
+        if isinstance(start, bool) or not isinstance(start, int) or start < 1:
+            raise ValueError(f"start must be an int >= 1, got {start!r}")
+        if any(not 0 <= t < self.n_vocab for t in ids):
+            raise ValueError(
+                f"prompt_ids holds a token id outside the vocabulary [0, {self.n_vocab})"
+            )
+        if start >= len(ids):
+            return ()
+        self._check_fits(len(ids), "prompt")
+        rows = self._engine.submit(Job(ids[:-1], start - 1)).outcome()
+        return _prompt_logprobs(rows, ids[start:], top_logprobs_num, self._decoding.token_text)
 
     def cache_prefix(self, prompt: str) -> None:
         """Evaluate `prompt` and save its state so later requests sharing it start there."""
@@ -443,16 +465,20 @@ def _check_gguf(path: Path) -> None:
 
 def _read_cached_tokenizer(source: Any) -> Future | None:
     """A Future of `load_tokenizer(source)` read on a thread where the tokenizer cache holds
-    it (milliseconds of file reading), else None (a first run builds it with transformers)."""
+    it (milliseconds of file reading), which then starts its constraint set-up
+    (`fsm.warmup`); else None (a first run builds it with transformers)."""
     if not (tokenizer_cache_path(source) / META_FILE).is_file():
         return None
     future: Future = Future()
 
     def read() -> None:
         try:
-            future.set_result(load_tokenizer(source))
+            tokenizer = load_tokenizer(source)
         except BaseException as exc:  # noqa: BLE001 - raised by the constructor's result()
             future.set_exception(exc)
+            return
+        warmup.start(tokenizer)
+        future.set_result(tokenizer)
 
     threading.Thread(target=read, name="lmprog-tokenizer", daemon=True).start()
     return future
@@ -497,6 +523,22 @@ def _logprobs(rows: np.ndarray, targets: Sequence[int]) -> tuple[float, ...]:
     """The logprob of targets[i] under the logits rows[i] (the sampler's log_softmax)."""
     logprobs = NUMPY.log_softmax(rows.astype(np.float32, copy=False))
     return tuple(logprobs[np.arange(len(targets)), list(targets)].tolist())
+
+
+def _prompt_logprobs(
+    rows: np.ndarray, targets: Sequence[int], top: int, text: Any
+) -> tuple[TokenLogprob, ...]:
+    """TokenLogprobs of targets[i] under the logits rows[i], each with its `top` alternatives."""
+    logprobs = NUMPY.log_softmax(rows.astype(np.float32, copy=False))
+    out = []
+    for row, token in zip(logprobs, targets):
+        alts: tuple[TopLogprob, ...] = ()
+        if top:
+            best = np.argpartition(-row, min(top, len(row) - 1))[:top]
+            best = best[np.argsort(-row[best], kind="stable")]
+            alts = tuple(TopLogprob(int(t), text(int(t)), float(row[t])) for t in best)
+        out.append(TokenLogprob(int(token), text(int(token)), float(row[token]), alts))
+    return tuple(out)
 
 
 def _constraint_index(constraint: Any, tokenizer: Any) -> Any:

@@ -30,6 +30,7 @@ from lmprog.core.protocol import (
     ScoreRequest,
     ScoreResult,
     StreamCallback,
+    TokenLogprob,
 )
 from lmprog.core.sampling import SamplingParams
 from lmprog.core.text import check_text
@@ -343,6 +344,20 @@ class Runtime(Backend):
             cached = self._run(spans[0][0][:shared], _PREFILL_ONLY).cached_tokens
         choices = choice_scores(spans, uncond, self._score_spans(spans + uncond))
         return ScoreResult(choices=choices, prompt_tokens=len(prompt), cached_tokens=cached)
+
+    def prompt_logprobs(
+        self, prompt_ids: Sequence[int], start: int, top_logprobs_num: int = 0
+    ) -> tuple[TokenLogprob, ...]:
+        """Logprobs of the prompt's tokens from position `start` on (see Backend): a
+        prefill with zero output tokens recording them (`generate(logprob_start_len=)`)."""
+        if isinstance(start, bool) or not isinstance(start, int) or start < 1:
+            raise ValueError(f"start must be an int >= 1, got {start!r}")
+        ids = list(prompt_ids)
+        if start >= len(ids):
+            return ()
+        params = SamplingParams(max_tokens=0, top_logprobs_num=top_logprobs_num)
+        result = self.generate([ids], params, logprob_start_len=start - 1)[0]
+        return tuple(result.prompt_logprobs or ())
 
     def cache_prefix(self, prompt: str) -> None:
         """Prefill `prompt` with zero output tokens; its KV stays in the radix cache."""

@@ -74,7 +74,7 @@ class RuntimeEndpoint(Backend):
 
     Server errors become BackendError (ContextLengthError when the prompt does not fit)
     with the server's message. The server tokenizes and caches prefixes; `select` needs
-    prompt logprobs, which lmprog serve gives with its Runtime backend.
+    prompt logprobs, which lmprog serve gives with either of its sampling backends.
     """
 
     def __init__(
@@ -332,11 +332,16 @@ class RuntimeEndpoint(Backend):
 
     def _stream(self, path: str, body: dict[str, Any], stream: StreamCallback) -> dict[str, Any]:
         """Read SSE events (each with the text so far) until [DONE]; pieces go to `stream`.
-        If `stream` raises (the program was cancelled), the connection is closed at once
-        and the server aborts the request."""
+        Each event's logprobs are its own tokens' (SGLang's streaming, with
+        `output_token_logprobs_length` the count so far), or all so far (servers that send
+        them whole); the last output gets them all. If `stream` raises (the program was
+        cancelled), the connection is closed at once and the server aborts the request."""
         conn, response = self._open("POST", path, body)
         last: dict[str, Any] | None = None
-        sent = sent_logprobs = 0
+        sent = 0
+        entries: dict[str, list[Any]] = {"output_token_logprobs": [], "output_top_logprobs": []}
+        pending: list[TokenLogprob] = []  # logprobs of tokens since the last piece
+        per_event = False
         try:
             for event in _events(response, self.base_url + path):
                 if "error" in event:
@@ -345,24 +350,30 @@ class RuntimeEndpoint(Backend):
                 text = event.get("text", "")
                 if not isinstance(text, str):
                     raise BackendError(f"{self.base_url}{path} streamed a non-text 'text'")
+                meta = _meta(event)
+                if "output_token_logprobs_length" in meta:  # this event's own logprobs
+                    per_event = True
+                    for key, got in entries.items():
+                        got.extend(meta.get(key) or [None] * len(meta["output_token_logprobs"]))
+                    pending.extend(_output_logprobs(meta) or ())
                 if len(text) > sent:
                     piece, sent = text[sent:], len(text)
-                    meta = _meta(event)
                     done_tokens = meta.get("completion_tokens")
                     if not isinstance(done_tokens, int):
                         stream(piece)
+                    elif per_event:
+                        count = len(entries["output_token_logprobs"])
+                        stream(StreamPiece(piece, done_tokens, tuple(pending), count))
+                        pending = []
                     else:
-                        logprobs = _output_logprobs(meta)
-                        if logprobs is not None and len(logprobs) == done_tokens:  # so far
-                            logprobs, sent_logprobs = logprobs[sent_logprobs:], len(logprobs)
-                        else:  # none asked for, or a server that streams them per chunk
-                            logprobs = None
-                        stream(StreamPiece(piece, done_tokens, logprobs, sent_logprobs))
+                        stream(StreamPiece(piece, done_tokens))
                 last = event
         finally:
             conn.close()
         if last is None or _meta(last).get("finish_reason") is None:
             raise BackendError(f"{self.base_url}{path}: the stream ended before its output did")
+        if per_event:
+            last = {**last, "meta_info": {**_meta(last), **entries}}
         return last
 
     # ---- what the server does not say ------------------------------------------------------

@@ -10,10 +10,11 @@ from __future__ import annotations
 import abc
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from lmprog.core.errors import BackendError
 from lmprog.core.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -312,6 +313,15 @@ class Backend(abc.ABC):
     def stats(self) -> dict[str, Any]:
         """Backend metrics (cache hits, tokens/s, ...); empty if the backend keeps none."""
         return {}
+
+    def prompt_logprobs(
+        self, prompt_ids: Sequence[int], start: int, top_logprobs_num: int = 0
+    ) -> tuple[TokenLogprob, ...]:
+        """The logprob of each prompt token from position `start` (>= 1: the first token has
+        none) to the end under the model, with its `top_logprobs_num` most likely
+        alternatives: SGLang's input_token_logprobs (`lmprog serve`'s /generate with
+        logprob_start_len). BackendError here: this backend gives none."""
+        raise BackendError(f"the {type(self).__name__} backend gives no prompt logprobs")
 
     def flush_cache(self) -> bool:
         """Empty the backend's prefix cache (SGLang's `flush_cache`); True once emptied,

@@ -6,15 +6,23 @@
                            -> {"text", "output_ids", "meta_info"} (a list of them for a batch);
                            stream: SSE `data: {...}` with the text so far, then `data: [DONE]`
     GET  /get_model_info   {"model_path", "tokenizer_path", "is_generation", ...}
+    GET  /server_info      the backend's get_server_info() with model_path, tokenizer_path,
+                           served_model_name (also /get_server_info, SGLang's older name)
     GET|POST /flush_cache  empty the prefix cache (400 while requests run)
+    POST /concate_and_append_request
+                           {"src_rids", "dst_rid"}: SGLang's join(mode="concate_and_append");
+                           200 (see _CONCAT_MESSAGE for what is reused)
     GET  /health_generate  200 once a one-token generation succeeds
 
 meta_info: id, finish_reason ({"type": "stop", "matched": ...}, {"type": "length", "length": N},
 {"type": "abort", ...}), prompt_tokens, completion_tokens, cached_tokens, e2e_latency; with
 return_logprob also input_token_logprobs (prompt positions from logprob_start_len on; -1, the
-default, asks for none; position 0 has no logprob: None), output_token_logprobs, and with
-top_logprobs_num input_top_logprobs/output_top_logprobs. Each entry is [logprob, token_id,
-token text or None (return_text_in_logprobs)]. Input logprobs need the Runtime backend.
+default, asks for none; position 0 has no logprob: None; `backend.prompt_logprobs`, both
+sampling backends), output_token_logprobs, and with top_logprobs_num
+input_top_logprobs/output_top_logprobs. Each entry is [logprob, token_id, token text or None
+(return_text_in_logprobs)]. A streamed event's meta_info has completion_tokens so far and, as
+SGLang's, only its own tokens' output logprobs, with output_token_logprobs_length the count so
+far.
 
 Bodies go through the same parsing, limits and error shape as the OpenAI routes, and
 generations through the same bridge (cancelled when the client leaves).
@@ -31,8 +39,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 
-from lmprog.core.errors import ConstraintError
-from lmprog.core.protocol import GenerateRequest, GenerateResult, TokenLogprob
+from lmprog.core.errors import BackendError, ConstraintError
+from lmprog.core.protocol import (
+    Backend,
+    GenerateRequest,
+    GenerateResult,
+    StreamPiece,
+    TokenLogprob,
+)
 from lmprog.core.sampling import SamplingParams
 from lmprog.fsm import Constraint
 
@@ -70,11 +84,11 @@ class NativeSamplingParams(Strict):
     regex: str | None = None
     json_schema: str | dict[str, Any] | None = None
     ebnf: str | None = None
+    stop_regex: str | list[str] | None = None
     # accepted at the values lmprog always uses; anything else is refused
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
-    stop_regex: str | list[str] | None = None
 
     def unsupported(self) -> str | None:
         """The first field set to a value lmprog cannot honour, or None."""
@@ -82,7 +96,6 @@ class NativeSamplingParams(Strict):
             ("skip_special_tokens", self.skip_special_tokens in (None, True)),
             ("spaces_between_special_tokens", self.spaces_between_special_tokens in (None, True)),
             ("no_stop_trim", self.no_stop_trim in (None, False)),
-            ("stop_regex", not self.stop_regex),
         ):
             if not ok:
                 return name
@@ -107,6 +120,24 @@ class GenerateBody(Strict):
 
 class FlushBody(Strict):
     empty_cache: bool | None = None  # SGLang's client sends it; the cache is emptied either way
+
+
+class ConcatBody(Strict):
+    """SGLang's frontend at `join(mode="concate_and_append")`: its fork copies' request ids
+    and the parent's (ids of its own, which no /generate named)."""
+
+    src_rids: list[str]
+    dst_rid: str
+
+
+# What /concate_and_append_request does: SGLang's frontend prefilled each copy's whole text
+# (max_new_tokens 0) before it, and sends the parent's concatenated text with its next
+# request; the prefix cache serves that request the parent's text and the first copy's
+# segment, and the other copies' segments are computed again at their new positions.
+_CONCAT_MESSAGE = (
+    "the copies' text was prefilled and cached; the parent's next request reuses the cached "
+    "prefix (its text and the first copy's segment)"
+)
 
 
 def install(app: FastAPI, ctx: ServeContext) -> None:
@@ -139,20 +170,38 @@ def install(app: FastAPI, ctx: ServeContext) -> None:
         raw = await request.body()
         if raw.strip():
             await parse_body(request, FlushBody, ctx, strict=True)
-        flush = getattr(ctx.backend, "flush_cache", None)
-        if flush is None:
+        if type(ctx.backend).flush_cache is Backend.flush_cache:
             raise APIError(
                 400,
                 f"the {type(ctx.backend).__name__} backend has no prefix cache to flush",
                 code="unsupported",
             )
-        if not await ctx.blocking(flush):
+        if not await ctx.blocking(ctx.backend.flush_cache):
             raise APIError(
                 400,
                 "the cache was not flushed: requests are running; try again when idle",
                 code="busy",
             )
         return Response("Cache flushed.\n", media_type="text/plain")
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    async def server_info() -> JSONResponse:
+        info = await ctx.blocking(ctx.backend.get_server_info)
+        return JSONResponse(
+            {
+                **info,
+                "model_path": ctx.model_name,
+                "tokenizer_path": ctx.model_name,
+                "served_model_name": ctx.model_name,
+                "max_new_tokens": ctx.limits.max_tokens,
+            }
+        )
+
+    @app.post("/concate_and_append_request")
+    async def concate_and_append(request: Request) -> JSONResponse:
+        await parse_body(request, ConcatBody, ctx, strict=True)
+        return JSONResponse({"success": True, "message": _CONCAT_MESSAGE})
 
     @app.get("/health_generate")
     async def health_generate() -> Response:
@@ -316,6 +365,7 @@ def _sampling(
         "max_tokens": tokens,
         "min_tokens": sp.min_new_tokens,
         "stop": stop_strings(sp.stop, ctx.limits),
+        "stop_regex": stop_strings(sp.stop_regex, ctx.limits),
         "stop_token_ids": tuple(sp.stop_token_ids or ()),
         "temperature": sp.temperature,
         "top_p": sp.top_p,
@@ -363,19 +413,10 @@ def _constraint(sp: NativeSamplingParams) -> Constraint | None:
 
 
 def _score_prompts(ctx: ServeContext, items: list[_Item]) -> None:
-    """Prompt token logprobs of the items that ask for them (a worker thread: blocking).
-    They come from a prefill of their own; the generation that follows starts from the
-    same token ids, its prefix already cached."""
-    from lmprog.backends.runtime import Runtime
-
+    """Prompt token logprobs of the items that ask for them (a worker thread: blocking):
+    `backend.prompt_logprobs` over the prompt's token ids; the generation that follows starts
+    from the same ids, its prefix already cached."""
     backend = ctx.backend
-    if not isinstance(backend, Runtime):
-        raise APIError(
-            400,
-            f"prompt logprobs (return_logprob with logprob_start_len >= 0) need the Runtime "
-            f"backend; this server runs {type(backend).__name__}",
-            param="logprob_start_len",
-        )
     for item in items:
         if item.logprob_start < 0:
             continue
@@ -390,13 +431,17 @@ def _score_prompts(ctx: ServeContext, items: list[_Item]) -> None:
         start = item.logprob_start
         if start >= len(ids):
             continue
-        params = SamplingParams(max_tokens=0, top_logprobs_num=item.params.top_logprobs_num)
         try:
-            result = backend.generate([list(ids)], params, logprob_start_len=max(start - 1, 0))[0]
+            scored = backend.prompt_logprobs(ids, max(start, 1), item.params.top_logprobs_num)
+        except BackendError as exc:
+            raise APIError(
+                400,
+                f"prompt logprobs (return_logprob with logprob_start_len >= 0): {exc}",
+                param="logprob_start_len",
+            ) from None
         except Exception as exc:  # noqa: BLE001 - mapped to an HTTP error
             raise from_exception(exc, param="text") from None
-        scored = list(result.prompt_logprobs or ())  # positions max(start, 1) .. end
-        item.input_logprobs = ([None] if start == 0 else []) + scored
+        item.input_logprobs = ([None] if start == 0 else []) + list(scored)
 
 
 def _finite(x: float) -> float:
@@ -495,22 +540,28 @@ class _Reply:
         return outputs if self.batch else outputs[0]
 
     async def stream(self, group: Generations) -> Any:
-        """SSE events: the text so far of a generation at each new piece (meta_info with
-        its id and finish_reason None), its whole output when it ends, then [DONE]; a
-        failure once the stream began is an {"error": {...}} event before [DONE]."""
+        """SSE events: the text so far of a generation at each new piece, its whole output
+        when it ends, then [DONE]; a failure once the stream began is an {"error": {...}}
+        event before [DONE]. As SGLang streams them, each event's meta_info has
+        `completion_tokens` so far and, with return_logprob, the logprobs of its own tokens
+        (`output_token_logprobs`, `output_top_logprobs`; those not sent yet in the last) and
+        `output_token_logprobs_length`, the count so far."""
         texts = [""] * group.size
         thoughts: list[str | None] = [None] * group.size
+        sent = [0] * group.size  # logprobs sent so far
         splits = [OutputSplit(self._item_of(i).reasoning) for i in range(group.size)]
         try:
             async for index, event in group.events():
+                item = self._item_of(index)
                 if isinstance(event, str):
                     reasoning, answer = splits[index].feed(event)
                     texts[index] += answer
                     out: dict[str, Any] = {
                         "text": texts[index],
-                        "meta_info": {"id": self._item_of(index).rid, "finish_reason": None},
+                        "meta_info": {"id": item.rid, "finish_reason": None},
                     }
-                    if self._item_of(index).reasoning is not None:
+                    self._piece_meta(out["meta_info"], event, item, sent, index)
+                    if item.reasoning is not None:
                         thoughts[index] = (thoughts[index] or "") + reasoning
                         out["reasoning_content"] = thoughts[index]
                 else:
@@ -518,12 +569,40 @@ class _Reply:
                         event.prompt_tokens, event.completion_tokens, event.cached_tokens
                     )
                     out = self._output(index, event)
+                    self._last_meta(out["meta_info"], sent[index])
                 if self.batch:
                     out["index"] = index
                 yield sse(out)
         except Exception as exc:  # noqa: BLE001 - a generation failed after the stream began
             yield sse(from_exception(exc).body())
         yield DONE
+
+    def _piece_meta(
+        self, meta: dict[str, Any], piece: str, item: _Item, sent: list[int], index: int
+    ) -> None:
+        """A streamed piece's progress (a StreamPiece from the decoder: other backends'
+        pieces carry none)."""
+        if not isinstance(piece, StreamPiece):
+            return
+        meta["completion_tokens"] = piece.completion_tokens
+        if item.params.return_logprob:
+            logprobs = list(piece.logprobs or ())
+            meta["output_token_logprobs"] = [
+                self._entry(t.logprob, t.token_id, t.token) for t in logprobs
+            ]
+            if item.params.top_logprobs_num:
+                meta["output_top_logprobs"] = [self._top(t) for t in logprobs]
+            sent[index] += len(logprobs)
+            meta["output_token_logprobs_length"] = sent[index]
+
+    @staticmethod
+    def _last_meta(meta: dict[str, Any], sent: int) -> None:
+        """The last event's logprobs: those its pieces did not send."""
+        if "output_token_logprobs" in meta:
+            meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
+            for key in ("output_token_logprobs", "output_top_logprobs"):
+                if key in meta:
+                    meta[key] = meta[key][sent:]
 
 
 def _specials(ctx: ServeContext) -> dict[str, str]:
