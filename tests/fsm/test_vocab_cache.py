@@ -31,7 +31,12 @@ def test_a_saved_tokenizer_has_its_vocabulary_cached(saved, monkeypatch, tmp_pat
     tok, _ = saved
     built = vocab_mod._vocab_from_tokenizer(tok)
     (entry,) = (tmp_path / "cache" / "vocab").iterdir()
-    assert {p.name for p in entry.iterdir()} == {"bytes.bin", "lengths.bin", "order.bin", "vocab.json"}
+    assert {p.name for p in entry.iterdir()} == {
+        "bytes.bin",
+        "lengths.bin",
+        "order.bin",
+        "vocab.json",
+    }
     _not_read(monkeypatch)
     cached = vocab_mod._vocab_from_tokenizer(tok)
     assert cached.token_bytes == built.token_bytes
