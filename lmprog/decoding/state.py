@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lmprog.core.errors import BackendError
+from lmprog.core.errors import BackendError, ConstraintError
 from lmprog.core.protocol import (
     FinishReason,
     GenerateResult,
@@ -219,8 +219,11 @@ class DecodeState:
         try:
             self.guide.advance(token)
         except ValueError as exc:
-            if not allow_fail:
-                raise BackendError(f"sampled a token the constraint forbids: {exc}") from exc
+            if allow_fail:
+                return
+            if isinstance(exc, ConstraintError):
+                raise  # a limit this request's constraint reached here: its own error
+            raise BackendError(f"sampled a token the constraint forbids: {exc}") from exc
 
     def _jump_forward(self, room: int | None) -> Any:
         from lmprog.fsm.jump import jump_forward

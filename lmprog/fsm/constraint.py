@@ -10,16 +10,30 @@ llguidance's Lark syntax. The token index consumes either.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import json_schema
+from lmprog.fsm.deadline import default_deadline
 from lmprog.fsm.dtypes import resolve_dtype
 from lmprog.fsm.regex import alt, check_not_only_empty, compile_user_regex, lit
 
 KINDS = ("regex", "json_schema", "choices", "dtype", "ebnf")
+
+
+def _bounded(build):
+    """A constructor compiling within the deadline in force (``lmprog.fsm.deadline``: the
+    caller's, else DEFAULT_COMPILE_S)."""
+
+    @functools.wraps(build)
+    def bounded(cls, *args, **kwargs):
+        with default_deadline():
+            return build(cls, *args, **kwargs)
+
+    return bounded
 
 
 @dataclass(frozen=True)
@@ -53,14 +67,16 @@ class Constraint:
     # ------------------------------------------------------------------ constructors
 
     @classmethod
+    @_bounded
     def from_regex(cls, pattern: str) -> Constraint:
         """A Python-style regex matched against the whole output (leading ``^``/trailing ``$``
         are allowed and redundant; ``\\d \\w \\s`` are ASCII classes)."""
         emitted = compile_user_regex(pattern)
         check_not_only_empty(pattern)
-        return cls("regex", emitted, pattern)
+        return _checked(cls("regex", emitted, pattern))
 
     @classmethod
+    @_bounded
     def from_json_schema(
         cls,
         schema,
@@ -125,7 +141,9 @@ class Constraint:
             ("max_schema_depth", max_schema_depth),
             ("max_pattern_chars", max_pattern_chars),
         )
-        return cls("json_schema", "", source, options, lark=grammar.lark, check=grammar.check)
+        return _checked(
+            cls("json_schema", "", source, options, lark=grammar.lark, check=grammar.check)
+        )
 
     @classmethod
     def from_choices(cls, choices) -> Constraint:
@@ -138,6 +156,7 @@ class Constraint:
         return cls("choices", alt(*(lit(c) for c in choices)).text, choices)  # type: ignore[union-attr]
 
     @classmethod
+    @_bounded
     def from_ebnf(cls, grammar: str) -> Constraint:
         """A context-free grammar in the GBNF dialect of llama.cpp grammars and SGLang's
         ``ebnf`` (``root ::= ...``; a Lark grammar with a ``start:`` rule is taken too).
@@ -146,11 +165,7 @@ class Constraint:
         from lmprog.fsm.grammar import ebnf_to_lark
 
         lark = ebnf_to_lark(grammar)
-        constraint = cls("ebnf", "", grammar, lark=lark)
-        from lmprog.fsm.index import check_grammar
-
-        check_grammar(constraint)
-        return constraint
+        return _checked(cls("ebnf", "", grammar, lark=lark))
 
     @classmethod
     def from_dtype(cls, dtype) -> Constraint:
@@ -220,3 +235,14 @@ class Constraint:
         if self.kind == "dtype":
             return resolve_dtype(self.source).parse(text)
         return text
+
+
+def _checked(constraint: Constraint) -> Constraint:
+    """The constraint, once llguidance has compiled it and walked its first tokens over a
+    byte vocabulary (``index.check_grammar``, cached by its text): what llguidance refuses,
+    or a limit its first tokens reach, is a ConstraintError where the constraint is built
+    (``gen()``, a request's fields), not in the first request that runs it."""
+    from lmprog.fsm.index import check_grammar
+
+    check_grammar(constraint)
+    return constraint

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import index_cache
+from lmprog.fsm.grammar_depth import check_compile_stack
 from lmprog.fsm.vocab import TokenVocab
 
 if TYPE_CHECKING:
@@ -56,6 +57,10 @@ STATE_CACHE_SIZE = 4096  # per index and per cache name; beyond this the oldest 
 MAX_PATH_NODES = 200_000  # cached positions per index (a dict entry each, ~100 bytes)
 MAX_LEXER_STATES = 50_000  # llguidance lexer states per constraint (~1-2 kB each)
 STEP_LEXER_FUEL = 200_000  # llguidance's lexer fuel for one mask step (its default)
+# Earley items in one parser row (llguidance's default is 2,000): a position where n keys of an
+# object may come next holds about 2n (an object of 1,000 optional properties had 2,002); the
+# work of one step stays bounded by llguidance's step_max_items (50,000)
+MAX_ITEMS_IN_ROW = 10_000
 BUILD_LEXER_FUEL = 1_000_000  # ... and for building a matcher (its default)
 log = logging.getLogger(__name__)
 ROOT = 0  # the path node of a guide's start
@@ -76,6 +81,8 @@ class TokenIndex:
         self.vocab = vocab
         self.check = check
         self._ll_tokenizer = ll_tokenizer
+        if pattern.startswith("lark:"):  # before llguidance: a deep grammar overflows its stack
+            check_compile_stack(pattern[5:])
         # the matcher at the start, which every guide copies (a copy shares its lexer), and
         # that lexer's generation (lexer_failed replaces both)
         self._start = _matcher(pattern, ll_tokenizer)
@@ -258,6 +265,7 @@ def _limits(fuel: int = BUILD_LEXER_FUEL) -> Any:
         max_lexer_states=MAX_LEXER_STATES,
         initial_lexer_fuel=fuel,
         step_lexer_fuel=STEP_LEXER_FUEL,
+        max_items_in_row=MAX_ITEMS_IN_ROW,
     )
 
 
@@ -278,7 +286,8 @@ def _matcher(pattern: str, ll_tokenizer: Any, fuel: int = BUILD_LEXER_FUEL) -> A
 
 
 def _check_start(index: TokenIndex) -> None:
-    """Compute the start's mask (cached for every guide); refuse a pattern no token starts."""
+    """Compute the start's mask (cached for every guide); refuse a pattern no token starts,
+    or one past llguidance's limits within its first tokens (`_probe`)."""
     try:
         words = index.new_guide().bitmask_words()
     except ConstraintError as exc:
@@ -289,11 +298,44 @@ def _check_start(index: TokenIndex) -> None:
         raise ConstraintError(
             f"no sequence of this tokenizer's tokens can spell a match of {_short(index.pattern)}"
         )
+    _probe(index, words)
+
+
+def _probe(index: TokenIndex, words: Any) -> None:
+    """Consume the lowest allowed token from the start, on a matcher of its own: a parser
+    limit the first token reaches (a row of 12,500 alternatives is only counted once a token
+    is consumed) is the constraint's error here, where it is built, rather than the first
+    request's, mid-decode. (A lexer limit is not: a consume without the mask before it takes
+    more of the lexer than decoding does, and the renewal handles those.)"""
+    import numpy as np
+
+    bits = np.unpackbits(np.asarray(words).view(np.uint8), bitorder="little")
+    allowed = np.flatnonzero(bits[: index.vocab.size])
+    allowed = allowed[allowed != index.eos_token_id]
+    if not len(allowed):
+        return
+    matcher = index.own_matcher(1)
+    matcher.consume_token(int(allowed[0]))
+    if matcher.is_error() and "Parser Error" in matcher.get_error():
+        raise ConstraintError(
+            f"cannot compile {_short(index.pattern)}: {_reason(matcher.get_error())}"
+        )
 
 
 def _reason(error: str) -> str:
     """llguidance's message without its position prefix and the grammar dump."""
     text = error.split("<state>")[0].strip()
+    if "Current row has" in text:
+        return (
+            "the constraint allows too many alternatives at one position: "
+            f"{text.split('Current row has ')[1].split(';')[0]} in a parser row, over "
+            f"{MAX_ITEMS_IN_ROW:,} (lmprog.fsm.index.MAX_ITEMS_IN_ROW)"
+        )
+    if "too many expressions constructed" in text:
+        return (
+            "the constraint's regex grows too large to run (a repetition count, or repetitions "
+            f"nested, too large; llguidance: {text.split(':', 1)[-1].strip()})"
+        )
     if "too many states" in text:
         return (
             f"the constraint is too complex: its lexer needs more than {MAX_LEXER_STATES:,} "

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-MEMORY_CACHE_SIZE = 64
+MEMORY_CACHE_SIZE = 128  # (a constraint takes two: its byte-vocabulary check and its model)
 BUILD_THREADS = 2
 _MB = 1 << 20
 

@@ -58,7 +58,7 @@ from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.builder import Builder
 from lmprog.fsm.json_schema.drafts import upgrade
 from lmprog.fsm.json_schema.emit import Emitter
-from lmprog.fsm.json_schema.lark import fragment_limit, to_lark
+from lmprog.fsm.json_schema.lark import derives_text, fragment_limit, to_lark
 from lmprog.fsm.json_schema.lengths import counted_apart
 from lmprog.fsm.json_schema.refs import Registry
 from lmprog.fsm.json_schema.terms import Unroll, work_limit
@@ -325,6 +325,11 @@ def _grammar(
         out = emitter.node(node)
         if out is None:
             raise ConstraintError("the schema accepts no JSON value")
+        if not derives_text(out, emitter.rules):
+            raise ConstraintError(
+                "the schema accepts no JSON value: it refers to itself ($ref) with nothing "
+                "written before the reference comes back, so it never ends"
+            )
         text = to_lark(out, emitter.rules)
     if not (emitter.checked or emitter.counted):
         return Grammar(text, None)

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 from lmprog.core.errors import ConstraintError
+from lmprog.fsm.deadline import tick
 from lmprog.fsm.regex import R
 
 
@@ -129,6 +130,7 @@ def fragment_limit(max_chars: int) -> Iterator[None]:
 
 
 def _made(frag: Frag) -> Frag:
+    tick()
     budget = _BUDGET.get()
     if budget is not None:
         budget[0] -= 1
@@ -236,6 +238,58 @@ def loop(
 
 def opt(f: Frag | None) -> Frag:
     return rep(f, 0, 1)  # type: ignore[return-value]
+
+
+def derives_text(root: Frag, rules: dict[str, Frag]) -> bool:
+    """Whether ``root`` derives some finite text: False where every derivation goes through
+    a rule that never ends (``{"$ref": "#"}`` is the rule ``ref0: ref0``), which llguidance
+    would take and then allow no token. Linear: each fragment counts the parts it still
+    needs, and is done once none are left (a union needs one; ``Unique`` and ``Loop`` are
+    taken as done once any part is, erring toward done: the index's build then decides)."""
+    need: dict[int, int] = {}
+    waiting: dict[int, list[int]] = {}
+    ready: list[int] = []
+    stack: list[Frag] = [root, *rules.values()]
+    while stack:
+        f = stack.pop()
+        if id(f) in need:
+            continue
+        parts = _parts(f, rules)
+        need[id(f)] = 0 if not parts else len(parts) if type(f) in (Cat, Group) else 1
+        if isinstance(f, Rep) and f.lo == 0:
+            need[id(f)] = 0
+        for p in parts:
+            waiting.setdefault(id(p), []).append(id(f))
+            stack.append(p)
+        if need[id(f)] == 0:
+            ready.append(id(f))
+    done: set[int] = set()
+    while ready:
+        i = ready.pop()
+        if i in done:
+            continue
+        done.add(i)
+        for parent in waiting.get(i, ()):
+            need[parent] -= 1
+            if need[parent] == 0:
+                ready.append(parent)
+    return id(root) in done
+
+
+def _parts(f: Frag, rules: dict[str, Frag]) -> tuple:
+    if isinstance(f, Cat):
+        return f.parts
+    if isinstance(f, Alt):
+        return f.options
+    if isinstance(f, Rep):
+        return (f.item,)
+    if isinstance(f, Ref):
+        return (rules[f.name],) if f.name in rules else ()
+    if isinstance(f, Unique):
+        return (*f.items, f.sep)
+    if isinstance(f, Loop):
+        return (*f.keyed, f.sep) + (() if f.free is None else (f.free,))
+    return ()  # a lexeme
 
 
 # ---- writing Lark -------------------------------------------------------------------------

@@ -148,11 +148,11 @@ def _natural_multiples(lo: int, hi: int | None, step: int, k: int, endings: R) -
         if isinstance(blk, Block) and blk.j >= k:
             parts.append(cat(render_block(blk._replace(j=blk.j - k)), endings))
         elif isinstance(blk, Block):
-            parts += [lit(str(v)) for v in _block_values(blk) if v % step == 0]
+            parts += [lit(str(v)) for v in _stepped(_block_values(blk), step)]
         else:  # every number with more than d digits
             d = blk[1]
             for width in range(d + 1, k + 1):
-                parts += [lit(str(v)) for v in range(10 ** (width - 1), 10**width) if v % step == 0]
+                parts += [lit(str(v)) for v in _stepped(range(10 ** (width - 1), 10**width), step)]
             free = max(d + 1, k + 1) - 1 - k  # digits between the leading one and the ending
             parts.append(cat(digit_class(1, 9), rep(any_digit(), free, None), endings))
     return alt(*parts)
@@ -163,3 +163,9 @@ def _block_values(blk: Block) -> range:
     start = (base * 10 + blk.x) * 10**blk.j
     stop = (base * 10 + blk.y + 1) * 10**blk.j
     return range(start, stop)
+
+
+def _stepped(values: range, step: int) -> range:
+    """The multiples of ``step`` in ``values`` (stepped through, never scanned: a block under
+    a step of 10**300 spans 10**300 values, and holds at most 10**k // step of them)."""
+    return range(-(-values.start // step) * step, values.stop, step)

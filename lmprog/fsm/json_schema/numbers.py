@@ -180,6 +180,8 @@ def _multiple_plan(t: NumT) -> tuple[bool | None, int | None, FracRule | None] |
 
 
 _LIST_LIMIT = 2000  # multiples of a decimal step listed one by one over a bounded range
+MAX_FRACTION_DIGITS = 64  # of a bound or a multipleOf step (llguidance's regexes nest at most
+# 250 groups deep: the fraction's regex nests about 3 a digit)
 
 
 def _listed_multiples(t: NumT) -> R | None:
@@ -328,6 +330,11 @@ class _Fraction:
         self.max_digits = None if rule is None else rule.digits
         self.mod = 1 if rule is None else rule.step
         self.depth = max(len(self.lo), len(self.hi), self.max_digits or 0)
+        if self.depth > MAX_FRACTION_DIGITS:  # a group nested per digit in its regex
+            raise ConstraintError(
+                f"a number's minimum, maximum or multipleOf needs {self.depth:,} digits after "
+                f"the decimal point; at most {MAX_FRACTION_DIGITS} are supported"
+            )
         self.memo: dict = {}
 
     def accepts(self, i: int, state) -> bool:

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from lmprog.fsm.json_schema.emit import Emitter
 
 MAX_KEY_CLASSES = 64  # regions of one object (sets of patterns a key can match together)
+# optional properties of one object: where n keys may come next, the parser's row holds about
+# 2n items, and llguidance stops past index.MAX_ITEMS_IN_ROW (10,000)
+MAX_OPTIONAL_PROPERTIES = 4000
 _ANY_KEY = StrT()
 
 
@@ -82,6 +85,11 @@ def _members(t: ObjT, em: Emitter) -> Frag | None:
             continue
         named.append((key, Slot(em.member(tok(lit(json_text(key))), value), int(required), 1)))
         n_required += required
+    if len(named) - n_required > MAX_OPTIONAL_PROPERTIES:
+        raise ConstraintError(
+            f"an object with {len(named) - n_required:,} optional properties is not supported "
+            f"(at most {MAX_OPTIONAL_PROPERTIES:,}; required ones are not counted)"
+        )
     regions = _regions(t)
     slots = [slot for _, slot in named]
     item = alt(*(em.member(string_lexeme(k), em.node(v)) for k, v in regions))

@@ -8,8 +8,13 @@ consecutive items, never before the first. With ``F(i)`` = "slots i.. with nothi
     F(i) = item_i (sep item_i){lo_i-1,hi_i-1} T(i+1)            if lo_i >= 1
          | item_i (sep item_i){0,hi_i-1} T(i+1)  |  F(i+1)      otherwise
 
-written as one union over the slots that may come first. The tails T(i) are shared fragments,
-so the sequence is O(n) fragments for n slots.
+written as one union over the slots that may come first. The tails T(i) are not written as a
+chain (T(i) referring to T(i+1): n rules each inside the next, which llguidance compiles
+recursively, ``lmprog.fsm.grammar_depth``) but as the pieces ``(sep item_i){lo_i,hi_i}`` of a
+balanced tree: a tail is the O(log n) subtrees covering slots i.., so rules nest O(log n) deep
+and the sequence is O(n log n) fragments for n slots::
+
+    T(1) of 8 slots:  p1 [p2 p3] [[p4 p5] [p6 p7]]      [..] a shared subtree (a rule)
 """
 
 from __future__ import annotations
@@ -35,17 +40,48 @@ def separated(slots: list[Slot], sep: Frag | None) -> tuple[Frag | None, bool]:
             continue
         live.append(s)
     empty_ok = all(s.lo == 0 for s in live)
-    tails = [None] * (len(live) + 1)
-    tails[len(live)] = cat()
-    for i in range(len(live) - 1, -1, -1):
-        s = live[i]
-        tails[i] = cat(rep(cat(sep, s.item), s.lo, s.hi), tails[i + 1])
+    tails = _Tails([rep(cat(sep, s.item), s.lo, s.hi) for s in live])
     # F(0) as one union: for each slot i up to the first required one, "slot i is the first
     # written" (a flat union over shared tails, not a nest of n unions)
     firsts = []
     for i, s in enumerate(live):
         more = rep(cat(sep, s.item), max(s.lo - 1, 0), None if s.hi is None else s.hi - 1)
-        firsts.append(cat(s.item, more, tails[i + 1]))
+        firsts.append(cat(s.item, more, tails.suffix(i + 1)))
         if s.lo >= 1:
             break
     return alt(*firsts), empty_ok
+
+
+class _Tails:
+    """The suffixes of a sequence of pieces, over a balanced tree of shared subtrees."""
+
+    def __init__(self, pieces: list[Frag | None]) -> None:
+        self.pieces = pieces
+        self.nodes: dict[tuple[int, int], Frag | None] = {}
+
+    def suffix(self, i: int) -> Frag | None:
+        """pieces[i:] in sequence (the empty sequence for i == len)."""
+        parts: list[Frag | None] = []
+        if i < len(self.pieces):
+            self._cover(0, len(self.pieces), i, parts)
+        return cat(*parts)
+
+    def _cover(self, lo: int, hi: int, start: int, out: list) -> None:
+        """The subtrees of node [lo, hi) that cover [start, hi), left to right."""
+        if start <= lo:
+            out.append(self._node(lo, hi))
+            return
+        mid = (lo + hi) // 2
+        if start < mid:
+            self._cover(lo, mid, start, out)
+            out.append(self._node(mid, hi))
+        else:
+            self._cover(mid, hi, start, out)
+
+    def _node(self, lo: int, hi: int) -> Frag | None:
+        if hi - lo == 1:
+            return self.pieces[lo]
+        if (lo, hi) not in self.nodes:
+            mid = (lo + hi) // 2
+            self.nodes[lo, hi] = cat(self._node(lo, mid), self._node(mid, hi))
+        return self.nodes[lo, hi]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from decimal import Decimal
 
 from lmprog.core.errors import ConstraintError
+from lmprog.fsm.deadline import tick
 
 
 def _cache_hash(cls):
@@ -207,6 +208,7 @@ def work_limit(units: int) -> Iterator[None]:
 
 def charge(units: int = 1) -> None:
     """Spend work units; ConstraintError past the limit of the compile in progress."""
+    tick()
     budget = _WORK.get()
     if budget is not None:
         budget[0] -= units
@@ -265,6 +267,7 @@ def full_node(*types) -> Node:
 def make_node(terms, limit: int = 512) -> Node:
     """A normalized union: duplicates dropped, value-only terms merged, terms subsumed by an
     unannotated full term of their type dropped, and all-full unions turned into ``TOP``."""
+    tick()
     out = list(dict.fromkeys(t for t in terms if t is not None))
     if len(out) > 1:
         out = _merge_value_terms(out)
@@ -281,20 +284,22 @@ def make_node(terms, limit: int = 512) -> Node:
 
 
 def _merge_value_terms(terms: list) -> list:
-    """``enum``-style terms of one type (only ``values`` set) merge into one term."""
-    merged: dict[type, object] = {}
+    """``enum``-style terms of one type (only ``values`` set) merge into one term, at the place
+    of the first (their values joined once: an enum of 100,000 strings is 100,000 terms)."""
+    place: dict[type, int] = {}
+    values: dict[type, list] = {}
     out = []
     for t in terms:
         kind = type(t)
-        if kind in (BoolT, NumT, StrT) and t == kind(values=t.values) and t.values is not None:
-            if kind in merged:
-                prev = merged[kind]
-                new = kind(values=prev.values | t.values)
-                out[out.index(prev)] = new
-                merged[kind] = new
+        if kind in (BoolT, NumT, StrT) and t.values is not None and t == kind(values=t.values):
+            if kind in place:
+                values[kind].append(t.values)
                 continue
-            merged[kind] = t
+            place[kind], values[kind] = len(out), [t.values]
         out.append(t)
+    for kind, i in place.items():
+        if len(values[kind]) > 1:
+            out[i] = kind(values=frozenset().union(*values[kind]))
     return out
 
 

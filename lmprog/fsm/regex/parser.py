@@ -27,6 +27,11 @@ from lmprog.fsm.regex.syntax import (
 )
 
 MAX_ANCHORED_BRANCHES = 64  # alternatives an anchored pattern may expand to (split_anchors)
+MAX_GROUP_DEPTH = 100  # groups nested in one pattern (its passes recurse on the nesting)
+# Counts llguidance expands while decoding, measured on the bundled tokenizer: a{200000} and
+# (a{0,30}){0,30} decode, a{300000} and (a{0,100}){0,100} stop at the first tokens
+MAX_REPEAT = 100_000
+MAX_NESTED_REPEAT = 2_000
 
 _DIGIT = cs("0-9")
 _WORD = cs("a-zA-Z0-9_")
@@ -75,6 +80,8 @@ class _Parser:
     def __init__(self, src: str, dialect: str, lookahead: bool = False):
         self.src, self.i, self.ecma = src, 0, dialect == "ecma"
         self.lookahead = lookahead  # read (?=...) and (?!...) as Look nodes
+        self.depth = 0  # groups open
+        self.products: dict[int, int] = {}  # repetition -> the product of the counts in it
         self.anchors: list[int] = []  # positions of the anchors read
         self.flags = ""  # inline flags in force (Python's: i, m, s)
         self.multiline = False  # whether a multiline anchor was read
@@ -194,6 +201,7 @@ class _Parser:
     def quantified(self) -> Node:
         if self.quantifier(consume=False):
             raise self.fail("quantifier with nothing to repeat")
+        start = self.i
         node = self.atom()
         bounds = self.quantifier()
         if bounds is None:
@@ -201,7 +209,34 @@ class _Parser:
         if self.quantifier(consume=False):
             what = "possessive quantifier" if self.peek() == "+" else "repeated quantifier"
             raise self.fail(what)
-        return Repeat(node, *bounds)
+        out = Repeat(node, *bounds)
+        self.counted(out, start)
+        return out
+
+    def counted(self, node: Repeat, start: int) -> None:
+        """Refuse counts llguidance cannot expand while decoding (``a{300000}``,
+        ``(a{0,100}){0,100}``: "too many expressions constructed" at the first tokens):
+        one count past MAX_REPEAT, or counts nested inside one another whose product passes
+        MAX_NESTED_REPEAT (``*`` and ``+`` count as their minimum)."""
+        count = node.hi if node.hi is not None else max(node.lo, 1)
+        if count > MAX_REPEAT:
+            raise self.fail(f"a repetition count over {MAX_REPEAT:,}", start)
+        inner, stack = 1, [node.node]
+        while stack:  # down to the nearest repetitions, whose products are known
+            n = stack.pop()
+            if isinstance(n, Repeat):
+                inner = max(inner, self.products.get(id(n), 1))
+            else:
+                stack.extend(getattr(n, "parts", ()) or getattr(n, "options", ()))
+                if getattr(n, "node", None) is not None:
+                    stack.append(n.node)
+        self.products[id(node)] = count * inner
+        if inner > 1 and count * inner > MAX_NESTED_REPEAT:
+            raise self.fail(
+                f"repetitions nested inside one another whose counts multiply past "
+                f"{MAX_NESTED_REPEAT:,}",
+                start,
+            )
 
     def quantifier(self, consume: bool = True) -> tuple[int, int | None] | None:
         c = self.peek()
@@ -272,7 +307,11 @@ class _Parser:
                 return EMPTY
             if scope is None:
                 look = self.group_extension(start)
+        self.depth += 1
+        if self.depth > MAX_GROUP_DEPTH:
+            raise self.fail(f"groups nested more than {MAX_GROUP_DEPTH} deep", start)
         node = self.alternation()
+        self.depth -= 1
         if self.peek() != ")":
             raise self.fail("missing ')' for the group opened", start)
         self.i += 1

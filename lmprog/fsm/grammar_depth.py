@@ -1,0 +1,286 @@
+"""How much stack llguidance's Lark compiler needs for a grammar, bounded before it runs.
+
+    compile_stack_bytes(lark_text) -> int     an upper bound, in bytes
+    check_compile_stack(lark_text)            ConstraintError past MAX_COMPILE_STACK
+
+llguidance compiles a Lark grammar depth-first and recursively: a rule is compiled where it is
+first referred to, inside the compile of the rule referring to it, and so is a terminal
+referring to another terminal. A chain of rules each referring to the next (what an object of
+3,000 optional properties once became) is a chain of nested Rust calls, about 3 KB of stack a
+rule on this build, and a thread's stack (8 MiB on Linux by default, 2 MiB where unlimited)
+overflows: the process dies with SIGSEGV, which no Python code can catch. So every grammar is
+measured here before llguidance sees it, and refused past the bound.
+
+The measure is an upper bound whatever order the compiler visits rules in: the rules and
+terminals are the nodes of a graph whose edges are references, each edge weighing the frames
+of the rule it leaves (a rule's frames, plus a group's for each parenthesis or bracket around
+the reference: llguidance's parser allows 30); the compile's stack is a simple path from
+``start`` (or a ``%ignore``). A path's weight is bounded by the longest path over the strongly
+connected components, each component weighing the heaviest edge out of each of its nodes
+(inside it a simple path leaves each node once). A nested ``%lark { ... }`` grammar is compiled
+after its parent, from the bottom of the stack: it is measured on its own.
+
+The lexer mirrors llguidance's Lark lexer (``parser/src/lark/lexer.rs``): strings, regexes,
+comments, ``%json``/``%llguidance``/``%regex`` values are skipped as it skips them. A text it
+cannot read is measured conservatively (every name a reference at the deepest nesting).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from lmprog.core.errors import ConstraintError
+
+# Stack bytes per frame, measured on llguidance 1.9.1 (a chain of rules crashes a 1 MiB
+# thread between 300 and 400 levels: ~2.9 KB a rule; 15 rules of 28 nested groups pass,
+# 20 do not: ~1.8 KB a group; a chain of terminals between 400 and 500: ~2.3 KB a terminal),
+# rounded up
+RULE_FRAME = 4096
+GROUP_FRAME = 2560
+TERMINAL_FRAME = 3072
+BASE_FRAMES = 64 * 1024  # the compile's own frames below the first rule, and the regex compiler
+# The most one grammar's compile may use: half the smallest default thread stack (glibc's
+# 2 MiB where RLIMIT_STACK is unlimited), so that the caller's own frames fit beside it
+MAX_COMPILE_STACK = 1 << 20
+
+_TOKEN = re.compile(
+    r"""
+    (?P<ws>[ \t]+|(?:\#|//)[^\n]*)
+  | (?P<nl>(?:\r?\n)+[ \t]*)
+  | (?P<string>"(?:\\(?:["\\/bfnrt]|u[a-fA-F0-9]{4}|x[a-fA-F0-9]{2})|[^"\\\x00-\x1f\x7f])*"i?)
+  | (?P<regex>/(?:\\.|[^/\\])+/[imslux]*)
+  | (?P<kwvalue>%json|%llguidance|%regex)
+  | (?P<lark>%lark)
+  | (?P<kw>%[a-z]+)
+  | (?P<rule>!?[_?]?[a-z][_a-z0-9\-]*)
+  | (?P<term>_?[A-Z][_A-Z0-9\-]*)
+  | (?P<open>[(\[])
+  | (?P<close>[)\]])
+  | (?P<lbrace>\{)
+  | (?P<rbrace>\})
+  | (?P<vbar>\|)
+  | (?P<colon>::|:)
+  | (?P<arrow>->)
+  | (?P<other>.)
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+_JSON = json.JSONDecoder()
+
+
+class _Unreadable(Exception):
+    """A text this lexer cannot follow (measured conservatively instead)."""
+
+
+def check_compile_stack(lark: str) -> None:
+    """ConstraintError if compiling `lark` could need more than MAX_COMPILE_STACK bytes of
+    stack in llguidance (its rules or terminals refer to one another too deeply)."""
+    _refuse(compile_stack_bytes(lark))
+
+
+def _refuse(need: int) -> None:
+    if need > MAX_COMPILE_STACK:
+        raise ConstraintError(
+            f"the grammar nests too deeply to compile safely: its chains of rules referring to "
+            f"rules need about {need // 1024:,} KiB of stack (limit {MAX_COMPILE_STACK // 1024:,} "
+            "KiB, lmprog.fsm.grammar_depth.MAX_COMPILE_STACK); flatten the grammar (fewer "
+            "rules each referring to the next)"
+        )
+
+
+def check_rule_graph(refs: dict[str, list[str]], root: str) -> None:
+    """The same bound over a grammar given as its rules' references (rule -> the rules it
+    names), one rule frame an edge: checked on a GBNF grammar before it is converted to Lark
+    (the conversion's passes grow with the longest chain of rules)."""
+    edges = {a: [(b, RULE_FRAME) for b in bs if b in refs] for a, bs in refs.items()}
+    _refuse(BASE_FRAMES + _longest(edges, [root] if root in refs else []))
+
+
+def compile_stack_bytes(lark: str) -> int:
+    """An upper bound of the stack llguidance's compile of `lark` uses (bytes)."""
+    try:
+        tokens = _lex(lark)
+    except _Unreadable:
+        return _conservative(lark)
+    return _measure(tokens)
+
+
+def _lex(text: str) -> list[tuple[str, str]]:
+    out, pos, n = [], 0, len(text)
+    while pos < n:
+        m = _TOKEN.match(text, pos)
+        assert m is not None  # `other` matches any character
+        kind, value = m.lastgroup, m.group()
+        pos = m.end()
+        if kind == "ws":
+            continue
+        if kind == "kwvalue":  # a JSON value follows: skipped as llguidance reads it
+            while pos < n and text[pos] in " \t\r\n":
+                pos += 1
+            try:
+                _, pos = _JSON.raw_decode(text, pos)
+            except ValueError:
+                raise _Unreadable from None
+            out.append(("value", value))
+            continue
+        out.append((kind, value))  # type: ignore[arg-type]
+    return out
+
+
+def _measure(tokens: list[tuple[str, str]]) -> int:
+    """The bound over one grammar (and, apart, each nested %lark grammar in it)."""
+    defs: dict[str, list[tuple[str, int]]] = {}  # name -> [(referred name, nesting)]
+    frames: dict[str, int] = {}  # name -> the frame of its kind
+    roots: list[tuple[str, int]] = [("start", 0)]
+    nested: list[list[tuple[str, str]]] = []
+    for item in _items(tokens):
+        head = item[0]
+        body, at = _body(item)
+        refs = _refs(body, nested)
+        if head[0] in ("rule", "term") and at is not None:
+            name = head[1].lstrip("!?")
+            defs.setdefault(name, []).extend(refs)
+            frames[name] = RULE_FRAME if head[0] == "rule" else TERMINAL_FRAME
+        elif head == ("kw", "%ignore"):
+            defs.setdefault("%ignore", []).extend(refs)
+            frames["%ignore"] = 0
+            roots.append(("%ignore", 0))
+        else:  # %import, %declare, %override ...: every name it holds may be compiled
+            defs.setdefault("%other", []).extend(refs)
+            frames["%other"] = RULE_FRAME
+            roots.append(("%other", 0))
+    edges = {
+        a: [(b, frames[a] + GROUP_FRAME * depth) for b, depth in refs if b in defs]
+        for a, refs in defs.items()
+    }
+    own = max((_measure(t) for t in nested), default=0)
+    return max(own, BASE_FRAMES + _longest(edges, [r for r, _ in roots if r in defs]))
+
+
+def _items(tokens: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    """The tokens split into items: a newline ends one unless a `|` follows it (outside a
+    %lark block, whose braces may hold newlines)."""
+    items: list[list[tuple[str, str]]] = [[]]
+    braces = 0
+    for i, (kind, value) in enumerate(tokens):
+        if kind == "lbrace":
+            braces += 1
+        elif kind == "rbrace":
+            braces = max(0, braces - 1)
+        if kind == "nl" and braces == 0:
+            following = tokens[i + 1][0] if i + 1 < len(tokens) else None
+            if following != "vbar" and items[-1]:
+                items.append([])
+            continue
+        items[-1].append((kind, value))
+    return [it for it in items if it]
+
+
+def _body(item: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], int | None]:
+    """The tokens after the definition's colon (the whole item if it has none), and the
+    colon's position."""
+    depth = 0
+    for i, (kind, value) in enumerate(item):
+        if kind == "open":
+            depth += 1
+        elif kind == "close":
+            depth -= 1
+        elif kind == "colon" and value == ":" and depth == 0:
+            return item[i + 1 :], i
+    return item, None
+
+
+def _refs(body: list[tuple[str, str]], nested: list) -> list[tuple[str, int]]:
+    """(name, groups around it) of each name in a body; %lark blocks go to `nested`."""
+    out, depth, i = [], 0, 0
+    while i < len(body):
+        kind, value = body[i]
+        if kind == "lark":
+            j, braces = i + 1, 0
+            while j < len(body):
+                braces += {"lbrace": 1, "rbrace": -1}.get(body[j][0], 0)
+                if braces == 0:
+                    break
+                j += 1
+            inner = [t if t[0] != "nl" else ("nl", "\n") for t in body[i + 2 : j]]
+            nested.append(inner)
+            i = j + 1
+            continue
+        if kind == "open":
+            depth += 1
+        elif kind == "close":
+            depth = max(0, depth - 1)
+        elif kind in ("rule", "term"):
+            out.append((value.lstrip("!?"), depth))
+        i += 1
+    return out
+
+
+def _longest(edges: dict[str, list[tuple[str, int]]], roots: list[str]) -> int:
+    """The heaviest simple path from a root, bounded over strongly connected components."""
+    comp = _components(edges)
+    inner: dict[int, int] = {}
+    for a, out in edges.items():
+        heaviest = max((w for b, w in out if comp[b] == comp[a]), default=0)
+        inner[comp[a]] = inner.get(comp[a], 0) + heaviest
+    exits: dict[int, list[tuple[int, int]]] = {}
+    for a, out in edges.items():
+        for b, w in out:
+            if comp[b] != comp[a]:
+                exits.setdefault(comp[a], []).append((comp[b], w))
+    # components come out of Tarjan's algorithm in reverse topological order: each one's
+    # successors are done before it
+    best: dict[int, int] = {}
+    for c in sorted(set(comp.values())):
+        best[c] = inner.get(c, 0) + max((w + best[d] for d, w in exits.get(c, ())), default=0)
+    return max((best[comp[r]] for r in roots), default=0)
+
+
+def _components(edges: dict[str, list[tuple[str, int]]]) -> dict[str, int]:
+    """Tarjan's strongly connected components, iteratively; numbered in reverse topological
+    order (a component's successors have smaller numbers)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    comp: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    counter = found = 0
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, i = work.pop()
+            if i == 0:
+                index[node] = low[node] = counter
+                counter += 1
+                stack.append(node)
+                on_stack.add(node)
+            out = edges.get(node, [])
+            if i < len(out):
+                work.append((node, i + 1))
+                nxt = out[i][0]
+                if nxt not in index:
+                    work.append((nxt, 0))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            if low[node] == index[node]:
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    comp[top] = found
+                    if top == node:
+                        break
+                found += 1
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+    return comp
+
+
+def _conservative(lark: str) -> int:
+    """Every name-like word a nested reference: a bound for a text the lexer cannot follow."""
+    names = len(re.findall(r"[A-Za-z_][\w\-]*", lark))
+    return BASE_FRAMES + names * (RULE_FRAME + 30 * GROUP_FRAME)
