@@ -1,14 +1,16 @@
 """Compiling a request's constraint (regex, JSON schema, tools) off the event loop, within
-the `constraint_timeout_s` limit, and only while its client is there.
+the `constraint_timeout_s` limit, only while its client is there, and no more of the pool
+per client than its share.
 
 A schema or regex can take long to compile (a token index over the whole vocabulary), so
 `compiled` runs the work on a small pool of its own threads: the event loop keeps serving,
 generation keeps its threads, and a request that waits longer than the limit gets a 400
-`constraint_timeout` naming it. A compile that has not started when its request is answered
-(timed out, or the client left) never starts; one already running cannot be interrupted in
-Python and is abandoned: it ends on its own, its result cached for the next request that
-asks for the same constraint. The pool is small, so abandoned compiles cannot take more
-than its threads.
+`constraint_timeout` naming it. Abandoned work stops: a compile that has not started when its
+request is answered (timed out, or the client left) never starts, and one running stops at
+its next check (`lmprog.fsm.deadline`: the compilers written in Python check a flag as they
+count their work; llguidance's own part cannot be interrupted, and is bounded by the size of
+what it is given). One client (its address) runs at most half the pool's compiles at once;
+its others wait for its own, so its schemas cannot make another client's time out.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
+from lmprog.core.errors import ConstraintError
+from lmprog.fsm.deadline import CompileAbandoned, CompileTimeout, compile_deadline
+
 from .context import ServeContext
 from .errors import APIError, ClientGone
 
@@ -30,6 +35,10 @@ POLL_S = 0.25  # how often a waiting compile checks that its client is still the
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
+_workers = max(2, os.cpu_count() or 1)
+# per client address: (its compiles running, the futures of its compiles waiting); read and
+# written on the event loop only
+_running: dict[str, list] = {}
 
 
 def compile_pool() -> ThreadPoolExecutor:
@@ -37,41 +46,118 @@ def compile_pool() -> ThreadPoolExecutor:
     global _pool
     with _lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(
-                max(2, os.cpu_count() or 1), thread_name_prefix="lmprog-compile"
-            )
+            _pool = ThreadPoolExecutor(_workers, thread_name_prefix="lmprog-compile")
         return _pool
+
+
+def per_client() -> int:
+    """Compiles one client may run at once: half the pool, at least one."""
+    return max(1, _workers // 2)
 
 
 async def compiled(
     ctx: ServeContext, request: Request, param: str, fn: Callable[..., T], *args: Any
 ) -> T:
-    """fn(*args) on the compile pool; 400 `constraint_timeout` (blaming `param`) after
-    `ctx.limits.constraint_timeout_s`, ClientGone if the client disconnects first."""
+    """fn(*args) on the compile pool, once this client has a free share of it; 400
+    `constraint_timeout` (blaming `param`) after `ctx.limits.constraint_timeout_s`, a 400
+    naming `param` for a constraint refused as it compiles, ClientGone if the client
+    disconnects first."""
     loop = asyncio.get_running_loop()
-    future = asyncio.wrap_future(compile_pool().submit(fn, *args), loop=loop)
     limit = ctx.limits.constraint_timeout_s
     deadline = loop.time() + limit
+    client = request.client.host if request.client is not None else ""
+    cancelled = threading.Event()
+    turn = _turn(client, loop)
     try:
-        while True:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise APIError(
-                    400,
-                    f"compiling the {param} took longer than this server's limit of {limit:g} s "
-                    "(constraint_timeout_s, lmprog serve --constraint-timeout): simplify it "
-                    "(fewer nested or repeated parts, smaller bounds)",
-                    param=param,
-                    code="constraint_timeout",
-                )
-            done, _ = await asyncio.wait({future}, timeout=min(POLL_S, remaining))
-            if done:
-                return future.result()
-            if await request.is_disconnected():
-                raise ClientGone
+        await _wait(turn, deadline, request, param, limit)
+    except BaseException:
+        if turn.done() and not turn.cancelled():
+            _done(client)  # its turn came: give it back
+        else:
+            turn.cancel()  # passed over when one is given back
+        raise
+
+    def run() -> T:
+        with compile_deadline(max(0.0, deadline - loop.time()), cancelled):
+            return fn(*args)
+
+    work = compile_pool().submit(run)
+    # the client's turn ends when the work does (cancelled before it started, or stopped)
+    work.add_done_callback(lambda _: loop.call_soon_threadsafe(_done, client))
+    future = asyncio.wrap_future(work, loop=loop)
+    try:
+        return await _wait(future, deadline, request, param, limit)
+    except CompileTimeout:
+        raise _timeout(param, limit) from None
+    except CompileAbandoned:
+        raise ClientGone from None
+    except ConstraintError as exc:  # refused while its token index was built
+        raise APIError(400, f"invalid {param}: {exc}", param=param, code=_code(param)) from None
     finally:
-        if not future.done():
-            future.cancel()  # not started: never starts; running: abandoned
+        if not work.done():
+            work.cancel()  # not started: never starts
+        cancelled.set()  # running: stops at its next check
+
+
+async def _wait(future: Any, deadline: float, request: Request, param: str, limit: float) -> Any:
+    loop = asyncio.get_running_loop()
+    while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise _timeout(param, limit)
+        done, _ = await asyncio.wait({future}, timeout=min(POLL_S, remaining))
+        if done:
+            return future.result()
+        if await request.is_disconnected():
+            raise ClientGone
+
+
+def _turn(client: str, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+    """A future done once `client` may start a compile (at once while it runs fewer than
+    `per_client()`); its place is taken then, and given back by `_done`."""
+    entry = _running.setdefault(client, [0, []])
+    turn = loop.create_future()
+    if entry[0] < per_client():
+        entry[0] += 1
+        turn.set_result(None)
+    else:
+        entry[1].append(turn)
+    return turn
+
+
+def _done(client: str) -> None:
+    """A compile of `client` ended, or its request stopped waiting: the next one waiting
+    starts (a cancelled wait is passed over)."""
+    entry = _running.get(client)
+    if entry is None:
+        return
+    entry[0] -= 1
+    while entry[1]:
+        turn = entry[1].pop(0)
+        if not turn.done():
+            entry[0] += 1
+            turn.set_result(None)
+            break
+    if entry[0] <= 0 and not entry[1]:
+        del _running[client]
+
+
+def _timeout(param: str, limit: float) -> APIError:
+    return APIError(
+        400,
+        f"compiling the {param} took longer than this server's limit of {limit:g} s "
+        "(constraint_timeout_s, lmprog serve --constraint-timeout): simplify it "
+        "(fewer nested or repeated parts, smaller bounds)",
+        param=param,
+        code="constraint_timeout",
+    )
+
+
+def _code(param: str) -> str:
+    """The error code of a constraint field (formats' codes; tools are schemas)."""
+    from .formats import _CODES
+
+    return _CODES.get(param.split(".")[0], "invalid_schema")
 
 
 def build_index(ctx: ServeContext, constraint: Any) -> None:
