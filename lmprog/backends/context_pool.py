@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lmprog.backends.llamacpp_native import NativeContext
-from lmprog.backends.state_cache import StateCache, common_prefix_len
+from lmprog.backends.state_cache import SavedState, StateCache, common_prefix_len
 
 
 @dataclass(frozen=True)
@@ -85,11 +85,36 @@ class SequencePool:
         self._leased.discard(slot)
         self._last_used[slot] = next(self._clock)
 
-    def retract(self, slot: int) -> None:
-        """Take a slot back from its request to free KV cells (saving its work first)."""
-        self._save_before_dropping(slot, 0)
+    def retract(self, slot: int, keep: int) -> SavedState | None:
+        """Take a slot back from its request to free KV cells: the state of its first `keep`
+        tokens, for `resume` (None if it held none). Kept by the request, not in the shared
+        StateCache, which may evict it or skip a short one: a resumed request continues from
+        the very KV it had, not from a re-evaluation that llama.cpp rounds differently in a
+        batch of another size."""
+        tokens = self.ctx.tokens[slot][:keep]
+        saved = None
+        if tokens:
+            self.ctx.truncate(slot, len(tokens))
+            saved = SavedState(tuple(tokens), self.ctx.save_state(slot))
         self.ctx.truncate(slot, 0)
         self.release(slot)
+        return saved
+
+    def resume(self, saved: SavedState) -> Lease | None:
+        """Lease a free slot holding exactly a retracted request's state (idle slots emptied
+        to make room); None while no slot is free or the KV cells have no room for it."""
+        free = [s for s in range(self.ctx.n_seq) if s not in self._leased]
+        if not free:
+            return None
+        tokens = self.ctx.tokens
+        slot = min(free, key=lambda s: (len(tokens[s]) > 0, self._last_used[s]))
+        self._save_before_dropping(slot, 0)
+        while not self.ctx.load_state(slot, saved.blob, saved.tokens):
+            if not self.evict_idle():
+                return None
+        self._leased.add(slot)
+        self.count(restores=1)
+        return Lease(slot, len(saved.tokens), True)
 
     def evict_idle(self) -> bool:
         """Empty the least recently used idle slot that holds tokens (saving them first);

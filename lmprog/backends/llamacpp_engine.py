@@ -15,7 +15,8 @@ ends when its slot holds the target.
 Callers wait on their Job's events (text pieces, then a result or an error): user code
 (stream callbacks) never runs on the engine thread, and a caller that stops reading aborts
 only its own request (`abort`). When the KV cells run out, idle slots are emptied first,
-then the newest request of the step is retracted (its work saved, evaluated again later).
+then the newest request of the step is retracted: its KV state is saved with it and restored
+when it is admitted again, so it continues from the same KV as if it had stayed.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class Job:
         self.slot: int | None = None
         self.reused: int | None = None  # prompt tokens reused when first admitted
         self.rows: list[np.ndarray] = []  # logits collected since the target last grew
+        self.saved: Any = None  # its slot's SavedState while it is retracted
         self.aborted = False
         self._events: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
         self._outcome: tuple[int, Any] | None = None
@@ -253,12 +255,11 @@ class Engine:
     def _admit(self) -> None:
         while self._waiting and not self._hold_admission:
             job = self._waiting[0]
-            limit = len(job.target) if job.logits_from is None else job.logits_from
-            lease = self.pool.acquire(job.target, limit)
+            lease = self._lease(job)
             if lease is None:
                 return
             self._waiting.popleft()
-            job.slot = lease.slot
+            job.slot, job.saved = lease.slot, None
             if job.reused is None:  # its first admission: its prompt counted here, as the
                 job.reused = lease.reused  # runtime counts admitted prompts
                 if job.gen is not None:
@@ -268,6 +269,16 @@ class Engine:
                         prefix_hits=int(bool(job.reused)),
                     )
             self._running.append(job)
+
+    def _lease(self, job: Job) -> Any:
+        """A slot for the job: a retracted one's own state restored (evaluated again only if
+        it cannot fit even with nothing else running), else the best prefix of its target."""
+        if job.saved is not None:
+            lease = self.pool.resume(job.saved)
+            if lease is not None or self._running:
+                return lease
+            _log.warning("a retracted request's KV state does not fit: evaluating it again")
+        return self.pool.acquire(job.target, _limit(job))
 
     def _plan(self) -> tuple[list[Row], list[Job]]:
         """Decodes first (one token each), then prompt chunks, within n_batch tokens."""
@@ -404,7 +415,8 @@ class Engine:
         """Give the job's KV cells back; it waits (first in line) to be evaluated again."""
         _log.info("KV cells full: retracting a request of %d tokens", len(job.target))
         self._running.remove(job)
-        self.pool.retract(job.slot)
+        # logits collected (a scored span's) are dropped: keep no token past the first wanted
+        job.saved = self.pool.retract(job.slot, _limit(job))
         self.pool.count(num_retractions=1)
         job.slot, job.rows = None, []
         self._waiting.appendleft(job)
@@ -427,3 +439,9 @@ class Engine:
         if job.gen is None or not job.rows or self._pending(job):
             return False
         return job.state is not None or job.gen.index is None or job.gen.index.done()
+
+
+def _limit(job: Job) -> int:
+    """The most target tokens a slot may hold before the job is evaluated: up to the first
+    position whose logits it wants."""
+    return len(job.target) if job.logits_from is None else job.logits_from

@@ -145,6 +145,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="KV cache size in tokens (llamacpp: the context size n_ctx)",
     )
     p.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=None,
+        help="requests decoded together, more wait (runtime: max_running_requests, default 64; "
+        "llamacpp: n_parallel, default 16; 1 makes greedy outputs independent of load there)",
+    )
+    p.add_argument(
         "--num-threads",
         type=int,
         default=None,
@@ -283,6 +290,8 @@ def backend_options(args: argparse.Namespace) -> dict:
             "quantization": args.quantization,
             "num_threads": args.num_threads,
         }
+        if args.max_running_requests is not None:
+            options["max_running_requests"] = args.max_running_requests
         options.update((dest, getattr(args, dest)) for _, dest, _, _ in given)
         return options
     if given:
@@ -294,6 +303,8 @@ def backend_options(args: argparse.Namespace) -> dict:
     out: dict = {}
     if args.num_threads is not None:
         out["n_threads"] = args.num_threads
+    if args.max_running_requests is not None:
+        out["n_parallel"] = args.max_running_requests  # llama.cpp sequences decoded together
     if args.max_total_tokens is not None:
         out["n_ctx"] = args.max_total_tokens  # llama.cpp's KV cache holds n_ctx tokens
     device = (args.device or "auto").lower()

@@ -223,6 +223,25 @@ def test_scoring_runs_beside_generation(be):
     assert totals[0] > max(totals[1:])  # Paris still wins
 
 
+def test_a_retracted_request_resumes_from_its_own_kv_not_a_re_evaluation():
+    """With the shared state cache off, a retracted request still keeps its KV state and is
+    restored from it: no token is evaluated twice (a re-evaluation rounds differently in a
+    batch of another size, so the request would not continue as if it had stayed)."""
+    small = LlamaCpp(n_ctx=256, n_parallel=4, state_cache_bytes=0)
+    try:
+        prompts = [chat(small, f"Write about {t}.") for t in TOPICS]
+        results = run_together(small, [request(p, max_tokens=90, ignore_eos=True) for p in prompts])
+        assert all(r.completion_tokens == 90 for r in results), results
+        stats = small.stats()
+        assert stats["num_retractions"] >= 1
+        assert stats["restores"] >= stats["num_retractions"]
+        # every prompt token not reused, and every output token but the last, evaluated once
+        once = sum(r.prompt_tokens - r.cached_tokens + r.completion_tokens - 1 for r in results)
+        assert stats["evaluated_tokens"] == once
+    finally:
+        small.shutdown()
+
+
 def test_full_kv_cells_retract_and_every_request_finishes():
     """Four requests that together need more KV cells than the context has: some wait
     (their work saved) and all finish with their whole output."""

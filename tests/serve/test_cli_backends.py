@@ -50,6 +50,13 @@ def test_llamacpp_maps_threads_context_and_device():
     assert options(*llama, "--device", "metal") == {"n_gpu_layers": -1}
 
 
+def test_max_running_requests_maps_to_each_backend():
+    assert options("--max-running-requests", "8")["max_running_requests"] == 8
+    assert "max_running_requests" not in options()  # the runtime's default unless given
+    llama = ("--backend", "llamacpp", "--device", "cpu")
+    assert options(*llama, "--max-running-requests", "1") == {"n_gpu_layers": 0, "n_parallel": 1}
+
+
 def test_llamacpp_auto_device_follows_the_build():
     llama_cpp = pytest.importorskip("llama_cpp")
     want = -1 if llama_cpp.llama_supports_gpu_offload() else 0
