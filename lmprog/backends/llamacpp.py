@@ -345,6 +345,8 @@ class LlamaCpp(Backend):
         return True
 
     def stats(self) -> dict[str, Any]:
+        from lmprog.fsm.index import lexer_renewals
+
         out: dict[str, Any] = self._stats.snapshot()
         out["prefix_misses"] = out["requests"] + out["score_requests"] - out["prefix_hits"]
         out.update(self._pool.stats())
@@ -352,6 +354,7 @@ class LlamaCpp(Backend):
         out["n_ctx"] = self.n_ctx
         out["n_parallel"] = self.n_parallel
         out["peak_sequences"] = self._engine.peak_sequences
+        out["constraint_lexer_renewals"] = lexer_renewals()  # the process's, as the runtime's
         out.update(self._engine.load())
         out.update(_gauges(out, self._pool.ctx.tokens, self.n_ctx))
         return out

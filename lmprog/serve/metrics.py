@@ -50,6 +50,11 @@ _BACKEND = {
         "counter",
         "Requests retracted for lack of KV cache.",
     ),
+    "constraint_lexer_renewals": (
+        "lmprog_constraint_lexer_renewals",
+        "counter",
+        "Constraint lexers renewed after reaching their state limit (this process).",
+    ),
 }
 
 # seconds; vLLM's buckets for the same histograms, cut to what a CPU or GPU server sees

@@ -16,6 +16,7 @@ SHARED = (
     "num_running",
     "num_waiting",
     "num_retractions",
+    "constraint_lexer_renewals",
     "prompt_tokens",
     "cached_tokens",
     "cache_hit_rate",
