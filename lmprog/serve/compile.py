@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -36,9 +37,9 @@ POLL_S = 0.25  # how often a waiting compile checks that its client is still the
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _workers = max(2, os.cpu_count() or 1)
-# per client address: (its compiles running, the futures of its compiles waiting); read and
-# written on the event loop only
-_running: dict[str, list] = {}
+# per server's event loop, per client address: [its compiles running, the futures of its
+# compiles waiting]; read and written on that loop only, gone with it
+_shares: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def compile_pool() -> ThreadPoolExecutor:
@@ -83,7 +84,7 @@ async def compiled(
 
     work = compile_pool().submit(run)
     # the client's turn ends when the work does (cancelled before it started, or stopped)
-    work.add_done_callback(lambda _: loop.call_soon_threadsafe(_done, client))
+    work.add_done_callback(lambda _: _on_loop(loop, _done, client))
     future = asyncio.wrap_future(work, loop=loop)
     try:
         return await _wait(future, deadline, request, param, limit)
@@ -112,10 +113,19 @@ async def _wait(future: Any, deadline: float, request: Request, param: str, limi
             raise ClientGone
 
 
+def _on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+    """fn(*args) on `loop`, from a compile thread; nothing once the server's loop closed (its
+    shares went with it)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop is closed: the server stopped
+        pass
+
+
 def _turn(client: str, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
     """A future done once `client` may start a compile (at once while it runs fewer than
     `per_client()`); its place is taken then, and given back by `_done`."""
-    entry = _running.setdefault(client, [0, []])
+    entry = _shares.setdefault(loop, {}).setdefault(client, [0, []])
     turn = loop.create_future()
     if entry[0] < per_client():
         entry[0] += 1
@@ -128,7 +138,8 @@ def _turn(client: str, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
 def _done(client: str) -> None:
     """A compile of `client` ended, or its request stopped waiting: the next one waiting
     starts (a cancelled wait is passed over)."""
-    entry = _running.get(client)
+    running = _shares.get(asyncio.get_running_loop(), {})
+    entry = running.get(client)
     if entry is None:
         return
     entry[0] -= 1
@@ -139,7 +150,7 @@ def _done(client: str) -> None:
             turn.set_result(None)
             break
     if entry[0] <= 0 and not entry[1]:
-        del _running[client]
+        del running[client]
 
 
 def _timeout(param: str, limit: float) -> APIError:
