@@ -59,6 +59,7 @@ class Generations:
         self._started: set[int] = set()
         self._outcomes: dict[int, tuple[int, Any]] = {}
         self.size = len(requests)
+        self.prompt = requests[0].prompt  # every choice's
         for i, request in enumerate(requests):
             executor.submit(self._work, backend, i, request)
 

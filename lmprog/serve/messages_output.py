@@ -90,7 +90,9 @@ class MessagesReply:
         return "end_turn", None
 
     async def stream(self, group: Generations) -> AsyncIterator[bytes]:
-        usage0 = {"input_tokens": 0, "output_tokens": 0}
+        # the prompt's tokens are known before the first one is generated, as Anthropic's are
+        prompt_tokens = await self.ctx.blocking(_token_count, self.ctx, self.group.prompt)
+        usage0 = {"input_tokens": prompt_tokens, "output_tokens": 0}
         yield _event({"type": "message_start", "message": self._message([], (None, None), usage0)})
         blocks, reason, usage = _Blocks(), None, None
         async for chunk in self.chat.stream(group):
@@ -120,10 +122,16 @@ class MessagesReply:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": stop[0], "stop_sequence": stop[1]},
-                "usage": {"output_tokens": out["output_tokens"]},
+                "usage": out,  # the whole usage, cumulative, as Anthropic's final delta
             }
         )
         yield _event({"type": "message_stop"})
+
+
+def _token_count(ctx: ServeContext, prompt: Any) -> int:
+    from lmprog.core.prompt import encode_prompt
+
+    return len(encode_prompt(ctx.backend.tokenizer, prompt))
 
 
 class _Blocks:

@@ -86,6 +86,10 @@ def test_streaming_event_types(srv):
         final = stream.get_final_message()
     kinds = [e.type for e in events]
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    # the prompt's tokens in message_start (was 0), the whole usage at the end
+    assert events[0].message.usage.input_tokens > 0
+    assert final.usage.input_tokens == events[0].message.usage.input_tokens
+    assert final.usage.output_tokens > 0
     assert "content_block_start" in kinds and "content_block_stop" in kinds
     assert "message_delta" in kinds and kinds.count("content_block_delta") > 2
     assert final.content[0].text == "Hello from lmprog. STOP here"
