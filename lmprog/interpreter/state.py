@@ -18,6 +18,7 @@ from lmprog.core.errors import ConstraintError, ProgramCancelled
 from lmprog.core.protocol import Backend, StreamPiece
 from lmprog.core.sampling import SamplingParams
 from lmprog.interpreter.executor import NodeExecutor, TemplateSource
+from lmprog.interpreter.partial import PartialJSON
 from lmprog.interpreter.record import Parsed, StateRecord
 from lmprog.interpreter.worker import ForkPoint, Worker
 from lmprog.lang.ir import ArgRef, Fork, Join
@@ -53,6 +54,8 @@ class ProgramState(FrontendState):
         state.sync()                wait for every pending append; raise the program's error
         state.error()               the program's error or None
         state.text_iter("answer")   the text (or one variable) in pieces as generated
+        state.partial_iter("answer")
+                                    a JSON gen's value so far, as it streams
         state.cancel()              stop the program (see `cancel`)
     """
 
@@ -264,6 +267,44 @@ class ProgramState(FrontendState):
         pieces = self._leaving_cancels(self._record.iter_pieces(var))
         return _with_meta(pieces) if _flag(return_meta_data) else pieces
 
+    def partial_iter(self, var: str, *, partial_strings: bool = False) -> Iterator[Any]:
+        """The JSON value of variable `var` as its gen streams (a `json_schema` gen's).
+
+        Each item is the value parsed from the text so far, yielded when it changed: an
+        object with the members complete so far (an object or array still open holds what
+        is complete of it), a number only once it is complete, a string only once closed
+        unless `partial_strings=True` (then the open string so far). Items are plain JSON
+        values (dict, list, str, ...) even for `json_schema=Model`: a model instance needs
+        every required field and its validators, which a value still being written has not
+        met; `state.parsed(var)` gives the typed value once the gen is complete. The last
+        item is the whole value (or, for a gen cut short at max_tokens, what is complete of
+        it). Ends, raises and cancels a streamed run when left early as `text_iter(var)`;
+        raises ValueError if the text is not JSON.
+        """
+        if not isinstance(var, str):
+            raise TypeError(f"partial_iter() takes a variable name (str), got {type(var).__name__}")
+        reader = PartialJSON(_flag(partial_strings, "partial_strings"))
+        return _partials(self.text_iter(var), reader)
+
+    async def partial_async_iter(
+        self, var: str, *, partial_strings: bool = False
+    ) -> AsyncIterator[Any]:
+        """`partial_iter` for asyncio: awaits new pieces without blocking the event loop."""
+        if not isinstance(var, str):
+            raise TypeError(
+                f"partial_async_iter() takes a variable name (str), got {type(var).__name__}"
+            )
+        reader = PartialJSON(_flag(partial_strings, "partial_strings"))
+        pieces = self.text_async_iter(var)
+        try:
+            async for piece in pieces:
+                for value in reader.feed(piece):
+                    yield value
+            for value in reader.finish():
+                yield value
+        finally:
+            await pieces.aclose()
+
     async def text_async_iter(
         self, var: str | None = None, return_meta_data: bool = False
     ) -> AsyncIterator[Any]:
@@ -336,10 +377,23 @@ def _abandoned(record: StateRecord, children: list[ProgramState]) -> None:
         record.cancel(ProgramCancelled("the streamed program's state was garbage-collected"))
 
 
-def _flag(value: Any) -> bool:
+def _flag(value: Any, name: str = "return_meta_data") -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"return_meta_data must be a bool, got {type(value).__name__}")
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return value
+
+
+def _partials(pieces: Iterator[str], reader: PartialJSON) -> Iterator[Any]:
+    """Each changed value of `reader` as `pieces` (a variable's text) arrive, the whole
+    text's last. Closing this closes `pieces` (a streamed run is cancelled)."""
+    try:
+        for piece in pieces:
+            yield from reader.feed(piece)
+        yield from reader.finish()
+    finally:
+        close = getattr(pieces, "close", None)
+        if close is not None:
+            close()
 
 
 def _piece_meta(piece: str) -> dict[str, Any]:
