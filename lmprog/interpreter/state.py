@@ -12,7 +12,7 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from lmprog.core.errors import ConstraintError, ProgramCancelled
 from lmprog.core.protocol import Backend, StreamPiece
@@ -20,9 +20,12 @@ from lmprog.core.sampling import SamplingParams
 from lmprog.interpreter.executor import NodeExecutor, TemplateSource
 from lmprog.interpreter.partial import PartialJSON
 from lmprog.interpreter.record import Parsed, StateRecord
+from lmprog.interpreter.typed import checked_type
 from lmprog.interpreter.worker import ForkPoint, Worker
 from lmprog.lang.ir import ArgRef, Fork, Join
 from lmprog.lang.state import FrontendState, Inherited, Step
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -217,7 +220,13 @@ class ProgramState(FrontendState):
         with self._record.cond:
             return self._record.meta.get(name, {})
 
-    def parsed(self, name: str) -> Any:
+    @overload
+    def parsed(self, name: str) -> Any: ...
+
+    @overload
+    def parsed(self, name: str, as_type: type[T]) -> T: ...
+
+    def parsed(self, name: str, as_type: Any = None) -> Any:
         """The parsed value of variable `name` (waits like `s[name]`).
 
         For `gen(name, json_schema=Model)` with a pydantic model class: a `Model` instance;
@@ -225,6 +234,11 @@ class ProgramState(FrontendState):
         the int/float/bool/str; for a regex gen, a plain gen or a select: the text, as
         `s[name]`; a gathered fork variable: a list with one entry per copy. `s[name]`
         itself is always the text, as in SGLang.
+
+        `as_type` (a class, or a type such as `list[Model]`): the type the value has, for
+        type checkers (`state.parsed("person", Person)` is a `Person` to them) and checked
+        here: a value of another type raises TypeError (a class by isinstance, another
+        type by pydantic's strict validation, the value returned as it is).
 
         Raises `lp.ConstraintError` (naming the variable and the finish reason) when the
         text does not parse, e.g. a gen cut short at max_tokens inside its constraint: its
@@ -235,8 +249,10 @@ class ProgramState(FrontendState):
             entry = self._record.parsed.get(name)
         if isinstance(entry, list):
             values = value if isinstance(value, list) else [None] * len(entry)
-            return [_resolve(e, v) for e, v in zip(entry, values)]
-        return _resolve(entry, value)
+            value = [_resolve(e, v) for e, v in zip(entry, values)]
+        else:
+            value = _resolve(entry, value)
+        return value if as_type is None else checked_type(value, as_type, f"parsed({name!r})")
 
     def sync(self) -> None:
         """Wait until every append so far has run; raise the program's error if it failed."""

@@ -85,15 +85,14 @@ class NativeSamplingParams(Strict):
     json_schema: str | dict[str, Any] | None = None
     ebnf: str | None = None
     stop_regex: str | list[str] | None = None
-    # accepted at the values lmprog always uses; anything else is refused
     skip_special_tokens: bool | None = None
+    # accepted at the values lmprog always uses; anything else is refused
     spaces_between_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
 
     def unsupported(self) -> str | None:
         """The first field set to a value lmprog cannot honour, or None."""
         for name, ok in (
-            ("skip_special_tokens", self.skip_special_tokens in (None, True)),
             ("spaces_between_special_tokens", self.spaces_between_special_tokens in (None, True)),
             ("no_stop_trim", self.no_stop_trim in (None, False)),
         ):
@@ -375,6 +374,7 @@ def _sampling(
         "presence_penalty": sp.presence_penalty,
         "repetition_penalty": sp.repetition_penalty,
         "ignore_eos": sp.ignore_eos,
+        "skip_special_tokens": sp.skip_special_tokens,
         "seed": sp.sampling_seed,
         "return_logprob": return_logprob,
         "top_logprobs_num": top if return_logprob else 0,

@@ -153,3 +153,51 @@ def test_a_json_schema_constraint_is_taken_as_it_is_built():
     assert sgl.gen("j", json_schema=schema).constraint.strict is True  # the default
     with pytest.raises(TypeError, match="json_schema Constraint"):
         sgl.gen("x", json_schema=sgl.Constraint.from_regex("a+"))
+
+
+def test_parsed_with_a_type_returns_it_to_type_checkers_and_checks_it():
+    """Issue 36, section 4: `parsed(name, Model)` is a `Model` to a type checker (the
+    overload returns the type given) and checked at run time."""
+    import typing
+
+    from lmprog.interpreter.state import ProgramState
+
+    @sgl.function
+    def typed(s):
+        s += sgl.gen("c", json_schema=Capital) + sgl.gen("i", dtype=int)
+        s += sgl.gen("n", json_schema=list[Capital])
+
+    many = '[{"name": "Rome", "population": 2800000}]'
+    state = typed.run(backend=answering('{"name": "Paris", "population": 1}', "17", many))
+    capital = state.parsed("c", Capital)
+    typing.assert_type(capital, Capital)
+    assert capital is state.parsed("c") and capital.name == "Paris"
+    assert state.parsed("i", int) == 17 and state.parsed("n", list[Capital])[0].name == "Rome"
+    with pytest.raises(TypeError, match=r"parsed\('c'\) is a Capital .* not dict"):
+        state.parsed("c", dict)
+    with pytest.raises(TypeError, match=r"not str"):
+        state.parsed("i", str)
+    with pytest.raises(TypeError, match=r"not list\[int\]"):
+        state.parsed("n", list[int])  # checked item by item
+    with pytest.raises(TypeError, match="as_type must be a type"):
+        state.parsed("i", 3)
+
+    plain, typed_overload = typing.get_overloads(ProgramState.parsed)
+    hints = typing.get_type_hints(typed_overload)
+    (t,) = typing.get_args(hints["as_type"])  # type[T] -> T
+    assert isinstance(t, typing.TypeVar) and hints["return"] is t
+    assert typing.get_type_hints(plain)["return"] is typing.Any
+
+
+def test_parsed_with_a_type_checks_a_gathered_variable_as_its_list():
+    @sgl.function
+    def forked(s):
+        forks = s.fork(2)
+        for f in forks:
+            f += sgl.gen("n", dtype=int)
+        forks.join(mode="gather")
+
+    state = forked.run(backend=answering("1", "2"))
+    assert sorted(state.parsed("n", list[int])) == [1, 2]
+    with pytest.raises(TypeError):
+        state.parsed("n", int)
