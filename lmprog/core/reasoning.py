@@ -32,7 +32,7 @@ the whitespace that follows the end marker (a chat template writes it back as
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 PromptState = Literal["open", "closed", "none"]
 REASONING, ANSWER = "reasoning", "answer"
@@ -60,6 +60,14 @@ class ReasoningFormat:
         if tail.endswith(self.end):
             return "closed"
         return "none"
+
+    def marked_by_special_tokens(self, tokenizer: Any) -> bool:
+        """Whether a special token of `tokenizer` is part of the markers (gpt-oss's
+        `<|channel|>`, Magistral's `[THINK]` where they are control tokens): its output must
+        then be detokenized with them (SamplingParams.skip_special_tokens=False) to split."""
+        markers = (self.start, self.end, self.answer_header)
+        specials = getattr(tokenizer, "all_special_tokens", None) or ()
+        return any(tok and any(tok in m for m in markers) for tok in specials)
 
     def split(self, text: str, state: PromptState = "none") -> tuple[str | None, str]:
         """(reasoning or None, answer) of a whole output."""

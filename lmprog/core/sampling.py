@@ -32,6 +32,8 @@ class SamplingParams:
     `repetition_penalty` (CTRL's, as vLLM and SGLang apply it; 1.0 disables it): the logit of
     every token already in the prompt or the output is divided by it when positive and
     multiplied by it when negative, so a penalty > 1 makes repeats less likely, < 1 more.
+    `skip_special_tokens=False` keeps special tokens' text in the output (SGLang's and vLLM's
+    parameter; a reasoning model whose markers are special tokens, as gpt-oss's channels).
     """
 
     max_tokens: int = 128
@@ -51,6 +53,7 @@ class SamplingParams:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     n: int = 1
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         # Normalise the two list-like fields so callers may pass a str/list.
@@ -115,6 +118,8 @@ class SamplingParams:
         _check_float("repetition_penalty", self.repetition_penalty, lo=0.0)
         if self.repetition_penalty == 0.0:
             raise ValueError("repetition_penalty must be > 0 (1.0 disables it), got 0")
+        if not isinstance(self.skip_special_tokens, bool):
+            raise TypeError(f"skip_special_tokens must be a bool, got {self.skip_special_tokens!r}")
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if self.seed is not None:

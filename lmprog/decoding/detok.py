@@ -209,8 +209,9 @@ class TextStream:
         prompt_ids: Sequence[int] = (),
         armed: bool = True,
         stop_regex: Sequence[str] = (),
+        skip_special_tokens: bool = True,
     ):
-        self._detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+        self._detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
         self._stops = StopMatcher(stops) if stops else None
         self._regex = tuple(stop_regex)
         self._matched_regex: str | None = None

@@ -135,7 +135,12 @@ class DecodeState:
         self._armed = params.min_tokens == 0  # stop strings are looked for (min_tokens met)
         self._text: Any = (
             TextStream(
-                tokenizer, params.stop, prompt_ids, armed=self._armed, stop_regex=params.stop_regex
+                tokenizer,
+                params.stop,
+                prompt_ids,
+                armed=self._armed,
+                stop_regex=params.stop_regex,
+                skip_special_tokens=params.skip_special_tokens,
             )
             if tokenizer is not None
             else _NoText()

@@ -11,6 +11,7 @@ choice's last chunk.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
@@ -65,6 +66,8 @@ async def start_chat_completion(
     else:
         plan, prompt, thinking = await ctx.blocking(_prepare, ctx, body)
     constraint = plan.constraint if thinking is None else thinking.constrain(plan.constraint)
+    if thinking is not None and thinking.fmt.marked_by_special_tokens(ctx.backend.tokenizer):
+        params = replace(params, skip_special_tokens=False)  # the markers must be in the text
     requests = [GenerateRequest(prompt, p, constraint) for p in choice_params(params, n)]
     backend = ctx.backend if thinking is None else thinking.backend(ctx.backend, plan.constraint)
     group = Generations(

@@ -138,6 +138,20 @@ def test_eos_and_min_tokens(be):
     assert ignored.completion_tokens == n + 3 and ignored.finish_reason == "length"
 
 
+def test_special_tokens_kept_in_the_text_when_asked(be):
+    """skip_special_tokens=False (SGLang's and vLLM's parameter) keeps a special token's text:
+    a reasoning model whose markers are special tokens (gpt-oss's channels) needs them."""
+    prompt = chat(be, "Say only the word yes.")
+    n = gen(be, prompt, max_tokens=40).completion_tokens  # its answer, then <|im_end|>
+    kept = gen(be, prompt, max_tokens=n + 3, ignore_eos=True, skip_special_tokens=False)
+    skipped = gen(be, prompt, max_tokens=n + 3, ignore_eos=True)
+    assert kept.token_ids == skipped.token_ids
+    end = be.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert end in kept.token_ids
+    assert "<|im_end|>" in kept.text and "<|im_end|>" not in skipped.text
+    assert kept.text.replace("<|im_end|>", "").replace("<|im_start|>", "") == skipped.text
+
+
 def test_max_tokens_and_finish_reasons(be):
     r = gen(be, QUESTION, max_tokens=3)
     assert (r.finish_reason, r.completion_tokens, len(r.token_ids)) == ("length", 3, 3)

@@ -244,7 +244,7 @@ def test_flush_cache_and_health_generate(server):
     [
         ({"sampling_params": {"max_new_tokens": 1}}, "text"),  # no prompt
         ({"text": "a", "input_ids": [1]}, "text"),  # both
-        ({"text": "a", "sampling_params": {"skip_special_tokens": False}}, None),
+        ({"text": "a", "sampling_params": {"spaces_between_special_tokens": False}}, None),
         ({"text": "a", "sampling_params": {"max_new_tokens": "5"}}, None),
         ({"text": "a", "sampling_params": {"regex": "(unclosed"}}, "sampling_params.regex"),
         ({"text": "a", "sampling_params": {"regex": "a", "ebnf": "root ::= 'a'"}}, None),

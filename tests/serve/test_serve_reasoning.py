@@ -12,7 +12,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from fakes import FakeBackend
+from fakes import FakeBackend, FakeTokenizer
 from serve_http import assert_error, post_json, request
 
 from lmprog.serve import Server
@@ -323,3 +323,31 @@ def test_responses_api_reasoning_items(srv, fake):
 
 def client_for_responses(srv):
     return openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+
+
+class _HarmonyTokenizer(FakeTokenizer):
+    all_special_tokens = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>"]
+
+
+class _HarmonyBackend(FakeBackend):
+    @property
+    def tokenizer(self):
+        return _HarmonyTokenizer()
+
+
+def test_markers_that_are_special_tokens_are_kept_in_the_output(fake, client):
+    """gpt-oss's channel markers are special tokens, which detokenizing drops by default: the
+    request then keeps them (skip_special_tokens=False), so its output splits."""
+    harmony = _HarmonyBackend(
+        responder=lambda _: (
+            "<|channel|>analysis<|message|>Capitals.<|end|>"
+            "<|start|>assistant<|channel|>final<|message|>Paris."
+        )
+    )
+    with Server(harmony, model_name="m", reasoning_parser="gpt-oss").start() as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+        message = c.chat.completions.create(model="m", messages=HI).choices[0].message
+    assert (message.reasoning_content, message.content) == ("Capitals.", "Paris.")
+    assert harmony.generations()[-1].params.skip_special_tokens is False
+    client.chat.completions.create(model="m", messages=HI)  # <think> is no special token here
+    assert fake.generations()[-1].params.skip_special_tokens is True
