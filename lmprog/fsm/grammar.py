@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from lmprog.core.errors import ConstraintError
+from lmprog.fsm.fixpoint import finite_nodes
 from lmprog.fsm.grammar_depth import check_rule_graph
 
 MAX_GRAMMAR_CHARS = 1_000_000  # the size of grammar text one constraint may hand over
@@ -142,52 +143,25 @@ def _refs(node: Any) -> list[str]:
 
 
 def _productive(rules: dict[str, Any]) -> set[str]:
-    """The rules that derive at least one finite string: the least fixpoint, found in time
-    linear in the grammar (each node counts the children it still needs; a node is productive
-    once that reaches 0, and tells its parents), not pass after pass over every rule (a chain
-    of n rules took n passes: minutes at 12,500)."""
-    need: dict[int, int] = {}  # node id -> productive children still needed
-    parents: dict[int, list[int]] = {}  # node id -> the nodes waiting on it
-    ready: list[int] = []
-    rule_ids = {name: id(rule.alternatives) for name, rule in rules.items()}
-    stack = [rule.alternatives for rule in rules.values()]
-    seen: set[int] = set()
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        children = _children(node, rule_ids)
-        need[id(node)] = children[0]
-        for child in children[1]:
-            parents.setdefault(child if isinstance(child, int) else id(child), []).append(id(node))
-            if not isinstance(child, int):
-                stack.append(child)
-        if need[id(node)] == 0:
-            ready.append(id(node))
-    done: set[int] = set()
-    while ready:
-        node_id = ready.pop()
-        if node_id in done:
-            continue
-        done.add(node_id)
-        for parent in parents.get(node_id, ()):
-            need[parent] -= 1
-            if need[parent] == 0:
-                ready.append(parent)
-    return {name for name, rid in rule_ids.items() if rid in done}
+    """The rules that derive at least one finite string (`fixpoint.finite_nodes`: linear in
+    the grammar; passes over every rule took minutes at 12,500 rules)."""
 
+    def parts(node: Any) -> list:
+        kind = type(node).__name__
+        if kind == "RuleRefNode":
+            return [rules[node.name].alternatives]
+        if kind == "SequenceNode":
+            return list(node.nodes)
+        if kind == "AlternativeNode":
+            return list(node.alternatives)
+        if kind == "RepetitionNode" and node.min_times > 0:
+            return [node.node]
+        return []  # a literal, a character class, an optional repetition
 
-def _children(node: Any, rule_ids: dict[str, int]) -> tuple[int, list]:
-    """(how many of its children a node needs productive, its children: nodes, or the id of
-    the rule a reference names)."""
-    kind = type(node).__name__
-    if kind == "RuleRefNode":
-        return 1, [rule_ids[node.name]]
-    if kind == "SequenceNode":
-        return len(node.nodes), list(node.nodes)
-    if kind == "AlternativeNode":
-        return 1, list(node.alternatives)
-    if kind == "RepetitionNode":
-        return (0, []) if node.min_times == 0 else (1, [node.node])
-    return 0, []  # a literal or a character class
+    def need(node: Any, its_parts: list) -> int:
+        if type(node).__name__ == "SequenceNode":
+            return len(its_parts)
+        return min(1, len(its_parts))
+
+    done = finite_nodes((rule.alternatives for rule in rules.values()), parts, need)
+    return {name for name, rule in rules.items() if id(rule.alternatives) in done}

@@ -28,6 +28,7 @@ from contextvars import ContextVar
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.deadline import tick
+from lmprog.fsm.fixpoint import finite_nodes
 from lmprog.fsm.regex import R
 
 
@@ -246,34 +247,13 @@ def derives_text(root: Frag, rules: dict[str, Frag]) -> bool:
     would take and then allow no token. Linear: each fragment counts the parts it still
     needs, and is done once none are left (a union needs one; ``Unique`` and ``Loop`` are
     taken as done once any part is, erring toward done: the index's build then decides)."""
-    need: dict[int, int] = {}
-    waiting: dict[int, list[int]] = {}
-    ready: list[int] = []
-    stack: list[Frag] = [root, *rules.values()]
-    while stack:
-        f = stack.pop()
-        if id(f) in need:
-            continue
-        parts = _parts(f, rules)
-        need[id(f)] = 0 if not parts else len(parts) if type(f) in (Cat, Group) else 1
-        if isinstance(f, Rep) and f.lo == 0:
-            need[id(f)] = 0
-        for p in parts:
-            waiting.setdefault(id(p), []).append(id(f))
-            stack.append(p)
-        if need[id(f)] == 0:
-            ready.append(id(f))
-    done: set[int] = set()
-    while ready:
-        i = ready.pop()
-        if i in done:
-            continue
-        done.add(i)
-        for parent in waiting.get(i, ()):
-            need[parent] -= 1
-            if need[parent] == 0:
-                ready.append(parent)
-    return id(root) in done
+
+    def need(f: Frag, parts: tuple) -> int:
+        if not parts or (isinstance(f, Rep) and f.lo == 0):
+            return 0
+        return len(parts) if type(f) in (Cat, Group) else 1
+
+    return id(root) in finite_nodes([root], lambda f: _parts(f, rules), need)
 
 
 def _parts(f: Frag, rules: dict[str, Frag]) -> tuple:
