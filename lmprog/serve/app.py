@@ -21,7 +21,7 @@ from starlette.requests import ClientDisconnect
 from lmprog.core.protocol import Backend
 from lmprog.core.reasoning import ReasoningFormat, reasoning_format
 
-from . import jsonbody, native, tokens
+from . import jsonbody, native, tokens, worker
 from .chat_completions import create_chat_completion
 from .chat_schemas import ChatCompletionRequest
 from .completions import create_completion
@@ -71,6 +71,7 @@ def build_app(
     _routes(app, ctx)
     native.install(app, ctx)  # SGLang's native protocol: /generate, /get_model_info, ...
     tokens.install(app, ctx)  # /tokenize, /detokenize, /version
+    worker.install(app, ctx)  # what routers in front call: /get_load
     app.add_middleware(
         Gate, api_key=api_key, max_body_bytes=limits.max_body_bytes, metrics=ctx.metrics
     )

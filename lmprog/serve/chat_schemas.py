@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from .router_schemas import ChatRouterFields
 from .schemas import SamplingFields, Strict
 
 
@@ -66,7 +67,7 @@ class NamedToolChoice(Strict):
     function: NamedFunction
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, ChatRouterFields):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0)

@@ -56,6 +56,7 @@ from .echo import encode_prompt
 from .errors import APIError, from_exception
 from .params import stop_strings
 from .reasoning import OutputSplit, ReasoningPlan
+from .router_schemas import RouterFields
 from .runs import arrival, respond
 from .schemas import MAX_SEED, Strict
 from .streaming import DONE, sse
@@ -101,8 +102,8 @@ class NativeSamplingParams(Strict):
         return None
 
 
-class GenerateBody(Strict):
-    """SGLang's GenerateReqInput: the fields lmprog serves."""
+class GenerateBody(RouterFields):
+    """SGLang's GenerateReqInput: the fields lmprog serves (and those sglang-router adds)."""
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
@@ -147,9 +148,12 @@ def install(app: FastAPI, ctx: ServeContext) -> None:
     async def generate(request: Request) -> Response:
         # strict: an unknown field of SGLang's protocol is a feature lmprog lacks (lora_path)
         body = await parse_body(request, GenerateBody, ctx, strict=True)
+        if body.model is not None:  # sglang-router adds it (null, or the client's)
+            ctx.check_model(body.model)
         return await _generate(ctx, body, request)
 
     @app.get("/get_model_info")
+    @app.get("/model_info")  # sglang-router asks for this name first
     async def model_info() -> JSONResponse:
         return JSONResponse(
             {
@@ -194,6 +198,7 @@ def install(app: FastAPI, ctx: ServeContext) -> None:
                 "tokenizer_path": ctx.model_name,
                 "served_model_name": ctx.model_name,
                 "max_new_tokens": ctx.limits.max_tokens,
+                "dp_size": 1,  # for routers: --dp replicas are routed inside this server
             }
         )
 

@@ -17,6 +17,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .router_schemas import OpenAIRouterFields
+
 MAX_SEED = 2**63 - 1
 
 
@@ -98,7 +100,7 @@ class SamplingFields(Strict):
 Prompt = str | list[str] | list[int] | list[list[int]]
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, OpenAIRouterFields):
     prompt: Prompt
     best_of: int | None = Field(default=None, ge=1)
     echo: bool = False
