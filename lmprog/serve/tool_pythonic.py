@@ -7,8 +7,9 @@ a Python list of calls with keyword arguments.
 ones always, ", " between; each value a Python literal of its schema (a boolean True or
 False, a null None, anything else the JSON of its schema, which Python reads alike for
 strings and numbers). `PythonicCallReader` reads the calls back (whole or as they stream: a
-call's first delta when its name and "(" are written, its arguments as one JSON fragment at
-its ")"), each value with `ast.literal_eval`.
+call's first delta when its name and "(" are written, then its arguments as OpenAI streams
+them, JSON text growing by each argument once the ", " or ")" after it is written), each
+value with `ast.literal_eval`.
 """
 
 from __future__ import annotations
@@ -85,12 +86,13 @@ def pythonic_calls(
     return c.seq(c.text("["), one, c.rep(c.seq(c.text(", "), one), 0, more), c.text("]"))
 
 
-def _scan(text: str, names: frozenset[str]) -> tuple[list[tuple[str, str | None]], bool, bool]:
-    """(calls begun: (name, its whole call text or None while open), closed: the list
-    ended, strayed: the text is not calls)."""
+def _scan(text: str, names: frozenset[str]) -> tuple[list[tuple[str, str | None, str]], bool, bool]:
+    """(calls begun: (name, its whole call text or None while open, its text up to its last
+    argument written whole, closed with ")"), closed: the list ended, strayed: the text is
+    not calls)."""
     if not text.startswith("["):
         return [], False, not "[".startswith(text)
-    calls: list[tuple[str, str | None]] = []
+    calls: list[tuple[str, str | None, str]] = []
     pos = 1
     while True:
         m = _NAME.match(text, pos)
@@ -99,11 +101,11 @@ def _scan(text: str, names: frozenset[str]) -> tuple[list[tuple[str, str | None]
             return calls, False, bool(typed) and not any(n.startswith(typed) for n in names)
         if text[m.end()] != "(" or m.group() not in names:
             return calls, False, True
-        end = _closing(text, m.end())
+        end, comma = _closing(text, m.end())
         if end is None:
-            calls.append((m.group(), None))
+            calls.append((m.group(), None, text[m.start() : comma] + ")"))
             return calls, False, False
-        calls.append((m.group(), text[m.start() : end]))
+        calls.append((m.group(), text[m.start() : end], text[m.start() : end]))
         if text.startswith(", ", end):
             pos = end + 2
         elif text.startswith("]", end):
@@ -112,9 +114,10 @@ def _scan(text: str, names: frozenset[str]) -> tuple[list[tuple[str, str | None]
             return calls, False, not ", ".startswith(text[end:]) and text[end:] != ""
 
 
-def _closing(text: str, open_at: int) -> int | None:
-    """The position after the ")" matching the "(" at `open_at` (None: not written yet)."""
-    depth, quote, escaped = 0, "", False
+def _closing(text: str, open_at: int) -> tuple[int | None, int]:
+    """(the position after the ")" matching the "(" at `open_at`, None if not written yet;
+    where the last "," between its arguments is, or open_at + 1 if none)."""
+    depth, quote, escaped, comma = 0, "", False, open_at + 1
     for i in range(open_at, len(text)):
         ch = text[i]
         if quote:
@@ -131,8 +134,10 @@ def _closing(text: str, open_at: int) -> int | None:
         elif ch in ")]}":
             depth -= 1
             if depth == 0:
-                return i + 1
-    return None
+                return i + 1, comma
+        elif ch == "," and depth == 1:
+            comma = i
+    return None, comma
 
 
 def _arguments(call: str) -> dict[str, Any] | None:
@@ -158,7 +163,7 @@ class PythonicCallReader:
         self.fmt, self.names, self.answers = fmt, names, answers
         self.text = ""
         self.mode = "calls" if not answers else ""
-        self._sent: list[tuple[str, bool]] = []  # (id, arguments sent)
+        self._sent: list[tuple[str, str]] = []  # (id, arguments text sent) per call
         self._finished = False
 
     def feed(self, piece: str) -> list[dict[str, Any]]:
@@ -182,22 +187,34 @@ class PythonicCallReader:
             return []
         return [] if self.mode == "content" else self._deltas()
 
-    def _read(self) -> list[tuple[str, dict[str, Any] | None]]:
+    def _read(self) -> list[tuple[str, dict[str, Any] | None, str]]:
+        """(name, arguments or None while open, the arguments' JSON text known so far: a
+        prefix of the whole call's, each argument once written whole) of each call begun."""
         calls, _, _ = _scan(self.text, self.names)
-        return [(n, _arguments(t) if t is not None else None) for n, t in calls]
+        out: list[tuple[str, dict[str, Any] | None, str]] = []
+        for name, whole, known in calls:
+            args = _arguments(whole) if whole is not None else None
+            if args is not None:
+                out.append((name, args, json.dumps(args, ensure_ascii=False)))
+                continue
+            done = _arguments(known) if whole is None else None
+            out.append(
+                (name, None, json.dumps(done, ensure_ascii=False)[:-1] if done is not None else "")
+            )
+        return out
 
     def _deltas(self) -> list[dict[str, Any]]:
         out = []
-        for i, (name, args) in enumerate(self._read()):
+        for i, (name, _, known) in enumerate(self._read()):
             if i == len(self._sent):
-                self._sent.append((self.fmt.new_id(), False))
+                self._sent.append((self.fmt.new_id(), ""))
                 first = {"index": i, "id": self._sent[i][0], "type": "function"}
                 out.append({**first, "function": {"name": name, "arguments": ""}})
-            if args is not None and not self._sent[i][1]:
-                self._sent[i] = (self._sent[i][0], True)
-                out.append(
-                    {"index": i, "function": {"arguments": json.dumps(args, ensure_ascii=False)}}
-                )
+            call_id, sent = self._sent[i]
+            # the arguments known only grow (in text the constraint lets through)
+            if len(known) > len(sent) and known.startswith(sent):
+                self._sent[i] = (call_id, known)
+                out.append({"index": i, "function": {"arguments": known[len(sent) :]}})
         return [{"tool_calls": [d]} for d in out]
 
     @property
@@ -210,7 +227,7 @@ class PythonicCallReader:
                 "type": "function",
                 "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
             }
-            for sent, (name, args) in zip(self._sent, self._read(), strict=False)
+            for sent, (name, args, _) in zip(self._sent, self._read(), strict=False)
             if args is not None
         ]
 
@@ -227,7 +244,7 @@ class PythonicCallReader:
             return self.text
         if self.mode != "calls" or not self._finished or not self.cut:
             return None
-        whole = [t for _, t in _scan(self.text, self.names)[0] if t is not None]
+        whole = [t for _, t, _ in _scan(self.text, self.names)[0] if t is not None]
         if not whole:
             return self.text or None
         last = self.text.rindex(whole[-1]) + len(whole[-1])

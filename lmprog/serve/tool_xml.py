@@ -14,8 +14,9 @@
 `xml_calls` builds the constraint (the parameters in the schema's order, the required ones
 always, each string a lexeme of text without `\\n</parameter>` ending at it, any other value
 the JSON of its own schema); `XmlCallReader` reads calls back (whole or as they stream: a
-call's first delta when its name is whole, its arguments as one JSON fragment when it ends),
-converting each value by its schema's type (a string as written, anything else as JSON).
+call's first delta when its name is whole, then its arguments as OpenAI streams them, JSON
+text growing: each parameter once written whole, a string one as it is written), converting
+each value by its schema's type (a string as written, anything else as JSON).
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ class XmlCallReader:
         self.fmt, self.schemas, self.answers = fmt, schemas, answers
         self.text = ""
         self.mode = "calls" if not answers else ""
-        self._sent: list[tuple[str, str, bool]] = []  # (id, name, arguments sent)
+        self._sent: list[tuple[str, str]] = []  # (id, arguments text sent) per call
         self._finished = False
 
     def feed(self, piece: str) -> list[dict[str, Any]]:
@@ -155,34 +156,56 @@ class XmlCallReader:
             self.mode = "content"
         return self.mode != ""
 
-    def _calls(self) -> list[tuple[str, dict[str, Any] | None]]:
-        """(name, arguments or None while unfinished) of each call begun so far."""
-        out: list[tuple[str, dict[str, Any] | None]] = []
+    def _calls(self) -> list[tuple[str, dict[str, Any] | None, str]]:
+        """(name, arguments or None while unfinished, the arguments' JSON text known so
+        far) of each call begun so far."""
+        out: list[tuple[str, dict[str, Any] | None, str]] = []
         pos = 0
         for m in _CALL.finditer(self.text):
             if m.start() != pos and self.text[pos : m.start()] != "\n":
                 break
-            params = self.schemas.get(m.group(1), {}).get("properties") or {}
-            args = {k: _converted(v, params.get(k)) for k, v in _PARAM.findall(m.group(2))}
-            out.append((m.group(1), args))
+            args = self._params(m.group(1), m.group(2))
+            out.append((m.group(1), args, json.dumps(args, ensure_ascii=False)))
             pos = m.end()
         rest = self.text[pos:].lstrip("\n")
-        head = re.match(r"<tool_call>\n<function=([A-Za-z0-9_-]+)>", rest)
+        head = re.match(r"<tool_call>\n<function=([A-Za-z0-9_-]+)>\n?", rest)
         if head and head.group(1) in self.schemas:
-            out.append((head.group(1), None))
+            out.append((head.group(1), None, self._known(head.group(1), rest[head.end() :])))
         return out
+
+    def _params(self, name: str, body: str) -> dict[str, Any]:
+        params = self.schemas.get(name, {}).get("properties") or {}
+        return {k: _converted(v, params.get(k)) for k, v in _PARAM.findall(body)}
+
+    def _known(self, name: str, body: str) -> str:
+        """The JSON text of an open call's arguments as far as it is known, a prefix of the
+        whole call's (`json.dumps` of its arguments): the parameters written whole, then a
+        string parameter's text as it is written (less what may begin its end tag)."""
+        done = self._params(name, body)
+        known = json.dumps(done, ensure_ascii=False)[:-1]  # without the closing brace
+        last = max((m.end() for m in _PARAM.finditer(body)), default=0)
+        open_param = re.match(r"<parameter=([^>\n]+)>\n", body[last:])
+        params = self.schemas.get(name, {}).get("properties") or {}
+        if open_param is None or not _is_string(params.get(open_param.group(1))):
+            return known
+        raw = body[last + open_param.end() :]
+        held = next((k for k in range(len(PARAM_END), 0, -1) if raw.endswith(PARAM_END[:k])), 0)
+        value = json.dumps(raw[: len(raw) - held], ensure_ascii=False)[:-1]  # string still open
+        key = json.dumps(open_param.group(1), ensure_ascii=False)
+        return f"{known}{', ' if done else ''}{key}: {value}"
 
     def _deltas(self) -> list[dict[str, Any]]:
         out = []
-        for i, (name, args) in enumerate(self._calls()):
+        for i, (name, _, known) in enumerate(self._calls()):
             if i == len(self._sent):
-                self._sent.append((self.fmt.new_id(), name, False))
+                self._sent.append((self.fmt.new_id(), ""))
                 first = {"index": i, "id": self._sent[i][0], "type": "function"}
                 out.append({**first, "function": {"name": name, "arguments": ""}})
-            if args is not None and not self._sent[i][2]:
-                self._sent[i] = (self._sent[i][0], name, True)
-                text = json.dumps(args, ensure_ascii=False)
-                out.append({"index": i, "function": {"arguments": text}})
+            call_id, sent = self._sent[i]
+            # the arguments known only grow (in text the constraint lets through)
+            if len(known) > len(sent) and known.startswith(sent):
+                self._sent[i] = (call_id, known)
+                out.append({"index": i, "function": {"arguments": known[len(sent) :]}})
         return [{"tool_calls": [d]} for d in out]
 
     @property
@@ -196,7 +219,7 @@ class XmlCallReader:
                 "type": "function",
                 "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
             }
-            for sent, (name, args) in zip(self._sent, calls, strict=False)
+            for sent, (name, args, _) in zip(self._sent, calls, strict=False)
             if args is not None
         ]
 

@@ -718,3 +718,50 @@ def test_pythonic_calls_stream_and_read_back(size):
     assert cut.cut and cut.tool_calls == [] and cut.content == text[: text.index("limit")]
     answer = plan.parse("No call needed.")
     assert answer.content == "No call needed." and answer.tool_calls == []
+
+
+# -- arguments as they become known (issue 36, section 4) ----------------------------------
+
+
+def grown(deltas: list[dict[str, Any]], index: int) -> list[str]:
+    """A call's arguments as a client has them after each of its argument fragments."""
+    out, text = [], ""
+    for d in deltas:
+        for tc in d.get("tool_calls", []):
+            if tc["index"] == index and tc["function"].get("arguments"):
+                text += tc["function"]["arguments"]
+                out.append(text)
+    return out
+
+
+@pytest.mark.parametrize("size", [1, 5])
+def test_qwen3_coder_arguments_stream_as_each_parameter_is_written(size):
+    """A string parameter's text streams as it is written (what may begin its end tag held
+    back), any other once whole: OpenAI's argument fragments, not one at the call's end."""
+    from lmprog.serve.tool_formats import QWEN3_CODER
+
+    calls = [("forecast", {"city": "Rome </param\nend", "days": 5}), ("ping", {})]
+    plan = plan_tools([FORECAST, NOARGS], "required", None, QWEN3_CODER)
+    deltas, reader = replay(plan, QWEN3_CODER.calls_text(calls), size)
+    first, second = grown(deltas, 0), grown(deltas, 1)
+    final = json.dumps(calls[0][1])
+    assert first[-1] == final and second == ["{", "{}"]
+    assert all(final.startswith(known) for known in first)  # each fragment extends the last
+    assert '{"city": "Rome </param\\nend"' in first  # whole before days is written
+    assert any(
+        k.startswith('{"city": "Ro') and len(k) < len('{"city": "Rome </param') for k in first
+    )
+    assert not any(k.endswith('"days": ') for k in first)  # a number only once whole
+    assert [c["function"]["arguments"] for c in reader.tool_calls] == [final, "{}"]
+
+
+def test_pythonic_arguments_stream_as_each_argument_is_written():
+    from lmprog.serve.tool_formats import PYTHONIC
+
+    calls = [("search", {"query": "a, b) c", "limit": 2}), ("ping", {})]
+    plan = plan_tools([FLAGS, NOARGS], "required", None, PYTHONIC)
+    deltas, reader = replay(plan, PYTHONIC.calls_text(calls), 1)
+    assert grown(deltas, 0) == ["{", '{"query": "a, b) c"', '{"query": "a, b) c", "limit": 2}']
+    assert grown(deltas, 1) == ["{", "{}"]
+    cut = plan.parse('[search(query="x", lim')  # cut short: streamed as far as known, no call
+    assert cut.tool_calls == [] and cut.cut

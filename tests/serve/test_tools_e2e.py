@@ -63,8 +63,12 @@ def check_call(call: Any) -> None:
 def streamed(client, **kw) -> tuple[list[Any], str, list[dict[str, Any]]]:
     """(chunks, content, calls) of a streamed request, checking the deltas' shapes as
     OpenAI sends them: a call's first delta has its index, id, type, name and arguments "",
-    the later ones only argument fragments."""
+    the later ones only argument fragments (each call's count of them in "fragments")."""
     chunks = list(client.chat.completions.create(stream=True, **kw))
+    return (chunks, *accumulated(chunks))
+
+
+def accumulated(chunks: list[Any]) -> tuple[str, list[dict[str, Any]]]:
     content, calls = "", []
     for chunk in chunks:
         for choice in chunk.choices:
@@ -73,12 +77,43 @@ def streamed(client, **kw) -> tuple[list[Any], str, list[dict[str, Any]]]:
                 if tc.index == len(calls):
                     assert tc.id and tc.type == "function" and tc.function.name
                     assert tc.function.arguments == ""
-                    calls.append({"id": tc.id, "name": tc.function.name, "arguments": ""})
+                    calls.append(
+                        {"id": tc.id, "name": tc.function.name, "arguments": "", "fragments": 0}
+                    )
                 else:
                     assert tc.index == len(calls) - 1 and tc.id is None
                     assert tc.function.name is None and tc.function.arguments
                     calls[tc.index]["arguments"] += tc.function.arguments
-    return chunks, content, calls
+                    calls[tc.index]["fragments"] += 1
+    return content, calls
+
+
+def helper_streamed(client, **kw) -> tuple[str, list[dict[str, Any]], list[Any], Any]:
+    """The openai client's own stream accumulation (`chat.completions.stream`, strict tools:
+    it parses each call's arguments so far with jiter's partial mode): (content, calls from
+    the raw chunks, the arguments.delta events, the final completion it assembled)."""
+    tools = [{**t, "function": {**t["function"], "strict": True}} for t in kw.pop("tools")]
+    with client.chat.completions.stream(tools=tools, **kw) as stream:
+        events = list(stream)
+        final = stream.get_final_completion()
+    content, calls = accumulated([e.chunk for e in events if e.type == "chunk"])
+    deltas = [e for e in events if e.type == "tool_calls.function.arguments.delta"]
+    return content, calls, deltas, final
+
+
+def check_streamed_arguments(client, kw: dict[str, Any], call: Any) -> None:
+    """A call's arguments stream in several fragments, the client's partial parses of them
+    growing into the arguments the same request returns whole."""
+    content, [streamed_call], deltas, final = helper_streamed(client, **kw)
+    assert content == "" and without_ids([streamed_call]) == without_ids(as_dicts([call]))
+    assert streamed_call["fragments"] > 1  # the helper's events: one more, the name's
+    whole = json.loads(call.function.arguments)
+    parsed = [d.parsed_arguments for d in deltas if d.arguments_delta]  # after the name's
+    assert parsed[-1] == whole and all(set(p) <= set(whole) for p in parsed)
+    assert len({json.dumps(p) for p in parsed}) > 1  # known before the call ended
+    [assembled] = final.choices[0].message.tool_calls
+    assert assembled.function.arguments == call.function.arguments
+    assert assembled.function.parsed_arguments == whole
 
 
 def as_dicts(calls: list[Any]) -> list[dict[str, Any]]:
@@ -386,8 +421,7 @@ def test_qwen3_coder_xml_calls_on_the_bundled_model(rt):
         [call] = r.choices[0].message.tool_calls
         check_call(call)
         assert r.choices[0].finish_reason == "tool_calls"
-        _, content, calls = streamed(client, **kw)
-        assert content == "" and without_ids(calls) == without_ids(as_dicts([call]))
+        check_streamed_arguments(client, kw, call)
     assert "<parameter=" in backend.prompts[0]  # the template taught the layout
 
 
@@ -413,5 +447,4 @@ def test_pythonic_calls_on_the_bundled_model(rt):
         r = client.chat.completions.create(**kw)
         [call] = r.choices[0].message.tool_calls
         check_call(call)
-        _, content, calls = streamed(client, **kw)
-        assert content == "" and without_ids(calls) == without_ids(as_dicts([call]))
+        check_streamed_arguments(client, kw, call)
