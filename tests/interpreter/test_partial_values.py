@@ -140,6 +140,25 @@ def test_leaving_partial_iter_early_cancels_the_streamed_run():
     assert backend.aborted == 1 and backend.pieces_sent < 20
 
 
+def test_leaving_partial_async_iter_early_cancels_the_streamed_run():
+    long = json.dumps({"name": "Ada", "age": 36, "tags": [f"t{i}" for i in range(200)]})
+    backend = FakeBackend(responder=lambda r: long, token_latency=0.002)
+
+    async def read_until_the_age():
+        state = person.run(backend=backend, stream=True)
+        async for value in state.partial_async_iter("person"):
+            if "age" in value:
+                break
+        return state  # asyncio.run finalizes the iterator
+
+    state = asyncio.run(read_until_the_age())
+    assert isinstance(within(5, state.error), lp.ProgramCancelled)
+    deadline = time.monotonic() + 5
+    while backend.aborted != 1 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert backend.aborted == 1 and backend.pieces_sent < 20
+
+
 def test_partial_iter_checks_its_arguments():
     state = person.run(backend=FakeBackend(responder=lambda r: PERSON))
     with pytest.raises(TypeError):
