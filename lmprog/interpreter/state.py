@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, cast, overload
 
 from lmprog.core.errors import ConstraintError, ProgramCancelled
 from lmprog.core.protocol import Backend, StreamPiece
@@ -311,7 +311,7 @@ class ProgramState(FrontendState):
                 f"partial_async_iter() takes a variable name (str), got {type(var).__name__}"
             )
         reader = PartialJSON(_flag(partial_strings, "partial_strings"))
-        pieces = self.text_async_iter(var)
+        pieces = cast(AsyncGenerator[str, None], self.text_async_iter(var))
         try:
             async for piece in pieces:
                 for value in reader.feed(piece):
