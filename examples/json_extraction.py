@@ -1,7 +1,9 @@
 """JSON extraction with a schema (a pydantic model): the output always validates.
 
-`state["product"]` is the generated JSON text; `state.parsed("product")` is that text parsed
-into a `Product` instance (lp.ConstraintError if it was cut short at max_tokens).
+`state["product"]` is the generated JSON text; `state.parsed("product", Product)` is that
+text parsed into a `Product` instance (typed `Product` for a type checker; lp.ConstraintError
+if it was cut short at max_tokens). Streamed, `state.partial_iter("product")` gives the
+fields written so far as the model writes them.
 """
 
 from pydantic import BaseModel, Field
@@ -27,5 +29,8 @@ if __name__ == "__main__":
         "The red umbrella costs 12 dollars. It is not in stock.",
     ]
     for text, st in zip(texts, extract.run_batch([{"text": t} for t in texts], temperature=0)):
-        product = st.parsed("product")  # a Product
+        product = st.parsed("product", Product)  # a Product (checked)
         print(f"{text}\n  text:   {st['product']}\n  parsed: {product!r}")
+    state = extract.run(text=texts[0], temperature=0, stream=True)
+    for fields in state.partial_iter("product"):  # a number once it ends, a string once closed
+        print("  so far:", fields)

@@ -91,6 +91,7 @@ SCRIPTS = [
      EXAMPLE_RUNS),
     ("json_extraction", "examples/json_extraction.py", (), _has(
         "price=24.99, in_stock=True", "price=12.0, in_stock=False",
+        "so far: {'name': 'The Blue Kettle'}\n", "so far: {'name': 'The Blue Kettle', 'price'",
     ), EXAMPLE_RUNS),
     ("multi_turn_chat", "examples/multi_turn_chat.py", (), _multi_turn, EXAMPLE_RUNS),
     ("openai_client", "examples/openai_client.py", (), _openai_client, EXAMPLE_RUNS),
