@@ -195,6 +195,7 @@ class Router:
             raise ValueError(f"got {len(sizes)} tree sizes for {num_replicas} replicas")
         self.trees = [ApproxTree(s) for s in sizes]
         self.alive = [True] * num_replicas
+        self.suspended = [False] * num_replicas  # out of rotation for now (hung), tree kept
         self.routed = [dict.fromkeys(_REASONS, 0) for _ in range(num_replicas)]
         self._lock = threading.RLock()  # route holds it across choose and record
 
@@ -209,13 +210,16 @@ class Router:
             self.record(decision, tokens, pin)
         return decision
 
-    def choose(self, tokens: Sequence[int], loads: Sequence[int]) -> Decision:
-        """The replica for a request of `tokens` (nothing recorded). BackendError when every
-        replica is dead."""
+    def choose(
+        self, tokens: Sequence[int], loads: Sequence[int], exclude: Sequence[int] = ()
+    ) -> Decision:
+        """The replica for a request of `tokens` (nothing recorded), never one in `exclude`
+        (where a retried request already failed) or suspended. BackendError when every
+        replica is dead, and when none is left to choose."""
         if len(loads) != self.num_replicas:
             raise ValueError(f"got {len(loads)} loads for {self.num_replicas} replicas")
         with self._lock:
-            return self._choose(tokens, loads)
+            return self._choose(tokens, loads, exclude)
 
     def record(self, decision: Decision, tokens: Sequence[int], pin: bool = False) -> None:
         """The request went where `decision` says: its tokens join that replica's tree (and
@@ -224,12 +228,25 @@ class Router:
             self.trees[decision.replica].insert(tokens, pin=pin)
             self.routed[decision.replica][decision.reason] += 1
 
-    def _choose(self, tokens: Sequence[int], loads: Sequence[int]) -> Decision:
-        live = [i for i, ok in enumerate(self.alive) if ok]
-        if not live:
+    def _choose(
+        self, tokens: Sequence[int], loads: Sequence[int], exclude: Sequence[int] = ()
+    ) -> Decision:
+        if not any(self.alive):
             raise BackendError(
                 f"every one of the {self.num_replicas} data-parallel replicas has failed; "
                 "create a new Runtime"
+            )
+        live = [
+            i
+            for i, ok in enumerate(self.alive)
+            if ok and not self.suspended[i] and i not in exclude
+        ]
+        if not live:
+            hung = sum(s for s, ok in zip(self.suspended, self.alive) if ok)
+            raise BackendError(
+                f"no data-parallel replica can take the request: of {self.num_replicas}, "
+                f"{self.num_replicas - sum(self.alive)} failed, {hung} hung"
+                + (f", {len(exclude)} already failed it" if exclude else "")
             )
         matches = {i: self.trees[i].match(tokens) for i in live}
         least = min(live, key=lambda i: (loads[i], self.trees[i].size, i))
@@ -254,6 +271,11 @@ class Router:
             self.alive[replica] = False
             self.trees[replica].clear()
 
+    def suspend(self, replica: int, suspended: bool = True) -> None:
+        """Take `replica` out of rotation (a hang) or put it back; its tree is kept."""
+        with self._lock:
+            self.suspended[replica] = suspended
+
     def forget(self, replica: int) -> None:
         """The replica's prefix cache was emptied (flush, engine reset): empty its tree."""
         with self._lock:
@@ -263,8 +285,8 @@ class Router:
         """Per replica: alive, tokens in its tree, requests routed there by reason."""
         with self._lock:
             return [
-                {"alive": ok, "tree_tokens": t.size, "routed": dict(r)}
-                for ok, t, r in zip(self.alive, self.trees, self.routed)
+                {"alive": ok, "suspended": h, "tree_tokens": t.size, "routed": dict(r)}
+                for ok, h, t, r in zip(self.alive, self.suspended, self.trees, self.routed)
             ]
 
 

@@ -180,6 +180,29 @@ def test_a_dead_replica_takes_only_its_requests_and_the_router_skips_it(tiny, ca
         rt.shutdown()
 
 
+def test_requests_without_output_move_off_a_dying_replica(tiny, caplog):
+    """Non-streamed requests on a replica whose engine thread dies run again on the other one
+    (their callers saw nothing) and end as if nothing happened (issue 35, section 3)."""
+    from lmprog.runtime.engine_io import EngineRequest
+
+    rt = runtime(tiny)
+    try:
+        group = rt.engine
+        kill(group.replicas[1])
+        prompts = [rt.tokenizer.encode(q) for q in UNRELATED[:4]]
+        params = SP(max_tokens=8, temperature=0, ignore_eos=True)
+        with caplog.at_level("WARNING", logger="lmprog.runtime.replicas"):
+            handles = [group.submit(EngineRequest(tuple(p), params), stream=False) for p in prompts]
+            results = [h.result(timeout=60) for h in handles]
+        assert [r.completion_tokens for r in results] == [8] * 4
+        assert group.retries == 2 and "submitted again to replica 0" in caplog.text
+        single = [rt.generate(GenerateRequest(prompt=q, params=params)) for q in UNRELATED[:4]]
+        assert [r.text for r in results] == [r.text for r in single]
+        assert rt.stats()["dp_retries"] == 2 and rt.stats()["replicas_alive"] == 1
+    finally:
+        rt.shutdown()
+
+
 def test_bad_dp_size_is_refused_before_loading(tiny):
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="dp_size must be an int >= 1"):
