@@ -33,6 +33,18 @@ class ContextLengthError(LmprogError, ValueError):
         self.prompt_tokens, self.limit, self.setting = prompt_tokens, limit, setting
 
 
+class LoraError(LmprogError, ValueError):
+    """A LoRA adapter that cannot be loaded or used: a malformed or mismatched adapter folder,
+    an unknown adapter name, an adapter beyond the runtime's limits, or a backend or mode
+    without adapter support. The message names the adapter and what to fix; the adapters
+    already loaded keep serving. `unknown`: the name is not a loaded adapter (the server
+    answers 404, as for an unknown model)."""
+
+    def __init__(self, message: str, *, adapter: str | None = None, unknown: bool = False):
+        super().__init__(message)
+        self.adapter, self.unknown = adapter, unknown
+
+
 class BackendError(LmprogError, RuntimeError):
     """A backend cannot do what was asked (unsupported parameter, engine failure, ...)."""
 

@@ -181,6 +181,60 @@ class AttentionSinkConfig:
         return shift
 
 
+LORA_TARGET_MODULES: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Serving LoRA adapters (lmprog.runtime.lora), under SGLang's names.
+
+    max_loras_per_batch: adapters resident on the device at once (the adapter pool's
+        slots); the scheduler runs requests of at most this many adapters together, the
+        others wait, and a slot whose adapter no scheduled request uses is reused least
+        recently used first.
+    max_lora_rank: the pool's rank (every adapter's rank must be at most this); None: the
+        largest rank of the adapters given at start-up (16 without any).
+    lora_target_modules: the projections adapters may adapt (of q_proj, k_proj, v_proj,
+        o_proj, gate_proj, up_proj, down_proj, or "all"); None: those of the adapters given
+        at start-up (all seven without any). Only these get pool memory.
+    max_loaded_loras: adapters loaded (kept in host memory) at once; None: no limit.
+    """
+
+    max_loras_per_batch: int = 8
+    max_lora_rank: int | None = None
+    lora_target_modules: tuple[str, ...] | None = None
+    max_loaded_loras: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("max_loras_per_batch", self.max_loras_per_batch, lo=1)
+        if self.max_lora_rank is not None:
+            _check_int("max_lora_rank", self.max_lora_rank, lo=1)
+        if self.max_loaded_loras is not None:
+            _check_int("max_loaded_loras", self.max_loaded_loras, lo=1)
+        targets = self.lora_target_modules
+        if targets is not None:
+            if isinstance(targets, str):
+                targets = (targets,)
+            targets = tuple(targets)
+            if "all" in targets or "all-linear" in targets:
+                targets = LORA_TARGET_MODULES
+            bad = [t for t in targets if t not in LORA_TARGET_MODULES]
+            if bad or not targets:
+                raise ValueError(
+                    f"lora_target_modules must name some of {', '.join(LORA_TARGET_MODULES)} "
+                    f"(or 'all'), got {self.lora_target_modules!r}"
+                )
+            object.__setattr__(self, "lora_target_modules", targets)
+
+
 def _check_int(name: str, value: object, lo: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")

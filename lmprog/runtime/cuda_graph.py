@@ -26,6 +26,12 @@ seq_lens from the device at replay, so the plan stays valid for any lengths.
 Without CUDA (tests under Triton's interpreter) nothing is captured: `maybe_run` runs the same
 static, padded forward eagerly, so the padding logic is checked everywhere.
 
+LoRA adapters (`lora=` the runner's LoraManager): each bucket is captured twice, without
+the adapters (the plain step, no LoRA kernel in it) and with them, the LoRA layers reading
+the step's layout (lmprog.runtime.lora.ops) from static buffers sized for the bucket's worst
+case (every request of another adapter, each group padded to 16 rows); `maybe_run(batch,
+kv, lora=plan)` loads the plan there and replays the second graph.
+
 Used by ModelRunner.forward (`logits = self.graphs.maybe_run(fb, self.kv)`, eager when None).
 A replay's logits equal the eager forward's on the same inputs and plan bit for bit (what
 the graphs gain, and what capturing costs: docs/benchmarks.md).
@@ -37,6 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -69,7 +76,12 @@ _PAD = (0, 0, 0, 0, 1)  # input_id, position, out_cache_loc (dummy slot), table 
 
 
 def capture_decode_graphs(
-    model: nn.Module, kv: KVPool, req_to_token: torch.Tensor, *, max_batch_size: int
+    model: nn.Module,
+    kv: KVPool,
+    req_to_token: torch.Tensor,
+    *,
+    max_batch_size: int,
+    lora: Any = None,
 ) -> CudaGraphRunner | None:
     """Decode graphs for batches up to max_batch_size, or None where graphs are not used
     (not on CUDA, or attention not on the Triton backend). Captured under inference mode,
@@ -77,7 +89,7 @@ def capture_decode_graphs(
     if req_to_token.device.type != "cuda" or not supports_cuda_graphs(model):
         return None
     with torch.inference_mode():
-        return CudaGraphRunner(model, kv, req_to_token, max_batch_size=max_batch_size)
+        return CudaGraphRunner(model, kv, req_to_token, max_batch_size=max_batch_size, lora=lora)
 
 
 def supports_cuda_graphs(model: nn.Module) -> bool:
@@ -144,6 +156,54 @@ class DecodeBuffers:
             self.ints[:, n:bs].copy_(self.pad[:, n:bs])
 
 
+LORA_BLOCK_M = 16  # the decode graphs' rows per adapter block
+
+
+def lora_rows(batch_size: int, slots: int) -> int:
+    """The longest layout a decode batch of batch_size requests over `slots` adapters can
+    have: each adapter's group padded to LORA_BLOCK_M rows."""
+    m = LORA_BLOCK_M
+    return -(-(batch_size + min(slots, batch_size) * (m - 1)) // m) * m
+
+
+class LoraGraphBuffers:
+    """The static LoRA layout every LoRA decode graph reads: one int32 buffer holding
+    sorted_ids [L], block_slots [L / 16] and num_padded [1], L for the largest bucket."""
+
+    def __init__(self, max_batch_size: int, slots: int, device: torch.device) -> None:
+        self.rows = lora_rows(max_batch_size, slots)
+        self.blocks = self.rows // LORA_BLOCK_M
+        self.slots = slots
+        self.packed = torch.zeros(self.rows + self.blocks + 1, dtype=torch.int32, device=device)
+
+    def view(self, bs: int) -> Any:
+        from .lora.ops import LoraBatch
+
+        rows = lora_rows(bs, self.slots)
+        ids = self.packed[:rows]
+        block_slots = self.packed[self.rows : self.rows + rows // LORA_BLOCK_M]
+        return LoraBatch(ids, block_slots, self.packed[-1:], LORA_BLOCK_M, None, True)
+
+    def fits(self, plan: Any, bs: int) -> bool:
+        return plan.block_m == LORA_BLOCK_M and plan.num_padded <= lora_rows(bs, self.slots)
+
+    def load(self, plan: Any) -> None:
+        """Copy a step's layout in: one small host-to-device copy from fresh pinned memory
+        (the caching host allocator keeps it until the copy is done), no host sync."""
+        host = np.zeros(self.packed.shape[0], dtype=np.int32)
+        n, nb = plan.num_padded, len(plan.block_slots)
+        host[:n] = plan.sorted_ids
+        host[self.rows : self.rows + nb] = plan.block_slots
+        host[-1] = n
+        staged = torch.from_numpy(host)
+        if self.packed.device.type == "cuda":
+            staged = staged.pin_memory()
+        self.packed.copy_(staged, non_blocking=True)
+
+    def clear(self) -> None:
+        self.packed.zero_()  # num_padded 0: every LoRA program returns (warm-up, capture)
+
+
 @dataclass(frozen=True)
 class _Bucket:
     """One captured batch size: its graph (None without CUDA), the static batch and plan it
@@ -154,6 +214,9 @@ class _Bucket:
     plan: Any
     graph: Any  # torch.cuda.CUDAGraph | None
     logits: torch.Tensor | None
+    lora_batch: Any = None  # the static LoraBatch of the LoRA graph (None: no adapters)
+    lora_graph: Any = None
+    lora_logits: torch.Tensor | None = None
 
 
 class CudaGraphRunner:
@@ -182,6 +245,7 @@ class CudaGraphRunner:
         max_batch_size: int | None = None,
         split_context: int = SPLIT_CONTEXT,
         capture: bool | None = None,
+        lora: Any = None,
     ) -> None:
         if not supports_cuda_graphs(model):
             raise ValueError(
@@ -205,6 +269,10 @@ class CudaGraphRunner:
             raise ValueError("capture=True needs CUDA tensors")
         self.split_context = split_context
         self.buffers = DecodeBuffers(sizes[-1], req_to_token)
+        self.lora = lora
+        self.lora_buffers = (
+            None if lora is None else LoraGraphBuffers(sizes[-1], lora.pool.slots, device)
+        )
         self.replays = 0  # batches served (a statistic for benchmarks and metrics)
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
         captured = [self._capture(bs) for bs in reversed(sizes)]  # largest first: pool reuse
@@ -231,19 +299,45 @@ class CudaGraphRunner:
             and batch.req_to_token.stride() == table.stride()
         )
 
-    def maybe_run(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor | None:
-        """Logits of a decode batch through its bucket's graph, or None (see the class)."""
+    def maybe_run(self, batch: ForwardBatch, kv: KVPool, lora: Any = None) -> torch.Tensor | None:
+        """Logits of a decode batch through its bucket's graph, or None (see the class).
+        lora: the step's LoraStepPlan (its adapters' graph), None: the plain graph."""
         if not self.can_run(batch, kv):
             return None
         bucket = self._bucket_for(batch.batch_size)
+        if lora is not None:
+            if self.lora_buffers is None or not self.lora_buffers.fits(lora, bucket.batch_size):
+                return None
+            self.lora_buffers.load(lora)
         self.buffers.load(batch, bucket.batch_size)
         self.replays += 1
+        if lora is not None:
+            return self._replay_lora(bucket)[: batch.batch_size]
         if bucket.graph is None:
             logits = self.model(bucket.batch, self.kv, plan=bucket.plan)
         else:
             bucket.graph.replay()
             logits = bucket.logits
         return logits[: batch.batch_size]
+
+    def _replay_lora(self, bucket: _Bucket) -> torch.Tensor:
+        if bucket.lora_graph is not None:
+            bucket.lora_graph.replay()
+            return bucket.lora_logits
+        with self._lora_batch(bucket.lora_batch):
+            return self.model(bucket.batch, self.kv, plan=bucket.plan)
+
+    def _lora_batch(self, lora_batch: Any) -> Any:
+        context = self.lora.context
+
+        class _Set:
+            def __enter__(self) -> None:
+                context.batch = lora_batch
+
+            def __exit__(self, *exc: object) -> None:
+                context.batch = None
+
+        return _Set()
 
     def _bucket_for(self, n: int) -> _Bucket:
         for bucket in self.buckets:
@@ -277,8 +371,20 @@ class CudaGraphRunner:
     def _capture(self, bs: int) -> _Bucket:
         batch = self.buffers.view(bs)
         plan = self._plan(batch)
+        lora_batch = None if self.lora_buffers is None else self.lora_buffers.view(bs)
         if not self.capture:
-            return _Bucket(bs, batch, plan, None, None)
+            return _Bucket(bs, batch, plan, None, None, lora_batch)
+        graph, logits = self._capture_one(batch, plan, None)
+        if lora_batch is None:
+            return _Bucket(bs, batch, plan, graph, logits)
+        self.lora_buffers.clear()
+        lora_graph, lora_logits = self._capture_one(batch, plan, lora_batch)
+        return _Bucket(bs, batch, plan, graph, logits, lora_batch, lora_graph, lora_logits)
+
+    def _capture_one(self, batch: ForwardBatch, plan: Any, lora_batch: Any) -> tuple[Any, Any]:
+        if lora_batch is not None:
+            with self._lora_batch(lora_batch):
+                return self._capture_one(batch, plan, None)
         # Warm up on a side stream (Triton compiles, rotary caches its table on the device),
         # then capture; the buffers hold padding, so these runs write only the dummy slot.
         stream = torch.cuda.Stream()
@@ -290,7 +396,7 @@ class CudaGraphRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             logits = self.model(batch, self.kv, plan=plan)
-        return _Bucket(bs, batch, plan, graph, logits)
+        return graph, logits
 
 
 def _num_sms(device: torch.device) -> int:

@@ -34,6 +34,12 @@ step that asks for drafts settles the one in flight first (a step where speculat
 off keeps it in flight). Cost: a request that stops in step N was fed once more in step
 N+1 (that work is dropped).
 
+LoRA adapters (the runner's LoraManager, lmprog.runtime.lora): a request names its
+adapter (EngineRequest.lora), resolved here to the adapter's uid (Req.lora_id) when it is
+admitted; `load_lora_adapter` reads and checks a folder on the caller's thread and registers
+it between steps, `unload_lora_adapter` stops new requests naming it (those running finish
+with it).
+
 Fault isolation: an exception while processing one request (its sampler row, its guide,
 its prompt logprobs) fails that request only ("error"; its caller's result() raises it);
 a failed forward pass fails the requests of that batch (under tensor parallelism it is
@@ -58,7 +64,7 @@ from typing import Any
 
 import torch
 
-from lmprog.core.errors import BackendError
+from lmprog.core.errors import BackendError, LoraError
 from lmprog.decoding.batch_sampler import BatchSampler
 from lmprog.decoding.state import DecodeState
 
@@ -184,6 +190,43 @@ class Engine:
             self.speculator.enabled = enabled
 
         self.call(switch)
+
+    # ---- LoRA adapters ---------------------------------------------------------------------
+    @property
+    def lora(self) -> Any:
+        """The LoraManager (None: this engine serves no adapters)."""
+        return self.runner.lora
+
+    def load_lora_adapter(self, name: str, path: str) -> dict[str, Any]:
+        """Load the PEFT adapter folder `path` under `name` (read and checked here, then
+        registered between steps); its description. LoraError when it cannot be served
+        (the adapters already loaded are untouched)."""
+        manager = self._need_lora()
+        adapter = manager.read(name, path)
+        self.call(lambda: manager.register(adapter))
+        return next(a for a in self.lora_adapters() if a["name"] == name)
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Unload adapter `name`: new requests cannot name it; unfinished ones finish with
+        it. LoraError (unknown) when no adapter has that name."""
+        manager = self._need_lora()
+        self.call(lambda: manager.unregister(name, self._lora_in_use()))
+
+    def lora_adapters(self) -> list[dict[str, Any]]:
+        """The loaded adapters (name, path, rank, target_modules, uid); [] without LoRA."""
+        manager = self.runner.lora
+        return [] if manager is None else self.call(manager.adapters)
+
+    def _need_lora(self) -> Any:
+        if self.runner.lora is None:
+            raise LoraError(
+                "this runtime serves no LoRA adapters; start it with lora_paths=... or "
+                "enable_lora=True (lmprog serve --lora-paths / --enable-lora)"
+            )
+        return self.runner.lora
+
+    def _lora_in_use(self) -> set[int]:
+        return {r.lora_id for r in self.scheduler.requests.all() if r.lora_id}
 
     def set_overlap(self, enabled: bool) -> None:
         """Switch overlap scheduling on or off from the next step (EngineConfig.overlap), e.g.
@@ -318,12 +361,16 @@ class Engine:
                 prompt_logprob_start=request.prompt_logprob_start,
                 device=self.runner.device,
             )
+            lora_id = 0
+            if request.lora is not None:
+                lora_id = self._need_lora().resolve(request.lora)
             req = Req(
                 handle.rid,
                 request.prompt_ids,
                 request.params,
                 prompt_logprob_start=request.prompt_logprob_start,
                 engine_data=state,
+                lora_id=lora_id,
             )
             self.scheduler.submit(req)
         except Exception as exc:  # noqa: BLE001 - bad request: its caller gets the error
@@ -440,6 +487,9 @@ class Engine:
         state: DecodeState = req.engine_data
         if self.speculator is not None:
             self.speculator.release(req.rid)
+        lora = self.runner.lora
+        if lora is not None and req.lora_id in lora.retired:  # an unloaded adapter's last
+            lora.collect(self._lora_in_use())
         handle.first_token_at = state.first_token_at
         try:
             if not state.done:
@@ -512,6 +562,7 @@ class Engine:
                     if self.speculator is not None
                     else {"speculative": None}
                 ),
+                **(self.runner.lora.stats() if self.runner.lora is not None else {}),
             },
         )
 

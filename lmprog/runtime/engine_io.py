@@ -31,18 +31,23 @@ class EngineRequest:
     prompt_logprob_start: when set, the logprobs of prompt tokens prompt_ids[s + 1:] are
         returned (`EngineResult.prompt_logprobs`), each computed from the logits at the
         position before it; positions >= s are recomputed even when cached.
+    lora: the name of the LoRA adapter to run under (None: the base model); a name the
+        engine has not loaded fails the request with a LoraError.
     """
 
     prompt_ids: tuple[int, ...]
     params: SamplingParams = SamplingParams()
     guide: Any = None
     prompt_logprob_start: int | None = None
+    lora: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(self.params).__name__}")
         if not self.prompt_ids:
             raise ValueError("prompt_ids must hold at least one token id")
+        if self.lora is not None and not isinstance(self.lora, str):
+            raise TypeError(f"lora must be an adapter name (str) or None, got {self.lora!r}")
         s = self.prompt_logprob_start
         if s is not None and not 0 <= s < len(self.prompt_ids):
             raise ValueError(

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import AttentionSinkConfig, CacheConfig, SchedulerConfig
+from .config import AttentionSinkConfig, CacheConfig, LoraConfig, SchedulerConfig
 from .engine import Engine, EngineConfig
 from .kv_pool import KVPool, kv_storage_dtype
 from .kv_shift import check_attention_sinks
@@ -70,6 +70,8 @@ def launch_engine(
     proposer: Proposer | None = None,
     tp: Any = None,
     attention_sinks: AttentionSinkConfig | None = None,
+    lora: LoraConfig | None = None,
+    lora_adapters: Any = (),
 ) -> Engine:
     """Start an engine thread serving `model` (on its device, in eval mode, as
     lmprog.runtime.assemble.assemble_model returns it; the engine applies no transform).
@@ -81,7 +83,11 @@ def launch_engine(
     the same runner (the smallest KV pool of them all) and runs each step; the engine owns
     the group from here (closed when it stops, or here if this raises).
     attention_sinks: keep each request's first tokens and a recent window of its KV,
-    evicting in between, so generation runs past the context length (None: off)."""
+    evicting in between, so generation runs past the context length (None: off).
+    lora: serve LoRA adapters (None: off); lora_adapters: the adapters to load at start-up,
+    as lmprog.runtime.lora.LoraAdapter objects read for this model (`read_adapter`). The
+    adapter pool is allocated before the KV pool is sized, and the model's projections are
+    wrapped (lmprog.runtime.lora.layers): the model serves this engine alone."""
     try:
         engine = _launch(
             model,
@@ -98,6 +104,8 @@ def launch_engine(
             proposer,
             tp,
             attention_sinks,
+            lora,
+            tuple(lora_adapters),
         )
     except BaseException:
         if tp is not None:  # the workers wait for this runner: let them go
@@ -123,6 +131,8 @@ def _launch(
     proposer: Proposer | None,
     tp: Any,
     attention_sinks: AttentionSinkConfig | None,
+    lora: LoraConfig | None,
+    lora_adapters: tuple[Any, ...],
 ) -> Engine:
     context = model.config.max_position if context_length is None else context_length
     if isinstance(context, bool) or not isinstance(context, int) or context < 2:
@@ -137,6 +147,9 @@ def _launch(
         max_requests=scheduler_config.max_running_requests,
         context_length=context,
     )
+    manager = None
+    if lora is not None or lora_adapters:
+        manager = make_lora_manager(model, lora, lora_adapters, speculator, tp, attention_sinks)
     kv_dtype = (cache_config or CacheConfig()).kv_cache_dtype
     if tp is not None:
         from .parallel.worker import KVRequest
@@ -145,7 +158,14 @@ def _launch(
     num_slots = kv_slots(model, max_total_tokens, gpu_memory_fraction, kv_dtype)
     if tp is not None:
         num_slots = tp.min_int(num_slots)
-    scheduler = Scheduler(num_slots, context, scheduler_config, cache_config, attention_sinks)
+    scheduler = Scheduler(
+        num_slots,
+        context,
+        scheduler_config,
+        cache_config,
+        attention_sinks,
+        max_loras=None if manager is None else manager.max_loras_per_batch,
+    )
     runner_args = dict(
         cuda_graphs=cuda_graphs,
         piecewise_tokens=scheduler.config.max_num_batched_tokens,
@@ -160,7 +180,12 @@ def _launch(
         tp.send_object(RunnerSpec(scheduler.cache.capacity, shape, **runner_args))
         channel = StepChannel(tp)
     runner = ModelRunner(
-        model, scheduler.cache.capacity, scheduler.req_to_token, channel=channel, **runner_args
+        model,
+        scheduler.cache.capacity,
+        scheduler.req_to_token,
+        channel=channel,
+        lora=manager,
+        **runner_args,
     )
     return Engine(
         runner,
@@ -170,6 +195,30 @@ def _launch(
         config=engine_config,
         speculator=speculator,
     )
+
+
+def make_lora_manager(
+    model: nn.Module,
+    config: LoraConfig | None,
+    adapters: tuple[Any, ...],
+    speculator: Any,
+    tp: Any,
+    sinks: AttentionSinkConfig | None,
+) -> Any:
+    """The LoraManager around `model`, or a LoraError naming what LoRA does not combine
+    with yet (tensor parallelism, speculative decoding, attention sinks)."""
+    from lmprog.core.errors import LoraError
+
+    from .lora import LoraManager
+
+    for active, what, flag in (
+        (tp is not None, "tensor parallelism", "tp_size=1"),
+        (speculator is not None, "speculative decoding", "no speculative=..."),
+        (sinks is not None, "attention sinks", "no attention_sink_size"),
+    ):
+        if active:
+            raise LoraError(f"LoRA adapters do not work with {what} yet; use {flag}")
+    return LoraManager(model, config or LoraConfig(), adapters)
 
 
 def make_speculator(

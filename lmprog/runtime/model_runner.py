@@ -22,6 +22,12 @@ of the previous step's sampled tokens, still on the device; `forward(batch, futu
 takes them from there. Nothing here waits for the device: the step's inputs travel
 through pinned memory, asynchronously.
 
+LoRA adapters (lmprog.runtime.lora, `lora=` a LoraManager): `forward` first has the
+manager page in the step's adapters and plan its layout (`StepInputs.lora`); `run` hands it
+to the model's LoRA layers for that forward only. Decode steps with adapters replay the
+decode graphs captured with the LoRA kernels; other steps with adapters run eagerly (the
+piecewise graphs hold no LoRA kernel); steps without adapters are as before.
+
 All per-step integer arrays travel in one host buffer (one host-to-device copy):
 
     | input_ids (T) | positions (T) | out_cache_loc (T) | rows (B) | seq_lens (B) |
@@ -56,6 +62,7 @@ class StepInputs(NamedTuple):
     batch_size: int
     num_logits: int
     sync: tuple[tuple[int, int], ...] = ()
+    lora: Any = None  # the step's LoraStepPlan (lmprog.runtime.lora.ops), None: no adapter
 
 
 class ModelRunner:
@@ -65,6 +72,8 @@ class ModelRunner:
     kv_cache_dtype: what the pool stores ("auto": the model's dtype; "fp8_e4m3"), see kv_pool.
     channel: under tensor parallelism (rank 0), where each step's inputs are broadcast
     (lmprog.runtime.parallel.channel); None otherwise.
+    lora: the LoraManager of the model's adapters (built around `model` before the runner,
+    see lmprog.runtime.lora); None: no adapters.
     Single-threaded: only the engine thread calls `forward`.
     """
 
@@ -78,9 +87,11 @@ class ModelRunner:
         piecewise_tokens: int = 0,
         channel: Any = None,
         kv_cache_dtype: str = "auto",
+        lora: Any = None,
     ) -> None:
         param = next(model.parameters())
         self.model = model
+        self.lora = lora
         self.config = model.config
         self.channel = channel
         self.device, self.dtype = param.device, param.dtype
@@ -107,7 +118,11 @@ class ModelRunner:
             attention.warm_up(self.kv, self.req_to_token)
         if cuda_graphs:
             self.graphs = capture_decode_graphs(
-                model, self.kv, self.req_to_token, max_batch_size=req_to_token.shape[0]
+                model,
+                self.kv,
+                self.req_to_token,
+                max_batch_size=req_to_token.shape[0],
+                lora=lora,
             )
         if cuda_graphs and piecewise_tokens > 0:
             self.piecewise = capture_piecewise_graphs(
@@ -125,6 +140,8 @@ class ModelRunner:
         inputs go to every rank first (a broken group raises ParallelError)."""
         assert not batch.is_empty, "nothing to run"
         step = self.step_inputs(batch)
+        if self.lora is not None:
+            step = step._replace(lora=self._lora_plan(batch))
         if self.channel is None:
             return self.run(step, future)
         try:
@@ -145,11 +162,34 @@ class ModelRunner:
         """The forward of one step's inputs (every rank of a tensor-parallel group runs it)."""
         with torch.inference_mode():
             fb = self.device_inputs(step, future)
+            if step.lora is not None:
+                return self._run_lora(fb, step.lora)
             for graphs in (self.graphs, self.piecewise):
                 logits = None if graphs is None else graphs.maybe_run(fb, self.kv)
                 if logits is not None:  # None: not a step those graphs serve
                     return logits
             return self.model(fb, self.kv)
+
+    def _lora_plan(self, batch: ScheduledBatch) -> Any:
+        """Page in the step's adapters; its layout (decode steps: the graphs' block size)."""
+        uids = [e.req.lora_id for e in batch.entries]
+        decode = batch.num_tokens == len(batch.entries)
+        return self.lora.prepare(uids, batch.extend_lens(), block_m=16 if decode else None)
+
+    def _run_lora(self, fb: ForwardBatch, plan: Any) -> torch.Tensor:
+        """A step with adapters: the decode graphs' LoRA set, else eagerly."""
+        if self.graphs is not None:
+            logits = self.graphs.maybe_run(fb, self.kv, lora=plan)
+            if logits is not None:
+                return logits
+        from .lora.ops import LoraBatch
+
+        context = self.lora.context
+        context.batch = LoraBatch.from_plan(plan, self.device, context.triton)
+        try:
+            return self.model(fb, self.kv)
+        finally:
+            context.batch = None
 
     def build(self, batch: ScheduledBatch, future: torch.Tensor | None = None) -> ForwardBatch:
         return self.device_inputs(self.step_inputs(batch), future)

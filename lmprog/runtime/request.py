@@ -28,6 +28,11 @@ n sinks are evicted and deleted from token_ids, so token_ids stays the sequence 
 cached, each token at its position in the cache; `num_evicted` counts them, `prompt_end`
 is where the outputs start in token_ids (prompt_len, until prompt tokens are evicted).
 
+LoRA adapters: `lora_id` is the uid of the adapter the request runs under (0: the base
+model). The prefix cache sees its tokens through `prefix_key`, which moves the first token
+of an adapter's request into that adapter's own key space, so a prefix computed under one
+adapter (or the base) is never served to another.
+
 Everything here is plain data: the scheduler mutates it, the engine reads it and keeps its
 own per-request state in `engine_data`.
 """
@@ -40,6 +45,8 @@ from typing import Any
 
 from lmprog.core.protocol import FinishReason
 from lmprog.core.sampling import SamplingParams
+
+LORA_KEY_SHIFT = 40  # token ids are far below 2**40: adapter uid u keys from u * 2**40
 
 
 class ReqStatus(enum.Enum):
@@ -59,6 +66,7 @@ class Req:
         so those positions are always fed. After a retraction they may be fed (and their
         logits reported) again: keep the last value per position.
     engine_data: opaque; the engine keeps constraint guides, detokenizer state etc. here.
+    lora_id: the uid of its LoRA adapter (0: none); see the module docstring.
     """
 
     __slots__ = (
@@ -85,6 +93,7 @@ class Req:
         "num_retractions",
         "num_evicted",
         "prompt_end",
+        "lora_id",
     )
 
     def __init__(
@@ -95,6 +104,7 @@ class Req:
         *,
         prompt_logprob_start: int | None = None,
         engine_data: Any = None,
+        lora_id: int = 0,
     ) -> None:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -125,6 +135,9 @@ class Req:
         self.num_retractions = 0
         self.num_evicted = 0  # tokens evicted after the attention sinks (see module doc)
         self.prompt_end = self.prompt_len  # where the outputs start in token_ids
+        if isinstance(lora_id, bool) or not isinstance(lora_id, int) or lora_id < 0:
+            raise ValueError(f"lora_id must be an int >= 0, got {lora_id!r}")
+        self.lora_id = lora_id
 
     # -- derived lengths -------------------------------------------------------------------
     @property
@@ -155,6 +168,15 @@ class Req:
     def remaining_tokens(self) -> int:
         """Tokens it may still generate under max_tokens and its length cap."""
         return max(0, self.stop_len - len(self.token_ids))
+
+    def prefix_key(self, end: int) -> list[int]:
+        """token_ids[:end] as the prefix cache keys them: under an adapter, the first token
+        offset into that adapter's key space (ids stay non-negative), so no prefix is
+        shared across adapters. A fresh list (the cache may keep it)."""
+        key = self.token_ids[:end]
+        if self.lora_id and key and key[0] >= 0:
+            key[0] += self.lora_id << LORA_KEY_SHIFT
+        return key
 
     @property
     def finished(self) -> bool:

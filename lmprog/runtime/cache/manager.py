@@ -79,7 +79,7 @@ class CacheManager:
 
     def cached_prefix_len(self, req: Req) -> int:
         """How many tokens admitting req now would reuse. Reads only."""
-        return self.prefix_cache.cached_prefix_len(req.token_ids[: self._match_limit(req)])
+        return self.prefix_cache.cached_prefix_len(req.prefix_key(self._match_limit(req)))
 
     def make_room(self, num_tokens: int) -> None:
         """Evict cached entries until num_tokens slots are free (or nothing is evictable)."""
@@ -96,7 +96,7 @@ class CacheManager:
         row = self.req_table.alloc()
         if row is None:
             return False
-        match = self.prefix_cache.match_prefix(req.token_ids[: self._match_limit(req)])
+        match = self.prefix_cache.match_prefix(req.prefix_key(self._match_limit(req)))
         self.prefix_cache.lock(match.last_node)
         self.req_table.table[row, : match.length] = match.slots
         req.row, req.last_node = row, match.last_node
@@ -133,7 +133,7 @@ class CacheManager:
         if not self._caching or aligned <= req.cache_len or req.num_evicted:
             return
         present = self._insert(req, aligned)
-        match = self.prefix_cache.match_prefix(req.token_ids[:aligned])
+        match = self.prefix_cache.match_prefix(req.prefix_key(aligned))
         assert match.length == aligned, "an inserted prefix must match in full"
         self.prefix_cache.lock(match.last_node)
         self.prefix_cache.unlock(req.last_node)
@@ -151,7 +151,7 @@ class CacheManager:
         assert 0 <= keep <= req.num_allocated, f"trim to {keep} past the allocated {req}"
         if keep < req.cache_len:
             self._free_own(req, req.cache_len)
-            match = self.prefix_cache.match_prefix(req.token_ids[:keep])
+            match = self.prefix_cache.match_prefix(req.prefix_key(keep))
             self.prefix_cache.lock(match.last_node)
             self.prefix_cache.unlock(req.last_node)
             self.req_table.table[req.row, : req.cache_len] = 0
@@ -220,7 +220,7 @@ class CacheManager:
         """Insert tokens [0, aligned) with req's slots; free req's duplicates of cached
         tokens. Returns how many were cached already (>= cache_len: the locked path)."""
         row = self.req_table.table[req.row]
-        present = self.prefix_cache.insert(req.token_ids[:aligned], row[:aligned])
+        present = self.prefix_cache.insert(req.prefix_key(aligned), row[:aligned])
         assert present >= req.cache_len, "the locked prefix must still be cached"
         self.allocator.free(row[req.cache_len : present])
         return present

@@ -46,7 +46,7 @@ def evict_middle(
     row = cache.req_table.table[req.row]
     old_cache_len = req.cache_len
     if old_cache_len > start:  # the kept part of the cached prefix becomes our own copy
-        match = cache.prefix_cache.match_prefix(req.token_ids[:start])
+        match = cache.prefix_cache.match_prefix(req.prefix_key(start))
         assert match.length == start, "a locked prefix must match in full"
         cache.prefix_cache.lock(match.last_node)
         cache.prefix_cache.unlock(req.last_node)

@@ -34,8 +34,10 @@ class PrefillPolicy:
         cache: CacheManager,
         requests: RequestTable,
         ratio: NewTokenRatio,
+        max_loras: int | None = None,
     ) -> None:
         self.config = config
+        self.max_loras = max_loras
         self.cache = cache
         self.requests = requests
         self.ratio = ratio
@@ -72,17 +74,32 @@ class PrefillPolicy:
         ordered, lpm = self.order(waiting)
         inflight = self._inflight(plan) if lpm and self.config.stagger_min_tokens else None
         reserve = self._running_reserve(plan)
+        adapters = self._running_adapters()
         for req, cached in ordered:
             if budget.tokens <= 0 or budget.new_reqs <= 0:
                 return
             if inflight is not None and inflight.should_wait(req, cached):
                 continue
+            if adapters is not None and not self._adapter_fits(req, adapters):
+                continue  # every adapter slot is taken by running requests of others
             future = self._try_admit(req, plan, budget, reserve)
             if future is None:
                 return  # no row or no memory: later requests wait their turn too
             reserve += future
+            if adapters is not None and req.lora_id:
+                adapters.add(req.lora_id)
             if inflight is not None:
                 inflight.add(req)
+
+    def _running_adapters(self) -> set[int] | None:
+        """The LoRA adapters of the running requests (None: adapters are not limited)."""
+        if self.max_loras is None:
+            return None
+        return {r.lora_id for r in self.requests.running_reqs() if r.lora_id}
+
+    def _adapter_fits(self, req: Req, adapters: set[int]) -> bool:
+        assert self.max_loras is not None
+        return not req.lora_id or req.lora_id in adapters or len(adapters) < self.max_loras
 
     def order(self, waiting: list[Req]) -> tuple[list[tuple[Req, int]], bool]:
         """Waiting requests in admission order with their cached prefix lengths (-1 when
@@ -148,9 +165,9 @@ class _InflightPrefixes:
         self._tree = RadixCache(page_size=1)
 
     def add(self, req: Req) -> None:
-        ids = req.token_ids
+        ids = req.prefix_key(req.seq_len)
         self._tree.insert(ids, np.zeros(len(ids), dtype=np.int32))
 
     def should_wait(self, req: Req, cached: int) -> bool:
-        shared = self._tree.cached_prefix_len(req.token_ids[: req.seq_len - 1])
+        shared = self._tree.cached_prefix_len(req.prefix_key(req.seq_len - 1))
         return shared - cached >= self.min_tokens

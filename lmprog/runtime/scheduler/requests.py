@@ -41,6 +41,10 @@ class RequestTable:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
+    def all(self) -> list[Req]:
+        """Every unfinished request, waiting or running."""
+        return list(self._by_rid.values())
+
     def running_reqs(self) -> Iterator[Req]:
         return iter(self.running.values())
 

@@ -10,7 +10,8 @@ separate policies: DecodePolicy, PrefillPolicy, RetractPolicy. One step:
     2. prefill chunks of running requests with several pending tokens, oldest first (a
        jump-forward's tail fed whole: + verify drafts)
     3. admissions from the waiting queue (LPM / FCFS), chunked to fill the budget;
-       skipped in a step that had to retract
+       skipped in a step that had to retract; with LoRA adapters, requests of at most
+       `max_loras` adapters run at once (others are passed over, not blocking the queue)
     (with config.hybrid_batching False, prefill-first: a step with prefill work (2, 3) runs
     only that)
     4. slots are allocated (evicting cached prefixes as needed) and written to req_to_token
@@ -62,7 +63,10 @@ from .stats import SchedulerStats
 
 class Scheduler:
     """See the module docstring. num_slots: usable KV slots (slot 0, the dummy, excluded);
-    max_context_len: the model's context length; sinks: attention sinks (None: off)."""
+    max_context_len: the model's context length; sinks: attention sinks (None: off);
+    max_loras: LoRA adapters that may run at once (the adapter pool's slots; a waiting
+    request of another adapter is passed over until one of them has no running request);
+    None: no limit (no adapters)."""
 
     def __init__(
         self,
@@ -71,6 +75,7 @@ class Scheduler:
         config: SchedulerConfig | None = None,
         cache_config: CacheConfig | None = None,
         sinks: AttentionSinkConfig | None = None,
+        max_loras: int | None = None,
     ) -> None:
         self.config = config or SchedulerConfig()
         self.cache_config = cache_config or CacheConfig()
@@ -95,7 +100,9 @@ class Scheduler:
         )
         self.limits = LengthLimits(max_context_len, self.cache, self.sinks)
         self.decode_policy = DecodePolicy()
-        self.prefill_policy = PrefillPolicy(self.config, self.cache, self.requests, self.ratio)
+        self.prefill_policy = PrefillPolicy(
+            self.config, self.cache, self.requests, self.ratio, max_loras=max_loras
+        )
         self.retract_policy = RetractPolicy(self.cache, self.requests, self.ratio)
         self.results = ResultRecorder(self.cache, self.finish)
 

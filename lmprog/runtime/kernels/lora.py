@@ -1,0 +1,200 @@
+"""Multi-LoRA: each token's low-rank update through one segmented shrink and one segmented
+expand per projection, every adapter of the batch at once (Punica's SGMV, S-LoRA's layout).
+
+The tokens come grouped by adapter slot in blocks of BLOCK_M rows (lmprog.runtime.lora.ops
+`plan_lora_step`: sorted_ids, block_slots, num_padded); a program computes one block's tile
+reading only its adapter's weights:
+
+    shrink   u[id, n]      = sum_k x[id, k] * A[slot, n, k]                 n < N = slices * R
+    expand   y[id, c]     += sum_r u[id, j*R + r] * B[slot, c, r]           c in slice j
+
+Padding rows (id == num_tokens) are masked; programs of blocks past num_padded (a device
+scalar) return at once, so a CUDA graph captures a fixed grid for its bucket and reads the
+step's layout from its static buffers; nothing reads a value on the host. Each token is in
+one block, so the expand's read-add-write of y never races. Reference: ops.lora_delta_ref.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import FLOAT_DTYPES, check_runnable, check_tensor, dynamic_args, next_pow2
+
+MAX_SLICES = 3
+
+
+def lora_shrink(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    block_slots: torch.Tensor,
+    num_padded: torch.Tensor,
+    block_m: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """u [T, N] (x's dtype): u[t] = x[t] @ lora_a[slot(t)].T for every adapter token (other
+    rows are left as they were). x [T, K]; lora_a [S, N, K]."""
+    _check_layout(x, sorted_ids, block_slots, num_padded, block_m)
+    check_tensor("lora_a", lora_a, ndim=3, dtypes=(x.dtype,), device=x.device)
+    tokens, k = x.shape
+    n = lora_a.shape[1]
+    if lora_a.shape[2] != k or lora_a.stride(2) != 1:
+        raise ValueError(f"lora_a must be a contiguous [S, N, {k}], got {tuple(lora_a.shape)}")
+    if out is None:
+        out = torch.empty(tokens, n, dtype=x.dtype, device=x.device)
+    if tokens == 0 or sorted_ids.numel() == 0:
+        return out
+    block_n = max(16, min(64, next_pow2(n)))
+    block_k = 64 if k >= 64 else max(16, next_pow2(k))
+    grid = (triton.cdiv(sorted_ids.numel(), block_m) * triton.cdiv(n, block_n),)
+    _shrink_kernel[grid](
+        x, lora_a, out, sorted_ids, block_slots, num_padded,
+        tokens, n, k, sorted_ids.numel(),
+        x.stride(0), lora_a.stride(0), lora_a.stride(1), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+    )  # fmt: skip
+    return out
+
+
+def lora_expand(
+    u: torch.Tensor,
+    lora_b: torch.Tensor,
+    y: torch.Tensor,
+    slices: Sequence[int],
+    sorted_ids: torch.Tensor,
+    block_slots: torch.Tensor,
+    num_padded: torch.Tensor,
+    block_m: int,
+) -> torch.Tensor:
+    """y[t, slice j] += u[t, j*R:(j+1)*R] @ lora_b[slot(t), slice j].T in place for every
+    adapter token; returns y. u [T, len(slices) * R]; lora_b [S, sum(slices), R]; y [T,
+    sum(slices)], contiguous rows."""
+    _check_layout(u, sorted_ids, block_slots, num_padded, block_m)
+    check_tensor("lora_b", lora_b, ndim=3, dtypes=(u.dtype,), device=u.device)
+    check_tensor("y", y, ndim=2, dtypes=FLOAT_DTYPES, device=u.device)
+    widths = [int(w) for w in slices]
+    if not 1 <= len(widths) <= MAX_SLICES or min(widths) <= 0:
+        raise ValueError(f"slices must be 1 to {MAX_SLICES} positive widths, got {widths}")
+    rank = lora_b.shape[2]
+    out_features = sum(widths)
+    if lora_b.shape[1] != out_features or lora_b.stride(2) != 1:
+        raise ValueError(
+            f"lora_b must be a contiguous [S, {out_features}, R], got {tuple(lora_b.shape)}"
+        )
+    if u.shape[1] != len(widths) * rank:
+        raise ValueError(
+            f"u must have {len(widths)} * R = {len(widths) * rank} columns, got {u.shape[1]}"
+        )
+    if y.shape != (u.shape[0], out_features) or y.stride(1) != 1:
+        raise ValueError(f"y must be [{u.shape[0]}, {out_features}] with contiguous rows")
+    if u.shape[0] == 0 or sorted_ids.numel() == 0:
+        return y
+    block_n = 64 if min(widths) >= 64 else max(16, next_pow2(min(widths)))
+    block_r = max(16, next_pow2(rank))
+    w = widths + [0] * (MAX_SLICES - len(widths))
+    tiles = sum(triton.cdiv(x, block_n) for x in widths)
+    grid = (triton.cdiv(sorted_ids.numel(), block_m) * tiles,)
+    _expand_kernel[grid](
+        u, lora_b, y, sorted_ids, block_slots, num_padded,
+        u.shape[0], rank, w[0], w[1], w[2], tiles, sorted_ids.numel(),
+        u.stride(0), lora_b.stride(0), lora_b.stride(1), y.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=block_r,
+    )  # fmt: skip
+    return y
+
+
+def _check_layout(x, sorted_ids, block_slots, num_padded, block_m) -> None:
+    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    check_runnable("x", x)
+    if x.stride(1) != 1:
+        raise ValueError("x must be contiguous in its last dimension; call .contiguous()")
+    for name, t in (
+        ("sorted_ids", sorted_ids),
+        ("block_slots", block_slots),
+        ("num_padded", num_padded),
+    ):
+        check_tensor(name, t, ndim=1, dtypes=(torch.int32,), device=x.device)
+    if block_m < 16 or block_m & (block_m - 1):
+        raise ValueError(f"block_m must be a power of two >= 16, got {block_m}")
+    if sorted_ids.numel() % block_m or block_slots.numel() != sorted_ids.numel() // block_m:
+        raise ValueError(
+            f"sorted_ids ({sorted_ids.numel()}) must be whole blocks of {block_m} and "
+            f"block_slots ({block_slots.numel()}) one slot per block"
+        )
+
+
+@triton.jit(**dynamic_args("num_tokens", "num_rows"))
+def _shrink_kernel(
+    X, A, U, SortedIds, BlockSlots, NumPadded,
+    num_tokens, N, K, num_rows,
+    stride_xm, stride_as, stride_an, stride_um,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // tiles_n
+    pid_n = pid % tiles_n
+    if pid_m * BLOCK_M >= tl.load(NumPadded):
+        return
+    ids = tl.load(SortedIds + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    row_ok = ids < num_tokens
+    slot = tl.load(BlockSlots + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = X + ids[:, None] * stride_xm + offs_k[None, :]
+    a_ptrs = A + slot * stride_as + offs_n[None, :] * stride_an + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = offs_k < K - k0
+        xt = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        at = tl.load(a_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(xt, at, acc)
+        x_ptrs += BLOCK_K
+        a_ptrs += BLOCK_K
+    u_ptrs = U + ids[:, None] * stride_um + offs_n[None, :]
+    tl.store(u_ptrs, acc.to(U.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit(**dynamic_args("num_tokens", "num_rows"))
+def _expand_kernel(
+    U, B, Y, SortedIds, BlockSlots, NumPadded,
+    num_tokens, R, W0, W1, W2, tiles, num_rows,
+    stride_um, stride_bs, stride_bn, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    pid_m = pid // tiles
+    pid_n = pid % tiles
+    if pid_m * BLOCK_M >= tl.load(NumPadded):
+        return
+    # which slice this column tile is in, and the tile's columns within it
+    t0 = tl.cdiv(W0, BLOCK_N)
+    t1 = tl.cdiv(W1, BLOCK_N)
+    in1 = pid_n >= t0
+    in2 = pid_n >= t0 + t1
+    j = in1.to(tl.int32) + in2.to(tl.int32)
+    first_tile = tl.where(in2, t0 + t1, tl.where(in1, t0, 0))
+    start = tl.where(in2, W0 + W1, tl.where(in1, W0, 0))
+    width = tl.where(in2, W2, tl.where(in1, W1, W0))
+    offs_c = (pid_n - first_tile) * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ok = offs_c < width
+    cols = start + offs_c
+    ids = tl.load(SortedIds + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    row_ok = ids < num_tokens
+    slot = tl.load(BlockSlots + pid_m).to(tl.int64)
+    offs_r = tl.arange(0, BLOCK_R)
+    r_ok = offs_r < R
+    ut = tl.load(U + ids[:, None] * stride_um + j * R + offs_r[None, :],
+                 mask=row_ok[:, None] & r_ok[None, :], other=0.0)  # fmt: skip
+    bt = tl.load(B + slot * stride_bs + cols[None, :] * stride_bn + offs_r[:, None],
+                 mask=r_ok[:, None] & c_ok[None, :], other=0.0)  # fmt: skip
+    acc = tl.dot(ut, bt)
+    y_ptrs = Y + ids[:, None] * stride_ym + cols[None, :]
+    mask = row_ok[:, None] & c_ok[None, :]
+    yt = tl.load(y_ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptrs, (yt + acc).to(Y.dtype.element_ty), mask=mask)

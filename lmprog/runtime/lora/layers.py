@@ -1,0 +1,87 @@
+"""LoRA around a loaded model's projections, applied from outside (as the quantized and
+tensor-parallel layers are): `attach_lora_` wraps each adapted projection in a `LoraLinear`
+that runs the base layer (whatever it became: plain, FP8, small-M, 4-bit) and then adds the
+step's low-rank updates in place, reading the step's layout from the shared `LoraContext`:
+
+    y = base(x);  if context.batch: y[t] += B[slot(t)] A[slot(t)] x[t]  for adapter tokens
+
+With no adapter in the step (`context.batch is None`) the layer is the base layer alone: a
+CUDA graph captured that way holds no LoRA kernel (lmprog.runtime.cuda_graph captures a
+second set with it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .ops import LoraBatch, lora_delta_ref
+from .pool import LoraPool
+
+
+class LoraContext:
+    """What every LoRA layer of one model shares: the step's layout (None: base only), set
+    by the model runner around each forward. triton: the layers run the Triton kernels."""
+
+    def __init__(self, triton: bool) -> None:
+        self.triton = triton
+        self.batch: LoraBatch | None = None
+
+
+class LoraLinear(nn.Module):
+    """`base` plus the pool's adapters of this projection: lora_a [S, n*R, in], lora_b
+    [S, out, R] (views of the pool's buffers, not parameters), `slices` its n output
+    widths (q, k, v or gate, up, or one)."""
+
+    def __init__(
+        self,
+        base: nn.Module,
+        context: LoraContext,
+        lora_a: torch.Tensor,
+        lora_b: torch.Tensor,
+        slices: tuple[int, ...],
+    ) -> None:
+        super().__init__()
+        self.base = base
+        self.context = context
+        self.lora_a, self.lora_b, self.slices = lora_a, lora_b, slices
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        batch = self.context.batch
+        if batch is None:
+            return y
+        if batch.triton:
+            from ..kernels.lora import lora_expand, lora_shrink
+
+            x = x if x.stride(-1) == 1 else x.contiguous()
+            layout = (batch.sorted_ids, batch.block_slots, batch.num_padded, batch.block_m)
+            u = lora_shrink(x, self.lora_a, *layout)
+            return lora_expand(u, self.lora_b, y, self.slices, *layout)
+        assert batch.segments is not None
+        return lora_delta_ref(x, y, self.lora_a, self.lora_b, self.slices, batch.segments)
+
+    def extra_repr(self) -> str:
+        s, nr, _ = self.lora_a.shape
+        return f"slots={s}, rank={nr // len(self.slices)}, slices={self.slices}"
+
+
+def attach_lora_(model: nn.Module, pool: LoraPool, context: LoraContext) -> int:
+    """Wrap every projection the pool has buffers for; returns how many were wrapped."""
+    wrapped = 0
+    for i, layer in enumerate(model.model.layers):
+        for owner, group in (
+            (layer.self_attn, "qkv_proj"),
+            (layer.self_attn, "o_proj"),
+            (layer.mlp, "gate_up_proj"),
+            (layer.mlp, "down_proj"),
+        ):
+            buffers = pool.buffers.get((i, group))
+            if buffers is None:
+                continue
+            base: Any = getattr(owner, group)
+            setattr(owner, group, LoraLinear(base, context, *buffers, pool.slices[group]))
+            wrapped += 1
+    return wrapped

@@ -1,0 +1,103 @@
+"""LoRA inside a whole model on the Triton path (a GPU, or the CPU interpreter): the
+kernels' forward equals the PyTorch path's, and decode CUDA graphs with adapters (their
+static layout, padding and stale blocks) equal the eager forward, batch after batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lora_testing import write_adapter
+from triton_testing import (  # noqa: F401 - one_thread is a fixture
+    one_thread,
+    requires_triton,
+    run_captured,
+    run_uncaptured,
+    setup,
+)
+
+from lmprog.runtime.config import LoraConfig
+from lmprog.runtime.cuda_graph import CudaGraphRunner
+from lmprog.runtime.forward_batch import ForwardBatch
+from lmprog.runtime.lora import LoraManager, read_adapter
+from lmprog.runtime.lora.ops import LoraBatch
+
+pytestmark = requires_triton
+
+
+def _manager(model, tmp_path, slots=3):
+    cfg = model.config
+    specs = [("a", 4, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                       "down_proj")), ("b", 8, ("q_proj", "v_proj")),
+             ("c", 2, ("o_proj", "down_proj"))]  # fmt: skip
+    adapters = []
+    for i, (name, rank, targets) in enumerate(specs):
+        folder = write_adapter(tmp_path / name, cfg, rank=rank, targets=targets, seed=i, std=1.0)
+        adapters.append(read_adapter(folder, cfg, name=name))
+    return LoraManager(model, LoraConfig(max_loras_per_batch=slots), adapters)
+
+
+def _forward(model, manager, fb, kv, uids, triton):
+    plan = manager.prepare(uids, fb.extend_lens.tolist())
+    manager.context.batch = (
+        None if plan is None else LoraBatch.from_plan(plan, kv.k[0].device, triton)
+    )
+    try:
+        return model(fb, kv)
+    finally:
+        manager.context.batch = None
+
+
+def check_lora_graphs(device, capture, dtype, tol, tmp_path):
+    model, g, table, kvs = setup(device, dtype, num_layers=2, rows=8, num_slots=600)
+    manager = _manager(model, tmp_path)
+    rows = table.shape[0]
+    uid_of_row = [
+        manager.resolve(n) if n else 0 for n in ("a", None, "b", "c", "a", "b", None, "c")
+    ]
+    lens = torch.randint(3, 30, (rows,), generator=g).tolist()
+
+    def batch(sel, ext):
+        loc = torch.cat([table[r, lens[r] - n : lens[r]].cpu() for r, n in zip(sel, ext)])
+        return ForwardBatch.build(
+            input_ids=torch.randint(0, 50, (len(loc),), generator=g),
+            out_cache_loc=loc,
+            req_pool_indices=sel,
+            seq_lens=[lens[r] for r in sel],
+            extend_lens=ext,
+            req_to_token=table,
+            device=device,
+        )
+
+    with torch.inference_mode():
+        prefill = batch(list(range(rows)), list(lens))
+        uids = [uid_of_row[r] for r in range(rows)]
+        got = _forward(model, manager, prefill, kvs[0], uids, triton=True)
+        want = _forward(model, manager, prefill, kvs[1], uids, triton=False)
+        assert (got - want).abs().max().item() <= tol * want.abs().max().item()
+        graphs = CudaGraphRunner(model, kvs[0], table, batch_sizes=(1, 4, 8), capture=capture,
+                                 lora=manager)  # fmt: skip
+        for n in (3, 8, 5, 1, 8, 2):
+            sel = torch.randperm(rows, generator=g)[:n].tolist()
+            for r in sel:
+                lens[r] += 1
+            step = batch(sel, [1] * n)
+            uids = [uid_of_row[r] for r in sel]
+            plan = manager.prepare(uids, [1] * n, block_m=16)
+            got = graphs.maybe_run(step, kvs[0], lora=plan)
+            if plan is None:
+                got = graphs.maybe_run(step, kvs[0])
+            want = _forward(model, manager, step, kvs[1], uids, triton=False)
+            assert got is not None and got.shape == want.shape
+            diff = (got - want).abs().max().item()
+            assert diff <= tol * want.abs().max().item(), (n, diff)
+
+
+def test_lora_graph_layout_runs_uncaptured(one_thread, tmp_path):
+    run_uncaptured(lambda *args: check_lora_graphs(*args, tmp_path))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a GPU")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_lora_graphs_replay(dtype, one_thread, tmp_path):
+    run_captured(lambda *args: check_lora_graphs(*args, tmp_path), dtype)
