@@ -20,7 +20,7 @@ from typing import Any
 from lmprog.backends.checks import check_score_request, check_stop_token_ids, check_stream
 from lmprog.backends.scoring import choice_scores, choice_spans
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
-from lmprog.core.errors import BackendError, ConstraintError
+from lmprog.core.errors import BackendError, ConstraintError, LoraError
 from lmprog.core.models import ModelSource, load_tokenizer, resolve_model
 from lmprog.core.prompt import encode_prompt
 from lmprog.core.protocol import (
@@ -83,6 +83,10 @@ class Runtime(Backend):
             SGLang's layout) loads as FP8 without it.
         kv_cache_dtype: "auto" (the model's dtype) or "fp8_e4m3" ("fp8"): the KV pool stores
             e4m3 keys and values, twice the tokens in the same memory (lmprog.runtime.kv_pool).
+        host_kv_cache_bytes: a host-memory tier of this many bytes under the radix cache
+            (pinned on CUDA; 0: off): prefixes evicted from the KV pool are kept there and
+            loaded back when a request returns to them, instead of being recomputed
+            (lmprog.runtime.cache.hiradix). stats() reports its usage and hits (host_kv_*).
         attention: "auto", "torch" or "triton".
         cuda_graphs: replay CUDA graphs for decode steps (GPU with Triton attention only).
         num_threads: torch CPU threads (process-wide; default: leave torch's setting).
@@ -110,6 +114,17 @@ class Runtime(Backend):
         sliding_window_size: the recent window kept after the sinks (default: the context
             length, or the KV pool when smaller, minus the sinks); see
             lmprog.runtime.config.AttentionSinkConfig.
+        lora_paths: LoRA adapters to serve (SGLang's name): {name: PEFT adapter folder}, or
+            a list of "name=path" strings or of folders (named by their path). A request
+            picks one by name (`SamplingParams.lora_path`, the DSL's `run(lora_path=...)`,
+            `gen(..., lora_path=...)`), or none (the base model); requests of different
+            adapters run in one batch (lmprog.runtime.lora). More can be loaded later
+            (`load_lora_adapter`). A malformed or mismatched folder is a LoraError.
+        enable_lora: serve adapters loaded later even when lora_paths is empty (None: when
+            lora_paths is given).
+        max_loras_per_batch, max_lora_rank, lora_target_modules, max_loaded_loras: the
+            adapter pool (lmprog.runtime.config.LoraConfig). Not with tp_size > 1, dp_size
+            > 1, speculative decoding or attention sinks yet.
 
     Each engine knob keeps its name down to the config that owns and validates it:
     SchedulerConfig, CacheConfig and AttentionSinkConfig (lmprog.runtime.config),
@@ -139,6 +154,7 @@ class Runtime(Backend):
         jump_forward: bool = True,
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
+        host_kv_cache_bytes: int = 0,
         attention: str = "auto",
         cuda_graphs: bool = True,
         num_threads: int | None = None,
@@ -149,6 +165,12 @@ class Runtime(Backend):
         tp_size: int = 1,
         attention_sink_size: int | None = None,
         sliding_window_size: int | None = None,
+        lora_paths: Any = None,
+        enable_lora: bool | None = None,
+        max_loras_per_batch: int = 8,
+        max_lora_rank: int | None = None,
+        lora_target_modules: Any = None,
+        max_loaded_loras: int | None = None,
     ) -> None:
         import torch
 
@@ -173,6 +195,7 @@ class Runtime(Backend):
             radix_cache=radix_cache,
             eviction=eviction,
             kv_cache_dtype=kv_cache_dtype,
+            host_kv_cache_bytes=host_kv_cache_bytes,
         )
         scheduler_config = SchedulerConfig(
             max_num_batched_tokens=max_num_batched_tokens,
@@ -190,6 +213,21 @@ class Runtime(Backend):
                 raise ValueError("attention_sink_size does not support tp_size > 1 yet")
         elif sliding_window_size is not None:
             raise ValueError("sliding_window_size needs attention_sink_size (attention sinks)")
+        lora_named = lora_path_items(lora_paths)
+        lora_config = None
+        if enable_lora or (enable_lora is None and lora_named):
+            from lmprog.runtime.config import LoraConfig
+
+            lora_config = LoraConfig(
+                max_loras_per_batch=max_loras_per_batch,
+                max_lora_rank=max_lora_rank,
+                lora_target_modules=lora_target_modules,
+                max_loaded_loras=max_loaded_loras,
+            )
+            if dp_size > 1:
+                raise LoraError("LoRA adapters do not work with dp_size > 1 yet; use dp_size=1")
+        elif lora_named:
+            raise ValueError("lora_paths with enable_lora=False: drop one of them")
         self._source = _source_of(model, load_format)
         started = time.perf_counter()
         if self._source is not None:
@@ -232,6 +270,12 @@ class Runtime(Backend):
         self._setup_tokens(net.config, tokenizer, chat_template)
         _log.info("tokenizer %s", type(self._tokenizer).__name__)
 
+        adapters = []
+        if lora_config is not None:
+            from lmprog.runtime.lora import read_adapter
+
+            adapters = [read_adapter(p, net.config, name=n) for n, p in lora_named]
+
         def launch(net: Any, **kw: Any) -> Any:
             return launch_engine(
                 net,
@@ -245,6 +289,8 @@ class Runtime(Backend):
                 cuda_graphs=cuda_graphs,
                 speculative=spec_config,
                 attention_sinks=sinks,
+                lora=lora_config,
+                lora_adapters=adapters,
                 **kw,
             )
 
@@ -340,9 +386,12 @@ class Runtime(Backend):
         spans, uncond = choice_spans(request, prompt, self._encode, self._start_id)
         shared = min(start for _, start in spans) - 1
         cached = 0
+        prefill = _PREFILL_ONLY
+        if request.lora_path is not None:
+            prefill = SamplingParams(max_tokens=0, lora_path=request.lora_path)
         if self._radix and shared > 0:
-            cached = self._run(spans[0][0][:shared], _PREFILL_ONLY).cached_tokens
-        choices = choice_scores(spans, uncond, self._score_spans(spans + uncond))
+            cached = self._run(spans[0][0][:shared], prefill).cached_tokens
+        choices = choice_scores(spans, uncond, self._score_spans(spans + uncond, prefill))
         return ScoreResult(choices=choices, prompt_tokens=len(prompt), cached_tokens=cached)
 
     def prompt_logprobs(
@@ -384,6 +433,22 @@ class Runtime(Backend):
         )
         return out
 
+    # ---- LoRA adapters ---------------------------------------------------------------------
+    def load_lora_adapter(self, name: str, path: str) -> dict[str, Any]:
+        """Load the PEFT adapter folder `path` as `name` (SGLang's and vLLM's
+        load_lora_adapter); its description (name, path, rank, target_modules). LoraError
+        when it cannot be served; the loaded adapters keep serving either way."""
+        return self._engine.load_lora_adapter(name, path)
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Unload adapter `name`; requests using it finish with it. LoraError when unknown."""
+        self._engine.unload_lora_adapter(name)
+
+    def lora_adapters(self) -> list[dict[str, Any]]:
+        """The loaded adapters (name, path, rank, target_modules); [] without LoRA."""
+        lister = getattr(self._engine, "lora_adapters", None)
+        return [] if lister is None else lister()
+
     def flush_cache(self) -> bool:
         """Empty the radix cache (e.g. between benchmark phases); False while requests run."""
         return self._engine.flush_cache()
@@ -422,7 +487,9 @@ class Runtime(Backend):
             start = None
             if logprob_start_len is not None:
                 start = min(max(0, logprob_start_len), len(ids) - 1)
-            requests.append(EngineRequest(tuple(ids), p, prompt_logprob_start=start))
+            requests.append(
+                EngineRequest(tuple(ids), p, prompt_logprob_start=start, lora=p.lora_path)
+            )
         results = self._wait_all(self._submit_all(requests))
         return results[0] if single else results
 
@@ -466,7 +533,7 @@ class Runtime(Backend):
         from lmprog.runtime.engine_io import EngineRequest
 
         handle = self._engine.submit(
-            EngineRequest(tuple(ids), params, guide, prompt_logprob_start),
+            EngineRequest(tuple(ids), params, guide, prompt_logprob_start, params.lora_path),
             stream=stream is not None,
         )
         try:
@@ -478,12 +545,14 @@ class Runtime(Backend):
             if not handle.done:  # the stream callback raised, or the caller was interrupted
                 handle.abort()
 
-    def _score_spans(self, spans: list[tuple[list[int], int]]) -> list[tuple[float, ...]]:
+    def _score_spans(
+        self, spans: list[tuple[list[int], int]], params: SamplingParams = _PREFILL_ONLY
+    ) -> list[tuple[float, ...]]:
         """Logprobs of tokens[start:] for every (tokens, start), all submitted at once."""
         from lmprog.runtime.engine_io import EngineRequest
 
         requests = [
-            EngineRequest(tuple(t), _PREFILL_ONLY, None, s - 1) if s < len(t) else None
+            EngineRequest(tuple(t), params, None, s - 1, params.lora_path) if s < len(t) else None
             for t, s in spans
         ]
         results = self._wait_all(self._submit_all(requests))
@@ -548,6 +617,36 @@ class Runtime(Backend):
             f"Runtime(model={self.model_name!r}, device={str(self.device)!r}, "
             f"radix_cache={self._radix})"
         )
+
+
+def lora_path_items(lora_paths: Any) -> list[tuple[str, str]]:
+    """(name, path) pairs of `lora_paths`: a dict {name: path}, or a list of "name=path"
+    strings or of paths (named by the path, as SGLang names them), or None."""
+    if lora_paths is None:
+        return []
+    if isinstance(lora_paths, str):
+        lora_paths = [lora_paths]
+    if isinstance(lora_paths, dict):
+        items = list(lora_paths.items())
+    elif isinstance(lora_paths, (list, tuple)):
+        items = []
+        for entry in lora_paths:
+            if not isinstance(entry, str):
+                raise TypeError(f"lora_paths entries are 'name=path' strings, got {entry!r}")
+            name, eq, path = entry.partition("=")
+            items.append((name, path) if eq else (entry, entry))
+    else:
+        raise TypeError(
+            f"lora_paths must be a dict {{name: path}} or a list of 'name=path', got "
+            f"{type(lora_paths).__name__}"
+        )
+    names = [n for n, _ in items]
+    for name, path in items:
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            raise ValueError(f"a LoRA adapter needs a name and a path, got {name!r}={path!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"lora_paths names an adapter twice: {names}")
+    return items
 
 
 def _source_of(model: Any, load_format: str) -> ModelSource | None:

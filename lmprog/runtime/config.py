@@ -30,12 +30,17 @@ class CacheConfig:
     eviction: which unlocked leaves of the radix tree are evicted first ("lru" or "lfu").
     kv_cache_dtype: what the KV pool stores: "auto" (the model's dtype) or "fp8_e4m3"
         ("fp8"): e4m3 K/V, half of bf16's bytes per token (lmprog.runtime.kv_pool).
+    host_kv_cache_bytes: a host-memory tier under the radix tree of this many bytes (pinned
+        on CUDA): prefixes evicted from the KV pool are kept there (least recently used
+        dropped first) and loaded back when a request matches them (cache/hiradix.py).
+        0: off (an evicted prefix is recomputed). Needs radix_cache.
     """
 
     page_size: int = 1
     radix_cache: bool = True
     eviction: EvictionName = "lru"
     kv_cache_dtype: str = "auto"
+    host_kv_cache_bytes: int = 0
 
     def __post_init__(self) -> None:
         _check_int("page_size", self.page_size, lo=1)
@@ -47,6 +52,9 @@ class CacheConfig:
             raise ValueError(
                 f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
             )
+        _check_int("host_kv_cache_bytes", self.host_kv_cache_bytes, lo=0)
+        if self.host_kv_cache_bytes and not self.radix_cache:
+            raise ValueError("host_kv_cache_bytes needs radix_cache=True (it caches prefixes)")
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,12 @@ class Engine:
         """speculator: verify draft tokens in the batch (None: no speculative decoding)."""
         self.runner = runner
         self.scheduler = scheduler
+        if scheduler.cache_config.host_kv_cache_bytes:  # the host tier copies the pool's KV
+            if getattr(runner, "channel", None) is not None:
+                raise ValueError("host_kv_cache_bytes does not work with tensor parallelism yet")
+            from .host_kv import HostKVMover
+
+            scheduler.cache.attach_host_tier(HostKVMover(runner.kv))
         self.speculator = speculator
         self.config = config or EngineConfig()
         self.eos_token_ids = tuple(eos_token_ids)

@@ -67,6 +67,7 @@ class EngineMetrics:
             "kv_evictable": sched.evictable_slots,
             "kv_usage": sched.token_usage,
             "kv_evicted_tokens": sched.evicted_tokens,
+            **(sched.tiers or {}),
             "steps": self.steps,
             "prefill_tokens": self.prefill_tokens,
             "decode_tokens": self.decode_tokens,

@@ -106,6 +106,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "per token of bf16",
     )
     p.add_argument(
+        "--host-kv-cache-bytes",
+        type=int,
+        default=0,
+        help="runtime host-memory tier under the prefix cache, in bytes (pinned on CUDA): "
+        "prefixes evicted from the KV pool are kept there and loaded back when a request "
+        "returns to them (default 0: off, recomputed)",
+    )
+    p.add_argument(
         "--dp",
         "--dp-size",
         dest="dp_size",
@@ -130,6 +138,47 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="runtime attention sinks (StreamingLLM): each request keeps its first N tokens "
         "and a recent window of its KV, evicting the tokens between, so it generates past the "
         "context length (default: off; lp.Runtime(attention_sink_size=))",
+    )
+    p.add_argument(
+        "--lora-paths",
+        nargs="+",
+        default=None,
+        metavar="NAME=PATH",
+        help="runtime LoRA adapters to serve, each a PEFT adapter folder under a name (a bare "
+        "PATH is named by itself); a request picks one with model=NAME (OpenAI, Anthropic) "
+        "or lora_path (/generate); more with POST /v1/load_lora_adapter",
+    )
+    p.add_argument(
+        "--enable-lora",
+        action="store_true",
+        default=None,
+        help="runtime: serve LoRA adapters loaded later (POST /v1/load_lora_adapter) even "
+        "without --lora-paths",
+    )
+    p.add_argument(
+        "--max-loras-per-batch",
+        type=int,
+        default=8,
+        help="runtime: LoRA adapters resident on the device at once (default 8)",
+    )
+    p.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=None,
+        help="runtime: the adapter pool's rank (default: the largest of --lora-paths, else 16)",
+    )
+    p.add_argument(
+        "--lora-target-modules",
+        nargs="+",
+        default=None,
+        help="runtime: the projections adapters may adapt (q_proj ... down_proj, or all; "
+        "default: those of --lora-paths, else all)",
+    )
+    p.add_argument(
+        "--max-loaded-loras",
+        type=int,
+        default=None,
+        help="runtime: LoRA adapters loaded at once (default: no limit)",
     )
     p.add_argument(
         "--sliding-window-size",
@@ -233,12 +282,21 @@ RUNTIME_ONLY = (
     ("--dp", "dp_size", 1, "llama.cpp runs one context per server; start several servers "
      "behind a load balancer instead"),
     ("--kv-cache-dtype", "kv_cache_dtype", "auto", ""),
+    ("--host-kv-cache-bytes", "host_kv_cache_bytes", 0, "llama.cpp keeps saved states in "
+     "its own RAM cache"),
     ("--quantization", "quantization", None, "llama.cpp runs the GGUF file's own "
      "quantization; pick a quantized GGUF (e.g. Q4_K_M) instead"),
     ("--attention-sink-size", "attention_sink_size", None, "lmprog's llama.cpp backend has no "
      "attention sinks: its requests end at the context size (n_ctx)"),
     ("--sliding-window-size", "sliding_window_size", None, "it is the attention sinks' "
      "window, and lmprog's llama.cpp backend has no attention sinks"),
+    ("--lora-paths", "lora_paths", None, "lmprog's llama.cpp backend serves no LoRA adapters yet"),
+    ("--enable-lora", "enable_lora", None, "lmprog's llama.cpp backend serves no LoRA adapters "
+     "yet"),
+    ("--max-loras-per-batch", "max_loras_per_batch", 8, "LoRA adapters are the runtime's"),
+    ("--max-lora-rank", "max_lora_rank", None, "LoRA adapters are the runtime's"),
+    ("--lora-target-modules", "lora_target_modules", None, "LoRA adapters are the runtime's"),
+    ("--max-loaded-loras", "max_loaded_loras", None, "LoRA adapters are the runtime's"),
 )  # fmt: skip
 
 

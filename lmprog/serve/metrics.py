@@ -50,6 +50,36 @@ _BACKEND = {
         "counter",
         "Requests retracted for lack of KV cache.",
     ),
+    "host_kv_used_bytes": (
+        "lmprog_host_kv_cache_used_bytes",
+        "gauge",
+        "Bytes of KV held in the host-memory tier under the prefix cache.",
+    ),
+    "host_kv_capacity_tokens": (
+        "lmprog_host_kv_cache_capacity_tokens",
+        "gauge",
+        "Tokens the host-memory KV tier can hold.",
+    ),
+    "host_kv_hit_tokens": (
+        "lmprog_host_kv_cache_hit_tokens",
+        "counter",
+        "Prompt tokens loaded back from the host-memory KV tier instead of recomputed.",
+    ),
+    "host_kv_written_tokens": (
+        "lmprog_host_kv_cache_written_tokens",
+        "counter",
+        "Tokens evicted from the KV pool into the host-memory tier.",
+    ),
+    "host_kv_evicted_tokens": (
+        "lmprog_host_kv_cache_evicted_tokens",
+        "counter",
+        "Tokens dropped from the host-memory KV tier for room.",
+    ),
+    "host_kv_load_failures": (
+        "lmprog_host_kv_cache_load_failures",
+        "counter",
+        "Host-tier loads that failed (the tokens were recomputed).",
+    ),
     "constraint_lexer_renewals": (
         "lmprog_constraint_lexer_renewals",
         "counter",

@@ -12,6 +12,7 @@ request's middle tokens (sinks.py `evict_middle`, over the manager's parts).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,14 +21,20 @@ from ..request import Req
 from .allocator import TokenSlotAllocator
 from .base import PrefixCache, require
 from .disabled import NoPrefixCache
+from .hiradix import HiRadixCache, KVMover
 from .integrity import check_integrity
 from .radix import RadixCache
 from .req_table import ReqToTokenTable
 
 
-def make_prefix_cache(config: CacheConfig) -> PrefixCache:
+def make_prefix_cache(config: CacheConfig, mover: KVMover | None = None) -> PrefixCache:
+    """The prefix cache `config` asks for; with a host tier (host_kv_cache_bytes and the
+    pool's `mover`), a HiRadixCache."""
     if not config.radix_cache:
         return NoPrefixCache(config.page_size)
+    if mover is not None and config.host_kv_cache_bytes:
+        tokens = config.host_kv_cache_bytes // mover.bytes_per_token
+        return HiRadixCache(config.page_size, config.eviction, mover, tokens)
     return RadixCache(config.page_size, config.eviction)
 
 
@@ -52,6 +59,14 @@ class CacheManager:
         self.prefix_cache = make_prefix_cache(config)
         self.req_table = ReqToTokenTable(max_running_requests, max_context_len, config.page_size)
         self._caching = config.radix_cache
+        self._mover: KVMover | None = None
+
+    def attach_host_tier(self, mover: KVMover) -> None:
+        """Give the prefix cache its host tier (config.host_kv_cache_bytes), `mover` copying
+        the pool's KV; at start-up, before anything is cached."""
+        require(self.prefix_cache.total_size == 0, "attach_host_tier() after caching began")
+        self._mover = mover
+        self.prefix_cache = make_prefix_cache(self.config, mover)
 
     # -- sizes -----------------------------------------------------------------------------
     @property
@@ -77,6 +92,11 @@ class CacheManager:
         """Slots req must be given so that positions [0, end) have one (whole pages)."""
         return max(0, self.round_up(end) - req.num_allocated)
 
+    def tier_stats(self) -> dict[str, int] | None:
+        """The host tier's usage and hits (HiRadixCache.stats); None without one."""
+        stats = getattr(self.prefix_cache, "stats", None)
+        return None if stats is None else stats()
+
     def cached_prefix_len(self, req: Req) -> int:
         """How many tokens admitting req now would reuse. Reads only."""
         return self.prefix_cache.cached_prefix_len(req.prefix_key(self._match_limit(req)))
@@ -88,16 +108,19 @@ class CacheManager:
             self.allocator.free(self.prefix_cache.evict(short))
 
     # -- request lifecycle -----------------------------------------------------------------
-    def admit(self, req: Req) -> bool:
+    def admit(self, req: Req, load_limit: int = 0) -> bool:
         """Give req a row and lock its cached prefix: at most seq_len - 1 tokens (at least
         one is left to compute) and none from prompt_logprob_start on (their logits are
-        wanted). False, changing nothing, when no row is free."""
+        wanted); with a host tier, up to load_limit more tokens of it loaded back from host
+        memory into new slots. False, changing nothing, when no row is free."""
         assert req.row is None and req.last_node is None
         row = self.req_table.alloc()
         if row is None:
             return False
         match = self.prefix_cache.match_prefix(req.prefix_key(self._match_limit(req)))
         self.prefix_cache.lock(match.last_node)
+        if load_limit > 0 and getattr(match, "host_len", 0):
+            match = self._load_host(match, load_limit)
         self.req_table.table[row, : match.length] = match.slots
         req.row, req.last_node = row, match.last_node
         req.cache_len = req.num_computed = req.num_allocated = match.length
@@ -194,7 +217,7 @@ class CacheManager:
         (the requests that held KV) holding nothing. For when the bookkeeping cannot be
         trusted (an internal error). The req_to_token array is kept (the runner shares it)."""
         self.allocator = TokenSlotAllocator(self._num_slots, self.page_size)
-        self.prefix_cache = make_prefix_cache(self.config)
+        self.prefix_cache = make_prefix_cache(self.config, self._mover)
         self.req_table.clear()
         for req in holders:
             _detach(req)
@@ -206,6 +229,21 @@ class CacheManager:
         check_integrity(self, running)
 
     # -- internals -------------------------------------------------------------------------
+    def _load_host(self, match: Any, limit: int) -> Any:
+        """Load up to `limit` tokens of a locked match's host part into new slots (evicting
+        what must go); the lock moves to the loaded end."""
+
+        def alloc(n: int) -> np.ndarray | None:
+            self.make_room(n)
+            return self.allocator.alloc(n)
+
+        loaded, unused = self.prefix_cache.load(match, limit, alloc)  # type: ignore[attr-defined]
+        self.allocator.free(unused)
+        if loaded.last_node is not match.last_node:
+            self.prefix_cache.lock(loaded.last_node)
+            self.prefix_cache.unlock(match.last_node)
+        return loaded
+
     def _match_limit(self, req: Req) -> int:
         """How much of req admission may take from the prefix cache: not its last token nor
         from prompt_logprob_start on, and (attention sinks) leaving room for one token."""

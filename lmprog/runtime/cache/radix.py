@@ -42,6 +42,8 @@ class TreeNode:
         "last_access",
         "hit_count",
         "uid",
+        "host",
+        "host_children",
     )
     _uids = itertools.count()
 
@@ -54,6 +56,8 @@ class TreeNode:
         self.last_access = 0
         self.hit_count = 0
         self.uid = next(TreeNode._uids)
+        self.host: Any = None  # hiradix.py: the KV of a node kept in host memory
+        self.host_children: dict[Any, TreeNode] | None = None  # hiradix.py: host nodes
 
     def __repr__(self) -> str:
         return f"TreeNode(uid={self.uid}, len={len(self.key)}, lock_ref={self.lock_ref})"

@@ -114,7 +114,8 @@ class PrefillPolicy:
         """Admit req with its first chunk; return the slots to keep for its future, or None
         (nothing changed) when it does not fit."""
         alone = not self.requests.running and not plan.items
-        if not self.cache.admit(req):
+        load_limit = plan.memory_left() - (0 if alone else reserve)  # host-tier tokens
+        if not self.cache.admit(req, load_limit):
             return None
         n = plan.max_chunk(req, min(req.pending_len, budget.tokens))
         need = self.cache.tokens_to_extend(req, req.num_computed + n)

@@ -158,6 +158,7 @@ class Scheduler:
             cache.prefix_cache.evictable_size,
             cache.capacity,
             self.evicted_tokens,
+            cache.tier_stats(),
         )
 
     # -- submission ------------------------------------------------------------------------

@@ -16,6 +16,7 @@ class SchedulerStats:
     evictable_slots: int
     capacity: int
     evicted_tokens: int = 0  # attention sinks: tokens evicted from running requests
+    tiers: dict[str, int] | None = None  # the host tier's usage and hits (cache/hiradix.py)
 
     @property
     def cache_hit_rate(self) -> float:

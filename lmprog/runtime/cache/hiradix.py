@@ -1,0 +1,360 @@
+"""HiRadixCache: the radix tree with a host tier under it (SGLang's HiCache, write-back).
+
+A device leaf the pool evicts is not dropped: its KV is copied to host memory (by a
+`KVMover`; this module stays torch-free) and the node stays in the tree as a *host node*,
+held apart from the device tree in its parent's `host_children`:
+
+    root ── [The, cat] ── [sat]            device nodes: their slots are in the KV pool
+         │           ┆
+         │           └┄ [ran, off]         a host node: its KV is node.host
+         └┄ [A, dog] ┄ [barks]             a host node's children are host nodes
+
+A node is on the device or on the host, never both: loading one moves it back into device
+slots and drops its host copy. The device tree is RadixCache's own (children, locks, the
+eviction heap, the sizes), which never sees a host node; a first page is the key of at most
+one child, device or host (a device insert over a host child drops the host subtree).
+Host memory is bounded in tokens (its bytes / the pool's bytes per token) and evicted
+least recently used (or least frequently, as the device tier) over host leaves, host nodes
+without host children; an evicted device node that cannot fit is dropped with its host
+subtree. A match is the device prefix and, from where it ends, the host nodes that
+continue it (`HostMatch.host_len`); `load` brings them back into device slots up to the
+budget the scheduler gives, the host nodes it loads kept from host eviction meanwhile.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from .allocator import SLOT_DTYPE
+from .base import MatchResult, require
+from .eviction import EvictionPolicy
+from .radix import RadixCache, TreeNode, _as_list
+
+_EMPTY = np.empty(0, dtype=SLOT_DTYPE)
+log = logging.getLogger(__name__)
+
+
+class KVMover(Protocol):
+    """Copies the KV of pool slots to host memory and back (lmprog.runtime.host_kv)."""
+
+    bytes_per_token: int
+
+    def save(self, slots: np.ndarray) -> Any:
+        """A host copy of the KV in `slots` (an opaque handle of len(slots) tokens)."""
+
+    def load(self, handle: Any, slots: np.ndarray) -> None:
+        """Write a handle's KV into `slots` (as many as it holds tokens)."""
+
+    def split(self, handle: Any, k: int) -> tuple[Any, Any]:
+        """The handles of a handle's first k tokens and of the rest."""
+
+
+@dataclass(frozen=True)
+class HostMatch(MatchResult):
+    """A device match and the host nodes continuing it: (node, tokens matched in it)."""
+
+    host_nodes: tuple[tuple[TreeNode, int], ...] = ()
+    host_len: int = 0
+
+
+@dataclass
+class HostTierStats:
+    capacity_tokens: int
+    used_tokens: int = 0
+    written_tokens: int = 0  # device nodes evicted into the host tier
+    loaded_tokens: int = 0  # host tokens brought back into device slots (host hits)
+    evicted_tokens: int = 0  # host tokens dropped for room (LRU)
+    dropped_tokens: int = 0  # evicted device tokens the host could not take, and host
+    # subtrees a device insert replaced
+    load_misses: int = 0  # loads that found a host node gone (recomputed instead)
+    load_failures: int = 0  # copies that raised: the block dropped, recomputed instead
+
+
+class HiRadixCache(RadixCache):
+    """A RadixCache whose evicted nodes go to a host tier; see the module docstring."""
+
+    def __init__(
+        self,
+        page_size: int,
+        eviction: str | EvictionPolicy,
+        mover: KVMover,
+        host_capacity_tokens: int,
+    ) -> None:
+        self.mover = mover
+        self.tier = HostTierStats(host_capacity_tokens - host_capacity_tokens % page_size)
+        super().__init__(page_size, eviction)
+
+    def _init_tree(self) -> None:
+        super()._init_tree()
+        self._host_leaves: set[TreeNode] = set()
+        self._host_heap: list[tuple[tuple[int, ...], int, TreeNode]] = []
+        self._pinned: set[TreeNode] = set()
+        if hasattr(self, "tier"):
+            self.tier.used_tokens = 0
+
+    # -- queries ---------------------------------------------------------------------------
+    @property
+    def host_size(self) -> int:
+        """Tokens held in the host tier."""
+        return self.tier.used_tokens
+
+    def match_prefix(self, token_ids: Sequence[int]) -> HostMatch:
+        ids = _as_list(token_ids)
+        match = super().match_prefix(ids)
+        limit = len(ids) - len(ids) % self.page_size
+        nodes, pos = [], match.length
+        for node, k in self._host_walk(match.last_node, ids, pos, limit):
+            self._touch(node)
+            nodes.append((node, k))
+            pos += k
+        return HostMatch(match.slots, match.last_node, tuple(nodes), pos - match.length)
+
+    def cached_prefix_len(self, token_ids: Sequence[int]) -> int:
+        """Device and host tokens a match would reuse (host ones once loaded)."""
+        ids = _as_list(token_ids)
+        node, pos = self.root, 0
+        limit = len(ids) - len(ids) % self.page_size
+        while pos < limit:
+            child = node.children.get(self._child_key(ids, pos))
+            if child is None:
+                break
+            k = self._match_len(child.key, ids, pos, limit)
+            pos += k
+            if k < len(child.key):
+                return pos
+            node = child
+        return pos + sum(k for _, k in self._host_walk(node, ids, pos, limit))
+
+    def _host_walk(
+        self, node: TreeNode, ids: list[int], pos: int, limit: int
+    ) -> list[tuple[TreeNode, int]]:
+        """The host nodes continuing ids[pos:limit] below `node` (which must end at pos)."""
+        out = []
+        while pos < limit and node.host_children:
+            child = node.host_children.get(self._child_key(ids, pos))
+            if child is None:
+                break
+            k = self._match_len(child.key, ids, pos, limit)
+            out.append((child, k))
+            if k < len(child.key):
+                break
+            node, pos = child, pos + k
+        return out
+
+    # -- loading ---------------------------------------------------------------------------
+    def load(
+        self, match: HostMatch, max_tokens: int, alloc: Callable[[int], np.ndarray | None]
+    ) -> tuple[MatchResult, np.ndarray]:
+        """Bring up to max_tokens (whole pages) of match's host nodes into device slots
+        from `alloc(n)` (which may evict: the nodes to load are kept from host eviction
+        meanwhile). Returns the longer match and the slots left unused (for the caller to
+        free: a node found gone stops the load). The caller locks the new last node."""
+        n = min(match.host_len, max_tokens)
+        n -= n % self.page_size
+        if n <= 0:
+            return match, _EMPTY
+        self._pinned = {node for node, _ in match.host_nodes}
+        try:
+            slots = alloc(n)
+        finally:
+            self._pinned = set()
+        if slots is None:
+            return match, _EMPTY
+        parent, used, parts = match.last_node, 0, [match.slots]
+        for node, k in match.host_nodes:
+            k = min(k, n - used)
+            if k <= 0:
+                break
+            if node.host is None or node.parent is not parent:  # gone meanwhile
+                self.tier.load_misses += 1
+                break
+            if k < len(node.key):
+                node = self._split_host(node, k)
+            part = slots[used : used + k]
+            try:
+                self.mover.load(node.host, part)
+            except Exception:
+                log.exception("loading %d tokens from the host KV tier failed", k)
+                self.tier.load_failures += 1
+                self.tier.dropped_tokens += self._drop_host_subtree(node)
+                del parent.host_children[self._child_key(node.key, 0)]
+                break
+            self._host_to_device(node, part)
+            parts.append(part)
+            parent, used = node, used + k
+        self.tier.loaded_tokens += used
+        loaded = MatchResult(np.concatenate(parts) if used else match.slots, parent)
+        return loaded, slots[used:]
+
+    def _split_host(self, node: TreeNode, k: int) -> TreeNode:
+        """Cut a host node after k tokens; return the upper part (a host node)."""
+        assert 0 < k < len(node.key) and k % self.page_size == 0
+        parent = node.parent
+        mid = TreeNode(node.key[:k], _EMPTY, parent)
+        mid.last_access, mid.hit_count = node.last_access, node.hit_count
+        mid.host, node.host = self.mover.split(node.host, k)
+        parent.host_children[self._child_key(mid.key, 0)] = mid
+        node.key, node.parent = node.key[k:], mid
+        mid.host_children = {self._child_key(node.key, 0): node}
+        return mid
+
+    def _host_to_device(self, node: TreeNode, slots: np.ndarray) -> None:
+        parent = node.parent
+        key = self._child_key(node.key, 0)
+        del parent.host_children[key]
+        self._host_leaves.discard(node)
+        self.tier.used_tokens -= len(node.key)
+        node.host, node.slots = None, np.array(slots, dtype=SLOT_DTYPE)
+        parent.children[key] = node
+        self._leaves.discard(parent)
+        self._evictable += len(node.key)
+        self._touch(node)
+        self._add_evictable_leaf(node)
+        if parent.host is not None and not parent.host_children:  # (never: parent is device)
+            self._add_host_leaf(parent)
+
+    # -- eviction into the host tier ---------------------------------------------------------
+    def evict(self, num_tokens: int) -> np.ndarray:
+        self._moved: list[TreeNode] = []
+        freed = super().evict(num_tokens)
+        for node in self._moved:  # their device slots are the caller's now
+            node.slots = _EMPTY
+        self._moved = []
+        return freed
+
+    def _remove_leaf(self, leaf: TreeNode) -> TreeNode:
+        parent = super()._remove_leaf(leaf)
+        n = len(leaf.key)
+        self._evict_host(self.tier.used_tokens + n - self.tier.capacity_tokens)
+        if self.tier.used_tokens + n > self.tier.capacity_tokens:
+            self.tier.dropped_tokens += n + self._drop_host_subtree(leaf)
+            return parent
+        leaf.host = self.mover.save(leaf.slots)
+        self._moved.append(leaf)
+        self.tier.used_tokens += n
+        self.tier.written_tokens += n
+        if parent.host_children is None:
+            parent.host_children = {}
+        parent.host_children[self._child_key(leaf.key, 0)] = leaf
+        if not leaf.host_children:
+            self._add_host_leaf(leaf)
+        return parent
+
+    def _add_leaf(self, parent: TreeNode, key: list[int], slots: np.ndarray) -> None:
+        if parent.host_children:  # a host child under the same first page: replaced
+            old = parent.host_children.pop(self._child_key(key, 0), None)
+            if old is not None:
+                self.tier.dropped_tokens += self._drop_host_subtree(old)
+        super()._add_leaf(parent, key, slots)
+
+    def _evict_host(self, num_tokens: int) -> None:
+        """Drop least recently used host leaves until num_tokens are freed (or none is left
+        but pinned ones)."""
+        if num_tokens <= 0:
+            return
+        heap, prio, count, skipped = self._host_heap, self.policy.priority, 0, []
+        while count < num_tokens and heap:
+            stored, _, leaf = heapq.heappop(heap)
+            if leaf not in self._host_leaves:
+                continue
+            if leaf in self._pinned:
+                skipped.append((stored, leaf.uid, leaf))
+                continue
+            current = prio(leaf)
+            if current != stored:
+                heapq.heappush(heap, (current, leaf.uid, leaf))
+                continue
+            parent = leaf.parent
+            del parent.host_children[self._child_key(leaf.key, 0)]
+            self._host_leaves.discard(leaf)
+            self.tier.used_tokens -= len(leaf.key)
+            self.tier.evicted_tokens += len(leaf.key)
+            count += len(leaf.key)
+            leaf.host = None
+            if parent.host is not None and not parent.host_children:
+                self._add_host_leaf(parent)
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+
+    def _drop_host_subtree(self, node: TreeNode) -> int:
+        """Forget node's host KV and every host node under it; return the tokens freed."""
+        freed, stack = 0, [node]
+        while stack:
+            n = stack.pop()
+            if n.host is not None:
+                freed += len(n.key)
+                self.tier.used_tokens -= len(n.key)
+                n.host = None
+            self._host_leaves.discard(n)
+            if n.host_children:
+                stack.extend(n.host_children.values())
+                n.host_children = None
+        return freed
+
+    def _add_host_leaf(self, node: TreeNode) -> None:
+        self._host_leaves.add(node)
+        if len(self._host_heap) > 2 * len(self._host_leaves) + 256:
+            self._host_heap = [(self.policy.priority(n), n.uid, n) for n in self._host_leaves]
+            heapq.heapify(self._host_heap)
+        else:
+            heapq.heappush(self._host_heap, (self.policy.priority(node), node.uid, node))
+
+    # -- integrity ---------------------------------------------------------------------------
+    def check_integrity(self, lock_holders: Sequence[Any] | None = None) -> None:
+        super().check_integrity(lock_holders)
+        host_nodes, stack = [], [self.root, *self._nodes()]
+        for node in stack:
+            require(node.host is None, f"hiradix: device {node} has a host copy")
+            self._check_host_children(node, host_nodes)
+        used = sum(len(n.key) for n in host_nodes)
+        require(
+            used == self.tier.used_tokens,
+            f"hiradix: host tier counts {self.tier.used_tokens} tokens but holds {used}",
+        )
+        require(
+            used <= self.tier.capacity_tokens,
+            f"hiradix: host tier holds {used} tokens past its {self.tier.capacity_tokens}",
+        )
+        leaves = {n for n in host_nodes if not n.host_children}
+        require(leaves == self._host_leaves, "hiradix: the host-leaf set is stale")
+        require(
+            leaves <= {entry[2] for entry in self._host_heap},
+            "hiradix: a host leaf is missing from the host eviction heap",
+        )
+        require(not self._pinned, "hiradix: host nodes pinned between loads")
+
+    def _check_host_children(self, node: TreeNode, out: list[TreeNode]) -> None:
+        for key, child in (node.host_children or {}).items():
+            require(key not in node.children, f"hiradix: {child} shadows a device child")
+            require(child.parent is node, f"hiradix: host {child} has a wrong parent")
+            require(key == self._child_key(child.key, 0), f"hiradix: {child} under a wrong key")
+            require(child.host is not None, f"hiradix: host {child} holds no KV")
+            require(not child.children, f"hiradix: host {child} has device children")
+            require(child.lock_ref == 0, f"hiradix: host {child} is locked")
+            p = self.page_size
+            require(
+                len(child.key) > 0 and len(child.key) % p == 0,
+                f"hiradix: host {child} key is not a positive multiple of {p}",
+            )
+            out.append(child)
+            self._check_host_children(child, out)
+
+    def stats(self) -> dict[str, int]:
+        h = self.tier
+        return {
+            "host_kv_capacity_tokens": h.capacity_tokens,
+            "host_kv_used_tokens": h.used_tokens,
+            "host_kv_used_bytes": h.used_tokens * self.mover.bytes_per_token,
+            "host_kv_written_tokens": h.written_tokens,
+            "host_kv_hit_tokens": h.loaded_tokens,
+            "host_kv_evicted_tokens": h.evicted_tokens,
+            "host_kv_dropped_tokens": h.dropped_tokens,
+            "host_kv_load_misses": h.load_misses,
+            "host_kv_load_failures": h.load_failures,
+        }

@@ -1,0 +1,67 @@
+"""HostKVMover: copies a KV pool's token rows to host memory and back, for the host tier
+of the prefix cache (cache/hiradix.py, which holds the handles this returns).
+
+A handle is the KV of a node's tokens over every layer, in the pool's layout with the token
+axis cut to the node's tokens ([layers, 2, n, heads, dim], or the latent pool's
+[layers, n, 1, width]), copied as raw bits (an FP8 pool's bytes as they are).
+
+On a CUDA device a save gathers the rows on the device and copies them into pinned memory
+on the current stream (ordered before any later step writes the slots again, so the slots
+may be reused at once); a load copies pinned rows to the device on a side stream that first
+waits for the current one (every save before it is done), and the current stream then waits
+for the load, so the next forward pass reads the loaded KV while the host thread goes on.
+On the CPU (the "device" pool is host memory too) both are plain copies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .kv_pool import KVPool
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class HostKVMover:
+    """The KVMover of `pool` (cache.hiradix.KVMover)."""
+
+    def __init__(self, pool: KVPool) -> None:
+        buffer = pool._buffer
+        self._rows = buffer.view(_BITS[buffer.element_size()])  # copies move bits only
+        self._axis = buffer.dim() - 3  # the slot axis: [L, 2, S, H, D] or [L, S, 1, W]
+        self.device = buffer.device
+        self.bytes_per_token = buffer.element_size() * buffer.numel() // buffer.shape[self._axis]
+        self._cuda = self.device.type == "cuda"
+        self._stream = torch.cuda.Stream(self.device) if self._cuda else None
+
+    def save(self, slots: np.ndarray) -> torch.Tensor:
+        rows = self._rows.index_select(self._axis, self._index(slots))
+        if not self._cuda:
+            return rows
+        host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+        host.copy_(rows, non_blocking=True)
+        return host
+
+    def load(self, handle: Any, slots: np.ndarray) -> None:
+        if not self._cuda:
+            self._rows.index_copy_(self._axis, self._index(slots), handle)
+            return
+        current = torch.cuda.current_stream(self.device)
+        side = self._stream
+        assert side is not None
+        side.wait_stream(current)  # the saves that wrote this handle have run
+        with torch.cuda.stream(side):
+            rows = handle.to(self.device, non_blocking=True)
+            self._rows.index_copy_(self._axis, self._index(slots), rows)
+        current.wait_stream(side)
+
+    def split(self, handle: Any, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = handle.shape[self._axis]
+        return handle.narrow(self._axis, 0, k), handle.narrow(self._axis, k, n - k)
+
+    def _index(self, slots: np.ndarray) -> torch.Tensor:
+        index = torch.from_numpy(np.asarray(slots, dtype=np.int64))
+        return index.to(self.device, non_blocking=True) if self._cuda else index

@@ -1,0 +1,177 @@
+"""The host KV tier through the engine (issue 34): multi-turn sessions whose KV is several
+times the device pool give the same greedy tokens with the tier on and off, load returning
+turns' prefixes from host memory (fewer prefill tokens), and survive a failed copy and an
+abort while a request's blocks load, each counted; stats() and /metrics report the tier."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from engine_testing import EOS, greedy, model, tok  # noqa: F401
+
+from lmprog.runtime.config import CacheConfig, SchedulerConfig
+from lmprog.runtime.engine import EngineConfig
+from lmprog.runtime.engine_io import EngineRequest
+from lmprog.runtime.launch import launch_engine
+
+POOL = 200  # device KV slots; 8 sessions of up to ~90 tokens hold several times that
+
+
+def make_engine(model, tok, host_bytes, page=1):
+    return launch_engine(
+        model,
+        tok,
+        eos_token_ids=EOS,
+        max_total_tokens=POOL,
+        cache_config=CacheConfig(page_size=page, host_kv_cache_bytes=host_bytes),
+        scheduler_config=SchedulerConfig(max_num_batched_tokens=128, max_running_requests=2),
+        engine_config=EngineConfig(check_integrity=True),
+    )
+
+
+def sessions(engine, turns=3, n=8, on_turn=None):
+    """n sessions of `turns` turns, two at a time: every session returns after the six
+    others ran. Returns each request's outcome (tokens, or the exception's type)."""
+    rng = random.Random(7)
+    history = [[rng.randrange(3000, 9000) for _ in range(30)] for _ in range(n)]
+    out = []
+    for turn in range(turns):
+        for first in range(0, n, 2):
+            handles = []
+            for i in (first, first + 1):
+                handles.append(engine.submit(EngineRequest(tuple(history[i]), greedy(6))))
+                if on_turn is not None:
+                    on_turn(turn, i, handles[-1])
+            for i, h in zip((first, first + 1), handles):
+                result = h.result(timeout=120)
+                out.append((result.finish_reason, result.token_ids))
+                history[i] += list(result.token_ids) + [rng.randrange(3000, 9000) for _ in range(9)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(model, tok):
+    engine = make_engine(model, tok, 0)
+    try:
+        return sessions(engine), engine.stats()
+    finally:
+        engine.shutdown()
+
+
+HOST_KEYS = {
+    "host_kv_capacity_tokens",
+    "host_kv_used_tokens",
+    "host_kv_used_bytes",
+    "host_kv_written_tokens",
+    "host_kv_hit_tokens",
+    "host_kv_evicted_tokens",
+    "host_kv_dropped_tokens",
+    "host_kv_load_misses",
+    "host_kv_load_failures",
+}
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_returning_turns_load_from_the_host_with_the_same_tokens(model, tok, reference, page):
+    want, off = reference
+    assert not HOST_KEYS & set(off)
+    engine = make_engine(model, tok, 1 << 20, page)
+    try:
+        got = sessions(engine)
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    assert got == want
+    assert HOST_KEYS <= set(stats)
+    assert stats["host_kv_hit_tokens"] > 200 and stats["host_kv_written_tokens"] > 0
+    assert stats["cached_tokens"] > off["cached_tokens"] + 200
+    assert stats["prefill_tokens"] < off["prefill_tokens"] - 200
+    assert stats["host_kv_used_bytes"] == stats["host_kv_used_tokens"] * 2 * 2 * 2 * 16 * 4
+
+
+def test_a_small_host_tier_evicts_and_stays_exact(model, tok, reference):
+    want, _ = reference
+    per_token = 2 * 2 * 2 * 16 * 4  # layers, K and V, kv heads, head dim, fp32
+    engine = make_engine(model, tok, 120 * per_token)
+    try:
+        got = sessions(engine)
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    assert got == want
+    assert stats["host_kv_capacity_tokens"] == 120
+    assert stats["host_kv_evicted_tokens"] + stats["host_kv_dropped_tokens"] > 0
+    assert 0 < stats["host_kv_hit_tokens"] and stats["host_kv_used_tokens"] <= 120
+
+
+def test_a_failed_load_is_recomputed_and_the_next_requests_load(model, tok, reference):
+    want, _ = reference
+    engine = make_engine(model, tok, 1 << 20)
+    mover = engine.scheduler.cache._mover
+    real_load, calls = mover.load, []
+
+    def load(handle, slots):
+        calls.append(len(slots))
+        if len(calls) == 1:
+            raise RuntimeError("planted: the host-to-device copy failed")
+        real_load(handle, slots)
+
+    mover.load = load
+    try:
+        got = sessions(engine)
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    assert got == want
+    assert stats["host_kv_load_failures"] == 1 and stats["internal_errors"] == 0
+    assert len(calls) > 1 and stats["host_kv_hit_tokens"] > 0
+
+
+def test_an_abort_while_blocks_load_ends_that_request_only(model, tok, reference):
+    want, _ = reference
+    engine = make_engine(model, tok, 1 << 20)
+    mover = engine.scheduler.cache._mover
+    real_load, victim = mover.load, {}
+
+    def on_turn(turn, i, handle):
+        if turn == 1 and i == 2:
+            victim["handle"] = handle
+
+    def load(handle, slots):  # the copy is under way when the abort arrives
+        target = victim.pop("handle", None)
+        if target is not None:
+            target.abort()
+        real_load(handle, slots)
+
+    mover.load = load
+    try:
+        got = sessions(engine, on_turn=on_turn)
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    assert not victim  # a load ran after the victim was submitted
+    aborted = [k for k, (reason, _) in enumerate(got) if reason == "abort"]
+    assert len(aborted) == 1 and stats["internal_errors"] == 0
+    k = aborted[0]
+    assert got[:k] == want[:k]
+    # the aborted turn wrote fewer tokens, so its session goes on from another history;
+    # every other session is unaffected
+    other = [j for j in range(k + 1, len(want)) if j % 8 != k % 8]
+    assert [got[j] for j in other] == [want[j] for j in other]
+
+
+def test_metrics_expose_the_host_tier(model, tok):
+    from lmprog.serve.metrics import ServerMetrics
+
+    engine = make_engine(model, tok, 1 << 20)
+    try:
+        sessions(engine, turns=2)
+        text = ServerMetrics(engine.stats).render().decode()
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    hits = stats["host_kv_hit_tokens"]
+    assert hits > 0
+    assert f"lmprog_host_kv_cache_hit_tokens_total {float(hits)}" in text
+    assert "lmprog_host_kv_cache_used_bytes " in text
