@@ -4,7 +4,7 @@ servers (lp.RuntimeEndpoint, or their URLs), a GPU lp.Runtime, a CPU lp.LlamaCpp
     fleet = lp.Fleet(["http://a:8000", "http://b:8000", lp.LlamaCpp()], policy="capacity")
     lp.gen(...).run(backend=fleet)                   # each call goes to one member
 
-Placement (lmprog/runtime/placement.py): by expected completion time from each member's
+Placement (lmprog/core/placement.py): by expected completion time from each member's
 measured capacity (policy "capacity", the default), or "least_outstanding", "round_robin".
 Every member is called with a stream callback, so progress is seen on every request.
 
@@ -40,7 +40,7 @@ from lmprog.core.protocol import (
     ScoreResult,
     StreamCallback,
 )
-from lmprog.runtime.placement import POLICIES, Placement, Work
+from lmprog.core.placement import POLICIES, Placement, Work
 
 _STATUS = re.compile(r"answered HTTP (\d{3})")
 _UNREACHABLE = re.compile(r"cannot reach|broke off|stream ended before|timed out")

@@ -15,7 +15,7 @@ from lmprog.backends.fleet import Fleet
 from lmprog.core.errors import BackendError, ContextLengthError
 from lmprog.core.protocol import Backend, GenerateRequest, GenerateResult
 from lmprog.core.sampling import SamplingParams
-from lmprog.runtime.placement import Placement, Work
+from lmprog.core.placement import Placement, Work
 
 
 # ---- placement -----------------------------------------------------------------------------
