@@ -87,6 +87,8 @@ class Runtime(Backend):
             (pinned on CUDA; 0: off): prefixes evicted from the KV pool are kept there and
             loaded back when a request returns to them, instead of being recomputed
             (lmprog.runtime.cache.hiradix). stats() reports its usage and hits (host_kv_*).
+        host_kv_staging: with the host tier, load the host-tier prefixes of queued requests
+            into the KV pool ahead of their admission (predictive staging; default on).
         attention: "auto", "torch" or "triton".
         cuda_graphs: replay CUDA graphs for decode steps (GPU with Triton attention only).
         num_threads: torch CPU threads (process-wide; default: leave torch's setting).
@@ -155,6 +157,7 @@ class Runtime(Backend):
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
         host_kv_cache_bytes: int = 0,
+        host_kv_staging: bool = True,
         attention: str = "auto",
         cuda_graphs: bool = True,
         num_threads: int | None = None,
@@ -196,6 +199,7 @@ class Runtime(Backend):
             eviction=eviction,
             kv_cache_dtype=kv_cache_dtype,
             host_kv_cache_bytes=host_kv_cache_bytes,
+            host_kv_staging=host_kv_staging,
         )
         scheduler_config = SchedulerConfig(
             max_num_batched_tokens=max_num_batched_tokens,

@@ -34,6 +34,9 @@ class CacheConfig:
         on CUDA): prefixes evicted from the KV pool are kept there (least recently used
         dropped first) and loaded back when a request matches them (cache/hiradix.py).
         0: off (an evicted prefix is recomputed). Needs radix_cache.
+    host_kv_staging: with a host tier, predictive staging (TierKV): each step starts loading
+        the host-tier prefixes of the requests at the head of the waiting queue into the KV
+        pool, so they are on the device by the time they are admitted.
     """
 
     page_size: int = 1
@@ -41,6 +44,7 @@ class CacheConfig:
     eviction: EvictionName = "lru"
     kv_cache_dtype: str = "auto"
     host_kv_cache_bytes: int = 0
+    host_kv_staging: bool = True
 
     def __post_init__(self) -> None:
         _check_int("page_size", self.page_size, lo=1)
@@ -53,6 +57,8 @@ class CacheConfig:
                 f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
             )
         _check_int("host_kv_cache_bytes", self.host_kv_cache_bytes, lo=0)
+        if not isinstance(self.host_kv_staging, bool):
+            raise TypeError(f"host_kv_staging must be a bool, got {self.host_kv_staging!r}")
         if self.host_kv_cache_bytes and not self.radix_cache:
             raise ValueError("host_kv_cache_bytes needs radix_cache=True (it caches prefixes)")
 

@@ -175,3 +175,50 @@ def test_metrics_expose_the_host_tier(model, tok):
     assert hits > 0
     assert f"lmprog_host_kv_cache_hit_tokens_total {float(hits)}" in text
     assert "lmprog_host_kv_cache_used_bytes " in text
+
+
+def queued_sessions(engine, turns=2, n=6):
+    """Every session's turn submitted at once to an engine running one request at a time:
+    the queue waits while its head's prefixes can be staged."""
+    rng = random.Random(11)
+    history = [[rng.randrange(3000, 9000) for _ in range(30)] for _ in range(n)]
+    out = []
+    for _ in range(turns):
+        handles = [engine.submit(EngineRequest(tuple(h), greedy(4))) for h in history]
+        for h, result in zip(history, [x.result(timeout=120) for x in handles]):
+            out.append(result.token_ids)
+            h += list(result.token_ids) + [rng.randrange(3000, 9000) for _ in range(9)]
+    return out
+
+
+def test_staging_loads_the_queue_head_ahead_with_the_same_tokens(model, tok):
+    runs = {}
+    for name, host, staging in (
+        ("off", 0, False),
+        ("host", 1 << 20, False),
+        ("staged", 1 << 20, True),
+    ):
+        engine = launch_engine(
+            model,
+            tok,
+            eos_token_ids=EOS,
+            max_total_tokens=POOL,
+            cache_config=CacheConfig(host_kv_cache_bytes=host, host_kv_staging=staging),
+            scheduler_config=SchedulerConfig(max_num_batched_tokens=128, max_running_requests=1),
+            engine_config=EngineConfig(check_integrity=True),
+        )
+        try:
+            runs[name] = (queued_sessions(engine), engine.stats())
+        finally:
+            engine.shutdown()
+    assert runs["staged"][0] == runs["host"][0] == runs["off"][0]
+    host, staged = runs["host"][1], runs["staged"][1]
+    assert host["host_kv_staged_tokens"] == 0 and host["host_kv_hit_tokens"] > 0
+    assert staged["host_kv_staged_tokens"] > 0
+    assert staged["host_kv_hit_tokens"] < host["host_kv_hit_tokens"]  # found on the device
+    # the same prefixes come back from the host, ahead instead of at admission, and
+    # staging the queue's head pushes out no more than admission's loads did
+    loaded = staged["host_kv_hit_tokens"] + staged["host_kv_staged_tokens"]
+    assert loaded == host["host_kv_hit_tokens"]
+    assert staged["host_kv_written_tokens"] <= host["host_kv_written_tokens"]
+    assert staged["prefill_tokens"] < runs["off"][1]["prefill_tokens"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -68,7 +69,10 @@ class HostTierStats:
     capacity_tokens: int
     used_tokens: int = 0
     written_tokens: int = 0  # device nodes evicted into the host tier
-    loaded_tokens: int = 0  # host tokens brought back into device slots (host hits)
+    loaded_tokens: int = 0  # host tokens loaded into device slots at admission (host hits)
+    staged_tokens: int = 0  # host tokens loaded ahead of admission (predictive staging)
+    load_seconds: float = 0.0  # the engine thread's time in admission's loads
+    staged_seconds: float = 0.0  # and in staging's
     evicted_tokens: int = 0  # host tokens dropped for room (LRU)
     dropped_tokens: int = 0  # evicted device tokens the host could not take, and host
     # subtrees a device insert replaced
@@ -149,12 +153,17 @@ class HiRadixCache(RadixCache):
 
     # -- loading ---------------------------------------------------------------------------
     def load(
-        self, match: HostMatch, max_tokens: int, alloc: Callable[[int], np.ndarray | None]
+        self,
+        match: HostMatch,
+        max_tokens: int,
+        alloc: Callable[[int], np.ndarray | None],
+        staged: bool = False,
     ) -> tuple[MatchResult, np.ndarray]:
         """Bring up to max_tokens (whole pages) of match's host nodes into device slots
         from `alloc(n)` (which may evict: the nodes to load are kept from host eviction
         meanwhile). Returns the longer match and the slots left unused (for the caller to
-        free: a node found gone stops the load). The caller locks the new last node."""
+        free: a node found gone stops the load). The caller locks the new last node.
+        staged: a load ahead of admission (counted apart from admission's host hits)."""
         n = min(match.host_len, max_tokens)
         n -= n % self.page_size
         if n <= 0:
@@ -167,6 +176,7 @@ class HiRadixCache(RadixCache):
         if slots is None:
             return match, _EMPTY
         parent, used, parts = match.last_node, 0, [match.slots]
+        start = time.perf_counter()
         for node, k in match.host_nodes:
             k = min(k, n - used)
             if k <= 0:
@@ -188,7 +198,12 @@ class HiRadixCache(RadixCache):
             self._host_to_device(node, part)
             parts.append(part)
             parent, used = node, used + k
-        self.tier.loaded_tokens += used
+        if staged:
+            self.tier.staged_tokens += used
+            self.tier.staged_seconds += time.perf_counter() - start
+        else:
+            self.tier.loaded_tokens += used
+            self.tier.load_seconds += time.perf_counter() - start
         loaded = MatchResult(np.concatenate(parts) if used else match.slots, parent)
         return loaded, slots[used:]
 
@@ -345,7 +360,7 @@ class HiRadixCache(RadixCache):
             out.append(child)
             self._check_host_children(child, out)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         h = self.tier
         return {
             "host_kv_capacity_tokens": h.capacity_tokens,
@@ -353,6 +368,9 @@ class HiRadixCache(RadixCache):
             "host_kv_used_bytes": h.used_tokens * self.mover.bytes_per_token,
             "host_kv_written_tokens": h.written_tokens,
             "host_kv_hit_tokens": h.loaded_tokens,
+            "host_kv_staged_tokens": h.staged_tokens,
+            "host_kv_load_seconds": h.load_seconds,
+            "host_kv_staged_load_seconds": h.staged_seconds,
             "host_kv_evicted_tokens": h.evicted_tokens,
             "host_kv_dropped_tokens": h.dropped_tokens,
             "host_kv_load_misses": h.load_misses,

@@ -127,6 +127,23 @@ class CacheManager:
         req.row_dirty = True
         return True
 
+    @property
+    def stages(self) -> bool:
+        """Whether waiting requests' host-tier prefixes are loaded ahead (`stage`)."""
+        return self._mover is not None and self.config.host_kv_staging
+
+    def stage(self, req: Req, limit: int) -> int:
+        """Predictive staging: load up to `limit` tokens of waiting req's host-tier prefix
+        into device slots now (evicting least recently used entries), where they stay as
+        the freshest cached nodes until its admission finds them; the tokens loaded."""
+        match = self.prefix_cache.match_prefix(req.prefix_key(self._match_limit(req)))
+        if limit <= 0 or not getattr(match, "host_len", 0):
+            return 0
+        self.prefix_cache.lock(match.last_node)
+        loaded = self._load_host(match, limit, staged=True)
+        self.prefix_cache.unlock(loaded.last_node)
+        return loaded.length - match.length
+
     def extend(self, reqs: Sequence[Req], counts: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Give each reqs[i] slots for positions [num_computed, num_computed + counts[i])
         (evicting cached entries if needed) and write them into its row.
@@ -229,7 +246,7 @@ class CacheManager:
         check_integrity(self, running)
 
     # -- internals -------------------------------------------------------------------------
-    def _load_host(self, match: Any, limit: int) -> Any:
+    def _load_host(self, match: Any, limit: int, staged: bool = False) -> Any:
         """Load up to `limit` tokens of a locked match's host part into new slots (evicting
         what must go); the lock moves to the loaded end."""
 
@@ -237,7 +254,8 @@ class CacheManager:
             self.make_room(n)
             return self.allocator.alloc(n)
 
-        loaded, unused = self.prefix_cache.load(match, limit, alloc)  # type: ignore[attr-defined]
+        load = self.prefix_cache.load  # type: ignore[attr-defined]
+        loaded, unused = load(match, limit, alloc, staged)
         self.allocator.free(unused)
         if loaded.last_node is not match.last_node:
             self.prefix_cache.lock(loaded.last_node)

@@ -132,6 +132,25 @@ class PrefillPolicy:
         budget.take(n, new_req=True)
         return future
 
+    def stage_waiting(self) -> int:
+        """Predictive staging (TierKV; after the step is allocated): start loading the
+        host-tier prefixes of the waiting requests next in line (as many as rows are free,
+        at least one) into the KV pool, up to one step's token budget and what the running
+        requests may still need left; the tokens staged. Their admission then finds them on
+        the device (on CUDA the copy runs on a side stream meanwhile)."""
+        if not self.cache.stages or not self.requests.waiting:
+            return 0
+        reserve = sum(self._future(r, r.num_allocated) for r in self.requests.running_reqs())
+        left = min(self.config.max_num_batched_tokens, self.cache.available_tokens - reserve)
+        rows = max(1, self.config.max_running_requests - self.requests.num_running)
+        staged = 0
+        ordered, _ = self.order(self.requests.waiting)  # in admission order
+        for req, _ in ordered[:rows]:
+            if left - staged < self.cache.page_size:
+                break
+            staged += self.cache.stage(req, left - staged)
+        return staged
+
     def _running_reserve(self, plan: StepPlan) -> int:
         """Slots the running requests may still need after this step's planned work."""
         planned = {id(r): n for r, n, _ in plan.items}

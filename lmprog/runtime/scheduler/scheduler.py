@@ -15,6 +15,8 @@ separate policies: DecodePolicy, PrefillPolicy, RetractPolicy. One step:
     (with config.hybrid_batching False, prefill-first: a step with prefill work (2, 3) runs
     only that)
     4. slots are allocated (evicting cached prefixes as needed) and written to req_to_token
+    5. with a host KV tier and staging on, the host-tier prefixes of the queue's head start
+       loading into the pool (PrefillPolicy.stage_waiting), to be device hits when admitted
 
 The engine drives it from one thread:
 
@@ -216,7 +218,10 @@ class Scheduler:
         assert plan or not running, "a lone running request must always fit the pool"
         if not retracted:
             self.prefill_policy.admit_waiting(plan, budget)
-        return plan.to_batch(retracted, shift)
+        batch = plan.to_batch(retracted, shift)
+        if not retracted:  # host-tier prefixes of the queue's head, loaded ahead
+            self.prefill_policy.stage_waiting()
+        return batch
 
     def _plan_prefill_only(self, extenders: list[Req], plan: StepPlan, budget: StepBudget) -> bool:
         """Prefill-first (config.hybrid_batching False): plan pending chunks and admissions
