@@ -6,7 +6,8 @@ servers (lp.RuntimeEndpoint, or their URLs), a GPU lp.Runtime, a CPU lp.LlamaCpp
 
 Placement (lmprog/core/placement.py): by expected completion time from each member's
 measured capacity (policy "capacity", the default), or "least_outstanding", "round_robin".
-Every member is called with a stream callback, so progress is seen on every request.
+A member's progress is its streamed pieces (when the caller streams) and its finished
+requests.
 
 Faults. A member that cannot be reached, answers 5xx, breaks off a stream, or (local) raises a
 BackendError fails the request there; a request its caller has seen no output of (no piece
@@ -291,7 +292,8 @@ class _Attempt:
     def run(self, request: GenerateRequest) -> GenerateResult:
         placement = self.fleet.placement
         try:
-            result = self.fleet.members[self.replica].generate(request, self._piece)
+            stream = self._piece if self.call.stream is not None else None
+            result = self.fleet.members[self.replica].generate(request, stream)
         except BaseException:
             placement.finish(self.ticket)
             raise
