@@ -30,6 +30,20 @@ def check_generate_request(request: Any, stream: Any) -> None:
     check_stream(stream)
 
 
+def check_no_lora(request: Any, backend: str) -> None:
+    """LoraError when a request names a LoRA adapter on a backend that serves none."""
+    params = getattr(request, "params", None)
+    name = getattr(params, "lora_path", None) or getattr(request, "lora_path", None)
+    if name is not None:
+        from lmprog.core.errors import LoraError
+
+        raise LoraError(
+            f"lora_path={name!r}: the {backend} backend serves no LoRA adapters yet; use "
+            "lp.Runtime(lora_paths={...}) (or an lmprog serve --lora-paths endpoint)",
+            adapter=name,
+        )
+
+
 def check_stream(stream: Any) -> None:
     """TypeError unless `stream` is None or a callable (it receives each text piece)."""
     if stream is not None and not callable(stream):

@@ -30,6 +30,7 @@ import numpy as np
 
 from lmprog.backends.checks import (
     check_generate_request,
+    check_no_lora,
     check_score_request,
     check_stop_token_ids,
 )
@@ -248,6 +249,7 @@ class LlamaCpp(Backend):
     ) -> GenerateResult:
         self._check_open()
         check_generate_request(request, stream)
+        check_no_lora(request, "LlamaCpp")
         check_stop_token_ids(request.params, self.n_vocab)
         prompt = self._prompt_ids(request.prompt)
         self._check_fits(len(prompt), "prompt")
@@ -272,6 +274,7 @@ class LlamaCpp(Backend):
         """
         self._check_open()
         check_score_request(request)
+        check_no_lora(request, "LlamaCpp")
         prompt = self._tokenize(request.prompt)
         spans, uncond = choice_spans(request, prompt, self._tokenize, self._start_id)
         for tokens, _ in spans + uncond:

@@ -161,6 +161,8 @@ class OpenAI(Backend):
         chat = split_messages(request.prompt) if isinstance(request.prompt, str) else None
         kwargs, extra = request_fields(request.params, chat=chat is not None)
         extra.update(constraint_fields(request.constraint, self._regex_field))
+        if request.params.lora_path is not None:  # a LoRA adapter is a model of the server's
+            kwargs["model"] = request.params.lora_path
         if chat is not None:
             kwargs["messages"] = chat.for_generation()
         else:
@@ -273,7 +275,8 @@ class OpenAI(Backend):
         body = {**self._extra_body, **extra}
         self._counts.add(api_calls=1, **{f"{kind}_calls": 1})
         with self._errors(kind):
-            return api.create(model=self.model_name, extra_body=body or None, **kwargs)
+            model = kwargs.pop("model", None) or self.model_name
+            return api.create(model=model, extra_body=body or None, **kwargs)
 
     @contextlib.contextmanager
     def _errors(self, kind: str) -> Iterator[None]:

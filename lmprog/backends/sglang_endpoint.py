@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from lmprog.backends.checks import check_generate_request, check_score_request
+from lmprog.backends.checks import check_generate_request, check_no_lora, check_score_request
 from lmprog.backends.shared import Counters, Once
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError, ContextLengthError, LmprogError
@@ -146,6 +146,8 @@ class RuntimeEndpoint(Backend):
         check_generate_request(request, stream)
         body = self._prompt_field(request.prompt)
         body["sampling_params"] = sampling_fields(request.params, request.constraint)
+        if request.params.lora_path is not None:  # SGLang's: the adapter's name
+            body["lora_path"] = request.params.lora_path
         if request.params.return_logprob:
             body.update(return_logprob=True, return_text_in_logprobs=True)
             if request.params.top_logprobs_num:
@@ -161,6 +163,7 @@ class RuntimeEndpoint(Backend):
         """Choice logprobs from prompt logprobs (see the module docstring)."""
         self._check_open()
         check_score_request(request)
+        check_no_lora(request, "RuntimeEndpoint (select)")
         self._counts.add(score_calls=1)
         scored, meta = self._healed_scores(request.prompt, request.choices)
         free = None

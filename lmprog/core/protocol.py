@@ -147,6 +147,7 @@ class ScoreRequest:
     prompt: str
     choices: tuple[str, ...]
     unconditional: bool = False
+    lora_path: str | None = None  # the LoRA adapter to score under (SamplingParams.lora_path)
 
 
 @dataclass(frozen=True)

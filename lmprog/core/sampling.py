@@ -34,6 +34,10 @@ class SamplingParams:
     multiplied by it when negative, so a penalty > 1 makes repeats less likely, < 1 more.
     `skip_special_tokens=False` keeps special tokens' text in the output (SGLang's and vLLM's
     parameter; a reasoning model whose markers are special tokens, as gpt-oss's channels).
+    `lora_path` (SGLang's name) is the LoRA adapter to generate under: the name of an
+    adapter the backend has loaded (`lp.Runtime(lora_paths={name: path})`, `lmprog serve
+    --lora-paths`); None is the base model. A run's default like any field here
+    (`f.run(..., lora_path="sql")`), and its selects score under it too.
     """
 
     max_tokens: int = 128
@@ -54,6 +58,7 @@ class SamplingParams:
     top_logprobs_num: int = 0
     n: int = 1
     skip_special_tokens: bool = True
+    lora_path: str | None = None
 
     def __post_init__(self) -> None:
         # Normalise the two list-like fields so callers may pass a str/list.
@@ -128,6 +133,13 @@ class SamplingParams:
             raise TypeError(f"return_logprob must be a bool, got {self.return_logprob!r}")
         _check_int("top_logprobs_num", self.top_logprobs_num, lo=0, hi=20)
         _check_int("n", self.n, lo=1)
+        if self.lora_path is not None and (
+            not isinstance(self.lora_path, str) or not self.lora_path.strip()
+        ):
+            raise TypeError(
+                f"lora_path must be a LoRA adapter's name (a non-empty str) or None, got "
+                f"{self.lora_path!r}"
+            )
 
     def merged(self, overrides: dict[str, Any]) -> SamplingParams:
         """A copy with every non-None value of `overrides` applied (unknown keys raise).

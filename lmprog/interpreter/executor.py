@@ -360,12 +360,15 @@ class NodeExecutor:
             )
         return result, done
 
-    def _select(self, node: Select, _: None) -> None:
+    def _select(self, node: Select, defaults: SamplingParams | None) -> None:
         assert self._backend is not None
         if self._spec is not None:
             self._spec.drop()  # a choice is scored, never generated: nothing to match it with
         request = ScoreRequest(
-            self._prompt(), node.choices, unconditional=node.method.needs_unconditional
+            self._prompt(),
+            node.choices,
+            unconditional=node.method.needs_unconditional,
+            lora_path=None if defaults is None else defaults.lora_path,
         )
         result = self._backend.score(request)
         if not isinstance(result, ScoreResult) or len(result.choices) != len(node.choices):

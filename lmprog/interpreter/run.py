@@ -102,7 +102,13 @@ def iter_batch(
     """`run_batch` as a generator (SGLang's generator_style): each state in input order,
     once it has finished; every call starts at once (on `num_threads` threads)."""
     template = TemplateCache(backend)
-    if len(calls) > 1 and global_config.enable_precache_with_tracing:
+    # (under a LoRA adapter the first item caches the prefix for the others: cache_prefix
+    # would compute it for the base model)
+    if (
+        len(calls) > 1
+        and global_config.enable_precache_with_tracing
+        and calls[0].defaults.lora_path is None
+    ):
         prefix = batch_prefix(program, calls, template)
         if prefix:
             backend.cache_prefix(prefix)

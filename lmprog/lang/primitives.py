@@ -64,6 +64,7 @@ def gen(
     *,
     seed: int | None = None,
     ebnf: str | None = None,
+    lora_path: str | None = None,
 ) -> Expr:
     """Generate a continuation and store it in variable `name`.
 
@@ -71,8 +72,8 @@ def gen(
     min_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k, min_p,
     frequency_penalty, presence_penalty, ignore_eos, return_logprob, logprob_start_len,
     top_logprobs_num, return_text_in_logprobs, dtype, choices, choices_method, regex,
-    json_schema` (`lp.gen("tip", 64, stop="\\n")`); lmprog's `seed` and `ebnf` are
-    keyword-only.
+    json_schema` (`lp.gen("tip", 64, stop="\\n")`); lmprog's `seed` and `ebnf` and the
+    LoRA adapter `lora_path` (SGLang's name; a run's default too) are keyword-only.
 
     Sampling arguments left as None inherit the defaults given to `run(...)` /
     `run_batch(...)`, then `lp.SamplingParams`' defaults (max_tokens=128, temperature=1.0,
@@ -148,6 +149,7 @@ def gen(
         "presence_penalty": presence_penalty,
         "ignore_eos": ignore_eos,
         "seed": seed,
+        "lora_path": lora_path,
         "return_logprob": return_logprob,
         "logprob_start_len": logprob_start_len,
         "top_logprobs_num": top_logprobs_num,

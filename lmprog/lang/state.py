@@ -93,6 +93,8 @@ class FrontendState(abc.ABC):
                 self._accept_arg(node)
             if isinstance(node, Gen):
                 steps.append((node, self._resolve(node)))
+            elif isinstance(node, Select):  # the run's defaults: its LoRA adapter
+                steps.append((node, self._defaults))
             else:
                 steps.append((node, None))
             if isinstance(node, (Gen, Select)) and node.name is not None:

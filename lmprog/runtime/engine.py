@@ -219,9 +219,10 @@ class Engine:
         self.call(lambda: manager.unregister(name, self._lora_in_use()))
 
     def lora_adapters(self) -> list[dict[str, Any]]:
-        """The loaded adapters (name, path, rank, target_modules, uid); [] without LoRA."""
+        """The loaded adapters (name, path, rank, target_modules, uid); [] without LoRA.
+        Any thread, without waiting for the engine (a snapshot taken at each change)."""
         manager = self.runner.lora
-        return [] if manager is None else self.call(manager.adapters)
+        return [] if manager is None else [dict(a) for a in manager.snapshot]
 
     def _need_lora(self) -> Any:
         if self.runner.lora is None:

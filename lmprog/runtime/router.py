@@ -40,11 +40,18 @@ DEFAULT_TREE_TOKENS = 1 << 20
 class RouterConfig:
     """cache_threshold: a matched share of the prompt above it routes by prefix.
     balance_abs_threshold, balance_rel_threshold: outstanding requests; the replicas are
-    imbalanced when max - min exceeds the first and max exceeds min times the second."""
+    imbalanced when max - min exceeds the first and max exceeds min times the second.
+    capacity_aware: unlike replicas (GPUs of different kinds): where the rules would take the
+    least-loaded replica (balance, least_loaded), ReplicaGroup takes the one whose
+    outstanding requests plus this one, over its measured capacity (its engine's
+    generated tokens per busy second), end first ("capacity"). Off by default: a replica's
+    tokens/s also grows with its batch, so it is for replicas whose speeds differ by more
+    than their batching does."""
 
     cache_threshold: float = 0.3
     balance_abs_threshold: int = 16
     balance_rel_threshold: float = 1.5
+    capacity_aware: bool = False  # ReplicaGroup: load rules by expected completion time
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.cache_threshold <= 1.0:
@@ -290,4 +297,4 @@ class Router:
             ]
 
 
-_REASONS = ("balance", "pinned", "prefix", "least_loaded")
+_REASONS = ("balance", "pinned", "prefix", "least_loaded", "capacity")

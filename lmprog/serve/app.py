@@ -15,9 +15,10 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.requests import ClientDisconnect
 
+from lmprog.core.errors import LoraError
 from lmprog.core.protocol import Backend
 from lmprog.core.reasoning import ReasoningFormat, reasoning_format
 
@@ -35,7 +36,7 @@ from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics
 from .responses import ResponseStore, create_response
 from .responses_schemas import ResponsesRequest
-from .schemas import CompletionRequest
+from .schemas import CompletionRequest, Strict
 from .unknown import validate
 
 M = TypeVar("M", bound=BaseModel)
@@ -140,12 +141,35 @@ def _routes(app: FastAPI, ctx: ServeContext) -> None:
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [_model_card(ctx)]})
+        cards = [_model_card(ctx)] + [_adapter_card(ctx, a) for a in ctx.adapters()]
+        return JSONResponse({"object": "list", "data": cards})
 
     @app.get("/v1/models/{name:path}")
     async def model(name: str) -> JSONResponse:
-        ctx.check_model(name)
-        return JSONResponse(_model_card(ctx))
+        if ctx.check_model(name) is None:
+            return JSONResponse(_model_card(ctx))
+        adapter = next(a for a in ctx.adapters() if a["name"] == name)
+        return JSONResponse(_adapter_card(ctx, adapter))
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> JSONResponse:
+        body = await parse_body(request, LoadLoraBody, ctx, strict=True)
+        loader = _lora_call(ctx, "load_lora_adapter")
+        await ctx.blocking(_lora_errors, loader, body.lora_name, body.lora_path)
+        return JSONResponse(
+            {"success": True, "message": f"LoRA adapter {body.lora_name!r} loaded",
+             "loaded_adapters": {a["name"]: a["path"] for a in ctx.adapters()}}
+        )  # fmt: skip
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> JSONResponse:
+        body = await parse_body(request, UnloadLoraBody, ctx, strict=True)
+        unloader = _lora_call(ctx, "unload_lora_adapter")
+        await ctx.blocking(_lora_errors, unloader, body.lora_name)
+        return JSONResponse(
+            {"success": True, "message": f"LoRA adapter {body.lora_name!r} unloaded",
+             "loaded_adapters": {a["name"]: a["path"] for a in ctx.adapters()}}
+        )  # fmt: skip
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -161,3 +185,54 @@ def _routes(app: FastAPI, ctx: ServeContext) -> None:
 
 def _model_card(ctx: ServeContext) -> dict[str, Any]:
     return {"id": ctx.model_name, "object": "model", "created": ctx.created, "owned_by": "lmprog"}
+
+
+def _adapter_card(ctx: ServeContext, adapter: dict[str, Any]) -> dict[str, Any]:
+    """A LoRA adapter as vLLM lists one: its name, its folder as `root`, the base as parent."""
+    return {
+        "id": adapter["name"],
+        "object": "model",
+        "created": ctx.created,
+        "owned_by": "lmprog",
+        "root": adapter["path"],
+        "parent": ctx.model_name,
+    }
+
+
+class LoadLoraBody(Strict):
+    """vLLM's and SGLang's load_lora_adapter body."""
+
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_path: str = Field(min_length=1, max_length=4096)
+    pinned: bool | None = None  # SGLang's: accepted, every adapter is paged LRU alike
+
+
+class UnloadLoraBody(Strict):
+    lora_name: str = Field(min_length=1, max_length=256)
+
+
+def _lora_call(ctx: ServeContext, name: str) -> Any:
+    method = getattr(ctx.backend, name, None)
+    if method is None:
+        raise APIError(
+            400,
+            f"the {type(ctx.backend).__name__} backend serves no LoRA adapters (start lmprog "
+            "serve with --backend runtime and --enable-lora or --lora-paths)",
+            code="lora_not_supported",
+        )
+    return method
+
+
+def _lora_errors(fn: Any, *args: Any) -> Any:
+    """fn(*args) with a LoraError as the API error it is: 404 for an unknown adapter, else
+    400 (a malformed or mismatched folder, an adapter past the limits)."""
+    try:
+        return fn(*args)
+    except LoraError as exc:
+        status = 404 if exc.unknown else 400
+        raise APIError(
+            status,
+            str(exc),
+            param="lora_name" if exc.unknown else "lora_path",
+            code="lora_not_found" if exc.unknown else "invalid_lora",
+        ) from None

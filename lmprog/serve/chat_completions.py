@@ -48,9 +48,11 @@ async def start_chat_completion(
     """The request's running choices and the reply that writes their chat.completion bodies
     (`response_body`) or chunks (`stream`). /v1/responses runs through here too (responses.py
     converts its request to `body` and the reply's output back)."""
-    ctx.check_model(body.model)
+    lora = ctx.check_model(body.model)
     n = choices_of(body, ctx.limits)
     params = sampling_params(body, ctx.limits, max_tokens=_max_tokens(body), logprobs=_top(body))
+    if lora is not None:  # `model` names a LoRA adapter
+        params = replace(params, lora_path=lora)
     if body.tools and len(body.tools) > ctx.limits.max_tools:
         raise APIError(
             400,

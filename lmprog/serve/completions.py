@@ -4,6 +4,7 @@ streamed; `echo` returns the prompt too, with its token logprobs when `logprobs`
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from fastapi import Request
@@ -29,7 +30,7 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 async def create_completion(
     ctx: ServeContext, body: CompletionRequest, request: Request
 ) -> Response:
-    ctx.check_model(body.model)
+    lora = ctx.check_model(body.model)
     prompts = _prompts(body.prompt)
     n = choices_of(body, ctx.limits)
     if body.best_of is not None and body.best_of != n:
@@ -43,6 +44,8 @@ async def create_completion(
         )
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     params = sampling_params(body, ctx.limits, max_tokens=max_tokens, logprobs=body.logprobs)
+    if lora is not None:  # `model` names a LoRA adapter
+        params = dataclasses.replace(params, lora_path=lora)
     constraint = None
     param = constraint_field(body)
     if param is not None:  # off the event loop

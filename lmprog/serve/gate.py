@@ -29,6 +29,7 @@ KNOWN_PATHS = frozenset(
     | {"/tokenize", "/detokenize", "/version"}
     | {"/health", "/metrics"}
     | {"/generate", "/get_model_info", "/flush_cache", "/health_generate"}  # SGLang's native API
+    | {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"}  # LoRA adapters (vLLM's, SGLang's)
 )
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -114,6 +115,7 @@ class GenerateBody(RouterFields):
     top_logprobs_num: int | list[int] | None = None
     return_text_in_logprobs: bool = False
     stream: bool = False
+    lora_path: str | list[str | None] | None = None  # a loaded LoRA adapter's name (per prompt)
     image_data: None = None  # no image input: any value is refused by the type
     separate_reasoning: bool = False  # the output as "text" (answer) and "reasoning_content"
 
@@ -334,6 +336,9 @@ def _item(ctx: ServeContext, body: GenerateBody, i: int, prompt: Any, count: int
             400, f"logprob_start_len must be >= -1, got {start}", param="logprob_start_len"
         )
     item = _Item(prompt, str(rid), _sampling(ctx, sp, return_logprob, top))
+    lora = _per_prompt(body.lora_path, i, count, "lora_path")
+    if lora is not None:  # SGLang's lora_path: an adapter's name
+        item.params = replace(item.params, lora_path=ctx.adapter(lora, "lora_path"))
     item.constraint = _constraint(sp)
     item.n = 1 if sp.n is None else sp.n
     if item.n > ctx.limits.max_n:

@@ -139,6 +139,8 @@ def test_every_runtime_flag_is_a_runtime_keyword():
     argv = ["--backend", "runtime", "--tp", "2", "--dp", "2", "--quantization", "fp8"]
     argv += ["--kv-cache-dtype", "fp8", "--attention-sink-size", "4", "--sliding-window-size", "60"]
     argv += ["--host-kv-cache-bytes", "1000000"]
+    argv += ["--lora-paths", "a=/x", "--enable-lora", "--max-loras-per-batch", "4"]
+    argv += ["--max-lora-rank", "8", "--lora-target-modules", "q_proj", "--max-loaded-loras", "3"]
     opts = options(*argv)
     assert {dest for _, dest, _, _ in cli.RUNTIME_ONLY} <= set(opts)
     inspect.signature(Runtime).bind(None, **opts)  # TypeError for a name Runtime lacks

@@ -85,6 +85,7 @@ class LoraManager:
         self._slot_of: OrderedDict[int, int] = OrderedDict()  # uid -> slot, LRU first
         self._free = list(range(config.max_loras_per_batch))
         self.swaps = 0  # adapters paged into a slot (a statistic)
+        self.snapshot: tuple[dict[str, Any], ...] = ()  # adapters(), for any thread
         for adapter in adapters:
             self.register(adapter)
 
@@ -139,6 +140,7 @@ class LoraManager:
         entry = _Loaded(name, adapter.path, uid, adapter.rank, adapter.targets, staged)
         self._by_name[name] = self._by_uid[uid] = entry
         adapter.uid = uid
+        self.snapshot = tuple(self.adapters())
         log.info("LoRA adapter %s loaded from %s (rank %d, uid %d)", name, adapter.path,
                  adapter.rank, uid)  # fmt: skip
         return uid
@@ -150,6 +152,7 @@ class LoraManager:
         if entry is None:
             raise LoraError(f"no LoRA adapter named {name!r} is loaded", adapter=name, unknown=True)
         self._retired.add(entry.uid)
+        self.snapshot = tuple(self.adapters())
         self.collect(in_use)
         log.info("LoRA adapter %s unloaded", name)
 
