@@ -40,7 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_gpu import make_workload, smoke_config  # noqa: E402
+from bench_gpu import make_workload, smoke_config
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -93,6 +93,7 @@ def make_runtime(args, lora: bool):
 
 def run(rt, prompts, out_lens, adapters: list[str]) -> dict:
     """The offline workload, request i under adapters[i % len] (none when empty)."""
+
     def params(i: int, m: int) -> dict:
         name = adapters[i % len(adapters)] if adapters else None
         return {"max_tokens": m, "ignore_eos": True, "temperature": 0.0, "lora_path": name}
@@ -184,7 +185,12 @@ def parse_args():
         from lmprog.runtime.models import PRESETS
 
         PRESETS["smoke-tiny"] = smoke_config()  # a toy architecture, for this process only
-        args.model, args.device, args.dtype, args.attention = "smoke-tiny", "cpu", "float32", "torch"
+        args.model, args.device, args.dtype, args.attention = (
+            "smoke-tiny",
+            "cpu",
+            "float32",
+            "torch",
+        )
         args.requests, args.rank = min(args.requests, 12), min(args.rank, 4)
         args.adapters = sorted({min(k, 8) for k in args.adapters})
         args.max_running, args.chunk, args.kv_tokens, args.context = 8, 64, 4096, 256

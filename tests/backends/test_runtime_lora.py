@@ -14,7 +14,7 @@ import lmprog as lp
 from lmprog.core.errors import LoraError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from lora_testing import write_adapter  # noqa: E402
+from lora_testing import write_adapter
 
 pytestmark = pytest.mark.e2e
 
@@ -33,8 +33,9 @@ def adapters(tmp_path_factory):
     return {
         "zero": write_adapter(root / "zero", config, rank=8, std=0.0),  # PEFT's init: B = 0
         "sql": write_adapter(root / "sql", config, rank=8, std=0.05, seed=1),
-        "qv": write_adapter(root / "qv", config, rank=4, std=0.08, seed=2,
-                            targets=("q_proj", "v_proj", "down_proj")),  # fmt: skip
+        "qv": write_adapter(
+            root / "qv", config, rank=4, std=0.08, seed=2, targets=("q_proj", "v_proj", "down_proj")
+        ),  # fmt: skip
     }
 
 

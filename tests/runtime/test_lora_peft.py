@@ -19,12 +19,28 @@ from lmprog.runtime.lora.ops import LoraBatch  # noqa: E402
 from lmprog.runtime.models import load_model  # noqa: E402
 
 CASES = {
-    "all7-r8": dict(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
-                    "gate_proj", "up_proj", "down_proj"]),  # fmt: skip
+    "all7-r8": dict(
+        r=8,
+        lora_alpha=16,
+        target_modules=[
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
+    ),  # fmt: skip
     "qv-r4-rslora": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], use_rslora=True),
-    "patterns": dict(r=6, lora_alpha=12, target_modules=["q_proj", "o_proj", "down_proj"],
-                     rank_pattern={"down_proj": 2}, alpha_pattern={"o_proj": 3.0},
-                     layers_to_transform=[1]),  # fmt: skip
+    "patterns": dict(
+        r=6,
+        lora_alpha=12,
+        target_modules=["q_proj", "o_proj", "down_proj"],
+        rank_pattern={"down_proj": 2},
+        alpha_pattern={"o_proj": 3.0},
+        layers_to_transform=[1],
+    ),  # fmt: skip
 }
 
 
@@ -62,7 +78,9 @@ def test_logits_equal_peft(base, tmp_path, case):
     adapter = read_adapter(tmp_path, net.config, name=case)
     manager = LoraManager(net, LoraConfig(max_loras_per_batch=2), [adapter])
     plan = manager.prepare([adapter.uid], [ids.shape[1]])
-    got = _prefill(net, ids[0].tolist(), manager, LoraBatch.from_plan(plan, torch.device("cpu"), False))
+    got = _prefill(
+        net, ids[0].tolist(), manager, LoraBatch.from_plan(plan, torch.device("cpu"), False)
+    )
     scale = want.abs().max().item()
     torch.testing.assert_close(got, want, atol=1e-4 * scale, rtol=0)
     torch.testing.assert_close(got, merged, atol=1e-4 * scale, rtol=0)

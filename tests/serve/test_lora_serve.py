@@ -13,7 +13,7 @@ import torch
 from serve_http import assert_error, post_json, request
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from lora_testing import write_adapter  # noqa: E402
+from lora_testing import write_adapter
 
 pytestmark = pytest.mark.e2e
 KEY = {"Authorization": "Bearer sekrit"}
@@ -32,8 +32,9 @@ def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
     return {
         "sql": write_adapter(root / "sql", config, rank=8, std=0.05, seed=1),
-        "poet": write_adapter(root / "poet", config, rank=4, std=0.08, seed=2,
-                              targets=("q_proj", "v_proj")),  # fmt: skip
+        "poet": write_adapter(
+            root / "poet", config, rank=4, std=0.08, seed=2, targets=("q_proj", "v_proj")
+        ),  # fmt: skip
     }
 
 
