@@ -11,6 +11,10 @@ may be reused at once); a load copies pinned rows to the device on a side stream
 waits for the current one (every save before it is done), and the current stream then waits
 for the load, so the next forward pass reads the loaded KV while the host thread goes on.
 On the CPU (the "device" pool is host memory too) both are plain copies.
+
+Memory: each handle is a tensor of its own (a split copies both parts), so the tier's count
+of tokens is the host memory it holds; on CUDA the pinned allocator rounds each block up to
+a power of two, so the pinned memory in use may exceed the budget by up to that rounding.
 """
 
 from __future__ import annotations
@@ -59,8 +63,13 @@ class HostKVMover:
         current.wait_stream(side)
 
     def split(self, handle: Any, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each part its own copy, so dropping one frees its memory (the tier counts them
+        apart)."""
         n = handle.shape[self._axis]
-        return handle.narrow(self._axis, 0, k), handle.narrow(self._axis, k, n - k)
+        parts = handle.narrow(self._axis, 0, k), handle.narrow(self._axis, k, n - k)
+        return tuple(  # type: ignore[return-value]
+            torch.empty(p.shape, dtype=p.dtype, pin_memory=self._cuda).copy_(p) for p in parts
+        )
 
     def _index(self, slots: np.ndarray) -> torch.Tensor:
         index = torch.from_numpy(np.asarray(slots, dtype=np.int64))
