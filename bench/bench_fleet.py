@@ -202,6 +202,12 @@ def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", default="2,1,1", help="llama.cpp threads of each worker")
+    ap.add_argument(
+        "--cpus",
+        default=None,
+        help="taskset CPU list of each worker, ';'-separated (e.g. '0;1;1': the first worker "
+        "has a core to itself, the other two share one)",
+    )
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument(
         "--rate", type=float, default=None, help="arrivals/s (default: 0.8 x calibrated)"
@@ -215,9 +221,10 @@ def main() -> None:
     jobs = workload(args.requests, args.seed)
     mean_tokens = sum(t for _, t in jobs) / len(jobs)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the start")
-    with Workers.start(
-        *[["--num-threads", t, "--max-running-requests", "8"] for t in threads]
-    ) as w:
+    prefixes = [["taskset", "-c", c] for c in args.cpus.split(";")] if args.cpus else None
+    print(f"workers: threads {threads}" + (f", cpus {args.cpus.split(';')}" if args.cpus else ""))
+    worker_args = [["--num-threads", t, "--max-running-requests", "8"] for t in threads]
+    with Workers.start(*worker_args, prefixes=prefixes) as w:
         urls = w.urls
         rates = calibrate(urls)
         for t, r in zip(threads, rates):
@@ -263,7 +270,9 @@ def main() -> None:
                         hr = hit_rate(
                             urls, lambda p, u=router.url: post(u, body(p, 8)), prefix_jobs
                         )
-                    print(f"  sglang-router {policy:<12} 3 workers: hit rate {100 * hr:.1f}%")
+                    print(
+                        f"  sglang-router {policy:<12} {len(urls)} workers: hit rate {100 * hr:.1f}%"
+                    )
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from lmprog.core.errors import BackendError
@@ -85,6 +85,7 @@ class Placement:
         costs: Sequence[float] | None = None,
         prefill_ratio: float = PREFILL_RATIO,
         warmup: int = 2,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -93,6 +94,7 @@ class Placement:
         if not prefill_ratio > 0:
             raise ValueError(f"prefill_ratio must be > 0, got {prefill_ratio!r}")
         self.policy = policy
+        self.clock = clock  # seconds; a simulation passes its own
         self.prefill_ratio = float(prefill_ratio)
         self.warmup = warmup
         self.replicas = [_Replica() for _ in range(num_replicas)]
@@ -154,7 +156,7 @@ class Placement:
     def start(self, replica: int, work: Work) -> Ticket:
         with self._lock:
             r = self.replicas[replica]
-            now = time.monotonic()
+            now = self.clock()
             if not r.outstanding:
                 r.busy_since = now
                 r.last_progress = now
@@ -165,7 +167,7 @@ class Placement:
     def progress(self, ticket: Ticket, tokens: float) -> None:
         """`tokens` more came out of the request (streamed)."""
         ticket.progress += tokens
-        ticket.last_progress = self.replicas[ticket.replica].last_progress = time.monotonic()
+        ticket.last_progress = self.replicas[ticket.replica].last_progress = self.clock()
 
     def last_progress(self, replica: int) -> float:
         """When a request on `replica` last made progress (or the replica became busy)."""
@@ -178,7 +180,7 @@ class Placement:
             if ticket not in r.outstanding:
                 return
             r.outstanding.remove(ticket)
-            now = time.monotonic()
+            now = self.clock()
             r.last_progress = now
             if r.busy_since is not None:
                 r.busy_s += now - r.busy_since

@@ -54,10 +54,17 @@ class Worker:
     lines: list[str] = field(default_factory=list)
 
     @classmethod
-    def start(cls, args: Sequence[str] = (), env: dict[str, str] | None = None) -> Worker:
-        """`python -m lmprog.serve --backend llamacpp --port 0 ARGS`, once it listens (its
-        stderr is read on by a thread, so the pipe never fills)."""
-        cmd = [sys.executable, "-m", "lmprog.serve", "--backend", "llamacpp", "--port", "0"]
+    def start(
+        cls,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        prefix: Sequence[str] = (),
+    ) -> Worker:
+        """`PREFIX python -m lmprog.serve --backend llamacpp --port 0 ARGS` (prefix: e.g.
+        `taskset -c 0`), once it listens (its stderr is read on by a thread, so the pipe
+        never fills)."""
+        cmd = [*prefix, sys.executable, "-m", "lmprog.serve", "--backend", "llamacpp"]
+        cmd += ["--port", "0"]
         proc = subprocess.Popen(
             [*cmd, *args],
             stdin=subprocess.DEVNULL,
@@ -106,12 +113,15 @@ class Fleet:
     workers: list[Worker]
 
     @classmethod
-    def start(cls, *arg_lists: Sequence[str]) -> Fleet:
-        """One worker per argument list, started one after the other."""
+    def start(
+        cls, *arg_lists: Sequence[str], prefixes: Sequence[Sequence[str]] | None = None
+    ) -> Fleet:
+        """One worker per argument list, started one after the other (each after its
+        command prefix, when given)."""
         workers: list[Worker] = []
         try:
-            for args in arg_lists:
-                workers.append(Worker.start(args))
+            for i, args in enumerate(arg_lists):
+                workers.append(Worker.start(args, prefix=prefixes[i] if prefixes else ()))
         except BaseException:
             for w in workers:
                 w.stop()
