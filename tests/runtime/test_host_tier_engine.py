@@ -15,7 +15,8 @@ from lmprog.runtime.engine import EngineConfig
 from lmprog.runtime.engine_io import EngineRequest
 from lmprog.runtime.launch import launch_engine
 
-POOL = 200  # device KV slots; 8 sessions of up to ~90 tokens hold several times that
+POOL = 200  # device KV slots; 6 sessions of up to ~90 tokens hold several times that
+SESSIONS = 6
 
 
 def make_engine(model, tok, host_bytes, page=1):
@@ -30,8 +31,8 @@ def make_engine(model, tok, host_bytes, page=1):
     )
 
 
-def sessions(engine, turns=3, n=8, on_turn=None):
-    """n sessions of `turns` turns, two at a time: every session returns after the six
+def sessions(engine, turns=3, n=SESSIONS, on_turn=None):
+    """n sessions of `turns` turns, two at a time: every session returns after the n - 1
     others ran. Returns each request's outcome (tokens, or the exception's type)."""
     rng = random.Random(7)
     history = [[rng.randrange(3000, 9000) for _ in range(30)] for _ in range(n)]
@@ -157,7 +158,7 @@ def test_an_abort_while_blocks_load_ends_that_request_only(model, tok, reference
     assert got[:k] == want[:k]
     # the aborted turn wrote fewer tokens, so its session goes on from another history;
     # every other session is unaffected
-    other = [j for j in range(k + 1, len(want)) if j % 8 != k % 8]
+    other = [j for j in range(k + 1, len(want)) if j % SESSIONS != k % SESSIONS]
     assert [got[j] for j in other] == [want[j] for j in other]
 
 
