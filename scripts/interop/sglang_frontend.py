@@ -1,61 +1,124 @@
-"""SGLang's own frontend (`import sglang as sgl`) against `lmprog serve`'s native API, on
-loopback: a chat turn, `select`, a regex gen, `fork`/`join` and `run_batch`, each printed OK
-or FAIL with the error.
+"""SGLang's own frontend (`import sglang as sgl`, `sgl.RuntimeEndpoint`) against `lmprog serve`'s
+native API on loopback: every program of SGLang's `sglang/test/test_programs.py`, unchanged,
+each printed PASS / FAIL / TIMEOUT with its error and time.
 
-SGLang is not a dependency of lmprog; its frontend imports without its server stack:
+    .venv/bin/python scripts/interop/sglang_frontend.py [--backend llamacpp|runtime] [-k NAME]
 
-    pip download sglang --no-deps -d /tmp/sglw
-    pip install --no-deps --target /tmp/sglsite /tmp/sglw/*.whl orjson psutil pybase64 \
-        pillow msgspec pyzmq ipython traitlets aiohttp multidict yarl propcache \
-        aiohappyeyeballs aiosignal frozenlist
-    PYTHONPATH=/tmp/sglsite .venv/bin/python scripts/interop/sglang_frontend.py
+SGLang is not a dependency of lmprog; `bash scripts/setup.sh --test` installs its frontend
+into the venv without its server stack: `sglang` with `--no-deps` and the packages its
+frontend and `sglang.srt.utils` (which test_programs.py imports) import at import time, at
+the versions of requirements/lock.txt. By hand:
+
+    .venv/bin/pip install --no-deps sglang==0.5.23 psutil pybase64 pillow msgspec pyzmq \
+        ipython traitlets
+
+tests/serve/test_sglang_frontend.py runs every program this way against both backends' servers.
+Programs run as SGLang's own suite runs them (test/lang/test_srt_backend.py): `test_select`
+with `check_answer=False`, the others with their defaults. Each runs on a daemon thread with a
+timeout, so a program whose request never returns is reported instead of hanging the run.
 """
 
-import sglang as sgl
+from __future__ import annotations
 
-import lmprog as lp
-from lmprog.serve import Server
+import argparse
+import contextlib
+import inspect
+import threading
+import time
+import traceback
+from dataclasses import dataclass
 
-rt = lp.Runtime(device="cpu", max_total_tokens=8192)
-with Server(rt).start() as srv:
-    sgl.set_default_backend(sgl.RuntimeEndpoint(srv.url))
+# as SGLang's test/lang/test_srt_backend.py calls them; the others take their defaults
+KWARGS = {"test_select": {"check_answer": False}}
 
-    @sgl.function
-    def qa(s, question):
-        s += sgl.system("You are a helpful assistant.")
-        s += sgl.user(question)
-        s += sgl.assistant(sgl.gen("answer", max_tokens=16, temperature=0))
 
-    @sgl.function
-    def pick(s):
-        s += "The sky is " + sgl.select("color", choices=["blue", "green", "red"])
+@dataclass
+class Outcome:
+    name: str
+    status: str  # "PASS", "FAIL" or "TIMEOUT"
+    seconds: float
+    error: BaseException | None = None
 
-    @sgl.function
-    def typed(s):
-        s += "Q: How many legs does a cat have? A: " + sgl.gen("n", regex=r"[0-9]+", max_tokens=4)
+    def describe(self) -> str:
+        text = f"{self.status} {self.name} ({self.seconds:.1f} s)"
+        if self.error is not None:
+            where = traceback.extract_tb(self.error.__traceback__)
+            at = f" at {where[-1].filename}:{where[-1].lineno}" if where else ""
+            text += f": {type(self.error).__name__}: {str(self.error)[:300]!r}{at}"
+        return text
 
-    @sgl.function
-    def forked(s):
-        s += "List two fruits:\n"
-        f = s.fork(2)
-        for i, x in enumerate(f):
-            x += f"{i + 1}." + sgl.gen("item", max_tokens=6, stop="\n", temperature=0)
-        f.join()
 
-    results = {}
-    for name, fn, kw in [
-        ("qa", qa, {"question": "What is the capital of France?"}),
-        ("select", pick, {}),
-        ("regex", typed, {}),
-        ("fork", forked, {}),
-    ]:
+def programs() -> dict:
+    """SGLang's test programs by name (`test_*` functions of its test_programs.py)."""
+    from sglang.test import test_programs
+
+    return {
+        name: fn
+        for name, fn in vars(test_programs).items()
+        if name.startswith("test_") and inspect.isfunction(fn)
+    }
+
+
+def use_server(url: str) -> None:
+    """Make `sgl.RuntimeEndpoint(url)` SGLang's default backend."""
+    import sglang as sgl
+
+    sgl.set_default_backend(sgl.RuntimeEndpoint(url))
+
+
+def run_program(name: str, timeout_s: float = 120.0) -> Outcome:
+    """Run one of SGLang's test programs on the default backend, within `timeout_s`."""
+    fn = programs()[name]
+    box: dict = {}
+
+    def target() -> None:
         try:
-            st = fn.run(**kw)
-            results[name] = "OK " + repr(st.text()[-60:])
-        except Exception as e:  # noqa: BLE001 - reported, the next program runs
-            results[name] = f"FAIL {type(e).__name__}: {str(e)[:300]}"
-    st = qa.run_batch([{"question": "Say hi."}, {"question": "Say bye."}])
-    results["batch"] = "OK " + repr([x["answer"][:20] for x in st])
-    for k, v in results.items():
-        print(k, v)
-rt.shutdown()
+            fn(**KWARGS.get(name, {}))
+        except BaseException as exc:  # noqa: BLE001 - reported as the program's outcome
+            box["error"] = exc
+
+    start = time.perf_counter()
+    thread = threading.Thread(target=target, name=f"sglang-{name}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    seconds = time.perf_counter() - start
+    if thread.is_alive():
+        return Outcome(name, "TIMEOUT", seconds, TimeoutError(f"no result in {timeout_s:g} s"))
+    error = box.get("error")
+    return Outcome(name, "FAIL" if error is not None else "PASS", seconds, error)
+
+
+def start_backend(kind: str):
+    import lmprog as lp
+
+    if kind == "llamacpp":
+        return lp.LlamaCpp()
+    return lp.Runtime(device="cpu", max_total_tokens=8192)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=["llamacpp", "runtime"], default="llamacpp")
+    parser.add_argument("-k", help="run only programs whose name contains this")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per program")
+    args = parser.parse_args()
+    from lmprog.serve import Server
+
+    names = [n for n in programs() if not args.k or args.k in n]
+    backend = start_backend(args.backend)
+    passed = 0
+    with contextlib.ExitStack() as stack:
+        stack.callback(backend.shutdown)
+        srv = stack.enter_context(Server(backend, stats_interval_s=None).start())
+        use_server(srv.url)
+        start = time.perf_counter()
+        for name in names:
+            outcome = run_program(name, args.timeout)
+            passed += outcome.status == "PASS"
+            print(outcome.describe(), flush=True)
+        print(f"{time.perf_counter() - start:.1f} s for {len(names)} programs")
+    print(f"{passed}/{len(names)} passed on the {args.backend} server")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,10 +1,11 @@
 """SGLang's own frontend test programs (`sglang/test/test_programs.py`) run unchanged with
 `import lmprog as sgl` on an lmprog backend, each printed PASS / FAIL with the error.
 
-SGLang is not a dependency of lmprog; only the one source file is read from its wheel:
+SGLang is not a dependency of lmprog; only the one source file is read, from a wheel or from
+the sglang that `scripts/setup.sh --test` installs (no argument):
 
     pip download sglang --no-deps -d /tmp/sglw
-    .venv/bin/python scripts/interop/sglang_programs.py /tmp/sglw/sglang-*.whl [--backend runtime]
+    .venv/bin/python scripts/interop/sglang_programs.py [/tmp/sglw/sglang-*.whl] [--backend runtime]
 
 Only imports change: `import sglang as sgl` becomes `import lmprog as sgl`, `from
 sglang.lang.ir import` (the REGEX_* constants) becomes `from lmprog import`, and `is_hip` (a
@@ -21,7 +22,9 @@ reported as FAIL like any other.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import inspect
+import pathlib
 import time
 import traceback
 import types
@@ -32,20 +35,38 @@ import lmprog as lp
 MEMBER = "sglang/test/test_programs.py"
 
 
-def load_programs(wheel: str) -> types.ModuleType:
-    with zipfile.ZipFile(wheel) as z:
-        source = z.read(MEMBER).decode()
+def lmprog_source(wheel: str | None = None) -> str:
+    """SGLang's test_programs.py with lmprog's imports, from `wheel` or the installed sglang."""
+    if wheel is None:
+        spec = importlib.util.find_spec("sglang")
+        if spec is None or not spec.submodule_search_locations:
+            raise SystemExit(
+                "sglang is not installed: pass a wheel (pip download sglang --no-deps)"
+            )
+        path = pathlib.Path(spec.submodule_search_locations[0]).parent / MEMBER
+        source = path.read_text()
+    else:
+        with zipfile.ZipFile(wheel) as z:
+            source = z.read(MEMBER).decode()
     source = source.replace("import sglang as sgl", "import lmprog as sgl")
     source = source.replace("from sglang.lang.ir import", "from lmprog import")
-    source = source.replace("from sglang.srt.utils import is_hip", "is_hip = lambda: False")
+    return source.replace("from sglang.srt.utils import is_hip", "is_hip = lambda: False")
+
+
+def load_programs(wheel: str | None = None) -> types.ModuleType:
+    """SGLang's test programs as a module, with lmprog's imports (see `lmprog_source`)."""
     module = types.ModuleType("sglang_test_programs")
-    exec(compile(source, MEMBER, "exec"), module.__dict__)
+    exec(compile(lmprog_source(wheel), MEMBER, "exec"), module.__dict__)
     return module
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("wheel", help="an sglang wheel (pip download sglang --no-deps)")
+    parser.add_argument(
+        "wheel",
+        nargs="?",
+        help="an sglang wheel (pip download sglang --no-deps); default: installed",
+    )
     parser.add_argument("--backend", choices=["llamacpp", "runtime"], default="llamacpp")
     parser.add_argument("-k", help="run only tests whose name contains this")
     args = parser.parse_args()
