@@ -250,13 +250,19 @@ def test_flush_cache_and_health_generate(server):
         ({"text": "a", "sampling_params": {"regex": "a", "ebnf": "root ::= 'a'"}}, None),
         ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
         ({"text": "a", "image_data": "cat.png"}, None),
-        ({"text": "a", "lora_path": "x"}, None),
         ({"text": "a", "sampling_params": {"max_new_tokens": 10**6}}, None),
     ],
 )
 def test_bad_requests_are_400s_in_the_servers_error_shape(server, payload, param):
     status, body = post_json(server.url, "/generate", payload)
     assert_error(status, body, 400, param=param)
+
+
+def test_lora_path_of_no_adapter_is_a_404(server):
+    """SGLang's lora_path names an adapter; this server loaded none (tests/serve/
+    test_lora_serve.py serves some)."""
+    status, body = post_json(server.url, "/generate", {"text": "a", "lora_path": "x"})
+    assert_error(status, body, 404, param="lora_path", code="lora_not_found")
 
 
 # ---- lp.RuntimeEndpoint against lmprog serve ----------------------------------------------
