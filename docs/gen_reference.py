@@ -39,7 +39,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
     ),
     ("Constraints", ["Constraint"]),
     ("Sampling", ["SamplingParams"]),
-    ("Errors", ["ConstraintError", "ContextLengthError", "BackendError"]),
+    ("Errors", ["ConstraintError", "ContextLengthError", "LoraError", "BackendError"]),
 ]
 CLASS_MEMBERS = {
     "function": ["run", "run_batch", "run_async", "trace", "bind"],

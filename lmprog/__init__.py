@@ -23,6 +23,7 @@ from lmprog.core.errors import (
     ConstraintError,
     ContextLengthError,
     LmprogError,
+    LoraError,
     ProgramCancelled,
 )
 from lmprog.core.limits import Limits, get_limits, set_limits
@@ -117,6 +118,7 @@ __all__ = [
     "ContextLengthError",
     "Limits",
     "LmprogError",
+    "LoraError",
     "ProgramCancelled",
     "ProgramState",
     "SamplingParams",

@@ -27,6 +27,7 @@ API_NAMES = [
     "unconditional_likelihood_normalized",
     "ConstraintError",
     "ContextLengthError",
+    "LoraError",
     "BackendError",
     "SamplingParams",
 ]
