@@ -28,6 +28,7 @@ CASES = [
     ([2, 0, -1], [33, 5, 7], 48, (40, 40), 6, 64),
     ([0], [3], 16, (16,), 1, 16),
     ([3, 2, 1, 0, -1], [2, 2, 2, 2, 2], 24, (32, 8, 8), 12, 16),
+    ([0, -1, 1, 0], [1, 1, 1, 1], 200, (32, 16, 16), 8, 16),  # K of 4 tiles: split over K
 ]
 if ON_GPU:
     CASES += [
@@ -42,9 +43,10 @@ def _weights(slots, k, slices, rank, dtype):
     return a, b
 
 
+@pytest.mark.parametrize("split_k", [None, 3])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
-def test_lora_kernels_match_reference(dtype, case):
+def test_lora_kernels_match_reference(dtype, case, split_k):
     slots_e, ext, k, slices, rank, block_m = case
     plan = plan_lora_step(slots_e, ext, block_m)
     batch = LoraBatch.from_plan(plan, DEVICE, triton=True)
@@ -53,7 +55,7 @@ def test_lora_kernels_match_reference(dtype, case):
     a, b = _weights(4 if max(slots_e) < 4 else 8, k, slices, rank, dtype)
     y0 = torch.randn(tokens, sum(slices), dtype=dtype, device=DEVICE)
     layout = (batch.sorted_ids, batch.block_slots, batch.num_padded, block_m)
-    u = lora_shrink(x, a, *layout)
+    u = lora_shrink(x, a, *layout, split_k=split_k)
     y = lora_expand(u, b, y0.clone(), slices, *layout)
     want = lora_plan_ref(x.float(), y0.float(), a.float(), b.float(), slices, *layout[:2], block_m)
     assert rel_err(y, want) < 4 * tolerance(dtype)
@@ -61,6 +63,22 @@ def test_lora_kernels_match_reference(dtype, case):
         t for t, s in enumerate(torch.tensor(slots_e).repeat_interleave(torch.tensor(ext))) if s < 0
     ]
     assert torch.equal(y[base], y0[base])  # the base model's rows are untouched
+
+
+def test_split_k_is_deterministic_and_equal():
+    """The partial sums over K are added in order: the same bits every run, and the same
+    result (up to rounding) for any split."""
+    dtype = DTYPES[0]
+    plan = plan_lora_step([0, 1, -1, 0], [1, 1, 1, 1], 16)
+    batch = LoraBatch.from_plan(plan, DEVICE, triton=True)
+    layout = (batch.sorted_ids, batch.block_slots, batch.num_padded, 16)
+    x = torch.randn(4, 256, dtype=dtype, device=DEVICE)
+    a, b = _weights(2, 256, (32,), 8, dtype)
+    y0 = torch.randn(4, 32, dtype=dtype, device=DEVICE)
+    runs = [lora_expand(lora_shrink(x, a, *layout, split_k=s), b, y0.clone(), (32,), *layout)
+            for s in (4, 4, 1)]  # fmt: skip
+    assert torch.equal(runs[0], runs[1])
+    assert rel_err(runs[0], runs[2]) < 4 * tolerance(dtype)
 
 
 def test_layout_groups_tokens_by_slot():

@@ -5,8 +5,13 @@ The tokens come grouped by adapter slot in blocks of BLOCK_M rows (lmprog.runtim
 `plan_lora_step`: sorted_ids, block_slots, num_padded); a program computes one block's tile
 reading only its adapter's weights:
 
-    shrink   u[id, n]      = sum_k x[id, k] * A[slot, n, k]                 n < N = slices * R
-    expand   y[id, c]     += sum_r u[id, j*R + r] * B[slot, c, r]           c in slice j
+    shrink   u[s, id, n]   = sum_k x[id, k] * A[slot, n, k], k in split s   n < N = slices * R
+    expand   y[id, c]     += sum_r (sum_s u[s, id, j*R + r]) * B[slot, c, r]     c in slice j
+
+The shrink's K (the hidden size, 4096 and more) is split over `split_k` programs per tile
+when blocks are few (a decode step: one block per adapter): each writes its fp32 partial
+sums, and the expand adds them in order (deterministic, no atomics), rounds them to the
+weights' dtype as the reference rounds u, and multiplies.
 
 Padding rows (id == num_tokens) are masked; programs of blocks past num_padded (a device
 scalar) return at once, so a CUDA graph captures a fixed grid for its bucket and reads the
@@ -34,30 +39,42 @@ def lora_shrink(
     block_slots: torch.Tensor,
     num_padded: torch.Tensor,
     block_m: int,
-    out: torch.Tensor | None = None,
+    split_k: int | None = None,
 ) -> torch.Tensor:
-    """u [T, N] (x's dtype): u[t] = x[t] @ lora_a[slot(t)].T for every adapter token (other
-    rows are left as they were). x [T, K]; lora_a [S, N, K]."""
+    """u [split_k, T, N] fp32: the partial sums of x[t] @ lora_a[slot(t)].T over split_k
+    slices of K, for every adapter token (other rows are left unwritten); lora_expand sums
+    them. x [T, K]; lora_a [S, N, K]. split_k None: by the layout (`choose_split_k`)."""
     _check_layout(x, sorted_ids, block_slots, num_padded, block_m)
     check_tensor("lora_a", lora_a, ndim=3, dtypes=(x.dtype,), device=x.device)
     tokens, k = x.shape
     n = lora_a.shape[1]
     if lora_a.shape[2] != k or lora_a.stride(2) != 1:
         raise ValueError(f"lora_a must be a contiguous [S, N, {k}], got {tuple(lora_a.shape)}")
-    if out is None:
-        out = torch.empty(tokens, n, dtype=x.dtype, device=x.device)
+    block_k = 64 if k >= 64 else max(16, next_pow2(k))
+    if split_k is None:
+        split_k = choose_split_k(k, block_m, block_k)
+    split_k = max(1, min(int(split_k), triton.cdiv(k, block_k)))
+    out = torch.empty(split_k, tokens, n, dtype=torch.float32, device=x.device)
     if tokens == 0 or sorted_ids.numel() == 0:
         return out
     block_n = max(16, min(64, next_pow2(n)))
-    block_k = 64 if k >= 64 else max(16, next_pow2(k))
-    grid = (triton.cdiv(sorted_ids.numel(), block_m) * triton.cdiv(n, block_n),)
-    _shrink_kernel[grid](
+    chunk = triton.cdiv(triton.cdiv(k, block_k), split_k) * block_k  # K per split, whole tiles
+    tiles = triton.cdiv(sorted_ids.numel(), block_m) * triton.cdiv(n, block_n)
+    _shrink_kernel[(tiles, split_k)](
         x, lora_a, out, sorted_ids, block_slots, num_padded,
-        tokens, n, k, sorted_ids.numel(),
-        x.stride(0), lora_a.stride(0), lora_a.stride(1), out.stride(0),
+        tokens, n, k, chunk, sorted_ids.numel(),
+        x.stride(0), lora_a.stride(0), lora_a.stride(1), out.stride(0), out.stride(1),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
     )  # fmt: skip
     return out
+
+
+def choose_split_k(k: int, block_m: int, block_k: int = 64) -> int:
+    """Splits of the shrink's K: decode-sized blocks (16 rows, a block per adapter) get
+    programs over K, at least 4 of its tiles each; prefill blocks are many already."""
+    if block_m > 16:
+        return 1
+    return max(1, min(16, triton.cdiv(k, 4 * block_k)))
 
 
 def lora_expand(
@@ -71,11 +88,14 @@ def lora_expand(
     block_m: int,
 ) -> torch.Tensor:
     """y[t, slice j] += u[t, j*R:(j+1)*R] @ lora_b[slot(t), slice j].T in place for every
-    adapter token; returns y. u [T, len(slices) * R]; lora_b [S, sum(slices), R]; y [T,
-    sum(slices)], contiguous rows."""
-    _check_layout(u, sorted_ids, block_slots, num_padded, block_m)
-    check_tensor("lora_b", lora_b, ndim=3, dtypes=(u.dtype,), device=u.device)
-    check_tensor("y", y, ndim=2, dtypes=FLOAT_DTYPES, device=u.device)
+    adapter token; returns y. u [split_k, T, len(slices) * R] fp32, lora_shrink's partial
+    sums (summed here in order); lora_b [S, sum(slices), R]; y [T, sum(slices)], contiguous
+    rows."""
+    check_tensor("u", u, ndim=3, dtypes=(torch.float32,))
+    _check_layout(y, sorted_ids, block_slots, num_padded, block_m)
+    check_tensor("lora_b", lora_b, ndim=3, device=y.device)
+    if u.device != y.device or u.stride(2) != 1:
+        raise ValueError("u must be lora_shrink's output, on y's device")
     widths = [int(w) for w in slices]
     if not 1 <= len(widths) <= MAX_SLICES or min(widths) <= 0:
         raise ValueError(f"slices must be 1 to {MAX_SLICES} positive widths, got {widths}")
@@ -85,13 +105,13 @@ def lora_expand(
         raise ValueError(
             f"lora_b must be a contiguous [S, {out_features}, R], got {tuple(lora_b.shape)}"
         )
-    if u.shape[1] != len(widths) * rank:
+    if u.shape[2] != len(widths) * rank:
         raise ValueError(
-            f"u must have {len(widths)} * R = {len(widths) * rank} columns, got {u.shape[1]}"
+            f"u must have {len(widths)} * R = {len(widths) * rank} columns, got {u.shape[2]}"
         )
-    if y.shape != (u.shape[0], out_features) or y.stride(1) != 1:
-        raise ValueError(f"y must be [{u.shape[0]}, {out_features}] with contiguous rows")
-    if u.shape[0] == 0 or sorted_ids.numel() == 0:
+    if y.shape != (u.shape[1], out_features) or y.stride(1) != 1:
+        raise ValueError(f"y must be [{u.shape[1]}, {out_features}] with contiguous rows")
+    if u.shape[1] == 0 or sorted_ids.numel() == 0:
         return y
     block_n = 64 if min(widths) >= 64 else max(16, next_pow2(min(widths)))
     block_r = max(16, next_pow2(rank))
@@ -100,9 +120,9 @@ def lora_expand(
     grid = (triton.cdiv(sorted_ids.numel(), block_m) * tiles,)
     _expand_kernel[grid](
         u, lora_b, y, sorted_ids, block_slots, num_padded,
-        u.shape[0], rank, w[0], w[1], w[2], tiles, sorted_ids.numel(),
-        u.stride(0), lora_b.stride(0), lora_b.stride(1), y.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=block_r,
+        u.shape[1], rank, w[0], w[1], w[2], tiles, sorted_ids.numel(),
+        u.stride(0), u.stride(1), lora_b.stride(0), lora_b.stride(1), y.stride(0),
+        SPLIT_K=u.shape[0], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=block_r,
     )  # fmt: skip
     return y
 
@@ -130,11 +150,12 @@ def _check_layout(x, sorted_ids, block_slots, num_padded, block_m) -> None:
 @triton.jit(**dynamic_args("num_tokens", "num_rows"))
 def _shrink_kernel(
     X, A, U, SortedIds, BlockSlots, NumPadded,
-    num_tokens, N, K, num_rows,
-    stride_xm, stride_as, stride_an, stride_um,
+    num_tokens, N, K, chunk, num_rows,
+    stride_xm, stride_as, stride_an, stride_us, stride_um,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
+    split = tl.program_id(1)
     tiles_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // tiles_n
     pid_n = pid % tiles_n
@@ -145,27 +166,29 @@ def _shrink_kernel(
     slot = tl.load(BlockSlots + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
-    offs_k = tl.arange(0, BLOCK_K)
+    k_start = split * chunk
+    offs_k = k_start + tl.arange(0, BLOCK_K)
     x_ptrs = X + ids[:, None] * stride_xm + offs_k[None, :]
     a_ptrs = A + slot * stride_as + offs_n[None, :] * stride_an + offs_k[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_ok = offs_k < K - k0
+    k_end = tl.minimum(k_start + chunk, K)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        k_ok = offs_k < k_end - (k0 - k_start)
         xt = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         at = tl.load(a_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(xt, at, acc)
         x_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
-    u_ptrs = U + ids[:, None] * stride_um + offs_n[None, :]
-    tl.store(u_ptrs, acc.to(U.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+    u_ptrs = U + split * stride_us + ids[:, None] * stride_um + offs_n[None, :]
+    tl.store(u_ptrs, acc, mask=row_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit(**dynamic_args("num_tokens", "num_rows"))
 def _expand_kernel(
     U, B, Y, SortedIds, BlockSlots, NumPadded,
     num_tokens, R, W0, W1, W2, tiles, num_rows,
-    stride_um, stride_bs, stride_bn, stride_ym,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+    stride_us, stride_um, stride_bs, stride_bn, stride_ym,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     pid_m = pid // tiles
@@ -189,8 +212,12 @@ def _expand_kernel(
     slot = tl.load(BlockSlots + pid_m).to(tl.int64)
     offs_r = tl.arange(0, BLOCK_R)
     r_ok = offs_r < R
-    ut = tl.load(U + ids[:, None] * stride_um + j * R + offs_r[None, :],
-                 mask=row_ok[:, None] & r_ok[None, :], other=0.0)  # fmt: skip
+    u_mask = row_ok[:, None] & r_ok[None, :]
+    u_ptrs = U + ids[:, None] * stride_um + j * R + offs_r[None, :]
+    usum = tl.load(u_ptrs, mask=u_mask, other=0.0)
+    for s in range(1, SPLIT_K):  # the shrink's partial sums, in order
+        usum += tl.load(u_ptrs + s * stride_us, mask=u_mask, other=0.0)
+    ut = usum.to(B.dtype.element_ty)  # rounded as the reference rounds x @ A.T
     bt = tl.load(B + slot * stride_bs + cols[None, :] * stride_bn + offs_r[:, None],
                  mask=r_ok[:, None] & c_ok[None, :], other=0.0)  # fmt: skip
     acc = tl.dot(ut, bt)
