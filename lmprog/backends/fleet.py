@@ -12,7 +12,9 @@ requests.
 Faults. A member that cannot be reached, answers 5xx, breaks off a stream, or (local) raises a
 BackendError fails the request there; a request its caller has seen no output of (no piece
 passed to its stream callback) runs again on another member, each member at most once. A
-member whose request makes no progress for `hang_timeout_s` counts as hung. A remote member
+member that makes no progress for `hang_timeout_s` while it has requests counts as hung:
+progress is a streamed piece, a finished request, or (remote) a growing generated_tokens in
+its /get_load, so a member slowed by load is not taken for a hung one. A remote member
 that failed or hung is out of rotation until a probe succeeds (GET /health_generate: a
 one-token generation); its in-flight requests without output move at once, those with
 output fail with a BackendError that says so. Client errors (4xx, ContextLengthError,
@@ -33,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmprog.core.errors import BackendError
+from lmprog.core.placement import POLICIES, Placement, Work
 from lmprog.core.protocol import (
     Backend,
     GenerateRequest,
@@ -41,7 +44,6 @@ from lmprog.core.protocol import (
     ScoreResult,
     StreamCallback,
 )
-from lmprog.core.placement import POLICIES, Placement, Work
 
 _STATUS = re.compile(r"answered HTTP (\d{3})")
 _UNREACHABLE = re.compile(r"cannot reach|broke off|stream ended before|timed out")
@@ -94,6 +96,7 @@ class Fleet(Backend):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._inflight: list[set[_Attempt]] = [set() for _ in self.members]
+        self._generated = [-1] * len(self.members)  # a remote member's count at its last probe
         self._prober = threading.Thread(
             target=self._probe_loop, name="lmprog-fleet-probe", daemon=True
         )
@@ -250,6 +253,10 @@ class Fleet(Backend):
             if isinstance(load, list) and load and isinstance(load[0], dict):
                 rate = sum(float(e.get("gen_tokens_per_s") or 0.0) for e in load)
                 self.placement.report(i, rate or None)
+                made = sum(int(e.get("generated_tokens") or 0) for e in load)
+                if made != self._generated[i]:  # it generates: slow maybe, not hung
+                    self._generated[i] = made
+                    self.placement.touch(i)
         elif not available:
             try:
                 from lmprog.core.sampling import SamplingParams

@@ -169,6 +169,10 @@ class Placement:
         ticket.progress += tokens
         ticket.last_progress = self.replicas[ticket.replica].last_progress = self.clock()
 
+    def touch(self, replica: int) -> None:
+        """`replica` was seen making progress (e.g. its generated-token count grew)."""
+        self.replicas[replica].last_progress = self.clock()
+
     def last_progress(self, replica: int) -> float:
         """When a request on `replica` last made progress (or the replica became busy)."""
         return self.replicas[replica].last_progress

@@ -31,7 +31,8 @@ from .context import ServeContext
 def load_report(stats: dict[str, Any]) -> list[dict[str, Any]]:
     """SGLang's /get_load from the backend's stats: one entry (rank 0; --dp replicas summed),
     num_reqs running plus waiting, num_tokens the KV cache's used tokens; and lmprog's own
-    capacity fields beside them (kv_capacity, gen_tokens_per_s, dp_size)."""
+    capacity fields beside them (kv_capacity, gen_tokens_per_s, generated_tokens: progress a
+    router can see without waiting for an answer, dp_size)."""
     running = int(stats.get("num_running", 0) or 0)
     waiting = int(stats.get("num_waiting", 0) or 0)
     return [
@@ -43,6 +44,7 @@ def load_report(stats: dict[str, Any]) -> list[dict[str, Any]]:
             "num_pending_tokens": 0,
             "kv_capacity": int(stats.get("kv_capacity", 0) or 0),
             "gen_tokens_per_s": float(stats.get("gen_tokens_per_s", 0.0) or 0.0),
+            "generated_tokens": int(stats.get("generated_tokens", 0) or 0),
             "dp_size": int(stats.get("dp_size", 1) or 1),
         }
     ]

@@ -13,9 +13,9 @@ import pytest
 
 from lmprog.backends.fleet import Fleet
 from lmprog.core.errors import BackendError, ContextLengthError
+from lmprog.core.placement import Placement, Work
 from lmprog.core.protocol import Backend, GenerateRequest, GenerateResult
 from lmprog.core.sampling import SamplingParams
-from lmprog.core.placement import Placement, Work
 
 
 # ---- placement -----------------------------------------------------------------------------
