@@ -89,6 +89,10 @@ class Runtime(Backend):
             (lmprog.runtime.cache.hiradix). stats() reports its usage and hits (host_kv_*).
         host_kv_staging: with the host tier, load the host-tier prefixes of queued requests
             into the KV pool ahead of their admission (predictive staging; default on).
+        disk_kv_cache_bytes, disk_kv_cache_dir: a disk tier of this many bytes under the host
+            tier (0: off), its files in a folder of this process's own under
+            disk_kv_cache_dir (default: the system's temporary folder): what the host tier
+            evicts is written there and read back, checked, when a request returns to it.
         attention: "auto", "torch" or "triton".
         cuda_graphs: replay CUDA graphs for decode steps (GPU with Triton attention only).
         num_threads: torch CPU threads (process-wide; default: leave torch's setting).
@@ -158,6 +162,8 @@ class Runtime(Backend):
         kv_cache_dtype: str = "auto",
         host_kv_cache_bytes: int = 0,
         host_kv_staging: bool = True,
+        disk_kv_cache_bytes: int = 0,
+        disk_kv_cache_dir: str | None = None,
         attention: str = "auto",
         cuda_graphs: bool = True,
         num_threads: int | None = None,
@@ -200,6 +206,8 @@ class Runtime(Backend):
             kv_cache_dtype=kv_cache_dtype,
             host_kv_cache_bytes=host_kv_cache_bytes,
             host_kv_staging=host_kv_staging,
+            disk_kv_cache_bytes=disk_kv_cache_bytes,
+            disk_kv_cache_dir=disk_kv_cache_dir,
         )
         scheduler_config = SchedulerConfig(
             max_num_batched_tokens=max_num_batched_tokens,

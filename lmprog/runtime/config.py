@@ -37,6 +37,11 @@ class CacheConfig:
     host_kv_staging: with a host tier, predictive staging (TierKV): each step starts loading
         the host-tier prefixes of the requests at the head of the waiting queue into the KV
         pool, so they are on the device by the time they are admitted.
+    disk_kv_cache_bytes: a disk tier under the host tier, of this many bytes: prefixes the
+        host tier evicts are written to files (checked on load: a truncated or corrupt one
+        is recomputed) instead of dropped. 0: off. Needs host_kv_cache_bytes.
+    disk_kv_cache_dir: where its files go (a folder of this process's own is made inside
+        and removed at exit); None: the system's temporary folder.
     """
 
     page_size: int = 1
@@ -45,6 +50,8 @@ class CacheConfig:
     kv_cache_dtype: str = "auto"
     host_kv_cache_bytes: int = 0
     host_kv_staging: bool = True
+    disk_kv_cache_bytes: int = 0
+    disk_kv_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         _check_int("page_size", self.page_size, lo=1)
@@ -57,6 +64,11 @@ class CacheConfig:
                 f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
             )
         _check_int("host_kv_cache_bytes", self.host_kv_cache_bytes, lo=0)
+        _check_int("disk_kv_cache_bytes", self.disk_kv_cache_bytes, lo=0)
+        if self.disk_kv_cache_bytes and not self.host_kv_cache_bytes:
+            raise ValueError("disk_kv_cache_bytes needs host_kv_cache_bytes (the tier above it)")
+        if self.disk_kv_cache_dir is not None and not isinstance(self.disk_kv_cache_dir, str):
+            raise TypeError(f"disk_kv_cache_dir must be a str, got {self.disk_kv_cache_dir!r}")
         if not isinstance(self.host_kv_staging, bool):
             raise TypeError(f"host_kv_staging must be a bool, got {self.host_kv_staging!r}")
         if self.host_kv_cache_bytes and not self.radix_cache:

@@ -121,7 +121,11 @@ class Engine:
                 raise ValueError("host_kv_cache_bytes does not work with tensor parallelism yet")
             from .host_kv import HostKVMover
 
-            scheduler.cache.attach_host_tier(HostKVMover(runner.kv))
+            tiers = scheduler.cache_config
+            disk = tiers.disk_kv_cache_dir if tiers.disk_kv_cache_bytes else None
+            if tiers.disk_kv_cache_bytes and disk is None:
+                disk = ""  # the system's temporary folder
+            scheduler.cache.attach_host_tier(HostKVMover(runner.kv, disk_dir=disk))
         self.speculator = speculator
         self.config = config or EngineConfig()
         self.eos_token_ids = tuple(eos_token_ids)

@@ -114,6 +114,20 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "returns to them (default 0: off, recomputed)",
     )
     p.add_argument(
+        "--disk-kv-cache-bytes",
+        type=int,
+        default=0,
+        help="runtime disk tier under --host-kv-cache-bytes, in bytes: what the host tier "
+        "evicts is written to files and read back (checked) when a request returns to it "
+        "(default 0: off)",
+    )
+    p.add_argument(
+        "--disk-kv-cache-dir",
+        default=None,
+        help="where the disk tier's files go (a folder of the server's own inside; default: "
+        "the system's temporary folder)",
+    )
+    p.add_argument(
         "--dp",
         "--dp-size",
         dest="dp_size",
@@ -283,6 +297,10 @@ RUNTIME_ONLY = (
      "behind a load balancer instead"),
     ("--kv-cache-dtype", "kv_cache_dtype", "auto", ""),
     ("--host-kv-cache-bytes", "host_kv_cache_bytes", 0, "llama.cpp keeps saved states in "
+     "its own RAM cache"),
+    ("--disk-kv-cache-bytes", "disk_kv_cache_bytes", 0, "llama.cpp keeps saved states in "
+     "its own RAM cache"),
+    ("--disk-kv-cache-dir", "disk_kv_cache_dir", None, "llama.cpp keeps saved states in "
      "its own RAM cache"),
     ("--quantization", "quantization", None, "llama.cpp runs the GGUF file's own "
      "quantization; pick a quantized GGUF (e.g. Q4_K_M) instead"),

@@ -80,6 +80,21 @@ _BACKEND = {
         "counter",
         "Host-tier loads that failed (the tokens were recomputed).",
     ),
+    "disk_kv_used_bytes": (
+        "lmprog_disk_kv_cache_used_bytes",
+        "gauge",
+        "Bytes of KV held in the disk tier under the host tier.",
+    ),
+    "disk_kv_hit_tokens": (
+        "lmprog_disk_kv_cache_hit_tokens",
+        "counter",
+        "Tokens loaded back from the disk KV tier instead of recomputed.",
+    ),
+    "disk_kv_write_failures": (
+        "lmprog_disk_kv_cache_write_failures",
+        "counter",
+        "Disk-tier writes that failed (a full disk); those tokens were dropped.",
+    ),
     "constraint_lexer_renewals": (
         "lmprog_constraint_lexer_renewals",
         "counter",

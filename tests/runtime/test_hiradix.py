@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lmprog.runtime.cache import TokenSlotAllocator
-from lmprog.runtime.cache.hiradix import HiRadixCache
+from lmprog.runtime.cache.hiradix import HiRadixCache, OnDisk
 
 
 class ArrayMover:
@@ -21,6 +21,7 @@ class ArrayMover:
     def __init__(self, num_slots: int) -> None:
         self.pool = np.full(num_slots + 1, -1, dtype=np.int64)
         self.fail_next_load = False
+        self.disk = {}
 
     def save(self, slots):
         return self.pool[slots].copy()
@@ -34,14 +35,39 @@ class ArrayMover:
     def split(self, handle, k):
         return handle[:k], handle[k:]
 
+    # a disk tier in a dict: key -> (rows, intact)
+    disk: dict
+    disk_full = False
+
+    def spill(self, handle):
+        if self.disk_full:
+            raise OSError(28, "planted: no space left on device")
+        key = self.files = getattr(self, "files", 0) + 1
+        self.disk[key] = (handle.copy(), True)
+        return key
+
+    def load_disk(self, key, slots):
+        rows, intact = self.disk[key]
+        if not intact:
+            raise OSError("planted: the block's checksum does not match")
+        self.pool[slots] = rows
+
+    def split_disk(self, key, k):
+        rows, intact = self.disk.pop(key)
+        a, b = self.spill(rows[:k]), self.spill(rows[k:])
+        return a, b
+
+    def discard(self, key):
+        del self.disk[key]
+
 
 class Tiered:
     """A HiRadixCache with its allocator and pool, as CacheManager drives them."""
 
-    def __init__(self, slots=64, host=64, page=1):
+    def __init__(self, slots=64, host=64, page=1, disk=0):
         self.mover = ArrayMover(slots)
         self.alloc = TokenSlotAllocator(slots, page)
-        self.cache = HiRadixCache(page, "lru", self.mover, host)
+        self.cache = HiRadixCache(page, "lru", self.mover, host, disk)
 
     def write(self, ids):
         """Compute ids (their slots hold their ids) and cache them, as a finished request."""
@@ -73,8 +99,21 @@ class Tiered:
 
     def check(self, locks=()):
         self.cache.check_integrity(list(locks))
+        assert len(self.mover.disk) == sum(  # every file belongs to a disk node
+            1 for n in self._host_nodes() if isinstance(n.host, OnDisk)
+        )
         held = np.concatenate([self.cache.all_slots(), self.alloc.free_slots()])
         assert sorted(held.tolist()) == list(range(1, self.alloc.num_slots + 1))
+
+    def _host_nodes(self):
+        out, stack = [], [self.cache.root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            for child in (node.host_children or {}).values():
+                out.append(child)
+                stack.append(child)
+        return out
 
 
 def test_an_evicted_prefix_goes_to_the_host_and_comes_back_with_its_kv():
@@ -201,11 +240,48 @@ def test_reset_empties_both_tiers():
     t.check()
 
 
+def test_the_disk_tier_takes_what_the_host_evicts_and_gives_it_back():
+    t = Tiered(slots=16, host=12, disk=24)
+    seqs = [[1000 * (i + 1) + j for j in range(12)] for i in range(5)]
+    for s in seqs:
+        t.write(s)
+        t.check()
+    # device: seqs[4]; host: seqs[3]; disk: seqs[1], seqs[2] (seqs[0] dropped by the disk LRU)
+    assert t.cache.tier.disk_written_tokens == 36 and t.cache.tier.disk_evicted_tokens == 12
+    assert [t.cache.cached_prefix_len(s) for s in seqs] == [0, 12, 12, 12, 12]
+    slots, node = t.admit(seqs[1] + [1])
+    assert t.mover.pool[slots].tolist() == seqs[1]
+    assert t.cache.tier.disk_loaded_tokens == 12 and t.cache.tier.loaded_tokens == 12
+    t.check([node])
+    t.cache.unlock(node)
+    stats = t.cache.stats()
+    assert stats["disk_kv_hit_tokens"] == 12 and stats["disk_kv_used_tokens"] <= 24
+
+
+def test_a_corrupt_disk_block_is_recomputed_and_a_full_disk_drops():
+    t = Tiered(slots=16, host=12, disk=48)
+    a, b, c = ([base + j for j in range(12)] for base in (100, 200, 300))
+    for s in (a, b, c):
+        t.write(s)
+    # a is on the disk, b and c above it: plant a bad checksum on a's block
+    key = next(n.host.block for n in t._host_nodes() if n.key[0] == 100)
+    t.mover.disk[key] = (t.mover.disk[key][0], False)
+    slots, node = t.admit(a + [1])
+    assert len(slots) == 0 and t.cache.tier.load_failures == 1
+    t.cache.unlock(node)
+    t.check()
+    t.mover.disk_full = True
+    t.write([400 + j for j in range(12)])  # c to the host, b to a full disk: dropped
+    t.write([500 + j for j in range(12)])
+    assert t.cache.tier.disk_write_failures >= 1
+    t.check()
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**31), st.sampled_from([1, 4]))
 def test_random_traffic_keeps_both_tiers_consistent(seed, page):
     rng = random.Random(seed)
-    t = Tiered(slots=48, host=rng.choice([16, 40, 200]), page=page)
+    t = Tiered(slots=48, host=rng.choice([16, 40, 200]), page=page, disk=rng.choice([0, 8, 64]))
     convos = [[rng.randrange(1, 5) * 1000 + j for j in range(4)] for _ in range(6)]
     for _ in range(30):
         i = rng.randrange(len(convos))

@@ -19,13 +19,13 @@ POOL = 200  # device KV slots; 6 sessions of up to ~90 tokens hold several times
 SESSIONS = 6
 
 
-def make_engine(model, tok, host_bytes, page=1):
+def make_engine(model, tok, host_bytes, page=1, **disk):
     return launch_engine(
         model,
         tok,
         eos_token_ids=EOS,
         max_total_tokens=POOL,
-        cache_config=CacheConfig(page_size=page, host_kv_cache_bytes=host_bytes),
+        cache_config=CacheConfig(page_size=page, host_kv_cache_bytes=host_bytes, **disk),
         scheduler_config=SchedulerConfig(max_num_batched_tokens=128, max_running_requests=2),
         engine_config=EngineConfig(check_integrity=True),
     )
@@ -223,3 +223,47 @@ def test_staging_loads_the_queue_head_ahead_with_the_same_tokens(model, tok):
     assert loaded == host["host_kv_hit_tokens"]
     assert staged["host_kv_written_tokens"] <= host["host_kv_written_tokens"]
     assert staged["prefill_tokens"] < runs["off"][1]["prefill_tokens"]
+
+
+PER_TOKEN = 2 * 2 * 2 * 16 * 4  # TINY's KV bytes per token: layers, K and V, heads, dim, fp32
+
+
+def test_the_disk_tier_under_a_small_host_tier_stays_exact(model, tok, reference, tmp_path):
+    want, _ = reference
+    engine = make_engine(
+        model, tok, 40 * PER_TOKEN, disk_kv_cache_bytes=1 << 20, disk_kv_cache_dir=str(tmp_path)
+    )
+    try:
+        got = sessions(engine)
+        stats = engine.stats()
+        files = list(tmp_path.glob("lmprog-kv-*/*.kv"))
+    finally:
+        engine.shutdown()
+    assert got == want
+    assert stats["disk_kv_written_tokens"] > 0 and stats["disk_kv_hit_tokens"] > 0
+    assert len(files) > 0 and stats["disk_kv_used_tokens"] > 0
+    assert stats["host_kv_used_tokens"] <= 40
+
+
+def test_damaged_disk_blocks_are_recomputed(model, tok, reference, tmp_path):
+    want, _ = reference
+    engine = make_engine(
+        model, tok, 40 * PER_TOKEN, disk_kv_cache_bytes=1 << 20, disk_kv_cache_dir=str(tmp_path)
+    )
+
+    def on_turn(turn, i, handle):  # before each wave of the last turn: cut every file short
+        if turn == 2:
+            for path in tmp_path.glob("lmprog-kv-*/*.kv"):
+                try:
+                    data = path.read_bytes()
+                    path.write_bytes(data[: len(data) // 2])
+                except FileNotFoundError:  # the engine loaded or dropped it meanwhile
+                    pass
+
+    try:
+        got = sessions(engine, on_turn=on_turn)
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    assert got == want
+    assert stats["host_kv_load_failures"] > 0 and stats["internal_errors"] == 0

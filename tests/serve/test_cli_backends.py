@@ -138,7 +138,8 @@ def test_every_runtime_flag_is_a_runtime_keyword():
 
     argv = ["--backend", "runtime", "--tp", "2", "--dp", "2", "--quantization", "fp8"]
     argv += ["--kv-cache-dtype", "fp8", "--attention-sink-size", "4", "--sliding-window-size", "60"]
-    argv += ["--host-kv-cache-bytes", "1000000"]
+    argv += ["--host-kv-cache-bytes", "1000000", "--disk-kv-cache-bytes", "2000000"]
+    argv += ["--disk-kv-cache-dir", "/tmp"]
     argv += ["--lora-paths", "a=/x", "--enable-lora", "--max-loras-per-batch", "4"]
     argv += ["--max-lora-rank", "8", "--lora-target-modules", "q_proj", "--max-loaded-loras", "3"]
     opts = options(*argv)

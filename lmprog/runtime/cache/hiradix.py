@@ -55,6 +55,29 @@ class KVMover(Protocol):
     def split(self, handle: Any, k: int) -> tuple[Any, Any]:
         """The handles of a handle's first k tokens and of the rest."""
 
+    # the disk tier (only called with one: disk_capacity_tokens > 0)
+    def spill(self, handle: Any) -> Any:
+        """Write a host handle's KV to disk; the disk handle (OSError: not written)."""
+
+    def load_disk(self, block: Any, slots: np.ndarray) -> None:
+        """Check a disk handle's file (size, checksum) and write its KV into `slots`;
+        raises if the file is missing, truncated or corrupt."""
+
+    def split_disk(self, block: Any, k: int) -> tuple[Any, Any]:
+        """As split, for a disk handle (its file read, checked and written as two)."""
+
+    def discard(self, block: Any) -> None:
+        """Delete a disk handle's file."""
+
+
+class OnDisk:
+    """node.host of a node whose KV is in the disk tier (`block`: the mover's handle)."""
+
+    __slots__ = ("block",)
+
+    def __init__(self, block: Any) -> None:
+        self.block = block
+
 
 @dataclass(frozen=True)
 class HostMatch(MatchResult):
@@ -67,7 +90,13 @@ class HostMatch(MatchResult):
 @dataclass
 class HostTierStats:
     capacity_tokens: int
+    disk_capacity_tokens: int = 0
     used_tokens: int = 0
+    disk_used_tokens: int = 0
+    disk_written_tokens: int = 0  # host tokens spilled to disk
+    disk_loaded_tokens: int = 0  # of the tokens loaded (hits, staged), those read from disk
+    disk_evicted_tokens: int = 0  # disk tokens dropped for room (LRU)
+    disk_write_failures: int = 0  # spills that raised (a full disk): those tokens dropped
     written_tokens: int = 0  # device nodes evicted into the host tier
     loaded_tokens: int = 0  # host tokens loaded into device slots at admission (host hits)
     staged_tokens: int = 0  # host tokens loaded ahead of admission (predictive staging)
@@ -89,18 +118,22 @@ class HiRadixCache(RadixCache):
         eviction: str | EvictionPolicy,
         mover: KVMover,
         host_capacity_tokens: int,
+        disk_capacity_tokens: int = 0,
     ) -> None:
         self.mover = mover
-        self.tier = HostTierStats(host_capacity_tokens - host_capacity_tokens % page_size)
+        self.tier = HostTierStats(
+            host_capacity_tokens - host_capacity_tokens % page_size,
+            disk_capacity_tokens - disk_capacity_tokens % page_size,
+        )
         super().__init__(page_size, eviction)
 
     def _init_tree(self) -> None:
         super()._init_tree()
-        self._host_leaves: set[TreeNode] = set()
-        self._host_heap: list[tuple[tuple[int, ...], int, TreeNode]] = []
+        self._host_heap: list[tuple[tuple[int, ...], int, TreeNode]] = []  # lazy, see below
+        self._disk_heap: list[tuple[tuple[int, ...], int, TreeNode]] = []
         self._pinned: set[TreeNode] = set()
         if hasattr(self, "tier"):
-            self.tier.used_tokens = 0
+            self.tier.used_tokens = self.tier.disk_used_tokens = 0
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -187,14 +220,20 @@ class HiRadixCache(RadixCache):
             if k < len(node.key):
                 node = self._split_host(node, k)
             part = slots[used : used + k]
+            on_disk = isinstance(node.host, OnDisk)
             try:
-                self.mover.load(node.host, part)
+                if on_disk:
+                    self.mover.load_disk(node.host.block, part)
+                else:
+                    self.mover.load(node.host, part)
             except Exception:
                 log.exception("loading %d tokens from the host KV tier failed", k)
                 self.tier.load_failures += 1
                 self.tier.dropped_tokens += self._drop_host_subtree(node)
                 del parent.host_children[self._child_key(node.key, 0)]
                 break
+            if on_disk:
+                self.tier.disk_loaded_tokens += k
             self._host_to_device(node, part)
             parts.append(part)
             parent, used = node, used + k
@@ -213,7 +252,11 @@ class HiRadixCache(RadixCache):
         parent = node.parent
         mid = TreeNode(node.key[:k], _EMPTY, parent)
         mid.last_access, mid.hit_count = node.last_access, node.hit_count
-        mid.host, node.host = self.mover.split(node.host, k)
+        if isinstance(node.host, OnDisk):
+            upper, lower = self.mover.split_disk(node.host.block, k)
+            mid.host, node.host = OnDisk(upper), OnDisk(lower)
+        else:
+            mid.host, node.host = self.mover.split(node.host, k)
         parent.host_children[self._child_key(mid.key, 0)] = mid
         node.key, node.parent = node.key[k:], mid
         mid.host_children = {self._child_key(node.key, 0): node}
@@ -223,16 +266,13 @@ class HiRadixCache(RadixCache):
         parent = node.parent
         key = self._child_key(node.key, 0)
         del parent.host_children[key]
-        self._host_leaves.discard(node)
-        self.tier.used_tokens -= len(node.key)
-        node.host, node.slots = None, np.array(slots, dtype=SLOT_DTYPE)
+        self._forget_kv(node)
+        node.slots = np.array(slots, dtype=SLOT_DTYPE)
         parent.children[key] = node
         self._leaves.discard(parent)
         self._evictable += len(node.key)
         self._touch(node)
         self._add_evictable_leaf(node)
-        if parent.host is not None and not parent.host_children:  # (never: parent is device)
-            self._add_host_leaf(parent)
 
     # -- eviction into the host tier ---------------------------------------------------------
     def evict(self, num_tokens: int) -> np.ndarray:
@@ -257,8 +297,7 @@ class HiRadixCache(RadixCache):
         if parent.host_children is None:
             parent.host_children = {}
         parent.host_children[self._child_key(leaf.key, 0)] = leaf
-        if not leaf.host_children:
-            self._add_host_leaf(leaf)
+        self._push_host(leaf)
         return parent
 
     def _add_leaf(self, parent: TreeNode, key: list[int], slots: np.ndarray) -> None:
@@ -268,34 +307,105 @@ class HiRadixCache(RadixCache):
                 self.tier.dropped_tokens += self._drop_host_subtree(old)
         super()._add_leaf(parent, key, slots)
 
+    # A host node's KV is in RAM (node.host: the mover's handle) or on disk (an OnDisk). RAM
+    # evicts, least recently used first, nodes with no child in RAM (to disk when there is a
+    # disk tier, else dropped with what is below them); the disk drops nodes with no host
+    # child. Both heaps are lazy: an entry is checked when it surfaces.
+    def _ram_victim(self, node: TreeNode) -> bool:
+        return (
+            node.host is not None
+            and not isinstance(node.host, OnDisk)
+            and not any(
+                c.host is not None and not isinstance(c.host, OnDisk)
+                for c in (node.host_children or {}).values()
+            )
+        )
+
+    def _disk_victim(self, node: TreeNode) -> bool:
+        return isinstance(node.host, OnDisk) and not node.host_children
+
     def _evict_host(self, num_tokens: int) -> None:
-        """Drop least recently used host leaves until num_tokens are freed (or none is left
-        but pinned ones)."""
-        if num_tokens <= 0:
-            return
-        heap, prio, count, skipped = self._host_heap, self.policy.priority, 0, []
-        while count < num_tokens and heap:
-            stored, _, leaf = heapq.heappop(heap)
-            if leaf not in self._host_leaves:
+        """Move least recently used RAM nodes to disk (or drop them) until num_tokens are
+        freed (or none is left but pinned ones)."""
+        count, skipped = 0, []
+        while count < num_tokens:
+            node = self._pop(self._host_heap, self._ram_victim, skipped)
+            if node is None:
+                break
+            n = len(node.key)
+            count += n
+            if self.tier.disk_capacity_tokens and self._spill(node):
                 continue
-            if leaf in self._pinned:
-                skipped.append((stored, leaf.uid, leaf))
-                continue
-            current = prio(leaf)
-            if current != stored:
-                heapq.heappush(heap, (current, leaf.uid, leaf))
-                continue
-            parent = leaf.parent
-            del parent.host_children[self._child_key(leaf.key, 0)]
-            self._host_leaves.discard(leaf)
-            self.tier.used_tokens -= len(leaf.key)
-            self.tier.evicted_tokens += len(leaf.key)
-            count += len(leaf.key)
-            leaf.host = None
-            if parent.host is not None and not parent.host_children:
-                self._add_host_leaf(parent)
+            self.tier.evicted_tokens += n
+            self._remove_host_node(node)
         for entry in skipped:
-            heapq.heappush(heap, entry)
+            heapq.heappush(self._host_heap, entry)
+
+    def _spill(self, node: TreeNode) -> bool:
+        """Write a RAM node's KV to the disk tier; False (nothing changed) when it cannot."""
+        n = len(node.key)
+        self._evict_disk(self.tier.disk_used_tokens + n - self.tier.disk_capacity_tokens)
+        if self.tier.disk_used_tokens + n > self.tier.disk_capacity_tokens:
+            return False
+        try:
+            block = self.mover.spill(node.host)
+        except OSError:
+            log.exception("writing %d tokens to the disk KV tier failed; they are dropped", n)
+            self.tier.disk_write_failures += 1
+            return False
+        node.host = OnDisk(block)
+        self.tier.used_tokens -= n
+        self.tier.disk_used_tokens += n
+        self.tier.disk_written_tokens += n
+        self._push_host(node.parent)  # it may have been waiting for its last RAM child
+        self._push_disk(node)
+        return True
+
+    def _evict_disk(self, num_tokens: int) -> None:
+        count, skipped = 0, []
+        while count < num_tokens:
+            node = self._pop(self._disk_heap, self._disk_victim, skipped)
+            if node is None:
+                break
+            count += len(node.key)
+            self.tier.disk_evicted_tokens += len(node.key)
+            self._remove_host_node(node)
+        for entry in skipped:
+            heapq.heappush(self._disk_heap, entry)
+
+    def _pop(self, heap: list, valid: Callable[[TreeNode], bool], skipped: list) -> Any:
+        """The first valid, unpinned node of a lazy heap by current priority (None: none)."""
+        prio = self.policy.priority
+        while heap:
+            stored, _, node = heapq.heappop(heap)
+            if not valid(node):
+                continue
+            if node in self._pinned:
+                skipped.append((stored, node.uid, node))
+                continue
+            current = prio(node)
+            if current != stored:
+                heapq.heappush(heap, (current, node.uid, node))
+                continue
+            return node
+        return None
+
+    def _remove_host_node(self, node: TreeNode) -> None:
+        """Take a host node and everything below it out of the tree."""
+        parent = node.parent
+        del parent.host_children[self._child_key(node.key, 0)]
+        self.tier.dropped_tokens += self._drop_host_subtree(node) - len(node.key)
+        self._push_host(parent)
+        self._push_disk(parent)
+
+    def _forget_kv(self, node: TreeNode) -> None:
+        """Drop node's host copy from the counts (and its file); node.host becomes None."""
+        if isinstance(node.host, OnDisk):
+            self.tier.disk_used_tokens -= len(node.key)
+            self.mover.discard(node.host.block)
+        elif node.host is not None:
+            self.tier.used_tokens -= len(node.key)
+        node.host = None
 
     def _drop_host_subtree(self, node: TreeNode) -> int:
         """Forget node's host KV and every host node under it; return the tokens freed."""
@@ -304,21 +414,27 @@ class HiRadixCache(RadixCache):
             n = stack.pop()
             if n.host is not None:
                 freed += len(n.key)
-                self.tier.used_tokens -= len(n.key)
-                n.host = None
-            self._host_leaves.discard(n)
+                self._forget_kv(n)
             if n.host_children:
                 stack.extend(n.host_children.values())
                 n.host_children = None
         return freed
 
-    def _add_host_leaf(self, node: TreeNode) -> None:
-        self._host_leaves.add(node)
-        if len(self._host_heap) > 2 * len(self._host_leaves) + 256:
-            self._host_heap = [(self.policy.priority(n), n.uid, n) for n in self._host_leaves]
-            heapq.heapify(self._host_heap)
-        else:
-            heapq.heappush(self._host_heap, (self.policy.priority(node), node.uid, node))
+    def _push_host(self, node: TreeNode) -> None:
+        if self._ram_victim(node):
+            self._push(self._host_heap, node)
+
+    def _push_disk(self, node: TreeNode) -> None:
+        if self._disk_victim(node):
+            self._push(self._disk_heap, node)
+
+    def _push(self, heap: list, node: TreeNode) -> None:
+        heapq.heappush(heap, (self.policy.priority(node), node.uid, node))
+        if len(heap) > 4 * (self.tier.used_tokens + self.tier.disk_used_tokens) + 256:
+            valid = self._ram_victim if heap is self._host_heap else self._disk_victim
+            live = {e[2] for e in heap if valid(e[2])}
+            heap[:] = [(self.policy.priority(n), n.uid, n) for n in live]
+            heapq.heapify(heap)
 
     # -- integrity ---------------------------------------------------------------------------
     def check_integrity(self, lock_holders: Sequence[Any] | None = None) -> None:
@@ -327,21 +443,26 @@ class HiRadixCache(RadixCache):
         for node in stack:
             require(node.host is None, f"hiradix: device {node} has a host copy")
             self._check_host_children(node, host_nodes)
-        used = sum(len(n.key) for n in host_nodes)
+        t = self.tier
+        disk = [n for n in host_nodes if isinstance(n.host, OnDisk)]
+        used = sum(len(n.key) for n in host_nodes) - sum(len(n.key) for n in disk)
+        on_disk = sum(len(n.key) for n in disk)
+        require(used == t.used_tokens, f"hiradix: RAM tier counts {t.used_tokens}, holds {used}")
         require(
-            used == self.tier.used_tokens,
-            f"hiradix: host tier counts {self.tier.used_tokens} tokens but holds {used}",
+            on_disk == t.disk_used_tokens,
+            f"hiradix: disk tier counts {t.disk_used_tokens} tokens but holds {on_disk}",
         )
-        require(
-            used <= self.tier.capacity_tokens,
-            f"hiradix: host tier holds {used} tokens past its {self.tier.capacity_tokens}",
-        )
-        leaves = {n for n in host_nodes if not n.host_children}
-        require(leaves == self._host_leaves, "hiradix: the host-leaf set is stale")
-        require(
-            leaves <= {entry[2] for entry in self._host_heap},
-            "hiradix: a host leaf is missing from the host eviction heap",
-        )
+        require(used <= t.capacity_tokens, f"hiradix: {used} host tokens past the budget")
+        require(on_disk <= t.disk_capacity_tokens, f"hiradix: {on_disk} disk tokens past it")
+        for heap, valid, what in (
+            (self._host_heap, self._ram_victim, "RAM"),
+            (self._disk_heap, self._disk_victim, "disk"),
+        ):
+            queued = {entry[2] for entry in heap}
+            require(
+                all(n in queued for n in host_nodes if valid(n)),
+                f"hiradix: an evictable {what} node is missing from its heap",
+            )
         require(not self._pinned, "hiradix: host nodes pinned between loads")
 
     def _check_host_children(self, node: TreeNode, out: list[TreeNode]) -> None:
@@ -362,7 +483,19 @@ class HiRadixCache(RadixCache):
 
     def stats(self) -> dict[str, float]:
         h = self.tier
+        disk = {}
+        if h.disk_capacity_tokens:
+            disk = {
+                "disk_kv_capacity_tokens": h.disk_capacity_tokens,
+                "disk_kv_used_tokens": h.disk_used_tokens,
+                "disk_kv_used_bytes": h.disk_used_tokens * self.mover.bytes_per_token,
+                "disk_kv_written_tokens": h.disk_written_tokens,
+                "disk_kv_hit_tokens": h.disk_loaded_tokens,
+                "disk_kv_evicted_tokens": h.disk_evicted_tokens,
+                "disk_kv_write_failures": h.disk_write_failures,
+            }
         return {
+            **disk,
             "host_kv_capacity_tokens": h.capacity_tokens,
             "host_kv_used_tokens": h.used_tokens,
             "host_kv_used_bytes": h.used_tokens * self.mover.bytes_per_token,

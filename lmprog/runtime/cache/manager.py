@@ -34,7 +34,8 @@ def make_prefix_cache(config: CacheConfig, mover: KVMover | None = None) -> Pref
         return NoPrefixCache(config.page_size)
     if mover is not None and config.host_kv_cache_bytes:
         tokens = config.host_kv_cache_bytes // mover.bytes_per_token
-        return HiRadixCache(config.page_size, config.eviction, mover, tokens)
+        disk = config.disk_kv_cache_bytes // mover.bytes_per_token
+        return HiRadixCache(config.page_size, config.eviction, mover, tokens, disk)
     return RadixCache(config.page_size, config.eviction)
 
 

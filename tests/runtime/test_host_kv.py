@@ -1,0 +1,79 @@
+"""HostKVMover (issue 34): a KV pool's rows copied to host memory and to disk-tier files and
+back bit for bit; a file that is truncated, corrupt or missing is refused on load; a
+process's disk folder is removed with it, and a dead process's on the next start."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from lmprog.runtime.host_kv import DiskKVError, HostKVMover
+from lmprog.runtime.kv_pool import KVPool
+
+
+@pytest.fixture
+def pool():
+    p = KVPool(32, num_layers=2, num_kv_heads=2, head_dim=4, dtype=torch.bfloat16, device="cpu")
+    p._buffer.copy_(torch.randn(p._buffer.shape, generator=torch.Generator().manual_seed(0)))
+    return p
+
+
+def rows(pool, slots):
+    return pool._buffer[:, :, torch.as_tensor(slots)].clone()
+
+
+def test_rows_go_to_disk_and_come_back_bit_for_bit(pool, tmp_path):
+    mover = HostKVMover(pool, disk_dir=str(tmp_path))
+    assert mover.bytes_per_token == 2 * 2 * 2 * 4 * 2  # layers, K/V, heads, dim, bf16
+    src, dst = np.array([3, 4, 5, 9]), np.array([20, 21, 22, 23])
+    want = rows(pool, src)
+    block = mover.spill(mover.save(src))
+    assert os.path.getsize(block.path) > block.nbytes == 4 * mover.bytes_per_token
+    upper, lower = mover.split_disk(block, 1)
+    assert not os.path.exists(block.path)
+    mover.load_disk(upper, dst[:1])
+    mover.load_disk(lower, dst[1:])
+    assert torch.equal(rows(pool, dst), want)
+    mover.discard(upper)
+    assert not os.path.exists(upper.path)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete", "swap"])
+def test_a_damaged_file_is_refused(pool, tmp_path, damage):
+    mover = HostKVMover(pool, disk_dir=str(tmp_path))
+    block = mover.spill(mover.save(np.array([1, 2, 3])))
+    other = mover.spill(mover.save(np.array([4, 5, 6])))
+    data = open(block.path, "rb").read()
+    if damage == "truncate":  # a write cut short
+        open(block.path, "wb").write(data[: len(data) // 2])
+    elif damage == "flip":
+        open(block.path, "wb").write(data[:-1] + bytes([data[-1] ^ 1]))
+    elif damage == "delete":
+        os.unlink(block.path)
+    else:  # another block's file under this name
+        os.replace(other.path, block.path)
+    before = rows(pool, np.array([10, 11, 12]))
+    with pytest.raises(DiskKVError):
+        mover.load_disk(block, np.array([10, 11, 12]))
+    assert torch.equal(rows(pool, np.array([10, 11, 12])), before)  # nothing written
+
+
+def test_the_disk_folder_goes_with_its_mover_and_a_dead_process(pool, tmp_path):
+    mover = HostKVMover(pool, disk_dir=str(tmp_path))
+    folder = mover.disk_dir
+    assert os.path.isdir(folder) and os.path.dirname(folder) == str(tmp_path)
+    del mover
+    assert not os.path.exists(folder)
+    # a process killed with its folder left behind (a write under way: a .tmp file)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    stale = tmp_path / f"lmprog-kv-{dead.stdout.strip()}-abc"
+    stale.mkdir()
+    (stale / "0.kv.tmp").write_bytes(b"half a block")
+    HostKVMover(pool, disk_dir=str(tmp_path))
+    assert not stale.exists()
