@@ -91,5 +91,5 @@ def merged(model, folder: Path):
             scale = alpha / (math.sqrt(r) if cfg.get("use_rslora") else r)
             name, lo, hi = bounds[module]
             w = params[f"model.layers.{layer}.{name}.weight"]
-            w[lo:hi] += (scale * b.double() @ a.double()).to(w.dtype)
+            w[lo:hi] += (scale * b.double() @ a.double()).to(device=w.device, dtype=w.dtype)
     return out
