@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import sys
@@ -217,6 +218,9 @@ def main() -> None:
     ap.add_argument("--skip-sglang", action="store_true")
     ap.add_argument("--skip-hit-rate", action="store_true")
     args = ap.parse_args()
+    log = logging.getLogger("lmprog.backends.fleet")  # members out of and back in rotation
+    log.addHandler(logging.StreamHandler(sys.stdout))
+    log.setLevel(logging.WARNING)
     threads = [t.strip() for t in args.threads.split(",")]
     jobs = workload(args.requests, args.seed)
     mean_tokens = sum(t for _, t in jobs) / len(jobs)
