@@ -130,7 +130,8 @@ class Runtime(Backend):
             lora_paths is given).
         max_loras_per_batch, max_lora_rank, lora_target_modules, max_loaded_loras: the
             adapter pool (lmprog.runtime.config.LoraConfig). Not with tp_size > 1, dp_size
-            > 1, speculative decoding or attention sinks yet.
+            > 1 or attention sinks yet; with speculative decoding the target verifies each
+            request's drafts under its adapter (a draft model drafts without it).
 
     Each engine knob keeps its name down to the config that owns and validates it:
     SchedulerConfig, CacheConfig and AttentionSinkConfig (lmprog.runtime.config),

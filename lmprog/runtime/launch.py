@@ -206,14 +206,15 @@ def make_lora_manager(
     sinks: AttentionSinkConfig | None,
 ) -> Any:
     """The LoraManager around `model`, or a LoraError naming what LoRA does not combine
-    with yet (tensor parallelism, speculative decoding, attention sinks)."""
+    with yet (tensor parallelism, attention sinks). Speculative decoding combines: the
+    target verifies each request's drafts under its adapter (a draft model drafts without
+    it; n-gram drafts need no model), so outputs keep the adapted model's distribution."""
     from lmprog.core.errors import LoraError
 
     from .lora import LoraManager
 
     for active, what, flag in (
         (tp is not None, "tensor parallelism", "tp_size=1"),
-        (speculator is not None, "speculative decoding", "no speculative=..."),
         (sinks is not None, "attention sinks", "no attention_sink_size"),
     ):
         if active:

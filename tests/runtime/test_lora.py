@@ -393,14 +393,28 @@ def test_unload_while_running_finishes_the_request(base, folders):
         engine.shutdown()
 
 
-def test_lora_refuses_speculative_decoding(base):
+def test_speculative_decoding_verifies_under_each_adapter(folders):
+    """n-gram drafts verified by the target under each request's adapter: the greedy tokens
+    of a mixed batch are those without speculation (drafts were proposed and accepted)."""
     import copy
 
     from lmprog.runtime.speculative import SpeculativeConfig
 
-    with pytest.raises(LoraError, match="speculative decoding"):
-        launch_engine(copy.deepcopy(base), None, eos_token_ids=(2,), max_total_tokens=2000,
-                      lora=LoraConfig(), speculative=SpeculativeConfig())  # fmt: skip
+    repeats = random_llama(TINY, 0.1, seed=3)  # std 0.1: it repeats, so n-grams hit
+    names = ["all4", None, "qv8", "all4"]
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 9], [4] * 12, [3, 4] * 6]
+    params = SP(max_tokens=24, temperature=0, ignore_eos=True)
+    outs, stats = [], []
+    for spec in (None, SpeculativeConfig(method="ngram", num_tokens=4, adaptive=False)):
+        adapters = [read_adapter(folders[n], TINY, name=n) for n in ("all4", "qv8")]
+        engine = _engine(copy.deepcopy(repeats), adapters, speculative=spec)
+        try:
+            outs.append([r.token_ids for r in _run(engine, prompts, names, params)])
+            stats.append(engine.stats())
+        finally:
+            engine.shutdown()
+    assert outs[0] == outs[1]
+    assert stats[1]["spec_accepted_tokens"] > 0, stats[1]
 
 
 def test_engine_without_lora_refuses_adapter_requests(base):
