@@ -117,9 +117,8 @@ def run(rt, prompts, out_lens, adapters: list[str]) -> dict:
     }
 
 
-def free(rt) -> None:
-    rt.shutdown()
-    del rt
+def free_memory() -> None:
+    """After the caller dropped its runtime: its model, KV and adapter pools go."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -143,7 +142,9 @@ def main() -> int:
         rt = make_runtime(args, lora=False)
         rows.append(("base, plain runtime", run(rt, prompts, out_lens, [])))
         log(f"   {rows[-1][0]}: {rows[-1][1]['tok_s']:,.0f} tok/s")
-        free(rt)
+        rt.shutdown()
+        rt = None
+        free_memory()
     rt = make_runtime(args, lora=True)
     t0 = time.perf_counter()
     count = max(args.adapters)
@@ -156,7 +157,7 @@ def main() -> int:
         name = "base, LoRA runtime" if k == 0 else f"{k} adapter{'s' if k > 1 else ''}"
         rows.append((name, run(rt, prompts, out_lens, [f"a{i}" for i in range(k)])))
         log(f"   {name}: {rows[-1][1]['tok_s']:,.0f} tok/s")
-    free(rt)
+    rt.shutdown()
     ref = rows[0][1]["tok_s"]
     log(f"\n{'':24} {'total tok/s':>12} {'output tok/s':>13} {'vs base':>8} {'wall s':>7} "
         f"{'steps':>6} {'swaps':>6}")  # fmt: skip
