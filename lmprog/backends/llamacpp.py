@@ -98,6 +98,10 @@ class LlamaCpp(Backend):
             Sequences that finished keep their tokens as a prefix cache.
         chat_template: a named template or jinja2 source overriding the model's own.
         state_cache_bytes: memory bound of saved prefix states (0 disables saving).
+        state_cache_disk_bytes: a disk tier under them of this many bytes (0: off): states
+            evicted from memory are written to checked files and read back when a request
+            shares their prefix (a damaged file is recomputed); state_cache_disk_dir: where
+            (a folder of this process's own inside; None: the system's temporary folder).
         min_save_tokens: save a sequence's state before it discards at least this many tokens.
         jump_forward: append text a constraint forces in one step (off with logprobs).
     """
@@ -115,6 +119,8 @@ class LlamaCpp(Backend):
         n_parallel: int = 16,
         chat_template: str | None = None,
         state_cache_bytes: int = 256 * 2**20,
+        state_cache_disk_bytes: int = 0,
+        state_cache_disk_dir: str | None = None,
         min_save_tokens: int = 64,
         jump_forward: bool = True,
     ):
@@ -124,6 +130,7 @@ class LlamaCpp(Backend):
             ("n_batch", n_batch, 1),
             ("n_parallel", n_parallel, 1),
             ("state_cache_bytes", state_cache_bytes, 0),
+            ("state_cache_disk_bytes", state_cache_disk_bytes, 0),
             ("min_save_tokens", min_save_tokens, 1),
         ):
             _check_int(name, value, lo)
@@ -195,7 +202,9 @@ class LlamaCpp(Backend):
             _release(ctx, self._model)
             raise
         self._pool = SequencePool(
-            ctx, StateCache(state_cache_bytes), min_save_tokens=min_save_tokens
+            ctx,
+            StateCache(state_cache_bytes, state_cache_disk_bytes, state_cache_disk_dir),
+            min_save_tokens=min_save_tokens,
         )
         self.n_ctx = ctx.n_ctx
         self.n_parallel = ctx.n_seq

@@ -6,6 +6,13 @@ with T: restore it, drop the KV beyond the common prefix, evaluate the rest of S
     entries: [sys user1 ans1 user2]   [sys fewshot×5]   ...
     lookup(sys fewshot×5 q7) -> the second entry, common = len(sys fewshot×5)
 
+A disk tier under it (`disk_bytes` > 0): an entry evicted from memory is written to a checked
+block file (lmprog.core.blockfile) instead of dropped, bounded in bytes with its own LRU; a
+lookup whose best match is on disk reads it back (and moves it to memory): a truncated,
+corrupt or missing file is dropped and the best match in memory (or none) serves instead,
+counted in `disk_failures`; a write that fails (a full disk) drops the entry
+(`disk_write_failures`).
+
 Plain data (bytes and token arrays); no llama.cpp here. Thread-safe.
 """
 
@@ -17,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from lmprog.core.blockfile import BlockDir, BlockFileError, BlockRef
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,14 +63,22 @@ class StateCache:
     entry larger than `max_bytes` is not stored). `max_bytes=0` disables the cache.
     """
 
-    def __init__(self, max_bytes: int):
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
-            raise ValueError(f"max_bytes must be an int >= 0, got {max_bytes!r}")
+    def __init__(self, max_bytes: int, disk_bytes: int = 0, disk_dir: str | None = None):
+        """disk_bytes: the disk tier's bound (0: none); disk_dir: its parent folder (None:
+        the system's temporary one)."""
+        for name, value in (("max_bytes", max_bytes), ("disk_bytes", disk_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         self.max_bytes = max_bytes
+        self.disk_bytes = disk_bytes
         self._entries: OrderedDict[tuple[int, ...], tuple[SavedState, np.ndarray]] = OrderedDict()
-        self._bytes = 0
+        self._disk: OrderedDict[tuple[int, ...], tuple[BlockRef, np.ndarray]] = OrderedDict()
+        self._dir = BlockDir(disk_dir) if disk_bytes else None
+        self._bytes = self._disk_used = 0
         self._lock = threading.Lock()
         self.saves = self.evictions = 0
+        self.disk_writes = self.disk_hits = self.disk_evictions = 0
+        self.disk_failures = self.disk_write_failures = 0
 
     def lookup(self, tokens: Sequence[int], min_common: int = 1) -> Match | None:
         """The entry with the longest common prefix with `tokens` (>= min_common), or None."""
@@ -72,17 +89,48 @@ class StateCache:
                 n = common_prefix_len(arr, query)
                 if n >= min_common and (best is None or n > best.common):
                     best = Match(state, n)
+            on_disk = self._best_on_disk(query, max(min_common, best.common + 1 if best else 0))
+            if on_disk is not None:
+                state = self._read_back(*on_disk)
+                if state is not None:
+                    return Match(state, on_disk[1])
             if best is not None:
                 self._entries.move_to_end(best.state.tokens)
             return best
+
+    def _best_on_disk(self, query: np.ndarray, min_common: int) -> tuple[tuple, int] | None:
+        best = None
+        for key, (_, arr) in self._disk.items():
+            n = common_prefix_len(arr, query)
+            if n >= min_common and (best is None or n > best[1]):
+                best = (key, n)
+        return best
+
+    def _read_back(self, key: tuple[int, ...], common: int) -> SavedState | None:
+        """The disk entry `key`, checked, moved into memory (None: its file failed the
+        check and the entry is gone)."""
+        assert self._dir is not None
+        ref, _ = self._disk.pop(key)
+        self._disk_used -= ref.nbytes
+        try:
+            blob = self._dir.read(ref)
+        except BlockFileError:
+            self.disk_failures += 1
+            return None
+        finally:
+            self._dir.discard(ref)
+        self.disk_hits += 1
+        state = SavedState(key, blob)
+        self._store(state)
+        return state
 
     def longest_common(self, tokens: Sequence[int]) -> int:
         """How many leading tokens of `tokens` some entry holds (does not touch the LRU order)."""
         query = np.asarray(tokens, dtype=np.int64)
         with self._lock:
-            return max(
-                (common_prefix_len(arr, query) for _, arr in self._entries.values()), default=0
-            )
+            entries = [arr for _, arr in self._entries.values()]
+            entries += [arr for _, arr in self._disk.values()]
+            return max((common_prefix_len(arr, query) for arr in entries), default=0)
 
     def put(self, tokens: Sequence[int], blob: bytes) -> bool:
         """Store a state; False if it is larger than the whole cache. Replaces an equal key."""
@@ -90,22 +138,55 @@ class StateCache:
         if state.nbytes > self.max_bytes or not state.tokens:
             return False
         with self._lock:
-            old = self._entries.pop(state.tokens, None)
-            if old is not None:
-                self._bytes -= old[0].nbytes
-            while self._entries and self._bytes + state.nbytes > self.max_bytes:
-                _, (evicted, _) = self._entries.popitem(last=False)
-                self._bytes -= evicted.nbytes
-                self.evictions += 1
-            self._entries[state.tokens] = (state, np.asarray(state.tokens, dtype=np.int64))
-            self._bytes += state.nbytes
+            self._store(state)
             self.saves += 1
             return True
+
+    def _store(self, state: SavedState) -> None:
+        old = self._entries.pop(state.tokens, None)
+        if old is not None:
+            self._bytes -= old[0].nbytes
+        on_disk = self._disk.pop(state.tokens, None)
+        if on_disk is not None:
+            self._forget_disk(on_disk[0])
+        while self._entries and self._bytes + state.nbytes > self.max_bytes:
+            _, (evicted, arr) = self._entries.popitem(last=False)
+            self._bytes -= evicted.nbytes
+            self.evictions += 1
+            self._spill(evicted, arr)
+        self._entries[state.tokens] = (state, np.asarray(state.tokens, dtype=np.int64))
+        self._bytes += state.nbytes
+
+    def _spill(self, state: SavedState, arr: np.ndarray) -> None:
+        """An entry evicted from memory, to the disk tier (dropped without one, or when it
+        does not fit or cannot be written)."""
+        if self._dir is None or state.nbytes > self.disk_bytes:
+            return
+        while self._disk and self._disk_used + state.nbytes > self.disk_bytes:
+            _, (ref, _) = self._disk.popitem(last=False)
+            self._forget_disk(ref)
+            self.disk_evictions += 1
+        try:
+            ref = self._dir.write(state.blob)
+        except OSError:
+            self.disk_write_failures += 1
+            return
+        self._disk[state.tokens] = (ref, arr)
+        self._disk_used += ref.nbytes
+        self.disk_writes += 1
+
+    def _forget_disk(self, ref: BlockRef) -> None:
+        assert self._dir is not None
+        self._disk_used -= ref.nbytes
+        self._dir.discard(ref)
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
             self._bytes = 0
+            while self._disk:
+                _, (ref, _) = self._disk.popitem()
+                self._forget_disk(ref)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -114,15 +195,31 @@ class StateCache:
     def nbytes(self) -> int:
         return self._bytes
 
+    @property
+    def disk_nbytes(self) -> int:
+        return self._disk_used
+
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {
+            out = {
                 "entries": len(self._entries),
                 "bytes": self._bytes,
                 "max_bytes": self.max_bytes,
                 "saves": self.saves,
                 "evictions": self.evictions,
             }
+            if self._dir is not None:
+                out.update(
+                    disk_entries=len(self._disk),
+                    disk_bytes=self._disk_used,
+                    disk_max_bytes=self.disk_bytes,
+                    disk_writes=self.disk_writes,
+                    disk_hits=self.disk_hits,
+                    disk_evictions=self.disk_evictions,
+                    disk_failures=self.disk_failures,
+                    disk_write_failures=self.disk_write_failures,
+                )
+            return out
 
     def check_integrity(self) -> None:
         """Assert the byte count matches the entries (cheap; for tests and idle checks)."""
@@ -130,3 +227,6 @@ class StateCache:
             assert self._bytes == sum(s.nbytes for s, _ in self._entries.values())
             assert self._bytes <= self.max_bytes
             assert all(key == s.tokens for key, (s, _) in self._entries.items())
+            assert self._disk_used == sum(ref.nbytes for ref, _ in self._disk.values())
+            assert self._disk_used <= self.disk_bytes
+            assert not set(self._disk) & set(self._entries)

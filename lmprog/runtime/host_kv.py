@@ -19,18 +19,13 @@ a power of two, so the pinned memory in use may exceed the budget by up to that 
 
 from __future__ import annotations
 
-import itertools
-import os
-import shutil
-import struct
-import tempfile
-import weakref
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+
+from lmprog.core.blockfile import BlockDir, BlockRef
 
 from .kv_pool import KVPool
 
@@ -41,22 +36,14 @@ _NUMPY = {
     torch.int32: np.int32,
     torch.int64: np.int64,
 }
-_MAGIC = b"LPKVBLK1"
-_HEAD = struct.Struct("<8sIQI")  # magic, ndim, nbytes, crc32; then ndim int64 dims
-
-
-class DiskKVError(OSError):
-    """A disk-tier file is missing, truncated or corrupt (its tokens are recomputed)."""
 
 
 @dataclass(frozen=True)
 class DiskBlock:
-    """A disk-tier handle: the file and what it must hold."""
+    """A disk-tier handle: the checked block file (lmprog.core.blockfile) and its shape."""
 
-    path: str
+    ref: BlockRef
     shape: tuple[int, ...]
-    nbytes: int
-    crc: int
 
 
 class HostKVMover:
@@ -64,7 +51,8 @@ class HostKVMover:
 
     def __init__(self, pool: KVPool, disk_dir: str | None = None) -> None:
         """disk_dir: the disk tier's parent folder ("" the system's temporary one; None: no
-        disk tier); this mover's files go in a folder of its own there, removed with it."""
+        disk tier); this mover's block files go in a folder of its own there
+        (lmprog.core.blockfile.BlockDir), removed with it."""
         buffer = pool._buffer
         self._rows = buffer.view(_BITS[buffer.element_size()])  # copies move bits only
         self._axis = buffer.dim() - 3  # the slot axis: [L, 2, S, H, D] or [L, S, 1, W]
@@ -72,14 +60,7 @@ class HostKVMover:
         self.bytes_per_token = buffer.element_size() * buffer.numel() // buffer.shape[self._axis]
         self._cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
-        self.disk_dir: str | None = None
-        if disk_dir is not None:
-            base = disk_dir or tempfile.gettempdir()
-            os.makedirs(base, exist_ok=True)
-            _remove_stale(base)
-            self.disk_dir = tempfile.mkdtemp(prefix=f"lmprog-kv-{os.getpid()}-", dir=base)
-            weakref.finalize(self, shutil.rmtree, self.disk_dir, True)
-        self._names = itertools.count()
+        self.disk = None if disk_dir is None else BlockDir(disk_dir)
 
     def save(self, slots: np.ndarray) -> torch.Tensor:
         rows = self._rows.index_select(self._axis, self._index(slots))
@@ -117,26 +98,16 @@ class HostKVMover:
 
     # -- the disk tier ---------------------------------------------------------------------
     def spill(self, handle: Any) -> DiskBlock:
-        """Write a host handle to a file of its own (written under a temporary name, then
-        renamed: a file is whole or absent); OSError when it cannot be written."""
-        assert self.disk_dir is not None, "no disk tier"
+        """Write a host handle to a block file of its own; OSError when it cannot be
+        written (nothing is left behind)."""
+        assert self.disk is not None, "no disk tier"
         if self._cuda:  # the copy into this pinned handle may still be under way
             torch.cuda.current_stream(self.device).synchronize()
-        data = handle.contiguous().numpy().tobytes()
-        crc = zlib.crc32(data)
-        shape = tuple(handle.shape)
-        head = _HEAD.pack(_MAGIC, len(shape), len(data), crc)
-        path = os.path.join(self.disk_dir, f"{next(self._names)}.kv")
-        try:
-            with open(path + ".tmp", "wb") as f:
-                f.write(head + struct.pack(f"<{len(shape)}q", *shape) + data)
-            os.replace(path + ".tmp", path)
-        except OSError:
-            _unlink(path + ".tmp")
-            raise
-        return DiskBlock(path, shape, len(data), crc)
+        ref = self.disk.write(handle.contiguous().numpy().tobytes())
+        return DiskBlock(ref, tuple(handle.shape))
 
     def load_disk(self, block: DiskBlock, slots: np.ndarray) -> None:
+        """BlockFileError (nothing written) unless the file holds exactly the block."""
         self.load(self._read(block), slots)
 
     def split_disk(self, block: DiskBlock, k: int) -> tuple[DiskBlock, DiskBlock]:
@@ -146,52 +117,12 @@ class HostKVMover:
         return parts
 
     def discard(self, block: DiskBlock) -> None:
-        _unlink(block.path)
+        assert self.disk is not None
+        self.disk.discard(block.ref)
 
     def _read(self, block: DiskBlock) -> torch.Tensor:
-        """The block's KV, checked: DiskKVError unless the file holds exactly it."""
-        try:
-            with open(block.path, "rb") as f:
-                raw = f.read()
-        except OSError as e:
-            raise DiskKVError(f"disk KV block {block.path} cannot be read: {e}") from e
-        dims = struct.calcsize(f"<{len(block.shape)}q")
-        if len(raw) != _HEAD.size + dims + block.nbytes:
-            raise DiskKVError(
-                f"disk KV block {block.path} holds {len(raw)} bytes, not "
-                f"{_HEAD.size + dims + block.nbytes} (truncated?)"
-            )
-        magic, ndim, nbytes, crc = _HEAD.unpack_from(raw)
-        shape = struct.unpack_from(f"<{ndim}q", raw, _HEAD.size) if ndim < 16 else ()
-        data = memoryview(raw)[_HEAD.size + dims :]
-        if (magic, tuple(shape), nbytes, crc) != (_MAGIC, block.shape, block.nbytes, block.crc) or (
-            zlib.crc32(data) != block.crc
-        ):
-            raise DiskKVError(f"disk KV block {block.path} is corrupt (header or checksum)")
+        assert self.disk is not None
+        data = self.disk.read(block.ref)
         rows = np.frombuffer(data, dtype=_NUMPY[self._rows.dtype]).reshape(block.shape)
         host = torch.from_numpy(rows.copy())
         return host.pin_memory() if self._cuda else host
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _remove_stale(base: str) -> None:
-    """Remove the disk-tier folders of processes that are gone (killed mid-run)."""
-    for name in os.listdir(base):
-        parts = name.split("-")
-        if not name.startswith("lmprog-kv-") or len(parts) < 4 or not parts[2].isdigit():
-            continue
-        pid = int(parts[2])
-        if pid == os.getpid():
-            continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-        except PermissionError:
-            pass

@@ -117,9 +117,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--disk-kv-cache-bytes",
         type=int,
         default=0,
-        help="runtime disk tier under --host-kv-cache-bytes, in bytes: what the host tier "
-        "evicts is written to files and read back (checked) when a request returns to it "
-        "(default 0: off)",
+        help="disk tier of the KV cache, in bytes: runtime, under --host-kv-cache-bytes, what "
+        "the host tier evicts; llamacpp, the saved states evicted from memory; written to "
+        "checked files and read back when a request returns to them (default 0: off)",
     )
     p.add_argument(
         "--disk-kv-cache-dir",
@@ -298,10 +298,6 @@ RUNTIME_ONLY = (
     ("--kv-cache-dtype", "kv_cache_dtype", "auto", ""),
     ("--host-kv-cache-bytes", "host_kv_cache_bytes", 0, "llama.cpp keeps saved states in "
      "its own RAM cache"),
-    ("--disk-kv-cache-bytes", "disk_kv_cache_bytes", 0, "llama.cpp keeps saved states in "
-     "its own RAM cache"),
-    ("--disk-kv-cache-dir", "disk_kv_cache_dir", None, "llama.cpp keeps saved states in "
-     "its own RAM cache"),
     ("--quantization", "quantization", None, "llama.cpp runs the GGUF file's own "
      "quantization; pick a quantized GGUF (e.g. Q4_K_M) instead"),
     ("--attention-sink-size", "attention_sink_size", None, "lmprog's llama.cpp backend has no "
@@ -368,6 +364,9 @@ def backend_options(args: argparse.Namespace) -> dict:
         }
         if args.max_running_requests is not None:
             options["max_running_requests"] = args.max_running_requests
+        if args.disk_kv_cache_bytes:
+            options["disk_kv_cache_bytes"] = args.disk_kv_cache_bytes
+            options["disk_kv_cache_dir"] = args.disk_kv_cache_dir
         options.update((dest, getattr(args, dest)) for _, dest, _, _ in given)
         return options
     if given:
@@ -377,6 +376,9 @@ def backend_options(args: argparse.Namespace) -> dict:
             + (f": {why}" if why else "")
         )
     out: dict = {}
+    if args.disk_kv_cache_bytes:  # the saved states' disk tier
+        out["state_cache_disk_bytes"] = args.disk_kv_cache_bytes
+        out["state_cache_disk_dir"] = args.disk_kv_cache_dir
     if args.num_threads is not None:
         out["n_threads"] = args.num_threads
     if args.max_running_requests is not None:

@@ -76,3 +76,41 @@ def test_concurrent_use_keeps_the_books_straight():
     for t in threads:
         t.join()
     c.check_integrity()
+
+
+def test_the_disk_tier_keeps_what_memory_evicts_and_gives_it_back(tmp_path):
+    c = StateCache(20, disk_bytes=25, disk_dir=str(tmp_path))
+    for i in range(1, 5):
+        c.put([i, i], bytes([i]) * 10)  # memory keeps two; the disk two more, then drops
+    c.check_integrity()
+    assert c.stats()["disk_entries"] == 2 and c.stats()["disk_evictions"] == 0
+    c.put([5, 5], b"\x05" * 10)  # the disk is full: its oldest entry ([1, 1]) goes
+    assert c.stats()["disk_evictions"] == 1 and c.lookup([1, 1]) is None
+    assert len(list(tmp_path.glob("lmprog-kv-*/*.blk"))) == 2
+    m = c.lookup([2, 2, 7])  # on disk: read back, checked, moved into memory
+    assert m.state.blob == b"\x02" * 10 and m.common == 2
+    assert c.stats()["disk_hits"] == 1
+    c.check_integrity()
+    assert c.longest_common([3, 3]) == 2  # on disk now too
+    c.clear()
+    assert not list(tmp_path.glob("lmprog-kv-*/*.blk"))
+
+
+def test_a_damaged_disk_entry_falls_back_and_a_full_disk_drops(tmp_path):
+    c = StateCache(10, disk_bytes=100, disk_dir=str(tmp_path))
+    c.put([1, 2, 3], b"a" * 10)
+    c.put([1, 2], b"b" * 10)  # [1, 2, 3] goes to the disk
+    (path,) = tmp_path.glob("lmprog-kv-*/*.blk")
+    path.write_bytes(path.read_bytes()[:-3])  # cut short
+    m = c.lookup([1, 2, 3, 4])  # the disk's longer match fails its check: memory's serves
+    assert m.state.tokens == (1, 2) and c.stats()["disk_failures"] == 1
+    assert c.stats()["disk_entries"] == 0 and not path.exists()
+    c.check_integrity()
+
+    def full(*args, **kwargs):
+        raise OSError(28, "planted: no space left on device")
+
+    c._dir.write = full
+    c.put([9], b"c" * 10)  # [1, 2] cannot be written: dropped, counted
+    assert c.stats()["disk_write_failures"] == 1 and c.lookup([1, 2]) is None
+    c.check_integrity()

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from lmprog.runtime.host_kv import DiskKVError, HostKVMover
+from lmprog.core.blockfile import BlockFileError
+from lmprog.runtime.host_kv import HostKVMover
 from lmprog.runtime.kv_pool import KVPool
 
 
@@ -33,14 +34,14 @@ def test_rows_go_to_disk_and_come_back_bit_for_bit(pool, tmp_path):
     src, dst = np.array([3, 4, 5, 9]), np.array([20, 21, 22, 23])
     want = rows(pool, src)
     block = mover.spill(mover.save(src))
-    assert os.path.getsize(block.path) > block.nbytes == 4 * mover.bytes_per_token
+    assert os.path.getsize(block.ref.path) > block.ref.nbytes == 4 * mover.bytes_per_token
     upper, lower = mover.split_disk(block, 1)
-    assert not os.path.exists(block.path)
+    assert not os.path.exists(block.ref.path)
     mover.load_disk(upper, dst[:1])
     mover.load_disk(lower, dst[1:])
     assert torch.equal(rows(pool, dst), want)
     mover.discard(upper)
-    assert not os.path.exists(upper.path)
+    assert not os.path.exists(upper.ref.path)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete", "swap"])
@@ -48,24 +49,24 @@ def test_a_damaged_file_is_refused(pool, tmp_path, damage):
     mover = HostKVMover(pool, disk_dir=str(tmp_path))
     block = mover.spill(mover.save(np.array([1, 2, 3])))
     other = mover.spill(mover.save(np.array([4, 5, 6])))
-    data = open(block.path, "rb").read()
+    data = open(block.ref.path, "rb").read()
     if damage == "truncate":  # a write cut short
-        open(block.path, "wb").write(data[: len(data) // 2])
+        open(block.ref.path, "wb").write(data[: len(data) // 2])
     elif damage == "flip":
-        open(block.path, "wb").write(data[:-1] + bytes([data[-1] ^ 1]))
+        open(block.ref.path, "wb").write(data[:-1] + bytes([data[-1] ^ 1]))
     elif damage == "delete":
-        os.unlink(block.path)
+        os.unlink(block.ref.path)
     else:  # another block's file under this name
-        os.replace(other.path, block.path)
+        os.replace(other.ref.path, block.ref.path)
     before = rows(pool, np.array([10, 11, 12]))
-    with pytest.raises(DiskKVError):
+    with pytest.raises(BlockFileError):
         mover.load_disk(block, np.array([10, 11, 12]))
     assert torch.equal(rows(pool, np.array([10, 11, 12])), before)  # nothing written
 
 
 def test_the_disk_folder_goes_with_its_mover_and_a_dead_process(pool, tmp_path):
     mover = HostKVMover(pool, disk_dir=str(tmp_path))
-    folder = mover.disk_dir
+    folder = mover.disk.path
     assert os.path.isdir(folder) and os.path.dirname(folder) == str(tmp_path)
     del mover
     assert not os.path.exists(folder)
@@ -74,6 +75,6 @@ def test_the_disk_folder_goes_with_its_mover_and_a_dead_process(pool, tmp_path):
                           capture_output=True, text=True, check=True)  # fmt: skip
     stale = tmp_path / f"lmprog-kv-{dead.stdout.strip()}-abc"
     stale.mkdir()
-    (stale / "0.kv.tmp").write_bytes(b"half a block")
+    (stale / "0.blk.tmp").write_bytes(b"half a block")
     HostKVMover(pool, disk_dir=str(tmp_path))
     assert not stale.exists()

@@ -1,7 +1,8 @@
 """The host KV tier through the engine (issue 34): multi-turn sessions whose KV is several
 times the device pool give the same greedy tokens with the tier on and off, load returning
 turns' prefixes from host memory (fewer prefill tokens), and survive a failed copy and an
-abort while a request's blocks load, each counted; stats() and /metrics report the tier."""
+abort while a request's blocks load, each counted; stats() and /metrics report the tier; a
+disk tier under a small host tier, and its damaged files."""
 
 from __future__ import annotations
 
@@ -77,13 +78,19 @@ HOST_KEYS = {
 def test_returning_turns_load_from_the_host_with_the_same_tokens(model, tok, reference, page):
     want, off = reference
     assert not HOST_KEYS & set(off)
+    from lmprog.serve.metrics import ServerMetrics
+
     engine = make_engine(model, tok, 1 << 20, page)
     try:
         got = sessions(engine)
         stats = engine.stats()
+        text = ServerMetrics(engine.stats).render().decode()  # /metrics' text
     finally:
         engine.shutdown()
     assert got == want
+    hits = stats["host_kv_hit_tokens"]
+    assert f"lmprog_host_kv_cache_hit_tokens_total {float(hits)}" in text
+    assert f"lmprog_host_kv_cache_used_bytes {float(stats['host_kv_used_bytes'])}" in text
     assert HOST_KEYS <= set(stats)
     assert stats["host_kv_hit_tokens"] > 200 and stats["host_kv_written_tokens"] > 0
     assert stats["cached_tokens"] > off["cached_tokens"] + 200
@@ -162,22 +169,6 @@ def test_an_abort_while_blocks_load_ends_that_request_only(model, tok, reference
     assert [got[j] for j in other] == [want[j] for j in other]
 
 
-def test_metrics_expose_the_host_tier(model, tok):
-    from lmprog.serve.metrics import ServerMetrics
-
-    engine = make_engine(model, tok, 1 << 20)
-    try:
-        sessions(engine, turns=2)
-        text = ServerMetrics(engine.stats).render().decode()
-        stats = engine.stats()
-    finally:
-        engine.shutdown()
-    hits = stats["host_kv_hit_tokens"]
-    assert hits > 0
-    assert f"lmprog_host_kv_cache_hit_tokens_total {float(hits)}" in text
-    assert "lmprog_host_kv_cache_used_bytes " in text
-
-
 def queued_sessions(engine, turns=2, n=6):
     """Every session's turn submitted at once to an engine running one request at a time:
     the queue waits while its head's prefixes can be staged."""
@@ -236,7 +227,7 @@ def test_the_disk_tier_under_a_small_host_tier_stays_exact(model, tok, reference
     try:
         got = sessions(engine)
         stats = engine.stats()
-        files = list(tmp_path.glob("lmprog-kv-*/*.kv"))
+        files = list(tmp_path.glob("lmprog-kv-*/*.blk"))
     finally:
         engine.shutdown()
     assert got == want
@@ -253,7 +244,7 @@ def test_damaged_disk_blocks_are_recomputed(model, tok, reference, tmp_path):
 
     def on_turn(turn, i, handle):  # before each wave of the last turn: cut every file short
         if turn == 2:
-            for path in tmp_path.glob("lmprog-kv-*/*.kv"):
+            for path in tmp_path.glob("lmprog-kv-*/*.blk"):
                 try:
                     data = path.read_bytes()
                     path.write_bytes(data[: len(data) // 2])

@@ -139,9 +139,23 @@ def test_every_runtime_flag_is_a_runtime_keyword():
     argv = ["--backend", "runtime", "--tp", "2", "--dp", "2", "--quantization", "fp8"]
     argv += ["--kv-cache-dtype", "fp8", "--attention-sink-size", "4", "--sliding-window-size", "60"]
     argv += ["--host-kv-cache-bytes", "1000000", "--disk-kv-cache-bytes", "2000000"]
-    argv += ["--disk-kv-cache-dir", "/tmp"]
+    argv += ["--disk-kv-cache-dir", "/tmp"]  # both backends take these two
     argv += ["--lora-paths", "a=/x", "--enable-lora", "--max-loras-per-batch", "4"]
     argv += ["--max-lora-rank", "8", "--lora-target-modules", "q_proj", "--max-loaded-loras", "3"]
     opts = options(*argv)
     assert {dest for _, dest, _, _ in cli.RUNTIME_ONLY} <= set(opts)
     inspect.signature(Runtime).bind(None, **opts)  # TypeError for a name Runtime lacks
+
+
+def test_the_disk_tier_flags_reach_llamacpps_saved_states():
+    """--disk-kv-cache-bytes/-dir are the runtime's disk tier and llama.cpp's saved states'."""
+    import inspect
+
+    from lmprog.backends.llamacpp import LlamaCpp
+
+    argv = ["--backend", "llamacpp", "--disk-kv-cache-bytes", "5000", "--disk-kv-cache-dir", "/d"]
+    opts = options(*argv)
+    assert opts["state_cache_disk_bytes"] == 5000 and opts["state_cache_disk_dir"] == "/d"
+    inspect.signature(LlamaCpp).bind(None, **opts)
+    with pytest.raises(ValueError, match="--host-kv-cache-bytes"):
+        options("--backend", "llamacpp", "--host-kv-cache-bytes", "5000")
