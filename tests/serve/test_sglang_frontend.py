@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import sys
 import traceback
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
@@ -27,7 +29,13 @@ import lmprog as lp
 pytestmark = pytest.mark.e2e
 
 pytest.importorskip("sglang", reason="SGLang's frontend is not installed (setup.sh --test)")
-pytest.importorskip("sglang.test.test_programs", reason="SGLang's frontend imports fail")
+# test_programs.py imports sglang.srt.utils, which sets cache folders in os.environ
+# (TRITON_CACHE_DIR, ...) and warning filters at import time: kept from the rest of the suite
+_environ = dict(os.environ)
+with warnings.catch_warnings():
+    pytest.importorskip("sglang.test.test_programs", reason="SGLang's frontend imports fail")
+os.environ.clear()
+os.environ.update(_environ)
 
 ROOT = Path(__file__).resolve().parents[2]
 
