@@ -90,8 +90,8 @@ NOT_ON_THIS_CLIENT = {
 }
 # SGLang's frontend keeps only the latest streamed event's meta_info for a variable, and its
 # reader may wake after several events: their text then comes with the last event's logprobs
-# alone and the program's count check fails (1 run in 5 on an idle 2-core machine, most under
-# load; the events as its client received them were all consistent, 325 of 325). Where it
+# alone and the program's count check fails (in 1 of 5 and 5 of 6 runs on 2 cores shared with
+# other work; the events as its client received them were all consistent, 325 of 325). Where it
 # fails so, the test checks lmprog's events itself and reports the race as an expected failure.
 CLIENT_RACE = {
     "test_stream_logprobs": "SGLang's frontend merged streamed events it read late (client race)"
