@@ -86,6 +86,8 @@ class HostKVMover:
     def split(self, handle: Any, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Each part its own copy, so dropping one frees its memory (the tier counts them
         apart)."""
+        if self._cuda:  # the copy into this pinned handle may still be under way
+            torch.cuda.current_stream(self.device).synchronize()
         n = handle.shape[self._axis]
         parts = handle.narrow(self._axis, 0, k), handle.narrow(self._axis, k, n - k)
         return tuple(  # type: ignore[return-value]

@@ -3,7 +3,10 @@
 stats line tell):
 
     engine: 3 running, 1 queued | generation 41.3 tok/s, prompt 210.0 tok/s | prefix cache
-    hit rate 62.5% | KV cache 12.5% (512 of 4096 tokens)
+    hit rate 62.5% | KV cache 12.5% (512 of 4096 tokens) | host tier 40.0% (800 of 2000
+    tokens), 25.0% of prompt tokens loaded from it
+
+(the host and disk tiers' parts only with the runtime's tiered KV cache, issue 34.)
 
 Read from `backend.stats()` (the keys both sampling backends report: num_running,
 num_waiting, generated_tokens, prompt_tokens, cached_tokens, kv_used, kv_capacity); the
@@ -22,7 +25,13 @@ from typing import Any
 
 log = logging.getLogger("lmprog.serve.engine")
 
-_COUNTERS = ("generated_tokens", "prompt_tokens", "cached_tokens")
+_COUNTERS = (
+    "generated_tokens",
+    "prompt_tokens",
+    "cached_tokens",
+    "host_kv_hit_tokens",
+    "disk_kv_hit_tokens",
+)
 
 
 class EngineLog:
@@ -96,6 +105,17 @@ def _format(stats: Mapping[str, Any], delta: Mapping[str, float], dt: float) -> 
     used, capacity = stats.get("kv_used"), stats.get("kv_capacity")
     if _number(used) and _number(capacity) and capacity:
         parts.append(f"KV cache {100 * used / capacity:.1f}% ({used} of {capacity} tokens)")
+    for tier in ("host", "disk"):  # the runtime's KV tiers, when it has them
+        used, capacity = (
+            stats.get(f"{tier}_kv_used_tokens"),
+            stats.get(f"{tier}_kv_capacity_tokens"),
+        )
+        if _number(used) and _number(capacity) and capacity:
+            text = f"{tier} tier {100 * used / capacity:.1f}% ({used} of {capacity} tokens)"
+            hits = delta.get(f"{tier}_kv_hit_tokens")
+            if prompt and hits is not None:
+                text += f", {100 * hits / prompt:.1f}% of prompt tokens loaded from it"
+            parts.append(text)
     return "engine: " + " | ".join(parts)
 
 

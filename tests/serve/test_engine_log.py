@@ -69,3 +69,18 @@ def test_the_thread_logs_at_info(caplog):
         log.stop()
     lines = [r.getMessage() for r in caplog.records if r.name == "lmprog.serve.engine"]
     assert lines and lines[0].startswith("engine: 3 running, 1 queued | generation ")
+
+
+def test_the_kv_tiers_usage_and_hits_join_the_line():
+    tiers = dict(host_kv_used_tokens=800, host_kv_capacity_tokens=2000, host_kv_hit_tokens=0)
+    tiers.update(disk_kv_used_tokens=50, disk_kv_capacity_tokens=1000, disk_kv_hit_tokens=0)
+    stats = Stats(**BUSY, **tiers)
+    log = EngineLog(stats, interval_s=10)
+    log.line(now=0.0)
+    stats.values.update(prompt_tokens=2000, cached_tokens=1200, host_kv_hit_tokens=500)
+    stats.values.update(disk_kv_hit_tokens=100)
+    assert log.line(now=10.0).endswith(
+        "KV cache 12.5% (512 of 4096 tokens) | host tier 40.0% (800 of 2000 tokens), 25.0% of "
+        "prompt tokens loaded from it | disk tier 5.0% (50 of 1000 tokens), 5.0% of prompt "
+        "tokens loaded from it"
+    )
