@@ -98,6 +98,29 @@ def test_returning_turns_load_from_the_host_with_the_same_tokens(model, tok, ref
     assert stats["host_kv_used_bytes"] == stats["host_kv_used_tokens"] * 2 * 2 * 2 * 16 * 4
 
 
+def held_bytes(engine):
+    """The bytes of the host tier's tensors and disk tier's files, as allocated: (RAM,
+    disk). A handle that is a view of a larger tensor counts its whole storage."""
+    from lmprog.runtime.cache.hiradix import OnDisk
+
+    def walk():
+        cache = engine.scheduler.cache.prefix_cache
+        stack, storages, files = [cache.root], {}, 0
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            for child in (node.host_children or {}).values():
+                stack.append(child)
+                if isinstance(child.host, OnDisk):
+                    files += child.host.block.ref.nbytes
+                else:
+                    storage = child.host.untyped_storage()
+                    storages[storage.data_ptr()] = storage.nbytes()
+        return sum(storages.values()), files
+
+    return engine.call(walk)
+
+
 def test_a_small_host_tier_evicts_and_stays_exact(model, tok, reference):
     want, _ = reference
     per_token = 2 * 2 * 2 * 16 * 4  # layers, K and V, kv heads, head dim, fp32
@@ -105,8 +128,10 @@ def test_a_small_host_tier_evicts_and_stays_exact(model, tok, reference):
     try:
         got = sessions(engine)
         stats = engine.stats()
+        ram, _ = held_bytes(engine)
     finally:
         engine.shutdown()
+    assert ram == stats["host_kv_used_bytes"] <= 120 * per_token  # the memory really held
     assert got == want
     assert stats["host_kv_capacity_tokens"] == 120
     assert stats["host_kv_evicted_tokens"] + stats["host_kv_dropped_tokens"] > 0
@@ -228,9 +253,13 @@ def test_the_disk_tier_under_a_small_host_tier_stays_exact(model, tok, reference
         got = sessions(engine)
         stats = engine.stats()
         files = list(tmp_path.glob("lmprog-kv-*/*.blk"))
+        ram, disk = held_bytes(engine)
     finally:
         engine.shutdown()
     assert got == want
+    assert ram == stats["host_kv_used_bytes"] <= 40 * PER_TOKEN
+    assert disk == stats["disk_kv_used_bytes"] <= 1 << 20
+    assert sum(f.stat().st_size for f in files) - 20 * len(files) == disk  # 20-byte headers
     assert stats["disk_kv_written_tokens"] > 0 and stats["disk_kv_hit_tokens"] > 0
     assert len(files) > 0 and stats["disk_kv_used_tokens"] > 0
     assert stats["host_kv_used_tokens"] <= 40
