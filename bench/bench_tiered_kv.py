@@ -19,8 +19,10 @@ device. Rows, each with its own runtime (the previous one freed):
     recompute      host_kv_cache_bytes=0: an evicted prefix is prefilled again
     host tier      host_kv_cache_bytes = the sessions' whole KV, staging off
     host + staged  the same with predictive staging (host_kv_staging=True)
+    host/4 + disk  a quarter of that in host RAM over a disk tier of the whole (--disk-dir;
+                   --no-disk leaves this row out), with staging
 
-Reported per row: cache hits per tier (device / host, as shares of the prompt tokens
+Reported per row: cache hits per tier (device / host RAM / disk, as shares of the prompt tokens
 admitted; staged tokens are device hits, counted apart too), prefill tokens computed and
 saved against recompute, mean and p50/p90 time to first token of returning turns (turn >= 1,
 from submission: queueing included), throughput (prompt + output tokens / wall time, and
@@ -51,10 +53,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_gpu import smoke_config
 
-ROWS = (
-    ("recompute", False, False),
-    ("host tier", True, False),
-    ("host + staged", True, True),
+ROWS = (  # name, host tier, staging, disk tier
+    ("recompute", False, False, False),
+    ("host tier", True, False, False),
+    ("host + staged", True, True, False),
+    ("host/4 + disk", True, True, True),
 )
 
 
@@ -67,8 +70,16 @@ def final_tokens(args) -> int:
     return args.sessions * (args.history + args.turns * (args.user + args.output))
 
 
-def make_runtime(args, host: bool, staging: bool):
+def make_runtime(args, host: bool, staging: bool, disk: bool = False):
     import lmprog as lp
+
+    tiers = {}
+    if disk:  # a quarter of the host budget in RAM, the whole of it on disk
+        tiers = dict(
+            host_kv_cache_bytes=args.host_bytes // 4,
+            disk_kv_cache_bytes=args.host_bytes,
+            disk_kv_cache_dir=args.disk_dir,
+        )
 
     return lp.Runtime(
         model=args.model,
@@ -80,8 +91,8 @@ def make_runtime(args, host: bool, staging: bool):
         context_length=args.context,
         max_running_requests=args.max_running,
         max_num_batched_tokens=args.chunk,
-        host_kv_cache_bytes=args.host_bytes if host else 0,
         host_kv_staging=staging,
+        **(tiers or {"host_kv_cache_bytes": args.host_bytes if host else 0}),
     )
 
 
@@ -136,6 +147,7 @@ def run(rt, args) -> dict:
         "ttft_p90": statistics.quantiles(returning, n=10)[-1] if len(returning) > 1 else 0.0,
         "stats": delta,
         "host_used": after.get("host_kv_used_bytes", 0),
+        "disk_used": after.get("disk_kv_used_bytes", 0),
         "outputs": {(s, t): out for s, t, _, out in records},
     }
 
@@ -192,15 +204,17 @@ def main() -> int:
         f"({args.kv_tokens / total:.0%}); engine runs {args.max_running}, client keeps "
         f"{args.concurrency} outstanding"
     )
-    order = list(ROWS) if args.repeat == 1 else list(ROWS) + list(ROWS)[::-1]
+    rows_run = [r for r in ROWS if args.disk_rows or not r[3]]
+    order = rows_run if args.repeat == 1 else rows_run + rows_run[::-1]
     best: dict[str, dict] = {}
-    for name, host, staging in order:
-        rt = make_runtime(args, host, staging)
-        if args.host_bytes is None:
+    for name, host, staging, disk in order:
+        if args.host_bytes is None and host:
             from lmprog.runtime.kv_pool import KVPool
+            from lmprog.runtime.models import PRESETS
 
-            per = KVPool.bytes_per_token(rt.model_config, rt.engine.runner.kv.dtype)
+            per = KVPool.bytes_per_token(PRESETS[args.model], getattr(torch, args.dtype))
             args.host_bytes = total * per  # every session's whole KV
+        rt = make_runtime(args, host, staging, disk)
         log(f"   {name} ...")
         result = run(rt, args)
         if host and args.device == "cuda" and name == "host tier":
@@ -211,14 +225,15 @@ def main() -> int:
             best[name] = {**best.get(name, {}), **result}
         log(f"   {name}: {result['wall']:.1f} s, {result['tok_s']:,.0f} tok/s")
         free(rt)
-    rows = [(name, best[name]) for name, _, _ in ROWS]
+    rows = [(name, best[name]) for name, *_ in rows_run]
     ref = rows[0][1]
     log(
         f"\nhost tier budget {args.host_bytes / 2**20:,.1f} MiB; hit rates as shares of the "
         "prompt tokens admitted"
     )
     head = (
-        f"{'':14} {'device hit':>10} {'host hit':>9} {'staged':>8} {'prefill tok':>12} "
+        f"{'':14} {'device hit':>10} {'host hit':>9} {'disk hit':>9} {'staged':>8} "
+        f"{'prefill tok':>12} "
         f"{'saved':>10} {'TTFT ret. mean':>14} {'p50':>7} {'p90':>7} {'tok/s':>9} "
         f"{'out tok/s':>9} {'host used':>10}"
     )
@@ -227,15 +242,18 @@ def main() -> int:
         s = r["stats"]
         prompt = max(1, s.get("prompt_tokens", 0))
         host_hit = s.get("host_kv_hit_tokens", 0)
+        disk_hit = s.get("disk_kv_hit_tokens", 0)
         device_hit = s.get("cached_tokens", 0) - host_hit
         log(
-            f"{name:14} {device_hit / prompt:>10.1%} {host_hit / prompt:>9.1%} "
+            f"{name:14} {device_hit / prompt:>10.1%} {(host_hit - disk_hit) / prompt:>9.1%} "
+            f"{disk_hit / prompt:>9.1%} "
             f"{s.get('host_kv_staged_tokens', 0):>8,} {s['prefill_tokens']:>12,} "
             f"{ref['stats']['prefill_tokens'] - s['prefill_tokens']:>10,} "
             f"{r['ttft_mean'] * 1e3:>11.1f} ms {r['ttft_p50'] * 1e3:>7.1f} "
             f"{r['ttft_p90'] * 1e3:>7.1f} {r['tok_s']:>9,.0f} {r['out_tok_s']:>9,.1f} "
             f"{r['host_used'] / 2**20:>7.1f} MiB"
         )
+    log("(staged tokens are device hits once admitted; host hit: from host RAM at admission)")
     for name, r in rows[1:]:
         same = sum(r["outputs"][k] == ref["outputs"][k] for k in ref["outputs"])
         log(
@@ -266,6 +284,11 @@ def parse_args():
     p.add_argument("--pool-fraction", type=float, default=0.25, help="device pool / final KV")
     p.add_argument("--kv-tokens", type=int, default=None, help="device pool (overrides)")
     p.add_argument("--host-bytes", type=int, default=None, help="host tier (default: all KV)")
+    p.add_argument(
+        "--no-disk", dest="disk_rows", action="store_false",
+        help="leave out the row with a quarter of the host tier in RAM over a disk tier",
+    )  # fmt: skip
+    p.add_argument("--disk-dir", default=None, help="the disk tier's folder (default: tmp)")
     p.add_argument(
         "--repeat", type=int, choices=(1, 2), default=None,
         help="2: the rows again in reverse order, each row's faster run kept (default: 2 "

@@ -260,7 +260,8 @@ def test_the_disk_tier_under_a_small_host_tier_stays_exact(model, tok, reference
     assert ram == stats["host_kv_used_bytes"] <= 40 * PER_TOKEN
     assert disk == stats["disk_kv_used_bytes"] <= 1 << 20
     assert sum(f.stat().st_size for f in files) - 20 * len(files) == disk  # 20-byte headers
-    assert stats["disk_kv_written_tokens"] > 0 and stats["disk_kv_hit_tokens"] > 0
+    assert stats["disk_kv_written_tokens"] > 0
+    assert stats["disk_kv_hit_tokens"] + stats["disk_kv_staged_tokens"] > 0
     assert len(files) > 0 and stats["disk_kv_used_tokens"] > 0
     assert stats["host_kv_used_tokens"] <= 40
 

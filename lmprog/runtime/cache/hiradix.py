@@ -94,7 +94,8 @@ class HostTierStats:
     used_tokens: int = 0
     disk_used_tokens: int = 0
     disk_written_tokens: int = 0  # host tokens spilled to disk
-    disk_loaded_tokens: int = 0  # of the tokens loaded (hits, staged), those read from disk
+    disk_loaded_tokens: int = 0  # of the host hits (admission's loads), those read from disk
+    disk_staged_tokens: int = 0  # of the staged tokens, those read from disk
     disk_evicted_tokens: int = 0  # disk tokens dropped for room (LRU)
     disk_write_failures: int = 0  # spills that raised (a full disk): those tokens dropped
     written_tokens: int = 0  # device nodes evicted into the host tier
@@ -232,7 +233,9 @@ class HiRadixCache(RadixCache):
                 self.tier.dropped_tokens += self._drop_host_subtree(node)
                 del parent.host_children[self._child_key(node.key, 0)]
                 break
-            if on_disk:
+            if on_disk and staged:
+                self.tier.disk_staged_tokens += k
+            elif on_disk:
                 self.tier.disk_loaded_tokens += k
             self._host_to_device(node, part)
             parts.append(part)
@@ -491,6 +494,7 @@ class HiRadixCache(RadixCache):
                 "disk_kv_used_bytes": h.disk_used_tokens * self.mover.bytes_per_token,
                 "disk_kv_written_tokens": h.disk_written_tokens,
                 "disk_kv_hit_tokens": h.disk_loaded_tokens,
+                "disk_kv_staged_tokens": h.disk_staged_tokens,
                 "disk_kv_evicted_tokens": h.disk_evicted_tokens,
                 "disk_kv_write_failures": h.disk_write_failures,
             }
