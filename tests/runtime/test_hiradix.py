@@ -231,12 +231,14 @@ def test_a_device_insert_over_a_host_child_replaces_it():
     t.check()
 
 
-def test_reset_empties_both_tiers():
-    t = Tiered(slots=16, host=64)
-    t.write(list(range(100, 112)))
-    t.write(list(range(200, 216)))
+def test_reset_empties_every_tier_and_deletes_the_files():
+    t = Tiered(slots=16, host=12, disk=64)
+    for base in (100, 200, 300):
+        t.write(list(range(base, base + 12)))
+    assert t.mover.disk and t.cache.host_size == 12
     t.alloc.free(t.cache.reset())
     assert t.cache.host_size == 0 and t.cache.cached_prefix_len(list(range(100, 112))) == 0
+    assert not t.mover.disk and t.cache.tier.disk_used_tokens == 0
     t.check()
 
 

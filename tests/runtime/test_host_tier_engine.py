@@ -11,6 +11,7 @@ import random
 import pytest
 from engine_testing import EOS, greedy, model, tok  # noqa: F401
 
+from lmprog.core.errors import BackendError
 from lmprog.runtime.config import CacheConfig, SchedulerConfig
 from lmprog.runtime.engine import EngineConfig
 from lmprog.runtime.engine_io import EngineRequest
@@ -288,3 +289,31 @@ def test_damaged_disk_blocks_are_recomputed(model, tok, reference, tmp_path):
         engine.shutdown()
     assert got == want
     assert stats["host_kv_load_failures"] > 0 and stats["internal_errors"] == 0
+
+
+def test_an_internal_error_drops_the_tiers_and_the_engine_serves_on(
+    model, tok, reference, tmp_path
+):
+    want, _ = reference
+    engine = make_engine(
+        model, tok, 40 * PER_TOKEN, disk_kv_cache_bytes=1 << 20, disk_kv_cache_dir=str(tmp_path)
+    )
+    policy = engine.scheduler.prefill_policy
+    try:
+        assert sessions(engine) == want
+        assert list(tmp_path.glob("lmprog-kv-*/*.blk"))
+
+        def boom():
+            raise RuntimeError("planted: a scheduler bug")
+
+        policy.stage_waiting = boom
+        with pytest.raises(BackendError, match="internal error"):
+            engine.submit(EngineRequest((5, 6, 7), greedy(2))).result(timeout=60)
+        del policy.stage_waiting
+        stats = engine.stats()
+        assert stats["internal_errors"] == 1
+        assert stats["host_kv_used_tokens"] == stats["disk_kv_used_tokens"] == 0
+        assert not list(tmp_path.glob("lmprog-kv-*/*.blk"))  # no file left behind
+        assert sessions(engine) == want  # the tiers fill again, the same tokens
+    finally:
+        engine.shutdown()

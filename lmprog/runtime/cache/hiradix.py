@@ -277,6 +277,20 @@ class HiRadixCache(RadixCache):
         self._touch(node)
         self._add_evictable_leaf(node)
 
+    def reset(self) -> np.ndarray:
+        self.drop_tiers()
+        return super().reset()
+
+    def drop_tiers(self) -> None:
+        """Forget every host node (and delete its file): before the tree is dropped whole
+        (reset, or CacheManager.clear after an internal error)."""
+        stack = [self.root, *self._nodes()]
+        for node in stack:
+            if node.host_children:
+                for child in node.host_children.values():
+                    self._drop_host_subtree(child)
+                node.host_children = None
+
     # -- eviction into the host tier ---------------------------------------------------------
     def evict(self, num_tokens: int) -> np.ndarray:
         self._moved: list[TreeNode] = []

@@ -235,6 +235,9 @@ class CacheManager:
         (the requests that held KV) holding nothing. For when the bookkeeping cannot be
         trusted (an internal error). The req_to_token array is kept (the runner shares it)."""
         self.allocator = TokenSlotAllocator(self._num_slots, self.page_size)
+        drop_tiers = getattr(self.prefix_cache, "drop_tiers", None)
+        if drop_tiers is not None:  # a host tier's memory and disk files go too
+            drop_tiers()
         self.prefix_cache = make_prefix_cache(self.config, self._mover)
         self.req_table.clear()
         for req in holders:
