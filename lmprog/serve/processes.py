@@ -143,12 +143,11 @@ class Fleet:
         self.stop()
 
 
-def sglang_router_available() -> bool:
-    try:
-        import sglang_router  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def sglang_router_available(package: str = "sglang_router") -> bool:
+    """Whether the router package (sglang_router, or vllm_router) is installed."""
+    import importlib.util
+
+    return importlib.util.find_spec(package) is not None
 
 
 @dataclass
@@ -167,13 +166,15 @@ class SGLangRouter:
         extra: Sequence[str] = (),
         log_path: str | None = None,
         timeout: float = 60.0,
+        module: str = "sglang_router.launch_router",
     ) -> SGLangRouter:
-        """Started and waited for until it lists every worker as healthy."""
+        """Started and waited for until it lists every worker as healthy. module: also
+        "vllm_router.launch_router" (vLLM's router, PyPI vllm-router, a fork of SGLang's)."""
         port, metrics_port = free_port(), free_port()
         cmd = [
             sys.executable,
             "-m",
-            "sglang_router.launch_router",
+            module,
             "--host",
             "127.0.0.1",
             "--port",
@@ -185,7 +186,7 @@ class SGLangRouter:
             "--policy",
             policy,
             "--log-level",
-            "warn",
+            "warn" if module.startswith("sglang") else "warning",
             "--worker-urls",
             *worker_urls,
             *extra,

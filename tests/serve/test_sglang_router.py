@@ -1,6 +1,7 @@
 """The real SGLang router (PyPI `sglang-router`) in front of three `lmprog serve` workers
 (llama.cpp, the default model) on loopback: OpenAI chat, native /generate and streams through
-it, and every call it makes to a worker answered (issue 35, section 1)."""
+it, and every call it makes to a worker answered (issue 35, section 1); vLLM's router
+(`vllm-router`) in front of the same workers."""
 
 from __future__ import annotations
 
@@ -151,6 +152,37 @@ def test_every_worker_call_of_the_router_is_answered(router, fleet):
         ]
         # the one 404 asked for: /generate naming another model
         assert all('"POST /generate" 404 ' in line for line in refused), refused
+
+
+@pytest.mark.skipif(not sglang_router_available("vllm_router"), reason="vllm_router is absent")
+def test_vllm_router_fronts_the_same_workers(fleet):
+    """vLLM's router (PyPI vllm-router, a fork of SGLang's) in front of the same workers."""
+    with SGLangRouter.start(
+        fleet.urls, policy="round_robin", module="vllm_router.launch_router"
+    ) as vr:
+        before = [_count(w.lines, "POST /generate") for w in fleet.workers]
+        for i in range(3):
+            body = {"text": f"Entry {i}:", "sampling_params": {"max_new_tokens": 2}}
+            status, text = _post(vr.url + "/generate", body)
+            assert status == 200 and json.loads(text)["meta_info"]["completion_tokens"] <= 2
+        _eventually(
+            lambda: (
+                [_count(w.lines, "POST /generate") for w in fleet.workers]
+                == [b + 1 for b in before]
+            )
+        )
+        status, text = _post(
+            vr.url + "/generate",
+            {"text": "Once", "sampling_params": {"max_new_tokens": 3}, "stream": True},
+        )
+        assert status == 200 and _events(text)[-1] == "[DONE]", text
+        chat = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 4,
+        }
+        status, text = _post(vr.url + "/v1/chat/completions", chat)
+        assert status == 200 and json.loads(text)["choices"][0]["message"]["content"], text
 
 
 def _count(lines: list[str], what: str) -> int:
