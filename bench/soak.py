@@ -42,6 +42,25 @@ PERSON = {
 }
 
 
+ALTERNATIVES = "root ::= " + " | ".join(f'"w{i}"' for i in range(12_500))
+# a chain of 400 definitions each inside the next: past llguidance's compile stack
+DEEP_REFS = {
+    "$defs": {
+        **{
+            f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}}}
+            for i in range(400)
+        },
+        "d400": {"type": "integer"},
+    },
+    "$ref": "#/$defs/d0",
+}
+WIDE = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(3000)}}
+
+
+def _schema(schema: object) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
 def bad_requests() -> list[tuple[str, bytes]]:
     """(path, body) pairs every one of which must be a 4xx."""
     chat, comp = "/v1/chat/completions", "/v1/completions"
@@ -87,6 +106,12 @@ def bad_requests() -> list[tuple[str, bytes]]:
             ),
         ),
         (chat, j({**GOOD_CHAT, "model": "other"})),
+        # issue 29: constraints past llguidance's limits (a crash or a 500 before)
+        (chat, j({**GOOD_CHAT, "response_format": _schema({"$ref": "#"})})),
+        (comp, j({"model": MODEL, "prompt": "x", "regex": "a{1000000}"})),
+        (chat, j({**GOOD_CHAT, "response_format": _schema({"multipleOf": 1e-300})})),
+        (comp, j({"model": MODEL, "prompt": "x", "ebnf": ALTERNATIVES})),
+        (chat, j({**GOOD_CHAT, "response_format": _schema(DEEP_REFS)})),
         (chat, j({"model": MODEL, "messages": [{"role": "user", "content": "\ud800"}]})),
         (comp, j({"model": MODEL, "prompt": [10**9]})),
     ]
@@ -176,10 +201,8 @@ def one_request(port: int, rng: random.Random, stats: Stats, bad: list[tuple[str
         payload = {
             **GOOD_CHAT,
             "max_tokens": 48,
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {"name": "person", "schema": PERSON},
-            },
+            # now and then the 3,000-optional-property object (issue 29: it ended the server)
+            "response_format": _schema(WIDE if rng.random() < 0.1 else PERSON),
         }
     elif kind < 0.93:  # an unknown field: dropped with a warning in the log (vLLM's way), a 200
         path = "/v1/chat/completions"
@@ -242,11 +265,20 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--sample-s", type=float, default=15.0, help="RSS sampling period")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="the server's KV cache in tokens (the runtime's pool is mapped lazily: RSS grows "
+        "until the radix cache has touched all of it; a small pool shows the plateau sooner)",
+    )
     args = ap.parse_args()
 
     port = free_port()
     cmd = [sys.executable, "-m", "lmprog.serve", "--backend", args.backend]
     cmd += ["--port", str(port), "--served-model-name", MODEL]
+    if args.max_total_tokens is not None:
+        cmd += ["--max-total-tokens", str(args.max_total_tokens)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
     try:
