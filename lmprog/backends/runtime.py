@@ -88,7 +88,7 @@ class Runtime(Backend):
             loaded back when a request returns to them, instead of being recomputed
             (lmprog.runtime.cache.hiradix). stats() reports its usage and hits (host_kv_*).
         host_kv_staging: with the host tier, load the host-tier prefixes of queued requests
-            into the KV pool ahead of their admission (predictive staging; default on).
+            into the KV pool ahead of their admission (predictive staging; default off: see docs/serving.md).
         disk_kv_cache_bytes, disk_kv_cache_dir: a disk tier of this many bytes under the host
             tier (0: off), its files in a folder of this process's own under
             disk_kv_cache_dir (default: the system's temporary folder): what the host tier
@@ -162,7 +162,7 @@ class Runtime(Backend):
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
         host_kv_cache_bytes: int = 0,
-        host_kv_staging: bool = True,
+        host_kv_staging: bool = False,
         disk_kv_cache_bytes: int = 0,
         disk_kv_cache_dir: str | None = None,
         attention: str = "auto",

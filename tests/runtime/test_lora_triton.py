@@ -88,8 +88,8 @@ def check_lora_graphs(device, capture, dtype, tol, tmp_path):
                 got = graphs.maybe_run(step, kvs[0])
             want = _forward(model, manager, step, kvs[1], uids, triton=False)
             assert got is not None and got.shape == want.shape
-            diff = (got - want).abs().max().item()
-            assert diff <= tol * want.abs().max().item(), (n, diff)
+            diff, scale = (got - want).abs().max().item(), want.abs().max().item()
+            assert diff <= tol * scale, (n, diff, scale)
 
 
 def test_lora_graph_layout_runs_uncaptured(one_thread, tmp_path):
@@ -98,7 +98,22 @@ def test_lora_graph_layout_runs_uncaptured(one_thread, tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a GPU")
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        "float32",
+        pytest.param(
+            "bfloat16",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="open bug: on an H100 (2026-12-07) the bf16 LoRA decode graph of a full "
+                "bucket (8 rows, 3 adapters) gave logits 20.9 apart at a scale of 36.3 from the "
+                "PyTorch path (fp32 and the eager bf16 prefill agree); bf16 LoRA steps now run "
+                "eagerly (CudaGraphRunner keeps LoRA graphs to fp32), so maybe_run declines",
+            ),
+        ),
+    ],
+)
 def test_lora_graphs_replay(dtype, one_thread, tmp_path):
     run_captured(lambda *args: check_lora_graphs(*args, tmp_path), dtype)
 
