@@ -19,7 +19,6 @@ from tp_testing import assert_same, leftover_workers, write_tiny_with_tokenizer
 import lmprog as lp
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.engine_io import EngineRequest
-from lmprog.runtime.parallel import ParallelError
 from lmprog.runtime.parallel.start import check_tp_size
 
 PREFIX = "You are a careful assistant. Answer each question in a few words, then stop. " * 2
@@ -79,16 +78,14 @@ def test_a_killed_worker_takes_down_only_its_replica(tiny):
             assert time.monotonic() < deadline, "replica 1 never started"
             time.sleep(0.01)
         os.kill(workers[1].pid, signal.SIGKILL)
-        broke = r"data-parallel replica 1's tensor-parallel group \(tp_size=2\) broke: rank 1"
-        for i, h in enumerate(handles):
-            if i % 2:
-                with pytest.raises(ParallelError, match=broke):
-                    h.result(timeout=60)
-            else:
-                assert h.result(timeout=120).completion_tokens == 480
+        # replica 1's requests had given no output (not streamed, no result yet): they run
+        # again on replica 0 (the data-parallel retry) and finish whole
+        for h in handles:
+            assert h.result(timeout=240).completion_tokens == 480
         out = rt.generate(UNRELATED, {"max_tokens": 2, "temperature": 0})
         assert len(out) == len(UNRELATED)
         stats = rt.stats()
+        assert stats["dp_retries"] == 2
         assert stats["replicas_alive"] == 1 and not stats["replicas"][1]["alive"]
         assert sum(stats["replicas"][1]["routed"].values()) == 2  # nothing after it died
         assert workers[1].poll() is not None and workers[0].poll() is None
