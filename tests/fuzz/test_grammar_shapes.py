@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
+SECONDS = os.environ.get("LMPROG_FUZZ_SECONDS", "15")
 WIDE = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(3000)}}
 
 
@@ -65,14 +66,14 @@ def test_a_grammar_nested_past_the_stack_is_refused_not_a_crash(grammar):
 
 
 def test_emitted_grammar_shapes_never_crash_llguidance():
-    """tests/fuzz/grammar_shapes.py for 30 s: wide and deep objects, long enums and
+    """tests/fuzz/grammar_shapes.py for 15 s (LMPROG_FUZZ_SECONDS): wide and deep objects, long enums and
     alternations, big counted repetitions, regexes, EBNF and Lark grammars, each compiled and
     decoded a few tokens; a crash fails the test naming the shape. Seed 29 unless
     LMPROG_FUZZ_SEED is set (a number, or "random" to explore)."""
     given = os.environ.get("LMPROG_FUZZ_SEED", "29")
     seed = random.randrange(1 << 30) if given == "random" else int(given)
     out = subprocess.run(
-        [sys.executable, str(HERE / "grammar_shapes.py"), str(seed), "30"],
+        [sys.executable, str(HERE / "grammar_shapes.py"), str(seed), SECONDS],
         capture_output=True,
         text=True,
         timeout=240,

@@ -2,7 +2,8 @@
 `sglang/test/test_programs.py` against `lmprog serve` on both backends (issue 38, section 2),
 through scripts/interop/sglang_frontend.py (each program on a thread with a timeout, so none
 hangs the suite). Skipped where sglang is not importable (`scripts/setup.sh --test` installs
-its frontend).
+its frontend). On the runtime the four slowest programs run with LMPROG_SGLANG_ALL=1 only
+(they run on llama.cpp always), to keep the CPU suite within its budget.
 
 Every program passes except those listed below with their reason: MODEL_ANSWER, where the
 program checks an answer the bundled 135M model gets wrong (the same answer comes through
@@ -98,6 +99,15 @@ CLIENT_RACE = {
 }
 # test_chat_completion_speculative passes as SGLang's suite counts it (its program's error
 # stays in its state: SGLang's RuntimeEndpoint has no is_chat_model); it sends no request.
+# The runtime's slowest programs on 2 CPU threads (37, 21, 14 and 14 s measured): the suite
+# runs them on llama.cpp only unless LMPROG_SGLANG_ALL=1, to keep the CPU suite in budget
+SLOW_ON_RUNTIME = {
+    "test_parallel_decoding",
+    "test_decode_json_regex",
+    "test_stream",
+    "test_decode_int",
+}
+RUN_ALL = os.environ.get("LMPROG_SGLANG_ALL") == "1"
 TIMEOUT_S = {"test_parallel_decoding": 300.0}  # 512 summary tokens; ~52 s on 2 CPU threads
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -172,7 +182,10 @@ def test_every_program_is_listed_or_expected_to_pass():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_sglang_program_through_its_frontend(server, outcomes, name):
+def test_sglang_program_through_its_frontend(request, server, outcomes, name):
+    if request.node.callspec.params["backend"] == "runtime" and name in SLOW_ON_RUNTIME:
+        if not RUN_ALL:
+            pytest.skip("slow on the runtime's CPU path: LMPROG_SGLANG_ALL=1 runs it")
     outcome = outcomes(name)
     assert outcome.status != "TIMEOUT", outcome.describe()
     if name in MODEL_ANSWER:
