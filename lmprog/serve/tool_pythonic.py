@@ -23,6 +23,8 @@ from lmprog.core.errors import ConstraintError
 from lmprog.fsm import Constraint
 from lmprog.fsm import compose as c
 
+from .tool_stream import StreamedCalls
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -156,7 +158,7 @@ def _arguments(call: str) -> dict[str, Any] | None:
     return out
 
 
-class PythonicCallReader:
+class PythonicCallReader(StreamedCalls):
     """CallReader's interface over the pythonic layout (see tool_formats.CallReader)."""
 
     def __init__(self, fmt: Any, names: frozenset[str], *, answers: bool) -> None:
@@ -187,7 +189,7 @@ class PythonicCallReader:
             return []
         return [] if self.mode == "content" else self._deltas()
 
-    def _read(self) -> list[tuple[str, dict[str, Any] | None, str]]:
+    def _calls(self) -> list[tuple[str, dict[str, Any] | None, str]]:
         """(name, arguments or None while open, the arguments' JSON text known so far: a
         prefix of the whole call's, each argument once written whole) of each call begun."""
         calls, _, _ = _scan(self.text, self.names)
@@ -202,34 +204,6 @@ class PythonicCallReader:
                 (name, None, json.dumps(done, ensure_ascii=False)[:-1] if done is not None else "")
             )
         return out
-
-    def _deltas(self) -> list[dict[str, Any]]:
-        out = []
-        for i, (name, _, known) in enumerate(self._read()):
-            if i == len(self._sent):
-                self._sent.append((self.fmt.new_id(), ""))
-                first = {"index": i, "id": self._sent[i][0], "type": "function"}
-                out.append({**first, "function": {"name": name, "arguments": ""}})
-            call_id, sent = self._sent[i]
-            # the arguments known only grow (in text the constraint lets through)
-            if len(known) > len(sent) and known.startswith(sent):
-                self._sent[i] = (call_id, known)
-                out.append({"index": i, "function": {"arguments": known[len(sent) :]}})
-        return [{"tool_calls": [d]} for d in out]
-
-    @property
-    def tool_calls(self) -> list[dict[str, Any]]:
-        if self.mode != "calls":
-            return []
-        return [
-            {
-                "id": sent[0],
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
-            }
-            for sent, (name, args, _) in zip(self._sent, self._read(), strict=False)
-            if args is not None
-        ]
 
     @property
     def cut(self) -> bool:

@@ -29,6 +29,8 @@ from lmprog.core.errors import ConstraintError
 from lmprog.fsm import Constraint
 from lmprog.fsm import compose as c
 
+from .tool_stream import StreamedCalls
+
 OPEN, CLOSE = "<tool_call>\n<function=", "</function>\n</tool_call>"
 PARAM_END = "\n</parameter>\n"
 # text ending at its first "\n</parameter>\n" (nothing may follow it in the lexeme: the marker
@@ -122,7 +124,7 @@ def _converted(value: str, schema: Any) -> Any:
         return value
 
 
-class XmlCallReader:
+class XmlCallReader(StreamedCalls):
     """CallReader's interface over Qwen3-Coder's layout (see tool_formats.CallReader)."""
 
     def __init__(self, fmt: Any, schemas: dict[str, Any], *, answers: bool) -> None:
@@ -193,35 +195,6 @@ class XmlCallReader:
         value = json.dumps(raw[: len(raw) - held], ensure_ascii=False)[:-1]  # string still open
         key = json.dumps(open_param.group(1), ensure_ascii=False)
         return f"{known}{', ' if done else ''}{key}: {value}"
-
-    def _deltas(self) -> list[dict[str, Any]]:
-        out = []
-        for i, (name, _, known) in enumerate(self._calls()):
-            if i == len(self._sent):
-                self._sent.append((self.fmt.new_id(), ""))
-                first = {"index": i, "id": self._sent[i][0], "type": "function"}
-                out.append({**first, "function": {"name": name, "arguments": ""}})
-            call_id, sent = self._sent[i]
-            # the arguments known only grow (in text the constraint lets through)
-            if len(known) > len(sent) and known.startswith(sent):
-                self._sent[i] = (call_id, known)
-                out.append({"index": i, "function": {"arguments": known[len(sent) :]}})
-        return [{"tool_calls": [d]} for d in out]
-
-    @property
-    def tool_calls(self) -> list[dict[str, Any]]:
-        if self.mode != "calls":
-            return []
-        calls = self._calls()
-        return [
-            {
-                "id": sent[0],
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
-            }
-            for sent, (name, args, _) in zip(self._sent, calls, strict=False)
-            if args is not None
-        ]
 
     @property
     def content(self) -> str | None:
