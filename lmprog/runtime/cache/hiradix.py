@@ -156,17 +156,10 @@ class HiRadixCache(RadixCache):
     def cached_prefix_len(self, token_ids: Sequence[int]) -> int:
         """Device and host tokens a match would reuse (host ones once loaded)."""
         ids = _as_list(token_ids)
-        node, pos = self.root, 0
+        node, pos, inside = self._cached_walk(ids)
+        if inside:
+            return pos
         limit = len(ids) - len(ids) % self.page_size
-        while pos < limit:
-            child = node.children.get(self._child_key(ids, pos))
-            if child is None:
-                break
-            k = self._match_len(child.key, ids, pos, limit)
-            pos += k
-            if k < len(child.key):
-                return pos
-            node = child
         return pos + sum(k for _, k in self._host_walk(node, ids, pos, limit))
 
     def _host_walk(

@@ -109,7 +109,11 @@ class RadixCache(PrefixCache):
         return MatchResult(slots, node)
 
     def cached_prefix_len(self, token_ids: Sequence[int]) -> int:
-        ids = _as_list(token_ids)
+        return self._cached_walk(_as_list(token_ids))[1]
+
+    def _cached_walk(self, ids: list[int]) -> tuple[Any, int, bool]:
+        """How far ids match the tree without touching it: (the last node matched whole,
+        the tokens matched, whether the match ended inside a node's key)."""
         node, pos = self.root, 0
         limit = len(ids) - len(ids) % self.page_size
         while pos < limit:
@@ -119,9 +123,9 @@ class RadixCache(PrefixCache):
             k = self._match_len(child.key, ids, pos, limit)
             pos += k
             if k < len(child.key):
-                break
+                return node, pos, True
             node = child
-        return pos
+        return node, pos, False
 
     def path_slots(self, node: Any) -> np.ndarray:
         parts = []
