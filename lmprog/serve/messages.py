@@ -29,7 +29,7 @@ from .chat_completions import prepare_prompt, start_chat_completion
 from .chat_schemas import ChatCompletionRequest
 from .context import ServeContext
 from .errors import APIError, validation_error
-from .messages_output import MessagesReply
+from .messages_output import MessagesReply, prompt_tokens
 from .messages_schemas import CountTokensRequest, MessagesRequest, ToolParam
 from .runs import respond
 
@@ -73,16 +73,10 @@ async def count_tokens(ctx: ServeContext, body: CountTokensRequest, request: Req
     chat, origin = to_chat(MessagesRequest.model_construct(**dict(body), max_tokens=1))
     try:
         prompt = await ctx.blocking(prepare_prompt, ctx, chat)
-        tokens = await ctx.blocking(_count, ctx, prompt)
+        tokens = await ctx.blocking(prompt_tokens, ctx, prompt)
     except APIError as exc:
         raise renamed(exc, origin) from None
     return JSONResponse({"input_tokens": tokens})
-
-
-def _count(ctx: ServeContext, prompt: str) -> int:
-    from lmprog.core.prompt import encode_prompt
-
-    return len(encode_prompt(ctx.backend.tokenizer, prompt))
 
 
 # -- the request: Messages -> chat -----------------------------------------------------------

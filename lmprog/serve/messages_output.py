@@ -91,8 +91,8 @@ class MessagesReply:
 
     async def stream(self, group: Generations) -> AsyncIterator[bytes]:
         # the prompt's tokens are known before the first one is generated, as Anthropic's are
-        prompt_tokens = await self.ctx.blocking(_token_count, self.ctx, self.group.prompt)
-        usage0 = {"input_tokens": prompt_tokens, "output_tokens": 0}
+        n_prompt = await self.ctx.blocking(prompt_tokens, self.ctx, self.group.prompt)
+        usage0 = {"input_tokens": n_prompt, "output_tokens": 0}
         yield _event({"type": "message_start", "message": self._message([], (None, None), usage0)})
         blocks, reason, usage = _Blocks(), None, None
         async for chunk in self.chat.stream(group):
@@ -128,7 +128,8 @@ class MessagesReply:
         yield _event({"type": "message_stop"})
 
 
-def _token_count(ctx: ServeContext, prompt: Any) -> int:
+def prompt_tokens(ctx: ServeContext, prompt: Any) -> int:
+    """How many tokens the backend reads `prompt` as (count_tokens, message_start)."""
     from lmprog.core.prompt import encode_prompt
 
     return len(encode_prompt(ctx.backend.tokenizer, prompt))
