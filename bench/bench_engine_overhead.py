@@ -41,7 +41,7 @@ from bench_gpu import smoke_config
 
 def build_engine(args, max_running: int):
     from lmprog.runtime.config import CacheConfig, SchedulerConfig
-    from lmprog.runtime.launch import launch_engine
+    from lmprog.runtime.engine.launch import launch_engine
     from lmprog.runtime.models import build_model
 
     cfg, tok = smoke_config(), None
@@ -162,7 +162,7 @@ def profiled(engine, profiler: cProfile.Profile) -> None:
 
 def measure(args, batch: int) -> dict:
     from lmprog.core.sampling import SamplingParams
-    from lmprog.runtime.engine_io import EngineRequest
+    from lmprog.runtime.engine.io import EngineRequest
 
     engine, vocab = build_engine(args, batch)
     if args.stub:

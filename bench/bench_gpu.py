@@ -183,7 +183,7 @@ def default_kv_tokens(cfg, free_bytes: int, itemsize: int = 2) -> int:
 
 def kv_bytes_per_token(cfg, itemsize: int) -> int:
     """The pool's own count (per-head K/V, or latent attention's c_kv + k_pe)."""
-    from lmprog.runtime.kv_pool import KVPool
+    from lmprog.runtime.executor.kv_pool import KVPool
 
     return KVPool.bytes_per_token(cfg, torch.uint8) * itemsize  # uint8: values per token
 
@@ -411,7 +411,7 @@ class Decode1:
     on the device from the previous step's (no host sync, no host-to-device copy)."""
 
     def __init__(self, model, prompt_len: int, max_len: int, kv_cache_dtype: str = "auto") -> None:
-        from lmprog.runtime.kv_pool import KVPool
+        from lmprog.runtime.executor.kv_pool import KVPool
 
         self.model, self.prompt_len = model, prompt_len
         dev = model.device
@@ -424,7 +424,7 @@ class Decode1:
         self.one = torch.ones(1, dtype=torch.int64, device=dev)
 
     def reset(self) -> None:
-        from lmprog.runtime.forward_batch import ForwardBatch
+        from lmprog.runtime.executor.forward_batch import ForwardBatch
 
         n = self.prompt_len
         fb = ForwardBatch.build(
@@ -439,7 +439,7 @@ class Decode1:
         self.pos = torch.full((1,), n, dtype=torch.int64, device=self.table.device)
 
     def batch(self):
-        from lmprog.runtime.forward_batch import ForwardBatch
+        from lmprog.runtime.executor.forward_batch import ForwardBatch
 
         return ForwardBatch(
             input_ids=self.tok,
@@ -472,7 +472,7 @@ class Decode1:
 
 def model_decode(model, args) -> dict:
     """Batch-1 decode at the model level: eager, graph, graph + fused kernels."""
-    from lmprog.runtime.cuda_graph import CudaGraphRunner
+    from lmprog.runtime.executor.cuda_graph import CudaGraphRunner
     from lmprog.runtime.layers.triton_fused import fuse_elementwise
 
     cfg = model.config
@@ -564,9 +564,9 @@ def install_graphs(rt, max_batch: int, fuse: bool, piecewise_tokens: int = 0):
     """Fuse the elementwise layers, then (re)capture the engine runner's decode graphs (and
     piecewise graphs for other steps of up to `piecewise_tokens` tokens) on the engine thread
     (the runner replays `runner.graphs` / `runner.piecewise`, as launch_engine sets them up)."""
-    from lmprog.runtime.cuda_graph import CudaGraphRunner
+    from lmprog.runtime.executor.cuda_graph import CudaGraphRunner
+    from lmprog.runtime.executor.piecewise_graph import PiecewiseGraphRunner
     from lmprog.runtime.layers.triton_fused import TritonRMSNorm, fuse_elementwise
-    from lmprog.runtime.piecewise_graph import PiecewiseGraphRunner
 
     runner = rt.engine.runner
 
@@ -738,8 +738,8 @@ def driver_offline(model, args, prompts, out_lens) -> dict:
     greedy argmax on the GPU, one host sync per step, no per-request sampler/text state."""
     from lmprog.core.sampling import SamplingParams
     from lmprog.runtime.config import SchedulerConfig
-    from lmprog.runtime.cuda_graph import CudaGraphRunner
-    from lmprog.runtime.model_runner import ModelRunner
+    from lmprog.runtime.executor.cuda_graph import CudaGraphRunner
+    from lmprog.runtime.executor.model_runner import ModelRunner
     from lmprog.runtime.request import Req
     from lmprog.runtime.scheduler import Scheduler
 
@@ -1065,7 +1065,7 @@ def kv_capacity_benches(args) -> None:
     beside its dense baseline, computed and measured through the engine (kv_capacity.py)."""
     from kv_capacity import measure_capacity
 
-    from lmprog.runtime.kv_pool import KVPool
+    from lmprog.runtime.executor.kv_pool import KVPool
     from lmprog.runtime.models import PRESETS
 
     budget = int(args.kv_budget_gb * 2**30)

@@ -58,7 +58,7 @@ def build(args, hybrid: bool):
 def submit_poisson(rt, prompts, out_lens, arrivals, handles: list) -> None:
     """Submit request i at arrivals[i] seconds from now, appending its handle to `handles`."""
     from lmprog.core.sampling import SamplingParams
-    from lmprog.runtime.engine_io import EngineRequest
+    from lmprog.runtime.engine.io import EngineRequest
 
     t0 = time.perf_counter()
     for prompt, m, at in zip(prompts, out_lens, arrivals):

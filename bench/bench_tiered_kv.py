@@ -99,7 +99,7 @@ def make_runtime(args, host: bool, staging: bool, disk: bool = False):
 def run(rt, args) -> dict:
     """The rounds of turns; per request (session, turn, ttft, output ids)."""
     from lmprog.core.sampling import SamplingParams
-    from lmprog.runtime.engine_io import EngineRequest
+    from lmprog.runtime.engine.io import EngineRequest
 
     vocab = rt.model_config.vocab_size
     rng = random.Random(0)
@@ -157,7 +157,7 @@ def copy_rates(rt, tokens: int) -> tuple[float, float]:
     load of the same tokens into pool slots (CUDA only)."""
     import numpy as np
 
-    from lmprog.runtime.host_kv import HostKVMover
+    from lmprog.runtime.executor.host_kv import HostKVMover
 
     mover = HostKVMover(rt.engine.runner.kv)
     nbytes = tokens * mover.bytes_per_token
@@ -209,7 +209,7 @@ def main() -> int:
     best: dict[str, dict] = {}
     for name, host, staging, disk in order:
         if args.host_bytes is None and host:
-            from lmprog.runtime.kv_pool import KVPool
+            from lmprog.runtime.executor.kv_pool import KVPool
             from lmprog.runtime.models import PRESETS
 
             per = KVPool.bytes_per_token(PRESETS[args.model], getattr(torch, args.dtype))

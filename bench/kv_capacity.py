@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lmprog.runtime.kv_pool import KVPool
+from lmprog.runtime.executor.kv_pool import KVPool
 from lmprog.runtime.models import PRESETS
 
 TABLE = ("deepseek-v2-lite", "llama-3.2-3b", "llama-3.1-8b", "llama-2-7b")

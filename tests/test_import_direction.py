@@ -81,16 +81,40 @@ def test_dependency_direction(subpackage):
     assert violations(subpackage) == []
 
 
+# Inside the runtime: the bookkeeping (scheduler, cache) knows nothing of the executor or the
+# engine; the executor runs a scheduled batch and knows nothing of the engine that drives it;
+# data parallelism sits above engines.
+RUNTIME_FORBIDDEN = {
+    "cache": {"scheduler", "engine", "executor", "speculative", "data_parallel"},
+    "scheduler": {"engine", "executor", "speculative", "data_parallel"},
+    "executor": {"engine", "speculative", "data_parallel"},
+    "speculative": {"engine", "data_parallel"},
+    "engine": {"data_parallel"},
+}
+
+
+@pytest.mark.parametrize("part", sorted(RUNTIME_FORBIDDEN))
+def test_runtime_layers(part):
+    found = []
+    for path in sorted((ROOT / "runtime" / part).rglob("*.py")):
+        for name in imported_modules(path):
+            parts = name.split(".")
+            if parts[:2] == ["lmprog", "runtime"] and len(parts) > 2:
+                if parts[2] in RUNTIME_FORBIDDEN[part]:
+                    found.append(f"{path.relative_to(ROOT.parent).as_posix()} imports {name}")
+    assert found == []
+
+
 def test_the_checker_sees_relative_and_lazy_imports(tmp_path, monkeypatch):
     fake = tmp_path / "lmprog"
     (fake / "lang").mkdir(parents=True)
     (fake / "lang" / "bad.py").write_text(
-        "def f():\n    from ..interpreter import state\n    import lmprog.runtime.engine\n"
+        "def f():\n    from ..interpreter import state\n    import lmprog.runtime.engine.engine\n"
     )
     monkeypatch.setattr(sys.modules[__name__], "ROOT", fake)
     found = violations("lang")
     assert any("lmprog.interpreter" in v for v in found) and any(
-        "lmprog.runtime.engine" in v for v in found
+        "lmprog.runtime.engine.engine" in v for v in found
     )
 
 
@@ -101,7 +125,7 @@ def test_only_the_runtime_backend_imports_the_runtime(tmp_path, monkeypatch):
         "from lmprog.runtime.batch_sampler import BatchSampler\n"
     )
     (fake / "backends" / "runtime.py").write_text(
-        "def f():\n    from lmprog.runtime.engine import Engine\n"
+        "def f():\n    from lmprog.runtime.engine.engine import Engine\n"
     )
     monkeypatch.setattr(sys.modules[__name__], "ROOT", fake)
     assert sorted(violations("backends")) == [
@@ -178,8 +202,6 @@ KNOWN_CYCLES: list[set[str]] = [
     {"lmprog.lang.graph", "lmprog.lang.ir"},
     {"lmprog.lang.fork", "lmprog.lang.state"},
     {"lmprog.decoding.arrays", "lmprog.decoding.arrays_torch"},
-    {"lmprog.runtime.cache.integrity", "lmprog.runtime.cache.manager"},
-    {"lmprog.runtime.launch", "lmprog.runtime.parallel.worker"},
     {
         "lmprog.serve.chat_completions",
         "lmprog.serve.gate",

@@ -35,7 +35,7 @@ from lmprog.backends.checks import (
     check_stop_token_ids,
 )
 from lmprog.backends.context_pool import SequencePool
-from lmprog.backends.llamacpp_engine import Engine, GenSpec, Job
+from lmprog.backends.llamacpp_engine import GenSpec, Job, LlamaCppEngine
 from lmprog.backends.llamacpp_native import NativeContext, NativeModel, supports_gpu_offload
 from lmprog.backends.scoring import choice_scores, choice_spans
 from lmprog.backends.shared import Counters
@@ -62,7 +62,7 @@ from lmprog.core.protocol import (
 from lmprog.core.text import check_text
 from lmprog.core.tokenizer import META_FILE
 from lmprog.decoding.arrays import NUMPY
-from lmprog.decoding.state import DecodeState
+from lmprog.decoding.decode_state import DecodeState
 from lmprog.fsm import warmup
 
 # torch is never imported here (1 s or more to import): the decoding package samples the
@@ -223,7 +223,7 @@ class LlamaCpp(Backend):
         # The engine thread frees the native memory when it ends: at shutdown, when the
         # backend is garbage-collected, and at interpreter exit (an atexit hook, before
         # finalization: see Engine.close), where requests still in flight are cancelled.
-        self._engine = Engine(
+        self._engine = LlamaCppEngine(
             self._pool,
             self._decoding.new_state,
             self._eos_ids,

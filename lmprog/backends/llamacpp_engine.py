@@ -117,7 +117,7 @@ class Job:
         return value
 
 
-class Engine:
+class LlamaCppEngine:
     """The decode loop over one context's sequence slots. `submit`, `abort` and `close`
     are safe from any thread; everything else runs on the engine thread."""
 

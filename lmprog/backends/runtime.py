@@ -74,15 +74,15 @@ class Runtime(Backend):
             prefill-first (decodes wait while prompts are pending), for comparison.
         jump_forward: append constraint-forced text in one step (default on).
         overlap: overlap scheduling, the next step prepared and launched while the device
-            runs the current one (None: on a GPU; see lmprog.runtime.engine).
+            runs the current one (None: on a GPU; see lmprog.runtime.engine.engine).
         quantization: None, or "int4": 4-bit weight-only matmuls on the CPU for layers whose
             weights are exact 4-bit groups (a Q4_1 GGUF): decode reads fewer bytes; computes in
-            bf16 (see lmprog.runtime.int4); or "fp8": e4m3 weights (per output channel) and
+            bf16 (see lmprog.runtime.layers.int4); or "fp8": e4m3 weights (per output channel) and
             per-token activations, torch._scaled_mm on an Ada/Hopper GPU, a PyTorch reference
             on the CPU (see lmprog.runtime.layers.fp8_linear). An FP8 checkpoint (vLLM's and
             SGLang's layout) loads as FP8 without it.
         kv_cache_dtype: "auto" (the model's dtype) or "fp8_e4m3" ("fp8"): the KV pool stores
-            e4m3 keys and values, twice the tokens in the same memory (lmprog.runtime.kv_pool).
+            e4m3 keys and values, twice the tokens in the same memory (lmprog.runtime.executor.kv_pool).
         host_kv_cache_bytes: a host-memory tier of this many bytes under the radix cache
             (pinned on CUDA; 0: off): prefixes evicted from the KV pool are kept there and
             loaded back when a request returns to them, instead of being recomputed
@@ -104,7 +104,7 @@ class Runtime(Backend):
             Greedy outputs are unchanged; sampled outputs keep the model's distribution.
         dp_size: data parallelism, that many engine replicas behind this one backend, each
             request routed to the replica whose prefix cache likely holds most of it unless
-            that one is much busier (lmprog.runtime.replicas, lmprog.runtime.router);
+            that one is much busier (lmprog.runtime.data_parallel.replicas, lmprog.runtime.data_parallel.router);
             replicas on one device share its weights. max_total_tokens is per replica.
         tp_size: tensor parallelism over that many processes, one per device (rank r on
             cuda:r, or all on the CPU with gloo): workers are spawned here, or are the other
@@ -135,7 +135,7 @@ class Runtime(Backend):
 
     Each engine knob keeps its name down to the config that owns and validates it:
     SchedulerConfig, CacheConfig and AttentionSinkConfig (lmprog.runtime.config),
-    EngineConfig (lmprog.runtime.engine), SpeculativeConfig.
+    EngineConfig (lmprog.runtime.engine.engine), SpeculativeConfig.
     """
 
     def __init__(
@@ -186,10 +186,10 @@ class Runtime(Backend):
 
         from lmprog.runtime.assemble import assemble_model, quantization_of
         from lmprog.runtime.config import AttentionSinkConfig, CacheConfig, SchedulerConfig
-        from lmprog.runtime.engine import EngineConfig
-        from lmprog.runtime.launch import launch_engine
+        from lmprog.runtime.data_parallel.replicas import check_dp_size, launch_replicas
+        from lmprog.runtime.engine.engine import EngineConfig
+        from lmprog.runtime.engine.launch import launch_engine
         from lmprog.runtime.parallel.start import check_tp_size, start_groups
-        from lmprog.runtime.replicas import check_dp_size, launch_replicas
         from lmprog.runtime.speculative.config import SpeculativeConfig
 
         if model_path is not None:  # SGLang's name for the model
@@ -351,8 +351,8 @@ class Runtime(Backend):
 
     @property
     def engine(self) -> Any:
-        """The lmprog.runtime.engine.Engine (submit/abort/check_integrity/flush_cache); with
-        dp_size > 1 a lmprog.runtime.replicas.ReplicaGroup (submit, stats, flush_cache,
+        """The lmprog.runtime.engine.engine.Engine (submit/abort/check_integrity/flush_cache); with
+        dp_size > 1 a lmprog.runtime.data_parallel.replicas.ReplicaGroup (submit, stats, flush_cache,
         check_integrity; each engine in `.replicas`)."""
         return self._engine
 
@@ -431,7 +431,7 @@ class Runtime(Backend):
 
     def stats(self) -> dict[str, Any]:
         """Engine metrics: cache_hit_rate, gen_tokens_per_s, num_running/num_waiting,
-        kv_usage, requests_finished by reason, ... (see lmprog.runtime.metrics), and the
+        kv_usage, requests_finished by reason, ... (see lmprog.runtime.engine.metrics), and the
         process's constraint lexer renewals (`lmprog.fsm.index.lexer_renewals`)."""
         from lmprog.fsm.index import lexer_renewals
 
@@ -491,7 +491,7 @@ class Runtime(Backend):
         if not batch:
             raise ValueError("generate needs at least one prompt")
         params = _params_list(sampling_params, len(batch))
-        from lmprog.runtime.engine_io import EngineRequest
+        from lmprog.runtime.engine.io import EngineRequest
 
         requests = []
         for prompt, p in zip(batch, params):
@@ -543,7 +543,7 @@ class Runtime(Backend):
         stream: StreamCallback | None = None,
         prompt_logprob_start: int | None = None,
     ) -> Any:
-        from lmprog.runtime.engine_io import EngineRequest
+        from lmprog.runtime.engine.io import EngineRequest
 
         handle = self._engine.submit(
             EngineRequest(tuple(ids), params, guide, prompt_logprob_start, params.lora_path),
@@ -562,7 +562,7 @@ class Runtime(Backend):
         self, spans: list[tuple[list[int], int]], params: SamplingParams = _PREFILL_ONLY
     ) -> list[tuple[float, ...]]:
         """Logprobs of tokens[start:] for every (tokens, start), all submitted at once."""
-        from lmprog.runtime.engine_io import EngineRequest
+        from lmprog.runtime.engine.io import EngineRequest
 
         requests = [
             EngineRequest(tuple(t), params, None, s - 1, params.lora_path) if s < len(t) else None

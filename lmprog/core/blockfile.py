@@ -1,5 +1,5 @@
 """Checked block files, the disk tiers of the KV caches (the runtime's host tier,
-lmprog.runtime.host_kv, and llama.cpp's saved states, lmprog.backends.state_cache).
+lmprog.runtime.executor.host_kv, and llama.cpp's saved states, lmprog.backends.state_cache).
 
 A block is one file: a header (magic, payload size, CRC-32 of the payload) and the payload,
 written under a temporary name and then renamed, so a file is whole or absent; it is read

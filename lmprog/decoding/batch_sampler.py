@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 from lmprog.fsm.mask import allowed_bitmask
 
 from .arrays import Array, device_of, ops_for
+from .decode_state import DecodeState
 from .sampler import (
     NO_TOKEN,
     SampleOutput,
@@ -37,7 +38,6 @@ from .sampler import (
     sample,
     with_logprobs,
 )
-from .state import DecodeState
 
 
 class Draw(NamedTuple):

@@ -12,7 +12,7 @@ a fully accepted chain) samples the target's sequence distribution.
 
 A deterministic proposer (probs None, e.g. n-gram) is the point mass q = 1{d}: the rule then
 becomes "draw x from p; accept d iff x == d", which is what the engine does for such drafts
-(see lmprog.runtime.step_outputs); this module serves drafts with explicit q.
+(see lmprog.runtime.engine.step_outputs); this module serves drafts with explicit q.
 """
 
 from __future__ import annotations

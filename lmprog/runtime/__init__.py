@@ -14,13 +14,13 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "Engine": "engine",
-    "EngineConfig": "engine",
-    "EngineRequest": "engine_io",
-    "EngineResult": "engine_io",
-    "RequestHandle": "engine_io",
-    "launch_engine": "launch",
-    "ModelRunner": "model_runner",
+    "Engine": "engine.engine",
+    "EngineConfig": "engine.engine",
+    "EngineRequest": "engine.io",
+    "EngineResult": "engine.io",
+    "RequestHandle": "engine.io",
+    "launch_engine": "engine.launch",
+    "ModelRunner": "executor.model_runner",
     "AttentionSinkConfig": "config",
     "CacheConfig": "config",
     "SchedulerConfig": "config",

@@ -62,7 +62,7 @@ def assemble_model(
     """The module for `model` (a GGUF file, an HF folder, a bundled model name or a
     ModelSource; with load_format="dummy" also an architecture preset or a ModelConfig, its
     random weights drawn with `seed`), on its device in eval mode, ready for an engine or a
-    draft proposer. quantization: None, "int4" (see lmprog.runtime.int4) or "fp8" (see
+    draft proposer. quantization: None, "int4" (see lmprog.runtime.layers.int4) or "fp8" (see
     lmprog.runtime.layers.fp8_linear).
     tp: this process's lmprog.runtime.parallel TPGroup: build its shard instead (on the
     group's device; `device` was resolved per rank when the group started)."""
@@ -92,7 +92,7 @@ def assemble_model(
         seed=seed,
     )
     if quantization == "int4":
-        from .int4 import quantize_int4_
+        from .layers.int4 import quantize_int4_
 
         quantize_int4_(net)
     if quantization == "fp8" and quantization_of(net) != "fp8":  # not an FP8 checkpoint
@@ -111,8 +111,8 @@ def assemble_model(
 
 def quantization_of(net: nn.Module) -> str | None:
     """ "fp8" or "int4" when the model's linears are, else None."""
-    from .int4 import Int4Linear
     from .layers.fp8_linear import Fp8Linear
+    from .layers.int4 import Int4Linear
 
     for module in net.modules():
         if isinstance(module, Fp8Linear):

@@ -29,7 +29,7 @@ class CacheConfig:
         every request computes its whole prompt and frees its KV when it ends.
     eviction: which unlocked leaves of the radix tree are evicted first ("lru" or "lfu").
     kv_cache_dtype: what the KV pool stores: "auto" (the model's dtype) or "fp8_e4m3"
-        ("fp8"): e4m3 K/V, half of bf16's bytes per token (lmprog.runtime.kv_pool).
+        ("fp8"): e4m3 K/V, half of bf16's bytes per token (lmprog.runtime.executor.kv_pool).
     host_kv_cache_bytes: a host-memory tier under the radix tree of this many bytes (pinned
         on CUDA): prefixes evicted from the KV pool are kept there (least recently used
         dropped first) and loaded back when a request matches them (cache/hiradix.py).

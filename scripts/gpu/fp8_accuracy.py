@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import lmprog as lp
 from lmprog.runtime.assemble import assemble_model
-from lmprog.runtime.forward_batch import ForwardBatch
-from lmprog.runtime.kv_pool import KVPool
+from lmprog.runtime.executor.forward_batch import ForwardBatch
+from lmprog.runtime.executor.kv_pool import KVPool
 
 TEXTS = [
     "<|im_start|>user\nWhat is the capital of France? Answer in one word.<|im_end|>\n"

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import lmprog as lp
 from lmprog.core.sampling import SamplingParams as SP
-from lmprog.runtime.engine_io import EngineRequest
-from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.engine.io import EngineRequest
+from lmprog.runtime.engine.launch import launch_engine
 
 PROMPTS = [
     "Once upon a time, in a small village by the sea, there lived an old fisherman who",

@@ -146,7 +146,7 @@ def kill(engine):
 
 
 def test_a_dead_replica_takes_only_its_requests_and_the_router_skips_it(tiny, caplog):
-    from lmprog.runtime.engine_io import EngineRequest
+    from lmprog.runtime.engine.io import EngineRequest
 
     rt = runtime(tiny)
     try:
@@ -162,7 +162,7 @@ def test_a_dead_replica_takes_only_its_requests_and_the_router_skips_it(tiny, ca
                     h.result(timeout=60)
             else:
                 assert h.result(timeout=60).completion_tokens == 8
-        with caplog.at_level("WARNING", logger="lmprog.runtime.replicas"):
+        with caplog.at_level("WARNING", logger="lmprog.runtime.data_parallel.replicas"):
             out = rt.generate(UNRELATED, {"max_tokens": 2})
         assert len(out) == len(UNRELATED) and "replica 1 (of 2) stopped" in caplog.text
         stats = rt.stats()
@@ -183,7 +183,7 @@ def test_a_dead_replica_takes_only_its_requests_and_the_router_skips_it(tiny, ca
 def test_requests_without_output_move_off_a_dying_replica(tiny, caplog):
     """Non-streamed requests on a replica whose engine thread dies run again on the other one
     (their callers saw nothing) and end as if nothing happened (issue 35, section 3)."""
-    from lmprog.runtime.engine_io import EngineRequest
+    from lmprog.runtime.engine.io import EngineRequest
 
     rt = runtime(tiny)
     try:
@@ -191,7 +191,7 @@ def test_requests_without_output_move_off_a_dying_replica(tiny, caplog):
         kill(group.replicas[1])
         prompts = [rt.tokenizer.encode(q) for q in UNRELATED[:4]]
         params = SP(max_tokens=8, temperature=0, ignore_eos=True)
-        with caplog.at_level("WARNING", logger="lmprog.runtime.replicas"):
+        with caplog.at_level("WARNING", logger="lmprog.runtime.data_parallel.replicas"):
             handles = [group.submit(EngineRequest(tuple(p), params), stream=False) for p in prompts]
             results = [h.result(timeout=60) for h in handles]
         assert [r.completion_tokens for r in results] == [8] * 4

@@ -12,7 +12,7 @@ from lmprog.core.errors import BackendError, ContextLengthError
 from lmprog.core.protocol import GenerateRequest, ScoreRequest
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.config import CacheConfig
-from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.engine.launch import launch_engine
 
 pytestmark = pytest.mark.e2e
 torch.set_num_threads(1)
@@ -85,7 +85,7 @@ def test_greedy_batch_16_and_cache_off_match_batch_1(rt, prompts, batch1):
         cache_config=CacheConfig(radix_cache=False),
     )
     try:
-        from lmprog.runtime.engine_io import EngineRequest
+        from lmprog.runtime.engine.io import EngineRequest
 
         handles = [
             off.submit(EngineRequest(tuple(rt._prompt_ids(p)), SP(max_tokens=8, temperature=0.0)))
@@ -99,8 +99,8 @@ def test_greedy_batch_16_and_cache_off_match_batch_1(rt, prompts, batch1):
 def test_overlap_scheduling_on_the_default_model(rt, prompts, batch1):
     """lp.Runtime(overlap=True) (a GPU's default) on the CPU: same greedy outputs, every
     step overlapped; a wrong value is refused before anything loads."""
-    from lmprog.runtime.engine import EngineConfig
-    from lmprog.runtime.engine_io import EngineRequest
+    from lmprog.runtime.engine.engine import EngineConfig
+    from lmprog.runtime.engine.io import EngineRequest
 
     over = launch_engine(
         rt.engine.runner.model,
@@ -356,8 +356,8 @@ def test_int4_quantized_matmuls_are_close_to_fp32(rt, prompts, batch1):
     may resolve differently with other batching; outputs agree for most prompts."""
     import copy
 
-    from lmprog.runtime.engine_io import EngineRequest
-    from lmprog.runtime.int4 import int4_kernels_available, quantize_int4_
+    from lmprog.runtime.engine.io import EngineRequest
+    from lmprog.runtime.layers.int4 import int4_kernels_available, quantize_int4_
 
     if not int4_kernels_available():
         pytest.skip("torch lacks the CPU int4 kernels")

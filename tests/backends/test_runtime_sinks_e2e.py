@@ -13,8 +13,8 @@ import torch
 from lmprog.backends.runtime import Runtime
 from lmprog.core.errors import ContextLengthError
 from lmprog.core.sampling import SamplingParams as SP
-from lmprog.runtime.engine_io import EngineRequest
-from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.engine.io import EngineRequest
+from lmprog.runtime.engine.launch import launch_engine
 
 pytestmark = pytest.mark.e2e
 torch.set_num_threads(1)

@@ -13,9 +13,9 @@ import torch
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.decoding.batch_sampler import BatchSampler
+from lmprog.decoding.decode_state import DecodeState
 from lmprog.decoding.rng import make_generator
 from lmprog.decoding.sampler import SamplingTensors, probabilities, sample
-from lmprog.decoding.state import DecodeState
 
 EOS = 4
 V = 3000  # wide enough that top-p windows grow past the first 256 candidates
@@ -137,7 +137,7 @@ import sys
 import numpy as np
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.decoding.batch_sampler import BatchSampler
-from lmprog.decoding.state import DecodeState
+from lmprog.decoding.decode_state import DecodeState
 from lmprog.fsm.mask import apply_bitmask_
 params = [SP(temperature=0), SP(temperature=0.9, top_p=0.9, top_k=9, min_p=0.01, seed=1,
           repetition_penalty=1.2, frequency_penalty=0.5, presence_penalty=0.1, min_tokens=2,

@@ -10,8 +10,8 @@ import torch
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.decoding.batch_sampler import BatchSampler
+from lmprog.decoding.decode_state import DecodeState
 from lmprog.decoding.sampler import SamplingTensors, probabilities, sample
-from lmprog.decoding.state import DecodeState
 
 torch.set_num_threads(1)
 V = 8

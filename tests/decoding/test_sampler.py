@@ -350,7 +350,7 @@ def test_a_step_never_waits_for_the_gpu():
     """Under sync debug mode "error" a CUDA call that waits for the device raises: building
     the tensors, masking, seeded and unseeded draws and queueing the draws wait for nothing."""
     from lmprog.decoding.batch_sampler import BatchSampler
-    from lmprog.decoding.state import DecodeState
+    from lmprog.decoding.decode_state import DecodeState
 
     dev, v = "cuda", 300
     params = [

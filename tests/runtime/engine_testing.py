@@ -10,9 +10,9 @@ import torch
 from lmprog.core.models import load_tokenizer, resolve_model
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.config import CacheConfig, SchedulerConfig
-from lmprog.runtime.engine import EngineConfig
-from lmprog.runtime.engine_io import EngineRequest
-from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.engine.engine import EngineConfig
+from lmprog.runtime.engine.io import EngineRequest
+from lmprog.runtime.engine.launch import launch_engine
 from lmprog.runtime.models import ModelConfig, build_model
 
 EOS = (0, 2)

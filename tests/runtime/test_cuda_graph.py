@@ -1,4 +1,4 @@
-"""Decode CUDA graphs (lmprog.runtime.cuda_graph): a replayed bucket gives the eager forward's
+"""Decode CUDA graphs (lmprog.runtime.executor.cuda_graph): a replayed bucket gives the eager forward's
 logits and K/V for any batch size up to the bucket, padding included.
 
 The static-buffer bookkeeping is tested on the CPU directly. The padded static forward runs
@@ -16,8 +16,8 @@ from triton_testing import (  # noqa: F401 - one_thread is a fixture
     setup,
 )
 
-from lmprog.runtime.cuda_graph import CudaGraphRunner, DecodeBuffers
-from lmprog.runtime.forward_batch import ForwardBatch
+from lmprog.runtime.executor.cuda_graph import CudaGraphRunner, DecodeBuffers
+from lmprog.runtime.executor.forward_batch import ForwardBatch
 
 
 def check_against_eager(device, capture, dtype, tol, moe=False):

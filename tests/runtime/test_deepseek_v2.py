@@ -25,8 +25,8 @@ from test_parity import (
 )
 from triton_testing import requires_triton
 
-from lmprog.runtime.forward_batch import ForwardBatch
-from lmprog.runtime.kv_pool import KVPool
+from lmprog.runtime.executor.forward_batch import ForwardBatch
+from lmprog.runtime.executor.kv_pool import KVPool
 from lmprog.runtime.models import PRESETS, build_model, load_model
 from lmprog.runtime.parallel import check_shardable
 
@@ -174,7 +174,7 @@ def test_engine_with_radix_reuse_gives_transformers_greedy_tokens(tok, tok_sized
 
 
 def test_engine_chunked_retracted_and_speculative_generation_equals_transformers(tok, tok_sized):
-    from lmprog.runtime.launch import launch_engine
+    from lmprog.runtime.engine.launch import launch_engine
     from lmprog.runtime.speculative import SpeculativeConfig
 
     hf, ours = tok_sized
@@ -210,8 +210,8 @@ def test_engine_chunked_retracted_and_speculative_generation_equals_transformers
 def test_triton_backend_and_graph_static_paths_match_torch(tiny, tmp_path):
     """The whole model on the Triton backend (the interpreter) against the torch backend,
     and the decode and piecewise graph runners' padded static forwards against eager."""
-    from lmprog.runtime.cuda_graph import CudaGraphRunner
-    from lmprog.runtime.piecewise_graph import PiecewiseGraphRunner
+    from lmprog.runtime.executor.cuda_graph import CudaGraphRunner
+    from lmprog.runtime.executor.piecewise_graph import PiecewiseGraphRunner
 
     hf, ours = tiny
     hf.save_pretrained(tmp_path)

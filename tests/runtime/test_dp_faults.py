@@ -12,8 +12,8 @@ import pytest
 
 from lmprog.core.errors import BackendError, ContextLengthError
 from lmprog.core.sampling import SamplingParams
-from lmprog.runtime.engine_io import EngineRequest, RequestHandle
-from lmprog.runtime.replicas import ReplicaGroup
+from lmprog.runtime.data_parallel.replicas import ReplicaGroup
+from lmprog.runtime.engine.io import EngineRequest, RequestHandle
 
 
 class StepEngine:
@@ -78,7 +78,7 @@ def test_requests_of_a_dying_replica_without_output_run_elsewhere(caplog):
     assert len(a.pending()) == 2  # the shared prefix routed both to replica 0
     a.pending()[1].put_piece("Hello")  # the second one streamed output
     assert list(_take_pieces(talking, 1)) == ["Hello"]
-    with caplog.at_level("WARNING", logger="lmprog.runtime.replicas"):
+    with caplog.at_level("WARNING", logger="lmprog.runtime.data_parallel.replicas"):
         a.die()
     assert len(b.pending()) == 1 and b.pending()[0].request.prompt_ids == req(0).prompt_ids
     b.pending()[0].put_piece("fine")
@@ -161,7 +161,7 @@ def test_a_hung_replica_leaves_the_rotation_and_returns_when_it_steps(caplog):
         other = b if hung is a else a
         hung.pending()[1].put_piece("partial")
         assert list(_take_pieces(talking, 1)) == ["partial"]
-        with caplog.at_level("WARNING", logger="lmprog.runtime.replicas"):
+        with caplog.at_level("WARNING", logger="lmprog.runtime.data_parallel.replicas"):
             _wait(lambda: group.router.suspended[group.replicas.index(hung)])
             _wait(lambda: other.pending())
         assert "made no step" in caplog.text

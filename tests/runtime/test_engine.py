@@ -16,8 +16,8 @@ from lmprog.core.errors import BackendError, ContextLengthError
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.fsm.guide import Guide
 from lmprog.fsm.index import TokenIndex
-from lmprog.runtime.engine import EngineConfig
-from lmprog.runtime.engine_io import EngineRequest
+from lmprog.runtime.engine.engine import EngineConfig
+from lmprog.runtime.engine.io import EngineRequest
 
 torch.set_num_threads(1)
 

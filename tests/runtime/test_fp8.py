@@ -13,9 +13,9 @@ from tp_testing import write_tiny
 from triton_testing import TRITON_SKIP
 
 from lmprog.runtime.assemble import assemble_model, quantization_of
-from lmprog.runtime.forward_batch import ForwardBatch
+from lmprog.runtime.executor.forward_batch import ForwardBatch
+from lmprog.runtime.executor.kv_pool import KVPool
 from lmprog.runtime.kernels.fp8_ref import FP8, dequantize_fp8, quantize_fp8_ref
-from lmprog.runtime.kv_pool import KVPool
 from lmprog.runtime.layers.fp8_linear import Fp8Linear, quantize_fp8_
 from lmprog.runtime.models import load_model
 

@@ -14,11 +14,17 @@ import lmprog as lp
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.assemble import assemble_model
 from lmprog.runtime.config import CacheConfig
-from lmprog.runtime.engine import EngineConfig
-from lmprog.runtime.engine_io import EngineRequest
-from lmprog.runtime.forward_batch import ForwardBatch
-from lmprog.runtime.kv_pool import FP8_KV, KVPool, dequantize_kv, kv_storage_dtype
-from lmprog.runtime.launch import kv_slots, launch_engine
+from lmprog.runtime.engine.engine import EngineConfig
+from lmprog.runtime.engine.io import EngineRequest
+from lmprog.runtime.engine.launch import launch_engine
+from lmprog.runtime.executor.forward_batch import ForwardBatch
+from lmprog.runtime.executor.kv_pool import (
+    FP8_KV,
+    KVPool,
+    dequantize_kv,
+    kv_slots,
+    kv_storage_dtype,
+)
 from lmprog.runtime.models import PRESETS, load_model, preset
 
 PROMPT = [5, 17, 3, 88, 42, 9, 61, 23, 70, 11]

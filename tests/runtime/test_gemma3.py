@@ -17,8 +17,8 @@ import pytest
 import torch
 from test_parity import FP32_ATOL, PagedRunner, _seqs, check_paged_parity, randomize_hf
 
-from lmprog.runtime.forward_batch import ForwardBatch
-from lmprog.runtime.kv_pool import KVPool
+from lmprog.runtime.executor.forward_batch import ForwardBatch
+from lmprog.runtime.executor.kv_pool import KVPool
 from lmprog.runtime.models import build_model, load_model
 from lmprog.runtime.models.config import ModelConfig
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from lmprog.core.blockfile import BlockFileError
-from lmprog.runtime.host_kv import HostKVMover
-from lmprog.runtime.kv_pool import KVPool
+from lmprog.runtime.executor.host_kv import HostKVMover
+from lmprog.runtime.executor.kv_pool import KVPool
 
 
 @pytest.fixture

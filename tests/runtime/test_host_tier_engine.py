@@ -13,9 +13,9 @@ from engine_testing import EOS, greedy, model, tok  # noqa: F401
 
 from lmprog.core.errors import BackendError
 from lmprog.runtime.config import CacheConfig, SchedulerConfig
-from lmprog.runtime.engine import EngineConfig
-from lmprog.runtime.engine_io import EngineRequest
-from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.engine.engine import EngineConfig
+from lmprog.runtime.engine.io import EngineRequest
+from lmprog.runtime.engine.launch import launch_engine
 
 POOL = 200  # device KV slots; 6 sessions of up to ~90 tokens hold several times that
 SESSIONS = 6

@@ -1,4 +1,4 @@
-"""4-bit weight-only linears (lmprog.runtime.int4) against plain fp32 linears."""
+"""4-bit weight-only linears (lmprog.runtime.layers.int4) against plain fp32 linears."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from lmprog.runtime.int4 import (
+from lmprog.runtime.layers.int4 import (
     GROUP,
     Int4Linear,
     int4_groups,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lmprog.runtime.kv_pool import KVPool
+from lmprog.runtime.executor.kv_pool import KVPool
 from lmprog.runtime.models import preset
 
 SMOL = preset("smollm2-135m")

@@ -16,11 +16,11 @@ from spec_testing import Oracle
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.fsm.index import TokenIndex
 from lmprog.runtime.config import AttentionSinkConfig, SchedulerConfig
-from lmprog.runtime.engine import EngineConfig
-from lmprog.runtime.engine_io import EngineRequest
-from lmprog.runtime.kv_pool import KVPool
-from lmprog.runtime.kv_shift import KeyShifter, check_attention_sinks
-from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.engine.engine import EngineConfig
+from lmprog.runtime.engine.io import EngineRequest
+from lmprog.runtime.engine.launch import launch_engine
+from lmprog.runtime.executor.kv_pool import KVPool
+from lmprog.runtime.executor.kv_shift import KeyShifter, check_attention_sinks
 from lmprog.runtime.layers.rotary import RotaryEmbedding
 from lmprog.runtime.models.config import ModelConfig, RopeScaling
 from lmprog.runtime.speculative.draft import DraftModelProposer

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from lmprog.runtime.forward_batch import ForwardBatch
-from lmprog.runtime.kv_pool import KVPool
+from lmprog.runtime.executor.forward_batch import ForwardBatch
+from lmprog.runtime.executor.kv_pool import KVPool
 from lmprog.runtime.layers.attention import (
     AttentionBackend,
     available_attention_backends,

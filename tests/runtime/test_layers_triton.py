@@ -7,8 +7,8 @@ sets it up).
 import torch
 from triton_testing import ON_GPU, one_thread, requires_triton  # noqa: F401
 
-from lmprog.runtime.forward_batch import ForwardBatch
-from lmprog.runtime.kv_pool import KVPool
+from lmprog.runtime.executor.forward_batch import ForwardBatch
+from lmprog.runtime.executor.kv_pool import KVPool
 from lmprog.runtime.layers.attention import create_attention_backend
 from lmprog.runtime.models import ModelConfig, load_model
 

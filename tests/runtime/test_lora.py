@@ -17,10 +17,10 @@ from lora_testing import ALL, merged, write_adapter
 from lmprog.core.errors import LoraError
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.config import LoraConfig
-from lmprog.runtime.engine_io import EngineRequest
-from lmprog.runtime.forward_batch import ForwardBatch
-from lmprog.runtime.kv_pool import KVPool
-from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.engine.io import EngineRequest
+from lmprog.runtime.engine.launch import launch_engine
+from lmprog.runtime.executor.forward_batch import ForwardBatch
+from lmprog.runtime.executor.kv_pool import KVPool
 from lmprog.runtime.lora import LoraManager, read_adapter
 from lmprog.runtime.lora.ops import LoraBatch
 from lmprog.runtime.request import Req

@@ -88,8 +88,8 @@ def test_logits_equal_peft(base, tmp_path, case):
 
 
 def _prefill(net, ids, manager, lora_batch):
-    from lmprog.runtime.forward_batch import ForwardBatch
-    from lmprog.runtime.kv_pool import KVPool
+    from lmprog.runtime.executor.forward_batch import ForwardBatch
+    from lmprog.runtime.executor.kv_pool import KVPool
 
     kv = KVPool.for_model(net.config, 128, torch.float32, torch.device("cpu"))
     table = torch.zeros(1, 64, dtype=torch.int32)

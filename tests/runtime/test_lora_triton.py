@@ -16,8 +16,8 @@ from triton_testing import (  # noqa: F401 - one_thread is a fixture
 )
 
 from lmprog.runtime.config import LoraConfig
-from lmprog.runtime.cuda_graph import CudaGraphRunner
-from lmprog.runtime.forward_batch import ForwardBatch
+from lmprog.runtime.executor.cuda_graph import CudaGraphRunner
+from lmprog.runtime.executor.forward_batch import ForwardBatch
 from lmprog.runtime.lora import LoraManager, read_adapter
 from lmprog.runtime.lora.ops import LoraBatch
 
@@ -131,8 +131,8 @@ def test_engine_on_gpu_matches_merged_models(tmp_path):
     from lora_testing import merged
 
     from lmprog.core.sampling import SamplingParams
-    from lmprog.runtime.engine_io import EngineRequest
-    from lmprog.runtime.launch import launch_engine
+    from lmprog.runtime.engine.io import EngineRequest
+    from lmprog.runtime.engine.launch import launch_engine
 
     model = random_llama(TINY, 0.3, device="cuda", attention="triton")
     names = ("a", "b", "c")

@@ -8,9 +8,9 @@ import pytest
 import torch
 from triton_testing import requires_triton
 
-from lmprog.runtime.forward_batch import ForwardBatch
+from lmprog.runtime.executor.forward_batch import ForwardBatch
+from lmprog.runtime.executor.kv_pool import KVPool, LatentKVPool
 from lmprog.runtime.kernels.attention_ref import hybrid_attention_ref
-from lmprog.runtime.kv_pool import KVPool, LatentKVPool
 from lmprog.runtime.layers.attention import create_attention_backend
 from lmprog.runtime.layers.rotary import RotaryEmbedding, inv_freq
 from lmprog.runtime.models import PRESETS, ModelConfig, config_from_hf

@@ -255,8 +255,8 @@ def test_engine_greedy_generation_equals_transformers(tmp_path, tok):
     from engine_testing import EOS, greedy, run_all
 
     from lmprog.runtime.config import SchedulerConfig
-    from lmprog.runtime.engine import EngineConfig
-    from lmprog.runtime.launch import launch_engine
+    from lmprog.runtime.engine.engine import EngineConfig
+    from lmprog.runtime.engine.launch import launch_engine
     from lmprog.runtime.speculative import SpeculativeConfig
 
     hf = _hf_tiny("mixtral", vocab=len(tok), std=0.1)  # repeats: n-gram drafts

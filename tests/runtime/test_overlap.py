@@ -15,9 +15,9 @@ from engine_testing import PROMPTS, engine_for, greedy, model, run_all, tok  # n
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.fsm.index import TokenIndex
 from lmprog.runtime.config import CacheConfig, SchedulerConfig
-from lmprog.runtime.engine import EngineConfig
-from lmprog.runtime.engine_io import EngineRequest
-from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.engine.engine import EngineConfig
+from lmprog.runtime.engine.io import EngineRequest
+from lmprog.runtime.engine.launch import launch_engine
 from lmprog.runtime.models import ModelConfig, load_model
 from lmprog.runtime.request import Req
 from lmprog.runtime.scheduler import Scheduler

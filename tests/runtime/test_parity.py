@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from lmprog.runtime.forward_batch import ForwardBatch
-from lmprog.runtime.kv_pool import KVPool
+from lmprog.runtime.executor.forward_batch import ForwardBatch
+from lmprog.runtime.executor.kv_pool import KVPool
 from lmprog.runtime.models import load_model
 
 torch.set_num_threads(1)

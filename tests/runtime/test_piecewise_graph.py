@@ -1,4 +1,4 @@
-"""Piecewise CUDA graphs (lmprog.runtime.piecewise_graph): prefill chunks, mixed
+"""Piecewise CUDA graphs (lmprog.runtime.executor.piecewise_graph): prefill chunks, mixed
 prefill + decode steps and verify rows replayed through token-bucketed segments give the
 eager forward's logits and K/V, padding included.
 
@@ -16,8 +16,8 @@ from triton_testing import (  # noqa: F401 - one_thread is a fixture
     setup,
 )
 
-from lmprog.runtime.forward_batch import ForwardBatch
-from lmprog.runtime.piecewise_graph import PiecewiseGraphRunner
+from lmprog.runtime.executor.forward_batch import ForwardBatch
+from lmprog.runtime.executor.piecewise_graph import PiecewiseGraphRunner
 
 
 def check_against_eager(device, capture, dtype, tol, moe=False):

@@ -10,9 +10,9 @@ import pytest
 
 from lmprog.core.errors import BackendError, ContextLengthError
 from lmprog.core.sampling import SamplingParams
-from lmprog.runtime.engine_io import EngineRequest
-from lmprog.runtime.replicas import ReplicaGroup, memory_fraction, replica_devices
-from lmprog.runtime.router import ApproxTree, Router, RouterConfig
+from lmprog.runtime.data_parallel.replicas import ReplicaGroup, memory_fraction, replica_devices
+from lmprog.runtime.data_parallel.router import ApproxTree, Router, RouterConfig
+from lmprog.runtime.engine.io import EngineRequest
 
 HEAD = list(range(100, 132))  # a 32-token shared head
 
@@ -217,7 +217,7 @@ def test_a_dead_replica_gets_no_requests_and_the_others_serve_on(caplog):
     first = group.submit(req(HEAD, max_tokens=0))
     home, other = (a, b) if first in a.handles else (b, a)
     home.alive = False  # its thread ended (the engine fails its pending requests itself)
-    with caplog.at_level("WARNING", logger="lmprog.runtime.replicas"):
+    with caplog.at_level("WARNING", logger="lmprog.runtime.data_parallel.replicas"):
         later = [group.submit(req(shared(i))) for i in range(4)]
     assert all(h in other.handles for h in later)
     assert "stopped" in caplog.text and group.alive

@@ -12,10 +12,10 @@ from spec_testing import requires_default_model
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.config import SchedulerConfig
-from lmprog.runtime.engine_io import EngineRequest
-from lmprog.runtime.forward_batch import ForwardBatch
-from lmprog.runtime.kv_pool import KVPool
-from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.engine.io import EngineRequest
+from lmprog.runtime.engine.launch import launch_engine
+from lmprog.runtime.executor.forward_batch import ForwardBatch
+from lmprog.runtime.executor.kv_pool import KVPool
 from lmprog.runtime.models import ModelConfig
 from lmprog.runtime.speculative import SpeculativeConfig, build_proposer
 from lmprog.runtime.speculative.draft import DraftModelProposer, common_prefix_len

@@ -17,9 +17,9 @@ from spec_testing import Oracle
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.fsm.index import TokenIndex
 from lmprog.runtime.config import CacheConfig
-from lmprog.runtime.engine import EngineConfig
-from lmprog.runtime.engine_io import EngineRequest
-from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.engine.engine import EngineConfig
+from lmprog.runtime.engine.io import EngineRequest
+from lmprog.runtime.engine.launch import launch_engine
 from lmprog.runtime.speculative import Proposer, SpeculativeConfig
 
 torch.set_num_threads(1)

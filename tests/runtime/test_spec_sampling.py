@@ -14,9 +14,9 @@ from spec_testing import Oracle
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.decoding import rejection
-from lmprog.runtime.engine import EngineConfig
-from lmprog.runtime.engine_io import EngineRequest
-from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.engine.engine import EngineConfig
+from lmprog.runtime.engine.io import EngineRequest
+from lmprog.runtime.engine.launch import launch_engine
 from lmprog.runtime.models import ModelConfig
 from lmprog.runtime.speculative import Proposal, Proposer, SpeculativeConfig
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from lmprog.core.sampling import SamplingParams as SP
+from lmprog.decoding.decode_state import DecodeState
 from lmprog.decoding.rejection import rejection_sample
 from lmprog.decoding.rng import make_generator
 from lmprog.decoding.sampler import SamplingTensors, probabilities, sample
-from lmprog.decoding.state import DecodeState
 from lmprog.runtime.request import Req
 from lmprog.runtime.scheduler.batch import ScheduledEntry
 from lmprog.runtime.speculative import (

@@ -10,12 +10,12 @@ import torch
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.decoding.batch_sampler import BatchSampler
-from lmprog.decoding.state import DecodeState
+from lmprog.decoding.decode_state import DecodeState
 from lmprog.fsm.jump import JumpResult
 from lmprog.runtime.config import CacheConfig, SchedulerConfig
+from lmprog.runtime.engine.step_outputs import StepOutputs
 from lmprog.runtime.request import Req, ReqStatus
 from lmprog.runtime.scheduler import Scheduler
-from lmprog.runtime.step_outputs import StepOutputs
 
 torch.set_num_threads(1)
 V = 32

@@ -13,12 +13,12 @@ import torch
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.decoding.batch_sampler import BatchSampler
-from lmprog.decoding.state import DecodeState
+from lmprog.decoding.decode_state import DecodeState
 from lmprog.runtime.config import SchedulerConfig
+from lmprog.runtime.engine.step_outputs import StepOutputs, _chain
 from lmprog.runtime.request import Req
 from lmprog.runtime.scheduler import Scheduler
 from lmprog.runtime.scheduler.batch import ScheduledBatch, ScheduledEntry
-from lmprog.runtime.step_outputs import StepOutputs, _chain
 
 VOCAB, EOS = 64, (2,)
 

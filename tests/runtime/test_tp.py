@@ -19,9 +19,9 @@ from tp_testing import assert_same, leftover_workers, write_tiny
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.assemble import assemble_model
 from lmprog.runtime.config import CacheConfig, SchedulerConfig
-from lmprog.runtime.engine import EngineConfig
-from lmprog.runtime.engine_io import EngineRequest
-from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.engine.engine import EngineConfig
+from lmprog.runtime.engine.io import EngineRequest
+from lmprog.runtime.engine.launch import launch_engine
 from lmprog.runtime.models import ModelConfig, config_from_hf
 from lmprog.runtime.parallel import ShardPlan, check_shardable
 from lmprog.runtime.parallel.start import check_tp_size, start_tensor_parallel
@@ -177,8 +177,8 @@ TORCHRUN_SCRIPT = """
 import json, sys
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.assemble import assemble_model
-from lmprog.runtime.engine_io import EngineRequest
-from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.engine.io import EngineRequest
+from lmprog.runtime.engine.launch import launch_engine
 from lmprog.runtime.parallel.start import start_tensor_parallel
 
 build = {"model": sys.argv[1], "dtype": "float32"}

@@ -18,7 +18,7 @@ from tp_testing import assert_same, leftover_workers, write_tiny_with_tokenizer
 
 import lmprog as lp
 from lmprog.core.sampling import SamplingParams as SP
-from lmprog.runtime.engine_io import EngineRequest
+from lmprog.runtime.engine.io import EngineRequest
 from lmprog.runtime.parallel.start import check_tp_size
 
 PREFIX = "You are a careful assistant. Answer each question in a few words, then stop. " * 2

@@ -21,8 +21,8 @@ import lmprog as lp
 from lmprog.core.errors import BackendError
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.assemble import assemble_model
-from lmprog.runtime.engine_io import EngineRequest
-from lmprog.runtime.launch import launch_engine
+from lmprog.runtime.engine.io import EngineRequest
+from lmprog.runtime.engine.launch import launch_engine
 from lmprog.runtime.parallel import ParallelError
 from lmprog.runtime.parallel.start import start_tensor_parallel
 

@@ -6,8 +6,8 @@ On the CPU it runs under Triton's interpreter (tests/conftest.py sets it up)."""
 import torch
 from triton_testing import ON_GPU, one_thread, requires_triton  # noqa: F401
 
-from lmprog.runtime.forward_batch import ForwardBatch
-from lmprog.runtime.kv_pool import KVPool
+from lmprog.runtime.executor.forward_batch import ForwardBatch
+from lmprog.runtime.executor.kv_pool import KVPool
 from lmprog.runtime.layers.triton_fused import TritonRMSNorm, fuse_elementwise
 from lmprog.runtime.models import ModelConfig, load_model
 

@@ -18,7 +18,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lmprog.runtime.kv_pool import KVPool
+from lmprog.runtime.executor.kv_pool import KVPool
 from lmprog.runtime.layers.moe import StackedExperts
 from lmprog.runtime.models import ModelConfig, load_model
 

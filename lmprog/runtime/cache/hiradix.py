@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 
 class KVMover(Protocol):
-    """Copies the KV of pool slots to host memory and back (lmprog.runtime.host_kv)."""
+    """Copies the KV of pool slots to host memory and back (lmprog.runtime.executor.host_kv)."""
 
     bytes_per_token: int
 

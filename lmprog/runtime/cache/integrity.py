@@ -8,18 +8,27 @@ and every running request's row agrees with its locked cache path and its length
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from ..request import Req
-from .base import require
+from .allocator import TokenSlotAllocator
+from .base import PrefixCache, require
+from .req_table import ReqToTokenTable
 
-if TYPE_CHECKING:
-    from .manager import CacheManager
+
+class CacheParts(Protocol):
+    """What the check reads of a CacheManager."""
+
+    allocator: TokenSlotAllocator
+    req_table: ReqToTokenTable
+    prefix_cache: PrefixCache
+    page_size: int
+    kv_limit: int | None
 
 
-def check_integrity(cache: CacheManager, running: Iterable[Req]) -> None:
+def check_integrity(cache: CacheParts, running: Iterable[Req]) -> None:
     """Raise IntegrityError unless allocator, prefix cache, table and the running requests
     agree: every slot free, cached or owned exactly once, rows and locks consistent."""
     reqs = list(running)
@@ -35,7 +44,7 @@ def check_integrity(cache: CacheManager, running: Iterable[Req]) -> None:
     _check_partition(cache.allocator.num_slots, np.concatenate(parts))
 
 
-def _check_req(cache: CacheManager, req: Req) -> np.ndarray:
+def _check_req(cache: CacheParts, req: Req) -> np.ndarray:
     """Check req's lengths and row; return the slots it owns."""
     p = cache.page_size
     require(req.row is not None, f"{req}: running without a row")

@@ -6,7 +6,7 @@ step's low-rank updates in place, reading the step's layout from the shared `Lor
     y = base(x);  if context.batch: y[t] += B[slot(t)] A[slot(t)] x[t]  for adapter tokens
 
 With no adapter in the step (`context.batch is None`) the layer is the base layer alone: a
-CUDA graph captured that way holds no LoRA kernel (lmprog.runtime.cuda_graph captures a
+CUDA graph captured that way holds no LoRA kernel (lmprog.runtime.executor.cuda_graph captures a
 second set with it).
 """
 

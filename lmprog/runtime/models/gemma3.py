@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..forward_batch import ForwardBatch
-from ..kv_pool import KVPool
+from ..executor.forward_batch import ForwardBatch
+from ..executor.kv_pool import KVPool
 from ..layers.attention import AttentionBackend
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding

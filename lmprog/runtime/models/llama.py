@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..forward_batch import ForwardBatch
-from ..kv_pool import KVPool
+from ..executor.forward_batch import ForwardBatch
+from ..executor.kv_pool import KVPool
 from ..layers.attention import AttentionBackend
 from ..layers.mlp import GatedMLP
 from ..layers.moe import SparseMoE

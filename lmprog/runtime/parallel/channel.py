@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..model_runner import StepInputs
+from ..executor.model_runner import StepInputs
 from .group import TPGroup
 
 _STOP, _STEP = 0, 1

@@ -82,8 +82,8 @@ def serve_rank(group: Any, build: dict[str, Any]) -> None:
 def _serve(net: Any, group: Any) -> None:
     import numpy as np
 
-    from ..launch import kv_slots
-    from ..model_runner import ModelRunner
+    from ..executor.kv_pool import kv_slots
+    from ..executor.model_runner import ModelRunner
     from .channel import StepChannel
 
     kv: KVRequest = group.recv_object()

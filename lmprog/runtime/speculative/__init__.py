@@ -6,7 +6,7 @@
 
 Modules: proposer.py (the Proposer interface), ngram.py (prompt lookup), draft.py (a draft
 model), adaptive.py (draft lengths), speculator.py. Verification itself is
-lmprog.runtime.step_outputs, with the acceptance rule of lmprog.decoding.rejection; the
+lmprog.runtime.engine.step_outputs, with the acceptance rule of lmprog.decoding.rejection; the
 scheduler plans verify entries.
 
 What speculation guarantees, against plain decoding of the same request:

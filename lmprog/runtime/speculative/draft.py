@@ -35,9 +35,9 @@ from torch import nn
 from lmprog.core.sampling import SamplingParams
 from lmprog.decoding.rng import make_generator
 
-from ..cuda_graph import capture_decode_graphs
-from ..forward_batch import ForwardBatch
-from ..kv_pool import KVPool
+from ..executor.cuda_graph import capture_decode_graphs
+from ..executor.forward_batch import ForwardBatch
+from ..executor.kv_pool import KVPool
 from .draft_cache import DraftKVCache
 from .draft_job import DraftJob, DraftSampler, catch_up_members, pack_steps
 from .proposer import Proposal, ProposalInput, Proposer

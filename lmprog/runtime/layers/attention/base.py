@@ -28,8 +28,8 @@ import torch
 from ..rotary import RotaryEmbedding
 
 if TYPE_CHECKING:
-    from ...forward_batch import ForwardBatch
-    from ...kv_pool import KVPool
+    from ...executor.forward_batch import ForwardBatch
+    from ...executor.kv_pool import KVPool
 
 
 class AttentionBackend(ABC):

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from ...kv_pool import dequantize_kv
+from ...executor.kv_pool import dequantize_kv
 from .base import AttentionBackend
 
 if TYPE_CHECKING:
-    from ...forward_batch import ForwardBatch
-    from ...kv_pool import KVPool
+    from ...executor.forward_batch import ForwardBatch
+    from ...executor.kv_pool import KVPool
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from ...kernels.rope import rope_and_store
 from .base import AttentionBackend
 
 if TYPE_CHECKING:
-    from ...forward_batch import ForwardBatch
-    from ...kv_pool import KVPool
+    from ...executor.forward_batch import ForwardBatch
+    from ...executor.kv_pool import KVPool
 
 
 MAX_LATENT_GROUP = 16  # query heads a latent-attention tile holds at most

@@ -43,11 +43,11 @@ from typing import Any
 import torch
 
 from lmprog.decoding.batch_sampler import BatchSampler, Draw, PendingDraws
+from lmprog.decoding.decode_state import DecodeState
 from lmprog.decoding.sampler import argmax_rows
-from lmprog.decoding.state import DecodeState
 
-from .request import Req, ReqStatus
-from .scheduler import ScheduledBatch, ScheduledEntry
+from ..request import Req, ReqStatus
+from ..scheduler import ScheduledBatch, ScheduledEntry
 
 DraftProbs = Callable[[Req], Any]  # a verify entry's request -> [k, V] draft probs or None
 

@@ -1,7 +1,7 @@
 """ReplicaGroup: data parallelism in one process, several engines behind one `submit`.
 
     group = launch_replicas(2, net, build=..., launch=...)   # lp.Runtime(dp_size=2) does this
-    handle = group.submit(EngineRequest(ids, params))        # routed by lmprog.runtime.router
+    handle = group.submit(EngineRequest(ids, params))        # routed by lmprog.runtime.data_parallel.router
     group.stats(); group.flush_cache(); group.shutdown()
 
 Each replica is a whole engine (its own thread, KV pool, prefix cache and scheduler). Where
@@ -50,7 +50,7 @@ from typing import Any
 
 from lmprog.core.errors import BackendError
 
-from .engine_io import _DONE, _ERROR, _PIECE, RequestHandle
+from ..engine.io import _DONE, _ERROR, _PIECE, RequestHandle
 from .router import Decision, Router, RouterConfig
 
 log = logging.getLogger(__name__)

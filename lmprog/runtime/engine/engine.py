@@ -66,15 +66,15 @@ import torch
 
 from lmprog.core.errors import BackendError, LoraError
 from lmprog.decoding.batch_sampler import BatchSampler
-from lmprog.decoding.state import DecodeState
+from lmprog.decoding.decode_state import DecodeState
 
-from .engine_io import EngineRequest, RequestHandle
+from ..executor.model_runner import ModelRunner
+from ..parallel.errors import ParallelError
+from ..request import Req, ReqStatus
+from ..scheduler import ScheduledBatch, Scheduler
+from ..speculative.speculator import Speculator
+from .io import EngineRequest, RequestHandle
 from .metrics import EngineMetrics
-from .model_runner import ModelRunner
-from .parallel.errors import ParallelError
-from .request import Req, ReqStatus
-from .scheduler import ScheduledBatch, Scheduler
-from .speculative.speculator import Speculator
 from .step_outputs import DeferredStep, StepOutputs
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class Engine:
         if scheduler.cache_config.host_kv_cache_bytes:  # the host tier copies the pool's KV
             if getattr(runner, "channel", None) is not None:
                 raise ValueError("host_kv_cache_bytes does not work with tensor parallelism yet")
-            from .host_kv import HostKVMover
+            from ..executor.host_kv import HostKVMover
 
             tiers = scheduler.cache_config
             disk = tiers.disk_kv_cache_dir if tiers.disk_kv_cache_bytes else None

@@ -11,7 +11,7 @@ import time
 from collections import deque
 from typing import Any
 
-from .scheduler import SchedulerStats
+from ..scheduler import SchedulerStats
 
 
 class EngineMetrics:

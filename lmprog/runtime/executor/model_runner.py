@@ -8,9 +8,9 @@ tokens' slots are scattered in (one index_put), and whole row prefixes are copie
 entries flagged `sync_row` (admission, a prefix rewritten by the cache).
 
 On a GPU whose model uses the Triton attention backend, decode-only steps replay CUDA graphs
-(lmprog.runtime.cuda_graph: one graph per bucketed batch size, captured at start-up), and
+(lmprog.runtime.executor.cuda_graph: one graph per bucketed batch size, captured at start-up), and
 every other step (prefill chunks, mixed batches, verify rows) of up to `piecewise_tokens`
-tokens replays piecewise graphs of everything but attention (lmprog.runtime.piecewise_graph);
+tokens replays piecewise graphs of everything but attention (lmprog.runtime.executor.piecewise_graph);
 the rest runs eagerly.
 
 Tensor parallelism (lmprog.runtime.parallel): on rank 0 `forward` first hands the step's
@@ -42,14 +42,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..parallel.sharding import local_config
+from ..scheduler.batch import ScheduledBatch
+from ..scheduler.sinks import KVShift
 from .cuda_graph import capture_decode_graphs
 from .forward_batch import ForwardBatch
 from .kv_pool import KVPool
 from .kv_shift import KeyShifter
-from .parallel.sharding import local_config
 from .piecewise_graph import capture_piecewise_graphs
-from .scheduler.batch import ScheduledBatch
-from .scheduler.sinks import KVShift
 
 
 class StepInputs(NamedTuple):
@@ -151,7 +151,7 @@ class ModelRunner:
             raise self.channel.group.failure(exc) from exc
 
     def move_kv(self, shift: KVShift) -> None:
-        """Do an attention-sink eviction's KV moves (lmprog.runtime.kv_shift), queued on the
+        """Do an attention-sink eviction's KV moves (lmprog.runtime.executor.kv_shift), queued on the
         device after the step in flight and before the next step's forward."""
         if self._key_shifter is None:
             self._key_shifter = KeyShifter(self.config)
@@ -182,7 +182,7 @@ class ModelRunner:
             logits = self.graphs.maybe_run(fb, self.kv, lora=plan)
             if logits is not None:
                 return logits
-        from .lora.ops import LoraBatch
+        from ..lora.ops import LoraBatch
 
         context = self.lora.context
         context.batch = LoraBatch.from_plan(plan, self.device, context.triton)

@@ -96,7 +96,7 @@ def supports_cuda_graphs(model: nn.Module) -> bool:
     """True when `model` plans its attention with the Triton backend (the only one whose
     plan can live on static buffers; the torch backend reads lengths on the host)."""
     try:
-        from .layers.attention.triton_backend import TritonAttentionBackend
+        from ..layers.attention.triton_backend import TritonAttentionBackend
     except ImportError:  # no triton
         return False
     return isinstance(getattr(model, "attention", None), TritonAttentionBackend)
@@ -177,7 +177,7 @@ class LoraGraphBuffers:
         self.packed = torch.zeros(self.rows + self.blocks + 1, dtype=torch.int32, device=device)
 
     def view(self, bs: int) -> Any:
-        from .lora.ops import LoraBatch
+        from ..lora.ops import LoraBatch
 
         rows = lora_rows(bs, self.slots)
         ids = self.packed[:rows]
@@ -349,7 +349,7 @@ class CudaGraphRunner:
         raise AssertionError(f"no bucket for {n} requests; can_run() should have said so")
 
     def _plan(self, batch: ForwardBatch) -> Any:
-        from .kernels.attention_plan import choose_num_splits, plan_attention
+        from ..kernels.attention_plan import choose_num_splits, plan_attention
 
         att = self.model.attention
         bs = batch.batch_size

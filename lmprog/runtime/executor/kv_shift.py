@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .layers.rotary import RotaryEmbedding, inv_freq
+from ..layers.rotary import RotaryEmbedding, inv_freq
 
 if TYPE_CHECKING:
+    from ..models.config import ModelConfig
     from .kv_pool import KVPool
-    from .models.config import ModelConfig
 
 
 def check_attention_sinks(model: nn.Module, tp: Any = None) -> None:

@@ -4,54 +4,23 @@ thread (the model itself is built by lmprog.runtime.assemble).
     net = assemble_model(path_or_name, device="auto")
     engine = launch_engine(net, tokenizer, eos_token_ids=..., max_total_tokens=None)
 
-KV pool size (when max_total_tokens is not given): on a GPU, `gpu_memory_fraction` of the
-memory free after the weights are loaded; on a CPU, `CPU_KV_BUDGET_BYTES` (memory the pool
-takes as it fills: raise it with max_total_tokens for long workloads).
+The KV pool's size comes from executor.kv_pool.kv_slots.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
-from .config import AttentionSinkConfig, CacheConfig, LoraConfig, SchedulerConfig
+from ..config import AttentionSinkConfig, CacheConfig, LoraConfig, SchedulerConfig
+from ..executor.kv_pool import kv_slots
+from ..executor.kv_shift import check_attention_sinks
+from ..executor.model_runner import ModelRunner
+from ..scheduler import Scheduler
+from ..speculative import Proposer, SpeculativeConfig, build_proposer
+from ..speculative.speculator import Speculator
 from .engine import Engine, EngineConfig
-from .kv_pool import KVPool, kv_storage_dtype
-from .kv_shift import check_attention_sinks
-from .model_runner import ModelRunner
-from .parallel.sharding import local_config
-from .scheduler import Scheduler
-from .speculative import Proposer, SpeculativeConfig, build_proposer
-from .speculative.speculator import Speculator
-
-CPU_KV_BUDGET_BYTES = 1 << 30
-
-
-def kv_slots(
-    model: nn.Module,
-    max_total_tokens: int | None,
-    gpu_memory_fraction: float,
-    kv_cache_dtype: str = "auto",
-) -> int:
-    """How many token slots the KV pool gets (an FP8 pool's slots cost 1 byte a value)."""
-    if max_total_tokens is not None:
-        if (
-            isinstance(max_total_tokens, bool)
-            or not isinstance(max_total_tokens, int)
-            or max_total_tokens < 2
-        ):
-            raise ValueError(f"max_total_tokens must be an int >= 2, got {max_total_tokens!r}")
-        return max_total_tokens
-    param = next(model.parameters())
-    if param.device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(param.device)
-        budget = int(free * gpu_memory_fraction)
-    else:
-        budget = CPU_KV_BUDGET_BYTES
-    storage = kv_storage_dtype(kv_cache_dtype, param.dtype)
-    return KVPool.size_for_budget(budget, local_config(model), storage)
 
 
 def launch_engine(
@@ -152,7 +121,7 @@ def _launch(
         manager = make_lora_manager(model, lora, lora_adapters, speculator, tp, attention_sinks)
     kv_dtype = (cache_config or CacheConfig()).kv_cache_dtype
     if tp is not None:
-        from .parallel.worker import KVRequest
+        from ..parallel.worker import KVRequest
 
         tp.send_object(KVRequest(max_total_tokens, gpu_memory_fraction, kv_dtype))
     num_slots = kv_slots(model, max_total_tokens, gpu_memory_fraction, kv_dtype)
@@ -173,8 +142,8 @@ def _launch(
     )
     channel = None
     if tp is not None:
-        from .parallel.channel import StepChannel
-        from .parallel.worker import RunnerSpec
+        from ..parallel.channel import StepChannel
+        from ..parallel.worker import RunnerSpec
 
         shape = scheduler.req_to_token.shape
         tp.send_object(RunnerSpec(scheduler.cache.capacity, shape, **runner_args))
@@ -211,7 +180,7 @@ def make_lora_manager(
     it; n-gram drafts need no model), so outputs keep the adapted model's distribution."""
     from lmprog.core.errors import LoraError
 
-    from .lora import LoraManager
+    from ..lora import LoraManager
 
     for active, what, flag in (
         (tp is not None, "tensor parallelism", "tp_size=1"),

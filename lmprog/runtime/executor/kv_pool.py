@@ -26,11 +26,13 @@ import mmap
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
-from .config import KV_CACHE_DTYPES
+from ..config import KV_CACHE_DTYPES
+from ..parallel.sharding import local_config
 
 if TYPE_CHECKING:
-    from .models.config import ModelConfig
+    from ..models.config import ModelConfig
 
 FP8_KV = torch.float8_e4m3fn
 
@@ -156,7 +158,7 @@ class KVPool:
     def write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [T, num_kv_heads, head_dim] of layer `layer` at slots loc [T]."""
         if self.dtype == FP8_KV:
-            from .kernels.fp8_ref import cast_e4m3
+            from ..kernels.fp8_ref import cast_e4m3
 
             k_scale, v_scale = self.scales(layer)
             k, v = cast_e4m3(k, k_scale), cast_e4m3(v, v_scale)
@@ -210,3 +212,34 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     count = math.prod(shape)
     memory = mmap.mmap(-1, count * torch.empty((), dtype=dtype).element_size())
     return torch.frombuffer(memory, dtype=dtype, count=count).view(shape)  # keeps `memory`
+
+
+# KV pool size when max_total_tokens is not given: on a GPU, `gpu_memory_fraction` of the
+# memory free after the weights are loaded; on a CPU this budget (memory the pool takes as it
+# fills: raise it with max_total_tokens for long workloads).
+CPU_KV_BUDGET_BYTES = 1 << 30
+
+
+def kv_slots(
+    model: nn.Module,
+    max_total_tokens: int | None,
+    gpu_memory_fraction: float,
+    kv_cache_dtype: str = "auto",
+) -> int:
+    """How many token slots the KV pool gets (an FP8 pool's slots cost 1 byte a value)."""
+    if max_total_tokens is not None:
+        if (
+            isinstance(max_total_tokens, bool)
+            or not isinstance(max_total_tokens, int)
+            or max_total_tokens < 2
+        ):
+            raise ValueError(f"max_total_tokens must be an int >= 2, got {max_total_tokens!r}")
+        return max_total_tokens
+    param = next(model.parameters())
+    if param.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(param.device)
+        budget = int(free * gpu_memory_fraction)
+    else:
+        budget = CPU_KV_BUDGET_BYTES
+    storage = kv_storage_dtype(kv_cache_dtype, param.dtype)
+    return KVPool.size_for_budget(budget, local_config(model), storage)
