@@ -770,7 +770,9 @@ def driver_offline(model, args, prompts, out_lens) -> dict:
             if logits is None:
                 logits = model(fb, runner.kv)
             tokens = logits.argmax(-1).tolist()
-            sched.process_results(batch, _entry_tokens(batch, tokens))
+            for e, toks in zip(batch.entries, _entry_tokens(batch, tokens)):
+                e.req.token_ids.extend(toks)  # the decoding side, minimal: greedy tokens
+            sched.process_results(batch)
             steps += 1
     wall = time.perf_counter() - t0
     got = [len(r.token_ids) - r.prompt_len for r in reqs]

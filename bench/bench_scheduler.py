@@ -50,8 +50,16 @@ def decoding_scheduler(running: int, decode_steps: int) -> Scheduler:
         )
     while any(r.pending_len > 1 for r in s.requests.running_reqs()) or s.num_waiting:
         b = s.schedule()
-        s.process_results(b, [[1] if e.sample else [] for e in b.entries])
+        append_tokens(b, [[1] if e.sample else [] for e in b.entries])
+        s.process_results(b)
     return s
+
+
+def append_tokens(b, tokens) -> None:
+    """The decoding side of a minimal driver: each entry's tokens appended to its request
+    (the engine's DecodeStates do this through ReqOutputs)."""
+    for e, toks in zip(b.entries, tokens):
+        e.req.token_ids.extend(toks)
 
 
 def time_steps(s: Scheduler, running: int, steps: int) -> float:
@@ -60,7 +68,8 @@ def time_steps(s: Scheduler, running: int, steps: int) -> float:
     t0 = time.perf_counter()
     for _ in range(steps):
         b = s.schedule()
-        s.process_results(b, tokens)
+        append_tokens(b, tokens)
+        s.process_results(b)
     elapsed = time.perf_counter() - t0
     assert len(b.entries) == running and b.num_decodes == running, "not every request decoded"
     return elapsed / steps

@@ -9,11 +9,12 @@ applies the finish rules:
     the constraint is finished               -> "stop"
     max_tokens                               -> "length" (with a message inside a constraint)
 
-and may jump forward through text the constraint forces. The jump has already been applied
-here (output_ids, guide, text, penalty counts); a backend that keeps its own copy of the
-sequence mirrors it (the engine: `replace_tokens(req, seq_len - jump.drop_last_n_tokens,
-jump.new_token_ids)`; llama.cpp re-reads `output_ids`). Anything else that ends a request
-(context full, abort) goes through `finish`.
+    the context is full (room == 0)          -> "length" (saying so)
+
+and may jump forward through text the constraint forces. The tokens have one owner,
+`outputs` (a list, or the runtime's request, ReqOutputs): accept appends to it and a jump
+rewrites its tail there (with the guide, text and penalty counts). Anything else that ends
+a request (abort, an error) goes through `finish` / `fail`.
 
 Text pieces go to `emit` as soon as they are final (stop-string prefixes held back).
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableSequence, Sequence
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,11 @@ class _NoText:
         return ""
 
 
+def _net_tokens(jump: Any) -> int:
+    """How many tokens a jump-forward (or None) added to the outputs."""
+    return 0 if jump is None else len(jump.new_token_ids) - jump.drop_last_n_tokens
+
+
 def _token_mask(ids: Sequence[int], vocab_size: int, device: Any) -> Any:
     """bool [vocab_size]: True at each id of `ids` (ids outside the vocabulary skipped)."""
     inside = [t for t in ids if 0 <= t < vocab_size]
@@ -103,9 +109,12 @@ class DecodeState:
         jump_forward: bool = True,
         prompt_logprob_start: int | None = None,
         device: Any = "cpu",
+        outputs: MutableSequence[int] | None = None,
     ) -> None:
+        """outputs: where the generated tokens live (empty at the start); a new list if None."""
         self.params = params
-        self.output_ids: list[int] = []
+        self.output_ids: MutableSequence[int] = [] if outputs is None else outputs
+        self._prompt_len = len(prompt_ids)
         self.done = False
         self.finish_reason: FinishReason = "length"
         self.matched_stop: str | int | None = None
@@ -206,8 +215,13 @@ class DecodeState:
         if self._settled():
             return None
         jump = self._jump_forward(room) if self.jump else None
-        if not self.done and len(self.output_ids) >= self.params.max_tokens:
+        if self.done:
+            return jump
+        if len(self.output_ids) >= self.params.max_tokens:
             self.finish("length", message=self._length_message())
+        elif room is not None and room - _net_tokens(jump) <= 0:
+            total = self._prompt_len + len(self.output_ids)
+            self.finish("length", message=f"the context of {total} tokens is full")
         return jump
 
     def _settled(self) -> bool:

@@ -40,7 +40,7 @@ own per-request state in `engine_data`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, MutableSequence, Sequence
 from typing import Any
 
 from lmprog.core.protocol import FinishReason
@@ -94,6 +94,8 @@ class Req:
         "num_evicted",
         "prompt_end",
         "lora_id",
+        "evicted_output_ids",
+        "rewritten_from",
     )
 
     def __init__(
@@ -135,6 +137,10 @@ class Req:
         self.num_retractions = 0
         self.num_evicted = 0  # tokens evicted after the attention sinks (see module doc)
         self.prompt_end = self.prompt_len  # where the outputs start in token_ids
+        self.evicted_output_ids: list[int] = []  # outputs the attention sinks evicted
+        # tokens from this index were rewritten by the decoding side this step (a
+        # jump-forward's retokenization): their KV, if any, is stale (Scheduler.process_results)
+        self.rewritten_from: int | None = None
         if isinstance(lora_id, bool) or not isinstance(lora_id, int) or lora_id < 0:
             raise ValueError(f"lora_id must be an int >= 0, got {lora_id!r}")
         self.lora_id = lora_id
@@ -158,6 +164,19 @@ class Req:
     def output_ids(self) -> list[int]:
         """The generated tokens still in token_ids (all of them unless evicted)."""
         return self.token_ids[self.prompt_end :]
+
+    @property
+    def num_placeholders(self) -> int:
+        """Overlap scheduling's placeholders at the end of token_ids (at most two)."""
+        ids, n = self.token_ids, 0
+        while n < len(ids) and ids[-1 - n] < 0:
+            n += 1
+        return n
+
+    @property
+    def known_len(self) -> int:
+        """seq_len without the placeholders: the tokens the host knows."""
+        return len(self.token_ids) - self.num_placeholders
 
     @property
     def pending_len(self) -> int:
@@ -188,3 +207,66 @@ class Req:
             f"out={self.output_len}, cached={self.cache_len}, computed={self.num_computed}, "
             f"allocated={self.num_allocated}, row={self.row})"
         )
+
+
+class ReqOutputs(MutableSequence[int]):
+    """A request's generated tokens as its DecodeState reads and writes them, kept in the one
+    list that holds them, `req.token_ids` (after `prompt_end`; outputs the attention sinks
+    evicted come first, from `evicted_output_ids`). Placeholders are not outputs yet: an
+    append fills the oldest one. Rewriting outputs (a jump-forward) marks
+    `req.rewritten_from`, so the scheduler drops the KV computed for the old tokens."""
+
+    __slots__ = ("req",)
+
+    def __init__(self, req: Req) -> None:
+        self.req = req
+
+    def __len__(self) -> int:
+        return self.req.output_len - self.req.num_placeholders
+
+    def append(self, token: int) -> None:
+        req = self.req
+        placeholders = req.num_placeholders
+        if placeholders:
+            req.token_ids[len(req.token_ids) - placeholders] = token
+        else:
+            req.token_ids.append(token)
+
+    def _kept(self) -> list[int]:
+        req = self.req
+        return req.token_ids[req.prompt_end : req.known_len]
+
+    def __getitem__(self, index: Any) -> Any:
+        return (self.req.evicted_output_ids + self._kept())[index]
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self.req.evicted_output_ids
+        yield from self._kept()
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """Only `outputs[kept:] = new_ids` (a jump-forward's rewritten tail)."""
+        req = self.req
+        if not isinstance(index, slice) or index.stop is not None or index.step is not None:
+            raise TypeError("a request's outputs are rewritten as outputs[kept:] = new_ids")
+        start = req.prompt_end + index.start - len(req.evicted_output_ids)
+        if not req.prompt_end <= start <= len(req.token_ids) or req.num_placeholders:
+            raise ValueError(f"{req}: cannot rewrite its outputs from {index.start}")
+        req.token_ids[start:] = [int(t) for t in value]
+        if req.rewritten_from is None or start < req.rewritten_from:
+            req.rewritten_from = start
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (ReqOutputs, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"ReqOutputs({list(self)!r})"
+
+    def __delitem__(self, index: Any) -> None:
+        raise TypeError("a request's outputs are rewritten as outputs[kept:] = new_ids")
+
+    def insert(self, index: int, value: int) -> None:
+        raise TypeError("a request's outputs grow by append")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from engine_testing import PROMPTS, engine_for, greedy, model, run_all, tok  # noqa: F401
+from sched_testing import resolve
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.fsm.index import TokenIndex
@@ -149,25 +150,25 @@ def test_placeholders_are_resolved_in_place_and_never_cached():
     a = sched.submit(Req("a", [5, 6, 7], SP(max_tokens=2, temperature=0.0)))
     b = sched.submit(Req("b", [5, 6, 8, 9], SP(max_tokens=5, temperature=0.0)))
     step1 = sched.schedule()  # both prompts; each samples its first token
-    assert sched.process_results(step1, [(-1,), (-2,)], unresolved=True) == []
+    assert sched.process_launched(step1, [(-1,), (-2,)]) == []
     assert a.token_ids[-1] == -1 and b.token_ids[-1] == -2 and a.num_computed == 3
     step2 = sched.schedule()  # decodes feeding the placeholders, before they are known
     assert [e.req.rid for e in step2.entries] == ["a", "b"]
     assert step2.input_ids().tolist() == [-1, -2]
-    assert sched.resolve_tokens(step1, [(11,), (21,)], [None, None]) == []
+    assert resolve(sched, step1, [(11,), (21,)], [None, None]) == []
     assert a.token_ids == [5, 6, 7, 11] and b.token_ids == [5, 6, 8, 9, 21]
     # a's next token is its last (max_tokens): it ends now, its row and KV freed at once,
     # the KV of its real tokens cached, its placeholder not
-    assert sched.process_results(step2, [(-1,), (-2,)], unresolved=True) == [a]
+    assert sched.process_launched(step2, [(-1,), (-2,)]) == [a]
     assert a.finished and a.finish_reason == "length" and a.token_ids[-1] == -1
     assert sched.cache.prefix_cache.match_prefix([5, 6, 7, 11]).length == 4
     step3 = sched.schedule()
     assert [e.req.rid for e in step3.entries] == ["b"]
     sched.check_integrity()
     # a finished already: skipped; b stops (its stop token, say) and ends
-    assert sched.resolve_tokens(step2, [(12,), (22,)], [None, "stop"]) == [b]
+    assert resolve(sched, step2, [(12,), (22,)], [None, "stop"]) == [b]
     assert a.token_ids[-1] == -1 and b.output_ids == [21, 22] and b.finish_reason == "stop"
-    sched.process_results(step3, [(-1,)], unresolved=True)  # b's extra step: dropped
+    sched.process_launched(step3, [(-1,)])  # b's extra step: dropped
     sched.check_integrity()
     assert sched.cache.prefix_cache.match_prefix([5, 6, 8, 9, 21, 22]).length == 5
     assert len(sched.cache.prefix_cache.all_slots()) == 7  # 5 6 | 7 11 | 8 9 21
@@ -186,9 +187,9 @@ def test_prefill_only_requests_finish_when_their_last_chunk_is_recorded():
     for chunk in (8, 8):
         step = sched.schedule()
         assert [e.num_new for e in step.entries] == [chunk] and not step.entries[0].sample
-        assert sched.process_results(step, [()], unresolved=True) == []
+        assert sched.process_launched(step, [()]) == []
     step = sched.schedule()
-    assert sched.process_results(step, [()], unresolved=True) == [p]
+    assert sched.process_launched(step, [()]) == [p]
     assert p.finish_reason == "length" and not sched.has_work
     assert sched.cache.prefix_cache.match_prefix(head).length == len(head)
     sched.check_integrity()
@@ -283,3 +284,18 @@ def test_on_the_gpu_with_graphs_outputs_are_bitwise_those_without_overlap():
             eng.shutdown()
     assert outs[0] == outs[1]
     assert stats[0]["overlapped_steps"] == 0 and stats[1]["overlapped_steps"] == stats[1]["steps"]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_request_cut_at_the_context_says_so_with_and_without_overlap(model, tok, overlap):
+    """The context cap is a finish rule of the request's DecodeState (its `room`), also for
+    a request that overlap scheduling released before its last token was read."""
+    prompt = tuple(PROMPTS[0])
+    eng = engine_for(model, tok, slots=len(prompt) + 6, overlap=overlap)
+    try:
+        r = eng.submit(EngineRequest(prompt, greedy(50))).result(timeout=60)
+        assert (r.finish_reason, len(r.token_ids)) == ("length", 6)
+        assert r.message == f"the context of {len(prompt) + 6} tokens is full"
+        eng.check_integrity()
+    finally:
+        eng.shutdown()

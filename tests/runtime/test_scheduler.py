@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from sched_testing import append_outputs, process, rewrite
 
 from lmprog.core.errors import ContextLengthError
 from lmprog.core.sampling import SamplingParams
@@ -32,7 +33,7 @@ def next_token(r):
 def step(s, reasons=None):
     batch = s.schedule()
     toks = [[next_token(e.req)] if e.sample else [] for e in batch.entries]
-    finished = s.process_results(batch, toks, reasons)
+    finished = process(s, batch, toks, reasons)
     s.check_integrity()
     return batch, finished
 
@@ -207,7 +208,7 @@ def test_abort_waiting_running_and_mid_step():
     s.check_integrity()
     batch = s.schedule()  # b is in this step...
     s.abort("b")  # ...and aborted before its results come back
-    s.process_results(batch, [[1] if e.sample else [] for e in batch.entries])
+    process(s, batch, [[1] if e.sample else [] for e in batch.entries])
     s.check_integrity()
     assert not s.has_work and b.output_len == 0
     assert s.finish(b, "stop") is False  # already finished: a no-op
@@ -232,10 +233,10 @@ def test_resubmission_and_bad_results_are_rejected():
     with pytest.raises(ValueError, match="submitted before"):
         s.submit(r)
     batch = s.schedule()
-    with pytest.raises(ValueError, match="one next_tokens"):
+    with pytest.raises(ValueError, match="one finish reason per batch entry"):
         s.process_results(batch, [])
-    with pytest.raises(ValueError, match="pass its next token"):
-        s.process_results(batch, [[]])
+    with pytest.raises(ValueError, match="one placeholder tuple per batch entry"):
+        s.process_launched(batch, [])
 
 
 def test_output_length_is_capped_by_the_context():
@@ -292,7 +293,7 @@ def test_verify_tokens_accept_a_prefix_of_the_drafts_and_free_the_rest():
     assert s.cache.allocator.num_free == free_before - 4
     r2 = Req("probe", r.token_ids + [good], SamplingParams())
     bonus = next_token(r2)
-    s.process_results(batch, [[good, bonus]])  # first draft accepted, second rejected
+    process(s, batch, [[good, bonus]])  # first draft accepted, second rejected
     s.check_integrity()
     assert r.output_ids[-2:] == [good, bonus] and r.num_computed == r.seq_len - 1
     assert s.cache.allocator.num_free == free_before - 2  # rejected drafts' slots came back
@@ -301,19 +302,23 @@ def test_verify_tokens_accept_a_prefix_of_the_drafts_and_free_the_rest():
     assert r.output_ids == expected_output([1, 2, 3], 10)
 
 
-def test_replace_tokens_forgets_the_kv_of_dropped_tokens():
+def test_a_rewritten_tail_loses_its_kv_at_the_next_results():
     s = make()
     r = s.submit(req("a", [1, 2, 3], max_tokens=20))
     for _ in range(6):
         step(s)
     assert r.output_len == 6 and r.num_computed == 8
-    s.replace_tokens(r, num_keep=5, new_tokens=[77, 78])
-    assert r.token_ids[5:] == [77, 78] and r.num_computed == 5
+    batch = s.schedule()
+    append_outputs(batch, [[next_token(r)]])
+    rewrite(r, 5, [77, 78])  # a jump-forward re-tokenized the tail mid-step
+    assert r.token_ids[5:] == [77, 78] and r.rewritten_from == 5
+    s.process_results(batch)
+    assert r.num_computed == 5 and r.rewritten_from is None
     s.check_integrity()
     batch, _ = step(s)
     assert (batch.entries[0].start, batch.entries[0].num_new) == (5, 2)
-    with pytest.raises(ValueError, match="num_keep"):
-        s.replace_tokens(r, num_keep=1, new_tokens=[])
+    with pytest.raises(ValueError, match="cannot rewrite"):
+        rewrite(r, 1, [])
     run(s)
     assert r.output_len == 20
 

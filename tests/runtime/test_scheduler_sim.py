@@ -14,10 +14,11 @@ import random
 
 import numpy as np
 import pytest
+from sched_testing import append_outputs, process, rewrite
 
 from lmprog.core.sampling import SamplingParams
 from lmprog.runtime.config import CacheConfig, SchedulerConfig
-from lmprog.runtime.request import Req
+from lmprog.runtime.request import Req, ReqStatus
 from lmprog.runtime.scheduler import Scheduler
 
 STOP_MOD = 53  # a token divisible by this is a "stop token"
@@ -42,6 +43,7 @@ class FakeEngine:
         self.s = sched
         self.rng = rng
         self.speculate = speculate
+        self.retokenize = False  # rewrite a running request's tail mid-step (a jump-forward)
         n = sched.cache.capacity + 1
         self.kv_tok = np.full(n, -1, dtype=np.int64)
         self.kv_pos = np.full(n, -1, dtype=np.int64)
@@ -84,7 +86,14 @@ class FakeEngine:
             toks, reason = self.sample(e) if e.sample else ([], None)
             tokens.append(toks)
             reasons.append(reason)
-        finished = self.s.process_results(batch, tokens, reasons)
+        append_outputs(batch, tokens)
+        running = [e.req for e in batch.entries if e.req.status is ReqStatus.RUNNING]
+        if self.retokenize and running:  # re-tokenize a tail: same tokens, KV dropped
+            r = self.rng.choice(running)
+            keep = self.rng.randint(r.prompt_len, r.seq_len)
+            rewrite(r, keep, r.token_ids[keep:])
+        self.retokenize = False
+        finished = self.s.process_results(batch, reasons)
         return batch, finished
 
     def sample(self, e):
@@ -161,11 +170,7 @@ def simulate(name, seed):
             victim = rng.choice([*s.requests.waiting, *s.requests.running_reqs()])
             s.abort(victim.rid)
             aborted.add(victim.rid)
-        if rng.random() < 0.05 and s.num_running:  # re-tokenize a tail: same tokens, KV dropped
-            r = rng.choice(list(s.requests.running_reqs()))
-            keep = rng.randint(r.prompt_len, r.seq_len)
-            s.replace_tokens(r, keep, r.token_ids[keep:])
-            s.check_integrity()
+        engine.retokenize = rng.random() < 0.05
         finished += engine.step()[1]
         s.check_integrity()
         if len(submitted) == 60 and not s.has_work:
@@ -207,10 +212,10 @@ def test_64_running_requests_decode_together_step_after_step():
         )
     while any(r.pending_len > 1 for r in s.requests.running_reqs()) or s.num_waiting:
         b = s.schedule()
-        s.process_results(b, [[1] if e.sample else [] for e in b.entries])
+        process(s, b, [[1] if e.sample else [] for e in b.entries])
     tokens = [[7]] * 64
     for _ in range(300):
         b = s.schedule()
         assert len(b.entries) == 64 and b.num_decodes == 64
-        s.process_results(b, tokens)
+        process(s, b, tokens)
     s.check_integrity()

@@ -8,6 +8,7 @@ the prefix cache its own tokens at their positions (its keys never rotated)."""
 
 import numpy as np
 import pytest
+from sched_testing import append_outputs, resolve, rewrite
 
 from lmprog.core.errors import ContextLengthError
 from lmprog.core.sampling import SamplingParams
@@ -48,7 +49,7 @@ class Harness:
         self.full[r.rid] = list(r.token_ids)
         return self.s.submit(r)
 
-    def step(self):
+    def step(self, rewrite_last=0):
         s = self.s
         batch = s.schedule()
         if batch.kv_shift is not None:
@@ -63,7 +64,13 @@ class Harness:
         toks = [[next_token(e.req)] if e.sample else [] for e in batch.entries]
         for e, t in zip(batch.entries, toks):
             self.full[e.req.rid] += t
-        finished = s.process_results(batch, toks)
+        append_outputs(batch, toks)
+        if rewrite_last:  # a jump-forward rewrites the last tokens, mid-step
+            (e,) = batch.entries
+            keep = e.req.seq_len - rewrite_last
+            rewrite(e.req, keep, [9, 8, 7, 6])
+            self.full[e.req.rid] = self.full[e.req.rid][: keep + e.req.num_evicted] + [9, 8, 7, 6]
+        finished = s.process_results(batch)
         s.check_integrity()
         self.check()
         return batch, finished
@@ -181,11 +188,11 @@ def test_overlap_placeholders_resolve_at_their_shifted_index():
     while r.num_computed < LIMIT - 1:
         h.step()
     prev = s.schedule()  # feeds position LIMIT - 1; its token stays on the "device"
-    assert s.process_results(prev, [(-1,)], unresolved=True) == []
+    assert s.process_launched(prev, [(-1,)]) == []
     nxt = s.schedule()  # the window is full: evicts SHIFT tokens before feeding the placeholder
     assert nxt.kv_shift is not None and r.num_evicted == SHIFT
     assert r.token_ids[-1] == -1 and prev.entries[0].end == LIMIT
-    assert s.resolve_tokens(prev, [(42,)], [None]) == []
+    assert resolve(s, prev, [(42,)], [None]) == []
     assert r.token_ids[-1] == 42 and r.token_ids[LIMIT - SHIFT] == 42
 
 
@@ -201,9 +208,7 @@ def test_verify_drafts_stop_at_the_window_and_a_rewrite_after_eviction_is_recomp
     assert e.num_new == 3 and e.draft_ids == (1, 2)  # the pending token + 2 drafts fill it
     while not r.num_evicted:
         h.step()
-    keep = r.seq_len - 3  # a jump-forward rewrites the last tokens after an eviction
-    s.replace_tokens(r, keep, [9, 8, 7, 6])
-    h.full["a"] = h.full["a"][: keep + r.num_evicted] + [9, 8, 7, 6]
+    h.step(rewrite_last=3)  # a jump-forward rewrites the last tokens after an eviction
     h.run()
     assert r.output_len == 200 and r.finish_reason == "length"
 

@@ -272,16 +272,16 @@ def test_drafts_after_forced_tokens_continue_them_within_the_step_limit():
     )
     a = running_req("a", LOOP, 1)
     b = running_req("b", LOOP + [1, 2, 5, 6], 3)  # forced "2 5 6" after the sampled 1
-    spec.propose([a, b])
+    spec.propose(spec.choose([a, b]))
     # what followed the forced tokens' end "5 6" before (without them: no match for "7 1")
     assert b.draft_ids and b.draft_ids == [7, 1, 2, 5, 6][: len(b.draft_ids)]
     assert len(a.draft_ids) + len(b.draft_ids) == 6 - (1 + 3)  # forced tokens are fed too
     b.num_computed = b.seq_len - 1  # the same requests decoding: more room for drafts
-    spec.propose([a, b])
+    spec.propose(spec.choose([a, b]))
     assert len(a.draft_ids) + len(b.draft_ids) == 4 == 2 * best_length(0.6, 8, 0.15)
     assert spec.stats()["spec_jump_verifies"] == 0
     b.num_computed = b.seq_len - 3
-    spec.propose([b])
+    spec.propose(spec.choose([b]))
     report_verify(spec, b, 0, True)
     assert spec.stats()["spec_jump_verifies"] == 1
 
@@ -293,13 +293,13 @@ def test_rejections_after_forced_tokens_do_not_stop_drafting_inside_a_span():
     )
     req = running_req("r", LOOP + [1, 2, 5, 6], 3)
     for _ in range(12):  # guesses right after forced text keep failing
-        spec.propose([req])
+        spec.propose(spec.choose([req]))
         if req.draft_ids:
             report_verify(spec, req, 0, True)
-    spec.propose([req])
+    spec.propose(spec.choose([req]))
     assert req.draft_ids == []  # backing off there
     req.num_computed = req.seq_len - 1  # inside a span: its own statistics, still the prior
-    spec.propose([req])
+    spec.propose(spec.choose([req]))
     assert len(req.draft_ids) == best_length(0.6, 4, 0.15) > 0
 
 
@@ -354,7 +354,7 @@ def run_wrong_drafts(per_draft: float, draft_cost: float | None, steps: int = 10
     req = running_req("r", LOOP, 1, max_tokens=10_000)
     asked, ks = [], []
     for step in range(steps):
-        spec.propose([req])
+        spec.propose(spec.choose([req]))
         if req.draft_ids:
             asked.append(step)
             ks.append(len(req.draft_ids))

@@ -14,7 +14,7 @@ from lmprog.decoding.decode_state import DecodeState
 from lmprog.fsm.jump import JumpResult
 from lmprog.runtime.config import CacheConfig, SchedulerConfig
 from lmprog.runtime.engine.step_outputs import StepOutputs
-from lmprog.runtime.request import Req, ReqStatus
+from lmprog.runtime.request import Req, ReqOutputs, ReqStatus
 from lmprog.runtime.scheduler import Scheduler
 
 torch.set_num_threads(1)
@@ -68,8 +68,7 @@ class ForcingState(DecodeState):
 
 
 class Harness:
-    """Scheduler + StepOutputs as the engine drives them (jumps mirrored with
-    replace_tokens); drafts from `drafts(req)`."""
+    """Scheduler + StepOutputs as the engine drives them; drafts from `drafts(req)`."""
 
     def __init__(self, drafts=None, slots=512, budget=64, max_reqs=8, page_size=1, **sched):
         self.s = Scheduler(
@@ -84,7 +83,8 @@ class Harness:
         self.jump_verifies = 0  # verify entries whose drafts followed forced tokens
 
     def submit(self, rid, prompt, params, at=()):
-        state = ForcingState(
+        req = Req(rid, prompt, params)
+        req.engine_data = ForcingState(
             params,
             tokenizer=None,
             prompt_ids=prompt,
@@ -92,8 +92,9 @@ class Harness:
             vocab_size=V,
             token_text=str,
             at=at,
+            outputs=ReqOutputs(req),
         )
-        return self.s.submit(Req(rid, prompt, params, engine_data=state))
+        return self.s.submit(req)
 
     def schedule(self):
         if self.drafts is not None:
@@ -107,16 +108,11 @@ class Harness:
         return batch, res, self.record(batch, res)
 
     def record(self, batch, res):
-        """process_results and the jump mirroring of a processed step; the finished."""
+        """process_results of a processed step; the finished."""
         self.accepted += res.num_accepted
         self.rejected += sum(res.rejected)
         self.jump_verifies += sum(e.num_new > e.num_draft + 1 for e in batch.entries if e.draft_ids)
-        finished = self.s.process_results(batch, res.tokens, res.reasons)
-        for req, jump in res.jumps:  # as Engine._mirror_jump
-            if req.status is ReqStatus.RUNNING:
-                self.s.replace_tokens(
-                    req, req.seq_len - jump.drop_last_n_tokens, jump.new_token_ids
-                )
+        finished = self.s.process_results(batch, res.reasons)
         self.s.check_integrity()
         for r in self.s.requests.running_reqs():  # no page of a rejected draft survives
             assert r.num_allocated == self.s.cache.round_up(r.num_computed)
@@ -195,7 +191,7 @@ def test_one_verify_step_accepts_a_prefix_and_frees_the_rest():
     assert h.s.cache.allocator.num_free == free - 4
     res = h.out.process(batch, logits_for(batch))
     assert res.tokens == [(truth[1], truth[2])] and res.accepted == [1] and res.rejected == [True]
-    h.s.process_results(batch, res.tokens, res.reasons)
+    h.s.process_results(batch, res.reasons)
     h.s.check_integrity()
     assert r.output_ids == truth[:3] and r.num_computed == r.seq_len - 1
     assert h.s.cache.allocator.num_free == free - 2  # pending token + one accepted draft
@@ -313,8 +309,7 @@ def test_forced_tokens_and_drafts_share_one_verify_entry():
     h.step()  # prefill -> first token
     first = r.token_ids[-1]
     forced = [7, 9, 11, 13]
-    h.s.replace_tokens(r, r.seq_len, forced)  # a jump-forward, as the engine mirrors it
-    r.engine_data.output_ids.extend(forced)
+    r.engine_data.output_ids.extend(forced)  # a jump-forward's tokens, in the request
     assert h.s.decoding() == [r] and r.pending_len == 5
     truth = greedy_after(r.token_ids, 3)
     r.draft_ids = [truth[0], truth[1], (truth[2] + 1) % V]
@@ -326,19 +321,18 @@ def test_forced_tokens_and_drafts_share_one_verify_entry():
     assert h.s.cache.allocator.num_free == free - 8
     res = h.out.process(batch, logits_for(batch))  # 4 rows: after 13, d0, d1, d2
     assert res.tokens == [tuple(truth)] and res.accepted == [2] and res.rejected == [True]
-    h.s.process_results(batch, res.tokens, res.reasons)
+    h.s.process_results(batch, res.reasons)
     h.s.check_integrity()
     assert r.output_ids == [first] + forced + truth and r.num_computed == r.seq_len - 1
     assert h.s.cache.allocator.num_free == free - 7  # the tail and two accepted drafts
     # a fully accepted chain after forced tokens ends with the bonus token
-    h.s.replace_tokens(r, r.seq_len, forced)
-    r.engine_data.output_ids[:] = r.output_ids
+    r.engine_data.output_ids.extend(forced)
     chain = greedy_after(r.token_ids, 4)
     r.draft_ids = chain[:3]
     batch = h.s.schedule()
     res = h.out.process(batch, logits_for(batch))
     assert res.tokens == [tuple(chain)] and res.accepted == [3] and res.rejected == [False]
-    h.s.process_results(batch, res.tokens, res.reasons)
+    h.s.process_results(batch, res.reasons)
     h.s.check_integrity()
     assert r.num_computed == r.num_allocated == r.seq_len - 1
 
@@ -370,19 +364,18 @@ def test_forced_tails_take_drafts_only_within_the_budget():
     h.step()
 
     def step_with_drafts(forced, drafts):
-        h.s.replace_tokens(r, r.seq_len, forced)
-        r.engine_data.output_ids[:] = r.output_ids
+        r.engine_data.output_ids.extend(forced)
         r.draft_ids = list(drafts)
         batch = h.s.schedule()
         res = h.out.process(batch, logits_for(batch))
-        h.s.process_results(batch, res.tokens, res.reasons)
+        h.s.process_results(batch, res.reasons)
         h.s.check_integrity()
         return batch.entries[0]
 
     e = step_with_drafts([7, 9, 11, 13], [1, 2, 3, 4, 5])  # 5 pending: room for 3 drafts
     assert (e.num_new, e.draft_ids, e.sample) == (8, (1, 2, 3), True)
     # a tail as long as the budget is no decoding request: fed in chunks, drafts dropped
-    h.s.replace_tokens(r, r.seq_len, list(range(20, 28)))
+    r.engine_data.output_ids.extend(range(20, 28))
     assert r.pending_len == 9 and h.s.decoding() == []
     e = step_with_drafts([], [1, 2])
     assert (e.num_new, e.draft_ids, e.sample) == (8, (), False)

@@ -16,7 +16,7 @@ from lmprog.decoding.batch_sampler import BatchSampler
 from lmprog.decoding.decode_state import DecodeState
 from lmprog.runtime.config import SchedulerConfig
 from lmprog.runtime.engine.step_outputs import StepOutputs, _chain
-from lmprog.runtime.request import Req
+from lmprog.runtime.request import Req, ReqOutputs
 from lmprog.runtime.scheduler import Scheduler
 from lmprog.runtime.scheduler.batch import ScheduledBatch, ScheduledEntry
 
@@ -99,7 +99,8 @@ def _engine_parts():
     for i, p in enumerate(params + [params[0]]):
         prompt = [3 + i, 4 + i, 5, 6 + i]
         cls = _Faulty if i == len(params) else DecodeState
-        state = cls(
+        req = Req(i, prompt, p, prompt_logprob_start=1 if i == 2 else None)
+        req.engine_data = cls(
             p,
             tokenizer=None,
             prompt_ids=prompt,
@@ -107,10 +108,9 @@ def _engine_parts():
             vocab_size=VOCAB,
             token_text=str,
             prompt_logprob_start=1 if i == 2 else None,
+            outputs=ReqOutputs(req),
         )
-        sched.submit(
-            Req(i, prompt, p, engine_data=state, prompt_logprob_start=1 if i == 2 else None)
-        )
+        sched.submit(req)
     return sched
 
 
@@ -130,7 +130,7 @@ def _run(outputs_cls) -> list:
         logits = torch.randn(len(batch.logits_indices()), VOCAB, generator=g) * 3
         out = outputs.process(batch, logits)
         trace.append((out.tokens, out.reasons, out.num_sampled))
-        sched.process_results(batch, out.tokens, out.reasons)
+        sched.process_results(batch, out.reasons)
     return trace
 
 

@@ -6,28 +6,26 @@ runner and the per-request DecodeStates:
 
     loop:
         apply queued commands (submit / abort / call)   <- blocks here when there is no work
-        speculator.propose(decoding requests)           # draft_ids (speculative decoding)
+        inflight = step(inflight)
+
+    step(inflight) -> inflight:                           (_advance)
+        chosen = speculator.choose(decoding requests)   # who drafts (reads no token)
+        settle(inflight) first if anyone drafts         # drafts continue the real tokens
+        speculator.propose(chosen)                      # draft_ids
         batch  = scheduler.schedule()                   # decodes + verifies + prefill chunks
-        runner.move_kv(batch.kv_shift)                  # attention sinks evicted tokens: the
-                                                        # kept keys re-rotated (if any)
-        logits = runner.forward(batch)                  # one forward pass for all of them
-        prompt logprobs for entries that want them
-        draws  = sampler.sample(last-position logits)   # one token per sampling entry, and
-                                                        # per accepted draft (step_outputs)
-        state.accept(token) per request                 # text, stops, constraint, jump-forward
-        finished = scheduler.process_results(batch, tokens, finish reasons)
-        mirror jump-forwards (scheduler.replace_tokens); hand results to the handles
+        logits = runner.forward(batch, inflight tokens) # one forward pass for all of them
+        overlap: draws queued on the device (defer)     # when every sampler is history-free
+        settle(inflight)                                # its tokens, while the device runs
+        deferred: scheduler.process_launched(batch, placeholders); return it (in flight)
+        else:     sample, verify drafts, state.accept per token (StepOutputs.process: the
+                  DecodeState appends to the request's tokens, decides its finish reason,
+                  jumps forward), scheduler.process_results(batch, reasons); return None
 
-Overlap scheduling (EngineConfig.overlap; on a GPU by default): the host prepares and
-launches step N+1 before it reads step N's tokens, so the device never waits for Python:
+    settle(step): its tokens to the DecodeStates (which write them over the placeholders),
+                  scheduler.resolve_tokens(step.batch, reasons), finished requests handed over
 
-    batch N+1 = scheduler.schedule()           # feeds step N's tokens as placeholders
-    runner.forward(batch N+1, N's tokens on the device); draws queued on the device
-    settle step N: wait for its tokens (the device is busy with N+1), state.accept,
-        scheduler.resolve_tokens, finish requests    <- the host work the GPU overlaps
-    scheduler.process_results(batch N+1, placeholders, unresolved=True)
-
-A step is deferred so only when every request sampling in it is history-free (no
+Overlap scheduling (EngineConfig.overlap; on a GPU by default) thus launches step N+1 before
+the host reads step N's tokens, so the device never waits for Python. A step is deferred so only when every request sampling in it is history-free (no
 constraint, penalties, prompt logprobs or drafts: DecodeState.history_free); any other
 step is processed at once, after the one in flight settles. With speculation on, every
 step that asks for drafts settles the one in flight first (a step where speculation backed
@@ -70,7 +68,7 @@ from lmprog.decoding.decode_state import DecodeState
 
 from ..executor.model_runner import ModelRunner
 from ..parallel.errors import ParallelError
-from ..request import Req, ReqStatus
+from ..request import Req, ReqOutputs, ReqStatus
 from ..scheduler import ScheduledBatch, Scheduler
 from ..speculative.speculator import Speculator
 from .io import EngineRequest, RequestHandle
@@ -359,7 +357,17 @@ class Engine:
 
     def _admit(self, handle: RequestHandle, request: EngineRequest) -> None:
         try:
-            state = DecodeState(
+            lora_id = 0
+            if request.lora is not None:
+                lora_id = self._need_lora().resolve(request.lora)
+            req = Req(
+                handle.rid,
+                request.prompt_ids,
+                request.params,
+                prompt_logprob_start=request.prompt_logprob_start,
+                lora_id=lora_id,
+            )
+            req.engine_data = DecodeState(
                 request.params,
                 tokenizer=self._tokenizer,
                 prompt_ids=request.prompt_ids,
@@ -371,17 +379,7 @@ class Engine:
                 jump_forward=self.config.jump_forward,
                 prompt_logprob_start=request.prompt_logprob_start,
                 device=self.runner.device,
-            )
-            lora_id = 0
-            if request.lora is not None:
-                lora_id = self._need_lora().resolve(request.lora)
-            req = Req(
-                handle.rid,
-                request.prompt_ids,
-                request.params,
-                prompt_logprob_start=request.prompt_logprob_start,
-                engine_data=state,
-                lora_id=lora_id,
+                outputs=ReqOutputs(req),  # the request's tokens have one owner: req
             )
             self.scheduler.submit(req)
         except Exception as exc:  # noqa: BLE001 - bad request: its caller gets the error
@@ -396,74 +394,80 @@ class Engine:
 
     def _run_call(self, fn: Callable[[], Any], future: Future[Any]) -> None:
         try:
-            self._settle()  # fn sees every launched step's outcome
+            step, self._inflight = self._inflight, None
+            if step is not None:  # fn sees every launched step's outcome
+                self._settle(step)
             future.set_result(fn())
         except Exception as exc:  # noqa: BLE001 - raised in the caller's thread
             future.set_exception(exc)
 
     def _step(self) -> None:
+        self._inflight = self._advance(self._inflight)
+
+    def _advance(self, inflight: DeferredStep | None) -> DeferredStep | None:
+        """One step as a pipeline: choose drafts, schedule, launch, settle the step in
+        flight, record. Returns the step now in flight (overlap), else None."""
         start = time.perf_counter()
         spec = self.speculator
+        chosen = spec.choose(self.scheduler.decoding()) if spec is not None else []
+        if chosen and inflight is not None:  # drafts continue the real tokens
+            start += self._settle(inflight)  # (that step's host time, not this one's)
+            inflight = None
         if spec is not None:
-            settled = [0.0]
-
-            def settle() -> None:  # drafts continue the real tokens
-                settled[0] += self._settle()
-
-            spec.propose(self.scheduler.decoding(), settle)
-            start += settled[0]
+            spec.propose(chosen)
         batch = self.scheduler.schedule()
         if spec is not None:
             for req in batch.retracted:
                 spec.release(req.rid, finished=False)
         if batch.kv_shift is not None:  # attention sinks evicted tokens: before any forward
             self.runner.move_kv(batch.kv_shift)
+        logits = self._launch(batch, inflight)  # None: nothing ran
+        deferred = None  # this step's draws queued on the device, read a step later
+        if logits is not None and self._overlap:
+            deferred = self._outputs.defer(batch, logits)
+        launched = time.perf_counter()
+        # the step in flight's tokens, read while the device runs this one
+        settled = self._settle(inflight) if inflight is not None else 0.0
+        if deferred is not None:
+            capped = self.scheduler.process_launched(batch, deferred.placeholders())
+            return replace(deferred, capped=tuple(capped), seconds=launched - start)
+        if logits is not None:
+            self._record(batch, logits, time.perf_counter() - start - settled)
+        return None
+
+    def _launch(self, batch: ScheduledBatch, inflight: DeferredStep | None) -> Any:
+        """The batch's forward pass (fed the tokens of the step in flight on the device);
+        None when there was nothing to run, or it failed (its requests failed with it)."""
         if batch.is_empty:  # nothing runnable now: the step in flight ends requests, or
-            if self._inflight is None:  # memory frees up (a lone request always fits)
+            if inflight is None:  # memory frees up (a lone request always fits)
                 time.sleep(0.001)
-            self._settle()
-            return
-        inflight = self._inflight
+            return None
         try:
-            logits = self.runner.forward(batch, None if inflight is None else inflight.token_ids)
+            return self.runner.forward(batch, None if inflight is None else inflight.token_ids)
         except ParallelError:
             raise
         except Exception as exc:  # fail this batch's requests, keep serving
             log.exception("a forward pass failed")
-            self._settle()
             self._fail_batch(batch, exc)
-            return
-        deferred = self._outputs.defer(batch, logits) if self._overlap else None
-        launched = time.perf_counter()
-        settled = self._settle()  # the previous step's tokens, while the device runs this one
-        if deferred is not None:
-            capped = self.scheduler.process_results(batch, deferred.placeholders(), unresolved=True)
-            self._inflight = replace(deferred, capped=tuple(capped), seconds=launched - start)
-            return
+            return None
+
+    def _record(self, batch: ScheduledBatch, logits: torch.Tensor, seconds: float) -> None:
+        """Process a step at once: sample, verify, hand tokens to the requests, record."""
+        spec = self.speculator
         out = self._outputs.process(batch, logits, spec.draft_probs if spec is not None else None)
         if spec is not None:
             spec.on_step(batch, out)
-        finished = self.scheduler.process_results(batch, out.tokens, out.reasons)
-        for req, jump in out.jumps:
-            self._mirror_jump(req, jump)
-        for req in finished:
+        self.metrics.jump_forward_tokens += sum(out.jumped)
+        for req in self.scheduler.process_results(batch, out.reasons):
             self._complete(req)
-        self.metrics.on_step(
-            time.perf_counter() - start - settled,
-            batch.num_tokens,
-            batch.num_decodes,
-            out.num_sampled,
-        )
+        self.metrics.on_step(seconds, batch.num_tokens, batch.num_decodes, out.num_sampled)
 
-    def _settle(self) -> float:
-        """Finish the step in flight, if any: its tokens to the requests (module docstring).
+    def _settle(self, step: DeferredStep) -> float:
+        """Finish a step launched earlier: its tokens to the requests (module docstring).
         Returns the seconds it took (counted as that step's)."""
-        step, self._inflight = self._inflight, None
-        if step is None:
-            return 0.0
         start = time.perf_counter()
         out = self._outputs.settle(step)
-        for req in self.scheduler.resolve_tokens(step.batch, out.tokens, out.reasons):
+        for req in self.scheduler.resolve_tokens(step.batch, out.reasons):
             self._complete(req)
         for req in step.capped:
             self._complete(req)
@@ -474,23 +478,6 @@ class Engine:
             step.seconds + took, batch.num_tokens, batch.num_decodes, out.num_sampled
         )
         return took
-
-    def _mirror_jump(self, req: Req, jump: Any) -> None:
-        if req.status is not ReqStatus.RUNNING:
-            return
-        try:
-            self.scheduler.replace_tokens(
-                req, req.seq_len - jump.drop_last_n_tokens, jump.new_token_ids
-            )
-        except Exception as exc:  # noqa: BLE001 - one request's fault
-            req.engine_data.fail(exc)
-            self.scheduler.finish(req, "error")
-            self._complete(req)
-            return
-        self.metrics.jump_forward_tokens += len(jump.new_token_ids)
-        assert req.num_evicted or req.output_ids == req.engine_data.output_ids, (
-            "jump mirrored inexactly"
-        )
 
     def _complete(self, req: Req) -> None:
         """Hand a finished request's outcome to its handle (delivered after the step)."""
@@ -504,7 +491,7 @@ class Engine:
         handle.first_token_at = state.first_token_at
         try:
             if not state.done:
-                state.finish(req.finish_reason or "abort", message=self._length_message(req))
+                state.finish(req.finish_reason or "abort")
             outcome: Any = state.error or state.engine_result(
                 prompt_tokens=req.prompt_len, cached_tokens=req.cached_tokens
             )
@@ -512,13 +499,6 @@ class Engine:
             outcome = exc
         self.metrics.on_finish(state.finish_reason if state.error is None else "error")
         self._outbox.append((handle, outcome))
-
-    @staticmethod
-    def _length_message(req: Req) -> str | None:
-        """Why a request the scheduler ended with "length" stopped short of max_tokens."""
-        if req.finish_reason == "length" and req.output_len < req.params.max_tokens:
-            return f"the context of {req.max_seq_len} tokens is full"
-        return None
 
     def _deliver(self) -> None:
         outbox, self._outbox = self._outbox, []

@@ -54,14 +54,15 @@ DraftProbs = Callable[[Req], Any]  # a verify entry's request -> [k, V] draft pr
 
 @dataclass(frozen=True)
 class StepResult:
-    """tokens[i] / reasons[i]: what entry i appends and its finish reason (None: goes on);
-    jumps: (request, JumpResult) to mirror with replace_tokens after process_results;
+    """tokens[i] / reasons[i]: the tokens entry i sampled (its request's DecodeState has
+    appended them) and its finish reason (None: goes on); jumped: tokens jump-forwards
+    appended;
     accepted[i] / rejected[i]: entry i's draft tokens accepted, and whether its chain ended
     at a rejected draft (False: all accepted, or it finished or jumped first)."""
 
     tokens: list[tuple[int, ...]]
     reasons: list[str | None]
-    jumps: list[tuple[Req, Any]]
+    jumped: list[int]
     accepted: list[int] = field(default_factory=list)
     rejected: list[bool] = field(default_factory=list)
 
@@ -94,7 +95,7 @@ class DeferredStep:
         return None if self.draws is None else self.draws.token_ids
 
     def placeholders(self) -> list[tuple[int, ...]]:
-        """Per entry, what process_results(unresolved=True) appends."""
+        """Per entry, what process_launched appends."""
         tokens: list[tuple[int, ...]] = [()] * len(self.batch.entries)
         for b, i in enumerate(self.sampling):
             tokens[i] = (-1 - b,)
@@ -185,7 +186,7 @@ class StepOutputs:
             e = entries[i]
             if e.req.engine_data.done:  # (a request at its length cap has not: see capped)
                 continue
-            if _hand(e.req, i, 0, draw, result, e.end)[0]:
+            if _hand(e.req, i, draw, result)[0]:
                 result.tokens[i] = (draw.token,)
         return result
 
@@ -202,7 +203,7 @@ class StepOutputs:
         sub = _rows(logits, [r for _, r in sampling])
         for (i, _), draw in zip(sampling, self.sampler.sample(sub, states)):
             req = entries[i].req
-            if _hand(req, i, 0, draw, result, len(req.token_ids))[0]:
+            if _hand(req, i, draw, result)[0]:
                 result.tokens[i] = (draw.token,)
 
     def _verify(
@@ -286,7 +287,7 @@ class StepOutputs:
     @staticmethod
     def _take(e: ScheduledEntry, c: _Chain, j: int, draw: Draw, result: StepResult) -> bool:
         """Hand token j to the request's state; True when the chain goes on to j + 1."""
-        taken, jump = _hand(e.req, c.index, j, draw, result, len(e.req.token_ids))
+        taken, jump = _hand(e.req, c.index, draw, result)
         if taken:
             c.tokens.append(draw.token)
         if e.req.engine_data.done:
@@ -299,26 +300,23 @@ def _chain(e: ScheduledEntry, index: int, row: int, draft_probs: DraftProbs | No
     return _Chain(index, row, e.draft_ids, probs)
 
 
-def _hand(
-    req: Req, index: int, j: int, draw: Draw, result: StepResult, length: int
-) -> tuple[bool, Any]:
-    """Hand draw, token j of entry `index`, to req's state (`length`: the request's tokens
-    before token 0 of this step's): a draw error fails the request;
-    a jump-forward to mirror goes to result.jumps; a finished request's reason to
-    result.reasons[index]. Returns (whether the token joined the request's output, the
-    JumpResult accept returned or None)."""
+def _hand(req: Req, index: int, draw: Draw, result: StepResult) -> tuple[bool, Any]:
+    """Hand draw, a token of entry `index`, to req's state, which appends it to the request
+    (and may jump forward): a draw error fails the request; a finished request's reason
+    goes to result.reasons[index]. Returns (whether the token joined the request's output,
+    the JumpResult accept returned or None)."""
     state: DecodeState = req.engine_data
     jump = None
     if draw.error is not None:
         state.fail(draw.error)
     else:
-        room = req.max_seq_len - length - 1 - j  # after this token
+        room = req.max_seq_len - req.known_len - 1  # after this token
         try:  # as guarded(), inline: this runs for every sampled token
             jump = state.accept(draw.token, room, draw.logprob, draw.top)
         except Exception as exc:  # noqa: BLE001 - one request's fault
             state.fail(exc)
-        if jump is not None and not state.done:
-            result.jumps.append((req, jump))
+        if jump is not None:
+            result.jumped.append(len(jump.new_token_ids))
     if state.done:
         result.reasons[index] = state.finish_reason
     return state.error is None, jump

@@ -2,11 +2,14 @@
 accepted drafts and computed KV counted, requests finished, finished prefill chunks put in
 the prefix cache for reuse by others.
 
+The tokens themselves are appended by the decoding side (DecodeState, through the
+request's ReqOutputs): a request's tokens have one owner, `Req.token_ids`.
+
 Overlap scheduling (the host prepares step N+1 while the device runs step N) defers the
-tokens: record(batch, placeholders, unresolved=True) right after step N is launched
-appends one placeholder per sampling entry (see request.py); step N+1 is scheduled,
-feeding them; after N+1 is launched the host reads N's tokens and calls resolve(batch_N,
-tokens, finish_reasons), which writes them in place and finishes requests. A request
+tokens: launched(batch, placeholders) right after step N is launched appends one
+placeholder per sampling entry (see request.py); step N+1 is scheduled, feeding them;
+after N+1 is launched the host reads N's tokens, the decoding side writes them over the
+placeholders, and resolve(batch_N, finish_reasons) finishes requests. A request
 finished there was also fed in step N+1: that work is dropped (its KV slots are freed,
 nothing of it reaches the prefix cache). A request whose placeholder is its last token (its
 length cap) finishes at once, before step N+1 is scheduled: its row and KV are not held a
@@ -33,66 +36,25 @@ class ResultRecorder:
         self.finish = finish
 
     def record(
-        self,
-        batch: ScheduledBatch,
-        next_tokens: Sequence[Sequence[int]],
-        finish_reasons: Sequence[FinishReason | None] | None,
-        unresolved: bool,
+        self, batch: ScheduledBatch, finish_reasons: Sequence[FinishReason | None] | None = None
     ) -> list[Req]:
-        """Record a step's outcome; return the requests that finished.
+        """Record a step whose tokens its requests already hold; return those that finished.
 
-        next_tokens[i]: the tokens to append for entry i — empty unless entry.sample; for a
-        verify entry the accepted drafts followed by one bonus token; tokens forced by
-        jump-forward may follow the sampled one. Tokens past the request's max_tokens are
-        dropped. finish_reasons[i]: the engine's verdict (stop token/string, error, ...)
-        after appending next_tokens[i], or None. Requests reaching max_tokens or their
-        length cap finish with "length". Entries whose request is no longer running
+        The decoding side appended each sampling entry's tokens to `req.token_ids` (for a
+        verify entry the accepted drafts and one more; a jump-forward may have rewritten the
+        tail, marked by `req.rewritten_from`). finish_reasons[i]: its verdict for entry i
+        (stop token or string, length, error, ...) or None. A request at its length cap
+        finishes with "length" if no reason came. Entries whose request no longer runs
         (aborted mid-step) are skipped. Finished requests' KV goes to the prefix cache;
         finished prefill chunks are inserted into it too, for reuse by others.
-
-        unresolved: next_tokens are placeholders, one per sampling entry, of tokens still
-        on the device (overlap scheduling; no drafts, no finish reasons): only requests
-        that reached their length cap finish now (the placeholder stays out of the prefix
-        cache; resolve skips them), and so do prefill-only requests whose last chunk
-        ran (they wait for no token); the others once their tokens are known.
         """
-        entries = batch.entries
-        if len(next_tokens) != len(entries) or (
-            finish_reasons is not None and len(finish_reasons) != len(entries)
-        ):
-            raise ValueError(
-                f"need one next_tokens (and finish reason) entry per batch entry "
-                f"({len(entries)}), got {len(next_tokens)}"
-            )
+        reasons = self._reasons(batch, finish_reasons)
         finished = []
-        running = ReqStatus.RUNNING
-        reasons = finish_reasons if finish_reasons is not None else [None] * len(entries)
-        assert not unresolved or (
-            finish_reasons is None and not any(e.draft_ids for e in entries)
-        ), "placeholders stand for plain sampled tokens only"
-        for entry, tokens, reason in zip(entries, next_tokens, reasons):
-            req = entry.req
-            req.extend_len = 0
-            if req.status is not running or req.row != entry.row:
+        for entry, reason in zip(batch.entries, reasons):
+            req = self._advance(entry)
+            if req is None:
                 continue
-            if entry.num_new == 1 and entry.sample and len(tokens) == 1:  # plain decode
-                req.token_ids.append(int(tokens[0]))
-                req.num_computed += 1
-                if req.draft_ids:
-                    req.draft_ids = []
-                sampled = True
-            else:
-                sampled = self._advance(req, entry, tokens, reason is not None)
-            # at its cap: the last token was sampled now, or (a prefill-only request, e.g.
-            # max_tokens=0) every token is computed; neither waits for a placeholder
-            capped = len(req.token_ids) >= req.stop_len and (
-                sampled or req.num_computed == len(req.token_ids)
-            )
-            if unresolved and not capped:
-                if entry.num_new > 1:
-                    self.cache.cache_progress(req)
-                continue
-            if reason is None and capped:
+            if reason is None and self._capped(req, entry):
                 reason = "length"
             if reason is not None:
                 self.finish(req, reason)
@@ -101,67 +63,97 @@ class ResultRecorder:
                 self.cache.cache_progress(req)
         return finished
 
-    def resolve(
-        self,
-        batch: ScheduledBatch,
-        tokens: Sequence[Sequence[int]],
-        finish_reasons: Sequence[FinishReason | None],
-    ) -> list[Req]:
-        """Write the real tokens of a step recorded with record(unresolved=True)
-        over its placeholders and finish requests; return those that finished.
-
-        tokens[i]: the one token of sampling entry i, or () when its draw failed (its finish
-        reason says so); finish_reasons[i]: the engine's verdict after it. Finished
-        requests are skipped (those at their length cap finished when the placeholder was
-        recorded); a retracted one gets its token too (it resumes with it). Safe while the
-        next step is in flight (see the module docstring)."""
-        if len(tokens) != len(batch.entries) or len(finish_reasons) != len(batch.entries):
+    def launched(self, batch: ScheduledBatch, placeholders: Sequence[Sequence[int]]) -> list[Req]:
+        """Overlap scheduling: record a step launched with its tokens still on the device.
+        placeholders[i]: the one placeholder of sampling entry i (plain sampled tokens only:
+        no drafts), appended so the next step can feed it. Only requests that can take no
+        token after it (their length cap) finish now, and prefill-only requests whose last
+        chunk ran; they are returned. The others finish in `resolve`."""
+        if len(placeholders) != len(batch.entries):
             raise ValueError(
-                f"need one token tuple and finish reason per batch entry "
-                f"({len(batch.entries)}), got {len(tokens)} and "
-                f"{len(finish_reasons)}"
+                f"need one placeholder tuple per batch entry ({len(batch.entries)}), "
+                f"got {len(placeholders)}"
             )
+        assert not any(e.draft_ids for e in batch.entries), "placeholders are plain tokens"
         finished = []
-        for entry, toks, reason in zip(batch.entries, tokens, finish_reasons):
-            req = entry.req
-            if not entry.sample or req.status is ReqStatus.FINISHED:
+        for entry, tokens in zip(batch.entries, placeholders):
+            if entry.sample and tokens and self._running(entry):
+                entry.req.token_ids.append(int(tokens[0]))
+            req = self._advance(entry)
+            if req is None:
                 continue
-            at = entry.end - (req.num_evicted - entry.evicted)  # tokens evicted since
-            assert req.token_ids[at] < 0, f"{req}: no placeholder at {at}"
-            assert at + 1 < req.stop_len, f"{req}: at its length cap, yet unfinished"
-            if toks:
-                req.token_ids[at] = int(toks[0])
-            if reason is not None:
-                self.finish(req, reason)
+            if self._capped(req, entry):
+                self.finish(req, "length")
                 finished.append(req)
+            elif entry.num_new > 1:
+                self.cache.cache_progress(req)
         return finished
 
-    def _advance(
-        self, req: Req, entry: ScheduledEntry, tokens: Sequence[int], has_reason: bool
-    ) -> bool:
-        """Append tokens and move num_computed past the KV this step wrote (minus rejected
-        drafts). Returns whether tokens were appended."""
-        end = entry.end
-        if not entry.sample or len(tokens) == 0:
-            if len(tokens):
-                raise ValueError(f"request {req.rid!r} does not sample this step but got tokens")
-            if entry.sample and not has_reason:
-                raise ValueError(
-                    f"request {req.rid!r} samples this step: pass its next token or a finish reason"
-                )
-            req.num_computed = end - len(entry.draft_ids)
-            return False
-        tokens = [int(t) for t in tokens[: req.remaining_tokens]]
-        req.token_ids.extend(tokens)
-        valid = end - len(entry.draft_ids)
-        for draft, token in zip(entry.draft_ids, tokens):
+    def resolve(
+        self, batch: ScheduledBatch, finish_reasons: Sequence[FinishReason | None]
+    ) -> list[Req]:
+        """Finish the requests of a step recorded with `launched`, once the decoding side has
+        written their tokens over the placeholders; return those that finished. Finished
+        requests are skipped (those at their length cap finished when launched). Safe while
+        the next step is in flight (see the module docstring)."""
+        finished = []
+        for entry, reason in zip(batch.entries, self._reasons(batch, finish_reasons)):
+            req = entry.req
+            if not entry.sample or req.status is ReqStatus.FINISHED or reason is None:
+                continue
+            self.finish(req, reason)
+            finished.append(req)
+        return finished
+
+    @staticmethod
+    def _reasons(
+        batch: ScheduledBatch, reasons: Sequence[FinishReason | None] | None
+    ) -> Sequence[FinishReason | None]:
+        if reasons is None:
+            return [None] * len(batch.entries)
+        if len(reasons) != len(batch.entries):
+            raise ValueError(
+                f"need one finish reason per batch entry ({len(batch.entries)}), got {len(reasons)}"
+            )
+        return reasons
+
+    @staticmethod
+    def _running(entry: ScheduledEntry) -> bool:
+        req = entry.req
+        return req.status is ReqStatus.RUNNING and req.row == entry.row
+
+    @staticmethod
+    def _capped(req: Req, entry: ScheduledEntry) -> bool:
+        """At its length cap with nothing left to wait for: its last token was sampled now,
+        or (a prefill-only request, e.g. max_tokens=0) every token is computed."""
+        return len(req.token_ids) >= req.stop_len and (
+            entry.sample or req.num_computed == len(req.token_ids)
+        )
+
+    def _advance(self, entry: ScheduledEntry) -> Req | None:
+        """Move num_computed past the KV this step wrote that stays valid: the fed tokens,
+        minus rejected drafts and rewritten tokens. None when the request no longer runs."""
+        req = entry.req
+        req.extend_len = 0
+        rewritten, req.rewritten_from = req.rewritten_from, None
+        if not self._running(entry):
+            return None
+        if entry.num_new == 1 and rewritten is None and len(req.token_ids) == entry.end + 1:
+            req.num_computed = entry.end  # a plain decode (the common case)
+            if req.draft_ids:
+                req.draft_ids = []
+            return req
+        valid = entry.end - len(entry.draft_ids)  # the fed tokens that are req's own
+        for draft, token in zip(entry.draft_ids, req.token_ids[valid:]):
             if draft != token:
                 break
             valid += 1
-        computed = min(valid, len(req.token_ids) - 1)
+        computed = min(valid, len(req.token_ids) - 1) if entry.sample else entry.end
+        if rewritten is not None:
+            computed = min(computed, rewritten)
         if self.cache.round_up(computed) < req.num_allocated:
             self.cache.trim(req, computed)
         else:
             req.num_computed = computed
         req.draft_ids = []
-        return True
+        return req

@@ -21,15 +21,16 @@ separate policies: DecodePolicy, PrefillPolicy, RetractPolicy. One step:
 The engine drives it from one thread:
 
     batch = scheduler.schedule()              # may be empty (nothing to do)
-    ... run the model on batch, sample for entries with e.sample ...
-    finished = scheduler.process_results(batch, next_tokens, finish_reasons)
+    ... run the model on batch; each sampling entry's DecodeState appends its tokens
+        to the request (ReqOutputs: Req.token_ids is the one copy) ...
+    finished = scheduler.process_results(batch, finish_reasons)
 
 Between those two calls the engine may call abort/finish (process_results then skips the
-request); it must not call schedule, retract or replace_tokens.
+request); it must not call schedule or retract.
 
 Overlap scheduling (the host prepares step N+1 while the device runs step N) records a
-step's tokens as placeholders first, process_results(unresolved=True), and writes the real
-ones over them a step later, resolve_tokens (see results.py).
+step with placeholders first, process_launched, and a step later, once the decoding side
+wrote the real tokens over them, resolve_tokens (see results.py).
 
 Attention sinks (AttentionSinkConfig; see sinks.py): each step first evicts, from every
 running request whose next chunk would not fit its window, a chunk of tokens after its
@@ -231,28 +232,27 @@ class Scheduler:
         return bool(plan)
 
     def process_results(
-        self,
-        batch: ScheduledBatch,
-        next_tokens: Sequence[Sequence[int]],
-        finish_reasons: Sequence[FinishReason | None] | None = None,
-        *,
-        unresolved: bool = False,
+        self, batch: ScheduledBatch, finish_reasons: Sequence[FinishReason | None] | None = None
     ) -> list[Req]:
-        """Record a step's outcome; return the requests that finished. unresolved:
-        next_tokens are overlap scheduling's placeholders. The contract in full:
-        ResultRecorder.record (results.py)."""
-        return self.results.record(batch, next_tokens, finish_reasons, unresolved)
+        """Record a step whose tokens its requests already hold (their decoding side
+        appended them); return the requests that finished. In full: ResultRecorder.record."""
+        return self.results.record(batch, finish_reasons)
+
+    def process_launched(
+        self, batch: ScheduledBatch, placeholders: Sequence[Sequence[int]]
+    ) -> list[Req]:
+        """Overlap scheduling: record a step whose tokens are still on the device, feeding
+        placeholders; return the requests that ended at their length cap. In full:
+        ResultRecorder.launched."""
+        return self.results.launched(batch, placeholders)
 
     def resolve_tokens(
-        self,
-        batch: ScheduledBatch,
-        tokens: Sequence[Sequence[int]],
-        finish_reasons: Sequence[FinishReason | None],
+        self, batch: ScheduledBatch, finish_reasons: Sequence[FinishReason | None]
     ) -> list[Req]:
-        """Write the real tokens of a step recorded with process_results(unresolved=True)
-        over its placeholders and finish requests; return those that finished. Safe while
-        the next step is in flight. The contract in full: ResultRecorder.resolve."""
-        return self.results.resolve(batch, tokens, finish_reasons)
+        """Finish the requests of a step recorded with process_launched once their tokens
+        replaced the placeholders; return those that finished. Safe while the next step is
+        in flight. In full: ResultRecorder.resolve."""
+        return self.results.resolve(batch, finish_reasons)
 
     # -- request control -------------------------------------------------------------------
     def finish(self, req: Req, reason: FinishReason, cache: bool = True) -> bool:
@@ -282,28 +282,6 @@ class Scheduler:
         re-queue it at its arrival position; its tokens are kept and it resumes later by
         prefilling what is no longer cached. Not mid-step."""
         self.retract_policy.retract(req)
-
-    def replace_tokens(self, req: Req, num_keep: int, new_tokens: Sequence[int]) -> None:
-        """Keep req's first num_keep tokens (>= prompt_len) and append new_tokens, e.g. after
-        re-tokenizing a jump-forward. KV of dropped tokens is forgotten (recomputed as
-        needed). Not mid-step."""
-        if req.status is ReqStatus.FINISHED:
-            raise ValueError(f"request {req.rid!r} has finished")
-        if not req.prompt_end <= num_keep <= req.seq_len:
-            raise ValueError(
-                f"num_keep must be in [{req.prompt_end}, {req.seq_len}], got {num_keep}"
-            )
-        if num_keep + len(new_tokens) > req.max_seq_len:
-            raise ValueError(
-                f"{num_keep + len(new_tokens)} tokens exceed the request's length "
-                f"cap of {req.max_seq_len}"
-            )
-        del req.token_ids[num_keep:]
-        req.token_ids.extend(int(t) for t in new_tokens)
-        if req.status is ReqStatus.RUNNING:
-            keep = min(req.num_computed, num_keep, req.seq_len - 1)
-            if keep < req.num_computed:
-                self.cache.trim(req, keep)
 
     def flush_cache(self) -> bool:
         """Empty the prefix cache; only when nothing runs (returns False otherwise)."""

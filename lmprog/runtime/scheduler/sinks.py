@@ -96,6 +96,7 @@ class SinkWindow:
         """Drop req's evicted tokens [sinks, sinks + delta) from its token list (their KV
         is gone: cache/sinks.py evict_middle)."""
         start = self.sinks
+        req.evicted_output_ids += req.token_ids[max(start, req.prompt_end) : start + delta]
         del req.token_ids[start : start + delta]
         req.prompt_end -= max(0, min(delta, req.prompt_end - start))
         req.stop_len -= delta

@@ -2,7 +2,9 @@
 
 Per step, around the scheduler and the model runner:
 
-    speculator.propose(scheduler.decoding())   # req.draft_ids for those that speculate
+    chosen = speculator.choose(scheduler.decoding())   # who drafts, how far (no token read)
+    ... the engine settles its step in flight if any request drafts ...
+    speculator.propose(chosen)                  # req.draft_ids, from the real tokens
     batch = scheduler.schedule()               # verify entries: pending token(s) + drafts
     ... forward; StepOutputs verifies the chains, asking draft_probs(req) ...
     speculator.on_step(batch, result)          # acceptance statistics
@@ -97,37 +99,36 @@ class Speculator:
         self.jump_verifies = 0  # verify entries whose drafts followed jump-forward tokens
 
     # -- before schedule() -----------------------------------------------------------------
-    def propose(self, decoding: Sequence[Req], settle: Callable[[], None] | None = None) -> None:
-        """Set draft_ids of the decoding requests (Scheduler.decoding: every running request
-        whose pending tokens were generated: its last token, after a jump-forward also the
-        forced ones) that speculate this step; clear the others'.
-
-        settle: called before any token is read, once some request is to draft (overlap
-        scheduling: a step in flight has tokens the host does not know yet; a step where
-        nobody drafts leaves it in flight). Requests it ends are not asked."""
+    def choose(self, decoding: Sequence[Req]) -> list[tuple[Req, int]]:
+        """Which decoding requests (Scheduler.decoding: every running request whose pending
+        tokens were generated: its last token, after a jump-forward also the forced ones)
+        draft this step, and how far; every one's draft_ids cleared. Reads no token, so a
+        step still in flight (overlap scheduling) can stay so when nobody drafts."""
         self._probs.clear()
         self._timing = None
-        step_start = self._clock()
         fed = 0  # tokens the decoding requests feed before any draft
         for req in decoding:
             req.draft_ids = []
             fed += req.pending_len
         if not self.enabled or not decoding or self.lengths.spare(fed) <= 0:
-            return
+            return []
         candidates = [r for r in decoding if r.remaining_tokens >= 2 and not r.engine_data.done]
         ks = self.lengths.choose(
             [self._rate(r) for r in candidates], [r.remaining_tokens - 1 for r in candidates], fed
         )
-        asked = [(r, k) for r, k in zip(candidates, ks) if k > 0]
-        if asked and settle is not None:
-            settle()
-            step_start = self._clock()  # the settled step's host work is not this step's
-            asked = [
-                (r, min(k, r.remaining_tokens - 1))
-                for r, k in asked
-                if r.status is ReqStatus.RUNNING and not r.engine_data.done
-            ]
-            asked = [(r, k) for r, k in asked if k > 0]
+        return [(r, k) for r, k in zip(candidates, ks) if k > 0]
+
+    def propose(self, chosen: Sequence[tuple[Req, int]]) -> None:
+        """Set the draft_ids of the requests `choose` picked, from their tokens (known by
+        now: the engine settles the step in flight first); those that ended since are
+        skipped."""
+        step_start = self._clock()
+        asked = [
+            (r, min(k, r.remaining_tokens - 1))
+            for r, k in chosen
+            if r.status is not ReqStatus.FINISHED and not r.engine_data.done
+        ]
+        asked = [(r, k) for r, k in asked if k > 0]
         if not asked:
             return
         propose_start = self._clock()
