@@ -2,7 +2,7 @@
 or their URLs), a GPU lp.Runtime, a CPU lp.LlamaCpp, in any mix.
 
     fleet = lp.Fleet(["http://a:8000", "http://b:8000", lp.LlamaCpp()], policy="capacity")
-    lp.gen(...).run(backend=fleet)                   # each call goes to one member
+    program.run(backend=fleet)                       # each call goes to one member
 
 Placement by expected completion time (or "least_outstanding", "round_robin"); a failed or
 hung member's requests without output run again elsewhere. Design: docs/design/endpoints.md.
