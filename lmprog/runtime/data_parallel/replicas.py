@@ -78,8 +78,8 @@ class ReplicaGroup:
 
     replicas: Engine-like objects (submit(request, stream) -> handle with `finished_at`,
     stats(), flush_cache(), check_integrity(), shutdown(), alive). Requests whose engine
-    handle is a RequestHandle get the retries and moves of docs/design/data-parallel.md (the caller
-    holds a RequestHandle of the group's); other handles are returned as they are.
+    handle is a RequestHandle get the retries and moves of docs/design/data-parallel.md (the
+    caller holds a RequestHandle of the group's); other handles are returned as they are.
     hang_timeout_s: seconds without an engine step, with requests in it, after which a
     replica counts as hung (None: never)."""
 
