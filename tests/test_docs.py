@@ -44,3 +44,39 @@ def test_without_bash_installs_from_the_checkout_s_root():
             assert re.search(rf"^{extra} = \[", pyproject, re.M), extra
     scripts = re.findall(r"^python (\S+\.py)", block, re.M)
     assert scripts and all((ROOT / s).is_file() for s in scripts), scripts
+
+
+def test_design_notes_links_resolve():
+    """Every `docs/design/X.md` a docstring or comment names exists, and every relative link
+    of the design notes points at a real file."""
+    import re
+
+    named = set()
+    for path in (ROOT / "lmprog").rglob("*.py"):
+        named |= set(re.findall(r"docs/design/[\w-]+\.md", path.read_text()))
+    assert named, "the code links no design note"
+    missing = sorted(n for n in named if not (ROOT / n).is_file())
+    assert not missing, missing
+    for note in (ROOT / "docs" / "design").glob("*.md"):
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", note.read_text()):
+            assert (note.parent / target).exists(), f"{note.name}: {target}"
+
+
+def test_backend_examples_run():
+    """getting_started.md's examples of lp.LlamaCpp and lp.Runtime options run as written."""
+    import re
+
+    import pytest
+
+    pytest.importorskip("llama_cpp", reason="the llama.cpp backend is not installed")
+    pytest.importorskip("torch", reason="the runtime needs torch")
+    text = (ROOT / "docs" / "getting_started.md").read_text()
+    section = text[text.index("### Backend options by example") : text.index("## Programs")]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    local = "".join(b for b in blocks if "lp.OpenAI(" not in b)  # the rest needs a server
+    assert "lp.LlamaCpp(" in local and "lp.Runtime(" in local
+    result = subprocess.run(
+        [sys.executable, "-c", local], cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert len(result.stdout.splitlines()) == 2, result.stdout  # one answer, then a list

@@ -1,14 +1,9 @@
-"""Backends: one protocol (`lmprog.core.protocol.Backend`), several engines.
-
-    LlamaCpp          llama.cpp on the CPU (lmprog.backends.llamacpp)
-    Runtime           lmprog's in-process engine (lmprog.backends.runtime, when present)
-    OpenAI            any OpenAI-compatible HTTP endpoint (lmprog.backends.openai; never a default)
-    RuntimeEndpoint   a server speaking SGLang's native HTTP protocol: an SGLang server or
-                      `lmprog serve` (lmprog.backends.sglang_endpoint; never a default)
-    default_backend() Runtime on a CUDA machine when available, else LlamaCpp (memoized)
+"""Backends: one protocol (`lmprog.core.protocol.Backend`), several engines: LlamaCpp,
+Runtime, OpenAI, RuntimeEndpoint, Fleet; default_backend() is Runtime on a CUDA machine,
+else LlamaCpp (memoized).
 
 Engines are imported lazily, on first use of their name: `import lmprog` stays cheap and
-needs neither llama-cpp-python nor torch.
+needs neither llama-cpp-python nor torch. Options by example: docs/getting_started.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """The sequence slots of one llama.cpp context: which slot a request gets, and how cheaply it
-reaches its prompt.
+reaches its prompt (its own common prefix, another slot's copied cells, or a saved state).
 
-A request leases one slot (a llama.cpp sequence id) for its lifetime. To reach a target
-token sequence the slot starts from the best of
-
-    live:     its own tokens' common prefix        [sys shots q1 a1] -> keep [sys shots]
-    copy:     another slot's (leased or idle)       seq_cp: the KV cells are shared, not copied
-    restore:  the saved state sharing the longest prefix (StateCache), if it beats both
-
-then the engine evaluates the rest. Idle slots keep their tokens as a cache of recent
-prefixes; before a slot throws away at least `min_save_tokens` of work (another request
-takes it over, or its cells are needed), that work is saved in the `StateCache`, so
-interleaved multi-turn programs and forks find it again later. `cache_prefix` saves
-explicitly.
-
-Used by the engine thread only; `stats()` is safe from any thread.
+Idle slots keep their tokens as a prefix cache; work about to be thrown away is saved in the
+StateCache. Engine thread only; `stats()` from any thread.
+Design: docs/design/llamacpp-backend.md.
 """
 
 from __future__ import annotations

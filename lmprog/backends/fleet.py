@@ -1,26 +1,11 @@
-"""lp.Fleet: one backend over several unlike ones (issue 35, sections 2 and 3): remote lmprog
-servers (lp.RuntimeEndpoint, or their URLs), a GPU lp.Runtime, a CPU lp.LlamaCpp, in any mix.
+"""lp.Fleet: one backend over several unlike ones: remote lmprog servers (lp.RuntimeEndpoint,
+or their URLs), a GPU lp.Runtime, a CPU lp.LlamaCpp, in any mix.
 
     fleet = lp.Fleet(["http://a:8000", "http://b:8000", lp.LlamaCpp()], policy="capacity")
-    lp.gen(...).run(backend=fleet)                   # each call goes to one member
+    program.run(backend=fleet)                       # each call goes to one member
 
-Placement (lmprog/core/placement.py): by expected completion time from each member's
-measured capacity (policy "capacity", the default), or "least_outstanding", "round_robin".
-A member's progress is its streamed pieces (when the caller streams) and its finished
-requests.
-
-Faults. A member that cannot be reached, answers 5xx, breaks off a stream, or (local) raises a
-BackendError fails the request there; a request its caller has seen no output of (no piece
-passed to its stream callback) runs again on another member, each member at most once. A
-member that makes no progress for `hang_timeout_s` while it has requests counts as hung:
-progress is a streamed piece, a finished request, or (remote) a growing generated_tokens in
-its /get_load, so a member slowed by load is not taken for a hung one. A remote member
-that failed or hung is out of rotation until a probe succeeds (GET /health_generate: a
-one-token generation); its in-flight requests without output move at once, those with
-output fail with a BackendError that says so. Client errors (4xx, ContextLengthError,
-ConstraintError, ...) are the request's own: raised, never retried, the member stays. A probe
-thread also reads each remote member's /get_load every `probe_interval_s`: its reported
-capacity (gen_tokens_per_s) stands in until the fleet has measured one.
+Placement by expected completion time (or "least_outstanding", "round_robin"); a failed or
+hung member's requests without output run again elsewhere. Design: docs/design/endpoints.md.
 """
 
 from __future__ import annotations
@@ -57,7 +42,7 @@ class _Moved(Exception):
 
 
 class Fleet(Backend):
-    """Several backends behind one (module docstring).
+    """Several backends behind one (docs/design/endpoints.md).
 
     members: backends, or URLs of lmprog/SGLang servers (each becomes lp.RuntimeEndpoint).
     policy: "capacity", "least_outstanding" or "round_robin".

@@ -1,22 +1,10 @@
 """The llama.cpp backend's engine: one thread that runs every request in one batch per step.
 
-    submit(Job) -> waiting -> admitted (a sequence slot at its best prefix) -> running
-    each step:  one token per generating request + chunks of prompts, in one llama_decode
-             -> the logits of every request that reached its next token
-             -> one BatchSampler call -> DecodeState.accept per request (stops, constraints,
-                jump-forward, logprobs, text pieces) -> finished requests leave; their
-                slots keep their tokens as a prefix cache (context_pool.py)
+    submit(Job) -> waiting -> admitted (a slot at its best prefix) -> running -> finished
 
-A Job only states a target: "make a slot hold these tokens, with the logits from this
-position on". A generation extends its target with each accepted token (a jump-forward
-may replace its tail: the slot drops what no longer matches); a prefill or a scored span
-ends when its slot holds the target.
-
-Callers wait on their Job's events (text pieces, then a result or an error): user code
-(stream callbacks) never runs on the engine thread, and a caller that stops reading aborts
-only its own request (`abort`). When the KV cells run out, idle slots are emptied first,
-then the newest request of the step is retracted: its KV state is saved with it and restored
-when it is admitted again, so it continues from the same KV as if it had stayed.
+Each step one llama_decode (a token per generation + prompt chunks), one BatchSampler call,
+DecodeState.accept per request. Callers wait on their Job's events; out of KV cells the
+newest request is retracted with its state saved. Design: docs/design/llamacpp-backend.md.
 """
 
 from __future__ import annotations

@@ -3,15 +3,8 @@
     lp.OpenAI("gpt-4o-mini")                                   # api.openai.com, OPENAI_API_KEY
     lp.OpenAI(model="m", base_url="http://127.0.0.1:30000/v1", api_key="...")   # vLLM, SGLang, lmprog serve
 
-Requests go through the official `openai` client (install the `openai` extra). How each
-primitive maps to the API:
-
-    gen (prompt without roles)   POST /v1/completions  (stop, sampling fields, logprobs, streaming)
-    gen inside lp.assistant(...) POST /v1/chat/completions in chat mode: role segments -> messages
-    gen(json_schema=...)         response_format {"type": "json_schema", ...}
-    gen(regex=/dtype=...)        the server's own regex field, if `regex_field` names it; else error
-    select / gen(choices=...)    POST /v1/completions with echo=True, logprobs=0, max_tokens=0
-    num_api_spec_tokens          API speculative execution (lmprog.interpreter.api_spec)
+Requests go through the official `openai` client (the `openai` extra). How each primitive
+maps to the API: docs/design/endpoints.md.
 """
 
 from __future__ import annotations
@@ -55,35 +48,14 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 class OpenAI(Backend):
     """A model behind an OpenAI-compatible HTTP API. Thread-safe (one shared client).
 
-    Args:
-        model: the served model's name; None: the first one /v1/models lists.
-        base_url: the API root (default: $OPENAI_BASE_URL, else api.openai.com); a URL with
-            no path, like a local server's "http://127.0.0.1:30000", gets "/v1" appended.
-        api_key: default $OPENAI_API_KEY, else "EMPTY" (local servers usually need none).
-        chat: how role messages reach the server.
-            True: the program's role segments become `messages` of /v1/chat/completions and
-            the server applies the model's chat template. A gen must then start an
-            assistant message (text before it in the same message needs
-            num_api_spec_tokens), and select cannot score inside roles.
-            False: roles are rendered into the prompt text with `chat_template` or the
-            `tokenizer`'s template and sent to /v1/completions.
-            None (default): False when `chat_template` or `tokenizer` is given, else True.
-            A prompt with no roles at all goes to /v1/completions in either mode.
-        chat_template: completion mode's template: a name ("chatml", "llama-3", "plain") or
-            jinja2 source.
-        tokenizer: a Hugging Face tokenizer, or an lmprog model name/path whose tokenizer to
-            load, for `backend.tokenizer` and completion mode's chat template. An endpoint
-            exposes neither; without one, asking for them raises BackendError.
-        regex_field: the body field under which the server accepts a regex (vLLM:
-            "guided_regex", SGLang and lmprog's server: "regex"); None: regex/dtype
-            constraints raise BackendError.
-        extra_body: fields added to every request body (server-specific options).
-        timeout, max_retries: passed to the openai client.
-
-    Errors from the endpoint become BackendError (ContextLengthError for OpenAI's
-    "context_length_exceeded") carrying the server's message. `cache_prefix` is a no-op
-    (servers cache prefixes on their own). Results carry no token ids: endpoints name
-    tokens by text, so `TokenLogprob.token_id` is -1.
+    Args: model (None: the first of /v1/models); base_url ($OPENAI_BASE_URL, else
+    api.openai.com; "/v1" added to a bare host); api_key ($OPENAI_API_KEY, else "EMPTY");
+    chat (True: role segments become chat `messages`; False: rendered with `chat_template` or
+    `tokenizer` for /v1/completions; None: False when either is given); chat_template;
+    tokenizer (an HF tokenizer or lmprog model name); regex_field ("regex" for SGLang and
+    lmprog, "guided_regex" for vLLM; None: regex constraints raise); extra_body; timeout,
+    max_retries. Endpoint errors become BackendError (ContextLengthError for a too-long
+    prompt); token ids in results are -1. Details: docs/design/endpoints.md.
     """
 
     def __init__(
@@ -182,16 +154,9 @@ class OpenAI(Backend):
         return result
 
     def score(self, request: ScoreRequest) -> ScoreResult:
-        """Choice logprobs from the prompt logprobs a completions endpoint echoes.
-
-        One request carries every `prompt + choice` (and each choice alone for unconditional
-        scores) with echo=True, logprobs=0, max_tokens=0; a choice's score is the logprobs of
-        the tokens overlapping its characters. Token healing is not available: the endpoint
-        tokenizes `prompt + choice` as one text but does not expose its tokenizer, so a token
-        straddling the boundary simply counts with the choice. Unconditional scores condition
-        on a single newline (an endpoint gives the first token of a prompt no logprob, and
-        takes no BOS token as text). A prompt with role messages in chat mode raises
-        BackendError: a chat endpoint returns no prompt logprobs.
+        """Choice logprobs from the prompt logprobs a completions endpoint echoes (one request,
+        echo=True, logprobs=0, max_tokens=0). No token healing; chat-mode role prompts raise
+        BackendError. Details: docs/design/endpoints.md.
         """
         self._check_open()
         check_score_request(request)

@@ -1,15 +1,8 @@
 """Role messages for a chat endpoint: marked up in the program's text, split back out.
 
-In chat mode `lp.OpenAI` gives the interpreter a chat template whose role prefix and
-suffix are plain markers, so the program's text records where each message begins and
-ends; `split_messages` recovers the `messages` list a chat API takes:
-
-    <|lmprog:system|>Be terse.<|lmprog:end|>\\n<|lmprog:user|>2+2?<|lmprog:end|>\\n<|lmprog:assistant|>
-    └─ {"role": "system", ...} ────────────┘   └─ {"role": "user", ...} ───────┘   └─ the open message
-
-The server applies the model's own chat template to them. Text outside every role has no
-place in a chat request and raises BackendError (a prompt without any role goes to the
-completions endpoint instead).
+In chat mode the role prefix and suffix are plain markers (<|lmprog:user|> ...
+<|lmprog:end|>); `split_messages` recovers the `messages` list. Text outside every role
+raises BackendError. Design: docs/design/endpoints.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """`select` on a completions endpoint: choice logprobs from echoed prompt logprobs.
 
-One request scores every choice: `prompt=[prompt + choice, ...]` with `echo=True,
-logprobs=0, max_tokens=0` returns the logprob of every prompt token. The tokens that
-overlap the choice's characters are its score:
-
-    prompt + choice:  "The sky is" + " blue"
-    server tokens:    [The][ sky][ is][ blue]      text_offset 0 3 7 10
-    choice tokens:                    ^^^^^^ (ends after offset 10 = len(prompt))
-
-A token that straddles the boundary (the prompt's end merged with the choice's start)
-counts with the choice. This is not lmprog's token healing: an endpoint does not expose
-its tokenizer, so the prompt's own tokenization cannot be compared.
+One request scores every choice; the tokens overlapping a choice's characters are its
+score (a token straddling the boundary counts with the choice; no token healing).
+Design: docs/design/endpoints.md.
 """
 
 from __future__ import annotations

@@ -3,20 +3,8 @@ protocol: an SGLang server (`python -m sglang.launch_server`), or `lmprog serve`
 
     lp.set_default_backend(lp.RuntimeEndpoint("http://127.0.0.1:30000"))
 
-How each primitive maps to the protocol (standard library HTTP; no extra package):
-
-    construction          GET  /get_model_info (model_path; lmprog serve also says its chat template)
-    gen                   POST /generate {"text" | "input_ids", "sampling_params": {max_new_tokens,
-                               stop, temperature, ...}, "stream"} -> text, meta_info
-    gen(regex/dtype/...)  sampling_params.regex = the constraint's regex; json_schema and ebnf
-                          constraints go as sampling_params.json_schema / ebnf
-    gen(return_logprob)   return_logprob, top_logprobs_num, return_text_in_logprobs
-    select                POST /generate with max_new_tokens=0 for the prompt's length, then one
-                          batch of prompt + each choice with return_logprob and logprob_start_len:
-                          prompt token logprobs, token healing by comparing token ids
-    cache_prefix          POST /generate with max_new_tokens=0 (the server keeps the prefix)
-    flush_cache()         POST /flush_cache
-    get_server_info()     GET  /server_info
+Standard-library HTTP; gen -> POST /generate, select -> prompt logprobs with token healing.
+How each primitive maps to the protocol: docs/design/endpoints.md.
 """
 
 from __future__ import annotations
@@ -58,23 +46,11 @@ HEALING_WINDOW = 8
 class RuntimeEndpoint(Backend):
     """A model behind SGLang's native HTTP API (SGLang's `RuntimeEndpoint`). Thread-safe.
 
-    Args:
-        base_url: the server's root, e.g. "http://127.0.0.1:30000".
-        api_key: sent as `Authorization: Bearer KEY` (SGLang's --api-key, lmprog serve's).
-        verify: for https: a CA bundle path, or False to skip certificate checks.
-        chat_template: how role messages are rendered into the prompt text: a name
-            ("chatml", "llama-3", ...) or jinja2 source. Default: the template `lmprog serve`
-            reports, else the `tokenizer`'s, else that of the model the server names when it
-            is an lmprog model on this machine; an SGLang server reports none, so chat
-            programs against it pass chat_template= or tokenizer=.
-        chat_template_name: SGLang's name for `chat_template`.
-        tokenizer: a Hugging Face tokenizer or an lmprog model name/path, for
-            `backend.tokenizer` and the chat template.
-        timeout: seconds to wait for the server on each request.
-
-    Server errors become BackendError (ContextLengthError when the prompt does not fit)
-    with the server's message. The server tokenizes and caches prefixes; `select` needs
-    prompt logprobs, which lmprog serve gives with either of its sampling backends.
+    Args: base_url ("http://127.0.0.1:30000"); api_key (sent as a Bearer token); verify (CA
+    bundle or False); chat_template / chat_template_name (default: what lmprog serve reports,
+    else the tokenizer's, else a local lmprog model's; SGLang reports none); tokenizer;
+    timeout. Server errors become BackendError (ContextLengthError when the prompt does not
+    fit). Details: docs/design/endpoints.md.
     """
 
     def __init__(
@@ -160,7 +136,7 @@ class RuntimeEndpoint(Backend):
         return result_of(out, request.constraint)
 
     def score(self, request: ScoreRequest) -> ScoreResult:
-        """Choice logprobs from prompt logprobs (see the module docstring)."""
+        """Choice logprobs from prompt logprobs (docs/design/endpoints.md)."""
         self._check_open()
         check_score_request(request)
         check_no_lora(request, "RuntimeEndpoint (select)")

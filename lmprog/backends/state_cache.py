@@ -1,19 +1,9 @@
-"""Saved KV states keyed by the token sequence they hold: longest-prefix lookup, LRU, bytes-bounded.
+"""Saved KV states keyed by the token sequence they hold: longest-prefix lookup, LRU,
+bytes-bounded, with an optional disk tier (`disk_bytes` > 0: checked block files).
 
-A state saved after evaluating tokens T can serve any later sequence S that shares a prefix
-with T: restore it, drop the KV beyond the common prefix, evaluate the rest of S.
+    cache.put(tokens, blob); match = cache.lookup(tokens2)   # longest common prefix, or None
 
-    entries: [sys user1 ans1 user2]   [sys fewshot×5]   ...
-    lookup(sys fewshot×5 q7) -> the second entry, common = len(sys fewshot×5)
-
-A disk tier under it (`disk_bytes` > 0): an entry evicted from memory is written to a checked
-block file (lmprog.core.blockfile) instead of dropped, bounded in bytes with its own LRU; a
-lookup whose best match is on disk reads it back (and moves it to memory): a truncated,
-corrupt or missing file is dropped and the best match in memory (or none) serves instead,
-counted in `disk_failures`; a write that fails (a full disk) drops the entry
-(`disk_write_failures`).
-
-Plain data (bytes and token arrays); no llama.cpp here. Thread-safe.
+Plain data; no llama.cpp here. Thread-safe. Design: docs/design/llamacpp-backend.md.
 """
 
 from __future__ import annotations

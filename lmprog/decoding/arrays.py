@@ -1,26 +1,11 @@
 """The array operations of the sampler, over numpy (no torch) or torch (any device).
 
-The sampling rules are written once (`sampler.py`), against an `ArrayOps`:
-
-    ops_on(None)          numpy arrays on the host: the llama.cpp backend, which never
-                          imports torch (1 s or more of a first gen)
-    ops_on(device)        torch tensors on that device: the runtime (CPU or GPU)
+    ops_on(None)          numpy arrays on the host (the llama.cpp backend never imports torch)
+    ops_on(device)        torch tensors on that device (the runtime)
     ops_for(x)            the ops of an existing array or tensor
 
-Python's operators (arithmetic, comparisons, `& | ~`, `x[:, None]`, `x[rows, cols]`) mean
-the same on both and are used directly; the rest goes through these methods, each the
-operation the sampler used to call on torch (no device read, host data copied without
-waiting for the device).
-
-The numpy implementation computes the same values as torch on a CPU: exactly where the
-operation is exact (penalties, masks, argmax, top-k, cumulative sums, which torch
-accumulates in float64 on a CPU, the seeded uniforms), within a few float32 ulps where
-the summation order differs (softmax, log_softmax). A seeded row therefore draws the
-same tokens from the same logits on either path (`tests/decoding/test_array_paths.py`).
-Only unseeded rows differ: torch's default RNG there, numpy's here.
-
-dtypes are named by string ("float32", "int64", "int32", "bool"); every reduction and
-scan runs over the last axis.
+A seeded row draws the same tokens from the same logits on either path; dtypes are named by
+string, reductions run over the last axis. Design: docs/design/sampling.md.
 """
 
 from __future__ import annotations

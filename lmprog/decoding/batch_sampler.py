@@ -1,24 +1,10 @@
 """BatchSampler: one token for each request of a step, from their next-token logits.
 
-Wraps the shared sampler (`sampler.py`) with what a backend keeps per request in
-its DecodeState: SamplingParams, seeded generator, penalty counts and prompt tokens, output length (for
-min_tokens) and constraint guide (bitmask). Per-row tensors are rebuilt only when the set of
-sampled requests changes (a steady decode batch reuses them). The runtime's engine samples a
-whole batch of torch logits per step; the llama.cpp backend every request whose logits are
-in, as numpy arrays (its DecodeStates built with device=None: torch is never imported).
+    draws = sampler.sample(logits, states)            # or sample_async (overlap scheduling)
 
-Speculative verification with explicit draft distributions goes through `judge` (the
-rejection rule on the same processed distribution `sample` draws from).
-
-Overlap scheduling draws a step's tokens with `sample_async`: the draw is queued on the
-device and its host copy started; `PendingDraws.draws()` waits for it one step later, while
-the device runs the next step (whose inputs take the tokens from `PendingDraws.token_ids`
-on the device). Only for rows whose sampling needs nothing the host learns from the
-previous token (DecodeState.history_free).
-
-Fault isolation: a row that its masks leave nothing to sample comes back from the sampler
-as NO_TOKEN and fails alone (found when the tokens are read, not by a device read of its
-own); when the batched call raises, every row is retried alone, so only the faulty rows fail.
+Wraps sampler.py with each request's DecodeState (params, generator, penalties, guide);
+per-row tensors are rebuilt only when the sampled set changes; `judge` runs the rejection
+rule for drafts with distributions; a faulty row fails alone. Design: docs/design/sampling.md.
 """
 
 from __future__ import annotations

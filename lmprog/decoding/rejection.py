@@ -1,18 +1,8 @@
-"""The speculative-sampling acceptance rule (Leviathan et al. 2023; Chen et al. 2023).
-
-A draft token d was drawn from the draft distribution q; p is the target's distribution at
-the same position (after every sampling transform: see `lmprog.decoding.sampler.probabilities`).
-
-    accept d           with probability min(1, p(d) / q(d))
-    else draw x        from (p - q)+ / sum (p - q)+              (the "residual")
-
-Either way the token is distributed exactly as p, whatever q is, so chaining the rule over
-a draft chain (stopping at the first rejection, then drawing the bonus token from p after
-a fully accepted chain) samples the target's sequence distribution.
-
-A deterministic proposer (probs None, e.g. n-gram) is the point mass q = 1{d}: the rule then
-becomes "draw x from p; accept d iff x == d", which is what the engine does for such drafts
-(see lmprog.runtime.engine.step_outputs); this module serves drafts with explicit q.
+"""The speculative-sampling acceptance rule (Leviathan et al. 2023; Chen et al. 2023):
+accept draft d with probability min(1, p(d) / q(d)), else draw from the residual
+(p - q)+, so every token is distributed exactly as p. For drafts with explicit q;
+point-mass drafts (n-gram) are verified by the engine itself. Design:
+docs/design/speculative.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Seeded random numbers for sampling, the same on every device and in any batch.
 
-A seeded request owns a `SeededGenerator`: its uniform number i is a hash of (seed, i), so
-what a row draws depends on its seed and on how many numbers it drew before, never on the
-rows around it, the batch order or the device. A batch's numbers are computed together on
-the host (SplitMix64 over numpy uint64, a few vectorized operations whatever the batch size)
-and reach the device in one copy that does not wait for it:
-
-    uniform i of seed s = top 24 bits of mix64(mix64(s) + (i + 1) * golden) / 2**24   in [0, 1)
-
-(SplitMix64's i-th output from the state mix64(s).) Rows without a generator draw from
-the array library's default RNG: torch's on the device (`torch.rand`), or numpy's where the
-arrays are numpy (`device=None`).
+A seeded request's uniform i is a hash of (seed, i) (SplitMix64, vectorized on the host),
+so its draws never depend on the batch or the device. Rows without a generator use the
+array library's default RNG. Formula: docs/design/sampling.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """The batched token sampler shared by every backend (llama.cpp: B=1; the runtime: B=many).
 
-One call turns next-token logits [B, V] into one token per row, honouring each row's own
-`SamplingParams`. The order of operations, per row:
+    out = sample(logits, SamplingTensors.from_params(...))   # [B, V] -> one token per row
 
-    raw logits ──┬─> log_softmax ─────────────────────────────> output logprobs (raw model)
-                 └─> repetition ─> − penalties ─> min_tokens ban ─> constraint bitmask (lmprog.fsm.mask)
-                         ─┬─> argmax                           (greedy rows)
-                          └─> / temperature ─> top-k ─> top-p ─> min-p ─> draw   (others)
-
-Logprobs are those of the *raw* model distribution (log_softmax of the logits before
-penalties, masks, temperature and filters), as SGLang and vLLM return by default: they are
-a property of the model, comparable across sampling settings and defined at temperature 0.
-
-The repetition penalty is CTRL's, as vLLM and SGLang apply it: a token seen in the prompt
-or the output so far has its logit divided by the penalty when positive, multiplied by it
-when negative; then the frequency and presence penalties subtract from the output counts.
-
-Drawing is inverse-CDF sampling with one uniform number per row, taken from that row's own
-counter-based generator when it has a seed (`rng.py`: all seeded rows in one vectorized
-hash), so a seeded row yields the same tokens alone or inside any batch, on any device.
-
-Nothing here waits for the device: host values reach it by non-blocking copies, and a row
-that masks leave without a token (every token -inf) gets token id -1 instead of an error
-that would need a device read to detect; `BatchSampler` turns it into that row's error.
-
-Written once over `arrays.ArrayOps`: torch tensors (the runtime, any device) or numpy arrays
-(llama.cpp, which never imports torch), chosen by the type of the logits; `device=None`
-anywhere here means numpy. A seed draws the same tokens from the same logits on both.
+Per row: penalties, min_tokens ban, constraint bitmask, then argmax or temperature, top-k,
+top-p, min-p and an inverse-CDF draw (seeded rows through rng.py). Logprobs are the raw
+model's. Never waits for the device; a row with nothing left gets NO_TOKEN. Written once
+over arrays.ArrayOps (torch or numpy). Order of operations: docs/design/sampling.md.
 """
 
 from __future__ import annotations

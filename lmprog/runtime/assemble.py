@@ -2,13 +2,10 @@
 
     net = assemble_model("smollm2-135m", device="auto", quantization=None)
 
-The target of `lp.Runtime` and a speculative draft model are both built here: the device is
-chosen, the weights loaded (or drawn at random), then the transforms applied from outside
-the plain module: under tensor parallelism (`tp=`) the rank's shard (lmprog.runtime.parallel,
-first), 4-bit weights on the CPU (`quantization="int4"`), FP8 e4m3 weights quantized at
-load (`quantization="fp8"`; an FP8 checkpoint loads as FP8 whatever is asked), on CUDA the
-decode-sized (<= 16 rows) matmul path of each linear shape, as timed (layers/small_m.py), and
-the fused Triton RMSNorm / SiLU-and-mul (before any CUDA graph is captured from the module).
+Used by `lp.Runtime` and for speculative draft models: the device chosen, the weights
+loaded, then the transforms applied from outside the module (the tensor-parallel shard
+first, int4 / fp8, decode-sized matmul paths, fused Triton elementwise kernels).
+Design: docs/design/quantization.md.
 """
 
 from __future__ import annotations

@@ -1,40 +1,10 @@
 """Req: one generation request as the scheduler tracks it. Imports nothing heavy.
 
-A request's tokens and how far their KV is computed, as row positions of the
-request-to-token table (P = page size; every boundary but the token ones is a multiple of P):
-
-    token_ids:  | prompt ...................... | outputs ...... |
-                0                           prompt_len        seq_len
-    KV:         | in the radix tree | own slots, computed | own, allocated |
-                0              cache_len            num_computed     num_allocated
-
-    [0, cache_len)              slots owned by radix-tree nodes, locked via `last_node`
-    [cache_len, num_allocated)  slots owned by this request (page granular)
-    [num_computed, seq_len)     tokens still to feed; the last one is always among them
-                                (num_computed <= seq_len - 1 between steps), because its
-                                logits give the next token
-
-A decode step feeds the one pending token; a prefill (chunk) feeds several; a verify step
-feeds the pending token plus `draft_ids`.
-
-Overlap scheduling: a token sampled on the device but not yet known to the host is a
-placeholder, a negative id (-1 - its row in the step's device tensor of sampled tokens).
-Only a request's last token can be one, it is always pending (never inside the KV the
-prefix cache sees), and the engine resolves it before the step after next is scheduled
-(`Scheduler.resolve_tokens`).
-
-Attention sinks (AttentionSinkConfig): once a request's KV is full, tokens right after its
-n sinks are evicted and deleted from token_ids, so token_ids stays the sequence whose KV is
-cached, each token at its position in the cache; `num_evicted` counts them, `prompt_end`
-is where the outputs start in token_ids (prompt_len, until prompt tokens are evicted).
-
-LoRA adapters: `lora_id` is the uid of the adapter the request runs under (0: the base
-model). The prefix cache sees its tokens through `prefix_key`, which moves the first token
-of an adapter's request into that adapter's own key space, so a prefix computed under one
-adapter (or the base) is never served to another.
-
-Everything here is plain data: the scheduler mutates it, the engine reads it and keeps its
-own per-request state in `engine_data`.
+Its tokens and how far their KV is computed, as row positions of the request-to-token table:
+[0, cache_len) in the radix tree, [cache_len, num_allocated) its own slots, [num_computed,
+seq_len) still to feed. A negative token id is an overlap-scheduling placeholder; attention
+sinks delete evicted tokens; `prefix_key` keeps LoRA adapters' prefixes apart. Plain data:
+the scheduler mutates it, the engine reads it. Design: docs/design/kv-cache.md.
 """
 
 from __future__ import annotations
@@ -59,14 +29,10 @@ class ReqStatus(enum.Enum):
 class Req:
     """One request. Construct it, then hand it to `Scheduler.submit`.
 
-    rid: any hashable id, unique among unfinished requests.
-    prompt_ids: at least one token id.
-    prompt_logprob_start: when not None, logits are wanted for every fed position from
-        this one on (prompt logprobs; `select` scoring); the prefix-cache match stops there
-        so those positions are always fed. After a retraction they may be fed (and their
-        logits reported) again: keep the last value per position.
-    engine_data: opaque; the engine keeps constraint guides, detokenizer state etc. here.
-    lora_id: the uid of its LoRA adapter (0: none); see the module docstring.
+    rid: hashable, unique among unfinished requests; prompt_ids: at least one token id;
+    prompt_logprob_start: logits wanted for every fed position from here on (the cache match
+    stops there; after a retraction keep the last value per position); engine_data: opaque
+    engine state; lora_id: its LoRA adapter's uid (0: none).
     """
 
     __slots__ = (

@@ -44,17 +44,9 @@ class MatchResult:
 class PrefixCache(abc.ABC):
     """A store of KV slots keyed by token prefixes.
 
-    Contract shared by every implementation:
-    - match_prefix mutates only bookkeeping (it may split an edge and refreshes access
-      statistics); the slots it returns stay valid while `last_node` is locked.
-    - insert takes ownership of slots[present:] and returns `present`, the number of
-      leading tokens already cached: the caller still owns slots[:present] and must free
-      those it does not hold through a lock (they duplicate cached ones).
-    - lock/unlock are reference counts on a node and all its ancestors; a locked node is
-      never evicted. Every lock must be paired with one unlock of the same node.
-    - evict(n) frees at least n tokens if that many are evictable, else all it can; it
-      returns the freed slots (the caller gives them to the allocator). evict(0) is a no-op
-      and always safe.
+    match_prefix only touches bookkeeping; insert takes ownership of slots[present:]; lock and
+    unlock are reference counts up to the root (a locked node is never evicted); evict(n)
+    returns the freed slots. The full contract: docs/design/kv-cache.md.
     """
 
     page_size: int

@@ -1,24 +1,10 @@
-"""HiRadixCache: the radix tree with a host tier under it (SGLang's HiCache, write-back).
+"""HiRadixCache: the radix tree with host (and optional disk) tiers under it (SGLang's HiCache,
+write-back).
 
-A device leaf the pool evicts is not dropped: its KV is copied to host memory (by a
-`KVMover`; this module stays torch-free) and the node stays in the tree as a *host node*,
-held apart from the device tree in its parent's `host_children`:
-
-    root ── [The, cat] ── [sat]            device nodes: their slots are in the KV pool
-         │           ┆
-         │           └┄ [ran, off]         a host node: its KV is node.host
-         └┄ [A, dog] ┄ [barks]             a host node's children are host nodes
-
-A node is on the device or on the host, never both: loading one moves it back into device
-slots and drops its host copy. The device tree is RadixCache's own (children, locks, the
-eviction heap, the sizes), which never sees a host node; a first page is the key of at most
-one child, device or host (a device insert over a host child drops the host subtree).
-Host memory is bounded in tokens (its bytes / the pool's bytes per token) and evicted
-least recently used (or least frequently, as the device tier) over host leaves, host nodes
-without host children; an evicted device node that cannot fit is dropped with its host
-subtree. A match is the device prefix and, from where it ends, the host nodes that
-continue it (`HostMatch.host_len`); `load` brings them back into device slots up to the
-budget the scheduler gives, the host nodes it loads kept from host eviction meanwhile.
+A device leaf the pool evicts keeps its node: its KV is copied to host memory by a
+`KVMover` (this module stays torch-free) and the node becomes a host node. A match is the
+device prefix plus the host nodes continuing it; `load` brings them back within a budget.
+Design: docs/design/kv-cache.md.
 """
 
 from __future__ import annotations
@@ -111,7 +97,7 @@ class HostTierStats:
 
 
 class HiRadixCache(RadixCache):
-    """A RadixCache whose evicted nodes go to a host tier; see the module docstring."""
+    """A RadixCache whose evicted nodes go to a host tier; see docs/design/kv-cache.md."""
 
     def __init__(
         self,

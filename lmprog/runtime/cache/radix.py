@@ -1,18 +1,8 @@
 """RadixCache: a radix tree over token ids whose edges hold the KV slots of their tokens.
 
-    root ── [The, cat] ── [sat] ──            each node: key (token ids), slots (same
-         │             └─ [ran, off]          length), lock_ref, access statistics
-         └─ [A, dog]
-
-Children are keyed by their first page of tokens (the first token when page_size == 1), so
-every key and every match length is a whole number of pages. `lock_ref` of a node counts the
-locks taken on it or on any descendant: a locked node is on the path of some request that
-reads its slots, and only unlocked leaves are evicted. The set of evictable leaves, a heap of
-them by eviction priority and the evictable/protected sizes are maintained incrementally, so
-`evict` never walks the tree: it costs O(k log n) for k evicted leaves. The heap is lazy —
-entries of nodes that stopped being evictable leaves, or whose priority grew since (a policy's
-priority only grows: access clocks and hit counts increase), are skipped or re-pushed when
-they surface.
+Children are keyed by their first page; `lock_ref` counts locks on a node or below it, and
+only unlocked leaves are evicted, from a lazy heap kept incrementally (O(k log n) for k
+leaves). Design: docs/design/kv-cache.md.
 """
 
 from __future__ import annotations

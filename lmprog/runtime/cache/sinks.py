@@ -29,17 +29,10 @@ def copies_needed(req: Req, end: int) -> int:
 def evict_middle(
     cache: CacheManager, req: Req, start: int, delta: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Forget the KV of positions [start, start + delta) of running req and move its
-    later positions down by delta; start and delta whole pages, start + delta <=
-    num_computed. Returns (src, dst): the slots of the kept computed tokens before and
-    after; the caller moves their KV on the device (dst gets src's value and its key
-    rotated back by delta positions) before anything else writes the pool. Own evicted
-    slots are freed; kept tokens in slots of the prefix cache get fresh slots (evicting
-    cached entries: src is read before dst is written); the lock shrinks to the cached
-    prefix before `start`. The caller deletes the tokens.
-
-        row before:  | 0 .. start | evicted | kept: src ....... | allocated, not computed |
-        row after:   | 0 .. start | kept: dst ....... | allocated ... |
+    """Forget the KV of positions [start, start + delta) of running req and move its later
+    positions down by delta (whole pages); return (src, dst), the kept computed tokens' slots
+    before and after, for the caller to move (keys re-rotated) before anything else writes the
+    pool. The caller deletes the tokens. Diagram: docs/design/attention-sinks.md.
     """
     p, end = cache.page_size, start + delta
     assert start % p == 0 and delta % p == 0 and 0 < delta and end <= req.num_computed

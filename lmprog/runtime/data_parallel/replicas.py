@@ -1,39 +1,13 @@
 """ReplicaGroup: data parallelism in one process, several engines behind one `submit`.
 
     group = launch_replicas(2, net, build=..., launch=...)   # lp.Runtime(dp_size=2) does this
-    handle = group.submit(EngineRequest(ids, params))        # routed by lmprog.runtime.data_parallel.router
+    handle = group.submit(EngineRequest(ids, params))        # routed by data_parallel.router
     group.stats(); group.flush_cache(); group.shutdown()
 
-Each replica is a whole engine (its own thread, KV pool, prefix cache and scheduler). Where
-replicas share a device they share one model: the weights are read-only during a forward
-pass (every per-step tensor lives in the runner, the KV pool or the batch), so on a CPU, or
-one GPU, `dp_size` replicas cost one set of weights and `dp_size` KV pools. With several
-GPUs, replica i runs on cuda:(i mod count) with its own copy of the weights.
-
-With tensor parallelism (`tp_size > 1`) each replica is a tensor-parallel group of its own
-(lmprog.runtime.parallel.start.start_groups): its engine thread here is the group's rank 0,
-its other ranks are worker processes, replica i's ranks on cuda:(i * tp_size + r) (or all on
-the CPU); each replica holds its own shards.
-
-On a CPU the replicas' engine threads share the cores (torch's intra-op threads are
-process-wide): data parallelism there buys separate caches and batches, not more compute.
-
-Load is each replica's outstanding requests (submitted, not yet ended).
-
-Faults. A replica whose engine thread ended (an engine bug it could not recover from, its
-shutdown, or a rank of its tensor-parallel group dying or hanging: the engine fails its
-pending requests with a ParallelError and closes that group, killing its workers) is marked
-dead in the router, which never routes to it again. A request that fails on a replica with a
-BackendError (that death, or a model step that failed: the engine resets and serves on)
-before its caller saw any output (no streamed piece; a non-streamed request until its result)
-is submitted again to another replica, each replica at most once, and a constrained one with
-a fresh copy of its guide; one that had streamed output fails with the error, which says so.
-A replica whose engine makes no step for `hang_timeout_s` while it has requests is hung: it
-is suspended (out of rotation, its router tree kept), its requests without output move to
-other replicas and are aborted there, those with output fail with a BackendError naming the
-hang; it is put back in rotation once it steps again (or has nothing left). Requests the
-caller aborts, and every request once the group shuts down, are never retried. With no
-replica left to take a request, submit raises BackendError.
+Each replica is a whole engine; replicas on one device share the model's weights, and with
+tp_size > 1 each replica is a tensor-parallel group. A dead or hung replica leaves the
+rotation and requests with no output yet are retried elsewhere.
+Design (placement, faults, retries): docs/design/data-parallel.md.
 """
 
 from __future__ import annotations
@@ -104,8 +78,8 @@ class ReplicaGroup:
 
     replicas: Engine-like objects (submit(request, stream) -> handle with `finished_at`,
     stats(), flush_cache(), check_integrity(), shutdown(), alive). Requests whose engine
-    handle is a RequestHandle get the retries and moves of the module docstring (the caller
-    holds a RequestHandle of the group's); other handles are returned as they are.
+    handle is a RequestHandle get the retries and moves of docs/design/data-parallel.md (the
+    caller holds a RequestHandle of the group's); other handles are returned as they are.
     hang_timeout_s: seconds without an engine step, with requests in it, after which a
     replica counts as hung (None: never)."""
 
@@ -207,7 +181,8 @@ class ReplicaGroup:
     # ---- hangs -----------------------------------------------------------------------------
     def _watch(self) -> None:
         """Every replica's engine steps while it has requests; one that does not for
-        hang_timeout_s is suspended, and put back once it steps again (module docstring)."""
+        hang_timeout_s is suspended, and put back once it steps again
+        (docs/design/data-parallel.md)."""
         assert self.hang_timeout_s is not None
         period = min(1.0, self.hang_timeout_s / 4)
         last = [(-1, time.monotonic()) for _ in self.replicas]

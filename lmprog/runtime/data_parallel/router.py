@@ -1,25 +1,9 @@
 """Router: which data-parallel replica serves a request (SGLang router's cache-aware policy).
 
-The router keeps, per replica, an approximate radix tree of the token ids it has sent there
-(what that replica's prefix cache probably holds), bounded and pruned least-recently-used
-first. For each request, over the replicas still alive, given their outstanding loads:
-
-    1. imbalanced (max - min load > balance_abs_threshold and max > balance_rel_threshold *
-       min): the least-loaded replica                                         -> "balance"
-    2. a pinned prefix of the request (below): the replica that cached it      -> "pinned"
-    3. longest matched prefix / request length > cache_threshold: that replica -> "prefix"
-    4. otherwise the least-loaded replica, ties to the smallest tree          -> "least_loaded"
-
-then records the request's tokens in the chosen replica's tree. A request that only fills
-the cache (`pin=True`: what `cache_prefix` sends before fork children and `run_batch`
-items run, and the shared prompt of a `select`) also pins its prefix there: later requests
-extending it follow it whatever their match ratio, so the children of one fork land
-together, until the imbalance rule sends them elsewhere.
-
-SGLang's defaults are cache_threshold 0.3, balance_abs_threshold 64 and balance_rel_threshold
-1.5. The absolute threshold here is 16: SGLang balances servers running hundreds of requests
-each, while an in-process replica runs at most max_running_requests (64 by default), so 64
-would never rebalance. Torch-free; thread-safe (one lock).
+Per replica an approximate radix tree of the tokens sent there; each request goes to the
+least-loaded replica when loads are imbalanced, else to a pinned prefix's replica, else to
+the longest match above cache_threshold, else the least loaded. Torch-free; thread-safe.
+The rules and thresholds: docs/design/data-parallel.md.
 """
 
 from __future__ import annotations
@@ -185,7 +169,7 @@ def _common(key: tuple[int, ...], tokens: Sequence[int], start: int) -> int:
 
 
 class Router:
-    """Chooses a replica per request (module docstring). `loads` are the replicas'
+    """Chooses a replica per request (docs/design/data-parallel.md). `loads` are the replicas'
     outstanding requests, counted by the caller; a replica marked dead is never chosen."""
 
     def __init__(

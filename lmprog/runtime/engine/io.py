@@ -1,13 +1,11 @@
-"""What goes into the engine and what comes back: EngineRequest, RequestHandle (whose
-result is an EngineResult, defined with DecodeState in lmprog.decoding).
+"""What goes into the engine and what comes back: EngineRequest, RequestHandle.
 
     handle = engine.submit(EngineRequest(prompt_ids, params))   # any thread
     for piece in handle.pieces(): ...                           # text as it becomes final
     result = handle.result()                                    # EngineResult, or raises
 
-The engine thread only ever *puts* events into a handle (text pieces, then one result or one
-error); the caller's thread takes them out. User code (stream callbacks) therefore never runs
-on the engine thread: a callback that raises fails its own request only, in its own thread.
+The engine thread only puts events into a handle; the caller's thread takes them out, so
+stream callbacks never run on the engine thread. Design: docs/design/engine-step.md.
 """
 
 from __future__ import annotations

@@ -42,21 +42,13 @@ def launch_engine(
     lora: LoraConfig | None = None,
     lora_adapters: Any = (),
 ) -> Engine:
-    """Start an engine thread serving `model` (on its device, in eval mode, as
-    lmprog.runtime.assemble.assemble_model returns it; the engine applies no transform).
-    cuda_graphs: replay captured graphs (CUDA + Triton attention only): whole-model graphs
-    for decode steps, piecewise graphs around attention for every other step.
-    speculative: speculative decoding (None: off); its proposer is built here (a draft
-    model before the KV pool is sized) unless `proposer` is given.
-    tp: rank 0's lmprog.runtime.parallel TPGroup (`model` its shard): every rank builds
-    the same runner (the smallest KV pool of them all) and runs each step; the engine owns
-    the group from here (closed when it stops, or here if this raises).
-    attention_sinks: keep each request's first tokens and a recent window of its KV,
-    evicting in between, so generation runs past the context length (None: off).
-    lora: serve LoRA adapters (None: off); lora_adapters: the adapters to load at start-up,
-    as lmprog.runtime.lora.LoraAdapter objects read for this model (`read_adapter`). The
-    adapter pool is allocated before the KV pool is sized, and the model's projections are
-    wrapped (lmprog.runtime.lora.layers): the model serves this engine alone."""
+    """Start an engine thread serving `model` (as assemble_model returns it; no transform here).
+
+    cuda_graphs, speculative (its proposer built here unless given), tp (rank 0's TPGroup,
+    owned by the engine from here), attention_sinks, lora / lora_adapters (the adapter pool is
+    sized before the KV pool; the model's projections are wrapped, so it serves this engine
+    alone): None or False turns each off. Design: docs/design/engine-step.md.
+    """
     try:
         engine = _launch(
             model,

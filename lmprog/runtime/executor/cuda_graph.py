@@ -1,40 +1,11 @@
-"""Decode CUDA graphs: the model's forward for decode-only batches, captured once per bucketed
-batch size on static buffers and replayed with padding (so a step costs one graph launch, not
-hundreds of kernel launches from Python).
+"""Decode CUDA graphs: decode-only batches replayed from graphs captured per bucketed batch size.
 
     graphs = CudaGraphRunner(model, kv, req_to_token)     # captures every bucket, once
     logits = graphs.maybe_run(batch, kv)                  # None: not a graph batch, run eagerly
 
-Static inputs, one set sized for the largest bucket; the graph of bucket `bs` reads [:bs]:
-
-    ints[0] input_ids  ints[1] positions  ints[2] out_cache_loc       int64 [5, max_bs]
-    ints[3] req_pool_indices  ints[4] seq_lens
-    extend_lens = 1, extend_start_loc = logits_indices = arange        (never change)
-    req_to_token: the caller's own device table (the same tensor every step; never copied)
-
-A batch of n decodes replays the smallest bucket bs >= n. Rows [0, n) get the batch; rows
-[n, bs) are padding: token 0 at position 0, its K/V written to the pool's dummy slot 0, one
-key visible (seq_len 1, through row 0 of the table, which holds valid slot numbers). Padding
-reads only valid slots and writes only the dummy slot, so it changes nothing real:
-
-    ints[:, :n] <- the batch        ints[:, n:bs] <- PAD (0, 0, 0, 0, 1)
-
-Each bucket's attention plan is built once on those buffers with a fixed number of KV splits
-(tuned for `split_context` keys); its tile tables depend only on bs, and the kernels read
-seq_lens from the device at replay, so the plan stays valid for any lengths.
-
-Without CUDA (tests under Triton's interpreter) nothing is captured: `maybe_run` runs the same
-static, padded forward eagerly, so the padding logic is checked everywhere.
-
-LoRA adapters (`lora=` the runner's LoraManager): each bucket is captured twice, without
-the adapters (the plain step, no LoRA kernel in it) and with them, the LoRA layers reading
-the step's layout (lmprog.runtime.lora.ops) from static buffers sized for the bucket's worst
-case (every request of another adapter, each group padded to 16 rows); `maybe_run(batch,
-kv, lora=plan)` loads the plan there and replays the second graph.
-
-Used by ModelRunner.forward (`logits = self.graphs.maybe_run(fb, self.kv)`, eager when None).
-A replay's logits equal the eager forward's on the same inputs and plan bit for bit (what
-the graphs gain, and what capturing costs: docs/benchmarks.md).
+Padding rows write only the pool's dummy slot; without CUDA the same padded forward runs
+eagerly. With LoRA each bucket is captured twice (without and with the adapters).
+Static buffers, padding and plans: docs/design/cuda-graphs.md.
 """
 
 from __future__ import annotations
@@ -103,7 +74,7 @@ def supports_cuda_graphs(model: nn.Module) -> bool:
 
 
 class DecodeBuffers:
-    """The static inputs every decode graph reads (see the module docstring)."""
+    """The static inputs every decode graph reads (docs/design/cuda-graphs.md)."""
 
     def __init__(self, max_batch_size: int, req_to_token: torch.Tensor) -> None:
         assert max_batch_size >= 1 and req_to_token.dtype == torch.int32
@@ -220,19 +191,11 @@ class _Bucket:
 
 
 class CudaGraphRunner:
-    """Captures `model`'s decode forward over `kv` and `req_to_token` (the runner's device
-    table, the same tensor every step) for each batch size in `batch_sizes`.
+    """Captures `model`'s decode forward over `kv` and `req_to_token` per batch size.
 
-    Contract: `maybe_run(batch, kv)` returns the fp32 logits [batch_size, vocab] of
-    `model(batch, kv)` (up to the rounding of the bucket's fixed KV split count) and writes the
-    same K/V into the pool; padding rows touch only the dummy slot. Or None when the batch
-    is not a graph batch (prefill chunks, verify rows, a custom mask, logits for a subset of
-    rows, more requests than the largest bucket, another pool or table); the caller then runs
-    the model eagerly. Logits rows must be the batch's rows in order (as ForwardBatch.build
-    and the model runner make them). The returned tensor is the graph's output buffer: valid
-    until the next
-    `maybe_run` (consume or copy it first; modifying it in place is fine).
-    Single-threaded, like the model runner; construct and call under the same inference mode.
+    `maybe_run(batch, kv)` returns `model(batch, kv)`'s fp32 logits from the graph's output
+    buffer (valid until the next call), or None when the batch is not a graph batch.
+    Single-threaded; the full contract is in docs/design/cuda-graphs.md.
     """
 
     def __init__(

@@ -1,20 +1,9 @@
 """ForwardBatch: what one model step computes, as plain tensors on the model's device.
 
-A hybrid step serves B requests; request r brings n_r = extend_lens[r] new tokens (a prefill
-chunk, 1 for a decode, k+1 for a verify) after a prefix of seq_lens[r] - n_r tokens whose K/V
-already sit in the pool:
-
-    input_ids / positions / out_cache_loc   [T]   T = sum(n_r), requests in order
-        | req 0: n_0 tokens | req 1: n_1 tokens | ... |
-          ^ extend_start_loc[0]  ^ extend_start_loc[1]
-
-    req_to_token[req_pool_indices[r], :seq_lens[r]]   the slots of all of r's tokens, the new
-                                                      ones (== out_cache_loc) last
-
-The one attention rule: a new token at position p attends to r's tokens 0..p (cached prefix,
-earlier chunks and the new tokens before it), unless `custom_mask` says otherwise.
-`custom_mask` (for tree verification) is a flat bool tensor: for each request in order, an
-[n_r, seq_lens[r]] row-major block, True = may attend.
+Request r brings extend_lens[r] new tokens (input_ids / positions / out_cache_loc, in
+request order) after a cached prefix; req_to_token[req_pool_indices[r], :seq_lens[r]]
+holds the slots of all its tokens. A new token attends causally over its request's tokens
+unless `custom_mask` says otherwise. Layout: docs/design/scheduling.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
-"""HostKVMover: copies a KV pool's token rows to host memory and back, for the host tier
-of the prefix cache (cache/hiradix.py, which holds the handles this returns).
+"""HostKVMover: copies a KV pool's token rows to host memory and back (the host tier of
+cache/hiradix.py, which holds the handles this returns).
 
-A handle is the KV of a node's tokens over every layer, in the pool's layout with the token
-axis cut to the node's tokens ([layers, 2, n, heads, dim], or the latent pool's
-[layers, n, 1, width]), copied as raw bits (an FP8 pool's bytes as they are).
-
-On a CUDA device a save gathers the rows on the device and copies them into pinned memory
-on the current stream (ordered before any later step writes the slots again, so the slots
-may be reused at once); a load copies pinned rows to the device on a side stream that first
-waits for the current one (every save before it is done), and the current stream then waits
-for the load, so the next forward pass reads the loaded KV while the host thread goes on.
-On the CPU (the "device" pool is host memory too) both are plain copies.
-
-Memory: each handle is a tensor of its own (a split copies both parts), so the tier's count
-of tokens is the host memory it holds; on CUDA the pinned allocator rounds each block up to
-a power of two, so the pinned memory in use may exceed the budget by up to that rounding.
+On CUDA, saves go through pinned memory on the current stream and loads run on a side
+stream the next forward waits for; on the CPU both are plain copies.
+Design: docs/design/kv-cache.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """KVPool: the token-granular key/value memory every attention backend reads.
 
-    k[layer]: [num_slots + 1, num_kv_heads, head_dim]     (v[layer] the same)
-               ^ slot 0 is a dummy: padding points there, writes to it are harmless
-    slots 1..num_slots belong to tokens; req_to_token rows map a request's tokens to slots.
+    k[layer], v[layer]: [num_slots + 1, num_kv_heads, head_dim]   slot 0 is a dummy
 
-Multi-head latent attention (DeepSeek-V2, `ModelConfig.kv_lora_rank > 0`) keeps one row per
-token and layer instead of per-head K and V (`LatentKVPool`):
-
-    k[layer]: [num_slots + 1, 1, kv_lora_rank + qk_rope_head_dim]   | c_kv | k_pe |
-    v[layer]: the first kv_lora_rank columns of k[layer] (a view)   | c_kv |
-
-An FP8 KV cache (`kv_cache_dtype="fp8_e4m3"`, vLLM's and SGLang's name) stores e4m3 K and
-V, half of bf16's bytes per token, each layer's K and V as value / scale (a static per-layer
-scale: 1.0, vLLM's default, or the checkpoint's k_scale / v_scale); readers upcast to the
-model dtype (`compute_dtype`) and multiply by the scale (`dequantize_kv`, or in the kernels).
-
-The pool owns memory only; which slot is free is the allocator's business (torch-free).
-`for_model`, `bytes_per_token` and `size_for_budget` pick the layout from the config.
+`LatentKVPool` keeps one row per token for latent attention (DeepSeek-V2); an FP8 pool
+stores e4m3 K/V with per-layer scales. The pool owns memory only; the allocator decides
+which slot is free. `for_model`, `bytes_per_token`, `size_for_budget` pick the layout.
+Design: docs/design/kv-cache.md.
 """
 
 from __future__ import annotations
@@ -167,7 +156,7 @@ class KVPool:
 
 
 class LatentKVPool(KVPool):
-    """The latent-attention layout (module docstring): one "KV head" per layer whose key is
+    """The latent-attention layout (docs/design/kv-cache.md): one "KV head" per layer whose key is
     [kv_lora_rank + rope_dim] and whose value is the key's first kv_lora_rank columns."""
 
     def __init__(

@@ -1,16 +1,6 @@
-"""Attention sinks, the model runner's side: a step's KVShift (scheduler/sinks.py) done on
-the pool, before the step's forward.
-
-The pool stores keys already rotated by their position (RoPE). Evicting d tokens after the
-sinks moves every later token d positions down; since rotations compose,
-
-    R(-d) . R(p) k  ==  R(p - d) k
-
-each kept key is rotated back by d in place (or into a fresh slot, for a key of a cached
-prefix the cache still shares), and values are copied as they are. Only the rotation's
-frequencies are used (no YaRN attention factor, which the stored key already carries).
-The math runs in fp32; in bf16 (or an FP8 pool) a key is rounded once per shift it survives
-(at most window / shift times).
+"""Attention sinks, the model runner's side: a step's KVShift (scheduler/sinks.py) done on the
+pool before the forward, each kept key rotated back by the evicted distance
+(R(-d) R(p) k == R(p - d) k), values copied as they are. Design: docs/design/attention-sinks.md.
 """
 
 from __future__ import annotations

@@ -1,37 +1,12 @@
-"""ModelRunner: a ScheduledBatch in, next-token logits out. The one place that builds the
-device tensors of a step.
+"""ModelRunner: a ScheduledBatch in, next-token logits out; the one place that builds a step's
+device tensors.
 
-It owns the model, the KV pool and the device copy of the scheduler's request-to-token
-table. On a CPU the "device copy" is the host table itself (`torch.from_numpy` shares its
-memory), so nothing is ever synced. On a GPU the table is mirrored: per step, the fed
-tokens' slots are scattered in (one index_put), and whole row prefixes are copied only for
-entries flagged `sync_row` (admission, a prefix rewritten by the cache).
+    runner = ModelRunner(model, kv, req_to_token, ...)
+    logits = runner.forward(batch, future=...)      # future: the previous step's tokens
 
-On a GPU whose model uses the Triton attention backend, decode-only steps replay CUDA graphs
-(lmprog.runtime.executor.cuda_graph: one graph per bucketed batch size, captured at start-up), and
-every other step (prefill chunks, mixed batches, verify rows) of up to `piecewise_tokens`
-tokens replays piecewise graphs of everything but attention (lmprog.runtime.executor.piecewise_graph);
-the rest runs eagerly.
-
-Tensor parallelism (lmprog.runtime.parallel): on rank 0 `forward` first hands the step's
-inputs (`StepInputs`, the host buffer below) to its channel, which broadcasts them; every
-rank then calls `run` on the same inputs. Without a channel that is one attribute test.
-
-Overlap scheduling: a fed token may be a placeholder (-1 - b, see request.py) for row b
-of the previous step's sampled tokens, still on the device; `forward(batch, future=...)`
-takes them from there. Nothing here waits for the device: the step's inputs travel
-through pinned memory, asynchronously.
-
-LoRA adapters (lmprog.runtime.lora, `lora=` a LoraManager): `forward` first has the
-manager page in the step's adapters and plan its layout (`StepInputs.lora`); `run` hands it
-to the model's LoRA layers for that forward only. Decode steps with adapters replay the
-decode graphs captured with the LoRA kernels; other steps with adapters run eagerly (the
-piecewise graphs hold no LoRA kernel); steps without adapters are as before.
-
-All per-step integer arrays travel in one host buffer (one host-to-device copy):
-
-    | input_ids (T) | positions (T) | out_cache_loc (T) | rows (B) | seq_lens (B) |
-    | extend_lens (B) | extend_start_loc (B) | logits_indices (R) |
+It owns the model, the KV pool and the device mirror of the request-to-token table, replays
+CUDA graphs where it can, broadcasts inputs to tensor-parallel ranks and prepares LoRA
+layouts; nothing here waits for the device. Design: docs/design/scheduling.md.
 """
 
 from __future__ import annotations
@@ -57,7 +32,7 @@ class StepInputs(NamedTuple):
     sync: (row, end) of the req_to_token rows to copy whole (entries flagged sync_row;
     filled only where the table is mirrored)."""
 
-    host: np.ndarray  # int64, the layout in the module docstring
+    host: np.ndarray  # int64, the layout in docs/design/scheduling.md
     num_tokens: int
     batch_size: int
     num_logits: int
@@ -195,7 +170,7 @@ class ModelRunner:
         return self.device_inputs(self.step_inputs(batch), future)
 
     def step_inputs(self, batch: ScheduledBatch) -> StepInputs:
-        """The step's integer arrays in one host buffer (module docstring)."""
+        """The step's integer arrays in one host buffer (docs/design/scheduling.md)."""
         entries = batch.entries
         ext, lens, rows = batch.extend_lens(), batch.seq_lens(), batch.rows()
         starts = np.cumsum(ext) - ext
@@ -254,7 +229,7 @@ class ModelRunner:
         positions: torch.Tensor,
         out_slots: torch.Tensor,
     ) -> None:
-        """Bring the device table up to date for this batch's rows (see module docstring)."""
+        """Bring the device table up to date for this batch's rows (docs/design/scheduling.md)."""
         for row, end in step.sync:
             self.req_to_token[row, :end] = _to_device(self._host_table[row, :end], self.device)
         token_rows = torch.repeat_interleave(rows, ext, output_size=step.num_tokens)

@@ -1,32 +1,11 @@
-"""Piecewise CUDA graphs: every step that is not a pure decode (prefill chunks, mixed
-prefill + decode batches, verify rows) replayed from graphs of everything but attention.
-
-A hybrid step's attention depends on the batch's shape (which request owns which tokens, its
-cached prefix, a tree mask), so it cannot be frozen in a graph; everything else in a Llama
-layer is row-wise in the step's T tokens and only depends on T. So for each bucketed token
-count T_b the model is captured as L + 1 segments around the L attention calls:
-
-    seg 0      embed, rotary cos/sin, layer 0: input norm, qkv, rotary + K/V write  -> q_0
-    attn 0     eager: hybrid attention of q_0 over the pool, planned on the real batch
-    seg i      layer i-1: o_proj, add+norm, MLP; layer i: add+norm, qkv, rotary + K/V -> q_i
-    ...
-    seg L      layer L-1: o_proj, add+norm, MLP                                -> h, residual
-    logits     eager: final norm and output projection of the wanted rows
-
-A step of T <= T_b tokens copies its ids, positions and slots into static buffers, pads rows
-[T, T_b) (token 0 at position 0, K/V written to the pool's dummy slot 0), and replays: L + 1
-graph launches and L attention launches instead of ~10 L kernel launches from Python. Padded
-rows are never read by real ones (every captured op is row-wise; attention reads only the
-real rows' q). Segments share one memory pool and run in capture order; what crosses a
-segment boundary is the residual and cos/sin (captured outputs) and two static buffers:
-q (each segment copies its q_i there for the attention) and the attention output. So the
-pool holds about one layer's activations per bucket.
-
-Without CUDA (tests under Triton's interpreter) nothing is captured: the same padded,
-segmented forward runs eagerly, so the padding and segment logic are checked everywhere.
+"""Piecewise CUDA graphs: steps that are not pure decodes (prefill chunks, mixed batches,
+verify rows) replayed from graphs of everything but attention, per bucketed token count.
 
     graphs = PiecewiseGraphRunner(model, kv, req_to_token, max_tokens=8192)
     logits = graphs.maybe_run(batch, kv)      # None: not served (decode-only, too many tokens)
+
+Attention runs eagerly between the L + 1 captured segments; without CUDA the same padded,
+segmented forward runs eagerly. Design: docs/design/cuda-graphs.md.
 """
 
 from __future__ import annotations

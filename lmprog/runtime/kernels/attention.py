@@ -1,28 +1,11 @@
 """Hybrid attention over the paged KV pool: prefill chunks, decodes and verify tokens of one
 batch in one family of Triton kernels sharing one tiling (see `attention_plan`).
 
-Memory layout (shared with the KV pool):
+    plan = plan_attention(...); out = hybrid_attention(q, k_buffer, v_buffer, plan)
 
-    k_buffer, v_buffer  [num_slots + 1, num_kv_heads, head_dim]   slot 0 is a dummy
-    req_to_token        int32 [max_reqs, max_context]   row r = KV slots of request r's tokens
-    q, out              [T, num_q_heads, head_dim]      the batch's new tokens, request order
-
-Latent attention (DeepSeek-V2's MLA, absorbed): keys and queries carry `rope_dim` more
-columns than values, q and k_buffer [.., head_dim + rope_dim], v_buffer and out
-[.., head_dim]; scores are q[:head_dim].k[:head_dim] + q[head_dim:].k[head_dim:] (two dots
-of power-of-two widths: 512 + 64, not 1024). The pool's one latent head may be passed as an
-expanded view (stride 0) of several heads, so a tile holds at most that many query heads.
-
-An FP8 pool (e4m3 k_buffer / v_buffer holding K / k_scale and V / v_scale) is read the same
-way: keys and values are upcast to q's dtype as they are loaded, k_scale folds into the
-softmax scale and v_scale into the output.
-
-The new tokens' K/V are already in the pool. Each tile program walks its KV range in blocks
-of BLOCK_N keys gathered through req_to_token, with an online softmax:
-
-    keys  0 ............ full_end ........ kv_hi
-          |  no mask: visible to |  causal / custom mask,
-          |  every row of tile   |  bounds checked
+The new tokens' K/V are already in the pool; each tile walks its KV range through
+req_to_token with an online softmax. Handles GQA, latent attention (rope_dim > 0) and FP8
+pools. Layouts and masking: docs/design/attention.md.
 """
 
 from __future__ import annotations
@@ -59,7 +42,7 @@ def hybrid_attention(
     """Attention of every new token of the planned batch (decode, prefill chunk and verify
     rows alike) over the paged pool; writes and returns `out` ([T, num_q_heads, head_dim],
     q's dtype). Call `plan_attention` once per batch and this once per layer. Queries and
-    keys longer than head_dim by rope_dim: latent attention (module docstring)."""
+    keys longer than head_dim by rope_dim: latent attention (docs/design/attention.md)."""
     out = _check_inputs(q, k_buffer, v_buffer, plan, out)
     scale = (q.shape[2] ** -0.5 if sm_scale is None else float(sm_scale)) * _LOG2E
     scale *= k_scale  # scores of stored keys: q . (k / k_scale)

@@ -1,25 +1,9 @@
 """The per-batch plan of the hybrid attention kernels: which tiles run, in which launch.
 
-Built once per forward batch on the host (from the scheduler's own lengths, so no device sync)
-and reused by every layer. Torch only, no triton: it is bookkeeping.
-
-The batch's new tokens are cut into tiles of BLOCK_M rows; a row is one (token, q head) pair
-and a tile holds the GROUP = num_q_heads // num_kv_heads q heads that share one kv head, so a
-KV tile is loaded once per group (GQA packing):
-
-    tile rows:  (t0,h0) (t0,h1) .. (t0,hG-1) (t1,h0) ..   t = token of the request's extend
-                                                           h = q head within the kv group
-Two launches of one kernel share that tiling (the XY-Serve "small family"):
-
-    extend launch  requests with many new tokens (prefill chunks): BLOCK_M // GROUP tokens a
-                   tile, the whole causal KV range a program, tiles sorted by work (longest
-                   first) so the tail of the grid is short.
-    split launch   requests with few new tokens (decodes, verify): one tile a request, the KV
-                   range cut into `num_splits` chunks run in parallel (split-KV); each chunk
-                   writes a partial output and its log-sum-exp, and a merge kernel reduces them.
-
-Batches of decodes only give tables that depend on the batch size alone (with `num_kv_splits`
-fixed), so a plan built on a CUDA graph's static buffers stays valid across replays.
+Built once per forward batch on the host from the scheduler's lengths (no device sync) and
+reused by every layer; torch only. Prefill chunks go to the extend launch, decodes and
+verifies to the split-KV launch; decode-only plans depend on the batch size alone, so CUDA
+graphs can reuse them. Design: docs/design/attention.md.
 """
 
 from __future__ import annotations
@@ -152,7 +136,7 @@ def plan_attention(
     extend_config: TileConfig | None = None,
     split_config: TileConfig | None = None,
 ) -> AttentionPlan:
-    """Plan the attention of one hybrid batch (see the module docstring).
+    """Plan the attention of one hybrid batch (docs/design/attention.md).
 
     `seq_lens_cpu`/`extend_lens_cpu` are the same lengths as host ints; without them they are
     read from the device (one sync). Requests with at most `split_max_tokens` new tokens run in

@@ -1,17 +1,8 @@
 """Plain-PyTorch reference of the hybrid attention over the paged KV pool (no triton).
 
-Semantics the kernels must match, per request b of the batch:
-
-    slots  = req_to_token[req_pool_indices[b], :seq_len]        KV of all its tokens
-    q rows = q[extend_start_loc[b] : + extend_len]              its new tokens
-    new token i (absolute position seq_len - extend_len + i) attends to key j iff
-        j <= its position                                       (causal), or
-        custom_mask[mask_indptr[b] + i * seq_len + j]           (when mask_indptr[b] >= 0)
-    q head h reads kv head h // (num_q_heads // num_kv_heads)   (GQA)
-    keys (and q) may be longer than values: latent attention's RoPE columns; out has v's width
-
-A row that may attend to nothing gets zeros. Loops over requests on the host: a reference
-and CPU fallback, not a fast path.
+New token i of request b attends to key j iff j <= its position (or as custom_mask says);
+q head h reads kv head h // G. Loops over requests on the host: a reference and CPU
+fallback, not a fast path. Exact semantics: docs/design/attention.md.
 """
 
 from __future__ import annotations

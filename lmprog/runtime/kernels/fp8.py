@@ -1,22 +1,10 @@
 """FP8 (e4m3) Triton kernels: activation quantization and the block-scaled matmul.
 
-    quantize_fp8(x, group=None, scale=None) -> (q, s)     one program per (row, group)
-    block_fp8_matmul(x_q, x_s, w_q, w_s, group) -> y      y = x @ w^T, [M, N]
-    fp8_matmul_small_m(x, w_q, w_s, scale=None) -> y     x unquantized, M <= 16: the
-                                                          per-token quantization in the
-                                                          matmul's prologue (decode steps)
+    quantize_fp8(x, group=None, scale=None) -> (q, s)
+    block_fp8_matmul(x_q, x_s, w_q, w_s, group) -> y      y = x @ w^T
+    fp8_matmul_small_m(x, w_q, w_s, scale=None) -> y      M <= 16, quantization fused
 
-The math is `fp8_ref`'s (the PyTorch reference the tests hold these to): scales by IEEE
-division (`tl.div_rn`), so the kernel rounds every value as torch does. The per-token form
-feeds `torch._scaled_mm` (row-wise scales) in `layers.fp8_linear`; the per-group form
-(DeepSeek-V3's 1 x 128 activation groups) feeds the block-scaled matmul:
-
-    for each K block kb (BLOCK_K = group):
-        acc[m, n] += dot(x_q[m, kb], w_q[n, kb]) * x_s[m, kb] * w_s[n, kb]
-
-Block scales arrive repeated over rows (`w_s` [N, K / group], see fp8_ref), so a tile of
-output columns reads one scale per column and K block. Nothing here syncs with the host:
-both are CUDA-graph capturable.
+The math is fp8_ref's; nothing syncs with the host. Design: docs/design/quantization.md.
 """
 
 from __future__ import annotations

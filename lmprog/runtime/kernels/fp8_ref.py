@@ -1,21 +1,8 @@
 """FP8 (e4m3) quantization math in plain PyTorch: the reference of the Triton kernels in
 `fp8.py` and the CPU path of `layers.fp8_linear` (no triton).
 
-Activations, one scale per row (a token) or per group of `group` columns of a row:
-
-    s = max(amax(|x|), AMAX_FLOOR) / 448            fp32, one per row / per (row, group)
-    q = e4m3(clamp(x / s, -448, 448))               round to nearest even
-    static scheme: s = the checkpoint's input_scale for every row
-
-Weights [N, K], one scale per output row (`scale` [N]; a per-tensor scale is that scale on
-every row) or per block (`scale` [N, ceil(K / group)]: the checkpoint's
-[ceil(N / bn), ceil(K / bk)] block scales repeated over each block's rows, so that fused
-and sharded row ranges slice the scales with the weight):
-
-    w ~= q_w * scale[n]   or   q_w[n, k] * scale[n, k // group]
-
-A matmul of the two is sum_k q_x * q_w * s_x * s_w, the scales applied per row / column
-(per-channel: torch._scaled_mm's row-wise form) or per K-group (block-wise).
+Activations: one scale per row or per group; weights: one scale per output row or per
+block (repeated over the block's rows). Formulas: docs/design/quantization.md.
 """
 
 from __future__ import annotations

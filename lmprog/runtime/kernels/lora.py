@@ -1,22 +1,9 @@
 """Multi-LoRA: each token's low-rank update through one segmented shrink and one segmented
 expand per projection, every adapter of the batch at once (Punica's SGMV, S-LoRA's layout).
 
-The tokens come grouped by adapter slot in blocks of BLOCK_M rows (lmprog.runtime.lora.ops
-`plan_lora_step`: sorted_ids, block_slots, num_padded); a program computes one block's tile
-reading only its adapter's weights:
-
-    shrink   u[s, id, n]   = sum_k x[id, k] * A[slot, n, k], k in split s   n < N = slices * R
-    expand   y[id, c]     += sum_r (sum_s u[s, id, j*R + r]) * B[slot, c, r]     c in slice j
-
-The shrink's K (the hidden size, 4096 and more) is split over `split_k` programs per tile
-when blocks are few (a decode step: one block per adapter): each writes its fp32 partial
-sums, and the expand adds them in order (deterministic, no atomics), rounds them to the
-weights' dtype as the reference rounds u, and multiplies.
-
-Padding rows (id == num_tokens) are masked; programs of blocks past num_padded (a device
-scalar) return at once, so a CUDA graph captures a fixed grid for its bucket and reads the
-step's layout from its static buffers; nothing reads a value on the host. Each token is in
-one block, so the expand's read-add-write of y never races. Reference: ops.lora_delta_ref.
+Blocks of tokens grouped by adapter slot (lora.ops.plan_lora_step); split-K partials summed
+in order (deterministic); a fixed grid, so CUDA graphs capture it. Reference:
+ops.lora_delta_ref. Design: docs/design/lora.md.
 """
 
 from __future__ import annotations

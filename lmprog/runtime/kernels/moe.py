@@ -1,20 +1,10 @@
 """Fused mixture-of-experts MLP: the routed tokens grouped by expert, one grouped GEMM per
 projection (SGLang's / vLLM's fused_moe design).
 
-    x [T, H] ──moe_align──► sorted ids: each expert's (token, choice) rows, padded to BLOCK_M
+    out = fused_moe(x, w13, w2, topk_weights, topk_ids)
 
-         expert:    0 0 0 . | 2 2 . . | 3 3 3 3 | 3 . . .      (. = padding, skipped)
-         block:     0         1         2         3             one expert per block
-
-    GEMM 1  act[id]  = silu(x[id // k] @ w13[e, :I].T) * (x[id // k] @ w13[e, I:].T)
-    GEMM 2  y[id]    = topk_weights[id] * (act[id] @ w2[e].T)         id = t * k + choice
-    out[t] = sum over the k choices of y[t * k + choice]
-
-Each program of a GEMM computes a BLOCK_M x BLOCK_N tile of one block's rows, reading only
-its expert's weights; gate and up are two accumulators of the same program, so the
-activation is applied before anything is written. Graph-safe: `moe_align` is kernels of
-shapes fixed by T, k and E (the padded length is its worst case), and programs past the real
-padded length (a device scalar) return at once; nothing reads a value on the host.
+`moe_align` sorts (token, choice) rows by expert in BLOCK_M blocks; shapes are fixed by
+T, k and E, so it is graph-safe. Design: docs/design/models.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""Plain-PyTorch reference of the fused mixture-of-experts MLP (no triton).
-
-Semantics the kernel (`moe.fused_moe`) must match, for token t and its k-th choice:
-
-    e      = topk_ids[t, k]
-    act    = silu(x[t] @ w13[e, :I].T) * (x[t] @ w13[e, I:].T)     rounded to x's dtype
-    out[t] = sum_k topk_weights[t, k] * (act @ w2[e].T)
-
-w13 is [E, 2I, H] (each expert's gate rows, then its up rows), w2 is [E, H, I]. Loops over the
-experts that have tokens (shapes depend on the routing): the CPU path of the MoE layer and the
-kernel tests' reference, not a GPU path. `moe_align_ref` is the kernel's grouping of rows
-by expert (see moe.moe_align) in plain torch ops.
+"""Plain-PyTorch reference of the fused mixture-of-experts MLP (no triton): the CPU path of the
+MoE layer and the kernel tests' reference; `moe_align_ref` is the kernel's row grouping.
+Semantics: docs/design/models.md.
 """
 
 from __future__ import annotations

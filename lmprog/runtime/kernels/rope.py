@@ -148,17 +148,10 @@ def rope_and_store(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
 ) -> None:
-    """One pass per token over a fused q/k/v projection, replacing rotary + two pool writes:
-
-        qkv [T, Hq + 2 Hk, D]: q heads, then k heads, then v heads (the qkv_proj output)
-        q, k  <- rotated in place (neox layout, from the step's per-token rows below)
-        k_cache[out_loc[t]], v_cache[out_loc[t]] <- the rotated k and the v of token t
-
-    cos / signed_sin: [T, D] or [T, 1, D] rows as `layers.rotary.RotaryEmbedding.cos_sin`
-    makes them (sin's first half negated): x' = x * cos + roll(x, D/2) * signed_sin.
-    k_cache / v_cache: one layer of the pool, [slots, Hk, D] in qkv's dtype, or an FP8 pool
-    (e4m3) storing k / k_scale and v / v_scale (rounded to qkv's dtype first, as the pool's
-    PyTorch write does).
+    """One pass per token over a fused q/k/v projection [T, Hq + 2 Hk, D]: q and k rotated in
+    place (neox layout; `cos` / `signed_sin` as RotaryEmbedding.cos_sin makes them), and the
+    rotated k and the v written to k_cache / v_cache at out_loc (an FP8 pool stores k / k_scale
+    and v / v_scale). Replaces rotary + two pool writes. Details: docs/design/attention.md.
     """
     cos2, sin2 = _check_store(qkv, num_q_heads, cos, signed_sin, k_cache, v_cache, out_loc)
     t, heads, d = qkv.shape

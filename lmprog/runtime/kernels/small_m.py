@@ -2,28 +2,10 @@
 arguments.
 
     small_m_matmul(x, w, bias=None, w_scale=None, config=SmallMConfig(), counters=None) -> y
-        x [M <= 16, K], w [N, K] (nn.Linear's layout), y = x @ w^T (+ bias) [M, N] in x's dtype
-        e4m3 w with per-channel w_scale [N]: y = (x @ w^T) * w_scale, the weights widened to
-        x's dtype tile by tile (weight-only FP8: the activations are not quantized)
 
-At M <= 16 the weights are the traffic: each program streams BLOCK_N rows of w, a
-[BLOCK_K, BLOCK_N] tile of w^T per step (num_stages deep), against one 16-row tile of x
-(rows past M masked: they cost no reads), one tl.dot per step into fp32. Split-K, for
-shapes with few output column blocks (down_proj: N 4096, K 14336), gives every column block
-SPLIT_K programs over consecutive runs of K; their fp32 partials are summed by the last of
-them to finish, in split order whichever that is (deterministic; the only atomic is an int32
-counter per column block, which that program resets to 0):
-
-    program p: column block p // SPLIT_K, split s = p % SPLIT_K, K in [s * k_split, +k_split)
-    SPLIT_K == 1:  y = acc (+ bias)
-    SPLIT_K  > 1:  partial[s] = acc; count[block] += 1 (acq_rel); the program that saw
-                   SPLIT_K - 1: y = partial[0] + ... + partial[SPLIT_K - 1] (+ bias), count = 0
-
-Launches that share a `counters` tensor must not run concurrently (one stream, as a model's
-forward runs). Nothing syncs with the host: a CUDA graph captures it. The tile parameters
-(SmallMConfig) are chosen per layer shape by timing at start-up (layers/small_m.py) and swept
-by bench/bench_small_m.py; fp8.fp8_matmul_small_m is the same loop over e4m3 weights with
-the activations' quantization in its prologue.
+Streams weights against one 16-row tile of x, with deterministic split-K for shapes with
+few column blocks; launches sharing `counters` must not run concurrently. Graph-capturable.
+Design: docs/design/quantization.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """oneDNN-packed bf16 linears for CPU decode, applied to a loaded model from outside.
 
-Batch-1 decode on a CPU is bound by reading the weights. In bf16 the weights are half the
-bytes, but PyTorch's plain bf16 GEMV is no faster than fp32's; oneDNN's packed bf16 kernel
-(AVX512-BF16 / AMX) is (docs/benchmarks.md). Packing fp32 weights does not help.
-
     model = load_model(dtype="bfloat16")
     pack_linears(model)           # after loading: load_weights no longer applies
 
-oneDNN's bf16 kernel needs avx512bw/vl/dq or avx_ne_convert: a PyTorch that has the ops
-still raises on a CPU without them. So the kernel is tried once on a tiny weight
-(`packed_bf16_unsupported`); where it cannot run, `pack_linears` leaves the model's plain
-bf16 linears in place. Either way it logs (info) which path it took.
+Where the CPU cannot run the kernel, the plain bf16 linears stay. Design:
+docs/design/quantization.md.
 """
 
 from __future__ import annotations

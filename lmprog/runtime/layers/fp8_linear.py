@@ -1,29 +1,10 @@
 """FP8 (e4m3) linears, applied to a loaded model from outside (`quantization="fp8"`).
 
-Weights are e4m3 with fp32 scales, per output channel (a per-tensor scale is that scale on
-every row) or per block (DeepSeek-V3's 128 x 128, stored repeated over each block's rows:
-see kernels/fp8_ref.py); activations are quantized at every call, one scale per token
-(dynamic) or the checkpoint's `input_scale` (static), or per 1 x group for block weights:
-
-    CUDA   per-channel: Triton quantize_fp8, then torch._scaled_mm (e4m3 x e4m3 -> bf16,
-           row-wise scales: scale_a [M, 1], scale_b [1, N], fp32; fast accumulation); up to
-           16 rows (decode steps) what timed fastest at start-up (layers/small_m.py's
-           `choose_small_m_paths_`, per layer shape, in CUDA graphs): that, the fused
-           fp8_matmul_small_m (the quantization in the matmul's prologue), or the weight-only
-           small_m_matmul (e4m3 widened to the activations' dtype tile by tile, activations
-           not quantized: closer to bf16 than the W8A8 paths)
-           block-wise:  Triton quantize_fp8(group) and block_fp8_matmul
-    CPU    the same quantization in PyTorch (kernels/fp8_ref.py), then an fp32 matmul of
-           the dequantized values (the weights dequantized once, when the layer is built)
-
-Nothing syncs with the host: a CUDA graph captures it. Two ways in:
-
     quantize_fp8_(model)              bf16/fp32 weights quantized at load (per channel)
-    fp8_shells_(model, names, ...)    empty layers the model's load_weights fills from an FP8
-                                      checkpoint (models/loaders/fp8.py), then finalize_fp8_
+    fp8_shells_(model, names, ...)    empty layers an FP8 checkpoint fills, then finalize_fp8_
 
-The output projection (lm_head) and MoE routers stay in the model dtype, as in vLLM and SGLang
-(MoE experts are not nn.Linear layers: they stay too).
+Per-channel or block scales; activations quantized at every call. lm_head and MoE routers
+stay in the model dtype. CUDA and CPU paths: docs/design/quantization.md.
 """
 
 from __future__ import annotations
@@ -46,7 +27,7 @@ KEEP = frozenset({"lm_head", "gate", "shared_expert_gate"})
 
 
 class Fp8Linear(nn.Module):
-    """y = x @ W^T + b with W in e4m3 (see the module docstring).
+    """y = x @ W^T + b with W in e4m3 (docs/design/quantization.md).
 
     weight [N, K] e4m3; weight_scale fp32 [N] (per channel) or [N, K / group] (block);
     input_scale: None (dynamic) or the static activation scale. Parameters, so that a

@@ -1,25 +1,9 @@
 """4-bit weight-only matmuls on the CPU, for weights that already are 4-bit groups (Q4_1 GGUF).
 
-A Q4_1 GGUF stores every group of 32 consecutive input weights of a row as
+    quantize_int4_(model)         # codes recovered exactly from the dequantized weights
 
-    w = d * q + m          q in 0..15, d and m per group
-
-and the quantizer maps the group's minimum to q = 0 and its maximum to q = 15. Dequantized
-to fp32 the tensor is still exactly that, so the codes are recovered exactly from it:
-m = min, d = (max - min) / 15, q = (w - m) / d (checked bit for bit; a tensor that is not
-exactly 4-bit groups is left alone). torch's CPU kernel `_weight_int4pack_mm_for_cpu`
-then reads 4.5 bits per weight instead of 32:
-
-    y = x @ ((q - 8) * scale + zero)^T      scale = d, zero = m + 8 d   (bf16, per group)
-
-Decode reads every weight once per token and is memory-bound on a CPU, so this is where the
-time goes down (docs/benchmarks.md). Numerics: the kernel works in bf16
-(activations, scales and zeros rounded to bf16; measured |logprob| differences from the fp32
-path of <= 0.08 on the default model, against ~0.2 between the fp32 path and llama.cpp).
-Prefill (many tokens per step) is slower than fp32 matmuls; it is used at every batch size
-so that results do not depend on how requests were batched.
-
-Applied from outside the model (the model stays a plain module): `quantize_int4_(model)`.
+torch's `_weight_int4pack_mm_for_cpu` reads 4.5 bits per weight instead of 32, which is
+where CPU decode time goes down. Derivation and numerics: docs/design/quantization.md.
 """
 
 from __future__ import annotations

@@ -3,24 +3,8 @@
     moe = SparseMoE(hidden_size=4096, intermediate_size=14336, num_experts=8, top_k=2)
     y = moe(x)                                   # [T, hidden] -> [T, hidden]
 
-    logits  = x @ gate.weight.T                                   [T, E]
-    weights, ids = select_experts(logits, top_k, ...)             [T, k] fp32, [T, k] int32
-    y = experts(x, weights, ids)                  the fused Triton kernel on CUDA, the
-                                                  reference loop elsewhere (kernels/moe*.py)
-      + shared_expert_gate(x).sigmoid() * shared_experts(x)   when the model has them
-
-Parameters (HF's names where its modules have them; per-expert checkpoints are stacked by
-the model's loader):
-
-    gate.weight                          [E, H]      the router (no bias)
-    experts.gate_up_proj                 [E, 2I, H]  each expert's gate rows, then its up rows
-    experts.down_proj                    [E, H, I]
-    shared_experts.gate_up_proj.weight   [2S, H]     a gated MLP of S features (Qwen2-MoE's
-    shared_experts.down_proj.weight      [H, S]      shared_expert, DeepSeek's shared_experts)
-    shared_expert_gate.weight            [1, H]      Qwen2-MoE only
-
-Every op is row-wise in the T tokens and of shapes fixed by T (no host sync): the block runs
-inside the decode and piecewise CUDA graphs like a dense MLP.
+Router, stacked experts (fused Triton kernel on CUDA), optional shared experts; row-wise
+and host-sync free, so it runs inside CUDA graphs. Parameters: docs/design/models.md.
 """
 
 from __future__ import annotations
@@ -92,7 +76,7 @@ class StackedExperts(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """Router, top-k routed experts and optional shared experts (see the module docstring).
+    """Router, top-k routed experts and optional shared experts (docs/design/models.md).
 
     intermediate_size: each routed expert's; shared_intermediate_size: the shared experts'
     together (0: none; DeepSeek's n_shared_experts * moe_intermediate_size);

@@ -1,22 +1,9 @@
 """Decode-sized matmuls (up to 16 rows) on the path that timed fastest at start-up.
 
-At batch 1-16 a linear layer reads its weights once per step and does almost no arithmetic,
-and which kernel streams weights fastest depends on the shape (cuBLAS's choices left qkv and
-o_proj of Llama-3.1-8B at ~3.1 TB/s of the H200's 4.28, gate_up and down at ~4.0). So on CUDA,
-at assembly, `choose_small_m_paths_` times one row through every layer of each (K, N) shape,
-replayed from a CUDA graph as decode steps run (the weights then come from HBM, not L2), on
-each path, and those layers keep the fastest for calls of up to 16 rows:
-
-    FP8 layers (per channel)     fp8_matmul_small_m (quantization fused) | quantize + _scaled_mm
-                                 | weight-only small_m_matmul over the e4m3 weights (configs
-                                 checked against the dequantized product first)
-    bf16/fp16 nn.Linear layers   cuBLAS (F.linear) | kernels.small_m.small_m_matmul, a few tile
-                                 configs (candidate_configs; each checked against cuBLAS first)
-
-A bf16 layer whose kernel won becomes a SmallMLinear over the same Parameters, so weight
-loading, state_dict and the tensor-parallel wrappers around it see no difference; calls of
-more rows go to F.linear as before. LMPROG_SMALL_M=0 keeps every bf16/fp16 layer on cuBLAS
-(FP8 layers are still timed). Nothing here runs on the CPU (assemble_model calls it on CUDA).
+On CUDA, `choose_small_m_paths_` times each (K, N) layer shape on every candidate path
+(cuBLAS or small_m_matmul configs; the FP8 variants) inside a CUDA graph and keeps the
+fastest for calls of up to 16 rows. LMPROG_SMALL_M=0 keeps bf16/fp16 layers on cuBLAS.
+Design: docs/design/quantization.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Fused Triton RMSNorm and SiLU-and-mul, swapped into a loaded model from outside.
 
-The plain layers run RMSNorm as four kernels (upcast, norm, downcast, weight multiply), the
-residual add before it as one more, and SiLU-and-mul as two, with fp32 intermediates between them. In a batch-1 decode step every
-kernel costs a launch gap even inside a CUDA graph (~224 of them per Llama-3-8B step), and at
-prefill sizes the intermediates cost HBM traffic; the fused kernels (lmprog.runtime.kernels)
-do each in one pass. Rounding follows the plain layers (statistics in fp32, the normalized
-value rounded to the model dtype before the weight multiply).
-
     model = load_model(..., device="cuda", attention="triton")
     fuse_elementwise(model)        # after loading; load_weights still works (same Parameters)
+
+Rounding follows the plain layers. Why: docs/design/quantization.md.
 """
 
 from __future__ import annotations

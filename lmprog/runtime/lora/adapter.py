@@ -1,21 +1,9 @@
 """A LoRA adapter read from PEFT's folder layout, checked against the model it will serve.
 
-    folder/adapter_config.json          {"peft_type": "LORA", "r": 16, "lora_alpha": 32,
-                                         "target_modules": [...], "use_rslora": false, ...}
-    folder/adapter_model.safetensors    base_model.model.model.layers.{i}.self_attn.q_proj
-                                        .lora_A.weight [r, in], .lora_B.weight [out, r]
-                                        (or adapter_model.bin, read with weights_only)
+    adapter = read_adapter(folder, model_config, name="sql")
 
-A module's update is  W x + scale * B (A x),  scale = alpha / r (alpha / sqrt(r) with
-use_rslora; `rank_pattern` / `alpha_pattern` give some modules their own r and alpha, as in
-PEFT). lmprog adapts the seven projections of the Llama family's decoder layers: q_proj,
-k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (`SUPPORTED_MODULES`); every tensor
-of the file must be one of theirs, of the shape the model's projection has. Anything else
-(embeddings, lm_head, DoRA, trained biases, modules_to_save, other architectures' names) is
-a `LoraError` that says what and why, before anything is handed to the engine.
-
-The result keeps, per (layer, module), A in fp32 and B already multiplied by its scale in
-fp32 (on the CPU); the pool casts them to the model's dtype when it pages them in.
+The seven Llama-family projections are supported; anything else is a LoraError saying
+what and why. A and B are kept in fp32, B scaled. Design: docs/design/lora.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """LoRA around a loaded model's projections, applied from outside (as the quantized and
-tensor-parallel layers are): `attach_lora_` wraps each adapted projection in a `LoraLinear`
-that runs the base layer (whatever it became: plain, FP8, small-M, 4-bit) and then adds the
-step's low-rank updates in place, reading the step's layout from the shared `LoraContext`:
+tensor-parallel layers are).
 
+    attach_lora_(model, pool, context)   # each adapted projection becomes a LoraLinear
     y = base(x);  if context.batch: y[t] += B[slot(t)] A[slot(t)] x[t]  for adapter tokens
 
-With no adapter in the step (`context.batch is None`) the layer is the base layer alone: a
-CUDA graph captured that way holds no LoRA kernel (lmprog.runtime.executor.cuda_graph captures a
-second set with it).
+With no adapter in the step the layer is the base layer alone (what CUDA graphs capture
+without LoRA). Design: docs/design/lora.md.
 """
 
 from __future__ import annotations

@@ -5,17 +5,7 @@ step's layout.
     uid = manager.resolve("sql")                 # submission: the request's Req.lora_id
     plan = manager.prepare(batch)                # each step: slots paged in, the layout
 
-Adapters are registered by name with a fresh uid each (a name unloaded and loaded again is
-another adapter: its prefixes are never shared with the old one's). `prepare` makes every
-adapter of the step resident: one already in a slot is touched (LRU), another is paged into
-a free slot or over the least recently used adapter that no entry of this step uses (the
-scheduler admits requests of at most `max_loras_per_batch` adapters at once, so there is
-always one). Unloading an adapter that unfinished requests still use retires it: new
-requests cannot name it, those requests finish with it, and its memory goes once none is
-left (`collect`).
-
-The engine thread calls everything here except `read` (any thread: reading and checking a
-folder touches no engine state).
+Engine thread only, except `read`. Paging and unloading: docs/design/lora.md.
 """
 
 from __future__ import annotations
@@ -53,7 +43,7 @@ class _Loaded:
 
 
 class LoraManager:
-    """See the module docstring. `adapters`: read at start-up (they size the pool when the
+    """See docs/design/lora.md. `adapters`: read at start-up (they size the pool when the
     config leaves max_lora_rank / lora_target_modules to them)."""
 
     def __init__(

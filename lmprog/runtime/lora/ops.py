@@ -1,22 +1,8 @@
 """The low-rank products of a whole batch, each token under its own adapter (or none).
 
-One step's tokens are grouped by the pool slot of their request's adapter (S-LoRA / Punica's
-segmented gather): tokens of the base model are left out, each adapter's tokens are
-consecutive in `sorted_ids` from a multiple of `block_m` on, padded with `num_tokens`:
-
-    token slots:   [-1 -1 | 3 3 3 | 0 | -1 | 3 ]        (per token; -1: base model)
-    sorted_ids:    [ 5 . . . | 2 3 4 7 ]  block_m = 4   (. = padding, id num_tokens)
-    block_slots:   [ 0       | 3       ]                (the slot of each block)
-
-Per projection, over the pool's stacked weights A [S, n*R, in] and B [S, out, R] (n: the
-slices of a fused projection, q/k/v or gate/up, each with its own R columns of the shrink):
-
-    shrink   u[t]            = x[t] @ A[slot(t)].T                  [T, n*R]
-    expand   y[t, slice j]  += u[t, j*R:(j+1)*R] @ B[slot(t), slice j].T
-
-`lora_delta_ref` is the PyTorch implementation (the CPU's, and the reference of the Triton
-kernels in lmprog.runtime.kernels.lora, which read the same layout on the GPU). The layout
-is built on the host from per-entry slots (`plan_lora_step`), without reading the device.
+`plan_lora_step` groups a step's tokens by adapter slot (built on the host);
+`lora_delta_ref` computes shrink and expand in PyTorch (the CPU path and the Triton
+kernels' reference). Layout: docs/design/lora.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """The adapter memory pool: device buffers for `slots` adapters at once, beside the KV pool.
 
-Per decoder layer and fused projection, the pool stacks every slot's weights, zero-padded
-to the pool's rank R (an adapter of a smaller rank, or one that leaves a module out,
-contributes exact zeros there):
-
-    qkv_proj      A [S, 3R, hidden]          B [S, q + 2 kv, R]     (q, k, v slices)
-    o_proj        A [S, R, q]                B [S, hidden, R]
-    gate_up_proj  A [S, 2R, hidden]          B [S, 2 I, R]          (gate, up slices)
-    down_proj     A [S, R, I]                B [S, hidden, R]
-
-Only the projections of the pool's target modules get buffers (a projection whose modules
-no adapter may target costs nothing), and MLP buffers only on dense layers. `write(slot,
-adapter)` pages an adapter in (its scale already folded into B); which adapter sits in
-which slot, and which is evicted (least recently used), is the manager's business.
+Per layer and fused projection, every slot's A and B stacked and zero-padded to the pool's
+rank. `write(slot, adapter)` pages one in; the manager decides which slot.
+Buffer shapes: docs/design/lora.md.
 """
 
 from __future__ import annotations

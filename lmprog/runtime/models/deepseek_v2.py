@@ -1,27 +1,9 @@
 """DeepSeek-V2 and V2-Lite as plain modules: multi-head latent attention (MLA) over the latent
-KV pool, a dense SiLU MLP in the first layers (`mlp_only_layers`, HF's first_k_dense_replace)
-and the sparse mixture of experts (layers/moe.py: shared experts, group-limited routing) after.
+KV pool, dense MLPs in the first layers and the sparse MoE (layers/moe.py) after.
 
-MLA, per layer (H heads, dn = qk_nope_head_dim, dr = qk_rope_head_dim, dv = v_head_dim,
-D = kv_lora_rank), as transformers' DeepseekV2Attention defines it:
-
-    q        = q_proj(x), or q_b_proj(q_a_layernorm(q_a_proj(x)))     [T, H, dn + dr]
-    c | kr   = kv_a_proj_with_mqa(x);  c = kv_a_layernorm(c)            [T, D], [T, dr]
-    k, v     = [W_uk c | rot(kr)], W_uv c  per head  (kv_b_proj = [W_uk; W_uv] per head)
-    o        = o_proj(softmax(q' k / scale) v)
-
-The pool keeps [c | rot(kr)] only (kv_pool.LatentKVPool). Attention runs on it with the
-up-projections absorbed, for prefill, decode and verify alike:
-
-    q_nope . (W_uk c) = (q_nope W_uk) . c          query [q_nope W_uk | rot(q_pe)]  [T, H, D + dr]
-    sum_j p_j W_uv c_j = W_uv (sum_j p_j c_j)      output latent [T, H, D] -> W_uv -> o_proj
-
-so k and v of every head are never built; the same arithmetic as the decompressed form up to
-rounding (tests/runtime/test_deepseek_v2.py compares both with transformers).
-
-RoPE: transformers rotates adjacent pairs (x[2i], x[2i+1]) of q_pe and k_pe; the runtime
-rotates halves. The checkpoint's RoPE output rows (q's last dr per head, kv_a's last dr) are
-reordered at load, even rows then odd rows: q_pe . k_pe is unchanged (both reordered alike).
+The pool keeps [c | rot(kr)] only and attention runs with the up-projections absorbed, so
+per-head k and v are never built. RoPE rows of the checkpoint are reordered at load
+(pairs to halves). Derivation: docs/design/models.md.
 """
 
 from __future__ import annotations
@@ -144,7 +126,7 @@ class DeepseekV2ForCausalLM(ExpertWeights, LlamaForCausalLM):
         )
 
     def _pieces(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, Any, torch.Tensor]]:
-        """HF's MLA tensors in our layout (module docstring); the rest as Llama / MoE."""
+        """HF's MLA tensors in our layout (docs/design/models.md); the rest as Llama / MoE."""
         c = self.config
         if name.endswith(".kv_b_proj.weight"):  # [H (dn + dv), D] -> w_uk, w_uv
             prefix = name[: -len("kv_b_proj.weight")]
@@ -175,7 +157,7 @@ class DeepseekV2ForCausalLM(ExpertWeights, LlamaForCausalLM):
 def _halves_layout(rows: torch.Tensor, rope: int) -> torch.Tensor:
     """rows [..., n, *] whose last `rope` rows (dim -2) rotate as adjacent pairs -> the same
     with those rows reordered even-then-odd, so that rotate-half RoPE computes the same
-    dot products (module docstring)."""
+    dot products (docs/design/models.md)."""
     if rows.dim() == 1:
         return _halves_layout(rows[:, None], rope)[:, 0]
     n = rows.shape[-2]

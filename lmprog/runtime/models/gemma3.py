@@ -1,22 +1,9 @@
-"""Gemma 3's text decoder (gemma-3-270m, -1b, and the text part of the larger ones) as plain
-modules, beside the Llama family it shares its projections, fused shards and loader with.
+"""Gemma 3's text decoder (gemma-3-270m, -1b, and the text part of larger ones) as plain
+modules, sharing the Llama family's projections and loader.
 
-What differs from Llama, as transformers' Gemma3ForCausalLM computes it:
-- embeddings scaled by sqrt(hidden_size) (in the embedding's dtype), tied to the output;
-- RMSNorm multiplies by (1 + w): the checkpoint's w, stored here as the effective 1 + w so the
-  plain RMSNorm (and its fused kernels) apply it;
-- four norms per layer: input, post-attention (on the attention output, before the residual
-  add), pre-feedforward, post-feedforward (on the MLP output, before the add);
-- per-head q/k RMSNorm before RoPE; queries scaled by query_pre_attn_scalar**-0.5;
-- a GELU-tanh gated MLP;
-- sliding-window layers (all but every `sliding_window_pattern`-th) attend over the last
-  `sliding_window` positions and rotate with their own RoPE base (10k, unscaled); global layers
-  use rope_theta (1M) with the config's scaling;
-- optional final logit soft-capping.
-
-The paged KV pool keeps every token of every layer (sliding layers included): correct, not
-memory-saving. The attention backend must implement `set_sliding_window` (the torch backend
-does; the Triton kernels do not, so Gemma 3 refuses them).
+Differences from Llama: scaled embeddings, (1 + w) RMSNorm, four norms per layer, q/k
+norms, GELU-tanh MLP, sliding-window layers, logit soft-capping. Needs an attention backend
+with `set_sliding_window` (the torch one). Details: docs/design/models.md.
 """
 
 from __future__ import annotations

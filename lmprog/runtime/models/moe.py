@@ -1,18 +1,8 @@
 """Mixtral, Qwen2-MoE and Qwen3-MoE: the Llama decoder (llama.py) whose MLP is the sparse
-mixture of experts (layers/moe.py) on the config's MoE layers; attention as Llama's (Qwen2-MoE
-with qkv bias, Qwen3-MoE with q/k norms, through the config).
+mixture of experts (layers/moe.py) on the config's MoE layers.
 
-Expert weights live stacked, one parameter per projection; `ExpertWeights` fills them from
-every layout a checkpoint has (and is meant to be mixed into any model with `SparseMoE` MLPs,
-e.g. DeepSeek-V2's):
-
-    per expert (HF checkpoints)   mlp.experts.{e}.gate_proj / up_proj / down_proj .weight
-                                  Mixtral: block_sparse_moe.experts.{e}.w1 / w3 / w2 .weight
-    stacked                       mlp.experts.gate_up_proj, mlp.experts.down_proj (transformers
-                                  v5 modules), mlp.experts.gate_proj / up_proj (GGUF's
-                                  ffn_gate_exps / ffn_up_exps), optionally with ".weight"
-    shared experts                mlp.shared_expert.* (Qwen2-MoE) or mlp.shared_experts.*
-                                  (DeepSeek), into the block's `shared_experts`
+`ExpertWeights` stacks expert weights from every checkpoint layout (per expert, stacked,
+shared experts). Layouts: docs/design/models.md.
 """
 
 from __future__ import annotations
@@ -46,7 +36,7 @@ _RENAMES = ((".block_sparse_moe.", ".mlp."), (".mlp.shared_expert.", ".mlp.share
 
 
 class ExpertWeights:
-    """Mixin for LlamaForCausalLM subclasses: the expert layouts of the module docstring.
+    """Mixin for LlamaForCausalLM subclasses: the expert layouts of docs/design/models.md.
     A stacked parameter's shards are (expert, half): (e, 0) / (e, 1) the gate / up rows of
     expert e in gate_up_proj, (e, None) expert e of down_proj."""
 

@@ -4,11 +4,8 @@
     net = assemble_model(**build, tp=group)           # load.py + sharding.py: this rank's shard
     engine = launch_engine(net, ..., tp=group)        # channel.py: each step to every rank
 
-Rank 0 runs the whole engine (scheduler, radix cache, sampling, detokenizer); its model
-runner broadcasts each step's inputs and every rank runs the same forward, whose
-row-parallel layers all-reduce and whose lm_head all-gathers the logits. Workers
-(worker.py) only run forwards. A broken group (a rank dead, or hung past the collective
-timeout) raises ParallelError: the engine fails every pending request and shuts down.
+Rank 0 runs the whole engine; workers only run forwards. A broken group raises
+ParallelError. Design: docs/design/tensor-parallel.md.
 """
 
 from .errors import ParallelError

@@ -1,15 +1,8 @@
 """StepChannel: rank 0's model runner hands each step's inputs to every worker.
 
-Per step, on the plan group (gloo, host memory; no device sync on rank 0):
-
-    header  int64[8]   kind (1 step, 0 stop), T, B, R, sync rows, future rows, future dtype,
-                       payload length
-    payload int64[..]  | StepInputs.host | (row, end) per sync row | those rows' slots |
-
-then, when the step feeds placeholders (overlap scheduling), the previous step's sampled
-tokens on the device group (NCCL on a GPU: queued on the stream, no host wait). A worker
-keeps its own copy of the request-to-token table: the rows flagged sync_row arrive whole,
-the fed tokens' slots are scattered in, exactly as rank 0's scheduler wrote them.
+Per step a header and an int64 payload on the plan group (gloo, host memory), then, for
+overlap steps, the previous step's tokens on the device group. Workers keep their own
+request-to-token table in step. Wire format: docs/design/tensor-parallel.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """TPGroup: this process's membership in a tensor-parallel group, over torch.distributed.
 
-Two process groups share one TCPStore, neither of them torch's global default group (so a
-process may hold several runtimes, and user code its own torch.distributed):
-
-    plan     gloo, host memory: rank 0 broadcasts each step's inputs (channel.py). Its
-             timeout is long (workers wait on it while the engine is idle); rank 0's sends
-             take `timeout_s` each (gloo's broadcast waits for the receivers: a hung
-             worker would hold the engine there for good).
-    device   the model's collectives (all-reduce, all-gather, the overlap tokens): gloo on
-             the CPU, NCCL on CUDA (so CUDA graphs capture them); its timeout
-             (`timeout_s`) is what detects a rank that hangs mid-step.
-
-Rank 0 also keeps the worker processes it spawned and a watchdog thread that notices one
-dying while the engine is idle (`on_failure`); `close()` tears everything down.
+Two process groups on one TCPStore, neither torch's default: `plan` (gloo, each step's
+inputs) and `device` (the model's collectives: NCCL on CUDA, gloo on the CPU; its timeout
+detects a hung rank). Rank 0 also owns its spawned workers and a watchdog; `close()` tears
+everything down. Design: docs/design/tensor-parallel.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""Loading one rank's shard: the local model built by the ordinary model code, filled with
-this rank's slices of the checkpoint, read so that no rank materialises more than it must:
-
-    safetensors   `get_slice`: only the rows / columns this rank holds are read
-    GGUF          quantized rows are independent: the rows of column-parallel tensors (q, k,
-                  v, gate, up, embedding, lm_head) are dequantized alone; row-parallel ones
-                  (o_proj, down_proj: a column slice cuts quantization blocks) one whole
-                  tensor at a time, then narrowed
-    dummy         the whole model's random tensors drawn one at a time in the order, shapes
-                  and generator of `init_dummy_weights` (so every tp_size serves the same
-                  weights as tp_size=1), each narrowed at once
-
-Then `shard_model_` wraps the parallel layers (see sharding.py).
+"""Loading one rank's shard: the ordinary model code filled with this rank's slices of the
+checkpoint, reading no more than it must (safetensors slices, GGUF rows, dummy weights
+drawn as for tp_size=1), then `shard_model_` (sharding.py).
+Design: docs/design/tensor-parallel.md.
 """
 
 from __future__ import annotations

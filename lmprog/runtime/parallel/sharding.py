@@ -1,25 +1,9 @@
 """Megatron-style sharding of a plain Llama-family module, applied from outside the model.
 
-Rank r of a group of W holds a smaller model of the same architecture (`ShardPlan.local`:
-its heads, its slice of the intermediate size and of the vocabulary), built and loaded by
-the ordinary model code from the checkpoint's slices (`ShardPlan.narrow`); `shard_model_`
-then wraps the layers whose outputs are partial:
-
-    embed_tokens   vocab-parallel: rows [r*Vl, (r+1)*Vl) of the table, other ids give 0,
-                   then all-reduce                                     -> full hidden
-    qkv_proj       column-parallel: the rows of r's query heads and KV heads (no collective)
-    o_proj         row-parallel: the columns of r's query heads, then all-reduce
-    gate_up_proj   column-parallel: rows [r*Il, (r+1)*Il) of gate and of up
-    down_proj      row-parallel: columns [r*Il, (r+1)*Il), then all-reduce
-    lm_head        r's vocabulary rows (the embedding's when tied), then all-gather of the
-                   logits and the padding cut                          -> [R, V]
-
-Two all-reduces per layer. KV heads: with kv >= W each rank holds kv/W of them; with
-kv < W (W a multiple of kv) each rank keeps one, head r*kv//W, the one its query heads use
-(replicated on W/kv ranks). The vocabulary is padded to W*ceil(V/W) rows (zero rows on the
-last rank, their logits cut). The module's `config` stays the whole model's (what the
-engine reads: vocabulary, context, special tokens); `shard_config` is what this rank holds
-(what the KV pool and the graph buffers are sized by, see `local_config`).
+Rank r holds a smaller model of the same architecture (`ShardPlan.local`); `shard_model_`
+wraps the layers whose outputs are partial (vocab-parallel embedding, column-parallel
+qkv/gate_up, row-parallel o/down with an all-reduce, lm_head with an all-gather).
+Per-layer table, KV heads and vocabulary padding: docs/design/tensor-parallel.md.
 """
 
 from __future__ import annotations

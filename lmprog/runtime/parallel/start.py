@@ -1,16 +1,12 @@
-"""Starting a tensor-parallel group: rank 0 is the calling process (it keeps the whole
-engine); ranks 1.. are either spawned here (`python -m lmprog.runtime.parallel.worker`,
-one per device) or are the other processes of a `torchrun` launch (its RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR, MASTER_PORT), where every process runs the same program and the
-call below never returns on ranks other than 0: they serve rank 0 until it stops, then exit.
+"""Starting a tensor-parallel group: rank 0 is the calling process; ranks 1.. are spawned here
+(`python -m lmprog.runtime.parallel.worker`) or are the other processes of a torchrun launch.
 
     group = start_tensor_parallel(2, {"model": "smollm2-135m", "dtype": "auto", ...})
     net = assemble_model(**build, tp=group)             # rank 0's shard
     engine = launch_engine(net, tokenizer, ..., tp=group)
 
-With data parallelism (`start_groups(dp_size, tp_size, ...)`) every replica is a group of its
-own, all started together: the calling process is rank 0 of each (each replica's engine
-thread), replica i's ranks run on cuda:(i * tp_size + r) on a GPU host, or all on the CPU.
+`start_groups(dp_size, tp_size, ...)` starts one group per replica. Design:
+docs/design/tensor-parallel.md.
 """
 
 from __future__ import annotations

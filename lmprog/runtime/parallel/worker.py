@@ -3,11 +3,7 @@ broadcasts until rank 0 says stop or goes away.
 
     python -m lmprog.runtime.parallel.worker      # spawned by rank 0; its WorkerSpec on stdin
 
-Started by rank 0 (`start.py`: a fresh interpreter, so a user's script is never re-run), or
-it is a torchrun process whose RANK is not 0 (`serve_rank`, called from start.py). A
-spawned worker dies with its parent process (a thread watching its parent pid; not with the
-thread that spawned it); any error is left in the store for rank 0 to name, and the worker
-exits.
+Design: docs/design/tensor-parallel.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """ScheduledBatch: what the scheduler hands the engine for one forward pass. Plain data.
 
-One entry per scheduled request; its tokens occupy [offset, offset + num_new) of the
-batch's token arrays (`out_slots`, `positions`, `input_ids()`), entries in order:
-
-    tokens:  | entry 0: num_new_0 | entry 1: num_new_1 | ...
-    entry e feeds positions start .. end-1 of its request (end = start + num_new); their KV
-    goes to out_slots[offset:offset+num_new], which equal req_to_token[row, start:end].
-
-Decode: num_new == 1. Prefill chunk: num_new >= 1 and `sample` only on the last chunk.
-Verify: the last k = len(draft_ids) fed tokens are speculative drafts, after the request's
-m >= 1 real pending tokens: its last sampled token (m == 1), or after a jump-forward the
-tail the jump rewrote and forced (m > 1; never a prompt chunk). num_new = m + k; the real
-tokens are known, so only the logits from the last real one on are sampled from (k + 1
-rows; logits_from = end - k - 1 unless prompt logprobs want more); forced tokens need no
-verification, the FSM chose them:
-
-    fed:    | f_0 ... f_{m-1} | d_0 ... d_{k-1} |     f: pending real tokens, d: drafts
-    rows:               r_0     r_1 ...   r_k         r_j: next token after f_{m-1} d_0..d_{j-1}
-    start          real_end = end - k           end
+One entry per scheduled request, its tokens at [offset, offset + num_new) of the batch's
+token arrays, their KV going to out_slots. Decode: num_new == 1; prefill chunk: `sample`
+on the last chunk only; verify: m pending real tokens then k drafts, k + 1 rows sampled.
+Layout diagrams: docs/design/scheduling.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Prefill policy: chunks of pending prompts, and which waiting requests to admit.
 
-Two kinds of prefill work fill what the decodes leave of the step's token budget:
-1. running requests with several pending tokens (a prompt being chunked, tokens appended
-   by jump-forward, a resumed request), oldest first, each as much as budget and memory
-   allow (a jump-forward's tail fed whole may carry draft tokens to verify after it);
-2. waiting requests, admitted in cache-aware order: longest cached prefix first (LPM)
-   while the queue is short, arrival order (FCFS) when it is long. A waiting request that
-   shares a long not-yet-cached prefix with a request being prefilled waits a step, so
-   that prefix is computed once and then reused from the cache.
-Admission keeps room for the running requests' future tokens (see NewTokenRatio); when
-nothing else runs, the first request is admitted whenever its first chunk fits at all.
+Running requests with several pending tokens go first (oldest first), then waiting ones in
+cache-aware order (LPM while the queue is short, FCFS when long), keeping room for the
+running requests' future tokens. Design: docs/design/scheduling.md.
 """
 
 from __future__ import annotations

@@ -1,43 +1,15 @@
 """Scheduler: continuous batching with a per-step token budget (hybrid prefill/decode).
 
-Composed of managers that each own one resource — CacheManager (KV slots, prefix cache,
-req_to_token rows), RequestTable (waiting/running), the per-step StepBudget — and of
-separate policies: DecodePolicy, PrefillPolicy, RetractPolicy. One step:
-
-    1. decodes: every running request with one pending token feeds it (+ verify drafts);
-       if their slots are not obtainable (free + evictable), retract the newest running
-       requests until they are
-    2. prefill chunks of running requests with several pending tokens, oldest first (a
-       jump-forward's tail fed whole: + verify drafts)
-    3. admissions from the waiting queue (LPM / FCFS), chunked to fill the budget;
-       skipped in a step that had to retract; with LoRA adapters, requests of at most
-       `max_loras` adapters run at once (others are passed over, not blocking the queue)
-    (with config.hybrid_batching False, prefill-first: a step with prefill work (2, 3) runs
-    only that)
-    4. slots are allocated (evicting cached prefixes as needed) and written to req_to_token
-    5. with a host KV tier and staging on, the host-tier prefixes of the queue's head start
-       loading into the pool (PrefillPolicy.stage_waiting), to be device hits when admitted
-
-The engine drives it from one thread:
-
     batch = scheduler.schedule()              # may be empty (nothing to do)
     ... run the model on batch; each sampling entry's DecodeState appends its tokens
         to the request (ReqOutputs: Req.token_ids is the one copy) ...
     finished = scheduler.process_results(batch, finish_reasons)
 
-Between those two calls the engine may call abort/finish (process_results then skips the
-request); it must not call schedule or retract.
-
-Overlap scheduling (the host prepares step N+1 while the device runs step N) records a
-step with placeholders first, process_launched, and a step later, once the decoding side
-wrote the real tokens over them, resolve_tokens (see results.py).
-
-Attention sinks (AttentionSinkConfig; see sinks.py): each step first evicts, from every
-running request whose next chunk would not fit its window, a chunk of tokens after its
-sinks (cache/sinks.py evict_middle frees or copies the slots, SinkWindow.delete drops the
-tokens); the batch carries the KV moves (`kv_shift`) the engine has done before its forward.
-Requests are then never cut at the context length (lengths.py): positions stay below
-sinks + window.
+A step takes the decodes (retracting the newest requests if their slots are not
+obtainable), then prefill chunks and admissions up to the budget. Between the two calls
+the engine may abort or finish requests, never schedule. Overlap scheduling
+(process_launched, resolve_tokens), attention sinks and host-tier staging:
+docs/design/scheduling.md.
 """
 
 from __future__ import annotations
@@ -65,7 +37,7 @@ from .stats import SchedulerStats
 
 
 class Scheduler:
-    """See the module docstring. num_slots: usable KV slots (slot 0, the dummy, excluded);
+    """See docs/design/scheduling.md. num_slots: usable KV slots (slot 0, the dummy, excluded);
     max_context_len: the model's context length; sinks: attention sinks (None: off);
     max_loras: LoRA adapters that may run at once (the adapter pool's slots; a waiting
     request of another adapter is passed over until one of them has no running request);
@@ -189,7 +161,7 @@ class Scheduler:
 
     # -- one step --------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
-        """Choose and allocate the next step's work (see module docstring).
+        """Choose and allocate the next step's work (docs/design/scheduling.md).
 
         Mutates: retracted requests (KV released, re-queued), admitted requests (status
         RUNNING, row, locked prefix), every scheduled request's num_allocated, its row of

@@ -1,13 +1,6 @@
-"""Attention sinks, the scheduler's side: when a running request's KV is full, how many of
-its tokens after the sinks to evict (StreamingLLM; the knobs are AttentionSinkConfig's).
-
-A request's KV holds at most `limit` = sinks + window positions. Before a step, a request
-whose next chunk (a decode: one token) would not fit evicts `shift` tokens at once, so the
-re-rotation of the kept keys is paid once per `shift` decodes and the KV stays between
-limit - shift and limit positions:
-
-    before:  | sinks | e e e e | k k k k k k k k k k k k |     limit reached
-    after:   | sinks | k k k k k k k k k k k k | (room for `shift` tokens)
+"""Attention sinks, the scheduler's side: when a running request's KV is full (sinks + window
+positions), evict `shift` tokens after its sinks at once (StreamingLLM; the knobs are
+AttentionSinkConfig's). Design: docs/design/attention-sinks.md.
 """
 
 from __future__ import annotations

@@ -4,22 +4,8 @@
     proposer = build_proposer(config, vocab_size=..., device=...)     # ngram.py / draft.py
     Speculator(proposer, config, vocab_size=..., device=...)          # speculator.py (engine)
 
-Modules: proposer.py (the Proposer interface), ngram.py (prompt lookup), draft.py (a draft
-model), adaptive.py (draft lengths), speculator.py. Verification itself is
-lmprog.runtime.engine.step_outputs, with the acceptance rule of lmprog.decoding.rejection; the
-scheduler plans verify entries.
-
-What speculation guarantees, against plain decoding of the same request:
-- greedy: the same tokens (one caveat: the verify pass computes the logits with an extend
-  over k + 1 tokens, plain decoding with a 1-token step; different kernels sum in different
-  orders, which can flip a near-tie, as batching can too; seen with random bf16 weights);
-- sampling, drafts without a distribution (n-gram): the same tokens for a seeded request
-  (each output token consumes one uniform of the request's generator, as in plain decoding),
-  and the same distribution for any request;
-- sampling, drafts with a distribution (a sampling draft model): the same distribution
-  (Leviathan et al.'s rule), not the same tokens for a seed (the rule draws extra uniforms);
-- always: stop tokens/strings, EOS, min/max_tokens, constraints and logprobs as in plain
-  decoding: accepted tokens go through the request's DecodeState one at a time.
+Greedy outputs are the same as without speculation, sampled ones keep their distribution
+(seeded n-gram runs their tokens too). Design and guarantees: docs/design/speculative.md.
 """
 
 from __future__ import annotations

@@ -1,49 +1,9 @@
 """How many draft tokens each speculating request gets this step. Plain arithmetic, no torch.
 
-The rule (SpeculativeConfig.adaptive=True):
-
-1. Per request, an acceptance rate a: the chance that a draft token is accepted given that
-   the one before it was, estimated from decayed counts of accepted drafts and of chains
-   cut by a rejection (the maximum-likelihood estimate for geometric chains; counts decay
-   by 0.85 per verify), with a prior of 0.6 worth one draft. Where proposing is costly
-   (step 3), a request with no verify of its own yet takes the pooled rate of every
-   request's recent verifies instead (same rule): a newcomer expects what the draft source
-   has lately been worth. (The Speculator keeps two per request, and two pools: drafts
-   right after a jump-forward's forced tokens have their own.)
-2. Its draft length k maximises the expected tokens per unit of step cost,
-
-        E(k) / (1 + c k),    E(k) = 1 + a + a^2 + ... + a^k
-
-   (k drafts yield E(k) tokens; c: one draft's cost relative to a step without drafts),
-   capped by num_tokens and by what the request may still generate. Low acceptance gives
-   short chains or none (k = 0 once a < c, roughly). c = verifying one more token (the
-   device's default draft_cost) + proposing one more draft, measured (ProposeCost: a draft
-   model's forwards cost a fraction of the target's step, an n-gram lookup next to
-   nothing); an explicit SpeculativeConfig.draft_cost is the whole c, nothing measured.
-3. Back-off in time: asking costs (an n-gram search, a draft model's forward) and a request
-   at k = 0 would never learn that it got better. So a request whose proposal came back
-   empty, or whose rate gives k = 0, waits 1, 2, 4, ... up to 16 of its decode steps before
-   it is asked again, and a request at k = 0 is then asked for one draft (a probe). The
-   wait doubles while that goes on; an accepted draft resets it.
-   Costly proposing — measured at more than verifying costs (a draft model, not an n-gram
-   lookup), or not measured yet — is rationed further, since a large batch of requests a
-   draft never fits would otherwise pay a draft-model forward per request per probe, and a
-   request's first ask pays its whole prompt in the draft: at most one in PROBE_SHARE of a
-   step's candidates probes (the others wait on as if they had); while the pool has seen
-   no verify, newcomers in a batch of more than PROBE_SHARE ask in rations too (the others
-   wait a step: 64 requests do not all pay to learn what 8 of them show); a request with
-   no verify of its own goes by the pooled rate, and probes only once in
-   FRESH_PROBE_EVERY steps engine-wide (which keeps the pool from staying bad for good).
-4. Batch back-off: the decoding requests feed 1 token each (after a jump-forward, the
-   forced tokens too) plus their drafts, and drafts are only added while that total stays
-   within max_step_tokens, the point past which a step is compute-bound (each verified
-   token then costs as much as a decoded one, so a rejected draft is pure loss). When the
-   lengths of steps 2-3 do not fit, the room is given to the drafts most likely to be
-   accepted (request r's j-th draft: a_r^j). At num_fed >= max_step_tokens nobody
-   speculates.
-
-adaptive=False: every request asks for num_tokens drafts each step (the scheduler's token
-budget and KV memory still cut them).
+Each request's draft length maximises E(k) / (1 + c k) from its estimated acceptance rate
+(c: one draft's cost), with back-off in time for requests whose drafts do not pay and a
+batch cap (max_step_tokens). adaptive=False: num_tokens every step.
+The rule in full: docs/design/speculative.md.
 """
 
 from __future__ import annotations
@@ -61,7 +21,8 @@ MAX_PROPOSE_COST = 1.0  # a draft costing a whole step is never worth it (k = 0 
 
 
 class AcceptanceRate:
-    """One request's acceptance statistics and back-off (module docstring, steps 1 and 3)."""
+    """One request's acceptance statistics and back-off (docs/design/speculative.md,
+    steps 1 and 3)."""
 
     __slots__ = ("accepted", "cut", "wait", "penalty", "pool")
 
@@ -142,8 +103,8 @@ def best_length(rate: float, max_tokens: int, cost: float) -> int:
 
 class ProposeCost:
     """The measured cost of proposing one draft position relative to a step without
-    proposing (module docstring, step 2): a draft model runs one forward per position of
-    the longest chain asked, for the whole batch, so a step that took step_s seconds,
+    proposing (docs/design/speculative.md, step 2): a draft model runs one forward per
+    position of the longest chain asked, for the whole batch, so a step that took step_s seconds,
     propose_s of them proposing chains of at most `longest` drafts, gives the sample
     propose_s / (longest * (step_s - propose_s)). The estimate is their mean over the first
     steps, then an exponentially weighted mean (weight PROPOSE_WEIGHT)."""
@@ -166,7 +127,7 @@ class ProposeCost:
 
 
 class DraftLengths:
-    """Chooses the per-request draft lengths of a step (module docstring, steps 2-4).
+    """Chooses the per-request draft lengths of a step (docs/design/speculative.md, steps 2-4).
     `cost` (c of step 2) may be updated between steps (the Speculator adds the measured
     proposing cost to draft_cost, and sets `cost_known` once it has measured some)."""
 

@@ -30,23 +30,12 @@ _DEFAULTS = {
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """method: "ngram" (prompt lookup: drafts copy what followed the latest earlier
-        occurrence of the sequence's last n tokens; no model) or "draft" (a smaller model of
-        the same tokenizer, `draft_model`).
-    num_tokens: the most draft tokens verified per request per step.
-    ngram_min, ngram_max: n-gram sizes tried, longest first.
-    draft_model: "draft" only: a bundled model name, .gguf path, HF folder, or (with
-        draft_load_format="dummy") an architecture preset such as "llama-3.2-1b".
-    draft_load_format: "auto" (from the files) or "dummy" (random weights).
-    adaptive: choose each request's draft length from its acceptance rate and back off at
-        large batches (see lmprog.runtime.speculative.adaptive); False: always num_tokens.
-    draft_cost: one draft's cost as a fraction of a decode step, used by the adaptive rule.
-        None: verifying it (0.15 on a CPU, 0.02 on a GPU) + proposing it, measured while
-        decoding (a draft model's forwards; ~0 for n-gram). A number: the whole cost,
-        nothing measured (0.0: draft as if drafts were free).
-    max_step_tokens: decoding requests' fed tokens (1 each + drafts) per step above which
-        drafts are not added: the step is compute-bound there and a verified token costs
-        as much as a decoded one (None: 32 on a CPU, 128 on a GPU).
+    """method: "ngram" (prompt lookup) or "draft" (`draft_model`, same tokenizer); num_tokens:
+    most drafts verified per request per step; ngram_min / ngram_max; draft_model and
+    draft_load_format ("auto" | "dummy"); adaptive: per-request draft lengths (False: always
+    num_tokens); draft_cost: one draft's cost as a fraction of a step (None: measured);
+    max_step_tokens: fed decode tokens per step above which no drafts are added (None: 32 on a
+    CPU, 128 on a GPU). Details: docs/design/speculative.md.
     """
 
     method: SpeculativeMethod = "ngram"

@@ -1,26 +1,9 @@
 """DraftModelProposer: a smaller model of the target's tokenizer drafts k tokens per step.
 
-It runs the runtime's own model classes over its OWN paged KV pool: a KVPool, a table
-[max_requests, context_length] and torch-free slot bookkeeping (draft_cache.py). Each
-propose() serves all requests at once:
-
-  1. per request, the prefix of what the draft computed that agrees with the given token_ids
-     is kept (rollback after rejected drafts: the slots beyond it are freed), and slots are
-     reserved for the new tokens and for the k-1 drafts that are fed back;
-  2. one batched extend feeds every request's new tokens -> draft 1 (with CUDA graphs, a
-     short extend runs as one-token steps instead: see `split_extend_limit`);
-  3. k-1 batched decode steps feed draft i -> draft i+1 (CUDA graphs on a GPU).
-
-    one request (n = len(token_ids), c = kept prefix, k drafts), by position:
-        | kept 0..c-1 | extend c..n-1 | fed drafts d1..d_{k-1}: n..n+k-2 |    dk is not fed
-
-(draft_job.py holds what one call computes: the packed integers and the draft choice.)
-Requests are ordered by k, longest first, so decode step s runs on a prefix of the batch.
-Greedy requests (params None or greedy) take the argmax and return probs=None; sampled ones
-draw from the draft logits after the request's temperature, top-k, top-p and min-p (the core
-sampler's `probabilities`; no penalties) and return those rows as `probs`.
-Every integer the steps need is packed on the host and sent in one copy; the drafts come back
-in one read at the end.
+It runs the runtime's own model classes over its own paged KV pool (draft_cache.py): per
+call one batched extend of every request's new tokens, then k - 1 batched decode steps;
+greedy requests take the argmax, sampled ones return their draft distributions.
+Design: docs/design/speculative.md.
 """
 
 from __future__ import annotations
@@ -48,20 +31,12 @@ _EMPTY = Proposal(())
 
 
 class DraftModelProposer(Proposer):
-    """Drafts with `model`, a Llama-family module of the runtime (on its device, eval mode;
-    it may be the target's own module: only the KV pool must be separate).
+    """Drafts with `model`, a Llama-family module of the runtime (it may be the target's own
+    module: only the KV pool must be separate); vocab_size must equal the target's.
 
-    vocab_size: the target's vocabulary size; the draft's must be the same (same tokenizer).
-    max_total_tokens: draft KV slots (default: KV_BUDGET_BYTES for the device type).
-    max_requests: requests holding draft state at once (rows of the draft table).
-    context_length: longest sequence drafted for (default and cap: the draft's max_position);
-        longer requests get empty proposals.
-    cuda_graphs: replay CUDA graphs for decode steps (a GPU model on Triton attention).
-
-    Contract: propose() never fails for lack of memory: idle requests (not in the call) are
-    evicted least recently used first, then requests that still do not fit get an empty
-    proposal. release(rid) frees all of rid's slots (unknown rids are ignored). Called only
-    from one thread (the engine's).
+    propose() never fails for lack of memory (idle requests are evicted LRU, then proposals
+    come back empty); release(rid) frees rid's slots. Engine thread only.
+    Arguments: docs/design/speculative.md.
     """
 
     def __init__(

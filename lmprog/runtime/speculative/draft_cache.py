@@ -1,18 +1,9 @@
-"""DraftKVCache: which slots of the draft model's own KV pool hold which request's tokens.
+"""DraftKVCache: which slots of the draft model's KV pool hold which request's tokens.
 Torch-free bookkeeping (the draft proposer owns the pool and the model).
 
-Per request the draft keeps a prefix of the request's token sequence (its own past drafts
-included) whose K/V sit in the draft pool, through one row of the draft's table:
-
-    tokens:  t0 t1 ... t_{m-1}           computed by the draft
-    slots:   s0 s1 ... s_{m-1} | s_m ..  slots[i] holds tokens[i]; slots beyond the tokens are
-                                         reserved for the positions being computed right now
-    table[row, i] == slots[i]            (the proposer writes the table)
-
-Rollback after rejected drafts is a truncation to the common prefix with the request's new
-sequence. Memory is bounded: a fixed number of slots and rows. When they run out, requests
-not `protect`ed (not in the current propose call) are evicted least recently used first;
-if that is not enough the caller gets None and proposes nothing for that request.
+Rollback after rejected drafts truncates to the common prefix; when slots or rows run out,
+unprotected requests are evicted LRU, else the caller gets None.
+Design: docs/design/speculative.md.
 """
 
 from __future__ import annotations

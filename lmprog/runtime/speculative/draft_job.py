@@ -110,7 +110,7 @@ def catch_up_members(jobs: list[DraftJob], steps: int, i: int) -> list[int]:
 
 def pack_steps(jobs: list[DraftJob], active: list[int], catch_up: int = 0) -> Packer:
     """Every integer of the extend (or, catch_up > 0, of that many one-token catch-up
-    steps) and of the decode steps (see the module docstring's positions)."""
+    steps) and of the decode steps (see draft.py's positions, docs/design/speculative.md)."""
     pk = Packer()
     for i in range(catch_up):
         now = [jobs[r] for r in catch_up_members(jobs, catch_up, i)]

@@ -1,19 +1,7 @@
 """NgramProposer: prompt-lookup drafts, no model (Saxena 2023; vLLM's "ngram" proposer).
 
-Outputs that copy their input (extraction, summarization, code edits, quoting) repeat
-spans that already occur in the sequence. The proposer takes the sequence's last n tokens,
-finds their latest earlier occurrence and proposes the tokens that followed it:
-
-    tokens:  ... a b c d e f ....... x a b c        suffix "a b c" (n = 3)
-                 ^^^^^ match at i    ^^^^^ suffix
-    drafts:  d e f ...                              tokens[i + n : i + n + k]
-
-A continuation that reaches the end of the sequence wraps around periodically (a
-repetition "x y x y x" drafts "y x y ..."), as the copy would go on.
-
-n goes from ngram_max down to ngram_min; the first n with a match wins (longer contexts
-predict better). The latest match is preferred: it is the span being copied right now.
-Stateless: each call looks at the whole sequence (numpy, O(len * n)).
+Drafts are what followed the latest earlier occurrence of the sequence's last n tokens
+(n from ngram_max down to ngram_min). Stateless. Design: docs/design/speculative.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Proposer: the interface every speculative-token source implements.
 
-The engine asks, once per step, for drafts for the decoding requests that may speculate;
-the drafts are then verified in the same forward pass as everyone else's prefills and
-decodes (scheduler verify entries). A proposer sees each request's whole token sequence
-(prompt + accepted outputs) every time, so one that keeps per-request state (a draft
-model's KV) finds its rollback point by comparing that sequence with what it saw before.
-
     propose([ProposalInput(rid, tokens, k), ...])  ->  [Proposal, ...]   (same order)
     release(rid)                                    the request ended or was retracted
 
-Proposals are linear chains; a tree proposer (Medusa/EAGLE heads) would need a `parents`
-array in Proposal and tree masks in the verify entries.
+A proposer sees each request's whole sequence every call and finds its own rollback point.
+Design: docs/design/speculative.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """AttentionBackend: how a layer's queries attend over the paged KV pool.
 
-The model calls, per forward step:
-    plan = backend.plan(batch)                                   # once, before layer 0
+    plan = backend.plan(batch)                                          # once per step
     q, k, v = backend.rotate_and_store(qkv, cos, sin, layer, kv, loc)   # per layer
-    out  = backend.forward(q, k, v, layer, kv, plan)             # per layer
-`rotate_and_store` applies the rotary embedding to q and k and writes this step's k/v into
-the pool at batch.out_cache_loc (plain PyTorch here; the Triton backend does it in one
-kernel), so `forward` finds every key the step needs in the pool; k/v are passed too for
-backends that prefer to read the new tokens from registers. Nothing else is mutated.
+    out  = backend.forward(q, k, v, layer, kv, plan)                    # per layer
 
-Multi-head latent attention (DeepSeek-V2) is attention with `rope_dim > 0`: one KV head
-(num_kv_heads=1) whose key is [head_dim + rope_dim] = [c_kv | k_pe] and whose value is the
-key's first head_dim (= kv_lora_rank) columns (kv_pool.LatentKVPool); the model absorbs the
-up-projections into the query and the output, so queries are [q_nope W_uk | q_pe] and the
-output is the latent [head_dim]. Such a layer calls `rotate_and_store_latent` instead of
-`rotate_and_store`; `forward` is the same call. The softmax scale is then the model's
-(`scale`), not head_dim**-0.5.
+Latent attention (DeepSeek-V2) calls `rotate_and_store_latent` instead.
+Design: docs/design/attention.md.
 """
 
 from __future__ import annotations

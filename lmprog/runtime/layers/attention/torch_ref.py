@@ -1,18 +1,8 @@
 """Plain-PyTorch attention over the paged KV pool: the reference, and the CPU path.
 
-Decode requests (one new token, no custom mask) run as one batched SDPA over K/V gathered
-into a padded [B, L_max] block; every other request (prefill chunk over a cached prefix,
-verify) runs alone with an offset-causal or custom mask. GQA without repeating K/V: the G
-query heads that share a KV head are folded into SDPA's query-length axis,
-
-    q [B, n, Hkv*G, D] -> [B, Hkv, G*n, D]      k, v [B, Hkv, L, D]
-    mask [B, n, L]     -> [B, 1, G*n, L]        (the same rows for each of the G heads)
-
-Sliding-window layers (`set_sliding_window`, Gemma 3) use a second mask of the same plan that
-also hides keys `window` or more positions older than the query; the pool keeps every key.
-An FP8 pool's gathered rows are upcast to the queries' dtype and scaled (kv_pool.dequantize_kv).
-Latent attention (rope_dim > 0) is the same code: keys (and queries) have head_dim + rope_dim
-columns, values head_dim (SDPA takes the two sizes as they are).
+Decodes run as one batched SDPA over gathered K/V; prefill chunks and verifies run alone
+with an offset-causal or custom mask; GQA without repeating K/V; sliding windows (Gemma 3),
+FP8 pools and latent attention supported. Design: docs/design/attention.md.
 """
 
 from __future__ import annotations

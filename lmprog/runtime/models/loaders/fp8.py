@@ -1,21 +1,9 @@
 """FP8 checkpoints in the layout vLLM and SGLang read (llm-compressor's FP8 models,
-DeepSeek-V3 and Qwen3's block-wise FP8 releases):
+DeepSeek-V3's and Qwen3's block-wise FP8 releases).
 
-    config.json  "quantization_config": {"quant_method": "fp8",
-                     "activation_scheme": "dynamic" | "static",
-                     "weight_block_size": [bn, bk]}                     (optional)
-    X.weight            float8_e4m3fn [N, K]
-    X.weight_scale      fp32 [] / [1] per tensor, or [N] / [N, 1] per output channel
-    X.weight_scale_inv  fp32 [ceil(N / bn), ceil(K / bk)]   block-wise: w = q * scale_inv
-    X.input_scale       fp32 [] / [1]     the static activation scale ("static" only)
-    model.layers.i.self_attn.k_scale / v_scale   fp32 []   FP8 KV-cache scales (optional)
-
-A linear is FP8 when its checkpoint weight is float8_e4m3fn (the rest, lm_head usually,
-load as they are). Its scales are turned into the row form of layers/fp8_linear.py (one
-per output row, block scales repeated over their block's rows; `weight_scale_inv` renamed
-`weight_scale`), so that the model's own `load_weights` slices them with the weight into
-fused q/k/v and gate/up. KV-cache scales land on the model as `kv_cache_scales`
-((k per layer), (v per layer)), which the model runner hands to an FP8 KV pool.
+Weight scales are turned into layers/fp8_linear.py's row form so `load_weights` slices them
+with the weight; KV-cache scales land on `model.kv_cache_scales`.
+Layout: docs/design/quantization.md.
 """
 
 from __future__ import annotations
@@ -113,7 +101,7 @@ def load_fp8_checkpoint(net: nn.Module, folder: str | Path, scheme: Fp8Scheme) -
 def _row_form(
     files: list[Path], shapes: dict[str, tuple[int, ...]], scheme: Fp8Scheme, kv: dict
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint's tensors with FP8 scales in row form (module docstring); KV-cache
+    """The checkpoint's tensors with FP8 scales in row form (docs/design/quantization.md); KV-cache
     scales go to `kv` instead."""
     for path in files:
         with safe_open(str(path), framework="pt") as f:

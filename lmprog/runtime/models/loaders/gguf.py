@@ -1,16 +1,8 @@
 """Weights from a GGUF file: dequantized with the `gguf` package, renamed to HF names.
 
-llama.cpp's converter permutes the rows of attn_q/attn_k of *llama*-arch models so that RoPE
-rotates adjacent pairs (GPT-J style); we undo it to get back HF's rotate-half layout, exactly
-as transformers' GGUF loader does (Mixtral is a llama-arch GGUF with experts). Qwen2/Qwen3
-GGUFs and their MoE variants are stored unpermuted. Gemma 3's
-converter stores each RMSNorm's effective multiplier 1 + w; we subtract the 1 to give HF's w
-back (as transformers' GGUF loader does), and name its four norms per layer as HF does. Every
-quantization type (Q4_K, Q5_0, Q6_K, Q8_0, ...) dequantizes through `gguf.quants`.
-
-Parsing a GGUF's metadata with `gguf.GGUFReader` takes seconds (it walks the whole
-vocabulary), so the parsed index (config + where each tensor's bytes are) is cached as JSON
-under `cache_dir()/gguf`, keyed by path, size and mtime; later loads map the file directly.
+llama.cpp's q/k row permutation is undone for llama-arch files and Gemma 3's 1 + w norms
+restored to w, as transformers does. The parsed index is cached as JSON under
+`cache_dir()/gguf`. Details: docs/design/models.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """A GGUF's dequantized weights cached as safetensors: a warm start reads them back instead of
-dequantizing (about a second for the default model here, minutes for a large one).
+dequantizing.
 
     weights = cached_gguf_weights(index, torch.bfloat16)   # gguf_weights(index) in bf16, cached
 
-The weights are cached in the dtype the model computes in: fp32 for the CPU's default (the
-dequantized values need it: 58% of the default Q4_1 model's are exact in fp16, 21% in bf16),
-bf16 on a GPU (half the bytes; the model loads the same values as from fp32, rounded once).
-The entry is `cache_dir()/weights/<stem>-<digest>[-bf16|-fp16]/` (lmprog.core.cache_files:
-the digest of the GGUF's path, size and mtime) holding `model.safetensors` (in HF names,
-what `gguf_weights` yields, in that dtype) and `lmprog_weights.json`, its description: the
-GGUF's identity, the format version, the dtype, the data file's size and each tensor's name,
-shape and CRC-32. The first load
-writes the data as it dequantizes (the header is known from the GGUF's tensor table, so the
-tensors stream to disk and no second copy is held), renames it into place, then writes the
-description, then removes the entries of earlier versions of the same file. A later load
-reads the entry only if the description matches the GGUF as it is now, the file has its
-size and header, and every tensor its CRC-32 (checked before the tensor is handed on);
-anything else (stale, truncated, a flipped byte) is rebuilt from the GGUF, never loaded.
-
-`$LMPROG_WEIGHT_CACHE_GIB` (default 4) bounds what is cached: fp32 takes 4-8x the GGUF's
-size on disk, bf16 half that; 0 turns the cache off.
+Entries are checked (identity, size, CRC-32 per tensor) and rebuilt when anything differs;
+`$LMPROG_WEIGHT_CACHE_GIB` (default 4, 0: off) bounds them. Design: docs/design/models.md.
 """
 
 from __future__ import annotations
