@@ -8,15 +8,12 @@ applies the finish rules:
     a stop string                            -> "stop" (the text ends before it)
     the constraint is finished               -> "stop"
     max_tokens                               -> "length" (with a message inside a constraint)
-
-    the context is full (room == 0)          -> "length" (saying so)
+    no room left in the context              -> "length" ("the context of N tokens is full")
 
 and may jump forward through text the constraint forces. The tokens have one owner,
-`outputs` (a list, or the runtime's request, ReqOutputs): accept appends to it and a jump
-rewrites its tail there (with the guide, text and penalty counts). Anything else that ends
-a request (abort, an error) goes through `finish` / `fail`.
-
-Text pieces go to `emit` as soon as they are final (stop-string prefixes held back).
+`outputs` (a list, or the runtime's request: ReqOutputs), which accept appends to and a
+jump rewrites. Text pieces go to `emit` as soon as they are final. Abort and errors:
+`finish` / `fail`. Design: docs/design/engine-step.md#finish-rules.
 """
 
 from __future__ import annotations

@@ -1,51 +1,13 @@
 """Engine: the background loop that serves every request of a runtime (continuous batching).
 
-Callers on any thread `submit` EngineRequests and get RequestHandles; commands travel to the
-engine thread through one queue. The engine thread alone touches the scheduler, the model
-runner and the per-request DecodeStates:
+    engine = launch_engine(net, tokenizer, eos_token_ids=(2,))    # lmprog.runtime
+    handle = engine.submit(EngineRequest(prompt_ids, params))     # any thread
+    result = handle.result()
 
-    loop:
-        apply queued commands (submit / abort / call)   <- blocks here when there is no work
-        inflight = step(inflight)
-
-    step(inflight) -> inflight:                           (_advance)
-        chosen = speculator.choose(decoding requests)   # who drafts (reads no token)
-        settle(inflight) first if anyone drafts         # drafts continue the real tokens
-        speculator.propose(chosen)                      # draft_ids
-        batch  = scheduler.schedule()                   # decodes + verifies + prefill chunks
-        logits = runner.forward(batch, inflight tokens) # one forward pass for all of them
-        overlap: draws queued on the device (defer)     # when every sampler is history-free
-        settle(inflight)                                # its tokens, while the device runs
-        deferred: scheduler.process_launched(batch, placeholders); return it (in flight)
-        else:     sample, verify drafts, state.accept per token (StepOutputs.process: the
-                  DecodeState appends to the request's tokens, decides its finish reason,
-                  jumps forward), scheduler.process_results(batch, reasons); return None
-
-    settle(step): its tokens to the DecodeStates (which write them over the placeholders),
-                  scheduler.resolve_tokens(step.batch, reasons), finished requests handed over
-
-Overlap scheduling (EngineConfig.overlap; on a GPU by default) thus launches step N+1 before
-the host reads step N's tokens, so the device never waits for Python. A step is deferred so only when every request sampling in it is history-free (no
-constraint, penalties, prompt logprobs or drafts: DecodeState.history_free); any other
-step is processed at once, after the one in flight settles. With speculation on, every
-step that asks for drafts settles the one in flight first (a step where speculation backed
-off keeps it in flight). Cost: a request that stops in step N was fed once more in step
-N+1 (that work is dropped).
-
-LoRA adapters (the runner's LoraManager, lmprog.runtime.lora): a request names its
-adapter (EngineRequest.lora), resolved here to the adapter's uid (Req.lora_id) when it is
-admitted; `load_lora_adapter` reads and checks a folder on the caller's thread and registers
-it between steps, `unload_lora_adapter` stops new requests naming it (those running finish
-with it).
-
-Fault isolation: an exception while processing one request (its sampler row, its guide,
-its prompt logprobs) fails that request only ("error"; its caller's result() raises it);
-a failed forward pass fails the requests of that batch (under tensor parallelism it is
-fatal: a ParallelError fails every pending request and stops the engine, whose runner
-then tears the group down). Any other exception in the loop
-is an internal error: every request that started fails with a BackendError naming it, all
-KV is freed and the prefix cache emptied, and the engine serves on (`internal_errors` in
-stats()). `check_integrity()` verifies the scheduler's bookkeeping between steps.
+One engine thread owns the scheduler, the model runner and the requests' DecodeStates; per
+step it advances the step in flight, `inflight = _advance(inflight)`: choose drafts,
+schedule, launch, settle the previous step once, record. Overlap scheduling, finish rules,
+LoRA and fault isolation: docs/design/engine-step.md.
 """
 
 from __future__ import annotations

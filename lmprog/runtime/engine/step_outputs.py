@@ -1,37 +1,12 @@
-"""StepOutputs: one forward pass's logits -> what process_results needs, per batch entry.
+"""StepOutputs: one forward pass's logits -> tokens handed to each request's DecodeState
+(which appends them to the request and decides its finish reason), per batch entry.
 
-The logits rows come in entry order, `end - logits_from` rows per entry that wants logits:
+    out = outputs.process(batch, logits, draft_probs)   # sampled, drafts verified, accepted
+    step = outputs.defer(batch, logits)                 # overlap: draws queued on the device
+    out = outputs.settle(step)                          # ... their tokens, a step later
 
-    logits:  | entry a: prompt-logprob rows ... last row | entry b: last row | ...
-                                                 ^ sampled from when entry.sample
-
-Per entry: prompt logprobs are recorded first (positions p -> prompt token p + 1), then the
-sampling entries' tokens are drawn and handed, one by one, to their request's
-DecodeState.accept. Anything that raises there fails that request alone.
-
-A verify entry (k draft tokens fed after its pending token, or after the tokens a
-jump-forward forced: those need no verification) has k + 1 sampling rows; row j holds the
-target's next-token logits after draft j - 1 (row 0: after the last pending token):
-
-    fed:     [forced ...] pending  d0   d1  ...  d_{k-1}
-    rows:                 r0       r1   r2  ...  r_k          r_j -> token t_j
-    t_j is drawn from row j with the request's state after t_0..t_{j-1} (penalties,
-    min_tokens, guide, RNG all advance exactly as in plain decoding); the chain goes on
-    while t_j == d_j, so the accepted tokens are d_0..d_{m-1} and then t_m (a correction,
-    or the bonus token when m == k).
-
-Drafts without a draft distribution (n-gram) are accepted iff the target's own draw equals
-them: exact for greedy, and for sampling the rejection rule with a point-mass draft, which
-consumes the RNG exactly as plain decoding does, so a seeded request's tokens are the same
-with speculation on and off. Drafts with a distribution (a sampling draft model) use the
-rejection rule (`BatchSampler.judge`). A chain also stops where the request finishes (stop
-token or string, EOS, max_tokens, a finished constraint) or jumps forward. All requests'
-position-j draws share one batched sampler call.
-
-Overlap scheduling splits a step without drafts in two: `defer` queues the draws on the
-device right after the forward pass (when every sampling request is history-free), and
-`settle`, one step later, hands the tokens to the DecodeStates. Entries of requests that
-ended in between (a stop seen while this step was in flight, an abort) are skipped.
+Logits row layout, verify chains and the rejection rule: docs/design/engine-step.md and
+docs/design/speculative.md.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class ScheduledEntry(NamedTuple):
         return len(self.draft_ids)
 
     def input_ids(self) -> list[int]:
-        """The token ids fed (valid until the next process_results / replace_tokens)."""
+        """The token ids fed (valid until the step's results are recorded)."""
         real = self.req.token_ids[self.start : self.end - len(self.draft_ids)]
         return real + list(self.draft_ids) if self.draft_ids else real
 

@@ -1,19 +1,8 @@
-"""A step's results, recorded (Scheduler.process_results / resolve_tokens): tokens appended,
-accepted drafts and computed KV counted, requests finished, finished prefill chunks put in
-the prefix cache for reuse by others.
-
-The tokens themselves are appended by the decoding side (DecodeState, through the
-request's ReqOutputs): a request's tokens have one owner, `Req.token_ids`.
-
-Overlap scheduling (the host prepares step N+1 while the device runs step N) defers the
-tokens: launched(batch, placeholders) right after step N is launched appends one
-placeholder per sampling entry (see request.py); step N+1 is scheduled, feeding them;
-after N+1 is launched the host reads N's tokens, the decoding side writes them over the
-placeholders, and resolve(batch_N, finish_reasons) finishes requests. A request
-finished there was also fed in step N+1: that work is dropped (its KV slots are freed,
-nothing of it reaches the prefix cache). A request whose placeholder is its last token (its
-length cap) finishes at once, before step N+1 is scheduled: its row and KV are not held a
-step longer; the engine gives it its token when N settles.
+"""A step's results, recorded (Scheduler.process_results / process_launched / resolve_tokens):
+computed KV counted (minus rejected drafts and rewritten tokens), requests finished,
+finished prefill chunks put in the prefix cache for reuse by others. The tokens themselves
+are already in the requests: their DecodeStates appended them (ReqOutputs). Overlap
+scheduling's placeholders: docs/design/engine-step.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,13 @@
 """Speculator: the engine's side of speculative decoding (engine thread only).
 
-Per step, around the scheduler and the model runner:
-
     chosen = speculator.choose(scheduler.decoding())   # who drafts, how far (no token read)
-    ... the engine settles its step in flight if any request drafts ...
-    speculator.propose(chosen)                  # req.draft_ids, from the real tokens
-    batch = scheduler.schedule()               # verify entries: pending token(s) + drafts
-    ... forward; StepOutputs verifies the chains, asking draft_probs(req) ...
-    speculator.on_step(batch, result)          # acceptance statistics
-    speculator.release(rid)                    # a request ended or was retracted
+    speculator.propose(chosen)                  # req.draft_ids (after the engine settles)
+    batch = scheduler.schedule()                # verify entries: pending token(s) + drafts
+    speculator.on_step(batch, result)           # acceptance statistics
+    speculator.release(rid)                     # a request ended or was retracted
 
-What it decides: which decoding requests speculate and how far (adaptive.DraftLengths), and
-what of each proposal is worth verifying: at most the chosen length, ids inside the
-vocabulary, and, under a constraint, only the prefix the request's FSM guide allows (a
-draft the guide forbids could never be accepted). Draft distributions are restricted to
-what that cut kept (see `_cut`), so the rejection rule stays exact. A proposer that raises
-is logged and that step decodes without drafts.
-
-What proposing costs is measured (unless SpeculativeConfig.draft_cost is given): the time
-from the proposer's call to the end of propose() against the step's time from propose() to
-on_step() (the forward and verification included), fed to adaptive.ProposeCost; the draft
-lengths then weigh verify cost + that.
-
-Jump-forward strings are verified for free: after a jump the request's pending tokens are
-the forced ones (already in token_ids, the guide already past them), so its proposal
-continues after them, is cut by the guide's state there, and the scheduler feeds forced
-tokens and drafts in one verify entry (scheduler/batch.py); the forced tokens count like
-decode tokens toward the step's max_step_tokens. Such drafts start a free span right after
-forced text (a JSON value after its key), a guess unlike continuing a span being copied, so
-their acceptance statistics and back-off are kept apart from the request's other drafts: a
-wrong guess after a key does not stop speculation inside the value.
+Draft lengths, guide cuts, cost measurement, drafts after jump-forward:
+docs/design/speculative.md.
 """
 
 from __future__ import annotations
