@@ -39,7 +39,8 @@ def parse_level(level: str | int) -> int:
     if isinstance(level, int) and not isinstance(level, bool):
         return level
     if isinstance(level, str) and level.strip().lower() in LEVELS:
-        return getattr(logging, level.strip().upper())
+        number: int = getattr(logging, level.strip().upper())
+        return number
     raise ValueError(f"log level must be one of {', '.join(LEVELS)}; got {level!r}")
 
 

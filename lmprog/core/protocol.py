@@ -268,7 +268,7 @@ class Backend(abc.ABC):
     @property
     def token_usage(self) -> TokenUsage:
         """Tokens used by this backend's calls so far; `.reset()` starts again from zero."""
-        usage = self.__dict__.get("_token_usage")
+        usage: TokenUsage | None = self.__dict__.get("_token_usage")
         if usage is None:
             usage = self.__dict__.setdefault("_token_usage", TokenUsage())
         return usage

@@ -274,9 +274,9 @@ class NodeExecutor:
                 else:
                     self._record.append_aside(text, aside)
 
-        backend = self._backend
+        backend: Backend | Budgeted = self._backend
         if spec.budget is not None:
-            backend = Budgeted(backend, fmt, state, spec.budget, node.constraint)
+            backend = Budgeted(self._backend, fmt, state, spec.budget, node.constraint)
             request = GenerateRequest(prompt, params)
         else:
             request = GenerateRequest(prompt, params, spec.constrain(node.constraint, fmt, state))
@@ -318,7 +318,7 @@ class NodeExecutor:
         request: GenerateRequest,
         captures: tuple[str, ...],
         *,
-        backend: Any = None,
+        backend: Backend | Budgeted | None = None,
         on_text: Callable[[str], None] | None = None,
     ) -> tuple[GenerateResult, str]:
         """Call the backend (default: the state's); returns the result and the text already
@@ -386,6 +386,7 @@ class NodeExecutor:
         as [logprob, token_id, token text] per choice token, `output_token_logprobs` (none:
         nothing is generated), and its method's keys) with lmprog's (`normalized_scores`,
         the scores the method compared, ...)."""
+        assert self._backend is not None
         text = _token_text(self._backend)
         meta: dict[str, Any] = {
             "normalized_prompt_logprobs": [
@@ -469,11 +470,11 @@ class NodeExecutor:
                 self._record.add_message(message["role"], message["content"])
 
 
-def _token_text(backend: Any) -> Callable[[int], str | None]:
+def _token_text(backend: Backend) -> Callable[[int], str | None]:
     """token id -> its text through the backend's tokenizer (None where it has none, or an
     id is not its own, as an endpoint's unknown id -1)."""
     try:
-        decode = backend.tokenizer.decode
+        decode: Callable[[list[int]], str] = backend.tokenizer.decode
     except Exception:  # noqa: BLE001 - a backend without a tokenizer: no token texts
         return lambda _: None
 

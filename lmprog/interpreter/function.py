@@ -135,7 +135,7 @@ class Function(Program):
                 names = self._names
                 merged = {
                     **canonical_sampling_names(sampling, names),
-                    **canonical_sampling_names(item, names),
+                    **canonical_sampling_names(dict(item), names),
                 }
                 calls.append(self.prepare_call((), merged))
             except (TypeError, ValueError) as e:

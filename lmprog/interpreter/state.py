@@ -361,11 +361,15 @@ class ProgramState(FrontendState):
 
     async def _wait_finished_async(self) -> None:
         loop = asyncio.get_running_loop()
-        done = loop.create_future()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def settle() -> None:
+            if not done.done():
+                done.set_result(None)
 
         def on_finish() -> None:
             try:
-                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+                loop.call_soon_threadsafe(settle)
             except RuntimeError:
                 pass
 

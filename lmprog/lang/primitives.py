@@ -7,6 +7,7 @@ it) and returns an IR expression; nothing runs until the expression is appended 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -261,8 +262,7 @@ def select(
         raise over_limit("select() has too many choices", len(choices), "max_choices")
     if "" in choices:
         raise ValueError("choices must be non-empty strings, got ''")
-    seen: set[str] = set()
-    duplicates = sorted({c for c in choices if c in seen or seen.add(c)})
+    duplicates = sorted(c for c, n in Counter(choices).items() if n > 1)
     if duplicates:
         raise ValueError(f"choices must be distinct; repeated: {duplicates}")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
@@ -390,7 +390,7 @@ def _with_terminators(stop: Any, dtype: Any) -> Any:
     report."""
     from lmprog.fsm.dtypes import DTYPES
 
-    d = DTYPES.get(getattr(dtype, "__name__", None))
+    d = DTYPES.get(getattr(dtype, "__name__", ""))
     if d is None or not d.terminators:
         return stop
     if stop is None:
