@@ -28,6 +28,7 @@ from lmprog.core.sampling import SamplingParams
 from lmprog.core.thinking_budget import Budgeted
 from lmprog.interpreter.api_spec import ApiSpeculator
 from lmprog.interpreter.record import Parsed, StateRecord
+from lmprog.lang.choices import ChoiceDecision
 from lmprog.lang.ir import (
     Fork,
     Gen,
@@ -381,7 +382,9 @@ class NodeExecutor:
         if node.name is not None:
             self._record.set_var(node.name, choice, self._select_meta(node, result, decision))
 
-    def _select_meta(self, node: Select, result: ScoreResult, decision: Any) -> dict[str, Any]:
+    def _select_meta(
+        self, node: Select, result: ScoreResult, decision: ChoiceDecision
+    ) -> dict[str, Any]:
         """SGLang's select meta info (`normalized_prompt_logprobs`, `input_token_logprobs`
         as [logprob, token_id, token text] per choice token, `output_token_logprobs` (none:
         nothing is generated), and its method's keys) with lmprog's (`normalized_scores`,

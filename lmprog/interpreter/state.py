@@ -12,7 +12,7 @@ import threading
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast, overload
+from typing import Any, Literal, TypeVar, cast, overload
 
 from lmprog.core.errors import ConstraintError, ProgramCancelled
 from lmprog.core.protocol import Backend, StreamPiece
@@ -264,7 +264,22 @@ class ProgramState(FrontendState):
         """The program's error (after the appends so far have run), or None."""
         return self._record.wait_idle()
 
-    def text_iter(self, var: str | None = None, return_meta_data: bool = False) -> Iterator[Any]:
+    @overload
+    def text_iter(
+        self, var: str | None = None, return_meta_data: Literal[False] = False
+    ) -> Iterator[str]: ...
+    @overload
+    def text_iter(
+        self, var: str | None, return_meta_data: Literal[True]
+    ) -> Iterator[tuple[str, dict[str, Any]]]: ...
+    @overload
+    def text_iter(
+        self, var: str | None = None, *, return_meta_data: Literal[True]
+    ) -> Iterator[tuple[str, dict[str, Any]]]: ...
+
+    def text_iter(
+        self, var: str | None = None, return_meta_data: bool = False
+    ) -> Iterator[str] | Iterator[tuple[str, dict[str, Any]]]:
         """The text in pieces as it is produced (with `var`: only that variable's pieces).
 
         The pieces concatenate to `text()` (or to the variable's text). The iterator ends
@@ -321,9 +336,22 @@ class ProgramState(FrontendState):
         finally:
             await pieces.aclose()
 
+    @overload
+    def text_async_iter(
+        self, var: str | None = None, return_meta_data: Literal[False] = False
+    ) -> AsyncIterator[str]: ...
+    @overload
+    def text_async_iter(
+        self, var: str | None, return_meta_data: Literal[True]
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
+    @overload
+    def text_async_iter(
+        self, var: str | None = None, *, return_meta_data: Literal[True]
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
+
     async def text_async_iter(
         self, var: str | None = None, return_meta_data: bool = False
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncIterator[str | tuple[str, dict[str, Any]]]:
         """`text_iter` for asyncio: awaits new pieces without blocking the event loop."""
         _check_var(var)
         with_meta = _flag(return_meta_data)

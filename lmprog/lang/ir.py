@@ -18,12 +18,13 @@ from __future__ import annotations
 import re
 import secrets
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from lmprog.core.sampling import SamplingParams
 from lmprog.core.text import check_text
 
 if TYPE_CHECKING:
+    from lmprog.fsm import Constraint
     from lmprog.lang.choices import ChoicesMethod
     from lmprog.lang.graph import Graph
 
@@ -108,10 +109,10 @@ class ArgRef(Expr):
     def __len__(self) -> int:
         raise self._stop("len()")
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> NoReturn:
         raise self._stop("iteration")
 
-    def __getitem__(self, key: object) -> Any:
+    def __getitem__(self, key: object) -> NoReturn:
         raise self._stop("indexing")
 
     def __contains__(self, item: object) -> bool:
@@ -126,7 +127,7 @@ class ArgRef(Expr):
     def __index__(self) -> int:
         raise self._stop("use as an index")
 
-    def __getattr__(self, attr: str) -> Any:
+    def __getattr__(self, attr: str) -> NoReturn:
         if attr.startswith("_"):
             raise AttributeError(attr)
         raise self._stop(f"attribute access .{attr}")
@@ -187,9 +188,9 @@ class Gen(Expr):
 
     name: str | None
     overrides: tuple[tuple[str, Any], ...] = ()
-    constraint: Any = None
+    constraint: Constraint | None = None
     constraint_spec: str | None = None
-    schema_class: Any = field(default=None, compare=False)
+    schema_class: object = field(default=None, compare=False)
     reasoning: Any = None
 
     def sampling_params(self, defaults: SamplingParams) -> SamplingParams:

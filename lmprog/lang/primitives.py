@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmprog.core.errors import BackendError, ConstraintError
 from lmprog.core.limits import check_stop_limits, get_limits, over_limit
@@ -27,6 +27,9 @@ from lmprog.lang.ir import (
     TraceStop,
     flatten,
 )
+
+if TYPE_CHECKING:
+    from lmprog.fsm import Constraint
 
 _DTYPES = (int, float, bool, str)
 
@@ -61,7 +64,7 @@ def gen(
     choices: Sequence[str] | None = None,
     choices_method: ChoicesMethod | None = None,
     regex: str | None = None,
-    json_schema: Any = None,
+    json_schema: object = None,
     *,
     seed: int | None = None,
     ebnf: str | None = None,
@@ -405,8 +408,8 @@ def _with_terminators(stop: Any, dtype: Any) -> Any:
 
 
 def _build_constraint(
-    regex: Any, json_schema: Any, dtype: Any, ebnf: Any = None
-) -> tuple[Any, str | None]:
+    regex: object, json_schema: object, dtype: object, ebnf: object = None
+) -> tuple[Constraint | None, str | None]:
     if regex is None and json_schema is None and dtype is None and ebnf is None:
         return None, None
     _reject_placeholder(regex, "gen(regex=...)")
@@ -436,7 +439,7 @@ def _build_constraint(
     return _constraint_class().from_dtype(dtype), f"dtype={dtype.__name__}"
 
 
-def _python_type(json_schema: Any) -> Any:
+def _python_type(json_schema: object) -> object:
     """The Python type a json_schema was given as (what `state.parsed` builds), or None."""
     if json_schema is None or isinstance(json_schema, (dict, str, bool)):
         return None
@@ -445,7 +448,7 @@ def _python_type(json_schema: Any) -> Any:
     return python_type(json_schema)
 
 
-def _constraint_class() -> Any:
+def _constraint_class() -> type[Constraint]:
     # Imported here so that `import lmprog.lang` stays light.
     try:
         from lmprog.fsm import Constraint

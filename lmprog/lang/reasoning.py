@@ -17,11 +17,14 @@ both variables piece by piece (`text_iter("answer_reasoning_content")`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lmprog.core.reasoning import PromptState, ReasoningFormat, named_format, reasoning_format
 from lmprog.core.thinking_budget import check_budget
 from lmprog.lang.ir import Concat, Expr, Gen, Select
+
+if TYPE_CHECKING:
+    from lmprog.fsm import Constraint
 
 SUFFIX = "_reasoning_content"
 
@@ -48,7 +51,9 @@ class Reasoning:
         return fmt
 
     @staticmethod
-    def constrain(answer: Any, fmt: ReasoningFormat, state: PromptState) -> Any:
+    def constrain(
+        answer: Constraint | None, fmt: ReasoningFormat, state: PromptState
+    ) -> Constraint | None:
         """The constraint of the whole output given the answer's (None: free text)."""
         if answer is None or state == "closed":
             return answer
@@ -100,7 +105,7 @@ def separate_reasoning(
     return out
 
 
-def _with(expr: Any, spec: Reasoning) -> Expr | None:
+def _with(expr: object, spec: Reasoning) -> Expr | None:
     if isinstance(expr, Gen):
         if expr.name is None:
             raise ValueError("separate_reasoning() needs a named gen: gen('answer', ...)")

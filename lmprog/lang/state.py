@@ -17,7 +17,7 @@ import abc
 import contextlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from lmprog.core.limits import get_limits, over_limit
 from lmprog.core.sampling import SamplingParams
@@ -37,6 +37,8 @@ from lmprog.lang.ir import (
     VarScopeEnd,
     flatten,
 )
+
+S = TypeVar("S", bound="FrontendState")
 
 # What `_submit` receives: each node with its payload (the resolved SamplingParams of a Gen;
 # None for other nodes; subclasses attach their own payloads to Fork and Join).
@@ -77,7 +79,7 @@ class FrontendState(abc.ABC):
 
     # ---- appending ---------------------------------------------------------------
 
-    def __iadd__(self, value: object) -> FrontendState:
+    def __iadd__(self: S, value: object) -> S:
         """Append text, a number or an expression; see `lmprog.lang.ir.flatten`."""
         self._append(flatten(value))
         return self
