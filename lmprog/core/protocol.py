@@ -334,7 +334,7 @@ class Backend(abc.ABC):
         """What serves the model (SGLang's `get_server_info`): `model_path` and
         `tokenizer_path` (the model's name or path), `backend` (the class), `version`
         (lmprog's) and `stats`."""
-        from importlib.metadata import PackageNotFoundError, version
+        from importlib.metadata import PackageNotFoundError, version  # lazy: ~20 ms of imports
 
         name = getattr(self, "model_name", None) or ""
         try:

@@ -21,12 +21,12 @@ import json
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from tokenizers import Tokenizer
 
 from lmprog.core.cache_files import write_json
-
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
+from lmprog.core.chat import template_from_tokenizer
 
 META_FILE = "lmprog_tokenizer.json"
 _META_VERSION = 1
@@ -120,8 +120,6 @@ class FastTokenizer:
             return None
         if not meta.get("verified"):
             return None
-        from tokenizers import Tokenizer
-
         try:
             backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
         except Exception:  # noqa: BLE001 - a damaged cache entry: the caller rebuilds it
@@ -203,8 +201,6 @@ class FastTokenizer:
     ) -> str | list[int]:
         """The conversation rendered by lmprog's chat renderer (as transformers renders it with
         tokenize=False); with tokenize=True, its token ids (no special tokens added)."""
-        from lmprog.core.chat import template_from_tokenizer
-
         text = template_from_tokenizer(self).render(
             conversation, add_generation_prompt=add_generation_prompt, **variables
         )
@@ -224,13 +220,11 @@ class FastTokenizer:
     def __repr__(self) -> str:
         return f"FastTokenizer({self.name_or_path!r}, vocab={len(self)})"
 
-    def _split(self) -> Any:
+    def _split(self) -> Tokenizer:
         # A second backend that reads special-token strings as text: transformers flips a flag
         # on its one backend per call instead, which races between threads.
         with self._lock:
             if self._split_backend is None:
-                from tokenizers import Tokenizer
-
                 split = Tokenizer.from_str(self._tokenizer.to_str())
                 split.encode_special_tokens = True
                 self._split_backend = split
@@ -275,8 +269,6 @@ def describe(tok: Any, folder: Path) -> bool:
             tok, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False
         )
     )
-    from tokenizers import Tokenizer
-
     fast = FastTokenizer(Tokenizer.from_file(str(backend_file)), meta, folder)
     verified = agrees(fast, tok)
     meta["verified"] = verified

@@ -529,7 +529,8 @@ def _typed(node: Gen, text: str, value: Any) -> Parsed:
             return Parsed(json.loads(text))
         if hasattr(node.schema_class, "model_validate_json"):
             return Parsed(node.schema_class.model_validate_json(text))
-        from lmprog.fsm.json_schema import type_adapter  # the type's schema came from it
+        # the type's schema came from it; lazy: lmprog.fsm adds ~150 ms to `import lmprog`
+        from lmprog.fsm.json_schema import type_adapter
 
         return Parsed(type_adapter(node.schema_class).validate_json(text))
     except ValueError as e:  # json's and pydantic's errors are ValueErrors

@@ -391,7 +391,7 @@ def _with_terminators(stop: Any, dtype: Any) -> Any:
     """`stop` plus the strings that end a typed value (a number's space, newline or
     punctuation: `DType.terminators`); an unusable `stop` or dtype is left for the checks to
     report."""
-    from lmprog.fsm.dtypes import DTYPES
+    from lmprog.fsm.dtypes import DTYPES  # lazy: lmprog.fsm adds ~150 ms to `import lmprog`
 
     d = DTYPES.get(getattr(dtype, "__name__", ""))
     if d is None or not d.terminators:
@@ -443,7 +443,9 @@ def _python_type(json_schema: object) -> object:
     """The Python type a json_schema was given as (what `state.parsed` builds), or None."""
     if json_schema is None or isinstance(json_schema, (dict, str, bool)):
         return None
-    from lmprog.fsm.json_schema import python_type
+    from lmprog.fsm.json_schema import (
+        python_type,
+    )  # lazy: lmprog.fsm adds ~150 ms to `import lmprog`
 
     return python_type(json_schema)
 

@@ -57,7 +57,9 @@ class Reasoning:
         """The constraint of the whole output given the answer's (None: free text)."""
         if answer is None or state == "closed":
             return answer
-        from lmprog.fsm.thinking import after_thinking
+        from lmprog.fsm.thinking import (
+            after_thinking,
+        )  # lazy: lmprog.fsm adds ~150 ms to `import lmprog`
 
         return after_thinking(answer, start=fmt.start, end=fmt.end, opened=state != "none")
 
@@ -118,7 +120,7 @@ def _with(expr: object, spec: Reasoning) -> Expr | None:
             reasoning=spec,
         )
     if isinstance(expr, Select):  # think, then write one of the choices
-        from lmprog.fsm import Constraint
+        from lmprog.fsm import Constraint  # lazy: lmprog.fsm adds ~150 ms to `import lmprog`
 
         return Gen(
             expr.name,
