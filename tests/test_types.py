@@ -32,7 +32,9 @@ def qa(s: lp.ProgramState, question: str) -> None:
     forks = s.fork(2)
     forks += lambda i: f"Idea {i}: " + lp.gen("idea", max_tokens=8)
     forks[0] += "!"
+    first: lp.ProgramState = forks[0]
     forks.join()
+    print(first)
     with s.copy() as c:
         c += lp.gen_int("n") + lp.gen_string("name")
 
@@ -52,9 +54,10 @@ def use() -> None:
     lazy: Iterator[lp.ProgramState] = qa.run_batch([{"question": "a"}], generator_style=True)
     n: int = state.parsed("n", int)
     error: BaseException | None = state.error()
+    copy_text: str = state.fork(1)[0].text()
     verbosity: int = lp.global_config.verbosity
     params = lp.SamplingParams(max_tokens=8, temperature=0.0)
-    print(text, messages, pieces, piece + "", meta, states, lazy, n, error, verbosity, params)
+    print(text, messages, pieces, piece + "", meta, states, lazy, n, error, verbosity, params, copy_text)
     print(state["answer"], lp.get_limits(), other)
 """
 

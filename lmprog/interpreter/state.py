@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast, overload
 
@@ -98,7 +98,7 @@ class ProgramState(FrontendState):
         if self._record.cancelled:
             raise self._record.error or ProgramCancelled("the program was cancelled")
 
-    def _spawn(self, fork: Fork, inherited: Inherited) -> list[Any]:
+    def _spawn(self, fork: Fork, inherited: Inherited) -> list[ProgramState]:
         self._raise_if_cancelled()
         point = ForkPoint()
         children = [
@@ -114,7 +114,9 @@ class ProgramState(FrontendState):
                 child.cancel()
         return children
 
-    def _submit_join(self, join: Join, children: list[Any], defines: tuple[str, ...]) -> None:
+    def _submit_join(
+        self, join: Join, children: Sequence[ProgramState], defines: tuple[str, ...]
+    ) -> None:
         self._raise_if_cancelled()
         self._worker.submit(((join, [c._record for c in children]),), defines)
 

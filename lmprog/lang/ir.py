@@ -1,7 +1,7 @@
 """The IR: frozen node types shared by the tracer and the interpreter.
 
 A program is a sequence of nodes. `s += x` turns `x` into nodes (`flatten`); the tracer
-records them into a `Graph`, the interpreter executes them. There is no second
+records them into a `Graph` (below), the interpreter executes them. There is no second
 representation: what `trace()` prints is what runs.
 
     Expr (appendable with `s += ...`, composable with `+`)
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
@@ -26,7 +27,6 @@ from lmprog.core.text import check_text
 if TYPE_CHECKING:
     from lmprog.fsm import Constraint
     from lmprog.lang.choices import ChoicesMethod
-    from lmprog.lang.graph import Graph
 
 Role = Literal["system", "user", "assistant"]
 ROLES: tuple[str, ...] = ("system", "user", "assistant")
@@ -330,3 +330,70 @@ def flatten(value: object) -> tuple[Expr, ...]:
 
 def _short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# Nodes whose rendering depends on nothing but the chat template.
+_CONSTANT = (Text, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """The traced form of a program: the nodes it appends, in order; printable.
+
+        >>> print(qa.trace(question=lp.Arg))
+        graph qa(question)
+          0  RoleBegin(system)
+          1  Text('You are a terse assistant.')
+          2  RoleEnd(system)
+          3  RoleBegin(user)
+          4  Arg(question)
+          ...
+
+    Forks hold their branches as sub-graphs (`Fork.branches`). `arguments` names the arguments that were placeholders (`lp.Arg`); `stopped` is None
+    when the whole program was traced, else the reason tracing stopped; the nodes before
+    that point are still exactly what the program appends.
+    """
+
+    name: str
+    nodes: tuple[Node, ...]
+    arguments: tuple[str, ...] = ()
+    stopped: str | None = None
+
+    def constant_prefix(self) -> tuple[Node, ...]:
+        """The leading nodes that depend on no argument and no generated value.
+
+        These render to the same text for every call of the program (given a chat
+        template), so a batch can compute their KV cache once before fanning out.
+        """
+        prefix = []
+        for node in self.nodes:
+            if not isinstance(node, _CONSTANT):
+                break
+            prefix.append(node)
+        return tuple(prefix)
+
+    def walk(self) -> Iterator[Node]:
+        """Every node, depth first, with each fork's branches right after the fork."""
+        for node in self.nodes:
+            yield node
+            if isinstance(node, Fork):
+                for branch in node.branches:
+                    yield from branch.walk()
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __str__(self) -> str:
+        return "\n".join(self._lines(0))
+
+    def _lines(self, indent: int) -> list[str]:
+        pad = "  " * indent
+        lines = [f"{pad}graph {self.name}({', '.join(self.arguments)})"]
+        for i, node in enumerate(self.nodes):
+            lines.append(f"{pad}  {i:<3}{node.describe()}")
+            if isinstance(node, Fork):
+                for branch in node.branches:
+                    lines.extend(branch._lines(indent + 2))
+        if self.stopped:
+            lines.append(f"{pad}  (tracing stopped: {self.stopped})")
+        return lines
