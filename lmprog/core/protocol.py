@@ -199,7 +199,7 @@ class TokenUsage:
             self._prompt += prompt_tokens
             self._completion += completion_tokens
 
-    def add_result(self, result: Any) -> None:
+    def add_result(self, result: object) -> None:
         """Count what one backend call returned (a result or a list of results)."""
         if isinstance(result, GenerateResult):
             self.add(result.prompt_tokens, result.completion_tokens)

@@ -17,7 +17,7 @@ import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from lmprog.core.chat import ChatTemplate
 from lmprog.core.errors import BackendError, ConstraintError, ProgramCancelled
@@ -65,6 +65,12 @@ class TemplateCache:
         return self._template
 
 
+class ForkTarget(Protocol):
+    """Where a fork step hands its snapshot to the copies (the worker's `ForkPoint`)."""
+
+    def resolve(self, snapshot: ForkSnapshot) -> None: ...
+
+
 @dataclass(frozen=True)
 class ForkSnapshot:
     """A state at a fork: what each copy starts from."""
@@ -75,7 +81,7 @@ class ForkSnapshot:
     messages: list[dict[str, str]]
     message_count: int
     open_message: tuple[str, int] | None
-    parsed: dict[str, Any] = field(default_factory=dict)
+    parsed: dict[str, Parsed | list[Parsed | None]] = field(default_factory=dict)
     control: tuple[tuple[int, int], ...] = ()
 
 
@@ -412,7 +418,7 @@ class NodeExecutor:
 
     # ---- fork / join -------------------------------------------------------------
 
-    def _fork(self, node: Fork, point: Any) -> None:
+    def _fork(self, node: Fork, point: ForkTarget) -> None:
         text = self._prompt()
         if text and self._backend is not None:
             self._backend.cache_prefix(text)
@@ -492,7 +498,7 @@ def _token_text(backend: Backend) -> Callable[[int], str | None]:
     return text
 
 
-def _parse(node: Gen, result: GenerateResult) -> tuple[Any, Parsed | None]:
+def _parse(node: Gen, result: GenerateResult) -> tuple[str, Parsed | None]:
     """The variable's value (always the text, as in SGLang) and what `parsed()` gives (a
     dtype's int/float/bool/str, a json_schema's value).
 
