@@ -199,8 +199,6 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 KNOWN_CYCLES: list[set[str]] = [
     {"lmprog.fsm.regex.assertions", "lmprog.fsm.regex.dfa", "lmprog.fsm.regex.parser"},
     {"lmprog.fsm.guide", "lmprog.fsm.index"},
-    {"lmprog.lang.graph", "lmprog.lang.ir"},
-    {"lmprog.lang.fork", "lmprog.lang.state"},
     {"lmprog.decoding.arrays", "lmprog.decoding.arrays_torch"},
     {
         "lmprog.serve.chat_completions",

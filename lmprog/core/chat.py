@@ -21,7 +21,7 @@ tokens), so tests/core/test_chat_parity.py requires equal strings.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -149,7 +149,7 @@ class _GenerationTag(jinja2.ext.Extension):
         return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
 
     @staticmethod
-    def _body(caller: Any) -> str:
+    def _body(caller: Callable[[], str]) -> str:
         return caller()
 
 

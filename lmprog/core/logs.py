@@ -39,7 +39,8 @@ def parse_level(level: str | int) -> int:
     if isinstance(level, int) and not isinstance(level, bool):
         return level
     if isinstance(level, str) and level.strip().lower() in LEVELS:
-        return getattr(logging, level.strip().upper())
+        number: int = getattr(logging, level.strip().upper())
+        return number
     raise ValueError(f"log level must be one of {', '.join(LEVELS)}; got {level!r}")
 
 
@@ -135,7 +136,7 @@ class progress:  # used like a function: `with progress(n, "step") as bar:`
         self._step: slow_step | None = None
         if self._verbosity != "quiet" and _interactive():
             try:
-                from tqdm.auto import tqdm
+                from tqdm.auto import tqdm  # lazy: ~25 ms of `import lmprog`, for a bar only
             except ImportError:  # tqdm is a dependency; a stripped environment logs instead
                 tqdm = None
             if tqdm is not None:

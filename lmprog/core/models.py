@@ -15,6 +15,7 @@ so later processes load it in milliseconds.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import logging
 import os
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lmprog.core.cache_files import derived_path
+from lmprog.core.chat import NAMED_TEMPLATES
 from lmprog.core.logs import slow_step
 from lmprog.core.tokenizer import FastTokenizer, describe
 
@@ -192,8 +194,6 @@ def _bundled(name: str) -> ModelSource:
 def _assembled(package: str, name: str, install: str) -> Path:
     """The GGUF a chunked package assembles: its default output path, written there (through
     a temporary file, sha256-checked by the package) when absent or not the chunks' size."""
-    import importlib
-
     mod = importlib.import_module(package)
     try:
         chunks = mod.chunk_paths()
@@ -228,8 +228,6 @@ def load_tokenizer(source: ModelSource) -> Any:
         if tok is None:
             tok = _tokenizers[source.path] = _load_tokenizer_uncached(source)
         if source.chat_template and not getattr(tok, "chat_template", None):
-            from lmprog.core.chat import NAMED_TEMPLATES
-
             tok.chat_template = NAMED_TEMPLATES[source.chat_template]
         return tok
 
@@ -244,7 +242,7 @@ def _load_tokenizer_uncached(source: ModelSource) -> Any:
         with slow_step(
             f"loading the tokenizer of {source.name} with transformers", logger=__name__
         ):
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # lazy: seconds to import; a cold cache only
 
             return AutoTokenizer.from_pretrained(source.path)
     saved = tokenizer_cache_path(source)
@@ -263,7 +261,7 @@ def _load_tokenizer_uncached(source: ModelSource) -> Any:
 def _transformers_tokenizer(source: ModelSource, saved: Path) -> Any:
     """The GGUF's tokenizer from transformers: from the folder saved earlier, else built from
     the GGUF and saved; described for `FastTokenizer` where it agrees with it."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: seconds to import; a cold cache only
 
     tok = None
     if (saved / "tokenizer_config.json").is_file():

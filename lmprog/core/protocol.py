@@ -199,7 +199,7 @@ class TokenUsage:
             self._prompt += prompt_tokens
             self._completion += completion_tokens
 
-    def add_result(self, result: Any) -> None:
+    def add_result(self, result: object) -> None:
         """Count what one backend call returned (a result or a list of results)."""
         if isinstance(result, GenerateResult):
             self.add(result.prompt_tokens, result.completion_tokens)
@@ -268,7 +268,7 @@ class Backend(abc.ABC):
     @property
     def token_usage(self) -> TokenUsage:
         """Tokens used by this backend's calls so far; `.reset()` starts again from zero."""
-        usage = self.__dict__.get("_token_usage")
+        usage: TokenUsage | None = self.__dict__.get("_token_usage")
         if usage is None:
             usage = self.__dict__.setdefault("_token_usage", TokenUsage())
         return usage
@@ -334,7 +334,7 @@ class Backend(abc.ABC):
         """What serves the model (SGLang's `get_server_info`): `model_path` and
         `tokenizer_path` (the model's name or path), `backend` (the class), `version`
         (lmprog's) and `stats`."""
-        from importlib.metadata import PackageNotFoundError, version
+        from importlib.metadata import PackageNotFoundError, version  # lazy: ~20 ms of imports
 
         name = getattr(self, "model_name", None) or ""
         try:

@@ -72,7 +72,7 @@ class ReasoningFormat:
     def split(self, text: str, state: PromptState = "none") -> tuple[str | None, str]:
         """(reasoning or None, answer) of a whole output."""
         splitter = self.splitter(state)
-        parts = {REASONING: [], ANSWER: []}
+        parts: dict[str, list[str]] = {REASONING: [], ANSWER: []}
         for kind, piece in splitter.feed(text) + splitter.finish():
             parts[kind].append(piece)
         reasoning = "".join(parts[REASONING]) if splitter.reasoned else None

@@ -210,7 +210,7 @@ def canonical_sampling_names(params: dict[str, Any], keep: Collection[str] = ())
     return out
 
 
-def _as_tuple(name: str, value: Any, of: str) -> tuple:
+def _as_tuple(name: str, value: Any, of: str) -> tuple[Any, ...]:
     """A list-like value as a tuple (TypeError naming the field for anything else)."""
     if isinstance(value, (str, bytes, dict)) or not isinstance(value, Collection):
         raise TypeError(

@@ -53,8 +53,9 @@ def generate_thinking(
         raise ValueError("a thinking budget needs a text prompt, not token ids")
     params = request.params
     opener = fmt.start + "\n" if state == "none" and fmt.start else ""
+    first_prompt = extend_control(request.prompt, opener)
     first = GenerateRequest(
-        extend_control(request.prompt, opener),
+        first_prompt,
         dataclasses.replace(
             params, max_tokens=min(budget, params.max_tokens), stop=(fmt.end,), min_tokens=0
         ),
@@ -73,7 +74,7 @@ def generate_thinking(
     if stream is not None:
         stream(glue)
     second = GenerateRequest(
-        extend_control(first.prompt, thought.text + glue),
+        extend_control(first_prompt, thought.text + glue),
         dataclasses.replace(
             params,
             max_tokens=left,

@@ -23,7 +23,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from lmprog.core.cache_files import write_json
+from lmprog.core.chat import template_from_tokenizer
 
 META_FILE = "lmprog_tokenizer.json"
 _META_VERSION = 1
@@ -71,7 +74,24 @@ CHECK_TEXTS = (
 class FastTokenizer:
     """A `tokenizers.Tokenizer` with the transformers tokenizer attributes lmprog reads."""
 
-    def __init__(self, backend: Any, meta: Mapping[str, Any], folder: Path | None = None) -> None:
+    # _PLAIN's attributes, as transformers had them (None where it had none)
+    bos_token: str | None
+    eos_token: str | None
+    unk_token: str | None
+    pad_token: str | None
+    bos_token_id: int | None
+    eos_token_id: int | None
+    unk_token_id: int | None
+    pad_token_id: int | None
+    all_special_tokens: list[str] | None
+    all_special_ids: list[int] | None
+    add_bos_token: bool | None
+    add_eos_token: bool | None
+    model_max_length: int | None
+
+    def __init__(
+        self, backend: Tokenizer, meta: Mapping[str, Any], folder: Path | None = None
+    ) -> None:
         self._tokenizer = backend  # the name transformers uses (lmprog's detokenizer reads it)
         self._meta = dict(meta)
         self._folder = folder
@@ -83,7 +103,7 @@ class FastTokenizer:
         self._cleanup_applies = bool(self._meta.get("cleanup_applies"))
         self.split_special_tokens = bool(self._meta.get("split_special_tokens"))
         self.name_or_path = str(folder) if folder is not None else ""
-        self._split_backend: Any = None
+        self._split_backend: Tokenizer | None = None
         self._lock = threading.Lock()
         self._hf: Any = None
 
@@ -100,8 +120,6 @@ class FastTokenizer:
             return None
         if not meta.get("verified"):
             return None
-        from tokenizers import Tokenizer
-
         try:
             backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
         except Exception:  # noqa: BLE001 - a damaged cache entry: the caller rebuilds it
@@ -110,7 +128,7 @@ class FastTokenizer:
 
     # ---- what lmprog uses ----------------------------------------------------------------------
     @property
-    def backend_tokenizer(self) -> Any:
+    def backend_tokenizer(self) -> Tokenizer:
         return self._tokenizer
 
     def encode(
@@ -159,7 +177,7 @@ class FastTokenizer:
 
     def convert_ids_to_tokens(
         self, ids: int | Sequence[int], skip_special_tokens: bool = False
-    ) -> str | list[str] | None:
+    ) -> str | list[str | None] | None:
         if isinstance(ids, int):
             return self._tokenizer.id_to_token(ids)
         skip = set(self.all_special_ids or ()) if skip_special_tokens else set()
@@ -183,8 +201,6 @@ class FastTokenizer:
     ) -> str | list[int]:
         """The conversation rendered by lmprog's chat renderer (as transformers renders it with
         tokenize=False); with tokenize=True, its token ids (no special tokens added)."""
-        from lmprog.core.chat import template_from_tokenizer
-
         text = template_from_tokenizer(self).render(
             conversation, add_generation_prompt=add_generation_prompt, **variables
         )
@@ -204,13 +220,11 @@ class FastTokenizer:
     def __repr__(self) -> str:
         return f"FastTokenizer({self.name_or_path!r}, vocab={len(self)})"
 
-    def _split(self) -> Any:
+    def _split(self) -> Tokenizer:
         # A second backend that reads special-token strings as text: transformers flips a flag
         # on its one backend per call instead, which races between threads.
         with self._lock:
             if self._split_backend is None:
-                from tokenizers import Tokenizer
-
                 split = Tokenizer.from_str(self._tokenizer.to_str())
                 split.encode_special_tokens = True
                 self._split_backend = split
@@ -255,12 +269,11 @@ def describe(tok: Any, folder: Path) -> bool:
             tok, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False
         )
     )
-    from tokenizers import Tokenizer
-
     fast = FastTokenizer(Tokenizer.from_file(str(backend_file)), meta, folder)
-    meta["verified"] = agrees(fast, tok)
+    verified = agrees(fast, tok)
+    meta["verified"] = verified
     write_json(folder / META_FILE, meta)
-    return meta["verified"]
+    return verified
 
 
 def agrees(fast: FastTokenizer, tok: Any) -> bool:
@@ -283,8 +296,12 @@ def agrees(fast: FastTokenizer, tok: Any) -> bool:
                 return False
             for skip in (False, True):
                 for clean in (None, False, True) if fast._cleanup_applies else (None, False):
-                    kw = {"skip_special_tokens": skip, "clean_up_tokenization_spaces": clean}
-                    if fast.decode(ids, **kw) != tok.decode(ids, **kw):
+                    ours_text = fast.decode(
+                        ids, skip_special_tokens=skip, clean_up_tokenization_spaces=clean
+                    )
+                    if ours_text != tok.decode(
+                        ids, skip_special_tokens=skip, clean_up_tokenization_spaces=clean
+                    ):
                         return False
         # Single ids: every added token and a stride through the rest (all of them would take
         # a second in transformers' decode at every cache build).
@@ -296,7 +313,7 @@ def agrees(fast: FastTokenizer, tok: Any) -> bool:
                 ):
                     return False
         every = list(range(len(tok)))
-        return fast.convert_ids_to_tokens(every) == tok.convert_ids_to_tokens(every)
+        return bool(fast.convert_ids_to_tokens(every) == tok.convert_ids_to_tokens(every))
     except Exception:  # noqa: BLE001 - anything the adapter cannot mirror: keep transformers
         return False
 

@@ -27,11 +27,14 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmprog.core.errors import BackendError
 from lmprog.core.protocol import Backend, GenerateRequest, GenerateResult
 from lmprog.core.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from lmprog.fsm import Constraint
 
 # Sampling fields that must be equal for a surplus to serve a gen (it was sampled with them).
 _KEY_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos")
@@ -41,7 +44,7 @@ def sampling_key(params: SamplingParams) -> tuple[Any, ...]:
     return tuple(getattr(params, f) for f in _KEY_FIELDS)
 
 
-def eligible(params: SamplingParams, constraint: Any) -> bool:
+def eligible(params: SamplingParams, constraint: Constraint | None) -> bool:
     """Whether a gen with these parameters may speculate or be served from a surplus."""
     return (
         constraint is None
@@ -172,7 +175,11 @@ class ApiSpeculator:
         self._surplus = None
 
     def gen(
-        self, text: str, message_start: int | None, params: SamplingParams, constraint: Any
+        self,
+        text: str,
+        message_start: int | None,
+        params: SamplingParams,
+        constraint: Constraint | None,
     ) -> GenerateResult | None:
         """The gen's result from speculation (calling the backend at most once), or None:
         the caller then makes an ordinary call. `message_start`: where the open role

@@ -113,6 +113,13 @@ class GlobalConfig:
     """
 
     __slots__ = ("_flags",)
+    _flags: dict[str, object]
+    # _FLAGS's settings, as a program reads them (`__getattr__` answers them)
+    verbosity: int
+    enable_precache_with_tracing: bool
+    enable_parallel_encoding: bool
+    skip_special_tokens_in_output: bool
+    spaces_between_special_tokens_in_out: bool
 
     def __init__(self) -> None:
         object.__setattr__(self, "_flags", {k: v[0] for k, v in _FLAGS.items()})

@@ -17,7 +17,7 @@ import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from lmprog.core.chat import ChatTemplate
 from lmprog.core.errors import BackendError, ConstraintError, ProgramCancelled
@@ -28,6 +28,7 @@ from lmprog.core.sampling import SamplingParams
 from lmprog.core.thinking_budget import Budgeted
 from lmprog.interpreter.api_spec import ApiSpeculator
 from lmprog.interpreter.record import Parsed, StateRecord
+from lmprog.lang.choices import ChoiceDecision
 from lmprog.lang.ir import (
     Fork,
     Gen,
@@ -64,6 +65,12 @@ class TemplateCache:
         return self._template
 
 
+class ForkTarget(Protocol):
+    """Where a fork step hands its snapshot to the copies (the worker's `ForkPoint`)."""
+
+    def resolve(self, snapshot: ForkSnapshot) -> None: ...
+
+
 @dataclass(frozen=True)
 class ForkSnapshot:
     """A state at a fork: what each copy starts from."""
@@ -74,7 +81,7 @@ class ForkSnapshot:
     messages: list[dict[str, str]]
     message_count: int
     open_message: tuple[str, int] | None
-    parsed: dict[str, Any] = field(default_factory=dict)
+    parsed: dict[str, Parsed | list[Parsed | None]] = field(default_factory=dict)
     control: tuple[tuple[int, int], ...] = ()
 
 
@@ -274,9 +281,9 @@ class NodeExecutor:
                 else:
                     self._record.append_aside(text, aside)
 
-        backend = self._backend
+        backend: Backend | Budgeted = self._backend
         if spec.budget is not None:
-            backend = Budgeted(backend, fmt, state, spec.budget, node.constraint)
+            backend = Budgeted(self._backend, fmt, state, spec.budget, node.constraint)
             request = GenerateRequest(prompt, params)
         else:
             request = GenerateRequest(prompt, params, spec.constrain(node.constraint, fmt, state))
@@ -318,7 +325,7 @@ class NodeExecutor:
         request: GenerateRequest,
         captures: tuple[str, ...],
         *,
-        backend: Any = None,
+        backend: Backend | Budgeted | None = None,
         on_text: Callable[[str], None] | None = None,
     ) -> tuple[GenerateResult, str]:
         """Call the backend (default: the state's); returns the result and the text already
@@ -381,11 +388,14 @@ class NodeExecutor:
         if node.name is not None:
             self._record.set_var(node.name, choice, self._select_meta(node, result, decision))
 
-    def _select_meta(self, node: Select, result: ScoreResult, decision: Any) -> dict[str, Any]:
+    def _select_meta(
+        self, node: Select, result: ScoreResult, decision: ChoiceDecision
+    ) -> dict[str, Any]:
         """SGLang's select meta info (`normalized_prompt_logprobs`, `input_token_logprobs`
         as [logprob, token_id, token text] per choice token, `output_token_logprobs` (none:
         nothing is generated), and its method's keys) with lmprog's (`normalized_scores`,
         the scores the method compared, ...)."""
+        assert self._backend is not None
         text = _token_text(self._backend)
         meta: dict[str, Any] = {
             "normalized_prompt_logprobs": [
@@ -408,7 +418,7 @@ class NodeExecutor:
 
     # ---- fork / join -------------------------------------------------------------
 
-    def _fork(self, node: Fork, point: Any) -> None:
+    def _fork(self, node: Fork, point: ForkTarget) -> None:
         text = self._prompt()
         if text and self._backend is not None:
             self._backend.cache_prefix(text)
@@ -469,11 +479,11 @@ class NodeExecutor:
                 self._record.add_message(message["role"], message["content"])
 
 
-def _token_text(backend: Any) -> Callable[[int], str | None]:
+def _token_text(backend: Backend) -> Callable[[int], str | None]:
     """token id -> its text through the backend's tokenizer (None where it has none, or an
     id is not its own, as an endpoint's unknown id -1)."""
     try:
-        decode = backend.tokenizer.decode
+        decode: Callable[[list[int]], str] = backend.tokenizer.decode
     except Exception:  # noqa: BLE001 - a backend without a tokenizer: no token texts
         return lambda _: None
 
@@ -488,7 +498,7 @@ def _token_text(backend: Any) -> Callable[[int], str | None]:
     return text
 
 
-def _parse(node: Gen, result: GenerateResult) -> tuple[Any, Parsed | None]:
+def _parse(node: Gen, result: GenerateResult) -> tuple[str, Parsed | None]:
     """The variable's value (always the text, as in SGLang) and what `parsed()` gives (a
     dtype's int/float/bool/str, a json_schema's value).
 
@@ -525,7 +535,8 @@ def _typed(node: Gen, text: str, value: Any) -> Parsed:
             return Parsed(json.loads(text))
         if hasattr(node.schema_class, "model_validate_json"):
             return Parsed(node.schema_class.model_validate_json(text))
-        from lmprog.fsm.json_schema import type_adapter  # the type's schema came from it
+        # the type's schema came from it; lazy: lmprog.fsm adds ~150 ms to `import lmprog`
+        from lmprog.fsm.json_schema import type_adapter
 
         return Parsed(type_adapter(node.schema_class).validate_json(text))
     except ValueError as e:  # json's and pydantic's errors are ValueErrors

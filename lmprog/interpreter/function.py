@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, overload
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal, overload
 
 from lmprog.core.protocol import Backend
 from lmprog.core.sampling import canonical_sampling_names
@@ -24,7 +24,7 @@ class Function(Program):
     `qa(question="...", stream=True)` runs `qa` and returns its state.
     """
 
-    def _call_without_state(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call_without_state(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ProgramState:
         return self.run(*args, **kwargs)
 
     def run(
@@ -54,6 +54,40 @@ class Function(Program):
             self, call, resolve_backend(backend), stream=stream, background=stream
         )
 
+    @overload
+    def run_batch(
+        self,
+        batch_kwargs: Sequence[Mapping[str, Any] | Sequence[Any]],
+        *,
+        progress_bar: bool = False,
+        num_threads: int | str = "auto",
+        backend: Backend | None = None,
+        generator_style: Literal[False] = False,
+        **sampling_defaults: Any,
+    ) -> list[ProgramState]: ...
+    @overload
+    def run_batch(
+        self,
+        batch_kwargs: Sequence[Mapping[str, Any] | Sequence[Any]],
+        *,
+        progress_bar: bool = False,
+        num_threads: int | str = "auto",
+        backend: Backend | None = None,
+        generator_style: Literal[True],
+        **sampling_defaults: Any,
+    ) -> Iterator[ProgramState]: ...
+    @overload
+    def run_batch(
+        self,
+        batch_kwargs: Sequence[Mapping[str, Any] | Sequence[Any]],
+        *,
+        progress_bar: bool = False,
+        num_threads: int | str = "auto",
+        backend: Backend | None = None,
+        generator_style: bool,
+        **sampling_defaults: Any,
+    ) -> list[ProgramState] | Iterator[ProgramState]: ...
+
     def run_batch(
         self,
         batch_kwargs: Sequence[Mapping[str, Any] | Sequence[Any]],
@@ -63,7 +97,7 @@ class Function(Program):
         backend: Backend | None = None,
         generator_style: bool = False,
         **sampling_defaults: Any,
-    ) -> Any:
+    ) -> list[ProgramState] | Iterator[ProgramState]:
         """Run the program once per item of arguments; states in input order.
 
         An item is a dict of keyword arguments, or (as in SGLang) a list of the arguments
@@ -135,7 +169,7 @@ class Function(Program):
                 names = self._names
                 merged = {
                     **canonical_sampling_names(sampling, names),
-                    **canonical_sampling_names(item, names),
+                    **canonical_sampling_names(dict(item), names),
                 }
                 calls.append(self.prepare_call((), merged))
             except (TypeError, ValueError) as e:
@@ -180,7 +214,7 @@ def function(
     *,
     num_api_spec_tokens: int | None = None,
     allow_special_tokens: bool = False,
-) -> Any:
+) -> Function | Callable[[Callable[..., Any]], Function]:
     """Make `func(s, ...)` an lmprog program: `@lp.function` or `@lp.function(num_api_spec_tokens=N)`.
 
     The first parameter receives the state; a function that cannot take it positionally

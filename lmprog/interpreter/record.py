@@ -130,7 +130,7 @@ class StateRecord:
         variables: dict[str, Any],
         meta: dict[str, Any],
         messages: list[dict[str, str]],
-        parsed: dict[str, Any] | None = None,
+        parsed: dict[str, Parsed | list[Parsed | None]] | None = None,
         control: tuple[tuple[int, int], ...] = (),
     ) -> None:
         """Start as a copy of a parent at a fork (before any step of this state ran)."""

@@ -188,6 +188,6 @@ def _same(a: object, b: object) -> bool:
 
 
 def _progress(total: int) -> Any:
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # lazy: ~25 ms of `import lmprog`, for a bar only
 
     return tqdm(total=total, desc="programs", unit="prog")

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast, overload
+from typing import Any, Literal, TypeVar, cast, overload
 
 from lmprog.core.errors import ConstraintError, ProgramCancelled
 from lmprog.core.protocol import Backend, StreamPiece
@@ -98,7 +98,7 @@ class ProgramState(FrontendState):
         if self._record.cancelled:
             raise self._record.error or ProgramCancelled("the program was cancelled")
 
-    def _spawn(self, fork: Fork, inherited: Inherited) -> list[Any]:
+    def _spawn(self, fork: Fork, inherited: Inherited) -> list[ProgramState]:
         self._raise_if_cancelled()
         point = ForkPoint()
         children = [
@@ -114,7 +114,9 @@ class ProgramState(FrontendState):
                 child.cancel()
         return children
 
-    def _submit_join(self, join: Join, children: list[Any], defines: tuple[str, ...]) -> None:
+    def _submit_join(
+        self, join: Join, children: Sequence[ProgramState], defines: tuple[str, ...]
+    ) -> None:
         self._raise_if_cancelled()
         self._worker.submit(((join, [c._record for c in children]),), defines)
 
@@ -264,7 +266,22 @@ class ProgramState(FrontendState):
         """The program's error (after the appends so far have run), or None."""
         return self._record.wait_idle()
 
-    def text_iter(self, var: str | None = None, return_meta_data: bool = False) -> Iterator[Any]:
+    @overload
+    def text_iter(
+        self, var: str | None = None, return_meta_data: Literal[False] = False
+    ) -> Iterator[str]: ...
+    @overload
+    def text_iter(
+        self, var: str | None, return_meta_data: Literal[True]
+    ) -> Iterator[tuple[str, dict[str, Any]]]: ...
+    @overload
+    def text_iter(
+        self, var: str | None = None, *, return_meta_data: Literal[True]
+    ) -> Iterator[tuple[str, dict[str, Any]]]: ...
+
+    def text_iter(
+        self, var: str | None = None, return_meta_data: bool = False
+    ) -> Iterator[str] | Iterator[tuple[str, dict[str, Any]]]:
         """The text in pieces as it is produced (with `var`: only that variable's pieces).
 
         The pieces concatenate to `text()` (or to the variable's text). The iterator ends
@@ -321,9 +338,22 @@ class ProgramState(FrontendState):
         finally:
             await pieces.aclose()
 
+    @overload
+    def text_async_iter(
+        self, var: str | None = None, return_meta_data: Literal[False] = False
+    ) -> AsyncIterator[str]: ...
+    @overload
+    def text_async_iter(
+        self, var: str | None, return_meta_data: Literal[True]
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
+    @overload
+    def text_async_iter(
+        self, var: str | None = None, *, return_meta_data: Literal[True]
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
+
     async def text_async_iter(
         self, var: str | None = None, return_meta_data: bool = False
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncIterator[str | tuple[str, dict[str, Any]]]:
         """`text_iter` for asyncio: awaits new pieces without blocking the event loop."""
         _check_var(var)
         with_meta = _flag(return_meta_data)
@@ -361,11 +391,15 @@ class ProgramState(FrontendState):
 
     async def _wait_finished_async(self) -> None:
         loop = asyncio.get_running_loop()
-        done = loop.create_future()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def settle() -> None:
+            if not done.done():
+                done.set_result(None)
 
         def on_finish() -> None:
             try:
-                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+                loop.call_soon_threadsafe(settle)
             except RuntimeError:
                 pass
 

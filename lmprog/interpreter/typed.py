@@ -18,7 +18,7 @@ def checked_type(value: Any, as_type: Any, where: str) -> Any:
         if isinstance(value, as_type):
             return value
     else:
-        import pydantic
+        import pydantic  # lazy: only a generic as_type needs it
 
         try:
             adapter = pydantic.TypeAdapter(as_type)

@@ -13,7 +13,7 @@ from lmprog.lang.choices import (
     unconditional_likelihood_normalized,
 )
 from lmprog.lang.fork import ForkGroup
-from lmprog.lang.graph import Graph
+from lmprog.lang.ir import Graph
 from lmprog.lang.primitives import (
     REGEX_BOOL,
     REGEX_FLOAT,

@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Generic, Protocol, TypeVar
 
 from lmprog.lang.ir import Expr, Fork, flatten
 
-if TYPE_CHECKING:
-    from lmprog.lang.state import FrontendState
+
+class Copy(Protocol):
+    """What a group needs of a copy (a `FrontendState`): to append to it."""
+
+    def _append(self, exprs: tuple[Expr, ...]) -> None: ...
 
 
-class ForkGroup:
+S_co = TypeVar("S_co", bound=Copy, covariant=True)
+S_contra = TypeVar("S_contra", bound=Copy, contravariant=True)
+
+
+class Parent(Protocol[S_contra]):
+    """What a group needs of the state it was forked from (a `FrontendState`)."""
+
+    def _join(self, group: ForkGroup[S_contra], mode: str) -> None: ...
+
+
+class ForkGroup(Generic[S_co]):
     """The `n` copies made by `s.fork(n)`.
 
     Each copy starts with the parent's text, variables and open role at the fork, and
@@ -28,7 +41,7 @@ class ForkGroup:
     """
 
     def __init__(
-        self, parent: FrontendState, fork: Fork, children: list[Any], open_role: str | None
+        self, parent: Parent[S_co], fork: Fork, children: list[S_co], open_role: str | None
     ) -> None:
         assert len(children) == fork.n
         self._parent = parent
@@ -40,10 +53,10 @@ class ForkGroup:
     def __len__(self) -> int:
         return len(self._children)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[S_co]:
         return iter(self._children)
 
-    def __getitem__(self, i: int) -> Any:
+    def __getitem__(self, i: int) -> S_co:
         return self._children[i]
 
     def __setitem__(self, i: int, value: object) -> None:
@@ -55,7 +68,7 @@ class ForkGroup:
 
     def __iadd__(
         self, value: Callable[[int], object] | list[object] | tuple[object, ...] | object
-    ) -> ForkGroup:
+    ) -> ForkGroup[S_co]:
         self._check_open()
         n = len(self._children)
         if callable(value) and not isinstance(value, Expr):

@@ -1,7 +1,7 @@
 """The IR: frozen node types shared by the tracer and the interpreter.
 
 A program is a sequence of nodes. `s += x` turns `x` into nodes (`flatten`); the tracer
-records them into a `Graph`, the interpreter executes them. There is no second
+records them into a `Graph` (below), the interpreter executes them. There is no second
 representation: what `trace()` prints is what runs.
 
     Expr (appendable with `s += ...`, composable with `+`)
@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from lmprog.core.sampling import SamplingParams
 from lmprog.core.text import check_text
 
 if TYPE_CHECKING:
+    from lmprog.fsm import Constraint
     from lmprog.lang.choices import ChoicesMethod
-    from lmprog.lang.graph import Graph
 
 Role = Literal["system", "user", "assistant"]
 ROLES: tuple[str, ...] = ("system", "user", "assistant")
@@ -108,10 +109,10 @@ class ArgRef(Expr):
     def __len__(self) -> int:
         raise self._stop("len()")
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> NoReturn:
         raise self._stop("iteration")
 
-    def __getitem__(self, key: object) -> Any:
+    def __getitem__(self, key: object) -> NoReturn:
         raise self._stop("indexing")
 
     def __contains__(self, item: object) -> bool:
@@ -126,7 +127,7 @@ class ArgRef(Expr):
     def __index__(self) -> int:
         raise self._stop("use as an index")
 
-    def __getattr__(self, attr: str) -> Any:
+    def __getattr__(self, attr: str) -> NoReturn:
         if attr.startswith("_"):
             raise AttributeError(attr)
         raise self._stop(f"attribute access .{attr}")
@@ -187,9 +188,9 @@ class Gen(Expr):
 
     name: str | None
     overrides: tuple[tuple[str, Any], ...] = ()
-    constraint: Any = None
+    constraint: Constraint | None = None
     constraint_spec: str | None = None
-    schema_class: Any = field(default=None, compare=False)
+    schema_class: object = field(default=None, compare=False)
     reasoning: Any = None
 
     def sampling_params(self, defaults: SamplingParams) -> SamplingParams:
@@ -329,3 +330,70 @@ def flatten(value: object) -> tuple[Expr, ...]:
 
 def _short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# Nodes whose rendering depends on nothing but the chat template.
+_CONSTANT = (Text, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """The traced form of a program: the nodes it appends, in order; printable.
+
+        >>> print(qa.trace(question=lp.Arg))
+        graph qa(question)
+          0  RoleBegin(system)
+          1  Text('You are a terse assistant.')
+          2  RoleEnd(system)
+          3  RoleBegin(user)
+          4  Arg(question)
+          ...
+
+    Forks hold their branches as sub-graphs (`Fork.branches`). `arguments` names the arguments that were placeholders (`lp.Arg`); `stopped` is None
+    when the whole program was traced, else the reason tracing stopped; the nodes before
+    that point are still exactly what the program appends.
+    """
+
+    name: str
+    nodes: tuple[Node, ...]
+    arguments: tuple[str, ...] = ()
+    stopped: str | None = None
+
+    def constant_prefix(self) -> tuple[Node, ...]:
+        """The leading nodes that depend on no argument and no generated value.
+
+        These render to the same text for every call of the program (given a chat
+        template), so a batch can compute their KV cache once before fanning out.
+        """
+        prefix = []
+        for node in self.nodes:
+            if not isinstance(node, _CONSTANT):
+                break
+            prefix.append(node)
+        return tuple(prefix)
+
+    def walk(self) -> Iterator[Node]:
+        """Every node, depth first, with each fork's branches right after the fork."""
+        for node in self.nodes:
+            yield node
+            if isinstance(node, Fork):
+                for branch in node.branches:
+                    yield from branch.walk()
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __str__(self) -> str:
+        return "\n".join(self._lines(0))
+
+    def _lines(self, indent: int) -> list[str]:
+        pad = "  " * indent
+        lines = [f"{pad}graph {self.name}({', '.join(self.arguments)})"]
+        for i, node in enumerate(self.nodes):
+            lines.append(f"{pad}  {i:<3}{node.describe()}")
+            if isinstance(node, Fork):
+                for branch in node.branches:
+                    lines.extend(branch._lines(indent + 2))
+        if self.stopped:
+            lines.append(f"{pad}  (tracing stopped: {self.stopped})")
+        return lines

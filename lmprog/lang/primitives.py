@@ -7,8 +7,9 @@ it) and returns an IR expression; nothing runs until the expression is appended 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmprog.core.errors import BackendError, ConstraintError
 from lmprog.core.limits import check_stop_limits, get_limits, over_limit
@@ -26,6 +27,9 @@ from lmprog.lang.ir import (
     TraceStop,
     flatten,
 )
+
+if TYPE_CHECKING:
+    from lmprog.fsm import Constraint
 
 _DTYPES = (int, float, bool, str)
 
@@ -60,7 +64,7 @@ def gen(
     choices: Sequence[str] | None = None,
     choices_method: ChoicesMethod | None = None,
     regex: str | None = None,
-    json_schema: Any = None,
+    json_schema: object = None,
     *,
     seed: int | None = None,
     ebnf: str | None = None,
@@ -261,8 +265,7 @@ def select(
         raise over_limit("select() has too many choices", len(choices), "max_choices")
     if "" in choices:
         raise ValueError("choices must be non-empty strings, got ''")
-    seen: set[str] = set()
-    duplicates = sorted({c for c in choices if c in seen or seen.add(c)})
+    duplicates = sorted(c for c, n in Counter(choices).items() if n > 1)
     if duplicates:
         raise ValueError(f"choices must be distinct; repeated: {duplicates}")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
@@ -388,9 +391,9 @@ def _with_terminators(stop: Any, dtype: Any) -> Any:
     """`stop` plus the strings that end a typed value (a number's space, newline or
     punctuation: `DType.terminators`); an unusable `stop` or dtype is left for the checks to
     report."""
-    from lmprog.fsm.dtypes import DTYPES
+    from lmprog.fsm.dtypes import DTYPES  # lazy: lmprog.fsm adds ~150 ms to `import lmprog`
 
-    d = DTYPES.get(getattr(dtype, "__name__", None))
+    d = DTYPES.get(getattr(dtype, "__name__", ""))
     if d is None or not d.terminators:
         return stop
     if stop is None:
@@ -405,8 +408,8 @@ def _with_terminators(stop: Any, dtype: Any) -> Any:
 
 
 def _build_constraint(
-    regex: Any, json_schema: Any, dtype: Any, ebnf: Any = None
-) -> tuple[Any, str | None]:
+    regex: object, json_schema: object, dtype: object, ebnf: object = None
+) -> tuple[Constraint | None, str | None]:
     if regex is None and json_schema is None and dtype is None and ebnf is None:
         return None, None
     _reject_placeholder(regex, "gen(regex=...)")
@@ -436,16 +439,18 @@ def _build_constraint(
     return _constraint_class().from_dtype(dtype), f"dtype={dtype.__name__}"
 
 
-def _python_type(json_schema: Any) -> Any:
+def _python_type(json_schema: object) -> object:
     """The Python type a json_schema was given as (what `state.parsed` builds), or None."""
     if json_schema is None or isinstance(json_schema, (dict, str, bool)):
         return None
-    from lmprog.fsm.json_schema import python_type
+    from lmprog.fsm.json_schema import (
+        python_type,
+    )  # lazy: lmprog.fsm adds ~150 ms to `import lmprog`
 
     return python_type(json_schema)
 
 
-def _constraint_class() -> Any:
+def _constraint_class() -> type[Constraint]:
     # Imported here so that `import lmprog.lang` stays light.
     try:
         from lmprog.fsm import Constraint

@@ -17,11 +17,14 @@ both variables piece by piece (`text_iter("answer_reasoning_content")`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lmprog.core.reasoning import PromptState, ReasoningFormat, named_format, reasoning_format
 from lmprog.core.thinking_budget import check_budget
 from lmprog.lang.ir import Concat, Expr, Gen, Select
+
+if TYPE_CHECKING:
+    from lmprog.fsm import Constraint
 
 SUFFIX = "_reasoning_content"
 
@@ -48,11 +51,15 @@ class Reasoning:
         return fmt
 
     @staticmethod
-    def constrain(answer: Any, fmt: ReasoningFormat, state: PromptState) -> Any:
+    def constrain(
+        answer: Constraint | None, fmt: ReasoningFormat, state: PromptState
+    ) -> Constraint | None:
         """The constraint of the whole output given the answer's (None: free text)."""
         if answer is None or state == "closed":
             return answer
-        from lmprog.fsm.thinking import after_thinking
+        from lmprog.fsm.thinking import (
+            after_thinking,
+        )  # lazy: lmprog.fsm adds ~150 ms to `import lmprog`
 
         return after_thinking(answer, start=fmt.start, end=fmt.end, opened=state != "none")
 
@@ -100,7 +107,7 @@ def separate_reasoning(
     return out
 
 
-def _with(expr: Any, spec: Reasoning) -> Expr | None:
+def _with(expr: object, spec: Reasoning) -> Expr | None:
     if isinstance(expr, Gen):
         if expr.name is None:
             raise ValueError("separate_reasoning() needs a named gen: gen('answer', ...)")
@@ -113,7 +120,7 @@ def _with(expr: Any, spec: Reasoning) -> Expr | None:
             reasoning=spec,
         )
     if isinstance(expr, Select):  # think, then write one of the choices
-        from lmprog.fsm import Constraint
+        from lmprog.fsm import Constraint  # lazy: lmprog.fsm adds ~150 ms to `import lmprog`
 
         return Gen(
             expr.name,

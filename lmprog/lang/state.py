@@ -17,7 +17,7 @@ import abc
 import contextlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from lmprog.core.limits import get_limits, over_limit
 from lmprog.core.sampling import SamplingParams
@@ -29,6 +29,7 @@ from lmprog.lang.ir import (
     Fork,
     Gen,
     Join,
+    JoinMode,
     Node,
     RoleBegin,
     RoleEnd,
@@ -38,11 +39,13 @@ from lmprog.lang.ir import (
     flatten,
 )
 
+S = TypeVar("S", bound="FrontendState")
+
 # What `_submit` receives: each node with its payload (the resolved SamplingParams of a Gen;
 # None for other nodes; subclasses attach their own payloads to Fork and Join).
 Step = tuple[Node, Any]
 
-JOIN_MODES = {
+JOIN_MODES: dict[str, JoinMode] = {
     "gather": "gather",
     "gather_variable": "gather",
     "concat_and_append": "concat_and_append",
@@ -73,11 +76,11 @@ class FrontendState(abc.ABC):
         self._scopes: list[str] = []
         self._closed: str | None = None  # why appends are refused, once closed
         self._fork_count = 0
-        self._open_groups: list[ForkGroup] = []
+        self._open_groups: list[ForkGroup[FrontendState]] = []
 
     # ---- appending ---------------------------------------------------------------
 
-    def __iadd__(self, value: object) -> FrontendState:
+    def __iadd__(self: S, value: object) -> S:
         """Append text, a number or an expression; see `lmprog.lang.ir.flatten`."""
         self._append(flatten(value))
         return self
@@ -157,7 +160,7 @@ class FrontendState(abc.ABC):
 
     # ---- fork / join -------------------------------------------------------------
 
-    def fork(self, n: int = 1, position_ids_offset: Sequence[int] | None = None) -> ForkGroup:
+    def fork(self: S, n: int = 1, position_ids_offset: Sequence[int] | None = None) -> ForkGroup[S]:
         """`n` copies of this state that continue independently; see `ForkGroup`.
 
         `position_ids_offset` (SGLang's, one position offset per copy) is accepted and, as
@@ -186,7 +189,7 @@ class FrontendState(abc.ABC):
         return group
 
     @contextlib.contextmanager
-    def copy(self, position_ids_offset: Sequence[int] | None = None) -> Iterator[Any]:
+    def copy(self: S, position_ids_offset: Sequence[int] | None = None) -> Iterator[S]:
         """`with s.copy() as c:` a copy of this state (SGLang's), joined back at the end
         (gather: the variables it created become one-item lists on `s`)."""
         group = self.fork(1, position_ids_offset)
@@ -196,21 +199,21 @@ class FrontendState(abc.ABC):
             if not group.joined:
                 group.join()
 
-    def _join(self, group: ForkGroup, mode: str) -> None:
+    def _join(self, group: ForkGroup[FrontendState], mode: str) -> None:
         if mode not in JOIN_MODES:
             raise ValueError(f"join() mode must be 'gather' or 'concat_and_append', got {mode!r}")
-        mode = JOIN_MODES[mode]
+        joined = JOIN_MODES[mode]
         self._check_open()
         children: list[FrontendState] = list(group)
-        if mode == "concat_and_append":
+        if joined == "concat_and_append":
             _check_concat(self, group, children)
         names: dict[str, None] = {}
         for child in children:
             child._close("this fork copy was joined into its parent; append to the parent instead")
             names.update(child._new_names)
         self._open_groups.remove(group)
-        gathered = tuple(names) if mode == "gather" else ()
-        self._submit_join(Join(group.fork.fork_id, mode), children, gathered)  # type: ignore[arg-type]
+        gathered = tuple(names) if joined == "gather" else ()
+        self._submit_join(Join(group.fork.fork_id, joined), children, gathered)
         self._declare(gathered)
 
     # ---- lifecycle ---------------------------------------------------------------
@@ -241,11 +244,11 @@ class FrontendState(abc.ABC):
         """Take validated steps, in program order; `defines` names the variables they set."""
 
     @abc.abstractmethod
-    def _spawn(self, fork: Fork, inherited: Inherited) -> list[Any]:
+    def _spawn(self: S, fork: Fork, inherited: Inherited) -> list[S]:
         """Make the `fork.n` copies (same class as self) and submit the fork step."""
 
     @abc.abstractmethod
-    def _submit_join(self, join: Join, children: list[Any], defines: tuple[str, ...]) -> None:
+    def _submit_join(self: S, join: Join, children: Sequence[S], defines: tuple[str, ...]) -> None:
         """Submit the join step; `children` are already closed; `defines` is what it gathers."""
 
     @abc.abstractmethod
@@ -337,7 +340,9 @@ def _next_role(node: Node, role: str | None) -> str | None:
     return role
 
 
-def _check_concat(parent: FrontendState, group: ForkGroup, children: list[FrontendState]) -> None:
+def _check_concat(
+    parent: FrontendState, group: ForkGroup[FrontendState], children: list[FrontendState]
+) -> None:
     if parent._open_role != group.open_role:
         raise ValueError(
             f"join(mode='concat_and_append') needs the parent in the same role as at the fork "

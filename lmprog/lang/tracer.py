@@ -10,14 +10,14 @@ a truth test on it, reading a generated variable, the text so far...
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from lmprog.core.sampling import SamplingParams
-from lmprog.lang.graph import Graph
 from lmprog.lang.ir import (
     ArgRef,
     Fork,
+    Graph,
     Join,
     Node,
     Text,
@@ -70,12 +70,14 @@ class TracerState(FrontendState):
             else:
                 self._items.append(node)
 
-    def _spawn(self, fork: Fork, inherited: Inherited) -> list[Any]:
+    def _spawn(self, fork: Fork, inherited: Inherited) -> list[TracerState]:
         children = [TracerState(self._defaults, inherited) for _ in range(fork.n)]
         self._items.append(_PendingFork(fork, children))
         return children
 
-    def _submit_join(self, join: Join, children: list[Any], defines: tuple[str, ...]) -> None:
+    def _submit_join(
+        self, join: Join, children: Sequence[TracerState], defines: tuple[str, ...]
+    ) -> None:
         self._items.append(join)
 
     def _on_close(self) -> None:
