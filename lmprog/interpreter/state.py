@@ -1,6 +1,6 @@
 """`ProgramState`: the state of a running program (`s` inside it, what `run()` returns).
 
-Appends are validated by the front half (`lmprog.lang.state.FrontendState`) and handed to
+Appends are validated by the front half (`lmprog.lang.frontend.FrontendState`) and handed to
 this state's worker; reads wait on its record. Readers never hang: a failed program
 raises its error from `s["x"]`, `sync()` and the text iterators.
 """
@@ -22,8 +22,8 @@ from lmprog.interpreter.partial import PartialJSON
 from lmprog.interpreter.record import Parsed, StateRecord
 from lmprog.interpreter.typed import checked_type
 from lmprog.interpreter.worker import ForkPoint, Worker
+from lmprog.lang.frontend import FrontendState, Inherited, Step
 from lmprog.lang.ir import ArgRef, Fork, Join
-from lmprog.lang.state import FrontendState, Inherited, Step
 
 T = TypeVar("T")
 

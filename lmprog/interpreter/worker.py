@@ -19,7 +19,7 @@ from typing import Any
 
 from lmprog.interpreter.executor import ForkSnapshot, NodeExecutor
 from lmprog.interpreter.record import StateRecord
-from lmprog.lang.state import Step
+from lmprog.lang.frontend import Step
 
 _END = object()
 _ids = itertools.count()

@@ -13,6 +13,7 @@ from lmprog.lang.choices import (
     unconditional_likelihood_normalized,
 )
 from lmprog.lang.fork import ForkGroup
+from lmprog.lang.frontend import FrontendState
 from lmprog.lang.ir import Graph
 from lmprog.lang.primitives import (
     REGEX_BOOL,
@@ -37,7 +38,6 @@ from lmprog.lang.primitives import (
 )
 from lmprog.lang.program import Program, ProgramCall
 from lmprog.lang.reasoning import separate_reasoning
-from lmprog.lang.state import FrontendState
 from lmprog.lang.tracer import Arg, TracerState
 
 __all__ = [

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 from lmprog.core.limits import check_stop_limits
 from lmprog.core.sampling import SAMPLING_FIELDS, SAMPLING_NAMES, SamplingParams
+from lmprog.lang.frontend import FrontendState
 from lmprog.lang.ir import Graph
-from lmprog.lang.state import FrontendState
 from lmprog.lang.tracer import Arg, trace_program
 
 P = TypeVar("P", bound="Program")

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from lmprog.core.sampling import SamplingParams
+from lmprog.lang.frontend import FrontendState, Inherited, Step
 from lmprog.lang.ir import (
     ArgRef,
     Fork,
@@ -25,7 +26,6 @@ from lmprog.lang.ir import (
     mentions_placeholder,
     split_placeholders,
 )
-from lmprog.lang.state import FrontendState, Inherited, Step
 
 
 class Arg:
