@@ -68,15 +68,10 @@ class Runtime(Backend):
 
     def __init__(self, *args: Any, config: Any = None, **options: Any) -> None:
         self.config = cfg = RuntimeConfig.of_call("Runtime", args, options, config)
-        import torch
-
-        from lmprog.runtime.assemble import assemble_model, quantization_of
-        from lmprog.runtime.data_parallel.replicas import launch_replicas
-        from lmprog.runtime.engine.launch import launch_engine
-        from lmprog.runtime.parallel.start import check_tp_size, start_groups
+        from lmprog.runtime.assemble import quantization_of
+        from lmprog.runtime.parallel.start import check_tp_size
 
         check_tp_size(cfg.tp_size, cfg.dp_size)  # under torchrun, one group
-        lora_config = cfg.lora_config()
         self._source = _source_of(cfg.model, cfg.load_format)
         started = time.perf_counter()
         if self._source is not None:
@@ -86,26 +81,7 @@ class Runtime(Backend):
                 self._source.path,
                 self._source.kind,
             )
-        if cfg.num_threads is not None:
-            torch.set_num_threads(cfg.num_threads)
-        _log.info("loading weights (device %s, dtype %s)", cfg.device, cfg.dtype)
-        weights = dict(
-            dtype=cfg.dtype,
-            load_format=cfg.load_format,
-            attention=cfg.attention,
-            quantization=cfg.quantization,
-            seed=cfg.seed,
-        )
-        model = self._source or cfg.model
-        groups = []  # tensor parallelism: this process is rank 0 of each replica's group
-        if cfg.tp_size > 1:
-            build_args = {"model": model, **weights}
-            groups = start_groups(cfg.dp_size, cfg.tp_size, build_args, device=cfg.device)
-        tp = groups[0] if groups else None
-
-        def build(on: str, tp: Any = tp) -> Any:
-            return assemble_model(model, device=on, tp=tp, **weights)
-
+        build, groups = self._weights(cfg)
         net = build(cfg.device)
         self.quantization = quantization_of(net)  # an FP8 checkpoint's too
         self.kv_cache_dtype = cfg.kv_cache_dtype
@@ -119,7 +95,48 @@ class Runtime(Backend):
         )
         self._setup_tokens(net.config, cfg.tokenizer, cfg.chat_template)
         _log.info("tokenizer %s", type(self._tokenizer).__name__)
+        self._engine = self._launch(cfg, net, build, groups)
+        self._radix = cfg.radix_cache
+        _log.info("runtime backend ready in %.1f s", time.perf_counter() - started)
+        weakref.finalize(self, self._engine.shutdown)
 
+    def _weights(self, cfg: RuntimeConfig) -> tuple[Any, list[Any]]:
+        """build(device) -> the model, and the tensor-parallel groups started for it (this
+        process is rank 0 of each replica's group; [] without tensor parallelism)."""
+        import torch
+
+        from lmprog.runtime.assemble import assemble_model
+        from lmprog.runtime.parallel.start import start_groups
+
+        if cfg.num_threads is not None:
+            torch.set_num_threads(cfg.num_threads)
+        _log.info("loading weights (device %s, dtype %s)", cfg.device, cfg.dtype)
+        weights = dict(
+            dtype=cfg.dtype,
+            load_format=cfg.load_format,
+            attention=cfg.attention,
+            quantization=cfg.quantization,
+            seed=cfg.seed,
+        )
+        model = self._source or cfg.model
+        groups = []
+        if cfg.tp_size > 1:
+            build_args = {"model": model, **weights}
+            groups = start_groups(cfg.dp_size, cfg.tp_size, build_args, device=cfg.device)
+        tp = groups[0] if groups else None
+
+        def build(on: str, tp: Any = tp) -> Any:
+            return assemble_model(model, device=on, tp=tp, **weights)
+
+        return build, groups
+
+    def _launch(self, cfg: RuntimeConfig, net: Any, build: Any, groups: list[Any]) -> Any:
+        """The engine over `net` (with dp_size > 1, a ReplicaGroup of them), fed the
+        config's subsystem configs and the values computed at start-up."""
+        from lmprog.runtime.data_parallel.replicas import launch_replicas
+        from lmprog.runtime.engine.launch import launch_engine
+
+        lora_config = cfg.lora_config()
         adapters = []
         if lora_config is not None:
             from lmprog.runtime.lora import read_adapter
@@ -142,16 +159,11 @@ class Runtime(Backend):
         def launch(net: Any, **kw: Any) -> Any:
             return launch_engine(net, self._tokenizer, **engine_args, **kw)
 
-        self._engine = (
-            launch(net, tp=tp)
-            if cfg.dp_size == 1
-            else launch_replicas(
-                cfg.dp_size, net, device=cfg.device, build=build, launch=launch, groups=groups
-            )
+        if cfg.dp_size == 1:
+            return launch(net, tp=groups[0] if groups else None)
+        return launch_replicas(
+            cfg.dp_size, net, device=cfg.device, build=build, launch=launch, groups=groups
         )
-        self._radix = cfg.radix_cache
-        _log.info("runtime backend ready in %.1f s", time.perf_counter() - started)
-        weakref.finalize(self, self._engine.shutdown)
 
     def _setup_tokens(self, config: Any, tokenizer: Any, chat_template: str | None) -> None:
         """Tokenizer, chat template source, end-of-sequence ids, BOS and start token."""
