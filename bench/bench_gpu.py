@@ -618,9 +618,9 @@ def make_runtime(args):
 def engine_decode(rt, args, prompt_len: int, tokens: int) -> float:
     prompt = torch.randint(3, rt.model_config.vocab_size, (prompt_len,)).tolist()
     params = {"max_tokens": tokens, "ignore_eos": True, "temperature": 0.0}
-    rt.generate(prompt, {**params, "max_tokens": 4})  # warm-up
+    rt.generate_offline(prompt, {**params, "max_tokens": 4})  # warm-up
     t0 = time.perf_counter()
-    res = rt.generate(prompt, params)
+    res = rt.generate_offline(prompt, params)
     t = time.perf_counter() - t0
     assert res.completion_tokens == tokens, res.completion_tokens
     return tokens / t
@@ -631,7 +631,9 @@ def offline(rt, args, prompts, out_lens, graphs) -> dict:
     warm_p, warm_o = make_workload(
         min(32, len(prompts)), rt.model_config.vocab_size, args.in_range, args.out_range, seed=1
     )
-    rt.generate(warm_p, [{"max_tokens": m, "ignore_eos": True, "temperature": 0.0} for m in warm_o])
+    rt.generate_offline(
+        warm_p, [{"max_tokens": m, "ignore_eos": True, "temperature": 0.0} for m in warm_o]
+    )
     rt.flush_cache()
     before = rt.stats()
     g0 = graphs.replays if graphs else 0
@@ -640,7 +642,7 @@ def offline(rt, args, prompts, out_lens, graphs) -> dict:
     steps = StepLog(rt.engine.metrics)
     t0 = time.perf_counter()
     try:
-        results = _with_progress(rt, lambda: rt.generate(prompts, params), before)
+        results = _with_progress(rt, lambda: rt.generate_offline(prompts, params), before)
     finally:
         steps.detach()
     wall = time.perf_counter() - t0

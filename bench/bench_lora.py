@@ -99,11 +99,11 @@ def run(rt, prompts, out_lens, adapters: list[str]) -> dict:
         return {"max_tokens": m, "ignore_eos": True, "temperature": 0.0, "lora_path": name}
 
     warm = min(16, len(prompts))
-    rt.generate(prompts[:warm], [params(i, 4) for i in range(warm)])  # compiles, pages in
+    rt.generate_offline(prompts[:warm], [params(i, 4) for i in range(warm)])  # compiles, pages in
     rt.flush_cache()
     before = rt.stats()
     t0 = time.perf_counter()
-    results = rt.generate(prompts, [params(i, m) for i, m in enumerate(out_lens)])
+    results = rt.generate_offline(prompts, [params(i, m) for i, m in enumerate(out_lens)])
     wall = time.perf_counter() - t0
     after = rt.stats()
     assert [r.completion_tokens for r in results] == out_lens

@@ -77,7 +77,7 @@ def run_mode(args, hybrid: bool, prompts, out_lens, arrivals) -> dict:
     warm_p, warm_o = make_workload(
         16, rt.model_config.vocab_size, args.in_range, args.out_range, seed=1
     )
-    rt.generate(
+    rt.generate_offline(
         warm_p, [{"max_tokens": m, "ignore_eos": True, "temperature": 0.0} for m in warm_o]
     )  # compiles kernels, captures nothing new
     rt.flush_cache()

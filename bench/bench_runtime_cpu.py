@@ -95,7 +95,9 @@ def runtime_generator(rt, ids: list[int]):
 
     def run(tokens: int) -> None:
         rt.flush_cache()
-        rt.generate([ids], SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
+        rt.generate_offline(
+            [ids], SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+        )
 
     return run
 
@@ -125,7 +127,7 @@ def batch_rate(rt, prompts: list[list[int]], max_tokens: int, repeats: int) -> f
 
     def run() -> float:
         rt.flush_cache()
-        return timed(lambda: rt.generate(prompts, params))
+        return timed(lambda: rt.generate_offline(prompts, params))
 
     return len(prompts) * max_tokens / best_of(run, repeats)
 
@@ -136,10 +138,10 @@ def profile_decode(rt, ids: list[int], n: int) -> None:
     from lmprog.core.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-    rt.generate([ids], params)
+    rt.generate_offline([ids], params)
     prof = profile()
     rt.engine.call(prof.start)  # the model runs on the engine thread: profile that thread
-    rt.generate([ids], params)
+    rt.generate_offline([ids], params)
     rt.engine.call(prof.stop)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
 

@@ -135,7 +135,7 @@ def use_self_as_draft(rt) -> None:
 
 def generate(rt, prompt: list[int], params: dict):
     rt.flush_cache()
-    return rt.generate([prompt], params)[0]
+    return rt.generate_offline([prompt], params)[0]
 
 
 def timed(fn):
@@ -201,7 +201,7 @@ def warm_up(rt, prompts: list[list[int]], params: dict) -> None:
         rt.engine.set_speculation(on)
         generate(rt, prompts[0], {**params, "max_tokens": 16})
         rt.flush_cache()
-        rt.generate(prompts[:8], {**params, "max_tokens": 4})
+        rt.generate_offline(prompts[:8], {**params, "max_tokens": 4})
 
 
 def batched(rt, prompts: list[list[int]], params: dict, size: int, repeats: int) -> dict:
@@ -209,7 +209,7 @@ def batched(rt, prompts: list[list[int]], params: dict, size: int, repeats: int)
     for on in (False, True):  # the batch's own prefill shapes
         rt.engine.set_speculation(on)
         rt.flush_cache()
-        rt.generate(batch, {**params, "max_tokens": 2})
+        rt.generate_offline(batch, {**params, "max_tokens": 2})
     best = {"off": float("inf"), "on": float("inf")}
     outs, tokens = {}, {}
     delta = [0, 0, 0]
@@ -218,7 +218,7 @@ def batched(rt, prompts: list[list[int]], params: dict, size: int, repeats: int)
             rt.engine.set_speculation(mode == "on")
             rt.flush_cache()
             before = spec_counters(rt)
-            t, res = timed(lambda: rt.generate(batch, params))
+            t, res = timed(lambda: rt.generate_offline(batch, params))
             if mode == "on":
                 delta = [a - b for a, b in zip(spec_counters(rt), before)]
             best[mode] = min(best[mode], t)

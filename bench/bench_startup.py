@@ -38,7 +38,7 @@ import time; t0, c0 = time.perf_counter(), time.process_time()
 import lmprog as lp
 rt = lp.Runtime(device="cpu")
 t1, c1 = time.perf_counter(), time.process_time()
-rt.generate("Hello", {"max_tokens": 8, "temperature": 0})
+rt.generate_offline("Hello", {"max_tokens": 8, "temperature": 0})
 print(f"RESULT {t1 - t0:.3f} {c1 - c0:.3f} {time.perf_counter() - t1:.3f}")
 rt.shutdown()
 """

@@ -77,7 +77,7 @@ def measure_capacity(name: str, *, budget_bytes: int, prompt_len: int, output_le
     metrics.on_step = on_step
     t0 = time.perf_counter()
     try:
-        results = rt.generate(prompts, params)
+        results = rt.generate_offline(prompts, params)
     finally:
         metrics.on_step = original
         retractions = rt.stats().get("num_retractions", 0)

@@ -75,6 +75,48 @@ STATE_MEMBERS = [
 ]
 
 
+# The backends' options: one runnable example each, then the table of their config's fields.
+BACKEND_EXAMPLES = {
+    "Runtime": """\
+import lmprog as lp
+from lmprog.backends.runtime_config import RuntimeConfig
+
+# lmprog serve --backend runtime --device cpu --max-total-tokens 8192 --max-running-requests 8
+options = dict(device="cpu", max_total_tokens=8192, max_running_requests=8, speculative="ngram")
+rt = lp.Runtime(model_path="smollm2-135m-instruct", **options)
+assert rt.config == RuntimeConfig(model="smollm2-135m-instruct", **options)  # or config=...
+print(rt.generate_offline("The capital of France is", {"max_tokens": 8, "temperature": 0}).text)
+rt.shutdown()""",
+    "LlamaCpp": """\
+import lmprog as lp
+
+# lmprog serve --backend llamacpp --device cpu --max-total-tokens 8192 --max-running-requests 4
+llm = lp.LlamaCpp("smollm2-135m-instruct", n_ctx=8192, n_parallel=4, n_gpu_layers=0)
+print(llm.config.n_ctx, llm.n_parallel)
+llm.shutdown()""",
+}
+
+
+def _backend_options() -> list[str]:
+    from lmprog.backends.config import LlamaCppConfig
+    from lmprog.backends.runtime_config import RuntimeConfig
+
+    lines = [
+        "## Backend options",
+        "",
+        "Each backend takes its options by name (`lp.Runtime(max_running_requests=8)`) or as "
+        "one config value (`lp.Runtime(config=RuntimeConfig(...))`); an unknown name is a "
+        "TypeError naming it, a bad value an error naming the option, before any weight "
+        "loads. `lmprog serve` builds its backend flags from the same fields.",
+        "",
+    ]
+    for name, config in (("Runtime", RuntimeConfig), ("LlamaCpp", LlamaCppConfig)):
+        lines += [f"### `lp.{name}`: `{config.__module__}.{config.__name__}`", ""]
+        lines += [_doc(config), "", "```python", BACKEND_EXAMPLES[name], "```", ""]
+        lines += [config.table(), ""]
+    return lines
+
+
 def _doc(obj: object) -> str:
     return inspect.cleandoc(inspect.getdoc(obj) or "(undocumented)")
 
@@ -116,6 +158,7 @@ def render() -> str:
         lines += _entry(f"s.{member}", getattr(ProgramState, member), "###")
     lines += ["## Fork groups", "", _doc(ForkGroup), ""]
     lines += _entry("group.join", ForkGroup.join, "###")
+    lines += _backend_options()
     return "\n".join(lines).rstrip() + "\n"
 
 

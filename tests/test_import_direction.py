@@ -35,8 +35,8 @@ FORBIDDEN = {
     "serve": {"lang", "interpreter", "runtime", "decoding"},
 }
 # Inside backends only the runtime backend reaches the runtime: the llama.cpp backend shares
-# the decoding package with it, not the runtime itself.
-RUNTIME_IMPORTERS = {"lmprog/backends/runtime.py"}
+# the decoding package with it, not the runtime itself (runtime_config.py: lp.Runtime's options).
+RUNTIME_IMPORTERS = {"lmprog/backends/runtime.py", "lmprog/backends/runtime_config.py"}
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -34,6 +34,7 @@ from lmprog.backends.checks import (
     check_score_request,
     check_stop_token_ids,
 )
+from lmprog.backends.config import LlamaCppConfig
 from lmprog.backends.context_pool import SequencePool
 from lmprog.backends.llamacpp_engine import GenSpec, Job, LlamaCppEngine
 from lmprog.backends.llamacpp_native import NativeContext, NativeModel, supports_gpu_offload
@@ -80,69 +81,16 @@ _TOKENIZER_SAMPLES = (
 class LlamaCpp(Backend):
     """A GGUF model on llama.cpp. Thread-safe; up to `n_parallel` requests decode together.
 
-    Args:
-        model: a bundled model name, a .gguf path, or None for the default model.
-        n_ctx: KV cache cells, shared by the requests running together; one request may
-            use them all (prompt + output).
-        n_threads: CPU threads while generating (also for a batch of several requests'
-            next tokens); None (the default) is llama-cpp-python's choice, half the cores.
-        n_threads_batch: CPU threads while evaluating a prompt; None is llama-cpp-python's
-            choice, all cores.
-        n_gpu_layers: layers to offload to a GPU (-1: all) on a llama.cpp build with GPU or
-            Metal support; 0 (the default) runs on the CPU. A CPU-only build refuses others.
-        main_gpu: the GPU index that holds the whole model; None lets llama.cpp split the
-            layers over every GPU it sees.
-        n_batch: tokens per llama.cpp decode call (every request's next token, then chunks
-            of prompts).
-        n_parallel: requests decoded together (llama.cpp sequences); more wait their turn.
-            Sequences that finished keep their tokens as a prefix cache.
-        chat_template: a named template or jinja2 source overriding the model's own.
-        state_cache_bytes: memory bound of saved prefix states (0 disables saving).
-        state_cache_disk_bytes: a disk tier under them of this many bytes (0: off): states
-            evicted from memory are written to checked files and read back when a request
-            shares their prefix (a damaged file is recomputed); state_cache_disk_dir: where
-            (a folder of this process's own inside; None: the system's temporary folder).
-        min_save_tokens: save a sequence's state before it discards at least this many tokens.
-        jump_forward: append text a constraint forces in one step (off with logprobs).
+    Its options are the fields of `lmprog.backends.config.LlamaCppConfig` (n_ctx, n_threads,
+    n_gpu_layers, n_parallel, state_cache_bytes, ...; the table in docs/reference.md), by
+    name (the model also first by position) or as `config=LlamaCppConfig(...)`; each is
+    validated before the model loads, and an unknown name is a TypeError naming it.
+    `self.config` is the LlamaCppConfig it runs with.
     """
 
-    def __init__(
-        self,
-        model: str | None = None,
-        *,
-        n_ctx: int = 4096,
-        n_threads: int | None = None,
-        n_threads_batch: int | None = None,
-        n_gpu_layers: int = 0,
-        main_gpu: int | None = None,
-        n_batch: int = 512,
-        n_parallel: int = 16,
-        chat_template: str | None = None,
-        state_cache_bytes: int = 256 * 2**20,
-        state_cache_disk_bytes: int = 0,
-        state_cache_disk_dir: str | None = None,
-        min_save_tokens: int = 64,
-        jump_forward: bool = True,
-    ):
-        for name, value, lo in (
-            ("n_ctx", n_ctx, 16),
-            ("n_gpu_layers", n_gpu_layers, -1),
-            ("n_batch", n_batch, 1),
-            ("n_parallel", n_parallel, 1),
-            ("state_cache_bytes", state_cache_bytes, 0),
-            ("state_cache_disk_bytes", state_cache_disk_bytes, 0),
-            ("min_save_tokens", min_save_tokens, 1),
-        ):
-            _check_int(name, value, lo)
-        for name, value in (
-            ("n_threads", n_threads),
-            ("n_threads_batch", n_threads_batch),
-            ("main_gpu", main_gpu),
-        ):
-            if value is not None:
-                _check_int(name, value, 0 if name == "main_gpu" else 1)
-        if not isinstance(jump_forward, bool):
-            raise TypeError(f"jump_forward must be a bool, got {jump_forward!r}")
+    def __init__(self, *args: Any, config: Any = None, **options: Any):
+        self.config = cfg = LlamaCppConfig.of_call("LlamaCpp", args, options, config)
+        model, n_gpu_layers, main_gpu = cfg.model, cfg.n_gpu_layers, cfg.main_gpu
         _check_model_file(model)
         self._source = resolve_model(model)
         if self._source.kind != "gguf":
@@ -162,8 +110,8 @@ class LlamaCpp(Backend):
             )
         # llama-cpp-python's defaults (llama_cpp.Llama): half the cores, all for prompts.
         cores = os.cpu_count() or 1
-        self.n_threads = n_threads or max(cores // 2, 1)
-        self.n_threads_batch = n_threads_batch or cores
+        self.n_threads = cfg.n_threads or max(cores // 2, 1)
+        self.n_threads_batch = cfg.n_threads_batch or cores
         # The model first: a file llama.cpp cannot load fails here with llama.cpp's reason,
         # before a tokenizer is built from it. A tokenizer cached earlier is read meanwhile, on
         # a thread (llama.cpp loads the weights with the GIL released).
@@ -189,12 +137,12 @@ class LlamaCpp(Backend):
                 type(self._tokenizer).__name__,
                 time.perf_counter() - t,
             )
-            self._chat_template = template_from_tokenizer(self._tokenizer, chat_template)
+            self._chat_template = template_from_tokenizer(self._tokenizer, cfg.chat_template)
             ctx = NativeContext(
                 self._model,
-                n_ctx=n_ctx,
-                n_batch=n_batch,
-                n_seq=n_parallel,
+                n_ctx=cfg.n_ctx,
+                n_batch=cfg.n_batch,
+                n_seq=cfg.n_parallel,
                 n_threads=self.n_threads,
                 n_threads_batch=self.n_threads_batch,
             )
@@ -203,8 +151,8 @@ class LlamaCpp(Backend):
             raise
         self._pool = SequencePool(
             ctx,
-            StateCache(state_cache_bytes, state_cache_disk_bytes, state_cache_disk_dir),
-            min_save_tokens=min_save_tokens,
+            StateCache(cfg.state_cache_bytes, cfg.state_cache_disk_bytes, cfg.state_cache_disk_dir),
+            min_save_tokens=cfg.min_save_tokens,
         )
         self.n_ctx = ctx.n_ctx
         self.n_parallel = ctx.n_seq
@@ -215,7 +163,7 @@ class LlamaCpp(Backend):
         )
         bos = self._model.bos_token_id
         self._start_id = bos if bos >= 0 else self._eos_ids[0]
-        self._jump_forward = jump_forward
+        self._jump_forward = cfg.jump_forward
         self._decoding = _Decoding(self._tokenizer, self._eos_ids, self.n_vocab)
         self._stats = Counters(_COUNTERS)
         self._closed = False
@@ -610,8 +558,5 @@ def _gauges(counts: dict[str, Any], sequences: list[list[int]], n_ctx: int) -> d
     }
 
 
-def _check_int(name: str, value: Any, lo: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {value}")
+# help(lp.LlamaCpp) and inspect show every option by name, from LlamaCppConfig's fields.
+LlamaCpp.__init__.__signature__ = LlamaCppConfig.signature()  # type: ignore[attr-defined]

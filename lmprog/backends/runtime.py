@@ -3,7 +3,7 @@ batching) behind the `Backend` protocol, plus an offline batch API.
 
     rt = Runtime()                                  # bundled SmolLM2-135M GGUF; CUDA if present
     rt.generate(GenerateRequest(...), stream=cb)    # the Backend protocol (the DSL uses this)
-    rt.generate(["Hi", [1, 2, 3]], {"max_tokens": 8, "temperature": 0})   # offline batch
+    rt.generate_offline(["Hi", [1, 2, 3]], {"max_tokens": 8, "temperature": 0})   # offline batch
     rt.stats(); rt.flush_cache(); rt.shutdown()     # or: with Runtime() as rt: ...
 
 Every call is thread-safe; concurrent calls are batched together by the engine thread.
@@ -18,15 +18,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmprog.backends.checks import check_score_request, check_stop_token_ids, check_stream
+from lmprog.backends.runtime_config import RuntimeConfig, lora_path_items  # noqa: F401 (re-exported)
 from lmprog.backends.scoring import choice_scores, choice_spans
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
-from lmprog.core.errors import BackendError, ConstraintError, LoraError
+from lmprog.core.errors import BackendError, ConstraintError
 from lmprog.core.models import ModelSource, load_tokenizer, resolve_model
 from lmprog.core.prompt import encode_prompt
 from lmprog.core.protocol import (
     Backend,
     GenerateRequest,
-    GenerateResult,
     ScoreRequest,
     ScoreResult,
     StreamCallback,
@@ -55,193 +55,24 @@ _log = logging.getLogger(__name__)
 class Runtime(Backend):
     """lmprog's engine on this machine.
 
-    Args:
-        model: bundled model name, .gguf path or Hugging Face folder (None: the default model);
-            with load_format="dummy" also an architecture preset such as "llama-3.1-8b".
-            `model_path=` is SGLang's name for it (`lp.Runtime(model_path=...)`).
-        device: "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N".
-        dtype: "auto" (bf16 on a GPU, fp32 on a CPU), "float32", "bfloat16", "float16".
-        max_total_tokens: KV pool size in tokens (default: from the memory budget).
-        radix_cache: share the KV of common prefixes between requests.
-        eviction: "lru" or "lfu" eviction of cached prefixes.
-        load_format: "auto" (from the files) or "dummy" (random weights, for benchmarks).
-        chat_template: a named template or jinja2 source overriding the model's own.
-        tokenizer: a HF tokenizer (needed for text prompts with an architecture preset).
-        context_length: longest sequence (default: the model's).
-        max_running_requests, max_num_batched_tokens, schedule_policy ("lpm"/"fcfs"),
-            page_size: scheduler and cache knobs (see lmprog.runtime.config).
-        hybrid_batching: mix decodes and prefill chunks in one step (default); False runs
-            prefill-first (decodes wait while prompts are pending), for comparison.
-        jump_forward: append constraint-forced text in one step (default on).
-        overlap: overlap scheduling, the next step prepared and launched while the device
-            runs the current one (None: on a GPU; see lmprog.runtime.engine.engine).
-        quantization: None, or "int4": 4-bit weight-only matmuls on the CPU for layers whose
-            weights are exact 4-bit groups (a Q4_1 GGUF): decode reads fewer bytes; computes in
-            bf16 (see lmprog.runtime.layers.int4); or "fp8": e4m3 weights (per output channel) and
-            per-token activations, torch._scaled_mm on an Ada/Hopper GPU, a PyTorch reference
-            on the CPU (see lmprog.runtime.layers.fp8_linear). An FP8 checkpoint (vLLM's and
-            SGLang's layout) loads as FP8 without it.
-        kv_cache_dtype: "auto" (the model's dtype) or "fp8_e4m3" ("fp8"): the KV pool stores
-            e4m3 keys and values, twice the tokens in the same memory (lmprog.runtime.executor.kv_pool).
-        host_kv_cache_bytes: a host-memory tier of this many bytes under the radix cache
-            (pinned on CUDA; 0: off): prefixes evicted from the KV pool are kept there and
-            loaded back when a request returns to them, instead of being recomputed
-            (lmprog.runtime.cache.hiradix). stats() reports its usage and hits (host_kv_*).
-        host_kv_staging: with the host tier, load the host-tier prefixes of queued requests
-            into the KV pool ahead of their admission (predictive staging; default off: see docs/serving.md).
-        disk_kv_cache_bytes, disk_kv_cache_dir: a disk tier of this many bytes under the host
-            tier (0: off), its files in a folder of this process's own under
-            disk_kv_cache_dir (default: the system's temporary folder): what the host tier
-            evicts is written there and read back, checked, when a request returns to it.
-        attention: "auto", "torch" or "triton".
-        cuda_graphs: replay CUDA graphs for decode steps (GPU with Triton attention only).
-        num_threads: torch CPU threads (process-wide; default: leave torch's setting).
-        seed: seed of the random weights of load_format="dummy".
-        check_integrity: verify the cache bookkeeping after every step (slow; for tests).
-        speculative: speculative decoding, verified inside the hybrid batch: None (off), a
-            `lmprog.runtime.speculative.SpeculativeConfig`, a dict of its fields, or a method
-            name ("ngram": prompt lookup; "draft": a draft model, with draft_model=...).
-            Greedy outputs are unchanged; sampled outputs keep the model's distribution.
-        dp_size: data parallelism, that many engine replicas behind this one backend, each
-            request routed to the replica whose prefix cache likely holds most of it unless
-            that one is much busier (lmprog.runtime.data_parallel.replicas, lmprog.runtime.data_parallel.router);
-            replicas on one device share its weights. max_total_tokens is per replica.
-        tp_size: tensor parallelism over that many processes, one per device (rank r on
-            cuda:r, or all on the CPU with gloo): workers are spawned here, or are the other
-            processes of a `torchrun` launch, whose non-zero ranks never return from this
-            call (they serve rank 0, then exit); see lmprog.runtime.parallel. With dp_size,
-            each replica is such a group (replica i's ranks on cuda:(i * tp_size + r)), its
-            workers spawned here (not under torchrun).
-        attention_sink_size: attention sinks (StreamingLLM): keep each request's first
-            this many tokens plus a recent window of its KV, evicting the tokens between in
-            chunks (the kept keys re-rotated), so generation runs past the context length
-            and max_total_tokens with flat memory (None: off; requests are cut at the
-            context length). Llama-family models only; not with tp_size > 1.
-        sliding_window_size: the recent window kept after the sinks (default: the context
-            length, or the KV pool when smaller, minus the sinks); see
-            lmprog.runtime.config.AttentionSinkConfig.
-        lora_paths: LoRA adapters to serve (SGLang's name): {name: PEFT adapter folder}, or
-            a list of "name=path" strings or of folders (named by their path). A request
-            picks one by name (`SamplingParams.lora_path`, the DSL's `run(lora_path=...)`,
-            `gen(..., lora_path=...)`), or none (the base model); requests of different
-            adapters run in one batch (lmprog.runtime.lora). More can be loaded later
-            (`load_lora_adapter`). A malformed or mismatched folder is a LoraError.
-        enable_lora: serve adapters loaded later even when lora_paths is empty (None: when
-            lora_paths is given).
-        max_loras_per_batch, max_lora_rank, lora_target_modules, max_loaded_loras: the
-            adapter pool (lmprog.runtime.config.LoraConfig). Not with tp_size > 1, dp_size
-            > 1 or attention sinks yet; with speculative decoding the target verifies each
-            request's drafts under its adapter (a draft model drafts without it).
+        lp.Runtime("smollm2-135m-instruct", max_running_requests=8)   # or model_path=...
+        lp.Runtime(config=RuntimeConfig(model="smollm2-135m-instruct", max_running_requests=8))
 
-    Each engine knob keeps its name down to the config that owns and validates it:
-    SchedulerConfig, CacheConfig and AttentionSinkConfig (lmprog.runtime.config),
-    EngineConfig (lmprog.runtime.engine.engine), SpeculativeConfig.
+    Its options are the fields of `lmprog.backends.runtime_config.RuntimeConfig`, each with its
+    default, SGLang's name and help (the table in docs/reference.md): the model and its
+    weights, the KV cache, the scheduler, the engine, speculative decoding, data and tensor
+    parallelism, attention sinks and LoRA adapters. Every option is validated by the config
+    that owns it before any weight is loaded; an unknown name is a TypeError naming it.
+    `self.config` is the RuntimeConfig it runs with.
     """
 
-    def __init__(
-        self,
-        model: str | None = None,
-        device: str = "auto",
-        dtype: str = "auto",
-        max_total_tokens: int | None = None,
-        radix_cache: bool = True,
-        eviction: str = "lru",
-        load_format: str = "auto",
-        *,
-        model_path: str | None = None,
-        chat_template: str | None = None,
-        tokenizer: Any = None,
-        context_length: int | None = None,
-        max_running_requests: int = 64,
-        max_num_batched_tokens: int = 2048,
-        schedule_policy: str = "lpm",
-        hybrid_batching: bool = True,
-        overlap: bool | None = None,
-        page_size: int = 1,
-        jump_forward: bool = True,
-        quantization: str | None = None,
-        kv_cache_dtype: str = "auto",
-        host_kv_cache_bytes: int = 0,
-        host_kv_staging: bool = False,
-        disk_kv_cache_bytes: int = 0,
-        disk_kv_cache_dir: str | None = None,
-        attention: str = "auto",
-        cuda_graphs: bool = True,
-        num_threads: int | None = None,
-        seed: int = 0,
-        check_integrity: bool = False,
-        speculative: Any = None,
-        dp_size: int = 1,
-        tp_size: int = 1,
-        attention_sink_size: int | None = None,
-        sliding_window_size: int | None = None,
-        lora_paths: Any = None,
-        enable_lora: bool | None = None,
-        max_loras_per_batch: int = 8,
-        max_lora_rank: int | None = None,
-        lora_target_modules: Any = None,
-        max_loaded_loras: int | None = None,
-    ) -> None:
-        import torch
+    def __init__(self, *args: Any, config: Any = None, **options: Any) -> None:
+        self.config = cfg = RuntimeConfig.of_call("Runtime", args, options, config)
+        from lmprog.runtime.assemble import quantization_of
+        from lmprog.runtime.parallel.start import check_tp_size
 
-        from lmprog.runtime.assemble import assemble_model, quantization_of
-        from lmprog.runtime.config import AttentionSinkConfig, CacheConfig, SchedulerConfig
-        from lmprog.runtime.data_parallel.replicas import check_dp_size, launch_replicas
-        from lmprog.runtime.engine.engine import EngineConfig
-        from lmprog.runtime.engine.launch import launch_engine
-        from lmprog.runtime.parallel.start import check_tp_size, start_groups
-        from lmprog.runtime.speculative.config import SpeculativeConfig
-
-        if model_path is not None:  # SGLang's name for the model
-            if model is not None:
-                raise TypeError("give the model once: model=... or model_path=..., not both")
-            model = model_path
-        # Every knob is validated by the config that owns it, before any weight is loaded.
-        spec_config = SpeculativeConfig.coerce(speculative)
-        check_dp_size(dp_size)
-        check_tp_size(tp_size, dp_size)
-        cache_config = CacheConfig(
-            page_size=page_size,
-            radix_cache=radix_cache,
-            eviction=eviction,
-            kv_cache_dtype=kv_cache_dtype,
-            host_kv_cache_bytes=host_kv_cache_bytes,
-            host_kv_staging=host_kv_staging,
-            disk_kv_cache_bytes=disk_kv_cache_bytes,
-            disk_kv_cache_dir=disk_kv_cache_dir,
-        )
-        scheduler_config = SchedulerConfig(
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_running_requests=max_running_requests,
-            schedule_policy=schedule_policy,
-            hybrid_batching=hybrid_batching,
-        )
-        engine_config = EngineConfig(
-            jump_forward=jump_forward, check_integrity=check_integrity, overlap=overlap
-        )
-        sinks = None
-        if attention_sink_size is not None:
-            sinks = AttentionSinkConfig(attention_sink_size, sliding_window_size)
-            if tp_size > 1:
-                raise ValueError("attention_sink_size does not support tp_size > 1 yet")
-        elif sliding_window_size is not None:
-            raise ValueError("sliding_window_size needs attention_sink_size (attention sinks)")
-        lora_named = lora_path_items(lora_paths)
-        lora_config = None
-        if enable_lora or (enable_lora is None and lora_named):
-            from lmprog.runtime.config import LoraConfig
-
-            lora_config = LoraConfig(
-                max_loras_per_batch=max_loras_per_batch,
-                max_lora_rank=max_lora_rank,
-                lora_target_modules=lora_target_modules,
-                max_loaded_loras=max_loaded_loras,
-            )
-            if dp_size > 1:
-                raise LoraError("LoRA adapters do not work with dp_size > 1 yet; use dp_size=1")
-        elif lora_named:
-            raise ValueError("lora_paths with enable_lora=False: drop one of them")
-        self._source = _source_of(model, load_format)
+        check_tp_size(cfg.tp_size, cfg.dp_size)  # under torchrun, one group
+        self._source = _source_of(cfg.model, cfg.load_format)
         started = time.perf_counter()
         if self._source is not None:
             _log.info(
@@ -250,28 +81,10 @@ class Runtime(Backend):
                 self._source.path,
                 self._source.kind,
             )
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
-        _log.info("loading weights (device %s, dtype %s)", device, dtype)
-        weights = dict(
-            dtype=dtype,
-            load_format=load_format,
-            attention=attention,
-            quantization=quantization,
-            seed=seed,
-        )
-        groups = []  # tensor parallelism: this process is rank 0 of each replica's group
-        if tp_size > 1:
-            build_args = {"model": self._source or model, **weights}
-            groups = start_groups(dp_size, tp_size, build_args, device=device)
-        tp = groups[0] if groups else None
-
-        def build(on: str, tp: Any = tp) -> Any:
-            return assemble_model(self._source or model, device=on, tp=tp, **weights)
-
-        net = build(device)
+        build, groups = self._weights(cfg)
+        net = build(cfg.device)
         self.quantization = quantization_of(net)  # an FP8 checkpoint's too
-        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_cache_dtype = cfg.kv_cache_dtype
         self.model_config = net.config
         self.device, self.dtype = next(net.parameters()).device, next(net.parameters()).dtype
         _log.info(
@@ -280,43 +93,77 @@ class Runtime(Backend):
             self.dtype,
             time.perf_counter() - started,
         )
-        self._setup_tokens(net.config, tokenizer, chat_template)
+        self._setup_tokens(net.config, cfg.tokenizer, cfg.chat_template)
         _log.info("tokenizer %s", type(self._tokenizer).__name__)
+        self._engine = self._launch(cfg, net, build, groups)
+        self._radix = cfg.radix_cache
+        _log.info("runtime backend ready in %.1f s", time.perf_counter() - started)
+        weakref.finalize(self, self._engine.shutdown)
 
+    def _weights(self, cfg: RuntimeConfig) -> tuple[Any, list[Any]]:
+        """build(device) -> the model, and the tensor-parallel groups started for it (this
+        process is rank 0 of each replica's group; [] without tensor parallelism)."""
+        import torch
+
+        from lmprog.runtime.assemble import assemble_model
+        from lmprog.runtime.parallel.start import start_groups
+
+        if cfg.num_threads is not None:
+            torch.set_num_threads(cfg.num_threads)
+        _log.info("loading weights (device %s, dtype %s)", cfg.device, cfg.dtype)
+        weights = dict(
+            dtype=cfg.dtype,
+            load_format=cfg.load_format,
+            attention=cfg.attention,
+            quantization=cfg.quantization,
+            seed=cfg.seed,
+        )
+        model = self._source or cfg.model
+        groups = []
+        if cfg.tp_size > 1:
+            build_args = {"model": model, **weights}
+            groups = start_groups(cfg.dp_size, cfg.tp_size, build_args, device=cfg.device)
+        tp = groups[0] if groups else None
+
+        def build(on: str, tp: Any = tp) -> Any:
+            return assemble_model(model, device=on, tp=tp, **weights)
+
+        return build, groups
+
+    def _launch(self, cfg: RuntimeConfig, net: Any, build: Any, groups: list[Any]) -> Any:
+        """The engine over `net` (with dp_size > 1, a ReplicaGroup of them), fed the
+        config's subsystem configs and the values computed at start-up."""
+        from lmprog.runtime.data_parallel.replicas import launch_replicas
+        from lmprog.runtime.engine.launch import launch_engine
+
+        lora_config = cfg.lora_config()
         adapters = []
         if lora_config is not None:
             from lmprog.runtime.lora import read_adapter
 
-            adapters = [read_adapter(p, net.config, name=n) for n, p in lora_named]
+            adapters = [read_adapter(p, net.config, name=n) for n, p in cfg.lora_paths]
+        engine_args = {
+            "eos_token_ids": self._eos_ids,
+            "max_total_tokens": cfg.max_total_tokens,
+            "context_length": cfg.context_length,
+            "cache_config": cfg.cache_config(),
+            "scheduler_config": cfg.scheduler_config(),
+            "engine_config": cfg.engine_config(),
+            "cuda_graphs": cfg.cuda_graphs,
+            "speculative": cfg.speculative_config(),
+            "attention_sinks": cfg.attention_sink_config(),
+            "lora": lora_config,
+            "lora_adapters": adapters,
+        }
 
         def launch(net: Any, **kw: Any) -> Any:
-            return launch_engine(
-                net,
-                self._tokenizer,
-                eos_token_ids=self._eos_ids,
-                max_total_tokens=max_total_tokens,
-                context_length=context_length,
-                cache_config=cache_config,
-                scheduler_config=scheduler_config,
-                engine_config=engine_config,
-                cuda_graphs=cuda_graphs,
-                speculative=spec_config,
-                attention_sinks=sinks,
-                lora=lora_config,
-                lora_adapters=adapters,
-                **kw,
-            )
+            return launch_engine(net, self._tokenizer, **engine_args, **kw)
 
-        self._engine = (
-            launch(net, tp=tp)
-            if dp_size == 1
-            else launch_replicas(
-                dp_size, net, device=device, build=build, launch=launch, groups=groups
-            )
+        if cfg.dp_size == 1:
+            return launch(net, tp=groups[0] if groups else None)
+        return launch_replicas(
+            cfg.dp_size, net, device=cfg.device, build=build, launch=launch, groups=groups
         )
-        self._radix = radix_cache
-        _log.info("runtime backend ready in %.1f s", time.perf_counter() - started)
-        weakref.finalize(self, self._engine.shutdown)
 
     def _setup_tokens(self, config: Any, tokenizer: Any, chat_template: str | None) -> None:
         """Tokenizer, chat template source, end-of-sequence ids, BOS and start token."""
@@ -361,34 +208,65 @@ class Runtime(Backend):
         return self._source.name if self._source is not None else "dummy"
 
     def generate(
+        self, request: GenerateRequest, stream: StreamCallback | None = None, **offline: Any
+    ) -> Any:
+        """The Backend protocol: one continuation of `request`; `stream` receives its text
+        pieces as they are final.
+
+        `generate(prompts, sampling_params, logprob_start_len=...)`, SGLang's offline Engine
+        form, is `generate_offline` (given here anything but a GenerateRequest)."""
+        if not isinstance(request, GenerateRequest):
+            if callable(stream):
+                raise TypeError(
+                    "stream= goes with generate(GenerateRequest); offline generate "
+                    "returns whole results"
+                )
+            return self.generate_offline(request, stream, **offline)
+        if offline:
+            raise TypeError(f"generate(GenerateRequest) takes no {sorted(offline)}")
+        if stream is not None and not callable(stream):
+            raise TypeError("generate(GenerateRequest) takes its parameters from the request")
+        check_stream(stream)
+        ids = self._prompt_ids(request.prompt)
+        self._check_params(request.params)
+        guide = self._guide(request.constraint)
+        return self._run(ids, request.params, guide=guide, stream=stream)
+
+    def generate_offline(
         self,
-        request: Any,
+        prompts: Any,
         sampling_params: Any = None,
         *,
-        stream: StreamCallback | None = None,
         logprob_start_len: int | None = None,
     ) -> Any:
-        """Two forms.
+        """Offline batch generation, as SGLang's Engine.generate: a prompt is a str or a list
+        of token ids; `prompts` one prompt or a list of them; `sampling_params` a
+        SamplingParams or dict, or a list with one per prompt. Returns an EngineResult (a
+        GenerateResult with `prompt_logprobs` when logprob_start_len is given), or a list of
+        them for a list of prompts. Every request is submitted at once and batched."""
+        single = isinstance(prompts, str) or (
+            isinstance(prompts, (list, tuple))
+            and prompts
+            and not isinstance(prompts[0], (str, list, tuple))
+        )
+        batch = [prompts] if single else list(prompts)
+        if not batch:
+            raise ValueError("generate needs at least one prompt")
+        params = _params_list(sampling_params, len(batch))
+        from lmprog.runtime.engine.io import EngineRequest
 
-        generate(GenerateRequest, stream=None) -> GenerateResult: the Backend protocol.
-        generate(prompts, sampling_params=None, *, logprob_start_len=None): offline. A prompt
-            is a str or a list of token ids; `prompts` one prompt or a list of them;
-            `sampling_params` a SamplingParams or dict, or a list with one per prompt.
-            Returns an EngineResult (a GenerateResult with `prompt_logprobs` when
-            logprob_start_len is given), or a list of them for a list of prompts.
-        """
-        if isinstance(request, GenerateRequest):
-            if stream is None and callable(sampling_params):
-                stream = sampling_params
-            elif sampling_params is not None:
-                raise TypeError("generate(GenerateRequest) takes its parameters from the request")
-            return self._generate_one(request, stream)
-        if stream is not None:
-            raise TypeError(
-                "stream= goes with generate(GenerateRequest); offline generate "
-                "returns whole results"
+        requests = []
+        for prompt, p in zip(batch, params):
+            ids = self._prompt_ids(prompt)
+            self._check_params(p)
+            start = None
+            if logprob_start_len is not None:
+                start = min(max(0, logprob_start_len), len(ids) - 1)
+            requests.append(
+                EngineRequest(tuple(ids), p, prompt_logprob_start=start, lora=p.lora_path)
             )
-        return self._generate_offline(request, sampling_params, logprob_start_len)
+        results = self._wait_all(self._submit_all(requests))
+        return results[0] if single else results
 
     def score(self, request: ScoreRequest) -> ScoreResult:
         """Logprobs of each choice after the prompt (token healing as in ScoreRequest): the
@@ -411,14 +289,14 @@ class Runtime(Backend):
         self, prompt_ids: Sequence[int], start: int, top_logprobs_num: int = 0
     ) -> tuple[TokenLogprob, ...]:
         """Logprobs of the prompt's tokens from position `start` on (see Backend): a
-        prefill with zero output tokens recording them (`generate(logprob_start_len=)`)."""
+        prefill with zero output tokens recording them (`generate_offline(logprob_start_len=)`)."""
         if isinstance(start, bool) or not isinstance(start, int) or start < 1:
             raise ValueError(f"start must be an int >= 1, got {start!r}")
         ids = list(prompt_ids)
         if start >= len(ids):
             return ()
         params = SamplingParams(max_tokens=0, top_logprobs_num=top_logprobs_num)
-        result = self.generate([ids], params, logprob_start_len=start - 1)[0]
+        result = self.generate_offline([ids], params, logprob_start_len=start - 1)[0]
         return tuple(result.prompt_logprobs or ())
 
     def cache_prefix(self, prompt: str) -> None:
@@ -470,42 +348,6 @@ class Runtime(Backend):
         self._engine.shutdown()
 
     # ---- internals ------------------------------------------------------------------------
-    def _generate_one(
-        self, request: GenerateRequest, stream: StreamCallback | None
-    ) -> GenerateResult:
-        check_stream(stream)
-        ids = self._prompt_ids(request.prompt)
-        self._check_params(request.params)
-        guide = self._guide(request.constraint)
-        return self._run(ids, request.params, guide=guide, stream=stream)
-
-    def _generate_offline(
-        self, prompts: Any, sampling_params: Any, logprob_start_len: int | None
-    ) -> Any:
-        single = isinstance(prompts, str) or (
-            isinstance(prompts, (list, tuple))
-            and prompts
-            and not isinstance(prompts[0], (str, list, tuple))
-        )
-        batch = [prompts] if single else list(prompts)
-        if not batch:
-            raise ValueError("generate needs at least one prompt")
-        params = _params_list(sampling_params, len(batch))
-        from lmprog.runtime.engine.io import EngineRequest
-
-        requests = []
-        for prompt, p in zip(batch, params):
-            ids = self._prompt_ids(prompt)
-            self._check_params(p)
-            start = None
-            if logprob_start_len is not None:
-                start = min(max(0, logprob_start_len), len(ids) - 1)
-            requests.append(
-                EngineRequest(tuple(ids), p, prompt_logprob_start=start, lora=p.lora_path)
-            )
-        results = self._wait_all(self._submit_all(requests))
-        return results[0] if single else results
-
     def _submit_all(self, requests: list[Any]) -> list[Any]:
         """Submit every request, or none: if one is rejected the others are aborted."""
         handles: list[Any] = []
@@ -632,34 +474,8 @@ class Runtime(Backend):
         )
 
 
-def lora_path_items(lora_paths: Any) -> list[tuple[str, str]]:
-    """(name, path) pairs of `lora_paths`: a dict {name: path}, or a list of "name=path"
-    strings or of paths (named by the path, as SGLang names them), or None."""
-    if lora_paths is None:
-        return []
-    if isinstance(lora_paths, str):
-        lora_paths = [lora_paths]
-    if isinstance(lora_paths, dict):
-        items = list(lora_paths.items())
-    elif isinstance(lora_paths, (list, tuple)):
-        items = []
-        for entry in lora_paths:
-            if not isinstance(entry, str):
-                raise TypeError(f"lora_paths entries are 'name=path' strings, got {entry!r}")
-            name, eq, path = entry.partition("=")
-            items.append((name, path) if eq else (entry, entry))
-    else:
-        raise TypeError(
-            f"lora_paths must be a dict {{name: path}} or a list of 'name=path', got "
-            f"{type(lora_paths).__name__}"
-        )
-    names = [n for n, _ in items]
-    for name, path in items:
-        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
-            raise ValueError(f"a LoRA adapter needs a name and a path, got {name!r}={path!r}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"lora_paths names an adapter twice: {names}")
-    return items
+# help(lp.Runtime) and inspect show every option by name, from RuntimeConfig's fields.
+Runtime.__init__.__signature__ = RuntimeConfig.signature()  # type: ignore[attr-defined]
 
 
 def _source_of(model: Any, load_format: str) -> ModelSource | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 _LAZY = {
     "Engine": "engine.engine",
-    "EngineConfig": "engine.engine",
+    "EngineConfig": "config",
     "EngineRequest": "engine.io",
     "EngineResult": "engine.io",
     "RequestHandle": "engine.io",

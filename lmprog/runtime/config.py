@@ -1,4 +1,4 @@
-"""Frozen configuration of the runtime's bookkeeping: the KV cache and the scheduler.
+"""Frozen configuration of the runtime's subsystems: the KV cache, the scheduler, the engine.
 
 One dataclass per subsystem, each holding and validating only its own knobs, under the
 names `lp.Runtime` takes them by (SGLang's, where SGLang has the knob). Values computed at
@@ -206,6 +206,25 @@ class AttentionSinkConfig:
                 f"({shift}) smaller than the window"
             )
         return shift
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """jump_forward: append constraint-forced text in one prefill (off: one token per step).
+    check_integrity: verify the scheduler's bookkeeping after every step (slow; tests).
+    overlap: overlap scheduling (lmprog.runtime.engine.engine's docstring); None: on when the
+        model is on a GPU."""
+
+    jump_forward: bool = True
+    check_integrity: bool = False
+    overlap: bool | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("jump_forward", "check_integrity"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.overlap is not None and not isinstance(self.overlap, bool):
+            raise TypeError(f"overlap must be a bool or None, got {self.overlap!r}")
 
 
 LORA_TARGET_MODULES: tuple[str, ...] = (

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 
 from lmprog import __version__
+from lmprog.backends.runtime_config import RuntimeConfig
 from lmprog.core.errors import LmprogError
 from lmprog.core.logs import ENV_VAR, LEVELS, configure_logging, parse_level
 from lmprog.core.reasoning import named_format
@@ -85,141 +86,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="require 'Authorization: Bearer KEY' (default: $LMPROG_API_KEY, else none)",
     )
     p.add_argument("--served-model-name", default=None, help="the name clients use for the model")
-    p.add_argument(
-        "--device",
-        default="auto",
-        help="auto, cpu, cuda, cuda:N (llamacpp: cuda/gpu/metal offloads every layer, "
-        "auto does when llama.cpp has GPU support)",
-    )
-    p.add_argument(
-        "--quantization",
-        default=None,
-        choices=("int4", "fp8"),
-        help="runtime weights: int4 (CPU, a Q4_1 GGUF) or fp8 (e4m3, Ada/Hopper GPU; an FP8 "
-        "checkpoint needs no flag); llamacpp: an error, the GGUF's own quantization is used",
-    )
-    p.add_argument(
-        "--kv-cache-dtype",
-        default="auto",
-        choices=("auto", "fp8_e4m3", "fp8"),
-        help="runtime KV cache: auto (the model's dtype) or fp8_e4m3 (fp8), half the bytes "
-        "per token of bf16",
-    )
-    p.add_argument(
-        "--host-kv-cache-bytes",
-        type=int,
-        default=0,
-        help="runtime host-memory tier under the prefix cache, in bytes (pinned on CUDA): "
-        "prefixes evicted from the KV pool are kept there and loaded back when a request "
-        "returns to them (default 0: off, recomputed)",
-    )
-    p.add_argument(
-        "--disk-kv-cache-bytes",
-        type=int,
-        default=0,
-        help="disk tier of the KV cache, in bytes: runtime, under --host-kv-cache-bytes, what "
-        "the host tier evicts; llamacpp, the saved states evicted from memory; written to "
-        "checked files and read back when a request returns to them (default 0: off)",
-    )
-    p.add_argument(
-        "--disk-kv-cache-dir",
-        default=None,
-        help="where the disk tier's files go (a folder of the server's own inside; default: "
-        "the system's temporary folder)",
-    )
-    p.add_argument(
-        "--dp",
-        "--dp-size",
-        dest="dp_size",
-        type=int,
-        default=1,
-        help="runtime data parallelism: engine replicas behind this one server, requests "
-        "routed by cached prefix and load (default 1; see docs/serving.md)",
-    )
-    p.add_argument(
-        "--tp",
-        "--tp-size",
-        dest="tp_size",
-        type=int,
-        default=1,
-        help="runtime tensor parallelism: the model sharded over that many processes, one "
-        "per device (default 1; under torchrun, its world size; see docs/serving.md)",
-    )
-    p.add_argument(
-        "--attention-sink-size",
-        type=int,
-        default=None,
-        help="runtime attention sinks (StreamingLLM): each request keeps its first N tokens "
-        "and a recent window of its KV, evicting the tokens between, so it generates past the "
-        "context length (default: off; lp.Runtime(attention_sink_size=))",
-    )
-    p.add_argument(
-        "--lora-paths",
-        nargs="+",
-        default=None,
-        metavar="NAME=PATH",
-        help="runtime LoRA adapters to serve, each a PEFT adapter folder under a name (a bare "
-        "PATH is named by itself); a request picks one with model=NAME (OpenAI, Anthropic) "
-        "or lora_path (/generate); more with POST /v1/load_lora_adapter",
-    )
-    p.add_argument(
-        "--enable-lora",
-        action="store_true",
-        default=None,
-        help="runtime: serve LoRA adapters loaded later (POST /v1/load_lora_adapter) even "
-        "without --lora-paths",
-    )
-    p.add_argument(
-        "--max-loras-per-batch",
-        type=int,
-        default=8,
-        help="runtime: LoRA adapters resident on the device at once (default 8)",
-    )
-    p.add_argument(
-        "--max-lora-rank",
-        type=int,
-        default=None,
-        help="runtime: the adapter pool's rank (default: the largest of --lora-paths, else 16)",
-    )
-    p.add_argument(
-        "--lora-target-modules",
-        nargs="+",
-        default=None,
-        help="runtime: the projections adapters may adapt (q_proj ... down_proj, or all; "
-        "default: those of --lora-paths, else all)",
-    )
-    p.add_argument(
-        "--max-loaded-loras",
-        type=int,
-        default=None,
-        help="runtime: LoRA adapters loaded at once (default: no limit)",
-    )
-    p.add_argument(
-        "--sliding-window-size",
-        type=int,
-        default=None,
-        help="with --attention-sink-size: the recent window kept after the sinks (default: the "
-        "context length, or the KV pool when smaller, minus the sinks)",
-    )
-    p.add_argument(
-        "--max-total-tokens",
-        type=int,
-        default=None,
-        help="KV cache size in tokens (llamacpp: the context size n_ctx)",
-    )
-    p.add_argument(
-        "--max-running-requests",
-        type=int,
-        default=None,
-        help="requests decoded together, more wait (runtime: max_running_requests, default 64; "
-        "llamacpp: n_parallel, default 16; 1 makes greedy outputs independent of load there)",
-    )
-    p.add_argument(
-        "--num-threads",
-        type=int,
-        default=None,
-        help="CPU threads (runtime: torch's; llamacpp: n_threads, default half the cores)",
-    )
+    RuntimeConfig.add_flags(p)  # the backend's knobs (lmprog.backends.config)
     defaults = ServerLimits()
     for name in INT_LIMITS:
         p.add_argument(
@@ -290,28 +157,7 @@ INT_LIMITS = (
 # Flags only the runtime takes: (flag, lp.Runtime's keyword = the flag's dest, its default,
 # why llama.cpp refuses it). Given one, `--backend auto` picks the runtime, and
 # `--backend llamacpp` is an error naming the first.
-RUNTIME_ONLY = (
-    ("--tp", "tp_size", 1, "llama.cpp splits a model over GPUs itself (its tensor_split), not "
-     "through lmprog"),
-    ("--dp", "dp_size", 1, "llama.cpp runs one context per server; start several servers "
-     "behind a load balancer instead"),
-    ("--kv-cache-dtype", "kv_cache_dtype", "auto", ""),
-    ("--host-kv-cache-bytes", "host_kv_cache_bytes", 0, "llama.cpp keeps saved states in "
-     "its own RAM cache"),
-    ("--quantization", "quantization", None, "llama.cpp runs the GGUF file's own "
-     "quantization; pick a quantized GGUF (e.g. Q4_K_M) instead"),
-    ("--attention-sink-size", "attention_sink_size", None, "lmprog's llama.cpp backend has no "
-     "attention sinks: its requests end at the context size (n_ctx)"),
-    ("--sliding-window-size", "sliding_window_size", None, "it is the attention sinks' "
-     "window, and lmprog's llama.cpp backend has no attention sinks"),
-    ("--lora-paths", "lora_paths", None, "lmprog's llama.cpp backend serves no LoRA adapters yet"),
-    ("--enable-lora", "enable_lora", None, "lmprog's llama.cpp backend serves no LoRA adapters "
-     "yet"),
-    ("--max-loras-per-batch", "max_loras_per_batch", 8, "LoRA adapters are the runtime's"),
-    ("--max-lora-rank", "max_lora_rank", None, "LoRA adapters are the runtime's"),
-    ("--lora-target-modules", "lora_target_modules", None, "LoRA adapters are the runtime's"),
-    ("--max-loaded-loras", "max_loaded_loras", None, "LoRA adapters are the runtime's"),
-)  # fmt: skip
+RUNTIME_ONLY = RuntimeConfig.runtime_only_flags()
 
 
 def _runtime_only_given(args: argparse.Namespace) -> list[tuple[str, str, object, str]]:

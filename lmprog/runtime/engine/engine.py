@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -28,6 +28,7 @@ from lmprog.core.errors import BackendError, LoraError
 from lmprog.decoding.batch_sampler import BatchSampler
 from lmprog.decoding.decode_state import DecodeState
 
+from ..config import EngineConfig
 from ..executor.model_runner import ModelRunner
 from ..parallel.errors import ParallelError
 from ..request import Req, ReqOutputs, ReqStatus
@@ -40,24 +41,6 @@ from .step_outputs import DeferredStep, StepOutputs
 log = logging.getLogger(__name__)
 
 _SUBMIT, _ABORT, _CALL, _STOP = range(4)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """jump_forward: append constraint-forced text in one prefill (off: one token per step).
-    check_integrity: verify the scheduler's bookkeeping after every step (slow; tests).
-    overlap: overlap scheduling (module docstring); None: on when the model is on a GPU."""
-
-    jump_forward: bool = True
-    check_integrity: bool = False
-    overlap: bool | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("jump_forward", "check_integrity"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if self.overlap is not None and not isinstance(self.overlap, bool):
-            raise TypeError(f"overlap must be a bool or None, got {self.overlap!r}")
 
 
 class Engine:
