@@ -37,6 +37,11 @@ FORBIDDEN = {
 # Inside backends only the runtime backend reaches the runtime: the llama.cpp backend shares
 # the decoding package with it, not the runtime itself.
 RUNTIME_IMPORTERS = {"lmprog/backends/runtime.py"}
+# Layers inside a package: folder under lmprog/ -> lmprog modules it must not import (a lower
+# layer never reaches up into the one built on it).
+INNER_FORBIDDEN = {
+    "fsm/regex": {"lmprog.fsm.json_schema"},
+}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -79,6 +84,34 @@ def test_dependency_direction(subpackage):
     if not (ROOT / subpackage).is_dir():
         pytest.skip(f"there is no lmprog/{subpackage} package")
     assert violations(subpackage) == []
+
+
+def inner_violations(folder: str) -> list[str]:
+    found = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        where = path.relative_to(ROOT.parent).as_posix()
+        for name in imported_modules(path):
+            if any((name + ".").startswith(f + ".") for f in INNER_FORBIDDEN[folder]):
+                found.append(f"{where} imports {name}")
+    return found
+
+
+@pytest.mark.parametrize("folder", sorted(INNER_FORBIDDEN))
+def test_inner_layers(folder):
+    assert (ROOT / folder).is_dir()
+    assert inner_violations(folder) == []
+
+
+def test_the_inner_checker_sees_a_lazy_import_up(tmp_path, monkeypatch):
+    fake = tmp_path / "lmprog"
+    (fake / "fsm" / "regex").mkdir(parents=True)
+    (fake / "fsm" / "regex" / "dfa.py").write_text(
+        "def f():\n    from ..json_schema.automata import to_regex\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", fake)
+    assert "lmprog/fsm/regex/dfa.py imports lmprog.fsm.json_schema.automata" in inner_violations(
+        "fsm/regex"
+    )
 
 
 def test_the_checker_sees_relative_and_lazy_imports(tmp_path, monkeypatch):
