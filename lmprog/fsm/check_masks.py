@@ -26,7 +26,7 @@ def filter_words(check: JsonChecks, state: State, words: np.ndarray, vocab: Any)
     of a finite set of strings (any character may leave only repeats); elsewhere the allowed
     tokens that hold punctuation, whitespace, two quotes or a literal's last letter, or start
     a literal, a zero, or (before such a string) a string. Inside a string whose maxLength is
-    counted (``json_schema.lengths``), first the tokens that would leave it unable to end
+    counted (``json_schema.terms.lengths``), first the tokens that would leave it unable to end
     within it (`_within_length`)."""
     if state[4] is not None:
         words = _within_length(check, state, words, vocab)

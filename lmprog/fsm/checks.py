@@ -1,7 +1,7 @@
 """What the grammar cannot say, checked on the text as it is decoded: ``uniqueItems`` over
 items from an open set (strings, numbers, objects...), its complement (two equal items),
 distinct keys where ``not`` over additionalProperties/patternProperties asks for them, and
-the characters of strings whose maxLength the grammar leaves out (``json_schema.lengths``:
+the characters of strings whose maxLength the grammar leaves out (``json_schema.terms.lengths``:
 where a pattern beside it would make too big a lexeme).
 
 A grammar cannot say "no item equals an earlier one" when the items are not drawn from a small
@@ -48,8 +48,8 @@ from __future__ import annotations
 
 import json
 
-from lmprog.fsm.json_schema.algebra import key_node
-from lmprog.fsm.json_schema.terms import (
+from lmprog.fsm.json_schema.terms.algebra import key_node
+from lmprog.fsm.json_schema.terms.nodes import (
     ArrT,
     Node,
     NumT,
@@ -73,7 +73,7 @@ from lmprog.fsm.json_schema.terms import (
 #   "after" (",", "]" or "}").
 # text: the bytes of a key being read; buf: the text since the outermost item of a checked
 #   array still being read started.
-# count: inside a string whose maxLength is counted apart (json_schema.lengths), (its
+# count: inside a string whose maxLength is counted apart (json_schema.terms.lengths), (its
 #   LengthCount, the pattern automaton's state, characters completed, bytes of one begun);
 #   else None.
 State = tuple
@@ -202,7 +202,7 @@ class JsonChecks:
     def _count(self, stack: tuple) -> tuple | bool | None:
         """A string value starts: its count if its maxLength is counted here (None if not;
         False if it may also be another string term, which the grammar does not tell apart:
-        refused -- json_schema.lengths writes counted terms only where none is)."""
+        refused -- json_schema.terms.lengths writes counted terms only where none is)."""
         terms = set(self._terms(self._value_nodes(stack), StrT) or ())
         counted = [self.lengths[t] for t in terms if t in self.lengths]
         if not counted:
@@ -282,7 +282,7 @@ class JsonChecks:
         (Read from the terms themselves, not from those whose grammar left the condition to
         the check: a grammar may narrow a term by another, an item matching ``contains``, and
         what the narrowed term asks for, one of the two asks for:
-        json_schema.emit.Emitter.derived.)"""
+        json_schema.emit.emitter.Emitter.derived.)"""
         if terms is None or all(n.top or any(_full(t, kind) for t in n.terms) for n in nodes):
             return None
         asked = [t for t in terms if _asks(t)]

@@ -81,7 +81,7 @@ def _value(schema: Any, strict: bool) -> Any:
 
 
 def _string_lexeme() -> Any:
-    from lmprog.fsm.json_schema.lark import tok
+    from lmprog.fsm.json_schema.emit.lark import tok
 
     return tok(_STRING)
 

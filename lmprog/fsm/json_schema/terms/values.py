@@ -9,8 +9,8 @@ from fractions import Fraction
 from functools import lru_cache
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.formats import format_pattern
-from lmprog.fsm.json_schema.terms import NumT, StrT
+from lmprog.fsm.json_schema.terms.formats import format_pattern
+from lmprog.fsm.json_schema.terms.nodes import NumT, StrT
 from lmprog.fsm.regex import parse_regex, value_matcher
 from lmprog.fsm.regex.lookahead import split_lookaheads
 

@@ -16,7 +16,7 @@ Anything else raises ConstraintError.
 from __future__ import annotations
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.digits import (
+from lmprog.fsm.json_schema.emit.digits import (
     Block,
     any_digit,
     digit_class,

@@ -24,19 +24,19 @@ from itertools import combinations, permutations
 from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import conj, conj_all, meet, normalize_obj
-from lmprog.fsm.json_schema.lark import Frag, alt, tok
-from lmprog.fsm.json_schema.members import Members
-from lmprog.fsm.json_schema.sequences import Slot, separated
-from lmprog.fsm.json_schema.strings import json_text, string_lexeme
-from lmprog.fsm.json_schema.terms import Node, ObjT, StrT
-from lmprog.fsm.json_schema.unordered import unordered
-from lmprog.fsm.json_schema.values import str_ok
+from lmprog.fsm.json_schema.emit.lark import Frag, alt, tok
+from lmprog.fsm.json_schema.emit.members import Members
+from lmprog.fsm.json_schema.emit.sequences import Slot, separated
+from lmprog.fsm.json_schema.emit.strings import json_text, string_lexeme
+from lmprog.fsm.json_schema.emit.unordered import unordered
+from lmprog.fsm.json_schema.terms.algebra import conj, conj_all, meet, normalize_obj
+from lmprog.fsm.json_schema.terms.nodes import Node, ObjT, StrT
+from lmprog.fsm.json_schema.terms.values import str_ok
 from lmprog.fsm.regex import Chars, CharSet, Concat, Repeat, lit, node_lengths, parse_regex
 from lmprog.fsm.regex.lookahead import split_lookaheads
 
 if TYPE_CHECKING:
-    from lmprog.fsm.json_schema.emit import Emitter
+    from lmprog.fsm.json_schema.emit.emitter import Emitter
 
 MAX_KEY_CLASSES = 64  # regions of one object (sets of patterns a key can match together)
 # optional properties of one object: where n keys may come next, the parser's row holds about

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from lmprog.fsm.json_schema.lark import Frag, alt, cat, rep
+from lmprog.fsm.json_schema.emit.lark import Frag, alt, cat, rep
 
 
 class Slot(NamedTuple):

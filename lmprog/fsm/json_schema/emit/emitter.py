@@ -14,15 +14,15 @@ from decimal import Decimal
 from itertools import permutations, product
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import conj
-from lmprog.fsm.json_schema.arrays import array_regex
-from lmprog.fsm.json_schema.lark import Frag, Ref, alt, cat, group, loop, tok
-from lmprog.fsm.json_schema.numbers import NUMBER, number_regex, value_regex
-from lmprog.fsm.json_schema.objects import object_regex
-from lmprog.fsm.json_schema.sequences import Slot, separated
-from lmprog.fsm.json_schema.strict import generated as strict_terms
-from lmprog.fsm.json_schema.strings import json_text, string_lexeme
-from lmprog.fsm.json_schema.terms import (
+from lmprog.fsm.json_schema.emit.arrays import array_regex
+from lmprog.fsm.json_schema.emit.lark import Frag, Ref, alt, cat, group, loop, tok
+from lmprog.fsm.json_schema.emit.numbers import NUMBER, number_regex, value_regex
+from lmprog.fsm.json_schema.emit.objects import object_regex
+from lmprog.fsm.json_schema.emit.sequences import Slot, separated
+from lmprog.fsm.json_schema.emit.strings import json_text, string_lexeme
+from lmprog.fsm.json_schema.emit.unordered import KEYED
+from lmprog.fsm.json_schema.terms.algebra import conj
+from lmprog.fsm.json_schema.terms.nodes import (
     ArrT,
     BoolT,
     Node,
@@ -33,8 +33,8 @@ from lmprog.fsm.json_schema.terms import (
     StrT,
     counts_additional_keys,
 )
-from lmprog.fsm.json_schema.unordered import KEYED
-from lmprog.fsm.json_schema.values import to_decimal
+from lmprog.fsm.json_schema.terms.strict import generated as strict_terms
+from lmprog.fsm.json_schema.terms.values import to_decimal
 from lmprog.fsm.regex import R, lit, raw
 from lmprog.fsm.regex import alt as ralt
 from lmprog.fsm.regex import cat as rcat

@@ -23,14 +23,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import conj
-from lmprog.fsm.json_schema.complement import neg
-from lmprog.fsm.json_schema.lark import EPS, Frag, alt, cat, opt, rep, unique
-from lmprog.fsm.json_schema.sequences import Slot, separated
-from lmprog.fsm.json_schema.terms import ArrT, Contains, Node
+from lmprog.fsm.json_schema.emit.lark import EPS, Frag, alt, cat, opt, rep, unique
+from lmprog.fsm.json_schema.emit.sequences import Slot, separated
+from lmprog.fsm.json_schema.terms.algebra import conj
+from lmprog.fsm.json_schema.terms.complement import neg
+from lmprog.fsm.json_schema.terms.nodes import ArrT, Contains, Node
 
 if TYPE_CHECKING:
-    from lmprog.fsm.json_schema.emit import Emitter
+    from lmprog.fsm.json_schema.emit.emitter import Emitter
 
 
 def array_regex(t: ArrT, em: Emitter) -> Frag | None:
@@ -224,7 +224,7 @@ _UNIQUE_ITEMS = 64  # distinct values of a parametric unique list (bits of its p
 def _distinct_values(t: ArrT, em: Emitter) -> list | None:
     """The distinct values (JSON equality) every item of ``t`` comes from, when there is no
     prefix and at most _UNIQUE_ITEMS of them; else None."""
-    from lmprog.fsm.json_schema.emit import value_key
+    from lmprog.fsm.json_schema.emit.emitter import value_key
 
     if t.prefix or t.contains or t.rest.never:
         return None
@@ -238,7 +238,7 @@ def _distinct_values(t: ArrT, em: Emitter) -> list | None:
 def _distinct_arrays(t: ArrT, em: Emitter) -> list | None:
     """Every array of ``t`` with pairwise distinct items, when items come from finite sets and
     there are at most ``_LIMIT`` of them; else None."""
-    from lmprog.fsm.json_schema.emit import value_key
+    from lmprog.fsm.json_schema.emit.emitter import value_key
 
     if t.contains:
         return None

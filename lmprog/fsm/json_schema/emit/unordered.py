@@ -25,12 +25,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lmprog.fsm.json_schema.lark import Frag, alt, loop
-from lmprog.fsm.json_schema.sequences import Slot
-from lmprog.fsm.json_schema.terms import ObjT
+from lmprog.fsm.json_schema.emit.lark import Frag, alt, loop
+from lmprog.fsm.json_schema.emit.sequences import Slot
+from lmprog.fsm.json_schema.terms.nodes import ObjT
 
 if TYPE_CHECKING:
-    from lmprog.fsm.json_schema.emit import Emitter
+    from lmprog.fsm.json_schema.emit.emitter import Emitter
 
 KEYED = 64  # bits of a parametric rule's parameter
 
