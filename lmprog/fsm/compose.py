@@ -4,10 +4,10 @@ fixed text around each tool's argument schema, or a plain answer instead).
 
     from lmprog.fsm import compose as c
     call = c.seq(c.json_text('{"name": "f", "arguments": '), c.embed(args), c.json_text("}"))
-    constraint = c.constraint(c.alt(call, c.embed(answer)), "tool call or answer")
+    constraint = c.constraint(c.choice(call, c.embed(answer)), "tool call or answer")
 
 Parts are fragments of the JSON-token grammars of `lmprog.fsm.json_schema.emit.lark` (the same
-combinators: `seq`, `alt`, `rep`), so a schema's grammar embeds as it is. Each part must be cut
+combinators: `seq`, `choice`, `rep`), so a schema's grammar embeds as it is. Each part must be cut
 into lexemes the way the parts it competes with are cut, because llguidance's lexer is greedy
 (see `json_schema.emit.lark`):
 
@@ -33,18 +33,27 @@ from dataclasses import replace
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import json_schema
 from lmprog.fsm.constraint import Constraint
-from lmprog.fsm.json_schema.emit.lark import Alt, Cat, Frag, Ref, Rep, alt, cat, rep, to_lark, tok
+from lmprog.fsm.json_schema.emit.lark import (
+    Choice,
+    Frag,
+    Ref,
+    Rep,
+    Seq,
+    choice,
+    rep,
+    seq,
+    to_lark,
+    tok,
+)
 from lmprog.fsm.regex import R, lit, raw
 
-__all__ = ["seq", "alt", "rep", "text", "json_text", "regex", "embed", "constraint"]
-_ = (alt, rep)  # re-exported: the combinators of the parts
-
-seq = cat
+__all__ = ["seq", "choice", "rep", "text", "json_text", "regex", "embed", "constraint"]
+_ = (seq, choice, rep)  # re-exported: the combinators of the parts
 
 
 def text(s: str) -> Frag | None:
     """The literal text `s` as one lexeme (nothing for "")."""
-    return tok(lit(s)) if s else cat()
+    return tok(lit(s)) if s else seq()
 
 
 def regex(r: R | None) -> Frag | None:
@@ -69,7 +78,7 @@ def json_text(s: str) -> Frag | None:
         at = m.end()
     if at < len(s):
         parts.append(text(s[at:]))
-    return cat(*parts)
+    return seq(*parts)
 
 
 class _Embedded(Ref):
@@ -138,9 +147,9 @@ def constraint(root: Frag | None, what: str) -> Constraint:
                 prefixes[key] = f"e{len(prefixes)}_"
                 extra += _renamed(f.constraint.lark, prefixes[key])  # type: ignore[arg-type]
             f.name = prefixes[key] + "start"
-        elif isinstance(f, Cat):
+        elif isinstance(f, Seq):
             stack.extend(reversed(f.parts))
-        elif isinstance(f, Alt):
+        elif isinstance(f, Choice):
             stack.extend(reversed(f.options))
         elif isinstance(f, Rep):
             stack.append(f.item)

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.emit.lark import EPS, Frag, alt, cat, opt, rep, unique
+from lmprog.fsm.json_schema.emit.lark import EPS, Frag, choice, opt, rep, seq, unique
 from lmprog.fsm.json_schema.emit.sequences import Slot, separated
 from lmprog.fsm.json_schema.terms.algebra import conj
 from lmprog.fsm.json_schema.terms.complement import neg
@@ -53,11 +53,11 @@ def _items(
     n = len(prefix)
     if n == 0:
         return separated([Slot(rest, lo, hi)], sep)
-    tail = rep(cat(sep, rest), max(0, lo - n), None if hi is None else hi - n)
+    tail = rep(seq(sep, rest), max(0, lo - n), None if hi is None else hi - n)
     for i in range(n - 1, 0, -1):
-        step = cat(sep, prefix[i], tail)
+        step = seq(sep, prefix[i], tail)
         tail = step if i < lo else opt(step)
-    return cat(prefix[0], tail), lo == 0
+    return seq(prefix[0], tail), lo == 0
 
 
 def _contains_items(t: ArrT, em: Emitter) -> tuple[Frag | None, bool]:
@@ -116,7 +116,7 @@ class _Counted:
         key = (i, h)
         if key not in self.memo:
             tail = self._next(i, h)
-            self.memo[key] = alt(EPS if self._done(i, h) else None, cat(self.em.sep, tail))
+            self.memo[key] = choice(EPS if self._done(i, h) else None, seq(self.em.sep, tail))
         return self.memo[key]
 
     def _next(self, i: int, h: int) -> Frag | None:
@@ -126,12 +126,12 @@ class _Counted:
         item = self.t.prefix[i] if i < len(self.t.prefix) else self.t.rest
         c = self.c
         if c.hi is None and h >= c.lo:  # enough matches: any item
-            return cat(self.em.node(item), self.rest(i + 1, h))
+            return seq(self.em.node(item), self.rest(i + 1, h))
         other = self.em.node(item) if c.hi is None else self.em.derived(item, neg(c.node))
-        options = [cat(other, self.rest(i + 1, h))]
+        options = [seq(other, self.rest(i + 1, h))]
         if c.hi is None or h < c.hi:
-            options.append(cat(self.em.derived(item, c.node), self.rest(i + 1, h + 1)))
-        return alt(*options)
+            options.append(seq(self.em.derived(item, c.node), self.rest(i + 1, h + 1)))
+        return choice(*options)
 
     def _run(self, h: int) -> Frag | None:
         return _contains_run(self.t.rest, self.c, h, self.em)[0]
@@ -176,7 +176,7 @@ class _Several:
             return self.memo[key]
         lacking = [i for i, c in enumerate(self.cs) if counts[i] < c.lo]
         if not lacking:  # (first is False here: some item matched)
-            out = rep(cat(self.em.sep, self.any), 0, None)
+            out = rep(seq(self.em.sep, self.any), 0, None)
         else:
             options = []
             for n in range(1, 1 << len(lacking)):
@@ -189,12 +189,12 @@ class _Several:
                 rest = self._from(after, False)
                 if hit is None or rest is None:
                     continue
-                options.append(cat(hit if first else cat(self.em.sep, hit), rest))
+                options.append(seq(hit if first else seq(self.em.sep, hit), rest))
                 if self.any is not None:
-                    lead = cat(self.any, rep(cat(self.em.sep, self.any), 0, None))
-                    lead = lead if first else rep(cat(self.em.sep, self.any), 1, None)
-                    options.append(cat(lead, self.em.sep, hit, rest))
-            out = alt(*options)
+                    lead = seq(self.any, rep(seq(self.em.sep, self.any), 0, None))
+                    lead = lead if first else rep(seq(self.em.sep, self.any), 1, None)
+                    options.append(seq(lead, self.em.sep, hit, rest))
+            out = choice(*options)
         self.memo[key] = out
         return out
 
@@ -212,7 +212,7 @@ def _unique_arrays(t: ArrT, em: Emitter) -> Frag | None:
         return em.container("[", body, t.min_items == 0, "]")
     arrays = _distinct_arrays(t, em)
     if arrays is not None:
-        return alt(*(em.value(a) for a in arrays))
+        return choice(*(em.value(a) for a in arrays))
     em.check(t)  # distinct items: checked as the text is decoded (lmprog.fsm.checks)
     return array_regex(replace(t, unique=False), em)
 

@@ -24,7 +24,7 @@ from itertools import combinations, permutations
 from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.emit.lark import Frag, alt, tok
+from lmprog.fsm.json_schema.emit.lark import Frag, choice, tok
 from lmprog.fsm.json_schema.emit.members import Members
 from lmprog.fsm.json_schema.emit.sequences import Slot, separated
 from lmprog.fsm.json_schema.emit.strings import json_text, string_lexeme
@@ -48,7 +48,7 @@ _ANY_KEY = StrT()
 def object_regex(t: ObjT, em: Emitter) -> Frag | None:
     if t.some_values:  # a member's value breaks a rule: its keys distinct, checked as decoded
         em.check(t)
-        return alt(*(_members(u, em) for u in _named_hits(t, em)))
+        return choice(*(_members(u, em) for u in _named_hits(t, em)))
     return _members(t, em)
 
 
@@ -92,13 +92,13 @@ def _members(t: ObjT, em: Emitter) -> Frag | None:
         )
     regions = _regions(t)
     slots = [slot for _, slot in named]
-    item = alt(*(em.member(string_lexeme(k), em.node(v)) for k, v in regions))
+    item = choice(*(em.member(string_lexeme(k), em.node(v)) for k, v in regions))
     if em.any_order:
         written = unordered(named, item, t, em)
         if written is not NotImplemented:
             return written
     if t.any_order and not regions and len(named) <= 4 and all(s.lo for s in slots):
-        body = alt(*(separated(list(p), em.sep)[0] for p in permutations(slots)))
+        body = choice(*(separated(list(p), em.sep)[0] for p in permutations(slots)))
         return em.container("{", body, not named, "}")
     most = None if item is not None else len(named)
     if (

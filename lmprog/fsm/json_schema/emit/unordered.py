@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lmprog.fsm.json_schema.emit.lark import Frag, alt, loop
+from lmprog.fsm.json_schema.emit.lark import Frag, choice, loop
 from lmprog.fsm.json_schema.emit.sequences import Slot
 from lmprog.fsm.json_schema.terms.nodes import ObjT
 
@@ -54,7 +54,7 @@ def unordered(named: list[tuple[str, Slot]], free: Frag | None, t: ObjT, em: Emi
         body = loop(required + optional, None, em.sep, len(required), t.min_props, t.max_props)
     else:
         room = KEYED - len(required)
-        rest = alt(free, *optional[room:])
+        rest = choice(free, *optional[room:])
         body = loop(required + optional[:room], rest, em.sep, len(required), 0, None)
     empty_ok = not required and t.min_props == 0
     return em.container("{", body, empty_ok, "}")
