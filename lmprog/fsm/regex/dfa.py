@@ -15,26 +15,12 @@ bodies are small (``aws:``, ``.*--``, ``.* {2}``); past ``max_states`` states or
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from lmprog.fsm.regex.automata import to_regex
 from lmprog.fsm.regex.charset import ANY_CHAR, CharSet
 from lmprog.fsm.regex.fragments import R, charset_regex
-from lmprog.fsm.regex.parser import parse_regex
 from lmprog.fsm.regex.syntax import Alternation, Chars, Concat, ParsedRegex, Repeat
 
 NOTHING, EPS = 0, 1  # the ids of the empty language and of the empty string
-
-
-@lru_cache(maxsize=1024)
-def complement_source(source: str) -> str | None:
-    """An ECMA source, anchored at both ends, of the strings in which ECMA ``source`` finds no
-    match; None where its automaton is too large to write out (the caller keeps a ``~``)."""
-    try:
-        r = complement(parse_regex(source, "ecma"))
-    except OverflowError:
-        return None
-    return r"[^\s\S]" if r is None else f"^(?:{r.text})$"
 
 
 def complement(parsed: ParsedRegex, max_states: int = 100, limit: int = 20_000) -> R | None:

@@ -44,8 +44,7 @@ from lmprog.fsm.regex import (
     raw,
     rep,
 )
-from lmprog.fsm.regex.dfa import complement_source
-from lmprog.fsm.regex.lookahead import split_lookaheads
+from lmprog.fsm.regex.lookahead import complement_source, split_lookaheads
 
 # one UTF-16 code unit: right wherever only an upper bound on the length matters (a surrogate
 # pair is two tokens but one character, so the count of characters never exceeds the tokens)
