@@ -223,13 +223,6 @@ KNOWN_CYCLES: list[set[str]] = [
         "lmprog.serve.runs",
     },
     {"lmprog.serve.app", "lmprog.serve.native", "lmprog.serve.tokens"},
-    {
-        "lmprog.fsm.json_schema.emit.arrays",
-        "lmprog.fsm.json_schema.emit.emitter",
-        "lmprog.fsm.json_schema.emit.members",
-        "lmprog.fsm.json_schema.emit.objects",
-        "lmprog.fsm.json_schema.emit.unordered",
-    },
 ]
 
 

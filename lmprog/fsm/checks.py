@@ -439,7 +439,7 @@ class JsonChecks:
 
 def item_key(text: bytes):
     """A hashable key of a JSON text's value under JSON Schema equality (as
-    ``emit.value_key``: 1 == 1.0 == 1e0, true != 1, key order ignored), numbers of any size
+    ``json_schema.terms.values.value_key``: 1 == 1.0 == 1e0, true != 1, key order ignored), numbers of any size
     and exponent compared exactly."""
     return _key(json.loads(text, parse_int=_number, parse_float=_number))
 

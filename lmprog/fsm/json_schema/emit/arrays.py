@@ -20,20 +20,18 @@ two equal items).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.lark import EPS, Frag, choice, opt, rep, seq, unique
 from lmprog.fsm.json_schema.emit.sequences import Slot, separated
+from lmprog.fsm.json_schema.emit.writer import Writer
 from lmprog.fsm.json_schema.terms.algebra import conj
 from lmprog.fsm.json_schema.terms.complement import neg
 from lmprog.fsm.json_schema.terms.nodes import ArrT, Contains, Node
-
-if TYPE_CHECKING:
-    from lmprog.fsm.json_schema.emit.emitter import Emitter
+from lmprog.fsm.json_schema.terms.values import value_key
 
 
-def array_regex(t: ArrT, em: Emitter) -> Frag | None:
+def array_regex(t: ArrT, em: Writer) -> Frag | None:
     if t.unique:
         return _unique_arrays(t, em)
     if t.repeats:  # two equal items: checked as the text is decoded (lmprog.fsm.checks)
@@ -60,7 +58,7 @@ def _items(
     return seq(prefix[0], tail), lo == 0
 
 
-def _contains_items(t: ArrT, em: Emitter) -> tuple[Frag | None, bool]:
+def _contains_items(t: ArrT, em: Writer) -> tuple[Frag | None, bool]:
     if len(t.contains) > 1:
         return _Several(t, em).items(), False
     c = t.contains[0]
@@ -69,7 +67,7 @@ def _contains_items(t: ArrT, em: Emitter) -> tuple[Frag | None, bool]:
     return _contains_run(t.rest, c, 0, em)
 
 
-def _contains_run(item: Node, c: Contains, hits: int, em: Emitter) -> tuple[Frag | None, bool]:
+def _contains_run(item: Node, c: Contains, hits: int, em: Writer) -> tuple[Frag | None, bool]:
     """Any number of ``item``s of which c.lo - hits to c.hi - hits are in ``c.node``: "any
     item" runs around the required matching items (with ``maxContains``, runs of items
     outside ``c.node``, which needs its complement)."""
@@ -93,7 +91,7 @@ class _Counted:
     item; with ``maxContains`` it matches or is outside the ``contains`` schema (its
     complement)."""
 
-    def __init__(self, t: ArrT, em: Emitter) -> None:
+    def __init__(self, t: ArrT, em: Writer) -> None:
         self.t, self.em, self.c = t, em, t.contains[0]
         self.end = t.max_items if t.max_items is not None else max(len(t.prefix), t.min_items)
         top = self.c.lo if self.c.hi is None else self.c.hi
@@ -147,7 +145,7 @@ class _Several:
     matching none may come anywhere, and once every count is reached any items follow. A DAG:
     each match raises a count."""
 
-    def __init__(self, t: ArrT, em: Emitter) -> None:
+    def __init__(self, t: ArrT, em: Writer) -> None:
         self.cs, self.item, self.em = t.contains, t.rest, em
         states = 1
         for c in self.cs:
@@ -202,7 +200,7 @@ class _Several:
 _MAX_SEVERAL = 256  # the counts kept for several contains (the product of minContains + 1)
 
 
-def _unique_arrays(t: ArrT, em: Emitter) -> Frag | None:
+def _unique_arrays(t: ArrT, em: Writer) -> Frag | None:
     if t.max_items is not None and t.max_items <= 1:
         return array_regex(replace(t, unique=False), em)
     values = _distinct_values(t, em)
@@ -221,11 +219,9 @@ _LIMIT = 256
 _UNIQUE_ITEMS = 64  # distinct values of a parametric unique list (bits of its parameter)
 
 
-def _distinct_values(t: ArrT, em: Emitter) -> list | None:
+def _distinct_values(t: ArrT, em: Writer) -> list | None:
     """The distinct values (JSON equality) every item of ``t`` comes from, when there is no
     prefix and at most _UNIQUE_ITEMS of them; else None."""
-    from lmprog.fsm.json_schema.emit.emitter import value_key
-
     if t.prefix or t.contains or t.rest.never:
         return None
     values = em.finite_values(t.rest)
@@ -235,11 +231,9 @@ def _distinct_values(t: ArrT, em: Emitter) -> list | None:
     return distinct if len(distinct) <= _UNIQUE_ITEMS else None
 
 
-def _distinct_arrays(t: ArrT, em: Emitter) -> list | None:
+def _distinct_arrays(t: ArrT, em: Writer) -> list | None:
     """Every array of ``t`` with pairwise distinct items, when items come from finite sets and
     there are at most ``_LIMIT`` of them; else None."""
-    from lmprog.fsm.json_schema.emit.emitter import value_key
-
     if t.contains:
         return None
     choices = [em.finite_values(n) for n in t.prefix]

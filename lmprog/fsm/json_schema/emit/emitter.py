@@ -258,16 +258,3 @@ class Emitter:
                 return None
             out += vals
         return out
-
-
-def value_key(v):
-    """A hashable key under JSON Schema equality (1 == 1.0, true != 1, key order ignored)."""
-    if v is None or isinstance(v, bool):
-        return ("c", v)
-    if isinstance(v, (int, float, Decimal)):
-        return ("n", to_decimal(v))
-    if isinstance(v, str):
-        return ("s", v)
-    if isinstance(v, list):
-        return ("a", tuple(value_key(x) for x in v))
-    return ("o", frozenset((k, value_key(x)) for k, x in v.items()))

@@ -19,23 +19,20 @@ members to meet.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.lark import EPS, Frag, choice, rep, seq
 from lmprog.fsm.json_schema.emit.strings import string_lexeme
+from lmprog.fsm.json_schema.emit.writer import Writer
 from lmprog.fsm.json_schema.terms.algebra import conj, key_allowed, meet
+from lmprog.fsm.json_schema.terms.complement import neg
 from lmprog.fsm.json_schema.terms.nodes import Node, ObjT, StrT, make_node
-
-if TYPE_CHECKING:
-    from lmprog.fsm.json_schema.emit.emitter import Emitter
 
 MAX_STATES = 4096  # states of one object's automaton
 MAX_FACETS_LEFT = 4  # 'not's over objects the additional members meet together (2**n states)
 
 
 class Members:
-    def __init__(self, named: list, regions: list, t: ObjT, em: Emitter) -> None:
+    def __init__(self, named: list, regions: list, t: ObjT, em: Writer) -> None:
         """named: [(key, Slot)] in order; regions: [(key StrT, value Node)]."""
         self.named, self.regions, self.em, self.t = named, regions, em, t
         # facets: key sets (``some``), then (keys, value) pairs (``some_values``), which no
@@ -192,8 +189,6 @@ class Members:
 
     def _split(self, keys: Node, inside: bool) -> list:
         """The regions cut to their keys in `keys` (inside) or not in it."""
-        from lmprog.fsm.json_schema.terms.complement import neg
-
         sets = [keys] if inside else [neg(keys)]
         parts = [t for s in sets for t in ([StrT()] if s.top else s.terms) if isinstance(t, StrT)]
         out = []
