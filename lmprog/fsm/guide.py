@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from lmprog.core.errors import ConstraintError
+from lmprog.fsm.vocab import TokenVocab
 
 ROOT = 0  # the path node of a guide's start
 
@@ -45,7 +46,7 @@ class GuideIndex(Protocol):
     (``new_guide``)."""
 
     check: Any  # lmprog.fsm.checks.JsonChecks, or None
-    vocab: Any  # lmprog.fsm.vocab.TokenVocab
+    vocab: TokenVocab
 
     @property
     def eos_token_id(self) -> int: ...
