@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from lmprog.fsm.checks import _UNIQUE, _WS, JsonChecks, State
+from lmprog.fsm.checks import _UNIQUE, _WS, Arr, JsonChecks, Mode, State
 
 _AFTER_STRING = frozenset(_WS | frozenset(b":,"))
 
@@ -26,14 +26,14 @@ def filter_words(check: JsonChecks, state: State, words: np.ndarray, vocab: Any)
     of a finite set of strings (any character may leave only repeats); elsewhere the allowed
     tokens that hold punctuation, whitespace, two quotes or a literal's last letter, or start
     a literal, a zero, or (before such a string) a string. Inside a string whose maxLength is
-    counted (``json_schema.lengths``), first the tokens that would leave it unable to end
+    counted (``json_schema.terms.lengths``), first the tokens that would leave it unable to end
     within it (`_within_length`)."""
-    if state[4] is not None:
+    if state.count is not None:
         words = _within_length(check, state, words, vocab)
         if not check.checks_items(state):
             return words
     table = _tables(vocab)
-    finite = state[1] in ("string", "value") and check.strings(state[0]) is not None
+    finite = state.mode in (Mode.STRING, Mode.VALUE) and check.strings(state.stack) is not None
     if check.in_string(state) and not finite:
         extra = [vocab.token_id(t) for t in _full_lengths(check, state)]
         extra = [i for i in extra if i is not None]
@@ -68,7 +68,7 @@ def _within_length(check: JsonChecks, state: State, words: np.ndarray, vocab: An
     fewer) is kept untried where L leaves room for the pattern's longest shortest completion
     (`slack`), refused untried where it holds no quote or backslash and L passes the room
     left; the others are tried (`JsonChecks.step`)."""
-    length, _, n, pending = state[4]
+    length, _, n, pending = state.count
     room = length.max_len - n - bool(pending)  # characters free after the one begun
     table = _length_table(vocab)
     if room - length.slack >= table.most:
@@ -92,8 +92,8 @@ def _closing(state: State):
     text so far does not decode: a split character)."""
     stack, mode, text, buf, _ = state
     top = stack[-1]
-    if mode == "key":
-        keys = top[3]
+    if mode is Mode.KEY:
+        keys = top.keys
         if keys is None:
             return _never
         head = b'"' + text
@@ -102,11 +102,11 @@ def _closing(state: State):
         except ValueError:
             return None
         return lambda rest: _decodes_to(head + rest + b'"', keys)
-    if mode != "string":
+    if mode is not Mode.STRING:
         return None
-    if top[0] != "arr" or not top[2] & _UNIQUE or top[5] is None:
+    if type(top) is not Arr or not top.need & _UNIQUE or top.start is None:
         return _never
-    item, seen = bytes(buf[top[5] :]), top[3]
+    item, seen = bytes(buf[top.start :]), top.seen
     try:
         json.loads(item + b'"')
     except ValueError:
@@ -133,16 +133,16 @@ def _full_lengths(check: JsonChecks, state: State) -> list[bytes]:
     of that length (whose only continuation is then its closing quote)."""
     stack, mode, _, buf, _ = state
     top = stack[-1]
-    longest = check.longest(stack) if mode == "string" and top[0] == "arr" else None
-    if longest is None or top[5] is None:
+    longest = check.longest(stack) if mode is Mode.STRING and type(top) is Arr else None
+    if longest is None or top.start is None:
         return []
     try:
-        prefix = json.loads(bytes(buf[top[5] :]) + b'"')
+        prefix = json.loads(bytes(buf[top.start :]) + b'"')
     except ValueError:
         return []
     return [
         json.dumps(v[len(prefix) :], ensure_ascii=False)[1:-1].encode()
-        for kind, v in top[3]
+        for kind, v in top.seen
         if kind == "s" and len(v) == longest and v.startswith(prefix) and len(v) > len(prefix)
     ]
 

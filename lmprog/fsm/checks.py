@@ -1,7 +1,7 @@
 """What the grammar cannot say, checked on the text as it is decoded: ``uniqueItems`` over
 items from an open set (strings, numbers, objects...), its complement (two equal items),
 distinct keys where ``not`` over additionalProperties/patternProperties asks for them, and
-the characters of strings whose maxLength the grammar leaves out (``json_schema.lengths``:
+the characters of strings whose maxLength the grammar leaves out (``json_schema.terms.lengths``:
 where a pattern beside it would make too big a lexeme).
 
 A grammar cannot say "no item equals an earlier one" when the items are not drawn from a small
@@ -41,15 +41,17 @@ one; other dead ends are not foreseen: the guide allows their characters, and wh
 can follow, the request fails with ConstraintError (an array of `^[ab]$` strings asked for
 three distinct items; an array that must repeat an item and has reached its maxItems).
 
-States are immutable tuples, one per token, so a guide rolls back by dropping the last ones.
+States are immutable (``State``, its stack of ``Top``/``Obj``/``Arr`` frames), one per token, so a guide rolls back by dropping the last ones.
 """
 
 from __future__ import annotations
 
 import json
+from enum import Enum
+from typing import NamedTuple
 
-from lmprog.fsm.json_schema.algebra import key_node
-from lmprog.fsm.json_schema.terms import (
+from lmprog.fsm.json_schema.terms.algebra import key_node
+from lmprog.fsm.json_schema.terms.nodes import (
     ArrT,
     Node,
     NumT,
@@ -60,23 +62,72 @@ from lmprog.fsm.json_schema.terms import (
     is_full,
 )
 
-# A state: (stack, mode, text, buf).
-# stack: frames, innermost last: ("top", nodes), ("obj", nodes, key, keys) or
-#   ("arr", nodes, need, seen, index, start, repeated) -- nodes: the schema nodes the container
-#   follows (None: unconstrained, nothing checked below); key: the last key read; keys: the
-#   keys read so far where they must be distinct (else None); need: _UNIQUE | _REPEATS bits;
-#   seen: the items' keys (item_key) so far; index: the item being read; start: where that
-#   item starts in buf (None: between items, or already counted); repeated: an item equalled
-#   an earlier one.
-# mode: what comes next -- "value", "key?" (a key or "}"), "key"/"string" (inside one;
-#   "key\\"/"string\\" right after a backslash), "colon", "scalar" (a number or literal),
-#   "after" (",", "]" or "}").
-# text: the bytes of a key being read; buf: the text since the outermost item of a checked
-#   array still being read started.
-# count: inside a string whose maxLength is counted apart (json_schema.lengths), (its
-#   LengthCount, the pattern automaton's state, characters completed, bytes of one begun);
-#   else None.
-State = tuple
+
+class Mode(Enum):
+    """What the next byte of the text is."""
+
+    VALUE = "value"  # a value starts
+    KEY_OR_CLOSE = "key?"  # a key or the "}" of an empty object
+    KEY = "key"  # inside a key
+    KEY_ESCAPED = "key\\"  # inside a key, right after a backslash
+    STRING = "string"  # inside a string value
+    STRING_ESCAPED = "string\\"  # inside a string value, right after a backslash
+    COLON = "colon"
+    SCALAR = "scalar"  # inside a number or literal
+    AFTER = "after"  # ",", "]" or "}"
+
+
+# The modes as module names for the per-byte loop of ``step``: a global is read several times
+# faster than an Enum member through its class.
+_VALUE, _KEY_OR_CLOSE, _COLON, _SCALAR, _AFTER = (
+    Mode.VALUE,
+    Mode.KEY_OR_CLOSE,
+    Mode.COLON,
+    Mode.SCALAR,
+    Mode.AFTER,
+)
+_KEY, _KEY_ESCAPED, _STRING, _STRING_ESCAPED = (
+    Mode.KEY,
+    Mode.KEY_ESCAPED,
+    Mode.STRING,
+    Mode.STRING_ESCAPED,
+)
+_IN_STRING = (Mode.STRING, Mode.STRING_ESCAPED, Mode.KEY, Mode.KEY_ESCAPED)
+
+
+# The frames of the stack, innermost last; nodes: the schema nodes the container follows
+# (None: unconstrained, nothing checked below).
+class Top(NamedTuple):
+    nodes: tuple | None
+
+
+class Obj(NamedTuple):
+    nodes: tuple | None
+    key: str  # the last key read
+    keys: frozenset | None  # the keys read so far where they must be distinct (else None)
+
+
+class Arr(NamedTuple):
+    nodes: tuple | None
+    need: int  # _UNIQUE | _REPEATS bits
+    seen: frozenset  # the items' keys (item_key) so far
+    index: int  # the item being read
+    start: int | None  # where that item starts in buf (None: between items, or counted)
+    repeated: bool  # an item equalled an earlier one
+
+
+class State(NamedTuple):
+    stack: tuple  # Top/Obj/Arr frames
+    mode: Mode
+    text: bytes  # the bytes of a key being read
+    buf: bytes  # the text since the outermost item of a checked array still being read began
+    # inside a string whose maxLength is counted apart (json_schema.terms.lengths): (its
+    # LengthCount, the pattern automaton's state, characters completed, bytes of one begun);
+    # else None
+    count: tuple | None
+
+
+_tuple_new = tuple.__new__
 _WS = frozenset(b" \t\n\r")
 _LITERALS = (b"true", b"false", b"null")
 _LETTERS = {"t": True, "f": False, "n": None}  # a literal's first letter decides it
@@ -92,19 +143,21 @@ class JsonChecks:
         self.root, self.bodies, self.lengths = root, bodies, lengths or {}
 
     def start(self) -> State:
-        return ((("top", (self.root,)),), "value", b"", b"", None)
+        return State((Top((self.root,)),), Mode.VALUE, b"", b"", None)
 
     def active(self, state: State) -> bool:
         """Whether a token could complete something checked here, or pass a string's
         maxLength (the mask needs filtering)."""
-        return state[4] is not None or self.checks_items(state)
+        return state.count is not None or self.checks_items(state)
 
     def checks_items(self, state: State) -> bool:
         """Whether a token could complete an item or a key checked here."""
-        return any(f[0] == "arr" and f[2] or f[0] == "obj" and f[3] is not None for f in state[0])
+        return any(
+            type(f) is Arr and f.need or type(f) is Obj and f.keys is not None for f in state.stack
+        )
 
     def in_string(self, state: State) -> bool:
-        return state[1] in ("string", "string\\", "key", "key\\")
+        return state.mode in _IN_STRING
 
     def step(self, state: State, data: bytes) -> State | None:
         """The state after `data`; None if it breaks a condition (an item equal to an earlier
@@ -117,41 +170,41 @@ class JsonChecks:
         for byte in data:
             if keep:
                 buf.append(byte)
-            if mode in ("string", "key"):
+            if mode is _STRING or mode is _KEY:
                 if byte == 0x22:  # the closing quote
-                    if mode == "key":
-                        stack, mode, text = self._key(stack, text), "colon", b""
+                    if mode is _KEY:
+                        stack, mode, text = self._key(stack, text), _COLON, b""
                     else:
                         if count is not None:
                             length, *at = count
                             if length.close(*length.read(*at, bytes(content))) is None:
                                 return None
                             count, content = None, bytearray()
-                        stack, mode = self._done(stack, buf), "after"
+                        stack, mode = self._done(stack, buf), _AFTER
                     if stack is None:
                         return None
                     continue
                 if count is not None:
                     content.append(byte)
-                if mode == "key" and stack[-1][1] is not None:
+                if mode is _KEY and stack[-1].nodes is not None:
                     text += bytes((byte,))
                 if byte == 0x5C:  # a backslash: the next byte is escaped
-                    mode += "\\"
-                elif mode == "string" and self._only_repeats(stack, buf):
+                    mode = _KEY_ESCAPED if mode is _KEY else _STRING_ESCAPED
+                elif mode is _STRING and self._only_repeats(stack, buf):
                     return None
                 continue
-            if mode in ("string\\", "key\\"):
-                if mode == "key\\" and stack[-1][1] is not None:
+            if mode is _STRING_ESCAPED or mode is _KEY_ESCAPED:
+                if mode is _KEY_ESCAPED and stack[-1].nodes is not None:
                     text += bytes((byte,))
                 if count is not None:
                     content.append(byte)
-                mode = mode[:-1]
+                mode = _KEY if mode is _KEY_ESCAPED else _STRING
                 continue
-            if mode == "scalar":
+            if mode is _SCALAR:
                 if byte not in _WS and byte not in b",]}":
                     top = stack[-1]
-                    if top[0] == "arr" and top[5] is not None:
-                        item = bytes(buf[top[5] :])
+                    if type(top) is Arr and top.start is not None:
+                        item = bytes(buf[top.start :])
                         if item in _LITERALS:  # a literal is complete at its last letter
                             stack = self._done(stack, buf)
                         elif item == b"-0" and self._zero_repeats(stack):
@@ -159,37 +212,37 @@ class JsonChecks:
                         if stack is None:
                             return None
                     continue
-                stack, mode = self._done(stack, buf[:-1] if keep else buf), "after"
+                stack, mode = self._done(stack, buf[:-1] if keep else buf), _AFTER
                 if stack is None:
                     return None
             if byte in _WS:
                 continue
             c = chr(byte)
-            if mode == "colon":
-                mode = "value"  # the ":" (the grammar allows nothing else)
-            elif mode == "key?":
+            if mode is _COLON:
+                mode = _VALUE  # the ":" (the grammar allows nothing else)
+            elif mode is _KEY_OR_CLOSE:
                 if c == '"':
-                    mode, text = "key", b""
+                    mode, text = _KEY, b""
                 else:  # "}" of an empty object
-                    stack, mode = self._close(stack, buf), "after"
-            elif mode == "value":
+                    stack, mode = self._close(stack, buf), _AFTER
+            elif mode is _VALUE:
                 stack, mode = self._open(stack, c, buf)
-                if mode == "string" and self.lengths:
+                if mode is _STRING and self.lengths:
                     count, content = self._count(stack), bytearray()
                     if count is False:
                         return None
-                if mode == "value" and not keep and _keeps(stack):
+                if mode is _VALUE and not keep and _keeps(stack):
                     keep = True
                     buf = bytearray()
             elif c == ",":
                 top = stack[-1]
-                if top[0] == "obj":
-                    mode = "key?"
+                if type(top) is Obj:
+                    mode = _KEY_OR_CLOSE
                 else:
-                    frame = top[:4] + (top[4] + 1, None, top[6])
-                    stack, mode = stack[:-1] + (frame,), "value"
+                    frame = Arr(top.nodes, top.need, top.seen, top.index + 1, None, top.repeated)
+                    stack, mode = stack[:-1] + (frame,), _VALUE
             else:  # "]" or "}"
-                stack, mode = self._close(stack, buf), "after"
+                stack, mode = self._close(stack, buf), _AFTER
             if stack is None:
                 return None
         if count is not None and content:
@@ -197,12 +250,13 @@ class JsonChecks:
             count = (length, *length.read(*at, bytes(content)))
             if not length.fits(*count[1:]):
                 return None
-        return stack, mode, text, bytes(buf) if _keeps(stack) else b"", count
+        out = (stack, mode, text, bytes(buf) if _keeps(stack) else b"", count)
+        return _tuple_new(State, out)  # State(*out) without its Python-level __new__
 
     def _count(self, stack: tuple) -> tuple | bool | None:
         """A string value starts: its count if its maxLength is counted here (None if not;
         False if it may also be another string term, which the grammar does not tell apart:
-        refused -- json_schema.lengths writes counted terms only where none is)."""
+        refused -- json_schema.terms.lengths writes counted terms only where none is)."""
         terms = set(self._terms(self._value_nodes(stack), StrT) or ())
         counted = [self.lengths[t] for t in terms if t in self.lengths]
         if not counted:
@@ -213,54 +267,57 @@ class JsonChecks:
         """A key ends (its bytes are `text`): the innermost object's last key; None if its
         keys must be distinct and this one was read before."""
         top = stack[-1]
-        key = json.loads(b'"' + text + b'"') if top[1] is not None else ""
-        keys = top[3]
+        key = json.loads(b'"' + text + b'"') if top.nodes is not None else ""
+        keys = top.keys
         if keys is not None:
             if key in keys:
                 return None
             keys = keys | {key}
-        return stack[:-1] + (("obj", top[1], key, keys),)
+        return stack[:-1] + (Obj(top.nodes, key, keys),)
 
     def _done(self, stack: tuple, buf: bytearray) -> tuple | None:
         """An item of the innermost array ends here (buf holds it from its start): record it,
         or None if an equal one came before and the items must be distinct."""
         top = stack[-1]
-        if top[0] != "arr" or not top[2] or top[5] is None:
+        if type(top) is not Arr or not top.need or top.start is None:
             return stack
-        item = item_key(bytes(buf[top[5] :]))
-        repeated = item in top[3]
-        if repeated and top[2] & _UNIQUE:
+        item = item_key(bytes(buf[top.start :]))
+        repeated = item in top.seen
+        if repeated and top.need & _UNIQUE:
             return None
-        frame = ("arr", top[1], top[2], top[3] | {item}, top[4], None, top[6] or repeated)
+        frame = Arr(
+            top.nodes, top.need, top.seen | {item}, top.index, None, top.repeated or repeated
+        )
         return stack[:-1] + (frame,)
 
     def _close(self, stack: tuple, buf: bytearray) -> tuple | None:
         """The innermost container closes (None if it must hold a repeated item and does
         not); if it was an item of a checked array, that item ends."""
         top = stack[-1]
-        if top[0] == "arr" and top[2] & _REPEATS and not top[6]:
+        if type(top) is Arr and top.need & _REPEATS and not top.repeated:
             return None
         return self._done(stack[:-1], buf)
 
-    def _open(self, stack: tuple, c: str, buf: bytearray) -> tuple[tuple | None, str]:
+    def _open(self, stack: tuple, c: str, buf: bytearray) -> tuple[tuple | None, Mode]:
         """A value starting with `c` in the innermost container (or "]" closing an empty one)."""
         if c == "]":
-            return self._close(stack, buf), "after"
+            return self._close(stack, buf), Mode.AFTER
         top = stack[-1]
-        if top[0] == "arr" and top[2]:  # an item of a checked array starts (its first byte)
-            if top[2] & _UNIQUE:
-                if c in _LETTERS and ("c", _LETTERS[c]) in top[3]:
-                    return None, "scalar"  # this literal can only repeat one seen: refuse it
+        if type(top) is Arr and top.need:  # an item of a checked array starts (its first byte)
+            if top.need & _UNIQUE:
+                if c in _LETTERS and ("c", _LETTERS[c]) in top.seen:
+                    return None, Mode.SCALAR  # this literal can only repeat one seen: refuse it
                 if c == "0" and self._zero_repeats(stack):
-                    return None, "scalar"
-            if not any(f[0] == "arr" and f[2] and f[5] is not None for f in stack):
+                    return None, Mode.SCALAR
+            if not any(type(f) is Arr and f.need and f.start is not None for f in stack):
                 del buf[:-1]  # no item is open around this one: keep only its bytes
-            stack = stack[:-1] + (top[:5] + (len(buf) - 1, top[6]),)
+            frame = Arr(top.nodes, top.need, top.seen, top.index, len(buf) - 1, top.repeated)
+            stack = stack[:-1] + (frame,)
         nodes = self._value_nodes(stack)
         if c == "{":
             terms = self._terms(nodes, ObjT)
             distinct = self._asked(nodes, terms, ObjT) is not None
-            return stack + (("obj", nodes, "", frozenset() if distinct else None),), "key?"
+            return stack + (Obj(nodes, "", frozenset() if distinct else None),), Mode.KEY_OR_CLOSE
         if c == "[":
             terms = self._terms(nodes, ArrT)
             asked = self._asked(nodes, terms, ArrT)
@@ -269,9 +326,9 @@ class JsonChecks:
                 need = _UNIQUE * any(t.unique for t in asked) | _REPEATS * any(
                     t.repeats for t in asked
                 )
-            frame = ("arr", None if terms is None else nodes, need, frozenset(), 0, None, False)
-            return stack + (frame,), "value"
-        return stack, "string" if c == '"' else "scalar"
+            frame = Arr(None if terms is None else nodes, need, frozenset(), 0, None, False)
+            return stack + (frame,), Mode.VALUE
+        return stack, Mode.STRING if c == '"' else Mode.SCALAR
 
     def _asked(self, nodes: tuple | None, terms: list | None, kind: type) -> list | None:
         """The terms among a container's terms that ask for a condition (distinct or
@@ -282,7 +339,7 @@ class JsonChecks:
         (Read from the terms themselves, not from those whose grammar left the condition to
         the check: a grammar may narrow a term by another, an item matching ``contains``, and
         what the narrowed term asks for, one of the two asks for:
-        json_schema.emit.Emitter.derived.)"""
+        json_schema.emit.emitter.Emitter.derived.)"""
         if terms is None or all(n.top or any(_full(t, kind) for t in n.terms) for n in nodes):
             return None
         asked = [t for t in terms if _asks(t)]
@@ -292,7 +349,7 @@ class JsonChecks:
         """The strings an item of the innermost (distinct-items) array may be, when they are a
         finite set (every string term an enum); else None."""
         top = stack[-1]
-        if top[0] != "arr" or not top[2] & _UNIQUE:
+        if type(top) is not Arr or not top.need & _UNIQUE:
             return None
         terms = self._terms(self._value_nodes(stack), StrT)
         if not terms or any(t.values is None for t in terms):
@@ -304,16 +361,16 @@ class JsonChecks:
         every value it can still become was seen; or it is as long as any string item may be
         (maxLength) and was seen."""
         top = stack[-1]
-        if top[0] != "arr" or not top[2] & _UNIQUE or top[5] is None:
+        if type(top) is not Arr or not top.need & _UNIQUE or top.start is None:
             return False
         values, longest = self.strings(stack), self.longest(stack)
         if values is None and longest is None:
             return False
         try:
-            prefix = json.loads(bytes(buf[top[5] :]) + b'"')
+            prefix = json.loads(bytes(buf[top.start :]) + b'"')
         except ValueError:  # inside an escape, or a split character
             return False
-        seen = top[3]
+        seen = top.seen
         if values is not None:
             return all(("s", v) in seen for v in values if v.startswith(prefix))
         return len(prefix) >= longest and ("s", prefix) in seen
@@ -322,7 +379,7 @@ class JsonChecks:
         """The greatest maxLength of the string items of the innermost (distinct-items) array,
         if every string they may be has one; else None."""
         top = stack[-1]
-        if top[0] != "arr" or not top[2] & _UNIQUE:
+        if type(top) is not Arr or not top.need & _UNIQUE:
             return None
         terms = self._terms(self._value_nodes(stack), StrT)
         if not terms or any(t.max_len is None for t in terms):
@@ -334,7 +391,7 @@ class JsonChecks:
         0 was seen: the item's numbers are integers (no fraction may follow) -- refused at
         once, not a dead end."""
         top = stack[-1]
-        if not top[2] & _UNIQUE or ("n", _ZERO) not in top[3]:
+        if not top.need & _UNIQUE or ("n", _ZERO) not in top.seen:
             return False
         numbers = self._terms(self._value_nodes(stack), NumT)
         return bool(numbers) and all(t.integer for t in numbers)
@@ -342,12 +399,12 @@ class JsonChecks:
     def _value_nodes(self, stack: tuple) -> tuple | None:
         """The nodes the value starting now follows."""
         top = stack[-1]
-        if top[0] == "top" or top[1] is None:
-            return top[1]
-        if top[0] == "obj":
-            terms = self._terms(top[1], ObjT)
-            return None if terms is None else tuple(key_node(t, top[2]) for t in terms)
-        terms, i = self._terms(top[1], ArrT), top[4]
+        if type(top) is Top or top.nodes is None:
+            return top.nodes
+        if type(top) is Obj:
+            terms = self._terms(top.nodes, ObjT)
+            return None if terms is None else tuple(key_node(t, top.key) for t in terms)
+        terms, i = self._terms(top.nodes, ArrT), top.index
         return None if terms is None else tuple(_item(t, i) for t in terms)
 
     def _terms(self, nodes: tuple | None, kind: type) -> list | None:
@@ -372,17 +429,17 @@ class JsonChecks:
 
     def stuck(self, state: State) -> str:
         """Why no token may follow (for the guide's error)."""
-        arrays = [f for f in state[0] if f[0] == "arr" and f[2]]
-        if arrays and arrays[-1][2] & _REPEATS and not arrays[-1][6]:
+        arrays = [f for f in state.stack if type(f) is Arr and f.need]
+        if arrays and arrays[-1].need & _REPEATS and not arrays[-1].repeated:
             return "the array must hold two equal items (not uniqueItems) and none can follow"
-        if state[1].startswith("key"):
+        if state.mode in (Mode.KEY_OR_CLOSE, Mode.KEY, Mode.KEY_ESCAPED):
             return "every key the schema allows next was written before"
         return "every item the schema allows next would repeat an earlier one (uniqueItems)"
 
 
 def item_key(text: bytes):
     """A hashable key of a JSON text's value under JSON Schema equality (as
-    ``emit.value_key``: 1 == 1.0 == 1e0, true != 1, key order ignored), numbers of any size
+    ``json_schema.terms.values.value_key``: 1 == 1.0 == 1e0, true != 1, key order ignored), numbers of any size
     and exponent compared exactly."""
     return _key(json.loads(text, parse_int=_number, parse_float=_number))
 
@@ -428,7 +485,10 @@ def _full(t, kind: type) -> bool:
 
 def _keeps(stack: tuple) -> bool:
     """Whether the text of an item being read is needed (an array's items are checked)."""
-    return any(f[0] == "arr" and f[2] for f in stack)
+    for f in stack:  # a loop, not any(): per token, a generator costs more than the test
+        if type(f) is Arr and f.need:
+            return True
+    return False
 
 
 def _item(t: ArrT, i: int) -> Node:

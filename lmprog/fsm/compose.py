@@ -4,12 +4,12 @@ fixed text around each tool's argument schema, or a plain answer instead).
 
     from lmprog.fsm import compose as c
     call = c.seq(c.json_text('{"name": "f", "arguments": '), c.embed(args), c.json_text("}"))
-    constraint = c.constraint(c.alt(call, c.embed(answer)), "tool call or answer")
+    constraint = c.constraint(c.choice(call, c.embed(answer)), "tool call or answer")
 
-Parts are fragments of the JSON-token grammars of `lmprog.fsm.json_schema.lark` (the same
-combinators: `seq`, `alt`, `rep`), so a schema's grammar embeds as it is. Each part must be cut
+Parts are fragments of the JSON-token grammars of `lmprog.fsm.json_schema.emit.lark` (the same
+combinators: `seq`, `choice`, `rep`), so a schema's grammar embeds as it is. Each part must be cut
 into lexemes the way the parts it competes with are cut, because llguidance's lexer is greedy
-(see `json_schema.lark`):
+(see `json_schema.emit.lark`):
 
 * `text(s)`: one lexeme -- a marker such as ``<tool_call>`` or ``[TOOL_CALLS]`` that must not be
   cut where a free-text lexeme beside it would run on;
@@ -33,18 +33,27 @@ from dataclasses import replace
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import json_schema
 from lmprog.fsm.constraint import Constraint
-from lmprog.fsm.json_schema.lark import Alt, Cat, Frag, Ref, Rep, alt, cat, rep, to_lark, tok
+from lmprog.fsm.json_schema.emit.lark import (
+    Choice,
+    Frag,
+    Ref,
+    Rep,
+    Seq,
+    choice,
+    rep,
+    seq,
+    to_lark,
+    tok,
+)
 from lmprog.fsm.regex import R, lit, raw
 
-__all__ = ["seq", "alt", "rep", "text", "json_text", "regex", "embed", "constraint"]
-_ = (alt, rep)  # re-exported: the combinators of the parts
-
-seq = cat
+__all__ = ["seq", "choice", "rep", "text", "json_text", "regex", "embed", "constraint"]
+_ = (seq, choice, rep)  # re-exported: the combinators of the parts
 
 
 def text(s: str) -> Frag | None:
     """The literal text `s` as one lexeme (nothing for "")."""
-    return tok(lit(s)) if s else cat()
+    return tok(lit(s)) if s else seq()
 
 
 def regex(r: R | None) -> Frag | None:
@@ -69,7 +78,7 @@ def json_text(s: str) -> Frag | None:
         at = m.end()
     if at < len(s):
         parts.append(text(s[at:]))
-    return cat(*parts)
+    return seq(*parts)
 
 
 class _Embedded(Ref):
@@ -103,7 +112,7 @@ def embed(c: Constraint) -> Frag:
 
 def _lengths_in_lexemes(c: Constraint) -> Constraint:
     """A JSON schema constraint compiled again with every string length in its lexemes
-    (``json_schema.lengths`` leaves some to the check, which a composed grammar runs
+    (``json_schema.terms.lengths`` leaves some to the check, which a composed grammar runs
     without)."""
     options = dict(c.options)
     grammar = json_schema.build_grammar(
@@ -138,9 +147,9 @@ def constraint(root: Frag | None, what: str) -> Constraint:
                 prefixes[key] = f"e{len(prefixes)}_"
                 extra += _renamed(f.constraint.lark, prefixes[key])  # type: ignore[arg-type]
             f.name = prefixes[key] + "start"
-        elif isinstance(f, Cat):
+        elif isinstance(f, Seq):
             stack.extend(reversed(f.parts))
-        elif isinstance(f, Alt):
+        elif isinstance(f, Choice):
             stack.extend(reversed(f.options))
         elif isinstance(f, Rep):
             stack.append(f.item)
@@ -148,13 +157,13 @@ def constraint(root: Frag | None, what: str) -> Constraint:
     return Constraint("ebnf", "", lark, lark=lark)
 
 
-# The names `json_schema.lark.to_lark` writes: rules start, any, sN, refN, uN/uNm (parametric),
+# The names `json_schema.emit.lark.to_lark` writes: rules start, any, sN, refN, uN/uNm (parametric),
 # terminals TN; nothing else in a rule line is a name of the grammar (operators, %if calls)
 _NAME = re.compile(r"\b(?:start|any|s\d+|ref\d+|u\d+m?|T\d+)\b")
 
 
 def _renamed(lark: str, prefix: str) -> list[str]:
-    """The lines of a grammar written by `json_schema.lark.to_lark` with every rule and
+    """The lines of a grammar written by `json_schema.emit.lark.to_lark` with every rule and
     terminal name prefixed (terminal bodies are regex text, left alone)."""
     upper = prefix.upper()
 

@@ -98,7 +98,7 @@ class Constraint:
         (``properties``/``required``) gets no other key unless ``additionalProperties`` (true or
         a schema), ``patternProperties``, ``unevaluatedProperties`` or ``propertyNames`` speak
         for them, and ``prefixItems`` without ``items`` gets no further item; what strict
-        generates is always valid under the schema (``lmprog.fsm.json_schema.strict`` says
+        generates is always valid under the schema (``lmprog.fsm.json_schema.terms.strict`` says
         exactly what it closes and what it leaves open: ``{"type": "object"}`` stays any
         object). ``strict=False`` is JSON Schema's own reading (an object accepts unlisted keys
         unless the schema forbids them), for validation with ``matches`` and for users who want

@@ -7,7 +7,7 @@ a union one, an optional repetition or a literal none). This is the least fixpoi
 rules, found by counting: each node keeps how many parts it still waits for and tells the
 nodes waiting on it once that reaches 0, instead of passes over every rule (a chain of n
 rules took n passes). Used on GBNF grammars (`grammar.py`) and on the JSON-schema compiler's
-fragments (`json_schema/lark.py`).
+fragments (`json_schema/emit/lark.py`).
 """
 
 from __future__ import annotations

@@ -30,16 +30,37 @@ fails (ConstraintError) only if its own text is past the limits on that fresh le
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.index import ROOT, _reason, refused_by_spent_lexer
+from lmprog.fsm.vocab import TokenVocab
 
-if TYPE_CHECKING:
-    from lmprog.fsm.index import TokenIndex
+ROOT = 0  # the path node of a guide's start
+
+
+class GuideIndex(Protocol):
+    """What a guide reads of its index: a ``lmprog.fsm.index.TokenIndex``, which makes guides
+    (``new_guide``)."""
+
+    check: Any  # lmprog.fsm.checks.JsonChecks, or None
+    vocab: TokenVocab
+
+    @property
+    def eos_token_id(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def num_words(self) -> int: ...
+    def new_matcher(self) -> tuple[Any, int]: ...
+    def own_matcher(self, steps: int) -> Any: ...
+    def lexer_failed(self, lexer: int) -> None: ...
+    def path_node(self, node: int, token_id: int) -> int: ...
+    def state_cache(self, name: Hashable, capacity: int = ...) -> Any: ...
+    def reason(self, error: str) -> str: ...
+
 
 WORDS_CACHE_SIZE = 4096  # bitmask words per index (6 kB each on a 49k vocabulary)
 
@@ -51,7 +72,7 @@ class Guide:
 
     def __init__(
         self,
-        index: TokenIndex,
+        index: GuideIndex,
         matcher: tuple[Any, int | None] | None = None,
         tokens: Iterable[int] = (),
         states: Iterable[int] | None = None,
@@ -244,7 +265,7 @@ class Guide:
             result = op(self._matcher)
             if self._matcher.is_error():
                 raise ConstraintError(
-                    f"the constraint cannot continue here: {_reason(self._matcher.get_error())}"
+                    f"the constraint cannot continue here: {self.index.reason(self._matcher.get_error())}"
                 )
         return result
 
@@ -254,12 +275,14 @@ class Guide:
         advanced through this guide's tokens. ConstraintError if it had a lexer of its own
         already, or if its tokens are past the limits even there."""
         if self._lexer is None:
-            raise ConstraintError(f"the constraint cannot continue here: {_reason(error)}")
+            raise ConstraintError(
+                f"the constraint cannot continue here: {self.index.reason(error)}"
+            )
         self.index.lexer_failed(self._lexer)
         matcher = self.index.own_matcher(len(self._tokens))
         if not matcher.consume_tokens(self._tokens) or matcher.is_error():
             raise ConstraintError(
-                f"the constraint cannot continue here: {_reason(matcher.get_error())}"
+                f"the constraint cannot continue here: {self.index.reason(matcher.get_error())}"
             )
         self._matcher, self._lexer = matcher, None
 
@@ -294,12 +317,12 @@ def _computed(matcher: Any, n: int) -> np.ndarray:
     return words
 
 
-def _words(index: TokenIndex) -> Any:
+def _words(index: GuideIndex) -> Any:
     """The index's cache of bitmask words by position."""
     return index.state_cache("words", WORDS_CACHE_SIZE)
 
 
-def _eos_only(index: TokenIndex) -> np.ndarray:
+def _eos_only(index: GuideIndex) -> np.ndarray:
     cache = _words(index)
     words = cache.get("eos")
     if words is None:
@@ -348,3 +371,14 @@ def prefetch_bitmask_words(guides: Sequence[Guide | None]) -> None:
         words = out[i, : g.index.num_words].copy()
         words.flags.writeable = False
         _words(g.index).put(g.state, words)
+
+
+def refused_by_spent_lexer(matcher: Any, token_id: int) -> str | None:
+    """The lexer's error if a matcher refused `token_id` (validating it, or trying to consume
+    it) because its lexer is spent, else None. On a spent lexer every transition is dead,
+    with no error until a token is consumed, which a copy then does (llguidance reports the
+    lexer's error before any other)."""
+    probe = matcher.deep_copy()
+    probe.consume_token(token_id)
+    error = probe.get_error() if probe.is_error() else ""
+    return error if error.startswith("lexer error") else None

@@ -43,15 +43,13 @@ import threading
 import weakref
 from collections.abc import Hashable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import index_cache
 from lmprog.fsm.grammar_depth import check_compile_stack
+from lmprog.fsm.guide import Guide, refused_by_spent_lexer
 from lmprog.fsm.vocab import TokenVocab
-
-if TYPE_CHECKING:
-    from lmprog.fsm.guide import Guide
 
 STATE_CACHE_SIZE = 4096  # per index and per cache name; beyond this the oldest entries go
 MAX_PATH_NODES = 200_000  # cached positions per index (a dict entry each, ~100 bytes)
@@ -63,7 +61,6 @@ STEP_LEXER_FUEL = 200_000  # llguidance's lexer fuel for one mask step (its defa
 MAX_ITEMS_IN_ROW = 10_000
 BUILD_LEXER_FUEL = 1_000_000  # ... and for building a matcher (its default)
 log = logging.getLogger(__name__)
-ROOT = 0  # the path node of a guide's start
 
 
 class TokenIndex:
@@ -113,9 +110,12 @@ class TokenIndex:
         return _CACHE.peek(_key(_pattern_of(constraint), TokenVocab.from_tokenizer(tokenizer)))
 
     def new_guide(self) -> Guide:
-        from lmprog.fsm.guide import Guide
-
         return Guide(self)
+
+    @staticmethod
+    def reason(error: str) -> str:
+        """llguidance's `error` as the reason a ConstraintError gives (the limit it names)."""
+        return _reason(error)
 
     def new_matcher(self) -> tuple[Any, int]:
         """A fresh `llguidance.LLMatcher` at the start of the pattern (a copy: microseconds)
@@ -453,14 +453,3 @@ def _failed(matcher: Any, tokens: list[int], consumed: int) -> str | None:
     if matcher.is_error():
         return matcher.get_error()
     return None if consumed == len(tokens) else refused_by_spent_lexer(matcher, tokens[consumed])
-
-
-def refused_by_spent_lexer(matcher: Any, token_id: int) -> str | None:
-    """The lexer's error if a matcher refused `token_id` (validating it, or trying to consume
-    it) because its lexer is spent, else None. On a spent lexer every transition is dead,
-    with no error until a token is consumed, which a copy then does (llguidance reports the
-    lexer's error before any other)."""
-    probe = matcher.deep_copy()
-    probe.consume_token(token_id)
-    error = probe.get_error() if probe.is_error() else ""
-    return error if error.startswith("lexer error") else None

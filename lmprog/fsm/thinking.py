@@ -22,7 +22,7 @@ from __future__ import annotations
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.compose import _lengths_in_lexemes
 from lmprog.fsm.constraint import Constraint
-from lmprog.fsm.json_schema.lark import regex_terminal
+from lmprog.fsm.json_schema.emit.lark import regex_terminal
 from lmprog.fsm.regex import lit, raw
 
 _WS = "[ \\t\\r\\n]*"

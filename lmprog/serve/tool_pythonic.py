@@ -47,7 +47,7 @@ def _literal(value: Any) -> str:
 def _value(schema: Any, strict: bool) -> Any:
     kind = schema.get("type") if isinstance(schema, dict) else None
     if kind == "boolean" and set(schema) <= {"type", "description", "title", "default"}:
-        return c.alt(c.text("True"), c.text("False"))
+        return c.choice(c.text("True"), c.text("False"))
     if kind == "null":
         return c.text("None")
     sub = schema if isinstance(schema, (dict, bool)) else {}
@@ -69,7 +69,7 @@ def _args(schema: dict[str, Any], strict: bool) -> Any:
     for item, needed in reversed(items):
         later = c.seq(c.text(", "), item, rest)
         now = c.seq(item, rest)
-        rest, first = (later, now) if needed else (c.alt(later, rest), c.alt(now, first))
+        rest, first = (later, now) if needed else (c.choice(later, rest), c.choice(now, first))
     return first
 
 
@@ -78,7 +78,7 @@ def pythonic_calls(
 ) -> Any:
     """The calls' grammar: "[" one or more calls to any of `tools` ((name, parameters schema,
     strict)) ", " between, at most `max_calls`, "]"."""
-    one = c.alt(
+    one = c.choice(
         *(
             c.seq(c.text(f"{name}("), _args(params or {}, strict), c.text(")"))
             for name, params, strict in tools

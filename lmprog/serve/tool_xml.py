@@ -73,7 +73,7 @@ def _value(schema: Any, strict: bool) -> Any:
     its schema's JSON."""
     choices = _choices(schema) if isinstance(schema, dict) else None
     if choices is not None:
-        return c.seq(c.alt(*(c.text(v) for v in choices)), c.text(PARAM_END))
+        return c.seq(c.choice(*(c.text(v) for v in choices)), c.text(PARAM_END))
     if _is_string(schema):
         return _string_lexeme()
     sub = schema if isinstance(schema, (dict, bool)) else {}
@@ -81,7 +81,7 @@ def _value(schema: Any, strict: bool) -> Any:
 
 
 def _string_lexeme() -> Any:
-    from lmprog.fsm.json_schema.lark import tok
+    from lmprog.fsm.json_schema.emit.lark import tok
 
     return tok(_STRING)
 
@@ -97,14 +97,14 @@ def _one(name: str, parameters: dict[str, Any] | None, strict: bool) -> Any:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", key):
             raise ConstraintError(f"parameter name {key!r} cannot be written as an XML tag")
         param = c.seq(c.text(f"<parameter={key}>\n"), _value(sub, strict))
-        parts.append(param if key in required else c.alt(param, c.seq()))
+        parts.append(param if key in required else c.choice(param, c.seq()))
     return c.seq(c.text(f"{OPEN}{name}>\n"), *parts, c.text(CLOSE))
 
 
 def xml_calls(tools: list[tuple[str, dict[str, Any] | None, bool]], max_calls: int | None) -> Any:
     """The calls' grammar: one or more calls to any of `tools` ((name, parameters schema,
     strict)), "\\n" between them, at most `max_calls`."""
-    one = c.alt(*(_one(name, params, strict) for name, params, strict in tools))
+    one = c.choice(*(_one(name, params, strict) for name, params, strict in tools))
     more = None if max_calls is None else max_calls - 1
     return c.seq(one, c.rep(c.seq(c.text("\n"), one), 0, more))
 

@@ -110,7 +110,7 @@ def plan_tools(
     if choice != "auto":
         return plan
     answer = c.embed(text) if text is not None else c.regex(_not_starting_with(fmt.marker))
-    either_c = c.constraint(c.alt(calls, answer), "tool calls or answer")
+    either_c = c.constraint(c.choice(calls, answer), "tool calls or answer")
     return ToolPlan(either_c, calls_c, prompt, fmt, names, True, max_calls, schemas)
 
 
@@ -173,7 +173,7 @@ def _calls(fmt: ToolFormat, tools: list[tuple[str, Constraint]], max_calls: int 
     """opener call (separator call){0,max_calls-1} closer, a call being any of `tools`: the
     call's JSON text cut as JSON tokens around its arguments' grammar (so that it lines up
     with a JSON answer beside it), the format's markers one lexeme each."""
-    one = c.alt(
+    one = c.choice(
         *(
             c.seq(
                 c.json_text(fmt.head + fmt.name_text(name) + fmt.args_key),

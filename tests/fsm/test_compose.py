@@ -27,7 +27,7 @@ def call(name: str):
 
 
 def test_a_call_beside_a_json_answer_that_starts_like_it():
-    both = c.constraint(c.alt(call("f"), call("g"), c.embed(ANSWER)), "calls or answer")
+    both = c.constraint(c.choice(call("f"), call("g"), c.embed(ANSWER)), "calls or answer")
     assert both.kind == "ebnf" and both.source == both.lark
     assert both.matches('{"name": "f", "arguments": {"city": "Oslo", "x": [1, {"y": 2}]}}')
     assert both.matches('{"name": "g", "arguments": {}}')
@@ -42,7 +42,7 @@ def test_a_marker_beside_free_text_and_repeated_calls():
     free = c.regex(raw(compile_user_regex(r"[^<][\s\S]*")))
     marked = c.seq(c.text("<tool_call>\n"), call("f"), c.text("\n</tool_call>"))
     calls = c.seq(marked, c.rep(c.seq(c.json_text("\n"), marked), 0, 1))
-    either = c.constraint(c.alt(calls, free), "calls or text")
+    either = c.constraint(c.choice(calls, free), "calls or text")
     one = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
     assert either.matches(one) and either.matches(one + "\n" + one)
     assert not either.matches(one + "\n" + one + "\n" + one)
@@ -50,8 +50,8 @@ def test_a_marker_beside_free_text_and_repeated_calls():
 
 
 def test_equal_parts_give_equal_grammars_and_grammars_do_not_embed():
-    first = c.constraint(c.alt(call("f"), c.embed(ANSWER)), "x")
-    assert first.lark == c.constraint(c.alt(call("f"), c.embed(ANSWER)), "x").lark
+    first = c.constraint(c.choice(call("f"), c.embed(ANSWER)), "x")
+    assert first.lark == c.constraint(c.choice(call("f"), c.embed(ANSWER)), "x").lark
     assert c.constraint(c.seq(c.embed(Constraint.from_regex("[0-9]+")), c.text("!")), "n").matches(
         "12!"
     )

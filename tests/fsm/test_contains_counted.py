@@ -1,4 +1,4 @@
-"""``contains`` beside prefixItems, maxItems or a larger minItems (json_schema/arrays.py's
+"""``contains`` beside prefixItems, maxItems or a larger minItems (json_schema/emit/arrays.py's
 _Counted: the items position by position, the matches counted in the grammar): every short
 array against jsonschema, through the token engine, and random walks."""
 

@@ -1,4 +1,4 @@
-"""A string's maxLength counted beside its pattern (json_schema.lengths) where one lexeme holding
+"""A string's maxLength counted beside its pattern (json_schema.terms.lengths) where one lexeme holding
 both is too big: issue 28's word-count pattern beside maxLength 2000 decodes exactly through
 Constraint.matches and through the tokens of the real tokenizer, and masks near the bound stay
 exact (random walks end valid, never stuck)."""
@@ -15,8 +15,8 @@ from fsm_toys import byte_level_tokenizer, random_walk
 from lmprog.core.models import load_tokenizer, resolve_model
 from lmprog.fsm.constraint import Constraint
 from lmprog.fsm.index import TokenIndex
-from lmprog.fsm.json_schema.lengths import LengthCount, decode
-from lmprog.fsm.json_schema.terms import StrT
+from lmprog.fsm.json_schema.terms.lengths import LengthCount, decode
+from lmprog.fsm.json_schema.terms.nodes import StrT
 
 WORDS = r"^$|(^(?:\S+\s+){0,499}\S+$)"  # a summary of at most 500 words
 

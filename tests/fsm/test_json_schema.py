@@ -750,7 +750,7 @@ def test_unknown_keywords_are_annotations_and_ignored(caplog):
         "readonly": True,
         "properties": {"id": {"type": "integer", "sortIndex": 3, "x-go-name": "ID"}},
     }
-    with caplog.at_level(logging.DEBUG, logger="lmprog.fsm.json_schema.builder"):
+    with caplog.at_level(logging.DEBUG, logger="lmprog.fsm.json_schema.read.builder"):
         assert Constraint.from_json_schema(noisy).lark == Constraint.from_json_schema(plain).lark
     assert "'x-kubernetes-preserve-unknown-fields' at # ignored" in caplog.text
     assert "'sortIndex' at #/properties/id ignored" in caplog.text

@@ -329,7 +329,7 @@ def test_complement_of_a_pattern_through_its_automaton(pattern):
     every short string of a small alphabet (ECMA's ``$`` is Python's ``\\Z``)."""
     import itertools
 
-    from lmprog.fsm.regex.dfa import complement_source
+    from lmprog.fsm.regex.lookahead import complement_source
 
     positive = value_matcher(parse_regex(complement_source(pattern), "ecma"))
     python = re.compile(pattern.replace("$", r"\Z"))
@@ -340,7 +340,7 @@ def test_complement_of_a_pattern_through_its_automaton(pattern):
 
 
 def test_complement_gives_up_on_a_large_automaton():
-    from lmprog.fsm.regex.dfa import complement_source
+    from lmprog.fsm.regex.lookahead import complement_source
 
     assert complement_source(r"a[ab]{12}$") is None  # 2^12 suffixes to remember
     assert complement_source(r"[\s\S]") == r"^(?:)$"

@@ -15,7 +15,7 @@ import regex
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import Constraint
-from lmprog.fsm.json_schema.values import pattern_matcher
+from lmprog.fsm.json_schema.terms.values import pattern_matcher
 from lmprog.fsm.regex import ANY_CHAR, CharSet, compile_user_regex, cs, parse_regex
 from lmprog.fsm.regex.casefold import fold
 

@@ -1,5 +1,5 @@
 """Strict generation (issue 28, section 3): an object gets the keys its schema lists, unless a
-keyword allows others; ``strict=False`` is JSON Schema's own reading (lmprog.fsm.json_schema.strict)."""
+keyword allows others; ``strict=False`` is JSON Schema's own reading (lmprog.fsm.json_schema.terms.strict)."""
 
 import json
 import random

@@ -55,13 +55,13 @@ import typing
 from typing import NamedTuple
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.builder import Builder
-from lmprog.fsm.json_schema.drafts import upgrade
-from lmprog.fsm.json_schema.emit import Emitter
-from lmprog.fsm.json_schema.lark import derives_text, fragment_limit, to_lark
-from lmprog.fsm.json_schema.lengths import counted_apart
-from lmprog.fsm.json_schema.refs import Registry
-from lmprog.fsm.json_schema.terms import Unroll, work_limit
+from lmprog.fsm.json_schema.emit.emitter import Emitter
+from lmprog.fsm.json_schema.emit.lark import derives_text, fragment_limit, to_lark
+from lmprog.fsm.json_schema.read.builder import Builder
+from lmprog.fsm.json_schema.read.drafts import upgrade
+from lmprog.fsm.json_schema.read.refs import Registry
+from lmprog.fsm.json_schema.terms.lengths import counted_apart
+from lmprog.fsm.json_schema.terms.nodes import Unroll, work_limit
 from lmprog.fsm.regex import Chars, Concat, R, Repeat, compile_user_regex, parse_regex, raw
 from lmprog.fsm.regex.charset import CharSet
 from lmprog.fsm.regex.fragments import pattern_limit

@@ -8,32 +8,19 @@ Written as a positive pattern, the same language costs nothing: ``complement`` b
 pattern's automaton by derivatives (its states are the pattern's derivatives, taken one block
 of characters at a time: the blocks partition the characters so that every class of the
 pattern is a union of blocks), minimizes it, swaps accepting and rejecting states, and writes
-the result back as a regex by state elimination (``json_schema.automata.to_regex``). Lookahead
+the result back as a regex by state elimination (``regex.automata.to_regex``). Lookahead
 bodies are small (``aws:``, ``.*--``, ``.* {2}``); past ``max_states`` states or a regex of
 ``limit`` characters ``complement`` gives up (OverflowError) and the caller keeps the ``~``.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-
+from lmprog.fsm.regex.automata import to_regex
 from lmprog.fsm.regex.charset import ANY_CHAR, CharSet
 from lmprog.fsm.regex.fragments import R, charset_regex
-from lmprog.fsm.regex.parser import parse_regex
 from lmprog.fsm.regex.syntax import Alternation, Chars, Concat, ParsedRegex, Repeat
 
 NOTHING, EPS = 0, 1  # the ids of the empty language and of the empty string
-
-
-@lru_cache(maxsize=1024)
-def complement_source(source: str) -> str | None:
-    """An ECMA source, anchored at both ends, of the strings in which ECMA ``source`` finds no
-    match; None where its automaton is too large to write out (the caller keeps a ``~``)."""
-    try:
-        r = complement(parse_regex(source, "ecma"))
-    except OverflowError:
-        return None
-    return r"[^\s\S]" if r is None else f"^(?:{r.text})$"
 
 
 def complement(parsed: ParsedRegex, max_states: int = 100, limit: int = 20_000) -> R | None:
@@ -66,8 +53,6 @@ def search_automaton(
 def written(moves: list[list[int]], blocks: list[CharSet], accepting: list[bool], limit: int):
     """The regex (full-match) of an automaton (state 0 the start; each state's successor by
     block), minimized first; None where it accepts nothing. OverflowError past ``limit``."""
-    from lmprog.fsm.json_schema.automata import to_regex
-
     group = _minimized(moves, accepting)
     edges: dict[tuple[int, int], CharSet] = {}
     for p, row in enumerate(moves):

@@ -23,11 +23,22 @@ from __future__ import annotations
 from functools import lru_cache
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.regex.dfa import complement_source
+from lmprog.fsm.regex.dfa import complement
 from lmprog.fsm.regex.parser import Anchor, Look, _has_anchor, _Parser, parse_regex
 from lmprog.fsm.regex.syntax import Alternation, Chars, Concat, Repeat, emit, node_lengths
 
 NOTHING = r"[^\s\S]"
+
+
+@lru_cache(maxsize=1024)
+def complement_source(source: str) -> str | None:
+    """An ECMA source, anchored at both ends, of the strings in which ECMA ``source`` finds no
+    match; None where its automaton is too large to write out (the caller keeps a ``~``)."""
+    try:
+        r = complement(parse_regex(source, "ecma"))
+    except OverflowError:
+        return None
+    return r"[^\s\S]" if r is None else f"^(?:{r.text})$"
 
 
 @lru_cache(maxsize=1024)

@@ -13,6 +13,7 @@ from lmprog.fsm.regex.anchors import (
     join_anchored,
     line_edges,
 )
+from lmprog.fsm.regex.assertions import Assert, without_assertions
 from lmprog.fsm.regex.casefold import fold
 from lmprog.fsm.regex.charset import ANY_CHAR, CATEGORY_NAMES, MAX_CP, CharSet, cs, unicode_category
 from lmprog.fsm.regex.syntax import (
@@ -160,8 +161,6 @@ class _Parser:
     def without_assertions(self, node: Node) -> tuple[Branch, ...]:
         """The pattern of the strings in which ``node`` (with ``\\b``, ``\\B`` or lookbehinds)
         finds a match, as branches without them (``assertions.py``)."""
-        from lmprog.fsm.regex.assertions import without_assertions
-
         try:
             branches = without_assertions(node)
         except (OverflowError, RecursionError) as e:
@@ -323,8 +322,6 @@ class _Parser:
     def one_character(self, node: Node, kind: str, start: int) -> Node:
         """``(?<=X)``, ``(?<!X)`` with X one character class, and (where lookaheads are not
         read as ``Look``s) ``(?=X)``, ``(?!X)``: assertions (``assertions.py``)."""
-        from lmprog.fsm.regex.assertions import Assert
-
         negative = self.src[start + (3 if kind == "behind" else 2)] == "!"
         if not isinstance(node, Chars) and kind == "behind":
             raise self.fail("lookbehind of other than one character class", start)

@@ -14,15 +14,15 @@ from decimal import Decimal
 from itertools import permutations, product
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import conj
-from lmprog.fsm.json_schema.arrays import array_regex
-from lmprog.fsm.json_schema.lark import Frag, Ref, alt, cat, group, loop, tok
-from lmprog.fsm.json_schema.numbers import NUMBER, number_regex, value_regex
-from lmprog.fsm.json_schema.objects import object_regex
-from lmprog.fsm.json_schema.sequences import Slot, separated
-from lmprog.fsm.json_schema.strict import generated as strict_terms
-from lmprog.fsm.json_schema.strings import json_text, string_lexeme
-from lmprog.fsm.json_schema.terms import (
+from lmprog.fsm.json_schema.emit.arrays import array_regex
+from lmprog.fsm.json_schema.emit.lark import Frag, Ref, choice, group, loop, seq, tok
+from lmprog.fsm.json_schema.emit.numbers import NUMBER, number_regex, value_regex
+from lmprog.fsm.json_schema.emit.objects import object_regex
+from lmprog.fsm.json_schema.emit.sequences import Slot, separated
+from lmprog.fsm.json_schema.emit.strings import json_text, string_lexeme
+from lmprog.fsm.json_schema.emit.unordered import KEYED
+from lmprog.fsm.json_schema.terms.algebra import conj
+from lmprog.fsm.json_schema.terms.nodes import (
     ArrT,
     BoolT,
     Node,
@@ -33,11 +33,9 @@ from lmprog.fsm.json_schema.terms import (
     StrT,
     counts_additional_keys,
 )
-from lmprog.fsm.json_schema.unordered import KEYED
-from lmprog.fsm.json_schema.values import to_decimal
-from lmprog.fsm.regex import R, lit, raw
-from lmprog.fsm.regex import alt as ralt
-from lmprog.fsm.regex import cat as rcat
+from lmprog.fsm.json_schema.terms.strict import generated as strict_terms
+from lmprog.fsm.json_schema.terms.values import to_decimal
+from lmprog.fsm.regex import R, alt, cat, lit, raw
 
 _FINITE_LIMIT = 256
 
@@ -59,10 +57,10 @@ class Emitter:
         assert any_depth is None or any_depth >= 0
         self.ws, self.any_depth, self.any_order = ws, any_depth, any_order
         self.generated = strict_terms if strict else (lambda t: t)
-        self.sep = tok(rcat(ws, lit(","), ws))
-        self.colon = tok(rcat(ws, lit(":"), ws))
-        self._open = {c: tok(rcat(lit(c), ws)) for c in "{["}
-        self._close = {c: tok(rcat(ws, lit(c))) for c in "}]"}
+        self.sep = tok(cat(ws, lit(","), ws))
+        self.colon = tok(cat(ws, lit(":"), ws))
+        self._open = {c: tok(cat(lit(c), ws)) for c in "{["}
+        self._close = {c: tok(cat(ws, lit(c))) for c in "}]"}
         self._close_empty = {c: tok(lit(c)) for c in "}]"}
         self.rules: dict[str, Frag] = {}
         self._memo: dict = {}
@@ -84,7 +82,7 @@ class Emitter:
         if node not in self._memo:
             self._writing.append(False)
             try:
-                self._memo[node] = alt(*(self.term(t) for t in node.terms))
+                self._memo[node] = choice(*(self.term(t) for t in node.terms))
             finally:
                 self._needs[node] = self._writing.pop()
         if self._needs[node]:
@@ -149,7 +147,7 @@ class Emitter:
             return tok(lit("null"))
         if isinstance(t, BoolT):
             return tok(
-                ralt(*(lit("true" if v else "false") for v in sorted(t.values, reverse=True)))
+                alt(*(lit("true" if v else "false") for v in sorted(t.values, reverse=True)))
             )
         if isinstance(t, NumT):
             return tok(number_regex(t))
@@ -193,7 +191,7 @@ class Emitter:
                 for open_, item, close in (("[", inner, "]"), ("{", member, "}")):
                     body, _ = separated([Slot(item, 0, None)], self.sep)
                     options.append(self.container(open_, body, True, close))
-            body = alt(*options)
+            body = choice(*options)
             if depth is None:
                 self.rules["any"] = body  # type: ignore[assignment]
             else:
@@ -202,14 +200,14 @@ class Emitter:
 
     def member(self, key: Frag | None, value: Frag | None) -> Frag | None:
         """``key ws : ws value`` (``key`` a string lexeme)."""
-        return cat(key, self.colon, value)
+        return seq(key, self.colon, value)
 
     def container(self, open_: str, body: Frag | None, empty_ok: bool, close: str) -> Frag | None:
         """``open_ body close`` with whitespace inside the brackets (``body`` None: only the
         empty container, if ``empty_ok``). The whitespace after ``open_`` belongs to its
         lexeme; the one before ``close`` to the closing lexeme after a body."""
         empty = self._close_empty[close] if empty_ok else None
-        return group(cat(self._open[open_], alt(empty, cat(body, self._close[close]))))
+        return group(seq(self._open[open_], choice(empty, seq(body, self._close[close]))))
 
     def value(self, v) -> Frag | None:
         """The text of one JSON value (objects in every key order when they have few keys, or
@@ -227,7 +225,7 @@ class Emitter:
         if self.any_order and 4 < len(items) <= KEYED:
             return self.container("{", loop(items, None, self.sep, len(items), 0, None), False, "}")
         orders = permutations(items) if len(items) <= 4 else [items]
-        body = alt(*(separated([Slot(m, 1, 1) for m in order], self.sep)[0] for order in orders))
+        body = choice(*(separated([Slot(m, 1, 1) for m in order], self.sep)[0] for order in orders))
         return self.container("{", body, not items, "}")
 
     def finite_values_of_term(self, t) -> list | None:
@@ -260,16 +258,3 @@ class Emitter:
                 return None
             out += vals
         return out
-
-
-def value_key(v):
-    """A hashable key under JSON Schema equality (1 == 1.0, true != 1, key order ignored)."""
-    if v is None or isinstance(v, bool):
-        return ("c", v)
-    if isinstance(v, (int, float, Decimal)):
-        return ("n", to_decimal(v))
-    if isinstance(v, str):
-        return ("s", v)
-    if isinstance(v, list):
-        return ("a", tuple(value_key(x) for x in v))
-    return ("o", frozenset((k, value_key(x)) for k, x in v.items()))

@@ -29,10 +29,10 @@ from fractions import Fraction
 from typing import NamedTuple
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import integer_bounds
-from lmprog.fsm.json_schema.digits import any_digit, digit_set, natural_range
-from lmprog.fsm.json_schema.multiples import multiples
-from lmprog.fsm.json_schema.terms import NumT
+from lmprog.fsm.json_schema.emit.digits import any_digit, digit_set, natural_range
+from lmprog.fsm.json_schema.emit.multiples import multiples
+from lmprog.fsm.json_schema.terms.algebra import integer_bounds
+from lmprog.fsm.json_schema.terms.nodes import NumT
 from lmprog.fsm.regex import EPS, R, alt, cat, lit, opt, raw, rep
 
 NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"

@@ -19,23 +19,20 @@ members to meet.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import conj, key_allowed, meet
-from lmprog.fsm.json_schema.lark import EPS, Frag, alt, cat, rep
-from lmprog.fsm.json_schema.strings import string_lexeme
-from lmprog.fsm.json_schema.terms import Node, ObjT, StrT, make_node
-
-if TYPE_CHECKING:
-    from lmprog.fsm.json_schema.emit import Emitter
+from lmprog.fsm.json_schema.emit.lark import EPS, Frag, choice, rep, seq
+from lmprog.fsm.json_schema.emit.strings import string_lexeme
+from lmprog.fsm.json_schema.emit.writer import Writer
+from lmprog.fsm.json_schema.terms.algebra import conj, key_allowed, meet
+from lmprog.fsm.json_schema.terms.complement import neg
+from lmprog.fsm.json_schema.terms.nodes import Node, ObjT, StrT, make_node
 
 MAX_STATES = 4096  # states of one object's automaton
 MAX_FACETS_LEFT = 4  # 'not's over objects the additional members meet together (2**n states)
 
 
 class Members:
-    def __init__(self, named: list, regions: list, t: ObjT, em: Emitter) -> None:
+    def __init__(self, named: list, regions: list, t: ObjT, em: Writer) -> None:
         """named: [(key, Slot)] in order; regions: [(key StrT, value Node)]."""
         self.named, self.regions, self.em, self.t = named, regions, em, t
         # facets: key sets (``some``), then (keys, value) pairs (``some_values``), which no
@@ -52,7 +49,7 @@ class Members:
                 f"'not' over objects need more than {MAX_STATES} states over {len(named)} "
                 "properties"
             )
-        self.any = alt(*(self._member(k, v) for k, v in regions))
+        self.any = choice(*(self._member(k, v) for k, v in regions))
         self.memo: dict = {}
 
     def body(self) -> Frag | None:
@@ -73,7 +70,7 @@ class Members:
         skip = None if slot.lo else self.rest(i + 1, written, distinct, met, first)
         if room == 0:
             return skip
-        member = slot.item if first else cat(self.em.sep, slot.item)
+        member = slot.item if first else seq(self.em.sep, slot.item)
         after = self.rest(
             i + 1,
             written + (self.hi is not None),
@@ -81,7 +78,7 @@ class Members:
             met | self.masks[i],
             False,
         )
-        return alt(skip, cat(member, after))
+        return choice(skip, seq(member, after))
 
     def _additional(self, room: int | None, need: int, unmet: int, first: bool) -> Frag | None:
         """Additional members: at least `need`, at most `room`, meeting the facets in `unmet`
@@ -107,11 +104,11 @@ class Members:
         if isinstance(facet, tuple):  # a member with its key in a set and its value in one
             keys, value = facet
             cut = self._split(make_node((keys,)), inside=True)
-            hit = alt(*(self._member(k, v, value) for k, v in cut))
+            hit = choice(*(self._member(k, v, value) for k, v in cut))
             plain = self.any
         else:
-            hit = alt(*(self._member(k, v) for k, v in self._split(facet, inside=True)))
-            plain = alt(*(self._member(k, v) for k, v in self._split(facet, inside=False)))
+            hit = choice(*(self._member(k, v) for k, v in self._split(facet, inside=True)))
+            plain = choice(*(self._member(k, v) for k, v in self._split(facet, inside=False)))
         if hit is None or (room is not None and room < 1):
             return None
         before_most = None if room is None else room - 1
@@ -128,13 +125,13 @@ class Members:
             after = None if room is None else room - 1 - (before or 0)
             hit_first = first and before == 0
             options.append(
-                cat(
+                seq(
                     lead,
-                    hit if hit_first else cat(self.em.sep, hit),
+                    hit if hit_first else seq(self.em.sep, hit),
                     self._run(self.any, False, 0, after),
                 )
             )
-        return alt(*options)
+        return choice(*options)
 
     def _meeting(self, unmet: int, first: bool) -> Frag | None:
         """Additional members, any number, meeting every facet in `unmet` (two or more, no
@@ -151,12 +148,12 @@ class Members:
                 while sub:  # every non-empty subset of the facets left
                     hit, rest = self._hit(sub), self._meeting(unmet & ~sub, False)
                     if hit is not None and rest is not None:
-                        options.append(cat(hit if first else cat(self.em.sep, hit), rest))
+                        options.append(seq(hit if first else seq(self.em.sep, hit), rest))
                         if self.any is not None:
                             lead = self._run(self.any, first, 1, None)
-                            options.append(cat(lead, self.em.sep, hit, rest))
+                            options.append(seq(lead, self.em.sep, hit, rest))
                     sub = (sub - 1) & unmet
-                self.memo[key] = alt(*options)
+                self.memo[key] = choice(*options)
         return self.memo[key]
 
     def _hit(self, facets: int) -> Frag | None:
@@ -179,7 +176,7 @@ class Members:
                 for x in sets
                 if (m := meet(k, x)) is not None
             ]
-        return alt(*(self._member(k, v, narrow) for k, v, narrow in parts))
+        return choice(*(self._member(k, v, narrow) for k, v, narrow in parts))
 
     def _run(self, item: Frag | None, first: bool, least: int, most: int | None) -> Frag | None:
         """least..most members of `item`, each after a separator unless it is the first."""
@@ -187,13 +184,11 @@ class Members:
             if least == 0:
                 raise AssertionError("a first run writes something")
             more = None if most is None else most - 1
-            return cat(item, rep(cat(self.em.sep, item), least - 1, more))
-        return rep(cat(self.em.sep, item), least, most)
+            return seq(item, rep(seq(self.em.sep, item), least - 1, more))
+        return rep(seq(self.em.sep, item), least, most)
 
     def _split(self, keys: Node, inside: bool) -> list:
         """The regions cut to their keys in `keys` (inside) or not in it."""
-        from lmprog.fsm.json_schema.complement import neg
-
         sets = [keys] if inside else [neg(keys)]
         parts = [t for s in sets for t in ([StrT()] if s.top else s.terms) if isinstance(t, StrT)]
         out = []

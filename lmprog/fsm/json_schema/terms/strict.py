@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lmprog.fsm.json_schema.algebra import normalize_arr, normalize_obj
-from lmprog.fsm.json_schema.terms import NEVER, ArrT, KeyRule, ObjT
+from lmprog.fsm.json_schema.terms.algebra import normalize_arr, normalize_obj
+from lmprog.fsm.json_schema.terms.nodes import NEVER, ArrT, KeyRule, ObjT
 
 
 def generated(t):

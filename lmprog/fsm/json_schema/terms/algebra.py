@@ -14,7 +14,7 @@ from fractions import Fraction
 from functools import lru_cache
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.terms import (
+from lmprog.fsm.json_schema.terms.nodes import (
     NEVER,
     TOP,
     ArrT,
@@ -30,7 +30,7 @@ from lmprog.fsm.json_schema.terms import (
     charge,
     make_node,
 )
-from lmprog.fsm.json_schema.values import num_ok, pattern_matcher, str_ok
+from lmprog.fsm.json_schema.terms.values import num_ok, pattern_matcher, str_ok
 
 # ----------------------------------------------------------------------------- intersection
 

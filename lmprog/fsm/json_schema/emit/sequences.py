@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from lmprog.fsm.json_schema.lark import Frag, alt, cat, rep
+from lmprog.fsm.json_schema.emit.lark import Frag, choice, rep, seq
 
 
 class Slot(NamedTuple):
@@ -40,16 +40,16 @@ def separated(slots: list[Slot], sep: Frag | None) -> tuple[Frag | None, bool]:
             continue
         live.append(s)
     empty_ok = all(s.lo == 0 for s in live)
-    tails = _Tails([rep(cat(sep, s.item), s.lo, s.hi) for s in live])
+    tails = _Tails([rep(seq(sep, s.item), s.lo, s.hi) for s in live])
     # F(0) as one union: for each slot i up to the first required one, "slot i is the first
     # written" (a flat union over shared tails, not a nest of n unions)
     firsts = []
     for i, s in enumerate(live):
-        more = rep(cat(sep, s.item), max(s.lo - 1, 0), None if s.hi is None else s.hi - 1)
-        firsts.append(cat(s.item, more, tails.suffix(i + 1)))
+        more = rep(seq(sep, s.item), max(s.lo - 1, 0), None if s.hi is None else s.hi - 1)
+        firsts.append(seq(s.item, more, tails.suffix(i + 1)))
         if s.lo >= 1:
             break
-    return alt(*firsts), empty_ok
+    return choice(*firsts), empty_ok
 
 
 class _Tails:
@@ -64,7 +64,7 @@ class _Tails:
         parts: list[Frag | None] = []
         if i < len(self.pieces):
             self._cover(0, len(self.pieces), i, parts)
-        return cat(*parts)
+        return seq(*parts)
 
     def _cover(self, lo: int, hi: int, start: int, out: list) -> None:
         """The subtrees of node [lo, hi) that cover [start, hi), left to right."""
@@ -83,5 +83,5 @@ class _Tails:
             return self.pieces[lo]
         if (lo, hi) not in self.nodes:
             mid = (lo + hi) // 2
-            self.nodes[lo, hi] = cat(self._node(lo, mid), self._node(mid, hi))
+            self.nodes[lo, hi] = seq(self._node(lo, mid), self._node(mid, hi))
         return self.nodes[lo, hi]

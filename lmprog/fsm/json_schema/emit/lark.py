@@ -3,7 +3,7 @@
 The compiler writes each JSON token -- a string (key or value), a number, ``true``/``false``/
 ``null``, and the punctuation with the whitespace around it -- as one *lexeme*: a regex
 (``tok``). Structure (objects, arrays, unions, repetition, recursion) is built over lexemes with
-``cat``/``alt``/``rep`` into a DAG of fragments, and named rules (``Ref``) hold what recurses:
+``seq``/``choice``/``rep`` into a DAG of fragments, and named rules (``Ref``) hold what recurses:
 values under an unconstrained schema, recursive ``$ref``. ``to_lark`` writes the DAG as a Lark
 grammar (shared fragments become rules); llguidance runs it with its Earley parser over a lazy
 lexer.
@@ -47,21 +47,21 @@ class Tok(Frag):
         self.text = text
 
 
-class Cat(Frag):
+class Seq(Frag):
     __slots__ = ("parts",)
 
     def __init__(self, parts: tuple) -> None:
         self.parts = parts
 
 
-class Group(Cat):
+class Group(Seq):
     """A sequence written as a rule of its own (a container: rules keep the nesting of the
     Lark text, and of the code writing it, to one container at a time)."""
 
     __slots__ = ()
 
 
-class Alt(Frag):
+class Choice(Frag):
     __slots__ = ("options",)
 
     def __init__(self, options: tuple) -> None:
@@ -111,7 +111,7 @@ class Ref(Frag):
         self.name = name
 
 
-EPS = Cat(())
+EPS = Seq(())
 
 # ---- the budget of one compile ------------------------------------------------------------
 # Fragments are counted as they are made, so that a schema whose grammar would grow without
@@ -163,7 +163,7 @@ def tok(r: R | str | None) -> Tok | None:
     return _made(Tok(r))  # type: ignore[return-value]
 
 
-def cat(*parts: Frag | None) -> Frag | None:
+def seq(*parts: Frag | None) -> Frag | None:
     """Concatenation; the empty language if any part is."""
     if any(p is None for p in parts):
         return None
@@ -171,31 +171,31 @@ def cat(*parts: Frag | None) -> Frag | None:
     flat = [p for p in parts if p is not EPS]
     if len(flat) == 1:
         return flat[0]
-    return _made(Cat(tuple(flat))) if flat else EPS
+    return _made(Seq(tuple(flat))) if flat else EPS
 
 
 def group(f: Frag | None) -> Frag | None:
     """``f`` as a rule of its own in the Lark text (same language)."""
-    if not isinstance(f, Cat) or isinstance(f, Group) or not f.parts:
+    if not isinstance(f, Seq) or isinstance(f, Group) or not f.parts:
         return f
     return _made(Group(f.parts))
 
 
-def alt(*options: Frag | None) -> Frag | None:
+def choice(*options: Frag | None) -> Frag | None:
     """Union; ``None`` options are dropped (an empty union is the empty language)."""
     seen: dict[int, Frag] = {}
     has_eps = False
     for o in options:
         if o is None:
             continue
-        if o is EPS or (isinstance(o, Cat) and not o.parts):
+        if o is EPS or (isinstance(o, Seq) and not o.parts):
             has_eps = True
             continue
         seen.setdefault(id(o), o)
     rest = list(seen.values())
     if not rest:
         return EPS if has_eps else None
-    body = rest[0] if len(rest) == 1 else _made(Alt(tuple(rest)))
+    body = rest[0] if len(rest) == 1 else _made(Choice(tuple(rest)))
     return rep(body, 0, 1) if has_eps else body
 
 
@@ -251,15 +251,15 @@ def derives_text(root: Frag, rules: dict[str, Frag]) -> bool:
     def need(f: Frag, parts: tuple) -> int:
         if not parts or (isinstance(f, Rep) and f.lo == 0):
             return 0
-        return len(parts) if type(f) in (Cat, Group) else 1
+        return len(parts) if type(f) in (Seq, Group) else 1
 
     return id(root) in finite_nodes([root], lambda f: _parts(f, rules), need)
 
 
 def _parts(f: Frag, rules: dict[str, Frag]) -> tuple:
-    if isinstance(f, Cat):
+    if isinstance(f, Seq):
         return f.parts
-    if isinstance(f, Alt):
+    if isinstance(f, Choice):
         return f.options
     if isinstance(f, Rep):
         return (f.item,)
@@ -309,9 +309,9 @@ class _Writer:
             if uses[id(f)] == 1:
                 stack.extend(
                     f.parts
-                    if isinstance(f, Cat)
+                    if isinstance(f, Seq)
                     else f.options
-                    if isinstance(f, Alt)
+                    if isinstance(f, Choice)
                     else (f.item,)  # type: ignore[attr-defined]
                 )
             if (uses[id(f)] == 2 or isinstance(f, Group)) and f is not self.root:
@@ -357,12 +357,12 @@ class _Writer:
             if shared is not None:
                 return shared
         depth += 1
-        if isinstance(f, Cat):
+        if isinstance(f, Seq):
             if not f.parts:
                 raise ValueError("an empty sequence has no Lark text of its own")
             text = " ".join(self._expr(p, 1, pending, depth=depth) for p in f.parts)
             return f"({text})" if prec >= 2 else text
-        if isinstance(f, Alt):
+        if isinstance(f, Choice):
             text = " | ".join(self._expr(o, 0, pending, depth=depth) for o in f.options)
             return f"({text})" if prec >= 1 else text
         assert isinstance(f, Rep)

@@ -23,19 +23,15 @@ that needs counting beside keys that may repeat, and the ``not``-over-object fac
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from lmprog.fsm.json_schema.lark import Frag, alt, loop
-from lmprog.fsm.json_schema.sequences import Slot
-from lmprog.fsm.json_schema.terms import ObjT
-
-if TYPE_CHECKING:
-    from lmprog.fsm.json_schema.emit import Emitter
+from lmprog.fsm.json_schema.emit.lark import Frag, choice, loop
+from lmprog.fsm.json_schema.emit.sequences import Slot
+from lmprog.fsm.json_schema.emit.writer import Writer
+from lmprog.fsm.json_schema.terms.nodes import ObjT
 
 KEYED = 64  # bits of a parametric rule's parameter
 
 
-def unordered(named: list[tuple[str, Slot]], free: Frag | None, t: ObjT, em: Emitter):
+def unordered(named: list[tuple[str, Slot]], free: Frag | None, t: ObjT, em: Writer):
     """The object ``t`` with its members in any order: ``named`` its keys' members in
     canonical order (Slot.lo 1 = required), ``free`` the members of its other keys (None:
     none). NotImplemented where canonical order is the one written (see the module)."""
@@ -54,7 +50,7 @@ def unordered(named: list[tuple[str, Slot]], free: Frag | None, t: ObjT, em: Emi
         body = loop(required + optional, None, em.sep, len(required), t.min_props, t.max_props)
     else:
         room = KEYED - len(required)
-        rest = alt(free, *optional[room:])
+        rest = choice(free, *optional[room:])
         body = loop(required + optional[:room], rest, em.sep, len(required), 0, None)
     empty_ok = not required and t.min_props == 0
     return em.container("{", body, empty_ok, "}")

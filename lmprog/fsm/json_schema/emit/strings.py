@@ -26,9 +26,9 @@ import json
 import re
 from functools import lru_cache
 
-from lmprog.fsm.json_schema.digits import fixed_width_range
-from lmprog.fsm.json_schema.formats import format_pattern
-from lmprog.fsm.json_schema.terms import StrT
+from lmprog.fsm.json_schema.emit.digits import fixed_width_range
+from lmprog.fsm.json_schema.terms.formats import format_pattern
+from lmprog.fsm.json_schema.terms.nodes import StrT
 from lmprog.fsm.regex import (
     ANY_CHAR,
     EPS,
@@ -44,8 +44,7 @@ from lmprog.fsm.regex import (
     raw,
     rep,
 )
-from lmprog.fsm.regex.dfa import complement_source
-from lmprog.fsm.regex.lookahead import split_lookaheads
+from lmprog.fsm.regex.lookahead import complement_source, split_lookaheads
 
 # one UTF-16 code unit: right wherever only an upper bound on the length matters (a surrogate
 # pair is two tokens but one character, so the count of characters never exceeds the tokens)
@@ -103,7 +102,7 @@ def _parsed(source: str) -> ParsedRegex:
 def string_lexeme(t: StrT, counted: bool = False):
     """The lexeme (``lark.tok``) of the strings of ``t``; None if there are none. `counted`:
     its maxLength is left to the check (``lengths.counted_apart``)."""
-    from lmprog.fsm.json_schema.lark import tok
+    from lmprog.fsm.json_schema.emit.lark import tok
 
     expr = string_expr(t, counted)
     return None if expr is None else tok(expr)
@@ -119,7 +118,7 @@ def string_expr(t: StrT, counted: bool = False) -> str | None:
       held to their canonical spelling (so each excluded value has one text to exclude).
     None for an empty set of values. `counted`: the maxLength is not written (the check
     counts it), the minLength is."""
-    from lmprog.fsm.json_schema.lark import regex_terminal
+    from lmprog.fsm.json_schema.emit.lark import regex_terminal
 
     if t.values is not None:
         r = alt(*(lit(json_text(v)) for v in sorted(t.values)))
@@ -167,7 +166,7 @@ def string_expr(t: StrT, counted: bool = False) -> str | None:
 
 def _matches(must: tuple, must_not: tuple) -> str:
     """The canonical strings matching every pattern of ``must`` and none of ``must_not``."""
-    from lmprog.fsm.json_schema.lark import regex_terminal
+    from lmprog.fsm.json_schema.emit.lark import regex_terminal
 
     texts = [regex_terminal(_quoted(_pattern_content(_parsed(src)))) for src in must]
     if must_not:

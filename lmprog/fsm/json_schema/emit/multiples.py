@@ -16,7 +16,7 @@ Anything else raises ConstraintError.
 from __future__ import annotations
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.digits import (
+from lmprog.fsm.json_schema.emit.digits import (
     Block,
     any_digit,
     digit_class,
@@ -106,7 +106,7 @@ def _coprime_multiples(c: int, d: int, k: int, min_digits: int = 1) -> R | None:
     (e divisible by d), and P's residue mod c is fixed by e; the prefixes of each residue
     come from an automaton over digits (c states, times the digits counted up to the
     prefix's least length)."""
-    from lmprog.fsm.json_schema.automata import to_regex
+    from lmprog.fsm.regex.automata import to_regex
 
     m, shift = c * d, pow(10, k, c)
     small = [lit(str(v)) for v in range(m, 10**k if k else 1, m) if len(str(v)) >= min_digits]

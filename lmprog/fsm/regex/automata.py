@@ -10,7 +10,7 @@ result grows quickly with the number of states, so callers give up (and refuse o
 
 from __future__ import annotations
 
-from lmprog.fsm.regex import EPS, R, alt, cat, rep
+from lmprog.fsm.regex.fragments import EPS, R, alt, cat, rep
 
 _START, _FINAL = "start", "final"
 

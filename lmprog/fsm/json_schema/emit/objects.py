@@ -21,22 +21,19 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 from itertools import combinations, permutations
-from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import conj, conj_all, meet, normalize_obj
-from lmprog.fsm.json_schema.lark import Frag, alt, tok
-from lmprog.fsm.json_schema.members import Members
-from lmprog.fsm.json_schema.sequences import Slot, separated
-from lmprog.fsm.json_schema.strings import json_text, string_lexeme
-from lmprog.fsm.json_schema.terms import Node, ObjT, StrT
-from lmprog.fsm.json_schema.unordered import unordered
-from lmprog.fsm.json_schema.values import str_ok
+from lmprog.fsm.json_schema.emit.lark import Frag, choice, tok
+from lmprog.fsm.json_schema.emit.members import Members
+from lmprog.fsm.json_schema.emit.sequences import Slot, separated
+from lmprog.fsm.json_schema.emit.strings import json_text, string_lexeme
+from lmprog.fsm.json_schema.emit.unordered import unordered
+from lmprog.fsm.json_schema.emit.writer import Writer
+from lmprog.fsm.json_schema.terms.algebra import conj, conj_all, meet, normalize_obj
+from lmprog.fsm.json_schema.terms.nodes import Node, ObjT, StrT
+from lmprog.fsm.json_schema.terms.values import str_ok
 from lmprog.fsm.regex import Chars, CharSet, Concat, Repeat, lit, node_lengths, parse_regex
 from lmprog.fsm.regex.lookahead import split_lookaheads
-
-if TYPE_CHECKING:
-    from lmprog.fsm.json_schema.emit import Emitter
 
 MAX_KEY_CLASSES = 64  # regions of one object (sets of patterns a key can match together)
 # optional properties of one object: where n keys may come next, the parser's row holds about
@@ -45,14 +42,14 @@ MAX_OPTIONAL_PROPERTIES = 4000
 _ANY_KEY = StrT()
 
 
-def object_regex(t: ObjT, em: Emitter) -> Frag | None:
+def object_regex(t: ObjT, em: Writer) -> Frag | None:
     if t.some_values:  # a member's value breaks a rule: its keys distinct, checked as decoded
         em.check(t)
-        return alt(*(_members(u, em) for u in _named_hits(t, em)))
+        return choice(*(_members(u, em) for u in _named_hits(t, em)))
     return _members(t, em)
 
 
-def _named_hits(t: ObjT, em: Emitter) -> list[ObjT]:
+def _named_hits(t: ObjT, em: Writer) -> list[ObjT]:
     """``t`` as a union of terms whose ``some_values`` no named key can meet: for each named
     key in a facet's key set, the term where that key is present and meets it (the facet
     then gone), and the term where another key must (the named ones taken out of the set)."""
@@ -74,7 +71,7 @@ def _named_hits(t: ObjT, em: Emitter) -> list[ObjT]:
     return out
 
 
-def _members(t: ObjT, em: Emitter) -> Frag | None:
+def _members(t: ObjT, em: Writer) -> Frag | None:
     named, n_required = [], 0
     for key, node in t.props:
         value = em.node(node)
@@ -92,13 +89,13 @@ def _members(t: ObjT, em: Emitter) -> Frag | None:
         )
     regions = _regions(t)
     slots = [slot for _, slot in named]
-    item = alt(*(em.member(string_lexeme(k), em.node(v)) for k, v in regions))
+    item = choice(*(em.member(string_lexeme(k), em.node(v)) for k, v in regions))
     if em.any_order:
         written = unordered(named, item, t, em)
         if written is not NotImplemented:
             return written
     if t.any_order and not regions and len(named) <= 4 and all(s.lo for s in slots):
-        body = alt(*(separated(list(p), em.sep)[0] for p in permutations(slots)))
+        body = choice(*(separated(list(p), em.sep)[0] for p in permutations(slots)))
         return em.container("{", body, not named, "}")
     most = None if item is not None else len(named)
     if (

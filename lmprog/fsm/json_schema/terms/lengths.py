@@ -36,8 +36,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from functools import lru_cache
 
-from lmprog.fsm.json_schema.formats import format_pattern
-from lmprog.fsm.json_schema.terms import ArrT, Node, ObjT, RefT, StrT
+from lmprog.fsm.json_schema.terms.formats import format_pattern
+from lmprog.fsm.json_schema.terms.nodes import ArrT, Node, ObjT, RefT, StrT
 from lmprog.fsm.regex import parse_regex
 from lmprog.fsm.regex.charset import SURROGATES, CharSet
 from lmprog.fsm.regex.dfa import search_automaton

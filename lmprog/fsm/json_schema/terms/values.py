@@ -9,8 +9,8 @@ from fractions import Fraction
 from functools import lru_cache
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.formats import format_pattern
-from lmprog.fsm.json_schema.terms import NumT, StrT
+from lmprog.fsm.json_schema.terms.formats import format_pattern
+from lmprog.fsm.json_schema.terms.nodes import NumT, StrT
 from lmprog.fsm.regex import parse_regex, value_matcher
 from lmprog.fsm.regex.lookahead import split_lookaheads
 
@@ -87,3 +87,16 @@ def to_decimal(x) -> Decimal:
             raise ConstraintError(f"non-finite number {x!r} in schema")
         return Decimal(repr(x))
     return Decimal(x)
+
+
+def value_key(v):
+    """A hashable key under JSON Schema equality (1 == 1.0, true != 1, key order ignored)."""
+    if v is None or isinstance(v, bool):
+        return ("c", v)
+    if isinstance(v, (int, float, Decimal)):
+        return ("n", to_decimal(v))
+    if isinstance(v, str):
+        return ("s", v)
+    if isinstance(v, list):
+        return ("a", tuple(value_key(x) for x in v))
+    return ("o", frozenset((k, value_key(x)) for k, x in v.items()))

@@ -24,11 +24,11 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema import facets, keywords
-from lmprog.fsm.json_schema.algebra import conj, conj_all, normalize_arr, normalize_obj
-from lmprog.fsm.json_schema.complement import neg, one_of
-from lmprog.fsm.json_schema.refs import Registry
-from lmprog.fsm.json_schema.terms import (
+from lmprog.fsm.json_schema.read import facets, keywords
+from lmprog.fsm.json_schema.read.refs import Registry
+from lmprog.fsm.json_schema.terms.algebra import conj, conj_all, normalize_arr, normalize_obj
+from lmprog.fsm.json_schema.terms.complement import neg, one_of
+from lmprog.fsm.json_schema.terms.nodes import (
     FULL_TERMS,
     NEVER,
     TOP,
@@ -253,7 +253,7 @@ def _uneval_props(t: ObjT, extra: Node) -> ObjT | None:
     """Keys that no part of the schema evaluated must also satisfy ``extra``."""
     if t.eval_all:
         return t
-    from lmprog.fsm.json_schema.values import pattern_matcher
+    from lmprog.fsm.json_schema.terms.values import pattern_matcher
 
     def evaluated(k: str) -> bool:
         return k in t.eval_names or any(pattern_matcher(p).fullmatch(k) for p in t.eval_patterns)

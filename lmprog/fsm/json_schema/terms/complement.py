@@ -14,9 +14,15 @@ from __future__ import annotations
 from functools import lru_cache
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import conj, conj_all, key_node, normalize_arr, normalize_obj
-from lmprog.fsm.json_schema.formats import format_pattern
-from lmprog.fsm.json_schema.terms import (
+from lmprog.fsm.json_schema.terms.algebra import (
+    conj,
+    conj_all,
+    key_node,
+    normalize_arr,
+    normalize_obj,
+)
+from lmprog.fsm.json_schema.terms.formats import format_pattern
+from lmprog.fsm.json_schema.terms.nodes import (
     FULL_TERMS,
     NEVER,
     TOP,

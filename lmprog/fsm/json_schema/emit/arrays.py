@@ -20,20 +20,18 @@ two equal items).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import conj
-from lmprog.fsm.json_schema.complement import neg
-from lmprog.fsm.json_schema.lark import EPS, Frag, alt, cat, opt, rep, unique
-from lmprog.fsm.json_schema.sequences import Slot, separated
-from lmprog.fsm.json_schema.terms import ArrT, Contains, Node
+from lmprog.fsm.json_schema.emit.lark import EPS, Frag, choice, opt, rep, seq, unique
+from lmprog.fsm.json_schema.emit.sequences import Slot, separated
+from lmprog.fsm.json_schema.emit.writer import Writer
+from lmprog.fsm.json_schema.terms.algebra import conj
+from lmprog.fsm.json_schema.terms.complement import neg
+from lmprog.fsm.json_schema.terms.nodes import ArrT, Contains, Node
+from lmprog.fsm.json_schema.terms.values import value_key
 
-if TYPE_CHECKING:
-    from lmprog.fsm.json_schema.emit import Emitter
 
-
-def array_regex(t: ArrT, em: Emitter) -> Frag | None:
+def array_regex(t: ArrT, em: Writer) -> Frag | None:
     if t.unique:
         return _unique_arrays(t, em)
     if t.repeats:  # two equal items: checked as the text is decoded (lmprog.fsm.checks)
@@ -53,14 +51,14 @@ def _items(
     n = len(prefix)
     if n == 0:
         return separated([Slot(rest, lo, hi)], sep)
-    tail = rep(cat(sep, rest), max(0, lo - n), None if hi is None else hi - n)
+    tail = rep(seq(sep, rest), max(0, lo - n), None if hi is None else hi - n)
     for i in range(n - 1, 0, -1):
-        step = cat(sep, prefix[i], tail)
+        step = seq(sep, prefix[i], tail)
         tail = step if i < lo else opt(step)
-    return cat(prefix[0], tail), lo == 0
+    return seq(prefix[0], tail), lo == 0
 
 
-def _contains_items(t: ArrT, em: Emitter) -> tuple[Frag | None, bool]:
+def _contains_items(t: ArrT, em: Writer) -> tuple[Frag | None, bool]:
     if len(t.contains) > 1:
         return _Several(t, em).items(), False
     c = t.contains[0]
@@ -69,7 +67,7 @@ def _contains_items(t: ArrT, em: Emitter) -> tuple[Frag | None, bool]:
     return _contains_run(t.rest, c, 0, em)
 
 
-def _contains_run(item: Node, c: Contains, hits: int, em: Emitter) -> tuple[Frag | None, bool]:
+def _contains_run(item: Node, c: Contains, hits: int, em: Writer) -> tuple[Frag | None, bool]:
     """Any number of ``item``s of which c.lo - hits to c.hi - hits are in ``c.node``: "any
     item" runs around the required matching items (with ``maxContains``, runs of items
     outside ``c.node``, which needs its complement)."""
@@ -93,7 +91,7 @@ class _Counted:
     item; with ``maxContains`` it matches or is outside the ``contains`` schema (its
     complement)."""
 
-    def __init__(self, t: ArrT, em: Emitter) -> None:
+    def __init__(self, t: ArrT, em: Writer) -> None:
         self.t, self.em, self.c = t, em, t.contains[0]
         self.end = t.max_items if t.max_items is not None else max(len(t.prefix), t.min_items)
         top = self.c.lo if self.c.hi is None else self.c.hi
@@ -116,7 +114,7 @@ class _Counted:
         key = (i, h)
         if key not in self.memo:
             tail = self._next(i, h)
-            self.memo[key] = alt(EPS if self._done(i, h) else None, cat(self.em.sep, tail))
+            self.memo[key] = choice(EPS if self._done(i, h) else None, seq(self.em.sep, tail))
         return self.memo[key]
 
     def _next(self, i: int, h: int) -> Frag | None:
@@ -126,12 +124,12 @@ class _Counted:
         item = self.t.prefix[i] if i < len(self.t.prefix) else self.t.rest
         c = self.c
         if c.hi is None and h >= c.lo:  # enough matches: any item
-            return cat(self.em.node(item), self.rest(i + 1, h))
+            return seq(self.em.node(item), self.rest(i + 1, h))
         other = self.em.node(item) if c.hi is None else self.em.derived(item, neg(c.node))
-        options = [cat(other, self.rest(i + 1, h))]
+        options = [seq(other, self.rest(i + 1, h))]
         if c.hi is None or h < c.hi:
-            options.append(cat(self.em.derived(item, c.node), self.rest(i + 1, h + 1)))
-        return alt(*options)
+            options.append(seq(self.em.derived(item, c.node), self.rest(i + 1, h + 1)))
+        return choice(*options)
 
     def _run(self, h: int) -> Frag | None:
         return _contains_run(self.t.rest, self.c, h, self.em)[0]
@@ -147,7 +145,7 @@ class _Several:
     matching none may come anywhere, and once every count is reached any items follow. A DAG:
     each match raises a count."""
 
-    def __init__(self, t: ArrT, em: Emitter) -> None:
+    def __init__(self, t: ArrT, em: Writer) -> None:
         self.cs, self.item, self.em = t.contains, t.rest, em
         states = 1
         for c in self.cs:
@@ -176,7 +174,7 @@ class _Several:
             return self.memo[key]
         lacking = [i for i, c in enumerate(self.cs) if counts[i] < c.lo]
         if not lacking:  # (first is False here: some item matched)
-            out = rep(cat(self.em.sep, self.any), 0, None)
+            out = rep(seq(self.em.sep, self.any), 0, None)
         else:
             options = []
             for n in range(1, 1 << len(lacking)):
@@ -189,12 +187,12 @@ class _Several:
                 rest = self._from(after, False)
                 if hit is None or rest is None:
                     continue
-                options.append(cat(hit if first else cat(self.em.sep, hit), rest))
+                options.append(seq(hit if first else seq(self.em.sep, hit), rest))
                 if self.any is not None:
-                    lead = cat(self.any, rep(cat(self.em.sep, self.any), 0, None))
-                    lead = lead if first else rep(cat(self.em.sep, self.any), 1, None)
-                    options.append(cat(lead, self.em.sep, hit, rest))
-            out = alt(*options)
+                    lead = seq(self.any, rep(seq(self.em.sep, self.any), 0, None))
+                    lead = lead if first else rep(seq(self.em.sep, self.any), 1, None)
+                    options.append(seq(lead, self.em.sep, hit, rest))
+            out = choice(*options)
         self.memo[key] = out
         return out
 
@@ -202,7 +200,7 @@ class _Several:
 _MAX_SEVERAL = 256  # the counts kept for several contains (the product of minContains + 1)
 
 
-def _unique_arrays(t: ArrT, em: Emitter) -> Frag | None:
+def _unique_arrays(t: ArrT, em: Writer) -> Frag | None:
     if t.max_items is not None and t.max_items <= 1:
         return array_regex(replace(t, unique=False), em)
     values = _distinct_values(t, em)
@@ -212,7 +210,7 @@ def _unique_arrays(t: ArrT, em: Emitter) -> Frag | None:
         return em.container("[", body, t.min_items == 0, "]")
     arrays = _distinct_arrays(t, em)
     if arrays is not None:
-        return alt(*(em.value(a) for a in arrays))
+        return choice(*(em.value(a) for a in arrays))
     em.check(t)  # distinct items: checked as the text is decoded (lmprog.fsm.checks)
     return array_regex(replace(t, unique=False), em)
 
@@ -221,11 +219,9 @@ _LIMIT = 256
 _UNIQUE_ITEMS = 64  # distinct values of a parametric unique list (bits of its parameter)
 
 
-def _distinct_values(t: ArrT, em: Emitter) -> list | None:
+def _distinct_values(t: ArrT, em: Writer) -> list | None:
     """The distinct values (JSON equality) every item of ``t`` comes from, when there is no
     prefix and at most _UNIQUE_ITEMS of them; else None."""
-    from lmprog.fsm.json_schema.emit import value_key
-
     if t.prefix or t.contains or t.rest.never:
         return None
     values = em.finite_values(t.rest)
@@ -235,11 +231,9 @@ def _distinct_values(t: ArrT, em: Emitter) -> list | None:
     return distinct if len(distinct) <= _UNIQUE_ITEMS else None
 
 
-def _distinct_arrays(t: ArrT, em: Emitter) -> list | None:
+def _distinct_arrays(t: ArrT, em: Writer) -> list | None:
     """Every array of ``t`` with pairwise distinct items, when items come from finite sets and
     there are at most ``_LIMIT`` of them; else None."""
-    from lmprog.fsm.json_schema.emit import value_key
-
     if t.contains:
         return None
     choices = [em.finite_values(n) for n in t.prefix]

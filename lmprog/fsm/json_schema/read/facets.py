@@ -14,7 +14,7 @@ from dataclasses import replace
 from decimal import Decimal
 
 from lmprog.core.errors import ConstraintError
-from lmprog.fsm.json_schema.algebra import (
+from lmprog.fsm.json_schema.terms.algebra import (
     conj_all,
     key_node,
     normalize_arr,
@@ -22,8 +22,8 @@ from lmprog.fsm.json_schema.algebra import (
     normalize_obj,
     normalize_str,
 )
-from lmprog.fsm.json_schema.formats import format_pattern
-from lmprog.fsm.json_schema.terms import (
+from lmprog.fsm.json_schema.terms.formats import format_pattern
+from lmprog.fsm.json_schema.terms.nodes import (
     NEVER,
     TOP,
     TYPE_NAMES,
@@ -38,7 +38,7 @@ from lmprog.fsm.json_schema.terms import (
     StrT,
     make_node,
 )
-from lmprog.fsm.json_schema.values import pattern_matcher, to_decimal
+from lmprog.fsm.json_schema.terms.values import pattern_matcher, to_decimal
 from lmprog.fsm.regex import parse_regex
 from lmprog.fsm.regex.lookahead import split_lookaheads
 

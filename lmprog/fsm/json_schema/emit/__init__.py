@@ -1,0 +1,2 @@
+"""Terms to a grammar: the Lark fragments, and the emitter of numbers, strings, arrays and
+objects."""

@@ -1,0 +1,1 @@
+"""Reading a schema document into terms: drafts, references, keywords, facets, the builder."""
