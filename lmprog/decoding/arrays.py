@@ -1,8 +1,5 @@
-"""The array operations of the sampler, over numpy (no torch) or torch (any device).
-
-    ops_on(None)          numpy arrays on the host (the llama.cpp backend never imports torch)
-    ops_on(device)        torch tensors on that device (the runtime)
-    ops_for(x)            the ops of an existing array or tensor
+"""The array operations of the sampler: the `ArrayOps` interface and its numpy form (no
+torch; the torch form is arrays_torch.py, and array_ops.py picks one per array or device).
 
 A seeded row draws the same tokens from the same logits on either path; dtypes are named by
 string, reductions run over the last axis. Design: docs/design/sampling.md.
@@ -246,27 +243,3 @@ class NumpyOps(ArrayOps):
 
 
 NUMPY = NumpyOps()
-
-
-def ops_on(device: Any) -> ArrayOps:
-    """The ops of arrays on `device`: None for numpy on the host, else a torch device (or
-    its name; imports torch)."""
-    if device is None:
-        return NUMPY
-    from .arrays_torch import torch_ops
-
-    return torch_ops(device)
-
-
-def ops_for(x: Any) -> ArrayOps:
-    """The ops of `x`, a numpy array or a torch tensor."""
-    if isinstance(x, np.ndarray):
-        return NUMPY
-    from .arrays_torch import torch_ops
-
-    return torch_ops(x.device)
-
-
-def device_of(x: Any) -> Any:
-    """None for a numpy array, else the tensor's torch device."""
-    return None if isinstance(x, np.ndarray) else x.device

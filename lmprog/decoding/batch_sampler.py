@@ -14,7 +14,8 @@ from typing import Any, NamedTuple
 
 from lmprog.fsm.mask import allowed_bitmask
 
-from .arrays import Array, device_of, ops_for
+from .array_ops import device_of, ops_for
+from .arrays import Array
 from .decode_state import DecodeState
 from .sampler import (
     NO_TOKEN,

@@ -35,7 +35,7 @@ from lmprog.core.protocol import (
 )
 from lmprog.core.sampling import SamplingParams
 
-from .arrays import ops_on
+from .array_ops import ops_on
 from .detok import TextStream
 from .result import EngineResult
 from .rng import make_generator

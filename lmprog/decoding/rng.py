@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .arrays import ops_on
+from .array_ops import ops_on
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15

@@ -17,7 +17,8 @@ from typing import Any
 from lmprog.core.sampling import SamplingParams
 from lmprog.fsm.mask import apply_bitmask_, check_bitmask
 
-from .arrays import Array, ArrayOps, ops_for, ops_on
+from .array_ops import ops_for, ops_on
+from .arrays import Array, ArrayOps
 from .rng import SeededGenerator, uniforms
 
 _NEG_INF = float("-inf")
