@@ -1,4 +1,5 @@
-"""The generated language reference matches the docstrings; the README's commands exist."""
+"""The generated language reference and module map match the docstrings; the README's
+commands exist."""
 
 import subprocess
 import sys
@@ -10,6 +11,16 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_reference_is_generated_from_current_docstrings():
     result = subprocess.run(
         [sys.executable, "docs/gen_reference.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_architecture_module_map_is_generated_from_current_docstrings():
+    result = subprocess.run(
+        [sys.executable, "docs/gen_architecture.py", "--check"],
         cwd=ROOT,
         capture_output=True,
         text=True,

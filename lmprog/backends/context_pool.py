@@ -1,5 +1,5 @@
-"""The sequence slots of one llama.cpp context: which slot a request gets, and how cheaply it
-reaches its prompt (its own common prefix, another slot's copied cells, or a saved state).
+"""The sequence slots of one llama.cpp context: which slot a request gets, and how cheaply
+it reaches its prompt. Its own common prefix, another slot's copied cells, or a saved state.
 
 Idle slots keep their tokens as a prefix cache; work about to be thrown away is saved in the
 StateCache. Engine thread only; `stats()` from any thread.

@@ -1,6 +1,6 @@
-"""Constraints built from parts: literal text, regexes and other constraints, in sequence,
-union and repetition, as one grammar (what the server's tool calls need: a call format's
-fixed text around each tool's argument schema, or a plain answer instead).
+"""Constraints built from parts: literal text, regexes and other constraints in sequence,
+union and repetition, as one grammar. The server's tool calls need it: a call format's fixed
+text around each call's arguments.
 
     from lmprog.fsm import compose as c
     call = c.seq(c.json_text('{"name": "f", "arguments": '), c.embed(args), c.json_text("}"))

@@ -1,3 +1,3 @@
-"""The engine: the loop that serves a runtime's requests (engine.py), what goes in and comes
-back (io.py), one step's logits turned into results (step_outputs.py), its counters
-(metrics.py), and assembling it around a model (launch.py)."""
+"""The engine: the loop that serves a runtime's requests and what surrounds it. engine.py
+the loop, io.py what goes in and comes back, step_outputs.py one step's logits turned into
+results, metrics.py its counters, launch.py assembling it around a model."""

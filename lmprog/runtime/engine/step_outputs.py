@@ -1,5 +1,5 @@
-"""StepOutputs: one forward pass's logits -> tokens handed to each request's DecodeState
-(which appends them to the request and decides its finish reason), per batch entry.
+"""StepOutputs: one forward pass's logits -> tokens handed to each request's DecodeState,
+per batch entry. The DecodeState appends them to the request and decides its finish reason.
 
     out = outputs.process(batch, logits, draft_probs)   # sampled, drafts verified, accepted
     step = outputs.defer(batch, logits)                 # overlap: draws queued on the device

@@ -1,7 +1,6 @@
-"""Attention sinks, the model runner's side: a step's KVShift (scheduler/sinks.py) done on the
-pool before the forward, each kept key rotated back by the evicted distance
-(R(-d) R(p) k == R(p - d) k), values copied as they are. Design: docs/design/attention-sinks.md.
-"""
+"""Attention sinks, the model runner's side: a step's KVShift done on the pool before the
+forward. Each kept key is rotated back by the evicted distance (R(-d) R(p) k == R(p - d) k);
+which tokens move is scheduler/sinks.py's."""
 
 from __future__ import annotations
 

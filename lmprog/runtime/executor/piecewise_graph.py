@@ -1,5 +1,5 @@
-"""Piecewise CUDA graphs: steps that are not pure decodes (prefill chunks, mixed batches,
-verify rows) replayed from graphs of everything but attention, per bucketed token count.
+"""Piecewise CUDA graphs: steps that are not pure decodes replayed from graphs of everything
+but attention. Prefill chunks, mixed batches and verify rows, per bucketed token count.
 
     graphs = PiecewiseGraphRunner(model, kv, req_to_token, max_tokens=8192)
     logits = graphs.maybe_run(batch, kv)      # None: not served (decode-only, too many tokens)

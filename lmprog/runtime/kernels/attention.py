@@ -1,5 +1,5 @@
-"""Hybrid attention over the paged KV pool: prefill chunks, decodes and verify tokens of one
-batch in one family of Triton kernels sharing one tiling (see `attention_plan`).
+"""Hybrid attention over the paged KV pool in one family of Triton kernels. Prefill chunks,
+decodes and verify tokens of one batch share one tiling (see `attention_plan`).
 
     plan = plan_attention(...); out = hybrid_attention(q, k_buffer, v_buffer, plan)
 

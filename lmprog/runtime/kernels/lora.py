@@ -1,5 +1,5 @@
-"""Multi-LoRA: each token's low-rank update through one segmented shrink and one segmented
-expand per projection, every adapter of the batch at once (Punica's SGMV, S-LoRA's layout).
+"""Multi-LoRA kernels: every adapter of the batch at once, one segmented shrink and one
+segmented expand per projection. Punica's SGMV in S-LoRA's layout.
 
 Blocks of tokens grouped by adapter slot (lora.ops.plan_lora_step); split-K partials summed
 in order (deterministic); a fixed grid, so CUDA graphs capture it. Reference:

@@ -1,5 +1,5 @@
-"""DeepSeek-V2 and V2-Lite as plain modules: multi-head latent attention (MLA) over the latent
-KV pool, dense MLPs in the first layers and the sparse MoE (layers/moe.py) after.
+"""DeepSeek-V2 and V2-Lite as plain modules. Multi-head latent attention (MLA) over the
+latent KV pool, dense MLPs in the first layers and the sparse MoE (layers/moe.py) after.
 
 The pool keeps [c | rot(kr)] only and attention runs with the up-projections absorbed, so
 per-head k and v are never built. RoPE rows of the checkpoint are reordered at load

@@ -1,5 +1,6 @@
-"""The Llama family as plain modules: Llama 2/3/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3, and
-with sparse MoE MLPs on the config's MoE layers, Mixtral, Qwen2-MoE, Qwen3-MoE (moe.py).
+"""The Llama family as plain modules: Llama 2/3/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3.
+With sparse MoE MLPs on the config's MoE layers also Mixtral, Qwen2-MoE and Qwen3-MoE
+(moe.py).
 
 Parameter names follow Hugging Face, except that q/k/v and gate/up are fused into one matmul
 each (`qkv_proj`, `gate_up_proj`); `load_weights` takes HF names and fills the shards.

@@ -1,8 +1,6 @@
 """Loading one rank's shard: the ordinary model code filled with this rank's slices of the
-checkpoint, reading no more than it must (safetensors slices, GGUF rows, dummy weights
-drawn as for tp_size=1), then `shard_model_` (sharding.py).
-Design: docs/design/tensor-parallel.md.
-"""
+checkpoint. It reads no more than it must: safetensors slices, GGUF rows, dummy weights
+drawn as for tp_size=1."""
 
 from __future__ import annotations
 

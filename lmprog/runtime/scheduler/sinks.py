@@ -1,7 +1,6 @@
-"""Attention sinks, the scheduler's side: when a running request's KV is full (sinks + window
-positions), evict `shift` tokens after its sinks at once (StreamingLLM; the knobs are
-AttentionSinkConfig's). Design: docs/design/attention-sinks.md.
-"""
+"""Attention sinks, the scheduler's side: when a running request's KV is full, evict `shift`
+tokens after its sinks at once. StreamingLLM; the knobs are AttentionSinkConfig's, the KV
+side is cache/sinks.py."""
 
 from __future__ import annotations
 

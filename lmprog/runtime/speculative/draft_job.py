@@ -1,5 +1,5 @@
-"""One propose() call of the draft proposer: its jobs (one per request), the integers of its
-steps packed for one host-to-device copy, and the choice of each draft token.
+"""One propose() call of the draft proposer: its jobs, one per request. The integers of its
+steps are packed for one host-to-device copy, and each draft token is chosen here.
 
     one job (n = len(tokens), c = keep, k drafts), by position in the request's draft row:
         | kept 0..c-1 | extend c..n-1 | fed drafts d1..d_{k-1}: n..n+k-2 |    dk is not fed

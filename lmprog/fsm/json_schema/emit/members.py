@@ -1,8 +1,6 @@
-"""An object's members where what is written must be counted: ``minProperties``/
-``maxProperties`` beside optional properties, ``some`` facets (a key of the object must be in
-a set: what ``not`` over ``additionalProperties: false`` or ``propertyNames`` leaves) and
-``some_values`` facets (a member with its key in a set must have its value in another: what
-``not`` over other ``additionalProperties`` or ``patternProperties`` leaves).
+"""An object's members where what is written must be counted. That is
+``minProperties``/``maxProperties`` beside optional properties, ``some`` facets (a key of
+the object must be in a set) and ``not`` over closed objects.
 
 The members are the named slots in canonical order (each written at most once, their keys
 distinct) then the additional members (the regions of ``objects``). The grammar is the

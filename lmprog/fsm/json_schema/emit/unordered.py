@@ -1,5 +1,5 @@
-"""An object's members in any order: the grammar ``matches`` and prefilled text are read with
-(``key_order="any"``), where generation writes them in the schema's order (``objects``).
+"""An object's members in any order (``key_order="any"``). The grammar ``matches`` and
+prefilled text are read with; generation writes members in the schema's order (``objects``).
 
 An object of n optional keys has n! orders, so the members are a loop instead, written with
 llguidance's parametric rules (``lark.Loop``): one bit of a 64-bit parameter per key that must

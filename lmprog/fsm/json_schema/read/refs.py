@@ -1,9 +1,6 @@
-"""``$ref`` resolution within one schema document: ``$id`` base URIs (``id`` in a draft-03 or
-draft-04 document, where ``$id`` is not a keyword), ``$anchor`` names and JSON pointers. Remote references (another document) are not fetched: they raise ConstraintError,
-except references to the JSON Schema metaschemas (draft-03 to 2020-12, ``http://json-schema.org/
-draft-07/schema#`` and the like), which resolve to the copies that the ``jsonschema-specifications``
-package bundles, where it is installed.
-"""
+"""``$ref`` resolution within one schema document: ``$id`` base URIs, ``$anchor`` names and
+JSON pointers. In a draft-03 or draft-04 document the base URI is ``id`` (``$id`` is not a
+keyword there)."""
 
 from __future__ import annotations
 
