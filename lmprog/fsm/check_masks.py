@@ -1,7 +1,10 @@
-"""The masks of a guide whose constraint has decode-time checks (``lmprog.fsm.checks``): the
-grammar's mask less the tokens the check refuses, found by trying only the tokens that can
-complete something or, inside a string whose maxLength is counted apart, that can bring it
-near that bound (per-vocabulary tables of which those are)."""
+"""The masks of a guide whose constraint has decode-time checks: the grammar's mask less the
+tokens the check refuses.
+
+Only the tokens that can complete something or, inside a string whose maxLength is counted
+apart, that can bring it near that bound are tried (per-vocabulary tables of which those are).
+Design: docs/design/constraints.md.
+"""
 
 from __future__ import annotations
 

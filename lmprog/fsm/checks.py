@@ -1,47 +1,11 @@
-"""What the grammar cannot say, checked on the text as it is decoded: ``uniqueItems`` over
-items from an open set (strings, numbers, objects...), its complement (two equal items),
-distinct keys where ``not`` over additionalProperties/patternProperties asks for them, and
-the characters of strings whose maxLength the grammar leaves out (``json_schema.terms.lengths``:
-where a pattern beside it would make too big a lexeme).
+"""Decode-time checks: what a JSON grammar cannot say, checked on the text as it is decoded.
 
-A grammar cannot say "no item equals an earlier one" when the items are not drawn from a small
-finite set, nor "some item equals an earlier one", nor "no key is written twice". The compiler
-writes such containers without the condition and hands the guide a ``JsonChecks``: it reads the
-output as JSON (the grammar guarantees a JSON prefix), follows the schema's nodes down keys and
-indexes (the compiler's own terms, ``algebra.key_node``; a union follows every branch), and
-keeps, per container whose schema asks, what it needs:
-- distinct items (``ArrT.unique``): the items seen, under JSON Schema equality (``1`` and
-  ``1.0`` are equal, key order does not count). A token that would complete an item equal to an
-  earlier one -- the closing quote of a string, the character after a number, the last letter
-  of ``true``, the bracket closing an object -- is not allowed.
-- two equal items (``ArrT.repeats``, ``not`` over uniqueItems): the items seen and whether one
-  repeated; the bracket closing the array is not allowed before one did.
-- distinct keys (an ``ObjT`` with ``some_values``: a member whose value breaks what
-  additionalProperties or patternProperties require, which a later member with the same key
-  would replace, the last one counting; or a ``minProperties`` that needs two or more keys the
-  schema does not name, counted as written): the keys seen; the quote closing a key seen
-  before is not allowed.
-- counted lengths: the string's characters and its pattern's automaton state (a
-  ``LengthCount``); a token after which it passes maxLength, or cannot end within it, is not
-  allowed.
-The guide removes what is not allowed from the mask (``check_masks``: only tokens that can
-complete something, or bring a counted string near its bound, are tried) and refuses it in
-``advance``.
-
-Where several branches apply, a condition holds if any of them asks for it (a narrowing,
-never a wrong acceptance), unless each node the container follows also takes any array (any
-object) there. Where only some do (the nodes of several branches of an enclosing union), it
-holds: which branch the text is in may show only later (another key of the object around
-it), and the asking branch's grammar wrote the container without the condition. Under an
-unconstrained schema nothing is checked. A value that can only become a seen one is refused as
-soon as that is so: a literal at its first letter, an integer item "0" once 0 was seen, a
-string of a finite set (an enum too large for the grammar to track) at the character after
-which only seen strings remain, a string that a token would fill to its maxLength as a seen
-one; other dead ends are not foreseen: the guide allows their characters, and where no token
-can follow, the request fails with ConstraintError (an array of `^[ab]$` strings asked for
-three distinct items; an array that must repeat an item and has reached its maxItems).
-
-States are immutable (``State``, its stack of ``Top``/``Obj``/``Arr`` frames), one per token, so a guide rolls back by dropping the last ones.
+Distinct items over an open set (``uniqueItems``), two equal items (``not`` over it), distinct
+keys, and maxLengths counted beside a pattern (``json_schema.terms.lengths``). The compiler
+hands the guide a ``JsonChecks``; the guide removes what it refuses from the mask
+(``check_masks``) and refuses it in ``advance``. States are immutable (``State``, its stack of
+``Top``/``Obj``/``Arr`` frames), one per token, so a guide rolls back by dropping the last ones.
+Design: docs/design/constraints.md.
 """
 
 from __future__ import annotations

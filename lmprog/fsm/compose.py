@@ -1,27 +1,13 @@
 """Constraints built from parts: literal text, regexes and other constraints in sequence,
-union and repetition, as one grammar. The server's tool calls need it: a call format's fixed
-text around each call's arguments.
+union and repetition, as one grammar. The server's tool calls need it.
 
     from lmprog.fsm import compose as c
     call = c.seq(c.json_text('{"name": "f", "arguments": '), c.embed(args), c.json_text("}"))
     constraint = c.constraint(c.choice(call, c.embed(answer)), "tool call or answer")
 
-Parts are fragments of the JSON-token grammars of `lmprog.fsm.json_schema.emit.lark` (the same
-combinators: `seq`, `choice`, `rep`), so a schema's grammar embeds as it is. Each part must be cut
-into lexemes the way the parts it competes with are cut, because llguidance's lexer is greedy
-(see `json_schema.emit.lark`):
-
-* `text(s)`: one lexeme -- a marker such as ``<tool_call>`` or ``[TOOL_CALLS]`` that must not be
-  cut where a free-text lexeme beside it would run on;
-* `json_text(s)`: JSON text cut at JSON token boundaries, whitespace attached to punctuation as
-  the schema grammars attach it (``{``+ws, ws+``,``+ws, ws+``:``+ws, ws+``}``, strings whole),
-  so that it lines up, lexeme by lexeme, with a JSON answer beside it; other runs of text are
-  one lexeme each;
-* `regex(r)`: one lexeme (a regex fragment of `lmprog.fsm.regex`);
-* `embed(constraint)`: a regex, choices or dtype constraint as one lexeme; a JSON schema's
-  grammar with its rules renamed apart (and every string length in its lexemes: a composed
-  grammar runs without the schema's check). An EBNF grammar does not embed (its lexemes are the
-  user's, cut who knows how): ConstraintError.
+Parts: `text(s)` (one lexeme), `json_text(s)` (cut at JSON tokens), `regex(r)` and
+`embed(constraint)` (not an EBNF grammar: ConstraintError); each is cut into lexemes as the
+parts it competes with are. Design: docs/design/constraints.md.
 """
 
 from __future__ import annotations

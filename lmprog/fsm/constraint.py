@@ -5,7 +5,7 @@ Every constructor validates and compiles at once, so a bad regex or schema raise
 ``pattern``, a regex matched against the whole output, written in the syntax subset that Python
 ``re``, interegular and Rust's ``regex`` (the token engine, llguidance) all read the same way
 (see ``lmprog.fsm.regex``); a JSON schema or EBNF constraint holds ``lark``, a grammar in
-llguidance's Lark syntax. The token index consumes either.
+llguidance's Lark syntax. The token index consumes either. Design: docs/design/constraints.md.
 """
 
 from __future__ import annotations

@@ -4,18 +4,9 @@
         Constraint.from_json_schema(schema)
     tick()                                          # the compilers, where they count work
 
-The compilers written in Python (the JSON-schema compiler, the EBNF checks) call `tick()` at
-the counters they already keep (work units, grammar fragments, normalized unions: every
-value of an enum); every 256th call reads the clock and the flag. Past the deadline the
-compile raises ConstraintError naming the limit; with the flag set (the server's client left,
-or its request was answered with a timeout) it raises `CompileAbandoned` and its thread is
-free within milliseconds, instead of finishing work nobody waits for. llguidance's own
-compile (Rust, the GIL released) cannot be interrupted: what bounds it is the size of what it
-is given (`max_pattern_chars`, `grammar.MAX_GRAMMAR_CHARS`, `grammar_depth`), a few seconds
-at most.
-
-Outside any `compile_deadline`, `Constraint`'s constructors take `DEFAULT_COMPILE_S` (the
-server's default `constraint_timeout_s`), so a DSL `gen()` is bounded as a request is.
+Past the deadline the compile raises ConstraintError; with the flag set, `CompileAbandoned`.
+Outside any `compile_deadline`, `Constraint`'s constructors take `DEFAULT_COMPILE_S`.
+Design: docs/design/constraints.md.
 """
 
 from __future__ import annotations

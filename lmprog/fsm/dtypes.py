@@ -1,21 +1,10 @@
 r"""Typed generations: ``dtype=int|float|bool|str`` as regexes and parsers.
 
-The patterns are SGLang's (``REGEX_INT``, ``REGEX_FLOAT``, ``REGEX_BOOL``, ``REGEX_STR`` in
-``sglang.lang.ir``), so a ported program's typed gens write what they wrote there:
-
-* ``int``: ``[-+]?[0-9]+`` -> ``int``;
-* ``float``: ``[-+]?[0-9]*\.?[0-9]+`` -> ``float``;
-
-a number ends where the model writes one of its ``terminators`` (a space, a newline or the
-punctuation that follows a number in prose and JSON), followed by anything in the same token.
-SGLang writes ``[ \n]*`` there with stop strings " " and "\n": the bundled model then wrote
-"24000000..." for "hours in a day" (after "24" it wanted " hours", which the mask refused,
-leaving only digits); here it ends at " hours" instead. A gen adds the terminators as stop
-strings, so neither they nor what follows them are part of the text (nor, in SGLang, are
-its " " and "\n");
-* ``bool``: ``True|False`` -> ``bool``;
-* ``str``: ``"[\w\d\s]*"`` (ASCII letters, digits, ``_`` and whitespace between double
-quotes) -> the ``str`` between the quotes.
+SGLang's patterns (``sglang.lang.ir``): ``int`` ``[-+]?[0-9]+``, ``float``
+``[-+]?[0-9]*\.?[0-9]+``, ``bool`` ``True|False``, ``str`` ``"[\w\d\s]*"`` (parsed to the
+``str`` between the quotes). A number ends where the model writes one of its ``terminators``
+(a space, a newline, punctuation), which a gen adds as stop strings, instead of SGLang's
+``[ \n]*``. Design: docs/design/constraints.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
 """EBNF grammars: the GBNF dialect of llama.cpp's grammars and SGLang's `ebnf` parameter.
 
-    ebnf_to_lark(text) -> str      the grammar in llguidance's Lark syntax (its Earley parser
-                                   over a lazy lexer runs it: recursion at any depth)
+    ebnf_to_lark(text) -> str      the grammar in llguidance's Lark syntax
 
     root   ::= object                       rules `name ::= alternatives`, `root` is the start
     object ::= "{" ws pair ("," ws pair)* "}"
     pair   ::= string ":" ws value          "literal" strings, [a-z] / [^"\\] classes,
     ws     ::= [ \\t\\n]*                      ( ) grouping, | * + ? {m,n} repetition, # comments
 
-A grammar already in Lark syntax (a `start:` rule, or `%llguidance`) is taken as it is.
-
-Checked here, before any token is spent (ConstraintError naming the rule or the position):
-the syntax, rules used but not defined, a missing `root`, and a language with nothing in it
--- a `root` that can never finish (every derivation recurses forever, as in
-`root ::= "a" root`) -- which llguidance would otherwise accept and then never allow EOS.
+A grammar already in Lark syntax is taken as it is. The syntax, undefined rules, a missing
+`root` and a `root` that can never finish raise ConstraintError before any token is spent.
+Design: docs/design/constraints.md.
 """
 
 from __future__ import annotations

@@ -3,26 +3,9 @@
     compile_stack_bytes(lark_text) -> int     an upper bound, in bytes
     check_compile_stack(lark_text)            ConstraintError past MAX_COMPILE_STACK
 
-llguidance compiles a Lark grammar depth-first and recursively: a rule is compiled where it is
-first referred to, inside the compile of the rule referring to it, and so is a terminal
-referring to another terminal. A chain of rules each referring to the next (what an object of
-3,000 optional properties once became) is a chain of nested Rust calls, about 3 KB of stack a
-rule on this build, and a thread's stack (8 MiB on Linux by default, 2 MiB where unlimited)
-overflows: the process dies with SIGSEGV, which no Python code can catch. So every grammar is
-measured here before llguidance sees it, and refused past the bound.
-
-The measure is an upper bound whatever order the compiler visits rules in: the rules and
-terminals are the nodes of a graph whose edges are references, each edge weighing the frames
-of the rule it leaves (a rule's frames, plus a group's for each parenthesis or bracket around
-the reference: llguidance's parser allows 30); the compile's stack is a simple path from
-``start`` (or a ``%ignore``). A path's weight is bounded by the longest path over the strongly
-connected components, each component weighing the heaviest edge out of each of its nodes
-(inside it a simple path leaves each node once). A nested ``%lark { ... }`` grammar is compiled
-after its parent, from the bottom of the stack: it is measured on its own.
-
-The lexer mirrors llguidance's Lark lexer (``parser/src/lark/lexer.rs``): strings, regexes,
-comments, ``%json``/``%llguidance``/``%regex`` values are skipped as it skips them. A text it
-cannot read is measured conservatively (every name a reference at the deepest nesting).
+llguidance compiles rules recursively, so a long chain of rules would overflow a thread's
+stack (SIGSEGV, which no Python code can catch): every grammar is measured here first, as the
+longest path over its graph of references. Design: docs/design/constraints.md.
 """
 
 from __future__ import annotations

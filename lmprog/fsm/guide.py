@@ -1,31 +1,11 @@
 """A mutable cursor over a TokenIndex: one per sequence (and per fork).
 
-How an engine decodes under a constraint (runtime: batched; llama.cpp: one sequence):
+    guide = index.new_guide()
+    guide.advance(token)   guide.rollback(n)   guide.copy()   guide.can_stop()
 
-    index = TokenIndex.get(constraint, tokenizer)   # or poll TokenIndex.prefetch(...).done()
-    guide, out = index.new_guide(), []
-    while True:
-        r = jump_forward(guide, out, tokenizer, enabled=jump,   # lmprog.fsm.jump
-                         max_new_tokens=max_tokens - len(out))
-        out = r.apply(out)          # engine: drop r.drop_last_n_tokens KV slots, feed new ids
-        if guide.is_finished(): finish "stop"                  # only EOS could follow
-        if len(out) >= max_tokens: finish "length", message guide.length_message()
-        apply_bitmask_(logits, allowed_bitmask([guide], width))   # lmprog.fsm.mask
-        token = sample(logits)
-        guide.advance(token)        # ValueError if not allowed (a sampler bug)
-        if token == index.eos_token_id: finish "stop"
-        out.append(token)
-
-A guide owns an llguidance matcher at its position, the tokens it went through and their path
-nodes (`TokenIndex.path_node`), so it can roll back (`rollback(n)`, used by jump-forward's
-retokenization) and be copied for a fork. A position's bitmask and forced bytes are cached on
-the index by path node, shared by every guide that reached it. After EOS (allowed only where
-`can_stop()`), the guide is finished and allows nothing more.
-
-Its matcher shares the index's lexer with every other guide until one of them meets an error
-there (a limit: that lexer is then spent for all of them). A guide meeting one reports it
-(the index renews its lexer), reads its tokens again on a matcher of its own and retries; it
-fails (ConstraintError) only if its own text is past the limits on that fresh lexer too.
+It owns an llguidance matcher at its position and the tokens it went through, so it rolls
+back (jump-forward's retokenization) and forks; after EOS it is finished and allows nothing
+more. The loop an engine decodes with under a constraint: docs/design/constraints.md.
 """
 
 from __future__ import annotations

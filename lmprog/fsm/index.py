@@ -4,35 +4,10 @@
     TokenIndex.prefetch(constraint_or_pattern, tokenizer) -> Future[TokenIndex] (never blocks)
     index.new_guide()                                     -> Guide (per-sequence cursor)
 
-The token engine is llguidance (`LLMatcher`): the regex is compiled to a lazy derivative-based
-lexer, and a state's allowed tokens are found when decoding first reaches it, by walking the
-vocabulary's token trie through that lexer (Rust, the GIL released). Nothing is computed for
-states decoding never reaches, so a new schema gives its first mask in milliseconds instead
-of the seconds an eager index over every state took (docs/benchmarks.md).
-
-An index is shared (what it matches never changes); each Guide owns an `LLMatcher` (its
-position). What is derived from a position -- the bitmask row, the forced bytes for
-jump-forward -- is cached on the index by *path*: the token sequence from the constraint's
-start determines the matcher's state exactly, so guides that went through the same tokens
-(forks, the items of a batch, the first mask of every request with this constraint) share one
-computation. Paths are the nodes of a bounded trie (`path_node`); past `MAX_PATH_NODES`,
-positions are not cached.
-
-Masks are exact for every token: a token is allowed iff its bytes keep the text a prefix of a
-match; EOS iff the text is a complete match. One refinement from llguidance: where the
-constraint forces bytes, the mask allows the tokenizer's own tokenization of them (what
-jump-forward would emit) instead of every spelling.
-
-Bounds: llguidance's lexer limits (`LLParserLimits`: lexer fuel per step and at build, at most
-`MAX_LEXER_STATES` lexer states) cap the time and memory of one constraint; past them the
-constraint is refused (at build) or its request fails with ConstraintError (mid-decode),
-never the process, nor another request. Every matcher copied from an index's start shares one
-llguidance lexer (its states, built lazily, are the cache that makes copies cheap), and a
-lexer that hits a limit stays spent: every later transition of every copy is dead. So a
-matcher error renews the index's lexer (`lexer_failed`: a fresh start, once per lexer,
-counted by `lexer_renewals()`), and the cursor that met it goes on from a matcher of its own
-replaying its tokens (`own_matcher`, with the lexer fuel those tokens had when decoded one
-step at a time); only a cursor whose own text is past the limits fails.
+llguidance finds a position's allowed tokens when decoding first reaches it; bitmask rows and
+forced bytes are cached on the shared index by path (`path_node`). Past llguidance's lexer
+limits a constraint is refused (at build) or its request fails with ConstraintError, and a
+spent lexer is renewed (`lexer_failed`). Design: docs/design/constraints.md.
 """
 
 from __future__ import annotations

@@ -2,14 +2,9 @@
 
     IndexCache().lookup(key, build, inline) -> Future[index]   (build() -> (index, nbytes))
 
-- Memory: an LRU bounded by entries (`MEMORY_CACHE_SIZE`) and by bytes (`LMPROG_FSM_MEMORY_MB`,
-  default 2048, counted as the pattern and grammar sizes: the per-position caches of an index
-  are bounded on their own).
-- In flight: a second request for a key being built waits on the same Future.
-`prefetch` builds run on a small thread pool: llguidance releases the GIL while it compiles,
-so the requesting thread (e.g. the runtime's scheduler) keeps running.
-
-There is no disk cache: a constraint compiles in milliseconds (its token-level work is lazy).
+Bounded by entries (`MEMORY_CACHE_SIZE`) and bytes (`LMPROG_FSM_MEMORY_MB`, default 2048); a
+second request for a key being built waits on the same Future; there is no disk cache.
+Design: docs/design/constraints.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,11 @@
 """Compressed FSM and jump-forward: append the text a constraint forces in one step.
 
-Compressed FSM. From a position that is not a complete match, if every continuation starts
-with the same bytes, those bytes are forced: one string edge from that position,
+    r = jump_forward(guide, output_ids, tokenizer, max_new_tokens=...)
+    output_ids = r.apply(output_ids)   # engine: drop r.drop_last_n_tokens KV, feed the new ids
 
-    {"name": "  --'{"name":"'-->  (guide.forced_bytes() at the start of a {"name": ...} schema)
-
-computed by the token engine itself (llguidance's forced bytes of the matcher's lexer and
-parser state), so it uses exactly the regex semantics the masks use, needs no second
-automaton, and is cached per position on the index like the masks. Exactness: a byte is
-forced iff every match continuing the text has it next, so appending it removes no valid
-output.
-
-Jump-forward with retokenization at the boundary. The model's last tokens and the forced
-text are re-encoded together, so the result is what the tokenizer gives for the whole text
-(`"` + `,` becomes `",`):
-
-    output_ids: ... a b [c d]          lookback window [c d] (at most `lookback` tokens)
-    text      : bytes(c d) + forced    re-encoded -> [c e f g]
-    result    : drop_last_n_tokens=1 (d), new_token_ids=(e, f, g)  (common prefix c kept)
-
-The last new token is held back when the model could extend it with a longer allowed token
-(` "` vs ` "John`): the model then picks that token itself, as it would without jumping.
-
-Invariant (what engines rely on): on return, the guide has advanced through exactly
-`output_ids[:len(output_ids) - drop_last_n_tokens] + new_token_ids`, whose bytes are the old
-output's bytes plus a prefix of the forced text. Engines roll back the KV of the dropped
-tokens and feed the new ones in the next forward pass. A no-op result changes nothing.
+The forced bytes are llguidance's, cached per position on the index; they are re-encoded
+with the last `lookback` tokens, so the result is the tokenizer's own tokenization. On return
+the guide has advanced through exactly the result's tokens. Design: docs/design/constraints.md.
 """
 
 from __future__ import annotations

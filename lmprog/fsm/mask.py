@@ -1,27 +1,12 @@
-"""Token masks of constrained sequences in one encoding, the int32 bitmask of llguidance
-and xgrammar: row b is ceil(width / 32) words, token t allowed iff bit t % 32 of word t // 32
-is set (little-endian bit order).
+"""Token masks of constrained sequences as int32 bitmasks, the encoding of llguidance and xgrammar.
 
     allowed_bitmask(guides, width, device) -> int32 [B, ceil(width / 32)]   (FSM -> sampler)
     apply_bitmask_(logits, bitmask)         in place: logits[b, t] = -inf where the bit is 0
     unpack_bitmask(bitmask, width)          -> bool [B, width] (draft distributions, tests)
 
-    bitmask row:   word 0                         word 1
-                   bit 0 .. bit 31                bit 0 .. bit 31
-                   token 0 .. token 31            token 32 .. token 63   ...
-
-`guides[b]` may be None: that row allows everything. EOS is allowed only where the guide can
-stop; a guide that already consumed EOS allows only EOS again (a finished row in a batch stays
-finite). Logits may be wider than the vocabulary (padded embeddings): the padding ids are
-always forbidden for constrained rows.
-
-Each guide position gets, on first use, a cached bitmask row per (device, width) - 6 kB for
-a 49k vocabulary, shared by every position with the same allowed set - so a step costs a
-stack of cached rows. Applying adds 0 or -inf through a table from each mask byte to its 8 logits (a
-CPU has no cheap per-bit select): on a CPU ~30 us per 49k-token row through numpy.
-
-Arrays are torch tensors on a device, or numpy arrays (`device=None`: the llama.cpp backend,
-which never imports torch); applying works on either.
+Token t is allowed iff bit t % 32 of word t // 32 is set. `guides[b]` may be None (that row
+allows everything); padding ids past the vocabulary are forbidden for constrained rows. Arrays
+are torch tensors or numpy arrays (`device=None`). Design: docs/design/constraints.md.
 """
 
 from __future__ import annotations

@@ -3,18 +3,9 @@ marker, then the constrained answer, as one grammar.
 
     c = after_thinking(answer, start="<think>", end="</think>", opened=True)
 
-    start:  THINK  answer              THINK = text with no end marker, the end marker,
-    answer: %lark { <the answer's grammar> }       whitespace (one lexeme)
-
-The thinking is one lexeme that ends at the first end marker (and the whitespace after it), so
-llguidance's greedy lexer never cuts it short, the end marker is reachable from every point of
-the thinking (the marker cannot overlap itself in a way that ends it early: any text without
-it, plus it, is in the language), and the answer's grammar is nested whole (`%lark {...}`,
-its own lexer), so any constraint composes: a regex, choices, a JSON schema, an EBNF grammar or
-the server's tool calls. When the prompt did not open the block (`opened=False`) the block is
-optional and starts with its start marker: the model may answer without thinking.
-
-Jump-forward works as for any grammar: the forced bytes of the answer follow the marker.
+The thinking is one lexeme that ends at the first end marker; the answer's grammar is nested
+whole (`%lark {...}`), so any constraint composes. With `opened=False` the block is optional.
+Design: docs/design/constraints.md.
 """
 
 from __future__ import annotations

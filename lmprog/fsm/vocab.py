@@ -1,20 +1,11 @@
 """A tokenizer's vocabulary as raw bytes: what each token id appends to the output text.
 
-Constraints work on bytes, not on the tokenizer's own token strings, which are encoded:
+    vocab = TokenVocab.from_tokenizer(tok)   # once per tokenizer object, cached on disk
 
-    byte-level BPE (GPT-2, SmolLM2, Llama-3):  "Ġ\"" -> b' "'   (each char stands for one byte)
-    SentencePiece (Llama-2, Mistral):         "▁the" -> b' the',  "<0x0A>" -> b'\n'
-
-Special tokens (`<|im_end|>`, BOS, ...) are excluded: they never appear in constrained text.
-The EOS id is kept apart; the index allows it only in accepting states.
-
-`TokenVocab.from_tokenizer(tok)` is computed once per tokenizer object and shared. Reading
-49k tokens' bytes out of a tokenizer takes ~0.3 s, so a tokenizer loaded from a folder on
-disk (lmprog's tokenizer cache, a Hugging Face folder) has them cached beside the other files
-derived from it (`$LMPROG_CACHE_DIR/vocab/`, keyed by its `tokenizer.json`'s path, size and
-mtime, checked against the tokenizer's EOS, length and special tokens, each file's CRC-32):
-a few milliseconds later on. `fingerprint` identifies the byte mapping, so an index built
-for one tokenizer is reused only by a tokenizer with the same bytes, ids and EOS.
+Byte-level BPE and SentencePiece token strings become the bytes they stand for; special
+tokens are excluded and EOS is kept apart. `fingerprint` identifies the byte mapping, so an
+index is reused only by a tokenizer with the same bytes, ids and EOS.
+Design: docs/design/constraints.md.
 """
 
 from __future__ import annotations

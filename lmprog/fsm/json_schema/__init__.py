@@ -1,48 +1,13 @@
 """JSON Schema to a grammar: lmprog's own compiler.
 
-``build_grammar(schema)`` returns a grammar in llguidance's Lark syntax (``lark``: one lexeme per
-JSON token, written as a regex in the syntax of ``lmprog.fsm.regex``; structure and recursion as
-rules) whose language is the JSON texts of instances valid against ``schema``. The rule: a text
-the grammar accepts is always a valid instance; a valid instance is accepted in lmprog's
-canonical shape, and a schema whose valid set cannot be written exactly raises
-``ConstraintError`` (naming the keyword, and the JSON path for keywords and invalid values).
-The canonical shape:
+    lark = build_grammar(schema, whitespace=None, strict=True, key_order="schema")
 
-* whitespace: ``whitespace`` (a regex over JSON's whitespace characters; default ``[ ]?``, at
-  most one space) may appear after ``{``/``[``/``,``/``:`` and before ``,``/``:``/``}``/``]``,
-  never around the top-level value; bounded whitespace keeps a model from looping on newlines;
-* objects: named properties in declaration order (``properties`` first, then other ``required``
-  keys), any optional one left out, then other keys (``objects``); with ``key_order="any"``
-  (the grammar ``Constraint.matches`` reads with) the members in every order, each named key
-  at most once (``unordered``); with ``strict`` (the
-  default) no other key where the schema lists its keys and no keyword allows others, and no
-  item past ``prefixItems`` without ``items`` (``strict``: a subset of the valid values;
-  ``strict=False``: the spec's reading); a key is written once
-  (checked as the text is decoded where ``minProperties`` counts keys the schema does not
-  name, ``lmprog.fsm.checks``);
-* numbers: integers without fraction or exponent; bounded numbers without exponent (``numbers``);
-* strings: every JSON escape, counted per character for min/maxLength; canonical spelling under
-  ``pattern``/``format`` or excluded values (``strings``); formats as listed in ``formats``;
-* ``$ref`` recursion unrolled ``max_recursion_depth`` times (default 3); values under an
-  unconstrained schema (``{}``, a missing ``items``, default ``additionalProperties``) are any
-  JSON value, nested without bound (a recursive rule), or, with ``any_depth=n``, with
-  containers nested at most n levels (``any_depth=1``: ``{"a": [1, {"b": 2}]}`` is not
-  generated, ``{"a": [1, 2]}`` is).
-
-Keywords: type (unions, null), enum/const (any JSON value; objects in any key order up to 4 keys),
-properties/required/additionalProperties (default true)/patternProperties/propertyNames/
-min-maxProperties/dependentRequired/dependentSchemas, prefixItems/items/min-maxItems/contains/
-min-maxContains/uniqueItems (finite item sets only), min-maxLength/pattern/format,
-minimum/maximum/exclusive*/multipleOf, allOf/anyOf/oneOf/not/if-then-else (complements when each
-facet has an exact one), $ref/$defs/definitions/$id/$anchor (same document),
-unevaluatedProperties/unevaluatedItems (from the evaluated keys each branch certainly has).
-Annotations (title, description, default, examples, $comment, content*, ...) and unknown keywords
-(vendor fields such as ``x-kubernetes-*``, draft-04's ``id``) are ignored, as JSON Schema says;
-draft-04's boolean exclusiveMinimum/exclusiveMaximum are read; ``$dynamicRef``/``$recursiveRef``
-resolve where the document declares their anchor once (else ConstraintError); a draft-03
-document (its ``$schema``) is read as later drafts write it (``drafts``: ``required: true``,
-schemas in ``type``, ``extends``, ``disallow``, ``divisibleBy``); references to the JSON Schema
-metaschemas resolve to the copies jsonschema-specifications bundles.
+A text the grammar accepts is always a valid instance; a valid instance is accepted in
+lmprog's canonical shape (declared key order, bounded whitespace, canonical numbers and
+strings), and a schema whose valid set cannot be written exactly raises ``ConstraintError``
+naming the keyword and the JSON path. Stages: ``read`` (documents to nodes), ``terms`` (the
+intermediate form), ``emit`` (the grammar). The canonical shape, the keywords read and what
+is refused: docs/design/json-schema.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Regular expressions as values: character sets, an AST, a strict parser and an emitter.
 
-Every pattern lmprog hands to the token index is *emitted* by this module, never passed through
-from a user. The emitted syntax is the common subset that Python ``re``, interegular and the Rust
-``regex`` crate (llguidance, the token engine) read the same way:
+    parsed = parse_regex(pattern, dialect="ecma")   # or "python"; ConstraintError if not exact
+    fragment = emit(parsed.whole())                  # R, in the subset every engine reads
 
-* literals, with metacharacters backslash-escaped and control characters as ``\\xHH``;
-* classes ``[...]`` / ``[^...]`` with explicit ranges (never ``\\d``/``\\w``/``\\s``, whose meaning
-  differs between engines; ``[\\s\\S]`` is used only for "any character");
-* ``(?:...)`` groups, ``|``, and the quantifiers ``* + ? {n} {n,} {n,m}``.
-
-No anchors, lookaround, backreferences or flags: an emitted pattern always means "the whole
-string". ``parse_regex`` accepts Python-style (``dialect="python"``) or ECMA-262 (``"ecma"``, the
-JSON Schema ``pattern`` dialect) syntax, with Python's inline flags (``(?i)``, ``(?s)``, ``(?m)``,
-scoped ``(?i:...)``; ``casefold.py``) and ``\\A``/``\\Z`` in both; word boundaries and
-lookarounds of one character class become assertion-free branches (``assertions.py``), longer
-lookaheads in JSON Schema patterns intersections (``lookahead.py``) or, where those cannot
-place them, branches through the automaton too. It raises
-``ConstraintError`` naming the construct and its position for anything that cannot be
-represented exactly (longer lookbehinds, backreferences, the ``x`` flag, Unicode properties
-other than general categories such as ``\\p{L}``, ...).
+Every pattern lmprog hands to the token index is emitted here, never passed through from a
+user: literals, explicit classes, ``(?:...)``, ``|`` and quantifiers, always meaning "the whole
+string". Which constructs are read and how: docs/design/constraints.md.
 """
 
 from __future__ import annotations

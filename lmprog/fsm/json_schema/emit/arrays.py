@@ -1,20 +1,9 @@
 """Arrays: prefix items, the items after them, item counts, ``contains`` and ``uniqueItems``.
 
-Items are written ``[ws item (ws , ws item)* ws]``. An array shorter than its prefix stops after
-any prefix item at or past ``minItems``, so the prefix is a nest of optional groups.
-``contains`` without prefix items or ``maxItems``: the items are a sequence of "any item" runs
-around the required matching items (and, with ``maxContains``, runs of non-matching items,
-which needs the complement of the ``contains`` schema); beside prefix items or ``maxItems``, the
-items are written position by position with the matches counted (``_Counted``). A matching
-item is written narrowed by the ``contains`` schema while the check reads it along the items'
-own, so a ``contains`` schema that asks for a condition the check would keep is refused
-(``Emitter.derived``). ``uniqueItems`` is exact when the items come from one finite set of at
-most 64 values (``enum``, booleans, ``const``...: a parametric rule with a bit per value, each
-used once), when there are at most 256 distinct-item arrays (prefix items from finite sets:
-enumerated), or when arrays hold at most one item; over other items (strings, numbers,
-objects...) the grammar writes the array without the condition and the guide checks it as the
-text is decoded (``lmprog.fsm.checks``), as it checks ``repeats`` (``not`` over uniqueItems:
-two equal items).
+Items are written ``[ws item (ws , ws item)* ws]``; ``contains`` as runs around the matching
+items, or position by position with the matches counted (``_Counted``). ``uniqueItems`` is exact
+over small finite item sets; over other items the guide checks it as the text is decoded
+(``lmprog.fsm.checks``). Design: docs/design/json-schema.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """A schema's JSON text as a grammar over JSON tokens, written in llguidance's Lark syntax.
 
-The compiler writes each JSON token -- a string (key or value), a number, ``true``/``false``/
-``null``, and the punctuation with the whitespace around it -- as one *lexeme*: a regex
-(``tok``). Structure (objects, arrays, unions, repetition, recursion) is built over lexemes with
-``seq``/``choice``/``rep`` into a DAG of fragments, and named rules (``Ref``) hold what recurses:
-values under an unconstrained schema, recursive ``$ref``. ``to_lark`` writes the DAG as a Lark
-grammar (shared fragments become rules); llguidance runs it with its Earley parser over a lazy
-lexer.
-
-Why lexemes are JSON tokens. llguidance's lexer is greedy: when one allowed lexeme is complete
-and another allowed lexeme continues, it continues, with no backtracking. The JSON token split
-is one where that is always right: punctuation lexemes carry the whitespace on both sides
-(``ws , ws``, ``{ ws``, ``ws }``), a value or key never starts with whitespace or punctuation that
-could extend the lexeme before it, strings end at their closing quote and numbers are followed
-only by punctuation. Two lexemes that match the same text (a named key and a key of
-``additionalProperties``) are both kept by the parser. (A lexeme of several tokens, such as
-``{"a":``, would be cut wrong next to ``{``.)
-
-``None`` stands for the empty language throughout, as in ``lmprog.fsm.regex``.
+Each JSON token is one lexeme (``tok``), since llguidance's lexer is greedy and at JSON token
+boundaries going on is always right; structure is built with ``seq``/``choice``/``rep`` into
+a DAG of fragments, named rules (``Ref``) hold what recurses, and ``to_lark`` writes it.
+``None`` stands for the empty language, as in ``lmprog.fsm.regex``.
+Design: docs/design/json-schema.md.
 """
 
 from __future__ import annotations

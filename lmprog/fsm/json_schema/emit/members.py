@@ -2,17 +2,8 @@
 ``minProperties``/``maxProperties`` beside optional properties, ``some`` facets (a key of
 the object must be in a set) and ``not`` over closed objects.
 
-The members are the named slots in canonical order (each written at most once, their keys
-distinct) then the additional members (the regions of ``objects``). The grammar is the
-automaton over (slot, members written, distinct keys, facets met) written out as shared
-fragments. Toward ``maxProperties`` every member written counts (there are at most that many
-distinct keys); toward ``minProperties`` an additional member counts once, and a second one
-only where the guide checks that keys are not repeated (a minimum that needs two or more
-additional keys: ``terms.counts_additional_keys``; the keys read before are refused as the
-text is decoded, ``lmprog.fsm.checks``), since otherwise two of them may repeat a key. A
-facet is met by a named key in its set, or by an additional member whose key is in it (a key
-is present however often it is written); at most one facet may be left for the additional
-members to meet.
+The grammar is the automaton over (slot, members written, distinct keys, facets met), written
+out as shared fragments. How each member counts: docs/design/json-schema.md.
 """
 
 from __future__ import annotations

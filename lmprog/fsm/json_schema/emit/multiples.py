@@ -1,16 +1,9 @@
 """Integers divisible by a step, as exact regexes.
 
-* A bounded range of at most 2,000 multiples: the multiples, listed.
-* A step 2**a * 5**b: divisibility is decided by the last k digits, so each block of a digit
-  range (``digits``) ends in one of the allowed k-digit endings.
-* Other steps, split as d * c (d = 2**a * 5**b, c coprime to 10, c <= 30), over a range open
-  on at least one side: a positive number is a prefix and a k-digit ending; the ending fixes
-  the prefix's residue mod c, and the prefixes of each residue come from a c-state automaton
-  (``automata``). Read as x >= lo (x <= hi mirrored): lo <= 0 takes every positive multiple,
-  zero and the negative ones down to lo (listed); lo > 0 of L digits takes the multiples up
-  to 10**L - 1 (listed) and those of more than L digits (the automaton, counting digits).
-
-Anything else raises ConstraintError.
+A bounded range of at most 2,000 multiples is listed; a step 2**a * 5**b is decided by the
+last digits; other steps (c coprime to 10, c <= 30) over a range open on one side use a
+c-state automaton (``automata``). Anything else raises ConstraintError.
+Design: docs/design/json-schema.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """Numbers: exact regexes for integer and decimal ranges, excluded values and ``multipleOf``.
 
-Written forms. An unconstrained ``number`` takes the full JSON grammar (fraction and exponent);
-an unconstrained ``integer`` is ``-?(0|[1-9][0-9]*)``. As soon as a number carries a bound,
-``multipleOf``, an excluded value or "non-integer", it is written without an exponent (so every
-accepted text is compared digit by digit), except that a bounded ``number`` also takes the
-exponent notation ``json.dumps`` uses for very small and large floats (``1e-05``, ``2.5e+16``:
-a mantissa in [1, 10) times ``10**E``) for every exponent whose whole decade lies inside the
-bounds; integers are written without a fraction: ``1.0`` and ``1e2`` are valid JSON Schema
-integers that lmprog does not generate. Values from ``enum``/``const``
-are written as plain decimals (``-0.5``; integral ones also with a zero fraction: ``2``, ``2.0``).
-
-Decimal ranges split at the integer part: for x in [2.5, 7.25] the text is ``2.(5..)`` or
-``[3-6](.digits)?`` or ``7(.0..25)``; the fraction digits come from a small automaton over the
-digits of the bounds (``_Fraction``). ``multipleOf`` is exact for integers (a divisor 2**a * 5**b over
-any range; any divisor over a range of at most 2,000 multiples, or over a range open on one
-side, through a divisibility automaton: ``multiples``); over numbers for a step c / 10**k with c dividing 10**k
-(``0.01``, ``0.5``, ``0.25``, ``0.125``: every integer is a multiple, and the fraction, padded
-to k digits, must be divisible by c: ``FracRule``, followed digit by digit beside the bounds),
-and for any other decimal step over a bounded range of at most 2,000 multiples (listed);
-anything else raises ConstraintError.
+A number with a bound, ``multipleOf`` or an excluded value is written without an exponent
+(but for ``json.dumps``'s exponent form of decades inside the bounds), an integer without a
+fraction; decimal ranges split at the integer part. Which ``multipleOf`` steps are exact
+(others raise ConstraintError): docs/design/json-schema.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Objects: named properties in canonical order, then the keys the schema does not name (in
 any order instead where the emitter writes ``any_order``: ``unordered``).
 
-Canonical order: the properties a term names are written in declaration order (``properties``
-first, then ``required`` keys that ``properties`` does not list), each optional one may be left
-out; keys not named follow, in any number, in *regions*: one region per set S of the
-``patternProperties`` patterns that a key can match together (S empty: keys matching none),
-holding the keys that match exactly the patterns of S, are allowed by ``propertyNames`` and are
-not named, with exactly the schemas that apply to such keys (the patterns' of S, or
-``additionalProperties`` for S empty; of every rule, when ``allOf`` brings several). Each
-region's key is one lexeme: the intersection of its patterns, minus the other patterns and the
-named keys (llguidance's ``&``/``~``, in canonical spelling so that exclusion is exact;
-``strings.string_expr``). Sets of patterns that cannot overlap are not formed.
-
-A key written twice (JSON allows it; the last one wins) never makes an instance invalid here,
-except against ``minProperties``, hence the limit on it.
+Named properties come in declaration order, each optional one may be left out; other keys
+follow in *regions*, one per set of ``patternProperties`` patterns a key can match together,
+each region's key one lexeme (``strings.string_expr``). Design: docs/design/json-schema.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Separated sequences: items in a fixed order of slots, joined by a separator.
 
-A slot is an item (a grammar fragment) with a count range. The text of a sequence puts the separator between
-consecutive items, never before the first. With ``F(i)`` = "slots i.. with nothing written yet" and
-``T(i)`` = "slots i.. after something was written" (each item preceded by the separator)::
-
-    T(i) = (sep item_i){lo_i,hi_i} T(i+1)
-    F(i) = item_i (sep item_i){lo_i-1,hi_i-1} T(i+1)            if lo_i >= 1
-         | item_i (sep item_i){0,hi_i-1} T(i+1)  |  F(i+1)      otherwise
-
-written as one union over the slots that may come first. The tails T(i) are not written as a
-chain (T(i) referring to T(i+1): n rules each inside the next, which llguidance compiles
-recursively, ``lmprog.fsm.grammar_depth``) but as the pieces ``(sep item_i){lo_i,hi_i}`` of a
-balanced tree: a tail is the O(log n) subtrees covering slots i.., so rules nest O(log n) deep
-and the sequence is O(n log n) fragments for n slots::
-
-    T(1) of 8 slots:  p1 [p2 p3] [[p4 p5] [p6 p7]]      [..] a shared subtree (a rule)
+A slot is an item (a grammar fragment) with a count range; the separator goes between
+consecutive items, never before the first. The tails are the subtrees of a balanced tree, so
+rules nest O(log n) deep (``lmprog.fsm.grammar_depth``) and n slots take O(n log n) fragments.
+Design: docs/design/json-schema.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """JSON strings: character tokens, lengths, patterns, formats and excluded values.
 
-A string's text is ``"`` + tokens + ``"``. With a ``minLength``, one token per code point:
-
-* a literal character other than ``"``, ``\\`` and U+0000..U+001F;
-* a short escape ``\\" \\\\ \\/ \\b \\f \\n \\r \\t``;
-* ``\\uXXXX`` (hex in either case) for a non-surrogate code point, or a surrogate pair
-  ``\\uD8xx\\uDCxx`` for one astral code point (lone surrogates are rejected),
-
-so ``{min,max}`` repetitions count characters the way ``minLength``/``maxLength`` do. Without a
-``minLength`` any ``\\uXXXX`` is one token (a shorter regex; a pair then counts as two, which can
-only make ``maxLength`` stricter). Unconstrained strings accept every spelling. Under a
-``pattern``/``format`` the characters of the match are written in their canonical spelling (the
-one ``json.dumps(..., ensure_ascii=False)`` writes); other spellings of the same string are
-rejected, which narrows the text language but not the set of values. Strings that must avoid
-some values or patterns (``not``/``enum``, keys other than the named properties) are written
-canonically, so that each excluded string has one text, which the lexeme excludes exactly
-(llguidance's ``&``/``~`` operators; ``string_expr``). Several patterns and formats, and lengths
-beside them, are intersections of lexemes -- but a maxLength the guide's check counts (where
-the lexeme would be too big: ``lengths``) is left out of it.
+With a ``minLength`` a string is one token per code point (a character, a short escape or
+``\\uXXXX``), so ``{min,max}`` counts characters as the keywords do; under a pattern, a format
+or excluded values its characters are written in their canonical spelling, so exclusion is
+exact (``string_expr``). Design: docs/design/json-schema.md.
 """
 
 from __future__ import annotations

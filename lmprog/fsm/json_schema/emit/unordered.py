@@ -1,24 +1,9 @@
 """An object's members in any order (``key_order="any"``). The grammar ``matches`` and
 prefilled text are read with; generation writes members in the schema's order (``objects``).
 
-An object of n optional keys has n! orders, so the members are a loop instead, written with
-llguidance's parametric rules (``lark.Loop``): one bit of a 64-bit parameter per key that must
-not repeat, set as its member is written and tested before it may be written again; the object
-may close once the bits of the required keys are all set (and, under min/maxProperties, the
-number of bits set is within them). The parser expands a (rule, parameter) pair only when the
-text reaches it, so the grammar stays linear in the number of keys. Exact, with no check at
-decode time, branch by branch of a union (each branch's loop carries its own parameter)::
-
-    { m_i (sep m_j)* }      m_i = "key_i": value_i, or a key of the additional members
-
-Keyed: the required keys first (bits 0..r-1), then the optional named keys while bits remain.
-The others -- optional keys past 64 bits, and the keys of ``additionalProperties``/
-``patternProperties`` (regions) -- may be written any number of times: JSON's last member
-wins, and each of their values is valid, so a repeated one leaves a valid object (the
-canonical order allows the same). Written in canonical order instead (``NotImplemented``):
-objects with nothing to reorder, more than 64 required keys, a minProperties/maxProperties
-that needs counting beside keys that may repeat, and the ``not``-over-object facets
-(``some``, ``some_values``), which ``members`` counts as it goes.
+The members are a loop of llguidance's parametric rules (``lark.Loop``): one bit of a 64-bit
+parameter per key that must not repeat, so the grammar stays linear in the number of keys.
+What is written in canonical order instead: docs/design/json-schema.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Schema documents to nodes: keywords, in-place applicators, references and unevaluated*.
 
-A schema object is the intersection of its type terms (``facets``), its ``enum``/``const``, its
-``allOf``/``$ref``/``dependent*`` parts, the union of its ``anyOf``, the exactly-one of its
-``oneOf``, the complement of its ``not`` and ``(if & then) | (!if & else)``. Then
-``unevaluatedProperties``/``unevaluatedItems`` apply to what no part evaluated.
-
-References are expanded in place (under drafts 3 to 7, named by the root's ``$schema``, a
-``$ref`` replaces the schema object it is in: its siblings are ignored, as those drafts say). A reference to a schema that is already being built
-(recursion) becomes a ``RefT``, the grammar's rule for that schema (``bodies``), so a tree
-schema accepts trees of any depth. Where the algebra needs the values behind such a reference
-(``allOf``/``not``/``unevaluated*`` over it), it raises ``Unroll``, and the schema is built again
-with ``unroll=True``: a reference already being expanded is expanded again at most
-``max_recursion_depth`` times, and past that its node is empty, so the recursive structure must
-end there (trees of bounded depth).
+A schema object is the intersection of its type terms (``facets``), ``enum``/``const`` and
+``allOf``/``$ref``/``dependent*`` parts, with its ``anyOf``, ``oneOf``, ``not`` and
+``if``/``then``/``else``; then ``unevaluated*`` apply. A recursive reference becomes a ``RefT``
+(a grammar rule); where the algebra must look inside one it raises ``Unroll`` and the schema is
+built again, unrolled ``max_recursion_depth`` times. Design: docs/design/json-schema.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Draft-03 schemas, read as the later drafts write the same constraints.
 
-A document whose ``$schema`` names draft-03 is rewritten before it is compiled:
-
-* ``"required": true`` inside a property's schema: the key joins the object's ``required``;
-* ``type`` with schemas among the names (``[{"$ref": "#/x"}, "null"]``) or ``"any"``: the
-  union of those schemas and types (``"any"``: no constraint);
-* ``disallow`` (a type, a schema, or a list of them): ``not`` their union;
-* ``extends`` (a schema or a list): ``allOf``; ``divisibleBy``: ``multipleOf``;
-* ``dependencies`` naming one key as a string: a list of that key;
-* the formats ``ip-address`` and ``host-name``: ``ipv4`` and ``hostname``.
-
-The shape of the document is kept where ``$ref`` pointers reach (``properties``,
-``definitions``, ``items``...), so references resolve as written. Under other drafts these
-keywords are unknown, and unknown keywords are annotations (JSON Schema; ``keywords``).
+A document whose ``$schema`` names draft-03 is rewritten before it is compiled (``required:
+true``, schemas in ``type``, ``disallow``, ``extends``, ``divisibleBy``, string
+``dependencies``, the old format names), keeping its shape where ``$ref`` pointers reach.
+Under other drafts these keywords are unknown, hence annotations. Design:
+docs/design/json-schema.md.
 """
 
 from __future__ import annotations

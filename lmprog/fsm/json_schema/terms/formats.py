@@ -1,27 +1,9 @@
 """String formats as anchored value-level patterns (ECMA syntax).
 
-Each format is a regex over the *decoded* string, compiled like a ``pattern``. They are exact for
-the grammar they cite, with these documented narrowings (a narrowing rejects some valid strings,
-never accepts an invalid one):
-
-* ``date``: RFC 3339 full-date, with month lengths and leap years (Feb 29 only in leap years);
-  years 0001..9999 (no year 0000, which Python's ``datetime`` cannot represent).
-* ``time``: RFC 3339 full-time; ``T``/``Z`` in either case; no leap second (``:60``).
-* ``date-time``: ``date`` + ``T`` + ``time``.
-* ``duration``: RFC 3339 appendix A (ISO 8601) durations.
-* ``email``: dot-atom local part ``@`` a hostname (no quoted local parts, no address literals).
-* ``hostname``: RFC 1123 labels of 1..63 characters, at most 4 labels of at most 61 characters
-  when more than one label is used (keeps the total under 253 characters), no ``--`` in
-  positions 3-4 of a label (IDNA A-labels are not generated).
-* ``idn-hostname``/``idn-email``: their ASCII subsets (``hostname``/``email``); ``regex``: literal
-  text with regex metacharacters escaped (always a valid ECMA-262 regex).
-* ``ipv4``: dotted quad without leading zeros; ``ipv6``: RFC 4291 text forms (no zone index).
-* ``uri``/``uri-reference``: RFC 3986; ``iri``/``iri-reference``: RFC 3987 (``ucschar`` in
-  unreserved positions; no ``iprivate``); ``uri-template``: RFC 6570 level 4.
-* ``uuid``: RFC 4122 hex groups 8-4-4-4-12; ``json-pointer``/``relative-json-pointer``: RFC 6901
-  and the relative JSON pointer draft.
-
-Other formats (custom ones) raise ConstraintError.
+Each format is a regex over the *decoded* string, compiled like a ``pattern``, exact for the
+grammar it cites except for documented narrowings (some valid strings rejected, never an
+invalid one accepted); other formats (custom ones) raise ConstraintError. The formats and
+their narrowings: docs/design/json-schema.md.
 """
 
 from __future__ import annotations

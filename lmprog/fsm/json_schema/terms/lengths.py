@@ -1,34 +1,10 @@
 """A string's maxLength counted beside its pattern, where one lexeme holding both is too big.
 
-llguidance writes a string's pattern and its lengths as one lexeme (``&``), a lazily built
-derivative automaton whose states pair a state of the pattern with a count of characters
-left. Where both are large -- a word-count pattern such as ``^(?:\\S+\\s+){0,499}\\S+$`` beside
-``maxLength: 2000`` -- a long string meets new states at every token (and each costs an
-emptiness check that walks the characters left): the lexer spends its fuel or its
-``index.MAX_LEXER_STATES`` within a few hundred tokens, and ``Constraint.matches`` rejected a
-valid 300-word value (a long string under a plain ``^[^<>]*$`` and maxLength 2000 decoded, but
-at about 2 ms a token). There the lexeme holds the pattern and the minLength only, and the
-guide's check counts the characters (``checks.JsonChecks``): a ``LengthCount`` follows the
-pattern's automaton over characters (``regex.dfa``), which says how many more characters
-each of its states needs at least, and refuses a token after which the characters begun plus
-that shortest completion pass maxLength. So nothing longer is accepted, and no mask leads
-where no valid string goes.
-
-``counted_apart`` picks the terms: a maxLength of at least ``APART_LENGTH``, or one whose
-(maxLength + 1) times the automaton's states pass ``APART``; one pattern or format (no
-lookahead, no excluded value) with an automaton of at most ``MAX_STATES`` states, none of
-which needs more than maxLength - minLength characters to end (so that the minLength the
-lexeme keeps and the count never disagree: a string the lexeme can still complete whose
-completions all fall short of minLength or past maxLength would pass through such a state);
-and only where the check reads the term alone -- not beside another string term of the same
-value, not under a union of object or array terms, and not in a schema whose grammar narrows
-nodes the check reads unnarrowed (``contains``, ``not`` over additionalProperties:
-``Emitter.derived``). Were a counted string met beside another term all the same, the check
-refuses it (never a wrong acceptance).
-
-One approximation, toward allowing: a token that ends inside an escape (``\\u00``) is taken
-as able to become any character. Were the characters that fit all out of its reach, the
-request would fail at the next token with ConstraintError; no invalid string is accepted.
+Where a large pattern meets a large maxLength, the lexeme pairing them spends llguidance's
+lexer limits within a few hundred tokens; there the lexeme keeps the pattern and minLength,
+and the guide's check counts the characters (``LengthCount``, ``checks.JsonChecks``), never
+accepting a longer string. ``counted_apart`` picks those terms. Why and when:
+docs/design/json-schema.md.
 """
 
 from __future__ import annotations
