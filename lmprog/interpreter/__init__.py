@@ -2,6 +2,7 @@
 
 Each state has a worker thread draining its queue of nodes; the program's own thread runs
 ahead and blocks only where it reads a value. Forks and batch items run concurrently.
+Design: docs/design/frontend.md.
 """
 
 from lmprog.interpreter.defaults import (

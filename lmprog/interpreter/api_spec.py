@@ -1,25 +1,10 @@
 """API speculative execution (SGLang, §5): fewer calls to an endpoint backend.
 
-With `@lp.function(num_api_spec_tokens=N)` on a backend whose `api_speculation` is set, a
-gen asks the endpoint for N tokens more than its `max_tokens` and ignores its stop
-strings. The output past the gen's own value (the *surplus*) is kept: constant text the
-program appends next must match it, and a following gen is cut from it (up to its own
-stop) instead of calling the endpoint again:
-
-    program:  "Name:" gen(stop="\\n") "\\nAge:" gen(stop="\\n") "\\nJob:" gen(stop="\\n")
-    one call:       " Ada\\nAge: 36\\nJob: mathematician\\nName: ..."
-                     ^^^^ value                           surplus left unused ^
-                         ^^^^^^ matches text   ^^^^^^ matches text
-                               ^^^ value           ^^^^^^^^^^^^^ value
-
-A mismatch drops the surplus; the next gen calls the endpoint again (speculating afresh).
-Gens are served only from token boundaries of the output, so `max_tokens` counts exactly
-as in a real call, and only plain gens take part (no constraint, no logprobs, no
-min_tokens/stop_token_ids/penalties, the same sampling fields as the call that produced
-the surplus); any other gen makes an ordinary call. Under greedy decoding a served value
-equals what a separate call returns whenever the endpoint tokenizes the matched text the
-way the model generated it (the usual case). Speculative calls are not streamed: with
-`run(stream=True)` a served value arrives in one piece.
+With `@lp.function(num_api_spec_tokens=N)` on a backend whose `api_speculation` is set, a gen
+asks the endpoint for N tokens more than its `max_tokens` and keeps the surplus: constant text
+the program appends next must match it, and a following gen is cut from it instead of calling
+the endpoint again; a mismatch drops it. Only plain gens take part, and speculative calls are
+not streamed. Design: docs/design/frontend.md.
 """
 
 from __future__ import annotations

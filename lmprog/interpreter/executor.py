@@ -3,12 +3,7 @@
 The executor owns the state's position in the chat structure (open message, var scopes,
 how many messages so far) and writes results into the `StateRecord`. It reaches the model
 only through the `Backend` protocol: `generate` for gens, `score` for selects,
-`cache_prefix` at forks.
-
-Text offsets used for messages and var scopes are offsets into the state's full text:
-
-    text: ...<|im_start|>user\\nWhat is 2+2?<|im_end|>\\n
-                             ^ open_message start   ^ content ends where the suffix begins
+`cache_prefix` at forks. Design: docs/design/frontend.md.
 """
 
 from __future__ import annotations

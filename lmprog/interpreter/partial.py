@@ -1,15 +1,8 @@
 """The JSON value of a gen's text as it streams (`state.partial_iter`).
 
-The text so far is read by pydantic-core's partial JSON mode (jiter's `allow_partial`),
-which closes what is open and keeps the members and items complete so far. Two things
-jiter would keep are held back here, from the lexical state at the end of the text:
-
-    {"name": "Al      a string still open: cut at its quote ({}), unless partial
-                      strings are asked for (jiter's "trailing-strings": {"name": "Al"})
-    {"age": 4         a number at the end may go on ("42"): cut (numbers only once complete)
-
-so every value reported is one the finished text also holds (objects and arrays growing,
-a partial string only growing).
+The text so far is read by pydantic-core's partial JSON mode (jiter's `allow_partial`); a
+string still open and a number at the end are held back, so every value reported is one the
+finished text also holds. Design: docs/design/frontend.md.
 """
 
 from __future__ import annotations

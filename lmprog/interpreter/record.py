@@ -1,15 +1,9 @@
 """What the readers of one state see: text pieces, variables, messages, status.
 
-Written by the state's worker thread only (the front half only counts submissions);
-read from any thread. One condition variable guards everything, and every write
-notifies it, so a reader waits for exactly what it needs:
-
-    s["x"]       until x is set, or the program failed, or x can no longer appear
-    sync()       until every submitted step ran (or the program failed)
-    text_iter()  until a new piece arrives, or nothing more can arrive
-
-No reader can hang: a failing worker records the error and still counts every drained
-step, and `finish()` runs when the worker exits.
+Written by the state's worker thread only, read from any thread; one condition variable
+guards everything, so a reader waits for exactly what it needs (`s["x"]`, `sync()`,
+`text_iter()`), and none can hang: a failing worker records the error and still counts every
+drained step. Design: docs/design/frontend.md.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ A program body runs in some thread (the caller's, a background thread for stream
 pool thread in a batch); its state's worker executes what it appends. A batch first
 traces the program to find the text every item starts with and asks the backend to
 cache it once, then fans the items out over a thread pool.
+Design: docs/design/frontend.md.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ step, so that no reader waits forever:
 
     program thread:  s += a; s += gen; s += b; s["x"] ............ (waits on record)
     worker thread:          [a][gen ~~~~~~~~~~~~~~~~~][b] ...      (writes record)
+
+Design: docs/design/frontend.md.
 """
 
 from __future__ import annotations

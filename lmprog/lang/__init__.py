@@ -2,7 +2,7 @@
 
 Programs are plain Python functions whose first parameter is the state `s`; appending to
 it (`s += ...`) builds IR nodes (`lmprog.lang.ir`). The interpreter executes those nodes;
-the tracer records them into a `Graph`.
+the tracer records them into a `Graph`. Design: docs/design/frontend.md.
 """
 
 from lmprog.lang.choices import (

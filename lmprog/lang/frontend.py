@@ -1,14 +1,10 @@
 """The program-facing half of a state: what `s` offers inside a program.
 
-`FrontendState` turns every append into IR nodes, validates them at the call that made
-them and hands them on (`_submit`). Two kinds of state share it: the tracer's, which
-records the nodes into a graph, and the interpreter's `ProgramState`, which executes them.
-So validation is identical whether a program is traced or run, and always synchronous:
-
-- the value's type (`flatten`): str, int, float or an lmprog expression;
-- role structure: roles do not nest, and only the open role can be ended;
-- sampling parameters: a gen's own arguments merged over the run's defaults;
-- variable names: reading a variable that nothing has produced yet fails fast.
+`FrontendState` turns every append into IR nodes, validates them at the call that made them
+(the value's type, role structure, sampling parameters, variable names) and hands them on
+(`_submit`) to the tracer's state, which records them, or the interpreter's `ProgramState`,
+which executes them; so validation is identical whether a program is traced or run.
+Design: docs/design/frontend.md.
 """
 
 from __future__ import annotations

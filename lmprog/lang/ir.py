@@ -1,16 +1,13 @@
 """The IR: frozen node types shared by the tracer and the interpreter.
 
-A program is a sequence of nodes. `s += x` turns `x` into nodes (`flatten`); the tracer
-records them into a `Graph` (below), the interpreter executes them. There is no second
-representation: what `trace()` prints is what runs.
-
     Expr (appendable with `s += ...`, composable with `+`)
       Text, ArgRef, Gen, Select, RoleBegin, RoleEnd, Image, Concat
     Node (structural; created by state methods only)
       VarScopeBegin, VarScopeEnd, Fork, Join
 
-`Concat` only exists while an expression is built (`lp.gen("a") + "\\n"`); `flatten`
-turns it into its leaves, so graphs and the interpreter never see it.
+`s += x` turns `x` into nodes (`flatten`, which also dissolves `Concat`); the tracer records
+them into a `Graph`, the interpreter executes them: what `trace()` prints is what runs.
+Design: docs/design/frontend.md.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ and `s` bound to a `TracerState`, which records every validated node instead of 
 it. A placeholder formatted into an f-string is recorded too: it formats as a sentinel that
 `_submit` splits back into text and argument nodes. Tracing stops (and the graph says why)
 at the first operation that needs a value the tracer does not have: str() of a placeholder,
-a truth test on it, reading a generated variable, the text so far...
+a truth test on it, reading a generated variable, the text so far... Design:
+docs/design/frontend.md.
 """
 
 from __future__ import annotations
