@@ -1,13 +1,11 @@
 """Checked block files, the disk tiers of the KV caches (the runtime's host tier,
 lmprog.runtime.executor.host_kv, and llama.cpp's saved states, lmprog.backends.state_cache).
 
-A block is one file: a header (magic, payload size, CRC-32 of the payload) and the payload,
-written under a temporary name and then renamed, so a file is whole or absent; it is read
-back only if its size, header and checksum all match what the writer recorded (`BlockRef`),
-else `BlockFileError`: the caller recomputes. A `BlockDir` keeps its blocks in a folder of
-its own (`lmprog-kv-<pid>-...`) inside a parent folder, removed when the BlockDir goes; the
-folders of processes that died (killed mid-write, say) are removed by the next BlockDir
-opened in the same parent.
+    blocks = BlockDir(parent)
+    ref = blocks.write(payload); payload = blocks.read(ref)   # BlockFileError: recompute
+
+A file is whole or absent, and read back only if its size, header and checksum match.
+Design: docs/design/foundations.md.
 """
 
 from __future__ import annotations

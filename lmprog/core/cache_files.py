@@ -4,12 +4,8 @@
     meta = read_description(entry / "x.json", gguf, version=1)   # None: build the entry
     write_description(entry / "x.json", gguf, {...}, version=1)  # last, once the data is in
 
-The digest is of the file's absolute path, size and mtime (nanoseconds) and the format
-version: a model file replaced or touched gets a new entry. A description repeats that
-identity and version and is written last and atomically (a temporary file renamed over it),
-so an entry whose description is missing, unreadable or names another file is incomplete,
-stale or corrupt: the caller rebuilds it. Used by the tokenizer cache (core/models.py), the
-GGUF index and the dequantized weights (lmprog/runtime/models/loaders).
+The digest is of the file's path, size, mtime and the format version; a description missing,
+unreadable or naming another file means: rebuild. Design: docs/design/foundations.md.
 """
 
 from __future__ import annotations

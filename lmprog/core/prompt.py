@@ -1,18 +1,10 @@
 """Prompt text that knows where its control tokens may be, and its tokenization.
 
-A chat template writes control tokens (`<|im_start|>`, `<|im_end|>`, ...) around messages;
-a user's text may contain the same strings. Tokenized as one string, both become control
-tokens, so a user could close their turn and open a system one. A `Prompt` is the text plus
-the character spans in which special-token strings are control tokens (the template's
-markers, the model's own output); everywhere else they are encoded as plain text:
+    ids = encode_prompt(tokenizer, prompt)   # a Prompt, or a str: the caller's whole prompt
 
-    Prompt("<|im_start|>user\\nHi<|im_end|>\\n", control=((0, 17), (19, 30)))
-
-A plain `str` prompt is the caller's whole prompt, written by them (`/v1/completions`,
-`Runtime.generate("...")`): its special-token strings are control tokens, as every
-tokenizer reads them. `encode_prompt` tokenizes both; a prompt without injected special
-tokens gets exactly the tokens the plain string gets, so prefix caches keyed by tokens keep
-matching.
+A `Prompt` is the text plus the character spans in which special-token strings are control
+tokens (the template's markers, the model's own output); everywhere else they are encoded
+as plain text, so a user's text cannot close their turn. Design: docs/design/foundations.md.
 """
 
 from __future__ import annotations

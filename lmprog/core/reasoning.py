@@ -8,25 +8,8 @@
     for kind, piece in splitter.feed(chunk): ...     # kind "reasoning" or "answer"
     splitter.finish()
 
-Families (the markers their templates and models write):
-
-    name          start                          end          the model starts thinking
-    deepseek-r1   <think>                        </think>     always (R1 and its distills;
-                                                              the start may be in the prompt)
-    qwen3         <think>                        </think>     when it writes <think> (Qwen3,
-                                                              DeepSeek-V3.1, QwQ, hybrids)
-    magistral     [THINK]                        [/THINK]     when it writes [THINK]
-    gpt-oss       <|channel|>analysis<|message|> <|end|>      when it writes the analysis
-                                                              channel; the answer follows the
-                                                              next <|message|>
-
-`prompt_state` reads how the rendered prompt leaves the assistant's turn: "open" (the
-template opened the block: DeepSeek-R1's distills, Qwen3-Thinking-2507), "closed" (it wrote
-an empty block: Qwen3 with enable_thinking false, so the output is all answer) or "none".
-
-The reasoning is returned without its markers and surrounding whitespace; the answer without
-the whitespace that follows the end marker (a chat template writes it back as
-`<think>\\nREASONING\\n</think>\\n\\nANSWER`). An output whose block never ends is all reasoning.
+Families: deepseek-r1, qwen3, magistral, gpt-oss; their markers, and when the model starts
+thinking: docs/design/reasoning.md.
 """
 
 from __future__ import annotations

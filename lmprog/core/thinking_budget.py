@@ -3,20 +3,10 @@
     result = generate_thinking(backend, request, fmt=fmt, state="open", budget=256,
                                answer=constraint_or_None, stream=callback)
 
-Two backend calls over one prefix (the second reuses the first's cache, radix tree or saved
-llama.cpp state):
-
-    1. thinking: the prompt (with the start marker added when the prompt did not open the
-       block), at most min(budget, max_tokens) tokens, stopped at the end marker;
-    2. answer:   prompt + thinking + [newline] end marker + "\\n\\n", under the answer's
-       constraint, with the tokens max_tokens leaves.
-
-The end marker is written whether the thinking ended at it, at the budget or at EOS (a
-constrained answer always comes); only max_tokens itself ends the output inside the
-thinking. The result's text is what the model's output reads as (start marker, thinking, end
-marker, answer), so a ReasoningFormat splits it like any output; its token_ids are the two
-calls' generated tokens (the forced marker is not among them), its completion_tokens their
-sum. A token-id prompt is refused: the marker cannot be appended without a tokenizer.
+Two backend calls over one prefix: the thinking (at most min(budget, max_tokens) tokens,
+stopped at the end marker), then the answer after the end marker, under its constraint. The
+result's text reads as the model's output would; a token-id prompt is refused.
+Design: docs/design/reasoning.md.
 """
 
 from __future__ import annotations
@@ -47,8 +37,8 @@ def generate_thinking(
     answer: object = None,
     stream: StreamCallback | None = None,
 ) -> GenerateResult:
-    """The output of `request` with its thinking held to `budget` tokens (module docstring);
-    `answer`: the constraint of the answer (None: free text)."""
+    """The output of `request` with its thinking held to `budget` tokens
+    (docs/design/reasoning.md); `answer`: the constraint of the answer (None: free text)."""
     if not isinstance(request.prompt, str):
         raise ValueError("a thinking budget needs a text prompt, not token ids")
     params = request.params

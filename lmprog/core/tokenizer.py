@@ -1,18 +1,10 @@
 """A cached tokenizer without transformers: the `tokenizers` file plus what transformers said.
 
-`load_tokenizer` (core/models.py) builds a model's tokenizer with transformers once and saves
-it (`save_pretrained`: `tokenizer.json` and configs). Next to it `describe(tok, folder)` writes
-`lmprog_tokenizer.json`: the attributes transformers computed (special tokens and their ids,
-`add_bos_token`, the chat template, the decode clean-up rule), written only after checking that
-`FastTokenizer` over the same `tokenizer.json` encodes and decodes exactly as transformers does
-(varied text, special-token strings, unicode, single token ids). Later processes then load
-`FastTokenizer.load(folder)` in a fraction of a second without importing transformers.
+    tok = FastTokenizer.load(folder)   # None where describe() has not written the folder yet
 
-`FastTokenizer` offers what lmprog uses from a tokenizer (`encode(text, add_special_tokens=,
-split_special_tokens=)`, `decode`, `get_vocab`, `len()`, special tokens and ids,
-`added_tokens_decoder`, `convert_ids_to_tokens`/`convert_tokens_to_string`, `backend_tokenizer`,
-`chat_template`, `apply_chat_template(tokenize=False)` through lmprog's own renderer); anything
-else transformers has is one `hf_tokenizer()` call away (that imports transformers).
+`describe(tok, folder)` writes what transformers computed (special tokens, the chat template,
+the decode clean-up) once `FastTokenizer` is checked to encode and decode as transformers
+does; `hf_tokenizer()` gives the transformers one. Design: docs/design/foundations.md.
 """
 
 from __future__ import annotations

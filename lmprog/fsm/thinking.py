@@ -45,7 +45,7 @@ def answer_grammar(answer: Constraint) -> str:
 
 
 def after_thinking(answer: Constraint, *, start: str, end: str, opened: bool) -> Constraint:
-    """`answer` after a thinking block (see the module docstring)."""
+    """`answer` after a thinking block (docs/design/constraints.md)."""
     think = f"THINK: {thinking_lexeme(start, end, opened)}\n"
     body = answer_grammar(answer)
     head = "start: THINK answer\n" if opened else "start: THINK answer | answer\n"

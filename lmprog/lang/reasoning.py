@@ -4,14 +4,8 @@
     s["answer"]                      # the answer; the state's text holds only the answer
     s["answer_reasoning_content"]    # the thinking (SGLang's name for it)
 
-As SGLang's `sgl.separate_reasoning(expr, model_type)`: the gen's text is split by the model
-family's rules (`lmprog.core.reasoning`; model_type None: the format the chat template shows),
-the variable keeps the answer, `<name>_reasoning_content` the thinking, and the text of the
-state keeps only the answer (as chat templates drop earlier thinking). Beyond SGLang: the
-gen's constraint (regex, json_schema, ebnf, dtype, choices: a select becomes a constrained
-gen) applies to the answer only, after free thinking (`lmprog.fsm.thinking`); a
-`thinking_budget` forces the end marker after that many thinking tokens; streaming gives
-both variables piece by piece (`text_iter("answer_reasoning_content")`).
+The gen's constraint applies to the answer only, after free thinking; `thinking_budget`
+forces the end marker. Design: docs/design/reasoning.md.
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ class LengthCount:
 
 def counted_apart(root: Node, bodies: dict) -> dict[StrT, LengthCount]:
     """The string terms of a schema whose maxLength its grammar leaves to the check, each
-    with its count (see the module docstring for which). `bodies`: RefT key -> node."""
+    with its count (docs/design/json-schema.md says which). `bodies`: RefT key -> node."""
     alone: set[StrT] = set()
     shared: set[StrT] = set()
     seen: set[tuple[Node, bool]] = set()
