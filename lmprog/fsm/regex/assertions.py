@@ -1,18 +1,10 @@
-"""Patterns with one-character assertions (``\\b``, ``\\B``, lookarounds of one character class,
+"""Patterns with one-character assertions (word boundaries, lookarounds of one character class,
 anchors anywhere) as assertion-free patterns, through the string's automaton.
 
-An assertion looks at the characters around a position, not at the match: ``\\b`` holds where
-exactly one of the previous and the next character is a word character (``[A-Za-z0-9_]``, as
-``\\w`` reads in a JSON Schema pattern; the string's edges count as non-word), ``(?<=X)`` /
-``(?<!X)`` where the previous character is (is not) in the class X (``(?=X)``, ``(?!X)``: the
-next one; the lookaheads ``lookahead.py`` cannot place), ``^``/``$`` at the string's
-edges or, under ``(?m)``, next to a line break. So the strings a pattern finds a match in are
-those of an automaton whose states are a derivative of the whole-string pattern (``.*`` on each
-side) together with what the last character read was (as far as the assertions care): an
-assertion is the empty string where it holds between the previous character and the next block
-of characters (or the string's end), and nothing elsewhere. The automaton is minimized and
-written back as a regex (``dfa.written``); past ``max_states`` states or ``limit`` characters,
-OverflowError (the parser refuses the pattern, naming the assertion).
+The automaton's states pair a derivative of the whole-string pattern with what the last
+character read was (as far as the assertions care); it is minimized and written back as a
+regex (``dfa.written``). Past ``max_states`` states or ``limit`` characters, OverflowError
+(the parser refuses the pattern, naming the assertion). Design: docs/design/constraints.md.
 """
 
 from __future__ import annotations

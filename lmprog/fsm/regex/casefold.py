@@ -1,14 +1,9 @@
 """Case-insensitive character sets as Python's ``re`` matches them under ``(?i)``.
 
-JSON Schema patterns are ECMA-262 regexes, which have no inline flags; schemas written for
-Python validators use them anyway (``(?i)^[a-z]+$``), and the validators people run (jsonschema,
-fastjsonschema) hand them to ``re``. Under IGNORECASE, ``re`` (Unicode str patterns) lowers a
-character with its simple lowercase mapping and compares it with the pattern's characters
-lowered the same way, plus a few characters that lowering leaves apart (``re._casefix``: ``s``
-and ``ſ``, ``k`` and the Kelvin sign's lowercase, the Greek iota forms, ...). So two characters
-match each other iff they fall in one class of that equivalence, and a set matches every
-character of a class it meets; a negated class ``[^...]`` is the complement of its members'
-closure.
+JSON Schema patterns written for Python validators use inline flags (``(?i)^[a-z]+$``); two
+characters match each other iff ``re`` would fold them together (simple lowercase mapping plus
+``re._casefix``), and a set matches every character of a class it meets.
+Design: docs/design/constraints.md.
 """
 
 from __future__ import annotations

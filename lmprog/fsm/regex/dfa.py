@@ -1,16 +1,11 @@
 """The complement of a small pattern as a pattern, through its automaton.
 
-A negative lookahead asks that a string *not* match a pattern. llguidance can say that itself
-(``~``), but its lexer then proves some intersections empty by exploring them, and where the
-string also has a ``maxLength`` the exploration runs through every count up to it: a
-``(?!.* {2})`` under ``maxLength: 200`` spent the lexer's fuel in one step, mid-decode.
-Written as a positive pattern, the same language costs nothing: ``complement`` builds the
-pattern's automaton by derivatives (its states are the pattern's derivatives, taken one block
-of characters at a time: the blocks partition the characters so that every class of the
-pattern is a union of blocks), minimizes it, swaps accepting and rejecting states, and writes
-the result back as a regex by state elimination (``regex.automata.to_regex``). Lookahead
-bodies are small (``aws:``, ``.*--``, ``.* {2}``); past ``max_states`` states or a regex of
-``limit`` characters ``complement`` gives up (OverflowError) and the caller keeps the ``~``.
+    complement(parsed, max_states, limit) -> R | None   the strings it finds no match in
+
+Written as a positive pattern, a negative lookahead costs llguidance's lexer nothing, where
+its own ``~`` beside a ``maxLength`` could spend the lexer's fuel mid-decode. The automaton is
+built by derivatives, minimized, complemented and written back by state elimination.
+Design: docs/design/constraints.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Lookaheads in JSON Schema ``pattern``s, read as an intersection of lookahead-free patterns.
 
-``^(?!aws:).+$`` matches the strings that match ``^.+$`` and do not match ``^aws:``. In
-general, where a pattern is anchored at its start and a lookahead stands after a part of fixed
-length k (``^[a-z](?!.*--)[a-z-]*$``: k = 1), the lookahead asks the same of every match, at
-the same position k of the string: ``(?=A)`` holds iff the string matches ``^[\\s\\S]{k}A``
-(search semantics: followed by anything), ``(?!A)`` iff it does not. So the pattern is its
-lookahead-free part, intersected with each positive lookahead's pattern and with the
-complement of each negative one's: a positive pattern where the complement's automaton is small
-(``regex.dfa``; llguidance's ``~`` beside a ``maxLength`` ran out of lexer fuel mid-decode),
-else a pattern the string must not match, which the string compiler writes with ``~``. A
-tempered token ``((?!X).)*`` that runs to the end of the string asks that no match of X start
-at any of its positions: the complement of ``X`` searched from there. In a pattern that may
-match anywhere, lookaheads that look only from the string's start (``(?!^[0-9]+$)...``) hold
-or fail alike past it (``_searched``). Elsewhere the position a lookahead looks from depends on
-the match (after a part of variable length, inside a repeated group or an alternative, or in a
-pattern that may match anywhere): there the pattern goes through its automaton
-(``assertions.py``), and where that is too large ``ConstraintError`` names why.
+``^(?!aws:).+$`` matches the strings that match ``^.+$`` and do not match ``^aws:``: where a
+lookahead stands after a part of fixed length from an anchored start, the pattern is its
+lookahead-free part intersected with each positive lookahead and the complement of each
+negative one (``regex.dfa``, else llguidance's ``~``). Elsewhere the pattern goes through its
+automaton (``assertions.py``), or ``ConstraintError`` names why. Design:
+docs/design/constraints.md.
 """
 
 from __future__ import annotations
