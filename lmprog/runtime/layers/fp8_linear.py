@@ -34,6 +34,7 @@ class Fp8Linear(nn.Module):
     model's `load_weights` fills them by name (row slices of fused q/k/v, gate/up)."""
 
     use_kernels: bool | None = None  # None: the Triton/_scaled_mm path on CUDA, else PyTorch
+    small_m_counters: torch.Tensor  # a buffer, registered with a small-M config
     small_m_fused: bool = True  # <= 16 rows through fp8_matmul_small_m (layers/small_m.py)
     small_m_config: SmallMConfig | None = None  # else through small_m_matmul with this config
 

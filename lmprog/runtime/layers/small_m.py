@@ -34,6 +34,8 @@ class SmallMLinear(nn.Linear):
     `config`; the replaced layer's Parameters (not copies). Its split-K counters are a
     buffer outside the state_dict; its launches run on one stream, as a forward does."""
 
+    counters: torch.Tensor  # a buffer
+
     def __init__(self, linear: nn.Linear, config: SmallMConfig) -> None:
         nn.Module.__init__(self)  # nn.Linear's __init__ would allocate a second weight
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -210,9 +212,10 @@ def _choose_dense(members: list, timer: Timer) -> ShapeTiming:
         )  # fmt: skip
         us = {label: timer(run(config)) / len(layers) for label, config in configs.items()}
     chosen = min(us, key=us.__getitem__)  # a tie keeps cuBLAS
-    if configs[chosen] is not None:
+    config = configs[chosen]
+    if config is not None:
         for parent, attr, layer in members:
-            setattr(parent, attr, SmallMLinear(layer, configs[chosen]))
+            setattr(parent, attr, SmallMLinear(layer, config))
     return ShapeTiming(kind, k, n, len(layers), us, chosen)
 
 

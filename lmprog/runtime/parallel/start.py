@@ -104,7 +104,7 @@ def _checked(tp_size: int, build: dict[str, Any], timeout_s: float | None) -> fl
     check_shardable(load_config(build["model"]), tp_size)
     if tp_size < 2:
         raise ValueError(f"start_tensor_parallel needs tp_size >= 2, got {tp_size}")
-    timeout_s = float(timeout_s or os.environ.get("LMPROG_TP_TIMEOUT_S", TIMEOUT_S))
+    timeout_s = float(timeout_s if timeout_s else os.environ.get("LMPROG_TP_TIMEOUT_S", TIMEOUT_S))
     if timeout_s <= 0:
         raise ValueError(f"the tensor-parallel timeout must be positive, got {timeout_s}")
     return timeout_s
@@ -190,6 +190,7 @@ def _spawn(
                 env=env,
             )
             workers.append(proc)
+            assert proc.stdin is not None  # stdin=PIPE
             proc.stdin.write(pickle.dumps(spec))
             proc.stdin.close()
     except BaseException:

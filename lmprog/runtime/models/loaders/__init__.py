@@ -11,7 +11,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -27,6 +27,9 @@ from .fp8 import fp8_scheme, load_fp8_checkpoint
 from .gguf import read_gguf
 from .hf import safetensors_weights
 from .weight_cache import cached_gguf_weights
+
+if TYPE_CHECKING:
+    from ..llama import LlamaForCausalLM
 
 LoadFormat = Literal["auto", "gguf", "safetensors", "dummy"]
 ModelRef = str | os.PathLike[str] | ModelSource | ModelConfig | None
@@ -72,7 +75,7 @@ def build_model(
     device: torch.device | str = "cpu",
     dtype: str | torch.dtype = "auto",
     attention: str = "torch",
-) -> nn.Module:
+) -> LlamaForCausalLM:
     """The model with uninitialised weights (allocated, not zeroed) on `device`."""
     device = torch.device(device)
     attn = _attention_backend(attention, config, device)
@@ -152,7 +155,7 @@ def load_model(
     load_format: LoadFormat = "auto",
     attention: str = "torch",
     seed: int = 0,
-) -> nn.Module:
+) -> LlamaForCausalLM:
     """Load weights into a fresh model; `load_format="dummy"` draws random ones (`seed`)."""
     source = weights_source(model, load_format)
     if source is None:

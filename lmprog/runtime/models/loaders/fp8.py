@@ -13,11 +13,13 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
-from torch import nn
+
+if TYPE_CHECKING:
+    from ..llama import LlamaForCausalLM
 
 _KV_SCALE = re.compile(r"model\.layers\.(\d+)\.self_attn\.(?:attn\.)?(k_scale|v_scale|kv_scale)$")
 
@@ -58,7 +60,7 @@ def fp8_scheme(folder: str | Path) -> Fp8Scheme | None:
     return Fp8Scheme(static=scheme == "static", block=block)
 
 
-def load_fp8_checkpoint(net: nn.Module, folder: str | Path, scheme: Fp8Scheme) -> None:
+def load_fp8_checkpoint(net: LlamaForCausalLM, folder: str | Path, scheme: Fp8Scheme) -> None:
     """Fill `net` (just built, plain) from an FP8 folder: its FP8 linears become Fp8Linear."""
     from ...layers.fp8_linear import finalize_fp8_, fp8_shells_
 
