@@ -451,7 +451,7 @@ def _launch_groups(
     return ReplicaGroup(engines, config, [",".join(map(str, tp.devices)) for tp in groups])
 
 
-def on_device(device: Any) -> contextlib.AbstractContextManager:
+def on_device(device: Any) -> contextlib.AbstractContextManager[object]:
     """A GPU made this thread's current device while a replica is built and started there
     (graph capture and Triton launches use the current device, not the tensors')."""
     import torch

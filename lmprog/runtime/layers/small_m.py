@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 ENV_VAR = "LMPROG_SMALL_M"  # "0": no small-M Triton kernel for bf16/fp16 layers
 CHECK_TOL = 1e-2  # a config whose output is further than this from cuBLAS's is not used
 Timer = Callable[[Callable[[], None]], float]
+# (parent, attribute, layer) of a layer to time: an nn.Linear, or an Fp8Linear in an fp8 group
+_Member = tuple[nn.Module, str, Any]
 
 
 class SmallMLinear(nn.Linear):
@@ -97,13 +99,13 @@ def choose_small_m_paths_(model: nn.Module, *, timer: Timer | None = None) -> li
     return results
 
 
-def _shape_groups(model: nn.Module) -> dict[tuple[str, int, int], list]:
+def _shape_groups(model: nn.Module) -> dict[tuple[str, int, int], list[_Member]]:
     """(kind, K, N) -> [(parent, attribute, layer)] of the layers this module times."""
     from ..kernels import triton_available
     from ..kernels._checks import interpreting
 
     dense = os.environ.get(ENV_VAR, "1") != "0" and triton_available()
-    groups: dict[tuple[str, int, int], list] = {}
+    groups: dict[tuple[str, int, int], list[_Member]] = {}
     for parent in model.modules():
         for attr, child in parent.named_children():
             w = getattr(child, "weight", None)
@@ -165,10 +167,17 @@ def _choose_fp8(layers: list[Fp8Linear], x: torch.Tensor, timer: Timer) -> Shape
     return ShapeTiming("fp8", k, n, len(layers), us, chosen)
 
 
-def _checked_configs(kind: str, k: int, n: int, candidates, want: torch.Tensor, compute):
+def _checked_configs(
+    kind: str,
+    k: int,
+    n: int,
+    candidates: Iterable[SmallMConfig],
+    want: torch.Tensor,
+    compute: Callable[[SmallMConfig], torch.Tensor],
+) -> dict[str, SmallMConfig]:
     """{label: config} of the candidates whose output (`compute(config)`) is within CHECK_TOL
     of `want` (relative norm); the others are logged and left out."""
-    configs = {}
+    configs: dict[str, SmallMConfig] = {}
     for config in candidates:
         got = compute(config).float()
         err = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
@@ -180,7 +189,7 @@ def _checked_configs(kind: str, k: int, n: int, candidates, want: torch.Tensor, 
     return configs
 
 
-def _choose_dense(members: list, timer: Timer) -> ShapeTiming:
+def _choose_dense(members: list[_Member], timer: Timer) -> ShapeTiming:
     """cuBLAS against each candidate config that computes what cuBLAS does; the layers are
     swapped for SmallMLinear only where a config won."""
     from ..kernels.attention_plan import _num_sms  # the SMs (a small count off CUDA)

@@ -562,7 +562,7 @@ def config_from_gguf(reader: Any) -> ModelConfig:
     )
 
 
-def _gguf_moe_fields(arch: str, get: Any, tensors: dict[str, Any], layers: int) -> dict:
+def _gguf_moe_fields(arch: str, get: Any, tensors: dict[str, Any], layers: int) -> dict[str, Any]:
     """The expert fields of a MoE GGUF (Mixtral as "llama", qwen2moe, qwen3moe): the dense
     layers are those without a router (ffn_gate_inp); llama.cpp renormalizes the top-k
     weights of llama and qwen3moe, not of qwen2moe, unless expert_weights_norm says."""

@@ -66,7 +66,7 @@ class TPGroup:
         self.rank, self.world, self.device = rank, world, device
         self.timeout_s = timeout_s
         self.store = store
-        self.workers: list[subprocess.Popen] = []  # rank 0: the processes it started
+        self.workers: list[subprocess.Popen[bytes]] = []  # rank 0: the processes it started
         self.devices: list[torch.device] = [device]  # rank 0: every rank's, where it knows
         self.replica: int | None = None  # the data-parallel replica this group serves
         self.on_failure: Callable[[ParallelError], None] | None = None
@@ -221,7 +221,7 @@ class TPGroup:
 
 
 def _watch(
-    group: weakref.ref[TPGroup], workers: list[subprocess.Popen], closing: threading.Event
+    group: weakref.ref[TPGroup], workers: list[subprocess.Popen[bytes]], closing: threading.Event
 ) -> None:
     while not closing.wait(0.2):
         if any(p.poll() is not None for p in workers):
@@ -258,7 +258,7 @@ def _root(timeout: timedelta | None = None) -> dist.BroadcastOptions:
     return opts
 
 
-def _wait(proc: subprocess.Popen, timeout: float) -> None:
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> None:
     try:
         proc.wait(max(timeout, 0.0))
     except subprocess.TimeoutExpired:

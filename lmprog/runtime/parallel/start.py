@@ -139,7 +139,7 @@ class _Spawned:
     """A group's workers started, not yet connected."""
 
     store: dist.TCPStore
-    workers: list[subprocess.Popen]
+    workers: list[subprocess.Popen[bytes]]
     devices: list[torch.device]
     host: str
     timeout_s: float
@@ -169,7 +169,7 @@ def _spawn(
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[3])  # the folder holding the lmprog package
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    workers: list[subprocess.Popen] = []
+    workers: list[subprocess.Popen[bytes]] = []
     try:
         for rank in range(1, tp_size):
             spec = WorkerSpec(
@@ -222,14 +222,14 @@ def _connect(started: _Spawned) -> TPGroup:
     return group
 
 
-def _kill(workers: list[subprocess.Popen]) -> None:
+def _kill(workers: list[subprocess.Popen[bytes]]) -> None:
     for proc in workers:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
 
 
-def _wait_ready(store: dist.Store, workers: list[subprocess.Popen]) -> None:
+def _wait_ready(store: dist.Store, workers: list[subprocess.Popen[bytes]]) -> None:
     """Until every worker has reached the store; a worker that exits first is an error."""
     deadline = time.monotonic() + START_TIMEOUT_S
     keys = [f"ready/{rank}" for rank in range(1, len(workers) + 1)]

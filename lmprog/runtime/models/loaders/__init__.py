@@ -18,7 +18,7 @@ from torch import nn
 
 from lmprog.core.models import ModelSource, resolve_model
 
-from ...layers.attention import create_attention_backend
+from ...layers.attention import AttentionBackend, create_attention_backend
 from ..config import ModelConfig, config_from_hf
 from ..presets import PRESETS
 from ..registry import model_class
@@ -105,7 +105,7 @@ def _check_fp32_latent(config: ModelConfig, attn: Any, dtype: torch.dtype) -> No
         )
 
 
-def _attention_backend(name: str, config: ModelConfig, device: torch.device):
+def _attention_backend(name: str, config: ModelConfig, device: torch.device) -> AttentionBackend:
     """The config's attention: per-head K/V, or latent attention (one KV head of
     kv_lora_rank, keys longer by the RoPE key, DeepSeek-V2's softmax scale)."""
     if config.kv_lora_rank:

@@ -101,7 +101,10 @@ def load_fp8_checkpoint(net: LlamaForCausalLM, folder: str | Path, scheme: Fp8Sc
 
 
 def _row_form(
-    files: list[Path], shapes: dict[str, tuple[int, ...]], scheme: Fp8Scheme, kv: dict
+    files: list[Path],
+    shapes: dict[str, tuple[int, ...]],
+    scheme: Fp8Scheme,
+    kv: dict[tuple[str, int], float],
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors with FP8 scales in row form (docs/design/quantization.md); KV-cache
     scales go to `kv` instead."""
@@ -121,7 +124,7 @@ def _row_form(
                 yield f"{prefix}.{kind.removesuffix('_inv')}", _rows(tensor, kind, rows, scheme)
 
 
-def _weight_shape(shapes: dict, prefix: str, name: str) -> tuple[int, ...]:
+def _weight_shape(shapes: dict[str, tuple[int, ...]], prefix: str, name: str) -> tuple[int, ...]:
     shape = shapes.get(f"{prefix}.weight")
     if shape is None or len(shape) != 2:
         raise ValueError(f"{name} has no 2-D {prefix}.weight beside it in the checkpoint")

@@ -19,6 +19,7 @@ import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -100,7 +101,7 @@ def _limit_bytes() -> float:
 
 
 def _read(
-    entry: Path, meta: dict, layout: Layout, dtype: torch.dtype
+    entry: Path, meta: dict[str, Any], layout: Layout, dtype: torch.dtype
 ) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
