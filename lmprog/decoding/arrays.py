@@ -139,80 +139,80 @@ class NumpyOps(ArrayOps):
     def __init__(self) -> None:
         self._rng = np.random.default_rng()
 
-    def asarray(self, values, dtype):
+    def asarray(self, values: Sequence[Any], dtype: str) -> Array:
         return np.array(values, dtype=_NP_DTYPES[dtype])
 
-    def from_numpy(self, a):
+    def from_numpy(self, a: np.ndarray) -> Array:
         return a
 
-    def zeros(self, shape, dtype):
+    def zeros(self, shape: int | tuple[int, ...], dtype: str) -> Array:
         return np.zeros(shape, dtype=_NP_DTYPES[dtype])
 
-    def full(self, shape, value, dtype):
+    def full(self, shape: int | tuple[int, ...], value: Any, dtype: str) -> Array:
         return np.full(shape, value, dtype=_NP_DTYPES[dtype])
 
-    def zeros_like(self, x, dtype=None):
+    def zeros_like(self, x: Array, dtype: str | None = None) -> Array:
         return np.zeros(x.shape, dtype=x.dtype if dtype is None else _NP_DTYPES[dtype])
 
-    def arange(self, n):
+    def arange(self, n: int) -> Array:
         return np.arange(n, dtype=np.int64)
 
-    def rand(self, n):
+    def rand(self, n: int) -> Array:
         return self._rng.random(n, dtype=np.float32)
 
-    def stack(self, rows):
+    def stack(self, rows: Sequence[Array]) -> Array:
         return np.stack(rows)
 
-    def is_array(self, x):
+    def is_array(self, x: Any) -> bool:
         return isinstance(x, np.ndarray)
 
-    def dtype_name(self, x):
-        return x.dtype.name
+    def dtype_name(self, x: Array) -> str:
+        return str(x.dtype.name)
 
-    def astype(self, x, dtype):
+    def astype(self, x: Array, dtype: str) -> Array:
         return x.astype(_NP_DTYPES[dtype], copy=False)
 
-    def copy(self, x):
+    def copy(self, x: Array) -> Array:
         return x.copy()
 
-    def where(self, cond, a, b):
+    def where(self, cond: Array, a: Array, b: Array | float | int) -> Array:
         return np.where(cond, a, b)
 
-    def masked_fill(self, x, mask, value):
+    def masked_fill(self, x: Array, mask: Array, value: float | int) -> Array:
         return np.where(mask, x.dtype.type(value), x)
 
-    def isfinite(self, x):
+    def isfinite(self, x: Array) -> Array:
         return np.isfinite(x)
 
-    def clamp(self, x, lo=None, hi=None):
+    def clamp(self, x: Array, lo: Any = None, hi: Any = None) -> Array:
         if lo is not None:
             x = np.maximum(x, lo)
         return x if hi is None else np.minimum(x, hi)
 
-    def amax(self, x, keepdims=False):
+    def amax(self, x: Array, keepdims: bool = False) -> Array:
         return x.max(axis=-1, keepdims=keepdims)
 
-    def sum(self, x, keepdims=False):
+    def sum(self, x: Array, keepdims: bool = False) -> Array:
         return x.sum(axis=-1, keepdims=keepdims)
 
-    def cumsum(self, x):
+    def cumsum(self, x: Array) -> Array:
         return np.cumsum(x, axis=-1, dtype=np.float64).astype(x.dtype)
 
-    def argmax(self, x):
+    def argmax(self, x: Array) -> Array:
         return x.argmax(axis=-1).astype(np.int64, copy=False)
 
-    def softmax(self, x):
+    def softmax(self, x: Array) -> Array:
         with np.errstate(invalid="ignore", divide="ignore"):  # a row of -inf: NaN, as torch
             e = np.exp(x - x.max(axis=-1, keepdims=True))
             e *= 1.0 / e.sum(axis=-1, keepdims=True)
         return e
 
-    def log_softmax(self, x):
+    def log_softmax(self, x: Array) -> Array:
         with np.errstate(invalid="ignore", divide="ignore"):
             shifted = x - x.max(axis=-1, keepdims=True)
             return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
-    def topk(self, x, k):
+    def topk(self, x: Array, k: int) -> tuple[Array, Array]:
         if k >= x.shape[-1]:
             idx = np.argsort(-x, axis=-1, kind="stable")
         else:
@@ -222,22 +222,22 @@ class NumpyOps(ArrayOps):
         idx = idx.astype(np.int64, copy=False)
         return np.take_along_axis(x, idx, axis=-1), idx
 
-    def searchsorted(self, cdf, target):
+    def searchsorted(self, cdf: Array, target: Array) -> Array:
         # one binary search per row, as torch.searchsorted does (side="left")
         return np.array([np.searchsorted(c, t) for c, t in zip(cdf, target)], dtype=np.int64)
 
-    def take_along(self, x, idx):
+    def take_along(self, x: Array, idx: Array) -> Array:
         return np.take_along_axis(x, idx, axis=-1)
 
-    def scatter_(self, x, idx, values):
+    def scatter_(self, x: Array, idx: Array, values: Array | float) -> Array:
         np.put_along_axis(x, idx, values, axis=-1)
         return x
 
-    def index_put_(self, x, rows, cols, values):
+    def index_put_(self, x: Array, rows: Array, cols: Array, values: Array) -> Array:
         x[rows, cols] = values
         return x
 
-    def index_copy_(self, x, rows, values):
+    def index_copy_(self, x: Array, rows: Array, values: Array) -> Array:
         x[rows] = values
         return x
 

@@ -168,11 +168,16 @@ class BatchSampler:
         )
 
     @staticmethod
-    def _inputs(logits: Array, states: Sequence[DecodeState], tensors: SamplingTensors):
+    def _inputs(
+        logits: Array, states: Sequence[DecodeState], tensors: SamplingTensors
+    ) -> tuple[Array | None, Array | None, list[int] | None, Array | None]:
         """(penalty counts, prompt token masks, output lengths, constraint bitmask) of the
         rows, as the sampler takes them."""
         ops = ops_for(logits)
-        counts = prompt = n_out = bitmask = None
+        counts: Array | None = None
+        prompt: Array | None = None
+        n_out: list[int] | None = None
+        bitmask: Array | None = None
         width = logits.shape[1]
         if tensors.any_penalty:
             counts = ops.stack(
@@ -240,6 +245,7 @@ class PendingDraws:
         if self._draws is None:
             if self._done is not None:
                 self._done.synchronize()
+            assert self._host is not None  # set by start() whenever the draws are not
             self._draws = _draws(self._host, self._n)
             self._host = self._done = None
         return self._draws
@@ -252,6 +258,7 @@ def _draws(out: SampleOutput, n: int) -> list[Draw]:
     elif out.top_token_ids is None:
         draws = [Draw(t, lp) for t, lp in zip(ids, out.logprobs.tolist())]
     else:
+        assert out.top_logprobs is not None  # set with top_token_ids
         lps, top_ids, top_lps = (
             x.tolist() for x in (out.logprobs, out.top_token_ids, out.top_logprobs)
         )

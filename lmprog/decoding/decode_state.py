@@ -18,7 +18,6 @@ jump rewrites. Text pieces go to `emit` as soon as they are final. Abort and err
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable, MutableSequence, Sequence
 from typing import Any
@@ -139,7 +138,7 @@ class DecodeState:
         self.prompt_logprob_start = prompt_logprob_start
         self.prompt_logprobs: dict[int, TokenLogprob] = {}  # keyed by position of the token
         self._armed = params.min_tokens == 0  # stop strings are looked for (min_tokens met)
-        self._text: Any = (
+        self._text: TextStream | _NoText = (
             TextStream(
                 tokenizer,
                 params.stop,
@@ -317,13 +316,13 @@ class DecodeState:
         """`result()` plus the prompt logprobs asked for with `prompt_logprob_start`."""
         prompt_lps = None
         if self.prompt_logprob_start is not None:  # all of them, unless aborted part way
-            lps = self.prompt_logprobs
-            prompt_lps = tuple(
-                itertools.takewhile(
-                    lambda lp: lp is not None,
-                    (lps.get(p) for p in range(self.prompt_logprob_start + 1, prompt_tokens)),
-                )
-            )
+            got: list[TokenLogprob] = []
+            for p in range(self.prompt_logprob_start + 1, prompt_tokens):
+                lp = self.prompt_logprobs.get(p)
+                if lp is None:
+                    break
+                got.append(lp)
+            prompt_lps = tuple(got)
         return EngineResult(
             **self._result_fields(prompt_tokens, cached_tokens), prompt_logprobs=prompt_lps
         )

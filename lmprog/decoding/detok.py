@@ -111,7 +111,8 @@ def text_decoder(tokenizer: Any, skip_special_tokens: bool = True) -> Callable[[
     (0.6 instead of 3 us; the detokenizer decodes twice per generated token). Any other
     tokenizer is called through its own `decode`.
     """
-    cls, backend = type(tokenizer), getattr(tokenizer, "_tokenizer", None)
+    cls = type(tokenizer)
+    backend: Any = getattr(tokenizer, "_tokenizer", None)  # the Rust tokenizer, if any
     if cls is FastTokenizer:  # lmprog's cached tokenizer: its decode is the Rust one's
         fast_decode = backend.decode
         return lambda ids: fast_decode(ids, skip_special_tokens=skip_special_tokens)

@@ -72,7 +72,8 @@ def hashed_uniforms(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> _U[30])) * _U[_M1]
     z = (z ^ (z >> _U[27])) * _U[_M2]
     z ^= z >> _U[31]
-    return (z >> _U[40]).astype(np.float32) * np.float32(2.0**-24)
+    u: np.ndarray = (z >> _U[40]).astype(np.float32) * np.float32(2.0**-24)
+    return u
 
 
 def _mix64(z: int) -> int:

@@ -181,7 +181,14 @@ def argmax_rows(x: Array) -> Array:
 
 
 def _check_inputs(
-    ops, logits, tensors, generators, output_counts, num_output_tokens, bitmask, prompt_mask=None
+    ops: ArrayOps,
+    logits: Array,
+    tensors: SamplingTensors,
+    generators: Sequence[SeededGenerator | None] | None,
+    output_counts: Array | None,
+    num_output_tokens: Array | Sequence[int] | None,
+    bitmask: Array | None,
+    prompt_mask: Array | None = None,
 ) -> None:
     if not ops.is_array(logits) or logits.ndim != 2:
         raise ValueError(
@@ -213,13 +220,13 @@ def _check_inputs(
 
 def _processed_logits(
     ops: ArrayOps,
-    logits,
-    tensors,
-    output_counts,
-    num_output_tokens,
-    bitmask,
-    mask_in_place=False,
-    prompt_mask=None,
+    logits: Array,
+    tensors: SamplingTensors,
+    output_counts: Array | None,
+    num_output_tokens: Array | Sequence[int] | None,
+    bitmask: Array | None,
+    mask_in_place: bool = False,
+    prompt_mask: Array | None = None,
 ) -> tuple[Array, Array | None]:
     """(logits after penalties, the min_tokens ban and the constraint mask, bool [B] rows
     left without a finite logit or None when nothing masked). The logits are a new array,
@@ -268,7 +275,7 @@ def _empty_rows(ops: ArrayOps, x: Array) -> Array:
     return ~ops.isfinite(ops.amax(x))
 
 
-def _as_long(ops: ArrayOps, values, batch_size: int) -> Array:
+def _as_long(ops: ArrayOps, values: Array | Sequence[int] | None, batch_size: int) -> Array:
     if values is None:
         return ops.zeros(batch_size, "int64")
     if ops.is_array(values):
@@ -318,7 +325,11 @@ def _top_k_top_p_keep(
     return keep | ~filtered[:, None]
 
 
-def _keep_among_top(ops: ArrayOps, probs: Array, tensors: SamplingTensors, n: int):
+def _keep_among_top(
+    ops: ArrayOps, probs: Array, tensors: SamplingTensors, n: int
+) -> tuple[Array, Array, Array]:
+    """(keep [B, n] bool, idx [B, n] of the top n, determined [B] bool: the cut-off lies
+    inside the window)."""
     vals, idx = ops.topk(probs, n)  # sorted descending
     positions = ops.arange(n)[None, :]
     k = ops.where(tensors.top_k > 0, tensors.top_k, n)

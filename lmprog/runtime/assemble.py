@@ -10,10 +10,13 @@ Design: docs/design/quantization.md.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
+
+if TYPE_CHECKING:
+    from .models.llama import LlamaForCausalLM
 
 QUANTIZATIONS = (None, "int4", "fp8")
 
@@ -55,7 +58,7 @@ def assemble_model(
     quantization: str | None = None,
     seed: int = 0,
     tp: Any = None,
-) -> nn.Module:
+) -> LlamaForCausalLM:
     """The module for `model` (a GGUF file, an HF folder, a bundled model name or a
     ModelSource; with load_format="dummy" also an architecture preset or a ModelConfig, its
     random weights drawn with `seed`), on its device in eval mode, ready for an engine or a
@@ -69,16 +72,18 @@ def assemble_model(
         raise ValueError(f"quantization must be None, 'int4' or 'fp8', got {quantization!r}")
     _check_fp8_checkpoint(model, load_format, quantization, tp)
     dev = choose_device(device) if tp is None else tp.device
-    load = load_model
+    load: Callable[..., LlamaForCausalLM] = load_model
     if tp is not None:
         from .parallel.load import load_shard
 
-        def load(model: Any, **kwargs: Any) -> nn.Module:
+        def load_tp(model: Any, **kwargs: Any) -> LlamaForCausalLM:
             try:
                 return load_shard(model, tp, **kwargs)
             except BaseException:  # the other ranks would wait for this one forever
                 tp.close()
                 raise
+
+        load = load_tp
 
     net = load(
         model,
@@ -106,7 +111,7 @@ def assemble_model(
     return net
 
 
-def quantization_of(net: nn.Module) -> str | None:
+def quantization_of(net: LlamaForCausalLM) -> str | None:
     """ "fp8" or "int4" when the model's linears are, else None."""
     from .layers.fp8_linear import Fp8Linear
     from .layers.int4 import Int4Linear

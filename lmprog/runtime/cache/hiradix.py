@@ -21,10 +21,20 @@ import numpy as np
 from .allocator import SLOT_DTYPE
 from .base import MatchResult, require
 from .eviction import EvictionPolicy
-from .radix import RadixCache, TreeNode, _as_list
+from .radix import RadixCache, TreeNode, _as_list, parent_of
 
 _EMPTY = np.empty(0, dtype=SLOT_DTYPE)
 log = logging.getLogger(__name__)
+
+
+# (priority when pushed, uid, node): an entry of a lazy eviction heap
+_HeapEntry = tuple[tuple[int, ...], int, TreeNode]
+
+
+def _host_children(node: TreeNode) -> dict[Any, TreeNode]:
+    """The host children of a node that has some (a host node's parent)."""
+    assert node.host_children is not None, f"{node} has no host children"
+    return node.host_children
 
 
 class KVMover(Protocol):
@@ -116,8 +126,8 @@ class HiRadixCache(RadixCache):
 
     def _init_tree(self) -> None:
         super()._init_tree()
-        self._host_heap: list[tuple[tuple[int, ...], int, TreeNode]] = []  # lazy, see below
-        self._disk_heap: list[tuple[tuple[int, ...], int, TreeNode]] = []
+        self._host_heap: list[_HeapEntry] = []  # lazy, see below
+        self._disk_heap: list[_HeapEntry] = []
         self._pinned: set[TreeNode] = set()
         if hasattr(self, "tier"):
             self.tier.used_tokens = self.tier.disk_used_tokens = 0
@@ -188,7 +198,8 @@ class HiRadixCache(RadixCache):
             self._pinned = set()
         if slots is None:
             return match, _EMPTY
-        parent, used, parts = match.last_node, 0, [match.slots]
+        parent: TreeNode = match.last_node
+        used, parts = 0, [match.slots]
         start = time.perf_counter()
         for node, k in match.host_nodes:
             k = min(k, n - used)
@@ -210,7 +221,7 @@ class HiRadixCache(RadixCache):
                 log.exception("loading %d tokens from the host KV tier failed", k)
                 self.tier.load_failures += 1
                 self.tier.dropped_tokens += self._drop_host_subtree(node)
-                del parent.host_children[self._child_key(node.key, 0)]
+                del _host_children(parent)[self._child_key(node.key, 0)]
                 break
             if on_disk and staged:
                 self.tier.disk_staged_tokens += k
@@ -231,7 +242,7 @@ class HiRadixCache(RadixCache):
     def _split_host(self, node: TreeNode, k: int) -> TreeNode:
         """Cut a host node after k tokens; return the upper part (a host node)."""
         assert 0 < k < len(node.key) and k % self.page_size == 0
-        parent = node.parent
+        parent = parent_of(node)
         mid = TreeNode(node.key[:k], _EMPTY, parent)
         mid.last_access, mid.hit_count = node.last_access, node.hit_count
         if isinstance(node.host, OnDisk):
@@ -239,15 +250,15 @@ class HiRadixCache(RadixCache):
             mid.host, node.host = OnDisk(upper), OnDisk(lower)
         else:
             mid.host, node.host = self.mover.split(node.host, k)
-        parent.host_children[self._child_key(mid.key, 0)] = mid
+        _host_children(parent)[self._child_key(mid.key, 0)] = mid
         node.key, node.parent = node.key[k:], mid
         mid.host_children = {self._child_key(node.key, 0): node}
         return mid
 
     def _host_to_device(self, node: TreeNode, slots: np.ndarray) -> None:
-        parent = node.parent
+        parent = parent_of(node)
         key = self._child_key(node.key, 0)
-        del parent.host_children[key]
+        del _host_children(parent)[key]
         self._forget_kv(node)
         node.slots = np.array(slots, dtype=SLOT_DTYPE)
         parent.children[key] = node
@@ -323,7 +334,8 @@ class HiRadixCache(RadixCache):
     def _evict_host(self, num_tokens: int) -> None:
         """Move least recently used RAM nodes to disk (or drop them) until num_tokens are
         freed (or none is left but pinned ones)."""
-        count, skipped = 0, []
+        count = 0
+        skipped: list[_HeapEntry] = []
         while count < num_tokens:
             node = self._pop(self._host_heap, self._ram_victim, skipped)
             if node is None:
@@ -353,12 +365,13 @@ class HiRadixCache(RadixCache):
         self.tier.used_tokens -= n
         self.tier.disk_used_tokens += n
         self.tier.disk_written_tokens += n
-        self._push_host(node.parent)  # it may have been waiting for its last RAM child
+        self._push_host(parent_of(node))  # it may have been waiting for its last RAM child
         self._push_disk(node)
         return True
 
     def _evict_disk(self, num_tokens: int) -> None:
-        count, skipped = 0, []
+        count = 0
+        skipped: list[_HeapEntry] = []
         while count < num_tokens:
             node = self._pop(self._disk_heap, self._disk_victim, skipped)
             if node is None:
@@ -369,7 +382,9 @@ class HiRadixCache(RadixCache):
         for entry in skipped:
             heapq.heappush(self._disk_heap, entry)
 
-    def _pop(self, heap: list, valid: Callable[[TreeNode], bool], skipped: list) -> Any:
+    def _pop(
+        self, heap: list[_HeapEntry], valid: Callable[[TreeNode], bool], skipped: list[_HeapEntry]
+    ) -> TreeNode | None:
         """The first valid, unpinned node of a lazy heap by current priority (None: none)."""
         prio = self.policy.priority
         while heap:
@@ -388,8 +403,8 @@ class HiRadixCache(RadixCache):
 
     def _remove_host_node(self, node: TreeNode) -> None:
         """Take a host node and everything below it out of the tree."""
-        parent = node.parent
-        del parent.host_children[self._child_key(node.key, 0)]
+        parent = parent_of(node)
+        del _host_children(parent)[self._child_key(node.key, 0)]
         self.tier.dropped_tokens += self._drop_host_subtree(node) - len(node.key)
         self._push_host(parent)
         self._push_disk(parent)
@@ -424,7 +439,7 @@ class HiRadixCache(RadixCache):
         if self._disk_victim(node):
             self._push(self._disk_heap, node)
 
-    def _push(self, heap: list, node: TreeNode) -> None:
+    def _push(self, heap: list[_HeapEntry], node: TreeNode) -> None:
         heapq.heappush(heap, (self.policy.priority(node), node.uid, node))
         if len(heap) > 4 * (self.tier.used_tokens + self.tier.disk_used_tokens) + 256:
             valid = self._ram_victim if heap is self._host_heap else self._disk_victim
@@ -435,7 +450,8 @@ class HiRadixCache(RadixCache):
     # -- integrity ---------------------------------------------------------------------------
     def check_integrity(self, lock_holders: Sequence[Any] | None = None) -> None:
         super().check_integrity(lock_holders)
-        host_nodes, stack = [], [self.root, *self._nodes()]
+        host_nodes: list[TreeNode] = []
+        stack = [self.root, *self._nodes()]
         for node in stack:
             require(node.host is None, f"hiradix: device {node} has a host copy")
             self._check_host_children(node, host_nodes)

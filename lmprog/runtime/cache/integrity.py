@@ -38,7 +38,7 @@ def check_integrity(cache: CacheParts, running: Iterable[Req]) -> None:
     parts = [cache.allocator.free_slots(), cache.prefix_cache.all_slots()]
     for req in reqs:
         parts.append(_check_req(cache, req))
-    rows = sorted(r.row for r in reqs)
+    rows = sorted(r.row for r in reqs if r.row is not None)  # each checked above
     in_use = cache.req_table.rows_in_use().tolist()
     require(rows == in_use, f"rows in use {in_use} but requests hold {rows}")
     _check_partition(cache.allocator.num_slots, np.concatenate(parts))

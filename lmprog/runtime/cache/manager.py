@@ -12,16 +12,15 @@ request's middle tokens (sinks.py `evict_middle`, over the manager's parts).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import numpy as np
 
 from ..config import CacheConfig
 from ..request import Req
 from .allocator import TokenSlotAllocator
-from .base import PrefixCache, require
+from .base import MatchResult, PrefixCache, require
 from .disabled import NoPrefixCache
-from .hiradix import HiRadixCache, KVMover
+from .hiradix import HiRadixCache, HostMatch, KVMover
 from .integrity import check_integrity
 from .radix import RadixCache
 from .req_table import ReqToTokenTable
@@ -120,7 +119,7 @@ class CacheManager:
             return False
         match = self.prefix_cache.match_prefix(req.prefix_key(self._match_limit(req)))
         self.prefix_cache.lock(match.last_node)
-        if load_limit > 0 and getattr(match, "host_len", 0):
+        if load_limit > 0 and isinstance(match, HostMatch) and match.host_len:
             match = self._load_host(match, load_limit)
         self.req_table.table[row, : match.length] = match.slots
         req.row, req.last_node = row, match.last_node
@@ -138,7 +137,7 @@ class CacheManager:
         into device slots now (evicting least recently used entries), where they stay as
         the freshest cached nodes until its admission finds them; the tokens loaded."""
         match = self.prefix_cache.match_prefix(req.prefix_key(self._match_limit(req)))
-        if limit <= 0 or not getattr(match, "host_len", 0):
+        if limit <= 0 or not (isinstance(match, HostMatch) and match.host_len):
             return 0
         self.prefix_cache.lock(match.last_node)
         loaded = self._load_host(match, limit, staged=True)
@@ -250,7 +249,7 @@ class CacheManager:
         check_integrity(self, running)
 
     # -- internals -------------------------------------------------------------------------
-    def _load_host(self, match: Any, limit: int, staged: bool = False) -> Any:
+    def _load_host(self, match: HostMatch, limit: int, staged: bool = False) -> MatchResult:
         """Load up to `limit` tokens of a locked match's host part into new slots (evicting
         what must go); the lock moves to the loaded end."""
 
@@ -258,8 +257,9 @@ class CacheManager:
             self.make_room(n)
             return self.allocator.alloc(n)
 
-        load = self.prefix_cache.load  # type: ignore[attr-defined]
-        loaded, unused = load(match, limit, alloc, staged)
+        cache = self.prefix_cache
+        assert isinstance(cache, HiRadixCache), "a host match comes from a HiRadixCache"
+        loaded, unused = cache.load(match, limit, alloc, staged)
         self.allocator.free(unused)
         if loaded.last_node is not match.last_node:
             self.prefix_cache.lock(loaded.last_node)

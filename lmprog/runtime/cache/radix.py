@@ -53,6 +53,12 @@ class TreeNode:
         return f"TreeNode(uid={self.uid}, len={len(self.key)}, lock_ref={self.lock_ref})"
 
 
+def parent_of(node: TreeNode) -> TreeNode:
+    """The parent of a node below the root (only the root has none)."""
+    assert node.parent is not None, "the root has no parent"
+    return node.parent
+
+
 class RadixCache(PrefixCache):
     """The RadixAttention prefix cache. See PrefixCache for the contract."""
 
@@ -301,7 +307,7 @@ class RadixCache(PrefixCache):
             child.last_access,
             child.hit_count,
         )
-        child.parent.children[self._child_key(mid.key, 0)] = mid
+        parent_of(child).children[self._child_key(mid.key, 0)] = mid
         child.key, child.slots, child.parent = child.key[k:], child.slots[k:], mid
         mid.children[self._child_key(child.key, 0)] = child
         return mid
@@ -316,7 +322,7 @@ class RadixCache(PrefixCache):
 
     def _remove_leaf(self, leaf: TreeNode) -> TreeNode:
         assert leaf.lock_ref == 0 and not leaf.children
-        parent = leaf.parent
+        parent = parent_of(leaf)
         del parent.children[self._child_key(leaf.key, 0)]
         self._leaves.discard(leaf)
         self._evictable -= len(leaf.key)
@@ -333,7 +339,8 @@ class RadixCache(PrefixCache):
             heapq.heappush(self._heap, (self.policy.priority(node), node.uid, node))
 
     def _nodes(self) -> list[TreeNode]:
-        out, stack = [], list(self.root.children.values())
+        out: list[TreeNode] = []
+        stack = list(self.root.children.values())
         while stack:
             node = stack.pop()
             out.append(node)
@@ -343,7 +350,7 @@ class RadixCache(PrefixCache):
 
 def _as_list(token_ids: Sequence[int]) -> list[int]:
     if type(token_ids) is list:
-        return token_ids  # type: ignore[return-value]
+        return token_ids
     if isinstance(token_ids, np.ndarray):
         return token_ids.tolist()
     return list(token_ids)

@@ -19,7 +19,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from lmprog.core.errors import BackendError
@@ -224,7 +224,7 @@ class ReplicaGroup:
         for routed in moving:
             routed.move_off(replica, error)
 
-    def _route(self, tokens: Sequence[int], exclude: Sequence[int] = ()) -> Decision:
+    def _route(self, tokens: Sequence[int], exclude: Collection[int] = ()) -> Decision:
         for i, engine in enumerate(self.replicas):
             if self.router.alive[i]:
                 if not engine.alive:
@@ -241,7 +241,7 @@ class ReplicaGroup:
         return decision
 
     def _by_capacity(
-        self, decision: Decision, tokens: Sequence[int], loads: list[int], exclude: Sequence[int]
+        self, decision: Decision, tokens: Sequence[int], loads: list[int], exclude: Collection[int]
     ) -> Decision:
         """The available replica whose outstanding requests plus this one, over its measured
         capacity, end first; `decision` itself until every candidate has measured one."""
@@ -451,7 +451,7 @@ def _launch_groups(
     return ReplicaGroup(engines, config, [",".join(map(str, tp.devices)) for tp in groups])
 
 
-def on_device(device: Any) -> contextlib.AbstractContextManager:
+def on_device(device: Any) -> contextlib.AbstractContextManager[object]:
     """A GPU made this thread's current device while a replica is built and started there
     (graph capture and Triton launches use the current device, not the tensors')."""
     import torch

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,7 +202,7 @@ class Router:
         return decision
 
     def choose(
-        self, tokens: Sequence[int], loads: Sequence[int], exclude: Sequence[int] = ()
+        self, tokens: Sequence[int], loads: Sequence[int], exclude: Collection[int] = ()
     ) -> Decision:
         """The replica for a request of `tokens` (nothing recorded), never one in `exclude`
         (where a retried request already failed) or suspended. BackendError when every
@@ -220,7 +220,7 @@ class Router:
             self.routed[decision.replica][decision.reason] += 1
 
     def _choose(
-        self, tokens: Sequence[int], loads: Sequence[int], exclude: Sequence[int] = ()
+        self, tokens: Sequence[int], loads: Sequence[int], exclude: Collection[int] = ()
     ) -> Decision:
         if not any(self.alive):
             raise BackendError(

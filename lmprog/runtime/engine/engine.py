@@ -131,7 +131,8 @@ class Engine:
     def set_speculation(self, enabled: bool) -> None:
         """Switch speculative decoding on or off from the next step (e.g. to compare both
         in one run). ValueError when the engine was built without a speculator."""
-        if self.speculator is None:
+        spec = self.speculator
+        if spec is None:
             raise ValueError(
                 "this engine was built without speculative decoding; pass "
                 "speculative=... when creating it"
@@ -140,7 +141,7 @@ class Engine:
             raise TypeError(f"enabled must be a bool, got {enabled!r}")
 
         def switch() -> None:
-            self.speculator.enabled = enabled
+            spec.enabled = enabled
 
         self.call(switch)
 

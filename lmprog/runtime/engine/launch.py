@@ -9,9 +9,7 @@ The KV pool's size comes from executor.kv_pool.kv_slots.
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from ..config import AttentionSinkConfig, CacheConfig, LoraConfig, SchedulerConfig
 from ..executor.kv_pool import kv_slots
@@ -22,9 +20,12 @@ from ..speculative import Proposer, SpeculativeConfig, build_proposer
 from ..speculative.speculator import Speculator
 from .engine import Engine, EngineConfig
 
+if TYPE_CHECKING:
+    from ..models.llama import LlamaForCausalLM
+
 
 def launch_engine(
-    model: nn.Module,
+    model: LlamaForCausalLM,
     tokenizer: Any,
     *,
     eos_token_ids: tuple[int, ...],
@@ -78,7 +79,7 @@ def launch_engine(
 
 
 def _launch(
-    model: nn.Module,
+    model: LlamaForCausalLM,
     tokenizer: Any,
     eos_token_ids: tuple[int, ...],
     max_total_tokens: int | None,
@@ -127,7 +128,7 @@ def _launch(
         attention_sinks,
         max_loras=None if manager is None else manager.max_loras_per_batch,
     )
-    runner_args = dict(
+    runner_args: dict[str, Any] = dict(
         cuda_graphs=cuda_graphs,
         piecewise_tokens=scheduler.config.max_num_batched_tokens,
         kv_cache_dtype=kv_dtype,
@@ -159,7 +160,7 @@ def _launch(
 
 
 def make_lora_manager(
-    model: nn.Module,
+    model: LlamaForCausalLM,
     config: LoraConfig | None,
     adapters: tuple[Any, ...],
     speculator: Any,
@@ -184,7 +185,7 @@ def make_lora_manager(
 
 
 def make_speculator(
-    model: nn.Module,
+    model: LlamaForCausalLM,
     config: SpeculativeConfig | None,
     proposer: Proposer | None = None,
     *,

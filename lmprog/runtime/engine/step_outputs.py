@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from lmprog.core.protocol import FinishReason
 from lmprog.decoding.batch_sampler import BatchSampler, Draw, PendingDraws
 from lmprog.decoding.decode_state import DecodeState
 from lmprog.decoding.sampler import argmax_rows
@@ -36,7 +37,7 @@ class StepResult:
     at a rejected draft (False: all accepted, or it finished or jumped first)."""
 
     tokens: list[tuple[int, ...]]
-    reasons: list[str | None]
+    reasons: list[FinishReason | None]
     jumped: list[int]
     accepted: list[int] = field(default_factory=list)
     rejected: list[bool] = field(default_factory=list)
@@ -327,6 +328,8 @@ def guarded(state: DecodeState, fn: Callable[..., Any], *args: Any) -> Any:
 def record_prompt_logprobs(e: ScheduledEntry, rows: torch.Tensor) -> None:
     """Record the logprobs of prompt tokens p + 1 from the logits at fed positions p."""
     req, state = e.req, e.req.engine_data
+    # called for an entry with logits whose request asked for prompt logprobs
+    assert e.logits_from is not None and req.prompt_logprob_start is not None
     lo = max(e.logits_from, req.prompt_logprob_start)
     hi = min(e.end, req.prompt_len - 1)
     if lo >= hi:

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from .forward_batch import ForwardBatch
 from .kv_pool import KVPool
+
+if TYPE_CHECKING:
+    from ..models.llama import LlamaForCausalLM
 
 DEFAULT_BATCH_SIZES = (
     1,
@@ -47,7 +49,7 @@ _PAD = (0, 0, 0, 0, 1)  # input_id, position, out_cache_loc (dummy slot), table 
 
 
 def capture_decode_graphs(
-    model: nn.Module,
+    model: LlamaForCausalLM,
     kv: KVPool,
     req_to_token: torch.Tensor,
     *,
@@ -63,7 +65,7 @@ def capture_decode_graphs(
         return CudaGraphRunner(model, kv, req_to_token, max_batch_size=max_batch_size, lora=lora)
 
 
-def supports_cuda_graphs(model: nn.Module) -> bool:
+def supports_cuda_graphs(model: LlamaForCausalLM) -> bool:
     """True when `model` plans its attention with the Triton backend (the only one whose
     plan can live on static buffers; the torch backend reads lengths on the host)."""
     try:
@@ -200,7 +202,7 @@ class CudaGraphRunner:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: LlamaForCausalLM,
         kv: KVPool,
         req_to_token: torch.Tensor,
         *,
@@ -284,11 +286,13 @@ class CudaGraphRunner:
         else:
             bucket.graph.replay()
             logits = bucket.logits
+            assert logits is not None  # captured with the graph
         return logits[: batch.batch_size]
 
     def _replay_lora(self, bucket: _Bucket) -> torch.Tensor:
         if bucket.lora_graph is not None:
             bucket.lora_graph.replay()
+            assert bucket.lora_logits is not None  # captured with the graph
             return bucket.lora_logits
         with self._lora_batch(bucket.lora_batch):
             return self.model(bucket.batch, self.kv, plan=bucket.plan)
@@ -341,7 +345,7 @@ class CudaGraphRunner:
         if not self.capture:
             return _Bucket(bs, batch, plan, None, None, lora_batch)
         graph, logits = self._capture_one(batch, plan, None)
-        if lora_batch is None:
+        if lora_batch is None or self.lora_buffers is None:
             return _Bucket(bs, batch, plan, graph, logits)
         self.lora_buffers.clear()
         lora_graph, lora_logits = self._capture_one(batch, plan, lora_batch)

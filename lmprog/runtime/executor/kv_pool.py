@@ -15,10 +15,9 @@ import mmap
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from ..config import KV_CACHE_DTYPES
-from ..parallel.sharding import local_config
+from ..models.config import ConfiguredModel, local_config
 
 if TYPE_CHECKING:
     from ..models.config import ModelConfig
@@ -210,7 +209,7 @@ CPU_KV_BUDGET_BYTES = 1 << 30
 
 
 def kv_slots(
-    model: nn.Module,
+    model: ConfiguredModel,
     max_total_tokens: int | None,
     gpu_memory_fraction: float,
     kv_cache_dtype: str = "auto",

@@ -7,16 +7,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from ..layers.rotary import RotaryEmbedding, inv_freq
 
 if TYPE_CHECKING:
     from ..models.config import ModelConfig
+    from ..models.llama import LlamaForCausalLM
     from .kv_pool import KVPool
 
 
-def check_attention_sinks(model: nn.Module, tp: Any = None) -> None:
+def check_attention_sinks(model: LlamaForCausalLM, tp: Any = None) -> None:
     """ValueError naming what to change unless `model` can evict and re-rotate its KV:
     one RoPE for every layer over per-head K/V, in one process."""
     config = model.config

@@ -11,13 +11,12 @@ layouts; nothing here waits for the device. Design: docs/design/scheduling.md.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
-from torch import nn
 
-from ..parallel.sharding import local_config
+from ..models.config import local_config
 from ..scheduler.batch import ScheduledBatch
 from ..scheduler.sinks import KVShift
 from .cuda_graph import capture_decode_graphs
@@ -25,6 +24,9 @@ from .forward_batch import ForwardBatch
 from .kv_pool import KVPool
 from .kv_shift import KeyShifter
 from .piecewise_graph import capture_piecewise_graphs
+
+if TYPE_CHECKING:
+    from ..models.llama import LlamaForCausalLM
 
 
 class StepInputs(NamedTuple):
@@ -54,7 +56,7 @@ class ModelRunner:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: LlamaForCausalLM,
         num_slots: int,
         req_to_token: np.ndarray,
         *,
@@ -187,7 +189,7 @@ class ModelRunner:
                 logit_rows,
             ]
         )
-        sync = ()
+        sync: tuple[tuple[int, int], ...] = ()
         if self._mirrored or self.channel is not None:
             sync = tuple((e.row, e.end) for e in entries if e.sync_row)
         return StepInputs(host, batch.num_tokens, len(entries), len(logit_rows), sync)

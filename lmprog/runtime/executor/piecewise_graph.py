@@ -13,14 +13,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from torch import nn
 
 from .cuda_graph import supports_cuda_graphs
 from .forward_batch import ForwardBatch
 from .kv_pool import KVPool
+
+if TYPE_CHECKING:
+    from ..layers.attention.triton_backend import TritonAttentionBackend
+    from ..models.llama import DecoderLayerPart, LlamaForCausalLM
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +49,7 @@ DEFAULT_TOKEN_BUCKETS = (
 
 
 def capture_piecewise_graphs(
-    model: nn.Module, kv: KVPool, req_to_token: torch.Tensor, *, max_tokens: int
+    model: LlamaForCausalLM, kv: KVPool, req_to_token: torch.Tensor, *, max_tokens: int
 ) -> PiecewiseGraphRunner | None:
     """Piecewise graphs for steps of up to max_tokens tokens, or None where graphs are not
     used (not on CUDA, or attention not on the Triton backend) or their activations do not
@@ -93,7 +96,7 @@ class PiecewiseGraphRunner:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: LlamaForCausalLM,
         kv: KVPool,
         req_to_token: torch.Tensor,
         *,
@@ -127,6 +130,14 @@ class PiecewiseGraphRunner:
         self.buckets: tuple[_Bucket, ...] = tuple(reversed(captured))
 
     @property
+    def _attention(self) -> TritonAttentionBackend:
+        return cast("TritonAttentionBackend", self.model.attention)  # supports_cuda_graphs
+
+    @property
+    def _layers(self) -> Sequence[DecoderLayerPart]:
+        return cast("Sequence[DecoderLayerPart]", self.model.model.layers)
+
+    @property
     def token_buckets(self) -> tuple[int, ...]:
         return tuple(b.tokens for b in self.buckets)
 
@@ -147,17 +158,18 @@ class PiecewiseGraphRunner:
         self.ints[:, :t].copy_(torch.stack([batch.input_ids, batch.positions, batch.out_cache_loc]))
         if t < bucket.tokens:  # a larger step may have left real slots here: back to padding
             self.ints[:, t : bucket.tokens].zero_()
-        plan = self.model.attention.plan(batch)
+        plan = self._attention.plan(batch)
         self.replays += 1
         if bucket.graphs:
             self._replay(bucket, plan)
             h, residual = bucket.h, bucket.residual
+            assert h is not None and residual is not None  # captured with the graphs
         else:
             h, residual = self._segments(bucket, plan)
         return self.model.logits(h, residual, batch.logits_indices)
 
     def _replay(self, bucket: _Bucket, plan: Any) -> None:
-        attention, layers = self.model.attention, self.model.model.layers
+        attention, layers = self._attention, self._layers
         bucket.graphs[0].replay()
         for i, graph in enumerate(bucket.graphs[1:]):
             attention.forward(
@@ -167,10 +179,10 @@ class PiecewiseGraphRunner:
 
     def _segments(self, bucket: _Bucket, plan: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """The uncaptured equivalent of a replay (CPU tests): same buffers, same order."""
-        layers = self.model.model.layers
+        layers = self._layers
         residual, step = self._segment0(bucket)
         for i in range(len(layers)):
-            self.model.attention.forward(
+            self._attention.forward(
                 bucket.q, None, None, layers[i].self_attn.layer, self.kv, plan, out=bucket.out
             )
             h, residual = self._segment(bucket, i + 1, residual, step)
@@ -179,7 +191,7 @@ class PiecewiseGraphRunner:
     # ---- the segments (what each graph records) ------------------------------------------
     def _segment0(self, bucket: _Bucket) -> tuple[torch.Tensor, Any]:
         h, step = self.model.embed(bucket.batch, self.kv, None)
-        (q, _, _), residual = self.model.model.layers[0].attention_input(h, None, step)
+        (q, _, _), residual = self._layers[0].attention_input(h, None, step)
         bucket.q.copy_(q)
         return residual, step
 
@@ -187,7 +199,7 @@ class PiecewiseGraphRunner:
         self, bucket: _Bucket, i: int, residual: torch.Tensor, step: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Segment i >= 1: the rest of layer i-1, then the attention input of layer i."""
-        layers = self.model.model.layers
+        layers = self._layers
         h, residual = layers[i - 1].attention_output(bucket.out, residual)
         if i < len(layers):
             (q, _, _), residual = layers[i].attention_input(h, residual, step)
@@ -220,7 +232,7 @@ class PiecewiseGraphRunner:
         with torch.cuda.stream(stream):
             self._run_segments_eagerly(bucket)
         torch.cuda.current_stream().wait_stream(stream)
-        layers = self.model.model.layers
+        layers = self._layers
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             residual, step = self._segment0(bucket)
@@ -235,5 +247,5 @@ class PiecewiseGraphRunner:
 
     def _run_segments_eagerly(self, bucket: _Bucket) -> None:
         residual, step = self._segment0(bucket)
-        for i in range(1, len(self.model.model.layers) + 1):
+        for i in range(1, len(self._layers) + 1):
             _, residual = self._segment(bucket, i, residual, step)

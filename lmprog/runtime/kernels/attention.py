@@ -99,6 +99,7 @@ def warm_up(
                 num_kv_splits=s,
             )
             if plan.split is None:  # the extend launch (splits do not apply)
+                assert plan.extend is not None  # e > 0 rows to extend
                 key = (plan.extend.config.block_m, 0, 0)
             else:  # the launches' compile-time constants
                 key = (plan.split.config.block_m, s, 0)
@@ -239,6 +240,7 @@ def _launch(q, k, v, out, plan: AttentionPlan, launch: Launch, scale: float, v_s
 
 
 def _merge(out: torch.Tensor, plan: AttentionPlan) -> None:
+    assert plan.split is not None and plan.split_rows is not None  # a split plan
     n = plan.split_rows.shape[1]
     s = plan.split.num_splits
     _merge_splits_kernel[(n, plan.num_q_heads)](

@@ -275,8 +275,8 @@ def _extend_launch(seq_l, ext_l, is_split, cfg: TileConfig, group: int, device):
     if not tiles:
         return None
     tiles.sort(key=lambda w: -w[0])  # longest KV range first: a short tail of the grid
-    req, m = [t[1] for t in tiles], [t[2] for t in tiles]
-    t_req, t_m, t_out = _to_device([req, m, [0] * len(req)], device).unbind(0)
+    req, tile_m = [t[1] for t in tiles], [t[2] for t in tiles]
+    t_req, t_m, t_out = _to_device([req, tile_m, [0] * len(req)], device).unbind(0)
     return Launch(t_req, t_m, t_out, cfg, 1)
 
 
@@ -292,7 +292,9 @@ def _split_launch(seq_l, ext_l, is_split, cfg, group, num_kv_heads, num_kv_split
         num_kv_splits = choose_num_splits(len(rows) * num_kv_heads, max_kv, _num_sms(device))
     if not isinstance(num_kv_splits, int) or not 1 <= num_kv_splits <= 64:
         raise ValueError(f"num_kv_splits must be an int in [1, 64], got {num_kv_splits!r}")
-    outs, row_req, row_m = [], [], []
+    outs: list[int] = []
+    row_req: list[int] = []
+    row_m: list[int] = []
     for b in rows:
         outs.append(len(row_req))
         row_req.extend([b] * ext_l[b])

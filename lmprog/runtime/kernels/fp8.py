@@ -41,7 +41,7 @@ def quantize_fp8(
     if isinstance(g, bool) or not isinstance(g, int) or g < 1 or k % g:
         raise ValueError(f"group must be a positive divisor of K={k}, got {group!r}")
     static = scale is not None
-    if static:
+    if scale is not None:
         check_tensor("scale", scale, dtypes=(torch.float32,), device=x.device)
         if scale.numel() != 1:
             raise ValueError(f"a static scale has one element, got shape {tuple(scale.shape)}")

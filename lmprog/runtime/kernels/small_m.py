@@ -109,7 +109,7 @@ def small_m_matmul(
     fp8 = w.dtype == FP8
     if fp8 != (w_scale is not None):
         raise ValueError("w_scale goes with e4m3 weights (and only with them)")
-    if fp8:
+    if w_scale is not None:  # fp8
         check_tensor("w_scale", w_scale, ndim=1, dtypes=(torch.float32,), device=x.device)
         if w_scale.shape[0] != n or not w_scale.is_contiguous():
             raise ValueError(f"w_scale must be a contiguous [{n}], got {tuple(w_scale.shape)}")
@@ -127,9 +127,9 @@ def small_m_matmul(
         raise ValueError(f"config {config.label} needs more than {SMEM_BYTES} B shared memory")
     tiles_n = triton.cdiv(n, config.block_n)
     split = config.split_k > 1
-    if split and counters is None:
-        counters = config.new_counters(n, x.device)
     if split:
+        if counters is None:
+            counters = config.new_counters(n, x.device)
         check_tensor("counters", counters, ndim=1, dtypes=(torch.int32,), device=x.device)
         if counters.shape[0] < tiles_n:
             raise ValueError(f"counters needs {tiles_n} elements, got {counters.shape[0]}")

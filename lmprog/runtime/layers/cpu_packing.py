@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from ..models.llama import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +73,7 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-def pack_linears(model: nn.Module) -> nn.Module:
+def pack_linears(model: LlamaForCausalLM) -> LlamaForCausalLM:
     """Swap every nn.Linear of `model` (and a tied output projection) for a PackedLinear.
 
     On a CPU that cannot run the packed kernel the model is returned unchanged (plain bf16

@@ -10,6 +10,7 @@ stay in the model dtype. CUDA and CPU paths: docs/design/quantization.md.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,6 +35,7 @@ class Fp8Linear(nn.Module):
     model's `load_weights` fills them by name (row slices of fused q/k/v, gate/up)."""
 
     use_kernels: bool | None = None  # None: the Triton/_scaled_mm path on CUDA, else PyTorch
+    small_m_counters: torch.Tensor  # a buffer, registered with a small-M config
     small_m_fused: bool = True  # <= 16 rows through fp8_matmul_small_m (layers/small_m.py)
     small_m_config: SmallMConfig | None = None  # else through small_m_matmul with this config
 
@@ -165,7 +167,9 @@ def check_fp8_device(model: nn.Module) -> None:
         raise ValueError(f"quantization='fp8' needs compute capability 8.9+ (Ada, Hopper); {name}")
 
 
-def _linears(model: nn.Module, names: set[str] | None = None):
+def _linears(
+    model: nn.Module, names: set[str] | None = None
+) -> Iterator[tuple[nn.Module, str, str, nn.Linear]]:
     """(parent, attribute, qualified name, layer) of every plain nn.Linear not in KEEP."""
     for qualified, parent in model.named_modules():
         for attr, child in parent.named_children():

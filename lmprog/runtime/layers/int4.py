@@ -39,6 +39,9 @@ def int4_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 class Int4Linear(nn.Module):
     """A Linear whose weight is held as packed 4-bit codes with bf16 group scales/zeros."""
 
+    packed: torch.Tensor  # buffers
+    scales_zeros: torch.Tensor
+
     def __init__(
         self, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, bias: torch.Tensor | None
     ) -> None:

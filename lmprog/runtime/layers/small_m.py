@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -27,12 +27,16 @@ log = logging.getLogger(__name__)
 ENV_VAR = "LMPROG_SMALL_M"  # "0": no small-M Triton kernel for bf16/fp16 layers
 CHECK_TOL = 1e-2  # a config whose output is further than this from cuBLAS's is not used
 Timer = Callable[[Callable[[], None]], float]
+# (parent, attribute, layer) of a layer to time: an nn.Linear, or an Fp8Linear in an fp8 group
+_Member = tuple[nn.Module, str, Any]
 
 
 class SmallMLinear(nn.Linear):
     """An nn.Linear whose calls of up to 16 rows run kernels.small_m.small_m_matmul with
     `config`; the replaced layer's Parameters (not copies). Its split-K counters are a
     buffer outside the state_dict; its launches run on one stream, as a forward does."""
+
+    counters: torch.Tensor  # a buffer
 
     def __init__(self, linear: nn.Linear, config: SmallMConfig) -> None:
         nn.Module.__init__(self)  # nn.Linear's __init__ would allocate a second weight
@@ -95,13 +99,13 @@ def choose_small_m_paths_(model: nn.Module, *, timer: Timer | None = None) -> li
     return results
 
 
-def _shape_groups(model: nn.Module) -> dict[tuple[str, int, int], list]:
+def _shape_groups(model: nn.Module) -> dict[tuple[str, int, int], list[_Member]]:
     """(kind, K, N) -> [(parent, attribute, layer)] of the layers this module times."""
     from ..kernels import triton_available
     from ..kernels._checks import interpreting
 
     dense = os.environ.get(ENV_VAR, "1") != "0" and triton_available()
-    groups: dict[tuple[str, int, int], list] = {}
+    groups: dict[tuple[str, int, int], list[_Member]] = {}
     for parent in model.modules():
         for attr, child in parent.named_children():
             w = getattr(child, "weight", None)
@@ -163,10 +167,17 @@ def _choose_fp8(layers: list[Fp8Linear], x: torch.Tensor, timer: Timer) -> Shape
     return ShapeTiming("fp8", k, n, len(layers), us, chosen)
 
 
-def _checked_configs(kind: str, k: int, n: int, candidates, want: torch.Tensor, compute):
+def _checked_configs(
+    kind: str,
+    k: int,
+    n: int,
+    candidates: Iterable[SmallMConfig],
+    want: torch.Tensor,
+    compute: Callable[[SmallMConfig], torch.Tensor],
+) -> dict[str, SmallMConfig]:
     """{label: config} of the candidates whose output (`compute(config)`) is within CHECK_TOL
     of `want` (relative norm); the others are logged and left out."""
-    configs = {}
+    configs: dict[str, SmallMConfig] = {}
     for config in candidates:
         got = compute(config).float()
         err = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
@@ -178,7 +189,7 @@ def _checked_configs(kind: str, k: int, n: int, candidates, want: torch.Tensor, 
     return configs
 
 
-def _choose_dense(members: list, timer: Timer) -> ShapeTiming:
+def _choose_dense(members: list[_Member], timer: Timer) -> ShapeTiming:
     """cuBLAS against each candidate config that computes what cuBLAS does; the layers are
     swapped for SmallMLinear only where a config won."""
     from ..kernels.attention_plan import _num_sms  # the SMs (a small count off CUDA)
@@ -210,9 +221,10 @@ def _choose_dense(members: list, timer: Timer) -> ShapeTiming:
         )  # fmt: skip
         us = {label: timer(run(config)) / len(layers) for label, config in configs.items()}
     chosen = min(us, key=us.__getitem__)  # a tie keeps cuBLAS
-    if configs[chosen] is not None:
+    config = configs[chosen]
+    if config is not None:
         for parent, attr, layer in members:
-            setattr(parent, attr, SmallMLinear(layer, configs[chosen]))
+            setattr(parent, attr, SmallMLinear(layer, config))
     return ShapeTiming(kind, k, n, len(layers), us, chosen)
 
 

@@ -255,7 +255,7 @@ def _check_tensors(
 def _scale(cfg: dict[str, Any], module_name: str, r: int) -> float:
     """alpha / r (alpha / sqrt(r) with use_rslora), alpha from `alpha_pattern` when one of
     its keys matches the module (as PEFT matches them: the key ends the module's name)."""
-    alpha = cfg.get("lora_alpha", cfg.get("r"))
+    alpha = cfg.get("lora_alpha", cfg["r"])  # PEFT's default alpha: r (which every config has)
     for key, value in (cfg.get("alpha_pattern") or {}).items():
         if re.fullmatch(rf"(.*\.)?(?:{key})", module_name):
             alpha = value

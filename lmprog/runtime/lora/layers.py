@@ -10,13 +10,16 @@ without LoRA). Design: docs/design/lora.md.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from .ops import LoraBatch, lora_delta_ref
 from .pool import LoraPool
+
+if TYPE_CHECKING:
+    from ..models.llama import LlamaForCausalLM
 
 
 class LoraContext:
@@ -66,7 +69,7 @@ class LoraLinear(nn.Module):
         return f"slots={s}, rank={nr // len(self.slices)}, slices={self.slices}"
 
 
-def attach_lora_(model: nn.Module, pool: LoraPool, context: LoraContext) -> int:
+def attach_lora_(model: LlamaForCausalLM, pool: LoraPool, context: LoraContext) -> int:
     """Wrap every projection the pool has buffers for; returns how many were wrapped."""
     wrapped = 0
     for i, layer in enumerate(model.model.layers):

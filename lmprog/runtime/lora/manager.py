@@ -15,10 +15,9 @@ import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from lmprog.core.errors import LoraError
 
@@ -27,6 +26,9 @@ from .adapter import LoraAdapter, check_model_supports_lora, read_adapter
 from .layers import LoraContext, attach_lora_
 from .ops import LoraStepPlan, plan_lora_step
 from .pool import LoraPool, Staged
+
+if TYPE_CHECKING:
+    from ..models.llama import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
 DEFAULT_RANK = 16
@@ -47,7 +49,7 @@ class LoraManager:
     config leaves max_lora_rank / lora_target_modules to them)."""
 
     def __init__(
-        self, model: nn.Module, config: LoraConfig, adapters: Sequence[LoraAdapter] = ()
+        self, model: LlamaForCausalLM, config: LoraConfig, adapters: Sequence[LoraAdapter] = ()
     ) -> None:
         check_model_supports_lora(model)
         self.config = config

@@ -8,10 +8,14 @@ Buffer shapes: docs/design/lora.md.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
 from .adapter import FUSED_SLICE, MLP_MODULES, module_shapes
+
+if TYPE_CHECKING:
+    from ..models.config import ModelConfig
 
 GROUP_MEMBERS = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
@@ -26,7 +30,7 @@ Staged = dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
 class LoraPool:
     def __init__(
         self,
-        config,
+        config: ModelConfig,
         *,
         slots: int,
         max_rank: int,
@@ -61,7 +65,14 @@ class LoraPool:
                    for a, b in self.buffers.values())  # fmt: skip
 
     @staticmethod
-    def bytes_needed(config, *, slots: int, max_rank: int, targets: Iterable[str], dtype) -> int:
+    def bytes_needed(
+        config: ModelConfig,
+        *,
+        slots: int,
+        max_rank: int,
+        targets: Iterable[str],
+        dtype: torch.dtype,
+    ) -> int:
         """What a pool of these arguments takes, without allocating it."""
         shapes, targets, size = module_shapes(config), frozenset(targets), 0
         for layer in range(config.num_layers):

@@ -10,9 +10,13 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from torch import nn
 
 RopeType = Literal["default", "linear", "llama3", "freq_factors", "yarn"]
 
@@ -237,15 +241,32 @@ class ModelConfig:
         return scale
 
 
+class ConfiguredModel(Protocol):
+    """A loaded model as far as its shapes go (every runtime model: models.llama)."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
+
+
+def local_config(model: ConfiguredModel) -> ModelConfig:
+    """The shapes this process's module holds: its shard's under tensor parallelism (the
+    `shard_config` parallel.sharding sets), else the model's own config."""
+    return getattr(model, "shard_config", None) or model.config
+
+
 # ---------------------------------------------------------------- Hugging Face config.json
 
 
 def config_from_hf(hf: dict[str, Any] | str | os.PathLike[str]) -> ModelConfig:
     """Build a ModelConfig from a config.json dict, file, or the folder holding it."""
-    if not isinstance(hf, dict):
+    if isinstance(hf, dict):
+        cfg = hf
+    else:
         path = Path(hf)
-        hf = json.loads((path / "config.json" if path.is_dir() else path).read_text())
-    model_type = hf.get("model_type", "")
+        cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    model_type = cfg.get("model_type", "")
     if model_type not in _ARCH_ALIASES:
         raise ValueError(
             f"unsupported model_type {model_type!r}; supported: {sorted(_ARCH_ALIASES)}"
@@ -256,41 +277,41 @@ def config_from_hf(hf: dict[str, Any] | str | os.PathLike[str]) -> ModelConfig:
             "(model_type 'gemma3_text', e.g. gemma-3-270m, gemma-3-1b) or a GGUF is supported"
         )
     if model_type == "gemma3_text":
-        return _gemma3_from_hf(hf)
+        return _gemma3_from_hf(cfg)
     if model_type == "deepseek_v2":
-        return _deepseek_v2_from_hf(hf)
-    if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; only silu")
-    if hf.get("mlp_bias"):
+        return _deepseek_v2_from_hf(cfg)
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"unsupported hidden_act {cfg['hidden_act']!r}; only silu")
+    if cfg.get("mlp_bias"):
         raise ValueError("mlp_bias=True is not supported")
-    heads = hf["num_attention_heads"]
-    rope = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or rope
-    max_pos = hf.get("max_position_embeddings", 4096)
-    window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
+    heads = cfg["num_attention_heads"]
+    rope = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling") or rope
+    max_pos = cfg.get("max_position_embeddings", 4096)
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
     if window:  # within the window, sliding-window attention is plain causal attention
         max_pos = min(max_pos, window)
     return ModelConfig(
         architecture=_ARCH_ALIASES[model_type],
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"],
-        num_layers=hf["num_hidden_layers"],
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_layers=cfg["num_hidden_layers"],
         num_heads=heads,
-        num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
         max_position=max_pos,
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        rope_theta=float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
-        rope_scaling=_hf_rope_scaling(scaling, hf.get("max_position_embeddings", 4096)),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        rope_scaling=_hf_rope_scaling(scaling, cfg.get("max_position_embeddings", 4096)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=bool(
-            hf.get("attention_bias", hf.get("qkv_bias", model_type in ("qwen2", "qwen2_moe")))
+            cfg.get("attention_bias", cfg.get("qkv_bias", model_type in ("qwen2", "qwen2_moe")))
         ),
         qk_norm=model_type in ("qwen3", "qwen3_moe"),
-        bos_token_id=hf.get("bos_token_id"),
-        eos_token_ids=_eos_ids(hf.get("eos_token_id")),
-        **_hf_moe_fields(hf, model_type),
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
+        **_hf_moe_fields(cfg, model_type),
     )
 
 
@@ -541,7 +562,7 @@ def config_from_gguf(reader: Any) -> ModelConfig:
     )
 
 
-def _gguf_moe_fields(arch: str, get: Any, tensors: dict[str, Any], layers: int) -> dict:
+def _gguf_moe_fields(arch: str, get: Any, tensors: dict[str, Any], layers: int) -> dict[str, Any]:
     """The expert fields of a MoE GGUF (Mixtral as "llama", qwen2moe, qwen3moe): the dense
     layers are those without a router (ffn_gate_inp); llama.cpp renormalizes the top-k
     weights of llama and qwen3moe, not of qwen2moe, unless expert_weights_norm says."""

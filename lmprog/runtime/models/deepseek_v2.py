@@ -14,11 +14,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..executor.kv_pool import LatentKVPool
 from ..layers.attention import AttentionBackend
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
-from .llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, _Step, sparse_moe
+from .llama import (
+    DecoderStack,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaMLP,
+    _Step,
+    sparse_moe,
+)
 from .moe import ExpertWeights
 
 _LORA_NORM_EPS = 1e-6  # q_a_layernorm's and kv_a_layernorm's (transformers' default)
@@ -37,13 +45,14 @@ class DeepseekV2Attention(nn.Module):
         self.nope, self.rope = config.qk_nope_head_dim, config.qk_rope_head_dim
         self.rank, self.v_dim = config.kv_lora_rank, config.v_head_dim
         q_out, bias = heads * config.head_dim, config.attention_bias
-        self.q_lora = config.q_lora_rank is not None
-        if not self.q_lora:
+        q_rank = config.q_lora_rank
+        self.q_lora = q_rank is not None
+        if q_rank is None:
             self.q_proj = nn.Linear(h, q_out, bias=False)
         else:
-            self.q_a_proj = nn.Linear(h, config.q_lora_rank, bias=bias)
-            self.q_a_layernorm = RMSNorm(config.q_lora_rank, _LORA_NORM_EPS)
-            self.q_b_proj = nn.Linear(config.q_lora_rank, q_out, bias=False)
+            self.q_a_proj = nn.Linear(h, q_rank, bias=bias)
+            self.q_a_layernorm = RMSNorm(q_rank, _LORA_NORM_EPS)
+            self.q_b_proj = nn.Linear(q_rank, q_out, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(h, self.rank + self.rope, bias=bias)
         self.kv_a_layernorm = RMSNorm(self.rank, _LORA_NORM_EPS)
         # kv_b_proj, split per head and laid out for the two batched matmuls
@@ -63,8 +72,10 @@ class DeepseekV2Attention(nn.Module):
         query = torch.cat([q_latent, q[..., self.nope :]], dim=-1)
         c, k_rope = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)
         latent = torch.cat([self.kv_a_layernorm(c), k_rope], dim=-1).unsqueeze(1)
+        kv = step.kv
+        assert isinstance(kv, LatentKVPool), "latent attention needs a latent KV pool"
         query = step.attention.rotate_and_store_latent(
-            query, latent, step.cos, step.sin, self.layer, step.kv, step.out_cache_loc
+            query, latent, step.cos, step.sin, self.layer, kv, step.out_cache_loc
         )
         return query, None, None
 
@@ -86,7 +97,7 @@ class DeepseekV2DecoderLayer(LlamaDecoderLayer):
         self.mlp = sparse_moe(config) if config.is_moe_layer(layer) else LlamaMLP(config)
 
 
-class DeepseekV2Model(nn.Module):
+class DeepseekV2Model(DecoderStack):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)

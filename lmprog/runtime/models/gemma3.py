@@ -22,7 +22,7 @@ from ..layers.attention import AttentionBackend
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
-from .llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, _Step
+from .llama import QKV, DecoderStack, LlamaAttention, LlamaForCausalLM, LlamaMLP, _Step
 
 
 @dataclass(frozen=True)
@@ -49,17 +49,19 @@ class Gemma3Attention(LlamaAttention):
         # the backends scale by head_dim**-0.5; Gemma's scale is scalar**-0.5
         self.q_scale = (config.head_dim / scalar) ** 0.5
 
-    def project(self, x: torch.Tensor, step: _Step) -> tuple[torch.Tensor, ...]:
+    def project(self, x: torch.Tensor, step: _Step) -> QKV:
         """(q, k, v) of x: per-head q/k norms, then the rotation of this layer's kind; k and v
         written to the pool; q carries the query scaling."""
         hq, hkv = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(x.shape[0], hq + 2 * hkv, self.head_dim)
+        assert self.q_norm is not None and self.k_norm is not None  # Gemma 3 has both
         qkv = torch.cat(
             [self.q_norm(qkv[:, :hq]), self.k_norm(qkv[:, hq : hq + hkv]), qkv[:, hq + hkv :]],
             dim=1,
         )
         if self.sliding and isinstance(step, _GemmaStep) and step.local_cos is not None:
             cos, sin = step.local_cos, step.local_sin
+            assert sin is not None  # set with local_cos
         else:
             cos, sin = step.cos, step.sin
         q, k, v = step.attention.rotate_and_store(
@@ -97,7 +99,7 @@ class Gemma3DecoderLayer(nn.Module):
 
     def attention_input(
         self, h: torch.Tensor, residual: torch.Tensor | None, step: _Step
-    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    ) -> tuple[QKV, torch.Tensor]:
         if residual is None:
             x, residual = self.input_layernorm(h), h
         else:
@@ -114,7 +116,7 @@ class Gemma3DecoderLayer(nn.Module):
         return self.post_feedforward_layernorm(self.mlp(x)), residual
 
 
-class Gemma3Model(nn.Module):
+class Gemma3Model(DecoderStack):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)

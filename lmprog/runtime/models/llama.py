@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +26,10 @@ from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import ModelConfig
+
+# (q, k, v) of a layer's projections; k and v None when the pool holds them already (latent
+# attention writes one latent row per token)
+QKV = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
 
 
 @dataclass(frozen=True)
@@ -56,11 +60,11 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
-    def project(self, x: torch.Tensor, step: _Step) -> tuple[torch.Tensor, ...]:
+    def project(self, x: torch.Tensor, step: _Step) -> QKV:
         """(q, k, v) of x, q and k rotated, k and v written to the pool."""
         hq, hkv = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(x.shape[0], hq + 2 * hkv, self.head_dim)
-        if self.q_norm is not None:  # Qwen3: per-head norms before the rotation
+        if self.q_norm is not None and self.k_norm is not None:  # Qwen3: per-head norms first
             qkv = torch.cat(
                 [self.q_norm(qkv[:, :hq]), self.k_norm(qkv[:, hq : hq + hkv]), qkv[:, hq + hkv :]],
                 dim=1,
@@ -95,7 +99,21 @@ def sparse_moe(config: ModelConfig) -> SparseMoE:
     )
 
 
+class AttentionProjections(Protocol):
+    """A decoder layer's attention around the attention kernel: Llama's (and Gemma 3's)
+    q/k/v projections, DeepSeek-V2's latent ones."""
+
+    @property
+    def layer(self) -> int: ...
+
+    def project(self, x: torch.Tensor, step: _Step) -> QKV: ...
+
+    def output(self, o: torch.Tensor) -> torch.Tensor: ...
+
+
 class LlamaDecoderLayer(nn.Module):
+    self_attn: AttentionProjections  # LlamaAttention, DeepseekV2Attention
+
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -115,7 +133,7 @@ class LlamaDecoderLayer(nn.Module):
     # The halves around the attention kernel (piecewise CUDA graphs capture everything else).
     def attention_input(
         self, h: torch.Tensor, residual: torch.Tensor | None, step: _Step
-    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    ) -> tuple[QKV, torch.Tensor]:
         """((q, k, v), residual): the input norm and the attention's projections."""
         if residual is None:
             x, residual = self.input_layernorm(h), h
@@ -131,7 +149,42 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
-class LlamaModel(nn.Module):
+class TokenEmbedding(Protocol):
+    """A model's token embedding: nn.Embedding, or its tensor-parallel shard
+    (parallel.sharding.VocabParallelEmbedding); `weight` is the [vocab, hidden] table."""
+
+    @property
+    def weight(self) -> torch.Tensor: ...
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor: ...
+
+
+class DecoderLayerPart(Protocol):
+    """What the executor calls of one decoder layer (Llama's, Gemma 3's, DeepSeek-V2's):
+    the halves around its attention kernel (piecewise CUDA graphs)."""
+
+    @property
+    def self_attn(self) -> AttentionProjections: ...
+
+    def attention_input(
+        self, h: torch.Tensor, residual: torch.Tensor | None, step: _Step
+    ) -> tuple[QKV, torch.Tensor]: ...
+
+    def attention_output(
+        self, o: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class DecoderStack(nn.Module):
+    """The embedding, decoder layers and final norm under a causal LM's head: the type of
+    `LlamaForCausalLM.model` for every model (annotations only)."""
+
+    embed_tokens: TokenEmbedding
+    layers: nn.ModuleList  # of decoder layers (DecoderLayerPart)
+    norm: nn.Module
+
+
+class LlamaModel(DecoderStack):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -152,6 +205,17 @@ _FUSED = {
 class LlamaForCausalLM(nn.Module):
     """A decoder over the paged KV pool. With tied embeddings there is no lm_head module (a
     from-outside transform such as layers.cpu_packing may add one)."""
+
+    # the base class of every runtime model; its modules as other models and the
+    # load-time transforms (quantization, tensor parallelism) set them
+    config: ModelConfig
+    attention: AttentionBackend
+    model: DecoderStack
+    lm_head: nn.Module | None  # nn.Linear, or a quantized, packed or tensor-parallel head
+    # set only by some loaders (else absent: read with getattr): an FP8 checkpoint's per-layer
+    # (k, v) scales (loaders.fp8), this rank's shapes under tensor parallelism (sharding)
+    kv_cache_scales: tuple[tuple[float, ...], ...]
+    shard_config: ModelConfig
 
     def __init__(self, config: ModelConfig, attention: AttentionBackend) -> None:
         super().__init__()
@@ -176,6 +240,7 @@ class LlamaForCausalLM(nn.Module):
         residual = None
         for layer in self.model.layers:
             h, residual = layer(h, residual, step)
+        assert residual is not None, "a model without layers"
         return self.logits(h, residual, batch.logits_indices)
 
     def embed(self, batch: ForwardBatch, kv: KVPool, plan: Any) -> tuple[torch.Tensor, _Step]:
@@ -251,5 +316,5 @@ class LlamaForCausalLM(nn.Module):
             return param.data
         return param.data[bounds[shard] : bounds[shard + 1]]
 
-    def _shard_keys(self, name: str, param: torch.Tensor) -> range:
+    def _shard_keys(self, name: str, param: torch.Tensor) -> Iterable[Any]:
         return range(3 if ".qkv_proj." in name else 2 if ".gate_up_proj." in name else 1)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from torch import nn
+if TYPE_CHECKING:
+    from .llama import LlamaForCausalLM
 
 _ARCHITECTURES: dict[str, str] = {
     "llama": "lmprog.runtime.models.llama:LlamaForCausalLM",  # also Mistral, SmolLM2
@@ -22,7 +24,7 @@ def supported_architectures() -> list[str]:
     return sorted(_ARCHITECTURES)
 
 
-def model_class(architecture: str) -> type[nn.Module]:
+def model_class(architecture: str) -> type[LlamaForCausalLM]:
     if architecture not in _ARCHITECTURES:
         raise ValueError(
             f"unsupported architecture {architecture!r}; supported: {supported_architectures()}"

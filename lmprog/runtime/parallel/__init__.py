@@ -8,7 +8,8 @@ Rank 0 runs the whole engine; workers only run forwards. A broken group raises
 ParallelError. Design: docs/design/tensor-parallel.md.
 """
 
+from ..models.config import local_config
 from .errors import ParallelError
-from .sharding import ShardPlan, check_shardable, local_config
+from .sharding import ShardPlan, check_shardable
 
 __all__ = ["ParallelError", "ShardPlan", "check_shardable", "local_config"]

@@ -17,7 +17,7 @@ import time
 import weakref
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -28,6 +28,25 @@ from .errors import ParallelError
 log = logging.getLogger(__name__)
 
 _IDLE = timedelta(days=30)
+
+
+class _Backend(Protocol):
+    """A process group's backend (Gloo's, NCCL's) as this module calls it. torch has these
+    methods on every backend at runtime, but its stubs declare them on ProcessGroup only."""
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = ..., /) -> Any: ...
+
+    def allgather(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], /
+    ) -> Any: ...
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, /) -> Any: ...
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any, /) -> Any: ...
+
+    def abort(self) -> None: ...
+
+    def shutdown(self) -> None: ...
 
 
 class TPGroup:
@@ -47,7 +66,7 @@ class TPGroup:
         self.rank, self.world, self.device = rank, world, device
         self.timeout_s = timeout_s
         self.store = store
-        self.workers: list[subprocess.Popen] = []  # rank 0: the processes it started
+        self.workers: list[subprocess.Popen[bytes]] = []  # rank 0: the processes it started
         self.devices: list[torch.device] = [device]  # rank 0: every rank's, where it knows
         self.replica: int | None = None  # the data-parallel replica this group serves
         self.on_failure: Callable[[ParallelError], None] | None = None
@@ -60,7 +79,8 @@ class TPGroup:
             torch.cuda.set_device(device)
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
-            self._dev = dist.ProcessGroupNCCL(dev_store, rank, world, opts)
+            # torch's stubs omit the collectives of Backend (see _Backend)
+            self._dev: _Backend = dist.ProcessGroupNCCL(dev_store, rank, world, opts)  # type: ignore[assignment]
         else:
             self._dev = _gloo(dev_store, rank, world, timeout, hostname)
         self._nccl = device.type == "cuda"
@@ -88,7 +108,7 @@ class TPGroup:
     def min_int(self, value: int) -> int:
         t = torch.tensor([value], dtype=torch.int64, device=self.device)
         opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MIN
+        opts.reduceOp = dist.ReduceOp.MIN  # type: ignore[assignment]  # a RedOpType, as torch's docs use it
         self._dev.allreduce([t], opts).wait()
         return int(t.item())
 
@@ -197,11 +217,11 @@ class TPGroup:
                 _wait(proc, 2.0)
         for pg in (self._dev, self._plan):
             _quietly(pg.abort if self.broken else pg.shutdown)
-        self._dev = self._plan = None  # destroyed now, not in the interpreter's teardown
+        del self._dev, self._plan  # destroyed now, not in the interpreter's teardown
 
 
 def _watch(
-    group: weakref.ref[TPGroup], workers: list[subprocess.Popen], closing: threading.Event
+    group: weakref.ref[TPGroup], workers: list[subprocess.Popen[bytes]], closing: threading.Event
 ) -> None:
     while not closing.wait(0.2):
         if any(p.poll() is not None for p in workers):
@@ -215,8 +235,8 @@ def _watch(
 
 def _gloo(
     store: dist.Store, rank: int, world: int, timeout: timedelta, hostname: str | None
-) -> dist.ProcessGroupGloo:
-    opts = dist.ProcessGroupGloo._Options()
+) -> _Backend:
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # not in torch's stubs
     opts._timeout = timeout
     gloo = dist.ProcessGroupGloo
     interface = os.environ.get("GLOO_SOCKET_IFNAME")  # as torch's own gloo groups read it
@@ -227,7 +247,7 @@ def _gloo(
     else:
         device = gloo.create_default_device()
     opts._devices = [device]
-    return gloo(store, rank, world, opts)
+    return gloo(store, rank, world, opts)  # type: ignore[return-value]  # see _Backend
 
 
 def _root(timeout: timedelta | None = None) -> dist.BroadcastOptions:
@@ -238,7 +258,7 @@ def _root(timeout: timedelta | None = None) -> dist.BroadcastOptions:
     return opts
 
 
-def _wait(proc: subprocess.Popen, timeout: float) -> None:
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> None:
     try:
         proc.wait(max(timeout, 0.0))
     except subprocess.TimeoutExpired:

@@ -7,15 +7,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..models import ModelConfig, build_model, load_config, resolve_dtype
 from ..models.loaders import weights_source
 from .sharding import Collectives, ShardPlan, narrow_padded, shard_model_
+
+if TYPE_CHECKING:
+    from ..models.llama import LlamaForCausalLM
 
 _FUSED_SPLITS = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
@@ -32,7 +34,7 @@ def load_shard(
     load_format: str = "auto",
     attention: str = "torch",
     seed: int = 0,
-) -> nn.Module:
+) -> LlamaForCausalLM:
     """This rank's sharded module of `model` (what load_model takes), on `device`."""
     source = weights_source(model, load_format)
     config = load_config(model if source is None else source)
@@ -83,6 +85,7 @@ def _gguf_weights(path: Path, plan: ShardPlan) -> Iterator[tuple[str, torch.Tens
             sel = plan.select(name)
             rows = sel is not None and sel[0] == 0
             if rows:  # column-parallel: dequantize only this rank's rows
+                assert sel is not None
                 lo, hi = min(sel[1], t.shape[0]), min(sel[2], t.shape[0])
                 raw = raw[lo:hi]
                 shape = (hi - lo, *t.shape[1:])
@@ -94,6 +97,7 @@ def _gguf_weights(path: Path, plan: ShardPlan) -> Iterator[tuple[str, torch.Tens
                 array = _unpermute(array, heads)
             tensor = torch.from_numpy(np.require(array, np.float32, ["C", "W"]))
             if rows:
+                assert sel is not None
                 yield name, narrow_padded(tensor, 0, 0, sel[2] - sel[1])
             else:
                 yield name, plan.narrow(name, tensor)
@@ -120,7 +124,8 @@ def _dummy_weights(
     from ..models.registry import model_class
 
     with torch.device("meta"):
-        whole = model_class(config.architecture)(config, None)
+        # a shell on the meta device for its parameters' names and shapes: no attention
+        whole = model_class(config.architecture)(config, None)  # type: ignore[arg-type]
     g = torch.Generator(device=device).manual_seed(seed)
     for name, p in whole.named_parameters():
         if name.endswith("norm.weight"):

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from ..models.llama import LlamaForCausalLM
 
 
 class Collectives(Protocol):
@@ -191,7 +194,7 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(nn.Module):
     """Logits of this rank's vocabulary rows, gathered from every rank: [R, vocab_size]."""
 
-    def __init__(self, weight: nn.Parameter, vocab_size: int, group: Collectives) -> None:
+    def __init__(self, weight: torch.Tensor, vocab_size: int, group: Collectives) -> None:
         super().__init__()
         self.weight = weight  # shared with the embedding when tied
         self.vocab_size = vocab_size
@@ -204,23 +207,20 @@ class ParallelLMHead(nn.Module):
         return full.permute(1, 0, 2).reshape(rows, padded)[:, : self.vocab_size]
 
 
-def shard_model_(net: nn.Module, plan: ShardPlan, group: Collectives) -> nn.Module:
+def shard_model_(net: LlamaForCausalLM, plan: ShardPlan, group: Collectives) -> LlamaForCausalLM:
     """Wrap the loaded local model `net` (built from plan.local) in place: row-parallel
     o_proj/down_proj, vocab-parallel embedding and lm_head; its `config` becomes the whole
     model's again. Returns net."""
+    layer: Any  # a decoder layer, its projections replaced by name
     for layer in net.model.layers:
         layer.self_attn.o_proj = RowParallel(layer.self_attn.o_proj, group)
         layer.mlp.down_proj = RowParallel(layer.mlp.down_proj, group)
     embed = net.model.embed_tokens
+    assert isinstance(embed, nn.Embedding), "the model is sharded already"
     net.model.embed_tokens = VocabParallelEmbedding(embed, plan.rank * plan.vocab, group)
     head = embed.weight if net.lm_head is None else net.lm_head.weight
+    assert isinstance(head, torch.Tensor)  # a head module's weight
     net.lm_head = ParallelLMHead(head, plan.config.vocab_size, group)
     net.shard_config = plan.local
     net.config = plan.config
     return net
-
-
-def local_config(model: nn.Module) -> ModelConfig:
-    """The shapes this process's module holds: its shard's under tensor parallelism, else
-    the model's own config."""
-    return getattr(model, "shard_config", None) or model.config

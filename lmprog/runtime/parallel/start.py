@@ -104,7 +104,7 @@ def _checked(tp_size: int, build: dict[str, Any], timeout_s: float | None) -> fl
     check_shardable(load_config(build["model"]), tp_size)
     if tp_size < 2:
         raise ValueError(f"start_tensor_parallel needs tp_size >= 2, got {tp_size}")
-    timeout_s = float(timeout_s or os.environ.get("LMPROG_TP_TIMEOUT_S", TIMEOUT_S))
+    timeout_s = float(timeout_s if timeout_s else os.environ.get("LMPROG_TP_TIMEOUT_S", TIMEOUT_S))
     if timeout_s <= 0:
         raise ValueError(f"the tensor-parallel timeout must be positive, got {timeout_s}")
     return timeout_s
@@ -139,7 +139,7 @@ class _Spawned:
     """A group's workers started, not yet connected."""
 
     store: dist.TCPStore
-    workers: list[subprocess.Popen]
+    workers: list[subprocess.Popen[bytes]]
     devices: list[torch.device]
     host: str
     timeout_s: float
@@ -169,7 +169,7 @@ def _spawn(
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[3])  # the folder holding the lmprog package
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    workers: list[subprocess.Popen] = []
+    workers: list[subprocess.Popen[bytes]] = []
     try:
         for rank in range(1, tp_size):
             spec = WorkerSpec(
@@ -190,6 +190,7 @@ def _spawn(
                 env=env,
             )
             workers.append(proc)
+            assert proc.stdin is not None  # stdin=PIPE
             proc.stdin.write(pickle.dumps(spec))
             proc.stdin.close()
     except BaseException:
@@ -221,14 +222,14 @@ def _connect(started: _Spawned) -> TPGroup:
     return group
 
 
-def _kill(workers: list[subprocess.Popen]) -> None:
+def _kill(workers: list[subprocess.Popen[bytes]]) -> None:
     for proc in workers:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
 
 
-def _wait_ready(store: dist.Store, workers: list[subprocess.Popen]) -> None:
+def _wait_ready(store: dist.Store, workers: list[subprocess.Popen[bytes]]) -> None:
     """Until every worker has reached the store; a worker that exits first is an error."""
     deadline = time.monotonic() + START_TIMEOUT_S
     keys = [f"ready/{rank}" for rank in range(1, len(workers) + 1)]

@@ -8,6 +8,7 @@ Layout diagrams: docs/design/scheduling.md.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -104,7 +105,8 @@ class ScheduledBatch:
         return self._ints("row")
 
     def seq_lens(self) -> np.ndarray:
-        return self._ints("start") + self.extend_lens()
+        lens: np.ndarray = self._ints("start") + self.extend_lens()
+        return lens
 
     def extend_lens(self) -> np.ndarray:
         return self._ints("num_new")
@@ -112,7 +114,7 @@ class ScheduledBatch:
     def logits_indices(self) -> np.ndarray:
         """Token indices (into the batch's token arrays) whose logits are wanted, in order:
         those at fed positions >= their entry's logits_from."""
-        logits_from = self._columns["logits_from"]
+        logits_from: Sequence[int | None] = self._columns["logits_from"]
         if None in logits_from:  # no logits: from a position never fed
             logits_from = [_NEVER if lf is None else lf for lf in logits_from]
         per_token = np.repeat(np.array(logits_from, dtype=np.int64), self.extend_lens())

@@ -11,18 +11,24 @@ returns the numbers to use; the config itself is never written back.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, cast
 
 SpeculativeMethod = Literal["ngram", "draft"]
 METHODS: tuple[str, ...] = ("ngram", "draft")
 LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
+
 
 # Device-dependent defaults, from measurements (docs/benchmarks.md, speculative decoding).
 # draft_cost: one more verified token, as a fraction of a batch-1 decode step (on a CPU
 # each fed token adds compute; a GPU reads the weights once for all); the Speculator adds
 # the measured cost of proposing it.
 # max_step_tokens: fed tokens of decoding requests beyond which a step is compute-bound.
-_DEFAULTS = {
+class _Defaults(TypedDict):
+    draft_cost: float
+    max_step_tokens: int
+
+
+_DEFAULTS: dict[str, _Defaults] = {
     "cpu": {"draft_cost": 0.15, "max_step_tokens": 32},
     "cuda": {"draft_cost": 0.02, "max_step_tokens": 128},
 }
@@ -85,7 +91,7 @@ class SpeculativeConfig:
         if value is None or isinstance(value, cls):
             return value
         if isinstance(value, str):
-            return cls(method=value)
+            return cls(method=cast(SpeculativeMethod, value))  # checked by __post_init__
         if isinstance(value, dict):
             known = {f.name for f in fields(cls)}
             unknown = sorted(set(value) - known)

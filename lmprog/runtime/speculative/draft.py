@@ -9,11 +9,10 @@ Design: docs/design/speculative.md.
 from __future__ import annotations
 
 from collections.abc import Collection, Hashable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from lmprog.core.sampling import SamplingParams
 from lmprog.decoding.rng import make_generator
@@ -24,6 +23,9 @@ from ..executor.kv_pool import KVPool
 from .draft_cache import DraftKVCache
 from .draft_job import DraftJob, DraftSampler, catch_up_members, pack_steps
 from .proposer import Proposal, ProposalInput, Proposer
+
+if TYPE_CHECKING:
+    from ..models.llama import LlamaForCausalLM
 
 KV_BUDGET_BYTES = {"cpu": 256 << 20, "cuda": 4 << 30}  # default draft pool size per device type
 SPLIT_EXTEND_LIMIT = 4
@@ -41,7 +43,7 @@ class DraftModelProposer(Proposer):
 
     def __init__(
         self,
-        model: nn.Module,
+        model: LlamaForCausalLM,
         *,
         vocab_size: int,
         max_total_tokens: int | None = None,

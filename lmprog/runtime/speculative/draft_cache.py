@@ -9,7 +9,7 @@ Design: docs/design/speculative.md.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Hashable
+from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -103,7 +103,7 @@ class DraftKVCache:
         self.truncate(seq, 0)
         self._free_rows.append(seq.row)
 
-    def _evict(self, protect: Collection[Hashable], enough) -> None:
+    def _evict(self, protect: Collection[Hashable], enough: Callable[[], bool]) -> None:
         for rid in [r for r in self._seqs if r not in protect]:
             if enough():
                 return

@@ -78,10 +78,11 @@ class DraftSampler:
         return self._built[m]
 
 
-def _draft_params(params: SamplingParams) -> SamplingParams:
+def _draft_params(params: SamplingParams | None) -> SamplingParams:
     """The transforms the draft applies: temperature, top-k/p and min-p. Penalties need
     counts the draft does not keep (`probabilities` skips them without), and the min_tokens
-    ban is left to the target (no device sync for it here)."""
+    ban is left to the target (no device sync for it here). For a sampled job (params set)."""
+    assert params is not None, "a sampled draft job has params"
     return params.merged({"min_tokens": 0}) if params.min_tokens else params
 
 

@@ -19,7 +19,7 @@ from ..rotary import RotaryEmbedding
 
 if TYPE_CHECKING:
     from ...executor.forward_batch import ForwardBatch
-    from ...executor.kv_pool import KVPool
+    from ...executor.kv_pool import KVPool, LatentKVPool
 
 
 class AttentionBackend(ABC):
@@ -66,7 +66,7 @@ class AttentionBackend(ABC):
         layer: int,
         kv: KVPool,
         out_cache_loc: torch.Tensor,
-    ) -> tuple[torch.Tensor, ...]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """qkv [T, num_heads + 2 * num_kv_heads, head_dim] (q, k, v heads of the fused
         projection); cos/signed_sin from RotaryEmbedding.cos_sin. Returns (q, k, v) with q and
         k rotated, after writing k and v into `kv` at out_cache_loc [T]."""
@@ -83,7 +83,7 @@ class AttentionBackend(ABC):
         cos: torch.Tensor,
         signed_sin: torch.Tensor,
         layer: int,
-        kv: KVPool,
+        kv: LatentKVPool,
         out_cache_loc: torch.Tensor,
     ) -> torch.Tensor:
         """Latent attention: q [T, num_heads, head_dim + rope_dim] and latent [T, 1, head_dim
@@ -97,7 +97,13 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, kv: KVPool, plan: Any
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer: int,
+        kv: KVPool,
+        plan: Any,
     ) -> torch.Tensor:
         """q [T, num_heads, head_dim + rope_dim], k/v [T, num_kv_heads, ...] (already in the
         pool; may be None) -> attention output [T, num_heads, head_dim] in q's dtype, scaled by

@@ -125,8 +125,8 @@ class TorchAttentionBackend(AttentionBackend):
     def forward(
         self,
         q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
         layer: int,
         kv: KVPool,
         plan: TorchPlan,

@@ -76,7 +76,7 @@ class TritonAttentionBackend(AttentionBackend):
         layer: int,
         kv: KVPool,
         out_cache_loc: torch.Tensor,
-    ) -> tuple[torch.Tensor, ...]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One kernel: q and k rotated in place in qkv, k and v written to the pool."""
         k_scale, v_scale = kv.scales(layer)
         rope_and_store(qkv, self.num_heads, cos, signed_sin, kv.k[layer], kv.v[layer],
@@ -87,8 +87,8 @@ class TritonAttentionBackend(AttentionBackend):
     def forward(
         self,
         q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
         layer: int,
         kv: KVPool,
         plan: AttentionPlan,

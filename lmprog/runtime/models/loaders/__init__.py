@@ -11,14 +11,14 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 
 from lmprog.core.models import ModelSource, resolve_model
 
-from ...layers.attention import create_attention_backend
+from ...layers.attention import AttentionBackend, create_attention_backend
 from ..config import ModelConfig, config_from_hf
 from ..presets import PRESETS
 from ..registry import model_class
@@ -27,6 +27,9 @@ from .fp8 import fp8_scheme, load_fp8_checkpoint
 from .gguf import read_gguf
 from .hf import safetensors_weights
 from .weight_cache import cached_gguf_weights
+
+if TYPE_CHECKING:
+    from ..llama import LlamaForCausalLM
 
 LoadFormat = Literal["auto", "gguf", "safetensors", "dummy"]
 ModelRef = str | os.PathLike[str] | ModelSource | ModelConfig | None
@@ -72,7 +75,7 @@ def build_model(
     device: torch.device | str = "cpu",
     dtype: str | torch.dtype = "auto",
     attention: str = "torch",
-) -> nn.Module:
+) -> LlamaForCausalLM:
     """The model with uninitialised weights (allocated, not zeroed) on `device`."""
     device = torch.device(device)
     attn = _attention_backend(attention, config, device)
@@ -102,7 +105,7 @@ def _check_fp32_latent(config: ModelConfig, attn: Any, dtype: torch.dtype) -> No
         )
 
 
-def _attention_backend(name: str, config: ModelConfig, device: torch.device):
+def _attention_backend(name: str, config: ModelConfig, device: torch.device) -> AttentionBackend:
     """The config's attention: per-head K/V, or latent attention (one KV head of
     kv_lora_rank, keys longer by the RoPE key, DeepSeek-V2's softmax scale)."""
     if config.kv_lora_rank:
@@ -152,7 +155,7 @@ def load_model(
     load_format: LoadFormat = "auto",
     attention: str = "torch",
     seed: int = 0,
-) -> nn.Module:
+) -> LlamaForCausalLM:
     """Load weights into a fresh model; `load_format="dummy"` draws random ones (`seed`)."""
     source = weights_source(model, load_format)
     if source is None:

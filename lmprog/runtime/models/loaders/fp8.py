@@ -13,11 +13,13 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
-from torch import nn
+
+if TYPE_CHECKING:
+    from ..llama import LlamaForCausalLM
 
 _KV_SCALE = re.compile(r"model\.layers\.(\d+)\.self_attn\.(?:attn\.)?(k_scale|v_scale|kv_scale)$")
 
@@ -58,7 +60,7 @@ def fp8_scheme(folder: str | Path) -> Fp8Scheme | None:
     return Fp8Scheme(static=scheme == "static", block=block)
 
 
-def load_fp8_checkpoint(net: nn.Module, folder: str | Path, scheme: Fp8Scheme) -> None:
+def load_fp8_checkpoint(net: LlamaForCausalLM, folder: str | Path, scheme: Fp8Scheme) -> None:
     """Fill `net` (just built, plain) from an FP8 folder: its FP8 linears become Fp8Linear."""
     from ...layers.fp8_linear import finalize_fp8_, fp8_shells_
 
@@ -99,7 +101,10 @@ def load_fp8_checkpoint(net: nn.Module, folder: str | Path, scheme: Fp8Scheme) -
 
 
 def _row_form(
-    files: list[Path], shapes: dict[str, tuple[int, ...]], scheme: Fp8Scheme, kv: dict
+    files: list[Path],
+    shapes: dict[str, tuple[int, ...]],
+    scheme: Fp8Scheme,
+    kv: dict[tuple[str, int], float],
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors with FP8 scales in row form (docs/design/quantization.md); KV-cache
     scales go to `kv` instead."""
@@ -119,7 +124,7 @@ def _row_form(
                 yield f"{prefix}.{kind.removesuffix('_inv')}", _rows(tensor, kind, rows, scheme)
 
 
-def _weight_shape(shapes: dict, prefix: str, name: str) -> tuple[int, ...]:
+def _weight_shape(shapes: dict[str, tuple[int, ...]], prefix: str, name: str) -> tuple[int, ...]:
     shape = shapes.get(f"{prefix}.weight")
     if shape is None or len(shape) != 2:
         raise ValueError(f"{name} has no 2-D {prefix}.weight beside it in the checkpoint")

@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -224,7 +225,7 @@ def _save(cached: Path, index: GGUFIndex) -> None:
         pass
 
 
-def _index_from_json(path: Path, data: dict) -> GGUFIndex:
+def _index_from_json(path: Path, data: dict[str, Any]) -> GGUFIndex:
     cfg = dict(data["config"])
     if cfg["rope_scaling"] is not None:
         rope = dict(cfg["rope_scaling"], factors=tuple(cfg["rope_scaling"]["factors"]))

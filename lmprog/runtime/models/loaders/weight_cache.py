@@ -19,6 +19,7 @@ import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -85,7 +86,8 @@ def _converted(
 
 def _crc32(tensor: torch.Tensor) -> int:
     """CRC-32 of a tensor's bytes (any dtype; numpy has no bf16)."""
-    return zlib.crc32(tensor.contiguous().view(torch.uint8).numpy())
+    # numpy declares ndarray's buffer protocol (__buffer__) for Python >= 3.12 only
+    return zlib.crc32(tensor.contiguous().view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 
 def _limit_bytes() -> float:
@@ -99,7 +101,7 @@ def _limit_bytes() -> float:
 
 
 def _read(
-    entry: Path, meta: dict, layout: Layout, dtype: torch.dtype
+    entry: Path, meta: dict[str, Any], layout: Layout, dtype: torch.dtype
 ) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
@@ -160,7 +162,7 @@ def _write_through(
                         raise ValueError(f"{name} {tuple(tensor.shape)} came for {want} {shape}")
                     raw = tensor.contiguous().view(torch.uint8).numpy()
                     out.write(raw.data)
-                    crcs.append(zlib.crc32(raw))
+                    crcs.append(zlib.crc32(raw))  # type: ignore[arg-type]  # as in _crc32
                 except (OSError, ValueError) as e:
                     log.warning("cannot write the weight cache %s (%s)", entry, e)
                     out.close()
