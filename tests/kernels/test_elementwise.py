@@ -108,8 +108,8 @@ def test_rope_and_store_matches_reference_and_model_path(dtype, hq, hk, head_dim
     qkv, cos, sin, (kc, vc), loc = _rope_store_inputs(tokens, hq, hk, head_dim, dtype, 256)
     ref_qkv, ref_kc, ref_vc = qkv.clone(), kc.clone(), vc.clone()
     rope_and_store_ref(ref_qkv, hq, cos, sin, ref_kc, ref_vc, loc)
-    # the model's plain path: RotaryEmbedding.apply, then the pool write
-    model_qk = RotaryEmbedding.apply(qkv[:, : hq + hk].clone(), cos, sin)
+    # the model's plain path: RotaryEmbedding.rotate, then the pool write
+    model_qk = RotaryEmbedding.rotate(qkv[:, : hq + hk].clone(), cos, sin)
     rope_and_store(qkv, hq, cos, sin, kc, vc, loc.int())
     _close(qkv, ref_qkv, dtype)
     _close(qkv[:, : hq + hk], model_qk, dtype)

@@ -55,14 +55,14 @@ def test_keys_shifted_by_minus_delta_equal_keys_at_the_new_positions(scaling, dt
     dst = torch.cat([src[:12], torch.arange(40, 52)])  # half in place, half copied out
     cos, sin = rope.cos_sin(pos, torch.float32)
     for layer in range(layers):
-        kv.write(layer, src, rope.apply(raw[layer], cos, sin).to(dtype), raw[layer].to(dtype))
+        kv.write(layer, src, rope.rotate(raw[layer], cos, sin).to(dtype), raw[layer].to(dtype))
     before = [kv.k[layer][src].clone() for layer in range(layers)]
     KeyShifter(config).shift(kv, src, dst, delta)
     cos2, sin2 = rope.cos_sin(pos - delta, torch.float32)
     # fp32 angles p * freq carry p * 6e-8 rad of rounding on either side (RoPE's own error)
     tol = dict(atol=5e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=2e-2)
     for layer in range(layers):
-        want = rope.apply(raw[layer], cos2, sin2)
+        want = rope.rotate(raw[layer], cos2, sin2)
         torch.testing.assert_close(kv.k[layer][dst].float(), want, **tol)
         assert torch.equal(kv.v[layer][dst], raw[layer].to(dtype))
         assert torch.equal(kv.k[layer][src[12:]], before[layer][12:])  # copies left as they were

@@ -64,7 +64,7 @@ def test_rotary_matches_transformers(scaling, hf_params):
     positions = torch.tensor([0, 1, 5, 17, 100, 1000, 4000])
     q = torch.randn(len(positions), 3, head_dim, generator=torch.Generator().manual_seed(0))
     rope = RotaryEmbedding(head_dim, theta, scaling)
-    ours = rope.apply(q, *rope.cos_sin(positions, torch.float32))
+    ours = rope.rotate(q, *rope.cos_sin(positions, torch.float32))
     ref = _hf_rope(head_dim, theta, hf_params, positions, q)
     torch.testing.assert_close(ours, ref, atol=2e-5, rtol=1e-5)
 
@@ -346,3 +346,12 @@ def test_packing_falls_back_on_a_cpu_without_the_bf16_instructions(failing_op, m
         assert len(calls) == 1  # the kernel was tried once
     finally:
         cpu_packing.packed_bf16_unsupported.cache_clear()  # the real op is probed again later
+
+
+def test_a_model_can_be_walked_with_module_apply():
+    """nn.Module.apply(fn) reaches every submodule (the rotary embedding once hid it)."""
+    from engine_testing import TINY, random_llama
+
+    seen = []
+    random_llama(TINY, 0.3).apply(lambda m: seen.append(type(m).__name__))
+    assert "RotaryEmbedding" in seen and "LlamaForCausalLM" in seen

@@ -40,7 +40,7 @@ class KeyShifter:
 
     def rotation(self, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """delta [N] -> fp32 (cos, signed sin) [N, 1, head_dim] of the rotation by -delta, in
-        RotaryEmbedding.apply's layout."""
+        RotaryEmbedding.rotate's layout."""
         freq = self._on_device.get(delta.device)
         if freq is None:
             freq = self._on_device.setdefault(delta.device, self._inv_freq.to(delta.device))
@@ -64,7 +64,7 @@ class KeyShifter:
         # may grow (by up to sqrt(2)): clamp to the storage type's range
         bound = torch.finfo(kv.dtype).max
         for layer in range(kv.num_layers):
-            k = RotaryEmbedding.apply(kv.k[layer].index_select(0, src).float(), cos, sin)
+            k = RotaryEmbedding.rotate(kv.k[layer].index_select(0, src).float(), cos, sin)
             v = kv.v[layer].index_select(0, src)
             kv.k[layer][dst] = k.clamp_(-bound, bound).to(kv.dtype)
             kv.v[layer][dst] = v

@@ -97,11 +97,7 @@ class RotaryEmbedding(nn.Module):
         cos = torch.cat((cos,) * 2, dim=-1)[:, None, :]
         return cos.to(dtype), torch.cat((-sin, sin), dim=-1)[:, None, :].to(dtype)
 
-    # shadows nn.Module.apply(fn): a model holding a RotaryEmbedding cannot be walked with
-    # model.apply(fn) (it raises TypeError); kept as is, callers use this name
     @staticmethod
-    def apply(  # type: ignore[override]
-        x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor
-    ) -> torch.Tensor:
+    def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
         """x [T, heads, head_dim] rotated by position: x * cos + rotate_half(x) * sin."""
         return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)

@@ -71,7 +71,7 @@ class AttentionBackend(ABC):
         projection); cos/signed_sin from RotaryEmbedding.cos_sin. Returns (q, k, v) with q and
         k rotated, after writing k and v into `kv` at out_cache_loc [T]."""
         hq, hkv = self.num_heads, self.num_kv_heads
-        qk = RotaryEmbedding.apply(qkv[:, : hq + hkv], cos, signed_sin)
+        qk = RotaryEmbedding.rotate(qkv[:, : hq + hkv], cos, signed_sin)
         q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv :]
         kv.write(layer, out_cache_loc, k, v)
         return q, k, v
@@ -90,8 +90,8 @@ class AttentionBackend(ABC):
         + rope_dim] (c_kv | k_pe), each rotated in place in its last rope_dim columns; the
         latent row written into `kv` at out_cache_loc [T]. Returns q."""
         d = self.head_dim
-        q[..., d:] = RotaryEmbedding.apply(q[..., d:], cos, signed_sin)
-        latent[..., d:] = RotaryEmbedding.apply(latent[..., d:], cos, signed_sin)
+        q[..., d:] = RotaryEmbedding.rotate(q[..., d:], cos, signed_sin)
+        latent[..., d:] = RotaryEmbedding.rotate(latent[..., d:], cos, signed_sin)
         kv.write(layer, out_cache_loc, latent)
         return q
 
