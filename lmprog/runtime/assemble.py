@@ -15,6 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .layers.fp8_linear import Fp8Linear, quantize_fp8_
+from .layers.int4 import Int4Linear, quantize_int4_
+from .models import load_model
+from .models.loaders.fp8 import fp8_checkpoint_scheme
+from .parallel.load import load_shard
+
 if TYPE_CHECKING:
     from .models.llama import LlamaForCausalLM
 
@@ -66,7 +72,6 @@ def assemble_model(
     lmprog.runtime.layers.fp8_linear).
     tp: this process's lmprog.runtime.parallel TPGroup: build its shard instead (on the
     group's device; `device` was resolved per rank when the group started)."""
-    from .models import load_model
 
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be None, 'int4' or 'fp8', got {quantization!r}")
@@ -74,7 +79,6 @@ def assemble_model(
     dev = choose_device(device) if tp is None else tp.device
     load: Callable[..., LlamaForCausalLM] = load_model
     if tp is not None:
-        from .parallel.load import load_shard
 
         def load_tp(model: Any, **kwargs: Any) -> LlamaForCausalLM:
             try:
@@ -94,12 +98,8 @@ def assemble_model(
         seed=seed,
     )
     if quantization == "int4":
-        from .layers.int4 import quantize_int4_
-
         quantize_int4_(net)
     if quantization == "fp8" and quantization_of(net) != "fp8":  # not an FP8 checkpoint
-        from .layers.fp8_linear import quantize_fp8_
-
         quantize_fp8_(net)
     if dev.type == "cuda":
         from .layers.small_m import choose_small_m_paths_
@@ -113,8 +113,6 @@ def assemble_model(
 
 def quantization_of(net: LlamaForCausalLM) -> str | None:
     """ "fp8" or "int4" when the model's linears are, else None."""
-    from .layers.fp8_linear import Fp8Linear
-    from .layers.int4 import Int4Linear
 
     for module in net.modules():
         if isinstance(module, Fp8Linear):
@@ -128,7 +126,6 @@ def _check_fp8_checkpoint(model: Any, load_format: str, quantization: str | None
     """An FP8 checkpoint runs as FP8 (as in vLLM); not with int4, not sharded (yet)."""
     if load_format == "dummy" or (quantization is None and tp is None):
         return
-    from .models.loaders.fp8 import fp8_checkpoint_scheme
 
     if fp8_checkpoint_scheme(model) is None:
         return

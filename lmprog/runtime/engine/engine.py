@@ -29,6 +29,7 @@ from lmprog.decoding.batch_sampler import BatchSampler
 from lmprog.decoding.decode_state import DecodeState
 
 from ..config import EngineConfig
+from ..executor.host_kv import HostKVMover
 from ..executor.model_runner import ModelRunner
 from ..parallel.errors import ParallelError
 from ..request import Req, ReqOutputs, ReqStatus
@@ -62,7 +63,6 @@ class Engine:
         if scheduler.cache_config.host_kv_cache_bytes:  # the host tier copies the pool's KV
             if getattr(runner, "channel", None) is not None:
                 raise ValueError("host_kv_cache_bytes does not work with tensor parallelism yet")
-            from ..executor.host_kv import HostKVMover
 
             tiers = scheduler.cache_config
             disk = tiers.disk_kv_cache_dir if tiers.disk_kv_cache_bytes else None

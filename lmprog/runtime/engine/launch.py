@@ -11,10 +11,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lmprog.core.errors import LoraError
+
 from ..config import AttentionSinkConfig, CacheConfig, LoraConfig, SchedulerConfig
 from ..executor.kv_pool import kv_slots
 from ..executor.kv_shift import check_attention_sinks
 from ..executor.model_runner import ModelRunner
+from ..lora import LoraManager
+from ..parallel.channel import StepChannel
+from ..parallel.worker import KVRequest, RunnerSpec
 from ..scheduler import Scheduler
 from ..speculative import Proposer, SpeculativeConfig, build_proposer
 from ..speculative.speculator import Speculator
@@ -114,8 +119,6 @@ def _launch(
         manager = make_lora_manager(model, lora, lora_adapters, speculator, tp, attention_sinks)
     kv_dtype = (cache_config or CacheConfig()).kv_cache_dtype
     if tp is not None:
-        from ..parallel.worker import KVRequest
-
         tp.send_object(KVRequest(max_total_tokens, gpu_memory_fraction, kv_dtype))
     num_slots = kv_slots(model, max_total_tokens, gpu_memory_fraction, kv_dtype)
     if tp is not None:
@@ -135,9 +138,6 @@ def _launch(
     )
     channel = None
     if tp is not None:
-        from ..parallel.channel import StepChannel
-        from ..parallel.worker import RunnerSpec
-
         shape = scheduler.req_to_token.shape
         tp.send_object(RunnerSpec(scheduler.cache.capacity, shape, **runner_args))
         channel = StepChannel(tp)
@@ -171,9 +171,6 @@ def make_lora_manager(
     with yet (tensor parallelism, attention sinks). Speculative decoding combines: the
     target verifies each request's drafts under its adapter (a draft model drafts without
     it; n-gram drafts need no model), so outputs keep the adapted model's distribution."""
-    from lmprog.core.errors import LoraError
-
-    from ..lora import LoraManager
 
     for active, what, flag in (
         (tp is not None, "tensor parallelism", "tp_size=1"),

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..lora.ops import LoraBatch
 from .forward_batch import ForwardBatch
 from .kv_pool import KVPool
 
@@ -150,7 +151,6 @@ class LoraGraphBuffers:
         self.packed = torch.zeros(self.rows + self.blocks + 1, dtype=torch.int32, device=device)
 
     def view(self, bs: int) -> Any:
-        from ..lora.ops import LoraBatch
 
         rows = lora_rows(bs, self.slots)
         ids = self.packed[:rows]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..config import KV_CACHE_DTYPES
+from ..kernels.fp8_ref import cast_e4m3
 from ..models.config import ConfiguredModel, local_config
 
 if TYPE_CHECKING:
@@ -146,8 +147,6 @@ class KVPool:
     def write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [T, num_kv_heads, head_dim] of layer `layer` at slots loc [T]."""
         if self.dtype == FP8_KV:
-            from ..kernels.fp8_ref import cast_e4m3
-
             k_scale, v_scale = self.scales(layer)
             k, v = cast_e4m3(k, k_scale), cast_e4m3(v, v_scale)
         self.k[layer][loc] = k

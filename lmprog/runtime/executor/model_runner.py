@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import torch
 
+from ..lora.ops import LoraBatch
 from ..models.config import local_config
 from ..scheduler.batch import ScheduledBatch
 from ..scheduler.sinks import KVShift
@@ -159,7 +160,6 @@ class ModelRunner:
             logits = self.graphs.maybe_run(fb, self.kv, lora=plan)
             if logits is not None:
                 return logits
-        from ..lora.ops import LoraBatch
 
         context = self.lora.context
         context.batch = LoraBatch.from_plan(plan, self.device, context.triton)

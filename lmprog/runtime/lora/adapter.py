@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 
 from lmprog.core.errors import LoraError
 
@@ -162,8 +163,6 @@ def _read_tensors(path: str, label: str, name: str | None) -> dict[str, torch.Te
             continue
         try:
             if file_name.endswith(".safetensors"):
-                from safetensors.torch import load_file
-
                 return load_file(file, device="cpu")
             loaded = torch.load(file, map_location="cpu", weights_only=True)
         except Exception as exc:

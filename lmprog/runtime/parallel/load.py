@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 
 from ..models import ModelConfig, build_model, load_config, resolve_dtype
 from ..models.loaders import weights_source
+from ..models.registry import model_class
 from .sharding import Collectives, ShardPlan, narrow_padded, shard_model_
 
 if TYPE_CHECKING:
@@ -51,7 +53,6 @@ def load_shard(
 
 
 def _safetensors_weights(folder: Path, plan: ShardPlan) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
 
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
@@ -121,7 +122,6 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
 def _dummy_weights(
     config: ModelConfig, plan: ShardPlan, seed: int, device: torch.device, dtype: torch.dtype
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    from ..models.registry import model_class
 
     with torch.device("meta"):
         # a shell on the meta device for its parameters' names and shapes: no attention

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..models import load_config
 from .group import TPGroup
 from .sharding import check_shardable
 from .worker import WorkerSpec, serve_rank
@@ -99,7 +100,6 @@ def start_groups(
 
 def _checked(tp_size: int, build: dict[str, Any], timeout_s: float | None) -> float:
     """The collective timeout, once tp_size is known to split the model's heads."""
-    from ..models import load_config
 
     check_shardable(load_config(build["model"]), tp_size)
     if tp_size < 2:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from .config import SpeculativeConfig
+from .draft import DraftModelProposer
+from .ngram import NgramProposer
 from .proposer import Proposal, ProposalInput, Proposer
 
 __all__ = ["Proposal", "ProposalInput", "Proposer", "SpeculativeConfig", "build_proposer"]
@@ -36,12 +38,9 @@ def build_proposer(
     if not isinstance(config, SpeculativeConfig):
         raise TypeError(f"config must be a SpeculativeConfig, got {type(config).__name__}")
     if config.method == "ngram":
-        from .ngram import NgramProposer
-
         return NgramProposer(config.ngram_min, config.ngram_max)
     # ---- method "draft": the draft-model proposer (lmprog.runtime.speculative.draft) ------
     assert config.method == "draft"
-    from .draft import DraftModelProposer
 
     limits = {
         k: v

@@ -18,6 +18,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors import safe_open
 
+from lmprog.core.models import ModelSource, resolve_model
+
+from ...layers.fp8_linear import finalize_fp8_, fp8_shells_
+from ..config import ModelConfig
+from ..presets import PRESETS
+
 if TYPE_CHECKING:
     from ..llama import LlamaForCausalLM
 
@@ -62,7 +68,6 @@ def fp8_scheme(folder: str | Path) -> Fp8Scheme | None:
 
 def load_fp8_checkpoint(net: LlamaForCausalLM, folder: str | Path, scheme: Fp8Scheme) -> None:
     """Fill `net` (just built, plain) from an FP8 folder: its FP8 linears become Fp8Linear."""
-    from ...layers.fp8_linear import finalize_fp8_, fp8_shells_
 
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
@@ -149,10 +154,6 @@ def _rows(t: torch.Tensor, kind: str, rows: int, scheme: Fp8Scheme) -> torch.Ten
 def fp8_checkpoint_scheme(model: Any) -> Fp8Scheme | None:
     """The FP8 scheme of a model reference (name, path, ModelSource) that is an HF folder,
     else None (GGUF files, presets and configs have none)."""
-    from lmprog.core.models import ModelSource, resolve_model
-
-    from ..config import ModelConfig
-    from ..presets import PRESETS
 
     if model is None or isinstance(model, ModelConfig):
         return None

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 from lmprog.core.cache_files import derived_path, read_description, write_description
 
@@ -103,7 +104,6 @@ def _limit_bytes() -> float:
 def _read(
     entry: Path, meta: dict[str, Any], layout: Layout, dtype: torch.dtype
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
 
     data = entry / DATA
     try:
