@@ -203,13 +203,6 @@ KNOWN_CYCLES: list[set[str]] = [
     {"lmprog.lang.fork", "lmprog.lang.state"},
     {"lmprog.decoding.arrays", "lmprog.decoding.arrays_torch"},
     {
-        "lmprog.serve.chat_completions",
-        "lmprog.serve.gate",
-        "lmprog.serve.messages",
-        "lmprog.serve.runs",
-    },
-    {"lmprog.serve.app", "lmprog.serve.native", "lmprog.serve.tokens"},
-    {
         "lmprog.fsm.json_schema.arrays",
         "lmprog.fsm.json_schema.emit",
         "lmprog.fsm.json_schema.members",

@@ -11,35 +11,32 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field
-from starlette.requests import ClientDisconnect
+from pydantic import Field
 
 from lmprog.core.errors import LoraError
 from lmprog.core.protocol import Backend
 from lmprog.core.reasoning import ReasoningFormat, reasoning_format
 
-from . import jsonbody, native, tokens, worker
+from . import native, tokens, worker
 from .chat_completions import create_chat_completion
 from .chat_schemas import ChatCompletionRequest
 from .completions import create_completion
 from .context import ServeContext
-from .errors import APIError, ClientGone, install_handlers
+from .errors import APIError, anthropic_error, install_handlers
 from .gate import Gate
+from .jsonbody import parse_body
 from .limits import ServerLimits
-from .messages import anthropic_error, count_tokens, create_message
+from .messages import count_tokens, create_message
 from .messages_schemas import CountTokensRequest, MessagesRequest
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics
 from .responses import ResponseStore, create_response
 from .responses_schemas import ResponsesRequest
 from .schemas import CompletionRequest, Strict
-from .unknown import validate
-
-M = TypeVar("M", bound=BaseModel)
 
 
 def build_app(
@@ -77,23 +74,6 @@ def build_app(
         Gate, api_key=api_key, max_body_bytes=limits.max_body_bytes, metrics=ctx.metrics
     )
     return app
-
-
-async def parse_body(
-    request: Request, model: type[M], ctx: ServeContext, *, strict: bool | None = None
-) -> M:
-    """The body as `model`: unknown fields dropped with a warning in the log, or a 400 when
-    `strict` (default: the server's `strict_requests`); every other mistake a 400 naming the
-    field."""
-    try:
-        raw = await request.body()
-    except ClientDisconnect:  # gone before its body arrived: nobody to answer
-        raise ClientGone from None
-    data = jsonbody.loads(raw, max_depth=ctx.limits.max_json_depth, what="the request body")
-    if not isinstance(data, dict):
-        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
-    strict = ctx.limits.strict_requests if strict is None else strict
-    return validate(model, data, strict=strict, fields=ctx.unknown_fields)
 
 
 def _routes(app: FastAPI, ctx: ServeContext) -> None:

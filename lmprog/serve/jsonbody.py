@@ -1,5 +1,6 @@
-"""JSON from clients, parsed within limits: a request body, or the JSON text of a tool call's
-arguments. Every way it can fail is an APIError (400), never a 500:
+"""JSON from clients, parsed within limits: a request body (`parse_body`: read, parsed and
+validated as its request type), or the JSON text of a tool call's arguments. Every way it can
+fail is an APIError (400), never a 500:
 
     invalid_json      not JSON (NaN and Infinity are not JSON either)
     json_too_deep     arrays and objects nested deeper than the server's max_json_depth
@@ -13,11 +14,18 @@ from __future__ import annotations
 import json
 import re
 import sys
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+from fastapi import Request
+from pydantic import BaseModel
+from starlette.requests import ClientDisconnect
 
-from .errors import APIError
+from .context import ServeContext
+from .errors import APIError, ClientGone
+from .unknown import validate
+
+M = TypeVar("M", bound=BaseModel)
 
 # a string (closed, or running to the end of the text: never a failed match, so one linear
 # pass), or a run of anything that is neither a string nor a bracket
@@ -68,6 +76,23 @@ def loads(data: bytes | str, *, max_depth: int, what: str, param: str | None = N
         raise APIError(
             400, f"{what} nests arrays and objects too deep", param=param, code="json_too_deep"
         ) from None
+
+
+async def parse_body(
+    request: Request, model: type[M], ctx: ServeContext, *, strict: bool | None = None
+) -> M:
+    """The body as `model`: unknown fields dropped with a warning in the log, or a 400 when
+    `strict` (default: the server's `strict_requests`); every other mistake a 400 naming the
+    field."""
+    try:
+        raw = await request.body()
+    except ClientDisconnect:  # gone before its body arrived: nobody to answer
+        raise ClientGone from None
+    data = loads(raw, max_depth=ctx.limits.max_json_depth, what="the request body")
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    strict = ctx.limits.strict_requests if strict is None else strict
+    return validate(model, data, strict=strict, fields=ctx.unknown_fields)
 
 
 class _NotJSON(ValueError):

@@ -55,6 +55,7 @@ from .bridge import Generations
 from .context import ServeContext
 from .echo import encode_prompt
 from .errors import APIError, from_exception
+from .jsonbody import parse_body
 from .params import stop_strings
 from .reasoning import OutputSplit, ReasoningPlan
 from .router_schemas import RouterFields
@@ -144,7 +145,6 @@ _CONCAT_MESSAGE = (
 
 def install(app: FastAPI, ctx: ServeContext) -> None:
     """Add the native routes to `app` (called by `build_app`)."""
-    from .app import parse_body  # the app imports this module: parse_body at call time
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Response:

@@ -1,6 +1,6 @@
 """Request bodies of the OpenAI API as pydantic models (the fields this server knows).
 
-Every model forbids unknown fields; the app (`app.parse_body`) drops them with a warning in
+Every model forbids unknown fields; `jsonbody.parse_body` drops them with a warning in
 the log unless the server runs with `strict_requests`, which answers them with a 400.
 Types are strict for every known field: "5" is not an integer, "yes" or 1 not a boolean (a number field takes an
 integer: `"temperature": 1`).
