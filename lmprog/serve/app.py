@@ -21,22 +21,23 @@ from lmprog.core.errors import LoraError
 from lmprog.core.protocol import Backend
 from lmprog.core.reasoning import ReasoningFormat, reasoning_format
 
-from . import native, tokens, worker
-from .chat_completions import create_chat_completion
-from .chat_schemas import ChatCompletionRequest
-from .completions import create_completion
+from . import tokens
+from .access import Gate
+from .anthropic.messages import count_tokens, create_message
 from .context import ServeContext
 from .errors import APIError, anthropic_error, install_handlers
-from .gate import Gate
 from .jsonbody import parse_body
 from .limits import ServerLimits
-from .messages import count_tokens, create_message
-from .messages_schemas import CountTokensRequest, MessagesRequest
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics
-from .responses import ResponseStore, create_response
-from .responses_schemas import ResponsesRequest
-from .schemas import CompletionRequest, Strict
+from .openai.chat_completions import create_chat_completion
+from .openai.completions import create_completion
+from .openai.responses import ResponseStore, create_response
+from .schemas.chat import ChatCompletionRequest
+from .schemas.completions import CompletionRequest, Strict
+from .schemas.messages import CountTokensRequest, MessagesRequest
+from .schemas.responses import ResponsesRequest
+from .sglang import load_report, native
 
 
 def build_app(
@@ -69,7 +70,7 @@ def build_app(
     _routes(app, ctx)
     native.install(app, ctx)  # SGLang's native protocol: /generate, /get_model_info, ...
     tokens.install(app, ctx)  # /tokenize, /detokenize, /version
-    worker.install(app, ctx)  # what routers in front call: /get_load
+    load_report.install(app, ctx)  # what routers in front call: /get_load
     app.add_middleware(
         Gate, api_key=api_key, max_body_bytes=limits.max_body_bytes, metrics=ctx.metrics
     )

@@ -166,7 +166,7 @@ def _timeout(param: str, limit: float) -> APIError:
 
 def _code(param: str) -> str:
     """The error code of a constraint field (formats' codes; tools are schemas)."""
-    from .formats import _CODES
+    from .constraints import _CODES
 
     return _CODES.get(param.split(".")[0], "invalid_schema")
 

@@ -15,7 +15,7 @@ from lmprog.core.reasoning import ReasoningFormat
 from .errors import APIError
 from .limits import ServerLimits
 from .metrics import ServerMetrics
-from .unknown import UnknownFields
+from .unknown_fields import UnknownFields
 
 T = TypeVar("T")
 

@@ -23,7 +23,7 @@ from starlette.requests import ClientDisconnect
 
 from .context import ServeContext
 from .errors import APIError, ClientGone
-from .unknown import validate
+from .unknown_fields import validate
 
 M = TypeVar("M", bound=BaseModel)
 

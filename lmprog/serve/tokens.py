@@ -21,12 +21,12 @@ from pydantic import Field
 
 from lmprog.core.prompt import encode_prompt
 
-from .chat_schemas import ChatMessage
 from .context import ServeContext
 from .errors import APIError
 from .jsonbody import parse_body
 from .prompts import render_chat, template_kwargs
-from .schemas import Strict
+from .schemas.chat import ChatMessage
+from .schemas.completions import Strict
 
 
 class TokenizeBody(Strict):

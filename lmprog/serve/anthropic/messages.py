@@ -25,13 +25,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from .chat_completions import prepare_prompt, start_chat_completion
-from .chat_schemas import ChatCompletionRequest
-from .context import ServeContext
-from .errors import APIError, validation_error
+from ..context import ServeContext
+from ..errors import APIError, validation_error
+from ..openai.chat_completions import prepare_prompt, start_chat_completion
+from ..respond import respond
+from ..schemas.chat import ChatCompletionRequest
+from ..schemas.messages import CountTokensRequest, MessagesRequest, ToolParam
 from .messages_output import MessagesReply, prompt_tokens
-from .messages_schemas import CountTokensRequest, MessagesRequest, ToolParam
-from .runs import respond
 
 
 async def create_message(ctx: ServeContext, body: MessagesRequest, request: Request) -> Response:

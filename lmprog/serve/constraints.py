@@ -24,7 +24,7 @@ from lmprog.fsm import Constraint
 from lmprog.fsm.regex import compile_user_regex
 
 from .errors import APIError
-from .schemas import ResponseFormat, SamplingFields
+from .schemas.completions import ResponseFormat, SamplingFields
 
 JSON_OBJECT_SCHEMA = {"type": "object"}
 
