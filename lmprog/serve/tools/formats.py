@@ -35,6 +35,9 @@ from typing import Any
 
 from lmprog.core.chat import ChatTemplate
 
+from .pythonic_calls import call_text as python_call
+from .xml_calls import call_text as xml_call
+
 
 @dataclass(frozen=True)
 class ToolFormat:
@@ -64,12 +67,8 @@ class ToolFormat:
     def call_text(self, name: str, arguments: Any) -> str:
         """One call as the model writes it (earlier calls of a history in the generic format)."""
         if self.family == XML_FAMILY:
-            from .xml_calls import call_text
-
-            return call_text(name, arguments)
+            return xml_call(name, arguments)
         if self.family == PYTHONIC_FAMILY:
-            from .pythonic_calls import call_text as python_call
-
             return python_call(name, arguments)
         args = json.dumps(arguments, ensure_ascii=False)
         return f"{self.head}{self.name_text(name)}{self.args_key}{args}{self.tail}"
