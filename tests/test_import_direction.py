@@ -1,6 +1,8 @@
 """The dependency direction of docs/architecture.md, checked by walking every import in lmprog/.
 
-    serve       -> backends, fsm, core (the HTTP layer over any Backend)
+    serve       -> backends, fsm, core (the HTTP layer over any Backend); inside it
+                   schemas/ <- tools/ <- the root's plumbing <- openai/, anthropic/, sglang/
+                   <- app <- server <- cli (test_serve_layers)
     backends    -> decoding, fsm, core; runtime only from backends/runtime.py (lazily)
     lang        -> core (+ fsm for Constraint objects)
     interpreter -> lang, core
@@ -132,6 +134,62 @@ def test_the_inner_checker_sees_a_lazy_import_up(tmp_path, monkeypatch):
     )
 
 
+# Inside serve: the request bodies (schemas/) know nothing else of the server; tool calls
+# (tools/) know only the bodies and the errors; the shared plumbing and a request's parts (the
+# root's modules) know no API surface; the surfaces (openai/, anthropic/, sglang/) know each
+# other only where one is a shape over another (Anthropic's messages over the chat
+# completions); only the app routes to the surfaces, and only the server and the CLI start it.
+SERVE_SURFACES = {"openai", "anthropic", "sglang"}
+SERVE_TOP = {"app", "server", "cli", "__main__"}
+SERVE_ONLY = {"schemas": {"schemas"}, "tools": {"tools", "schemas", "errors"}}
+SERVE_FORBIDDEN = {
+    "openai": {"anthropic", "sglang"} | SERVE_TOP,
+    "anthropic": {"sglang"} | SERVE_TOP,
+    "sglang": {"openai", "anthropic"} | SERVE_TOP,
+    "app": {"server", "cli", "__main__"},
+    "server": {"cli", "__main__"},
+    "cli": {"__main__"},
+    "__main__": set(),
+    "__init__": SERVE_SURFACES | {"app", "cli", "__main__"},  # Server and ServerLimits
+}
+
+
+def serve_layer_violations(root: Path) -> list[str]:
+    found = []
+    for path in sorted((root / "serve").rglob("*.py")):
+        part = path.relative_to(root / "serve").parts[0].removesuffix(".py")
+        for name in imported_modules(path):
+            parts = name.split(".")
+            if parts[:2] != ["lmprog", "serve"] or len(parts) < 3 or parts[2] == part:
+                continue
+            if part in SERVE_ONLY:
+                bad = parts[2] not in SERVE_ONLY[part]
+            else:
+                bad = parts[2] in SERVE_FORBIDDEN.get(part, SERVE_SURFACES | SERVE_TOP)
+            if bad:
+                found.append(f"{path.relative_to(root.parent).as_posix()} imports {name}")
+    return sorted(found)
+
+
+def test_serve_layers():
+    assert serve_layer_violations(ROOT) == []
+
+
+def test_serve_layers_seen(tmp_path, monkeypatch):
+    fake = tmp_path / "lmprog"
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", fake)
+    (fake / "serve" / "tools").mkdir(parents=True)
+    (fake / "serve" / "respond.py").write_text("def f():\n    from .openai import completions\n")
+    (fake / "serve" / "tools" / "plan.py").write_text("from ..context import ServeContext\n")
+    (fake / "serve" / "app.py").write_text("from .openai.completions import create_completion\n")
+    assert serve_layer_violations(fake) == [
+        "lmprog/serve/respond.py imports lmprog.serve.openai",
+        "lmprog/serve/respond.py imports lmprog.serve.openai.completions",
+        "lmprog/serve/tools/plan.py imports lmprog.serve.context",
+        "lmprog/serve/tools/plan.py imports lmprog.serve.context.ServeContext",
+    ]
+
+
 def test_the_checker_sees_relative_and_lazy_imports(tmp_path, monkeypatch):
     fake = tmp_path / "lmprog"
     (fake / "lang").mkdir(parents=True)
@@ -222,21 +280,8 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
-# Cycles being broken (issue 30); the list only shrinks.
-KNOWN_CYCLES: list[set[str]] = [
-    {
-        "lmprog.serve.chat_completions",
-        "lmprog.serve.gate",
-        "lmprog.serve.messages",
-        "lmprog.serve.runs",
-    },
-    {"lmprog.serve.app", "lmprog.serve.native", "lmprog.serve.tokens"},
-]
-
-
 def test_no_import_cycles():
-    found = [set(cycle) for cycle in import_cycles(module_graph(ROOT))]
-    assert [sorted(cycle) for cycle in found if cycle not in KNOWN_CYCLES] == []
+    assert import_cycles(module_graph(ROOT)) == []
 
 
 def test_the_cycle_finder_sees_a_loop_through_a_lazy_import(tmp_path, monkeypatch):

@@ -7,11 +7,12 @@ prometheus-client).
 
     lmprog serve --model smollm2 --port 8000          # or: python -m lmprog.serve ...
 
-Files: server.py (uvicorn thread), app.py (routes), gate.py (API key, body limit),
-completions.py / chat_completions.py (the two endpoints), bridge.py (backend <-> event loop),
-schemas.py / chat_schemas.py (request bodies), params.py, formats.py, tools.py, prompts.py,
-echo.py, logprobs.py, streaming.py, metrics.py (prometheus-client), unknown.py (unknown
-fields), errors.py, limits.py, cli.py.
+Layout (docs/architecture.md has a line per module): server.py, app.py (routes), cli.py; the
+shared plumbing (access.py, jsonbody.py, context.py, generations.py, respond.py, errors.py,
+...) and a request's parts (sampling.py, constraints.py, compile.py, prompts.py,
+reasoning.py, logprobs.py); schemas/ the request bodies; tools/ tool calls; the API
+surfaces openai/ (completions, chat completions, responses), anthropic/ (messages) and
+sglang/ (the native API, the router's /get_load).
 """
 
 from .limits import ServerLimits

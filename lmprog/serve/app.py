@@ -11,35 +11,33 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field
-from starlette.requests import ClientDisconnect
+from pydantic import Field
 
 from lmprog.core.errors import LoraError
 from lmprog.core.protocol import Backend
 from lmprog.core.reasoning import ReasoningFormat, reasoning_format
 
-from . import jsonbody, native, tokens, worker
-from .chat_completions import create_chat_completion
-from .chat_schemas import ChatCompletionRequest
-from .completions import create_completion
+from . import tokens
+from .access import Gate
+from .anthropic.messages import count_tokens, create_message
 from .context import ServeContext
-from .errors import APIError, ClientGone, install_handlers
-from .gate import Gate
+from .errors import APIError, anthropic_error, install_handlers
+from .jsonbody import parse_body
 from .limits import ServerLimits
-from .messages import anthropic_error, count_tokens, create_message
-from .messages_schemas import CountTokensRequest, MessagesRequest
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics
-from .responses import ResponseStore, create_response
-from .responses_schemas import ResponsesRequest
-from .schemas import CompletionRequest, Strict
-from .unknown import validate
-
-M = TypeVar("M", bound=BaseModel)
+from .openai.chat_completions import create_chat_completion
+from .openai.completions import create_completion
+from .openai.responses import ResponseStore, create_response
+from .schemas.chat import ChatCompletionRequest
+from .schemas.completions import CompletionRequest, Strict
+from .schemas.messages import CountTokensRequest, MessagesRequest
+from .schemas.responses import ResponsesRequest
+from .sglang import load_report, native
 
 
 def build_app(
@@ -72,28 +70,11 @@ def build_app(
     _routes(app, ctx)
     native.install(app, ctx)  # SGLang's native protocol: /generate, /get_model_info, ...
     tokens.install(app, ctx)  # /tokenize, /detokenize, /version
-    worker.install(app, ctx)  # what routers in front call: /get_load
+    load_report.install(app, ctx)  # what routers in front call: /get_load
     app.add_middleware(
         Gate, api_key=api_key, max_body_bytes=limits.max_body_bytes, metrics=ctx.metrics
     )
     return app
-
-
-async def parse_body(
-    request: Request, model: type[M], ctx: ServeContext, *, strict: bool | None = None
-) -> M:
-    """The body as `model`: unknown fields dropped with a warning in the log, or a 400 when
-    `strict` (default: the server's `strict_requests`); every other mistake a 400 naming the
-    field."""
-    try:
-        raw = await request.body()
-    except ClientDisconnect:  # gone before its body arrived: nobody to answer
-        raise ClientGone from None
-    data = jsonbody.loads(raw, max_depth=ctx.limits.max_json_depth, what="the request body")
-    if not isinstance(data, dict):
-        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
-    strict = ctx.limits.strict_requests if strict is None else strict
-    return validate(model, data, strict=strict, fields=ctx.unknown_fields)
 
 
 def _routes(app: FastAPI, ctx: ServeContext) -> None:

@@ -28,6 +28,7 @@ from fastapi import Request
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.deadline import CompileAbandoned, CompileTimeout, compile_deadline
 
+from .constraints import ERROR_CODES
 from .context import ServeContext
 from .errors import APIError, ClientGone
 
@@ -165,10 +166,8 @@ def _timeout(param: str, limit: float) -> APIError:
 
 
 def _code(param: str) -> str:
-    """The error code of a constraint field (formats' codes; tools are schemas)."""
-    from .formats import _CODES
-
-    return _CODES.get(param.split(".")[0], "invalid_schema")
+    """The error code of a constraint field (constraints.py's codes; tools are schemas)."""
+    return ERROR_CODES.get(param.split(".")[0], "invalid_schema")
 
 
 def build_index(ctx: ServeContext, constraint: Any) -> None:

@@ -13,9 +13,9 @@ from lmprog.core.protocol import Backend
 from lmprog.core.reasoning import ReasoningFormat
 
 from .errors import APIError
+from .jsonbody import UnknownFields
 from .limits import ServerLimits
 from .metrics import ServerMetrics
-from .unknown import UnknownFields
 
 T = TypeVar("T")
 

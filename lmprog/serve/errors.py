@@ -2,7 +2,8 @@
 
     {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
 
-with a 4xx status for the client's mistakes and 500 for the server's own.
+with a 4xx status for the client's mistakes and 500 for the server's own; the same errors
+in Anthropic's shape for /v1/messages (`anthropic_error`).
 """
 
 from __future__ import annotations
@@ -145,6 +146,29 @@ def _param(loc: Sequence[Any]) -> str | None:
 
 
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+}
+
+
+def anthropic_error(exc: APIError) -> JSONResponse:
+    """`exc` in Anthropic's error shape (the field it names first in its message)."""
+    return JSONResponse(anthropic_error_body(exc), status_code=exc.status)
+
+
+def anthropic_error_body(exc: APIError) -> dict[str, Any]:
+    message = exc.message
+    if exc.param and not message.startswith(exc.param):
+        message = f"{exc.param}: {message}"
+    kind = _ANTHROPIC_TYPES.get(exc.status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def install_handlers(app: FastAPI) -> None:

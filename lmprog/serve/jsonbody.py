@@ -1,23 +1,40 @@
-"""JSON from clients, parsed within limits: a request body, or the JSON text of a tool call's
-arguments. Every way it can fail is an APIError (400), never a 500:
+"""JSON from clients, parsed within limits: a request body (`parse_body`: read, parsed and
+validated as its request type), or the JSON text of a tool call's arguments. Every way it can
+fail is an APIError (400), never a 500:
 
     invalid_json      not JSON (NaN and Infinity are not JSON either)
     json_too_deep     arrays and objects nested deeper than the server's max_json_depth
                       (checked on the text before parsing, so parsing never recurses deeply)
     integer_too_long  an integer with more digits than Python converts
                       (sys.get_int_max_str_digits(), 4300 by default)
+
+Request fields this server does not know are dropped with a warning in the log (once per
+field name), as vLLM does, or a 400 `unknown_parameter` in strict mode (OpenAI's behaviour:
+`lmprog serve --strict-requests`, `Server(..., strict_requests=True)`). Only unknown *names*
+are forgiven: a known field of the wrong type or range stays a 400 (`"max_tokens": "5"`), and
+so does an unknown field in strict mode.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sys
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
-from .errors import APIError
+from .errors import APIError, ClientGone, validation_error
+from .limits import ServerLimits
+
+M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger("lmprog.serve")
+MAX_LOGGED_NAMES = 256  # distinct names warned about; then one last note (clients choose names)
+_ROUNDS = 8  # an unknown field inside a union branch can hide another until the first goes
 
 # a string (closed, or running to the end of the text: never a failed match, so one linear
 # pass), or a run of anything that is neither a string nor a bracket
@@ -68,6 +85,96 @@ def loads(data: bytes | str, *, max_depth: int, what: str, param: str | None = N
         raise APIError(
             400, f"{what} nests arrays and objects too deep", param=param, code="json_too_deep"
         ) from None
+
+
+class BodyContext(Protocol):
+    """What `parse_body` reads of the server's context (a ServeContext)."""
+
+    @property
+    def limits(self) -> ServerLimits: ...
+
+    @property
+    def unknown_fields(self) -> UnknownFields: ...
+
+
+async def parse_body(
+    request: Request, model: type[M], ctx: BodyContext, *, strict: bool | None = None
+) -> M:
+    """The body as `model`: unknown fields dropped with a warning in the log, or a 400 when
+    `strict` (default: the server's `strict_requests`); every other mistake a 400 naming the
+    field."""
+    try:
+        raw = await request.body()
+    except ClientDisconnect:  # gone before its body arrived: nobody to answer
+        raise ClientGone from None
+    data = loads(raw, max_depth=ctx.limits.max_json_depth, what="the request body")
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    strict = ctx.limits.strict_requests if strict is None else strict
+    return validate(model, data, strict=strict, fields=ctx.unknown_fields)
+
+
+class UnknownFields:
+    """The unknown field names already warned about (one server's; event loop only)."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def warn(self, name: str) -> None:
+        if name in self.seen or len(self.seen) > MAX_LOGGED_NAMES:
+            return
+        self.seen.add(name)
+        if len(self.seen) > MAX_LOGGED_NAMES:
+            log.warning(
+                "more than %d distinct unknown request fields: no more are logged",
+                MAX_LOGGED_NAMES,
+            )
+            return
+        log.warning(
+            "ignored the unknown request field %s (logged once per name; "
+            "lmprog serve --strict-requests answers such requests with a 400)",
+            name,
+        )
+
+
+def validate(model: type[M], data: dict[str, Any], *, strict: bool, fields: UnknownFields) -> M:
+    """`model` validated from `data`; unknown fields dropped (and warned about) unless
+    `strict`; any other mistake is the APIError of `errors.validation_error`."""
+    for _ in range(_ROUNDS):
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            errors = exc.errors()
+        extra = [e for e in errors if e.get("type") == "extra_forbidden"]
+        if strict or not extra:
+            raise validation_error(errors) from None
+        names = [_drop(data, error["loc"]) for error in extra]
+        if all(name is None for name in names):  # nothing to drop: cannot get further
+            raise validation_error(errors) from None
+        for name in names:
+            if name is not None:
+                fields.warn(name)
+    raise validation_error(errors) from None
+
+
+def _drop(data: Any, loc: tuple[Any, ...]) -> str | None:
+    """Delete the key at pydantic's `loc` from `data` (union branch tags in `loc`, which name
+    no key, are skipped); returns the field's name with list indices left out
+    (`messages[].id`), or None when `loc` leads nowhere."""
+    node, name = data, ""
+    for part in loc[:-1]:
+        if isinstance(node, dict) and isinstance(part, str) and part in node:
+            node = node[part]
+            name += f".{part}" if name else part
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+            name += "[]"
+        # else: a union branch tag ("NamedToolChoice"), not a key of the body
+    key = loc[-1] if loc else None
+    if not isinstance(node, dict) or key not in node:
+        return None
+    del node[key]
+    return f"{name}.{key}" if name else str(key)
 
 
 class _NotJSON(ValueError):

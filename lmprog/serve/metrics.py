@@ -3,7 +3,7 @@ prometheus-client in its text format.
 
 Each server has a CollectorRegistry of its own (never the process-global one), so several
 servers in one process (tests, notebooks) count apart. prometheus-client's metrics are
-thread-safe: the gate counts on the event loop, the bridge times choices on worker threads.
+thread-safe: the gate counts on the event loop, `Generations` times choices on worker threads.
 Backend values come from `backend.stats()` at scrape time: running/queued requests, cache
 hit rate, KV usage, ...
 """
@@ -212,7 +212,7 @@ class ServerMetrics:
         self.cached_prompt_tokens.inc(cached_tokens)
         self.reasoning_tokens.inc(reasoning_tokens)
 
-    # -- the bridge (worker threads) --------------------------------------------------------
+    # -- Generations (worker threads) -------------------------------------------------------
     def on_generation(
         self,
         *,

@@ -4,7 +4,7 @@ Messages are normalised for the template first: text content parts are joined,
 "developer" becomes "system", an assistant's earlier tool calls go to the template as
 `tool_calls` (arguments as dicts, as transformers expects) where it has a tool-call syntax
 of its own, else are written back as text in the layout the model is asked to produce
-(tool_formats.py), and lmprog's tool note (if any) joins the (first) system message.
+(tools/formats.py), and lmprog's tool note (if any) joins the (first) system message.
 Only text goes in: image, audio and file parts are refused, so no request makes the server
 fetch or read anything.
 """
@@ -20,9 +20,9 @@ from lmprog.core.chat import ChatTemplate
 from lmprog.core.prompt import mark_special, unmark
 
 from . import jsonbody
-from .chat_schemas import ChatMessage, Tool, ToolCall
 from .errors import APIError
-from .tool_formats import GENERIC, ToolFormat
+from .schemas.chat import ChatMessage, Tool, ToolCall
+from .tools.formats import GENERIC, ToolFormat
 
 
 def render_chat(

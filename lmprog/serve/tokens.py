@@ -19,10 +19,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from .chat_schemas import ChatMessage
+from lmprog.core.prompt import encode_prompt
+
 from .context import ServeContext
 from .errors import APIError
-from .schemas import Strict
+from .jsonbody import parse_body
+from .prompts import render_chat, template_kwargs
+from .schemas.chat import ChatMessage
+from .schemas.completions import Strict
 
 
 class TokenizeBody(Strict):
@@ -42,8 +46,6 @@ class DetokenizeBody(Strict):
 def install(app: FastAPI, ctx: ServeContext) -> None:
     """Add the routes to `app` (called by `build_app`)."""
     from lmprog import __version__
-
-    from .app import parse_body
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> JSONResponse:
@@ -68,15 +70,11 @@ def install(app: FastAPI, ctx: ServeContext) -> None:
 
 
 def _tokenize(ctx: ServeContext, body: TokenizeBody) -> list[int]:
-    from lmprog.core.prompt import encode_prompt
-
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give one of prompt and messages", param="prompt")
     tokenizer = _tokenizer(ctx)
     if body.prompt is not None:
         return list(tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
-    from .prompts import render_chat, template_kwargs
-
     text = render_chat(
         ctx.template,
         body.messages or [],

@@ -168,8 +168,8 @@ def test_role_pieces_still_reproduce_family_renders() -> None:
 
 
 def test_server_passes_a_requests_tools_to_the_template() -> None:
-    from lmprog.serve.chat_schemas import ChatMessage, Tool
     from lmprog.serve.prompts import render_chat
+    from lmprog.serve.schemas.chat import ChatMessage, Tool
 
     source = (TEMPLATES / "qwen2.5.jinja").read_text()
     tok = _hf_tokenizer(SPECIAL["qwen2.5.jinja"], source)

@@ -22,11 +22,11 @@ from serve_http import assert_error, post_json, request
 
 from lmprog.serve import Server
 from lmprog.serve.errors import APIError
+from lmprog.serve.jsonbody import UnknownFields
 from lmprog.serve.limits import ServerLimits
-from lmprog.serve.responses import ResponseStore, _renamed, to_chat
-from lmprog.serve.responses_output import ResponseOutput, ResponseReply
-from lmprog.serve.responses_schemas import ResponsesRequest
-from lmprog.serve.unknown import UnknownFields
+from lmprog.serve.openai.responses import ResponseStore, _renamed, to_chat
+from lmprog.serve.openai.responses_output import ResponseOutput, ResponseReply
+from lmprog.serve.schemas.responses import ResponsesRequest
 
 CITY = {
     "type": "object",

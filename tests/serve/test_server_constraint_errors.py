@@ -18,7 +18,8 @@ from serve_http import assert_error, post_json
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.deadline import tick
-from lmprog.serve import Server, chat_completions, compile, completions
+from lmprog.serve import Server, compile
+from lmprog.serve.openai import chat_completions, completions
 
 MODEL = "toy"
 CHAT = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}

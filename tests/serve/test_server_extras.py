@@ -12,8 +12,8 @@ import pytest
 
 from lmprog.core.protocol import GenerateRequest
 from lmprog.core.sampling import SamplingParams
+from lmprog.serve.constraints import output_constraint
 from lmprog.serve.errors import APIError
-from lmprog.serve.formats import output_constraint
 
 pytestmark = pytest.mark.e2e
 

@@ -11,8 +11,9 @@ import pytest
 from fakes import FakeBackend
 from serve_http import assert_error, post_json, request
 
-from lmprog.serve import Server, chat_completions, completions
+from lmprog.serve import Server
 from lmprog.serve.limits import ServerLimits
+from lmprog.serve.openai import chat_completions, completions
 
 MODEL = "fake"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}

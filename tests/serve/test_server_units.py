@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 
 from lmprog.core.protocol import GenerateResult, TokenLogprob, TopLogprob
-from lmprog.serve.chat_schemas import ChatCompletionRequest
-from lmprog.serve.echo import token_offsets
+from lmprog.serve.constraints import output_constraint
 from lmprog.serve.errors import APIError
-from lmprog.serve.formats import output_constraint
 from lmprog.serve.limits import ServerLimits
 from lmprog.serve.logprobs import chat_logprobs, completion_logprobs, visible_logprobs
 from lmprog.serve.metrics import ServerMetrics
-from lmprog.serve.params import choice_params, sampling_params
-from lmprog.serve.schemas import ResponseFormat
+from lmprog.serve.prompt_echo import token_offsets
+from lmprog.serve.sampling import choice_params, sampling_params
+from lmprog.serve.schemas.chat import ChatCompletionRequest
+from lmprog.serve.schemas.completions import ResponseFormat
 
 
 def test_json_object_nests_to_any_depth():
@@ -155,7 +155,7 @@ def test_prometheus_text():
 
 
 def test_metrics_path_labels_name_the_route():
-    from lmprog.serve.gate import path_label
+    from lmprog.serve.access import path_label
 
     assert path_label("/v1/responses") == "/v1/responses"
     assert path_label("/v1/responses/resp_123") == "/v1/responses/{response_id}"

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
-from lmprog.serve.chat_schemas import ChatMessage, NamedToolChoice, Tool
+from lmprog.serve.constraints import output_constraint
 from lmprog.serve.errors import APIError
-from lmprog.serve.formats import output_constraint
 from lmprog.serve.prompts import render_chat
-from lmprog.serve.schemas import ResponseFormat
-from lmprog.serve.tool_formats import (
+from lmprog.serve.schemas.chat import ChatMessage, NamedToolChoice, Tool
+from lmprog.serve.schemas.completions import ResponseFormat
+from lmprog.serve.tools.formats import (
     DEEPSEEK,
     GENERIC,
     HERMES,
@@ -28,7 +28,7 @@ from lmprog.serve.tool_formats import (
     json_value_end,
     tool_format,
 )
-from lmprog.serve.tools import plan_tools
+from lmprog.serve.tools.plan import plan_tools
 
 TEMPLATES = Path(__file__).parent.parent / "data" / "chat_templates"
 SPECIAL = {
@@ -567,7 +567,7 @@ FORECAST = Tool.model_validate(
 
 
 def test_qwen3_coder_calls_from_its_template():
-    from lmprog.serve.tool_formats import QWEN3_CODER
+    from lmprog.serve.tools.formats import QWEN3_CODER
 
     t = ChatTemplate((TEMPLATES / "qwen3-coder.jinja").read_text())
     fmt = tool_format(t)
@@ -615,7 +615,7 @@ def test_qwen3_coder_calls_from_its_template():
 
 @pytest.mark.parametrize("size", [1, 3, 7, 1000])
 def test_qwen3_coder_calls_stream_and_read_back(size):
-    from lmprog.serve.tool_formats import QWEN3_CODER
+    from lmprog.serve.tools.formats import QWEN3_CODER
 
     calls = [("forecast", {"city": "Rome </param", "days": 5}), ("ping", {})]
     text = QWEN3_CODER.calls_text(calls)
@@ -637,7 +637,7 @@ def test_qwen3_coder_calls_stream_and_read_back(size):
 
 
 def test_qwen3_coder_refuses_a_parameter_it_cannot_write():
-    from lmprog.serve.tool_formats import QWEN3_CODER
+    from lmprog.serve.tools.formats import QWEN3_CODER
 
     bad = Tool.model_validate(
         {
@@ -675,7 +675,7 @@ FLAGS = Tool.model_validate(
 
 
 def test_pythonic_calls_from_the_template_that_asks_for_them():
-    from lmprog.serve.tool_formats import PYTHONIC
+    from lmprog.serve.tools.formats import PYTHONIC
 
     t = ChatTemplate(
         (TEMPLATES / "llama3.2-pythonic.jinja").read_text(),
@@ -700,7 +700,7 @@ def test_pythonic_calls_from_the_template_that_asks_for_them():
 
 @pytest.mark.parametrize("size", [1, 3, 7, 1000])
 def test_pythonic_calls_stream_and_read_back(size):
-    from lmprog.serve.tool_formats import PYTHONIC
+    from lmprog.serve.tools.formats import PYTHONIC
 
     calls = [("search", {"query": "a, b) c", "limit": 2}), ("ping", {})]
     text = PYTHONIC.calls_text(calls)
@@ -738,7 +738,7 @@ def grown(deltas: list[dict[str, Any]], index: int) -> list[str]:
 def test_qwen3_coder_arguments_stream_as_each_parameter_is_written(size):
     """A string parameter's text streams as it is written (what may begin its end tag held
     back), any other once whole: OpenAI's argument fragments, not one at the call's end."""
-    from lmprog.serve.tool_formats import QWEN3_CODER
+    from lmprog.serve.tools.formats import QWEN3_CODER
 
     calls = [("forecast", {"city": "Rome </param\nend", "days": 5}), ("ping", {})]
     plan = plan_tools([FORECAST, NOARGS], "required", None, QWEN3_CODER)
@@ -756,7 +756,7 @@ def test_qwen3_coder_arguments_stream_as_each_parameter_is_written(size):
 
 
 def test_pythonic_arguments_stream_as_each_argument_is_written():
-    from lmprog.serve.tool_formats import PYTHONIC
+    from lmprog.serve.tools.formats import PYTHONIC
 
     calls = [("search", {"query": "a, b) c", "limit": 2}), ("ping", {})]
     plan = plan_tools([FLAGS, NOARGS], "required", None, PYTHONIC)

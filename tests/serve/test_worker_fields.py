@@ -9,7 +9,7 @@ import logging
 import pytest
 from serve_http import assert_error, post_json, request
 
-from lmprog.serve.worker import load_report
+from lmprog.serve.sglang.load_report import load_report
 
 
 @pytest.fixture(scope="module")

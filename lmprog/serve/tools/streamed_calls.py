@@ -1,4 +1,4 @@
-"""Streaming the calls of a tool-call layout read as text (tool_xml, tool_pythonic): the
+"""Streaming the calls of a tool-call layout read as text (xml_calls, pythonic_calls): the
 OpenAI deltas of each call begun (its id and name once, then its arguments' JSON text as it
 grows) and the finished calls, over the layout's own `_calls()`."""
 

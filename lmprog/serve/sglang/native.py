@@ -25,7 +25,7 @@ SGLang's, only its own tokens' output logprobs, with output_token_logprobs_lengt
 far.
 
 Bodies go through the same parsing, limits and error shape as the OpenAI routes, and
-generations through the same bridge (cancelled when the client leaves).
+generations through the same `Generations` (cancelled when the client leaves).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import Field
 
 from lmprog.core.errors import BackendError, ConstraintError
 from lmprog.core.protocol import (
@@ -51,85 +50,17 @@ from lmprog.core.protocol import (
 from lmprog.core.sampling import SamplingParams
 from lmprog.fsm import Constraint
 
-from .bridge import Generations
-from .context import ServeContext
-from .echo import encode_prompt
-from .errors import APIError, from_exception
-from .params import stop_strings
-from .reasoning import OutputSplit, ReasoningPlan
-from .router_schemas import RouterFields
-from .runs import arrival, respond
-from .schemas import MAX_SEED, Strict
-from .streaming import DONE, sse
+from ..context import ServeContext
+from ..errors import APIError, from_exception
+from ..generations import Generations
+from ..jsonbody import parse_body
+from ..prompt_echo import encode_prompt
+from ..reasoning import OutputSplit, ReasoningPlan
+from ..respond import DONE, arrival, respond, sse
+from ..sampling import stop_strings
+from ..schemas.native import ConcatBody, FlushBody, GenerateBody, NativeSamplingParams
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
-
-
-class NativeSamplingParams(Strict):
-    """`sampling_params` of SGLang's /generate. Every field may be null (SGLang's frontend
-    sends each one); settings lmprog cannot honour are refused when set."""
-
-    max_new_tokens: int | None = Field(default=None, ge=0)
-    min_new_tokens: int | None = Field(default=None, ge=0)
-    n: int | None = Field(default=None, ge=1)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    temperature: float | None = Field(default=None, ge=0.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1, le=2**31 - 1)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0)
-    ignore_eos: bool | None = None
-    sampling_seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
-    regex: str | None = None
-    json_schema: str | dict[str, Any] | None = None
-    ebnf: str | None = None
-    stop_regex: str | list[str] | None = None
-    skip_special_tokens: bool | None = None
-    # accepted at the values lmprog always uses; anything else is refused
-    spaces_between_special_tokens: bool | None = None
-    no_stop_trim: bool | None = None
-
-    def unsupported(self) -> str | None:
-        """The first field set to a value lmprog cannot honour, or None."""
-        for name, ok in (
-            ("spaces_between_special_tokens", self.spaces_between_special_tokens in (None, True)),
-            ("no_stop_trim", self.no_stop_trim in (None, False)),
-        ):
-            if not ok:
-                return name
-        return None
-
-
-class GenerateBody(RouterFields):
-    """SGLang's GenerateReqInput: the fields lmprog serves (and those sglang-router adds)."""
-
-    text: str | list[str] | None = None
-    input_ids: list[int] | list[list[int]] | None = None
-    sampling_params: NativeSamplingParams | list[NativeSamplingParams] | None = None
-    rid: str | list[str] | None = None
-    return_logprob: bool | list[bool] | None = None
-    logprob_start_len: int | list[int] | None = None
-    top_logprobs_num: int | list[int] | None = None
-    return_text_in_logprobs: bool = False
-    stream: bool = False
-    lora_path: str | list[str | None] | None = None  # a loaded LoRA adapter's name (per prompt)
-    image_data: None = None  # no image input: any value is refused by the type
-    separate_reasoning: bool = False  # the output as "text" (answer) and "reasoning_content"
-
-
-class FlushBody(Strict):
-    empty_cache: bool | None = None  # SGLang's client sends it; the cache is emptied either way
-
-
-class ConcatBody(Strict):
-    """SGLang's frontend at `join(mode="concate_and_append")`: its fork copies' request ids
-    and the parent's (ids of its own, which no /generate named)."""
-
-    src_rids: list[str]
-    dst_rid: str
 
 
 # What /concate_and_append_request does: SGLang's frontend prefilled each copy's whole text
@@ -144,7 +75,6 @@ _CONCAT_MESSAGE = (
 
 def install(app: FastAPI, ctx: ServeContext) -> None:
     """Add the native routes to `app` (called by `build_app`)."""
-    from .app import parse_body  # the app imports this module: parse_body at call time
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Response:
@@ -623,4 +553,4 @@ def _specials(ctx: ServeContext) -> dict[str, str]:
     return {k: v for k, v in special.items() if isinstance(v, str)}
 
 
-__all__ = ["GenerateBody", "NativeSamplingParams", "install"]
+__all__ = ["install"]

@@ -1,6 +1,6 @@
 """The /v1/messages request body (Anthropic's Messages API) as pydantic models.
 
-Content blocks are checked by their `type` in messages.py (a block of a type this server does
+Content blocks are checked by their `type` in anthropic/messages.py (a block of a type this server does
 not take, an image or a document, is a 400 naming it), so they stay dicts here.
 """
 
@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from .schemas import Strict
+from .completions import Strict
 
 
 class MessageParam(Strict):

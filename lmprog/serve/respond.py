@@ -1,27 +1,87 @@
-"""Waiting on a request's choices while watching its client: if the client disconnects,
-the choices are cancelled (and the backend frees them) instead of running to the end."""
+"""From a request's running choices to its HTTP response: the JSON body, or server-sent
+events in the OpenAI layout (`data: {chunk}` per event, `data: [DONE]` last).
+
+Waiting on the choices watches the client: if it disconnects, the choices are cancelled (and
+the backend frees them) instead of running to the end; `EventStream` runs a cleanup callback
+however the stream ends (finished, failed, or the client went away).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from lmprog.core.protocol import GenerateResult
 
-from .bridge import Generations
+from .access import ARRIVAL
 from .context import ServeContext
 from .errors import ClientGone, from_exception
-from .gate import ARRIVAL
-from .streaming import DONE, EventStream, sse
+from .generations import Generations
 
 T = TypeVar("T")
 POLL_S = 0.25
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return (
+        b"data: "
+        + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        + b"\n\n"
+    )
+
+
+class EventStream(StreamingResponse):
+    """`on_close` runs however the stream ends; `on_abort` too when the client left first."""
+
+    def __init__(
+        self,
+        events: AsyncIterator[bytes],
+        on_close: Callable[[], None],
+        on_abort: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._on_close = on_close
+        self._on_abort = on_abort
+        self._sent_all = False
+
+    async def stream_response(self, send: Send) -> None:
+        await super().stream_response(send)
+        self._sent_all = True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except ClientDisconnect:  # ASGI 2.4 servers: a send failed
+            pass
+        finally:
+            self._on_close()
+        if not self._sent_all and self._on_abort is not None:  # the client went away
+            self._on_abort()
+
+
+def payloads(chunk: bytes) -> list[dict[str, Any]]:
+    """The JSON events of SSE chunks `sse` wrote (`[DONE]` left out): a reply built over the
+    chat reply's chunks reads them back."""
+    out = []
+    for event in chunk.split(b"\n\n"):
+        if event.startswith(b"data: ") and event != b"data: [DONE]":
+            out.append(json.loads(event[len(b"data: ") :]))
+    return out
 
 
 async def watched(request: Request, group: Generations, awaitable: Awaitable[T]) -> T:

@@ -15,7 +15,7 @@ What the router does to a worker (sglang-router 0.3.2, read from its requests):
                    /v1/completions with SGLang's extensions (OpenAIRouterFields)
     admin          POST /flush_cache (broadcast), GET /get_model_info, /v1/models
 
-The fields the router adds: lmprog/serve/router_schemas.py.
+The fields the router adds: lmprog/serve/schemas/router.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from .context import ServeContext
+from ..context import ServeContext
 
 
 def load_report(stats: dict[str, Any]) -> list[dict[str, Any]]:

@@ -32,10 +32,10 @@ from typing import Any
 
 from lmprog.core.protocol import GenerateResult
 
-from .bridge import Generations
-from .context import ServeContext
-from .responses_schemas import ResponsesRequest
-from .streaming import sse
+from ..context import ServeContext
+from ..generations import Generations
+from ..respond import payloads, sse
+from ..schemas.responses import ResponsesRequest
 
 
 def _new_id(prefix: str) -> str:
@@ -226,7 +226,7 @@ class ResponseReply:
         yield seq_event({"type": "response.in_progress", "response": pending})
         output, choice, usage = ResponseOutput(), {}, None
         async for chunk in self.chat.stream(group):
-            for data in _payloads(chunk):
+            for data in payloads(chunk):
                 if "error" in data:
                     for payload in self._failed(data["error"]):
                         yield seq_event(payload)
@@ -343,15 +343,6 @@ def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
         },
         "total_tokens": usage["total_tokens"],
     }
-
-
-def _payloads(chunk: bytes) -> list[dict[str, Any]]:
-    """The JSON events of an SSE chunk the chat reply wrote (`[DONE]` left out)."""
-    out = []
-    for event in chunk.split(b"\n\n"):
-        if event.startswith(b"data: ") and event != b"data: [DONE]":
-            out.append(json.loads(event[len(b"data: ") :]))
-    return out
 
 
 def _event(payload: dict[str, Any], sequence_number: int) -> bytes:

@@ -1,6 +1,6 @@
 """/v1/chat/completions: messages rendered with the model's chat template, n choices,
 streaming, response_format, tools (constrained calls in the model's own call format; see
-tools.py and tool_formats.py) and logprobs.
+tools/plan.py and tools/formats.py) and logprobs.
 
 Text streams piece by piece. With tools active each choice's text goes through a
 CallReader: an answer streams as content once it cannot be a call (the first characters
@@ -19,20 +19,19 @@ from fastapi.responses import Response
 
 from lmprog.core.protocol import GenerateRequest, GenerateResult
 
-from .bridge import Generations
-from .chat_schemas import ChatCompletionRequest
-from .compile import build_index, compiled
-from .context import ServeContext
-from .errors import APIError
-from .formats import body_constraint, constraint_field
-from .logprobs import chat_logprobs, visible_logprobs
-from .params import choice_params, choices_of, sampling_params
-from .prompts import render_chat, template_kwargs
-from .reasoning import OutputSplit, ReasoningPlan, reasoning_plan, reasoning_tokens
-from .runs import ReplyBase, arrival, finish_reason, respond, usage
-from .streaming import sse
-from .tool_formats import CallReader, tool_format
-from .tools import ToolPlan, plan_tools
+from ..compile import build_index, compiled
+from ..constraints import body_constraint, constraint_field
+from ..context import ServeContext
+from ..errors import APIError
+from ..generations import Generations
+from ..logprobs import chat_logprobs, visible_logprobs
+from ..prompts import render_chat, template_kwargs
+from ..reasoning import OutputSplit, ReasoningPlan, reasoning_plan, reasoning_tokens
+from ..respond import ReplyBase, arrival, finish_reason, respond, sse, usage
+from ..sampling import choice_params, choices_of, sampling_params
+from ..schemas.chat import ChatCompletionRequest
+from ..tools.formats import CallReader, tool_format
+from ..tools.plan import ToolPlan, plan_tools
 
 
 async def create_chat_completion(

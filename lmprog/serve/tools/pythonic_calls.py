@@ -23,7 +23,7 @@ from lmprog.core.errors import ConstraintError
 from lmprog.fsm import Constraint
 from lmprog.fsm import compose as c
 
-from .tool_stream import StreamedCalls
+from .streamed_calls import StreamedCalls
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -159,7 +159,7 @@ def _arguments(call: str) -> dict[str, Any] | None:
 
 
 class PythonicCallReader(StreamedCalls):
-    """CallReader's interface over the pythonic layout (see tool_formats.CallReader)."""
+    """CallReader's interface over the pythonic layout (see formats.CallReader)."""
 
     def __init__(self, fmt: Any, names: frozenset[str], *, answers: bool) -> None:
         self.fmt, self.names, self.answers = fmt, names, answers

@@ -29,7 +29,7 @@ from lmprog.core.errors import ConstraintError
 from lmprog.fsm import Constraint
 from lmprog.fsm import compose as c
 
-from .tool_stream import StreamedCalls
+from .streamed_calls import StreamedCalls
 
 OPEN, CLOSE = "<tool_call>\n<function=", "</function>\n</tool_call>"
 PARAM_END = "\n</parameter>\n"
@@ -125,7 +125,7 @@ def _converted(value: str, schema: Any) -> Any:
 
 
 class XmlCallReader(StreamedCalls):
-    """CallReader's interface over Qwen3-Coder's layout (see tool_formats.CallReader)."""
+    """CallReader's interface over Qwen3-Coder's layout (see formats.CallReader)."""
 
     def __init__(self, fmt: Any, schemas: dict[str, Any], *, answers: bool) -> None:
         self.fmt, self.schemas, self.answers = fmt, schemas, answers

@@ -25,35 +25,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from .chat_completions import prepare_prompt, start_chat_completion
-from .chat_schemas import ChatCompletionRequest
-from .context import ServeContext
-from .errors import APIError, validation_error
+from ..context import ServeContext
+from ..errors import APIError, validation_error
+from ..openai.chat_completions import prepare_prompt, start_chat_completion
+from ..respond import respond
+from ..schemas.chat import ChatCompletionRequest
+from ..schemas.messages import CountTokensRequest, MessagesRequest, ToolParam
 from .messages_output import MessagesReply, prompt_tokens
-from .messages_schemas import CountTokensRequest, MessagesRequest, ToolParam
-from .runs import respond
-
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-}
-
-
-def anthropic_error(exc: APIError) -> JSONResponse:
-    """`exc` in Anthropic's error shape (the field it names first in its message)."""
-    return JSONResponse(anthropic_error_body(exc), status_code=exc.status)
-
-
-def anthropic_error_body(exc: APIError) -> dict[str, Any]:
-    message = exc.message
-    if exc.param and not message.startswith(exc.param):
-        message = f"{exc.param}: {message}"
-    kind = ERROR_TYPES.get(exc.status, "api_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 async def create_message(ctx: ServeContext, body: MessagesRequest, request: Request) -> Response:

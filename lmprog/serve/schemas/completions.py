@@ -1,6 +1,6 @@
 """Request bodies of the OpenAI API as pydantic models (the fields this server knows).
 
-Every model forbids unknown fields; the app (`app.parse_body`) drops them with a warning in
+Every model forbids unknown fields; `jsonbody.parse_body` drops them with a warning in
 the log unless the server runs with `strict_requests`, which answers them with a 400.
 Types are strict for every known field: "5" is not an integer, "yes" or 1 not a boolean (a number field takes an
 integer: `"temperature": 1`).
@@ -8,7 +8,7 @@ Fields of the OpenAI API that this server cannot honour are declared (so their e
 "not supported" rather than "unrecognized") and rejected by `unsupported_fields`. Extensions
 follow SGLang's OpenAI API (top_k, min_p, min_tokens, ignore_eos, stop_token_ids,
 repetition_penalty, and the constraints regex, json_schema, ebnf) and vLLM's (guided_json,
-guided_regex, guided_choice, guided_grammar, guided_whitespace_pattern): see formats.py.
+guided_regex, guided_choice, guided_grammar, guided_whitespace_pattern): see constraints.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .router_schemas import OpenAIRouterFields
+from .router import OpenAIRouterFields
 
 MAX_SEED = 2**63 - 1
 
@@ -76,7 +76,7 @@ class SamplingFields(Strict):
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     repetition_penalty: float | None = Field(default=None, gt=0.0)
-    # constraints (at most one per request, response_format included: formats.py)
+    # constraints (at most one per request, response_format included: constraints.py)
     regex: str | None = None  # SGLang's
     json_schema: str | dict[str, Any] | None = None
     ebnf: str | None = None

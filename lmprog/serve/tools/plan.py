@@ -1,5 +1,5 @@
 """Tool calls: the constraint that makes a choice's calls match their tools' parameter
-schemas in the model's own call format (tool_formats.py), lmprog's tool note for templates
+schemas in the model's own call format (formats.py), lmprog's tool note for templates
 that show no tools, and reading calls back out of the text.
 
 tool_choice "required" / a named function: the text must be one or more calls (to any tool /
@@ -20,11 +20,11 @@ from lmprog.fsm import Constraint
 from lmprog.fsm import compose as c
 from lmprog.fsm.regex import ANY_CHAR, alt, cat, charset_regex, cs, lit, rep
 
-from .chat_schemas import NamedToolChoice, Tool
-from .errors import APIError
-from .tool_formats import GENERIC, PYTHONIC_FAMILY, XML_FAMILY, CallReader, ToolFormat
-from .tool_pythonic import PythonicCallReader, pythonic_calls
-from .tool_xml import XmlCallReader, xml_calls
+from ..errors import APIError
+from ..schemas.chat import NamedToolChoice, Tool
+from .formats import GENERIC, PYTHONIC_FAMILY, XML_FAMILY, CallReader, ToolFormat
+from .pythonic_calls import PythonicCallReader, pythonic_calls
+from .xml_calls import XmlCallReader, xml_calls
 
 _NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 _INSTRUCTIONS = (
@@ -78,7 +78,7 @@ def plan_tools(
     parallel: bool = True,
 ) -> ToolPlan:
     """`text`: the response_format constraint of plain answers (None: free text); `fmt`: the
-    template's call format (tool_formats.tool_format); `parallel`: parallel_tool_calls."""
+    template's call format (formats.tool_format); `parallel`: parallel_tool_calls."""
     if not tools:
         if choice not in (None, "none"):
             raise APIError(400, "tool_choice needs tools", param="tool_choice")

@@ -24,7 +24,7 @@ from lmprog.fsm import Constraint
 from lmprog.fsm.regex import compile_user_regex
 
 from .errors import APIError
-from .schemas import ResponseFormat, SamplingFields
+from .schemas.completions import ResponseFormat, SamplingFields
 
 JSON_OBJECT_SCHEMA = {"type": "object"}
 
@@ -40,7 +40,7 @@ CONSTRAINT_FIELDS = (
     "guided_grammar",
 )
 _JSON_FIELDS = frozenset({"response_format", "json_schema", "guided_json"})
-_CODES = {
+ERROR_CODES = {  # a constraint field's error code
     "response_format": "invalid_schema",
     "json_schema": "invalid_schema",
     "guided_json": "invalid_schema",
@@ -101,7 +101,7 @@ def output_constraint(
         return _build(name, values[name], whitespace)
     except ConstraintError as exc:
         param = "response_format.json_schema.schema" if name == "response_format" else name
-        raise APIError(400, f"invalid {name}: {exc}", param=param, code=_CODES[name]) from None
+        raise APIError(400, f"invalid {name}: {exc}", param=param, code=ERROR_CODES[name]) from None
 
 
 def _one_of(values: dict[str, Any]) -> str | None:

@@ -16,7 +16,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import APIError
+from .errors import APIError, anthropic_error
 from .metrics import REQUEST_TOKENS, ServerMetrics
 
 access_log = logging.getLogger("lmprog.serve.access")
@@ -62,8 +62,6 @@ class Gate:
             refusal = self._refusal(scope)
             if refusal is not None:
                 if scope["path"].startswith("/v1/messages"):
-                    from .messages import anthropic_error
-
                     response = anthropic_error(refusal)
                 else:
                     response = refusal.response()

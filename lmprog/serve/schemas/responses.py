@@ -9,7 +9,7 @@
 told apart by `type` (a message may leave it out); a reasoning item is a reasoning model's
 thinking sent back. Other item types (item_reference, hosted tools' calls) are a 400 naming
 the item. Content parts are checked
-when the request is converted (responses.py): only text goes in.
+when the request is converted (openai/responses.py): only text goes in.
 
 Errors name the Responses field (`input[2].arguments`, `text.format.schema`): the union
 branch an item was tried as is dropped from pydantic's error locations.
@@ -29,7 +29,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails
 
-from .schemas import Strict
+from .completions import Strict
 
 Status = Literal["in_progress", "completed", "incomplete"]
 Content = str | list[dict[str, Any]]

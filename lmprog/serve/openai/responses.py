@@ -14,7 +14,7 @@ response.completed, each with its sequence_number), item by item.
 `previous_response_id`: responses made with `store` (the default) keep their conversation
 (input and output items; not their instructions, tools or settings, as in OpenAI's API) in
 a bounded in-memory LRU for the server's lifetime (`ResponseStore`), and a later request
-continues it. The request types are in responses_schemas.py, the Response object and its
+continues it. The request types are in schemas/responses.py, the Response object and its
 events in responses_output.py.
 """
 
@@ -28,14 +28,13 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from . import jsonbody
-from .chat_completions import start_chat_completion
-from .chat_schemas import ChatCompletionRequest
-from .context import ServeContext
-from .errors import APIError, validation_error
-from .params import check_supported
-from .responses_output import ResponseReply
-from .responses_schemas import (
+from .. import jsonbody
+from ..context import ServeContext
+from ..errors import APIError, validation_error
+from ..respond import respond
+from ..sampling import check_supported
+from ..schemas.chat import ChatCompletionRequest
+from ..schemas.responses import (
     EXTENSIONS,
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -43,7 +42,8 @@ from .responses_schemas import (
     ReasoningItem,
     ResponsesRequest,
 )
-from .runs import respond
+from .chat_completions import start_chat_completion
+from .responses_output import ResponseReply
 
 MAX_STORED_RESPONSES = 1024
 Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem

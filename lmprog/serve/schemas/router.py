@@ -1,6 +1,6 @@
 """Request fields that SGLang's router (`sglang-router`) adds to the bodies it forwards
-(lmprog/serve/worker.py says what else it calls): accepted at the values lmprog always has,
-refused at any other with a 400 naming the field. Own base class: lmprog.serve.schemas
+(lmprog/serve/sglang/load_report.py says what else it calls): accepted at the values lmprog
+always has, refused at any other with a 400 naming the field. Own base class: completions.py
 imports this module."""
 
 from __future__ import annotations

@@ -35,6 +35,9 @@ from typing import Any
 
 from lmprog.core.chat import ChatTemplate
 
+from .pythonic_calls import call_text as python_call
+from .xml_calls import call_text as xml_call
+
 
 @dataclass(frozen=True)
 class ToolFormat:
@@ -64,12 +67,8 @@ class ToolFormat:
     def call_text(self, name: str, arguments: Any) -> str:
         """One call as the model writes it (earlier calls of a history in the generic format)."""
         if self.family == XML_FAMILY:
-            from .tool_xml import call_text
-
-            return call_text(name, arguments)
+            return xml_call(name, arguments)
         if self.family == PYTHONIC_FAMILY:
-            from .tool_pythonic import call_text as python_call
-
             return python_call(name, arguments)
         args = json.dumps(arguments, ensure_ascii=False)
         return f"{self.head}{self.name_text(name)}{self.args_key}{args}{self.tail}"
@@ -121,7 +120,7 @@ DEEPSEEK = ToolFormat(
 )
 
 
-# Qwen3-Coder's: XML tags per parameter (tool_xml.py builds and reads them; the JSON layout
+# Qwen3-Coder's: XML tags per parameter (xml_calls.py builds and reads them; the JSON layout
 # fields below are unused but for the marker and the separator)
 XML_FAMILY = "qwen3-coder"
 QWEN3_CODER = ToolFormat(
@@ -130,7 +129,7 @@ QWEN3_CODER = ToolFormat(
 
 
 # Pythonic calls, where the template asks for them (Llama 3.2's pythonic template):
-# [f(a=1), g()] (tool_pythonic.py builds and reads them)
+# [f(a=1), g()] (pythonic_calls.py builds and reads them)
 PYTHONIC_FAMILY = "pythonic"
 PYTHONIC = ToolFormat(PYTHONIC_FAMILY, "[", "", "(", ")", ", ", "[", "]", quoted_name=False)
 

@@ -12,17 +12,16 @@ from fastapi.responses import Response
 
 from lmprog.core.protocol import GenerateRequest, GenerateResult
 
-from .bridge import Generations
-from .compile import build_index, compiled
-from .context import ServeContext
-from .echo import EchoedPrompt, echoed_prompt, encode_prompt
-from .errors import APIError, from_exception
-from .formats import body_constraint, constraint_field
-from .logprobs import completion_logprobs, generated_logprobs, visible_logprobs
-from .params import choice_params, choices_of, sampling_params
-from .runs import ReplyBase, arrival, finish_reason, respond, usage
-from .schemas import CompletionRequest
-from .streaming import sse
+from ..compile import build_index, compiled
+from ..constraints import body_constraint, constraint_field
+from ..context import ServeContext
+from ..errors import APIError, from_exception
+from ..generations import Generations
+from ..logprobs import completion_logprobs, generated_logprobs, visible_logprobs
+from ..prompt_echo import EchoedPrompt, echoed_prompt, encode_prompt
+from ..respond import ReplyBase, arrival, finish_reason, respond, sse, usage
+from ..sampling import choice_params, choices_of, sampling_params
+from ..schemas.completions import CompletionRequest
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 

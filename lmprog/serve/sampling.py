@@ -14,7 +14,7 @@ from lmprog.core.sampling import SAMPLING_FIELDS, SamplingParams
 
 from .errors import APIError
 from .limits import ServerLimits
-from .schemas import SamplingFields
+from .schemas.completions import SamplingFields
 
 
 def sampling_params(

@@ -28,11 +28,10 @@ from typing import Any
 
 from lmprog.core.protocol import GenerateResult
 
-from .bridge import Generations
-from .context import ServeContext
-from .messages_schemas import MessagesRequest
-from .responses_output import _payloads
-from .streaming import sse
+from ..context import ServeContext
+from ..generations import Generations
+from ..respond import payloads, sse
+from ..schemas.messages import MessagesRequest
 
 SIGNATURE = ""  # thinking blocks carry no signature: nothing here checks one
 
@@ -96,7 +95,7 @@ class MessagesReply:
         yield _event({"type": "message_start", "message": self._message([], (None, None), usage0)})
         blocks, reason, usage = _Blocks(), None, None
         async for chunk in self.chat.stream(group):
-            for data in _payloads(chunk):
+            for data in payloads(chunk):
                 if "error" in data:
                     error = data["error"]
                     kind = (

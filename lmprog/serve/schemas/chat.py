@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from .router_schemas import ChatRouterFields
-from .schemas import SamplingFields, Strict
+from .completions import SamplingFields, Strict
+from .router import ChatRouterFields
 
 
 class FunctionCall(Strict):

@@ -1,0 +1,1 @@
+"""The request bodies as pydantic models (the fields this server knows, strictly typed)."""

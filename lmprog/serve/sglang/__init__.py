@@ -1,0 +1,1 @@
+"""SGLang's native API (/generate, ...) and what its router calls (/get_load)."""
