@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -184,6 +184,10 @@ def _cpu_row(guide: Guide | None, width: int) -> np.ndarray:
 _FULL_ROWS: dict[int, np.ndarray] = {}  # width -> a row with every bit set
 
 
+@overload
+def _row(guide: Guide, width: int, device: None) -> np.ndarray: ...
+@overload
+def _row(guide: Guide, width: int, device: torch.device) -> Any: ...
 def _row(guide: Guide, width: int, device: torch.device | None) -> Any:
     """The guide position's bitmask row: cached by position, then by allowed set, else built."""
     index, kind = guide.index, ("bitmask", device, width)

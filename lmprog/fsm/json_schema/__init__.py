@@ -52,7 +52,7 @@ import json
 import sys
 import types
 import typing
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.emitter import Emitter
@@ -65,6 +65,9 @@ from lmprog.fsm.json_schema.terms.nodes import Unroll, work_limit
 from lmprog.fsm.regex import Chars, Concat, R, Repeat, compile_user_regex, parse_regex, raw
 from lmprog.fsm.regex.charset import CharSet
 from lmprog.fsm.regex.fragments import pattern_limit
+
+if TYPE_CHECKING:
+    from lmprog.fsm.checks import JsonChecks
 
 DEFAULT_WHITESPACE = r"[ ]?"
 DEFAULT_RECURSION_DEPTH = 3
@@ -136,7 +139,7 @@ def type_adapter(tp):
     return TypeAdapter(_portable(tp))
 
 
-def _portable(tp):
+def _portable(tp: Any) -> Any:
     """``tp`` with every ``typing.TypedDict`` in it (nested in lists, dicts, unions, other
     TypedDicts) rebuilt as a ``typing_extensions.TypedDict`` of the same keys, types and
     required keys; other forms unchanged."""
@@ -145,24 +148,27 @@ def _portable(tp):
     if typing.is_typeddict(tp) and type(tp).__module__ == "typing":
         return _typeddict(tp)
     args = typing.get_args(tp)
-    origin = typing.get_origin(tp)
+    origin: Any = typing.get_origin(tp)
     if not args or origin is None or origin is typing.Literal:
         return tp
     new = tuple(_portable(a) for a in args)
     if new == args:
         return tp
     if origin is typing.Annotated:
-        return typing.Annotated[(new[0], *tp.__metadata__)]
+        annotated = (new[0], *tp.__metadata__)
+        return typing.Annotated[annotated]
     if origin in (typing.Union, types.UnionType):
         return typing.Union[new]  # noqa: UP007 - a tuple of arguments: no | form
-    return origin[new] if isinstance(origin, type) else tp.copy_with(new)
+    if isinstance(origin, type):  # a generic class: list, dict, tuple, ...
+        return origin[new]  # type: ignore[index]  # a builtin generic subscripts at run time
+    return tp.copy_with(new)
 
 
 _PORTED: dict[type, type] = {}
 _PORTING: set[type] = set()  # being read: a type met again inside is recursive
 
 
-def _typeddict(tp):
+def _typeddict(tp: Any) -> Any:
     found = _PORTED.get(tp)
     if found is None:
         import typing_extensions as te
@@ -184,7 +190,7 @@ def _typeddict(tp):
             raise refused from None
         finally:
             _PORTING.discard(tp)
-        found = _PORTED[tp] = te.TypedDict(tp.__name__, fields)
+        found = _PORTED[tp] = te.TypedDict(tp.__name__, fields)  # type: ignore[operator]  # fields known at run time only
         found.__module__, found.__qualname__ = tp.__module__, tp.__qualname__
     return found
 
@@ -345,7 +351,7 @@ class Grammar(NamedTuple):
     """A schema's grammar (Lark text) and the check the guide runs beside it (None: none)."""
 
     lark: str
-    check: object
+    check: JsonChecks | None
 
 
 _JSON_WHITESPACE = CharSet.of(" \t\n\r")

@@ -16,17 +16,17 @@ class Chars:
 
 @dataclass(frozen=True)
 class Concat:
-    parts: tuple
+    parts: tuple[Node, ...]
 
 
 @dataclass(frozen=True)
 class Alternation:
-    options: tuple
+    options: tuple[Node, ...]
 
 
 @dataclass(frozen=True)
 class Repeat:
-    node: object
+    node: Node
     lo: int
     hi: int | None
 
@@ -96,15 +96,15 @@ def nonempty(node: Node) -> Node | None:
         if not node.parts:
             return None
         head, rest = node.parts[0], node.parts[1:]
-        options = []  # AB minus "" = (A minus "") B | B minus "" where A matches ""
+        pieces: list[Node] = []  # AB minus "" = (A minus "") B | B minus "" where A matches ""
         first = nonempty(head)
         if first is not None:
-            options.append(Concat((first, *rest)))
+            pieces.append(Concat((first, *rest)))
         if nullable(head) and rest:
             tail = nonempty(Concat(rest))
             if tail is not None:
-                options.append(tail)
-        return options[0] if len(options) == 1 else Alternation(tuple(options)) if options else None
+                pieces.append(tail)
+        return pieces[0] if len(pieces) == 1 else Alternation(tuple(pieces)) if pieces else None
     inner = nonempty(node.node)
     if inner is None or node.hi == 0:
         return None
