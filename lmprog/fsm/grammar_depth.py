@@ -191,7 +191,9 @@ def _body(item: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], int | Non
     return item, None
 
 
-def _refs(body: list[tuple[str, str]], nested: list) -> list[tuple[str, int]]:
+def _refs(
+    body: list[tuple[str, str]], nested: list[list[tuple[str, str]]]
+) -> list[tuple[str, int]]:
     """(name, groups around it) of each name in a body; %lark blocks go to `nested`."""
     out, depth, i = [], 0, 0
     while i < len(body):

@@ -71,9 +71,9 @@ def _split(source: str, node, parser: _Parser) -> tuple[tuple[str, ...], tuple[s
         if isinstance(inner, Look):
             inner = inner.node
         if _has_look(inner):
-            at = _first_look(inner)
             raise parser.fail(
-                "a lookahead inside an alternative, a repeated group or a lookahead", at
+                "a lookahead inside an alternative, a repeated group or a lookahead",
+                _first_look(inner),
             )
     plain = [_plain(p) for p in parts if not isinstance(p, Look)]
     base = parser.split_anchors(Concat(tuple(plain)))
