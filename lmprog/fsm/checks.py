@@ -60,6 +60,7 @@ from lmprog.fsm.json_schema.terms.nodes import (
     ObjT,
     RefT,
     StrT,
+    Term,
     counts_additional_keys,
     is_full,
 )
@@ -512,7 +513,7 @@ def _asks(t: ArrT | ObjT) -> bool:
     return bool(t.some_values) or counts_additional_keys(t)
 
 
-def _full(t: object, kind: type) -> bool:
+def _full(t: Term, kind: type) -> bool:
     return isinstance(t, kind) and is_full(t)
 
 

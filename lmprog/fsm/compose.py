@@ -95,7 +95,7 @@ class _Embedded(Ref):
 def embed(c: Constraint) -> Frag:
     """A constraint as a part: one lexeme (regex, choices, dtype) or its grammar (JSON schema)."""
     if c.lark is None:
-        return tok(raw(c.pattern))  # type: ignore[return-value]
+        return tok(raw(c.pattern))
     if c.kind != "json_schema":
         raise ConstraintError(
             f"a {c.kind} grammar cannot be combined with other parts (tool calls); use a JSON "

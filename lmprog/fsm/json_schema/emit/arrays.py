@@ -236,9 +236,10 @@ def _distinct_arrays(t: ArrT, em: Writer) -> list | None:
     there are at most ``_LIMIT`` of them; else None."""
     if t.contains:
         return None
-    choices = [em.finite_values(n) for n in t.prefix]
+    finite = [em.finite_values(n) for n in t.prefix]
     rest = [] if t.rest.never else em.finite_values(t.rest)
-    if rest is None or any(c is None for c in choices):
+    choices = [c for c in finite if c is not None]
+    if rest is None or len(choices) < len(finite):
         return None
     top = len(choices) + len(rest) if t.max_items is None else t.max_items
     out: list = []

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import TypeVar, overload
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.deadline import tick
@@ -130,7 +131,10 @@ def fragment_limit(max_chars: int) -> Iterator[None]:
         _BUDGET.reset(token)
 
 
-def _made(frag: Frag) -> Frag:
+_F = TypeVar("_F", bound="Frag")
+
+
+def _made(frag: _F) -> _F:
     tick()
     budget = _BUDGET.get()
     if budget is not None:
@@ -152,6 +156,10 @@ def regex_terminal(r: R) -> str:
     return "/" + r.text.replace("/", "\\/") + "/"
 
 
+@overload
+def tok(r: R | str) -> Tok: ...
+@overload
+def tok(r: R | str | None) -> Tok | None: ...
 def tok(r: R | str | None) -> Tok | None:
     """A lexeme from a regex fragment, or from a Lark terminal expression (str)."""
     if r is None:
@@ -160,7 +168,7 @@ def tok(r: R | str | None) -> Tok | None:
         if not r.text:
             raise ValueError("a lexeme must not match only the empty string")
         r = regex_terminal(r)
-    return _made(Tok(r))  # type: ignore[return-value]
+    return _made(Tok(r))
 
 
 def seq(*parts: Frag | None) -> Frag | None:
@@ -181,6 +189,10 @@ def group(f: Frag | None) -> Frag | None:
     return _made(Group(f.parts))
 
 
+@overload
+def choice(first: Frag, /, *options: Frag | None) -> Frag: ...
+@overload
+def choice(*options: Frag | None) -> Frag | None: ...
 def choice(*options: Frag | None) -> Frag | None:
     """Union; ``None`` options are dropped (an empty union is the empty language)."""
     seen: dict[int, Frag] = {}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.lark import EPS, Frag, choice, rep, seq
+from lmprog.fsm.json_schema.emit.sequences import Slot
 from lmprog.fsm.json_schema.emit.strings import string_lexeme
 from lmprog.fsm.json_schema.emit.writer import Writer
 from lmprog.fsm.json_schema.terms.algebra import conj, key_allowed, meet
@@ -30,7 +31,9 @@ MAX_FACETS_LEFT = 4  # 'not's over objects the additional members meet together 
 
 
 class Members:
-    def __init__(self, named: list, regions: list, t: ObjT, em: Writer) -> None:
+    def __init__(
+        self, named: list[tuple[str, Slot]], regions: list[tuple[StrT, Node]], t: ObjT, em: Writer
+    ) -> None:
         """named: [(key, Slot)] in order; regions: [(key StrT, value Node)]."""
         self.named, self.regions, self.em, self.t = named, regions, em, t
         # facets: key sets (``some``), then (keys, value) pairs (``some_values``), which no
@@ -111,7 +114,7 @@ class Members:
             return None
         before_most = None if room is None else room - 1
         options = []
-        for before in [0, None] if room is None else range(before_most + 1):  # type: ignore[arg-type]
+        for before in [0, None] if before_most is None else range(before_most + 1):
             if before is None:  # one or more plain members, then the hit
                 lead = self._run(plain, first, 1, None) if plain is not None else None
             elif before == 0:
@@ -156,7 +159,7 @@ class Members:
 
     def _hit(self, facets: int) -> Frag | None:
         """A member meeting every facet whose bit is in `facets`."""
-        parts = [(k, v, None) for k, v in self.regions]
+        parts: list[tuple[StrT, Node, Node | None]] = [(k, v, None) for k, v in self.regions]
         for f in range(len(self.facets)):
             if not facets >> f & 1:
                 continue

@@ -50,7 +50,7 @@ def value_regex(v: Decimal) -> R:
     """One value (enum/const): its plain decimal text; an integral value may also carry a zero
     fraction (``2``, ``2.0``), as ``json.dumps`` writes integral floats."""
     text = lit(number_text(v))
-    return cat(text, opt(raw(r"\.0+"))) if v == v.to_integral_value() else text  # type: ignore[return-value]
+    return cat(text, opt(raw(r"\.0+"))) if v == v.to_integral_value() else text
 
 
 def number_regex(t: NumT) -> R | None:
@@ -170,7 +170,7 @@ def _multiple_plan(t: NumT) -> tuple[bool | None, int | None, FracRule | None] |
         return True, c // math.gcd(c, 10**k), None
     k = _decimal_places(f)
     c = None if k is None else 10**k * f.numerator // f.denominator  # m = c / 10**k
-    if c and 10**k % c == 0:
+    if k is not None and c and 10**k % c == 0:
         return t.integer, None, FracRule(k, c)
     raise ConstraintError(
         f"multipleOf {m} over non-integer numbers has no exact regex (supported: integers; "
@@ -187,10 +187,11 @@ MAX_FRACTION_DIGITS = 64  # of a bound or a multipleOf step (llguidance's regexe
 def _listed_multiples(t: NumT) -> R | None:
     """The multiples of a decimal step inside bounded intervals, listed (None when an interval
     is unbounded, the step is not a finite decimal, or they are too many)."""
+    assert t.multiple_of is not None  # (called for a step)
     f = Fraction(t.multiple_of)
     if _decimal_places(f) is None:
         return None
-    values = []
+    values: list[Decimal] = []
     for lo, lo_excl, hi, hi_excl in _intervals(t):
         if lo is None or hi is None:
             return None
@@ -210,6 +211,10 @@ def _listed_multiples(t: NumT) -> R | None:
     return alt(*(cat(value_regex(v), raw("0*") if v % 1 else EPS) for v in values))
 
 
+# An interval of numbers: (lo, lo excluded?, hi, hi excluded?), a bound None where there is none.
+Interval = tuple[Decimal | None, bool, Decimal | None, bool]
+
+
 def _decimal_places(f: Fraction) -> int | None:
     """k with denominator dividing 10**k, or None when the denominator has other factors."""
     d, twos, fives = f.denominator, 0, 0
@@ -220,9 +225,10 @@ def _decimal_places(f: Fraction) -> int | None:
     return max(twos, fives) if d == 1 else None
 
 
-def _intervals(t: NumT):
+def _intervals(t: NumT) -> list[Interval]:
     """The bounds of ``t`` cut at each excluded value: [(lo, lo_excl, hi, hi_excl)]."""
-    out, lo, lo_excl = [], t.lo, t.lo_excl
+    out: list[Interval] = []
+    lo, lo_excl = t.lo, t.lo_excl
     for v in sorted(t.excluded):
         out.append((lo, lo_excl, v, True))
         lo, lo_excl = v, True
@@ -341,7 +347,8 @@ class _Fraction:
         tl, th, nz, r = state
         if self.nonzero and not nz:
             return False
-        if r and r * 10 ** max(self.max_digits - i, 0) % self.mod:  # padded: not a multiple
+        # padded: not a multiple (r is nonzero only under a rule, which sets max_digits)
+        if r and self.max_digits is not None and r * 10 ** max(self.max_digits - i, 0) % self.mod:
             return False
         if tl and (i < len(self.lo) or self.lo_excl):
             return False

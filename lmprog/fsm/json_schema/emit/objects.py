@@ -57,9 +57,11 @@ def _named_hits(t: ObjT, em: Writer) -> list[ObjT]:
         return [t]
     (keys, value), others = t.some_values[0], t.some_values[1:]
     inside = [k for k, _ in t.props if str_ok(keys, k)]
-    out = []
+    out: list[ObjT] = []
     for k in inside:
-        em.derived(t.prop(k), value)  # (the check reads the key's own value)
+        own = t.prop(k)
+        assert own is not None  # k is a key of props
+        em.derived(own, value)  # (the check reads the key's own value)
         props = tuple((n, conj(v, value) if n == k else v) for n, v in t.props)
         required = t.required + (() if k in t.required else (k,))
         met = normalize_obj(replace(t, props=props, required=required, some_values=others))
@@ -138,10 +140,10 @@ def _rule_value(rule, matched: frozenset) -> Node:
     return conj_all(schemas) if schemas else rule.additional
 
 
-def _pattern_sets(sources: tuple) -> list[frozenset]:
+def _pattern_sets(sources: tuple[str, ...]) -> list[frozenset[str]]:
     """The sets of patterns a key may match together: the empty set, each pattern, and larger
     sets whose patterns pairwise overlap."""
-    out = [frozenset()]
+    out: list[frozenset[str]] = [frozenset()]
     for size in range(1, len(sources) + 1):
         found = False
         for combo in combinations(sources, size):

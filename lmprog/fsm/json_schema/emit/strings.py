@@ -157,7 +157,9 @@ def string_expr(t: StrT, counted: bool = False) -> str | None:
         out = [_quoted(_pattern_content(_parsed(src))) for src in plain + negated]
         out += [lit(json_text(v)) for v in sorted(t.excluded)]
         if out:
-            texts.append("~" + regex_terminal(alt(*out)))  # type: ignore[arg-type]
+            any_of = alt(*out)
+            assert any_of is not None  # patterns no string matches are dropped before
+            texts.append("~" + regex_terminal(any_of))
         for must, must_not in looks:  # a negated pattern with lookaheads: ~(a & b & ~c)
             if len(must) > 1 or must_not:
                 texts.append("~" + _matches(must, must_not))
@@ -168,11 +170,18 @@ def _matches(must: tuple, must_not: tuple) -> str:
     """The canonical strings matching every pattern of ``must`` and none of ``must_not``."""
     from lmprog.fsm.json_schema.emit.lark import regex_terminal
 
-    texts = [regex_terminal(_quoted(_pattern_content(_parsed(src)))) for src in must]
+    texts = [regex_terminal(_matching(src)) for src in must]
     if must_not:
-        out = alt(*(_quoted(_pattern_content(_parsed(src))) for src in must_not))
-        texts.append("~" + regex_terminal(out))  # type: ignore[arg-type]
+        any_of = alt(*(_quoted(_pattern_content(_parsed(src))) for src in must_not))
+        assert any_of is not None  # patterns no string matches are dropped before
+        texts.append("~" + regex_terminal(any_of))
     return "(" + " & ".join(texts) + ")"
+
+
+def _matching(src: str) -> R:
+    r = _quoted(_pattern_content(_parsed(src)))
+    assert r is not None, src  # a pattern no string matches: the schema was refused before
+    return r
 
 
 def _quoted(content: R | None) -> R | None:

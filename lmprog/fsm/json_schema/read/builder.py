@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+from collections.abc import Hashable
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -55,7 +56,7 @@ class Builder:
         self.max_depth = max_recursion_depth
         self.unroll = unroll
         self.active: dict = {}  # target key -> expansions in progress
-        self.memo: dict = {}
+        self.memo: dict[Hashable, Node] = {}
         self.bodies: dict[tuple, Node] = {}  # RefT key -> the node of its schema
         self._serial = next(_SERIAL)
         # Drafts 3 to 7: "$ref" replaces the schema it is in (its siblings are ignored)
@@ -181,7 +182,7 @@ class Builder:
         if self.unroll:
             if self.active.get(key, 0) > self.max_depth:
                 return NEVER  # recursion bound reached: this branch must end before here
-            memo_key = (key, tuple(sorted(self.active.items())))
+            memo_key: Hashable = (key, tuple(sorted(self.active.items())))
         else:
             if key in self.active:
                 return Node((RefT(key),))
@@ -215,14 +216,14 @@ class Builder:
             )
             out.append(make_node(others + [_absent(key), present]))
         for key, dep in schemas.items():
-            present = make_node(
+            has_key = make_node(
                 (ObjT(props=((key, TOP),), required=(key,), undeclared=frozenset((key,))),)
             )
             with self.at(f"{path}/dependentSchemas"):
                 out.append(
                     union(
                         make_node(others + [_absent(key)]),
-                        conj(present, sub(dep, f"/dependentSchemas/{key}")),
+                        conj(has_key, sub(dep, f"/dependentSchemas/{key}")),
                     )
                 )
         return out

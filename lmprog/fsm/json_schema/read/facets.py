@@ -36,6 +36,7 @@ from lmprog.fsm.json_schema.terms.nodes import (
     NumT,
     ObjT,
     StrT,
+    Term,
     make_node,
 )
 from lmprog.fsm.json_schema.terms.values import pattern_matcher, to_decimal
@@ -50,7 +51,7 @@ _log = logging.getLogger("lmprog.fsm")
 def typed_terms(schema: dict, path: str, sub: Sub) -> Node:
     """The union of one term per allowed type, each carrying that type's keywords."""
     types = _types(schema, path)
-    builders = {
+    builders: dict[type, Callable[[], Term | None]] = {
         NullT: lambda: NullT(),
         BoolT: lambda: BoolT(),
         NumT: lambda: _number(schema, path),
@@ -134,7 +135,8 @@ def _number(schema: dict, path: str) -> NumT | None:
 
 
 def _string(schema: dict, path: str) -> StrT | None:
-    patterns, not_patterns = (), ()
+    patterns: tuple[str, ...] = ()
+    not_patterns: tuple[str, ...] = ()
     if "pattern" in schema:
         src = schema["pattern"]
         if not isinstance(src, str):
@@ -144,7 +146,7 @@ def _string(schema: dict, path: str) -> StrT | None:
         patterns, not_patterns = split_lookaheads(src)
         for part in patterns + not_patterns:
             parse_regex(part, "ecma")
-    formats = ()
+    formats: tuple[str, ...] = ()
     if "format" in schema:
         name = schema["format"]
         if not isinstance(name, str):
@@ -178,7 +180,7 @@ def _array(schema: dict, path: str, sub: Sub) -> ArrT | None:
         rest, evaluated = sub(items, "/items"), True
     elif isinstance(items, list) and "additionalItems" in schema:
         rest, evaluated = sub(schema["additionalItems"], "/additionalItems"), True
-    contains = ()
+    contains: tuple[Contains, ...] = ()
     if "contains" in schema:
         lo = _count(schema, "minContains", path, 1)
         contains = (
