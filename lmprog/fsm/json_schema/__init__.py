@@ -52,7 +52,7 @@ import json
 import sys
 import types
 import typing
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.emitter import Emitter
@@ -67,7 +67,12 @@ from lmprog.fsm.regex.charset import CharSet
 from lmprog.fsm.regex.fragments import pattern_limit
 
 if TYPE_CHECKING:
+    from pydantic import TypeAdapter
+
     from lmprog.fsm.checks import JsonChecks
+
+# A schema document: a JSON object or a boolean, as json.loads reads it.
+Document: TypeAlias = "dict[str, Any] | bool"
 
 DEFAULT_WHITESPACE = r"[ ]?"
 DEFAULT_RECURSION_DEPTH = 3
@@ -94,7 +99,7 @@ __all__ = [
 ]
 
 
-def load_schema(schema):
+def load_schema(schema: object) -> object:  # (json.loads: any JSON value, checked later)
     """A schema document (dict or bool) from a dict, a JSON string, a pydantic model class or a
     Python type pydantic describes (``python_type``)."""
     if isinstance(schema, (dict, bool)):
@@ -121,7 +126,7 @@ def load_schema(schema):
         ) from None
 
 
-def python_type(schema):
+def python_type(schema: object) -> object | None:
     """``schema`` if it is a Python type form (a class: pydantic model, dataclass, TypedDict,
     Enum, int...; or a typing form: ``Literal[...]``, ``list[int]``, ``dict[str, int]``,
     ``Optional[...]``, ``X | Y``); else None. Its values parse back as that type."""
@@ -130,7 +135,7 @@ def python_type(schema):
     return None
 
 
-def type_adapter(tp):
+def type_adapter(tp: Any) -> TypeAdapter[Any]:
     """pydantic's TypeAdapter of a Python type form: what writes its JSON schema and parses a
     generated text back (a ``typing.TypedDict``, which pydantic takes only from Python 3.12,
     read as the same ``typing_extensions.TypedDict``)."""
@@ -195,7 +200,7 @@ def _typeddict(tp: Any) -> Any:
     return found
 
 
-def _type_schema(tp) -> dict:
+def _type_schema(tp: Any) -> dict[str, Any]:
     """The JSON schema pydantic writes for ``tp`` (what it validates, so a generated text
     parses back as ``tp``)."""
     from pydantic import PydanticUserError
@@ -209,11 +214,11 @@ def _type_schema(tp) -> dict:
         ) from None
 
 
-def _type_name(tp) -> str:
+def _type_name(tp: object) -> str:
     return tp.__name__ if isinstance(tp, type) else repr(tp)
 
 
-def _nesting(document, limit: int) -> int:
+def _nesting(document: object, limit: int) -> int:
     """Depth of dict/list nesting of a JSON document, counted up to limit + 1 (iterative)."""
     deepest, stack = 0, [(document, 1)]
     while stack:
@@ -228,7 +233,7 @@ def _nesting(document, limit: int) -> int:
 
 
 def build_grammar(
-    schema,
+    schema: object,
     *,
     whitespace: str | None = None,
     max_recursion_depth: int = DEFAULT_RECURSION_DEPTH,
@@ -311,16 +316,16 @@ def build_grammar(
 
 
 def _grammar(
-    document,
-    ws,
-    max_recursion_depth,
-    any_depth,
-    max_chars,
-    registry,
-    strict,
-    count_lengths,
-    key_order,
-    unroll=False,
+    document: Document,
+    ws: R,
+    max_recursion_depth: int,
+    any_depth: int | None,
+    max_chars: int,
+    registry: Registry,
+    strict: bool,
+    count_lengths: bool,
+    key_order: str,
+    unroll: bool = False,
 ) -> Grammar:
     with pattern_limit(max_chars), fragment_limit(max_chars), work_limit(MAX_WORK):
         builder = Builder(document, max_recursion_depth, unroll, registry)

@@ -23,8 +23,10 @@ from lmprog.fsm.json_schema.emit.sequences import Slot, separated
 from lmprog.fsm.json_schema.emit.strings import json_text, string_lexeme
 from lmprog.fsm.json_schema.emit.unordered import KEYED
 from lmprog.fsm.json_schema.terms.algebra import conj
+from lmprog.fsm.json_schema.terms.lengths import LengthCount
 from lmprog.fsm.json_schema.terms.nodes import (
     ArrT,
+    Bodies,
     BoolT,
     Node,
     NullT,
@@ -52,7 +54,7 @@ class Emitter:
         self,
         ws: R,
         any_depth: int | None,
-        bodies: dict | None = None,
+        bodies: Bodies | None = None,
         strict: bool = False,
         any_order: bool = False,
     ):
@@ -65,17 +67,19 @@ class Emitter:
         self._close = {c: tok(cat(ws, lit(c))) for c in "}]"}
         self._close_empty = {c: tok(lit(c)) for c in "}]"}
         self.rules: dict[str, Frag] = {}
-        self._memo: dict = {}
+        self._memo: dict[Node, Frag | None] = {}
         self._any: dict[int | None, Frag | None] = {}  # (None: being written)
         self._bodies = bodies or {}  # RefT key -> its node
         # ArrT terms whose distinct (or repeated) items, ObjT terms whose distinct keys, the
         # guide checks as it decodes (lmprog.fsm.checks)
-        self.checked: set = set()
+        self.checked: set[ArrT | ObjT] = set()
         # StrT terms of values whose maxLength the check counts (lengths.counted_apart; set by
         # json_schema._grammar before writing): their lexemes leave it out
-        self.counted: dict = {}
-        self._ref_names: dict[tuple, str] = {}
-        self._needs: dict = {}  # node -> whether its grammar leaves a condition to the check
+        self.counted: dict[StrT, LengthCount] = {}
+        self._ref_names: dict[tuple[Any, ...], str] = {}
+        self._needs: dict[
+            Node, bool
+        ] = {}  # node -> whether its grammar leaves a condition to the check
         self._writing: list[bool] = []  # the same, for the nodes being written (innermost last)
 
     def node(self, node: Node) -> Frag | None:
@@ -91,7 +95,7 @@ class Emitter:
             self._mark()
         return self._memo[node]
 
-    def check(self, t) -> None:
+    def check(self, t: ArrT | ObjT) -> None:
         """The grammar of term ``t`` leaves its condition to the check (lmprog.fsm.checks)."""
         self.checked.add(t)
         self._mark()
@@ -144,7 +148,7 @@ class Emitter:
                     ]
         return False
 
-    def term(self, t) -> Frag | None:
+    def term(self, t: Term) -> Frag | None:
         if isinstance(t, NullT):
             return tok(lit("null"))
         if isinstance(t, BoolT):
@@ -225,7 +229,7 @@ class Emitter:
         empty = self._close_empty[close] if empty_ok else None
         return group(seq(self._open[open_], choice(empty, seq(body, self._close[close]))))
 
-    def value(self, v) -> Frag | None:
+    def value(self, v: Any) -> Frag | None:
         """The text of one JSON value (objects in every key order when they have few keys, or
         with ``any_order``)."""
         if v is None or isinstance(v, bool):

@@ -17,6 +17,8 @@ members to meet.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.lark import EPS, Frag, choice, rep, seq
 from lmprog.fsm.json_schema.emit.sequences import Slot
@@ -51,7 +53,7 @@ class Members:
                 "properties"
             )
         self.any = choice(*(self._member(k, v) for k, v in regions))
-        self.memo: dict = {}
+        self.memo: dict[tuple[Hashable, ...], Frag | None] = {}
 
     def body(self) -> Frag | None:
         """The non-empty member sequences."""
@@ -188,7 +190,7 @@ class Members:
             return seq(item, rep(seq(self.em.sep, item), least - 1, more))
         return rep(seq(self.em.sep, item), least, most)
 
-    def _split(self, keys: Node, inside: bool) -> list:
+    def _split(self, keys: Node, inside: bool) -> list[tuple[StrT, Node]]:
         """The regions cut to their keys in `keys` (inside) or not in it."""
         sets = [keys] if inside else [neg(keys)]
         parts = [t for s in sets for t in ([StrT()] if s.top else s.terms) if isinstance(t, StrT)]

@@ -32,7 +32,7 @@ _ENUMERATE_LIMIT = 2000
 _MAX_AUTOMATON = 30  # states of a divisibility automaton (the part of a divisor coprime to 10)
 
 
-def multiples(lo: int | None, hi: int | None, step: int, divisor) -> R | None:
+def multiples(lo: int | None, hi: int | None, step: int, divisor: object) -> R | None:
     """Integers lo..hi (None = unbounded) divisible by ``step`` (``divisor``: for messages)."""
     if lo is not None and hi is not None and (hi - lo) // step <= _ENUMERATE_LIMIT:
         return _listed(-(-lo // step) * step, hi, step)

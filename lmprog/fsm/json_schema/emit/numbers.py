@@ -24,6 +24,7 @@ anything else raises ConstraintError.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from decimal import Decimal
 from fractions import Fraction
 from typing import NamedTuple
@@ -114,7 +115,7 @@ def _exponents(iv: NumT) -> R | None:
     return alt(*parts)
 
 
-def _exponent_range(ok, hints: list[int]) -> R | None:
+def _exponent_range(ok: Callable[[int], bool], hints: list[int]) -> R | None:
     """``[eE]`` and the exponents E with ok(E): ok holds on an interval of integers (the
     decades inside a convex set), whose ends lie next to ``hints`` (the bounds' exponents) or
     past |E| = 400 (beyond floats' range); found by bisection from a point inside."""
@@ -325,12 +326,24 @@ def _fraction(
     return alt(EPS if auto.accepts(0, start) else None, dotted)
 
 
+# (tight to lo, tight to hi, seen a nonzero digit, the digits so far mod the rule's step)
+_FracState = tuple[bool, bool, bool, int]
+
+
 class _Fraction:
     """Digit-by-digit automaton over fraction digits; state = (tight to lo, tight to hi, seen a
     nonzero digit, the digits so far mod the rule's step). Past the last bound digit the
     states loop, and are written in closed form."""
 
-    def __init__(self, lo, lo_excl, hi, hi_excl, nonzero, rule: FracRule | None):
+    def __init__(
+        self,
+        lo: str | None,
+        lo_excl: bool,
+        hi: str | None,
+        hi_excl: bool,
+        nonzero: bool,
+        rule: FracRule | None,
+    ) -> None:
         self.lo, self.hi = lo or "", hi or ""
         self.lo_excl, self.hi_excl, self.nonzero = lo_excl, hi_excl, nonzero
         self.max_digits = None if rule is None else rule.digits
@@ -341,9 +354,9 @@ class _Fraction:
                 f"a number's minimum, maximum or multipleOf needs {self.depth:,} digits after "
                 f"the decimal point; at most {MAX_FRACTION_DIGITS} are supported"
             )
-        self.memo: dict = {}
+        self.memo: dict[tuple[int, _FracState], R | None] = {}
 
-    def accepts(self, i: int, state) -> bool:
+    def accepts(self, i: int, state: _FracState) -> bool:
         tl, th, nz, r = state
         if self.nonzero and not nz:
             return False
@@ -354,7 +367,7 @@ class _Fraction:
             return False
         return not (th and i >= len(self.hi) and self.hi_excl)
 
-    def step(self, i: int, state, d: int):
+    def step(self, i: int, state: _FracState, d: int) -> _FracState | None:
         tl, th, nz, r = state
         lo_d = int(self.lo[i]) if tl and i < len(self.lo) else 0
         hi_d = int(self.hi[i]) if th and i < len(self.hi) else 0
@@ -364,7 +377,7 @@ class _Fraction:
             return None
         return (tl and d == lo_d, th and d == hi_d, nz or d != 0, (10 * r + d) % self.mod)
 
-    def nonempty(self, i: int, state) -> R | None:
+    def nonempty(self, i: int, state: _FracState) -> R | None:
         groups: dict[str, tuple[list[int], R]] = {}
         for d in range(10):
             nxt = self.step(i, state, d)
@@ -376,7 +389,7 @@ class _Fraction:
             groups.setdefault(cont.text, ([], cont))[0].append(d)
         return alt(*(cat(digit_set(ds), cont) for ds, cont in groups.values()))
 
-    def rest(self, i: int, state) -> R | None:
+    def rest(self, i: int, state: _FracState) -> R | None:
         key = (i, state)
         if key not in self.memo:
             self.memo[key] = (
@@ -386,7 +399,7 @@ class _Fraction:
             )
         return self.memo[key]
 
-    def _tail(self, i: int, state) -> R | None:
+    def _tail(self, i: int, state: _FracState) -> R | None:
         ok = self.accepts(i, state)
         if state[1] or self.max_digits is not None:  # only zeros may follow
             return rep(lit("0"), 0, None) if ok else None

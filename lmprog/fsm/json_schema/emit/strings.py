@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from lmprog.fsm.json_schema.emit.digits import fixed_width_range
 from lmprog.fsm.json_schema.terms.formats import format_pattern
@@ -45,6 +46,9 @@ from lmprog.fsm.regex import (
     rep,
 )
 from lmprog.fsm.regex.lookahead import complement_source, split_lookaheads
+
+if TYPE_CHECKING:
+    from lmprog.fsm.json_schema.emit.lark import Tok
 
 # one UTF-16 code unit: right wherever only an upper bound on the length matters (a surrogate
 # pair is two tokens but one character, so the count of characters never exceeds the tokens)
@@ -99,7 +103,7 @@ def _parsed(source: str) -> ParsedRegex:
     return parse_regex(source, "ecma")
 
 
-def string_lexeme(t: StrT, counted: bool = False):
+def string_lexeme(t: StrT, counted: bool = False) -> Tok | None:
     """The lexeme (``lark.tok``) of the strings of ``t``; None if there are none. `counted`:
     its maxLength is left to the check (``lengths.counted_apart``)."""
     from lmprog.fsm.json_schema.emit.lark import tok
@@ -166,7 +170,7 @@ def string_expr(t: StrT, counted: bool = False) -> str | None:
     return texts[0] if len(texts) == 1 else "(" + " & ".join(texts) + ")"
 
 
-def _matches(must: tuple, must_not: tuple) -> str:
+def _matches(must: tuple[str, ...], must_not: tuple[str, ...]) -> str:
     """The canonical strings matching every pattern of ``must`` and none of ``must_not``."""
     from lmprog.fsm.json_schema.emit.lark import regex_terminal
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from lmprog.fsm.json_schema.emit.lark import Frag
-from lmprog.fsm.json_schema.terms.nodes import Node
+from lmprog.fsm.json_schema.terms.nodes import ArrT, Node, ObjT
 
 
 class Writer(Protocol):
@@ -16,7 +16,7 @@ class Writer(Protocol):
     def any_order(self) -> bool: ...  # objects' members in any order (key_order="any")
 
     def node(self, node: Node) -> Frag | None: ...
-    def check(self, t: Any) -> None: ...
+    def check(self, t: ArrT | ObjT) -> None: ...
     def derived(self, node: Node, other: Node) -> Frag | None: ...
     def member(self, key: Frag | None, value: Frag | None) -> Frag | None: ...
     def container(
