@@ -59,7 +59,7 @@ class Look:
         self.node, self.negative, self.at = node, negative, at
 
 
-def _has_anchor(node: Node) -> bool:
+def _has_anchor(node: Node | Look | Anchor) -> bool:
     if isinstance(node, Anchor):
         return True
     if not isinstance(node, (Concat, Alternation, Repeat, Look)):
