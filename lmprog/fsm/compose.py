@@ -147,7 +147,9 @@ def constraint(root: Frag | None, what: str) -> Constraint:
             key = f.constraint.cache_key
             if key not in prefixes:
                 prefixes[key] = f"e{len(prefixes)}_"
-                extra += _renamed(f.constraint.lark, prefixes[key])  # type: ignore[arg-type]
+                lark = f.constraint.lark
+                assert lark is not None  # (embed takes a constraint with a grammar)
+                extra += _renamed(lark, prefixes[key])
             f.name = prefixes[key] + "start"
         elif isinstance(f, Seq):
             stack.extend(reversed(f.parts))

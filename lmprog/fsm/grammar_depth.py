@@ -112,6 +112,7 @@ def _lex(text: str) -> list[tuple[str, str]]:
         m = _TOKEN.match(text, pos)
         assert m is not None  # `other` matches any character
         kind, value = m.lastgroup, m.group()
+        assert kind is not None  # every alternative of _TOKEN is a named group
         pos = m.end()
         if kind == "ws":
             continue
@@ -124,7 +125,7 @@ def _lex(text: str) -> list[tuple[str, str]]:
                 raise _Unreadable from None
             out.append(("value", value))
             continue
-        out.append((kind, value))  # type: ignore[arg-type]
+        out.append((kind, value))
     return out
 
 

@@ -281,7 +281,7 @@ class _Parser:
             if self.peek() in ("A", "Z") or (not self.ecma and self.peek() == "z"):
                 self.anchors.append(start)  # \A, \Z in a JSON Schema pattern: Python's anchors
                 self.i += 1
-                return ANCHOR_ESCAPES[self.src[self.i - 1]]  # type: ignore[return-value]
+                return ANCHOR_ESCAPES[self.src[self.i - 1]]  # type: ignore[return-value]  # a parse-time node (split_anchors removes it)
             if self.peek() == "G":
                 raise self.fail("anchor '\\G'", start)
             if self.peek() in ("b", "B"):
@@ -509,5 +509,6 @@ class _Parser:
                 raise self.fail("octal escape", start)
             return CharSet.of("\0")
         m = re.match(r"[0-7]{0,2}", self.src[self.i :])
-        self.i += m.end()  # type: ignore[union-attr]
-        return CharSet.of(chr(int(first + m.group(0), 8)))  # type: ignore[union-attr]
+        assert m is not None  # (it matches "" at least)
+        self.i += m.end()
+        return CharSet.of(chr(int(first + m.group(0), 8)))

@@ -57,8 +57,8 @@ class ParsedRegex:
     def length_range(self) -> tuple[int, int | None]:
         ranges = [node_lengths(b.node) for b in self.branches]
         lo = min(r[0] for r in ranges)
-        his = [r[1] for r in ranges]
-        return lo, None if None in his else max(his)  # type: ignore[type-var]
+        his = [r[1] for r in ranges if r[1] is not None]
+        return lo, None if len(his) < len(ranges) else max(his)
 
 
 def node_lengths(node: Node) -> tuple[int, int | None]:
@@ -71,12 +71,12 @@ def node_lengths(node: Node) -> tuple[int, int | None]:
         return lo * node.lo, top
     subs = [node_lengths(p) for p in (node.parts if isinstance(node, Concat) else node.options)]
     if isinstance(node, Concat):
-        his = [h for _, h in subs]
-        return sum(lo for lo, _ in subs), None if None in his else sum(his)  # type: ignore[arg-type]
+        his = [h for _, h in subs if h is not None]
+        return sum(lo for lo, _ in subs), None if len(his) < len(subs) else sum(his)
     if not subs:
         return 0, 0
-    his = [h for _, h in subs]
-    return min(lo for lo, _ in subs), None if None in his else max(his)  # type: ignore[type-var]
+    his = [h for _, h in subs if h is not None]
+    return min(lo for lo, _ in subs), None if len(his) < len(subs) else max(his)
 
 
 def nullable(node: Node) -> bool:

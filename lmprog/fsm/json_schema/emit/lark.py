@@ -345,7 +345,9 @@ class _Writer:
                     if isinstance(f, Seq)
                     else f.options
                     if isinstance(f, Choice)
-                    else (f.item,)  # type: ignore[attr-defined]
+                    else (f.item,)
+                    if isinstance(f, Rep)
+                    else ()  # (no other fragment holds parts)
                 )
             if (uses[id(f)] == 2 or isinstance(f, Group)) and f is not self.root:
                 self.names[id(f)] = ""  # named when first written

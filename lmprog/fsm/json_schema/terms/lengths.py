@@ -61,7 +61,8 @@ class LengthCount:
         """OverflowError if the pattern's automaton has over MAX_STATES states."""
         (source,) = _sources(t)
         moves, blocks, accepting = search_automaton(parse_regex(source, "ecma"), MAX_STATES)
-        self.max_len: int = t.max_len  # type: ignore[assignment]
+        assert t.max_len is not None  # (counted_apart counts only strings with a maxLength)
+        self.max_len: int = t.max_len
         self.states = len(moves)
         self._moves = moves
         self._blocks = blocks
