@@ -9,16 +9,21 @@ importing the compilers pulls in neither torch nor the token engine (llguidance)
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.constraint import Constraint
+
+if TYPE_CHECKING:
+    from lmprog.fsm.guide import Guide
+    from lmprog.fsm.index import TokenIndex
 
 __all__ = ["Constraint", "ConstraintError", "TokenIndex", "Guide"]
 
 _LAZY = {"TokenIndex": "lmprog.fsm.index", "Guide": "lmprog.fsm.guide"}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'lmprog.fsm' has no attribute {name!r}")

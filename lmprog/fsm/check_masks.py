@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import json
 import weakref
-from typing import Any
+from collections.abc import Callable, Hashable
 
 import numpy as np
 
-from lmprog.fsm.checks import _UNIQUE, _WS, Arr, JsonChecks, Mode, State
+from lmprog.fsm.checks import _UNIQUE, _WS, Arr, Count, JsonChecks, Mode, State
+from lmprog.fsm.vocab import TokenVocab
 
 _AFTER_STRING = frozenset(_WS | frozenset(b":,"))
 
 
-def filter_words(check: JsonChecks, state: State, words: np.ndarray, vocab: Any) -> np.ndarray:
+def filter_words(
+    check: JsonChecks, state: State, words: np.ndarray, vocab: TokenVocab
+) -> np.ndarray:
     """`words` (an int32 bitmask over `vocab`) without the tokens the check refuses from
     `state`: those that would complete a repeated item or a key read before, close an array
     that must repeat an item and has not, or start a value that can only repeat one. Tried:
@@ -31,8 +34,8 @@ def filter_words(check: JsonChecks, state: State, words: np.ndarray, vocab: Any)
     a literal, a zero, or (before such a string) a string. Inside a string whose maxLength is
     counted (``json_schema.terms.lengths``), first the tokens that would leave it unable to end
     within it (`_within_length`)."""
-    if state.count is not None:
-        words = _within_length(check, state, words, vocab)
+    if state.counted is not None:
+        words = _within_length(check, state, state.counted, words, vocab)
         if not check.checks_items(state):
             return words
     table = _tables(vocab)
@@ -65,13 +68,15 @@ def filter_words(check: JsonChecks, state: State, words: np.ndarray, vocab: Any)
     return words if out is None else out
 
 
-def _within_length(check: JsonChecks, state: State, words: np.ndarray, vocab: Any) -> np.ndarray:
+def _within_length(
+    check: JsonChecks, state: State, counted: Count, words: np.ndarray, vocab: TokenVocab
+) -> np.ndarray:
     """`words` without the tokens after which the counted string cannot end within its
     maxLength. A token of L characters (its bytes but UTF-8 continuations; escapes make them
     fewer) is kept untried where L leaves room for the pattern's longest shortest completion
     (`slack`), refused untried where it holds no quote or backslash and L passes the room
     left; the others are tried (`JsonChecks.step`)."""
-    length, _, n, pending = state.count
+    length, _, n, pending = counted
     room = length.max_len - n - bool(pending)  # characters free after the one begun
     table = _length_table(vocab)
     if room - length.slack >= table.most:
@@ -88,7 +93,7 @@ def _within_length(check: JsonChecks, state: State, words: np.ndarray, vocab: An
     return np.packbits(bits, bitorder="little").view(np.int32)
 
 
-def _closing(state: State):
+def _closing(state: State) -> Callable[[bytes], bool] | None:
     """Inside a string or key (not right after a backslash): a function of the bytes before a
     closing quote saying whether the string or key they end is refused (a string item
     repeating one, a key read before; other strings never are); None elsewhere (or if the
@@ -121,7 +126,7 @@ def _never(rest: bytes) -> bool:
     return False
 
 
-def _decodes_to(text: bytes, seen: frozenset, kind: tuple = ()) -> bool:
+def _decodes_to(text: bytes, seen: frozenset[Hashable], kind: tuple[str, ...] = ()) -> bool:
     """Whether the JSON string `text` is in `seen` (as ``kind + (value,)`` if kind is given);
     False where it does not decode (an escape the bytes leave open: no string ends there)."""
     try:
@@ -156,7 +161,7 @@ class _Tables:
     starting a string), `simple` (those ending a string with nothing after its quote but
     whitespace, ":" or ",", which completes or starts nothing else)."""
 
-    def __init__(self, vocab: Any) -> None:
+    def __init__(self, vocab: TokenVocab) -> None:
         tokens = [b or b"" for b in vocab.token_bytes]
         # the vocabulary as one byte array: per-token counts by reduceat over its offsets
         lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
@@ -192,25 +197,25 @@ class _LengthTable:
     characters it adds inside a string, or more where it holds escapes), `plain` (those
     holding no quote and no backslash: exactly that many) and `most` (the largest)."""
 
-    def __init__(self, vocab: Any) -> None:
+    def __init__(self, vocab: TokenVocab) -> None:
         tokens = [b or b"" for b in vocab.token_bytes]
         self.chars = np.array([sum(1 for c in t if c & 0xC0 != 0x80) for t in tokens])
         self.plain = np.array([b'"' not in t and b"\\" not in t for t in tokens])
         self.most = int(self.chars.max(initial=0))
 
 
-_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # vocabulary -> _Tables
-_LENGTH_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # -> _LengthTable
+_TABLES: weakref.WeakKeyDictionary[TokenVocab, _Tables] = weakref.WeakKeyDictionary()
+_LENGTH_TABLES: weakref.WeakKeyDictionary[TokenVocab, _LengthTable] = weakref.WeakKeyDictionary()
 
 
-def _tables(vocab: Any) -> _Tables:
+def _tables(vocab: TokenVocab) -> _Tables:
     table = _TABLES.get(vocab)
     if table is None:  # (two threads may both build it: the same table)
         table = _TABLES[vocab] = _Tables(vocab)
     return table
 
 
-def _length_table(vocab: Any) -> _LengthTable:
+def _length_table(vocab: TokenVocab) -> _LengthTable:
     table = _LENGTH_TABLES.get(vocab)
     if table is None:  # (two threads may both build it: the same table)
         table = _LENGTH_TABLES[vocab] = _LengthTable(vocab)

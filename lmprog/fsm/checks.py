@@ -11,10 +11,12 @@ Design: docs/design/constraints.md.
 from __future__ import annotations
 
 import json
+from collections.abc import Hashable
 from enum import Enum
-from typing import NamedTuple
+from typing import Any, Literal, NamedTuple, TypeAlias, TypeVar
 
 from lmprog.fsm.json_schema.terms.algebra import key_node
+from lmprog.fsm.json_schema.terms.lengths import LengthCount
 from lmprog.fsm.json_schema.terms.nodes import (
     ArrT,
     Node,
@@ -22,6 +24,7 @@ from lmprog.fsm.json_schema.terms.nodes import (
     ObjT,
     RefT,
     StrT,
+    Term,
     counts_additional_keys,
     is_full,
 )
@@ -62,33 +65,44 @@ _IN_STRING = (Mode.STRING, Mode.STRING_ESCAPED, Mode.KEY, Mode.KEY_ESCAPED)
 # The frames of the stack, innermost last; nodes: the schema nodes the container follows
 # (None: unconstrained, nothing checked below).
 class Top(NamedTuple):
-    nodes: tuple | None
+    nodes: tuple[Node, ...] | None
 
 
 class Obj(NamedTuple):
-    nodes: tuple | None
+    nodes: tuple[Node, ...] | None
     key: str  # the last key read
-    keys: frozenset | None  # the keys read so far where they must be distinct (else None)
+    keys: frozenset[str] | None  # the keys read so far where they must be distinct (else None)
 
 
 class Arr(NamedTuple):
-    nodes: tuple | None
+    nodes: tuple[Node, ...] | None
     need: int  # _UNIQUE | _REPEATS bits
-    seen: frozenset  # the items' keys (item_key) so far
-    index: int  # the item being read
+    seen: frozenset[Hashable]  # the items' keys (item_key) so far
+    item: int  # the item being read
     start: int | None  # where that item starts in buf (None: between items, or counted)
     repeated: bool  # an item equalled an earlier one
 
 
+Nodes: TypeAlias = "tuple[Node, ...]"
+Frame: TypeAlias = "Top | Obj | Arr"
+# Frames, innermost last. Which kind is on top follows from the mode (a key is read in an Obj,
+# an item in an Arr), which the type cannot say: a frame read from the stack is Any rather
+# than narrowed at run time on the per-byte path.
+Stack: TypeAlias = "tuple[Any, ...]"
+# a string being counted: its LengthCount, the pattern automaton's state, characters completed,
+# bytes of one begun
+Count: TypeAlias = "tuple[LengthCount, int, int, bytes]"
+
+
 class State(NamedTuple):
-    stack: tuple  # Top/Obj/Arr frames
+    stack: Stack  # Top/Obj/Arr frames
     mode: Mode
     text: bytes  # the bytes of a key being read
     buf: bytes  # the text since the outermost item of a checked array still being read began
     # inside a string whose maxLength is counted apart (json_schema.terms.lengths): (its
     # LengthCount, the pattern automaton's state, characters completed, bytes of one begun);
     # else None
-    count: tuple | None
+    counted: Count | None
 
 
 _tuple_new = tuple.__new__
@@ -96,10 +110,17 @@ _WS = frozenset(b" \t\n\r")
 _LITERALS = (b"true", b"false", b"null")
 _LETTERS = {"t": True, "f": False, "n": None}  # a literal's first letter decides it
 _UNIQUE, _REPEATS = 1, 2
+_T = TypeVar("_T")
+_Term = TypeVar("_Term", ArrT, ObjT)
 
 
 class JsonChecks:
-    def __init__(self, root: Node, bodies: dict, lengths: dict | None = None) -> None:
+    def __init__(
+        self,
+        root: Node,
+        bodies: dict[tuple[Any, ...], Node],
+        lengths: dict[StrT, LengthCount] | None = None,
+    ) -> None:
         """root: the schema's node; bodies: RefT key -> node. Arrays are checked where a term
         asks for distinct items (``unique``) or a repeated one (``repeats``), objects where
         one asks for a member breaking a rule (``some_values``: distinct keys); lengths: the
@@ -112,7 +133,7 @@ class JsonChecks:
     def active(self, state: State) -> bool:
         """Whether a token could complete something checked here, or pass a string's
         maxLength (the mask needs filtering)."""
-        return state.count is not None or self.checks_items(state)
+        return state.counted is not None or self.checks_items(state)
 
     def checks_items(self, state: State) -> bool:
         """Whether a token could complete an item or a key checked here."""
@@ -127,6 +148,8 @@ class JsonChecks:
         """The state after `data`; None if it breaks a condition (an item equal to an earlier
         one, an array closed without a repeat, a key written again, a string past a maxLength
         counted here or left unable to end within it)."""
+        stack: Stack | None
+        count: Count | Literal[False] | None
         stack, mode, text, old, count = state
         buf = bytearray(old)
         keep = _keeps(stack)
@@ -140,8 +163,8 @@ class JsonChecks:
                         stack, mode, text = self._key(stack, text), _COLON, b""
                     else:
                         if count is not None:
-                            length, *at = count
-                            if length.close(*length.read(*at, bytes(content))) is None:
+                            length, q, n, pending = count
+                            if length.close(*length.read(q, n, pending, bytes(content))) is None:
                                 return None
                             count, content = None, bytearray()
                         stack, mode = self._done(stack, buf), _AFTER
@@ -191,6 +214,8 @@ class JsonChecks:
                     stack, mode = self._close(stack, buf), _AFTER
             elif mode is _VALUE:
                 stack, mode = self._open(stack, c, buf)
+                if stack is None:
+                    return None
                 if mode is _STRING and self.lengths:
                     count, content = self._count(stack), bytearray()
                     if count is False:
@@ -203,21 +228,21 @@ class JsonChecks:
                 if type(top) is Obj:
                     mode = _KEY_OR_CLOSE
                 else:
-                    frame = Arr(top.nodes, top.need, top.seen, top.index + 1, None, top.repeated)
+                    frame = Arr(top.nodes, top.need, top.seen, top.item + 1, None, top.repeated)
                     stack, mode = stack[:-1] + (frame,), _VALUE
             else:  # "]" or "}"
                 stack, mode = self._close(stack, buf), _AFTER
             if stack is None:
                 return None
         if count is not None and content:
-            length, *at = count
-            count = (length, *length.read(*at, bytes(content)))
+            length, q, n, pending = count
+            count = (length, *length.read(q, n, pending, bytes(content)))
             if not length.fits(*count[1:]):
                 return None
         out = (stack, mode, text, bytes(buf) if _keeps(stack) else b"", count)
         return _tuple_new(State, out)  # State(*out) without its Python-level __new__
 
-    def _count(self, stack: tuple) -> tuple | bool | None:
+    def _count(self, stack: Stack) -> Count | Literal[False] | None:
         """A string value starts: its count if its maxLength is counted here (None if not;
         False if it may also be another string term, which the grammar does not tell apart:
         refused -- json_schema.terms.lengths writes counted terms only where none is)."""
@@ -227,7 +252,7 @@ class JsonChecks:
             return None
         return False if len(terms) > 1 else (counted[0], 0, 0, b"")
 
-    def _key(self, stack: tuple, text: bytes) -> tuple | None:
+    def _key(self, stack: Stack, text: bytes) -> Stack | None:
         """A key ends (its bytes are `text`): the innermost object's last key; None if its
         keys must be distinct and this one was read before."""
         top = stack[-1]
@@ -239,7 +264,7 @@ class JsonChecks:
             keys = keys | {key}
         return stack[:-1] + (Obj(top.nodes, key, keys),)
 
-    def _done(self, stack: tuple, buf: bytearray) -> tuple | None:
+    def _done(self, stack: Stack, buf: bytearray) -> Stack | None:
         """An item of the innermost array ends here (buf holds it from its start): record it,
         or None if an equal one came before and the items must be distinct."""
         top = stack[-1]
@@ -250,11 +275,11 @@ class JsonChecks:
         if repeated and top.need & _UNIQUE:
             return None
         frame = Arr(
-            top.nodes, top.need, top.seen | {item}, top.index, None, top.repeated or repeated
+            top.nodes, top.need, top.seen | {item}, top.item, None, top.repeated or repeated
         )
         return stack[:-1] + (frame,)
 
-    def _close(self, stack: tuple, buf: bytearray) -> tuple | None:
+    def _close(self, stack: Stack, buf: bytearray) -> Stack | None:
         """The innermost container closes (None if it must hold a repeated item and does
         not); if it was an item of a checked array, that item ends."""
         top = stack[-1]
@@ -262,7 +287,7 @@ class JsonChecks:
             return None
         return self._done(stack[:-1], buf)
 
-    def _open(self, stack: tuple, c: str, buf: bytearray) -> tuple[tuple | None, Mode]:
+    def _open(self, stack: Stack, c: str, buf: bytearray) -> tuple[Stack | None, Mode]:
         """A value starting with `c` in the innermost container (or "]" closing an empty one)."""
         if c == "]":
             return self._close(stack, buf), Mode.AFTER
@@ -275,12 +300,12 @@ class JsonChecks:
                     return None, Mode.SCALAR
             if not any(type(f) is Arr and f.need and f.start is not None for f in stack):
                 del buf[:-1]  # no item is open around this one: keep only its bytes
-            frame = Arr(top.nodes, top.need, top.seen, top.index, len(buf) - 1, top.repeated)
+            frame = Arr(top.nodes, top.need, top.seen, top.item, len(buf) - 1, top.repeated)
             stack = stack[:-1] + (frame,)
         nodes = self._value_nodes(stack)
         if c == "{":
-            terms = self._terms(nodes, ObjT)
-            distinct = self._asked(nodes, terms, ObjT) is not None
+            obj_terms = self._terms(nodes, ObjT)
+            distinct = self._asked(nodes, obj_terms, ObjT) is not None
             return stack + (Obj(nodes, "", frozenset() if distinct else None),), Mode.KEY_OR_CLOSE
         if c == "[":
             terms = self._terms(nodes, ArrT)
@@ -294,7 +319,9 @@ class JsonChecks:
             return stack + (frame,), Mode.VALUE
         return stack, Mode.STRING if c == '"' else Mode.SCALAR
 
-    def _asked(self, nodes: tuple | None, terms: list | None, kind: type) -> list | None:
+    def _asked(
+        self, nodes: Nodes | None, terms: list[_Term] | None, kind: type[_Term]
+    ) -> list[_Term] | None:
         """The terms among a container's terms that ask for a condition (distinct or
         repeated items, distinct keys); None if none does, or if each of the nodes it follows
         takes any container of its kind. Where only some do (the nodes of an enclosing union's
@@ -304,12 +331,16 @@ class JsonChecks:
         the check: a grammar may narrow a term by another, an item matching ``contains``, and
         what the narrowed term asks for, one of the two asks for:
         json_schema.emit.emitter.Emitter.derived.)"""
-        if terms is None or all(n.top or any(_full(t, kind) for t in n.terms) for n in nodes):
+        if (
+            terms is None
+            or nodes is None
+            or all(n.top or any(_full(t, kind) for t in n.terms) for n in nodes)
+        ):
             return None
         asked = [t for t in terms if _asks(t)]
         return asked or None
 
-    def strings(self, stack: tuple) -> frozenset | None:
+    def strings(self, stack: Stack) -> frozenset[str] | None:
         """The strings an item of the innermost (distinct-items) array may be, when they are a
         finite set (every string term an enum); else None."""
         top = stack[-1]
@@ -318,9 +349,9 @@ class JsonChecks:
         terms = self._terms(self._value_nodes(stack), StrT)
         if not terms or any(t.values is None for t in terms):
             return None
-        return frozenset(v for t in terms for v in t.values)
+        return frozenset(v for t in terms for v in t.values or ())
 
-    def _only_repeats(self, stack: tuple, buf: bytearray) -> bool:
+    def _only_repeats(self, stack: Stack, buf: bytearray) -> bool:
         """Whether the string item read so far can only become one seen: from a finite set,
         every value it can still become was seen; or it is as long as any string item may be
         (maxLength) and was seen."""
@@ -337,9 +368,9 @@ class JsonChecks:
         seen = top.seen
         if values is not None:
             return all(("s", v) in seen for v in values if v.startswith(prefix))
-        return len(prefix) >= longest and ("s", prefix) in seen
+        return longest is not None and len(prefix) >= longest and ("s", prefix) in seen
 
-    def longest(self, stack: tuple) -> int | None:
+    def longest(self, stack: Stack) -> int | None:
         """The greatest maxLength of the string items of the innermost (distinct-items) array,
         if every string they may be has one; else None."""
         top = stack[-1]
@@ -348,9 +379,9 @@ class JsonChecks:
         terms = self._terms(self._value_nodes(stack), StrT)
         if not terms or any(t.max_len is None for t in terms):
             return None
-        return max(t.max_len for t in terms)
+        return max(t.max_len or 0 for t in terms)
 
-    def _zero_repeats(self, stack: tuple) -> bool:
+    def _zero_repeats(self, stack: Stack) -> bool:
         """Whether an item starting "0" (or "-0") of a distinct-items array can only be 0 and
         0 was seen: the item's numbers are integers (no fraction may follow) -- refused at
         once, not a dead end."""
@@ -358,25 +389,28 @@ class JsonChecks:
         if not top.need & _UNIQUE or ("n", _ZERO) not in top.seen:
             return False
         numbers = self._terms(self._value_nodes(stack), NumT)
-        return bool(numbers) and all(t.integer for t in numbers)
+        if not numbers:
+            return False
+        return all(t.integer for t in numbers)
 
-    def _value_nodes(self, stack: tuple) -> tuple | None:
+    def _value_nodes(self, stack: Stack) -> Nodes | None:
         """The nodes the value starting now follows."""
         top = stack[-1]
         if type(top) is Top or top.nodes is None:
-            return top.nodes
+            nodes: Nodes | None = top.nodes
+            return nodes
         if type(top) is Obj:
-            terms = self._terms(top.nodes, ObjT)
-            return None if terms is None else tuple(key_node(t, top.key) for t in terms)
-        terms, i = self._terms(top.nodes, ArrT), top.index
+            obj_terms = self._terms(top.nodes, ObjT)
+            return None if obj_terms is None else tuple(key_node(t, top.key) for t in obj_terms)
+        terms, i = self._terms(top.nodes, ArrT), top.item
         return None if terms is None else tuple(_item(t, i) for t in terms)
 
-    def _terms(self, nodes: tuple | None, kind: type) -> list | None:
+    def _terms(self, nodes: Nodes | None, kind: type[_T]) -> list[_T] | None:
         """The terms of `kind` in the nodes, references followed; None if every node is TOP
         (a branch that takes any value is left out: its values ask for nothing)."""
         if nodes is None or all(n.top for n in nodes):
             return None
-        out: list = []
+        out: list[_T] = []
         stack, seen = list(nodes), set()
         while stack:
             node = stack.pop()
@@ -401,14 +435,14 @@ class JsonChecks:
         return "every item the schema allows next would repeat an earlier one (uniqueItems)"
 
 
-def item_key(text: bytes):
+def item_key(text: bytes) -> Hashable:
     """A hashable key of a JSON text's value under JSON Schema equality (as
     ``json_schema.terms.values.value_key``: 1 == 1.0 == 1e0, true != 1, key order ignored), numbers of any size
     and exponent compared exactly."""
     return _key(json.loads(text, parse_int=_number, parse_float=_number))
 
 
-def _key(v):
+def _key(v: Any) -> Hashable:
     if v is None or isinstance(v, bool):
         return ("c", v)
     if isinstance(v, tuple):  # a number (_number)
@@ -420,7 +454,7 @@ def _key(v):
     return ("o", frozenset((k, _key(x)) for k, x in v.items()))
 
 
-def _number(text: str) -> tuple:
+def _number(text: str) -> tuple[bool, str, int]:
     """A JSON number's text as (sign, significant digits, exponent): equal numbers, equal
     tuples (zero, of either sign, is ``_ZERO``)."""
     mantissa, _, exponent = text.lower().partition("e")
@@ -437,17 +471,17 @@ def _number(text: str) -> tuple:
 _ZERO = (False, "", 0)
 
 
-def _asks(t) -> bool:
+def _asks(t: ArrT | ObjT) -> bool:
     if isinstance(t, ArrT):
         return t.unique or t.repeats
     return bool(t.some_values) or counts_additional_keys(t)
 
 
-def _full(t, kind: type) -> bool:
+def _full(t: Term, kind: type) -> bool:
     return isinstance(t, kind) and is_full(t)
 
 
-def _keeps(stack: tuple) -> bool:
+def _keeps(stack: Stack) -> bool:
     """Whether the text of an item being read is needed (an array's items are checked)."""
     for f in stack:  # a loop, not any(): per token, a generator costs more than the test
         if type(f) is Arr and f.need:

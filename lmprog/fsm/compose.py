@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
+from typing import cast
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import json_schema
-from lmprog.fsm.constraint import Constraint
+from lmprog.fsm.constraint import Constraint, SchemaOptions
 from lmprog.fsm.json_schema.emit.lark import (
     Choice,
     Frag,
@@ -80,7 +81,7 @@ class _Embedded(Ref):
 def embed(c: Constraint) -> Frag:
     """A constraint as a part: one lexeme (regex, choices, dtype) or its grammar (JSON schema)."""
     if c.lark is None:
-        return tok(raw(c.pattern))  # type: ignore[return-value]
+        return tok(raw(c.pattern))
     if c.kind != "json_schema":
         raise ConstraintError(
             f"a {c.kind} grammar cannot be combined with other parts (tool calls); use a JSON "
@@ -100,9 +101,10 @@ def _lengths_in_lexemes(c: Constraint) -> Constraint:
     """A JSON schema constraint compiled again with every string length in its lexemes
     (``json_schema.terms.lengths`` leaves some to the check, which a composed grammar runs
     without)."""
-    options = dict(c.options)
+    # a json_schema constraint's options are from_json_schema's, its source the JSON text
+    options = cast(SchemaOptions, dict(c.options))
     grammar = json_schema.build_grammar(
-        json.loads(c.source),  # type: ignore[arg-type]
+        json.loads(cast(str, c.source)),
         whitespace=options.get("whitespace"),
         max_recursion_depth=options.get("max_recursion_depth", json_schema.DEFAULT_RECURSION_DEPTH),
         any_depth=options.get("any_depth", json_schema.DEFAULT_ANY_DEPTH),
@@ -131,7 +133,9 @@ def constraint(root: Frag | None, what: str) -> Constraint:
             key = f.constraint.cache_key
             if key not in prefixes:
                 prefixes[key] = f"e{len(prefixes)}_"
-                extra += _renamed(f.constraint.lark, prefixes[key])  # type: ignore[arg-type]
+                lark = f.constraint.lark
+                assert lark is not None  # (embed takes a constraint with a grammar)
+                extra += _renamed(lark, prefixes[key])
             f.name = prefixes[key] + "start"
         elif isinstance(f, Seq):
             stack.extend(reversed(f.parts))
@@ -153,8 +157,9 @@ def _renamed(lark: str, prefix: str) -> list[str]:
     terminal name prefixed (terminal bodies are regex text, left alone)."""
     upper = prefix.upper()
 
-    def rename(m: re.Match) -> str:
-        return (upper if m.group()[0] == "T" else prefix) + m.group()
+    def rename(m: re.Match[str]) -> str:
+        name: str = m.group()
+        return (upper if name[0] == "T" else prefix) + name
 
     out = []
     for line in lark.splitlines():

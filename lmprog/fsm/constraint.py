@@ -13,7 +13,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ParamSpec, TypedDict, TypeVar, cast
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import json_schema
@@ -21,17 +23,38 @@ from lmprog.fsm.deadline import default_deadline
 from lmprog.fsm.dtypes import resolve_dtype
 from lmprog.fsm.regex import alt, check_not_only_empty, compile_user_regex, lit
 
+if TYPE_CHECKING:
+    from lmprog.fsm.checks import JsonChecks
+
 KINDS = ("regex", "json_schema", "choices", "dtype", "ebnf")
 
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
-def _bounded(build):
+# One compile option: its name and value (``Constraint.options``).
+Option = tuple[str, "str | int | bool | None"]
+
+
+class SchemaOptions(TypedDict):
+    """``from_json_schema``'s options, as ``Constraint.options`` holds them."""
+
+    whitespace: str | None
+    max_recursion_depth: int
+    any_depth: int | None
+    strict: bool
+    key_order: str
+    max_schema_depth: int
+    max_pattern_chars: int
+
+
+def _bounded(build: Callable[_P, _T]) -> Callable[_P, _T]:
     """A constructor compiling within the deadline in force (``lmprog.fsm.deadline``: the
     caller's, else DEFAULT_COMPILE_S)."""
 
     @functools.wraps(build)
-    def bounded(cls, *args, **kwargs):
+    def bounded(*args: _P.args, **kwargs: _P.kwargs) -> _T:
         with default_deadline():
-            return build(cls, *args, **kwargs)
+            return build(*args, **kwargs)
 
     return bounded
 
@@ -54,11 +77,11 @@ class Constraint:
     kind: str
     pattern: str
     source: object
-    options: tuple = field(default=())
+    options: tuple[Option, ...] = field(default=())
     lark: str | None = None
-    check: object = field(default=None, compare=False, repr=False)
+    check: JsonChecks | None = field(default=None, compare=False, repr=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown constraint kind {self.kind!r}; expected one of {KINDS}")
         if not isinstance(self.pattern, str):
@@ -79,7 +102,7 @@ class Constraint:
     @_bounded
     def from_json_schema(
         cls,
-        schema,
+        schema: object,
         *,
         whitespace: str | None = None,
         max_recursion_depth: int = json_schema.DEFAULT_RECURSION_DEPTH,
@@ -132,7 +155,7 @@ class Constraint:
             key_order=key_order,
         )
         source = json.dumps(document, ensure_ascii=False, default=repr)
-        options = (
+        options: tuple[Option, ...] = (
             ("whitespace", whitespace),
             ("max_recursion_depth", max_recursion_depth),
             ("any_depth", any_depth),
@@ -146,14 +169,14 @@ class Constraint:
         )
 
     @classmethod
-    def from_choices(cls, choices) -> Constraint:
+    def from_choices(cls, choices: Iterable[str]) -> Constraint:
         """Exactly one of the given strings."""
         if isinstance(choices, str) or not all(isinstance(c, str) for c in choices):
             raise ConstraintError("choices must be a list of strings")
-        choices = tuple(choices)
-        if not choices:
+        strings = tuple(choices)
+        if not strings:
             raise ConstraintError("choices must not be empty")
-        return cls("choices", alt(*(lit(c) for c in choices)).text, choices)  # type: ignore[union-attr]
+        return cls("choices", alt(*(lit(c) for c in strings)).text, strings)
 
     @classmethod
     @_bounded
@@ -168,7 +191,7 @@ class Constraint:
         return _checked(cls("ebnf", "", grammar, lark=lark))
 
     @classmethod
-    def from_dtype(cls, dtype) -> Constraint:
+    def from_dtype(cls, dtype: type | str) -> Constraint:
         """``int``, ``float``, ``bool`` or ``str`` (the types or their names)."""
         d = resolve_dtype(dtype)
         return cls("dtype", d.pattern, d.name)
@@ -179,7 +202,10 @@ class Constraint:
     def strict(self) -> bool | None:
         """For a JSON schema, whether it was built for strict generation (see
         ``from_json_schema``); None for the other kinds."""
-        return dict(self.options).get("strict") if self.kind == "json_schema" else None
+        if self.kind != "json_schema":
+            return None
+        strict = dict(self.options).get("strict")
+        return None if strict is None else bool(strict)
 
     @property
     def reading(self) -> Constraint:
@@ -194,11 +220,13 @@ class Constraint:
         return found
 
     def _read_in_any_order(self) -> Constraint:
-        options = dict(self.options)
-        if self.kind != "json_schema" or options.get("key_order", "schema") == "any":
+        if self.kind != "json_schema" or dict(self.options).get("key_order", "schema") == "any":
             return self
+        # a json_schema constraint's options are from_json_schema's, its source the JSON text
+        options = dict(self.options)
         options["key_order"] = "any"
-        grammar = json_schema.build_grammar(json.loads(self.source), **options)  # type: ignore[arg-type]
+        document = json.loads(cast(str, self.source))
+        grammar = json_schema.build_grammar(document, **cast(SchemaOptions, options))
         if grammar.lark == self.lark:
             return self
         return Constraint(
@@ -227,7 +255,7 @@ class Constraint:
 
         return matches_bytes(self.reading, text.encode("utf-8", "surrogatepass"))
 
-    def parse(self, text: str):
+    def parse(self, text: str) -> object:
         """The value of a matching output: int/float/bool/str for dtypes, else the text itself.
         Raises ConstraintError if ``text`` does not match."""
         if not self.matches(text):

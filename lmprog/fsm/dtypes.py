@@ -58,7 +58,7 @@ DTYPES = {
 }
 
 
-def resolve_dtype(dtype) -> DType:
+def resolve_dtype(dtype: object) -> DType:
     """The DType of ``int``/``float``/``bool``/``str`` (the types or their names)."""
     name = dtype.__name__ if isinstance(dtype, type) else dtype
     if not isinstance(name, str) or name not in DTYPES:

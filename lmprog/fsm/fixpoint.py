@@ -13,13 +13,16 @@ fragments (`json_schema/emit/lark.py`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+_N = TypeVar("_N")
+_Parts = TypeVar("_Parts", bound=Sequence[Any])
 
 
 def finite_nodes(
-    roots: Iterable[Any],
-    parts: Callable[[Any], Sequence[Any]],
-    need: Callable[[Any, Sequence[Any]], int],
+    roots: Iterable[_N],
+    parts: Callable[[_N], _Parts],
+    need: Callable[[_N, _Parts], int],
 ) -> set[int]:
     """The `id()`s of the nodes reachable from `roots` that derive some finite text."""
     waiting_for: dict[int, int] = {}  # node id -> parts still needed

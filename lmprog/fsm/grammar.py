@@ -142,7 +142,7 @@ def _productive(rules: dict[str, Any]) -> set[str]:
     """The rules that derive at least one finite string (`fixpoint.finite_nodes`: linear in
     the grammar; passes over every rule took minutes at 12,500 rules)."""
 
-    def parts(node: Any) -> list:
+    def parts(node: Any) -> list[Any]:
         kind = type(node).__name__
         if kind == "RuleRefNode":
             return [rules[node.name].alternatives]
@@ -154,7 +154,7 @@ def _productive(rules: dict[str, Any]) -> set[str]:
             return [node.node]
         return []  # a literal, a character class, an optional repetition
 
-    def need(node: Any, its_parts: list) -> int:
+    def need(node: Any, its_parts: list[Any]) -> int:
         if type(node).__name__ == "SequenceNode":
             return len(its_parts)
         return min(1, len(its_parts))

@@ -95,6 +95,7 @@ def _lex(text: str) -> list[tuple[str, str]]:
         m = _TOKEN.match(text, pos)
         assert m is not None  # `other` matches any character
         kind, value = m.lastgroup, m.group()
+        assert kind is not None  # every alternative of _TOKEN is a named group
         pos = m.end()
         if kind == "ws":
             continue
@@ -107,7 +108,7 @@ def _lex(text: str) -> list[tuple[str, str]]:
                 raise _Unreadable from None
             out.append(("value", value))
             continue
-        out.append((kind, value))  # type: ignore[arg-type]
+        out.append((kind, value))
     return out
 
 
@@ -174,7 +175,9 @@ def _body(item: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], int | Non
     return item, None
 
 
-def _refs(body: list[tuple[str, str]], nested: list) -> list[tuple[str, int]]:
+def _refs(
+    body: list[tuple[str, str]], nested: list[list[tuple[str, str]]]
+) -> list[tuple[str, int]]:
     """(name, groups around it) of each name in a body; %lark blocks go to `nested`."""
     out, depth, i = [], 0, 0
     while i < len(body):

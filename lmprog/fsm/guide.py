@@ -11,12 +11,19 @@ more. The loop an engine decodes with under a constraint: docs/design/constraint
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.vocab import TokenVocab
+
+if TYPE_CHECKING:
+    from llguidance import LLExecutor, LLMatcher
+
+    from lmprog.fsm.checks import JsonChecks, State
+
+_T = TypeVar("_T")
 
 ROOT = 0  # the path node of a guide's start
 
@@ -25,7 +32,7 @@ class GuideIndex(Protocol):
     """What a guide reads of its index: a ``lmprog.fsm.index.TokenIndex``, which makes guides
     (``new_guide``)."""
 
-    check: Any  # lmprog.fsm.checks.JsonChecks, or None
+    check: JsonChecks | None
     vocab: TokenVocab
 
     @property
@@ -34,8 +41,8 @@ class GuideIndex(Protocol):
     def vocab_size(self) -> int: ...
     @property
     def num_words(self) -> int: ...
-    def new_matcher(self) -> tuple[Any, int]: ...
-    def own_matcher(self, steps: int) -> Any: ...
+    def new_matcher(self) -> tuple[LLMatcher, int]: ...
+    def own_matcher(self, steps: int) -> LLMatcher: ...
     def lexer_failed(self, lexer: int) -> None: ...
     def path_node(self, node: int, token_id: int) -> int: ...
     def state_cache(self, name: Hashable, capacity: int = ...) -> Any: ...
@@ -53,11 +60,11 @@ class Guide:
     def __init__(
         self,
         index: GuideIndex,
-        matcher: tuple[Any, int | None] | None = None,
+        matcher: tuple[LLMatcher, int | None] | None = None,
         tokens: Iterable[int] = (),
         states: Iterable[int] | None = None,
         ended: bool = False,
-        checks: Iterable[Any] | None = None,
+        checks: Iterable[State] | None = None,
     ) -> None:
         """matcher: (an llguidance matcher at this position, the generation of the index's
         lexer it shares, or None for a lexer of its own); default: the index's start."""
@@ -70,7 +77,7 @@ class Guide:
         self._ended = ended
         # the index's check (lmprog.fsm.checks): its state after each token, like _states
         check = index.check
-        self._checks: list[Any] | None = (
+        self._checks: list[State] | None = (
             None if check is None else list(checks) if checks is not None else [check.start()]
         )
 
@@ -105,13 +112,14 @@ class Guide:
 
     def _checked(self, words: np.ndarray) -> np.ndarray:
         """The mask without the tokens the index's check refuses from here."""
-        if self._checks is None or not self.index.check.active(self._checks[-1]):
+        check, checks = self.index.check, self._checks
+        if check is None or checks is None or not check.active(checks[-1]):
             return words
         from lmprog.fsm.check_masks import filter_words
 
-        words = filter_words(self.index.check, self._checks[-1], words, self.index.vocab)
+        words = filter_words(check, checks[-1], words, self.index.vocab)
         if not words.any():
-            reason = self.index.check.stuck(self._checks[-1])
+            reason = check.stuck(checks[-1])
             raise ConstraintError(f"the constraint cannot continue here: {reason}")
         return words
 
@@ -137,11 +145,15 @@ class Guide:
             return False
         return self._valid(token_id) and self._next_check(token_id) != 0
 
-    def _next_check(self, token_id: int) -> Any:
+    def _next_check(self, token_id: int) -> State | Literal[0] | None:
         """The check's state after the token (None: no check; 0: the check refuses it)."""
-        if self._checks is None:
+        check, checks = self.index.check, self._checks
+        if check is None or checks is None:
             return None
-        state = self.index.check.step(self._checks[-1], self.index.vocab.token_bytes[token_id])
+        data = self.index.vocab.token_bytes[token_id]
+        if data is None:  # a special token (callers refuse it before asking)
+            return 0
+        state = check.step(checks[-1], data)
         return 0 if state is None else state
 
     def can_stop(self) -> bool:
@@ -159,7 +171,8 @@ class Guide:
         the next byte is a choice); cached per position."""
         if self._ended or self._matcher.is_accepting():
             return b""
-        if self._checks is not None and self.index.check.active(self._checks[-1]):
+        check, checks = self.index.check, self._checks
+        if check is not None and checks is not None and check.active(checks[-1]):
             return b""  # the text forced may repeat an item: let the masks decide
         node = self.state
         cache = self.index.state_cache("forced")
@@ -192,7 +205,7 @@ class Guide:
             raise AssertionError(f"llguidance refused token {token_id} that it allowed")
         self._tokens.append(token_id)
         self._states.append(self.index.path_node(self.state, token_id))
-        if self._checks is not None:
+        if self._checks is not None and check:  # a State: is_allowed refused 0, None is no check
             self._checks.append(check)
 
     def advance_all(self, token_ids: Iterable[int]) -> None:
@@ -235,7 +248,7 @@ class Guide:
         )
 
     # ---- internals --------------------------------------------------------------------------
-    def _run(self, op: Callable[[Any], Any]) -> Any:
+    def _run(self, op: Callable[[LLMatcher], _T]) -> _T:
         """`op(matcher)`; if the matcher meets an error there, once more on a matcher of its
         own at the same position (`_recover`). ConstraintError if it fails there too: this
         guide's own text is past the limits (its request fails, no other does)."""
@@ -288,7 +301,7 @@ class Guide:
         return f"Guide(state={self.state}, tokens={self.num_tokens}, can_stop={self.can_stop()})"
 
 
-def _computed(matcher: Any, n: int) -> np.ndarray:
+def _computed(matcher: LLMatcher, n: int) -> np.ndarray:
     """The matcher's mask as `n` bitmask words, written in place by llguidance (no bytes
     object in between); read-only, as it is cached and shared."""
     words = np.empty(n, dtype=np.int32)
@@ -304,7 +317,7 @@ def _words(index: GuideIndex) -> Any:
 
 def _eos_only(index: GuideIndex) -> np.ndarray:
     cache = _words(index)
-    words = cache.get("eos")
+    words: np.ndarray | None = cache.get("eos")
     if words is None:
         words = np.zeros(index.num_words, dtype=np.int32)
         eos = index.eos_token_id
@@ -314,7 +327,7 @@ def _eos_only(index: GuideIndex) -> np.ndarray:
     return words
 
 
-_EXECUTOR: list[Any] = []
+_EXECUTOR: list[LLExecutor] = []
 
 
 def prefetch_bitmask_words(guides: Sequence[Guide | None]) -> None:
@@ -353,7 +366,7 @@ def prefetch_bitmask_words(guides: Sequence[Guide | None]) -> None:
         _words(g.index).put(g.state, words)
 
 
-def refused_by_spent_lexer(matcher: Any, token_id: int) -> str | None:
+def refused_by_spent_lexer(matcher: LLMatcher, token_id: int) -> str | None:
     """The lexer's error if a matcher refused `token_id` (validating it, or trying to consume
     it) because its lexer is spent, else None. On a spent lexer every transition is dead,
     with no error until a token is consumed, which a copy then does (llguidance reports the

@@ -18,13 +18,18 @@ import threading
 import weakref
 from collections.abc import Hashable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import index_cache
 from lmprog.fsm.grammar_depth import check_compile_stack
 from lmprog.fsm.guide import Guide, refused_by_spent_lexer
 from lmprog.fsm.vocab import TokenVocab
+
+if TYPE_CHECKING:
+    from llguidance import LLMatcher, LLParserLimits, LLTokenizer
+
+    from lmprog.fsm.checks import JsonChecks
 
 STATE_CACHE_SIZE = 4096  # per index and per cache name; beyond this the oldest entries go
 MAX_PATH_NODES = 200_000  # cached positions per index (a dict entry each, ~100 bytes)
@@ -38,12 +43,28 @@ BUILD_LEXER_FUEL = 1_000_000  # ... and for building a matcher (its default)
 log = logging.getLogger(__name__)
 
 
+class ConstraintLike(Protocol):
+    """What an index reads of a ``lmprog.fsm.constraint.Constraint``: its regex or grammar, and
+    what guides check beside it."""
+
+    @property
+    def pattern(self) -> str: ...
+    @property
+    def lark(self) -> str | None: ...
+    @property
+    def check(self) -> JsonChecks | None: ...
+
+
 class TokenIndex:
     """One pattern compiled for one vocabulary; share it between threads. What it matches never
     changes; its start's lexer is replaced after a matcher error (`lexer_failed`)."""
 
     def __init__(
-        self, pattern: str, vocab: TokenVocab, ll_tokenizer: Any, check: Any = None
+        self,
+        pattern: str,
+        vocab: TokenVocab,
+        ll_tokenizer: LLTokenizer,
+        check: JsonChecks | None = None,
     ) -> None:
         """ll_tokenizer: the vocabulary's `llguidance.LLTokenizer` (`ll_tokenizer_for`); check:
         what guides check beside the pattern (`lmprog.fsm.checks`, the constraint's `check`).
@@ -65,7 +86,7 @@ class TokenIndex:
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def get(cls, constraint: Any, tokenizer: Any) -> TokenIndex:
+    def get(cls, constraint: ConstraintLike | str, tokenizer: Any) -> TokenIndex:
         """The index of a Constraint (or regex string) for a tokenizer; builds it if needed.
 
         Raises ConstraintError if the pattern cannot be compiled or no token of this
@@ -74,13 +95,13 @@ class TokenIndex:
         return _lookup(constraint, tokenizer, inline=True).result()
 
     @classmethod
-    def prefetch(cls, constraint: Any, tokenizer: Any) -> Future[TokenIndex]:
+    def prefetch(cls, constraint: ConstraintLike | str, tokenizer: Any) -> Future[TokenIndex]:
         """Start building off the calling thread; returns a Future (already done if cached).
         `future.result()` returns the index or raises the ConstraintError."""
         return _lookup(constraint, tokenizer, inline=False)
 
     @classmethod
-    def cached(cls, constraint: Any, tokenizer: Any) -> TokenIndex | None:
+    def cached(cls, constraint: ConstraintLike | str, tokenizer: Any) -> TokenIndex | None:
         """The index if it is already in memory, else None (never builds, never blocks)."""
         return _CACHE.peek(_key(_pattern_of(constraint), TokenVocab.from_tokenizer(tokenizer)))
 
@@ -92,7 +113,7 @@ class TokenIndex:
         """llguidance's `error` as the reason a ConstraintError gives (the limit it names)."""
         return _reason(error)
 
-    def new_matcher(self) -> tuple[Any, int]:
+    def new_matcher(self) -> tuple[LLMatcher, int]:
         """A fresh `llguidance.LLMatcher` at the start of the pattern (a copy: microseconds)
         and the generation of the lexer it shares (for `lexer_failed`)."""
         with self._lock:
@@ -112,7 +133,7 @@ class TokenIndex:
         _RENEWALS.append(None)
         log.info("constraint lexer renewed after a matcher error: %s", _short(self.pattern))
 
-    def own_matcher(self, steps: int) -> Any:
+    def own_matcher(self, steps: int) -> LLMatcher:
         """A matcher at the start on a lexer of its own, shared with nobody (a limit it meets
         harms no one else), with the lexer fuel of `steps` mask steps for what it consumes
         before its first mask: a cursor's tokens read again, or a text `matches_bytes` reads."""
@@ -184,7 +205,7 @@ class _BoundedCache:
         return len(self._data)
 
 
-def _pattern_of(constraint: Any) -> str:
+def _pattern_of(constraint: object) -> str:
     """The text the index compiles: a regex, or "lark:" + a Lark grammar (an ebnf Constraint)."""
     lark = getattr(constraint, "lark", None)
     if isinstance(lark, str):
@@ -203,12 +224,14 @@ def clear_memory_cache() -> None:
     _CACHE.clear()
 
 
-def _lookup(constraint: Any, tokenizer: Any, inline: bool) -> Future[TokenIndex]:
+def _lookup(constraint: ConstraintLike | str, tokenizer: Any, inline: bool) -> Future[TokenIndex]:
     pattern, vocab = _pattern_of(constraint), TokenVocab.from_tokenizer(tokenizer)
     ll_tokenizer = ll_tokenizer_for(vocab, tokenizer)
     key = _key(pattern, vocab)
 
-    check = getattr(constraint, "check", None)  # named in the pattern: part of the key
+    check: JsonChecks | None = getattr(
+        constraint, "check", None
+    )  # named in the pattern: part of the key
 
     def build() -> tuple[TokenIndex, int]:
         index = TokenIndex(pattern, vocab, ll_tokenizer, check)
@@ -233,7 +256,7 @@ def lexer_renewals() -> int:
     return len(_RENEWALS)
 
 
-def _limits(fuel: int = BUILD_LEXER_FUEL) -> Any:
+def _limits(fuel: int = BUILD_LEXER_FUEL) -> LLParserLimits:
     import llguidance
 
     return llguidance.LLParserLimits(
@@ -244,7 +267,7 @@ def _limits(fuel: int = BUILD_LEXER_FUEL) -> Any:
     )
 
 
-def _matcher(pattern: str, ll_tokenizer: Any, fuel: int = BUILD_LEXER_FUEL) -> Any:
+def _matcher(pattern: str, ll_tokenizer: LLTokenizer, fuel: int = BUILD_LEXER_FUEL) -> LLMatcher:
     """The pattern's llguidance matcher at its start (on a new lexer, with `fuel` for building
     it and for what it consumes before its first mask); ConstraintError if llguidance refuses
     it (a syntax it does not read, a lexer past the limits). The GIL is released meanwhile."""
@@ -362,12 +385,12 @@ class _Tokens:
         )
 
 
-_LL_TOKENIZERS: weakref.WeakKeyDictionary[TokenVocab, Any] = weakref.WeakKeyDictionary()
+_LL_TOKENIZERS: weakref.WeakKeyDictionary[TokenVocab, LLTokenizer] = weakref.WeakKeyDictionary()
 _LL_BUILDS: weakref.WeakKeyDictionary[TokenVocab, threading.Lock] = weakref.WeakKeyDictionary()
 _LL_LOCK = threading.Lock()
 
 
-def ll_tokenizer_for(vocab: TokenVocab, tokenizer: Any = None) -> Any:
+def ll_tokenizer_for(vocab: TokenVocab, tokenizer: Any = None) -> LLTokenizer:
     """The `llguidance.LLTokenizer` of a vocabulary (built once per vocabulary, ~0.1-0.2 s for
     49k tokens, the GIL released; a caller arriving during the build waits for it, so a build
     a backend started when it was made (`fsm.warmup`) serves the first constraint).
@@ -385,7 +408,9 @@ def ll_tokenizer_for(vocab: TokenVocab, tokenizer: Any = None) -> Any:
                 import llguidance
             except ImportError as exc:
                 raise ConstraintError(f"constrained decoding needs llguidance ({exc})") from None
-            found = llguidance.LLTokenizer(_Tokens(vocab, tokenizer), n_vocab=vocab.size)
+            # _Tokens has every attribute llguidance reads of a TokenizerWrapper (duck-typed)
+            tokens = _Tokens(vocab, tokenizer)
+            found = llguidance.LLTokenizer(tokens, n_vocab=vocab.size)  # type: ignore[arg-type]
             with _LL_LOCK:
                 _LL_TOKENIZERS[vocab] = found
     return found
@@ -394,13 +419,13 @@ def ll_tokenizer_for(vocab: TokenVocab, tokenizer: Any = None) -> Any:
 BYTES = TokenVocab((*(bytes([b]) for b in range(256)), None), eos_token_id=256)  # id = byte
 
 
-def check_grammar(constraint: Any) -> None:
+def check_grammar(constraint: ConstraintLike) -> None:
     """Compile a constraint's grammar once, without a model's vocabulary, so that an error in
     it (llguidance's Lark checks) is raised where the constraint is built."""
     TokenIndex.get(constraint, BYTES)
 
 
-def matches_bytes(constraint: Any, data: bytes) -> bool:
+def matches_bytes(constraint: ConstraintLike, data: bytes) -> bool:
     """Whether `data` is a whole match of the constraint, through the token engine over a
     one-byte-per-token vocabulary (linear in len(data), bounded by the lexer limits; past
     them, ConstraintError). These matchers compute no masks, so they spend the lexer fuel
@@ -422,7 +447,7 @@ def matches_bytes(constraint: Any, data: bytes) -> bool:
     return index.check is None or index.check.step(index.check.start(), data) is not None
 
 
-def _failed(matcher: Any, tokens: list[int], consumed: int) -> str | None:
+def _failed(matcher: LLMatcher, tokens: list[int], consumed: int) -> str | None:
     """The error that stopped `try_consume_tokens(tokens)` at `consumed`, if it was not the
     text's own mismatch."""
     if matcher.is_error():

@@ -142,7 +142,9 @@ def _extendable(guide: Guide, token_id: int) -> bool:
 
 
 def _starts_mid_char(b: bytes | None) -> bool:
-    return bool(b) and 0x80 <= b[0] < 0xC0  # type: ignore[index]
+    if not b:
+        return False
+    return 0x80 <= b[0] < 0xC0
 
 
 def _utf8_prefix(b: bytes) -> bytes:

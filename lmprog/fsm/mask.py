@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -46,10 +46,16 @@ def allowed_bitmask(guides: Sequence[Guide | None], width: int, device: Any = "c
     import torch
 
     device = torch.device(device)
-    full = None
-    if any(g is None for g in guides):
-        full = torch.full((num_words(width),), -1, dtype=torch.int32, device=device)
-    return torch.stack([full if g is None else _row(g, width, device) for g in guides])
+    full: torch.Tensor | None = None  # the row of an unconstrained sequence, made once
+    rows = []
+    for g in guides:
+        if g is not None:
+            rows.append(_row(g, width, device))
+            continue
+        if full is None:
+            full = torch.full((num_words(width),), -1, dtype=torch.int32, device=device)
+        rows.append(full)
+    return torch.stack(rows)
 
 
 def apply_bitmask_(logits: Any, bitmask: Any) -> Any:
@@ -130,7 +136,7 @@ def _apply_numpy(x: np.ndarray, words: np.ndarray, width: int) -> None:
 def _lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     import torch
 
-    lut = _LUTS.get((device, dtype))
+    lut: torch.Tensor | None = _LUTS.get((device, dtype))
     if lut is None:
         lut = _LUTS.setdefault(
             (device, dtype), torch.tensor(_BYTE_BIAS, dtype=dtype, device=device)
@@ -169,6 +175,10 @@ def _cpu_row(guide: Guide | None, width: int) -> np.ndarray:
 _FULL_ROWS: dict[int, np.ndarray] = {}  # width -> a row with every bit set
 
 
+@overload
+def _row(guide: Guide, width: int, device: None) -> np.ndarray: ...
+@overload
+def _row(guide: Guide, width: int, device: torch.device) -> Any: ...
 def _row(guide: Guide, width: int, device: torch.device | None) -> Any:
     """The guide position's bitmask row: cached by position, then by allowed set, else built."""
     index, kind = guide.index, ("bitmask", device, width)

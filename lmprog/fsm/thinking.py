@@ -41,6 +41,7 @@ def answer_grammar(answer: Constraint) -> str:
             "a schema checked as decoded (uniqueItems, 'not' over it or over "
             "additionalProperties) cannot follow a reasoning model's thinking"
         )
+    assert answer.lark is not None  # a JSON schema's grammar, compiled again
     return answer.lark
 
 

@@ -18,6 +18,7 @@ import os
 import threading
 import weakref
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -72,9 +73,8 @@ class TokenVocab:
     def sorted_tokens(self) -> tuple[list[bytes], np.ndarray]:
         """(token bytes sorted, their ids): the tokens with a given prefix are one slice.
         Equal bytes in id order; from the disk cache where the vocabulary came from it."""
-        tb = self.token_bytes
-        ids = sorted((i for i, b in enumerate(tb) if b), key=tb.__getitem__)
-        return [tb[i] for i in ids], np.array(ids, dtype=np.int32)
+        pairs = sorted((b, i) for i, b in enumerate(self.token_bytes) if b)
+        return [b for b, _ in pairs], np.array([i for _, i in pairs], dtype=np.int32)
 
     def extensions(self, token_id: int) -> np.ndarray:
         """Ids of the tokens whose bytes strictly extend token_id's bytes."""
@@ -120,7 +120,7 @@ class TokenVocab:
     def decode(self, token_ids: Any) -> bytes:
         """The bytes the ids spell; ValueError on a special or unknown id."""
         try:
-            return b"".join(self.token_bytes[t] for t in token_ids)  # type: ignore[misc]
+            return b"".join(self.token_bytes[t] for t in token_ids)
         except (TypeError, IndexError):
             bad = [t for t in token_ids if not 0 <= t < self.size or self.token_bytes[t] is None]
             raise ValueError(f"token ids {bad[:5]} are special or outside the vocabulary") from None
@@ -217,7 +217,7 @@ def _special_ids(tokenizer: Any) -> set[int]:
     return ids
 
 
-def _token_decoder(tokenizer: Any):  # -> Callable[[str], bytes]
+def _token_decoder(tokenizer: Any) -> Callable[[str], bytes]:
     kind = _decoder_kind(tokenizer)
     if kind == "bytelevel":
         table = _unicode_to_byte()

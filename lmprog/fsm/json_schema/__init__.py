@@ -17,7 +17,7 @@ import json
 import sys
 import types
 import typing
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.emitter import Emitter
@@ -30,6 +30,14 @@ from lmprog.fsm.json_schema.terms.nodes import Unroll, work_limit
 from lmprog.fsm.regex import Chars, Concat, R, Repeat, compile_user_regex, parse_regex, raw
 from lmprog.fsm.regex.charset import CharSet
 from lmprog.fsm.regex.fragments import pattern_limit
+
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
+
+    from lmprog.fsm.checks import JsonChecks
+
+# A schema document: a JSON object or a boolean, as json.loads reads it.
+Document: TypeAlias = "dict[str, Any] | bool"
 
 DEFAULT_WHITESPACE = r"[ ]?"
 DEFAULT_RECURSION_DEPTH = 3
@@ -56,7 +64,7 @@ __all__ = [
 ]
 
 
-def load_schema(schema):
+def load_schema(schema: object) -> object:  # (json.loads: any JSON value, checked later)
     """A schema document (dict or bool) from a dict, a JSON string, a pydantic model class or a
     Python type pydantic describes (``python_type``)."""
     if isinstance(schema, (dict, bool)):
@@ -83,7 +91,7 @@ def load_schema(schema):
         ) from None
 
 
-def python_type(schema):
+def python_type(schema: object) -> object | None:
     """``schema`` if it is a Python type form (a class: pydantic model, dataclass, TypedDict,
     Enum, int...; or a typing form: ``Literal[...]``, ``list[int]``, ``dict[str, int]``,
     ``Optional[...]``, ``X | Y``); else None. Its values parse back as that type."""
@@ -92,7 +100,7 @@ def python_type(schema):
     return None
 
 
-def type_adapter(tp):
+def type_adapter(tp: Any) -> TypeAdapter[Any]:
     """pydantic's TypeAdapter of a Python type form: what writes its JSON schema and parses a
     generated text back (a ``typing.TypedDict``, which pydantic takes only from Python 3.12,
     read as the same ``typing_extensions.TypedDict``)."""
@@ -101,7 +109,7 @@ def type_adapter(tp):
     return TypeAdapter(_portable(tp))
 
 
-def _portable(tp):
+def _portable(tp: Any) -> Any:
     """``tp`` with every ``typing.TypedDict`` in it (nested in lists, dicts, unions, other
     TypedDicts) rebuilt as a ``typing_extensions.TypedDict`` of the same keys, types and
     required keys; other forms unchanged."""
@@ -110,24 +118,27 @@ def _portable(tp):
     if typing.is_typeddict(tp) and type(tp).__module__ == "typing":
         return _typeddict(tp)
     args = typing.get_args(tp)
-    origin = typing.get_origin(tp)
+    origin: Any = typing.get_origin(tp)
     if not args or origin is None or origin is typing.Literal:
         return tp
     new = tuple(_portable(a) for a in args)
     if new == args:
         return tp
     if origin is typing.Annotated:
-        return typing.Annotated[(new[0], *tp.__metadata__)]
+        annotated = (new[0], *tp.__metadata__)
+        return typing.Annotated[annotated]
     if origin in (typing.Union, types.UnionType):
         return typing.Union[new]  # noqa: UP007 - a tuple of arguments: no | form
-    return origin[new] if isinstance(origin, type) else tp.copy_with(new)
+    if isinstance(origin, type):  # a generic class: list, dict, tuple, ...
+        return origin[new]  # type: ignore[index]  # a builtin generic subscripts at run time
+    return tp.copy_with(new)
 
 
 _PORTED: dict[type, type] = {}
 _PORTING: set[type] = set()  # being read: a type met again inside is recursive
 
 
-def _typeddict(tp):
+def _typeddict(tp: Any) -> Any:
     found = _PORTED.get(tp)
     if found is None:
         import typing_extensions as te
@@ -149,12 +160,12 @@ def _typeddict(tp):
             raise refused from None
         finally:
             _PORTING.discard(tp)
-        found = _PORTED[tp] = te.TypedDict(tp.__name__, fields)
+        found = _PORTED[tp] = te.TypedDict(tp.__name__, fields)  # type: ignore[operator]  # fields known at run time only
         found.__module__, found.__qualname__ = tp.__module__, tp.__qualname__
     return found
 
 
-def _type_schema(tp) -> dict:
+def _type_schema(tp: Any) -> dict[str, Any]:
     """The JSON schema pydantic writes for ``tp`` (what it validates, so a generated text
     parses back as ``tp``)."""
     from pydantic import PydanticUserError
@@ -168,11 +179,11 @@ def _type_schema(tp) -> dict:
         ) from None
 
 
-def _type_name(tp) -> str:
+def _type_name(tp: object) -> str:
     return tp.__name__ if isinstance(tp, type) else repr(tp)
 
 
-def _nesting(document, limit: int) -> int:
+def _nesting(document: object, limit: int) -> int:
     """Depth of dict/list nesting of a JSON document, counted up to limit + 1 (iterative)."""
     deepest, stack = 0, [(document, 1)]
     while stack:
@@ -187,7 +198,7 @@ def _nesting(document, limit: int) -> int:
 
 
 def build_grammar(
-    schema,
+    schema: object,
     *,
     whitespace: str | None = None,
     max_recursion_depth: int = DEFAULT_RECURSION_DEPTH,
@@ -270,16 +281,16 @@ def build_grammar(
 
 
 def _grammar(
-    document,
-    ws,
-    max_recursion_depth,
-    any_depth,
-    max_chars,
-    registry,
-    strict,
-    count_lengths,
-    key_order,
-    unroll=False,
+    document: Document,
+    ws: R,
+    max_recursion_depth: int,
+    any_depth: int | None,
+    max_chars: int,
+    registry: Registry,
+    strict: bool,
+    count_lengths: bool,
+    key_order: str,
+    unroll: bool = False,
 ) -> Grammar:
     with pattern_limit(max_chars), fragment_limit(max_chars), work_limit(MAX_WORK):
         builder = Builder(document, max_recursion_depth, unroll, registry)
@@ -310,7 +321,7 @@ class Grammar(NamedTuple):
     """A schema's grammar (Lark text) and the check the guide runs beside it (None: none)."""
 
     lark: str
-    check: object
+    check: JsonChecks | None
 
 
 _JSON_WHITESPACE = CharSet.of(" \t\n\r")

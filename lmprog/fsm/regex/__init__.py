@@ -81,7 +81,7 @@ def check_not_only_empty(pattern: str) -> None:
         )
 
 
-def value_matcher(parsed: ParsedRegex) -> re.Pattern:
+def value_matcher(parsed: ParsedRegex) -> re.Pattern[str]:
     """A Python ``re`` pattern, for ``fullmatch``, testing a value against an ECMA ``pattern``
     with JSON Schema's search semantics (unanchored = "contains")."""
     anything = rep(charset_regex(ANY_CHAR), 0, None)

@@ -9,6 +9,8 @@ bodies alone.
 
 from __future__ import annotations
 
+from typing import Literal, TypeAlias
+
 from lmprog.fsm.regex.charset import CharSet
 from lmprog.fsm.regex.syntax import EMPTY, Branch, Chars, Concat, Node, node_lengths, nullable
 
@@ -24,6 +26,11 @@ class Anchor:
         self.start, self.multiline = start, multiline
 
 
+# An alternative's side: anchored (True), under (?m) at a line's edge ("m"), or not (False).
+Side: TypeAlias = "bool | Literal['m']"
+# An anchored alternative: (start, body, end).
+Anchored: TypeAlias = "tuple[Side, Node, Side]"
+
 ANCHOR_ESCAPES = {"A": Anchor(True), "Z": Anchor(False), "z": Anchor(False)}
 
 
@@ -31,7 +38,7 @@ class Unsure(Exception):
     """A multiline anchor next to text that may or may not hold the line break it needs."""
 
 
-def join_anchored(left: tuple, right: tuple) -> tuple | None:
+def join_anchored(left: Anchored, right: Anchored) -> Anchored | None:
     """Concatenate two anchored alternatives (start, body, end: False, True, or "m" for a
     multiline anchor); None where no text satisfies both."""
     s1, b1, e1 = left
@@ -49,7 +56,7 @@ def join_anchored(left: tuple, right: tuple) -> tuple | None:
     return s1, concat_nodes(b1, b2), e2
 
 
-def _join_multiline(left: tuple, right: tuple) -> tuple:
+def _join_multiline(left: Anchored, right: Anchored) -> Anchored:
     """`join_anchored` where a multiline anchor stands between the two bodies: exact where the
     text beside it is empty, or may be empty and has no anchor of its own (a match of it ending
     or starting with the line break leaves a shorter match with it empty); else Unsure."""
@@ -70,7 +77,7 @@ def _join_multiline(left: tuple, right: tuple) -> tuple:
     raise Unsure
 
 
-def _both(a, b):
+def _both(a: Side, b: Side) -> Side:
     """Two anchors at one position: a plain one is the stronger."""
     return True if True in (a, b) else "m" if "m" in (a, b) else False
 
@@ -79,7 +86,7 @@ def _empty(node: Node) -> bool:
     return node_lengths(node) == (0, 0)
 
 
-def line_edges(start, body: Node, end, search: bool) -> list[Branch]:
+def line_edges(start: Side, body: Node, end: Side, search: bool) -> list[Branch]:
     """A branch with multiline anchors as plain branches: ``^`` holds at the start or after a
     line break, which a match searched for may as well include (and ``$`` likewise before
     one); a match of the whole string (not ``search``) holds them at its edges."""

@@ -9,9 +9,13 @@ regex (``dfa.written``). Past ``max_states`` states or ``limit`` characters, Ove
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
+from lmprog.fsm.regex.anchors import Anchor
 from lmprog.fsm.regex.charset import ANY_CHAR, CharSet, cs
 from lmprog.fsm.regex.dfa import EPS, NOTHING, _Derivatives, written
-from lmprog.fsm.regex.syntax import Alternation, Chars, Concat, Repeat
+from lmprog.fsm.regex.fragments import R
+from lmprog.fsm.regex.syntax import EMPTY, Alternation, Chars, Concat, Node, Repeat
 
 WORD = cs("a-zA-Z0-9_")
 LINE = CharSet.of("\n")
@@ -24,12 +28,17 @@ class Assert:
 
     __slots__ = ("kind", "chars", "negative", "at", "body")
 
-    def __init__(self, kind: str, chars, negative: bool, at: int, body=None) -> None:
+    def __init__(
+        self, kind: str, chars: CharSet, negative: bool, at: int, body: Node = EMPTY
+    ) -> None:
+        # chars: the class a lookaround tests (empty for a "lookahead"); body: a lookahead's
         self.kind, self.chars, self.negative, self.at = kind, chars, negative, at
         self.body = body
 
 
-def without_assertions(node, max_states: int = 120, limit: int = 20_000) -> list:
+def without_assertions(
+    node: Node, max_states: int = 120, limit: int = 20_000
+) -> list[tuple[bool, R, bool]]:
     """The branches (start anchored?, full-match regex, end anchored?) of the strings in which
     ``node`` (holding ``Assert`` nodes and the parser's anchors) finds a match: a match at the
     string's start, or after a character the assertions look at (the branch's first); ending
@@ -48,11 +57,19 @@ def without_assertions(node, max_states: int = 120, limit: int = 20_000) -> list
 
 
 _BEFORE, _AFTER = "before", "after"  # reading the character before a match; the one after it
+# What the previous character was, for each class the assertions test (None: no character).
+Seen: TypeAlias = "tuple[bool, ...] | None"
+# A state of the string's automaton: (derivative, what the last character was), _BEFORE,
+# _AFTER, or NOTHING.
+_State: TypeAlias = "tuple[int, Seen] | str | int"
 
 
-def _written(d: _InContext, at_start: bool, at_end: bool, max_states: int, limit: int):
-    first = (d.states[0], None) if at_start else _BEFORE
-    index, pending, moves, accepting = {first: 0}, [first], [], []
+def _written(d: _InContext, at_start: bool, at_end: bool, max_states: int, limit: int) -> R | None:
+    first: _State = (d.states[0], None) if at_start else _BEFORE
+    index: dict[_State, int] = {first: 0}
+    pending: list[_State] = [first]
+    moves: list[list[int]] = []
+    accepting: list[bool] = []
     while len(moves) < len(pending):
         state = pending[len(moves)]
         if state == _AFTER:
@@ -65,10 +82,11 @@ def _written(d: _InContext, at_start: bool, at_end: bool, max_states: int, limit
             accepting.append(False)
             moves.append([index[NOTHING]] * len(d.blocks))
             continue
-        n, prev = state if state != _BEFORE else (None, None)
+        n, prev = state if isinstance(state, tuple) else (None, None)  # (None: _BEFORE)
         accepting.append(n is not None and at_end and d.nullable_at(n, prev, None))
         row = []
         for b in range(len(d.blocks)):
+            nxt: _State
             if n is None:  # the character before the match
                 nxt = (d.states[0], d.seen[b])
             elif not at_end and d.nullable_at(n, prev, d.seen[b]):
@@ -98,18 +116,18 @@ class _InContext(_Derivatives):
     the rest's (the complement, ``("not", id)``, for a negative one). An iteration matching ""
     that leads back to the derivative being taken adds nothing (the least fixed point)."""
 
-    def __init__(self, node) -> None:
-        self.tests: list = []
+    def __init__(self, node: Node) -> None:
+        self.tests: list[Assert | Anchor] = []  # the one-character assertions read
         self.aheads = 0
-        self._busy: list = []  # the derivatives being taken, outermost first
-        self._cut = None  # the outermost of them a cycle reached
+        self._busy: list[tuple[int, Seen, int]] = []  # the derivatives being taken, outermost first
+        self._cut: int | None = None  # the outermost of them a cycle reached
         self._ahead_in: dict[int, bool] = {}
-        self._at: dict = {}
+        self._at: dict[tuple[int, Seen, Seen], bool] = {}
         self.sets = list(dict.fromkeys([WORD, LINE, *_sets(node)]))
         super().__init__(node, {*self.sets, *_classes(node)})
         self.seen = [tuple(not (b & s).is_empty() for s in self.sets) for b in self.blocks]
 
-    def read(self, node) -> int:
+    def read(self, node: Node) -> int:
         if isinstance(node, (Chars, Concat, Alternation, Repeat)):
             return super().read(node)
         if isinstance(node, Assert) and node.kind == "lookahead":
@@ -118,11 +136,11 @@ class _InContext(_Derivatives):
         self.tests.append(node)
         return self._intern(("look", len(self.tests) - 1))
 
-    def holds(self, look: int, prev, nxt) -> bool:
+    def holds(self, look: int, prev: Seen, nxt: Seen) -> bool:
         """Whether assertion ``look`` holds between ``prev`` and ``nxt`` (None: an edge)."""
         node = self.tests[look]
 
-        def has(seen, chars: CharSet) -> bool:
+        def has(seen: Seen, chars: CharSet) -> bool:
             return seen is not None and seen[self.sets.index(chars)]
 
         if isinstance(node, Assert) and node.kind in ("behind", "ahead"):
@@ -133,7 +151,7 @@ class _InContext(_Derivatives):
         seen = prev if node.start else nxt  # an anchor
         return seen is None or (node.multiline and has(seen, LINE))
 
-    def nullable_at(self, n: int, prev, nxt) -> bool:
+    def nullable_at(self, n: int, prev: Seen, nxt: Seen) -> bool:
         key = (n, prev, nxt)
         if key not in self._at:
             kind, *args = self.nodes[n]
@@ -156,7 +174,7 @@ class _InContext(_Derivatives):
             self._at[key] = out
         return self._at[key]
 
-    def derive_at(self, n: int, prev, block: int) -> int:
+    def derive_at(self, n: int, prev: Seen, block: int) -> int:
         """``derive`` where the previous character was ``prev`` and the next is of ``block``:
         an assertion before the block's character is "" where it holds, else nothing."""
         key = (n, prev, block)
@@ -176,7 +194,7 @@ class _InContext(_Derivatives):
             self._derived[key] = out
         return self._derived[key]
 
-    def _derive(self, n: int, prev, block: int) -> int:
+    def _derive(self, n: int, prev: Seen, block: int) -> int:
         kind, *args = self.nodes[n]
         nxt = self.seen[block]
         if kind == "and":
@@ -206,7 +224,7 @@ class _InContext(_Derivatives):
             out = self.alt([out, self.derive_at(b, prev, block)])
         return out
 
-    def derive_ahead(self, a: int, rest: int, prev, block: int) -> int:
+    def derive_ahead(self, a: int, rest: int, prev: Seen, block: int) -> int:
         """The derivative of ``a`` followed by ``rest`` (the rest of the string's pattern),
         where ``a`` holds a lookahead."""
         kind, *args = self.nodes[a]
@@ -262,7 +280,7 @@ class _InContext(_Derivatives):
         return args[0] if kind == "not" else self._intern(("not", n))
 
 
-def _sets(node) -> list[CharSet]:
+def _sets(node: Node) -> list[CharSet]:
     """The classes the one-character lookarounds of ``node`` test."""
     if isinstance(node, Assert) and node.kind == "lookahead":
         return _sets(node.body)
@@ -274,7 +292,7 @@ def _sets(node) -> list[CharSet]:
     return [s for c in children for s in _sets(c)]
 
 
-def _classes(node) -> set[CharSet]:
+def _classes(node: Node) -> set[CharSet]:
     if isinstance(node, Chars):
         return {node.chars}
     if isinstance(node, Assert) and node.kind == "lookahead":
@@ -285,5 +303,5 @@ def _classes(node) -> set[CharSet]:
     return set().union(*map(_classes, children)) if children else set()
 
 
-def _children(node) -> tuple:
+def _children(node: Concat | Alternation) -> tuple[Node, ...]:
     return node.parts if isinstance(node, Concat) else node.options

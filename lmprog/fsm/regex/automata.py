@@ -10,15 +10,25 @@ result grows quickly with the number of states, so callers give up (and refuse o
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable, Mapping
+
 from lmprog.fsm.regex.fragments import EPS, R, alt, cat, rep
 
 _START, _FINAL = "start", "final"
 
+# A graph being reduced: (p, q) -> the regex of the paths from state p to state q.
+_Graph = dict[tuple[Hashable, Hashable], R]
 
-def to_regex(edges: dict, start, finals, limit: int = 20000) -> R | None:
+
+def to_regex(
+    edges: Mapping[tuple[Hashable, Hashable], R],
+    start: Hashable,
+    finals: Iterable[Hashable],
+    limit: int = 20000,
+) -> R | None:
     """The regex of an automaton given as ``{(p, q): R}`` (one fragment per state pair),
     or None when it accepts nothing. Raises OverflowError past ``limit`` characters."""
-    graph: dict = {}
+    graph: _Graph = {}
     for (p, q), label in edges.items():
         _add(graph, p, q, label)
     _add(graph, _START, start, EPS)
@@ -44,13 +54,13 @@ def to_regex(edges: dict, start, finals, limit: int = 20000) -> R | None:
     return graph.get((_START, _FINAL))
 
 
-def _add(graph: dict, p, q, label: R | None) -> None:
+def _add(graph: _Graph, p: Hashable, q: Hashable, label: R | None) -> None:
     if label is None:
         return
     graph[(p, q)] = alt(graph[(p, q)], label) if (p, q) in graph else label
 
 
-def _degree(graph: dict, s) -> int:
+def _degree(graph: _Graph, s: Hashable) -> int:
     ins = sum(1 for (p, q) in graph if q == s and p != s)
     outs = sum(1 for (p, q) in graph if p == s and q != s)
     return ins * outs

@@ -18,8 +18,8 @@ from lmprog.fsm.regex.charset import MAX_CP, CharSet
 def _classes() -> tuple[list[int], list[int], list[tuple[int, ...]]]:
     """(the code points that share a class with another, sorted; each one's class id; the
     classes' members)."""
-    import _sre
-    from re._casefix import _EXTRA_CASES
+    import _sre  # type: ignore[import-not-found]  # CPython's internals: no stubs
+    from re._casefix import _EXTRA_CASES  # type: ignore[import-not-found]  # (as _sre)
 
     key: dict[int, int] = {}  # code point -> a representative of its class
     members: dict[int, set[int]] = {}

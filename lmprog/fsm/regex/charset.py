@@ -145,10 +145,10 @@ def _categories() -> dict[str, CharSet]:
     """Every code point by Unicode general category (from ``unicodedata``; built once)."""
     import unicodedata
 
-    ranges: dict[str, list] = {}
+    ranges: dict[str, list[tuple[int, int]]] = {}
     start, current = 0, unicodedata.category(chr(0))
     for cp in range(1, MAX_CP + 2):
-        cat_ = unicodedata.category(chr(cp)) if cp <= MAX_CP else None
+        cat_ = unicodedata.category(chr(cp)) if cp <= MAX_CP else ""  # "": past the last
         if cat_ != current:
             ranges.setdefault(current, []).append((start, cp - 1))
             start, current = cp, cat_

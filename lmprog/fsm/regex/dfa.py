@@ -10,12 +10,18 @@ Design: docs/design/constraints.md.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+from typing import Any, TypeAlias
+
 from lmprog.fsm.regex.automata import to_regex
 from lmprog.fsm.regex.charset import ANY_CHAR, CharSet
 from lmprog.fsm.regex.fragments import R, charset_regex
-from lmprog.fsm.regex.syntax import Alternation, Chars, Concat, ParsedRegex, Repeat
+from lmprog.fsm.regex.syntax import Alternation, Chars, Concat, Node, ParsedRegex, Repeat
 
 NOTHING, EPS = 0, 1  # the ids of the empty language and of the empty string
+# An interned derivative: ("chars", mask), ("cat", a, b), ("alt", ids), ("rep", a, lo, hi),
+# (and _InContext's "look", "ahead", "and", "not"); read as (kind, *args).
+Interned: TypeAlias = tuple[Any, ...]
 
 
 def complement(parsed: ParsedRegex, max_states: int = 100, limit: int = 20_000) -> R | None:
@@ -45,7 +51,9 @@ def search_automaton(
     return moves, d.blocks, [d.nullable(s) for s in d.states]
 
 
-def written(moves: list[list[int]], blocks: list[CharSet], accepting: list[bool], limit: int):
+def written(
+    moves: list[list[int]], blocks: list[CharSet], accepting: list[bool], limit: int
+) -> R | None:
     """The regex (full-match) of an automaton (state 0 the start; each state's successor by
     block), minimized first; None where it accepts nothing. OverflowError past ``limit``."""
     group = _minimized(moves, accepting)
@@ -63,7 +71,7 @@ def _minimized(moves: list[list[int]], final: list[bool]) -> list[int]:
     """Each state's class of equivalent states (Moore's refinement); state 0's class is 0."""
     group = [int(f) for f in final]
     while True:
-        keys: dict[tuple, int] = {}
+        keys: dict[tuple[int, ...], int] = {}
         new = [
             keys.setdefault((group[s], *(group[q] for q in row)), len(keys))
             for s, row in enumerate(moves)
@@ -80,20 +88,22 @@ class _Derivatives:
     holds, as bits), ``("cat", a, b)``, ``("alt", ids)`` (sorted, flat, no NOTHING) and
     ``("rep", a, lo, hi)``; equal derivatives get one id, so the automaton stays finite."""
 
-    def __init__(self, node, classes: set[CharSet] | None = None) -> None:
+    def __init__(self, node: Node, classes: set[CharSet] | None = None) -> None:
         """classes: what the blocks partition (default: the node's own classes)."""
         self.blocks = _blocks(_classes(node) if classes is None else classes)
-        self.nodes: list[tuple] = [("alt", ()), ("cat",)]  # NOTHING, EPS
-        self.ids: dict[tuple, int] = {n: i for i, n in enumerate(self.nodes)}
+        self.nodes: list[Interned] = [("alt", ()), ("cat",)]  # NOTHING, EPS
+        self.ids: dict[Interned, int] = {n: i for i, n in enumerate(self.nodes)}
         self._nullable: dict[int, bool] = {NOTHING: False, EPS: True}
-        self._derived: dict[tuple[int, int], int] = {}
+        # (id, block) -> id; a subclass keys more context in: (id, ..., block)
+        self._derived: dict[tuple[Hashable, ...], int] = {}
         self.states = [self.read(node)]
 
     def automaton(self, max_states: int) -> list[list[int]]:
         """Each state's successor by block; ``self.states`` lists them (state 0: the start)."""
-        index, moves = {self.states[0]: 0}, []
+        index: dict[int, int] = {self.states[0]: 0}
+        moves: list[list[int]] = []
         while len(moves) < len(self.states):
-            row = []
+            row: list[int] = []
             for b in range(len(self.blocks)):
                 nxt = self.derive(self.states[len(moves)], b)
                 if nxt not in index:
@@ -105,7 +115,7 @@ class _Derivatives:
             moves.append(row)
         return moves
 
-    def read(self, node) -> int:
+    def read(self, node: Node) -> int:
         """The id of a parsed node."""
         if isinstance(node, Chars):
             mask = sum(1 << i for i, b in enumerate(self.blocks) if not (b & node.chars).is_empty())
@@ -184,7 +194,7 @@ class _Derivatives:
             return a
         return self._intern(("rep", a, lo, hi))
 
-    def _intern(self, node: tuple) -> int:
+    def _intern(self, node: Interned) -> int:
         if node not in self.ids:
             self.ids[node] = len(self.nodes)
             self.nodes.append(node)
@@ -199,7 +209,7 @@ def _blocks(classes: set[CharSet]) -> list[CharSet]:
     return blocks
 
 
-def _classes(node) -> set[CharSet]:
+def _classes(node: Node) -> set[CharSet]:
     if isinstance(node, Chars):
         return {node.chars}
     if isinstance(node, Repeat):

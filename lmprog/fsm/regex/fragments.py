@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.regex.charset import SCALARS, SURROGATES, CharSet
@@ -79,18 +79,26 @@ def _grouped(r: R) -> str:
     return f"(?:{r.text})"
 
 
+@overload
+def cat(*parts: R) -> R: ...
+@overload
+def cat(*parts: R | None) -> R | None: ...
 def cat(*parts: R | None) -> R | None:
     """Concatenation; the empty language if any part is."""
     if any(p is None for p in parts):
         return None
-    parts = tuple(p for p in parts if p.text)  # type: ignore[union-attr]
-    if not parts:
+    texts = tuple(p for p in parts if p is not None and p.text)
+    if not texts:
         return EPS
-    if len(parts) == 1:
-        return parts[0]
-    return _bounded(R("".join(_grouped(p) if p.has_alt else p.text for p in parts), False, False))
+    if len(texts) == 1:
+        return texts[0]
+    return _bounded(R("".join(_grouped(p) if p.has_alt else p.text for p in texts), False, False))
 
 
+@overload
+def alt(first: R, /, *options: R | None) -> R: ...
+@overload
+def alt(*options: R | None) -> R | None: ...
 def alt(*options: R | None) -> R | None:
     """Alternation; ``None`` options are dropped (an empty union is the empty language)."""
     seen: dict[str, R] = {}
@@ -105,6 +113,10 @@ def alt(*options: R | None) -> R | None:
     return rep(body, 0, 1) if has_eps else body
 
 
+@overload
+def rep(r: R, lo: int, hi: int | None) -> R: ...
+@overload
+def rep(r: R | None, lo: int, hi: int | None) -> R | None: ...
 def rep(r: R | None, lo: int, hi: int | None) -> R | None:
     """``r`` repeated lo..hi times (hi None = unbounded)."""
     assert lo >= 0 and (hi is None or hi >= lo), (lo, hi)
@@ -122,7 +134,7 @@ def rep(r: R | None, lo: int, hi: int | None) -> R | None:
 
 
 def opt(r: R | None) -> R:
-    return rep(r, 0, 1)  # type: ignore[return-value]
+    return EPS if r is None else rep(r, 0, 1)
 
 
 def charset_regex(s: CharSet) -> R | None:

@@ -11,11 +11,16 @@ docs/design/constraints.md.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TypeAlias, overload
 
 from lmprog.core.errors import ConstraintError
+from lmprog.fsm.regex.anchors import Anchored
 from lmprog.fsm.regex.dfa import complement
 from lmprog.fsm.regex.parser import Anchor, Look, _has_anchor, _Parser, parse_regex
-from lmprog.fsm.regex.syntax import Alternation, Chars, Concat, Repeat, emit, node_lengths
+from lmprog.fsm.regex.syntax import Alternation, Chars, Concat, Node, Repeat, emit, node_lengths
+
+# A part of a parsed pattern: the parser leaves lookaheads (Look) and anchors in its tree.
+Part: TypeAlias = "Node | Look | Anchor"
 
 NOTHING = r"[^\s\S]"
 
@@ -51,7 +56,7 @@ def split_lookaheads(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return (source,), ()
 
 
-def _split(source: str, node, parser: _Parser) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _split(source: str, node: Node, parser: _Parser) -> tuple[tuple[str, ...], tuple[str, ...]]:
     if parser.asserts or parser.multiline:
         at = (parser.asserts or parser.anchors)[0]
         raise parser.fail("a lookahead beside a word boundary, lookbehind or (?m) anchor", at)
@@ -61,22 +66,23 @@ def _split(source: str, node, parser: _Parser) -> tuple[tuple[str, ...], tuple[s
         if isinstance(inner, Look):
             inner = inner.node
         if _has_look(inner):
-            at = _first_look(inner)
             raise parser.fail(
-                "a lookahead inside an alternative, a repeated group or a lookahead", at
+                "a lookahead inside an alternative, a repeated group or a lookahead",
+                _first_look(inner),
             )
     plain = [_plain(p) for p in parts if not isinstance(p, Look)]
-    base = parser.split_anchors(Concat(tuple(plain)))
+    base = parser.split_anchors(Concat(tuple(plain)))  # type: ignore[arg-type]  # a parse-time tree: split_anchors takes out its anchors
     if not base:
         return (NOTHING,), ()
     if not any(start for start, _, _ in base) and _looks_at_the_start(parts, parser):
         return _searched(source, parts, base, parser)
     must, must_not = [_source(base)], []
-    for i, look in enumerate(parts):
-        tempered = _tempered(look)
-        if not isinstance(look, Look) and tempered is None:
+    for i, part in enumerate(parts):
+        tempered = _tempered(part)
+        look = tempered if tempered is not None else part if isinstance(part, Look) else None
+        if look is None:
             continue
-        at = (tempered or look).at
+        at = look.at
         if not all(start for start, _, _ in base):
             raise parser.fail("a lookahead in a pattern not anchored at its start ('^')", at)
         lo = _offset(parts[:i], parser, at)
@@ -101,18 +107,22 @@ def _split(source: str, node, parser: _Parser) -> tuple[tuple[str, ...], tuple[s
     return tuple(dict.fromkeys(must)), tuple(dict.fromkeys(must_not))
 
 
-def _looks_at_the_start(parts: list, parser: _Parser) -> bool:
+def _looks_at_the_start(parts: list[Part], parser: _Parser) -> bool:
     """Whether the lookaheads lead the pattern and each looks only from the string's start
     (``(?!^[0-9]+$)...``: every branch of its body begins with ``^``)."""
     leading = 0
     while leading < len(parts) and isinstance(parts[leading], Look):
         leading += 1
     return not any(_has_look(p) or _tempered(p) for p in parts[leading:]) and all(
-        all(start for start, _, _ in parser.split_anchors(look.node)) for look in parts[:leading]
+        all(start for start, _, _ in parser.split_anchors(look.node))
+        for look in parts[:leading]
+        if isinstance(look, Look)  # (all of them)
     )
 
 
-def _searched(source: str, parts: list, base: list, parser: _Parser) -> tuple:
+def _searched(
+    source: str, parts: list[Part], base: list[Anchored], parser: _Parser
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """A pattern not anchored at its start whose lookaheads look only from the string's start:
     a match at position 0 is the pattern anchored there; a match further on finds its negative
     lookaheads true (``^`` fails there) and its positive ones false. The union of the two is
@@ -132,18 +142,19 @@ def _searched(source: str, parts: list, base: list, parser: _Parser) -> tuple:
     return tuple(f"{m}|{later}" for m in must), ()
 
 
-def _offset(before: list, parser: _Parser, at: int) -> int:
+def _offset(before: list[Part], parser: _Parser, at: int) -> int:
     """The fixed length of the parts before a lookahead (a leading ``^`` aside)."""
     before = [_plain(p) for p in before if not isinstance(p, Look)]
     while before and isinstance(before[0], Anchor) and before[0].start:
         before.pop(0)
-    lo, hi = node_lengths(Concat(tuple(before))) if not _anchored(before) else (0, None)
+    plain = [p for p in before if not isinstance(p, (Look, Anchor))]  # (all, when not anchored)
+    lo, hi = node_lengths(Concat(tuple(plain))) if not _anchored(before) else (0, None)
     if lo != hi:
         raise parser.fail("a lookahead after a part of variable length", at)
     return lo
 
 
-def _tempered(part) -> Look | None:
+def _tempered(part: Part) -> Look | None:
     """The lookahead of a tempered token ``((?!X).)*`` (one character checked at each step)."""
     if isinstance(part, Repeat) and isinstance(part.node, Concat) and len(part.node.parts) == 2:
         look, chars = part.node.parts
@@ -152,14 +163,20 @@ def _tempered(part) -> Look | None:
     return None
 
 
-def _plain(part):
+@overload
+def _plain(part: Node) -> Node: ...
+@overload
+def _plain(part: Part) -> Part: ...
+def _plain(part: Part) -> Part:
     """A part with a tempered token's lookahead dropped (its characters stay)."""
-    if _tempered(part) is not None:
+    if _tempered(part) is not None and isinstance(part, Repeat) and isinstance(part.node, Concat):
         return Repeat(part.node.parts[1], part.lo, part.hi)
     return part
 
 
-def _tempered_source(after: list, look: Look, lo: int, base: list, parser: _Parser) -> str:
+def _tempered_source(
+    after: list[Part], look: Look, lo: int, base: list[Anchored], parser: _Parser
+) -> str:
     """The strings where ``look``'s body matches at some position from ``lo`` on, for a
     tempered token that runs to the end of a pattern anchored at its end."""
     rest = []
@@ -168,7 +185,8 @@ def _tempered_source(after: list, look: Look, lo: int, base: list, parser: _Pars
             break
         rest.append(p)
     if not all(end for _, _, end in base) or any(
-        isinstance(p, Look) or _anchored([p]) or node_lengths(_plain(p)) != (0, 0) for p in rest
+        isinstance(p, (Look, Anchor)) or _anchored([p]) or node_lengths(_plain(p)) != (0, 0)
+        for p in rest
     ):
         raise parser.fail("a tempered lookahead ((?!...).)* that does not run to the end", look.at)
     branches = parser.split_anchors(look.node)
@@ -183,11 +201,11 @@ def _tempered_source(after: list, look: Look, lo: int, base: list, parser: _Pars
     return "|".join(out) if out else NOTHING
 
 
-def _has_look(node) -> bool:
+def _has_look(node: Part) -> bool:
     return _first_look(node) is not None
 
 
-def _first_look(node) -> int | None:
+def _first_look(node: Part) -> int | None:
     if isinstance(node, Look):
         return node.at
     if not isinstance(node, (Concat, Alternation, Repeat)):
@@ -206,23 +224,23 @@ def _first_look(node) -> int | None:
     return None
 
 
-def _flatten(node) -> list:
+def _flatten(node: Part) -> list[Part]:
     """The parts of a concatenation, groups (nested concatenations) opened."""
     if isinstance(node, Concat):
         return [q for p in node.parts for q in _flatten(p)]
     return [node]
 
 
-def _anchored(parts: list) -> bool:
+def _anchored(parts: list[Part]) -> bool:
     return any(_has_anchor(p) for p in parts)
 
 
-def _body(node) -> str:
+def _body(node: Node) -> str:
     r = emit(node)
     return NOTHING if r is None else f"(?:{r.text})"
 
 
-def _source(branches: list) -> str:
+def _source(branches: list[Anchored]) -> str:
     """Anchored alternatives (start?, body, end?) as one ECMA source."""
     if not branches:
         return NOTHING

@@ -9,6 +9,8 @@ from lmprog.core.errors import ConstraintError
 from lmprog.fsm.regex.anchors import (
     ANCHOR_ESCAPES,
     Anchor,
+    Anchored,
+    Side,
     Unsure,
     join_anchored,
     line_edges,
@@ -57,7 +59,7 @@ class Look:
         self.node, self.negative, self.at = node, negative, at
 
 
-def _has_anchor(node: Node) -> bool:
+def _has_anchor(node: Node | Look | Anchor) -> bool:
     if isinstance(node, Anchor):
         return True
     if not isinstance(node, (Concat, Alternation, Repeat, Look)):
@@ -122,13 +124,13 @@ class _Parser:
             raise self.fail(why, at)
         return (Branch(Chars(CharSet()), False, False),)
 
-    def split_anchors(self, node: Node) -> list[tuple[bool, Node, bool]]:
+    def split_anchors(self, node: Node) -> list[Anchored]:
         """The pattern as alternatives (anchored at the start?, body, anchored at the end?)
         with the same search language: anchors may stand anywhere a regex engine allows them
         (`^$|(^[a-z]+$)`, `^(foo|^bar)$`, `(^a|b)c`). An anchor is satisfiable only where
         the text around it can be empty; combinations that cannot be are dropped."""
         if isinstance(node, Anchor):
-            mode = "m" if node.multiline else True
+            mode: Side = "m" if node.multiline else True
             return [(mode, EMPTY, False) if node.start else (False, EMPTY, mode)]
         if not _has_anchor(node):
             return [(False, node, False)]
@@ -151,7 +153,8 @@ class _Parser:
                         self.anchors[0],
                     ) from None
                 self.check_anchored(out)
-        else:  # Repeat
+        else:
+            assert isinstance(node, Repeat), node  # a Chars holds no anchor
             if node.hi == 1:  # x? = "" | x
                 return self.split_anchors(Alternation((EMPTY, node.node)))
             raise self.fail("an anchor inside a repeated group", self.anchors[0])
@@ -176,7 +179,7 @@ class _Parser:
         why = "a word boundary or lookaround no text can satisfy"
         return out or self.matches_nothing(why, self.asserts[0])
 
-    def check_anchored(self, out: list) -> None:
+    def check_anchored(self, out: list[Anchored]) -> None:
         if len(out) > MAX_ANCHORED_BRANCHES:
             raise self.fail(
                 f"anchors inside groups that expand to more than {MAX_ANCHORED_BRANCHES} "
@@ -227,8 +230,9 @@ class _Parser:
                 inner = max(inner, self.products.get(id(n), 1))
             else:
                 stack.extend(getattr(n, "parts", ()) or getattr(n, "options", ()))
-                if getattr(n, "node", None) is not None:
-                    stack.append(n.node)
+                below = getattr(n, "node", None)
+                if below is not None:
+                    stack.append(below)
         self.products[id(node)] = count * inner
         if inner > 1 and count * inner > MAX_NESTED_REPEAT:
             raise self.fail(
@@ -277,7 +281,7 @@ class _Parser:
             if self.peek() in ("A", "Z") or (not self.ecma and self.peek() == "z"):
                 self.anchors.append(start)  # \A, \Z in a JSON Schema pattern: Python's anchors
                 self.i += 1
-                return ANCHOR_ESCAPES[self.src[self.i - 1]]  # type: ignore[return-value]
+                return ANCHOR_ESCAPES[self.src[self.i - 1]]  # type: ignore[return-value]  # a parse-time node (split_anchors removes it)
             if self.peek() == "G":
                 raise self.fail("anchor '\\G'", start)
             if self.peek() in ("b", "B"):
@@ -285,12 +289,12 @@ class _Parser:
 
                 self.i += 1
                 self.asserts.append(start)
-                return Assert("boundary", WORD, self.src[start + 1] == "B", start)  # type: ignore[return-value]
+                return Assert("boundary", WORD, self.src[start + 1] == "B", start)  # type: ignore[return-value]  # a parse-time node (split_anchors, without_assertions remove it)
             return Chars(self.cased(self.escape(in_class=False)))
         if c in "^$":
             self.anchors.append(start)
             self.multiline = self.multiline or "m" in self.flags
-            return Anchor(c == "^", "m" in self.flags)  # type: ignore[return-value]
+            return Anchor(c == "^", "m" in self.flags)  # type: ignore[return-value]  # a parse-time node (split_anchors, without_assertions remove it)
         return Chars(self.cased(CharSet.of(c)))
 
     def cased(self, chars: CharSet) -> CharSet:
@@ -298,7 +302,8 @@ class _Parser:
         return fold(chars) if "i" in self.flags else chars
 
     def group(self, start: int) -> Node:
-        look, flags = None, self.flags
+        look: bool | str | None = None
+        flags = self.flags
         if self.peek() == "?":
             self.i += 1
             scope = self.inline_flags(start)
@@ -315,9 +320,9 @@ class _Parser:
             raise self.fail("missing ')' for the group opened", start)
         self.i += 1
         self.flags = flags
-        if look in ("behind", "ahead"):
-            return self.one_character(node, look, start)  # type: ignore[arg-type]
-        return node if look is None else Look(node, look, start)  # type: ignore[return-value]
+        if isinstance(look, str):  # "behind" or "ahead"
+            return self.one_character(node, look, start)
+        return node if look is None else Look(node, look, start)  # type: ignore[return-value]  # a parse-time node (split_anchors, without_assertions remove it)
 
     def one_character(self, node: Node, kind: str, start: int) -> Node:
         """``(?<=X)``, ``(?<!X)`` with X one character class, and (where lookaheads are not
@@ -327,8 +332,8 @@ class _Parser:
             raise self.fail("lookbehind of other than one character class", start)
         self.asserts.append(start)
         if not isinstance(node, Chars):  # a longer lookahead: through the automaton too
-            return Assert("lookahead", None, negative, start, node)  # type: ignore[return-value]
-        return Assert(kind, node.chars, negative, start)  # type: ignore[return-value]
+            return Assert("lookahead", CharSet(), negative, start, node)  # type: ignore[return-value]  # a parse-time node (split_anchors, without_assertions remove it)
+        return Assert(kind, node.chars, negative, start)  # type: ignore[return-value]  # a parse-time node (split_anchors, without_assertions remove it)
 
     def inline_flags(self, start: int) -> str | None:
         """Reads Python's inline flags: ``(?i-s)`` ("rest": for the rest of the enclosing group
@@ -504,5 +509,6 @@ class _Parser:
                 raise self.fail("octal escape", start)
             return CharSet.of("\0")
         m = re.match(r"[0-7]{0,2}", self.src[self.i :])
-        self.i += m.end()  # type: ignore[union-attr]
-        return CharSet.of(chr(int(first + m.group(0), 8)))  # type: ignore[union-attr]
+        assert m is not None  # (it matches "" at least)
+        self.i += m.end()
+        return CharSet.of(chr(int(first + m.group(0), 8)))

@@ -16,17 +16,17 @@ class Chars:
 
 @dataclass(frozen=True)
 class Concat:
-    parts: tuple
+    parts: tuple[Node, ...]
 
 
 @dataclass(frozen=True)
 class Alternation:
-    options: tuple
+    options: tuple[Node, ...]
 
 
 @dataclass(frozen=True)
 class Repeat:
-    node: object
+    node: Node
     lo: int
     hi: int | None
 
@@ -57,8 +57,8 @@ class ParsedRegex:
     def length_range(self) -> tuple[int, int | None]:
         ranges = [node_lengths(b.node) for b in self.branches]
         lo = min(r[0] for r in ranges)
-        his = [r[1] for r in ranges]
-        return lo, None if None in his else max(his)  # type: ignore[type-var]
+        his = [r[1] for r in ranges if r[1] is not None]
+        return lo, None if len(his) < len(ranges) else max(his)
 
 
 def node_lengths(node: Node) -> tuple[int, int | None]:
@@ -71,12 +71,12 @@ def node_lengths(node: Node) -> tuple[int, int | None]:
         return lo * node.lo, top
     subs = [node_lengths(p) for p in (node.parts if isinstance(node, Concat) else node.options)]
     if isinstance(node, Concat):
-        his = [h for _, h in subs]
-        return sum(lo for lo, _ in subs), None if None in his else sum(his)  # type: ignore[arg-type]
+        his = [h for _, h in subs if h is not None]
+        return sum(lo for lo, _ in subs), None if len(his) < len(subs) else sum(his)
     if not subs:
         return 0, 0
-    his = [h for _, h in subs]
-    return min(lo for lo, _ in subs), None if None in his else max(his)  # type: ignore[type-var]
+    his = [h for _, h in subs if h is not None]
+    return min(lo for lo, _ in subs), None if len(his) < len(subs) else max(his)
 
 
 def nullable(node: Node) -> bool:
@@ -96,15 +96,15 @@ def nonempty(node: Node) -> Node | None:
         if not node.parts:
             return None
         head, rest = node.parts[0], node.parts[1:]
-        options = []  # AB minus "" = (A minus "") B | B minus "" where A matches ""
+        pieces: list[Node] = []  # AB minus "" = (A minus "") B | B minus "" where A matches ""
         first = nonempty(head)
         if first is not None:
-            options.append(Concat((first, *rest)))
+            pieces.append(Concat((first, *rest)))
         if nullable(head) and rest:
             tail = nonempty(Concat(rest))
             if tail is not None:
-                options.append(tail)
-        return options[0] if len(options) == 1 else Alternation(tuple(options)) if options else None
+                pieces.append(tail)
+        return pieces[0] if len(pieces) == 1 else Alternation(tuple(pieces)) if pieces else None
     inner = nonempty(node.node)
     if inner is None or node.hi == 0:
         return None

@@ -8,7 +8,9 @@ over small finite item sets; over other items the guide checks it as the text is
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import replace
+from typing import Any
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.lark import EPS, Frag, choice, opt, rep, seq, unique
@@ -34,7 +36,7 @@ def array_regex(t: ArrT, em: Writer) -> Frag | None:
 
 
 def _items(
-    prefix: list, rest: Frag | None, lo: int, hi: int | None, sep: Frag | None
+    prefix: list[Frag | None], rest: Frag | None, lo: int, hi: int | None, sep: Frag | None
 ) -> tuple[Frag | None, bool]:
     """(non-empty item sequences, empty allowed) for prefix items then ``rest`` items."""
     n = len(prefix)
@@ -89,7 +91,7 @@ class _Counted:
                 f"contains with {self.end} counted positions and up to {top} matches needs "
                 f"more than {_MAX_COUNTED} grammar states"
             )
-        self.memo: dict = {}
+        self.memo: dict[tuple[int, int], Frag | None] = {}
 
     def items(self) -> tuple[Frag | None, bool]:
         """(the non-empty item sequences, whether the empty one is allowed)."""
@@ -151,13 +153,13 @@ class _Several:
                 f"maxItems and maxContains, and with at most {_MAX_SEVERAL} counts to keep"
             )
         self.any = em.node(t.rest)
-        self.memo: dict = {}
+        self.memo: dict[tuple[tuple[int, ...], bool], Frag | None] = {}
 
     def items(self) -> Frag | None:
         """The non-empty item sequences (some item must match)."""
         return self._from(tuple(0 for _ in self.cs), True)
 
-    def _from(self, counts: tuple, first: bool) -> Frag | None:
+    def _from(self, counts: tuple[int, ...], first: bool) -> Frag | None:
         key = (counts, first)
         if key in self.memo:
             return self.memo[key]
@@ -208,7 +210,7 @@ _LIMIT = 256
 _UNIQUE_ITEMS = 64  # distinct values of a parametric unique list (bits of its parameter)
 
 
-def _distinct_values(t: ArrT, em: Writer) -> list | None:
+def _distinct_values(t: ArrT, em: Writer) -> list[Any] | None:
     """The distinct values (JSON equality) every item of ``t`` comes from, when there is no
     prefix and at most _UNIQUE_ITEMS of them; else None."""
     if t.prefix or t.contains or t.rest.never:
@@ -220,19 +222,20 @@ def _distinct_values(t: ArrT, em: Writer) -> list | None:
     return distinct if len(distinct) <= _UNIQUE_ITEMS else None
 
 
-def _distinct_arrays(t: ArrT, em: Writer) -> list | None:
+def _distinct_arrays(t: ArrT, em: Writer) -> list[list[Any]] | None:
     """Every array of ``t`` with pairwise distinct items, when items come from finite sets and
     there are at most ``_LIMIT`` of them; else None."""
     if t.contains:
         return None
-    choices = [em.finite_values(n) for n in t.prefix]
+    finite = [em.finite_values(n) for n in t.prefix]
     rest = [] if t.rest.never else em.finite_values(t.rest)
-    if rest is None or any(c is None for c in choices):
+    choices = [c for c in finite if c is not None]
+    if rest is None or len(choices) < len(finite):
         return None
     top = len(choices) + len(rest) if t.max_items is None else t.max_items
-    out: list = []
+    out: list[list[Any]] = []
 
-    def extend(items: list, keys: set) -> bool:
+    def extend(items: list[Any], keys: set[Hashable]) -> bool:
         if t.min_items <= len(items):
             out.append(list(items))
             if len(out) > _LIMIT:

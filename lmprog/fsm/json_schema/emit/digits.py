@@ -14,7 +14,7 @@ from lmprog.fsm.regex import R, alt, cat, lit, raw, rep
 
 
 class Block(NamedTuple):
-    prefix: tuple  # digit values
+    prefix: tuple[int, ...]  # digit values
     x: int
     y: int
     j: int  # free digits after the x..y digit
@@ -94,12 +94,12 @@ def _digits(n: int, base: int, width: int) -> list[int]:
     return out[::-1]
 
 
-def natural_blocks(lo: int, hi: int | None) -> list[Block | tuple]:
+def natural_blocks(lo: int, hi: int | None) -> list[Block | tuple[str, int]]:
     """Blocks of decimal naturals lo..hi written without leading zeros. An unbounded tail
     "every number with more than d digits" is returned as the tuple ``("more", d)``."""
     assert 0 <= lo and (hi is None or lo <= hi), (lo, hi)
     top = hi if hi is not None else 10 ** len(str(lo)) - 1
-    out: list = []
+    out: list[Block | tuple[str, int]] = []
     for width in range(len(str(lo)), len(str(top)) + 1):
         a = max(lo, 10 ** (width - 1) if width > 1 else 0)
         b = min(top, 10**width - 1)
@@ -122,9 +122,9 @@ def natural_range(lo: int, hi: int | None) -> R | None:
 
 
 @lru_cache(maxsize=1024)
-def _digit_set_cached(ds: tuple) -> R:
+def _digit_set_cached(ds: tuple[int, ...]) -> R:
     runs, start = [], ds[0]
-    for a, b in zip(ds, ds[1:] + (None,)):
+    for a, b in zip(ds, ds[1:] + (-1,)):  # (-1: past the last digit, never a + 1)
         if b != a + 1:
             runs.append((start, a))
             start = b

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 from itertools import permutations, product
+from typing import Any
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.arrays import array_regex
@@ -22,8 +23,10 @@ from lmprog.fsm.json_schema.emit.sequences import Slot, separated
 from lmprog.fsm.json_schema.emit.strings import json_text, string_lexeme
 from lmprog.fsm.json_schema.emit.unordered import KEYED
 from lmprog.fsm.json_schema.terms.algebra import conj
+from lmprog.fsm.json_schema.terms.lengths import LengthCount
 from lmprog.fsm.json_schema.terms.nodes import (
     ArrT,
+    Bodies,
     BoolT,
     Node,
     NullT,
@@ -31,6 +34,7 @@ from lmprog.fsm.json_schema.terms.nodes import (
     ObjT,
     RefT,
     StrT,
+    Term,
     counts_additional_keys,
 )
 from lmprog.fsm.json_schema.terms.strict import generated as strict_terms
@@ -50,30 +54,32 @@ class Emitter:
         self,
         ws: R,
         any_depth: int | None,
-        bodies: dict | None = None,
+        bodies: Bodies | None = None,
         strict: bool = False,
         any_order: bool = False,
     ):
         assert any_depth is None or any_depth >= 0
         self.ws, self.any_depth, self.any_order = ws, any_depth, any_order
-        self.generated = strict_terms if strict else (lambda t: t)
+        self.strict = strict
         self.sep = tok(cat(ws, lit(","), ws))
         self.colon = tok(cat(ws, lit(":"), ws))
         self._open = {c: tok(cat(lit(c), ws)) for c in "{["}
         self._close = {c: tok(cat(ws, lit(c))) for c in "}]"}
         self._close_empty = {c: tok(lit(c)) for c in "}]"}
         self.rules: dict[str, Frag] = {}
-        self._memo: dict = {}
-        self._any: dict[int | None, Frag] = {}
+        self._memo: dict[Node, Frag | None] = {}
+        self._any: dict[int | None, Frag | None] = {}  # (None: being written)
         self._bodies = bodies or {}  # RefT key -> its node
         # ArrT terms whose distinct (or repeated) items, ObjT terms whose distinct keys, the
         # guide checks as it decodes (lmprog.fsm.checks)
-        self.checked: set = set()
+        self.checked: set[ArrT | ObjT] = set()
         # StrT terms of values whose maxLength the check counts (lengths.counted_apart; set by
         # json_schema._grammar before writing): their lexemes leave it out
-        self.counted: dict = {}
-        self._ref_names: dict[tuple, str] = {}
-        self._needs: dict = {}  # node -> whether its grammar leaves a condition to the check
+        self.counted: dict[StrT, LengthCount] = {}
+        self._ref_names: dict[tuple[Any, ...], str] = {}
+        self._needs: dict[
+            Node, bool
+        ] = {}  # node -> whether its grammar leaves a condition to the check
         self._writing: list[bool] = []  # the same, for the nodes being written (innermost last)
 
     def node(self, node: Node) -> Frag | None:
@@ -89,7 +95,7 @@ class Emitter:
             self._mark()
         return self._memo[node]
 
-    def check(self, t) -> None:
+    def check(self, t: ArrT | ObjT) -> None:
         """The grammar of term ``t`` leaves its condition to the check (lmprog.fsm.checks)."""
         self.checked.add(t)
         self._mark()
@@ -142,7 +148,7 @@ class Emitter:
                     ]
         return False
 
-    def term(self, t) -> Frag | None:
+    def term(self, t: Term) -> Frag | None:
         if isinstance(t, NullT):
             return tok(lit("null"))
         if isinstance(t, BoolT):
@@ -155,12 +161,17 @@ class Emitter:
             return string_lexeme(t, t in self.counted)
         if isinstance(t, RefT):
             return self.reference(t)
-        assert isinstance(t, (ArrT, ObjT)), t
-        write = array_regex if isinstance(t, ArrT) else object_regex
-        closed = self.generated(t)
-        frag = write(closed, self)
-        if frag is None and closed is not t:  # closing left no value: the term stays open
-            frag = write(t, self)
+        if isinstance(t, ArrT):
+            closed_arr = strict_terms(t) if self.strict else t
+            frag = array_regex(closed_arr, self)
+            if frag is None and closed_arr is not t:  # closing left no value: it stays open
+                frag = array_regex(t, self)
+            return frag
+        assert isinstance(t, ObjT), t
+        closed_obj = strict_terms(t) if self.strict else t
+        frag = object_regex(closed_obj, self)
+        if frag is None and closed_obj is not t:  # closing left no value: the term stays open
+            frag = object_regex(t, self)
         return frag
 
     def reference(self, t: RefT) -> Frag:
@@ -180,10 +191,16 @@ class Emitter:
         """Every JSON value: the recursive rule ``any`` (depth None), or values whose
         containers nest at most ``depth`` levels."""
         if depth not in self._any:
-            inner = self._any[depth] = Ref("any") if depth is None else None
+            inner: Frag | None = Ref("any") if depth is None else None
+            self._any[depth] = inner
             if depth is not None and depth > 0:
                 inner = self.any_value(depth - 1)
-            options = [tok(lit("null")), tok(lit("true")), tok(lit("false")), tok(raw(NUMBER))]
+            options: list[Frag | None] = [
+                tok(lit("null")),
+                tok(lit("true")),
+                tok(lit("false")),
+                tok(raw(NUMBER)),
+            ]
             key = string_lexeme(StrT())
             options.append(key)
             if inner is not None:
@@ -192,11 +209,14 @@ class Emitter:
                     body, _ = separated([Slot(item, 0, None)], self.sep)
                     options.append(self.container(open_, body, True, close))
             body = choice(*options)
+            assert body is not None  # null, true, false and numbers at least
             if depth is None:
-                self.rules["any"] = body  # type: ignore[assignment]
+                self.rules["any"] = body
             else:
-                self._any[depth] = body  # type: ignore[assignment]
-        return self._any[depth]
+                self._any[depth] = body
+        found = self._any[depth]
+        assert found is not None
+        return found
 
     def member(self, key: Frag | None, value: Frag | None) -> Frag | None:
         """``key ws : ws value`` (``key`` a string lexeme)."""
@@ -209,7 +229,7 @@ class Emitter:
         empty = self._close_empty[close] if empty_ok else None
         return group(seq(self._open[open_], choice(empty, seq(body, self._close[close]))))
 
-    def value(self, v) -> Frag | None:
+    def value(self, v: Any) -> Frag | None:
         """The text of one JSON value (objects in every key order when they have few keys, or
         with ``any_order``)."""
         if v is None or isinstance(v, bool):
@@ -228,19 +248,20 @@ class Emitter:
         body = choice(*(separated([Slot(m, 1, 1) for m in order], self.sep)[0] for order in orders))
         return self.container("{", body, not items, "}")
 
-    def finite_values_of_term(self, t) -> list | None:
+    def finite_values_of_term(self, t: Term) -> list[Any] | None:
         """Every value of a term, when there are at most a few hundred; else None."""
         if isinstance(t, NullT):
             return [None]
         if isinstance(t, (BoolT, NumT, StrT)):
             return None if t.values is None else sorted(t.values, key=repr)
-        if isinstance(t, ArrT):
-            t = self.generated(t)
+        if isinstance(t, ArrT) and self.strict:
+            t = strict_terms(t)
         if isinstance(t, ArrT) and t.rest.never and not (t.contains or t.unique or t.repeats):
-            choices = [self.finite_values(n) for n in t.prefix]
-            if any(c is None for c in choices):
+            finite = [self.finite_values(n) for n in t.prefix]
+            choices = [c for c in finite if c is not None]
+            if len(choices) < len(finite):
                 return None
-            out = []
+            out: list[Any] = []
             for length in range(t.min_items, len(t.prefix) + 1):
                 out += [list(combo) for combo in product(*choices[:length])]
                 if len(out) > _FINITE_LIMIT:
@@ -248,10 +269,10 @@ class Emitter:
             return out
         return None
 
-    def finite_values(self, node: Node) -> list | None:
+    def finite_values(self, node: Node) -> list[Any] | None:
         if node.top:
             return None
-        out = []
+        out: list[Any] = []
         for t in node.terms:
             vals = self.finite_values_of_term(t)
             if vals is None or len(out) + len(vals) > _FINITE_LIMIT:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import TypeVar, overload
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.deadline import tick
@@ -37,7 +38,7 @@ class Tok(Frag):
 class Seq(Frag):
     __slots__ = ("parts",)
 
-    def __init__(self, parts: tuple) -> None:
+    def __init__(self, parts: tuple[Frag, ...]) -> None:
         self.parts = parts
 
 
@@ -51,7 +52,7 @@ class Group(Seq):
 class Choice(Frag):
     __slots__ = ("options",)
 
-    def __init__(self, options: tuple) -> None:
+    def __init__(self, options: tuple[Frag, ...]) -> None:
         self.options = options
 
 
@@ -68,7 +69,7 @@ class Unique(Frag):
 
     __slots__ = ("items", "lo", "hi", "sep")
 
-    def __init__(self, items: tuple, lo: int, hi: int, sep: Frag) -> None:
+    def __init__(self, items: tuple[Frag, ...], lo: int, hi: int, sep: Frag) -> None:
         self.items, self.lo, self.hi, self.sep = items, lo, hi, sep
 
 
@@ -83,7 +84,13 @@ class Loop(Frag):
     __slots__ = ("keyed", "free", "sep", "required", "lo", "hi")
 
     def __init__(
-        self, keyed: tuple, free: Frag | None, sep: Frag, required: int, lo: int, hi: int | None
+        self,
+        keyed: tuple[Frag, ...],
+        free: Frag | None,
+        sep: Frag,
+        required: int,
+        lo: int,
+        hi: int | None,
     ) -> None:
         self.keyed, self.free, self.sep = keyed, free, sep
         self.required, self.lo, self.hi = required, lo, hi
@@ -117,7 +124,10 @@ def fragment_limit(max_chars: int) -> Iterator[None]:
         _BUDGET.reset(token)
 
 
-def _made(frag: Frag) -> Frag:
+_F = TypeVar("_F", bound="Frag")
+
+
+def _made(frag: _F) -> _F:
     tick()
     budget = _BUDGET.get()
     if budget is not None:
@@ -139,6 +149,10 @@ def regex_terminal(r: R) -> str:
     return "/" + r.text.replace("/", "\\/") + "/"
 
 
+@overload
+def tok(r: R | str) -> Tok: ...
+@overload
+def tok(r: R | str | None) -> Tok | None: ...
 def tok(r: R | str | None) -> Tok | None:
     """A lexeme from a regex fragment, or from a Lark terminal expression (str)."""
     if r is None:
@@ -147,15 +161,19 @@ def tok(r: R | str | None) -> Tok | None:
         if not r.text:
             raise ValueError("a lexeme must not match only the empty string")
         r = regex_terminal(r)
-    return _made(Tok(r))  # type: ignore[return-value]
+    return _made(Tok(r))
 
 
+@overload
+def seq(*parts: Frag) -> Frag: ...
+@overload
+def seq(*parts: Frag | None) -> Frag | None: ...
 def seq(*parts: Frag | None) -> Frag | None:
     """Concatenation; the empty language if any part is."""
     if any(p is None for p in parts):
         return None
     # nested sequences are kept (not flattened): a shared tail stays one fragment
-    flat = [p for p in parts if p is not EPS]
+    flat = [p for p in parts if p is not None and p is not EPS]
     if len(flat) == 1:
         return flat[0]
     return _made(Seq(tuple(flat))) if flat else EPS
@@ -168,6 +186,10 @@ def group(f: Frag | None) -> Frag | None:
     return _made(Group(f.parts))
 
 
+@overload
+def choice(first: Frag, /, *options: Frag | None) -> Frag: ...
+@overload
+def choice(*options: Frag | None) -> Frag | None: ...
 def choice(*options: Frag | None) -> Frag | None:
     """Union; ``None`` options are dropped (an empty union is the empty language)."""
     seen: dict[int, Frag] = {}
@@ -186,6 +208,10 @@ def choice(*options: Frag | None) -> Frag | None:
     return rep(body, 0, 1) if has_eps else body
 
 
+@overload
+def rep(f: Frag, lo: int, hi: int | None) -> Frag: ...
+@overload
+def rep(f: Frag | None, lo: int, hi: int | None) -> Frag | None: ...
 def rep(f: Frag | None, lo: int, hi: int | None) -> Frag | None:
     """``f`` repeated lo..hi times (hi None = unbounded)."""
     assert lo >= 0 and (hi is None or hi >= lo), (lo, hi)
@@ -198,19 +224,24 @@ def rep(f: Frag | None, lo: int, hi: int | None) -> Frag | None:
     return _made(Rep(f, lo, hi))
 
 
-def unique(items: list, lo: int, hi: int, sep: Frag | None) -> Frag | None:
+def unique(items: list[Frag | None], lo: int, hi: int, sep: Frag | None) -> Frag | None:
     """lo..hi of the distinct `items`, each at most once, in any order (1 <= lo)."""
-    items = [x for x in items if x is not None]
-    hi = min(hi, len(items))
+    present = [x for x in items if x is not None]
+    hi = min(hi, len(present))
     if sep is None or lo > hi:
         return None
-    if len(items) > 64:
+    if len(present) > 64:
         raise ValueError("a unique list holds at most 64 distinct items")
-    return _made(Unique(tuple(items), max(lo, 1), hi, sep))
+    return _made(Unique(tuple(present), max(lo, 1), hi, sep))
 
 
 def loop(
-    keyed: list, free: Frag | None, sep: Frag | None, required: int, lo: int, hi: int | None
+    keyed: list[Frag | None],
+    free: Frag | None,
+    sep: Frag | None,
+    required: int,
+    lo: int,
+    hi: int | None,
 ) -> Frag | None:
     """Members in any order (``Loop``): ``keyed`` (Frags, bit i each; the first ``required``
     of them must all be written), ``free`` (any number of times); lo..hi keyed members."""
@@ -221,11 +252,13 @@ def loop(
     if not keyed and free is None:
         return None
     assert free is None or (lo <= 1 and hi is None), "counts need every member keyed"
-    return _made(Loop(tuple(keyed), free, sep, required, lo, hi))
+    members = tuple(x for x in keyed if x is not None)
+    assert len(members) == len(keyed), "a member that cannot be written is left out before"
+    return _made(Loop(members, free, sep, required, lo, hi))
 
 
 def opt(f: Frag | None) -> Frag:
-    return rep(f, 0, 1)  # type: ignore[return-value]
+    return EPS if f is None else rep(f, 0, 1)
 
 
 def derives_text(root: Frag, rules: dict[str, Frag]) -> bool:
@@ -235,7 +268,7 @@ def derives_text(root: Frag, rules: dict[str, Frag]) -> bool:
     needs, and is done once none are left (a union needs one; ``Unique`` and ``Loop`` are
     taken as done once any part is, erring toward done: the index's build then decides)."""
 
-    def need(f: Frag, parts: tuple) -> int:
+    def need(f: Frag, parts: tuple[Frag, ...]) -> int:
         if not parts or (isinstance(f, Rep) and f.lo == 0):
             return 0
         return len(parts) if type(f) in (Seq, Group) else 1
@@ -243,7 +276,7 @@ def derives_text(root: Frag, rules: dict[str, Frag]) -> bool:
     return id(root) in finite_nodes([root], lambda f: _parts(f, rules), need)
 
 
-def _parts(f: Frag, rules: dict[str, Frag]) -> tuple:
+def _parts(f: Frag, rules: dict[str, Frag]) -> tuple[Frag, ...]:
     if isinstance(f, Seq):
         return f.parts
     if isinstance(f, Choice):
@@ -299,7 +332,9 @@ class _Writer:
                     if isinstance(f, Seq)
                     else f.options
                     if isinstance(f, Choice)
-                    else (f.item,)  # type: ignore[attr-defined]
+                    else (f.item,)
+                    if isinstance(f, Rep)
+                    else ()  # (no other fragment holds parts)
                 )
             if (uses[id(f)] == 2 or isinstance(f, Group)) and f is not self.root:
                 self.names[id(f)] = ""  # named when first written
@@ -314,7 +349,7 @@ class _Writer:
         out += [f"{n}: {t}" for t, n in self.terminals.items()]
         return "\n".join(out) + "\n"
 
-    def _name_of(self, f: Frag, pending: list) -> str | None:
+    def _name_of(self, f: Frag, pending: list[tuple[str, Frag]]) -> str | None:
         name = self.names.get(id(f))
         if name == "":
             name = self.names[id(f)] = f"s{self._named}"
@@ -325,7 +360,9 @@ class _Writer:
     # precedence: 0 = a rule's body (alternatives ok), 1 = inside a sequence, 2 = quantified.
     # Expressions nested deeper than _MAX_NESTING become rules of their own (bounded recursion
     # here and in the Lark parser).
-    def _expr(self, f: Frag, prec: int, pending: list, top: bool = False, depth: int = 0) -> str:
+    def _expr(
+        self, f: Frag, prec: int, pending: list[tuple[str, Frag]], top: bool = False, depth: int = 0
+    ) -> str:
         if isinstance(f, Tok):
             name = self.terminals.get(f.text)
             if name is None:
@@ -359,7 +396,7 @@ class _Writer:
         text = self._expr(f.item, 2, pending, depth=depth) + q
         return f"({text})" if prec >= 2 else text
 
-    def _unique(self, f: Unique, pending: list) -> str:
+    def _unique(self, f: Unique, pending: list[tuple[str, Frag]]) -> str:
         """Two parametric rules: the first item, then the others (each after the separator),
         the parameter's bits marking the items used."""
         name = f"u{self._named}"
@@ -375,7 +412,7 @@ class _Writer:
         self.extra.append(f"{name}m::_ : " + " | ".join(more))
         return f"{name}::0x0"
 
-    def _loop(self, f: Loop, pending: list) -> str:
+    def _loop(self, f: Loop, pending: list[tuple[str, Frag]]) -> str:
         """A rule for the first member (the parameter it passes on: that member's bit) and a
         parametric one for the rest, which may end where the conditions hold::
 

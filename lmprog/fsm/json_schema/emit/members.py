@@ -8,8 +8,11 @@ out as shared fragments. How each member counts: docs/design/json-schema.md.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.lark import EPS, Frag, choice, rep, seq
+from lmprog.fsm.json_schema.emit.sequences import Slot
 from lmprog.fsm.json_schema.emit.strings import string_lexeme
 from lmprog.fsm.json_schema.emit.writer import Writer
 from lmprog.fsm.json_schema.terms.algebra import conj, key_allowed, meet
@@ -21,7 +24,9 @@ MAX_FACETS_LEFT = 4  # 'not's over objects the additional members meet together 
 
 
 class Members:
-    def __init__(self, named: list, regions: list, t: ObjT, em: Writer) -> None:
+    def __init__(
+        self, named: list[tuple[str, Slot]], regions: list[tuple[StrT, Node]], t: ObjT, em: Writer
+    ) -> None:
         """named: [(key, Slot)] in order; regions: [(key StrT, value Node)]."""
         self.named, self.regions, self.em, self.t = named, regions, em, t
         # facets: key sets (``some``), then (keys, value) pairs (``some_values``), which no
@@ -39,7 +44,7 @@ class Members:
                 "properties"
             )
         self.any = choice(*(self._member(k, v) for k, v in regions))
-        self.memo: dict = {}
+        self.memo: dict[tuple[Hashable, ...], Frag | None] = {}
 
     def body(self) -> Frag | None:
         """The non-empty member sequences."""
@@ -102,7 +107,7 @@ class Members:
             return None
         before_most = None if room is None else room - 1
         options = []
-        for before in [0, None] if room is None else range(before_most + 1):  # type: ignore[arg-type]
+        for before in [0, None] if before_most is None else range(before_most + 1):
             if before is None:  # one or more plain members, then the hit
                 lead = self._run(plain, first, 1, None) if plain is not None else None
             elif before == 0:
@@ -147,7 +152,7 @@ class Members:
 
     def _hit(self, facets: int) -> Frag | None:
         """A member meeting every facet whose bit is in `facets`."""
-        parts = [(k, v, None) for k, v in self.regions]
+        parts: list[tuple[StrT, Node, Node | None]] = [(k, v, None) for k, v in self.regions]
         for f in range(len(self.facets)):
             if not facets >> f & 1:
                 continue
@@ -176,7 +181,7 @@ class Members:
             return seq(item, rep(seq(self.em.sep, item), least - 1, more))
         return rep(seq(self.em.sep, item), least, most)
 
-    def _split(self, keys: Node, inside: bool) -> list:
+    def _split(self, keys: Node, inside: bool) -> list[tuple[StrT, Node]]:
         """The regions cut to their keys in `keys` (inside) or not in it."""
         sets = [keys] if inside else [neg(keys)]
         parts = [t for s in sets for t in ([StrT()] if s.top else s.terms) if isinstance(t, StrT)]

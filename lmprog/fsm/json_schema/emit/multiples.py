@@ -8,6 +8,8 @@ Design: docs/design/json-schema.md.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.digits import (
     Block,
@@ -23,16 +25,17 @@ _ENUMERATE_LIMIT = 2000
 _MAX_AUTOMATON = 30  # states of a divisibility automaton (the part of a divisor coprime to 10)
 
 
-def multiples(lo: int | None, hi: int | None, step: int, divisor) -> R | None:
+def multiples(lo: int | None, hi: int | None, step: int, divisor: object) -> R | None:
     """Integers lo..hi (None = unbounded) divisible by ``step`` (``divisor``: for messages)."""
     if lo is not None and hi is not None and (hi - lo) // step <= _ENUMERATE_LIMIT:
         return _listed(-(-lo // step) * step, hi, step)
     d, c = _split_step(step)
     k = _suffix_digits(d)
-    parts = None
+    assert k is not None, d  # d = 2**a * 5**b: its last k digits decide
+    split = None
     if 10**k // d <= 200 and 1 < c <= _MAX_AUTOMATON and (lo is None or hi is None):
-        parts = _at_least(-hi if lo is None and hi is not None else lo, step, c, d, k)
-    if 10**k // d > 200 or (c > 1 and parts is None):
+        split = _at_least(-hi if lo is None and hi is not None else lo, step, c, d, k)
+    if 10**k // d > 200 or (c > 1 and split is None):
         raise ConstraintError(
             f"multipleOf {divisor} over a large integer range has no "
             "exact regex (supported: a bounded range of at most 2,000 multiples; "
@@ -40,8 +43,8 @@ def multiples(lo: int | None, hi: int | None, step: int, divisor) -> R | None:
             "open on one side whose other bound has at most 2,000 multiples to the next power "
             "of ten)"
         )
-    if c > 1:
-        above, zero, below = parts  # type: ignore[misc]
+    if split is not None:  # (c > 1)
+        above, zero, below = split
         if lo is None and hi is not None:  # x <= hi was read as -x >= -hi
             above, below = below, above
         return alt(
@@ -50,7 +53,7 @@ def multiples(lo: int | None, hi: int | None, step: int, divisor) -> R | None:
             above,
         )
     endings = alt(*(lit(str(v).zfill(k)) for v in range(0, 10**k, step)))
-    parts = []
+    parts: list[R | None] = []
     if hi is None or hi >= 0:
         parts.append(_natural_multiples(max(lo or 0, 0), hi, step, k, endings))
     if lo is None or lo < 0:
@@ -71,7 +74,9 @@ def _split_step(step: int) -> tuple[int, int]:
     return step // c, c
 
 
-def _at_least(lo: int | None, step: int, c: int, d: int, k: int):
+def _at_least(
+    lo: int | None, step: int, c: int, d: int, k: int
+) -> tuple[R | None, bool, R | None] | None:
     """The multiples x >= lo (None: all) as (positives, zero?, negatives' magnitudes); None
     when the listed part would hold more than _ENUMERATE_LIMIT multiples."""
     if lo is None or lo <= 0:
@@ -108,11 +113,11 @@ def _coprime_multiples(c: int, d: int, k: int, min_digits: int = 1) -> R | None:
     by_residue: dict[int, list[R]] = {}
     for e in range(0, 10**k, d):
         by_residue.setdefault((-e * inverse) % c, []).append(lit(str(e).zfill(k)) if k else EPS)
-    edges: dict = {}
+    edges: dict[tuple[Hashable, Hashable], list[int]] = {}
     states = ["init"] + [(r, i) for r in range(c) for i in range(1, least + 1)]
     for state in states:
         for digit in range(1 if state == "init" else 0, 10):
-            if state == "init":
+            if isinstance(state, str):  # "init"
                 target = (digit % c, 1)
             else:
                 target = ((10 * state[0] + digit) % c, min(state[1] + 1, least))
@@ -135,7 +140,7 @@ def _suffix_digits(step: int) -> int | None:
     return max(twos, fives) if n == 1 else None
 
 
-def _natural_multiples(lo: int, hi: int | None, step: int, k: int, endings: R) -> R | None:
+def _natural_multiples(lo: int, hi: int | None, step: int, k: int, endings: R | None) -> R | None:
     parts = []
     for blk in natural_blocks(lo, hi):
         if isinstance(blk, Block) and blk.j >= k:

@@ -9,6 +9,7 @@ fraction; decimal ranges split at the integer part. Which ``multipleOf`` steps a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from decimal import Decimal
 from fractions import Fraction
 from typing import NamedTuple
@@ -35,7 +36,7 @@ def value_regex(v: Decimal) -> R:
     """One value (enum/const): its plain decimal text; an integral value may also carry a zero
     fraction (``2``, ``2.0``), as ``json.dumps`` writes integral floats."""
     text = lit(number_text(v))
-    return cat(text, opt(raw(r"\.0+"))) if v == v.to_integral_value() else text  # type: ignore[return-value]
+    return cat(text, opt(raw(r"\.0+"))) if v == v.to_integral_value() else text
 
 
 def number_regex(t: NumT) -> R | None:
@@ -99,7 +100,7 @@ def _exponents(iv: NumT) -> R | None:
     return alt(*parts)
 
 
-def _exponent_range(ok, hints: list[int]) -> R | None:
+def _exponent_range(ok: Callable[[int], bool], hints: list[int]) -> R | None:
     """``[eE]`` and the exponents E with ok(E): ok holds on an interval of integers (the
     decades inside a convex set), whose ends lie next to ``hints`` (the bounds' exponents) or
     past |E| = 400 (beyond floats' range); found by bisection from a point inside."""
@@ -155,7 +156,7 @@ def _multiple_plan(t: NumT) -> tuple[bool | None, int | None, FracRule | None] |
         return True, c // math.gcd(c, 10**k), None
     k = _decimal_places(f)
     c = None if k is None else 10**k * f.numerator // f.denominator  # m = c / 10**k
-    if c and 10**k % c == 0:
+    if k is not None and c and 10**k % c == 0:
         return t.integer, None, FracRule(k, c)
     raise ConstraintError(
         f"multipleOf {m} over non-integer numbers has no exact regex (supported: integers; "
@@ -172,10 +173,11 @@ MAX_FRACTION_DIGITS = 64  # of a bound or a multipleOf step (llguidance's regexe
 def _listed_multiples(t: NumT) -> R | None:
     """The multiples of a decimal step inside bounded intervals, listed (None when an interval
     is unbounded, the step is not a finite decimal, or they are too many)."""
+    assert t.multiple_of is not None  # (called for a step)
     f = Fraction(t.multiple_of)
     if _decimal_places(f) is None:
         return None
-    values = []
+    values: list[Decimal] = []
     for lo, lo_excl, hi, hi_excl in _intervals(t):
         if lo is None or hi is None:
             return None
@@ -195,6 +197,10 @@ def _listed_multiples(t: NumT) -> R | None:
     return alt(*(cat(value_regex(v), raw("0*") if v % 1 else EPS) for v in values))
 
 
+# An interval of numbers: (lo, lo excluded?, hi, hi excluded?), a bound None where there is none.
+Interval = tuple[Decimal | None, bool, Decimal | None, bool]
+
+
 def _decimal_places(f: Fraction) -> int | None:
     """k with denominator dividing 10**k, or None when the denominator has other factors."""
     d, twos, fives = f.denominator, 0, 0
@@ -205,9 +211,10 @@ def _decimal_places(f: Fraction) -> int | None:
     return max(twos, fives) if d == 1 else None
 
 
-def _intervals(t: NumT):
+def _intervals(t: NumT) -> list[Interval]:
     """The bounds of ``t`` cut at each excluded value: [(lo, lo_excl, hi, hi_excl)]."""
-    out, lo, lo_excl = [], t.lo, t.lo_excl
+    out: list[Interval] = []
+    lo, lo_excl = t.lo, t.lo_excl
     for v in sorted(t.excluded):
         out.append((lo, lo_excl, v, True))
         lo, lo_excl = v, True
@@ -304,12 +311,24 @@ def _fraction(
     return alt(EPS if auto.accepts(0, start) else None, dotted)
 
 
+# (tight to lo, tight to hi, seen a nonzero digit, the digits so far mod the rule's step)
+_FracState = tuple[bool, bool, bool, int]
+
+
 class _Fraction:
     """Digit-by-digit automaton over fraction digits; state = (tight to lo, tight to hi, seen a
     nonzero digit, the digits so far mod the rule's step). Past the last bound digit the
     states loop, and are written in closed form."""
 
-    def __init__(self, lo, lo_excl, hi, hi_excl, nonzero, rule: FracRule | None):
+    def __init__(
+        self,
+        lo: str | None,
+        lo_excl: bool,
+        hi: str | None,
+        hi_excl: bool,
+        nonzero: bool,
+        rule: FracRule | None,
+    ) -> None:
         self.lo, self.hi = lo or "", hi or ""
         self.lo_excl, self.hi_excl, self.nonzero = lo_excl, hi_excl, nonzero
         self.max_digits = None if rule is None else rule.digits
@@ -320,19 +339,20 @@ class _Fraction:
                 f"a number's minimum, maximum or multipleOf needs {self.depth:,} digits after "
                 f"the decimal point; at most {MAX_FRACTION_DIGITS} are supported"
             )
-        self.memo: dict = {}
+        self.memo: dict[tuple[int, _FracState], R | None] = {}
 
-    def accepts(self, i: int, state) -> bool:
+    def accepts(self, i: int, state: _FracState) -> bool:
         tl, th, nz, r = state
         if self.nonzero and not nz:
             return False
-        if r and r * 10 ** max(self.max_digits - i, 0) % self.mod:  # padded: not a multiple
+        # padded: not a multiple (r is nonzero only under a rule, which sets max_digits)
+        if r and self.max_digits is not None and r * 10 ** max(self.max_digits - i, 0) % self.mod:
             return False
         if tl and (i < len(self.lo) or self.lo_excl):
             return False
         return not (th and i >= len(self.hi) and self.hi_excl)
 
-    def step(self, i: int, state, d: int):
+    def step(self, i: int, state: _FracState, d: int) -> _FracState | None:
         tl, th, nz, r = state
         lo_d = int(self.lo[i]) if tl and i < len(self.lo) else 0
         hi_d = int(self.hi[i]) if th and i < len(self.hi) else 0
@@ -342,7 +362,7 @@ class _Fraction:
             return None
         return (tl and d == lo_d, th and d == hi_d, nz or d != 0, (10 * r + d) % self.mod)
 
-    def nonempty(self, i: int, state) -> R | None:
+    def nonempty(self, i: int, state: _FracState) -> R | None:
         groups: dict[str, tuple[list[int], R]] = {}
         for d in range(10):
             nxt = self.step(i, state, d)
@@ -354,7 +374,7 @@ class _Fraction:
             groups.setdefault(cont.text, ([], cont))[0].append(d)
         return alt(*(cat(digit_set(ds), cont) for ds, cont in groups.values()))
 
-    def rest(self, i: int, state) -> R | None:
+    def rest(self, i: int, state: _FracState) -> R | None:
         key = (i, state)
         if key not in self.memo:
             self.memo[key] = (
@@ -364,7 +384,7 @@ class _Fraction:
             )
         return self.memo[key]
 
-    def _tail(self, i: int, state) -> R | None:
+    def _tail(self, i: int, state: _FracState) -> R | None:
         ok = self.accepts(i, state)
         if state[1] or self.max_digits is not None:  # only zeros may follow
             return rep(lit("0"), 0, None) if ok else None

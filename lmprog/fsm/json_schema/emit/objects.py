@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 from itertools import combinations, permutations
+from types import NotImplementedType
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.lark import Frag, choice, tok
@@ -20,9 +21,10 @@ from lmprog.fsm.json_schema.emit.strings import json_text, string_lexeme
 from lmprog.fsm.json_schema.emit.unordered import unordered
 from lmprog.fsm.json_schema.emit.writer import Writer
 from lmprog.fsm.json_schema.terms.algebra import conj, conj_all, meet, normalize_obj
-from lmprog.fsm.json_schema.terms.nodes import Node, ObjT, StrT
+from lmprog.fsm.json_schema.terms.nodes import KeyRule, Node, ObjT, StrT
 from lmprog.fsm.json_schema.terms.values import str_ok
 from lmprog.fsm.regex import Chars, CharSet, Concat, Repeat, lit, node_lengths, parse_regex
+from lmprog.fsm.regex import Node as RegexNode
 from lmprog.fsm.regex.lookahead import split_lookaheads
 
 MAX_KEY_CLASSES = 64  # regions of one object (sets of patterns a key can match together)
@@ -47,9 +49,11 @@ def _named_hits(t: ObjT, em: Writer) -> list[ObjT]:
         return [t]
     (keys, value), others = t.some_values[0], t.some_values[1:]
     inside = [k for k, _ in t.props if str_ok(keys, k)]
-    out = []
+    out: list[ObjT] = []
     for k in inside:
-        em.derived(t.prop(k), value)  # (the check reads the key's own value)
+        own = t.prop(k)
+        assert own is not None  # k is a key of props
+        em.derived(own, value)  # (the check reads the key's own value)
         props = tuple((n, conj(v, value) if n == k else v) for n, v in t.props)
         required = t.required + (() if k in t.required else (k,))
         met = normalize_obj(replace(t, props=props, required=required, some_values=others))
@@ -82,7 +86,7 @@ def _members(t: ObjT, em: Writer) -> Frag | None:
     item = choice(*(em.member(string_lexeme(k), em.node(v)) for k, v in regions))
     if em.any_order:
         written = unordered(named, item, t, em)
-        if written is not NotImplemented:
+        if not isinstance(written, NotImplementedType):
             return written
     if t.any_order and not regions and len(named) <= 4 and all(s.lo for s in slots):
         body = choice(*(separated(list(p), em.sep)[0] for p in permutations(slots)))
@@ -100,7 +104,7 @@ def _members(t: ObjT, em: Writer) -> Frag | None:
     return em.container("{", body, empty_ok, "}")
 
 
-def _regions(t: ObjT) -> list:
+def _regions(t: ObjT) -> list[tuple[StrT, Node]]:
     """The key classes of the additional members: [(key StrT, value Node)]."""
     named = frozenset(k for k, _ in t.props)
     sources = tuple(dict.fromkeys(src for r in t.rules for src, _ in r.patterns))
@@ -123,15 +127,15 @@ def _regions(t: ObjT) -> list:
     return out
 
 
-def _rule_value(rule, matched: frozenset) -> Node:
+def _rule_value(rule: KeyRule, matched: frozenset[str]) -> Node:
     schemas = [node for src, node in rule.patterns if src in matched]
     return conj_all(schemas) if schemas else rule.additional
 
 
-def _pattern_sets(sources: tuple) -> list[frozenset]:
+def _pattern_sets(sources: tuple[str, ...]) -> list[frozenset[str]]:
     """The sets of patterns a key may match together: the empty set, each pattern, and larger
     sets whose patterns pairwise overlap."""
-    out = [frozenset()]
+    out: list[frozenset[str]] = [frozenset()]
     for size in range(1, len(sources) + 1):
         found = False
         for combo in combinations(sources, size):
@@ -170,7 +174,7 @@ def _first_chars(source: str) -> CharSet | None:
     return out
 
 
-def _first(node) -> CharSet | None:
+def _first(node: RegexNode) -> CharSet | None:
     """First characters of a non-empty match of `node`; None if it may match the empty string."""
     if isinstance(node, Chars):
         return node.chars
@@ -190,17 +194,18 @@ def _first(node) -> CharSet | None:
             out = out | inner
         return None
     options = [_first(o) for o in node.options]
-    return None if not options or any(o is None for o in options) else _union(options)
+    known = [o for o in options if o is not None]
+    return None if not options or len(known) < len(options) else _union(known)
 
 
-def _first_any(node) -> CharSet | None:
+def _first_any(node: RegexNode) -> CharSet | None:
     """First characters of any match of a node that may match the empty string."""
     if isinstance(node, Repeat):
         return _first(node.node) if _first(node.node) is not None else _first_any(node.node)
     return None
 
 
-def _union(sets: list) -> CharSet:
+def _union(sets: list[CharSet]) -> CharSet:
     out = CharSet()
     for s in sets:
         out = out | s

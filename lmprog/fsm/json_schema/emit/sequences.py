@@ -55,7 +55,7 @@ class _Tails:
             self._cover(0, len(self.pieces), i, parts)
         return seq(*parts)
 
-    def _cover(self, lo: int, hi: int, start: int, out: list) -> None:
+    def _cover(self, lo: int, hi: int, start: int, out: list[Frag | None]) -> None:
         """The subtrees of node [lo, hi) that cover [start, hi), left to right."""
         if start <= lo:
             out.append(self._node(lo, hi))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from lmprog.fsm.json_schema.emit.digits import fixed_width_range
 from lmprog.fsm.json_schema.terms.formats import format_pattern
@@ -31,6 +32,9 @@ from lmprog.fsm.regex import (
     rep,
 )
 from lmprog.fsm.regex.lookahead import complement_source, split_lookaheads
+
+if TYPE_CHECKING:
+    from lmprog.fsm.json_schema.emit.lark import Tok
 
 # one UTF-16 code unit: right wherever only an upper bound on the length matters (a surrogate
 # pair is two tokens but one character, so the count of characters never exceeds the tokens)
@@ -85,7 +89,7 @@ def _parsed(source: str) -> ParsedRegex:
     return parse_regex(source, "ecma")
 
 
-def string_lexeme(t: StrT, counted: bool = False):
+def string_lexeme(t: StrT, counted: bool = False) -> Tok | None:
     """The lexeme (``lark.tok``) of the strings of ``t``; None if there are none. `counted`:
     its maxLength is left to the check (``lengths.counted_apart``)."""
     from lmprog.fsm.json_schema.emit.lark import tok
@@ -143,22 +147,31 @@ def string_expr(t: StrT, counted: bool = False) -> str | None:
         out = [_quoted(_pattern_content(_parsed(src))) for src in plain + negated]
         out += [lit(json_text(v)) for v in sorted(t.excluded)]
         if out:
-            texts.append("~" + regex_terminal(alt(*out)))  # type: ignore[arg-type]
+            any_of = alt(*out)
+            assert any_of is not None  # patterns no string matches are dropped before
+            texts.append("~" + regex_terminal(any_of))
         for must, must_not in looks:  # a negated pattern with lookaheads: ~(a & b & ~c)
             if len(must) > 1 or must_not:
                 texts.append("~" + _matches(must, must_not))
     return texts[0] if len(texts) == 1 else "(" + " & ".join(texts) + ")"
 
 
-def _matches(must: tuple, must_not: tuple) -> str:
+def _matches(must: tuple[str, ...], must_not: tuple[str, ...]) -> str:
     """The canonical strings matching every pattern of ``must`` and none of ``must_not``."""
     from lmprog.fsm.json_schema.emit.lark import regex_terminal
 
-    texts = [regex_terminal(_quoted(_pattern_content(_parsed(src)))) for src in must]
+    texts = [regex_terminal(_matching(src)) for src in must]
     if must_not:
-        out = alt(*(_quoted(_pattern_content(_parsed(src))) for src in must_not))
-        texts.append("~" + regex_terminal(out))  # type: ignore[arg-type]
+        any_of = alt(*(_quoted(_pattern_content(_parsed(src))) for src in must_not))
+        assert any_of is not None  # patterns no string matches are dropped before
+        texts.append("~" + regex_terminal(any_of))
     return "(" + " & ".join(texts) + ")"
+
+
+def _matching(src: str) -> R:
+    r = _quoted(_pattern_content(_parsed(src)))
+    assert r is not None, src  # a pattern no string matches: the schema was refused before
+    return r
 
 
 def _quoted(content: R | None) -> R | None:

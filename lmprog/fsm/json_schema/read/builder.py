@@ -12,11 +12,14 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.read import facets, keywords
+from lmprog.fsm.json_schema.read.facets import SchemaDict, Sub
 from lmprog.fsm.json_schema.read.refs import Registry
 from lmprog.fsm.json_schema.terms.algebra import conj, conj_all, normalize_arr, normalize_obj
 from lmprog.fsm.json_schema.terms.complement import neg, one_of
@@ -25,6 +28,7 @@ from lmprog.fsm.json_schema.terms.nodes import (
     NEVER,
     TOP,
     ArrT,
+    Bodies,
     KeyRule,
     Node,
     ObjT,
@@ -42,24 +46,30 @@ _SERIAL = itertools.count()  # RefT keys of one compile never equal another's (c
 
 
 class Builder:
-    def __init__(self, root, max_recursion_depth: int, unroll: bool = False, registry=None):
+    def __init__(
+        self,
+        root: object,
+        max_recursion_depth: int,
+        unroll: bool = False,
+        registry: Registry | None = None,
+    ) -> None:
         self.registry = registry or Registry(root)
         self.max_depth = max_recursion_depth
         self.unroll = unroll
-        self.active: dict = {}  # target key -> expansions in progress
-        self.memo: dict = {}
-        self.bodies: dict[tuple, Node] = {}  # RefT key -> the node of its schema
+        self.active: dict[tuple[Any, ...], int] = {}  # target key -> expansions in progress
+        self.memo: dict[Hashable, Node] = {}
+        self.bodies: Bodies = {}  # RefT key -> the node of its schema
         self._serial = next(_SERIAL)
         # Drafts 3 to 7: "$ref" replaces the schema it is in (its siblings are ignored)
         self.ref_alone = isinstance(root, dict) and bool(
             _OLD_DRAFT.search(str(root.get("$schema")))
         )
 
-    def build_root(self, document) -> Node:
+    def build_root(self, document: object) -> Node:
         """The node of the whole document (``$ref: "#"`` inside it is a RefT to it)."""
         return self._expand(document, self.registry.base_of(document, ""), "#")
 
-    def build(self, schema, base: str = "", path: str = "#") -> Node:
+    def build(self, schema: object, base: str = "", path: str = "#") -> Node:
         charge()
         if schema is True:
             return TOP
@@ -81,7 +91,7 @@ class Builder:
             node = conj(referenced, conj(conj(node, values), applied))
             return self._unevaluated(schema, node, path, sub)
 
-    def _check_keywords(self, schema: dict, path: str) -> None:
+    def _check_keywords(self, schema: SchemaDict, path: str) -> None:
         for key in schema:
             if key not in keywords.KNOWN:
                 log.debug(
@@ -89,7 +99,7 @@ class Builder:
                 )
 
     @contextmanager
-    def at(self, path: str):
+    def at(self, path: str) -> Iterator[None]:
         """Name the schema location in errors raised by set operations."""
         try:
             yield
@@ -98,7 +108,7 @@ class Builder:
                 raise
             raise ConstraintError(f"{e} at {path}") from None
 
-    def _values(self, schema: dict, path: str) -> Node:
+    def _values(self, schema: SchemaDict, path: str) -> Node:
         node = TOP
         if "const" in schema:
             node = facets.value_node(schema["const"])
@@ -108,7 +118,7 @@ class Builder:
             node = conj(node, union(*(facets.value_node(v) for v in schema["enum"])))
         return node
 
-    def _applicators(self, schema: dict, base: str, path: str, sub) -> Node:
+    def _applicators(self, schema: SchemaDict, base: str, path: str, sub: Sub) -> Node:
         parts = []
         for key in ("allOf", "anyOf", "oneOf"):
             if key in schema:
@@ -133,13 +143,13 @@ class Builder:
         parts += self._dependencies(schema, path, sub)
         return conj_all(parts)
 
-    def _list(self, schema: dict, key: str, path: str, sub) -> list[Node]:
+    def _list(self, schema: SchemaDict, key: str, path: str, sub: Sub) -> list[Node]:
         value = schema[key]
         if not isinstance(value, list) or not value:
             raise ConstraintError(f"invalid schema: {key} must be a non-empty list at {path}/{key}")
         return [sub(s, f"/{key}/{i}") for i, s in enumerate(value)]
 
-    def _conditional(self, schema: dict, path: str, sub) -> Node:
+    def _conditional(self, schema: SchemaDict, path: str, sub: Sub) -> Node:
         cond = sub(schema["if"], "/if")
         then = sub(schema["then"], "/then") if "then" in schema else TOP
         other = sub(schema["else"], "/else") if "else" in schema else TOP
@@ -156,7 +166,7 @@ class Builder:
         except ConstraintError:
             return TOP
 
-    def _ref(self, ref, base: str, path: str, dynamic: str = "") -> Node:
+    def _ref(self, ref: object, base: str, path: str, dynamic: str = "") -> Node:
         if not isinstance(ref, str):
             raise ConstraintError(f"invalid schema: {dynamic or '$ref'} must be a string at {path}")
         with self.at(path):
@@ -168,12 +178,12 @@ class Builder:
                 target, target_base = self.registry.resolve(ref, base)
         return self._expand(target, target_base, path)
 
-    def _expand(self, target, base: str, path: str) -> Node:
+    def _expand(self, target: object, base: str, path: str) -> Node:
         key = (self._serial, id(target), base)
         if self.unroll:
             if self.active.get(key, 0) > self.max_depth:
                 return NEVER  # recursion bound reached: this branch must end before here
-            memo_key = (key, tuple(sorted(self.active.items())))
+            memo_key: Hashable = (key, tuple(sorted(self.active.items())))
         else:
             if key in self.active:
                 return Node((RefT(key),))
@@ -189,7 +199,7 @@ class Builder:
             self.bodies[key] = self.memo[memo_key]
         return self.memo[memo_key]
 
-    def _dependencies(self, schema: dict, path: str, sub) -> list[Node]:
+    def _dependencies(self, schema: SchemaDict, path: str, sub: Sub) -> list[Node]:
         required = dict(schema.get("dependentRequired", {}))
         schemas = dict(schema.get("dependentSchemas", {}))
         for key, value in schema.get("dependencies", {}).items():  # draft 7 spelling
@@ -207,19 +217,19 @@ class Builder:
             )
             out.append(make_node(others + [_absent(key), present]))
         for key, dep in schemas.items():
-            present = make_node(
+            has_key = make_node(
                 (ObjT(props=((key, TOP),), required=(key,), undeclared=frozenset((key,))),)
             )
             with self.at(f"{path}/dependentSchemas"):
                 out.append(
                     union(
                         make_node(others + [_absent(key)]),
-                        conj(present, sub(dep, f"/dependentSchemas/{key}")),
+                        conj(has_key, sub(dep, f"/dependentSchemas/{key}")),
                     )
                 )
         return out
 
-    def _unevaluated(self, schema: dict, node: Node, path: str, sub) -> Node:
+    def _unevaluated(self, schema: SchemaDict, node: Node, path: str, sub: Sub) -> Node:
         if ("unevaluatedProperties" in schema or "unevaluatedItems" in schema) and any(
             isinstance(t, RefT) for t in node.terms
         ):

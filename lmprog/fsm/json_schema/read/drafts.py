@@ -10,6 +10,7 @@ docs/design/json-schema.md.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 _DRAFT3 = re.compile(r"json-schema\.org/draft-03/schema")
 _ONE = {"additionalProperties", "additionalItems", "not"}  # keywords holding one schema
@@ -17,18 +18,18 @@ _MAPS = {"properties", "patternProperties", "definitions"}
 _FORMATS = {"ip-address": "ipv4", "host-name": "hostname"}
 
 
-def upgrade(document):
+def upgrade(document: Any) -> Any:
     """The document as draft-04 reads it, if its ``$schema`` is draft-03; else itself."""
     if isinstance(document, dict) and _DRAFT3.search(str(document.get("$schema", ""))):
         return _schema(document)
     return document
 
 
-def _schema(s):
+def _schema(s: Any) -> Any:
     if not isinstance(s, dict):
         return s
-    out: dict = {}
-    parts: list = []
+    out: dict[str, Any] = {}
+    parts: list[Any] = []
     for key, value in s.items():
         if key in _ONE:
             out[key] = _schema(value)
@@ -71,7 +72,7 @@ def _schema(s):
     return out
 
 
-def _union(spec):
+def _union(spec: Any) -> Any:
     """A draft-03 type or disallow value: None (any value), a type name or list of names, or a
     schema (``anyOf`` of the schemas and names it lists)."""
     items = spec if isinstance(spec, list) else [spec]

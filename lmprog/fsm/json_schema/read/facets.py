@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 from decimal import Decimal
+from typing import Any, TypeAlias, overload
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.terms.algebra import (
@@ -36,6 +37,7 @@ from lmprog.fsm.json_schema.terms.nodes import (
     NumT,
     ObjT,
     StrT,
+    Term,
     make_node,
 )
 from lmprog.fsm.json_schema.terms.values import pattern_matcher, to_decimal
@@ -43,14 +45,16 @@ from lmprog.fsm.regex import parse_regex
 from lmprog.fsm.regex.lookahead import split_lookaheads
 
 Sub = Callable[[object, str], Node]  # (sub-schema, path suffix) -> Node
+# A schema object (a JSON object; a schema may also be a boolean), as json.loads reads it.
+SchemaDict: TypeAlias = "dict[str, Any]"
 
 _log = logging.getLogger("lmprog.fsm")
 
 
-def typed_terms(schema: dict, path: str, sub: Sub) -> Node:
+def typed_terms(schema: SchemaDict, path: str, sub: Sub) -> Node:
     """The union of one term per allowed type, each carrying that type's keywords."""
     types = _types(schema, path)
-    builders = {
+    builders: dict[type, Callable[[], Term | None]] = {
         NullT: lambda: NullT(),
         BoolT: lambda: BoolT(),
         NumT: lambda: _number(schema, path),
@@ -61,7 +65,7 @@ def typed_terms(schema: dict, path: str, sub: Sub) -> Node:
     return make_node(tuple(builders[t]() for t in builders if t in types))
 
 
-def _types(schema: dict, path: str) -> set:
+def _types(schema: SchemaDict, path: str) -> set[type]:
     spec = schema.get("type")
     if spec is None:
         return set(TYPE_NAMES.values())
@@ -76,7 +80,11 @@ def _types(schema: dict, path: str) -> set:
     return {TYPE_NAMES[n] for n in names}
 
 
-def _count(schema: dict, key: str, path: str, default=None):
+@overload
+def _count(schema: SchemaDict, key: str, path: str) -> int | None: ...
+@overload
+def _count(schema: SchemaDict, key: str, path: str, default: int) -> int: ...
+def _count(schema: SchemaDict, key: str, path: str, default: int | None = None) -> int | None:
     """A non-negative integer keyword (``2.0`` counts as 2)."""
     value = schema.get(key, default)
     if value is default:
@@ -93,7 +101,7 @@ def _count(schema: dict, key: str, path: str, default=None):
     return int(value)
 
 
-def _number_kw(schema: dict, key: str, path: str) -> Decimal | None:
+def _number_kw(schema: SchemaDict, key: str, path: str) -> Decimal | None:
     value = schema.get(key)
     if value is None:
         return None
@@ -102,7 +110,9 @@ def _number_kw(schema: dict, key: str, path: str) -> Decimal | None:
     return to_decimal(value)
 
 
-def _bounds(schema: dict, plain: str, exclusive: str, path: str):
+def _bounds(
+    schema: SchemaDict, plain: str, exclusive: str, path: str
+) -> tuple[Decimal | None, Decimal | None]:
     """(inclusive bound, exclusive bound) of one side. Draft-04 wrote `exclusive` as a bool
     that makes `plain` exclusive (false: inclusive); later drafts, as a number of its own."""
     flag = schema.get(exclusive)
@@ -112,7 +122,7 @@ def _bounds(schema: dict, plain: str, exclusive: str, path: str):
     return _number_kw(schema, plain, path), _number_kw(schema, exclusive, path)
 
 
-def _number(schema: dict, path: str) -> NumT | None:
+def _number(schema: SchemaDict, path: str) -> NumT | None:
     lo, xlo = _bounds(schema, "minimum", "exclusiveMinimum", path)
     hi, xhi = _bounds(schema, "maximum", "exclusiveMaximum", path)
     mult = _number_kw(schema, "multipleOf", path)
@@ -133,8 +143,9 @@ def _number(schema: dict, path: str) -> NumT | None:
     return normalize_num(t)
 
 
-def _string(schema: dict, path: str) -> StrT | None:
-    patterns, not_patterns = (), ()
+def _string(schema: SchemaDict, path: str) -> StrT | None:
+    patterns: tuple[str, ...] = ()
+    not_patterns: tuple[str, ...] = ()
     if "pattern" in schema:
         src = schema["pattern"]
         if not isinstance(src, str):
@@ -144,7 +155,7 @@ def _string(schema: dict, path: str) -> StrT | None:
         patterns, not_patterns = split_lookaheads(src)
         for part in patterns + not_patterns:
             parse_regex(part, "ecma")
-    formats = ()
+    formats: tuple[str, ...] = ()
     if "format" in schema:
         name = schema["format"]
         if not isinstance(name, str):
@@ -166,7 +177,7 @@ def _string(schema: dict, path: str) -> StrT | None:
     )
 
 
-def _array(schema: dict, path: str, sub: Sub) -> ArrT | None:
+def _array(schema: SchemaDict, path: str, sub: Sub) -> ArrT | None:
     items = schema.get("items")
     prefix_src = schema.get("prefixItems", items if isinstance(items, list) else [])
     if not isinstance(prefix_src, list):
@@ -178,7 +189,7 @@ def _array(schema: dict, path: str, sub: Sub) -> ArrT | None:
         rest, evaluated = sub(items, "/items"), True
     elif isinstance(items, list) and "additionalItems" in schema:
         rest, evaluated = sub(schema["additionalItems"], "/additionalItems"), True
-    contains = ()
+    contains: tuple[Contains, ...] = ()
     if "contains" in schema:
         lo = _count(schema, "minContains", path, 1)
         contains = (
@@ -203,7 +214,7 @@ def _array(schema: dict, path: str, sub: Sub) -> ArrT | None:
     )
 
 
-def _object(schema: dict, path: str, sub: Sub) -> ObjT | None:
+def _object(schema: SchemaDict, path: str, sub: Sub) -> ObjT | None:
     props = _schema_map(schema, "properties", path, sub)
     patterns = _schema_map(schema, "patternProperties", path, sub)
     for src, _ in patterns:
@@ -241,14 +252,14 @@ def _object(schema: dict, path: str, sub: Sub) -> ObjT | None:
     )
 
 
-def _schema_map(schema: dict, key: str, path: str, sub: Sub) -> list:
+def _schema_map(schema: SchemaDict, key: str, path: str, sub: Sub) -> list[tuple[str, Node]]:
     value = schema.get(key, {})
     if not isinstance(value, dict):
         raise ConstraintError(f"invalid schema: {key} must be an object at {path}/{key}")
     return [(k, sub(v, f"/{key}/{_escape(k)}")) for k, v in value.items()]
 
 
-def _required(schema: dict, path: str) -> tuple:
+def _required(schema: SchemaDict, path: str) -> tuple[str, ...]:
     value = schema.get("required", [])
     if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
         raise ConstraintError(
@@ -261,7 +272,7 @@ def _escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
-def value_node(v) -> Node:
+def value_node(v: Any) -> Node:
     """The node of exactly one JSON value (``const``)."""
     if v is None:
         return make_node((NullT(),))

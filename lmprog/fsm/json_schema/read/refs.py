@@ -5,6 +5,7 @@ keyword there)."""
 from __future__ import annotations
 
 import re
+from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin
 
 from lmprog.core.errors import ConstraintError
@@ -39,7 +40,7 @@ def _join(base: str, ref: str) -> str:
 _ID_DRAFTS = re.compile(r"json-schema\.org/draft-0[34]/schema")  # whose identifier is "id"
 
 
-def id_keyword(document) -> str:
+def id_keyword(document: object) -> str:
     """The keyword naming a schema's URI in this document: ``id`` under draft-03/04 (by its
     ``$schema``), ``$id`` otherwise."""
     declared = document.get("$schema") if isinstance(document, dict) else None
@@ -49,15 +50,17 @@ def id_keyword(document) -> str:
 class Registry:
     """Every schema resource (``$id``) and anchor of one document, with each schema's base URI."""
 
-    def __init__(self, root):
+    def __init__(self, root: object) -> None:
         self.resources: dict[str, object] = {}
         self.anchors: dict[tuple[str, str], object] = {}
         self.bases: dict[int, str] = {}
-        self.dynamic: dict[str, list] = {}  # $dynamicAnchor name -> the schemas declaring it
-        self.recursive: list = []  # resource roots with $recursiveAnchor: true
+        self.dynamic: dict[
+            str, list[object]
+        ] = {}  # $dynamicAnchor name -> the schemas declaring it
+        self.recursive: list[object] = []  # resource roots with $recursiveAnchor: true
         self._walk(root, "", id_keyword(root))
 
-    def _walk(self, schema, base: str, id_key: str) -> None:
+    def _walk(self, schema: object, base: str, id_key: str) -> None:
         if not isinstance(schema, dict):
             return
         uri = schema.get(id_key)
@@ -86,7 +89,7 @@ class Registry:
                 for sub in value.values():
                     self._walk(sub, base, id_key)
 
-    def resolve_dynamic(self, ref: str, base: str, recursive: bool):
+    def resolve_dynamic(self, ref: str, base: str, recursive: bool) -> tuple[Any, str]:
         """(target, base URI) of ``$dynamicRef`` (or draft 2019-09's ``$recursiveRef``): the
         ``$ref`` target, unless it declares a dynamic (recursive) anchor; then the outermost
         schema in the dynamic scope declaring the same, which is the target itself when this
@@ -109,7 +112,7 @@ class Registry:
             )
         return target, target_base
 
-    def _metaschema(self, uri: str):
+    def _metaschema(self, uri: str) -> object:
         """A metaschema bundled by ``jsonschema-specifications`` (no network), registered as a
         resource of this document; None for any other URI."""
         try:
@@ -130,10 +133,10 @@ class Registry:
             return doc
         return None
 
-    def base_of(self, schema, default: str) -> str:
+    def base_of(self, schema: object, default: str) -> str:
         return self.bases.get(id(schema), default)
 
-    def resolve(self, ref: str, base: str):
+    def resolve(self, ref: str, base: str) -> tuple[Any, str]:  # (a JSON value)
         """(target schema, its base URI) of ``$ref`` written where the base URI is ``base``."""
         uri, fragment = urldefrag(_join(base, ref))
         doc = self.resources.get(uri)

@@ -8,10 +8,12 @@ complement lives in ``complement``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from decimal import Decimal, localcontext
 from fractions import Fraction
 from functools import lru_cache
+from typing import Any, overload
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.terms.nodes import (
@@ -26,6 +28,7 @@ from lmprog.fsm.json_schema.terms.nodes import (
     ObjT,
     RefT,
     StrT,
+    Term,
     Unroll,
     charge,
     make_node,
@@ -55,14 +58,18 @@ def conj(a: Node, b: Node) -> Node:
     return make_node(terms)
 
 
-def conj_all(nodes) -> Node:
+def conj_all(nodes: Iterable[Node]) -> Node:
     out = TOP
     for n in nodes:
         out = conj(out, n)
     return out
 
 
-def meet(x, y):
+@overload
+def meet(x: StrT, y: StrT) -> StrT | None: ...
+@overload
+def meet(x: Term, y: Term) -> Term | None: ...
+def meet(x: Term, y: Term) -> Term | None:
     """The intersection of two terms of one type, or None when certainly empty."""
     return _MEETS[type(x)](x, y)
 
@@ -76,7 +83,13 @@ def _meet_bool(x: BoolT, y: BoolT) -> BoolT | None:
     return BoolT(values) if values else None
 
 
-def _tighter(a, a_excl, b, b_excl, pick):
+def _tighter(
+    a: Decimal | None,
+    a_excl: bool,
+    b: Decimal | None,
+    b_excl: bool,
+    pick: Callable[[Decimal, Decimal], Decimal],
+) -> tuple[Decimal | None, bool]:
     if a is None:
         return b, b_excl
     if b is None or a != b:
@@ -123,8 +136,10 @@ def normalize_num(t: NumT) -> NumT | None:
     if t.lo is not None and t.hi is not None:
         if t.lo > t.hi or (t.lo == t.hi and (t.lo_excl or t.hi_excl)):
             return None
-        if t.integer and integer_bounds(t)[0] > integer_bounds(t)[1]:
-            return None
+        if t.integer:
+            lo, hi = integer_bounds(t)
+            if lo is not None and hi is not None and lo > hi:
+                return None
     free = replace(t, excluded=frozenset())
     excluded = frozenset(v for v in t.excluded if num_ok(free, v))
     return replace(t, excluded=excluded)
@@ -264,7 +279,7 @@ def _key_order(x: ObjT, y: ObjT) -> list[str]:
     return list(dict.fromkeys(declared + rest))
 
 
-def _declared(t: ObjT) -> frozenset:
+def _declared(t: ObjT) -> frozenset[str]:
     return frozenset(k for k, _ in t.props) - t.undeclared
 
 
@@ -310,7 +325,7 @@ def normalize_obj(t: ObjT) -> ObjT | None:
     return replace(t, props=props, rules=rules, some=tuple(some))
 
 
-def _merge_rules(rules: tuple) -> tuple:
+def _merge_rules(rules: tuple[KeyRule, ...]) -> tuple[KeyRule, ...]:
     """Rules without patterns are plain ``additionalProperties``: they meet into one."""
     plain = [r.additional for r in rules if not r.patterns]
     out = [r for r in rules if r.patterns and not _trivial(r)]
@@ -325,7 +340,7 @@ def _trivial(rule: KeyRule) -> bool:
     return rule.additional.top and all(n.top for _, n in rule.patterns)
 
 
-_MEETS = {
+_MEETS: dict[type, Callable[[Any, Any], Term | None]] = {
     NullT: _meet_null,
     BoolT: _meet_bool,
     NumT: _meet_num,

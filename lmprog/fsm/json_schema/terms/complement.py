@@ -11,7 +11,9 @@ with a member whose value breaks them (``some_values``), its keys then checked d
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import lru_cache
+from typing import Any
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.terms.algebra import (
@@ -21,7 +23,7 @@ from lmprog.fsm.json_schema.terms.algebra import (
     normalize_arr,
     normalize_obj,
 )
-from lmprog.fsm.json_schema.terms.formats import format_pattern
+from lmprog.fsm.json_schema.terms.formats import format_source
 from lmprog.fsm.json_schema.terms.nodes import (
     FULL_TERMS,
     NEVER,
@@ -36,6 +38,7 @@ from lmprog.fsm.json_schema.terms.nodes import (
     ObjT,
     RefT,
     StrT,
+    Term,
     Unroll,
     expand,
     make_node,
@@ -59,25 +62,25 @@ def neg(node: Node, within: Node | None = None) -> Node:
     return out
 
 
-def _neg_term(t, within: Node | None) -> Node:
+def _neg_term(t: Term, within: Node | None) -> Node:
     if isinstance(t, RefT):
         raise Unroll
-    others = [f for f in FULL_TERMS if type(f) is not type(t)]
+    others: list[Term] = [f for f in FULL_TERMS if type(f) is not type(t)]
     if isinstance(t, ObjT):
         return make_node(others + _neg_obj(t, within))
     return make_node(others + list(_NEGATIONS[type(t)](t)))
 
 
-def _neg_null(t: NullT):
+def _neg_null(t: NullT) -> list[NullT]:
     return []
 
 
-def _neg_bool(t: BoolT):
+def _neg_bool(t: BoolT) -> list[BoolT]:
     rest = frozenset({True, False}) - t.values
     return [BoolT(rest)] if rest else []
 
 
-def _neg_num(t: NumT):
+def _neg_num(t: NumT) -> list[NumT]:
     if t.multiple_of is not None:
         raise ConstraintError("'not' over multipleOf has no exact regex")
     out = []
@@ -94,9 +97,9 @@ def _neg_num(t: NumT):
     return out
 
 
-def _neg_str(t: StrT):
+def _neg_str(t: StrT) -> list[StrT]:
     out = [StrT(not_patterns=(p,)) for p in t.patterns]
-    out += [StrT(not_patterns=(format_pattern(f),)) for f in t.formats]
+    out += [StrT(not_patterns=(format_source(f),)) for f in t.formats]
     out += [StrT(patterns=(p,)) for p in t.not_patterns]
     if t.min_len > 0:
         out.append(StrT(max_len=t.min_len - 1))
@@ -109,7 +112,7 @@ def _neg_str(t: StrT):
     return out
 
 
-def _neg_arr(t: ArrT):
+def _neg_arr(t: ArrT) -> list[ArrT]:
     out = []
     if t.unique:  # two equal items (checked as decoded, lmprog.fsm.checks)
         out.append(ArrT(repeats=True))
@@ -134,7 +137,7 @@ def _neg_arr(t: ArrT):
     return [a for a in (normalize_arr(x) for x in out) if a is not None]
 
 
-def _neg_obj(t: ObjT, within: Node | None = None) -> list:
+def _neg_obj(t: ObjT, within: Node | None = None) -> list[Term]:
     """not (every facet) = some facet broken: a named value in its complement, a required key
     missing, a key beyond a closed object's properties or outside propertyNames (``some``
     facets), a count out of range, every key outside a ``some`` set, a member the rules do not
@@ -172,8 +175,8 @@ def _neg_obj(t: ObjT, within: Node | None = None) -> list:
         outside = _strings(neg(t.names))
         if not outside.never:
             out.append(ObjT(some=(outside,)))
-    for keys in t.some:
-        out.append(ObjT(names=_strings(neg(keys))))
+    for some in t.some:
+        out.append(ObjT(names=_strings(neg(some))))
     for keys, value in t.some_values:
         out.append(_every(keys, neg(value)))
     if t.min_props > 0:
@@ -202,7 +205,7 @@ def _strings(node: Node) -> Node:
     return make_node(tuple(t for t in expand(node) if isinstance(t, StrT)))
 
 
-_NEGATIONS = {
+_NEGATIONS: dict[type, Callable[[Any], Sequence[Term]]] = {
     NullT: _neg_null,
     BoolT: _neg_bool,
     NumT: _neg_num,

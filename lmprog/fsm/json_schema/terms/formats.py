@@ -121,6 +121,13 @@ FORMATS: dict[str, str] = {
 }
 
 
+def format_source(name: str) -> str:
+    """``format_pattern`` of a format a StrT keeps (it keeps only supported ones)."""
+    source = format_pattern(name)
+    assert source is not None, name
+    return source
+
+
 def format_pattern(name: str) -> str | None:
     """The anchored ECMA pattern of a supported format, or None."""
     body = FORMATS.get(name)

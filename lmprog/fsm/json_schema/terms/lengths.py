@@ -12,8 +12,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from functools import lru_cache
 
-from lmprog.fsm.json_schema.terms.formats import format_pattern
-from lmprog.fsm.json_schema.terms.nodes import ArrT, Node, ObjT, RefT, StrT
+from lmprog.fsm.json_schema.terms.formats import format_source
+from lmprog.fsm.json_schema.terms.nodes import ArrT, Bodies, Node, ObjT, RefT, StrT, Term
 from lmprog.fsm.regex import parse_regex
 from lmprog.fsm.regex.charset import SURROGATES, CharSet
 from lmprog.fsm.regex.dfa import search_automaton
@@ -37,7 +37,8 @@ class LengthCount:
         """OverflowError if the pattern's automaton has over MAX_STATES states."""
         (source,) = _sources(t)
         moves, blocks, accepting = search_automaton(parse_regex(source, "ecma"), MAX_STATES)
-        self.max_len: int = t.max_len  # type: ignore[assignment]
+        assert t.max_len is not None  # (counted_apart counts only strings with a maxLength)
+        self.max_len: int = t.max_len
         self.states = len(moves)
         self._moves = moves
         self._blocks = blocks
@@ -88,7 +89,7 @@ class LengthCount:
         return [b for b, block in enumerate(self._blocks) if not (block & chars).is_empty()]
 
 
-def counted_apart(root: Node, bodies: dict) -> dict[StrT, LengthCount]:
+def counted_apart(root: Node, bodies: Bodies) -> dict[StrT, LengthCount]:
     """The string terms of a schema whose maxLength its grammar leaves to the check, each
     with its count (docs/design/json-schema.md says which). `bodies`: RefT key -> node."""
     alone: set[StrT] = set()
@@ -108,18 +109,18 @@ def counted_apart(root: Node, bodies: dict) -> dict[StrT, LengthCount]:
             return {}
         (shared if union or len(strings) > 1 else alone).update(strings)
         union = union or len(objects) > 1 or len(arrays) > 1
-        for t in objects:
-            todo += [(v, union) for _, v in t.props]
+        for o in objects:
+            todo += [(v, union) for _, v in o.props]
             todo += [
-                (v, union) for r in t.rules for v in (r.additional, *(n for _, n in r.patterns))
+                (v, union) for r in o.rules for v in (r.additional, *(n for _, n in r.patterns))
             ]
-        for t in arrays:
-            todo += [(v, union) for v in (*t.prefix, t.rest)]
+        for a in arrays:
+            todo += [(v, union) for v in (*a.prefix, a.rest)]
     out = {}
-    for t in alone - shared:
-        count = _count(t)
+    for s in alone - shared:
+        count = _count(s)
         if count is not None:
-            out[t] = count
+            out[s] = count
     return out
 
 
@@ -141,13 +142,14 @@ def _count(t: StrT) -> LengthCount | None:
     return count
 
 
-def _sources(t: StrT) -> tuple:
-    return t.patterns + tuple(format_pattern(f) for f in t.formats)
+def _sources(t: StrT) -> tuple[str, ...]:
+    return t.patterns + tuple(format_source(f) for f in t.formats)
 
 
-def _terms(node: Node, bodies: dict) -> list:
+def _terms(node: Node, bodies: Bodies) -> list[Term]:
     """The node's terms, references followed (as the check reads them)."""
-    out, todo, seen = [], [node], set()
+    out: list[Term] = []
+    todo, seen = [node], set()
     while todo:
         n = todo.pop()
         for t in n.terms:

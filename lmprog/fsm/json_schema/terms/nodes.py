@@ -12,22 +12,23 @@ travel with the terms but do not change the set of values a term accepts.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from decimal import Decimal
+from typing import Any, TypeAlias
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.deadline import tick
 
 
-def _cache_hash(cls):
+def _cache_hash(cls: Any) -> Any:  # (a class decorator: the class keeps its type)
     """Frozen dataclasses hash their whole subtree on every call; cache it per object."""
     generated = cls.__hash__
 
-    def __hash__(self):
-        cached = self.__dict__.get("_hash")
+    def __hash__(self: Any) -> int:
+        cached: int | None = self.__dict__.get("_hash")
         if cached is None:
             cached = generated(self)
             object.__setattr__(self, "_hash", cached)
@@ -42,7 +43,7 @@ def _cache_hash(cls):
 class Node:
     """A set of JSON values: the union of ``terms``; ``top`` = every value."""
 
-    terms: tuple = ()
+    terms: tuple[Term, ...] = ()
     top: bool = False
 
     @property
@@ -63,7 +64,7 @@ class NullT:
 @_cache_hash
 @dataclass(frozen=True)
 class BoolT:
-    values: frozenset = frozenset({True, False})
+    values: frozenset[bool] = frozenset({True, False})
 
 
 @_cache_hash
@@ -77,8 +78,8 @@ class NumT:
     hi: Decimal | None = None
     hi_excl: bool = False
     multiple_of: Decimal | None = None
-    values: frozenset | None = None  # finite set of allowed values (enum/const)
-    excluded: frozenset = frozenset()
+    values: frozenset[Decimal] | None = None  # finite set of allowed values (enum/const)
+    excluded: frozenset[Decimal] = frozenset()
 
 
 @_cache_hash
@@ -89,11 +90,11 @@ class StrT:
 
     min_len: int = 0
     max_len: int | None = None
-    patterns: tuple = ()
-    formats: tuple = ()
-    values: frozenset | None = None
-    excluded: frozenset = frozenset()
-    not_patterns: tuple = ()
+    patterns: tuple[str, ...] = ()
+    formats: tuple[str, ...] = ()
+    values: frozenset[str] | None = None
+    excluded: frozenset[str] = frozenset()
+    not_patterns: tuple[str, ...] = ()
 
 
 @_cache_hash
@@ -109,11 +110,11 @@ class Contains:
 @_cache_hash
 @dataclass(frozen=True)
 class ArrT:
-    prefix: tuple = ()  # Nodes for the first items
+    prefix: tuple[Node, ...] = ()  # Nodes for the first items
     rest: Node = TOP  # every later item
     min_items: int = 0
     max_items: int | None = None
-    contains: tuple = ()  # Contains, all of which hold
+    contains: tuple[Contains, ...] = ()  # Contains, all of which hold
     unique: bool = False
     repeats: bool = False  # some two items are equal (``not`` over uniqueItems)
     eval_prefix: int = 0
@@ -126,7 +127,7 @@ class KeyRule:
     """What one schema says about keys its ``properties`` do not name: a key matching some
     ``patterns`` takes all their schemas, any other key takes ``additional``."""
 
-    patterns: tuple = ()  # (ECMA source, Node)
+    patterns: tuple[tuple[str, Node], ...] = ()  # (ECMA source, Node)
     additional: Node = TOP
 
 
@@ -136,20 +137,20 @@ class ObjT:
     """An object. Every required key is in ``props``; a named key's node already includes what
     the ``rules`` say about it, so rules only govern keys that ``props`` does not name."""
 
-    props: tuple = ()  # (key, Node) in canonical (declaration) order
-    required: tuple = ()
-    rules: tuple = ()  # KeyRule, all of which hold
+    props: tuple[tuple[str, Node], ...] = ()  # (key, Node) in canonical (declaration) order
+    required: tuple[str, ...] = ()
+    rules: tuple[KeyRule, ...] = ()  # KeyRule, all of which hold
     names: Node = TOP  # propertyNames
     min_props: int = 0
     max_props: int | None = None
     any_order: bool = False  # emit every key order (small const objects)
-    some: tuple = ()  # Nodes (sets of keys): for each, a key of the object is in it
+    some: tuple[Node, ...] = ()  # Nodes (sets of keys): for each, a key of the object is in it
     # (keys StrT, value Node) pairs: for each, a member whose key is in keys has its value in
     # value (``not`` over additionalProperties/patternProperties; keys distinct, checked as
     # decoded, so that no later member with the same key replaces it)
-    some_values: tuple = ()
-    eval_names: frozenset = frozenset()
-    eval_patterns: frozenset = frozenset()
+    some_values: tuple[tuple[StrT, Node], ...] = ()
+    eval_names: frozenset[str] = frozenset()
+    eval_patterns: frozenset[str] = frozenset()
     eval_all: bool = False
     # the schema lists the object's keys (``properties`` or ``required``, even empty): strict
     # generation writes no other key unless a keyword governs them (``strict``)
@@ -157,7 +158,7 @@ class ObjT:
     # keys of ``props`` that no ``properties`` declared (only ``required`` or a dependency
     # names them): where terms meet, declared keys come first, in the order they are declared
     # (``algebra._meet_obj``), as llguidance orders them
-    undeclared: frozenset = frozenset()
+    undeclared: frozenset[str] = frozenset()
 
     def prop(self, key: str) -> Node | None:
         for k, v in self.props:
@@ -183,7 +184,15 @@ class RefT:
     algebra: an intersection or complement that would look inside raises ``Unroll`` (the
     compiler then unrolls the recursion to a bounded depth instead)."""
 
-    key: tuple  # (compile serial, id of the target schema, its base URI)
+    key: tuple[Any, ...]  # (compile serial, id of the target schema, its base URI)
+
+
+# A term: the values of one JSON type the schema allows (or a reference to a schema's rule).
+Term: TypeAlias = "NullT | BoolT | NumT | StrT | ArrT | ObjT | RefT"
+
+
+# RefT key -> the node of its schema (``read.builder.Builder.bodies``)
+Bodies: TypeAlias = "dict[tuple[Any, ...], Node]"
 
 
 class Unroll(Exception):
@@ -234,7 +243,7 @@ TYPE_NAMES = {
 _ANNOTATIONS = {"eval_prefix", "eval_all", "eval_names", "eval_patterns"}
 
 
-def _split_fields(cls) -> tuple[tuple, tuple]:
+def _split_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
     names = [f.name for f in fields(cls)]
     return tuple(n for n in names if n not in _ANNOTATIONS), tuple(
         n for n in names if n in _ANNOTATIONS
@@ -245,14 +254,14 @@ _FIELDS = {cls: _split_fields(cls) for cls in TERM_TYPES}
 _FULL = dict(zip(TERM_TYPES, FULL_TERMS))
 
 
-def has_annotations(term) -> bool:
+def has_annotations(term: Term) -> bool:
     if isinstance(term, RefT):
         return False
     full = _FULL[type(term)]
     return any(getattr(term, n) != getattr(full, n) for n in _FIELDS[type(term)][1])
 
 
-def is_full(term) -> bool:
+def is_full(term: Term) -> bool:
     """Whether the term accepts every value of its type (annotations aside)."""
     if isinstance(term, RefT):
         return False
@@ -260,11 +269,11 @@ def is_full(term) -> bool:
     return all(getattr(term, n) == getattr(full, n) for n in _FIELDS[type(term)][0])
 
 
-def full_node(*types) -> Node:
+def full_node(*types: type) -> Node:
     return make_node(tuple(t() for t in types))
 
 
-def make_node(terms, limit: int = 512) -> Node:
+def make_node(terms: Iterable[Term | None], limit: int = 512) -> Node:
     """A normalized union: duplicates dropped, value-only terms merged, terms subsumed by an
     unannotated full term of their type dropped, and all-full unions turned into ``TOP``."""
     tick()
@@ -283,15 +292,19 @@ def make_node(terms, limit: int = 512) -> Node:
     return Node(tuple(out))
 
 
-def _merge_value_terms(terms: list) -> list:
+def _merge_value_terms(terms: list[Term]) -> list[Term]:
     """``enum``-style terms of one type (only ``values`` set) merge into one term, at the place
     of the first (their values joined once: an enum of 100,000 strings is 100,000 terms)."""
-    place: dict[type, int] = {}
-    values: dict[type, list] = {}
-    out = []
+    place: dict[Callable[..., Term], int] = {}  # by the term's class
+    values: dict[Callable[..., Term], list[frozenset[Any]]] = {}
+    out: list[Term] = []
     for t in terms:
-        kind = type(t)
-        if kind in (BoolT, NumT, StrT) and t.values is not None and t == kind(values=t.values):
+        kind: Callable[..., Term] = type(t)
+        if (
+            isinstance(t, (BoolT, NumT, StrT))
+            and t.values is not None
+            and t == kind(values=t.values)
+        ):
             if kind in place:
                 values[kind].append(t.values)
                 continue
@@ -308,6 +321,6 @@ def union(*nodes: Node) -> Node:
     return make_node(tuple(t for n in nodes for t in expand(n)))
 
 
-def expand(node: Node) -> tuple:
+def expand(node: Node) -> tuple[Term, ...]:
     """The terms of a node, with ``TOP`` spelled out as one full term per type."""
     return FULL_TERMS if node.top else node.terms

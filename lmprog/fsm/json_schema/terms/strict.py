@@ -10,12 +10,17 @@ open: docs/design/json-schema.md.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import overload
 
 from lmprog.fsm.json_schema.terms.algebra import normalize_arr, normalize_obj
 from lmprog.fsm.json_schema.terms.nodes import NEVER, ArrT, KeyRule, ObjT
 
 
-def generated(t):
+@overload
+def generated(t: ObjT) -> ObjT: ...
+@overload
+def generated(t: ArrT) -> ArrT: ...
+def generated(t: ArrT | ObjT) -> ArrT | ObjT:
     """The term as strict generation writes it (``t`` itself when nothing is left open)."""
     if isinstance(t, ObjT):
         return _object(t)

@@ -3,10 +3,11 @@ values, property names) and JSON Schema equality of values."""
 
 from __future__ import annotations
 
-import re
+from collections.abc import Hashable
 from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
+from typing import Any, Protocol
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.terms.formats import format_pattern
@@ -16,7 +17,7 @@ from lmprog.fsm.regex.lookahead import split_lookaheads
 
 
 @lru_cache(maxsize=4096)
-def pattern_matcher(source: str) -> re.Pattern | _Lookaheads:
+def pattern_matcher(source: str) -> Matcher:
     """``fullmatch`` of the returned pattern = JSON Schema ``pattern`` (search) semantics
     (lookaheads as ``split_lookaheads`` reads them)."""
     must, must_not = split_lookaheads(source)
@@ -28,10 +29,16 @@ def pattern_matcher(source: str) -> re.Pattern | _Lookaheads:
     )
 
 
+class Matcher(Protocol):
+    """What tests a string against a pattern: a ``re.Pattern``, or ``_Lookaheads``."""
+
+    def fullmatch(self, s: str, /) -> object: ...
+
+
 class _Lookaheads:
     """A pattern with lookaheads: patterns a string must match and patterns it must not."""
 
-    def __init__(self, must: tuple, must_not: tuple) -> None:
+    def __init__(self, must: tuple[Matcher, ...], must_not: tuple[Matcher, ...]) -> None:
         self.must, self.must_not = must, must_not
 
     def fullmatch(self, s: str) -> bool:
@@ -41,7 +48,7 @@ class _Lookaheads:
 
 
 @lru_cache(maxsize=64)
-def format_matcher(name: str) -> re.Pattern:
+def format_matcher(name: str) -> Matcher:
     pattern = format_pattern(name)
     if pattern is None:
         raise ConstraintError(f"unsupported format {name!r}")
@@ -78,7 +85,7 @@ def num_ok(t: NumT, d: Decimal) -> bool:
     )
 
 
-def to_decimal(x) -> Decimal:
+def to_decimal(x: Decimal | float | int | str) -> Decimal:
     """A JSON number as an exact Decimal (floats through their shortest repr)."""
     if isinstance(x, Decimal):
         return x
@@ -89,7 +96,7 @@ def to_decimal(x) -> Decimal:
     return Decimal(x)
 
 
-def value_key(v):
+def value_key(v: Any) -> Hashable:
     """A hashable key under JSON Schema equality (1 == 1.0, true != 1, key order ignored)."""
     if v is None or isinstance(v, bool):
         return ("c", v)
