@@ -1,5 +1,4 @@
-"""lmprog's OpenAI-compatible server (needs the `serve` extra: fastapi, uvicorn,
-prometheus-client).
+"""lmprog's OpenAI-, Anthropic- and SGLang-compatible HTTP server (needs the `serve` extra).
 
     from lmprog.serve import Server
     with Server(lp.Runtime()).start() as srv:
@@ -7,12 +6,8 @@ prometheus-client).
 
     lmprog serve --model smollm2 --port 8000          # or: python -m lmprog.serve ...
 
-Layout (docs/architecture.md has a line per module): server.py, app.py (routes), cli.py; the
-shared plumbing (access.py, jsonbody.py, context.py, generations.py, respond.py, errors.py,
-...) and a request's parts (sampling.py, constraints.py, compile.py, prompts.py,
-reasoning.py, logprobs.py); schemas/ the request bodies; tools/ tool calls; the API
-surfaces openai/ (completions, chat completions, responses), anthropic/ (messages) and
-sglang/ (the native API, the router's /get_load).
+The extra: fastapi, uvicorn, prometheus-client. User guide: docs/serving.md; how a request
+flows through the package and its layout: docs/design/server.md.
 """
 
 from .limits import ServerLimits

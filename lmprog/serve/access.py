@@ -1,11 +1,9 @@
-"""The ASGI layer in front of the routes: API key, body size limit, request metrics, and one
-access line per request on the `lmprog.serve.access` logger (info): client, method, path,
-status, duration, prompt tokens (and those of them served from the prefix cache), completion
-tokens.
+"""The ASGI gate in front of the routes: API key (401), body size limit (413), request metrics,
+one access line per request.
 
-401  /v1/* and /metrics without `Authorization: Bearer KEY` or `x-api-key: KEY` (Anthropic's
-     clients) when a key is set (the scheme is case-insensitive, RFC 7235: `bearer KEY` too)
-413  a body over the limit (Content-Length checked first, then counted as it arrives)
+The access line goes to the `lmprog.serve.access` logger (info): client, method, path, status,
+duration, prompt tokens (and those served from the prefix cache), completion tokens.
+Design: docs/design/server.md#the-access-gate.
 """
 
 from __future__ import annotations

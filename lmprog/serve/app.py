@@ -2,9 +2,8 @@
 
     app = build_app(backend, model_name="smollm2", api_key=None, limits=ServerLimits())
 
-Handlers parse bodies themselves (any content type; malformed JSON is a 400 like any other
-bad input) and never block the event loop: generation, tokenization and constraint
-compilation run on the context's worker threads.
+Handlers parse bodies themselves and never block the event loop: generation, tokenization and
+constraint compilation run on the context's worker threads. Design: docs/design/server.md.
 """
 
 from __future__ import annotations

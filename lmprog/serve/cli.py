@@ -1,9 +1,9 @@
 """The `lmprog` command line: `lmprog serve --model NAME_OR_PATH [--host --port --api-key ...]`
-(also `python -m lmprog serve ...` and `python -m lmprog.serve --model ...`), `lmprog --version`.
+and `lmprog --version`.
 
-The model is chosen here, once, at start-up; requests cannot change it. What keeps the server
-from starting (a model that does not resolve or load, a busy port, a missing extra) is one
-line on stderr and exit status 1; `--log-level debug` adds its traceback.
+Also `python -m lmprog serve ...` and `python -m lmprog.serve --model ...`. The model is chosen
+here, once, at start-up; a server that cannot start prints one line on stderr and exits 1
+(`--log-level debug` adds the traceback). Flags: docs/serving.md.
 """
 
 from __future__ import annotations

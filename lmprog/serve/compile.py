@@ -1,16 +1,10 @@
-"""Compiling a request's constraint (regex, JSON schema, tools) off the event loop, within
-the `constraint_timeout_s` limit, only while its client is there, and no more of the pool
-per client than its share.
+"""Compiling a request's constraint (regex, JSON schema, tools) off the event loop, within its
+`constraint_timeout_s`.
 
-A schema or regex can take long to compile (a token index over the whole vocabulary), so
-`compiled` runs the work on a small pool of its own threads: the event loop keeps serving,
-generation keeps its threads, and a request that waits longer than the limit gets a 400
-`constraint_timeout` naming it. Abandoned work stops: a compile that has not started when its
-request is answered (timed out, or the client left) never starts, and one running stops at
-its next check (`lmprog.fsm.deadline`: the compilers written in Python check a flag as they
-count their work; llguidance's own part cannot be interrupted, and is bounded by the size of
-what it is given). One client (its address) runs at most half the pool's compiles at once;
-its others wait for its own, so its schemas cannot make another client's time out.
+    constraint = await compiled(ctx, request, param, fn, *args)   # fn(*args) on the pool
+
+Abandoned work stops (the client left, or the limit passed), and one client runs at most half
+the pool's compiles at once. Design: docs/design/server.md#compiling-off-the-event-loop.
 """
 
 from __future__ import annotations

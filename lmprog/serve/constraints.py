@@ -1,18 +1,9 @@
-"""What a choice's text must match, compiled into an lmprog Constraint: OpenAI's
-`response_format` (json_object, json_schema), SGLang's `regex`, `json_schema` and `ebnf`, or
-vLLM's `guided_json`, `guided_regex`, `guided_choice` and `guided_grammar` (EBNF, as
-SGLang's `ebnf`). At most one of them per request (a 400 naming the second otherwise);
-`guided_whitespace_pattern` (vLLM's) is the regex allowed between JSON tokens of a JSON
-constraint (any of the JSON ones) and a 400 without one.
+"""What a choice's text must match, compiled into an lmprog Constraint.
 
-json_object mode: the schema `{"type": "object"}`: an object whose values are any JSON values,
-nested to any depth ("any value" is a recursive rule of the constraint's grammar).
-
-Schemas compile for strict generation (`Constraint.from_json_schema`'s default): an object
-whose schema lists its keys gets no others unless the schema allows them
-(`additionalProperties: true` or a schema, patternProperties...), as xgrammar's default and
-OpenAI's strict mode do. `response_format.json_schema.strict: false` asks for JSON Schema's own
-reading instead (objects open unless the schema closes them); absent or true: strict.
+OpenAI's `response_format`, SGLang's `regex` / `json_schema` / `ebnf` or vLLM's `guided_*`
+fields, at most one per request (a 400 naming the second otherwise); schemas compile for strict
+generation unless `response_format.json_schema.strict` is false.
+Design: docs/design/server.md#sampling-and-constraints.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
-"""EngineLog: one line about the engine every `interval_s` seconds while it is busy, on the
-`lmprog.serve.engine` logger at info (what SGLang's decode-batch lines and vLLM's periodic
-stats line tell):
+"""EngineLog: one line about the engine every `interval_s` seconds while it is busy (the
+`lmprog.serve.engine` logger).
 
     engine: 3 running, 1 queued | generation 41.3 tok/s, prompt 210.0 tok/s | prefix cache
-    hit rate 62.5% | KV cache 12.5% (512 of 4096 tokens) | host tier 40.0% (800 of 2000
-    tokens), 25.0% of prompt tokens loaded from it
+    hit rate 62.5% | KV cache 12.5% (512 of 4096 tokens)
 
-(the host and disk tiers' parts only with the runtime's tiered KV cache, issue 34.)
-
-Read from `backend.stats()` (the keys both sampling backends report: num_running,
-num_waiting, generated_tokens, prompt_tokens, cached_tokens, kv_used, kv_capacity); the
-throughputs and the hit rate are over the interval. A line is written only when something
-happened since the last one (tokens made or prompts admitted, or requests running or
-waiting), so an idle server is silent; a key the backend lacks leaves its part out.
+Read from `backend.stats()` over the interval; an idle server is silent.
+Design: docs/design/server.md#logs-and-metrics.
 """
 
 from __future__ import annotations

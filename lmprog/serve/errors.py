@@ -1,9 +1,9 @@
-"""OpenAI-style errors: `APIError` and the handlers that turn every failure into
+"""OpenAI-style errors: `APIError` and the handlers that turn every failure into an error body.
 
     {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
 
-with a 4xx status for the client's mistakes and 500 for the server's own; the same errors
-in Anthropic's shape for /v1/messages (`anthropic_error`).
+A 4xx status for the client's mistakes, 500 for the server's own; the same errors in
+Anthropic's shape for /v1/messages (`anthropic_error`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""From the event loop to the backend and back: the choices of one request run as
-`backend.generate` calls on worker threads, and their text pieces and results come back to
-the event loop through one queue, so no handler ever blocks the loop.
+"""Generations: a request's choices run as `backend.generate` calls on worker threads, their
+pieces sent back to the event loop.
 
     group = Generations(backend, requests, executor, stream=True)   # submits every choice
     await group.wait_started()          # first piece or outcome of each choice; early errors raise
@@ -8,9 +7,7 @@ the event loop through one queue, so no handler ever blocks the loop.
     results = await group.results()     # one GenerateResult per choice, in order
     group.cancel()                      # client gone: each choice aborts at its next token
 
-Cancelling works through the stream callback: it raises inside the worker thread, and the
-backend aborts the request (the Runtime frees its KV slots and scheduler entry at once).
-Every choice gets a callback, streamed or not, so every request can be cancelled.
+Design: docs/design/server.md#generations-from-the-event-loop-to-the-backend-and-back.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
-"""JSON from clients, parsed within limits: a request body (`parse_body`: read, parsed and
-validated as its request type), or the JSON text of a tool call's arguments. Every way it can
-fail is an APIError (400), never a 500:
+"""JSON from clients, parsed within limits: a request body (`parse_body`), or a tool call's
+arguments.
 
-    invalid_json      not JSON (NaN and Infinity are not JSON either)
-    json_too_deep     arrays and objects nested deeper than the server's max_json_depth
-                      (checked on the text before parsing, so parsing never recurses deeply)
-    integer_too_long  an integer with more digits than Python converts
-                      (sys.get_int_max_str_digits(), 4300 by default)
-
-Request fields this server does not know are dropped with a warning in the log (once per
-field name), as vLLM does, or a 400 `unknown_parameter` in strict mode (OpenAI's behaviour:
-`lmprog serve --strict-requests`, `Server(..., strict_requests=True)`). Only unknown *names*
-are forgiven: a known field of the wrong type or range stays a 400 (`"max_tokens": "5"`), and
-so does an unknown field in strict mode.
+Every way it can fail is an APIError (400: invalid_json, json_too_deep, integer_too_long),
+never a 500. Unknown fields are dropped with a warning, or a 400 `unknown_parameter` with
+`strict_requests`. Design: docs/design/server.md#request-bodies-json-within-limits.
 """
 
 from __future__ import annotations

@@ -11,42 +11,23 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """max_body_bytes: request body size (413 above it). max_json_depth: nesting of arrays and
-    objects in a request body, and in the JSON text of a message's tool call arguments (400).
-    max_n: choices per prompt (`n`). max_choices: prompts x n of one /v1/completions request.
-    max_tokens: largest max_tokens / max_completion_tokens (and max_output_tokens).
-    default_max_tokens: max_tokens of a chat completion or Responses request that sets none
-    (None: the max_tokens limit); /v1/completions keeps OpenAI's 16, /generate SGLang's 128.
-    max_stop: stop strings per request; max_stop_chars: characters of one stop string.
-    max_logprobs: top_logprobs / completions' logprobs. max_tools: entries of a chat request's
-    `tools`. (A prompt's length is bounded by the model's context: `context_length_exceeded`.)
-    max_concurrency: requests generating at once (one worker thread each); more wait their turn.
-    constraint_timeout_s: seconds a request's regex / JSON schema / tools may take to compile
-    into its constraint and token index (400 `constraint_timeout` after it; the compile runs
-    on a worker thread, which is abandoned).
-    allow_special_tokens: an option, not a limit: True reads special-token strings in chat
-    message contents and tools (`<|im_start|>`, ...) as control tokens; by default they are
-    text and only the chat template's own markers are control tokens.
-    strict_requests: an option too: True answers a request with a field this server does not
-    know (a typo, another server's extension, `messages[0].id`) with a 400
-    `unknown_parameter`, as OpenAI does; by default such fields are dropped and logged once
-    per name, as vLLM does. Known fields are type-checked strictly either way.
-    """
+    """What one request may ask (sizes, counts, token budgets), and two options; each field's
+    meaning: docs/design/server.md#limits-and-fault-isolation."""
 
-    max_body_bytes: int = 2 << 20
-    max_json_depth: int = 64
-    max_n: int = 16
-    max_choices: int = 64
-    max_tokens: int = 4096
-    default_max_tokens: int | None = None
-    max_stop: int = 16
-    max_stop_chars: int = 1024
-    max_logprobs: int = 20
-    max_tools: int = 128
-    max_concurrency: int = 256
-    constraint_timeout_s: float = 30.0
-    allow_special_tokens: bool = False
-    strict_requests: bool = False
+    max_body_bytes: int = 2 << 20  # request body size (413 above it)
+    max_json_depth: int = 64  # nesting of a body's JSON and of a tool call's arguments (400)
+    max_n: int = 16  # choices per prompt (`n`)
+    max_choices: int = 64  # prompts x n of one /v1/completions request
+    max_tokens: int = 4096  # largest max_tokens / max_completion_tokens / max_output_tokens
+    default_max_tokens: int | None = None  # chat / Responses without one (None: max_tokens)
+    max_stop: int = 16  # stop strings per request
+    max_stop_chars: int = 1024  # characters of one stop string
+    max_logprobs: int = 20  # top_logprobs / completions' logprobs
+    max_tools: int = 128  # entries of a chat request's `tools`
+    max_concurrency: int = 256  # requests generating at once; more wait their turn
+    constraint_timeout_s: float = 30.0  # a constraint's compile (400 `constraint_timeout`)
+    allow_special_tokens: bool = False  # option: special tokens in messages are control tokens
+    strict_requests: bool = False  # option: unknown fields are a 400 `unknown_parameter`
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

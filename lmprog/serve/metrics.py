@@ -1,11 +1,9 @@
-"""/metrics: the server's counters and histograms and the backend's stats(), exposed with
-prometheus-client in its text format.
+"""/metrics: the server's counters and histograms and the backend's stats(), in
+prometheus-client's text format.
 
-Each server has a CollectorRegistry of its own (never the process-global one), so several
-servers in one process (tests, notebooks) count apart. prometheus-client's metrics are
-thread-safe: the gate counts on the event loop, `Generations` times choices on worker threads.
-Backend values come from `backend.stats()` at scrape time: running/queued requests, cache
-hit rate, KV usage, ...
+Each server has a CollectorRegistry of its own, so several servers in one process count
+apart; backend values are read from `backend.stats()` at scrape time.
+Design: docs/design/server.md#logs-and-metrics.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
-"""`lmprog serve` workers and SGLang's router as child processes on one machine: what the tests
-and bench/bench_fleet.py start, and the one-machine form of docs/serving.md's recipe.
+"""`lmprog serve` workers and SGLang's router as child processes on one machine.
 
     with Fleet.start(["--num-threads", "1"], ["--num-threads", "2"]) as fleet:
         fleet.urls                                   # each worker's http://127.0.0.1:PORT
         with SGLangRouter.start(fleet.urls) as router:
             router.url                               # send any request here
 
-Workers listen on a port the system picks (`--port 0`; each prints the one it got); the
-router (`python -m sglang_router.launch_router`, PyPI `sglang-router`) on a free loopback port
-with its Prometheus exporter on another (its default, 0.0.0.0:29000, is one per machine), and
-with HF_ENDPOINT pointed at a closed loopback port: it looks up a tokenizer for the served
-model name on the Hugging Face hub, which it needs only for gRPC workers.
+What the tests and bench/bench_fleet.py start; the one-machine form of docs/serving.md's recipe.
+Design: docs/design/server.md#behind-a-router-the-worker-role.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """`echo` on /v1/completions: the prompt's own tokens, offsets and logprobs.
 
-Prompt logprobs come from the Runtime's prefill (`generate(..., logprob_start_len=0)`, the
-same mechanism `select` scoring uses); other backends cannot return them. Token ids are
-made here once and handed to both the scoring prefill and the generation, so the echoed
-tokens are exactly the ones the model saw.
+Prompt logprobs come from the Runtime's prefill (`generate(..., logprob_start_len=0)`); other
+backends cannot return them. Design: docs/design/server.md#completions-and-echo.
 """
 
 from __future__ import annotations

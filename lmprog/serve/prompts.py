@@ -1,12 +1,9 @@
 """Chat messages -> the prompt text, through the model's own chat template.
 
-Messages are normalised for the template first: text content parts are joined,
-"developer" becomes "system", an assistant's earlier tool calls go to the template as
-`tool_calls` (arguments as dicts, as transformers expects) where it has a tool-call syntax
-of its own, else are written back as text in the layout the model is asked to produce
-(tools/formats.py), and lmprog's tool note (if any) joins the (first) system message.
-Only text goes in: image, audio and file parts are refused, so no request makes the server
-fetch or read anything.
+    prompt = render_chat(template, messages, tools_prompt, max_json_depth=64, tools=tools)
+
+Messages are normalised for the template first; only text goes in (image, audio and file
+parts are refused). Design: docs/design/server.md#chat-completions-the-chat-pipeline.
 """
 
 from __future__ import annotations
@@ -37,14 +34,9 @@ def render_chat(
     variables: dict[str, Any] | None = None,
     add_generation_prompt: bool = True,
 ) -> str:
-    """`max_json_depth`: the deepest nesting allowed in a tool call's arguments. `tools`: the
-    request's tools, passed to the template as transformers' `apply_chat_template(tools=...)`
-    passes them (templates without tool support ignore them). With `tokenizer`, the result
-    is a `Prompt` whose special-token strings are control tokens only where the template
-    wrote them (message contents, tool calls and results, tools: text); without, a plain
-    str whose every special-token string is a control token (`allow_special_tokens`).
-    `tool_format`: how earlier tool calls are rendered (see the module docstring).
-    `variables`: more template variables (`chat_template_kwargs`: `enable_thinking`, ...)."""
+    """`max_json_depth`: the deepest nesting of a tool call's arguments; `tools`: passed to the
+    template as transformers does; with `tokenizer`, a `Prompt` whose special tokens are control
+    tokens only where the template wrote them. Every argument: docs/design/server.md."""
     plain = [_plain(m, i, max_json_depth, tool_format) for i, m in enumerate(messages)]
     if tools_prompt:
         if plain[0]["role"] == "system":

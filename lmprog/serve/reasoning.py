@@ -1,15 +1,12 @@
-"""Reasoning models behind the server: which format a request's output has, the constraint
-that applies after its thinking, the thinking budget, and the output split into
-`reasoning_content` and `content` (whole, or as streamed deltas).
+"""Reasoning models behind the server: a request's reasoning format, constraint after thinking,
+budget and output split.
 
     plan = reasoning_plan(ctx.reasoning, prompt, separate=True, budget=None)   # None: no reasoning
     constraint = plan.constrain(answer_constraint)   # thinking, end marker, then the answer
     backend = plan.backend(ctx.backend, answer_constraint)   # with a budget: two calls
     reasoning, answer = plan.split(result.text)
 
-The format is the server's (`--reasoning-parser`, default auto: from the chat template); the
-prompt says whether the template opened the block, closed it (thinking off: no reasoning)
-or left it to the model.
+The output splits into `reasoning_content` and `content`. Design: docs/design/server.md#reasoning.
 """
 
 from __future__ import annotations

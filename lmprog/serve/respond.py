@@ -1,9 +1,8 @@
-"""From a request's running choices to its HTTP response: the JSON body, or server-sent
-events in the OpenAI layout (`data: {chunk}` per event, `data: [DONE]` last).
+"""From a request's running choices to its HTTP response: the JSON body, or server-sent events
+in the OpenAI layout.
 
-Waiting on the choices watches the client: if it disconnects, the choices are cancelled (and
-the backend frees them) instead of running to the end; `EventStream` runs a cleanup callback
-however the stream ends (finished, failed, or the client went away).
+Events are `data: {chunk}`, then `data: [DONE]`. A client that disconnects cancels its
+choices. Design: docs/design/server.md#responding-a-json-body-or-server-sent-events.
 """
 
 from __future__ import annotations

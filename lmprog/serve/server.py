@@ -23,20 +23,11 @@ from .limits import LIMIT_NAMES, ServerLimits
 
 
 class Server:
-    """An OpenAI-compatible HTTP server over one backend.
-
-    Args:
-        backend: any lmprog Backend (lp.Runtime for the full feature set).
-        host, port: where to listen (port 0 picks a free port; see `url`).
-        api_key: when set, /v1/* and /metrics need `Authorization: Bearer <api_key>`.
-        model_name: the name clients use (default: the backend's model_name, else "lmprog").
-        stats_interval_s: seconds between the engine lines logged while the backend is busy
-            (`lmprog.serve.engine` at info, see engine_log.py); None: none.
-        reasoning_parser: how the model's output splits into thinking and answer: "auto"
-            (the chat template's format, if it shows one), "none", or a name
-            (lmprog.core.reasoning.FORMATS: "deepseek-r1", "qwen3", "gpt-oss", "magistral").
-        **limits: ServerLimits fields (max_body_bytes, max_n, max_tokens, ...).
-    """
+    """An OpenAI-compatible HTTP server over one backend (any lmprog Backend; lp.Runtime for
+    every feature): `host`, `port` (0: a free one), `api_key`, `model_name`, `stats_interval_s`
+    (engine_log.py), `reasoning_parser` ("auto", "none" or a name of
+    lmprog.core.reasoning.FORMATS) and **limits (ServerLimits fields).
+    Every argument: docs/design/server.md#starting-a-server."""
 
     def __init__(
         self,

@@ -1,14 +1,7 @@
-"""Small endpoints users reach for, in vLLM's shapes: POST /tokenize, POST /detokenize,
-GET /version.
+"""Small endpoints users reach for, in vLLM's shapes: POST /tokenize, POST /detokenize, GET
+/version.
 
-    POST /tokenize    {"model"?, "prompt": str} or {"model"?, "messages": [...],
-                       "add_generation_prompt"?: true, "chat_template_kwargs"?: {...}},
-                      "add_special_tokens"?: true
-                   -> {"count", "max_model_len", "tokens"}   (messages: rendered as chat renders them)
-    POST /detokenize  {"model"?, "tokens": [ids]} -> {"prompt"}
-    GET  /version     {"version": lmprog's}
-
-Token ids outside the vocabulary are a 400 naming `tokens`.
+Bodies and replies: docs/design/server.md#small-endpoints.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
-"""/v1/messages and /v1/messages/count_tokens (Anthropic's Messages API): another request and
-response shape over the chat-completions pipeline, as /v1/responses is.
+"""/v1/messages and /v1/messages/count_tokens (Anthropic's Messages API) over the
+chat-completions pipeline.
 
     Messages request ──to_chat──► ChatCompletionRequest ──start_chat_completion──► choices
     Message object / its events ◄──MessagesReply── the chat reply's body / chunks
 
-`system` becomes a system message; user content blocks `text` and `tool_result` (a tool
-message each, before the user's text), assistant blocks `text`, `tool_use` (tool_calls) and
-`thinking` (the turn's reasoning_content, which reasoning templates render); `tools`
-(`input_schema`) and `tool_choice` (auto, any, tool, none; disable_parallel_tool_use) the chat
-tools; `stop_sequences` stop; `thinking` {enabled, budget_tokens} the template's
-enable_thinking and a thinking budget, {disabled} enable_thinking false. The same API key
-(`x-api-key`, or `Authorization: Bearer`), limits, constraints and cancellation as the
-OpenAI routes; errors in Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`,
-the message starting with the field (`messages.0.content.1.type: ...`).
+Errors come in Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`. How each
+field maps: docs/design/server.md#anthropics-messages-api.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """The Message object of /v1/messages and its streamed events, written from the chat reply's
-message (messages.py converts the request; this, what comes back).
+message.
 
-A chat message becomes content blocks: its reasoning_content a `thinking` block, its text a
-`text` block, each tool call a `tool_use` block (`input` the parsed arguments). Streamed, the
-chat chunks become Anthropic's events:
-
-    message_start
-      content_block_start (thinking)  content_block_delta (thinking_delta ..., signature_delta)
-      content_block_stop
-      content_block_start (text)      content_block_delta (text_delta ...)   content_block_stop
-      content_block_start (tool_use)  content_block_delta (input_json_delta ...)
-      content_block_stop
-    message_delta (stop_reason, stop_sequence, usage.output_tokens)
-    message_stop
-
-each with its `event:` line. A failure after the stream began is an `error` event.
-stop_reason: "tool_use" (the calls ended the turn), "max_tokens", "stop_sequence" (with the
-matched `stop_sequence`) or "end_turn".
+messages.py converts the request; this, what comes back: a chat message becomes `thinking`,
+`text` and `tool_use` content blocks; streamed, Anthropic's events (message_start ...
+message_stop). The events and stop reasons: docs/design/server.md#anthropics-messages-api.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""/v1/chat/completions: messages rendered with the model's chat template, n choices,
-streaming, response_format, tools (constrained calls in the model's own call format; see
-tools/plan.py and tools/formats.py) and logprobs.
+"""/v1/chat/completions: the chat pipeline (chat template, n choices, streaming,
+response_format, tools, logprobs).
 
-Text streams piece by piece. With tools active each choice's text goes through a
-CallReader: an answer streams as content once it cannot be a call (the first characters
-differ from the format's marker); calls stream as OpenAI sends them (a call's id, type and
-name with arguments "", then fragments of its arguments). Streamed logprobs arrive in each
-choice's last chunk.
+Tool calls are constrained in the model's own call format (tools/); streamed, each choice's
+text goes through a CallReader, which streams an answer as content and calls as OpenAI's
+tool-call deltas. Design: docs/design/server.md#chat-completions-the-chat-pipeline.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""/v1/completions: text prompts (or token ids) continued, n choices each, optionally
-streamed; `echo` returns the prompt too, with its token logprobs when `logprobs` is set
-(also with max_tokens=0: the way an endpoint client scores `select` choices)."""
+"""/v1/completions: text prompts (or token ids) continued, n choices each, optionally streamed.
+
+`echo` returns the prompt too, with its token logprobs when `logprobs` is set (also with
+max_tokens=0: the way an endpoint client scores `select` choices).
+"""
 
 from __future__ import annotations
 

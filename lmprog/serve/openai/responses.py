@@ -1,21 +1,11 @@
-"""/v1/responses (OpenAI's Responses API): another shape of request and response over the
-chat-completions pipeline, not a second way to generate.
+"""/v1/responses (OpenAI's Responses API): another request and response shape over the
+chat-completions pipeline.
 
     Responses request ──to_chat──► ChatCompletionRequest ──start_chat_completion──► choices
     Response object / its events ◄──ResponseOutput── the chat reply's body / chunks
 
-`instructions` become a system message, input items chat messages (function_call items an
-assistant message's tool_calls, function_call_output items tool messages), `text.format`
-the response_format, `max_output_tokens` max_completion_tokens. The chat reply's message
-comes back as output items: a `message` with its `output_text`, one `function_call` per tool
-call. Streamed, the chat chunks become Responses events (response.created ...
-response.completed, each with its sequence_number), item by item.
-
-`previous_response_id`: responses made with `store` (the default) keep their conversation
-(input and output items; not their instructions, tools or settings, as in OpenAI's API) in
-a bounded in-memory LRU for the server's lifetime (`ResponseStore`), and a later request
-continues it. The request types are in schemas/responses.py, the Response object and its
-events in responses_output.py.
+`previous_response_id` continues a stored conversation (`ResponseStore`, a bounded in-memory
+LRU). Design: docs/design/server.md#the-responses-api.
 """
 
 from __future__ import annotations

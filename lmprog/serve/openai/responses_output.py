@@ -1,24 +1,10 @@
-"""The Response object and its streamed events, written from the chat reply's message
-(responses.py converts the request; this, what comes back).
+"""The Response object and its streamed events, written from the chat reply's message.
 
     ResponseReply(ctx, body, chat_reply, keep).response_body(results)   # the Response object
     ResponseReply(...).stream(group)                                     # its SSE events
 
-A chat message becomes output items: its text one `message` item (an `output_text` part),
-each tool call one `function_call` item. `ResponseOutput` builds them from the whole message
-or from the chat chunks' deltas alike, and writes the events that build them when streamed:
-
-    response.created, response.in_progress
-      response.output_item.added  (message)   response.content_part.added
-        response.output_text.delta ...         response.output_text.done
-      response.content_part.done               response.output_item.done
-      response.output_item.added  (function_call)
-        response.function_call_arguments.delta ...  response.function_call_arguments.done
-      response.output_item.done
-    response.completed  (response.incomplete when max_output_tokens cut it)
-
-each with its `sequence_number` (and `event:` line), as OpenAI sends them; no `[DONE]`. A
-failure after the stream began is an `error` event, then `response.failed`.
+responses.py converts the request; this, what comes back (a `message` item, one
+`function_call` item per call). The events: docs/design/server.md#the-responses-api.
 """
 
 from __future__ import annotations

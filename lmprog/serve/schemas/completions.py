@@ -1,14 +1,8 @@
 """Request bodies of the OpenAI API as pydantic models (the fields this server knows).
 
-Every model forbids unknown fields; `jsonbody.parse_body` drops them with a warning in
-the log unless the server runs with `strict_requests`, which answers them with a 400.
-Types are strict for every known field: "5" is not an integer, "yes" or 1 not a boolean (a number field takes an
-integer: `"temperature": 1`).
-Fields of the OpenAI API that this server cannot honour are declared (so their error says
-"not supported" rather than "unrecognized") and rejected by `unsupported_fields`. Extensions
-follow SGLang's OpenAI API (top_k, min_p, min_tokens, ignore_eos, stop_token_ids,
-repetition_penalty, and the constraints regex, json_schema, ebnf) and vLLM's (guided_json,
-guided_regex, guided_choice, guided_grammar, guided_whitespace_pattern): see constraints.py.
+Every model forbids unknown fields and types every known field strictly ("5" is not an
+integer); unsupported OpenAI fields are declared and refused by `unsupported_fields`.
+Extensions follow SGLang's and vLLM's: docs/design/server.md#request-bodies-json-within-limits.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The /v1/messages request body (Anthropic's Messages API) as pydantic models.
 
-Content blocks are checked by their `type` in anthropic/messages.py (a block of a type this server does
-not take, an image or a document, is a 400 naming it), so they stay dicts here.
+Content blocks stay dicts here: anthropic/messages.py checks them by their `type`.
 """
 
 from __future__ import annotations

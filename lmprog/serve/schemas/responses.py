@@ -1,18 +1,8 @@
 """The /v1/responses request body (OpenAI's Responses API) as pydantic models.
 
-`input` is a string (one user message) or a list of items, each one of
-
-    {"role": "user"|"assistant"|"system"|"developer", "content": str | [parts]}  (type "message")
-    {"type": "function_call", "call_id", "name", "arguments"}          an earlier call
-    {"type": "function_call_output", "call_id", "output"}              its result
-
-told apart by `type` (a message may leave it out); a reasoning item is a reasoning model's
-thinking sent back. Other item types (item_reference, hosted tools' calls) are a 400 naming
-the item. Content parts are checked
-when the request is converted (openai/responses.py): only text goes in.
-
-Errors name the Responses field (`input[2].arguments`, `text.format.schema`): the union
-branch an item was tried as is dropped from pydantic's error locations.
+`input` is a string or a list of message, function_call and function_call_output items;
+errors name the Responses field (`input[2].arguments`).
+Design: docs/design/server.md#request-bodies-json-within-limits.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""Request fields that SGLang's router (`sglang-router`) adds to the bodies it forwards
-(lmprog/serve/sglang/load_report.py says what else it calls): accepted at the values lmprog
-always has, refused at any other with a 400 naming the field. Own base class: completions.py
-imports this module."""
+"""Request fields that SGLang's router (`sglang-router`) adds to the bodies it forwards.
+
+Accepted at the values lmprog always has, refused at any other with a 400 naming the field.
+Own base class: completions.py imports this module. Design:
+docs/design/server.md#behind-a-router-the-worker-role.
+"""
 
 from __future__ import annotations
 

@@ -1,21 +1,8 @@
-"""`lmprog serve` as a worker behind a router: what SGLang's router (`sglang-router`, the
-SGLang Model Gateway) sends and calls, so that it fronts several lmprog servers unchanged
-(docs/serving.md, "Several machines").
+"""/get_load and what SGLang's router needs of `lmprog serve` as one of its workers.
 
-What the router does to a worker (sglang-router 0.3.2, read from its requests):
-
-    registration   GET /health, GET /server_info (model_path, served_model_name, dp_size),
-                   GET /model_info then GET /get_model_info; an HTTP/2 probe ("PRI *",
-                   answered 404) to see whether the worker speaks gRPC
-    health         GET /health every --health-check-interval-secs
-    load           GET /get_load (its /get_loads and the load monitor): SGLang's shape, one
-                   entry per data-parallel rank: [{"dp_rank", "num_reqs",
-                   "num_waiting_reqs", "num_tokens"}]
-    requests       POST /generate with extra fields (RouterFields), /v1/chat/completions and
-                   /v1/completions with SGLang's extensions (OpenAIRouterFields)
-    admin          POST /flush_cache (broadcast), GET /get_model_info, /v1/models
-
-The fields the router adds: lmprog/serve/schemas/router.py.
+What the router sends and calls (registration, health, load, requests, admin), so that it
+fronts several lmprog servers unchanged: docs/design/server.md#behind-a-router-the-worker-role;
+set-up: docs/serving.md, "Several machines".
 """
 
 from __future__ import annotations

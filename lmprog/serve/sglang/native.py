@@ -1,31 +1,8 @@
-"""SGLang's native HTTP protocol beside the OpenAI API, so SGLang's own frontend
-(`sgl.RuntimeEndpoint`) and any client of SGLang's native API run against `lmprog serve`.
+"""SGLang's native HTTP protocol (/generate, /server_info, /flush_cache, ...) beside the OpenAI API.
 
-    POST /generate         {"text" | "input_ids", "sampling_params", "stream", "return_logprob",
-                            "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "rid"}
-                           -> {"text", "output_ids", "meta_info"} (a list of them for a batch);
-                           stream: SSE `data: {...}` with the text so far, then `data: [DONE]`
-    GET  /get_model_info   {"model_path", "tokenizer_path", "is_generation", ...}
-    GET  /server_info      the backend's get_server_info() with model_path, tokenizer_path,
-                           served_model_name (also /get_server_info, SGLang's older name)
-    GET|POST /flush_cache  empty the prefix cache (400 while requests run)
-    POST /concate_and_append_request
-                           {"src_rids", "dst_rid"}: SGLang's join(mode="concate_and_append");
-                           200 (see _CONCAT_MESSAGE for what is reused)
-    GET  /health_generate  200 once a one-token generation succeeds
-
-meta_info: id, finish_reason ({"type": "stop", "matched": ...}, {"type": "length", "length": N},
-{"type": "abort", ...}), prompt_tokens, completion_tokens, cached_tokens, e2e_latency; with
-return_logprob also input_token_logprobs (prompt positions from logprob_start_len on; -1, the
-default, asks for none; position 0 has no logprob: None; `backend.prompt_logprobs`, both
-sampling backends), output_token_logprobs, and with top_logprobs_num
-input_top_logprobs/output_top_logprobs. Each entry is [logprob, token_id, token text or None
-(return_text_in_logprobs)]. A streamed event's meta_info has completion_tokens so far and, as
-SGLang's, only its own tokens' output logprobs, with output_token_logprobs_length the count so
-far.
-
-Bodies go through the same parsing, limits and error shape as the OpenAI routes, and
-generations through the same `Generations` (cancelled when the client leaves).
+SGLang's own frontend (`sgl.RuntimeEndpoint`) and any client of SGLang's native API run
+against `lmprog serve`; bodies go through the same parsing, limits, errors and `Generations`
+as the OpenAI routes. Every route and meta_info field: docs/design/server.md#sglangs-native-api.
 """
 
 from __future__ import annotations

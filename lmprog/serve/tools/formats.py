@@ -1,26 +1,10 @@
 """Tool-call formats: how a model family writes its calls, chosen from its chat template.
 
-Every format is one layout, the JSON arguments in the middle of fixed text:
-
     opener  head "<name>" args_key <arguments> tail  [separator head ... tail]*  closer
 
-    family   marker        opener            head                     args_key          tail
-    generic  {             -                 {"name":_                , "arguments":_   }
-    hermes   <tool_call>   -                 <tool_call>\\n{"name":_   , "arguments":_   }\\n</tool_call>
-    llama3   {             -                 {"name":_                , "parameters":_  }
-    mistral  [TOOL_CALLS]  [TOOL_CALLS] [    {"name":_                , "arguments":_   }
-
-(_ is a space; separators "\\n", "\\n", none: one call, ", "; only mistral has a closer, "]".)
-An answer under tool_choice "auto" must not start with the marker. The template decides
-(`tool_format`): Hermes/Qwen templates write `<tool_call>`, Llama 3.x ones the `ipython` role,
-Mistral's `[TOOL_CALLS]`. The tools always go to the template (as transformers passes them);
-with a native format it also renders the earlier calls and describes the layout to the
-model. The generic format is the fallback for templates without a tool-call syntax lmprog
-knows: lmprog's tool note in the system message tells the model the layout the constraint
-enforces (even where the template lists the tools, it describes a layout of its own).
-
-`read_calls` reads (a prefix of) text in a layout back into calls; `CallReader` does it as a
-choice's text grows, turning it into content or OpenAI's streamed tool-call deltas.
+Formats: generic, hermes, llama3, mistral (`tool_format` picks one from the template).
+`read_calls` reads (a prefix of) text back into calls; `CallReader` does it as a choice's text
+grows. Each format's layout: docs/design/server.md#call-formats.
 """
 
 from __future__ import annotations
@@ -360,14 +344,9 @@ def _ended(memo: dict[int, list[int]] | None, pos: int, end: int) -> tuple[int, 
 class CallReader:
     """One choice's text, read as it grows: an answer (content) or calls in `fmt`'s layout.
 
-    `feed(piece)` returns the OpenAI delta entries the piece completes: {"content": ...} or
-    tool_call entries (a call's first: index, id, type, its name and arguments ""; then
-    argument fragments, so a call cut short has streamed what was written of it); `finish()`
-    the rest. After `finish`: `tool_calls` (OpenAI's tool_call objects: the calls whose
-    arguments are whole), `content` (an answer; or, where a call was cut short in its name or
-    arguments, that call's text: the whole text when no call before it is whole; else None)
-    and `cut` (the calls did not end). A call cut short is never returned as a call: its
-    arguments would not parse."""
+    `feed(piece)` returns the OpenAI delta entries the piece completes, `finish()` the rest;
+    then `tool_calls`, `content` and `cut`. A call cut short is never returned as a call.
+    The details: docs/design/server.md#call-formats."""
 
     def __init__(
         self,

@@ -1,11 +1,8 @@
-"""Tool calls: the constraint that makes a choice's calls match their tools' parameter
-schemas in the model's own call format (formats.py), lmprog's tool note for templates
-that show no tools, and reading calls back out of the text.
+"""ToolPlan: a request's tools as the constraint on its text, lmprog's tool note, and the
+reader of its calls.
 
-tool_choice "required" / a named function: the text must be one or more calls (to any tool /
-to that one); "auto": calls, or non-empty text that does not start with the format's marker
-(or, with response_format, text matching it); "none": only that answer. Several calls per
-choice, in the format's layout, unless parallel_tool_calls is false (or the format holds one).
+tool_choice "required" / a named function: one or more calls; "auto": calls or an answer;
+"none": only an answer. Design: docs/design/server.md#tool-calls.
 """
 
 from __future__ import annotations

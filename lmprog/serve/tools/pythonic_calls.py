@@ -1,15 +1,9 @@
-"""Pythonic tool calls, where a template asks for them (Llama 3.2's, vLLM's pythonic one):
-a Python list of calls with keyword arguments.
+"""Pythonic tool calls, where a template asks for them (Llama 3.2's, vLLM's pythonic one).
 
     [get_weather(city="Paris", days=3), ping()]
 
-`pythonic_calls` builds the constraint: the parameters in the schema's order, the required
-ones always, ", " between; each value a Python literal of its schema (a boolean True or
-False, a null None, anything else the JSON of its schema, which Python reads alike for
-strings and numbers). `PythonicCallReader` reads the calls back (whole or as they stream: a
-call's first delta when its name and "(" are written, then its arguments as OpenAI streams
-them, JSON text growing by each argument once the ", " or ")" after it is written), each
-value with `ast.literal_eval`.
+`pythonic_calls` builds the constraint; `PythonicCallReader` reads the calls back, whole or as
+they stream. Design: docs/design/server.md#pythonic-calls.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""Streaming the calls of a tool-call layout read as text (xml_calls, pythonic_calls): the
-OpenAI deltas of each call begun (its id and name once, then its arguments' JSON text as it
-grows) and the finished calls, over the layout's own `_calls()`."""
+"""Streaming the calls of a tool-call layout read as text (xml_calls, pythonic_calls).
+
+The OpenAI deltas of each call begun (its id and name once, then its arguments' JSON text as it
+grows) and the finished calls, over the layout's own `_calls()`.
+"""
 
 from __future__ import annotations
 

@@ -5,18 +5,11 @@
     <parameter=city>
     Paris
     </parameter>
-    <parameter=days>
-    3
-    </parameter>
     </function>
     </tool_call>
 
-`xml_calls` builds the constraint (the parameters in the schema's order, the required ones
-always, each string a lexeme of text without `\\n</parameter>` ending at it, any other value
-the JSON of its own schema); `XmlCallReader` reads calls back (whole or as they stream: a
-call's first delta when its name is whole, then its arguments as OpenAI streams them, JSON
-text growing: each parameter once written whole, a string one as it is written), converting
-each value by its schema's type (a string as written, anything else as JSON).
+`xml_calls` builds the constraint; `XmlCallReader` reads the calls back, whole or as they
+stream. Design: docs/design/server.md#xml-calls-qwen3-coder.
 """
 
 from __future__ import annotations
