@@ -4,10 +4,13 @@ a tiny random-weights Llama saved as transformers saves one beside it
 
 from __future__ import annotations
 
+import copy
+
 
 def default_hf_tokenizer():
-    """The default model's tokenizer as a transformers tokenizer (save_pretrained, len);
-    skips the test where the default model is not installed."""
+    """The default model's tokenizer as a transformers tokenizer (save_pretrained, len), a copy
+    the caller may change (the loaded one is shared by the process); skips the test where the
+    default model is not installed."""
     import pytest
 
     from lmprog.core.models import load_tokenizer, resolve_model
@@ -16,7 +19,7 @@ def default_hf_tokenizer():
         tok = load_tokenizer(resolve_model())
     except ValueError as e:
         pytest.skip(f"the default model is not installed: {e}")
-    return tok.hf_tokenizer() if hasattr(tok, "hf_tokenizer") else tok
+    return copy.deepcopy(tok.hf_tokenizer() if hasattr(tok, "hf_tokenizer") else tok)
 
 
 def save_tiny_llama(folder, tok, max_position_embeddings: int = 512):
