@@ -111,7 +111,7 @@ def test_deepseek_r1_template_tool_calls_after_thinking(rt):
                 tools=[tool],
                 tool_choice="required",
                 parallel_tool_calls=False,
-                max_tokens=120 if budget else 300,
+                max_tokens=120 if budget else 160,
                 temperature=0,
                 extra_body=extra,
             )
