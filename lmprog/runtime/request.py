@@ -101,7 +101,9 @@ class Req:
         self.prompt_logprob_start = prompt_logprob_start
         self.engine_data = engine_data
         self.num_retractions = 0
-        self.num_evicted = 0  # tokens evicted after the attention sinks (see module doc)
+        self.num_evicted = (
+            0  # tokens evicted after the attention sinks (docs/design/attention-sinks.md)
+        )
         self.prompt_end = self.prompt_len  # where the outputs start in token_ids
         self.evicted_output_ids: list[int] = []  # outputs the attention sinks evicted
         # tokens from this index were rewritten by the decoding side this step (a

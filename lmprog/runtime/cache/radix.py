@@ -75,7 +75,9 @@ class RadixCache(PrefixCache):
         self._evictable = 0
         self._protected = 0
         self._leaves: set[TreeNode] = set()  # unlocked, childless, not the root
-        self._heap: list[tuple[tuple[int, ...], int, TreeNode]] = []  # lazy; see module doc
+        self._heap: list[
+            tuple[tuple[int, ...], int, TreeNode]
+        ] = []  # lazy; docs/design/kv-cache.md
 
     # -- queries ---------------------------------------------------------------------------
     @property

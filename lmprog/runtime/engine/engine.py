@@ -63,7 +63,6 @@ class Engine:
         if scheduler.cache_config.host_kv_cache_bytes:  # the host tier copies the pool's KV
             if getattr(runner, "channel", None) is not None:
                 raise ValueError("host_kv_cache_bytes does not work with tensor parallelism yet")
-
             tiers = scheduler.cache_config
             disk = tiers.disk_kv_cache_dir if tiers.disk_kv_cache_bytes else None
             if tiers.disk_kv_cache_bytes and disk is None:
@@ -409,7 +408,7 @@ class Engine:
         self.metrics.on_step(seconds, batch.num_tokens, batch.num_decodes, out.num_sampled)
 
     def _settle(self, step: DeferredStep) -> float:
-        """Finish a step launched earlier: its tokens to the requests (module docstring).
+        """Finish a step launched earlier: its tokens to the requests (docs/design/engine-step.md).
         Returns the seconds it took (counted as that step's)."""
         start = time.perf_counter()
         out = self._outputs.settle(step)

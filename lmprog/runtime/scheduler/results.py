@@ -84,7 +84,7 @@ class ResultRecorder:
         """Finish the requests of a step recorded with `launched`, once the decoding side has
         written their tokens over the placeholders; return those that finished. Finished
         requests are skipped (those at their length cap finished when launched). Safe while
-        the next step is in flight (see the module docstring)."""
+        the next step is in flight (docs/design/engine-step.md)."""
         finished = []
         for entry, reason in zip(batch.entries, self._reasons(batch, finish_reasons)):
             req = entry.req

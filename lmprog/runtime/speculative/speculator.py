@@ -62,7 +62,7 @@ class Speculator:
         self._timing: tuple[float, float, int] | None = None  # see _measure
         self.enabled = True
         # keyed (rid, after a jump-forward): drafts that start a free span right after
-        # forced text fare differently from drafts inside a span (see the module docstring)
+        # forced text fare differently from drafts inside a span (docs/design/speculative.md)
         self._rates: dict[tuple[Hashable, bool], AcceptanceRate] = {}
         # every request's verifies, pooled: the prior of a request's own rate
         self._pools = {False: AcceptanceRate(), True: AcceptanceRate()}

@@ -40,7 +40,7 @@ class TritonAttentionBackend(AttentionBackend):
             self.num_kv_heads = heads // group
 
     def _buffers(self, kv: KVPool, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer's K and V as the kernels read them (see the module docstring)."""
+        """The layer's K and V as the kernels read them (docs/design/attention.md)."""
         k, v = kv.k[layer], kv.v[layer]
         if self.rope_dim:
             k, v = k.expand(-1, self.num_kv_heads, -1), v.expand(-1, self.num_kv_heads, -1)
