@@ -19,6 +19,7 @@ from lmprog.core.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from lmprog.core.chat import ChatTemplate
+    from lmprog.core.images import ImageInput
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 # How an endpoint backend takes part in API speculative execution (see Backend.api_speculation).
@@ -87,11 +88,14 @@ class GenerateRequest:
 
     `constraint` is an `lmprog.fsm.Constraint` (or None): the output text must match it
     exactly. Typed as Any so this module imports nothing from fsm.
+    `images`: for a vision-language model, one per occurrence of the backend's `image_token`
+    in `prompt`, in order (a backend with no `image_token` refuses any).
     """
 
     prompt: str | tuple[int, ...]
     params: SamplingParams = field(default_factory=SamplingParams)
     constraint: Any = None
+    images: tuple[ImageInput, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -298,6 +302,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def tokenizer(self) -> Any:
         """A Hugging Face tokenizer for the model (encode/decode/vocab)."""
+
+    @property
+    def image_token(self) -> str | None:
+        """The text that stands for one image in a prompt (a request's `images` fill them in
+        order); None (the default): the model takes no images."""
+        return None
 
     @property
     def api_speculation(self) -> ApiSpeculation | None:

@@ -35,10 +35,14 @@ class Proposal:
     """token_ids: the draft chain (may be empty: nothing worth verifying).
     probs: None when the chain was chosen deterministically (acceptance then uses the target
     probability of each draft token); else a [len(token_ids), vocab] float tensor, row i the
-    draft distribution token i was sampled from (rejection sampling needs it)."""
+    draft distribution token i was sampled from (rejection sampling needs it).
+    parents: None for a chain; for a token tree, parents[i] is the index in token_ids of
+    token i's parent, -1 for a child of the last token fed (parents[i] < i, so token_ids is
+    in topological order; siblings are alternatives for the same position)."""
 
     token_ids: tuple[int, ...]
     probs: Any = None
+    parents: tuple[int, ...] | None = None
 
 
 class Proposer(abc.ABC):
