@@ -51,11 +51,18 @@ class Reasoning:
         """The constraint of the whole output given the answer's (None: free text)."""
         if answer is None or state == "closed":
             return answer
-        from lmprog.fsm.thinking import (
-            after_thinking,
-        )  # lazy: lmprog.fsm adds ~150 ms to `import lmprog`
+        from lmprog.fsm.thinking import for_format  # lazy: lmprog.fsm adds ~150 ms to import
 
-        return after_thinking(answer, start=fmt.start, end=fmt.end, opened=state != "none")
+        return for_format(answer, fmt, state)
+
+    @staticmethod
+    def answer(answer: Constraint | None, fmt: ReasoningFormat) -> Constraint | None:
+        """The answer's constraint after a budget's forced end marker (None: free text)."""
+        if answer is None:
+            return None
+        from lmprog.fsm.thinking import answer_only  # lazy, as above
+
+        return answer_only(answer, fmt)
 
 
 def reasoning_name(name: str) -> str:
