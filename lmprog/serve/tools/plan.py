@@ -16,6 +16,7 @@ from lmprog.core.errors import ConstraintError
 from lmprog.fsm import Constraint
 from lmprog.fsm import compose as c
 from lmprog.fsm.regex import ANY_CHAR, alt, cat, charset_regex, cs, lit, rep
+from lmprog.fsm.thinking import prefixed
 
 from ..errors import APIError
 from ..schemas.chat import NamedToolChoice, Tool
@@ -88,7 +89,9 @@ def plan_tools(
         choice == "none"
     ):  # an answer, not something that reads as a call (a history of them invites one)
         if fmt.answer_opener:  # an answer under its header (harmony's final channel)
-            headed = c.constraint(_opened_answer(fmt, text), "answer")
+            if text is not None:  # any constraint, a grammar too, nested under the header
+                return ToolPlan(prefixed(text, fmt.answer_opener), None, None, fmt, headed=True)
+            headed = c.constraint(_opened_answer(fmt, None), "answer")
             return ToolPlan(headed, None, None, fmt, headed=True)
         answer = text or Constraint("regex", _not_starting_with(fmt.marker).text, "answer")
         return ToolPlan(answer, None, None, fmt)
@@ -196,8 +199,9 @@ def _calls(fmt: ToolFormat, tools: list[tuple[str, Constraint]], max_calls: int 
 
 
 def _opened_answer(fmt: ToolFormat, text: Constraint | None) -> Any:
-    """An answer under the format's header: the header, then `text` (None: any text)."""
-    body = c.embed(text) if text is not None else c.regex(rep(charset_regex(ANY_CHAR), 0, None))
+    """An answer under the format's header: the header, then `text` (None: any non-empty
+    text)."""
+    body = c.embed(text) if text is not None else c.regex(rep(charset_regex(ANY_CHAR), 1, None))
     return c.seq(c.text(fmt.answer_opener), body)
 
 
