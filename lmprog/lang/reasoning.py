@@ -93,8 +93,10 @@ def separate_reasoning(
     (`text_iter("answer_reasoning_content")`, `text_iter("answer")`). At the start of an
     assistant message the gen gets the template's generation prompt, so a template that
     opens a block there (DeepSeek-R1's distills) or renders answers with an empty one
-    (Qwen3) leaves the model free to think. TypeError for an expression without a gen or
-    select, ValueError for an unknown model_type or a negative budget."""
+    (Qwen3) leaves the model free to think; thinking switched off where the template
+    supports it (`run(..., chat_template_kwargs={"enable_thinking": False})`, or on
+    `lp.function`) leaves the whole output to the answer. TypeError for an expression
+    without a gen or select, ValueError for an unknown model_type or a negative budget."""
     if model_type is not None:
         named_format(model_type)  # an unknown name fails here
     budget = check_budget(thinking_budget)

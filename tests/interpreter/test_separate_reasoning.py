@@ -185,3 +185,11 @@ def test_bad_chat_template_kwargs():
         ask.run(backend=FakeBackend(), chat_template_kwargs="enable_thinking=False")
     with pytest.raises(ValueError, match="cannot set 'add_generation_prompt'"):
         ask.run(backend=FakeBackend(), chat_template_kwargs={"add_generation_prompt": False})
+
+
+def test_chat_template_kwargs_on_an_endpoint_in_chat_mode():
+    """lp.OpenAI in chat mode sends messages its server renders: the variables would be
+    lost, so the run fails naming where they go."""
+    endpoint = lp.OpenAI(base_url="http://127.0.0.1:9/v1", model="m", api_key="x")
+    with pytest.raises(ValueError, match="extra_body"):
+        ask.run(backend=endpoint, chat_template_kwargs={"enable_thinking": False})
