@@ -11,6 +11,7 @@ it. Templates render as transformers' `apply_chat_template` renders them
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -193,6 +194,22 @@ def _template_message(message: Mapping[str, Any]) -> dict[str, Any]:
     return m
 
 
+# the variables a caller's template variables cannot set (the renderer sets them)
+RESERVED_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+
+
+def check_template_variables(variables: object, name: str = "chat_template_kwargs") -> None:
+    """ValueError (TypeError for a non-dict) naming a variable a caller may not set."""
+    if not isinstance(variables, Mapping):
+        raise TypeError(f"{name} must be a dict of template variables, got {variables!r}")
+    for key in variables:
+        if not isinstance(key, str) or key in RESERVED_VARIABLES or not key.isidentifier():
+            raise ValueError(
+                f"{name} cannot set {key!r} (messages, tools, documents and "
+                "add_generation_prompt are set by the renderer; keys are identifiers)"
+            )
+
+
 class ChatTemplate:
     """Renders role messages with a jinja2 chat template (the model's own, or a named one)."""
 
@@ -216,8 +233,23 @@ class ChatTemplate:
         if special_tokens is None:
             special_tokens = {"bos_token": bos_token, "eos_token": eos_token}
         self._vars = {k: str(v) for k, v in special_tokens.items() if v is not None}
+        self.variables: dict[str, Any] = {}  # template variables of every render (with_variables)
         self._cache: dict[tuple[str, bool], tuple[str, str]] = {}
         self._generation: str | None = None
+
+    def with_variables(self, variables: Mapping[str, Any]) -> ChatTemplate:
+        """This template with `variables` passed to every render, as transformers'
+        `apply_chat_template(..., **variables)` (`enable_thinking=False` for Qwen3's,
+        `reasoning_effort` for gpt-oss's): role markers and the generation prompt are then
+        derived under them. ValueError for a variable the renderer sets itself (messages,
+        tools, documents, add_generation_prompt) or a key that is no identifier."""
+        check_template_variables(variables)
+        if not variables:
+            return self
+        out = copy.copy(self)
+        out.variables = {**self.variables, **_template_data(dict(variables))}
+        out._cache, out._generation = {}, None
+        return out
 
     def render(
         self,
@@ -238,7 +270,7 @@ class ChatTemplate:
             tools=_template_data(list(tools)) if tools is not None else None,
             documents=_template_data(list(documents)) if documents is not None else None,
             add_generation_prompt=add_generation_prompt,
-            **{**self._vars, **_template_data(variables)},
+            **{**self._vars, **self.variables, **_template_data(variables)},
         )
 
     def role_prefix(self, role: str, first: bool = False) -> str:

@@ -25,14 +25,22 @@ REASONING, ANSWER = "reasoning", "answer"
 class ReasoningFormat:
     """name: the family; start/end: the block's markers; forced: output before the end marker
     is reasoning even without the start marker (DeepSeek-R1); answer_header: a header the
-    model writes after the end marker before its answer, up to and including this text
-    (gpt-oss: `<|start|>assistant<|channel|>final<|message|>`)."""
+    model writes before its answer, up to and including this text (gpt-oss:
+    `<|channel|>final<|message|>`), dropped from the answer unless it names a recipient
+    (`call_mark`: a gpt-oss tool call's header, `<|channel|>commentary to=functions.f
+    <|constrain|>json<|message|>`, is kept for the tool-call reader); after_end: what the
+    model writes after the end marker before the next part (gpt-oss: `<|start|>assistant`,
+    a message's role; else whitespace); answer_prefix: the header a constrained answer is
+    given (gpt-oss: its final channel's)."""
 
     name: str
     start: str
     end: str
     forced: bool = False
     answer_header: str = ""
+    call_mark: str = ""
+    after_end: str = ""
+    answer_prefix: str = ""
 
     def prompt_state(self, prompt: str) -> PromptState:
         """How the prompt leaves the block: its end opens one ("open"), closes one
@@ -48,7 +56,7 @@ class ReasoningFormat:
         """Whether a special token of `tokenizer` is part of the markers (gpt-oss's
         `<|channel|>`, Magistral's `[THINK]` where they are control tokens): its output must
         then be detokenized with them (SamplingParams.skip_special_tokens=False) to split."""
-        markers = (self.start, self.end, self.answer_header)
+        markers = (self.start, self.end, self.answer_header, self.after_end)
         specials = getattr(tokenizer, "all_special_tokens", None) or ()
         return any(tok and any(tok in m for m in markers) for tok in specials)
 
@@ -74,6 +82,9 @@ FORMATS: dict[str, ReasoningFormat] = {
         "<|channel|>analysis<|message|>",
         "<|end|>",
         answer_header="<|message|>",
+        call_mark=" to=",
+        after_end="<|start|>assistant",
+        answer_prefix="<|channel|>final<|message|>",
     ),
 }
 # other servers' names for the same rules (SGLang's and vLLM's --reasoning-parser)
@@ -168,7 +179,7 @@ class ReasoningSplitter:
                 return True
             if fmt.start.startswith(stripped) and not final:
                 return False  # maybe the start marker: wait
-            self._mode = "answer"
+            self._mode = "header" if fmt.answer_header else "answer"
             return True
         if self._mode == "think":
             if self._maybe_start:
@@ -194,20 +205,37 @@ class ReasoningSplitter:
             self._buf = buf[len(buf) - keep :]
             return False
         if self._mode == "header":
-            at = buf.find(fmt.answer_header)
-            if at >= 0:
-                self._buf, self._mode, self._lead = (
-                    buf[at + len(fmt.answer_header) :],
-                    "answer",
-                    True,
-                )
-                return True
-            if final:  # no answer header: what follows is the answer
-                self._mode = "answer"
-                return True
-            return False
+            return self._header(final, out)
         self._emit(out, ANSWER, buf)
         self._buf = ""
+        return False
+
+    def _header(self, final: bool, out: list[tuple[str, str]]) -> bool:
+        """A message header before the answer (gpt-oss): the role written after the end
+        marker dropped, then the header dropped up to its answer_header, or kept whole as
+        the answer's start where it names a recipient (a tool call); text that opens no
+        header is the answer as it is (a constrained answer written without one)."""
+        fmt = self.fmt
+        buf = self._buf.lstrip()
+        if fmt.after_end and buf.startswith(fmt.after_end):
+            buf = buf[len(fmt.after_end) :]
+        elif fmt.after_end.startswith(buf) and buf and not final:
+            return False
+        opens = "<|" if fmt.answer_header.startswith("<|") else fmt.answer_header[:1]
+        if not buf.startswith(opens) and not (opens.startswith(buf) and not final):
+            self._buf, self._mode = buf, "answer"
+            return True
+        at = buf.find(fmt.answer_header)
+        if at >= 0:
+            header = buf[: at + len(fmt.answer_header)]
+            keep = bool(fmt.call_mark) and fmt.call_mark in header
+            self._buf = buf if keep else buf[len(header) :]
+            self._mode, self._lead = "answer", True
+            return True
+        if final:  # no answer header: what follows is the answer
+            self._buf, self._mode = buf, "answer"
+            return True
+        self._buf = buf
         return False
 
     def _emit(self, out: list[tuple[str, str]], kind: str, text: str) -> None:

@@ -60,7 +60,11 @@ def generate_thinking(
     left = params.max_tokens - thought.completion_tokens
     if cut_by_max_tokens or left <= 0 or thought.finish_reason in ("abort", "error"):
         return dataclasses.replace(thought, text=opener + thought.text, matched_stop=None)
-    glue = ("" if thought.text[-1:].isspace() or not thought.text else "\n") + fmt.end + "\n\n"
+    if fmt.after_end:  # the next message's header follows the marker (gpt-oss)
+        glue = fmt.end + fmt.after_end
+    else:
+        glue = ("" if thought.text[-1:].isspace() or not thought.text else "\n") + fmt.end
+        glue += "\n\n"
     if stream is not None:
         stream(glue)
     second = GenerateRequest(

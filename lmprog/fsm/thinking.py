@@ -11,6 +11,7 @@ Design: docs/design/constraints.md.
 from __future__ import annotations
 
 from lmprog.core.errors import ConstraintError
+from lmprog.core.reasoning import PromptState, ReasoningFormat
 from lmprog.fsm.compose import _lengths_in_lexemes
 from lmprog.fsm.constraint import Constraint
 from lmprog.fsm.json_schema.emit.lark import regex_terminal
@@ -20,14 +21,15 @@ _WS = "[ \\t\\r\\n]*"
 _ANY = "(?s:.*)"
 
 
-def thinking_lexeme(start: str, end: str, opened: bool) -> str:
+def thinking_lexeme(start: str, end: str, opened: bool, after_end: str = "") -> str:
     """The Lark terminal of a thinking block: (start marker unless opened) text without the
-    end marker, the end marker, whitespace."""
+    end marker, the end marker, then `after_end` (whitespace when "")."""
     if not end:
         raise ConstraintError("a reasoning format needs an end marker")
     e = regex_terminal(lit(end))[1:-1]
     s = "" if opened else regex_terminal(lit(start))[1:-1]
-    return f"/{s}{_ANY}{e}{_WS}/ & ~/{_ANY}{e}{_ANY}{e}{_ANY}/"
+    after = regex_terminal(lit(after_end))[1:-1] if after_end else _WS
+    return f"/{s}{_ANY}{e}{after}/ & ~/{_ANY}{e}{_ANY}{e}{_ANY}/"
 
 
 def answer_grammar(answer: Constraint) -> str:
@@ -45,10 +47,56 @@ def answer_grammar(answer: Constraint) -> str:
     return answer.lark
 
 
-def after_thinking(answer: Constraint, *, start: str, end: str, opened: bool) -> Constraint:
-    """`answer` after a thinking block (docs/design/constraints.md)."""
-    think = f"THINK: {thinking_lexeme(start, end, opened)}\n"
-    body = answer_grammar(answer)
+def after_thinking(
+    answer: Constraint,
+    *,
+    start: str,
+    end: str,
+    opened: bool,
+    after_end: str = "",
+    prefix: str = "",
+) -> Constraint:
+    """`answer` after a thinking block (docs/design/constraints.md); `after_end`: the text
+    the model writes after the end marker (gpt-oss: `<|start|>assistant`; "": whitespace);
+    `prefix`: a header the answer opens with (gpt-oss: its final channel's)."""
+    think = f"THINK: {thinking_lexeme(start, end, opened, after_end)}\n"
     head = "start: THINK answer\n" if opened else "start: THINK answer | answer\n"
-    lark = head + think + "answer: %lark {\n" + body + "}\n"
+    lark = head + think + _answer_rules(answer, prefix)
     return Constraint("ebnf", "", lark, lark=lark)
+
+
+def prefixed(answer: Constraint, prefix: str) -> Constraint:
+    """`answer` after the literal header `prefix` (itself when "")."""
+    if not prefix:
+        return answer
+    lark = "start: answer\n" + _answer_rules(answer, prefix)
+    return Constraint("ebnf", "", lark, lark=lark)
+
+
+def _answer_rules(answer: Constraint, prefix: str) -> str:
+    body = "%lark {\n" + answer_grammar(answer) + "}\n"
+    if not prefix:
+        return "answer: " + body
+    return f"answer: HEADER body\nHEADER: {regex_terminal(lit(prefix))}\nbody: " + body
+
+
+def for_format(
+    answer: Constraint, fmt: ReasoningFormat, state: PromptState, *, headed: bool = False
+) -> Constraint:
+    """`answer` after `fmt`'s thinking, for a prompt that left the block `state` ("open" or
+    "none"); `headed`: the answer writes its own message header (a gpt-oss tool call's),
+    else it is given the format's answer_prefix."""
+    return after_thinking(
+        answer,
+        start=fmt.start,
+        end=fmt.end,
+        opened=state != "none",
+        after_end=fmt.after_end,
+        prefix="" if headed else fmt.answer_prefix,
+    )
+
+
+def answer_only(answer: Constraint, fmt: ReasoningFormat, *, headed: bool = False) -> Constraint:
+    """The answer's constraint once the thinking is written (a budget's second call): with
+    the format's answer_prefix unless `headed`."""
+    return answer if headed else prefixed(answer, fmt.answer_prefix)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,13 +50,24 @@ class TemplateCache:
     a program without roles must still run there.
     """
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, variables: Mapping[str, Any] | None = None) -> None:
         self._backend = backend
+        self._variables = dict(variables or {})  # the run's chat_template_kwargs
         self._template: ChatTemplate | None = None
 
     def __call__(self) -> ChatTemplate:
         if self._template is None:
-            self._template = self._backend.chat_template  # idempotent: a race only fetches twice
+            template = self._backend.chat_template
+            if self._variables:
+                # an endpoint in chat mode sends messages: its server renders them
+                if getattr(self._backend, "chat", None) is True:
+                    raise ValueError(
+                        "chat_template_kwargs: this backend sends chat messages, which its "
+                        "server renders; give them to it instead (lp.OpenAI(..., extra_body="
+                        '{"chat_template_kwargs": {...}}))'
+                    )
+                template = template.with_variables(self._variables)
+            self._template = template  # idempotent: a race only fetches twice
         return self._template
 
 
@@ -278,7 +289,8 @@ class NodeExecutor:
 
         backend: Backend | Budgeted = self._backend
         if spec.budget is not None:
-            backend = Budgeted(self._backend, fmt, state, spec.budget, node.constraint)
+            after = spec.answer(node.constraint, fmt)
+            backend = Budgeted(self._backend, fmt, state, spec.budget, after)
             request = GenerateRequest(prompt, params)
         else:
             request = GenerateRequest(prompt, params, spec.constrain(node.constraint, fmt, state))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, overload
 
+from lmprog.core.chat import check_template_variables
 from lmprog.core.protocol import Backend
 from lmprog.core.sampling import canonical_sampling_names
 from lmprog.interpreter import run as _run
@@ -44,6 +45,8 @@ class Function(Program):
         With `stream=True`, returns at once (the program runs in a background thread): read
         it with `state.text_iter(...)`. `use_thread` (SGLang's) is accepted: lmprog always
         executes a state's appends on its own worker thread, with the same results.
+        `chat_template_kwargs={...}` gives the chat template variables for this run (see
+        `lp.function`; `{"enable_thinking": False}` for Qwen3), over the program's own.
         """
         if not isinstance(stream, bool):
             raise TypeError(f"stream must be a bool, got {stream!r}")
@@ -202,10 +205,15 @@ def function(
     *,
     num_api_spec_tokens: int | None = None,
     allow_special_tokens: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> Function: ...
 @overload
 def function(
-    func: None = None, *, num_api_spec_tokens: int | None = None, allow_special_tokens: bool = False
+    func: None = None,
+    *,
+    num_api_spec_tokens: int | None = None,
+    allow_special_tokens: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> Callable[[Callable[..., Any]], Function]: ...
 
 
@@ -214,6 +222,7 @@ def function(
     *,
     num_api_spec_tokens: int | None = None,
     allow_special_tokens: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> Function | Callable[[Callable[..., Any]], Function]:
     """Make `func(s, ...)` an lmprog program: `@lp.function` or `@lp.function(num_api_spec_tokens=N)`.
 
@@ -232,11 +241,20 @@ def function(
     user cannot close a turn or open a system one with `<|im_end|>\n<|im_start|>system`.
     `allow_special_tokens=True` reads them as control tokens, for programs that write the
     model's markup by hand (as SGLang programs may).
+
+    `chat_template_kwargs={...}`: variables for the model's chat template in every run, as
+    the server's `chat_template_kwargs` (`{"enable_thinking": False}` turns Qwen3's
+    thinking off, `{"reasoning_effort": "low"}` for gpt-oss); the role markers and the
+    generation prompt are rendered under them. A run's own `chat_template_kwargs=` adds to
+    them. TypeError/ValueError here for a non-dict or a variable the renderer sets itself.
     """
-    if func is None:
-        return lambda f: Function(
-            f, num_api_spec_tokens=num_api_spec_tokens, allow_special_tokens=allow_special_tokens
-        )
-    return Function(
-        func, num_api_spec_tokens=num_api_spec_tokens, allow_special_tokens=allow_special_tokens
+    if chat_template_kwargs is not None:
+        check_template_variables(chat_template_kwargs)
+    options: dict[str, Any] = dict(
+        num_api_spec_tokens=num_api_spec_tokens,
+        allow_special_tokens=allow_special_tokens,
+        chat_template_kwargs=chat_template_kwargs,
     )
+    if func is None:
+        return lambda f: Function(f, **options)
+    return Function(func, **options)

@@ -49,7 +49,7 @@ def start_program(
     """A new state running `program`: here (and synced) or on a background thread."""
     context = RunContext(
         backend,
-        TemplateCache(backend),
+        TemplateCache(backend, call.template_kwargs),
         call.defaults,
         stream,
         program.num_api_spec_tokens,
@@ -102,11 +102,14 @@ def iter_batch(
 ) -> Iterator[ProgramState]:
     """`run_batch` as a generator (SGLang's generator_style): each state in input order,
     once it has finished; every call starts at once (on `num_threads` threads)."""
-    template = TemplateCache(backend)
+    # one template for the batch, or one per item where their chat_template_kwargs differ
+    shared = all(call.template_kwargs == calls[0].template_kwargs for call in calls)
+    template = TemplateCache(backend, calls[0].template_kwargs if calls else None)
     # (under a LoRA adapter the first item caches the prefix for the others: cache_prefix
     # would compute it for the base model)
     if (
-        len(calls) > 1
+        shared
+        and len(calls) > 1
         and global_config.enable_precache_with_tracing
         and calls[0].defaults.lora_path is None
     ):
@@ -118,7 +121,7 @@ def iter_batch(
         state = ProgramState(
             RunContext(
                 backend,
-                template,
+                template if shared else TemplateCache(backend, calls[i].template_kwargs),
                 calls[i].defaults,
                 num_api_spec_tokens=program.num_api_spec_tokens,
                 allow_special_tokens=program.allow_special_tokens,

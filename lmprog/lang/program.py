@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from lmprog.core.chat import check_template_variables
 from lmprog.core.limits import check_stop_limits
 from lmprog.core.sampling import SAMPLING_FIELDS, SAMPLING_NAMES, SamplingParams
 from lmprog.lang.frontend import FrontendState
@@ -26,11 +27,16 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 
 @dataclass(frozen=True)
 class ProgramCall:
-    """One validated call: the program's arguments and the run's sampling defaults."""
+    """One validated call: the program's arguments, the run's sampling defaults and its chat
+    template variables (`chat_template_kwargs`)."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     defaults: SamplingParams
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+TEMPLATE_KWARGS = "chat_template_kwargs"  # the run keyword (the server's and SGLang's field)
 
 
 class Program:
@@ -48,8 +54,11 @@ class Program:
         num_api_spec_tokens: int | None = None,
         bound: dict[str, Any] | None = None,
         allow_special_tokens: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self._signature = _program_signature(func)
+        if chat_template_kwargs is not None:
+            check_template_variables(chat_template_kwargs)
         if num_api_spec_tokens is not None and (
             isinstance(num_api_spec_tokens, bool)
             or not isinstance(num_api_spec_tokens, int)
@@ -63,6 +72,8 @@ class Program:
         self.func = func
         self.num_api_spec_tokens = num_api_spec_tokens
         self.allow_special_tokens = allow_special_tokens
+        # variables for the chat template of every run (a run's own chat_template_kwargs win)
+        self.chat_template_kwargs: dict[str, Any] = dict(chat_template_kwargs or {})
         self._bound: dict[str, Any] = dict(bound or {})
         params = self._signature.parameters.values()
         self._names = tuple(p.name for p in params if p.kind not in _VARIADIC)
@@ -104,6 +115,7 @@ class Program:
             num_api_spec_tokens=self.num_api_spec_tokens,
             bound={**self._bound, **kwargs},
             allow_special_tokens=self.allow_special_tokens,
+            chat_template_kwargs=self.chat_template_kwargs,
         )
 
     def prepare_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ProgramCall:
@@ -111,15 +123,20 @@ class Program:
 
         A keyword that names a program parameter is an argument; otherwise a sampling
         field (`temperature=0`, `max_tokens=...`) is a default for every gen of the run;
-        anything else raises TypeError listing the program's parameters.
+        `chat_template_kwargs={...}` sets the chat template's variables for the run (over the
+        program's own); anything else raises TypeError listing the program's parameters.
         """
         call: dict[str, Any] = {}
         sampling: dict[str, Any] = {}
+        variables = dict(self.chat_template_kwargs)
         for key, value in {**self._bound, **kwargs}.items():
             if key in self._names:
                 call[key] = value
             elif key in SAMPLING_NAMES:
                 sampling[key] = value
+            elif key == TEMPLATE_KWARGS:
+                check_template_variables(value)
+                variables.update(value)
             elif self._takes_any_keyword:
                 call[key] = value
             else:
@@ -133,7 +150,7 @@ class Program:
             raise TypeError(f"{self.name}(): {e}; its parameters are {list(self._names)}") from None
         defaults = SamplingParams().merged(sampling)
         check_stop_limits(defaults.stop, "run")
-        return ProgramCall(tuple(args), call, defaults)
+        return ProgramCall(tuple(args), call, defaults, variables)
 
     def trace(self, **kwargs: Any) -> Graph:
         """The program's IR graph, recorded without running any model.

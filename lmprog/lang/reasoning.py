@@ -51,11 +51,18 @@ class Reasoning:
         """The constraint of the whole output given the answer's (None: free text)."""
         if answer is None or state == "closed":
             return answer
-        from lmprog.fsm.thinking import (
-            after_thinking,
-        )  # lazy: lmprog.fsm adds ~150 ms to `import lmprog`
+        from lmprog.fsm.thinking import for_format  # lazy: lmprog.fsm adds ~150 ms to import
 
-        return after_thinking(answer, start=fmt.start, end=fmt.end, opened=state != "none")
+        return for_format(answer, fmt, state)
+
+    @staticmethod
+    def answer(answer: Constraint | None, fmt: ReasoningFormat) -> Constraint | None:
+        """The answer's constraint after a budget's forced end marker (None: free text)."""
+        if answer is None:
+            return None
+        from lmprog.fsm.thinking import answer_only  # lazy, as above
+
+        return answer_only(answer, fmt)
 
 
 def reasoning_name(name: str) -> str:
@@ -86,8 +93,10 @@ def separate_reasoning(
     (`text_iter("answer_reasoning_content")`, `text_iter("answer")`). At the start of an
     assistant message the gen gets the template's generation prompt, so a template that
     opens a block there (DeepSeek-R1's distills) or renders answers with an empty one
-    (Qwen3) leaves the model free to think. TypeError for an expression without a gen or
-    select, ValueError for an unknown model_type or a negative budget."""
+    (Qwen3) leaves the model free to think; thinking switched off where the template
+    supports it (`run(..., chat_template_kwargs={"enable_thinking": False})`, or on
+    `lp.function`) leaves the whole output to the answer. TypeError for an expression
+    without a gen or select, ValueError for an unknown model_type or a negative budget."""
     if model_type is not None:
         named_format(model_type)  # an unknown name fails here
     budget = check_budget(thinking_budget)

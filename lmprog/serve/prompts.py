@@ -13,7 +13,7 @@ from typing import Any
 
 import jinja2
 
-from lmprog.core.chat import ChatTemplate
+from lmprog.core.chat import RESERVED_VARIABLES, ChatTemplate
 from lmprog.core.prompt import mark_special, unmark
 
 from . import jsonbody
@@ -38,6 +38,8 @@ def render_chat(
     template as transformers does; with `tokenizer`, a `Prompt` whose special tokens are control
     tokens only where the template wrote them. Every argument: docs/design/server.md."""
     plain = [_plain(m, i, max_json_depth, tool_format) for i, m in enumerate(messages)]
+    if tool_format.results_as_user:
+        plain = _results_as_user(plain)
     if tools_prompt:
         if plain[0]["role"] == "system":
             plain[0] = {"role": "system", "content": f"{plain[0]['content']}\n\n{tools_prompt}"}
@@ -61,10 +63,6 @@ def render_chat(
         ) from None
 
 
-# the variables a request's chat_template_kwargs cannot set (the server sets them)
-_RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
-
-
 def template_kwargs(
     kwargs: dict[str, Any] | None, reasoning_effort: str | None = None
 ) -> dict[str, Any]:
@@ -73,7 +71,7 @@ def template_kwargs(
     template reads); a 400 naming a key the server sets itself."""
     out = dict(kwargs or {})
     for key in out:
-        if key in _RESERVED or not key.isidentifier():
+        if key in RESERVED_VARIABLES or not key.isidentifier():
             raise APIError(
                 400,
                 f"chat_template_kwargs cannot set {key!r} (the server sets messages, tools, "
@@ -102,7 +100,8 @@ def _plain(
     calls = [(c, _arguments(c, index, max_json_depth)) for c in message.tool_calls]
     if fmt.native:
         # DeepSeek's template reads the content of a turn with calls: "" rather than none
-        keep = message.content is not None or fmt.arguments_text
+        # (and gpt-oss's tests the content's text: "" too)
+        keep = message.content is not None or fmt.arguments_text or fmt.family == "harmony"
         out["content"] = text if keep else None
         out["tool_calls"] = [
             {
@@ -118,6 +117,21 @@ def _plain(
         return out
     written = fmt.calls_text([(c.function.name, args) for c, args in calls])
     out["content"] = f"{text}\n{written}" if text else written
+    return out
+
+
+def _results_as_user(plain: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool results as user turns in a tool_output block (Gemma's convention; its template
+    knows only user and model turns), a run of user turns joined into one so the turns
+    still alternate."""
+    out: list[dict[str, Any]] = []
+    for m in plain:
+        if m["role"] == "tool":
+            m = {"role": "user", "content": f"```tool_output\n{m['content']}\n```"}
+        if out and m["role"] == "user" and out[-1]["role"] == "user":
+            out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n\n{m['content']}"}
+        else:
+            out.append(m)
     return out
 
 

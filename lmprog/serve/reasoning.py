@@ -18,7 +18,7 @@ from lmprog.core.errors import ConstraintError
 from lmprog.core.protocol import Backend
 from lmprog.core.reasoning import ANSWER, PromptState, ReasoningFormat, ReasoningSplitter
 from lmprog.core.thinking_budget import Budgeted, check_budget
-from lmprog.fsm.thinking import after_thinking
+from lmprog.fsm.thinking import answer_only, for_format
 
 from .errors import APIError
 
@@ -33,22 +33,25 @@ class ReasoningPlan:
     budget: int | None = None
     separate: bool = True
 
-    def constrain(self, answer: Any, param: str = "response_format") -> Any:
-        """The constraint of the whole output given the answer's (None: free text)."""
+    def constrain(
+        self, answer: Any, param: str = "response_format", *, headed: bool = False
+    ) -> Any:
+        """The constraint of the whole output given the answer's (None: free text);
+        `headed`: the answer writes its own message header (gpt-oss tool calls)."""
         if answer is None or self.budget is not None:
             return None if self.budget is not None else answer
         try:
-            return after_thinking(
-                answer, start=self.fmt.start, end=self.fmt.end, opened=self.state != "none"
-            )
+            return for_format(answer, self.fmt, self.state, headed=headed)
         except ConstraintError as exc:
             raise APIError(400, str(exc), param=param, code="invalid_constraint") from None
 
-    def backend(self, backend: Backend, answer: Any) -> Backend:
+    def backend(self, backend: Backend, answer: Any, *, headed: bool = False) -> Backend:
         """`backend`, or with a budget one whose generate runs the thinking and the answer
         as two calls (core.thinking_budget)."""
         if self.budget is None:
             return backend
+        if answer is not None:
+            answer = answer_only(answer, self.fmt, headed=headed)
         budgeted = Budgeted(backend, self.fmt, self.state, self.budget, answer)
         return budgeted  # type: ignore[return-value]
 

@@ -137,3 +137,59 @@ def test_qwen3_thinks_in_the_dsl():
     state = ask.run(backend=backend)
     assert (state["answer"], state["answer_reasoning_content"]) == ("Paris.", "Hm.")
     assert str(backend.generations()[-1].prompt).endswith("<|im_start|>assistant\n")
+
+
+QWEN3 = (Path(__file__).parent.parent / "data" / "chat_templates" / "qwen3.jinja").read_text()
+CLOSED = "<|im_start|>assistant\n<think>\n\n</think>\n\n"  # Qwen3's prompt with thinking off
+
+
+def test_enable_thinking_reaches_the_template_per_run_and_per_program():
+    """chat_template_kwargs (the server's field) in the DSL: the template renders the role
+    markers and the generation prompt under them, so Qwen3's enable_thinking=False closes
+    the block and the whole output is the answer."""
+    backend = FakeBackend(responder=lambda r: "Paris.", template=QWEN3)
+    state = ask.run(backend=backend, chat_template_kwargs={"enable_thinking": False})
+    assert str(backend.generations()[-1].prompt).endswith(CLOSED)
+    assert (state["answer"], state["answer_reasoning_content"]) == ("Paris.", "")
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    ask.run(backend=backend, json_schema=schema, chat_template_kwargs={"enable_thinking": False})
+    constraint = backend.generations()[-1].constraint
+    assert constraint.matches('{"city": "Paris"}')  # no thinking before the answer
+    assert not constraint.matches('<think>\nHm.\n</think>\n\n{"city": "Paris"}')
+
+    off = lp.function(ask.func, chat_template_kwargs={"enable_thinking": False})
+    off.run(backend=backend)
+    assert str(backend.generations()[-1].prompt).endswith(CLOSED)
+    off.run(backend=backend, chat_template_kwargs={"enable_thinking": True})  # the run's win
+    assert str(backend.generations()[-1].prompt).endswith("<|im_start|>assistant\n")
+    off.bind().run(backend=backend)  # a bound copy keeps them
+    assert str(backend.generations()[-1].prompt).endswith(CLOSED)
+
+
+def test_enable_thinking_per_batch_item():
+    backend = FakeBackend(responder=lambda r: "<think>\nHm.\n</think>\n\nParis.", template=QWEN3)
+    states = ask.run_batch(
+        [{"chat_template_kwargs": {"enable_thinking": False}}, {}], backend=backend
+    )
+    closed = [str(g.prompt).endswith(CLOSED) for g in backend.generations()]
+    assert sorted(closed) == [False, True]
+    # thinking on: the model's block is split off; off: the template closed it
+    assert states[1]["answer_reasoning_content"] == "Hm."
+    assert states[0]["answer_reasoning_content"] == ""
+
+
+def test_bad_chat_template_kwargs():
+    with pytest.raises(ValueError, match="cannot set 'tools'"):
+        lp.function(ask.func, chat_template_kwargs={"tools": []})
+    with pytest.raises(TypeError, match="must be a dict"):
+        ask.run(backend=FakeBackend(), chat_template_kwargs="enable_thinking=False")
+    with pytest.raises(ValueError, match="cannot set 'add_generation_prompt'"):
+        ask.run(backend=FakeBackend(), chat_template_kwargs={"add_generation_prompt": False})
+
+
+def test_chat_template_kwargs_on_an_endpoint_in_chat_mode():
+    """lp.OpenAI in chat mode sends messages its server renders: the variables would be
+    lost, so the run fails naming where they go."""
+    endpoint = lp.OpenAI(base_url="http://127.0.0.1:9/v1", model="m", api_key="x")
+    with pytest.raises(ValueError, match="extra_body"):
+        ask.run(backend=endpoint, chat_template_kwargs={"enable_thinking": False})

@@ -448,3 +448,79 @@ def test_pythonic_calls_on_the_bundled_model(rt):
         [call] = r.choices[0].message.tool_calls
         check_call(call)
         check_streamed_arguments(client, kw, call)
+
+
+def test_gpt_oss_calls_after_thinking_on_the_bundled_model(rt):
+    """gpt-oss's template as published (harmony channels): with a thinking budget the model
+    thinks in the analysis channel, the server closes it (`<|end|><|start|>assistant`), and
+    the call comes on the commentary channel to functions.NAME, read back valid (streamed:
+    test_tools_gemma_gptoss.py); the call and its result go back through the template, and an
+    answer under tool_choice none comes under the final channel, whose header content leaves
+    out."""
+    backend = Templated(rt, (TEMPLATES / "gpt-oss.jinja").read_text(), {"eos_token": "<|im_end|>"})
+    with Server(backend, model_name="m").start() as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        kw: dict[str, Any] = dict(
+            model="m",
+            messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+            tools=[WEATHER, TIME],
+            tool_choice="required",
+            max_tokens=60,
+            temperature=0,
+            extra_body={"thinking_budget": 8},
+        )
+        r = client.chat.completions.create(**kw)
+        message = r.choices[0].message
+        [call] = message.tool_calls
+        check_call(call)
+        assert message.content is None and r.choices[0].finish_reason == "tool_calls"
+        assert message.reasoning_content and "<|end|>" not in message.reasoning_content
+        answered = backend.prompts[-1]
+        assert answered.endswith("<|end|><|start|>assistant")  # the budget closed the thinking
+        history = [
+            *kw["messages"],
+            message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "21 C"},
+        ]
+        r2 = client.chat.completions.create(
+            **{**kw, "messages": history, "tool_choice": "none", "max_tokens": 40}
+        )
+        assert r2.choices[0].message.content and not r2.choices[0].message.tool_calls
+        assert "<|channel|>" not in r2.choices[0].message.content
+    prompt = backend.prompts[-1]
+    assert f"to=functions.{call.function.name}<|channel|>commentary json<|message|>" in prompt
+    assert "<|start|>functions." in prompt and "21 C" in prompt
+
+
+def test_gemma3_calls_on_the_bundled_model(rt):
+    """Gemma 3's template as published (no tool syntax): lmprog's note asks for Google's
+    Python-list layout, the model writes it under the constraint, the calls read back valid,
+    and calls and results go back through the template (user and model turns alternating)."""
+    backend = Templated(
+        rt, (TEMPLATES / "gemma-3.jinja").read_text(), {"bos_token": "", "eos_token": "<|im_end|>"}
+    )
+    with Server(backend, model_name="m").start() as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        kw: dict[str, Any] = dict(
+            model="m",
+            messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+            tools=[WEATHER, TIME],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=60,
+            temperature=0,
+        )
+        r = client.chat.completions.create(**kw)
+        [call] = r.choices[0].message.tool_calls
+        check_call(call)
+        assert "Python list" in backend.prompts[0]  # lmprog's note
+        history = [
+            *kw["messages"],
+            r.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "21 C"},
+        ]
+        r2 = client.chat.completions.create(
+            **{**kw, "messages": history, "tool_choice": "none", "max_tokens": 8}
+        )
+        assert r2.choices[0].message.content and not r2.choices[0].message.tool_calls
+    assert "```tool_output\n21 C\n```" in backend.prompts[-1]

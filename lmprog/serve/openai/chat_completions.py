@@ -63,11 +63,21 @@ async def start_chat_completion(
         plan, prompt, thinking = await compiled(ctx, request, param, _prepare, ctx, body, True)
     else:
         plan, prompt, thinking = await ctx.blocking(_prepare, ctx, body)
-    constraint = plan.constraint if thinking is None else thinking.constrain(plan.constraint)
-    if thinking is not None and thinking.fmt.marked_by_special_tokens(ctx.backend.tokenizer):
+    headed = plan.headed
+    constraint = (
+        plan.constraint if thinking is None else thinking.constrain(plan.constraint, headed=headed)
+    )
+    tokenizer = _tokenizer(ctx)
+    if (thinking is not None and thinking.fmt.marked_by_special_tokens(tokenizer)) or (
+        (plan.calls is not None or plan.headed) and plan.format.marked_by_special_tokens(tokenizer)
+    ):
         params = replace(params, skip_special_tokens=False)  # the markers must be in the text
     requests = [GenerateRequest(prompt, p, constraint) for p in choice_params(params, n)]
-    backend = ctx.backend if thinking is None else thinking.backend(ctx.backend, plan.constraint)
+    backend = (
+        ctx.backend
+        if thinking is None
+        else thinking.backend(ctx.backend, plan.constraint, headed=headed)
+    )
     group = Generations(
         backend,
         requests,
@@ -134,7 +144,9 @@ def _prepare(
     if index:
         param = "tools" if body.tools else (constraint_field(body) or "messages")
         answer = plan.constraint
-        build_index(ctx, answer if thinking is None else thinking.constrain(answer, param))
+        if thinking is not None:
+            answer = thinking.constrain(answer, param, headed=plan.headed)
+        build_index(ctx, answer)
     return plan, prompt, thinking
 
 

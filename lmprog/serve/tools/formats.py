@@ -2,7 +2,8 @@
 
     opener  head "<name>" args_key <arguments> tail  [separator head ... tail]*  closer
 
-Formats: generic, hermes, llama3, mistral (`tool_format` picks one from the template).
+Formats: generic, hermes, llama3, mistral, deepseek, qwen3-coder, pythonic, gemma3, harmony
+(gpt-oss) (`tool_format` picks one from the template).
 `read_calls` reads (a prefix of) text back into calls; `CallReader` does it as a choice's text
 grows. Each format's layout: docs/design/server.md#call-formats.
 """
@@ -44,15 +45,31 @@ class ToolFormat:
     quoted_name: bool = True  # the name as a JSON string (else as it is: DeepSeek's)
     arguments_text: bool = False  # earlier calls' arguments go to the template as JSON text
     note: str = ""  # a tool note for a native template that lists no tools ({tools}: them)
+    layout_of: str = ""  # another family whose builder and reader it uses (gemma3: pythonic)
+    answer_opener: str = ""  # the header an answer opens with (harmony: its final channel's)
+    stop_tail: bool = False  # the tail is a stop token the text may lack (harmony's <|call|>)
+    results_as_user: bool = False  # tool results go to the template as user turns (gemma3)
+
+    @property
+    def layout(self) -> str:
+        """The family whose call builder and reader this format uses."""
+        return self.layout_of or self.family
+
+    def marked_by_special_tokens(self, tokenizer: Any) -> bool:
+        """Whether a special token of `tokenizer` is part of the layout's fixed text
+        (gpt-oss's `<|channel|>`, `<|call|>`): its output must be detokenized with them."""
+        fixed = (self.marker, self.head, self.args_key, self.tail, self.answer_opener)
+        specials = getattr(tokenizer, "all_special_tokens", None) or ()
+        return any(tok and any(tok in f for f in fixed) for tok in specials)
 
     def name_text(self, name: str) -> str:
         return json.dumps(name) if self.quoted_name else name
 
     def call_text(self, name: str, arguments: Any) -> str:
         """One call as the model writes it (earlier calls of a history in the generic format)."""
-        if self.family == XML_FAMILY:
+        if self.layout == XML_FAMILY:
             return xml_call(name, arguments)
-        if self.family == PYTHONIC_FAMILY:
+        if self.layout == PYTHONIC_FAMILY:
             return python_call(name, arguments)
         args = json.dumps(arguments, ensure_ascii=False)
         return f"{self.head}{self.name_text(name)}{self.args_key}{args}{self.tail}"
@@ -118,6 +135,53 @@ PYTHONIC_FAMILY = "pythonic"
 PYTHONIC = ToolFormat(PYTHONIC_FAMILY, "[", "", "(", ")", ", ", "[", "]", quoted_name=False)
 
 
+# Gemma 3: no tool tokens and a template that lists no tools; Google documents its calls as a
+# Python list of calls (ai.google.dev/gemma/docs/capabilities/function-calling), the
+# pythonic layout, asked for by lmprog's note; results go back as user turns (the template
+# allows only user and model turns, alternating) in a tool_output block, as Google's Gemma
+# guides show them.
+GEMMA3 = ToolFormat(
+    "gemma3",
+    "[",
+    "",
+    "(",
+    ")",
+    ", ",
+    "[",
+    "]",
+    quoted_name=False,
+    native=False,
+    note=(
+        "You have access to functions (JSON Schema of their arguments shown):\n{tools}\n"
+        "If you decide to call any of them, answer with only a Python list of the calls, in "
+        "the format [func_name1(param_name1=value1, param_name2=value2), func_name2()], "
+        "and no other text."
+    ),
+    layout_of=PYTHONIC_FAMILY,
+    results_as_user=True,
+)
+
+
+# gpt-oss (OpenAI's harmony format): a call is a message to the recipient functions.NAME on
+# the commentary channel, JSON arguments, ended by <|call|> (a stop token: one call per
+# message). After the generation prompt `<|start|>assistant` the model writes
+#     <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>
+# or its answer <|channel|>final<|message|>TEXT; after its thinking (analysis channel) it
+# writes `<|start|>assistant` first, which the reasoning format drops (core/reasoning).
+HARMONY = ToolFormat(
+    "harmony",
+    "<|channel|>commentary to=functions.",
+    "<|channel|>commentary to=functions.",
+    " <|constrain|>json<|message|>",
+    "<|call|>",
+    "",
+    max_calls=1,
+    quoted_name=False,
+    answer_opener="<|channel|>final<|message|>",
+    stop_tail=True,
+)
+
+
 def tool_format(template: ChatTemplate) -> ToolFormat:
     """The call format of `template`, by the markers in its source."""
     return _format_of(template.source)
@@ -139,6 +203,10 @@ def _format_of(source: str) -> ToolFormat:
         return HERMES
     if "<|start_header_id|>" in source and ("ipython" in source or "<|python_tag|>" in source):
         return LLAMA3
+    if "<|channel|>" in source and "to=" in source and "functions." in source:
+        return HARMONY
+    if "<start_of_turn>" in source:
+        return GEMMA3
     return GENERIC
 
 
@@ -287,6 +355,8 @@ def _read_rest(
     after = _expect(text, end, fmt.tail)
     if after is None:  # the arguments are read, what follows is not the call's tail
         return ReadCall(name, text[pos:end], False, True, start), None
+    if after == _PARTIAL and final and fmt.stop_tail and end == len(text):
+        after = end  # the tail was the stop token, not in the text
     done = after != _PARTIAL
     return ReadCall(name, text[pos:end], done, True, start), after if done else end
 
@@ -381,9 +451,15 @@ class CallReader:
 
     def _advance(self, final: bool) -> list[dict[str, Any]]:
         if self.mode == "":
+            opener = self.fmt.answer_opener
             if self.text.startswith(self.fmt.marker):
                 self.mode = "calls"
-            elif not self.fmt.marker.startswith(self.text):
+            elif opener and self.text.startswith(opener):  # an answer's header: dropped
+                self.mode, self.text = "content", self.text[len(opener) :]
+                return [{"content": self.text}] if self.text else []
+            elif not self.fmt.marker.startswith(self.text) and not (
+                opener.startswith(self.text) and not final and opener
+            ):
                 self.mode = "content"
                 return [{"content": self.text}]
             else:

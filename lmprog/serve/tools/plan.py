@@ -16,6 +16,7 @@ from lmprog.core.errors import ConstraintError
 from lmprog.fsm import Constraint
 from lmprog.fsm import compose as c
 from lmprog.fsm.regex import ANY_CHAR, alt, cat, charset_regex, cs, lit, rep
+from lmprog.fsm.thinking import prefixed
 
 from ..errors import APIError
 from ..schemas.chat import NamedToolChoice, Tool
@@ -48,13 +49,14 @@ class ToolPlan:
     answers: bool = True
     max_calls: int | None = None
     schemas: dict[str, Any] = field(default_factory=dict, compare=False)  # name -> parameters
+    headed: bool = False  # the constraint writes the message headers (harmony's channels)
 
     def reader(self) -> CallReader:
         """A reader of one choice's text (see CallReader); only when tools are on."""
         assert self.calls is not None
-        if self.format.family == XML_FAMILY:
+        if self.format.layout == XML_FAMILY:
             return XmlCallReader(self.format, self.schemas, answers=self.answers)  # type: ignore[return-value]
-        if self.format.family == PYTHONIC_FAMILY:
+        if self.format.layout == PYTHONIC_FAMILY:
             return PythonicCallReader(self.format, self.names, answers=self.answers)  # type: ignore[return-value]
         return CallReader(self.format, self.names, answers=self.answers, max_calls=self.max_calls)
 
@@ -86,12 +88,17 @@ def plan_tools(
     if (
         choice == "none"
     ):  # an answer, not something that reads as a call (a history of them invites one)
+        if fmt.answer_opener:  # an answer under its header (harmony's final channel)
+            if text is not None:  # any constraint, a grammar too, nested under the header
+                return ToolPlan(prefixed(text, fmt.answer_opener), None, None, fmt, headed=True)
+            headed = c.constraint(_opened_answer(fmt, None), "answer")
+            return ToolPlan(headed, None, None, fmt, headed=True)
         answer = text or Constraint("regex", _not_starting_with(fmt.marker).text, "answer")
         return ToolPlan(answer, None, None, fmt)
     chosen = _chosen(tools, choice)
     max_calls = 1 if not parallel else fmt.max_calls
-    if fmt.family in (XML_FAMILY, PYTHONIC_FAMILY):
-        build = xml_calls if fmt.family == XML_FAMILY else pythonic_calls
+    if fmt.layout in (XML_FAMILY, PYTHONIC_FAMILY):
+        build = xml_calls if fmt.layout == XML_FAMILY else pythonic_calls
         calls = _own_calls(build, tools, chosen, max_calls)
     else:
         calls = _calls(fmt, [(t.function.name, args[tools.index(t)]) for t in chosen], max_calls)
@@ -103,12 +110,18 @@ def plan_tools(
         prompt += _SEVERAL if max_calls != 1 and not fmt.note else ""
     names = frozenset(t.function.name for t in chosen)
     schemas = {t.function.name: t.function.parameters or _NO_PARAMETERS for t in chosen}
-    plan = ToolPlan(calls_c, calls_c, prompt, fmt, names, choice == "auto", max_calls, schemas)
+    headed = bool(fmt.answer_opener)
+    plan = ToolPlan(
+        calls_c, calls_c, prompt, fmt, names, choice == "auto", max_calls, schemas, headed
+    )
     if choice != "auto":
         return plan
-    answer = c.embed(text) if text is not None else c.regex(_not_starting_with(fmt.marker))
+    if fmt.answer_opener:
+        answer = _opened_answer(fmt, text)
+    else:
+        answer = c.embed(text) if text is not None else c.regex(_not_starting_with(fmt.marker))
     either_c = c.constraint(c.choice(calls, answer), "tool calls or answer")
-    return ToolPlan(either_c, calls_c, prompt, fmt, names, True, max_calls, schemas)
+    return ToolPlan(either_c, calls_c, prompt, fmt, names, True, max_calls, schemas, headed)
 
 
 def _own_calls(
@@ -183,6 +196,13 @@ def _calls(fmt: ToolFormat, tools: list[tuple[str, Constraint]], max_calls: int 
     more = None if max_calls is None else max_calls - 1
     rest = c.rep(c.seq(c.json_text(fmt.separator), one), 0, more) if fmt.separator else None
     return c.seq(c.text(fmt.opener), one, rest if rest is not None else c.seq(), c.text(fmt.closer))
+
+
+def _opened_answer(fmt: ToolFormat, text: Constraint | None) -> Any:
+    """An answer under the format's header: the header, then `text` (None: any non-empty
+    text)."""
+    body = c.embed(text) if text is not None else c.regex(rep(charset_regex(ANY_CHAR), 1, None))
+    return c.seq(c.text(fmt.answer_opener), body)
 
 
 def _not_starting_with(marker: str) -> Any:
