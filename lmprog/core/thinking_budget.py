@@ -49,6 +49,7 @@ def generate_thinking(
         dataclasses.replace(
             params, max_tokens=min(budget, params.max_tokens), stop=(fmt.end,), min_tokens=0
         ),
+        images=request.images,
     )
     if stream is not None and opener:
         stream(opener)
@@ -71,6 +72,7 @@ def generate_thinking(
             min_tokens=max(0, params.min_tokens - thought.completion_tokens),
         ),
         answer,
+        request.images,
     )
     said = backend.generate(second, stream=stream)
     logprobs = None
