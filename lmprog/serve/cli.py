@@ -133,6 +133,29 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "gpt-oss, magistral (SGLang's and vLLM's names work too: deepseek_r1, ...)",
     )
     p.add_argument(
+        "--allow-image-urls",
+        action="store_true",
+        help="fetch http(s) image URLs in requests (image_url parts, Anthropic url sources, "
+        "image_data), within --max-image-bytes and --image-fetch-timeout (default: a 400; "
+        "the server then fetches any URL a client names: enable it only where that is fine)",
+    )
+    p.add_argument(
+        "--image-fetch-timeout",
+        dest="image_fetch_timeout_s",
+        type=float,
+        default=defaults.image_fetch_timeout_s,
+        help="seconds one image URL's download may take (default "
+        f"{defaults.image_fetch_timeout_s:g})",
+    )
+    p.add_argument(
+        "--allowed-image-folders",
+        nargs="+",
+        default=[],
+        metavar="DIR",
+        help="folders whose files requests may name as images (file:// URLs, SGLang's "
+        "image_data paths); default: none, a local path is a 400",
+    )
+    p.add_argument(
         "--strict-requests",
         action="store_true",
         help="answer request fields this server does not know with a 400 unknown_parameter, "
@@ -151,6 +174,9 @@ INT_LIMITS = (
     "max_body_bytes",
     "max_json_depth",
     "max_concurrency",
+    "max_images",
+    "max_image_bytes",
+    "max_image_pixels",
 )
 
 
@@ -258,6 +284,9 @@ def server_limits(args: argparse.Namespace) -> ServerLimits:
         allow_special_tokens=args.allow_special_tokens,
         strict_requests=args.strict_requests,
         default_max_tokens=args.default_max_tokens,
+        allow_image_urls=args.allow_image_urls,
+        image_fetch_timeout_s=args.image_fetch_timeout_s,
+        allowed_image_folders=tuple(args.allowed_image_folders),
         **{name: getattr(args, name) for name in INT_LIMITS},
     )
 
