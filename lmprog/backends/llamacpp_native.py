@@ -209,6 +209,17 @@ class NativeContext:
             self.lib.llama_set_n_threads(self.ptr, self._threads[0], n)
             self._batch_threads = n
 
+    def appended(self, seq: int, ids: Sequence[int]) -> None:
+        """Sequence `seq` now also holds `ids` (evaluated outside `decode`: an image's
+        embeddings, see llamacpp_vision.py)."""
+        self.tokens[seq].extend(ids)
+
+    def forget_tail(self, seq: int, n: int) -> None:
+        """Drop whatever sequence `seq` holds from position n on, also past its tokens (a
+        failed evaluation outside `decode` may leave part of its cells behind)."""
+        self.lib.llama_memory_seq_rm(self._memory, seq, max(n, 0), -1)
+        del self.tokens[seq][max(n, 0) :]
+
     # ---- KV cache management ----------------------------------------------------------------
     def truncate(self, seq: int, n: int) -> None:
         """Keep only the first n tokens of sequence `seq`."""

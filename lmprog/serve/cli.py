@@ -78,6 +78,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help=f"verbosity of the lmprog logger: start-up steps and access lines at info "
         f"(default: ${ENV_VAR}, else info)",
     )
+    p.add_argument(
+        "--mmproj",
+        default=None,
+        help="a vision-language GGUF model's projector (llama.cpp's mmproj file): the model "
+        "then takes images (--backend llamacpp; auto picks it)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
@@ -197,6 +203,8 @@ def choose_backend(args: argparse.Namespace) -> tuple[str, str]:
     runtime_only = [flag for flag, *_ in _runtime_only_given(args)]
     if runtime_only:
         return "runtime", f"auto: {', '.join(runtime_only)} need the runtime"
+    if getattr(args, "mmproj", None):
+        return "llamacpp", "auto: --mmproj is a llama.cpp projector"
     if (args.device or "auto").lower() not in ("auto", "cpu"):
         return "runtime", f"auto: --device {args.device}"
     if (args.device or "auto").lower() == "auto" and _has_cuda():
@@ -227,7 +235,13 @@ def backend_options(args: argparse.Namespace) -> dict:
     """The backend's keyword arguments from the flags; ValueError for a flag that does not
     apply to the chosen backend (never silently ignored)."""
     given = _runtime_only_given(args)
+    mmproj = getattr(args, "mmproj", None)
     if args.backend != "llamacpp":
+        if mmproj:
+            raise ValueError(
+                "--mmproj applies to --backend llamacpp (a GGUF model and its projector); the "
+                "runtime reads a vision-language model's Hugging Face folder whole"
+            )
         options = {
             "device": args.device,
             "max_total_tokens": args.max_total_tokens,
@@ -248,6 +262,8 @@ def backend_options(args: argparse.Namespace) -> dict:
             + (f": {why}" if why else "")
         )
     out: dict = {}
+    if mmproj:
+        out["mmproj"] = mmproj
     if args.disk_kv_cache_bytes:  # the saved states' disk tier
         out["state_cache_disk_bytes"] = args.disk_kv_cache_bytes
         out["state_cache_disk_dir"] = args.disk_kv_cache_dir
