@@ -257,7 +257,7 @@ class LlamaCppEngine:
             job.slot, job.saved = lease.slot, None
             self._whole_images(job)
             if job.reused is None:  # its first admission: its prompt counted here, as the
-                job.reused = lease.reused  # runtime counts admitted prompts
+                job.reused = len(self.ctx.tokens[job.slot])  # runtime counts admitted prompts
                 if job.gen is not None:
                     self._counters.add(
                         prompt_tokens=job.prompt_len,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -178,7 +179,7 @@ def _native(ref: ImageRef, limits: ServerLimits, max_bytes: int) -> bytes:
     scheme = urllib.parse.urlsplit(source).scheme.lower()
     if source.startswith("data:") or scheme in ("http", "https", "file"):
         return _url(ref, limits, max_bytes)
-    if source.lower().endswith(_FILE_SUFFIXES) or os.sep in source[:1]:
+    if source.lower().endswith(_FILE_SUFFIXES):
         return _local(ref, source, limits)
     try:
         return base64.b64decode(source, validate=True)
@@ -244,12 +245,21 @@ def _fetch(ref: ImageRef, limits: ServerLimits, max_bytes: int) -> bytes:
         )
     opener = urllib.request.build_opener(_HttpOnlyRedirects())
     request = urllib.request.Request(ref.source, headers={"User-Agent": "lmprog-serve"})
+    timeout = limits.image_fetch_timeout_s
+    deadline = time.monotonic() + timeout
+    data = bytearray()
     try:
-        with opener.open(request, timeout=limits.image_fetch_timeout_s) as response:
+        with opener.open(request, timeout=timeout) as response:
             length = response.headers.get("Content-Length")
             if length is not None and length.isdigit() and int(length) > max_bytes:
                 raise _too_big(ref, max_bytes)
-            data = bytes(response.read(max_bytes + 1))
+            while len(data) <= max_bytes:  # the whole download within the deadline
+                piece = response.read1(min(1 << 16, max_bytes + 1 - len(data)))
+                if not piece:
+                    break
+                data += piece
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the download took over {timeout:g} s")
     except APIError:
         raise
     except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -259,13 +269,15 @@ def _fetch(ref: ImageRef, limits: ServerLimits, max_bytes: int) -> bytes:
         ) from None
     if len(data) > max_bytes:
         raise _too_big(ref, max_bytes)
-    return data
+    return bytes(data)
 
 
 class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
     """Redirects to http(s) URLs only (urllib also follows ftp:, which would reach files)."""
 
-    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str):  # type: ignore[no-untyped-def]
+    def redirect_request(
+        self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> urllib.request.Request | None:
         if urllib.parse.urlsplit(newurl).scheme.lower() not in ("http", "https"):
             raise urllib.error.URLError(f"a redirect to {newurl[:80]!r}, which is not http(s)")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
