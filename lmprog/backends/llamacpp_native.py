@@ -63,6 +63,21 @@ def _llama_cpp() -> Any:
         return llama_cpp
 
 
+def log_callback() -> Any:
+    """The llama.cpp log callback that routes its lines to `logging` (warnings and errors
+    only), for libraries beside llama.cpp that log the same way (libmtmd)."""
+    _llama_cpp()
+    return _initialised[1]
+
+
+def take_errors() -> list[str]:
+    """llama.cpp's latest error lines (to explain a failed load), forgotten here."""
+    with _init_lock:
+        out = list(_last_errors)
+        del _last_errors[:]
+    return out
+
+
 def supports_gpu_offload() -> bool:
     """Whether this llama.cpp build can offload layers to a GPU (CUDA, Metal, Vulkan, ...)."""
     return bool(_llama_cpp().llama_supports_gpu_offload())

@@ -21,7 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmprog.backends.llamacpp_native import NativeContext, NativeModel
+from lmprog.backends.llamacpp_native import (
+    NativeContext,
+    NativeModel,
+    log_callback,
+    take_errors,
+)
 from lmprog.core.errors import BackendError
 from lmprog.core.images import ImageInput
 
@@ -69,16 +74,21 @@ class NativeVision:
 
     def __init__(self, path: Path, model: NativeModel, *, n_threads: int, use_gpu: bool):
         self.mtmd = mtmd = _mtmd()
+        mtmd.mtmd_log_set(log_callback(), ctypes.c_void_p(0))  # its lines to `logging`
+        mtmd.mtmd_helper_log_set(log_callback(), ctypes.c_void_p(0))
         params = mtmd.mtmd_context_params_default()
         params.use_gpu = use_gpu
         params.print_timings = False
         params.n_threads = n_threads
+        take_errors()  # earlier ones: only this load's explain its failure
         self.ptr = mtmd.mtmd_init_from_file(str(path).encode(), model.ptr, params)
         if not self.ptr:
+            why = "; ".join(take_errors()[-2:])
             raise BackendError(
-                f"llama.cpp could not load the projector {path} for {model.path}: an mmproj "
-                "GGUF must come from the same model (llama.cpp's convert_hf_to_gguf.py "
-                "--mmproj writes it beside the model's GGUF)"
+                f"llama.cpp could not load the projector {path} for {model.path}"
+                + (f" ({why})" if why else "")
+                + ": an mmproj GGUF must come from the same model (llama.cpp's "
+                "convert_hf_to_gguf.py --mmproj writes it beside the model's GGUF)"
             )
         if not mtmd.mtmd_support_vision(self.ptr):
             self.close()

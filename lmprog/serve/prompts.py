@@ -55,8 +55,8 @@ def render_chat(
     # The template's own image items first (HF vision templates take {"type": "image"}),
     # else the image token where each image part was, in the content as a string.
     try:
-        typed = _render(template, plain, tokenizer, options)
-    except APIError:
+        typed: str | None = _render(template, plain, tokenizer, options)
+    except Exception:  # noqa: BLE001 - a template that cannot take list content (str + list)
         typed = None
     if typed is not None and typed.count(image_token) == images:
         return typed

@@ -59,7 +59,7 @@ class StandIn:
 
 @pytest.fixture(scope="module")
 def be():
-    backend = LlamaCpp(n_ctx=1024, n_parallel=2)
+    backend = LlamaCpp(n_ctx=512, n_parallel=2, n_threads=1, n_threads_batch=1)
     yield backend
     backend.shutdown()
 
@@ -77,7 +77,7 @@ def stand_in(be, text: str):
 NEAR_TIE = 0.5  # as test_llamacpp_e2e: other batch shapes move a top-2 gap by up to ~0.2
 
 
-def greedy(be, prompt, images=(), n=12):
+def greedy(be, prompt, images=(), n=8):
     params = SP(temperature=0.0, max_tokens=n, return_logprob=True, top_logprobs_num=2)
     return be.generate(GenerateRequest(prompt, params, images=images))
 
@@ -104,22 +104,20 @@ def test_an_image_generates_as_its_tokens_would_and_is_reused(be):
     with stand_in(be, " a red apple on a table") as vision:
         assert be.image_token == MARK
         with_image = greedy(be, head + MARK + tail, (RED,))
-        ids = be._tokenize(head) + vision.ids + encode_prompt(be.tokenizer, tail)
-        as_text = greedy(be, tuple(ids))
-        agree(with_image, as_text)  # the same numbers, in other batch shapes
-        assert with_image.prompt_tokens == len(ids)
         assert vision.evaluated == 1
         again = greedy(be, head + MARK + tail, (RED,))
         agree(again, with_image)
         assert vision.evaluated == 1  # the image's KV came from the prefix cache
-        assert again.cached_tokens >= len(be._tokenize(head)) + len(vision.ids)
-        other = greedy(be, head + MARK + tail, (BLUE,))
-        assert vision.evaluated == 2 and other.cached_tokens <= len(be._tokenize(head))
+        n_head = len(be._tokenize(head))
+        assert again.cached_tokens >= n_head + len(vision.ids)
         two = greedy(be, f"{head}{MARK} then{MARK}{tail}", (RED, BLUE))
-        assert vision.evaluated == 3  # RED's run reused, BLUE's evaluated after " then"
-        assert two.prompt_tokens == len(ids) + len(vision.ids) + len(
-            encode_prompt(be.tokenizer, " then")
-        )
+        assert vision.evaluated == 2  # RED's run reused, BLUE's evaluated after " then"
+        then = len(encode_prompt(be.tokenizer, " then"))
+        assert two.prompt_tokens == with_image.prompt_tokens + then + len(vision.ids)
+        ids = be._tokenize(head) + vision.ids + encode_prompt(be.tokenizer, tail)
+        as_text = greedy(be, tuple(ids))
+        agree(with_image, as_text)  # the same numbers, in other batch shapes
+        assert with_image.prompt_tokens == len(ids)
 
 
 def test_image_prompts_that_cannot_run(be):

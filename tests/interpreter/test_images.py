@@ -196,3 +196,37 @@ def test_a_file_removed_before_the_program_runs_fails_the_run(tmp_path):
     with pytest.raises(FileNotFoundError):
         prog.run(backend=backend).sync()
     assert backend.requests == []
+
+
+def test_sglangs_own_image_program_runs_by_changing_the_import(tmp_path, monkeypatch):
+    """SGLang's test_image_qa (sglang/test/test_programs.py), with `import lmprog as sgl`,
+    on a vision backend whose model sees the image it is sent."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("sglang")
+    script = Path(__file__).resolve().parents[2] / "scripts" / "interop" / "sglang_programs.py"
+    spec = importlib.util.spec_from_file_location("lmprog_interop_programs", script)
+    interop = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = interop
+    spec.loader.exec_module(interop)
+    (tmp_path / "test_programs_on_lmprog.py").write_text(interop.lmprog_source())
+    (tmp_path / "example_image.png").write_bytes(RED)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def sees(request: GenerateRequest) -> str:
+        colours = {digest(RED): "a red taxi"}
+        return " ".join(colours.get(i.digest, "?") for i in request.images) or "nothing"
+
+    backend = FakeBackend(image_token=TOKEN, responder=sees)
+    lp.set_default_backend(backend)
+    try:
+        programs = importlib.import_module("test_programs_on_lmprog")
+        programs.test_image_qa()
+    finally:
+        lp.set_default_backend(None)
+        sys.modules.pop("test_programs_on_lmprog", None)
+        sys.modules.pop(spec.name, None)
+    assert [i.digest for i in gens(backend)[-1].images] == [digest(RED)]
