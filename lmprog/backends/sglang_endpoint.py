@@ -55,7 +55,8 @@ class RuntimeEndpoint(Backend):
     Args: base_url ("http://127.0.0.1:30000"); api_key (sent as a Bearer token); verify (CA
     bundle or False); chat_template / chat_template_name (default: what lmprog serve reports,
     else the tokenizer's, else a local lmprog model's; SGLang reports none); tokenizer;
-    timeout. Server errors become BackendError (ContextLengthError when the prompt does not
+    timeout; image_token (the model's, for lp.image(): default what lmprog serve reports,
+    SGLang reports none). Server errors become BackendError (ContextLengthError when the prompt does not
     fit). Details: docs/design/endpoints.md.
     """
 
