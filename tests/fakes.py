@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from lmprog.backends.checks import check_images
 from lmprog.core.chat import ChatTemplate
 from lmprog.core.errors import BackendError
 from lmprog.core.protocol import (
@@ -103,7 +104,9 @@ class FakeBackend(Backend):
         fail_on: str | None = None,
         rendezvous: int = 0,
         gate: Gate | None = None,
+        image_token: str | None = None,
     ) -> None:
+        self._image_token = image_token  # a vision model's (requests' images checked)
         self.latency = latency
         self.token_latency = token_latency
         self.responder = responder
@@ -127,6 +130,7 @@ class FakeBackend(Backend):
     def generate(
         self, request: GenerateRequest, stream: StreamCallback | None = None
     ) -> GenerateResult:
+        check_images(request, self._image_token, "FakeBackend")
         self._begin(request)
         try:
             self._meet()
@@ -164,6 +168,7 @@ class FakeBackend(Backend):
             self._end()
 
     def score(self, request: ScoreRequest) -> ScoreResult:
+        check_images(request, self._image_token, "FakeBackend")
         self._begin(request)
         try:
             self._meet()
@@ -196,6 +201,10 @@ class FakeBackend(Backend):
     @property
     def chat_template(self) -> ChatTemplate:
         return self._template
+
+    @property
+    def image_token(self) -> str | None:
+        return self._image_token
 
     @property
     def tokenizer(self) -> Any:

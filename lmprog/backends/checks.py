@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lmprog.core.errors import BackendError
 from lmprog.core.protocol import GenerateRequest, ScoreRequest
 from lmprog.core.sampling import SamplingParams
 
@@ -55,3 +56,24 @@ def check_stop_token_ids(params: SamplingParams, vocab_size: int) -> None:
     for t in params.stop_token_ids:
         if t >= vocab_size:
             raise ValueError(f"stop_token_ids: {t} is outside the vocabulary (size {vocab_size})")
+
+
+def check_images(request: Any, image_token: str | None, backend: str) -> None:
+    """BackendError when `request` carries images and the backend's model takes none;
+    ValueError unless its prompt holds `image_token` once per image (the protocol's rule)."""
+    images = getattr(request, "images", ())
+    if not images:
+        return
+    if image_token is None:
+        raise BackendError(
+            f"{backend} takes no images (its model has no vision support), and this request "
+            f"carries {len(images)}; use a vision-language model"
+        )
+    if not isinstance(request.prompt, str):
+        raise ValueError("a request with images needs a text prompt (not token ids)")
+    found = request.prompt.count(image_token)
+    if found != len(images):
+        raise ValueError(
+            f"the prompt holds the image token {image_token!r} {found} times for "
+            f"{len(images)} images; it must hold it once per image, in order"
+        )

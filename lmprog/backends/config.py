@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import inspect
+import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
@@ -268,6 +269,12 @@ class LlamaCppConfig(BackendConfig):
     jump_forward: bool = knob(
         True, "append text a constraint forces in one step (off with logprobs)"
     )
+    mmproj: str | None = knob(
+        None,
+        "a vision-language model's projector GGUF (llama.cpp's mmproj file, from the same "
+        "model): with it the model takes images (lp.image, image_url parts)",
+        serve="--mmproj",
+    )
 
     def __post_init__(self) -> None:
         for name, lo in (
@@ -285,6 +292,12 @@ class LlamaCppConfig(BackendConfig):
                 _check_int(name, getattr(self, name), lo)
         if not isinstance(self.jump_forward, bool):
             raise TypeError(f"jump_forward must be a bool, got {self.jump_forward!r}")
+        if self.mmproj is not None:
+            if not isinstance(self.mmproj, (str, os.PathLike)) or not os.fspath(self.mmproj):
+                raise TypeError(
+                    f"mmproj must be a path to a .gguf file or None, got {self.mmproj!r}"
+                )
+            object.__setattr__(self, "mmproj", os.fspath(self.mmproj))
 
 
 def _check_int(name: str, value: object, lo: int) -> None:

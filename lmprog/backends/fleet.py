@@ -97,6 +97,10 @@ class Fleet(Backend):
         return self.members[0].tokenizer
 
     @property
+    def image_token(self) -> str | None:
+        return self.members[0].image_token
+
+    @property
     def model_name(self) -> str:
         return str(getattr(self.members[0], "model_name", ""))
 

@@ -23,6 +23,7 @@ import warnings
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from lmprog.backends.checks import (
     check_generate_request,
+    check_images,
     check_no_lora,
     check_score_request,
     check_stop_token_ids,
@@ -38,6 +40,7 @@ from lmprog.backends.config import LlamaCppConfig
 from lmprog.backends.context_pool import SequencePool
 from lmprog.backends.llamacpp_engine import GenSpec, Job, LlamaCppEngine
 from lmprog.backends.llamacpp_native import NativeContext, NativeModel, supports_gpu_offload
+from lmprog.backends.llamacpp_vision import ImageRun, NativeVision
 from lmprog.backends.scoring import choice_scores, choice_spans
 from lmprog.backends.shared import Counters
 from lmprog.backends.state_cache import StateCache, common_prefix_len
@@ -49,7 +52,7 @@ from lmprog.core.models import (
     resolve_model,
     tokenizer_cache_path,
 )
-from lmprog.core.prompt import encode_prompt
+from lmprog.core.prompt import Prompt, control_spans, encode_prompt
 from lmprog.core.protocol import (
     Backend,
     GenerateRequest,
@@ -98,6 +101,7 @@ class LlamaCpp(Backend):
                 f"LlamaCpp needs a GGUF model; {self._source.path} is a Hugging Face folder (use Runtime)"
             )
         _check_gguf(self._source.path)
+        mmproj = _mmproj_path(cfg.mmproj)
         _log.info("model %s resolved: %s", self._source.name, self._source.path)
         if (n_gpu_layers != 0 or main_gpu is not None) and not supports_gpu_offload():
             what = f"n_gpu_layers={n_gpu_layers}" if n_gpu_layers else f"main_gpu={main_gpu}"
@@ -125,6 +129,7 @@ class LlamaCpp(Backend):
         self._model = NativeModel(self._source.path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu)
         _log.info("weights loaded in %.2f s", time.perf_counter() - started)
         ctx: NativeContext | None = None
+        self._vision: NativeVision | None = None
         try:
             t = time.perf_counter()
             if cached_tokenizer is not None:
@@ -146,8 +151,13 @@ class LlamaCpp(Backend):
                 n_threads=self.n_threads,
                 n_threads_batch=self.n_threads_batch,
             )
+            if mmproj is not None:
+                self._vision = NativeVision(
+                    mmproj, self._model, n_threads=self.n_threads_batch, use_gpu=n_gpu_layers != 0
+                )
+                _log.info("vision projector %s loaded", mmproj)
         except BaseException:
-            _release(ctx, self._model)
+            _release(ctx, self._model, self._vision)
             raise
         self._pool = SequencePool(
             ctx,
@@ -171,12 +181,14 @@ class LlamaCpp(Backend):
         # The engine thread frees the native memory when it ends: at shutdown, when the
         # backend is garbage-collected, and at interpreter exit (an atexit hook, before
         # finalization: see Engine.close), where requests still in flight are cancelled.
+        vision = self._vision
         self._engine = LlamaCppEngine(
             self._pool,
             self._decoding.new_state,
             self._eos_ids,
             self._stats,
-            on_exit=lambda model=self._model: _release(ctx, model),
+            on_exit=lambda model=self._model: _release(ctx, model, vision),
+            evaluate_media=None if vision is None else partial(vision.evaluate, ctx),
         )
         self._finalizer = weakref.finalize(self, self._engine.close, _CLOSED_UNDER_REQUEST)
         _log.info(
@@ -201,6 +213,11 @@ class LlamaCpp(Backend):
     def model_name(self) -> str:
         return self._source.name
 
+    @property
+    def image_token(self) -> str | None:
+        """llama.cpp's media marker (<__media__>) with an mmproj projector; else None."""
+        return None if self._vision is None else self._vision.marker
+
     def generate(
         self, request: GenerateRequest, stream: StreamCallback | None = None
     ) -> GenerateResult:
@@ -208,11 +225,16 @@ class LlamaCpp(Backend):
         check_generate_request(request, stream)
         check_no_lora(request, "LlamaCpp")
         check_stop_token_ids(request.params, self.n_vocab)
-        prompt = self._prompt_ids(request.prompt)
+        check_images(request, self.image_token, f"LlamaCpp({self._source.name!r}) without mmproj")
+        media: dict[int, ImageRun] = {}
+        if request.images:
+            prompt, media = self._image_prompt(request.prompt, request.images)
+        else:
+            prompt = self._prompt_ids(request.prompt)
         self._check_fits(len(prompt), "prompt")
         index = _constraint_index(request.constraint, self._tokenizer)  # built during the prefill
         gen = GenSpec(request.params, index, stream is not None, self._jump_forward)
-        job = self._engine.submit(Job(prompt, len(prompt) - 1, gen=gen))
+        job = self._engine.submit(Job(prompt, len(prompt) - 1, gen=gen, media=media))
         try:
             if stream is not None:
                 for piece in job.pieces():
@@ -232,6 +254,11 @@ class LlamaCpp(Backend):
         self._check_open()
         check_score_request(request)
         check_no_lora(request, "LlamaCpp")
+        if request.images:
+            raise BackendError(
+                "LlamaCpp scores select choices over text prompts only; after lp.image() use "
+                "gen(json_schema={'enum': [...]}) (or regex=) instead of select"
+            )
         prompt = self._tokenize(request.prompt)
         spans, uncond = choice_spans(request, prompt, self._tokenize, self._start_id)
         for tokens, _ in spans + uncond:
@@ -361,6 +388,34 @@ class LlamaCpp(Backend):
             )
         return ids or [self._start_id]  # an empty prompt continues from the start token
 
+    def _image_prompt(
+        self, prompt: str | tuple[int, ...], images: Sequence[Any]
+    ) -> tuple[list[int], dict[int, ImageRun]]:
+        """The prompt's ids with each image's run in place of its marker, and where each
+        image's placeholders start. ValueError for an image llama.cpp cannot decode."""
+        assert self._vision is not None and isinstance(prompt, str)
+        runs = [self._vision.image_run(image) for image in images]
+        segments = _split(prompt, self._vision.marker)
+        if not segments[-1]:
+            raise ValueError(
+                "a prompt with images needs text after its last image (llama.cpp reads the "
+                "next token's logits from text)"
+            )
+        ids = self._tokenize(segments[0]) if segments[0] else self._tokenize_start()
+        media: dict[int, ImageRun] = {}
+        for run, segment in zip(runs, segments[1:]):
+            ids += run.before
+            media[len(ids)] = run
+            ids += [*run.ids, *run.after]
+            if segment:
+                check_text(segment, "the prompt")
+                ids += encode_prompt(self._tokenizer, segment)
+        return ids, media
+
+    def _tokenize_start(self) -> list[int]:
+        bos = self._model.bos_token_id
+        return [bos] if self._model.add_bos and bos >= 0 else []
+
     def _check_fits(self, n_tokens: int, what: str) -> None:
         if n_tokens >= self.n_ctx:
             raise ContextLengthError(
@@ -447,10 +502,47 @@ def _read_cached_tokenizer(source: Any) -> Future | None:
     return future
 
 
-def _release(ctx: NativeContext | None, model: NativeModel) -> None:
+def _release(
+    ctx: NativeContext | None, model: NativeModel, vision: NativeVision | None = None
+) -> None:
+    if vision is not None:
+        vision.close()
     if ctx is not None:
         ctx.close()
     model.close()
+
+
+def _mmproj_path(mmproj: str | None) -> Path | None:
+    """The projector GGUF named by `mmproj=` (checked before the model loads), or None."""
+    if mmproj is None:
+        return None
+    path = Path(mmproj).expanduser()
+    if not path.is_file():
+        raise ValueError(
+            f"mmproj file {path.absolute()} does not exist: give the projector GGUF of the "
+            "model (llama.cpp's mmproj-*.gguf)"
+        )
+    _check_gguf(path)
+    return path
+
+
+def _split(prompt: str, marker: str) -> list[str]:
+    """`prompt` cut at each `marker`, a `Prompt`'s pieces keeping their control spans."""
+    spans = control_spans(prompt)
+    text = str(prompt)
+    pieces, start = [], 0
+    while True:
+        end = text.find(marker, start)
+        stop = len(text) if end == -1 else end
+        piece = text[start:stop]
+        if spans is not None:
+            piece = Prompt(
+                piece, [(a - start, b - start) for a, b in spans if b > start and a < stop]
+            )
+        pieces.append(piece)
+        if end == -1:
+            return pieces
+        start = end + len(marker)
 
 
 class _Decoding:

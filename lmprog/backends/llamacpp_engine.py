@@ -54,6 +54,8 @@ class Job:
     logits_from: the first target position whose logits are wanted (None: none, a prefill).
     gen: what a generation samples with; None for a prefill or a scored span.
     save: save the slot's state in the StateCache once it holds the target (cache_prefix).
+    media: the images of the target: {position of its first placeholder id: its ImageRun}
+        (llamacpp_vision.py), each evaluated whole by the engine's `evaluate_media`.
     """
 
     def __init__(
@@ -63,8 +65,10 @@ class Job:
         *,
         gen: GenSpec | None = None,
         save: bool = False,
+        media: dict[int, Any] | None = None,
     ):
         self.target = list(target)
+        self.media = media or {}
         self.prompt_len = len(self.target)
         self.logits_from = logits_from
         self.gen = gen
@@ -116,8 +120,10 @@ class LlamaCppEngine:
         eos_token_ids: Sequence[int],
         counters: Counters,
         on_exit: Callable[[], None],
+        evaluate_media: Callable[[int, Any], None] | None = None,
     ):
         self.pool = pool
+        self._evaluate_media = evaluate_media  # (slot, ImageRun): append an image's embeddings
         self.ctx = pool.ctx
         self._new_state = new_state
         self._eos = tuple(eos_token_ids)
@@ -224,6 +230,7 @@ class LlamaCppEngine:
     def _step(self) -> None:
         self._drop_aborted()
         self._admit()
+        self._images()
         rows, jobs = self._plan()
         if rows:
             self._collect(jobs, rows, self._evaluate(rows, jobs))
@@ -248,8 +255,9 @@ class LlamaCppEngine:
                 return
             self._waiting.popleft()
             job.slot, job.saved = lease.slot, None
+            self._whole_images(job)
             if job.reused is None:  # its first admission: its prompt counted here, as the
-                job.reused = lease.reused  # runtime counts admitted prompts
+                job.reused = len(self.ctx.tokens[job.slot])  # runtime counts admitted prompts
                 if job.gen is not None:
                     self._counters.add(
                         prompt_tokens=job.prompt_len,
@@ -257,6 +265,29 @@ class LlamaCppEngine:
                         prefix_hits=int(bool(job.reused)),
                     )
             self._running.append(job)
+
+    def _whole_images(self, job: Job) -> None:
+        """A slot that holds part of one of the job's images (a prefix shared up to inside
+        it) drops that part: an image is evaluated whole."""
+        held = len(self.ctx.tokens[job.slot])
+        for start, run in job.media.items():
+            if start < held < start + len(run.ids):
+                self.ctx.truncate(job.slot, start)
+                return
+
+    def _images(self) -> None:
+        """Evaluate the images the running jobs have reached, one job and image at a time
+        (libmtmd encodes an image and decodes its embeddings in calls of its own)."""
+        for job in [j for j in self._running if j.media]:
+            run = job.media.get(len(self.ctx.tokens[job.slot]))
+            while run is not None and job in self._running:
+                try:
+                    assert self._evaluate_media is not None
+                    self._evaluate_media(job.slot, run)
+                except Exception as exc:  # noqa: BLE001 - this request's failure only
+                    self._finish(job, exc)
+                    break
+                run = job.media.get(len(self.ctx.tokens[job.slot]))
 
     def _lease(self, job: Job) -> Any:
         """A slot for the job: a retracted one's own state restored (evaluated again only if
@@ -279,7 +310,11 @@ class LlamaCppEngine:
                 if budget == 0 or n == 0 or (n == 1) != decodes:
                     continue
                 pos0 = len(self.ctx.tokens[job.slot])
-                chunk = job.target[pos0 : pos0 + min(n, budget)]
+                end = pos0 + min(n, budget)
+                end = min([end, *(p for p in job.media if pos0 <= p < end)])  # text only
+                if end == pos0:
+                    continue  # an image comes next (evaluated by _images)
+                chunk = job.target[pos0:end]
                 first = None
                 if job.logits_from is not None and job.logits_from < pos0 + len(chunk):
                     first = max(job.logits_from - pos0, 0)
@@ -362,7 +397,10 @@ class LlamaCppEngine:
         try:
             guide = gen.index.result().new_guide() if gen.index is not None else None
             emit = job.put_piece if gen.stream else None
-            job.state = self._new_state(gen, job.target[: job.prompt_len], guide, emit)
+            prompt = job.target[: job.prompt_len]
+            if job.media:  # the decoding state reads text: an image's placeholders left out
+                prompt = [t for t in prompt if t >= 0]
+            job.state = self._new_state(gen, prompt, guide, emit)
         except Exception as exc:  # noqa: BLE001 - e.g. a ConstraintError: this request only
             self._finish(job, exc)
             return False

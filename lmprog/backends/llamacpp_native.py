@@ -63,6 +63,21 @@ def _llama_cpp() -> Any:
         return llama_cpp
 
 
+def log_callback() -> Any:
+    """The llama.cpp log callback that routes its lines to `logging` (warnings and errors
+    only), for libraries beside llama.cpp that log the same way (libmtmd)."""
+    _llama_cpp()
+    return _initialised[1]
+
+
+def take_errors() -> list[str]:
+    """llama.cpp's latest error lines (to explain a failed load), forgotten here."""
+    with _init_lock:
+        out = list(_last_errors)
+        del _last_errors[:]
+    return out
+
+
 def supports_gpu_offload() -> bool:
     """Whether this llama.cpp build can offload layers to a GPU (CUDA, Metal, Vulkan, ...)."""
     return bool(_llama_cpp().llama_supports_gpu_offload())
@@ -208,6 +223,17 @@ class NativeContext:
         if n != self._batch_threads:
             self.lib.llama_set_n_threads(self.ptr, self._threads[0], n)
             self._batch_threads = n
+
+    def appended(self, seq: int, ids: Sequence[int]) -> None:
+        """Sequence `seq` now also holds `ids` (evaluated outside `decode`: an image's
+        embeddings, see llamacpp_vision.py)."""
+        self.tokens[seq].extend(ids)
+
+    def forget_tail(self, seq: int, n: int) -> None:
+        """Drop whatever sequence `seq` holds from position n on, also past its tokens (a
+        failed evaluation outside `decode` may leave part of its cells behind)."""
+        self.lib.llama_memory_seq_rm(self._memory, seq, max(n, 0), -1)
+        del self.tokens[seq][max(n, 0) :]
 
     # ---- KV cache management ----------------------------------------------------------------
     def truncate(self, seq: int, n: int) -> None:

@@ -15,14 +15,19 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from lmprog.backends.checks import check_generate_request, check_score_request
+from lmprog.backends.checks import check_generate_request, check_images, check_score_request
 from lmprog.backends.openai_convert import (
     ReplyBuilder,
     constraint_fields,
     endpoint_error,
     request_fields,
 )
-from lmprog.backends.openai_messages import has_roles, marker_template, split_messages
+from lmprog.backends.openai_messages import (
+    IMAGE_MARK,
+    has_roles,
+    marker_template,
+    split_messages,
+)
 from lmprog.backends.openai_score import UNCONDITIONAL_CONTEXT, score_choices
 from lmprog.backends.shared import Counters, Once
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
@@ -117,6 +122,13 @@ class OpenAI(Backend):
         return self._resolved.get("tokenizer", self._load_tokenizer)
 
     @property
+    def image_token(self) -> str | None:
+        """Chat mode: a marker `generate` turns into an `image_url` content part (whether
+        the served model reads images is the endpoint's to say); completion mode: None
+        (/v1/completions takes text only)."""
+        return IMAGE_MARK if self.chat else None
+
+    @property
     def api_speculation(self) -> ApiSpeculation:
         return "message" if self.chat else "text"
 
@@ -130,7 +142,12 @@ class OpenAI(Backend):
         """One completion or chat completion; `stream` gets the text as the server sends it."""
         self._check_open()
         check_generate_request(request, stream)
-        chat = split_messages(request.prompt) if isinstance(request.prompt, str) else None
+        check_images(request, self.image_token, "OpenAI(chat=False)")
+        chat = (
+            split_messages(request.prompt, request.images)
+            if isinstance(request.prompt, str)
+            else None
+        )
         kwargs, extra = request_fields(request.params, chat=chat is not None)
         extra.update(constraint_fields(request.constraint, self._regex_field))
         if request.params.lora_path is not None:  # a LoRA adapter is a model of the server's
@@ -160,6 +177,13 @@ class OpenAI(Backend):
         """
         self._check_open()
         check_score_request(request)
+        check_images(request, self.image_token, "OpenAI(chat=False)")
+        if request.images:
+            raise BackendError(
+                "select needs prompt logprobs, which only /v1/completions returns, and it takes "
+                "no images: use gen(json_schema={'enum': [...]}) (or regex=) instead of select "
+                "after lp.image()"
+            )
         if self.chat and has_roles(request.prompt):
             raise BackendError(
                 "select needs prompt logprobs, which only /v1/completions returns (echo=True); this "

@@ -16,10 +16,16 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from lmprog.backends.checks import check_generate_request, check_no_lora, check_score_request
+from lmprog.backends.checks import (
+    check_generate_request,
+    check_images,
+    check_no_lora,
+    check_score_request,
+)
 from lmprog.backends.shared import Counters, Once
 from lmprog.core.chat import ChatTemplate, template_from_tokenizer
 from lmprog.core.errors import BackendError, ContextLengthError, LmprogError
+from lmprog.core.image_urls import data_url
 from lmprog.core.protocol import (
     Backend,
     ChoiceScore,
@@ -49,7 +55,8 @@ class RuntimeEndpoint(Backend):
     Args: base_url ("http://127.0.0.1:30000"); api_key (sent as a Bearer token); verify (CA
     bundle or False); chat_template / chat_template_name (default: what lmprog serve reports,
     else the tokenizer's, else a local lmprog model's; SGLang reports none); tokenizer;
-    timeout. Server errors become BackendError (ContextLengthError when the prompt does not
+    timeout; image_token (the model's, for lp.image(): default what lmprog serve reports,
+    SGLang reports none). Server errors become BackendError (ContextLengthError when the prompt does not
     fit). Details: docs/design/endpoints.md.
     """
 
@@ -63,6 +70,7 @@ class RuntimeEndpoint(Backend):
         chat_template: str | None = None,
         tokenizer: Any = None,
         timeout: float = 600.0,
+        image_token: str | None = None,
     ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
@@ -70,6 +78,7 @@ class RuntimeEndpoint(Backend):
             ("api_key", api_key),
             ("chat_template", chat_template),
             ("chat_template_name", chat_template_name),
+            ("image_token", image_token),
         ):
             if value is not None and (not isinstance(value, str) or not value):
                 raise TypeError(f"{name} must be a non-empty str or None, got {value!r}")
@@ -96,6 +105,8 @@ class RuntimeEndpoint(Backend):
         self.model_info: dict[str, Any] = self._get_json("/get_model_info")
         if not isinstance(self.model_info, dict):
             raise BackendError(f"{self.base_url}/get_model_info did not answer a JSON object")
+        served = self.model_info.get("image_token")  # lmprog serve's; SGLang's says none
+        self._image_token = image_token or (served if isinstance(served, str) and served else None)
 
     # ---- Backend protocol ------------------------------------------------------------------
     @property
@@ -114,14 +125,23 @@ class RuntimeEndpoint(Backend):
     def tokenizer(self) -> Any:
         return self._resolved.get("tokenizer", self._find_tokenizer)
 
+    @property
+    def image_token(self) -> str | None:
+        """RuntimeEndpoint(image_token=...), else the one lmprog serve reports in
+        /get_model_info (an SGLang server reports none: name its model's, e.g. "<image>")."""
+        return self._image_token
+
     def generate(
         self, request: GenerateRequest, stream: StreamCallback | None = None
     ) -> GenerateResult:
         """One POST /generate; `stream` gets the text as the server sends it (SSE)."""
         self._check_open()
         check_generate_request(request, stream)
+        check_images(request, self.image_token, f"RuntimeEndpoint({self.base_url!r})")
         body = self._prompt_field(request.prompt)
         body["sampling_params"] = sampling_fields(request.params, request.constraint)
+        if request.images:  # SGLang's image_data: one per image token, as data URLs
+            body["image_data"] = [data_url(image) for image in request.images]
         if request.params.lora_path is not None:  # SGLang's: the adapter's name
             body["lora_path"] = request.params.lora_path
         if request.params.return_logprob:
@@ -140,6 +160,11 @@ class RuntimeEndpoint(Backend):
         self._check_open()
         check_score_request(request)
         check_no_lora(request, "RuntimeEndpoint (select)")
+        if request.images:
+            raise BackendError(
+                "RuntimeEndpoint scores select choices from prompt logprobs of text prompts; "
+                "after lp.image() use gen(json_schema={'enum': [...]}) (or regex=) instead"
+            )
         self._counts.add(score_calls=1)
         scored, meta = self._healed_scores(request.prompt, request.choices)
         free = None

@@ -146,12 +146,14 @@ class ScoreRequest:
     first one that differs from the tokenization of `prompt` alone (token healing), so a
     choice that merges with the end of the prompt is not penalised. With `unconditional`,
     each choice is also scored with no context (for unconditional-likelihood normalisation).
+    `images`: one per `Backend.image_token` in `prompt`, in order (GenerateRequest's rule).
     """
 
     prompt: str
     choices: tuple[str, ...]
     unconditional: bool = False
     lora_path: str | None = None  # the LoRA adapter to score under (SamplingParams.lora_path)
+    images: tuple[ImageInput, ...] = ()  # as GenerateRequest.images, for `prompt`
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ def generate_thinking(
         dataclasses.replace(
             params, max_tokens=min(budget, params.max_tokens), stop=(fmt.end,), min_tokens=0
         ),
+        images=request.images,
     )
     if stream is not None and opener:
         stream(opener)
@@ -75,6 +76,7 @@ def generate_thinking(
             min_tokens=max(0, params.min_tokens - thought.completion_tokens),
         ),
         answer,
+        request.images,
     )
     said = backend.generate(second, stream=stream)
     logprobs = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from lmprog.core.protocol import Backend, GenerateRequest, GenerateResult
 from lmprog.core.sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from lmprog.core.images import ImageInput
     from lmprog.fsm import Constraint
 
 # Sampling fields that must be equal for a surplus to serve a gen (it was sampled with them).
@@ -165,10 +167,12 @@ class ApiSpeculator:
         message_start: int | None,
         params: SamplingParams,
         constraint: Constraint | None,
+        images: Callable[[str], tuple[ImageInput, ...]] = lambda _: (),
     ) -> GenerateResult | None:
         """The gen's result from speculation (calling the backend at most once), or None:
         the caller then makes an ordinary call. `message_start`: where the open role
-        message's content begins in `text`, if one is open."""
+        message's content begins in `text`, if one is open; `images`: the images of a
+        prompt (a prefix of `text`)."""
         if not eligible(params, constraint):
             self._surplus = None
             return None
@@ -178,10 +182,15 @@ class ApiSpeculator:
             if served is not None:
                 result, self._surplus = served
                 return result
-        return self._call(text, message_start, params, key)
+        return self._call(text, message_start, params, key, images)
 
     def _call(
-        self, text: str, message_start: int | None, params: SamplingParams, key: tuple[Any, ...]
+        self,
+        text: str,
+        message_start: int | None,
+        params: SamplingParams,
+        key: tuple[Any, ...],
+        images: Callable[[str], tuple[ImageInput, ...]],
     ) -> GenerateResult | None:
         anchor = len(text)
         if message_start is not None and self._backend.api_speculation == "message":
@@ -193,7 +202,8 @@ class ApiSpeculator:
             return_logprob=True,
             top_logprobs_num=0,
         )
-        called = self._backend.generate(GenerateRequest(text[:anchor], spec))
+        prompt = text[:anchor]
+        called = self._backend.generate(GenerateRequest(prompt, spec, images=images(prompt)))
         surplus = Surplus.from_result(called, key)
         if surplus is None:
             raise BackendError(

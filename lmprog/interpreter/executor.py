@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from lmprog.core.chat import ChatTemplate
 from lmprog.core.errors import BackendError, ConstraintError, ProgramCancelled
+from lmprog.core.images import ImageInput
 from lmprog.core.prompt import Prompt, cut, extend_control
 from lmprog.core.protocol import Backend, GenerateRequest, GenerateResult, ScoreRequest, ScoreResult
 from lmprog.core.reasoning import ANSWER
@@ -89,6 +90,7 @@ class ForkSnapshot:
     open_message: tuple[str, int] | None
     parsed: dict[str, Parsed | list[Parsed | None]] = field(default_factory=dict)
     control: tuple[tuple[int, int], ...] = ()
+    images: tuple[tuple[int, ImageInput], ...] = ()  # (offset of its token, image)
 
 
 class NodeExecutor:
@@ -119,6 +121,7 @@ class NodeExecutor:
         self._open_message: tuple[str, int] | None = None  # (role, offset of its content)
         self._scopes: list[tuple[str, int]] = []  # (variable, offset where capture began)
         self._captures: tuple[str, ...] = ()
+        self._image_token: str | None = None  # the backend's, read at the first lp.image()
         self._handlers: dict[type, Callable[[Any, Any], None]] = {
             Text: self._text,
             Gen: self._gen,
@@ -192,10 +195,48 @@ class NodeExecutor:
         self._record.set_var(name, self._record.text[start:], {})
 
     def _image(self, node: Image, _: None) -> None:
-        raise BackendError(
-            f"{type(self._backend).__name__} has no vision support, so lp.image() cannot run; "
-            "none of lmprog's backends accepts images"
-        )
+        """The backend's image token text in the image's place (a control token), and the
+        image kept in order: every later request whose prompt holds the token sends it."""
+        token = self._vision_token()
+        image = ImageInput.from_source(node.source)  # a path is read here, as SGLang does
+        self._record.add_image(image)
+        self._append_constant(token, control=True)
+
+    def _vision_token(self) -> str:
+        if self._image_token is None:
+            backend = self._backend
+            token = None if backend is None else backend.image_token
+            if token is None:
+                raise BackendError(
+                    f"{type(backend).__name__} has no vision support (its model takes no "
+                    "images, image_token is None), so lp.image() cannot run; use a "
+                    "vision-language model: lp.Runtime(model=...) of one, "
+                    "lp.LlamaCpp(model=..., mmproj=...), or lp.OpenAI(chat=True) on a vision "
+                    "model"
+                )
+            if not isinstance(token, str) or not token:
+                raise BackendError(
+                    f"{type(backend).__name__}.image_token must be a non-empty str, got {token!r}"
+                )
+            self._image_token = token
+        return self._image_token
+
+    def _images(self, prompt: str) -> tuple[ImageInput, ...]:
+        """The images of `prompt` (a prefix of the text, maybe with a generation prompt
+        after it): one per image token in it. BackendError when the program's own text
+        holds the token text outside lp.image(): the model could not tell them apart."""
+        images = self._record.images_before(len(prompt))
+        if not images:
+            return ()
+        token = self._vision_token()
+        found = str(prompt).count(token)
+        if found != len(images):
+            raise BackendError(
+                f"the prompt holds the image token {token!r} {found} times for {len(images)} "
+                "lp.image() images: the program's text holds that token text outside "
+                "lp.image(); remove it from the text"
+            )
+        return images
 
     # ---- model calls -------------------------------------------------------------
 
@@ -220,10 +261,11 @@ class NodeExecutor:
         text_start = self._record.length
         if self._spec is not None:
             start = self._open_message[1] if self._open_message is not None else None
-            result = self._spec.gen(self._record.text, start, params, node.constraint)
+            result = self._spec.gen(self._record.text, start, params, node.constraint, self._images)
         if result is None:
+            prompt = self._prompt()
             result, done = self._generate(
-                GenerateRequest(self._prompt(), params, node.constraint), captures
+                GenerateRequest(prompt, params, node.constraint, self._images(prompt)), captures
             )
         else:
             done = ""
@@ -241,11 +283,12 @@ class NodeExecutor:
         if self._spec is not None:
             self._spec.drop()
         prompt, text_start = self._prompt(), self._record.length
+        images = self._images(prompt)
         results: list[GenerateResult] = []
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i
             request = GenerateRequest(
-                prompt, dataclasses.replace(params, n=1, seed=seed), node.constraint
+                prompt, dataclasses.replace(params, n=1, seed=seed), node.constraint, images
             )
             if i == 0:  # the text goes on with the first: streamed as a single gen's
                 result, done = self._generate(request, self._captures_with(node.name))
@@ -288,12 +331,14 @@ class NodeExecutor:
                     self._record.append_aside(text, aside)
 
         backend: Backend | Budgeted = self._backend
+        images = self._images(prompt)
         if spec.budget is not None:
             after = spec.answer(node.constraint, fmt)
             backend = Budgeted(self._backend, fmt, state, spec.budget, after)
-            request = GenerateRequest(prompt, params)
+            request = GenerateRequest(prompt, params, images=images)
         else:
-            request = GenerateRequest(prompt, params, spec.constrain(node.constraint, fmt, state))
+            constraint = spec.constrain(node.constraint, fmt, state)
+            request = GenerateRequest(prompt, params, constraint, images)
         result, _ = self._generate(
             request, captures, backend=backend, on_text=lambda t: route(splitter.feed(t))
         )
@@ -378,11 +423,13 @@ class NodeExecutor:
         assert self._backend is not None
         if self._spec is not None:
             self._spec.drop()  # a choice is scored, never generated: nothing to match it with
+        prompt = self._prompt()
         request = ScoreRequest(
-            self._prompt(),
+            prompt,
             node.choices,
             unconditional=node.method.needs_unconditional,
             lora_path=None if defaults is None else defaults.lora_path,
+            images=self._images(prompt),
         )
         result = self._backend.score(request)
         if not isinstance(result, ScoreResult) or len(result.choices) != len(node.choices):
@@ -427,7 +474,9 @@ class NodeExecutor:
 
     def _fork(self, node: Fork, point: ForkTarget) -> None:
         text = self._prompt()
-        if text and self._backend is not None:
+        # cache_prefix takes text only: a prefix with images is left to the copies' first
+        # requests, which share it in a backend's cache keyed by the images' content
+        if text and self._backend is not None and not self._record.images:
             self._backend.cache_prefix(text)
         point.resolve(self.snapshot())
 
@@ -443,12 +492,19 @@ class NodeExecutor:
                 self._open_message,
                 dict(record.parsed),
                 tuple(record.control),
+                tuple(record.images),
             )
 
     def restore(self, snap: ForkSnapshot) -> None:
         """Become a copy of the forked parent (called once, before any step)."""
         self._record.restore(
-            snap.text, snap.variables, snap.meta, snap.messages, snap.parsed, snap.control
+            snap.text,
+            snap.variables,
+            snap.meta,
+            snap.messages,
+            snap.parsed,
+            snap.control,
+            snap.images,
         )
         self._message_count = snap.message_count
         self._open_message = self._record.open_message = snap.open_message
@@ -477,9 +533,12 @@ class NodeExecutor:
             segment = child.text[child.origin_text_len :]
             if segment:
                 shift = self._record.length - child.origin_text_len
-                self._record.append(segment, self._captures)
                 with child.cond:
                     spans = [(a, b) for a, b in child.control if b > child.origin_text_len]
+                    images = [(a, i) for a, i in child.images if a >= child.origin_text_len]
+                with self._record.cond:  # the copy's own images, at their place here
+                    self._record.images.extend((a + shift, i) for a, i in images)
+                self._record.append(segment, self._captures)
                 for a, b in spans:  # the copy's markers and generated text, moved here
                     self._record.mark_control(max(a, child.origin_text_len) + shift, b + shift)
             for message in child.messages[child.origin_messages_len :]:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lmprog.core.images import ImageInput
 
 Captures = tuple[str, ...]  # the variables a piece of text belongs to
 
@@ -46,6 +49,8 @@ class StateRecord:
         # (start, end) of text where special-token strings are control tokens: the chat
         # template's role markers and generated text (lmprog.core.prompt.Prompt)
         self.control: list[tuple[int, int]] = []
+        # the images appended (lp.image), in order: (offset of its image token, the image)
+        self.images: list[tuple[int, ImageInput]] = []
         # the role message begun and not yet ended: (role, offset of its content)
         self.open_message: tuple[str, int] | None = None
         self.new_names: dict[
@@ -114,6 +119,16 @@ class StateRecord:
             else:
                 self.control.append((start, end))
 
+    def add_image(self, image: ImageInput) -> None:
+        """An image whose token text is appended next (at the current end of the text)."""
+        with self.cond:
+            self.images.append((self.length, image))
+
+    def images_before(self, end: int) -> tuple[ImageInput, ...]:
+        """The images whose token text starts before offset `end`, in order."""
+        with self.cond:
+            return tuple(image for at, image in self.images if at < end)
+
     def add_message(self, role: str, content: str) -> None:
         with self.cond:
             self.messages.append({"role": role, "content": content})
@@ -126,6 +141,7 @@ class StateRecord:
         messages: list[dict[str, str]],
         parsed: dict[str, Parsed | list[Parsed | None]] | None = None,
         control: tuple[tuple[int, int], ...] = (),
+        images: tuple[tuple[int, ImageInput], ...] = (),
     ) -> None:
         """Start as a copy of a parent at a fork (before any step of this state ran)."""
         with self.cond:
@@ -138,6 +154,7 @@ class StateRecord:
             self.parsed.update(parsed or {})
             self.messages.extend(messages)
             self.control.extend(control)
+            self.images.extend(images)
             self.origin_messages_len = len(messages)
             self._notify()
 

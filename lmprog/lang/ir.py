@@ -237,7 +237,8 @@ class RoleEnd(Expr):
 
 @dataclass(frozen=True, slots=True)
 class Image(Expr):
-    """An image for a multimodal model: a file path or the encoded bytes."""
+    """An image for a vision-language model: a file path (read when the node runs) or the
+    encoded bytes (`lp.image` encodes a PIL image or a data URL to them)."""
 
     source: str | bytes
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from lmprog.core.errors import BackendError, ConstraintError
+from lmprog.core.images import ImageInput
 from lmprog.core.limits import check_stop_limits, get_limits, over_limit
 from lmprog.core.sampling import SamplingParams, canonical_sampling_names
 from lmprog.lang.choices import ChoicesMethod, token_length_normalized
@@ -283,23 +284,39 @@ def select(
     return Select(name, tuple(choices), choices_method)
 
 
-def image(source: str | os.PathLike[str] | bytes) -> Image:
-    """An image for a multimodal model: a path to an image file, or its encoded bytes.
+def image(source: Any) -> Image:
+    """An image for a vision-language model, as SGLang's `sgl.image`: a path to an image
+    file, its encoded bytes (PNG, JPEG, WebP, ...), a PIL image or a base64 data URL
+    (`data:image/png;base64,...`). Several may go in one prompt, inside roles.
 
-    A backend without vision support (none of lmprog's backends has it) raises
-    `lp.BackendError` when the program reaches it.
+    When the program reaches it, the backend's image token (`Backend.image_token`) is
+    appended in its place and every later gen/select sends the image with its prompt; a
+    backend whose model takes no images raises `lp.BackendError` there. A path is read
+    then (as SGLang reads it); the other forms are encoded here. An http(s) URL is not
+    fetched: download it and pass the bytes.
     """
     _reject_placeholder(source, "image()")
-    if isinstance(source, (bytes, bytearray)):
-        if not source:
-            raise ValueError("image() got empty bytes")
-        return Image(bytes(source))
-    if not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"image() takes a file path or bytes, got {type(source).__name__}")
-    path = os.fspath(source)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"image() file not found: {path!r}")
-    return Image(path)
+    if isinstance(source, str) and source.startswith(("http://", "https://")):
+        raise ValueError(
+            f"image() does not fetch URLs ({source[:60]!r}): download the image and pass its "
+            "bytes or a file path"
+        )
+    if isinstance(source, os.PathLike) or (
+        isinstance(source, str) and not source.startswith("data:")
+    ):
+        path = os.fspath(source)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"image() file not found: {path!r}")
+        return Image(path)
+    if isinstance(source, (bytes, bytearray, memoryview)) and not source:
+        raise ValueError("image() got empty bytes")
+    try:  # bytes, a data URL, a PIL image: the encoded bytes (a PIL image as PNG)
+        return Image(ImageInput.from_source(source).data)
+    except TypeError:
+        raise TypeError(
+            "image() takes a file path, encoded bytes, a PIL image or a data URL, got "
+            f"{type(source).__name__}"
+        ) from None
 
 
 def video(path: str | os.PathLike[str], num_frames: int) -> Expr:

@@ -78,6 +78,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help=f"verbosity of the lmprog logger: start-up steps and access lines at info "
         f"(default: ${ENV_VAR}, else info)",
     )
+    p.add_argument(
+        "--mmproj",
+        default=None,
+        help="a vision-language GGUF model's projector (llama.cpp's mmproj file): the model "
+        "then takes images (--backend llamacpp; auto picks it)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
@@ -133,6 +139,29 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "gpt-oss, magistral (SGLang's and vLLM's names work too: deepseek_r1, ...)",
     )
     p.add_argument(
+        "--allow-image-urls",
+        action="store_true",
+        help="fetch http(s) image URLs in requests (image_url parts, Anthropic url sources, "
+        "image_data), within --max-image-bytes and --image-fetch-timeout (default: a 400; "
+        "the server then fetches any URL a client names: enable it only where that is fine)",
+    )
+    p.add_argument(
+        "--image-fetch-timeout",
+        dest="image_fetch_timeout_s",
+        type=float,
+        default=defaults.image_fetch_timeout_s,
+        help="seconds one image URL's download may take (default "
+        f"{defaults.image_fetch_timeout_s:g})",
+    )
+    p.add_argument(
+        "--allowed-image-folders",
+        nargs="+",
+        default=[],
+        metavar="DIR",
+        help="folders whose files requests may name as images (file:// URLs, SGLang's "
+        "image_data paths); default: none, a local path is a 400",
+    )
+    p.add_argument(
         "--strict-requests",
         action="store_true",
         help="answer request fields this server does not know with a 400 unknown_parameter, "
@@ -151,6 +180,9 @@ INT_LIMITS = (
     "max_body_bytes",
     "max_json_depth",
     "max_concurrency",
+    "max_images",
+    "max_image_bytes",
+    "max_image_pixels",
 )
 
 
@@ -171,6 +203,8 @@ def choose_backend(args: argparse.Namespace) -> tuple[str, str]:
     runtime_only = [flag for flag, *_ in _runtime_only_given(args)]
     if runtime_only:
         return "runtime", f"auto: {', '.join(runtime_only)} need the runtime"
+    if getattr(args, "mmproj", None):
+        return "llamacpp", "auto: --mmproj is a llama.cpp projector"
     if (args.device or "auto").lower() not in ("auto", "cpu"):
         return "runtime", f"auto: --device {args.device}"
     if (args.device or "auto").lower() == "auto" and _has_cuda():
@@ -201,7 +235,13 @@ def backend_options(args: argparse.Namespace) -> dict:
     """The backend's keyword arguments from the flags; ValueError for a flag that does not
     apply to the chosen backend (never silently ignored)."""
     given = _runtime_only_given(args)
+    mmproj = getattr(args, "mmproj", None)
     if args.backend != "llamacpp":
+        if mmproj:
+            raise ValueError(
+                "--mmproj applies to --backend llamacpp (a GGUF model and its projector); the "
+                "runtime reads a vision-language model's Hugging Face folder whole"
+            )
         options = {
             "device": args.device,
             "max_total_tokens": args.max_total_tokens,
@@ -222,6 +262,8 @@ def backend_options(args: argparse.Namespace) -> dict:
             + (f": {why}" if why else "")
         )
     out: dict = {}
+    if mmproj:
+        out["mmproj"] = mmproj
     if args.disk_kv_cache_bytes:  # the saved states' disk tier
         out["state_cache_disk_bytes"] = args.disk_kv_cache_bytes
         out["state_cache_disk_dir"] = args.disk_kv_cache_dir
@@ -258,6 +300,9 @@ def server_limits(args: argparse.Namespace) -> ServerLimits:
         allow_special_tokens=args.allow_special_tokens,
         strict_requests=args.strict_requests,
         default_max_tokens=args.default_max_tokens,
+        allow_image_urls=args.allow_image_urls,
+        image_fetch_timeout_s=args.image_fetch_timeout_s,
+        allowed_image_folders=tuple(args.allowed_image_folders),
         **{name: getattr(args, name) for name in INT_LIMITS},
     )
 

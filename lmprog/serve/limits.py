@@ -6,6 +6,7 @@ Requests over a limit get a 4xx error; nothing is truncated silently.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 
@@ -28,6 +29,14 @@ class ServerLimits:
     constraint_timeout_s: float = 30.0  # a constraint's compile (400 `constraint_timeout`)
     allow_special_tokens: bool = False  # option: special tokens in messages are control tokens
     strict_requests: bool = False  # option: unknown fields are a 400 `unknown_parameter`
+    # images (a vision-language model's): per request, their count, encoded bytes and
+    # pixels (all images together); where they may come from besides data URLs
+    max_images: int = 16
+    max_image_bytes: int = 16 << 20
+    max_image_pixels: int = 40_000_000
+    allow_image_urls: bool = False  # option: fetch http(s) image URLs (else a 400)
+    image_fetch_timeout_s: float = 10.0  # a fetched image's whole download
+    allowed_image_folders: tuple[str, ...] = ()  # local files readable as images (else a 400)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -35,9 +44,11 @@ class ServerLimits:
             if f.name in _OPTIONS:
                 if not isinstance(value, bool):
                     raise ValueError(f"{f.name} must be a bool, got {value!r}")
-            elif f.name == "constraint_timeout_s":
+            elif f.name in ("constraint_timeout_s", "image_fetch_timeout_s"):
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                    raise ValueError(f"constraint_timeout_s must be a number > 0, got {value!r}")
+                    raise ValueError(f"{f.name} must be a number > 0, got {value!r}")
+            elif f.name == "allowed_image_folders":
+                object.__setattr__(self, f.name, _folders(value))
             elif f.name == "default_max_tokens" and value is None:
                 pass
             elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -58,5 +69,18 @@ class ServerLimits:
         return self.max_tokens if self.default_max_tokens is None else self.default_max_tokens
 
 
-_OPTIONS = frozenset({"allow_special_tokens", "strict_requests"})
+def _folders(value: object) -> tuple[str, ...]:
+    """The allowed image folders as absolute real paths (symlinks resolved); ValueError for
+    one that is not an existing folder."""
+    if isinstance(value, (str, os.PathLike)) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"allowed_image_folders must be a list of folders, got {value!r}")
+    out = []
+    for folder in value:
+        if not isinstance(folder, (str, os.PathLike)) or not os.path.isdir(folder):
+            raise ValueError(f"allowed_image_folders: {folder!r} is not an existing folder")
+        out.append(os.path.realpath(folder))
+    return tuple(out)
+
+
+_OPTIONS = frozenset({"allow_special_tokens", "strict_requests", "allow_image_urls"})
 LIMIT_NAMES: frozenset[str] = frozenset(f.name for f in dataclasses.fields(ServerLimits))

@@ -2,8 +2,9 @@
 
     prompt = render_chat(template, messages, tools_prompt, max_json_depth=64, tools=tools)
 
-Messages are normalised for the template first; only text goes in (image, audio and file
-parts are refused). Design: docs/design/server.md#chat-completions-the-chat-pipeline.
+Messages are normalised for the template first: text parts, and for a vision-language
+model `image_url` parts (the image token goes where the template puts an image; audio and
+file parts are refused). Design: docs/design/server.md#chat-completions-the-chat-pipeline.
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ def render_chat(
     tool_format: ToolFormat = GENERIC,
     variables: dict[str, Any] | None = None,
     add_generation_prompt: bool = True,
+    image_token: str | None = None,
 ) -> str:
     """`max_json_depth`: the deepest nesting of a tool call's arguments; `tools`: passed to the
     template as transformers does; with `tokenizer`, a `Prompt` whose special tokens are control
-    tokens only where the template wrote them. Every argument: docs/design/server.md."""
-    plain = [_plain(m, i, max_json_depth, tool_format) for i, m in enumerate(messages)]
+    tokens only where the template wrote them; `image_token`: the model's (None: image parts
+    are a 400). Every argument: docs/design/server.md."""
+    plain = [_plain(m, i, max_json_depth, tool_format, image_token) for i, m in enumerate(messages)]
     if tool_format.results_as_user:
         plain = _results_as_user(plain)
     if tools_prompt:
@@ -45,22 +48,71 @@ def render_chat(
             plain[0] = {"role": "system", "content": f"{plain[0]['content']}\n\n{tools_prompt}"}
         else:
             plain.insert(0, {"role": "system", "content": tools_prompt})
+    tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
+    options = dict(variables or {}, add_generation_prompt=add_generation_prompt, tools=tool_dicts)
+    images = sum(_image_count(m) for m in plain)
+    if not images:
+        return _render(template, plain, tokenizer, options)
+    assert image_token is not None  # _plain refused image parts without one
+    # The template's own image items first (HF vision templates take {"type": "image"}),
+    # else the image token where each image part was, in the content as a string.
     try:
-        tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
-        extra = variables or {}
-        if tokenizer is None:
-            return template.render(
-                plain, add_generation_prompt=add_generation_prompt, tools=tool_dicts, **extra
-            )
-        plain, tool_dicts = mark_special([plain, tool_dicts], tokenizer)
-        rendered = template.render(
-            plain, add_generation_prompt=add_generation_prompt, tools=tool_dicts, **extra
+        typed: str | None = _render(template, plain, tokenizer, options)
+    except Exception:  # noqa: BLE001 - a template that cannot take list content (str + list)
+        typed = None
+    if typed is not None and typed.count(image_token) == images:
+        return typed
+    flat = [_flattened(m) for m in plain]
+    rendered = _render(template, flat, tokenizer, options, (_IMAGE, image_token))
+    found = rendered.count(image_token)
+    if found != images:
+        raise APIError(
+            400,
+            f"the prompt holds the model's image token {image_token!r} {found} times for "
+            f"{images} images: message text must not hold that token text",
+            param="messages",
         )
-        return unmark(rendered)
+    return rendered
+
+
+# Stands for an image part in a message rendered as a string (a private-use character,
+# taken out of message text first); replaced by the image token after the render.
+_IMAGE = "\U000f0002"
+
+
+def _render(
+    template: ChatTemplate,
+    plain: list[dict[str, Any]],
+    tokenizer: Any,
+    options: dict[str, Any],
+    replace: tuple[str, str] | None = None,
+) -> str:
+    try:
+        if tokenizer is None:
+            rendered = template.render(plain, **options)
+            return rendered.replace(*replace) if replace else rendered
+        marked, tool_dicts = mark_special([plain, options["tools"]], tokenizer)
+        rendered = template.render(marked, **{**options, "tools": tool_dicts})
+        return unmark(rendered.replace(*replace) if replace else rendered)
     except jinja2.TemplateError as exc:
         raise APIError(
             400, f"the model's chat template rejects these messages: {exc}", param="messages"
         ) from None
+
+
+def _image_count(message: dict[str, Any]) -> int:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return 0
+    return sum(1 for item in content if item.get("type") == "image")
+
+
+def _flattened(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    text = "".join(item["text"] if item["type"] == "text" else _IMAGE for item in content)
+    return {**message, "content": text}
 
 
 def template_kwargs(
@@ -84,9 +136,22 @@ def template_kwargs(
 
 
 def _plain(
-    message: ChatMessage, index: int, max_json_depth: int, fmt: ToolFormat
+    message: ChatMessage,
+    index: int,
+    max_json_depth: int,
+    fmt: ToolFormat,
+    image_token: str | None = None,
 ) -> dict[str, Any]:
     role = "system" if message.role == "developer" else message.role
+    if image_parts(message.content) and message.role == "user":
+        if image_token is None:
+            raise APIError(
+                400,
+                "the model takes no images (it is not a vision-language model)",
+                param=f"messages[{index}].content[{image_parts(message.content)[0]}]",
+                code="unsupported_content",
+            )
+        return {"role": role, "content": _items(message.content, index)}
     text = _text(message.content, index)
     out: dict[str, Any] = {"role": role, "content": text}
     if message.tool_call_id is not None:
@@ -140,16 +205,45 @@ def _text(content: str | list[dict[str, Any]] | None, index: int) -> str:
         return content or ""
     parts = []
     for j, part in enumerate(content):
-        kind = part.get("type")
-        if kind != "text" or not isinstance(part.get("text"), str) or set(part) != {"type", "text"}:
+        if not _is_text(part):
             raise APIError(
                 400,
-                f"only text content parts are supported, got {kind!r}",
+                f"only text content parts are supported here, got {part.get('type')!r}"
+                + (" (images go in user messages)" if part.get("type") == "image_url" else ""),
                 param=f"messages[{index}].content[{j}]",
                 code="unsupported_content",
             )
         parts.append(part["text"])
     return "".join(parts)
+
+
+def _is_text(part: dict[str, Any]) -> bool:
+    return part.get("type") == "text" and isinstance(part.get("text"), str) and len(part) == 2
+
+
+def image_parts(content: Any) -> list[int]:
+    """The indices of a message content's `image_url` parts."""
+    if not isinstance(content, list):
+        return []
+    return [j for j, part in enumerate(content) if part.get("type") == "image_url"]
+
+
+def _items(content: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
+    """A user message's text and image parts as a vision template's content items."""
+    items: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        if part.get("type") == "image_url":
+            items.append({"type": "image"})
+        elif _is_text(part):
+            items.append({"type": "text", "text": part["text"].replace(_IMAGE, "")})
+        else:
+            raise APIError(
+                400,
+                f"content parts are text or image_url, got {part.get('type')!r}",
+                param=f"messages[{index}].content[{j}]",
+                code="unsupported_content",
+            )
+    return items
 
 
 def _arguments(call: ToolCall, index: int, max_json_depth: int) -> Any:

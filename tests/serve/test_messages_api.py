@@ -193,7 +193,7 @@ def test_errors_in_anthropics_shape(srv):
     bad = [
         (
             {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
-            "messages.0.content.0.type",
+            "messages.0.content.0.source",
         ),
         (
             {"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},

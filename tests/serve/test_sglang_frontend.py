@@ -75,7 +75,7 @@ MODEL_ANSWER = {
 NOT_ON_THIS_CLIENT = {
     "test_image_qa": (
         "needs SGLang's example_image.png in the working directory and a vision model "
-        "(lmprog serve has no image input: image_data is a 400; the default model reads text)",
+        "(the default model reads text: lmprog serve answers its image_data with a 400)",
         IndexError,  # its executor failed to read the image: no messages
     ),
     "test_completion_speculative": (

@@ -106,8 +106,8 @@ def _bad_block(block: Any, param: str, wanted: str) -> APIError:
     kind = block.get("type") if isinstance(block, dict) else type(block).__name__
     return APIError(
         400,
-        f"{param}.type: expected {wanted}, got {kind!r} (this server takes text, tool_use, "
-        "tool_result and thinking blocks; images and documents are not supported)",
+        f"{param}.type: expected {wanted}, got {kind!r} (this server takes text, image, "
+        "tool_use, tool_result and thinking blocks; documents are not supported)",
         param=f"{param}.type",
         code="unsupported_content",
     )
@@ -122,7 +122,8 @@ def _chat_messages(role: str, content: str | list[dict[str, Any]], i: int) -> li
 
 
 def _user_blocks(blocks: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
-    tools, text = [], []
+    tools: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []  # the user message's text and image parts, in order
     for j, block in enumerate(blocks):
         param = f"messages.{i}.content.{j}"
         if isinstance(block, dict) and block.get("type") == "tool_result":
@@ -132,14 +133,46 @@ def _user_blocks(blocks: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
             if block.get("is_error"):
                 result = f"Error: {result}"
             tools.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": result})
+        elif isinstance(block, dict) and block.get("type") == "image":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block, param)}})
         else:
             if not isinstance(block, dict):
                 raise _bad_block(block, param, "a content block")
-            text.append(_text_block(block, param))
+            parts.append({"type": "text", "text": _text_block(block, param)})
     out = tools
-    if text or not tools:
-        out.append({"role": "user", "content": "".join(text)})
+    if any(p["type"] == "image_url" for p in parts):
+        out.append({"role": "user", "content": parts})
+    elif parts or not tools:
+        out.append({"role": "user", "content": "".join(p["text"] for p in parts)})
     return out
+
+
+def _image_url(block: dict[str, Any], param: str) -> str:
+    """An image block's source as a URL: base64 data as a data URL; a url source as it is
+    (fetched only where the server allows image URLs)."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        media, data = source.get("media_type"), source.get("data")
+        if not isinstance(media, str) or not media.startswith("image/"):
+            raise APIError(
+                400,
+                f"{param}.source.media_type: an image type (image/png, image/jpeg, ...)",
+                param=f"{param}.source.media_type",
+            )
+        if not isinstance(data, str) or not data:
+            raise APIError(
+                400, f"{param}.source.data: base64 image data", param=f"{param}.source.data"
+            )
+        return f"data:{media};base64,{data}"
+    if kind == "url" and isinstance(source.get("url"), str):
+        return source["url"]
+    raise APIError(
+        400,
+        f'{param}.source: an image source is {{"type": "base64", "media_type", '
+        f'"data"}} or {{"type": "url", "url"}}',
+        param=f"{param}.source",
+    )
 
 
 def _tool_result(content: Any, param: str) -> str:

@@ -21,6 +21,7 @@ from ..constraints import body_constraint, constraint_field
 from ..context import ServeContext
 from ..errors import APIError
 from ..generations import Generations
+from ..images import chat_image_refs, check_vision, load_images
 from ..logprobs import chat_logprobs, visible_logprobs
 from ..prompts import render_chat, template_kwargs
 from ..reasoning import OutputSplit, ReasoningPlan, reasoning_plan, reasoning_tokens
@@ -57,6 +58,9 @@ async def start_chat_completion(
             param="tools",
             code="too_many_tools",
         )
+    refs = chat_image_refs(body.messages)
+    check_vision(ctx, refs)
+    images = await ctx.blocking(load_images, ctx.limits, refs) if refs else ()
     field = constraint_field(body)
     if body.tools or field is not None:  # compiling schemas may take a while
         param = "tools" if body.tools else field
@@ -72,7 +76,7 @@ async def start_chat_completion(
         (plan.calls is not None or plan.headed) and plan.format.marked_by_special_tokens(tokenizer)
     ):
         params = replace(params, skip_special_tokens=False)  # the markers must be in the text
-    requests = [GenerateRequest(prompt, p, constraint) for p in choice_params(params, n)]
+    requests = [GenerateRequest(prompt, p, constraint, images) for p in choice_params(params, n)]
     backend = (
         ctx.backend
         if thinking is None
@@ -137,6 +141,7 @@ def _prepare(
         tokenizer=None if ctx.limits.allow_special_tokens else _tokenizer(ctx),
         tool_format=fmt,
         variables=template_kwargs(body.chat_template_kwargs, body.reasoning_effort),
+        image_token=ctx.backend.image_token,
     )
     thinking = reasoning_plan(
         ctx.reasoning, prompt, separate=body.separate_reasoning, budget=body.thinking_budget

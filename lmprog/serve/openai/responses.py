@@ -172,8 +172,10 @@ def _add_item(messages: list[dict[str, Any]], item: Item, index: int | None, ctx
     if isinstance(item, ReasoningItem):  # joins the assistant turn that follows it
         messages.append({"role": _REASONING, "content": item.text()})
     elif isinstance(item, MessageItem):
-        text = _text(item.content, param, ctx)
-        messages.append({"role": item.role, "content": text})
+        if item.role == "user" and _has_images(item.content):
+            messages.append({"role": "user", "content": _parts(item.content, param, ctx)})
+        else:
+            messages.append({"role": item.role, "content": _text(item.content, param, ctx)})
     elif isinstance(item, FunctionCallItem):
         if index is not None:  # the chat pipeline parses it too; this names the item
             jsonbody.loads(
@@ -229,29 +231,63 @@ def _text(content: str | list[dict[str, Any]], param: str, ctx: Any) -> str:
     """A message's text: its text parts joined (an assistant's refusal is what it said)."""
     if isinstance(content, str):
         return content
-    parts = []
-    for j, part in enumerate(content):
-        kind = part.get("type")
-        key = "refusal" if kind == "refusal" else "text"
-        if kind not in _TEXT_PARTS or not isinstance(part.get(key), str):
+    return "".join(_part_text(part, f"{param}.content[{j}]", ctx) for j, part in enumerate(content))
+
+
+def _part_text(part: dict[str, Any], param: str, ctx: Any) -> str:
+    kind = part.get("type")
+    key = "refusal" if kind == "refusal" else "text"
+    if kind not in _TEXT_PARTS or not isinstance(part.get(key), str):
+        raise APIError(
+            400,
+            f"only text content parts (input_text, output_text; input_image on a vision "
+            f"model) are supported, got {kind!r}",
+            param=param,
+            code="unsupported_content",
+        )
+    for extra in sorted(set(part) - _TEXT_PARTS[kind]):
+        if ctx.limits.strict_requests:
+            name = f"{param}.{extra}"
             raise APIError(
                 400,
-                f"only text content parts (input_text, output_text) are supported, got {kind!r}",
-                param=f"{param}.content[{j}]",
+                f"Unrecognized request argument supplied: {name}",
+                param=name,
+                code="unknown_parameter",
+            )
+        ctx.unknown_fields.warn(f"input[].content[].{extra}")
+    return str(part[key])
+
+
+def _has_images(content: str | list[dict[str, Any]]) -> bool:
+    return isinstance(content, list) and any(p.get("type") == "input_image" for p in content)
+
+
+def _parts(content: list[dict[str, Any]], param: str, ctx: Any) -> list[dict[str, Any]]:
+    """A user message with images as chat content parts (`input_image` -> `image_url`); a
+    model without vision: 400 naming the first image part."""
+    vision = getattr(getattr(ctx, "backend", None), "image_token", None) is not None
+    out: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        where = f"{param}.content[{j}]"
+        if part.get("type") != "input_image":
+            out.append({"type": "text", "text": _part_text(part, where, ctx)})
+            continue
+        if not vision:
+            raise APIError(
+                400,
+                f"{where}: the model takes no images (it is not a vision-language model)",
+                param=where,
                 code="unsupported_content",
             )
-        for extra in sorted(set(part) - _TEXT_PARTS[kind]):
-            if ctx.limits.strict_requests:
-                name = f"{param}.content[{j}].{extra}"
-                raise APIError(
-                    400,
-                    f"Unrecognized request argument supplied: {name}",
-                    param=name,
-                    code="unknown_parameter",
-                )
-            ctx.unknown_fields.warn(f"input[].content[].{extra}")
-        parts.append(part[key])
-    return "".join(parts)
+        if not isinstance(part.get("image_url"), str):
+            raise APIError(
+                400,
+                f"{where}: an input_image needs image_url (a data URL; file_id is not served)",
+                param=f"{where}.image_url",
+                code="unsupported_content",
+            )
+        out.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+    return out
 
 
 _RENAMED = (  # chat request fields -> the Responses fields they came from

@@ -62,7 +62,9 @@ class GenerateBody(RouterFields):
     return_text_in_logprobs: bool = False
     stream: bool = False
     lora_path: str | list[str | None] | None = None  # a loaded LoRA adapter's name (per prompt)
-    image_data: None = None  # no image input: any value is refused by the type
+    # SGLang's: an image (a data URL, an http(s) URL, a path, base64 data) or a list of them
+    # for one prompt; for a batch, one such entry per prompt
+    image_data: str | list[str | list[str] | None] | None = None
     separate_reasoning: bool = False  # the output as "text" (answer) and "reasoning_content"
 
 

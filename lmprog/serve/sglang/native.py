@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from lmprog.core.errors import BackendError, ConstraintError
+from lmprog.core.images import ImageInput
 from lmprog.core.protocol import (
     Backend,
     GenerateRequest,
@@ -30,6 +31,7 @@ from lmprog.fsm import Constraint
 from ..context import ServeContext
 from ..errors import APIError, from_exception
 from ..generations import Generations
+from ..images import ImageRef, check_vision, load_images
 from ..jsonbody import parse_body
 from ..prompt_echo import encode_prompt
 from ..reasoning import OutputSplit, ReasoningPlan
@@ -70,7 +72,8 @@ def install(app: FastAPI, ctx: ServeContext) -> None:
                 "tokenizer_path": ctx.model_name,
                 "is_generation": True,
                 "preferred_sampling_params": None,
-                "has_image_understanding": False,
+                "has_image_understanding": ctx.backend.image_token is not None,
+                "image_token": ctx.backend.image_token,  # lmprog's, for lp.RuntimeEndpoint
                 "has_audio_understanding": False,
                 # lmprog's own: how the model renders role messages, for lp.RuntimeEndpoint
                 "lmprog": {"chat_template": ctx.template.source, "special_tokens": _specials(ctx)},
@@ -142,6 +145,7 @@ class _Item:
         self.input_logprobs: list[TokenLogprob | None] = []
         self.input_ids: tuple[int, ...] = ()
         self.reasoning: ReasoningPlan | None = None  # separate_reasoning
+        self.images: tuple[ImageInput, ...] = ()  # image_data, one per image token
 
 
 async def _generate(ctx: ServeContext, body: GenerateBody, request: Request) -> Response:
@@ -160,8 +164,9 @@ async def _generate(ctx: ServeContext, body: GenerateBody, request: Request) -> 
         _reasoning(ctx, items)
     if any(item.logprob_start >= 0 for item in items):
         await ctx.blocking(_score_prompts, ctx, items)
+    await _images(ctx, body, items, batch)
     requests = [
-        GenerateRequest(item.input_ids or item.prompt, item.params, item.constraint)
+        GenerateRequest(item.input_ids or item.prompt, item.params, item.constraint, item.images)
         for item in items
         for _ in range(item.n)
     ]
@@ -175,6 +180,50 @@ async def _generate(ctx: ServeContext, body: GenerateBody, request: Request) -> 
     )
     reply = _Reply(ctx, body, items, batch or total > 1, started)
     return await respond(request, group, reply, stream=body.stream, param="text")
+
+
+async def _images(ctx: ServeContext, body: GenerateBody, items: list[_Item], batch: bool) -> None:
+    """SGLang's image_data: each prompt's images read and checked (one image token in its
+    text per image, in order)."""
+    if body.image_data is None:
+        return
+    per_prompt: list[list[ImageRef]] = []
+    for i in range(len(items)):
+        entry: Any = body.image_data
+        where = "image_data"
+        if batch:
+            entry = _per_prompt(body.image_data, i, len(items), "image_data")
+            where = f"image_data[{i}]"
+        if entry is None:
+            per_prompt.append([])
+        elif isinstance(entry, str):
+            per_prompt.append([ImageRef(entry, where, native=True)])
+        elif all(isinstance(e, str) for e in entry):
+            per_prompt.append(
+                [ImageRef(e, f"{where}[{k}]", native=True) for k, e in enumerate(entry)]
+            )
+        else:
+            raise APIError(400, f"{where}: an image is a string", param=where)
+    refs = [ref for refs in per_prompt for ref in refs]
+    check_vision(ctx, refs)
+    images = iter(await ctx.blocking(load_images, ctx.limits, refs))
+    token = ctx.backend.image_token
+    for item, refs in zip(items, per_prompt):
+        item.images = tuple(next(images) for _ in refs)
+        if not refs:
+            continue
+        if not isinstance(item.prompt, str):
+            raise APIError(
+                400, "image_data needs a text prompt (not input_ids)", param=refs[0].param
+            )
+        found = item.prompt.count(token)
+        if found != len(refs):
+            raise APIError(
+                400,
+                f"the prompt holds the model's image token {token!r} {found} times for "
+                f"{len(refs)} images in image_data: put it once where each image goes",
+                param=refs[0].param.partition("[")[0] if not batch else refs[0].param,
+            )
 
 
 def _reasoning(ctx: ServeContext, items: list[_Item]) -> None:
