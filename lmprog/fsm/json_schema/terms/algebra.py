@@ -135,9 +135,10 @@ def normalize_num(t: NumT) -> NumT | None:
         kept = frozenset(v for v in t.values if num_ok(free, v))
         return NumT(values=kept) if kept else None
     if t.not_multiples:
-        t = _normalize_not_multiples(t)
-        if t is None:
+        kept_steps = _normalize_not_multiples(t)
+        if kept_steps is None:
             return None
+        t = kept_steps
     if t.lo is not None and t.hi is not None:
         if t.lo > t.hi or (t.lo == t.hi and (t.lo_excl or t.hi_excl)):
             return None
