@@ -832,7 +832,7 @@ def _number_texts(rng):
     """Numbers as JSON writes them and near them: integers of 1-20 digits, decimals with
     trailing zeros, exponents, -0, multiples of small steps."""
     out = ["0", "-0", "-0.0", "0.000", "1e2", "4.0000000000000001", "12345678901234567890"]
-    for _ in range(400):
+    for _ in range(150):
         n = rng.choice([rng.randint(-30, 30), rng.randint(-(10**6), 10**6), rng.getrandbits(64)])
         out.append(str(n))
         out.append(f"{n}.{rng.choice(['0', '00', '5', '25', '3', '30', '1', '75', '0001'])}")
@@ -882,7 +882,7 @@ def test_not_multiple_of_agrees_with_jsonschema(schema):
         canonical = text == json.dumps(json.loads(text))
         if valid and short and not integral and canonical and _float_agrees(text, schema):
             assert c.matches(text), text
-    for _ in range(60):
+    for _ in range(30):
         text = random_text(c, rng)
         if text is not None:
             assert validator.is_valid(json.loads(text)), text
@@ -910,7 +910,7 @@ def test_pattern_properties_that_cannot_overlap(patterns):
     validator = jsonschema.Draft202012Validator(schema)
     keys = [f"{w[0]}_{w}" for w in SUFFIXES] + ["zz", "_id_name", "id", "x-1-a", "x--b", "x-a-"]
     rng = random.Random(36)
-    for _ in range(800):
+    for _ in range(400):
         obj = {k: rng.choice([1, "s", None]) for k in rng.sample(keys, rng.randint(0, 4))}
         text = json.dumps(obj)
         assert c.matches(text) == validator.is_valid(obj), text
@@ -1052,7 +1052,7 @@ def test_complements_of_required_typed_keys_stay_linear(schema):
     validator = jsonschema.Draft202012Validator(schema)
     keys = [f"p{i}" for i in range(8)] + [f"k{i}" for i in range(6)] + [f"v{i}" for i in range(6)]
     rng = random.Random(36)
-    for _ in range(600):
+    for _ in range(250):
         obj = {k: rng.choice(["x", *SAMPLES.values()]) for k in rng.sample(keys, rng.randint(0, 4))}
         text = json.dumps(obj)
         assert c.matches(text) == validator.is_valid(obj), text
