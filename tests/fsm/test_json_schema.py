@@ -8,6 +8,7 @@ but deliberately not generated, e.g. ``1.0`` for an integer).
 import functools
 import json
 import math
+import re
 from decimal import Decimal
 
 import jsonschema
@@ -547,7 +548,8 @@ def test_recursion_under_allof_is_unrolled_to_a_bounded_depth():
         ({"type": "strin"}, "unknown type 'strin'"),
         (False, "accepts no JSON value"),
         ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "accepts no JSON value"),
-        ({"oneOf": [{"type": "integer"}, {"type": "integer", "multipleOf": 3}]}, "multipleOf"),
+        ({"type": "integer", "not": {"multipleOf": 37}}, "'not' over multipleOf 37"),
+        ({"type": "number", "not": {"multipleOf": 0.3}}, "'not' over multipleOf 0.3"),
     ],
 )
 def test_refusals_name_keyword_and_path(schema, message):
@@ -808,6 +810,112 @@ def test_bounded_numbers_take_the_exponent_notation_of_json_dumps(bounds):
                     assert c.matches(text), text
 
 
+AVOIDED_STEPS = [
+    {"type": "integer", "not": {"multipleOf": 2}},
+    {"type": "number", "not": {"multipleOf": 2}},
+    {"not": {"multipleOf": 3}},
+    {"type": "integer", "not": {"multipleOf": 60}, "minimum": -5000},
+    {"type": "number", "not": {"multipleOf": 0.5}},
+    {"type": "number", "not": {"multipleOf": 0.25}, "exclusiveMaximum": 3},
+    {"type": "integer", "minimum": 0, "maximum": 20, "not": {"multipleOf": 3}},
+    {"type": "integer", "multipleOf": 2, "not": {"multipleOf": 4}},
+    {"type": "number", "minimum": -5, "maximum": 5, "not": {"multipleOf": 0.3}},
+    {"type": "integer", "not": {"multipleOf": 1.5}},
+    {"type": "number", "not": {"multipleOf": 1}, "maximum": 100},
+    {"oneOf": [{"type": "integer"}, {"type": "integer", "multipleOf": 3}]},
+    {"not": {"anyOf": [{"multipleOf": 2}, {"multipleOf": 5}]}, "type": "integer"},
+    {"if": {"multipleOf": 2}, "then": {"minimum": 10}, "else": {"maximum": 3}},
+]
+
+
+def _number_texts(rng):
+    """Numbers as JSON writes them and near them: integers of 1-20 digits, decimals with
+    trailing zeros, exponents, -0, multiples of small steps."""
+    out = ["0", "-0", "-0.0", "0.000", "1e2", "4.0000000000000001", "12345678901234567890"]
+    for _ in range(150):
+        n = rng.choice([rng.randint(-30, 30), rng.randint(-(10**6), 10**6), rng.getrandbits(64)])
+        out.append(str(n))
+        out.append(f"{n}.{rng.choice(['0', '00', '5', '25', '3', '30', '1', '75', '0001'])}")
+        out.append(f"{rng.choice([0.3, 0.25, 0.5, 1.5, 0.1]) * rng.randint(-40, 40):.6g}")
+        out.append(f"{rng.uniform(-100, 100):.{rng.randint(0, 17)}f}")
+    return out
+
+
+def _float_agrees(text, schema):
+    """Whether jsonschema's float division and exact arithmetic agree on whether the number
+    is a multiple of each multipleOf in the schema (2.7 / 0.3 is not whole in floats)."""
+    from fractions import Fraction
+
+    steps = re.findall(r'"multipleOf": ([0-9.]+)', json.dumps(schema))
+    x = json.loads(text)
+    for m in steps:
+        exact = (Fraction(text) / Fraction(m)).denominator == 1
+        step = json.loads(m)
+        floating = (
+            x % step == 0
+            if isinstance(x, int) and isinstance(step, int)
+            else ((x / step) == int(x / step))
+        )
+        if exact != floating:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("schema", AVOIDED_STEPS, ids=lambda s: json.dumps(s)[:60])
+def test_not_multiple_of_agrees_with_jsonschema(schema):
+    """``not`` over ``multipleOf``: no number jsonschema rejects is accepted (floats read as
+    jsonschema reads them: the 15-digit cap keeps its float division from finding a
+    whole quotient the decimal lacks), every short canonical one it accepts is, and random
+    walks through the token engine write valid instances only."""
+    import random
+
+    from fsm_toys import random_text
+
+    c = Constraint.from_json_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    rng = random.Random(36)
+    for text in _number_texts(rng):
+        valid = validator.is_valid(json.loads(text))
+        assert c.matches(text) <= valid, text
+        short = len(text.lstrip("-").replace(".", "")) <= 14 and "e" not in text
+        integral = "." in text and Decimal(text) % 1 == 0  # 4.0: not written under multipleOf
+        canonical = text == json.dumps(json.loads(text))
+        if valid and short and not integral and canonical and _float_agrees(text, schema):
+            assert c.matches(text), text
+    for _ in range(30):
+        text = random_text(c, rng)
+        if text is not None:
+            assert validator.is_valid(json.loads(text)), text
+
+
+SUFFIXES = ["id", "name", "at", "count", "url", "ref", "key", "tag"]
+
+
+@pytest.mark.parametrize(
+    "patterns",
+    [
+        {f"^.*_{w}$": {"type": "integer" if i % 2 else "string"} for i, w in enumerate(SUFFIXES)},
+        {"^x-.*-a$": {"type": "integer"}, "^x-.*-b$": {"type": "string"}, "-": {"enum": [1, "s"]}},
+    ],
+    ids=["eight suffixes", "three patterns"],
+)
+def test_pattern_properties_that_cannot_overlap(patterns):
+    """Patterns whose first characters may overlap but whose automata share no key (issue 36:
+    eight suffix patterns made 256 key classes, refused past 64): exact against jsonschema
+    over random objects of keys matching none, one or two of them."""
+    import random
+
+    schema = {"type": "object", "patternProperties": patterns, "additionalProperties": False}
+    c = Constraint.from_json_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    keys = [f"{w[0]}_{w}" for w in SUFFIXES] + ["zz", "_id_name", "id", "x-1-a", "x--b", "x-a-"]
+    rng = random.Random(36)
+    for _ in range(400):
+        obj = {k: rng.choice([1, "s", None]) for k in rng.sample(keys, rng.randint(0, 4))}
+        text = json.dumps(obj)
+        assert c.matches(text) == validator.is_valid(obj), text
+
+
 @pytest.mark.parametrize(
     "schema",
     [
@@ -868,3 +976,83 @@ def test_integer_multiples_over_a_range_open_on_one_side(step, bound):
     }[side]
     for v in [*range(-700, 701), 10**6 + 20, -(10**6) - 20, 123456780, -987654300]:
         assert c.matches(str(v)) is (v % step == 0 and keep(v)), v
+
+
+def _chain_schema(k):
+    """A linked list whose allOf asks for k links (each a recursive node with a 'v')."""
+    wanted: dict = {"required": ["next"]}
+    for _ in range(k - 1):
+        wanted = {"required": ["next"], "properties": {"next": wanted}}
+    node = {
+        "type": "object",
+        "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/$defs/n"}},
+        "required": ["v"],
+    }
+    return {"$defs": {"n": node}, "allOf": [{"$ref": "#/$defs/n"}, wanted]}
+
+
+@pytest.mark.parametrize("k", [4, 7])
+def test_recursion_deeper_than_the_unroll_bound(k):
+    """Instances of an allOf over a recursive reference that all nest deeper than
+    max_recursion_depth (3): unrolled deeper instead of "accepts no JSON value" (issue 36);
+    chains of 0..k+3 links, some links without 'v' or with a string one, against jsonschema
+    (exact up to k links; past the depth unrolled, valid chains may be rejected)."""
+    import random
+
+    schema = _chain_schema(k)
+    c = Constraint.from_json_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    rng = random.Random(k)
+    for _ in range(120):
+        value: dict = {"v": 1}
+        links = rng.randint(0, k + 3)
+        for _ in range(links):
+            value = {"next": value, **rng.choice([{"v": 2}, {"v": 2}, {"v": "x"}, {}])}
+        text = json.dumps(value)
+        valid = validator.is_valid(value)
+        assert c.matches(text) <= valid, text  # deeper than unrolled: a narrowing
+        assert c.matches(text) == valid or links > k, text
+    deepest: dict = {"v": 0}
+    for _ in range(k):
+        deepest = {"v": 1, "next": deepest}
+    assert c.matches(json.dumps(deepest))
+
+
+TYPES = ["string", "integer", "boolean", "null", "array", "object"]
+SAMPLES = {"string": "s", "integer": 3, "boolean": True, "null": None, "array": [1], "object": {}}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {
+            "oneOf": [
+                {"type": "object", "properties": {f"p{i}": {"type": TYPES[i % 6]}}, "required": [f"p{i}"]}
+                for i in range(8)
+            ]
+        },
+        {
+            "type": "object",
+            "allOf": [
+                {"if": {"properties": {f"k{i}": {"const": "x"}}, "required": [f"k{i}"]},
+                 "then": {"required": [f"v{i}"]}}
+                for i in range(6)
+            ],
+        },
+    ],
+    ids=["oneOf of 8 objects", "allOf of 6 if-then"],
+)  # fmt: skip
+def test_complements_of_required_typed_keys_stay_linear(schema):
+    """not (k required, of type T) is one term (k absent, or not of type T), not two: a oneOf
+    of 8 such objects was 2**7 terms a branch and refused past 512 (issue 36, "schema too
+    complex"); exact against jsonschema over random objects."""
+    import random
+
+    c = Constraint.from_json_schema(schema, strict=False)
+    validator = jsonschema.Draft202012Validator(schema)
+    keys = [f"p{i}" for i in range(8)] + [f"k{i}" for i in range(6)] + [f"v{i}" for i in range(6)]
+    rng = random.Random(36)
+    for _ in range(250):
+        obj = {k: rng.choice(["x", *SAMPLES.values()]) for k in rng.sample(keys, rng.randint(0, 4))}
+        text = json.dumps(obj)
+        assert c.matches(text) == validator.is_valid(obj), text

@@ -60,7 +60,8 @@ def test_canonical_emission(pattern, expected):
         (r"(?P<x>a)(?P=x)", "backreference", 8),
         (r"a^b", "anchor", 1),
         (r"a$b", "anchor", 1),
-        (r"(^a)*", "anchor inside a repeated group", 1),
+        (r"(^a){0,40}", "anchor inside a group repeated more than 16 times", 1),
+        (r"(?m)(a$)+", "multiline anchor ('(?m)') inside a repeated group", 6),
         (r"a\bb", "word boundary", 1),
         (r"(?x)abc", "inline flag", 0),
         (r"\p{Script=Greek}", "Unicode property", 0),
@@ -231,7 +232,13 @@ def test_a_regex_matching_only_the_empty_string_is_refused_at_once():
 
 @pytest.mark.parametrize(
     "pattern",
-    [r"^$|(^[a-z]+$)", r"^(foo|^bar)$", r"(^a|b)c", r"a$|b", r"x($)?y?", r"(?:^ab|cd$)|ef"],
+    [
+        *[r"^$|(^[a-z]+$)", r"^(foo|^bar)$", r"(^a|b)c", r"a$|b", r"x($)?y?", r"(?:^ab|cd$)|ef"],
+        # inside repeated groups (issue 36): a list ending at the end, separators or the start
+        *[r"^(?:[a-z]+(?:,|$))+", r"(a$)*b", r"^(ab|c$)*", r"(^a|b)*c", r"^(x|^y|z$){2,4}$"],
+        *[r"(?:(?:^|-)[a-z]{1,3})+$", r"^(a|$)+", r"(^|,)(bc)(,|$)", r"^(?:(?:^|,)[ab])*$"],
+        *[r"(x|$){2,}a", r"^(?:(?:a|b$)c?){1,3}"],
+    ],
 )
 def test_anchors_anywhere_an_engine_allows_them(pattern):
     """JSON Schema `pattern`s with anchors inside groups keep their search semantics: the
@@ -243,7 +250,7 @@ def test_anchors_anywhere_an_engine_allows_them(pattern):
 
     c = Constraint.from_json_schema({"type": "string", "pattern": pattern})
     for n in range(4):
-        for letters in itertools.product("abcefxy", repeat=n):
+        for letters in itertools.product("abcefxy,", repeat=n):
             text = "".join(letters)
             expected = re.search(pattern, text) is not None
             assert c.matches(json.dumps(text)) == expected, (pattern, text)

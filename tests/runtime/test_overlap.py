@@ -1,11 +1,14 @@
 """Overlap scheduling (EngineConfig.overlap): step N+1 is scheduled and launched before step
-N's tokens are read. Forced on here, on the CPU, where it gains nothing but must change
+N's tokens are read (its draws queued then, or, for constraints and penalties, once step N has
+settled). Forced on here, on the CPU, where it gains nothing but must change
 nothing: outputs equal those of the plain loop for every kind of request, placeholders
 never reach the prefix cache (check_integrity runs after every step and rejects a cached
 negative id), and aborts and constraints behave as without it (retractions: test_engine.py's
 tiny-pool test runs both ways)."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -88,8 +91,7 @@ def test_every_kind_of_request_gives_the_same_outputs(engines, reference_ids, to
         assert logprobs(r) == pytest.approx(logprobs(e), abs=1e-3)
     assert [g[1] for g in got].count("stop") >= 4  # the stop paths were exercised
     stats = over.stats()
-    assert stats["overlapped_steps"] > before
-    assert stats["steps"] > stats["overlapped_steps"]  # penalised steps settled at once
+    assert stats["overlapped_steps"] > before  # penalised steps too, once the last settled
     over.check_integrity()
 
 
@@ -123,6 +125,57 @@ def test_a_constraint_beside_plain_requests(engines, reference_ids, tok):
     (c_plain, o_plain), (c_over, o_over) = submit(plain), submit(over)
     assert o_plain == o_over == reference_ids[:6]
     assert c_over.token_ids == c_plain.token_ids and c_over.text.isdigit()
+
+
+def test_constrained_steps_overlap_with_the_same_outputs(engines, tok):
+    """Constraints under overlap scheduling (issue 36): a step's masks are computed once the
+    step before has settled, while its forward pass runs, so constrained steps stay in
+    flight too. JSON (keys jump-forwarded), a regex, seeded sampling and a presence penalty,
+    alone and beside plain requests: the same outputs and jumps as the plain loop; every
+    step of a batch of constrained requests overlaps."""
+    from lmprog.fsm import Constraint
+
+    plain, over = engines
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"type": "integer"}},
+        "required": ["name", "n"],
+    }
+    json_index = TokenIndex.get(Constraint.from_json_schema(schema), tok)
+    digits = TokenIndex.get(r"[0-9]{2,6}(-[a-z]{1,4})?", tok)
+    kinds = [
+        (json_index, SP(max_tokens=40, temperature=0.0)),
+        (digits, SP(max_tokens=12, temperature=0.8, seed=3)),
+        (json_index, SP(max_tokens=40, temperature=0.7, seed=5, presence_penalty=0.5)),
+        (digits, SP(max_tokens=12, temperature=0.0)),
+    ]
+
+    def run(eng, with_plain):
+        handles = [
+            eng.submit(EngineRequest(tuple(PROMPTS[i]), sp, guide=index.new_guide()))
+            for i, (index, sp) in enumerate(kinds)
+        ]
+        others = [eng.submit(EngineRequest(tuple(p), greedy())) for p in PROMPTS[4:7] if with_plain]
+        return [outcome(h.result(timeout=120)) for h in handles] + [
+            outcome(o.result(timeout=120)) for o in others
+        ]
+
+    for with_plain in (True, False):
+        jumps = plain.stats()["jump_forward_tokens"], over.stats()["jump_forward_tokens"]
+        expected = run(plain, with_plain)
+        before = over.stats()
+        got = run(over, with_plain)
+        after = over.stats()
+        assert got == expected
+        assert after["jump_forward_tokens"] - jumps[1] == (
+            plain.stats()["jump_forward_tokens"] - jumps[0]
+        )
+        overlapped = after["overlapped_steps"] - before["overlapped_steps"]
+        assert overlapped == after["steps"] - before["steps"] if not with_plain else overlapped
+    assert plain.stats()["jump_forward_tokens"] > 0
+    for text, reason in ((r[2], r[1]) for r in got[::2]):
+        assert reason != "stop" or json.loads(text)["n"] is not None
+    over.check_integrity()
 
 
 def test_abort_while_a_step_is_in_flight(engines, reference_ids):

@@ -17,6 +17,7 @@ import json
 import sys
 import types
 import typing
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 from lmprog.core.errors import ConstraintError
@@ -254,17 +255,20 @@ def build_grammar(
                 key_order,
             )
         except Unroll:  # recursion under allOf/not/unevaluated*: unrolled to a bounded depth
-            grammar = _grammar(
-                document,
-                ws,
+            grammar = _unrolled(
+                lambda depth: _grammar(
+                    document,
+                    ws,
+                    depth,
+                    any_depth,
+                    max_pattern_chars,
+                    registry,
+                    strict,
+                    count_lengths,
+                    key_order,
+                    unroll=True,
+                ),
                 max_recursion_depth,
-                any_depth,
-                max_pattern_chars,
-                registry,
-                strict,
-                count_lengths,
-                key_order,
-                unroll=True,
             )
     except RecursionError:
         raise ConstraintError(
@@ -278,6 +282,39 @@ def build_grammar(
             "max_pattern_chars"
         )
     return grammar
+
+
+class _TooShallow(Exception):
+    """An unrolled schema has no value within its recursion bound, but was cut there."""
+
+
+MAX_UNROLL_DEPTH = 24  # how deep an unrolled schema that needs it is unrolled at most
+
+
+def _unrolled(compile_at: Callable[[int], Grammar], depth: int) -> Grammar:
+    """The grammar unrolled ``depth`` times; where no value ends within that many levels of a
+    recursive reference (``allOf`` asking for a chain of five ``next`` members beside a
+    recursive node: every instance nests deeper than the bound), unrolled deeper (twice
+    as deep each time, up to MAX_UNROLL_DEPTH), as long as compiling stays within its work."""
+    first = shallow = depth
+    while True:
+        try:
+            return compile_at(depth)
+        except _TooShallow:
+            if depth >= MAX_UNROLL_DEPTH:
+                raise ConstraintError(
+                    f"the schema accepts no JSON value within {MAX_UNROLL_DEPTH} levels of its "
+                    "recursive $refs (an allOf or not over a recursive reference asks for "
+                    "deeper instances)"
+                ) from None
+            shallow, depth = depth, min(max(2 * depth, depth + 1), MAX_UNROLL_DEPTH)
+        except ConstraintError as e:
+            if depth == first:
+                raise
+            raise ConstraintError(
+                f"the schema accepts no JSON value within {shallow} levels of its recursive "
+                f"$refs, and unrolled {depth} levels deep: {e}"
+            ) from None
 
 
 def _grammar(
@@ -299,6 +336,8 @@ def _grammar(
         if count_lengths:
             emitter.counted = counted_apart(node, builder.bodies)
         out = emitter.node(node)
+        if out is None and builder.cut:
+            raise _TooShallow
         if out is None:
             raise ConstraintError("the schema accepts no JSON value")
         if not derives_text(out, emitter.rules):

@@ -12,6 +12,7 @@ from lmprog.fsm.regex.anchors import (
     Anchored,
     Side,
     Unsure,
+    concat_nodes,
     join_anchored,
     line_edges,
 )
@@ -30,6 +31,7 @@ from lmprog.fsm.regex.syntax import (
 )
 
 MAX_ANCHORED_BRANCHES = 64  # alternatives an anchored pattern may expand to (split_anchors)
+MAX_ANCHORED_REPEAT = 16  # the count of a repeated group holding an anchor, where bounded
 MAX_GROUP_DEPTH = 100  # groups nested in one pattern (its passes recurse on the nesting)
 # Counts llguidance expands while decoding, measured on the bundled tokenizer: a{200000} and
 # (a{0,30}){0,30} decode, a{300000} and (a{0,100}){0,100} stop at the first tokens
@@ -157,8 +159,54 @@ class _Parser:
             assert isinstance(node, Repeat), node  # a Chars holds no anchor
             if node.hi == 1:  # x? = "" | x
                 return self.split_anchors(Alternation((EMPTY, node.node)))
-            raise self.fail("an anchor inside a repeated group", self.anchors[0])
+            out = self.split_repeat(node)
         self.check_anchored(out)
+        return out
+
+    def split_repeat(self, node: Repeat) -> list[Anchored]:
+        """``x{lo,hi}`` with anchors inside ``x`` (``^(?:[a-z]+(?:,|$))+``): the iterations
+        written out (x{lo,hi} = x^lo .. x^hi, for a count up to MAX_ANCHORED_REPEAT), or x^lo
+        then x*. In x*, an iteration anchored at the start has only empty text before it and
+        one anchored at the end only empty text after it, so those around them can be left
+        out (a star may stop or start anywhere): x* is the plain iterations P*, or
+        S P*, P* E, S P* E, SE (S, E, SE: x's alternatives anchored at the start, the end,
+        both), each exact by ``join_anchored``."""
+        parts = self.split_anchors(node.node)
+        if any("m" in (s, e) for s, _, e in parts):
+            raise self.fail("a multiline anchor ('(?m)') inside a repeated group", self.anchors[0])
+        if node.hi is not None and node.hi > MAX_ANCHORED_REPEAT:
+            raise self.fail(
+                f"an anchor inside a group repeated more than {MAX_ANCHORED_REPEAT} times "
+                "(a count of at most that, or unbounded)",
+                self.anchors[0],
+            )
+        count = node.lo if node.hi is None else node.hi
+        if node.hi is None:
+            plain = [b for s, b, e in parts if not s and not e]
+            loop: Node = EMPTY
+            if plain:
+                loop = Repeat(plain[0] if len(plain) == 1 else Alternation(tuple(plain)), 0, None)
+            starts = [b for s, b, e in parts if s and not e]
+            ends = [b for s, b, e in parts if e and not s]
+            out: list[Anchored] = [(False, loop, False)]
+            out += [(True, concat_nodes(b, loop), False) for b in starts]
+            out += [(False, concat_nodes(loop, b), True) for b in ends]
+            out += [
+                (True, concat_nodes(concat_nodes(a, loop), b), True) for a in starts for b in ends
+            ]
+            out += [(True, b, True) for s, b, e in parts if s and e]
+        else:
+            out = []
+        tail: list[Anchored] = [(False, EMPTY, False)]  # x^n
+        for n in range(count + 1):
+            if node.hi is not None and n >= node.lo:
+                out += tail
+            if n == count:
+                break
+            tail = [j for t in tail for p in parts if (j := join_anchored(t, p)) is not None]
+            self.check_anchored(tail)
+        if node.hi is None:  # x^lo then x*
+            out = [j for t in tail for p in out if (j := join_anchored(t, p)) is not None]
         return out
 
     def without_assertions(self, node: Node) -> tuple[Branch, ...]:

@@ -373,6 +373,10 @@ class Engine:
         launched = time.perf_counter()
         # the step in flight's tokens, read while the device runs this one
         settled = self._settle(inflight) if inflight is not None else 0.0
+        if deferred is None and logits is not None and self._overlap:
+            # constraints (and penalties) sample from the settled tokens: their masks are
+            # computed now, while the device still runs this step's forward pass
+            deferred = self._outputs.defer_settled(batch, logits)
         if deferred is not None:
             capped = self.scheduler.process_launched(batch, deferred.placeholders())
             return replace(deferred, capped=tuple(capped), seconds=launched - start)
@@ -412,6 +416,7 @@ class Engine:
         Returns the seconds it took (counted as that step's)."""
         start = time.perf_counter()
         out = self._outputs.settle(step)
+        self.metrics.jump_forward_tokens += sum(out.jumped)
         for req in self.scheduler.resolve_tokens(step.batch, out.reasons):
             self._complete(req)
         for req in step.capped:

@@ -3,6 +3,7 @@ per batch entry. The DecodeState appends them to the request and decides its fin
 
     out = outputs.process(batch, logits, draft_probs)   # sampled, drafts verified, accepted
     step = outputs.defer(batch, logits)                 # overlap: draws queued on the device
+    step = outputs.defer_settled(batch, logits)         # ... after the step before settled
     out = outputs.settle(step)                          # ... their tokens, a step later
 
 Logits row layout, verify chains and the rejection rule: docs/design/engine-step.md and
@@ -149,6 +150,33 @@ class StepOutputs:
             states.append(state)
         assert logits.shape[0] == len(sampling), "one logits row per sampling entry"
         draws = self.sampler.sample_async(logits, states) if sampling else None
+        return DeferredStep(batch, tuple(sampling), draws)
+
+    def defer_settled(self, batch: ScheduledBatch, logits: torch.Tensor) -> DeferredStep | None:
+        """As `defer`, once the step in flight before this one has settled: the host holds
+        every previous token, so what sampling reads from them -- a constraint's mask, penalty
+        counts, min_tokens -- is current, and is computed while this step's forward pass
+        runs. Every entry with logits must be a plain sampling entry (no drafts, one row) of
+        a request without prompt logprobs to record (else None: `process` it). An entry whose
+        request finished as the last step settled, or rewrote its last tokens (a
+        jump-forward), draws nothing: its row was computed for tokens it no longer has, and
+        the scheduler feeds its new ones next (`ResultRecorder.launched`)."""
+        rows, sampling, states = [], [], []
+        row = 0
+        for i, e in enumerate(batch.entries):
+            if e.logits_from is None:
+                continue
+            state: DecodeState = e.req.engine_data
+            one_row = e.start + e.num_new - e.logits_from == 1
+            if not e.sample or e.draft_ids or not one_row or state.prompt_logprob_start is not None:
+                return None
+            if not state.done and e.req.rewritten_from is None:
+                rows.append(row)
+                sampling.append(i)
+                states.append(state)
+            row += 1
+        assert logits.shape[0] == row, "one logits row per sampling entry"
+        draws = self.sampler.sample_async(_rows(logits, rows), states) if sampling else None
         return DeferredStep(batch, tuple(sampling), draws)
 
     def settle(self, step: DeferredStep) -> StepResult:

@@ -17,7 +17,7 @@ from typing import Any
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.arrays import array_regex
 from lmprog.fsm.json_schema.emit.lark import Frag, Ref, choice, group, loop, seq, tok
-from lmprog.fsm.json_schema.emit.numbers import NUMBER, number_regex, value_regex
+from lmprog.fsm.json_schema.emit.numbers import NUMBER, number_lexeme, value_regex
 from lmprog.fsm.json_schema.emit.objects import object_regex
 from lmprog.fsm.json_schema.emit.sequences import Slot, separated
 from lmprog.fsm.json_schema.emit.strings import json_text, string_lexeme
@@ -156,7 +156,7 @@ class Emitter:
                 alt(*(lit("true" if v else "false") for v in sorted(t.values, reverse=True)))
             )
         if isinstance(t, NumT):
-            return tok(number_regex(t))
+            return tok(number_lexeme(t))
         if isinstance(t, StrT):
             return string_lexeme(t, t in self.counted)
         if isinstance(t, RefT):

@@ -3,13 +3,15 @@
 A number with a bound, ``multipleOf`` or an excluded value is written without an exponent
 (but for ``json.dumps``'s exponent form of decades inside the bounds), an integer without a
 fraction; decimal ranges split at the integer part. Which ``multipleOf`` steps are exact
-(others raise ConstraintError): docs/design/json-schema.md.
+(others raise ConstraintError), and steps to avoid (``not`` over ``multipleOf``):
+docs/design/json-schema.md.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from decimal import Decimal
 from fractions import Fraction
 from typing import NamedTuple
@@ -37,6 +39,63 @@ def value_regex(v: Decimal) -> R:
     fraction (``2``, ``2.0``), as ``json.dumps`` writes integral floats."""
     text = lit(number_text(v))
     return cat(text, opt(raw(r"\.0+"))) if v == v.to_integral_value() else text
+
+
+# A number that must avoid a step has at most this many digits: as a float (jsonschema's
+# reading) it is then within 1.2e-16 of its decimal value, while a decimal of n < 16
+# significant digits that is not a multiple is at least 1e-15 (relative) away from every
+# multiple, so the float division jsonschema does cannot land on a whole quotient.
+_AVOIDING_DIGITS = 15
+
+
+def number_lexeme(t: NumT) -> R | str | None:
+    """A number's lexeme: ``number_regex``, or where ``t`` avoids steps (``not`` over
+    ``multipleOf``) a Lark terminal expression: the numbers without the steps, of at most
+    15 digits and without exponent, minus every text of the steps' multiples
+    (``/numbers/ & /short/ & ~/multiples/``, llguidance's ``&`` and ``~``); a bounded
+    integer range of at most 2,000 values is listed instead."""
+    if not t.not_multiples:
+        return number_regex(t)
+    from lmprog.fsm.json_schema.emit.lark import regex_terminal
+    from lmprog.fsm.json_schema.terms.values import num_ok
+
+    lo, hi = integer_bounds(t) if t.integer else (None, None)
+    if lo is not None and hi is not None and hi - lo <= _ENUMERATE_LIMIT:
+        return alt(*(lit(str(v)) for v in range(lo, hi + 1) if num_ok(t, Decimal(v))))
+    base = number_regex(replace(t, not_multiples=frozenset()))
+    if base is None:
+        return None
+    short = raw(rf"-?[0-9.]{{1,{_AVOIDING_DIGITS}}}")
+    avoided = [_every_multiple(m, t) for m in sorted(t.not_multiples)]
+    texts = [regex_terminal(base), regex_terminal(short)]
+    texts += ["~" + regex_terminal(r) for r in avoided if r is not None]
+    return "(" + " & ".join(texts) + ")"
+
+
+def _every_multiple(m: Decimal, t: NumT) -> R | None:
+    """Every text of ``-?I(.F)?`` whose value is a multiple of ``m`` (a superset outside the
+    bounds of ``t`` does no harm: the texts are subtracted from ``t``'s), including ``-0``
+    and trailing zeros of the fraction."""
+    f = Fraction(m)
+    try:
+        if f.denominator == 1 or t.integer:  # an integer x is a multiple of p/q iff p | x
+            step = f.numerator
+            ints = natural_range(0, None) if step == 1 else multiples(0, None, step, m)
+            return cat(opt(lit("-")), ints, opt(raw(r"\.0+")))
+        plain = number_regex(NumT(lo=Decimal(0), multiple_of=m))
+        return cat(opt(lit("-")), plain)
+    except ConstraintError:
+        bound = max((abs(b) for b in (t.lo, t.hi) if b is not None), default=None)
+        if t.lo is not None and t.hi is not None and bound is not None:
+            listed = _listed_multiples(NumT(lo=Decimal(0), hi=bound, multiple_of=m))
+            if listed is not None:
+                return cat(opt(lit("-")), listed)
+        raise ConstraintError(
+            f"'not' over multipleOf {m} has no exact regex here (supported: integer steps "
+            "whose multipleOf is exact over an open range, decimal steps c / 10**k with c "
+            "dividing 10**k, and any step beside both bounds with at most "
+            f"{_LIST_LIMIT:,} multiples below the larger magnitude)"
+        ) from None
 
 
 def number_regex(t: NumT) -> R | None:
@@ -165,6 +224,7 @@ def _multiple_plan(t: NumT) -> tuple[bool | None, int | None, FracRule | None] |
     )
 
 
+_ENUMERATE_LIMIT = 2000  # integers not a multiple of a step, listed over a bounded range
 _LIST_LIMIT = 2000  # multiples of a decimal step listed one by one over a bounded range
 MAX_FRACTION_DIGITS = 64  # of a bound or a multipleOf step (llguidance's regexes nest at most
 # 250 groups deep: the fraction's regex nests about 3 a digit)

@@ -25,6 +25,7 @@ from lmprog.fsm.json_schema.terms.nodes import KeyRule, Node, ObjT, StrT
 from lmprog.fsm.json_schema.terms.values import str_ok
 from lmprog.fsm.regex import Chars, CharSet, Concat, Repeat, lit, node_lengths, parse_regex
 from lmprog.fsm.regex import Node as RegexNode
+from lmprog.fsm.regex.dfa import search_automaton
 from lmprog.fsm.regex.lookahead import split_lookaheads
 
 MAX_KEY_CLASSES = 64  # regions of one object (sets of patterns a key can match together)
@@ -154,11 +155,45 @@ def _pattern_sets(sources: tuple[str, ...]) -> list[frozenset[str]]:
 
 @lru_cache(maxsize=4096)
 def _overlap(a: str, b: str) -> bool:
-    """Whether some key may match both patterns: False only when both are anchored at the
-    start and their first characters differ (``^x-`` and ``^[0-9]``); True when unsure (a region
-    for keys matching both is then formed, and is empty if no key does)."""
+    """Whether some key may match both patterns: False when both are anchored at the start
+    and their first characters differ (``^x-`` and ``^[0-9]``), or when their automata have no
+    string in common (``^x-.*-a$`` and ``^x-.*-b$``; lookaheads only narrow, so their bases
+    are compared); True when unsure (a region for keys matching both is then formed, and is
+    empty if no key does)."""
     first_a, first_b = _first_chars(a), _first_chars(b)
-    return first_a is None or first_b is None or not (first_a & first_b).is_empty()
+    if first_a is not None and first_b is not None and (first_a & first_b).is_empty():
+        return False
+    return _automata_meet(split_lookaheads(a)[0][0], split_lookaheads(b)[0][0])
+
+
+_OVERLAP_STATES = 200  # of each pattern's search automaton, for the exact overlap test
+
+
+def _automata_meet(a: str, b: str) -> bool:
+    """Whether some string is searched by both patterns (through the product of their
+    automata); True where an automaton passes _OVERLAP_STATES states."""
+    try:
+        ma, blocks_a, acc_a = search_automaton(parse_regex(a, "ecma"), _OVERLAP_STATES)
+        mb, blocks_b, acc_b = search_automaton(parse_regex(b, "ecma"), _OVERLAP_STATES)
+    except (OverflowError, RecursionError, ConstraintError):
+        return True
+    pairs = [
+        (i, j)
+        for i, x in enumerate(blocks_a)
+        for j, y in enumerate(blocks_b)
+        if not (x & y).is_empty()
+    ]
+    seen, todo = {(0, 0)}, [(0, 0)]
+    while todo:
+        p, q = todo.pop()
+        if acc_a[p] and acc_b[q]:
+            return True
+        for i, j in pairs:
+            nxt = (ma[p][i], mb[q][j])
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return False
 
 
 def _first_chars(source: str) -> CharSet | None:

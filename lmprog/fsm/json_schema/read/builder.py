@@ -56,6 +56,7 @@ class Builder:
         self.registry = registry or Registry(root)
         self.max_depth = max_recursion_depth
         self.unroll = unroll
+        self.cut = False  # a reference was left empty at the recursion bound (unroll)
         self.active: dict[tuple[Any, ...], int] = {}  # target key -> expansions in progress
         self.memo: dict[Hashable, Node] = {}
         self.bodies: Bodies = {}  # RefT key -> the node of its schema
@@ -182,6 +183,7 @@ class Builder:
         key = (self._serial, id(target), base)
         if self.unroll:
             if self.active.get(key, 0) > self.max_depth:
+                self.cut = True
                 return NEVER  # recursion bound reached: this branch must end before here
             memo_key: Hashable = (key, tuple(sorted(self.active.items())))
         else:

@@ -33,7 +33,7 @@ from lmprog.fsm.json_schema.terms.nodes import (
     charge,
     make_node,
 )
-from lmprog.fsm.json_schema.terms.values import num_ok, pattern_matcher, str_ok
+from lmprog.fsm.json_schema.terms.values import is_multiple, num_ok, pattern_matcher, str_ok
 
 # ----------------------------------------------------------------------------- intersection
 
@@ -123,6 +123,7 @@ def _meet_num(x: NumT, y: NumT) -> NumT | None:
             multiple_of=_lcm(x.multiple_of, y.multiple_of),
             values=values,
             excluded=x.excluded | y.excluded,
+            not_multiples=x.not_multiples | y.not_multiples,
         )
     )
 
@@ -133,6 +134,11 @@ def normalize_num(t: NumT) -> NumT | None:
         free = replace(t, values=None)
         kept = frozenset(v for v in t.values if num_ok(free, v))
         return NumT(values=kept) if kept else None
+    if t.not_multiples:
+        kept_steps = _normalize_not_multiples(t)
+        if kept_steps is None:
+            return None
+        t = kept_steps
     if t.lo is not None and t.hi is not None:
         if t.lo > t.hi or (t.lo == t.hi and (t.lo_excl or t.hi_excl)):
             return None
@@ -143,6 +149,19 @@ def normalize_num(t: NumT) -> NumT | None:
     free = replace(t, excluded=frozenset())
     excluded = frozenset(v for v in t.excluded if num_ok(free, v))
     return replace(t, excluded=excluded)
+
+
+def _normalize_not_multiples(t: NumT) -> NumT | None:
+    """Excluded steps: None where every value is a multiple of one (the step divides the
+    ``multipleOf``, or 1 for integers); a single value is checked as it is."""
+    steps = t.not_multiples
+    if t.multiple_of is not None and any(is_multiple(t.multiple_of, m) for m in steps):
+        return None
+    if t.integer and any(is_multiple(Decimal(1), m) for m in steps):
+        return None
+    if t.lo is not None and t.lo == t.hi and not (t.lo_excl or t.hi_excl):
+        return NumT(values=frozenset({t.lo})) if num_ok(t, t.lo) else None
+    return t
 
 
 def integer_bounds(t: NumT) -> tuple[int | None, int | None]:

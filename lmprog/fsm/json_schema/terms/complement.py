@@ -2,8 +2,8 @@
 
 ``neg`` applies De Morgan over a term's facets: not (integer and >= 2) = non-integer or < 2; each
 facet's complement must be exact (a bound flips, an enum becomes an exclusion, a required key
-becomes an absent one, a pattern a negated pattern...), and facets without one (``multipleOf``
-over non-integers...) raise ConstraintError. Two complements need a condition that the token
+becomes an absent one, a pattern a negated pattern, a ``multipleOf`` a step to avoid...), and
+facets without one raise ConstraintError. Two complements need a condition that the token
 engine checks as it decodes (``lmprog.fsm.checks``): not ``uniqueItems`` is an array with two
 equal items (``repeats``), and not ``additionalProperties``/``patternProperties`` an object
 with a member whose value breaks them (``some_values``), its keys then checked distinct.
@@ -81,9 +81,10 @@ def _neg_bool(t: BoolT) -> list[BoolT]:
 
 
 def _neg_num(t: NumT) -> list[NumT]:
-    if t.multiple_of is not None:
-        raise ConstraintError("'not' over multipleOf has no exact regex")
     out = []
+    if t.multiple_of is not None:  # written as numbers minus the multiples (emit.numbers)
+        out.append(NumT(not_multiples=frozenset({t.multiple_of})))
+    out += [NumT(multiple_of=m) for m in sorted(t.not_multiples)]
     if t.integer is not None:
         out.append(NumT(integer=not t.integer))
     if t.lo is not None:
@@ -139,7 +140,9 @@ def _neg_arr(t: ArrT) -> list[ArrT]:
 
 def _neg_obj(t: ObjT, within: Node | None = None) -> list[Term]:
     """not (every facet) = some facet broken: a named value in its complement, a required key
-    missing, a key beyond a closed object's properties or outside propertyNames (``some``
+    missing (one term where a key is both: absent, or present with a value outside its
+    schema, so that ``oneOf`` over n objects with a typed required key each stays n terms
+    instead of 2**n), a key beyond a closed object's properties or outside propertyNames (``some``
     facets), a count out of range, every key outside a ``some`` set, a member the rules do not
     name with its value outside what they require (``some_values``: a key matching a pattern
     with a value outside its schema, a key matching none with one outside
@@ -151,15 +154,22 @@ def _neg_obj(t: ObjT, within: Node | None = None) -> list[Term]:
     if contexts == []:
         return []
     named = frozenset(k for k, _ in t.props)
+    required = frozenset(t.required)
     out = []
+    merged = set()  # required keys whose absence the value's term already says
     for k, v in t.props:
         if v.top:
             continue
         inner = None if contexts is None else union(*(key_node(x, k) for x in contexts))
         if inner is None or not inner.never:
-            out.append(ObjT(props=((k, neg(v, inner)),), required=(k,)))
+            if k in required:  # absent, or present with another value: one term, not two
+                out.append(ObjT(props=((k, neg(v, inner)),)))
+                merged.add(k)
+            else:
+                out.append(ObjT(props=((k, neg(v, inner)),), required=(k,)))
     for k in t.required:
-        out.append(ObjT(props=((k, NEVER),)))
+        if k not in merged:
+            out.append(ObjT(props=((k, NEVER),)))
     for r in t.rules:
         sources = tuple(src for src, _ in r.patterns)
         for src, node in r.patterns:

@@ -70,7 +70,8 @@ class BoolT:
 @_cache_hash
 @dataclass(frozen=True)
 class NumT:
-    """A number; ``integer`` True = integers only, False = non-integers only."""
+    """A number; ``integer`` True = integers only, False = non-integers only;
+    ``not_multiples``: steps it must not be a multiple of (``not`` over ``multipleOf``)."""
 
     integer: bool | None = None
     lo: Decimal | None = None
@@ -80,6 +81,7 @@ class NumT:
     multiple_of: Decimal | None = None
     values: frozenset[Decimal] | None = None  # finite set of allowed values (enum/const)
     excluded: frozenset[Decimal] = frozenset()
+    not_multiples: frozenset[Decimal] = frozenset()
 
 
 @_cache_hash

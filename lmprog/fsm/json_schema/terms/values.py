@@ -80,6 +80,7 @@ def num_ok(t: NumT, d: Decimal) -> bool:
         and (t.lo is None or d > t.lo or (d == t.lo and not t.lo_excl))
         and (t.hi is None or d < t.hi or (d == t.hi and not t.hi_excl))
         and (t.multiple_of is None or is_multiple(d, t.multiple_of))
+        and not any(is_multiple(d, m) for m in t.not_multiples)
         and (t.values is None or d in t.values)
         and d not in t.excluded
     )
