@@ -1,0 +1,122 @@
+"""Vision-language models over the paged KV pool: LLaVA (LLaVA-1.5: CLIP ViT + MLP projector
++ a Llama / Mistral / Qwen2 decoder) and the base every VLM here shares.
+
+    embeds = model.encode_images([pixels, ...])     # per image [rows, hidden]
+    model(batch, kv)     # batch.image_rows take batch.image_embeds in place of a token
+
+The language model is the Llama family's (llama.py) built from the text config, so the KV
+pool, attention backends, CUDA graphs and LoRA see a plain decoder; only the embedding of a
+step that feeds image positions differs. Design: docs/design/vision.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from ..executor.forward_batch import ForwardBatch
+from ..executor.kv_pool import KVPool
+from ..layers.attention import AttentionBackend
+from .config import ModelConfig
+from .llama import LlamaForCausalLM, _Step
+from .vision import LlavaProjector, PixelInput, VisionTower, encode_batched
+from .vision_config import VisionLanguageConfig
+
+
+class VisionLanguageModel(LlamaForCausalLM):
+    """A Llama-family decoder that takes image embeddings at image positions. Subclasses
+    add the image modules (`_VISION_PREFIXES`, loaded by name as they are), `_encode` and
+    the checkpoint's names (`_rename`)."""
+
+    vision: VisionLanguageConfig
+    _VISION_PREFIXES: tuple[str, ...] = ()
+
+    def __init__(self, config: ModelConfig, attention: AttentionBackend) -> None:
+        if config.vision is None:
+            raise ValueError(f"a {config.architecture} model needs a config with `vision`")
+        super().__init__(config, attention)
+        self.vision = config.vision
+
+    @property
+    def image_token_id(self) -> int:
+        return self.vision.image_token_id
+
+    def encode_images(self, images: Sequence[PixelInput]) -> list[torch.Tensor]:
+        """The embeddings of each image, [rows, hidden] in the model's dtype, from its
+        preprocessed pixels [n, C, H, W] (n tiles, 1 for LLaVA-1.5): one encoder run for all
+        images of one tile size."""
+        with torch.inference_mode():
+            encoded = encode_batched(self._encode, images, self.device)
+        return [e.flatten(0, 1) for e in encoded]
+
+    def _encode(self, pixels: torch.Tensor, patch_mask: torch.Tensor | None) -> torch.Tensor:
+        """[n, C, H, W] (and its patch mask) -> [n, rows per tile, hidden]."""
+        raise NotImplementedError
+
+    def embed(self, batch: ForwardBatch, kv: KVPool, plan: Any) -> tuple[torch.Tensor, _Step]:
+        rows = batch.image_rows
+        if rows is None or batch.image_embeds is None:
+            return super().embed(batch, kv, plan)
+        # image positions carry their image's cache key (beyond the vocabulary) as input id
+        ids = batch.input_ids.clamp(max=self.config.vocab_size - 1)
+        h, step = super().embed(replace(batch, input_ids=ids), kv, plan)
+        return h.index_copy(0, rows, batch.image_embeds.to(h.dtype)), step
+
+    # -- weights -----------------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Checkpoint tensors by transformers' names (either layout: v5's `model.`-rooted or
+        the older one real checkpoints are saved in)."""
+        renamed = ((self._rename(name), tensor) for name, tensor in weights)
+        super().load_weights((n, t) for n, t in renamed if n is not None)
+
+    def _rename(self, name: str) -> str | None:
+        raise NotImplementedError
+
+    def _pieces(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, Any, torch.Tensor]]:
+        if name.startswith(self._VISION_PREFIXES):  # unfused: the image modules' own names
+            return ((name, 0, tensor),)
+        return super()._pieces(name, tensor)
+
+    def _shard_keys(self, name: str, param: torch.Tensor) -> Iterable[Any]:
+        if name.startswith(self._VISION_PREFIXES):
+            return range(1)
+        return super()._shard_keys(name, param)
+
+
+class LlavaForConditionalGeneration(VisionLanguageModel):
+    """LLaVA-1.5 (llava-hf/llava-1.5-*-hf and others of transformers' LlavaForConditionalGeneration):
+    the hidden states of ViT layer(s) vision_feature_layer, the class token dropped
+    ("default"), through the projector: tokens_per_image rows per image."""
+
+    _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
+
+    def __init__(self, config: ModelConfig, attention: AttentionBackend) -> None:
+        super().__init__(config, attention)
+        self.vision_tower = VisionTower(self.vision.encoder)
+        self.multi_modal_projector = LlavaProjector(self.vision, config.hidden_size)
+        self._feature_states = self.vision.hidden_state_indices()
+
+    def _encode(self, pixels: torch.Tensor, patch_mask: torch.Tensor | None) -> torch.Tensor:
+        states = self.vision_tower(pixels, upto=max(self._feature_states))
+        features = torch.cat([states[i] for i in self._feature_states], dim=-1)
+        if self.vision.select_strategy == "default":
+            features = features[:, 1:]  # the class token
+        return self.multi_modal_projector(features)
+
+    def _rename(self, name: str) -> str | None:
+        if name.endswith("position_ids"):  # a buffer older checkpoints saved
+            return None
+        if name.startswith("model."):  # transformers v5: model.{language_model,vision_tower,..}
+            name = name[len("model.") :]
+        if name.startswith("language_model.lm_head."):
+            return name[len("language_model.") :]
+        if name.startswith("language_model.model."):
+            return "model." + name[len("language_model.model.") :]
+        if name.startswith("language_model."):
+            return "model." + name[len("language_model.") :]
+        if name.startswith("vision_tower.vision_model."):
+            return "vision_tower." + name[len("vision_tower.vision_model.") :]
+        return name

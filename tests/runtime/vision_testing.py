@@ -1,0 +1,137 @@
+"""Tiny vision-language checkpoints saved by transformers' own classes (LLaVA: CLIP ViT + MLP
+projector + Llama; Idefics3: SigLIP + pixel shuffle + Llama), with their tokenizer (the
+default model's, plus the image tokens) and image processor, as a user's download holds them;
+and random images."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+IMAGE = "<image>"
+IDEFICS3_TOKENS = ["<fake_token_around_image>", IMAGE, "<end_of_utterance>", "<global-img>"] + [
+    f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)
+]
+
+
+def vlm_tokenizer(extra: list[str]):
+    """The default model's HF tokenizer with `extra` special tokens (skips without it)."""
+    from hf_tiny import default_hf_tokenizer
+
+    tok = default_hf_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": extra})
+    return tok
+
+
+def _randomize(model, seed: int = 0):
+    """Random weights large enough that attention and the projector are far from uniform;
+    layer norms near 1 (the ViT's residual stream stays well scaled)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layer_norm" in name or "layrnorm.weight" in name:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * (0.2 if p.dim() > 1 else 0.3))
+    return model.eval()
+
+
+def _text_config(tok):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
+
+
+def save_tiny_llava(folder, tok=None, **overrides):
+    """A LlavaForConditionalGeneration of a 28x28-pixel CLIP ViT (patch 7: 16 image tokens),
+    written to folder with its tokenizer and CLIPImageProcessor; returns (hf model, tokenizer)."""
+    import torch
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+    )
+
+    tok = tok or vlm_tokenizer([IMAGE])
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        image_size=28,
+        patch_size=7,
+        projection_dim=16,
+    )
+    kw = dict(
+        vision_config=vision,
+        text_config=_text_config(tok),
+        image_token_index=tok.convert_tokens_to_ids(IMAGE),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        image_seq_length=16,
+    )
+    kw.update(overrides)
+    torch.manual_seed(0)
+    hf = _randomize(LlavaForConditionalGeneration(LlavaConfig(**kw)))
+    hf.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    CLIPImageProcessor(
+        size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}
+    ).save_pretrained(folder)
+    return hf, tok
+
+
+def save_tiny_idefics3(folder, tok=None):
+    """An Idefics3ForConditionalGeneration (SmolVLM's layout) of a 28x28 SigLIP ViT (patch 7,
+    scale factor 2: 4 tokens per tile), images split into tiles of 28 up to 56 pixels a side;
+    returns (hf model, tokenizer)."""
+    import torch
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+    from transformers.models.idefics3 import Idefics3ImageProcessorPil
+
+    tok = tok or vlm_tokenizer(IDEFICS3_TOKENS)
+    config = Idefics3Config(
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            image_size=28,
+            patch_size=7,
+        ),
+        text_config=_text_config(tok).to_dict(),
+        image_token_id=tok.convert_tokens_to_ids(IMAGE),
+        scale_factor=2,
+    )
+    torch.manual_seed(0)
+    hf = _randomize(Idefics3ForConditionalGeneration(config))
+    hf.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    Idefics3ImageProcessorPil(
+        size={"longest_edge": 56}, max_image_size={"longest_edge": 28}
+    ).save_pretrained(folder)
+    return hf, tok
+
+
+def random_png(seed: int, size: tuple[int, int] = (40, 32)) -> bytes:
+    """A PNG of random pixels (width, height)."""
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
