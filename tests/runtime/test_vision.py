@@ -14,7 +14,13 @@ from dataclasses import replace
 
 import pytest
 import torch
-from vision_testing import IMAGE, random_png, save_tiny_idefics3, save_tiny_llava
+from vision_testing import (
+    IMAGE,
+    random_png,
+    save_tiny_idefics3,
+    save_tiny_llava,
+    save_tiny_llava_next,
+)
 
 import lmprog as lp
 from lmprog.core.images import ImageInput
@@ -81,9 +87,7 @@ def _paged_logits(model, ids, runs, cuts=()):
             rows += [p - a for _, p in inside]
             parts += [emb[i] for i, _ in inside]
         if rows:
-            batch = replace(
-                batch, image_rows=torch.tensor(rows), image_embeds=torch.stack(parts)
-            )
+            batch = replace(batch, image_rows=torch.tensor(rows), image_embeds=torch.stack(parts))
         with torch.inference_mode():
             out.append(model(batch, kv))
     return torch.cat(out)
@@ -160,13 +164,38 @@ def test_tiny_idefics3_matches_transformers_processor_and_logits(idefics3):
     torch.testing.assert_close(_paged_logits(ours, ids, runs, cuts), want, atol=ATOL, rtol=0)
 
 
+def test_tiny_llava_next_matches_transformers_processor_and_logits(tmp_path):
+    from transformers import LlavaNextProcessor
+
+    hf, tok = save_tiny_llava_next(tmp_path)
+    ours = load_model(tmp_path)
+    assert ours.config.architecture == "llava_next"
+    proc = LlavaNextProcessor(
+        image_processor=hf_processor(tmp_path),
+        tokenizer=tok,
+        patch_size=7,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+    )
+    # wide (a 1x2 grid, unpadded in height), tall (2x1, unpadded in width), square (2x2)
+    for size in ((60, 25), (21, 50), (40, 40)):
+        png = random_png(8, size)
+        ids, runs = _ours(ours, tmp_path, tok, PROMPT, [png])
+        inputs = proc(text=PROMPT, images=[ImageInput.from_bytes(png).load()], return_tensors="pt")
+        assert ids == inputs["input_ids"][0].tolist(), size
+        torch.testing.assert_close(runs[0].image.pixels, inputs["pixel_values"][0], atol=0, rtol=0)
+        with torch.inference_mode():
+            want = hf(**inputs).logits[0]
+        cuts = (runs[0].start + 7, runs[0].end - 3)
+        got = _paged_logits(ours, ids, runs, cuts)
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0, msg=lambda m, s=size: f"{s}: {m}")
+
+
 @pytest.fixture(scope="module")
 def llava_runtime(llava):
     folder, _, _ = llava
     # small steps: an image run of 16 tokens is prefilled over several chunks
-    rt = lp.Runtime(
-        str(folder), device="cpu", max_running_requests=4, max_num_batched_tokens=8
-    )
+    rt = lp.Runtime(str(folder), device="cpu", max_running_requests=4, max_num_batched_tokens=8)
     yield rt
     rt.shutdown()
 

@@ -59,12 +59,7 @@ def save_tiny_llava(folder, tok=None, **overrides):
     """A LlavaForConditionalGeneration of a 28x28-pixel CLIP ViT (patch 7: 16 image tokens),
     written to folder with its tokenizer and CLIPImageProcessor; returns (hf model, tokenizer)."""
     import torch
-    from transformers import (
-        CLIPImageProcessor,
-        CLIPVisionConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-    )
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
 
     tok = tok or vlm_tokenizer([IMAGE])
     vision = CLIPVisionConfig(
@@ -89,9 +84,43 @@ def save_tiny_llava(folder, tok=None, **overrides):
     hf = _randomize(LlavaForConditionalGeneration(LlavaConfig(**kw)))
     hf.save_pretrained(folder)
     tok.save_pretrained(folder)
-    CLIPImageProcessor(
-        size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}
-    ).save_pretrained(folder)
+    _write_json(folder / "preprocessor_config.json", _LLAVA_PREPROCESSOR)
+    return hf, tok
+
+
+GRID = [[28, 56], [56, 28], [56, 56]]  # LLaVA-NeXT's pinpoints at this test's tile size
+
+
+def save_tiny_llava_next(folder, tok=None):
+    """A LlavaNextForConditionalGeneration of the same CLIP ViT (16 tokens a tile), grids of up
+    to 2x2 tiles; written with its tokenizer and LlavaNextImageProcessor config."""
+    import torch
+    from transformers import CLIPVisionConfig, LlavaNextConfig, LlavaNextForConditionalGeneration
+
+    tok = tok or vlm_tokenizer([IMAGE])
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        image_size=28,
+        patch_size=7,
+        projection_dim=16,
+    )
+    config = LlavaNextConfig(
+        vision_config=vision,
+        text_config=_text_config(tok),
+        image_token_index=tok.convert_tokens_to_ids(IMAGE),
+        image_grid_pinpoints=GRID,
+        vision_feature_layer=-2,
+    )
+    torch.manual_seed(0)
+    hf = _randomize(LlavaNextForConditionalGeneration(config))
+    hf.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    pre = dict(_LLAVA_PREPROCESSOR, image_processor_type="LlavaNextImageProcessor")
+    pre.update(image_grid_pinpoints=GRID, do_pad=True)
+    _write_json(folder / "preprocessor_config.json", pre)
     return hf, tok
 
 
@@ -101,7 +130,6 @@ def save_tiny_idefics3(folder, tok=None):
     returns (hf model, tokenizer)."""
     import torch
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration
-    from transformers.models.idefics3 import Idefics3ImageProcessorPil
 
     tok = tok or vlm_tokenizer(IDEFICS3_TOKENS)
     config = Idefics3Config(
@@ -121,10 +149,47 @@ def save_tiny_idefics3(folder, tok=None):
     hf = _randomize(Idefics3ForConditionalGeneration(config))
     hf.save_pretrained(folder)
     tok.save_pretrained(folder)
-    Idefics3ImageProcessorPil(
-        size={"longest_edge": 56}, max_image_size={"longest_edge": 28}
-    ).save_pretrained(folder)
+    _write_json(folder / "preprocessor_config.json", _IDEFICS3_PREPROCESSOR)
     return hf, tok
+
+
+# preprocessor_config.json as llava-hf/llava-1.5-7b-hf and HuggingFaceTB/SmolVLM-256M-Instruct
+# ship it, at this test's sizes (transformers picks its PIL or torchvision backend)
+_LLAVA_PREPROCESSOR = {
+    "crop_size": {"height": 28, "width": 28},
+    "do_center_crop": True,
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_processor_type": "CLIPImageProcessor",
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"shortest_edge": 28},
+}
+_IDEFICS3_PREPROCESSOR = {
+    "do_convert_rgb": True,
+    "do_image_splitting": True,
+    "do_normalize": True,
+    "do_pad": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_processor_type": "Idefics3ImageProcessor",
+    "image_std": [0.5, 0.5, 0.5],
+    "max_image_size": {"longest_edge": 28},
+    "resample": 1,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 56},
+}
+
+
+def _write_json(path, obj) -> None:
+    import json
+
+    path.write_text(json.dumps(obj, indent=2))
 
 
 def random_png(seed: int, size: tuple[int, int] = (40, 32)) -> bytes:

@@ -38,6 +38,7 @@ _ARCH_ALIASES = {
     "deepseek_v2": "deepseek_v2",
     "deepseek2": "deepseek_v2",  # llama.cpp's name
     "llava": "llava",  # vision-language: their language model's shape, plus `vision`
+    "llava_next": "llava_next",
     "idefics3": "idefics3",
 }
 # Gemma 3 as llama.cpp and transformers run it when the checkpoint does not say otherwise.
@@ -283,7 +284,7 @@ def config_from_hf(hf: dict[str, Any] | str | os.PathLike[str]) -> ModelConfig:
             "model_type 'gemma3' is Gemma 3's image-text model; only its text model "
             "(model_type 'gemma3_text', e.g. gemma-3-270m, gemma-3-1b) or a GGUF is supported"
         )
-    if model_type in ("llava", "idefics3"):
+    if model_type in ("llava", "llava_next", "idefics3"):
         return _vision_language_from_hf(cfg, model_type)
     if model_type == "gemma3_text":
         return _gemma3_from_hf(cfg)
@@ -330,7 +331,7 @@ def _vision_language_from_hf(cfg: dict[str, Any], model_type: str) -> ModelConfi
 
     from .vision_config import idefics3_from_hf, llava_from_hf
 
-    text, vision = (llava_from_hf if model_type == "llava" else idefics3_from_hf)(cfg)
+    text, vision = (idefics3_from_hf if model_type == "idefics3" else llava_from_hf)(cfg)
     if text["model_type"] not in ("llama", "mistral", "qwen2"):
         raise ValueError(
             f"a {model_type} model with a {text['model_type']!r} language model is not "

@@ -43,6 +43,7 @@ class PreparedImage:
     patch_mask: torch.Tensor | None
     token_ids: tuple[int, ...]
     rows: int
+    size: tuple[int, int] | None = None  # (height, width) before preprocessing: LLaVA-NeXT
 
 
 class ImageProcessor:
@@ -98,6 +99,8 @@ class ImageProcessor:
             ids = self._idefics3_ids(int(out["rows"][0][0]), int(out["cols"][0][0]))
             rows = pixels.shape[0] * self.vision.tokens_per_image
             return PreparedImage(image.digest, pixels, patch_mask, ids, rows)
+        if self.vision.family == "llava_next":
+            return self._llava_next(image, pil)
         out = self.processor(images=[pil], return_tensors="pt")
         pixels = out["pixel_values"].float()
         size = self.vision.encoder.image_size
@@ -108,6 +111,31 @@ class ImageProcessor:
             )
         rows = self.vision.tokens_per_image
         return PreparedImage(image.digest, pixels, None, (self.image_token_id,) * rows, rows)
+
+    def _llava_next(self, image: ImageInput, pil: Any) -> PreparedImage:
+        """The whole image and its any-resolution grid of tiles; rows as the model packs them
+        (models/llava.py LlavaNextForConditionalGeneration: the same grid and unpadding)."""
+        from .vision import anyres_grid, unpadded
+
+        out = self.processor(images=[pil], return_tensors="pt")
+        pixels = out["pixel_values"][0].float()
+        size = (int(out["image_sizes"][0][0]), int(out["image_sizes"][0][1]))
+        enc = self.vision.encoder
+        side = enc.patches_per_side
+        rows = side * side
+        if pixels.shape[0] == 1:
+            rows += 1  # the image_newline after the whole image's features
+        else:
+            gh, gw = anyres_grid(size, self.vision.grid_pinpoints, enc.image_size)
+            if pixels.shape[0] != gh * gw + 1:
+                raise ValueError(
+                    f"the image processor gave {pixels.shape[0]} tiles for a {gh}x{gw} grid "
+                    "(+1): do its image_grid_pinpoints match the model's?"
+                )
+            (top, bottom), (left, right) = unpadded(size, gh * side, gw * side)
+            rows += (bottom - top) * (right - left + 1)
+        ids = (self.image_token_id,) * rows
+        return PreparedImage(image.digest, pixels, None, ids, rows, size)
 
     def expand(
         self, ids: list[int], images: list[PreparedImage]

@@ -16,13 +16,14 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..executor.forward_batch import ForwardBatch
 from ..executor.kv_pool import KVPool
 from ..layers.attention import AttentionBackend
 from .config import ModelConfig
 from .llama import LlamaForCausalLM, _Step
-from .vision import LlavaProjector, PixelInput, VisionTower, encode_batched
+from .vision import LlavaProjector, PixelInput, VisionTower, anyres_grid, encode_batched, unpadded
 from .vision_config import VisionLanguageConfig
 
 
@@ -50,7 +51,11 @@ class VisionLanguageModel(LlamaForCausalLM):
         images of one tile size."""
         with torch.inference_mode():
             encoded = encode_batched(self._encode, images, self.device)
-        return [e.flatten(0, 1) for e in encoded]
+            return [self._assemble(e, image) for e, image in zip(encoded, images)]
+
+    def _assemble(self, encoded: torch.Tensor, image: PixelInput) -> torch.Tensor:
+        """One image's rows from its tiles' [n, rows per tile, hidden]: in tile order."""
+        return encoded.flatten(0, 1)
 
     def _encode(self, pixels: torch.Tensor, patch_mask: torch.Tensor | None) -> torch.Tensor:
         """[n, C, H, W] (and its patch mask) -> [n, rows per tile, hidden]."""
@@ -118,5 +123,36 @@ class LlavaForConditionalGeneration(VisionLanguageModel):
         if name.startswith("language_model."):
             return "model." + name[len("language_model.") :]
         if name.startswith("vision_tower.vision_model."):
-            return "vision_tower." + name[len("vision_tower.vision_model.") :]
+            name = "vision_tower." + name[len("vision_tower.vision_model.") :]
+        if name.startswith("vision_tower.head."):  # SigLIP's pooling head: LLaVA reads none
+            return None
         return name
+
+
+class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
+    """LLaVA-NeXT (LLaVA-1.6, transformers' LlavaNextForConditionalGeneration): LLaVA's
+    features of the downscaled whole image, then of the grid of tiles that best fits the
+    image (image_grid_pinpoints), unpadded back to the image's aspect ratio, image_newline
+    after each row of features (transformers' pack_image_features, "spatial_unpad")."""
+
+    _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "image_newline")
+
+    def __init__(self, config: ModelConfig, attention: AttentionBackend) -> None:
+        super().__init__(config, attention)
+        self.image_newline = nn.Parameter(torch.empty(config.hidden_size))
+
+    def _assemble(self, encoded: torch.Tensor, image: PixelInput) -> torch.Tensor:
+        newline = self.image_newline.to(encoded.dtype)
+        if encoded.shape[0] == 1:  # no grid: the whole image only
+            return torch.cat([encoded[0], newline[None]])
+        size = getattr(image, "size", None)
+        assert size is not None, "a LLaVA-NeXT image carries its original size"
+        side = self.vision.encoder.patches_per_side
+        gh, gw = anyres_grid(size, self.vision.grid_pinpoints, self.vision.encoder.image_size)
+        d = encoded.shape[-1]
+        x = encoded[1:].reshape(gh, gw, side, side, d).permute(4, 0, 2, 1, 3)
+        x = x.reshape(d, gh * side, gw * side)
+        (top, bottom), (left, right) = unpadded(size, gh * side, gw * side)
+        x = x[:, top:bottom, left:right]
+        x = torch.cat([x, newline[:, None, None].expand(d, x.shape[1], 1)], dim=-1)
+        return torch.cat([encoded[0], x.flatten(1, 2).transpose(0, 1)])

@@ -214,6 +214,31 @@ def pixel_shuffle(x: torch.Tensor, scale: int) -> torch.Tensor:
     return x.reshape(b, seq // scale**2, d * scale * scale)
 
 
+def anyres_grid(
+    size: tuple[int, int], pinpoints: Sequence[tuple[int, int]], tile: int
+) -> tuple[int, int]:
+    """LLaVA-NeXT's grid of tiles (rows, columns) for an image of `size` (height, width): the
+    pinpoint resolution transformers' select_best_resolution picks, in tiles of `tile`."""
+    from transformers.image_processing_utils import select_best_resolution
+
+    h, w = select_best_resolution(list(size), [list(p) for p in pinpoints])
+    return h // tile, w // tile
+
+
+def unpadded(size: tuple[int, int], height: int, width: int) -> tuple[tuple[int, int], ...]:
+    """((top, bottom), (left, right)): the part of a height x width feature grid that holds
+    an image of `size` (height, width) resized into it and centred (transformers'
+    unpad_image, the same rounding)."""
+    h, w = size
+    if w / h > width / height:
+        new = int(round(h * (width / w), 7))
+        pad = (height - new) // 2
+        return (pad, height - pad), (0, width)
+    new = int(round(w * (height / h), 7))
+    pad = (width - new) // 2
+    return (0, height), (pad, width - pad)
+
+
 def encode_batched(
     encode: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
     images: Sequence[PixelInput],

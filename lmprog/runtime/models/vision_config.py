@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-VisionFamily = Literal["llava", "idefics3"]
+VisionFamily = Literal["llava", "llava_next", "idefics3"]
 _ACTIVATIONS = ("quick_gelu", "gelu", "gelu_pytorch_tanh")
 
 
@@ -62,6 +62,10 @@ class VisionLanguageConfig:
               counts them: 0 the embeddings, i after layer i, negative from the end), CLS
               dropped for select_strategy "default", through a 2-layer MLP projector;
               `tokens_per_image` image tokens per image.
+    llava_next: LLaVA's features of every tile of an any-resolution image (the grid that
+              best fits it among grid_pinpoints, (height, width) in pixels) and of the whole
+              image downscaled; the grid's features unpadded to the image's aspect ratio, a
+              learned image_newline after each row.
     idefics3: the ViT's post-normed output of each tile, pixel-shuffled by scale_factor,
               through one linear projection.
     """
@@ -74,6 +78,7 @@ class VisionLanguageConfig:
     projector_hidden_act: str = "gelu"
     projector_bias: bool = True
     scale_factor: int = 1
+    grid_pinpoints: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.projector_hidden_act not in _ACTIVATIONS:
@@ -84,6 +89,19 @@ class VisionLanguageConfig:
         for layer in self.feature_layers:
             if not -n - 1 <= layer <= n:
                 raise ValueError(f"vision_feature_layer {layer} outside a ViT of {n} layers")
+        if self.family == "llava_next" and self.select_strategy != "default":
+            raise ValueError("LLaVA-NeXT packs its grid of features without CLS: 'default' only")
+        if self.family == "llava_next" and (
+            not self.grid_pinpoints
+            or any(
+                h % self.encoder.image_size or w % self.encoder.image_size
+                for h, w in self.grid_pinpoints
+            )
+        ):
+            raise ValueError(
+                f"LLaVA-NeXT's image_grid_pinpoints {self.grid_pinpoints} must be multiples of the "
+                f"ViT's image size {self.encoder.image_size}"
+            )
         side = self.encoder.patches_per_side
         if self.family == "idefics3" and (self.scale_factor < 1 or side % self.scale_factor):
             raise ValueError(f"scale_factor {self.scale_factor} does not divide {side} patches")
@@ -139,7 +157,8 @@ def encoder_from_hf(vision: dict[str, Any], kind: Literal["clip", "siglip"]) -> 
 
 
 def llava_from_hf(cfg: dict[str, Any]) -> tuple[dict[str, Any], VisionLanguageConfig]:
-    """(the full text config, the vision config) of a LlavaForConditionalGeneration config."""
+    """(the full text config, the vision config) of a LlavaForConditionalGeneration or
+    LlavaNextForConditionalGeneration config."""
     vision = full_sub_config(cfg.get("vision_config") or {}, "clip_vision_model")
     text = full_sub_config(cfg.get("text_config") or {}, "llama")
     kind: Literal["clip", "siglip"]
@@ -155,8 +174,13 @@ def llava_from_hf(cfg: dict[str, Any]) -> tuple[dict[str, Any], VisionLanguageCo
     layer = cfg.get("vision_feature_layer", -2)
     if kind == "siglip" and cfg.get("vision_feature_select_strategy", "default") == "default":
         raise ValueError("LLaVA over SigLIP drops no CLS token: select_strategy 'full' only")
+    next_ = cfg.get("model_type") == "llava_next"
+    pinpoints = cfg.get("image_grid_pinpoints") or (
+        [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]] if next_ else []
+    )
     config = VisionLanguageConfig(
-        family="llava",
+        family="llava_next" if next_ else "llava",
+        grid_pinpoints=tuple((int(h), int(w)) for h, w in pinpoints) if next_ else (),
         encoder=encoder_from_hf(vision, kind),
         image_token_id=int(cfg.get("image_token_id", cfg.get("image_token_index", 32000))),
         feature_layers=tuple(layer) if isinstance(layer, (list, tuple)) else (int(layer),),
