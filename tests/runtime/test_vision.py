@@ -146,14 +146,14 @@ def test_tiny_idefics3_matches_transformers_processor_and_logits(idefics3):
     ours = load_model(folder)
     assert ours.config.architecture == "idefics3" and ours.config.vision.tokens_per_image == 4
     proc = Idefics3Processor(image_processor=hf_processor(folder), tokenizer=tok, image_seq_len=4)
-    pngs = [random_png(2, (50, 30)), random_png(3, (20, 20))]  # split in 2x1 tiles; whole
+    pngs = [random_png(2, (50, 20)), random_png(3, (20, 20))]  # 2x3 and 3x3 tiles
     prompt = f"User:{IMAGE} and {IMAGE}, alike?<end_of_utterance>\nAssistant:"
     ids, runs = _ours(ours, folder, tok, prompt, pngs)
     pils = [ImageInput.from_bytes(p).load() for p in pngs]
     inputs = proc(text=prompt, images=[pils], return_tensors="pt")
     assert ids == inputs["input_ids"][0].tolist()
     tiles = torch.cat([r.image.pixels for r in runs])
-    assert [r.image.pixels.shape[0] for r in runs] == [3, 1]  # 2 tiles + the whole image
+    assert [r.image.pixels.shape[0] for r in runs] == [7, 10]  # tiles + the whole image
     want_pixels = inputs["pixel_values"][0]
     want_pixels = want_pixels[want_pixels.flatten(1).abs().sum(1) > 0]  # the batch's padding
     torch.testing.assert_close(tiles, want_pixels, atol=0, rtol=0)

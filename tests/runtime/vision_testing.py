@@ -126,7 +126,7 @@ def save_tiny_llava_next(folder, tok=None):
 
 def save_tiny_idefics3(folder, tok=None):
     """An Idefics3ForConditionalGeneration (SmolVLM's layout) of a 28x28 SigLIP ViT (patch 7,
-    scale factor 2: 4 tokens per tile), images split into tiles of 28 up to 56 pixels a side;
+    scale factor 2: 4 tokens per tile), images split into tiles of 28 up to 84 pixels a side;
     returns (hf model, tokenizer)."""
     import torch
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration
@@ -182,7 +182,7 @@ _IDEFICS3_PREPROCESSOR = {
     "max_image_size": {"longest_edge": 28},
     "resample": 1,
     "rescale_factor": 0.00392156862745098,
-    "size": {"longest_edge": 56},
+    "size": {"longest_edge": 84},
 }
 
 

@@ -1,5 +1,6 @@
-"""Vision-language models over the paged KV pool: LLaVA (LLaVA-1.5: CLIP ViT + MLP projector
-+ a Llama / Mistral / Qwen2 decoder) and the base every VLM here shares.
+"""Vision-language models over the paged KV pool: LLaVA-1.5 (CLIP ViT + MLP projector + a
+Llama / Mistral / Qwen2 decoder), LLaVA-NeXT (the same over an any-resolution grid of tiles)
+and the base every VLM here shares (Idefics3 in idefics3.py).
 
     embeds = model.encode_images([pixels, ...])     # per image [rows, hidden]
     model(batch, kv)     # batch.image_rows take batch.image_embeds in place of a token
@@ -11,6 +12,7 @@ step that feeds image positions differs. Design: docs/design/vision.md.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -27,7 +29,7 @@ from .vision import LlavaProjector, PixelInput, VisionTower, anyres_grid, encode
 from .vision_config import VisionLanguageConfig
 
 
-class VisionLanguageModel(LlamaForCausalLM):
+class VisionLanguageModel(LlamaForCausalLM, abc.ABC):
     """A Llama-family decoder that takes image embeddings at image positions. Subclasses
     add the image modules (`_VISION_PREFIXES`, loaded by name as they are), `_encode` and
     the checkpoint's names (`_rename`)."""
@@ -57,9 +59,9 @@ class VisionLanguageModel(LlamaForCausalLM):
         """One image's rows from its tiles' [n, rows per tile, hidden]: in tile order."""
         return encoded.flatten(0, 1)
 
+    @abc.abstractmethod
     def _encode(self, pixels: torch.Tensor, patch_mask: torch.Tensor | None) -> torch.Tensor:
         """[n, C, H, W] (and its patch mask) -> [n, rows per tile, hidden]."""
-        raise NotImplementedError
 
     def embed(self, batch: ForwardBatch, kv: KVPool, plan: Any) -> tuple[torch.Tensor, _Step]:
         rows = batch.image_rows
@@ -77,8 +79,9 @@ class VisionLanguageModel(LlamaForCausalLM):
         renamed = ((self._rename(name), tensor) for name, tensor in weights)
         super().load_weights((n, t) for n, t in renamed if n is not None)
 
+    @abc.abstractmethod
     def _rename(self, name: str) -> str | None:
-        raise NotImplementedError
+        """Our parameter name for a checkpoint tensor's (None: a tensor we do not keep)."""
 
     def _pieces(self, name: str, tensor: torch.Tensor) -> Iterable[tuple[str, Any, torch.Tensor]]:
         if name.startswith(self._VISION_PREFIXES):  # unfused: the image modules' own names

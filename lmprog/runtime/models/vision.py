@@ -23,6 +23,12 @@ from torch import nn
 from .vision_config import VisionEncoderConfig, VisionLanguageConfig
 
 
+class VisionLinear(nn.Linear):
+    """The image modules' linear layers: an nn.Linear the load-time transforms of the decoder
+    (int4, FP8, small-M matmul paths, which select `type(layer) is nn.Linear`) leave alone;
+    they see [images, patches, features] inputs and a small share of the FLOPs."""
+
+
 def activation(name: str, x: torch.Tensor) -> torch.Tensor:
     """transformers' ACT2FN for the activations vision models use."""
     if name == "quick_gelu":
@@ -37,10 +43,10 @@ class VisionAttention(nn.Module):
         super().__init__()
         dim = config.hidden_size
         self.num_heads = config.num_heads
-        self.q_proj = nn.Linear(dim, dim)
-        self.k_proj = nn.Linear(dim, dim)
-        self.v_proj = nn.Linear(dim, dim)
-        self.out_proj = nn.Linear(dim, dim)
+        self.q_proj = VisionLinear(dim, dim)
+        self.k_proj = VisionLinear(dim, dim)
+        self.v_proj = VisionLinear(dim, dim)
+        self.out_proj = VisionLinear(dim, dim)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """mask: bool [B, 1, 1, N], the keys each image's queries see (None: all)."""
@@ -57,8 +63,8 @@ class VisionMLP(nn.Module):
     def __init__(self, config: VisionEncoderConfig) -> None:
         super().__init__()
         self.act = config.hidden_act
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.fc1 = VisionLinear(config.hidden_size, config.intermediate_size)
+        self.fc2 = VisionLinear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(activation(self.act, self.fc1(x)))
@@ -181,8 +187,8 @@ class LlavaProjector(nn.Module):
         super().__init__()
         features = vision.encoder.hidden_size * len(vision.feature_layers)
         self.act = vision.projector_hidden_act
-        self.linear_1 = nn.Linear(features, text_hidden, bias=vision.projector_bias)
-        self.linear_2 = nn.Linear(text_hidden, text_hidden, bias=vision.projector_bias)
+        self.linear_1 = VisionLinear(features, text_hidden, bias=vision.projector_bias)
+        self.linear_2 = VisionLinear(text_hidden, text_hidden, bias=vision.projector_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_2(activation(self.act, self.linear_1(x)))
@@ -196,7 +202,7 @@ class Idefics3Connector(nn.Module):
         super().__init__()
         self.scale = vision.scale_factor
         self.modality_projection = nn.Module()
-        self.modality_projection.proj = nn.Linear(
+        self.modality_projection.proj = VisionLinear(
             vision.encoder.hidden_size * self.scale**2, text_hidden, bias=False
         )
 
