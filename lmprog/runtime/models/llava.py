@@ -99,7 +99,7 @@ class LlavaForConditionalGeneration(VisionLanguageModel):
     the hidden states of ViT layer(s) vision_feature_layer, the class token dropped
     ("default"), through the projector: tokens_per_image rows per image."""
 
-    _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
+    _VISION_PREFIXES: tuple[str, ...] = ("vision_tower.", "multi_modal_projector.")
 
     def __init__(self, config: ModelConfig, attention: AttentionBackend) -> None:
         super().__init__(config, attention)

@@ -125,6 +125,14 @@ class VisionEmbeddings(nn.Module):
         return x + self.position_embedding(bucketed_positions(patch_mask))
 
 
+class VisionEncoder(nn.Module):
+    """The layers (transformers' `encoder.layers.{i}`)."""
+
+    def __init__(self, config: VisionEncoderConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(VisionLayer(config) for _ in range(config.num_layers))
+
+
 class VisionTower(nn.Module):
     """A CLIP or SigLIP ViT. CLIP norms the embeddings first (pre_layrnorm, transformers'
     spelling); SigLIP norms the last layer's output (post_layernorm). Both keep the other
@@ -137,8 +145,7 @@ class VisionTower(nn.Module):
         dim, eps = config.hidden_size, config.layer_norm_eps
         self.embeddings = VisionEmbeddings(config)
         self.pre_layrnorm = nn.LayerNorm(dim, eps=eps) if config.kind == "clip" else None
-        self.encoder = nn.Module()
-        self.encoder.layers = nn.ModuleList(VisionLayer(config) for _ in range(config.num_layers))
+        self.encoder = VisionEncoder(config)
         self.post_layernorm = nn.LayerNorm(dim, eps=eps)
 
     def forward(
@@ -194,6 +201,14 @@ class LlavaProjector(nn.Module):
         return self.linear_2(activation(self.act, self.linear_1(x)))
 
 
+class ModalityProjection(nn.Module):
+    """Idefics3's `modality_projection.proj`: one linear map without bias."""
+
+    def __init__(self, features: int, text_hidden: int) -> None:
+        super().__init__()
+        self.proj = VisionLinear(features, text_hidden, bias=False)
+
+
 class Idefics3Connector(nn.Module):
     """Idefics3's connector: pixel shuffle (each scale x scale block of patches becomes one
     token of scale**2 times the features), then one linear map (modality_projection.proj)."""
@@ -201,9 +216,8 @@ class Idefics3Connector(nn.Module):
     def __init__(self, vision: VisionLanguageConfig, text_hidden: int) -> None:
         super().__init__()
         self.scale = vision.scale_factor
-        self.modality_projection = nn.Module()
-        self.modality_projection.proj = VisionLinear(
-            vision.encoder.hidden_size * self.scale**2, text_hidden, bias=False
+        self.modality_projection = ModalityProjection(
+            vision.encoder.hidden_size * self.scale**2, text_hidden
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
