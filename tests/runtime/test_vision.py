@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from vision_testing import (
@@ -29,7 +30,7 @@ from lmprog.core.protocol import GenerateRequest
 from lmprog.core.sampling import SamplingParams
 from lmprog.runtime.executor.forward_batch import ForwardBatch
 from lmprog.runtime.executor.kv_pool import KVPool
-from lmprog.runtime.images import IMAGE_KEY_BASE, ImageRun, image_key, keyed_ids
+from lmprog.runtime.images import IMAGE_KEY_BASE, ImageRun, image_key, keyed_ids, step_images
 from lmprog.runtime.models import load_model
 from lmprog.runtime.models.image_processing import ImageProcessor
 
@@ -98,6 +99,70 @@ def test_image_keys_lie_between_the_vocabulary_and_the_lora_key_space():
     key = image_key(digest)
     assert IMAGE_KEY_BASE <= key < 1 << 40
     assert key != image_key(ImageInput.from_bytes(random_png(1)).digest)
+
+
+class _Prepared:
+    """An image as the processor prepares it, of `rows` rows (pixels: its id, to trace)."""
+
+    def __init__(self, digest: str, rows: int) -> None:
+        self.digest, self.rows = digest, rows
+        self.pixels, self.patch_mask = torch.full((1, 1), float(rows)), None
+
+
+class _CountingModel:
+    """encode_images that records each call's images and gives row r of an image of
+    digest d the value 1000 * int(d[0]) + r."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def encode_images(self, images):
+        self.calls.append([im.digest for im in images])
+        return [
+            (1000 * int(im.digest[0]) + torch.arange(im.rows, dtype=torch.float32))[:, None]
+            for im in images
+        ]
+
+
+def test_step_images_encodes_each_image_once_in_one_batch_and_frees_it_after_prefill():
+    from lmprog.runtime.request import Req
+    from lmprog.runtime.scheduler.batch import ScheduledBatch, ScheduledEntry
+
+    def req(rid, runs, n=20):
+        ids = keyed_ids(list(range(1, n + 1)), runs)
+        return Req(rid, ids, SamplingParams(max_tokens=1), images=runs)
+
+    a1 = ImageRun(_Prepared("1" * 64, 4), [3, 4, 5, 6])
+    a2 = ImageRun(_Prepared("1" * 64, 4), [10, 11, 12, 13])  # the same image, another request
+    b = ImageRun(_Prepared("2" * 64, 3), [2, 5, 9])  # rows apart (Idefics3's framing)
+    r1, r2, r3 = req(0, [a1]), req(1, [a2, b]), req(2, [])
+    # r1 feeds [0, 5): two rows of a1; r2 feeds [8, 12): b's last row and two of a2; r3 text
+    entries = (
+        ScheduledEntry(r1, 0, 0, 5, 0, None, False, False),
+        ScheduledEntry(r2, 1, 8, 4, 5, None, False, False),
+        ScheduledEntry(r3, 2, 0, 3, 9, None, False, False),
+    )
+    batch = ScheduledBatch(entries, np.zeros(12, np.int32), np.zeros(12, np.int64))
+    model = _CountingModel()
+    rows, embeds = step_images(batch, model)
+    assert model.calls == [["1" * 64, "2" * 64]]  # one batch, the shared image once
+    # batch row -> embedding row: r1's tokens 3, 4 (a1's rows 0, 1); r2's 9 (b's row 2), 10,
+    # 11 (a2's rows 0, 1) at offset 5
+    got = dict(zip(rows.tolist(), embeds[:, 0].tolist()))
+    assert got == {3: 1000, 4: 1001, 6: 2002, 7: 1000, 8: 1001}
+    assert a1.embeds is not None and a2.embeds is not None  # more of both is to come
+    assert b.embeds is None  # r2 fed b's last position
+    # the next chunk: a2's last rows, from the embeddings kept (no encoder run)
+    nxt = (ScheduledEntry(r2, 1, 12, 4, 0, None, False, False),)
+    rows, embeds = step_images(ScheduledBatch(nxt, np.zeros(4, np.int32), np.zeros(4)), model)
+    assert (
+        len(model.calls) == 1 and rows.tolist() == [0, 1] and embeds[:, 0].tolist() == [1002, 1003]
+    )
+    assert a2.embeds is None
+    # a step that feeds no image position
+    none = (ScheduledEntry(r2, 1, 16, 2, 0, None, False, False),)
+    assert step_images(ScheduledBatch(none, np.zeros(2, np.int32), np.zeros(2)), model) is None
+    assert keyed_ids([7] * 12, [b])[2] == keyed_ids([7] * 12, [b])[9] == b.key
 
 
 def test_tiny_llava_matches_transformers_processor_and_logits(llava):
