@@ -343,3 +343,25 @@ def test_a_text_only_model_refuses_images(tmp_path):
         assert rt.image_token is None
         with pytest.raises(ValueError, match="takes no images"):
             rt.generate(_request(f"look: {IMAGE}", [random_png(0)]))
+
+
+def test_idefics3_greedy_generation_through_the_runtime_equals_transformers(idefics3):
+    """Tiles whose image rows are framed by row/column tokens, prefilled in chunks of 16."""
+    from transformers import Idefics3Processor
+
+    folder, hf, tok = idefics3
+    png = random_png(9, (50, 20))
+    prompt = f"User:{IMAGE} What is it?<end_of_utterance>\nAssistant:"
+    proc = Idefics3Processor(image_processor=hf_processor(folder), tokenizer=tok, image_seq_len=4)
+    inputs = proc(text=prompt, images=[[ImageInput.from_bytes(png).load()]], return_tensors="pt")
+    n = inputs["input_ids"].shape[1]
+    with torch.inference_mode():
+        want = hf.generate(**inputs, max_new_tokens=6, do_sample=False)[0, n:].tolist()
+    with lp.Runtime(
+        str(folder), device="cpu", max_running_requests=4, max_num_batched_tokens=16
+    ) as rt:
+        assert rt.image_token == IMAGE
+        got = rt.generate(_request(prompt, [png]))
+        assert list(got.token_ids) == want and got.prompt_tokens == n
+        again = rt.generate(_request(prompt, [png]))
+        assert again.cached_tokens >= n - 1 and again.token_ids == got.token_ids
