@@ -308,10 +308,10 @@ def test_greedy_generation_equals_transformers_and_the_cache_is_keyed_by_image(
 def test_a_batch_mixing_image_and_text_requests_equals_each_alone(llava_runtime):
     rt = llava_runtime
     requests = [
-        _request(PROMPT, [random_png(6)]),
-        _request("A plain question without a picture:", max_tokens=8),
-        _request(f"Two: {IMAGE} and {IMAGE}.", [random_png(7), random_png(6)]),
-        _request(PROMPT, [random_png(7)]),
+        _request(PROMPT, [random_png(6)], max_tokens=4),
+        _request("A plain question without a picture:", max_tokens=4),
+        _request(f"Two: {IMAGE} and {IMAGE}.", [random_png(7), random_png(6)], max_tokens=4),
+        _request(PROMPT, [random_png(7)], max_tokens=4),
     ]
     alone = []
     for r in requests:
