@@ -8,8 +8,12 @@ them, and the encoder run of one step.
 A request's token ids hold, at each position of an image, a key derived from the image's
 digest instead of the image token (as SGLang pads image positions with a hash of the image):
 the radix cache matches them like tokens, so the same image after the same text reuses its
-KV and a different image never does. The key lies beyond every vocabulary (2**39 up) and
-below the LoRA key space (2**40), so it is never a token and never an adapter's offset.
+KV and a different image never does. Keys lie beyond every vocabulary (2**39 up) and below
+the LoRA key space (2**40), so they are never tokens and never an adapter's offset. Each
+position has its own 39 bits (SHAKE-256 of the digest, 5 bytes a position), not one value
+for the whole run: a run of n positions carries 39 n bits of the image, so two images share
+the KV of a run only if their digests collide, and even its first position only with
+probability 2**-39 (SGLang's one 30-bit pad value per image: 2**-30 for the whole run).
 The model embeds a keyed position with the image's embedding row instead.
 
 The vision encoder runs when a step first feeds one of an image's positions (a prefix hit
@@ -21,6 +25,7 @@ several requests once. Design: docs/design/vision.md.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,12 +37,18 @@ if TYPE_CHECKING:
     from .scheduler.batch import ScheduledBatch
 
 IMAGE_KEY_BASE = 1 << 39
-_KEY_HEX_DIGITS = 9  # 36 bits of the sha256 digest
+_KEY_BYTES = 5  # per position: 40 bits of SHAKE-256 output, 39 of them kept
 
 
-def image_key(digest: str) -> int:
-    """The cache key of an image's positions: 2**39 + 36 bits of its sha256 digest."""
-    return IMAGE_KEY_BASE + int(digest[:_KEY_HEX_DIGITS], 16)
+def image_keys(digest: str, n: int) -> np.ndarray:
+    """The cache keys of an image's n positions (int64): 2**39 + 39 bits each, from the
+    SHAKE-256 stream of its sha256 digest (the same image, the same keys, in any process)."""
+    stream = hashlib.shake_256(digest.encode()).digest(_KEY_BYTES * n)
+    raw = np.frombuffer(stream, dtype=np.uint8).reshape(n, _KEY_BYTES).astype(np.int64)
+    bits = np.zeros(n, dtype=np.int64)
+    for b in range(_KEY_BYTES):
+        bits = (bits << 8) | raw[:, b]
+    return IMAGE_KEY_BASE + (bits & (IMAGE_KEY_BASE - 1))
 
 
 class ImageRun:
@@ -45,7 +56,7 @@ class ImageRun:
     indices its embedding rows go to (ascending), and those rows once encoded (engine thread
     only)."""
 
-    __slots__ = ("image", "positions", "start", "end", "key", "embeds")
+    __slots__ = ("image", "positions", "start", "end", "keys", "embeds")
 
     def __init__(self, image: Any, positions: np.ndarray) -> None:
         positions = np.asarray(positions, dtype=np.int64)
@@ -56,7 +67,7 @@ class ImageRun:
         self.image = image
         self.positions = positions
         self.start, self.end = int(positions[0]), int(positions[-1]) + 1
-        self.key = image_key(image.digest)
+        self.keys = image_keys(image.digest, len(positions))
         self.embeds: torch.Tensor | None = None
 
     @property
@@ -70,13 +81,13 @@ class ImageRun:
 
 
 def keyed_ids(prompt_ids: Sequence[int], runs: Sequence[ImageRun]) -> list[int]:
-    """prompt_ids with every image position holding its image's key."""
+    """prompt_ids with every image position holding its key."""
     ids = list(prompt_ids)
     for run in runs:
         if run.end > len(ids):
             raise ValueError(f"{run} lies beyond the prompt's {len(ids)} tokens")
-        for p in run.positions.tolist():
-            ids[p] = run.key
+        for p, key in zip(run.positions.tolist(), run.keys.tolist()):
+            ids[p] = key
     return ids
 
 

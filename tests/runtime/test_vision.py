@@ -30,7 +30,7 @@ from lmprog.core.protocol import GenerateRequest
 from lmprog.core.sampling import SamplingParams
 from lmprog.runtime.executor.forward_batch import ForwardBatch
 from lmprog.runtime.executor.kv_pool import KVPool
-from lmprog.runtime.images import IMAGE_KEY_BASE, ImageRun, image_key, keyed_ids, step_images
+from lmprog.runtime.images import IMAGE_KEY_BASE, ImageRun, image_keys, keyed_ids, step_images
 from lmprog.runtime.models import load_model
 from lmprog.runtime.models.image_processing import ImageProcessor
 
@@ -96,9 +96,12 @@ def _paged_logits(model, ids, runs, cuts=()):
 
 def test_image_keys_lie_between_the_vocabulary_and_the_lora_key_space():
     digest = ImageInput.from_bytes(random_png(0)).digest
-    key = image_key(digest)
-    assert IMAGE_KEY_BASE <= key < 1 << 40
-    assert key != image_key(ImageInput.from_bytes(random_png(1)).digest)
+    keys = image_keys(digest, 600)
+    assert keys.min() >= IMAGE_KEY_BASE and keys.max() < 1 << 40
+    assert len(set(keys.tolist())) == 600  # each position its own 39 bits
+    assert (image_keys(digest, 600) == keys).all() and (image_keys(digest, 7) == keys[:7]).all()
+    other = image_keys(ImageInput.from_bytes(random_png(1)).digest, 600)
+    assert not (other == keys).any()
 
 
 class _Prepared:
@@ -162,7 +165,8 @@ def test_step_images_encodes_each_image_once_in_one_batch_and_frees_it_after_pre
     # a step that feeds no image position
     none = (ScheduledEntry(r2, 1, 16, 2, 0, None, False, False),)
     assert step_images(ScheduledBatch(none, np.zeros(2, np.int32), np.zeros(2)), model) is None
-    assert keyed_ids([7] * 12, [b])[2] == keyed_ids([7] * 12, [b])[9] == b.key
+    keyed = keyed_ids([7] * 12, [b])
+    assert [keyed[p] for p in (2, 5, 9)] == b.keys.tolist() and keyed[3] == 7
 
 
 def test_tiny_llava_matches_transformers_processor_and_logits(llava):
