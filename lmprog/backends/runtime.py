@@ -250,7 +250,7 @@ class Runtime(Backend):
         check_stream(stream)
         ids = self._prompt_ids(request.prompt)
         images: tuple[Any, ...] = ()
-        if request.images:
+        if request.images or self._images is not None:  # a VLM checks the count: 0 == 0
             ids, images = self._image_prompt(ids, request.images)
         self._check_params(request.params)
         guide = self._guide(request.constraint)

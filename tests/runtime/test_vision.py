@@ -334,6 +334,8 @@ def test_bad_image_requests_fail_at_the_call_and_the_engine_serves_on(llava_runt
     rt = llava_runtime
     with pytest.raises(ValueError, match="image token"):
         rt.generate(_request(PROMPT, [random_png(0), random_png(1)]))
+    with pytest.raises(ValueError, match="1 image token"):  # an image token, no image
+        rt.generate(_request(PROMPT))
     with pytest.raises(ValueError, match="cannot be decoded"):
         rt.generate(GenerateRequest(PROMPT, images=(ImageInput.from_bytes(b"not a png"),)))
     assert rt.generate(_request(PROMPT, [random_png(0)], max_tokens=2)).text
