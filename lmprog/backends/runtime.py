@@ -73,6 +73,8 @@ class Runtime(Backend):
 
         check_tp_size(cfg.tp_size, cfg.dp_size)  # under torchrun, one group
         self._source = _source_of(cfg.model, cfg.load_format)
+        if cfg.tp_size > 1:
+            _check_tp_model(self._source)
         started = time.perf_counter()
         if self._source is not None:
             _log.info(
@@ -541,6 +543,20 @@ def _source_of(model: Any, load_format: str) -> ModelSource | None:
         if model.lower() in PRESETS:
             return None
     return resolve_model(model)
+
+
+def _check_tp_model(source: ModelSource | None) -> None:
+    """ValueError before any tensor-parallel group starts for a model that cannot be sharded:
+    a vision-language model (its step's image embeddings are not broadcast to the ranks)."""
+    if source is None or source.kind != "hf":
+        return
+    from lmprog.runtime.models import load_config
+
+    if load_config(source).vision is not None:
+        raise ValueError(
+            f"{source.name} is a vision-language model, which does not run under tensor "
+            "parallelism yet: use tp_size=1 (dp_size for more GPUs)"
+        )
 
 
 def _eos_ids(config: Any, tokenizer: Any) -> tuple[int, ...]:

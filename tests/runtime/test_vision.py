@@ -371,3 +371,9 @@ def test_idefics3_greedy_generation_through_the_runtime_equals_transformers(idef
         assert list(got.token_ids) == want and got.prompt_tokens == n
         again = rt.generate(_request(prompt, [png]))
         assert again.cached_tokens >= n - 1 and again.token_ids == got.token_ids
+
+
+def test_a_vlm_is_refused_under_tensor_parallelism_before_any_rank_starts(llava):
+    folder, _, _ = llava
+    with pytest.raises(ValueError, match=r"tensor parallelism yet: use tp_size=1 \(dp_size"):
+        lp.Runtime(str(folder), device="cpu", tp_size=2)
