@@ -21,6 +21,7 @@ from vision_testing import (
     save_tiny_idefics3,
     save_tiny_llava,
     save_tiny_llava_next,
+    save_tiny_llava_siglip_qwen2,
 )
 
 import lmprog as lp
@@ -200,6 +201,32 @@ def test_tiny_llava_matches_transformers_processor_and_logits(llava):
     # the image matters: another image changes the logits after it
     other_ids, other_runs = _ours(ours, folder, tok, PROMPT, [random_png(1)])
     assert (_paged_logits(ours, other_ids, other_runs)[end:] - want[end:]).abs().max() > 1e-2
+
+
+def test_tiny_llava_over_siglip_and_qwen2_matches_transformers(tmp_path):
+    """llava-interleave-qwen's layout: SigLIP (no CLS, its last layer, "full") + Qwen2."""
+    from transformers import LlavaProcessor
+
+    hf, tok = save_tiny_llava_siglip_qwen2(tmp_path)
+    ours = load_model(tmp_path)
+    v = ours.config.vision
+    assert (v.encoder.kind, v.select_strategy, v.tokens_per_image) == ("siglip", "full", 16)
+    assert ours.config.attention_bias  # Qwen2's q/k/v biases
+    proc = LlavaProcessor(
+        image_processor=hf_processor(tmp_path),
+        tokenizer=tok,
+        patch_size=7,
+        vision_feature_select_strategy="full",
+        num_additional_image_tokens=0,
+    )
+    png = random_png(10, (30, 50))
+    ids, runs = _ours(ours, tmp_path, tok, PROMPT, [png])
+    inputs = proc(text=PROMPT, images=[ImageInput.from_bytes(png).load()], return_tensors="pt")
+    assert ids == inputs["input_ids"][0].tolist()
+    with torch.inference_mode():
+        want = hf(**inputs).logits[0]
+    cuts = (runs[0].start + 9,)
+    torch.testing.assert_close(_paged_logits(ours, ids, runs, cuts), want, atol=ATOL, rtol=0)
 
 
 def hf_processor(folder):

@@ -88,6 +88,68 @@ def save_tiny_llava(folder, tok=None, **overrides):
     return hf, tok
 
 
+def save_tiny_llava_siglip_qwen2(folder, tok=None):
+    """LlavaForConditionalGeneration as llava-interleave-qwen-0.5b-hf builds it: a SigLIP ViT
+    (no class token: select_strategy "full", its last layer) and a Qwen2 decoder."""
+    import torch
+    from transformers import (
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        Qwen2Config,
+        SiglipVisionConfig,
+    )
+
+    tok = tok or vlm_tokenizer([IMAGE])
+    vision = SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=28,
+        patch_size=7,
+        vision_use_head=False,
+    )
+    text = Qwen2Config(
+        **{
+            k: v
+            for k, v in _text_config(tok).to_dict().items()
+            if k
+            in (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "max_position_embeddings",
+                "eos_token_id",
+                "bos_token_id",
+            )
+        }
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=tok.convert_tokens_to_ids(IMAGE),
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",
+        image_seq_length=16,
+    )
+    torch.manual_seed(0)
+    hf = _randomize(LlavaForConditionalGeneration(config))
+    hf.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    pre = {k: v for k, v in _LLAVA_PREPROCESSOR.items() if k not in ("crop_size", "do_center_crop")}
+    pre.update(
+        image_processor_type="SiglipImageProcessor",
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+        size={"height": 28, "width": 28},
+    )
+    _write_json(folder / "preprocessor_config.json", pre)
+    return hf, tok
+
+
 GRID = [[28, 56], [56, 28], [56, 56]]  # LLaVA-NeXT's pinpoints at this test's tile size
 
 

@@ -112,7 +112,8 @@ class VisionLanguageConfig:
         patches = self.encoder.patches_per_side**2
         if self.family == "idefics3":
             return patches // self.scale_factor**2
-        return patches + (1 if self.select_strategy == "full" else 0)
+        cls = self.select_strategy == "full" and self.encoder.kind == "clip"  # SigLIP has none
+        return patches + (1 if cls else 0)
 
     def hidden_state_indices(self) -> tuple[int, ...]:
         """feature_layers as non-negative indices into [embeddings, layer 1, ..., layer n]."""
