@@ -73,6 +73,8 @@ class Runtime(Backend):
 
         check_tp_size(cfg.tp_size, cfg.dp_size)  # under torchrun, one group
         self._source = _source_of(cfg.model, cfg.load_format)
+        if cfg.tp_size > 1:
+            _check_tp_model(self._source)
         started = time.perf_counter()
         if self._source is not None:
             _log.info(
@@ -95,6 +97,7 @@ class Runtime(Backend):
         )
         self._setup_tokens(net.config, cfg.tokenizer, cfg.chat_template)
         _log.info("tokenizer %s", type(self._tokenizer).__name__)
+        self._images = self._image_processor(net.config)
         self._engine = self._launch(cfg, net, build, groups)
         self._radix = cfg.radix_cache
         _log.info("runtime backend ready in %.1f s", time.perf_counter() - started)
@@ -183,7 +186,27 @@ class Runtime(Backend):
         self._add_bos = bool(getattr(tokenizer, "add_bos_token", False)) and bos is not None
         self._start_id = bos if bos is not None else self._eos_ids[0]
 
+    def _image_processor(self, config: Any) -> Any:
+        """A vision-language model's image processing (None for a text-only model, and for
+        a VLM without a checkpoint folder: random weights of a preset)."""
+        if getattr(config, "vision", None) is None or self._source is None:
+            return None
+        if self._source.kind != "hf":
+            raise ValueError(
+                f"{self._source.path}: a vision-language model loads from its Hugging Face "
+                "folder (safetensors, config.json, preprocessor_config.json)"
+            )
+        from lmprog.runtime.models.image_processing import ImageProcessor
+
+        return ImageProcessor.for_model(config, self._source.path, self._tokenizer)
+
     # ---- Backend protocol -----------------------------------------------------------------
+    @property
+    def image_token(self) -> str | None:
+        """The model's image token text ("<image>" for LLaVA and SmolVLM): one per image in a
+        prompt; None for a text-only model."""
+        return None if self._images is None else str(self._images.image_token)
+
     @property
     def chat_template(self) -> ChatTemplate:
         if self._template is None:  # built on first use: a preset without tokenizer has none
@@ -228,9 +251,12 @@ class Runtime(Backend):
             raise TypeError("generate(GenerateRequest) takes its parameters from the request")
         check_stream(stream)
         ids = self._prompt_ids(request.prompt)
+        images: tuple[Any, ...] = ()
+        if request.images or self._images is not None:  # a VLM checks the count: 0 == 0
+            ids, images = self._image_prompt(ids, request.images)
         self._check_params(request.params)
         guide = self._guide(request.constraint)
-        return self._run(ids, request.params, guide=guide, stream=stream)
+        return self._run(ids, request.params, guide=guide, stream=stream, images=images)
 
     def generate_offline(
         self,
@@ -384,13 +410,14 @@ class Runtime(Backend):
         guide: Any = None,
         stream: StreamCallback | None = None,
         prompt_logprob_start: int | None = None,
+        images: tuple[Any, ...] = (),
     ) -> Any:
         from lmprog.runtime.engine.io import EngineRequest
 
-        handle = self._engine.submit(
-            EngineRequest(tuple(ids), params, guide, prompt_logprob_start, params.lora_path),
-            stream=stream is not None,
+        request = EngineRequest(
+            tuple(ids), params, guide, prompt_logprob_start, params.lora_path, images
         )
+        handle = self._engine.submit(request, stream=stream is not None)
         try:
             if stream is not None:
                 for piece in handle.pieces():
@@ -399,6 +426,34 @@ class Runtime(Backend):
         finally:
             if not handle.done:  # the stream callback raised, or the caller was interrupted
                 handle.abort()
+
+    def _image_prompt(
+        self, ids: list[int], images: Sequence[Any]
+    ) -> tuple[list[int], tuple[Any, ...]]:
+        """The prompt's ids with each image token expanded to its image's tokens, and the
+        images' runs (their pixels preprocessed here, in the caller's thread). ValueError for
+        a text-only model, a count of image tokens that is not the images', an image that
+        does not decode."""
+        from lmprog.core.images import ImageInput
+
+        if self._images is None:
+            what = (
+                "takes no images" if self.model_config.vision is None else "has no image processor"
+            )
+            raise ValueError(
+                f"the model {self.model_name!r} {what} (Runtime.image_token is None); a request "
+                "with images needs a vision-language model (LLaVA, Idefics3 / SmolVLM)"
+            )
+        for image in images:
+            if not isinstance(image, ImageInput):
+                raise TypeError(
+                    f"GenerateRequest.images holds ImageInput, got {type(image).__name__}"
+                )
+        from lmprog.runtime.images import ImageRun
+
+        prepared = [self._images.prepare(image) for image in images]
+        expanded, positions = self._images.expand(ids, prepared)
+        return expanded, tuple(ImageRun(p, pos) for p, pos in zip(prepared, positions))
 
     def _score_spans(
         self, spans: list[tuple[list[int], int]], params: SamplingParams = _PREFILL_ONLY
@@ -488,6 +543,20 @@ def _source_of(model: Any, load_format: str) -> ModelSource | None:
         if model.lower() in PRESETS:
             return None
     return resolve_model(model)
+
+
+def _check_tp_model(source: ModelSource | None) -> None:
+    """ValueError before any tensor-parallel group starts for a model that cannot be sharded:
+    a vision-language model (its step's image embeddings are not broadcast to the ranks)."""
+    if source is None or source.kind != "hf":
+        return
+    from lmprog.runtime.models import load_config
+
+    if load_config(source).vision is not None:
+        raise ValueError(
+            f"{source.name} is a vision-language model, which does not run under tensor "
+            "parallelism yet: use tp_size=1 (dp_size for more GPUs)"
+        )
 
 
 def _eos_ids(config: Any, tokenizer: Any) -> tuple[int, ...]:

@@ -32,7 +32,8 @@ class Req:
     rid: hashable, unique among unfinished requests; prompt_ids: at least one token id;
     prompt_logprob_start: logits wanted for every fed position from here on (the cache match
     stops there; after a retraction keep the last value per position); engine_data: opaque
-    engine state; lora_id: its LoRA adapter's uid (0: none).
+    engine state; lora_id: its LoRA adapter's uid (0: none); images: its images'
+    runtime.images.ImageRun, in order, whose positions in prompt_ids hold the image's key.
     """
 
     __slots__ = (
@@ -62,6 +63,7 @@ class Req:
         "lora_id",
         "evicted_output_ids",
         "rewritten_from",
+        "images",
     )
 
     def __init__(
@@ -73,6 +75,7 @@ class Req:
         prompt_logprob_start: int | None = None,
         engine_data: Any = None,
         lora_id: int = 0,
+        images: Sequence[Any] = (),
     ) -> None:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -112,6 +115,7 @@ class Req:
         if isinstance(lora_id, bool) or not isinstance(lora_id, int) or lora_id < 0:
             raise ValueError(f"lora_id must be an int >= 0, got {lora_id!r}")
         self.lora_id = lora_id
+        self.images: tuple[Any, ...] = tuple(images)
 
     # -- derived lengths -------------------------------------------------------------------
     @property

@@ -31,6 +31,7 @@ from lmprog.decoding.decode_state import DecodeState
 from ..config import EngineConfig
 from ..executor.host_kv import HostKVMover
 from ..executor.model_runner import ModelRunner
+from ..images import keyed_ids
 from ..parallel.errors import ParallelError
 from ..request import Req, ReqOutputs, ReqStatus
 from ..scheduler import ScheduledBatch, Scheduler
@@ -305,12 +306,17 @@ class Engine:
             lora_id = 0
             if request.lora is not None:
                 lora_id = self._need_lora().resolve(request.lora)
+            ids: Sequence[int] = request.prompt_ids
+            if request.images:
+                self._check_images()
+                ids = keyed_ids(ids, request.images)
             req = Req(
                 handle.rid,
-                request.prompt_ids,
+                ids,
                 request.params,
                 prompt_logprob_start=request.prompt_logprob_start,
                 lora_id=lora_id,
+                images=request.images,
             )
             req.engine_data = DecodeState(
                 request.params,
@@ -331,6 +337,17 @@ class Engine:
             handle.put_error(exc)
             return
         self._handles[req.rid] = handle
+
+    def _check_images(self) -> None:
+        """ValueError unless this engine can run a request with images."""
+        if getattr(self.runner.config, "vision", None) is None:
+            raise ValueError(
+                f"this runtime's model ({self.runner.config.architecture}) takes no images"
+            )
+        if self.speculator is not None:
+            raise ValueError("speculative decoding does not take requests with images yet")
+        if self.scheduler.sinks is not None:
+            raise ValueError("attention sinks do not take requests with images yet")
 
     def _abort(self, rid: Hashable) -> None:
         req = self.scheduler.abort(rid)

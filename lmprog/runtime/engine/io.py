@@ -31,6 +31,9 @@ class EngineRequest:
         position before it; positions >= s are recomputed even when cached.
     lora: the name of the LoRA adapter to run under (None: the base model); a name the
         engine has not loaded fails the request with a LoraError.
+    images: for a vision-language model, the prompt's images (runtime.images.ImageRun, in
+        order): prompt_ids holds the image token at each of their positions (the engine
+        keys them by image for the radix cache).
     """
 
     prompt_ids: tuple[int, ...]
@@ -38,6 +41,7 @@ class EngineRequest:
     guide: Any = None
     prompt_logprob_start: int | None = None
     lora: str | None = None
+    images: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.params, SamplingParams):
@@ -47,6 +51,8 @@ class EngineRequest:
         if self.lora is not None and not isinstance(self.lora, str):
             raise TypeError(f"lora must be an adapter name (str) or None, got {self.lora!r}")
         s = self.prompt_logprob_start
+        if self.images and s is not None:
+            raise ValueError("prompt logprobs are not computed for a prompt with images")
         if s is not None and not 0 <= s < len(self.prompt_ids):
             raise ValueError(
                 f"prompt_logprob_start must be in [0, {len(self.prompt_ids)}), got {s}"

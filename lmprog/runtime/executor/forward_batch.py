@@ -32,6 +32,11 @@ class ForwardBatch:
     # device sync (build() fills them).
     seq_lens_cpu: tuple[int, ...] | None = None
     extend_lens_cpu: tuple[int, ...] | None = None
+    # A vision-language model's image embeddings for this step: row image_rows[i] of the T
+    # tokens (an image position, whose input id is the image's cache key) takes
+    # image_embeds[i] in place of a token embedding. None: no image position is fed.
+    image_rows: torch.Tensor | None = None  # int64 [K]
+    image_embeds: torch.Tensor | None = None  # [K, hidden]
 
     def __post_init__(self) -> None:
         t, b = self.input_ids.shape[0], self.req_pool_indices.shape[0]
@@ -41,6 +46,7 @@ class ForwardBatch:
         assert b <= t, "every request brings at least one new token"
         assert self.seq_lens_cpu is None or len(self.seq_lens_cpu) == b
         assert self.extend_lens_cpu is None or len(self.extend_lens_cpu) == b
+        assert (self.image_rows is None) == (self.image_embeds is None)
 
     @property
     def batch_size(self) -> int:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import torch
 
+from ..images import step_images
 from ..lora.ops import LoraBatch
 from ..models.config import local_config
 from ..scheduler.batch import ScheduledBatch
@@ -41,6 +42,7 @@ class StepInputs(NamedTuple):
     num_logits: int
     sync: tuple[tuple[int, int], ...] = ()
     lora: Any = None  # the step's LoraStepPlan (lmprog.runtime.lora.ops), None: no adapter
+    images: Any = None  # (rows, embeds) of the image positions fed (runtime.images), or None
 
 
 class ModelRunner:
@@ -68,6 +70,10 @@ class ModelRunner:
         lora: Any = None,
     ) -> None:
         param = next(model.parameters())
+        if channel is not None and getattr(model.config, "vision", None) is not None:
+            raise ValueError(
+                "a vision-language model does not run under tensor parallelism yet (tp_size=1)"
+            )
         self.model = model
         self.lora = lora
         self.config = model.config
@@ -81,6 +87,7 @@ class ModelRunner:
             kv_cache_dtype=kv_cache_dtype,
             scales=getattr(model, "kv_cache_scales", None),  # an FP8 checkpoint's, if any
         )
+        self._vision = getattr(model.config, "vision", None) is not None
         self._host_table = req_to_token
         self._mirrored = self.device.type != "cpu"
         if self.device.type == "cpu":
@@ -120,6 +127,8 @@ class ModelRunner:
         step = self.step_inputs(batch)
         if self.lora is not None:
             step = step._replace(lora=self._lora_plan(batch))
+        if self._vision:  # a VLM: the image positions this step feeds, if any
+            step = step._replace(images=step_images(batch, self.model))
         if self.channel is None:
             return self.run(step, future)
         try:
@@ -142,6 +151,8 @@ class ModelRunner:
             fb = self.device_inputs(step, future)
             if step.lora is not None:
                 return self._run_lora(fb, step.lora)
+            if fb.image_rows is not None:  # image embeddings: eager (graphs embed tokens only)
+                return self.model(fb, self.kv)
             for graphs in (self.graphs, self.piecewise):
                 logits = None if graphs is None else graphs.maybe_run(fb, self.kv)
                 if logits is not None:  # None: not a step those graphs serve
@@ -156,7 +167,7 @@ class ModelRunner:
 
     def _run_lora(self, fb: ForwardBatch, plan: Any) -> torch.Tensor:
         """A step with adapters: the decode graphs' LoRA set, else eagerly."""
-        if self.graphs is not None:
+        if self.graphs is not None and fb.image_rows is None:
             logits = self.graphs.maybe_run(fb, self.kv, lora=plan)
             if logits is not None:
                 return logits
@@ -204,6 +215,10 @@ class ModelRunner:
             ids = torch.where(ids < 0, future[(-1 - ids).clamp_(min=0)], ids)
         if self._mirrored:
             self._sync_table(step, parts[3], parts[5], parts[1], parts[2])
+        image_rows = image_embeds = None
+        if step.images is not None:
+            image_rows = _to_device(step.images[0], self.device)
+            image_embeds = step.images[1]
         return ForwardBatch(
             input_ids=ids,
             positions=parts[1],
@@ -216,6 +231,8 @@ class ModelRunner:
             logits_indices=parts[7],
             seq_lens_cpu=tuple(host[3 * t + b : 3 * t + 2 * b].tolist()),
             extend_lens_cpu=tuple(host[3 * t + 2 * b : 3 * t + 3 * b].tolist()),
+            image_rows=image_rows,
+            image_embeds=image_embeds,
         )
 
     def close(self) -> None:

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 if TYPE_CHECKING:
     from torch import nn
 
+    from .vision_config import VisionLanguageConfig
+
 RopeType = Literal["default", "linear", "llama3", "freq_factors", "yarn"]
 
 # HF model_type / GGUF general.architecture -> our architecture name (registry key)
@@ -35,6 +37,9 @@ _ARCH_ALIASES = {
     "qwen3moe": "qwen3_moe",
     "deepseek_v2": "deepseek_v2",
     "deepseek2": "deepseek_v2",  # llama.cpp's name
+    "llava": "llava",  # vision-language: their language model's shape, plus `vision`
+    "llava_next": "llava_next",
+    "idefics3": "idefics3",
 }
 # Gemma 3 as llama.cpp and transformers run it when the checkpoint does not say otherwise.
 GEMMA3_SLIDING_WINDOW_PATTERN = 6  # every 6th layer attends globally, the others slide
@@ -145,6 +150,9 @@ class ModelConfig:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # A vision-language model's image encoder, projector and image token (vision_config.py);
+    # None: text only. The fields above are then its language model's.
+    vision: VisionLanguageConfig | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -276,6 +284,8 @@ def config_from_hf(hf: dict[str, Any] | str | os.PathLike[str]) -> ModelConfig:
             "model_type 'gemma3' is Gemma 3's image-text model; only its text model "
             "(model_type 'gemma3_text', e.g. gemma-3-270m, gemma-3-1b) or a GGUF is supported"
         )
+    if model_type in ("llava", "llava_next", "idefics3"):
+        return _vision_language_from_hf(cfg, model_type)
     if model_type == "gemma3_text":
         return _gemma3_from_hf(cfg)
     if model_type == "deepseek_v2":
@@ -313,6 +323,26 @@ def config_from_hf(hf: dict[str, Any] | str | os.PathLike[str]) -> ModelConfig:
         eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
         **_hf_moe_fields(cfg, model_type),
     )
+
+
+def _vision_language_from_hf(cfg: dict[str, Any], model_type: str) -> ModelConfig:
+    """A LLaVA or Idefics3 (SmolVLM) config: its text model's ModelConfig, with `vision`."""
+    from dataclasses import replace
+
+    from .vision_config import idefics3_from_hf, llava_from_hf
+
+    text, vision = (idefics3_from_hf if model_type == "idefics3" else llava_from_hf)(cfg)
+    if text["model_type"] not in ("llama", "mistral", "qwen2"):
+        raise ValueError(
+            f"a {model_type} model with a {text['model_type']!r} language model is not "
+            "supported (llama, mistral, qwen2)"
+        )
+    decoder = config_from_hf(text)
+    if not 0 <= vision.image_token_id < decoder.vocab_size:
+        raise ValueError(
+            f"image_token_id {vision.image_token_id} outside the vocabulary ({decoder.vocab_size})"
+        )
+    return replace(decoder, architecture=_ARCH_ALIASES[model_type], vision=vision)
 
 
 def _hf_moe_fields(hf: dict[str, Any], model_type: str) -> dict[str, Any]:

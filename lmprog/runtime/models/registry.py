@@ -17,6 +17,9 @@ _ARCHITECTURES: dict[str, str] = {
     "mixtral": "lmprog.runtime.models.moe:MoeForCausalLM",  # Llama + sparse MoE MLPs
     "qwen2_moe": "lmprog.runtime.models.moe:MoeForCausalLM",  # + shared expert, qkv bias
     "qwen3_moe": "lmprog.runtime.models.moe:MoeForCausalLM",  # q/k norm via the config
+    "llava": "lmprog.runtime.models.llava:LlavaForConditionalGeneration",  # CLIP + MLP + Llama
+    "llava_next": "lmprog.runtime.models.llava:LlavaNextForConditionalGeneration",  # any-res
+    "idefics3": "lmprog.runtime.models.idefics3:Idefics3ForConditionalGeneration",  # SmolVLM
 }
 
 
