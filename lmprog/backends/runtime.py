@@ -299,6 +299,11 @@ class Runtime(Backend):
         shared prompt is prefilled once into the radix cache, then every choice (and its
         unconditional twin) is scored in one batched prefill from prompt logprobs."""
         check_score_request(request)
+        if request.images:  # scoring reads prompt logprobs, which no image prompt gives
+            raise BackendError(
+                "select() after an image cannot be scored by the runtime (prompt logprobs over "
+                "image positions); constrain a gen instead, e.g. gen(regex='yes|no')"
+            )
         prompt = self._encode(request.prompt)
         spans, uncond = choice_spans(request, prompt, self._encode, self._start_id)
         shared = min(start for _, start in spans) - 1

@@ -27,7 +27,7 @@ from vision_testing import (
 import lmprog as lp
 from lmprog.core.images import ImageInput
 from lmprog.core.prompt import encode_prompt
-from lmprog.core.protocol import GenerateRequest
+from lmprog.core.protocol import GenerateRequest, ScoreRequest
 from lmprog.core.sampling import SamplingParams
 from lmprog.runtime.executor.forward_batch import ForwardBatch
 from lmprog.runtime.executor.kv_pool import KVPool
@@ -365,6 +365,10 @@ def test_bad_image_requests_fail_at_the_call_and_the_engine_serves_on(llava_runt
         rt.generate(_request(PROMPT))
     with pytest.raises(ValueError, match="cannot be decoded"):
         rt.generate(GenerateRequest(PROMPT, images=(ImageInput.from_bytes(b"not a png"),)))
+    # a select after an image: refused, not scored as if the image were not there
+    score = ScoreRequest(PROMPT, ("yes", "no"), images=(ImageInput.from_bytes(random_png(0)),))
+    with pytest.raises(lp.BackendError, match="after an image"):
+        rt.score(score)
     assert rt.generate(_request(PROMPT, [random_png(0)], max_tokens=2)).text
 
 
