@@ -408,3 +408,26 @@ def test_a_vlm_is_refused_under_tensor_parallelism_before_any_rank_starts(llava)
     folder, _, _ = llava
     with pytest.raises(ValueError, match=r"tensor parallelism yet: use tp_size=1 \(dp_size"):
         lp.Runtime(str(folder), device="cpu", tp_size=2)
+
+
+def test_a_dsl_program_with_lp_image_runs_on_the_runtime_and_reuses_the_image(llava_runtime):
+    """The two halves of issue 32 meet: lp.image in a program, the runtime's VLM under it."""
+    rt = llava_runtime
+    rt.flush_cache()
+
+    @lp.function
+    def describe(s, png):
+        s += "Look: " + lp.image(png) + " What is it?"
+        forks = s.fork(2)
+        for i, f in enumerate(forks):
+            f += f" Q{i}:" + lp.gen("x", max_tokens=3, temperature=0, ignore_eos=True)
+        s += lp.gen("a", max_tokens=3, temperature=0, ignore_eos=True)
+
+    png = random_png(8)
+    first = describe.run(png=png, backend=rt)
+    again = describe.run(png=png, backend=rt)
+    prompt_tokens = first.get_meta_info("a")["prompt_tokens"]
+    assert again["a"] == first["a"]
+    assert again.get_meta_info("a")["cached_tokens"] == prompt_tokens - 1  # all but the last
+    other = describe.run(png=random_png(9), backend=rt)
+    assert other.get_meta_info("a")["cached_tokens"] < 16  # text before the image at most
