@@ -54,15 +54,15 @@ def sibling_rejection(
     drawn from the last residual. The token is distributed exactly as p.
 
     p: [V] probabilities; q: [k, V]; drafts: k ids (drafts[j] drawn from q[j]). generator:
-    the row's seeded generator (None: torch's default RNG); one uniform per sibling tried,
-    one more for the final draw. Returns (token, index of the accepted sibling or -1).
+    the row's seeded generator (None: torch's default RNG); one uniform per sibling (drawn
+    together, before the first test), one more for the final draw when all are rejected. Returns (token, index of the accepted sibling or -1).
     A rejected token keeps probability 0 in every later residual, so it is never the
     outcome: the first sibling with the outcome's token is the accepted one."""
     assert q.dim() == 2 and q.shape[0] == len(drafts) and q.shape[1] == p.shape[-1]
     cur = p.float().reshape(-1)
-    for j, d in enumerate(drafts):
+    us = uniforms([generator] * len(drafts), len(drafts), cur.device).tolist()
+    for j, (d, u) in enumerate(zip(drafts, us)):
         qj = q[j].float()
-        u = float(uniforms([generator], 1, cur.device)[0])
         if u * float(qj[d]) < float(cur[d]):
             return int(d), j
         residual = (cur - qj).clamp_(min=0.0)

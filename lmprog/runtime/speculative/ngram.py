@@ -70,17 +70,23 @@ def lookup_tree(
     continuations of up to `branches` earlier occurrences of the sequence's suffix, longest
     suffix first, latest occurrence first (as `lookup` picks its one), merged where they
     agree. The first (lookup's own continuation) is the tree's first branch and takes what
-    the others leave of k; each other gets max(1, k // (2 * (branches - 1))) tokens."""
+    the others leave of k; each other keeps max(1, k // (2 * (branches - 1))) tokens past
+    where it parts from the earlier ones."""
     conts = _continuations(tokens, n_min, n_max, k, branches)
     if not conts:
         return [], []
     short = max(1, k // (2 * max(1, len(conts) - 1)))
-    others = [c[:short] for c in conts[1:]]
-    for first in range(min(k, len(conts[0])), 0, -1):
-        ids, parents = _trie([conts[0][:first], *others])
-        if len(ids) <= k:
-            return ids, parents
-    return ids[:k], parents[:k]  # a prefix of a tree in insertion order is a tree
+    others = [c[: max(_common(c, e) for e in conts[:i]) + short] for i, c in enumerate(conts) if i]
+    primary = conts[0]
+    while others:
+        # the first branch keeps at least its token where the others part from it
+        least = min(len(primary), k, max(_common(primary, c) for c in others) + 1)
+        for first in range(min(k, len(primary)), least - 1, -1):
+            ids, parents = _trie([primary[:first], *others])
+            if len(ids) <= k:
+                return ids, parents
+        others.pop()  # the least likely alternative goes
+    return primary[:k], list(range(-1, min(k, len(primary)) - 1))
 
 
 def _continuations(
@@ -100,6 +106,14 @@ def _continuations(
                 if len(out) == branches:
                     return out
     return out
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    """The length of the common prefix of a and b."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def _trie(seqs: list[list[int]]) -> tuple[list[int], list[int]]:
