@@ -619,7 +619,22 @@ def test_guide_prunes_forbidden_nodes_with_their_subtrees(tok):
     req.status = ReqStatus.RUNNING
     spec.propose([(req, 8)])
     assert req.draft_ids == [a, b, c, d] and req.draft_parents == (-1, 0, 1, 1)
-    assert spec.guide_cuts == 3
+    assert spec.guide_cuts == 3 and spec.draft_probs(req) is None
+
+    class Sampled(Fixed):  # the same tree, drawn from uniform distributions
+        def propose(self, inputs):
+            (prop,) = super().propose(inputs)
+            return [Proposal(prop.token_ids, torch.full((8, tok.vocab_size), 1.0 / tok.vocab_size),
+                             prop.parents)]  # fmt: skip
+
+    spec.set_proposer(Sampled())
+    spec.propose([(req, 8)])
+    assert req.draft_ids == [a, b, c, d]
+    q = spec.draft_probs(req)  # each kept node's row, restricted to what its parent allows
+    assert q.shape == (4, tok.vocab_size)
+    torch.testing.assert_close(q.sum(1), torch.ones(4))
+    assert q[0, a] > 0 and q[0, x] == 0 and q[1, b] > 0 and q[1, a] == 0
+    assert q[2, c] > 0 and q[2, d] > 0 and q[2, x] == 0 and torch.equal(q[2], q[3])
 
 
 def test_trees_are_chains_without_tree_support():

@@ -220,11 +220,10 @@ class Speculator:
 
     def _restricted(self, probs: Any, rows: list[int], guides: list[Any]) -> torch.Tensor:
         n = len(rows)
-        q = torch.as_tensor(probs, dtype=torch.float32).to(self.device)
-        assert q.dim() == 2 and q.shape[0] >= max(rows) + 1, (
-            "draft probs must be [len(token_ids), vocab]"
-        )
-        q = q[:n] if rows == list(range(n)) else q[rows]
+        assert len(probs) > max(rows), "draft probs must be [len(token_ids), vocab]"
+        picked = probs[:n] if rows == list(range(n)) else probs[rows]
+        q = torch.as_tensor(picked, dtype=torch.float32).to(self.device)
+        assert q.dim() == 2 and q.shape[0] == n, "draft probs must be [len(token_ids), vocab]"
         if q.shape[1] > self.vocab_size:
             q = q[:, : self.vocab_size]
         elif q.shape[1] < self.vocab_size:
