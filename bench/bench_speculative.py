@@ -4,6 +4,7 @@ measured in the same run on the same engine (`Engine.set_speculation` switches i
     python bench/bench_speculative.py                       # CPU, default model, n-gram
     python bench/bench_speculative.py --threads 2 --batches 1,8,64
     python bench/bench_speculative.py --tree-branches 3 --batches 8   # none vs chain vs tree
+    python bench/bench_speculative.py --tree-branches 3 --workload repetitive --batches ''
     python bench/bench_speculative.py --device cuda --preset llama-3.1-8b --dummy
     python bench/bench_speculative.py --device cuda --preset llama-3.1-8b --dummy \\
         --method draft --draft-model llama-3.2-1b --draft-dummy
@@ -59,6 +60,16 @@ PARAGRAPHS = [
     "In her new book she describes how rising water temperatures bleach the reefs, and how small "
     "changes in fishing rules helped two reefs in the Pacific recover within a decade.",
 ]
+# --workload repetitive: texts whose phrases recur with different endings, so that the
+# sequence's suffix occurs in several places (what n-gram token trees are for)
+REPETITIVE = [
+    "The cat sat on the mat. The cat sat on the hat. The cat sat on the bat. The dog ran to the "
+    "park. The dog ran to the lake. The dog ran to the gate. The bird flew over the house. The "
+    "bird flew over the river. The bird flew over the tree.",
+    "Step one: open the box. Step two: open the bag. Step three: open the lid. Then close the "
+    "box, then close the bag, then close the lid. Check the box twice, check the bag once, check "
+    "the lid again.",
+]
 TASKS = [
     "Repeat the following text exactly, word for word.",
     "Fix the punctuation of the following text and return the whole corrected text.",
@@ -71,10 +82,10 @@ def log(*args) -> None:
     print(*args, flush=True)
 
 
-def text_prompts(rt) -> list[list[int]]:
+def text_prompts(rt, workload: str = "copy") -> list[list[int]]:
     tok = rt.tokenizer
     out = []
-    for para in PARAGRAPHS:
+    for para in REPETITIVE if workload == "repetitive" else PARAGRAPHS:
         for task in TASKS:
             msgs = [{"role": "user", "content": f"{task}\n\n{para}"}]
             text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
@@ -291,6 +302,12 @@ def parse_args():
     p.add_argument("--no-adaptive", action="store_true")
     p.add_argument("--draft-cost", type=float, default=None)
     p.add_argument("--max-step-tokens", type=int, default=None)
+    p.add_argument(
+        "--workload",
+        default="copy",
+        choices=["copy", "repetitive"],
+        help="copy: the copy-heavy paragraphs; repetitive: texts whose phrases recur",
+    )
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--prompts", type=int, default=8, help="batch-1 prompts")
     p.add_argument("--batches", default="64", help="comma-separated batch sizes ('' for none)")
@@ -321,7 +338,7 @@ def main() -> None:
     try:
         text = args.preset is None or not args.dummy
         if text:
-            prompts = text_prompts(rt)
+            prompts = text_prompts(rt, args.workload)
             params = {"temperature": 0.0}
         else:
             prompts = random_prompts(rt.model_config.vocab_size, 16, args.prompt_len)
