@@ -345,7 +345,7 @@ def main() -> None:
             params = {"temperature": 0.0, "ignore_eos": True}
         warm_up(rt, prompts, params, args)
         log(
-            f"\n== batch 1: {args.prompts} copy-heavy prompts, <= {args.max_tokens} tokens"
+            f"\n== batch 1: {args.prompts} {args.workload} prompts, <= {args.max_tokens} tokens"
             if text
             else f"\n== batch 1: {args.prompts} random prompts, {args.max_tokens} tokens"
         )

@@ -168,6 +168,21 @@ def test_torch_backend_tree_masks_match_the_reference(seed):
     assert not torch.allclose(causal, ref, atol=1e-3)  # the masks matter
 
 
+def test_mask_offsets_and_table_columns():
+    batch, _, _ = _tree_batch(3)
+    offsets = batch.mask_offsets()
+    assert offsets == batch.mask_indptr.tolist() and min(offsets) == -1
+    with pytest.raises(ValueError, match="runs past custom_mask"):
+        ForwardBatch.build(input_ids=[0, 0], out_cache_loc=[1, 2], req_pool_indices=[0],
+                           seq_lens=[4], extend_lens=[2], req_to_token=batch.req_to_token,
+                           custom_mask=torch.ones(7, dtype=torch.bool), mask_indptr=[0])  # fmt: skip
+    # a mirrored table (GPU) is written at each fed token's column, not its position
+    from lmprog.runtime.executor.model_runner import _columns
+
+    cols = _columns(torch.tensor([7, 3, 10]), torch.tensor([3, 1, 4]), 8)
+    assert cols.tolist() == [4, 5, 6, 2, 6, 7, 8, 9]
+
+
 def _tensors(batch):
     return (batch.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens,
             batch.extend_start_loc)  # fmt: skip
