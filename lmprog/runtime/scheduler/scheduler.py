@@ -280,6 +280,7 @@ class Scheduler:
         and returned, FINISHED with reason "error" and holding nothing. Not mid-step."""
         reqs = self.requests.clear()
         self.cache.clear(reqs)
+        self.results.kv_moves = []  # a token tree's copies into slots now free
         dropped = []
         for req in reqs:
             if req.status is ReqStatus.WAITING:
