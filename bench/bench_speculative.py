@@ -3,6 +3,8 @@ measured in the same run on the same engine (`Engine.set_speculation` switches i
 
     python bench/bench_speculative.py                       # CPU, default model, n-gram
     python bench/bench_speculative.py --threads 2 --batches 1,8,64
+    python bench/bench_speculative.py --tree-branches 3 --batches 8   # none vs chain vs tree
+    python bench/bench_speculative.py --tree-branches 3 --workload repetitive --batches ''
     python bench/bench_speculative.py --device cuda --preset llama-3.1-8b --dummy
     python bench/bench_speculative.py --device cuda --preset llama-3.1-8b --dummy \\
         --method draft --draft-model llama-3.2-1b --draft-dummy
@@ -24,6 +26,10 @@ those numbers measure the machinery (verify cost, back-off), not a real acceptan
 2. batch B (--batches): B requests submitted together (prompts cycled), output tokens/s of
    the whole run (prefill included, cache flushed), off vs on: at large batches the
    adaptive rule stops speculating (compute-bound steps), so the ratio should stay ~1.
+
+--tree-branches B (n-gram only): three modes take turns instead of two: "off", "chain" (the
+n-gram chain) and "tree" (n-gram token trees of up to B continuations, ngram_branches=B),
+each with num_tokens drafts at most; "on" in the tables is the chain, "tree" beside it.
 """
 
 from __future__ import annotations
@@ -54,6 +60,16 @@ PARAGRAPHS = [
     "In her new book she describes how rising water temperatures bleach the reefs, and how small "
     "changes in fishing rules helped two reefs in the Pacific recover within a decade.",
 ]
+# --workload repetitive: texts whose phrases recur with different endings, so that the
+# sequence's suffix occurs in several places (what n-gram token trees are for)
+REPETITIVE = [
+    "The cat sat on the mat. The cat sat on the hat. The cat sat on the bat. The dog ran to the "
+    "park. The dog ran to the lake. The dog ran to the gate. The bird flew over the house. The "
+    "bird flew over the river. The bird flew over the tree.",
+    "Step one: open the box. Step two: open the bag. Step three: open the lid. Then close the "
+    "box, then close the bag, then close the lid. Check the box twice, check the bag once, check "
+    "the lid again.",
+]
 TASKS = [
     "Repeat the following text exactly, word for word.",
     "Fix the punctuation of the following text and return the whole corrected text.",
@@ -66,10 +82,10 @@ def log(*args) -> None:
     print(*args, flush=True)
 
 
-def text_prompts(rt) -> list[list[int]]:
+def text_prompts(rt, workload: str = "copy") -> list[list[int]]:
     tok = rt.tokenizer
     out = []
-    for para in PARAGRAPHS:
+    for para in REPETITIVE if workload == "repetitive" else PARAGRAPHS:
         for task in TASKS:
             msgs = [{"role": "user", "content": f"{task}\n\n{para}"}]
             text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
@@ -149,91 +165,116 @@ def spec_counters(rt) -> tuple[int, int, int]:
     return s["spec_verified_tokens"], s["spec_accepted_tokens"], s["spec_verify_steps"]
 
 
-def batch1(rt, prompts: list[list[int]], params: dict, repeats: int) -> dict:
-    """Decode tokens/s (prefill excluded) off and on, per prompt and in total."""
-    tot = {"off": 0.0, "on": 0.0}
-    tokens, identical = 0, 0
-    counters = [0, 0, 0]
+def set_mode(rt, mode: str, args) -> None:
+    """off: no speculation; on / chain: the configured proposer; tree: n-gram token trees."""
+    rt.engine.set_speculation(mode != "off")
+    if args.tree_branches is None or mode == "off":
+        return
+    from lmprog.runtime.speculative.ngram import NgramProposer
+
+    branches = args.tree_branches if mode == "tree" else 1
+    spec = rt.engine.speculator
+    proposer = NgramProposer(args.ngram_min, args.ngram_max, branches)
+    rt.engine.call(lambda: spec.set_proposer(proposer, f"ngram(branches={branches})"))
+
+
+def modes_of(args) -> tuple[str, ...]:
+    return ("off", "on") if args.tree_branches is None else ("off", "on", "tree")
+
+
+def batch1(rt, prompts: list[list[int]], params: dict, repeats: int, args) -> dict:
+    """Decode tokens/s (prefill excluded) per mode, per prompt and in total; acceptance and
+    identical outputs of each speculating mode against "off"."""
+    modes = modes_of(args)
+    tot = dict.fromkeys(modes, 0.0)
+    tokens = 0
+    identical = dict.fromkeys(modes, 0)
+    counters = {m: [0, 0, 0] for m in modes}
     for i, prompt in enumerate(prompts):
-        best = {"off": float("inf"), "on": float("inf")}
-        outs = {}
+        best = dict.fromkeys(modes, float("inf"))
+        outs, delta = {}, {m: [0, 0, 0] for m in modes}
         for _ in range(repeats):
-            for mode in ("off", "on"):
-                rt.engine.set_speculation(mode == "on")
+            for mode in modes:
+                set_mode(rt, mode, args)
                 t1, _ = timed(lambda: generate(rt, prompt, {**params, "max_tokens": 1}))
                 before = spec_counters(rt)
                 tn, out = timed(lambda: generate(rt, prompt, params))
                 after = spec_counters(rt)
-                if mode == "on" and tn - t1 < best["on"]:
-                    delta = [a - b for a, b in zip(after, before)]
                 if tn - t1 < best[mode]:
                     best[mode] = max(tn - t1, 1e-9)
+                    delta[mode] = [a - b for a, b in zip(after, before)]
                 outs[mode] = out
         n = outs["off"].completion_tokens - 1
-        counters = [c + d for c, d in zip(counters, delta)]
         tokens += n
-        identical += outs["off"].token_ids == outs["on"].token_ids
-        for mode in ("off", "on"):
+        line = f"   prompt {i:2d}: {n + 1:4d} tokens  off {n / best['off']:7.1f} tok/s"
+        for mode in modes:
             tot[mode] += best[mode]
-        acc = delta[1] / delta[0] if delta[0] else 0.0
-        log(
-            f"   prompt {i:2d}: {n + 1:4d} tokens  off {n / best['off']:7.1f} tok/s  "
-            f"on {n / best['on']:7.1f} tok/s  x{best['off'] / best['on']:.2f}  "
-            f"accepted {acc:.0%} of {delta[0]} drafts"
-        )
-    verified, accepted, verifies = counters
-    return {
-        "tokens": tokens,
-        "off": tokens / tot["off"],
-        "on": tokens / tot["on"],
-        "speedup": tot["off"] / tot["on"],
-        "identical": identical,
-        "n": len(prompts),
-        "acceptance": accepted / verified if verified else 0.0,
-        "per_verify": (accepted + verifies) / verifies if verifies else 0.0,
-    }
+            counters[mode] = [c + d for c, d in zip(counters[mode], delta[mode])]
+            identical[mode] += outs["off"].token_ids == outs[mode].token_ids
+            if mode == "off":
+                continue
+            d = delta[mode]
+            per = (d[1] + d[2]) / d[2] if d[2] else 0.0
+            line += (
+                f"  {mode} {n / best[mode]:7.1f} tok/s x{best['off'] / best[mode]:.2f} "
+                f"({per:.2f}/verify)"
+            )
+        log(line)
+    out = {"tokens": tokens, "n": len(prompts), "modes": {}}
+    for mode in modes:
+        verified, accepted, verifies = counters[mode]
+        out["modes"][mode] = {
+            "tok_s": tokens / tot[mode],
+            "speedup": tot["off"] / tot[mode],
+            "identical": identical[mode],
+            "acceptance": accepted / verified if verified else 0.0,
+            "per_verify": (accepted + verifies) / verifies if verifies else 0.0,
+        }
+    return out
 
 
-def warm_up(rt, prompts: list[list[int]], params: dict) -> None:
+def warm_up(rt, prompts: list[list[int]], params: dict, args) -> None:
     """Compile and capture what the measured runs use (Triton kernels, extend shapes) in
-    both modes, so that no timed run pays for it."""
-    for on in (False, True):
-        rt.engine.set_speculation(on)
+    every mode, so that no timed run pays for it."""
+    for mode in modes_of(args):
+        set_mode(rt, mode, args)
         generate(rt, prompts[0], {**params, "max_tokens": 16})
         rt.flush_cache()
         rt.generate_offline(prompts[:8], {**params, "max_tokens": 4})
 
 
-def batched(rt, prompts: list[list[int]], params: dict, size: int, repeats: int) -> dict:
+def batched(rt, prompts: list[list[int]], params: dict, size: int, repeats: int, args) -> dict:
+    modes = modes_of(args)
     batch = [prompts[i % len(prompts)] for i in range(size)]
-    for on in (False, True):  # the batch's own prefill shapes
-        rt.engine.set_speculation(on)
+    for mode in modes:  # the batch's own prefill shapes
+        set_mode(rt, mode, args)
         rt.flush_cache()
         rt.generate_offline(batch, {**params, "max_tokens": 2})
-    best = {"off": float("inf"), "on": float("inf")}
+    best = dict.fromkeys(modes, float("inf"))
     outs, tokens = {}, {}
-    delta = [0, 0, 0]
+    delta = {m: [0, 0, 0] for m in modes}
     for _ in range(repeats):
-        for mode in ("off", "on"):
-            rt.engine.set_speculation(mode == "on")
+        for mode in modes:
+            set_mode(rt, mode, args)
             rt.flush_cache()
             before = spec_counters(rt)
             t, res = timed(lambda: rt.generate_offline(batch, params))
-            if mode == "on":
-                delta = [a - b for a, b in zip(spec_counters(rt), before)]
+            delta[mode] = [a - b for a, b in zip(spec_counters(rt), before)]
             best[mode] = min(best[mode], t)
             outs[mode] = [r.token_ids for r in res]
             tokens[mode] = sum(r.completion_tokens for r in res)
-    same = sum(a == b for a, b in zip(outs["off"], outs["on"]))
-    return {
-        "size": size,
-        "off": tokens["off"] / best["off"],
-        "on": tokens["on"] / best["on"],
-        "ratio": (tokens["on"] / best["on"]) / (tokens["off"] / best["off"]),
-        "identical": same,
-        "verified": delta[0],
-        "acceptance": delta[1] / delta[0] if delta[0] else 0.0,
-    }
+    out = {"size": size, "modes": {}}
+    for mode in modes:
+        d = delta[mode]
+        out["modes"][mode] = {
+            "tok_s": tokens[mode] / best[mode],
+            "ratio": (tokens[mode] / best[mode]) / (tokens["off"] / best["off"]),
+            "identical": sum(a == b for a, b in zip(outs["off"], outs[mode])),
+            "verified": d[0],
+            "acceptance": d[1] / d[0] if d[0] else 0.0,
+            "per_verify": (d[1] + d[2]) / d[2] if d[2] else 0.0,
+        }
+    return out
 
 
 def parse_args():
@@ -252,9 +293,21 @@ def parse_args():
     p.add_argument("--num-tokens", type=int, default=8)
     p.add_argument("--ngram-min", type=int, default=2)
     p.add_argument("--ngram-max", type=int, default=4)
+    p.add_argument(
+        "--tree-branches",
+        type=int,
+        default=None,
+        help="also run n-gram token trees of this many branches (modes off / chain / tree)",
+    )
     p.add_argument("--no-adaptive", action="store_true")
     p.add_argument("--draft-cost", type=float, default=None)
     p.add_argument("--max-step-tokens", type=int, default=None)
+    p.add_argument(
+        "--workload",
+        default="copy",
+        choices=["copy", "repetitive"],
+        help="copy: the copy-heavy paragraphs; repetitive: texts whose phrases recur",
+    )
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--prompts", type=int, default=8, help="batch-1 prompts")
     p.add_argument("--batches", default="64", help="comma-separated batch sizes ('' for none)")
@@ -267,6 +320,8 @@ def parse_args():
     args = p.parse_args()
     if args.method == "draft" and not args.draft_model:
         p.error("--method draft needs --draft-model")
+    if args.tree_branches is not None and (args.method != "ngram" or args.tree_branches < 2):
+        p.error("--tree-branches needs --method ngram and at least 2 branches")
     return args
 
 
@@ -283,36 +338,48 @@ def main() -> None:
     try:
         text = args.preset is None or not args.dummy
         if text:
-            prompts = text_prompts(rt)
+            prompts = text_prompts(rt, args.workload)
             params = {"temperature": 0.0}
         else:
             prompts = random_prompts(rt.model_config.vocab_size, 16, args.prompt_len)
             params = {"temperature": 0.0, "ignore_eos": True}
-        warm_up(rt, prompts, params)
+        warm_up(rt, prompts, params, args)
         log(
-            f"\n== batch 1: {args.prompts} copy-heavy prompts, <= {args.max_tokens} tokens"
+            f"\n== batch 1: {args.prompts} {args.workload} prompts, <= {args.max_tokens} tokens"
             if text
             else f"\n== batch 1: {args.prompts} random prompts, {args.max_tokens} tokens"
         )
         one = batch1(
-            rt, prompts[: args.prompts], {**params, "max_tokens": args.max_tokens}, args.repeats
+            rt,
+            prompts[: args.prompts],
+            {**params, "max_tokens": args.max_tokens},
+            args.repeats,
+            args,
         )
-        log(
-            f"   total: {one['tokens']} decode tokens, off {one['off']:.1f} tok/s, on "
-            f"{one['on']:.1f} tok/s, speedup x{one['speedup']:.2f}, acceptance "
-            f"{one['acceptance']:.0%}, {one['per_verify']:.2f} tokens per verify, identical "
-            f"outputs {one['identical']}/{one['n']}"
-        )
+        log(f"   total: {one['tokens']} decode tokens")
+        for mode, m in one["modes"].items():
+            log(
+                f"   {mode:5s} {m['tok_s']:7.1f} tok/s, speedup x{m['speedup']:.2f}, acceptance "
+                f"{m['acceptance']:.0%}, {m['per_verify']:.2f} tokens per verify, identical "
+                f"outputs {m['identical']}/{one['n']}"
+            )
         for size in [int(b) for b in args.batches.split(",") if b.strip()]:
             log(f"\n== batch {size}: {size} requests at once, <= {args.batch_max_tokens} tokens")
             r = batched(
-                rt, prompts, {**params, "max_tokens": args.batch_max_tokens}, size, args.repeats
+                rt,
+                prompts,
+                {**params, "max_tokens": args.batch_max_tokens},
+                size,
+                args.repeats,
+                args,
             )
-            log(
-                f"   off {r['off']:.1f} tok/s, on {r['on']:.1f} tok/s, ratio x{r['ratio']:.2f}; "
-                f"{r['verified']} drafts verified (acceptance {r['acceptance']:.0%}); identical "
-                f"outputs {r['identical']}/{size}"
-            )
+            for mode, m in r["modes"].items():
+                log(
+                    f"   {mode:5s} {m['tok_s']:7.1f} tok/s, ratio x{m['ratio']:.2f}; "
+                    f"{m['verified']} drafts verified (acceptance {m['acceptance']:.0%}, "
+                    f"{m['per_verify']:.2f} tokens per verify); identical outputs "
+                    f"{m['identical']}/{size}"
+                )
     finally:
         rt.shutdown()
 

@@ -114,6 +114,70 @@ class BatchSampler:
         draws = _draws(with_logprobs(tokens, raw, tensors.max_top_logprobs), len(states))
         return list(zip(draws, accepted.tolist()))
 
+    def judge_siblings(
+        self,
+        logits: Any,
+        states: Sequence[DecodeState],
+        drafts: Sequence[Sequence[int]],
+        draft_probs: Sequence[Any],
+    ) -> list[tuple[Draw, int]]:
+        """Row b's alternatives drafts[b] (siblings of a token tree, drafts[b][j] drawn from
+        draft_probs[b][j] [V]) against the distribution `sample` would draw row b from, by
+        the multi-draft rule (rejection.sibling_rejection). Returns (draw, index of the
+        accepted sibling or -1) per row."""
+        assert logits.shape[0] == len(states) == len(drafts) == len(draft_probs) > 0
+        try:
+            return self._judge_siblings(
+                logits, states, drafts, draft_probs, self._tensors_for(states, logits.device)
+            )
+        except Exception:  # noqa: BLE001 - isolate the faulty rows below
+            out = []
+            for b, st in enumerate(states):
+                try:
+                    tensors = SamplingTensors.from_params(
+                        [st.params], eos_token_ids=self._eos, device=device_of(logits)
+                    )
+                    out.append(
+                        self._judge_siblings(
+                            logits[b : b + 1], [st], drafts[b : b + 1], draft_probs[b : b + 1],
+                            tensors,
+                        )[0]
+                    )  # fmt: skip
+                except Exception as exc:  # noqa: BLE001 - becomes this request's error
+                    out.append((Draw(error=exc), -1))
+            return out
+
+    def _judge_siblings(
+        self,
+        logits: Any,
+        states: Sequence[DecodeState],
+        drafts: Sequence[Sequence[int]],
+        draft_probs: Sequence[Any],
+        tensors: SamplingTensors,
+    ) -> list[tuple[Draw, int]]:
+        from .rejection import sibling_rejection  # torch tensors only (the runtime)
+
+        ops = ops_for(logits)
+        raw = ops.log_softmax(ops.astype(logits, "float32")) if tensors.return_logprob else None
+        counts, prompt, n_out, bitmask = self._inputs(logits, states, tensors)
+        p = probabilities(
+            logits,
+            tensors,
+            output_counts=counts,
+            prompt_mask=prompt,
+            num_output_tokens=n_out,
+            bitmask=bitmask,
+        )
+        outcomes = [
+            sibling_rejection(p[b], draft_probs[b].to(p.device), drafts[b], st.generator)
+            for b, st in enumerate(states)
+        ]
+        tokens = ops.asarray([t for t, _ in outcomes], "int64")
+        if bitmask is not None or tensors.any_min_tokens:  # rows of zeros: nothing to sample
+            tokens = ops.masked_fill(tokens, ops.sum(p) == 0, NO_TOKEN)
+        draws = _draws(with_logprobs(tokens, raw, tensors.max_top_logprobs), len(states))
+        return [(d, j) for d, (_, j) in zip(draws, outcomes)]
+
     def _judge_alone(
         self,
         logits: Any,

@@ -1,8 +1,8 @@
 """The speculative-sampling acceptance rule (Leviathan et al. 2023; Chen et al. 2023):
 accept draft d with probability min(1, p(d) / q(d)), else draw from the residual
 (p - q)+, so every token is distributed exactly as p. For drafts with explicit q;
-point-mass drafts (n-gram) are verified by the engine itself. Design:
-docs/design/speculative.md.
+point-mass drafts (n-gram) are verified by the engine itself. Siblings of a token tree:
+`sibling_rejection` (SpecInfer's multi-draft rule). Design: docs/design/speculative.md.
 """
 
 from __future__ import annotations
@@ -39,3 +39,34 @@ def rejection_sample(
     residual = torch.where(empty, p, residual)
     resampled = draw(residual, generators)
     return torch.where(accepted, drafts, resampled), accepted
+
+
+def sibling_rejection(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    drafts: Sequence[int],
+    generator: SeededGenerator | None = None,
+) -> tuple[int, int]:
+    """The rule over k alternatives for one position (SpecInfer's multi-step speculative
+    sampling; EAGLE's tree verification): sibling j, drawn from q[j] independently of the
+    others, is accepted with probability min(1, p_j(d_j) / q_j(d_j)), where p_0 = p and
+    p_{j+1} = (p_j - q_j)+ normalised after a rejection; when all are rejected the token is
+    drawn from the last residual. The token is distributed exactly as p.
+
+    p: [V] probabilities; q: [k, V]; drafts: k ids (drafts[j] drawn from q[j]). generator:
+    the row's seeded generator (None: torch's default RNG); one uniform per sibling (drawn
+    together, before the first test), one more for the final draw when all are rejected. Returns (token, index of the accepted sibling or -1).
+    A rejected token keeps probability 0 in every later residual, so it is never the
+    outcome: the first sibling with the outcome's token is the accepted one."""
+    assert q.dim() == 2 and q.shape[0] == len(drafts) and q.shape[1] == p.shape[-1]
+    cur = p.float().reshape(-1)
+    us = uniforms([generator] * len(drafts), len(drafts), cur.device).tolist()
+    for j, (d, u) in enumerate(zip(drafts, us)):
+        qj = q[j].float()
+        if u * float(qj[d]) < float(cur[d]):
+            return int(d), j
+        residual = (cur - qj).clamp_(min=0.0)
+        total = float(residual.sum())
+        if total > 0:  # else p_j == q_j: the rejection was (almost) impossible
+            cur = residual / total
+    return int(draw(cur[None], [generator])[0]), -1

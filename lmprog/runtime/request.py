@@ -54,6 +54,7 @@ class Req:
         "max_seq_len",
         "stop_len",
         "draft_ids",
+        "draft_parents",
         "row_dirty",
         "prompt_logprob_start",
         "engine_data",
@@ -100,6 +101,9 @@ class Req:
         self.stop_len = self.prompt_len + params.max_tokens  # seq_len that ends it ("length");
         # submission caps it at max_seq_len, an eviction lowers it by the tokens it deletes
         self.draft_ids: list[int] = []  # speculative tokens to verify in the next step
+        # None: draft_ids is a chain; else a token tree (speculative/tree.py): parents[i] is
+        # draft i's parent, -1 for the root. Cleared with draft_ids.
+        self.draft_parents: tuple[int, ...] | None = None
         self.row_dirty = False  # row [0, num_computed) changed since last scheduled
         self.prompt_logprob_start = prompt_logprob_start
         self.engine_data = engine_data

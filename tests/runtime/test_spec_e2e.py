@@ -87,3 +87,41 @@ def test_json_extraction_under_a_constraint(rt):
     value = json.loads(on.text)
     assert set(value) == {"name", "city"}
     rt.engine.check_integrity()
+
+
+RHYME = (
+    "The cat sat on the mat. The cat sat on the hat. The cat sat on the bat. "
+    "The dog ran to the park. The dog ran to the lake. The dog ran to the gate."
+)
+
+
+def test_ngram_token_trees_give_the_same_outputs(rt):
+    """n-gram token trees (several continuations as siblings, ngram_branches=3): the greedy
+    outputs of plain decoding, also under a JSON constraint (seeded sampling with trees:
+    test_spec_tree.py)."""
+    from lmprog.runtime.speculative.ngram import NgramProposer
+
+    spec = rt.engine.speculator
+    chain = spec.proposer
+    rt.engine.call(lambda: spec.set_proposer(NgramProposer(2, 4, branches=3), "ngram-tree"))
+    try:
+        # repeated phrases with different endings: the suffix matches in several places
+        msgs = [{"role": "user", "content": f"Repeat the following text exactly.\n\n{RHYME}"}]
+        p = rt.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        before = rt.stats()
+        off, on = both(rt, GenerateRequest(p, SP(max_tokens=40, temperature=0.0)))
+        stats = rt.stats()
+        assert on.token_ids == off.token_ids
+        assert stats["spec_tree_verifies"] > before["spec_tree_verifies"]
+        assert stats["spec_accepted_tokens"] - before["spec_accepted_tokens"] >= 10
+        schema = {"type": "object", "properties": {"name": {"type": "string"}},
+                  "required": ["name"], "additionalProperties": False}  # fmt: skip
+        c = Constraint.from_json_schema(schema)
+        q = prompt(rt, "Give the chemist's name as JSON.")
+        off, on = both(rt, GenerateRequest(q, SP(max_tokens=40, temperature=0.0), constraint=c))
+        assert on.text == off.text and on.finish_reason == off.finish_reason
+        if on.finish_reason == "stop":
+            assert set(json.loads(on.text)) == {"name"}
+        rt.engine.check_integrity()
+    finally:
+        rt.engine.call(lambda: spec.set_proposer(chain, "ngram"))

@@ -426,6 +426,9 @@ class Engine:
         self.metrics.jump_forward_tokens += sum(out.jumped)
         for req in self.scheduler.process_results(batch, out.reasons):
             self._complete(req)
+        moves = self.scheduler.take_kv_moves()
+        if moves is not None:  # token trees' accepted paths, moved before anything else
+            self.runner.copy_kv(moves)
         self.metrics.on_step(seconds, batch.num_tokens, batch.num_decodes, out.num_sampled)
 
     def _settle(self, step: DeferredStep) -> float:

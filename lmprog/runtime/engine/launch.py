@@ -113,6 +113,7 @@ def _launch(
         proposer,
         max_requests=scheduler_config.max_running_requests,
         context_length=context,
+        trees=tp is None and attention_sinks is None,
     )
     manager = None
     if lora is not None or lora_adapters:
@@ -188,10 +189,13 @@ def make_speculator(
     *,
     max_requests: int | None = None,
     context_length: int | None = None,
+    trees: bool = True,
 ) -> Speculator | None:
     """The engine's Speculator for `model`, or None when config and proposer are None.
     max_requests, context_length: the engine's max_running_requests and context length (a
-    built draft model keeps state for that many requests of up to that length)."""
+    built draft model keeps state for that many requests of up to that length). trees: verify
+    token trees (False under tensor parallelism and attention sinks: a tree's first branch is
+    verified as a chain)."""
     if config is None and proposer is None:
         return None
     config = config if config is not None else SpeculativeConfig()
@@ -209,4 +213,6 @@ def make_speculator(
             max_requests=max_requests,
             context_length=context_length,
         )
-    return Speculator(proposer, config, vocab_size=vocab, device=param.device, name=name)
+    return Speculator(
+        proposer, config, vocab_size=vocab, device=param.device, name=name, trees=trees
+    )

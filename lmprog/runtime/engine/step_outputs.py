@@ -25,6 +25,7 @@ from lmprog.decoding.sampler import argmax_rows
 
 from ..request import Req, ReqStatus
 from ..scheduler import ScheduledBatch, ScheduledEntry
+from ..speculative.tree import children, walk
 
 DraftProbs = Callable[[Req], Any]  # a verify entry's request -> [k, V] draft probs or None
 
@@ -81,17 +82,45 @@ class DeferredStep:
 
 @dataclass(eq=False)
 class _Chain:
-    """One sampling entry being verified (a plain decode is a chain without drafts)."""
+    """One sampling entry being verified (a plain decode is a chain without drafts; a token
+    tree is walked from its root, one accepted node per position)."""
 
     index: int  # entry index
-    row: int  # logits row of position 0
+    row: int  # logits row of position 0 (the root); draft i's row is row + 1 + i
     drafts: tuple[int, ...]
     probs: Any  # [len(drafts), V] draft distributions, or None (deterministic drafts)
+    parents: tuple[int, ...] | None = None  # a token tree's (None: a chain)
     tokens: list[int] = field(default_factory=list)
+    node: int = -1  # the draft reached (-1: the root)
+    kids: list[list[int]] | None = None  # a tree's children per node + 1
 
-    def judged(self, j: int, state: DecodeState) -> bool:
-        """Position j uses the rejection rule (explicit q, a sampled request)."""
-        return self.probs is not None and j < len(self.drafts) and not state.params.greedy
+    def __post_init__(self) -> None:
+        if self.parents is not None:
+            self.kids = children(self.parents)
+
+    @property
+    def at(self) -> int:
+        """The logits row of the next position: after the node reached."""
+        return self.row + self.node + 1
+
+    def candidates(self) -> list[int]:
+        """The drafts that may come next (a chain's next one; a tree node's children)."""
+        if self.kids is not None:
+            return self.kids[self.node + 1]
+        nxt = self.node + 1
+        return [nxt] if nxt < len(self.drafts) else []
+
+    def follow(self, token: int) -> bool:
+        """Move to the first candidate whose token is `token`; False when none is."""
+        for c in self.candidates():
+            if self.drafts[c] == token:
+                self.node = c
+                return True
+        return False
+
+    def judged(self, state: DecodeState) -> bool:
+        """The next position uses the rejection rule (explicit q, a sampled request)."""
+        return self.probs is not None and bool(self.candidates()) and not state.params.greedy
 
 
 class StepOutputs:
@@ -220,28 +249,23 @@ class StepOutputs:
         argmax = [c for c in chains if c.drafts and _argmax_suffices(entries[c.index].req)]
         if argmax:
             self._verify_by_argmax(entries, logits, argmax, result)
-        active, j = [c for c in chains if c not in argmax] if argmax else chains, 0
+        active = [c for c in chains if c not in argmax] if argmax else chains
         while active:
             states = [entries[c.index].req.engine_data for c in active]
-            judged = [c.judged(j, st) for c, st in zip(active, states)]
-            outcomes = self._draw(logits, active, states, judged, j)
+            judged = [c.judged(st) for c, st in zip(active, states)]
+            outcomes = self._draw(logits, active, states, judged)
             active = [
                 c
                 for c, draw in zip(active, outcomes)
-                if self._take(entries[c.index], c, j, draw, result)
+                if self._take(entries[c.index], c, draw, result)
             ]
-            j += 1
         for c in chains:
             i = c.index
             result.tokens[i] = tuple(c.tokens)
-            accepted = 0
-            while (
-                accepted < min(len(c.drafts), len(c.tokens))
-                and c.tokens[accepted] == c.drafts[accepted]
-            ):
-                accepted += 1
-            result.accepted[i] = accepted
-            result.rejected[i] = accepted < len(c.tokens) and accepted < len(c.drafts)
+            path = walk(c.drafts, c.parents, c.tokens)
+            result.accepted[i] = len(path)
+            c.node = path[-1] if path else -1
+            result.rejected[i] = len(c.tokens) > len(path) and bool(c.candidates())
 
     def _verify_by_argmax(
         self,
@@ -250,15 +274,14 @@ class StepOutputs:
         chains: list[_Chain],
         result: StepResult,
     ) -> None:
-        """Greedy chains whose choice at every position is the plain argmax (see
+        """Greedy chains (and trees) whose choice at every position is the plain argmax (see
         _argmax_suffices): all their rows in one argmax and one device read."""
         rows = [c.row + j for c in chains for j in range(len(c.drafts) + 1)]
         ids = argmax_rows(logits[rows]).tolist()
         at = 0
         for c in chains:
-            for j in range(len(c.drafts) + 1):
-                if not self._take(entries[c.index], c, j, Draw(ids[at + j]), result):
-                    break
+            while self._take(entries[c.index], c, Draw(ids[at + c.node + 1]), result):
+                pass
             at += len(c.drafts) + 1
 
     def _draw(
@@ -267,41 +290,56 @@ class StepOutputs:
         active: list[_Chain],
         states: list[DecodeState],
         judged: list[bool],
-        j: int,
     ) -> list[Draw]:
-        """Position j's token for every active chain: one sampler call for the plain rows,
-        one rejection-rule call for the judged ones."""
+        """The next position's token for every active chain: one sampler call for the plain
+        rows (deterministic drafts: the target's own draw decides which child, if any, is
+        accepted), one rejection-rule call for the judged ones with one candidate, one
+        multi-draft call for those with several (siblings of a tree)."""
         out: list[Draw] = [Draw()] * len(active)
         plain = [b for b, x in enumerate(judged) if not x]
         if plain:
-            sub = _rows(logits, [active[b].row + j for b in plain])
+            sub = _rows(logits, [active[b].at for b in plain])
             for b, draw in zip(plain, self.sampler.sample(sub, [states[b] for b in plain])):
                 out[b] = draw
-        rule = [b for b, x in enumerate(judged) if x]
+        rule = [b for b, x in enumerate(judged) if x and len(active[b].candidates()) == 1]
         if rule:
-            sub = logits[[active[b].row + j for b in rule]]
-            q = torch.stack([active[b].probs[j] for b in rule])
+            sub = logits[[active[b].at for b in rule]]
+            nxt = [active[b].candidates()[0] for b in rule]
+            q = torch.stack([active[b].probs[n] for b, n in zip(rule, nxt)])
             verdicts = self.sampler.judge(
-                sub, [states[b] for b in rule], [active[b].drafts[j] for b in rule], q
+                sub, [states[b] for b in rule], [active[b].drafts[n] for b, n in zip(rule, nxt)], q
             )
             for b, (draw, _) in zip(rule, verdicts):
+                out[b] = draw
+        multi = [b for b, x in enumerate(judged) if x and len(active[b].candidates()) > 1]
+        if multi:
+            sub = logits[[active[b].at for b in multi]]
+            kids = [active[b].candidates() for b in multi]
+            siblings = self.sampler.judge_siblings(
+                sub,
+                [states[b] for b in multi],
+                [[active[b].drafts[k] for k in ks] for b, ks in zip(multi, kids)],
+                [active[b].probs[ks] for b, ks in zip(multi, kids)],
+            )
+            for b, (draw, _) in zip(multi, siblings):
                 out[b] = draw
         return out
 
     @staticmethod
-    def _take(e: ScheduledEntry, c: _Chain, j: int, draw: Draw, result: StepResult) -> bool:
-        """Hand token j to the request's state; True when the chain goes on to j + 1."""
+    def _take(e: ScheduledEntry, c: _Chain, draw: Draw, result: StepResult) -> bool:
+        """Hand the next token to the request's state; True when the chain goes on (the
+        token is a candidate draft's, now the node reached)."""
         taken, jump = _hand(e.req, c.index, draw, result)
         if taken:
             c.tokens.append(draw.token)
         if e.req.engine_data.done:
             return False
-        return jump is None and j < len(c.drafts) and draw.token == c.drafts[j]
+        return jump is None and c.follow(draw.token)
 
 
 def _chain(e: ScheduledEntry, index: int, row: int, draft_probs: DraftProbs | None) -> _Chain:
     probs = draft_probs(e.req) if e.draft_ids and draft_probs is not None else None
-    return _Chain(index, row, e.draft_ids, probs)
+    return _Chain(index, row, e.draft_ids, probs, e.draft_parents)
 
 
 def _hand(req: Req, index: int, draw: Draw, result: StepResult) -> tuple[bool, Any]:

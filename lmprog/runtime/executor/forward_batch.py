@@ -3,7 +3,8 @@
 Request r brings extend_lens[r] new tokens (input_ids / positions / out_cache_loc, in
 request order) after a cached prefix; req_to_token[req_pool_indices[r], :seq_lens[r]]
 holds the slots of all its tokens. A new token attends causally over its request's tokens
-unless `custom_mask` says otherwise. Layout: docs/design/scheduling.md.
+unless `custom_mask` says otherwise (for every request, or with `mask_indptr` for those whose
+offset is >= 0: token-tree verifies). Layout: docs/design/scheduling.md.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ class ForwardBatch:
     req_to_token: torch.Tensor  # int32 [max_running_requests, max_context_len]
     logits_indices: torch.Tensor  # int64 [R], rows of the T tokens that get logits
     custom_mask: torch.Tensor | None = None  # bool, flat; None = causal
+    # int64 [B]: where request r's [extend_len, seq_len] block starts in custom_mask, -1 for a
+    # causal request; None: every request has a block, packed in order
+    mask_indptr: torch.Tensor | None = None
     # The same lengths as host ints, when the caller has them: lets backends plan without a
     # device sync (build() fills them).
     seq_lens_cpu: tuple[int, ...] | None = None
@@ -37,6 +41,7 @@ class ForwardBatch:
     # image_embeds[i] in place of a token embedding. None: no image position is fed.
     image_rows: torch.Tensor | None = None  # int64 [K]
     image_embeds: torch.Tensor | None = None  # [K, hidden]
+    mask_indptr_cpu: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         t, b = self.input_ids.shape[0], self.req_pool_indices.shape[0]
@@ -47,6 +52,9 @@ class ForwardBatch:
         assert self.seq_lens_cpu is None or len(self.seq_lens_cpu) == b
         assert self.extend_lens_cpu is None or len(self.extend_lens_cpu) == b
         assert (self.image_rows is None) == (self.image_embeds is None)
+        assert self.mask_indptr is None or (
+            self.custom_mask is not None and self.mask_indptr.shape == (b,)
+        )
 
     @property
     def batch_size(self) -> int:
@@ -60,6 +68,19 @@ class ForwardBatch:
     def is_decode_only(self) -> bool:
         """One new token per request (so no causal structure among the new tokens)."""
         return self.num_tokens == self.batch_size and self.custom_mask is None
+
+    def mask_offsets(self) -> list[int] | None:
+        """Per request, where its custom_mask block starts (-1: causal); None: no mask.
+        Reads the device only without the host copy."""
+        if self.custom_mask is None:
+            return None
+        if self.mask_indptr is None:
+            seq, ext = self.host_lens()
+            sizes = [n * s for n, s in zip(ext, seq)]
+            return [sum(sizes[:i]) for i in range(len(sizes))]
+        if self.mask_indptr_cpu is not None:
+            return list(self.mask_indptr_cpu)
+        return [int(x) for x in self.mask_indptr.tolist()]
 
     def host_lens(self) -> tuple[list[int], list[int]]:
         """(seq_lens, extend_lens) as Python ints; reads the device only without the cpu copies."""
@@ -84,6 +105,7 @@ class ForwardBatch:
         positions: IntsLike | None = None,
         logits_indices: IntsLike | None = None,
         custom_mask: torch.Tensor | None = None,
+        mask_indptr: IntsLike | None = None,
         device: torch.device | str | None = None,
     ) -> ForwardBatch:
         """Validate host-side lists (or tensors) and build the batch on `device`.
@@ -110,7 +132,16 @@ class ForwardBatch:
             )
         if any(not 0 <= i < len(ids) for i in logit_rows):
             raise ValueError(f"logits_indices must lie in [0, {len(ids)})")
-        if custom_mask is not None and custom_mask.numel() != sum(n * s for n, s in zip(ext, lens)):
+        indptr = None if mask_indptr is None else _ints(mask_indptr, "mask_indptr")
+        if indptr is not None:
+            if custom_mask is None or len(indptr) != len(ext):
+                raise ValueError("mask_indptr needs custom_mask and one offset per request")
+            for off, n, s in zip(indptr, ext, lens):
+                if off >= 0 and off + n * s > custom_mask.numel():
+                    raise ValueError(f"mask block at {off} of {n}x{s} runs past custom_mask")
+        elif custom_mask is not None and custom_mask.numel() != sum(
+            n * s for n, s in zip(ext, lens)
+        ):
             raise ValueError("custom_mask needs sum(extend_len * seq_len) entries")
         dev = torch.device(device) if device is not None else req_to_token.device
 
@@ -128,8 +159,10 @@ class ForwardBatch:
             req_to_token.to(device=dev, dtype=torch.int32),
             t(logit_rows),
             None if custom_mask is None else custom_mask.to(device=dev, dtype=torch.bool),
+            None if indptr is None else t(indptr),
             seq_lens_cpu=tuple(lens),
             extend_lens_cpu=tuple(ext),
+            mask_indptr_cpu=None if indptr is None else tuple(indptr),
         )
 
 

@@ -152,6 +152,11 @@ class KVPool:
         self.k[layer][loc] = k
         self.v[layer][loc] = v
 
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """For every layer, slot dst[i] gets slot src[i]'s K and V (src, dst: int64 [N] on the
+        pool's device; every src is read before any dst is written)."""
+        self._buffer[:, :, dst] = self._buffer[:, :, src]  # [layers, k|v, slots, ...]
+
 
 class LatentKVPool(KVPool):
     """The latent-attention layout (docs/design/kv-cache.md): one "KV head" per layer whose key is
@@ -186,6 +191,10 @@ class LatentKVPool(KVPool):
         loc [T]; the value is k's first columns, so `v` must be None."""
         assert v is None, "a latent pool's value is its key's first kv_lora_rank columns"
         self.k[layer][loc] = k
+
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """As KVPool.copy_slots (the value is part of the key)."""
+        self._buffer[:, dst] = self._buffer[:, src]  # [layers, slots, 1, ...]
 
 
 def _check_slots(num_slots: int) -> None:

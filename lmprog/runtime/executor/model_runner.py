@@ -43,6 +43,7 @@ class StepInputs(NamedTuple):
     sync: tuple[tuple[int, int], ...] = ()
     lora: Any = None  # the step's LoraStepPlan (lmprog.runtime.lora.ops), None: no adapter
     images: Any = None  # (rows, embeds) of the image positions fed (runtime.images), or None
+    tree: tuple[np.ndarray, np.ndarray] | None = None  # ScheduledBatch.tree_mask()
 
 
 class ModelRunner:
@@ -145,6 +146,15 @@ class ModelRunner:
         src, dst, delta = (_to_device(a, self.device) for a in shift)
         self._key_shifter.shift(self.kv, src, dst, delta)
 
+    def copy_kv(self, moves: KVShift) -> None:
+        """Copy K/V between slots (moves.delta unused: a token tree's accepted path keeps its
+        positions), queued on the device before the next forward."""
+        if self.channel is not None:
+            raise RuntimeError("token trees are not verified under tensor parallelism")
+        src, dst = (_to_device(a, self.device) for a in (moves.src, moves.dst))
+        with torch.inference_mode():
+            self.kv.copy_slots(src, dst)
+
     def run(self, step: StepInputs, future: torch.Tensor | None = None) -> torch.Tensor:
         """The forward of one step's inputs (every rank of a tensor-parallel group runs it)."""
         with torch.inference_mode():
@@ -203,7 +213,8 @@ class ModelRunner:
         sync: tuple[tuple[int, int], ...] = ()
         if self._mirrored or self.channel is not None:
             sync = tuple((e.row, e.end) for e in entries if e.sync_row)
-        return StepInputs(host, batch.num_tokens, len(entries), len(logit_rows), sync)
+        tree = batch.tree_mask()
+        return StepInputs(host, batch.num_tokens, len(entries), len(logit_rows), sync, tree=tree)
 
     def device_inputs(self, step: StepInputs, future: torch.Tensor | None = None) -> ForwardBatch:
         t, b = step.num_tokens, step.batch_size
@@ -213,8 +224,15 @@ class ModelRunner:
         if host[:t].min() < 0:  # placeholders: the previous step's tokens, on the device
             assert future is not None, "placeholder tokens without the step that samples them"
             ids = torch.where(ids < 0, future[(-1 - ids).clamp_(min=0)], ids)
+        mask = indptr = None
+        if step.tree is not None:  # token-tree verifies: their masks
+            mask = _to_device(step.tree[0], self.device)
+            indptr = _to_device(step.tree[1], self.device)
         if self._mirrored:
-            self._sync_table(step, parts[3], parts[5], parts[1], parts[2])
+            # the table's column of a fed token: its position, except in a token tree
+            # (siblings share a position, each has its own column)
+            columns = parts[1] if step.tree is None else _columns(parts[4], parts[5], t)
+            self._sync_table(step, parts[3], parts[5], columns, parts[2])
         image_rows = image_embeds = None
         if step.images is not None:
             image_rows = _to_device(step.images[0], self.device)
@@ -229,10 +247,13 @@ class ModelRunner:
             extend_start_loc=parts[6],
             req_to_token=self.req_to_token,
             logits_indices=parts[7],
+            custom_mask=mask,
+            mask_indptr=indptr,
             seq_lens_cpu=tuple(host[3 * t + b : 3 * t + 2 * b].tolist()),
             extend_lens_cpu=tuple(host[3 * t + 2 * b : 3 * t + 3 * b].tolist()),
             image_rows=image_rows,
             image_embeds=image_embeds,
+            mask_indptr_cpu=None if step.tree is None else tuple(step.tree[1].tolist()),
         )
 
     def close(self) -> None:
@@ -245,14 +266,22 @@ class ModelRunner:
         step: StepInputs,
         rows: torch.Tensor,
         ext: torch.Tensor,
-        positions: torch.Tensor,
+        columns: torch.Tensor,
         out_slots: torch.Tensor,
     ) -> None:
-        """Bring the device table up to date for this batch's rows (docs/design/scheduling.md)."""
+        """Bring the device table up to date for this batch's rows (docs/design/scheduling.md).
+        columns: each fed token's column in its row."""
         for row, end in step.sync:
             self.req_to_token[row, :end] = _to_device(self._host_table[row, :end], self.device)
         token_rows = torch.repeat_interleave(rows, ext, output_size=step.num_tokens)
-        self.req_to_token[token_rows, positions] = out_slots.to(torch.int32)
+        self.req_to_token[token_rows, columns] = out_slots.to(torch.int32)
+
+
+def _columns(seq_lens: torch.Tensor, ext: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Per fed token, its column in its request's row: seq_len - extend_len + its index."""
+    starts = torch.cumsum(ext, 0) - ext
+    first = torch.repeat_interleave(seq_lens - ext - starts, ext, output_size=num_tokens)
+    return first + torch.arange(num_tokens, device=ext.device)
 
 
 def _to_device(host: np.ndarray, device: torch.device) -> torch.Tensor:

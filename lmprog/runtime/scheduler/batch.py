@@ -2,7 +2,8 @@
 
 One entry per scheduled request, its tokens at [offset, offset + num_new) of the batch's
 token arrays, their KV going to out_slots. Decode: num_new == 1; prefill chunk: `sample`
-on the last chunk only; verify: m pending real tokens then k drafts, k + 1 rows sampled.
+on the last chunk only; verify: m pending real tokens then k drafts, k + 1 rows sampled
+(the drafts a chain, or a token tree: `draft_parents`, with its attention mask `tree_mask`).
 Layout diagrams: docs/design/scheduling.md.
 """
 
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..request import Req
+from ..speculative.tree import mask_block
 
 if TYPE_CHECKING:
     from .sinks import KVShift
@@ -38,6 +40,8 @@ class ScheduledEntry(NamedTuple):
     draft_ids: tuple[int, ...] = ()  # verify: the speculative tokens fed after the real ones
     evicted: int = 0  # req.num_evicted when scheduled (attention sinks: token indices of this
     # entry are shifted down by the tokens evicted since)
+    draft_parents: tuple[int, ...] | None = None  # a token tree's parents (None: a chain);
+    # draft i is fed at index end - num_draft + i, at position root + 1 + its depth
 
     @property
     def end(self) -> int:
@@ -119,3 +123,19 @@ class ScheduledBatch:
             logits_from = [_NEVER if lf is None else lf for lf in logits_from]
         per_token = np.repeat(np.array(logits_from, dtype=np.int64), self.extend_lens())
         return np.flatnonzero(self.positions >= per_token)
+
+    def tree_mask(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The attention mask of the step's token-tree verify entries, None when there is
+        none: (flat bool mask, int64 offset per entry into it, -1 for a causal entry). Entry
+        i's block is [num_new, end] row-major (speculative.tree.mask_block)."""
+        if not any(e.draft_parents is not None for e in self.entries):
+            return None
+        blocks, indptr, at = [], np.full(len(self.entries), -1, dtype=np.int64), 0
+        for i, e in enumerate(self.entries):
+            if e.draft_parents is None:
+                continue
+            block = mask_block(e.num_new - e.num_draft, e.draft_parents, e.end)
+            blocks.append(block.reshape(-1))
+            indptr[i] = at
+            at += block.size
+        return np.concatenate(blocks), indptr

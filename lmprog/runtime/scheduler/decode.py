@@ -65,4 +65,4 @@ class DecodePolicy:
         drafts = plan.fitting_drafts(req, 1, budget.tokens, extra_room=own)
         budget.take(len(drafts))
         slots = plan.cache.tokens_to_extend(req, req.num_computed + 1 + len(drafts))
-        plan.add(req, 1 + len(drafts), drafts, slots - own)
+        plan.add(req, 1 + len(drafts), drafts, slots - own, plan.draft_parents(req, len(drafts)))

@@ -8,6 +8,7 @@ import numpy as np
 from ..cache.allocator import SLOT_DTYPE
 from ..cache.manager import CacheManager
 from ..request import Req
+from ..speculative.tree import depths, is_chain
 from .batch import ScheduledBatch, ScheduledEntry
 from .sinks import KVShift
 
@@ -22,16 +23,26 @@ class StepPlan:
 
     def __init__(self, cache: CacheManager) -> None:
         self.cache = cache
-        self.items: list[tuple[Req, int, tuple[int, ...]]] = []  # (req, num_new, draft_ids)
+        # (req, num_new, draft_ids, draft_parents: None for a chain)
+        self.items: list[tuple[Req, int, tuple[int, ...], tuple[int, ...] | None]] = []
         self.slots = 0
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def add(self, req: Req, num_new: int, draft_ids: tuple[int, ...] = (), slots: int = -1) -> None:
-        """Plan num_new fed tokens for req; `slots` may pass the precomputed slot need."""
+    def add(
+        self,
+        req: Req,
+        num_new: int,
+        draft_ids: tuple[int, ...] = (),
+        slots: int = -1,
+        parents: tuple[int, ...] | None = None,
+    ) -> None:
+        """Plan num_new fed tokens for req; `slots` may pass the precomputed slot need;
+        `parents`: the drafts' tree (None: a chain; see draft_parents)."""
         assert num_new >= 1
-        self.items.append((req, num_new, draft_ids))
+        assert parents is None or len(parents) == len(draft_ids)
+        self.items.append((req, num_new, draft_ids, parents))
         self.slots += (
             slots if slots >= 0 else self.cache.tokens_to_extend(req, req.num_computed + num_new)
         )
@@ -42,7 +53,7 @@ class StepPlan:
 
     def add_decodes(self, reqs: list[Req]) -> None:
         """Plan one fed token for each of reqs, whose slots were reserved already."""
-        self.items.extend([(req, 1, ()) for req in reqs])
+        self.items.extend([(req, 1, (), None) for req in reqs])
 
     def reserve(self, slots: int) -> None:
         """Count slots as taken before the items that use them are added (with slots=0)."""
@@ -71,6 +82,16 @@ class StepPlan:
         k = self.max_chunk(req, num_real + cap, extra_room) - num_real
         return tuple(req.draft_ids[:k]) if k > 0 else ()
 
+    @staticmethod
+    def draft_parents(req: Req, k: int) -> tuple[int, ...] | None:
+        """The tree of req's first k drafts (a prefix of a tree in topological order is a
+        tree), None when they form a chain."""
+        parents = req.draft_parents
+        if parents is None or k == 0:
+            return None
+        parents = tuple(parents[:k])
+        return None if is_chain(parents) else parents
+
     def to_batch(self, retracted: list[Req], shift: KVShift | None = None) -> ScheduledBatch:
         """Allocate the planned requests' slots (CacheManager.extend: evicting cached
         prefixes as needed, rows of req_to_token written) and describe the step. Mutates
@@ -78,11 +99,11 @@ class StepPlan:
         items = self.items
         if not items:
             return ScheduledBatch((), _NO_SLOTS, _NO_POSITIONS, tuple(retracted), shift)
-        reqs, counts, _ = zip(*items)
+        reqs, counts, _, _ = zip(*items)
         out_slots, positions = self.cache.extend(reqs, counts)
         entries, offset = [], 0
         new_entry = ScheduledEntry._make  # no argument parsing in this per-request loop
-        for req, n, drafts in items:
+        for req, n, drafts, parents in items:
             start = req.num_computed
             end = start + n
             real_end = end - len(drafts)
@@ -105,9 +126,13 @@ class StepPlan:
                         req.row_dirty,
                         drafts,
                         req.num_evicted,
+                        parents,
                     )
                 )
             )
+            if parents is not None:  # a tree: draft i sits at the root's position + 1 + depth
+                first = offset + n - len(drafts)
+                positions[first : offset + n] = positions[first] + np.asarray(depths(parents))
             req.row_dirty = False
             req.extend_len = n
             offset += n

@@ -55,8 +55,8 @@ class PrefillPolicy:
                 if n == req.pending_len:
                     drafts = plan.fitting_drafts(req, n, budget.tokens - n)
                 else:
-                    req.draft_ids = []
-            plan.add(req, n + len(drafts), drafts)
+                    req.draft_ids, req.draft_parents = [], None
+            plan.add(req, n + len(drafts), drafts, parents=plan.draft_parents(req, len(drafts)))
             budget.take(n + len(drafts))
 
     def admit_waiting(self, plan: StepPlan, budget: StepBudget) -> None:
@@ -146,7 +146,7 @@ class PrefillPolicy:
 
     def _running_reserve(self, plan: StepPlan) -> int:
         """Slots the running requests may still need after this step's planned work."""
-        planned = {id(r): n for r, n, _ in plan.items}
+        planned = {id(r): n for r, n, _, _ in plan.items}
         return sum(
             self._future(req, req.num_computed + planned.get(id(req), 0))
             for req in self.requests.running_reqs()

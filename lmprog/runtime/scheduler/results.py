@@ -13,6 +13,7 @@ from lmprog.core.protocol import FinishReason
 
 from ..cache.manager import CacheManager
 from ..request import Req, ReqStatus
+from ..speculative.tree import path_moves, walk
 from .batch import ScheduledBatch, ScheduledEntry
 
 
@@ -23,6 +24,9 @@ class ResultRecorder:
     def __init__(self, cache: CacheManager, finish: Callable[[Req, FinishReason], bool]) -> None:
         self.cache = cache
         self.finish = finish
+        # KV copies (src slot, dst slot) that token trees' accepted paths need before the
+        # next forward (Scheduler.take_kv_moves)
+        self.kv_moves: list[tuple[int, int]] = []
 
     def record(
         self, batch: ScheduledBatch, finish_reasons: Sequence[FinishReason | None] | None = None
@@ -130,19 +134,23 @@ class ResultRecorder:
         if entry.num_new == 1 and rewritten is None and len(req.token_ids) == entry.end + 1:
             req.num_computed = entry.end  # a plain decode (the common case)
             if req.draft_ids:
-                req.draft_ids = []
+                req.draft_ids, req.draft_parents = [], None
             return req
-        valid = entry.end - len(entry.draft_ids)  # the fed tokens that are req's own
-        for draft, token in zip(entry.draft_ids, req.token_ids[valid:]):
-            if draft != token:
-                break
-            valid += 1
+        real_end = entry.end - len(entry.draft_ids)  # the fed tokens that are req's own
+        path = walk(entry.draft_ids, entry.draft_parents, req.token_ids[real_end:])
+        valid = real_end + len(path)  # ... and the accepted drafts
         computed = min(valid, len(req.token_ids) - 1) if entry.sample else entry.end
         if rewritten is not None:
             computed = min(computed, rewritten)
+        if entry.draft_parents is not None and entry.sample:
+            # a token tree: the accepted path's KV was computed at its nodes' columns
+            row = self.cache.req_table.table[req.row]
+            for node, j in path_moves(path):
+                if real_end + j < computed:
+                    self.kv_moves.append((int(row[real_end + node]), int(row[real_end + j])))
         if self.cache.round_up(computed) < req.num_allocated:
             self.cache.trim(req, computed)
         else:
             req.num_computed = computed
-        req.draft_ids = []
+        req.draft_ids, req.draft_parents = [], None
         return req

@@ -31,7 +31,7 @@ class RetractPolicy:
             )
         self.cache.release(req, cache=True)
         self.requests.requeue(req)
-        req.draft_ids = []
+        req.draft_ids, req.draft_parents = [], None
         req.num_retractions += 1
         self.num_retractions += 1
         self.ratio.on_retract()

@@ -226,6 +226,16 @@ class Scheduler:
         in flight. In full: ResultRecorder.resolve."""
         return self.results.resolve(batch, finish_reasons)
 
+    def take_kv_moves(self) -> KVShift | None:
+        """The KV copies the recorded steps' token trees need (their accepted paths moved to
+        the columns a chain would have used), to do on the device before anything else
+        reads or writes the pool; None when there are none. Each is handed out once."""
+        moves, self.results.kv_moves = self.results.kv_moves, []
+        if not moves:
+            return None
+        src, dst = np.array(moves, dtype=np.int64).T
+        return KVShift(src, dst, np.zeros_like(src))
+
     # -- request control -------------------------------------------------------------------
     def finish(self, req: Req, reason: FinishReason, cache: bool = True) -> bool:
         """End req (waiting or running): release its KV — computed tokens go to the prefix
@@ -238,7 +248,7 @@ class Scheduler:
         self.cache.release(req, cache=cache)
         self.requests.remove(req)
         req.status, req.finish_reason = ReqStatus.FINISHED, reason
-        req.draft_ids, req.extend_len = [], 0
+        req.draft_ids, req.draft_parents, req.extend_len = [], None, 0
         return True
 
     def abort(self, rid: Hashable) -> Req | None:
@@ -270,13 +280,14 @@ class Scheduler:
         and returned, FINISHED with reason "error" and holding nothing. Not mid-step."""
         reqs = self.requests.clear()
         self.cache.clear(reqs)
+        self.results.kv_moves = []  # a token tree's copies into slots now free
         dropped = []
         for req in reqs:
             if req.status is ReqStatus.WAITING:
                 self.requests.add(req)
                 continue
             req.status, req.finish_reason = ReqStatus.FINISHED, "error"
-            req.draft_ids, req.extend_len = [], 0
+            req.draft_ids, req.draft_parents, req.extend_len = [], None, 0
             dropped.append(req)
         return dropped
 

@@ -38,7 +38,7 @@ def build_proposer(
     if not isinstance(config, SpeculativeConfig):
         raise TypeError(f"config must be a SpeculativeConfig, got {type(config).__name__}")
     if config.method == "ngram":
-        return NgramProposer(config.ngram_min, config.ngram_max)
+        return NgramProposer(config.ngram_min, config.ngram_max, config.ngram_branches)
     # ---- method "draft": the draft-model proposer (lmprog.runtime.speculative.draft) ------
     assert config.method == "draft"
 

@@ -37,7 +37,8 @@ _DEFAULTS: dict[str, _Defaults] = {
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """method: "ngram" (prompt lookup) or "draft" (`draft_model`, same tokenizer); num_tokens:
-    most drafts verified per request per step; ngram_min / ngram_max; draft_model and
+    most drafts verified per request per step; ngram_min / ngram_max; ngram_branches: > 1
+    drafts token trees of that many n-gram continuations (1: a chain); draft_model and
     draft_load_format ("auto" | "dummy"); adaptive: per-request draft lengths (False: always
     num_tokens); draft_cost: one draft's cost as a fraction of a step (None: measured);
     max_step_tokens: fed decode tokens per step above which no drafts are added (None: 32 on a
@@ -48,6 +49,7 @@ class SpeculativeConfig:
     num_tokens: int = 8
     ngram_min: int = 2
     ngram_max: int = 4
+    ngram_branches: int = 1
     draft_model: str | None = None
     draft_load_format: str = "auto"
     adaptive: bool = True
@@ -60,6 +62,7 @@ class SpeculativeConfig:
         _check_int("num_tokens", self.num_tokens, 1)
         _check_int("ngram_min", self.ngram_min, 1)
         _check_int("ngram_max", self.ngram_max, 1)
+        _check_int("ngram_branches", self.ngram_branches, 1)
         if self.ngram_min > self.ngram_max:
             raise ValueError(
                 f"ngram_min ({self.ngram_min}) must be <= ngram_max ({self.ngram_max})"

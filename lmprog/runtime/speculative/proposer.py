@@ -16,6 +16,8 @@ from typing import Any
 
 from lmprog.core.sampling import SamplingParams
 
+from .tree import check_parents
+
 
 @dataclass(frozen=True)
 class ProposalInput:
@@ -44,13 +46,18 @@ class Proposal:
     probs: Any = None
     parents: tuple[int, ...] | None = None
 
+    def __post_init__(self) -> None:
+        if self.parents is not None:
+            object.__setattr__(self, "parents", check_parents(self.parents, len(self.token_ids)))
+
 
 class Proposer(abc.ABC):
     """A source of draft tokens. Called only from the engine thread."""
 
     @abc.abstractmethod
     def propose(self, inputs: Sequence[ProposalInput]) -> list[Proposal]:
-        """One Proposal per input, in order; each chain at most `max_tokens` long."""
+        """One Proposal per input, in order; each chain (or tree) at most `max_tokens`
+        tokens."""
 
     def release(self, rid: Hashable) -> None:
         """Forget per-request state (default: none kept)."""

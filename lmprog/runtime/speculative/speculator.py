@@ -25,6 +25,7 @@ from ..request import Req, ReqStatus
 from .adaptive import AcceptanceRate, DraftLengths, ProposeCost
 from .config import SpeculativeConfig
 from .proposer import Proposal, ProposalInput, Proposer
+from .tree import ROOT, first_branch, is_chain, prune
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +42,18 @@ class Speculator:
         device: torch.device | str = "cpu",
         name: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        trees: bool = True,
     ) -> None:
         """name: what stats() reports as "speculative" (default: config.method); clock:
-        seconds, for measuring the proposing cost (tests pass their own)."""
+        seconds, for measuring the proposing cost (tests pass their own); trees: verify token
+        trees (False: a tree's first branch is verified as a chain)."""
         if not isinstance(proposer, Proposer):
             raise TypeError(f"proposer must be a Proposer, got {type(proposer).__name__}")
         self.proposer, self.config = proposer, config
         self.name = name or config.method
         self.device = torch.device(device)
         self.vocab_size = vocab_size
+        self.trees = trees
         self.verify_cost, step_tokens = config.resolved_for(self.device.type)
         self.lengths = DraftLengths(
             config.num_tokens, self.verify_cost, step_tokens, config.adaptive
@@ -75,6 +79,7 @@ class Speculator:
         self.errors = 0  # propose() calls that raised (those steps ran without drafts)
         self.guide_cuts = 0  # proposals cut short because the constraint forbade a draft
         self.jump_verifies = 0  # verify entries whose drafts followed jump-forward tokens
+        self.tree_verifies = 0  # verify entries whose drafts were a token tree
 
     # -- before schedule() -----------------------------------------------------------------
     def choose(self, decoding: Sequence[Req]) -> list[tuple[Req, int]]:
@@ -86,7 +91,7 @@ class Speculator:
         self._timing = None
         fed = 0  # tokens the decoding requests feed before any draft
         for req in decoding:
-            req.draft_ids = []
+            req.draft_ids, req.draft_parents = [], None
             fed += req.pending_len
         if not self.enabled or not decoding or self.lengths.spare(fed) <= 0:
             return []
@@ -124,9 +129,13 @@ class Speculator:
             self.errors += 1
             return
         for (req, k), proposal in zip(asked, proposals):
-            drafts, probs = self._cut(req, proposal, k)
+            if proposal.parents is None:
+                drafts, probs = self._cut(req, proposal, k)
+                parents = None
+            else:
+                drafts, probs, parents = self._cut_tree(req, proposal, k)
             self._rate(req).proposed(empty=not drafts)
-            req.draft_ids = drafts
+            req.draft_ids, req.draft_parents = drafts, parents
             self.proposed += len(drafts)
             if probs is not None and drafts:
                 self._probs[req.rid] = probs
@@ -156,10 +165,64 @@ class Speculator:
             drafts.append(t)
         if proposal.probs is None or not drafts:
             return drafts, None
-        return drafts, self._restricted(proposal.probs, len(drafts), guides)
+        return drafts, self._restricted(proposal.probs, list(range(len(drafts))), guides)
 
-    def _restricted(self, probs: Any, n: int, guides: list[Any]) -> torch.Tensor:
-        q = torch.as_tensor(probs[:n], dtype=torch.float32).to(self.device)
+    def _cut_tree(
+        self, req: Req, proposal: Proposal, k: int
+    ) -> tuple[list[int], Any, tuple[int, ...] | None]:
+        """_cut for a token tree: its first k nodes (a prefix in topological order is a tree)
+        less every node outside the vocabulary or forbidden by the guide after its
+        ancestors, with its subtree (the guide prunes branches as it cuts chains); with
+        deterministic drafts also a sibling repeating an earlier sibling's token (never
+        reached: the target's token follows the first). Returns (drafts, restricted draft
+        distributions or None, parents; None when what is left is a chain)."""
+        ids, parents = proposal.token_ids, proposal.parents
+        assert parents is not None
+        if not self.trees:  # verified as a chain: the first branch
+            n = first_branch(parents)
+            return *self._cut(req, Proposal(ids[:n], _rows(proposal.probs, n)), k), None
+        guide = req.engine_data.guide
+        wants_masks = proposal.probs is not None
+        cursors: dict[int, Any] = {}  # node -> the guide after it (ROOT: before any draft)
+        if guide is not None:
+            cursors[ROOT] = guide.copy()
+        seen: set[tuple[int, int]] = set()  # (parent, token) of the kept deterministic drafts
+        keep = [False] * len(ids)
+        guides: list[Any] = []  # the guide before each kept node (its mask restricts q)
+        alive, count = {ROOT}, 0
+        for i, (t, p) in enumerate(zip(ids, parents)):
+            t = int(t)
+            if p not in alive or not 0 <= t < self.vocab_size:
+                continue
+            if not wants_masks and (p, t) in seen:
+                continue
+            if guide is not None:
+                cursor = cursors[p]
+                if not cursor.is_allowed(t):
+                    self.guide_cuts += 1
+                    continue
+                if wants_masks:
+                    guides.append(cursor.copy())
+                cursors[i] = cursor.copy()
+                cursors[i].advance(t)
+            seen.add((p, t))
+            keep[i] = True
+            alive.add(i)
+            count += 1
+            if count >= k:
+                break
+        kept, new_parents = prune(parents, keep)
+        drafts = [int(ids[i]) for i in kept]
+        probs = None
+        if proposal.probs is not None and drafts:
+            probs = self._restricted(proposal.probs, kept, guides)
+        return drafts, probs, (None if is_chain(new_parents) else new_parents)
+
+    def _restricted(self, probs: Any, rows: list[int], guides: list[Any]) -> torch.Tensor:
+        n = len(rows)
+        assert len(probs) > max(rows), "draft probs must be [len(token_ids), vocab]"
+        picked = probs[:n] if rows == list(range(n)) else probs[rows]
+        q = torch.as_tensor(picked, dtype=torch.float32).to(self.device)
         assert q.dim() == 2 and q.shape[0] == n, "draft probs must be [len(token_ids), vocab]"
         if q.shape[1] > self.vocab_size:
             q = q[:, : self.vocab_size]
@@ -187,6 +250,7 @@ class Speculator:
             self.verify_entries += 1
             self.jump_verifies += after_jump
             self.verified += e.num_draft
+            self.tree_verifies += e.draft_parents is not None
             self.accepted += accepted
             self.rejections += rejected
             if rate is not None:
@@ -215,6 +279,18 @@ class Speculator:
             self._rates.pop((rid, True), None)
         self.proposer.release(rid)
 
+    def set_proposer(self, proposer: Proposer, name: str | None = None) -> None:
+        """Draft with `proposer` from the next step (engine thread: Engine.call), e.g. to
+        compare chains and trees in one run; acceptance statistics start over."""
+        if not isinstance(proposer, Proposer):
+            raise TypeError(f"proposer must be a Proposer, got {type(proposer).__name__}")
+        for rid, _ in list(self._rates):
+            self.proposer.release(rid)
+        self.proposer, self.name = proposer, name or self.name
+        self._rates.clear()
+        self._pools = {False: AcceptanceRate(), True: AcceptanceRate()}
+        self._probs.clear()
+
     def _rate(self, req: Req) -> AcceptanceRate:
         key = (req.rid, req.pending_len > 1)
         rate = self._rates.get(key)
@@ -234,6 +310,7 @@ class Speculator:
             "spec_guide_cuts": self.guide_cuts,
             "spec_draft_cost": self.lengths.cost,
             "spec_jump_verifies": self.jump_verifies,
+            "spec_tree_verifies": self.tree_verifies,
             "spec_tokens_per_verify": (
                 (self.accepted + self.verify_entries) / self.verify_entries
                 if self.verify_entries
@@ -244,3 +321,8 @@ class Speculator:
         if callable(extra):
             out.update(extra())
         return out
+
+
+def _rows(probs: Any, n: int) -> Any:
+    """The first n rows of draft distributions (None stays None)."""
+    return None if probs is None else probs[:n]

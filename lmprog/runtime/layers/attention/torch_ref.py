@@ -63,9 +63,11 @@ class TorchAttentionBackend(AttentionBackend):
 
     def plan(self, batch: ForwardBatch) -> TorchPlan:
         lens, ext = batch.host_lens()
-        single = [i for i, n in enumerate(ext) if n == 1] if batch.custom_mask is None else []
+        offsets = batch.mask_offsets()  # None: causal; -1: this request is causal
+        mask_offsets = [-1] * len(ext) if offsets is None else offsets
+        single = [i for i, n in enumerate(ext) if n == 1 and mask_offsets[i] < 0]
         decode = self._decode_group(batch, single, lens) if single else None
-        starts, mask_offsets = _offsets(ext), _offsets([n * s for n, s in zip(ext, lens)])
+        starts = _offsets(ext)
         is_single = set(single)
         extends = tuple(
             self._extend(batch, i, starts[i], ext[i], lens[i], mask_offsets[i])
@@ -105,7 +107,7 @@ class TorchAttentionBackend(AttentionBackend):
         dev = batch.req_to_token.device
         row = batch.req_pool_indices[i : i + 1]  # a tensor: no device sync
         slots = batch.req_to_token.index_select(0, row)[0, :seq_len]
-        if batch.custom_mask is None:  # new token i sits at position prefix + i
+        if batch.custom_mask is None or mask_offset < 0:  # new token i at index prefix + i
             keys = torch.arange(seq_len, device=dev)
             mask = keys[None, :] <= torch.arange(seq_len - n, seq_len, device=dev)[:, None]
         else:

@@ -59,6 +59,7 @@ class TritonAttentionBackend(AttentionBackend):
             seq_lens_cpu=batch.seq_lens_cpu,
             extend_lens_cpu=batch.extend_lens_cpu,
             custom_mask=batch.custom_mask,
+            mask_indptr=batch.mask_indptr,
         )
 
     def warm_up(self, kv: KVPool, req_to_token: torch.Tensor) -> None:
