@@ -54,6 +54,7 @@ class Job:
     logits_from: the first target position whose logits are wanted (None: none, a prefill).
     gen: what a generation samples with; None for a prefill or a scored span.
     save: save the slot's state in the StateCache once it holds the target (cache_prefix).
+    lora: the LoRA adapter it runs under (LlamaCppAdapters uid; 0: the base model).
     """
 
     def __init__(
@@ -63,8 +64,10 @@ class Job:
         *,
         gen: GenSpec | None = None,
         save: bool = False,
+        lora: int = 0,
     ):
         self.target = list(target)
+        self.lora = lora
         self.prompt_len = len(self.target)
         self.logits_from = logits_from
         self.gen = gen
@@ -116,8 +119,10 @@ class LlamaCppEngine:
         eos_token_ids: Sequence[int],
         counters: Counters,
         on_exit: Callable[[], None],
+        adapters: Any = None,
     ):
         self.pool = pool
+        self.adapters = adapters  # LlamaCppAdapters (the pointers of the jobs' uids)
         self.ctx = pool.ctx
         self._new_state = new_state
         self._eos = tuple(eos_token_ids)
@@ -223,10 +228,10 @@ class LlamaCppEngine:
 
     def _step(self) -> None:
         self._drop_aborted()
+        self._free_retired_adapters()
         self._admit()
-        rows, jobs = self._plan()
-        if rows:
-            self._collect(jobs, rows, self._evaluate(rows, jobs))
+        for lora, rows, jobs in _by_adapter(*self._plan()):  # llama.cpp: an adapter a batch
+            self._collect(jobs, rows, self._evaluate(rows, jobs, lora))
         for job in [j for j in self._running if j.gen is None and not self._pending(j)]:
             self._finish_prefill(job)
         self._sample()
@@ -243,6 +248,11 @@ class LlamaCppEngine:
     def _admit(self) -> None:
         while self._waiting and not self._hold_admission:
             job = self._waiting[0]
+            if self.adapters is not None and not self.adapters.known(job.lora):
+                self._waiting.popleft()  # unloaded and freed between submission and here
+                self._counters.add(requests=int(job.gen is not None))
+                job.put_outcome(None, self.adapters.gone(job.lora))
+                continue
             lease = self._lease(job)
             if lease is None:
                 return
@@ -262,11 +272,11 @@ class LlamaCppEngine:
         """A slot for the job: a retracted one's own state restored (evaluated again only if
         it cannot fit even with nothing else running), else the best prefix of its target."""
         if job.saved is not None:
-            lease = self.pool.resume(job.saved)
+            lease = self.pool.resume(job.saved, job.lora)
             if lease is not None or self._running:
                 return lease
             _log.warning("a retracted request's KV state does not fit: evaluating it again")
-        return self.pool.acquire(job.target, _limit(job))
+        return self.pool.acquire(job.target, _limit(job), job.lora)
 
     def _plan(self) -> tuple[list[Row], list[Job]]:
         """Decodes first (one token each), then prompt chunks, within n_batch tokens."""
@@ -288,9 +298,11 @@ class LlamaCppEngine:
                 budget -= len(chunk)
         return rows, jobs
 
-    def _evaluate(self, rows: list[Row], jobs: list[Job]) -> np.ndarray | None:
-        """One llama_decode of the rows; on full KV cells, free some and retry (rows and
-        jobs lose the requests retracted)."""
+    def _evaluate(self, rows: list[Row], jobs: list[Job], lora: int = 0) -> np.ndarray | None:
+        """One llama_decode of the rows under LoRA adapter `lora`; on full KV cells, free
+        some and retry (rows and jobs lose the requests retracted)."""
+        if self.adapters is not None:
+            self.ctx.set_adapter(self.adapters.pointer(lora))
         while rows:
             try:
                 logits = self.ctx.decode(rows, prompt=any(len(c) > 1 for _, c, _ in rows))
@@ -384,6 +396,13 @@ class LlamaCppEngine:
             job.state.finish("length", message=f"the context of {self.ctx.n_ctx} tokens is full")
         job.logits_from = len(job.target) - 1
 
+    def _free_retired_adapters(self) -> None:
+        if self.adapters is None:
+            return
+        with self._cond:
+            jobs = [*self._running, *self._waiting, *self._inbox]
+        self.adapters.collect({j.lora for j in jobs}, self.ctx)
+
     # ---- leaving -----------------------------------------------------------------------------
     def _finish(self, job: Job, error: BaseException | None = None) -> None:
         state = job.state
@@ -427,6 +446,17 @@ class LlamaCppEngine:
         if job.gen is None or not job.rows or self._pending(job):
             return False
         return job.state is not None or job.gen.index is None or job.gen.index.done()
+
+
+def _by_adapter(rows: list[Row], jobs: list[Job]) -> list[tuple[int, list[Row], list[Job]]]:
+    """The step's rows split by LoRA adapter, each group in order (llama.cpp applies one
+    adapter set per context, so each group is one llama_decode); the base model's first."""
+    groups: dict[int, tuple[list[Row], list[Job]]] = {}
+    for row, job in zip(rows, jobs):
+        group = groups.setdefault(job.lora, ([], []))
+        group[0].append(row)
+        group[1].append(job)
+    return [(lora, *groups[lora]) for lora in sorted(groups)]
 
 
 def _limit(job: Job) -> int:
