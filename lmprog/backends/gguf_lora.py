@@ -16,6 +16,7 @@ every module keeps its own PEFT scale. Needs torch (the reader) and gguf.
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +90,27 @@ def permute_rows(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def _architecture(model_gguf: Any) -> str:
+    """The model's general.architecture, read from the header's first key-values (converters
+    write it first); GGUFReader, which parses every tensor and the vocabulary (seconds),
+    only where it is not among them."""
+    with open(model_gguf, "rb") as f:
+        _, _, _, n_kv = struct.unpack("<4sIQQ", f.read(24))
+        for _ in range(min(n_kv, 64)):
+            key = f.read(struct.unpack("<Q", f.read(8))[0])
+            (kind,) = struct.unpack("<I", f.read(4))
+            if kind == 8:  # a string
+                value = f.read(struct.unpack("<Q", f.read(8))[0])
+                if key == b"general.architecture":
+                    return value.decode()
+            elif kind in _SCALAR_BYTES:
+                f.read(_SCALAR_BYTES[kind])
+            else:  # an array: stop here
+                break
     import gguf
 
-    reader = gguf.GGUFReader(os.fspath(model_gguf))
-    field = reader.fields["general.architecture"]
+    field = gguf.GGUFReader(os.fspath(model_gguf)).fields["general.architecture"]
     return bytes(field.parts[field.data[0]]).decode()
+
+
+# GGUF value types of fixed size: u8 i8 u16 i16 u32 i32 f32 bool u64 i64 f64
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}

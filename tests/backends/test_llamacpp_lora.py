@@ -44,12 +44,10 @@ def setup(tmp_path_factory):
     config = read_gguf(source.path).config
     root = tmp_path_factory.mktemp("lora")
     peft = write_adapter(root / "peft", config, rank=4, alpha=8, std=0.05, seed=1)
-    qv = write_adapter(root / "qv", config, rank=8, alpha=4, std=0.16, seed=2,
-                       targets=("q_proj", "k_proj", "v_proj"))  # fmt: skip
     gguf_file = write_gguf_lora(peft, source.path, root / "peft.gguf", name="a")
     backend = LlamaCpp(n_ctx=1024, n_parallel=4, n_threads=1, n_threads_batch=1,
                        lora_paths={"a": str(gguf_file), "folder": str(peft)})  # fmt: skip
-    yield source, config, {"peft": peft, "qv": qv, "gguf": gguf_file}, backend
+    yield source, config, {"peft": peft, "gguf": gguf_file}, backend
     backend.shutdown()
 
 
@@ -79,27 +77,18 @@ def _runtime_logits(model, ids):
         return model(fb, kv)[-1].numpy()
 
 
-@pytest.mark.parametrize("name", ["peft", "qv"])
-def test_gguf_lora_changes_logits_as_merged_weights(setup, runtime_base, tmp_path, name):
+def test_gguf_lora_changes_logits_as_merged_weights(setup, runtime_base):
     """llama.cpp under the converted adapter (Q4_1 base, fp32 LoRA) against the runtime's
     model with the adapter merged into the same GGUF's dequantized weights (W + s B A, fp32).
     llama.cpp's quantized matmuls put its base logits 2.4% (norm) from the runtime's; the
     adapter's effect (adapted minus base logits) must be within 20% (norm) of the merged
-    model's: measured 12% (rank 4 on all modules) and 4.8% (rank 8 on q/k/v), against 41%
-    and 55% with the q/k rows of B left unpermuted; a wrong scale or layout is as far."""
+    model's: measured 12% (rank 4 on all modules; 4.8% for a rank-8 q/k/v one), against 41%
+    (55%) with the q/k rows of B left unpermuted; a wrong scale or layout is as far."""
     source, config, files, backend = setup
-    if name != "peft":
-        backend.load_lora_adapter(name, str(write_gguf_lora(files[name], source.path,
-                                                            tmp_path / "x.gguf")))  # fmt: skip
-    lora = "a" if name == "peft" else name
     ids = backend._tokenize(PROMPT)
-    try:
-        cpp_base, cpp = _cpp_logits(backend, ids, None), _cpp_logits(backend, ids, lora)
-    finally:
-        if name != "peft":
-            backend.unload_lora_adapter(name)
+    cpp_base, cpp = _cpp_logits(backend, ids, None), _cpp_logits(backend, ids, "a")
     rt_base = _runtime_logits(runtime_base, ids)
-    rt = _runtime_logits(merged(runtime_base, files[name]), ids)
+    rt = _runtime_logits(merged(runtime_base, files["peft"]), ids)
     norm = np.linalg.norm
     floor = norm(cpp_base - rt_base) / norm(rt_base)
     assert floor < 0.05  # the two backends agree on the base model
