@@ -209,3 +209,36 @@ def _smaller(config):
     from dataclasses import replace
 
     return replace(config, hidden_size=config.hidden_size // 2, head_dim=config.head_dim // 2)
+
+
+def test_served_over_http(setup, tmp_path):
+    """lmprog serve on the llama.cpp backend: `model` names an adapter, /generate's lora_path,
+    /v1/models lists the adapters, load and unload over HTTP (a refused file is a 400)."""
+    pytest.importorskip("fastapi")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serve"))
+    from serve_http import assert_error, post_json, request
+
+    from lmprog.serve import Server
+
+    _, _, files, backend = setup
+    with Server(backend).start() as server:
+        body = {"model": "a", "prompt": "Hello", "max_tokens": 6, "temperature": 0}
+        status, out = post_json(server.url, "/v1/completions", body)
+        direct = backend.generate(GenerateRequest("Hello", SP(max_tokens=6, temperature=0,
+                                                             lora_path="a")))  # fmt: skip
+        assert status == 200 and out["choices"][0]["text"] == direct.text
+        native = {"text": "Hello", "sampling_params": {"max_new_tokens": 6, "temperature": 0},
+                  "lora_path": "a"}  # fmt: skip
+        status, out = post_json(server.url, "/generate", native)
+        assert status == 200 and out["text"] == direct.text
+        load = {"lora_name": "http", "lora_path": str(files["gguf"])}
+        assert post_json(server.url, "/v1/load_lora_adapter", load)[0] == 200
+        status, models = request(server.url, "GET", "/v1/models")
+        assert {m["id"] for m in models["data"]} >= {"a", "folder", "http"}
+        (tmp_path / "bad.gguf").write_bytes(b"GGUF" + b"\0" * 64)
+        status, err = post_json(server.url, "/v1/load_lora_adapter",
+                                {"lora_name": "bad", "lora_path": str(tmp_path / "bad.gguf")})  # fmt: skip
+        assert_error(status, err, 400, param="lora_path", code="invalid_lora")
+        assert post_json(server.url, "/v1/unload_lora_adapter", {"lora_name": "http"})[0] == 200
+        assert_error(*post_json(server.url, "/v1/completions", {**body, "model": "http"}), 404,
+                     param="model")  # fmt: skip
