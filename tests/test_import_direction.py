@@ -37,8 +37,14 @@ FORBIDDEN = {
     "serve": {"lang", "interpreter", "runtime", "decoding"},
 }
 # Inside backends only the runtime backend reaches the runtime: the llama.cpp backend shares
-# the decoding package with it, not the runtime itself (runtime_config.py: lp.Runtime's options).
-RUNTIME_IMPORTERS = {"lmprog/backends/runtime.py", "lmprog/backends/runtime_config.py"}
+# the decoding package with it, not the runtime itself (runtime_config.py: lp.Runtime's options;
+# gguf_lora.py: a PEFT folder for llama.cpp is read and checked by the runtime's adapter reader,
+# imported when one is converted, so the llama.cpp backend still loads without torch).
+RUNTIME_IMPORTERS = {
+    "lmprog/backends/runtime.py",
+    "lmprog/backends/runtime_config.py",
+    "lmprog/backends/gguf_lora.py",
+}
 # Layers inside a package: folder under lmprog/ -> lmprog modules it must not import (a lower
 # layer never reaches up into the one built on it).
 # JSON Schema compiles in stages: read (document -> terms), terms (the algebra), emit (terms ->

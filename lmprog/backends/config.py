@@ -275,6 +275,15 @@ class LlamaCppConfig(BackendConfig):
         "model): with it the model takes images (lp.image, image_url parts)",
         serve="--mmproj",
     )
+    lora_paths: Any = knob(
+        None,
+        "LoRA adapters to serve: {name: GGUF LoRA file or PEFT adapter folder (converted on "
+        "loading)}, or 'name=path' strings; a request picks one by name (SamplingParams."
+        "lora_path; over HTTP model=NAME or lora_path), more with load_lora_adapter; a step "
+        "runs one llama.cpp batch per adapter in it",
+        sglang="lora_paths",
+        serve="--lora-paths",
+    )
 
     def __post_init__(self) -> None:
         for name, lo in (
@@ -298,6 +307,7 @@ class LlamaCppConfig(BackendConfig):
                     f"mmproj must be a path to a .gguf file or None, got {self.mmproj!r}"
                 )
             object.__setattr__(self, "mmproj", os.fspath(self.mmproj))
+        object.__setattr__(self, "lora_paths", tuple(lora_path_items(self.lora_paths)))
 
 
 def _check_int(name: str, value: object, lo: int) -> None:
@@ -305,3 +315,36 @@ def _check_int(name: str, value: object, lo: int) -> None:
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < lo:
         raise ValueError(f"{name} must be >= {lo}, got {value}")
+
+
+def lora_path_items(lora_paths: Any) -> list[tuple[str, str]]:
+    """(name, path) pairs of `lora_paths`: a dict {name: path}, or a list of "name=path"
+    strings or of paths (named by the path, as SGLang names them), pairs, or None."""
+    if lora_paths is None:
+        return []
+    if isinstance(lora_paths, str):
+        lora_paths = [lora_paths]
+    if isinstance(lora_paths, dict):
+        items = list(lora_paths.items())
+    elif isinstance(lora_paths, (list, tuple)):
+        items = []
+        for entry in lora_paths:
+            if isinstance(entry, tuple) and len(entry) == 2:  # a pair, as stored here
+                items.append(entry)
+                continue
+            if not isinstance(entry, str):
+                raise TypeError(f"lora_paths entries are 'name=path' strings, got {entry!r}")
+            name, eq, path = entry.partition("=")
+            items.append((name, path) if eq else (entry, entry))
+    else:
+        raise TypeError(
+            f"lora_paths must be a dict {{name: path}} or a list of 'name=path', got "
+            f"{type(lora_paths).__name__}"
+        )
+    names = [n for n, _ in items]
+    for name, path in items:
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            raise ValueError(f"a LoRA adapter needs a name and a path, got {name!r}={path!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"lora_paths names an adapter twice: {names}")
+    return items

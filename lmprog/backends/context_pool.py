@@ -28,7 +28,13 @@ class Lease:
 
 class SequencePool:
     """Contract: `acquire` leases a free slot holding a prefix of the target (never more
-    than `limit` tokens of it); a leased slot belongs to its request until `release`."""
+    than `limit` tokens of it); a leased slot belongs to its request until `release`.
+
+    LoRA: KV computed under one adapter is never served to another. Each slot records the
+    adapter its KV was computed under (`adapter_of`, uid; 0: the base model), prefixes are
+    shared only between slots of one adapter, and a saved state's key starts with a marker
+    of its adapter (`-uid`, never a token id), so lookups under another adapter share
+    nothing with it."""
 
     def __init__(self, ctx: NativeContext, cache: StateCache, *, min_save_tokens: int = 64):
         self.ctx = ctx
@@ -37,6 +43,7 @@ class SequencePool:
         self._leased: set[int] = set()
         self._clock = itertools.count()
         self._last_used = [0] * ctx.n_seq  # for LRU choice among idle slots
+        self.adapter_of = [0] * ctx.n_seq  # the adapter each slot's KV was computed under
         self._stats_lock = threading.Lock()
         self._counts = dict.fromkeys(_COUNTS, 0)
 
@@ -44,26 +51,36 @@ class SequencePool:
     def n_free(self) -> int:
         return self.ctx.n_seq - len(self._leased)
 
-    def acquire(self, target: Sequence[int], limit: int) -> Lease | None:
-        """Lease the free slot that reaches the longest prefix of target[:limit] (None if
-        every slot is leased)."""
+    def acquire(self, target: Sequence[int], limit: int, adapter: int = 0) -> Lease | None:
+        """Lease the free slot that reaches the longest prefix of target[:limit] computed
+        under `adapter` (uid, 0: none); None if every slot is leased."""
         free = [s for s in range(self.ctx.n_seq) if s not in self._leased]
         if not free:
             return None
         tokens = self.ctx.tokens
-        own = {s: min(_common(tokens[s], target), limit) for s in free}
+
+        def reach(s: int) -> int:
+            if self.adapter_of[s] != adapter:
+                return 0
+            return min(_common(tokens[s], target), limit)
+
+        own = {s: reach(s) for s in free}
         slot = max(free, key=lambda s: (own[s], -self._last_used[s]))
         keep = own[slot]
         if keep == 0:
             slot = min(free, key=lambda s: (len(tokens[s]) > 0, self._last_used[s]))
-        src = max(range(self.ctx.n_seq), key=lambda s: min(_common(tokens[s], target), limit))
-        shared = min(_common(tokens[src], target), limit)
+        if self.adapter_of[slot] != adapter:  # its KV is another adapter's: kept saved
+            self._save_before_dropping(slot, 0)
+            self.ctx.truncate(slot, 0)
+            self.adapter_of[slot] = adapter
+        src = max(range(self.ctx.n_seq), key=reach)
+        shared = reach(src)
         if shared > keep and src != slot:
             self._save_before_dropping(slot, 0)
             self.ctx.copy_prefix(src, slot, shared)
             keep = shared
             self.count(prefix_copies=1)
-        restored = keep < limit and self._maybe_restore(slot, target, keep, limit)
+        restored = keep < limit and self._maybe_restore(slot, target, keep, limit, adapter)
         keep = len(tokens[slot]) if restored else keep
         self._save_before_dropping(slot, keep)
         self.ctx.truncate(slot, keep)
@@ -84,14 +101,15 @@ class SequencePool:
         saved = None
         if tokens:
             self.ctx.truncate(slot, len(tokens))
-            saved = SavedState(tuple(tokens), self.ctx.save_state(slot))
+            saved = SavedState(tuple(tokens), self.ctx.save_state(slot))  # the job's adapter
         self.ctx.truncate(slot, 0)
         self.release(slot)
         return saved
 
-    def resume(self, saved: SavedState) -> Lease | None:
-        """Lease a free slot holding exactly a retracted request's state (idle slots emptied
-        to make room); None while no slot is free or the KV cells have no room for it."""
+    def resume(self, saved: SavedState, adapter: int = 0) -> Lease | None:
+        """Lease a free slot holding exactly a retracted request's state (computed under
+        `adapter`; idle slots emptied to make room); None while no slot is free or the KV
+        cells have no room for it."""
         free = [s for s in range(self.ctx.n_seq) if s not in self._leased]
         if not free:
             return None
@@ -101,6 +119,7 @@ class SequencePool:
         while not self.ctx.load_state(slot, saved.blob, saved.tokens):
             if not self.evict_idle():
                 return None
+        self.adapter_of[slot] = adapter
         self._leased.add(slot)
         self.count(restores=1)
         return Lease(slot, len(saved.tokens), True)
@@ -119,28 +138,30 @@ class SequencePool:
     def save(self, slot: int) -> bool:
         """Save the slot's state under its tokens unless the cache already holds them all."""
         tokens = self.ctx.tokens[slot]
-        if (
-            not tokens
-            or self.cache.max_bytes == 0
-            or self.cache.longest_common(tokens) >= len(tokens)
-        ):
+        key = _key(tokens, self.adapter_of[slot])
+        if not tokens or self.cache.max_bytes == 0 or self.cache.longest_common(key) >= len(key):
             return False
-        return self.cache.put(tokens, self.ctx.save_state(slot))
+        return self.cache.put(key, self.ctx.save_state(slot))
 
-    def _maybe_restore(self, slot: int, target: Sequence[int], keep: int, limit: int) -> bool:
-        """Restore the best saved state if it beats the live prefix by enough to pay the copy."""
+    def _maybe_restore(
+        self, slot: int, target: Sequence[int], keep: int, limit: int, adapter: int
+    ) -> bool:
+        """Restore the best saved state of `adapter` if it beats the live prefix by enough
+        to pay the copy."""
         if self.cache.max_bytes == 0 or len(self.cache) == 0:
             return False
-        match = self.cache.lookup(target, min_common=keep + 1)
+        marker = len(_key((), adapter))
+        match = self.cache.lookup(_key(target, adapter), min_common=keep + 1 + marker)
         if match is None:
             return False
-        usable = min(match.common, limit)
+        usable = min(match.common - marker, limit)
         # A restore copies the whole state (docs/benchmarks.md) while evaluating costs
         # milliseconds per token: worth it unless the gain is tiny.
         if usable - keep < max(4, len(match.state.tokens) // 256):
             return False
         self._save_before_dropping(slot, 0)
-        if not self.ctx.load_state(slot, match.state.blob, match.state.tokens):
+        tokens = match.state.tokens[marker:]
+        if not self.ctx.load_state(slot, match.state.blob, tokens):
             return False  # no room in the KV cells: evaluate instead
         self.ctx.truncate(slot, usable)
         self.count(restores=1)
@@ -168,6 +189,12 @@ _COUNTS = (
     "saves_on_switch",  # states saved before a slot dropped them
     "num_retractions",  # requests that gave their KV cells back (none free) and waited
 )
+
+
+def _key(tokens: Sequence[int], adapter: int) -> Sequence[int]:
+    """A saved state's key: its tokens, after a marker of its LoRA adapter (-uid; none for
+    the base model, so base keys are the tokens alone)."""
+    return [-adapter, *tokens] if adapter else tokens
 
 
 def _common(live: Sequence[int], target: Sequence[int]) -> int:

@@ -32,13 +32,13 @@ import numpy as np
 from lmprog.backends.checks import (
     check_generate_request,
     check_images,
-    check_no_lora,
     check_score_request,
     check_stop_token_ids,
 )
 from lmprog.backends.config import LlamaCppConfig
 from lmprog.backends.context_pool import SequencePool
 from lmprog.backends.llamacpp_engine import GenSpec, Job, LlamaCppEngine
+from lmprog.backends.llamacpp_lora import LlamaCppAdapters
 from lmprog.backends.llamacpp_native import NativeContext, NativeModel, supports_gpu_offload
 from lmprog.backends.llamacpp_vision import ImageRun, NativeVision
 from lmprog.backends.scoring import choice_scores, choice_spans
@@ -156,6 +156,9 @@ class LlamaCpp(Backend):
                     mmproj, self._model, n_threads=self.n_threads_batch, use_gpu=n_gpu_layers != 0
                 )
                 _log.info("vision projector %s loaded", mmproj)
+            self._adapters = LlamaCppAdapters(self._model, self._source.path)
+            for name, path in cfg.lora_paths:
+                self._adapters.load(name, path)
         except BaseException:
             _release(ctx, self._model, self._vision)
             raise
@@ -189,6 +192,7 @@ class LlamaCpp(Backend):
             self._stats,
             on_exit=lambda model=self._model: _release(ctx, model, vision),
             evaluate_media=None if vision is None else partial(vision.evaluate, ctx),
+            adapters=self._adapters,
         )
         self._finalizer = weakref.finalize(self, self._engine.close, _CLOSED_UNDER_REQUEST)
         _log.info(
@@ -223,7 +227,7 @@ class LlamaCpp(Backend):
     ) -> GenerateResult:
         self._check_open()
         check_generate_request(request, stream)
-        check_no_lora(request, "LlamaCpp")
+        lora = self._adapters.resolve(request.params.lora_path)
         check_stop_token_ids(request.params, self.n_vocab)
         check_images(request, self.image_token, f"LlamaCpp({self._source.name!r}) without mmproj")
         media: dict[int, ImageRun] = {}
@@ -234,7 +238,7 @@ class LlamaCpp(Backend):
         self._check_fits(len(prompt), "prompt")
         index = _constraint_index(request.constraint, self._tokenizer)  # built during the prefill
         gen = GenSpec(request.params, index, stream is not None, self._jump_forward)
-        job = self._engine.submit(Job(prompt, len(prompt) - 1, gen=gen, media=media))
+        job = self._engine.submit(Job(prompt, len(prompt) - 1, gen=gen, media=media, lora=lora))
         try:
             if stream is not None:
                 for piece in job.pieces():
@@ -253,7 +257,7 @@ class LlamaCpp(Backend):
         """
         self._check_open()
         check_score_request(request)
-        check_no_lora(request, "LlamaCpp")
+        lora = self._adapters.resolve(request.lora_path)
         if request.images:
             raise BackendError(
                 "LlamaCpp scores select choices over text prompts only; after lp.image() use "
@@ -269,10 +273,14 @@ class LlamaCpp(Backend):
         shared = min(start for _, start in spans) - 1
         reused = 0
         if shared > 0:
-            prefill = self._engine.submit(Job(prompt[:shared], None))
+            prefill = self._engine.submit(Job(prompt[:shared], None, lora=lora))
             prefill.outcome()
             reused = prefill.reused
-        jobs = [self._engine.submit(Job(t[:-1], s - 1)) for t, s in spans + uncond if s < len(t)]
+        jobs = [
+            self._engine.submit(Job(t[:-1], s - 1, lora=lora))
+            for t, s in spans + uncond
+            if s < len(t)
+        ]
         rows = iter([job.outcome() for job in jobs])
         scored = [
             _logprobs(next(rows), tokens[start:]) if start < len(tokens) else ()
@@ -331,6 +339,23 @@ class LlamaCpp(Backend):
         self._pool.cache.clear()
         return True
 
+    # ---- LoRA adapters ---------------------------------------------------------------------
+    def load_lora_adapter(self, name: str, path: str) -> dict[str, Any]:
+        """Load the GGUF LoRA file or PEFT adapter folder `path` under `name` (as
+        lp.Runtime's); its description (name, path, uid). LoraError when it does not fit the
+        model (llama.cpp's reason); the adapters already loaded are untouched."""
+        self._check_open()
+        return self._adapters.load(name, path)
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Unload adapter `name`; requests using it finish with it. LoraError when unknown."""
+        self._check_open()
+        self._adapters.unload(name)
+
+    def lora_adapters(self) -> list[dict[str, Any]]:
+        """The loaded adapters (name, path, uid)."""
+        return self._adapters.adapters()
+
     def stats(self) -> dict[str, Any]:
         from lmprog.fsm.index import lexer_renewals
 
@@ -339,6 +364,7 @@ class LlamaCpp(Backend):
         out.update(self._pool.stats())
         out["state_cache"] = self._pool.cache.stats()
         out["n_ctx"] = self.n_ctx
+        out["lora_adapters"] = len(self._adapters.adapters())
         out["n_parallel"] = self.n_parallel
         out["peak_sequences"] = self._engine.peak_sequences
         out["constraint_lexer_renewals"] = lexer_renewals()  # the process's, as the runtime's

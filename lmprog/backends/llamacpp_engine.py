@@ -56,6 +56,7 @@ class Job:
     save: save the slot's state in the StateCache once it holds the target (cache_prefix).
     media: the images of the target: {position of its first placeholder id: its ImageRun}
         (llamacpp_vision.py), each evaluated whole by the engine's `evaluate_media`.
+    lora: the LoRA adapter it runs under (LlamaCppAdapters uid; 0: the base model).
     """
 
     def __init__(
@@ -66,9 +67,11 @@ class Job:
         gen: GenSpec | None = None,
         save: bool = False,
         media: dict[int, Any] | None = None,
+        lora: int = 0,
     ):
         self.target = list(target)
         self.media = media or {}
+        self.lora = lora
         self.prompt_len = len(self.target)
         self.logits_from = logits_from
         self.gen = gen
@@ -121,9 +124,11 @@ class LlamaCppEngine:
         counters: Counters,
         on_exit: Callable[[], None],
         evaluate_media: Callable[[int, Any], None] | None = None,
+        adapters: Any = None,
     ):
         self.pool = pool
         self._evaluate_media = evaluate_media  # (slot, ImageRun): append an image's embeddings
+        self.adapters = adapters  # LlamaCppAdapters (the pointers of the jobs' uids)
         self.ctx = pool.ctx
         self._new_state = new_state
         self._eos = tuple(eos_token_ids)
@@ -229,11 +234,11 @@ class LlamaCppEngine:
 
     def _step(self) -> None:
         self._drop_aborted()
+        self._free_retired_adapters()
         self._admit()
         self._images()
-        rows, jobs = self._plan()
-        if rows:
-            self._collect(jobs, rows, self._evaluate(rows, jobs))
+        for lora, rows, jobs in _by_adapter(*self._plan()):  # llama.cpp: an adapter a batch
+            self._collect(jobs, rows, self._evaluate(rows, jobs, lora))
         for job in [j for j in self._running if j.gen is None and not self._pending(j)]:
             self._finish_prefill(job)
         self._sample()
@@ -250,6 +255,11 @@ class LlamaCppEngine:
     def _admit(self) -> None:
         while self._waiting and not self._hold_admission:
             job = self._waiting[0]
+            if self.adapters is not None and not self.adapters.known(job.lora):
+                self._waiting.popleft()  # unloaded and freed between submission and here
+                self._counters.add(requests=int(job.gen is not None))
+                job.put_outcome(None, self.adapters.gone(job.lora))
+                continue
             lease = self._lease(job)
             if lease is None:
                 return
@@ -280,6 +290,8 @@ class LlamaCppEngine:
         (libmtmd encodes an image and decodes its embeddings in calls of its own)."""
         for job in [j for j in self._running if j.media]:
             run = job.media.get(len(self.ctx.tokens[job.slot]))
+            if run is not None and self.adapters is not None:  # its embeddings under its adapter
+                self.ctx.set_adapter(self.adapters.pointer(job.lora))
             while run is not None and job in self._running:
                 try:
                     assert self._evaluate_media is not None
@@ -293,11 +305,11 @@ class LlamaCppEngine:
         """A slot for the job: a retracted one's own state restored (evaluated again only if
         it cannot fit even with nothing else running), else the best prefix of its target."""
         if job.saved is not None:
-            lease = self.pool.resume(job.saved)
+            lease = self.pool.resume(job.saved, job.lora)
             if lease is not None or self._running:
                 return lease
             _log.warning("a retracted request's KV state does not fit: evaluating it again")
-        return self.pool.acquire(job.target, _limit(job))
+        return self.pool.acquire(job.target, _limit(job), job.lora)
 
     def _plan(self) -> tuple[list[Row], list[Job]]:
         """Decodes first (one token each), then prompt chunks, within n_batch tokens."""
@@ -323,9 +335,11 @@ class LlamaCppEngine:
                 budget -= len(chunk)
         return rows, jobs
 
-    def _evaluate(self, rows: list[Row], jobs: list[Job]) -> np.ndarray | None:
-        """One llama_decode of the rows; on full KV cells, free some and retry (rows and
-        jobs lose the requests retracted)."""
+    def _evaluate(self, rows: list[Row], jobs: list[Job], lora: int = 0) -> np.ndarray | None:
+        """One llama_decode of the rows under LoRA adapter `lora`; on full KV cells, free
+        some and retry (rows and jobs lose the requests retracted)."""
+        if self.adapters is not None:
+            self.ctx.set_adapter(self.adapters.pointer(lora))
         while rows:
             try:
                 logits = self.ctx.decode(rows, prompt=any(len(c) > 1 for _, c, _ in rows))
@@ -422,6 +436,13 @@ class LlamaCppEngine:
             job.state.finish("length", message=f"the context of {self.ctx.n_ctx} tokens is full")
         job.logits_from = len(job.target) - 1
 
+    def _free_retired_adapters(self) -> None:
+        if self.adapters is None:
+            return
+        with self._cond:
+            jobs = [*self._running, *self._waiting, *self._inbox]
+        self.adapters.collect({j.lora for j in jobs}, self.ctx)
+
     # ---- leaving -----------------------------------------------------------------------------
     def _finish(self, job: Job, error: BaseException | None = None) -> None:
         state = job.state
@@ -465,6 +486,17 @@ class LlamaCppEngine:
         if job.gen is None or not job.rows or self._pending(job):
             return False
         return job.state is not None or job.gen.index is None or job.gen.index.done()
+
+
+def _by_adapter(rows: list[Row], jobs: list[Job]) -> list[tuple[int, list[Row], list[Job]]]:
+    """The step's rows split by LoRA adapter, each group in order (llama.cpp applies one
+    adapter set per context, so each group is one llama_decode); the base model's first."""
+    groups: dict[int, tuple[list[Row], list[Job]]] = {}
+    for row, job in zip(rows, jobs):
+        group = groups.setdefault(job.lora, ([], []))
+        group[0].append(row)
+        group[1].append(job)
+    return [(lora, *groups[lora]) for lora in sorted(groups)]
 
 
 def _limit(job: Job) -> int:

@@ -127,6 +127,26 @@ class NativeModel:
             raise BackendError(f"llama_tokenize failed ({n})")
         return list(buf[:n])
 
+    def load_adapter(self, path: Path) -> Any:
+        """A GGUF LoRA adapter for this model (llama_adapter_lora_init); BackendError with
+        llama.cpp's reason when it cannot be loaded (another architecture, a tensor of
+        another shape, not a LoRA GGUF). Freed with the model or by `free_adapter`."""
+        with _init_lock:
+            del _last_errors[:]
+            ptr = self.lib.llama_adapter_lora_init(self.ptr, str(path).encode())
+            why = "; ".join(_last_errors)
+        if not ptr:
+            raise BackendError(
+                f"llama.cpp could not load the LoRA adapter {path}"
+                + (f": {why}" if why else " (not a GGUF LoRA file?)")
+            )
+        return ptr
+
+    def free_adapter(self, adapter: Any) -> None:
+        """Free an adapter of this model; no context may have it set."""
+        with _init_lock:  # llama.cpp keeps the model's adapters in a set
+            self.lib.llama_adapter_lora_free(adapter)
+
     def close(self) -> None:
         if self.ptr:
             self.lib.llama_model_free(self.ptr)
@@ -179,6 +199,24 @@ class NativeContext:
         self._memory = lib.llama_get_memory(self.ptr)
         self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
         self.tokens: list[list[int]] = [[] for _ in range(self.n_seq)]
+        self.adapter: Any = None  # the LoRA adapter every decode applies now (None: none)
+
+    def set_adapter(self, adapter: Any) -> None:
+        """Apply LoRA `adapter` (a NativeModel.load_adapter result) to the next decodes, or
+        none. llama.cpp keeps one adapter set per context, for every sequence alike, so a
+        batch runs under one adapter; a switch copies no weights."""
+        if adapter is self.adapter:
+            return
+        lib = self.lib
+        if adapter is None:
+            rc = lib.llama_set_adapters_lora(self.ptr, None, 0, None)
+        else:
+            ptrs = (lib.llama_adapter_lora_p_ctypes * 1)(adapter)
+            scales = (ctypes.c_float * 1)(1.0)  # the file's own scale (gguf_lora writes it)
+            rc = lib.llama_set_adapters_lora(self.ptr, ptrs, 1, scales)
+        if rc != 0:
+            raise BackendError(f"llama.cpp could not set the LoRA adapter (code {rc})")
+        self.adapter = adapter
 
     # ---- evaluation ------------------------------------------------------------------------
     def decode(self, rows: Sequence[Row], *, prompt: bool) -> np.ndarray | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from lmprog.backends.config import BackendConfig, Flag, knob
+from lmprog.backends.config import BackendConfig, Flag, knob, lora_path_items
 from lmprog.core.errors import LoraError
 from lmprog.runtime.config import (
     KV_CACHE_DTYPES,
@@ -272,17 +272,14 @@ class RuntimeConfig(BackendConfig):
             ("--lora-paths",),
             nargs="+",
             metavar="NAME=PATH",
-            runtime_only="lmprog's llama.cpp backend serves no LoRA adapters yet",
+            llamacpp="GGUF LoRA files or PEFT folders (lp.LlamaCpp's lora_paths)",
         ),
     )
     enable_lora: bool | None = knob(
         None,
         "serve LoRA adapters loaded later even without lora_paths (None: when lora_paths is given)",
         sglang="enable_lora",
-        flag=Flag(
-            ("--enable-lora",),
-            runtime_only="lmprog's llama.cpp backend serves no LoRA adapters yet",
-        ),
+        flag=Flag(("--enable-lora",), llamacpp="always on: adapters load at any time"),
     )
     max_loras_per_batch: int = knob(
         8,
@@ -384,36 +381,3 @@ class RuntimeConfig(BackendConfig):
         if self.lora_paths:
             raise ValueError("lora_paths with enable_lora=False: drop one of them")
         return None
-
-
-def lora_path_items(lora_paths: Any) -> list[tuple[str, str]]:
-    """(name, path) pairs of `lora_paths`: a dict {name: path}, or a list of "name=path"
-    strings or of paths (named by the path, as SGLang names them), pairs, or None."""
-    if lora_paths is None:
-        return []
-    if isinstance(lora_paths, str):
-        lora_paths = [lora_paths]
-    if isinstance(lora_paths, dict):
-        items = list(lora_paths.items())
-    elif isinstance(lora_paths, (list, tuple)):
-        items = []
-        for entry in lora_paths:
-            if isinstance(entry, tuple) and len(entry) == 2:  # a pair, as stored here
-                items.append(entry)
-                continue
-            if not isinstance(entry, str):
-                raise TypeError(f"lora_paths entries are 'name=path' strings, got {entry!r}")
-            name, eq, path = entry.partition("=")
-            items.append((name, path) if eq else (entry, entry))
-    else:
-        raise TypeError(
-            f"lora_paths must be a dict {{name: path}} or a list of 'name=path', got "
-            f"{type(lora_paths).__name__}"
-        )
-    names = [n for n, _ in items]
-    for name, path in items:
-        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
-            raise ValueError(f"a LoRA adapter needs a name and a path, got {name!r}={path!r}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"lora_paths names an adapter twice: {names}")
-    return items

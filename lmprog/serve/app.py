@@ -197,7 +197,7 @@ def _lora_call(ctx: ServeContext, name: str) -> Any:
         raise APIError(
             400,
             f"the {type(ctx.backend).__name__} backend serves no LoRA adapters (start lmprog "
-            "serve with --backend runtime and --enable-lora or --lora-paths)",
+            "serve on the runtime or llama.cpp backend, with --enable-lora or --lora-paths)",
             code="lora_not_supported",
         )
     return method

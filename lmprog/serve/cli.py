@@ -253,6 +253,10 @@ def backend_options(args: argparse.Namespace) -> dict:
         if args.disk_kv_cache_bytes:
             options["disk_kv_cache_bytes"] = args.disk_kv_cache_bytes
             options["disk_kv_cache_dir"] = args.disk_kv_cache_dir
+        if args.lora_paths:
+            options["lora_paths"] = args.lora_paths
+        if args.enable_lora:
+            options["enable_lora"] = True
         options.update((dest, getattr(args, dest)) for _, dest, _, _ in given)
         return options
     if given:
@@ -264,6 +268,8 @@ def backend_options(args: argparse.Namespace) -> dict:
     out: dict = {}
     if mmproj:
         out["mmproj"] = mmproj
+    if args.lora_paths:  # GGUF LoRA files or PEFT folders (--enable-lora: always on)
+        out["lora_paths"] = args.lora_paths
     if args.disk_kv_cache_bytes:  # the saved states' disk tier
         out["state_cache_disk_bytes"] = args.disk_kv_cache_bytes
         out["state_cache_disk_dir"] = args.disk_kv_cache_dir

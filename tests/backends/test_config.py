@@ -94,8 +94,6 @@ def test_the_serve_flags_are_those_of_before():
         "--tp",
         "--attention-sink-size",
         "--sliding-window-size",
-        "--lora-paths",
-        "--enable-lora",
         "--max-loras-per-batch",
         "--max-lora-rank",
         "--lora-target-modules",

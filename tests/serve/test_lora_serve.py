@@ -117,7 +117,7 @@ def test_load_list_unload(server, folders, tmp_path):
     assert _complete(server, "sql")[0] == 200  # the others serve on
 
 
-def test_cli_lora_flags_pick_the_runtime():
+def test_cli_lora_flags():
     import argparse
 
     from lmprog.serve.cli import add_serve_arguments, backend_options, choose_backend
@@ -128,6 +128,8 @@ def test_cli_lora_flags_pick_the_runtime():
     assert choose_backend(args)[0] == "runtime"
     opts = backend_options(args)
     assert opts["lora_paths"] == ["a=/x", "/y"] and opts["max_loras_per_batch"] == 4
-    args = parser.parse_args(["--backend", "llamacpp", "--enable-lora"])
-    with pytest.raises(ValueError, match="--enable-lora"):
+    args = parser.parse_args(["--backend", "llamacpp", "--enable-lora", "--lora-paths", "a=/x"])
+    assert backend_options(args)["lora_paths"] == ["a=/x"]  # llama.cpp serves adapters too
+    args = parser.parse_args(["--backend", "llamacpp", "--max-loras-per-batch", "4"])
+    with pytest.raises(ValueError, match="--max-loras-per-batch"):
         backend_options(args)

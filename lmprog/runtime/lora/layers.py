@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ..parallel.sharding import RowParallel
 from .ops import LoraBatch, lora_delta_ref
 from .pool import LoraPool
 
@@ -83,6 +84,9 @@ def attach_lora_(model: LlamaForCausalLM, pool: LoraPool, context: LoraContext) 
             if buffers is None:
                 continue
             base: Any = getattr(owner, group)
-            setattr(owner, group, LoraLinear(base, context, *buffers, pool.slices[group]))
+            if isinstance(base, RowParallel):  # B A_r x_r joins the partial sums reduced
+                base.inner = LoraLinear(base.inner, context, *buffers, pool.slices[group])
+            else:
+                setattr(owner, group, LoraLinear(base, context, *buffers, pool.slices[group]))
             wrapped += 1
     return wrapped

@@ -29,6 +29,7 @@ from .pool import LoraPool, Staged
 
 if TYPE_CHECKING:
     from ..models.llama import LlamaForCausalLM
+    from ..parallel.sharding import ShardPlan
 
 log = logging.getLogger(__name__)
 DEFAULT_RANK = 16
@@ -49,7 +50,11 @@ class LoraManager:
     config leaves max_lora_rank / lora_target_modules to them)."""
 
     def __init__(
-        self, model: LlamaForCausalLM, config: LoraConfig, adapters: Sequence[LoraAdapter] = ()
+        self,
+        model: LlamaForCausalLM,
+        config: LoraConfig,
+        adapters: Sequence[LoraAdapter] = (),
+        shard: ShardPlan | None = None,
     ) -> None:
         check_model_supports_lora(model)
         self.config = config
@@ -67,6 +72,7 @@ class LoraManager:
             targets=targets,
             dtype=param.dtype,
             device=param.device,
+            shard=shard,
         )
         self.context = LoraContext(triton=_use_triton(param.device))
         attach_lora_(model, self.pool, self.context)

@@ -16,6 +16,7 @@ from .adapter import FUSED_SLICE, MLP_MODULES, module_shapes
 
 if TYPE_CHECKING:
     from ..models.config import ModelConfig
+    from ..parallel.sharding import ShardPlan
 
 GROUP_MEMBERS = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
@@ -37,11 +38,13 @@ class LoraPool:
         targets: Iterable[str],
         dtype: torch.dtype,
         device: torch.device,
+        shard: ShardPlan | None = None,
     ) -> None:
         self.slots, self.rank = slots, max_rank
         self.targets = frozenset(targets)
         self.dtype, self.device = dtype, device
-        shapes = module_shapes(config)
+        self.shard = shard  # tensor parallelism: this rank's part of every adapter
+        shapes = module_shapes(config if shard is None else shard.local)
         self.slices: dict[str, tuple[int, ...]] = {
             g: tuple(shapes[m][1] for m in members) for g, members in GROUP_MEMBERS.items()
         }
@@ -101,7 +104,7 @@ class LoraPool:
             for j, member in enumerate(members):
                 width = self.slices[group][j]
                 if (layer, member) in weights:
-                    wa, wb = weights[(layer, member)]
+                    wa, wb = self._part(layer, member, *weights[(layer, member)])
                     rank = wa.shape[0]
                     a[j * r : j * r + rank] = wa
                     b[lo : lo + width, :rank] = wb
@@ -110,6 +113,24 @@ class LoraPool:
                 a, b = a.pin_memory(), b.pin_memory()
             staged[key] = (a, b)
         return staged
+
+    def _part(
+        self, layer: int, module: str, a: torch.Tensor, b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's (A, B) of a module, sharded as the layer it wraps: a column-parallel
+        projection (q/k/v, gate/up) keeps all of A and its rows of B (its output features);
+        a row-parallel one (o, down) its columns of A (its input features) and all of B, its
+        partial B A_r x_r summed by the layer's all-reduce with the base output's."""
+        if self.shard is None:
+            return a, b
+        block = "mlp" if module in MLP_MODULES else "self_attn"
+        sel = self.shard.select(f"model.layers.{layer}.{block}.{module}.weight")
+        if sel is None:
+            return a, b
+        dim, start, stop = sel
+        if dim == 0:
+            return a, b[start:stop]
+        return a[:, start:stop], b
 
     def write(self, slot: int, staged: Staged) -> None:
         """Page a staged adapter into `slot` (every other buffer of the slot zeroed). Queued
