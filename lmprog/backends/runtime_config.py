@@ -206,8 +206,10 @@ class RuntimeConfig(BackendConfig):
         None,
         "speculative decoding, verified inside the hybrid batch: None (off), a "
         "SpeculativeConfig, a dict of its fields, or a method name (ngram: prompt lookup; "
-        "draft: a draft model, with draft_model=...); greedy outputs are unchanged, sampled "
-        "ones keep the model's distribution",
+        "draft: a draft model, with draft_model=...; eagle: an EAGLE-3 head, the one shipped "
+        "for the bundled model unless draft_model names a head's folder; medusa: Medusa heads, "
+        "draft_model=...); greedy outputs are unchanged, sampled ones keep the model's "
+        "distribution",
     )
     # ---- parallelism ----
     dp_size: int = knob(

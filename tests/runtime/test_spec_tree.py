@@ -665,4 +665,5 @@ def test_trees_are_chains_without_tree_support():
                                   eos_token_ids=(0,), vocab_size=64, token_text=str,
                                   outputs=ReqOutputs(req))  # fmt: skip
     spec.propose([(req, 8)])
-    assert req.draft_ids == [4, 5] and req.draft_parents is None
+    # the path of each node's first child: 4 -> 5 -> 7 (6 is 4's sibling)
+    assert req.draft_ids == [4, 5, 7] and req.draft_parents is None

@@ -408,8 +408,16 @@ class Engine:
             if inflight is None:  # memory frees up (a lone request always fits)
                 time.sleep(0.001)
             return None
+        future = None if inflight is None else inflight.token_ids
+        spec = self.speculator
+        capture = spec.capture if spec is not None else None
         try:
-            return self.runner.forward(batch, None if inflight is None else inflight.token_ids)
+            if capture is None:
+                return self.runner.forward(batch, future)
+            logits, hidden = self.runner.forward_capture(batch, capture, future)
+            assert spec is not None
+            spec.observe(batch, hidden)  # a draft head's inputs, keyed by token index
+            return logits
         except ParallelError:
             raise
         except Exception as exc:  # fail this batch's requests, keep serving

@@ -107,6 +107,13 @@ def _launch(
     scheduler_config = scheduler_config or SchedulerConfig()
     if attention_sinks is not None:
         check_attention_sinks(model, tp)
+    if speculative is not None and speculative.method in ("eagle", "medusa"):
+        for active, what in ((tp is not None, "tensor parallelism"),
+                             (attention_sinks is not None, "attention sinks")):  # fmt: skip
+            if active:
+                raise ValueError(
+                    f"speculative={speculative.method!r} does not work with {what} yet"
+                )
     speculator = make_speculator(
         model,
         speculative,
@@ -212,6 +219,7 @@ def make_speculator(
             dtype=param.dtype,
             max_requests=max_requests,
             context_length=context_length,
+            target=model,
         )
     return Speculator(
         proposer, config, vocab_size=vocab, device=param.device, name=name, trees=trees

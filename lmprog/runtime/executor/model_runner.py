@@ -28,7 +28,7 @@ from .kv_shift import KeyShifter
 from .piecewise_graph import capture_piecewise_graphs
 
 if TYPE_CHECKING:
-    from ..models.llama import LlamaForCausalLM
+    from ..models.llama import HiddenCapture, LlamaForCausalLM
 
 
 class StepInputs(NamedTuple):
@@ -124,6 +124,22 @@ class ModelRunner:
         writes the fed tokens' K/V into the pool. future: the previous step's sampled tokens
         on the device, for the batch's placeholders. Under tensor parallelism the step's
         inputs go to every rank first (a broken group raises ParallelError)."""
+        logits, _ = self._forward(batch, future, None)
+        return logits
+
+    def forward_capture(
+        self, batch: ScheduledBatch, capture: HiddenCapture, future: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`'s logits and the hidden states a draft head needs (HiddenCapture, see
+        LlamaForCausalLM.forward_capture). Runs eagerly: the CUDA graphs serve steps
+        without capture."""
+        logits, hidden = self._forward(batch, future, capture)
+        assert hidden is not None
+        return logits, hidden
+
+    def _forward(
+        self, batch: ScheduledBatch, future: torch.Tensor | None, capture: HiddenCapture | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         assert not batch.is_empty, "nothing to run"
         step = self.step_inputs(batch)
         if self.lora is not None:
@@ -131,10 +147,10 @@ class ModelRunner:
         if self._vision:  # a VLM: the image positions this step feeds, if any
             step = step._replace(images=step_images(batch, self.model))
         if self.channel is None:
-            return self.run(step, future)
+            return self._run(step, future, capture)
         try:
             self.channel.send(step, future, self._host_table)
-            return self.run(step, future)
+            return self._run(step, future, capture)
         except Exception as exc:  # the ranks are out of step: fatal for the group
             raise self.channel.group.failure(exc) from exc
 
@@ -157,17 +173,39 @@ class ModelRunner:
 
     def run(self, step: StepInputs, future: torch.Tensor | None = None) -> torch.Tensor:
         """The forward of one step's inputs (every rank of a tensor-parallel group runs it)."""
+        return self._run(step, future, None)[0]
+
+    def _run(
+        self, step: StepInputs, future: torch.Tensor | None, capture: HiddenCapture | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         with torch.inference_mode():
             fb = self.device_inputs(step, future)
-            if step.lora is not None:
-                return self._run_lora(fb, step.lora)
-            if fb.image_rows is not None:  # image embeddings: eager (graphs embed tokens only)
-                return self.model(fb, self.kv)
-            for graphs in (self.graphs, self.piecewise):
-                logits = None if graphs is None else graphs.maybe_run(fb, self.kv)
-                if logits is not None:  # None: not a step those graphs serve
-                    return logits
+            if capture is not None:
+                return self._run_capture(fb, step.lora, capture)
+            return self._run_plain(fb, step.lora), None
+
+    def _run_capture(
+        self, fb: ForwardBatch, lora: Any, capture: HiddenCapture
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if lora is None:
+            return self.model.forward_capture(fb, self.kv, capture)
+        context = self.lora.context
+        context.batch = LoraBatch.from_plan(lora, self.device, context.triton)
+        try:
+            return self.model.forward_capture(fb, self.kv, capture)
+        finally:
+            context.batch = None
+
+    def _run_plain(self, fb: ForwardBatch, lora: Any) -> torch.Tensor:
+        if lora is not None:
+            return self._run_lora(fb, lora)
+        if fb.image_rows is not None:  # image embeddings: eager (graphs embed tokens only)
             return self.model(fb, self.kv)
+        for graphs in (self.graphs, self.piecewise):
+            logits = None if graphs is None else graphs.maybe_run(fb, self.kv)
+            if logits is not None:  # None: not a step those graphs serve
+                return logits
+        return self.model(fb, self.kv)
 
     def _lora_plan(self, batch: ScheduledBatch) -> Any:
         """Page in the step's adapters; its layout (decode steps: the graphs' block size)."""

@@ -33,6 +33,16 @@ QKV = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
 
 
 @dataclass(frozen=True)
+class HiddenCapture:
+    """Which hidden states a step hands to a draft head (LlamaForCausalLM.forward_capture):
+    layers: the residual stream entering these layers (index num_layers: leaving the last
+    one), concatenated, at every fed token (EAGLE-3); () for the final norm's output at the
+    logits rows (Medusa)."""
+
+    layers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class _Step:
     """What every layer of one forward shares."""
 
@@ -242,6 +252,33 @@ class LlamaForCausalLM(nn.Module):
             h, residual = layer(h, residual, step)
         assert residual is not None, "a model without layers"
         return self.logits(h, residual, batch.logits_indices)
+
+    def forward_capture(
+        self, batch: ForwardBatch, kv: KVPool, capture: HiddenCapture
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`'s logits, and the hidden states `capture` asks for (draft heads read
+        them): the residual stream entering each of capture.layers (len(layers) * hidden
+        features) at every fed token, or, capture.layers empty, the final norm's output at
+        batch.logits_indices. A separate method: steps without heads run `forward` as it was."""
+        plan = self.attention.plan(batch)
+        h, step = self.embed(batch, kv, plan)
+        residual: torch.Tensor | None = None
+        taken: dict[int, torch.Tensor] = {}
+        wanted = set(capture.layers)
+        for i, layer in enumerate(self.model.layers):
+            if i in wanted:  # the residual stream entering layer i
+                taken[i] = h if residual is None else h + residual
+            h, residual = layer(h, residual, step)
+        assert residual is not None, "a model without layers"
+        rows = batch.logits_indices
+        logits = self.logits(h, residual, rows)
+        if not capture.layers:
+            normed, _ = self.model.norm(h.index_select(0, rows), residual.index_select(0, rows))
+            return logits, normed
+        n = len(self.model.layers)
+        if n in wanted:  # the stream leaving the last layer, before the final norm
+            taken[n] = h + residual
+        return logits, torch.cat([taken[i] for i in capture.layers], dim=-1)
 
     def embed(self, batch: ForwardBatch, kv: KVPool, plan: Any) -> tuple[torch.Tensor, _Step]:
         """The token embeddings and what every layer of this step shares."""

@@ -1,7 +1,8 @@
 """Speculative decoding: proposers draft tokens, the engine verifies them in the hybrid batch.
 
     config   = SpeculativeConfig(method="ngram", num_tokens=8)        # config.py
-    proposer = build_proposer(config, vocab_size=..., device=...)     # ngram.py / draft.py
+    proposer = build_proposer(config, vocab_size=..., device=...)     # ngram.py / draft.py /
+                                                 # eagle.py / medusa.py (heads: target=model)
     Speculator(proposer, config, vocab_size=..., device=...)          # speculator.py (engine)
 
 Greedy outputs are the same as without speculation, sampled ones keep their distribution
@@ -29,16 +30,26 @@ def build_proposer(
     attention: str = "auto",
     max_requests: int | None = None,
     context_length: int | None = None,
+    target: Any = None,
 ) -> Proposer:
     """The proposer `config.method` names, for a target model with `vocab_size` tokens on
     `device` (dtype/attention: how a draft model is loaded, as the target was).
     max_requests, context_length: the engine's max_running_requests and context length, so a
     draft model keeps state for every running request and drafts for sequences of any
-    length the engine serves (None: DraftModelProposer's defaults)."""
+    length the engine serves (None: DraftModelProposer's defaults). target: the target
+    model (a runtime LlamaForCausalLM), which draft heads ("eagle", "medusa") read."""
     if not isinstance(config, SpeculativeConfig):
         raise TypeError(f"config must be a SpeculativeConfig, got {type(config).__name__}")
     if config.method == "ngram":
         return NgramProposer(config.ngram_min, config.ngram_max, config.ngram_branches)
+    if config.method in ("eagle", "medusa"):
+        from .head_build import build_head_proposer
+
+        if target is None:
+            raise ValueError(f"speculative method {config.method!r} needs the target model")
+        return build_head_proposer(
+            config, target, max_requests=max_requests, context_length=context_length
+        )
     # ---- method "draft": the draft-model proposer (lmprog.runtime.speculative.draft) ------
     assert config.method == "draft"
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal, TypedDict, cast
 
-SpeculativeMethod = Literal["ngram", "draft"]
-METHODS: tuple[str, ...] = ("ngram", "draft")
+SpeculativeMethod = Literal["ngram", "draft", "eagle", "medusa"]
+METHODS: tuple[str, ...] = ("ngram", "draft", "eagle", "medusa")
 LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
 
 
@@ -36,10 +36,14 @@ _DEFAULTS: dict[str, _Defaults] = {
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """method: "ngram" (prompt lookup) or "draft" (`draft_model`, same tokenizer); num_tokens:
-    most drafts verified per request per step; ngram_min / ngram_max; ngram_branches: > 1
-    drafts token trees of that many n-gram continuations (1: a chain); draft_model and
-    draft_load_format ("auto" | "dummy"); adaptive: per-request draft lengths (False: always
+    """method: "ngram" (prompt lookup), "draft" (`draft_model`, same tokenizer), "eagle" (an
+    EAGLE-3 head: `draft_model` its folder, None the head shipped for the bundled model) or
+    "medusa" (`draft_model` the Medusa heads' folder); num_tokens: most drafts verified per
+    request per step; ngram_min / ngram_max; ngram_branches: > 1 drafts token trees of that
+    many n-gram continuations (1: a chain); draft_model and draft_load_format ("auto" |
+    "dummy": random weights; for a head, one shaped for the target); tree_width: heads
+    propose chains (1) or trees of the top-w tokens per depth (w > 1); adaptive: per-request
+    draft lengths (False: always
     num_tokens); draft_cost: one draft's cost as a fraction of a step (None: measured);
     max_step_tokens: fed decode tokens per step above which no drafts are added (None: 32 on a
     CPU, 128 on a GPU). Details: docs/design/speculative.md.
@@ -52,6 +56,7 @@ class SpeculativeConfig:
     ngram_branches: int = 1
     draft_model: str | None = None
     draft_load_format: str = "auto"
+    tree_width: int = 1
     adaptive: bool = True
     draft_cost: float | None = None
     max_step_tokens: int | None = None
@@ -69,6 +74,11 @@ class SpeculativeConfig:
             )
         if self.method == "draft" and not self.draft_model:
             raise ValueError('method="draft" needs draft_model (a model name, path or preset)')
+        if self.method == "medusa" and not self.draft_model and self.draft_load_format != "dummy":
+            raise ValueError('method="medusa" needs draft_model (the Medusa heads\' folder)')
+        _check_int("tree_width", self.tree_width, 1)
+        if self.tree_width > 1 and self.method not in ("eagle", "medusa"):
+            raise ValueError("tree_width > 1 needs a draft head (method 'eagle' or 'medusa')")
         if self.draft_model is not None and not isinstance(self.draft_model, str):
             raise TypeError(f"draft_model must be a str, got {type(self.draft_model).__name__}")
         if self.draft_load_format not in LOAD_FORMATS:

@@ -21,11 +21,13 @@ import torch
 
 from lmprog.fsm.mask import allowed_bitmask, unpack_bitmask
 
+from ..models.llama import HiddenCapture
 from ..request import Req, ReqStatus
 from .adaptive import AcceptanceRate, DraftLengths, ProposeCost
 from .config import SpeculativeConfig
+from .head_proposer import HeadProposer, spine
 from .proposer import Proposal, ProposalInput, Proposer
-from .tree import ROOT, first_branch, is_chain, prune
+from .tree import ROOT, is_chain, prune
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +143,41 @@ class Speculator:
                 self._probs[req.rid] = probs
         self._timing = (step_start, self._clock() - propose_start, max(k for _, k in asked))
 
+    # -- draft heads: the target's hidden states ------------------------------------------
+    @property
+    def capture(self) -> HiddenCapture | None:
+        """The hidden states this step's forward must hand over (None: a plain forward):
+        a draft head's, while speculation is on."""
+        if not self.enabled or not isinstance(self.proposer, HeadProposer):
+            return None
+        return self.proposer.capture
+
+    def observe(self, batch: Any, hidden: torch.Tensor) -> None:
+        """Hand each request's rows of a captured step (LlamaForCausalLM.forward_capture) to
+        the head proposer, by token index: every fed token's row (capture.layers), or the
+        rows of the tokens that got logits (the final hidden state)."""
+        proposer = self.proposer
+        assert isinstance(proposer, HeadProposer)
+        per_token = bool(proposer.capture.layers)
+        at = 0  # next row of `hidden`
+        for e in batch.entries:
+            if per_token:
+                first, count, row = e.start, e.num_new, e.offset
+            elif e.logits_from is None:
+                continue
+            else:
+                first = max(e.start, e.logits_from)
+                count, row = max(0, e.end - first), at  # (a chunk before logits_from: 0)
+                at += count
+            if count <= 0:
+                continue
+            try:
+                proposer.observe(e.req.rid, first, hidden[row : row + count])
+            except Exception:  # drafts are optional: the request's head state starts over
+                log.exception("the draft head's proposer failed to take hidden states")
+                self.errors += 1
+                proposer.release(e.req.rid)
+
     def _cut(self, req: Req, proposal: Proposal, k: int) -> tuple[list[int], Any]:
         """The verifiable prefix of a proposal: <= k ids inside the vocabulary that the
         request's guide allows; draft distributions restricted and renormalised to what each
@@ -178,9 +215,8 @@ class Speculator:
         distributions or None, parents; None when what is left is a chain)."""
         ids, parents = proposal.token_ids, proposal.parents
         assert parents is not None
-        if not self.trees:  # verified as a chain: the first branch
-            n = first_branch(parents)
-            return *self._cut(req, Proposal(ids[:n], _rows(proposal.probs, n)), k), None
+        if not self.trees:  # verified as a chain: the path of each node's first child
+            return *self._cut(req, spine(proposal), k), None
         guide = req.engine_data.guide
         wants_masks = proposal.probs is not None
         cursors: dict[int, Any] = {}  # node -> the guide after it (ROOT: before any draft)
@@ -321,8 +357,3 @@ class Speculator:
         if callable(extra):
             out.update(extra())
         return out
-
-
-def _rows(probs: Any, n: int) -> Any:
-    """The first n rows of draft distributions (None stays None)."""
-    return None if probs is None else probs[:n]

@@ -1,0 +1,67 @@
+"""HeadProposer: a proposer that reads the target's hidden states (EAGLE-3, Medusa heads).
+
+    capture = proposer.capture          # what every step hands over (models.llama.HiddenCapture)
+    proposer.observe(rid, start, rows)  # rows[i]: the hidden state of token index start + i
+    proposer.propose([...])             # as any Proposer
+
+The engine runs steps with LlamaForCausalLM.forward_capture while one is installed and
+speculation is on, and the Speculator hands each request's rows over right after the
+forward (before sampling: rows are keyed by token index, so drafts the step rejects leave
+rows that the next step's overwrite). Trees: `tree_nodes` builds the top-k expansion.
+Design: docs/design/speculative.md.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Hashable
+
+import torch
+
+from ..models.llama import HiddenCapture
+from .proposer import Proposal, Proposer
+
+
+class HeadProposer(Proposer):
+    """A Proposer fed with the target's hidden states. Engine thread only."""
+
+    capture: HiddenCapture
+
+    @abc.abstractmethod
+    def observe(self, rid: Hashable, start: int, rows: torch.Tensor) -> None:
+        """rows [m, features]: the hidden states (as `capture` asks) of request rid's tokens
+        start .. start + m - 1, just computed by the target (a device tensor; no sync)."""
+
+
+def tree_nodes(top: list[list[int]], width: int) -> Proposal:
+    """A Proposal from the top candidates of each draft depth (top[d]: best first, drafted
+    along the top-1 path): width 1 gives the chain of top-1 tokens; width w > 1 a tree in
+    which each depth's best token continues the path and the next w - 1 are its siblings
+    (leaves), parents in topological order."""
+    if width <= 1:
+        return Proposal(tuple(t[0] for t in top))
+    ids: list[int] = []
+    parents: list[int] = []
+    spine = -1
+    for cands in top:
+        first = len(ids)
+        for t in cands[:width]:
+            ids.append(t)
+            parents.append(spine)
+        spine = first
+    return Proposal(tuple(ids), parents=tuple(parents))
+
+
+def spine(proposal: Proposal) -> Proposal:
+    """A tree's first path (from the root, each node's first child): the chain that today's
+    verification checks; a chain is returned as it is."""
+    if proposal.parents is None:
+        return proposal
+    chain: list[int] = []
+    at = -1
+    for i, p in enumerate(proposal.parents):
+        if p == at:
+            chain.append(i)
+            at = i
+    probs = None if proposal.probs is None else proposal.probs[chain]
+    return Proposal(tuple(proposal.token_ids[i] for i in chain), probs)

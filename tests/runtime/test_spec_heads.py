@@ -1,0 +1,407 @@
+"""Draft heads (EAGLE-3, Medusa): the published checkpoint layouts, the target's hidden states
+captured in the forward pass, the EAGLE proposer's incremental state against a from-scratch
+recomputation, and greedy / seeded outputs unchanged through the engine and lp.Runtime."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from engine_testing import EOS, engine_for, run_all
+from safetensors.torch import load_file, save_file
+from spec_testing import requires_default_model
+
+from lmprog.core.sampling import SamplingParams as SP
+from lmprog.runtime.engine.io import EngineRequest
+from lmprog.runtime.engine.launch import launch_engine
+from lmprog.runtime.executor.forward_batch import ForwardBatch
+from lmprog.runtime.executor.kv_pool import KVPool
+from lmprog.runtime.models import ModelConfig
+from lmprog.runtime.models.llama import HiddenCapture
+from lmprog.runtime.speculative import SpeculativeConfig, build_proposer
+from lmprog.runtime.speculative.eagle import EagleProposer
+from lmprog.runtime.speculative.head_build import BUNDLED_EAGLE3, dummy_eagle3_config
+from lmprog.runtime.speculative.head_files import (
+    build_eagle3,
+    load_eagle3,
+    load_medusa,
+    save_eagle3,
+    save_medusa,
+)
+from lmprog.runtime.speculative.head_proposer import spine, tree_nodes
+from lmprog.runtime.speculative.heads import MedusaHeads
+from lmprog.runtime.speculative.medusa import MedusaProposer
+from lmprog.runtime.speculative.proposer import Proposal
+from lmprog.runtime.speculative.proposer import ProposalInput as PI
+
+torch.set_num_threads(1)
+TINY = ModelConfig(
+    "llama",
+    vocab_size=211,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=3,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    max_position=160,
+)
+PROMPTS = [[5, 17, 3, 99, 42, 7], [1, 2, 3], [200, 10, 10, 10, 4, 8, 15, 16, 23, 42], [77, 5]]
+EAGLE_NAMES = {
+    "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
+    "midlayer.post_attention_layernorm.weight", "midlayer.self_attn.q_proj.weight",
+    "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight",
+    "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight",
+    "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model():
+    from engine_testing import random_llama
+
+    return random_llama(TINY, 0.3)
+
+
+def randomized(module, seed=1, std=0.3):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, std, generator=g)
+    return module
+
+
+def eagle_head(model, draft_vocab=64, aux=(0, 1, 2)):
+    config = dummy_eagle3_config(TINY, draft_vocab)
+    config = type(config)(config.layer, TINY.hidden_size, draft_vocab, aux)
+    head = randomized(build_eagle3(config, model))
+    with torch.no_grad():  # draft id d is target id 3 d + 1
+        head.d2t.copy_(torch.arange(draft_vocab) * 2 + 1)
+    return head
+
+
+def features(model, tokens, capture):
+    """The target's captured states of `tokens`, from scratch (a fresh pool)."""
+    n = len(tokens)
+    kv = KVPool.for_model(model.config, n, torch.float32, "cpu")
+    table = torch.arange(1, n + 1, dtype=torch.int32)[None, :]
+    batch = ForwardBatch.build(
+        input_ids=tokens,
+        out_cache_loc=range(1, n + 1),
+        req_pool_indices=[0],
+        seq_lens=[n],
+        extend_lens=[n],
+        req_to_token=table,
+        logits_indices=range(n),
+    )
+    with torch.inference_mode():
+        logits, hidden = model.forward_capture(batch, kv, capture)
+        plain = model(batch, KVPool.for_model(model.config, n, torch.float32, "cpu"))
+    return logits, hidden, plain, batch
+
+
+# ---- the checkpoint layouts --------------------------------------------------------------
+def test_eagle3_layout_round_trip(model, tmp_path):
+    head = eagle_head(model)
+    save_eagle3(head, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["draft_vocab_size"] == 64 and config["num_hidden_layers"] == 1
+    assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
+    state = load_file(str(tmp_path / "model.safetensors"))
+    assert set(state) == EAGLE_NAMES
+    assert tuple(state["midlayer.self_attn.q_proj.weight"].shape) == (32, 64)  # 2 x hidden in
+    assert tuple(state["fc.weight"].shape) == (32, 96)  # 3 x the target's hidden
+    loaded = load_eagle3(tmp_path, model)
+    for (name, a), (_, b) in zip(head.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert loaded.config.capture_layers(TINY.num_layers) == (1, 2, 3)
+    ids = loaded.target_ids(torch.tensor([0, 5, 63]))
+    assert ids.tolist() == [1, 16, 190]
+
+
+def test_eagle3_from_pytorch_bin_with_model_prefix_and_its_own_embedding(model, tmp_path):
+    head = eagle_head(model)
+    save_eagle3(head, tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    (tmp_path / "model.safetensors").unlink()
+    state = {"model." + k: v for k, v in state.items() if k != "t2d"}  # t2d: training only
+    state["model.embed_tokens.weight"] = torch.randn(TINY.vocab_size, TINY.hidden_size)
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    loaded = load_eagle3(tmp_path, model)
+    assert loaded.embed_tokens is not None
+    assert torch.equal(loaded.embed_tokens.weight, state["model.embed_tokens.weight"])
+    assert torch.equal(loaded.fc.weight, head.fc.weight)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"target_hidden_size": 48}, "reads hidden states of 48"),
+        ({"vocab_size": 300}, "vocabulary of 300"),
+        ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 5]}}, "has 3 layers"),
+        ({"architectures": ["LlamaForCausalLM"]}, "not an EAGLE-3 head"),
+        ({"num_hidden_layers": 2}, "not supported"),
+    ],
+)
+def test_a_head_for_another_target_is_refused(model, tmp_path, change, message):
+    save_eagle3(eagle_head(model), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(ValueError, match=message):
+        load_eagle3(tmp_path, model)
+
+
+def test_missing_and_unknown_eagle_tensors_are_named(model, tmp_path):
+    save_eagle3(eagle_head(model), tmp_path)
+    path = tmp_path / "model.safetensors"
+    state = load_file(str(path))
+    save_file({k: v for k, v in state.items() if k != "fc.weight"}, str(path))
+    with pytest.raises(ValueError, match="lacks.*fc.weight"):
+        load_eagle3(tmp_path, model)
+    save_file({**state, "midlayer.extra.weight": state["norm.weight"].clone()}, str(path))
+    with pytest.raises(ValueError, match="midlayer.extra.weight"):
+        load_eagle3(tmp_path, model)
+
+
+def test_medusa_layouts(model, tmp_path):
+    heads = randomized(MedusaHeads(TINY.hidden_size, TINY.vocab_size, 3, 1))
+    save_medusa(heads, tmp_path / "st")
+    assert set(load_file(str(tmp_path / "st" / "medusa_lm_head.safetensors"))) == {
+        f"medusa_head.{i}.{n}" for i in range(3)
+        for n in ("0.linear.weight", "0.linear.bias", "1.weight")
+    }  # fmt: skip
+    x = torch.randn(5, TINY.hidden_size)
+    want = heads(x)
+    assert torch.equal(load_medusa(tmp_path / "st", model)(x), want)
+    # FasterDecoding/Medusa's torch.save(medusa_head.state_dict()): no prefix
+    (tmp_path / "pt").mkdir()
+    raw = {k.removeprefix("medusa_head."): v for k, v in heads.state_dict().items()}
+    torch.save(raw, tmp_path / "pt" / "medusa_lm_head.pt")
+    assert torch.equal(load_medusa(tmp_path / "pt", model)(x), want)
+    # vLLM's converted layout (no block bias there)
+    nobias = randomized(MedusaHeads(TINY.hidden_size, TINY.vocab_size, 2, 2, bias=False))
+    vllm = {f"blocks.{i}.layers.{j}.weight": nobias.medusa_head[i][j].linear.weight
+            for i in range(2) for j in range(2)}  # fmt: skip
+    vllm.update({f"lm_heads.{i}.weight": nobias.medusa_head[i][2].weight for i in range(2)})
+    (tmp_path / "vllm").mkdir()
+    save_file(
+        {k: v.contiguous() for k, v in vllm.items()}, str(tmp_path / "vllm" / "m.safetensors")
+    )
+    assert torch.equal(load_medusa(tmp_path / "vllm", model)(x), nobias(x))
+    wide = MedusaHeads(48, TINY.vocab_size, 2, 1)
+    save_medusa(wide, tmp_path / "wide")
+    with pytest.raises(ValueError, match="hidden states of 48 features"):
+        load_medusa(tmp_path / "wide", model)
+
+
+# ---- the hidden states ----------------------------------------------------------------------
+def test_forward_capture_hands_over_the_residual_stream_and_the_final_norm(model):
+    tokens = PROMPTS[2]
+    logits, hidden, plain, batch = features(model, tokens, HiddenCapture((0, 3)))
+    assert torch.allclose(logits, plain, atol=1e-5)
+    with torch.inference_mode():
+        emb = model.model.embed_tokens.weight[torch.tensor(tokens)]
+        assert torch.equal(hidden[:, :32], emb)  # entering layer 0: the embeddings
+        final = model.model.norm(hidden[:, 32:])  # leaving the last layer, through the norm
+        assert torch.allclose(model.lm_head(final), logits, atol=1e-4)
+        _, normed, _, _ = features(model, tokens, HiddenCapture(()))
+        assert normed.shape == (len(tokens), 32)
+        assert torch.allclose(model.lm_head(normed), logits, atol=1e-4)
+
+
+# ---- the EAGLE proposer ---------------------------------------------------------------------
+def from_scratch(model, head, tokens, k, width=1):
+    """The drafts of a fresh proposer fed every feature at once."""
+    prop = EagleProposer(head, capture_layers=(1, 2, 3), vocab_size=211, tree_width=width)
+    _, feats, _, _ = features(model, tokens[:-1], prop.capture)
+    prop.observe("r", 0, feats)
+    return prop.propose([PI("r", tokens, k)])[0]
+
+
+def test_eagle_drafts_do_not_depend_on_the_history_of_calls(model):
+    """Verify steps with accepted and rejected drafts (rows of rejected drafts left behind),
+    a prefix hit (features from token 2 on), and a jump-forward gap: each proposal equals a
+    fresh proposer's over the same features."""
+    head = eagle_head(model)
+    prop = EagleProposer(head, capture_layers=(1, 2, 3), vocab_size=211)
+    g = torch.Generator().manual_seed(3)
+    for rid, prompt in enumerate(PROMPTS):
+        first = 2 if rid == 0 else 0  # rid 0: the prefix cache held its first two tokens
+        tokens = list(prompt) + [int(torch.randint(211, (1,), generator=g))]
+        _, feats, _, _ = features(model, tokens[:-1], prop.capture)
+        prop.observe(rid, first, feats[first:])
+        for round_ in range(4):
+            got = prop.propose([PI(rid, tokens, 3)])[0]
+            want = from_scratch(model, head, tokens, 3) if first == 0 else None
+            if want is not None:
+                assert got == want, (rid, round_)
+            assert len(got.token_ids) == 3 and got.parents is None
+            fed = [tokens[-1], *got.token_ids]  # a verify entry: pending token + drafts
+            _, all_feats, _, _ = features(model, tokens + list(got.token_ids), prop.capture)
+            prop.observe(rid, len(tokens) - 1, all_feats[len(tokens) - 1 :])
+            accepted = int(torch.randint(4, (1,), generator=g))
+            tokens += list(got.token_ids[:accepted]) + [(fed[accepted] + 7) % 211]
+        prop.release(rid)
+    # a jump-forward: two tokens not fed yet, no features for the first: nothing proposed
+    _, feats, _, _ = features(model, PROMPTS[0], prop.capture)
+    prop.observe("j", 0, feats)
+    assert prop.propose([PI("j", PROMPTS[0] + [3, 4], 2)])[0] == Proposal(())
+    assert prop.propose([PI("unseen", [1, 2, 3], 2)])[0] == Proposal(())
+
+
+def test_trees_and_their_first_path(model):
+    head = eagle_head(model)
+    chain = from_scratch(model, head, PROMPTS[2], 3)
+    tree = from_scratch(model, head, PROMPTS[2], 3, width=3)
+    assert tree.parents == (-1, -1, -1, 0, 0, 0, 3, 3, 3)
+    assert spine(tree) == chain and spine(chain) is chain
+    assert len(set(tree.token_ids[:3])) == 3  # the top 3 of depth 1
+    assert tree_nodes([[4, 5], [6, 7]], 1) == Proposal((4, 6))
+    assert tree_nodes([[4, 5], [6, 7]], 2) == Proposal((4, 5, 6, 7), parents=(-1, -1, 0, 0))
+
+
+def test_medusa_proposer_reads_the_row_before_the_pending_token(model):
+    heads = randomized(MedusaHeads(TINY.hidden_size, TINY.vocab_size, 3, 1))
+    prop = MedusaProposer(heads, vocab_size=211)
+    tokens = PROMPTS[2]
+    _, normed, _, _ = features(model, tokens, HiddenCapture(()))
+    prop.observe("r", 0, normed)
+    got = prop.propose([PI("r", tokens + [9], 5), PI("x", [1, 2], 2)])
+    with torch.inference_mode():
+        want = heads(normed[-1:]).argmax(-1)[:, 0].tolist()
+    assert got[0] == Proposal(tuple(want)) and got[1] == Proposal(())  # 3 heads: 3 drafts
+
+
+# ---- through the engine ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "spec, overlap",
+    [
+        ({"method": "eagle", "draft_load_format": "dummy"}, False),
+        ({"method": "eagle", "draft_load_format": "dummy", "tree_width": 2}, True),
+        ({"method": "medusa", "draft_load_format": "dummy"}, False),
+        ({"method": "medusa", "draft_load_format": "dummy", "tree_width": 3}, True),
+    ],
+)
+def test_engine_outputs_are_unchanged(model, spec, overlap):
+    """Greedy and seeded sampled outputs with a random head equal plain decoding's (deterministic
+    drafts are verified as n-gram drafts are), radix hits included (a shared prompt head)."""
+    prompts = [[9, 9, 8, 7, *p] for p in PROMPTS]
+    config = SpeculativeConfig(**spec, num_tokens=3, adaptive=False)
+    plain = engine_for(model, None, overlap=overlap)
+    heads = engine_for(model, None, overlap=overlap, speculative=config)
+    try:
+        for params in (
+            SP(max_tokens=14, temperature=0.0, ignore_eos=True),
+            SP(max_tokens=10, temperature=1.0, seed=5, ignore_eos=True),
+        ):
+            want = [r.token_ids for r in run_all(plain, prompts, params)]
+            assert [r.token_ids for r in run_all(heads, prompts, params)] == want
+        stats = heads.stats()
+        assert stats["spec_verify_steps"] >= 20, stats
+        assert stats["speculative"] == spec["method"]
+        heads.check_integrity()
+        assert heads.call(lambda: holds_nothing(heads.speculator.proposer))
+    finally:
+        plain.shutdown()
+        heads.shutdown()
+
+
+def holds_nothing(prop) -> bool:
+    """Every finished request's head state released."""
+    if isinstance(prop, EagleProposer):
+        prop.cache.check_integrity()
+        return not prop._states and len(prop.cache) == 0
+    return not prop._rows
+
+
+def test_retraction_and_abort_with_a_head(model):
+    """A pool too small for every request: retracted requests prefill again (their head
+    state starts over at what is fed) and outputs still equal plain decoding's; an aborted
+    request's state is released."""
+    prompts = [[9, 9, 8, 7, *p] for p in PROMPTS] * 2
+    params = SP(max_tokens=30, temperature=0.0, ignore_eos=True)
+    config = SpeculativeConfig(method="eagle", draft_load_format="dummy", num_tokens=3)
+    plain = engine_for(model, None)
+    small = engine_for(
+        model, None, slots=96, budget=24, max_reqs=16, speculative=config,
+        init_new_token_ratio=0.02, min_new_token_ratio=0.02,
+    )  # fmt: skip
+    try:
+        want = [r.token_ids for r in run_all(plain, prompts, params)]
+        assert [r.token_ids for r in run_all(small, prompts, params)] == want
+        assert small.stats()["num_retractions"] > 0
+        handle = small.submit(EngineRequest((5, 6, 7), SP(max_tokens=120, ignore_eos=True)))
+        small.abort(handle.rid)
+        assert handle.result(timeout=60).finish_reason == "abort"
+        assert small.call(lambda: holds_nothing(small.speculator.proposer))
+    finally:
+        plain.shutdown()
+        small.shutdown()
+
+
+def test_head_errors_at_launch(model, tmp_path):
+    wide = MedusaHeads(48, TINY.vocab_size, 2, 1)
+    save_medusa(wide, tmp_path)
+    for spec, message in (
+        ({"method": "medusa", "draft_model": str(tmp_path)}, "48 features"),
+        ({"method": "eagle", "draft_model": str(tmp_path)}, "not an EAGLE-3 head"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            launch_engine(model, None, eos_token_ids=EOS, speculative=SpeculativeConfig(**spec))
+    with pytest.raises(ValueError, match="needs draft_model"):
+        SpeculativeConfig(method="medusa")
+    with pytest.raises(ValueError, match="needs a draft head"):
+        SpeculativeConfig(method="ngram", tree_width=2)
+    with pytest.raises(ValueError, match="needs the target model"):
+        build_proposer(SpeculativeConfig(method="eagle"), vocab_size=211)
+
+
+# ---- the bundled model -----------------------------------------------------------------------
+@requires_default_model
+@pytest.mark.parametrize("shipped", [False, True])
+def test_runtime_with_a_head_on_the_bundled_model(shipped):
+    """lp.Runtime(speculative="eagle") (the shipped head) and a random-weight head: greedy
+    outputs equal plain decoding's; the shipped head gets drafts accepted."""
+    import lmprog as lp
+
+    if shipped and not (BUNDLED_EAGLE3 / "config.json").is_file():
+        pytest.skip("no EAGLE-3 head shipped in this tree")
+    spec = "eagle" if shipped else {"method": "eagle", "draft_load_format": "dummy"}
+    rt = lp.Runtime(device="cpu", max_total_tokens=2048, speculative=spec)
+    questions = ["What is the capital of France?", "Write a Python function that adds two numbers."]
+    prompts = [  # the shipped head was trained on chat turns
+        rt.chat_template.render([{"role": "user", "content": q}], add_generation_prompt=True)
+        for q in questions
+    ]
+    greedy = SP(max_tokens=24 if shipped else 12, temperature=0.0, ignore_eos=True)
+    try:
+        with_head = [r.token_ids for r in rt.generate(prompts, greedy)]
+        stats = rt.stats()
+        rt.engine.set_speculation(False)
+        assert [r.token_ids for r in rt.generate(prompts, greedy)] == with_head
+        assert stats["speculative"] == "eagle" and stats["spec_verify_steps"] > 0
+        if shipped:  # 11 of 46 drafts accepted when written (a random head: ~none)
+            assert stats["spec_accepted_tokens"] >= 3, stats
+        rt.engine.check_integrity()
+    finally:
+        rt.shutdown()
+
+
+def test_steps_without_a_head_or_with_speculation_off_run_the_plain_forward(model):
+    def boom(*args, **kwargs):
+        raise AssertionError("a step captured hidden states it did not need")
+
+    config = SpeculativeConfig(method="eagle", draft_load_format="dummy", num_tokens=2)
+    for spec, off in ((config, True), (SpeculativeConfig(method="ngram"), False)):
+        eng = engine_for(model, None, speculative=spec)
+        try:
+            if off:
+                eng.set_speculation(False)
+            eng.runner.forward_capture = boom
+            out = run_all(eng, PROMPTS[:2], SP(max_tokens=6, temperature=0.0, ignore_eos=True))
+            assert all(len(r.token_ids) == 6 for r in out)
+        finally:
+            eng.shutdown()
