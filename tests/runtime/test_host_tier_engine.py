@@ -145,11 +145,11 @@ def test_a_failed_load_is_recomputed_and_the_next_requests_load(model, tok, refe
     mover = engine.scheduler.cache._mover
     real_load, calls = mover.load, []
 
-    def load(handle, slots):
+    def load(handle, slots, ahead=False):
         calls.append(len(slots))
         if len(calls) == 1:
             raise RuntimeError("planted: the host-to-device copy failed")
-        real_load(handle, slots)
+        real_load(handle, slots, ahead)
 
     mover.load = load
     try:
@@ -172,11 +172,11 @@ def test_an_abort_while_blocks_load_ends_that_request_only(model, tok, reference
         if turn == 1 and i == 2:
             victim["handle"] = handle
 
-    def load(handle, slots):  # the copy is under way when the abort arrives
+    def load(handle, slots, ahead=False):  # the copy is under way when the abort arrives
         target = victim.pop("handle", None)
         if target is not None:
             target.abort()
-        real_load(handle, slots)
+        real_load(handle, slots, ahead)
 
     mover.load = load
     try:
@@ -211,10 +211,12 @@ def queued_sessions(engine, turns=2, n=6):
 
 def test_staging_loads_the_queue_head_ahead_with_the_same_tokens(model, tok):
     runs = {}
-    for name, host, staging in (
-        ("off", 0, False),
-        ("host", 1 << 20, False),
-        ("staged", 1 << 20, True),
+    for name, host, staging, overlap in (
+        ("off", 0, False, False),
+        ("host", 1 << 20, False, False),
+        ("staged", 1 << 20, True, False),
+        # overlap scheduling (a GPU's default): step N + 1 planned while step N runs
+        ("staged, overlapped", 1 << 20, True, True),
     ):
         engine = launch_engine(
             model,
@@ -223,13 +225,16 @@ def test_staging_loads_the_queue_head_ahead_with_the_same_tokens(model, tok):
             max_total_tokens=POOL,
             cache_config=CacheConfig(host_kv_cache_bytes=host, host_kv_staging=staging),
             scheduler_config=SchedulerConfig(max_num_batched_tokens=128, max_running_requests=1),
-            engine_config=EngineConfig(check_integrity=True),
+            engine_config=EngineConfig(check_integrity=True, overlap=overlap),
         )
         try:
             runs[name] = (queued_sessions(engine), engine.stats())
         finally:
             engine.shutdown()
     assert runs["staged"][0] == runs["host"][0] == runs["off"][0]
+    assert runs["staged, overlapped"][0] == runs["off"][0]
+    overlapped = runs["staged, overlapped"][1]
+    assert overlapped["host_kv_staged_tokens"] > 0 and overlapped["internal_errors"] == 0
     host, staged = runs["host"][1], runs["staged"][1]
     assert host["host_kv_staged_tokens"] == 0 and host["host_kv_hit_tokens"] > 0
     assert staged["host_kv_staged_tokens"] > 0

@@ -384,7 +384,8 @@ class Engine:
         """The batch's forward pass (fed the tokens of the step in flight on the device);
         None when there was nothing to run, or it failed (its requests failed with it)."""
         if batch.is_empty:  # nothing runnable now: the step in flight ends requests, or
-            if inflight is None:  # memory frees up (a lone request always fits)
+            self.runner.end_step()  # memory frees up (a lone request always fits)
+            if inflight is None:
                 time.sleep(0.001)
             return None
         try:

@@ -117,16 +117,19 @@ class ModelRunner:
         on the device, for the batch's placeholders. Under tensor parallelism the step's
         inputs go to every rank first (a broken group raises ParallelError)."""
         assert not batch.is_empty, "nothing to run"
-        step = self.step_inputs(batch)
-        if self.lora is not None:
-            step = step._replace(lora=self._lora_plan(batch))
-        if self.channel is None:
-            return self.run(step, future)
         try:
-            self.channel.send(step, future, self._host_table)
-            return self.run(step, future)
-        except Exception as exc:  # the ranks are out of step: fatal for the group
-            raise self.channel.group.failure(exc) from exc
+            step = self.step_inputs(batch)
+            if self.lora is not None:
+                step = step._replace(lora=self._lora_plan(batch))
+            if self.channel is None:
+                return self.run(step, future)
+            try:
+                self.channel.send(step, future, self._host_table)
+                return self.run(step, future)
+            except Exception as exc:  # the ranks are out of step: fatal for the group
+                raise self.channel.group.failure(exc) from exc
+        finally:
+            self.end_step()
 
     def move_kv(self, shift: KVShift) -> None:
         """Do an attention-sink eviction's KV moves (lmprog.runtime.executor.kv_shift), queued on the
@@ -134,6 +137,7 @@ class ModelRunner:
         if self._key_shifter is None:
             self._key_shifter = KeyShifter(self.config)
         src, dst, delta = (_to_device(a, self.device) for a in shift)
+        self.kv.fence_loads()
         self._key_shifter.shift(self.kv, src, dst, delta)
 
     def run(self, step: StepInputs, future: torch.Tensor | None = None) -> torch.Tensor:
@@ -147,6 +151,13 @@ class ModelRunner:
                 if logits is not None:  # None: not a step those graphs serve
                     return logits
             return self.model(fb, self.kv)
+
+    def end_step(self) -> None:
+        """A step's forward pass was queued, failed, or not needed (an empty batch): the host
+        tier's copies made ahead meanwhile (staging) are what the next one waits for
+        (executor/layer_loads.py)."""
+        if self.kv.loads is not None:
+            self.kv.loads.step_done()
 
     def _lora_plan(self, batch: ScheduledBatch) -> Any:
         """Page in the step's adapters; its layout (decode steps: the graphs' block size)."""
