@@ -225,3 +225,22 @@ def test_staging_under_a_tight_pool_plans_only_slots_it_can_get(overlap, pool, p
     s = run_sessions(seed, overlap, pool, page, disk)
     tier = s.cache.tier_stats()
     assert tier is not None and tier["host_kv_staged_tokens"] > 0
+
+
+def test_a_step_that_needs_every_evictable_slot_gets_them_across_a_heap_rebuild():
+    """The H100 failure ("extend needs 1549 slots; check available_tokens first"), on the
+    CPU: a pool full of cached histories (prefixes with two turns each), a heap churned to
+    its rebuild threshold, and one request whose chunk needs every free and evictable slot.
+    The plan counts them all; extend must get them all, though evicting them rebuilds the
+    heap midway (radix.py once went on popping the old heap and stopped short)."""
+    from test_radix import bloat_heap, two_leaves_per_prefix
+
+    s = Scheduler(2400, 4096, SchedulerConfig(max_num_batched_tokens=4096))
+    two_leaves_per_prefix(s.cache.prefix_cache, 200, s.cache.allocator)
+    bloat_heap(s.cache.prefix_cache)
+    assert s.cache.available_tokens == 2400 and s.cache.allocator.num_free == 800
+    r = s.submit(Req("r", list(range(50_000, 52_399)), SamplingParams(max_tokens=1)))
+    batch = s.schedule()  # every slot: 800 free, 1,600 evicted
+    assert batch.entries[0].num_new == 2399 and s.cache.prefix_cache.evictable_size == 0
+    s.check_integrity()
+    assert r.num_allocated == 2399
