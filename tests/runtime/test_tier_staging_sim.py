@@ -244,3 +244,40 @@ def test_a_step_that_needs_every_evictable_slot_gets_them_across_a_heap_rebuild(
     assert batch.entries[0].num_new == 2399 and s.cache.prefix_cache.evictable_size == 0
     s.check_integrity()
     assert r.num_allocated == 2399
+
+
+def test_a_reset_keeps_the_queue_and_retracted_requests_and_drops_the_running():
+    """Scheduler.reset (the engine's recovery from an internal error): requests holding no
+    KV whose tokens are all known keep their place, the waiting and the retracted (they
+    resume by prefilling); the running ones are dropped; the rest then run exactly."""
+    config = SchedulerConfig(
+        max_num_batched_tokens=64,
+        max_running_requests=2,
+        init_new_token_ratio=0.05,  # admission counts on little growth: two run at once
+        min_new_token_ratio=0.05,
+    )
+    s = Scheduler(64, 256, config)
+    engine = FakeOverlapEngine(s, overlap=False)
+    a, b, c = (
+        s.submit(Req(rid, [rid * 10 + j for j in range(20)], SamplingParams(max_tokens=30)))
+        for rid in (1, 2, 3)
+    )
+    for _ in range(100):  # two of them outgrow the pool: the newer is retracted
+        engine.step()
+        if s.num_retractions:
+            break
+    retracted = [r for r in s.requests.waiting if r.status is ReqStatus.RETRACTED]
+    assert retracted and c.status is ReqStatus.WAITING
+    running = list(s.requests.running_reqs())
+    dropped = s.reset()
+    assert dropped == running and all(r.finish_reason == "error" for r in running)
+    assert s.requests.waiting == [r for r in (a, b, c) if r not in running]
+    assert retracted[0].status is ReqStatus.RETRACTED and retracted[0].num_computed == 0
+    for _ in range(1000):
+        if not s.has_work:
+            break
+        engine.step()
+        s.check_integrity()
+    assert not s.has_work
+    for r in s.requests.waiting + [r for r in (a, b, c) if r not in running]:
+        assert list(r.output_ids) == reference(r.prompt_ids, 30, 64)[0]

@@ -255,9 +255,10 @@ class Engine:
 
     def _recover(self, exc: Exception) -> None:
         """After an internal error (an engine or scheduler bug, a broken invariant): fail
-        every request that started with a BackendError naming it, free all KV and empty the
-        prefix cache (the bookkeeping cannot be trusted), rebuild the sampler's cached
-        tensors, and go on serving; requests that never started keep their place."""
+        the running requests (and a retracted one whose token the lost step held) with a
+        BackendError naming it, free all KV and empty the prefix cache (the bookkeeping
+        cannot be trusted), rebuild the sampler's cached tensors, and go on serving;
+        requests that never started or were retracted keep their place (Scheduler.reset)."""
         log.exception(
             "internal error in the engine loop: failing the requests in flight, "
             "resetting the scheduler and the KV cache"
