@@ -138,7 +138,12 @@ def run(rt, args) -> dict:
         * args.sessions
     )
     returning = [r[2] for r in records if r[1] >= 1]
+    # the time a returning request waits for its blocks: the engine thread's admission
+    # loads (a request admitted with host/disk blocks waits for their copy; staged blocks
+    # were copied earlier, while it queued), per returning request
+    load_wait = after.get("host_kv_load_seconds", 0.0) - before.get("host_kv_load_seconds", 0.0)
     return {
+        "load_wait": load_wait / max(1, len(returning)),
         "wall": wall,
         "tok_s": (prompt_tokens + args.sessions * args.turns * args.output) / wall,
         "out_tok_s": args.sessions * args.turns * args.output / wall,
@@ -234,8 +239,8 @@ def main() -> int:
     head = (
         f"{'':14} {'device hit':>10} {'host hit':>9} {'disk hit':>9} {'staged':>8} "
         f"{'prefill tok':>12} "
-        f"{'saved':>10} {'TTFT ret. mean':>14} {'p50':>7} {'p90':>7} {'tok/s':>9} "
-        f"{'out tok/s':>9} {'host used':>10}"
+        f"{'saved':>10} {'TTFT ret. mean':>14} {'p50':>7} {'p90':>7} {'load wait':>9} "
+        f"{'staged s':>8} {'tok/s':>9} {'out tok/s':>9} {'host used':>10}"
     )
     log(head)
     for name, r in rows:
@@ -250,10 +255,16 @@ def main() -> int:
             f"{s.get('host_kv_staged_tokens', 0):>8,} {s['prefill_tokens']:>12,} "
             f"{ref['stats']['prefill_tokens'] - s['prefill_tokens']:>10,} "
             f"{r['ttft_mean'] * 1e3:>11.1f} ms {r['ttft_p50'] * 1e3:>7.1f} "
-            f"{r['ttft_p90'] * 1e3:>7.1f} {r['tok_s']:>9,.0f} {r['out_tok_s']:>9,.1f} "
+            f"{r['ttft_p90'] * 1e3:>7.1f} {r['load_wait'] * 1e3:>6.2f} ms "
+            f"{s.get('host_kv_staged_load_seconds', 0.0):>8.3f} "
+            f"{r['tok_s']:>9,.0f} {r['out_tok_s']:>9,.1f} "
             f"{r['host_used'] / 2**20:>7.1f} MiB"
         )
-    log("(staged tokens are device hits once admitted; host hit: from host RAM at admission)")
+    log(
+        "(staged tokens are device hits once admitted; host hit: from host RAM at admission; "
+        "load wait: admission's copies per returning request; staged s: the copies made "
+        "ahead, while requests queued)"
+    )
     for name, r in rows[1:]:
         same = sum(r["outputs"][k] == ref["outputs"][k] for k in ref["outputs"])
         log(

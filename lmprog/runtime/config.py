@@ -36,8 +36,8 @@ class CacheConfig:
         0: off (an evicted prefix is recomputed). Needs radix_cache.
     host_kv_staging: with a host tier, predictive staging (TierKV): each step starts loading
         the host-tier prefixes of the requests at the head of the waiting queue into the KV
-        pool, so they are on the device by the time they are admitted. Off by default: on
-        an H100 it broke an engine step (a plan that counted on slots staging held).
+        pool, so they are on the device by the time they are admitted. Off by default
+        until a GPU run shows it gains (docs/serving.md).
     disk_kv_cache_bytes: a disk tier under the host tier, of this many bytes: prefixes the
         host tier evicts are written to files (checked on load: a truncated or corrupt one
         is recomputed) instead of dropped. 0: off. Needs host_kv_cache_bytes.

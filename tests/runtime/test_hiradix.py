@@ -26,7 +26,7 @@ class ArrayMover:
     def save(self, slots):
         return self.pool[slots].copy()
 
-    def load(self, handle, slots):
+    def load(self, handle, slots, ahead=False):
         if self.fail_next_load:
             self.fail_next_load = False
             raise OSError("planted: the copy failed")
@@ -46,13 +46,15 @@ class ArrayMover:
         self.disk[key] = (handle.copy(), True)
         return key
 
-    def load_disk(self, key, slots):
+    def load_disk(self, key, slots, ahead=False):
         rows, intact = self.disk[key]
         if not intact:
             raise OSError("planted: the block's checksum does not match")
         self.pool[slots] = rows
 
     def split_disk(self, key, k):
+        if not self.disk[key][1]:
+            raise OSError("planted: the block's checksum does not match")
         rows, intact = self.disk.pop(key)
         a, b = self.spill(rows[:k]), self.spill(rows[k:])
         return a, b
@@ -307,3 +309,19 @@ def test_host_kv_cache_bytes_is_checked(bad):
         CacheConfig(host_kv_cache_bytes=bad)
     with pytest.raises(ValueError, match="radix_cache"):
         CacheConfig(host_kv_cache_bytes=100, radix_cache=False)
+
+
+def test_a_corrupt_disk_block_that_a_load_splits_is_recomputed():
+    """A load that takes part of a disk block splits its file first (read, checked, written
+    as two): a bad file fails there, counted as a load failure, nothing else changed."""
+    t = Tiered(slots=16, host=12, disk=48)
+    a, b, c = ([base + j for j in range(12)] for base in (100, 200, 300))
+    for s in (a, b, c):
+        t.write(s)
+    key = next(n.host.block for n in t._host_nodes() if n.key[0] == 100)
+    t.mover.disk[key] = (t.mover.disk[key][0], False)
+    slots, node = t.admit(a[:8] + [7, 7, 7, 7, 7])  # 8 of its 12 tokens: a split
+    assert len(slots) == 0 and t.cache.tier.load_failures == 1
+    t.cache.unlock(node)
+    t.check()
+    assert t.cache.cached_prefix_len(a) == 0

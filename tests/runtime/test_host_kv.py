@@ -78,3 +78,66 @@ def test_the_disk_folder_goes_with_its_mover_and_a_dead_process(pool, tmp_path):
     (stale / "0.blk.tmp").write_bytes(b"half a block")
     HostKVMover(pool, disk_dir=str(tmp_path))
     assert not stale.exists()
+
+
+def test_layer_loads_wait_per_layer_and_leave_staged_copies_to_the_next_step():
+    """LayerLoads (CUDA's layer-wise loading) with stand-in events: a forward pass waits for
+    a layer's copies when it reaches it, once; staged copies only in the step after; a save
+    of a slot being written waits for every copy, a save of another slot for none."""
+    from lmprog.runtime.executor.layer_loads import LayerLoads
+
+    waited = []
+    loads = LayerLoads(16, waited.append)
+    for layer in range(3):
+        loads.record(layer, f"admit{layer}")
+        loads.record(layer, f"stage{layer}", ahead=True)
+    loads.add_slots(np.array([1, 2]))
+    loads.add_slots(np.array([5, 6]), ahead=True)
+    loads.fence(np.array([9, 10]))  # slots no load writes: nothing to wait for
+    loads.wait(0)
+    loads.wait(0)
+    assert waited == ["admit0"]
+    loads.wait(2)
+    loads.step_done()  # layer 1 was not reached (a graph's step): waited at the end
+    assert waited == ["admit0", "admit2", "admit1"]
+    loads.fence(np.array([1, 2]))  # the admitted copies are done on the current stream
+    assert len(waited) == 3 and loads.pending
+    loads.wait(1)  # the next forward pass waits for the staged copies
+    assert waited[-1] == "stage1"
+    loads.fence(np.array([6]))  # a save of a staged slot: every copy left first
+    assert waited[-2:] == ["stage0", "stage2"] and not loads.pending
+    loads.step_done()
+    assert len(waited) == 6
+
+
+def test_a_cpu_pool_loads_synchronously_without_layer_waits(pool):
+    mover = HostKVMover(pool)
+    src, dst = np.array([3, 4, 5]), np.array([20, 21, 22])
+    want = rows(pool, src)
+    handle = mover.save(src)
+    mover.load(handle, dst, ahead=True)
+    assert pool.loads is None  # nothing to wait for: the copy is done on return
+    assert torch.equal(rows(pool, dst), want)
+    pool.wait_layer(0)
+    pool.fence_loads()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the side stream is CUDA's")
+def test_cuda_loads_land_layer_by_layer_and_saves_wait_for_them():
+    pool = KVPool(256, num_layers=4, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16,
+                  device="cuda")  # fmt: skip
+    pool._buffer.copy_(torch.randn(pool._buffer.shape, device="cuda"))
+    mover = HostKVMover(pool)
+    src, dst = np.arange(1, 101), np.arange(120, 220)
+    want = rows(pool, src).cpu()
+    handle = mover.save(src)
+    mover.load(handle, dst)
+    assert pool.loads is not None and pool.loads.pending
+    for layer in range(4):  # as a forward pass: each layer waits for its own copies
+        pool.wait_layer(layer)
+        assert torch.equal(pool._buffer[layer, :, torch.as_tensor(dst)].cpu(), want[layer])
+    staged = mover.save(dst[:10])
+    mover.load(staged, np.arange(230, 240), ahead=True)
+    again = mover.save(np.arange(230, 240))  # a save of slots still being written waits
+    torch.cuda.synchronize()
+    assert torch.equal(again, want[:, :, :10]) and not pool.loads.pending

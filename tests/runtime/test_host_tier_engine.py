@@ -21,15 +21,17 @@ POOL = 200  # device KV slots; 6 sessions of up to ~90 tokens hold several times
 SESSIONS = 6
 
 
-def make_engine(model, tok, host_bytes, page=1, **disk):
+def make_engine(model, tok, host_bytes, page=1, overlap=False, staging=False, **disk):
     return launch_engine(
         model,
         tok,
         eos_token_ids=EOS,
         max_total_tokens=POOL,
-        cache_config=CacheConfig(page_size=page, host_kv_cache_bytes=host_bytes, **disk),
+        cache_config=CacheConfig(
+            page_size=page, host_kv_cache_bytes=host_bytes, host_kv_staging=staging, **disk
+        ),
         scheduler_config=SchedulerConfig(max_num_batched_tokens=128, max_running_requests=2),
-        engine_config=EngineConfig(check_integrity=True),
+        engine_config=EngineConfig(check_integrity=True, overlap=overlap),
     )
 
 
@@ -145,11 +147,11 @@ def test_a_failed_load_is_recomputed_and_the_next_requests_load(model, tok, refe
     mover = engine.scheduler.cache._mover
     real_load, calls = mover.load, []
 
-    def load(handle, slots):
+    def load(handle, slots, ahead=False):
         calls.append(len(slots))
         if len(calls) == 1:
             raise RuntimeError("planted: the host-to-device copy failed")
-        real_load(handle, slots)
+        real_load(handle, slots, ahead)
 
     mover.load = load
     try:
@@ -172,11 +174,11 @@ def test_an_abort_while_blocks_load_ends_that_request_only(model, tok, reference
         if turn == 1 and i == 2:
             victim["handle"] = handle
 
-    def load(handle, slots):  # the copy is under way when the abort arrives
+    def load(handle, slots, ahead=False):  # the copy is under way when the abort arrives
         target = victim.pop("handle", None)
         if target is not None:
             target.abort()
-        real_load(handle, slots)
+        real_load(handle, slots, ahead)
 
     mover.load = load
     try:
@@ -211,10 +213,12 @@ def queued_sessions(engine, turns=2, n=6):
 
 def test_staging_loads_the_queue_head_ahead_with_the_same_tokens(model, tok):
     runs = {}
-    for name, host, staging in (
-        ("off", 0, False),
-        ("host", 1 << 20, False),
-        ("staged", 1 << 20, True),
+    for name, host, staging, overlap in (
+        ("off", 0, False, False),
+        ("host", 1 << 20, False, False),
+        ("staged", 1 << 20, True, False),
+        # overlap scheduling (a GPU's default): step N + 1 planned while step N runs
+        ("staged, overlapped", 1 << 20, True, True),
     ):
         engine = launch_engine(
             model,
@@ -223,13 +227,16 @@ def test_staging_loads_the_queue_head_ahead_with_the_same_tokens(model, tok):
             max_total_tokens=POOL,
             cache_config=CacheConfig(host_kv_cache_bytes=host, host_kv_staging=staging),
             scheduler_config=SchedulerConfig(max_num_batched_tokens=128, max_running_requests=1),
-            engine_config=EngineConfig(check_integrity=True),
+            engine_config=EngineConfig(check_integrity=True, overlap=overlap),
         )
         try:
             runs[name] = (queued_sessions(engine), engine.stats())
         finally:
             engine.shutdown()
     assert runs["staged"][0] == runs["host"][0] == runs["off"][0]
+    assert runs["staged, overlapped"][0] == runs["off"][0]
+    overlapped = runs["staged, overlapped"][1]
+    assert overlapped["host_kv_staged_tokens"] > 0 and overlapped["internal_errors"] == 0
     host, staged = runs["host"][1], runs["staged"][1]
     assert host["host_kv_staged_tokens"] == 0 and host["host_kv_hit_tokens"] > 0
     assert staged["host_kv_staged_tokens"] > 0
@@ -291,29 +298,46 @@ def test_damaged_disk_blocks_are_recomputed(model, tok, reference, tmp_path):
     assert stats["host_kv_load_failures"] > 0 and stats["internal_errors"] == 0
 
 
-def test_an_internal_error_drops_the_tiers_and_the_engine_serves_on(
+def test_a_failed_step_fails_its_requests_only_and_the_engine_serves_on(
     model, tok, reference, tmp_path
 ):
+    """A step that fails inside the scheduler (the H100's "extend needs N slots", planted
+    once, with overlap scheduling and staging on, as on a GPU) fails the requests it had
+    started; a request still waiting keeps its place and runs; the bookkeeping, the tiers
+    and their files are dropped (they cannot be trusted), and the engine serves on with the
+    same tokens as before."""
     want, _ = reference
     engine = make_engine(
-        model, tok, 40 * PER_TOKEN, disk_kv_cache_bytes=1 << 20, disk_kv_cache_dir=str(tmp_path)
-    )
-    policy = engine.scheduler.prefill_policy
+        model, tok, 40 * PER_TOKEN, overlap=True, staging=True,
+        disk_kv_cache_bytes=1 << 20, disk_kv_cache_dir=str(tmp_path),
+    )  # fmt: skip
+    cache = engine.scheduler.cache
+    prompts = [(5, 6, 7), (8, 9, 10, 11), (12, 13)]
     try:
         assert sessions(engine) == want
         assert list(tmp_path.glob("lmprog-kv-*/*.blk"))
 
-        def boom():
-            raise RuntimeError("planted: a scheduler bug")
+        def boom(reqs, counts):
+            del cache.extend  # once
+            raise AssertionError("planted: extend needs 99 slots; check available_tokens first")
 
-        policy.stage_waiting = boom
-        with pytest.raises(BackendError, match="internal error"):
-            engine.submit(EngineRequest((5, 6, 7), greedy(2))).result(timeout=60)
-        del policy.stage_waiting
+        cache.extend = boom
+        handles = [engine.submit(EngineRequest(p, greedy(3))) for p in prompts]
+        outcomes = []
+        for h in handles:
+            try:
+                outcomes.append(h.result(timeout=60).token_ids)
+            except BackendError as exc:
+                assert "internal error" in str(exc)
+                outcomes.append(None)
+        # the failed step held at most two (max_running_requests): the third waited
+        assert 1 <= outcomes.count(None) <= 2
         stats = engine.stats()
         assert stats["internal_errors"] == 1
         assert stats["host_kv_used_tokens"] == stats["disk_kv_used_tokens"] == 0
         assert not list(tmp_path.glob("lmprog-kv-*/*.blk"))  # no file left behind
+        again = [engine.submit(EngineRequest(p, greedy(3))).result(timeout=60) for p in prompts]
+        assert all(o is None or o == a.token_ids for o, a in zip(outcomes, again))
         assert sessions(engine) == want  # the tiers fill again, the same tokens
     finally:
         engine.shutdown()

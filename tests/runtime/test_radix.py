@@ -254,3 +254,45 @@ def test_random_locks_and_evictions_keep_invariants():
             for node, held_slots, prefix in held:  # locked prefixes never move or vanish
                 assert np.array_equal(tree.path_slots(node), held_slots)
                 assert tree.match_prefix(prefix).slots.tolist() == held_slots.tolist()
+
+
+def two_leaves_per_prefix(cache, n, pool=None):
+    """n prefixes of 4 tokens, each with an older and a newer 2-token leaf (inserted in that
+    order), slots from `pool` (an allocator) or consecutive ones."""
+    slot = 0
+    for tail in ([1, 1], [2, 2]):
+        for i in range(n):
+            ids = [i * 100 + j for j in range(4)] + tail
+            if pool is None:
+                slots = np.arange(slot + 1, slot + 7, dtype=np.int32)
+                slot += 6
+            else:
+                slots = pool.alloc(6)
+            present = cache.insert(ids, slots)
+            if pool is not None:
+                pool.free(slots[:present])
+
+
+def bloat_heap(cache):
+    """Stale heap entries up to the rebuild threshold, as lock/unlock churn of the newest
+    leaf leaves them (one push per unlock): a leaf added once evictions have thinned the
+    leaves rebuilds the heap."""
+    node = max(cache._leaves, key=lambda n: n.last_access)
+    while len(cache._heap) < 2 * len(cache._leaves) + 256:
+        cache.lock(node)
+        cache.unlock(node)
+
+
+def test_evict_frees_every_evictable_token_across_a_heap_rebuild():
+    """Evicting the older leaves leaves the heap mostly stale; when a prefix's last leaf goes,
+    the prefix becomes a leaf and the heap is rebuilt in the middle of evict. The rebuilt
+    heap must be the one evict goes on popping (it once kept popping the old list, which
+    lacks every leaf made after the rebuild: evict freed 800 of 1,600 evictable tokens, and
+    a step planned on them failed "extend needs N slots")."""
+    c = RadixCache(page_size=1)
+    two_leaves_per_prefix(c, 200)
+    bloat_heap(c)
+    assert c.evictable_size == 1600
+    freed = c.evict(1600)
+    assert len(freed) == 1600 and c.evictable_size == 0
+    c.check_integrity()

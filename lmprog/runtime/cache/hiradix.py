@@ -45,8 +45,9 @@ class KVMover(Protocol):
     def save(self, slots: np.ndarray) -> Any:
         """A host copy of the KV in `slots` (an opaque handle of len(slots) tokens)."""
 
-    def load(self, handle: Any, slots: np.ndarray) -> None:
-        """Write a handle's KV into `slots` (as many as it holds tokens)."""
+    def load(self, handle: Any, slots: np.ndarray, ahead: bool = False) -> None:
+        """Write a handle's KV into `slots` (as many as it holds tokens); ahead: a staged
+        load, which the next forward pass does not read (it need not wait for it)."""
 
     def split(self, handle: Any, k: int) -> tuple[Any, Any]:
         """The handles of a handle's first k tokens and of the rest."""
@@ -55,7 +56,7 @@ class KVMover(Protocol):
     def spill(self, handle: Any) -> Any:
         """Write a host handle's KV to disk; the disk handle (OSError: not written)."""
 
-    def load_disk(self, block: Any, slots: np.ndarray) -> None:
+    def load_disk(self, block: Any, slots: np.ndarray, ahead: bool = False) -> None:
         """Check a disk handle's file (size, checksum) and write its KV into `slots`;
         raises if the file is missing, truncated or corrupt."""
 
@@ -208,15 +209,15 @@ class HiRadixCache(RadixCache):
             if node.host is None or node.parent is not parent:  # gone meanwhile
                 self.tier.load_misses += 1
                 break
-            if k < len(node.key):
-                node = self._split_host(node, k)
             part = slots[used : used + k]
-            on_disk = isinstance(node.host, OnDisk)
-            try:
+            try:  # a split reads and writes the block too (a disk block: its file)
+                if k < len(node.key):
+                    node = self._split_host(node, k)
+                on_disk = isinstance(node.host, OnDisk)
                 if on_disk:
-                    self.mover.load_disk(node.host.block, part)
+                    self.mover.load_disk(node.host.block, part, staged)
                 else:
-                    self.mover.load(node.host, part)
+                    self.mover.load(node.host, part, staged)
             except Exception:
                 log.exception("loading %d tokens from the host KV tier failed", k)
                 self.tier.load_failures += 1

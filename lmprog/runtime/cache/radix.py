@@ -335,7 +335,8 @@ class RadixCache(PrefixCache):
     def _add_evictable_leaf(self, node: TreeNode) -> None:
         self._leaves.add(node)
         if len(self._heap) > 2 * len(self._leaves) + 256:  # mostly stale: rebuild (amortized)
-            self._heap = [(self.policy.priority(n), n.uid, n) for n in self._leaves]
+            # in place: evict() may be popping this list (a leaf's parent becomes a leaf)
+            self._heap[:] = [(self.policy.priority(n), n.uid, n) for n in self._leaves]
             heapq.heapify(self._heap)
         else:
             heapq.heappush(self._heap, (self.policy.priority(node), node.uid, node))

@@ -256,9 +256,10 @@ class Engine:
 
     def _recover(self, exc: Exception) -> None:
         """After an internal error (an engine or scheduler bug, a broken invariant): fail
-        every request that started with a BackendError naming it, free all KV and empty the
-        prefix cache (the bookkeeping cannot be trusted), rebuild the sampler's cached
-        tensors, and go on serving; requests that never started keep their place."""
+        the running requests (and a retracted one whose token the lost step held) with a
+        BackendError naming it, free all KV and empty the prefix cache (the bookkeeping
+        cannot be trusted), rebuild the sampler's cached tensors, and go on serving;
+        requests that never started or were retracted keep their place (Scheduler.reset)."""
         log.exception(
             "internal error in the engine loop: failing the requests in flight, "
             "resetting the scheduler and the KV cache"
@@ -405,7 +406,8 @@ class Engine:
         """The batch's forward pass (fed the tokens of the step in flight on the device);
         None when there was nothing to run, or it failed (its requests failed with it)."""
         if batch.is_empty:  # nothing runnable now: the step in flight ends requests, or
-            if inflight is None:  # memory frees up (a lone request always fits)
+            self.runner.end_step()  # memory frees up (a lone request always fits)
+            if inflight is None:
                 time.sleep(0.001)
             return None
         future = None if inflight is None else inflight.token_ids

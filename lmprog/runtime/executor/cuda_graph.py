@@ -291,6 +291,7 @@ class CudaGraphRunner:
             self.lora_buffers.load(lora)
         self.buffers.load(batch, bucket.batch_size)
         self.replays += 1
+        kv.fence_loads()  # a whole step in one graph: the host tier's copies come first
         if lora is not None:
             return self._replay_lora(bucket)[: batch.batch_size]
         if bucket.graph is None:

@@ -1,8 +1,9 @@
 """HostKVMover: copies a KV pool's token rows to host memory and back (the host tier of
 cache/hiradix.py, which holds the handles this returns).
 
-On CUDA, saves go through pinned memory on the current stream and loads run on a side
-stream the next forward waits for; on the CPU both are plain copies.
+On CUDA, saves go through pinned memory on the current stream and loads run layer by layer
+on a side stream, each forward pass waiting for a layer's copies only when it reaches that
+layer (`LayerLoads`); on the CPU both are plain copies.
 Design: docs/design/kv-cache.md.
 """
 
@@ -17,6 +18,7 @@ import torch
 from lmprog.core.blockfile import BlockDir, BlockRef
 
 from .kv_pool import KVPool
+from .layer_loads import LayerLoads
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _NUMPY = {
@@ -49,9 +51,19 @@ class HostKVMover:
         self.bytes_per_token = buffer.element_size() * buffer.numel() // buffer.shape[self._axis]
         self._cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
+        self._loads: LayerLoads | None = None
+        if self._cuda:  # the pool's forward passes wait per layer (KVPool.wait_layer)
+            current = torch.cuda.current_stream
+            if pool.loads is None:  # (a second mover of the pool shares the first's)
+                pool.loads = LayerLoads(
+                    pool.num_slots, lambda event: current(self.device).wait_event(event)
+                )
+            self._loads = pool.loads
         self.disk = None if disk_dir is None else BlockDir(disk_dir)
 
     def save(self, slots: np.ndarray) -> torch.Tensor:
+        if self._loads is not None:  # a load into these slots may still be copying
+            self._loads.fence(slots)
         rows = self._rows.index_select(self._axis, self._index(slots))
         if not self._cuda:
             return rows
@@ -59,18 +71,26 @@ class HostKVMover:
         host.copy_(rows, non_blocking=True)
         return host
 
-    def load(self, handle: Any, slots: np.ndarray) -> None:
+    def load(self, handle: Any, slots: np.ndarray, ahead: bool = False) -> None:
+        """ahead: a staged load (no forward pass reads it before the next step's)."""
         if not self._cuda:
             self._rows.index_copy_(self._axis, self._index(slots), handle)
             return
         current = torch.cuda.current_stream(self.device)
-        side = self._stream
-        assert side is not None
-        side.wait_stream(current)  # the saves that wrote this handle have run
+        side, loads = self._stream, self._loads
+        assert side is not None and loads is not None
+        # after everything queued so far: the saves that wrote this handle, and the step in
+        # flight that may still use these slots (freed by the requests it ends)
+        side.wait_stream(current)
         with torch.cuda.stream(side):
-            rows = handle.to(self.device, non_blocking=True)
-            self._rows.index_copy_(self._axis, self._index(slots), rows)
-        current.wait_stream(side)
+            index = self._index(slots)
+            for layer in range(handle.shape[0]):  # layer by layer, an event after each
+                rows = handle[layer].to(self.device, non_blocking=True)
+                self._rows[layer].index_copy_(self._axis - 1, index, rows)
+                event = torch.cuda.Event()
+                event.record(side)
+                loads.record(layer, event, ahead)
+        loads.add_slots(np.asarray(slots), ahead)
 
     def split(self, handle: Any, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Each part its own copy, so dropping one frees its memory (the tier counts them
@@ -97,15 +117,20 @@ class HostKVMover:
         ref = self.disk.write(handle.contiguous().numpy().tobytes())
         return DiskBlock(ref, tuple(handle.shape))
 
-    def load_disk(self, block: DiskBlock, slots: np.ndarray) -> None:
+    def load_disk(self, block: DiskBlock, slots: np.ndarray, ahead: bool = False) -> None:
         """BlockFileError (nothing written) unless the file holds exactly the block."""
-        self.load(self._read(block), slots)
+        self.load(self._read(block), slots, ahead)
 
     def split_disk(self, block: DiskBlock, k: int) -> tuple[DiskBlock, DiskBlock]:
         upper, lower = self.split(self._read(block), k)
-        parts = self.spill(upper), self.spill(lower)
+        first = self.spill(upper)
+        try:
+            second = self.spill(lower)
+        except BaseException:  # nothing left behind: the block stays as it was
+            self.discard(first)
+            raise
         self.discard(block)
-        return parts
+        return first, second
 
     def discard(self, block: DiskBlock) -> None:
         assert self.disk is not None

@@ -22,6 +22,7 @@ from ..models.config import ConfiguredModel, local_config
 
 if TYPE_CHECKING:
     from ..models.config import ModelConfig
+    from .layer_loads import LayerLoads
 
 FP8_KV = torch.float8_e4m3fn
 
@@ -50,6 +51,8 @@ class KVPool:
 
     k_scales: tuple[float, ...] = ()
     v_scales: tuple[float, ...] = ()
+    # the host KV tier's copies still under way on CUDA (host_kv.py); None: none can be
+    loads: LayerLoads | None = None
 
     def __init__(
         self,
@@ -143,6 +146,18 @@ class KVPool:
         if not self.k_scales:
             return 1.0, 1.0
         return self.k_scales[layer], self.v_scales[layer]
+
+    def wait_layer(self, layer: int) -> None:
+        """Before a forward pass writes or reads `layer`: its current stream waits for the
+        host tier's copies into that layer (layer-wise loading; a no-op without any)."""
+        if self.loads is not None:
+            self.loads.wait(layer)
+
+    def fence_loads(self) -> None:
+        """Before anything but a layer-by-layer forward pass uses the pool: wait for every
+        copy the host tier has under way (a no-op without any)."""
+        if self.loads is not None:
+            self.loads.fence()
 
     def write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [T, num_kv_heads, head_dim] of layer `layer` at slots loc [T]."""

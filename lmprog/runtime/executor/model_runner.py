@@ -141,18 +141,21 @@ class ModelRunner:
         self, batch: ScheduledBatch, future: torch.Tensor | None, capture: HiddenCapture | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         assert not batch.is_empty, "nothing to run"
-        step = self.step_inputs(batch)
-        if self.lora is not None:
-            step = step._replace(lora=self._lora_plan(batch))
-        if self._vision:  # a VLM: the image positions this step feeds, if any
-            step = step._replace(images=step_images(batch, self.model))
-        if self.channel is None:
-            return self._run(step, future, capture)
         try:
-            self.channel.send(step, future, self._host_table)
-            return self._run(step, future, capture)
-        except Exception as exc:  # the ranks are out of step: fatal for the group
-            raise self.channel.group.failure(exc) from exc
+            step = self.step_inputs(batch)
+            if self.lora is not None:
+                step = step._replace(lora=self._lora_plan(batch))
+            if self._vision:  # a VLM: the image positions this step feeds, if any
+                step = step._replace(images=step_images(batch, self.model))
+            if self.channel is None:
+                return self._run(step, future, capture)
+            try:
+                self.channel.send(step, future, self._host_table)
+                return self._run(step, future, capture)
+            except Exception as exc:  # the ranks are out of step: fatal for the group
+                raise self.channel.group.failure(exc) from exc
+        finally:
+            self.end_step()
 
     def move_kv(self, shift: KVShift) -> None:
         """Do an attention-sink eviction's KV moves (lmprog.runtime.executor.kv_shift), queued on the
@@ -160,6 +163,7 @@ class ModelRunner:
         if self._key_shifter is None:
             self._key_shifter = KeyShifter(self.config)
         src, dst, delta = (_to_device(a, self.device) for a in shift)
+        self.kv.fence_loads()
         self._key_shifter.shift(self.kv, src, dst, delta)
 
     def copy_kv(self, moves: KVShift) -> None:
@@ -206,6 +210,13 @@ class ModelRunner:
             if logits is not None:  # None: not a step those graphs serve
                 return logits
         return self.model(fb, self.kv)
+
+    def end_step(self) -> None:
+        """A step's forward pass was queued, failed, or not needed (an empty batch): the host
+        tier's copies made ahead meanwhile (staging) are what the next one waits for
+        (executor/layer_loads.py)."""
+        if self.kv.loads is not None:
+            self.kv.loads.step_done()
 
     def _lora_plan(self, batch: ScheduledBatch) -> Any:
         """Page in the step's adapters; its layout (decode steps: the graphs' block size)."""

@@ -169,12 +169,15 @@ class PiecewiseGraphRunner:
         return self.model.logits(h, residual, batch.logits_indices)
 
     def _replay(self, bucket: _Bucket, plan: Any) -> None:
-        attention, layers = self._attention, self._layers
-        bucket.graphs[0].replay()
+        attention, layers, kv = self._attention, self._layers, self.kv
+        kv.wait_layer(layers[0].self_attn.layer)  # segment i writes layer i's KV (captured:
+        bucket.graphs[0].replay()  # the host tier's copies are waited for between replays)
         for i, graph in enumerate(bucket.graphs[1:]):
             attention.forward(
-                bucket.q, None, None, layers[i].self_attn.layer, self.kv, plan, out=bucket.out
+                bucket.q, None, None, layers[i].self_attn.layer, kv, plan, out=bucket.out
             )
+            if i + 1 < len(layers):
+                kv.wait_layer(layers[i + 1].self_attn.layer)
             graph.replay()
 
     def _segments(self, bucket: _Bucket, plan: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -274,17 +274,23 @@ class Scheduler:
 
     def reset(self) -> list[Req]:
         """Start over after an internal error, when the bookkeeping cannot be trusted: every
-        KV slot is free again and the prefix cache empty. Requests that never started
-        (WAITING) keep their place in the queue; every other unfinished request (running,
-        or retracted with tokens that may include placeholders of a lost step) is dropped
-        and returned, FINISHED with reason "error" and holding nothing. Not mid-step."""
+        KV slot is free again and the prefix cache empty. Requests that hold no KV and know
+        every token keep their place in the queue: those that never started (WAITING) and
+        those retracted before (RETRACTED, without a placeholder of a lost step); every
+        other unfinished request (running: the failing step's, or a retracted one waiting
+        for a lost step's token) is dropped and returned, FINISHED with reason "error" and
+        holding nothing. Not mid-step."""
         reqs = self.requests.clear()
         self.cache.clear(reqs)
         self.results.kv_moves = []  # a token tree's copies into slots now free
         dropped = []
         for req in reqs:
-            if req.status is ReqStatus.WAITING:
-                self.requests.add(req)
+            status = req.status
+            if status is ReqStatus.WAITING or (
+                status is ReqStatus.RETRACTED and not req.num_placeholders
+            ):
+                self.requests.add(req)  # in their order (clear lists the waiting first)
+                req.status = status
                 continue
             req.status, req.finish_reason = ReqStatus.FINISHED, "error"
             req.draft_ids, req.draft_parents, req.extend_len = [], None, 0

@@ -70,6 +70,7 @@ class AttentionBackend(ABC):
         """qkv [T, num_heads + 2 * num_kv_heads, head_dim] (q, k, v heads of the fused
         projection); cos/signed_sin from RotaryEmbedding.cos_sin. Returns (q, k, v) with q and
         k rotated, after writing k and v into `kv` at out_cache_loc [T]."""
+        kv.wait_layer(layer)  # the host tier's copies into this layer (layer-wise loading)
         hq, hkv = self.num_heads, self.num_kv_heads
         qk = RotaryEmbedding.rotate(qkv[:, : hq + hkv], cos, signed_sin)
         q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv :]
@@ -89,6 +90,7 @@ class AttentionBackend(ABC):
         """Latent attention: q [T, num_heads, head_dim + rope_dim] and latent [T, 1, head_dim
         + rope_dim] (c_kv | k_pe), each rotated in place in its last rope_dim columns; the
         latent row written into `kv` at out_cache_loc [T]. Returns q."""
+        kv.wait_layer(layer)
         d = self.head_dim
         q[..., d:] = RotaryEmbedding.rotate(q[..., d:], cos, signed_sin)
         latent[..., d:] = RotaryEmbedding.rotate(latent[..., d:], cos, signed_sin)

@@ -79,6 +79,7 @@ class TritonAttentionBackend(AttentionBackend):
         out_cache_loc: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One kernel: q and k rotated in place in qkv, k and v written to the pool."""
+        kv.wait_layer(layer)  # the host tier's copies into this layer (layer-wise loading)
         k_scale, v_scale = kv.scales(layer)
         rope_and_store(qkv, self.num_heads, cos, signed_sin, kv.k[layer], kv.v[layer],
                        out_cache_loc, k_scale=k_scale, v_scale=v_scale)  # fmt: skip
