@@ -418,10 +418,15 @@ def test_a_dsl_program_with_lp_image_runs_on_the_runtime_and_reuses_the_image(ll
     @lp.function
     def describe(s, png):
         s += "Look: " + lp.image(png) + " What is it?"
+        s += lp.gen("a", max_tokens=3, temperature=0, ignore_eos=True)
+
+    @lp.function
+    def two_questions(s, png):
+        s += "Look: " + lp.image(png) + " What is it?"
         forks = s.fork(2)
         for i, f in enumerate(forks):
             f += f" Q{i}:" + lp.gen("x", max_tokens=3, temperature=0, ignore_eos=True)
-        s += lp.gen("a", max_tokens=3, temperature=0, ignore_eos=True)
+        s += forks[0]["x"] + forks[1]["x"]
 
     png = random_png(8)
     first = describe.run(png=png, backend=rt)
@@ -431,3 +436,5 @@ def test_a_dsl_program_with_lp_image_runs_on_the_runtime_and_reuses_the_image(ll
     assert again.get_meta_info("a")["cached_tokens"] == prompt_tokens - 1  # all but the last
     other = describe.run(png=random_png(9), backend=rt)
     assert other.get_meta_info("a")["cached_tokens"] < 16  # text before the image at most
+    forked = [two_questions.run(png=png, backend=rt).text() for _ in range(2)]
+    assert forked[0] == forked[1] and forked[0].count(rt.image_token) == 1
