@@ -95,23 +95,12 @@ class BatchSampler:
         from .rejection import rejection_sample  # torch tensors only (the runtime)
 
         ops = ops_for(logits)
-        raw = ops.log_softmax(ops.astype(logits, "float32")) if tensors.return_logprob else None
-        counts, prompt, n_out, bitmask = self._inputs(logits, states, tensors)
-        p = probabilities(
-            logits,
-            tensors,
-            output_counts=counts,
-            prompt_mask=prompt,
-            num_output_tokens=n_out,
-            bitmask=bitmask,
-        )
+        raw, p, gaps = self._target(logits, states, tensors)
         d = ops.asarray(list(drafts), "int64")
         tokens, accepted = rejection_sample(
             p, draft_probs.to(p.device), d, [s.generator for s in states]
         )
-        if bitmask is not None or tensors.any_min_tokens:  # rows of zeros: nothing to sample
-            tokens = ops.masked_fill(tokens, ops.sum(p) == 0, NO_TOKEN)
-        draws = _draws(with_logprobs(tokens, raw, tensors.max_top_logprobs), len(states))
+        draws = _verdicts(tokens, raw, p, gaps, tensors.max_top_logprobs, len(states))
         return list(zip(draws, accepted.tolist()))
 
     def judge_siblings(
@@ -158,6 +147,22 @@ class BatchSampler:
         from .rejection import sibling_rejection  # torch tensors only (the runtime)
 
         ops = ops_for(logits)
+        raw, p, gaps = self._target(logits, states, tensors)
+        outcomes = [
+            sibling_rejection(p[b], draft_probs[b].to(p.device), drafts[b], st.generator)
+            for b, st in enumerate(states)
+        ]
+        tokens = ops.asarray([t for t, _ in outcomes], "int64")
+        draws = _verdicts(tokens, raw, p, gaps, tensors.max_top_logprobs, len(states))
+        return [(d, j) for d, (_, j) in zip(draws, outcomes)]
+
+    def _target(
+        self, logits: Any, states: Sequence[DecodeState], tensors: SamplingTensors
+    ) -> tuple[Any, Any, bool]:
+        """The raw logprobs (when asked for), the distribution `sample` would draw each row
+        from (what a verify judges drafts against), and whether a row may be all zeros (a
+        constraint or min_tokens leaves it nothing)."""
+        ops = ops_for(logits)
         raw = ops.log_softmax(ops.astype(logits, "float32")) if tensors.return_logprob else None
         counts, prompt, n_out, bitmask = self._inputs(logits, states, tensors)
         p = probabilities(
@@ -168,15 +173,7 @@ class BatchSampler:
             num_output_tokens=n_out,
             bitmask=bitmask,
         )
-        outcomes = [
-            sibling_rejection(p[b], draft_probs[b].to(p.device), drafts[b], st.generator)
-            for b, st in enumerate(states)
-        ]
-        tokens = ops.asarray([t for t, _ in outcomes], "int64")
-        if bitmask is not None or tensors.any_min_tokens:  # rows of zeros: nothing to sample
-            tokens = ops.masked_fill(tokens, ops.sum(p) == 0, NO_TOKEN)
-        draws = _draws(with_logprobs(tokens, raw, tensors.max_top_logprobs), len(states))
-        return [(d, j) for d, (_, j) in zip(draws, outcomes)]
+        return raw, p, bitmask is not None or tensors.any_min_tokens
 
     def _judge_alone(
         self,
@@ -336,3 +333,11 @@ def _nothing_left() -> Draw:
     return Draw(
         error=ValueError("a row has no token left to sample (every token is masked or -inf)")
     )
+
+
+def _verdicts(tokens: Any, raw: Any, p: Any, gaps: bool, top_logprobs: int, n: int) -> list[Draw]:
+    """Judged tokens as Draws; with `gaps`, a row whose distribution is all zeros draws none."""
+    if gaps:
+        ops = ops_for(p)
+        tokens = ops.masked_fill(tokens, ops.sum(p) == 0, NO_TOKEN)
+    return _draws(with_logprobs(tokens, raw, top_logprobs), n)
