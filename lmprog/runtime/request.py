@@ -101,7 +101,7 @@ class Req:
         self.stop_len = self.prompt_len + params.max_tokens  # seq_len that ends it ("length");
         # submission caps it at max_seq_len, an eviction lowers it by the tokens it deletes
         self.draft_ids: list[int] = []  # speculative tokens to verify in the next step
-        # None: draft_ids is a chain; else a token tree (speculative/tree.py): parents[i] is
+        # None: draft_ids is a chain; else a token tree (runtime/draft_tree.py): parents[i] is
         # draft i's parent, -1 for the root. Cleared with draft_ids.
         self.draft_parents: tuple[int, ...] | None = None
         self.row_dirty = False  # row [0, num_computed) changed since last scheduled

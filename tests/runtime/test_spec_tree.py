@@ -24,6 +24,14 @@ from lmprog.decoding.rejection import sibling_rejection
 from lmprog.decoding.rng import make_generator
 from lmprog.fsm.index import TokenIndex
 from lmprog.runtime.config import CacheConfig, SchedulerConfig
+from lmprog.runtime.draft_tree import (
+    depths,
+    first_branch,
+    mask_block,
+    path_moves,
+    prune,
+    walk,
+)
 from lmprog.runtime.engine.io import EngineRequest
 from lmprog.runtime.engine.step_outputs import StepOutputs
 from lmprog.runtime.executor.forward_batch import ForwardBatch
@@ -35,14 +43,6 @@ from lmprog.runtime.request import Req, ReqOutputs, ReqStatus
 from lmprog.runtime.scheduler import Scheduler
 from lmprog.runtime.speculative import Proposal, Proposer, SpeculativeConfig
 from lmprog.runtime.speculative.ngram import NgramProposer, lookup, lookup_tree
-from lmprog.runtime.speculative.tree import (
-    depths,
-    first_branch,
-    mask_block,
-    path_moves,
-    prune,
-    walk,
-)
 
 torch.set_num_threads(1)
 

@@ -23,9 +23,9 @@ from lmprog.decoding.batch_sampler import BatchSampler, Draw, PendingDraws
 from lmprog.decoding.decode_state import DecodeState
 from lmprog.decoding.sampler import argmax_rows
 
+from ..draft_tree import children, walk
 from ..request import Req, ReqStatus
 from ..scheduler import ScheduledBatch, ScheduledEntry
-from ..speculative.tree import children, walk
 
 DraftProbs = Callable[[Req], Any]  # a verify entry's request -> [k, V] draft probs or None
 

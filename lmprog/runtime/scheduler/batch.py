@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from ..draft_tree import mask_block
 from ..request import Req
-from ..speculative.tree import mask_block
 
 if TYPE_CHECKING:
     from .sinks import KVShift
@@ -127,7 +127,7 @@ class ScheduledBatch:
     def tree_mask(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The attention mask of the step's token-tree verify entries, None when there is
         none: (flat bool mask, int64 offset per entry into it, -1 for a causal entry). Entry
-        i's block is [num_new, end] row-major (speculative.tree.mask_block)."""
+        i's block is [num_new, end] row-major (draft_tree.mask_block)."""
         if not any(e.draft_parents is not None for e in self.entries):
             return None
         blocks, indptr, at = [], np.full(len(self.entries), -1, dtype=np.int64), 0

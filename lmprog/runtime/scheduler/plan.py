@@ -7,8 +7,8 @@ import numpy as np
 
 from ..cache.allocator import SLOT_DTYPE
 from ..cache.manager import CacheManager
+from ..draft_tree import depths, is_chain
 from ..request import Req
-from ..speculative.tree import depths, is_chain
 from .batch import ScheduledBatch, ScheduledEntry
 from .sinks import KVShift
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from lmprog.core.protocol import FinishReason
 
 from ..cache.manager import CacheManager
+from ..draft_tree import path_moves, walk
 from ..request import Req, ReqStatus
-from ..speculative.tree import path_moves, walk
 from .batch import ScheduledBatch, ScheduledEntry
 
 

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..draft_tree import is_chain
 from .proposer import Proposal, ProposalInput, Proposer
-from .tree import is_chain
 
 _EMPTY = Proposal(())
 
@@ -66,7 +66,7 @@ def lookup(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> np.ndarray:
 def lookup_tree(
     tokens: np.ndarray, n_min: int, n_max: int, k: int, branches: int
 ) -> tuple[list[int], list[int]]:
-    """At most k draft tokens as a tree (ids, parents; speculative/tree.py): the
+    """At most k draft tokens as a tree (ids, parents; runtime/draft_tree.py): the
     continuations of up to `branches` earlier occurrences of the sequence's suffix, longest
     suffix first, latest occurrence first (as `lookup` picks its one), merged where they
     agree. The first (lookup's own continuation) is the tree's first branch and takes what

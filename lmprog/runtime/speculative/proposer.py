@@ -16,7 +16,7 @@ from typing import Any
 
 from lmprog.core.sampling import SamplingParams
 
-from .tree import check_parents
+from ..draft_tree import check_parents
 
 
 @dataclass(frozen=True)

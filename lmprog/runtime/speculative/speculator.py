@@ -21,13 +21,13 @@ import torch
 
 from lmprog.fsm.mask import allowed_bitmask, unpack_bitmask
 
+from ..draft_tree import ROOT, is_chain, prune
 from ..models.llama import HiddenCapture
 from ..request import Req, ReqStatus
 from .adaptive import AcceptanceRate, DraftLengths, ProposeCost
 from .config import SpeculativeConfig
 from .head_proposer import HeadProposer, spine
 from .proposer import Proposal, ProposalInput, Proposer
-from .tree import ROOT, is_chain, prune
 
 log = logging.getLogger(__name__)
 
