@@ -243,10 +243,18 @@ def message(error: AssertionError) -> str:
 
 
 @pytest.mark.parametrize("name", ["test_few_shot_qa", "test_parallel_encoding"])
-def test_greedy_answers_are_the_same_through_lmprogs_dsl(outcomes, dsl, name):
-    """At temperature 0 the same check fails with the same answer on both paths."""
+def test_greedy_answers_are_the_same_through_lmprogs_dsl(outcomes, dsl, backend, name):
+    """At temperature 0 the same check fails with the same answer on both paths. On
+    llama.cpp greedy tokens are not guaranteed across the two paths (its kernels round by
+    how a prompt is chunked into batches and cells: docs/serving.md; on one CPU build
+    SGLang's path missed few_shot_qa's answer where the DSL's found it): there each path
+    only has to pass or fail the same answer check, nothing else."""
     through_sglang = outcomes(name).error
     through_dsl = run_dsl(dsl, name)
+    if not isinstance(backend, lp.Runtime):
+        for error in (through_sglang, through_dsl):
+            assert error is None or answer_check_failed(name, error), error
+        return
     assert answer_check_failed(name, through_sglang), outcomes(name).describe()
     assert answer_check_failed(name, through_dsl), through_dsl
     # the same answer, in the message (pytest's explanation names objects by address)
