@@ -8,7 +8,7 @@ Design: docs/design/speculative.md.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -119,27 +119,16 @@ class DraftModelProposer(Proposer):
 
     # ---- Proposer ------------------------------------------------------------------------
     def propose(self, inputs: Sequence[ProposalInput]) -> list[Proposal]:
-        protect = {inp.rid for inp in inputs}
-        if len(protect) != len(inputs):
-            raise ValueError("propose() takes each request at most once")
-        jobs: list[DraftJob | None] = []
-        try:
-            for inp in inputs:
-                jobs.append(self._prepare(inp, protect))
-            live = sorted((j for j in jobs if j is not None), key=lambda j: -j.k)
-            if live:
-                with torch.inference_mode():
-                    self._run(live)
-        except BaseException:
-            for job in jobs:  # give back what was reserved; the kept prefixes stay valid
-                if job is not None:
-                    self.cache.truncate(job.seq, job.keep)
-                    if not job.seq.tokens:
-                        self.cache.release(job.seq.rid)
-            raise
+        jobs = prepare_and_run(inputs, self._prepare, self._run, self._unwind)
         out = [_EMPTY if j is None else j.proposal() for j in jobs]
         self.num_proposed += sum(len(p.token_ids) for p in out)
         return out
+
+    def _unwind(self, job: DraftJob) -> None:
+        """Give back what a failed call reserved; the kept prefix stays valid."""
+        self.cache.truncate(job.seq, job.keep)
+        if not job.seq.tokens:
+            self.cache.release(job.seq.rid)
 
     def release(self, rid: Hashable) -> None:
         self.cache.release(rid)
@@ -345,3 +334,30 @@ def _draft_seed(seed: int) -> int:
 def _check_int(name: str, value: object, lo: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
         raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
+
+
+def prepare_and_run(
+    inputs: Sequence[ProposalInput],
+    prepare: Callable[[ProposalInput, set[Hashable]], Any],
+    run: Callable[[list[Any]], None],
+    unwind: Callable[[Any], None],
+) -> list[Any]:
+    """A drafting proposer's call: a job per input (None: nothing to draft), the live ones run
+    together, longest first; on any failure every job prepared is unwound, then it raises."""
+    protect = {inp.rid for inp in inputs}
+    if len(protect) != len(inputs):
+        raise ValueError("propose() takes each request at most once")
+    jobs: list[Any] = []
+    try:
+        for inp in inputs:
+            jobs.append(prepare(inp, protect))
+        live = sorted((j for j in jobs if j is not None), key=lambda j: -j.k)
+        if live:
+            with torch.inference_mode():
+                run(live)
+    except BaseException:
+        for job in jobs:
+            if job is not None:
+                unwind(job)
+        raise
+    return jobs

@@ -30,7 +30,7 @@ import torch
 from ..executor.forward_batch import ForwardBatch
 from ..executor.kv_pool import KVPool
 from ..models.llama import HiddenCapture
-from .draft import KV_BUDGET_BYTES, _checked_tokens
+from .draft import KV_BUDGET_BYTES, _checked_tokens, prepare_and_run
 from .draft_cache import DraftKVCache, DraftSeq
 from .head_proposer import HeadProposer, tree_nodes
 from .heads import Eagle3Head
@@ -130,22 +130,8 @@ class EagleProposer(HeadProposer):
             self.release(next(iter(self._states)))
 
     def propose(self, inputs: Sequence[ProposalInput]) -> list[Proposal]:
-        protect = {inp.rid for inp in inputs}
-        if len(protect) != len(inputs):
-            raise ValueError("propose() takes each request at most once")
-        jobs: list[_Job | None] = []
-        try:
-            for inp in inputs:
-                jobs.append(self._prepare(inp, protect))
-            live = sorted((j for j in jobs if j is not None), key=lambda j: -j.k)
-            if live:
-                with torch.inference_mode():
-                    self._run(live)
-        except BaseException:  # half-updated states: those requests start over
-            for job in jobs:
-                if job is not None:
-                    self.release(job.inp.rid)
-            raise
+        # on a failure, half-updated states: those requests start over
+        jobs = prepare_and_run(inputs, self._prepare, self._run, lambda j: self.release(j.inp.rid))
         out = [_EMPTY if j is None else tree_nodes(j.top, self.tree_width) for j in jobs]
         self.num_proposed += sum(len(p.token_ids) for p in out)
         return out
