@@ -38,10 +38,10 @@ def tiny(tmp_path_factory):
         "a": write_adapter(root / "a", config, rank=4, std=0.4, seed=1),
         "b": write_adapter(
             root / "b", config, rank=8, std=0.4, seed=2, targets=("q_proj", "v_proj", "down_proj")
-        ),  # fmt: skip
+        ),
         "c": write_adapter(
             root / "c", config, rank=4, std=0.4, seed=3, targets=("o_proj", "gate_proj", "up_proj")
-        ),  # fmt: skip
+        ),
     }
     return str(folder), {k: str(v) for k, v in adapters.items()}
 

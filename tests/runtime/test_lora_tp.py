@@ -189,10 +189,10 @@ def tiny(tmp_path_factory):
             std=0.3,
             seed=12,
             targets=("q_proj", "v_proj", "o_proj", "down_proj"),
-        ),  # fmt: skip
+        ),
         "c": write_adapter(
             root / "c", config, rank=2, std=0.4, seed=13, targets=("k_proj", "gate_proj", "up_proj")
-        ),  # fmt: skip
+        ),
     }
     return folder, adapters
 

@@ -103,18 +103,10 @@ def test_a_killed_worker_takes_down_only_its_replica(tiny):
 def test_adapters_reach_every_rank_of_every_replica(tiny, tmp_path):
     others = set(leftover_workers())  # the module's runtime's, when it has run
     config = config_from_hf(tiny)
+    some = ("q_proj", "o_proj", "up_proj", "down_proj")
     paths = {
         "a": str(write_adapter(tmp_path / "a", config, rank=4, std=0.3, seed=1)),
-        "b": str(
-            write_adapter(
-                tmp_path / "b",
-                config,
-                rank=8,
-                std=0.3,
-                seed=2,
-                targets=("q_proj", "o_proj", "up_proj", "down_proj"),
-            )
-        ),  # fmt: skip
+        "b": str(write_adapter(tmp_path / "b", config, rank=8, std=0.3, seed=2, targets=some)),
     }
     lora = {"max_lora_rank": 8, "lora_target_modules": "all", "max_loras_per_batch": 1}
     prompts = [q for q in UNRELATED[:4] for _ in range(3)]
