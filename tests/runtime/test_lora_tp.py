@@ -209,9 +209,7 @@ def launch_lora(tiny, tp_size, names, *, overlap=False):
         max_total_tokens=2048,
         engine_config=EngineConfig(check_integrity=True, overlap=overlap),
         tp=tp,
-        lora=LoraConfig(
-            max_loras_per_batch=2, max_lora_rank=8, lora_target_modules="all"
-        ),  # fmt: skip
+        lora=LoraConfig(max_loras_per_batch=2, max_lora_rank=8, lora_target_modules="all"),
         lora_adapters=[read_adapter(paths[n], net.config, name=n) for n in names],
     )
 
