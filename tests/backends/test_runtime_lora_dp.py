@@ -3,7 +3,7 @@ random Llama (sharing its weights, each with its own adapter pool). Every replic
 adapters given at start and those loaded at run time (the folder read once, registered on
 each); outputs equal dp_size=1's while both replicas run adapter requests at once; a load
 that fails on one replica names it and is undone on the others; unloading reaches every
-replica."""
+replica; the router keys prefixes by adapter, as the engines' caches do."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dp_testing import UNRELATED
+from dp_testing import UNRELATED, delta, routed
 from hf_tiny import default_hf_tokenizer, save_tiny_llama
 
 import lmprog as lp
@@ -149,3 +149,17 @@ def test_a_load_failing_on_one_replica_names_it_and_is_undone(pair, tiny, tmp_pa
         assert {a["name"] for a in engine.lora_adapters()} == {"a", "b"}
     out = pair.generate(UNRELATED[:2], {**PARAMS, "lora_path": "b"})
     assert [r.completion_tokens for r in out] == [6, 6]
+
+
+def test_the_router_keys_prefixes_by_adapter(pair):
+    assert pair.flush_cache()
+    prompt = "You are a careful assistant. Answer in a few words. " * 3 + "What is rust?"
+    steps = []
+    for lora_path in (None, "a", "a", None, "b"):
+        before = routed(pair)
+        pair.generate(prompt, {**PARAMS, "lora_path": lora_path})
+        steps.append([m for m in delta(before, routed(pair)) if m])
+    # the prompt sent under the base model is no prefix hit for "a" (nor for "b"), which
+    # the engines could not reuse; under its own adapter (or the base) again it is
+    reasons = [next(iter(m[0])) for m in steps]
+    assert reasons == ["least_loaded", "least_loaded", "prefix", "prefix", "least_loaded"]

@@ -20,6 +20,7 @@ import logging
 import queue
 import threading
 import time
+import zlib
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -134,18 +135,19 @@ class ReplicaGroup:
         """Route and submit `request` for `routed` to a replica it has not failed on; the
         engine's handle (its events forwarded to routed.outer when it is a RequestHandle)."""
         pin = request.params.max_tokens == 0 and request.prompt_logprob_start is None
+        tokens = routing_key(request)
         with self._lock:
             while True:
                 if self._closed:
                     raise BackendError("the runtime engine is shut down; create a new Runtime")
-                decision = self._route(request.prompt_ids, routed.failed)
+                decision = self._route(tokens, routed.failed)
                 engine = self.replicas[decision.replica]
                 try:
                     handle = engine.submit(request, stream=routed.stream)
                 except BackendError:  # its thread ended between the check and the submit
                     self._mark_dead(decision.replica)
                     continue
-                self.router.record(decision, request.prompt_ids, pin=pin)
+                self.router.record(decision, tokens, pin=pin)
                 self._pending[decision.replica].append(handle)
                 if isinstance(handle, RequestHandle):
                     with self._inflight_lock:
@@ -472,6 +474,16 @@ class ReplicaGroup:
     def __repr__(self) -> str:
         alive = len(self._living())
         return f"ReplicaGroup({len(self.replicas)} replicas, {alive} alive)"
+
+
+def routing_key(request: Any) -> Sequence[int]:
+    """The tokens the router sees for `request`: its prompt, behind a marker of its LoRA
+    adapter (a negative id, which no token is) when it names one: the engines' radix caches
+    key prefixes by adapter, so a prefix sent under one adapter is no hit for another."""
+    lora = getattr(request, "lora", None)
+    if not lora:
+        return request.prompt_ids
+    return (-1 - zlib.crc32(lora.encode()), *request.prompt_ids)
 
 
 def replica_devices(dp_size: int, device: str, first: str, cuda_count: int) -> list[str]:
