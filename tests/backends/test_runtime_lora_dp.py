@@ -16,10 +16,12 @@ from hf_tiny import default_hf_tokenizer, save_tiny_llama
 
 import lmprog as lp
 from lmprog.core.errors import LoraError
+from lmprog.core.sampling import SamplingParams
 from lmprog.runtime.models import config_from_hf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from lora_testing import write_adapter
+from tp_testing import assert_same, write_tiny
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -163,3 +165,53 @@ def test_the_router_keys_prefixes_by_adapter(pair):
     # the engines could not reuse; under its own adapter (or the base) again it is
     reasons = [next(iter(m[0])) for m in steps]
     assert reasons == ["least_loaded", "least_loaded", "prefix", "prefix", "least_loaded"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_two_replicas_on_one_gpu_capture_graphs_with_their_own_pools(tmp_path):
+    """Both replicas on cuda:0 share the weights; each captures its decode graphs (fp32:
+    with adapters too) over its own pool, and serves what one engine serves."""
+    from lmprog.runtime.assemble import assemble_model
+    from lmprog.runtime.config import LoraConfig
+    from lmprog.runtime.data_parallel.replicas import launch_replicas
+    from lmprog.runtime.engine.io import EngineRequest
+    from lmprog.runtime.engine.launch import launch_engine
+    from lmprog.runtime.lora import read_adapter
+
+    folder = write_tiny(tmp_path / "model")
+    config = config_from_hf(folder)
+    paths = {n: write_adapter(tmp_path / n, config, rank=4, std=0.3, seed=i)
+             for i, n in enumerate("abc")}  # fmt: skip
+
+    def build(device):
+        return assemble_model(str(folder), device=device, dtype="float32")
+
+    def launch(net, **kw):
+        adapters = [read_adapter(p, config, name=n) for n, p in paths.items()]
+        lora = LoraConfig(max_loras_per_batch=2, max_lora_rank=4, lora_target_modules="all")
+        return launch_engine(net, None, eos_token_ids=(0,), max_total_tokens=2048, lora=lora,
+                             lora_adapters=adapters, **kw)  # fmt: skip
+
+    params = SamplingParams(max_tokens=12, temperature=0, return_logprob=True, ignore_eos=True)
+    prompts = [[3 + i, 14, 15, 92, 65 + i] for i in range(8)]
+    requests = [EngineRequest(tuple(p), params, lora=(None, "a", "b", "c")[i % 4])
+                for i, p in enumerate(prompts)]  # fmt: skip
+    one = launch(build("cuda"))
+    try:
+        want = [h.result(timeout=120) for h in [one.submit(r, stream=False) for r in requests]]
+    finally:
+        one.shutdown()
+    group = launch_replicas(2, build("cuda"), device="cuda", build=build, launch=launch)
+    try:
+        first, second = group.replicas
+        assert first.runner.model is second.runner.model
+        for engine in (first, second):
+            assert engine.runner.graphs is not None
+            assert engine.runner.graphs.lora_buffers is not None
+        got = [h.result(timeout=120) for h in [group.submit(r) for r in requests]]
+        swaps = [e.stats()["lora_swaps"] for e in group.replicas]
+    finally:
+        group.shutdown()
+    assert_same(got, want)
+    assert all(swaps), f"both replicas ran adapter requests: {swaps}"

@@ -197,11 +197,11 @@ def tiny(tmp_path_factory):
     return folder, adapters
 
 
-def launch_lora(tiny, tp_size, names, *, overlap=False):
+def launch_lora(tiny, tp_size, names, *, overlap=False, device="cpu"):
     folder, paths = tiny
     build = {"model": str(folder), "dtype": "float32"}
-    tp = start_tensor_parallel(tp_size, build, device="cpu") if tp_size > 1 else None
-    net = assemble_model(**build, device="cpu", tp=tp)
+    tp = start_tensor_parallel(tp_size, build, device=device) if tp_size > 1 else None
+    net = assemble_model(**build, device=device, tp=tp)
     return launch_engine(
         net,
         None,
@@ -281,4 +281,26 @@ def test_tp2_bad_adapter_fails_alone_and_unload_under_a_running_request(tiny, re
         engine.shutdown()
     assert_same(got, want[:3] + want[4:6])
     assert stats["lora_adapters"] == 2
+    assert leftover_workers() == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"
+)
+def test_tp2_on_two_gpus_serves_each_adapter_as_tp1(tiny):
+    """NCCL, and the decode graphs of both ranks captured with their adapter pools (fp32)."""
+    one = launch_lora(tiny, 1, ("a", "b", "c"), device="cuda")
+    try:
+        want = results(submit(one, REQUESTS))
+    finally:
+        one.shutdown()
+    two = launch_lora(tiny, 2, ("a", "b"), overlap=True, device="cuda")
+    try:
+        assert two.runner.graphs is not None and two.runner.graphs.lora_buffers is not None
+        two.load_lora_adapter("c", str(tiny[1]["c"]))
+        got = results(submit(two, REQUESTS))
+    finally:
+        two.shutdown()
+    assert_same(got, want)
     assert leftover_workers() == []
