@@ -243,7 +243,8 @@ class RuntimeConfig(BackendConfig):
         None,
         "attention sinks (StreamingLLM): each request keeps its first N tokens and a recent "
         "window of its KV, evicting the tokens between, so it generates past the context "
-        "length with flat memory (None: off; Llama-family models, not with tp_size > 1)",
+        "length with flat memory (None: off; Llama-family models, not with tp_size > 1 or "
+        "LoRA adapters)",
         flag=Flag(
             ("--attention-sink-size",),
             runtime_only="lmprog's llama.cpp backend has no attention sinks: its requests end "
