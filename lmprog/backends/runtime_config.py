@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from lmprog.backends.config import BackendConfig, Flag, knob, lora_path_items
-from lmprog.core.errors import LoraError
 from lmprog.runtime.config import (
     KV_CACHE_DTYPES,
     AttentionSinkConfig,
@@ -244,7 +243,8 @@ class RuntimeConfig(BackendConfig):
         None,
         "attention sinks (StreamingLLM): each request keeps its first N tokens and a recent "
         "window of its KV, evicting the tokens between, so it generates past the context "
-        "length with flat memory (None: off; Llama-family models, not with tp_size > 1)",
+        "length with flat memory (None: off; Llama-family models, not with tp_size > 1 or "
+        "LoRA adapters)",
         flag=Flag(
             ("--attention-sink-size",),
             runtime_only="lmprog's llama.cpp backend has no attention sinks: its requests end "
@@ -267,8 +267,9 @@ class RuntimeConfig(BackendConfig):
         "LoRA adapters to serve: {name: PEFT adapter folder}, or 'name=path' strings or "
         "folders (named by their path); a request picks one by name (SamplingParams.lora_path; "
         "over HTTP model=NAME or lora_path), more with load_lora_adapter; a malformed or "
-        "mismatched folder is a LoraError; not with tp_size > 1, dp_size > 1 or attention "
-        "sinks yet (lmprog.runtime.lora)",
+        "mismatched folder is a LoraError; with tp_size > 1 each rank holds its shard of every "
+        "adapter, with dp_size > 1 every replica serves them all; not with attention sinks "
+        "yet (lmprog.runtime.lora)",
         sglang="lora_paths",
         flag=Flag(
             ("--lora-paths",),
@@ -377,8 +378,6 @@ class RuntimeConfig(BackendConfig):
                 lora_target_modules=self.lora_target_modules,
                 max_loaded_loras=self.max_loaded_loras,
             )
-            if self.dp_size > 1:
-                raise LoraError("LoRA adapters do not work with dp_size > 1 yet; use dp_size=1")
             return config
         if self.lora_paths:
             raise ValueError("lora_paths with enable_lora=False: drop one of them")

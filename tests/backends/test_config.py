@@ -13,7 +13,6 @@ import pytest
 import lmprog as lp
 from lmprog.backends.config import LlamaCppConfig
 from lmprog.backends.runtime_config import RuntimeConfig
-from lmprog.core.errors import LoraError
 from lmprog.runtime.config import (
     AttentionSinkConfig,
     CacheConfig,
@@ -176,7 +175,6 @@ def test_llamacpp_flags_fill_its_config():
         ({"lora_paths": ["a=/x", "a=/y"]}, ValueError, "names an adapter twice"),
         ({"enable_lora": True, "max_lora_rank": 0}, ValueError, "max_lora_rank must be >= 1"),
         ({"enable_lora": True, "lora_target_modules": ["qkv"]}, ValueError, "lora_target_mod"),
-        ({"enable_lora": True, "dp_size": 2}, LoraError, "dp_size > 1"),
     ],
 )
 def test_runtime_validation_names_the_knob(kwargs, error, match):
@@ -306,6 +304,8 @@ def test_split_configs_equal_what_runtime_built_before():
     assert default.speculative_config() is None and default.attention_sink_config() is None
     assert default.lora_config() is None
     assert RuntimeConfig(enable_lora=True).lora_config() == LoraConfig()
+    # adapters combine with both parallelisms (each rank a shard, each replica all of them)
+    assert RuntimeConfig(enable_lora=True, dp_size=2, tp_size=2).lora_config() == LoraConfig()
 
 
 def test_computed_values_stay_out_of_the_config():

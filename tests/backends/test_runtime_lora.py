@@ -124,8 +124,3 @@ def test_lora_path_is_checked_where_it_is_given():
     assert lora_path_items(["a=/x", "/y"]) == [("a", "/x"), ("/y", "/y")]
     with pytest.raises(ValueError, match="twice"):
         lora_path_items(["a=/x", "a=/y"])
-
-
-def test_runtime_refuses_lora_with_data_parallelism(adapters):
-    with pytest.raises(LoraError, match="dp_size"):
-        lp.Runtime(device="cpu", dp_size=2, lora_paths={"sql": str(adapters["sql"])})

@@ -3,7 +3,8 @@ tp_size=2) serves from two replicas, each a group of rank 0 (an engine thread he
 spawned worker. Greedy tokens equal TP=1's (logprobs within fp32 tolerance); the children of
 a fork land on the replica that cached their prefix and unrelated prompts are spread; a
 worker of one replica killed mid-run fails that replica's requests only, the router stops
-sending to it, and no worker outlives the runtime."""
+sending to it, and no worker outlives the runtime. LoRA adapters, given at start and loaded
+at run time, reach every rank of every replica."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ import time
 
 import pytest
 from dp_testing import UNRELATED, delta, fork_lands_on_one_replica, routed
+from lora_testing import write_adapter
 from tp_testing import assert_same, leftover_workers, write_tiny_with_tokenizer
 
 import lmprog as lp
+from lmprog.core.errors import LoraError
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.engine.io import EngineRequest
+from lmprog.runtime.models import config_from_hf
 from lmprog.runtime.parallel.start import check_tp_size
 
 PREFIX = "You are a careful assistant. Answer each question in a few words, then stop. " * 2
@@ -93,6 +97,34 @@ def test_a_killed_worker_takes_down_only_its_replica(tiny):
     finally:
         rt.shutdown()
     assert workers[0].poll() is not None
+    assert set(leftover_workers()) - others == set()
+
+
+def test_adapters_reach_every_rank_of_every_replica(tiny, tmp_path):
+    others = set(leftover_workers())  # the module's runtime's, when it has run
+    config = config_from_hf(tiny)
+    some = ("q_proj", "o_proj", "up_proj", "down_proj")
+    paths = {
+        "a": str(write_adapter(tmp_path / "a", config, rank=4, std=0.3, seed=1)),
+        "b": str(write_adapter(tmp_path / "b", config, rank=8, std=0.3, seed=2, targets=some)),
+    }
+    lora = {"max_lora_rank": 8, "lora_target_modules": "all", "max_loras_per_batch": 1}
+    prompts = [q for q in UNRELATED[:4] for _ in range(3)]
+    params = [{**PARAMS, "lora_path": n} for _ in UNRELATED[:4] for n in (None, "a", "b")]
+    with lp.Runtime(tiny, device="cpu", dtype="float32", max_total_tokens=1024,
+                    lora_paths=paths, **lora) as one:  # fmt: skip
+        want = one.generate(prompts, params)
+    assert [r.token_ids for r in want[:3]] != [want[0].token_ids] * 3  # the adapters matter
+    with lp.Runtime(tiny, device="cpu", dtype="float32", max_total_tokens=1024, dp_size=2,
+                    tp_size=2, lora_paths={"a": paths["a"]}, **lora) as rt:  # fmt: skip
+        rt.load_lora_adapter("b", paths["b"])  # to both replicas, their workers with a step
+        got = rt.generate(prompts, params)
+        stats = rt.stats()
+        rt.unload_lora_adapter("b")
+        with pytest.raises(LoraError, match="no LoRA adapter named 'b'"):
+            rt.generate(UNRELATED[0], {**PARAMS, "lora_path": "b"})
+    assert_same(got, want)
+    assert all(r["lora_swaps"] for r in stats["replicas"])  # both replicas ran adapters
     assert set(leftover_workers()) - others == set()
 
 

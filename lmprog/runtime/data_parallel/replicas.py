@@ -5,7 +5,8 @@
     group.stats(); group.flush_cache(); group.shutdown()
 
 Each replica is a whole engine; replicas on one device share the model's weights, and with
-tp_size > 1 each replica is a tensor-parallel group. A dead or hung replica leaves the
+tp_size > 1 each replica is a tensor-parallel group. LoRA adapters are loaded and unloaded
+on every replica (each has its own adapter pool). A dead or hung replica leaves the
 rotation and requests with no output yet are retried elsewhere.
 Design (placement, faults, retries): docs/design/data-parallel.md.
 """
@@ -19,10 +20,11 @@ import logging
 import queue
 import threading
 import time
+import zlib
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from lmprog.core.errors import BackendError
+from lmprog.core.errors import BackendError, LoraError
 
 from ..engine.io import _DONE, _ERROR, _PIECE, RequestHandle
 from .router import Decision, Router, RouterConfig
@@ -111,6 +113,7 @@ class ReplicaGroup:
         self.hangs = 0  # times a replica was found hung
         self.hang_timeout_s = hang_timeout_s
         self._watch_stop = threading.Event()
+        self._lora_lock = threading.Lock()  # one adapter load or unload at a time
         if hang_timeout_s is not None:
             if not hang_timeout_s > 0:
                 raise ValueError(f"hang_timeout_s must be > 0 or None, got {hang_timeout_s!r}")
@@ -132,18 +135,19 @@ class ReplicaGroup:
         """Route and submit `request` for `routed` to a replica it has not failed on; the
         engine's handle (its events forwarded to routed.outer when it is a RequestHandle)."""
         pin = request.params.max_tokens == 0 and request.prompt_logprob_start is None
+        tokens = routing_key(request)
         with self._lock:
             while True:
                 if self._closed:
                     raise BackendError("the runtime engine is shut down; create a new Runtime")
-                decision = self._route(request.prompt_ids, routed.failed)
+                decision = self._route(tokens, routed.failed)
                 engine = self.replicas[decision.replica]
                 try:
                     handle = engine.submit(request, stream=routed.stream)
                 except BackendError:  # its thread ended between the check and the submit
                     self._mark_dead(decision.replica)
                     continue
-                self.router.record(decision, request.prompt_ids, pin=pin)
+                self.router.record(decision, tokens, pin=pin)
                 self._pending[decision.replica].append(handle)
                 if isinstance(handle, RequestHandle):
                     with self._inflight_lock:
@@ -314,6 +318,105 @@ class ReplicaGroup:
         for _, engine in self._living():
             engine.set_overlap(enabled)
 
+    # ---- LoRA adapters ---------------------------------------------------------------------
+    def load_lora_adapter(self, name: str, path: str) -> dict[str, Any]:
+        """Load the adapter folder `path` as `name` on every living replica (read and
+        checked once); its description. A replica that fails names itself in the LoraError
+        (BackendError for a failure that is not the adapter's), and the replicas that had
+        loaded it unload it again, so that every replica serves the same adapters."""
+        with self._lora_lock:
+            living = self._living()
+            if not living:
+                raise BackendError("the runtime engine is shut down; create a new Runtime")
+            manager = getattr(living[0][1], "lora", None)
+            adapter = None if manager is None else manager.read(name, path)
+            card: dict[str, Any] = {}
+            done: list[int] = []
+            for i, engine in living:
+                try:
+                    card = engine.load_lora_adapter(name, path, adapter=adapter)
+                except Exception as exc:  # named in the error raised
+                    if not engine.alive:  # it stopped meanwhile: it serves nothing now
+                        with self._lock:
+                            self._mark_dead(i)
+                        continue
+                    undone = self._unload_quietly(name, done)
+                    raise self._lora_failure(name, i, exc, undone) from exc
+                done.append(i)
+            if not done:
+                raise BackendError("the runtime engine is shut down; create a new Runtime")
+            return card
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Unload adapter `name` from every living replica (requests using it finish with
+        it). LoraError (unknown) when no replica has it; a replica failing otherwise is
+        named in the error, after the others have unloaded it."""
+        with self._lora_lock:
+            unknown: list[tuple[int, LoraError]] = []
+            failed: list[tuple[int, Exception]] = []
+            living = self._living()
+            for i, engine in living:
+                try:
+                    engine.unload_lora_adapter(name)
+                except LoraError as exc:
+                    (unknown if exc.unknown else failed).append((i, exc))
+                except Exception as exc:  # noqa: BLE001 - reported below, after the others
+                    if engine.alive:
+                        failed.append((i, exc))
+            if failed:
+                where, error = failed[0]
+                unloaded = [j for j, _ in living if j not in {k for k, _ in failed + unknown}]
+                raise self._lora_failure(name, where, error, unloaded, "unload") from error
+            if living and len(unknown) == len(living):
+                raise unknown[0][1]
+            if unknown:  # the others had it: gone from every replica now
+                log.warning(
+                    "LoRA adapter %s was not loaded on data-parallel replica(s) %s; unloaded "
+                    "from the others",
+                    name,
+                    ", ".join(str(i) for i, _ in unknown),
+                )
+
+    def lora_adapters(self) -> list[dict[str, Any]]:
+        """The adapters loaded (every replica loads the same ones): the first living
+        replica's list; [] without LoRA."""
+        living = self._living()
+        lister = getattr(living[0][1], "lora_adapters", None) if living else None
+        return [] if lister is None else list(lister())
+
+    def _unload_quietly(self, name: str, replicas: Sequence[int]) -> list[int]:
+        """Unload `name` from `replicas` (a failed load's rollback); the ones it left."""
+        unloaded = []
+        for i in replicas:
+            try:
+                self.replicas[i].unload_lora_adapter(name)
+                unloaded.append(i)
+            except Exception:  # logged; the error raised names the load's
+                log.exception("data-parallel replica %d: unloading LoRA adapter %s", i, name)
+        return unloaded
+
+    def _lora_failure(
+        self, name: str, replica: int, exc: Exception, others: Sequence[int], what: str = "load"
+    ) -> Exception:
+        """The error of replica `replica` failing to `what` adapter `name` (`others`: the
+        replicas it was unloaded from), naming the replica."""
+        n = len(self.replicas)
+        if what == "load":
+            after = (
+                f"; unloaded it again from replica(s) {', '.join(map(str, others))}"
+                if others
+                else "; no replica loaded it"
+            )
+        else:
+            after = f"; unloaded from replica(s) {', '.join(map(str, others)) or 'none'}"
+        message = (
+            f"data-parallel replica {replica} (of {n}) could not {what} LoRA adapter "
+            f"{name!r}: {exc}{after}"
+        )
+        if isinstance(exc, LoraError):
+            return LoraError(message, adapter=name, unknown=exc.unknown)
+        return BackendError(message)
+
     def stats(self) -> dict[str, Any]:
         """The replicas' engine stats summed (rates too: the replicas run side by side;
         gauges over the living replicas), the ratios recomputed, settings and anything else
@@ -371,6 +474,16 @@ class ReplicaGroup:
     def __repr__(self) -> str:
         alive = len(self._living())
         return f"ReplicaGroup({len(self.replicas)} replicas, {alive} alive)"
+
+
+def routing_key(request: Any) -> Sequence[int]:
+    """The tokens the router sees for `request`: its prompt, behind a marker of its LoRA
+    adapter (a negative id, which no token is) when it names one: the engines' radix caches
+    key prefixes by adapter, so a prefix sent under one adapter is no hit for another."""
+    lora = getattr(request, "lora", None)
+    if not lora:
+        return request.prompt_ids
+    return (-1 - zlib.crc32(lora.encode()), *request.prompt_ids)
 
 
 def replica_devices(dp_size: int, device: str, first: str, cuda_count: int) -> list[str]:

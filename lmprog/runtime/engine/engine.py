@@ -151,12 +151,18 @@ class Engine:
         """The LoraManager (None: this engine serves no adapters)."""
         return self.runner.lora
 
-    def load_lora_adapter(self, name: str, path: str) -> dict[str, Any]:
+    def load_lora_adapter(self, name: str, path: str, *, adapter: Any = None) -> dict[str, Any]:
         """Load the PEFT adapter folder `path` under `name` (read and checked here, then
         registered between steps); its description. LoraError when it cannot be served
-        (the adapters already loaded are untouched)."""
+        (the adapters already loaded are untouched). adapter: the folder read already
+        (a LoraAdapter named `name`; data parallelism reads it once for every replica)."""
         manager = self._need_lora()
-        adapter = manager.read(name, path)
+        if adapter is None:
+            adapter = manager.read(name, path)
+        else:
+            if adapter.name != name:
+                raise ValueError(f"the adapter given is {adapter.name!r}, not {name!r}")
+            manager.check(adapter)
         self.call(lambda: manager.register(adapter))
         return next(a for a in self.lora_adapters() if a["name"] == name)
 

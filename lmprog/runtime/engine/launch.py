@@ -19,6 +19,7 @@ from ..executor.kv_shift import check_attention_sinks
 from ..executor.model_runner import ModelRunner
 from ..lora import LoraManager
 from ..parallel.channel import StepChannel
+from ..parallel.sharding import ShardPlan
 from ..parallel.worker import KVRequest, RunnerSpec
 from ..scheduler import Scheduler
 from ..speculative import Proposer, SpeculativeConfig, build_proposer
@@ -127,7 +128,8 @@ def _launch(
         manager = make_lora_manager(model, lora, lora_adapters, speculator, tp, attention_sinks)
     kv_dtype = (cache_config or CacheConfig()).kv_cache_dtype
     if tp is not None:
-        tp.send_object(KVRequest(max_total_tokens, gpu_memory_fraction, kv_dtype))
+        pool = None if manager is None else manager.pool_config()
+        tp.send_object(KVRequest(max_total_tokens, gpu_memory_fraction, kv_dtype, pool))
     num_slots = kv_slots(model, max_total_tokens, gpu_memory_fraction, kv_dtype)
     if tp is not None:
         num_slots = tp.min_int(num_slots)
@@ -148,7 +150,7 @@ def _launch(
     if tp is not None:
         shape = scheduler.req_to_token.shape
         tp.send_object(RunnerSpec(scheduler.cache.capacity, shape, **runner_args))
-        channel = StepChannel(tp)
+        channel = StepChannel(tp, manager)
     runner = ModelRunner(
         model,
         scheduler.cache.capacity,
@@ -176,17 +178,20 @@ def make_lora_manager(
     sinks: AttentionSinkConfig | None,
 ) -> Any:
     """The LoraManager around `model`, or a LoraError naming what LoRA does not combine
-    with yet (tensor parallelism, attention sinks). Speculative decoding combines: the
-    target verifies each request's drafts under its adapter (a draft model drafts without
-    it; n-gram drafts need no model), so outputs keep the adapted model's distribution."""
+    with yet (attention sinks). Speculative decoding combines: the target verifies each
+    request's drafts under its adapter (a draft model drafts without it; n-gram drafts need
+    no model), so outputs keep the adapted model's distribution. Tensor parallelism
+    combines: `model` is rank 0's shard, its pool holds rank 0's part of each adapter, and
+    its changes go to the other ranks with the steps (lmprog.runtime.parallel.channel)."""
 
-    for active, what, flag in (
-        (tp is not None, "tensor parallelism", "tp_size=1"),
-        (sinks is not None, "attention sinks", "no attention_sink_size"),
-    ):
-        if active:
-            raise LoraError(f"LoRA adapters do not work with {what} yet; use {flag}")
-    return LoraManager(model, config or LoraConfig(), adapters)
+    if sinks is not None:
+        raise LoraError(
+            "LoRA adapters do not work with attention sinks yet; use no attention_sink_size"
+        )
+    shard = None if tp is None else ShardPlan(model.config, tp.rank, tp.world)
+    return LoraManager(
+        model, config or LoraConfig(), adapters, shard=shard, mirrored=tp is not None
+    )
 
 
 def make_speculator(

@@ -5,11 +5,15 @@ step's layout.
     uid = manager.resolve("sql")                 # submission: the request's Req.lora_id
     plan = manager.prepare(batch)                # each step: slots paged in, the layout
 
-Engine thread only, except `read`. Paging and unloading: docs/design/lora.md.
+Under tensor parallelism rank 0's manager is `mirrored`: what it does to its pool (adapters
+loaded and dropped, slots paged in) is logged, sent to the other ranks before the next step
+(`take_changes`) and repeated there on their shards (`follow`).
+Engine thread only, except `read`. Paging, unloading, ranks: docs/design/lora.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections import OrderedDict
@@ -33,6 +37,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DEFAULT_RANK = 16
+# what a mirrored manager did to its pool, for the other ranks to repeat in order:
+# ("load", uid, LoraAdapter), ("drop", uid), ("write", slot, uid)
+Change = tuple[Any, ...]
 
 
 @dataclass
@@ -47,7 +54,9 @@ class _Loaded:
 
 class LoraManager:
     """See docs/design/lora.md. `adapters`: read at start-up (they size the pool when the
-    config leaves max_lora_rank / lora_target_modules to them)."""
+    config leaves max_lora_rank / lora_target_modules to them). shard: this rank's part of
+    a tensor-parallel model; mirrored: log the pool's changes for the other ranks (rank 0
+    of a tensor-parallel group; they build theirs from `pool_config()` and `follow`)."""
 
     def __init__(
         self,
@@ -55,6 +64,8 @@ class LoraManager:
         config: LoraConfig,
         adapters: Sequence[LoraAdapter] = (),
         shard: ShardPlan | None = None,
+        *,
+        mirrored: bool = False,
     ) -> None:
         check_model_supports_lora(model)
         self.config = config
@@ -74,8 +85,9 @@ class LoraManager:
             device=param.device,
             shard=shard,
         )
-        self.context = LoraContext(triton=_use_triton(param.device))
-        attach_lora_(model, self.pool, self.context)
+        layers = attach_lora_(model, self.pool)
+        self.context = LoraContext(_use_triton(param.device), self.pool, layers)
+        self._changes: list[Change] | None = [] if mirrored else None
         self._uids = itertools.count(1)
         self._by_name: dict[str, _Loaded] = {}
         self._by_uid: dict[int, _Loaded] = {}  # registered and retired ones
@@ -91,6 +103,14 @@ class LoraManager:
     @property
     def max_loras_per_batch(self) -> int:
         return self.config.max_loras_per_batch
+
+    def pool_config(self) -> LoraConfig:
+        """The config that builds this pool again with no adapter given (its rank and
+        target modules as resolved here): what the other tensor-parallel ranks get."""
+        targets = tuple(m for m in LORA_TARGET_MODULES if m in self.pool.targets)
+        return dataclasses.replace(
+            self.config, max_lora_rank=self.pool.rank, lora_target_modules=targets
+        )
 
     def read(self, name: str, path: str) -> LoraAdapter:
         """Read and check an adapter folder for this model and pool (any thread)."""
@@ -138,6 +158,8 @@ class LoraManager:
         entry = _Loaded(name, adapter.path, uid, adapter.rank, adapter.targets, staged)
         self._by_name[name] = self._by_uid[uid] = entry
         adapter.uid = uid
+        if self._changes is not None:
+            self._changes.append(("load", uid, adapter))
         self.snapshot = tuple(self.adapters())
         log.info("LoRA adapter %s loaded from %s (rank %d, uid %d)", name, adapter.path,
                  adapter.rank, uid)  # fmt: skip
@@ -165,6 +187,8 @@ class LoraManager:
             slot = self._slot_of.pop(uid, None)
             if slot is not None:
                 self._free.append(slot)
+            if self._changes is not None:
+                self._changes.append(("drop", uid))
 
     @property
     def retired(self) -> frozenset[int]:
@@ -237,6 +261,35 @@ class LoraManager:
         self.pool.write(slot, entry.staged)
         self._slot_of[uid] = slot
         self.swaps += 1
+        if self._changes is not None:
+            self._changes.append(("write", slot, uid))
+
+    # ---- tensor parallelism ----------------------------------------------------------------
+    def take_changes(self) -> list[Change]:
+        """A mirrored manager's changes since the last call, in order (then forgotten)."""
+        if self._changes is None:
+            return []
+        changes, self._changes = self._changes, []
+        return changes
+
+    def follow(self, changes: Iterable[Change]) -> None:
+        """Repeat rank 0's changes on this rank's pool (its shard of every adapter), before
+        the step they came with: adapters staged and dropped under rank 0's uids, slots
+        paged in as rank 0 paged its own."""
+        for change in changes:
+            kind, key = change[0], change[1]
+            if kind == "load":
+                adapter: LoraAdapter = change[2]
+                staged = self.pool.stage(adapter.weights)
+                self._by_uid[key] = _Loaded(
+                    adapter.name, adapter.path, key, adapter.rank, adapter.targets, staged
+                )
+            elif kind == "drop":
+                del self._by_uid[key]
+            elif kind == "write":
+                self.pool.write(key, self._by_uid[change[2]].staged)
+            else:
+                raise ValueError(f"unknown LoRA change {kind!r}")
 
 
 def _check_name(name: Any) -> None:

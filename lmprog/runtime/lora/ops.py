@@ -21,6 +21,8 @@ class LoraStepPlan:
     sorted_ids int32 [L]: the adapter tokens grouped by slot, each group padded to a
         multiple of block_m with num_tokens. block_slots int32 [L / block_m]: each block's
         slot. segments: (slot, first, count) per group: sorted_ids[first:first+count].
+        entry_slots int64 [entries]: each entry's slot (-1: base), what it was planned from
+        (the other ranks of a tensor-parallel group plan the same step from it).
     """
 
     sorted_ids: np.ndarray
@@ -28,6 +30,7 @@ class LoraStepPlan:
     block_m: int
     num_tokens: int
     segments: tuple[tuple[int, int, int], ...]
+    entry_slots: np.ndarray
 
     @property
     def num_padded(self) -> int:
@@ -40,7 +43,9 @@ def choose_block_m(num_tokens: int, num_segments: int) -> int:
 
 
 def plan_lora_step(
-    entry_slots: Sequence[int], extend_lens: Sequence[int] | np.ndarray, block_m: int | None = None
+    entry_slots: Sequence[int] | np.ndarray,
+    extend_lens: Sequence[int] | np.ndarray,
+    block_m: int | None = None,
 ) -> LoraStepPlan | None:
     """The layout for a step whose entry e feeds extend_lens[e] consecutive tokens under pool
     slot entry_slots[e] (-1: the base model). None when no token has an adapter."""
@@ -61,7 +66,7 @@ def plan_lora_step(
     sorted_ids[dest[group] + np.arange(len(order)) - first[group]] = order
     block_slots = np.repeat(uniq, padded // bm).astype(np.int32)
     segments = tuple((int(s), int(d), int(c)) for s, d, c in zip(uniq, dest, counts))
-    return LoraStepPlan(sorted_ids, block_slots, bm, num_tokens, segments)
+    return LoraStepPlan(sorted_ids, block_slots, bm, num_tokens, segments, slots_e)
 
 
 @dataclass

@@ -223,9 +223,11 @@ class LlamaForCausalLM(nn.Module):
     model: DecoderStack
     lm_head: nn.Module | None  # nn.Linear, or a quantized, packed or tensor-parallel head
     # set only by some loaders (else absent: read with getattr): an FP8 checkpoint's per-layer
-    # (k, v) scales (loaders.fp8), this rank's shapes under tensor parallelism (sharding)
+    # (k, v) scales (loaders.fp8), this rank's shapes under tensor parallelism (sharding),
+    # the LoRA layers wrapped around its projections (lora.layers.LoraLayers, attach_lora_)
     kv_cache_scales: tuple[tuple[float, ...], ...]
     shard_config: ModelConfig
+    lora_layers: Any
 
     def __init__(self, config: ModelConfig, attention: AttentionBackend) -> None:
         super().__init__()

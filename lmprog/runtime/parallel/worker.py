@@ -42,11 +42,13 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class KVRequest:
-    """Rank 0 -> workers: size your KV pool from these (then all agree on the minimum)."""
+    """Rank 0 -> workers: size your KV pool from these (then all agree on the minimum),
+    after your LoRA adapter pool when `lora` (rank 0's LoraManager.pool_config()) is set."""
 
     max_total_tokens: int | None
     gpu_memory_fraction: float
     kv_cache_dtype: str = "auto"
+    lora: Any = None  # a LoraConfig, its rank and target modules resolved
 
 
 @dataclass(frozen=True)
@@ -80,9 +82,15 @@ def _serve(net: Any, group: Any) -> None:
 
     from ..executor.kv_pool import kv_slots
     from ..executor.model_runner import ModelRunner
+    from ..lora import LoraManager
     from .channel import StepChannel
+    from .sharding import ShardPlan
 
     kv: KVRequest = group.recv_object()
+    lora = None
+    if kv.lora is not None:  # the adapters come with the steps (StepChannel), sharded here
+        shard = ShardPlan(net.config, group.rank, group.world)
+        lora = LoraManager(net, kv.lora, shard=shard)
     group.min_int(kv_slots(net, kv.max_total_tokens, kv.gpu_memory_fraction, kv.kv_cache_dtype))
     spec: RunnerSpec = group.recv_object()
     table = np.zeros(spec.table_shape, dtype=np.int32)
@@ -93,8 +101,9 @@ def _serve(net: Any, group: Any) -> None:
         cuda_graphs=spec.cuda_graphs,
         piecewise_tokens=spec.piecewise_tokens,
         kv_cache_dtype=spec.kv_cache_dtype,
+        lora=lora,
     )
-    channel = StepChannel(group)
+    channel = StepChannel(group, lora)
     while (step := channel.recv(table)) is not None:
         runner.run(*step)
 
