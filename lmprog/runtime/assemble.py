@@ -64,6 +64,7 @@ def assemble_model(
     quantization: str | None = None,
     seed: int = 0,
     tp: Any = None,
+    mmproj: Any = None,
 ) -> LlamaForCausalLM:
     """The module for `model` (a GGUF file, an HF folder, a bundled model name or a
     ModelSource; with load_format="dummy" also an architecture preset or a ModelConfig, its
@@ -71,7 +72,8 @@ def assemble_model(
     draft proposer. quantization: None, "int4" (see lmprog.runtime.layers.int4) or "fp8" (see
     lmprog.runtime.layers.fp8_linear).
     tp: this process's lmprog.runtime.parallel TPGroup: build its shard instead (on the
-    group's device; `device` was resolved per rank when the group started)."""
+    group's device; `device` was resolved per rank when the group started).
+    mmproj: a vision-language model's projector GGUF beside `model`, its decoder's GGUF."""
 
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be None, 'int4' or 'fp8', got {quantization!r}")
@@ -96,6 +98,7 @@ def assemble_model(
         load_format=load_format,
         attention=choose_attention(attention, dev),
         seed=seed,
+        **({} if mmproj is None else {"mmproj": mmproj}),
     )
     if quantization == "int4":
         quantize_int4_(net)

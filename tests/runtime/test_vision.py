@@ -10,13 +10,12 @@ text requests equals each alone, a text-only model refuses images.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import torch
 from vision_testing import (
     IMAGE,
+    paged_logits,
     random_png,
     save_tiny_idefics3,
     save_tiny_llava,
@@ -29,8 +28,6 @@ from lmprog.core.images import ImageInput
 from lmprog.core.prompt import encode_prompt
 from lmprog.core.protocol import GenerateRequest, ScoreRequest
 from lmprog.core.sampling import SamplingParams
-from lmprog.runtime.executor.forward_batch import ForwardBatch
-from lmprog.runtime.executor.kv_pool import KVPool
 from lmprog.runtime.images import IMAGE_KEY_BASE, ImageRun, image_keys, keyed_ids, step_images
 from lmprog.runtime.models import load_model
 from lmprog.runtime.models.image_processing import ImageProcessor
@@ -60,39 +57,6 @@ def _ours(model, folder, tok, prompt, pngs):
     prepared = [proc.prepare(ImageInput.from_bytes(p)) for p in pngs]
     ids, positions = proc.expand(encode_prompt(tok, prompt), prepared)
     return ids, [ImageRun(p, pos) for p, pos in zip(prepared, positions)]
-
-
-def _paged_logits(model, ids, runs, cuts=()):
-    """Every position's logits, the prompt fed in chunks split at `cuts` through the paged
-    pool (slots scattered), each chunk's image rows embedded as the engine does."""
-    kv = KVPool.for_model(model.config, 400, torch.float32, torch.device("cpu"))
-    table = torch.zeros(1, 256, dtype=torch.int32)
-    slots = (torch.randperm(400, generator=torch.Generator().manual_seed(0)) + 1)[: len(ids)]
-    table[0, : len(ids)] = slots.to(torch.int32)
-    keyed = keyed_ids(ids, runs)
-    embeds = model.encode_images([r.image for r in runs])
-    out = []
-    bounds = [0, *cuts, len(ids)]
-    for a, b in zip(bounds, bounds[1:]):
-        batch = ForwardBatch.build(
-            input_ids=keyed[a:b],
-            out_cache_loc=slots[a:b].tolist(),
-            req_pool_indices=[0],
-            seq_lens=[b],
-            extend_lens=[b - a],
-            req_to_token=table,
-            logits_indices=range(b - a),
-        )
-        rows, parts = [], []
-        for run, emb in zip(runs, embeds):
-            inside = [(i, p) for i, p in enumerate(run.positions.tolist()) if a <= p < b]
-            rows += [p - a for _, p in inside]
-            parts += [emb[i] for i, _ in inside]
-        if rows:
-            batch = replace(batch, image_rows=torch.tensor(rows), image_embeds=torch.stack(parts))
-        with torch.inference_mode():
-            out.append(model(batch, kv))
-    return torch.cat(out)
 
 
 def test_image_keys_lie_between_the_vocabulary_and_the_lora_key_space():
@@ -194,13 +158,13 @@ def test_tiny_llava_matches_transformers_processor_and_logits(llava):
     with torch.inference_mode():
         want = hf(**inputs).logits[0]
     start, end = runs[0].start, runs[0].end
-    torch.testing.assert_close(_paged_logits(ours, ids, runs), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(paged_logits(ours, ids, runs), want, atol=ATOL, rtol=0)
     # chunked prefill: chunks that start and end inside the image run
     cuts = (start + 5, start + 11, end + 2)
-    torch.testing.assert_close(_paged_logits(ours, ids, runs, cuts), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(paged_logits(ours, ids, runs, cuts), want, atol=ATOL, rtol=0)
     # the image matters: another image changes the logits after it
     other_ids, other_runs = _ours(ours, folder, tok, PROMPT, [random_png(1)])
-    assert (_paged_logits(ours, other_ids, other_runs)[end:] - want[end:]).abs().max() > 1e-2
+    assert (paged_logits(ours, other_ids, other_runs)[end:] - want[end:]).abs().max() > 1e-2
 
 
 def test_tiny_llava_over_siglip_and_qwen2_matches_transformers(tmp_path):
@@ -226,7 +190,7 @@ def test_tiny_llava_over_siglip_and_qwen2_matches_transformers(tmp_path):
     with torch.inference_mode():
         want = hf(**inputs).logits[0]
     cuts = (runs[0].start + 9,)
-    torch.testing.assert_close(_paged_logits(ours, ids, runs, cuts), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(paged_logits(ours, ids, runs, cuts), want, atol=ATOL, rtol=0)
 
 
 def hf_processor(folder):
@@ -255,9 +219,9 @@ def test_tiny_idefics3_matches_transformers_processor_and_logits(idefics3):
     torch.testing.assert_close(tiles, want_pixels, atol=0, rtol=0)
     with torch.inference_mode():
         want = hf(**inputs).logits[0]
-    torch.testing.assert_close(_paged_logits(ours, ids, runs), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(paged_logits(ours, ids, runs), want, atol=ATOL, rtol=0)
     cuts = (runs[0].start + 3, runs[1].start + 1)
-    torch.testing.assert_close(_paged_logits(ours, ids, runs, cuts), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(paged_logits(ours, ids, runs, cuts), want, atol=ATOL, rtol=0)
 
 
 def test_tiny_llava_next_matches_transformers_processor_and_logits(tmp_path):
@@ -283,7 +247,7 @@ def test_tiny_llava_next_matches_transformers_processor_and_logits(tmp_path):
         with torch.inference_mode():
             want = hf(**inputs).logits[0]
         cuts = (runs[0].start + 7, runs[0].end - 3)
-        got = _paged_logits(ours, ids, runs, cuts)
+        got = paged_logits(ours, ids, runs, cuts)
         torch.testing.assert_close(got, want, atol=ATOL, rtol=0, msg=lambda m, s=size: f"{s}: {m}")
 
 
