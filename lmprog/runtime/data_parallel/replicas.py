@@ -132,18 +132,19 @@ class ReplicaGroup:
         """Route and submit `request` for `routed` to a replica it has not failed on; the
         engine's handle (its events forwarded to routed.outer when it is a RequestHandle)."""
         pin = request.params.max_tokens == 0 and request.prompt_logprob_start is None
+        tokens = request.cache_ids  # image positions by image: another image, another prefix
         with self._lock:
             while True:
                 if self._closed:
                     raise BackendError("the runtime engine is shut down; create a new Runtime")
-                decision = self._route(request.prompt_ids, routed.failed)
+                decision = self._route(tokens, routed.failed)
                 engine = self.replicas[decision.replica]
                 try:
                     handle = engine.submit(request, stream=routed.stream)
                 except BackendError:  # its thread ended between the check and the submit
                     self._mark_dead(decision.replica)
                     continue
-                self.router.record(decision, request.prompt_ids, pin=pin)
+                self.router.record(decision, tokens, pin=pin)
                 self._pending[decision.replica].append(handle)
                 if isinstance(handle, RequestHandle):
                     with self._inflight_lock:
