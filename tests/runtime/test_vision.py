@@ -134,6 +134,67 @@ def test_step_images_encodes_each_image_once_in_one_batch_and_frees_it_after_pre
     assert [keyed[p] for p in (2, 5, 9)] == b.keys.tolist() and keyed[3] == 7
 
 
+def _step_cost(s, model):
+    """One scheduler step driven as the engine drives it (the encoder run by step_images):
+    (tokens fed, image rows encoded)."""
+    from sched_testing import process
+
+    batch = s.schedule()
+    calls = len(model.calls)
+    step_images(batch, model)
+    rows = sum(model.rows[d] for d in model.calls[-1]) if len(model.calls) > calls else 0
+    toks = [[7] if e.sample else [] for e in batch.entries]
+    process(s, batch, toks)
+    s.check_integrity()
+    return batch.num_tokens, rows
+
+
+class _RowCountingModel(_CountingModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[str, int] = {}
+
+    def encode_images(self, images):
+        self.rows.update((im.digest, im.rows) for im in images)
+        return super().encode_images(images)
+
+
+@pytest.mark.parametrize("rows", [16, 100])
+def test_a_step_counts_the_vision_encoder_in_its_token_budget(rows):
+    """Each image the step encodes costs its image-token count: fed tokens plus encoded
+    rows stay within max_num_batched_tokens; an image larger than the budget still runs
+    (alone among the step's images); every request finishes."""
+    from lmprog.runtime.config import CacheConfig, SchedulerConfig
+    from lmprog.runtime.request import Req
+    from lmprog.runtime.scheduler import Scheduler
+
+    budget = 64
+    s = Scheduler(
+        2048,
+        512,
+        SchedulerConfig(max_num_batched_tokens=budget, max_running_requests=8),
+        CacheConfig(),
+    )
+    model = _RowCountingModel()
+    reqs = []
+    for i in range(6):  # requests 4 and 5 show image 0 and 1 again
+        run = ImageRun(_Prepared(str(i % 4 + 1) * 64, rows), list(range(4, 4 + rows)))
+        ids = keyed_ids([10 + i] * 4 + [0] * rows + [20 + i] * 4, [run])
+        reqs.append(s.submit(Req(i, ids, SamplingParams(max_tokens=3), images=[run])))
+    steps = []
+    while s.has_work:
+        steps.append(_step_cost(s, model))
+        assert len(steps) < 200
+    assert all(r.output_len == 3 for r in reqs)
+    for fed, encoded in steps:
+        if encoded <= budget:
+            assert fed + encoded <= budget, steps
+        else:  # an image larger than the budget: the only one its step encodes
+            assert rows > budget and encoded == rows
+    if rows < budget:  # and the budget is used: two images fit one step beside their text
+        assert any(encoded == 2 * rows for _, encoded in steps), steps
+
+
 def test_tiny_llava_matches_transformers_processor_and_logits(llava):
     from transformers import LlavaProcessor
 
