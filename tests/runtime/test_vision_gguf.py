@@ -176,3 +176,9 @@ def test_a_wrong_mmproj_is_refused_naming_the_file(llava, tmp_path):
     with pytest.raises(ValueError, match=r"not a GGUF file"):
         (tmp_path / "junk.gguf").write_bytes(b"junk" * 10)
         load_model(text, mmproj=tmp_path / "junk.gguf")
+
+
+def test_a_gguf_vlm_is_refused_under_tensor_parallelism_before_any_rank_starts(llava):
+    root, _, _ = llava
+    with pytest.raises(ValueError, match=r"tensor parallelism yet: use tp_size=1"):
+        lp.Runtime(str(root / "llava.gguf"), mmproj=str(root / "mmproj-llava-f16.gguf"), tp_size=2)

@@ -90,7 +90,7 @@ class MmprojIndex:
     def text_hidden_size(self) -> int:
         """The decoder's width the projector maps into (its last matrix's rows)."""
         last = _IDEFICS3_FC if self.projector == "idefics3" else _LLAVA_MLP[1]
-        return self._tensor(last + ".weight").shape[0]
+        return self.tensor(last + ".weight").shape[0]
 
     def vision_config(self, image_token_id: int) -> VisionLanguageConfig:
         """ModelConfig.vision of the VLM this projector belongs to."""
@@ -116,7 +116,7 @@ class MmprojIndex:
     def _has(self, name: str) -> bool:
         return any(t.name == name for t in self.tensors)
 
-    def _tensor(self, name: str) -> GGUFTensor:
+    def tensor(self, name: str) -> GGUFTensor:
         for t in self.tensors:
             if t.name == name:
                 return t
@@ -216,13 +216,14 @@ def _required(index: MmprojIndex) -> set[str]:
         _name(MODEL_TENSOR.V_ENC_EMBD_POS) + ".weight",
     }
     if enc.kind == "clip":
-        need |= {_CLASS, _name(MODEL_TENSOR.V_PRE_NORM) + ".weight"}
+        need |= {_CLASS} | {_name(MODEL_TENSOR.V_PRE_NORM) + s for s in (".weight", ".bias")}
     else:
         need.add(_name(MODEL_TENSOR.V_ENC_EMBD_PATCH) + ".bias")
     for bid in range(enc.num_layers):
         need |= {_name(t, bid) + s for t in _BLOCK for s in (".weight", ".bias")}
     if index.projector == "idefics3":
-        need |= {_name(MODEL_TENSOR.V_POST_NORM) + ".weight", _IDEFICS3_FC + ".weight"}
+        need |= {_name(MODEL_TENSOR.V_POST_NORM) + s for s in (".weight", ".bias")}
+        need.add(_IDEFICS3_FC + ".weight")
     else:
         need |= {p + ".weight" for p in _LLAVA_MLP}
     return need
@@ -238,7 +239,7 @@ def mmproj_weights(index: MmprojIndex) -> Iterator[tuple[str, torch.Tensor]]:
     swapped = {
         bid
         for bid in range(index.encoder.num_layers)
-        if index._tensor(_name(MODEL_TENSOR.V_ENC_FFN_DOWN, bid) + ".weight").shape[1] == hidden
+        if index.tensor(_name(MODEL_TENSOR.V_ENC_FFN_DOWN, bid) + ".weight").shape[1] == hidden
     }
     post_norm = _name(MODEL_TENSOR.V_POST_NORM) + ".weight"
     with open(index.path, "rb") as f:
@@ -256,7 +257,8 @@ def mmproj_weights(index: MmprojIndex) -> Iterator[tuple[str, torch.Tensor]]:
         yield tower + "post_layernorm.bias", torch.zeros(hidden)
 
 
-def _our_name(name: str, tower: str, projector: str, swapped: set[int], kind: str) -> str:
+def _our_name(name: str, tower: str, projector: str, swapped: set[int], projector_type: str) -> str:
+    """clip.cpp's tensor name -> the VLM's (tower / projector: its modules' prefixes)."""
     if name == _CLASS:
         return tower + "embeddings.class_embedding"
     base, _, suffix = name.rpartition(".")
@@ -264,16 +266,15 @@ def _our_name(name: str, tower: str, projector: str, swapped: set[int], kind: st
         return f"{tower}{_TOWER[base]}.{suffix}"
     block = _BLOCK_RE.match(name)
     if block and block.group(2) in _BLOCK_SUFFIX:
-        bid, kind_, suffix = int(block.group(1)), block.group(2), block.group(3)
-        hf = _BLOCK_SUFFIX[kind_]
-        if bid in swapped and hf in ("mlp.fc1", "mlp.fc2"):
-            hf = "mlp.fc2" if hf == "mlp.fc1" else "mlp.fc1"
-        return f"{tower}encoder.layers.{bid}.{hf}.{suffix}"
-    if kind == "mlp" and base in _LLAVA_MLP:
+        bid, part, suffix = int(block.group(1)), _BLOCK_SUFFIX[block.group(2)], block.group(3)
+        if bid in swapped and part in ("mlp.fc1", "mlp.fc2"):
+            part = "mlp.fc2" if part == "mlp.fc1" else "mlp.fc1"
+        return f"{tower}encoder.layers.{bid}.{part}.{suffix}"
+    if projector_type == "mlp" and base in _LLAVA_MLP:
         return f"{projector}linear_{_LLAVA_MLP.index(base) + 1}.{suffix}"
-    if kind == "idefics3" and base == _IDEFICS3_FC:
+    if projector_type == "idefics3" and base == _IDEFICS3_FC:
         return projector + suffix
-    raise ValueError(f"unexpected tensor {name!r} in a {kind!r} mmproj file")
+    raise ValueError(f"unexpected tensor {name!r} in a {projector_type!r} mmproj file")
 
 
 def _f32(value: float) -> float:
