@@ -67,7 +67,7 @@ def _expanded(model, proc, tok, prompt, pngs):
     return ids, [ImageRun(p, pos) for p, pos in zip(prepared, positions)]
 
 
-def test_llava_gguf_and_mmproj_load_as_the_safetensors_checkpoint(llava):
+def test_llava_gguf_and_mmproj_load_as_the_safetensors_checkpoint(llava, tmp_path):
     root, _, tok = llava
     ref = load_model(root / "hf")
     ours = load_model(root / "llava.gguf", mmproj=root / "mmproj-llava-f16.gguf")
@@ -86,6 +86,16 @@ def test_llava_gguf_and_mmproj_load_as_the_safetensors_checkpoint(llava):
         want = paged_logits(ref, want_ids, want_runs)
         got = paged_logits(ours, ids, runs, cuts=(runs[0].start + 6,))
         torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    # the converter run on a config naming vision_feature_layer writes it (non-negative)
+    named = tmp_path / "mmproj-named.gguf"
+    _rewrite(root / "mmproj-llava-f16.gguf", named, feature_layers=[2])
+    again = load_model(root / "llava.gguf", mmproj=named)
+    assert again.config.vision.feature_layers == (2,)
+    cuts = (runs[0].start + 6,)
+    torch.testing.assert_close(paged_logits(again, ids, runs, cuts), got, atol=0, rtol=0)
+    _rewrite(root / "mmproj-llava-f16.gguf", named, feature_layers=[1])  # an earlier layer
+    earlier = load_model(root / "llava.gguf", mmproj=named)
+    assert (paged_logits(earlier, ids, runs) - got).abs().max() > 1e-2
 
 
 def test_runtime_over_gguf_and_mmproj_generates_as_over_safetensors(llava):
@@ -131,8 +141,9 @@ def test_idefics3_gguf_and_mmproj_load_as_the_safetensors_checkpoint(tmp_path):
     torch.testing.assert_close(paged_logits(ours, ids, runs), want, atol=ATOL, rtol=0)
 
 
-def _rewrite(src, dst, *, drop=(), projector=None) -> None:
-    """A copy of the GGUF `src` without the tensors `drop`, its projector type changed."""
+def _rewrite(src, dst, *, drop=(), projector=None, feature_layers=None) -> None:
+    """A copy of the GGUF `src` without the tensors `drop`, its projector type changed, the
+    feature layers named (clip.vision.feature_layer)."""
     import gguf
 
     reader = gguf.GGUFReader(src)
@@ -145,6 +156,8 @@ def _rewrite(src, dst, *, drop=(), projector=None) -> None:
             value = projector
         sub = field.types[1] if len(field.types) > 1 else None
         w.add_key_value(key, value, field.types[0], sub)
+    if feature_layers is not None:
+        w.add_array("clip.vision.feature_layer", list(feature_layers))
     for t in reader.tensors:
         if t.name not in drop:
             w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
