@@ -10,6 +10,8 @@ Design: docs/design/quantization.md.
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +66,7 @@ def assemble_model(
     quantization: str | None = None,
     seed: int = 0,
     tp: Any = None,
-    mmproj: Any = None,
+    mmproj: str | os.PathLike[str] | None = None,
 ) -> LlamaForCausalLM:
     """The module for `model` (a GGUF file, an HF folder, a bundled model name or a
     ModelSource; with load_format="dummy" also an architecture preset or a ModelConfig, its
@@ -80,6 +82,9 @@ def assemble_model(
     _check_fp8_checkpoint(model, load_format, quantization, tp)
     dev = choose_device(device) if tp is None else tp.device
     load: Callable[..., LlamaForCausalLM] = load_model
+    if mmproj is not None:  # a GGUF decoder and its projector, never sharded (Runtime refuses)
+        assert tp is None, "a vision-language model does not run under tensor parallelism"
+        load = functools.partial(load_model, mmproj=mmproj)
     if tp is not None:
 
         def load_tp(model: Any, **kwargs: Any) -> LlamaForCausalLM:
@@ -98,7 +103,6 @@ def assemble_model(
         load_format=load_format,
         attention=choose_attention(attention, dev),
         seed=seed,
-        **({} if mmproj is None else {"mmproj": mmproj}),
     )
     if quantization == "int4":
         quantize_int4_(net)
