@@ -74,7 +74,7 @@ class Runtime(Backend):
         check_tp_size(cfg.tp_size, cfg.dp_size)  # under torchrun, one group
         self._source = _source_of(cfg.model, cfg.load_format)
         if cfg.tp_size > 1:
-            _check_tp_model(self._source)
+            _check_tp_model(self._source, cfg.mmproj)
         started = time.perf_counter()
         if self._source is not None:
             _log.info(
@@ -120,6 +120,7 @@ class Runtime(Backend):
             attention=cfg.attention,
             quantization=cfg.quantization,
             seed=cfg.seed,
+            mmproj=cfg.mmproj,
         )
         model = self._source or cfg.model
         groups = []
@@ -191,13 +192,16 @@ class Runtime(Backend):
         a VLM without a checkpoint folder: random weights of a preset)."""
         if getattr(config, "vision", None) is None or self._source is None:
             return None
+        from lmprog.runtime.models.image_processing import ImageProcessor
+
+        if self.config.mmproj is not None:  # GGUF + mmproj: the projector's metadata
+            return ImageProcessor.for_mmproj(config, self.config.mmproj, self._tokenizer)
         if self._source.kind != "hf":
             raise ValueError(
                 f"{self._source.path}: a vision-language model loads from its Hugging Face "
-                "folder (safetensors, config.json, preprocessor_config.json)"
+                "folder (safetensors, config.json, preprocessor_config.json), or from its "
+                "GGUF with mmproj= (llama.cpp's projector file)"
             )
-        from lmprog.runtime.models.image_processing import ImageProcessor
-
         return ImageProcessor.for_model(config, self._source.path, self._tokenizer)
 
     # ---- Backend protocol -----------------------------------------------------------------
@@ -550,14 +554,14 @@ def _source_of(model: Any, load_format: str) -> ModelSource | None:
     return resolve_model(model)
 
 
-def _check_tp_model(source: ModelSource | None) -> None:
+def _check_tp_model(source: ModelSource | None, mmproj: str | None = None) -> None:
     """ValueError before any tensor-parallel group starts for a model that cannot be sharded:
     a vision-language model (its step's image embeddings are not broadcast to the ranks)."""
-    if source is None or source.kind != "hf":
+    if source is None or (source.kind != "hf" and mmproj is None):
         return
     from lmprog.runtime.models import load_config
 
-    if load_config(source).vision is not None:
+    if mmproj is not None or load_config(source).vision is not None:
         raise ValueError(
             f"{source.name} is a vision-language model, which does not run under tensor "
             "parallelism yet: use tp_size=1 (dp_size for more GPUs)"

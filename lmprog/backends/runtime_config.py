@@ -11,6 +11,7 @@ builds its flags from it without loading the engine.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -88,6 +89,12 @@ class RuntimeConfig(BackendConfig):
             runtime_only="llama.cpp runs the GGUF file's own quantization; pick a quantized "
             "GGUF (e.g. Q4_K_M) instead",
         ),
+    )
+    mmproj: str | None = knob(
+        None,
+        "a vision-language model's projector GGUF (llama.cpp's mmproj file) beside model= "
+        "(its decoder's GGUF): the ViT and projector are read from it (LLaVA-1.5 'mlp', "
+        "SmolVLM / Idefics3 'idefics3')",
     )
     seed: int = knob(0, "seed of the random weights of load_format='dummy'")
     tokenizer: Any = knob(
@@ -314,6 +321,12 @@ class RuntimeConfig(BackendConfig):
         # Normal forms, so that equal options give equal configs.
         set_ = object.__setattr__
         set_(self, "speculative", SpeculativeConfig.coerce(self.speculative))
+        if self.mmproj is not None:
+            if not isinstance(self.mmproj, (str, os.PathLike)) or not os.fspath(self.mmproj):
+                raise TypeError(
+                    f"mmproj must be a path to a .gguf file or None, got {self.mmproj!r}"
+                )
+            set_(self, "mmproj", os.fspath(self.mmproj))
         for name in ("dp_size", "tp_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -10,6 +10,8 @@ Design: docs/design/quantization.md.
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +66,7 @@ def assemble_model(
     quantization: str | None = None,
     seed: int = 0,
     tp: Any = None,
+    mmproj: str | os.PathLike[str] | None = None,
 ) -> LlamaForCausalLM:
     """The module for `model` (a GGUF file, an HF folder, a bundled model name or a
     ModelSource; with load_format="dummy" also an architecture preset or a ModelConfig, its
@@ -71,13 +74,17 @@ def assemble_model(
     draft proposer. quantization: None, "int4" (see lmprog.runtime.layers.int4) or "fp8" (see
     lmprog.runtime.layers.fp8_linear).
     tp: this process's lmprog.runtime.parallel TPGroup: build its shard instead (on the
-    group's device; `device` was resolved per rank when the group started)."""
+    group's device; `device` was resolved per rank when the group started).
+    mmproj: a vision-language model's projector GGUF beside `model`, its decoder's GGUF."""
 
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be None, 'int4' or 'fp8', got {quantization!r}")
     _check_fp8_checkpoint(model, load_format, quantization, tp)
     dev = choose_device(device) if tp is None else tp.device
     load: Callable[..., LlamaForCausalLM] = load_model
+    if mmproj is not None:  # a GGUF decoder and its projector, never sharded (Runtime refuses)
+        assert tp is None, "a vision-language model does not run under tensor parallelism"
+        load = functools.partial(load_model, mmproj=mmproj)
     if tp is not None:
 
         def load_tp(model: Any, **kwargs: Any) -> LlamaForCausalLM:

@@ -82,7 +82,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--mmproj",
         default=None,
         help="a vision-language GGUF model's projector (llama.cpp's mmproj file): the model "
-        "then takes images (--backend llamacpp; auto picks it)",
+        "then takes images (llama.cpp, which auto picks on a CPU, or --backend runtime: "
+        "LLaVA-1.5 and SmolVLM / Idefics3 projectors)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost only)")
     p.add_argument("--port", type=int, default=8000)
@@ -237,11 +238,6 @@ def backend_options(args: argparse.Namespace) -> dict:
     given = _runtime_only_given(args)
     mmproj = getattr(args, "mmproj", None)
     if args.backend != "llamacpp":
-        if mmproj:
-            raise ValueError(
-                "--mmproj applies to --backend llamacpp (a GGUF model and its projector); the "
-                "runtime reads a vision-language model's Hugging Face folder whole"
-            )
         options = {
             "device": args.device,
             "max_total_tokens": args.max_total_tokens,
@@ -253,6 +249,8 @@ def backend_options(args: argparse.Namespace) -> dict:
         if args.disk_kv_cache_bytes:
             options["disk_kv_cache_bytes"] = args.disk_kv_cache_bytes
             options["disk_kv_cache_dir"] = args.disk_kv_cache_dir
+        if mmproj:  # the runtime reads a GGUF decoder's projector too
+            options["mmproj"] = mmproj
         if args.lora_paths:
             options["lora_paths"] = args.lora_paths
         if args.enable_lora:

@@ -320,3 +320,30 @@ def test_capacity_aware_groups_give_the_faster_replica_more():
     fresh = ReplicaGroup([FakeEngine(), FakeEngine()], RouterConfig(capacity_aware=True))
     spread = [where(fresh, fresh.submit(req(unrelated(i)))) for i in range(4)]
     assert sorted(spread) == [0, 0, 1, 1]
+
+
+class _Image:
+    """What ImageRun reads of a prepared image: its digest and row count."""
+
+    def __init__(self, digest: str, rows: int) -> None:
+        self.digest, self.rows = digest, rows
+
+
+def test_group_routes_images_by_their_content_not_their_image_tokens():
+    from lmprog.runtime.images import ImageRun
+
+    image_token, rows = 49152, 32
+    ids = (1, 2, 3) + (image_token,) * rows + (4, 5)  # the same text around any image
+
+    def ask(digest):
+        run = ImageRun(_Image(digest, rows), list(range(3, 3 + rows)))
+        return EngineRequest(ids, SamplingParams(max_tokens=4), images=(run,))
+
+    group = ReplicaGroup([FakeEngine(), FakeEngine()])
+    first = where(group, group.submit(ask("a" * 64)))
+    # another image after the same text shares 3 tokens of 37: not a cached prefix there
+    assert where(group, group.submit(ask("b" * 64))) == 1 - first
+    # the first image again: its replica holds the whole prompt
+    again = group.submit(ask("a" * 64))
+    assert where(group, again) == first
+    assert group.router.stats()[first]["routed"]["prefix"] == 1

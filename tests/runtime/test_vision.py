@@ -10,13 +10,12 @@ text requests equals each alone, a text-only model refuses images.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import torch
 from vision_testing import (
     IMAGE,
+    paged_logits,
     random_png,
     save_tiny_idefics3,
     save_tiny_llava,
@@ -29,8 +28,6 @@ from lmprog.core.images import ImageInput
 from lmprog.core.prompt import encode_prompt
 from lmprog.core.protocol import GenerateRequest, ScoreRequest
 from lmprog.core.sampling import SamplingParams
-from lmprog.runtime.executor.forward_batch import ForwardBatch
-from lmprog.runtime.executor.kv_pool import KVPool
 from lmprog.runtime.images import IMAGE_KEY_BASE, ImageRun, image_keys, keyed_ids, step_images
 from lmprog.runtime.models import load_model
 from lmprog.runtime.models.image_processing import ImageProcessor
@@ -60,39 +57,6 @@ def _ours(model, folder, tok, prompt, pngs):
     prepared = [proc.prepare(ImageInput.from_bytes(p)) for p in pngs]
     ids, positions = proc.expand(encode_prompt(tok, prompt), prepared)
     return ids, [ImageRun(p, pos) for p, pos in zip(prepared, positions)]
-
-
-def _paged_logits(model, ids, runs, cuts=()):
-    """Every position's logits, the prompt fed in chunks split at `cuts` through the paged
-    pool (slots scattered), each chunk's image rows embedded as the engine does."""
-    kv = KVPool.for_model(model.config, 400, torch.float32, torch.device("cpu"))
-    table = torch.zeros(1, 256, dtype=torch.int32)
-    slots = (torch.randperm(400, generator=torch.Generator().manual_seed(0)) + 1)[: len(ids)]
-    table[0, : len(ids)] = slots.to(torch.int32)
-    keyed = keyed_ids(ids, runs)
-    embeds = model.encode_images([r.image for r in runs])
-    out = []
-    bounds = [0, *cuts, len(ids)]
-    for a, b in zip(bounds, bounds[1:]):
-        batch = ForwardBatch.build(
-            input_ids=keyed[a:b],
-            out_cache_loc=slots[a:b].tolist(),
-            req_pool_indices=[0],
-            seq_lens=[b],
-            extend_lens=[b - a],
-            req_to_token=table,
-            logits_indices=range(b - a),
-        )
-        rows, parts = [], []
-        for run, emb in zip(runs, embeds):
-            inside = [(i, p) for i, p in enumerate(run.positions.tolist()) if a <= p < b]
-            rows += [p - a for _, p in inside]
-            parts += [emb[i] for i, _ in inside]
-        if rows:
-            batch = replace(batch, image_rows=torch.tensor(rows), image_embeds=torch.stack(parts))
-        with torch.inference_mode():
-            out.append(model(batch, kv))
-    return torch.cat(out)
 
 
 def test_image_keys_lie_between_the_vocabulary_and_the_lora_key_space():
@@ -170,6 +134,67 @@ def test_step_images_encodes_each_image_once_in_one_batch_and_frees_it_after_pre
     assert [keyed[p] for p in (2, 5, 9)] == b.keys.tolist() and keyed[3] == 7
 
 
+def _step_cost(s, model):
+    """One scheduler step driven as the engine drives it (the encoder run by step_images):
+    (tokens fed, image rows encoded)."""
+    from sched_testing import process
+
+    batch = s.schedule()
+    calls = len(model.calls)
+    step_images(batch, model)
+    rows = sum(model.rows[d] for d in model.calls[-1]) if len(model.calls) > calls else 0
+    toks = [[7] if e.sample else [] for e in batch.entries]
+    process(s, batch, toks)
+    s.check_integrity()
+    return batch.num_tokens, rows
+
+
+class _RowCountingModel(_CountingModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[str, int] = {}
+
+    def encode_images(self, images):
+        self.rows.update((im.digest, im.rows) for im in images)
+        return super().encode_images(images)
+
+
+@pytest.mark.parametrize("rows", [16, 100])
+def test_a_step_counts_the_vision_encoder_in_its_token_budget(rows):
+    """Each image the step encodes costs its image-token count: fed tokens plus encoded
+    rows stay within max_num_batched_tokens; an image larger than the budget still runs
+    (alone among the step's images); every request finishes."""
+    from lmprog.runtime.config import CacheConfig, SchedulerConfig
+    from lmprog.runtime.request import Req
+    from lmprog.runtime.scheduler import Scheduler
+
+    budget = 64
+    s = Scheduler(
+        2048,
+        512,
+        SchedulerConfig(max_num_batched_tokens=budget, max_running_requests=8),
+        CacheConfig(),
+    )
+    model = _RowCountingModel()
+    reqs = []
+    for i in range(6):  # requests 4 and 5 show image 0 and 1 again
+        run = ImageRun(_Prepared(str(i % 4 + 1) * 64, rows), list(range(4, 4 + rows)))
+        ids = keyed_ids([10 + i] * 4 + [0] * rows + [20 + i] * 4, [run])
+        reqs.append(s.submit(Req(i, ids, SamplingParams(max_tokens=3), images=[run])))
+    steps = []
+    while s.has_work:
+        steps.append(_step_cost(s, model))
+        assert len(steps) < 200
+    assert all(r.output_len == 3 for r in reqs)
+    for fed, encoded in steps:
+        if encoded <= budget:
+            assert fed + encoded <= budget, steps
+        else:  # an image larger than the budget: the only one its step encodes
+            assert rows > budget and encoded == rows
+    if rows < budget:  # and the budget is used: two images fit one step beside their text
+        assert any(encoded == 2 * rows for _, encoded in steps), steps
+
+
 def test_tiny_llava_matches_transformers_processor_and_logits(llava):
     from transformers import LlavaProcessor
 
@@ -194,13 +219,13 @@ def test_tiny_llava_matches_transformers_processor_and_logits(llava):
     with torch.inference_mode():
         want = hf(**inputs).logits[0]
     start, end = runs[0].start, runs[0].end
-    torch.testing.assert_close(_paged_logits(ours, ids, runs), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(paged_logits(ours, ids, runs), want, atol=ATOL, rtol=0)
     # chunked prefill: chunks that start and end inside the image run
     cuts = (start + 5, start + 11, end + 2)
-    torch.testing.assert_close(_paged_logits(ours, ids, runs, cuts), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(paged_logits(ours, ids, runs, cuts), want, atol=ATOL, rtol=0)
     # the image matters: another image changes the logits after it
     other_ids, other_runs = _ours(ours, folder, tok, PROMPT, [random_png(1)])
-    assert (_paged_logits(ours, other_ids, other_runs)[end:] - want[end:]).abs().max() > 1e-2
+    assert (paged_logits(ours, other_ids, other_runs)[end:] - want[end:]).abs().max() > 1e-2
 
 
 def test_tiny_llava_over_siglip_and_qwen2_matches_transformers(tmp_path):
@@ -226,7 +251,7 @@ def test_tiny_llava_over_siglip_and_qwen2_matches_transformers(tmp_path):
     with torch.inference_mode():
         want = hf(**inputs).logits[0]
     cuts = (runs[0].start + 9,)
-    torch.testing.assert_close(_paged_logits(ours, ids, runs, cuts), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(paged_logits(ours, ids, runs, cuts), want, atol=ATOL, rtol=0)
 
 
 def hf_processor(folder):
@@ -255,9 +280,9 @@ def test_tiny_idefics3_matches_transformers_processor_and_logits(idefics3):
     torch.testing.assert_close(tiles, want_pixels, atol=0, rtol=0)
     with torch.inference_mode():
         want = hf(**inputs).logits[0]
-    torch.testing.assert_close(_paged_logits(ours, ids, runs), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(paged_logits(ours, ids, runs), want, atol=ATOL, rtol=0)
     cuts = (runs[0].start + 3, runs[1].start + 1)
-    torch.testing.assert_close(_paged_logits(ours, ids, runs, cuts), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(paged_logits(ours, ids, runs, cuts), want, atol=ATOL, rtol=0)
 
 
 def test_tiny_llava_next_matches_transformers_processor_and_logits(tmp_path):
@@ -283,7 +308,7 @@ def test_tiny_llava_next_matches_transformers_processor_and_logits(tmp_path):
         with torch.inference_mode():
             want = hf(**inputs).logits[0]
         cuts = (runs[0].start + 7, runs[0].end - 3)
-        got = _paged_logits(ours, ids, runs, cuts)
+        got = paged_logits(ours, ids, runs, cuts)
         torch.testing.assert_close(got, want, atol=ATOL, rtol=0, msg=lambda m, s=size: f"{s}: {m}")
 
 

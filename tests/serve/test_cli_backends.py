@@ -35,6 +35,13 @@ def test_runtime_gets_its_flags():
     assert "attention_sink_size" not in options()  # off unless given
 
 
+def test_mmproj_reaches_either_backend():
+    runtime = options("--backend", "runtime", "--mmproj", "mmproj.gguf")
+    assert runtime["mmproj"] == "mmproj.gguf" and "mmproj" not in options()
+    llama = options("--backend", "llamacpp", "--device", "cpu", "--mmproj", "mmproj.gguf")
+    assert llama["mmproj"] == "mmproj.gguf"
+
+
 def test_llamacpp_maps_threads_context_and_device():
     llama = ("--backend", "llamacpp")
     assert options(*llama, "--device", "cpu") == {"n_gpu_layers": 0}

@@ -477,13 +477,15 @@ class ReplicaGroup:
 
 
 def routing_key(request: Any) -> Sequence[int]:
-    """The tokens the router sees for `request`: its prompt, behind a marker of its LoRA
-    adapter (a negative id, which no token is) when it names one: the engines' radix caches
-    key prefixes by adapter, so a prefix sent under one adapter is no hit for another."""
+    """The tokens the router sees for `request`: its prompt as the engines' radix caches key
+    it (`cache_ids`: image positions by the image's digest, so another image after the same
+    text is another prefix), behind a marker of its LoRA adapter (a negative id, which no
+    token is) when it names one: a prefix sent under one adapter is no hit for another."""
+    tokens = request.cache_ids
     lora = getattr(request, "lora", None)
     if not lora:
-        return request.prompt_ids
-    return (-1 - zlib.crc32(lora.encode()), *request.prompt_ids)
+        return tokens
+    return (-1 - zlib.crc32(lora.encode()), *tokens)
 
 
 def replica_devices(dp_size: int, device: str, first: str, cuda_count: int) -> list[str]:

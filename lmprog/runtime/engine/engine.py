@@ -31,7 +31,6 @@ from lmprog.decoding.decode_state import DecodeState
 from ..config import EngineConfig
 from ..executor.host_kv import HostKVMover
 from ..executor.model_runner import ModelRunner
-from ..images import keyed_ids
 from ..parallel.errors import ParallelError
 from ..request import Req, ReqOutputs, ReqStatus
 from ..scheduler import ScheduledBatch, Scheduler
@@ -313,10 +312,9 @@ class Engine:
             lora_id = 0
             if request.lora is not None:
                 lora_id = self._need_lora().resolve(request.lora)
-            ids: Sequence[int] = request.prompt_ids
             if request.images:
                 self._check_images()
-                ids = keyed_ids(ids, request.images)
+            ids = request.cache_ids
             req = Req(
                 handle.rid,
                 ids,

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lmprog.core.sampling import SamplingParams
 from lmprog.decoding.result import EngineResult
+
+from ..images import keyed_ids
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,13 @@ class EngineRequest:
             raise ValueError(
                 f"prompt_logprob_start must be in [0, {len(self.prompt_ids)}), got {s}"
             )
+
+    @property
+    def cache_ids(self) -> Sequence[int]:
+        """The prompt as the radix cache and the data-parallel router match it: each image
+        position holds its image's key (runtime.images.keyed_ids), so the same text before
+        another image is another prefix."""
+        return keyed_ids(self.prompt_ids, self.images) if self.images else self.prompt_ids
 
 
 _PIECE, _DONE, _ERROR = 0, 1, 2

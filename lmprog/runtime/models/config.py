@@ -537,6 +537,11 @@ def config_from_gguf(reader: Any) -> ModelConfig:
     """Build a ModelConfig from a `gguf.GGUFReader` (metadata plus `rope_freqs` if present)."""
     meta = {key: _field_value(f) for key, f in reader.fields.items()}
     arch = meta["general.architecture"]
+    if arch == "clip":
+        raise ValueError(
+            "this GGUF is a vision projector (an mmproj file, architecture 'clip'): give the "
+            "model's GGUF as model= and this file as mmproj="
+        )
     if arch not in _ARCH_ALIASES:
         raise ValueError(
             f"unsupported GGUF architecture {arch!r}; supported: {sorted(_ARCH_ALIASES)}"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from lmprog.core.images import ImageInput
 
 from .config import ModelConfig
 from .vision_config import VisionLanguageConfig
+
+if TYPE_CHECKING:
+    from .loaders.mmproj import MmprojIndex
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
 
@@ -82,6 +85,20 @@ class ImageProcessor:
         from transformers import AutoImageProcessor
 
         return cls(config.vision, AutoImageProcessor.from_pretrained(str(path)), tokenizer)
+
+    @classmethod
+    def for_mmproj(
+        cls, config: ModelConfig, mmproj: str | os.PathLike[str], tokenizer: Any
+    ) -> ImageProcessor:
+        """The processor of a VLM loaded from GGUF + mmproj: transformers' image processor
+        built from the projector's metadata (no preprocessor_config.json beside it)."""
+        from .loaders.mmproj import read_mmproj
+
+        if config.vision is None:
+            raise ValueError(f"a {config.architecture} model takes no images")
+        if tokenizer is None:
+            raise ValueError("a vision-language model needs its tokenizer for its image tokens")
+        return cls(config.vision, processor_from_mmproj(read_mmproj(mmproj)), tokenizer)
 
     def prepare(self, image: ImageInput) -> PreparedImage:
         """Decode and preprocess one image (ValueError for one that is no image)."""
@@ -184,6 +201,48 @@ class ImageProcessor:
             text += "\n"
         text += f"{fake}<global-img>{image}{fake}"
         return tuple(self._tokenizer.encode(text, add_special_tokens=False))
+
+
+def processor_from_mmproj(mmproj: MmprojIndex) -> Any:
+    """transformers' image processor as the checkpoint's preprocessor_config.json sets it
+    up, from the metadata llama.cpp's converter keeps (image size, mean, std): LLaVA-1.5's
+    CLIPImageProcessor (resize the shortest edge to the ViT's size, bicubic, centre crop,
+    normalise), SigLIP's (resize to the square), Idefics3's (resize the longest edge to
+    clip.vision.preproc_image_size, tiles of the ViT's size)."""
+    import transformers
+
+    size = mmproj.encoder.image_size
+    common = {
+        "image_mean": list(mmproj.image_mean),
+        "image_std": list(mmproj.image_std),
+        "do_convert_rgb": True,
+        "do_rescale": True,
+        "do_normalize": True,
+        "do_resize": True,
+        "rescale_factor": 1 / 255,
+    }
+    if mmproj.family == "idefics3":
+        name = "Idefics3ImageProcessor"
+        longest = mmproj.preproc_image_size or size
+        config = {
+            "size": {"longest_edge": int(longest)},
+            "max_image_size": {"longest_edge": size},
+            "do_image_splitting": True,
+            "do_pad": True,
+            "resample": 1,  # LANCZOS, as SmolVLM's
+        }
+    elif mmproj.encoder.kind == "clip":
+        name = "CLIPImageProcessor"
+        config = {
+            "size": {"shortest_edge": size},
+            "crop_size": {"height": size, "width": size},
+            "do_center_crop": True,
+            "resample": 3,  # BICUBIC
+        }
+    else:
+        name = "SiglipImageProcessor"
+        config = {"size": {"height": size, "width": size}, "resample": 3}
+    return getattr(transformers, name).from_dict({**common, **config})
 
 
 def _special_tokens(tokenizer: Any) -> set[str]:

@@ -48,6 +48,8 @@ class PrefillPolicy:
             if budget.tokens <= 0:
                 return
             n = plan.max_chunk(req, min(req.pending_len, budget.tokens))
+            if req.images:
+                n = budget.fit_images(req.images, req.num_computed, n)
             if n <= 0:
                 continue
             drafts: tuple[int, ...] = ()
@@ -116,6 +118,13 @@ class PrefillPolicy:
         if n <= 0 or (not alone and need + future + reserve > plan.memory_left()):
             self.cache.release(req, cache=False)
             return None
+        if req.images:  # its images' encoder work, once the request fits
+            n = budget.fit_images(req.images, req.num_computed, n)
+            if n <= 0:
+                self.cache.release(req, cache=False)
+                return None
+            need = self.cache.tokens_to_extend(req, req.num_computed + n)
+            future = self._future(req, req.num_computed + n)
         self.requests.start(req)
         if req.num_retractions == 0:
             req.cached_tokens = req.cache_len

@@ -171,9 +171,8 @@ class Scheduler:
         running = self.requests.running
         retracted: list[Req] = []
         shift = self._evict_for_windows(retracted)
-        budget = StepBudget(
-            self.config.max_num_batched_tokens, self.config.max_running_requests - len(running)
-        )
+        tokens, rows = self.config.max_num_batched_tokens, self.config.max_running_requests
+        budget = StepBudget(tokens, rows - len(running), image_room=tokens - rows)
         plan = StepPlan(self.cache)
         decoders, extenders = self.decode_policy.split(running.values())
         if not self.config.hybrid_batching and self._plan_prefill_only(extenders, plan, budget):

@@ -26,6 +26,8 @@ from .dummy import init_dummy_weights
 from .fp8 import fp8_scheme, load_fp8_checkpoint
 from .gguf import read_gguf
 from .hf import safetensors_weights
+from .mmproj import read_mmproj
+from .vlm_gguf import vision_language_config, vision_language_weights
 from .weight_cache import cached_gguf_weights
 
 if TYPE_CHECKING:
@@ -155,9 +157,24 @@ def load_model(
     load_format: LoadFormat = "auto",
     attention: str = "torch",
     seed: int = 0,
+    mmproj: str | os.PathLike[str] | None = None,
 ) -> LlamaForCausalLM:
-    """Load weights into a fresh model; `load_format="dummy"` draws random ones (`seed`)."""
+    """Load weights into a fresh model; `load_format="dummy"` draws random ones (`seed`).
+    mmproj: llama.cpp's projector GGUF of a vision-language model whose decoder `model` (a
+    GGUF) holds."""
     source = weights_source(model, load_format)
+    if mmproj is not None:
+        if source is None or source.kind != "gguf":
+            raise ValueError(
+                f"mmproj= goes with the GGUF of a vision-language model's decoder; {model!r} is "
+                "not one (a Hugging Face folder holds its vision tower itself)"
+            )
+        index = read_gguf(source.path)
+        projector = read_mmproj(mmproj)
+        config = vision_language_config(index, projector)
+        net = build_model(config, device=device, dtype=dtype, attention=attention)
+        net.load_weights(vision_language_weights(index, projector, resolve_dtype(dtype, device)))
+        return net
     if source is None:
         config = load_config(model)
         net = build_model(config, device=device, dtype=dtype, attention=attention)

@@ -109,7 +109,7 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFIndex:
 
 
 def _index_from_file(path: Path, cached: Path) -> GGUFIndex:
-    reader = _open(path)
+    reader = open_gguf(path)
     try:
         config = config_from_gguf(reader)
     except KeyError as exc:  # metadata a converter should have written
@@ -117,27 +117,37 @@ def _index_from_file(path: Path, cached: Path) -> GGUFIndex:
             f"{path} lacks the GGUF metadata {exc.args[0]!r} (an incomplete or non-standard "
             "conversion): convert the model again with llama.cpp's convert_hf_to_gguf.py"
         ) from None
-    index = GGUFIndex(
-        path,
-        config,
-        tuple(
-            GGUFTensor(
-                t.name,
-                int(t.tensor_type),
-                tuple(int(d) for d in t.shape[::-1]),
-                tuple(t.data.shape),
-                t.data.dtype.str,
-                int(t.data_offset),
-                int(t.n_bytes),
-            )
-            for t in reader.tensors
-        ),
-    )
+    except ValueError as exc:  # an architecture or setting the runtime does not read
+        raise ValueError(f"{path}: {exc}") from None
+    index = GGUFIndex(path, config, tensor_table(reader))
     _save(cached, index)
     return index
 
 
-def _open(path: Path) -> GGUFReader:
+def tensor_table(reader: GGUFReader) -> tuple[GGUFTensor, ...]:
+    """Where each tensor of an open file lies (its data is not read)."""
+    return tuple(
+        GGUFTensor(
+            t.name,
+            int(t.tensor_type),
+            tuple(int(d) for d in t.shape[::-1]),
+            tuple(t.data.shape),
+            t.data.dtype.str,
+            int(t.data_offset),
+            int(t.n_bytes),
+        )
+        for t in reader.tensors
+    )
+
+
+def tensor_array(mapped: np.ndarray, t: GGUFTensor) -> np.ndarray:
+    """One tensor's values as float32 in numpy order ([out, in] for weights), from the
+    file's bytes `mapped` (a uint8 memory map); a view of the map for an F32 tensor."""
+    raw = mapped[t.offset : t.offset + t.nbytes].view(np.dtype(t.raw_dtype))
+    return dequantize(raw.reshape(t.raw_shape), GGMLQuantizationType(t.qtype)).reshape(t.shape)
+
+
+def open_gguf(path: Path) -> GGUFReader:
     """The file's GGUFReader; ValueError naming the file for one that is not a GGUF or is
     truncated or damaged (gguf says only "GGUF magic invalid", or fails reshaping a tensor)."""
     with open(path, "rb") as f:
@@ -170,9 +180,7 @@ def gguf_weights(index: GGUFIndex) -> Iterator[tuple[str, torch.Tensor]]:
     ):
         mapped = np.memmap(f, dtype=np.uint8, mode="r")
         for t in tensors:
-            raw = mapped[t.offset : t.offset + t.nbytes].view(np.dtype(t.raw_dtype))
-            raw = raw.reshape(t.raw_shape)
-            array = dequantize(raw, GGMLQuantizationType(t.qtype)).reshape(t.shape)
+            array = tensor_array(mapped, t)
             if unpermute and ".attn_q." in t.name:
                 array = _unpermute(array, config.num_heads)
             elif unpermute and ".attn_k." in t.name:
