@@ -10,6 +10,8 @@ lp.Runtime, the image processor built from the mmproj metadata giving transforme
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from vision_testing import (
@@ -139,6 +141,19 @@ def test_idefics3_gguf_and_mmproj_load_as_the_safetensors_checkpoint(tmp_path):
         torch.testing.assert_close(run.image.pixels, want_run.image.pixels, atol=0, rtol=0)
     want = paged_logits(ref, want_ids, want_runs)
     torch.testing.assert_close(paged_logits(ours, ids, runs), want, atol=ATOL, rtol=0)
+    if importlib.util.find_spec("llama_cpp") is None:
+        return
+    # llama.cpp's own loader takes the files (its tiling is its own: not compared)
+    from lmprog.backends.llamacpp_native import NativeModel
+    from lmprog.backends.llamacpp_vision import NativeVision
+
+    vision = NativeVision(
+        tmp_path / "mmproj-smolvlm.gguf",
+        NativeModel(tmp_path / "smolvlm.gguf"),
+        n_threads=1,
+        use_gpu=False,
+    )
+    vision.close()
 
 
 def _rewrite(src, dst, *, drop=(), projector=None, feature_layers=None) -> None:
