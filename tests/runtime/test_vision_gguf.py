@@ -10,6 +10,8 @@ lp.Runtime, the image processor built from the mmproj metadata giving transforme
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from vision_testing import (
@@ -139,6 +141,19 @@ def test_idefics3_gguf_and_mmproj_load_as_the_safetensors_checkpoint(tmp_path):
         torch.testing.assert_close(run.image.pixels, want_run.image.pixels, atol=0, rtol=0)
     want = paged_logits(ref, want_ids, want_runs)
     torch.testing.assert_close(paged_logits(ours, ids, runs), want, atol=ATOL, rtol=0)
+    if importlib.util.find_spec("llama_cpp") is None:
+        return
+    # llama.cpp's own loader takes the files (its tiling is its own: not compared)
+    from lmprog.backends.llamacpp_native import NativeModel
+    from lmprog.backends.llamacpp_vision import NativeVision
+
+    vision = NativeVision(
+        tmp_path / "mmproj-smolvlm.gguf",
+        NativeModel(tmp_path / "smolvlm.gguf"),
+        n_threads=1,
+        use_gpu=False,
+    )
+    vision.close()
 
 
 def _rewrite(src, dst, *, drop=(), projector=None, feature_layers=None) -> None:
@@ -195,3 +210,64 @@ def test_a_gguf_vlm_is_refused_under_tensor_parallelism_before_any_rank_starts(l
     root, _, _ = llava
     with pytest.raises(ValueError, match=r"tensor parallelism yet: use tp_size=1"):
         lp.Runtime(str(root / "llava.gguf"), mmproj=str(root / "mmproj-llava-f16.gguf"), tp_size=2)
+
+
+def _llama_cpp_embeddings(text, mmproj, png):
+    """llama.cpp's (libmtmd's) embeddings of one image: [image tokens, hidden]."""
+    import numpy as np
+
+    from lmprog.backends.llamacpp_native import NativeModel
+    from lmprog.backends.llamacpp_vision import NativeVision
+
+    model = NativeModel(text)
+    vision = NativeVision(mmproj, model, n_threads=1, use_gpu=False)
+    try:
+        run = vision.image_run(ImageInput.from_bytes(png))
+        assert vision.mtmd.mtmd_encode_chunk(vision.ptr, run.chunk) == 0
+        hidden = model.lib.llama_model_n_embd(model.ptr)
+        out = vision.mtmd.mtmd_get_output_embd(vision.ptr)
+        return np.ctypeslib.as_array(out, shape=(len(run.ids) * hidden,)).reshape(-1, hidden).copy()
+    finally:
+        vision.close()
+
+
+def test_llama_cpp_reads_the_test_files_as_the_runtime_does_but_for_its_class_token(
+    llava, tmp_path, monkeypatch
+):
+    """The files these tests write are llama.cpp's layout: libmtmd loads them (finding the
+    legacy swapped ffn names) and its image embeddings equal the runtime's up to F16
+    rounding, once the runtime places CLIP's class token as clip.cpp does (after the
+    patches, the patch rows then read from position 1: the first patch dropped, the class
+    token kept). The runtime keeps transformers' order, which the model was trained with.
+    Without clip.vision.feature_layer clip.cpp also runs one block fewer than the file holds
+    (the converter already dropped one): the runtime runs them all (feature layer -2)."""
+    pytest.importorskip("llama_cpp.mtmd_cpp")
+    root, _, tok = llava
+    text, mm = root / "llava.gguf", root / "mmproj-llava-f16.gguf"
+    named = tmp_path / "mmproj-named.gguf"
+    _rewrite(mm, named, feature_layers=[2])  # explicit: both run the file's two blocks
+    png = random_png(12, (28, 28))  # the ViT's size: no resampling on either side
+    theirs = torch.from_numpy(_llama_cpp_embeddings(text, named, png))
+    ours = load_model(text, mmproj=named)
+    image = ImageProcessor.for_mmproj(ours.config, named, tok).prepare(ImageInput.from_bytes(png))
+    own_order = ours.encode_images([image])[0]
+    embeddings = ours.vision_tower.embeddings
+
+    def class_token_last(pixels, patch_mask=None):
+        x = embeddings.patch_embedding(pixels).flatten(2).transpose(1, 2)
+        x = torch.cat([x, embeddings.class_embedding.expand(x.shape[0], 1, -1)], dim=1)
+        return x + embeddings.position_embedding.weight
+
+    monkeypatch.setattr(embeddings, "forward", class_token_last)
+    as_clip_cpp = ours.encode_images([image])[0]
+    torch.testing.assert_close(as_clip_cpp, theirs, atol=0.05, rtol=0.01)
+    assert (own_order - theirs).abs().max() > 1.0  # the class token's place matters
+    # no feature_layer key: clip.cpp runs n_layer - 1 blocks, i.e. feature layer 1 here
+    earlier = tmp_path / "mmproj-first.gguf"
+    _rewrite(mm, earlier, feature_layers=[1])
+    torch.testing.assert_close(
+        torch.from_numpy(_llama_cpp_embeddings(text, mm, png)),
+        torch.from_numpy(_llama_cpp_embeddings(text, earlier, png)),
+        atol=0,
+        rtol=0,
+    )
