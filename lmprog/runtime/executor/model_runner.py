@@ -179,6 +179,14 @@ class ModelRunner:
         """The forward of one step's inputs (every rank of a tensor-parallel group runs it)."""
         return self._run(step, future, None)[0]
 
+    def run_capture(
+        self, step: StepInputs, capture: HiddenCapture, future: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`run` with the hidden states `capture` asks for, as forward_capture."""
+        logits, hidden = self._run(step, future, capture)
+        assert hidden is not None
+        return logits, hidden
+
     def _run(
         self, step: StepInputs, future: torch.Tensor | None, capture: HiddenCapture | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
