@@ -8,11 +8,12 @@ import json
 
 import pytest
 import torch
-from engine_testing import EOS, engine_for, run_all
+from engine_testing import EOS, engine_for, random_llama, run_all
 from safetensors.torch import load_file, save_file
 from spec_testing import requires_default_model
 
 from lmprog.core.sampling import SamplingParams as SP
+from lmprog.runtime.engine.engine import EngineConfig
 from lmprog.runtime.engine.io import EngineRequest
 from lmprog.runtime.engine.launch import launch_engine
 from lmprog.runtime.executor.forward_batch import ForwardBatch
@@ -405,3 +406,55 @@ def test_steps_without_a_head_or_with_speculation_off_run_the_plain_forward(mode
             assert all(len(r.token_ids) == 6 for r in out)
         finally:
             eng.shutdown()
+
+
+# ---- CUDA graphs ---------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (graphs, Triton attention)")
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+@pytest.mark.parametrize("tree_width", [1, 3])
+def test_head_steps_replay_the_cuda_graphs(method, tree_width, monkeypatch):
+    """On the GPU a head's steps (decodes, chain and tree verifies, prefills) replay the CUDA
+    graphs built for its capture (decode graphs, piecewise segments): no forward_capture runs
+    eagerly, and greedy outputs equal those of the same engine without graphs and of plain
+    decoding (fp32: only the kernels' order of sums differs)."""
+    net = random_llama(TINY, 0.3, device="cuda", attention="triton")
+    prompts = [[9, 9, 8, 7, *p] for p in PROMPTS] * 2
+    params = SP(max_tokens=24, temperature=0.0, ignore_eos=True)
+    spec = SpeculativeConfig(
+        method=method, draft_load_format="dummy", num_tokens=4, adaptive=False,
+        tree_width=tree_width,
+    )  # fmt: skip
+    eager_calls = []
+    forward_capture = type(net).forward_capture
+
+    def counted(self, *args, **kwargs):
+        eager_calls.append(1)
+        return forward_capture(self, *args, **kwargs)
+
+    def run(speculative, graphs):
+        e = launch_engine(
+            net, None, eos_token_ids=EOS, max_total_tokens=4096, cuda_graphs=graphs,
+            engine_config=EngineConfig(check_integrity=True), speculative=speculative,
+        )  # fmt: skip
+        try:
+            eager_calls.clear()
+            monkeypatch.setattr(type(net), "forward_capture", counted)  # after the capture
+            out = [r.token_ids for r in run_all(e, prompts, params)]
+            monkeypatch.setattr(type(net), "forward_capture", forward_capture)
+            runner = e.runner
+            replays = sum(g.replays for g in (runner.graphs, runner.piecewise) if g is not None)
+            return out, e.stats(), replays, len(eager_calls)
+        finally:
+            e.shutdown()
+
+    plain, _, _, _ = run(None, True)
+    eager, eager_stats, _, eager_captures = run(spec, False)
+    graphs, stats, replays, captures = run(spec, True)
+    assert eager == plain and graphs == plain
+    # the head got its states (it drafted: verify steps below), none of them eagerly
+    assert eager_captures > 0 and captures == 0, (eager_captures, captures)
+    assert replays > 0
+    assert stats["spec_verify_steps"] >= 20 and eager_stats["spec_verify_steps"] >= 20
+    if tree_width > 1:
+        assert stats["spec_tree_verifies"] > 0, stats

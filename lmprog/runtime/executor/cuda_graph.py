@@ -329,7 +329,7 @@ class CudaGraphRunner:
         n = batch.batch_size
         if lora is not None:
             return self._replay_lora(bucket)[:n], None
-        hidden = None
+        hidden: torch.Tensor | None = None
         if bucket.graph is None and capture is not None:
             logits, hidden = self.model.forward_capture(
                 bucket.batch, self.kv, capture, plan=bucket.plan
@@ -338,8 +338,8 @@ class CudaGraphRunner:
             logits = self.model(bucket.batch, self.kv, plan=bucket.plan)
         else:
             bucket.graph.replay()
+            assert bucket.logits is not None  # captured with the graph
             logits, hidden = bucket.logits, bucket.hidden
-            assert logits is not None  # captured with the graph
         return logits[:n], None if hidden is None else hidden[:n]
 
     def _replay_lora(self, bucket: _Bucket) -> torch.Tensor:
@@ -402,9 +402,7 @@ class CudaGraphRunner:
             return _Bucket(bs, batch, plan, graph, logits, hidden)
         self.lora_buffers.clear()
         lora_graph, lora_logits, _ = self._capture_one(batch, plan, lora_batch, None)
-        return _Bucket(
-            bs, batch, plan, graph, logits, hidden, lora_batch, lora_graph, lora_logits
-        )
+        return _Bucket(bs, batch, plan, graph, logits, hidden, lora_batch, lora_graph, lora_logits)
 
     def _capture_one(
         self, batch: ForwardBatch, plan: Any, lora_batch: Any, capture: HiddenCapture | None
