@@ -553,8 +553,7 @@ def verify_cost(rt, args) -> list[dict]:
                     )
             runner.req_to_token[: max(args.verify_batches)].zero_()
 
-    with torch.inference_mode():
-        rt.engine.call(measure)
+    rt.engine.call(measure)  # (ModelRunner.run enters inference mode on that thread)
     return rows_out
 
 
