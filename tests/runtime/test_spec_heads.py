@@ -30,7 +30,7 @@ from lmprog.runtime.speculative.head_files import (
     save_eagle3,
     save_medusa,
 )
-from lmprog.runtime.speculative.head_proposer import spine, tree_nodes
+from lmprog.runtime.speculative.head_proposer import spine, tree_depth, tree_nodes
 from lmprog.runtime.speculative.heads import MedusaHeads
 from lmprog.runtime.speculative.medusa import MedusaProposer
 from lmprog.runtime.speculative.proposer import Proposal
@@ -256,10 +256,15 @@ def test_eagle_drafts_do_not_depend_on_the_history_of_calls(model):
 def test_trees_and_their_first_path(model):
     head = eagle_head(model)
     chain = from_scratch(model, head, PROMPTS[2], 3)
-    tree = from_scratch(model, head, PROMPTS[2], 3, width=3)
+    tree = from_scratch(model, head, PROMPTS[2], 9, width=3)  # 9 nodes: 3 depths of 3
     assert tree.parents == (-1, -1, -1, 0, 0, 0, 3, 3, 3)
     assert spine(tree) == chain and spine(chain) is chain
     assert len(set(tree.token_ids[:3])) == 3  # the top 3 of depth 1
+    # a tree of at most 4 nodes uses 2 depths: the head runs no step whose drafts go unverified
+    assert from_scratch(model, head, PROMPTS[2], 4, width=3) == Proposal(
+        tree.token_ids[:6], parents=tree.parents[:6]
+    )
+    assert tree_depth(4, 3) == 2 and tree_depth(4, 1) == 4 and tree_depth(9, 3) == 3
     assert tree_nodes([[4, 5], [6, 7]], 1) == Proposal((4, 6))
     assert tree_nodes([[4, 5], [6, 7]], 2) == Proposal((4, 5, 6, 7), parents=(-1, -1, 0, 0))
 
@@ -274,6 +279,10 @@ def test_medusa_proposer_reads_the_row_before_the_pending_token(model):
     with torch.inference_mode():
         want = heads(normed[-1:]).argmax(-1)[:, 0].tolist()
     assert got[0] == Proposal(tuple(want)) and got[1] == Proposal(())  # 3 heads: 3 drafts
+    wide = MedusaProposer(heads, vocab_size=211, tree_width=2)
+    wide.observe("r", 0, normed)
+    tree = wide.propose([PI("r", tokens + [9], 3)])[0]  # at most 3 nodes: 2 heads' top 2
+    assert tree.parents == (-1, -1, 0, 0) and tree.token_ids[::2] == tuple(want[:2])
 
 
 # ---- through the engine ------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from target features (exact: they never change, the tokens after them being fina
 features observed but not fed yet. A call feeds those in one batched extend (draft 1 comes
 from its last row), then k - 1 batched one-token steps on the head's own states; the
 previous call's fed drafts are dropped first. Drafts are the argmax (chains) or the top-w
-per depth (trees, tree_width), mapped to the target's ids by d2t; no draft distribution is
+per depth (trees, tree_width: a tree of k nodes runs ceil(k / w) steps), mapped to the
+target's ids by d2t; no draft distribution is
 returned, so a sampled request is verified as n-gram drafts are (its distribution kept).
 Design: docs/design/speculative.md.
 """
@@ -32,7 +33,7 @@ from ..executor.kv_pool import KVPool
 from ..models.llama import HiddenCapture
 from .draft import KV_BUDGET_BYTES, _checked_tokens, prepare_and_run
 from .draft_cache import DraftKVCache, DraftSeq
-from .head_proposer import HeadProposer, tree_nodes
+from .head_proposer import HeadProposer, tree_depth, tree_nodes
 from .heads import Eagle3Head
 from .proposer import Proposal, ProposalInput
 
@@ -159,7 +160,8 @@ class EagleProposer(HeadProposer):
         if st is None or feed < 1 or feed > len(st.pending):
             self.num_skipped += 1
             return None
-        k = min(inp.max_tokens, self.context_length - (n - 1 - st.base) - 1)
+        depth = tree_depth(inp.max_tokens, self.tree_width)  # head steps: k
+        k = min(depth, self.context_length - (n - 1 - st.base) - 1)
         if k < 1:
             self.num_skipped += 1
             return None
