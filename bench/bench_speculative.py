@@ -45,7 +45,10 @@ training prompts. A summary table per workload, batch and mode ends the run.
 tree of N nodes, N in --verify-nodes) against one plain decode step, at each batch of
 --verify-batches, through the model runner as the engine calls it (CUDA graphs where they
 serve), timed with CUDA events (synchronized) or the wall clock on a CPU, median of
---repeats; with a draft head (--method eagle) also the steps that capture its hidden states.
+--repeats; with a draft head (--method eagle) also the steps that capture its hidden states,
+and the head's proposing of N drafts (a chain, and a tree of top --verify-width per depth)
+per request in the steady state: the speedup at an accepted length L is then about
+L / (verify + propose), both in decode steps.
 
     python bench/bench_speculative.py --verify-cost --preset llama-3.1-8b --dummy --device cuda
     python bench/bench_speculative.py --verify-cost --preset smollm2-135m --dummy \\
@@ -509,6 +512,53 @@ def time_step(runner, step, capture, repeats: int) -> tuple[float, bool]:
     return times[len(times) // 2], replays() - before == repeats
 
 
+def time_propose(proposer, batch: int, context: int, nodes: int, width: int, repeats: int):
+    """Median seconds of the EAGLE head proposing at most `nodes` drafts (a chain, or a tree
+    of its top-`width` per depth) for each of `batch` requests in the steady state: before
+    each call every request hands over the features of one more token (a verify step that
+    accepted nothing), so a call is one fed feature per request and the draft steps.
+    Random features: what is timed does not depend on them."""
+    from lmprog.runtime.speculative.proposer import ProposalInput
+
+    cuda = proposer.device.type == "cuda"
+    g = torch.Generator().manual_seed(0)
+    feats = proposer.head.fc.in_features  # the target's captured layers, concatenated
+
+    def features(n: int) -> torch.Tensor:
+        return torch.randn(n, feats, generator=g).to(proposer.device, proposer.dtype)
+
+    rids = [("verify-cost", r) for r in range(batch)]
+    tokens = [[3 + (r * 7 + i) % 500 for i in range(context + 1)] for r in range(batch)]
+    saved, proposer.tree_width = proposer.tree_width, width
+    try:
+        for rid in rids:
+            proposer.observe(rid, 0, features(context))
+        proposer.propose([ProposalInput(rid, t, nodes) for rid, t in zip(rids, tokens)])
+        times, empty = [], 0
+        for i in range(repeats + 2):  # two warm-up calls
+            for rid, t in zip(rids, tokens):
+                t.append(3 + i)
+                proposer.observe(rid, len(t) - 2, features(1))
+            inputs = [ProposalInput(rid, t, nodes) for rid, t in zip(rids, tokens)]
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            out = proposer.propose(inputs)
+            if cuda:
+                torch.cuda.synchronize()
+            if i >= 2:
+                times.append(time.perf_counter() - start)
+            empty += sum(not p.token_ids for p in out)
+        if empty:
+            log(f"   (warning: {empty} empty proposals while timing the head)")
+    finally:
+        for rid in rids:
+            proposer.release(rid)
+        proposer.tree_width = saved
+    times.sort()
+    return times[len(times) // 2]
+
+
 def verify_cost(rt, args) -> list[dict]:
     """Every (batch, step kind) measured on the engine thread (between steps: idle)."""
     from lmprog.runtime.speculative.head_proposer import tree_nodes
@@ -551,6 +601,24 @@ def verify_cost(rt, args) -> list[dict]:
                         f"x{row['x_decode']:.2f} of a decode step "
                         f"({'graphs' if graph else 'eager'})"
                     )
+            if capture is not None:  # the head's side of a speculative step
+                from lmprog.runtime.speculative.head_proposer import tree_depth
+
+                w = args.verify_width
+                for n in args.verify_nodes:
+                    for name, width in ((f"propose chain {n}", 1), (f"propose tree {n}", w)):
+                        s = time_propose(
+                            args.head_proposer, b, args.verify_context, n, width,
+                            args.verify_repeats,
+                        )  # fmt: skip
+                        row = {"batch": b, "step": name, "ms": s * 1000}
+                        row.update(x_decode=s / base[False], graph=False)
+                        rows_out.append(row)
+                        log(
+                            f"   batch {b:3d} {name:22s} {row['ms']:8.3f} ms "
+                            f"x{row['x_decode']:.2f} of a decode step "
+                            f"({tree_depth(n, width)} head steps)"
+                        )
             runner.req_to_token[: max(args.verify_batches)].zero_()
 
     rt.engine.call(measure)  # (ModelRunner.run enters inference mode on that thread)
