@@ -11,11 +11,19 @@ import torch
 from engine_testing import EOS, engine_for, random_llama, run_all
 from safetensors.torch import load_file, save_file
 from spec_testing import requires_default_model
+from triton_testing import (  # noqa: F401 - one_thread is a fixture
+    one_thread,
+    requires_triton,
+    run_captured,
+    run_uncaptured,
+    setup,
+)
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.engine.engine import EngineConfig
 from lmprog.runtime.engine.io import EngineRequest
 from lmprog.runtime.engine.launch import launch_engine
+from lmprog.runtime.executor.cuda_graph import CudaGraphRunner
 from lmprog.runtime.executor.forward_batch import ForwardBatch
 from lmprog.runtime.executor.kv_pool import KVPool
 from lmprog.runtime.models import ModelConfig
@@ -467,3 +475,61 @@ def test_head_steps_replay_the_cuda_graphs(method, tree_width, monkeypatch):
     assert stats["spec_verify_steps"] >= 20 and eager_stats["spec_verify_steps"] >= 20
     if tree_width > 1:
         assert stats["spec_tree_verifies"] > 0, stats
+
+
+def check_head_graphs(device, capture, dtype, tol):
+    """The EAGLE head's draft steps through decode graphs (padded buckets, the states in and
+    out through HeadStep's buffers) propose what the eager steps propose: 4 requests asking
+    4, 2, 3 and 1 drafts (draft steps of 3, 2 and 1 requests in buckets of 4, 2 and 1),
+    over 4 calls of growing sequences."""
+    model, g, _, _ = setup(device, dtype, num_layers=2, rows=1, num_slots=64)
+    head = build_eagle3(dummy_eagle3_config(model.config, 40), model)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, 0.5, generator=g)
+
+    def proposer(graphs):
+        prop = EagleProposer(
+            head, capture_layers=(0, 1, 2), vocab_size=50, max_requests=8, cuda_graphs=False
+        )
+        if graphs:
+            prop.graphs = CudaGraphRunner(
+                prop.step, prop.kv, prop.req_to_token, batch_sizes=(1, 2, 4), capture=capture
+            )
+        return prop
+
+    eager, graphed = proposer(False), proposer(True)
+    width = head.fc.in_features
+    seqs = {rid: [3 + rid, 7, 11 + rid, 2 * rid + 1, 5] for rid in range(4)}
+    for rid, tokens in seqs.items():
+        feats = torch.randn(len(tokens) - 1, width, generator=g).to(device, eager.dtype)
+        for prop in (eager, graphed):
+            prop.observe(rid, 0, feats)
+    asks = {0: 4, 1: 2, 2: 3, 3: 1}
+    for _ in range(4):
+        inputs = [PI(rid, list(tokens), asks[rid]) for rid, tokens in seqs.items()]
+        want = eager.propose(inputs)
+        assert graphed.propose(inputs) == want
+        assert [len(p.token_ids) for p in want] == [4, 2, 3, 1]
+        for rid, tokens in seqs.items():  # a verify step that accepted the first draft
+            new = [want[rid].token_ids[0], int(torch.randint(50, (1,), generator=g))]
+            feats = torch.randn(len(new), width, generator=g).to(device, eager.dtype)
+            for prop in (eager, graphed):
+                prop.observe(rid, len(tokens) - 1, feats)
+            tokens += new
+    assert graphed.graphs.replays == 4 * 3  # every draft step after the extend
+
+
+@requires_triton
+def test_eagle_draft_steps_through_the_decode_graphs_padded_path(one_thread):
+    run_uncaptured(check_head_graphs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="CUDA graph capture needs a CUDA GPU (the padded static path is tested on the CPU "
+    "by test_eagle_draft_steps_through_the_decode_graphs_padded_path)",
+)
+def test_eagle_draft_steps_replay_the_decode_graphs(one_thread):
+    run_captured(check_head_graphs, "float32")  # fp32: drafts (argmax) compared exactly

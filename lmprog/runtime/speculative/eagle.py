@@ -26,10 +26,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
+from torch import nn
 
+from ..executor.cuda_graph import CudaGraphRunner, capture_decode_graphs
 from ..executor.forward_batch import ForwardBatch
 from ..executor.kv_pool import KVPool
 from ..models.llama import HiddenCapture
@@ -39,6 +42,9 @@ from .draft_job import Packer
 from .head_proposer import HeadProposer, tree_depth, tree_nodes
 from .heads import Eagle3Head
 from .proposer import Proposal, ProposalInput
+
+if TYPE_CHECKING:
+    from ..models.llama import LlamaForCausalLM
 
 _EMPTY = Proposal(())
 
@@ -86,6 +92,7 @@ class EagleProposer(HeadProposer):
         max_total_tokens: int | None = None,
         max_requests: int = 64,
         context_length: int | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         c = head.config.layer
         if c.vocab_size != vocab_size:
@@ -110,6 +117,17 @@ class EagleProposer(HeadProposer):
         head.attention.warm_up(self.kv, self.req_to_token)
         self._ones = torch.ones(max_requests, dtype=torch.int64, device=self.device)
         self._arange = torch.arange(max_requests, dtype=torch.int64, device=self.device)
+        # the draft steps (one token per request, the head's own states) replayed from decode
+        # graphs on a GPU with Triton attention (None elsewhere: eager)
+        self.step = HeadStep(head, max_requests)
+        self.graphs: CudaGraphRunner | None = None
+        if cuda_graphs:
+            self.graphs = capture_decode_graphs(  # (what the graphs call of a model)
+                cast("LlamaForCausalLM", self.step),
+                self.kv,
+                self.req_to_token,
+                max_batch_size=max_requests,
+            )
         self.max_states = 4 * max_requests  # observed requests kept (LRU beyond)
         self._states: OrderedDict[Hashable, _State] = OrderedDict()
         self.num_proposed = 0
@@ -228,7 +246,7 @@ class EagleProposer(HeadProposer):
                 seq_lens_cpu=tuple(j.state.exact + s for j in jobs[:a]),
                 extend_lens_cpu=(1,) * a,
             )
-            logits, hidden = head(batch, self.kv, hidden[:a], project=False)
+            logits, hidden = self._draft_step(batch, hidden[:a])
             top = self._top(logits)
             tops.append(top)
         flat = torch.cat(tops).tolist()  # [sum(active), w]: the call's one read-back
@@ -240,6 +258,19 @@ class EagleProposer(HeadProposer):
         for j in jobs:
             j.seq.tokens.extend(t[0] for t in j.top[:-1])  # fed back: their KV is in the pool
             assert len(j.seq.tokens) == len(j.seq.slots)
+
+    def _draft_step(
+        self, batch: ForwardBatch, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A one-token draft step fed the head's own states: through the graphs when they
+        serve it (the states in and out through HeadStep's buffers), else eagerly."""
+        if self.graphs is not None and self.graphs.can_run(batch, self.kv):
+            n = batch.batch_size
+            self.step.hidden_in[:n].copy_(hidden)
+            logits = self.graphs.maybe_run(batch, self.kv)
+            assert logits is not None  # can_run said so
+            return logits, self.step.hidden_out[:n]
+        return self.head(batch, self.kv, hidden, project=False)
 
     def _top(self, logits: torch.Tensor) -> torch.Tensor:
         """The top-w candidates of each row, as target ids [rows, w] (on the device)."""
@@ -282,3 +313,28 @@ class EagleProposer(HeadProposer):
             pk.add(f"loc{s}", [j.seq.slots[c] for j, c in zip(now, cols)])
             pk.add(f"lens{s}", [c + 1 for c in cols])
         return pk
+
+
+class HeadStep(nn.Module):
+    """The EAGLE head's one-token draft step as the decode graphs run a model
+    (`step(batch, kv, plan)` -> logits): fed the head's own states from a static buffer
+    (hidden_in, rows as the batch's) and writing its output states to another (hidden_out),
+    so that a captured graph reads and writes them at fixed addresses."""
+
+    def __init__(self, head: Eagle3Head, rows: int) -> None:
+        super().__init__()
+        self.head = head
+        param = next(head.parameters())
+        shape = (rows, head.config.layer.hidden_size)
+        self.hidden_in = torch.zeros(shape, dtype=param.dtype, device=param.device)
+        self.hidden_out = torch.zeros(shape, dtype=param.dtype, device=param.device)
+
+    @property
+    def attention(self) -> Any:  # what the decode graphs plan with
+        return self.head.attention
+
+    def forward(self, batch: ForwardBatch, kv: KVPool, plan: Any = None) -> torch.Tensor:
+        n = batch.batch_size
+        logits, hidden = self.head(batch, kv, self.hidden_in[:n], project=False, plan=plan)
+        self.hidden_out[:n].copy_(hidden)
+        return logits
