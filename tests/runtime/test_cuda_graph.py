@@ -9,6 +9,7 @@ replay need a CUDA GPU.
 import pytest
 import torch
 from triton_testing import (  # noqa: F401 - one_thread is a fixture
+    capture_against_eager,
     one_thread,
     requires_triton,
     run_captured,
@@ -18,12 +19,17 @@ from triton_testing import (  # noqa: F401 - one_thread is a fixture
 
 from lmprog.runtime.executor.cuda_graph import CudaGraphRunner, DecodeBuffers
 from lmprog.runtime.executor.forward_batch import ForwardBatch
+from lmprog.runtime.models.llama import HiddenCapture
+
+HEADS = [HiddenCapture((0, 1, 2)), HiddenCapture(())]  # EAGLE-3's layer states, Medusa's
 
 
-def check_against_eager(device, capture, dtype, tol, moe=False):
+def check_against_eager(device, capture, dtype, tol, moe=False, hidden=None):
     """Tiny Llama, 8 requests with prompts of 3..40 tokens in a 64-wide table; decode steps of
     several batch sizes over random subsets, with shrinking batches inside one bucket (stale
-    padding rows) and a batch larger than the biggest bucket (eager fallback)."""
+    padding rows) and a batch larger than the biggest bucket (eager fallback). hidden: graphs
+    for a draft head, whose states (maybe_run_capture) must equal forward_capture's, and
+    stay as they were after the next replay (a copy)."""
     model, g, table, kvs = setup(device, dtype, num_layers=2, rows=8, num_slots=600, moe=moe)
     rows = table.shape[0]
     lens = torch.randint(3, 41, (rows,), generator=g).tolist()
@@ -45,25 +51,40 @@ def check_against_eager(device, capture, dtype, tol, moe=False):
         for kv in kvs:
             model(prefill, kv)
         graphs = CudaGraphRunner(
-            model, kvs[0], table, batch_sizes=(1, 2, 4, 8), max_batch_size=6, capture=capture
+            model,
+            kvs[0],
+            table,
+            batch_sizes=(1, 2, 4, 8),
+            max_batch_size=6,
+            capture=capture,
+            hidden=hidden,
         )
         assert graphs.batch_sizes == (1, 2, 4, 6)
         assert graphs.maybe_run(prefill, kvs[0]) is None  # not a decode batch
         ran = []
+        kept = None  # (a step's hidden states, a copy of them)
         for n in (3, 6, 5, 1, 2, 4, 7, 6, 3):
             sel = torch.randperm(rows, generator=g)[:n].tolist()
             for r in sel:
                 lens[r] += 1
             step = batch(sel, [1] * n)
             assert graphs.maybe_run(step, kvs[1]) is None  # another pool
-            got = graphs.maybe_run(step, kvs[0])
-            want = model(step, kvs[1])
+            states = None
+            if hidden is None:
+                got, want = graphs.maybe_run(step, kvs[0]), model(step, kvs[1])
+            else:
+                assert graphs.maybe_run_capture(step, kvs[0], HiddenCapture((1,))) is None
+                got, want, states = capture_against_eager(graphs, step, kvs, hidden, tol)
             ran.append(got is not None)
             if got is None:
                 got = model(step, kvs[0])
             assert got.shape == want.shape == (n, 50), (got.shape, want.shape)
             diff = (got - want).abs().max().item()
             assert diff <= tol * want.abs().max().item(), (n, diff)
+            if kept is not None:
+                assert torch.equal(*kept)  # the previous step's states: not the buffer
+            if states is not None:
+                kept = (states, states.clone())
         assert ran == [n <= 6 for n in (3, 6, 5, 1, 2, 4, 7, 6, 3)]
         # K/V of every real slot equal; padding wrote only the dummy slot 0
         real_a, real_b = kvs[0]._buffer[:, :, 1:].float(), kvs[1]._buffer[:, :, 1:].float()
@@ -106,6 +127,12 @@ def test_padded_static_forward_matches_eager(one_thread):
     run_uncaptured(check_against_eager)
 
 
+@requires_triton
+@pytest.mark.parametrize("hidden", HEADS, ids=["eagle3", "medusa"])
+def test_padded_static_forward_hands_over_a_heads_states(hidden, one_thread):
+    run_uncaptured(lambda *a: check_against_eager(*a, hidden=hidden))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(
     not torch.cuda.is_available(),
@@ -115,3 +142,15 @@ def test_padded_static_forward_matches_eager(one_thread):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_graph_replay_matches_eager(dtype, one_thread):
     run_captured(check_against_eager, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="CUDA graph capture needs a CUDA GPU (the padded static path is tested "
+    "on the CPU by test_padded_static_forward_hands_over_a_heads_states)",
+)
+@pytest.mark.parametrize("hidden", HEADS, ids=["eagle3", "medusa"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_graph_replay_hands_over_a_heads_states(dtype, hidden, one_thread):
+    run_captured(lambda *a: check_against_eager(*a, hidden=hidden), dtype)

@@ -8,13 +8,22 @@ import json
 
 import pytest
 import torch
-from engine_testing import EOS, engine_for, run_all
+from engine_testing import EOS, engine_for, random_llama, run_all
 from safetensors.torch import load_file, save_file
 from spec_testing import requires_default_model
+from triton_testing import (  # noqa: F401 - one_thread is a fixture
+    one_thread,
+    requires_triton,
+    run_captured,
+    run_uncaptured,
+    setup,
+)
 
 from lmprog.core.sampling import SamplingParams as SP
+from lmprog.runtime.engine.engine import EngineConfig
 from lmprog.runtime.engine.io import EngineRequest
 from lmprog.runtime.engine.launch import launch_engine
+from lmprog.runtime.executor.cuda_graph import CudaGraphRunner
 from lmprog.runtime.executor.forward_batch import ForwardBatch
 from lmprog.runtime.executor.kv_pool import KVPool
 from lmprog.runtime.models import ModelConfig
@@ -29,7 +38,7 @@ from lmprog.runtime.speculative.head_files import (
     save_eagle3,
     save_medusa,
 )
-from lmprog.runtime.speculative.head_proposer import spine, tree_nodes
+from lmprog.runtime.speculative.head_proposer import spine, tree_depth, tree_nodes
 from lmprog.runtime.speculative.heads import MedusaHeads
 from lmprog.runtime.speculative.medusa import MedusaProposer
 from lmprog.runtime.speculative.proposer import Proposal
@@ -255,10 +264,15 @@ def test_eagle_drafts_do_not_depend_on_the_history_of_calls(model):
 def test_trees_and_their_first_path(model):
     head = eagle_head(model)
     chain = from_scratch(model, head, PROMPTS[2], 3)
-    tree = from_scratch(model, head, PROMPTS[2], 3, width=3)
+    tree = from_scratch(model, head, PROMPTS[2], 9, width=3)  # 9 nodes: 3 depths of 3
     assert tree.parents == (-1, -1, -1, 0, 0, 0, 3, 3, 3)
     assert spine(tree) == chain and spine(chain) is chain
     assert len(set(tree.token_ids[:3])) == 3  # the top 3 of depth 1
+    # a tree of at most 4 nodes uses 2 depths: the head runs no step whose drafts go unverified
+    assert from_scratch(model, head, PROMPTS[2], 4, width=3) == Proposal(
+        tree.token_ids[:6], parents=tree.parents[:6]
+    )
+    assert tree_depth(4, 3) == 2 and tree_depth(4, 1) == 4 and tree_depth(9, 3) == 3
     assert tree_nodes([[4, 5], [6, 7]], 1) == Proposal((4, 6))
     assert tree_nodes([[4, 5], [6, 7]], 2) == Proposal((4, 5, 6, 7), parents=(-1, -1, 0, 0))
 
@@ -273,6 +287,10 @@ def test_medusa_proposer_reads_the_row_before_the_pending_token(model):
     with torch.inference_mode():
         want = heads(normed[-1:]).argmax(-1)[:, 0].tolist()
     assert got[0] == Proposal(tuple(want)) and got[1] == Proposal(())  # 3 heads: 3 drafts
+    wide = MedusaProposer(heads, vocab_size=211, tree_width=2)
+    wide.observe("r", 0, normed)
+    tree = wide.propose([PI("r", tokens + [9], 3)])[0]  # at most 3 nodes: 2 heads' top 2
+    assert tree.parents == (-1, -1, 0, 0) and tree.token_ids[::2] == tuple(want[:2])
 
 
 # ---- through the engine ------------------------------------------------------------------------
@@ -405,3 +423,113 @@ def test_steps_without_a_head_or_with_speculation_off_run_the_plain_forward(mode
             assert all(len(r.token_ids) == 6 for r in out)
         finally:
             eng.shutdown()
+
+
+# ---- CUDA graphs ---------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (graphs, Triton attention)")
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+@pytest.mark.parametrize("tree_width", [1, 3])
+def test_head_steps_replay_the_cuda_graphs(method, tree_width, monkeypatch):
+    """On the GPU a head's steps (decodes, chain and tree verifies, prefills) replay the CUDA
+    graphs built for its capture (decode graphs, piecewise segments): no forward_capture runs
+    eagerly, and greedy outputs equal those of the same engine without graphs and of plain
+    decoding (fp32: only the kernels' order of sums differs)."""
+    net = random_llama(TINY, 0.3, device="cuda", attention="triton")
+    prompts = [[9, 9, 8, 7, *p] for p in PROMPTS] * 2
+    params = SP(max_tokens=24, temperature=0.0, ignore_eos=True)
+    spec = SpeculativeConfig(
+        method=method, draft_load_format="dummy", num_tokens=4, adaptive=False,
+        tree_width=tree_width,
+    )  # fmt: skip
+    eager_calls = []
+    forward_capture = type(net).forward_capture
+
+    def counted(self, *args, **kwargs):
+        eager_calls.append(1)
+        return forward_capture(self, *args, **kwargs)
+
+    def run(speculative, graphs):
+        e = launch_engine(
+            net, None, eos_token_ids=EOS, max_total_tokens=4096, cuda_graphs=graphs,
+            engine_config=EngineConfig(check_integrity=True), speculative=speculative,
+        )  # fmt: skip
+        try:
+            eager_calls.clear()
+            monkeypatch.setattr(type(net), "forward_capture", counted)  # after the capture
+            out = [r.token_ids for r in run_all(e, prompts, params)]
+            monkeypatch.setattr(type(net), "forward_capture", forward_capture)
+            runner = e.runner
+            replays = sum(g.replays for g in (runner.graphs, runner.piecewise) if g is not None)
+            return out, e.stats(), replays, len(eager_calls)
+        finally:
+            e.shutdown()
+
+    plain, _, _, _ = run(None, True)
+    eager, eager_stats, _, eager_captures = run(spec, False)
+    graphs, stats, replays, captures = run(spec, True)
+    assert eager == plain and graphs == plain
+    # the head got its states (it drafted: verify steps below), none of them eagerly
+    assert eager_captures > 0 and captures == 0, (eager_captures, captures)
+    assert replays > 0
+    assert stats["spec_verify_steps"] >= 20 and eager_stats["spec_verify_steps"] >= 20
+    if tree_width > 1:
+        assert stats["spec_tree_verifies"] > 0, stats
+
+
+def check_head_graphs(device, capture, dtype, tol):
+    """The EAGLE head's draft steps through decode graphs (padded buckets, the states in and
+    out through HeadStep's buffers) propose what the eager steps propose: 4 requests asking
+    4, 2, 3 and 1 drafts (draft steps of 3, 2 and 1 requests in buckets of 4, 2 and 1),
+    over 4 calls of growing sequences."""
+    model, g, _, _ = setup(device, dtype, num_layers=2, rows=1, num_slots=64)
+    head = build_eagle3(dummy_eagle3_config(model.config, 40), model)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, 0.5, generator=g)
+
+    def proposer(graphs):
+        prop = EagleProposer(
+            head, capture_layers=(0, 1, 2), vocab_size=50, max_requests=8, cuda_graphs=False
+        )
+        if graphs:
+            prop.graphs = CudaGraphRunner(
+                prop.step, prop.kv, prop.req_to_token, batch_sizes=(1, 2, 4), capture=capture
+            )
+        return prop
+
+    eager, graphed = proposer(False), proposer(True)
+    width = head.fc.in_features
+    seqs = {rid: [3 + rid, 7, 11 + rid, 2 * rid + 1, 5] for rid in range(4)}
+    for rid, tokens in seqs.items():
+        feats = torch.randn(len(tokens) - 1, width, generator=g).to(device, eager.dtype)
+        for prop in (eager, graphed):
+            prop.observe(rid, 0, feats)
+    asks = {0: 4, 1: 2, 2: 3, 3: 1}
+    for _ in range(4):
+        inputs = [PI(rid, list(tokens), asks[rid]) for rid, tokens in seqs.items()]
+        want = eager.propose(inputs)
+        assert graphed.propose(inputs) == want
+        assert [len(p.token_ids) for p in want] == [4, 2, 3, 1]
+        for rid, tokens in seqs.items():  # a verify step that accepted the first draft
+            new = [want[rid].token_ids[0], int(torch.randint(50, (1,), generator=g))]
+            feats = torch.randn(len(new), width, generator=g).to(device, eager.dtype)
+            for prop in (eager, graphed):
+                prop.observe(rid, len(tokens) - 1, feats)
+            tokens += new
+    assert graphed.graphs.replays == 4 * 3  # every draft step after the extend
+
+
+@requires_triton
+def test_eagle_draft_steps_through_the_decode_graphs_padded_path(one_thread):
+    run_uncaptured(check_head_graphs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="CUDA graph capture needs a CUDA GPU (the padded static path is tested on the CPU "
+    "by test_eagle_draft_steps_through_the_decode_graphs_padded_path)",
+)
+def test_eagle_draft_steps_replay_the_decode_graphs(one_thread):
+    run_captured(check_head_graphs, "float32")  # fp32: drafts (argmax) compared exactly

@@ -100,3 +100,18 @@ def run_captured(run: GraphRun, dtype: str) -> None:
     """Capture and replay on a GPU; fp32 tl.dot runs in TF32 there and bf16 rounds
     differently with padded GEMM shapes, hence the looser tolerances."""
     run("cuda", True, dtype, 2e-2 if dtype == "float32" else 4e-2)
+
+
+def capture_against_eager(graphs, step, kvs, hidden, tol):
+    """A graph runner's maybe_run_capture (pool kvs[0]) against the model's forward_capture
+    (pool kvs[1]): the hidden states compared here. Returns (logits, or None when the graphs
+    did not serve the step; the reference logits; the hidden states or None)."""
+    out = graphs.maybe_run_capture(step, kvs[0], hidden)
+    want, want_states = graphs.model.forward_capture(step, kvs[1], hidden)
+    if out is None:
+        return None, want, None
+    got, states = out
+    assert states.shape == want_states.shape, (states.shape, want_states.shape)
+    diff = (states.float() - want_states.float()).abs().max().item()
+    assert diff <= tol * want_states.float().abs().max().item(), diff
+    return got, want, states

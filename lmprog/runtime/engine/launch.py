@@ -157,6 +157,7 @@ def _launch(
         scheduler.req_to_token,
         channel=channel,
         lora=manager,
+        hidden=None if speculator is None else speculator.head_capture,
         **runner_args,
     )
     return Engine(

@@ -2,9 +2,12 @@
 
     graphs = CudaGraphRunner(model, kv, req_to_token)     # captures every bucket, once
     logits = graphs.maybe_run(batch, kv)                  # None: not a graph batch, run eagerly
+    logits, hidden = graphs.maybe_run_capture(batch, kv, capture)   # built with hidden=capture
 
 Padding rows write only the pool's dummy slot; without CUDA the same padded forward runs
-eagerly. With LoRA each bucket is captured twice (without and with the adapters).
+eagerly. With LoRA each bucket is captured twice (without and with the adapters). Built for a
+draft head (hidden: its HiddenCapture), the graphs record forward_capture, whose hidden
+states come out of a static buffer beside the logits (plain steps replay them too).
 Static buffers, padding and plans: docs/design/cuda-graphs.md.
 """
 
@@ -22,7 +25,7 @@ from .forward_batch import ForwardBatch
 from .kv_pool import KVPool
 
 if TYPE_CHECKING:
-    from ..models.llama import LlamaForCausalLM
+    from ..models.llama import HiddenCapture, LlamaForCausalLM
 
 DEFAULT_BATCH_SIZES = (
     1,
@@ -56,14 +59,17 @@ def capture_decode_graphs(
     *,
     max_batch_size: int,
     lora: Any = None,
+    hidden: HiddenCapture | None = None,
 ) -> CudaGraphRunner | None:
     """Decode graphs for batches up to max_batch_size, or None where graphs are not used
     (not on CUDA, or attention not on the Triton backend). Captured under inference mode,
-    as the engine replays them."""
+    as the engine replays them. hidden: a draft head's capture (see CudaGraphRunner)."""
     if req_to_token.device.type != "cuda" or not supports_cuda_graphs(model):
         return None
     with torch.inference_mode():
-        return CudaGraphRunner(model, kv, req_to_token, max_batch_size=max_batch_size, lora=lora)
+        return CudaGraphRunner(
+            model, kv, req_to_token, max_batch_size=max_batch_size, lora=lora, hidden=hidden
+        )
 
 
 def supports_cuda_graphs(model: LlamaForCausalLM) -> bool:
@@ -187,13 +193,15 @@ class LoraGraphBuffers:
 @dataclass(frozen=True)
 class _Bucket:
     """One captured batch size: its graph (None without CUDA), the static batch and plan it
-    was captured on, and the graph's output logits [bs, vocab]."""
+    was captured on, and the graph's output logits [bs, vocab] (and hidden states [bs, ...]
+    when captured for a draft head)."""
 
     batch_size: int
     batch: ForwardBatch
     plan: Any
     graph: Any  # torch.cuda.CUDAGraph | None
     logits: torch.Tensor | None
+    hidden: torch.Tensor | None = None
     lora_batch: Any = None  # the static LoraBatch of the LoRA graph (None: no adapters)
     lora_graph: Any = None
     lora_logits: torch.Tensor | None = None
@@ -204,6 +212,9 @@ class CudaGraphRunner:
 
     `maybe_run(batch, kv)` returns `model(batch, kv)`'s fp32 logits from the graph's output
     buffer (valid until the next call), or None when the batch is not a graph batch.
+    hidden: a draft head's HiddenCapture; the graphs then record `model.forward_capture` and
+    `maybe_run_capture(batch, kv, hidden)` returns its (logits, hidden states), the hidden
+    states copied out of the graph's buffer (a head keeps them past the step).
     Single-threaded; the full contract is in docs/design/cuda-graphs.md.
     """
 
@@ -219,6 +230,7 @@ class CudaGraphRunner:
         capture: bool | None = None,
         lora: Any = None,
         lora_graphs_below_fp32: bool = False,
+        hidden: HiddenCapture | None = None,
     ) -> None:
         if not supports_cuda_graphs(model):
             raise ValueError(
@@ -237,6 +249,7 @@ class CudaGraphRunner:
             raise ValueError(f"the KV pool is on {kv.k[0].device} but req_to_token on {device}")
         self.model = model
         self.kv = kv
+        self.hidden = hidden
         self.capture = device.type == "cuda" if capture is None else capture
         if self.capture and device.type != "cuda":
             raise ValueError("capture=True needs CUDA tensors")
@@ -282,6 +295,27 @@ class CudaGraphRunner:
     def maybe_run(self, batch: ForwardBatch, kv: KVPool, lora: Any = None) -> torch.Tensor | None:
         """Logits of a decode batch through its bucket's graph, or None (see the class).
         lora: the step's LoraStepPlan (its adapters' graph), None: the plain graph."""
+        out = self._maybe_replay(batch, kv, lora, None)
+        return None if out is None else out[0]
+
+    def maybe_run_capture(
+        self, batch: ForwardBatch, kv: KVPool, capture: HiddenCapture
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`model.forward_capture(batch, kv, capture)` through the bucket's graph: its logits
+        (valid until the next call) and a copy of its hidden states; None when the batch is
+        not a graph batch or the graphs were not built for `capture`."""
+        if self.hidden is None or capture != self.hidden:
+            return None
+        out = self._maybe_replay(batch, kv, None, capture)
+        if out is None:
+            return None
+        logits, hidden = out
+        assert hidden is not None
+        return logits, hidden.clone()
+
+    def _maybe_replay(
+        self, batch: ForwardBatch, kv: KVPool, lora: Any, capture: HiddenCapture | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         if not self.can_run(batch, kv):
             return None
         bucket = self._bucket_for(batch.batch_size)
@@ -292,15 +326,21 @@ class CudaGraphRunner:
         self.buffers.load(batch, bucket.batch_size)
         self.replays += 1
         kv.fence_loads()  # a whole step in one graph: the host tier's copies come first
+        n = batch.batch_size
         if lora is not None:
-            return self._replay_lora(bucket)[: batch.batch_size]
-        if bucket.graph is None:
+            return self._replay_lora(bucket)[:n], None
+        hidden: torch.Tensor | None = None
+        if bucket.graph is None and capture is not None:
+            logits, hidden = self.model.forward_capture(
+                bucket.batch, self.kv, capture, plan=bucket.plan
+            )
+        elif bucket.graph is None:
             logits = self.model(bucket.batch, self.kv, plan=bucket.plan)
         else:
             bucket.graph.replay()
-            logits = bucket.logits
-            assert logits is not None  # captured with the graph
-        return logits[: batch.batch_size]
+            assert bucket.logits is not None  # captured with the graph
+            logits, hidden = bucket.logits, bucket.hidden
+        return logits[:n], None if hidden is None else hidden[:n]
 
     def _replay_lora(self, bucket: _Bucket) -> torch.Tensor:
         if bucket.lora_graph is not None:
@@ -356,30 +396,40 @@ class CudaGraphRunner:
         plan = self._plan(batch)
         lora_batch = None if self.lora_buffers is None else self.lora_buffers.view(bs)
         if not self.capture:
-            return _Bucket(bs, batch, plan, None, None, lora_batch)
-        graph, logits = self._capture_one(batch, plan, None)
+            return _Bucket(bs, batch, plan, None, None, None, lora_batch)
+        graph, logits, hidden = self._capture_one(batch, plan, None, self.hidden)
         if lora_batch is None or self.lora_buffers is None:
-            return _Bucket(bs, batch, plan, graph, logits)
+            return _Bucket(bs, batch, plan, graph, logits, hidden)
         self.lora_buffers.clear()
-        lora_graph, lora_logits = self._capture_one(batch, plan, lora_batch)
-        return _Bucket(bs, batch, plan, graph, logits, lora_batch, lora_graph, lora_logits)
+        lora_graph, lora_logits, _ = self._capture_one(batch, plan, lora_batch, None)
+        return _Bucket(bs, batch, plan, graph, logits, hidden, lora_batch, lora_graph, lora_logits)
 
-    def _capture_one(self, batch: ForwardBatch, plan: Any, lora_batch: Any) -> tuple[Any, Any]:
+    def _capture_one(
+        self, batch: ForwardBatch, plan: Any, lora_batch: Any, capture: HiddenCapture | None
+    ) -> tuple[Any, Any, Any]:
+        """(graph, its logits, its hidden states or None) of the bucket's forward (with
+        capture: forward_capture's)."""
         if lora_batch is not None:
             with self._lora_batch(lora_batch):
-                return self._capture_one(batch, plan, None)
+                return self._capture_one(batch, plan, None, capture)
+
+        def forward() -> tuple[torch.Tensor, torch.Tensor | None]:
+            if capture is None:
+                return self.model(batch, self.kv, plan=plan), None
+            return self.model.forward_capture(batch, self.kv, capture, plan=plan)
+
         # Warm up on a side stream (Triton compiles, rotary caches its table on the device),
         # then capture; the buffers hold padding, so these runs write only the dummy slot.
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self.model(batch, self.kv, plan=plan)
+                forward()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            logits = self.model(batch, self.kv, plan=plan)
-        return graph, logits
+            logits, hidden = forward()
+        return graph, logits, hidden
 
 
 def _num_sms(device: torch.device) -> int:

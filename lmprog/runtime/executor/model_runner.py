@@ -55,6 +55,8 @@ class ModelRunner:
     (lmprog.runtime.parallel.channel); None otherwise.
     lora: the LoraManager of the model's adapters (built around `model` before the runner,
     see lmprog.runtime.lora); None: no adapters.
+    hidden: the HiddenCapture of the engine's draft head, None without one: the CUDA graphs
+    then also hand over its hidden states (forward_capture's steps replay them).
     Single-threaded: only the engine thread calls `forward`.
     """
 
@@ -69,6 +71,7 @@ class ModelRunner:
         channel: Any = None,
         kv_cache_dtype: str = "auto",
         lora: Any = None,
+        hidden: HiddenCapture | None = None,
     ) -> None:
         param = next(model.parameters())
         if channel is not None and getattr(model.config, "vision", None) is not None:
@@ -109,10 +112,11 @@ class ModelRunner:
                 self.req_to_token,
                 max_batch_size=req_to_token.shape[0],
                 lora=lora,
+                hidden=hidden,
             )
         if cuda_graphs and piecewise_tokens > 0:
             self.piecewise = capture_piecewise_graphs(
-                model, self.kv, self.req_to_token, max_tokens=piecewise_tokens
+                model, self.kv, self.req_to_token, max_tokens=piecewise_tokens, hidden=hidden
             )
 
     @property
@@ -131,8 +135,8 @@ class ModelRunner:
         self, batch: ScheduledBatch, capture: HiddenCapture, future: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward`'s logits and the hidden states a draft head needs (HiddenCapture, see
-        LlamaForCausalLM.forward_capture). Runs eagerly: the CUDA graphs serve steps
-        without capture."""
+        LlamaForCausalLM.forward_capture), through the CUDA graphs when they were built for
+        `capture` (ModelRunner's hidden) and serve the step, else eagerly."""
         logits, hidden = self._forward(batch, future, capture)
         assert hidden is not None
         return logits, hidden
@@ -179,6 +183,14 @@ class ModelRunner:
         """The forward of one step's inputs (every rank of a tensor-parallel group runs it)."""
         return self._run(step, future, None)[0]
 
+    def run_capture(
+        self, step: StepInputs, capture: HiddenCapture, future: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`run` with the hidden states `capture` asks for, as forward_capture."""
+        logits, hidden = self._run(step, future, capture)
+        assert hidden is not None
+        return logits, hidden
+
     def _run(
         self, step: StepInputs, future: torch.Tensor | None, capture: HiddenCapture | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -191,6 +203,11 @@ class ModelRunner:
     def _run_capture(
         self, fb: ForwardBatch, lora: Any, capture: HiddenCapture
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if lora is None and fb.image_rows is None:  # (graphs embed tokens only)
+            for graphs in (self.graphs, self.piecewise):
+                out = None if graphs is None else graphs.maybe_run_capture(fb, self.kv, capture)
+                if out is not None:  # None: not a step those graphs serve
+                    return out
         if lora is None:
             return self.model.forward_capture(fb, self.kv, capture)
         context = self.lora.context

@@ -3,9 +3,12 @@ but attention. Prefill chunks, mixed batches and verify rows, per bucketed token
 
     graphs = PiecewiseGraphRunner(model, kv, req_to_token, max_tokens=8192)
     logits = graphs.maybe_run(batch, kv)      # None: not served (decode-only, too many tokens)
+    logits, hidden = graphs.maybe_run_capture(batch, kv, capture)  # built with hidden=capture
 
 Attention runs eagerly between the L + 1 captured segments; without CUDA the same padded,
-segmented forward runs eagerly. Design: docs/design/cuda-graphs.md.
+segmented forward runs eagerly. Built for a draft head (hidden: its HiddenCapture), segment i
+also copies the residual stream entering layer i into a static buffer when the head reads
+it (forward_capture's states, verify steps included). Design: docs/design/cuda-graphs.md.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from .kv_pool import KVPool
 
 if TYPE_CHECKING:
     from ..layers.attention.triton_backend import TritonAttentionBackend
-    from ..models.llama import DecoderLayerPart, LlamaForCausalLM
+    from ..models.llama import DecoderLayerPart, HiddenCapture, LlamaForCausalLM
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +52,24 @@ DEFAULT_TOKEN_BUCKETS = (
 
 
 def capture_piecewise_graphs(
-    model: LlamaForCausalLM, kv: KVPool, req_to_token: torch.Tensor, *, max_tokens: int
+    model: LlamaForCausalLM,
+    kv: KVPool,
+    req_to_token: torch.Tensor,
+    *,
+    max_tokens: int,
+    hidden: HiddenCapture | None = None,
 ) -> PiecewiseGraphRunner | None:
     """Piecewise graphs for steps of up to max_tokens tokens, or None where graphs are not
     used (not on CUDA, or attention not on the Triton backend) or their activations do not
-    fit next to the KV pool (logged; those steps then run eagerly)."""
+    fit next to the KV pool (logged; those steps then run eagerly). hidden: a draft head's
+    capture (see PiecewiseGraphRunner)."""
     if req_to_token.device.type != "cuda" or not supports_cuda_graphs(model):
         return None
     try:
         with torch.inference_mode():
-            return PiecewiseGraphRunner(model, kv, req_to_token, max_tokens=max_tokens)
+            return PiecewiseGraphRunner(
+                model, kv, req_to_token, max_tokens=max_tokens, hidden=hidden
+            )
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
         log.warning(
@@ -80,6 +91,7 @@ class _Bucket:
     graphs: list[Any]
     q: torch.Tensor  # static: q_i, the input of attention i, copied in by segment i
     out: torch.Tensor  # static: the attention output every segment after the first reads
+    captured: torch.Tensor | None  # static: the draft head's layer states (None: no head)
     h: torch.Tensor | None = None  # the last segment's outputs
     residual: torch.Tensor | None = None
 
@@ -92,6 +104,9 @@ class PiecewiseGraphRunner:
     rounding) and writes the same K/V into the pool, or None when the batch is not served
     (decode-only batches, which the decode graphs take; more tokens than the largest bucket;
     another pool). Single-threaded; construct and call under the same inference mode.
+    hidden: a draft head's HiddenCapture; `maybe_run_capture(batch, kv, hidden)` then returns
+    `model.forward_capture`'s (logits, hidden states) (the states copied out of the static
+    buffer the segments write: a head keeps them past the step).
     """
 
     def __init__(
@@ -103,6 +118,7 @@ class PiecewiseGraphRunner:
         max_tokens: int,
         buckets: Sequence[int] = DEFAULT_TOKEN_BUCKETS,
         capture: bool | None = None,
+        hidden: HiddenCapture | None = None,
     ) -> None:
         if not supports_cuda_graphs(model):
             raise ValueError(
@@ -123,6 +139,11 @@ class PiecewiseGraphRunner:
         rows = (sizes[-1], att.num_heads)  # latent attention: q longer than out by rope_dim
         self.q = torch.zeros((*rows, att.head_dim + att.rope_dim), dtype=model.dtype, device=device)
         self.out = torch.zeros((*rows, att.head_dim), dtype=model.dtype, device=device)
+        self.hidden = hidden
+        self.captured = None  # the residual streams a head reads, [tokens, layers * hidden]
+        if hidden is not None and hidden.layers:
+            width = len(hidden.layers) * model.config.hidden_size
+            self.captured = torch.zeros(sizes[-1], width, dtype=model.dtype, device=device)
         self._req_to_token = req_to_token
         self.replays = 0
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
@@ -151,6 +172,34 @@ class PiecewiseGraphRunner:
 
     def maybe_run(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor | None:
         """Logits of `batch` through its bucket's segments, or None (see the class)."""
+        out = self._run(batch, kv)
+        if out is None:
+            return None
+        _, h, residual = out
+        return self.model.logits(h, residual, batch.logits_indices)
+
+    def maybe_run_capture(
+        self, batch: ForwardBatch, kv: KVPool, capture: HiddenCapture
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`model.forward_capture(batch, kv, capture)` through the segments: its logits and a
+        copy of its hidden states; None when not served or not built for `capture`."""
+        if self.hidden is None or capture != self.hidden:
+            return None
+        out = self._run(batch, kv)
+        if out is None:
+            return None
+        bucket, h, residual = out
+        rows = batch.logits_indices
+        logits = self.model.logits(h, residual, rows)
+        if bucket.captured is not None:
+            return logits, bucket.captured[: batch.input_ids.shape[0]].clone()
+        normed, _ = self.model.model.norm(h.index_select(0, rows), residual.index_select(0, rows))
+        return logits, normed
+
+    def _run(
+        self, batch: ForwardBatch, kv: KVPool
+    ) -> tuple[_Bucket, torch.Tensor, torch.Tensor] | None:
+        """The bucket's replay (or its segments, uncaptured) and its last outputs."""
         if not self.can_run(batch, kv):
             return None
         t = batch.input_ids.shape[0]
@@ -166,7 +215,7 @@ class PiecewiseGraphRunner:
             assert h is not None and residual is not None  # captured with the graphs
         else:
             h, residual = self._segments(bucket, plan)
-        return self.model.logits(h, residual, batch.logits_indices)
+        return bucket, h, residual
 
     def _replay(self, bucket: _Bucket, plan: Any) -> None:
         attention, layers, kv = self._attention, self._layers, self.kv
@@ -196,6 +245,7 @@ class PiecewiseGraphRunner:
         h, step = self.model.embed(bucket.batch, self.kv, None)
         (q, _, _), residual = self._layers[0].attention_input(h, None, step)
         bucket.q.copy_(q)
+        self._take(bucket, 0, residual)
         return residual, step
 
     def _segment(
@@ -207,7 +257,23 @@ class PiecewiseGraphRunner:
         if i < len(layers):
             (q, _, _), residual = layers[i].attention_input(h, residual, step)
             bucket.q.copy_(q)
+            self._take(bucket, i, residual)  # the norm's add: the stream entering layer i
+        elif self._reads(i):
+            self._take(bucket, i, h + residual)  # the stream leaving the last layer
         return h, residual
+
+    def _reads(self, layer: int) -> bool:
+        """Whether the draft head reads the residual stream entering `layer`."""
+        return self.captured is not None and self.hidden is not None and layer in self.hidden.layers
+
+    def _take(self, bucket: _Bucket, layer: int, stream: torch.Tensor) -> None:
+        """Copy the residual stream entering `layer` to the head's columns of it, if read."""
+        if bucket.captured is None or self.hidden is None or not self._reads(layer):
+            return
+        width = stream.shape[-1]
+        for j, wanted in enumerate(self.hidden.layers):
+            if wanted == layer:
+                bucket.captured[:, j * width : (j + 1) * width].copy_(stream)
 
     # ---- capture ---------------------------------------------------------------------------
     def _capture(self, tokens: int) -> _Bucket:
@@ -224,7 +290,8 @@ class PiecewiseGraphRunner:
             req_to_token=self._req_to_token,
             logits_indices=one,
         )
-        bucket = _Bucket(tokens, batch, [], self.q[:tokens], self.out[:tokens])
+        captured = None if self.captured is None else self.captured[:tokens]
+        bucket = _Bucket(tokens, batch, [], self.q[:tokens], self.out[:tokens], captured)
         if not self.capture:
             return bucket
         # Warm up on a side stream (Triton compiles, cuBLAS picks kernels), then capture each

@@ -256,13 +256,15 @@ class LlamaForCausalLM(nn.Module):
         return self.logits(h, residual, batch.logits_indices)
 
     def forward_capture(
-        self, batch: ForwardBatch, kv: KVPool, capture: HiddenCapture
+        self, batch: ForwardBatch, kv: KVPool, capture: HiddenCapture, plan: Any = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward`'s logits, and the hidden states `capture` asks for (draft heads read
         them): the residual stream entering each of capture.layers (len(layers) * hidden
         features) at every fed token, or, capture.layers empty, the final norm's output at
-        batch.logits_indices. A separate method: steps without heads run `forward` as it was."""
-        plan = self.attention.plan(batch)
+        batch.logits_indices. A separate method: steps without heads run `forward` as it was.
+        plan: as forward's."""
+        if plan is None:
+            plan = self.attention.plan(batch)
         h, step = self.embed(batch, kv, plan)
         residual: torch.Tensor | None = None
         taken: dict[int, torch.Tensor] = {}

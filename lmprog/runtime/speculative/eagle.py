@@ -12,9 +12,11 @@ i + 2 and is fed back as the features of the next position while drafting:
 Per request the proposer keeps draft KV for token indices base .. base + exact - 1 computed
 from target features (exact: they never change, the tokens after them being final) and the
 features observed but not fed yet. A call feeds those in one batched extend (draft 1 comes
-from its last row), then k - 1 batched one-token steps on the head's own states; the
+from its last row), then k - 1 batched one-token steps on the head's own states (the
+call's integers go to the device in one copy and its drafts come back in one); the
 previous call's fed drafts are dropped first. Drafts are the argmax (chains) or the top-w
-per depth (trees, tree_width), mapped to the target's ids by d2t; no draft distribution is
+per depth (trees, tree_width: a tree of k nodes runs ceil(k / w) steps), mapped to the
+target's ids by d2t; no draft distribution is
 returned, so a sampled request is verified as n-gram drafts are (its distribution kept).
 Design: docs/design/speculative.md.
 """
@@ -24,17 +26,25 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import torch
+from torch import nn
 
+from ..executor.cuda_graph import CudaGraphRunner, capture_decode_graphs
 from ..executor.forward_batch import ForwardBatch
 from ..executor.kv_pool import KVPool
 from ..models.llama import HiddenCapture
 from .draft import KV_BUDGET_BYTES, _checked_tokens, prepare_and_run
 from .draft_cache import DraftKVCache, DraftSeq
-from .head_proposer import HeadProposer, tree_nodes
+from .draft_job import Packer
+from .head_proposer import HeadProposer, tree_depth, tree_nodes
 from .heads import Eagle3Head
 from .proposer import Proposal, ProposalInput
+
+if TYPE_CHECKING:
+    from ..models.llama import LlamaForCausalLM
 
 _EMPTY = Proposal(())
 
@@ -82,6 +92,7 @@ class EagleProposer(HeadProposer):
         max_total_tokens: int | None = None,
         max_requests: int = 64,
         context_length: int | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         c = head.config.layer
         if c.vocab_size != vocab_size:
@@ -104,6 +115,19 @@ class EagleProposer(HeadProposer):
             (max_requests, self.context_length), dtype=torch.int32, device=self.device
         )
         head.attention.warm_up(self.kv, self.req_to_token)
+        self._ones = torch.ones(max_requests, dtype=torch.int64, device=self.device)
+        self._arange = torch.arange(max_requests, dtype=torch.int64, device=self.device)
+        # the draft steps (one token per request, the head's own states) replayed from decode
+        # graphs on a GPU with Triton attention (None elsewhere: eager)
+        self.step = HeadStep(head, max_requests)
+        self.graphs: CudaGraphRunner | None = None
+        if cuda_graphs:
+            self.graphs = capture_decode_graphs(  # (what the graphs call of a model)
+                cast("LlamaForCausalLM", self.step),
+                self.kv,
+                self.req_to_token,
+                max_batch_size=max_requests,
+            )
         self.max_states = 4 * max_requests  # observed requests kept (LRU beyond)
         self._states: OrderedDict[Hashable, _State] = OrderedDict()
         self.num_proposed = 0
@@ -159,7 +183,8 @@ class EagleProposer(HeadProposer):
         if st is None or feed < 1 or feed > len(st.pending):
             self.num_skipped += 1
             return None
-        k = min(inp.max_tokens, self.context_length - (n - 1 - st.base) - 1)
+        depth = tree_depth(inp.max_tokens, self.tree_width)  # head steps: k
+        k = min(depth, self.context_length - (n - 1 - st.base) - 1)
         if k < 1:
             self.num_skipped += 1
             return None
@@ -178,75 +203,138 @@ class EagleProposer(HeadProposer):
         return _Job(inp, st, seq, feed, k)
 
     def _run(self, jobs: list[_Job]) -> None:
-        head, dev = self.head, self.device
-        ids, pos, loc, rows, lens, ext = [], [], [], [], [], []
-        feats = []
-        for j in jobs:
-            st, tokens = j.state, j.inp.token_ids
-            first = st.next_index  # token index of the first fed feature
-            cols = range(st.exact, st.exact + j.feed)
-            ids += [int(tokens[first + 1 + i]) for i in range(j.feed)]
-            pos += [first + i for i in range(j.feed)]
-            loc += [j.seq.slots[c] for c in cols]
-            rows.append(j.seq.row)
-            lens.append(st.exact + j.feed)
-            ext.append(j.feed)
-            feats.append(st.pending[: j.feed])
-        self._fill_table(jobs)
-        batch = ForwardBatch.build(
-            input_ids=ids,
-            positions=pos,
-            out_cache_loc=loc,
-            req_pool_indices=rows,
-            seq_lens=lens,
-            extend_lens=ext,
+        """The extend of every job's new features, then the draft steps; every integer of
+        the call sent to the device in one copy, the drafts read back in one (as the draft
+        model's proposer does: draft_job.pack_steps)."""
+        head = self.head
+        active = [sum(j.k > s for j in jobs) for s in range(jobs[0].k)]  # jobs sorted by k
+        ints = self._pack(jobs, active).send(self.device)
+        self.req_to_token[ints["t_rows"], ints["t_cols"]] = ints["t_vals"].to(torch.int32)
+        feats = torch.cat([j.state.pending[: j.feed] for j in jobs]).to(self.dtype)
+        batch = ForwardBatch(
+            input_ids=ints["ids"],
+            positions=ints["pos"],
+            out_cache_loc=ints["loc"],
+            req_pool_indices=ints["rows"],
+            seq_lens=ints["lens"],
+            extend_lens=ints["ext"],
+            extend_start_loc=ints["start"],
             req_to_token=self.req_to_token,
-            device=dev,
+            logits_indices=ints["last"],
+            seq_lens_cpu=tuple(j.state.exact + j.feed for j in jobs),
+            extend_lens_cpu=tuple(j.feed for j in jobs),
         )
-        logits, hidden = head(batch, self.kv, torch.cat(feats).to(self.dtype), project=True)
+        logits, hidden = head(batch, self.kv, feats, project=True)
         for j in jobs:  # the features are in the exact KV now
             j.seq.tokens.extend(int(t) for t in j.inp.token_ids[j.state.next_index + 1 :])
             j.state.pending = j.state.pending[j.feed :]
             j.state.exact += j.feed
-        fed = self._choose(jobs, logits, 0)
-        for s in range(1, jobs[0].k):
-            now = [j for j in jobs if j.k > s]
-            batch = self._step_batch(now, s, fed[: len(now)])
-            logits, hidden = head(batch, self.kv, hidden[: len(now)], project=False)
-            fed = self._choose(now, logits, s)
+        top = self._top(logits)
+        tops = [top]
+        for s in range(1, len(active)):
+            a = active[s]
+            batch = ForwardBatch(
+                input_ids=top[:a, 0],
+                positions=ints[f"pos{s}"],
+                out_cache_loc=ints[f"loc{s}"],
+                req_pool_indices=ints["rows"][:a],
+                seq_lens=ints[f"lens{s}"],
+                extend_lens=self._ones[:a],
+                extend_start_loc=self._arange[:a],
+                req_to_token=self.req_to_token,
+                logits_indices=self._arange[:a],
+                seq_lens_cpu=tuple(j.state.exact + s for j in jobs[:a]),
+                extend_lens_cpu=(1,) * a,
+            )
+            logits, hidden = self._draft_step(batch, hidden[:a])
+            top = self._top(logits)
+            tops.append(top)
+        flat = torch.cat(tops).tolist()  # [sum(active), w]: the call's one read-back
+        at = 0
+        for a in active:
+            for j, cands in zip(jobs[:a], flat[at : at + a]):
+                j.top.append([int(t) for t in cands])
+            at += a
         for j in jobs:
             j.seq.tokens.extend(t[0] for t in j.top[:-1])  # fed back: their KV is in the pool
             assert len(j.seq.tokens) == len(j.seq.slots)
 
-    def _choose(self, jobs: list[_Job], logits: torch.Tensor, s: int) -> torch.Tensor:
-        """The top candidates of each job's row (target ids); returns the top-1 ids to feed."""
+    def _draft_step(
+        self, batch: ForwardBatch, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A one-token draft step fed the head's own states: through the graphs when they
+        serve it (the states in and out through HeadStep's buffers), else eagerly."""
+        if self.graphs is not None and self.graphs.can_run(batch, self.kv):
+            n = batch.batch_size
+            self.step.hidden_in[:n].copy_(hidden)
+            logits = self.graphs.maybe_run(batch, self.kv)
+            assert logits is not None  # can_run said so
+            return logits, self.step.hidden_out[:n]
+        return self.head(batch, self.kv, hidden, project=False)
+
+    def _top(self, logits: torch.Tensor) -> torch.Tensor:
+        """The top-w candidates of each row, as target ids [rows, w] (on the device)."""
         w = min(self.tree_width, logits.shape[-1])
-        top = self.head.target_ids(logits.topk(w, dim=-1).indices)  # [rows, w]
-        host = top.tolist()
-        for j, cands in zip(jobs, host):
-            j.top.append([int(t) for t in cands])
-        return top[:, 0]
+        return self.head.target_ids(logits.topk(w, dim=-1).indices)
 
-    def _step_batch(self, jobs: list[_Job], s: int, ids: torch.Tensor) -> ForwardBatch:
-        """Draft step s (>= 1): each job feeds its draft s at token index n - 2 + s."""
-        n = [len(j.inp.token_ids) for j in jobs]
-        cols = [j.state.exact - 1 + s for j in jobs]  # the draft row's column of index n-2+s
-        return ForwardBatch.build(
-            input_ids=ids,
-            positions=[m - 2 + s for m in n],
-            out_cache_loc=[j.seq.slots[c] for j, c in zip(jobs, cols)],
-            req_pool_indices=[j.seq.row for j in jobs],
-            seq_lens=[c + 1 for c in cols],
-            extend_lens=[1] * len(jobs),
-            req_to_token=self.req_to_token,
-            device=self.device,
-        )
-
-    def _fill_table(self, jobs: list[_Job]) -> None:
-        """The draft table rows: column c holds the slot of the request's c-th draft entry."""
+    def _pack(self, jobs: list[_Job], active: list[int]) -> Packer:
+        """The call's integers: the extend of each job's `feed` features (token index first
+        + i is fed with token first + i + 1, into draft column exact + i), the table entries
+        of every reserved slot, and per draft step s >= 1 each active job's draft s at token
+        index n - 2 + s (column exact' - 1 + s, exact' = exact + feed)."""
+        pk = Packer()
+        ext = [j.feed for j in jobs]
+        starts = np.cumsum([0, *ext[:-1]]).tolist()
+        ids: list[int] = []
+        pos: list[int] = []
+        loc: list[int] = []
         for j in jobs:
-            start = j.state.exact
-            slots = j.seq.slots[start:]
-            self.req_to_token[j.seq.row, start : start + len(slots)] = torch.tensor(
-                slots, dtype=torch.int32
-            ).to(self.device)
+            st, tokens = j.state, j.inp.token_ids
+            first = st.next_index  # token index of the first fed feature
+            ids += [int(tokens[first + 1 + i]) for i in range(j.feed)]
+            pos += [first + i for i in range(j.feed)]
+            loc += j.seq.slots[st.exact : st.exact + j.feed]
+        pk.add("ids", ids)
+        pk.add("pos", pos)
+        pk.add("loc", loc)
+        pk.add("rows", [j.seq.row for j in jobs])
+        pk.add("lens", [j.state.exact + j.feed for j in jobs])
+        pk.add("ext", ext)
+        pk.add("start", starts)
+        pk.add("last", [s + e - 1 for s, e in zip(starts, ext)])
+        # the draft table: column c of a job's row holds the slot of its c-th draft entry
+        pk.add("t_rows", [j.seq.row for j in jobs for _ in j.seq.slots[j.state.exact :]])
+        pk.add("t_cols", [c for j in jobs for c in range(j.state.exact, len(j.seq.slots))])
+        pk.add("t_vals", [x for j in jobs for x in j.seq.slots[j.state.exact :]])
+        for s in range(1, len(active)):
+            now = jobs[: active[s]]
+            cols = [j.state.exact + j.feed - 1 + s for j in now]
+            pk.add(f"pos{s}", [len(j.inp.token_ids) - 2 + s for j in now])
+            pk.add(f"loc{s}", [j.seq.slots[c] for j, c in zip(now, cols)])
+            pk.add(f"lens{s}", [c + 1 for c in cols])
+        return pk
+
+
+class HeadStep(nn.Module):
+    """The EAGLE head's one-token draft step as the decode graphs run a model
+    (`step(batch, kv, plan)` -> logits): fed the head's own states from a static buffer
+    (hidden_in, rows as the batch's) and writing its output states to another (hidden_out),
+    so that a captured graph reads and writes them at fixed addresses."""
+
+    def __init__(self, head: Eagle3Head, rows: int) -> None:
+        super().__init__()
+        self.head = head
+        param = next(head.parameters())
+        shape = (rows, head.config.layer.hidden_size)
+        self.hidden_in = torch.zeros(shape, dtype=param.dtype, device=param.device)
+        self.hidden_out = torch.zeros(shape, dtype=param.dtype, device=param.device)
+
+    @property
+    def attention(self) -> Any:  # what the decode graphs plan with
+        return self.head.attention
+
+    def forward(self, batch: ForwardBatch, kv: KVPool, plan: Any = None) -> torch.Tensor:
+        n = batch.batch_size
+        logits, hidden = self.head(batch, kv, self.hidden_in[:n], project=False, plan=plan)
+        self.hidden_out[:n].copy_(hidden)
+        return logits

@@ -33,6 +33,13 @@ class HeadProposer(Proposer):
         start .. start + m - 1, just computed by the target (a device tensor; no sync)."""
 
 
+def tree_depth(nodes: int, width: int) -> int:
+    """How many draft depths a proposal of at most `nodes` drafts uses: a chain's (width 1)
+    every one, a tree's (tree_nodes, w per depth) ceil(nodes / w); the Speculator keeps the
+    first `nodes` (in topological order), so deeper top-w candidates would go unverified."""
+    return nodes if width <= 1 else -(-nodes // width)
+
+
 def tree_nodes(top: list[list[int]], width: int) -> Proposal:
     """A Proposal from the top candidates of each draft depth (top[d]: best first, drafted
     along the top-1 path): width 1 gives the chain of top-1 tokens; width w > 1 a tree in

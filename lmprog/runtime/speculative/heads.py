@@ -11,6 +11,7 @@ head_files.py. Design: docs/design/speculative.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -130,13 +131,20 @@ class Eagle3Head(nn.Module):
         return F.embedding(ids, self._shared_embedding[0])
 
     def forward(
-        self, batch: ForwardBatch, kv: KVPool, hidden: torch.Tensor, project: bool
+        self,
+        batch: ForwardBatch,
+        kv: KVPool,
+        hidden: torch.Tensor,
+        project: bool,
+        plan: Any = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """project: hidden holds the target's features (fc maps them), else the head's own."""
+        """project: hidden holds the target's features (fc maps them), else the head's own.
+        plan: the batch's attention plan when the caller built it (a CUDA graph's)."""
         if project:
             hidden = self.fc(hidden)
         embeds = self.embed(batch.input_ids).to(hidden.dtype)
-        plan = self.attention.plan(batch)
+        if plan is None:
+            plan = self.attention.plan(batch)
         cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)
         step = _Step(cos, sin, kv, batch.out_cache_loc, self.attention, plan)
         h, residual = self.midlayer(embeds, hidden, step)

@@ -17,7 +17,7 @@ import torch
 
 from ..models.llama import HiddenCapture
 from .draft import _checked_tokens
-from .head_proposer import HeadProposer, tree_nodes
+from .head_proposer import HeadProposer, tree_depth, tree_nodes
 from .heads import MedusaHeads
 from .proposer import Proposal, ProposalInput
 
@@ -58,7 +58,8 @@ class MedusaProposer(HeadProposer):
             if rows is None or not 0 <= at < len(rows):
                 self.num_skipped += 1
                 continue
-            wanted.append((i, rows[at], min(inp.max_tokens, self.heads.num_heads)))
+            heads = tree_depth(inp.max_tokens, self.tree_width)  # a tree of max_tokens nodes
+            wanted.append((i, rows[at], min(heads, self.heads.num_heads)))
         out = [_EMPTY] * len(inputs)
         if not wanted:
             return out

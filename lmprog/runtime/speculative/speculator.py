@@ -148,7 +148,13 @@ class Speculator:
     def capture(self) -> HiddenCapture | None:
         """The hidden states this step's forward must hand over (None: a plain forward):
         a draft head's, while speculation is on."""
-        if not self.enabled or not isinstance(self.proposer, HeadProposer):
+        return self.head_capture if self.enabled else None
+
+    @property
+    def head_capture(self) -> HiddenCapture | None:
+        """The hidden states the installed draft head reads, whether speculation is on or
+        not (the CUDA graphs are built for them); None without a head."""
+        if not isinstance(self.proposer, HeadProposer):
             return None
         return self.proposer.capture
 
