@@ -1,7 +1,8 @@
 """Decode-time checks: what a JSON grammar cannot say, checked on the text as it is decoded.
 
 Distinct items over an open set (``uniqueItems``), two equal items (``not`` over it), distinct
-keys, and maxLengths counted beside a pattern (``json_schema.terms.lengths``). The compiler
+keys, maxLengths counted beside a pattern (``json_schema.terms.lengths``) and patterns with
+backreferences (``json_schema.terms.matched``). The compiler
 hands the guide a ``JsonChecks``; the guide removes what it refuses from the mask
 (``check_masks``) and refuses it in ``advance``. States are immutable (``State``, its stack of
 ``Top``/``Obj``/``Arr`` frames), one per token, so a guide rolls back by dropping the last ones.
@@ -17,6 +18,7 @@ from typing import Any, Literal, NamedTuple, TypeAlias, TypeVar
 
 from lmprog.fsm.json_schema.terms.algebra import key_node
 from lmprog.fsm.json_schema.terms.lengths import LengthCount
+from lmprog.fsm.json_schema.terms.matched import PatternMatch
 from lmprog.fsm.json_schema.terms.nodes import (
     ArrT,
     Node,
@@ -89,9 +91,9 @@ Frame: TypeAlias = "Top | Obj | Arr"
 # an item in an Arr), which the type cannot say: a frame read from the stack is Any rather
 # than narrowed at run time on the per-byte path.
 Stack: TypeAlias = "tuple[Any, ...]"
-# a string being counted: its LengthCount, the pattern automaton's state, characters completed,
-# bytes of one begun
-Count: TypeAlias = "tuple[LengthCount, int, int, bytes]"
+# a string being read by a count: its LengthCount (the pattern automaton's state) or
+# PatternMatch (the text so far), characters completed, bytes of one begun
+Count: TypeAlias = "tuple[LengthCount | PatternMatch, Any, int, bytes]"
 
 
 class State(NamedTuple):
@@ -99,9 +101,9 @@ class State(NamedTuple):
     mode: Mode
     text: bytes  # the bytes of a key being read
     buf: bytes  # the text since the outermost item of a checked array still being read began
-    # inside a string whose maxLength is counted apart (json_schema.terms.lengths): (its
-    # LengthCount, the pattern automaton's state, characters completed, bytes of one begun);
-    # else None
+    # inside a string whose maxLength is counted apart (json_schema.terms.lengths) or whose
+    # patterns with backreferences are matched (json_schema.terms.matched): (its count, the
+    # count's state, characters completed, bytes of one begun); else None
     counted: Count | None
 
 
@@ -119,20 +121,22 @@ class JsonChecks:
         self,
         root: Node,
         bodies: dict[tuple[Any, ...], Node],
-        lengths: dict[StrT, LengthCount] | None = None,
+        lengths: dict[StrT, LengthCount | PatternMatch] | None = None,
     ) -> None:
         """root: the schema's node; bodies: RefT key -> node. Arrays are checked where a term
         asks for distinct items (``unique``) or a repeated one (``repeats``), objects where
         one asks for a member breaking a rule (``some_values``: distinct keys); lengths: the
-        string terms whose maxLength is counted here -> their ``lengths.LengthCount``."""
+        string terms whose maxLength is counted here -> their ``lengths.LengthCount``, and
+        those whose patterns with backreferences are matched -> their
+        ``matched.PatternMatch``."""
         self.root, self.bodies, self.lengths = root, bodies, lengths or {}
 
     def start(self) -> State:
         return State((Top((self.root,)),), Mode.VALUE, b"", b"", None)
 
     def active(self, state: State) -> bool:
-        """Whether a token could complete something checked here, or pass a string's
-        maxLength (the mask needs filtering)."""
+        """Whether a token could complete something checked here, pass a string's
+        maxLength or leave it unable to match a pattern (the mask needs filtering)."""
         return state.counted is not None or self.checks_items(state)
 
     def checks_items(self, state: State) -> bool:
@@ -147,7 +151,8 @@ class JsonChecks:
     def step(self, state: State, data: bytes) -> State | None:
         """The state after `data`; None if it breaks a condition (an item equal to an earlier
         one, an array closed without a repeat, a key written again, a string past a maxLength
-        counted here or left unable to end within it)."""
+        counted here or left unable to end within it, a string not matching a pattern matched
+        here or left unable to)."""
         stack: Stack | None
         count: Count | Literal[False] | None
         stack, mode, text, old, count = state
@@ -243,14 +248,15 @@ class JsonChecks:
         return _tuple_new(State, out)  # State(*out) without its Python-level __new__
 
     def _count(self, stack: Stack) -> Count | Literal[False] | None:
-        """A string value starts: its count if its maxLength is counted here (None if not;
-        False if it may also be another string term, which the grammar does not tell apart:
-        refused -- json_schema.terms.lengths writes counted terms only where none is)."""
+        """A string value starts: its count if its maxLength is counted here or its patterns
+        matched (None if not; False if it may also be another string term, which the grammar
+        does not tell apart: refused -- json_schema.terms.lengths writes counted terms only
+        where none is)."""
         terms = set(self._terms(self._value_nodes(stack), StrT) or ())
         counted = [self.lengths[t] for t in terms if t in self.lengths]
         if not counted:
             return None
-        return False if len(terms) > 1 else (counted[0], 0, 0, b"")
+        return False if len(terms) > 1 else (counted[0], counted[0].initial, 0, b"")
 
     def _key(self, stack: Stack, text: bytes) -> Stack | None:
         """A key ends (its bytes are `text`): the innermost object's last key; None if its
@@ -427,6 +433,11 @@ class JsonChecks:
 
     def stuck(self, state: State) -> str:
         """Why no token may follow (for the guide's error)."""
+        if state.counted is not None and isinstance(state.counted[0], PatternMatch):
+            return (
+                "no text the grammar allows lets the string match its pattern with a "
+                "backreference (a match may not fit within its maxLength)"
+            )
         arrays = [f for f in state.stack if type(f) is Arr and f.need]
         if arrays and arrays[-1].need & _REPEATS and not arrays[-1].repeated:
             return "the array must hold two equal items (not uniqueItems) and none can follow"

@@ -13,6 +13,7 @@ from bisect import bisect_right
 from functools import lru_cache
 
 from lmprog.fsm.json_schema.terms.formats import format_source
+from lmprog.fsm.json_schema.terms.matched import PatternMatch, has_backrefs
 from lmprog.fsm.json_schema.terms.nodes import ArrT, Bodies, Node, ObjT, RefT, StrT, Term
 from lmprog.fsm.regex import parse_regex
 from lmprog.fsm.regex.charset import SURROGATES, CharSet
@@ -32,6 +33,8 @@ class LengthCount:
     """A string term's pattern as an automaton over characters, and its maxLength. A string
     being read is (state, characters completed, bytes of one begun): `read` moves it, `fits`
     says whether it can still end within maxLength. Immutable; shared by every guide."""
+
+    initial = 0  # the automaton's start state
 
     def __init__(self, t: StrT) -> None:
         """OverflowError if the pattern's automaton has over MAX_STATES states."""
@@ -89,9 +92,12 @@ class LengthCount:
         return [b for b, block in enumerate(self._blocks) if not (block & chars).is_empty()]
 
 
-def counted_apart(root: Node, bodies: Bodies) -> dict[StrT, LengthCount]:
+def counted_apart(root: Node, bodies: Bodies) -> dict[StrT, LengthCount | PatternMatch]:
     """The string terms of a schema whose maxLength its grammar leaves to the check, each
-    with its count (docs/design/json-schema.md says which). `bodies`: RefT key -> node."""
+    with its count (docs/design/json-schema.md says which), and those whose patterns with
+    backreferences the check matches (``matched.PatternMatch``). A term is read by the check
+    only where the check can tell that a string is one of it: alone among the string terms
+    of every value it may be, outside a union of containers. `bodies`: RefT key -> node."""
     alone: set[StrT] = set()
     shared: set[StrT] = set()
     seen: set[tuple[Node, bool]] = set()
@@ -116,9 +122,11 @@ def counted_apart(root: Node, bodies: Bodies) -> dict[StrT, LengthCount]:
             ]
         for a in arrays:
             todo += [(v, union) for v in (*a.prefix, a.rest)]
-    out = {}
+    out: dict[StrT, LengthCount | PatternMatch] = {}
     for s in alone - shared:
-        count = _count(s)
+        count: LengthCount | PatternMatch | None = _count(s)
+        if count is None and s.values is None and has_backrefs(s):
+            count = PatternMatch(s)
         if count is not None:
             out[s] = count
     return out
@@ -128,6 +136,8 @@ def counted_apart(root: Node, bodies: Bodies) -> dict[StrT, LengthCount]:
 def _count(t: StrT) -> LengthCount | None:
     """The term's count, if its length is to be counted apart (built once per term)."""
     if t.max_len is None or t.values is not None or t.excluded or t.not_patterns:
+        return None
+    if has_backrefs(t):  # (its maxLength stays in the lexeme; the patterns are matched)
         return None
     if len(_sources(t)) != 1 or t.patterns and split_lookaheads(t.patterns[0]) != (t.patterns, ()):
         return None

@@ -13,6 +13,7 @@ from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.terms.formats import format_pattern
 from lmprog.fsm.json_schema.terms.nodes import NumT, StrT
 from lmprog.fsm.regex import parse_regex, value_matcher
+from lmprog.fsm.regex.backrefs import has_backreference
 from lmprog.fsm.regex.lookahead import split_lookaheads
 
 
@@ -20,6 +21,8 @@ from lmprog.fsm.regex.lookahead import split_lookaheads
 def pattern_matcher(source: str) -> Matcher:
     """``fullmatch`` of the returned pattern = JSON Schema ``pattern`` (search) semantics
     (lookaheads as ``split_lookaheads`` reads them)."""
+    if has_backreference(source):
+        return _Searched(source)
     must, must_not = split_lookaheads(source)
     if must == (source,) and not must_not:
         return value_matcher(parse_regex(source, "ecma"))
@@ -45,6 +48,18 @@ class _Lookaheads:
         return all(p.fullmatch(s) for p in self.must) and not any(
             p.fullmatch(s) for p in self.must_not
         )
+
+
+class _Searched:
+    """A pattern with backreferences, matched exactly (``matched.search``)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fullmatch(self, s: str) -> bool:
+        from lmprog.fsm.json_schema.terms.matched import search
+
+        return search(self.source, s)
 
 
 @lru_cache(maxsize=64)
