@@ -22,6 +22,7 @@ from lmprog.fsm.json_schema.terms.algebra import (
     key_node,
     normalize_arr,
     normalize_obj,
+    without_subsumed,
 )
 from lmprog.fsm.json_schema.terms.formats import format_source
 from lmprog.fsm.json_schema.terms.nodes import (
@@ -57,8 +58,8 @@ def neg(node: Node, within: Node | None = None) -> Node:
     if within is not None and (within.top or any(isinstance(t, RefT) for t in within.terms)):
         within = None
     out = TOP
-    for t in node.terms:
-        out = conj(out, _neg_term(t, within))
+    for t in node.terms:  # (terms another holds dropped as it goes: the product stays small)
+        out = without_subsumed(conj(out, _neg_term(t, within)))
     return out
 
 
