@@ -14,7 +14,8 @@ from collections.abc import Callable, Hashable
 
 import numpy as np
 
-from lmprog.fsm.checks import _UNIQUE, _WS, Arr, Count, JsonChecks, Mode, State
+from lmprog.fsm.checks import _UNIQUE, _WS, Arr, JsonChecks, Mode, State
+from lmprog.fsm.json_schema.terms.lengths import LengthCount
 from lmprog.fsm.json_schema.terms.matched import PatternMatch
 from lmprog.fsm.vocab import TokenVocab
 
@@ -37,10 +38,11 @@ def filter_words(
     within it (`_within_length`); inside one whose patterns with backreferences are matched
     (``json_schema.terms.matched``), those after which it cannot match them (`_matching`)."""
     if state.counted is not None:
-        if isinstance(state.counted[0], PatternMatch):
-            words = _matching(check, state, state.counted[0], words, vocab)
+        count = state.counted[0]
+        if isinstance(count, PatternMatch):
+            words = _matching(check, state, count, words, vocab)
         else:
-            words = _within_length(check, state, state.counted, words, vocab)
+            words = _within_length(check, state, count, words, vocab)
         if not check.checks_items(state):
             return words
     table = _tables(vocab)
@@ -74,14 +76,15 @@ def filter_words(
 
 
 def _within_length(
-    check: JsonChecks, state: State, counted: Count, words: np.ndarray, vocab: TokenVocab
+    check: JsonChecks, state: State, length: LengthCount, words: np.ndarray, vocab: TokenVocab
 ) -> np.ndarray:
     """`words` without the tokens after which the counted string cannot end within its
     maxLength. A token of L characters (its bytes but UTF-8 continuations; escapes make them
     fewer) is kept untried where L leaves room for the pattern's longest shortest completion
     (`slack`), refused untried where it holds no quote or backslash and L passes the room
     left; the others are tried (`JsonChecks.step`)."""
-    length, _, n, pending = counted
+    assert state.counted is not None
+    _, _, n, pending = state.counted
     room = length.max_len - n - bool(pending)  # characters free after the one begun
     table = _length_table(vocab)
     if room - length.slack >= table.most:

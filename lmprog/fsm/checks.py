@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Hashable
+from decimal import Decimal
 from enum import Enum
 from typing import Any, Literal, NamedTuple, TypeAlias, TypeVar
 
@@ -30,6 +31,7 @@ from lmprog.fsm.json_schema.terms.nodes import (
     counts_additional_keys,
     is_full,
 )
+from lmprog.fsm.json_schema.terms.values import in_object
 
 
 class Mode(Enum):
@@ -74,6 +76,9 @@ class Obj(NamedTuple):
     nodes: tuple[Node, ...] | None
     key: str  # the last key read
     keys: frozenset[str] | None  # the keys read so far where they must be distinct (else None)
+    # where the object's text starts in buf, where a term asks it to be in exactly one of
+    # some objects (``one_of``: checked when it closes); else None
+    start: int | None = None
 
 
 class Arr(NamedTuple):
@@ -228,6 +233,9 @@ class JsonChecks:
                 if mode is _VALUE and not keep and _keeps(stack):
                     keep = True
                     buf = bytearray()
+                elif mode is _KEY_OR_CLOSE and not keep and _keeps(stack):
+                    keep = True  # an object checked when it closes: its text from its "{"
+                    buf = bytearray(b"{")
             elif c == ",":
                 top = stack[-1]
                 if type(top) is Obj:
@@ -268,7 +276,7 @@ class JsonChecks:
             if key in keys:
                 return None
             keys = keys | {key}
-        return stack[:-1] + (Obj(top.nodes, key, keys),)
+        return stack[:-1] + (Obj(top.nodes, key, keys, top.start),)
 
     def _done(self, stack: Stack, buf: bytearray) -> Stack | None:
         """An item of the innermost array ends here (buf holds it from its start): record it,
@@ -291,7 +299,23 @@ class JsonChecks:
         top = stack[-1]
         if type(top) is Arr and top.need & _REPEATS and not top.repeated:
             return None
+        if type(top) is Obj and top.start is not None and not self._in_one(top, buf):
+            return None
         return self._done(stack[:-1], buf)
+
+    def _in_one(self, top: Obj, buf: bytearray) -> bool:
+        """Whether the object just closed (its text in buf from top.start) is in exactly one
+        object of each ``one_of`` set of its terms (all of them: which term the grammar took
+        is not known here, so a set of another term may refuse it too, never accept it)."""
+        try:
+            value = json.loads(bytes(buf[top.start :]), parse_float=_decimal, parse_int=_decimal)
+        except ValueError:
+            return False
+        groups = {g for t in self._terms(top.nodes, ObjT) or () for g in t.one_of}
+        named = {k for g in groups for b in g for k, _ in b.props}
+        if any(type(value[k]) is _Huge for k in named if k in value):
+            return False  # (a number Decimal cannot hold, where a branch reads it: refused)
+        return all(sum(in_object(b, value) for b in g) == 1 for g in groups)
 
     def _open(self, stack: Stack, c: str, buf: bytearray) -> tuple[Stack | None, Mode]:
         """A value starting with `c` in the innermost container (or "]" closing an empty one)."""
@@ -304,15 +328,19 @@ class JsonChecks:
                     return None, Mode.SCALAR  # this literal can only repeat one seen: refuse it
                 if c == "0" and self._zero_repeats(stack):
                     return None, Mode.SCALAR
-            if not any(type(f) is Arr and f.need and f.start is not None for f in stack):
+            if not any(_open_item(f) for f in stack):
                 del buf[:-1]  # no item is open around this one: keep only its bytes
             frame = Arr(top.nodes, top.need, top.seen, top.item, len(buf) - 1, top.repeated)
             stack = stack[:-1] + (frame,)
         nodes = self._value_nodes(stack)
         if c == "{":
             obj_terms = self._terms(nodes, ObjT)
-            distinct = self._asked(nodes, obj_terms, ObjT) is not None
-            return stack + (Obj(nodes, "", frozenset() if distinct else None),), Mode.KEY_OR_CLOSE
+            obj_asked = self._asked(nodes, obj_terms, ObjT)
+            start = None
+            if obj_asked is not None and any(t.one_of for t in obj_asked):
+                start = len(buf) - 1 if _keeps(stack) else 0
+            keys = None if obj_asked is None else frozenset[str]()
+            return stack + (Obj(nodes, "", keys, start),), Mode.KEY_OR_CLOSE
         if c == "[":
             terms = self._terms(nodes, ArrT)
             asked = self._asked(nodes, terms, ArrT)
@@ -438,6 +466,11 @@ class JsonChecks:
                 "no text the grammar allows lets the string match its pattern with a "
                 "backreference (a match may not fit within its maxLength)"
             )
+        if any(type(f) is Obj and f.start is not None for f in state.stack[-1:]):
+            return (
+                "the object is in none or several of the objects of a 'oneOf' (checked as "
+                "decoded) and no member the grammar allows next can change that"
+            )
         arrays = [f for f in state.stack if type(f) is Arr and f.need]
         if arrays and arrays[-1].need & _REPEATS and not arrays[-1].repeated:
             return "the array must hold two equal items (not uniqueItems) and none can follow"
@@ -482,10 +515,33 @@ def _number(text: str) -> tuple[bool, str, int]:
 _ZERO = (False, "", 0)
 
 
+class _Huge(str):
+    """A JSON number whose exponent Decimal cannot hold (``0E-9539602813336428226``)."""
+
+
+def _decimal(text: str) -> Decimal | _Huge:
+    try:
+        return Decimal(text)
+    except ArithmeticError:
+        return _Huge(text)
+
+
 def _asks(t: ArrT | ObjT) -> bool:
     if isinstance(t, ArrT):
         return t.unique or t.repeats
-    return bool(t.some_values) or counts_additional_keys(t)
+    return bool(t.some_values or t.one_of) or counts_additional_keys(t)
+
+
+def _open_item(f: Frame) -> bool:
+    """Whether the frame's text is being kept (an item of a checked array, an object
+    checked when it closes)."""
+    return (
+        type(f) is Arr
+        and f.need
+        and f.start is not None
+        or type(f) is Obj
+        and (f.start is not None)
+    )
 
 
 def _full(t: Term, kind: type) -> bool:
@@ -495,7 +551,7 @@ def _full(t: Term, kind: type) -> bool:
 def _keeps(stack: Stack) -> bool:
     """Whether the text of an item being read is needed (an array's items are checked)."""
     for f in stack:  # a loop, not any(): per token, a generator costs more than the test
-        if type(f) is Arr and f.need:
+        if type(f) is Arr and f.need or type(f) is Obj and f.start is not None:
             return True
     return False
 

@@ -142,7 +142,7 @@ class Emitter:
                         return True
                     todo += [*t.prefix, t.rest, *(c.node for c in t.contains)]
                 elif isinstance(t, ObjT):
-                    if t.some_values or counts_additional_keys(t):
+                    if t.some_values or counts_additional_keys(t) or t.one_of:
                         return True
                     todo += [v for _, v in t.props]
                     todo += [

@@ -24,6 +24,7 @@ from lmprog.fsm.json_schema.terms.algebra import (
     normalize_str,
 )
 from lmprog.fsm.json_schema.terms.formats import format_pattern
+from lmprog.fsm.json_schema.terms.matched import PatternMatch
 from lmprog.fsm.json_schema.terms.nodes import (
     NEVER,
     TOP,
@@ -41,7 +42,6 @@ from lmprog.fsm.json_schema.terms.nodes import (
     make_node,
 )
 from lmprog.fsm.json_schema.terms.values import pattern_matcher, to_decimal
-from lmprog.fsm.json_schema.terms.matched import PatternMatch
 from lmprog.fsm.regex import parse_regex
 from lmprog.fsm.regex.backrefs import has_backreference
 from lmprog.fsm.regex.lookahead import split_lookaheads

@@ -320,6 +320,7 @@ def _meet_obj(x: ObjT, y: ObjT) -> ObjT | None:
             eval_all=x.eval_all or y.eval_all,
             listed=x.listed or y.listed,
             undeclared=(x.undeclared | y.undeclared) - _declared(x) - _declared(y),
+            one_of=x.one_of + tuple(g for g in y.one_of if g not in x.one_of),
         )
     )
 
