@@ -210,3 +210,14 @@ def test_a_dynamic_anchor_declared_again_in_a_resource_resolves_to_the_root():
             [],
         ],
     )
+
+
+def test_a_branch_within_another_is_not_written():
+    schema = _typed_branches(8)
+    inner = {"type": "object", "properties": {"k0_0": {"type": "string"}, "z": {"type": "null"}}}
+    inner["properties"]["k0_1"] = {"type": "integer"}
+    inner["required"] = ["k0_0", "k0_1", "z"]
+    schema["oneOf"].append(inner)
+    grammar = build_grammar(schema)
+    assert grammar.check is not None and '"z"' not in grammar.lark
+    _agree(schema, [_branch_value(schema, 0), {**_branch_value(schema, 0), "z": None}])

@@ -21,6 +21,7 @@ from lmprog.fsm.json_schema.terms.algebra import (
     conj,
     conj_all,
     key_node,
+    meet,
     normalize_arr,
     normalize_obj,
     without_subsumed,
@@ -205,6 +206,15 @@ def _neg_obj(t: ObjT, within: Node | None = None) -> list[Term]:
     return [o for o in (normalize_obj(x) for x in out) if o is not None]
 
 
+def _within(x: ObjT, y: ObjT) -> bool:
+    """Whether every object of the plain object term ``x`` is in ``y`` (a sound test)."""
+    m = meet(x, y)
+    return m is not None and (sorted(m.props, key=repr), sorted(m.required)) == (
+        sorted(x.props, key=repr),
+        sorted(x.required),
+    )
+
+
 def _every(keys: StrT, value: Node) -> ObjT:
     """Objects whose members with a key in ``keys`` (a ``some_values`` key set: the keys
     matching a pattern, or matching none of some patterns, less some names) all have their
@@ -283,6 +293,13 @@ def _checked_one_of(branches: list[Node]) -> Callable[[], Node] | None:
         others = [make_node(t for t in b.terms if not isinstance(t, ObjT)) for b in branches]
         rest = one_of(others) if len(others) > 1 else others[0]
         marked = (group,) if len(group) > 1 else ()
-        return union(rest, make_node(replace(t, one_of=marked) for t in group))
+        # a branch within another is in two wherever it holds: never written (a text along
+        # it could not end)
+        written = [
+            t
+            for i, t in enumerate(group)
+            if not any(_within(t, u) for u in group[:i] + group[i + 1 :])
+        ]
+        return union(rest, make_node(replace(t, one_of=marked) for t in written))
 
     return build
