@@ -209,7 +209,7 @@ def _neg_obj(t: ObjT, within: Node | None = None) -> list[Term]:
 def _within(x: ObjT, y: ObjT) -> bool:
     """Whether every object of the plain object term ``x`` is in ``y`` (a sound test)."""
     m = meet(x, y)
-    return m is not None and (sorted(m.props, key=repr), sorted(m.required)) == (
+    return isinstance(m, ObjT) and (sorted(m.props, key=repr), sorted(m.required)) == (
         sorted(x.props, key=repr),
         sorted(x.required),
     )
