@@ -19,6 +19,7 @@ from typing import Any
 import regex
 
 from lmprog.core.errors import ConstraintError
+from lmprog.fsm.json_schema.terms.jsontext import decode
 from lmprog.fsm.json_schema.terms.nodes import StrT
 from lmprog.fsm.regex import parse_regex
 from lmprog.fsm.regex.backrefs import backreferences
@@ -80,8 +81,6 @@ class PatternMatch:
         self._partial = tuple(compiled(p)[0] for p in self.must if not _free(p))
 
     def read(self, q: str, n: int, pending: bytes, data: bytes) -> tuple[str, int, bytes]:
-        from lmprog.fsm.json_schema.terms.lengths import decode
-
         cps, pending = decode(pending + data)
         return q + "".join(map(chr, cps)), n + len(cps), pending
 
@@ -99,8 +98,6 @@ class PatternMatch:
     def close(self, q: str, n: int, pending: bytes) -> int | None:
         """The string's length if it matches every pattern it must and none it must not;
         else None."""
-        from lmprog.fsm.json_schema.terms.lengths import decode
-
         cps, rest = decode(pending, final=True)
         assert not rest, rest
         s = q + "".join(map(chr, cps))
