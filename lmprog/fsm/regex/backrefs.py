@@ -10,7 +10,7 @@ tests the decoded string with the ``regex`` package (``json_schema.terms.matched
 shapes are read: docs/design/json-schema.md.
 
     found = backreferences(r"^(?<q>['\"]).*\\k<q>$")
-    found.widened   # ^(?<q>['"]).*(?:['"])?$   (ECMA, no backreference: the parser reads it)
+    found.widened   # ^(?<q>['"]).*(?:(?:['"])?)$   (ECMA, no backreference: the parser reads it)
     found.python    # ^(?P<q>['"]).*(?P=q)$     (what ``re``/``regex`` compile)
 """
 
@@ -85,7 +85,8 @@ def _render(
 ) -> str:
     """source[lo:hi] with its references replaced: where an even number of negative
     lookarounds (counted from `lo`, plus `base`) stand around one, by its group widened
-    (``(?:...)?``), else by NOTHING."""
+    (``(?:(?:...)?)``: a quantifier after the reference still has one atom), else by
+    NOTHING."""
     out, at = [], lo
     for ref in refs:
         if not lo <= ref.lo < hi:
@@ -96,7 +97,7 @@ def _render(
             out.append(NOTHING)
         else:
             g = groups[ref.group]
-            out.append(f"(?:{_render(source, g.lo, g.hi, 0, groups, refs)})?")
+            out.append(f"(?:(?:{_render(source, g.lo, g.hi, 0, groups, refs)})?)")
         at = ref.hi
         if sum(map(len, out)) > MAX_WIDENED:
             raise _fail(

@@ -48,15 +48,19 @@ def compiled(source: str) -> tuple[Any, re.Pattern[str] | None]:
     return exact, plain
 
 
-def search(source: str, s: str) -> bool:
-    """Whether ``s`` holds a match of ``source`` (a pattern with backreferences), by
-    ``regex`` and, where it compiles it, by ``re``; False past CLOSE_TIMEOUT."""
+def search(source: str, s: str, either: bool = False) -> bool:
+    """Whether ``s`` holds a match of ``source`` (a pattern with backreferences) by
+    ``regex`` and, where it compiles it, by ``re`` (the two backtrack apart: ``regex`` finds
+    none of ``([ab]*)(a+)\1?\1?$`` in "baab"); `either`: by one of them (a pattern the
+    string must not match). Past CLOSE_TIMEOUT, ``regex`` finds it if `either`, else not."""
     exact, plain = compiled(source)
     try:
         found = exact.search(s, timeout=CLOSE_TIMEOUT) is not None
     except TimeoutError:
-        return False
-    return found and (plain is None or plain.search(s) is not None)
+        found = either
+    if plain is None or found == either:
+        return found
+    return plain.search(s) is not None
 
 
 def has_backrefs(t: StrT) -> bool:
@@ -101,7 +105,9 @@ class PatternMatch:
         cps, rest = decode(pending, final=True)
         assert not rest, rest
         s = q + "".join(map(chr, cps))
-        if all(search(p, s) for p in self.must) and not any(search(p, s) for p in self.must_not):
+        if all(search(p, s) for p in self.must) and not any(
+            search(p, s, either=True) for p in self.must_not
+        ):
             return n + len(cps)
         return None
 

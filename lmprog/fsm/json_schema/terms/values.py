@@ -87,10 +87,20 @@ def str_ok(t: StrT, s: str) -> bool:
         and (t.max_len is None or len(s) <= t.max_len)
         and all(pattern_matcher(p).fullmatch(s) for p in t.patterns)
         and all(format_matcher(f).fullmatch(s) for f in t.formats)
-        and not any(pattern_matcher(p).fullmatch(s) for p in t.not_patterns)
+        and not any(_matches_either(p, s) for p in t.not_patterns)
         and (t.values is None or s in t.values)
         and s not in t.excluded
     )
+
+
+def _matches_either(source: str, s: str) -> bool:
+    """Whether ``s`` holds a match of a pattern it must not match (with backreferences: by
+    either engine, ``matched.search``)."""
+    if has_backreference(source):
+        from lmprog.fsm.json_schema.terms.matched import search
+
+        return search(source, s, either=True)
+    return bool(pattern_matcher(source).fullmatch(s))
 
 
 def is_multiple(d: Decimal, m: Decimal) -> bool:
