@@ -338,7 +338,11 @@ class JsonChecks:
             obj_asked = self._asked(nodes, obj_terms, ObjT)
             start = None
             if obj_asked is not None and any(t.one_of for t in obj_asked):
-                start = len(buf) - 1 if _keeps(stack) else 0
+                if any(_open_item(f) for f in stack):
+                    start = len(buf) - 1  # (text around is kept: its "{" was appended)
+                else:  # nothing around is kept: its text from its "{"
+                    buf[:] = b"{"
+                    start = 0
             keys = None if obj_asked is None else frozenset[str]()
             return stack + (Obj(nodes, "", keys, start),), Mode.KEY_OR_CLOSE
         if c == "[":

@@ -221,3 +221,33 @@ def test_a_branch_within_another_is_not_written():
     grammar = build_grammar(schema)
     assert grammar.check is not None and '"z"' not in grammar.lark
     _agree(schema, [_branch_value(schema, 0), {**_branch_value(schema, 0), "z": None}])
+
+
+@pytest.mark.parametrize("where", ["items", "member after an array"])
+def test_a_counted_one_of_nested_beside_checked_arrays(where):
+    one = _typed_branches(8)
+    if where == "items":
+        schema: dict = {"type": "array", "uniqueItems": True, "items": one}
+    else:  # the array's text is kept, then the object's starts within the same token
+        schema = {
+            "type": "object",
+            "properties": {"list": {"type": "array", "items": one, "uniqueItems": True}, "o": one},
+            "required": ["o"],
+        }
+    rng = random.Random(3)
+
+    def obj() -> dict:
+        x = _branch_value(one, rng.randrange(8))
+        if rng.random() < 0.4:
+            x.update(_branch_value(one, rng.randrange(8)))
+        return x
+
+    instances: list = []
+    for _ in range(150):
+        objs = [obj() for _ in range(rng.randint(0, 3))]
+        if objs and rng.random() < 0.3:
+            objs.append(dict(objs[0]))
+        instances.append(objs if where == "items" else {"list": objs, "o": obj()})
+    _agree(schema, instances)
+    c = Constraint.from_json_schema(schema, strict=False)
+    assert c.matches('{"list": [], "o": {"k7_0": 7, "k7_1": true}}') == (where != "items")
