@@ -14,7 +14,9 @@ from collections.abc import Callable, Hashable
 
 import numpy as np
 
-from lmprog.fsm.checks import _UNIQUE, _WS, Arr, Count, JsonChecks, Mode, State
+from lmprog.fsm.checks import _UNIQUE, _WS, Arr, JsonChecks, Mode, State
+from lmprog.fsm.json_schema.terms.lengths import LengthCount
+from lmprog.fsm.json_schema.terms.matched import PatternMatch
 from lmprog.fsm.vocab import TokenVocab
 
 _AFTER_STRING = frozenset(_WS | frozenset(b":,"))
@@ -33,9 +35,14 @@ def filter_words(
     tokens that hold punctuation, whitespace, two quotes or a literal's last letter, or start
     a literal, a zero, or (before such a string) a string. Inside a string whose maxLength is
     counted (``json_schema.terms.lengths``), first the tokens that would leave it unable to end
-    within it (`_within_length`)."""
+    within it (`_within_length`); inside one whose patterns with backreferences are matched
+    (``json_schema.terms.matched``), those after which it cannot match them (`_matching`)."""
     if state.counted is not None:
-        words = _within_length(check, state, state.counted, words, vocab)
+        count = state.counted[0]
+        if isinstance(count, PatternMatch):
+            words = _matching(check, state, count, words, vocab)
+        else:
+            words = _within_length(check, state, count, words, vocab)
         if not check.checks_items(state):
             return words
     table = _tables(vocab)
@@ -69,14 +76,15 @@ def filter_words(
 
 
 def _within_length(
-    check: JsonChecks, state: State, counted: Count, words: np.ndarray, vocab: TokenVocab
+    check: JsonChecks, state: State, length: LengthCount, words: np.ndarray, vocab: TokenVocab
 ) -> np.ndarray:
     """`words` without the tokens after which the counted string cannot end within its
     maxLength. A token of L characters (its bytes but UTF-8 continuations; escapes make them
     fewer) is kept untried where L leaves room for the pattern's longest shortest completion
     (`slack`), refused untried where it holds no quote or backslash and L passes the room
     left; the others are tried (`JsonChecks.step`)."""
-    length, _, n, pending = counted
+    assert state.counted is not None
+    _, _, n, pending = state.counted
     room = length.max_len - n - bool(pending)  # characters free after the one begun
     table = _length_table(vocab)
     if room - length.slack >= table.most:
@@ -87,6 +95,46 @@ def _within_length(
     tried = allowed & ~refused & (~table.plain | (table.chars > room - length.slack))
     for token in np.flatnonzero(tried).tolist():
         refused[token] = check.step(state, vocab.token_bytes[token]) is None
+    if not refused.any():
+        return words
+    allowed &= ~refused
+    return np.packbits(bits, bitorder="little").view(np.int32)
+
+
+def _matching(
+    check: JsonChecks, state: State, match: PatternMatch, words: np.ndarray, vocab: TokenVocab
+) -> np.ndarray:
+    """`words` without the tokens after which the string cannot match its patterns with
+    backreferences, or that close it unmatched. Where any text can still be followed by a
+    match (`PatternMatch.free`), only the tokens with a quote are tried. Else a token of plain
+    text (no quote, no backslash, whole characters) is refused untried where its first
+    character already leaves no match to follow (one partial match per distinct first
+    character), and tried alone where it does not; the others are tried
+    (`JsonChecks.step`)."""
+    assert state.counted is not None
+    _, q, _, pending = state.counted
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
+    allowed = bits[: len(vocab.token_bytes)]
+    texts = _text_table(vocab)
+    if match.free:
+        tried = np.zeros_like(allowed)
+        tried[_tables(vocab).quotes] = True
+        tried &= allowed
+        plain = np.zeros_like(allowed)
+    else:
+        plain = allowed & texts.plain if not pending else np.zeros_like(allowed)
+        tried = allowed & ~plain
+    refused = np.zeros_like(allowed)
+    ids = np.flatnonzero(plain)
+    if len(ids):
+        firsts = texts.first[ids]
+        fits = {int(c): match.fits(q + texts.chars[c], 0, b"") for c in np.unique(firsts)}
+        for token, c in zip(ids.tolist(), firsts.tolist()):
+            text = texts.text[token]
+            refused[token] = not fits[c] or len(text) > 1 and not match.fits(q + text, 0, b"")
+    for token in np.flatnonzero(tried).tolist():
+        data = vocab.token_bytes[token]
+        refused[token] = data is None or check.step(state, data) is None
     if not refused.any():
         return words
     allowed &= ~refused
@@ -192,6 +240,29 @@ class _Tables:
                 self.simple[i] = head
 
 
+class _TextTable:
+    """Per vocabulary: `plain` (the tokens of whole UTF-8 characters, none a quote, a
+    backslash or a control character: inside a string, exactly that text), `text` (each
+    one's text, else ""), `first` (the index in `chars` of its first character, else -1)."""
+
+    def __init__(self, vocab: TokenVocab) -> None:
+        self.text: list[str] = []
+        index: dict[str, int] = {}
+        first = []
+        for data in vocab.token_bytes:
+            try:
+                text = (data or b"").decode("utf-8")
+            except UnicodeDecodeError:
+                text = ""
+            if any(c in text for c in '"\\') or any(ord(c) < 0x20 for c in text):
+                text = ""
+            self.text.append(text)
+            first.append(index.setdefault(text[0], len(index)) if text else -1)
+        self.first = np.array(first, dtype=np.int64)
+        self.plain = self.first >= 0
+        self.chars = list(index)
+
+
 class _LengthTable:
     """Per vocabulary: `chars` (each token's bytes but UTF-8 continuation bytes: the
     characters it adds inside a string, or more where it holds escapes), `plain` (those
@@ -206,6 +277,7 @@ class _LengthTable:
 
 _TABLES: weakref.WeakKeyDictionary[TokenVocab, _Tables] = weakref.WeakKeyDictionary()
 _LENGTH_TABLES: weakref.WeakKeyDictionary[TokenVocab, _LengthTable] = weakref.WeakKeyDictionary()
+_TEXT_TABLES: weakref.WeakKeyDictionary[TokenVocab, _TextTable] = weakref.WeakKeyDictionary()
 
 
 def _tables(vocab: TokenVocab) -> _Tables:
@@ -219,4 +291,11 @@ def _length_table(vocab: TokenVocab) -> _LengthTable:
     table = _LENGTH_TABLES.get(vocab)
     if table is None:  # (two threads may both build it: the same table)
         table = _LENGTH_TABLES[vocab] = _LengthTable(vocab)
+    return table
+
+
+def _text_table(vocab: TokenVocab) -> _TextTable:
+    table = _TEXT_TABLES.get(vocab)
+    if table is None:  # (two threads may both build it: the same table)
+        table = _TEXT_TABLES[vocab] = _TextTable(vocab)
     return table

@@ -1,7 +1,8 @@
 """Decode-time checks: what a JSON grammar cannot say, checked on the text as it is decoded.
 
 Distinct items over an open set (``uniqueItems``), two equal items (``not`` over it), distinct
-keys, and maxLengths counted beside a pattern (``json_schema.terms.lengths``). The compiler
+keys, maxLengths counted beside a pattern (``json_schema.terms.lengths``) and patterns with
+backreferences (``json_schema.terms.matched``). The compiler
 hands the guide a ``JsonChecks``; the guide removes what it refuses from the mask
 (``check_masks``) and refuses it in ``advance``. States are immutable (``State``, its stack of
 ``Top``/``Obj``/``Arr`` frames), one per token, so a guide rolls back by dropping the last ones.
@@ -12,11 +13,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Hashable
+from decimal import Decimal
 from enum import Enum
 from typing import Any, Literal, NamedTuple, TypeAlias, TypeVar
 
 from lmprog.fsm.json_schema.terms.algebra import key_node
 from lmprog.fsm.json_schema.terms.lengths import LengthCount
+from lmprog.fsm.json_schema.terms.matched import PatternMatch
 from lmprog.fsm.json_schema.terms.nodes import (
     ArrT,
     Node,
@@ -28,6 +31,7 @@ from lmprog.fsm.json_schema.terms.nodes import (
     counts_additional_keys,
     is_full,
 )
+from lmprog.fsm.json_schema.terms.values import in_object
 
 
 class Mode(Enum):
@@ -72,6 +76,9 @@ class Obj(NamedTuple):
     nodes: tuple[Node, ...] | None
     key: str  # the last key read
     keys: frozenset[str] | None  # the keys read so far where they must be distinct (else None)
+    # where the object's text starts in buf, where a term asks it to be in exactly one of
+    # some objects (``one_of``: checked when it closes); else None
+    start: int | None = None
 
 
 class Arr(NamedTuple):
@@ -89,9 +96,9 @@ Frame: TypeAlias = "Top | Obj | Arr"
 # an item in an Arr), which the type cannot say: a frame read from the stack is Any rather
 # than narrowed at run time on the per-byte path.
 Stack: TypeAlias = "tuple[Any, ...]"
-# a string being counted: its LengthCount, the pattern automaton's state, characters completed,
-# bytes of one begun
-Count: TypeAlias = "tuple[LengthCount, int, int, bytes]"
+# a string being read by a count: its LengthCount (the pattern automaton's state) or
+# PatternMatch (the text so far), characters completed, bytes of one begun
+Count: TypeAlias = "tuple[LengthCount | PatternMatch, Any, int, bytes]"
 
 
 class State(NamedTuple):
@@ -99,9 +106,9 @@ class State(NamedTuple):
     mode: Mode
     text: bytes  # the bytes of a key being read
     buf: bytes  # the text since the outermost item of a checked array still being read began
-    # inside a string whose maxLength is counted apart (json_schema.terms.lengths): (its
-    # LengthCount, the pattern automaton's state, characters completed, bytes of one begun);
-    # else None
+    # inside a string whose maxLength is counted apart (json_schema.terms.lengths) or whose
+    # patterns with backreferences are matched (json_schema.terms.matched): (its count, the
+    # count's state, characters completed, bytes of one begun); else None
     counted: Count | None
 
 
@@ -119,20 +126,22 @@ class JsonChecks:
         self,
         root: Node,
         bodies: dict[tuple[Any, ...], Node],
-        lengths: dict[StrT, LengthCount] | None = None,
+        lengths: dict[StrT, LengthCount | PatternMatch] | None = None,
     ) -> None:
         """root: the schema's node; bodies: RefT key -> node. Arrays are checked where a term
         asks for distinct items (``unique``) or a repeated one (``repeats``), objects where
         one asks for a member breaking a rule (``some_values``: distinct keys); lengths: the
-        string terms whose maxLength is counted here -> their ``lengths.LengthCount``."""
+        string terms whose maxLength is counted here -> their ``lengths.LengthCount``, and
+        those whose patterns with backreferences are matched -> their
+        ``matched.PatternMatch``."""
         self.root, self.bodies, self.lengths = root, bodies, lengths or {}
 
     def start(self) -> State:
         return State((Top((self.root,)),), Mode.VALUE, b"", b"", None)
 
     def active(self, state: State) -> bool:
-        """Whether a token could complete something checked here, or pass a string's
-        maxLength (the mask needs filtering)."""
+        """Whether a token could complete something checked here, pass a string's
+        maxLength or leave it unable to match a pattern (the mask needs filtering)."""
         return state.counted is not None or self.checks_items(state)
 
     def checks_items(self, state: State) -> bool:
@@ -147,7 +156,8 @@ class JsonChecks:
     def step(self, state: State, data: bytes) -> State | None:
         """The state after `data`; None if it breaks a condition (an item equal to an earlier
         one, an array closed without a repeat, a key written again, a string past a maxLength
-        counted here or left unable to end within it)."""
+        counted here or left unable to end within it, a string not matching a pattern matched
+        here or left unable to)."""
         stack: Stack | None
         count: Count | Literal[False] | None
         stack, mode, text, old, count = state
@@ -223,6 +233,9 @@ class JsonChecks:
                 if mode is _VALUE and not keep and _keeps(stack):
                     keep = True
                     buf = bytearray()
+                elif mode is _KEY_OR_CLOSE and not keep and _keeps(stack):
+                    keep = True  # an object checked when it closes: its text from its "{"
+                    buf = bytearray(b"{")
             elif c == ",":
                 top = stack[-1]
                 if type(top) is Obj:
@@ -243,14 +256,15 @@ class JsonChecks:
         return _tuple_new(State, out)  # State(*out) without its Python-level __new__
 
     def _count(self, stack: Stack) -> Count | Literal[False] | None:
-        """A string value starts: its count if its maxLength is counted here (None if not;
-        False if it may also be another string term, which the grammar does not tell apart:
-        refused -- json_schema.terms.lengths writes counted terms only where none is)."""
+        """A string value starts: its count if its maxLength is counted here or its patterns
+        matched (None if not; False if it may also be another string term, which the grammar
+        does not tell apart: refused -- json_schema.terms.lengths writes counted terms only
+        where none is)."""
         terms = set(self._terms(self._value_nodes(stack), StrT) or ())
         counted = [self.lengths[t] for t in terms if t in self.lengths]
         if not counted:
             return None
-        return False if len(terms) > 1 else (counted[0], 0, 0, b"")
+        return False if len(terms) > 1 else (counted[0], counted[0].initial, 0, b"")
 
     def _key(self, stack: Stack, text: bytes) -> Stack | None:
         """A key ends (its bytes are `text`): the innermost object's last key; None if its
@@ -262,7 +276,7 @@ class JsonChecks:
             if key in keys:
                 return None
             keys = keys | {key}
-        return stack[:-1] + (Obj(top.nodes, key, keys),)
+        return stack[:-1] + (Obj(top.nodes, key, keys, top.start),)
 
     def _done(self, stack: Stack, buf: bytearray) -> Stack | None:
         """An item of the innermost array ends here (buf holds it from its start): record it,
@@ -285,7 +299,23 @@ class JsonChecks:
         top = stack[-1]
         if type(top) is Arr and top.need & _REPEATS and not top.repeated:
             return None
+        if type(top) is Obj and top.start is not None and not self._in_one(top, buf):
+            return None
         return self._done(stack[:-1], buf)
+
+    def _in_one(self, top: Obj, buf: bytearray) -> bool:
+        """Whether the object just closed (its text in buf from top.start) is in exactly one
+        object of each ``one_of`` set of its terms (all of them: which term the grammar took
+        is not known here, so a set of another term may refuse it too, never accept it)."""
+        try:
+            value = json.loads(bytes(buf[top.start :]), parse_float=_decimal, parse_int=_decimal)
+        except ValueError:
+            return False
+        groups = {g for t in self._terms(top.nodes, ObjT) or () for g in t.one_of}
+        named = {k for g in groups for b in g for k, _ in b.props}
+        if any(type(value[k]) is _Huge for k in named if k in value):
+            return False  # (a number Decimal cannot hold, where a branch reads it: refused)
+        return all(sum(in_object(b, value) for b in g) == 1 for g in groups)
 
     def _open(self, stack: Stack, c: str, buf: bytearray) -> tuple[Stack | None, Mode]:
         """A value starting with `c` in the innermost container (or "]" closing an empty one)."""
@@ -298,15 +328,23 @@ class JsonChecks:
                     return None, Mode.SCALAR  # this literal can only repeat one seen: refuse it
                 if c == "0" and self._zero_repeats(stack):
                     return None, Mode.SCALAR
-            if not any(type(f) is Arr and f.need and f.start is not None for f in stack):
+            if not any(_open_item(f) for f in stack):
                 del buf[:-1]  # no item is open around this one: keep only its bytes
             frame = Arr(top.nodes, top.need, top.seen, top.item, len(buf) - 1, top.repeated)
             stack = stack[:-1] + (frame,)
         nodes = self._value_nodes(stack)
         if c == "{":
             obj_terms = self._terms(nodes, ObjT)
-            distinct = self._asked(nodes, obj_terms, ObjT) is not None
-            return stack + (Obj(nodes, "", frozenset() if distinct else None),), Mode.KEY_OR_CLOSE
+            obj_asked = self._asked(nodes, obj_terms, ObjT)
+            start = None
+            if obj_asked is not None and any(t.one_of for t in obj_asked):
+                if any(_open_item(f) for f in stack):
+                    start = len(buf) - 1  # (text around is kept: its "{" was appended)
+                else:  # nothing around is kept: its text from its "{"
+                    buf[:] = b"{"
+                    start = 0
+            keys = None if obj_asked is None else frozenset[str]()
+            return stack + (Obj(nodes, "", keys, start),), Mode.KEY_OR_CLOSE
         if c == "[":
             terms = self._terms(nodes, ArrT)
             asked = self._asked(nodes, terms, ArrT)
@@ -427,6 +465,16 @@ class JsonChecks:
 
     def stuck(self, state: State) -> str:
         """Why no token may follow (for the guide's error)."""
+        if state.counted is not None and isinstance(state.counted[0], PatternMatch):
+            return (
+                "no text the grammar allows lets the string match its pattern with a "
+                "backreference (a match may not fit within its maxLength)"
+            )
+        if any(type(f) is Obj and f.start is not None for f in state.stack[-1:]):
+            return (
+                "the object is in none or several of the objects of a 'oneOf' (checked as "
+                "decoded) and no member the grammar allows next can change that"
+            )
         arrays = [f for f in state.stack if type(f) is Arr and f.need]
         if arrays and arrays[-1].need & _REPEATS and not arrays[-1].repeated:
             return "the array must hold two equal items (not uniqueItems) and none can follow"
@@ -471,10 +519,33 @@ def _number(text: str) -> tuple[bool, str, int]:
 _ZERO = (False, "", 0)
 
 
+class _Huge(str):
+    """A JSON number whose exponent Decimal cannot hold (``0E-9539602813336428226``)."""
+
+
+def _decimal(text: str) -> Decimal | _Huge:
+    try:
+        return Decimal(text)
+    except ArithmeticError:
+        return _Huge(text)
+
+
 def _asks(t: ArrT | ObjT) -> bool:
     if isinstance(t, ArrT):
         return t.unique or t.repeats
-    return bool(t.some_values) or counts_additional_keys(t)
+    return bool(t.some_values or t.one_of) or counts_additional_keys(t)
+
+
+def _open_item(f: Frame) -> bool:
+    """Whether the frame's text is being kept (an item of a checked array, an object
+    checked when it closes)."""
+    return (
+        type(f) is Arr
+        and f.need
+        and f.start is not None
+        or type(f) is Obj
+        and (f.start is not None)
+    )
 
 
 def _full(t: Term, kind: type) -> bool:
@@ -484,7 +555,7 @@ def _full(t: Term, kind: type) -> bool:
 def _keeps(stack: Stack) -> bool:
     """Whether the text of an item being read is needed (an array's items are checked)."""
     for f in stack:  # a loop, not any(): per token, a generator costs more than the test
-        if type(f) is Arr and f.need:
+        if type(f) is Arr and f.need or type(f) is Obj and f.start is not None:
             return True
     return False
 

@@ -24,6 +24,7 @@ from lmprog.fsm.json_schema.emit.strings import json_text, string_lexeme
 from lmprog.fsm.json_schema.emit.unordered import KEYED
 from lmprog.fsm.json_schema.terms.algebra import conj
 from lmprog.fsm.json_schema.terms.lengths import LengthCount
+from lmprog.fsm.json_schema.terms.matched import PatternMatch
 from lmprog.fsm.json_schema.terms.nodes import (
     ArrT,
     Bodies,
@@ -73,9 +74,10 @@ class Emitter:
         # ArrT terms whose distinct (or repeated) items, ObjT terms whose distinct keys, the
         # guide checks as it decodes (lmprog.fsm.checks)
         self.checked: set[ArrT | ObjT] = set()
-        # StrT terms of values whose maxLength the check counts (lengths.counted_apart; set by
-        # json_schema._grammar before writing): their lexemes leave it out
-        self.counted: dict[StrT, LengthCount] = {}
+        # StrT terms of values whose maxLength the check counts, or whose patterns with
+        # backreferences it matches (lengths.counted_apart; set by json_schema._grammar before
+        # writing): their lexemes leave the maxLength out, or write the relaxed term
+        self.counted: dict[StrT, LengthCount | PatternMatch] = {}
         self._ref_names: dict[tuple[Any, ...], str] = {}
         self._needs: dict[
             Node, bool
@@ -140,7 +142,7 @@ class Emitter:
                         return True
                     todo += [*t.prefix, t.rest, *(c.node for c in t.contains)]
                 elif isinstance(t, ObjT):
-                    if t.some_values or counts_additional_keys(t):
+                    if t.some_values or counts_additional_keys(t) or t.one_of:
                         return True
                     todo += [v for _, v in t.props]
                     todo += [
@@ -158,7 +160,10 @@ class Emitter:
         if isinstance(t, NumT):
             return tok(number_lexeme(t))
         if isinstance(t, StrT):
-            return string_lexeme(t, t in self.counted)
+            check = self.counted.get(t)
+            if isinstance(check, PatternMatch):
+                return string_lexeme(check.relaxed)
+            return string_lexeme(t, check is not None)
         if isinstance(t, RefT):
             return self.reference(t)
         if isinstance(t, ArrT):

@@ -36,6 +36,8 @@ _ANY_KEY = StrT()
 
 
 def object_regex(t: ObjT, em: Writer) -> Frag | None:
+    if t.one_of:  # in exactly one of some objects: counted as decoded, the grammar t alone
+        em.check(t)
     if t.some_values:  # a member's value breaks a rule: its keys distinct, checked as decoded
         em.check(t)
         return choice(*(_members(u, em) for u in _named_hits(t, em)))

@@ -13,6 +13,7 @@ import re
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.digits import fixed_width_range
 from lmprog.fsm.json_schema.terms.formats import format_pattern
 from lmprog.fsm.json_schema.terms.nodes import StrT
@@ -31,6 +32,7 @@ from lmprog.fsm.regex import (
     raw,
     rep,
 )
+from lmprog.fsm.regex.backrefs import has_backreference
 from lmprog.fsm.regex.lookahead import complement_source, split_lookaheads
 
 if TYPE_CHECKING:
@@ -113,6 +115,7 @@ def string_expr(t: StrT, counted: bool = False) -> str | None:
     if t.values is not None:
         r = alt(*(lit(json_text(v)) for v in sorted(t.values)))
         return None if r is None else regex_terminal(r)
+    _no_backreference(t)
     # patterns with lookaheads: the patterns a match must (not) match (regex.lookahead)
     split = [split_lookaheads(src) for src in t.patterns]
     sources = [m for must, _ in split for m in must] + [format_pattern(f) for f in t.formats]
@@ -154,6 +157,20 @@ def string_expr(t: StrT, counted: bool = False) -> str | None:
             if len(must) > 1 or must_not:
                 texts.append("~" + _matches(must, must_not))
     return texts[0] if len(texts) == 1 else "(" + " & ".join(texts) + ")"
+
+
+def _no_backreference(t: StrT) -> None:
+    """ConstraintError for a term with a pattern holding a backreference: no grammar holds
+    it; only a term the check matches (``matched.PatternMatch``) is written, relaxed."""
+    for src in t.patterns + t.not_patterns:
+        if has_backreference(src):
+            raise ConstraintError(
+                f"pattern {src!r} holds a backreference, which no grammar can hold, at a "
+                "place where the check made as the text is decoded cannot tell which string "
+                "schema a string follows (a union of string schemas or of containers there, "
+                "'contains', 'not' over additionalProperties, propertyNames, or a grammar "
+                "composed with another); write the pattern without it"
+            )
 
 
 def _matches(must: tuple[str, ...], must_not: tuple[str, ...]) -> str:

@@ -24,6 +24,7 @@ from lmprog.fsm.json_schema.terms.algebra import (
     normalize_str,
 )
 from lmprog.fsm.json_schema.terms.formats import format_pattern
+from lmprog.fsm.json_schema.terms.matched import PatternMatch
 from lmprog.fsm.json_schema.terms.nodes import (
     NEVER,
     TOP,
@@ -42,6 +43,7 @@ from lmprog.fsm.json_schema.terms.nodes import (
 )
 from lmprog.fsm.json_schema.terms.values import pattern_matcher, to_decimal
 from lmprog.fsm.regex import parse_regex
+from lmprog.fsm.regex.backrefs import has_backreference
 from lmprog.fsm.regex.lookahead import split_lookaheads
 
 Sub = Callable[[object, str], Node]  # (sub-schema, path suffix) -> Node
@@ -151,10 +153,16 @@ def _string(schema: SchemaDict, path: str) -> StrT | None:
         if not isinstance(src, str):
             raise ConstraintError(f"invalid schema: pattern must be a string at {path}/pattern")
         # lookaheads become patterns the string must (not) match; ConstraintError names a
-        # construct that has no exact reading
-        patterns, not_patterns = split_lookaheads(src)
+        # construct that has no exact reading. A pattern with backreferences stays whole:
+        # the check matches it (terms.matched), its widened form is read here
+        if has_backreference(src):
+            PatternMatch(StrT(patterns=(src,)))
+            patterns = (src,)
+        else:
+            patterns, not_patterns = split_lookaheads(src)
         for part in patterns + not_patterns:
-            parse_regex(part, "ecma")
+            if not has_backreference(part):
+                parse_regex(part, "ecma")
     formats: tuple[str, ...] = ()
     if "format" in schema:
         name = schema["format"]

@@ -59,6 +59,7 @@ class Registry:
         ] = {}  # $dynamicAnchor name -> the schemas declaring it
         self.recursive: list[object] = []  # resource roots with $recursiveAnchor: true
         self._walk(root, "", id_keyword(root))
+        self.root = self.bases[id(root)] if isinstance(root, dict) else ""  # its base URI
 
     def _walk(self, schema: object, base: str, id_key: str) -> None:
         if not isinstance(schema, dict):
@@ -93,17 +94,30 @@ class Registry:
         """(target, base URI) of ``$dynamicRef`` (or draft 2019-09's ``$recursiveRef``): the
         ``$ref`` target, unless it declares a dynamic (recursive) anchor; then the outermost
         schema in the dynamic scope declaring the same, which is the target itself when this
-        document declares that anchor once. ConstraintError when it declares it several times
-        (the answer would depend on the path evaluation took)."""
+        document declares that anchor once, and the root resource's when it declares it (every
+        evaluation starts there: the outermost scope; for ``$recursiveRef``, when every
+        resource declares ``$recursiveAnchor``, so that none breaks the chain out to the root:
+        the 2019-09 and 2020-12 metaschemas). ConstraintError when it declares it several
+        times otherwise (the answer would depend on the path evaluation took)."""
         target, target_base = self.resolve(ref, base)
         if recursive:
             if ref != "#":
                 raise ConstraintError(f"$recursiveRef must be '#', got {ref!r}")
             dynamic = target.get("$recursiveAnchor") is True and len(self.recursive) > 1
+            if dynamic and all(
+                isinstance(r, dict) and r.get("$recursiveAnchor") is True
+                for r in self.resources.values()
+            ):
+                return self.resources[self.root], self.root
         else:
             fragment = urldefrag(ref)[1]
             name = target.get("$dynamicAnchor") if isinstance(target, dict) else None
             dynamic = name == fragment and len(self.dynamic.get(name, [])) > 1
+            outermost = self._root_anchor(name) if dynamic else None
+            # (written in the root resource, only a target there: jsonschema's scope then
+            # holds no outer resource, and takes the target's own)
+            if outermost is not None and (base != self.root or target_base == self.root):
+                return outermost, self.root
         if dynamic:
             raise ConstraintError(
                 f"{'$recursiveRef' if recursive else '$dynamicRef'} {ref!r}: the document "
@@ -111,6 +125,13 @@ class Registry:
                 "evaluation path), not supported"
             )
         return target, target_base
+
+    def _root_anchor(self, name: object) -> object:
+        """The schema of the root resource declaring ``$dynamicAnchor`` `name`; else None."""
+        for schema in self.dynamic.get(name, []) if isinstance(name, str) else []:
+            if self.bases.get(id(schema)) == self.root:
+                return schema
+        return None
 
     def _metaschema(self, uri: str) -> object:
         """A metaschema bundled by ``jsonschema-specifications`` (no network), registered as a

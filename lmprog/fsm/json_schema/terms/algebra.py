@@ -65,6 +65,41 @@ def conj_all(nodes: Iterable[Node]) -> Node:
     return out
 
 
+MAX_SUBSUMED = 256  # terms of a node whose subsumed terms are looked for (pairs: its square)
+
+
+def without_subsumed(node: Node) -> Node:
+    """The node without the terms another of its terms contains (``meet(x, y) == x``: x is in
+    y, the meet being exact or narrower; annotations equal, so that unevaluated* reads the
+    same), the first of two equal sets kept. The same values: an intersection of unions
+    (``neg`` over several terms) stays as small as its result instead of multiplying
+    (``dynamic evaluation inside nested refs``: 16 terms at most, was over 16,384). Nodes of
+    over MAX_SUBSUMED terms are left as they are."""
+    terms = node.terms
+    if not 2 < len(terms) <= MAX_SUBSUMED or any(isinstance(t, RefT) for t in terms):
+        return node
+    dropped: set[int] = set()
+    for i, x in enumerate(terms):
+        for j, y in enumerate(terms):
+            if i == j or j in dropped or type(x) is not type(y) or _notes(x) != _notes(y):
+                continue
+            charge()
+            if meet(x, y) == x:
+                dropped.add(i)
+                break
+    if not dropped:
+        return node
+    return Node(tuple(t for i, t in enumerate(terms) if i not in dropped))
+
+
+def _notes(t: Term) -> tuple[Any, ...]:
+    """The annotations a term carries for unevaluated* (``eval_*``)."""
+    return tuple(getattr(t, n, None) for n in _ANNOTATED)
+
+
+_ANNOTATED = ("eval_prefix", "eval_all", "eval_names", "eval_patterns")
+
+
 @overload
 def meet(x: StrT, y: StrT) -> StrT | None: ...
 @overload
@@ -285,6 +320,7 @@ def _meet_obj(x: ObjT, y: ObjT) -> ObjT | None:
             eval_all=x.eval_all or y.eval_all,
             listed=x.listed or y.listed,
             undeclared=(x.undeclared | y.undeclared) - _declared(x) - _declared(y),
+            one_of=x.one_of + tuple(g for g in y.one_of if g not in x.one_of),
         )
     )
 

@@ -12,6 +12,7 @@ with a member whose value breaks them (``some_values``), its keys then checked d
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -20,8 +21,10 @@ from lmprog.fsm.json_schema.terms.algebra import (
     conj,
     conj_all,
     key_node,
+    meet,
     normalize_arr,
     normalize_obj,
+    without_subsumed,
 )
 from lmprog.fsm.json_schema.terms.formats import format_source
 from lmprog.fsm.json_schema.terms.nodes import (
@@ -42,8 +45,10 @@ from lmprog.fsm.json_schema.terms.nodes import (
     Unroll,
     expand,
     make_node,
+    trial,
     union,
 )
+from lmprog.fsm.json_schema.terms.values import plain_object
 
 
 @lru_cache(maxsize=16384)
@@ -57,8 +62,8 @@ def neg(node: Node, within: Node | None = None) -> Node:
     if within is not None and (within.top or any(isinstance(t, RefT) for t in within.terms)):
         within = None
     out = TOP
-    for t in node.terms:
-        out = conj(out, _neg_term(t, within))
+    for t in node.terms:  # (terms another holds dropped as it goes: the product stays small)
+        out = without_subsumed(conj(out, _neg_term(t, within)))
     return out
 
 
@@ -150,6 +155,11 @@ def _neg_obj(t: ObjT, within: Node | None = None) -> list[Term]:
     with the same key would replace it), every such member's value outside a ``some_values``
     set. With ``within``, a named value is negated only within what its objects allow there,
     and not at all where they never hold that key."""
+    if t.one_of:
+        raise ConstraintError(
+            "'not' (or 'oneOf' around it) over a 'oneOf' of objects checked as decoded has no "
+            "exact grammar"
+        )
     contexts = None if within is None else [x for x in within.terms if isinstance(x, ObjT)]
     if contexts == []:
         return []
@@ -196,6 +206,15 @@ def _neg_obj(t: ObjT, within: Node | None = None) -> list[Term]:
     return [o for o in (normalize_obj(x) for x in out) if o is not None]
 
 
+def _within(x: ObjT, y: ObjT) -> bool:
+    """Whether every object of the plain object term ``x`` is in ``y`` (a sound test)."""
+    m = meet(x, y)
+    return isinstance(m, ObjT) and (sorted(m.props, key=repr), sorted(m.required)) == (
+        sorted(x.props, key=repr),
+        sorted(x.required),
+    )
+
+
 def _every(keys: StrT, value: Node) -> ObjT:
     """Objects whose members with a key in ``keys`` (a ``some_values`` key set: the keys
     matching a pattern, or matching none of some patterns, less some names) all have their
@@ -231,11 +250,56 @@ def disjoint(a: Node, b: Node) -> bool:
 
 def one_of(branches: list[Node]) -> Node:
     """Values in exactly one branch: a plain union when the branches are pairwise disjoint,
-    else each branch minus the union of the others (needs exact complements)."""
-    if all(disjoint(a, b) for i, a in enumerate(branches) for b in branches[i + 1 :]):
+    else each branch minus the union of the others it meets (needs exact complements)."""
+    apart = {
+        (i, j): disjoint(a, b)
+        for i, a in enumerate(branches)
+        for j, b in enumerate(branches[i + 1 :], i + 1)
+    }
+    if all(apart.values()):
         return make_node(tuple(t for n in branches for t in expand(n)))
-    out = []
-    for i, b in enumerate(branches):
-        others = [o for j, o in enumerate(branches) if j != i]
-        out.append(conj_all([b] + [neg(o, b) for o in others]))
-    return make_node(tuple(t for n in out for t in expand(n)))
+    checked = _checked_one_of(branches)
+    try:
+        with trial():
+            out = []
+            for i, b in enumerate(branches):
+                others = [
+                    o for j, o in enumerate(branches) if j != i and not apart[min(i, j), max(i, j)]
+                ]
+                out.append(conj_all([b] + [neg(o, b) for o in others]))
+            return make_node(tuple(t for n in out for t in expand(n)))
+    except ConstraintError:
+        if checked is None:
+            raise
+        return checked()
+
+
+def _checked_one_of(branches: list[Node]) -> Callable[[], Node] | None:
+    """Where each branch holds at most one object term, a plain one (``values.plain_object``):
+    a way to build ``oneOf`` without the complements of the objects, whose intersections
+    multiply (n branches each requiring k typed keys: k**(n - 1) terms a branch). Values of
+    other types are in exactly one branch as the algebra has it; an object, as each branch
+    has it, with ``one_of`` naming the object branches, which the check counts as decoded
+    (the grammar writes each branch alone). None where a branch does not fit."""
+    objects: list[ObjT | None] = []
+    for b in branches:
+        found = [t for t in expand(b) if isinstance(t, ObjT)]
+        if len(found) > 1 or found and not plain_object(found[0]) or b.top:
+            return None
+        objects.append(found[0] if found else None)
+    group = tuple(t for t in objects if t is not None)
+
+    def build() -> Node:
+        others = [make_node(t for t in b.terms if not isinstance(t, ObjT)) for b in branches]
+        rest = one_of(others) if len(others) > 1 else others[0]
+        marked = (group,) if len(group) > 1 else ()
+        # a branch within another is in two wherever it holds: never written (a text along
+        # it could not end)
+        written = [
+            t
+            for i, t in enumerate(group)
+            if not any(_within(t, u) for u in group[:i] + group[i + 1 :])
+        ]
+        return union(rest, make_node(replace(t, one_of=marked) for t in written))
+
+    return build

@@ -13,6 +13,8 @@ from bisect import bisect_right
 from functools import lru_cache
 
 from lmprog.fsm.json_schema.terms.formats import format_source
+from lmprog.fsm.json_schema.terms.jsontext import decode
+from lmprog.fsm.json_schema.terms.matched import PatternMatch, has_backrefs
 from lmprog.fsm.json_schema.terms.nodes import ArrT, Bodies, Node, ObjT, RefT, StrT, Term
 from lmprog.fsm.regex import parse_regex
 from lmprog.fsm.regex.charset import SURROGATES, CharSet
@@ -32,6 +34,8 @@ class LengthCount:
     """A string term's pattern as an automaton over characters, and its maxLength. A string
     being read is (state, characters completed, bytes of one begun): `read` moves it, `fits`
     says whether it can still end within maxLength. Immutable; shared by every guide."""
+
+    initial = 0  # the automaton's start state
 
     def __init__(self, t: StrT) -> None:
         """OverflowError if the pattern's automaton has over MAX_STATES states."""
@@ -89,9 +93,12 @@ class LengthCount:
         return [b for b, block in enumerate(self._blocks) if not (block & chars).is_empty()]
 
 
-def counted_apart(root: Node, bodies: Bodies) -> dict[StrT, LengthCount]:
+def counted_apart(root: Node, bodies: Bodies) -> dict[StrT, LengthCount | PatternMatch]:
     """The string terms of a schema whose maxLength its grammar leaves to the check, each
-    with its count (docs/design/json-schema.md says which). `bodies`: RefT key -> node."""
+    with its count (docs/design/json-schema.md says which), and those whose patterns with
+    backreferences the check matches (``matched.PatternMatch``). A term is read by the check
+    only where the check can tell that a string is one of it: alone among the string terms
+    of every value it may be, outside a union of containers. `bodies`: RefT key -> node."""
     alone: set[StrT] = set()
     shared: set[StrT] = set()
     seen: set[tuple[Node, bool]] = set()
@@ -116,9 +123,11 @@ def counted_apart(root: Node, bodies: Bodies) -> dict[StrT, LengthCount]:
             ]
         for a in arrays:
             todo += [(v, union) for v in (*a.prefix, a.rest)]
-    out = {}
+    out: dict[StrT, LengthCount | PatternMatch] = {}
     for s in alone - shared:
-        count = _count(s)
+        count: LengthCount | PatternMatch | None = _count(s)
+        if count is None and s.values is None and has_backrefs(s):
+            count = PatternMatch(s)
         if count is not None:
             out[s] = count
     return out
@@ -128,6 +137,8 @@ def counted_apart(root: Node, bodies: Bodies) -> dict[StrT, LengthCount]:
 def _count(t: StrT) -> LengthCount | None:
     """The term's count, if its length is to be counted apart (built once per term)."""
     if t.max_len is None or t.values is not None or t.excluded or t.not_patterns:
+        return None
+    if has_backrefs(t):  # (its maxLength stays in the lexeme; the patterns are matched)
         return None
     if len(_sources(t)) != 1 or t.patterns and split_lookaheads(t.patterns[0]) != (t.patterns, ()):
         return None
@@ -179,60 +190,3 @@ def _shortest(moves: list[list[int]], accepting: list[bool]) -> list[int]:
                     nxt.append(p)
         frontier = nxt
     return short
-
-
-_ESCAPES = {ord('"'): 0x22, ord("\\"): 0x5C, ord("/"): 0x2F, ord("b"): 8, ord("f"): 12}
-_ESCAPES.update({ord("n"): 10, ord("r"): 13, ord("t"): 9})
-
-
-def decode(data: bytes, final: bool = False) -> tuple[list[int], bytes]:
-    """The code points of a JSON string's content bytes (no closing quote among them), as
-    JSON Schema counts them: an escaped surrogate pair is one, a lone surrogate one; and the
-    bytes of a last character not complete yet (a high surrogate escape waits for its pair
-    unless `final`: the string ends there)."""
-    out, i, end = [], 0, len(data)
-    while i < end:
-        b = data[i]
-        if b == 0x5C:
-            if i + 1 >= end:
-                break
-            if data[i + 1] != 0x75:  # \" \\ \/ \b \f \n \r \t
-                out.append(_ESCAPES[data[i + 1]])
-                i += 2
-                continue
-            if i + 6 > end:
-                break
-            unit = int(data[i + 2 : i + 6], 16)
-            if 0xD800 <= unit <= 0xDBFF:
-                low = _low_surrogate(data[i + 6 : i + 12])
-                if low is None and not final and i + 12 > end and _may_pair(data[i + 6 :]):
-                    break  # a low surrogate may still come
-                if low is not None:
-                    out.append(0x10000 + (unit - 0xD800) * 0x400 + low - 0xDC00)
-                    i += 12
-                    continue
-            out.append(unit)
-            i += 6
-            continue
-        size = 1 if b < 0x80 else 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4
-        if i + size > end:
-            break
-        out.append(ord(data[i : i + size].decode("utf-8", "surrogatepass")))
-        i += size
-    return out, data[i:]
-
-
-def _low_surrogate(text: bytes) -> int | None:
-    if len(text) == 6 and text[:2] == b"\\u":
-        try:
-            unit = int(text[2:], 16)
-        except ValueError:
-            return None
-        return unit if 0xDC00 <= unit <= 0xDFFF else None
-    return None
-
-
-def _may_pair(text: bytes) -> bool:
-    """Whether `text` may begin an escaped low surrogate (``\\uDC00``-``\\uDFFF``)."""
-    patterns = (b"\\", b"u", b"dD", b"cdefCDEF")
-    return all(c in patterns[i] for i, c in enumerate(text[:4]))

@@ -161,6 +161,10 @@ class ObjT:
     # names them): where terms meet, declared keys come first, in the order they are declared
     # (``algebra._meet_obj``), as llguidance orders them
     undeclared: frozenset[str] = frozenset()
+    # sets of branches (plain objects: ``values.plain_object``) of which the object is in
+    # exactly one: ``oneOf`` whose complements would multiply (``complement.one_of``), checked
+    # as decoded (lmprog.fsm.checks), the grammar writing the branch alone
+    one_of: tuple[tuple[ObjT, ...], ...] = ()
 
     def prop(self, key: str) -> Node | None:
         for k, v in self.props:
@@ -215,6 +219,20 @@ def work_limit(units: int) -> Iterator[None]:
         yield
     finally:
         _WORK.reset(token)
+
+
+@contextmanager
+def trial() -> Iterator[None]:
+    """A first way of compiling something: the work it spent is given back if it raises
+    ConstraintError, for the way tried next."""
+    budget = _WORK.get()
+    left = None if budget is None else budget[0]
+    try:
+        yield
+    except ConstraintError:
+        if budget is not None and left is not None:
+            budget[0] = left
+        raise
 
 
 def charge(units: int = 1) -> None:

@@ -11,8 +11,19 @@ from typing import Any, Protocol
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.terms.formats import format_pattern
-from lmprog.fsm.json_schema.terms.nodes import NumT, StrT
+from lmprog.fsm.json_schema.terms.nodes import (
+    ArrT,
+    BoolT,
+    Node,
+    NullT,
+    NumT,
+    ObjT,
+    StrT,
+    Term,
+    is_full,
+)
 from lmprog.fsm.regex import parse_regex, value_matcher
+from lmprog.fsm.regex.backrefs import has_backreference
 from lmprog.fsm.regex.lookahead import split_lookaheads
 
 
@@ -20,6 +31,8 @@ from lmprog.fsm.regex.lookahead import split_lookaheads
 def pattern_matcher(source: str) -> Matcher:
     """``fullmatch`` of the returned pattern = JSON Schema ``pattern`` (search) semantics
     (lookaheads as ``split_lookaheads`` reads them)."""
+    if has_backreference(source):
+        return _Searched(source)
     must, must_not = split_lookaheads(source)
     if must == (source,) and not must_not:
         return value_matcher(parse_regex(source, "ecma"))
@@ -47,6 +60,18 @@ class _Lookaheads:
         )
 
 
+class _Searched:
+    """A pattern with backreferences, matched exactly (``matched.search``)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fullmatch(self, s: str) -> bool:
+        from lmprog.fsm.json_schema.terms.matched import search
+
+        return search(self.source, s)
+
+
 @lru_cache(maxsize=64)
 def format_matcher(name: str) -> Matcher:
     pattern = format_pattern(name)
@@ -62,10 +87,20 @@ def str_ok(t: StrT, s: str) -> bool:
         and (t.max_len is None or len(s) <= t.max_len)
         and all(pattern_matcher(p).fullmatch(s) for p in t.patterns)
         and all(format_matcher(f).fullmatch(s) for f in t.formats)
-        and not any(pattern_matcher(p).fullmatch(s) for p in t.not_patterns)
+        and not any(_matches_either(p, s) for p in t.not_patterns)
         and (t.values is None or s in t.values)
         and s not in t.excluded
     )
+
+
+def _matches_either(source: str, s: str) -> bool:
+    """Whether ``s`` holds a match of a pattern it must not match (with backreferences: by
+    either engine, ``matched.search``)."""
+    if has_backreference(source):
+        from lmprog.fsm.json_schema.terms.matched import search
+
+        return search(source, s, either=True)
+    return bool(pattern_matcher(source).fullmatch(s))
 
 
 def is_multiple(d: Decimal, m: Decimal) -> bool:
@@ -108,3 +143,48 @@ def value_key(v: Any) -> Hashable:
     if isinstance(v, list):
         return ("a", tuple(value_key(x) for x in v))
     return ("o", frozenset((k, value_key(x)) for k, x in v.items()))
+
+
+def plain_object(t: ObjT) -> bool:
+    """Whether an object's membership in ``t`` follows from its members' values alone, each
+    told by ``in_object``: named properties (required or not) whose values are scalars or
+    any array or object, and nothing else (no other keys' rules, propertyNames, counts)."""
+    return (
+        not t.rules
+        and t.names.top
+        and not t.min_props
+        and t.max_props is None
+        and not (t.some or t.some_values or t.one_of)
+        and all(_plain(v) for _, v in t.props)
+    )
+
+
+def _plain(node: Node) -> bool:
+    return node.top or all(
+        isinstance(x, (NullT, BoolT, NumT, StrT)) or isinstance(x, (ArrT, ObjT)) and is_full(x)
+        for x in node.terms
+    )
+
+
+def in_object(t: ObjT, v: dict[str, Any]) -> bool:
+    """Whether the object ``v`` (numbers as Decimal) is in the ``plain_object`` ``t``."""
+    return all(k in v for k in t.required) and all(
+        k not in v or in_node(node, v[k]) for k, node in t.props
+    )
+
+
+def in_node(node: Node, v: Any) -> bool:
+    """Whether the value ``v`` is in a node of ``plain_object``'s values."""
+    return node.top or any(_in_term(x, v) for x in node.terms)
+
+
+def _in_term(t: Term, v: Any) -> bool:
+    if v is None:
+        return isinstance(t, NullT)
+    if isinstance(v, bool):
+        return isinstance(t, BoolT) and v in t.values
+    if isinstance(v, (int, Decimal)):
+        return isinstance(t, NumT) and num_ok(t, to_decimal(v))
+    if isinstance(v, str):
+        return isinstance(t, StrT) and str_ok(t, v)
+    return isinstance(t, ArrT if isinstance(v, list) else ObjT)  # (full: _plain)
