@@ -54,7 +54,7 @@ pip_install() {
 # The stamp holds the hash of what decides the install, and the mode it was made in: a test
 # set-up also serves a user's run; a user set-up is completed by the next --test run.
 check="import lmprog, llama_cpp, torch"
-[ "$mode" = test ] && check="$check, pytest, importlib.util as u; assert u.find_spec('sglang')"
+[ "$mode" = test ] && check="$check, pytest, xdist, importlib.util as u; assert u.find_spec('sglang')"
 # with --gemma, an up-to-date set-up without the model is completed below
 [ "$gemma" = 1 ] && check="$check; from lmprog.core.models import resolve_model; resolve_model('gemma-3-270m')"
 stamp="$VENV/.lmprog-setup"

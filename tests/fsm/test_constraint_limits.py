@@ -71,26 +71,26 @@ def test_a_regex_nested_past_the_parser_is_a_constraint_error():
 def test_a_long_chain_of_ebnf_rules_is_refused_in_milliseconds():
     """The emptiness check was quadratic in a chain of rules (minutes at 12,500)."""
     chain = "\n".join(f'r{i} ::= "a" r{i + 1}' for i in range(4000))
-    start = time.monotonic()
+    start = time.process_time()  # CPU seconds: the same on a machine busy with other tests
     with pytest.raises(ConstraintError):
         Constraint.from_ebnf(f'root ::= r0\n{chain}\nr4000 ::= "b"')
-    assert time.monotonic() - start < 5
+    assert time.process_time() - start < 5
 
 
 def test_a_large_multiple_of_compiles_at_once():
     """multipleOf 1e300 scanned 10**300 numbers for its multiples (a hang)."""
-    start = time.monotonic()
+    start = time.process_time()
     constraint = Constraint.from_json_schema({"type": "number", "multipleOf": 1e300})
-    assert time.monotonic() - start < 5
+    assert time.process_time() - start < 5
     assert constraint.matches("0") and not constraint.matches("7")
 
 
 def test_an_enum_of_100000_strings_compiles_in_linear_time():
     """Merging the values was quadratic: 93 s for 100,000 strings."""
     values = [f"value-{i}" for i in range(40_000)]
-    start = time.monotonic()
+    start = time.process_time()
     constraint = Constraint.from_json_schema({"enum": values})
-    assert time.monotonic() - start < 15  # ~4 s; was ~40 s (quadratic: 10 s for 20,000)
+    assert time.process_time() - start < 15  # ~4 s; was ~40 s (quadratic: 10 s for 20,000)
     assert constraint.matches('"value-39999"') and not constraint.matches('"value-40000"')
 
 

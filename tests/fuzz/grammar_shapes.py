@@ -1,10 +1,11 @@
 """The grammar shapes lmprog emits, at sizes up to and past its limits, compiled by llguidance
 and decoded a few tokens over a one-byte-per-token vocabulary (issue 29, section 1).
 
-Run as a child process by test_grammar_shapes.py (``python grammar_shapes.py SEED SECONDS``):
-every shape at its largest size first (the sizes' lists end with it), then random draws,
-since what it looks for -- a stack overflow inside llguidance -- kills the process, which no
-Python code can catch. Each shape's name is printed before it is tried, so a crash names the
+Run as a child process by test_grammar_shapes.py (``python grammar_shapes.py SEED DRAWS
+[SECONDS]``): every shape at its largest size first (the sizes' lists end with it), then DRAWS
+random draws, and more until SECONDS have passed if given, since what it looks for -- a stack
+overflow inside llguidance -- kills the process, which no Python code can catch. A count,
+not a time, decides what a run tries, so a slow or busy machine tries the same shapes. Each shape's name is printed before it is tried, so a crash names the
 last one. Every shape must end in a constraint that decodes, or in ConstraintError where it
 is built, compiled or decoded; anything else is printed as FAIL and exits 1.
 """
@@ -185,13 +186,17 @@ class _Largest(random.Random):
         return seq[-1]
 
 
-def main(seed: int, seconds: float) -> int:
+def main(seed: int, draws: int, seconds: float = 0.0) -> int:
     rng = random.Random(seed)
     end = time.monotonic() + seconds
-    tried = refused = 0
+    tried = refused = drawn = 0
     largest = [(shape, _Largest()) for shape in SHAPES]
-    while time.monotonic() < end:
-        shape, draw = largest.pop(0) if largest else (rng.choice(SHAPES), rng)
+    while largest or drawn < draws or time.monotonic() < end:
+        if largest:
+            shape, draw = largest.pop(0)
+        else:
+            shape, draw = rng.choice(SHAPES), rng
+            drawn += 1
         name, source = shape(draw)
         print(f"shape {name}", flush=True)
         started = time.monotonic()
@@ -205,9 +210,10 @@ def main(seed: int, seconds: float) -> int:
             return 1
         tried += 1
         print(f"  {time.monotonic() - started:.2f} s", flush=True)
-    print(json.dumps({"tried": tried, "refused": refused}), flush=True)
+    summary = {"tried": tried, "refused": refused, "largest": len(SHAPES), "drawn": drawn}
+    print(json.dumps(summary), flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]), float(sys.argv[2])))
+    sys.exit(main(int(sys.argv[1]), int(sys.argv[2]), *map(float, sys.argv[3:4])))

@@ -23,9 +23,12 @@ pytestmark = [
 MODEL = "smollm2-135m-instruct"
 
 
+WORKER_ARGS = ["--num-threads", "1", "--max-running-requests", "4"]
+
+
 @pytest.fixture(scope="module")
 def fleet():
-    with Fleet.start(*[["--num-threads", "1", "--max-running-requests", "4"]] * 3) as f:
+    with Fleet.start(*[WORKER_ARGS] * 3) as f:
         yield f
 
 
@@ -185,31 +188,33 @@ def test_vllm_router_fronts_the_same_workers(fleet):
         assert status == 200 and json.loads(text)["choices"][0]["message"]["content"], text
 
 
-def test_the_router_skips_a_dead_worker_and_takes_it_back_restarted():
+def test_the_router_skips_a_dead_worker_and_takes_it_back_restarted(fleet):
     """Faults in front of lmprog (issue 35, section 3): with a worker killed, every request
     through the router still succeeds (it retries elsewhere) and its health check marks the
-    worker unhealthy; restarted on its port, the worker is healthy and served again."""
-    from lmprog.serve.processes import Worker, free_port
+    worker unhealthy; restarted on its port, the worker is healthy and served again. On the
+    module's workers (starting two more of its own took most of this test's time); the
+    stopped one is restarted on its port, so the fleet is whole again afterwards."""
+    from urllib.parse import urlsplit
 
-    port = free_port()
-    args = ["--num-threads", "1"]
-    with Fleet.start(args, [*args, "--port", str(port)]) as two:
-        flags = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1"]
-        flags += ["--health-success-threshold", "1"]
-        with SGLangRouter.start(two.urls, policy="round_robin", extra=flags) as rr:
-            two.workers[1].stop()
-            for i in range(4):
-                body = {"text": f"Dead {i}:", "sampling_params": {"max_new_tokens": 2}}
-                assert _post(rr.url + "/generate", body)[0] == 200
-            healthy = lambda: {w["url"]: w["is_healthy"] for w in rr.workers()}
-            _eventually(lambda: healthy()[two.urls[1]] is False)
-            two.workers[1] = Worker.start([*args, "--port", str(port)])
-            _eventually(lambda: healthy()[two.urls[1]] is True, timeout=30)
-            before = _count(two.workers[1].lines, "POST /generate")
-            for i in range(4):
-                body = {"text": f"Back {i}:", "sampling_params": {"max_new_tokens": 2}}
-                assert _post(rr.url + "/generate", body)[0] == 200
-            _eventually(lambda: _count(two.workers[1].lines, "POST /generate") > before)
+    from lmprog.serve.processes import Worker
+
+    port = urlsplit(fleet.urls[1]).port
+    flags = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1"]
+    flags += ["--health-success-threshold", "1"]
+    with SGLangRouter.start(fleet.urls, policy="round_robin", extra=flags) as rr:
+        fleet.workers[1].stop()
+        for i in range(4):
+            body = {"text": f"Dead {i}:", "sampling_params": {"max_new_tokens": 2}}
+            assert _post(rr.url + "/generate", body)[0] == 200
+        healthy = lambda: {w["url"]: w["is_healthy"] for w in rr.workers()}
+        _eventually(lambda: healthy()[fleet.urls[1]] is False)
+        fleet.workers[1] = Worker.start([*WORKER_ARGS, "--port", str(port)])
+        _eventually(lambda: healthy()[fleet.urls[1]] is True, timeout=30)
+        before = _count(fleet.workers[1].lines, "POST /generate")
+        for i in range(4):
+            body = {"text": f"Back {i}:", "sampling_params": {"max_new_tokens": 2}}
+            assert _post(rr.url + "/generate", body)[0] == 200
+        _eventually(lambda: _count(fleet.workers[1].lines, "POST /generate") > before)
 
 
 def _count(lines: list[str], what: str) -> int:
