@@ -118,6 +118,9 @@ def test_sigint_mid_generation_ends_cleanly():
         stderr=subprocess.PIPE,
         text=True,
         env=_env(),
+        # SIGINT as a terminal delivers it: a pytest-xdist worker ignores SIGINT, an ignored
+        # signal stays ignored across exec, and Python then installs no KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert proc.stdout.readline().startswith("STARTED"), proc.stderr.read()[-3000:]

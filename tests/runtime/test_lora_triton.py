@@ -181,9 +181,9 @@ def test_lora_graphs_replay_their_static_forward(dtype, one_thread, tmp_path):
             _forward(model, manager, prefill, kv, [uid_of_row[r] for r in range(rows)], True)
         sizes = (1, 4, 8)
         graphs = CudaGraphRunner(model, kvs[0], table, batch_sizes=sizes, capture=True,
-                                 lora=manager, lora_graphs_below_fp32=True)  # fmt: skip
+                                 lora=manager)  # fmt: skip
         static = CudaGraphRunner(model, kvs[1], table, batch_sizes=sizes, capture=False,
-                                 lora=manager, lora_graphs_below_fp32=True)  # fmt: skip
+                                 lora=manager)  # fmt: skip
         for n in (3, 8, 5, 1, 8, 2, 7, 8):
             sel = torch.randperm(rows, generator=g)[:n].tolist()
             for r in sel:

@@ -5,6 +5,7 @@ recomputation, and greedy / seeded outputs unchanged through the engine and lp.R
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -435,7 +436,9 @@ def test_head_steps_replay_the_cuda_graphs(method, tree_width, monkeypatch):
     graphs built for its capture (decode graphs, piecewise segments): no forward_capture runs
     eagerly, and greedy outputs equal those of the same engine without graphs and of plain
     decoding (fp32: only the kernels' order of sums differs)."""
-    net = random_llama(TINY, 0.3, device="cuda", attention="triton")
+    # head_dim 16: the Triton attention kernels take head_dim in [16, 512]
+    net = random_llama(replace(TINY, hidden_size=64, head_dim=16), 0.3, device="cuda",
+                       attention="triton")  # fmt: skip
     prompts = [[9, 9, 8, 7, *p] for p in PROMPTS] * 2
     params = SP(max_tokens=24, temperature=0.0, ignore_eos=True)
     spec = SpeculativeConfig(
@@ -486,7 +489,10 @@ def check_head_graphs(device, capture, dtype, tol):
     head = build_eagle3(dummy_eagle3_config(model.config, 40), model)
     with torch.no_grad():
         for name, p in head.named_parameters():
-            p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, 0.5, generator=g)
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:  # drawn on the CPU generator, then moved: the same head on either device
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
 
     def proposer(graphs):
         prop = EagleProposer(

@@ -229,7 +229,6 @@ class CudaGraphRunner:
         split_context: int = SPLIT_CONTEXT,
         capture: bool | None = None,
         lora: Any = None,
-        lora_graphs_below_fp32: bool = False,
         hidden: HiddenCapture | None = None,
     ) -> None:
         if not supports_cuda_graphs(model):
@@ -256,15 +255,8 @@ class CudaGraphRunner:
         self.split_context = split_context
         self.buffers = DecodeBuffers(sizes[-1], req_to_token)
         self.lora = lora
-        # LoRA decode graphs below fp32 wait for a GPU run of
-        # test_lora_graphs_replay_their_static_forward[bfloat16]: an H100 run found them
-        # apart from the PyTorch path, since explained as rounding (docs/design/lora.md) but
-        # not yet confirmed there; until then those steps run eagerly (correct, slower)
-        lora_graphs = lora is not None and (
-            kv.k[0].dtype == torch.float32 or lora_graphs_below_fp32
-        )
         self.lora_buffers = (
-            LoraGraphBuffers(sizes[-1], lora.pool.slots, device) if lora_graphs else None
+            LoraGraphBuffers(sizes[-1], lora.pool.slots, device) if lora is not None else None
         )
         self.replays = 0  # batches served (a statistic for benchmarks and metrics)
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
