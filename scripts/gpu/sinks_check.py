@@ -2,7 +2,7 @@
 the GPU's defaults (Triton attention, decode and piecewise CUDA graphs, overlap scheduling),
 several requests at once, beside window attention without sinks.
 
-    python3 scripts/gpu/sinks_check.py          # on the GPU (after stage.sh b)
+    python3 scripts/gpu/sinks_check.py          # on the GPU (after stage.sh c)
     python3 scripts/gpu/sinks_check.py --cpu    # anywhere, smaller
 
 For each variant: every request must end at max_tokens (never cut by the context), with

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine after `source scripts/gpu/stage.sh b`: the real-weight tests (the DSL
+# On the GPU machine after `source scripts/gpu/stage.sh c`: the real-weight tests (the DSL
 # programs of tests/e2e through lp.Runtime on CUDA, with overlap scheduling and decode and
 # piecewise CUDA graphs on, in one process), the runtime's e2e tests, the kernel tests and every
 # test file with a CUDA path.
