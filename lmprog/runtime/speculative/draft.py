@@ -21,7 +21,7 @@ from ..executor.cuda_graph import capture_decode_graphs
 from ..executor.forward_batch import ForwardBatch
 from ..executor.kv_pool import KVPool
 from .draft_cache import DraftKVCache
-from .draft_job import DraftJob, DraftSampler, catch_up_members, pack_steps
+from .draft_job import DraftJob, DraftSampler, DraftTable, catch_up_members, pack_steps
 from .proposer import Proposal, ProposalInput, Proposer
 
 if TYPE_CHECKING:
@@ -66,11 +66,8 @@ class DraftModelProposer(Proposer):
         _check_int("max_total_tokens", max_total_tokens, 1)
         self.kv = KVPool.for_model(config, max_total_tokens, self.dtype, self.device)
         self.cache = DraftKVCache(max_total_tokens, max_requests)
-        self.req_to_token = torch.zeros(
-            (max_requests, self.context_length), dtype=torch.int32, device=self.device
-        )
-        self._ones = torch.ones(max_requests, dtype=torch.int64, device=self.device)
-        self._arange = torch.arange(max_requests, dtype=torch.int64, device=self.device)
+        self.table = DraftTable(max_requests, self.context_length, self.device)
+        self.req_to_token = self.table.req_to_token
         attention = getattr(model, "attention", None)
         if attention is not None:  # its kernels compiled now, not at the first proposal
             attention.warm_up(self.kv, self.req_to_token)
@@ -206,18 +203,10 @@ class DraftModelProposer(Proposer):
             assert len(job.seq.tokens) == len(job.seq.slots)
 
     def _extend_batch(self, jobs: list[DraftJob], ints: dict[str, torch.Tensor]) -> ForwardBatch:
-        return ForwardBatch(
-            input_ids=ints["ids"],
-            positions=ints["pos"],
-            out_cache_loc=ints["loc"],
-            req_pool_indices=ints["rows"],
-            seq_lens=ints["lens"],
-            extend_lens=ints["ext"],
-            extend_start_loc=ints["start"],
-            req_to_token=self.req_to_token,
-            logits_indices=ints["last"],
-            seq_lens_cpu=tuple(len(j.tokens) for j in jobs),
-            extend_lens_cpu=tuple(len(j.tokens) - j.keep for j in jobs),
+        return self.table.extend_batch(
+            ints,
+            tuple(len(j.tokens) for j in jobs),
+            tuple(len(j.tokens) - j.keep for j in jobs),
         )
 
     def _catch_up(
@@ -229,7 +218,7 @@ class DraftModelProposer(Proposer):
             members = catch_up_members(jobs, steps, i)
             lens = [len(jobs[r].tokens) - steps + i + 1 for r in members]
             logits = self._forward(
-                self._one_token_batch(
+                self.table.one_token_batch(
                     ints[f"cids{i}"],
                     ints[f"cpos{i}"],
                     ints[f"cloc{i}"],
@@ -243,37 +232,13 @@ class DraftModelProposer(Proposer):
     def _decode_batch(
         self, ids: torch.Tensor, jobs: list[DraftJob], s: int, ints: dict[str, torch.Tensor]
     ) -> ForwardBatch:
-        return self._one_token_batch(
+        return self.table.one_token_batch(
             ids,
             ints[f"pos{s}"],
             ints[f"loc{s}"],
             ints["rows"][: len(jobs)],
             ints[f"lens{s}"],
             [len(j.tokens) + s for j in jobs],
-        )
-
-    def _one_token_batch(
-        self,
-        ids: torch.Tensor,
-        pos: torch.Tensor,
-        loc: torch.Tensor,
-        rows: torch.Tensor,
-        lens: torch.Tensor,
-        host_lens: list[int],
-    ) -> ForwardBatch:
-        a = len(host_lens)
-        return ForwardBatch(
-            input_ids=ids,
-            positions=pos,
-            out_cache_loc=loc,
-            req_pool_indices=rows,
-            seq_lens=lens,
-            extend_lens=self._ones[:a],
-            extend_start_loc=self._arange[:a],
-            req_to_token=self.req_to_token,
-            logits_indices=self._arange[:a],
-            seq_lens_cpu=tuple(host_lens),
-            extend_lens_cpu=(1,) * a,
         )
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch
 from lmprog.core.sampling import SamplingParams
 from lmprog.decoding.sampler import SamplingTensors, draw, probabilities
 
+from ..executor.forward_batch import ForwardBatch
 from .draft_cache import DraftSeq
 from .proposer import Proposal
 
@@ -140,3 +141,57 @@ def pack_steps(jobs: list[DraftJob], active: list[int], catch_up: int = 0) -> Pa
         pk.add(f"loc{s}", [j.seq.slots[len(j.tokens) + s - 1] for j in now])
         pk.add(f"lens{s}", [len(j.tokens) + s for j in now])
     return pk
+
+
+class DraftTable:
+    """A drafter's page table (request row -> KV slots) and the constant index rows its
+    batches slice, with the two batch shapes a drafting call runs: the extend of the new
+    tokens from a call's packed integers (`pack_steps`' names), and one token per request."""
+
+    def __init__(self, max_requests: int, context_length: int, device: torch.device) -> None:
+        self.req_to_token = torch.zeros(
+            (max_requests, context_length), dtype=torch.int32, device=device
+        )
+        self.ones = torch.ones(max_requests, dtype=torch.int64, device=device)
+        self.arange = torch.arange(max_requests, dtype=torch.int64, device=device)
+
+    def extend_batch(
+        self, ints: dict[str, torch.Tensor], seq_lens: tuple[int, ...], extend_lens: tuple[int, ...]
+    ) -> ForwardBatch:
+        return ForwardBatch(
+            input_ids=ints["ids"],
+            positions=ints["pos"],
+            out_cache_loc=ints["loc"],
+            req_pool_indices=ints["rows"],
+            seq_lens=ints["lens"],
+            extend_lens=ints["ext"],
+            extend_start_loc=ints["start"],
+            req_to_token=self.req_to_token,
+            logits_indices=ints["last"],
+            seq_lens_cpu=seq_lens,
+            extend_lens_cpu=extend_lens,
+        )
+
+    def one_token_batch(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        loc: torch.Tensor,
+        rows: torch.Tensor,
+        lens: torch.Tensor,
+        host_lens: list[int],
+    ) -> ForwardBatch:
+        a = len(host_lens)
+        return ForwardBatch(
+            input_ids=ids,
+            positions=pos,
+            out_cache_loc=loc,
+            req_pool_indices=rows,
+            seq_lens=lens,
+            extend_lens=self.ones[:a],
+            extend_start_loc=self.arange[:a],
+            req_to_token=self.req_to_token,
+            logits_indices=self.arange[:a],
+            seq_lens_cpu=tuple(host_lens),
+            extend_lens_cpu=(1,) * a,
+        )

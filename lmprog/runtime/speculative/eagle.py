@@ -38,7 +38,7 @@ from ..executor.kv_pool import KVPool
 from ..models.llama import HiddenCapture
 from .draft import KV_BUDGET_BYTES, _checked_tokens, prepare_and_run
 from .draft_cache import DraftKVCache, DraftSeq
-from .draft_job import Packer
+from .draft_job import DraftTable, Packer
 from .head_proposer import HeadProposer, tree_depth, tree_nodes
 from .heads import Eagle3Head
 from .proposer import Proposal, ProposalInput
@@ -111,12 +111,9 @@ class EagleProposer(HeadProposer):
             max_total_tokens = min(KVPool.size_for_budget(budget, c, self.dtype), 1 << 20)
         self.kv = KVPool(max_total_tokens, 1, c.num_kv_heads, c.head_dim, self.dtype, self.device)
         self.cache = DraftKVCache(max_total_tokens, max_requests)
-        self.req_to_token = torch.zeros(
-            (max_requests, self.context_length), dtype=torch.int32, device=self.device
-        )
+        self.table = DraftTable(max_requests, self.context_length, self.device)
+        self.req_to_token = self.table.req_to_token
         head.attention.warm_up(self.kv, self.req_to_token)
-        self._ones = torch.ones(max_requests, dtype=torch.int64, device=self.device)
-        self._arange = torch.arange(max_requests, dtype=torch.int64, device=self.device)
         # the draft steps (one token per request, the head's own states) replayed from decode
         # graphs on a GPU with Triton attention (None elsewhere: eager)
         self.step = HeadStep(head, max_requests)
@@ -211,18 +208,8 @@ class EagleProposer(HeadProposer):
         ints = self._pack(jobs, active).send(self.device)
         self.req_to_token[ints["t_rows"], ints["t_cols"]] = ints["t_vals"].to(torch.int32)
         feats = torch.cat([j.state.pending[: j.feed] for j in jobs]).to(self.dtype)
-        batch = ForwardBatch(
-            input_ids=ints["ids"],
-            positions=ints["pos"],
-            out_cache_loc=ints["loc"],
-            req_pool_indices=ints["rows"],
-            seq_lens=ints["lens"],
-            extend_lens=ints["ext"],
-            extend_start_loc=ints["start"],
-            req_to_token=self.req_to_token,
-            logits_indices=ints["last"],
-            seq_lens_cpu=tuple(j.state.exact + j.feed for j in jobs),
-            extend_lens_cpu=tuple(j.feed for j in jobs),
+        batch = self.table.extend_batch(
+            ints, tuple(j.state.exact + j.feed for j in jobs), tuple(j.feed for j in jobs)
         )
         logits, hidden = head(batch, self.kv, feats, project=True)
         for j in jobs:  # the features are in the exact KV now
@@ -233,18 +220,13 @@ class EagleProposer(HeadProposer):
         tops = [top]
         for s in range(1, len(active)):
             a = active[s]
-            batch = ForwardBatch(
-                input_ids=top[:a, 0],
-                positions=ints[f"pos{s}"],
-                out_cache_loc=ints[f"loc{s}"],
-                req_pool_indices=ints["rows"][:a],
-                seq_lens=ints[f"lens{s}"],
-                extend_lens=self._ones[:a],
-                extend_start_loc=self._arange[:a],
-                req_to_token=self.req_to_token,
-                logits_indices=self._arange[:a],
-                seq_lens_cpu=tuple(j.state.exact + s for j in jobs[:a]),
-                extend_lens_cpu=(1,) * a,
+            batch = self.table.one_token_batch(
+                top[:a, 0],
+                ints[f"pos{s}"],
+                ints[f"loc{s}"],
+                ints["rows"][:a],
+                ints[f"lens{s}"],
+                [j.state.exact + s for j in jobs[:a]],
             )
             logits, hidden = self._draft_step(batch, hidden[:a])
             top = self._top(logits)
