@@ -26,7 +26,8 @@ from lmprog.core.sampling import SamplingParams as SP
 
 pytestmark = pytest.mark.e2e
 
-NEAR_TIE = 0.5  # as in test_llamacpp_e2e.py
+# above the 0.66 measured between batch shapes (docstring): a top-2 gap of 0.637 moved once
+NEAR_TIE = 0.7
 TOPICS = ("cats", "the sea", "bread", "trains")
 LISTS = (
     "The months of the year: January, February, March,",
