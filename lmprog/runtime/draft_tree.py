@@ -111,7 +111,7 @@ def mask_block(num_real: int, parents: Sequence[int] | None, seq_len: int) -> np
 
 
 def tree_masks(
-    trees: Sequence[Sequence[int] | None], ext: Sequence[int], seq_lens: Sequence[int]
+    trees: Sequence[Sequence[int] | None], ext: np.ndarray, seq_lens: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """A step's attention masks from its entries' draft parents (trees[i] None: entry i is
     causal), each feeding ext[i] tokens up to seq_lens[i]: (the flat bool mask, the int64
