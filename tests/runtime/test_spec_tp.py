@@ -5,7 +5,8 @@ tp_size=1's and plain decoding's greedy outputs, for an oracle's trees (the true
 the first), n-gram trees and draft heads drafting trees from rank 0's captured hidden states
 (replicated after the all-reduce: the drafts are tp_size=1's); an abort mid-tree leaves the
 group serving. Then both ranks on threads of this process: after a tree verify whose accepted
-path is its second branch, each rank's KV shard equals plain decoding's."""
+path is its second branch, each rank's KV shard equals plain decoding's. On 2 CUDA GPUs (NCCL,
+CUDA graphs): oracle and EAGLE trees at tp_size=2 equal tp_size=1."""
 
 from __future__ import annotations
 
@@ -55,10 +56,10 @@ def tiny(tmp_path_factory):
     return write_tiny(tmp_path_factory.mktemp("spec_tp"))
 
 
-def launch(folder, tp_size, spec=None, proposer=None):
+def launch(folder, tp_size, spec=None, proposer=None, device="cpu"):
     build = {"model": str(folder), "dtype": "float32"}
-    tp = start_tensor_parallel(tp_size, build, device="cpu") if tp_size > 1 else None
-    net = assemble_model(**build, device="cpu", tp=tp)
+    tp = start_tensor_parallel(tp_size, build, device=device) if tp_size > 1 else None
+    net = assemble_model(**build, device=device, tp=tp)
     return launch_engine(
         net,
         None,
@@ -271,3 +272,39 @@ def test_accepted_path_kv_on_each_rank_equals_plain_decoding(tiny):
                 torch.testing.assert_close(mine[layer][slots],
                                            whole_kv[layer][slots0][:, rank : rank + 1],
                                            atol=1e-4, rtol=1e-4)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"
+)
+@pytest.mark.parametrize("name", ["oracle", "eagle"])
+def test_tp2_on_two_gpus_verifies_trees_as_tp1(tiny, name):
+    """NCCL, each rank's table mirrored on its device, the decode and piecewise graphs (the
+    EAGLE head's states captured on rank 0's): trees at tp_size=2 equal tp_size=1 (fp32)."""
+    spec = SpeculativeConfig(**TREE_SPECS["eagle"], adaptive=False)
+    if name == "oracle":
+        spec = SpeculativeConfig(num_tokens=6, adaptive=False)
+        plain = launch(tiny, 1, device="cuda")
+        try:
+            want = run(plain, PROMPTS)
+        finally:
+            plain.shutdown()
+    outputs, stats = [], []
+    for tp_size in (1, 2):
+        oracle = None
+        if name == "oracle":
+            oracle = TreeOracle(VOCAB)
+            oracle.learn(PROMPTS, want)
+        engine = launch(tiny, tp_size, spec, oracle, device="cuda")
+        try:
+            outputs.append(run(engine, PROMPTS))
+            stats.append(engine.stats())
+        finally:
+            engine.shutdown()
+    assert_same(outputs[1], outputs[0])
+    assert stats[1]["spec_tree_verifies"] > 3, stats[1]
+    if name == "oracle":
+        assert [r.token_ids for r in outputs[0]] == [r.token_ids for r in want]
+        assert stats[1]["spec_accepted_tokens"] > 30, stats[1]
+    assert leftover_workers() == []
