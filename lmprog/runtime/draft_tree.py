@@ -110,6 +110,25 @@ def mask_block(num_real: int, parents: Sequence[int] | None, seq_len: int) -> np
     return mask
 
 
+def tree_masks(
+    trees: Sequence[Sequence[int] | None], ext: np.ndarray, seq_lens: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """A step's attention masks from its entries' draft parents (trees[i] None: entry i is
+    causal), each feeding ext[i] tokens up to seq_lens[i]: (the flat bool mask, the int64
+    offset of each entry's block into it, -1 for a causal entry). Entry i's block is
+    mask_block(ext[i] - len(trees[i]), trees[i], seq_lens[i]), row-major."""
+    blocks, indptr, at = [], np.full(len(trees), -1, dtype=np.int64), 0
+    for i, parents in enumerate(trees):
+        if parents is None:
+            continue
+        block = mask_block(int(ext[i]) - len(parents), parents, int(seq_lens[i]))
+        blocks.append(block.reshape(-1))
+        indptr[i] = at
+        at += block.size
+    mask = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.bool_)
+    return mask, indptr
+
+
 def prune(parents: Sequence[int], keep: Sequence[bool]) -> tuple[list[int], tuple[int, ...]]:
     """Drop the drafts with keep[i] False, and every descendant of a dropped one. Returns the
     kept indices (in order) and their parents renumbered."""

@@ -1,5 +1,6 @@
-"""Shared by the speculative-decoding tests (test_spec_*.py): an oracle proposer that drafts a
-known continuation with deliberate mistakes, and a skip mark for tests that need the bundled
+"""Shared by the speculative-decoding tests (test_spec_*.py): oracle proposers that draft a
+known continuation with deliberate mistakes (chains; trees whose true branch is not the first),
+and a skip mark for tests that need the bundled
 default model (random-weight tiny models: engine_testing.random_llama)."""
 
 from __future__ import annotations
@@ -42,6 +43,34 @@ class Oracle(Proposer):
             if chain and self.calls % 3 == 0:
                 chain[-1] = (chain[-1] + 1) % self.vocab_size
             out.append(Proposal(tuple(chain)))
+        return out
+
+    def release(self, rid):
+        self.released.add(rid)
+
+
+class TreeOracle(Proposer):
+    """Knows continuations (learnt from plain runs); proposes a tree with the true
+    continuation on its second branch (behind a wrong one) and a wrong sibling beneath."""
+
+    def __init__(self, vocab_size):
+        self.v, self.known, self.released = vocab_size, [], set()
+
+    def learn(self, prompts, results):
+        self.known += [list(p) + list(r.token_ids) for p, r in zip(prompts, results)]
+
+    def propose(self, inputs):
+        out = []
+        for inp in inputs:
+            seq = list(inp.token_ids)
+            full = next((k for k in self.known if k[: len(seq)] == seq and len(k) > len(seq)), [])
+            chain = full[len(seq) : len(seq) + max(0, inp.max_tokens - 2)]
+            if not chain:
+                out.append(Proposal(()))
+                continue
+            ids = [(chain[0] + 1) % self.v] + chain + [(chain[0] + 7) % self.v]
+            parents = [-1] + [-1] + list(range(1, len(chain))) + [1]
+            out.append(Proposal(tuple(ids), parents=tuple(parents)))
         return out
 
     def release(self, rid):

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from engine_testing import EOS, engine_for, greedy, random_llama, run_all, tok  # noqa: F401
+from spec_testing import TreeOracle
 from triton_testing import one_thread, requires_triton  # noqa: F401
 
 from lmprog.core.sampling import SamplingParams as SP
@@ -516,34 +517,6 @@ def test_accepted_path_kv_equals_plain_decoding():
 
 # ---- through the engine ------------------------------------------------------------------------
 TINY = replace(engine_testing.TINY, max_position=512)
-
-
-class TreeOracle(Proposer):
-    """Knows continuations (learnt from plain runs); proposes a tree with the true
-    continuation on its second branch (behind a wrong one) and a wrong sibling beneath."""
-
-    def __init__(self, vocab_size):
-        self.v, self.known, self.released = vocab_size, [], set()
-
-    def learn(self, prompts, results):
-        self.known += [list(p) + list(r.token_ids) for p, r in zip(prompts, results)]
-
-    def propose(self, inputs):
-        out = []
-        for inp in inputs:
-            seq = list(inp.token_ids)
-            full = next((k for k in self.known if k[: len(seq)] == seq and len(k) > len(seq)), [])
-            chain = full[len(seq) : len(seq) + max(0, inp.max_tokens - 2)]
-            if not chain:
-                out.append(Proposal(()))
-                continue
-            ids = [(chain[0] + 1) % self.v] + chain + [(chain[0] + 7) % self.v]
-            parents = [-1] + [-1] + list(range(1, len(chain))) + [1]
-            out.append(Proposal(tuple(ids), parents=tuple(parents)))
-        return out
-
-    def release(self, rid):
-        self.released.add(rid)
 
 
 @pytest.fixture(scope="module")

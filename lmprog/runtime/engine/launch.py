@@ -19,7 +19,7 @@ from ..executor.kv_shift import check_attention_sinks
 from ..executor.model_runner import ModelRunner
 from ..lora import LoraManager
 from ..parallel.channel import StepChannel
-from ..parallel.sharding import ShardPlan
+from ..parallel.sharding import ShardPlan, gather_embedding
 from ..parallel.worker import KVRequest, RunnerSpec
 from ..scheduler import Scheduler
 from ..speculative import Proposer, SpeculativeConfig, build_proposer
@@ -27,6 +27,8 @@ from ..speculative.speculator import Speculator
 from .engine import Engine, EngineConfig
 
 if TYPE_CHECKING:
+    import torch
+
     from ..models.llama import LlamaForCausalLM
 
 
@@ -108,28 +110,28 @@ def _launch(
     scheduler_config = scheduler_config or SchedulerConfig()
     if attention_sinks is not None:
         check_attention_sinks(model, tp)
-    if speculative is not None and speculative.method in ("eagle", "medusa"):
-        for active, what in ((tp is not None, "tensor parallelism"),
-                             (attention_sinks is not None, "attention sinks")):  # fmt: skip
-            if active:
-                raise ValueError(
-                    f"speculative={speculative.method!r} does not work with {what} yet"
-                )
+    head = None if speculative is None or proposer is not None else speculative.method
+    if head in ("eagle", "medusa") and attention_sinks is not None:
+        raise ValueError(f"speculative={head!r} does not work with attention sinks yet")
+    manager = None
+    if lora is not None or lora_adapters:
+        manager = make_lora_manager(model, lora, lora_adapters, tp, attention_sinks)
+    kv_dtype = (cache_config or CacheConfig()).kv_cache_dtype
+    embedding = None
+    if tp is not None:
+        pool = None if manager is None else manager.pool_config()
+        eagle = head == "eagle"  # its head shares the target's whole token embedding
+        tp.send_object(KVRequest(max_total_tokens, gpu_memory_fraction, kv_dtype, pool, eagle))
+        embedding = gather_embedding(model, tp) if eagle else None
     speculator = make_speculator(
         model,
         speculative,
         proposer,
         max_requests=scheduler_config.max_running_requests,
         context_length=context,
-        trees=tp is None and attention_sinks is None,
+        trees=attention_sinks is None,
+        embedding=embedding,
     )
-    manager = None
-    if lora is not None or lora_adapters:
-        manager = make_lora_manager(model, lora, lora_adapters, speculator, tp, attention_sinks)
-    kv_dtype = (cache_config or CacheConfig()).kv_cache_dtype
-    if tp is not None:
-        pool = None if manager is None else manager.pool_config()
-        tp.send_object(KVRequest(max_total_tokens, gpu_memory_fraction, kv_dtype, pool))
     num_slots = kv_slots(model, max_total_tokens, gpu_memory_fraction, kv_dtype)
     if tp is not None:
         num_slots = tp.min_int(num_slots)
@@ -174,7 +176,6 @@ def make_lora_manager(
     model: LlamaForCausalLM,
     config: LoraConfig | None,
     adapters: tuple[Any, ...],
-    speculator: Any,
     tp: Any,
     sinks: AttentionSinkConfig | None,
 ) -> Any:
@@ -203,12 +204,14 @@ def make_speculator(
     max_requests: int | None = None,
     context_length: int | None = None,
     trees: bool = True,
+    embedding: torch.Tensor | None = None,
 ) -> Speculator | None:
     """The engine's Speculator for `model`, or None when config and proposer are None.
     max_requests, context_length: the engine's max_running_requests and context length (a
     built draft model keeps state for that many requests of up to that length). trees: verify
-    token trees (False under tensor parallelism and attention sinks: a tree's first branch is
-    verified as a chain)."""
+    token trees (False under attention sinks: a tree's first branch is verified as a chain).
+    embedding: the target's whole token embedding where `model` holds a shard of it (tensor
+    parallelism), for an EAGLE-3 head to share."""
     if config is None and proposer is None:
         return None
     config = config if config is not None else SpeculativeConfig()
@@ -226,6 +229,7 @@ def make_speculator(
             max_requests=max_requests,
             context_length=context_length,
             target=model,
+            target_embedding=embedding,
         )
     return Speculator(
         proposer, config, vocab_size=vocab, device=param.device, name=name, trees=trees

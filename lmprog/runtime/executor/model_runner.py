@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import torch
 
+from ..draft_tree import tree_masks
 from ..images import step_images
 from ..lora.ops import LoraBatch
 from ..models.config import local_config
@@ -43,7 +44,7 @@ class StepInputs(NamedTuple):
     sync: tuple[tuple[int, int], ...] = ()
     lora: Any = None  # the step's LoraStepPlan (lmprog.runtime.lora.ops), None: no adapter
     images: Any = None  # (rows, embeds) of the image positions fed (runtime.images), or None
-    tree: tuple[np.ndarray, np.ndarray] | None = None  # ScheduledBatch.tree_mask()
+    tree: tuple[tuple[int, ...] | None, ...] | None = None  # ScheduledBatch.trees()
 
 
 class ModelRunner:
@@ -172,9 +173,13 @@ class ModelRunner:
 
     def copy_kv(self, moves: KVShift) -> None:
         """Copy K/V between slots (moves.delta unused: a token tree's accepted path keeps its
-        positions), queued on the device before the next forward."""
+        positions), queued on the device before the next forward. Under tensor parallelism
+        the moves go to every rank first, each copying its own heads' K/V."""
         if self.channel is not None:
-            raise RuntimeError("token trees are not verified under tensor parallelism")
+            try:
+                self.channel.send_moves(moves)
+            except Exception as exc:  # the ranks are out of step: fatal for the group
+                raise self.channel.group.failure(exc) from exc
         src, dst = (_to_device(a, self.device) for a in (moves.src, moves.dst))
         with torch.inference_mode():
             self.kv.copy_slots(src, dst)
@@ -279,8 +284,8 @@ class ModelRunner:
         sync: tuple[tuple[int, int], ...] = ()
         if self._mirrored or self.channel is not None:
             sync = tuple((e.row, e.end) for e in entries if e.sync_row)
-        tree = batch.tree_mask()
-        return StepInputs(host, batch.num_tokens, len(entries), len(logit_rows), sync, tree=tree)
+        trees = batch.trees()
+        return StepInputs(host, batch.num_tokens, len(entries), len(logit_rows), sync, tree=trees)
 
     def device_inputs(self, step: StepInputs, future: torch.Tensor | None = None) -> ForwardBatch:
         t, b = step.num_tokens, step.batch_size
@@ -291,9 +296,12 @@ class ModelRunner:
             assert future is not None, "placeholder tokens without the step that samples them"
             ids = torch.where(ids < 0, future[(-1 - ids).clamp_(min=0)], ids)
         mask = indptr = None
+        indptr_host = None
         if step.tree is not None:  # token-tree verifies: their masks
-            mask = _to_device(step.tree[0], self.device)
-            indptr = _to_device(step.tree[1], self.device)
+            lens, ext = host[3 * t + b : 3 * t + 2 * b], host[3 * t + 2 * b : 3 * t + 3 * b]
+            mask_host, indptr_host = tree_masks(step.tree, ext, lens)
+            mask = _to_device(mask_host, self.device)
+            indptr = _to_device(indptr_host, self.device)
         if self._mirrored:
             # the table's column of a fed token: its position, except in a token tree
             # (siblings share a position, each has its own column)
@@ -319,7 +327,7 @@ class ModelRunner:
             extend_lens_cpu=tuple(host[3 * t + 2 * b : 3 * t + 3 * b].tolist()),
             image_rows=image_rows,
             image_embeds=image_embeds,
-            mask_indptr_cpu=None if step.tree is None else tuple(step.tree[1].tolist()),
+            mask_indptr_cpu=None if indptr_host is None else tuple(indptr_host.tolist()),
         )
 
     def close(self) -> None:

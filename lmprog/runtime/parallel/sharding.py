@@ -224,3 +224,12 @@ def shard_model_(net: LlamaForCausalLM, plan: ShardPlan, group: Collectives) -> 
     net.shard_config = plan.local
     net.config = plan.config
     return net
+
+
+def gather_embedding(net: LlamaForCausalLM, group: Collectives) -> torch.Tensor:
+    """The whole token embedding [vocab_size, hidden] of a sharded `net`, its rows gathered
+    from every rank (a collective: every rank calls it; rank 0 keeps the result)."""
+    embed = net.model.embed_tokens
+    assert isinstance(embed, VocabParallelEmbedding), "the model is not sharded"
+    rows = group.all_gather(embed.weight.detach().contiguous())  # [W, V/W padded, H]
+    return rows.reshape(-1, rows.shape[-1])[: net.config.vocab_size]

@@ -43,12 +43,15 @@ class WorkerSpec:
 @dataclass(frozen=True)
 class KVRequest:
     """Rank 0 -> workers: size your KV pool from these (then all agree on the minimum),
-    after your LoRA adapter pool when `lora` (rank 0's LoraManager.pool_config()) is set."""
+    after your LoRA adapter pool when `lora` (rank 0's LoraManager.pool_config()) is set.
+    embedding: first send rank 0 your rows of the token embedding (gather_embedding: an
+    EAGLE-3 head on rank 0 shares the target's whole table)."""
 
     max_total_tokens: int | None
     gpu_memory_fraction: float
     kv_cache_dtype: str = "auto"
     lora: Any = None  # a LoraConfig, its rank and target modules resolved
+    embedding: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,11 @@ def _serve(net: Any, group: Any) -> None:
     from ..executor.model_runner import ModelRunner
     from ..lora import LoraManager
     from .channel import StepChannel
-    from .sharding import ShardPlan
+    from .sharding import ShardPlan, gather_embedding
 
     kv: KVRequest = group.recv_object()
+    if kv.embedding:
+        gather_embedding(net, group)
     lora = None
     if kv.lora is not None:  # the adapters come with the steps (StepChannel), sharded here
         shard = ShardPlan(net.config, group.rank, group.world)
@@ -103,7 +108,7 @@ def _serve(net: Any, group: Any) -> None:
         kv_cache_dtype=spec.kv_cache_dtype,
         lora=lora,
     )
-    channel = StepChannel(group, lora)
+    channel = StepChannel(group, lora, kv_moves=runner.copy_kv)
     while (step := channel.recv(table)) is not None:
         runner.run(*step)
 

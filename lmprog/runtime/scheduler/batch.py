@@ -3,7 +3,7 @@
 One entry per scheduled request, its tokens at [offset, offset + num_new) of the batch's
 token arrays, their KV going to out_slots. Decode: num_new == 1; prefill chunk: `sample`
 on the last chunk only; verify: m pending real tokens then k drafts, k + 1 rows sampled
-(the drafts a chain, or a token tree: `draft_parents`, with its attention mask `tree_mask`).
+(the drafts a chain, or a token tree: `draft_parents`, its attention mask built from `trees`).
 Layout diagrams: docs/design/scheduling.md.
 """
 
@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ..draft_tree import mask_block
 from ..request import Req
 
 if TYPE_CHECKING:
@@ -124,18 +123,9 @@ class ScheduledBatch:
         per_token = np.repeat(np.array(logits_from, dtype=np.int64), self.extend_lens())
         return np.flatnonzero(self.positions >= per_token)
 
-    def tree_mask(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """The attention mask of the step's token-tree verify entries, None when there is
-        none: (flat bool mask, int64 offset per entry into it, -1 for a causal entry). Entry
-        i's block is [num_new, end] row-major (draft_tree.mask_block)."""
+    def trees(self) -> tuple[tuple[int, ...] | None, ...] | None:
+        """Each entry's draft parents (None: a causal entry), None when no entry verifies a
+        token tree; their attention masks: draft_tree.tree_masks."""
         if not any(e.draft_parents is not None for e in self.entries):
             return None
-        blocks, indptr, at = [], np.full(len(self.entries), -1, dtype=np.int64), 0
-        for i, e in enumerate(self.entries):
-            if e.draft_parents is None:
-                continue
-            block = mask_block(e.num_new - e.num_draft, e.draft_parents, e.end)
-            blocks.append(block.reshape(-1))
-            indptr[i] = at
-            at += block.size
-        return np.concatenate(blocks), indptr
+        return tuple(e.draft_parents for e in self.entries)

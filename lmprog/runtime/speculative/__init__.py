@@ -31,13 +31,16 @@ def build_proposer(
     max_requests: int | None = None,
     context_length: int | None = None,
     target: Any = None,
+    target_embedding: Any = None,
 ) -> Proposer:
     """The proposer `config.method` names, for a target model with `vocab_size` tokens on
     `device` (dtype/attention: how a draft model is loaded, as the target was).
     max_requests, context_length: the engine's max_running_requests and context length, so a
     draft model keeps state for every running request and drafts for sequences of any
     length the engine serves (None: DraftModelProposer's defaults). target: the target
-    model (a runtime LlamaForCausalLM), which draft heads ("eagle", "medusa") read."""
+    model (a runtime LlamaForCausalLM), which draft heads ("eagle", "medusa") read;
+    target_embedding: its whole token embedding where target holds a shard of it (tensor
+    parallelism: lmprog.runtime.parallel.sharding.gather_embedding), for an EAGLE-3 head."""
     if not isinstance(config, SpeculativeConfig):
         raise TypeError(f"config must be a SpeculativeConfig, got {type(config).__name__}")
     if config.method == "ngram":
@@ -48,7 +51,11 @@ def build_proposer(
         if target is None:
             raise ValueError(f"speculative method {config.method!r} needs the target model")
         return build_head_proposer(
-            config, target, max_requests=max_requests, context_length=context_length
+            config,
+            target,
+            max_requests=max_requests,
+            context_length=context_length,
+            embedding=target_embedding,
         )
     # ---- method "draft": the draft-model proposer (lmprog.runtime.speculative.draft) ------
     assert config.method == "draft"

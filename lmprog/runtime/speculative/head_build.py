@@ -35,17 +35,21 @@ def build_head_proposer(
     *,
     max_requests: int | None = None,
     context_length: int | None = None,
+    embedding: torch.Tensor | None = None,
 ) -> HeadProposer:
-    """The EagleProposer or MedusaProposer `config` names, for `target`."""
+    """The EagleProposer or MedusaProposer `config` names, for `target`. embedding: the
+    target's whole token embedding where `target` holds a shard of it (tensor parallelism),
+    shared by an EAGLE-3 head without its own (None: the target's)."""
     vocab = target.config.vocab_size
     if config.method == "medusa":
         heads = _medusa(config, target)
         return MedusaProposer(heads, vocab_size=vocab, tree_width=config.tree_width)
     assert config.method == "eagle"
     if config.draft_load_format == "dummy":
-        head = _dummy(lambda: build_eagle3(dummy_eagle3_config(target.config), target))
+        dummy = dummy_eagle3_config(target.config)
+        head = _dummy(lambda: build_eagle3(dummy, target, embedding=embedding))
     else:
-        head = load_eagle3(_eagle_path(config, target), target)
+        head = load_eagle3(_eagle_path(config, target), target, embedding=embedding)
     return EagleProposer(
         head,
         capture_layers=head.config.capture_layers(target.config.num_layers),

@@ -74,16 +74,18 @@ def read_eagle3_config(folder: str | Path) -> Eagle3Config:
 
 
 def load_eagle3(
-    folder: str | Path, target: LlamaForCausalLM, *, dtype: torch.dtype | None = None
+    folder: str | Path,
+    target: LlamaForCausalLM,
+    *,
+    dtype: torch.dtype | None = None,
+    embedding: torch.Tensor | None = None,
 ) -> Eagle3Head:
     """An EAGLE-3 head for `target` (its device, dtype and attention backend), checked
-    against it: hidden size, vocabulary, layers read."""
+    against it: hidden size, vocabulary, layers read. embedding: as build_eagle3's."""
     config = read_eagle3_config(folder)
     check_eagle3_target(config, target.config, str(folder))
-    head = build_eagle3(config, target, dtype=dtype)
+    head = build_eagle3(config, target, dtype=dtype, embedding=embedding)
     load_eagle3_weights(head, _weights(Path(folder)), str(folder))
-    if head.embed_tokens is None:
-        head.share_embedding(target.model.embed_tokens.weight)
     return head
 
 
@@ -103,16 +105,22 @@ def check_eagle3_target(config: Eagle3Config, target: ModelConfig, what: str) ->
 
 
 def build_eagle3(
-    config: Eagle3Config, target: LlamaForCausalLM, *, dtype: torch.dtype | None = None
+    config: Eagle3Config,
+    target: LlamaForCausalLM,
+    *,
+    dtype: torch.dtype | None = None,
+    embedding: torch.Tensor | None = None,
 ) -> Eagle3Head:
     """A head of `config` on target's device (random weights), with an attention backend
-    of the target's kind; the target's embedding shared unless the head has its own."""
+    of the target's kind; the target's embedding shared unless the head has its own.
+    embedding: the target's whole table where `target` holds a shard of it (tensor
+    parallelism: its rows gathered from every rank); None: target's own."""
     param = next(target.parameters())
     c = config.layer
     attention = type(target.attention)(c.num_heads, c.num_kv_heads, c.head_dim, param.device)
     head = Eagle3Head(config, attention).to(device=param.device, dtype=dtype or param.dtype)
     if head.embed_tokens is None:
-        head.share_embedding(target.model.embed_tokens.weight)
+        head.share_embedding(target.model.embed_tokens.weight if embedding is None else embedding)
     return head.eval()
 
 
