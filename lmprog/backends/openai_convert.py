@@ -119,7 +119,7 @@ def mismatch_message(constraint: Any, text: str, finish: FinishReason) -> str | 
         return "generation stopped at max_tokens before the output was complete"
     return (
         f"the endpoint's output does not match the {constraint.kind} constraint; the server may "
-        "not enforce response_format, or it formats JSON whitespace differently"
+        "not enforce response_format"
     )
 
 

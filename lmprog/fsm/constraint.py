@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from lmprog.fsm.checks import JsonChecks
 
 KINDS = ("regex", "json_schema", "choices", "dtype", "ebnf")
+# What reads a JSON text (``Constraint.reading``): any run of JSON's four whitespace characters
+READ_WHITESPACE_CHARS = " \t\n\r"
+READ_WHITESPACE = r"[ \t\n\r]*"
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -125,7 +128,8 @@ class Constraint:
         exactly what it closes and what it leaves open: ``{"type": "object"}`` stays any
         object). ``strict=False`` is JSON Schema's own reading (an object accepts unlisted keys
         unless the schema forbids them), for validation with ``matches`` and for users who want
-        it. ``matches`` judges by the reading the constraint was built with.
+        it. ``matches`` judges by the reading the constraint was built with (strict or not),
+        in any key order and whitespace.
 
         ``key_order``: the order generation writes an object's keys in: "schema" (default) the
         schema's own (``properties`` in declaration order, each optional one left out or
@@ -134,8 +138,8 @@ class Constraint:
         either way: ``matches``/``parse`` and guides of ``reading`` (prefilled text, a tool's
         or another server's output) accept an object's members in every order.
 
-        ``whitespace``: regex allowed between JSON tokens (default
-        ``[ ]?``; JSON whitespace characters only); recursive ``$ref`` is a rule of the grammar
+        ``whitespace``: regex allowed between JSON tokens in generation (default
+        ``[ ]?``; JSON whitespace characters only; texts are read with any); recursive ``$ref`` is a rule of the grammar
         (any depth), except where ``allOf``/``not``/``unevaluated*`` must look inside it: there
         it is unrolled ``max_recursion_depth`` times; ``any_depth``: container nesting of values
         under an unconstrained schema (None: unbounded). Limits on the work one schema may ask for
@@ -210,9 +214,11 @@ class Constraint:
     @property
     def reading(self) -> Constraint:
         """The constraint that reads texts: the same values, an object's members accepted in
-        any order (``key_order="any"``); itself where the order is already any, or is not a
-        matter (not a JSON schema, or no object with two keys to order). Built on first use,
-        then kept. ``matches`` judges with it; a guide of its index reads prefilled text."""
+        any order (``key_order="any"``) and any JSON whitespace between tokens (a text a user,
+        a tool or ``json.dumps(..., indent=2)`` wrote; generation keeps its bounded
+        ``whitespace``); itself where neither is a matter (not a JSON schema, or a grammar
+        that comes out the same). Built on first use, then kept. ``matches`` judges with it; a
+        guide of its index reads prefilled text."""
         found = self.__dict__.get("_reading")
         if found is None:
             found = self._read_in_any_order()
@@ -220,11 +226,12 @@ class Constraint:
         return found
 
     def _read_in_any_order(self) -> Constraint:
-        if self.kind != "json_schema" or dict(self.options).get("key_order", "schema") == "any":
+        if self.kind != "json_schema":
             return self
         # a json_schema constraint's options are from_json_schema's, its source the JSON text
         options = dict(self.options)
         options["key_order"] = "any"
+        options["whitespace"] = READ_WHITESPACE
         document = json.loads(cast(str, self.source))
         grammar = json_schema.build_grammar(document, **cast(SchemaOptions, options))
         if grammar.lark == self.lark:
@@ -246,13 +253,15 @@ class Constraint:
 
     def matches(self, text: str) -> bool:
         """Whether the whole ``text`` satisfies the constraint (no model involved), an object's
-        members in any order (``reading``). Checked by the token engine over a
+        members in any order and any JSON whitespace (``reading``). Checked by the token engine over a
         one-byte-per-token vocabulary: linear in the text, for any pattern size (a generated
         pattern is never handed to Python's ``re``)."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         from lmprog.fsm.index import matches_bytes
 
+        if self.kind == "json_schema":  # a JSON text: whitespace around the value, too
+            text = text.strip(READ_WHITESPACE_CHARS)
         return matches_bytes(self.reading, text.encode("utf-8", "surrogatepass"))
 
     def parse(self, text: str) -> object:

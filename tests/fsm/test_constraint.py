@@ -7,6 +7,7 @@ from pydantic import BaseModel, Field
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import Constraint
+from lmprog.fsm.index import matches_bytes
 
 
 def test_regex_constraint_is_whole_string():
@@ -93,10 +94,19 @@ def test_values_are_hashable_with_stable_cache_keys():
 def test_whitespace_option():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     default = Constraint.from_json_schema(schema)
-    assert default.matches('{"a": 1}') and default.matches('{"a":1}')
-    assert not default.matches('{"a":  1}') and not default.matches('{\n"a": 1}')
+    # generation writes what `whitespace` allows (the constraint's own grammar)
+    assert matches_bytes(default, b'{"a": 1}') and matches_bytes(default, b'{"a":1}')
+    assert not matches_bytes(default, b'{"a":  1}') and not matches_bytes(default, b'{\n"a": 1}')
     loose = Constraint.from_json_schema(schema, whitespace=r"[ \n]{0,2}")
-    assert loose.matches('{\n "a":1\n}') and loose != default
+    assert matches_bytes(loose, b'{\n "a":1\n}') and loose != default
+    assert not matches_bytes(loose, b'{"a":   1}')
+    # Texts are read in any JSON whitespace, whatever generation writes (a tool's output,
+    # json.dumps(indent=2)); only JSON's own four characters
+    for c in (default, loose):
+        assert c.matches('{"a": 1}') and c.matches('{"a":1}') and c.matches('{"a":  1}')
+        assert c.matches('{\n  "a": 1\n}\n') and c.matches(' \t{"a" :\r\n1 } ')
+        assert not c.matches('{\u00a0"a": 1}') and not c.matches('{"a": 1}}')
+        assert not c.matches('{\n  "a": "1"\n}')
     with pytest.raises(ConstraintError, match="lookbehind"):
         Constraint.from_json_schema(schema, whitespace="(?<=  ) ")
 
