@@ -74,6 +74,8 @@ HOST_KEYS = {
     "host_kv_dropped_tokens",
     "host_kv_load_misses",
     "host_kv_load_failures",
+    "host_kv_partial_loads",
+    "host_kv_short_tokens",
 }
 
 
@@ -247,6 +249,37 @@ def test_staging_loads_the_queue_head_ahead_with_the_same_tokens(model, tok):
     assert loaded == host["host_kv_hit_tokens"]
     assert staged["host_kv_written_tokens"] <= host["host_kv_written_tokens"]
     assert staged["prefill_tokens"] < runs["off"][1]["prefill_tokens"]
+
+
+def test_a_pool_too_small_for_the_whole_match_loads_what_fits_with_the_same_tokens(model, tok):
+    """A pool of 100 slots under two running requests: a returning turn's host-tier prefix
+    often does not fit beside the other request, at admission or staged; the longest prefix
+    that fits is loaded and the rest recomputed, with the same greedy tokens as tiers off."""
+    runs = {}
+    for name, host, staging, overlap in (
+        ("off", 0, False, False),
+        ("host", 1 << 20, False, False),
+        ("staged, overlapped", 1 << 20, True, True),
+    ):
+        engine = launch_engine(
+            model,
+            tok,
+            eos_token_ids=EOS,
+            max_total_tokens=100,
+            cache_config=CacheConfig(host_kv_cache_bytes=host, host_kv_staging=staging),
+            scheduler_config=SchedulerConfig(max_num_batched_tokens=128, max_running_requests=2),
+            engine_config=EngineConfig(check_integrity=True, overlap=overlap),
+        )
+        try:
+            runs[name] = (queued_sessions(engine, turns=3), engine.stats())
+        finally:
+            engine.shutdown()
+    assert runs["host"][0] == runs["off"][0] == runs["staged, overlapped"][0]
+    for name in ("host", "staged, overlapped"):
+        stats = runs[name][1]
+        assert stats["host_kv_partial_loads"] > 0 and stats["host_kv_short_tokens"] > 0, name
+        assert stats["host_kv_hit_tokens"] > 0 and stats["internal_errors"] == 0, name
+        assert stats["prefill_tokens"] < runs["off"][1]["prefill_tokens"], name
 
 
 PER_TOKEN = 2 * 2 * 2 * 16 * 4  # TINY's KV bytes per token: layers, K and V, heads, dim, fp32
