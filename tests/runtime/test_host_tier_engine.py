@@ -166,9 +166,12 @@ def test_a_failed_load_is_recomputed_and_the_next_requests_load(model, tok, refe
     assert len(calls) > 1 and stats["host_kv_hit_tokens"] > 0
 
 
-def test_an_abort_while_blocks_load_ends_that_request_only(model, tok, reference):
+@pytest.mark.parametrize("staging", [False, True])
+def test_an_abort_while_blocks_load_ends_that_request_only(model, tok, reference, staging):
+    """With staging (and overlap scheduling, as on a GPU) the load under way may be a
+    staged one, of a request still waiting."""
     want, _ = reference
-    engine = make_engine(model, tok, 1 << 20)
+    engine = make_engine(model, tok, 1 << 20, staging=staging, overlap=staging)
     mover = engine.scheduler.cache._mover
     real_load, victim = mover.load, {}
 
@@ -191,6 +194,7 @@ def test_an_abort_while_blocks_load_ends_that_request_only(model, tok, reference
     assert not victim  # a load ran after the victim was submitted
     aborted = [k for k, (reason, _) in enumerate(got) if reason == "abort"]
     assert len(aborted) == 1 and stats["internal_errors"] == 0
+    assert stats["requests_finished"]["abort"] == 1  # counted
     k = aborted[0]
     assert got[:k] == want[:k]
     # the aborted turn wrote fewer tokens, so its session goes on from another history;
@@ -199,14 +203,17 @@ def test_an_abort_while_blocks_load_ends_that_request_only(model, tok, reference
     assert [got[j] for j in other] == [want[j] for j in other]
 
 
-def queued_sessions(engine, turns=2, n=6):
+def queued_sessions(engine, turns=2, n=6, on_wave=None):
     """Every session's turn submitted at once to an engine running one request at a time:
-    the queue waits while its head's prefixes can be staged."""
+    the queue waits while its head's prefixes can be staged. on_wave(turn): called once
+    each turn's requests are submitted."""
     rng = random.Random(11)
     history = [[rng.randrange(3000, 9000) for _ in range(30)] for _ in range(n)]
     out = []
-    for _ in range(turns):
+    for turn in range(turns):
         handles = [engine.submit(EngineRequest(tuple(h), greedy(4))) for h in history]
+        if on_wave is not None:
+            on_wave(turn)
         for h, result in zip(history, [x.result(timeout=120) for x in handles]):
             out.append(result.token_ids)
             h += list(result.token_ids) + [rng.randrange(3000, 9000) for _ in range(9)]
@@ -307,28 +314,173 @@ def test_the_disk_tier_under_a_small_host_tier_stays_exact(model, tok, reference
     assert stats["host_kv_used_tokens"] <= 40
 
 
-def test_damaged_disk_blocks_are_recomputed(model, tok, reference, tmp_path):
-    want, _ = reference
+@pytest.fixture(scope="module")
+def reference4(model, tok):
+    """Four turns with the tiers off (the fault tests' last turn runs after the fault)."""
+    engine = make_engine(model, tok, 0)
+    try:
+        return sessions(engine, turns=4)
+    finally:
+        engine.shutdown()
+
+
+def test_damaged_disk_blocks_are_recomputed(model, tok, reference4, tmp_path):
+    """As turn 2 starts every block file is cut short or has a byte flipped; the requests
+    that need them recompute, the failures are counted (stats and /metrics), and the blocks
+    written since load in turn 3."""
+    from lmprog.serve.metrics import ServerMetrics
+
     engine = make_engine(
         model, tok, 40 * PER_TOKEN, disk_kv_cache_bytes=1 << 20, disk_kv_cache_dir=str(tmp_path)
     )
+    at = {}
 
-    def on_turn(turn, i, handle):  # before each wave of the last turn: cut every file short
-        if turn == 2:
-            for path in tmp_path.glob("lmprog-kv-*/*.blk"):
+    def on_turn(turn, i, handle):
+        if turn == 2 and i == 0:
+            for k, path in enumerate(sorted(tmp_path.glob("lmprog-kv-*/*.blk"))):
                 try:
-                    data = path.read_bytes()
-                    path.write_bytes(data[: len(data) // 2])
+                    data = bytearray(path.read_bytes())
+                    if k % 2:
+                        data[len(data) // 2] ^= 0x40  # corrupt: the checksum fails
+                    else:
+                        data = data[: len(data) // 2]  # truncated
+                    path.write_bytes(bytes(data))
                 except FileNotFoundError:  # the engine loaded or dropped it meanwhile
                     pass
+        elif turn == 3 and i == 0:
+            at["turn 3"] = engine.stats()
 
     try:
-        got = sessions(engine, on_turn=on_turn)
+        got = sessions(engine, turns=4, on_turn=on_turn)
+        stats = engine.stats()
+        text = ServerMetrics(engine.stats).render().decode()
+    finally:
+        engine.shutdown()
+    assert got == reference4
+    failures = stats["host_kv_load_failures"]
+    assert failures > 0 and stats["internal_errors"] == 0
+    assert f"lmprog_host_kv_cache_load_failures_total {float(failures)}" in text
+    before = at["turn 3"]
+    disk_loads = stats["disk_kv_hit_tokens"] + stats["disk_kv_staged_tokens"]
+    assert disk_loads > before["disk_kv_hit_tokens"] + before["disk_kv_staged_tokens"]
+
+
+def full_disk_open(real_open):
+    """open() for lmprog.core.blockfile as on a full disk: a block file takes its header,
+    then its payload's write fails with ENOSPC."""
+    import errno
+
+    class Full:
+        def __init__(self, f):
+            self.f, self.writes = f, 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            self.writes += 1
+            if self.writes > 1:
+                raise OSError(errno.ENOSPC, "planted: no space left on device")
+            return self.f.write(data)
+
+    def fake(path, mode="r", *args, **kwargs):
+        f = real_open(path, mode, *args, **kwargs)
+        return Full(f) if "w" in mode else f
+
+    return fake
+
+
+def test_a_full_disk_drops_those_blocks_and_the_next_requests_spill_again(
+    model, tok, reference4, tmp_path, monkeypatch
+):
+    """During turn 1 every block write fails as on a full disk (a half-written temporary file
+    each): those blocks are dropped (recomputed when they return), no file is left behind,
+    the failures are counted (stats, /metrics); from turn 2 on the disk takes blocks again
+    and gives them back."""
+    import builtins
+
+    from lmprog.core import blockfile
+    from lmprog.serve.metrics import ServerMetrics
+
+    engine = make_engine(
+        model, tok, 40 * PER_TOKEN, disk_kv_cache_bytes=1 << 20, disk_kv_cache_dir=str(tmp_path)
+    )
+    at = {}
+
+    def on_turn(turn, i, handle):
+        if turn == 1 and "full" not in at:
+            at["full"] = engine.stats()
+            monkeypatch.setattr(blockfile, "open", full_disk_open(builtins.open), raising=False)
+        elif turn == 2 and "freed" not in at:
+            at["freed"] = engine.stats()
+            monkeypatch.delattr(blockfile, "open")
+
+    try:
+        got = sessions(engine, turns=4, on_turn=on_turn)
+        stats = engine.stats()
+        text = ServerMetrics(engine.stats).render().decode()
+        files = {p.name for p in tmp_path.glob("lmprog-kv-*/*")}
+        _, disk = held_bytes(engine)
+    finally:
+        engine.shutdown()
+    assert got == reference4 and stats["internal_errors"] == 0
+    failures = stats["disk_kv_write_failures"]
+    assert failures > 0 and failures == at["freed"]["disk_kv_write_failures"]
+    assert f"lmprog_disk_kv_cache_write_failures_total {float(failures)}" in text
+    assert not [f for f in files if f.endswith(".tmp")]  # no half-written file stays
+    assert disk == stats["disk_kv_used_bytes"]  # the files are what the tier counts
+    freed = at["freed"]
+    assert stats["disk_kv_written_tokens"] > freed["disk_kv_written_tokens"]
+    disk_loads = stats["disk_kv_hit_tokens"] + stats["disk_kv_staged_tokens"]
+    assert disk_loads > freed["disk_kv_hit_tokens"] + freed["disk_kv_staged_tokens"]
+
+
+def one_at_a_time(model, tok, host_bytes, pool):
+    """An engine running one request at a time (a queue waits behind it)."""
+    return launch_engine(
+        model,
+        tok,
+        eos_token_ids=EOS,
+        max_total_tokens=pool,
+        cache_config=CacheConfig(host_kv_cache_bytes=host_bytes),
+        scheduler_config=SchedulerConfig(max_num_batched_tokens=128, max_running_requests=1),
+        engine_config=EngineConfig(check_integrity=True),
+    )
+
+
+def test_host_blocks_evicted_while_their_requests_wait_are_recomputed(model, tok):
+    """Six requests queued behind one running request, their prefixes in the host tier
+    (the pool holds two histories); the tier then evicts every block (planted: as a burst
+    of other traffic would) while they wait. They recompute with the same tokens, the
+    eviction is counted, and the next turn's requests load from the host again."""
+    engine = one_at_a_time(model, tok, 0, 100)
+    try:
+        want = queued_sessions(engine, turns=3)
+    finally:
+        engine.shutdown()
+    engine = one_at_a_time(model, tok, 1 << 20, 100)
+    cache, marks = engine.scheduler.cache.prefix_cache, []
+
+    def on_wave(turn):
+        if turn in (1, 2):
+            marks.append(engine.stats())
+        if turn == 1:  # the wave is queued: the host tier drops every block
+            assert engine.call(lambda: cache.host_size) > 0
+            engine.call(lambda: cache._evict_host(cache.host_size))
+
+    try:
+        got = queued_sessions(engine, turns=3, on_wave=on_wave)
         stats = engine.stats()
     finally:
         engine.shutdown()
     assert got == want
-    assert stats["host_kv_load_failures"] > 0 and stats["internal_errors"] == 0
+    assert stats["internal_errors"] == 0 and stats["host_kv_load_misses"] == 0
+    queued, after = marks  # when turn 1 was queued, and when turn 2 was
+    assert after["host_kv_evicted_tokens"] > queued["host_kv_evicted_tokens"]
+    assert stats["host_kv_hit_tokens"] > after["host_kv_hit_tokens"]  # turn 2 loads again
 
 
 def test_a_failed_step_fails_its_requests_only_and_the_engine_serves_on(
