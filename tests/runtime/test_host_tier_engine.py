@@ -66,6 +66,7 @@ def reference(model, tok):
 
 HOST_KEYS = {
     "host_kv_capacity_tokens",
+    "host_kv_capacity_bytes",
     "host_kv_used_tokens",
     "host_kv_used_bytes",
     "host_kv_written_tokens",

@@ -511,6 +511,7 @@ class HiRadixCache(RadixCache):
         if h.disk_capacity_tokens:
             disk = {
                 "disk_kv_capacity_tokens": h.disk_capacity_tokens,
+                "disk_kv_capacity_bytes": h.disk_capacity_tokens * self.mover.bytes_per_token,
                 "disk_kv_used_tokens": h.disk_used_tokens,
                 "disk_kv_used_bytes": h.disk_used_tokens * self.mover.bytes_per_token,
                 "disk_kv_written_tokens": h.disk_written_tokens,
@@ -522,6 +523,7 @@ class HiRadixCache(RadixCache):
         return {
             **disk,
             "host_kv_capacity_tokens": h.capacity_tokens,
+            "host_kv_capacity_bytes": h.capacity_tokens * self.mover.bytes_per_token,
             "host_kv_used_tokens": h.used_tokens,
             "host_kv_used_bytes": h.used_tokens * self.mover.bytes_per_token,
             "host_kv_written_tokens": h.written_tokens,
