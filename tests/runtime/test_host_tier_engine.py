@@ -104,13 +104,21 @@ def test_returning_turns_load_from_the_host_with_the_same_tokens(model, tok, ref
     assert stats["host_kv_used_bytes"] == stats["host_kv_used_tokens"] * 2 * 2 * 2 * 16 * 4
 
 
-def held_bytes(engine):
+def held_bytes(engine, folder=None):
     """The bytes of the host tier's tensors and disk tier's files, as allocated: (RAM,
-    disk). A handle that is a view of a larger tensor counts its whole storage."""
+    disk). A handle that is a view of a larger tensor counts its whole storage. folder:
+    also the bytes of the block files in it as the file system has them (headers aside),
+    read in the same engine call."""
     from lmprog.runtime.cache.hiradix import OnDisk
 
     def walk():
         cache = engine.scheduler.cache.prefix_cache
+        if folder is not None:
+            on_disk = sum(f.stat().st_size - 20 for f in folder.glob("lmprog-kv-*/*.blk"))
+            return (*walk_tree(cache), on_disk)
+        return walk_tree(cache)
+
+    def walk_tree(cache):
         stack, storages, files = [cache.root], {}, 0
         while stack:
             node = stack.pop()
@@ -313,6 +321,36 @@ def test_the_disk_tier_under_a_small_host_tier_stays_exact(model, tok, reference
     assert stats["disk_kv_hit_tokens"] + stats["disk_kv_staged_tokens"] > 0
     assert len(files) > 0 and stats["disk_kv_used_tokens"] > 0
     assert stats["host_kv_used_tokens"] <= 40
+
+
+def test_a_soak_keeps_each_tier_within_its_budget_at_every_wave(model, tok, reference4, tmp_path):
+    """A host tier of 40 tokens over a disk tier of 120, both evicting, over four turns:
+    between the steps of every wave the host tier's tensors (whole storages) and the disk
+    tier's files (as the file system has them, headers aside) are what the tiers count and
+    within each budget; outputs as with the tiers off."""
+    engine = make_engine(
+        model,
+        tok,
+        40 * PER_TOKEN,
+        disk_kv_cache_bytes=120 * PER_TOKEN,
+        disk_kv_cache_dir=str(tmp_path),
+    )
+    tier, seen = engine.scheduler.cache.prefix_cache.tier, []
+
+    def on_turn(turn, i, handle):
+        ram, disk, files = held_bytes(engine, tmp_path)  # between two steps
+        seen.append((ram, disk, files))
+        assert ram <= 40 * PER_TOKEN and disk == files <= 120 * PER_TOKEN
+        assert tier.used_tokens <= 40 and tier.disk_used_tokens <= 120
+
+    try:
+        got = sessions(engine, turns=4, on_turn=on_turn)
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    assert got == reference4 and stats["internal_errors"] == 0
+    assert stats["disk_kv_evicted_tokens"] > 0 and stats["disk_kv_written_tokens"] > 0
+    assert max(d for _, d, _ in seen) > 0 and max(r for r, _, _ in seen) > 0
 
 
 @pytest.fixture(scope="module")
