@@ -23,9 +23,9 @@ device. Rows, each with its own runtime (the previous one freed):
                    --no-disk leaves this row out), with staging
 
 Reported per row: cache hits per tier (device / host RAM / disk, as shares of the prompt tokens
-admitted; staged tokens are device hits, counted apart too), prefill tokens computed and
-saved against recompute, mean and p50/p90 time to first token of returning turns (turn >= 1,
-from submission: queueing included), throughput (prompt + output tokens / wall time, and
+admitted; staged tokens are device hits, counted apart too), partial loads (the pool took only
+part of a match), prefill tokens computed and saved against recompute, mean and p50/p90 time
+to first token of returning turns (turn >= 1, from submission: queueing included), throughput (prompt + output tokens / wall time, and
 output tokens/s), and the host tier's memory. On a GPU also the host-to-device copy rate:
 a plain pinned-to-device copy (the link's limit) beside the tier's own load path.
 """
@@ -238,7 +238,7 @@ def main() -> int:
     )
     head = (
         f"{'':14} {'device hit':>10} {'host hit':>9} {'disk hit':>9} {'staged':>8} "
-        f"{'prefill tok':>12} "
+        f"{'partial':>7} {'prefill tok':>12} "
         f"{'saved':>10} {'TTFT ret. mean':>14} {'p50':>7} {'p90':>7} {'load wait':>9} "
         f"{'staged s':>8} {'tok/s':>9} {'out tok/s':>9} {'host used':>10}"
     )
@@ -252,7 +252,8 @@ def main() -> int:
         log(
             f"{name:14} {device_hit / prompt:>10.1%} {(host_hit - disk_hit) / prompt:>9.1%} "
             f"{disk_hit / prompt:>9.1%} "
-            f"{s.get('host_kv_staged_tokens', 0):>8,} {s['prefill_tokens']:>12,} "
+            f"{s.get('host_kv_staged_tokens', 0):>8,} {s.get('host_kv_partial_loads', 0):>7,} "
+            f"{s['prefill_tokens']:>12,} "
             f"{ref['stats']['prefill_tokens'] - s['prefill_tokens']:>10,} "
             f"{r['ttft_mean'] * 1e3:>11.1f} ms {r['ttft_p50'] * 1e3:>7.1f} "
             f"{r['ttft_p90'] * 1e3:>7.1f} {r['load_wait'] * 1e3:>6.2f} ms "
@@ -262,8 +263,8 @@ def main() -> int:
         )
     log(
         "(staged tokens are device hits once admitted; host hit: from host RAM at admission; "
-        "load wait: admission's copies per returning request; staged s: the copies made "
-        "ahead, while requests queued)"
+        "partial: loads the pool could take only part of; load wait: admission's copies per "
+        "returning request; staged s: the copies made ahead, while requests queued)"
     )
     for name, r in rows[1:]:
         same = sum(r["outputs"][k] == ref["outputs"][k] for k in ref["outputs"])

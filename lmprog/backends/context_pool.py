@@ -164,7 +164,8 @@ class SequencePool:
         if not self.ctx.load_state(slot, match.state.blob, tokens):
             return False  # no room in the KV cells: evaluate instead
         self.ctx.truncate(slot, usable)
-        self.count(restores=1)
+        disk = usable - keep if match.from_disk else 0
+        self.count(restores=1, restored_tokens=usable - keep, disk_restored_tokens=disk)
         return True
 
     def _save_before_dropping(self, slot: int, keep: int) -> None:
@@ -185,6 +186,8 @@ _COUNTS = (
     "evaluated_tokens",
     "decode_calls",  # llama_decode calls (one per engine step)
     "restores",  # saved states restored into a slot
+    "restored_tokens",  # tokens the states restored from the cache spared evaluating
+    "disk_restored_tokens",  # of those, the ones from states read back from its disk tier
     "prefix_copies",  # prefixes shared from another slot (seq_cp)
     "saves_on_switch",  # states saved before a slot dropped them
     "num_retractions",  # requests that gave their KV cells back (none free) and waited

@@ -363,6 +363,7 @@ class LlamaCpp(Backend):
         out["prefix_misses"] = out["requests"] + out["score_requests"] - out["prefix_hits"]
         out.update(self._pool.stats())
         out["state_cache"] = self._pool.cache.stats()
+        out.update(_tier_stats(out["state_cache"], out))
         out["n_ctx"] = self.n_ctx
         out["lora_adapters"] = len(self._adapters.adapters())
         out["n_parallel"] = self.n_parallel
@@ -654,6 +655,28 @@ _COUNTERS = (
     "aborted",  # generations stopped by their caller (the stream callback raised)
     "busy_us",  # engine steps' time (stats() reports busy_seconds)
 )
+
+
+def _tier_stats(cache: dict[str, int], counts: dict[str, Any]) -> dict[str, int]:
+    """The saved-state cache under the runtime's names for its KV tiers (which /metrics and
+    the server's engine line read): its memory is the host tier, its files the disk tier;
+    hits are the tokens restored states spared evaluating (the disk's counted in both)."""
+    if not cache["max_bytes"]:
+        return {}
+    out = {
+        "host_kv_used_bytes": cache["bytes"],
+        "host_kv_capacity_bytes": cache["max_bytes"],
+        "host_kv_hit_tokens": counts["restored_tokens"],
+    }
+    if "disk_max_bytes" in cache:
+        out.update(
+            disk_kv_used_bytes=cache["disk_bytes"],
+            disk_kv_capacity_bytes=cache["disk_max_bytes"],
+            disk_kv_hit_tokens=counts["disk_restored_tokens"],
+            disk_kv_write_failures=cache["disk_write_failures"],
+            host_kv_load_failures=cache["disk_failures"],  # damaged files: evaluated instead
+        )
+    return out
 
 
 def _gauges(counts: dict[str, Any], sequences: list[list[int]], n_ctx: int) -> dict[str, Any]:

@@ -32,6 +32,7 @@ class SavedState:
 class Match:
     state: SavedState
     common: int  # tokens shared with the looked-up sequence (a prefix of both)
+    from_disk: bool = False  # read back from the disk tier (now in memory again)
 
 
 def common_prefix_len(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
@@ -83,7 +84,7 @@ class StateCache:
             if on_disk is not None:
                 state = self._read_back(*on_disk)
                 if state is not None:
-                    return Match(state, on_disk[1])
+                    return Match(state, on_disk[1], from_disk=True)
             if best is not None:
                 self._entries.move_to_end(best.state.tokens)
             return best

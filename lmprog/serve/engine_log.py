@@ -2,7 +2,8 @@
 `lmprog.serve.engine` logger).
 
     engine: 3 running, 1 queued | generation 41.3 tok/s, prompt 210.0 tok/s | prefix cache
-    hit rate 62.5% | KV cache 12.5% (512 of 4096 tokens)
+    hit rate 62.5% | KV cache 12.5% (512 of 4096 tokens) | host tier 40.0% (800 of 2000
+    tokens), 25.0% of prompt tokens loaded from it
 
 Read from `backend.stats()` over the interval; an idle server is silent.
 Design: docs/design/server.md#logs-and-metrics.
@@ -98,18 +99,32 @@ def _format(stats: Mapping[str, Any], delta: Mapping[str, float], dt: float) -> 
     used, capacity = stats.get("kv_used"), stats.get("kv_capacity")
     if _number(used) and _number(capacity) and capacity:
         parts.append(f"KV cache {100 * used / capacity:.1f}% ({used} of {capacity} tokens)")
-    for tier in ("host", "disk"):  # the runtime's KV tiers, when it has them
-        used, capacity = (
-            stats.get(f"{tier}_kv_used_tokens"),
-            stats.get(f"{tier}_kv_capacity_tokens"),
-        )
-        if _number(used) and _number(capacity) and capacity:
-            text = f"{tier} tier {100 * used / capacity:.1f}% ({used} of {capacity} tokens)"
+    for tier in ("host", "disk"):  # the KV tiers, when the backend has them
+        text = _tier_usage(stats, tier)
+        if text is not None:
             hits = delta.get(f"{tier}_kv_hit_tokens")
             if prompt and hits is not None:
                 text += f", {100 * hits / prompt:.1f}% of prompt tokens loaded from it"
             parts.append(text)
     return "engine: " + " | ".join(parts)
+
+
+def _tier_usage(stats: Mapping[str, Any], tier: str) -> str | None:
+    """A tier's use in tokens (the runtime's tiers) or else in bytes (llama.cpp's saved
+    states); None when the backend reports neither."""
+    for unit, scale, name in (("tokens", 1, "tokens"), ("bytes", 2**20, "MiB")):
+        used, capacity = (
+            stats.get(f"{tier}_kv_used_{unit}"),
+            stats.get(f"{tier}_kv_capacity_{unit}"),
+        )
+        if _number(used) and _number(capacity) and capacity:
+            amounts = (
+                f"{used} of {capacity}"
+                if scale == 1
+                else f"{used / scale:.1f} of {capacity / scale:.1f}"
+            )
+            return f"{tier} tier {100 * used / capacity:.1f}% ({amounts} {name})"
+    return None
 
 
 def _number(value: Any) -> bool:

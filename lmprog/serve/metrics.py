@@ -48,10 +48,17 @@ _BACKEND = {
         "counter",
         "Requests retracted for lack of KV cache.",
     ),
+    # the KV tiers under the prefix cache (the runtime's host and disk tiers; llama.cpp's
+    # saved states in memory and on disk report the bytes, hits and failures)
     "host_kv_used_bytes": (
         "lmprog_host_kv_cache_used_bytes",
         "gauge",
         "Bytes of KV held in the host-memory tier under the prefix cache.",
+    ),
+    "host_kv_capacity_bytes": (
+        "lmprog_host_kv_cache_capacity_bytes",
+        "gauge",
+        "Bytes of KV the host-memory tier can hold.",
     ),
     "host_kv_capacity_tokens": (
         "lmprog_host_kv_cache_capacity_tokens",
@@ -61,7 +68,13 @@ _BACKEND = {
     "host_kv_hit_tokens": (
         "lmprog_host_kv_cache_hit_tokens",
         "counter",
-        "Prompt tokens loaded back from the host-memory KV tier instead of recomputed.",
+        "Prompt tokens loaded back from the host KV tier instead of recomputed (those read "
+        "from the disk tier under it included).",
+    ),
+    "host_kv_staged_tokens": (
+        "lmprog_host_kv_cache_staged_tokens",
+        "counter",
+        "Tokens loaded from the host KV tier ahead of admission (predictive staging).",
     ),
     "host_kv_written_tokens": (
         "lmprog_host_kv_cache_written_tokens",
@@ -73,20 +86,55 @@ _BACKEND = {
         "counter",
         "Tokens dropped from the host-memory KV tier for room.",
     ),
+    "host_kv_dropped_tokens": (
+        "lmprog_host_kv_cache_dropped_tokens",
+        "counter",
+        "Evicted KV tokens the host tier could not take, and host blocks replaced.",
+    ),
     "host_kv_load_failures": (
         "lmprog_host_kv_cache_load_failures",
         "counter",
-        "Host-tier loads that failed (the tokens were recomputed).",
+        "Host- or disk-tier loads that failed (a failed copy, a damaged file): recomputed.",
+    ),
+    "host_kv_load_misses": (
+        "lmprog_host_kv_cache_load_misses",
+        "counter",
+        "Host-tier loads that found a block gone: recomputed.",
+    ),
+    "host_kv_partial_loads": (
+        "lmprog_host_kv_cache_partial_loads",
+        "counter",
+        "Host-tier loads the KV pool could take only part of (the rest left on the host).",
     ),
     "disk_kv_used_bytes": (
         "lmprog_disk_kv_cache_used_bytes",
         "gauge",
         "Bytes of KV held in the disk tier under the host tier.",
     ),
+    "disk_kv_capacity_bytes": (
+        "lmprog_disk_kv_cache_capacity_bytes",
+        "gauge",
+        "Bytes of KV the disk tier can hold.",
+    ),
     "disk_kv_hit_tokens": (
         "lmprog_disk_kv_cache_hit_tokens",
         "counter",
         "Tokens loaded back from the disk KV tier instead of recomputed.",
+    ),
+    "disk_kv_staged_tokens": (
+        "lmprog_disk_kv_cache_staged_tokens",
+        "counter",
+        "Tokens loaded from the disk KV tier ahead of admission (predictive staging).",
+    ),
+    "disk_kv_written_tokens": (
+        "lmprog_disk_kv_cache_written_tokens",
+        "counter",
+        "Tokens the host tier evicted into the disk tier.",
+    ),
+    "disk_kv_evicted_tokens": (
+        "lmprog_disk_kv_cache_evicted_tokens",
+        "counter",
+        "Tokens dropped from the disk KV tier for room.",
     ),
     "disk_kv_write_failures": (
         "lmprog_disk_kv_cache_write_failures",

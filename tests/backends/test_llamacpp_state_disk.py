@@ -50,3 +50,22 @@ def test_states_come_back_from_disk_as_from_memory(tmp_path):
     assert got == want
     assert cache["disk_writes"] > 0 and cache["disk_hits"] >= 2
     assert cache["disk_bytes"] <= 64 * 2**20 and cache["bytes"] <= one
+    # the tiers under the runtime's names, as /metrics and the engine line read them
+    assert stats["host_kv_used_bytes"] == cache["bytes"] and stats["host_kv_capacity_bytes"] == one
+    assert stats["disk_kv_used_bytes"] == cache["disk_bytes"]
+    assert stats["host_kv_hit_tokens"] >= stats["disk_kv_hit_tokens"] > 0
+    assert stats["disk_kv_write_failures"] == stats["host_kv_load_failures"] == 0
+    from lmprog.serve.engine_log import EngineLog
+    from lmprog.serve.metrics import ServerMetrics
+
+    text = ServerMetrics(lambda: stats).render().decode()
+    values = dict(line.split(" ") for line in text.splitlines() if not line.startswith("#"))
+    assert float(values["lmprog_disk_kv_cache_hit_tokens_total"]) == stats["disk_kv_hit_tokens"]
+    assert float(values["lmprog_host_kv_cache_used_bytes"]) == cache["bytes"]
+    counters = ("prompt_tokens", "cached_tokens", "host_kv_hit_tokens", "disk_kv_hit_tokens")
+    seen = [dict(stats, **dict.fromkeys(counters, 0)), stats]  # the counts from 0, then now
+    log = EngineLog(lambda: seen.pop(0))
+    log.line(now=0.0)
+    line = log.line(now=10.0)
+    assert "| host tier " in line and "| disk tier " in line
+    assert line.count("MiB), ") == 2 and line.count("of prompt tokens loaded from it") == 2

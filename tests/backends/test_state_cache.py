@@ -114,3 +114,46 @@ def test_a_damaged_disk_entry_falls_back_and_a_full_disk_drops(tmp_path):
     c.put([9], b"c" * 10)  # [1, 2] cannot be written: dropped, counted
     assert c.stats()["disk_write_failures"] == 1 and c.lookup([1, 2]) is None
     c.check_integrity()
+
+
+def test_a_soak_keeps_memory_and_files_within_their_bounds(tmp_path):
+    """Random puts and lookups of states of random sizes over both tiers, with a damaged
+    file and a full disk now and then: after every operation the bytes held in memory and
+    the files on disk (as the file system has them, headers aside) stay within their
+    bounds, every entry's blob is the one put under its tokens, and the books agree."""
+    import random
+
+    from lmprog.backends.state_cache import Match
+
+    rng = random.Random(3)
+    c = StateCache(400, disk_bytes=1000, disk_dir=str(tmp_path))
+    real_write = c._dir.write
+
+    def blob_of(key):
+        return bytes([sum(key) % 256]) * (10 + 7 * len(key))
+
+    def full(payload):
+        raise OSError(28, "planted: no space left on device")
+
+    for step in range(1500):
+        key = [rng.randrange(4) for _ in range(rng.randrange(1, 9))]
+        if rng.random() < 0.5:
+            c.put(key, blob_of(key))
+        else:
+            m = c.lookup(key)
+            assert m is None or isinstance(m, Match)
+            if m is not None:
+                assert m.state.blob == blob_of(m.state.tokens)
+                assert list(m.state.tokens[: m.common]) == key[: m.common]
+        if step % 31 == 0:  # damage a file
+            files = sorted(tmp_path.glob("lmprog-kv-*/*.blk"))
+            if files:
+                path = rng.choice(files)
+                path.write_bytes(path.read_bytes()[:-1])
+        c._dir.write = full if step % 200 < 20 else real_write
+        c.check_integrity()
+        on_disk = sum(f.stat().st_size - 20 for f in tmp_path.glob("lmprog-kv-*/*.blk"))
+        assert c.nbytes <= 400 and on_disk <= c.disk_nbytes <= 1000  # a cut file is shorter
+    stats = c.stats()
+    assert stats["disk_hits"] > 0 and stats["disk_evictions"] > 0
+    assert stats["disk_failures"] > 0 and stats["disk_write_failures"] > 0

@@ -85,9 +85,10 @@ class Tiered:
         if short > 0:
             self.alloc.free(self.cache.evict(short))
 
-    def alloc_evicting(self, n):
+    def alloc_evicting(self, n):  # as CacheManager's: as much of n as the pool can take
         self.make_room(n)
-        return self.alloc.alloc(n)
+        fits = min(n, self.alloc.num_free)
+        return self.alloc.alloc(fits) if fits else None
 
     def admit(self, ids, limit=10**9):
         """Match, lock, load the host part (as CacheManager.admit); return (slots, node)."""
@@ -150,6 +151,29 @@ def test_a_partly_matched_host_node_is_split_and_a_budget_loads_part():
     t.cache.unlock(node)
     slots, node = t.admit(a)
     assert t.mover.pool[slots].tolist() == a
+    t.cache.unlock(node)
+    t.check()
+
+
+def test_a_pool_too_small_for_the_whole_match_loads_its_longest_prefix_that_fits():
+    t = Tiered(slots=32, host=64, page=4)
+    a, b = list(range(100, 124)), list(range(200, 224))
+    t.write(a)
+    t.write(b)  # a to the host
+    held = t.cache.match_prefix(b).last_node
+    t.cache.lock(held)  # a running request holds b: 8 slots free, none evictable
+    slots, node = t.admit(a + [1])
+    assert t.mover.pool[slots].tolist() == a[:8]  # two pages of six: the rest recomputed
+    tier = t.cache.tier
+    assert (tier.partial_loads, tier.short_tokens, tier.loaded_tokens) == (1, 16, 8)
+    assert t.cache.stats()["host_kv_partial_loads"] == 1
+    assert t.cache.cached_prefix_len(a) == 24 and t.cache.host_size == 16
+    t.check([node, held])
+    t.cache.unlock(node)
+    t.cache.unlock(held)
+    slots, node = t.admit(a + [1])  # with room again, the rest comes back
+    assert t.mover.pool[slots].tolist() == a and tier.partial_loads == 1
+    t.check([node])
     t.cache.unlock(node)
     t.check()
 

@@ -141,3 +141,27 @@ def test_cuda_loads_land_layer_by_layer_and_saves_wait_for_them():
     again = mover.save(np.arange(230, 240))  # a save of slots still being written waits
     torch.cuda.synchronize()
     assert torch.equal(again, want[:, :, :10]) and not pool.loads.pending
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the side stream is CUDA's")
+def test_cuda_a_host_block_dropped_while_its_copy_runs_still_lands_whole():
+    """The host tier drops a block's host copy as soon as its load is queued (the node moves
+    to the device; on disk, the read-back tensor goes out of scope): the pinned allocator
+    must not hand that memory out again before the side stream's copy has read it. Fresh
+    pinned tensors of the same size, written at once, must not reach the pool."""
+    pool = KVPool(4096, num_layers=8, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16,
+                  device="cuda")  # fmt: skip
+    pool._buffer.copy_(torch.randn(pool._buffer.shape, device="cuda"))
+    mover = HostKVMover(pool)
+    src, dst = np.arange(1, 1001), np.arange(2000, 3000)
+    want = rows(pool, src).cpu()
+    handle = mover.save(src)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(10_000_000)  # the side stream waits for this: the copy starts late
+    mover.load(handle, dst)
+    del handle  # dropped while the copy is queued
+    junk = [torch.full(want.shape, 7, dtype=want.dtype, pin_memory=True) for _ in range(4)]
+    pool.fence_loads()
+    torch.cuda.synchronize()
+    assert torch.equal(rows(pool, dst).cpu(), want)
+    del junk

@@ -84,3 +84,17 @@ def test_the_kv_tiers_usage_and_hits_join_the_line():
         "prompt tokens loaded from it | disk tier 5.0% (50 of 1000 tokens), 5.0% of prompt "
         "tokens loaded from it"
     )
+
+
+def test_tiers_counted_in_bytes_join_the_line_in_mib():
+    """llama.cpp's saved states report their tiers in bytes (LlamaCpp.stats())."""
+    tiers = dict(host_kv_used_bytes=3 << 20, host_kv_capacity_bytes=12 << 20)
+    tiers.update(host_kv_hit_tokens=0, disk_kv_used_bytes=1 << 20, disk_kv_capacity_bytes=0)
+    stats = Stats(**BUSY, **tiers)
+    log = EngineLog(stats, interval_s=10)
+    log.line(now=0.0)
+    stats.values.update(prompt_tokens=400, cached_tokens=300, host_kv_hit_tokens=100)
+    assert log.line(now=10.0).endswith(
+        "KV cache 12.5% (512 of 4096 tokens) | host tier 25.0% (3.0 of 12.0 MiB), 25.0% of "
+        "prompt tokens loaded from it"
+    )  # a tier of no capacity is left out

@@ -104,6 +104,8 @@ class HostTierStats:
     dropped_tokens: int = 0  # evicted device tokens the host could not take, and host
     # subtrees a device insert replaced
     load_misses: int = 0  # loads that found a host node gone (recomputed instead)
+    partial_loads: int = 0  # loads the pool could take only part of (the longest prefix)
+    short_tokens: int = 0  # host tokens those loads left behind (recomputed if admitted)
     load_failures: int = 0  # copies that raised: the block dropped, recomputed instead
 
 
@@ -184,10 +186,13 @@ class HiRadixCache(RadixCache):
         staged: bool = False,
     ) -> tuple[MatchResult, np.ndarray]:
         """Bring up to max_tokens (whole pages) of match's host nodes into device slots
-        from `alloc(n)` (which may evict: the nodes to load are kept from host eviction
-        meanwhile). Returns the longer match and the slots left unused (for the caller to
-        free: a node found gone stops the load). The caller locks the new last node.
-        staged: a load ahead of admission (counted apart from admission's host hits)."""
+        from `alloc(n)`, which returns at most n slots in whole pages (it may evict: the
+        nodes to load are kept from host eviction meanwhile), or None for none. When it
+        gives fewer, the longest prefix of the nodes that fits is loaded (the rest stays on
+        the host; a partial load, counted). Returns the longer match and the slots left
+        unused (for the caller to free: a node found gone stops the load). The caller locks
+        the new last node. staged: a load ahead of admission (counted apart from
+        admission's host hits)."""
         n = min(match.host_len, max_tokens)
         n -= n % self.page_size
         if n <= 0:
@@ -197,7 +202,13 @@ class HiRadixCache(RadixCache):
             slots = alloc(n)
         finally:
             self._pinned = set()
-        if slots is None:
+        got = 0 if slots is None else len(slots)
+        assert got <= n and got % self.page_size == 0, f"alloc({n}) gave {got} slots"
+        if got < n:
+            self.tier.partial_loads += 1
+            self.tier.short_tokens += n - got
+            n = got
+        if slots is None or n == 0:
             return match, _EMPTY
         parent: TreeNode = match.last_node
         used, parts = 0, [match.slots]
@@ -500,6 +511,7 @@ class HiRadixCache(RadixCache):
         if h.disk_capacity_tokens:
             disk = {
                 "disk_kv_capacity_tokens": h.disk_capacity_tokens,
+                "disk_kv_capacity_bytes": h.disk_capacity_tokens * self.mover.bytes_per_token,
                 "disk_kv_used_tokens": h.disk_used_tokens,
                 "disk_kv_used_bytes": h.disk_used_tokens * self.mover.bytes_per_token,
                 "disk_kv_written_tokens": h.disk_written_tokens,
@@ -511,6 +523,7 @@ class HiRadixCache(RadixCache):
         return {
             **disk,
             "host_kv_capacity_tokens": h.capacity_tokens,
+            "host_kv_capacity_bytes": h.capacity_tokens * self.mover.bytes_per_token,
             "host_kv_used_tokens": h.used_tokens,
             "host_kv_used_bytes": h.used_tokens * self.mover.bytes_per_token,
             "host_kv_written_tokens": h.written_tokens,
@@ -521,5 +534,7 @@ class HiRadixCache(RadixCache):
             "host_kv_evicted_tokens": h.evicted_tokens,
             "host_kv_dropped_tokens": h.dropped_tokens,
             "host_kv_load_misses": h.load_misses,
+            "host_kv_partial_loads": h.partial_loads,
+            "host_kv_short_tokens": h.short_tokens,
             "host_kv_load_failures": h.load_failures,
         }

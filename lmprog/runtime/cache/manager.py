@@ -251,11 +251,13 @@ class CacheManager:
     # -- internals -------------------------------------------------------------------------
     def _load_host(self, match: HostMatch, limit: int, staged: bool = False) -> MatchResult:
         """Load up to `limit` tokens of a locked match's host part into new slots (evicting
-        what must go); the lock moves to the loaded end."""
+        what must go; as many whole pages as the pool can take, the rest left on the host);
+        the lock moves to the loaded end."""
 
-        def alloc(n: int) -> np.ndarray | None:
+        def alloc(n: int) -> np.ndarray | None:  # as much of n as the pool can take
             self.make_room(n)
-            return self.allocator.alloc(n)
+            fits = min(n, self.allocator.num_free)  # both whole pages
+            return self.allocator.alloc(fits) if fits else None
 
         cache = self.prefix_cache
         assert isinstance(cache, HiRadixCache), "a host match comes from a HiRadixCache"
