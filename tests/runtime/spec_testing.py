@@ -1,7 +1,8 @@
 """Shared by the speculative-decoding tests (test_spec_*.py): oracle proposers that draft a
 known continuation with deliberate mistakes (chains; trees whose true branch is not the first),
-and a skip mark for tests that need the bundled
-default model (random-weight tiny models: engine_testing.random_llama)."""
+a skip mark for tests that need the bundled
+default model (random-weight tiny models: engine_testing.random_llama), and the tiny target
+and prompts of the draft-head tests (test_spec_heads.py, test_spec_eagle1.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import importlib.util
 import pytest
 
 from lmprog.core.models import BUNDLED_MODELS, DEFAULT_MODEL
+from lmprog.runtime.models import ModelConfig
 from lmprog.runtime.speculative import Proposal, Proposer
 
 _PACKAGE, _, _INSTALL = BUNDLED_MODELS[DEFAULT_MODEL]
@@ -17,6 +19,19 @@ requires_default_model = pytest.mark.skipif(
     importlib.util.find_spec(_PACKAGE) is None,
     reason=f"the default model's package {_PACKAGE!r} is not installed ({_INSTALL})",
 )
+
+HEAD_TARGET = ModelConfig(
+    "llama",
+    vocab_size=211,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=3,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    max_position=160,
+)
+HEAD_PROMPTS = [[5, 17, 3, 99, 42, 7], [1, 2, 3], [200, 10, 10, 10, 4, 8, 15, 16, 23, 42], [77, 5]]
 
 
 class Oracle(Proposer):

@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from engine_testing import engine_for, random_llama, run_all
 from safetensors.torch import save_file
+from spec_testing import HEAD_PROMPTS, HEAD_TARGET
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.executor.forward_batch import ForwardBatch
 from lmprog.runtime.executor.kv_pool import KVPool
-from lmprog.runtime.models import ModelConfig
 from lmprog.runtime.models.llama import HiddenCapture
 from lmprog.runtime.speculative import SpeculativeConfig, build_proposer
 from lmprog.runtime.speculative.eagle import EagleProposer
@@ -29,18 +29,7 @@ from lmprog.runtime.speculative.heads import Eagle1Head, Eagle3Head
 from lmprog.runtime.speculative.proposer import ProposalInput as PI
 
 torch.set_num_threads(1)
-TINY = ModelConfig(
-    "llama",
-    vocab_size=211,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=3,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    max_position=160,
-)
-PROMPTS = [[5, 17, 3, 99, 42, 7], [1, 2, 3], [200, 10, 10, 10, 4, 8, 15, 16, 23, 42], [77, 5]]
+TINY, PROMPTS = HEAD_TARGET, HEAD_PROMPTS
 H, MLP, V = TINY.hidden_size, TINY.intermediate_size, TINY.vocab_size
 Q, KV = TINY.num_heads * TINY.head_dim, TINY.num_kv_heads * TINY.head_dim
 # the published tensors and their shapes (yuhuili/EAGLE-LLaMA3-Instruct-8B: H 4096, MLP 14336)

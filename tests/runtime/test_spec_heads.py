@@ -11,7 +11,7 @@ import pytest
 import torch
 from engine_testing import EOS, engine_for, random_llama, run_all
 from safetensors.torch import load_file, save_file
-from spec_testing import requires_default_model
+from spec_testing import HEAD_PROMPTS, HEAD_TARGET, requires_default_model
 from triton_testing import (  # noqa: F401 - one_thread is a fixture
     one_thread,
     requires_triton,
@@ -27,7 +27,6 @@ from lmprog.runtime.engine.launch import launch_engine
 from lmprog.runtime.executor.cuda_graph import CudaGraphRunner
 from lmprog.runtime.executor.forward_batch import ForwardBatch
 from lmprog.runtime.executor.kv_pool import KVPool
-from lmprog.runtime.models import ModelConfig
 from lmprog.runtime.models.llama import HiddenCapture
 from lmprog.runtime.speculative import SpeculativeConfig, build_proposer
 from lmprog.runtime.speculative.eagle import EagleProposer
@@ -46,18 +45,7 @@ from lmprog.runtime.speculative.proposer import Proposal
 from lmprog.runtime.speculative.proposer import ProposalInput as PI
 
 torch.set_num_threads(1)
-TINY = ModelConfig(
-    "llama",
-    vocab_size=211,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=3,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    max_position=160,
-)
-PROMPTS = [[5, 17, 3, 99, 42, 7], [1, 2, 3], [200, 10, 10, 10, 4, 8, 15, 16, 23, 42], [77, 5]]
+TINY, PROMPTS = HEAD_TARGET, HEAD_PROMPTS
 EAGLE_NAMES = {
     "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
     "midlayer.post_attention_layernorm.weight", "midlayer.self_attn.q_proj.weight",
