@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
@@ -30,6 +31,7 @@ from lmprog.runtime.executor.kv_pool import KVPool
 from lmprog.runtime.models.llama import HiddenCapture
 from lmprog.runtime.speculative import SpeculativeConfig, build_proposer
 from lmprog.runtime.speculative.eagle import EagleProposer
+from lmprog.runtime.speculative.eagle1_files import build_eagle1
 from lmprog.runtime.speculative.head_build import BUNDLED_EAGLE3, dummy_eagle3_config
 from lmprog.runtime.speculative.head_files import (
     build_eagle3,
@@ -39,7 +41,7 @@ from lmprog.runtime.speculative.head_files import (
     save_medusa,
 )
 from lmprog.runtime.speculative.head_proposer import spine, tree_depth, tree_nodes
-from lmprog.runtime.speculative.heads import MedusaHeads
+from lmprog.runtime.speculative.heads import Eagle1Config, MedusaHeads
 from lmprog.runtime.speculative.medusa import MedusaProposer
 from lmprog.runtime.speculative.proposer import Proposal
 from lmprog.runtime.speculative.proposer import ProposalInput as PI
@@ -468,13 +470,17 @@ def test_head_steps_replay_the_cuda_graphs(method, tree_width, monkeypatch):
         assert stats["spec_tree_verifies"] > 0, stats
 
 
-def check_head_graphs(device, capture, dtype, tol):
+def check_head_graphs(device, capture, dtype, tol, eagle1=False):
     """The EAGLE head's draft steps through decode graphs (padded buckets, the states in and
     out through HeadStep's buffers) propose what the eager steps propose: 4 requests asking
     4, 2, 3 and 1 drafts (draft steps of 3, 2 and 1 requests in buckets of 4, 2 and 1),
-    over 4 calls of growing sequences."""
+    over 4 calls of growing sequences. eagle1: an EAGLE-1 head (the target's lm_head)."""
     model, g, _, _ = setup(device, dtype, num_layers=2, rows=1, num_slots=64)
-    head = build_eagle3(dummy_eagle3_config(model.config, 40), model)
+    if eagle1:
+        layer = dummy_eagle3_config(model.config).layer
+        head = build_eagle1(Eagle1Config(layer), model)
+    else:
+        head = build_eagle3(dummy_eagle3_config(model.config, 40), model)
     with torch.no_grad():
         for name, p in head.named_parameters():
             if name.endswith("norm.weight"):
@@ -484,7 +490,11 @@ def check_head_graphs(device, capture, dtype, tol):
 
     def proposer(graphs):
         prop = EagleProposer(
-            head, capture_layers=(0, 1, 2), vocab_size=50, max_requests=8, cuda_graphs=False
+            head,
+            capture_layers=head.config.capture_layers(2),
+            vocab_size=50,
+            max_requests=8,
+            cuda_graphs=False,
         )
         if graphs:
             prop.graphs = CudaGraphRunner(
@@ -493,7 +503,7 @@ def check_head_graphs(device, capture, dtype, tol):
         return prop
 
     eager, graphed = proposer(False), proposer(True)
-    width = head.fc.in_features
+    width = head.reads * model.config.hidden_size  # the target's features
     seqs = {rid: [3 + rid, 7, 11 + rid, 2 * rid + 1, 5] for rid in range(4)}
     for rid, tokens in seqs.items():
         feats = torch.randn(len(tokens) - 1, width, generator=g).to(device, eager.dtype)
@@ -515,8 +525,9 @@ def check_head_graphs(device, capture, dtype, tol):
 
 
 @requires_triton
-def test_eagle_draft_steps_through_the_decode_graphs_padded_path(one_thread):
-    run_uncaptured(check_head_graphs)
+@pytest.mark.parametrize("eagle1", [False, True])
+def test_eagle_draft_steps_through_the_decode_graphs_padded_path(one_thread, eagle1):
+    run_uncaptured(partial(check_head_graphs, eagle1=eagle1))
 
 
 @pytest.mark.gpu
@@ -525,5 +536,8 @@ def test_eagle_draft_steps_through_the_decode_graphs_padded_path(one_thread):
     reason="CUDA graph capture needs a CUDA GPU (the padded static path is tested on the CPU "
     "by test_eagle_draft_steps_through_the_decode_graphs_padded_path)",
 )
-def test_eagle_draft_steps_replay_the_decode_graphs(one_thread):
-    run_captured(check_head_graphs, "float32")  # fp32: drafts (argmax) compared exactly
+@pytest.mark.parametrize("eagle1", [False, True])
+def test_eagle_draft_steps_replay_the_decode_graphs(one_thread, eagle1):
+    run_captured(
+        partial(check_head_graphs, eagle1=eagle1), "float32"
+    )  # fp32: drafts (argmax) compared exactly
