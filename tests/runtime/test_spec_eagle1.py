@@ -25,7 +25,8 @@ from lmprog.runtime.models.llama import HiddenCapture
 from lmprog.runtime.speculative import SpeculativeConfig, build_proposer
 from lmprog.runtime.speculative.eagle import EagleProposer
 from lmprog.runtime.speculative.eagle1_files import is_eagle1, load_eagle1
-from lmprog.runtime.speculative.head_build import load_eagle
+from lmprog.runtime.speculative.head_build import dummy_eagle3_config, load_eagle
+from lmprog.runtime.speculative.head_files import build_eagle3, save_eagle3
 from lmprog.runtime.speculative.heads import Eagle1Head, Eagle3Head
 from lmprog.runtime.speculative.proposer import ProposalInput as PI
 
@@ -277,7 +278,7 @@ def test_a_head_that_does_not_fit_the_target_is_refused(model, tmp_path, change,
 def test_missing_tensors_and_other_folders(model, tmp_path):
     state = published_state()
     del state["layers.0.self_attn.k_proj.weight"]
-    with pytest.raises(ValueError, match=r"lacks \['layers.0.self_attn.qkv_proj.weight'\]"):
+    with pytest.raises(ValueError, match=r"lacks \['layers.0.self_attn.k_proj.weight'\]"):
         load_eagle(write_head(tmp_path / "a", state), model)
     plain = published_state()
     plain = {k: v for k, v in plain.items() if not k.startswith("fc.")}  # a plain Llama
@@ -285,13 +286,10 @@ def test_missing_tensors_and_other_folders(model, tmp_path):
     assert not is_eagle1(folder)
     with pytest.raises(ValueError, match="nor an EAGLE-1/2 head"):
         load_eagle(folder, model)
-    eagle3 = load_eagle  # an EAGLE-3 folder still loads as EAGLE-3
-    from lmprog.runtime.speculative.head_build import dummy_eagle3_config
-    from lmprog.runtime.speculative.head_files import build_eagle3, save_eagle3
-
+    # an EAGLE-3 folder still loads as EAGLE-3
     save_eagle3(build_eagle3(dummy_eagle3_config(TINY), model), tmp_path / "e3")
     assert not is_eagle1(tmp_path / "e3")
-    assert isinstance(eagle3(tmp_path / "e3", model), Eagle3Head)
+    assert isinstance(load_eagle(tmp_path / "e3", model), Eagle3Head)
 
 
 # ---- CUDA graphs ---------------------------------------------------------------------------------

@@ -174,7 +174,8 @@ def copy_head_weights(
             dst.copy_(tensor.to(dst.dtype) if dst.dtype != torch.bool else tensor.bool())
         missing.discard((target, shard))
     if missing:
-        raise ValueError(f"{what}: the checkpoint of {kind} lacks {sorted(n for n, _ in missing)}")
+        names = sorted(_published_name(n, shard) for n, shard in missing)
+        raise ValueError(f"{what}: the checkpoint of {kind} lacks {names}")
 
 
 def save_eagle3(head: Eagle3Head, folder: str | Path, **extra: Any) -> None:
@@ -346,6 +347,14 @@ def _fused_name(name: str) -> tuple[str, int]:
             fused, shard = _FUSED[part]
             return ".".join(parts[:i] + [fused] + parts[i + 1 :]), shard
     return name, 0
+
+
+def _published_name(name: str, shard: int) -> str:
+    """A fused parameter's shard under its checkpoint name (qkv_proj shard 1: k_proj)."""
+    for part, (fused, i) in _FUSED.items():
+        if i == shard and f".{fused}." in name:
+            return name.replace(fused, part)
+    return name
 
 
 def _shards(name: str) -> int:
