@@ -6,7 +6,6 @@ another model is refused."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import replace
 
@@ -14,13 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from engine_testing import engine_for, random_llama, run_all
-from safetensors.torch import save_file
-from spec_testing import HEAD_PROMPTS, HEAD_TARGET
+from spec_testing import HEAD_PROMPTS, HEAD_TARGET, published_state, write_head
 
 from lmprog.core.sampling import SamplingParams as SP
 from lmprog.runtime.executor.forward_batch import ForwardBatch
 from lmprog.runtime.executor.kv_pool import KVPool
-from lmprog.runtime.models import ModelConfig
 from lmprog.runtime.models.llama import HiddenCapture
 from lmprog.runtime.speculative import SpeculativeConfig, build_proposer
 from lmprog.runtime.speculative.eagle import EagleProposer
@@ -35,21 +32,6 @@ TINY, PROMPTS = HEAD_TARGET, HEAD_PROMPTS
 H, V = TINY.hidden_size, TINY.vocab_size
 
 
-def published(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The published tensors and their shapes for a target of config c
-    (yuhuili/EAGLE-LLaMA3-Instruct-8B: hidden 4096, MLP 14336, 32 x 128 q, 8 x 128 k/v)."""
-    h, m, q, kv = c.hidden_size, c.intermediate_size, c.q_size, c.kv_size
-    return {
-        "fc.weight": (h, 2 * h), "fc.bias": (h,),
-        "layers.0.self_attn.q_proj.weight": (q, h), "layers.0.self_attn.k_proj.weight": (kv, h),
-        "layers.0.self_attn.v_proj.weight": (kv, h), "layers.0.self_attn.o_proj.weight": (h, q),
-        "layers.0.mlp.gate_proj.weight": (m, h), "layers.0.mlp.up_proj.weight": (m, h),
-        "layers.0.mlp.down_proj.weight": (h, m),
-        "layers.0.input_layernorm.weight": (h,), "layers.0.post_attention_layernorm.weight": (h,),
-        "embed_tokens.weight": (c.vocab_size, h),
-    }  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def model():
     """A random target whose final norm is not all ones (the head must apply it)."""
@@ -59,37 +41,6 @@ def model():
             1.0 + 0.5 * torch.randn(H, generator=torch.Generator().manual_seed(9))
         )
     return net
-
-
-def published_state(seed=1, std=0.3, c=TINY):
-    g = torch.Generator().manual_seed(seed)
-    state = {n: torch.randn(s, generator=g) * std for n, s in published(c).items()}
-    norm = 1.0 + 0.3 * torch.randn(c.hidden_size, generator=g)
-    state["layers.0.post_attention_layernorm.weight"] = norm
-    return state
-
-
-def write_head(folder, state, *, arch="LlamaForCausalLM", fmt="bin", prefix="", c=TINY, **config):
-    """A head folder as SafeAILab/EAGLE publishes it (config.json + pytorch_model.bin)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg = {
-        "architectures": [arch], "model_type": "llama", "bias": "fc.bias" in state,
-        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": 1, "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
-        "max_position_embeddings": c.max_position, "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0, "vocab_size": c.vocab_size, "hidden_act": "silu",
-        "tie_word_embeddings": False, **config,
-    }  # fmt: skip
-    if arch == "EAGLEModel":  # vLLM's older EAGLEConfig: the Llama config under "model"
-        cfg = {"architectures": [arch], "model_type": "eagle", "model": cfg}
-    (folder / "config.json").write_text(json.dumps(cfg))
-    named = {prefix + k: v.contiguous() for k, v in state.items()}
-    if fmt == "bin":
-        torch.save(named, folder / "pytorch_model.bin")
-    else:
-        save_file(named, str(folder / "model.safetensors"))
-    return folder
 
 
 # ---- the plain-PyTorch EAGLE-1 reference --------------------------------------------------------
@@ -290,51 +241,3 @@ def test_missing_tensors_and_other_folders(model, tmp_path):
     save_eagle3(build_eagle3(dummy_eagle3_config(TINY), model), tmp_path / "e3")
     assert not is_eagle1(tmp_path / "e3")
     assert isinstance(load_eagle(tmp_path / "e3", model), Eagle3Head)
-
-
-# ---- CUDA graphs ---------------------------------------------------------------------------------
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (graphs, Triton attention)")
-@pytest.mark.parametrize("tree_width", [1, 3])
-def test_eagle1_steps_replay_the_cuda_graphs(tmp_path, tree_width, monkeypatch):
-    """On the GPU an EAGLE-1 head's target steps (capturing the stream leaving the last
-    layer) replay the decode graphs and piecewise segments, its draft steps the head's decode
-    graphs: no eager forward_capture, greedy outputs equal to plain decoding's (fp32)."""
-    from lmprog.runtime.engine.engine import EngineConfig
-    from lmprog.runtime.engine.launch import launch_engine
-
-    c = replace(TINY, hidden_size=64, head_dim=16)  # Triton attention: head_dim >= 16
-    net = random_llama(c, 0.3, device="cuda", attention="triton")
-    folder = write_head(tmp_path / "h", published_state(c=c), c=c)
-    spec = SpeculativeConfig(
-        method="eagle", draft_model=str(folder), num_tokens=4, adaptive=False,
-        tree_width=tree_width,
-    )  # fmt: skip
-    eager_calls = []
-    forward_capture = type(net).forward_capture
-
-    def counted(self, *args, **kwargs):
-        eager_calls.append(1)
-        return forward_capture(self, *args, **kwargs)
-
-    def run(speculative):
-        e = launch_engine(
-            net, None, eos_token_ids=[0], max_total_tokens=4096, cuda_graphs=True,
-            engine_config=EngineConfig(check_integrity=True), speculative=speculative,
-        )  # fmt: skip
-        try:
-            monkeypatch.setattr(type(net), "forward_capture", counted)  # after the capture
-            params = SP(max_tokens=24, temperature=0.0, ignore_eos=True)
-            out = [r.token_ids for r in run_all(e, [[9, 9, 8, 7, *p] for p in PROMPTS], params)]
-            monkeypatch.setattr(type(net), "forward_capture", forward_capture)
-            if speculative is not None:
-                assert isinstance(e.speculator.proposer.head, Eagle1Head)
-                assert e.speculator.proposer.graphs is not None
-            return out, e.stats()
-        finally:
-            e.shutdown()
-
-    plain, _ = run(None)
-    got, stats = run(spec)
-    assert got == plain
-    assert not eager_calls and stats["spec_verify_steps"] >= 20, stats

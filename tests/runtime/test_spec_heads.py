@@ -12,7 +12,13 @@ import pytest
 import torch
 from engine_testing import EOS, engine_for, random_llama, run_all
 from safetensors.torch import load_file, save_file
-from spec_testing import HEAD_PROMPTS, HEAD_TARGET, requires_default_model
+from spec_testing import (
+    HEAD_PROMPTS,
+    HEAD_TARGET,
+    published_state,
+    requires_default_model,
+    write_head,
+)
 from triton_testing import (  # noqa: F401 - one_thread is a fixture
     one_thread,
     requires_triton,
@@ -419,22 +425,26 @@ def test_steps_without_a_head_or_with_speculation_off_run_the_plain_forward(mode
 # ---- CUDA graphs ---------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (graphs, Triton attention)")
-@pytest.mark.parametrize("method", ["eagle", "medusa"])
+@pytest.mark.parametrize("method", ["eagle", "eagle1", "medusa"])
 @pytest.mark.parametrize("tree_width", [1, 3])
-def test_head_steps_replay_the_cuda_graphs(method, tree_width, monkeypatch):
+def test_head_steps_replay_the_cuda_graphs(method, tree_width, monkeypatch, tmp_path):
     """On the GPU a head's steps (decodes, chain and tree verifies, prefills) replay the CUDA
     graphs built for its capture (decode graphs, piecewise segments): no forward_capture runs
     eagerly, and greedy outputs equal those of the same engine without graphs and of plain
-    decoding (fp32: only the kernels' order of sums differs)."""
+    decoding (fp32: only the kernels' order of sums differs). eagle1: an EAGLE-1 checkpoint
+    (the stream leaving the target's last layer captured)."""
     # head_dim 16: the Triton attention kernels take head_dim in [16, 512]
-    net = random_llama(replace(TINY, hidden_size=64, head_dim=16), 0.3, device="cuda",
-                       attention="triton")  # fmt: skip
+    c = replace(TINY, hidden_size=64, head_dim=16)
+    net = random_llama(c, 0.3, device="cuda", attention="triton")
     prompts = [[9, 9, 8, 7, *p] for p in PROMPTS] * 2
     params = SP(max_tokens=24, temperature=0.0, ignore_eos=True)
+    head = {"draft_load_format": "dummy"}
+    if method == "eagle1":
+        folder = write_head(tmp_path, published_state(c=c), c=c)
+        method, head = "eagle", {"draft_model": str(folder)}
     spec = SpeculativeConfig(
-        method=method, draft_load_format="dummy", num_tokens=4, adaptive=False,
-        tree_width=tree_width,
-    )  # fmt: skip
+        method=method, num_tokens=4, adaptive=False, tree_width=tree_width, **head
+    )
     eager_calls = []
     forward_capture = type(net).forward_capture
 
