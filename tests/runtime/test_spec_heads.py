@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
 from engine_testing import EOS, engine_for, random_llama, run_all
 from safetensors.torch import load_file, save_file
-from spec_testing import requires_default_model
+from spec_testing import (
+    HEAD_PROMPTS,
+    HEAD_TARGET,
+    published_state,
+    requires_default_model,
+    write_head,
+)
 from triton_testing import (  # noqa: F401 - one_thread is a fixture
     one_thread,
     requires_triton,
@@ -27,10 +34,10 @@ from lmprog.runtime.engine.launch import launch_engine
 from lmprog.runtime.executor.cuda_graph import CudaGraphRunner
 from lmprog.runtime.executor.forward_batch import ForwardBatch
 from lmprog.runtime.executor.kv_pool import KVPool
-from lmprog.runtime.models import ModelConfig
 from lmprog.runtime.models.llama import HiddenCapture
 from lmprog.runtime.speculative import SpeculativeConfig, build_proposer
 from lmprog.runtime.speculative.eagle import EagleProposer
+from lmprog.runtime.speculative.eagle1_files import build_eagle1
 from lmprog.runtime.speculative.head_build import BUNDLED_EAGLE3, dummy_eagle3_config
 from lmprog.runtime.speculative.head_files import (
     build_eagle3,
@@ -40,24 +47,13 @@ from lmprog.runtime.speculative.head_files import (
     save_medusa,
 )
 from lmprog.runtime.speculative.head_proposer import spine, tree_depth, tree_nodes
-from lmprog.runtime.speculative.heads import MedusaHeads
+from lmprog.runtime.speculative.heads import Eagle1Config, MedusaHeads
 from lmprog.runtime.speculative.medusa import MedusaProposer
 from lmprog.runtime.speculative.proposer import Proposal
 from lmprog.runtime.speculative.proposer import ProposalInput as PI
 
 torch.set_num_threads(1)
-TINY = ModelConfig(
-    "llama",
-    vocab_size=211,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=3,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    max_position=160,
-)
-PROMPTS = [[5, 17, 3, 99, 42, 7], [1, 2, 3], [200, 10, 10, 10, 4, 8, 15, 16, 23, 42], [77, 5]]
+TINY, PROMPTS = HEAD_TARGET, HEAD_PROMPTS
 EAGLE_NAMES = {
     "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
     "midlayer.post_attention_layernorm.weight", "midlayer.self_attn.q_proj.weight",
@@ -429,22 +425,26 @@ def test_steps_without_a_head_or_with_speculation_off_run_the_plain_forward(mode
 # ---- CUDA graphs ---------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (graphs, Triton attention)")
-@pytest.mark.parametrize("method", ["eagle", "medusa"])
+@pytest.mark.parametrize("method", ["eagle", "eagle1", "medusa"])
 @pytest.mark.parametrize("tree_width", [1, 3])
-def test_head_steps_replay_the_cuda_graphs(method, tree_width, monkeypatch):
+def test_head_steps_replay_the_cuda_graphs(method, tree_width, monkeypatch, tmp_path):
     """On the GPU a head's steps (decodes, chain and tree verifies, prefills) replay the CUDA
     graphs built for its capture (decode graphs, piecewise segments): no forward_capture runs
     eagerly, and greedy outputs equal those of the same engine without graphs and of plain
-    decoding (fp32: only the kernels' order of sums differs)."""
+    decoding (fp32: only the kernels' order of sums differs). eagle1: an EAGLE-1 checkpoint
+    (the stream leaving the target's last layer captured)."""
     # head_dim 16: the Triton attention kernels take head_dim in [16, 512]
-    net = random_llama(replace(TINY, hidden_size=64, head_dim=16), 0.3, device="cuda",
-                       attention="triton")  # fmt: skip
+    c = replace(TINY, hidden_size=64, head_dim=16)
+    net = random_llama(c, 0.3, device="cuda", attention="triton")
     prompts = [[9, 9, 8, 7, *p] for p in PROMPTS] * 2
     params = SP(max_tokens=24, temperature=0.0, ignore_eos=True)
+    head = {"draft_load_format": "dummy"}
+    if method == "eagle1":
+        folder = write_head(tmp_path, published_state(c=c), c=c)
+        method, head = "eagle", {"draft_model": str(folder)}
     spec = SpeculativeConfig(
-        method=method, draft_load_format="dummy", num_tokens=4, adaptive=False,
-        tree_width=tree_width,
-    )  # fmt: skip
+        method=method, num_tokens=4, adaptive=False, tree_width=tree_width, **head
+    )
     eager_calls = []
     forward_capture = type(net).forward_capture
 
@@ -480,13 +480,17 @@ def test_head_steps_replay_the_cuda_graphs(method, tree_width, monkeypatch):
         assert stats["spec_tree_verifies"] > 0, stats
 
 
-def check_head_graphs(device, capture, dtype, tol):
+def check_head_graphs(device, capture, dtype, tol, eagle1=False):
     """The EAGLE head's draft steps through decode graphs (padded buckets, the states in and
     out through HeadStep's buffers) propose what the eager steps propose: 4 requests asking
     4, 2, 3 and 1 drafts (draft steps of 3, 2 and 1 requests in buckets of 4, 2 and 1),
-    over 4 calls of growing sequences."""
+    over 4 calls of growing sequences. eagle1: an EAGLE-1 head (the target's lm_head)."""
     model, g, _, _ = setup(device, dtype, num_layers=2, rows=1, num_slots=64)
-    head = build_eagle3(dummy_eagle3_config(model.config, 40), model)
+    if eagle1:
+        layer = dummy_eagle3_config(model.config).layer
+        head = build_eagle1(Eagle1Config(layer), model)
+    else:
+        head = build_eagle3(dummy_eagle3_config(model.config, 40), model)
     with torch.no_grad():
         for name, p in head.named_parameters():
             if name.endswith("norm.weight"):
@@ -496,7 +500,11 @@ def check_head_graphs(device, capture, dtype, tol):
 
     def proposer(graphs):
         prop = EagleProposer(
-            head, capture_layers=(0, 1, 2), vocab_size=50, max_requests=8, cuda_graphs=False
+            head,
+            capture_layers=head.config.capture_layers(2),
+            vocab_size=50,
+            max_requests=8,
+            cuda_graphs=False,
         )
         if graphs:
             prop.graphs = CudaGraphRunner(
@@ -505,7 +513,7 @@ def check_head_graphs(device, capture, dtype, tol):
         return prop
 
     eager, graphed = proposer(False), proposer(True)
-    width = head.fc.in_features
+    width = head.reads * model.config.hidden_size  # the target's features
     seqs = {rid: [3 + rid, 7, 11 + rid, 2 * rid + 1, 5] for rid in range(4)}
     for rid, tokens in seqs.items():
         feats = torch.randn(len(tokens) - 1, width, generator=g).to(device, eager.dtype)
@@ -527,8 +535,9 @@ def check_head_graphs(device, capture, dtype, tol):
 
 
 @requires_triton
-def test_eagle_draft_steps_through_the_decode_graphs_padded_path(one_thread):
-    run_uncaptured(check_head_graphs)
+@pytest.mark.parametrize("eagle1", [False, True])
+def test_eagle_draft_steps_through_the_decode_graphs_padded_path(one_thread, eagle1):
+    run_uncaptured(partial(check_head_graphs, eagle1=eagle1))
 
 
 @pytest.mark.gpu
@@ -537,5 +546,8 @@ def test_eagle_draft_steps_through_the_decode_graphs_padded_path(one_thread):
     reason="CUDA graph capture needs a CUDA GPU (the padded static path is tested on the CPU "
     "by test_eagle_draft_steps_through_the_decode_graphs_padded_path)",
 )
-def test_eagle_draft_steps_replay_the_decode_graphs(one_thread):
-    run_captured(check_head_graphs, "float32")  # fp32: drafts (argmax) compared exactly
+@pytest.mark.parametrize("eagle1", [False, True])
+def test_eagle_draft_steps_replay_the_decode_graphs(one_thread, eagle1):
+    run_captured(
+        partial(check_head_graphs, eagle1=eagle1), "float32"
+    )  # fp32: drafts (argmax) compared exactly

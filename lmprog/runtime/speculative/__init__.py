@@ -40,7 +40,7 @@ def build_proposer(
     length the engine serves (None: DraftModelProposer's defaults). target: the target
     model (a runtime LlamaForCausalLM), which draft heads ("eagle", "medusa") read;
     target_embedding: its whole token embedding where target holds a shard of it (tensor
-    parallelism: lmprog.runtime.parallel.sharding.gather_embedding), for an EAGLE-3 head."""
+    parallelism: lmprog.runtime.parallel.sharding.gather_embedding), for an EAGLE head."""
     if not isinstance(config, SpeculativeConfig):
         raise TypeError(f"config must be a SpeculativeConfig, got {type(config).__name__}")
     if config.method == "ngram":

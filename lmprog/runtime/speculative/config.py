@@ -37,7 +37,8 @@ _DEFAULTS: dict[str, _Defaults] = {
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """method: "ngram" (prompt lookup), "draft" (`draft_model`, same tokenizer), "eagle" (an
-    EAGLE-3 head: `draft_model` its folder, None the head shipped for the bundled model) or
+    EAGLE-3 or EAGLE-1/2 head, detected from `draft_model`, its folder; None the head
+    shipped for the bundled model) or
     "medusa" (`draft_model` the Medusa heads' folder); num_tokens: most drafts verified per
     request per step; ngram_min / ngram_max; ngram_branches: > 1 drafts token trees of that
     many n-gram continuations (1: a chain); draft_model and draft_load_format ("auto" |

@@ -1,7 +1,8 @@
-"""EagleProposer: an EAGLE-3 head drafts from the target's hidden states.
+"""EagleProposer: an EAGLE head (EAGLE-3, or EAGLE-1/2) drafts from the target's hidden states.
 
-Draft position i is fed the target's features at token i (three layers' hidden states,
-projected by the head's `fc`) and the embedding of token i + 1; its output predicts token
+Draft position i is fed the target's features at token i (EAGLE-3: three layers' hidden
+states; EAGLE-1: the last layer's; the head maps them to its input) and the embedding of
+token i + 1; its output predicts token
 i + 2 and is fed back as the features of the next position while drafting:
 
     token index:   ... c-1 | c ........ n-2 | n-1    n      ...  n+k-3   (n = len(tokens))
@@ -40,7 +41,7 @@ from .draft import KV_BUDGET_BYTES, _checked_tokens, prepare_and_run
 from .draft_cache import DraftKVCache, DraftSeq
 from .draft_job import DraftTable, Packer
 from .head_proposer import HeadProposer, tree_depth, tree_nodes
-from .heads import Eagle3Head
+from .heads import EagleHead
 from .proposer import Proposal, ProposalInput
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ class _Job:
 
 
 class EagleProposer(HeadProposer):
-    """Drafts with `head` (an Eagle3Head on the target's device) for a target whose
+    """Drafts with `head` (an Eagle3Head or Eagle1Head on the target's device) for a target whose
     capture_layers the engine captures. vocab_size: the target's; tree_width: 1 for chains,
     w > 1 for trees of the top-w tokens per depth (see head_proposer.tree_nodes).
     max_total_tokens / max_requests / context_length: the head's KV pool, as a draft model's
@@ -84,7 +85,7 @@ class EagleProposer(HeadProposer):
 
     def __init__(
         self,
-        head: Eagle3Head,
+        head: EagleHead,
         *,
         capture_layers: tuple[int, ...],
         vocab_size: int,
@@ -97,10 +98,12 @@ class EagleProposer(HeadProposer):
         c = head.config.layer
         if c.vocab_size != vocab_size:
             raise ValueError(
-                f"the EAGLE-3 head embeds {c.vocab_size} tokens, the target has {vocab_size}"
+                f"the EAGLE head embeds {c.vocab_size} tokens, the target has {vocab_size}"
             )
-        if len(capture_layers) != 3:
-            raise ValueError(f"EAGLE-3 reads 3 target layers, got {capture_layers}")
+        if len(capture_layers) != head.reads:
+            raise ValueError(
+                f"{type(head).__name__} reads {head.reads} target layers, got {capture_layers}"
+            )
         param = next(head.parameters())
         self.head, self.device, self.dtype = head, param.device, param.dtype
         self.capture = HiddenCapture(tuple(capture_layers))
@@ -303,7 +306,7 @@ class HeadStep(nn.Module):
     (hidden_in, rows as the batch's) and writing its output states to another (hidden_out),
     so that a captured graph reads and writes them at fixed addresses."""
 
-    def __init__(self, head: Eagle3Head, rows: int) -> None:
+    def __init__(self, head: EagleHead, rows: int) -> None:
         super().__init__()
         self.head = head
         param = next(head.parameters())

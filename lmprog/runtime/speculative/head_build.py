@@ -14,9 +14,10 @@ import torch
 from ..models.config import ModelConfig
 from .config import SpeculativeConfig
 from .eagle import EagleProposer
+from .eagle1_files import is_eagle1, load_eagle1
 from .head_files import build_eagle3, check_eagle3_target, load_eagle3, load_medusa
 from .head_proposer import HeadProposer
-from .heads import Eagle3Config, MedusaHeads
+from .heads import Eagle3Config, EagleHead, MedusaHeads
 from .medusa import MedusaProposer
 
 if TYPE_CHECKING:
@@ -39,8 +40,9 @@ def build_head_proposer(
 ) -> HeadProposer:
     """The EagleProposer or MedusaProposer `config` names, for `target`. embedding: the
     target's whole token embedding where `target` holds a shard of it (tensor parallelism),
-    shared by an EAGLE-3 head without its own (None: the target's)."""
+    shared by an EAGLE head without its own (None: the target's)."""
     vocab = target.config.vocab_size
+    head: EagleHead
     if config.method == "medusa":
         heads = _medusa(config, target)
         return MedusaProposer(heads, vocab_size=vocab, tree_width=config.tree_width)
@@ -49,7 +51,7 @@ def build_head_proposer(
         dummy = dummy_eagle3_config(target.config)
         head = _dummy(lambda: build_eagle3(dummy, target, embedding=embedding))
     else:
-        head = load_eagle3(_eagle_path(config, target), target, embedding=embedding)
+        head = load_eagle(_eagle_path(config, target), target, embedding=embedding)
     return EagleProposer(
         head,
         capture_layers=head.config.capture_layers(target.config.num_layers),
@@ -58,6 +60,16 @@ def build_head_proposer(
         max_requests=max_requests or 64,
         context_length=context_length,
     )
+
+
+def load_eagle(
+    folder: str | Path, target: LlamaForCausalLM, *, embedding: torch.Tensor | None = None
+) -> EagleHead:
+    """The EAGLE head in `folder`, EAGLE-3 or EAGLE-1/2 as its config.json and tensors say
+    (eagle1_files.is_eagle1), checked against `target`."""
+    if is_eagle1(folder):
+        return load_eagle1(folder, target, embedding=embedding)
+    return load_eagle3(folder, target, embedding=embedding)
 
 
 def dummy_eagle3_config(target: ModelConfig, draft_vocab_size: int | None = None) -> Eagle3Config:

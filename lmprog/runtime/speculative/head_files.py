@@ -1,4 +1,5 @@
 """Draft heads on disk, in the layouts SGLang and vLLM read (so a published head loads).
+EAGLE-1/2 heads: eagle1_files.py.
 
 EAGLE-3 (SafeAILab/EAGLE, SpecForge; SGLang's llama_eagle3.py, vLLM's llama_eagle3.py):
 a folder with config.json (architectures ["LlamaForCausalLMEagle3"], a Llama config of one
@@ -29,12 +30,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..models.config import ModelConfig, config_from_hf
-from .heads import Eagle3Config, Eagle3Head, MedusaHeads
+from .heads import Eagle3Config, Eagle3Head, EagleHead, MedusaHeads
 
 if TYPE_CHECKING:
     from ..models.llama import LlamaForCausalLM
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+EAGLE1_ARCHITECTURES = ("LlamaForCausalLMEagle", "EagleLlamaForCausalLM", "EAGLEModel")
 MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
           "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}  # fmt: skip
@@ -45,13 +47,15 @@ def read_eagle3_config(folder: str | Path) -> Eagle3Config:
     """The head's shape from its config.json (ValueError naming what is wrong)."""
     path = Path(folder)
     if not (path / "config.json").is_file():
-        raise ValueError(f"{folder}: no config.json; an EAGLE-3 head is a folder with one")
+        raise ValueError(f"{folder}: no config.json; an EAGLE head is a folder with one")
     cfg = json.loads((path / "config.json").read_text())
     archs = cfg.get("architectures") or []
     if not any(a in EAGLE3_ARCHITECTURES for a in archs):
         raise ValueError(
             f"{folder}: architectures {archs} is not an EAGLE-3 head "
-            f"(expected one of {list(EAGLE3_ARCHITECTURES)})"
+            f"(expected one of {list(EAGLE3_ARCHITECTURES)}) nor an EAGLE-1/2 head "
+            f"(one of {list(EAGLE1_ARCHITECTURES)}, or LlamaForCausalLM with fc.weight and "
+            "layers.0.*)"
         )
     if cfg.get("num_hidden_layers", 1) != 1:
         raise ValueError(
@@ -128,18 +132,35 @@ def load_eagle3_weights(
     head: Eagle3Head, weights: Iterable[tuple[str, torch.Tensor]], what: str = "checkpoint"
 ) -> None:
     """Copy checkpoint tensors (published names) into `head`; raise on missing/unknown ones."""
+    copy_head_weights(head, weights, what, "an EAGLE-3 head", optional={"t2d"})  # t2d: training
+    c, d2t = head.config.layer, head.d2t
+    ids = d2t + torch.arange(len(d2t), device=d2t.device)
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size):
+        raise ValueError(f"{what}: d2t maps draft ids outside the target's {c.vocab_size} tokens")
+
+
+def copy_head_weights(
+    head: EagleHead,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    what: str,
+    kind: str,
+    optional: set[str] | None = None,
+) -> None:
+    """Copy checkpoint tensors (published names: q/k/v and gate/up unfused, an optional
+    `model.` prefix) into `head`'s parameters and buffers; raise naming the tensors that are
+    missing (but `optional`), unknown, or of another shape than the head's config gives."""
     params = {**dict(head.named_parameters()), **dict(head.named_buffers())}
     c = head.config.layer
     bounds = {
         "qkv_proj": [0, c.q_size, c.q_size + c.kv_size, c.q_size + 2 * c.kv_size],
         "gate_up_proj": [0, c.intermediate_size, 2 * c.intermediate_size],
     }
-    missing = {(n, s) for n in params for s in range(_shards(n))}
+    missing = {(n, s) for n in params for s in range(_shards(n)) if n not in (optional or ())}
     for name, tensor in weights:
         name = name.removeprefix("model.")
         target, shard = _fused_name(name)
         if target not in params:
-            raise ValueError(f"{what}: tensor {name!r} has no place in an EAGLE-3 head")
+            raise ValueError(f"{what}: tensor {name!r} has no place in {kind}")
         dst = params[target].data
         fused = target.split(".")[-2] if "." in target else ""
         if fused in bounds:
@@ -152,13 +173,9 @@ def load_eagle3_weights(
         with torch.no_grad():
             dst.copy_(tensor.to(dst.dtype) if dst.dtype != torch.bool else tensor.bool())
         missing.discard((target, shard))
-    missing.discard(("t2d", 0))  # only training reads it
     if missing:
-        raise ValueError(f"{what}: the EAGLE-3 checkpoint lacks {sorted(n for n, _ in missing)}")
-    d2t = head.d2t
-    ids = d2t + torch.arange(len(d2t), device=d2t.device)
-    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size):
-        raise ValueError(f"{what}: d2t maps draft ids outside the target's {c.vocab_size} tokens")
+        names = sorted(_published_name(n, shard) for n, shard in missing)
+        raise ValueError(f"{what}: the checkpoint of {kind} lacks {names}")
 
 
 def save_eagle3(head: Eagle3Head, folder: str | Path, **extra: Any) -> None:
@@ -330,6 +347,14 @@ def _fused_name(name: str) -> tuple[str, int]:
             fused, shard = _FUSED[part]
             return ".".join(parts[:i] + [fused] + parts[i + 1 :]), shard
     return name, 0
+
+
+def _published_name(name: str, shard: int) -> str:
+    """A fused parameter's shard under its checkpoint name (qkv_proj shard 1: k_proj)."""
+    for part, (fused, i) in _FUSED.items():
+        if i == shard and f".{fused}." in name:
+            return name.replace(fused, part)
+    return name
 
 
 def _shards(name: str) -> int:
