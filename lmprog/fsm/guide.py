@@ -10,6 +10,7 @@ more. The loop an engine decodes with under a constraint: docs/design/constraint
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
@@ -303,11 +304,29 @@ class Guide:
 
 def _computed(matcher: LLMatcher, n: int) -> np.ndarray:
     """The matcher's mask as `n` bitmask words, written in place by llguidance (no bytes
-    object in between); read-only, as it is cached and shared."""
-    words = np.empty(n, dtype=np.int32)
-    matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
-    words.flags.writeable = False
+    object in between) into the thread's scratch row, then copied out: read-only, as it is
+    cached and shared. (An array's `.ctypes.data` costs more than the copy.)"""
+    scratch, address = _mask_scratch(n)
+    matcher.unsafe_compute_mask_ptr(address, 4 * n)
+    words: np.ndarray = scratch.copy()
+    words.setflags(write=False)
     return words
+
+
+_SCRATCH = threading.local()  # .rows: {words: (an int32 [words] row, its address)}
+
+
+def _mask_scratch(n: int) -> tuple[np.ndarray, int]:
+    rows: dict[int, tuple[np.ndarray, int]] | None = getattr(_SCRATCH, "rows", None)
+    if rows is None:
+        rows = _SCRATCH.rows = {}
+    row = rows.get(n)
+    if row is None:
+        if len(rows) >= 4:  # (a thread that saw several vocabularies keeps the last few)
+            rows.pop(next(iter(rows)))
+        words = np.empty(n, dtype=np.int32)
+        row = rows[n] = (words, words.ctypes.data)
+    return row
 
 
 def _words(index: GuideIndex) -> Any:
