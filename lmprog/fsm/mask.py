@@ -67,19 +67,31 @@ def apply_bitmask_(logits: Any, bitmask: Any) -> Any:
     """Add -inf to every logit whose bit is 0, in place; returns `logits` [B, V] (floating,
     V <= 32 * words). bitmask: int32 [B, words], of the logits' kind (a torch tensor on
     their device, or a numpy array)."""
-    torch = _torch()
+    # The host's decode step at a glance (what check_bitmask would find, in order): float32
+    # logits [B, V] and int32 words [B, ceil(V / 32)], numpy arrays or CPU tensors.
+    host = type(logits) is np.ndarray
+    if host:
+        fast = type(bitmask) is np.ndarray and logits.dtype is _F32 and bitmask.dtype is _I32
+    else:
+        tm = sys.modules.get("torch")  # (a numpy caller never imports it here)
+        fast = (
+            tm is not None
+            and type(logits) is tm.Tensor
+            and type(bitmask) is tm.Tensor
+            and logits.dtype is tm.float32
+            and bitmask.dtype is tm.int32
+            and logits.is_cpu
+            and bitmask.is_cpu
+        )
     if (
-        torch is not None
-        and type(logits) is torch.Tensor
-        and type(bitmask) is torch.Tensor
-        and logits.dtype is torch.float32
-        and bitmask.dtype is torch.int32
-        and logits.is_cpu
-        and bitmask.is_cpu
+        fast
         and logits.ndim == 2
         and bitmask.shape == (logits.shape[0], (logits.shape[1] + 31) >> 5)
-    ):  # the host's decode step (what check_bitmask would find in order, at a glance)
-        _apply_numpy(logits.numpy(), bitmask.numpy(), logits.shape[1])
+    ):
+        if host:
+            _apply_numpy(logits, bitmask, logits.shape[1])
+        else:
+            _apply_numpy(logits.numpy(), bitmask.numpy(), logits.shape[1])
         return logits
     check_bitmask(logits, bitmask)
     if isinstance(logits, np.ndarray):
@@ -96,11 +108,6 @@ def apply_bitmask_(logits: Any, bitmask: Any) -> Any:
     lut = _lut(logits.device, logits.dtype)
     index = bitmask.contiguous().view(torch.uint8).reshape(-1).to(torch.int32)
     return logits.add_(lut.index_select(0, index).view(batch, -1)[:, :width])
-
-
-def _torch() -> Any:
-    """The torch module if it is imported (a numpy caller never imports it here)."""
-    return sys.modules.get("torch")
 
 
 def unpack_bitmask(bitmask: torch.Tensor, width: int) -> torch.Tensor:
@@ -146,6 +153,7 @@ _BYTE_BIAS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, 0.0, -np.in
     np.float32
 )
 _BYTE_BIAS.flags.writeable = False
+_F32, _I32 = np.dtype(np.float32), np.dtype(np.int32)  # (native byte order)
 _LUTS: dict[tuple[Any, Any], Any] = {}  # (torch device, dtype) -> the table there
 
 
@@ -207,13 +215,12 @@ def _cpu_row(guide: Guide | None, width: int) -> np.ndarray:
         if full is None:
             full = _FULL_ROWS.setdefault(width, np.full(num_words(width), -1, dtype=np.int32))
         return full
-    n = num_words(width)
-    if width >= guide.index.vocab_size and guide.index.num_words <= n:
-        words = guide.bitmask_words()  # (llguidance's may hold a word more, empty)
-        if len(words) == n:
-            return words
-        if len(words) > n:
-            return words[:n]
+    words = guide.bitmask_words()  # [ceil(vocab / 32)]
+    n = len(words)
+    # Logits as wide as the words (no id past the vocabulary's words; the usual case at a
+    # glance: exactly its words' width), else a padded row.
+    if width == 32 * n or (32 * n - 32 < width <= 32 * n and width >= guide.index.vocab_size):
+        return words
     return _row(guide, width, None)
 
 

@@ -285,6 +285,12 @@ def test_numpy_rows_and_none_guides(toy, guides):
     assert apply_bitmask_(logits, mask) is logits and np.array_equal(logits, expected)
     with pytest.raises(ValueError, match="float32"):
         apply_bitmask_(logits.astype(np.float64), mask)
+    with pytest.raises(ValueError, match="float32"):  # a non-native byte order is not float32
+        apply_bitmask_(logits.astype(">f4"), mask)
+    with pytest.raises(ValueError, match="shape"):
+        apply_bitmask_(logits[:2], mask)
+    with pytest.raises(TypeError, match="both numpy"):
+        apply_bitmask_(logits, torch.from_numpy(mask))
 
 
 def test_first_visit_words_are_their_own(toy):
