@@ -159,11 +159,11 @@ _LUTS: dict[tuple[Any, Any], Any] = {}  # (torch device, dtype) -> the table the
 
 def _apply_numpy(x: np.ndarray, words: np.ndarray, width: int) -> None:
     # A row at a time, through a scratch row of biases per thread (a new [V] temporary
-    # each time costs a fresh allocation's page faults: 2.4 us of 16.8 on 49k logits); in
-    # a batch, rows with every bit set (no constraint) change nothing and are skipped.
+    # each time is a fresh allocation's page faults); in a batch, rows with every bit set
+    # (no constraint) change nothing and are skipped.
     rows = range(1) if len(words) == 1 else np.flatnonzero((words != -1).any(axis=1))
-    scratch = _scratch(words.shape[1])
-    bias = scratch.reshape(-1)[:width]
+    scratch, flat = _scratch(words.shape[1])
+    bias = flat if width == len(flat) else flat[:width]
     for b in rows:
         # mode="clip": no bounds check (a byte indexes all 256 rows), and `out` unbuffered
         _BYTE_BIAS.take(words[b].view(np.uint8), 0, scratch, "clip")
@@ -171,18 +171,19 @@ def _apply_numpy(x: np.ndarray, words: np.ndarray, width: int) -> None:
         np.add(row, bias, out=row)
 
 
-_SCRATCH = threading.local()  # .rows: {words: a float32 [4 * words, 8] scratch row}
+_SCRATCH = threading.local()  # .rows: {words: (float32 [4 * words, 8] scratch, its flat view)}
 
 
-def _scratch(n_words: int) -> np.ndarray:
-    rows: dict[int, np.ndarray] | None = getattr(_SCRATCH, "rows", None)
+def _scratch(n_words: int) -> tuple[np.ndarray, np.ndarray]:
+    rows: dict[int, tuple[np.ndarray, np.ndarray]] | None = getattr(_SCRATCH, "rows", None)
     if rows is None:
         rows = _SCRATCH.rows = {}
     out = rows.get(n_words)
     if out is None:
         if len(rows) >= 4:  # (a thread that saw several vocabularies keeps the last few)
             rows.pop(next(iter(rows)))
-        out = rows[n_words] = np.empty((4 * n_words, 8), dtype=np.float32)
+        scratch = np.empty((4 * n_words, 8), dtype=np.float32)
+        out = rows[n_words] = (scratch, scratch.reshape(-1))
     return out
 
 
