@@ -197,17 +197,30 @@ class Guide:
                 raise ValueError("EOS is not allowed here: the output is not yet a complete match")
             self._ended = True
             return
-        if not self.is_allowed(token_id):
+        in_mask = self._in_mask(token_id)
+        if not in_mask and not self.is_allowed(token_id):
             raise ValueError(
                 f"token {token_id} ({self._describe(token_id)}) is not allowed by the constraint here"
             )
         check = self._next_check(token_id)
+        if in_mask and check is not None and not check:  # (a mask the check filtered: never)
+            raise ValueError(f"token {token_id} is refused by the constraint's check here")
         if not self._run(lambda m: m.consume_token(token_id)):
             raise AssertionError(f"llguidance refused token {token_id} that it allowed")
         self._tokens.append(token_id)
         self._states.append(self.index.path_node(self.state, token_id))
         if self._checks is not None and check:  # a State: is_allowed refused 0, None is no check
             self._checks.append(check)
+
+    def _in_mask(self, token_id: int) -> bool:
+        """Whether the position's mask, where it is computed already, has the token's bit: a
+        token the engine drew from the mask is allowed without asking the matcher again (a
+        mask never allows more than the matcher takes; a clear bit may still be allowed)."""
+        node = self._states[-1]
+        words = _words(self.index).get(node) if node >= 0 else None
+        if words is None or not 0 <= token_id >> 5 < len(words):
+            return False
+        return bool((int(words[token_id >> 5]) >> (token_id & 31)) & 1)
 
     def advance_all(self, token_ids: Iterable[int]) -> None:
         """Advance through several tokens; on a disallowed one, raise with the guide unchanged."""

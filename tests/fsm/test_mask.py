@@ -313,3 +313,40 @@ def test_first_visit_words_are_their_own(toy):
             t for t in range(len(toy)) if g.is_allowed(t)
         ]
     assert len({r.tobytes() for r in rows}) == len(rows)  # four different sets, kept apart
+
+
+class _CountingMatcher:
+    """An llguidance matcher that counts `validate_tokens` calls (everything else forwarded)."""
+
+    def __init__(self, matcher) -> None:
+        self._m, self.validated = matcher, 0
+
+    def validate_tokens(self, tokens):
+        self.validated += 1
+        return self._m.validate_tokens(tokens)
+
+    def __getattr__(self, name):
+        return getattr(self._m, name)
+
+
+def test_a_token_of_the_computed_mask_advances_without_validation(toy):
+    """Once the position's mask is computed, a token whose bit is set is consumed without
+    asking the matcher to validate it; a token whose bit is clear is still asked about and
+    refused, the guide unchanged."""
+    index = TokenIndex.get(r"[0-9]{2}x", toy)
+    guide = index.new_guide()
+    guide._matcher = counting = _CountingMatcher(guide._matcher)
+    seven = toy.encode("7", add_special_tokens=False)[0]
+    letter = toy.encode("x", add_special_tokens=False)[0]
+    guide.advance(seven)  # the start's mask is computed by the index's build
+    assert counting.validated == 0
+    with pytest.raises(ValueError, match="not allowed"):  # no mask here yet: asked
+        guide.advance(letter)
+    assert counting.validated == 1 and guide.num_tokens == 1
+    allowed_bitmask([guide], len(toy))  # the mask of the second digit's position
+    with pytest.raises(ValueError, match="not allowed"):  # a clear bit: asked again
+        guide.advance(letter)
+    assert counting.validated == 2 and guide.num_tokens == 1
+    guide.advance(seven)
+    assert counting.validated == 2 and guide.num_tokens == 2
+    assert guide.allowed_token_ids().tolist() == [letter]
