@@ -102,11 +102,22 @@ class Guide:
         (read-only, cached per position). EOS is set iff `can_stop()`; after EOS, only EOS."""
         if self._ended:
             return _eos_only(self.index)
-        node = self.state
+        node = self._states[-1]
         cache = _words(self.index)
-        words = cache.get(node) if node >= 0 else None
+        words: np.ndarray | None = cache.get(node) if node >= 0 else None
         if words is None:
-            words = self._checked(self._run(lambda m: _computed(m, self.index.num_words)))
+            # A first visit, inline (a new schema's every position: each call here counts)
+            n, matcher = self.index.num_words, self._matcher
+            scratch, address = _mask_scratch(n)
+            matcher.unsafe_compute_mask_ptr(address, 4 * n)
+            if matcher.is_error():  # as `_run`: recover, then once more (or raise)
+                self._recover(matcher.get_error())
+                words = self._run(lambda m: _computed(m, n))
+            else:
+                words = scratch.copy()
+                words.setflags(write=False)
+            if self.index.check is not None:
+                words = self._checked(words)
             if node >= 0:
                 cache.put(node, words)
         return words

@@ -38,7 +38,12 @@ def allowed_bitmask(guides: Sequence[Guide | None], width: int, device: Any = "c
         raise ValueError("allowed_bitmask needs at least one guide (None = unconstrained)")
     if device is None or device == "cpu" or getattr(device, "type", device) == "cpu":
         if len(guides) == 1:  # (nothing to compute beside it: no prefetch)
-            rows = _cpu_row(guides[0], width)[None].copy()
+            g = guides[0]
+            words = None if g is None else g.bitmask_words()
+            if words is not None and width == 32 * len(words):  # the words span the logits
+                rows = words[None].copy()
+            else:
+                rows = _cpu_row(g, width)[None].copy()
         else:
             prefetch_bitmask_words(guides)
             rows = np.stack([_cpu_row(g, width) for g in guides])
