@@ -10,6 +10,7 @@ more. The loop an engine decodes with under a constraint: docs/design/constraint
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
@@ -101,11 +102,22 @@ class Guide:
         (read-only, cached per position). EOS is set iff `can_stop()`; after EOS, only EOS."""
         if self._ended:
             return _eos_only(self.index)
-        node = self.state
+        node = self._states[-1]
         cache = _words(self.index)
-        words = cache.get(node) if node >= 0 else None
+        words: np.ndarray | None = cache.get(node) if node >= 0 else None
         if words is None:
-            words = self._checked(self._run(lambda m: _computed(m, self.index.num_words)))
+            # A first visit, inline (a new schema's every position: each call here counts)
+            n, matcher = self.index.num_words, self._matcher
+            scratch, address = _mask_scratch(n)
+            matcher.unsafe_compute_mask_ptr(address, 4 * n)
+            if matcher.is_error():  # as `_run`: recover, then once more (or raise)
+                self._recover(matcher.get_error())
+                words = self._run(lambda m: _computed(m, n))
+            else:
+                words = scratch.copy()
+                words.setflags(write=False)
+            if self.index.check is not None:
+                words = self._checked(words)
             if node >= 0:
                 cache.put(node, words)
         return words
@@ -196,17 +208,30 @@ class Guide:
                 raise ValueError("EOS is not allowed here: the output is not yet a complete match")
             self._ended = True
             return
-        if not self.is_allowed(token_id):
+        in_mask = self._in_mask(token_id)
+        if not in_mask and not self.is_allowed(token_id):
             raise ValueError(
                 f"token {token_id} ({self._describe(token_id)}) is not allowed by the constraint here"
             )
         check = self._next_check(token_id)
+        if in_mask and check is not None and not check:  # (a mask the check filtered: never)
+            raise ValueError(f"token {token_id} is refused by the constraint's check here")
         if not self._run(lambda m: m.consume_token(token_id)):
             raise AssertionError(f"llguidance refused token {token_id} that it allowed")
         self._tokens.append(token_id)
         self._states.append(self.index.path_node(self.state, token_id))
         if self._checks is not None and check:  # a State: is_allowed refused 0, None is no check
             self._checks.append(check)
+
+    def _in_mask(self, token_id: int) -> bool:
+        """Whether the position's mask, where it is computed already, has the token's bit: a
+        token the engine drew from the mask is allowed without asking the matcher again (a
+        mask never allows more than the matcher takes; a clear bit may still be allowed)."""
+        node = self._states[-1]
+        words = _words(self.index).get(node) if node >= 0 else None
+        if words is None or not 0 <= token_id >> 5 < len(words):
+            return False
+        return bool((int(words[token_id >> 5]) >> (token_id & 31)) & 1)
 
     def advance_all(self, token_ids: Iterable[int]) -> None:
         """Advance through several tokens; on a disallowed one, raise with the guide unchanged."""
@@ -303,11 +328,29 @@ class Guide:
 
 def _computed(matcher: LLMatcher, n: int) -> np.ndarray:
     """The matcher's mask as `n` bitmask words, written in place by llguidance (no bytes
-    object in between); read-only, as it is cached and shared."""
-    words = np.empty(n, dtype=np.int32)
-    matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
-    words.flags.writeable = False
+    object in between) into the thread's scratch row, then copied out: read-only, as it is
+    cached and shared. (An array's `.ctypes.data` costs more than the copy.)"""
+    scratch, address = _mask_scratch(n)
+    matcher.unsafe_compute_mask_ptr(address, 4 * n)
+    words: np.ndarray = scratch.copy()
+    words.setflags(write=False)
     return words
+
+
+_SCRATCH = threading.local()  # .rows: {words: (an int32 [words] row, its address)}
+
+
+def _mask_scratch(n: int) -> tuple[np.ndarray, int]:
+    rows: dict[int, tuple[np.ndarray, int]] | None = getattr(_SCRATCH, "rows", None)
+    if rows is None:
+        rows = _SCRATCH.rows = {}
+    row = rows.get(n)
+    if row is None:
+        if len(rows) >= 4:  # (a thread that saw several vocabularies keeps the last few)
+            rows.pop(next(iter(rows)))
+        words = np.empty(n, dtype=np.int32)
+        row = rows[n] = (words, words.ctypes.data)
+    return row
 
 
 def _words(index: GuideIndex) -> Any:

@@ -12,6 +12,8 @@ are torch tensors or numpy arrays (`device=None`). Design: docs/design/constrain
 from __future__ import annotations
 
 import hashlib
+import sys
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
 
@@ -34,15 +36,23 @@ def allowed_bitmask(guides: Sequence[Guide | None], width: int, device: Any = "c
     None; stacked from cached rows (never waits for the device)."""
     if not guides:
         raise ValueError("allowed_bitmask needs at least one guide (None = unconstrained)")
-    prefetch_bitmask_words(guides)
-    if device is None or getattr(device, "type", device) == "cpu":
-        each = [_cpu_row(g, width) for g in guides]
-        rows = each[0][None].copy() if len(each) == 1 else np.stack(each)
+    if device is None or device == "cpu" or getattr(device, "type", device) == "cpu":
+        if len(guides) == 1:  # (nothing to compute beside it: no prefetch)
+            g = guides[0]
+            words = None if g is None else g.bitmask_words()
+            if words is not None and width == 32 * len(words):  # the words span the logits
+                rows = words[None].copy()
+            else:
+                rows = _cpu_row(g, width)[None].copy()
+        else:
+            prefetch_bitmask_words(guides)
+            rows = np.stack([_cpu_row(g, width) for g in guides])
         if device is None:
             return rows
         import torch
 
         return torch.from_numpy(rows)  # (a new array: the tensor may be written)
+    prefetch_bitmask_words(guides)
     import torch
 
     device = torch.device(device)
@@ -62,6 +72,32 @@ def apply_bitmask_(logits: Any, bitmask: Any) -> Any:
     """Add -inf to every logit whose bit is 0, in place; returns `logits` [B, V] (floating,
     V <= 32 * words). bitmask: int32 [B, words], of the logits' kind (a torch tensor on
     their device, or a numpy array)."""
+    # The host's decode step at a glance (what check_bitmask would find, in order): float32
+    # logits [B, V] and int32 words [B, ceil(V / 32)], numpy arrays or CPU tensors.
+    host = type(logits) is np.ndarray
+    if host:
+        fast = type(bitmask) is np.ndarray and logits.dtype is _F32 and bitmask.dtype is _I32
+    else:
+        tm = sys.modules.get("torch")  # (a numpy caller never imports it here)
+        fast = (
+            tm is not None
+            and type(logits) is tm.Tensor
+            and type(bitmask) is tm.Tensor
+            and logits.dtype is tm.float32
+            and bitmask.dtype is tm.int32
+            and logits.is_cpu
+            and bitmask.is_cpu
+        )
+    if (
+        fast
+        and logits.ndim == 2
+        and bitmask.shape == (logits.shape[0], (logits.shape[1] + 31) >> 5)
+    ):
+        if host:
+            _apply_numpy(logits, bitmask, logits.shape[1])
+        else:
+            _apply_numpy(logits.numpy(), bitmask.numpy(), logits.shape[1])
+        return logits
     check_bitmask(logits, bitmask)
     if isinstance(logits, np.ndarray):
         if logits.dtype != np.float32:
@@ -122,15 +158,38 @@ _BYTE_BIAS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, 0.0, -np.in
     np.float32
 )
 _BYTE_BIAS.flags.writeable = False
+_F32, _I32 = np.dtype(np.float32), np.dtype(np.int32)  # (native byte order)
 _LUTS: dict[tuple[Any, Any], Any] = {}  # (torch device, dtype) -> the table there
 
 
 def _apply_numpy(x: np.ndarray, words: np.ndarray, width: int) -> None:
-    # A row at a time (no [B, V] temporary); in a batch, rows with every bit set (no
-    # constraint) change nothing and are skipped.
+    # A row at a time, through a scratch row of biases per thread (a new [V] temporary
+    # each time is a fresh allocation's page faults); in a batch, rows with every bit set
+    # (no constraint) change nothing and are skipped.
     rows = range(1) if len(words) == 1 else np.flatnonzero((words != -1).any(axis=1))
+    scratch, flat = _scratch(words.shape[1])
+    bias = flat if width == len(flat) else flat[:width]
     for b in rows:
-        x[b] += np.take(_BYTE_BIAS, words[b].view(np.uint8), axis=0).reshape(-1)[:width]
+        # mode="clip": no bounds check (a byte indexes all 256 rows), and `out` unbuffered
+        _BYTE_BIAS.take(words[b].view(np.uint8), 0, scratch, "clip")
+        row = x[b]
+        np.add(row, bias, out=row)
+
+
+_SCRATCH = threading.local()  # .rows: {words: (float32 [4 * words, 8] scratch, its flat view)}
+
+
+def _scratch(n_words: int) -> tuple[np.ndarray, np.ndarray]:
+    rows: dict[int, tuple[np.ndarray, np.ndarray]] | None = getattr(_SCRATCH, "rows", None)
+    if rows is None:
+        rows = _SCRATCH.rows = {}
+    out = rows.get(n_words)
+    if out is None:
+        if len(rows) >= 4:  # (a thread that saw several vocabularies keeps the last few)
+            rows.pop(next(iter(rows)))
+        scratch = np.empty((4 * n_words, 8), dtype=np.float32)
+        out = rows[n_words] = (scratch, scratch.reshape(-1))
+    return out
 
 
 def _lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -162,13 +221,12 @@ def _cpu_row(guide: Guide | None, width: int) -> np.ndarray:
         if full is None:
             full = _FULL_ROWS.setdefault(width, np.full(num_words(width), -1, dtype=np.int32))
         return full
-    n = num_words(width)
-    if width >= guide.index.vocab_size and guide.index.num_words <= n:
-        words = guide.bitmask_words()  # (llguidance's may hold a word more, empty)
-        if len(words) == n:
-            return words
-        if len(words) > n:
-            return words[:n]
+    words = guide.bitmask_words()  # [ceil(vocab / 32)]
+    n = len(words)
+    # Logits as wide as the words (no id past the vocabulary's words; the usual case at a
+    # glance: exactly its words' width), else a padded row.
+    if width == 32 * n or (32 * n - 32 < width <= 32 * n and width >= guide.index.vocab_size):
+        return words
     return _row(guide, width, None)
 
 

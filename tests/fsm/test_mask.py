@@ -180,3 +180,173 @@ def test_batched_masks_equal_the_serial_ones(toy):
     clear_memory_cache()
     serial = torch.stack([allowed_bitmask([g], 300)[0] for g in walked()])
     assert torch.equal(batched[:-1], serial) and bool((batched[-1] == -1).all())
+
+
+def reference_apply(logits: np.ndarray, words: np.ndarray) -> np.ndarray:
+    """logits with -inf where the bit is 0, bit by bit from the words."""
+    out = logits.copy()
+    bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")
+    out[bits[:, : logits.shape[1]] == 0] = -np.inf
+    return out
+
+
+def random_words(rng: np.random.Generator, rows: int, n_words: int) -> np.ndarray:
+    """Rows of each kind a walk meets: sparse (a few words set), all allowed, free text
+    (most words -1, some partial), none allowed, random bits."""
+    words = np.zeros((rows, n_words), dtype=np.int32)
+    for r in range(rows):
+        kind = r % 5
+        if kind == 0:
+            at = rng.choice(n_words, size=min(3, n_words), replace=False)
+            words[r, at] = rng.integers(-(2**31), 2**31, size=len(at), dtype=np.int64)
+        elif kind == 1:
+            words[r] = -1
+        elif kind == 2:
+            words[r] = -1
+            at = rng.choice(n_words, size=max(1, n_words // 10), replace=False)
+            words[r, at] = rng.integers(-(2**31), 2**31, size=len(at), dtype=np.int64)
+        elif kind == 4:
+            words[r] = rng.integers(-(2**31), 2**31, size=n_words, dtype=np.int64)
+    return words
+
+
+@pytest.mark.parametrize("width", [49152, 49152 - 5, 32 * 3 + 1, 7])
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_apply_of_every_row_kind_matches_reference(width, kind):
+    """The host path (numpy arrays or CPU float32 tensors), one row at a time and in a
+    batch, over rows sparse, full, free text, empty and random, widths on and off a word's
+    end; all-allowed rows of a batch are left as they are."""
+    rng = np.random.default_rng(width)
+    words = random_words(rng, 10, num_words(width))
+    logits = rng.standard_normal((10, width)).astype(np.float32)
+    expected = reference_apply(logits, words)
+    for rows in [slice(0, 10), *(slice(r, r + 1) for r in range(10))]:
+        x, w = logits[rows].copy(), words[rows].copy()
+        if kind == "torch":
+            xt = torch.from_numpy(x)
+            assert apply_bitmask_(xt, torch.from_numpy(w)) is xt
+        else:
+            assert apply_bitmask_(x, w) is x
+        assert np.array_equal(x, expected[rows])
+
+
+def test_apply_alternating_widths_and_threads():
+    """The scratch row of biases is per thread and per row size: widths that share a word
+    count and ones that do not, applied in turn and from threads at once, all match."""
+    import threading
+
+    rng = np.random.default_rng(1)
+    cases = []
+    for width in [4000, 4000 - 9, 3000, 4000, 31, 3000]:
+        words = random_words(rng, 5, num_words(width))
+        logits = rng.standard_normal((5, width)).astype(np.float32)
+        cases.append((logits, words, reference_apply(logits, words)))
+    failures = []
+
+    def run() -> None:
+        for _ in range(20):
+            for logits, words, expected in cases:
+                x = torch.from_numpy(logits.copy())
+                apply_bitmask_(x, torch.from_numpy(words))
+                if not np.array_equal(x.numpy(), expected):
+                    failures.append(logits.shape)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    run()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_apply_of_other_torch_dtypes_matches_reference(dtype):
+    """Logits that are not float32 take the table path (no numpy view), with the same result."""
+    rng = np.random.default_rng(2)
+    words = random_words(rng, 5, num_words(1000))
+    logits = torch.from_numpy(rng.standard_normal((5, 1000)).astype(np.float32)).to(dtype)
+    expected = reference_apply(logits.float().numpy(), words)
+    apply_bitmask_(logits, torch.from_numpy(words))
+    assert logits.dtype == dtype and np.array_equal(logits.float().numpy(), expected)
+
+
+def test_numpy_rows_and_none_guides(toy, guides):
+    """device=None: numpy rows, a None guide's row every bit set; applied to numpy logits."""
+    width = len(toy) + 40
+    mask = allowed_bitmask(guides, width, None)
+    assert isinstance(mask, np.ndarray) and mask.dtype == np.int32
+    assert np.array_equal(mask, allowed_bitmask(guides, width).numpy())
+    assert (mask[1] == -1).all()
+    one = allowed_bitmask(guides[:1], width, None)
+    assert one.flags.writeable and np.array_equal(one[0], mask[0])
+    logits = np.random.default_rng(3).standard_normal((len(guides), width)).astype(np.float32)
+    expected = reference_apply(logits, mask)
+    assert apply_bitmask_(logits, mask) is logits and np.array_equal(logits, expected)
+    with pytest.raises(ValueError, match="float32"):
+        apply_bitmask_(logits.astype(np.float64), mask)
+    with pytest.raises(ValueError, match="float32"):  # a non-native byte order is not float32
+        apply_bitmask_(logits.astype(">f4"), mask)
+    with pytest.raises(ValueError, match="shape"):
+        apply_bitmask_(logits[:2], mask)
+    with pytest.raises(TypeError, match="both numpy"):
+        apply_bitmask_(logits, torch.from_numpy(mask))
+
+
+def test_first_visit_words_are_their_own(toy):
+    """Words computed through the thread's scratch row are copies: a later position's
+    mask leaves an earlier one's words (cached, read-only) as they were."""
+    from lmprog.fsm.index import clear_memory_cache
+
+    clear_memory_cache()
+    index = TokenIndex.get(r"(ab|cd)[0-9]x", toy)
+    guides = [index.new_guide()]
+    for text in ["a", "ab", "ab1"]:
+        g = index.new_guide()
+        g.advance_all(toy.encode(text, add_special_tokens=False))
+        guides.append(g)
+    rows = [g.bitmask_words() for g in guides]
+    assert all(not r.flags.writeable for r in rows)
+    for g, r in zip(guides, rows, strict=True):  # each bit as the matcher validates its token
+        bits = np.unpackbits(r.view(np.uint8), bitorder="little")
+        assert [t for t in range(len(toy)) if bits[t]] == [
+            t for t in range(len(toy)) if g.is_allowed(t)
+        ]
+    assert len({r.tobytes() for r in rows}) == len(rows)  # four different sets, kept apart
+
+
+class _CountingMatcher:
+    """An llguidance matcher that counts `validate_tokens` calls (everything else forwarded)."""
+
+    def __init__(self, matcher) -> None:
+        self._m, self.validated = matcher, 0
+
+    def validate_tokens(self, tokens):
+        self.validated += 1
+        return self._m.validate_tokens(tokens)
+
+    def __getattr__(self, name):
+        return getattr(self._m, name)
+
+
+def test_a_token_of_the_computed_mask_advances_without_validation(toy):
+    """Once the position's mask is computed, a token whose bit is set is consumed without
+    asking the matcher to validate it; a token whose bit is clear is still asked about and
+    refused, the guide unchanged."""
+    index = TokenIndex.get(r"[0-9]{2}x", toy)
+    guide = index.new_guide()
+    guide._matcher = counting = _CountingMatcher(guide._matcher)
+    seven = toy.encode("7", add_special_tokens=False)[0]
+    letter = toy.encode("x", add_special_tokens=False)[0]
+    guide.advance(seven)  # the start's mask is computed by the index's build
+    assert counting.validated == 0
+    with pytest.raises(ValueError, match="not allowed"):  # no mask here yet: asked
+        guide.advance(letter)
+    assert counting.validated == 1 and guide.num_tokens == 1
+    allowed_bitmask([guide], len(toy))  # the mask of the second digit's position
+    with pytest.raises(ValueError, match="not allowed"):  # a clear bit: asked again
+        guide.advance(letter)
+    assert counting.validated == 2 and guide.num_tokens == 1
+    guide.advance(seven)
+    assert counting.validated == 2 and guide.num_tokens == 2
+    assert guide.allowed_token_ids().tolist() == [letter]
