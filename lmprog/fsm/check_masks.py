@@ -52,11 +52,15 @@ def filter_words(
         extra = [i for i in extra if i is not None]
         candidates = np.concatenate((table.quotes, np.array(extra, dtype=np.int64)))
         closes = _closing(state)
+        if state.mode is Mode.KEY and check.in_counted_object(state):
+            closes = None  # a key of a oneOf-counted object: its check reads the members
     else:
         closes = None
         allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[: len(table.ends)]
         allowed = allowed.astype(bool)
-        if not check.in_string(state):
+        if check.in_counted_value(state):
+            pass  # a member's value in a oneOf-counted object: any start may be refused
+        elif not check.in_string(state):
             allowed &= table.ends | table.opens if finite else table.ends
         candidates = np.flatnonzero(allowed)
     out = None
