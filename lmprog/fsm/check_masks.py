@@ -113,8 +113,9 @@ def _matching(
     match (`PatternMatch.free`), only the tokens with a quote are tried. Else a token of plain
     text (no quote, no backslash, whole characters) is refused untried where its first
     character already leaves no match to follow (one partial match per distinct first
-    character), and tried alone where it does not; the others are tried
-    (`JsonChecks.step`)."""
+    character), and matched where it does (`PatternMatch.fits_each`: in text order, a
+    token another allowed one extends taking its verdict where that one fits); the others
+    are tried (`JsonChecks.step`)."""
     assert state.counted is not None
     _, q, _, pending = state.counted
     bits = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
@@ -132,10 +133,14 @@ def _matching(
     ids = np.flatnonzero(plain)
     if len(ids):
         firsts = texts.first[ids]
-        fits = {int(c): match.fits(q + texts.chars[c], 0, b"") for c in np.unique(firsts)}
-        for token, c in zip(ids.tolist(), firsts.tolist()):
-            text = texts.text[token]
-            refused[token] = not fits[c] or len(text) > 1 and not match.fits(q + text, 0, b"")
+        first_fits = np.zeros(len(texts.chars), dtype=bool)
+        for c in np.unique(firsts).tolist():
+            first_fits[c] = match.fits(q + texts.chars[c], 0, b"")
+        refused[ids[~first_fits[firsts]]] = True
+        longer = ids[first_fits[firsts] & texts.longer[ids]]
+        longer = longer[np.argsort(texts.rank[longer])]  # (in the texts' order)
+        verdicts = match.fits_each(q, [texts.text[t] for t in longer.tolist()])
+        refused[longer] = ~np.array(verdicts, dtype=bool)
     for token in np.flatnonzero(tried).tolist():
         data = vocab.token_bytes[token]
         refused[token] = data is None or check.step(state, data) is None
@@ -265,6 +270,11 @@ class _TextTable:
         self.first = np.array(first, dtype=np.int64)
         self.plain = self.first >= 0
         self.chars = list(index)
+        self.longer = np.array([len(t) > 1 for t in self.text])  # more than one character
+        self.rank = np.empty(len(self.text), dtype=np.int64)  # the position in text order
+        self.rank[sorted(range(len(self.text)), key=self.text.__getitem__)] = np.arange(
+            len(self.text)
+        )
 
 
 class _LengthTable:
