@@ -47,7 +47,8 @@ def filter_words(
             return words
     table = _tables(vocab)
     finite = state.mode in (Mode.STRING, Mode.VALUE) and check.strings(state.stack) is not None
-    if check.in_string(state) and not finite:
+    due = check.repeat_due(state)  # an item that must repeat one: any token may be refused
+    if check.in_string(state) and not finite and not due:
         extra = [vocab.token_id(t) for t in _full_lengths(check, state)]
         extra = [i for i in extra if i is not None]
         candidates = np.concatenate((table.quotes, np.array(extra, dtype=np.int64)))
@@ -58,7 +59,7 @@ def filter_words(
         closes = None
         allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[: len(table.ends)]
         allowed = allowed.astype(bool)
-        if check.in_counted_value(state):
+        if check.in_counted_value(state) or due:
             pass  # a member's value in a oneOf-counted object: any start may be refused
         elif not check.in_string(state):
             allowed &= table.ends | table.opens if finite else table.ends

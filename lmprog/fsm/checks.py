@@ -194,7 +194,11 @@ class JsonChecks:
                     text += bytes((byte,))
                 if byte == 0x5C:  # a backslash: the next byte is escaped
                     mode = _KEY_ESCAPED if mode is _KEY else _STRING_ESCAPED
-                elif mode is _STRING and self._only_repeats(stack, buf):
+                    if mode is _STRING_ESCAPED and keep and self._repeat_lost(stack, buf):
+                        return None
+                elif mode is _STRING and (
+                    self._only_repeats(stack, buf) or self._repeat_lost(stack, buf)
+                ):
                     return None
                 continue
             if mode is _STRING_ESCAPED or mode is _KEY_ESCAPED:
@@ -203,6 +207,8 @@ class JsonChecks:
                 if count is not None:
                     content.append(byte)
                 mode = _KEY if mode is _KEY_ESCAPED else _STRING
+                if mode is _STRING and keep and self._repeat_lost(stack, buf):
+                    return None
                 continue
             if mode is _SCALAR:
                 if byte not in _WS and byte not in b",]}":
@@ -308,6 +314,8 @@ class JsonChecks:
         repeated = item in top.seen
         if repeated and top.need & _UNIQUE:
             return None
+        if not repeated and self._last_chance(stack):
+            return None  # the last item an array that must repeat one may hold, not a repeat
         frame = Arr(
             top.nodes, top.need, top.seen | {item}, top.item, None, top.repeated or repeated
         )
@@ -472,6 +480,8 @@ class JsonChecks:
                     return None, Mode.SCALAR  # this literal can only repeat one seen: refuse it
                 if c == "0" and self._zero_repeats(stack):
                     return None, Mode.SCALAR
+            if self._last_chance(stack) and not _may_repeat(c, top.seen):
+                return None, Mode.SCALAR  # no item seen is of this kind
             if not any(_open_item(f) for f in stack):
                 del buf[:-1]  # no item is open around this one: keep only its bytes
             frame = Arr(top.nodes, top.need, top.seen, top.item, len(buf) - 1, top.repeated)
@@ -551,6 +561,59 @@ class JsonChecks:
         if values is not None:
             return all(("s", v) in seen for v in values if v.startswith(prefix))
         return longest is not None and len(prefix) >= longest and ("s", prefix) in seen
+
+    def _last_chance(self, stack: Stack) -> bool:
+        """Whether the innermost array must still repeat an item (``not`` over uniqueItems)
+        and the item being read is the last that every term of it allows (maxItems): that
+        item must then equal one seen, and one that cannot is refused as it is written (its
+        first byte by its kind, a string's characters by the seen strings it may still
+        become, any item as it ends), not at the "]"."""
+        top = stack[-1]
+        if type(top) is not Arr or not top.need & _REPEATS or top.repeated:
+            return False
+        terms = self._terms(top.nodes, ArrT)
+        if not terms or any(t.max_items is None for t in terms):
+            return False
+        return top.item >= max(t.max_items or 0 for t in terms) - 1
+
+    def repeat_due(self, state: State) -> bool:
+        """Whether an item that must repeat a seen one starts or is a string here (the mask
+        then tries every allowed token: ``check_masks``)."""
+        modes = (Mode.VALUE, Mode.STRING, Mode.STRING_ESCAPED)
+        return state.mode in modes and self._last_chance(state.stack)
+
+    def _repeat_lost(self, stack: Stack, buf: bytearray) -> bool:
+        """Whether the string item read so far, the last chance to repeat an item, can no
+        longer become a seen string (compared as UTF-16 code units, so that an escaped
+        surrogate pair is read unit by unit; an escape or a character begun: by the seen
+        strings' next unit or character)."""
+        top = stack[-1]
+        if not self._last_chance(stack) or top.start is None:
+            return False
+        read = _string_prefix(bytes(buf[top.start :]))
+        if read is None:
+            return False
+        head, kind, begun = read
+        units = head.encode("utf-16-le", "surrogatepass")
+        for k, v in top.seen:
+            if k != "s":
+                continue
+            seen = v.encode("utf-16-le", "surrogatepass")
+            if not seen.startswith(units):
+                continue
+            rest = seen[len(units) :]
+            if kind == "":
+                return False
+            if not rest:
+                continue
+            if kind == "esc":
+                if f"{int.from_bytes(rest[:2], 'little'):04x}".startswith(begun.lower()):
+                    return False
+            if kind == "utf8":
+                char = rest.decode("utf-16-le", "surrogatepass")[:1]
+                if char.encode("utf-8", "surrogatepass").startswith(begun.encode("latin-1")):
+                    return False
+        return True
 
     def longest(self, stack: Stack) -> int | None:
         """The greatest maxLength of the string items of the innermost (distinct-items) array,
@@ -693,6 +756,39 @@ def _members(text: bytes | bytearray, end: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _string_prefix(text: bytes) -> tuple[str, str, str] | None:
+    """A JSON string's text begun (its quote first) as (the characters read, "" | "esc" |
+    "utf8", what is begun: an escape's hex digits, a character's bytes as latin-1); None
+    where it does not read."""
+    i, n = 1, len(text)
+    while i < n:
+        if text[i] != 0x5C:
+            i += 1
+        elif i + 1 >= n or text[i + 1] == 0x75 and n - i - 2 < 4:  # "\" or "\u" + < 4 hex
+            try:
+                head = json.loads(text[:i] + b'"')
+            except ValueError:
+                return None
+            return head, "esc", text[i + 2 :].decode("latin-1")
+        else:
+            i += 6 if text[i + 1] == 0x75 else 2
+    for cut in range(4):
+        try:
+            head = json.loads(text[: n - cut] + b'"')
+        except ValueError:
+            continue
+        return head, "utf8" if cut else "", text[n - cut :].decode("latin-1")
+    return None
+
+
+def _may_repeat(c: str, seen: frozenset[Hashable]) -> bool:
+    """Whether a value starting with `c` may equal an item seen (``item_key``'s kinds)."""
+    if c in _LETTERS:
+        return ("c", _LETTERS[c]) in seen
+    kind = {'"': "s", "[": "a", "{": "o"}.get(c, "n")
+    return any(k[0] == kind for k in seen)  # type: ignore[index]
 
 
 def _asks(t: ArrT | ObjT) -> bool:
