@@ -46,6 +46,7 @@ def filter_words(
         if not check.checks_items(state):
             return words
     table = _tables(vocab)
+    refused: list[int] = []  # refused untried
     finite = state.mode in (Mode.STRING, Mode.VALUE) and check.strings(state.stack) is not None
     due = check.repeat_due(state)  # an item that must repeat one: any token may be refused
     if check.in_string(state) and not finite and not due:
@@ -54,17 +55,23 @@ def filter_words(
         candidates = np.concatenate((table.quotes, np.array(extra, dtype=np.int64)))
         closes = _closing(state)
         if state.mode is Mode.KEY and check.in_counted_object(state):
-            closes = None  # a key of a oneOf-counted object: its check reads the members
+            closes = check.counted_key(state)  # (its check reads the members too)
     else:
         closes = None
         allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[: len(table.ends)]
         allowed = allowed.astype(bool)
-        if check.in_counted_value(state) or due:
-            pass  # a member's value in a oneOf-counted object: any start may be refused
+        if due or state.mode is Mode.SCALAR and check.in_counted_value(state):
+            pass  # an item that must repeat one, a number in a counted object: all tried
+        elif check.in_counted_value(state):  # a member's value starts: by its first byte
+            allowed, refused = _by_lead(check, state, allowed, table, vocab)
         elif not check.in_string(state):
             allowed &= table.ends | table.opens if finite else table.ends
         candidates = np.flatnonzero(allowed)
     out = None
+    for token in refused:
+        if out is None:
+            out = np.array(words, dtype=np.int32)
+        out[token >> 5] &= np.int32(~np.uint32(1 << (token & 31)).view(np.int32))
     for token in candidates.tolist():
         if not (int(words[token >> 5]) >> (token & 31)) & 1:
             continue
@@ -78,6 +85,29 @@ def filter_words(
                 out = np.array(words, dtype=np.int32)
             out[token >> 5] &= np.int32(~np.uint32(1 << (token & 31)).view(np.int32))
     return words if out is None else out
+
+
+def _by_lead(
+    check: JsonChecks, state: State, allowed: np.ndarray, table: _Tables, vocab: TokenVocab
+) -> tuple[np.ndarray, list[int]]:
+    """Where a member's value of a counted ``oneOf`` object starts: (the tokens left to try,
+    those whose bytes after their lead may complete something or reach a number's exponent
+    (``_Tables.tail_ends``); the others refused by their lead: their bytes up to the value's
+    first, whitespace and ":" skipped, one step per distinct lead)."""
+    leads: dict[bytes, bool] = {}
+    rest = allowed & ~table.tail_ends
+    refused = []
+    for token in np.flatnonzero(rest).tolist():
+        n = int(table.lead[token])
+        if not n:
+            continue
+        lead = (vocab.token_bytes[token] or b"")[:n]
+        verdict = leads.get(lead)
+        if verdict is None:
+            verdict = leads[lead] = check.step(state, lead) is None
+        if verdict:
+            refused.append(token)
+    return allowed & table.tail_ends, refused
 
 
 def _within_length(
@@ -241,6 +271,18 @@ class _Tables:
         opens = first == ord('"')
         self.ends = (quotes > 1) | (~opens & (inside | starts_one | minus_zero))
         self.opens = opens
+        # the length of each token's lead: its bytes up to the first that is not whitespace
+        # or ":" (0: none is)
+        skip = frozenset(_WS | {ord(":")})
+        self.lead = np.array(
+            [next((i + 1 for i, c in enumerate(t) if c not in skip), 0) for t in tokens],
+            dtype=np.int64,
+        )
+        # tokens whose bytes after their lead may complete something or reach an exponent
+        after = frozenset(_WS | frozenset(b',]}"eEl'))
+        self.tail_ends = np.array(
+            [any(c in after for c in t[n:]) for t, n in zip(tokens, self.lead.tolist())]
+        )
         # tokens whose first quote ends a string and nothing after it can complete or start
         # a value: id -> the bytes before that quote
         self.simple: dict[int, bytes] = {}

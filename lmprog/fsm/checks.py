@@ -12,7 +12,7 @@ Design: docs/design/constraints.md.
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from decimal import Decimal
 from enum import Enum
 from typing import Any, Literal, NamedTuple, TypeAlias, TypeVar
@@ -142,6 +142,8 @@ class JsonChecks:
         self.root, self.bodies, self.lengths = root, bodies, lengths or {}
         # (a, b) -> whether some value of node a is not in node b (``_outside``)
         self._outside_cache: dict[tuple[Node, Node], bool] = {}
+        # (nodes, a counted object's text, a value's first byte) -> ``_may_start``
+        self._starts: dict[tuple[Any, bytes, str], bool] = {}
 
     def start(self) -> State:
         return State((Top((self.root,)),), Mode.VALUE, b"", b"", None)
@@ -412,15 +414,24 @@ class JsonChecks:
         """Whether a member's value starting with `c` leaves a completion in exactly one
         object of each ``one_of`` set (``_one_left``): a literal is known at its first
         letter, other values by their type."""
-        members = _members(buf[top.start : -1], b"null}")
+        text = bytes(buf[top.start : -1])
+        c = c if c in _LETTERS or c in _KINDS else "0"
+        found = self._starts.get((top.nodes, text, c))
+        if found is not None:  # (a mask asks it of every token starting a value here)
+            return found
+        members = _members(text, b"null}")
         if members is None:
             return True
         key = top.key
         members.pop(key, None)
         if c in _LETTERS:
-            return self._one_left(top, {**members, key: _LETTERS[c]})
-        kind = _KINDS.get(c, _KINDS["0"])
-        return self._one_left(top, members, (key, kind))
+            found = self._one_left(top, {**members, key: _LETTERS[c]})
+        else:
+            found = self._one_left(top, members, (key, _KINDS[c]))
+        if len(self._starts) >= 4096:
+            self._starts.clear()
+        self._starts[(top.nodes, text, c)] = found
+        return found
 
     def _may_grow(self, top: Obj, buf: bytearray) -> bool:
         """Whether the number being read as a ``one_of`` object's member (its last byte in
@@ -451,6 +462,38 @@ class JsonChecks:
             return True
         members.pop(top.key, None)
         return self._one_left(top, members, (top.key, _INTEGERS))
+
+    def counted_key(self, state: State) -> Callable[[bytes], bool] | None:
+        """Inside a key of an object counted for ``one_of``: a function of the bytes before
+        the closing quote saying whether the key is refused (``_key``: written before, or no
+        value there leaves a completion), a key no branch names judged once; None where the
+        text so far does not read (a split character, an escape)."""
+        stack, _, text, buf, _ = state
+        top = stack[-1]
+        members = _members(buf[top.start :] + b'"', b":null}")
+        if members is None:
+            return None
+        try:
+            members.pop(json.loads(b'"' + text + b'"'), None)
+        except ValueError:
+            return None
+        named = {k for g in self._groups(top) for b in g for k, _ in b.props}
+        verdicts: dict[str | None, bool] = {}
+
+        def refused(rest: bytes) -> bool:
+            try:
+                key = json.loads(b'"' + text + rest + b'"')
+            except ValueError:
+                return False
+            if top.keys is not None and key in top.keys:
+                return True
+            known = key if key in named else None
+            found = verdicts.get(known)
+            if found is None:
+                found = verdicts[known] = not self._one_left(top, members, (key, TOP))
+            return found
+
+        return refused
 
     def in_counted_object(self, state: State) -> bool:
         """Whether the innermost container is an object counted for ``one_of``."""
