@@ -46,20 +46,32 @@ def filter_words(
         if not check.checks_items(state):
             return words
     table = _tables(vocab)
+    refused: list[int] = []  # refused untried
     finite = state.mode in (Mode.STRING, Mode.VALUE) and check.strings(state.stack) is not None
-    if check.in_string(state) and not finite:
+    due = check.repeat_due(state)  # an item that must repeat one: any token may be refused
+    if check.in_string(state) and not finite and not due:
         extra = [vocab.token_id(t) for t in _full_lengths(check, state)]
         extra = [i for i in extra if i is not None]
         candidates = np.concatenate((table.quotes, np.array(extra, dtype=np.int64)))
         closes = _closing(state)
+        if state.mode is Mode.KEY and check.in_counted_object(state):
+            closes = check.counted_key(state)  # (its check reads the members too)
     else:
         closes = None
         allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[: len(table.ends)]
         allowed = allowed.astype(bool)
-        if not check.in_string(state):
+        if due or state.mode is Mode.SCALAR and check.in_counted_value(state):
+            pass  # an item that must repeat one, a number in a counted object: all tried
+        elif check.in_counted_value(state):  # a member's value starts: by its first byte
+            allowed, refused = _by_lead(check, state, allowed, table, vocab)
+        elif not check.in_string(state):
             allowed &= table.ends | table.opens if finite else table.ends
         candidates = np.flatnonzero(allowed)
     out = None
+    for token in refused:
+        if out is None:
+            out = np.array(words, dtype=np.int32)
+        out[token >> 5] &= np.int32(~np.uint32(1 << (token & 31)).view(np.int32))
     for token in candidates.tolist():
         if not (int(words[token >> 5]) >> (token & 31)) & 1:
             continue
@@ -73,6 +85,29 @@ def filter_words(
                 out = np.array(words, dtype=np.int32)
             out[token >> 5] &= np.int32(~np.uint32(1 << (token & 31)).view(np.int32))
     return words if out is None else out
+
+
+def _by_lead(
+    check: JsonChecks, state: State, allowed: np.ndarray, table: _Tables, vocab: TokenVocab
+) -> tuple[np.ndarray, list[int]]:
+    """Where a member's value of a counted ``oneOf`` object starts: (the tokens left to try,
+    those whose bytes after their lead may complete something or reach a number's exponent
+    (``_Tables.tail_ends``); the others refused by their lead: their bytes up to the value's
+    first, whitespace and ":" skipped, one step per distinct lead)."""
+    leads: dict[bytes, bool] = {}
+    rest = allowed & ~table.tail_ends
+    refused = []
+    for token in np.flatnonzero(rest).tolist():
+        n = int(table.lead[token])
+        if not n:
+            continue
+        lead = (vocab.token_bytes[token] or b"")[:n]
+        verdict = leads.get(lead)
+        if verdict is None:
+            verdict = leads[lead] = check.step(state, lead) is None
+        if verdict:
+            refused.append(token)
+    return allowed & table.tail_ends, refused
 
 
 def _within_length(
@@ -109,8 +144,9 @@ def _matching(
     match (`PatternMatch.free`), only the tokens with a quote are tried. Else a token of plain
     text (no quote, no backslash, whole characters) is refused untried where its first
     character already leaves no match to follow (one partial match per distinct first
-    character), and tried alone where it does not; the others are tried
-    (`JsonChecks.step`)."""
+    character), and matched where it does (`PatternMatch.fits_each`: in text order, a
+    token another allowed one extends taking its verdict where that one fits); the others
+    are tried (`JsonChecks.step`)."""
     assert state.counted is not None
     _, q, _, pending = state.counted
     bits = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
@@ -128,10 +164,14 @@ def _matching(
     ids = np.flatnonzero(plain)
     if len(ids):
         firsts = texts.first[ids]
-        fits = {int(c): match.fits(q + texts.chars[c], 0, b"") for c in np.unique(firsts)}
-        for token, c in zip(ids.tolist(), firsts.tolist()):
-            text = texts.text[token]
-            refused[token] = not fits[c] or len(text) > 1 and not match.fits(q + text, 0, b"")
+        first_fits = np.zeros(len(texts.chars), dtype=bool)
+        for c in np.unique(firsts).tolist():
+            first_fits[c] = match.fits(q + texts.chars[c], 0, b"")
+        refused[ids[~first_fits[firsts]]] = True
+        longer = ids[first_fits[firsts] & texts.longer[ids]]
+        longer = longer[np.argsort(texts.rank[longer])]  # (in the texts' order)
+        verdicts = match.fits_each(q, [texts.text[t] for t in longer.tolist()])
+        refused[longer] = ~np.array(verdicts, dtype=bool)
     for token in np.flatnonzero(tried).tolist():
         data = vocab.token_bytes[token]
         refused[token] = data is None or check.step(state, data) is None
@@ -231,6 +271,18 @@ class _Tables:
         opens = first == ord('"')
         self.ends = (quotes > 1) | (~opens & (inside | starts_one | minus_zero))
         self.opens = opens
+        # the length of each token's lead: its bytes up to the first that is not whitespace
+        # or ":" (0: none is)
+        skip = frozenset(_WS | {ord(":")})
+        self.lead = np.array(
+            [next((i + 1 for i, c in enumerate(t) if c not in skip), 0) for t in tokens],
+            dtype=np.int64,
+        )
+        # tokens whose bytes after their lead may complete something or reach an exponent
+        after = frozenset(_WS | frozenset(b',]}"eEl'))
+        self.tail_ends = np.array(
+            [any(c in after for c in t[n:]) for t, n in zip(tokens, self.lead.tolist())]
+        )
         # tokens whose first quote ends a string and nothing after it can complete or start
         # a value: id -> the bytes before that quote
         self.simple: dict[int, bytes] = {}
@@ -261,6 +313,11 @@ class _TextTable:
         self.first = np.array(first, dtype=np.int64)
         self.plain = self.first >= 0
         self.chars = list(index)
+        self.longer = np.array([len(t) > 1 for t in self.text])  # more than one character
+        self.rank = np.empty(len(self.text), dtype=np.int64)  # the position in text order
+        self.rank[sorted(range(len(self.text)), key=self.text.__getitem__)] = np.arange(
+            len(self.text)
+        )
 
 
 class _LengthTable:

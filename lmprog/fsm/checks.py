@@ -12,15 +12,18 @@ Design: docs/design/constraints.md.
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from decimal import Decimal
 from enum import Enum
 from typing import Any, Literal, NamedTuple, TypeAlias, TypeVar
 
-from lmprog.fsm.json_schema.terms.algebra import key_node
+from lmprog.core.errors import ConstraintError
+from lmprog.fsm.json_schema.terms.algebra import conj, key_node
+from lmprog.fsm.json_schema.terms.complement import neg
 from lmprog.fsm.json_schema.terms.lengths import LengthCount
 from lmprog.fsm.json_schema.terms.matched import PatternMatch
 from lmprog.fsm.json_schema.terms.nodes import (
+    TOP,
     ArrT,
     Node,
     NumT,
@@ -29,9 +32,11 @@ from lmprog.fsm.json_schema.terms.nodes import (
     StrT,
     Term,
     counts_additional_keys,
+    full_node,
     is_full,
+    make_node,
 )
-from lmprog.fsm.json_schema.terms.values import in_object
+from lmprog.fsm.json_schema.terms.values import in_node, in_object
 
 
 class Mode(Enum):
@@ -135,6 +140,10 @@ class JsonChecks:
         those whose patterns with backreferences are matched -> their
         ``matched.PatternMatch``."""
         self.root, self.bodies, self.lengths = root, bodies, lengths or {}
+        # (a, b) -> whether some value of node a is not in node b (``_outside``)
+        self._outside_cache: dict[tuple[Node, Node], bool] = {}
+        # (nodes, a counted object's text, a value's first byte) -> ``_may_start``
+        self._starts: dict[tuple[Any, bytes, str], bool] = {}
 
     def start(self) -> State:
         return State((Top((self.root,)),), Mode.VALUE, b"", b"", None)
@@ -170,7 +179,7 @@ class JsonChecks:
             if mode is _STRING or mode is _KEY:
                 if byte == 0x22:  # the closing quote
                     if mode is _KEY:
-                        stack, mode, text = self._key(stack, text), _COLON, b""
+                        stack, mode, text = self._key(stack, text, buf), _COLON, b""
                     else:
                         if count is not None:
                             length, q, n, pending = count
@@ -187,7 +196,11 @@ class JsonChecks:
                     text += bytes((byte,))
                 if byte == 0x5C:  # a backslash: the next byte is escaped
                     mode = _KEY_ESCAPED if mode is _KEY else _STRING_ESCAPED
-                elif mode is _STRING and self._only_repeats(stack, buf):
+                    if mode is _STRING_ESCAPED and keep and self._repeat_lost(stack, buf):
+                        return None
+                elif mode is _STRING and (
+                    self._only_repeats(stack, buf) or self._repeat_lost(stack, buf)
+                ):
                     return None
                 continue
             if mode is _STRING_ESCAPED or mode is _KEY_ESCAPED:
@@ -196,10 +209,14 @@ class JsonChecks:
                 if count is not None:
                     content.append(byte)
                 mode = _KEY if mode is _KEY_ESCAPED else _STRING
+                if mode is _STRING and keep and self._repeat_lost(stack, buf):
+                    return None
                 continue
             if mode is _SCALAR:
                 if byte not in _WS and byte not in b",]}":
                     top = stack[-1]
+                    if type(top) is Obj and top.start is not None and not self._may_grow(top, buf):
+                        return None
                     if type(top) is Arr and top.start is not None:
                         item = bytes(buf[top.start :])
                         if item in _LITERALS:  # a literal is complete at its last letter
@@ -266,9 +283,11 @@ class JsonChecks:
             return None
         return False if len(terms) > 1 else (counted[0], counted[0].initial, 0, b"")
 
-    def _key(self, stack: Stack, text: bytes) -> Stack | None:
+    def _key(self, stack: Stack, text: bytes, buf: bytearray) -> Stack | None:
         """A key ends (its bytes are `text`): the innermost object's last key; None if its
-        keys must be distinct and this one was read before."""
+        keys must be distinct and this one was read before, or if in an object counted for
+        ``one_of`` no value at this key leaves a completion in exactly one object
+        (``_one_left``)."""
         top = stack[-1]
         key = json.loads(b'"' + text + b'"') if top.nodes is not None else ""
         keys = top.keys
@@ -276,18 +295,29 @@ class JsonChecks:
             if key in keys:
                 return None
             keys = keys | {key}
+        if top.start is not None:
+            members = _members(buf[top.start :], b":null}")
+            if members is not None:
+                members.pop(key, None)
+                if not self._one_left(top, members, (key, TOP)):
+                    return None
         return stack[:-1] + (Obj(top.nodes, key, keys, top.start),)
 
     def _done(self, stack: Stack, buf: bytearray) -> Stack | None:
         """An item of the innermost array ends here (buf holds it from its start): record it,
         or None if an equal one came before and the items must be distinct."""
         top = stack[-1]
+        if type(top) is Obj and top.start is not None:  # a member of a oneOf-counted object
+            members = _members(buf[top.start :], b"}")
+            return stack if members is not None and self._one_left(top, members) else None
         if type(top) is not Arr or not top.need or top.start is None:
             return stack
         item = item_key(bytes(buf[top.start :]))
         repeated = item in top.seen
         if repeated and top.need & _UNIQUE:
             return None
+        if not repeated and self._last_chance(stack):
+            return None  # the last item an array that must repeat one may hold, not a repeat
         frame = Arr(
             top.nodes, top.need, top.seen | {item}, top.item, None, top.repeated or repeated
         )
@@ -317,17 +347,184 @@ class JsonChecks:
             return False  # (a number Decimal cannot hold, where a branch reads it: refused)
         return all(sum(in_object(b, value) for b in g) == 1 for g in groups)
 
+    def _groups(self, top: Obj) -> set[tuple[ObjT, ...]]:
+        return {g for t in self._terms(top.nodes, ObjT) or () for g in t.one_of}
+
+    def _one_left(
+        self, top: Obj, members: dict[str, Any], pending: tuple[str, Node] | None = None
+    ) -> bool:
+        """Whether the members read so far of an object counted for ``one_of`` (and a member
+        `pending` whose value is only known to be in a node: its first byte) still let some
+        completion end in exactly one object of each of its sets: else the member is refused
+        as it is written, not at the "}" (a dead end). A completion must keep one branch g and
+        leave out each other branch c that no member broke yet: c misses a required key that g
+        does not require, or g can write, at a key not read yet, a value c refuses. Where
+        the algebra cannot tell, a value is taken to exist: never a valid object refused, and
+        a dead end may remain (strict generation, which writes only g's listed keys)."""
+        groups = self._groups(top)
+        named = {k for g in groups for b in g for k, _ in b.props}
+        if any(type(members[k]) is _Huge for k in named if k in members):
+            return False  # (refused at "}", as in _in_one)
+        return all(self._one_of_group(g, members, pending) for g in groups)
+
+    def _one_of_group(
+        self, group: tuple[ObjT, ...], members: dict[str, Any], pending: tuple[str, Node] | None
+    ) -> bool:
+        key, kind = pending if pending is not None else (None, TOP)
+        alive = []
+        for b in group:
+            for k, node in b.props:
+                if k == key:
+                    if conj(node, kind).never:
+                        break
+                elif k in members and not in_node(node, members[k]):
+                    break
+            else:
+                alive.append(b)
+        present = members.keys() | ({key} if key is not None else set())
+        for g in alive:
+            if all(self._left_out(g, c, present, key, kind) for c in alive if c is not g):
+                return True
+        return False
+
+    def _left_out(self, g: ObjT, c: ObjT, present: set[str], key: str | None, kind: Node) -> bool:
+        """Whether an object ending in g can be out of c (neither broken by what was read)."""
+        if any(r not in present and r not in g.required for r in c.required):
+            return True
+        for k, node in c.props:
+            if node.top or k in present and k != key:
+                continue
+            mine = g.prop(k) or TOP
+            if self._outside(conj(mine, kind) if k == key else mine, node):
+                return True
+        return False
+
+    def _outside(self, a: Node, b: Node) -> bool:
+        """Whether some value of `a` is not in `b` (True where the algebra cannot tell)."""
+        found = self._outside_cache.get((a, b))
+        if found is None:
+            try:
+                found = not conj(a, neg(b, a)).never
+            except ConstraintError:
+                found = True
+            self._outside_cache[(a, b)] = found
+        return found
+
+    def _may_start(self, top: Obj, c: str, buf: bytearray) -> bool:
+        """Whether a member's value starting with `c` leaves a completion in exactly one
+        object of each ``one_of`` set (``_one_left``): a literal is known at its first
+        letter, other values by their type."""
+        text = bytes(buf[top.start : -1])
+        c = c if c in _LETTERS or c in _KINDS else "0"
+        found = self._starts.get((top.nodes, text, c))
+        if found is not None:  # (a mask asks it of every token starting a value here)
+            return found
+        members = _members(text, b"null}")
+        if members is None:
+            return True
+        key = top.key
+        members.pop(key, None)
+        if c in _LETTERS:
+            found = self._one_left(top, {**members, key: _LETTERS[c]})
+        else:
+            found = self._one_left(top, members, (key, _KINDS[c]))
+        if len(self._starts) >= 4096:
+            self._starts.clear()
+        self._starts[(top.nodes, text, c)] = found
+        return found
+
+    def _may_grow(self, top: Obj, buf: bytearray) -> bool:
+        """Whether the number being read as a ``one_of`` object's member (its last byte in
+        buf) may go on: not once its exponent is past what Decimal holds where a branch names
+        the key (refused at "}"), nor once it can only be an integer (a positive exponent
+        read: more digits only make it larger) where no integer there leaves a completion in
+        exactly one object (``_one_left``), refused at the byte that makes it so."""
+        colon = buf.rfind(b":")
+        e = max(buf.rfind(b"e"), buf.rfind(b"E"))
+        if e < colon:
+            return True  # (no exponent yet: it may still take a fraction)
+        exponent = bytes(buf[e + 1 :])
+        if not exponent or exponent.startswith(b"-"):
+            return True  # (a "-" may still follow the "e")
+        digits = exponent.lstrip(b"+").lstrip(b"0")
+        if len(digits) > _EXPONENT_DIGITS:
+            return not any(top.key in dict(b.props) for g in self._groups(top) for b in g)
+        try:
+            least = Decimal(
+                bytes(buf[colon + 1 : e]).strip().decode() + "e" + (digits or b"0").decode()
+            )
+        except ArithmeticError:
+            return True
+        if least != least.to_integral_value():
+            return True
+        members = _members(buf[top.start : colon + 1], b"null}")
+        if members is None:
+            return True
+        members.pop(top.key, None)
+        return self._one_left(top, members, (top.key, _INTEGERS))
+
+    def counted_key(self, state: State) -> Callable[[bytes], bool] | None:
+        """Inside a key of an object counted for ``one_of``: a function of the bytes before
+        the closing quote saying whether the key is refused (``_key``: written before, or no
+        value there leaves a completion), a key no branch names judged once; None where the
+        text so far does not read (a split character, an escape)."""
+        stack, _, text, buf, _ = state
+        top = stack[-1]
+        members = _members(buf[top.start :] + b'"', b":null}")
+        if members is None:
+            return None
+        try:
+            members.pop(json.loads(b'"' + text + b'"'), None)
+        except ValueError:
+            return None
+        named = {k for g in self._groups(top) for b in g for k, _ in b.props}
+        verdicts: dict[str | None, bool] = {}
+
+        def refused(rest: bytes) -> bool:
+            try:
+                key = json.loads(b'"' + text + rest + b'"')
+            except ValueError:
+                return False
+            if top.keys is not None and key in top.keys:
+                return True
+            known = key if key in named else None
+            found = verdicts.get(known)
+            if found is None:
+                found = verdicts[known] = not self._one_left(top, members, (key, TOP))
+            return found
+
+        return refused
+
+    def in_counted_object(self, state: State) -> bool:
+        """Whether the innermost container is an object counted for ``one_of``."""
+        top = state.stack[-1]
+        return type(top) is Obj and top.start is not None
+
+    def in_counted_value(self, state: State) -> bool:
+        """Whether a value of a member of an object counted for ``one_of`` may start or grow
+        here (the mask then tries its tokens: ``check_masks``)."""
+        top = state.stack[-1]
+        return (
+            type(top) is Obj
+            and top.start is not None
+            and state.mode in (Mode.VALUE, Mode.COLON, Mode.SCALAR)
+        )
+
     def _open(self, stack: Stack, c: str, buf: bytearray) -> tuple[Stack | None, Mode]:
         """A value starting with `c` in the innermost container (or "]" closing an empty one)."""
         if c == "]":
             return self._close(stack, buf), Mode.AFTER
         top = stack[-1]
+        if type(top) is Obj and top.start is not None and not self._may_start(top, c, buf):
+            return None, Mode.SCALAR
         if type(top) is Arr and top.need:  # an item of a checked array starts (its first byte)
             if top.need & _UNIQUE:
                 if c in _LETTERS and ("c", _LETTERS[c]) in top.seen:
                     return None, Mode.SCALAR  # this literal can only repeat one seen: refuse it
                 if c == "0" and self._zero_repeats(stack):
                     return None, Mode.SCALAR
+            if self._last_chance(stack) and not _may_repeat(c, top.seen):
+                return None, Mode.SCALAR  # no item seen is of this kind
             if not any(_open_item(f) for f in stack):
                 del buf[:-1]  # no item is open around this one: keep only its bytes
             frame = Arr(top.nodes, top.need, top.seen, top.item, len(buf) - 1, top.repeated)
@@ -407,6 +604,59 @@ class JsonChecks:
         if values is not None:
             return all(("s", v) in seen for v in values if v.startswith(prefix))
         return longest is not None and len(prefix) >= longest and ("s", prefix) in seen
+
+    def _last_chance(self, stack: Stack) -> bool:
+        """Whether the innermost array must still repeat an item (``not`` over uniqueItems)
+        and the item being read is the last that every term of it allows (maxItems): that
+        item must then equal one seen, and one that cannot is refused as it is written (its
+        first byte by its kind, a string's characters by the seen strings it may still
+        become, any item as it ends), not at the "]"."""
+        top = stack[-1]
+        if type(top) is not Arr or not top.need & _REPEATS or top.repeated:
+            return False
+        terms = self._terms(top.nodes, ArrT)
+        if not terms or any(t.max_items is None for t in terms):
+            return False
+        return top.item >= max(t.max_items or 0 for t in terms) - 1
+
+    def repeat_due(self, state: State) -> bool:
+        """Whether an item that must repeat a seen one starts or is a string here (the mask
+        then tries every allowed token: ``check_masks``)."""
+        modes = (Mode.VALUE, Mode.STRING, Mode.STRING_ESCAPED)
+        return state.mode in modes and self._last_chance(state.stack)
+
+    def _repeat_lost(self, stack: Stack, buf: bytearray) -> bool:
+        """Whether the string item read so far, the last chance to repeat an item, can no
+        longer become a seen string (compared as UTF-16 code units, so that an escaped
+        surrogate pair is read unit by unit; an escape or a character begun: by the seen
+        strings' next unit or character)."""
+        top = stack[-1]
+        if not self._last_chance(stack) or top.start is None:
+            return False
+        read = _string_prefix(bytes(buf[top.start :]))
+        if read is None:
+            return False
+        head, kind, begun = read
+        units = head.encode("utf-16-le", "surrogatepass")
+        for k, v in top.seen:
+            if k != "s":
+                continue
+            seen = v.encode("utf-16-le", "surrogatepass")
+            if not seen.startswith(units):
+                continue
+            rest = seen[len(units) :]
+            if kind == "":
+                return False
+            if not rest:
+                continue
+            if kind == "esc":
+                if f"{int.from_bytes(rest[:2], 'little'):04x}".startswith(begun.lower()):
+                    return False
+            if kind == "utf8":
+                char = rest.decode("utf-16-le", "surrogatepass")[:1]
+                if char.encode("utf-8", "surrogatepass").startswith(begun.encode("latin-1")):
+                    return False
+        return True
 
     def longest(self, stack: Stack) -> int | None:
         """The greatest maxLength of the string items of the innermost (distinct-items) array,
@@ -528,6 +778,60 @@ def _decimal(text: str) -> Decimal | _Huge:
         return Decimal(text)
     except ArithmeticError:
         return _Huge(text)
+
+
+# a value's node by its first byte (numbers: a digit or "-")
+_KINDS = {
+    '"': full_node(StrT),
+    "{": full_node(ObjT),
+    "[": full_node(ArrT),
+    "0": full_node(NumT),
+}
+_INTEGERS = make_node((NumT(integer=True),))
+_EXPONENT_DIGITS = 15  # (Decimal holds exponents below 10**18)
+
+
+def _members(text: bytes | bytearray, end: bytes) -> dict[str, Any] | None:
+    """An object's members read so far (its text from "{", closed by `end`), numbers as
+    Decimal; None if that does not parse."""
+    try:
+        value = json.loads(bytes(text) + end, parse_float=_decimal, parse_int=_decimal)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _string_prefix(text: bytes) -> tuple[str, str, str] | None:
+    """A JSON string's text begun (its quote first) as (the characters read, "" | "esc" |
+    "utf8", what is begun: an escape's hex digits, a character's bytes as latin-1); None
+    where it does not read."""
+    i, n = 1, len(text)
+    while i < n:
+        if text[i] != 0x5C:
+            i += 1
+        elif i + 1 >= n or text[i + 1] == 0x75 and n - i - 2 < 4:  # "\" or "\u" + < 4 hex
+            try:
+                head = json.loads(text[:i] + b'"')
+            except ValueError:
+                return None
+            return head, "esc", text[i + 2 :].decode("latin-1")
+        else:
+            i += 6 if text[i + 1] == 0x75 else 2
+    for cut in range(4):
+        try:
+            head = json.loads(text[: n - cut] + b'"')
+        except ValueError:
+            continue
+        return head, "utf8" if cut else "", text[n - cut :].decode("latin-1")
+    return None
+
+
+def _may_repeat(c: str, seen: frozenset[Hashable]) -> bool:
+    """Whether a value starting with `c` may equal an item seen (``item_key``'s kinds)."""
+    if c in _LETTERS:
+        return ("c", _LETTERS[c]) in seen
+    kind = {'"': "s", "[": "a", "{": "o"}.get(c, "n")
+    return any(k[0] == kind for k in seen)  # type: ignore[index]
 
 
 def _asks(t: ArrT | ObjT) -> bool:

@@ -215,3 +215,39 @@ def test_a_composed_grammar_refuses_it():
     c = Constraint.from_json_schema({"type": "string", "pattern": DOUBLED})
     with pytest.raises(ConstraintError, match="backreference"):
         _lengths_in_lexemes(c)
+
+
+@pytest.mark.parametrize(
+    "pattern, chars, qs",
+    [
+        (WORD_TWICE, "abcd-", ("", "ab", "ab-", "abc-ab")),
+        (r"^(a+)b\1$", "aaab", ("", "a", "aa", "aab")),
+        (r"^(?:(x)|y)+-\1?z$", "xyy-", ("", "x", "xy", "xy-")),
+    ],
+)
+def test_fits_each_is_fits_in_fewer_matches(pattern, chars, qs):
+    """A mask's plain tokens are matched in text order, a token that an allowed one extends
+    taking that one's verdict where it fits: the verdicts of one match per token, in fewer."""
+    from lmprog.fsm.json_schema.terms.matched import PatternMatch
+    from lmprog.fsm.json_schema.terms.nodes import StrT
+
+    match = PatternMatch(StrT(patterns=(pattern,)))
+    rng = random.Random(pattern)
+    words = {"".join(rng.choice(chars) for _ in range(rng.randint(2, 6))) for _ in range(300)}
+    texts = sorted(words | {w[:k] for w in words for k in range(2, len(w))})
+    calls = 0
+    compiled = match._partial[0]
+
+    class Counting:
+        def search(self, s, **kw):
+            nonlocal calls
+            calls += 1
+            return compiled.search(s, **kw)
+
+    match._partial = (Counting(),)
+    for q in qs:
+        calls = 0
+        got = match.fits_each(q, texts)
+        assert got == [bool(compiled.search(q + t, partial=True)) for t in texts], q
+        if sum(got) > len(texts) / 2:  # (a mask's tokens mostly fit: the grammar's own)
+            assert calls < 0.8 * len(texts), q  # (three probes included)

@@ -5,6 +5,7 @@ keys counted as decoded (complement.one_of, checks), and the 2019-09 and 2020-12
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -251,3 +252,112 @@ def test_a_counted_one_of_nested_beside_checked_arrays(where):
     _agree(schema, instances)
     c = Constraint.from_json_schema(schema, strict=False)
     assert c.matches('{"list": [], "o": {"k7_0": 7, "k7_1": true}}') == (where != "items")
+
+
+_CLOSING = frozenset(b'}]"0')
+
+
+def _walk_near(c: Constraint, rng: random.Random, like: str, limit: int = 500) -> str | None:
+    """A random text of `c` written byte by byte near `like` (as ``fsm_toys.random_text``),
+    then toward its end; a step where no byte may follow raises (ConstraintError: a dead
+    end), a walk past `limit` bytes gives None."""
+    from lmprog.fsm.index import BYTES, TokenIndex
+
+    guide = TokenIndex.get(c, BYTES).new_guide()
+    target, k, out = like.encode(), 0, bytearray()
+    while len(out) < limit:
+        ids = guide.allowed_token_ids().tolist()  # raises at a dead end
+        if ids == [256] or 256 in ids and k >= len(target) and rng.random() < 0.5:
+            return out.decode()
+        ids = [t for t in ids if t != 256]
+        if k < len(target) and target[k] in ids and rng.random() < 0.95:
+            byte = target[k]
+        elif k >= len(target) and rng.random() < 0.8 and set(ids) & _CLOSING:
+            byte = rng.choice(sorted(set(ids) & _CLOSING))  # toward the end
+        else:
+            byte = rng.choice(ids)
+            k += rng.random() < 0.5
+        k += k < len(target) and byte == target[k]
+        guide.advance(byte)
+        out.append(byte)
+    return None
+
+
+def _mixed(schema: dict, rng: random.Random) -> str:
+    """An object holding the keys of one to three branches, and some other keys of theirs."""
+    branches = len(schema["oneOf"])
+    names = sorted({k for b in schema["oneOf"] for k in b["properties"]})
+    x: dict = {}
+    for _ in range(rng.randint(1, 3)):
+        x.update(_branch_value(schema, rng.randrange(branches)))
+    for k in rng.sample(names, rng.randint(0, 2)):
+        x[k] = rng.choice(["x", 7, True, None, 2.5, [1]])
+    items = list(x.items())
+    rng.shuffle(items)
+    return json.dumps(dict(items))
+
+
+@pytest.mark.parametrize(
+    "n, keys, shared, typed",
+    [(8, 2, 0, True), (8, 2, 1, False), (10, 3, 0, True), (4, 2, 1, True)],
+)
+def test_a_counted_one_of_foresees_the_objects_in_several_branches(n, keys, shared, typed):
+    """Writing a branch's keys beside another's: the member that would leave the object in
+    two branches for good is refused as it is written (a key, a value's first byte, a number
+    that can only be an integer), so a random walk never reaches a "}" the check refuses."""
+    from decimal import Decimal
+
+    schema = _typed_branches(n, keys, shared, typed)
+    c = Constraint.from_json_schema(schema, strict=False)
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    rng = random.Random(n + keys)
+    done = 0
+    for _ in range(120):
+        text = _walk_near(c, rng, _mixed(schema, rng))
+        if text is not None:  # (jsonschema reads numbers as floats: 1e17 + 0.2 is an integer)
+            assert validator.is_valid(json.loads(text, parse_float=Decimal)), text
+            done += 1
+    assert done == 120  # (a walk trapped in two branches runs on to its limit)
+
+
+def _prefix(c: Constraint, text: str) -> bool:
+    """Whether the byte-level guide takes `text` (its mask and `is_allowed` agreeing)."""
+    from lmprog.fsm.index import BYTES, TokenIndex
+
+    guide = TokenIndex.get(c, BYTES).new_guide()
+    for byte in text.encode():
+        allowed = byte in guide.allowed_token_ids().tolist()
+        assert allowed == guide.is_allowed(byte), (text, chr(byte))
+        if not allowed:
+            return False
+        guide.advance(byte)
+    return True
+
+
+def test_a_counted_one_of_refuses_the_member_that_closes_every_way():
+    schema = _typed_branches(8)  # k0_0 string, k0_1 integer; k1_0 integer, k1_1 boolean
+    c = Constraint.from_json_schema(schema, strict=False)
+    head = '{"k0_0": "x", "k0_1": 7, "k1_0": 7, "k1_1": '
+    assert not _prefix(c, head + "true") and _prefix(c, head + '"x"')
+    assert c.matches(head + '"x"}') and not c.matches(head + "true}")
+    head = '{"k0_0": "x", "k0_1": 7, "k1_1": true, "k1_0": 7'
+    assert not _prefix(c, head + ",") and not _prefix(c, head + "e1")
+    assert not _prefix(c, head + "e+") and _prefix(c, head + "e-")
+    assert c.matches(head + ".5}") and c.matches(head + "e-1}")
+    untyped = _typed_branches(8, typed=False)
+    for branch in untyped["oneOf"]:
+        branch["properties"] = {k: {} for k in branch["properties"]}
+    c = Constraint.from_json_schema(untyped, strict=False)
+    assert not _prefix(c, '{"k0_0": 1, "k0_1": 2, "k1_0": 3, "k1_1"')
+    assert _prefix(c, '{"k0_0": 1, "k0_1": 2, "k1_0": 3, "k1_2"')
+    # valid instances, in every key order, are still accepted; invalid ones refused
+    c = Constraint.from_json_schema(schema, strict=False)
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for one in (
+        {**_branch_value(schema, 0), "k1_0": 7, "k1_1": "x", "z": None},
+        {**_branch_value(schema, 0), "k1_0": 7.5, "k1_1": True},
+        {**_branch_value(schema, 0), "k1_0": 7, "k1_1": True},
+    ):
+        for order in itertools.permutations(one):
+            x = {k: one[k] for k in order}
+            assert c.matches(json.dumps(x)) == validator.is_valid(x), x

@@ -223,15 +223,18 @@ def test_masks_hold_a_repeated_key_and_the_brace_until_min_properties_is_met():
 def test_an_array_that_cannot_repeat_any_more_is_an_error_not_an_empty_mask():
     schema = {
         "type": "array",
-        "items": {"enum": ["a", "b"]},
+        "items": {"enum": [{"a": 1}, {"b": 1}]},
         "maxItems": 2,
         "not": {"uniqueItems": True},
     }
     tok = byte_level_tokenizer()
     guide = TokenIndex.get(Constraint.from_json_schema(schema), tok).new_guide()
-    guide.advance_all(tok.encode('["a", "b" ', add_special_tokens=False))  # only "]" is left
+    # (an object that cannot repeat one is not foreseen: only "}" is left, which is refused)
+    guide.advance_all(tok.encode('[{"a": 1}, {"b": 1 ', add_special_tokens=False))
     with pytest.raises(ConstraintError, match="two equal items"):
         guide.bitmask_words()
+    strings = Constraint.from_json_schema({**schema, "items": {"enum": ["a", "b"]}})
+    assert _takes(strings, '["a", "a') and not _takes(strings, '["a", "b')  # foreseen
 
 
 @pytest.mark.parametrize(
@@ -250,3 +253,42 @@ def test_an_array_that_cannot_repeat_any_more_is_an_error_not_an_empty_mask():
 )
 def test_random_texts_are_valid(schema, like):
     assert_random_texts_valid(schema, like)
+
+
+def _takes(c: Constraint, text: str) -> bool:
+    """Whether the byte-level guide takes `text` (its mask and `is_allowed` agreeing)."""
+    from lmprog.fsm.index import BYTES
+
+    guide = TokenIndex.get(c, BYTES).new_guide()
+    for byte in text.encode():
+        allowed = byte in guide.allowed_token_ids().tolist()
+        assert allowed == guide.is_allowed(byte), (text, chr(byte))
+        if not allowed:
+            return False
+        guide.advance(byte)
+    return True
+
+
+def test_the_last_item_that_can_repeat_one_must_become_one():
+    """An array that must repeat an item, at the last item its maxItems allows: an item that
+    cannot equal one seen is refused as it is written (its first byte by its kind, a string
+    by its characters, any item as it ends), not at the "]" (a dead end)."""
+    schema = {**REPEATS, "maxItems": 3}
+    c = Constraint.from_json_schema(schema)
+    head = '[1, "ab", '
+    for refused in ("t", "n", "[", "{", '"b', '"abc', '"a"', "2]"):
+        assert not _takes(c, head + refused), refused
+    for taken in ("1", '"a', '"ab"', "1.0"):
+        assert _takes(c, head + taken), taken
+    assert _takes(c, '[1, "\u0432", "\u0432')
+    assert not _takes(c, '[1, "\u0432", "\u0433')
+    # escapes: read as the characters they stand for, a surrogate pair unit by unit
+    assert _takes(c, '[1, "\u00e9", "\\u00e9"]') and _takes(c, '[1, "\u00e9", "\\u00e')
+    assert not _takes(c, '[1, "\u00e9", "\\u00e8') and not _takes(c, '[1, "\u00e9", "\\n')
+    assert _takes(c, '[1, "\U0001f600", "\\ud83d\\ude00"]')
+    assert not _takes(c, '[1, "\U0001f600", "\\ud83d\\ude01')
+    _agrees(
+        schema,
+        [[1, "ab", 1], [1, "ab", "ab"], ["ab", 1, 1.0], [[1], 2, [1]], [1, "ab", "a"], [1, 2]],
+    )
+    assert_random_texts_valid(schema, '[1, "ab", "ab"]', walks=80, least=30)
