@@ -232,6 +232,7 @@ class Constraint:
         options = dict(self.options)
         options["key_order"] = "any"
         options["whitespace"] = READ_WHITESPACE
+        options["read_spellings"] = True
         document = json.loads(cast(str, self.source))
         grammar = json_schema.build_grammar(document, **cast(SchemaOptions, options))
         if grammar.lark == self.lark:
