@@ -19,6 +19,7 @@ from typing import NamedTuple
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.digits import any_digit, digit_set, natural_range
 from lmprog.fsm.json_schema.emit.multiples import multiples
+from lmprog.fsm.json_schema.emit.strings import spellings_read
 from lmprog.fsm.json_schema.terms.algebra import integer_bounds
 from lmprog.fsm.json_schema.terms.nodes import NumT
 from lmprog.fsm.regex import EPS, R, alt, cat, lit, opt, raw, rep
@@ -55,14 +56,15 @@ def number_lexeme(t: NumT) -> R | str | None:
     (``/numbers/ & /short/ & ~/multiples/``, llguidance's ``&`` and ``~``); a bounded
     integer range of at most 2,000 values is listed instead."""
     if not t.not_multiples:
-        return number_regex(t)
+        return _read_integral(t, number_regex(t))
     from lmprog.fsm.json_schema.emit.lark import regex_terminal
     from lmprog.fsm.json_schema.terms.values import num_ok
 
     lo, hi = integer_bounds(t) if t.integer else (None, None)
     if lo is not None and hi is not None and hi - lo <= _ENUMERATE_LIMIT:
-        return alt(*(lit(str(v)) for v in range(lo, hi + 1) if num_ok(t, Decimal(v))))
-    base = number_regex(replace(t, not_multiples=frozenset()))
+        listed = alt(*(lit(str(v)) for v in range(lo, hi + 1) if num_ok(t, Decimal(v))))
+        return _read_integral(t, listed)
+    base = _read_integral(t, number_regex(replace(t, not_multiples=frozenset())))
     if base is None:
         return None
     short = raw(rf"-?[0-9.]{{1,{_AVOIDING_DIGITS}}}")
@@ -70,6 +72,15 @@ def number_lexeme(t: NumT) -> R | str | None:
     texts = [regex_terminal(base), regex_terminal(short)]
     texts += ["~" + regex_terminal(r) for r in avoided if r is not None]
     return "(" + " & ".join(texts) + ")"
+
+
+def _read_integral(t: NumT, r: R | None) -> R | None:
+    """While reading (``strings.read_spellings``), an integer's texts also with a zero
+    fraction (``2.0``): JSON Schema (draft 6 on) counts it an integer, as jsonschema does;
+    generation writes integers without one."""
+    if r is None or not t.integer or t.values is not None or not spellings_read():
+        return r
+    return cat(r, opt(raw(r"\.0+")))
 
 
 def _every_multiple(m: Decimal, t: NumT) -> R | None:

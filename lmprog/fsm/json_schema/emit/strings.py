@@ -96,6 +96,11 @@ def read_spellings(on: bool) -> Iterator[None]:
         _READ_SPELLINGS.reset(token)
 
 
+def spellings_read() -> bool:
+    """Whether the grammar being built is a reading one (``read_spellings``)."""
+    return _READ_SPELLINGS.get()
+
+
 def char_token(chars: CharSet) -> R | None:
     """One character of ``chars`` as the grammar being built writes it: canonical spelling,
     or every spelling while reading (``read_spellings``)."""
