@@ -27,12 +27,11 @@ ROOT = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT), str(ROOT.parent / "tests" / "fsm")]
 
 from fsm_toys import json_spelled  # noqa: E402
-from schema_corpus import CORPUS, format_checker  # noqa: E402
-from schema_corpus_real import REAL  # noqa: E402
+from schema_corpus import CORPUS  # noqa: E402
+from schema_corpus_real import REAL, validator  # noqa: E402
 
 from lmprog.core.errors import ConstraintError  # noqa: E402
-from lmprog.fsm import Constraint  # noqa: E402
-from lmprog.fsm import json_schema  # noqa: E402
+from lmprog.fsm import Constraint, json_schema  # noqa: E402
 from lmprog.fsm.constraint import READ_WHITESPACE, READ_WHITESPACE_CHARS  # noqa: E402
 from lmprog.fsm.index import BYTES, TokenIndex, matches_bytes  # noqa: E402
 
@@ -50,8 +49,6 @@ def reading(schema: object, spellings: bool) -> tuple[Constraint, float]:
 
 def main() -> None:
     n = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--spellings=")), 4)
-    import jsonschema
-
     entries = [("corpus", e) for e in CORPUS] + [("real", e) for e in REAL]
     if "--hashes" in sys.argv:
         for kind, e in entries:
@@ -63,13 +60,20 @@ def main() -> None:
         return
     rng = random.Random(36)
     tot = {"schemas": 0, "refused": 0, "chars0": 0, "chars1": 0, "t0": 0.0, "t1": 0.0}
-    seen = {"valid": 0, "accepted": 0, "ascii_refused_before": 0, "invalid": 0, "refused": 0}
+    seen = {
+        "valid": 0,
+        "accepted": 0,
+        "ascii_refused_before": 0,
+        "invalid": 0,
+        "invalid_refused": 0,
+    }
+    shuffled = {"shuffled_valid": 0, "shuffled_accepted": 0, "canonical_spelling_refused": 0}
     growth = []
     for kind, e in entries:
         try:
             times = [[], []]
             for r in range(3):  # alternated: canonical, every spelling, ...
-                for on in ((False, True) if r % 2 == 0 else (True, False)):
+                for on in (False, True) if r % 2 == 0 else (True, False):
                     c, dt = reading(e.schema, on)
                     times[on].append(dt)
                     if on:
@@ -85,27 +89,36 @@ def main() -> None:
         tot["t0"] += min(times[0])
         tot["t1"] += min(times[1])
         growth.append((len(new.lark or "") / max(1, len(old.lark or "")), kind, e.name))
-        validator = jsonschema.Draft202012Validator(e.schema, format_checker=format_checker())
+        judge = validator(e.schema)
         for valid, instances in ((True, e.valid), (False, e.invalid)):
             for x in instances:
-                if validator.is_valid(x) != valid:
+                if judge.is_valid(x) != valid:
                     continue
                 ascii_text = json.dumps(x, ensure_ascii=True)
-                texts = [ascii_text] + [json_spelled(x, rng) for _ in range(n)]
+                texts = [ascii_text] + [json_spelled(x, rng, shuffle=False) for _ in range(n)]
+                texts += [json_spelled(x, rng) for _ in range(n)]
                 got = [matches_bytes(new, t.strip(READ_WHITESPACE_CHARS).encode()) for t in texts]
                 if valid:
-                    seen["valid"] += len(texts)
-                    seen["accepted"] += sum(got)
+                    seen["valid"] += n + 1
+                    seen["accepted"] += sum(got[: n + 1])
                     seen["ascii_refused_before"] += not matches_bytes(old, ascii_text.encode())
-                    if not all(got):
+                    if not all(got[: n + 1]):
                         print("REJECTED", kind, e.name, texts[got.index(False)][:200])
+                    # keys shuffled too: an object the reading writes in canonical order
+                    # (docs/design/json-schema.md, members in any order) may refuse an order
+                    shuffled["shuffled_valid"] += n
+                    shuffled["shuffled_accepted"] += sum(got[n + 1 :])
+                    for t, ok in zip(texts[n + 1 :], got[n + 1 :]):
+                        canonical = json.dumps(json.loads(t), ensure_ascii=False)
+                        if not ok and not matches_bytes(new, canonical.encode()):
+                            shuffled["canonical_spelling_refused"] += 1
                 else:
                     seen["invalid"] += len(texts)
-                    seen["refused"] += got.count(False)
+                    seen["invalid_refused"] += got.count(False)
                     if any(got):
                         print("ACCEPTED", kind, e.name, texts[got.index(True)][:200])
     growth.sort(reverse=True)
-    print(json.dumps(tot | seen))
+    print(json.dumps(tot | seen | shuffled))
     print("largest growth:", [(round(g, 2), k, name) for g, k, name in growth[:5]])
 
 

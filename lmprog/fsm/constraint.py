@@ -234,7 +234,11 @@ class Constraint:
         options["whitespace"] = READ_WHITESPACE
         options["read_spellings"] = True
         document = json.loads(cast(str, self.source))
-        grammar = json_schema.build_grammar(document, **cast(SchemaOptions, options))
+        try:
+            grammar = json_schema.build_grammar(document, **cast(SchemaOptions, options))
+        except ConstraintError:  # every spelling past max_pattern_chars: the canonical ones
+            options["read_spellings"] = False
+            grammar = json_schema.build_grammar(document, **cast(SchemaOptions, options))
         if grammar.lark == self.lark:
             return self
         return Constraint(

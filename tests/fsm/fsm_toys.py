@@ -175,11 +175,11 @@ _SHORT_ESCAPES = {'"': '"', "\\": "\\", "\b": "b", "\f": "f", "\n": "n", "\r": "
 _WHITESPACE = ["", " ", "\n  ", "\t", " \r\n "]
 
 
-def json_spelled(value, rng: random.Random, escape: float = 0.3) -> str:
+def json_spelled(value, rng: random.Random, escape: float = 0.3, shuffle: bool = True) -> str:
     """A JSON text of `value` in one of its many spellings: every non-ASCII character escaped
     (as ``json.dumps`` with ensure_ascii writes it) and a random share `escape` of the others
     (``\\uXXXX`` in random hex case, surrogate pairs past the BMP, ``\\/``), object keys in a
-    random order, random JSON whitespace between tokens."""
+    random order (`shuffle`; else in their order), random JSON whitespace between tokens."""
 
     def ws() -> str:
         return rng.choice(_WHITESPACE)
@@ -211,7 +211,8 @@ def json_spelled(value, rng: random.Random, escape: float = 0.3) -> str:
             return "[" + ws() + inner + ws() + "]"
         if isinstance(v, dict):
             keys = list(v)
-            rng.shuffle(keys)
+            if shuffle:
+                rng.shuffle(keys)
             members = [text(k) + ws() + ":" + ws() + spelled(v[k]) for k in keys]
             return "{" + ws() + ("," + ws()).join(members) + ws() + "}"
         return json.dumps(v)

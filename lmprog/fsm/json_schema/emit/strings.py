@@ -51,6 +51,13 @@ ANY_TOKEN = raw(
     r"|[dD][0-7][0-9a-fA-F]{2}|[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})))",
     atomic=True,
 )
+# one UTF-16 code unit or an escaped surrogate pair (one character): a reading grammar's
+# upper bounds on lengths, where a pair written as two escapes must count one
+PAIRED_UNIT_TOKEN = raw(
+    r'(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}'
+    r"|u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}))",
+    atomic=True,
+)
 _SHORT = {'"': '"', "\\": "\\", "\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t"}
 _MUST_ESCAPE = CharSet.of('"\\') | CharSet(((0, 0x1F),))
 
@@ -225,7 +232,8 @@ def string_expr(t: StrT, counted: bool = False) -> str | None:
         lengths = t.min_len > 0
     if lengths or not (parts or exclusive):
         hi = None if counted else t.max_len
-        parts.append(_quoted(rep(ANY_TOKEN if t.min_len else UNIT_TOKEN, t.min_len, hi)))
+        unit = PAIRED_UNIT_TOKEN if _READ_SPELLINGS.get() else UNIT_TOKEN
+        parts.append(_quoted(rep(ANY_TOKEN if t.min_len else unit, t.min_len, hi)))
     if exclusive:
         parts.append(_quoted(rep(char_token(ANY_CHAR), 0, None)))
     texts = [regex_terminal(r) for r in parts if r is not None]
