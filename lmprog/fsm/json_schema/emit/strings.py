@@ -158,12 +158,14 @@ def string_text(s: str) -> R:
     (``read_spellings``) every spelling of it, one alternative per character."""
     if not _READ_SPELLINGS.get():
         return lit(json_text(s))
-    chars = []
+    chars: list[R] = []
     for c in s:
         if 0xD800 <= ord(c) <= 0xDFFF:  # a lone surrogate: only an escape can hold it
-            chars.append(cat(lit("\\u"), fixed_width_range(ord(c), ord(c), 4)))
+            one = cat(lit("\\u"), fixed_width_range(ord(c), ord(c), 4))
         else:
-            chars.append(spelled_token(CharSet.of(c)))
+            one = spelled_token(CharSet.of(c))
+        assert one is not None  # every character has a spelling
+        chars.append(one)
     return cat(lit('"'), *chars, lit('"'))
 
 
