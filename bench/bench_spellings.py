@@ -9,7 +9,7 @@ token engine's grammar over bytes), canonical spellings vs every spelling, measu
 alternately in one process; each valid instance (judged by jsonschema, formats asserted)
 dumped with ``ensure_ascii=True`` and in N random spellings (``fsm_toys.json_spelled``:
 escapes, shuffled keys, whitespace) must be accepted by ``matches``, each invalid one refused
-in every spelling; the ensure_ascii texts the canonical-spelling reading refused are counted.
+in every spelling; the texts the canonical-spelling reading refused are counted (``refused_before``).
 ``--hashes``: print only each schema's generation grammar hash (run against two trees to
 check that generation is unchanged).
 """
@@ -68,7 +68,7 @@ def main() -> None:
         "invalid_refused": 0,
     }
     shuffled = {"shuffled_valid": 0, "shuffled_accepted": 0, "canonical_spelling_refused": 0}
-    growth = []
+    growth, slower = [], []
     for kind, e in entries:
         try:
             times = [[], []]
@@ -89,6 +89,7 @@ def main() -> None:
         tot["t0"] += min(times[0])
         tot["t1"] += min(times[1])
         growth.append((len(new.lark or "") / max(1, len(old.lark or "")), kind, e.name))
+        slower.append((min(times[1]) / min(times[0]), kind, e.name))
         judge = validator(e.schema)
         for valid, instances in ((True, e.valid), (False, e.invalid)):
             for x in instances:
@@ -101,7 +102,10 @@ def main() -> None:
                 if valid:
                     seen["valid"] += n + 1
                     seen["accepted"] += sum(got[: n + 1])
-                    seen["ascii_refused_before"] += not matches_bytes(old, ascii_text.encode())
+                    before = [
+                        matches_bytes(old, t.strip(READ_WHITESPACE_CHARS).encode()) for t in texts
+                    ]
+                    seen["refused_before"] += before[: n + 1].count(False)
                     if not all(got[: n + 1]):
                         print("REJECTED", kind, e.name, texts[got.index(False)][:200])
                     # keys shuffled too: an object the reading writes in canonical order
@@ -118,8 +122,10 @@ def main() -> None:
                     if any(got):
                         print("ACCEPTED", kind, e.name, texts[got.index(True)][:200])
     growth.sort(reverse=True)
+    slower.sort(reverse=True)
     print(json.dumps(tot | seen | shuffled))
     print("largest growth:", [(round(g, 2), k, name) for g, k, name in growth[:5]])
+    print("most slowed:", [(round(g, 2), k, name) for g, k, name in slower[:5]])
 
 
 if __name__ == "__main__":

@@ -178,3 +178,55 @@ def test_random_strings_in_random_spellings(seed):
             for text in [json.dumps(value)] + [json_spelled(value, rng) for _ in range(3)]:
                 assert c.matches(text) == ok, (schema, text)
     assert compiled >= 35 and valid >= 60 and invalid >= 60, (compiled, valid, invalid)
+
+
+@pytest.mark.parametrize(
+    "schema, good",
+    [
+        ({"type": "number", "multipleOf": 0.5}, ["1e+20", "1.5e+20", "-2E3", "5e0", "1.25e2"]),
+        ({"type": "integer"}, ["1e2", "1.5e1", "-3E+05", "1e307"]),
+        ({"type": "integer", "minimum": 0, "maximum": 1000}, ["1e2", "1.5e2", "9.99e2"]),
+        ({"type": "number", "multipleOf": 1, "maximum": -10}, ["-1e2", "-2.5e+1"]),
+    ],
+)  # fmt: skip
+def test_integral_numbers_are_read_with_an_exponent(schema, good):
+    """``json.dumps`` writes a large float with an exponent; read where its value is an
+    integer and its whole decade is inside the bounds (every integer a multiple)."""
+    c = Constraint.from_json_schema(schema, strict=False)
+    assert all(jsonschema.Draft202012Validator(schema).is_valid(json.loads(t)) for t in good)
+    assert all(c.matches(t) for t in good)
+    assert not matches_bytes(c, good[0].encode())  # generation writes no exponent here
+
+
+NUMBER_SCHEMAS = [
+    {"type": "number", "multipleOf": 0.5},
+    {"type": "number", "multipleOf": 0.25, "maximum": -10},
+    {"type": "integer"},
+    {"type": "integer", "minimum": 0, "maximum": 1000},
+    {"type": "integer", "multipleOf": 3},
+    {"type": "integer", "exclusiveMinimum": 100},
+    {"type": "integer", "maximum": -1e20},
+    {"type": "integer", "minimum": 1e5, "maximum": 1e300},
+    {"type": "integer", "not": {"multipleOf": 3}},
+    {"not": {"type": "integer"}},
+    {"type": "number", "minimum": 0},
+]
+
+
+def test_random_exponents_accepted_only_where_valid():
+    """No number text read that jsonschema refuses (an exponent past a float's range reads
+    inf, a mantissa with more fraction digits than E is not an integer)."""
+    rng = random.Random(36)
+    mantissas = ["1", "5", "9", "1.5", "2.25", "1.125", "3.0", "7.00001", "1.2345678901234567"]
+    exponents = ["0", "1", "2", "3", "5", "16", "17", "20", "22", "300", "307", "308", "400"]
+    accepted = 0
+    for schema in NUMBER_SCHEMAS:
+        c = Constraint.from_json_schema(schema, strict=False)
+        validator = jsonschema.Draft202012Validator(schema)
+        for _ in range(150):
+            text = rng.choice(["", "-"]) + rng.choice(mantissas) + rng.choice("eE")
+            text += rng.choice(["", "+", "-"]) + rng.choice(["", "0"]) + rng.choice(exponents)
+            if c.matches(text):
+                accepted += 1
+                assert validator.is_valid(json.loads(text)), (schema, text)
+    assert accepted >= 300
