@@ -63,7 +63,7 @@ def main() -> None:
     seen = {
         "valid": 0,
         "accepted": 0,
-        "ascii_refused_before": 0,
+        "refused_before": 0,
         "invalid": 0,
         "invalid_refused": 0,
     }
