@@ -230,3 +230,15 @@ def test_random_exponents_accepted_only_where_valid():
                 accepted += 1
                 assert validator.is_valid(json.loads(text)), (schema, text)
     assert accepted >= 300
+
+
+def test_a_length_counted_apart_counts_decoded_characters():
+    """A maxLength the guide's check counts (``lengths``) counts each spelling as the one
+    character it decodes to: 2,000 escaped é or escaped pairs fit, 2,001 do not."""
+    words = r"^$|(^(?:\S+\s+){0,499}\S+$)"
+    schema = {"type": "string", "maxLength": 2000, "pattern": words}
+    c = Constraint.from_json_schema(schema, strict=False)
+    assert c.check is not None and "{0,2000}" not in (c.reading.lark or "")
+    for spelled in ("\\u00e9", "\\u00E9", "é", "\\ud83d\\ude00", "\\/"):
+        assert c.matches('"' + spelled * 2000 + '"'), spelled
+        assert not c.matches('"' + spelled * 2001 + '"'), spelled
