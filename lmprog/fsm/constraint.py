@@ -214,9 +214,11 @@ class Constraint:
     @property
     def reading(self) -> Constraint:
         """The constraint that reads texts: the same values, an object's members accepted in
-        any order (``key_order="any"``) and any JSON whitespace between tokens (a text a user,
+        any order (``key_order="any"``), any JSON whitespace between tokens (a text a user,
         a tool or ``json.dumps(..., indent=2)`` wrote; generation keeps its bounded
-        ``whitespace``); itself where neither is a matter (not a JSON schema, or a grammar
+        ``whitespace``), every JSON spelling of strings (``\\u00e9``, as ``json.dumps``
+        escapes by default) and integers also written ``2.0`` or ``1e2`` where exact
+        (``read_spellings``); itself where none is a matter (not a JSON schema, or a grammar
         that comes out the same). Built on first use, then kept. ``matches`` judges with it; a
         guide of its index reads prefilled text."""
         found = self.__dict__.get("_reading")
@@ -232,8 +234,13 @@ class Constraint:
         options = dict(self.options)
         options["key_order"] = "any"
         options["whitespace"] = READ_WHITESPACE
+        options["read_spellings"] = True
         document = json.loads(cast(str, self.source))
-        grammar = json_schema.build_grammar(document, **cast(SchemaOptions, options))
+        try:
+            grammar = json_schema.build_grammar(document, **cast(SchemaOptions, options))
+        except ConstraintError:  # every spelling past max_pattern_chars: the canonical ones
+            options["read_spellings"] = False
+            grammar = json_schema.build_grammar(document, **cast(SchemaOptions, options))
         if grammar.lark == self.lark:
             return self
         return Constraint(
@@ -253,7 +260,7 @@ class Constraint:
 
     def matches(self, text: str) -> bool:
         """Whether the whole ``text`` satisfies the constraint (no model involved), an object's
-        members in any order and any JSON whitespace (``reading``). Checked by the token engine over a
+        members in any order, any JSON whitespace and any spelling (``reading``). Checked by the token engine over a
         one-byte-per-token vocabulary: linear in the text, for any pattern size (a generated
         pattern is never handed to Python's ``re``)."""
         if not isinstance(text, str):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 from lmprog.fsm.guide import Guide
@@ -168,3 +169,52 @@ def decode_with_jumps(guide: Guide, tokenizer, target: bytes, jump: bool, limit:
             break
         out.append(token)
     return out, steps, jumps
+
+
+_SHORT_ESCAPES = {'"': '"', "\\": "\\", "\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t"}
+_WHITESPACE = ["", " ", "\n  ", "\t", " \r\n "]
+
+
+def json_spelled(value, rng: random.Random, escape: float = 0.3, shuffle: bool = True) -> str:
+    """A JSON text of `value` in one of its many spellings: every non-ASCII character escaped
+    (as ``json.dumps`` with ensure_ascii writes it) and a random share `escape` of the others
+    (``\\uXXXX`` in random hex case, surrogate pairs past the BMP, ``\\/``), object keys in a
+    random order (`shuffle`; else in their order), random JSON whitespace between tokens."""
+
+    def ws() -> str:
+        return rng.choice(_WHITESPACE)
+
+    def text(s: str) -> str:
+        return '"' + "".join(char(c) for c in s) + '"'
+
+    def char(c: str) -> str:
+        o = ord(c)
+        if c in _SHORT_ESCAPES and rng.random() >= escape:
+            return "\\" + _SHORT_ESCAPES[c]
+        if 0x20 <= o < 0x7F and c not in _SHORT_ESCAPES and rng.random() >= escape:
+            return c
+        if c == "/" and rng.random() < 0.5:
+            return "\\/"
+        if o > 0xFFFF:
+            hi, lo = divmod(o - 0x10000, 0x400)
+            return unit(0xD800 + hi) + unit(0xDC00 + lo)
+        return unit(o)
+
+    def unit(u: int) -> str:
+        return "\\u" + "".join(d.upper() if rng.random() < 0.5 else d for d in f"{u:04x}")
+
+    def spelled(v) -> str:
+        if isinstance(v, str):
+            return text(v)
+        if isinstance(v, list):
+            inner = ("," + ws()).join(spelled(x) for x in v)
+            return "[" + ws() + inner + ws() + "]"
+        if isinstance(v, dict):
+            keys = list(v)
+            if shuffle:
+                rng.shuffle(keys)
+            members = [text(k) + ws() + ":" + ws() + spelled(v[k]) for k in keys]
+            return "{" + ws() + ("," + ws()).join(members) + ws() + "}"
+        return json.dumps(v)
+
+    return spelled(value)

@@ -73,8 +73,9 @@ def test_generation_writes_the_schema_order_unless_asked():
     assert matches_bytes(chosen, b'{"age": 1, "name": "Ada"}')
     with pytest.raises(ValueError, match="key_order"):
         Constraint.from_json_schema(PERSON, key_order="random")
-    plain = Constraint.from_json_schema(INT)  # nothing to order
+    plain = Constraint.from_json_schema(BOOL)  # nothing to order, nothing spelled otherwise
     assert plain.reading is plain
+    assert Constraint.from_json_schema(INT).reading.matches("2.0")  # test_spellings
 
 
 def test_the_model_picks_the_order_and_every_text_is_valid():

@@ -20,7 +20,7 @@ from lmprog.fsm.json_schema.emit.lark import Frag, Ref, choice, group, loop, seq
 from lmprog.fsm.json_schema.emit.numbers import NUMBER, number_lexeme, value_regex
 from lmprog.fsm.json_schema.emit.objects import object_regex
 from lmprog.fsm.json_schema.emit.sequences import Slot, separated
-from lmprog.fsm.json_schema.emit.strings import json_text, string_lexeme
+from lmprog.fsm.json_schema.emit.strings import string_lexeme, string_text
 from lmprog.fsm.json_schema.emit.unordered import KEYED
 from lmprog.fsm.json_schema.terms.algebra import conj
 from lmprog.fsm.json_schema.terms.lengths import LengthCount
@@ -242,11 +242,11 @@ class Emitter:
         if isinstance(v, (int, float, Decimal)):
             return tok(value_regex(to_decimal(v)))
         if isinstance(v, str):
-            return tok(lit(json_text(v)))
+            return tok(string_text(v))
         if isinstance(v, list):
             body, empty = separated([Slot(self.value(x), 1, 1) for x in v], self.sep)
             return self.container("[", body, empty, "]")
-        items = [self.member(tok(lit(json_text(k))), self.value(x)) for k, x in v.items()]
+        items = [self.member(tok(string_text(k)), self.value(x)) for k, x in v.items()]
         if self.any_order and 4 < len(items) <= KEYED:
             return self.container("{", loop(items, None, self.sep, len(items), 0, None), False, "}")
         orders = permutations(items) if len(items) <= 4 else [items]

@@ -19,6 +19,7 @@ from typing import NamedTuple
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.digits import any_digit, digit_set, natural_range
 from lmprog.fsm.json_schema.emit.multiples import multiples
+from lmprog.fsm.json_schema.emit.strings import spellings_read
 from lmprog.fsm.json_schema.terms.algebra import integer_bounds
 from lmprog.fsm.json_schema.terms.nodes import NumT
 from lmprog.fsm.regex import EPS, R, alt, cat, lit, opt, raw, rep
@@ -61,7 +62,8 @@ def number_lexeme(t: NumT) -> R | str | None:
 
     lo, hi = integer_bounds(t) if t.integer else (None, None)
     if lo is not None and hi is not None and hi - lo <= _ENUMERATE_LIMIT:
-        return alt(*(lit(str(v)) for v in range(lo, hi + 1) if num_ok(t, Decimal(v))))
+        listed = alt(*(lit(str(v)) for v in range(lo, hi + 1) if num_ok(t, Decimal(v))))
+        return _zero_fraction(listed) if spellings_read() else listed
     base = number_regex(replace(t, not_multiples=frozenset()))
     if base is None:
         return None
@@ -104,6 +106,8 @@ def number_regex(t: NumT) -> R | None:
     if t == NumT():
         return raw(NUMBER)
     if t == NumT(integer=True):
+        if spellings_read():
+            return alt(_zero_fraction(raw(INTEGER)), _exponents(NumT(), integral=True))
         return raw(INTEGER)
     try:
         plan = _multiple_plan(t)
@@ -124,16 +128,29 @@ def number_regex(t: NumT) -> R | None:
             parts.append(_decimals(iv, nonzero_fraction=integer is False, frac=frac))
             if integer is None and frac is None:
                 parts.append(_exponents(iv))
+        if not spellings_read():
+            continue
+        if integer:  # read: 2.0 for 2
+            parts[-1] = _zero_fraction(parts[-1])
+        if integer and int_step in (None, 1) or integer is None and frac is not None:
+            parts.append(_exponents(iv, integral=True))  # read: 1e+20 (every integer fits)
     return alt(*parts)
+
+
+def _zero_fraction(r: R | None) -> R | None:
+    """Integers also with a zero fraction (``2.0``): JSON Schema (draft 6 on) counts it an
+    integer, as jsonschema does; a reading grammar's (``strings.read_spellings``)."""
+    return None if r is None else cat(r, opt(raw(r"\.0+")))
 
 
 _MANTISSA = raw(r"[1-9](?:\.[0-9]+)?")
 
 
-def _exponents(iv: NumT) -> R | None:
+def _exponents(iv: NumT, integral: bool = False) -> R | None:
     """Numbers of the interval in exponent notation, as ``json.dumps`` writes very large and
     very small floats (``1e-05``, ``2.5e+16``): a mantissa in [1, 10) times ``10**E`` lies in
-    [10**E, 10**(E+1)), so each sign takes the exponents whose whole decade is inside."""
+    [10**E, 10**(E+1)), so each sign takes the exponents whose whole decade is inside.
+    `integral`: only integral values (``_integral_exponents``)."""
     lo, hi = iv.lo, iv.hi
 
     def inside(a: Fraction, b: Fraction, a_closed: bool) -> bool:  # is [a, b) or (a, b] in iv?
@@ -153,16 +170,49 @@ def _exponents(iv: NumT) -> R | None:
             a, b = Fraction(10) ** e, Fraction(10) ** (e + 1)
             return inside(a, b, True) if sign > 0 else inside(-b, -a, False)
 
+        sign_text = lit("-") if sign < 0 else EPS
+        if integral:
+            found = _exponent_bounds(decade, hints)
+            if found is not None:
+                parts.append(cat(sign_text, _integral_exponents(*found)))
+            continue
         exps = _exponent_range(decade, hints)
         if exps is not None:
-            parts.append(cat(lit("-") if sign < 0 else EPS, _MANTISSA, exps))
+            parts.append(cat(sign_text, _MANTISSA, exps))
     return alt(*parts)
 
 
-def _exponent_range(ok: Callable[[int], bool], hints: list[int]) -> R | None:
-    """``[eE]`` and the exponents E with ok(E): ok holds on an interval of integers (the
-    decades inside a convex set), whose ends lie next to ``hints`` (the bounds' exponents) or
-    past |E| = 400 (beyond floats' range); found by bisection from a point inside."""
+_FLOAT_FRACTION = 16  # fraction digits of a mantissa as a float's shortest repr writes it
+_FLOAT_EXPONENT = 307  # past it a mantissa may overflow a float (jsonschema reads inf)
+
+
+def _integral_exponents(lo: int | None, hi: int | None) -> R | None:
+    """Mantissas and exponents E in lo..hi (None: unbounded) of integral values: a mantissa
+    with at most E fraction digits (``1.5e+20``, ``1e2``), up to 16 past E = 16 (as a float is
+    written; a longer mantissa is not read), E at most 307 (a float's range)."""
+    first = 0 if lo is None else max(lo, 0)
+    last = _FLOAT_EXPONENT if hi is None else min(hi, _FLOAT_EXPONENT)
+    if last < first:
+        return None
+    options: list[R | None] = []
+    top = min(last, _FLOAT_FRACTION)
+    for e in range(first, top + 1):
+        fraction = raw(rf"(?:\.[0-9]{{1,{e}}})?") if e else EPS
+        exponent = raw(r"[+-]?0+") if e == 0 else cat(raw(r"\+?0*"), lit(str(e)))
+        options.append(cat(raw("[1-9]"), fraction, raw("[eE]"), exponent))
+    if last > _FLOAT_FRACTION:
+        tail = natural_range(max(first, _FLOAT_FRACTION + 1), last)
+        options.append(cat(raw(rf"[1-9](?:\.[0-9]{{1,{_FLOAT_FRACTION}}})?[eE]\+?0*"), tail))
+    return alt(*options)
+
+
+def _exponent_bounds(
+    ok: Callable[[int], bool], hints: list[int]
+) -> tuple[int | None, int | None] | None:
+    """The exponents E with ok(E), as (first, last), None past |E| = 400 (beyond floats'
+    range): ok holds on an interval of integers (the decades inside a convex set), whose ends
+    lie next to ``hints`` (the bounds' exponents); found by bisection from a point inside.
+    None: no E."""
     inside = next((e for e in hints if ok(e)), None)
     if inside is None:
         return None
@@ -175,7 +225,15 @@ def _exponent_range(ok: Callable[[int], bool], hints: list[int]) -> R | None:
     while a < b:
         m = (a + b + 1) // 2
         a, b = (m, b) if ok(m) else (a, m - 1)
-    hi = None if a == 400 else a
+    return lo, None if a == 400 else a
+
+
+def _exponent_range(ok: Callable[[int], bool], hints: list[int]) -> R | None:
+    """``[eE]`` and the exponents E with ok(E) (``_exponent_bounds``)."""
+    found = _exponent_bounds(ok, hints)
+    if found is None:
+        return None
+    lo, hi = found
     options = []
     if hi is None or hi >= 1:
         options.append(cat(raw(r"\+?0*"), natural_range(max(lo or 1, 1), hi)))

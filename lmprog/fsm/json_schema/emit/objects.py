@@ -17,13 +17,13 @@ from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.lark import Frag, choice, tok
 from lmprog.fsm.json_schema.emit.members import Members
 from lmprog.fsm.json_schema.emit.sequences import Slot, separated
-from lmprog.fsm.json_schema.emit.strings import json_text, string_lexeme
+from lmprog.fsm.json_schema.emit.strings import string_lexeme, string_text
 from lmprog.fsm.json_schema.emit.unordered import unordered
 from lmprog.fsm.json_schema.emit.writer import Writer
 from lmprog.fsm.json_schema.terms.algebra import conj, conj_all, meet, normalize_obj
 from lmprog.fsm.json_schema.terms.nodes import KeyRule, Node, ObjT, StrT
 from lmprog.fsm.json_schema.terms.values import str_ok
-from lmprog.fsm.regex import Chars, CharSet, Concat, Repeat, lit, node_lengths, parse_regex
+from lmprog.fsm.regex import Chars, CharSet, Concat, Repeat, node_lengths, parse_regex
 from lmprog.fsm.regex import Node as RegexNode
 from lmprog.fsm.regex.dfa import search_automaton
 from lmprog.fsm.regex.lookahead import split_lookaheads
@@ -77,7 +77,7 @@ def _members(t: ObjT, em: Writer) -> Frag | None:
             if required:
                 return None
             continue
-        named.append((key, Slot(em.member(tok(lit(json_text(key))), value), int(required), 1)))
+        named.append((key, Slot(em.member(tok(string_text(key)), value), int(required), 1)))
         n_required += required
     if len(named) - n_required > MAX_OPTIONAL_PROPERTIES:
         raise ConstraintError(

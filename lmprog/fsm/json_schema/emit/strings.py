@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -33,6 +36,7 @@ from lmprog.fsm.regex import (
     rep,
 )
 from lmprog.fsm.regex.backrefs import has_backreference
+from lmprog.fsm.regex.charset import SCALARS
 from lmprog.fsm.regex.lookahead import complement_source, split_lookaheads
 
 if TYPE_CHECKING:
@@ -45,6 +49,13 @@ UNIT_TOKEN = raw(r'(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))', atomi
 ANY_TOKEN = raw(
     r'(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u(?:[0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}'
     r"|[dD][0-7][0-9a-fA-F]{2}|[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})))",
+    atomic=True,
+)
+# one UTF-16 code unit or an escaped surrogate pair (one character): a reading grammar's
+# upper bounds on lengths, where a pair written as two escapes must count one
+PAIRED_UNIT_TOKEN = raw(
+    r'(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}'
+    r"|u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}))",
     atomic=True,
 )
 _SHORT = {'"': '"', "\\": "\\", "\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t"}
@@ -72,6 +83,90 @@ def _runs(codes: list[int]) -> list[tuple[int, int]]:
 
 
 _ANY_CANONICAL = canonical_token(ANY_CHAR)
+
+# ----------------------------------------------------------------------------- every spelling
+
+# While a reading grammar is built (``build_grammar(read_spellings=True)``): the characters of
+# patterns, formats, enum/const strings and keys in every JSON spelling, not only canonical
+_READ_SPELLINGS: ContextVar[bool] = ContextVar("read_spellings", default=False)
+_SHORT_ANY = {**_SHORT, "/": "/"}  # \/ is a spelling of "/", never the canonical one
+_BMP = CharSet(((0, 0xFFFF),))
+
+
+@contextmanager
+def read_spellings(on: bool) -> Iterator[None]:
+    """Strings written in every JSON spelling (``on``) or in canonical spelling, inside."""
+    token = _READ_SPELLINGS.set(on)
+    try:
+        yield
+    finally:
+        _READ_SPELLINGS.reset(token)
+
+
+def spellings_read() -> bool:
+    """Whether the grammar being built is a reading one (``read_spellings``)."""
+    return _READ_SPELLINGS.get()
+
+
+def char_token(chars: CharSet) -> R | None:
+    """One character of ``chars`` as the grammar being built writes it: canonical spelling,
+    or every spelling while reading (``read_spellings``)."""
+    return spelled_token(chars) if _READ_SPELLINGS.get() else canonical_token(chars)
+
+
+@lru_cache(maxsize=4096)
+def spelled_token(chars: CharSet) -> R | None:
+    """One character of ``chars`` in every JSON spelling: as itself (where JSON allows), a
+    short escape (``\\n``, ``\\/``...), ``\\uXXXX`` in either hex case, or a surrogate pair
+    of escapes for a character past the BMP. A surrogate is never escaped alone: a pair would
+    otherwise read as two characters. One alternative per range of ``chars``: linear in it."""
+    literal = charset_regex(chars - _MUST_ESCAPE)
+    letters = [_SHORT_ANY[c] for c in (chars & CharSet.of(list(_SHORT_ANY))).chars()]
+    scalars = chars & SCALARS
+    units = [fixed_width_range(a, b, 4) for a, b in (scalars & _BMP).ranges]
+    pairs = [_pair(a, b) for a, b in (scalars - _BMP).ranges]
+    escaped = alt(
+        charset_regex(CharSet.of(letters)) if letters else None,
+        cat(lit("u"), alt(*units)) if units else None,
+        *pairs,
+    )
+    return alt(literal, cat(lit("\\"), escaped) if escaped is not None else None)
+
+
+def _pair(a: int, b: int) -> R | None:
+    """The surrogate-pair escapes (``uD83D\\uDE00``, after the first backslash) of the code
+    points a..b past the BMP: at most three blocks of high surrogates by their low ones."""
+    (ha, la), (hb, lb) = divmod(a - 0x10000, 0x400), divmod(b - 0x10000, 0x400)
+    blocks = [(ha, ha, la, lb)] if ha == hb else [(ha, ha, la, 0x3FF), (hb, hb, 0, lb)]
+    if hb > ha + 1:
+        blocks.insert(1, (ha + 1, hb - 1, 0, 0x3FF))
+    return alt(
+        *(
+            cat(
+                lit("u"),
+                fixed_width_range(0xD800 + h0, 0xD800 + h1, 4),
+                lit("\\u"),
+                fixed_width_range(0xDC00 + l0, 0xDC00 + l1, 4),
+            )
+            for h0, h1, l0, l1 in blocks
+        )
+    )
+
+
+def string_text(s: str) -> R:
+    """The text of the string ``s``: its canonical JSON text, or while reading
+    (``read_spellings``) every spelling of it, one alternative per character."""
+    if not _READ_SPELLINGS.get():
+        return lit(json_text(s))
+    chars: list[R] = []
+    for c in s:
+        if 0xD800 <= ord(c) <= 0xDFFF:  # a lone surrogate: only an escape can hold it
+            one = cat(lit("\\u"), fixed_width_range(ord(c), ord(c), 4))
+        else:
+            one = spelled_token(CharSet.of(c))
+        assert one is not None  # every character has a spelling
+        chars.append(one)
+    return cat(lit('"'), *chars, lit('"'))
 
 
 # ----------------------------------------------------------------------------- string terms
@@ -113,7 +208,7 @@ def string_expr(t: StrT, counted: bool = False) -> str | None:
     from lmprog.fsm.json_schema.emit.lark import regex_terminal
 
     if t.values is not None:
-        r = alt(*(lit(json_text(v)) for v in sorted(t.values)))
+        r = alt(*(string_text(v) for v in sorted(t.values)))
         return None if r is None else regex_terminal(r)
     _no_backreference(t)
     # patterns with lookaheads: the patterns a match must (not) match (regex.lookahead)
@@ -139,16 +234,17 @@ def string_expr(t: StrT, counted: bool = False) -> str | None:
         lengths = t.min_len > 0
     if lengths or not (parts or exclusive):
         hi = None if counted else t.max_len
-        parts.append(_quoted(rep(ANY_TOKEN if t.min_len else UNIT_TOKEN, t.min_len, hi)))
+        unit = PAIRED_UNIT_TOKEN if _READ_SPELLINGS.get() else UNIT_TOKEN
+        parts.append(_quoted(rep(ANY_TOKEN if t.min_len else unit, t.min_len, hi)))
     if exclusive:
-        parts.append(_quoted(rep(_ANY_CANONICAL, 0, None)))
+        parts.append(_quoted(rep(char_token(ANY_CHAR), 0, None)))
     texts = [regex_terminal(r) for r in parts if r is not None]
     if len(texts) < len(parts):
         return None
     if exclusive:
         plain = [must[0] for must, must_not in looks if len(must) == 1 and not must_not]
         out = [_quoted(_pattern_content(_parsed(src))) for src in plain + negated]
-        out += [lit(json_text(v)) for v in sorted(t.excluded)]
+        out += [string_text(v) for v in sorted(t.excluded)]
         if out:
             any_of = alt(*out)
             assert any_of is not None  # patterns no string matches are dropped before
@@ -201,6 +297,6 @@ def _pattern_content(p: ParsedRegex) -> R | None:
     anything = rep(UNIT_TOKEN, 0, None)
     options = []
     for b in p.branches:
-        body = emit(b.node, canonical_token)
+        body = emit(b.node, char_token)
         options.append(cat(EPS if b.start else anything, body, EPS if b.end else anything))
     return alt(*options)
