@@ -1,19 +1,32 @@
 """How much stack llguidance's Lark compiler needs for a grammar, bounded before it runs.
 
     compile_stack_bytes(lark_text) -> int     an upper bound, in bytes
-    check_compile_stack(lark_text)            ConstraintError past MAX_COMPILE_STACK
+    check_compile_stack(lark_text) -> bool    True: compile it on_deep_stack; ConstraintError
+                                              past what even that stack holds
+    on_deep_stack(fn, *args)                  fn(*args) on lmprog's deep-compile thread
 
 llguidance compiles rules recursively, so a long chain of rules would overflow a thread's
 stack (SIGSEGV, which no Python code can catch): every grammar is measured here first, as the
-longest path over its graph of references. Design: docs/design/constraints.md.
+longest path over its graph of references. A grammar within MAX_COMPILE_STACK compiles on the
+caller's thread; one whose rule chains need more (a large real schema such as Renovate's
+configuration, ~450 rules deep) compiles on a thread of DEEP_STACK bytes, as long as its
+terminals alone stay within MAX_COMPILE_STACK: a terminal's regex is also derived as text is
+lexed, on whichever thread computes a mask, while the rule graph is walked only by the
+compile. Design: docs/design/constraints.md.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from lmprog.core.errors import ConstraintError
+
+_T = TypeVar("_T")
 
 # Stack bytes per frame, measured on llguidance 1.9.1 (a chain of rules crashes a 1 MiB
 # thread between 300 and 400 levels: ~2.9 KB a rule; 15 rules of 28 nested groups pass,
@@ -26,6 +39,10 @@ BASE_FRAMES = 64 * 1024  # the compile's own frames below the first rule, and th
 # The most one grammar's compile may use: half the smallest default thread stack (glibc's
 # 2 MiB where RLIMIT_STACK is unlimited), so that the caller's own frames fit beside it
 MAX_COMPILE_STACK = 1 << 20
+# The deep-compile thread's stack (address space: pages are touched only as deep as a compile
+# goes), and the most a compile on it may use (half, as above)
+DEEP_STACK = 64 << 20
+MAX_DEEP_COMPILE_STACK = DEEP_STACK // 2
 
 _TOKEN = re.compile(
     r"""
@@ -56,20 +73,50 @@ class _Unreadable(Exception):
     """A text this lexer cannot follow (measured conservatively instead)."""
 
 
-def check_compile_stack(lark: str) -> None:
-    """ConstraintError if compiling `lark` could need more than MAX_COMPILE_STACK bytes of
-    stack in llguidance (its rules or terminals refer to one another too deeply)."""
-    _refuse(compile_stack_bytes(lark))
+def check_compile_stack(lark: str) -> bool:
+    """Whether compiling `lark` in llguidance needs the deep-compile thread (`on_deep_stack`):
+    its rule chains need more than MAX_COMPILE_STACK bytes of stack. ConstraintError if they
+    need more than MAX_DEEP_COMPILE_STACK, or its terminals alone more than MAX_COMPILE_STACK
+    (they refer to one another too deeply)."""
+    need = compile_stack_bytes(lark)
+    if need <= MAX_COMPILE_STACK:
+        return False
+    _refuse(compile_stack_bytes(lark, rule_frame=0), "terminals")
+    _refuse(need, "rules", MAX_DEEP_COMPILE_STACK)
+    return True
 
 
-def _refuse(need: int) -> None:
-    if need > MAX_COMPILE_STACK:
+def _refuse(need: int, what: str = "rules", limit: int = MAX_COMPILE_STACK) -> None:
+    if need > limit:
+        name = "MAX_COMPILE_STACK" if limit == MAX_COMPILE_STACK else "MAX_DEEP_COMPILE_STACK"
         raise ConstraintError(
-            f"the grammar nests too deeply to compile safely: its chains of rules referring to "
-            f"rules need about {need // 1024:,} KiB of stack (limit {MAX_COMPILE_STACK // 1024:,} "
-            "KiB, lmprog.fsm.grammar_depth.MAX_COMPILE_STACK); flatten the grammar (fewer "
-            "rules each referring to the next)"
+            f"the grammar nests too deeply to compile safely: its chains of {what} referring "
+            f"to {what} need about {need // 1024:,} KiB of stack (limit {limit // 1024:,} "
+            f"KiB, lmprog.fsm.grammar_depth.{name}); flatten the grammar (fewer {what} each "
+            "referring to the next)"
         )
+
+
+_deep_lock = threading.Lock()
+_deep_pool: ThreadPoolExecutor | None = None
+
+
+def on_deep_stack(fn: Callable[..., _T], *args: object) -> _T:
+    """fn(*args) on lmprog's deep-compile thread (one, of DEEP_STACK bytes, started on first
+    use); the caller waits for it (llguidance's compile releases the GIL)."""
+    global _deep_pool
+    with _deep_lock:
+        if _deep_pool is None:
+            # threading.stack_size is the process's setting for threads started after it:
+            # the pool's one thread is started here, under it
+            before = threading.stack_size(DEEP_STACK)
+            try:
+                pool = ThreadPoolExecutor(1, thread_name_prefix="lmprog-deep-compile")
+                pool.submit(int).result()
+            finally:
+                threading.stack_size(before)
+            _deep_pool = pool
+    return _deep_pool.submit(fn, *args).result()
 
 
 def check_rule_graph(refs: dict[str, list[str]], root: str) -> None:
@@ -80,13 +127,14 @@ def check_rule_graph(refs: dict[str, list[str]], root: str) -> None:
     _refuse(BASE_FRAMES + _longest(edges, [root] if root in refs else []))
 
 
-def compile_stack_bytes(lark: str) -> int:
-    """An upper bound of the stack llguidance's compile of `lark` uses (bytes)."""
+def compile_stack_bytes(lark: str, rule_frame: int = RULE_FRAME) -> int:
+    """An upper bound of the stack llguidance's compile of `lark` uses (bytes); rule_frame=0:
+    that of its terminals' chains alone."""
     try:
         tokens = _lex(lark)
     except _Unreadable:
         return _conservative(lark)
-    return _measure(tokens)
+    return _measure(tokens, rule_frame)
 
 
 def _lex(text: str) -> list[tuple[str, str]]:
@@ -112,7 +160,7 @@ def _lex(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def _measure(tokens: list[tuple[str, str]]) -> int:
+def _measure(tokens: list[tuple[str, str]], rule_frame: int = RULE_FRAME) -> int:
     """The bound over one grammar (and, apart, each nested %lark grammar in it)."""
     defs: dict[str, list[tuple[str, int]]] = {}  # name -> [(referred name, nesting)]
     frames: dict[str, int] = {}  # name -> the frame of its kind
@@ -125,20 +173,20 @@ def _measure(tokens: list[tuple[str, str]]) -> int:
         if head[0] in ("rule", "term") and at is not None:
             name = head[1].lstrip("!?")
             defs.setdefault(name, []).extend(refs)
-            frames[name] = RULE_FRAME if head[0] == "rule" else TERMINAL_FRAME
+            frames[name] = rule_frame if head[0] == "rule" else TERMINAL_FRAME
         elif head == ("kw", "%ignore"):
             defs.setdefault("%ignore", []).extend(refs)
             frames["%ignore"] = 0
             roots.append(("%ignore", 0))
         else:  # %import, %declare, %override ...: every name it holds may be compiled
             defs.setdefault("%other", []).extend(refs)
-            frames["%other"] = RULE_FRAME
+            frames["%other"] = rule_frame
             roots.append(("%other", 0))
     edges = {
         a: [(b, frames[a] + GROUP_FRAME * depth) for b, depth in refs if b in defs]
         for a, refs in defs.items()
     }
-    own = max((_measure(t) for t in nested), default=0)
+    own = max((_measure(t, rule_frame) for t in nested), default=0)
     return max(own, BASE_FRAMES + _longest(edges, [r for r, _ in roots if r in defs]))
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import index_cache
-from lmprog.fsm.grammar_depth import check_compile_stack
+from lmprog.fsm.grammar_depth import check_compile_stack, on_deep_stack
 from lmprog.fsm.guide import Guide, refused_by_spent_lexer
 from lmprog.fsm.vocab import TokenVocab
 
@@ -74,11 +74,11 @@ class TokenIndex:
         self.vocab = vocab
         self.check = check
         self._ll_tokenizer = ll_tokenizer
-        if pattern.startswith("lark:"):  # before llguidance: a deep grammar overflows its stack
-            check_compile_stack(pattern[5:])
+        # before llguidance: a deep grammar overflows its stack (or compiles on a deep one)
+        self._deep = pattern.startswith("lark:") and check_compile_stack(pattern[5:])
         # the matcher at the start, which every guide copies (a copy shares its lexer), and
         # that lexer's generation (lexer_failed replaces both)
-        self._start = _matcher(pattern, ll_tokenizer)
+        self._start = _matcher(pattern, ll_tokenizer, deep=self._deep)
         self._lexer = 0
         self._caches: dict[Hashable, _BoundedCache] = {}
         self._paths: dict[tuple[int, int], int] = {}
@@ -128,7 +128,7 @@ class TokenIndex:
         with self._lock:
             if lexer != self._lexer:
                 return
-            self._start = _matcher(self.pattern, self._ll_tokenizer)
+            self._start = _matcher(self.pattern, self._ll_tokenizer, deep=self._deep)
             self._lexer += 1
         _RENEWALS.append(None)
         log.info("constraint lexer renewed after a matcher error: %s", _short(self.pattern))
@@ -138,7 +138,10 @@ class TokenIndex:
         harms no one else), with the lexer fuel of `steps` mask steps for what it consumes
         before its first mask: a cursor's tokens read again, or a text `matches_bytes` reads."""
         return _matcher(
-            self.pattern, self._ll_tokenizer, BUILD_LEXER_FUEL + STEP_LEXER_FUEL * steps
+            self.pattern,
+            self._ll_tokenizer,
+            BUILD_LEXER_FUEL + STEP_LEXER_FUEL * steps,
+            deep=self._deep,
         )
 
     # ---- shared per-position data -----------------------------------------------------------
@@ -267,10 +270,15 @@ def _limits(fuel: int = BUILD_LEXER_FUEL) -> LLParserLimits:
     )
 
 
-def _matcher(pattern: str, ll_tokenizer: LLTokenizer, fuel: int = BUILD_LEXER_FUEL) -> LLMatcher:
+def _matcher(
+    pattern: str, ll_tokenizer: LLTokenizer, fuel: int = BUILD_LEXER_FUEL, deep: bool = False
+) -> LLMatcher:
     """The pattern's llguidance matcher at its start (on a new lexer, with `fuel` for building
     it and for what it consumes before its first mask); ConstraintError if llguidance refuses
-    it (a syntax it does not read, a lexer past the limits). The GIL is released meanwhile."""
+    it (a syntax it does not read, a lexer past the limits). The GIL is released meanwhile.
+    deep: compiled on the deep-compile thread (`grammar_depth.check_compile_stack`)."""
+    if deep:
+        return on_deep_stack(_matcher, pattern, ll_tokenizer, fuel)
     import llguidance
 
     if pattern.startswith("lark:"):

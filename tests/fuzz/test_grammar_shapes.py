@@ -70,6 +70,32 @@ def test_a_grammar_nested_past_the_stack_is_refused_not_a_crash(grammar):
     assert "refused: the grammar nests too deeply to compile safely" in out.stdout
 
 
+def test_a_grammar_past_a_threads_stack_compiles_on_the_deep_one():
+    """Rule chains past MAX_COMPILE_STACK (600 rules: ~2.4 MiB; Renovate's configuration
+    schema is ~450 deep) compile on the deep-compile thread; their masks and matches then run
+    on any thread, here one of 2 MiB, the smallest default."""
+    grammar = "start: r0\n" + "\n".join(f'r{i}: "a" r{i + 1}' for i in range(600))
+    grammar += '\nr600: "b"'
+    out = child(
+        "import threading\n"
+        "from lmprog.fsm import grammar_depth\n"
+        "from lmprog.fsm.constraint import Constraint\n"
+        f"g = {grammar!r}\n"
+        "assert grammar_depth.compile_stack_bytes(g) > grammar_depth.MAX_COMPILE_STACK\n"
+        "c = Constraint.from_ebnf(g)\n"
+        "out = []\n"
+        "def use():\n"
+        "    out.append((c.matches('a' * 600 + 'b'), c.matches('a' * 599 + 'b')))\n"
+        "threading.stack_size(2 << 20)\n"
+        "t = threading.Thread(target=use)\n"
+        "t.start()\n"
+        "t.join()\n"
+        "print(out, [t.name for t in threading.enumerate()])\n"
+    )
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert "[(True, False)]" in out.stdout and "lmprog-deep-compile" in out.stdout
+
+
 def test_emitted_grammar_shapes_never_crash_llguidance():
     """tests/fuzz/grammar_shapes.py: wide and deep objects, long enums and alternations, big
     counted repetitions, regexes, EBNF and Lark grammars, each at its largest and then in
