@@ -30,6 +30,9 @@ KINDS = ("regex", "json_schema", "choices", "dtype", "ebnf")
 # What reads a JSON text (``Constraint.reading``): any run of JSON's four whitespace characters
 READ_WHITESPACE_CHARS = " \t\n\r"
 READ_WHITESPACE = r"[ \t\n\r]*"
+# The grammar of a JSON schema that accepts no value, read with strict=False: no text matches
+# it (an intersection of two disjoint lexemes); nothing can be generated from it
+NO_VALUE_LARK = "start: NO_VALUE\nNO_VALUE: /a/ & /b/\n"
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -148,17 +151,22 @@ class Constraint:
         grammar it becomes (default 1,000,000). The constraint holds a grammar (``lark``),
         which the token engine runs; ``pattern`` is ""."""
         document = json_schema.load_schema(schema)
-        grammar = json_schema.build_grammar(
-            document,
-            whitespace=whitespace,
-            max_recursion_depth=max_recursion_depth,
-            any_depth=any_depth,
-            max_schema_depth=max_schema_depth,
-            max_pattern_chars=max_pattern_chars,
-            strict=strict,
-            key_order=key_order,
-        )
         source = json.dumps(document, ensure_ascii=False, default=repr)
+        try:
+            grammar = json_schema.build_grammar(
+                document,
+                whitespace=whitespace,
+                max_recursion_depth=max_recursion_depth,
+                any_depth=any_depth,
+                max_schema_depth=max_schema_depth,
+                max_pattern_chars=max_pattern_chars,
+                strict=strict,
+                key_order=key_order,
+            )
+        except json_schema.NoValue:
+            if strict is not False:  # (strict=True for generation: nothing to generate)
+                raise
+            grammar = json_schema.Grammar(NO_VALUE_LARK, None)
         options: tuple[Option, ...] = (
             ("whitespace", whitespace),
             ("max_recursion_depth", max_recursion_depth),
@@ -168,9 +176,8 @@ class Constraint:
             ("max_schema_depth", max_schema_depth),
             ("max_pattern_chars", max_pattern_chars),
         )
-        return _checked(
-            cls("json_schema", "", source, options, lark=grammar.lark, check=grammar.check)
-        )
+        made = cls("json_schema", "", source, options, lark=grammar.lark, check=grammar.check)
+        return made if made.accepts_nothing else _checked(made)
 
     @classmethod
     def from_choices(cls, choices: Iterable[str]) -> Constraint:
@@ -212,6 +219,14 @@ class Constraint:
         return None if strict is None else bool(strict)
 
     @property
+    def accepts_nothing(self) -> bool:
+        """A JSON schema read with ``strict=False`` that accepts no value (``false``,
+        ``{"not": {}}``): ``matches`` is False for every text, and generating from it is a
+        ConstraintError where its index is built. With ``strict=True`` (generation) such a
+        schema is a ConstraintError where it is given."""
+        return self.lark == NO_VALUE_LARK
+
+    @property
     def reading(self) -> Constraint:
         """The constraint that reads texts: the same values, an object's members accepted in
         any order (``key_order="any"``), any JSON whitespace between tokens (a text a user,
@@ -228,7 +243,7 @@ class Constraint:
         return found
 
     def _read_in_any_order(self) -> Constraint:
-        if self.kind != "json_schema":
+        if self.kind != "json_schema" or self.accepts_nothing:
             return self
         # a json_schema constraint's options are from_json_schema's, its source the JSON text
         options = dict(self.options)
@@ -265,6 +280,8 @@ class Constraint:
         pattern is never handed to Python's ``re``)."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
+        if self.accepts_nothing:
+            return False
         from lmprog.fsm.index import matches_bytes
 
         if self.kind == "json_schema":  # a JSON text: whitespace around the value, too

@@ -236,6 +236,12 @@ def _lookup(constraint: ConstraintLike | str, tokenizer: Any, inline: bool) -> F
         constraint, "check", None
     )  # named in the pattern: part of the key
 
+    if getattr(constraint, "accepts_nothing", False):
+        raise ConstraintError(
+            "the JSON schema accepts no value, so nothing can be generated from it (it was "
+            "read with strict=False, where it matches no text)"
+        )
+
     def build() -> tuple[TokenIndex, int]:
         index = TokenIndex(pattern, vocab, ll_tokenizer, check)
         _check_start(index)

@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm import Constraint
-from lmprog.fsm.index import matches_bytes
+from lmprog.fsm.index import BYTES, TokenIndex, matches_bytes
 
 
 def test_regex_constraint_is_whole_string():
@@ -132,3 +132,33 @@ def test_compilers_import_without_torch_or_outlines():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        False,
+        {"not": {}},
+        {"allOf": [{"type": "string"}, {"type": "integer"}]},
+        {"type": "object", "properties": {"a": False}, "required": ["a"]},
+        {"type": "array", "items": False, "minItems": 1},
+    ],
+)
+def test_a_schema_that_accepts_no_value_matches_nothing_when_read(schema):
+    """strict=False (the spec's reading, for validation): a schema no value is valid under is
+    a constraint no text matches, as jsonschema judges every instance invalid; generating
+    from it is a ConstraintError where its index is built. strict=True (generation) refuses
+    it where it is given."""
+    import jsonschema
+
+    read = Constraint.from_json_schema(schema, strict=False)
+    assert read.accepts_nothing and read.reading is read
+    for text in ["1", '"x"', "{}", '{"a": 1}', "[]", "[1]", "null", "", "a"]:
+        assert not read.matches(text)
+    for value in [1, "x", {}, {"a": 1}, [], [1], None]:
+        assert not jsonschema.Draft202012Validator(schema).is_valid(value)
+    with pytest.raises(ConstraintError, match="nothing can be generated"):
+        TokenIndex.get(read, BYTES)
+    with pytest.raises(ConstraintError, match="accepts no JSON value"):
+        Constraint.from_json_schema(schema)
+    assert not Constraint.from_json_schema({"type": "integer"}, strict=False).accepts_nothing

@@ -55,6 +55,7 @@ MAX_WORK = 15_000
 KEY_ORDERS = ("schema", "any")
 
 __all__ = [
+    "NoValue",
     "build_grammar",
     "load_schema",
     "python_type",
@@ -292,6 +293,11 @@ def build_grammar(
     return grammar
 
 
+class NoValue(ConstraintError):
+    """The schema accepts no JSON value at all (``false``, ``{"not": {}}``, an ``allOf`` of
+    disjoint types...): exactly, not a bound the compiler gave up at."""
+
+
 class _TooShallow(Exception):
     """An unrolled schema has no value within its recursion bound, but was cut there."""
 
@@ -349,7 +355,7 @@ def _grammar(
         if out is None and builder.cut:
             raise _TooShallow
         if out is None:
-            raise ConstraintError("the schema accepts no JSON value")
+            raise NoValue("the schema accepts no JSON value")
         if not derives_text(out, emitter.rules):
             raise ConstraintError(
                 "the schema accepts no JSON value: it refers to itself ($ref) with nothing "
