@@ -74,7 +74,7 @@ def jump_forward(
     if not enabled or guide.eos_consumed:
         return NOOP
     out = list(output_ids)
-    drop, new = 0, []
+    drop, new = 0, list[int]()
     for _ in range(MAX_SEGMENTS):
         forced = guide.forced_bytes()[:MAX_FORCED_BYTES]
         room = None if max_new_tokens is None else max_new_tokens - len(new) + drop
