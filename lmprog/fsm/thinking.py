@@ -91,7 +91,6 @@ def _special_rules(
 
 def _marked(text: str, specials: Mapping[str, int]) -> str:
     """`text` in Lark: literal strings, each special token's name in it as that token."""
-
     if not text:
         return ""
     names = sorted(specials, key=len, reverse=True)
@@ -99,7 +98,11 @@ def _marked(text: str, specials: Mapping[str, int]) -> str:
     out = []
     for i, piece in enumerate(pieces):
         if piece:
-            out.append(special(piece, specials[piece]).name if i % 2 else json.dumps(piece))
+            out.append(
+                special(piece, specials[piece]).name
+                if i % 2
+                else json.dumps(piece, ensure_ascii=False)
+            )
     return " ".join(out)
 
 

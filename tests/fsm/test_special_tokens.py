@@ -128,3 +128,43 @@ def test_think_as_added_text_token(tok):
     think = tok.convert_tokens_to_ids("<think>")
     guide = TokenIndex.get(Constraint.from_ebnf('start: "<think>" "x"'), tok).new_guide()
     assert think in _allowed(guide)
+
+
+HARMONY_SPECIAL = (
+    "<|channel|>",
+    "<|message|>",
+    "<|call|>",
+    "<|end|>",
+    "<|start|>",
+    "<|constrain|>",
+)
+
+
+def test_thinking_markers_as_special_tokens():
+    """gpt-oss's thinking block, its markers special tokens: the ids, not their spelling."""
+    from lmprog.core.reasoning import FORMATS
+    from lmprog.fsm.compose import special_markers
+    from lmprog.fsm.thinking import for_format
+
+    fmt = FORMATS["gpt-oss"]
+    tok = special_tokenizer(HARMONY_SPECIAL)
+    specials = special_markers(tok, (fmt.start, fmt.end, fmt.after_end, fmt.answer_prefix))
+    assert set(specials) == set(HARMONY_SPECIAL) - {"<|call|>", "<|constrain|>"}
+    whole = for_format(Constraint.from_regex("yes|no"), fmt, "none", specials=specials)
+    text = "<|channel|>analysis<|message|>Hm, <|end no.<|end|><|start|>assistant"
+    ids = tok.encode(text + "<|channel|>final<|message|>yes", add_special_tokens=False)
+    guide = TokenIndex.get(whole, tok).new_guide()
+    assert _allowed(guide) == {specials["<|channel|>"]}  # not "<" spelled
+    end = ids.index(specials["<|end|>"])
+    guide.advance_all(ids[:end])  # the thinking's text, then its end marker's id
+    assert specials["<|end|>"] in _allowed(guide)
+    guide.advance(ids[end])
+    out = ids[: end + 1]
+    result = jump_forward(guide, out, tok)  # the next message's header, forced
+    assert result.new_token_ids[0] == specials["<|start|>"]
+    assert result.new_token_ids[-1] == specials["<|message|>"]
+    assert tok.decode(result.new_token_ids) == "<|start|>assistant<|channel|>final<|message|>"
+    assert tok.decode(result.apply(out)) == text + "<|channel|>final<|message|>"
+    opened = for_format(Constraint.from_regex("yes|no"), fmt, "open", specials=specials)
+    assert opened.matches("thinking<|end|><|start|>assistant<|channel|>final<|message|>no")
+    assert not opened.matches("thinking<|end|><|channel|>final<|message|>no")
