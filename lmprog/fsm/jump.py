@@ -64,7 +64,8 @@ def jump_forward(
     `output_ids` are the tokens generated under this constraint so far (the guide advanced
     through exactly these). `tokenizer` must have `encode(text, add_special_tokens=False)`.
     `max_new_tokens` bounds len(new) - drop (the engine's remaining max_tokens budget).
-    Returns NOOP when nothing is forced, when disabled, or when the tokenizer cannot
+    A special token the grammar forces (`<|call|>`) is appended as its id, with the text
+    before and after it; the retokenized window never reaches back across one. Returns NOOP when nothing is forced, when disabled, or when the tokenizer cannot
     reproduce the text byte for byte (e.g. SentencePiece's leading space).
     """
     if len(output_ids) != guide.num_tokens:
@@ -102,8 +103,8 @@ def jump_forward(
         else:
             del new[len(new) - step.drop_last_n_tokens :]
         new.extend(step.new_token_ids)
-        if not guide.forced_bytes().startswith(b"\xff"):
-            break  # (the text held back, or the end of what is forced)
+        if b"\xff" not in forced or not guide.forced_bytes().startswith(b"\xff"):
+            break  # (no special token forced, the text held back, or the end of it)
     return JumpResult(drop, tuple(new)) if drop or new else NOOP
 
 

@@ -168,3 +168,19 @@ def test_thinking_markers_as_special_tokens():
     opened = for_format(Constraint.from_regex("yes|no"), fmt, "open", specials=specials)
     assert opened.matches("thinking<|end|><|start|>assistant<|channel|>final<|message|>no")
     assert not opened.matches("thinking<|end|><|channel|>final<|message|>no")
+
+
+def test_marker_without_a_lark_name_goes_by_id():
+    """Mistral's `[TOOL_CALLS]` is no `<...>` name llguidance's Lark reads: `<[id]>`."""
+    from lmprog.fsm import compose as c
+
+    tok = special_tokenizer(("[TOOL_CALLS]", "<|call|>"))
+    specials = c.special_markers(tok, ["[TOOL_CALLS] [", "x<|call|>"])
+    calls = tok.convert_tokens_to_ids("[TOOL_CALLS]")
+    part = c.seq(c.marked_text("[TOOL_CALLS] [", specials), c.marked_text("x<|call|>", specials))
+    whole = c.constraint(part, "calls")
+    assert f"<[{calls}]>" in whole.lark and "<|call|>" in whole.lark
+    guide = TokenIndex.get(whole, tok).new_guide()
+    assert _allowed(guide) == {calls}
+    guide.advance_all(tok.encode("[TOOL_CALLS] [x<|call|>", add_special_tokens=False))
+    assert guide.can_stop()
