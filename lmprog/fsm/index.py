@@ -78,6 +78,7 @@ class TokenIndex:
         self._ll_tokenizer = ll_tokenizer
         if pattern.startswith("lark:"):  # before llguidance: a deep grammar overflows its stack
             check_compile_stack(pattern[5:])
+            _check_no_eos(pattern[5:], vocab)
         # the matcher at the start, which every guide copies (a copy shares its lexer), and
         # that lexer's generation (lexer_failed replaces both)
         self._start = _matcher(pattern, ll_tokenizer)
@@ -302,6 +303,27 @@ class UnknownSpecialToken(ConstraintError):
             'model\'s tokenizer; write "<|name|>" in quotes for its text)'
         )
         self.name = name
+
+
+# what a Lark grammar holds beside its rules' names: strings, regexes, comments
+_LARK_LITERALS = re.compile(r'"(?:[^"\\\n]|\\.)*"i?|/(?:[^/\\\n]|\\.)+/[imsx]*|//[^\n]*')
+
+
+def _check_no_eos(lark: str, vocab: TokenVocab) -> None:
+    """ConstraintError if the grammar names the tokenizer's EOS as a special token (SmolLM2's
+    `<|im_end|>`): EOS ends a constrained output where the grammar is complete, so a grammar
+    cannot also take it as a token of its text."""
+    eos = vocab.eos_token_id
+    names = [f"<[{eos}]>", *(n for i, n in vocab.special_names if i == eos)]
+    if not any(n in lark for n in names):
+        return
+    rules = _LARK_LITERALS.sub(" ", lark)
+    for name in names:
+        if name in rules:
+            raise ConstraintError(
+                f"the grammar names {name}, this tokenizer's EOS token: a constrained output "
+                "ends with EOS where the grammar is complete, so leave it out of the grammar"
+            )
 
 
 def _check_start(index: TokenIndex) -> None:

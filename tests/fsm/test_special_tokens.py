@@ -184,3 +184,14 @@ def test_marker_without_a_lark_name_goes_by_id():
     assert _allowed(guide) == {calls}
     guide.advance_all(tok.encode("[TOOL_CALLS] [x<|call|>", add_special_tokens=False))
     assert guide.can_stop()
+
+
+def test_a_grammar_cannot_name_the_eos(tok):
+    """EOS ends a constrained output where the grammar is complete (unchanged): a grammar
+    naming it as a token of its text is refused, naming it; its text in quotes is fine."""
+    with pytest.raises(ConstraintError, match=r"<eos>, this tokenizer's EOS"):
+        TokenIndex.get(Constraint.from_ebnf('start: "a" <eos>'), tok)
+    with pytest.raises(ConstraintError, match=r"<\[270\]>, this tokenizer's EOS"):
+        TokenIndex.get(Constraint.from_ebnf('start: "a" <[270]>'), tok)
+    guide = TokenIndex.get(Constraint.from_ebnf('start: "a" "<eos>" /<eos>?/'), tok).new_guide()
+    assert guide.index.eos_token_id not in _allowed(guide)
