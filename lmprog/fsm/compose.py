@@ -5,7 +5,8 @@ union and repetition, as one grammar. The server's tool calls need it.
     call = c.seq(c.json_text('{"name": "f", "arguments": '), c.embed(args), c.json_text("}"))
     constraint = c.constraint(c.choice(call, c.embed(answer)), "tool call or answer")
 
-Parts: `text(s)` (one lexeme), `json_text(s)` (cut at JSON tokens), `regex(r)` and
+Parts: `text(s)` (one lexeme), `json_text(s)` (cut at JSON tokens), `special(name, id)` (a
+special token itself; `marked_text` spells a text's markers so), `regex(r)` and
 `embed(constraint)` (not an EBNF grammar: ConstraintError); each is cut into lexemes as the
 parts it competes with are. Design: docs/design/constraints.md.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import cast
 
@@ -34,7 +36,10 @@ from lmprog.fsm.json_schema.emit.lark import (
 )
 from lmprog.fsm.regex import R, lit, raw
 
-__all__ = ["seq", "choice", "rep", "text", "json_text", "regex", "embed", "constraint"]
+__all__ = [
+    "seq", "choice", "rep", "text", "json_text", "marked_text", "special", "special_markers",
+    "regex", "embed", "constraint",
+]  # fmt: skip
 _ = (seq, choice, rep)  # re-exported: the combinators of the parts
 
 
@@ -66,6 +71,49 @@ def json_text(s: str) -> Frag | None:
     if at < len(s):
         parts.append(text(s[at:]))
     return seq(*parts)
+
+
+_NAMEABLE = re.compile(r"<[^\s<>\[\]]+>")  # a special token Lark names as it is: <|call|>
+
+
+def special(name: str, token_id: int) -> Ref:
+    """The special token `name` (id `token_id`) as itself: that one id, not its text. Named
+    in the grammar as `<|call|>` where llguidance's Lark reads the name, else `<[id]>`."""
+    return Ref(name if _NAMEABLE.fullmatch(name) else f"<[{token_id}]>")
+
+
+def special_markers(tokenizer: object, texts: Iterable[str]) -> dict[str, int]:
+    """The special tokens of a Hugging Face `tokenizer` whose names occur in `texts` (a
+    format's fixed text: gpt-oss's `<|channel|>`), name -> id ({} for none)."""
+    names = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(added, "special", False):
+            names.add(str(getattr(added, "content", added)))
+    texts = [t for t in texts if t]
+    found = sorted(n for n in names if n and any(n in t for t in texts))
+    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
+    if not found or not callable(convert):
+        return {}
+    return {n: i for n, i in zip(found, convert(found)) if isinstance(i, int)}
+
+
+def marked_text(
+    s: str, specials: Mapping[str, int], part: Callable[[str], Frag | None] = text
+) -> Frag | None:
+    """`part(s)` (`text` or `json_text`), where each occurrence of a name in `specials` (a
+    special token's name -> its id: the markers a model writes as special tokens) is that
+    token (`special`)."""
+    if not specials or not any(name in s for name in specials):
+        return part(s)
+    names = sorted(specials, key=len, reverse=True)
+    pieces = re.split("(" + "|".join(map(re.escape, names)) + ")", s)
+    return seq(
+        *(
+            special(piece, specials[piece]) if i % 2 else part(piece)
+            for i, piece in enumerate(pieces)
+            if piece
+        )
+    )
 
 
 class _Embedded(Ref):

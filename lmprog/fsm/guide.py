@@ -150,11 +150,9 @@ class Guide:
             return False
         if token_id == self.index.eos_token_id:
             return self.can_stop()
-        if (
-            not 0 <= token_id < self.index.vocab_size
-            or self.index.vocab.token_bytes[token_id] is None
-        ):
+        if not 0 <= token_id < self.index.vocab_size:
             return False
+        # (a special token: where the grammar names it, `<|call|>`; never under a check)
         return self._valid(token_id) and self._next_check(token_id) != 0
 
     def _next_check(self, token_id: int) -> State | Literal[0] | None:
@@ -163,7 +161,7 @@ class Guide:
         if check is None or checks is None:
             return None
         data = self.index.vocab.token_bytes[token_id]
-        if data is None:  # a special token (callers refuse it before asking)
+        if data is None:  # a special token: no JSON text
             return 0
         state = check.step(checks[-1], data)
         return 0 if state is None else state
@@ -320,7 +318,10 @@ class Guide:
         if not 0 <= token_id < vocab.size:
             return "outside the vocabulary"
         b = vocab.token_bytes[token_id]
-        return "a special token" if b is None else repr(b.decode("utf-8", "replace"))
+        if b is None:
+            name = dict(vocab.special_names).get(token_id)
+            return "a special token" if name is None else f"the special token {name}"
+        return repr(b.decode("utf-8", "replace"))
 
     def __repr__(self) -> str:
         return f"Guide(state={self.state}, tokens={self.num_tokens}, can_stop={self.can_stop()})"

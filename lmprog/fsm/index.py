@@ -12,8 +12,10 @@ spent lexer is renewed (`lexer_failed`). Design: docs/design/constraints.md.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
+import re
 import threading
 import weakref
 from collections.abc import Hashable
@@ -76,6 +78,8 @@ class TokenIndex:
         self._ll_tokenizer = ll_tokenizer
         # before llguidance: a deep grammar overflows its stack (or compiles on a deep one)
         self._deep = pattern.startswith("lark:") and check_compile_stack(pattern[5:])
+        if pattern.startswith("lark:"):
+            _check_no_eos(pattern[5:], vocab)
         # the matcher at the start, which every guide copies (a copy shares its lexer), and
         # that lexer's generation (lexer_failed replaces both)
         self._start = _matcher(pattern, ll_tokenizer, deep=self._deep)
@@ -293,8 +297,48 @@ def _matcher(
         grammar = llguidance.LLMatcher.grammar_from_regex(pattern)
     matcher = llguidance.LLMatcher(ll_tokenizer, grammar, log_level=0, limits=_limits(fuel))
     if matcher.is_error():
-        raise ConstraintError(f"cannot compile {_short(pattern)}: {_reason(matcher.get_error())}")
+        error = matcher.get_error()
+        unknown = _UNKNOWN_SPECIAL.search(error)
+        if unknown is not None:
+            raise UnknownSpecialToken(unknown.group(1), _short(pattern))
+        raise ConstraintError(f"cannot compile {_short(pattern)}: {_reason(error)}")
     return matcher
+
+
+_UNKNOWN_SPECIAL = re.compile(r'unknown special token: "([^"]*)"')
+
+
+class UnknownSpecialToken(ConstraintError):
+    """A grammar names a special token (`<|call|>`) the tokenizer does not have."""
+
+    def __init__(self, name: str, pattern: str) -> None:
+        super().__init__(
+            f"cannot compile {pattern}: it names the special token {name}, which this "
+            "tokenizer does not have (a grammar's <|name|> is one special token of the "
+            'model\'s tokenizer; write "<|name|>" in quotes for its text)'
+        )
+        self.name = name
+
+
+# what a Lark grammar holds beside its rules' names: strings, regexes, comments
+_LARK_LITERALS = re.compile(r'"(?:[^"\\\n]|\\.)*"i?|/(?:[^/\\\n]|\\.)+/[imsx]*|//[^\n]*')
+
+
+def _check_no_eos(lark: str, vocab: TokenVocab) -> None:
+    """ConstraintError if the grammar names the tokenizer's EOS as a special token (SmolLM2's
+    `<|im_end|>`): EOS ends a constrained output where the grammar is complete, so a grammar
+    cannot also take it as a token of its text."""
+    eos = vocab.eos_token_id
+    names = [f"<[{eos}]>", *(n for i, n in vocab.special_names if i == eos)]
+    if not any(n in lark for n in names):
+        return
+    rules = _LARK_LITERALS.sub(" ", lark)
+    for name in names:
+        if name in rules:
+            raise ConstraintError(
+                f"the grammar names {name}, this tokenizer's EOS token: a constrained output "
+                "ends with EOS where the grammar is complete, so leave it out of the grammar"
+            )
 
 
 def _check_start(index: TokenIndex) -> None:
@@ -368,17 +412,20 @@ def _short(pattern: str) -> str:
 
 
 class _Tokens:
-    """The tokenizer interface `llguidance.LLTokenizer` reads: every id's bytes (special ids
-    as b"\\xff<[id]>", llguidance's spelling of a token with no text), the EOS id, and an
-    encoder (bytes or str -> ids) it uses for forced text."""
+    """The tokenizer interface `llguidance.LLTokenizer` reads: every id's bytes (a special id
+    as b"\\xff" + its name, llguidance's spelling of a token with no text, which a grammar
+    names it by: `<|call|>`; b"\\xff<[id]>" where it has no name), the EOS id, and an encoder
+    (bytes or str -> ids) it uses for forced text."""
 
     is_tokenizer_wrapper = True
 
     def __init__(self, vocab: TokenVocab, tokenizer: Any) -> None:
         self.eos_token_id = vocab.eos_token_id
         self.bos_token_id = None
+        names = dict(vocab.special_names)
         self.tokens = [
-            b if b is not None else b"\xff<[%d]>" % i for i, b in enumerate(vocab.token_bytes)
+            b if b is not None else special_spelling(i, names.get(i))
+            for i, b in enumerate(vocab.token_bytes)
         ]
         self.special_token_ids = [i for i, b in enumerate(vocab.token_bytes) if b is None]
         encode = getattr(tokenizer, "encode", None)
@@ -397,6 +444,12 @@ class _Tokens:
         return self._vocab.greedy_encode(
             text.encode() if isinstance(text, str) else text, partial=True
         )
+
+
+def special_spelling(token_id: int, name: str | None) -> bytes:
+    """A special token's bytes as llguidance holds them: b"\\xff" + its name, or
+    b"\\xff<[id]>" without one."""
+    return b"\xff" + (name.encode() if name else b"<[%d]>" % token_id)
 
 
 _LL_TOKENIZERS: weakref.WeakKeyDictionary[TokenVocab, LLTokenizer] = weakref.WeakKeyDictionary()
@@ -478,21 +531,64 @@ def _native_tokenizer(vocab: TokenVocab, tokenizer: Any) -> LLTokenizer | None:
 BYTES = TokenVocab((*(bytes([b]) for b in range(256)), None), eos_token_id=256)  # id = byte
 
 
+MAX_NAMED_SPECIAL_TOKENS = 64  # special tokens one grammar may name (`check_grammar`)
+
+
 def check_grammar(constraint: ConstraintLike) -> None:
     """Compile a constraint's grammar once, without a model's vocabulary, so that an error in
-    it (llguidance's Lark checks) is raised where the constraint is built."""
-    TokenIndex.get(constraint, BYTES)
+    it (llguidance's Lark checks) is raised where the constraint is built. The special tokens
+    it names (`<|call|>`) are given to the one-byte vocabulary as it names them: whether a
+    model's tokenizer has them is checked where the constraint is compiled for it."""
+    _bytes_index(constraint)
+
+
+def _bytes_index(constraint: ConstraintLike) -> TokenIndex:
+    """The constraint's index over BYTES, with the special tokens its grammar names after
+    EOS (ids 257, ...), and unnamed ids up to the highest it names by id (`<[id]>`)."""
+    names: tuple[str, ...] = ()
+    size = BYTES.size
+    while True:
+        try:
+            return TokenIndex.get(constraint, _bytes_with_special(names, size))
+        except UnknownSpecialToken as exc:
+            if exc.name in names or len(names) >= MAX_NAMED_SPECIAL_TOKENS:
+                raise
+            names = (*names, exc.name)
+        except ConstraintError as exc:
+            by_id = _ID_TOO_LARGE.search(str(exc))
+            if by_id is None or not size <= int(by_id.group(1)) < MAX_TOKEN_ID:
+                raise
+            size = int(by_id.group(1)) + 1
+
+
+MAX_TOKEN_ID = 1 << 20  # ids a grammar may name (`<[id]>`) where it is checked without a model
+_ID_TOO_LARGE = re.compile(r"Token range end too large: (\d+)")
+
+
+@functools.lru_cache(maxsize=64)
+def _bytes_with_special(names: tuple[str, ...], size: int) -> TokenVocab:
+    """BYTES, then the special tokens `names` after its EOS (ids 257, 258, ...), then unnamed
+    ids up to `size`."""
+    if not names and size <= BYTES.size:
+        return BYTES
+    extra = max(len(names), size - BYTES.size)
+    return TokenVocab(
+        (*BYTES.token_bytes, *(None for _ in range(extra))),
+        BYTES.eos_token_id,
+        tuple((257 + j, name) for j, name in enumerate(names)),
+    )
 
 
 def matches_bytes(constraint: ConstraintLike, data: bytes) -> bool:
     """Whether `data` is a whole match of the constraint, through the token engine over a
-    one-byte-per-token vocabulary (linear in len(data), bounded by the lexer limits; past
-    them, ConstraintError). These matchers compute no masks, so they spend the lexer fuel
+    one-byte-per-token vocabulary, where a special token the grammar names is read from its
+    name's text (linear in len(data), bounded by the lexer limits; past them,
+    ConstraintError). These matchers compute no masks, so they spend the lexer fuel
     left by the last one: where that runs out the lexer is renewed (`lexer_failed`) and the
     text read again on a matcher of its own."""
-    index = TokenIndex.get(constraint, BYTES)
+    index = _bytes_index(constraint)
     matcher, lexer = index.new_matcher()
-    tokens = list(data)
+    tokens = _byte_tokens(data, index.vocab.special_ids)
     consumed = matcher.try_consume_tokens(tokens)
     if _failed(matcher, tokens, consumed) is not None:
         index.lexer_failed(lexer)
@@ -504,6 +600,26 @@ def matches_bytes(constraint: ConstraintLike, data: bytes) -> bool:
     if not (consumed == len(tokens) and matcher.is_accepting()):
         return False
     return index.check is None or index.check.step(index.check.start(), data) is not None
+
+
+def _byte_tokens(data: bytes, special: dict[str, int]) -> list[int]:
+    """`data` as BYTES ids, a special token's name where the grammar names it read as that
+    token (the text a detokenizer writes for it: `<|call|>`), as a tokenizer's encoder does."""
+    if not special:
+        return list(data)
+    names = sorted(((n.encode(), i) for n, i in special.items()), key=lambda p: -len(p[0]))
+    tokens: list[int] = []
+    pos = 0
+    while pos < len(data):
+        for name, token in names:
+            if data.startswith(name, pos):
+                tokens.append(token)
+                pos += len(name)
+                break
+        else:
+            tokens.append(data[pos])
+            pos += 1
+    return tokens
 
 
 def _failed(matcher: LLMatcher, tokens: list[int], consumed: int) -> str | None:

@@ -10,6 +10,7 @@ the guide has advanced through exactly the result's tokens. Design: docs/design/
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 from lmprog.fsm.guide import Guide
 
 MAX_FORCED_BYTES = 4096  # one jump appends at most this much; the rest in the next
+MAX_SEGMENTS = 16  # texts and special tokens one jump appends, alternating
+_FORCED_SPECIAL = re.compile(rb"\xff\[(\d+)\]")  # llguidance's forced bytes: b"\xff[id]"
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,8 @@ def jump_forward(
     `output_ids` are the tokens generated under this constraint so far (the guide advanced
     through exactly these). `tokenizer` must have `encode(text, add_special_tokens=False)`.
     `max_new_tokens` bounds len(new) - drop (the engine's remaining max_tokens budget).
-    Returns NOOP when nothing is forced, when disabled, or when the tokenizer cannot
+    A special token the grammar forces (`<|call|>`) is appended as its id, with the text
+    before and after it; the retokenized window never reaches back across one. Returns NOOP when nothing is forced, when disabled, or when the tokenizer cannot
     reproduce the text byte for byte (e.g. SentencePiece's leading space).
     """
     if len(output_ids) != guide.num_tokens:
@@ -70,17 +74,38 @@ def jump_forward(
         )
     if not enabled or guide.eos_consumed:
         return NOOP
-    forced = guide.forced_bytes()[:MAX_FORCED_BYTES]
-    if not forced:
-        return NOOP
-    output_ids = list(output_ids)
-    plan = _retokenize(guide, output_ids, forced, tokenizer, lookback)
-    if plan is None:
-        return NOOP
-    drop, new = plan
-    if max_new_tokens is not None:
-        new = new[: max(0, max_new_tokens + drop)]
-    return _commit(guide, output_ids, drop, new)
+    out = list(output_ids)
+    drop, new = 0, list[int]()
+    for _ in range(MAX_SEGMENTS):
+        forced = guide.forced_bytes()[:MAX_FORCED_BYTES]
+        room = None if max_new_tokens is None else max_new_tokens - len(new) + drop
+        if not forced or (room is not None and room <= 0):
+            break
+        if forced.startswith(b"\xff"):  # a special token the grammar names: its id itself
+            token = _forced_special(guide, forced)
+            if token is None:
+                break
+            guide.advance(token)
+            out.append(token)
+            new.append(token)
+            continue
+        # the text up to the next special token, retokenized with the tokens before it
+        plan = _retokenize(guide, out, forced.split(b"\xff", 1)[0], tokenizer, lookback)
+        if plan is None:
+            break
+        step = _commit(guide, out, plan[0], plan[1] if room is None else plan[1][: room + plan[0]])
+        if step.is_noop:
+            break
+        out = step.apply(out)
+        if step.drop_last_n_tokens > len(new):
+            drop += step.drop_last_n_tokens - len(new)
+            new = []
+        else:
+            del new[len(new) - step.drop_last_n_tokens :]
+        new.extend(step.new_token_ids)
+        if b"\xff" not in forced or not guide.forced_bytes().startswith(b"\xff"):
+            break  # (no special token forced, the text held back, or the end of it)
+    return JumpResult(drop, tuple(new)) if drop or new else NOOP
 
 
 # ---- internals -----------------------------------------------------------------------------
@@ -92,7 +117,15 @@ def _retokenize(
     """(tokens to drop, tokens to append), before hold-back; None if not reproducible."""
     vocab = guide.index.vocab
     k = min(lookback, len(output_ids))
-    while 0 < k < len(output_ids) and _starts_mid_char(vocab.token_bytes[output_ids[-k]]):
+    for j in range(1, k + 1):
+        if vocab.token_bytes[output_ids[-j]] is None:
+            k = j - 1  # never across a special token: the window is text after the last one
+            break
+    while (
+        0 < k < len(output_ids)
+        and _starts_mid_char(vocab.token_bytes[output_ids[-k]])
+        and vocab.token_bytes[output_ids[-k - 1]] is not None
+    ):
         k += 1  # the window must start on a character boundary to be decodable on its own
     old = output_ids[len(output_ids) - k :]
     head = vocab.decode(old)
@@ -130,6 +163,18 @@ def _commit(guide: Guide, output_ids: list[int], drop: int, new: list[int]) -> J
     guide.rollback(drop)
     guide.advance_all(new)
     return JumpResult(drop, tuple(new))
+
+
+def _forced_special(guide: Guide, forced: bytes) -> int | None:
+    """The special token `forced` starts with (llguidance spells one b"\\xff[id]"), if the
+    guide takes it here (never EOS, which the engine decides)."""
+    found = _FORCED_SPECIAL.match(forced)
+    if found is None:
+        return None
+    token = int(found.group(1))
+    if token == guide.index.eos_token_id or not guide.is_allowed(token):
+        return None
+    return token
 
 
 def _extendable(guide: Guide, token_id: int) -> bool:

@@ -35,13 +35,16 @@ _SPIECE_SPACE = "\u2581"  # "▁"
 
 @dataclass(frozen=True, eq=False)
 class TokenVocab:
-    """Token id -> bytes (None for special or unused ids), plus the EOS id.
+    """Token id -> bytes (None for special or unused ids), plus the EOS id, and the names of
+    the special tokens (`special_names`: (id, name) pairs, e.g. (200012, "<|call|>")), which a
+    grammar names them by.
 
     Immutable; `size` is the number of ids (the smallest logits width that covers them).
     """
 
     token_bytes: tuple[bytes | None, ...]
     eos_token_id: int
+    special_names: tuple[tuple[int, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.eos_token_id < len(self.token_bytes):
@@ -64,10 +67,27 @@ class TokenVocab:
 
     @cached_property
     def fingerprint(self) -> str:
+        """Identifies the ids' bytes, the EOS and the special tokens' names."""
+        if not self.special_names:
+            return self.bytes_fingerprint
+        named = f"{self.bytes_fingerprint};{self.special_names!r}"
+        return hashlib.sha256(named.encode()).hexdigest()[:24]
+
+    @cached_property
+    def bytes_fingerprint(self) -> str:
+        """Identifies the ids' bytes and the EOS (what the disk cache holds)."""
         h = hashlib.sha256(f"eos={self.eos_token_id};n={self.size};".encode())
         for b in self.token_bytes:
             h.update(b"\xff" if b is None else len(b).to_bytes(2, "little") + b)
         return h.hexdigest()[:24]
+
+    @cached_property
+    def special_ids(self) -> dict[str, int]:
+        """The special tokens' ids by name (the first id of a name)."""
+        ids: dict[str, int] = {}
+        for i, name in self.special_names:
+            ids.setdefault(name, i)
+        return ids
 
     @cached_property
     def sorted_tokens(self) -> tuple[list[bytes], np.ndarray]:
@@ -164,7 +184,7 @@ def _vocab_from_tokenizer(tokenizer: Any) -> TokenVocab:
         return _read_vocab(tokenizer)
     entry = derived_path("vocab", source, version=_CACHE_VERSION)
     check = _identity(tokenizer)
-    vocab = _load_cached(entry, source, check)
+    vocab = _load_cached(entry, source, check, _special_names(tokenizer))
     if vocab is None:
         vocab = _read_vocab(tokenizer)
         try:
@@ -199,7 +219,7 @@ def _read_vocab(tokenizer: Any) -> TokenVocab:
         if i in special:
             continue
         token_bytes[i] = added[i].encode() if i in added else to_bytes(text)
-    return TokenVocab(tuple(b if b else None for b in token_bytes), eos)
+    return TokenVocab(tuple(b if b else None for b in token_bytes), eos, _special_names(tokenizer))
 
 
 def _len(tokenizer: Any) -> int:
@@ -215,6 +235,22 @@ def _special_ids(tokenizer: Any) -> set[int]:
         if getattr(tok, "special", False):
             ids.add(i)
     return ids
+
+
+def _special_names(tokenizer: Any) -> tuple[tuple[int, str], ...]:
+    """(id, name) of the tokenizer's special tokens, EOS included, by id."""
+    names: dict[int, str] = {}
+    for i, tok in getattr(tokenizer, "added_tokens_decoder", {}).items():
+        if getattr(tok, "special", False):
+            names[i] = str(getattr(tok, "content", tok))
+    eos = tokenizer.eos_token_id
+    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
+    for i in _special_ids(tokenizer) | {eos}:
+        if i not in names and callable(convert):
+            name = convert(i)
+            if isinstance(name, str):
+                names[i] = name
+    return tuple(sorted(names.items()))
 
 
 def _token_decoder(tokenizer: Any) -> Callable[[str], bytes]:
@@ -290,7 +326,9 @@ def _identity(tokenizer: Any) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
 
 
-def _load_cached(entry: Path, source: Path, check: str) -> TokenVocab | None:
+def _load_cached(
+    entry: Path, source: Path, check: str, names: tuple[tuple[int, str], ...]
+) -> TokenVocab | None:
     meta = read_description(entry / "vocab.json", source, version=_CACHE_VERSION)
     if meta is None or meta.get("tokenizer") != check:
         return None
@@ -307,10 +345,10 @@ def _load_cached(entry: Path, source: Path, check: str) -> TokenVocab | None:
     starts = [0, *ends[:-1]]
     token_bytes = tuple(blob[a:b] if a != b else None for a, b in zip(starts, ends))
     try:
-        vocab = TokenVocab(token_bytes, int(meta["eos_token_id"]))
+        vocab = TokenVocab(token_bytes, int(meta["eos_token_id"]), names)
     except (KeyError, TypeError, ValueError):
         return None
-    vocab.__dict__["fingerprint"] = meta.get("fingerprint") or vocab.fingerprint
+    vocab.__dict__["bytes_fingerprint"] = meta.get("fingerprint") or vocab.bytes_fingerprint
     order = np.frombuffer(order_raw, dtype="<i4").astype(np.int32)
     if len(order) == sum(b is not None for b in token_bytes) and 0 <= order.min(initial=0):
         if int(order.max(initial=0)) < len(token_bytes):
@@ -339,7 +377,7 @@ def _save_cached(entry: Path, source: Path, check: str, vocab: TokenVocab) -> No
             "size": vocab.size,
             "eos_token_id": vocab.eos_token_id,
             "crc32": [zlib.crc32(data) for data in files.values()],
-            "fingerprint": vocab.fingerprint,
+            "fingerprint": vocab.bytes_fingerprint,
         },
         version=_CACHE_VERSION,
     )

@@ -11,6 +11,7 @@ The output splits into `reasoning_content` and `content`. Design: docs/design/se
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,14 +35,21 @@ class ReasoningPlan:
     separate: bool = True
 
     def constrain(
-        self, answer: Any, param: str = "response_format", *, headed: bool = False
+        self,
+        answer: Any,
+        param: str = "response_format",
+        *,
+        headed: bool = False,
+        specials: Mapping[str, int] | None = None,
     ) -> Any:
         """The constraint of the whole output given the answer's (None: free text);
-        `headed`: the answer writes its own message header (gpt-oss tool calls)."""
+        `headed`: the answer writes its own message header (gpt-oss tool calls); `specials`:
+        the markers the model's tokenizer has as special tokens, name -> id (taken as those
+        ids: `fsm.thinking.after_thinking`)."""
         if answer is None or self.budget is not None:
             return None if self.budget is not None else answer
         try:
-            return for_format(answer, self.fmt, self.state, headed=headed)
+            return for_format(answer, self.fmt, self.state, headed=headed, specials=specials)
         except ConstraintError as exc:
             raise APIError(400, str(exc), param=param, code="invalid_constraint") from None
 

@@ -41,6 +41,19 @@ def byte_level_tokenizer(merges=TOY_MERGES):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
 
+TOY_SPECIAL = ("<|channel|>", "<|message|>", "<|call|>", "<|end|>")  # ids 271, 272, 273, 274
+
+
+def special_tokenizer(special=TOY_SPECIAL, added=("<think>",)):
+    """`byte_level_tokenizer` with special tokens after <eos> (gpt-oss's markers: single ids
+    the encoder makes of their text) and then added, non-special tokens (a Qwen3 `<think>`,
+    a text token: its bytes are its text)."""
+    tok = byte_level_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": list(special)})
+    tok.add_tokens(list(added))
+    return tok
+
+
 def is_prefix_of_a_match(pattern: str, text: str) -> bool:
     """The reference the token engine is checked against: the `regex` module's partial match
     (is `text` a prefix of some full match of `pattern`?), an engine independent of llguidance."""

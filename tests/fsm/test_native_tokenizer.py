@@ -82,3 +82,20 @@ def test_a_tokenizer_spelled_otherwise_keeps_the_python_path():
     assert b"\xff" in vocab.token_bytes
     assert _native_tokenizer(vocab, toy) is None
     assert _native_tokenizer(vocab, vocab) is None  # a bare vocabulary has no JSON
+
+
+def test_special_tokens_by_name_on_the_native_tokenizer(tok):
+    """llguidance's own tokenizer names the special tokens from the tokenizer's JSON: a
+    grammar's `<|im_start|>` is that id, and jump-forward forces it by id."""
+    from lmprog.fsm.jump import jump_forward
+
+    vocab = TokenVocab.from_tokenizer(tok)
+    assert _native_tokenizer(vocab, tok) is not None
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+    guide = TokenIndex.get(Constraint.from_ebnf('start: "ab" <|im_start|> "cd"'), tok).new_guide()
+    ids = tok.encode("ab", add_special_tokens=False)
+    guide.advance_all(ids)
+    assert guide.allowed_token_ids().tolist() == [start]
+    result = jump_forward(guide, ids, tok)
+    assert result.new_token_ids[0] == start and guide.can_stop()
+    assert tok.decode(list(result.apply(ids))) == "ab<|im_start|>cd"

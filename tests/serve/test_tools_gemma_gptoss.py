@@ -295,3 +295,41 @@ def test_calls_through_the_openai_client(name, text, calls):
         assert message.reasoning_content == "The user wants Oslo's weather."
         reasoning = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
         assert reasoning == message.reasoning_content
+
+
+def test_gpt_oss_markers_are_its_special_tokens():
+    """Where the tokenizer has harmony's markers as special tokens, the call's constraint
+    takes their ids (gpt-oss writes them so), forces them by id, and still reads the text."""
+    from lmprog.fsm.compose import special_markers
+    from lmprog.fsm.index import TokenIndex
+    from lmprog.fsm.jump import jump_forward
+    from tests.fsm.fsm_toys import special_tokenizer
+
+    names = ("<|channel|>", "<|message|>", "<|call|>", "<|end|>", "<|start|>", "<|constrain|>")
+    tok = special_tokenizer(names)
+    fmt = GPT_OSS_REASONING
+    markers = (*HARMONY.fixed_texts, fmt.start, fmt.end, fmt.after_end, fmt.answer_prefix)
+    specials = special_markers(tok, markers)
+    assert set(specials) == set(names)
+    plan = plan_tools([CITY, NOARGS], "auto", None, HARMONY, specials=specials)
+    whole = ReasoningPlan(fmt, "none").constrain(plan.constraint, headed=True, specials=specials)
+    call = HARMONY_CALL.replace(" <|end|>", "")  # (a marker's text in a string reads as it)
+    for text in (call, THOUGHT + call, ANSWER, THOUGHT + ANSWER):
+        assert whole.matches(text), text
+    assert not whole.matches(call + call)
+    guide = TokenIndex.get(whole, tok).new_guide()
+    assert set(guide.allowed_token_ids().tolist()) == {specials["<|channel|>"]}
+    head = tok.encode("<|channel|>commentary to=functions.weather", add_special_tokens=False)
+    guide.advance_all(head)
+    result = jump_forward(guide, head, tok)
+    assert specials["<|constrain|>"] in result.new_token_ids  # by id, not spelled
+    assert specials["<|message|>"] in result.new_token_ids
+    out = result.apply(head)
+    rest = tok.decode(out)[len(tok.decode(head)) :]
+    assert rest.startswith(" <|constrain|>json<|message|>")
+    args = tok.encode('{"city": "Oslo"}<|call|>', add_special_tokens=False)
+    guide.rollback(guide.num_tokens)
+    ids = tok.encode(call.replace('Oslo \\"old\\"', "Oslo"), add_special_tokens=False)
+    assert ids[-len(args) :] == args and specials["<|call|>"] == ids[-1]
+    guide.advance_all(ids)
+    assert guide.can_stop()

@@ -15,6 +15,8 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from lmprog.core.protocol import GenerateRequest, GenerateResult
+from lmprog.core.reasoning import ReasoningFormat
+from lmprog.fsm.compose import special_markers
 
 from ..compile import build_index, compiled
 from ..constraints import body_constraint, constraint_field
@@ -69,7 +71,9 @@ async def start_chat_completion(
         plan, prompt, thinking = await ctx.blocking(_prepare, ctx, body)
     headed = plan.headed
     constraint = (
-        plan.constraint if thinking is None else thinking.constrain(plan.constraint, headed=headed)
+        plan.constraint
+        if thinking is None
+        else thinking.constrain(plan.constraint, headed=headed, specials=plan.specials)
     )
     tokenizer = _tokenizer(ctx)
     if (thinking is not None and thinking.fmt.marked_by_special_tokens(tokenizer)) or (
@@ -131,14 +135,17 @@ def _prepare(
         )
     fmt = tool_format(ctx.template)
     parallel = body.parallel_tool_calls is not False
-    plan = plan_tools(body.tools, body.tool_choice, text, fmt, parallel=parallel)
+    tokenizer = _tokenizer(ctx)
+    markers = (*fmt.fixed_texts, *_reasoning_markers(ctx.reasoning))
+    specials = special_markers(tokenizer, markers) if tokenizer is not None else {}
+    plan = plan_tools(body.tools, body.tool_choice, text, fmt, parallel=parallel, specials=specials)
     prompt = render_chat(
         ctx.template,
         body.messages,
         plan.prompt,
         max_json_depth=ctx.limits.max_json_depth,
         tools=body.tools,
-        tokenizer=None if ctx.limits.allow_special_tokens else _tokenizer(ctx),
+        tokenizer=None if ctx.limits.allow_special_tokens else tokenizer,
         tool_format=fmt,
         variables=template_kwargs(body.chat_template_kwargs, body.reasoning_effort),
         image_token=ctx.backend.image_token,
@@ -150,7 +157,7 @@ def _prepare(
         param = "tools" if body.tools else (constraint_field(body) or "messages")
         answer = plan.constraint
         if thinking is not None:
-            answer = thinking.constrain(answer, param, headed=plan.headed)
+            answer = thinking.constrain(answer, param, headed=plan.headed, specials=specials)
         build_index(ctx, answer)
     return plan, prompt, thinking
 
@@ -158,6 +165,13 @@ def _prepare(
 def prepare_prompt(ctx: ServeContext, body: ChatCompletionRequest) -> str:
     """The prompt `body` renders to (its tools and template variables included)."""
     return _prepare(ctx, body)[1]
+
+
+def _reasoning_markers(fmt: ReasoningFormat | None) -> tuple[str, ...]:
+    """A reasoning format's markers, which a constraint after its thinking writes."""
+    if fmt is None:
+        return ()
+    return (fmt.start, fmt.end, fmt.after_end, fmt.answer_prefix)
 
 
 def _tokenizer(ctx: ServeContext) -> Any:

@@ -62,6 +62,12 @@ class ToolFormat:
         specials = getattr(tokenizer, "all_special_tokens", None) or ()
         return any(tok and any(tok in f for f in fixed) for tok in specials)
 
+    @property
+    def fixed_texts(self) -> tuple[str, ...]:
+        """The layout's fixed text (markers, headers), the name and arguments aside."""
+        return (self.opener, self.closer, self.separator, self.head, self.args_key, self.tail,
+                self.answer_opener)  # fmt: skip
+
     def name_text(self, name: str) -> str:
         return json.dumps(name) if self.quoted_name else name
 

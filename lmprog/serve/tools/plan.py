@@ -8,7 +8,7 @@ tool_choice "required" / a named function: one or more calls; "auto": calls or a
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,8 @@ class ToolPlan:
     max_calls: int | None = None
     schemas: dict[str, Any] = field(default_factory=dict, compare=False)  # name -> parameters
     headed: bool = False  # the constraint writes the message headers (harmony's channels)
+    # the markers the constraint takes as special tokens, name -> id (plan_tools' `specials`)
+    specials: Mapping[str, int] = field(default_factory=dict, compare=False)
 
     def reader(self) -> CallReader:
         """A reader of one choice's text (see CallReader); only when tools are on."""
@@ -75,13 +77,18 @@ def plan_tools(
     fmt: ToolFormat = GENERIC,
     *,
     parallel: bool = True,
+    specials: Mapping[str, int] | None = None,
 ) -> ToolPlan:
     """`text`: the response_format constraint of plain answers (None: free text); `fmt`: the
-    template's call format (formats.tool_format); `parallel`: parallel_tool_calls."""
+    template's call format (formats.tool_format); `parallel`: parallel_tool_calls;
+    `specials`: the format's markers the model's tokenizer has as special tokens, name -> id
+    (`ToolFormat.special_markers`), which the constraint takes as those ids (the model writes
+    them so), not as their text."""
+    specials = specials or {}
     if not tools:
         if choice not in (None, "none"):
             raise APIError(400, "tool_choice needs tools", param="tool_choice")
-        return ToolPlan(text, None, None, fmt)
+        return ToolPlan(text, None, None, fmt, specials=specials)
     _check_unique(tools)
     args = [_arguments(t, i) for i, t in enumerate(tools)]  # every schema checked, even unchosen
     choice = choice or "auto"
@@ -90,18 +97,21 @@ def plan_tools(
     ):  # an answer, not something that reads as a call (a history of them invites one)
         if fmt.answer_opener:  # an answer under its header (harmony's final channel)
             if text is not None:  # any constraint, a grammar too, nested under the header
-                return ToolPlan(prefixed(text, fmt.answer_opener), None, None, fmt, headed=True)
-            headed = c.constraint(_opened_answer(fmt, None), "answer")
-            return ToolPlan(headed, None, None, fmt, headed=True)
+                answer = prefixed(text, fmt.answer_opener, specials)
+                return ToolPlan(answer, None, None, fmt, headed=True, specials=specials)
+            headed = c.constraint(_opened_answer(fmt, None, specials), "answer")
+            return ToolPlan(headed, None, None, fmt, headed=True, specials=specials)
         answer = text or Constraint("regex", _not_starting_with(fmt.marker).text, "answer")
-        return ToolPlan(answer, None, None, fmt)
+        return ToolPlan(answer, None, None, fmt, specials=specials)
     chosen = _chosen(tools, choice)
     max_calls = 1 if not parallel else fmt.max_calls
     if fmt.layout in (XML_FAMILY, PYTHONIC_FAMILY):
         build = xml_calls if fmt.layout == XML_FAMILY else pythonic_calls
         calls = _own_calls(build, tools, chosen, max_calls)
     else:
-        calls = _calls(fmt, [(t.function.name, args[tools.index(t)]) for t in chosen], max_calls)
+        calls = _calls(
+            fmt, [(t.function.name, args[tools.index(t)]) for t in chosen], max_calls, specials
+        )
     calls_c = c.constraint(calls, "tool calls")
     prompt = None
     if not fmt.native or fmt.note:
@@ -112,16 +122,19 @@ def plan_tools(
     schemas = {t.function.name: t.function.parameters or _NO_PARAMETERS for t in chosen}
     headed = bool(fmt.answer_opener)
     plan = ToolPlan(
-        calls_c, calls_c, prompt, fmt, names, choice == "auto", max_calls, schemas, headed
-    )
+        calls_c, calls_c, prompt, fmt, names, choice == "auto", max_calls, schemas, headed,
+        specials,
+    )  # fmt: skip
     if choice != "auto":
         return plan
     if fmt.answer_opener:
-        answer = _opened_answer(fmt, text)
+        answer = _opened_answer(fmt, text, specials)
     else:
         answer = c.embed(text) if text is not None else c.regex(_not_starting_with(fmt.marker))
     either_c = c.constraint(c.choice(calls, answer), "tool calls or answer")
-    return ToolPlan(either_c, calls_c, prompt, fmt, names, True, max_calls, schemas, headed)
+    return ToolPlan(
+        either_c, calls_c, prompt, fmt, names, True, max_calls, schemas, headed, specials
+    )
 
 
 def _own_calls(
@@ -179,30 +192,45 @@ def _arguments(tool: Tool, index: int) -> Constraint:
         ) from None
 
 
-def _calls(fmt: ToolFormat, tools: list[tuple[str, Constraint]], max_calls: int | None) -> Any:
+def _calls(
+    fmt: ToolFormat,
+    tools: list[tuple[str, Constraint]],
+    max_calls: int | None,
+    specials: Mapping[str, int],
+) -> Any:
     """opener call (separator call){0,max_calls-1} closer, a call being any of `tools`: the
     call's JSON text cut as JSON tokens around its arguments' grammar (so that it lines up
-    with a JSON answer beside it), the format's markers one lexeme each."""
+    with a JSON answer beside it), the format's markers one lexeme each (or, in `specials`,
+    their special tokens)."""
+
+    def json_text(s: str) -> Any:
+        return c.marked_text(s, specials, c.json_text)
+
     one = c.choice(
         *(
             c.seq(
-                c.json_text(fmt.head + fmt.name_text(name) + fmt.args_key),
+                json_text(fmt.head + fmt.name_text(name) + fmt.args_key),
                 c.embed(args),
-                c.json_text(fmt.tail),
+                json_text(fmt.tail),
             )
             for name, args in tools
         )
     )
     more = None if max_calls is None else max_calls - 1
-    rest = c.rep(c.seq(c.json_text(fmt.separator), one), 0, more) if fmt.separator else None
-    return c.seq(c.text(fmt.opener), one, rest if rest is not None else c.seq(), c.text(fmt.closer))
+    rest = c.rep(c.seq(json_text(fmt.separator), one), 0, more) if fmt.separator else None
+    return c.seq(
+        c.marked_text(fmt.opener, specials),
+        one,
+        rest if rest is not None else c.seq(),
+        c.marked_text(fmt.closer, specials),
+    )
 
 
-def _opened_answer(fmt: ToolFormat, text: Constraint | None) -> Any:
+def _opened_answer(fmt: ToolFormat, text: Constraint | None, specials: Mapping[str, int]) -> Any:
     """An answer under the format's header: the header, then `text` (None: any non-empty
     text)."""
     body = c.embed(text) if text is not None else c.regex(rep(charset_regex(ANY_CHAR), 1, None))
-    return c.seq(c.text(fmt.answer_opener), body)
+    return c.seq(c.marked_text(fmt.answer_opener, specials), body)
 
 
 def _not_starting_with(marker: str) -> Any:
