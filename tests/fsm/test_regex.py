@@ -94,6 +94,31 @@ def test_unicode_general_categories():
     assert re.fullmatch(compile_user_regex(r"\p{Lu}\p{Nd}"), "Ä٣")
 
 
+def test_javas_posix_classes_as_cloudformation_schemas_use_them():
+    """\\p{Graph}, \\p{Print}, \\p{ASCII}...: Java's US-ASCII POSIX classes (CloudFormation's
+    resource schemas are written for a Java validator), compared with the classes spelled out;
+    \\P{...} is the complement."""
+    spelled = {
+        "Graph": "[!-~]",
+        "Print": "[ -~]",
+        "Punct": r"[!-/:-@\[-`{-~]",
+        "ASCII": r"[\x00-\x7f]",
+        "Alnum": "[a-zA-Z0-9]",
+        "Space": r"[ \t\n\x0b\x0c\r]",
+        "Cntrl": r"[\x00-\x1f\x7f]",
+    }
+    chars = [chr(c) for c in range(0x100)] + ["é", "Ж", "\u3000", "😀"]
+    for name, cls in spelled.items():
+        for sign, ref in (("p", cls), ("P", "[^" + cls[1:])):
+            m = value_matcher(parse_regex(rf"^\{sign}{{{name}}}$", "ecma"))
+            for ch in chars:
+                assert bool(m.fullmatch(ch)) == bool(re.fullmatch(ref, ch)), (sign, name, ch)
+    m = value_matcher(parse_regex(r"^[\p{Graph}\x20]*$", "ecma"))
+    assert m.fullmatch("a b~") and not m.fullmatch("a\tb") and not m.fullmatch("é")
+    with pytest.raises(ConstraintError, match="POSIX classes"):
+        parse_regex(r"\p{Script=Latin}", "ecma")
+
+
 def test_ecma_dialect_semantics():
     p = parse_regex(r"^\s.$", "ecma")
     m = value_matcher(p)

@@ -140,6 +140,27 @@ CATEGORY_NAMES = {
 }
 
 
+# Java's POSIX character classes (java.util.regex.Pattern, US-ASCII: its default), as
+# patterns written for Java validators (AWS CloudFormation's resource schemas) mean them;
+# \p{ASCII} is also ECMA-262's binary property of that name
+_PUNCT = "!-/:-@[-`{-~"
+POSIX_CLASSES = {
+    "Lower": cs("a-z"),
+    "Upper": cs("A-Z"),
+    "ASCII": CharSet.from_ranges([(0, 0x7F)]),
+    "Alpha": cs("a-zA-Z"),
+    "Digit": cs("0-9"),
+    "Alnum": cs("a-zA-Z0-9"),
+    "Punct": cs(_PUNCT),
+    "Graph": cs("!-~"),
+    "Print": cs(" -~"),
+    "Blank": cs(" \t"),
+    "Cntrl": CharSet.from_ranges([(0, 0x1F), (0x7F, 0x7F)]),
+    "XDigit": cs("0-9a-fA-F"),
+    "Space": cs(" \t\n\x0b\x0c\r"),
+}
+
+
 @cache
 def _categories() -> dict[str, CharSet]:
     """Every code point by Unicode general category (from ``unicodedata``; built once)."""

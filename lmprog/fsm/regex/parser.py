@@ -18,7 +18,15 @@ from lmprog.fsm.regex.anchors import (
 )
 from lmprog.fsm.regex.assertions import Assert, without_assertions
 from lmprog.fsm.regex.casefold import fold
-from lmprog.fsm.regex.charset import ANY_CHAR, CATEGORY_NAMES, MAX_CP, CharSet, cs, unicode_category
+from lmprog.fsm.regex.charset import (
+    ANY_CHAR,
+    CATEGORY_NAMES,
+    MAX_CP,
+    POSIX_CLASSES,
+    CharSet,
+    cs,
+    unicode_category,
+)
 from lmprog.fsm.regex.syntax import (
     EMPTY,
     Alternation,
@@ -510,11 +518,15 @@ class _Parser:
     def property_class(self, c: str, start: int) -> CharSet:
         m = re.match(r"\{([A-Za-z_]+)\}", self.src[self.i :])
         name = m.group(1) if m else ""
+        if m and name in POSIX_CLASSES:
+            self.i += m.end()
+            return ANY_CHAR - POSIX_CLASSES[name] if c == "P" else POSIX_CLASSES[name]
         name = CATEGORY_NAMES.get(name, name)
         if not m or not (len(name) in (1, 2) and name[0] in CATEGORY_NAMES.values()):
             raise self.fail(
                 f"Unicode property class '\\{c}' (only general categories such as "
-                "\\p{L} or \\p{Letter} are supported)",
+                "\\p{L} or \\p{Letter}, and Java's POSIX classes such as \\p{Graph}, "
+                "are supported)",
                 start,
             )
         self.i += m.end()
