@@ -228,33 +228,46 @@ class Constraint:
 
     @property
     def reading(self) -> Constraint:
-        """The constraint that reads texts: the same values, an object's members accepted in
-        any order (``key_order="any"``), any JSON whitespace between tokens (a text a user,
-        a tool or ``json.dumps(..., indent=2)`` wrote; generation keeps its bounded
-        ``whitespace``), every JSON spelling of strings (``\\u00e9``, as ``json.dumps``
-        escapes by default) and integers also written ``2.0`` or ``1e2`` where exact
-        (``read_spellings``); itself where none is a matter (not a JSON schema, or a grammar
-        that comes out the same). Built on first use, then kept. ``matches`` judges with it; a
-        guide of its index reads prefilled text."""
+        """The constraint that reads texts token by token (a guide of its index reads a
+        prefilled text): the same values, an object's members accepted in any order
+        (``key_order="any"``) and any JSON whitespace between tokens (a text a user, a tool
+        or ``json.dumps(..., indent=2)`` wrote; generation keeps its bounded ``whitespace``);
+        itself where neither is a matter (not a JSON schema, or a grammar that comes out the
+        same). Built on first use, then kept. ``spelled`` reads every spelling too."""
         found = self.__dict__.get("_reading")
         if found is None:
-            found = self._read_in_any_order()
+            found = self._read_in_any_order(spellings=False)
             object.__setattr__(self, "_reading", found)
         return found
 
-    def _read_in_any_order(self) -> Constraint:
+    @property
+    def spelled(self) -> Constraint:
+        """``reading``, and every JSON spelling of strings (``\\u00e9``, as ``json.dumps``
+        escapes by default) and integers also written ``2.0`` or ``1e2`` where exact
+        (``read_spellings``): what ``matches`` judges with. Its lexemes are an alternative of
+        spellings per character, so it is read over bytes (``matches``): over a model's
+        vocabulary, masks of a counted repetition of them can pass llguidance's lexer limits."""
+        found = self.__dict__.get("_spelled")
+        if found is None:
+            found = self._read_in_any_order(spellings=True)
+            object.__setattr__(self, "_spelled", found)
+        return found
+
+    def _read_in_any_order(self, spellings: bool) -> Constraint:
         if self.kind != "json_schema" or self.accepts_nothing:
             return self
         # a json_schema constraint's options are from_json_schema's, its source the JSON text
         options = dict(self.options)
         options["key_order"] = "any"
         options["whitespace"] = READ_WHITESPACE
-        options["read_spellings"] = True
+        options["read_spellings"] = spellings
         document = json.loads(cast(str, self.source))
         try:
             grammar = json_schema.build_grammar(document, **cast(SchemaOptions, options))
-        except ConstraintError:  # every spelling past max_pattern_chars: the canonical ones
-            options["read_spellings"] = False
+        except ConstraintError:
+            if not spellings:
+                raise
+            options["read_spellings"] = False  # every spelling past max_pattern_chars
             grammar = json_schema.build_grammar(document, **cast(SchemaOptions, options))
         if grammar.lark == self.lark:
             return self
@@ -275,7 +288,8 @@ class Constraint:
 
     def matches(self, text: str) -> bool:
         """Whether the whole ``text`` satisfies the constraint (no model involved), an object's
-        members in any order, any JSON whitespace and any spelling (``reading``). Checked by the token engine over a
+        members in any order, any JSON whitespace and any spelling (``spelled``). Checked by
+        the token engine over a
         one-byte-per-token vocabulary: linear in the text, for any pattern size (a generated
         pattern is never handed to Python's ``re``)."""
         if not isinstance(text, str):
@@ -286,7 +300,7 @@ class Constraint:
 
         if self.kind == "json_schema":  # a JSON text: whitespace around the value, too
             text = text.strip(READ_WHITESPACE_CHARS)
-        return matches_bytes(self.reading, text.encode("utf-8", "surrogatepass"))
+        return matches_bytes(self.spelled, text.encode("utf-8", "surrogatepass"))
 
     def parse(self, text: str) -> object:
         """The value of a matching output: int/float/bool/str for dtypes, else the text itself.

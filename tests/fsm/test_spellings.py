@@ -1,5 +1,5 @@
 """Texts read in every JSON spelling (issue 36): ``Constraint.matches`` (a constraint's
-``reading``) takes each string character under enum/const/pattern/format and in keys in any
+``spelled``) takes each string character under enum/const/pattern/format and in keys in any
 of its JSON spellings -- itself, ``\\uXXXX`` in either hex case, a surrogate pair past the BMP,
 a short escape, ``\\/`` -- and an integer with a zero fraction (``2.0``); generation keeps
 the canonical spelling. Judged by jsonschema, on random values in random spellings."""
@@ -80,7 +80,7 @@ def test_generation_keeps_the_canonical_spelling():
     for schema in (CAFE, {"enum": ["café", "x"]}, {"properties": {"é": {"type": "integer"}}}):
         c = Constraint.from_json_schema(schema, strict=False)
         assert c.lark == json_schema.build_grammar(schema, strict=False).lark
-        assert c.reading.lark != c.lark and dict(c.reading.options)["read_spellings"] is True
+        assert c.spelled.lark != c.lark and dict(c.spelled.options)["read_spellings"] is True
     c = Constraint.from_json_schema(CAFE)
     assert matches_bytes(c, '"café"'.encode()) and not matches_bytes(c, b'"caf\\u00e9"')
     assert c.matches('"caf\\u00e9"')
@@ -238,7 +238,29 @@ def test_a_length_counted_apart_counts_decoded_characters():
     words = r"^$|(^(?:\S+\s+){0,499}\S+$)"
     schema = {"type": "string", "maxLength": 2000, "pattern": words}
     c = Constraint.from_json_schema(schema, strict=False)
-    assert c.check is not None and "{0,2000}" not in (c.reading.lark or "")
+    assert c.check is not None and "{0,2000}" not in (c.spelled.lark or "")
     for spelled in ("\\u00e9", "\\u00E9", "é", "\\ud83d\\ude00", "\\/"):
         assert c.matches('"' + spelled * 2000 + '"'), spelled
         assert not c.matches('"' + spelled * 2001 + '"'), spelled
+
+
+def test_the_token_reader_keeps_canonical_spellings_within_llguidances_limits():
+    """A counted repetition of spelled characters (CloudFormation's identifiers:
+    ``(?:-?[a-zA-Z0-9]){0,62}``) passes llguidance's lexer limits when masks explore a
+    model's vocabulary; so the token-level ``reading`` keeps canonical spellings, while
+    ``matches`` reads every spelling over bytes."""
+    from lmprog.core.models import load_tokenizer, resolve_model
+    from lmprog.fsm.index import TokenIndex
+
+    ident = {"type": "string", "pattern": "^[a-zA-Z]{1}(?:-?[a-zA-Z0-9]){0,62}$"}
+    schema = {"type": "object", "properties": {"Id": ident, "Version": {"type": "string"}}}
+    c = Constraint.from_json_schema(schema, strict=False)
+    assert dict(c.reading.options)["read_spellings"] is False
+    tok = load_tokenizer(resolve_model())
+    text = json.dumps({"Id": "o-tijM-6-41Lf-0-c-Z", "Version": "5.0"}, indent=2)
+    guide = TokenIndex.get(c.reading, tok).new_guide()
+    for t in tok.encode(text, add_special_tokens=False):
+        assert guide.is_allowed(t)
+        guide.advance(t)
+    assert guide.can_stop()
+    assert c.matches('{"Id": "\\u006f-ab", "Version": "\\u00e9"}')
