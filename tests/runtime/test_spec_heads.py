@@ -470,6 +470,10 @@ def test_head_errors_at_launch(model, tmp_path):
         SpeculativeConfig(method="medusa")
     with pytest.raises(ValueError, match="needs a draft head"):
         SpeculativeConfig(method="ngram", tree_width=2)
+    with pytest.raises(ValueError, match="needs an EAGLE head"):
+        SpeculativeConfig(method="medusa", draft_load_format="dummy", tree_depth=3)
+    with pytest.raises(ValueError, match="tree_depth must be >= 1"):
+        SpeculativeConfig(method="eagle", tree_depth=0)
     with pytest.raises(ValueError, match="needs the target model"):
         build_proposer(SpeculativeConfig(method="eagle"), vocab_size=211)
 
@@ -690,3 +694,32 @@ def test_eagle_draft_steps_replay_the_decode_graphs(one_thread, eagle1):
     run_captured(
         partial(check_head_graphs, eagle1=eagle1), "float32"
     )  # fp32: drafts (argmax) compared exactly
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (Triton attention)")
+def test_dynamic_trees_through_triton_attention():
+    """EAGLE-2's dynamic trees on the GPU: the head's tree-masked draft extends run Triton's
+    custom-mask attention (eagerly, beside the graphs of its chain steps); greedy outputs
+    equal plain decoding's."""
+    c = replace(TINY, hidden_size=64, head_dim=16)
+    net = random_llama(c, 0.3, device="cuda", attention="triton")
+    prompts = [[9, 9, 8, 7, *p] for p in PROMPTS] * 2
+    params = SP(max_tokens=24, temperature=0.0, ignore_eos=True)
+    spec = SpeculativeConfig(
+        method="eagle", draft_load_format="dummy", num_tokens=6, adaptive=False,
+        tree_width=3, tree_depth=3,
+    )  # fmt: skip
+    outs, stats = [], {}
+    for speculative in (None, spec):
+        e = launch_engine(
+            net, None, eos_token_ids=EOS, max_total_tokens=4096,
+            engine_config=EngineConfig(check_integrity=True), speculative=speculative,
+        )  # fmt: skip
+        try:
+            outs.append([r.token_ids for r in run_all(e, prompts, params)])
+            stats = e.stats()
+        finally:
+            e.shutdown()
+    assert outs[1] == outs[0]
+    assert stats["spec_verify_steps"] > 0, stats
