@@ -184,12 +184,20 @@ def test_drafts_are_the_references_greedy_chain_and_trees_branch_from_it(model, 
     assert list(tree.token_ids[0::3]) == chains[2][:2]  # the spine: the chain
 
 
-@pytest.mark.parametrize("tree_width, overlap", [(1, False), (3, True)])
-def test_engine_greedy_outputs_are_unchanged(model, tmp_path, tree_width, overlap):
+@pytest.mark.parametrize(
+    "tree_width, tree_depth, overlap", [(1, None, False), (3, None, True), (3, 3, True)]
+)
+def test_engine_greedy_outputs_are_unchanged(model, tmp_path, tree_width, tree_depth, overlap):
+    """Chains, static trees and EAGLE-2's dynamic trees (tree_depth) of an EAGLE-1 head."""
     folder = write_head(tmp_path / "h", published_state())
     prompts = [[9, 9, 8, 7, *p] for p in PROMPTS]
     config = SpeculativeConfig(
-        method="eagle", draft_model=str(folder), num_tokens=4, adaptive=False, tree_width=tree_width
+        method="eagle",
+        draft_model=str(folder),
+        num_tokens=4,
+        adaptive=False,
+        tree_width=tree_width,
+        tree_depth=tree_depth,
     )
     plain = engine_for(model, None, overlap=overlap)
     heads = engine_for(model, None, overlap=overlap, speculative=config)

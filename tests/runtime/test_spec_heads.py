@@ -46,7 +46,7 @@ from lmprog.runtime.speculative.head_files import (
     save_eagle3,
     save_medusa,
 )
-from lmprog.runtime.speculative.head_proposer import spine, tree_depth, tree_nodes
+from lmprog.runtime.speculative.head_proposer import DynamicTree, spine, tree_depth, tree_nodes
 from lmprog.runtime.speculative.heads import Eagle1Config, MedusaHeads
 from lmprog.runtime.speculative.medusa import MedusaProposer
 from lmprog.runtime.speculative.proposer import Proposal
@@ -274,6 +274,101 @@ def test_trees_and_their_first_path(model):
     assert tree_nodes([[4, 5], [6, 7]], 2) == Proposal((4, 5, 6, 7), parents=(-1, -1, 0, 0))
 
 
+def head_logps(model, head, tokens, path):
+    """The head's log probabilities (draft vocabulary) after drafting `path` past `tokens`,
+    from scratch: a fresh pool, the features' extend, then one causal step per path token."""
+    c, n = head.config.layer, len(tokens)
+    kv = KVPool(n + len(path) + 1, 1, c.num_kv_heads, c.head_dim, torch.float32, "cpu")
+    table = torch.arange(1, n + len(path) + 1, dtype=torch.int32)[None, :]
+    _, feats, _, _ = features(model, tokens[:-1], HiddenCapture((1, 2, 3)))
+    batch = ForwardBatch.build(
+        input_ids=tokens[1:], out_cache_loc=range(1, n), req_pool_indices=[0],
+        seq_lens=[n - 1], extend_lens=[n - 1], req_to_token=table, positions=range(n - 1),
+    )  # fmt: skip
+    with torch.inference_mode():
+        logits, hidden = head(batch, kv, feats, project=True)
+        for d, t in enumerate(path):
+            batch = ForwardBatch.build(
+                input_ids=[t], out_cache_loc=[n + d], req_pool_indices=[0], seq_lens=[n + d],
+                extend_lens=[1], req_to_token=table, positions=[n - 1 + d],
+            )  # fmt: skip
+            logits, hidden = head(batch, kv, hidden, project=False)
+    return torch.log_softmax(logits[0].float(), -1)
+
+
+def eagle2_reference(logps, to_target, width, depth, budget):
+    """EAGLE-2's tree in plain PyTorch, as paths of target ids: the root's top w; per depth,
+    the top w (by summed log probability) of the last depth's w x w children of the nodes
+    expanded; then the best `budget` of all drafted nodes."""
+    top = logps(()).topk(width)
+    paths = [(to_target(i),) for i in top.indices.tolist()]
+    scores = top.values.tolist()
+    expanded = list(range(width))
+    for _ in range(1, depth):
+        tops = [logps(paths[f]).topk(width) for f in expanded]
+        cand = torch.stack([scores[f] + t.values for f, t in zip(expanded, tops)])
+        best = set(cand.flatten().topk(width).indices.tolist())
+        new = []
+        for k in range(cand.numel()):
+            f, i = divmod(k, width)
+            paths.append(paths[expanded[f]] + (to_target(int(tops[f].indices[i])),))
+            scores.append(float(cand[f, i]))
+            if k in best:
+                new.append(len(paths) - 1)
+        expanded = new
+    kept = torch.tensor(scores).topk(budget).indices.tolist()
+    return {paths[i] for i in kept}
+
+
+@pytest.mark.parametrize("width, depth, budget", [(2, 3, 5), (3, 4, 9), (4, 3, 20)])
+def test_the_dynamic_tree_is_eagle2s(model, width, depth, budget):
+    """The drafts of a dynamic tree (several branches per depth, the head's attention masked
+    by the tree) are the best `budget` nodes of EAGLE-2's expansion computed from the head's
+    distributions along each path from scratch; a width-1 dynamic tree is the chain."""
+    head = eagle_head(model)
+    tokens = PROMPTS[2]
+
+    def path_of(tree, i):
+        path = ()
+        while i != -1:
+            path, i = (tree.token_ids[i], *path), tree.parents[i]
+        return path
+
+    prop = EagleProposer(
+        head, capture_layers=(1, 2, 3), vocab_size=211, tree_width=width, tree_depth=depth
+    )
+    _, feats, _, _ = features(model, tokens[:-1], prop.capture)
+    prop.observe("r", 0, feats)
+    tree = prop.propose([PI("r", tokens, budget)])[0]
+    assert len(tree.token_ids) == min(budget, width + (depth - 1) * width * width)
+    to_target = head.target_ids(torch.arange(64)).tolist()
+    want = eagle2_reference(
+        lambda path: head_logps(model, head, tokens, list(path)),
+        to_target.__getitem__, width, depth, budget,
+    )  # fmt: skip
+    assert {path_of(tree, i) for i in range(len(tree.token_ids))} == want
+    chain = EagleProposer(head, capture_layers=(1, 2, 3), vocab_size=211, tree_depth=3)
+    chain.observe("r", 0, feats)
+    got = chain.propose([PI("r", tokens, 3)])[0]
+    assert got == Proposal(from_scratch(model, head, tokens, 3).token_ids, parents=(-1, 0, 1))
+
+
+def test_a_dynamic_trees_ties_keep_ancestors_first():
+    """Equal scores (probability 1 along a path) rank the node drafted first: a parent before
+    its children, so any budget keeps a tree; the frontier is the best w of the last depth."""
+    tree = DynamicTree(2)
+    tree.add(-1, [5, 6], [0.0, -1.0])
+    assert tree.frontier == [0, 1]
+    tree.add(0, [7, 8], [0.0, -3.0])  # node 2 scores 0 as its parent does
+    tree.add(1, [9, 10], [-0.5, -0.1])
+    tree.advance()
+    assert tree.frontier == [2, 5]  # scores 0 and -1.1 of 0, -3, -1.5, -1.1
+    for budget, want in [(1, ((5,), (-1,))), (2, ((5, 7), (-1, 0))), (3, ((5, 6, 7), (-1, -1, 0)))]:
+        p = tree.proposal(budget)
+        assert (p.token_ids, p.parents) == want
+    assert tree.proposal(9).token_ids == (5, 6, 7, 8, 9, 10)
+
+
 def test_medusa_proposer_reads_the_row_before_the_pending_token(model):
     heads = randomized(MedusaHeads(TINY.hidden_size, TINY.vocab_size, 3, 1))
     prop = MedusaProposer(heads, vocab_size=211)
@@ -296,6 +391,11 @@ def test_medusa_proposer_reads_the_row_before_the_pending_token(model):
     [
         ({"method": "eagle", "draft_load_format": "dummy"}, False),
         ({"method": "eagle", "draft_load_format": "dummy", "tree_width": 2}, True),
+        (
+            {"method": "eagle", "draft_load_format": "dummy", "tree_width": 2, "tree_depth": 3},
+            False,
+        ),
+        ({"method": "eagle", "draft_load_format": "dummy", "tree_width": 3, "tree_depth": 2}, True),
         ({"method": "medusa", "draft_load_format": "dummy"}, False),
         ({"method": "medusa", "draft_load_format": "dummy", "tree_width": 3}, True),
     ],
@@ -370,6 +470,10 @@ def test_head_errors_at_launch(model, tmp_path):
         SpeculativeConfig(method="medusa")
     with pytest.raises(ValueError, match="needs a draft head"):
         SpeculativeConfig(method="ngram", tree_width=2)
+    with pytest.raises(ValueError, match="needs an EAGLE head"):
+        SpeculativeConfig(method="medusa", draft_load_format="dummy", tree_depth=3)
+    with pytest.raises(ValueError, match="tree_depth must be >= 1"):
+        SpeculativeConfig(method="eagle", tree_depth=0)
     with pytest.raises(ValueError, match="needs the target model"):
         build_proposer(SpeculativeConfig(method="eagle"), vocab_size=211)
 
@@ -403,6 +507,45 @@ def test_runtime_with_a_head_on_the_bundled_model(shipped):
         rt.engine.check_integrity()
     finally:
         rt.shutdown()
+
+
+@requires_default_model
+def test_the_shipped_head_accepts_more_per_verify_with_a_dynamic_tree():
+    """The shipped EAGLE-3 head on the bundled model, greedy, a node budget of 8: EAGLE-2's
+    dynamic tree (w 2, 4 depths) accepts at least as many drafts per verify as the static
+    tree of the same width and budget, outputs unchanged (when written, on 3 chat prompts x
+    32 tokens: see the numbers in docs/design/speculative.md)."""
+    import lmprog as lp
+
+    if not (BUNDLED_EAGLE3 / "config.json").is_file():
+        pytest.skip("no EAGLE-3 head shipped in this tree")
+    questions = [
+        "What is the capital of France?",
+        "Write a Python function that adds two numbers.",
+        "Extract the name and age as JSON: Alice is 31 years old.",
+    ]
+    greedy = SP(max_tokens=32, temperature=0.0, ignore_eos=True)
+    rates, outputs = {}, {}
+    for name, tree in (("static", {}), ("dynamic", {"tree_depth": 4})):
+        spec = {"method": "eagle", "num_tokens": 8, "tree_width": 2, "adaptive": False, **tree}
+        rt = lp.Runtime(device="cpu", max_total_tokens=2048, speculative=spec)
+        try:
+            prompts = [
+                rt.chat_template.render(
+                    [{"role": "user", "content": q}], add_generation_prompt=True
+                )
+                for q in questions
+            ]
+            outputs[name] = [r.token_ids for r in rt.generate(prompts, greedy)]
+            stats = rt.stats()
+            rates[name] = stats["spec_accepted_tokens"] / stats["spec_verify_steps"]
+            if name == "static":
+                rt.engine.set_speculation(False)
+                outputs["plain"] = [r.token_ids for r in rt.generate(prompts, greedy)]
+        finally:
+            rt.shutdown()
+    assert outputs["static"] == outputs["plain"] == outputs["dynamic"]
+    assert rates["dynamic"] >= rates["static"] > 0, rates  # 0.72 and 0.58 when written
 
 
 def test_steps_without_a_head_or_with_speculation_off_run_the_plain_forward(model):
@@ -551,3 +694,32 @@ def test_eagle_draft_steps_replay_the_decode_graphs(one_thread, eagle1):
     run_captured(
         partial(check_head_graphs, eagle1=eagle1), "float32"
     )  # fp32: drafts (argmax) compared exactly
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (Triton attention)")
+def test_dynamic_trees_through_triton_attention():
+    """EAGLE-2's dynamic trees on the GPU: the head's tree-masked draft extends run Triton's
+    custom-mask attention (eagerly, beside the graphs of its chain steps); greedy outputs
+    equal plain decoding's."""
+    c = replace(TINY, hidden_size=64, head_dim=16)
+    net = random_llama(c, 0.3, device="cuda", attention="triton")
+    prompts = [[9, 9, 8, 7, *p] for p in PROMPTS] * 2
+    params = SP(max_tokens=24, temperature=0.0, ignore_eos=True)
+    spec = SpeculativeConfig(
+        method="eagle", draft_load_format="dummy", num_tokens=6, adaptive=False,
+        tree_width=3, tree_depth=3,
+    )  # fmt: skip
+    outs, stats = [], {}
+    for speculative in (None, spec):
+        e = launch_engine(
+            net, None, eos_token_ids=EOS, max_total_tokens=4096,
+            engine_config=EngineConfig(check_integrity=True), speculative=speculative,
+        )  # fmt: skip
+        try:
+            outs.append([r.token_ids for r in run_all(e, prompts, params)])
+            stats = e.stats()
+        finally:
+            e.shutdown()
+    assert outs[1] == outs[0]
+    assert stats["spec_verify_steps"] > 0, stats

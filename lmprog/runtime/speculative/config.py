@@ -43,7 +43,10 @@ class SpeculativeConfig:
     request per step; ngram_min / ngram_max; ngram_branches: > 1 drafts token trees of that
     many n-gram continuations (1: a chain); draft_model and draft_load_format ("auto" |
     "dummy": random weights; for a head, one shaped for the target); tree_width: heads
-    propose chains (1) or trees of the top-w tokens per depth (w > 1); adaptive: per-request
+    propose chains (1) or trees of the top-w tokens per depth (w > 1); tree_depth: an EAGLE
+    head's dynamic tree (EAGLE-2): that many depths, each expanding the w drafts of best
+    cumulative probability, the best num_tokens of all verified (None: the static tree of
+    tree_width); adaptive: per-request
     draft lengths (False: always
     num_tokens); draft_cost: one draft's cost as a fraction of a step (None: measured);
     max_step_tokens: fed decode tokens per step above which no drafts are added (None: 32 on a
@@ -58,6 +61,7 @@ class SpeculativeConfig:
     draft_model: str | None = None
     draft_load_format: str = "auto"
     tree_width: int = 1
+    tree_depth: int | None = None
     adaptive: bool = True
     draft_cost: float | None = None
     max_step_tokens: int | None = None
@@ -80,6 +84,10 @@ class SpeculativeConfig:
         _check_int("tree_width", self.tree_width, 1)
         if self.tree_width > 1 and self.method not in ("eagle", "medusa"):
             raise ValueError("tree_width > 1 needs a draft head (method 'eagle' or 'medusa')")
+        if self.tree_depth is not None:
+            _check_int("tree_depth", self.tree_depth, 1)
+            if self.method != "eagle":
+                raise ValueError("tree_depth (a dynamic tree) needs an EAGLE head (method 'eagle')")
         if self.draft_model is not None and not isinstance(self.draft_model, str):
             raise TypeError(f"draft_model must be a str, got {type(self.draft_model).__name__}")
         if self.draft_load_format not in LOAD_FORMATS:

@@ -17,7 +17,12 @@ from its last row), then k - 1 batched one-token steps on the head's own states 
 call's integers go to the device in one copy and its drafts come back in one); the
 previous call's fed drafts are dropped first. Drafts are the argmax (chains) or the top-w
 per depth (trees, tree_width: a tree of k nodes runs ceil(k / w) steps), mapped to the
-target's ids by d2t; no draft distribution is
+target's ids by d2t. With tree_depth the tree is EAGLE-2's dynamic one (`_grow`): each of
+the tree_depth - 1 steps feeds the w drafts of best cumulative probability of the last depth
+in one extend whose attention is masked by the tree (each sees the exact KV and its own
+ancestors), their top w children come back with their log probabilities, and the best k of
+all drafts are proposed (head_proposer.DynamicTree); eager steps, one read-back each. No
+draft distribution is
 returned, so a sampled request is verified as n-gram drafts are (its distribution kept).
 Design: docs/design/speculative.md.
 """
@@ -33,6 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..draft_tree import ROOT
 from ..executor.cuda_graph import CudaGraphRunner, capture_decode_graphs
 from ..executor.forward_batch import ForwardBatch
 from ..executor.kv_pool import KVPool
@@ -40,7 +46,7 @@ from ..models.llama import HiddenCapture
 from .draft import KV_BUDGET_BYTES, _checked_tokens, prepare_and_run
 from .draft_cache import DraftKVCache, DraftSeq
 from .draft_job import DraftTable, Packer
-from .head_proposer import HeadProposer, tree_depth, tree_nodes
+from .head_proposer import DynamicTree, HeadProposer, tree_depth, tree_nodes
 from .heads import EagleHead
 from .proposer import Proposal, ProposalInput
 
@@ -74,12 +80,14 @@ class _Job:
     feed: int  # target features fed this call (token indices next_index .. n - 2)
     k: int
     top: list[list[int]] = field(default_factory=list)
+    tree: DynamicTree | None = None
 
 
 class EagleProposer(HeadProposer):
     """Drafts with `head` (an Eagle3Head or Eagle1Head on the target's device) for a target whose
     capture_layers the engine captures. vocab_size: the target's; tree_width: 1 for chains,
-    w > 1 for trees of the top-w tokens per depth (see head_proposer.tree_nodes).
+    w > 1 for trees of the top-w tokens per depth (see head_proposer.tree_nodes); tree_depth:
+    EAGLE-2's dynamic trees of that many depths instead (see _grow).
     max_total_tokens / max_requests / context_length: the head's KV pool, as a draft model's
     (DraftModelProposer). propose() never fails for lack of memory (empty proposals)."""
 
@@ -90,6 +98,7 @@ class EagleProposer(HeadProposer):
         capture_layers: tuple[int, ...],
         vocab_size: int,
         tree_width: int = 1,
+        tree_depth: int | None = None,
         max_total_tokens: int | None = None,
         max_requests: int = 64,
         context_length: int | None = None,
@@ -107,7 +116,9 @@ class EagleProposer(HeadProposer):
         param = next(head.parameters())
         self.head, self.device, self.dtype = head, param.device, param.dtype
         self.capture = HiddenCapture(tuple(capture_layers))
-        self.vocab_size, self.tree_width = vocab_size, tree_width
+        self.vocab_size, self.tree_width, self.tree_depth = vocab_size, tree_width, tree_depth
+        # the children each expanded node of a dynamic tree gets (and the nodes fed per depth)
+        self.expand = min(tree_width, getattr(head.config, "draft_vocab_size", c.vocab_size))
         self.context_length = context_length or c.max_position
         if max_total_tokens is None:
             budget = KV_BUDGET_BYTES.get(self.device.type, KV_BUDGET_BYTES["cpu"])
@@ -156,7 +167,7 @@ class EagleProposer(HeadProposer):
     def propose(self, inputs: Sequence[ProposalInput]) -> list[Proposal]:
         # on a failure, half-updated states: those requests start over
         jobs = prepare_and_run(inputs, self._prepare, self._run, lambda j: self.release(j.inp.rid))
-        out = [_EMPTY if j is None else tree_nodes(j.top, self.tree_width) for j in jobs]
+        out = [_EMPTY if j is None else self._proposal(j) for j in jobs]
         self.num_proposed += sum(len(p.token_ids) for p in out)
         return out
 
@@ -183,8 +194,11 @@ class EagleProposer(HeadProposer):
         if st is None or feed < 1 or feed > len(st.pending):
             self.num_skipped += 1
             return None
-        depth = tree_depth(inp.max_tokens, self.tree_width)  # head steps: k
-        k = min(depth, self.context_length - (n - 1 - st.base) - 1)
+        room = self.context_length - (n - 1 - st.base) - 1  # draft columns left
+        if self.tree_depth is None:
+            k = min(tree_depth(inp.max_tokens, self.tree_width), room)  # head steps: k
+        else:  # a dynamic tree: steps after the first feed `expand` nodes each
+            k = min(self.tree_depth, inp.max_tokens, 1 + (room - 1) // self.expand)
         if k < 1:
             self.num_skipped += 1
             return None
@@ -197,7 +211,8 @@ class EagleProposer(HeadProposer):
             if st.exact:  # the evicted KV is gone: restart at the features still held
                 st.base, st.exact = st.next_index, 0
         self.cache.truncate(seq, st.exact)  # the last call's fed drafts
-        if self.cache.reserve(seq, feed + k - 1, protect) is None:
+        fed = k - 1 if self.tree_depth is None else (k - 1) * self.expand
+        if self.cache.reserve(seq, feed + fed, protect) is None:
             self.num_skipped += 1
             return None
         return _Job(inp, st, seq, feed, k)
@@ -208,6 +223,8 @@ class EagleProposer(HeadProposer):
         model's proposer does: draft_job.pack_steps)."""
         head = self.head
         active = [sum(j.k > s for j in jobs) for s in range(jobs[0].k)]  # jobs sorted by k
+        if self.tree_depth is not None:
+            active = active[:1]  # the extend only: _grow packs its own steps
         ints = self._pack(jobs, active).send(self.device)
         self.req_to_token[ints["t_rows"], ints["t_cols"]] = ints["t_vals"].to(torch.int32)
         feats = torch.cat([j.state.pending[: j.feed] for j in jobs]).to(self.dtype)
@@ -219,6 +236,9 @@ class EagleProposer(HeadProposer):
             j.seq.tokens.extend(int(t) for t in j.inp.token_ids[j.state.next_index + 1 :])
             j.state.pending = j.state.pending[j.feed :]
             j.state.exact += j.feed
+        if self.tree_depth is not None:
+            self._grow(jobs, logits, hidden)
+            return
         top = self._top(logits)
         tops = [top]
         for s in range(1, len(active)):
@@ -243,6 +263,84 @@ class EagleProposer(HeadProposer):
         for j in jobs:
             j.seq.tokens.extend(t[0] for t in j.top[:-1])  # fed back: their KV is in the pool
             assert len(j.seq.tokens) == len(j.seq.slots)
+
+    def _proposal(self, job: _Job) -> Proposal:
+        if job.tree is not None:
+            return job.tree.proposal(job.inp.max_tokens)
+        return tree_nodes(job.top, self.tree_width)
+
+    def _grow(self, jobs: list[_Job], logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        """EAGLE-2's dynamic trees from the extend's logits and states (row r: job r's root).
+        Step s feeds each job's frontier (depth s - 1) at position n - 2 + s into draft
+        columns exact + (s - 1) * w .. exact + s * w - 1, every node seeing the exact KV and
+        its ancestors' columns (the verify step's tree mask), fed the state of the row that
+        drafted it; all its rows' top w come back with their log probabilities."""
+        w = self.expand
+        logps, ids = self._scored(logits)
+        src: list[dict[int, int]] = []  # per job: node -> the row of `hidden` that drafted it
+        cols: list[dict[int, int]] = [{} for _ in jobs]  # per job: fed node -> its column
+        for r, (j, lp, t) in enumerate(zip(jobs, logps, ids)):
+            j.tree = DynamicTree(w)
+            j.tree.add(ROOT, t, lp)
+            src.append(dict.fromkeys(j.tree.frontier, r))
+        for s in range(1, max(j.k for j in jobs)):
+            now = [r for r, j in enumerate(jobs) if j.k > s]
+            feed_ids: list[int] = []
+            pos: list[int] = []
+            loc: list[int] = []
+            rows_in: list[int] = []
+            masks: list[np.ndarray] = []
+            for r in now:
+                j, tree = jobs[r], cast(DynamicTree, jobs[r].tree)
+                exact, first = j.state.exact, j.state.exact + (s - 1) * w  # first fed column
+                block = np.zeros((w, first + w), dtype=np.bool_)
+                block[:, :exact] = True
+                for i, node in enumerate(tree.frontier):
+                    cols[r][node] = first + i
+                    for a in tree.ancestors(node):  # all fed before it, or itself
+                        block[i, cols[r][a]] = True
+                    feed_ids.append(tree.tokens[node])
+                    rows_in.append(src[r][node])
+                pos += [len(j.inp.token_ids) - 2 + s] * w
+                loc += j.seq.slots[first : first + w]
+                masks.append(block.reshape(-1))
+            lens = [jobs[r].state.exact + s * w for r in now]
+            offsets = np.cumsum([0, *[m.size for m in masks[:-1]]]).tolist()
+            batch = ForwardBatch.build(
+                input_ids=feed_ids,
+                positions=pos,
+                out_cache_loc=loc,
+                req_pool_indices=[jobs[r].seq.row for r in now],
+                seq_lens=lens,
+                extend_lens=[w] * len(now),
+                req_to_token=self.req_to_token,
+                logits_indices=range(len(feed_ids)),
+                custom_mask=torch.from_numpy(np.concatenate(masks)),
+                mask_indptr=offsets,
+                device=self.device,
+            )
+            rows = torch.tensor(rows_in, dtype=torch.int64, device=self.device)
+            logits, hidden = self.head(batch, self.kv, hidden[rows], project=False)
+            logps, ids = self._scored(logits)
+            for at, r in enumerate(now):
+                tree = cast(DynamicTree, jobs[r].tree)
+                src[r] = {}
+                for i, node in enumerate(tree.frontier):
+                    row = at * w + i
+                    start = len(tree.tokens)
+                    tree.add(node, ids[row], logps[row])
+                    src[r].update(dict.fromkeys(range(start, len(tree.tokens)), row))
+                jobs[r].seq.tokens.extend(tree.tokens[node] for node in tree.frontier)
+                tree.advance()
+        for j in jobs:
+            assert len(j.seq.tokens) == len(j.seq.slots)
+
+    def _scored(self, logits: torch.Tensor) -> tuple[list[list[float]], list[list[int]]]:
+        """The top-w candidates of each row as target ids, with their log probabilities over
+        the draft vocabulary (read back)."""
+        top = torch.log_softmax(logits.float(), dim=-1).topk(self.expand, dim=-1)
+        ids = self.head.target_ids(top.indices)
+        return top.values.tolist(), ids.tolist()
 
     def _draft_step(
         self, batch: ForwardBatch, hidden: torch.Tensor

@@ -57,6 +57,7 @@ def build_head_proposer(
         capture_layers=head.config.capture_layers(target.config.num_layers),
         vocab_size=vocab,
         tree_width=config.tree_width,
+        tree_depth=config.tree_depth,
         max_requests=max_requests or 64,
         context_length=context_length,
     )

@@ -14,10 +14,11 @@ Design: docs/design/speculative.md.
 from __future__ import annotations
 
 import abc
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 import torch
 
+from ..draft_tree import ROOT
 from ..models.llama import HiddenCapture
 from .proposer import Proposal, Proposer
 
@@ -72,3 +73,60 @@ def spine(proposal: Proposal) -> Proposal:
             at = i
     probs = None if proposal.probs is None else proposal.probs[chain]
     return Proposal(tuple(proposal.token_ids[i] for i in chain), probs)
+
+
+class DynamicTree:
+    """EAGLE-2's draft tree for one request, grown depth by depth on the host from the
+    head's top-w candidates (ids with their log probabilities) of each expanded node:
+
+        tree = DynamicTree(width)
+        tree.add(-1, ids, logps)            # the root's top w: depth 0, all expanded next
+        for depth in 1 .. D - 1:
+            for i, node in enumerate(tree.frontier):   # fed to the head, masked by the tree
+                tree.add(node, ids[i], logps[i])       # its top w children
+            tree.advance()                  # the w new nodes of best cumulative score
+        tree.proposal(budget)               # the best `budget` of all, ancestors closed
+
+    A node's score is the sum of the log probabilities along its path (the product of its
+    draft probabilities). Ties go to the node drafted first, so a parent (score >= its
+    children's) always ranks before its children and the kept set is a tree."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.scores: list[float] = []
+        self.frontier: list[int] = []  # the nodes the next depth expands (fed to the head)
+        self._new: list[int] = []
+
+    def add(self, parent: int, ids: Sequence[int], logps: Sequence[float]) -> None:
+        base = 0.0 if parent == ROOT else self.scores[parent]
+        for t, lp in zip(ids[: self.width], logps[: self.width]):
+            self._new.append(len(self.tokens))
+            self.tokens.append(int(t))
+            self.parents.append(parent)
+            self.scores.append(base + float(lp))
+        if parent == ROOT:
+            self.advance()
+
+    def advance(self) -> None:
+        """The next frontier: the best `width` of the nodes added since the last call."""
+        self.frontier = sorted(self._best(self._new)[: self.width])
+        self._new = []
+
+    def _best(self, nodes: Sequence[int]) -> list[int]:
+        return sorted(nodes, key=lambda i: (-self.scores[i], i))
+
+    def proposal(self, budget: int) -> Proposal:
+        kept = sorted(self._best(range(len(self.tokens)))[:budget])  # topological order
+        index = {node: i for i, node in enumerate(kept)}
+        parents = [ROOT if self.parents[i] == ROOT else index[self.parents[i]] for i in kept]
+        return Proposal(tuple(self.tokens[i] for i in kept), parents=tuple(parents))
+
+    def ancestors(self, node: int) -> list[int]:
+        """node's path from the root, node included (root first)."""
+        path = []
+        while node != ROOT:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
