@@ -97,3 +97,21 @@ def test_the_native_generate_takes_the_markers_as_ids_and_keeps_them(harmony_rt)
     assert out["reasoning_content"] and out["text"] == ""  # cut inside the thinking, split
     channel = harmony_rt.tokenizer.convert_tokens_to_ids("<|channel|>")
     assert out["output_ids"][0] == channel
+
+
+def test_through_a_runtime_endpoint(harmony_rt):
+    """The DSL over RuntimeEndpoint (SGLang's /generate) with the model's tokenizer here: the
+    markers by name in the grammar sent, skip_special_tokens=False sent."""
+    from lmprog.backends.sglang_endpoint import sampling_fields
+    from lmprog.serve import Server
+
+    assert (
+        sampling_fields(SamplingParams(skip_special_tokens=False), None)["skip_special_tokens"]
+        is False
+    )
+    assert "skip_special_tokens" not in sampling_fields(SamplingParams(), None)
+    with Server(harmony_rt, model_name="m", reasoning_parser="gpt-oss").start() as srv:
+        endpoint = lp.RuntimeEndpoint(srv.url, tokenizer=harmony_rt.tokenizer)
+        state = ask.run(backend=endpoint, budget=3)
+    assert state["answer"] in ("yes", "no")
+    assert state["answer_reasoning_content"] is not None
