@@ -459,6 +459,7 @@ def sampling_fields(params: SamplingParams, constraint: Any) -> dict[str, Any]:
         ("repetition_penalty", params.repetition_penalty, 1.0),
         ("ignore_eos", params.ignore_eos, False),
         ("sampling_seed", params.seed, None),
+        ("skip_special_tokens", params.skip_special_tokens, True),  # markers kept (gpt-oss)
     ):
         if value != unset:
             fields[name] = value

@@ -52,6 +52,13 @@ class ReasoningFormat:
             return "closed"
         return "none"
 
+    @property
+    def marker_texts(self) -> tuple[str, ...]:
+        """The markers and headers the model writes around its thinking and answer (what a
+        constraint after the thinking spells: `fsm.compose.special_markers` finds which of
+        them are special tokens of a tokenizer)."""
+        return (self.start, self.end, self.answer_header, self.after_end, self.answer_prefix)
+
     def marked_by_special_tokens(self, tokenizer: Any) -> bool:
         """Whether a special token of `tokenizer` is part of the markers (gpt-oss's
         `<|channel|>`, Magistral's `[THINK]` where they are control tokens): its output must

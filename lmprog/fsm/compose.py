@@ -82,9 +82,12 @@ def special(name: str, token_id: int) -> Ref:
     return Ref(name if _NAMEABLE.fullmatch(name) else f"<[{token_id}]>")
 
 
-def special_markers(tokenizer: object, texts: Iterable[str]) -> dict[str, int]:
+def special_markers(tokenizer: object | None, texts: Iterable[str]) -> dict[str, int]:
     """The special tokens of a Hugging Face `tokenizer` whose names occur in `texts` (a
-    format's fixed text: gpt-oss's `<|channel|>`), name -> id ({} for none)."""
+    format's fixed text: `ToolFormat.fixed_texts`, `ReasoningFormat.marker_texts`, gpt-oss's
+    `<|channel|>`), name -> id ({} for none, and for no tokenizer: an endpoint's)."""
+    if tokenizer is None:
+        return {}
     names = set(getattr(tokenizer, "all_special_tokens", None) or ())
     for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
         if getattr(added, "special", False):

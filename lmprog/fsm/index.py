@@ -582,44 +582,57 @@ def _bytes_with_special(names: tuple[str, ...], size: int) -> TokenVocab:
 def matches_bytes(constraint: ConstraintLike, data: bytes) -> bool:
     """Whether `data` is a whole match of the constraint, through the token engine over a
     one-byte-per-token vocabulary, where a special token the grammar names is read from its
-    name's text (linear in len(data), bounded by the lexer limits; past them,
-    ConstraintError). These matchers compute no masks, so they spend the lexer fuel
+    name's text where the grammar takes that token there (`_read`), else as the text (a
+    JSON string holding `<|end|>`) (linear in len(data), bounded by the lexer limits; past
+    them, ConstraintError). These matchers compute no masks, so they spend the lexer fuel
     left by the last one: where that runs out the lexer is renewed (`lexer_failed`) and the
     text read again on a matcher of its own."""
     index = _bytes_index(constraint)
     matcher, lexer = index.new_matcher()
-    tokens = _byte_tokens(data, index.vocab.special_ids)
-    consumed = matcher.try_consume_tokens(tokens)
-    if _failed(matcher, tokens, consumed) is not None:
+    special = index.vocab.special_ids
+    read, error = _read(matcher, data, special)
+    if error is not None:
         index.lexer_failed(lexer)
-        matcher = index.own_matcher(len(tokens))
-        consumed = matcher.try_consume_tokens(tokens)
-        error = _failed(matcher, tokens, consumed)
+        matcher = index.own_matcher(len(data))
+        read, error = _read(matcher, data, special)
         if error is not None:
             raise ConstraintError(f"cannot tell whether the text matches: {_reason(error)}")
-    if not (consumed == len(tokens) and matcher.is_accepting()):
+    if not (read and matcher.is_accepting()):
         return False
     return index.check is None or index.check.step(index.check.start(), data) is not None
 
 
-def _byte_tokens(data: bytes, special: dict[str, int]) -> list[int]:
-    """`data` as BYTES ids, a special token's name where the grammar names it read as that
-    token (the text a detokenizer writes for it: `<|call|>`), as a tokenizer's encoder does."""
-    if not special:
-        return list(data)
+def _read(matcher: LLMatcher, data: bytes, special: dict[str, int]) -> tuple[bool, str | None]:
+    """Consume `data` as BYTES ids, a special token's name (the text a detokenizer writes
+    for it: `<|call|>`) as that token where the matcher takes it there, else as its bytes
+    (the same text inside a JSON string the grammar reads): (whether all of it was read,
+    the error that stopped it other than the text's own mismatch)."""
     names = sorted(((n.encode(), i) for n, i in special.items()), key=lambda p: -len(p[0]))
-    tokens: list[int] = []
-    pos = 0
+    if not names:
+        return _consume(matcher, list(data))
+    start = pos = 0
     while pos < len(data):
-        for name, token in names:
-            if data.startswith(name, pos):
-                tokens.append(token)
-                pos += len(name)
-                break
-        else:
-            tokens.append(data[pos])
+        found = next(((n, t) for n, t in names if data.startswith(n, pos)), None)
+        if found is None:
             pos += 1
-    return tokens
+            continue
+        read, error = _consume(matcher, list(data[start:pos]))
+        if not read:
+            return read, error
+        name, token = found
+        if matcher.try_consume_tokens([token]) == 1:
+            start = pos = pos + len(name)
+            continue
+        error = _failed(matcher, [token], 0)
+        if error is not None:
+            return False, error
+        start, pos = pos, pos + len(name)  # its bytes: read with the text after it
+    return _consume(matcher, list(data[start:]))
+
+
+def _consume(matcher: LLMatcher, tokens: list[int]) -> tuple[bool, str | None]:
+    consumed = matcher.try_consume_tokens(tokens) if tokens else 0
+    return consumed == len(tokens), _failed(matcher, tokens, consumed)
 
 
 def _failed(matcher: LLMatcher, tokens: list[int], consumed: int) -> str | None:

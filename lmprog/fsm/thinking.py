@@ -148,7 +148,13 @@ def for_format(
     )
 
 
-def answer_only(answer: Constraint, fmt: ReasoningFormat, *, headed: bool = False) -> Constraint:
+def answer_only(
+    answer: Constraint,
+    fmt: ReasoningFormat,
+    *,
+    headed: bool = False,
+    specials: Mapping[str, int] | None = None,
+) -> Constraint:
     """The answer's constraint once the thinking is written (a budget's second call): with
-    the format's answer_prefix unless `headed`."""
-    return answer if headed else prefixed(answer, fmt.answer_prefix)
+    the format's answer_prefix unless `headed` (`specials`: see `after_thinking`)."""
+    return answer if headed else prefixed(answer, fmt.answer_prefix, specials)

@@ -332,12 +332,16 @@ class NodeExecutor:
 
         backend: Backend | Budgeted = self._backend
         images = self._images(prompt)
+        tokenizer = self._local_tokenizer()
+        specials = spec.specials(fmt, tokenizer)
+        if tokenizer is not None and fmt.marked_by_special_tokens(tokenizer):
+            params = dataclasses.replace(params, skip_special_tokens=False)  # to split the text
         if spec.budget is not None:
-            after = spec.answer(node.constraint, fmt)
+            after = spec.answer(node.constraint, fmt, specials)
             backend = Budgeted(self._backend, fmt, state, spec.budget, after)
             request = GenerateRequest(prompt, params, images=images)
         else:
-            constraint = spec.constrain(node.constraint, fmt, state)
+            constraint = spec.constrain(node.constraint, fmt, state, specials)
             request = GenerateRequest(prompt, params, constraint, images)
         result, _ = self._generate(
             request, captures, backend=backend, on_text=lambda t: route(splitter.feed(t))
@@ -365,6 +369,13 @@ class NodeExecutor:
         if not generation or generation == prefix or not prompt.endswith(prefix):
             return prompt
         return extend_control(cut(prompt, len(prompt) - len(prefix)), generation)
+
+    def _local_tokenizer(self) -> Any:
+        """The backend's tokenizer, or None for a backend without one (an endpoint)."""
+        try:
+            return self._backend.tokenizer  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - no local tokenizer
+            return None
 
     def _template_source(self) -> str | None:
         try:

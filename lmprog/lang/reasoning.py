@@ -10,6 +10,7 @@ forces the end marker. Design: docs/design/reasoning.md.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,24 +46,43 @@ class Reasoning:
         return fmt
 
     @staticmethod
+    def specials(fmt: ReasoningFormat, tokenizer: object | None) -> dict[str, int]:
+        """The markers of `fmt` that `tokenizer` (the backend's; None: an endpoint without
+        one) has as special tokens, name -> id: the constraint takes them as those ids, as
+        the model writes them (gpt-oss's `<|channel|>`, `<|end|>`), as the server's do."""
+        if tokenizer is None or not fmt.marked_by_special_tokens(tokenizer):
+            return {}
+        from lmprog.fsm.compose import special_markers  # lazy: lmprog.fsm adds ~150 ms
+
+        return special_markers(tokenizer, fmt.marker_texts)
+
+    @staticmethod
     def constrain(
-        answer: Constraint | None, fmt: ReasoningFormat, state: PromptState
+        answer: Constraint | None,
+        fmt: ReasoningFormat,
+        state: PromptState,
+        specials: Mapping[str, int] | None = None,
     ) -> Constraint | None:
-        """The constraint of the whole output given the answer's (None: free text)."""
+        """The constraint of the whole output given the answer's (None: free text);
+        `specials`: the markers taken as special tokens (`specials`)."""
         if answer is None or state == "closed":
             return answer
         from lmprog.fsm.thinking import for_format  # lazy: lmprog.fsm adds ~150 ms to import
 
-        return for_format(answer, fmt, state)
+        return for_format(answer, fmt, state, specials=specials)
 
     @staticmethod
-    def answer(answer: Constraint | None, fmt: ReasoningFormat) -> Constraint | None:
+    def answer(
+        answer: Constraint | None,
+        fmt: ReasoningFormat,
+        specials: Mapping[str, int] | None = None,
+    ) -> Constraint | None:
         """The answer's constraint after a budget's forced end marker (None: free text)."""
         if answer is None:
             return None
         from lmprog.fsm.thinking import answer_only  # lazy, as above
 
-        return answer_only(answer, fmt)
+        return answer_only(answer, fmt, specials=specials)
 
 
 def reasoning_name(name: str) -> str:

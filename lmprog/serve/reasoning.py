@@ -53,13 +53,20 @@ class ReasoningPlan:
         except ConstraintError as exc:
             raise APIError(400, str(exc), param=param, code="invalid_constraint") from None
 
-    def backend(self, backend: Backend, answer: Any, *, headed: bool = False) -> Backend:
+    def backend(
+        self,
+        backend: Backend,
+        answer: Any,
+        *,
+        headed: bool = False,
+        specials: Mapping[str, int] | None = None,
+    ) -> Backend:
         """`backend`, or with a budget one whose generate runs the thinking and the answer
-        as two calls (core.thinking_budget)."""
+        as two calls (core.thinking_budget); `specials`: as `constrain`'s."""
         if self.budget is None:
             return backend
         if answer is not None:
-            answer = answer_only(answer, self.fmt, headed=headed)
+            answer = answer_only(answer, self.fmt, headed=headed, specials=specials)
         budgeted = Budgeted(backend, self.fmt, self.state, self.budget, answer)
         return budgeted  # type: ignore[return-value]
 

@@ -195,3 +195,24 @@ def test_a_grammar_cannot_name_the_eos(tok):
         TokenIndex.get(Constraint.from_ebnf('start: "a" <[270]>'), tok)
     guide = TokenIndex.get(Constraint.from_ebnf('start: "a" "<eos>" /<eos>?/'), tok).new_guide()
     assert guide.index.eos_token_id not in _allowed(guide)
+
+
+def test_a_marker_name_inside_a_json_string_reads_as_its_text():
+    """Over a finished text a marker's name is the token only where the grammar takes the
+    token: inside the arguments' JSON string it is their text."""
+    from lmprog.fsm import compose as cc
+
+    args = Constraint.from_json_schema(
+        {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}
+    )
+    specials = {"<|message|>": 300, "<|end|>": 301}
+    grammar = cc.seq(
+        cc.marked_text("<|message|>", specials), cc.embed(args), cc.special("<|end|>", 301)
+    )
+    c = cc.constraint(grammar, "call")
+    assert c.matches('<|message|>{"s": "a"}<|end|>')
+    assert c.matches('<|message|>{"s": "x <|end|> y <|message|>"}<|end|>')
+    assert c.parse('<|message|>{"s": "<|end|>"}<|end|>') == '<|message|>{"s": "<|end|>"}<|end|>'
+    assert not c.matches('<|message|>{"s": "a"}')  # the end marker is the token's, not text
+    assert not c.matches('<|message|>{"s": "a"}<|end|><|end|>')
+    assert not c.matches('<|message|>{"s": "<|end|>"<|end|>')

@@ -313,9 +313,9 @@ def test_gpt_oss_markers_are_its_special_tokens():
     assert set(specials) == set(names)
     plan = plan_tools([CITY, NOARGS], "auto", None, HARMONY, specials=specials)
     whole = ReasoningPlan(fmt, "none").constrain(plan.constraint, headed=True, specials=specials)
-    call = HARMONY_CALL.replace(" <|end|>", "")  # (a marker's text in a string reads as it)
-    for text in (call, THOUGHT + call, ANSWER, THOUGHT + ANSWER):
-        assert whole.matches(text), text
+    call = HARMONY_CALL.replace(" <|end|>", "")
+    for text in (call, THOUGHT + call, ANSWER, THOUGHT + ANSWER, THOUGHT + HARMONY_CALL):
+        assert whole.matches(text), text  # `<|end|>` in the arguments' string: its text
     assert not whole.matches(call + call)
     guide = TokenIndex.get(whole, tok).new_guide()
     assert set(guide.allowed_token_ids().tolist()) == {specials["<|channel|>"]}

@@ -15,7 +15,6 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from lmprog.core.protocol import GenerateRequest, GenerateResult
-from lmprog.core.reasoning import ReasoningFormat
 from lmprog.fsm.compose import special_markers
 
 from ..compile import build_index, compiled
@@ -84,7 +83,7 @@ async def start_chat_completion(
     backend = (
         ctx.backend
         if thinking is None
-        else thinking.backend(ctx.backend, plan.constraint, headed=headed)
+        else thinking.backend(ctx.backend, plan.constraint, headed=headed, specials=plan.specials)
     )
     group = Generations(
         backend,
@@ -136,8 +135,8 @@ def _prepare(
     fmt = tool_format(ctx.template)
     parallel = body.parallel_tool_calls is not False
     tokenizer = _tokenizer(ctx)
-    markers = (*fmt.fixed_texts, *_reasoning_markers(ctx.reasoning))
-    specials = special_markers(tokenizer, markers) if tokenizer is not None else {}
+    markers = (*fmt.fixed_texts, *(ctx.reasoning.marker_texts if ctx.reasoning else ()))
+    specials = special_markers(tokenizer, markers)
     plan = plan_tools(body.tools, body.tool_choice, text, fmt, parallel=parallel, specials=specials)
     prompt = render_chat(
         ctx.template,
@@ -165,13 +164,6 @@ def _prepare(
 def prepare_prompt(ctx: ServeContext, body: ChatCompletionRequest) -> str:
     """The prompt `body` renders to (its tools and template variables included)."""
     return _prepare(ctx, body)[1]
-
-
-def _reasoning_markers(fmt: ReasoningFormat | None) -> tuple[str, ...]:
-    """A reasoning format's markers, which a constraint after its thinking writes."""
-    if fmt is None:
-        return ()
-    return (fmt.start, fmt.end, fmt.after_end, fmt.answer_prefix)
 
 
 def _tokenizer(ctx: ServeContext) -> Any:

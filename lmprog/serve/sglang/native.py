@@ -27,6 +27,7 @@ from lmprog.core.protocol import (
 )
 from lmprog.core.sampling import SamplingParams
 from lmprog.fsm import Constraint
+from lmprog.fsm.compose import special_markers
 
 from ..context import ServeContext
 from ..errors import APIError, from_exception
@@ -236,12 +237,22 @@ def _reasoning(ctx: ServeContext, items: list[_Item]) -> None:
             "format (start the server with --reasoning-parser NAME if its template hides it)",
             param="separate_reasoning",
         )
+    try:
+        tokenizer = ctx.backend.tokenizer
+    except Exception:  # noqa: BLE001 - no local tokenizer (an endpoint): markers as text
+        tokenizer = None
+    marked = tokenizer is not None and ctx.reasoning.marked_by_special_tokens(tokenizer)
+    specials = special_markers(tokenizer, ctx.reasoning.marker_texts) if marked else {}
     for item in items:
         prompt = item.prompt if isinstance(item.prompt, str) else ""
         state = ctx.reasoning.prompt_state(prompt)
         item.reasoning = ReasoningPlan(ctx.reasoning, state)
+        if marked:  # the markers must be in the text to split it
+            item.params = replace(item.params, skip_special_tokens=False)
         if state != "closed":
-            item.constraint = item.reasoning.constrain(item.constraint, "sampling_params")
+            item.constraint = item.reasoning.constrain(
+                item.constraint, "sampling_params", specials=specials
+            )
 
 
 def _prompts(body: GenerateBody) -> tuple[list[str | tuple[int, ...]], bool]:
