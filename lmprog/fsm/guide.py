@@ -338,20 +338,33 @@ def _computed(matcher: LLMatcher, n: int) -> np.ndarray:
     return words
 
 
+_S = TypeVar("_S")
+
+
+def thread_scratch(store: threading.local, n: int, make: Callable[[int], _S]) -> _S:
+    """This thread's scratch of size `n` in `store` (`make(n)` on first use), reused by every
+    call; a thread that met several vocabularies keeps the last few sizes."""
+    rows: dict[int, _S] | None = getattr(store, "rows", None)
+    if rows is None:
+        rows = store.rows = {}
+    row = rows.get(n)
+    if row is None:
+        if len(rows) >= 4:
+            rows.pop(next(iter(rows)))
+        row = rows[n] = make(n)
+    return row
+
+
 _SCRATCH = threading.local()  # .rows: {words: (an int32 [words] row, its address)}
 
 
+def _new_mask_row(n: int) -> tuple[np.ndarray, int]:
+    words = np.empty(n, dtype=np.int32)
+    return words, words.ctypes.data
+
+
 def _mask_scratch(n: int) -> tuple[np.ndarray, int]:
-    rows: dict[int, tuple[np.ndarray, int]] | None = getattr(_SCRATCH, "rows", None)
-    if rows is None:
-        rows = _SCRATCH.rows = {}
-    row = rows.get(n)
-    if row is None:
-        if len(rows) >= 4:  # (a thread that saw several vocabularies keeps the last few)
-            rows.pop(next(iter(rows)))
-        words = np.empty(n, dtype=np.int32)
-        row = rows[n] = (words, words.ctypes.data)
-    return row
+    return thread_scratch(_SCRATCH, n, _new_mask_row)
 
 
 def _words(index: GuideIndex) -> Any:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from lmprog.fsm.guide import Guide, prefetch_bitmask_words
+from lmprog.fsm.guide import Guide, prefetch_bitmask_words, thread_scratch
 
 if TYPE_CHECKING:
     import torch
@@ -179,17 +179,13 @@ def _apply_numpy(x: np.ndarray, words: np.ndarray, width: int) -> None:
 _SCRATCH = threading.local()  # .rows: {words: (float32 [4 * words, 8] scratch, its flat view)}
 
 
+def _new_bias_rows(n_words: int) -> tuple[np.ndarray, np.ndarray]:
+    scratch = np.empty((4 * n_words, 8), dtype=np.float32)
+    return scratch, scratch.reshape(-1)
+
+
 def _scratch(n_words: int) -> tuple[np.ndarray, np.ndarray]:
-    rows: dict[int, tuple[np.ndarray, np.ndarray]] | None = getattr(_SCRATCH, "rows", None)
-    if rows is None:
-        rows = _SCRATCH.rows = {}
-    out = rows.get(n_words)
-    if out is None:
-        if len(rows) >= 4:  # (a thread that saw several vocabularies keeps the last few)
-            rows.pop(next(iter(rows)))
-        scratch = np.empty((4 * n_words, 8), dtype=np.float32)
-        out = rows[n_words] = (scratch, scratch.reshape(-1))
-    return out
+    return thread_scratch(_SCRATCH, n_words, _new_bias_rows)
 
 
 def _lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
