@@ -103,18 +103,8 @@ class DecodeBuffers:
     def view(self, bs: int) -> ForwardBatch:
         """The bucket-`bs` batch: views of the static buffers (valid for every replay)."""
         assert 1 <= bs <= self.max_batch_size
-        ids, pos, loc, rows, lens = self.ints[:, :bs]
-        return ForwardBatch(
-            input_ids=ids,
-            positions=pos,
-            out_cache_loc=loc,
-            req_pool_indices=rows,
-            seq_lens=lens,
-            extend_lens=self.ones[:bs],
-            extend_start_loc=self.arange[:bs],
-            req_to_token=self.req_to_token,
-            logits_indices=self.arange[:bs],
-            extend_lens_cpu=(1,) * bs,
+        return ForwardBatch.one_token_each(
+            tuple(self.ints[:, :bs]), self.ones, self.arange, self.req_to_token
         )
 
     def load(self, batch: ForwardBatch, bs: int) -> None:

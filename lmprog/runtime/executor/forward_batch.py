@@ -56,6 +56,34 @@ class ForwardBatch:
             self.custom_mask is not None and self.mask_indptr.shape == (b,)
         )
 
+    @classmethod
+    def one_token_each(
+        cls,
+        ints: tuple[torch.Tensor, ...],
+        ones: torch.Tensor,
+        arange: torch.Tensor,
+        req_to_token: torch.Tensor,
+        seq_lens_cpu: tuple[int, ...] | None = None,
+    ) -> ForwardBatch:
+        """A batch of one token per sequence over static buffers: ints = (input_ids,
+        positions, out_cache_loc, req_pool_indices, seq_lens) of b rows; ones and arange
+        (int64, at least b long) give the extend lengths, starts and logits indices."""
+        ids, pos, loc, rows, lens = ints
+        b = len(ids)
+        return cls(
+            input_ids=ids,
+            positions=pos,
+            out_cache_loc=loc,
+            req_pool_indices=rows,
+            seq_lens=lens,
+            extend_lens=ones[:b],
+            extend_start_loc=arange[:b],
+            req_to_token=req_to_token,
+            logits_indices=arange[:b],
+            seq_lens_cpu=seq_lens_cpu,
+            extend_lens_cpu=(1,) * b,
+        )
+
     @property
     def batch_size(self) -> int:
         return self.req_pool_indices.shape[0]

@@ -181,17 +181,10 @@ class DraftTable:
         lens: torch.Tensor,
         host_lens: list[int],
     ) -> ForwardBatch:
-        a = len(host_lens)
-        return ForwardBatch(
-            input_ids=ids,
-            positions=pos,
-            out_cache_loc=loc,
-            req_pool_indices=rows,
-            seq_lens=lens,
-            extend_lens=self.ones[:a],
-            extend_start_loc=self.arange[:a],
-            req_to_token=self.req_to_token,
-            logits_indices=self.arange[:a],
+        return ForwardBatch.one_token_each(
+            (ids, pos, loc, rows, lens),
+            self.ones,
+            self.arange,
+            self.req_to_token,
             seq_lens_cpu=tuple(host_lens),
-            extend_lens_cpu=(1,) * a,
         )
