@@ -1,10 +1,13 @@
 """Train an EAGLE-3 draft head for the bundled SmolLM2-135M-Instruct by self-distillation.
 
     PYTHONPATH=. python scripts/train_draft_head.py --out /tmp/head --minutes 12   # CPU
-    PYTHONPATH=. python scripts/train_draft_head.py --device cuda --prompts 2000 --minutes 5
+    PYTHONPATH=. python scripts/train_draft_head.py --device cuda --synth 4000 --gen-tokens 256 \
+        --batch 16 --steps 3000 --minutes 5
 
 1. prompts assembled here (chat questions, JSON extraction, code; no dataset download),
-   split by a seeded shuffle into training and held-out prompts;
+   split by a seeded shuffle into training and held-out prompts; with --synth N, N more
+   written by the model itself (Magpie, arXiv 2406.08464: the chat template up to the user's
+   text, sampled, gives the user turns the model expects), for variety past the templates;
 2. the model answers the training prompts greedily (lp.Runtime, batched);
 3. one forward per sequence captures the target's hidden states at the head's three layers;
    the labels are the sequence's next tokens (in the answers the model's own greedy choices);
@@ -12,7 +15,7 @@
    the target's output embedding of those tokens, the token embedding is the target's;
 5. training unrolls the head over its own states for --ttt-steps steps (EAGLE-3's
    training-time test: step j of position i sees the target's features up to i - j and its
-   own states after), loss weights 0.8^j;
+   own states after), loss weights 0.8^j, --batch sequences a step (padded);
 6. the head is written in the published layout (config.json + model.safetensors, fp16), and
    its mean accepted length on the held-out prompts measured through lp.Runtime against
    n-gram drafting and no speculation.
@@ -89,6 +92,33 @@ def generate(rt, prompts: list[str], max_tokens: int) -> list[list[int]]:
     return [p + list(r.token_ids) for p, r in zip(ids, results)]
 
 
+def synthesize_prompts(rt, n: int, seed: int, max_tokens: int = 72) -> list[str]:
+    """n user turns written by the model (Magpie): the chat template rendered up to where a
+    user's text would start, sampled at temperature 1 (a seed per request), kept when they
+    end their turn, are not too short and are new."""
+    from lmprog.core.sampling import SamplingParams
+
+    cut = "\x00user text\x00"
+    rendered = rt.chat_template.render(
+        [{"role": "user", "content": cut}], add_generation_prompt=True
+    )
+    prefix = rt._prompt_ids(rendered[: rendered.index(cut)])
+    params = [
+        SamplingParams(
+            max_tokens=max_tokens, temperature=1.0, top_p=0.95, seed=seed * 1_000_003 + i
+        )
+        for i in range(n)
+    ]
+    results = rt.generate([prefix] * n, params)
+    out, seen = [], set()
+    for r in results:
+        text = r.text.strip()
+        if r.finish_reason == "stop" and len(text) >= 12 and text not in seen:
+            seen.add(text)
+            out.append(text)
+    return out
+
+
 def chat_ids(rt, prompts: list[str]) -> list[list[int]]:
     """Each prompt as one user turn of the model's chat template, tokenized as the runtime
     tokenizes a string prompt."""
@@ -124,65 +154,79 @@ def teacher(model, seqs: list[list[int]], layers: tuple[int, ...]):
         )
         with torch.inference_mode():
             _, feats = model.forward_capture(batch, kv, HiddenCapture(layers))
-        out.append((feats[: n - 2].float().cpu(), torch.tensor(seq[1:-1]), torch.tensor(seq[2:])))
-    return out
+        out.append((feats[: n - 2].clone(), torch.tensor(seq[1:-1]), torch.tensor(seq[2:])))
+    return out  # features stay on the target's device, in its dtype
 
 
 def ttt_attention(head, q, ks, vs, j):
-    """Step j's attention: query i sees step 0's keys at positions <= i - j (the target's
-    features) and step m's key at position i - j + m (m = 1..j: its own drafted states)."""
+    """Step j's attention over a batch [B, T, heads, d]: query i sees step 0's keys at
+    positions <= i - j (the target's features) and step m's key at position i - j + m
+    (m = 1..j: its own drafted states)."""
     c = head.config.layer
     g = c.num_heads // c.num_kv_heads
-    t = q.shape[0]
+    t = q.shape[1]
     scale = c.head_dim**-0.5
-    k0, v0 = ks[0].repeat_interleave(g, 1), vs[0].repeat_interleave(g, 1)
-    scores = torch.einsum("ihd,khd->hik", q, k0) * scale
-    i = torch.arange(t)
+    k0, v0 = ks[0].repeat_interleave(g, 2), vs[0].repeat_interleave(g, 2)
+    scores = torch.einsum("bihd,bkhd->bhik", q, k0) * scale
+    i = torch.arange(t, device=q.device)
     allowed = i[None, :] <= (i[:, None] - j).clamp(min=0)  # rows i < j: not in the loss
-    scores = scores.masked_fill(~allowed[None], float("-inf"))
+    scores = scores.masked_fill(~allowed, float("-inf"))
     extra_k, extra_v = [], []
     for m in range(1, j + 1):
         idx = (i - (j - m)).clamp(min=0)
-        extra_k.append(ks[m][idx].repeat_interleave(g, 1))
-        extra_v.append(vs[m][idx].repeat_interleave(g, 1))
+        extra_k.append(ks[m][:, idx].repeat_interleave(g, 2))
+        extra_v.append(vs[m][:, idx].repeat_interleave(g, 2))
     if extra_k:
-        ek = torch.stack(extra_k, 2)  # [T, heads, j, d]
-        es = torch.einsum("ihd,ihmd->him", q, ek) * scale  # [heads, T, j]
+        ek = torch.stack(extra_k, 3)  # [B, T, heads, j, d]
+        es = torch.einsum("bihd,bihmd->bhim", q, ek) * scale  # [B, heads, T, j]
         p = torch.cat([scores, es], -1).softmax(-1)
-        ev = torch.stack(extra_v, 2)
-        return torch.einsum("hik,khd->ihd", p[..., :t], v0) + torch.einsum(
-            "him,ihmd->ihd", p[..., t:], ev
+        ev = torch.stack(extra_v, 3)
+        return torch.einsum("bhik,bkhd->bihd", p[..., :t], v0) + torch.einsum(
+            "bhim,bihmd->bihd", p[..., t:], ev
         )
-    p = scores.softmax(-1)
-    return torch.einsum("hik,khd->ihd", p, v0)
+    return torch.einsum("bhik,bkhd->bihd", scores.softmax(-1), v0)
 
 
 def unrolled_loss(head, feats, ids, labels, steps: int):
-    """Sum over steps j of 0.8^j x cross-entropy (positions i >= j); top-1 accuracy per step."""
+    """Sum over steps j of 0.8^j x cross-entropy (positions i >= j, labels >= 0); top-1
+    accuracy per step. feats [B, T, 3H], ids and labels [B, T] (padding: label -100)."""
     layer, c = head.midlayer, head.config.layer
-    t = feats.shape[0]
+    b, t = ids.shape
     hq, hkv = c.num_heads, c.num_kv_heads
-    cos, sin = head.rotary.cos_sin(torch.arange(t), torch.float32)
+    cos, sin = head.rotary.cos_sin(torch.arange(t, device=ids.device), torch.float32)
     emb = head.embed(ids).detach().float()  # the target's embedding, not trained
-    hidden = head.fc(feats)
+    hidden = head.fc(feats.float())
     ks, vs, loss, accs = [], [], 0.0, []
     for j in range(steps):
         x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], -1)
-        qkv = layer.self_attn.qkv_proj(x).view(t, hq + 2 * hkv, c.head_dim)
-        qk = head.rotary.rotate(qkv[:, : hq + hkv], cos, sin)
-        ks.append(qk[:, hq:])
-        vs.append(qkv[:, hq + hkv :])
-        o = ttt_attention(head, qk[:, :hq], ks, vs, j)
-        h, residual = layer.post_attention_layernorm(layer.self_attn.output(o), hidden)
+        qkv = layer.self_attn.qkv_proj(x).view(b, t, hq + 2 * hkv, c.head_dim)
+        qk = head.rotary.rotate(qkv[:, :, : hq + hkv], cos, sin)
+        ks.append(qk[:, :, hq:])
+        vs.append(qkv[:, :, hq + hkv :])
+        o = ttt_attention(head, qk[:, :, :hq], ks, vs, j)
+        h, residual = layer.post_attention_layernorm(layer.self_attn.o_proj(o.flatten(-2)), hidden)
         normed, total = head.norm(layer.mlp(h), residual)
         logits = head.lm_head(normed)
         valid = labels >= 0
-        valid[:j] = False
+        valid[:, :j] = False
         if valid.any():
             loss = loss + 0.8**j * F.cross_entropy(logits[valid], labels[valid])
             accs.append((logits[valid].argmax(-1) == labels[valid]).float().mean().item())
-        hidden = torch.cat([total[:1] * 0, total[:-1]])  # position i is fed its own i - 1
+        hidden = torch.cat([total[:, :1] * 0, total[:, :-1]], 1)  # position i: its own i - 1
     return loss, accs
+
+
+def collate(items, to_draft):
+    """Pad a batch of (features, ids, greedy labels) to its longest; padded labels -100."""
+    t = max(f.shape[0] for f, _, _ in items)
+    feats = items[0][0].new_zeros(len(items), t, items[0][0].shape[1])
+    ids = torch.zeros(len(items), t, dtype=torch.int64)
+    labels = torch.full((len(items), t), -100, dtype=torch.int64)
+    for row, (f, i, g) in enumerate(items):
+        feats[row, : len(f)] = f
+        ids[row, : len(i)] = i
+        labels[row, : len(g)] = to_draft[g]
+    return feats, ids.to(feats.device), labels.to(feats.device)
 
 
 def train(args) -> None:
@@ -197,16 +241,27 @@ def train(args) -> None:
     prompts = assemble_prompts(args.seed)
     held_out, train_prompts = prompts[: args.eval_prompts], prompts[args.eval_prompts :]
     train_prompts = train_prompts[: args.prompts]
-    rt = lp.Runtime(device=args.device, num_threads=args.threads, max_total_tokens=65536)
+    rt = lp.Runtime(
+        device=args.device,
+        num_threads=args.threads if args.device == "cpu" else None,
+        max_total_tokens=args.kv_tokens,
+    )
     target = rt.engine.runner.model
     tc = target.config
     base = dummy_eagle3_config(tc)
     layers = base.capture_layers(tc.num_layers)
+    if args.synth:
+        written = synthesize_prompts(rt, args.synth, args.seed)
+        kept = sorted(set(written) - set(held_out))
+        random.Random(args.seed).shuffle(kept)
+        print(f"the model wrote {len(kept)} usable prompts of {args.synth} sampled")
+        train_prompts += kept
     seqs = generate(rt, train_prompts, args.gen_tokens)
     ntok = sum(map(len, seqs))
     print(f"generated {len(seqs)} sequences, {ntok} tokens in {time.perf_counter() - t0:.0f} s")
     data = rt.engine.call(lambda: teacher(target, seqs, layers))  # on the engine's thread
     data = [tuple(x.clone() for x in d) for d in data]  # not inference tensors: trainable inputs
+    data.sort(key=lambda d: len(d[1]))  # batches of like lengths pad little
     print(f"teacher features at layers {layers} in {time.perf_counter() - t0:.0f} s")
 
     counts = torch.bincount(torch.cat([g for _, _, g in data]), minlength=tc.vocab_size)
@@ -226,23 +281,26 @@ def train(args) -> None:
         head.d2t.copy_(hot - torch.arange(len(hot)))
         head.t2d.copy_(t2d)
         if out_embed is not None:  # tied: the output embedding is the token embedding
-            head.lm_head.weight.copy_(out_embed[hot].float())
+            head.lm_head.weight.copy_(out_embed[hot.to(out_embed.device)].float())
     head.train()
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     budget = args.minutes * 60  # a cap: the schedule follows steps, so a seed fixes the head
     start, step = time.perf_counter(), 0
     rng = random.Random(args.seed)
-    order: list[int] = []
+    batches = [
+        list(range(i, min(i + args.batch, len(data)))) for i in range(0, len(data), args.batch)
+    ]
+    order: list[list[int]] = []
     while step < args.steps and time.perf_counter() - start < budget:
         if not order:
-            order = list(range(len(data)))
+            order = list(batches)
             rng.shuffle(order)
-        feats, ids, greedy = data[order.pop()]
+        feats, ids, labels = collate([data[i] for i in order.pop()], to_draft)
         frac = step / args.steps
         for g in opt.param_groups:  # warm-up, then cosine to 10%
             g["lr"] = args.lr * min(1.0, (step + 1) / 50) * (0.55 + 0.45 * math.cos(math.pi * frac))
-        loss, accs = unrolled_loss(head, feats, ids, to_draft[greedy], args.ttt_steps)
+        loss, accs = unrolled_loss(head, feats, ids, labels, args.ttt_steps)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -255,12 +313,13 @@ def train(args) -> None:
         step += 1
     if step < args.steps:
         print(f"time cap of {args.minutes} min reached: {step} of {args.steps} steps")
-    print(f"trained {step} sequences in {time.perf_counter() - start:.0f} s")
+    print(f"trained {step} steps of {args.batch} sequences in {time.perf_counter() - start:.0f} s")
     rt.shutdown()
     head.eval()
     save_eagle3(head.half(), args.out, lmprog_training={
         "script": "scripts/train_draft_head.py", "seed": args.seed, "device": args.device,
-        "prompts": len(train_prompts), "gen_tokens": args.gen_tokens, "steps": step,
+        "prompts": len(train_prompts), "synth": args.synth, "gen_tokens": args.gen_tokens,
+        "batch": args.batch, "steps": step,
         "ttt_steps": args.ttt_steps, "minutes": args.minutes, "argv": sys.argv[1:],
     })  # fmt: skip
     size = sum(f.stat().st_size for f in Path(args.out).iterdir())
@@ -282,7 +341,8 @@ def evaluate(args, prompts: list[str]) -> dict:
         ("ngram", "ngram"),
         ("eagle", {"method": "eagle", "draft_model": str(args.out)}),
     ):
-        rt = lp.Runtime(device=args.device, num_threads=args.threads, speculative=spec)
+        threads = args.threads if args.device == "cpu" else None
+        rt = lp.Runtime(device=args.device, num_threads=threads, speculative=spec)
         texts = chat_ids(rt, prompts)
         params = SamplingParams(max_tokens=args.eval_tokens, temperature=0.0, ignore_eos=True)
         rt.generate(texts[:1], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
@@ -323,7 +383,10 @@ def main() -> None:
     ap.add_argument("--intermediate", type=int, default=1024, help="the head's MLP width")
     ap.add_argument("--ttt-steps", type=int, default=3)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--steps", type=int, default=800, help="training sequences (one a step)")
+    ap.add_argument("--synth", type=int, default=0, help="prompts the model writes (Magpie)")
+    ap.add_argument("--batch", type=int, default=1, help="sequences per training step")
+    ap.add_argument("--kv-tokens", type=int, default=65536, help="the runtime's KV pool")
+    ap.add_argument("--steps", type=int, default=800, help="training steps")
     ap.add_argument("--minutes", type=float, default=60.0, help="cap on the training time")
     ap.add_argument("--eval-only", action="store_true", help="measure the head at --out")
     args = ap.parse_args()
