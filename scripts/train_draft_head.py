@@ -187,16 +187,20 @@ def ttt_attention(head, q, ks, vs, j):
     return torch.einsum("bhik,bkhd->bihd", scores.softmax(-1), v0)
 
 
-def unrolled_loss(head, feats, ids, labels, steps: int):
-    """Sum over steps j of 0.8^j x cross-entropy (positions i >= j, labels >= 0); top-1
-    accuracy per step. feats [B, T, 3H], ids and labels [B, T] (padding: label -100)."""
+def unrolled_logits(head, feats, ids, steps: int):
+    """The head's logits [B, T, draft vocab] at each step j < steps, unrolled over its own
+    states (EAGLE-3's training-time test). Step j at position i is what drafting computes j
+    tokens past the target's last feature i - j: the target's features at positions <= i - j
+    in the head's KV, its own states after, token ids[i] fed with its state at i - 1.
+    feats [B, T, 3H], ids [B, T]."""
     layer, c = head.midlayer, head.config.layer
     b, t = ids.shape
     hq, hkv = c.num_heads, c.num_kv_heads
     cos, sin = head.rotary.cos_sin(torch.arange(t, device=ids.device), torch.float32)
     emb = head.embed(ids).detach().float()  # the target's embedding, not trained
     hidden = head.fc(feats.float())
-    ks, vs, loss, accs = [], [], 0.0, []
+    ks: list[torch.Tensor] = []
+    vs: list[torch.Tensor] = []
     for j in range(steps):
         x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], -1)
         qkv = layer.self_attn.qkv_proj(x).view(b, t, hq + 2 * hkv, c.head_dim)
@@ -206,13 +210,20 @@ def unrolled_loss(head, feats, ids, labels, steps: int):
         o = ttt_attention(head, qk[:, :, :hq], ks, vs, j)
         h, residual = layer.post_attention_layernorm(layer.self_attn.o_proj(o.flatten(-2)), hidden)
         normed, total = head.norm(layer.mlp(h), residual)
-        logits = head.lm_head(normed)
+        yield head.lm_head(normed)
+        hidden = torch.cat([total[:, :1] * 0, total[:, :-1]], 1)  # position i: its own i - 1
+
+
+def unrolled_loss(head, feats, ids, labels, steps: int):
+    """Sum over steps j of 0.8^j x cross-entropy (positions i >= j, labels >= 0); top-1
+    accuracy per step. labels [B, T] in the draft vocabulary (padding: -100)."""
+    loss, accs = 0.0, []
+    for j, logits in enumerate(unrolled_logits(head, feats, ids, steps)):
         valid = labels >= 0
         valid[:, :j] = False
         if valid.any():
             loss = loss + 0.8**j * F.cross_entropy(logits[valid], labels[valid])
             accs.append((logits[valid].argmax(-1) == labels[valid]).float().mean().item())
-        hidden = torch.cat([total[:, :1] * 0, total[:, :-1]], 1)  # position i: its own i - 1
     return loss, accs
 
 
