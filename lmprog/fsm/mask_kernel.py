@@ -119,7 +119,11 @@ def _load_once() -> Kernel | None:
     global _KERNEL
     with _LOCK:
         if _KERNEL is _UNSET:
-            _KERNEL = load()
+            try:
+                _KERNEL = load()
+            except Exception as exc:  # noqa: BLE001 - an odd $CC or home: numpy's apply stays
+                _log.debug("the mask kernel was not built: %s", exc)
+                _KERNEL = None
         return _KERNEL
 
 
