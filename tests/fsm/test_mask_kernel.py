@@ -217,3 +217,51 @@ def test_cache_key_follows_the_compiler(tmp_path, monkeypatch):
     assert a == mask_kernel._key(list(cc))
     assert a != mask_kernel._key([*cc, "-O2"])
     assert os.path.isabs(cc[0])
+
+
+def wrapper_cc(tmp_path: Path, body: str) -> Path:
+    """A C compiler command: a shell script around the real one."""
+    real = mask_kernel.compiler()
+    assert real is not None
+    script = tmp_path / "bin" / "cc-wrapper"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(f"#!/bin/sh\nREAL='{' '.join(real)}'\n{body}\n")
+    script.chmod(0o755)
+    return script
+
+
+@needs_cc
+def test_a_failed_clone_build_falls_back_to_plain_c(tmp_path, monkeypatch):
+    """A compiler that refuses the AVX2 clone (no target_clones: musl, old compilers) still
+    gives the plain kernel."""
+    cc = wrapper_cc(
+        tmp_path,
+        'for a in "$@"; do [ "$a" = -DLMPROG_CLONES ] && { echo no ifunc >&2; exit 1; }; done\n'
+        'exec $REAL "$@"',
+    )
+    monkeypatch.setenv("CC", str(cc))
+    k = mask_kernel.load(tmp_path / "k")
+    assert k is not None and k.path.parent == tmp_path / "k"
+    x, w = random_rows(np.random.default_rng(1), 1, 1000)
+    expected = reference(x, w)
+    k.row_f32(x.ctypes.data, w.ctypes.data, 1000)
+    assert np.array_equal(x, expected)
+
+
+@needs_cc
+def test_a_kernel_that_selects_wrong_is_not_used(tmp_path, monkeypatch, caplog):
+    """A build whose select is wrong (here: the source changed on its way to the compiler)
+    fails the load's check: no kernel, nothing cached."""
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="lmprog.fsm.mask_kernel")
+    cc = wrapper_cc(
+        tmp_path,
+        'for a in "$@"; do case "$a" in *.c) sed -i "s/? p\\[j\\] : neg/? neg : p[j]/" "$a";; '
+        "esac; done\n"
+        'exec $REAL "$@"',
+    )
+    monkeypatch.setenv("CC", str(cc))
+    assert mask_kernel.load(tmp_path / "k") is None
+    assert "selects wrong" in caplog.text
+    assert not (tmp_path / "k").exists()
