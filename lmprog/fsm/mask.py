@@ -11,6 +11,7 @@ are torch tensors or numpy arrays (`device=None`). Design: docs/design/constrain
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import sys
 import threading
@@ -191,21 +192,29 @@ def _select_torch(k: Kernel, x: torch.Tensor, words: torch.Tensor, neg: int) -> 
 
 
 def _select_numpy(k: Kernel, x: np.ndarray, words: np.ndarray) -> bool:
-    """The compiled select on numpy float32 logits [B, V] (False, nothing done: rows not of
-    unit stride)."""
+    """The compiled select on numpy float32 logits [B, V] (False, nothing done: read-only
+    logits, for numpy's error, or rows not of unit stride)."""
     rows, width = x.shape
+    if not x.flags.writeable or not x.size:
+        return not x.size
     if x.flags.c_contiguous and words.flags.c_contiguous:
+        px = _address(x)
+        pw = _address(words) if words.flags.writeable else words.ctypes.data
         if rows == 1:
-            k.row_f32(x.ctypes.data, words.ctypes.data, width)
+            k.row_f32(px, pw, width)
         else:
-            n = words.shape[1]
-            k.rows[32](x.ctypes.data, words.ctypes.data, width, rows, width, n, _F32_NEG_INF)
+            k.rows[32](px, pw, width, rows, width, words.shape[1], _F32_NEG_INF)
         return True
     (xs, x1), (ws, w1) = x.strides, words.strides
     if x1 != 4 or w1 != 4 or xs % 4 or ws % 4:
         return False
     k.rows[32](x.ctypes.data, words.ctypes.data, width, rows, xs >> 2, ws >> 2, _F32_NEG_INF)
     return True
+
+
+def _address(a: Any) -> int:
+    """A writable C-contiguous array's address (0.5 us; `.ctypes.data` costs 1.4)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(a))
 
 
 # -inf's bits per float type, for the compiled select

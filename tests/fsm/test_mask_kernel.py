@@ -265,3 +265,26 @@ def test_a_kernel_that_selects_wrong_is_not_used(tmp_path, monkeypatch, caplog):
     assert mask_kernel.load(tmp_path / "k") is None
     assert "selects wrong" in caplog.text
     assert not (tmp_path / "k").exists()
+
+
+@pytest.mark.parametrize("use_kernel", [True, False])
+def test_read_only_and_empty_arrays(kernel, monkeypatch, use_kernel):
+    """Read-only words are read; read-only logits are refused as numpy refuses them (never
+    written through an address); empty batches and rows change nothing."""
+    with_kernel(monkeypatch, kernel if use_kernel else None)
+    logits, words = random_rows(np.random.default_rng(3), 2, 100)
+    expected = reference(logits, words)
+    words.flags.writeable = False
+    x = logits.copy()
+    apply_bitmask_(x, words)
+    assert np.array_equal(x, expected)
+    frozen = logits.copy()
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        apply_bitmask_(frozen, words.copy())
+    assert np.array_equal(frozen, logits)
+    for shape in [(0, 100), (2, 0)]:
+        empty = np.zeros(shape, np.float32)
+        apply_bitmask_(empty, np.zeros((shape[0], num_words(shape[1])), np.int32))
+        et = torch.zeros(shape)
+        apply_bitmask_(et, torch.zeros((shape[0], num_words(shape[1])), dtype=torch.int32))
