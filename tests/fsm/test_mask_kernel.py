@@ -268,10 +268,10 @@ def test_a_kernel_that_selects_wrong_is_not_used(tmp_path, monkeypatch, caplog):
 
 
 @pytest.mark.parametrize("use_kernel", [True, False])
-def test_read_only_and_empty_arrays(kernel, monkeypatch, use_kernel):
+def test_read_only_and_empty_arrays(request, monkeypatch, use_kernel):
     """Read-only words are read; read-only logits are refused as numpy refuses them (never
     written through an address); empty batches and rows change nothing."""
-    with_kernel(monkeypatch, kernel if use_kernel else None)
+    with_kernel(monkeypatch, request.getfixturevalue("kernel") if use_kernel else None)
     logits, words = random_rows(np.random.default_rng(3), 2, 100)
     expected = reference(logits, words)
     words.flags.writeable = False
