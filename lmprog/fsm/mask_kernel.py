@@ -9,9 +9,11 @@ numpy's apply is two passes over the row (a byte table's biases, then their sum)
 numpy or torch op selects by a packed bit in one; this loop does, on the floats' bits (the
 -inf of each float type is a bit pattern, `neg`): a word with every bit set is skipped, a
 word of zeros is a run of -inf stores, any other is a select the compiler vectorises. Plain
-C99 with no instruction-set flag (the compiler's baseline for the machine), built once per
-user into cache_dir()/kernels, keyed by the source, the compiler and the machine; with no
-compiler, or a build or load that fails, the caller keeps numpy's path (logged at debug).
+C99 with no instruction-set flag (the compiler's baseline for the machine; on x86 an AVX2
+clone beside it, which the CPU picks at load), built once per user into cache_dir()/kernels,
+keyed by the source, the compiler and the machine, and checked on a small case when loaded.
+With no compiler, or a build, load or check that fails, the caller keeps numpy's path
+(logged at debug). Design: docs/design/constraints.md, "Masks".
 """
 
 from __future__ import annotations
