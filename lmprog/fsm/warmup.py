@@ -3,7 +3,8 @@ its first constrained request.
 
 A first constraint over a vocabulary needs the vocabulary's bytes (`TokenVocab`: a few ms
 from the disk cache) and llguidance's `LLTokenizer` (~0.1-0.2 s for 49k tokens: the token
-trie and the slices that make masks fast). `start(tokenizer)` builds both on a daemon
+trie and the slices that make masks fast), and the apply's compiled select (`mask_kernel`:
+~0.3 s the first time on a machine, then loaded). `start(tokenizer)` builds them on a daemon
 thread; the LLTokenizer is built in Rust with the GIL released, so the thread barely
 competes with the caller's Python. A constrained request that comes before it is done
 waits for that one build (`index.ll_tokenizer_for` builds once per vocabulary).
@@ -15,6 +16,7 @@ import logging
 import threading
 from typing import Any
 
+from lmprog.fsm.mask_kernel import kernel
 from lmprog.fsm.vocab import TokenVocab
 
 _log = logging.getLogger(__name__)
@@ -37,3 +39,4 @@ def _build(tokenizer: Any) -> None:
         ll_tokenizer_for(TokenVocab.from_tokenizer(tokenizer), tokenizer)
     except Exception as exc:  # noqa: BLE001 - the first constrained request reports it
         _log.debug("constraint set-up for %r failed: %s", tokenizer, exc)
+    kernel()  # the host's mask apply, compiled once per user (~0.3 s) or loaded (never raises)
