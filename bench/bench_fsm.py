@@ -555,12 +555,15 @@ class LmprogEngine:
 
 
 class _LmprogCursor:
+    """lmprog's rows, written into a reused [1, ceil(V/32)] tensor (`out=`) as the peers'."""
+
     def __init__(self, guide: Any, width: int) -> None:
-        self.guide, self.width = guide, width
+        self.guide, self.width, self.guides = guide, width, [guide]
         self.eos = guide.index.eos_token_id
+        self.bitmask = torch.full((1, (width + 31) // 32), -1, dtype=torch.int32)
 
     def mask(self) -> torch.Tensor:
-        return allowed_bitmask([self.guide], self.width)
+        return allowed_bitmask(self.guides, self.width, out=self.bitmask)
 
     def allowed(self, token: int) -> bool:
         return _bit(self.mask()[0], token)

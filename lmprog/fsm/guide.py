@@ -50,13 +50,23 @@ class GuideIndex(Protocol):
     def reason(self, error: str) -> str: ...
 
 
+_I32 = np.dtype(np.int32)
 WORDS_CACHE_SIZE = 4096  # bitmask words per index (6 kB each on a 49k vocabulary)
 
 
 class Guide:
     """Position of one sequence in a constraint. Not thread-safe; `copy()` per fork."""
 
-    __slots__ = ("index", "_matcher", "_lexer", "_tokens", "_states", "_ended", "_checks")
+    __slots__ = (
+        "index",
+        "_matcher",
+        "_lexer",
+        "_tokens",
+        "_states",
+        "_ended",
+        "_checks",
+        "_by_node",
+    )
 
     def __init__(
         self,
@@ -70,6 +80,7 @@ class Guide:
         """matcher: (an llguidance matcher at this position, the generation of the index's
         lexer it shares, or None for a lexer of its own); default: the index's start."""
         self.index = index
+        self._by_node = _words(index)  # the index's bitmask words by position
         self._matcher, self._lexer = matcher if matcher is not None else index.new_matcher()
         # the tokens advanced through (EOS aside) and the path node after each: _states[i + 1]
         # is the node after _tokens[i]
@@ -103,23 +114,46 @@ class Guide:
         if self._ended:
             return _eos_only(self.index)
         node = self._states[-1]
-        cache = _words(self.index)
-        words: np.ndarray | None = cache.get(node) if node >= 0 else None
+        words: np.ndarray | None = self._by_node.get(node) if node >= 0 else None
+        if words is None:  # a first visit: computed in the thread's scratch row
+            words = self._first_visit(node, *_mask_scratch(self.index.num_words))
+        return words
+
+    def write_bitmask_words(self, row: np.ndarray, address: int) -> None:
+        """Write `bitmask_words()` into `row`: a writable C-contiguous int32 numpy array of
+        index.num_words words ([n] or [1, n]) whose data is at `address` (a row of
+        `allowed_bitmask`'s `out=`). On a first visit llguidance computes the mask there
+        and the cache keeps a copy (no scratch row, no second copy)."""
+        node = self._states[-1]
+        words = self._by_node.get(node) if node >= 0 and not self._ended else None
         if words is None:
-            # A first visit, inline (a new schema's every position: each call here counts)
-            n, matcher = self.index.num_words, self._matcher
-            scratch, address = _mask_scratch(n)
-            matcher.unsafe_compute_mask_ptr(address, 4 * n)
-            if matcher.is_error():  # as `_run`: recover, then once more (or raise)
-                self._recover(matcher.get_error())
-                words = self._run(lambda m: _computed(m, n))
-            else:
-                words = scratch.copy()
-                words.setflags(write=False)
-            if self.index.check is not None:
-                words = self._checked(words)
-            if node >= 0:
-                cache.put(node, words)
+            if not self._ended:
+                self._first_visit(node, row, address, out=True)
+                return
+            words = _eos_only(self.index)
+        row[:] = words
+
+    def _first_visit(self, node: int, row: np.ndarray, address: int, out: bool = False) -> Any:
+        """The position's words, computed by llguidance into `row` (at `address`) and copied
+        out for the cache; `out`: `row` is the caller's, which must end holding the words
+        (where a recovery or the check changed them too)."""
+        n, matcher = self.index.num_words, self._matcher
+        matcher.unsafe_compute_mask_ptr(address, 4 * n)
+        rewrite = False
+        if matcher.is_error():  # as `_run`: recover, then once more (or raise)
+            self._recover(matcher.get_error())
+            words, rewrite = self._run(lambda m: _computed(m, n)), out
+        else:  # one copy, into a bytes object: read-only, as it is cached and shared (numpy
+            # calls only: after the computation a ctypes call costs several µs, cache-cold)
+            words = np.frombuffer(row.tobytes(), _I32)
+        if self.index.check is not None:
+            checked = self._checked(words)
+            if checked is not words:
+                words, rewrite = _frozen(checked), out
+        if node >= 0:
+            self._by_node.put(node, words)
+        if rewrite:
+            row[:] = words
         return words
 
     def _checked(self, words: np.ndarray) -> np.ndarray:
@@ -226,7 +260,7 @@ class Guide:
         token the engine drew from the mask is allowed without asking the matcher again (a
         mask never allows more than the matcher takes; a clear bit may still be allowed)."""
         node = self._states[-1]
-        words = _words(self.index).get(node) if node >= 0 else None
+        words = self._by_node.get(node) if node >= 0 else None
         if words is None or not 0 <= token_id >> 5 < len(words):
             return False
         return bool((int(words[token_id >> 5]) >> (token_id & 31)) & 1)
@@ -329,13 +363,15 @@ class Guide:
 
 def _computed(matcher: LLMatcher, n: int) -> np.ndarray:
     """The matcher's mask as `n` bitmask words, written in place by llguidance (no bytes
-    object in between) into the thread's scratch row, then copied out: read-only, as it is
-    cached and shared. (An array's `.ctypes.data` costs more than the copy.)"""
+    object in between) into the thread's scratch row, then copied out (`_frozen`'s kind)."""
     scratch, address = _mask_scratch(n)
     matcher.unsafe_compute_mask_ptr(address, 4 * n)
-    words: np.ndarray = scratch.copy()
-    words.setflags(write=False)
-    return words
+    return np.frombuffer(scratch.tobytes(), _I32)
+
+
+def _frozen(words: np.ndarray) -> np.ndarray:
+    """A read-only int32 copy of `words`, held by a bytes object as the first visits' are."""
+    return np.frombuffer(np.ascontiguousarray(words, dtype=np.int32).tobytes(), _I32)
 
 
 _S = TypeVar("_S")
@@ -379,7 +415,7 @@ def _eos_only(index: GuideIndex) -> np.ndarray:
         words = np.zeros(index.num_words, dtype=np.int32)
         eos = index.eos_token_id
         words[eos >> 5] = np.int32(np.uint32(1 << (eos & 31)).view(np.int32))
-        words.flags.writeable = False
+        words = _frozen(words)
         cache.put("eos", words)
     return words
 
@@ -399,7 +435,7 @@ def prefetch_bitmask_words(guides: Sequence[Guide | None]) -> None:
     for g in guides:
         if g is None or g._ended or g.state < 0 or g._checks is not None:
             continue  # (a guide with a check computes its own mask, then filters it)
-        if _words(g.index).get(g.state) is None:
+        if g._by_node.get(g.state) is None:
             todo.setdefault((id(g.index), g.state), g)
     if len(todo) < 2:
         return
@@ -418,9 +454,7 @@ def prefetch_bitmask_words(guides: Sequence[Guide | None]) -> None:
     for i, g in enumerate(batch):
         if g._matcher.is_error():
             continue
-        words = out[i, : g.index.num_words].copy()
-        words.flags.writeable = False
-        _words(g.index).put(g.state, words)
+        g._by_node.put(g.state, _frozen(out[i, : g.index.num_words]))
 
 
 def refused_by_spent_lexer(matcher: LLMatcher, token_id: int) -> str | None:

@@ -18,7 +18,7 @@ import logging
 import re
 import threading
 import weakref
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -75,6 +75,11 @@ class TokenIndex:
         self.pattern = pattern
         self.vocab = vocab
         self.check = check
+        # (plain attributes, read at every mask step)
+        self.vocab_size = vocab.size
+        # int32 words of a bitmask row over the vocabulary (the matchers' own size: their
+        # `LLTokenizer` has exactly `vocab_size` ids)
+        self.num_words = (vocab.size + 31) // 32
         self._ll_tokenizer = ll_tokenizer
         # before llguidance: a deep grammar overflows its stack (or compiles on a deep one)
         self._deep = pattern.startswith("lark:") and check_compile_stack(pattern[5:])
@@ -153,16 +158,6 @@ class TokenIndex:
     def eos_token_id(self) -> int:
         return self.vocab.eos_token_id
 
-    @property
-    def vocab_size(self) -> int:
-        return self.vocab.size
-
-    @property
-    def num_words(self) -> int:
-        """int32 words of a bitmask row over the vocabulary (the matchers' own size: their
-        `LLTokenizer` has exactly `vocab_size` ids)."""
-        return (self.vocab.size + 31) // 32
-
     def path_node(self, node: int, token_id: int) -> int:
         """The path node after `token_id` from `node` (-1: not cached, past MAX_PATH_NODES)."""
         if node < 0:
@@ -198,11 +193,14 @@ class _BoundedCache:
         self._data: dict[Any, Any] = {}
         self._capacity = capacity
         self._lock = threading.Lock()
-
-    def get(self, key: Any) -> Any:
-        return self._data.get(key)
+        # get(key) -> the value or None: the dict's own method (no Python frame per read)
+        self.get: Callable[[Any], Any] = self._data.get
 
     def put(self, key: Any, value: Any) -> None:
+        data = self._data
+        if len(data) < self._capacity - 64:  # room: a dict's store needs no lock (the
+            data[key] = value  # margin: other threads' stores meanwhile stay under the cap)
+            return
         with self._lock:
             if len(self._data) >= self._capacity:
                 del self._data[next(iter(self._data))]

@@ -15,6 +15,7 @@ import ctypes
 import hashlib
 import sys
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
 
@@ -32,12 +33,21 @@ def num_words(width: int) -> int:
     return (width + 31) // 32
 
 
-def allowed_bitmask(guides: Sequence[Guide | None], width: int, device: Any = "cpu") -> Any:
+def allowed_bitmask(
+    guides: Sequence[Guide | None], width: int, device: Any = "cpu", *, out: Any = None
+) -> Any:
     """int32 [len(guides), ceil(width / 32)]: the tokens each guide allows next (None rows:
     every bit set). A new tensor on the torch `device`, or a numpy array where `device` is
-    None; stacked from cached rows (never waits for the device)."""
+    None; stacked from cached rows (never waits for the device).
+
+    out: host memory to write the rows into instead, returned (`device` unused): a
+    C-contiguous int32 CPU tensor or writable numpy array of that shape, reused from step
+    to step as the peers' fills reuse theirs. A position's first mask is computed straight
+    into its row there."""
     if not guides:
         raise ValueError("allowed_bitmask needs at least one guide (None = unconstrained)")
+    if out is not None:
+        return _write_rows(guides, width, out)
     if device is None or device == "cpu" or getattr(device, "type", device) == "cpu":
         if len(guides) == 1:  # (nothing to compute beside it: no prefetch)
             g = guides[0]
@@ -68,6 +78,58 @@ def allowed_bitmask(guides: Sequence[Guide | None], width: int, device: Any = "c
             full = torch.full((num_words(width),), -1, dtype=torch.int32, device=device)
         rows.append(full)
     return torch.stack(rows)
+
+
+def _write_rows(guides: Sequence[Guide | None], width: int, out: Any) -> Any:
+    """`allowed_bitmask(guides, width, out=out)`: each row written in place, by the guide
+    itself where its words span the row (`Guide.write_bitmask_words`)."""
+    n = (width + 31) >> 5
+    rows, address = _host_rows(out, len(guides), n)
+    if len(rows) == 1:  # the decode step's case at a glance ([1, n]: the row itself)
+        g = guides[0]
+        if g is not None and g.index.num_words == n and width >= g.index.vocab_size:
+            g.write_bitmask_words(rows, address)
+            return out
+    else:
+        prefetch_bitmask_words(guides)
+    for b, g in enumerate(guides):
+        if g is not None and g.index.num_words == n and width >= g.index.vocab_size:
+            g.write_bitmask_words(rows[b], address + 4 * n * b)
+        else:
+            rows[b] = _cpu_row(g, width)
+    return out
+
+
+def _host_rows(out: Any, batch: int, n: int) -> tuple[np.ndarray, int]:
+    """`out` as a numpy array [batch, n] and its data's address; ValueError unless it is a
+    C-contiguous int32 CPU tensor, or writable numpy array, of that shape. A tensor's view
+    is kept per thread for the next call with the same tensor (`.numpy()` costs 1 µs a
+    step); it does not hold the tensor, and is used only while the tensor it was made for
+    is alive (a weak reference) and holds those words at that address."""
+    if type(out) is np.ndarray:
+        if out.dtype is _I32 and out.flags.c_contiguous and out.flags.writeable:
+            if out.shape == (batch, n) and n:
+                return out, _address(out)
+    else:
+        tm = sys.modules.get("torch")
+        if tm is not None and isinstance(out, tm.Tensor) and out.dtype is tm.int32:
+            if out.is_cpu and out.is_contiguous() and out.shape == (batch, n) and n:
+                address = out.data_ptr()
+                last = getattr(_VIEWS, "last", None)
+                if last is not None and last[0]() is out and last[1] == (address, batch, n):
+                    return last[2], address
+                words = (ctypes.c_int32 * (batch * n)).from_address(address)
+                rows = np.frombuffer(words, _I32).reshape(batch, n)
+                _VIEWS.last = (weakref.ref(out), (address, batch, n), rows)
+                return rows, address
+    raise ValueError(
+        f"out must be a C-contiguous, writable int32 host array of shape {(batch, n)}, "
+        f"got {type(out).__name__} {getattr(out, 'dtype', '')} "
+        f"{tuple(getattr(out, 'shape', ()))}"
+    )
+
+
+_VIEWS = threading.local()  # .last: (a weak reference to a tensor, its layout, its view)
 
 
 def apply_bitmask_(logits: Any, bitmask: Any) -> Any:
