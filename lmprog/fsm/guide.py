@@ -10,6 +10,7 @@ more. The loop an engine decodes with under a constraint: docs/design/constraint
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
@@ -110,51 +111,55 @@ class Guide:
     # ---- what is allowed --------------------------------------------------------------------
     def bitmask_words(self) -> np.ndarray:
         """int32 [ceil(vocab / 32)]: the tokens allowed next, bit t % 32 of word t // 32
-        (read-only, cached per position). EOS is set iff `can_stop()`; after EOS, only EOS."""
+        (read-only, a view of the position's cached bytes). EOS is set iff `can_stop()`;
+        after EOS, only EOS."""
         if self._ended:
-            return _eos_only(self.index)
+            return np.frombuffer(_eos_only(self.index), _I32)
         node = self._states[-1]
-        words: np.ndarray | None = self._by_node.get(node) if node >= 0 else None
-        if words is None:  # a first visit: computed in the thread's scratch row
-            words = self._first_visit(node, *_mask_scratch(self.index.num_words))
-        return words
+        data: bytes | None = self._by_node.get(node) if node >= 0 else None
+        if data is None:  # a first visit: computed in the thread's scratch row
+            data = self.write_bitmask_words(*_mask_scratch(self.index.num_words))
+        return np.frombuffer(data, _I32)
 
-    def write_bitmask_words(self, row: np.ndarray, address: int) -> None:
-        """Write `bitmask_words()` into `row`: a writable C-contiguous int32 numpy array of
-        index.num_words words ([n] or [1, n]) whose data is at `address` (a row of
-        `allowed_bitmask`'s `out=`). On a first visit llguidance computes the mask there
-        and the cache keeps a copy (no scratch row, no second copy)."""
+    def write_bitmask_words(self, row: np.ndarray, address: int) -> bytes:
+        """Write `bitmask_words()` into `row`; returns their bytes, as cached. `row`: a
+        writable C-contiguous int32 numpy array of index.num_words words ([n] or [1, n])
+        whose data is at `address` (a row of `allowed_bitmask`'s `out=`). On a first visit
+        llguidance computes the mask there and the cache keeps a copy (no scratch row)."""
         node = self._states[-1]
-        words = self._by_node.get(node) if node >= 0 and not self._ended else None
-        if words is None:
-            if not self._ended:
-                self._first_visit(node, row, address, out=True)
-                return
-            words = _eos_only(self.index)
-        row[:] = words
+        data = self._by_node.get(node) if node >= 0 and not self._ended else None
+        if data is None:
+            if self._ended:
+                data = _eos_only(self.index)
+            else:  # a first visit (each step of a new schema: kept short)
+                index, matcher = self.index, self._matcher
+                matcher.unsafe_compute_mask_ptr(address, 4 * index.num_words)
+                if matcher.is_error() or index.check is not None:
+                    return self._first_visit(node, row)
+                # the one copy, a bytes object: numpy's, for after the computation, caches
+                # cold, a ctypes call costs µs
+                data = row.tobytes()
+                if node >= 0:
+                    self._by_node.put(node, data)
+                return data
+        ctypes.memmove(address, data, len(data))
+        return data
 
-    def _first_visit(self, node: int, row: np.ndarray, address: int, out: bool = False) -> Any:
-        """The position's words, computed by llguidance into `row` (at `address`) and copied
-        out for the cache; `out`: `row` is the caller's, which must end holding the words
-        (where a recovery or the check changed them too)."""
-        n, matcher = self.index.num_words, self._matcher
-        matcher.unsafe_compute_mask_ptr(address, 4 * n)
-        rewrite = False
+    def _first_visit(self, node: int, row: np.ndarray) -> bytes:
+        """`write_bitmask_words` where llguidance, having computed the mask into `row`,
+        met an error (recovered from: computed again), or the index has a check to filter
+        it with: the words cached and written into `row`."""
+        matcher = self._matcher
         if matcher.is_error():  # as `_run`: recover, then once more (or raise)
             self._recover(matcher.get_error())
-            words, rewrite = self._run(lambda m: _computed(m, n)), out
-        else:  # one copy, into a bytes object: read-only, as it is cached and shared (numpy
-            # calls only: after the computation a ctypes call costs several µs, cache-cold)
+            words = self._run(lambda m: _computed(m, self.index.num_words))
+        else:
             words = np.frombuffer(row.tobytes(), _I32)
-        if self.index.check is not None:
-            checked = self._checked(words)
-            if checked is not words:
-                words, rewrite = _frozen(checked), out
+        data = self._checked(words).tobytes()
         if node >= 0:
-            self._by_node.put(node, words)
-        if rewrite:
-            row[:] = words
-        return words
+            self._by_node.put(node, data)
+        row[...] = np.frombuffer(data, _I32)
+        return data
 
     def _checked(self, words: np.ndarray) -> np.ndarray:
         """The mask without the tokens the index's check refuses from here."""
@@ -260,10 +265,10 @@ class Guide:
         token the engine drew from the mask is allowed without asking the matcher again (a
         mask never allows more than the matcher takes; a clear bit may still be allowed)."""
         node = self._states[-1]
-        words = self._by_node.get(node) if node >= 0 else None
-        if words is None or not 0 <= token_id >> 5 < len(words):
+        data = self._by_node.get(node) if node >= 0 else None
+        if data is None or not 0 <= token_id >> 3 < len(data):
             return False
-        return bool((int(words[token_id >> 5]) >> (token_id & 31)) & 1)
+        return bool(data[token_id >> 3] >> (token_id & 7) & 1)  # (little-endian words)
 
     def advance_all(self, token_ids: Iterable[int]) -> None:
         """Advance through several tokens; on a disallowed one, raise with the guide unchanged."""
@@ -362,16 +367,11 @@ class Guide:
 
 
 def _computed(matcher: LLMatcher, n: int) -> np.ndarray:
-    """The matcher's mask as `n` bitmask words, written in place by llguidance (no bytes
-    object in between) into the thread's scratch row, then copied out (`_frozen`'s kind)."""
+    """The matcher's mask as `n` bitmask words, written in place by llguidance into the
+    thread's scratch row, then copied out (read-only)."""
     scratch, address = _mask_scratch(n)
     matcher.unsafe_compute_mask_ptr(address, 4 * n)
     return np.frombuffer(scratch.tobytes(), _I32)
-
-
-def _frozen(words: np.ndarray) -> np.ndarray:
-    """A read-only int32 copy of `words`, held by a bytes object as the first visits' are."""
-    return np.frombuffer(np.ascontiguousarray(words, dtype=np.int32).tobytes(), _I32)
 
 
 _S = TypeVar("_S")
@@ -404,20 +404,22 @@ def _mask_scratch(n: int) -> tuple[np.ndarray, int]:
 
 
 def _words(index: GuideIndex) -> Any:
-    """The index's cache of bitmask words by position."""
+    """The index's cache of bitmask words by position: their bytes (immutable, shared; one
+    copy out of the row llguidance wrote, with no array around it)."""
     return index.state_cache("words", WORDS_CACHE_SIZE)
 
 
-def _eos_only(index: GuideIndex) -> np.ndarray:
+def _eos_only(index: GuideIndex) -> bytes:
+    """The words' bytes after EOS: EOS's bit alone."""
     cache = _words(index)
-    words: np.ndarray | None = cache.get("eos")
-    if words is None:
+    data: bytes | None = cache.get("eos")
+    if data is None:
         words = np.zeros(index.num_words, dtype=np.int32)
         eos = index.eos_token_id
         words[eos >> 5] = np.int32(np.uint32(1 << (eos & 31)).view(np.int32))
-        words = _frozen(words)
-        cache.put("eos", words)
-    return words
+        data = words.tobytes()
+        cache.put("eos", data)
+    return data
 
 
 _EXECUTOR: list[LLExecutor] = []
@@ -454,7 +456,7 @@ def prefetch_bitmask_words(guides: Sequence[Guide | None]) -> None:
     for i, g in enumerate(batch):
         if g._matcher.is_error():
             continue
-        g._by_node.put(g.state, _frozen(out[i, : g.index.num_words]))
+        g._by_node.put(g.state, out[i, : g.index.num_words].tobytes())
 
 
 def refused_by_spent_lexer(matcher: LLMatcher, token_id: int) -> str | None:

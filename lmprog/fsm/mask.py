@@ -85,7 +85,7 @@ def _write_rows(guides: Sequence[Guide | None], width: int, out: Any) -> Any:
     itself where its words span the row (`Guide.write_bitmask_words`)."""
     n = (width + 31) >> 5
     rows, address = _host_rows(out, len(guides), n)
-    if len(rows) == 1:  # the decode step's case at a glance ([1, n]: the row itself)
+    if len(guides) == 1:  # the decode step's case at a glance ([1, n]: the row itself)
         g = guides[0]
         if g is not None and g.index.num_words == n and width >= g.index.vocab_size:
             g.write_bitmask_words(rows, address)
