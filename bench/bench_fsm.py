@@ -12,8 +12,9 @@ Per schema (the ten bench schemas and the three of issue 14's table):
   computes the start position's mask), first `allowed_bitmask`; xgrammar: compiler cache
   cleared; llguidance has no cache);
 - steady mask+apply per token while walking the tokens of a valid instance: fill the int32
-  bitmask and apply it to [1, 49k] float32 logits in place (lmprog: `allowed_bitmask` +
-  `apply_bitmask_`; the others: their bitmask fill + xgrammar's CPU apply). Passes: 1 = first
+  bitmask, one [1, ceil(V/32)] tensor reused by each cursor, and apply it to [1, 49k] float32
+  logits in place (lmprog: `allowed_bitmask(..., out=)`; the others: their bitmask fill; the
+  apply: lmprog's `apply_bitmask_` for every engine). Passes: 1 = first
   visits (lmprog computes and caches each position on the index by token path), 2..N = the
   same instance again (lmprog: cache hits), then one pass over a *different* valid instance of
   the same schema (shared prefixes hit, the rest are first visits: the realistic steady state);

@@ -123,9 +123,10 @@ class Guide:
 
     def write_bitmask_words(self, row: np.ndarray, address: int) -> bytes:
         """Write `bitmask_words()` into `row`; returns their bytes, as cached. `row`: a
-        writable C-contiguous int32 numpy array of index.num_words words ([n] or [1, n])
-        whose data is at `address` (a row of `allowed_bitmask`'s `out=`). On a first visit
-        llguidance computes the mask there and the cache keeps a copy (no scratch row)."""
+        writable C-contiguous int32 numpy array of index.num_words words ([n] or [1, n]);
+        `address`: its data's address, not checked (`allowed_bitmask(..., out=)` is the
+        checked way in). On a first visit llguidance computes the mask there and the cache
+        keeps a copy of it (no scratch row in between)."""
         node = self._states[-1]
         data = self._by_node.get(node) if node >= 0 and not self._ended else None
         if data is None:

@@ -187,7 +187,8 @@ class TokenIndex:
 
 
 class _BoundedCache:
-    """A dict with a size cap (first-in first-out eviction); lock-free reads."""
+    """A dict with a size cap (first-in first-out eviction); lock-free reads, and stores
+    while it is well under the cap (evicting takes the lock)."""
 
     def __init__(self, capacity: int) -> None:
         self._data: dict[Any, Any] = {}

@@ -227,3 +227,18 @@ def test_concurrent_gets_return_one_index(toy):
     for t in threads:
         t.join()
     assert len(results) == 6 and all(r is results[0] for r in results)
+
+
+@pytest.mark.parametrize("capacity", [10, 100, 1000])
+def test_state_caches_keep_their_cap(capacity):
+    """Stores go in without the lock while the cache is well under its cap; at the cap the
+    oldest entries go, first in first out."""
+    index = TokenIndex.get("(ab|ac)+", TokenVocab((b"a", b"b", b"ab", b"c", None), eos_token_id=4))
+    cache = index.state_cache(("test", capacity), capacity)
+    for key in range(3 * capacity):
+        cache.put(key, str(key))
+        assert len(cache) == min(key + 1, capacity)
+    assert cache.get(3 * capacity - 1) == str(3 * capacity - 1) and cache.get(0) is None
+    assert [cache.get(k) for k in range(2 * capacity, 3 * capacity)] == [
+        str(k) for k in range(2 * capacity, 3 * capacity)
+    ]

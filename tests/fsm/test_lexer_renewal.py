@@ -56,6 +56,27 @@ def test_a_guide_past_the_limits_fails_alone():
     assert fresh.can_stop() and TokenIndex.get(PATTERN, ABC) is index
 
 
+def test_a_guide_recovers_when_its_mask_is_written_into_out():
+    """The in-flight guide's next mask, computed into the caller's row on the spent lexer,
+    is computed again on a matcher of its own and written over that row."""
+    import numpy as np
+
+    from lmprog.fsm.mask import allowed_bitmask
+
+    index = TokenIndex.get(PATTERN, ABC)
+    in_flight = index.new_guide()
+    _walk(in_flight, MATCH[:3])
+    _exhaust(index)
+    out = np.zeros((1, index.num_words), dtype=np.int32)
+    for token in MATCH[3:]:
+        allowed_bitmask([in_flight], index.vocab_size, out=out)
+        assert out[0, 0] >> token & 1 and out[0, 0] & 0b11 == 0b11  # a and b both allowed
+        in_flight.advance(token)
+    allowed_bitmask([in_flight], index.vocab_size, out=out)
+    assert out[0, 0] >> 3 & 1  # EOS
+    assert in_flight.can_stop()
+
+
 def test_a_guide_recovers_when_its_first_step_after_the_error_is_an_advance():
     index = TokenIndex.get(PATTERN, ABC)
     in_flight = index.new_guide()

@@ -350,3 +350,182 @@ def test_a_token_of_the_computed_mask_advances_without_validation(toy):
     guide.advance(seven)
     assert counting.validated == 2 and guide.num_tokens == 2
     assert guide.allowed_token_ids().tolist() == [letter]
+
+
+# ---- rows written into the caller's array (out=) --------------------------------------------
+_TEXTS = ['{"na', '{"name":"ab', '{"name":"abc","ok":', '{"name":"', '{"name":"abc","ok":t']
+
+
+def _walked(toy, texts=_TEXTS):
+    """Fresh guides of a new index (nothing cached but the start), one per text."""
+    from lmprog.fsm.index import clear_memory_cache
+
+    clear_memory_cache()
+    index = TokenIndex.get(r'\{"name":"[a-z]{0,6}","ok":(true|false)\}', toy)
+    out = []
+    for text in texts:
+        g = index.new_guide()
+        g.advance_all(toy.encode(text, add_special_tokens=False))
+        out.append(g)
+    return out
+
+
+def _out(kind, shape, fill=0x5A5A5A5A):
+    """A host array of garbage, written over by the call."""
+    rows = np.full(shape, fill, dtype=np.int32)
+    return torch.from_numpy(rows) if kind == "torch" else rows
+
+
+def expected_rows(guides, width):
+    """The reference bitmask of the rows (None rows: every bit set, the padding's too)."""
+    allowed = torch.stack([reference_allowed(g, width) for g in guides])
+    padding = torch.zeros(len(guides), num_words(width) * 32, dtype=torch.bool)
+    padding[:, :width] = allowed
+    for b, g in enumerate(guides):
+        padding[b, width:] = g is None
+    return reference_bitmask(padding)
+
+
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+@pytest.mark.parametrize("width_extra", [0, 7, 40])
+@pytest.mark.parametrize("rows", ["one", "batch", "batch, None first"])
+def test_rows_written_into_out_match_the_reference(toy, kind, width_extra, rows):
+    """First visits (computed into `out`), then the same positions cached, each row as the
+    reference has it: None rows every bit set, padded widths too."""
+    width = len(toy) + width_extra
+    walked = _walked(toy)
+    guides = {"one": walked[1:2], "batch": [*walked, None], "batch, None first": [None, *walked]}
+    guides = guides[rows]
+    firsts = _out(kind, (len(guides), num_words(width)))
+    assert allowed_bitmask(guides, width, out=firsts) is firsts
+    want = expected_rows(guides, width)  # (after: reference_allowed computes the masks)
+    assert torch.equal(torch.as_tensor(firsts), want)
+    cached = _out(kind, (len(guides), num_words(width)), fill=-1)
+    allowed_bitmask(guides, width, out=cached)
+    assert torch.equal(torch.as_tensor(cached), want)
+
+
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+def test_a_first_visit_into_out_caches_its_own_copy(toy, kind):
+    """The mask llguidance computed into `out` is cached as a copy: the caller's later
+    writes to `out` leave the position's words as they were, and the words are what a
+    fresh guide computes there without `out`."""
+    guides = _walked(toy)
+    n = guides[0].index.num_words
+    written = []
+    for g in guides:
+        out = _out(kind, (1, n))
+        allowed_bitmask([g], len(toy), out=out)
+        written.append(torch.as_tensor(out[0]).numpy().copy())
+        out[0] = 0  # the caller's array is its own
+    for g, row in zip(guides, written, strict=True):
+        words = g.bitmask_words()
+        assert not words.flags.writeable and np.array_equal(words, row)
+    for g, row in zip(_walked(toy), written, strict=True):  # computed again, without out
+        assert np.array_equal(g.bitmask_words(), row)
+        bits = np.unpackbits(row.view(np.uint8), bitorder="little")
+        assert [t for t in range(len(toy)) if bits[t]] == [
+            t for t in range(len(toy)) if g.is_allowed(t)
+        ]
+
+
+def test_out_after_eos_and_for_a_checked_constraint(toy):
+    """A finished guide writes EOS alone; a constraint with a check (distinct items)
+    writes its filtered mask, as bitmask_words gives it, on first visits and after."""
+    from lmprog.fsm import Constraint
+    from lmprog.fsm.index import clear_memory_cache
+
+    done = TokenIndex.get(r"[0-9]", toy).new_guide()
+    done.advance_all([*toy.encode("7", add_special_tokens=False), toy.eos_token_id])
+    out = _out("torch", (1, num_words(len(toy))))
+    allowed_bitmask([done], len(toy), out=out)
+    assert unpack_bitmask(out, len(toy))[0].nonzero().flatten().tolist() == [toy.eos_token_id]
+
+    tags = {"type": "array", "items": {"type": "string", "maxLength": 3}, "uniqueItems": True}
+    ids = toy.encode('["a", "b", "a', add_special_tokens=False)
+    written = []
+    clear_memory_cache()
+    g = TokenIndex.get(Constraint.from_json_schema(tags), toy).new_guide()
+    assert g.index.check is not None
+    for t in [*ids, None]:  # the mask at each position, the first visits into out
+        out = _out("numpy", (1, g.index.num_words))
+        allowed_bitmask([g], len(toy), out=out)
+        written.append(out[0].copy())
+        if t is not None:
+            g.advance(t)
+    quote = toy.convert_tokens_to_ids('"')
+    assert not (written[-1][quote >> 5] >> (quote & 31) & 1)  # "a" again: refused
+    assert written[-2][quote >> 5] >> (quote & 31) & 1  # (an empty string is not a repeat)
+    clear_memory_cache()
+    h = TokenIndex.get(Constraint.from_json_schema(tags), toy).new_guide()
+    for t, row in zip([*ids, None], written, strict=True):
+        assert np.array_equal(h.bitmask_words(), row)
+        if t is not None:
+            h.advance(t)
+
+
+def test_out_is_validated(toy, guides):
+    width = len(toy)
+    n = num_words(width)
+    bad = [
+        torch.zeros(len(guides), n, dtype=torch.int64),  # not int32
+        torch.zeros(len(guides), n + 1, dtype=torch.int32),  # not the shape
+        torch.zeros(n, len(guides), dtype=torch.int32).t(),  # not contiguous
+        torch.zeros(len(guides), n, dtype=torch.int32, device="meta"),  # not in host memory
+        np.zeros((len(guides), n), dtype=np.int64),
+        np.zeros((len(guides), n), dtype=">i4"),  # not native int32
+        np.zeros((len(guides), 2 * n), dtype=np.int32)[:, ::2],
+        [[0] * n] * len(guides),
+    ]
+    readonly = np.zeros((len(guides), n), dtype=np.int32)
+    readonly.flags.writeable = False
+    for out in [*bad, readonly]:
+        with pytest.raises(ValueError, match="out must be"):
+            allowed_bitmask(guides, width, out=out)
+    with pytest.raises(ValueError, match="at least one"):
+        allowed_bitmask([], width, out=np.zeros((0, n), dtype=np.int32))
+
+
+def test_a_tensor_out_is_viewed_only_while_it_holds_its_words(toy, guides):
+    """The view kept of a tensor `out` serves that tensor alone, while its data stays where
+    it was: a new tensor (perhaps at the freed one's address) and a tensor moved onto other
+    storage (`set_`) are written where they are now."""
+    width = len(toy)
+    want = allowed_bitmask(guides, width)
+    shape = (len(guides), num_words(width))
+    for _ in range(3):  # new tensors, each freed before the next
+        out = torch.full(shape, 3, dtype=torch.int32)
+        assert torch.equal(allowed_bitmask(guides, width, out=out), want)
+        del out
+    out = torch.zeros(shape, dtype=torch.int32)
+    allowed_bitmask(guides, width, out=out)
+    old = out.data_ptr()
+    out.set_(torch.full(shape, 3, dtype=torch.int32).untyped_storage(), 0, shape)
+    assert out.data_ptr() != old
+    assert torch.equal(allowed_bitmask(guides, width, out=out), want)
+
+
+def test_threads_write_their_own_outs(toy):
+    """Threads, each with its own out, walking copies of the same guides of one index: first
+    visits and cached positions, every row as computed alone (on another index)."""
+    import threading
+
+    want = [allowed_bitmask([g], len(toy))[0].clone() for g in _walked(toy)]
+    guides = _walked(toy)  # (a new index: the positions uncached)
+    errors: list[str] = []
+
+    def work(k: int) -> None:
+        out = torch.zeros(1, num_words(len(toy)), dtype=torch.int32)
+        for _ in range(30):
+            for j in range(len(guides)):
+                i = (j + k) % len(guides)
+                allowed_bitmask([guides[i].copy()], len(toy), out=out)
+                if not torch.equal(out[0], want[i]):
+                    errors.append(f"thread {k}, guide {i}")
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
