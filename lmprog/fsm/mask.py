@@ -47,23 +47,21 @@ def allowed_bitmask(
     if not guides:
         raise ValueError("allowed_bitmask needs at least one guide (None = unconstrained)")
     if out is not None:
-        return _write_rows(guides, width, out)
+        _write_rows(guides, width, *_host_rows(out, len(guides), (width + 31) >> 5))
+        return out
     if device is None or device == "cpu" or getattr(device, "type", device) == "cpu":
-        if len(guides) == 1:  # (nothing to compute beside it: no prefetch)
-            g = guides[0]
-            words = None if g is None else g.bitmask_words()
-            if words is not None and width == 32 * len(words):  # the words span the logits
-                rows = words[None].copy()
-            else:
-                rows = _cpu_row(g, width)[None].copy()
-        else:
-            prefetch_bitmask_words(guides)
-            rows = np.stack([_cpu_row(g, width) for g in guides])
+        # a new array, written as `out` is (a first visit's mask computed into it; every
+        # torch call before the computation, whose cache-cold aftermath makes each cost µs)
+        rows = np.empty((len(guides), (width + 31) >> 5), _I32)
         if device is None:
+            _write_rows(guides, width, rows, _address(rows))
             return rows
-        import torch
-
-        return torch.from_numpy(rows)  # (a new array: the tensor may be written)
+        tm = sys.modules.get("torch")  # (an import statement costs 1 µs even when imported)
+        if tm is None:
+            import torch as tm
+        tensor = tm.from_numpy(rows)
+        _write_rows(guides, width, rows, tensor.data_ptr())
+        return tensor
     prefetch_bitmask_words(guides)
     import torch
 
@@ -80,16 +78,16 @@ def allowed_bitmask(
     return torch.stack(rows)
 
 
-def _write_rows(guides: Sequence[Guide | None], width: int, out: Any) -> Any:
-    """`allowed_bitmask(guides, width, out=out)`: each row written in place, by the guide
-    itself where its words span the row (`Guide.write_bitmask_words`)."""
+def _write_rows(guides: Sequence[Guide | None], width: int, rows: np.ndarray, address: int) -> None:
+    """The guides' rows written into `rows` [len(guides), ceil(width / 32)] (C-contiguous
+    int32, at `address`), by each guide itself where its words span the row
+    (`Guide.write_bitmask_words`)."""
     n = (width + 31) >> 5
-    rows, address = _host_rows(out, len(guides), n)
     if len(guides) == 1:  # the decode step's case at a glance ([1, n]: the row itself)
         g = guides[0]
         if g is not None and g.index.num_words == n and width >= g.index.vocab_size:
             g.write_bitmask_words(rows, address)
-            return out
+            return
     else:
         prefetch_bitmask_words(guides)
     for b, g in enumerate(guides):
@@ -97,7 +95,6 @@ def _write_rows(guides: Sequence[Guide | None], width: int, out: Any) -> Any:
             g.write_bitmask_words(rows[b], address + 4 * n * b)
         else:
             rows[b] = _cpu_row(g, width)
-    return out
 
 
 def _host_rows(out: Any, batch: int, n: int) -> tuple[np.ndarray, int]:
