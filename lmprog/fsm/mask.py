@@ -52,15 +52,15 @@ def allowed_bitmask(
     if device is None or device == "cpu" or getattr(device, "type", device) == "cpu":
         # a new array, written as `out` is (a first visit's mask computed into it; every
         # torch call before the computation, whose cache-cold aftermath makes each cost µs)
-        rows = np.empty((len(guides), (width + 31) >> 5), _I32)
+        host = np.empty((len(guides), (width + 31) >> 5), _I32)
         if device is None:
-            _write_rows(guides, width, rows, _address(rows))
-            return rows
-        tm = sys.modules.get("torch")  # (an import statement costs 1 µs even when imported)
+            _write_rows(guides, width, host, _address(host))
+            return host
+        tm: Any = sys.modules.get("torch")  # (an import statement costs 1 µs when imported)
         if tm is None:
             import torch as tm
-        tensor = tm.from_numpy(rows)
-        _write_rows(guides, width, rows, tensor.data_ptr())
+        tensor = tm.from_numpy(host)
+        _write_rows(guides, width, host, tensor.data_ptr())
         return tensor
     prefetch_bitmask_words(guides)
     import torch
