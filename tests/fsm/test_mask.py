@@ -386,23 +386,29 @@ def expected_rows(guides, width):
     return reference_bitmask(padding)
 
 
-@pytest.mark.parametrize("kind", ["torch", "numpy"])
+@pytest.mark.parametrize("kind", ["torch", "numpy", "new tensor", "new array"])
 @pytest.mark.parametrize("width_extra", [0, 7, 40])
 @pytest.mark.parametrize("rows", ["one", "batch", "batch, None first"])
 def test_rows_written_into_out_match_the_reference(toy, kind, width_extra, rows):
-    """First visits (computed into `out`), then the same positions cached, each row as the
-    reference has it: None rows every bit set, padded widths too."""
+    """First visits (computed into `out`, or into the new array returned), then the same
+    positions cached, each row as the reference has it: None rows every bit set, padded
+    widths too."""
     width = len(toy) + width_extra
     walked = _walked(toy)
     guides = {"one": walked[1:2], "batch": [*walked, None], "batch, None first": [None, *walked]}
     guides = guides[rows]
-    firsts = _out(kind, (len(guides), num_words(width)))
-    assert allowed_bitmask(guides, width, out=firsts) is firsts
+
+    def written(fill):
+        if kind.startswith("new"):
+            return allowed_bitmask(guides, width, "cpu" if kind == "new tensor" else None)
+        out = _out(kind, (len(guides), num_words(width)), fill)
+        assert allowed_bitmask(guides, width, out=out) is out
+        return out
+
+    firsts = written(0x5A5A5A5A)
     want = expected_rows(guides, width)  # (after: reference_allowed computes the masks)
     assert torch.equal(torch.as_tensor(firsts), want)
-    cached = _out(kind, (len(guides), num_words(width)), fill=-1)
-    allowed_bitmask(guides, width, out=cached)
-    assert torch.equal(torch.as_tensor(cached), want)
+    assert torch.equal(torch.as_tensor(written(-1)), want)
 
 
 @pytest.mark.parametrize("kind", ["torch", "numpy"])
