@@ -1,6 +1,7 @@
 """Token masks of constrained sequences as int32 bitmasks, the encoding of llguidance and xgrammar.
 
     allowed_bitmask(guides, width, device) -> int32 [B, ceil(width / 32)]   (FSM -> sampler)
+    allowed_bitmask(guides, width, out=rows) the same, written into a reused host array
     apply_bitmask_(logits, bitmask)         in place: logits[b, t] = -inf where the bit is 0
     unpack_bitmask(bitmask, width)          -> bool [B, width] (draft distributions, tests)
 
