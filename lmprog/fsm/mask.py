@@ -43,8 +43,8 @@ def allowed_bitmask(
 
     out: host memory to write the rows into instead, returned (`device` unused): a
     C-contiguous int32 CPU tensor or writable numpy array of that shape, reused from step
-    to step as the peers' fills reuse theirs. A position's first mask is computed straight
-    into its row there."""
+    to step as the peers' fills reuse theirs (one per thread: it is written in place). A
+    position's first mask is computed straight into its row there."""
     if not guides:
         raise ValueError("allowed_bitmask needs at least one guide (None = unconstrained)")
     if out is not None:
