@@ -233,7 +233,7 @@ class Constraint:
         (``key_order="any"``), any JSON whitespace between tokens (a text a user, a tool
         or ``json.dumps(..., indent=2)`` wrote; generation keeps its bounded ``whitespace``)
         and every JSON spelling of literal strings (keys, enum/const values, strings bound
-        only by excluded values or by patterns without a repetition: ``\u00e9`` as
+        only by excluded values or by patterns without a repetition: ``\\u00e9`` as
         ``json.dumps`` escapes by default) and of numbers (``2.0``, ``1e2`` where exact);
         itself where none is a matter (not a JSON schema, or a grammar that comes out the
         same). Built on first use, then kept. ``spelled`` reads every spelling of patterns'

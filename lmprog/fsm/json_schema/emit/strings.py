@@ -233,7 +233,8 @@ def string_expr(t: StrT, counted: bool = False) -> str | None:
     * each pattern and format: the strings containing (or matching, if anchored) a match;
     * ``minLength``/``maxLength`` beside them: the strings of that many characters;
     * excluded values and negated patterns: ``& ~(...)``, exact because the strings are also
-      held to their canonical spelling (so each excluded value has one text to exclude).
+      held to their canonical spelling (so each excluded value has one text to exclude), or
+      while reading spelled every way on both sides (``_char_tokens``).
     None for an empty set of values. `counted`: the maxLength is not written (the check
     counts it), the minLength is."""
     from lmprog.fsm.json_schema.emit.lark import regex_terminal
