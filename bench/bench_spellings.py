@@ -2,7 +2,7 @@
 corpora (bench/schema_corpus.py, bench/schema_corpus_real.py) built with and without
 ``read_spellings``, its size and compile time, and each instance read in random spellings.
 
-    PYTHONPATH=. python bench/bench_spellings.py [--spellings N] [--hashes]
+    PYTHONPATH=. python bench/bench_spellings.py [--spellings N] [--hashes] [--tokens]
 
 Per schema: the reading grammar's characters and its compile time (build_grammar plus the
 token engine's grammar over bytes), canonical spellings vs every spelling, measured
@@ -11,7 +11,8 @@ dumped with ``ensure_ascii=True`` and in N random spellings (``fsm_toys.json_spe
 escapes, shuffled keys, whitespace) must be accepted by ``matches``, each invalid one refused
 in every spelling; the texts the canonical-spelling reading refused are counted (``refused_before``).
 ``--hashes``: print only each schema's generation grammar hash (run against two trees to
-check that generation is unchanged).
+check that generation is unchanged). ``--tokens``: each instance through the default
+model's tokens (``through_tokens``), the token reader's spellings against canonical ones.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from lmprog.fsm.constraint import READ_WHITESPACE, READ_WHITESPACE_CHARS  # noqa
 from lmprog.fsm.index import BYTES, TokenIndex, matches_bytes  # noqa: E402
 
 
-def reading(schema: object, spellings: bool) -> tuple[Constraint, float]:
-    """The reading constraint (with or without every spelling) and its compile seconds."""
+def reading(schema: object, spellings: bool | str) -> tuple[Constraint, float]:
+    """The reading constraint (every spelling, literals' or none) and its compile seconds."""
     start = time.perf_counter()
     g = json_schema.build_grammar(
         schema, strict=False, key_order="any", whitespace=READ_WHITESPACE, read_spellings=spellings
@@ -58,6 +59,8 @@ def main() -> None:
                 lark = "refused"
             print(kind, e.name, hashlib.sha256(lark.encode()).hexdigest()[:16])
         return
+    if "--tokens" in sys.argv:
+        return through_tokens(entries)
     rng = random.Random(36)
     tot = {"schemas": 0, "refused": 0, "chars0": 0, "chars1": 0, "t0": 0.0, "t1": 0.0}
     seen = {
@@ -126,6 +129,51 @@ def main() -> None:
     print(json.dumps(tot | seen | shuffled))
     print("largest growth:", [(round(g, 2), k, name) for g, k, name in growth[:5]])
     print("most slowed:", [(round(g, 2), k, name) for g, k, name in slower[:5]])
+
+
+def through_tokens(entries: list) -> None:
+    """``--tokens``: each instance as ``json.dumps`` writes it by default (``ensure_ascii``)
+    and indented, read through the default model's tokens by the reading grammar in canonical
+    spelling (False) and with literals in every spelling (``json_schema.LITERALS``, what
+    ``Constraint.reading`` builds); and the grammars' characters."""
+    from lmprog.core.models import load_tokenizer, resolve_model
+
+    tok = load_tokenizer(resolve_model())
+    modes: tuple[bool | str, ...] = (False, json_schema.LITERALS)
+    out = {f"{k}_{m}": 0 for m in modes for k in ("chars", "valid_read", "invalid_read")}
+    out |= {"schemas": 0, "refused": 0, "valid_texts": 0, "invalid_texts": 0}
+
+    def read(c: Constraint, text: str) -> bool:
+        guide = TokenIndex.get(c, tok).new_guide()
+        for t in tok.encode(text, add_special_tokens=False):
+            if not guide.is_allowed(t):
+                return False
+            guide.advance(t)
+        return guide.can_stop()
+
+    for kind, e in entries:
+        try:
+            built = {m: reading(e.schema, m)[0] for m in modes}
+        except ConstraintError:
+            out["refused"] += 1
+            continue
+        out["schemas"] += 1
+        judge = validator(e.schema)
+        for valid, instances in ((True, e.valid), (False, e.invalid)):
+            for x in instances:
+                if judge.is_valid(x) != valid:
+                    continue
+                texts = [json.dumps(x), json.dumps(x, indent=2)]
+                out["valid_texts" if valid else "invalid_texts"] += len(texts)
+                for m, c in built.items():
+                    got = [read(c, t) for t in texts]
+                    out[f"{'valid' if valid else 'invalid'}_read_{m}"] += sum(got)
+                    if (not all(got) if valid else any(got)) and m == json_schema.LITERALS:
+                        wrong = texts[got.index(not valid)]
+                        print("ACCEPTED" if not valid else "REFUSED", kind, e.name, wrong[:160])
+        for m, c in built.items():
+            out[f"chars_{m}"] += len(c.lark or "")
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -230,20 +230,23 @@ class Constraint:
     def reading(self) -> Constraint:
         """The constraint that reads texts token by token (a guide of its index reads a
         prefilled text): the same values, an object's members accepted in any order
-        (``key_order="any"``) and any JSON whitespace between tokens (a text a user, a tool
-        or ``json.dumps(..., indent=2)`` wrote; generation keeps its bounded ``whitespace``);
-        itself where neither is a matter (not a JSON schema, or a grammar that comes out the
-        same). Built on first use, then kept. ``spelled`` reads every spelling too."""
+        (``key_order="any"``), any JSON whitespace between tokens (a text a user, a tool
+        or ``json.dumps(..., indent=2)`` wrote; generation keeps its bounded ``whitespace``)
+        and every JSON spelling of literal strings (keys, enum/const values, strings bound
+        only by excluded values or by patterns without a repetition: ``\\u00e9`` as
+        ``json.dumps`` escapes by default) and of numbers (``2.0``, ``1e2`` where exact);
+        itself where none is a matter (not a JSON schema, or a grammar that comes out the
+        same). Built on first use, then kept. ``spelled`` reads every spelling of patterns'
+        characters too."""
         found = self.__dict__.get("_reading")
         if found is None:
-            found = self._read_in_any_order(spellings=False)
+            found = self._read_in_any_order(spellings=json_schema.LITERALS)
             object.__setattr__(self, "_reading", found)
         return found
 
     @property
     def spelled(self) -> Constraint:
-        """``reading``, and every JSON spelling of strings (``\\u00e9``, as ``json.dumps``
-        escapes by default) and integers also written ``2.0`` or ``1e2`` where exact
+        """``reading``, and every JSON spelling of the characters of patterns and formats too
         (``read_spellings``): what ``matches`` judges with. Its lexemes are an alternative of
         spellings per character, so it is read over bytes (``matches``): over a model's
         vocabulary, masks of a counted repetition of them can pass llguidance's lexer limits."""
@@ -253,7 +256,7 @@ class Constraint:
             object.__setattr__(self, "_spelled", found)
         return found
 
-    def _read_in_any_order(self, spellings: bool) -> Constraint:
+    def _read_in_any_order(self, spellings: bool | str) -> Constraint:
         if self.kind != "json_schema" or self.accepts_nothing:
             return self
         # a json_schema constraint's options are from_json_schema's, its source the JSON text
@@ -267,7 +270,7 @@ class Constraint:
         except ConstraintError:
             if not spellings:
                 raise
-            options["read_spellings"] = False  # every spelling past max_pattern_chars
+            options["read_spellings"] = False  # spellings past max_pattern_chars
             grammar = json_schema.build_grammar(document, **cast(SchemaOptions, options))
         if grammar.lark == self.lark:
             return self

@@ -1,7 +1,9 @@
 """The regex layer: strict parsing, canonical emission, and agreement between engines."""
 
 import json
+import random
 import re
+import warnings
 
 import interegular
 import pytest
@@ -9,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lmprog.core.errors import ConstraintError
+from lmprog.fsm import Constraint
 from lmprog.fsm.regex import (
     ANY_CHAR,
     CharSet,
@@ -117,6 +120,61 @@ def test_javas_posix_classes_as_cloudformation_schemas_use_them():
     assert m.fullmatch("a b~") and not m.fullmatch("a\tb") and not m.fullmatch("é")
     with pytest.raises(ConstraintError, match="POSIX classes"):
         parse_regex(r"\p{Script=Latin}", "ecma")
+
+
+JAVA_INTERSECTIONS = [  # a JSON Schema pattern in Java's class syntax, and Python's reading
+    (r"^[a-z&&[^aeiou]]+$", r"^(?:(?=[a-z])[^aeiou])+$"),
+    (r"^[\p{Print}&&[^|:/]]{1,8}$", r"^(?:(?=[ -~])[^|:/]){1,8}$"),
+    (r"[[a-z]&&[^aeiou]&&[a-m]]", r"(?=[a-z])(?=[^aeiou])[a-m]"),
+    (r"^[a-f[0-3]&&[^b-e][x]]$", r"^(?=[a-f0-3])[^b-e]$"),
+    (r"^[\w&&[^_\d]][x&-]?$", r"(?a)^(?=\w)[^_\d][x&-]?$"),  # ECMA: \w is ASCII
+]
+
+
+@pytest.mark.parametrize("pattern, python", JAVA_INTERSECTIONS)
+def test_javas_class_intersection_in_json_schema_patterns(pattern, python):
+    """``[a-z&&[^aeiou]]``, ``[\\p{Print}&&[^|:/]]`` (CloudFormation's resource schemas, written
+    for a Java validator): where a class holds ``&&`` and a nested class, which ECMA-262 with
+    the ``u`` flag refuses, read as Java intersects; compared with Python ``re`` lookaheads
+    that mean the same, on random strings over the characters they name and a few others."""
+    m = value_matcher(parse_regex(pattern, "ecma"))
+    ref = re.compile(python)
+    rng = random.Random(pattern)
+    alphabet = "abcdefmxz_AZ09-|:/ &[]^\\\té😀"
+    matched = 0
+    for n in range(400):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 4 if n % 2 else 1)))
+        assert bool(m.fullmatch(text)) == bool(ref.search(text)), (pattern, text)
+        matched += bool(ref.search(text))
+    assert 10 <= matched <= 390, (pattern, matched)  # both sides tried
+    c = Constraint.from_json_schema({"type": "string", "pattern": pattern}, strict=False)
+    for text in ("b", "bcd", "Az", "a", "|x", "zz-"):
+        assert c.matches(json.dumps(text)) == bool(ref.search(text)), (pattern, text)
+
+
+def test_javas_class_syntax_elsewhere_is_read_as_before_or_refused():
+    """A Python regex keeps ``re``'s reading (a literal ``&``, ``[`` and ``]``); in a JSON Schema
+    pattern a ``&&`` without a nested class is ambiguous (ECMA-262: two '&'), a negated class
+    holding ``&&`` negates the first operand in Java 8 and the whole class from Java 9: both
+    refused, as are an empty operand and ``&&`` under ``(?i)``; a class with a ``[`` that does
+    not balance is ECMA's."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # re: "possible set intersection"
+        ref = re.compile(r"[a-z&&[^aeiou]]")
+    m = value_matcher(parse_regex(r"^[a-z&&[^aeiou]]$", "python"))
+    for text in ("b]", "a]", "&]", "[]", "b", "^]"):
+        assert bool(m.fullmatch(text)) == bool(ref.fullmatch(text)), text
+    for pattern, what in [
+        (r"[a-z&&aeiou]", "without a nested class"),
+        (r"[^a-z&&[b]]", "a negated class holding '&&'"),
+        (r"[a-z&&]", "an empty operand"),
+        (r"[&&[a]]", "an empty operand"),
+        (r"(?i)[a-z&&[^b]]", "under the 'i' flag"),
+    ]:
+        with pytest.raises(ConstraintError, match=re.escape(what)):
+            parse_regex(pattern, "ecma")
+    m = value_matcher(parse_regex(r"^[&&[]+$", "ecma"))  # ECMA: the class of '&' and '['
+    assert m.fullmatch("&[&") and not m.fullmatch("a")
 
 
 def test_ecma_dialect_semantics():

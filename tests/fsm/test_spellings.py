@@ -4,6 +4,8 @@ of its JSON spellings -- itself, ``\\uXXXX`` in either hex case, a surrogate pai
 a short escape, ``\\/`` -- and an integer with a zero fraction (``2.0``); generation keeps
 the canonical spelling. Judged by jsonschema, on random values in random spellings."""
 
+import functools
+import importlib.util
 import json
 import random
 
@@ -12,6 +14,7 @@ import pytest
 from fsm_toys import json_spelled
 
 from lmprog.core.errors import ConstraintError
+from lmprog.core.models import BUNDLED_MODELS, DEFAULT_MODEL
 from lmprog.fsm import Constraint, json_schema
 from lmprog.fsm.index import matches_bytes
 
@@ -244,23 +247,137 @@ def test_a_length_counted_apart_counts_decoded_characters():
         assert not c.matches('"' + spelled * 2001 + '"'), spelled
 
 
-def test_the_token_reader_keeps_canonical_spellings_within_llguidances_limits():
+def test_the_token_reader_keeps_repeated_patterns_canonical_within_llguidances_limits():
     """A counted repetition of spelled characters (CloudFormation's identifiers:
     ``(?:-?[a-zA-Z0-9]){0,62}``) passes llguidance's lexer limits when masks explore a
-    model's vocabulary; so the token-level ``reading`` keeps canonical spellings, while
-    ``matches`` reads every spelling over bytes."""
-    from lmprog.core.models import load_tokenizer, resolve_model
-    from lmprog.fsm.index import TokenIndex
-
+    model's vocabulary; so the token-level ``reading`` spells literals (the key ``Id``) but
+    keeps a repeated pattern's characters canonical, while ``matches`` reads every spelling
+    over bytes."""
     ident = {"type": "string", "pattern": "^[a-zA-Z]{1}(?:-?[a-zA-Z0-9]){0,62}$"}
     schema = {"type": "object", "properties": {"Id": ident, "Version": {"type": "string"}}}
     c = Constraint.from_json_schema(schema, strict=False)
-    assert dict(c.reading.options)["read_spellings"] is False
-    tok = load_tokenizer(resolve_model())
+    assert dict(c.reading.options)["read_spellings"] == json_schema.LITERALS
     text = json.dumps({"Id": "o-tijM-6-41Lf-0-c-Z", "Version": "5.0"}, indent=2)
+    assert _token_read(c, text)
+    assert _token_read(c, '{"\\u0049d": "o-ab", "Version": "\\u00e9\\ud83d\\ude00\\/"}')
+    assert not _token_read(c, '{"Id": "\\u006f-ab"}')  # the pattern's characters: canonical
+    assert c.matches('{"Id": "\\u006f-ab", "Version": "\\u00e9"}')
+
+
+# ---- the token reader (Constraint.reading over the default model's vocabulary) ------------
+_PACKAGE, _, _INSTALL = BUNDLED_MODELS[DEFAULT_MODEL]
+requires_default_model = pytest.mark.skipif(
+    importlib.util.find_spec(_PACKAGE) is None,
+    reason=f"the default model's package {_PACKAGE!r} is not installed ({_INSTALL})",
+)
+
+
+@functools.cache
+def _tokenizer():
+    from lmprog.core.models import load_tokenizer, resolve_model
+
+    return load_tokenizer(resolve_model())
+
+
+def _token_read(c: Constraint, text: str) -> bool:
+    """Whether a guide of ``c.reading``'s index over the default model's tokens reads ``text``
+    (as prefilled text is read) to a point where it may stop."""
+    from lmprog.fsm.index import TokenIndex
+
+    tok = _tokenizer()
     guide = TokenIndex.get(c.reading, tok).new_guide()
     for t in tok.encode(text, add_special_tokens=False):
-        assert guide.is_allowed(t)
+        if not guide.is_allowed(t):
+            return False
         guide.advance(t)
-    assert guide.can_stop()
-    assert c.matches('{"Id": "\\u006f-ab", "Version": "\\u00e9"}')
+    return guide.can_stop()
+
+
+GROESSE = {
+    "type": "object",
+    "properties": {"Größe": {"enum": ["groß", "klein", "😀/"]}, "n": {"type": "integer"}},
+    "required": ["Größe"],
+    "additionalProperties": False,
+}
+LITERAL_SCHEMAS = [  # literals read in every spelling through the tokens
+    (GROESSE, {"Größe": "groß", "n": 2.0}),
+    (GROESSE, {"Größe": "😀/", "n": 1e20}),
+    ({"const": "naïve \"q\" \\ \n"}, "naïve \"q\" \\ \n"),
+    ({"type": "array", "items": {"enum": ["é", "e", "😀"]}, "uniqueItems": True}, ["é", "e", "😀"]),
+    ({"propertyNames": {"enum": ["ö", "/"]}}, {"ö": 1, "/": [2]}),
+    ({"properties": {"é": {"type": "integer"}}, "additionalProperties": {"type": "string"}}, {"é": 1, "ß😀": "ü"}),
+    ({"type": "string", "pattern": "^(Größe|über)$"}, "Größe"),  # a pattern without repetition
+    ({"type": "string", "not": {"enum": ["é", "a"]}}, "è😀/"),
+    ({"type": "string", "maxLength": 2}, "😀/"),  # free strings: pairs and \/ count one
+    ({"type": "string", "minLength": 2, "maxLength": 3}, "😀é/"),
+    ({"type": "integer", "minimum": 2}, 30.0),
+    ({"type": "number", "multipleOf": 0.5}, 1e20),
+]  # fmt: skip
+
+
+@requires_default_model
+@pytest.mark.parametrize("schema, value", LITERAL_SCHEMAS)
+def test_the_token_reader_reads_every_spelling_of_literals(schema, value):
+    """``json.dumps``'s default (``ensure_ascii=True``: ``"Gr\\u00f6\\u00dfe"``), indented, and
+    random spellings of keys, enum/const strings, free strings and numbers through the model's
+    tokens; each text also judged by jsonschema and ``matches``."""
+    assert jsonschema.Draft202012Validator(schema).is_valid(value)
+    c = Constraint.from_json_schema(schema, strict=False)
+    rng = random.Random(json.dumps(schema))
+    texts = [json.dumps(value), json.dumps(value, indent=2, ensure_ascii=False)]
+    texts += [json_spelled(value, rng, escape=0.5) for _ in range(4)]
+    for text in texts:
+        assert c.matches(text) and _token_read(c, text), text
+
+
+@requires_default_model
+@pytest.mark.parametrize(
+    "schema, text",
+    [
+        (GROESSE, '{"Gr\\u00f7\\u00dfe": "klein"}'),  # an escape of another character
+        (GROESSE, '{"Gr\\u00f6\\u00dfe": "gro\\u00dd"}'),
+        (GROESSE, '{"Gr\\u00f6\\u00dfe": "\\ud83d/"}'),  # half a surrogate pair
+        (GROESSE, '{"Gr\\u00f6\\u00dfe": "\\ude00\\ud83d/"}'),
+        (GROESSE, '{"Gr\\u00f6\\u00dfe": "groß", "n": 2.5}'),
+        (GROESSE, '{"Gr\\u00f6\\u00dfe": "groß", "n": 1e-20}'),
+        ({"properties": {"é": {"type": "integer"}}, "additionalProperties": {"type": "string"}}, '{"\\u00e9": "1"}'),
+        ({"properties": {"é": {"type": "integer"}}, "additionalProperties": {"type": "string"}}, '{"\\u00e8": 1}'),
+        ({"type": "string", "not": {"enum": ["é", "a"]}}, '"\\u00E9"'),
+        ({"type": "string", "not": {"enum": ["é", "a"]}}, '"\\u0061"'),
+        ({"type": "array", "items": {"enum": ["é", "e"]}, "uniqueItems": True}, '["\\u00e9", "é"]'),
+        ({"type": "string", "maxLength": 1}, '"\\ud83d\\ude00\\/"'),
+        ({"type": "string", "pattern": "^(Größe|über)$"}, '"Gr\\u00f6\\u00dfee"'),
+    ],
+)  # fmt: skip
+def test_the_token_reader_refuses_invalid_spellings(schema, text):
+    assert not jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+    c = Constraint.from_json_schema(schema, strict=False)
+    assert not _token_read(c, text) and not c.matches(text)
+
+
+@requires_default_model
+def test_the_token_reader_on_random_strings_in_random_spellings():
+    """``_string_schema``'s random enum/const/pattern/key schemas, random values in random
+    spellings through the tokens: no invalid text read; a valid one read in its canonical
+    spelling, and in every spelling where no pattern repeats its characters (the literals)."""
+    rng = random.Random(37)
+    valid = invalid = spelled = 0
+    for _ in range(40):
+        s = _string_schema(rng)
+        try:
+            c = Constraint.from_json_schema(s, strict=False)
+        except ConstraintError:
+            continue
+        validator = jsonschema.Draft202012Validator(s)
+        literal = "pattern" not in json.dumps(s)
+        for _ in range(5):
+            value = _value(rng, s)
+            ok = validator.is_valid(value)
+            valid, invalid = valid + ok, invalid + (not ok)
+            texts = [json.dumps(value, ensure_ascii=False), json.dumps(value)]
+            texts.append(json_spelled(value, rng, escape=0.5))
+            for n, text in enumerate(texts):
+                read = _token_read(c, text)
+                assert read == ok if n == 0 or literal else not read or ok, (s, text)
+                spelled += read and n > 0 and literal
+    assert valid >= 40 and invalid >= 40 and spelled >= 30, (valid, invalid, spelled)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 from lmprog.core.errors import ConstraintError
 from lmprog.fsm.json_schema.emit.emitter import Emitter
 from lmprog.fsm.json_schema.emit.lark import derives_text, fragment_limit, to_lark
-from lmprog.fsm.json_schema.emit.strings import read_spellings
+from lmprog.fsm.json_schema.emit.strings import LITERALS, read_spellings
 from lmprog.fsm.json_schema.read.builder import Builder
 from lmprog.fsm.json_schema.read.drafts import upgrade
 from lmprog.fsm.json_schema.read.refs import Registry
@@ -64,6 +64,7 @@ __all__ = [
     "DEFAULT_ANY_DEPTH",
     "DEFAULT_MAX_SCHEMA_DEPTH",
     "DEFAULT_MAX_PATTERN_CHARS",
+    "LITERALS",
 ]
 
 
@@ -211,7 +212,7 @@ def build_grammar(
     strict: bool = True,
     count_lengths: bool = True,
     key_order: str = "schema",
-    read_spellings: bool = False,
+    read_spellings: bool | str = False,
 ) -> Grammar:
     """The grammar of a JSON schema document (Lark text, and the check of distinct items
     where the schema asks for them over open sets); ConstraintError if it has none that is
@@ -222,15 +223,17 @@ def build_grammar(
     maxLength of some strings to the check (``lengths``); False: every length in the lexemes
     (a grammar that runs without its check, such as a part of a composed one). `key_order`:
     "schema" writes each object's members in canonical order (``objects``), "any" in every
-    order (``unordered``). `read_spellings`: the strings of patterns, formats, enum/const
-    values and keys in every JSON spelling (escapes, surrogate pairs), as a reading grammar
-    (``Constraint.reading``) takes them; False: in canonical spelling."""
+    order (``unordered``). `read_spellings`: True: the strings of patterns, formats, enum/const
+    values and keys in every JSON spelling (escapes, surrogate pairs) and integers also
+    written ``2.0``/``1e2``, as ``Constraint.spelled`` takes them; ``"literals"``: the same
+    but for the characters of patterns with a repetition and of formats, kept canonical
+    (``Constraint.reading``, read over a model's tokens); False: in canonical spelling."""
     if not isinstance(strict, bool):
         raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
     if key_order not in KEY_ORDERS:
         raise ValueError(f"key_order must be one of {KEY_ORDERS}, got {key_order!r}")
-    if not isinstance(read_spellings, bool):
-        raise TypeError(f"read_spellings must be a bool, got {type(read_spellings).__name__}")
+    if not (isinstance(read_spellings, bool) or read_spellings == LITERALS):
+        raise TypeError(f"read_spellings must be a bool or {LITERALS!r}, got {read_spellings!r}")
     for name, value, least in (
         ("max_recursion_depth", max_recursion_depth, 0),
         ("any_depth", 0 if any_depth is None else any_depth, 0),
@@ -341,7 +344,7 @@ def _grammar(
     strict: bool,
     count_lengths: bool,
     key_order: str,
-    spellings: bool,
+    spellings: bool | str,
     unroll: bool = False,
 ) -> Grammar:
     limits = pattern_limit(max_chars), fragment_limit(max_chars), work_limit(MAX_WORK)

@@ -81,6 +81,26 @@ def _has_anchor(node: Node | Look | Anchor) -> bool:
     return any(_has_anchor(n) for n in (node.parts if isinstance(node, Concat) else node.options))
 
 
+def _java_intersection(src: str, i: int) -> bool:
+    """Whether the class opening before ``src[i]`` is written in Java's syntax: its nested
+    ``[``/``]`` balance (escapes skipped) and it holds ``&&``."""
+    depth, found = 1, False
+    while i < len(src):
+        c = src[i]
+        if c == "\\":
+            i += 1
+        elif c == "[":
+            depth += 1
+        elif c == "]":
+            depth -= 1
+            if depth == 0:
+                return found
+        elif src.startswith("&&", i):
+            found = True
+        i += 1
+    return False
+
+
 def parse_regex(pattern: str, dialect: str = "python") -> ParsedRegex:
     """Parse ``pattern`` or raise ``ConstraintError`` naming the construct and position."""
     if not isinstance(pattern, str):
@@ -435,6 +455,8 @@ class _Parser:
 
     def char_class(self) -> CharSet:
         start = self.i - 1
+        if self.ecma and _java_intersection(self.src, self.i):
+            return self.java_class(start)
         negated = self.peek() == "^"
         self.i += negated
         members = CharSet()
@@ -450,6 +472,62 @@ class _Parser:
             first = False
         members = self.cased(members)
         return ANY_CHAR - members if negated else members
+
+    def java_class(self, start: int) -> CharSet:
+        """A class of Java's syntax (java.util.regex: ``[a-z&&[^aeiou]]``, ``&&`` intersects,
+        a nested ``[...]`` is a union member) in a JSON Schema pattern, as CloudFormation's
+        resource schemas (written for a Java validator) use it: read where a class holds
+        ``&&`` and a nested class, which ECMA-262 with the ``u`` flag JSON Schema asks for
+        refuses (the nested class's ``]`` closes the outer one, leaving a lone ``]``); a
+        ``&&`` without a nested class (``[a-z&&aeiou]``: two '&' in ECMA, an intersection in
+        Java) is refused as ambiguous."""
+        members, nested = self.java_operands(start)
+        if not nested:
+            raise self.fail(
+                "'&&' in a character class without a nested class (Java intersects, ECMA-262 "
+                "reads two '&'); write the intersection as [a-z&&[aeiou]] or the characters "
+                "with one '&'",
+                start,
+            )
+        if "i" in self.flags:
+            raise self.fail("Java's class intersection '&&' under the 'i' flag", start)
+        return members
+
+    def java_operands(self, start: int) -> tuple[CharSet, bool]:
+        """The members of one Java class, read after its ``[``, and whether it held a nested
+        class."""
+        negated = self.peek() == "^"
+        self.i += negated
+        operands: list[CharSet] = []
+        union: CharSet | None = None
+        nested = False
+        while (c := self.peek()) != "]":
+            at = self.i
+            if not c:
+                raise self.fail("unterminated character class", start)
+            if self.src.startswith("&&", at):
+                self.i += 2
+                if union is None or self.peek() in ("]", "&"):
+                    raise self.fail("an empty operand of '&&' in a character class", at)
+                operands.append(union)
+                union = None
+                continue
+            if c == "[":
+                self.i += 1
+                part, _ = self.java_operands(at)
+                nested = True
+            else:
+                part = self.class_item()
+            union = part if union is None else union | part
+        self.i += 1
+        if union is None:
+            raise self.fail("an empty character class in a Java class", start)
+        if negated and operands:  # Java 8 negates the first operand, 9 on the whole class
+            raise self.fail("a negated class holding '&&' (write [^...] as a nested class)", start)
+        members = union
+        for operand in operands:
+            members = members & operand
+        return (ANY_CHAR - members if negated else members), nested
 
     def class_item(self) -> CharSet:
         start = self.i

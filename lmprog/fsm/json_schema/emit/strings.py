@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import lru_cache
@@ -23,9 +23,13 @@ from lmprog.fsm.json_schema.terms.nodes import StrT
 from lmprog.fsm.regex import (
     ANY_CHAR,
     EPS,
+    Alternation,
     CharSet,
+    Concat,
+    Node,
     ParsedRegex,
     R,
+    Repeat,
     alt,
     cat,
     charset_regex,
@@ -86,17 +90,24 @@ _ANY_CANONICAL = canonical_token(ANY_CHAR)
 
 # ----------------------------------------------------------------------------- every spelling
 
-# While a reading grammar is built (``build_grammar(read_spellings=True)``): the characters of
-# patterns, formats, enum/const strings and keys in every JSON spelling, not only canonical
-_READ_SPELLINGS: ContextVar[bool] = ContextVar("read_spellings", default=False)
+# While a reading grammar is built (``build_grammar(read_spellings=...)``), which strings are
+# written in every JSON spelling, not only canonical: everything (True: ``matches``, read over
+# bytes), or LITERALS (a token reader's: keys, enum/const strings, strings bound only by excluded
+# values or patterns without repetition, and numbers' spellings; the characters of patterns
+# with a repetition and of formats stay canonical, as a counted repetition of spelled
+# characters passes llguidance's lexer limits over a model's vocabulary)
+LITERALS = "literals"
+CharTokens = Callable[[CharSet], R | None]  # one character of a set, as the grammar writes it
+_READ_SPELLINGS: ContextVar[bool | str] = ContextVar("read_spellings", default=False)
 _SHORT_ANY = {**_SHORT, "/": "/"}  # \/ is a spelling of "/", never the canonical one
 _BMP = CharSet(((0, 0xFFFF),))
 
 
 @contextmanager
-def read_spellings(on: bool) -> Iterator[None]:
-    """Strings written in every JSON spelling (``on``) or in canonical spelling, inside."""
-    token = _READ_SPELLINGS.set(on)
+def read_spellings(which: bool | str) -> Iterator[None]:
+    """Strings written in every JSON spelling inside: all of them (True), literal ones
+    (``LITERALS``) or none (False)."""
+    token = _READ_SPELLINGS.set(which)
     try:
         yield
     finally:
@@ -104,14 +115,34 @@ def read_spellings(on: bool) -> Iterator[None]:
 
 
 def spellings_read() -> bool:
-    """Whether the grammar being built is a reading one (``read_spellings``)."""
-    return _READ_SPELLINGS.get()
+    """Whether the grammar being built is a reading one (``read_spellings`` True or
+    ``LITERALS``): literal strings and numbers in every spelling."""
+    return bool(_READ_SPELLINGS.get())
 
 
-def char_token(chars: CharSet) -> R | None:
-    """One character of ``chars`` as the grammar being built writes it: canonical spelling,
-    or every spelling while reading (``read_spellings``)."""
-    return spelled_token(chars) if _READ_SPELLINGS.get() else canonical_token(chars)
+def _char_tokens(sources: list[str | None]) -> CharTokens:
+    """How the characters of a string term's patterns and free part are written (``sources``:
+    its patterns and formats, with lookaheads split): every spelling where all strings are
+    read so (True), or for ``LITERALS`` where no pattern repeats (the strings matched a
+    finite set of short literals); else the canonical spelling. All the parts of one term are
+    written alike, so a ``~`` part excludes every spelling the others take."""
+    which = _READ_SPELLINGS.get()
+    if which is True:
+        return spelled_token
+    parsed = [_parsed(s) for s in sources if s is not None]
+    if which == LITERALS and not any(_repeats(b.node) for p in parsed for b in p.branches):
+        return spelled_token
+    return canonical_token
+
+
+def _repeats(node: Node) -> bool:
+    if isinstance(node, Repeat):
+        return True
+    if isinstance(node, Concat):
+        return any(_repeats(n) for n in node.parts)
+    if isinstance(node, Alternation):
+        return any(_repeats(n) for n in node.options)
+    return False
 
 
 @lru_cache(maxsize=4096)
@@ -202,7 +233,8 @@ def string_expr(t: StrT, counted: bool = False) -> str | None:
     * each pattern and format: the strings containing (or matching, if anchored) a match;
     * ``minLength``/``maxLength`` beside them: the strings of that many characters;
     * excluded values and negated patterns: ``& ~(...)``, exact because the strings are also
-      held to their canonical spelling (so each excluded value has one text to exclude).
+      held to their canonical spelling (so each excluded value has one text to exclude), or
+      while reading spelled every way on both sides (``_char_tokens``).
     None for an empty set of values. `counted`: the maxLength is not written (the check
     counts it), the minLength is."""
     from lmprog.fsm.json_schema.emit.lark import regex_terminal
@@ -225,25 +257,27 @@ def string_expr(t: StrT, counted: bool = False) -> str | None:
             looks.append((must, must_not))
         else:
             sources.append(positive)
+    looked = [src for must, must_not in looks for src in must + must_not]
+    tokens = _char_tokens([*sources, *negated, *looked])
     exclusive = bool(t.excluded or looks or negated)
     lengths = t.min_len > 0 or t.max_len is not None
     if lengths and t.max_len is not None and t.min_len > t.max_len:
         return None
-    parts = [_quoted(_pattern_content(_parsed(src))) for src in sources]
+    parts = [_quoted(_pattern_content(_parsed(src), tokens)) for src in sources]
     if counted:
         lengths = t.min_len > 0
     if lengths or not (parts or exclusive):
         hi = None if counted else t.max_len
-        unit = PAIRED_UNIT_TOKEN if _READ_SPELLINGS.get() else UNIT_TOKEN
+        unit = PAIRED_UNIT_TOKEN if spellings_read() else UNIT_TOKEN
         parts.append(_quoted(rep(ANY_TOKEN if t.min_len else unit, t.min_len, hi)))
     if exclusive:
-        parts.append(_quoted(rep(char_token(ANY_CHAR), 0, None)))
+        parts.append(_quoted(rep(tokens(ANY_CHAR), 0, None)))
     texts = [regex_terminal(r) for r in parts if r is not None]
     if len(texts) < len(parts):
         return None
     if exclusive:
         plain = [must[0] for must, must_not in looks if len(must) == 1 and not must_not]
-        out = [_quoted(_pattern_content(_parsed(src))) for src in plain + negated]
+        out = [_quoted(_pattern_content(_parsed(src), tokens)) for src in plain + negated]
         out += [string_text(v) for v in sorted(t.excluded)]
         if out:
             any_of = alt(*out)
@@ -251,7 +285,7 @@ def string_expr(t: StrT, counted: bool = False) -> str | None:
             texts.append("~" + regex_terminal(any_of))
         for must, must_not in looks:  # a negated pattern with lookaheads: ~(a & b & ~c)
             if len(must) > 1 or must_not:
-                texts.append("~" + _matches(must, must_not))
+                texts.append("~" + _matches(must, must_not, tokens))
     return texts[0] if len(texts) == 1 else "(" + " & ".join(texts) + ")"
 
 
@@ -269,20 +303,21 @@ def _no_backreference(t: StrT) -> None:
             )
 
 
-def _matches(must: tuple[str, ...], must_not: tuple[str, ...]) -> str:
-    """The canonical strings matching every pattern of ``must`` and none of ``must_not``."""
+def _matches(must: tuple[str, ...], must_not: tuple[str, ...], tokens: CharTokens) -> str:
+    """The strings matching every pattern of ``must`` and none of ``must_not``, their
+    characters written by ``tokens``."""
     from lmprog.fsm.json_schema.emit.lark import regex_terminal
 
-    texts = [regex_terminal(_matching(src)) for src in must]
+    texts = [regex_terminal(_matching(src, tokens)) for src in must]
     if must_not:
-        any_of = alt(*(_quoted(_pattern_content(_parsed(src))) for src in must_not))
+        any_of = alt(*(_quoted(_pattern_content(_parsed(src), tokens)) for src in must_not))
         assert any_of is not None  # patterns no string matches are dropped before
         texts.append("~" + regex_terminal(any_of))
     return "(" + " & ".join(texts) + ")"
 
 
-def _matching(src: str) -> R:
-    r = _quoted(_pattern_content(_parsed(src)))
+def _matching(src: str, tokens: CharTokens) -> R:
+    r = _quoted(_pattern_content(_parsed(src), tokens))
     assert r is not None, src  # a pattern no string matches: the schema was refused before
     return r
 
@@ -291,12 +326,12 @@ def _quoted(content: R | None) -> R | None:
     return cat(lit('"'), content, lit('"'))
 
 
-def _pattern_content(p: ParsedRegex) -> R | None:
+def _pattern_content(p: ParsedRegex, tokens: CharTokens) -> R | None:
     """Tokens of strings that contain a match of ``p`` (exactly match, where anchored); the
-    matched part in canonical spelling, the rest in any."""
+    matched part's characters written by ``tokens``, the rest in any spelling."""
     anything = rep(UNIT_TOKEN, 0, None)
     options = []
     for b in p.branches:
-        body = emit(b.node, char_token)
+        body = emit(b.node, tokens)
         options.append(cat(EPS if b.start else anything, body, EPS if b.end else anything))
     return alt(*options)
