@@ -123,11 +123,13 @@ def test_a_cpu_pool_loads_synchronously_without_layer_waits(pool):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the side stream is CUDA's")
-def test_cuda_loads_land_layer_by_layer_and_saves_wait_for_them():
+@pytest.mark.parametrize("arena", [False, True])
+def test_cuda_loads_land_layer_by_layer_and_saves_wait_for_them(arena):
     pool = KVPool(256, num_layers=4, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16,
                   device="cuda")  # fmt: skip
     pool._buffer.copy_(torch.randn(pool._buffer.shape, device="cuda"))
-    mover = HostKVMover(pool)
+    per = pool._buffer.element_size() * pool._buffer[:, :, :1].numel()
+    mover = HostKVMover(pool, host_bytes=200 * per if arena else 0)
     src, dst = np.arange(1, 101), np.arange(120, 220)
     want = rows(pool, src).cpu()
     handle = mover.save(src)
@@ -140,7 +142,8 @@ def test_cuda_loads_land_layer_by_layer_and_saves_wait_for_them():
     mover.load(staged, np.arange(230, 240), ahead=True)
     again = mover.save(np.arange(230, 240))  # a save of slots still being written waits
     torch.cuda.synchronize()
-    assert torch.equal(again, want[:, :, :10]) and not pool.loads.pending
+    got = again.parts()[0].movedim(1, 2).view(want.dtype)  # [layers, tokens, ...] in the tier
+    assert torch.equal(got, want[:, :, :10]) and not pool.loads.pending
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the side stream is CUDA's")
@@ -165,3 +168,93 @@ def test_cuda_a_host_block_dropped_while_its_copy_runs_still_lands_whole():
     torch.cuda.synchronize()
     assert torch.equal(rows(pool, dst).cpu(), want)
     del junk
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the side stream is CUDA's")
+def test_cuda_arena_runs_freed_while_their_load_runs_are_not_overwritten():
+    """An arena block dropped as soon as its load is queued gives its runs back only once
+    the side stream's copy has read them: a save that needs those runs waits for it."""
+    pool = KVPool(4096, num_layers=8, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16,
+                  device="cuda")  # fmt: skip
+    pool._buffer.copy_(torch.randn(pool._buffer.shape, device="cuda"))
+    per = pool._buffer.element_size() * pool._buffer[:, :, :1].numel()
+    mover = HostKVMover(pool, host_bytes=1000 * per)
+    src, dst, other = np.arange(1, 1001), np.arange(2000, 3000), np.arange(1001, 2001)
+    want = rows(pool, src).cpu()
+    handle = mover.save(src)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(10_000_000)  # the side stream waits for this: the copy starts late
+    mover.load(handle, dst)
+    del handle  # its runs go back after the load's copies
+    again = mover.save(other)  # the whole arena: reuses those runs
+    assert again.release is not None and again.runs == [(0, 1000)]
+    pool.fence_loads()
+    torch.cuda.synchronize()
+    assert torch.equal(rows(pool, dst).cpu(), want)
+
+
+class FakeEvent:
+    def __init__(self):
+        self.done, self.waited = False, False
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):  # blocks only when not done
+        self.waited, self.done = self.waited or not self.done, True
+
+
+def test_the_arena_hands_out_runs_and_takes_them_back_merged():
+    from lmprog.runtime.executor.host_kv import HostArena
+
+    arena = HostArena(10, torch.zeros(2, 1, 3), pinned=False)
+    assert tuple(arena.buffer.shape) == (2, 10, 3)
+    a, b, c = arena.take(3), arena.take(4), arena.take(2)
+    assert (a, b, c) == ([(0, 3)], [(3, 4)], [(7, 2)]) and arena.free_tokens == 1
+    assert arena.take(2) is None and arena.free_tokens == 1  # nothing taken
+    arena.give(a)
+    assert arena.take(4) == [(0, 3), (9, 1)]  # no run of 4 free: the first ones
+    arena.give(b)
+    event = FakeEvent()
+    arena.give(c, event)  # freed once the copies queued before it are done
+    assert arena.free_tokens == 4 and arena.take(2) == [(3, 2)]  # b's, c still pending
+    event.done = True
+    assert arena.take(4) == [(5, 4)] and not event.waited  # b's rest merged with c's
+    late = FakeEvent()
+    arena.give([(3, 2)], late)
+    assert arena.take(2) == [(3, 2)] and late.waited  # short of slots: waited for
+    arena.give([(0, 3), (9, 1)])
+    arena.give([(3, 2)])
+    arena.give([(5, 4)])
+    assert arena._free == [(0, 10)] and arena.free_tokens == 10
+
+
+def test_blocks_in_the_arena_round_trip_split_and_free_their_runs(pool, tmp_path):
+    per = pool._buffer.element_size() * pool._buffer[:, :, :1].numel()
+    mover = HostKVMover(pool, disk_dir=str(tmp_path), host_bytes=12 * per + per // 2)
+    arena = mover.arena
+    assert arena is not None and arena.tokens == 12
+    first = mover.save(np.array([1, 2, 3, 4]))
+    gap = mover.save(np.array([5, 6]))
+    second = mover.save(np.array([7, 8, 9]))
+    del gap  # a hole of 2: the next block of 4 takes it and the 3 at the end
+    src = np.array([10, 11, 12, 13])
+    want = rows(pool, src)
+    spread = mover.save(src)
+    assert spread.runs == [(4, 2), (9, 2)] and arena.free_tokens == 1
+    mover.load(spread, np.array([20, 21, 22, 23]))
+    assert torch.equal(rows(pool, np.array([20, 21, 22, 23])), want)
+    upper, lower = mover.split(spread, 3)  # no copy: the runs parted
+    assert (upper.runs, lower.runs) == ([(4, 2), (9, 1)], [(10, 1)])
+    del spread
+    assert arena.free_tokens == 1  # its runs are the parts'
+    mover.load(lower, np.array([24]))
+    mover.load(upper, np.array([25, 26, 27]))
+    assert torch.equal(rows(pool, np.array([25, 26, 27, 24])), want)
+    full = mover.save(np.array([14, 15, 16]))  # no room: a tensor of its own
+    assert full.release is None and full.buffer is not arena.buffer
+    block = mover.spill(upper)  # a block of two runs to disk and back
+    mover.load_disk(block, np.array([28, 29, 30]))
+    assert torch.equal(rows(pool, np.array([28, 29, 30])), want[:, :, :3])
+    del upper, lower, first, second, full
+    assert arena.free_tokens == 12 and arena._free == [(0, 12)]

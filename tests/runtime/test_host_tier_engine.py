@@ -119,7 +119,7 @@ def held_bytes(engine, folder=None):
         return walk_tree(cache)
 
     def walk_tree(cache):
-        stack, storages, files = [cache.root], {}, 0
+        stack, held, files = [cache.root], 0, 0
         while stack:
             node = stack.pop()
             stack.extend(node.children.values())
@@ -127,10 +127,10 @@ def held_bytes(engine, folder=None):
                 stack.append(child)
                 if isinstance(child.host, OnDisk):
                     files += child.host.block.ref.nbytes
-                else:
-                    storage = child.host.untyped_storage()
-                    storages[storage.data_ptr()] = storage.nbytes()
-        return sum(storages.values()), files
+                else:  # its tokens' rows, in the arena or a tensor of its own
+                    buffer = child.host.buffer
+                    held += child.host.n * buffer.element_size() * buffer[:, :1].numel()
+        return held, files
 
     return engine.call(walk)
 

@@ -67,7 +67,8 @@ class Engine:
             disk = tiers.disk_kv_cache_dir if tiers.disk_kv_cache_bytes else None
             if tiers.disk_kv_cache_bytes and disk is None:
                 disk = ""  # the system's temporary folder
-            scheduler.cache.attach_host_tier(HostKVMover(runner.kv, disk_dir=disk))
+            mover = HostKVMover(runner.kv, disk_dir=disk, host_bytes=tiers.host_kv_cache_bytes)
+            scheduler.cache.attach_host_tier(mover)
         self.speculator = speculator
         self.config = config or EngineConfig()
         self.eos_token_ids = tuple(eos_token_ids)
