@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import math
 import random
@@ -240,7 +241,8 @@ def collate(items, to_draft):
     return feats, ids.to(feats.device), labels.to(feats.device)
 
 
-def train(args) -> None:
+def train(args) -> list[str]:
+    """Train and write the head; the held-out prompts."""
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     import lmprog as lp
@@ -335,8 +337,15 @@ def train(args) -> None:
     })  # fmt: skip
     size = sum(f.stat().st_size for f in Path(args.out).iterdir())
     print(f"wrote {args.out} ({size / 1e6:.1f} MB) after {time.perf_counter() - t0:.0f} s")
-    if args.eval_prompts:
-        evaluate(args, held_out)
+    return held_out
+
+
+def release_memory() -> None:
+    """Drop what finished runtimes and the training left on the device before the next
+    runtime sizes its KV pool from the free memory."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def evaluate(args, prompts: list[str]) -> dict:
@@ -363,6 +372,8 @@ def evaluate(args, prompts: list[str]) -> dict:
         seconds = time.perf_counter() - t
         stats = rt.stats()
         rt.shutdown()
+        del rt
+        release_memory()
         reference = reference or ids
         verifies = stats.get("spec_verify_steps", 0) - before.get("spec_verify_steps", 0)
         accepted = stats.get("spec_accepted_tokens", 0) - before.get("spec_accepted_tokens", 0)
@@ -404,7 +415,10 @@ def main() -> None:
     if args.eval_only:
         evaluate(args, assemble_prompts(args.seed)[: args.eval_prompts])
         return
-    train(args)
+    held_out = train(args)  # its tensors freed on return
+    release_memory()
+    if args.eval_prompts:
+        evaluate(args, held_out)
 
 
 if __name__ == "__main__":
