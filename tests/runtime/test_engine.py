@@ -345,6 +345,21 @@ def test_stats_and_clean_shutdown(model, tok):
     e.shutdown()  # idempotent
 
 
+def test_a_stopped_engine_lets_its_kv_pool_go(model, tok):
+    """A Runtime made next in the process sizes its pool from the free device memory: the
+    stopped engine's pool and table are dropped (the engine still answers stats())."""
+    import gc
+    import weakref
+
+    e = engine_for(model, tok)
+    e.submit(EngineRequest(tuple(PROMPTS[0]), greedy(3))).result(timeout=60)
+    pool, table = weakref.ref(e.runner.kv), weakref.ref(e.runner.req_to_token)
+    e.shutdown()
+    gc.collect()
+    assert pool() is None and table() is None
+    assert e.stats()["generated_tokens"] >= 3
+
+
 def test_random_mix_under_memory_pressure_leaves_no_trace(model, tok):
     """Mixed parameters, constraints, prompt logprobs and random aborts on a pool that must
     retract: every request ends, the bookkeeping holds after each step, nothing leaks."""

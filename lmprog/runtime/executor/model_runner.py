@@ -331,9 +331,18 @@ class ModelRunner:
         )
 
     def close(self) -> None:
-        """Release what outlives the engine thread: a tensor-parallel group's workers."""
+        """Release what outlives the engine thread: a tensor-parallel group's workers, and
+        the device memory (the weights, the KV pool and its table, captured graphs), so that
+        a Runtime made next in the process sizes its KV pool from the memory left free. The
+        runner cannot run a step after."""
         if self.channel is not None:
             self.channel.close()
+        self.graphs = self.piecewise = None
+        self._key_shifter = None
+        for name in ("model", "kv", "req_to_token"):
+            vars(self).pop(name, None)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _sync_table(
         self,
