@@ -1,10 +1,11 @@
 """Speculation's host overhead per iteration (issue 33): plain decode steps vs verify steps.
 
-A tiny random Llama (2 layers, hidden 64, the default model's tokenizer) on the CPU, so the
-forward pass costs little and what is measured is the engine's own work per step. Batch 1,
+A tiny random Llama (2 layers, hidden 64, a 1,024-token vocabulary: the default model's
+tokenizer's first ids) on the CPU, so the forward pass costs little and what is measured is the engine's own work per step. Batch 1,
 greedy. The speculating engines draft with an oracle that knows the plain run's output and
 proposes it (a chain of k drafts, every one accepted; or a tree: a wrong first branch, the
-true chain on the second, one wrong leaf), so the acceptance is known. Each engine step is
+true chain on the second, one wrong leaf), so the acceptance is known; one more engine
+drafts with the n-gram proposer (its acceptance is what the random model's text gives). Each engine step is
 split into phases by wrapping the engine's methods with perf_counter timers:
 
     propose   Speculator.propose (the proposer + cutting its drafts)
@@ -33,6 +34,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -122,8 +124,11 @@ def instrument(engine: Any) -> dict[str, float]:
     return phases
 
 
-def make_engine(model: Any, tok: Any, proposer: Proposer | None, k: int) -> Any:
-    spec = None if proposer is None else SpeculativeConfig(num_tokens=k, adaptive=False)
+def make_engine(model: Any, tok: Any, proposer: Proposer | None, k: int, method: str = "") -> Any:
+    """proposer None: plain decoding, unless `method` names a built-in proposer (ngram)."""
+    spec = None
+    if proposer is not None or method:
+        spec = SpeculativeConfig(method=method or "ngram", num_tokens=k, adaptive=False)
     return launch_engine(
         model,
         tok,
@@ -136,11 +141,13 @@ def make_engine(model: Any, tok: Any, proposer: Proposer | None, k: int) -> Any:
     )
 
 
-def run_once(engine: Any, prompt: list[int], n: int) -> tuple[list[int], dict[str, float], int]:
+def run_once(
+    engine: Any, prompt: list[int], n: int, stream: bool = False
+) -> tuple[list[int], dict[str, float], int]:
     phases = engine._bench_phases
     phases.clear()
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-    result = engine.submit(EngineRequest(tuple(prompt), params)).result(timeout=600)
+    result = engine.submit(EngineRequest(tuple(prompt), params), stream).result(timeout=600)
     steps = engine._bench_steps[0]
     engine._bench_steps[0] = 0
     return list(result.token_ids), dict(phases), steps
@@ -152,8 +159,26 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--ks", default="2,4,8", help="chain lengths (drafts per verify)")
     p.add_argument("--tree-k", type=int, default=8, help="tree nodes per verify (0: no tree)")
+    p.add_argument(
+        "--ngram-k", type=int, default=8, help="the n-gram proposer's drafts (0: no such row)"
+    )
+    p.add_argument(
+        "--std", type=float, default=0.3, help="weights' std (0.1: text that repeats itself)"
+    )
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="stream the pieces (each wakes this thread, which then takes the GIL)",
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--vocab",
+        type=int,
+        default=1024,
+        help="the model's vocabulary (the tokenizer's first ids; 49152: the whole, whose "
+        "logits rows then dominate the forward's time on a CPU)",
+    )
     p.add_argument("--profile", default=None, help="cProfile one run of this engine (e.g. k4)")
     p.add_argument("--sort", default="tottime", help="--profile: pstats sort key")
     p.add_argument("--top", type=int, default=30, help="--profile: rows printed")
@@ -161,21 +186,24 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     tok = load_tokenizer(resolve_model())
-    model = build_model(TINY, device="cpu", dtype="float32")
+    config = replace(TINY, vocab_size=args.vocab)
+    model = build_model(config, device="cpu", dtype="float32")
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, w in model.named_parameters():
-            w.fill_(1.0) if name.endswith("norm.weight") else w.normal_(0.0, 0.3, generator=g)
-    prompt = [1000 + (7 * i) % 3000 for i in range(args.prompt_len)]
+            w.fill_(1.0) if name.endswith("norm.weight") else w.normal_(0.0, args.std, generator=g)
+    prompt = [100 + (7 * i) % (args.vocab - 100) for i in range(args.prompt_len)]
 
     engines: dict[str, Any] = {"plain": make_engine(model, tok, None, 1)}
     oracles: list[PerfectOracle] = []
     for k in [int(x) for x in args.ks.split(",") if x]:
-        oracles.append(PerfectOracle(TINY.vocab_size))
+        oracles.append(PerfectOracle(args.vocab))
         engines[f"k{k}"] = make_engine(model, tok, oracles[-1], k)
     if args.tree_k:
-        oracles.append(PerfectOracle(TINY.vocab_size, tree=True))
+        oracles.append(PerfectOracle(args.vocab, tree=True))
         engines[f"tree{args.tree_k}"] = make_engine(model, tok, oracles[-1], args.tree_k)
+    if args.ngram_k:
+        engines[f"ngram{args.ngram_k}"] = make_engine(model, tok, None, args.ngram_k, "ngram")
     for e in engines.values():
         e._bench_phases = e.call(lambda e=e: instrument(e))
         e._bench_steps = [0]
@@ -193,7 +221,7 @@ def main() -> None:
     rows: dict[str, list[tuple[float, dict[str, float], int]]] = defaultdict(list)
     for _ in range(args.rounds):
         for name, e in engines.items():
-            out, phases, steps = run_once(e, prompt, args.tokens)
+            out, phases, steps = run_once(e, prompt, args.tokens, args.stream)
             if out != reference:
                 raise SystemExit(f"{name}: output differs from the plain run's")
             rows[name].append((phases["step"] + phases.get("publish", 0.0), phases, steps))
@@ -201,7 +229,7 @@ def main() -> None:
         e = engines[args.profile]
         prof = cProfile.Profile()
         e.call(prof.enable)
-        run_once(e, prompt, args.tokens)
+        run_once(e, prompt, args.tokens, args.stream)
         e.call(prof.disable)
         pstats.Stats(prof).sort_stats(args.sort).print_stats(args.top)
 
