@@ -19,7 +19,13 @@ split into phases by wrapping the engine's methods with perf_counter timers:
     publish   Engine._publish (the stats snapshot, once per loop)
     other     the rest of the step (the loop's own work; integrity checks off)
 
-    PYTHONPATH=. python bench/bench_spec_overhead.py [--tokens 256] [--rounds 3] [--profile]
+    PYTHONPATH=. python bench/bench_spec_overhead.py [--tokens 256] [--rounds 3] [--profile k8]
+    python3 bench/bench_spec_overhead.py --model bundled --device cuda --dtype float32
+
+With --model the rows are modes of one lp.Runtime's engine (its CUDA graphs, overlap
+scheduling and all), switched between runs: the GPU's numbers, where perf_counter phases
+count host time (launches are asynchronous: the device's time lands in the phase that
+reads a result back, `process` or `forward`).
 
 Prints per engine: steps, tokens per step, ms per step, ms per generated token and the phases
 (ms per step); all engines run in one process, alternating, `--rounds` times (medians).
@@ -70,15 +76,15 @@ class PerfectOracle(Proposer):
     """Drafts the known continuation (a chain, all right), or with tree=True a tree: a wrong
     first branch of one node, the true chain on the second, a wrong leaf under its first."""
 
-    def __init__(self, vocab_size: int, tree: bool = False) -> None:
-        self.v, self.tree = vocab_size, tree
+    def __init__(self, vocab_size: int, k: int, tree: bool = False) -> None:
+        self.v, self.k, self.tree = vocab_size, k, tree
         self.known: list[int] = []
 
     def propose(self, inputs: Any) -> list[Proposal]:
         out = []
         for inp in inputs:
             n = len(inp.token_ids)
-            k = inp.max_tokens
+            k = min(inp.max_tokens, self.k)
             if not self.tree:
                 out.append(Proposal(tuple(self.known[n : n + k])))
                 continue
@@ -142,15 +148,83 @@ def make_engine(model: Any, tok: Any, proposer: Proposer | None, k: int, method:
 
 
 def run_once(
-    engine: Any, prompt: list[int], n: int, stream: bool = False
+    engine: Any, prompt: list[int], n: int, stream: bool = False, setup: Any = None
 ) -> tuple[list[int], dict[str, float], int]:
+    """One request through `engine` (setup: switches its mode first): its output, the
+    phases' seconds, the steps it took."""
     phases = engine._bench_phases
+    if setup is not None:
+        setup()
     phases.clear()
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     result = engine.submit(EngineRequest(tuple(prompt), params), stream).result(timeout=600)
     steps = engine._bench_steps[0]
     engine._bench_steps[0] = 0
     return list(result.token_ids), dict(phases), steps
+
+
+def tiny_engines(args: Any, ks: list[int], oracles: list[PerfectOracle]) -> tuple[dict, dict, int]:
+    """One engine per row on the tiny random Llama (CPU), each with its own proposer."""
+    tok = load_tokenizer(resolve_model())
+    config = replace(TINY, vocab_size=args.vocab)
+    model = build_model(config, device="cpu", dtype="float32")
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, w in model.named_parameters():
+            w.fill_(1.0) if name.endswith("norm.weight") else w.normal_(0.0, args.std, generator=g)
+    engines: dict[str, Any] = {"plain": make_engine(model, tok, None, 1)}
+    for k in ks:
+        oracles.append(PerfectOracle(args.vocab, k))
+        engines[f"k{k}"] = make_engine(model, tok, oracles[-1], k)
+    if args.tree_k:
+        oracles.append(PerfectOracle(args.vocab, args.tree_k, tree=True))
+        engines[f"tree{args.tree_k}"] = make_engine(model, tok, oracles[-1], args.tree_k)
+    if args.ngram_k:
+        engines[f"ngram{args.ngram_k}"] = make_engine(model, tok, None, args.ngram_k, "ngram")
+    return engines, {}, args.vocab
+
+
+def runtime_modes(args: Any, ks: list[int], oracles: list[PerfectOracle]) -> tuple[dict, dict, int]:
+    """One lp.Runtime (--model: "bundled", or a preset with --dummy; --device, --dtype; its
+    CUDA graphs on a GPU); each row a mode of its engine, switched before each run:
+    speculation off (plain), or on with the row's proposer."""
+    import lmprog as lp
+
+    most = max([*ks, args.tree_k, args.ngram_k, 1])
+    kw: dict[str, Any] = dict(
+        device=args.device,
+        dtype=args.dtype,
+        speculative={"method": "ngram", "num_tokens": most, "adaptive": False},
+        max_running_requests=4,
+        num_threads=args.threads if args.device == "cpu" else None,
+    )
+    if args.model != "bundled":
+        kw.update(model=args.model, load_format="dummy" if args.dummy else "auto")
+    rt = lp.Runtime(**kw)
+    engine = rt.engine
+    spec = engine.speculator
+    vocab = rt.model_config.vocab_size
+    ngram = spec.proposer
+
+    def mode(proposer: Proposer | None, name: str) -> Any:
+        def setup() -> None:
+            engine.set_speculation(proposer is not None)
+            if proposer is not None:
+                engine.call(lambda: spec.set_proposer(proposer, name))
+            rt.flush_cache()
+
+        return setup
+
+    rows: dict[str, Any] = {"plain": mode(None, "plain")}
+    for k in ks:
+        oracles.append(PerfectOracle(vocab, k))
+        rows[f"k{k}"] = mode(oracles[-1], f"k{k}")
+    if args.tree_k:
+        oracles.append(PerfectOracle(vocab, args.tree_k, tree=True))
+        rows[f"tree{args.tree_k}"] = mode(oracles[-1], f"tree{args.tree_k}")
+    if args.ngram_k:
+        rows[f"ngram{args.ngram_k}"] = mode(ngram, f"ngram{args.ngram_k}")
+    return {name: engine for name in rows}, rows, vocab
 
 
 def main() -> None:
@@ -171,6 +245,15 @@ def main() -> None:
         help="stream the pieces (each wakes this thread, which then takes the GIL)",
     )
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--model",
+        default=None,
+        help="None: the tiny random Llama (CPU, one engine per row); 'bundled' (the default "
+        "model) or a preset (with --dummy): one lp.Runtime on --device, rows as its modes",
+    )
+    p.add_argument("--dummy", action="store_true", help="--model: random weights")
+    p.add_argument("--device", default="cpu", help="--model: the runtime's device")
+    p.add_argument("--dtype", default="auto", help="--model: the runtime's dtype")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument(
         "--vocab",
@@ -185,26 +268,14 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    tok = load_tokenizer(resolve_model())
-    config = replace(TINY, vocab_size=args.vocab)
-    model = build_model(config, device="cpu", dtype="float32")
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, w in model.named_parameters():
-            w.fill_(1.0) if name.endswith("norm.weight") else w.normal_(0.0, args.std, generator=g)
-    prompt = [100 + (7 * i) % (args.vocab - 100) for i in range(args.prompt_len)]
-
-    engines: dict[str, Any] = {"plain": make_engine(model, tok, None, 1)}
+    ks = [int(x) for x in args.ks.split(",") if x]
     oracles: list[PerfectOracle] = []
-    for k in [int(x) for x in args.ks.split(",") if x]:
-        oracles.append(PerfectOracle(args.vocab))
-        engines[f"k{k}"] = make_engine(model, tok, oracles[-1], k)
-    if args.tree_k:
-        oracles.append(PerfectOracle(args.vocab, tree=True))
-        engines[f"tree{args.tree_k}"] = make_engine(model, tok, oracles[-1], args.tree_k)
-    if args.ngram_k:
-        engines[f"ngram{args.ngram_k}"] = make_engine(model, tok, None, args.ngram_k, "ngram")
-    for e in engines.values():
+    if args.model is None:
+        engines, setups, vocab = tiny_engines(args, ks, oracles)
+    else:
+        engines, setups, vocab = runtime_modes(args, ks, oracles)
+    prompt = [100 + (7 * i) % (vocab - 100) for i in range(args.prompt_len)]
+    for e in {id(e): e for e in engines.values()}.values():
         e._bench_phases = e.call(lambda e=e: instrument(e))
         e._bench_steps = [0]
         inner = e._step
@@ -215,18 +286,19 @@ def main() -> None:
 
         e._step = count  # the engine thread calls self._step: counted (set before requests)
 
-    reference, _, _ = run_once(engines["plain"], prompt, args.tokens)
+    reference, _, _ = run_once(engines["plain"], prompt, args.tokens, setup=setups.get("plain"))
     for o in oracles:
         o.known = prompt + reference
     rows: dict[str, list[tuple[float, dict[str, float], int]]] = defaultdict(list)
     for _ in range(args.rounds):
         for name, e in engines.items():
-            out, phases, steps = run_once(e, prompt, args.tokens, args.stream)
+            out, phases, steps = run_once(e, prompt, args.tokens, args.stream, setups.get(name))
             if out != reference:
                 raise SystemExit(f"{name}: output differs from the plain run's")
             rows[name].append((phases["step"] + phases.get("publish", 0.0), phases, steps))
     if args.profile:
         e = engines[args.profile]
+        setups.get(args.profile, lambda: None)()
         prof = cProfile.Profile()
         e.call(prof.enable)
         run_once(e, prompt, args.tokens, args.stream)
@@ -267,7 +339,7 @@ def main() -> None:
                 ]
             )
         )
-    for e in engines.values():
+    for e in {id(e): e for e in engines.values()}.values():
         e.shutdown()
 
 
