@@ -277,7 +277,7 @@ class StepOutputs:
         """Greedy chains (and trees) whose choice at every position is the plain argmax (see
         _argmax_suffices): all their rows in one argmax and one device read."""
         rows = [c.row + j for c in chains for j in range(len(c.drafts) + 1)]
-        ids = argmax_rows(logits[rows]).tolist()
+        ids = argmax_rows(_rows(logits, rows)).tolist()
         at = 0
         for c in chains:
             while self._take(entries[c.index], c, Draw(ids[at + c.node + 1]), result):
@@ -365,8 +365,12 @@ def _hand(req: Req, index: int, draw: Draw, result: StepResult) -> tuple[bool, A
 
 
 def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """logits[rows], without a copy when rows are all of them in order (the usual step)."""
-    return logits if rows == list(range(logits.shape[0])) else logits[rows]
+    """logits[rows], without a copy when rows are consecutive (a view: the usual step, and
+    every verify at batch 1). A list index gathers through an index tensor built from the
+    list: on a CPU ~0.3 ms for 9 rows of a 49k vocabulary, on a GPU a host-to-device copy."""
+    if rows and rows[-1] - rows[0] == len(rows) - 1 and rows == list(range(rows[0], rows[-1] + 1)):
+        return logits if len(rows) == logits.shape[0] else logits[rows[0] : rows[-1] + 1]
+    return logits[rows]
 
 
 def _argmax_suffices(req: Req) -> bool:

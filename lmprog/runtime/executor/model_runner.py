@@ -180,7 +180,8 @@ class ModelRunner:
                 self.channel.send_moves(moves)
             except Exception as exc:  # the ranks are out of step: fatal for the group
                 raise self.channel.group.failure(exc) from exc
-        src, dst = (_to_device(a, self.device) for a in (moves.src, moves.dst))
+        # one staging copy for both index arrays (a tree's verify moves KV every step)
+        src, dst = _to_device(np.stack((moves.src, moves.dst)), self.device)
         with torch.inference_mode():
             self.kv.copy_slots(src, dst)
 
