@@ -22,9 +22,10 @@ device. Rows, each with its own runtime (the previous one freed):
     host/4 + disk  a quarter of that in host RAM over a disk tier of the whole (--disk-dir;
                    --no-disk leaves this row out), with staging
 
-Reported per row: cache hits per tier (device / host RAM / disk, as shares of the prompt tokens
-admitted; staged tokens are device hits, counted apart too), partial loads (the pool took only
-part of a match), prefill tokens computed and saved against recompute, mean and p50/p90 time
+Reported per row: cache hits per tier (device / host RAM / disk, and the tokens computed, as
+shares of the prompt tokens at their first admission: they sum to 100%; staged tokens are
+device hits, counted apart too), the tokens copied in at admission (a retracted request's
+second admission too), partial loads (the pool took only part of a match), prefill tokens computed and saved against recompute, mean and p50/p90 time
 to first token of returning turns (turn >= 1, from submission: queueing included), throughput (prompt + output tokens / wall time, and
 output tokens/s), and the host tier's memory. On a GPU also the host-to-device copy rate:
 a plain pinned-to-device copy (the link's limit) beside the tier's own load path.
@@ -237,21 +238,23 @@ def main() -> int:
         "prompt tokens admitted"
     )
     head = (
-        f"{'':14} {'device hit':>10} {'host hit':>9} {'disk hit':>9} {'staged':>8} "
-        f"{'partial':>7} {'prefill tok':>12} "
+        f"{'':14} {'device hit':>10} {'host hit':>9} {'disk hit':>9} {'computed':>8} "
+        f"{'loaded':>9} {'staged':>8} {'partial':>7} {'prefill tok':>12} "
         f"{'saved':>10} {'TTFT ret. mean':>14} {'p50':>7} {'p90':>7} {'load wait':>9} "
         f"{'staged s':>8} {'tok/s':>9} {'out tok/s':>9} {'host used':>10}"
     )
     log(head)
     for name, r in rows:
         s = r["stats"]
+        # a first admission's prompt: device hits (staged ones too) + host hits + disk hits +
+        # computed; loaded: every admission's host/disk loads (retried requests' too)
         prompt = max(1, s.get("prompt_tokens", 0))
-        host_hit = s.get("host_kv_hit_tokens", 0)
-        disk_hit = s.get("disk_kv_hit_tokens", 0)
-        device_hit = s.get("cached_tokens", 0) - host_hit
+        cached, host_hit = s.get("cached_tokens", 0), s.get("cached_host_tokens", 0)
+        disk_hit = s.get("cached_disk_tokens", 0)
         log(
-            f"{name:14} {device_hit / prompt:>10.1%} {(host_hit - disk_hit) / prompt:>9.1%} "
-            f"{disk_hit / prompt:>9.1%} "
+            f"{name:14} {(cached - host_hit) / prompt:>10.1%} "
+            f"{(host_hit - disk_hit) / prompt:>9.1%} {disk_hit / prompt:>9.1%} "
+            f"{(prompt - cached) / prompt:>8.1%} {s.get('host_kv_hit_tokens', 0):>9,} "
             f"{s.get('host_kv_staged_tokens', 0):>8,} {s.get('host_kv_partial_loads', 0):>7,} "
             f"{s['prefill_tokens']:>12,} "
             f"{ref['stats']['prefill_tokens'] - s['prefill_tokens']:>10,} "
@@ -262,9 +265,12 @@ def main() -> int:
             f"{r['host_used'] / 2**20:>7.1f} MiB"
         )
     log(
-        "(staged tokens are device hits once admitted; host hit: from host RAM at admission; "
-        "partial: loads the pool could take only part of; load wait: admission's copies per "
-        "returning request; staged s: the copies made ahead, while requests queued)"
+        "(shares of the prompt tokens at their first admission: device hit (staged tokens "
+        "among them), host hit (host RAM), disk hit, computed; they sum to 100%. loaded: "
+        "tokens admission copied from host or disk, a retracted request's second admission "
+        "too; staged: copied ahead of admission; partial: loads the pool could take only "
+        "part of; load wait: admission's copies per returning request; staged s: the copies "
+        "made ahead, while requests queued)"
     )
     for name, r in rows[1:]:
         same = sum(r["outputs"][k] == ref["outputs"][k] for k in ref["outputs"])

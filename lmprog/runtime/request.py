@@ -51,6 +51,8 @@ class Req:
         "last_node",
         "finish_reason",
         "cached_tokens",
+        "cached_host_tokens",
+        "cached_disk_tokens",
         "max_seq_len",
         "stop_len",
         "draft_ids",
@@ -96,6 +98,8 @@ class Req:
         self.last_node: Any = None  # radix node locked for [0, cache_len); None when idle
         self.finish_reason: FinishReason | None = None
         self.cached_tokens = 0  # prefix hit at the first admission (GenerateResult)
+        self.cached_host_tokens = 0  # of those, loaded from the host tier (disk included)
+        self.cached_disk_tokens = 0  # of those, read from the disk tier
         self.max_seq_len = 0  # set at submission: min(context length, KV pool); with
         # attention sinks sys.maxsize (no cap: evictions keep the KV within the window)
         self.stop_len = self.prompt_len + params.max_tokens  # seq_len that ends it ("length");

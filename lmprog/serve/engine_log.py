@@ -25,6 +25,8 @@ _COUNTERS = (
     "cached_tokens",
     "host_kv_hit_tokens",
     "disk_kv_hit_tokens",
+    "cached_host_tokens",
+    "cached_disk_tokens",
 )
 
 
@@ -102,7 +104,9 @@ def _format(stats: Mapping[str, Any], delta: Mapping[str, float], dt: float) -> 
     for tier in ("host", "disk"):  # the KV tiers, when the backend has them
         text = _tier_usage(stats, tier)
         if text is not None:
-            hits = delta.get(f"{tier}_kv_hit_tokens")
+            # the runtime's first admissions' tier hits (parts of cached_tokens); else
+            # every load (llama.cpp's restored states)
+            hits = delta.get(f"cached_{tier}_tokens", delta.get(f"{tier}_kv_hit_tokens"))
             if prompt and hits is not None:
                 text += f", {100 * hits / prompt:.1f}% of prompt tokens loaded from it"
             parts.append(text)

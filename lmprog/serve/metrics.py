@@ -32,6 +32,17 @@ _BACKEND = {
         "counter",
         "Prompt tokens served from the prefix cache (the engine's count).",
     ),
+    "cached_host_tokens": (
+        "lmprog_prefix_cache_host_hit_tokens",
+        "counter",
+        "Of the prefix cache's prompt tokens, those loaded from the host KV tier at their "
+        "request's first admission (the disk tier's included).",
+    ),
+    "cached_disk_tokens": (
+        "lmprog_prefix_cache_disk_hit_tokens",
+        "counter",
+        "Of those, the ones read from the disk KV tier.",
+    ),
     "kv_usage": ("lmprog_kv_cache_usage_ratio", "gauge", "Share of KV cache slots in use."),
     "generated_tokens": (
         "lmprog_engine_generated_tokens",
@@ -68,8 +79,9 @@ _BACKEND = {
     "host_kv_hit_tokens": (
         "lmprog_host_kv_cache_hit_tokens",
         "counter",
-        "Prompt tokens loaded back from the host KV tier instead of recomputed (those read "
-        "from the disk tier under it included).",
+        "Tokens loaded back from the host KV tier at admission instead of recomputed (those "
+        "read from the disk tier under it included; a retracted request's second admission "
+        "counts again).",
     ),
     "host_kv_staged_tokens": (
         "lmprog_host_kv_cache_staged_tokens",

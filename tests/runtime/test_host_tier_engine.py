@@ -267,10 +267,11 @@ def test_staging_loads_the_queue_head_ahead_with_the_same_tokens(model, tok):
     assert staged["prefill_tokens"] < runs["off"][1]["prefill_tokens"]
 
 
-def test_a_pool_too_small_for_the_whole_match_loads_what_fits_with_the_same_tokens(model, tok):
+def test_a_pool_too_small_for_two_matches_loads_only_for_requests_that_fit(model, tok):
     """A pool of 100 slots under two running requests: a returning turn's host-tier prefix
-    often does not fit beside the other request, at admission or staged; the longest prefix
-    that fits is loaded and the rest recomputed, with the same greedy tokens as tiers off."""
+    often does not fit beside the other request. Admission checks the fit before loading
+    (a request released after its load would waste the copy and count it twice), so a
+    load is never cut short; the greedy tokens are those of tiers off."""
     runs = {}
     for name, host, staging, overlap in (
         ("off", 0, False, False),
@@ -293,8 +294,9 @@ def test_a_pool_too_small_for_the_whole_match_loads_what_fits_with_the_same_toke
     assert runs["host"][0] == runs["off"][0] == runs["staged, overlapped"][0]
     for name in ("host", "staged, overlapped"):
         stats = runs[name][1]
-        assert stats["host_kv_partial_loads"] > 0 and stats["host_kv_short_tokens"] > 0, name
+        assert stats["host_kv_partial_loads"] == stats["host_kv_short_tokens"] == 0, name
         assert stats["host_kv_hit_tokens"] > 0 and stats["internal_errors"] == 0, name
+        assert stats["cached_host_tokens"] <= stats["cached_tokens"], name
         assert stats["prefill_tokens"] < runs["off"][1]["prefill_tokens"], name
 
 

@@ -145,7 +145,9 @@ def reference(prompt, max_tokens, cap):
     return toks[len(prompt) :], "length"
 
 
-def run_sessions(seed, overlap, pool, page=1, disk=False, staging=True, sessions=12, turns=4):
+def run_sessions(
+    seed, overlap, pool, page=1, disk=False, staging=True, sessions=12, turns=4, max_running=None
+):
     """Multi-turn sessions, a round of every session's turn at a time (`concurrency`
     outstanding), against a pool a fraction of their KV: each returning turn's history has
     left the device and comes back from the host tier, staged or at admission."""
@@ -156,7 +158,7 @@ def run_sessions(seed, overlap, pool, page=1, disk=False, staging=True, sessions
         ctx,
         SchedulerConfig(
             max_num_batched_tokens=rng.choice([64, 128, 512]),
-            max_running_requests=rng.choice([2, 4, 8]),
+            max_running_requests=max_running or rng.choice([2, 4, 8]),
             stagger_min_tokens=rng.choice([0, 16]),
             init_new_token_ratio=rng.choice([0.1, 0.7]),
             min_new_token_ratio=0.05,
@@ -224,7 +226,26 @@ CASES = [  # (overlap, pool, page, disk): a pool a little past the longest reque
 def test_staging_under_a_tight_pool_plans_only_slots_it_can_get(overlap, pool, page, disk, seed):
     s = run_sessions(seed, overlap, pool, page, disk)
     tier = s.cache.tier_stats()
-    assert tier is not None and tier["host_kv_staged_tokens"] > 0
+    assert tier is not None and tier["host_kv_hit_tokens"] + tier["host_kv_staged_tokens"] > 0
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("seed", range(2))
+def test_staging_loads_the_queue_head_while_the_rows_are_full(overlap, seed):
+    """Two rows and room in the pool for a third request: the queue's head is staged while
+    it waits for a row, and admission then finds those tokens on the device. (Staging does
+    not load a request that would not fit beside the running ones: its blocks would be
+    evicted again before its admission; in a pool barely past a batch that is most steps.)"""
+    runs = {}
+    for staging in (True, False):
+        s = run_sessions(seed, overlap, 400, staging=staging, max_running=2)
+        stats, tier = s.stats(), s.cache.tier_stats()
+        assert tier is not None
+        device_hits = stats.cached_tokens - stats.cached_host_tokens
+        runs[staging] = (device_hits, tier["host_kv_hit_tokens"], tier["host_kv_staged_tokens"])
+    (on_device, on_loads, staged), (off_device, off_loads, _) = runs[True], runs[False]
+    assert staged > 0 and on_device > off_device  # staged tokens became device hits
+    assert on_loads + staged <= off_loads  # and no staged copy was wasted beyond those
 
 
 def test_a_step_that_needs_every_evictable_slot_gets_them_across_a_heap_rebuild():

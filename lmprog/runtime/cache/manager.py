@@ -108,41 +108,73 @@ class CacheManager:
             self.allocator.free(self.prefix_cache.evict(short))
 
     # -- request lifecycle -----------------------------------------------------------------
-    def admit(self, req: Req, load_limit: int = 0) -> bool:
-        """Give req a row and lock its cached prefix: at most seq_len - 1 tokens (at least
-        one is left to compute) and none from prompt_logprob_start on (their logits are
-        wanted); with a host tier, up to load_limit more tokens of it loaded back from host
-        memory into new slots. False, changing nothing, when no row is free."""
+    def admit(self, req: Req) -> bool:
+        """Give req a row and lock its cached device prefix: at most seq_len - 1 tokens (at
+        least one is left to compute) and none from prompt_logprob_start on (their logits are
+        wanted). With a host tier, `load_host_prefix` then brings back what continues it
+        there. False, changing nothing, when no row is free."""
         assert req.row is None and req.last_node is None
         row = self.req_table.alloc()
         if row is None:
             return False
         match = self.prefix_cache.match_prefix(req.prefix_key(self._match_limit(req)))
         self.prefix_cache.lock(match.last_node)
-        if load_limit > 0 and isinstance(match, HostMatch) and match.host_len:
-            match = self._load_host(match, load_limit)
         self.req_table.table[row, : match.length] = match.slots
         req.row, req.last_node = row, match.last_node
         req.cache_len = req.num_computed = req.num_allocated = match.length
         req.row_dirty = True
         return True
 
+    def load_host_prefix(self, req: Req, limit: int) -> tuple[int, int]:
+        """Load up to `limit` tokens of the host-tier (or disk-tier) prefix continuing an
+        admitted req's locked one into new slots (evicting what must go), before anything of
+        it is computed; they join its cached prefix. Returns (tokens loaded, of those read
+        from disk). Call it only once req is sure to run: a load whose request is then
+        released is a wasted copy (the blocks stay cached, evictable, and go back to host)."""
+        assert req.row is not None and req.num_computed == req.cache_len
+        cache = self.prefix_cache
+        if limit <= 0 or not isinstance(cache, HiRadixCache):
+            return 0, 0
+        match = cache.match_prefix(req.prefix_key(self._match_limit(req)))
+        if not match.host_len:
+            return 0, 0
+        assert match.last_node is req.last_node, "the locked prefix must match first"
+        disk = cache.tier.disk_loaded_tokens
+        loaded = self._load_host(match, limit)
+        n = loaded.length - match.length
+        if n:
+            self.req_table.table[req.row, match.length : loaded.length] = loaded.slots[
+                match.length :
+            ]
+            req.last_node = loaded.last_node
+            req.cache_len = req.num_computed = req.num_allocated = loaded.length
+        return n, cache.tier.disk_loaded_tokens - disk
+
     @property
     def stages(self) -> bool:
         """Whether waiting requests' host-tier prefixes are loaded ahead (`stage`)."""
         return self._mover is not None and self.config.host_kv_staging
 
-    def stage(self, req: Req, limit: int) -> int:
+    def stage(self, req: Req, limit: int, room: int, need: int) -> tuple[int, int]:
         """Predictive staging: load up to `limit` tokens of waiting req's host-tier prefix
         into device slots now (evicting least recently used entries), where they stay as
-        the freshest cached nodes until its admission finds them; the tokens loaded."""
+        the freshest cached nodes until its admission finds them; only when req would then
+        fit, its `need` slots (from nothing cached) less its device prefix within `room`:
+        blocks staged for a request that cannot be admitted are evicted again before it is,
+        a wasted copy both ways. Returns (tokens loaded, the slots req will take: need less
+        its device prefix, plus that prefix where it was evictable: admission locks it)."""
         match = self.prefix_cache.match_prefix(req.prefix_key(self._match_limit(req)))
-        if limit <= 0 or not (isinstance(match, HostMatch) and match.host_len):
-            return 0
+        evictable = self.prefix_cache.evictable_size
         self.prefix_cache.lock(match.last_node)
+        locked = evictable - self.prefix_cache.evictable_size
+        takes = need - match.length + locked
+        limit = min(limit, room - locked)
+        if limit <= 0 or takes > room or not (isinstance(match, HostMatch) and match.host_len):
+            self.prefix_cache.unlock(match.last_node)
+            return 0, takes
         loaded = self._load_host(match, limit, staged=True)
         self.prefix_cache.unlock(loaded.last_node)
-        return loaded.length - match.length
+        return loaded.length - match.length, takes
 
     def extend(self, reqs: Sequence[Req], counts: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Give each reqs[i] slots for positions [num_computed, num_computed + counts[i])

@@ -61,6 +61,8 @@ class EngineMetrics:
             "num_retractions": sched.num_retractions,
             "prompt_tokens": sched.prompt_tokens,
             "cached_tokens": sched.cached_tokens,
+            "cached_host_tokens": sched.cached_host_tokens,
+            "cached_disk_tokens": sched.cached_disk_tokens,
             "cache_hit_rate": sched.cache_hit_rate,
             "kv_capacity": sched.capacity,
             "kv_used": sched.used_slots,

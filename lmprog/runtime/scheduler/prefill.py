@@ -35,7 +35,9 @@ class PrefillPolicy:
         self.requests = requests
         self.ratio = ratio
         self.admitted_prompt_tokens = 0  # first admissions only (retractions not recounted)
-        self.admitted_cached_tokens = 0
+        self.admitted_cached_tokens = 0  # of those, hits (device, host and disk tiers)
+        self.admitted_host_tokens = 0  # of those, loaded from the host tier (disk included)
+        self.admitted_disk_tokens = 0  # of those, read from the disk tier
 
     def continue_running(
         self, extenders: Iterable[Req], plan: StepPlan, budget: StepBudget
@@ -109,27 +111,37 @@ class PrefillPolicy:
         """Admit req with its first chunk; return the slots to keep for its future, or None
         (nothing changed) when it does not fit."""
         alone = not self.requests.running and not plan.items
-        load_limit = plan.memory_left() - (0 if alone else reserve)  # host-tier tokens
-        if not self.cache.admit(req, load_limit):
+        if not self.cache.admit(req):
             return None
         n = plan.max_chunk(req, min(req.pending_len, budget.tokens))
         need = self.cache.tokens_to_extend(req, req.num_computed + n)
         future = self._future(req, req.num_computed + n)
+        # the fit is checked before any host-tier load: loaded tokens take slots as computed
+        # ones would (need + future is the same either way), and a request released after
+        # its load would leave the copy wasted and recount it on its next try
         if n <= 0 or (not alone and need + future + reserve > plan.memory_left()):
             self.cache.release(req, cache=False)
             return None
-        if req.images:  # its images' encoder work, once the request fits
+        # host-tier tokens, leaving the rest of the request room (a page when alone)
+        limit = plan.memory_left() - (self.cache.page_size if alone else reserve)
+        loaded, from_disk = self.cache.load_host_prefix(req, limit)
+        if loaded:
+            n = plan.max_chunk(req, min(req.pending_len, budget.tokens))
+        if req.images and n > 0:  # its images' encoder work, once the request fits
             n = budget.fit_images(req.images, req.num_computed, n)
-            if n <= 0:
-                self.cache.release(req, cache=False)
-                return None
-            need = self.cache.tokens_to_extend(req, req.num_computed + n)
-            future = self._future(req, req.num_computed + n)
+        if n <= 0:  # (the loaded blocks stay cached: its next try finds them)
+            self.cache.release(req, cache=False)
+            return None
+        need = self.cache.tokens_to_extend(req, req.num_computed + n)
+        future = self._future(req, req.num_computed + n)
         self.requests.start(req)
         if req.num_retractions == 0:
             req.cached_tokens = req.cache_len
+            req.cached_host_tokens, req.cached_disk_tokens = loaded, from_disk
             self.admitted_prompt_tokens += req.prompt_len
             self.admitted_cached_tokens += req.cache_len
+            self.admitted_host_tokens += loaded
+            self.admitted_disk_tokens += from_disk
         plan.add(req, n, (), need)
         budget.take(n, new_req=True)
         return future
@@ -137,20 +149,26 @@ class PrefillPolicy:
     def stage_waiting(self) -> int:
         """Predictive staging (TierKV; after the step is allocated): start loading the
         host-tier prefixes of the waiting requests next in line (as many as rows are free,
-        at least one) into the KV pool, up to one step's token budget and what the running
-        requests may still need left; the tokens staged. Their admission then finds them on
+        at least one) into the KV pool, up to one step's token budget, while each of them
+        would fit beside what the running requests may still need (as admission checks: a
+        block staged for a request that cannot run yet is evicted again before it does);
+        the tokens staged. Their admission then finds them on
         the device (on CUDA the copy runs on a side stream meanwhile)."""
         if not self.cache.stages or not self.requests.waiting:
             return 0
         reserve = sum(self._future(r, r.num_allocated) for r in self.requests.running_reqs())
-        left = min(self.config.max_num_batched_tokens, self.cache.available_tokens - reserve)
+        room = self.cache.available_tokens - reserve  # for the staged requests, all of them
+        left = self.config.max_num_batched_tokens  # the copies' budget
         rows = max(1, self.config.max_running_requests - self.requests.num_running)
         staged = 0
         ordered, _ = self.order(self.requests.waiting)  # in admission order
         for req, _ in ordered[:rows]:
-            if left - staged < self.cache.page_size:
+            if min(left - staged, room) < self.cache.page_size:
                 break
-            staged += self.cache.stage(req, left - staged)
+            n, takes = self.cache.stage(req, min(left - staged, room), room, self._future(req, 0))
+            if takes > room:  # admission stops at it too: the requests after it wait
+                break
+            staged, room = staged + n, room - takes
         return staged
 
     def _running_reserve(self, plan: StepPlan) -> int:

@@ -134,6 +134,8 @@ class Scheduler:
             cache.capacity,
             self.evicted_tokens,
             cache.tier_stats(),
+            self.prefill_policy.admitted_host_tokens,
+            self.prefill_policy.admitted_disk_tokens,
         )
 
     # -- submission ------------------------------------------------------------------------
