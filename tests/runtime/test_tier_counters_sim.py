@@ -18,11 +18,11 @@ import random
 
 import pytest
 import test_tier_staging_sim as sim
-from test_tier_staging_sim import FakeOverlapEngine, PoolMover
+from test_tier_staging_sim import FakeOverlapEngine, PoolMover, collect_finished
 
 from lmprog.core.sampling import SamplingParams
 from lmprog.runtime.config import CacheConfig, SchedulerConfig
-from lmprog.runtime.request import Req, ReqStatus
+from lmprog.runtime.request import Req
 from lmprog.runtime.scheduler import Scheduler
 
 SESSIONS, TURNS, HISTORY, USER, OUTPUT = 64, 6, 1024, 128, 64
@@ -65,11 +65,7 @@ def bench_rounds(overlap: bool, staging: bool):
                 prompt = history[i] + [rng.randrange(1, 999) for _ in range(USER)]
                 live[i] = s.submit(Req((i, turn), prompt, params))
             step()
-            for i, r in list(live.items()):
-                if r.status is ReqStatus.FINISHED and r.num_placeholders == 0:
-                    history[i] = list(r.token_ids)
-                    done.append(r)
-                    del live[i]
+            collect_finished(live, history, done)
     while engine.inflight is not None or s.has_work:
         step()
     s.check_integrity()

@@ -195,11 +195,7 @@ def run_sessions(
             s.check_integrity()
             steps += 1
             assert steps < 20_000, "stuck"
-            for i, r in list(live.items()):
-                if r.status is ReqStatus.FINISHED and r.num_placeholders == 0:
-                    history[i] = list(r.token_ids)
-                    done.append(r)
-                    del live[i]
+            collect_finished(live, history, done)
     while engine.inflight is not None or s.has_work:
         engine.step()
         s.check_integrity()
@@ -219,6 +215,15 @@ CASES = [  # (overlap, pool, page, disk): a pool a little past the longest reque
     (True, 240, 4, False),
     (True, 200, 1, True),
 ]
+
+
+def collect_finished(live: dict, history: dict, done: list) -> None:
+    """Move the sessions' finished turns out of `live`: their text is the next turn's history."""
+    for i, r in list(live.items()):
+        if r.status is ReqStatus.FINISHED and r.num_placeholders == 0:
+            history[i] = list(r.token_ids)
+            done.append(r)
+            del live[i]
 
 
 @pytest.mark.parametrize(("overlap", "pool", "page", "disk"), CASES)
